@@ -1,0 +1,91 @@
+"""The splitkeeper exception hierarchy.
+
+Every error the project raises on purpose subclasses :class:`SplitkeeperError`.
+An error carries a stable ``code`` (tests and callers match on it) and the
+parameters that produced it, and its message says what is wrong and how to fix
+it. This module imports nothing outside the standard library.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class SplitkeeperError(Exception):
+    """Base of every error splitkeeper raises deliberately."""
+
+    code: str = "SPLITKEEPER_ERROR"
+
+    def __init__(self, message: str, **params: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.params = params
+
+    def __str__(self) -> str:
+        return f"[{self.code}] {self.message}"
+
+
+class InvalidParameterError(SplitkeeperError, ValueError):
+    """A value given by a user or caller is outside what is allowed.
+
+    The message names the parameter, the value and what is allowed.
+    """
+
+    code = "INVALID_PARAMETER"
+
+    def __init__(self, name: str, value: Any, allowed: str, hint: str = "") -> None:
+        message = f"{name}={value!r} is not allowed: {allowed}"
+        if hint:
+            message += f". {hint}"
+        super().__init__(message, name=name, value=value, allowed=allowed)
+        self.name = name
+        self.value = value
+        self.allowed = allowed
+
+
+class ConfigError(SplitkeeperError):
+    """A pipeline configuration file is malformed or names an invalid value."""
+
+    code = "CONFIG_ERROR"
+
+
+class ProtocolError(SplitkeeperError):
+    """A call breaks the split-ownership or checkpoint protocol contract."""
+
+    code = "PROTOCOL_VIOLATION"
+
+
+class CheckpointError(SplitkeeperError):
+    """A checkpoint cannot be triggered, completed, found or restored."""
+
+    code = "CHECKPOINT_ERROR"
+
+
+class StateError(SplitkeeperError):
+    """Persisted state is missing, belongs to another pipeline, or is inconsistent."""
+
+    code = "STATE_ERROR"
+
+
+class ConcurrentRunError(StateError):
+    """Another run holds (or just changed) the same pipeline state."""
+
+    code = "CONCURRENT_RUN"
+
+
+class SourceError(SplitkeeperError):
+    """A source cannot be reached or read as configured."""
+
+    code = "SOURCE_ERROR"
+
+
+class InvariantViolation(SplitkeeperError):
+    """A DESIGN section 6 invariant does not hold; ``params['violations']`` lists them."""
+
+    code = "INVARIANT_VIOLATION"
+
+
+class EnvironmentNotReadyError(SplitkeeperError):
+    """A required tool, jar or service is missing; the message says how to install it."""
+
+    code = "ENVIRONMENT_NOT_READY"
