@@ -188,7 +188,11 @@ class RegionState:
     checkpoint, else the id of the completed checkpoint whose state the failed
     region contributes (FLIP-600 ``refCheckpointId``). ``operator_state`` is
     the region's list-style operator state (even-split or union redistribution
-    on rescale).
+    on rescale). ``ref_depth`` is how many ref hops lead from this state to the
+    checkpoint(s) that acknowledged its elements: 0 when acknowledged here,
+    1 + the depth of the state fallen back to otherwise (a state redistributed
+    on restore carries the deepest of the regions it was built from). DESIGN 6
+    bounds it by ``max_consecutive_failures``.
     """
 
     region_id: int
@@ -196,6 +200,7 @@ class RegionState:
     operator_state: tuple[str, ...] = ()
     ref_checkpoint_id: int | None = None
     outcome: RegionOutcome = RegionOutcome.ACK
+    ref_depth: int = 0
 
 
 @dataclass(frozen=True, slots=True)
