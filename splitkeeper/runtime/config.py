@@ -1,0 +1,585 @@
+"""Pipeline configuration: the one file an operator writes to describe a pipeline.
+
+:func:`load_config` reads a YAML (``.yaml``/``.yml``) or TOML (``.toml``) file
+and returns an immutable :class:`PipelineConfig`; :func:`config_from_mapping`
+does the same for an already-parsed mapping (Airflow ``dag_run.conf``, tests).
+Everything is validated here, at the boundary, before any Spark job starts
+(DESIGN 2.9: a configuration that cannot be honoured is rejected at
+submission). Each mistake raises :class:`~splitkeeper.errors.ConfigError`
+whose message names the dotted key, the value and what is allowed; unknown
+keys are mistakes too and the message suggests the closest known key.
+Relative paths resolve against the directory of the config file. The
+``checkpoint`` and ``backlog`` sections are the protocol core's own config
+classes (the core decides what values are valid; this module names the key).
+
+Shape of a file (YAML)::
+
+    name: orders
+    parallelism: 4
+    regions: per_reader          # or: global
+    strategy: least-loaded
+    source:
+      kind: files                # or: kafka
+      path: ./incoming
+      format: jsonl
+      split_bytes: 67108864
+    checkpoint: {max_consecutive_failures: 3, max_failure_ratio: 0.5,
+                 region_timeout_s: 300, retain_checkpoints: 3}
+    backlog: {backlog_epoch_records: 200000, normal_epoch_records: 20000,
+              backlog_interval_s: 60, normal_interval_s: 5}
+    state: {path: ./state}
+    sink: {path: ./sink}
+    staging: {path: ./state/_staging}   # default <state>/_staging
+    transform: splitkeeper.runtime.transforms:identity
+
+This module imports the standard library and the protocol core (PyYAML lazily,
+for YAML files).
+"""
+
+from __future__ import annotations
+
+import difflib
+import enum
+import os
+import re
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, TypeVar
+
+from splitkeeper.core.assignment import STRATEGIES, validate_parallelism
+from splitkeeper.core.backlog import BacklogConfig
+from splitkeeper.core.checkpoint import CheckpointConfig
+from splitkeeper.errors import ConfigError, InvalidParameterError
+from splitkeeper.runtime.transforms import resolve_transform
+
+#: The assignment strategies of the protocol core (DESIGN 1.6), by config name.
+STRATEGY_NAMES: tuple[str, ...] = tuple(sorted(STRATEGIES))
+
+IDENTITY_TRANSFORM = "splitkeeper.runtime.transforms:identity"
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+_URI_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+_HOST_PORT_RE = re.compile(r"^[^\s:,]+:\d{1,5}$")
+_TRANSFORM_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+
+
+class SourceKind(enum.Enum):
+    FILES = "files"
+    KAFKA = "kafka"
+
+
+class FileFormat(enum.Enum):
+    """How a file's bytes become records.
+
+    ``LINES``: one record per line, the value is the line without its line
+    terminator. ``JSONL``: one JSON document per non-blank line; blank lines are
+    not records (their bytes count towards the neighbouring record's offsets).
+    """
+
+    LINES = "lines"
+    JSONL = "jsonl"
+
+
+class RegionMode(enum.Enum):
+    """Whether readers form independent regions (DESIGN 2.9).
+
+    ``PER_READER``: each reader and what follows it without a shuffle is a
+    region; regional checkpoints are allowed. ``GLOBAL``: readers are not
+    independent (a shuffle between them), so every checkpoint is global.
+    """
+
+    PER_READER = "per_reader"
+    GLOBAL = "global"
+
+
+class OffsetOutOfRange(enum.Enum):
+    """What a Kafka reader does when a planned offset was deleted by retention."""
+
+    FAIL = "fail"
+    SKIP = "skip"
+
+
+class StartingMode(enum.Enum):
+    EARLIEST = "earliest"
+    LATEST = "latest"
+    TIMESTAMP = "timestamp"
+    GROUP = "group"
+
+
+@dataclass(frozen=True, slots=True)
+class SourceConfig:
+    """The ``source`` section. Options of the other kind keep their defaults.
+
+    files: ``path`` (a directory, scanned recursively, or one file), ``format``,
+    ``split_bytes`` (0 = one split per file, else byte ranges of about that
+    size). kafka: ``bootstrap_servers`` (comma-separated host:port), ``topics``
+    or ``topic_pattern`` (exactly one), ``starting`` (``earliest``, ``latest``,
+    ``timestamp:<ms>`` or ``group``: the consumer group's committed offsets),
+    ``group_id`` (required for ``starting: group``), ``on_offset_out_of_range``.
+    """
+
+    kind: SourceKind
+    path: str | None = None
+    format: FileFormat = FileFormat.LINES
+    split_bytes: int = 0
+    bootstrap_servers: str | None = None
+    topics: tuple[str, ...] = ()
+    topic_pattern: str | None = None
+    starting: str = "earliest"
+    group_id: str | None = None
+    on_offset_out_of_range: OffsetOutOfRange = OffsetOutOfRange.FAIL
+
+    @property
+    def starting_mode(self) -> StartingMode:
+        return StartingMode(self.starting.split(":", 1)[0])
+
+    @property
+    def starting_timestamp_ms(self) -> int | None:
+        """The ``<ms>`` of ``starting: timestamp:<ms>``, else ``None``."""
+        if self.starting_mode is StartingMode.TIMESTAMP:
+            return int(self.starting.split(":", 1)[1])
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointSettings(CheckpointConfig):
+    """The ``checkpoint`` section: the core :class:`CheckpointConfig` plus retention.
+
+    It *is* a core ``CheckpointConfig`` (the core validates the shared fields
+    and the coordinator takes it as is); ``regions_independent`` comes from the
+    top-level ``regions`` key. ``retain_checkpoints``: completed checkpoints kept
+    besides those a later checkpoint still references (DESIGN 2.7).
+    """
+
+    retain_checkpoints: int = 3
+
+    def __post_init__(self) -> None:
+        CheckpointConfig.__post_init__(self)
+        value = self.retain_checkpoints
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise InvalidParameterError("retain_checkpoints", value, "an integer >= 1")
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineConfig:
+    """One pipeline, validated. Paths are absolute (or URIs, kept as given)."""
+
+    name: str
+    source: SourceConfig
+    state_path: str
+    sink_path: str
+    staging_path: str
+    parallelism: int = 1
+    regions: RegionMode = RegionMode.PER_READER
+    strategy: str = "least-loaded"
+    checkpoint: CheckpointSettings = field(default_factory=CheckpointSettings)
+    backlog: BacklogConfig = field(default_factory=BacklogConfig)
+    transform: str = IDENTITY_TRANSFORM
+    origin: str = ""  # the file it was loaded from (for messages), "" if built from a mapping
+
+    @property
+    def regional_checkpoints(self) -> bool:
+        """False when regions are not independent: every checkpoint must then be global."""
+        return self.regions is RegionMode.PER_READER
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-able form (enums as their values), e.g. for status output or XCom."""
+        return _plain(self)
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, tuple):
+        return [_plain(v) for v in value]
+    if hasattr(value, "__dataclass_fields__"):
+        return {f.name: _plain(getattr(value, f.name)) for f in fields(value)}
+    return value
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def load_config(path: str | os.PathLike[str]) -> PipelineConfig:
+    """Read and validate a pipeline config file (``.yaml``, ``.yml`` or ``.toml``).
+
+    Relative paths inside the file resolve against the file's directory.
+    Raises :class:`ConfigError` for a missing/unreadable file, a syntax error
+    or any invalid value.
+    """
+    file = Path(path).expanduser().resolve()
+    suffix = file.suffix.lower()
+    if suffix not in (".yaml", ".yml", ".toml"):
+        raise ConfigError(
+            f"config file {str(file)!r} has extension {suffix or '(none)'!r}: "
+            "allowed are .yaml, .yml (YAML) and .toml (TOML)",
+            key="",
+            value=str(file),
+        )
+    try:
+        text = file.read_text(encoding="utf-8")
+    except FileNotFoundError as err:
+        raise ConfigError(f"config file {str(file)!r} does not exist", key="", value=str(file)) from err
+    except OSError as err:
+        raise ConfigError(
+            f"config file {str(file)!r} cannot be read: {err}", key="", value=str(file)
+        ) from err
+    if suffix == ".toml":
+        try:
+            data: Any = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as err:
+            raise ConfigError(f"{file}: not valid TOML: {err}", key="", value=str(file)) from err
+    else:
+        import yaml
+
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as err:
+            raise ConfigError(f"{file}: not valid YAML: {err}", key="", value=str(file)) from err
+    return config_from_mapping(data, base_dir=file.parent, origin=str(file))
+
+
+def config_from_mapping(
+    data: Any, base_dir: str | os.PathLike[str] | None = None, origin: str = ""
+) -> PipelineConfig:
+    """Validate an already-parsed config mapping (same rules as :func:`load_config`).
+
+    ``base_dir`` is where relative paths resolve (default: the working directory).
+    """
+    where = origin or "pipeline config"
+    if not isinstance(data, Mapping):
+        raise ConfigError(
+            f"{where}: the top level must be a mapping of keys, got {type(data).__name__}",
+            key="",
+            value=data,
+        )
+    base = Path(base_dir if base_dir is not None else os.getcwd()).expanduser().resolve()
+    top = _Section(data, "", where, base, _TOP_KEYS)
+
+    name = top.string("name", required=True, allowed="a pipeline name: letters, digits, '_', '.', '-' (1-64)")
+    if not _NAME_RE.match(name):
+        raise top.invalid(
+            "name", name, "letters, digits, '_', '.', '-', starting with a letter or digit (1-64)"
+        )
+
+    source = _source(top.section("source", _SOURCE_KEYS, required=True))
+    parallelism = top.core(validate_parallelism, top.raw("parallelism", default=1))
+    regions = top.choice("regions", RegionMode, RegionMode.PER_READER)
+    strategy = top.string("strategy", default="least-loaded", allowed="one of " + ", ".join(STRATEGY_NAMES))
+    if strategy not in STRATEGY_NAMES:
+        hint = _did_you_mean(strategy, STRATEGY_NAMES)
+        raise top.invalid("strategy", strategy, "one of " + ", ".join(STRATEGY_NAMES), hint)
+
+    cp = top.section("checkpoint", _CHECKPOINT_KEYS)
+    checkpoint = cp.core(
+        CheckpointSettings, regions_independent=regions is RegionMode.PER_READER, **cp.values()
+    )
+    bl = top.section("backlog", _BACKLOG_KEYS)
+    backlog = bl.core(BacklogConfig, **bl.values())
+
+    state_path = top.section("state", _PATH_KEYS, required=True).required_path("path")
+    sink_path = top.section("sink", _PATH_KEYS, required=True).required_path("path")
+    staging_path = top.section("staging", _PATH_KEYS).path("path")
+    if staging_path is None:
+        staging_path = _join(state_path, "_staging")
+    if _same_location(state_path, sink_path):
+        raise top.invalid("sink.path", sink_path, "a location different from state.path")
+    for key, inner in (("state.path", state_path), ("staging.path", staging_path)):
+        if _inside(inner, sink_path):
+            raise top.invalid(
+                key, inner, f"a location outside sink.path {sink_path}", "VACUUM on the sink would delete it"
+            )
+
+    transform = top.string("transform", default=IDENTITY_TRANSFORM, allowed="'module:function'")
+    if not _TRANSFORM_RE.match(transform):
+        raise top.invalid("transform", transform, "'module:function', e.g. 'mypkg.transforms:enrich'")
+    try:
+        resolve_transform(transform)  # fail at submission, not on an executor
+    except ConfigError as err:
+        raise ConfigError(f"{err.message} ({where})", **err.params) from err.__cause__
+
+    return PipelineConfig(
+        name=name,
+        source=source,
+        state_path=state_path,
+        sink_path=sink_path,
+        staging_path=staging_path,
+        parallelism=parallelism,
+        regions=regions,
+        strategy=strategy,
+        checkpoint=checkpoint,
+        backlog=backlog,
+        transform=transform,
+        origin=origin,
+    )
+
+
+_TOP_KEYS = (
+    "name",
+    "source",
+    "parallelism",
+    "regions",
+    "strategy",
+    "checkpoint",
+    "backlog",
+    "state",
+    "sink",
+    "staging",
+    "transform",
+)
+_FILE_KEYS = ("path", "format", "split_bytes")
+_KAFKA_KEYS = (
+    "bootstrap_servers",
+    "topics",
+    "topic_pattern",
+    "starting",
+    "group_id",
+    "on_offset_out_of_range",
+)
+_SOURCE_KEYS = ("kind", *_FILE_KEYS, *_KAFKA_KEYS)
+_CHECKPOINT_KEYS = tuple(f.name for f in fields(CheckpointSettings) if f.name != "regions_independent")
+_BACKLOG_KEYS = tuple(f.name for f in fields(BacklogConfig))
+_PATH_KEYS = ("path",)
+
+
+def _source(sec: _Section) -> SourceConfig:
+    kind = sec.choice("kind", SourceKind, required=True)
+    own, other = (_FILE_KEYS, _KAFKA_KEYS) if kind is SourceKind.FILES else (_KAFKA_KEYS, _FILE_KEYS)
+    for key in sec.given():
+        if key in other:
+            raise sec.invalid(
+                key,
+                sec.raw(key),
+                f"no {key} for source.kind {kind.value!r}; its options are: {', '.join(own)}",
+            )
+    if kind is SourceKind.FILES:
+        return SourceConfig(
+            kind=kind,
+            path=sec.required_path("path", allowed="the directory (or file) to ingest"),
+            format=sec.choice("format", FileFormat, FileFormat.LINES),
+            split_bytes=sec.integer("split_bytes", 0, minimum=0),
+        )
+
+    servers = _bootstrap_servers(sec)
+    topics = sec.string_list("topics")
+    pattern = sec.string("topic_pattern", default=None, allowed="a regular expression over topic names")
+    one_of = "exactly one of source.topics (a list of topic names) or source.topic_pattern (a regex)"
+    if not topics and not pattern:
+        raise sec.missing("topics", one_of)
+    if topics and pattern:
+        raise sec.invalid("topics", {"topics": list(topics), "topic_pattern": pattern}, one_of)
+    if pattern is not None:
+        try:
+            re.compile(pattern)
+        except re.error as err:
+            raise sec.invalid("topic_pattern", pattern, "a valid regular expression", str(err)) from err
+    allowed_starting = "'earliest', 'latest', 'timestamp:<epoch ms>' or 'group'"
+    starting = sec.string("starting", default="earliest", allowed=allowed_starting)
+    head, _, tail = starting.partition(":")
+    if head not in {m.value for m in StartingMode} or (head == "timestamp") != bool(tail):
+        raise sec.invalid("starting", starting, allowed_starting)
+    if head == "timestamp" and not tail.isdigit():
+        raise sec.invalid("starting", starting, allowed_starting, "the timestamp is in epoch milliseconds")
+    group_id = sec.string("group_id", default=None, allowed="a consumer group id")
+    if head == "group" and not group_id:
+        raise sec.missing("group_id", "a consumer group id, required when source.starting is 'group'")
+    return SourceConfig(
+        kind=kind,
+        bootstrap_servers=servers,
+        topics=topics,
+        topic_pattern=pattern,
+        starting=starting,
+        group_id=group_id,
+        on_offset_out_of_range=sec.choice("on_offset_out_of_range", OffsetOutOfRange, OffsetOutOfRange.FAIL),
+    )
+
+
+def _bootstrap_servers(sec: _Section) -> str:
+    allowed = "'host:port[,host:port...]' or a list of 'host:port'"
+    raw = sec.raw("bootstrap_servers", required=True, allowed=allowed)
+    if isinstance(raw, str):
+        items = [s.strip() for s in raw.split(",")]
+    elif isinstance(raw, list) and all(isinstance(s, str) for s in raw):
+        items = [s.strip() for s in raw]
+    else:
+        raise sec.invalid("bootstrap_servers", raw, allowed, f"got {_type_name(raw)}")
+    bad = [s for s in items if not _HOST_PORT_RE.match(s) or not 0 < int(s.rsplit(":", 1)[1]) < 65536]
+    if not items or bad:
+        raise sec.invalid("bootstrap_servers", raw, allowed, f"not host:port: {bad}" if bad else "")
+    return ",".join(items)
+
+
+# --------------------------------------------------------------------------- helpers
+
+_MISSING: Any = object()
+_T = TypeVar("_T")
+
+
+def _type_name(value: Any) -> str:
+    names = {str: "a string", bool: "a boolean", int: "an integer", float: "a number", list: "a list"}
+    if isinstance(value, Mapping):
+        return "a mapping"
+    return names.get(type(value), type(value).__name__)
+
+
+def _did_you_mean(word: str, choices: tuple[str, ...] | list[str], prefix: str = "") -> str:
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f"did you mean {prefix + close[0]!r}?" if close else ""
+
+
+def _join(base: str, child: str) -> str:
+    return f"{base.rstrip('/')}/{child}" if _URI_RE.match(base) else str(Path(base) / child)
+
+
+def _same_location(a: str, b: str) -> bool:
+    return a.rstrip("/") == b.rstrip("/")
+
+
+def _inside(inner: str, outer: str) -> bool:
+    return inner.rstrip("/").startswith(outer.rstrip("/") + "/")
+
+
+class _Section:
+    """A mapping being read under a dotted prefix; unknown keys are rejected on entry."""
+
+    def __init__(self, data: Mapping[str, Any], prefix: str, where: str, base: Path, known: tuple[str, ...]):
+        self.data = data
+        self.prefix = prefix
+        self.where = where
+        self.base = base
+        for key in data:
+            if not isinstance(key, str) or key not in known:
+                value = data[key]
+                hint = _did_you_mean(str(key), known, prefix=prefix)
+                section = f"under {prefix.rstrip('.')}" if prefix else "at the top level"
+                message = (
+                    f"unknown key {prefix}{key}={value!r} ({where}): allowed keys {section} are "
+                    f"{', '.join(known)}"
+                )
+                if hint:
+                    message += f"; {hint}"
+                raise ConfigError(message, key=f"{prefix}{key}", value=value, allowed=known)
+
+    def given(self) -> list[str]:
+        """The keys present in this section."""
+        return list(self.data)
+
+    def invalid(self, key: str, value: Any, allowed: str, hint: str = "") -> ConfigError:
+        dotted = key if "." in key and not self.prefix else f"{self.prefix}{key}"
+        message = f"{dotted}={value!r} is not allowed: {allowed}"
+        if hint:
+            message += f"; {hint}"
+        return ConfigError(f"{message} ({self.where})", key=dotted, value=value, allowed=allowed)
+
+    def raw(self, key: str, required: bool = False, allowed: str = "", default: Any = _MISSING) -> Any:
+        """The value given for ``key`` (``None`` counts as not given), else ``default``."""
+        value = self.data.get(key, _MISSING)
+        if value is None:
+            value = _MISSING
+        if value is _MISSING and not required:
+            return default
+        if value is _MISSING:
+            raise self.missing(key, allowed)
+        return value
+
+    def missing(self, key: str, allowed: str) -> ConfigError:
+        dotted = f"{self.prefix}{key}"
+        return ConfigError(
+            f"{dotted} is required but missing ({self.where}): {allowed or 'set it'}",
+            key=dotted,
+            value=None,
+            allowed=allowed,
+        )
+
+    def section(self, key: str, known: tuple[str, ...], required: bool = False) -> _Section:
+        value = self.raw(key, required=required, allowed=f"a mapping with keys {', '.join(known)}")
+        if value is _MISSING:
+            value = {}
+        if not isinstance(value, Mapping):
+            raise self.invalid(
+                key, value, f"a mapping with keys {', '.join(known)}", f"got {_type_name(value)}"
+            )
+        return _Section(value, f"{self.prefix}{key}.", self.where, self.base, known)
+
+    def string(
+        self, key: str, default: Any = _MISSING, required: bool = False, allowed: str = "a string"
+    ) -> Any:
+        value = self.raw(key, required=required, allowed=allowed)
+        if value is _MISSING:
+            return default
+        if not isinstance(value, str) or not value.strip():
+            raise self.invalid(
+                key, value, allowed, f"got {_type_name(value)}" if not isinstance(value, str) else ""
+            )
+        return value.strip()
+
+    def string_list(self, key: str) -> tuple[str, ...]:
+        value = self.raw(key)
+        if value is _MISSING:
+            return ()
+        if not isinstance(value, list) or not all(isinstance(v, str) and v.strip() for v in value):
+            raise self.invalid(key, value, "a list of non-empty strings", f"got {_type_name(value)}")
+        return tuple(v.strip() for v in value)
+
+    def integer(self, key: str, default: int, minimum: int) -> int:
+        allowed = f"an integer >= {minimum}"
+        value = self.raw(key)
+        if value is _MISSING:
+            return default
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self.invalid(key, value, allowed, f"got {_type_name(value)}")
+        if value < minimum:
+            raise self.invalid(key, value, allowed)
+        return value
+
+    def values(self) -> dict[str, Any]:
+        """The keys given in this section (unknown ones were rejected on entry), without nulls."""
+        return {k: v for k, v in self.data.items() if v is not None}
+
+    def core(self, factory: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
+        """Build/validate with a core constructor; its InvalidParameterError becomes a ConfigError here."""
+        floats = (
+            {f.name for f in fields(factory) if f.type == "float"} if isinstance(factory, type) else set()
+        )
+        for name in floats & set(kwargs):
+            if isinstance(kwargs[name], int) and not isinstance(kwargs[name], bool):
+                kwargs[name] = float(kwargs[name])
+        try:
+            return factory(*args, **kwargs)
+        except InvalidParameterError as err:
+            value = err.value
+            wrong_type = isinstance(value, bool) or not isinstance(value, int | float)
+            raise self.invalid(
+                err.name, value, err.allowed, f"got {_type_name(value)}" if wrong_type else ""
+            ) from err
+
+    def choice(self, key: str, enum_type: type[Any], default: Any = _MISSING, required: bool = False) -> Any:
+        names = [m.value for m in enum_type]
+        allowed = "one of " + ", ".join(names)
+        value = self.raw(key, required=required, allowed=allowed)
+        if value is _MISSING:
+            return default
+        if not isinstance(value, str) or value not in names:
+            hint = _did_you_mean(value, names) if isinstance(value, str) else f"got {_type_name(value)}"
+            raise self.invalid(key, value, allowed, hint)
+        return enum_type(value)
+
+    def required_path(self, key: str, allowed: str = "a path") -> str:
+        path = self.path(key, required=True, allowed=allowed)
+        if path is None:  # unreachable: a missing required key raised already
+            raise self.missing(key, allowed)
+        return path
+
+    def path(self, key: str, required: bool = False, allowed: str = "a path") -> str | None:
+        """A local path resolved against the base directory, or a URI as given; ``None`` if absent."""
+        value = self.string(key, default=None, required=required, allowed=allowed)
+        if value is None:
+            return None
+        if _URI_RE.match(value):
+            if value.startswith("file://"):
+                value = value[len("file://") :]
+            else:
+                return value
+        return str((self.base / Path(value).expanduser()).resolve())

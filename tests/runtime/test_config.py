@@ -1,0 +1,324 @@
+"""Pipeline config loading and validation: messages are pinned, paths resolve, examples load."""
+
+from __future__ import annotations
+
+import copy
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from splitkeeper.core.checkpoint import CheckpointConfig
+from splitkeeper.errors import ConfigError
+from splitkeeper.runtime.config import (
+    FileFormat,
+    OffsetOutOfRange,
+    RegionMode,
+    SourceKind,
+    StartingMode,
+    config_from_mapping,
+    load_config,
+)
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+BASE: dict[str, Any] = {
+    "name": "orders",
+    "source": {"kind": "files", "path": "incoming"},
+    "state": {"path": "state"},
+    "sink": {"path": "sink"},
+}
+
+
+def build(tmp_path: Path, **changes: Any) -> Any:
+    data = copy.deepcopy(BASE)
+    for dotted, value in changes.items():
+        *parents, leaf = dotted.split("__")
+        target = data
+        for key in parents:
+            target = target.setdefault(key, {})
+        if value is _DELETE:
+            del target[leaf]
+        else:
+            target[leaf] = value
+    return config_from_mapping(data, base_dir=tmp_path, origin=str(tmp_path / "p.yaml"))
+
+
+_DELETE = object()
+
+
+def error_of(tmp_path: Path, **changes: Any) -> str:
+    with pytest.raises(ConfigError) as info:
+        build(tmp_path, **changes)
+    return str(info.value)
+
+
+# --------------------------------------------------------------------------- pinned messages
+
+
+def test_unknown_key_names_it_and_suggests_the_closest_known_key(tmp_path: Path) -> None:
+    message = error_of(tmp_path, checkpoint__max_failur_ratio=0.3)
+    assert message == (
+        f"[CONFIG_ERROR] unknown key checkpoint.max_failur_ratio=0.3 ({tmp_path / 'p.yaml'}): allowed keys "
+        "under checkpoint are max_consecutive_failures, max_failure_ratio, region_timeout_s, "
+        "retain_checkpoints; did you mean 'checkpoint.max_failure_ratio'?"
+    )
+
+
+def test_unknown_top_level_key_is_an_error_with_suggestion(tmp_path: Path) -> None:
+    message = error_of(tmp_path, paralelism=2)
+    assert "unknown key paralelism=2" in message
+    assert "did you mean 'parallelism'?" in message
+
+
+def test_parallelism_zero_is_rejected_with_what_is_allowed(tmp_path: Path) -> None:
+    assert error_of(tmp_path, parallelism=0) == (
+        f"[CONFIG_ERROR] parallelism=0 is not allowed: an integer >= 1 ({tmp_path / 'p.yaml'})"
+    )
+
+
+def test_failure_ratio_above_one_is_rejected_with_dotted_key(tmp_path: Path) -> None:
+    assert error_of(tmp_path, checkpoint__max_failure_ratio=1.5) == (
+        "[CONFIG_ERROR] checkpoint.max_failure_ratio=1.5 is not allowed: a number between 0 and 1 "
+        f"({tmp_path / 'p.yaml'})"
+    )
+
+
+def test_unknown_strategy_lists_the_core_strategies_and_suggests_one(tmp_path: Path) -> None:
+    assert error_of(tmp_path, strategy="least_loaded") == (
+        "[CONFIG_ERROR] strategy='least_loaded' is not allowed: one of least-loaded, legacy-hash, "
+        f"round-robin, weighted; did you mean 'least-loaded'? ({tmp_path / 'p.yaml'})"
+    )
+
+
+def test_missing_source_path_for_files_is_named(tmp_path: Path) -> None:
+    assert error_of(tmp_path, source__path=_DELETE) == (
+        f"[CONFIG_ERROR] source.path is required but missing ({tmp_path / 'p.yaml'}): "
+        "the directory (or file) to ingest"
+    )
+
+
+def test_wrong_type_says_what_was_given(tmp_path: Path) -> None:
+    assert error_of(tmp_path, parallelism="4") == (
+        "[CONFIG_ERROR] parallelism='4' is not allowed: an integer >= 1; got a string "
+        f"({tmp_path / 'p.yaml'})"
+    )
+
+
+def test_wrong_type_in_a_section_uses_the_dotted_key(tmp_path: Path) -> None:
+    message = error_of(tmp_path, checkpoint__region_timeout_s="10s")
+    assert "checkpoint.region_timeout_s='10s' is not allowed" in message
+    assert "got a string" in message
+
+
+def test_a_section_given_as_a_scalar_is_a_type_error(tmp_path: Path) -> None:
+    message = error_of(tmp_path, source="files")
+    assert message.startswith("[CONFIG_ERROR] source='files' is not allowed: a mapping with keys kind, path")
+    assert "got a string" in message
+
+
+def test_error_carries_key_value_and_allowed_as_parameters(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as info:
+        build(tmp_path, backlog__normal_epoch_records=0)
+    assert info.value.params["key"] == "backlog.normal_epoch_records"
+    assert info.value.params["value"] == 0
+    assert "integer >= 1" in info.value.params["allowed"]
+
+
+# --------------------------------------------------------------------------- other rules
+
+
+def test_option_of_the_other_source_kind_is_rejected(tmp_path: Path) -> None:
+    message = error_of(tmp_path, source__topics=["orders"])
+    assert "source.topics=['orders'] is not allowed: no topics for source.kind 'files'" in message
+
+
+def test_bad_enum_value_suggests_the_closest(tmp_path: Path) -> None:
+    message = error_of(tmp_path, regions="globl")
+    assert "regions='globl' is not allowed: one of per_reader, global; did you mean 'global'?" in message
+
+
+def test_missing_transform_module_fails_at_load(tmp_path: Path) -> None:
+    message = error_of(tmp_path, transform="nope_pkg.mod:fn")
+    assert "transform='nope_pkg.mod:fn' is not allowed" in message
+    assert "module 'nope_pkg.mod' cannot be imported" in message
+
+
+def test_malformed_transform_spec_is_rejected(tmp_path: Path) -> None:
+    assert "transform='no_colon' is not allowed: 'module:function'" in error_of(
+        tmp_path, transform="no_colon"
+    )
+
+
+def test_pipeline_name_must_be_safe_for_job_groups_and_txn_ids(tmp_path: Path) -> None:
+    assert "name='my pipeline' is not allowed" in error_of(tmp_path, name="my pipeline")
+
+
+def test_sink_and_state_may_not_share_a_location(tmp_path: Path) -> None:
+    assert "sink.path=" in error_of(tmp_path, sink__path="state")
+
+
+def test_defaults_resolve_paths_against_the_base_directory(tmp_path: Path) -> None:
+    cfg = build(tmp_path)
+    assert cfg.source.kind is SourceKind.FILES
+    assert cfg.source.path == str(tmp_path / "incoming")
+    assert cfg.source.format is FileFormat.LINES
+    assert cfg.source.split_bytes == 0
+    assert cfg.state_path == str(tmp_path / "state")
+    assert cfg.sink_path == str(tmp_path / "sink")
+    assert cfg.staging_path == str(tmp_path / "state" / "_staging")
+    assert cfg.parallelism == 1
+    assert cfg.regions is RegionMode.PER_READER and cfg.regional_checkpoints
+    assert cfg.strategy == "least-loaded"
+    assert cfg.transform == "splitkeeper.runtime.transforms:identity"
+
+
+def test_staging_inside_the_sink_table_is_rejected(tmp_path: Path) -> None:
+    message = error_of(tmp_path, staging={"path": "sink/_staging"})
+    assert (
+        f"staging.path='{tmp_path / 'sink' / '_staging'}' is not allowed: a location outside sink.path"
+        in message
+    )
+
+
+def test_uri_paths_are_kept_as_given(tmp_path: Path) -> None:
+    cfg = build(tmp_path, sink__path="s3a://lake/orders", state__path="s3a://lake/_state")
+    assert cfg.sink_path == "s3a://lake/orders"
+    assert cfg.staging_path == "s3a://lake/_state/_staging"
+
+
+def test_checkpoint_section_is_a_core_checkpoint_config_wired_to_regions(tmp_path: Path) -> None:
+    cfg = build(
+        tmp_path, regions="global", checkpoint__max_consecutive_failures=0, checkpoint__region_timeout_s=30
+    )
+    assert isinstance(cfg.checkpoint, CheckpointConfig)
+    assert cfg.checkpoint.regions_independent is False
+    assert cfg.regional_checkpoints is False
+    assert cfg.checkpoint.region_timeout_s == 30.0 and isinstance(cfg.checkpoint.region_timeout_s, float)
+
+
+def test_retain_checkpoints_must_be_positive(tmp_path: Path) -> None:
+    assert "checkpoint.retain_checkpoints=0 is not allowed: an integer >= 1" in error_of(
+        tmp_path, checkpoint__retain_checkpoints=0
+    )
+
+
+def test_kafka_source_is_validated_and_normalised(tmp_path: Path) -> None:
+    kafka = {
+        "kind": "kafka",
+        "bootstrap_servers": ["b1:9092", "b2:9092"],
+        "topic_pattern": "orders-.*",
+        "starting": "timestamp:1700000000000",
+        "on_offset_out_of_range": "skip",
+    }
+    cfg = build(tmp_path, source=kafka)
+    assert cfg.source.bootstrap_servers == "b1:9092,b2:9092"
+    assert cfg.source.topic_pattern == "orders-.*" and cfg.source.topics == ()
+    assert cfg.source.starting_mode is StartingMode.TIMESTAMP
+    assert cfg.source.starting_timestamp_ms == 1_700_000_000_000
+    assert cfg.source.on_offset_out_of_range is OffsetOutOfRange.SKIP
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        ({"bootstrap_servers": "b:9092"}, "source.topics is required but missing"),
+        (
+            {"bootstrap_servers": "b:9092", "topics": ["a"], "topic_pattern": "a.*"},
+            "exactly one of source.topics",
+        ),
+        ({"bootstrap_servers": "localhost", "topics": ["a"]}, "source.bootstrap_servers='localhost'"),
+        ({"bootstrap_servers": "b:9092", "topics": "a"}, "source.topics='a' is not allowed: a list"),
+        ({"bootstrap_servers": "b:9092", "topics": ["a"], "starting": "timestamp:soon"}, "source.starting="),
+        (
+            {"bootstrap_servers": "b:9092", "topics": ["a"], "starting": "group"},
+            "source.group_id is required",
+        ),
+        ({"bootstrap_servers": "b:9092", "topic_pattern": "("}, "a valid regular expression"),
+        ({"bootstrap_servers": "b:9092", "topics": ["a"], "path": "x"}, "no path for source.kind 'kafka'"),
+    ],
+)
+def test_kafka_mistakes_are_named(tmp_path: Path, source: dict[str, Any], expected: str) -> None:
+    assert expected in error_of(tmp_path, source={"kind": "kafka", **source})
+
+
+def test_yaml_file_resolves_relative_paths_against_its_directory(tmp_path: Path) -> None:
+    conf_dir = tmp_path / "conf"
+    conf_dir.mkdir()
+    (conf_dir / "p.yml").write_text(
+        textwrap.dedent(
+            """
+            name: demo
+            parallelism: 3
+            source: {kind: files, path: ../in, format: jsonl, split_bytes: 1024}
+            state: {path: st}
+            sink: {path: /abs/sink}
+            backlog: {backlog_epoch_records: 500, normal_epoch_records: 50}
+            """
+        )
+    )
+    cfg = load_config(conf_dir / "p.yml")
+    assert cfg.source.path == str(tmp_path / "in")
+    assert cfg.state_path == str(conf_dir / "st")
+    assert cfg.sink_path == "/abs/sink"
+    assert cfg.source.format is FileFormat.JSONL and cfg.source.split_bytes == 1024
+    assert cfg.backlog.epoch_records(True) == 500 and cfg.backlog.epoch_records(False) == 50
+    assert cfg.origin == str(conf_dir / "p.yml")
+
+
+def test_toml_file_loads_the_same_shape(tmp_path: Path) -> None:
+    (tmp_path / "p.toml").write_text(
+        textwrap.dedent(
+            """
+            name = "demo"
+            strategy = "round-robin"
+            [source]
+            kind = "files"
+            path = "in"
+            [state]
+            path = "st"
+            [sink]
+            path = "sk"
+            """
+        )
+    )
+    cfg = load_config(tmp_path / "p.toml")
+    assert cfg.strategy == "round-robin"
+    assert cfg.source.path == str(tmp_path / "in")
+
+
+def test_errors_in_a_file_name_the_file(tmp_path: Path) -> None:
+    (tmp_path / "p.yaml").write_text("name: demo\nparallelism: 0\nsource: {kind: files, path: in}\n")
+    with pytest.raises(ConfigError, match=r"parallelism=0 is not allowed: an integer >= 1 \(.*p\.yaml\)"):
+        load_config(tmp_path / "p.yaml")
+
+
+def test_syntax_errors_and_bad_files_are_config_errors(tmp_path: Path) -> None:
+    (tmp_path / "bad.yaml").write_text("name: [unclosed\n")
+    (tmp_path / "bad.toml").write_text("name = \n")
+    (tmp_path / "p.json").write_text("{}")
+    (tmp_path / "list.yaml").write_text("- a\n- b\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(tmp_path / "bad.yaml")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(tmp_path / "bad.toml")
+    with pytest.raises(ConfigError, match="allowed are .yaml, .yml"):
+        load_config(tmp_path / "p.json")
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "missing.yaml")
+    with pytest.raises(ConfigError, match="top level must be a mapping"):
+        load_config(tmp_path / "list.yaml")
+
+
+def test_to_dict_is_plain_data(tmp_path: Path) -> None:
+    data = build(tmp_path, regions="global").to_dict()
+    assert data["regions"] == "global"
+    assert data["source"]["kind"] == "files"
+    assert data["checkpoint"]["regions_independent"] is False
+
+
+@pytest.mark.parametrize("name", ["files_pipeline.yaml", "files_pipeline.toml", "kafka_pipeline.yaml"])
+def test_example_configs_load(name: str) -> None:
+    cfg = load_config(EXAMPLES / name)
+    assert cfg.name and cfg.state_path.startswith(str(EXAMPLES.parent))
