@@ -1,0 +1,47 @@
+"""Sources: the connector contract (:mod:`.base`) and its implementations.
+
+``build_source(config.source)`` is the one place that turns a ``source``
+config section into a :class:`SourceConnector`.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from splitkeeper.errors import EnvironmentNotReadyError
+from splitkeeper.runtime.config import SourceConfig, SourceKind
+from splitkeeper.runtime.sources.base import PlannedRange, RegionReader, SourceConnector, SourceRecord
+from splitkeeper.runtime.sources.files import FileRegionReader, FileSource
+
+__all__ = [
+    "FileRegionReader",
+    "FileSource",
+    "PlannedRange",
+    "RegionReader",
+    "SourceConnector",
+    "SourceRecord",
+    "build_source",
+]
+
+KAFKA_MODULE = "splitkeeper.runtime.sources.kafka"
+
+
+def build_source(source: SourceConfig) -> SourceConnector:
+    """Create the driver-side connector for a validated ``source`` section.
+
+    Kafka lives in :data:`KAFKA_MODULE`, which must expose
+    ``KafkaSource.from_config(source: SourceConfig)``; it is imported only for
+    ``kind: kafka``.
+    """
+    if source.kind is SourceKind.FILES:
+        return FileSource.from_config(source)
+    try:
+        module = importlib.import_module(KAFKA_MODULE)
+    except ModuleNotFoundError as err:
+        if err.name and KAFKA_MODULE.startswith(err.name):
+            raise EnvironmentNotReadyError(
+                f"source.kind 'kafka' needs {KAFKA_MODULE}, which is not in this build", module=KAFKA_MODULE
+            ) from err
+        raise
+    connector: SourceConnector = module.KafkaSource.from_config(source)
+    return connector

@@ -1,0 +1,137 @@
+"""The source contract: a driver-side connector and an executor-side region reader.
+
+Two halves, like FLIP-27's enumerator/reader split:
+
+- :class:`SourceConnector` lives on the **driver**. Each epoch the runtime calls
+  :meth:`~SourceConnector.discover_splits` (new splits go to the core
+  enumerator), then plans per split a range ``[start, end)`` with
+  :meth:`~SourceConnector.plan_end`, persists the plan, and ships
+  :meth:`~SourceConnector.reader` to the executors.
+- :class:`RegionReader` crosses to **Spark executors** inside the region task.
+  It must be picklable and stateless between calls: everything it needs is in
+  its constructor fields and in the ``(split, start, end)`` it is given. It
+  reads deterministically, so a replay of a planned range yields the very same
+  records; that is what makes a re-run of an epoch from its persisted plan
+  exactly-once.
+
+Positions are source offsets: Kafka offsets, byte offsets of lines in files.
+For every record ``offset < next_offset``; reading ``[start, end)`` yields
+records whose offsets lie in ``[start, end)`` in increasing order, and the first
+record's offset is ``start`` and each record's ``next_offset`` is the next one's
+``offset`` whenever ``start`` and ``end`` are record boundaries (what
+:meth:`SourceConnector.plan_end` returns). Kafka will implement the same
+contract; :mod:`splitkeeper.runtime.sources.contract` holds the tests every
+implementation inherits.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Iterator
+from typing import NamedTuple
+
+from splitkeeper.core.source import SplitSource
+from splitkeeper.core.types import Split
+
+
+class SourceRecord(NamedTuple):
+    """One record read from a split: where it starts, where the next one starts, its value."""
+
+    offset: int
+    next_offset: int
+    value: str
+
+
+class PlannedRange(NamedTuple):
+    """One entry of an epoch plan for a region: read ``split`` from ``start`` to ``end``.
+
+    A plain ``(split, start, end)`` tuple is accepted wherever a PlannedRange is.
+    """
+
+    split: Split
+    start: int
+    end: int
+
+
+class RegionReader(abc.ABC):
+    """Reads planned ranges of splits inside a region task, on an executor.
+
+    Must be picklable (it is shipped to executors with the task closure) and
+    stateless between calls: :meth:`read_range` may be called any number of
+    times, in any order, from any process, for the same or different ranges.
+    Implementations are small frozen dataclasses of plain fields.
+    """
+
+    @abc.abstractmethod
+    def read_range(self, split: Split, start: int, end: int) -> Iterator[SourceRecord]:
+        """Yield the records of ``split`` whose offset lies in ``[start, end)``, in order.
+
+        Deterministic: the same ``(split, start, end)`` yields the same records
+        every time. Raises :class:`~splitkeeper.errors.SourceError` (naming the
+        split and what is wrong) when the split is missing or unreadable, or
+        when ``start``/``end`` are outside the split; errors may surface on the
+        call or while iterating.
+        """
+
+
+class SourceConnector(SplitSource):
+    """The driver-side view of a source: discovery, planning limits, identity.
+
+    It is the core :class:`~splitkeeper.core.source.SplitSource` the enumerator
+    discovers from (``name``, ``discover_splits``, ``subscriptions``), plus what
+    the epoch planner and the region tasks need. Optional capabilities are the
+    core mix-ins (``SupportsSplitReassignmentOnRecovery``,
+    ``ExternallyCheckpointedSource``). Created once per driver run from the
+    pipeline's ``source`` config and used from the driver thread only (it is not
+    shipped to executors; :meth:`reader` is).
+    """
+
+    @property
+    @abc.abstractmethod
+    def bounded(self) -> bool:
+        """True when every split is bounded, so a run can finish once all known splits are finished.
+
+        New splits may still appear at later discoveries (files dropped later);
+        a bounded run finishes only on a global checkpoint (DESIGN 2.6).
+        """
+
+    @abc.abstractmethod
+    def discover_splits(self) -> list[Split]:
+        """Return every split the source has now, at its initial position.
+
+        Called by the driver at every epoch; may return splits the enumerator
+        already knows or has finished: deduplication is the enumerator's
+        business. Raises SourceError when the source itself is unreachable.
+        """
+
+    @abc.abstractmethod
+    def subscriptions(self) -> frozenset[str]:
+        """The subscriptions (topics, file roots) that exist now; splits of others are dropped on restart."""
+
+    @abc.abstractmethod
+    def available_end(self, split: Split) -> int:
+        """How far a range of ``split`` may be planned now (exclusive); ``split.end`` for bounded splits."""
+
+    @abc.abstractmethod
+    def reader(self) -> RegionReader:
+        """The picklable reader the region tasks use. Cheap; may be called every epoch."""
+
+    @abc.abstractmethod
+    def fingerprint(self) -> str:
+        """A stable id of what is read (kind, location, split layout).
+
+        Persisted in the ``pipeline`` state table; a state directory whose
+        fingerprint differs belongs to another source and is refused.
+        """
+
+    def plan_end(self, split: Split, start: int, max_records: int) -> int:
+        """The end of the range to plan for ``split`` from ``start`` with a budget of ``max_records``.
+
+        Returns a record boundary in ``[start, available_end(split)]`` so that
+        reading ``[start, end)`` ends exactly at ``end``. The default assumes one
+        offset per record (Kafka). Called by the epoch planner on the driver.
+        """
+        return max(start, min(start + max_records, self.available_end(split)))
+
+    def close(self) -> None:  # noqa: B027 - optional hook, default does nothing
+        """Release driver-side resources (consumers, clients). Idempotent."""

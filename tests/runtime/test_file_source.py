@@ -1,0 +1,368 @@
+"""The file source: byte-range splits, Hadoop's line rule, exact resume, discovery, unicode."""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import random
+import tempfile
+from pathlib import Path
+from unittest import mock
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from splitkeeper.core.source import SplitSource, SupportsSplitReassignmentOnRecovery
+from splitkeeper.core.types import Split
+from splitkeeper.errors import EnvironmentNotReadyError, SourceError
+from splitkeeper.runtime import sources
+from splitkeeper.runtime.config import SourceConfig, SourceKind
+from splitkeeper.runtime.sources import FileSource, SourceRecord, build_source, files
+from splitkeeper.runtime.sources.contract import SourceContractTests, read_planned
+from splitkeeper.runtime.sources.files import FileRegionReader
+
+ALPHABET = "abcxyz 0123456789é€𝄞\t"
+
+
+def random_lines(rng: random.Random, count: int) -> list[str]:
+    lines = ["".join(rng.choices(ALPHABET, k=rng.choice([0, 1, 5, 40, 300]))) for _ in range(count)]
+    lines[count // 2] = ""  # at least one empty line
+    return lines
+
+
+def write(path: Path, lines: list[str], trailing_newline: bool = True) -> bytes:
+    data = "\n".join(lines).encode("utf-8") + (b"\n" if trailing_newline else b"")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    return data
+
+
+def expected_records(data: bytes) -> list[SourceRecord]:
+    """The records of a whole file, computed independently of the reader."""
+    out, pos = [], 0
+    for chunk in data.split(b"\n"):
+        if pos >= len(data):
+            break
+        nxt = min(pos + len(chunk) + 1, len(data))
+        out.append(SourceRecord(pos, nxt, chunk.decode("utf-8").removesuffix("\r")))
+        pos = nxt
+    return out
+
+
+def read_all(source: FileSource, splits: list[Split]) -> list[SourceRecord]:
+    reader = source.reader()
+    return [r for s in splits for r in reader.read_range(s, s.position, s.end or 0)]
+
+
+def assert_contiguous(records: list[SourceRecord], start: int, end: int) -> None:
+    assert records[0].offset == start
+    assert records[-1].next_offset == end
+    for before, after in zip(records, records[1:], strict=False):
+        assert before.next_offset == after.offset
+
+
+# --------------------------------------------------------------------------- byte ranges
+
+
+@pytest.mark.parametrize("block", [3, 100, 1 << 20])
+@pytest.mark.parametrize("seed", [1, 2, 3, 4, 5])
+def test_file_cut_into_three_byte_ranges_yields_every_line_once_with_contiguous_offsets(
+    tmp_path: Path, seed: int, block: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(files, "_CHUNK", block)
+    monkeypatch.setattr(files, "_MIN_READ", block)
+    rng = random.Random(seed)
+    data = write(tmp_path / "in" / "f.txt", random_lines(rng, 200), trailing_newline=False)
+    source = FileSource(tmp_path / "in", split_bytes=len(data) // 3 + 1)
+    splits = source.discover_splits()
+
+    assert len(splits) == 3
+    assert [s.split_id for s in splits] == [f"f.txt#{s.position}-{s.end}" for s in splits]
+    assert splits[0].position == 0 and splits[-1].end == len(data)
+    for left, right in zip(splits, splits[1:], strict=False):
+        assert left.end == right.position  # ranges tile the file
+    for split in splits:
+        part = list(source.reader().read_range(split, split.position, split.end or 0))
+        assert_contiguous(part, split.position, split.end or 0)
+    assert read_all(source, splits) == expected_records(data)
+
+
+def test_range_boundaries_snap_forward_to_line_starts(tmp_path: Path) -> None:
+    data = write(tmp_path / "f.txt", ["aaaa", "bbbbbbbbbb", "c", "dddddd"])  # lines start at 0, 5, 16, 18
+    splits = FileSource(tmp_path, split_bytes=6).discover_splits()
+    assert [(s.position, s.end) for s in splits] == [(0, 16), (16, 18), (18, len(data))]
+
+
+def test_a_line_longer_than_split_bytes_stays_in_one_split(tmp_path: Path) -> None:
+    data = write(tmp_path / "f.txt", ["x" * 100, "y"])
+    splits = FileSource(tmp_path, split_bytes=10).discover_splits()
+    assert [(s.split_id, s.position, s.end) for s in splits] == [
+        ("f.txt#0-101", 0, 101),
+        ("f.txt#101-103", 101, len(data)),
+    ]
+
+
+def test_small_file_is_one_split_named_by_its_relative_path(tmp_path: Path) -> None:
+    data = write(tmp_path / "sub" / "f.txt", ["a", "b"])
+    (split,) = FileSource(tmp_path, split_bytes=1 << 20).discover_splits()
+    assert split == Split("sub/f.txt", subscription=str(tmp_path), position=0, end=len(data))
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    lines=st.lists(st.text(alphabet=ALPHABET + "\r", max_size=30), min_size=1, max_size=40),
+    cuts=st.lists(st.integers(min_value=1, max_value=2000), max_size=8),
+    trailing=st.booleans(),
+    block=st.sampled_from([1, 2, 7, 64, 1 << 20]),
+)
+def test_arbitrary_cuts_follow_hadoops_rule_no_line_lost_or_repeated(
+    lines: list[str], cuts: list[int], trailing: bool, block: int
+) -> None:
+    # block: the reader's read size, small ones put lines across block borders
+    with tempfile.TemporaryDirectory() as tmp, mock.patch.multiple(files, _CHUNK=block, _MIN_READ=block):
+        data = write(Path(tmp) / "f.txt", lines, trailing_newline=trailing)
+        if not data:
+            return
+        (split,) = FileSource(tmp).discover_splits()
+        bounds = sorted({0, len(data), *(c % len(data) for c in cuts)})
+        reader = FileRegionReader(tmp)
+        got = [r for a, b in zip(bounds, bounds[1:], strict=False) for r in reader.read_range(split, a, b)]
+        assert got == expected_records(data)
+
+
+# --------------------------------------------------------------------------- resume and replay
+
+
+@pytest.mark.parametrize("block", [5, 1 << 20])
+def test_reading_from_a_mid_position_resumes_exactly(
+    tmp_path: Path, block: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(files, "_CHUNK", block)
+    monkeypatch.setattr(files, "_MIN_READ", block)
+    data = write(tmp_path / "f.txt", random_lines(random.Random(9), 120))
+    (split,) = FileSource(tmp_path).discover_splits()
+    whole = list(FileRegionReader(str(tmp_path)).read_range(split, 0, len(data)))
+    for k in (1, 37, 60, 119):
+        mid = whole[k].offset
+        resumed = list(FileRegionReader(str(tmp_path)).read_range(split.at(mid), mid, len(data)))
+        assert resumed == whole[k:]
+        sub = list(
+            FileRegionReader(str(tmp_path)).read_range(
+                split, mid, whole[k + 1].next_offset if k < 119 else len(data)
+            )
+        )
+        assert sub == whole[k : k + 2]
+
+
+def test_planned_epochs_chain_and_end_on_line_starts(tmp_path: Path) -> None:
+    data = write(tmp_path / "f.txt", random_lines(random.Random(3), 500))
+    source = FileSource(tmp_path, split_bytes=len(data) // 2)
+    starts = {r.offset for r in expected_records(data)} | {len(data)}
+    for split in source.discover_splits():
+        ranges = read_planned(source, split, budget=17)
+        flat = [r for rng in ranges for r in rng]
+        assert_contiguous(flat, split.position, split.end or 0)
+        assert all(rng and rng[-1].next_offset in starts for rng in ranges)
+        assert len(ranges) > 1
+
+
+def test_reader_is_picklable_and_stateless(tmp_path: Path) -> None:
+    write(tmp_path / "f.txt", ["one", "two", "three"])
+    source = FileSource(tmp_path)
+    (split,) = source.discover_splits()
+    reader = pickle.loads(pickle.dumps(source.reader()))
+    first = list(reader.read_range(split, 0, split.end or 0))
+    assert [r.value for r in first] == ["one", "two", "three"]
+    assert list(reader.read_range(split, 0, split.end or 0)) == first
+
+
+# --------------------------------------------------------------------------- discovery
+
+
+def test_new_file_is_discovered_at_the_next_call(tmp_path: Path) -> None:
+    write(tmp_path / "a.txt", ["a"])
+    source = FileSource(tmp_path)
+    assert [s.split_id for s in source.discover_splits()] == ["a.txt"]
+    write(tmp_path / "nested" / "b.txt", ["b"])
+    assert [s.split_id for s in source.discover_splits()] == ["a.txt", "nested/b.txt"]
+
+
+def test_removed_file_is_logged_by_path_and_left_out(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    write(tmp_path / "a.txt", ["a"])
+    write(tmp_path / "b.txt", ["b"])
+    source = FileSource(tmp_path)
+    source.discover_splits()
+    (tmp_path / "a.txt").unlink()
+    with caplog.at_level(logging.WARNING, logger="splitkeeper.sources.files"):
+        splits = source.discover_splits()
+    assert [s.split_id for s in splits] == ["b.txt"]
+    assert source.removed_paths == (str(tmp_path / "a.txt"),)
+    (record,) = [r for r in caplog.records if r.name == "splitkeeper.sources.files"]
+    assert str(tmp_path / "a.txt") in record.getMessage() and "removed" in record.getMessage()
+    assert source.subscriptions() == frozenset({str(tmp_path)})
+
+
+def test_hidden_underscore_and_empty_files_are_skipped(tmp_path: Path) -> None:
+    write(tmp_path / "ok.txt", ["x"])
+    write(tmp_path / ".part.tmp", ["x"])
+    write(tmp_path / "_SUCCESS", ["x"])
+    write(tmp_path / "_tmp" / "a.txt", ["x"])
+    (tmp_path / "empty.txt").write_bytes(b"")
+    assert [s.split_id for s in FileSource(tmp_path).discover_splits()] == ["ok.txt"]
+
+
+def test_a_changed_file_keeps_its_first_layout_and_is_logged(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    write(tmp_path / "f.txt", ["a", "b"])
+    source = FileSource(tmp_path)
+    first = source.discover_splits()
+    with open(tmp_path / "f.txt", "ab") as f:
+        f.write(b"c\n")
+    with caplog.at_level(logging.WARNING, logger="splitkeeper.sources.files"):
+        assert source.discover_splits() == first
+    assert "changed after discovery" in caplog.text
+
+
+def test_single_file_path_is_a_source_of_one_split(tmp_path: Path) -> None:
+    data = write(tmp_path / "only.txt", ["a", "b"])
+    write(tmp_path / "other.txt", ["z"])
+    source = FileSource(tmp_path / "only.txt")
+    (split,) = source.discover_splits()
+    assert split.split_id == "only.txt" and split.end == len(data)
+    assert split.subscription == str(tmp_path / "only.txt")
+    assert [r.value for r in source.reader().read_range(split, 0, len(data))] == ["a", "b"]
+
+
+def test_missing_root_names_the_path_and_the_fix(tmp_path: Path) -> None:
+    source = FileSource(tmp_path / "nope")
+    with pytest.raises(SourceError, match=r"source.path .*nope does not exist: create the directory"):
+        source.discover_splits()
+    with pytest.raises(SourceError, match="does not exist"):
+        source.subscriptions()
+
+
+def test_deleted_file_fails_the_read_with_the_split_and_path(tmp_path: Path) -> None:
+    write(tmp_path / "f.txt", ["a"])
+    source = FileSource(tmp_path)
+    (split,) = source.discover_splits()
+    (tmp_path / "f.txt").unlink()
+    with pytest.raises(SourceError, match=r"split 'f.txt': file .*f.txt does not exist any more"):
+        source.reader().read_range(split, 0, split.end or 0)
+
+
+def test_truncated_file_fails_the_read(tmp_path: Path) -> None:
+    write(tmp_path / "f.txt", ["aaaa", "bbbb"])
+    source = FileSource(tmp_path)
+    (split,) = source.discover_splits()
+    (tmp_path / "f.txt").write_bytes(b"aa\n")
+    with pytest.raises(SourceError, match="truncated or replaced after discovery"):
+        source.reader().read_range(split, 0, split.end or 0)
+
+
+def test_range_outside_the_split_is_refused(tmp_path: Path) -> None:
+    write(tmp_path / "f.txt", ["aaaa"])
+    (split,) = FileSource(tmp_path).discover_splits()
+    with pytest.raises(SourceError, match=r"range \[0, 99\) is not allowed"):
+        FileRegionReader(str(tmp_path)).read_range(split, 0, 99)
+
+
+def test_fingerprint_changes_with_the_split_layout(tmp_path: Path) -> None:
+    assert FileSource(tmp_path).fingerprint() == FileSource(tmp_path).fingerprint()
+    assert FileSource(tmp_path).fingerprint() != FileSource(tmp_path, split_bytes=1024).fingerprint()
+    assert FileSource(tmp_path).fingerprint() != FileSource(tmp_path, format="jsonl").fingerprint()
+
+
+def test_file_source_is_a_core_split_source_with_deferred_assignment(tmp_path: Path) -> None:
+    source = FileSource(tmp_path)
+    assert isinstance(source, SplitSource)
+    assert isinstance(source, SupportsSplitReassignmentOnRecovery)
+    assert source.bounded
+
+
+# --------------------------------------------------------------------------- unicode and formats
+
+
+def test_unicode_offsets_are_bytes_and_values_are_text(tmp_path: Path) -> None:
+    lines = ["é", "€€", "𝄞 clef", "", "plain"]
+    data = write(tmp_path / "u.txt", lines)
+    source = FileSource(tmp_path, split_bytes=5)
+    splits = source.discover_splits()
+    records = read_all(source, splits)
+    assert [r.value for r in records] == lines
+    assert [r.offset for r in records] == [0, 3, 10, 20, 21]
+    assert records[-1].next_offset == len(data)
+    assert all(s.end is not None and data[s.end - 1 : s.end] == b"\n" for s in splits)
+
+
+def test_crlf_and_bom_are_not_part_of_values(tmp_path: Path) -> None:
+    (tmp_path / "w.txt").write_bytes(b"\xef\xbb\xbfhead\r\nbody\r\n")
+    source = FileSource(tmp_path)
+    (split,) = source.discover_splits()
+    records = list(source.reader().read_range(split, 0, split.end or 0))
+    assert records == [SourceRecord(0, 9, "head"), SourceRecord(9, 15, "body")]
+
+
+def test_invalid_utf8_names_the_byte_offset(tmp_path: Path) -> None:
+    (tmp_path / "bad.txt").write_bytes(b"ok\nbad \xff here\n")
+    source = FileSource(tmp_path)
+    (split,) = source.discover_splits()
+    with pytest.raises(SourceError, match=r"line at byte 3 is not valid UTF-8 .* at byte 7"):
+        list(source.reader().read_range(split, 0, split.end or 0))
+
+
+def test_jsonl_blank_lines_are_absorbed_and_offsets_stay_contiguous(tmp_path: Path) -> None:
+    data = write(tmp_path / "j.jsonl", ["", '{"a": 1}', "  ", "", '{"a": 2}', ""])
+    source = FileSource(tmp_path, format="jsonl")
+    (split,) = source.discover_splits()
+    records = list(source.reader().read_range(split, 0, len(data)))
+    assert [r.value for r in records] == ['{"a": 1}', '{"a": 2}']
+    assert_contiguous(records, 0, len(data))
+
+
+def test_jsonl_rejects_a_line_that_is_not_json(tmp_path: Path) -> None:
+    write(tmp_path / "j.jsonl", ['{"a": 1}', "{oops"])
+    source = FileSource(tmp_path, format="jsonl")
+    (split,) = source.discover_splits()
+    with pytest.raises(SourceError, match=r"line at byte 9 is not valid JSON"):
+        list(source.reader().read_range(split, 0, split.end or 0))
+
+
+# --------------------------------------------------------------------------- factory
+
+
+def test_build_source_makes_a_file_source_from_config(tmp_path: Path) -> None:
+    built = build_source(SourceConfig(kind=SourceKind.FILES, path=str(tmp_path), split_bytes=64))
+    assert isinstance(built, FileSource) and built.path == str(tmp_path)
+
+
+def test_build_source_for_kafka_without_the_module_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sources, "KAFKA_MODULE", "splitkeeper.runtime.sources.no_such_kafka")
+    with pytest.raises(EnvironmentNotReadyError, match="source.kind 'kafka' needs"):
+        build_source(SourceConfig(kind=SourceKind.KAFKA, bootstrap_servers="b:1", topics=("t",)))
+
+
+# --------------------------------------------------------------------------- contract
+
+
+class TestFileSourceContract(SourceContractTests):
+    def make_source(self, tmp_path: Path) -> FileSource:
+        write(tmp_path / "in" / "a.txt", random_lines(random.Random(5), 50))
+        write(tmp_path / "in" / "b.txt", ["x", "y", "z"], trailing_newline=False)
+        return FileSource(tmp_path / "in", split_bytes=400)
+
+
+class TestJsonlFileSourceContract(SourceContractTests):
+    def make_source(self, tmp_path: Path) -> FileSource:
+        write(tmp_path / "in" / "a.jsonl", [f'{{"n": {i}}}' if i % 7 else "" for i in range(60)])
+        return FileSource(tmp_path / "in", format="jsonl", split_bytes=200)
+
+
+def test_os_sep_never_leaks_into_split_ids(tmp_path: Path) -> None:
+    write(tmp_path / "x" / "y" / "z.txt", ["a"])
+    (split,) = FileSource(tmp_path).discover_splits()
+    assert split.split_id == "x/y/z.txt" and os.sep not in split.split_id.replace("/", "")
