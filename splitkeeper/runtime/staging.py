@@ -1,0 +1,333 @@
+"""What a region task writes, and the region task body itself.
+
+:func:`run_region_task` is the pure-Python body of one region's work in an
+epoch: read the planned ranges through the source's :class:`RegionReader`,
+apply the transform, write one parquet file under the staging directory, and
+return a small :class:`RegionResult`. The Spark epoch runner wraps it in a
+one-task job per region; this module never imports pyspark, so the body runs
+(and is tested) without Spark.
+
+Staging layout: ``<staging>/epoch=<N>/region=<r>/attempt=<id>/part.parquet``.
+A file is written under a temporary name in its attempt directory and renamed
+when complete, so a visible ``part.parquet`` is always whole. The driver only
+reads the path a finished task returned; other attempts' files are garbage for
+the staging cleanup.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import time
+import uuid
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from splitkeeper.core.types import Split
+from splitkeeper.errors import InvalidParameterError, ProtocolError, SourceError, SplitkeeperError
+from splitkeeper.runtime.sources.base import RegionReader, SourceRecord
+from splitkeeper.runtime.transforms import Transform, apply_transform, identity
+
+#: Columns of a staged file; the sink adds ``ingested_at`` at commit.
+STAGED_SCHEMA = pa.schema(
+    [
+        pa.field("split_id", pa.string(), nullable=False),
+        pa.field("offset", pa.int64(), nullable=False),
+        pa.field("next_offset", pa.int64(), nullable=False),
+        pa.field("value", pa.string(), nullable=False),
+        pa.field("epoch", pa.int64(), nullable=False),
+        pa.field("region", pa.int32(), nullable=False),
+    ]
+)
+
+PART_FILE = "part.parquet"
+_ROW_GROUP = 128 * 1024
+
+
+class InjectedFault(SplitkeeperError):
+    """A region task failed on purpose, because the fault plan said so."""
+
+    code = "INJECTED_FAULT"
+
+
+class FaultKind(enum.Enum):
+    FAIL = "fail"  # the task raises InjectedFault after reading, before publishing its output
+    STALL = "stall"  # the task sleeps ``seconds`` before reading (past the region timeout)
+
+
+@dataclass(frozen=True, slots=True)
+class RegionFault:
+    """A fault to inject into one region task (chosen by the driver's fault plan)."""
+
+    kind: FaultKind
+    seconds: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.kind, FaultKind):
+            raise InvalidParameterError("kind", self.kind, "a FaultKind ('fail' or 'stall')")
+        if self.seconds < 0 or (self.kind is FaultKind.STALL and self.seconds == 0):
+            raise InvalidParameterError(
+                "seconds", self.seconds, "> 0 for a stall, >= 0 otherwise", hint=f"fault {self.kind.value}"
+            )
+
+    @classmethod
+    def parse(cls, text: str) -> RegionFault:
+        """``'fail'`` or ``'stall:<seconds>'``."""
+        kind, _, seconds = text.partition(":")
+        try:
+            fault_kind = FaultKind(kind)
+            return cls(fault_kind, float(seconds) if seconds else 0.0)
+        except ValueError as err:
+            raise InvalidParameterError("fault", text, "'fail' or 'stall:<seconds>'") from err
+
+
+@dataclass(frozen=True, slots=True)
+class StagedOutput:
+    """A complete staged parquet file: where, how many rows, how many bytes."""
+
+    path: str
+    records: int
+    bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class RegionResult:
+    """What a region task returns to the driver (small; pickled back from the executor).
+
+    ``positions`` maps every planned split to its new position (the planned
+    end). ``backlog_finished`` lists planned splits whose new position reached
+    their ``backlog_end`` (reported every time; the enumerator deduplicates).
+    ``staged_path`` is the only output of this attempt the sink may read; it is
+    written even when no record was read, so every acknowledged epoch commits.
+    A declined or timed-out region is built by the driver with :meth:`declined`.
+    """
+
+    region_id: int
+    ack: bool
+    positions: dict[str, int] = field(default_factory=dict)
+    records: int = 0
+    staged_path: str | None = None
+    backlog_finished: tuple[str, ...] = ()
+    error: str | None = None
+    epoch: int = 0
+    attempt: str = ""
+    staged_bytes: int = 0
+    records_by_split: dict[str, int] = field(default_factory=dict)
+    elapsed_s: float = 0.0
+
+    @classmethod
+    def declined(cls, region_id: int, epoch: int, error: str) -> RegionResult:
+        """A region that did not acknowledge (task failed or timed out); ``error`` says why."""
+        return cls(region_id=region_id, ack=False, epoch=epoch, error=error)
+
+
+def attempt_dir(staging_root: str, epoch: int, region: int, attempt: str) -> str:
+    return os.path.join(staging_root, f"epoch={epoch}", f"region={region}", f"attempt={attempt}")
+
+
+class StagedWriter:
+    """Streams records into one parquet file, published atomically by :meth:`commit`.
+
+    Rows go to ``<path>.tmp-<random>`` in row groups; :meth:`commit` closes it
+    and renames it to ``path``; :meth:`abort` (or leaving a ``with`` block by an
+    exception) deletes the temporary file. Single use, single thread.
+    """
+
+    def __init__(self, path: str, epoch: int, region: int) -> None:
+        self.path = path
+        self.epoch = epoch
+        self.region = region
+        self._tmp = f"{path}.tmp-{uuid.uuid4().hex}"
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        self._writer: pq.ParquetWriter | None = pq.ParquetWriter(
+            self._tmp, STAGED_SCHEMA, use_dictionary=["split_id", "epoch", "region"]
+        )
+        self._split_ids: list[str] = []
+        self._offsets: list[int] = []
+        self._next_offsets: list[int] = []
+        self._values: list[str] = []
+        self.records = 0
+        self.last_next_offset: int | None = None
+
+    def add(self, split_id: str, records: Iterable[SourceRecord]) -> int:
+        """Append the records of one split; returns how many were added.
+
+        Afterwards :attr:`last_next_offset` is the ``next_offset`` of the last
+        record added by this call (``None`` if it added none).
+        """
+        offsets, next_offsets, values = self._offsets, self._next_offsets, self._values
+        count = 0
+        next_offset = None
+        for offset, next_offset, value in records:
+            offsets.append(offset)
+            next_offsets.append(next_offset)
+            values.append(value)
+            count += 1
+            if len(values) >= _ROW_GROUP:
+                self._split_ids.extend([split_id] * (len(values) - len(self._split_ids)))
+                self._flush()
+        self._split_ids.extend([split_id] * (len(values) - len(self._split_ids)))
+        self.records += count
+        self.last_next_offset = next_offset if count else None
+        return count
+
+    def _flush(self) -> None:
+        n = len(self._values)
+        if n == 0 or self._writer is None:
+            return
+        batch = pa.record_batch(
+            [
+                pa.array(self._split_ids, pa.string()),
+                pa.array(self._offsets, pa.int64()),
+                pa.array(self._next_offsets, pa.int64()),
+                pa.array(self._values, pa.string()),
+                pa.repeat(pa.scalar(self.epoch, pa.int64()), n),
+                pa.repeat(pa.scalar(self.region, pa.int32()), n),
+            ],
+            schema=STAGED_SCHEMA,
+        )
+        self._writer.write_batch(batch)
+        self._split_ids.clear()
+        self._offsets.clear()
+        self._next_offsets.clear()
+        self._values.clear()
+
+    def commit(self) -> StagedOutput:
+        """Flush, close and rename into place. Returns the published file."""
+        if self._writer is None:
+            raise ProtocolError(f"staged file {self.path} was already committed or aborted")
+        try:
+            self._flush()
+            self._writer.close()
+            self._writer = None
+            os.replace(self._tmp, self.path)
+        except BaseException:
+            self.abort()
+            raise
+        return StagedOutput(self.path, self.records, os.path.getsize(self.path))
+
+    def abort(self) -> None:
+        """Drop everything written so far. Idempotent."""
+        if self._writer is not None:
+            try:
+                self._writer.close()
+            finally:
+                self._writer = None
+        if os.path.exists(self._tmp):
+            os.remove(self._tmp)
+
+    def __enter__(self) -> StagedWriter:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is not None or self._writer is not None:
+            self.abort()
+
+
+def write_staged(
+    records: Iterable[SourceRecord], split_ids: Iterable[str] | str, path: str, *, epoch: int, region: int
+) -> StagedOutput:
+    """Write records to a parquet file at ``path`` atomically (tmp name, then rename).
+
+    ``split_ids`` is one split id for all records, or one id per record.
+    """
+    with StagedWriter(path, epoch, region) as writer:
+        if isinstance(split_ids, str):
+            writer.add(split_ids, records)
+        else:
+            for split_id, record in zip(split_ids, records, strict=True):
+                writer.add(split_id, (record,))
+        return writer.commit()
+
+
+def read_staged(path: str) -> pa.Table:
+    """Read a staged file (for tests, validation and the local sink path)."""
+    return pq.read_table(path, schema=STAGED_SCHEMA)
+
+
+def run_region_task(
+    plan_for_region: Sequence[tuple[Split, int, int]],
+    reader: RegionReader,
+    transform: Transform,
+    staging_root: str,
+    epoch: int,
+    region: int,
+    attempt: str | None = None,
+    fault: RegionFault | None = None,
+) -> RegionResult:
+    """Run one region's share of epoch ``epoch``; called inside the region's Spark task.
+
+    Reads each planned ``(split, start, end)`` through ``reader``, applies
+    ``transform`` to every value, writes all records to one staged file and
+    returns an acknowledging :class:`RegionResult`. ``attempt`` names the
+    attempt directory; ``None`` draws a fresh id, which is what a Spark task
+    should pass so that a retried task never shares a file with an earlier
+    attempt. The new position of a split is its planned ``end`` (or, for a
+    range planned mid-record, the end of the last record read). Any failure
+    raises (SourceError, TransformError, InjectedFault, OSError): the job
+    fails and the driver declines the region; nothing is published then.
+    Calling it twice with the same plan writes the same rows to two attempts.
+    """
+    started = time.monotonic()
+    attempt = attempt or uuid.uuid4().hex
+    if fault is not None and fault.kind is FaultKind.STALL:
+        time.sleep(fault.seconds)
+    seen: set[str] = set()
+    positions: dict[str, int] = {}
+    counts: dict[str, int] = {}
+    backlog_finished: list[str] = []
+    path = os.path.join(attempt_dir(staging_root, epoch, region, attempt), PART_FILE)
+    with StagedWriter(path, epoch, region) as writer:
+        for split, start, end in plan_for_region:
+            if split.split_id in seen:
+                raise ProtocolError(
+                    f"epoch {epoch} region {region}: split {split.split_id!r} is planned twice", epoch=epoch
+                )
+            seen.add(split.split_id)
+            records = reader.read_range(split, start, end)
+            if transform is not identity:
+                records = _transformed(records, transform, split.split_id)
+            counts[split.split_id] = writer.add(split.split_id, records)
+            last = writer.last_next_offset
+            position = end if last is None else max(end, last)
+            if split.end is not None and position > split.end:
+                raise SourceError(
+                    f"split {split.split_id!r}: reading [{start}, {end}) ended at {position}, past the split "
+                    f"end {split.end}; the reader does not honour the split bounds",
+                    split_id=split.split_id,
+                )
+            positions[split.split_id] = position
+            if split.backlog_end is not None and position >= split.backlog_end:
+                backlog_finished.append(split.split_id)
+        if fault is not None and fault.kind is FaultKind.FAIL:
+            raise InjectedFault(
+                f"injected fault: region {region} fails at epoch {epoch} (attempt {attempt}) as the fault "
+                f"plan asked; {writer.records} records read were not published",
+                region=region,
+                epoch=epoch,
+            )
+        staged = writer.commit()
+    return RegionResult(
+        region_id=region,
+        ack=True,
+        positions=positions,
+        records=staged.records,
+        staged_path=staged.path,
+        backlog_finished=tuple(backlog_finished),
+        epoch=epoch,
+        attempt=attempt,
+        staged_bytes=staged.bytes,
+        records_by_split=counts,
+        elapsed_s=time.monotonic() - started,
+    )
+
+
+def _transformed(
+    records: Iterable[SourceRecord], transform: Transform, split_id: str
+) -> Iterator[SourceRecord]:
+    for offset, next_offset, value in records:
+        yield SourceRecord(offset, next_offset, apply_transform(transform, value, split_id, offset))
