@@ -1,0 +1,140 @@
+"""Externally checkpointed sources (DESIGN 3; the Pravega FLIP-27 discussion, FLINK-22133).
+
+A source may keep its own position (Kafka consumer-group offsets, a Pravega
+reader group). Two rules, decided here:
+
+- commit: the external position is written only after a checkpoint completes,
+  tagged with that checkpoint's id, and only for regions that acknowledged it
+  (:func:`positions_to_commit`);
+- restore: the checkpoint's positions win; every external position that
+  disagrees is reported, never silently used (:func:`reconcile_positions`).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+
+from splitkeeper.core.source import ExternallyCheckpointedSource, ExternalPosition
+from splitkeeper.core.types import CompletedCheckpoint, RegionOutcome
+from splitkeeper.errors import ProtocolError
+
+
+class DisagreementKind(enum.Enum):
+    DIFFERENT_POSITION = "different_position"  # both know the split, positions differ
+    MISSING_EXTERNALLY = "missing_externally"  # the checkpoint has the split, the external store not
+    ONLY_EXTERNAL = "only_external"  # the external store has a split the checkpoint does not
+
+
+@dataclass(frozen=True, slots=True)
+class PositionDisagreement:
+    """One split where the external store and the checkpoint differ. The checkpoint's value is used."""
+
+    split_id: str
+    kind: DisagreementKind
+    checkpoint_position: int | None
+    external_position: int | None
+    external_checkpoint_id: int | None
+
+    @property
+    def detail(self) -> str:
+        tag = (
+            ""
+            if self.external_checkpoint_id is None
+            else f" (tagged checkpoint {self.external_checkpoint_id})"
+        )
+        if self.kind is DisagreementKind.DIFFERENT_POSITION:
+            return (
+                f"split {self.split_id}: checkpoint position {self.checkpoint_position} is used; "
+                f"external position {self.external_position}{tag} ignored"
+            )
+        if self.kind is DisagreementKind.MISSING_EXTERNALLY:
+            return (
+                f"split {self.split_id}: checkpoint position {self.checkpoint_position} is used; "
+                "the external store has no position"
+            )
+        return (
+            f"split {self.split_id}: external position {self.external_position}{tag} ignored; "
+            "not in the checkpoint"
+        )
+
+
+def reconcile_positions(
+    checkpoint_positions: Mapping[str, int], external_positions: Mapping[str, ExternalPosition]
+) -> list[PositionDisagreement]:
+    """Compare restored checkpoint positions with the external store; report every difference.
+
+    Called by the runtime on restore, after reading
+    :meth:`ExternallyCheckpointedSource.committed_positions`. The caller
+    restores from ``checkpoint_positions`` regardless of the result; the list
+    (sorted by split id) goes to the logs and the restore report.
+    """
+    out: list[PositionDisagreement] = []
+    for split_id in sorted(set(checkpoint_positions) | set(external_positions)):
+        ckpt = checkpoint_positions.get(split_id)
+        ext = external_positions.get(split_id)
+        if ext is None:
+            out.append(PositionDisagreement(split_id, DisagreementKind.MISSING_EXTERNALLY, ckpt, None, None))
+        elif ckpt is None:
+            out.append(
+                PositionDisagreement(
+                    split_id, DisagreementKind.ONLY_EXTERNAL, None, ext.position, ext.checkpoint_id
+                )
+            )
+        elif ckpt != ext.position:
+            out.append(
+                PositionDisagreement(
+                    split_id, DisagreementKind.DIFFERENT_POSITION, ckpt, ext.position, ext.checkpoint_id
+                )
+            )
+    return out
+
+
+def positions_to_commit(
+    checkpoint: CompletedCheckpoint, acked_region_ids: Collection[int]
+) -> dict[str, ExternalPosition]:
+    """Split positions to commit externally for ``checkpoint``, tagged with its id: acknowledged regions only.
+
+    ``acked_region_ids`` are the regions the coordinator notified complete.
+    A region listed there must have acknowledged this very checkpoint (outcome
+    ACK, no ``ref_checkpoint_id``); otherwise ProtocolError, because committing
+    a fallback state would tag old positions with a new checkpoint id.
+    Regions not listed contribute nothing (DESIGN 2.5).
+    """
+    positions: dict[str, ExternalPosition] = {}
+    for region_id in sorted(acked_region_ids):
+        state = checkpoint.regions.get(region_id)
+        if state is None:
+            raise ProtocolError(
+                f"region {region_id} is not part of checkpoint {checkpoint.checkpoint_id} "
+                f"(regions: {sorted(checkpoint.regions)})",
+                region_id=region_id,
+                checkpoint_id=checkpoint.checkpoint_id,
+            )
+        if state.outcome is not RegionOutcome.ACK or state.ref_checkpoint_id is not None:
+            raise ProtocolError(
+                f"region {region_id} did not acknowledge checkpoint {checkpoint.checkpoint_id} "
+                f"(outcome {state.outcome.value}, ref_checkpoint_id {state.ref_checkpoint_id}); "
+                "only acknowledged regions may commit external positions",
+                region_id=region_id,
+                checkpoint_id=checkpoint.checkpoint_id,
+            )
+        for split in state.splits:
+            positions[split.split_id] = ExternalPosition(split.position, checkpoint.checkpoint_id)
+    return positions
+
+
+def commit_external_positions(
+    source: ExternallyCheckpointedSource, checkpoint: CompletedCheckpoint, acked_region_ids: Collection[int]
+) -> dict[str, int]:
+    """Commit the acknowledged regions' positions of a completed checkpoint to ``source``.
+
+    Called by the runtime after the checkpoint row is durable. Returns what
+    was committed (empty, and no call, when no region acknowledged).
+    """
+    tagged = positions_to_commit(checkpoint, acked_region_ids)
+    positions = {split_id: p.position for split_id, p in tagged.items()}
+    if positions:
+        source.commit_positions(checkpoint.checkpoint_id, positions)
+    return positions
