@@ -1,0 +1,1198 @@
+"""The split enumerator: the single source of truth for who owns which split (DESIGN 1).
+
+Three pieces:
+
+- :class:`SplitEnumeratorContext`: what the enumerator sees of the runtime
+  (parallelism, registered readers) and the only way it assigns or revokes.
+- :class:`RecordingEnumeratorContext`: an in-memory context that records every
+  call in order and tracks what was assigned since the last completed
+  checkpoint (Flink's ``SplitAssignmentTracker``). Tests, the simulator and the
+  Spark runtime (which turns the enumerator's assignment into the next epoch
+  plan) use it.
+- :class:`SplitEnumerator`: one concrete class. Its behaviour is chosen by the
+  :class:`~splitkeeper.core.assignment.AssignmentStrategy` and by
+  ``reassign_on_recovery`` (FLIP-537 deferred assignment), which
+  :func:`enumerator_for` sets from the source's mix-in.
+
+Event order the framework guarantees (and the enumerator relies on):
+
+1. ``start()`` once (after ``restore()`` when restoring);
+2. a reader registers in the context, then ``add_reader(reader_id)``;
+3. a failed reader: the context unregisters it, then
+   ``add_splits_back(splits assigned since the last completed checkpoint, reader_id)``,
+   always before the recovered reader registers again;
+4. a reader gone for good (rescale down): unregister, then ``remove_reader``.
+
+Everything is single-threaded and deterministic: the same event sequence
+gives the same assignments, audit trail and snapshots.
+"""
+
+from __future__ import annotations
+
+import abc
+import enum
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from operator import attrgetter
+from types import MappingProxyType
+
+from splitkeeper.core.assignment import AssignmentStrategy, strategy_by_name, validate_parallelism
+from splitkeeper.core.backlog import BacklogTracker
+from splitkeeper.core.source import SplitSource, SupportsSplitReassignmentOnRecovery
+from splitkeeper.core.types import (
+    Assignment,
+    AuditRecord,
+    EnumeratorSnapshot,
+    ReaderInfo,
+    RecoveryDecision,
+    Split,
+)
+from splitkeeper.errors import InvalidParameterError, ProtocolError
+
+# ---------------------------------------------------------------------------------------------
+# Context
+
+
+class SplitEnumeratorContext(abc.ABC):
+    """The runtime as the enumerator sees it. Assignment happens only through here."""
+
+    @property
+    @abc.abstractmethod
+    def parallelism(self) -> int:
+        """The number of readers (reader ids are ``0 .. parallelism - 1``)."""
+
+    @abc.abstractmethod
+    def registered_readers(self) -> Mapping[int, ReaderInfo]:
+        """Readers registered now, with what each reported at registration (read-only)."""
+
+    @abc.abstractmethod
+    def assign_splits(self, assignment: Mapping[int, Sequence[Split]]) -> None:
+        """Hand splits to registered readers; each reader reads them from the given position.
+
+        Called only by the enumerator, after it updated its own ownership map.
+        """
+
+    @abc.abstractmethod
+    def revoke_splits(self, revocation: Mapping[int, Sequence[str]]) -> None:
+        """Tell readers to stop reading splits (rebalance moves, removed subscriptions).
+
+        The runtime applies a revocation at the next epoch boundary, after the
+        checkpoint that acknowledges the reader's position of those splits.
+        """
+
+
+@dataclass(frozen=True, slots=True)
+class AssignmentCall:
+    """One recorded ``assign_splits`` call; ``sequence`` orders all recorded calls."""
+
+    sequence: int
+    assignment: Mapping[int, tuple[Split, ...]]
+
+
+@dataclass(frozen=True, slots=True)
+class RevocationCall:
+    """One recorded ``revoke_splits`` call."""
+
+    sequence: int
+    revocation: Mapping[int, tuple[str, ...]]
+
+
+class RecordingEnumeratorContext(SplitEnumeratorContext):
+    """In-memory context: registers readers, records every call, tracks uncheckpointed assignments.
+
+    The assignment tracker mirrors Flink's ``SplitAssignmentTracker``:
+    ``on_checkpoint(id)`` closes the current batch of assignments under that
+    id, ``on_checkpoint_complete(id)`` forgets batches up to it (except those
+    of readers whose region fell back, DESIGN 2.4), and
+    :meth:`splits_assigned_since_last_checkpoint` is what the framework passes
+    to ``add_splits_back`` when a reader fails.
+    """
+
+    def __init__(self, parallelism: int) -> None:
+        self._parallelism = validate_parallelism(parallelism)
+        self._readers: dict[int, ReaderInfo] = {}
+        self._calls: list[AssignmentCall | RevocationCall] = []
+        self._uncheckpointed: dict[int, list[Split]] = {}
+        self._by_checkpoint: dict[int, dict[int, list[Split]]] = {}
+        self._carried: dict[int, list[Split]] = {}  # failed regions' assignments kept past completion
+
+    # -- readers --------------------------------------------------------------------------------
+
+    @property
+    def parallelism(self) -> int:
+        return self._parallelism
+
+    def set_parallelism(self, parallelism: int) -> None:
+        """Change the reader count (rescale). Registered readers outside the new range must be gone."""
+        validate_parallelism(parallelism)
+        beyond = sorted(r for r in self._readers if r >= parallelism)
+        if beyond:
+            raise ProtocolError(
+                f"cannot set parallelism {parallelism}: readers {beyond} are still registered; "
+                "unregister them first",
+                parallelism=parallelism,
+            )
+        self._parallelism = parallelism
+
+    def register_reader(
+        self, reader_id: int, reported_splits: Iterable[Split] = (), location: str = ""
+    ) -> ReaderInfo:
+        """Register a (re)started reader with the splits restored from its state."""
+        if (
+            isinstance(reader_id, bool)
+            or not isinstance(reader_id, int)
+            or not 0 <= reader_id < self._parallelism
+        ):
+            raise InvalidParameterError(
+                "reader_id",
+                reader_id,
+                f"an integer in 0..{self._parallelism - 1} (parallelism {self._parallelism})",
+            )
+        if reader_id in self._readers:
+            raise ProtocolError(
+                f"reader {reader_id} is already registered; a restarted reader is unregistered first",
+                reader_id=reader_id,
+            )
+        info = ReaderInfo(reader_id=reader_id, reported_splits=tuple(reported_splits), location=location)
+        self._readers[reader_id] = info
+        return info
+
+    def unregister_reader(self, reader_id: int) -> list[Split]:
+        """Unregister a failed or removed reader.
+
+        Returns, and forgets, the splits assigned to it since the last
+        completed checkpoint: pass them to ``SplitEnumerator.add_splits_back``.
+        """
+        if reader_id not in self._readers:
+            raise ProtocolError(f"reader {reader_id} is not registered", reader_id=reader_id)
+        del self._readers[reader_id]
+        since = self.splits_assigned_since_last_checkpoint(reader_id)
+        self._carried.pop(reader_id, None)
+        self._uncheckpointed.pop(reader_id, None)
+        for batch in self._by_checkpoint.values():
+            batch.pop(reader_id, None)
+        return since
+
+    def registered_readers(self) -> Mapping[int, ReaderInfo]:
+        return MappingProxyType(self._readers)
+
+    # -- calls ----------------------------------------------------------------------------------
+
+    def assign_splits(self, assignment: Mapping[int, Sequence[Split]]) -> None:
+        unknown = sorted(r for r in assignment if r not in self._readers)
+        if unknown:
+            raise ProtocolError(f"cannot assign splits to unregistered readers {unknown}", readers=unknown)
+        recorded = {r: tuple(splits) for r, splits in assignment.items() if splits}
+        if not recorded:
+            return
+        self._calls.append(AssignmentCall(len(self._calls), MappingProxyType(recorded)))
+        for r, splits in recorded.items():
+            self._uncheckpointed.setdefault(r, []).extend(splits)
+
+    def revoke_splits(self, revocation: Mapping[int, Sequence[str]]) -> None:
+        recorded = {r: tuple(ids) for r, ids in revocation.items() if ids}
+        if recorded:
+            self._calls.append(RevocationCall(len(self._calls), MappingProxyType(recorded)))
+
+    @property
+    def calls(self) -> list[AssignmentCall | RevocationCall]:
+        """Every assign/revoke call, in order."""
+        return list(self._calls)
+
+    @property
+    def assignment_calls(self) -> list[AssignmentCall]:
+        return [c for c in self._calls if isinstance(c, AssignmentCall)]
+
+    def splits_sent_to(self, reader_id: int) -> list[Split]:
+        """Every split ever assigned to ``reader_id`` through this context, in order."""
+        return [
+            s for c in self._calls if isinstance(c, AssignmentCall) for s in c.assignment.get(reader_id, ())
+        ]
+
+    # -- assignment tracker ---------------------------------------------------------------------
+
+    def on_checkpoint(self, checkpoint_id: int) -> None:
+        """Close the batch of assignments made since the previous checkpoint under ``checkpoint_id``.
+
+        Called by the runtime when the checkpoint is triggered, in id order.
+        """
+        if self._by_checkpoint and checkpoint_id <= max(self._by_checkpoint):
+            raise InvalidParameterError(
+                "checkpoint_id",
+                checkpoint_id,
+                f"an id greater than the previous checkpoint id {max(self._by_checkpoint)}",
+            )
+        self._by_checkpoint[checkpoint_id] = self._uncheckpointed
+        self._uncheckpointed = {}
+
+    def on_checkpoint_complete(self, checkpoint_id: int, failed_readers: Collection[int] = ()) -> None:
+        """Forget batches up to ``checkpoint_id``: those readers' states now contain the splits.
+
+        ``failed_readers`` are readers whose region did not acknowledge (a
+        regional checkpoint): their state in this checkpoint is an older one
+        that lacks these splits, so their entries are kept until a checkpoint
+        they acknowledge completes (DESIGN 2.4). An aborted checkpoint is
+        simply never completed.
+        """
+        failed = set(failed_readers)
+        for r in list(self._carried):
+            if r not in failed:
+                del self._carried[r]
+        for cid in sorted(c for c in self._by_checkpoint if c <= checkpoint_id):
+            batch = self._by_checkpoint.pop(cid)
+            for r, splits in batch.items():
+                if r in failed:
+                    self._carried.setdefault(r, []).extend(splits)
+
+    def splits_assigned_since_last_checkpoint(self, reader_id: int) -> list[Split]:
+        """Splits assigned to ``reader_id`` that no completed checkpoint of its region contains."""
+        out = list(self._carried.get(reader_id, ()))
+        for cid in sorted(self._by_checkpoint):
+            out.extend(self._by_checkpoint[cid].get(reader_id, ()))
+        out.extend(self._uncheckpointed.get(reader_id, ()))
+        return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Enumerator
+
+
+class EnumeratorPhase(enum.Enum):
+    CREATED = "created"  # constructed (maybe restored), start() not called yet
+    AWAITING_READERS = "awaiting_readers"  # started; waiting until every expected reader registered
+    RUNNING = "running"  # the first assignment round happened; later registrations are failovers
+
+
+_SPLIT_ID = attrgetter("split_id")
+
+# Compact audit entry: (decision, reader, one split id or a tuple of them, checkpoint id, detail).
+_AuditEntry = tuple[RecoveryDecision, int | None, str | tuple[str, ...], int | None, str]
+
+
+class SplitEnumerator:
+    """Discovers splits, assigns them through the context, and decides every recovery case.
+
+    State: every live split with its latest known position, the unassigned
+    pool, the splits each reader owns, finished split ids, subscriptions, the
+    backlog tracker and an audit trail of every decision. :meth:`snapshot`
+    writes all of it into an :class:`EnumeratorSnapshot` (positions included).
+
+    With ``reassign_on_recovery`` (FLIP-537) readers hand their restored
+    splits to the enumerator: on a global restore they are pooled and
+    redistributed by the strategy once every expected reader registered; on a
+    partial failover the reader's own splits return to the pool and are
+    reassigned. Without it (legacy) readers keep what they restored and
+    pooled splits go eagerly to whichever readers are registered.
+
+    Assignment waits for the first round until every expected reader
+    (``0 .. parallelism - 1``) has registered; with ``reassign_on_recovery``
+    it also waits while any expected reader is away (a partial failover), so
+    a failed reader gets its splits back (sticky). Balanced strategies are
+    kept balanced by :meth:`AssignmentStrategy.rebalance` after every event.
+    """
+
+    def __init__(
+        self,
+        context: SplitEnumeratorContext,
+        strategy: AssignmentStrategy,
+        *,
+        reassign_on_recovery: bool,
+        source: SplitSource | None = None,
+        subscriptions: Iterable[str] | None = None,
+    ) -> None:
+        self._context = context
+        self._strategy = strategy
+        self._reassign = bool(reassign_on_recovery)
+        self._source = source
+        self._subscriptions = None if subscriptions is None else frozenset(subscriptions)
+        self._backlog = BacklogTracker()
+        self._phase = EnumeratorPhase.CREATED
+        # Every live split (pooled or owned) with its latest position: the registry of truth.
+        self._splits: dict[str, Split] = {}
+        # The pool: ids -> the same Split objects as in the registry, in arrival order.
+        self._pool: dict[str, Split] = {}
+        # Per reader, the ids it owns (an ordered set: oldest assignment first). No global
+        # owner map: a bulk assignment then touches only small per-reader containers.
+        self._owned: dict[int, dict[str, None]] = {}
+        self._finished: set[str] = set()
+        self._expected: set[int] = set()
+        self._active: set[int] = set()  # readers whose add_reader ran and that have not failed since
+        self._restored_from: int | None = None
+        self._restore_expected: dict[str, tuple[int, Split]] = {}  # snapshot's owned splits, until reported
+        self._reporter: dict[str, int] = {}  # during the first round: which reader reported a split
+        self._dropped_in_round: set[str] = set()  # first round: drops already audited (snapshot + report)
+        self._last_checkpoint_id: int | None = None
+        self._audit: list[_AuditEntry] = []
+
+    # -- read-only views ------------------------------------------------------------------------
+
+    @property
+    def context(self) -> SplitEnumeratorContext:
+        return self._context
+
+    @property
+    def strategy(self) -> AssignmentStrategy:
+        return self._strategy
+
+    @property
+    def reassign_on_recovery(self) -> bool:
+        return self._reassign
+
+    @property
+    def phase(self) -> EnumeratorPhase:
+        return self._phase
+
+    @property
+    def subscriptions(self) -> frozenset[str] | None:
+        """The subscribed names, or None when the enumerator does not filter by subscription."""
+        return self._subscriptions
+
+    @property
+    def expected_readers(self) -> tuple[int, ...]:
+        return tuple(sorted(self._expected))
+
+    @property
+    def pending_readers(self) -> tuple[int, ...]:
+        """Expected readers that are not registered-and-added now (what assignment waits for)."""
+        registered = self._context.registered_readers()
+        return tuple(sorted(r for r in self._expected if r not in self._active or r not in registered))
+
+    @property
+    def finished_split_ids(self) -> frozenset[str]:
+        return frozenset(self._finished)
+
+    @property
+    def last_checkpoint_id(self) -> int | None:
+        """The id of the latest snapshot taken (or restored from)."""
+        return self._last_checkpoint_id
+
+    @property
+    def pool_size(self) -> int:
+        return len(self._pool)
+
+    @property
+    def backlog(self) -> BacklogTracker:
+        return self._backlog
+
+    @property
+    def processing_backlog(self) -> bool:
+        """True while any tracked split has not caught up with its backlog boundary (DESIGN 4)."""
+        return self._backlog.processing_backlog
+
+    def split(self, split_id: str) -> Split | None:
+        """The live split with its latest known position, or None (finished, dropped, unknown)."""
+        return self._splits.get(split_id)
+
+    def owner_of(self, split_id: str) -> int | None:
+        """The reader owning ``split_id``, or None (pooled, finished or unknown). O(readers)."""
+        if split_id in self._pool or split_id not in self._splits:
+            return None
+        for reader_id in sorted(self._owned):
+            if split_id in self._owned[reader_id]:
+                return reader_id
+        return None  # pragma: no cover - a registry split is always pooled or owned
+
+    def owners(self) -> dict[str, int | None]:
+        """A copy of the ownership map: every live split id -> reader, or None when pooled."""
+        out: dict[str, int | None] = dict.fromkeys(self._pool)
+        for reader_id, ids in self._owned.items():
+            out.update(dict.fromkeys(ids, reader_id))
+        return out
+
+    def owned_split_ids(self, reader_id: int) -> list[str]:
+        """The ids ``reader_id`` owns, oldest assignment first."""
+        return list(self._owned.get(reader_id, ()))
+
+    def loads(self) -> dict[int, int]:
+        """Split count per expected reader (and any other reader that still owns splits)."""
+        return {r: len(self._owned.get(r, ())) for r in sorted(self._expected | set(self._owned))}
+
+    def assignment(self) -> Assignment:
+        """An immutable view of the current ownership: per-reader splits and the pool."""
+        readers = sorted(self._expected | {r for r, s in self._owned.items() if s})
+        splits = self._splits
+        return Assignment(
+            readers={r: tuple(splits[s] for s in self._owned.get(r, ())) for r in readers},
+            pool=tuple(self._pool.values()),
+        )
+
+    @property
+    def audit(self) -> list[AuditRecord]:
+        """Every decision so far, in order, one record per split."""
+        out: list[AuditRecord] = []
+        for decision, reader, ids, cid, detail in self._audit:
+            if isinstance(ids, str):
+                out.append(AuditRecord(ids, reader, decision, cid, detail))
+            else:
+                out.extend(AuditRecord(i, reader, decision, cid, detail) for i in ids)
+        return out
+
+    def audit_for(self, split_id: str) -> list[AuditRecord]:
+        """The decisions about one split, in order."""
+        return [
+            AuditRecord(split_id, reader, decision, cid, detail)
+            for decision, reader, ids, cid, detail in self._audit
+            if (ids == split_id if isinstance(ids, str) else split_id in ids)
+        ]
+
+    def audit_counts(self) -> dict[RecoveryDecision, int]:
+        """How many splits each decision was applied to (cheap; no record objects)."""
+        counts: dict[RecoveryDecision, int] = {}
+        for decision, _reader, ids, _cid, _detail in self._audit:
+            counts[decision] = counts.get(decision, 0) + (1 if isinstance(ids, str) else len(ids))
+        return counts
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    def restore(self, snapshot: EnumeratorSnapshot) -> None:
+        """Restore from a checkpoint: a **global restore** (DESIGN 1.3).
+
+        Called at most once, before :meth:`start`. The pool, finished splits
+        and backlog state come from the snapshot. Ownership is rebuilt from
+        the reader reports: the snapshot's per-reader splits are only the
+        fallback for splits no reader reports (they are pooled once every
+        reader registered, so none is lost). Splits of removed subscriptions
+        and finished splits are dropped, each with an audit record.
+        """
+        if self._phase is not EnumeratorPhase.CREATED or self._restored_from is not None:
+            raise ProtocolError(
+                "restore() must be called once, on a new enumerator, before start()",
+                phase=self._phase.value,
+            )
+        self._finished = set(snapshot.finished)
+        self._backlog.restore(snapshot.backlog)
+        self._last_checkpoint_id = snapshot.checkpoint_id
+        self._restored_from = snapshot.checkpoint_id
+        for split in snapshot.pool:
+            if self._drop_on_arrival(split, None, "in the restored pool"):
+                continue
+            self._to_pool(split)
+        for reader_id in sorted(snapshot.assignments):
+            for split in snapshot.assignments[reader_id]:
+                if self._drop_on_arrival(split, reader_id, f"owned by reader {reader_id} in the snapshot"):
+                    continue
+                self._restore_expected[split.split_id] = (reader_id, split)
+
+    def start(self) -> None:
+        """Begin: called once, after construction (and ``restore``), before any other event.
+
+        Runs a first discovery when a source is attached. No split is assigned
+        until every expected reader (``0 .. parallelism - 1``) has registered.
+        """
+        if self._phase is not EnumeratorPhase.CREATED:
+            raise ProtocolError("start() was already called", phase=self._phase.value)
+        self._expected = set(range(self._context.parallelism))
+        self._phase = EnumeratorPhase.AWAITING_READERS
+        if self._source is not None:
+            self.discover()
+
+    def discover(self) -> int:
+        """Ask the attached source for its splits and add the new ones; returns how many were new."""
+        if self._source is None:
+            raise ProtocolError("discover() needs a source; this enumerator was created without one")
+        return self.add_splits(self._source.discover_splits())
+
+    # -- events ---------------------------------------------------------------------------------
+
+    def add_splits(self, splits: Iterable[Split]) -> int:
+        """Splits found by discovery. Returns how many entered the pool.
+
+        New ids enter the pool (DISCOVERED) and are assigned by the strategy.
+        Ids already known (pooled, owned, reported on restore) or finished are
+        ignored silently, so discovery may repeat. Splits of unsubscribed
+        names are dropped (DROPPED_REMOVED_SUBSCRIPTION); a bounded split
+        already at its end is recorded finished. May be called any number of
+        times after start().
+        """
+        self._require_started("add_splits")
+        registry, pool, finished, subs = self._splits, self._pool, self._finished, self._subscriptions
+        expected = self._restore_expected
+        new: list[str] = []
+        dropped: list[str] = []
+        empty: list[str] = []
+        tracked: list[Split] = []
+        for split in splits:
+            sid = split.split_id
+            if sid in registry or sid in finished or sid in expected:
+                continue
+            if subs is not None and split.subscription not in subs:
+                dropped.append(sid)
+                continue
+            if split.end is not None and split.position >= split.end:
+                finished.add(sid)
+                empty.append(sid)
+                continue
+            registry[sid] = split
+            pool[sid] = split
+            new.append(sid)
+            if split.backlog_end is not None:
+                tracked.append(split)
+        self._backlog.track_all(tracked)
+        cid = self._last_checkpoint_id
+        if new:
+            self._audit.append((RecoveryDecision.DISCOVERED, None, tuple(new), cid, ""))
+        if dropped:
+            self._audit.append(
+                (
+                    RecoveryDecision.DROPPED_REMOVED_SUBSCRIPTION,
+                    None,
+                    tuple(dropped),
+                    cid,
+                    "discovered, not subscribed",
+                )
+            )
+        if empty:
+            self._audit.append((RecoveryDecision.FINISHED, None, tuple(empty), cid, "discovered at its end"))
+        self._after_event()
+        return len(new)
+
+    def set_subscriptions(self, subscriptions: Iterable[str]) -> list[str]:
+        """Change what is subscribed; splits of removed names are dropped now. Returns the dropped ids.
+
+        Pooled splits are removed; owned ones are revoked through the context.
+        Each gets DROPPED_REMOVED_SUBSCRIPTION. Idempotent.
+        """
+        self._require_started("set_subscriptions")
+        subs = frozenset(subscriptions)
+        self._subscriptions = subs
+        cid = self._last_checkpoint_id
+        registry = self._splits
+        dropped = [sid for sid, s in self._pool.items() if s.subscription not in subs]
+        for sid in dropped:
+            self._retire(sid, None)
+        if dropped:
+            self._audit.append(
+                (
+                    RecoveryDecision.DROPPED_REMOVED_SUBSCRIPTION,
+                    None,
+                    tuple(dropped),
+                    cid,
+                    "subscription removed",
+                )
+            )
+        revocation: dict[int, list[str]] = {}
+        for reader_id in sorted(self._owned):
+            gone = [sid for sid in self._owned[reader_id] if registry[sid].subscription not in subs]
+            for sid in gone:
+                self._retire(sid, reader_id)
+            if gone:
+                revocation[reader_id] = gone
+                dropped.extend(gone)
+                self._audit.append(
+                    (
+                        RecoveryDecision.DROPPED_REMOVED_SUBSCRIPTION,
+                        reader_id,
+                        tuple(gone),
+                        cid,
+                        "subscription removed",
+                    )
+                )
+        if revocation:
+            self._context.revoke_splits(revocation)
+        self._after_event()
+        return dropped
+
+    def add_reader(self, reader_id: int) -> None:
+        """A reader registered in the context; classify what it reported (DESIGN 1.2-1.5).
+
+        Called once per registration, after ``context.register_reader``.
+        Before the first assignment round every report belongs to a **global
+        restore**: with ``reassign_on_recovery`` the splits are pooled and kept
+        in the enumerator's own state (seed scenario 1:
+        REDISTRIBUTED_GLOBAL_RESTORE) and redistributed when the last expected
+        reader registered; legacy readers keep them (KEPT_LEGACY). Afterwards
+        a registration is a **partial failover**: a reported split already
+        pending is IGNORED_ALREADY_PENDING, one owned by another reader
+        IGNORED_STALE_REPORT, one owned by this reader goes back to the pool
+        (RETURNED_PARTIAL_FAILOVER) and is reassigned (legacy: KEPT_LEGACY),
+        unknown/removed/finished ones are dropped with their decision.
+        """
+        self._require_started("add_reader")
+        info = self._context.registered_readers().get(reader_id)
+        if info is None:
+            raise ProtocolError(
+                f"add_reader({reader_id}): reader {reader_id} is not registered in the context; "
+                "register it first",
+                reader_id=reader_id,
+            )
+        self._expected.add(reader_id)
+        self._active.add(reader_id)
+        if self._phase is EnumeratorPhase.AWAITING_READERS:
+            self._accept_restore_reports(reader_id, info.reported_splits)
+        else:
+            self._accept_failover_reports(reader_id, info.reported_splits)
+        self._after_event()
+
+    def add_splits_back(self, splits: Iterable[Split], reader_id: int) -> None:
+        """Splits assigned to a failed reader after its last completed checkpoint (``addSplitsBack``).
+
+        Called by the framework after the reader failed (unregistered) and
+        always before it registers again, with the context's
+        ``splits_assigned_since_last_checkpoint`` (possibly empty: the call
+        also tells the enumerator the reader is away). Each split owned by
+        that reader is removed from the map as if never assigned and pooled
+        (ADDED_BACK); pooled ones are IGNORED_ALREADY_PENDING, ones owned by
+        another reader IGNORED_STALE_REPORT, finished or unsubscribed ones
+        dropped.
+        """
+        self._require_started("add_splits_back")
+        if reader_id in self._context.registered_readers():
+            raise ProtocolError(
+                f"add_splits_back for reader {reader_id}, which is registered: it is called after the "
+                "reader failed and before it registers again",
+                reader_id=reader_id,
+            )
+        self._active.discard(reader_id)
+        cid = self._last_checkpoint_id
+        mine = self._owned.get(reader_id, {})
+        for split in splits:
+            sid = split.split_id
+            if self._drop_on_arrival(split, reader_id, "added back"):
+                continue
+            if sid in mine:
+                del mine[sid]
+                self._pool[sid] = self._splits[sid]
+                self._audit.append((RecoveryDecision.ADDED_BACK, reader_id, sid, cid, ""))
+            elif sid in self._pool:
+                self._audit.append(
+                    (RecoveryDecision.IGNORED_ALREADY_PENDING, reader_id, sid, cid, "added back")
+                )
+            elif sid in self._splits:
+                self._audit.append(
+                    (
+                        RecoveryDecision.IGNORED_STALE_REPORT,
+                        reader_id,
+                        sid,
+                        cid,
+                        f"added back; owned by reader {self.owner_of(sid)}",
+                    )
+                )
+            else:
+                self._to_pool(split)
+                self._backlog.track(split)
+                self._audit.append(
+                    (RecoveryDecision.ADDED_BACK, reader_id, sid, cid, "unknown to the enumerator")
+                )
+        self._after_event()
+
+    def remove_reader(self, reader_id: int) -> list[str]:
+        """A reader is gone for good (rescale down): its splits return to the pool. Returns their ids.
+
+        Called after the context unregistered it. The reader is no longer
+        expected, so assignment no longer waits for it.
+        """
+        self._require_started("remove_reader")
+        if reader_id in self._context.registered_readers():
+            raise ProtocolError(
+                f"remove_reader({reader_id}): unregister the reader from the context first",
+                reader_id=reader_id,
+            )
+        self._expected.discard(reader_id)
+        self._active.discard(reader_id)
+        owned = list(self._owned.pop(reader_id, {}))
+        registry = self._splits
+        self._pool.update((sid, registry[sid]) for sid in owned)
+        if owned:
+            self._audit.append(
+                (
+                    RecoveryDecision.ADDED_BACK,
+                    reader_id,
+                    tuple(owned),
+                    self._last_checkpoint_id,
+                    "reader removed",
+                )
+            )
+        self._after_event()
+        return owned
+
+    def split_finished(self, reader_id: int, split_id: str) -> bool:
+        """A bounded split reached its end; it is never assigned again. True the first time.
+
+        Called by the runtime once the acknowledged state of ``reader_id``
+        shows the split at its end (i.e. after the checkpoint covering the
+        last records completed), so a failover cannot need its tail again.
+        Repeated calls return False; a split owned by another reader (or not
+        owned) is a ProtocolError.
+        """
+        self._require_started("split_finished")
+        if split_id in self._finished:
+            return False
+        if split_id not in self._owned.get(reader_id, ()):
+            current = self.owner_of(split_id)
+            where = "not assigned" if current is None else f"owned by reader {current}"
+            raise ProtocolError(
+                f"split_finished({reader_id}, {split_id!r}): the split is {where}; "
+                "only its owner can finish it",
+                reader_id=reader_id,
+                split_id=split_id,
+            )
+        self._retire(split_id, reader_id)
+        self._finished.add(split_id)
+        self._audit.append((RecoveryDecision.FINISHED, reader_id, split_id, self._last_checkpoint_id, ""))
+        self._after_event()
+        return True
+
+    def update_positions(self, splits: Iterable[Split]) -> int:
+        """Record positions from acknowledged reader states; returns how many splits were known.
+
+        Called by the runtime when a checkpoint completes, for the regions
+        that acknowledged it. Unknown or finished ids are ignored.
+        """
+        registry, pool = self._splits, self._pool
+        updated = 0
+        for split in splits:
+            sid = split.split_id
+            known = registry.get(sid)
+            if known is None:
+                continue
+            updated += 1
+            if known.position != split.position:
+                moved = known.at(split.position)
+                registry[sid] = moved
+                if sid in pool:
+                    pool[sid] = moved
+        return updated
+
+    def reset_backlog(self, end_offsets: Mapping[str, int]) -> None:
+        """Record new backlog boundaries (the end offsets now) for known unbounded splits (DESIGN 4).
+
+        The splits carry the new ``backlog_end`` from now on. Ids the
+        enumerator does not know are an InvalidParameterError; bounded splits
+        are not tracked and are skipped.
+        """
+        unknown = sorted(s for s in end_offsets if s not in self._splits)
+        if unknown:
+            raise InvalidParameterError(
+                "end_offsets", unknown, "ids of splits the enumerator knows (pooled or owned)"
+            )
+        tracked: dict[str, int] = {}
+        for sid, end in end_offsets.items():
+            split = self._splits[sid]
+            if split.end is not None:
+                continue
+            marked = replace(split, backlog_end=end)
+            self._splits[sid] = marked
+            if sid in self._pool:
+                self._pool[sid] = marked
+            tracked[sid] = end
+        self._backlog.reset(tracked)
+
+    def report_backlog_finished(self, split_id: str) -> bool:
+        """A reader reached the split's backlog boundary; True only the first time (deduplicated)."""
+        return self._backlog.report_finished(split_id)
+
+    # -- checkpoints ----------------------------------------------------------------------------
+
+    @property
+    def checkpoint_allowed(self) -> bool:
+        """False until the first assignment round: a restore still waits for reader reports (scenario 2)."""
+        return self._phase is EnumeratorPhase.RUNNING
+
+    def snapshot(
+        self, checkpoint_id: int, fallback: Mapping[int, Collection[str]] | None = None
+    ) -> EnumeratorSnapshot:
+        """The enumerator's state for checkpoint ``checkpoint_id`` (positions included).
+
+        Called once per checkpoint, with strictly increasing ids. Refused
+        (ProtocolError) while a restore still waits for reader reports.
+        ``fallback`` maps each failed region/reader to the split ids in the
+        older state it contributes to this checkpoint (DESIGN 2.4): splits the
+        enumerator assigned to it after that state are not in it, so in this
+        snapshot they are pooled (RETURNED_REGION_FALLBACK). The live
+        ownership does not change: the reader keeps reading them.
+        """
+        if not self.checkpoint_allowed:
+            raise ProtocolError(
+                f"checkpoint {checkpoint_id} refused: the enumerator is {self._phase.value}; "
+                f"readers {list(self.pending_readers)} have not registered and reported their splits yet",
+                checkpoint_id=checkpoint_id,
+                pending_readers=self.pending_readers,
+            )
+        if self._last_checkpoint_id is not None and checkpoint_id <= self._last_checkpoint_id:
+            raise InvalidParameterError(
+                "checkpoint_id",
+                checkpoint_id,
+                f"an id greater than the previous checkpoint id {self._last_checkpoint_id}",
+            )
+        fallback = fallback or {}
+        unknown = sorted(r for r in fallback if r not in self._expected and r not in self._owned)
+        if unknown:
+            raise InvalidParameterError("fallback", unknown, f"reader ids among {sorted(self._expected)}")
+        registry = self._splits
+        pool = list(self._pool.values())
+        assignments: dict[int, tuple[Split, ...]] = {}
+        for reader_id in sorted(self._expected | set(self._owned)):
+            owned = self._owned.get(reader_id, {})
+            if reader_id in fallback:
+                keep = set(fallback[reader_id])
+                assignments[reader_id] = tuple(registry[s] for s in owned if s in keep)
+                returned = [s for s in owned if s not in keep]
+                if returned:
+                    pool.extend(registry[s] for s in returned)
+                    self._audit.append(
+                        (
+                            RecoveryDecision.RETURNED_REGION_FALLBACK,
+                            reader_id,
+                            tuple(returned),
+                            checkpoint_id,
+                            "assigned after the region's referenced state; pooled in this snapshot",
+                        )
+                    )
+            else:
+                assignments[reader_id] = tuple(registry[s] for s in owned)
+        self._last_checkpoint_id = checkpoint_id
+        return EnumeratorSnapshot(
+            checkpoint_id=checkpoint_id,
+            parallelism=self._context.parallelism,
+            pool=tuple(pool),
+            assignments=assignments,
+            finished=frozenset(self._finished),
+            subscriptions=self._subscriptions if self._subscriptions is not None else frozenset(),
+            backlog=self._backlog.snapshot(),
+        )
+
+    # -- internals ------------------------------------------------------------------------------
+
+    def _require_started(self, what: str) -> None:
+        if self._phase is EnumeratorPhase.CREATED:
+            raise ProtocolError(f"{what}() called before start()")
+
+    def _subscribed(self, split: Split) -> bool:
+        return self._subscriptions is None or split.subscription in self._subscriptions
+
+    def _to_pool(self, split: Split) -> None:
+        """Put a split (with this position) in the registry and the pool."""
+        self._splits[split.split_id] = split
+        self._pool[split.split_id] = split
+
+    def _give(self, reader_id: int, split: Split) -> None:
+        """Make ``reader_id`` own ``split`` (with this position); the caller removed it elsewhere."""
+        self._splits[split.split_id] = split
+        self._owned.setdefault(reader_id, {})[split.split_id] = None
+
+    def _retire(self, split_id: str, reader_id: int | None) -> None:
+        """Remove a split from the registry, the pool and ``reader_id``'s set; stop backlog tracking."""
+        self._splits.pop(split_id, None)
+        self._pool.pop(split_id, None)
+        if reader_id is not None:
+            self._owned.get(reader_id, {}).pop(split_id, None)
+        self._backlog.forget(split_id)
+
+    def _drop_on_arrival(self, split: Split, reader_id: int | None, how: str) -> bool:
+        """Drop a finished or unsubscribed split that reaches the enumerator; True when dropped."""
+        sid = split.split_id
+        cid = self._last_checkpoint_id
+        if sid in self._finished:
+            self._audit.append((RecoveryDecision.DROPPED_FINISHED, reader_id, sid, cid, how))
+            return True
+        if split.end is not None and split.position >= split.end:
+            # A reader state at the split's end comes from a completed checkpoint: it is finished.
+            self._retire(sid, self.owner_of(sid))
+            self._finished.add(sid)
+            self._audit.append((RecoveryDecision.DROPPED_FINISHED, reader_id, sid, cid, f"{how}; at its end"))
+            return True
+        if not self._subscribed(split):
+            self._backlog.forget(sid)
+            if self._phase is not EnumeratorPhase.RUNNING:
+                if sid in self._dropped_in_round:
+                    return True
+                self._dropped_in_round.add(sid)
+            self._audit.append(
+                (
+                    RecoveryDecision.DROPPED_REMOVED_SUBSCRIPTION,
+                    reader_id,
+                    sid,
+                    cid,
+                    f"{how}; subscription {split.subscription!r}",
+                )
+            )
+            return True
+        return False
+
+    def _accept_restore_reports(self, reader_id: int, reported: Sequence[Split]) -> None:
+        cid = self._last_checkpoint_id
+        for split in reported:
+            sid = split.split_id
+            if self._drop_on_arrival(split, reader_id, "reported on restore"):
+                continue
+            self._backlog.track(split)
+            prior = self._reporter.get(sid)
+            if prior is not None and prior != reader_id:
+                snapshot_owner = self._restore_expected.get(sid, (None, None))[0]
+                if snapshot_owner != reader_id:
+                    self._audit.append(
+                        (
+                            RecoveryDecision.IGNORED_STALE_REPORT,
+                            reader_id,
+                            sid,
+                            cid,
+                            f"also reported by reader {prior}",
+                        )
+                    )
+                    continue
+                self._audit.append(
+                    (
+                        RecoveryDecision.IGNORED_STALE_REPORT,
+                        prior,
+                        sid,
+                        cid,
+                        f"also reported by reader {reader_id}, its owner in the snapshot",
+                    )
+                )
+                self._owned.get(prior, {}).pop(sid, None)
+            self._reporter[sid] = reader_id
+            if self._reassign:
+                self._to_pool(split)  # the reader's restored position is authoritative
+                self._audit.append(
+                    (
+                        RecoveryDecision.REDISTRIBUTED_GLOBAL_RESTORE,
+                        reader_id,
+                        sid,
+                        cid,
+                        "pooled until every reader registered",
+                    )
+                )
+            else:
+                self._pool.pop(sid, None)
+                self._give(reader_id, split)
+                self._audit.append(
+                    (RecoveryDecision.KEPT_LEGACY, reader_id, sid, cid, "restored by the reader")
+                )
+
+    def _accept_failover_reports(self, reader_id: int, reported: Sequence[Split]) -> None:
+        cid = self._last_checkpoint_id
+        mine = self._owned.setdefault(reader_id, {})
+        reported_ids: set[str] = set()
+        for split in reported:
+            sid = split.split_id
+            reported_ids.add(sid)
+            if self._drop_on_arrival(split, reader_id, "reported on failover"):
+                continue
+            if sid in mine:
+                if self._reassign:
+                    del mine[sid]
+                    self._to_pool(split)  # the reader's restored position is authoritative
+                    self._audit.append((RecoveryDecision.RETURNED_PARTIAL_FAILOVER, reader_id, sid, cid, ""))
+                else:
+                    self._give(reader_id, split)
+                    self._audit.append((RecoveryDecision.KEPT_LEGACY, reader_id, sid, cid, ""))
+            elif sid in self._pool:
+                if self._reassign:
+                    self._audit.append((RecoveryDecision.IGNORED_ALREADY_PENDING, reader_id, sid, cid, ""))
+                else:
+                    del self._pool[sid]
+                    self._give(reader_id, split)
+                    self._audit.append((RecoveryDecision.KEPT_LEGACY, reader_id, sid, cid, "was pending"))
+            elif sid in self._splits:
+                self._audit.append(
+                    (
+                        RecoveryDecision.IGNORED_STALE_REPORT,
+                        reader_id,
+                        sid,
+                        cid,
+                        f"owned by reader {self.owner_of(sid)}",
+                    )
+                )
+            elif self._reassign:
+                self._audit.append(
+                    (
+                        RecoveryDecision.DROPPED_UNKNOWN,
+                        reader_id,
+                        sid,
+                        cid,
+                        "reported on failover; never known",
+                    )
+                )
+            else:
+                self._give(reader_id, split)
+                self._backlog.track(split)
+                self._audit.append((RecoveryDecision.KEPT_LEGACY, reader_id, sid, cid, "unknown before"))
+        # Owned splits the reader did not bring back: a deferred reader holds nothing until assigned,
+        # a legacy one holds only what it restored. Either way they must return to the pool.
+        missing = [sid for sid in mine if self._reassign or sid not in reported_ids]
+        for sid in missing:
+            del mine[sid]
+            self._pool[sid] = self._splits[sid]
+        if missing:
+            self._audit.append(
+                (
+                    RecoveryDecision.RETURNED_PARTIAL_FAILOVER,
+                    reader_id,
+                    tuple(missing),
+                    cid,
+                    "owned but not reported",
+                )
+            )
+
+    def _all_expected_active(self) -> bool:
+        if len(self._active) < len(self._expected):
+            return False
+        registered = self._context.registered_readers()
+        return all(r in self._active and r in registered for r in self._expected)
+
+    def _finish_first_round(self) -> None:
+        cid = self._last_checkpoint_id
+        unreported = [
+            (reader_id, split)
+            for sid, (reader_id, split) in self._restore_expected.items()
+            if sid not in self._reporter and sid not in self._splits
+        ]
+        for reader_id, split in unreported:
+            self._to_pool(split)
+            self._audit.append(
+                (
+                    RecoveryDecision.REDISTRIBUTED_GLOBAL_RESTORE,
+                    reader_id,
+                    split.split_id,
+                    cid,
+                    f"owned by reader {reader_id} in checkpoint {self._restored_from}; reported by no reader",
+                )
+            )
+        self._restore_expected.clear()
+        self._reporter.clear()
+        self._dropped_in_round.clear()
+        self._phase = EnumeratorPhase.RUNNING
+
+    def _candidates(self) -> list[int] | None:
+        """Readers that may receive splits now, or None when assignment must wait."""
+        if self._phase is not EnumeratorPhase.RUNNING:
+            return None
+        if self._reassign:
+            return sorted(self._expected) if self._all_expected_active() else None
+        registered = self._context.registered_readers()
+        return sorted(r for r in self._expected if r in self._active and r in registered)
+
+    def _after_event(self) -> None:
+        if self._phase is EnumeratorPhase.AWAITING_READERS:
+            if not self._all_expected_active():
+                return
+            self._finish_first_round()
+        candidates = self._candidates()
+        if not candidates:
+            return
+        self._assign_pool(candidates)
+        if self._reassign and self._strategy.balanced:
+            self._rebalance(candidates)
+
+    def _assign_pool(self, candidates: list[int]) -> None:
+        if not self._pool:
+            return
+        owned_view = {r: self._owned.setdefault(r, {}) for r in candidates}
+        splits = list(self._pool.values())
+        placement = self._strategy.place(splits, owned_view, self._context.parallelism)
+        placed_count = sum(len(v) for v in placement.by_reader.values())
+        stray = sorted(r for r, v in placement.by_reader.items() if v and r not in owned_view)
+        if stray or placed_count + len(placement.unplaced) != len(splits):
+            raise ProtocolError(
+                f"strategy {self._strategy.name} returned an invalid placement "
+                f"({placed_count} placed + {len(placement.unplaced)} unplaced of {len(splits)}; "
+                f"non-candidate readers {stray})"
+            )
+        cid = self._last_checkpoint_id
+        assigned: dict[int, list[Split]] = {}
+        for reader_id in sorted(placement.by_reader):
+            batch = placement.by_reader[reader_id]
+            if not batch:
+                continue
+            ids = tuple(map(_SPLIT_ID, batch))
+            owned_view[reader_id].update(dict.fromkeys(ids))
+            self._audit.append((RecoveryDecision.ASSIGNED, reader_id, ids, cid, ""))
+            assigned[reader_id] = batch
+        if placed_count == len(self._pool):
+            self._pool.clear()
+        else:
+            for batch in assigned.values():
+                for split in batch:
+                    del self._pool[split.split_id]
+        if assigned:
+            self._context.assign_splits(assigned)
+
+    def _rebalance(self, candidates: list[int]) -> None:
+        owned_view = {r: self._owned.setdefault(r, {}) for r in candidates}
+        moves = self._strategy.rebalance(owned_view, self._context.parallelism)
+        if not moves:
+            return
+        cid = self._last_checkpoint_id
+        revocation: dict[int, list[str]] = {}
+        assignment: dict[int, list[Split]] = {}
+        for move in moves:
+            sid = move.split_id
+            if sid not in owned_view.get(move.source, ()) or move.target not in owned_view:
+                raise ProtocolError(
+                    f"strategy {self._strategy.name} proposed an invalid move of split {sid} "
+                    f"from reader {move.source} to reader {move.target}"
+                )
+            del self._owned[move.source][sid]
+            self._owned[move.target][sid] = None
+            revocation.setdefault(move.source, []).append(sid)
+            assignment.setdefault(move.target, []).append(self._splits[sid])
+            self._audit.append(
+                (RecoveryDecision.REBALANCED, move.target, sid, cid, f"from reader {move.source}")
+            )
+        self._context.revoke_splits(revocation)
+        self._context.assign_splits(assignment)
+
+
+# ---------------------------------------------------------------------------------------------
+# Factory and framework steps
+
+
+def enumerator_for(
+    source: SplitSource,
+    context: SplitEnumeratorContext,
+    strategy: str | AssignmentStrategy = "round-robin",
+    *,
+    restored: EnumeratorSnapshot | None = None,
+    **strategy_options: object,
+) -> SplitEnumerator:
+    """The enumerator for ``source``: the only place the capability mix-in is inspected.
+
+    ``reassign_on_recovery`` is True exactly when the source inherits
+    :class:`SupportsSplitReassignmentOnRecovery`. ``strategy`` is a registry
+    name (options go to its constructor) or an instance. With ``restored``
+    the enumerator is restored from that snapshot (a global restore). The
+    caller then calls ``start()``.
+    """
+    if isinstance(strategy, str):
+        chosen = strategy_by_name(strategy, **strategy_options)
+    else:
+        if strategy_options:
+            raise InvalidParameterError(
+                "strategy_options", sorted(strategy_options), "none when a strategy instance is given"
+            )
+        chosen = strategy
+    enumerator = SplitEnumerator(
+        context,
+        chosen,
+        reassign_on_recovery=isinstance(source, SupportsSplitReassignmentOnRecovery),
+        source=source,
+        subscriptions=source.subscriptions(),
+    )
+    if restored is not None:
+        enumerator.restore(restored)
+    return enumerator
+
+
+def fail_reader(
+    enumerator: SplitEnumerator, context: RecordingEnumeratorContext, reader_id: int
+) -> list[Split]:
+    """The framework's steps when a reader fails: unregister, then ``add_splits_back``.
+
+    Returns the splits added back (assigned since the reader's last completed
+    checkpoint). The reader may later come back with :func:`restart_reader`.
+    """
+    since = context.unregister_reader(reader_id)
+    enumerator.add_splits_back(since, reader_id)
+    return since
+
+
+def restart_reader(
+    enumerator: SplitEnumerator,
+    context: RecordingEnumeratorContext,
+    reader_id: int,
+    reported_splits: Iterable[Split] = (),
+) -> ReaderInfo:
+    """The framework's steps when a reader (re)starts: register with its restored splits, then add_reader."""
+    info = context.register_reader(reader_id, reported_splits)
+    enumerator.add_reader(reader_id)
+    return info
