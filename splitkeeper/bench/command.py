@@ -1,0 +1,40 @@
+"""``splitkeeper bench NAME [options]``: dispatch to one benchmark module.
+
+Each benchmark is a module exposing ``configure(parser)`` and ``run(args) -> int``
+(the same contract as the top-level commands). To add one, add a row to
+:data:`BENCHMARKS`; its module is imported only when it runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+
+from splitkeeper.errors import InvalidParameterError
+
+# benchmark name -> (module, one-line help)
+BENCHMARKS: dict[str, tuple[str, str]] = {
+    "assign": (
+        "splitkeeper.bench.assign",
+        "full balanced assignment of N splits over R readers, then one reader fails",
+    ),
+}
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    names = ", ".join(BENCHMARKS)
+    parser.add_argument("benchmark", metavar="BENCHMARK", help=f"one of: {names}")
+    parser.add_argument(
+        "options", nargs=argparse.REMAINDER, help="options of that benchmark (see BENCHMARK --help)"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    name = args.benchmark
+    if name not in BENCHMARKS:
+        raise InvalidParameterError("benchmark", name, "one of " + ", ".join(BENCHMARKS))
+    module_name, help_text = BENCHMARKS[name]
+    module = importlib.import_module(module_name)
+    parser = argparse.ArgumentParser(prog=f"splitkeeper bench {name}", description=help_text)
+    module.configure(parser)
+    return int(module.run(parser.parse_args(args.options)) or 0)
