@@ -1,0 +1,212 @@
+"""The one place a SparkSession is built: Delta enabled, jars from the local folder.
+
+Jobs call :func:`get_spark` (usually with :meth:`SparkSettings.from_env`) on the
+driver, once per process; later calls return the same session. The same job code
+runs on ``local[*]``, ``spark://``, ``k8s://`` or ``yarn``: only the settings change.
+
+Spark never downloads anything here: ``spark.jars`` lists the files fetched by
+``scripts/setup.sh`` into ``.jars/spark/`` (see :mod:`splitkeeper.runtime.jars`), and
+``spark.jars.packages`` is refused.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from splitkeeper.errors import EnvironmentNotReadyError, InvalidParameterError
+from splitkeeper.runtime import jars as jarlib
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pyspark.sql import SparkSession
+
+DELTA_EXTENSION = "io.delta.sql.DeltaSparkSessionExtension"
+DELTA_CATALOG = "org.apache.spark.sql.delta.catalog.DeltaCatalog"
+
+ENV_MASTER = "SPLITKEEPER_SPARK_MASTER"
+ENV_APP_NAME = "SPLITKEEPER_SPARK_APP_NAME"
+ENV_UI = "SPLITKEEPER_SPARK_UI"
+ENV_SHUFFLE_PARTITIONS = "SPLITKEEPER_SPARK_SHUFFLE_PARTITIONS"
+ENV_DRIVER_MEMORY = "SPLITKEEPER_SPARK_DRIVER_MEMORY"
+ENV_WAREHOUSE = "SPLITKEEPER_SPARK_WAREHOUSE"
+ENV_CONF = "SPLITKEEPER_SPARK_CONF"
+
+_MASTER = re.compile(r"^(local(\[(\*|\d+)(,\d+)?\])?|local-cluster\[\d+,\d+,\d+\]|spark://.+|k8s://.+|yarn)$")
+_MASTER_ALLOWED = (
+    "local, local[N], local[*], local[N,F], local-cluster[N,C,M], spark://HOST:PORT, k8s://URL or yarn"
+)
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+# Set by get_spark itself; extra_conf may not override them.
+_RESERVED = {"spark.jars", "spark.jars.packages", "spark.sql.extensions", "spark.sql.catalog.spark_catalog"}
+
+
+@dataclass(frozen=True, slots=True)
+class SparkSettings:
+    """How to build the session. Immutable; ``extra_conf`` is a tuple of (key, value).
+
+    ``driver_memory`` and ``master`` take effect only when this call starts the JVM.
+    ``jars_dir`` overrides the jars root (else ``$SPLITKEEPER_JARS_DIR`` or ``.jars``).
+    """
+
+    master: str = "local[*]"
+    app_name: str = "splitkeeper"
+    ui_enabled: bool = True
+    shuffle_partitions: int = 8
+    driver_memory: str | None = None
+    warehouse_dir: str | None = None
+    jars_dir: Path | None = None
+    extra_conf: tuple[tuple[str, str], ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        if not _MASTER.match(self.master):
+            raise InvalidParameterError("master", self.master, _MASTER_ALLOWED)
+        if not self.app_name.strip():
+            raise InvalidParameterError("app_name", self.app_name, "a non-empty name")
+        if self.shuffle_partitions < 1:
+            raise InvalidParameterError("shuffle_partitions", self.shuffle_partitions, "an integer >= 1")
+        for key, _value in self.extra_conf:
+            if key in _RESERVED:
+                raise InvalidParameterError(
+                    "extra_conf",
+                    key,
+                    f"any Spark key except {', '.join(sorted(_RESERVED))}",
+                    hint="splitkeeper sets these itself from the jars fetched by scripts/setup.sh",
+                )
+
+    @property
+    def is_local(self) -> bool:
+        return self.master.startswith("local")
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> SparkSettings:
+        """Settings from ``SPLITKEEPER_SPARK_*`` variables; keyword ``overrides`` win.
+
+        ``SPLITKEEPER_SPARK_CONF`` holds extra Spark conf as ``key=value`` pairs
+        separated by ``;`` (values may contain ``,`` and ``=``).
+        """
+        env = os.environ if env is None else env
+        values: dict[str, object] = {}
+        if env.get(ENV_MASTER, "").strip():
+            values["master"] = env[ENV_MASTER].strip()
+        if env.get(ENV_APP_NAME, "").strip():
+            values["app_name"] = env[ENV_APP_NAME].strip()
+        if env.get(ENV_UI, "").strip():
+            values["ui_enabled"] = _parse_bool(ENV_UI, env[ENV_UI])
+        if env.get(ENV_SHUFFLE_PARTITIONS, "").strip():
+            values["shuffle_partitions"] = _parse_positive_int(
+                ENV_SHUFFLE_PARTITIONS, env[ENV_SHUFFLE_PARTITIONS]
+            )
+        if env.get(ENV_DRIVER_MEMORY, "").strip():
+            values["driver_memory"] = env[ENV_DRIVER_MEMORY].strip()
+        if env.get(ENV_WAREHOUSE, "").strip():
+            values["warehouse_dir"] = env[ENV_WAREHOUSE].strip()
+        if env.get(jarlib.JARS_DIR_ENV, "").strip():
+            values["jars_dir"] = jarlib.jars_root(env)
+        if env.get(ENV_CONF, "").strip():
+            values["extra_conf"] = _parse_conf(env[ENV_CONF])
+        values.update(overrides)
+        return cls(**values)  # type: ignore[arg-type]
+
+    def spark_conf(self, jar_paths: list[Path]) -> dict[str, str]:
+        """Every conf key :func:`get_spark` sets (besides master and app name), in order."""
+        conf = {
+            "spark.jars": ",".join(str(p) for p in jar_paths),
+            "spark.sql.extensions": DELTA_EXTENSION,
+            "spark.sql.catalog.spark_catalog": DELTA_CATALOG,
+            "spark.ui.enabled": str(self.ui_enabled).lower(),
+            "spark.ui.showConsoleProgress": "false",
+            "spark.sql.shuffle.partitions": str(self.shuffle_partitions),
+            "spark.sql.session.timeZone": "UTC",
+        }
+        if self.is_local:
+            # Delta's default of 50 snapshot partitions makes every small local table
+            # scan run 50 tasks; match the shuffle width instead.
+            conf["spark.databricks.delta.snapshotPartitions"] = str(self.shuffle_partitions)
+            # Python workers run this interpreter (the venv), not whatever python3 is on PATH.
+            conf["spark.pyspark.python"] = sys.executable
+            conf["spark.pyspark.driver.python"] = sys.executable
+            # Local runs stay on the loopback interface whatever the host name resolves to.
+            conf["spark.driver.host"] = "127.0.0.1"
+            conf["spark.driver.bindAddress"] = "127.0.0.1"
+        if self.driver_memory:
+            conf["spark.driver.memory"] = self.driver_memory
+        if self.warehouse_dir:
+            conf["spark.sql.warehouse.dir"] = self.warehouse_dir
+        conf.update(dict(self.extra_conf))
+        return conf
+
+
+def get_spark(settings: SparkSettings | None = None) -> SparkSession:
+    """The process's SparkSession, created on first call with Delta and the local jars.
+
+    Called on the driver only. A second call returns the running session (its
+    runtime SQL conf is updated; JVM-level settings such as master and jars stay as
+    first built). Raises EnvironmentNotReadyError when the jars are missing, or when a
+    session without Delta is already running in this process.
+    """
+    settings = SparkSettings.from_env() if settings is None else settings
+    jar_paths = jarlib.spark_jars(root=settings.jars_dir)
+    conf = settings.spark_conf(jar_paths)
+
+    if "--packages" in os.environ.get("PYSPARK_SUBMIT_ARGS", ""):
+        raise EnvironmentNotReadyError(
+            "PYSPARK_SUBMIT_ARGS asks Spark to download --packages; splitkeeper uses the jars in "
+            f"{jarlib.group_dir(jarlib.JarGroup.SPARK, settings.jars_dir)} instead: unset it",
+        )
+    try:
+        from pyspark.sql import SparkSession
+    except ImportError as err:
+        raise EnvironmentNotReadyError(
+            f"pyspark cannot be imported ({err}); run `{jarlib.SETUP_FIX}`"
+        ) from err
+
+    builder = SparkSession.builder.master(settings.master).appName(settings.app_name)
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    extensions = spark.conf.get("spark.sql.extensions", "") or ""
+    if DELTA_EXTENSION not in extensions:
+        raise EnvironmentNotReadyError(
+            "a SparkSession without Delta was already running in this process "
+            f"(spark.sql.extensions={extensions!r}); stop it before calling get_spark()",
+        )
+    return spark
+
+
+def _parse_bool(name: str, raw: str) -> bool:
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise InvalidParameterError(name, raw, "one of 1/0, true/false, yes/no, on/off")
+
+
+def _parse_positive_int(name: str, raw: str) -> int:
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise InvalidParameterError(name, raw, "an integer >= 1")
+    return value
+
+
+def _parse_conf(raw: str) -> tuple[tuple[str, str], ...]:
+    pairs: list[tuple[str, str]] = []
+    for item in raw.split(";"):
+        if not item.strip():
+            continue
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise InvalidParameterError(
+                ENV_CONF, raw, "key=value pairs separated by ';'", hint=f"bad item {item!r}"
+            )
+        pairs.append((key.strip(), value.strip()))
+    return tuple(pairs)
