@@ -1,0 +1,149 @@
+#!/usr/bin/env bash
+# Install everything splitkeeper needs, into the checkout. Idempotent: a second run
+# finds the stamps current and returns in seconds.
+#
+#   bash scripts/setup.sh                 # every step
+#   bash scripts/setup.sh jars            # only some steps: python, jars, browser
+#
+# Steps:
+#   python   .venv/ (Python >= 3.11), pip install -r requirements.lock, pip install -e . --no-deps
+#   jars     Maven (jvm/*.xml) -> .jars/spark/ (spark.jars: Delta, Kafka connector)
+#                               -> .jars/kafka/ (a runnable Kafka KRaft broker)
+#   browser  OPTIONAL: Debian's chromium for browser tests (SPLITKEEPER_BROWSER_TESTS=0 skips)
+#
+# Environment:
+#   SPLITKEEPER_PYTHON       interpreter that creates .venv (default: python3.11, else python3)
+#   SPLITKEEPER_JARS_DIR     jars root (default: <repo>/.jars)
+#   SPLITKEEPER_MAVEN_REPO   Maven repository URL (default: Maven Central)
+#   SPLITKEEPER_BROWSER_TESTS  0 = do not install chromium
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+
+VENV="$ROOT/.venv"
+JARS_DIR="${SPLITKEEPER_JARS_DIR:-$ROOT/.jars}"
+export SPLITKEEPER_MAVEN_REPO="${SPLITKEEPER_MAVEN_REPO:-https://repo.maven.apache.org/maven2}"
+T0=$SECONDS
+
+say() { printf '[setup] %s\n' "$*"; }
+die() { printf '[setup] ERROR: %s\n' "$*" >&2; exit 1; }
+
+# sha256 of the given files' contents (the stamps' key: when an input changes, the step reruns).
+digest() { cat "$@" | sha256sum | cut -d' ' -f1; }
+
+step_python() {
+    if [[ ! -x "$VENV/bin/python" ]]; then
+        local py="${SPLITKEEPER_PYTHON:-}"
+        if [[ -z "$py" ]]; then
+            if command -v python3.11 >/dev/null 2>&1; then py=python3.11; else py=python3; fi
+        fi
+        command -v "$py" >/dev/null 2>&1 || die "no $py found; install Python 3.11 (apt-get install -y python3 python3-venv)"
+        "$py" -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
+            || die "$py is $("$py" -V 2>&1); splitkeeper needs Python >= 3.11 (set SPLITKEEPER_PYTHON)"
+        say "creating $VENV with $("$py" -V 2>&1)"
+        "$py" -m venv "$VENV" || die "python venv failed; on Debian: apt-get install -y python3-venv"
+    fi
+    local stamp="$VENV/.splitkeeper-python.stamp" want
+    want="$(digest requirements.lock pyproject.toml)"
+    if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
+        say "python packages: up to date ($VENV)"
+        return
+    fi
+    local log="$VENV/.splitkeeper-pip.log"
+    say "python packages: pip install -r requirements.lock (pyspark is large: a few minutes the first time; log $log)"
+    "$VENV/bin/python" -m pip install -r requirements.lock > "$log" 2>&1 \
+        || { tail -n 40 "$log" >&2; die "pip install -r requirements.lock failed (full log: $log)"; }
+    say "python packages: pip install -e . --no-deps"
+    "$VENV/bin/python" -m pip install --no-deps -e . >> "$log" 2>&1 \
+        || { tail -n 40 "$log" >&2; die "pip install -e . failed (full log: $log)"; }
+    "$VENV/bin/python" -m pip check >/dev/null || { "$VENV/bin/python" -m pip check >&2; die "pip check found broken requirements"; }
+    echo "$want" > "$stamp"
+}
+
+# fetch_jars GROUP POM: copy POM's runtime dependencies into $JARS_DIR/GROUP with Maven.
+fetch_jars() {
+    local group="$1" pom="$2"
+    local out="$JARS_DIR/$group" stamp="$JARS_DIR/.$group.stamp" want
+    want="$(digest "$pom" jvm/settings.xml)"
+    if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]] && compgen -G "$out/*.jar" >/dev/null; then
+        say "jars/$group: up to date ($(ls "$out" | wc -l) jars in $out)"
+        return
+    fi
+    command -v mvn >/dev/null 2>&1 || die "Maven (mvn) not found; install it: apt-get install -y maven"
+    local tmp="$out.partial"
+    rm -rf "$tmp"
+    mkdir -p "$JARS_DIR"
+    local mvn_args=(-q -B -Dstyle.color=never -s jvm/settings.xml -f "$pom"
+                    dependency:copy-dependencies "-Dsplitkeeper.jars.out=$tmp")
+    # Offline first when the local Maven repository already holds the artifacts
+    # (a warm ~/.m2); fall back to the network otherwise.
+    say "jars/$group: mvn copy-dependencies from $pom"
+    if ! mvn --offline "${mvn_args[@]}" >/dev/null 2>&1; then
+        rm -rf "$tmp"
+        say "jars/$group: downloading from $SPLITKEEPER_MAVEN_REPO"
+        mvn "${mvn_args[@]}" || die "Maven could not fetch the $group jars (network? set SPLITKEEPER_MAVEN_REPO to a reachable mirror)"
+    fi
+    compgen -G "$tmp/*.jar" >/dev/null || die "Maven copied no jar for $group into $tmp"
+    rm -rf "$out"
+    mv "$tmp" "$out"
+    echo "$want" > "$stamp"
+    say "jars/$group: $(ls "$out" | wc -l) jars in $out"
+}
+
+step_jars() {
+    if ! command -v java >/dev/null 2>&1; then
+        die "Java not found; install a JDK >= 17: apt-get install -y openjdk-17-jdk-headless"
+    fi
+    fetch_jars spark jvm/pom.xml
+    fetch_jars kafka jvm/kafka-broker.xml
+    # One rule, in Python: no jar of .jars/spark duplicates one pyspark ships.
+    if [[ -x "$VENV/bin/python" ]]; then
+        "$VENV/bin/python" -m splitkeeper.runtime.jars --root "$JARS_DIR" \
+            || die "the Spark jars do not fit this pyspark (see above)"
+    fi
+}
+
+# ---------------------------------------------------------------------------------
+# OPTIONAL STEP: chromium for browser tests (pytest -m browser).
+# Runs unless SPLITKEEPER_BROWSER_TESTS=0. Never fails the setup: without apt-get or
+# root it only prints what to do.
+# ---------------------------------------------------------------------------------
+step_browser() {
+    if [[ "${SPLITKEEPER_BROWSER_TESTS:-1}" == "0" ]]; then
+        say "browser: skipped (SPLITKEEPER_BROWSER_TESTS=0)"
+        return
+    fi
+    local found
+    found="$(command -v chromium || command -v chromium-browser || true)"
+    if [[ -n "$found" ]]; then
+        say "browser: chromium found at $found"
+        return
+    fi
+    if ! command -v apt-get >/dev/null 2>&1 || [[ "$(id -u)" != "0" ]]; then
+        say "browser: chromium missing; install it with 'sudo apt-get install -y chromium'" \
+            "(or set SPLITKEEPER_BROWSER_TESTS=0)"
+        return
+    fi
+    say "browser: apt-get install -y chromium"
+    if ! { DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null 2>&1 \
+           || { apt-get update -q >/dev/null 2>&1 \
+                && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null 2>&1; }; }; then
+        say "browser: could not install chromium with apt-get; install it by hand" \
+            "('apt-get install -y chromium') or set SPLITKEEPER_BROWSER_TESTS=0"
+        return
+    fi
+    say "browser: chromium installed at $(command -v chromium || echo '?')"
+}
+
+steps=("$@")
+[[ ${#steps[@]} -gt 0 ]] || steps=(python jars browser)
+for step in "${steps[@]}"; do
+    case "$step" in
+        python) step_python ;;
+        jars) step_jars ;;
+        browser) step_browser ;;
+        *) die "unknown step '$step'; choose from: python jars browser" ;;
+    esac
+done
+say "done in $((SECONDS - T0))s (steps: ${steps[*]})"
