@@ -1,0 +1,108 @@
+"""Shared test fixtures: one Spark session, one Kafka broker, a scratch folder per test.
+
+- ``spark`` (session scope): the one SparkSession of the test run, built by
+  :func:`splitkeeper.runtime.spark.get_spark` (``local[2]``, UI off, 2 shuffle
+  partitions, Delta on). The JVM starts once, on first use, and stops at the end.
+- ``kafka_broker`` (session scope): one local KRaft broker for the whole run.
+- ``scratch``: a :class:`ScratchDirs` over ``tmp_path``, for Delta tables and state.
+
+A test using ``spark`` or ``kafka_broker`` is marked ``spark`` / ``kafka``
+automatically (so ``-m "not spark"`` deselects it). A test marked ``spark`` gets the
+shared session started even if it does not name the fixture. Mark ``kafka`` a test
+that starts its own broker too (it needs the Kafka jars).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pyspark.sql import SparkSession
+
+    from splitkeeper.runtime.kafka_broker import KafkaBroker
+
+_FIXTURE_MARKS = {"spark": "spark", "kafka_broker": "kafka"}
+
+
+@dataclass(frozen=True)
+class ScratchDirs:
+    """A per-test folder (under pytest's ``tmp_path``) with named sub-folders."""
+
+    root: Path
+
+    def path(self, *parts: str) -> Path:
+        """``root/parts...``, created as a folder."""
+        folder = self.root.joinpath(*parts)
+        folder.mkdir(parents=True, exist_ok=True)
+        return folder
+
+    def table(self, name: str) -> str:
+        """Location for a Delta table called ``name`` (not created: Delta creates it)."""
+        if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
+            raise ValueError(f"table name {name!r}: use letters, digits, '_', '.', '-'")
+        return str(self.path("tables") / name)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        fixtures = getattr(item, "fixturenames", ())
+        for fixture, mark in _FIXTURE_MARKS.items():
+            if fixture in fixtures and item.get_closest_marker(mark) is None:
+                item.add_marker(getattr(pytest.mark, mark))
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        message = "no tests were collected: a run that tests nothing is a failure (check paths, -k, -m)"
+        if reporter is not None:
+            reporter.write_line(f"ERROR: {message}", red=True, bold=True)
+
+
+@pytest.fixture(autouse=True)
+def _shared_spark_first(request: pytest.FixtureRequest) -> None:
+    """A test marked ``spark`` gets the shared session started before its body runs,
+    so a ``get_spark()`` inside the code under test returns it instead of building a
+    differently configured one."""
+    if request.node.get_closest_marker("spark") is not None:
+        request.getfixturevalue("spark")
+
+
+@pytest.fixture
+def scratch(tmp_path: Path) -> ScratchDirs:
+    return ScratchDirs(tmp_path)
+
+
+@pytest.fixture(scope="session")
+def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkSession]:
+    from splitkeeper.runtime.spark import SparkSettings, get_spark
+
+    settings = SparkSettings(
+        master="local[2]",
+        app_name="splitkeeper-tests",
+        ui_enabled=False,
+        shuffle_partitions=2,
+        warehouse_dir=str(tmp_path_factory.mktemp("spark-warehouse")),
+    )
+    session = get_spark(settings)
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
+
+
+@pytest.fixture(scope="session")
+def kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaBroker]:
+    from splitkeeper.runtime.kafka_broker import KafkaBroker
+
+    broker = KafkaBroker(tmp_path_factory.mktemp("kafka"))
+    broker.start(timeout_s=120)
+    try:
+        yield broker
+    finally:
+        broker.stop()

@@ -1,0 +1,241 @@
+"""The Spark session factory: Delta from the local jars, settings from the environment."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from splitkeeper.errors import EnvironmentNotReadyError, InvalidParameterError
+from splitkeeper.runtime import jars as jarlib
+from splitkeeper.runtime.spark import DELTA_CATALOG, DELTA_EXTENSION, SparkSettings, get_spark
+
+# -- Delta round trip on the shared session ---------------------------------------
+
+
+@pytest.mark.spark
+def test_delta_round_trip_write_append_read_time_travel_and_history(spark, scratch):
+    from delta.tables import DeltaTable
+
+    path = scratch.table("events")
+    spark.createDataFrame([(i, f"v{i}") for i in range(5)], "id INT, value STRING").write.format(
+        "delta"
+    ).save(path)
+    spark.createDataFrame([(i, f"v{i}") for i in range(5, 8)], "id INT, value STRING").write.format(
+        "delta"
+    ).mode("append").save(path)
+
+    current = spark.read.format("delta").load(path)
+    assert sorted(r.id for r in current.collect()) == list(range(8))
+
+    version0 = spark.read.format("delta").option("versionAsOf", 0).load(path)
+    assert sorted(r.id for r in version0.collect()) == list(range(5))
+
+    history = DeltaTable.forPath(spark, path).history().select("version", "operation").collect()
+    assert [(h.version, h.operation) for h in sorted(history, key=lambda h: h.version)] == [
+        (0, "WRITE"),
+        (1, "WRITE"),
+    ]
+    described = spark.sql(f"DESCRIBE HISTORY delta.`{path}`").select("version").collect()
+    assert sorted(r.version for r in described) == [0, 1]
+
+
+@pytest.mark.spark
+def test_idempotent_delta_append_with_txn_app_id_commits_once(spark, scratch):
+    # The exactly-once sink relies on Delta's txnAppId/txnVersion dedup (DESIGN 5).
+    path = scratch.table("sink")
+    batch = spark.createDataFrame([(1,), (2,)], "id INT")
+    for _ in range(2):
+        batch.write.format("delta").mode("append").option("txnAppId", "pipe-1").option("txnVersion", 7).save(
+            path
+        )
+    assert spark.read.format("delta").load(path).count() == 2
+
+
+@pytest.mark.spark
+def test_session_is_configured_for_delta_from_local_jars_without_downloads(spark):
+    conf = spark.sparkContext.getConf()
+    assert conf.get("spark.sql.extensions") == DELTA_EXTENSION
+    assert conf.get("spark.sql.catalog.spark_catalog") == DELTA_CATALOG
+    assert conf.get("spark.jars.packages") in (None, "")
+    jars = conf.get("spark.jars").split(",")
+    expected = {str(p) for p in jarlib.spark_jars()}
+    assert set(jars) == expected
+    assert conf.get("spark.ui.enabled") == "false"
+    assert spark.conf.get("spark.sql.shuffle.partitions") == "2"
+    assert spark.sparkContext.master == "local[2]"
+
+
+@pytest.mark.spark
+def test_get_spark_twice_returns_the_running_session(spark):
+    again = get_spark(SparkSettings(master="local[2]", ui_enabled=False, shuffle_partitions=2))
+    assert again.sparkContext is spark.sparkContext
+
+
+@pytest.mark.spark
+def test_spark_kafka_connector_class_loads_from_local_jars(spark):
+    # The connector and Delta classes come from .jars/spark, not from a download.
+    jvm = spark.sparkContext._jvm
+    loader = jvm.Thread.currentThread().getContextClassLoader()
+    for name in (
+        "org.apache.spark.sql.kafka010.KafkaSourceProvider",
+        "org.apache.spark.kafka010.KafkaConfigUpdater",
+        "org.apache.kafka.clients.consumer.KafkaConsumer",
+        "io.delta.sql.DeltaSparkSessionExtension",
+    ):
+        assert loader.loadClass(name).getName() == name
+
+
+# -- the jars folder ---------------------------------------------------------------
+
+
+def test_missing_jars_dir_raises_environment_not_ready_with_the_fix(tmp_path):
+    settings = SparkSettings(jars_dir=tmp_path / "nowhere", ui_enabled=False)
+    with pytest.raises(EnvironmentNotReadyError) as info:
+        get_spark(settings)
+    message = str(info.value)
+    assert "ENVIRONMENT_NOT_READY" in message
+    assert str(tmp_path / "nowhere" / "spark") in message
+    assert "bash scripts/setup.sh" in message
+
+
+def test_jars_dir_without_the_delta_jar_for_this_spark_names_the_wanted_artifact(tmp_path):
+    folder = tmp_path / "spark"
+    folder.mkdir()
+    (folder / "delta-spark_3.5_2.13-3.2.0.jar").write_bytes(b"")
+    with pytest.raises(
+        EnvironmentNotReadyError, match=r"delta-spark_4\.1_2\.13.*found: delta-spark_3\.5_2\.13-3\.2\.0\.jar"
+    ):
+        jarlib.spark_jars("4.1.1", root=tmp_path)
+
+
+def test_jars_dir_env_var_overrides_the_repo_folder(tmp_path):
+    assert jarlib.jars_root({jarlib.JARS_DIR_ENV: str(tmp_path)}) == tmp_path.resolve()
+    assert jarlib.jars_root({}) == jarlib.repo_root() / ".jars"
+
+
+def test_spark_jars_do_not_duplicate_pyspark_jars():
+    ours = jarlib.list_jars(jarlib.JarGroup.SPARK)
+    bundled = [jarlib.JarFile.parse(p) for p in jarlib.pyspark_jars_dir().glob("*.jar")]
+    assert len(bundled) > 100  # pyspark's own jars were found
+    assert jarlib.duplicate_jars(ours, bundled) == []
+    artifacts = {j.artifact for j in ours}
+    assert {
+        "delta-spark_4.1_2.13",
+        "delta-storage",
+        "spark-sql-kafka-0-10_2.13",
+        "kafka-clients",
+    } <= artifacts
+    assert not any(a.startswith(("scala-library", "spark-core", "spark-sql_")) for a in artifacts)
+
+
+@pytest.mark.parametrize(
+    ("file_name", "artifact", "version"),
+    [
+        ("spark-sql-kafka-0-10_2.13-4.1.1.jar", "spark-sql-kafka-0-10_2.13", "4.1.1"),
+        ("delta-spark_4.1_2.13-4.4.0.jar", "delta-spark_4.1_2.13", "4.4.0"),
+        ("hive-exec-2.3.10-core.jar", "hive-exec", "2.3.10-core"),
+        (
+            "netty-codec-native-quic-4.2.7.Final-linux-x86_64.jar",
+            "netty-codec-native-quic",
+            "4.2.7.Final-linux-x86_64",
+        ),
+        ("kafka_2.13-4.1.1.jar", "kafka_2.13", "4.1.1"),
+    ],
+)
+def test_jar_file_names_parse_into_artifact_and_version(file_name, artifact, version):
+    jar = jarlib.JarFile.parse(Path(file_name))
+    assert (jar.artifact, jar.version) == (artifact, version)
+
+
+# -- settings ----------------------------------------------------------------------
+
+
+def test_settings_from_env_read_every_variable(tmp_path):
+    env = {
+        "SPLITKEEPER_SPARK_MASTER": "spark://head:7077",
+        "SPLITKEEPER_SPARK_APP_NAME": "ingest",
+        "SPLITKEEPER_SPARK_UI": "0",
+        "SPLITKEEPER_SPARK_SHUFFLE_PARTITIONS": "16",
+        "SPLITKEEPER_SPARK_DRIVER_MEMORY": "2g",
+        "SPLITKEEPER_SPARK_WAREHOUSE": "/data/wh",
+        "SPLITKEEPER_SPARK_CONF": "spark.executor.memory=4g; spark.executor.extraJavaOptions=-Da=b,c",
+        "SPLITKEEPER_JARS_DIR": str(tmp_path),
+    }
+    settings = SparkSettings.from_env(env)
+    assert settings == SparkSettings(
+        master="spark://head:7077",
+        app_name="ingest",
+        ui_enabled=False,
+        shuffle_partitions=16,
+        driver_memory="2g",
+        warehouse_dir="/data/wh",
+        jars_dir=tmp_path.resolve(),
+        extra_conf=(("spark.executor.memory", "4g"), ("spark.executor.extraJavaOptions", "-Da=b,c")),
+    )
+    assert SparkSettings.from_env({}) == SparkSettings()
+    assert SparkSettings.from_env({"SPLITKEEPER_SPARK_MASTER": "yarn"}, app_name="x").app_name == "x"
+
+
+@pytest.mark.parametrize(
+    "master",
+    ["local", "local[*]", "local[4]", "local[2,3]", "spark://h:7077", "k8s://https://api:6443", "yarn"],
+)
+def test_settings_accept_every_supported_master(master):
+    assert SparkSettings(master=master).master == master
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "name"),
+    [
+        ({"master": "mesos://x"}, "master"),
+        ({"master": "local[two]"}, "master"),
+        ({"shuffle_partitions": 0}, "shuffle_partitions"),
+        ({"app_name": " "}, "app_name"),
+        ({"extra_conf": (("spark.jars.packages", "io.delta:delta-spark_4.1_2.13:4.4.0"),)}, "extra_conf"),
+    ],
+)
+def test_settings_reject_invalid_values_naming_the_parameter(kwargs, name):
+    with pytest.raises(InvalidParameterError) as info:
+        SparkSettings(**kwargs)
+    assert info.value.name == name
+
+
+@pytest.mark.parametrize(
+    ("env", "name"),
+    [
+        ({"SPLITKEEPER_SPARK_UI": "maybe"}, "SPLITKEEPER_SPARK_UI"),
+        ({"SPLITKEEPER_SPARK_SHUFFLE_PARTITIONS": "many"}, "SPLITKEEPER_SPARK_SHUFFLE_PARTITIONS"),
+        ({"SPLITKEEPER_SPARK_CONF": "spark.a=1;oops"}, "SPLITKEEPER_SPARK_CONF"),
+    ],
+)
+def test_settings_from_env_reject_malformed_variables(env, name):
+    with pytest.raises(InvalidParameterError) as info:
+        SparkSettings.from_env(env)
+    assert info.value.name == name
+
+
+def test_spark_conf_for_local_and_cluster_masters():
+    jars = [Path("/j/a.jar"), Path("/j/b.jar")]
+    local = SparkSettings(master="local[2]", shuffle_partitions=3, ui_enabled=False).spark_conf(jars)
+    assert local["spark.jars"] == "/j/a.jar,/j/b.jar"
+    assert local["spark.sql.extensions"] == DELTA_EXTENSION
+    assert local["spark.sql.catalog.spark_catalog"] == DELTA_CATALOG
+    assert local["spark.ui.enabled"] == "false"
+    assert local["spark.sql.shuffle.partitions"] == "3"
+    assert local["spark.databricks.delta.snapshotPartitions"] == "3"
+    assert local["spark.pyspark.python"] == sys.executable
+    assert "spark.jars.packages" not in local
+
+    cluster = SparkSettings(master="k8s://https://api:6443", extra_conf=(("spark.executor.instances", "4"),))
+    conf = cluster.spark_conf(jars)
+    assert "spark.pyspark.python" not in conf  # executors use their image's Python
+    assert "spark.driver.host" not in conf
+    assert conf["spark.executor.instances"] == "4"
+
+
+def test_pyspark_submit_args_with_packages_are_refused(monkeypatch):
+    monkeypatch.setenv("PYSPARK_SUBMIT_ARGS", "--packages io.delta:delta-spark_4.1_2.13:4.4.0 pyspark-shell")
+    with pytest.raises(EnvironmentNotReadyError, match="--packages"):
+        get_spark(SparkSettings(ui_enabled=False))
