@@ -79,11 +79,12 @@ class AssignmentStrategy(abc.ABC):
     balanced: ClassVar[bool] = False
 
     @abc.abstractmethod
-    def place(self, splits: Sequence[Split], owned: OwnedView, parallelism: int) -> Placement:
+    def place(self, splits: Collection[Split], owned: OwnedView, parallelism: int) -> Placement:
         """Place ``splits`` (all unowned) on the readers in ``owned``.
 
-        ``owned`` holds exactly the candidate readers (registered and
-        expected), each with the splits it owns now; ``parallelism`` is the
+        ``splits`` is a read-only view (e.g. the pool's values): iterate or
+        sort it, do not keep it. ``owned`` holds exactly the candidate readers
+        (registered and expected), each with the splits it owns now; ``parallelism`` is the
         job's reader count. Must not mutate its arguments. Deterministic: same
         input, same output. Splits that cannot be placed now go to ``unplaced``
         and stay in the pool.
@@ -144,7 +145,7 @@ class LegacyHashStrategy(AssignmentStrategy):
     name = "legacy-hash"
     balanced = False
 
-    def place(self, splits: Sequence[Split], owned: OwnedView, parallelism: int) -> Placement:
+    def place(self, splits: Collection[Split], owned: OwnedView, parallelism: int) -> Placement:
         validate_parallelism(parallelism)
         placement = Placement()
         for split in splits:
@@ -236,7 +237,7 @@ class RoundRobinStrategy(_CountBalanced):
 
     name = "round-robin"
 
-    def place(self, splits: Sequence[Split], owned: OwnedView, parallelism: int) -> Placement:
+    def place(self, splits: Collection[Split], owned: OwnedView, parallelism: int) -> Placement:
         validate_parallelism(parallelism)
         if not owned:
             return Placement(unplaced=list(splits))
@@ -269,7 +270,7 @@ class LeastLoadedStrategy(_CountBalanced):
 
     name = "least-loaded"
 
-    def place(self, splits: Sequence[Split], owned: OwnedView, parallelism: int) -> Placement:
+    def place(self, splits: Collection[Split], owned: OwnedView, parallelism: int) -> Placement:
         validate_parallelism(parallelism)
         if not owned:
             return Placement(unplaced=list(splits))
@@ -330,7 +331,7 @@ class WeightedStrategy(AssignmentStrategy):
     def _load(self, split_ids: Collection[str]) -> float:
         return sum(self.weight(s) for s in split_ids)
 
-    def place(self, splits: Sequence[Split], owned: OwnedView, parallelism: int) -> Placement:
+    def place(self, splits: Collection[Split], owned: OwnedView, parallelism: int) -> Placement:
         validate_parallelism(parallelism)
         if not owned:
             return Placement(unplaced=list(splits))

@@ -532,3 +532,24 @@ def test_owned_splits_a_restarted_reader_does_not_report_return_to_the_pool_even
     assert enum.pool_size == 0
     returned = [r for r in enum.audit_for("t-3") if r.decision is RecoveryDecision.RETURNED_PARTIAL_FAILOVER]
     assert [r.detail for r in returned] == ["owned but not reported"]
+
+
+def test_bulk_assignment_of_a_large_pool_is_complete_balanced_and_restores_the_gc_state():
+    import gc
+
+    from splitkeeper.core.enumerator import BULK_SPLITS
+
+    ctx, enum = started(64)
+    enum.add_splits([Split(f"p-{n:06d}", "p") for n in range(BULK_SPLITS + 7)])
+    for r in range(64):
+        restart_reader(enum, ctx, r)
+    assert gc.isenabled()
+    assert enum.pool_size == 0
+    loads = enum.loads()
+    assert sum(loads.values()) == BULK_SPLITS + 7 and max(loads.values()) - min(loads.values()) <= 1
+    gc.disable()
+    try:  # a caller that disabled the GC itself keeps it disabled
+        enum.add_splits([Split(f"q-{n:06d}", "p") for n in range(BULK_SPLITS)])
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
