@@ -1063,6 +1063,8 @@ class SplitEnumerator:
             if sid not in self._reporter and sid not in self._splits
         ]
         for reader_id, split in unreported:
+            if self._drop_on_arrival(split, reader_id, "in the snapshot, reported by no reader"):
+                continue
             self._to_pool(split)
             self._audit.append(
                 (

@@ -157,7 +157,7 @@ def run(harness: Harness, steps: list[tuple]) -> None:
         harness.check()
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     parallelism=st.integers(1, 5),
     strategy=st.sampled_from(["round-robin", "least-loaded", "weighted"]),
@@ -169,7 +169,7 @@ def test_deferred_balanced_strategies_keep_invariants_and_balance_after_every_ev
     run(Harness(parallelism, strategy, reassign=True), steps)
 
 
-@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     parallelism=st.integers(1, 5),
     strategy=st.sampled_from(["legacy-hash", "least-loaded"]),
@@ -181,7 +181,7 @@ def test_legacy_mode_and_legacy_hash_never_lose_or_duplicate_a_split(
     run(Harness(parallelism, strategy, reassign=False), steps)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(parallelism=st.integers(1, 5), steps=st.lists(events, max_size=25))
 def test_legacy_hash_with_deferred_assignment_never_loses_or_duplicates_a_split(
     parallelism: int, steps: list[tuple]

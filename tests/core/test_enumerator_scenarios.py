@@ -553,3 +553,21 @@ def test_bulk_assignment_of_a_large_pool_is_complete_balanced_and_restores_the_g
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+def test_unreported_snapshot_split_is_pooled_unless_its_subscription_was_removed_meanwhile():
+    snap = EnumeratorSnapshot(
+        checkpoint_id=4, parallelism=2, assignments={A: (s(1, "a"), s(2, "b")), B: (s(3, "a"),)}
+    )
+    ctx, enum = started(2, restored=snap, subscriptions={"a", "b"})
+    restart_reader(enum, ctx, A, [])  # A lost its state: reports nothing
+    enum.set_subscriptions({"a"})  # while the restore still waits for B
+    restart_reader(enum, ctx, B, [s(3, "a")])
+
+    assert sorted(enum.owners()) == ["a-1", "a-3"]  # a-1 pooled from the snapshot, b-2 dropped
+    assert decisions(enum, "a-1") == [
+        RecoveryDecision.REDISTRIBUTED_GLOBAL_RESTORE,
+        RecoveryDecision.ASSIGNED,
+    ]
+    assert "reported by no reader" in enum.audit_for("a-1")[0].detail
+    assert decisions(enum, "b-2") == [RecoveryDecision.DROPPED_REMOVED_SUBSCRIPTION]
