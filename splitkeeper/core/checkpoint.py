@@ -854,6 +854,8 @@ class RegionalCheckpointCoordinator:
         checkpoint: CompletedCheckpoint,
         new_parallelism: int | None = None,
         redistribution: Redistribution = Redistribution.EVEN_SPLIT,
+        *,
+        consecutive_regional: int | None = None,
     ) -> RestoredCheckpoint:
         """Restore from a stored completed checkpoint, optionally at a new parallelism.
 
@@ -867,6 +869,9 @@ class RegionalCheckpointCoordinator:
         back to the state this restore gave it, with ``ref_checkpoint_id`` =
         the restored checkpoint's id (seed 003: the redistributed assignment
         is retained until the first checkpoint at the new parallelism).
+        ``consecutive_regional`` overrides the counter: the runtime passes the
+        live value when it restores right after an aborted checkpoint, so the
+        reset of the two-tier rule (an aborted forced global) is not undone.
         """
         if self._pending is not None:
             raise ProtocolError(
@@ -896,7 +901,13 @@ class RegionalCheckpointCoordinator:
             for r in regions
         }
         self._parallelism = len(regions)
-        self._consecutive = checkpoint.consecutive_regional
+        if consecutive_regional is None:
+            consecutive_regional = checkpoint.consecutive_regional
+        elif isinstance(consecutive_regional, bool) or not isinstance(consecutive_regional, int) or (
+            consecutive_regional < 0
+        ):
+            raise InvalidParameterError("consecutive_regional", consecutive_regional, "an integer >= 0")
+        self._consecutive = consecutive_regional
         self._last_id = max(self._last_id, checkpoint.checkpoint_id)
         return RestoredCheckpoint(
             checkpoint_id=checkpoint.checkpoint_id,
@@ -905,7 +916,7 @@ class RegionalCheckpointCoordinator:
             parallelism=len(regions),
             redistribution=redistribution,
             regions=tuple(regions),
-            consecutive_regional=checkpoint.consecutive_regional,
+            consecutive_regional=consecutive_regional,
             enumerator=checkpoint.enumerator,
         )
 

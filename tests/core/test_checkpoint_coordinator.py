@@ -540,3 +540,27 @@ def test_external_abort_keeps_the_counter_and_closes_the_checkpoint() -> None:
     assert pending.status is PendingStatus.ABORTED
     assert coordinator.consecutive_regional == 1
     assert isinstance(pending, PendingCheckpoint) and coordinator.pending is None
+
+
+def test_restore_keeps_a_live_counter_passed_by_the_runtime_after_an_abort():
+    from splitkeeper.core.checkpoint import CheckpointConfig, CheckpointStore, RegionalCheckpointCoordinator
+    from splitkeeper.core.types import CheckpointKind, CompletedCheckpoint, RegionState
+
+    store = CheckpointStore()
+    store.add(
+        CompletedCheckpoint(
+            checkpoint_id=5,
+            kind=CheckpointKind.REGIONAL,
+            parallelism=2,
+            regions={0: RegionState(region_id=0), 1: RegionState(region_id=1)},
+            consecutive_regional=2,
+        )
+    )
+    coordinator = RegionalCheckpointCoordinator(CheckpointConfig(max_consecutive_failures=2), 2, store)
+    assert coordinator.restore(store.get(5)).consecutive_regional == 2
+    assert coordinator.trigger(6, now=0.0).forced_global
+    coordinator.abort(coordinator.pending, "test")
+    restored = coordinator.restore(store.get(5), consecutive_regional=0)
+    assert restored.consecutive_regional == 0
+    assert coordinator.consecutive_regional == 0
+    assert not coordinator.trigger(7, now=0.0).forced_global
