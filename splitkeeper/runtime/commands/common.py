@@ -1,0 +1,27 @@
+"""Shared pieces of the runtime CLI commands: the config argument and the Spark session."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from splitkeeper.runtime.config import PipelineConfig, load_config
+
+
+def add_config_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", required=True, help="the pipeline configuration file (YAML or TOML)")
+
+
+def load(args: argparse.Namespace) -> PipelineConfig:
+    return load_config(args.config)
+
+
+def spark_session() -> Any:
+    from splitkeeper.runtime.spark import SparkSettings, get_spark
+
+    return get_spark(SparkSettings.from_env(ui_enabled=False))
+
+
+def progress(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)

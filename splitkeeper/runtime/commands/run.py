@@ -1,0 +1,46 @@
+"""``splitkeeper run --config FILE [--epochs N] [--fault SPEC ...]``: run epochs with progress."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from splitkeeper.runtime.commands.common import add_config_argument, load, progress, spark_session
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    add_config_argument(parser)
+    parser.add_argument(
+        "--epochs", type=int, default=None, help="epochs to run (default: until a bounded source is done)"
+    )
+    parser.add_argument(
+        "--fault",
+        action="append",
+        default=[],
+        metavar="SPEC",
+        help="inject a fault: fail:REGION@EPOCH or stall[:SECONDS]:REGION@EPOCH (repeatable)",
+    )
+    parser.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
+
+
+def run(args: argparse.Namespace) -> int:
+    from splitkeeper.runtime.pipeline import run_pipeline
+
+    config = load(args)
+    summary = run_pipeline(config, spark_session(), epochs=args.epochs, faults=args.fault, progress=progress)
+    result = {
+        "pipeline": config.name,
+        "epochs": len(summary.epochs),
+        "checkpoints": summary.counts(),
+        "committed_records": summary.committed_records,
+        "finished": summary.finished,
+    }
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(
+            f"{config.name}: {result['epochs']} epochs, checkpoints {result['checkpoints']}, "
+            f"{summary.committed_records:,} records committed"
+            + (", source finished on a global checkpoint" if summary.finished else "")
+        )
+    return 0

@@ -1,0 +1,80 @@
+"""Fault injection for demos and tests: region failures, stalls, and driver crashes.
+
+A :class:`FaultPlan` says which region fails or stalls at which epoch; the
+epoch runner hands the matching :class:`~splitkeeper.runtime.staging.RegionFault`
+to that region's task. Driver crashes are real: when ``SPLITKEEPER_CRASH_AT``
+names a crash point (optionally ``point@epoch``), the driver process sends
+itself SIGKILL there, leaving whatever was half-written for recovery to face.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import re
+import signal
+import sys
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from splitkeeper.errors import InvalidParameterError
+from splitkeeper.runtime.staging import RegionFault
+
+CRASH_ENV = "SPLITKEEPER_CRASH_AT"
+
+
+class CrashPoint(enum.Enum):
+    """Where in an epoch the driver may be killed (DESIGN 5's crash points)."""
+
+    AFTER_PLAN = "after_plan"
+    AFTER_SINK_COMMIT = "after_sink_commit"
+    BEFORE_CHECKPOINT_ROW = "before_checkpoint_row"
+    AFTER_CHECKPOINT_ROW = "after_checkpoint_row"
+
+
+_FAULT = re.compile(r"^(?P<kind>fail|stall)(?::(?P<seconds>[0-9.]+))?:(?P<region>\d+)@(?P<epoch>\d+)$")
+
+
+@dataclass(frozen=True, slots=True)
+class FaultPlan:
+    """Region faults by (epoch, region). Epochs are checkpoint ids as the runner numbers them."""
+
+    faults: Mapping[tuple[int, int], RegionFault] = field(default_factory=dict)
+
+    @classmethod
+    def parse(cls, specs: Iterable[str]) -> FaultPlan:
+        """Parse ``fail:R@E`` and ``stall[:SECONDS]:R@E`` (default stall: one hour, i.e. past any timeout)."""
+        faults: dict[tuple[int, int], RegionFault] = {}
+        for spec in specs:
+            m = _FAULT.match(spec.strip())
+            if m is None:
+                raise InvalidParameterError(
+                    "fault",
+                    spec,
+                    "'fail:REGION@EPOCH' or 'stall[:SECONDS]:REGION@EPOCH', e.g. fail:1@3 or stall:2@4",
+                )
+            text = m["kind"] if m["kind"] == "fail" else f"stall:{m['seconds'] or 3600}"
+            faults[(int(m["epoch"]), int(m["region"]))] = RegionFault.parse(text)
+        return cls(faults)
+
+    def for_region(self, epoch: int, region: int) -> RegionFault | None:
+        return self.faults.get((epoch, region))
+
+    def __bool__(self) -> bool:
+        return bool(self.faults)
+
+
+def crash_if_requested(point: CrashPoint, epoch: int, env: Mapping[str, str] | None = None) -> None:
+    """SIGKILL this process when ``SPLITKEEPER_CRASH_AT`` names ``point`` (and ``epoch``, if given).
+
+    Called by the driver at each crash point. Nothing is flushed or cleaned up:
+    that is the point.
+    """
+    wanted = (os.environ if env is None else env).get(CRASH_ENV, "")
+    if not wanted:
+        return
+    name, _, at_epoch = wanted.partition("@")
+    if name != point.value or (at_epoch and int(at_epoch) != epoch):
+        return
+    print(f"splitkeeper: crash injected at {point.value} of epoch {epoch} (SIGKILL)", file=sys.stderr, flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)

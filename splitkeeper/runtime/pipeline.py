@@ -1,0 +1,525 @@
+"""The epoch runner: one pipeline's driver, from restore to checkpoint, exactly-once into Delta.
+
+One epoch is one checkpoint attempt with a strictly increasing id ``N``:
+
+1. discovery: new splits enter the enumerator (the core decides who owns what);
+2. the write-ahead plan of ``N`` (per region, the ranges it reads) is persisted;
+3. every region runs as its own Spark job (:mod:`splitkeeper.runtime.regions`):
+   a task that raises declines, one past its timeout is cancelled;
+4. the core coordinator decides GLOBAL / REGIONAL / ABORTED;
+5. the decision is written to ``<staging>/epoch=N/decision.json``, then the
+   acknowledged regions' staged output is committed to the sink in one
+   idempotent Delta transaction (``txnAppId`` = pipeline, ``txnVersion`` = N)
+   whose commit metadata names that decision;
+6. the state tables are written, the ``checkpoints`` row last;
+7. side effects for acknowledged regions only (external offset commits), the
+   failed regions' readers go through partial failover, staging is cleaned,
+   retention runs.
+
+Recovery on open: if the sink holds a commit newer than the latest checkpoint
+row (the driver died between 5 and 6), the decision file it names is
+committed as that checkpoint (a redo); then the latest checkpoint is restored
+(a global restore). Epoch ids continue after every id ever planned, so an
+abandoned plan is never reused. An ABORTED checkpoint is followed by a global
+restore from the latest completed checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import time
+import uuid
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from splitkeeper.core.checkpoint import CheckpointResult, RegionalCheckpointCoordinator
+from splitkeeper.core.enumerator import (
+    RecordingEnumeratorContext,
+    SplitEnumerator,
+    enumerator_for,
+    fail_reader,
+    restart_reader,
+)
+from splitkeeper.core.external import positions_to_commit, reconcile_positions
+from splitkeeper.core.rescale import Redistribution
+from splitkeeper.core.source import ExternallyCheckpointedSource
+from splitkeeper.core.types import (
+    AuditRecord,
+    CheckpointKind,
+    CompletedCheckpoint,
+    RegionOutcome,
+    RegionState,
+    Split,
+)
+from splitkeeper.errors import CheckpointError, InvalidParameterError
+from splitkeeper.runtime import serde
+from splitkeeper.runtime.config import PipelineConfig
+from splitkeeper.runtime.faults import CrashPoint, FaultPlan, crash_if_requested
+from splitkeeper.runtime.regions import RegionStatus, run_regions
+from splitkeeper.runtime.sink import DeltaSink
+from splitkeeper.runtime.sources import build_source
+from splitkeeper.runtime.sources.base import SourceConnector
+from splitkeeper.runtime.staging import RegionResult, run_region_task
+from splitkeeper.runtime.state_store import DeltaStateStore
+from splitkeeper.runtime.transforms import resolve_transform
+
+log = logging.getLogger("splitkeeper.runtime.pipeline")
+
+OPERATOR_STATE_KEEP = 8  # epoch summaries each region keeps in its list-style operator state
+
+
+class ReaderStateContext(RecordingEnumeratorContext):
+    """The enumerator context of the Spark runtime: assignments land in the readers' driver-side state.
+
+    Readers are logical in the driver (reader ``r`` runs as region ``r``'s Spark
+    task each epoch); what a reader owns and where it stands is kept here and
+    becomes the next plan. Only the enumerator changes it, through
+    :meth:`assign_splits` and :meth:`revoke_splits` (and restored splits a
+    legacy reader keeps).
+    """
+
+    def __init__(self, parallelism: int) -> None:
+        super().__init__(parallelism)
+        self.reader_splits: dict[int, dict[str, Split]] = {}
+
+    def assign_splits(self, assignment: Mapping[int, Sequence[Split]]) -> None:
+        super().assign_splits(assignment)
+        for reader, splits in assignment.items():
+            mine = self.reader_splits.setdefault(reader, {})
+            for split in splits:
+                mine[split.split_id] = split
+
+    def revoke_splits(self, revocation: Mapping[int, Sequence[str]]) -> None:
+        super().revoke_splits(revocation)
+        for reader, ids in revocation.items():
+            mine = self.reader_splits.get(reader, {})
+            for sid in ids:
+                mine.pop(sid, None)
+
+
+def _region_task(payload: tuple[Any, ...]) -> RegionResult:
+    """The body of a region's Spark task (module-level so it pickles by reference)."""
+    return run_region_task(*payload)
+
+
+@dataclass(frozen=True, slots=True)
+class EpochReport:
+    """What one epoch did, for progress output, status and tests."""
+
+    epoch: int
+    kind: CheckpointKind
+    outcomes: dict[int, RegionOutcome]
+    records: int
+    committed_records: int
+    processing_backlog: bool
+    reason: str
+    elapsed_s: float
+    region_errors: dict[int, str] = field(default_factory=dict)
+    final: bool = False
+
+    def line(self) -> str:
+        failed = {r: o.value for r, o in self.outcomes.items() if o is not RegionOutcome.ACK}
+        regions = f"{len(self.outcomes) - len(failed)}/{len(self.outcomes)} regions ack"
+        if failed:
+            regions += " (" + ", ".join(f"r{r} {o}" for r, o in sorted(failed.items())) + ")"
+        mode = "backlog" if self.processing_backlog else "normal"
+        return (
+            f"epoch {self.epoch:>4} {self.kind.value:<8} {regions:<34} "
+            f"committed {self.committed_records:>9,} records  [{mode}] {self.elapsed_s:6.2f}s"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class RunSummary:
+    epochs: tuple[EpochReport, ...]
+    finished: bool  # a bounded source was read completely and ended on a global checkpoint
+    committed_records: int
+
+    def counts(self) -> dict[str, int]:
+        out = {k.value: 0 for k in CheckpointKind}
+        for e in self.epochs:
+            out[e.kind.value] += 1
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class OpenReport:
+    """How the pipeline started: fresh, or restored from which checkpoint, and what recovery did."""
+
+    restored_from: int | None
+    redone_checkpoint: int | None
+    parallelism: int
+    previous_parallelism: int | None
+    decisions: tuple[AuditRecord, ...]
+    external_disagreements: tuple[str, ...] = ()
+    mode_reason: str = ""
+
+
+class Pipeline:
+    """Drives one pipeline on Spark. Created on the driver; not thread-safe; one per process.
+
+    ``open()`` restores (or starts fresh), ``run_epoch()`` runs one checkpoint
+    attempt, ``run()`` loops with progress. Two runs against the same state fail
+    through Delta's optimistic concurrency (ConcurrentRunError), never both act.
+    """
+
+    def __init__(
+        self,
+        config: PipelineConfig,
+        spark: Any,
+        *,
+        faults: FaultPlan | None = None,
+        progress: Callable[[str], None] | None = None,
+        connector: SourceConnector | None = None,
+    ) -> None:
+        self.config = config
+        self.spark = spark
+        self.faults = faults or FaultPlan()
+        self.progress = progress or (lambda line: None)
+        self.connector = connector or build_source(config.source)
+        self.store = DeltaStateStore(spark, config.state_path, config.name, self.connector.fingerprint())
+        self.sink = DeltaSink(spark, config.sink_path, app_id=config.name)
+        self.transform = resolve_transform(config.transform)
+        self.redistribution = Redistribution.EVEN_SPLIT
+        self.context: ReaderStateContext | None = None
+        self.enumerator: SplitEnumerator | None = None
+        self.coordinator: RegionalCheckpointCoordinator | None = None
+        self.operator_state: dict[int, tuple[str, ...]] = {}
+        self._audit_persisted = 0
+        self._next_epoch = 1
+        self._opened: OpenReport | None = None
+
+    # -- start / restore -------------------------------------------------------------------
+
+    def open(self, checkpoint_id: int | None = None, parallelism: int | None = None) -> OpenReport:
+        """Recover and restore; start fresh when there is no checkpoint. Call once, before run."""
+        redone = self._redo_decided_epoch()
+        chosen = None
+        if checkpoint_id is not None:
+            chosen = self.store.load_checkpoint(checkpoint_id)
+            latest = self.store.latest_checkpoint()
+            if latest is not None and latest.checkpoint_id != chosen.checkpoint_id:
+                raise CheckpointError(
+                    f"checkpoint {checkpoint_id} is not the latest ({latest.checkpoint_id}): the sink already "
+                    f"holds the records of checkpoints after it, so restoring it would read them twice; "
+                    f"recover from 'latest' (or {latest.checkpoint_id})",
+                    checkpoint_id=checkpoint_id,
+                )
+        else:
+            chosen = self.store.latest_checkpoint()
+        last_planned = self.store.latest_plan_epoch() or 0
+        last_done = 0 if chosen is None else chosen.checkpoint_id
+        self._next_epoch = max(last_planned, last_done, self.sink.committed_version() or 0) + 1
+        report = self._restore(chosen, parallelism, redone)
+        self._opened = report
+        return report
+
+    def _restore(
+        self,
+        checkpoint: CompletedCheckpoint | None,
+        parallelism: int | None,
+        redone: int | None,
+        consecutive_regional: int | None = None,
+    ) -> OpenReport:
+        new_p = parallelism or (self.config.parallelism if checkpoint is None else checkpoint.parallelism)
+        if parallelism is None and checkpoint is not None and self.config.parallelism != checkpoint.parallelism:
+            new_p = self.config.parallelism  # the configuration asks for a rescale
+        if new_p < 1:
+            raise InvalidParameterError("parallelism", new_p, "an integer >= 1")
+        context = ReaderStateContext(new_p)
+        coordinator = RegionalCheckpointCoordinator(self.config.checkpoint, new_p, self.store)
+        first_audit = 0
+        if checkpoint is None:
+            enumerator = enumerator_for(self.connector, context, self.config.strategy)
+            enumerator.start()
+            for reader in range(new_p):
+                restart_reader(enumerator, context, reader, ())
+            self.operator_state = {r: () for r in range(new_p)}
+            previous = None
+        else:
+            restored = coordinator.restore(
+                checkpoint, new_p, self.redistribution, consecutive_regional=consecutive_regional
+            )
+            enumerator = enumerator_for(
+                self.connector, context, self.config.strategy, restored=restored.enumerator
+            )
+            first_audit = len(enumerator.audit)
+            enumerator.start()
+            for info in restored.reader_infos():
+                restart_reader(enumerator, context, info.reader_id, info.reported_splits)
+                if not enumerator.reassign_on_recovery:  # legacy readers keep what they restored
+                    context.reader_splits.setdefault(info.reader_id, {}).update(
+                        {s.split_id: s for s in info.reported_splits}
+                    )
+            self.operator_state = {r.region_id: tuple(r.operator_state) for r in restored.regions}
+            previous = checkpoint.parallelism
+        self.context, self.enumerator, self.coordinator = context, enumerator, coordinator
+        self._audit_persisted = first_audit if checkpoint is not None else 0
+        disagreements = self._reconcile_external(checkpoint)
+        decisions = tuple(enumerator.audit[first_audit:])
+        return OpenReport(
+            restored_from=None if checkpoint is None else checkpoint.checkpoint_id,
+            redone_checkpoint=redone,
+            parallelism=new_p,
+            previous_parallelism=previous,
+            decisions=decisions,
+            external_disagreements=disagreements,
+            mode_reason=coordinator.mode_reason,
+        )
+
+    def _reconcile_external(self, checkpoint: CompletedCheckpoint | None) -> tuple[str, ...]:
+        if checkpoint is None or not isinstance(self.connector, ExternallyCheckpointedSource):
+            return ()
+        positions = {s.split_id: s.position for r in checkpoint.regions.values() for s in r.splits}
+        found = reconcile_positions(positions, self.connector.committed_positions())
+        for d in found:
+            log.warning("external position disagrees with checkpoint %s: %s", checkpoint.checkpoint_id, d)
+        return tuple(str(d) for d in found)
+
+    def _decision_path(self, epoch: int) -> str:
+        return os.path.join(self.config.staging_path, f"epoch={epoch}", "decision.json")
+
+    def _redo_decided_epoch(self) -> int | None:
+        """The driver died after the sink commit of N but before its checkpoint row: write that row now."""
+        committed = self.sink.committed_version()
+        latest = self.store.latest_checkpoint()
+        latest_id = 0 if latest is None else latest.checkpoint_id
+        if committed is None or committed <= latest_id:
+            return None
+        path = self._decision_path(committed)
+        with open(path, encoding="utf-8") as f:
+            decision = json.load(f)
+        completed = serde.checkpoint_from_rows(decision["checkpoint"], decision["enumerator_rows"])
+        audit = [serde.audit_from_row(a) for a in decision["audit"]]
+        self.store.commit_checkpoint(completed, audit)
+        log.warning("recovered checkpoint %s from its sink commit (driver died before its row)", committed)
+        self._cleanup_staging(committed)
+        return committed
+
+    # -- epochs ------------------------------------------------------------------------------
+
+    @property
+    def parallelism(self) -> int:
+        assert self.context is not None, "open() first"
+        return self.context.parallelism
+
+    def _plan(self, epoch: int) -> dict[int, list[tuple[Split, int, int]]]:
+        assert self.context is not None and self.enumerator is not None
+        budget_total = self.config.backlog.epoch_records(self.enumerator.processing_backlog)
+        active = [
+            s for splits in self.context.reader_splits.values() for s in splits.values() if not s.finished
+        ]
+        per_split = max(1, budget_total // max(1, len(active)))
+        plan: dict[int, list[tuple[Split, int, int]]] = {}
+        for reader in range(self.parallelism):
+            ranges = []
+            for split in sorted(self.context.reader_splits.get(reader, {}).values()):
+                if split.finished:
+                    continue
+                end = self.connector.plan_end(split, split.position, per_split)
+                if end > split.position:
+                    ranges.append((split, split.position, end))
+            plan[reader] = ranges
+        return plan
+
+    def _unfinished(self) -> int:
+        assert self.context is not None
+        return sum(
+            1 for splits in self.context.reader_splits.values() for s in splits.values() if not s.finished
+        ) + (self.enumerator.pool_size if self.enumerator else 0)
+
+    def run_epoch(self, *, final: bool = False) -> EpochReport:
+        """Run one checkpoint attempt. ``final`` asks for the bounded job's last (global) checkpoint."""
+        assert self.context and self.enumerator and self.coordinator, "open() first"
+        started = time.monotonic()
+        epoch = self._next_epoch
+        self._next_epoch += 1
+        self.enumerator.add_splits(self.connector.discover_splits())
+        backlog = self.enumerator.processing_backlog
+        plan = {} if final else self._plan(epoch)
+        plan = {r: plan.get(r, []) for r in range(self.parallelism)}
+        self.store.write_plan(epoch, plan)
+        crash_if_requested(CrashPoint.AFTER_PLAN, epoch)
+
+        reader = self.connector.reader()
+        payloads = {
+            r: (ranges, reader, self.transform, self.config.staging_path, epoch, r, None,
+                self.faults.for_region(epoch, r))
+            for r, ranges in plan.items()
+        }
+        runs = run_regions(
+            self.spark, self.config.name, epoch, payloads, _region_task, self.config.checkpoint.region_timeout_s
+        )
+        self.context.on_checkpoint(epoch)
+        pending = self.coordinator.trigger(epoch, final=final, now=time.monotonic())
+        results: dict[int, RegionResult] = {}
+        errors: dict[int, str] = {}
+        for r, run in runs.items():
+            if run.status is RegionStatus.FINISHED:
+                result: RegionResult = run.result
+                results[r] = result
+                pending.acknowledge(r, self._acked_state(r, result, epoch))
+            elif run.status is RegionStatus.FAILED:
+                errors[r] = run.error
+                pending.decline(r, run.error)
+            else:
+                errors[r] = run.error
+        self.coordinator.expire(pending, now=pending.deadline)  # the timed-out regions
+        for r, result in results.items():
+            self._apply_progress(r, result)
+        result = self.coordinator.complete(
+            pending,
+            lambda fallback: self.enumerator.snapshot(epoch, fallback),  # type: ignore[union-attr]
+            processing_backlog=self.enumerator.processing_backlog,
+        )
+        committed_records = 0
+        if result.completed is None:
+            self.store.log_attempt(epoch, result.outcomes, result.reason)
+            self._cleanup_staging(epoch)
+            # Nothing of this epoch is committed: every reader restarts from the latest checkpoint
+            # (a global restore), keeping the coordinator's counter (an aborted forced global resets it).
+            self._restore(
+                self.store.latest_checkpoint(), self.parallelism, None, self.coordinator.consecutive_regional
+            )
+        else:
+            committed_records = self._commit(epoch, result, results)
+        report = EpochReport(
+            epoch=epoch,
+            kind=result.kind,
+            outcomes=dict(result.outcomes),
+            records=sum(r.records for r in results.values()),
+            committed_records=committed_records,
+            processing_backlog=backlog,
+            reason=result.reason,
+            elapsed_s=round(time.monotonic() - started, 3),
+            region_errors=errors,
+            final=final,
+        )
+        self.progress(report.line())
+        return report
+
+    def _acked_state(self, region: int, result: RegionResult, epoch: int) -> RegionState:
+        assert self.context is not None
+        splits = []
+        for split in self.context.reader_splits.get(region, {}).values():
+            moved = split.at(result.positions.get(split.split_id, split.position))
+            if not moved.finished:
+                splits.append(moved)
+        summary = f"e{epoch}:n{result.records}"
+        state = (self.operator_state.get(region, ()) + (summary,))[-OPERATOR_STATE_KEEP:]
+        return RegionState(region_id=region, splits=tuple(sorted(splits)), operator_state=state)
+
+    def _apply_progress(self, region: int, result: RegionResult) -> None:
+        """An acknowledged region's new positions, finished splits and backlog events reach the enumerator."""
+        assert self.context is not None and self.enumerator is not None
+        mine = self.context.reader_splits.get(region, {})
+        moved = []
+        for sid, position in result.positions.items():
+            if sid in mine:
+                mine[sid] = mine[sid].at(position)
+                moved.append(mine[sid])
+        self.enumerator.update_positions(moved)
+        for split in moved:
+            if split.finished:
+                self.enumerator.split_finished(region, split.split_id)
+                mine.pop(split.split_id, None)
+        for sid in result.backlog_finished:
+            self.enumerator.report_backlog_finished(sid)
+
+    def _commit(self, epoch: int, result: CheckpointResult, results: Mapping[int, RegionResult]) -> int:
+        assert self.enumerator is not None and self.context is not None and result.completed is not None
+        completed = result.completed
+        audit = self.enumerator.audit[self._audit_persisted :]
+        path = self._decision_path(epoch)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path + ".tmp", "w", encoding="utf-8") as f:
+            json.dump(
+                {
+                    "checkpoint": serde.checkpoint_to_row(completed),
+                    "enumerator_rows": []
+                    if completed.enumerator is None
+                    else serde.enumerator_to_rows(completed.enumerator),
+                    "audit": [serde.audit_to_row(a, seq) for seq, a in enumerate(audit)],
+                },
+                f,
+                default=str,
+            )
+        os.replace(path + ".tmp", path)
+        acked = [r for r in result.notify_complete if r in results]
+        staged = [results[r].staged_path for r in acked if results[r].staged_path]
+        commit = self.sink.commit(epoch, staged, acked, extra_metadata={"decision": path})
+        crash_if_requested(CrashPoint.AFTER_SINK_COMMIT, epoch)
+        self.store.commit_checkpoint(completed, audit)
+        crash_if_requested(CrashPoint.AFTER_CHECKPOINT_ROW, epoch)
+        self._audit_persisted = len(self.enumerator.audit)
+        failed = result.notify_partially_completed
+        self.context.on_checkpoint_complete(epoch, failed)
+        for r in acked:
+            self.operator_state[r] = completed.regions[r].operator_state
+        if isinstance(self.connector, ExternallyCheckpointedSource):
+            positions = positions_to_commit(completed.regions, acked)
+            if positions:
+                self.connector.commit_positions(epoch, positions)
+        for r in failed:  # partial failover of the failed regions' readers
+            self._restart_failed_reader(r, completed.regions[r])
+        self._cleanup_staging(epoch)
+        self.store.retain(self.config.checkpoint.retain_checkpoints, pinned=self.coordinator.pinned_checkpoint_ids)
+        return int(getattr(commit, "records", 0) or sum(results[r].records for r in acked))
+
+    def _restart_failed_reader(self, region: int, fallback: RegionState) -> None:
+        assert self.enumerator is not None and self.context is not None
+        self.context.reader_splits[region] = {}
+        fail_reader(self.enumerator, self.context, region)
+        if not self.enumerator.reassign_on_recovery:
+            self.context.reader_splits[region] = {s.split_id: s for s in fallback.splits}
+        restart_reader(self.enumerator, self.context, region, fallback.splits)
+        self.operator_state[region] = tuple(fallback.operator_state)
+
+    def _cleanup_staging(self, epoch: int) -> None:
+        shutil.rmtree(os.path.join(self.config.staging_path, f"epoch={epoch}"), ignore_errors=True)
+
+    def run(self, epochs: int | None = None) -> RunSummary:
+        """Run ``epochs`` epochs, or (None) until a bounded source is read and ends on a global checkpoint."""
+        if self.context is None:
+            self.open()
+        reports: list[EpochReport] = []
+        finished = False
+        while epochs is None or len(reports) < epochs:
+            report = self.run_epoch()
+            reports.append(report)
+            if self.connector.bounded and report.kind is not CheckpointKind.ABORTED and self._unfinished() == 0:
+                self.enumerator.add_splits(self.connector.discover_splits())  # type: ignore[union-attr]
+                if self._unfinished() == 0:
+                    last = self.run_epoch(final=True)
+                    reports.append(last)
+                    if last.kind is CheckpointKind.GLOBAL:
+                        finished = True
+                        break
+        return RunSummary(tuple(reports), finished, sum(r.committed_records for r in reports))
+
+    def close(self) -> None:
+        self.connector.close()
+
+
+def run_pipeline(
+    config: PipelineConfig,
+    spark: Any,
+    epochs: int | None = None,
+    faults: Iterable[str] = (),
+    progress: Callable[[str], None] | None = None,
+) -> RunSummary:
+    """Open (recover/restore), run and close: what ``splitkeeper run`` and the epoch job call."""
+    pipeline = Pipeline(config, spark, faults=FaultPlan.parse(faults), progress=progress)
+    try:
+        pipeline.open()
+        return pipeline.run(epochs)
+    finally:
+        pipeline.close()
+
+
+def new_run_id() -> str:
+    return uuid.uuid4().hex

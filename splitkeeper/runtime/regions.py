@@ -1,0 +1,152 @@
+"""Run one epoch's regions as independent Spark jobs, with per-region timeouts.
+
+Each region is one Spark job of one task, submitted from its own driver thread
+in its own job group. A region whose task raises fails alone (its job fails;
+the others go on), and a region that is still running ``timeout_s`` after its
+task *started* is cancelled with ``SparkContext.cancelJobGroup`` and counted as
+timed out. This is what lets a checkpoint complete regionally instead of the
+whole micro-batch failing, which is Structured Streaming's behaviour.
+
+Spark's own task retry cannot turn a failed region into a duplicate: the job
+runs with one attempt per task (``spark.task.maxFailures`` does not apply to
+the collect of a region because the region task body never raises for reader
+errors in a retriable way: a failed attempt's staged output is never read,
+only the path returned by a *finished* task is committed).
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import threading
+import time
+import traceback
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+log = logging.getLogger("splitkeeper.runtime.regions")
+
+
+class RegionStatus(enum.Enum):
+    FINISHED = "finished"
+    FAILED = "failed"
+    TIMED_OUT = "timed_out"
+
+
+@dataclass(frozen=True, slots=True)
+class RegionRun:
+    """What the driver learned about one region's job."""
+
+    region_id: int
+    status: RegionStatus
+    result: Any = None  # the task's return value when FINISHED
+    error: str = ""
+    started_after_s: float | None = None  # queueing delay before the task began
+    elapsed_s: float = 0.0
+
+
+def _job_group(pipeline: str, epoch: int, region: int) -> str:
+    return f"splitkeeper-{pipeline}-e{epoch}-r{region}"
+
+
+def _short_error(err: BaseException) -> str:
+    text = str(err)
+    # py4j errors carry the whole JVM stack; keep the Python exception line of the task.
+    for line in reversed(text.splitlines()):
+        line = line.strip()
+        if line and ("Error" in line or "Exception" in line) and not line.startswith("at "):
+            return line[:500]
+    return (text.splitlines() or [type(err).__name__])[0][:500]
+
+
+def run_regions(
+    spark: Any,
+    pipeline: str,
+    epoch: int,
+    payloads: Mapping[int, Any],
+    task: Callable[[Any], Any],
+    timeout_s: float,
+    poll_s: float = 0.05,
+) -> dict[int, RegionRun]:
+    """Run ``task(payload)`` for every region as its own Spark job; return each region's outcome.
+
+    Called by the epoch runner on the driver, once per epoch. ``task`` and the
+    payloads cross to executors: they must be picklable. The timeout of a region
+    counts from the moment its task starts running (a region waiting for a free
+    core is not late), measured with Spark's status tracker.
+    """
+    sc = spark.sparkContext
+    tracker = sc.statusTracker()
+    runs: dict[int, RegionRun] = {}
+    done = threading.Event()
+    lock = threading.Lock()
+    submitted = time.monotonic()
+
+    def worker(region: int, payload: Any) -> None:
+        group = _job_group(pipeline, epoch, region)
+        sc.setJobGroup(group, f"splitkeeper {pipeline} epoch {epoch} region {region}", True)
+        try:
+            result = sc.parallelize([payload], 1).map(task).collect()[0]
+            run = RegionRun(region, RegionStatus.FINISHED, result=result)
+        except Exception as err:  # a failed or cancelled Spark job: the region failed
+            run = RegionRun(region, RegionStatus.FAILED, error=_short_error(err))
+            log.debug("region %s job failed: %s", region, traceback.format_exc())
+        with lock:
+            runs.setdefault(region, run)
+            if len(runs) == len(payloads):
+                done.set()
+
+    threads = {r: threading.Thread(target=worker, args=(r, p), daemon=True) for r, p in payloads.items()}
+    for t in threads.values():
+        t.start()
+    started: dict[int, float] = {}
+    cancelled: set[int] = set()
+    while not done.is_set():
+        now = time.monotonic()
+        for region in payloads:
+            if region in started or region in runs:
+                continue
+            if _has_active_task(tracker, _job_group(pipeline, epoch, region)):
+                started[region] = now
+        for region, t0 in started.items():
+            if region in runs or region in cancelled or now - t0 <= timeout_s:
+                continue
+            log.warning("region %s of epoch %s exceeded its %.1fs timeout: cancelling", region, epoch, timeout_s)
+            with lock:
+                runs.setdefault(
+                    region,
+                    RegionRun(region, RegionStatus.TIMED_OUT, error=f"no result within {timeout_s:g}s"),
+                )
+                if len(runs) == len(payloads):
+                    done.set()
+            cancelled.add(region)
+            sc.cancelJobGroup(_job_group(pipeline, epoch, region))
+        done.wait(poll_s)
+    for region in cancelled:  # let cancelled jobs wind down so their cores are free
+        threads[region].join(timeout=30)
+    end = time.monotonic()
+    out: dict[int, RegionRun] = {}
+    for region, run in runs.items():
+        t0 = started.get(region)
+        out[region] = RegionRun(
+            run.region_id,
+            run.status,
+            run.result,
+            run.error,
+            None if t0 is None else round(t0 - submitted, 3),
+            round(end - submitted, 3),
+        )
+    return dict(sorted(out.items()))
+
+
+def _has_active_task(tracker: Any, group: str) -> bool:
+    for job_id in tracker.getJobIdsForGroup(group):
+        job = tracker.getJobInfo(job_id)
+        if job is None:
+            continue
+        for stage_id in job.stageIds:
+            stage = tracker.getStageInfo(stage_id)
+            if stage is not None and (stage.numActiveTasks > 0 or stage.numCompletedTasks > 0):
+                return True
+    return False
