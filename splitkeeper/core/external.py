@@ -4,8 +4,8 @@ A source may keep its own position (Kafka consumer-group offsets, a Pravega
 reader group). Two rules, decided here:
 
 - commit: the external position is written only after a checkpoint completes,
-  tagged with that checkpoint's id, and only for regions that acknowledged it
-  (:func:`positions_to_commit`);
+  tagged with that checkpoint's id (``commit_positions(checkpoint_id, ...)``),
+  and only for regions that acknowledged it (:func:`positions_to_commit`);
 - restore: the checkpoint's positions win; every external position that
   disagrees is reported, never silently used (:func:`reconcile_positions`).
 """
@@ -17,7 +17,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 from splitkeeper.core.source import ExternallyCheckpointedSource, ExternalPosition
-from splitkeeper.core.types import CompletedCheckpoint, RegionOutcome
+from splitkeeper.core.types import CompletedCheckpoint, RegionOutcome, RegionState
 from splitkeeper.errors import ProtocolError
 
 
@@ -92,36 +92,44 @@ def reconcile_positions(
 
 
 def positions_to_commit(
-    checkpoint: CompletedCheckpoint, acked_region_ids: Collection[int]
-) -> dict[str, ExternalPosition]:
-    """Split positions to commit externally for ``checkpoint``, tagged with its id: acknowledged regions only.
+    completed_checkpoint_regions: Mapping[int, RegionState] | CompletedCheckpoint,
+    acked_region_ids: Collection[int],
+) -> dict[str, int]:
+    """Split positions to commit externally after a checkpoint completed: acknowledged regions only.
 
-    ``acked_region_ids`` are the regions the coordinator notified complete.
-    A region listed there must have acknowledged this very checkpoint (outcome
-    ACK, no ``ref_checkpoint_id``); otherwise ProtocolError, because committing
-    a fallback state would tag old positions with a new checkpoint id.
-    Regions not listed contribute nothing (DESIGN 2.5).
+    ``completed_checkpoint_regions`` are the completed checkpoint's regions
+    (or the :class:`CompletedCheckpoint` itself); ``acked_region_ids`` the
+    regions the coordinator notified complete. The caller passes the result
+    to :meth:`ExternallyCheckpointedSource.commit_positions` with the
+    checkpoint id, which tags every position with it. A listed region must
+    have acknowledged this very checkpoint (outcome ACK, no
+    ``ref_checkpoint_id``), else ProtocolError: committing a fallback state
+    would tag old positions with a new checkpoint id. Regions not listed
+    contribute nothing (DESIGN 2.5).
     """
-    positions: dict[str, ExternalPosition] = {}
+    if isinstance(completed_checkpoint_regions, CompletedCheckpoint):
+        regions: Mapping[int, RegionState] = completed_checkpoint_regions.regions
+        which = f"checkpoint {completed_checkpoint_regions.checkpoint_id}"
+    else:
+        regions = completed_checkpoint_regions
+        which = "the completed checkpoint"
+    positions: dict[str, int] = {}
     for region_id in sorted(acked_region_ids):
-        state = checkpoint.regions.get(region_id)
+        state = regions.get(region_id)
         if state is None:
             raise ProtocolError(
-                f"region {region_id} is not part of checkpoint {checkpoint.checkpoint_id} "
-                f"(regions: {sorted(checkpoint.regions)})",
+                f"region {region_id} is not part of {which} (regions: {sorted(regions)})",
                 region_id=region_id,
-                checkpoint_id=checkpoint.checkpoint_id,
             )
         if state.outcome is not RegionOutcome.ACK or state.ref_checkpoint_id is not None:
             raise ProtocolError(
-                f"region {region_id} did not acknowledge checkpoint {checkpoint.checkpoint_id} "
+                f"region {region_id} did not acknowledge {which} "
                 f"(outcome {state.outcome.value}, ref_checkpoint_id {state.ref_checkpoint_id}); "
                 "only acknowledged regions may commit external positions",
                 region_id=region_id,
-                checkpoint_id=checkpoint.checkpoint_id,
             )
         for split in state.splits:
-            positions[split.split_id] = ExternalPosition(split.position, checkpoint.checkpoint_id)
+            positions[split.split_id] = split.position
     return positions
 
 
@@ -133,8 +141,7 @@ def commit_external_positions(
     Called by the runtime after the checkpoint row is durable. Returns what
     was committed (empty, and no call, when no region acknowledged).
     """
-    tagged = positions_to_commit(checkpoint, acked_region_ids)
-    positions = {split_id: p.position for split_id, p in tagged.items()}
+    positions = positions_to_commit(checkpoint, acked_region_ids)
     if positions:
         source.commit_positions(checkpoint.checkpoint_id, positions)
     return positions

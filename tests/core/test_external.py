@@ -45,12 +45,14 @@ def regional_checkpoint() -> CompletedCheckpoint:
 
 
 def test_only_acknowledged_regions_positions_are_committed_tagged_with_the_checkpoint_id():
-    tagged = positions_to_commit(regional_checkpoint(), acked_region_ids=[0])
-    assert tagged == {"p-0": ExternalPosition(50, 101), "p-2": ExternalPosition(7, 101)}
+    completed = regional_checkpoint()
+    assert positions_to_commit(completed.regions, acked_region_ids=[0]) == {"p-0": 50, "p-2": 7}
+    assert positions_to_commit(completed, acked_region_ids=[0]) == {"p-0": 50, "p-2": 7}
     source = FakeConsumerGroup()
-    committed = commit_external_positions(source, regional_checkpoint(), [0])
+    committed = commit_external_positions(source, completed, [0])
     assert committed == {"p-0": 50, "p-2": 7}
     assert source.commits == [(101, {"p-0": 50, "p-2": 7})]
+    assert source.committed_positions() == {"p-0": ExternalPosition(50, 101), "p-2": ExternalPosition(7, 101)}
 
 
 def test_no_acknowledged_region_means_no_commit_call():
@@ -67,6 +69,8 @@ def test_committing_a_region_that_fell_back_or_is_unknown_is_a_protocol_error():
         positions_to_commit(regional_checkpoint(), [0, 1])
     with pytest.raises(ProtocolError, match=r"region 5 is not part of checkpoint 101"):
         positions_to_commit(regional_checkpoint(), [5])
+    with pytest.raises(ProtocolError, match=r"region 1 did not acknowledge the completed checkpoint"):
+        positions_to_commit(regional_checkpoint().regions, [1])
 
 
 def test_reconcile_reports_every_disagreement_and_the_checkpoint_position_wins():
