@@ -317,20 +317,101 @@ def check_ref_chains(refs: Mapping[int, Collection[int]], max_consecutive_failur
 # Sink offsets (DESIGN 5, 6)
 
 
-def _ranges(offsets: list[int]) -> str:
-    if not offsets:
-        return ""
-    parts: list[str] = []
-    start = prev = offsets[0]
-    for o in offsets[1:]:
-        if o == prev + 1:
-            prev = o
-            continue
-        parts.append(f"{start}" if start == prev else f"{start}-{prev}")
-        start = prev = o
-    parts.append(f"{start}" if start == prev else f"{start}-{prev}")
+def _spans_text(spans: list[tuple[int, int]]) -> str:
+    """Half-open spans [a, b), merged, shown as offsets: ``3`` or ``5-9`` (inclusive)."""
+    merged: list[list[int]] = []
+    for a, b in sorted(spans):
+        if merged and a <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], b)
+        else:
+            merged.append([a, b])
+    parts = [f"{a}" if b == a + 1 else f"{a}-{b - 1}" for a, b in merged]
     shown = parts[:8]
     return ", ".join(shown) + (f", ... ({len(parts)} ranges)" if len(parts) > 8 else "")
+
+
+def check_sink_ranges(
+    records: Iterable[tuple[str, int, int]],
+    start_positions: Mapping[str, int],
+    committed_positions: Mapping[str, int],
+) -> list[Violation]:
+    """Per split, the sink's records cover ``[start, committed)`` exactly once, and nothing else.
+
+    ``records`` are ``(split_id, offset, next_offset)`` triples read from the
+    sink: each record covers the source offsets ``[offset, next_offset)`` (one
+    Kafka offset, or the byte range of a line in a file). ``committed_positions``
+    are the next offsets to read per split in the latest completed checkpoint;
+    ``start_positions`` where reading began (default 0). Offsets covered twice
+    are OFFSET_DUPLICATE, uncovered ones OFFSET_MISSING, records (or parts)
+    outside the range or of splits without a committed position
+    OFFSET_UNEXPECTED. Splits in ``committed_positions`` with no records are
+    checked too.
+    """
+    by_split: dict[str, list[tuple[int, int]]] = defaultdict(list)
+    for split_id, offset, next_offset in records:
+        by_split[split_id].append((offset, next_offset))
+    violations: list[Violation] = []
+    for split_id in sorted(set(by_split) | set(committed_positions)):
+        spans = sorted(by_split.get(split_id, ()))
+        if split_id not in committed_positions:
+            violations.append(
+                Violation(
+                    ViolationKind.OFFSET_UNEXPECTED,
+                    (split_id,),
+                    f"split {split_id}: {len(spans)} sink record(s) but no committed position",
+                )
+            )
+            continue
+        start = start_positions.get(split_id, 0)
+        end = committed_positions[split_id]
+        outside: list[tuple[int, int]] = []
+        twice: list[tuple[int, int]] = []
+        gaps: list[tuple[int, int]] = []
+        covered_to = start
+        for offset, next_offset in spans:
+            if next_offset <= offset:
+                outside.append((offset, offset + 1))
+                continue
+            if offset < start:
+                outside.append((offset, min(next_offset, start)))
+            if next_offset > end:
+                outside.append((max(offset, end), next_offset))
+            lo, hi = max(offset, start), min(next_offset, end)
+            if lo >= hi:
+                continue
+            if lo < covered_to:
+                twice.append((lo, min(hi, covered_to)))
+            elif lo > covered_to:
+                gaps.append((covered_to, lo))
+            covered_to = max(covered_to, hi)
+        if covered_to < end:
+            gaps.append((covered_to, end))
+        if twice:
+            violations.append(
+                Violation(
+                    ViolationKind.OFFSET_DUPLICATE,
+                    (split_id,),
+                    f"split {split_id}: offsets written more than once: {_spans_text(twice)}",
+                )
+            )
+        if outside:
+            violations.append(
+                Violation(
+                    ViolationKind.OFFSET_UNEXPECTED,
+                    (split_id,),
+                    f"split {split_id}: offsets outside [{start}, {end}): {_spans_text(outside)}",
+                )
+            )
+        if gaps:
+            missing = sum(b - a for a, b in gaps)
+            violations.append(
+                Violation(
+                    ViolationKind.OFFSET_MISSING,
+                    (split_id,),
+                    f"split {split_id}: {missing} offset(s) missing in [{start}, {end}): {_spans_text(gaps)}",
+                )
+            )
+    return violations
 
 
 def check_sink_offsets(
@@ -338,61 +419,10 @@ def check_sink_offsets(
     start_positions: Mapping[str, int],
     committed_positions: Mapping[str, int],
 ) -> list[Violation]:
-    """Per split, the sink holds every offset in ``[start, committed)`` exactly once and nothing else.
-
-    ``records`` are ``(split_id, source_offset)`` pairs read from the sink;
-    ``committed_positions`` are the next offsets to read per split in the
-    latest completed checkpoint; ``start_positions`` where reading began
-    (default 0 for a split missing there). Splits in ``committed_positions``
-    with no records are checked too (all their offsets are missing).
-    """
-    by_split: dict[str, list[int]] = defaultdict(list)
-    for split_id, offset in records:
-        by_split[split_id].append(offset)
-    violations: list[Violation] = []
-    for split_id in sorted(set(by_split) | set(committed_positions)):
-        offsets = sorted(by_split.get(split_id, ()))
-        if split_id not in committed_positions:
-            violations.append(
-                Violation(
-                    ViolationKind.OFFSET_UNEXPECTED,
-                    (split_id,),
-                    f"split {split_id}: {len(offsets)} sink record(s) but no committed position",
-                )
-            )
-            continue
-        start = start_positions.get(split_id, 0)
-        end = committed_positions[split_id]
-        dups = sorted({a for a, b in zip(offsets, offsets[1:], strict=False) if a == b})
-        if dups:
-            violations.append(
-                Violation(
-                    ViolationKind.OFFSET_DUPLICATE,
-                    (split_id,),
-                    f"split {split_id}: offsets written more than once: {_ranges(dups)}",
-                )
-            )
-        outside = sorted({o for o in offsets if o < start or o >= end})
-        if outside:
-            violations.append(
-                Violation(
-                    ViolationKind.OFFSET_UNEXPECTED,
-                    (split_id,),
-                    f"split {split_id}: offsets outside [{start}, {end}): {_ranges(outside)}",
-                )
-            )
-        present = {o for o in offsets if start <= o < end}
-        if len(present) < end - start:
-            missing = [o for o in range(start, end) if o not in present]
-            violations.append(
-                Violation(
-                    ViolationKind.OFFSET_MISSING,
-                    (split_id,),
-                    f"split {split_id}: {len(missing)} offset(s) missing in [{start}, {end}): "
-                    f"{_ranges(missing)}",
-                )
-            )
-    return violations
+    """:func:`check_sink_ranges` for one offset per record (Kafka): ``(split_id, offset)`` pairs."""
+    return check_sink_ranges(
+        ((split_id, offset, offset + 1) for split_id, offset in records), start_positions, committed_positions
+    )
 
 
 # ---------------------------------------------------------------------------------------------

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from splitkeeper.core.invariants import (
     ViolationKind,
@@ -12,6 +14,7 @@ from splitkeeper.core.invariants import (
     check_ownership,
     check_ref_chains,
     check_sink_offsets,
+    check_sink_ranges,
     check_subscriptions,
     count_spread,
     raise_if_violations,
@@ -137,3 +140,48 @@ def test_check_enumerator_state_combines_rules_and_raise_if_violations_lists_the
         raise_if_violations(violations, "restart")
     assert info.value.params["violations"] == tuple(violations)
     raise_if_violations([])  # nothing to raise
+
+
+def test_sink_ranges_of_file_lines_tile_start_to_committed_exactly():
+    lines = [("f", 0, 17), ("f", 17, 40), ("f", 40, 41), ("f", 41, 90)]  # byte ranges of lines
+    assert check_sink_ranges(lines, {}, {"f": 90}) == []
+    assert check_sink_ranges(lines[1:], {"f": 17}, {"f": 90}) == []
+
+
+def test_sink_ranges_overlap_gap_and_record_past_the_committed_position_are_reported():
+    records = [("f", 0, 17), ("f", 10, 40), ("f", 50, 60), ("f", 60, 95)]
+    by_kind = {v.kind: v.detail for v in check_sink_ranges(records, {}, {"f": 90})}
+    assert by_kind == {
+        ViolationKind.OFFSET_DUPLICATE: "split f: offsets written more than once: 10-16",
+        ViolationKind.OFFSET_UNEXPECTED: "split f: offsets outside [0, 90): 90-94",
+        ViolationKind.OFFSET_MISSING: "split f: 10 offset(s) missing in [0, 90): 40-49",
+    }
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    widths=st.lists(st.integers(1, 9), min_size=1, max_size=30),
+    start=st.integers(0, 50),
+    drop=st.integers(0, 29),
+    data=st.randoms(use_true_random=False),
+)
+def test_sink_ranges_property_tiling_passes_dropping_or_repeating_a_record_is_found(
+    widths, start, drop, data
+):
+    bounds = [start]
+    for w in widths:
+        bounds.append(bounds[-1] + w)
+    records = [("s", a, b) for a, b in zip(bounds, bounds[1:], strict=False)]
+    end = bounds[-1]
+    shuffled = records[:]
+    data.shuffle(shuffled)
+    assert check_sink_ranges(shuffled, {"s": start}, {"s": end}) == []
+
+    victim = records[drop % len(records)]
+    width = victim[2] - victim[1]
+    missing = check_sink_ranges([r for r in records if r != victim], {"s": start}, {"s": end})
+    assert kinds(missing) == [ViolationKind.OFFSET_MISSING]
+    assert f"{width} offset(s) missing" in missing[0].detail
+    assert kinds(check_sink_ranges(records + [victim], {"s": start}, {"s": end})) == [
+        ViolationKind.OFFSET_DUPLICATE
+    ]
