@@ -32,6 +32,7 @@ from __future__ import annotations
 import abc
 import enum
 import gc
+from bisect import bisect_right
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -294,6 +295,40 @@ def _bulk(size: int) -> Iterator[None]:
 _AuditEntry = tuple[RecoveryDecision, int | None, str | tuple[str, ...], int | None, str]
 
 
+def _expand(entry: _AuditEntry, skip: int = 0) -> list[AuditRecord]:
+    decision, reader, ids, cid, detail = entry
+    if isinstance(ids, str):
+        return [] if skip else [AuditRecord(ids, reader, decision, cid, detail)]
+    return [AuditRecord(i, reader, decision, cid, detail) for i in ids[skip:]]
+
+
+class _AuditLog:
+    """The audit trail, stored compactly (one entry per batch) and indexed by record count."""
+
+    __slots__ = ("entries", "ends")
+
+    def __init__(self) -> None:
+        self.entries: list[_AuditEntry] = []
+        self.ends: list[int] = []  # ends[i]: records in entries[0..i]
+
+    def append(self, entry: _AuditEntry) -> None:
+        size = 1 if isinstance(entry[2], str) else len(entry[2])
+        self.entries.append(entry)
+        self.ends.append((self.ends[-1] if self.ends else 0) + size)
+
+    def __len__(self) -> int:
+        return self.ends[-1] if self.ends else 0
+
+    def since(self, start: int) -> list[AuditRecord]:
+        i = bisect_right(self.ends, start)
+        if i >= len(self.entries):
+            return []
+        out = _expand(self.entries[i], start - (self.ends[i - 1] if i else 0))
+        for entry in self.entries[i + 1 :]:
+            out.extend(_expand(entry))
+        return out
+
+
 class SplitEnumerator:
     """Discovers splits, assigns them through the context, and decides every recovery case.
 
@@ -347,7 +382,7 @@ class SplitEnumerator:
         self._reporter: dict[str, int] = {}  # during the first round: which reader reported a split
         self._dropped_in_round: set[str] = set()  # first round: drops already audited (snapshot + report)
         self._last_checkpoint_id: int | None = None
-        self._audit: list[_AuditEntry] = []
+        self._audit = _AuditLog()
 
     # -- read-only views ------------------------------------------------------------------------
 
@@ -443,27 +478,33 @@ class SplitEnumerator:
 
     @property
     def audit(self) -> list[AuditRecord]:
-        """Every decision so far, in order, one record per split."""
-        out: list[AuditRecord] = []
-        for decision, reader, ids, cid, detail in self._audit:
-            if isinstance(ids, str):
-                out.append(AuditRecord(ids, reader, decision, cid, detail))
-            else:
-                out.extend(AuditRecord(i, reader, decision, cid, detail) for i in ids)
-        return out
+        """Every decision so far, in order, one record per split (builds every record: prefer
+        :meth:`audit_since` and :attr:`audit_count` for incremental persistence)."""
+        return self._audit.since(0)
+
+    @property
+    def audit_count(self) -> int:
+        """How many audit records exist (O(1)); ``len(audit)`` without building them."""
+        return len(self._audit)
+
+    def audit_since(self, start: int) -> list[AuditRecord]:
+        """The audit records from index ``start`` on (``audit[start:]``), building only those."""
+        if start < 0:
+            raise InvalidParameterError("start", start, "a record index >= 0")
+        return self._audit.since(start)
 
     def audit_for(self, split_id: str) -> list[AuditRecord]:
         """The decisions about one split, in order."""
         return [
             AuditRecord(split_id, reader, decision, cid, detail)
-            for decision, reader, ids, cid, detail in self._audit
+            for decision, reader, ids, cid, detail in self._audit.entries
             if (ids == split_id if isinstance(ids, str) else split_id in ids)
         ]
 
     def audit_counts(self) -> dict[RecoveryDecision, int]:
         """How many splits each decision was applied to (cheap; no record objects)."""
         counts: dict[RecoveryDecision, int] = {}
-        for decision, _reader, ids, _cid, _detail in self._audit:
+        for decision, _reader, ids, _cid, _detail in self._audit.entries:
             counts[decision] = counts.get(decision, 0) + (1 if isinstance(ids, str) else len(ids))
         return counts
 

@@ -571,3 +571,17 @@ def test_unreported_snapshot_split_is_pooled_unless_its_subscription_was_removed
     ]
     assert "reported by no reader" in enum.audit_for("a-1")[0].detail
     assert decisions(enum, "b-2") == [RecoveryDecision.DROPPED_REMOVED_SUBSCRIPTION]
+
+
+def test_audit_since_and_audit_count_match_slicing_the_full_audit_without_building_it():
+    ctx, enum = started(2)
+    restart_reader(enum, ctx, A, [s(1), s(2), s(3)])
+    restart_reader(enum, ctx, B, [])
+    enum.add_splits([s(n) for n in range(4, 9)])
+    full = enum.audit
+    assert enum.audit_count == len(full) > 10
+    for start in range(len(full) + 2):
+        assert enum.audit_since(start) == full[start:]
+    assert enum.audit_counts()[RecoveryDecision.ASSIGNED] == 8
+    with pytest.raises(InvalidParameterError, match=r"start=-1 is not allowed"):
+        enum.audit_since(-1)
