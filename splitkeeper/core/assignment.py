@@ -70,9 +70,10 @@ def validate_parallelism(parallelism: int) -> int:
 class AssignmentStrategy(abc.ABC):
     """How pooled splits are placed on readers.
 
-    ``balanced`` strategies promise the enumerator's balance invariant after
-    every event once all expected readers are registered; the enumerator then
-    calls :meth:`rebalance` after each event.
+    ``balanced`` strategies promise the balance invariant after every event
+    once all expected readers are registered: with deferred assignment
+    (``reassign_on_recovery``) the enumerator calls :meth:`rebalance` after
+    each event. Legacy readers own what they restored, so nothing is moved.
     """
 
     name: ClassVar[str]
@@ -84,10 +85,10 @@ class AssignmentStrategy(abc.ABC):
 
         ``splits`` is a read-only view (e.g. the pool's values): iterate or
         sort it, do not keep it. ``owned`` holds exactly the candidate readers
-        (registered and expected), each with the splits it owns now; ``parallelism`` is the
-        job's reader count. Must not mutate its arguments. Deterministic: same
-        input, same output. Splits that cannot be placed now go to ``unplaced``
-        and stay in the pool.
+        (registered and expected), each with the ids of the splits it owns now,
+        oldest assignment first; ``parallelism`` is the job's reader count.
+        Must not mutate its arguments. Deterministic: same input, same output.
+        Splits that cannot be placed now go to ``unplaced`` and stay in the pool.
         """
 
     def rebalance(self, owned: OwnedView, parallelism: int) -> list[Move]:
