@@ -1,0 +1,551 @@
+"""The Kafka source on a real broker: discovery, starting positions, exact reads, backlog,
+external offsets, retention and bad input (DESIGN 1, 3, 4)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import pickle
+import time
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
+
+from splitkeeper.core.enumerator import RecordingEnumeratorContext, enumerator_for
+from splitkeeper.core.external import DisagreementKind, reconcile_positions
+from splitkeeper.core.source import ExternalPosition
+from splitkeeper.core.types import Split
+from splitkeeper.errors import InvalidParameterError, SourceError
+from splitkeeper.runtime.config import OffsetOutOfRange, SourceConfig, SourceKind
+from splitkeeper.runtime.kafka_broker import KafkaBroker, free_port
+from splitkeeper.runtime.sources import build_source
+from splitkeeper.runtime.sources.base import PlannedRange, SourceRecord
+from splitkeeper.runtime.sources.contract import SourceContractTests, read_planned
+from splitkeeper.runtime.sources.kafka import (
+    COMMIT_METADATA_KEY,
+    KafkaRegionReader,
+    KafkaSource,
+    LostRange,
+    parse_split_id,
+    split_id_of,
+)
+
+pytestmark = pytest.mark.kafka
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:10]}"
+
+
+def create_topic(bootstrap: str, partitions: int, name: str | None = None, **config: str) -> str:
+    topic = name or unique("t")
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for future in admin.create_topics([NewTopic(topic, partitions, 1, config=config)]).values():
+        future.result(timeout=30)
+    wait_for_leaders(admin, topic, partitions)
+    return topic
+
+
+def wait_for_leaders(admin: AdminClient, topic: str, partitions: int) -> None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        meta = admin.list_topics(timeout=10).topics.get(topic)
+        leaders = [] if meta is None else [p.leader for p in meta.partitions.values()]
+        if len(leaders) == partitions and min(leaders) >= 0:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"topic {topic} has no leaders after 30s")
+
+
+def produce(
+    bootstrap: str, topic: str, values: Mapping[int, Sequence[str | None]], timestamp_ms: int | None = None
+) -> None:
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+    for partition, items in values.items():
+        for value in items:
+            if timestamp_ms is None:
+                producer.produce(topic, value=value, partition=partition)
+            else:
+                producer.produce(topic, value=value, partition=partition, timestamp=timestamp_ms)
+    assert producer.flush(30) == 0
+
+
+def messages(partition: int, count: int, start: int = 0) -> list[str]:
+    return [f"p{partition}-m{i}" for i in range(start, start + count)]
+
+
+def by_id(splits: Sequence[Split]) -> dict[str, Split]:
+    return {s.split_id: s for s in splits}
+
+
+def assert_chain(records: list[SourceRecord], start: int, end: int) -> None:
+    assert records[0].offset == start
+    assert records[-1].next_offset == end
+    for before, after in zip(records, records[1:], strict=False):
+        assert before.next_offset == after.offset
+
+
+@pytest.fixture
+def bootstrap(kafka_broker: KafkaBroker) -> str:
+    return kafka_broker.bootstrap_servers
+
+
+@pytest.fixture
+def closed_port_servers() -> str:
+    return f"127.0.0.1:{free_port()}"  # nothing listens there: connections are refused
+
+
+# --------------------------------------------------------------------------- contract
+
+
+class TestKafkaSourceContract(SourceContractTests):
+    """The shared source contract on a one-partition topic of five records."""
+
+    @pytest.fixture(autouse=True)
+    def _broker(self, kafka_broker: KafkaBroker) -> None:
+        self.bootstrap = kafka_broker.bootstrap_servers
+
+    def make_source(self, tmp_path: Path) -> KafkaSource:
+        topic = create_topic(self.bootstrap, 1)
+        produce(self.bootstrap, topic, {0: messages(0, 5)})
+        return KafkaSource(self.bootstrap, topics=[topic])
+
+
+# --------------------------------------------------------------------------- discovery
+
+
+def test_discovers_two_topics_of_four_partitions_as_sorted_splits(bootstrap: str) -> None:
+    first, second = sorted([create_topic(bootstrap, 4), create_topic(bootstrap, 4)])
+    source = KafkaSource(bootstrap, topics=[second, first])
+
+    splits = source.discover_splits()
+
+    assert [s.split_id for s in splits] == [split_id_of(t, p) for t in (first, second) for p in range(4)]
+    assert all(s.subscription == parse_split_id(s.split_id)[0] for s in splits)
+    assert all(s.position == 0 and s.end is None and s.backlog_end is None for s in splits)
+    assert source.subscriptions() == frozenset({first, second})
+    assert source.discover_splits() == splits
+
+
+def test_pattern_subscription_picks_up_a_topic_created_later_from_its_earliest_offset(bootstrap: str) -> None:
+    prefix = unique("pat")
+    early = create_topic(bootstrap, 2, name=f"{prefix}-a")
+    produce(bootstrap, early, {0: messages(0, 3)})
+    create_topic(
+        bootstrap, 1, name=f"other-{prefix}"
+    )  # contains the prefix but does not match the whole name
+    source = KafkaSource(bootstrap, topic_pattern=f"{prefix}-.*", starting="latest")
+
+    initial = by_id(source.discover_splits())
+    assert sorted(initial) == [f"{early}-0", f"{early}-1"]
+    assert initial[f"{early}-0"].position == 3  # 'latest' applies to the initial discovery
+    assert initial[f"{early}-0"].backlog_end is None  # starting at the end: no backlog
+
+    late = create_topic(bootstrap, 2, name=f"{prefix}-b")
+    produce(bootstrap, late, {1: messages(1, 4)})
+    later = by_id(source.discover_splits())
+
+    assert sorted(later) == [f"{early}-0", f"{early}-1", f"{late}-0", f"{late}-1"]
+    assert (
+        later[f"{late}-1"].position == 0
+    )  # found while running: earliest, nothing written so far is skipped
+    assert later[f"{late}-1"].backlog_end == 4
+    assert later[f"{late}-0"].backlog_end is None
+    assert later[f"{early}-0"] == initial[f"{early}-0"]
+    assert source.subscriptions() == frozenset({early, late})
+
+
+def test_partitions_added_to_a_topic_are_discovered_at_the_next_epoch(bootstrap: str) -> None:
+    topic = create_topic(bootstrap, 2)
+    source = KafkaSource(bootstrap, topics=[topic])
+    assert len(source.discover_splits()) == 2
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for future in admin.create_partitions([NewPartitions(topic, 4)]).values():
+        future.result(timeout=30)
+    wait_for_leaders(admin, topic, 4)
+
+    rounds = []
+    for _ in range(50):  # one discovery per epoch; a partition still loading waits for a later round
+        rounds.append([s.split_id for s in source.discover_splits()])
+        if len(rounds[-1]) == 4:
+            break
+        time.sleep(0.1)
+    assert rounds[-1] == [f"{topic}-{p}" for p in range(4)]
+    assert all({f"{topic}-0", f"{topic}-1"} <= set(ids) for ids in rounds)
+
+
+def test_restored_pipeline_starts_splits_new_to_its_checkpoint_at_the_earliest_offset(bootstrap: str) -> None:
+    topic = create_topic(bootstrap, 1)
+    produce(bootstrap, topic, {0: messages(0, 6)})
+    source = KafkaSource(bootstrap, topics=[topic], starting="latest")
+    source.mark_initial_discovery_finished()
+
+    (split,) = source.discover_splits()
+
+    assert (split.position, split.backlog_end) == (0, 6)
+
+
+# --------------------------------------------------------------------------- starting positions
+
+
+def test_starting_timestamp_begins_at_the_first_record_at_or_after_it(bootstrap: str) -> None:
+    topic = create_topic(bootstrap, 2)
+    base = 1_700_000_000_000
+    produce(bootstrap, topic, {0: messages(0, 3)}, timestamp_ms=base)
+    produce(bootstrap, topic, {0: messages(0, 2, start=3)}, timestamp_ms=base + 60_000)
+    produce(bootstrap, topic, {1: messages(1, 2)}, timestamp_ms=base)
+
+    splits = by_id(KafkaSource(bootstrap, topics=[topic], starting=f"timestamp:{base + 1}").discover_splits())
+
+    assert splits[f"{topic}-0"].position == 3
+    assert splits[f"{topic}-1"].position == 2  # every record is older: start at the end
+    assert splits[f"{topic}-0"].backlog_end == 5
+    assert splits[f"{topic}-1"].backlog_end is None
+
+
+def test_starting_group_uses_committed_offsets_and_logs_the_earliest_fallback(
+    bootstrap: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    topic = create_topic(bootstrap, 2)
+    produce(bootstrap, topic, {0: messages(0, 5), 1: messages(1, 5)})
+    group = unique("group")
+    committer = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False})
+    committer.commit(offsets=[TopicPartition(topic, 0, 4)], asynchronous=False)
+    committer.close()
+
+    with caplog.at_level(logging.INFO, logger="splitkeeper.sources.kafka"):
+        splits = by_id(
+            KafkaSource(bootstrap, topics=[topic], starting="group", group_id=group).discover_splits()
+        )
+
+    assert splits[f"{topic}-0"].position == 4
+    assert splits[f"{topic}-1"].position == 0
+    assert any(
+        "no committed offset" in r.getMessage() and f"{topic}-1" in r.getMessage() for r in caplog.records
+    )
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def test_planned_ranges_read_every_message_exactly_once_with_contiguous_offsets(bootstrap: str) -> None:
+    topic = create_topic(bootstrap, 4)
+    counts = {0: 23, 1: 7, 2: 1, 3: 0}
+    produce(bootstrap, topic, {p: messages(p, n) for p, n in counts.items()})
+    source = KafkaSource(bootstrap, topics=[topic])
+
+    for split in source.discover_splits():
+        partition = parse_split_id(split.split_id)[1]
+        assert source.available_end(split) == counts[partition]
+        ranges = read_planned(source, split, budget=5)
+        chained = [r for rng in ranges for r in rng]
+        assert [r.value for r in chained] == messages(partition, counts[partition])
+        assert [r.offset for r in chained] == list(range(counts[partition]))
+        assert len(ranges) == -(-counts[partition] // 5)
+        if chained:
+            assert_chain(chained, 0, counts[partition])
+
+
+def test_reader_decodes_invalid_utf8_with_replacement_and_tombstones_as_empty(bootstrap: str) -> None:
+    topic = create_topic(bootstrap, 1)
+    producer = Producer({"bootstrap.servers": bootstrap})
+    producer.produce(topic, value=b"ok-\xff", partition=0)
+    producer.produce(topic, value=None, key=b"k", partition=0)
+    producer.produce(topic, value="é".encode(), partition=0)
+    producer.flush(30)
+    split = Split(split_id_of(topic, 0), subscription=topic)
+
+    records = list(KafkaRegionReader(bootstrap).read_range(split, 0, 3))
+
+    assert records == [SourceRecord(0, 1, "ok-\ufffd"), SourceRecord(1, 2, ""), SourceRecord(2, 3, "é")]
+
+
+def test_transaction_markers_and_aborted_records_are_gaps_the_position_moves_over(bootstrap: str) -> None:
+    topic = create_topic(bootstrap, 1)
+    producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": unique("txn")})
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    for value in ("c0", "c1", "c2"):
+        producer.produce(topic, value=value, partition=0)
+    producer.commit_transaction(30)  # offsets 0-2, commit marker 3
+    producer.begin_transaction()
+    for value in ("a0", "a1"):
+        producer.produce(topic, value=value, partition=0)
+    producer.flush(30)
+    producer.abort_transaction(30)  # offsets 4-5 aborted, abort marker 6
+    producer.begin_transaction()
+    producer.produce(topic, value="c3", partition=0)
+    producer.commit_transaction(30)  # offset 7, commit marker 8
+    source = KafkaSource(bootstrap, topics=[topic])
+    (split,) = source.discover_splits()
+    end = source.available_end(split)
+    reader = source.reader()
+
+    whole = list(reader.read_range(split, 0, end))
+    ending_inside_a_gap = list(reader.read_range(split, 0, 5))
+    only_a_gap = list(reader.read_range(split, 4, 7))
+    after_the_gap = list(reader.read_range(split, 5, end))
+
+    assert end == 9
+    assert [(r.offset, r.value) for r in whole] == [(0, "c0"), (1, "c1"), (2, "c2"), (7, "c3")]
+    assert_chain(whole, 0, end)  # each gap belongs to the record before it
+    assert [r.next_offset for r in ending_inside_a_gap] == [1, 2, 5]
+    assert only_a_gap == []
+    assert [(r.offset, r.next_offset) for r in after_the_gap] == [(7, 9)]
+
+
+def test_invalid_ranges_and_split_ids_are_refused_on_the_call(bootstrap: str) -> None:
+    reader = KafkaRegionReader(bootstrap)
+    split = Split("orders-0", subscription="orders")
+    with pytest.raises(SourceError, match=r"range \[5, 4\) is not allowed"):
+        reader.read_range(split, 5, 4)
+    with pytest.raises(SourceError, match="not a Kafka split id"):
+        reader.read_range(Split("no_partition"), 0, 1)
+    assert list(reader.read_range(split, 3, 3)) == []
+
+
+def test_reading_a_deleted_topic_names_the_split(bootstrap: str) -> None:
+    topic = unique("never-created")
+    split = Split(split_id_of(topic, 0), subscription=topic)
+    with pytest.raises(SourceError, match=f"topic '{topic}' does not exist"):
+        list(KafkaRegionReader(bootstrap, connect_timeout_s=5).read_range(split, 0, 1))
+
+
+def test_reader_is_picklable_and_carries_no_client(bootstrap: str) -> None:
+    topic = create_topic(bootstrap, 1)
+    source = KafkaSource(bootstrap, topics=[topic], client_config={"fetch.wait.max.ms": "50"})
+    shipped = pickle.loads(pickle.dumps(source.reader()))
+    assert shipped == source.reader()
+    assert shipped.consumer_config == (("fetch.wait.max.ms", "50"),)
+
+
+# --------------------------------------------------------------------------- backlog (DESIGN 4)
+
+
+def test_backlog_boundaries_are_the_end_offsets_at_start_and_empty_splits_are_not_in_backlog(
+    bootstrap: str,
+) -> None:
+    topic = create_topic(bootstrap, 3)
+    produce(bootstrap, topic, {0: messages(0, 4), 1: messages(1, 9)})
+    source = KafkaSource(bootstrap, topics=[topic])
+    splits = by_id(source.discover_splits())
+
+    assert {sid: s.backlog_end for sid, s in splits.items()} == {
+        f"{topic}-0": 4,
+        f"{topic}-1": 9,
+        f"{topic}-2": None,
+    }
+    enumerator = enumerator_for(source, RecordingEnumeratorContext(2), "round-robin")
+    enumerator.start()
+    assert enumerator.processing_backlog
+    assert enumerator.backlog.splits_in_backlog() == [f"{topic}-0", f"{topic}-1"]
+
+    split0 = splits[f"{topic}-0"]
+    assert source.available_end(split0) == 4
+    produce(bootstrap, topic, {0: messages(0, 3, start=4), 2: messages(2, 2)})
+    assert source.available_end(split0) == 4  # cached for this discovery round (epoch)
+    again = by_id(source.discover_splits())
+    assert again[f"{topic}-0"].backlog_end == 4  # the boundary does not move with new data
+    assert again[f"{topic}-2"].backlog_end is None
+    assert source.available_end(split0) == 7
+    assert source.available_end(again[f"{topic}-2"]) == 2
+
+
+# --------------------------------------------------------------------------- external offsets (DESIGN 3)
+
+
+def test_committed_positions_round_trip_with_the_checkpoint_id_and_disagreements_are_reported(
+    bootstrap: str,
+) -> None:
+    topic = create_topic(bootstrap, 3)
+    produce(bootstrap, topic, {p: messages(p, 10) for p in range(3)})
+    group = unique("sk-group")
+    source = KafkaSource(bootstrap, topics=[topic], group_id=group)
+    s0, s1, s2 = (split_id_of(topic, p) for p in range(3))
+
+    source.commit_positions(7, {s0: 4, s1: 10})
+    source.commit_positions(7, {s0: 4, s1: 10})  # a repeat after a crash is harmless
+
+    assert source.committed_positions() == {s0: ExternalPosition(4, 7), s1: ExternalPosition(10, 7)}
+    probe = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
+    raw = probe.committed([TopicPartition(topic, 0)], timeout=10)[0]
+    probe.close()
+    assert (raw.offset, json.loads(raw.metadata or "null")) == (4, {COMMIT_METADATA_KEY: 7})
+
+    disagreements = reconcile_positions({s0: 6, s1: 10, s2: 3}, source.committed_positions())
+    assert [(d.split_id, d.kind) for d in disagreements] == [
+        (s0, DisagreementKind.DIFFERENT_POSITION),
+        (s2, DisagreementKind.MISSING_EXTERNALLY),
+    ]
+    assert "checkpoint position 6 is used; external position 4 (tagged checkpoint 7) ignored" in (
+        disagreements[0].detail
+    )
+
+
+def test_offsets_committed_by_other_tools_are_left_out_and_logged(
+    bootstrap: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    topic = create_topic(bootstrap, 2)
+    group = unique("sk-group")
+    other = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False})
+    other.commit(offsets=[TopicPartition(topic, 1, 0, metadata="someone else")], asynchronous=False)
+    other.close()
+    source = KafkaSource(bootstrap, topics=[topic], group_id=group)
+    source.commit_positions(3, {split_id_of(topic, 0): 0})
+
+    with caplog.at_level(logging.WARNING, logger="splitkeeper.sources.kafka"):
+        assert source.committed_positions() == {split_id_of(topic, 0): ExternalPosition(0, 3)}
+    assert any(f"{topic}-1" in r.getMessage() for r in caplog.records)
+
+
+def test_without_a_group_id_nothing_is_committed_externally(bootstrap: str) -> None:
+    topic = create_topic(bootstrap, 1)
+    source = KafkaSource(bootstrap, topics=[topic])
+    source.commit_positions(1, {split_id_of(topic, 0): 0})
+    assert source.group_id is None
+    assert source.committed_positions() == {}
+
+
+# --------------------------------------------------------------------------- retention
+
+
+@pytest.fixture
+def aged_topic(bootstrap: str) -> Iterator[str]:
+    """A one-partition topic of 20 records whose first 10 were deleted (log start offset 10)."""
+    topic = create_topic(bootstrap, 1)
+    produce(bootstrap, topic, {0: messages(0, 20)})
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for future in admin.delete_records([TopicPartition(topic, 0, 10)]).values():
+        future.result(timeout=30)
+    yield topic
+
+
+def test_aged_out_offsets_fail_the_plan_naming_the_partition_offsets_and_config_key(
+    bootstrap: str, aged_topic: str
+) -> None:
+    source = KafkaSource(bootstrap, topics=[aged_topic], on_offset_out_of_range="fail")
+    split = Split(split_id_of(aged_topic, 0), subscription=aged_topic, position=3)
+
+    with pytest.raises(SourceError) as caught:
+        source.check_retention([PlannedRange(split, 3, 8)])
+
+    message = str(caught.value)
+    assert f"topic '{aged_topic}' partition 0: requested offset 3, earliest available 10" in message
+    assert "source.on_offset_out_of_range: skip" in message
+    assert caught.value.params["earliest"] == {split.split_id: 10}
+
+
+def test_aged_out_offsets_are_skipped_and_reported_as_a_lost_range(bootstrap: str, aged_topic: str) -> None:
+    source = KafkaSource(bootstrap, topics=[aged_topic], on_offset_out_of_range=OffsetOutOfRange.SKIP)
+    split = Split(split_id_of(aged_topic, 0), subscription=aged_topic, position=3)
+    kept = Split(split_id_of(aged_topic, 0), subscription=aged_topic, position=12)
+
+    check = source.check_retention([(split, 3, 8), (kept, 12, 14)])
+
+    assert check.lost == (LostRange(split.split_id, 3, 10),)
+    assert check.lost[0].count == 7
+    assert check.ranges == (PlannedRange(split, 10, 15), PlannedRange(kept, 12, 14))
+    records = list(source.reader().read_range(split, 10, 15))
+    assert [r.value for r in records] == messages(0, 5, start=10)
+
+
+def test_the_reader_never_skips_aged_out_offsets_even_with_skip_configured(
+    bootstrap: str, aged_topic: str
+) -> None:
+    source = KafkaSource(bootstrap, topics=[aged_topic], on_offset_out_of_range="skip")
+    split = Split(split_id_of(aged_topic, 0), subscription=aged_topic)
+
+    with pytest.raises(SourceError, match="planned offset 3 .* earliest available offset is 10"):
+        list(source.reader().read_range(split, 3, 12))
+
+
+def test_discovery_from_earliest_starts_at_the_log_start_offset(bootstrap: str, aged_topic: str) -> None:
+    (split,) = KafkaSource(bootstrap, topics=[aged_topic]).discover_splits()
+    assert (split.position, split.backlog_end) == (10, 20)
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+def test_unreachable_broker_fails_fast_naming_the_servers_and_the_fix(closed_port_servers: str) -> None:
+    source = KafkaSource(closed_port_servers, topics=["orders"], timeout_s=2)
+
+    began = time.monotonic()
+    with pytest.raises(SourceError) as caught:
+        source.discover_splits()
+    elapsed = time.monotonic() - began
+
+    assert elapsed < 6
+    assert str(caught.value).startswith(
+        f"[SOURCE_ERROR] Kafka is not reachable at source.bootstrap_servers='{closed_port_servers}' "
+        "(no answer within 2s: "
+    )
+    assert "bash scripts/kafka.sh status" in str(caught.value)
+
+
+def test_unreachable_broker_fails_a_region_read_within_the_connect_timeout(closed_port_servers: str) -> None:
+    reader = KafkaRegionReader(closed_port_servers, connect_timeout_s=2)
+    began = time.monotonic()
+    with pytest.raises(SourceError, match="Kafka is not reachable at source.bootstrap_servers"):
+        list(reader.read_range(Split("orders-0", subscription="orders"), 0, 10))
+    assert time.monotonic() - began < 6
+
+
+def test_missing_topic_in_the_list_is_named_with_the_existing_topics(bootstrap: str) -> None:
+    present = create_topic(bootstrap, 1)
+    missing = unique("missing")
+    source = KafkaSource(bootstrap, topics=[present, missing])
+
+    with pytest.raises(SourceError) as caught:
+        source.discover_splits()
+
+    message = str(caught.value)
+    assert f"source.topics names '{missing}', which does not exist on Kafka at {bootstrap}" in message
+    assert present in message.split("existing topics: ")[1]
+    assert "__consumer_offsets" not in message
+    with pytest.raises(SourceError, match=missing):
+        source.subscriptions()
+
+
+def test_invalid_constructor_arguments_name_the_parameter() -> None:
+    with pytest.raises(InvalidParameterError, match="exactly one of topics"):
+        KafkaSource("127.0.0.1:9092", topics=["a"], topic_pattern="a.*")
+    with pytest.raises(InvalidParameterError, match="starting='timestamp:soon'"):
+        KafkaSource("127.0.0.1:9092", topics=["a"], starting="timestamp:soon")
+    with pytest.raises(InvalidParameterError, match="group_id=None"):
+        KafkaSource("127.0.0.1:9092", topics=["a"], starting="group")
+    with pytest.raises(InvalidParameterError, match="on_offset_out_of_range='drop'"):
+        KafkaSource("127.0.0.1:9092", topics=["a"], on_offset_out_of_range="drop")
+
+
+# --------------------------------------------------------------------------- wiring
+
+
+def test_build_source_makes_a_reassignable_kafka_source_from_the_config(bootstrap: str) -> None:
+    topic = create_topic(bootstrap, 2)
+    config = SourceConfig(
+        kind=SourceKind.KAFKA,
+        bootstrap_servers=bootstrap,
+        topics=(topic,),
+        starting="latest",
+        group_id="g",
+        on_offset_out_of_range=OffsetOutOfRange.SKIP,
+    )
+
+    source = build_source(config)
+
+    assert isinstance(source, KafkaSource)
+    assert (source.group_id, source.on_offset_out_of_range) == ("g", OffsetOutOfRange.SKIP)
+    assert enumerator_for(source, RecordingEnumeratorContext(2)).reassign_on_recovery
+    cluster_id = AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=10).cluster_id
+    assert source.fingerprint() == f"kafka-{cluster_id}"
+    # adding a topic to the subscription keeps the pipeline's state usable (DESIGN 1.5)
+    assert KafkaSource(bootstrap, topic_pattern=f"{topic}|other").fingerprint() == source.fingerprint()
