@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 import pytest
 
@@ -70,7 +70,7 @@ class FirstSplitPerReader(AssignmentStrategy):
 
     name = "one-per-reader"
 
-    def place(self, splits: Sequence[Split], owned: OwnedView, parallelism: int) -> Placement:
+    def place(self, splits: Collection[Split], owned: OwnedView, parallelism: int) -> Placement:
         ordered = sorted(splits, key=lambda x: x.split_id)
         readers = sorted(owned)
         return Placement(
