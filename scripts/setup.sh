@@ -82,7 +82,11 @@ fetch_jars() {
     if ! mvn --offline "${mvn_args[@]}" >/dev/null 2>&1; then
         rm -rf "$tmp"
         say "jars/$group: downloading from $SPLITKEEPER_MAVEN_REPO"
-        mvn "${mvn_args[@]}" || die "Maven could not fetch the $group jars (network? set SPLITKEEPER_MAVEN_REPO to a reachable mirror)"
+        local log="$JARS_DIR/.mvn-$group.log"
+        mvn "${mvn_args[@]}" > "$log" 2>&1 || {
+            tail -n 30 "$log" >&2
+            die "Maven could not fetch the $group jars (log: $log; network? set SPLITKEEPER_MAVEN_REPO to a reachable mirror)"
+        }
     fi
     compgen -G "$tmp/*.jar" >/dev/null || die "Maven copied no jar for $group into $tmp"
     rm -rf "$out"
