@@ -1,0 +1,572 @@
+"""Lossless conversion between the core value types and rows of the Delta state tables.
+
+A *row* is a plain ``dict`` keyed by column name whose values are what Spark accepts in
+``createDataFrame`` and returns from ``Row.asDict(recursive=True)``: ints, strings, bools,
+``None``, lists and nested dicts for ``ARRAY``/``STRUCT`` columns. The column layout of
+every table is defined once, in ``state/<table>.ddl`` at the repository root
+(:func:`read_ddl`); this module fills those columns from the core types and back.
+
+Conversions are lossless: ``x_from_row(x_to_row(v)) == v`` for every value the core
+types can hold (tuple order, empty readers, backlog entries of splits that are not live
+any more, ``None`` positions). A value with a field this module does not know (a field
+added to ``splitkeeper.core.types`` later) fails loudly with :class:`StateError` instead
+of being dropped.
+
+Only the standard library is imported: no Spark session is needed to convert.
+Columns that do not come from the core types (``attempt_id``, ``run_id``, timestamps,
+``commit_ms``) are added by :mod:`splitkeeper.runtime.state_store`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from splitkeeper.core.types import (
+    AuditRecord,
+    BacklogSnapshot,
+    CheckpointKind,
+    CompletedCheckpoint,
+    EnumeratorSnapshot,
+    RecoveryDecision,
+    RegionOutcome,
+    RegionState,
+    Split,
+)
+from splitkeeper.errors import InvalidParameterError, StateError
+
+Row = dict[str, Any]
+
+#: The state tables, in the order the store creates them.
+STATE_TABLES: tuple[str, ...] = (
+    "pipeline",
+    "epoch_plans",
+    "checkpoints",
+    "enumerator_state",
+    "audit",
+    "checkpoint_log",
+)
+
+#: The records table written by :class:`splitkeeper.runtime.sink.DeltaSink`.
+SINK_TABLE = "sink_records"
+
+#: Bumped when a table layout changes incompatibly; stored in the ``pipeline`` row.
+STATE_FORMAT = 1
+
+
+def schema_dir() -> Path:
+    """The folder holding ``<table>.ddl`` (``SPLITKEEPER_STATE_SCHEMA_DIR`` overrides)."""
+    override = os.environ.get("SPLITKEEPER_STATE_SCHEMA_DIR")
+    if override:
+        return Path(override)
+    return Path(__file__).resolve().parents[2] / "state"
+
+
+def read_ddl(table: str) -> str:
+    """The Spark DDL column list of ``table`` from ``state/<table>.ddl``, comments removed."""
+    known = (*STATE_TABLES, SINK_TABLE)
+    if table not in known:
+        raise InvalidParameterError("table", table, f"one of {', '.join(known)}")
+    path = schema_dir() / f"{table}.ddl"
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as err:
+        raise StateError(
+            f"the schema file of state table {table!r} is missing at {path}: the state/ folder of "
+            "the splitkeeper checkout holds one .ddl file per table (set SPLITKEEPER_STATE_SCHEMA_DIR "
+            "if it lives elsewhere)",
+            table=table,
+            path=str(path),
+        ) from err
+    lines = [line.split("--", 1)[0].rstrip() for line in text.splitlines()]
+    return " ".join(line.strip() for line in lines if line.strip())
+
+
+# ---------------------------------------------------------------------------------------
+# Runtime value types persisted by the state store (engine-free, picklable)
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedRange:
+    """One split range a region must read in an epoch: offsets ``[start, end)``.
+
+    ``start`` is the split's position when the epoch was planned; ``end`` is exclusive
+    (``end == start`` means nothing to read this epoch). A replay reads exactly this range.
+    """
+
+    split_id: str
+    start: int
+    end: int
+
+    def __post_init__(self) -> None:
+        if not self.split_id:
+            raise InvalidParameterError("split_id", self.split_id, "a non-empty string")
+        if self.start < 0:
+            raise InvalidParameterError("start", self.start, "an offset >= 0", hint=f"split {self.split_id}")
+        if self.end < self.start:
+            raise InvalidParameterError(
+                "end", self.end, f"an offset >= start {self.start}", hint=f"split {self.split_id}"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class EpochPlan:
+    """The write-ahead plan of epoch ``epoch_id``: per region, the ranges it must read.
+
+    Every region of the epoch is a key, regions with nothing to read map to ``()``.
+    Written once by the driver before any region reads (``DeltaStateStore.write_plan``);
+    read back unchanged to replay the epoch after a crash.
+    """
+
+    epoch_id: int
+    regions: dict[int, tuple[PlannedRange, ...]] = field(default_factory=dict)
+    run_id: str = ""
+
+    def ranges(self) -> dict[str, PlannedRange]:
+        """Split id -> planned range, over all regions."""
+        return {r.split_id: r for ranges in self.regions.values() for r in ranges}
+
+
+# ---------------------------------------------------------------------------------------
+# helpers
+# ---------------------------------------------------------------------------------------
+
+E = TypeVar("E", bound=enum.Enum)
+
+
+def _enum(kind: type[E], value: Any, column: str) -> E:
+    try:
+        return kind(value)
+    except ValueError as err:
+        allowed = ", ".join(repr(m.value) for m in kind)
+        raise StateError(
+            f"column {column} holds {value!r}, which is not a {kind.__name__}: allowed are {allowed}",
+            column=column,
+            value=value,
+        ) from err
+
+
+def _guard_fields(value: Any, known: frozenset[str]) -> None:
+    """Refuse to persist a value whose type gained a field this module does not write."""
+    for f in dataclasses.fields(value):
+        if f.name in known:
+            continue
+        if f.default is not dataclasses.MISSING:
+            default = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            default = f.default_factory()
+        else:
+            default = object()
+        if getattr(value, f.name) != default:
+            raise StateError(
+                f"{type(value).__name__}.{f.name} is not persisted by splitkeeper.runtime.serde; "
+                "add it to the state table schema (state/*.ddl) and to serde before storing it",
+                type=type(value).__name__,
+                field=f.name,
+            )
+
+
+def _opt_int(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
+# ---------------------------------------------------------------------------------------
+# Split
+# ---------------------------------------------------------------------------------------
+
+SPLIT_FIELDS = frozenset({"split_id", "subscription", "position", "end", "backlog_end"})
+
+
+def split_to_row(split: Split) -> Row:
+    """A split as the ``STRUCT<split_id, subscription, position, end, backlog_end>`` value."""
+    _guard_fields(split, SPLIT_FIELDS)
+    return {
+        "split_id": split.split_id,
+        "subscription": split.subscription,
+        "position": split.position,
+        "end": split.end,
+        "backlog_end": split.backlog_end,
+    }
+
+
+def split_from_row(row: Mapping[str, Any]) -> Split:
+    return Split(
+        split_id=row["split_id"],
+        subscription=row["subscription"] if row.get("subscription") is not None else "",
+        position=int(row["position"]),
+        end=_opt_int(row.get("end")),
+        backlog_end=_opt_int(row.get("backlog_end")),
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# RegionState (element of checkpoints.regions)
+# ---------------------------------------------------------------------------------------
+
+REGION_FIELDS = frozenset(
+    {"region_id", "splits", "operator_state", "ref_checkpoint_id", "outcome", "ref_depth"}
+)
+
+
+def region_to_row(state: RegionState) -> Row:
+    _guard_fields(state, REGION_FIELDS)
+    return {
+        "region_id": state.region_id,
+        "outcome": state.outcome.value,
+        "ref_checkpoint_id": state.ref_checkpoint_id,
+        "ref_depth": state.ref_depth,
+        "operator_state": list(state.operator_state),
+        "splits": [split_to_row(s) for s in state.splits],
+    }
+
+
+def region_from_row(row: Mapping[str, Any]) -> RegionState:
+    return RegionState(
+        region_id=int(row["region_id"]),
+        splits=tuple(split_from_row(s) for s in row.get("splits") or ()),
+        operator_state=tuple(row.get("operator_state") or ()),
+        ref_checkpoint_id=_opt_int(row.get("ref_checkpoint_id")),
+        outcome=_enum(RegionOutcome, row["outcome"], "checkpoints.regions.outcome"),
+        ref_depth=int(row.get("ref_depth") or 0),
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# BacklogSnapshot (enumerator_state rows with status 'backlog')
+# ---------------------------------------------------------------------------------------
+
+BACKLOG_FIELDS = frozenset({"boundaries", "finished"})
+
+
+def backlog_to_rows(backlog: BacklogSnapshot) -> list[Row]:
+    """One ``backlog`` row per split id that has a boundary or finished its backlog."""
+    _guard_fields(backlog, BACKLOG_FIELDS)
+    split_ids = sorted(set(backlog.boundaries) | set(backlog.finished))
+    return [
+        {
+            "status": "backlog",
+            "owner": None,
+            "seq": seq,
+            "split_id": split_id,
+            "subscription": None,
+            "position": None,
+            "end": None,
+            "backlog_end": backlog.boundaries.get(split_id),
+            "backlog_finished": split_id in backlog.finished,
+        }
+        for seq, split_id in enumerate(split_ids)
+    ]
+
+
+def backlog_from_rows(rows: Iterable[Mapping[str, Any]]) -> BacklogSnapshot:
+    boundaries: dict[str, int] = {}
+    finished: set[str] = set()
+    for row in rows:
+        if row["status"] != "backlog":
+            continue
+        if row.get("backlog_end") is not None:
+            boundaries[row["split_id"]] = int(row["backlog_end"])
+        if row.get("backlog_finished"):
+            finished.add(row["split_id"])
+    return BacklogSnapshot(boundaries=boundaries, finished=frozenset(finished))
+
+
+# ---------------------------------------------------------------------------------------
+# EnumeratorSnapshot (enumerator_state rows + the checkpoints.enumerator header)
+# ---------------------------------------------------------------------------------------
+
+ENUMERATOR_FIELDS = frozenset(
+    {"checkpoint_id", "parallelism", "pool", "assignments", "finished", "subscriptions", "backlog"}
+)
+ENUMERATOR_STATUSES = ("assigned", "pool", "finished", "backlog")
+
+
+def _split_state_row(status: str, owner: int | None, seq: int, split: Split) -> Row:
+    row = split_to_row(split)
+    row.update(status=status, owner=owner, seq=seq, backlog_finished=None)
+    return row
+
+
+def enumerator_header(snapshot: EnumeratorSnapshot) -> Row:
+    """The ``checkpoints.enumerator`` struct: what the per-split rows cannot carry."""
+    _guard_fields(snapshot, ENUMERATOR_FIELDS)
+    return {
+        "checkpoint_id": snapshot.checkpoint_id,
+        "parallelism": snapshot.parallelism,
+        "readers": sorted(snapshot.assignments),
+        "subscriptions": sorted(snapshot.subscriptions),
+    }
+
+
+def enumerator_to_rows(snapshot: EnumeratorSnapshot) -> list[Row]:
+    """The ``enumerator_state`` rows of a snapshot (without checkpoint_id / attempt_id)."""
+    _guard_fields(snapshot, ENUMERATOR_FIELDS)
+    rows: list[Row] = []
+    for reader_id in sorted(snapshot.assignments):
+        for seq, split in enumerate(snapshot.assignments[reader_id]):
+            rows.append(_split_state_row("assigned", reader_id, seq, split))
+    for seq, split in enumerate(snapshot.pool):
+        rows.append(_split_state_row("pool", None, seq, split))
+    for seq, split_id in enumerate(sorted(snapshot.finished)):
+        rows.append(
+            {
+                "status": "finished",
+                "owner": None,
+                "seq": seq,
+                "split_id": split_id,
+                "subscription": None,
+                "position": None,
+                "end": None,
+                "backlog_end": None,
+                "backlog_finished": None,
+            }
+        )
+    rows.extend(backlog_to_rows(snapshot.backlog))
+    return rows
+
+
+def enumerator_from_rows(header: Mapping[str, Any], rows: Iterable[Mapping[str, Any]]) -> EnumeratorSnapshot:
+    """Rebuild a snapshot from its header struct and its ``enumerator_state`` rows (any order)."""
+    rows = list(rows)
+    for row in rows:
+        if row["status"] not in ENUMERATOR_STATUSES:
+            raise StateError(
+                f"column enumerator_state.status holds {row['status']!r}: allowed are "
+                f"{', '.join(ENUMERATOR_STATUSES)}",
+                column="enumerator_state.status",
+                value=row["status"],
+            )
+    assigned: dict[int, list[tuple[int, Split]]] = {int(r): [] for r in header.get("readers") or ()}
+    pool: list[tuple[int, Split]] = []
+    for row in rows:
+        if row["status"] == "assigned":
+            owner = int(row["owner"])
+            assigned.setdefault(owner, []).append((int(row["seq"]), split_from_row(row)))
+        elif row["status"] == "pool":
+            pool.append((int(row["seq"]), split_from_row(row)))
+    return EnumeratorSnapshot(
+        checkpoint_id=int(header["checkpoint_id"]),
+        parallelism=int(header["parallelism"]),
+        pool=tuple(s for _, s in sorted(pool, key=lambda p: p[0])),
+        assignments={
+            owner: tuple(s for _, s in sorted(splits, key=lambda p: p[0]))
+            for owner, splits in assigned.items()
+        },
+        finished=frozenset(r["split_id"] for r in rows if r["status"] == "finished"),
+        subscriptions=frozenset(header.get("subscriptions") or ()),
+        backlog=backlog_from_rows(rows),
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# CompletedCheckpoint (checkpoints row + enumerator_state rows)
+# ---------------------------------------------------------------------------------------
+
+CHECKPOINT_FIELDS = frozenset(
+    {
+        "checkpoint_id",
+        "kind",
+        "parallelism",
+        "regions",
+        "enumerator",
+        "consecutive_regional",
+        "processing_backlog",
+    }
+)
+
+
+def checkpoint_to_row(completed: CompletedCheckpoint) -> Row:
+    """The ``checkpoints`` columns that come from the checkpoint itself.
+
+    An ABORTED checkpoint has no row (it goes to ``checkpoint_log``): InvalidParameterError.
+    """
+    _guard_fields(completed, CHECKPOINT_FIELDS)
+    if completed.kind is CheckpointKind.ABORTED:
+        raise InvalidParameterError(
+            "kind",
+            completed.kind.value,
+            "global or regional: only completed checkpoints have a checkpoints row",
+            hint="record aborted attempts with DeltaStateStore.log_attempt",
+        )
+    for key, state in completed.regions.items():
+        if key != state.region_id:
+            raise InvalidParameterError(
+                "regions",
+                key,
+                f"the key of each region equal to its RegionState.region_id ({state.region_id})",
+                hint=f"checkpoint {completed.checkpoint_id}",
+            )
+    return {
+        "checkpoint_id": completed.checkpoint_id,
+        "kind": completed.kind.value,
+        "parallelism": completed.parallelism,
+        "consecutive_regional": completed.consecutive_regional,
+        "processing_backlog": completed.processing_backlog,
+        "regions": [region_to_row(completed.regions[r]) for r in sorted(completed.regions)],
+        "enumerator": None if completed.enumerator is None else enumerator_header(completed.enumerator),
+    }
+
+
+def checkpoint_from_rows(
+    row: Mapping[str, Any], enumerator_rows: Iterable[Mapping[str, Any]] = ()
+) -> CompletedCheckpoint:
+    """Rebuild a checkpoint from its ``checkpoints`` row and its ``enumerator_state`` rows."""
+    regions = [region_from_row(r) for r in row.get("regions") or ()]
+    header = row.get("enumerator")
+    return CompletedCheckpoint(
+        checkpoint_id=int(row["checkpoint_id"]),
+        kind=_enum(CheckpointKind, row["kind"], "checkpoints.kind"),
+        parallelism=int(row["parallelism"]),
+        regions={r.region_id: r for r in regions},
+        enumerator=None if header is None else enumerator_from_rows(header, enumerator_rows),
+        consecutive_regional=int(row["consecutive_regional"]),
+        processing_backlog=bool(row["processing_backlog"]),
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# AuditRecord
+# ---------------------------------------------------------------------------------------
+
+AUDIT_FIELDS = frozenset({"split_id", "reader_id", "decision", "checkpoint_id", "detail"})
+
+
+def audit_to_row(record: AuditRecord, seq: int) -> Row:
+    """An audit row (without the committing checkpoint_id / attempt_id); ``seq`` keeps order."""
+    _guard_fields(record, AUDIT_FIELDS)
+    return {
+        "seq": seq,
+        "split_id": record.split_id,
+        "reader_id": record.reader_id,
+        "decision": record.decision.value,
+        "decision_checkpoint_id": record.checkpoint_id,
+        "detail": record.detail,
+    }
+
+
+def audit_from_row(row: Mapping[str, Any]) -> AuditRecord:
+    return AuditRecord(
+        split_id=row["split_id"],
+        reader_id=_opt_int(row.get("reader_id")),
+        decision=_enum(RecoveryDecision, row["decision"], "audit.decision"),
+        checkpoint_id=_opt_int(row.get("decision_checkpoint_id")),
+        detail=row.get("detail") or "",
+    )
+
+
+def audit_from_rows(rows: Iterable[Mapping[str, Any]]) -> list[AuditRecord]:
+    """Audit records in their committed order."""
+    return [audit_from_row(r) for r in sorted(rows, key=lambda r: int(r["seq"]))]
+
+
+# ---------------------------------------------------------------------------------------
+# EpochPlan
+# ---------------------------------------------------------------------------------------
+
+
+def coerce_plan(epoch_id: int, plan: EpochPlan | Mapping[int, Iterable[Any]], run_id: str = "") -> EpochPlan:
+    """An :class:`EpochPlan` from a plan or from ``{region: [range, ...]}``.
+
+    A range is a :class:`PlannedRange`, an object with ``split_id`` (or ``split``),
+    ``start`` and ``end`` attributes, or a ``(split, start, end)`` tuple whose first item
+    is a :class:`Split` or a split id. A split planned twice in one epoch
+    is rejected (InvalidParameterError).
+    """
+    if isinstance(plan, EpochPlan):
+        if plan.epoch_id != epoch_id:
+            raise InvalidParameterError(
+                "plan.epoch_id", plan.epoch_id, f"the epoch being planned ({epoch_id})"
+            )
+        regions_in: Mapping[int, Iterable[Any]] = plan.regions
+        run_id = run_id or plan.run_id
+    else:
+        regions_in = plan
+    regions: dict[int, tuple[PlannedRange, ...]] = {}
+    seen: dict[str, int] = {}
+    for region_id, ranges in regions_in.items():
+        converted: list[PlannedRange] = []
+        for item in ranges:
+            if isinstance(item, PlannedRange):
+                planned = item
+            elif isinstance(item, Sequence) and not isinstance(item, str) and len(item) == 3:
+                planned = PlannedRange(_split_id_of(item[0]), int(item[1]), int(item[2]))
+            else:
+                split = getattr(item, "split", None)
+                split_id = _split_id_of(split) if split is not None else str(item.split_id)
+                planned = PlannedRange(split_id, int(item.start), int(item.end))
+            if planned.split_id in seen:
+                raise InvalidParameterError(
+                    "plan",
+                    planned.split_id,
+                    "each split planned at most once per epoch",
+                    hint=f"epoch {epoch_id}: regions {seen[planned.split_id]} and {region_id} both read it",
+                )
+            seen[planned.split_id] = int(region_id)
+            converted.append(planned)
+        regions[int(region_id)] = tuple(converted)
+    return EpochPlan(epoch_id=epoch_id, regions=regions, run_id=run_id)
+
+
+def _split_id_of(value: Any) -> str:
+    """A split id from a :class:`Split` (or anything with ``split_id``) or a plain id."""
+    return str(value.split_id) if hasattr(value, "split_id") else str(value)
+
+
+def plan_to_rows(plan: EpochPlan) -> list[Row]:
+    """``epoch_plans`` rows (without run_id / planned_at); empty regions get a marker row."""
+    rows: list[Row] = []
+    for region_id in sorted(plan.regions):
+        ranges = plan.regions[region_id]
+        if not ranges:
+            rows.append(
+                {
+                    "epoch_id": plan.epoch_id,
+                    "region_id": region_id,
+                    "seq": -1,
+                    "split_id": None,
+                    "start": None,
+                    "end": None,
+                }
+            )
+        for seq, r in enumerate(ranges):
+            rows.append(
+                {
+                    "epoch_id": plan.epoch_id,
+                    "region_id": region_id,
+                    "seq": seq,
+                    "split_id": r.split_id,
+                    "start": r.start,
+                    "end": r.end,
+                }
+            )
+    return rows
+
+
+def plan_from_rows(epoch_id: int, rows: Iterable[Mapping[str, Any]]) -> EpochPlan:
+    regions: dict[int, list[tuple[int, PlannedRange]]] = {}
+    run_ids: set[str] = set()
+    for row in rows:
+        region = regions.setdefault(int(row["region_id"]), [])
+        if row.get("run_id"):
+            run_ids.add(row["run_id"])
+        if row.get("split_id") is None:
+            continue
+        region.append((int(row["seq"]), PlannedRange(row["split_id"], int(row["start"]), int(row["end"]))))
+    if len(run_ids) > 1:
+        raise StateError(
+            f"epoch {epoch_id} has plan rows of several runs ({', '.join(sorted(run_ids))}): the plan is "
+            "corrupt; delete the epoch_plans rows of this epoch and replan it",
+            epoch_id=epoch_id,
+            run_ids=sorted(run_ids),
+        )
+    return EpochPlan(
+        epoch_id=epoch_id,
+        regions={r: tuple(p for _, p in sorted(items, key=lambda i: i[0])) for r, items in regions.items()},
+        run_id=next(iter(run_ids), ""),
+    )
