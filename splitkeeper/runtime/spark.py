@@ -166,6 +166,11 @@ def get_spark(settings: SparkSettings | None = None) -> SparkSession:
             f"pyspark cannot be imported ({err}); run `{jarlib.SETUP_FIX}`"
         ) from err
 
+    if settings.is_local:
+        # PySpark picks the workers' interpreter from PYSPARK_PYTHON when the context starts
+        # (the spark.pyspark.python conf alone is not read in-process): use this venv's.
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     builder = SparkSession.builder.master(settings.master).appName(settings.app_name)
     for key, value in conf.items():
         builder = builder.config(key, value)

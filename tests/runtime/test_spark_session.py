@@ -239,3 +239,11 @@ def test_pyspark_submit_args_with_packages_are_refused(monkeypatch):
     monkeypatch.setenv("PYSPARK_SUBMIT_ARGS", "--packages io.delta:delta-spark_4.1_2.13:4.4.0 pyspark-shell")
     with pytest.raises(EnvironmentNotReadyError, match="--packages"):
         get_spark(SparkSettings(ui_enabled=False))
+
+
+@pytest.mark.spark
+def test_python_workers_run_the_drivers_interpreter(spark):
+    import sys
+
+    seen = spark.sparkContext.parallelize([0], 1).map(lambda _: __import__("sys").executable).collect()
+    assert seen == [sys.executable]
