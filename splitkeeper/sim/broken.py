@@ -1,0 +1,121 @@
+"""Deliberately broken components: proof that the simulator catches what it claims to catch.
+
+Each one breaks exactly one rule a correct component keeps. ``splitkeeper
+simulate --inject-bug NAME`` runs with one of them; the tests assert that the
+run reports the broken rule and that the shrunk scenario still reproduces it.
+None of them is used by a real pipeline.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from splitkeeper.core.assignment import AssignmentStrategy
+from splitkeeper.core.enumerator import RecordingEnumeratorContext, SplitEnumerator
+from splitkeeper.core.source import SplitSource, SupportsSplitReassignmentOnRecovery
+from splitkeeper.core.types import EnumeratorSnapshot, Split
+from splitkeeper.errors import InvalidParameterError
+from splitkeeper.sim.simulator import Components
+from splitkeeper.sim.sink import Run, SimulatedSink
+
+
+class LeakySink(SimulatedSink):
+    """Commits every region's staged records, failed regions' included (breaks DESIGN 2.5).
+
+    A failed region falls back and re-reads what it staged, so its records
+    reach the sink twice (``offset_duplicate``) or ahead of the checkpoint
+    (``offset_unexpected``).
+    """
+
+    def commit(
+        self, checkpoint_id: int, staged: Mapping[int, Sequence[Run]], acknowledged: Collection[int]
+    ) -> int:
+        return super().commit(checkpoint_id, staged, list(staged))
+
+
+class NonIdempotentSink(SimulatedSink):
+    """Applies a replayed commit of the same checkpoint id again (breaks the txnVersion rule)."""
+
+    def commit(
+        self, checkpoint_id: int, staged: Mapping[int, Sequence[Run]], acknowledged: Collection[int]
+    ) -> int:
+        self.commits += 1
+        return self._append_regions(staged, acknowledged)
+
+
+class SplitDroppingEnumerator(SplitEnumerator):
+    """Loses one split each time splits are added back after a reader failure (breaks DESIGN 1.3).
+
+    The last split handed to ``add_splits_back`` is forgotten instead of
+    pooled: no reader owns it, the pool does not hold it, and its records stop.
+    """
+
+    def add_splits_back(self, splits: Iterable[Split], reader_id: int) -> None:
+        given = list(splits)
+        if not given:
+            super().add_splits_back(given, reader_id)
+            return
+        *kept, victim = given
+        super().add_splits_back(kept, reader_id)
+        self._retire(victim.split_id, self.owner_of(victim.split_id))
+
+
+def dropping_enumerator(
+    source: SplitSource,
+    context: RecordingEnumeratorContext,
+    strategy: AssignmentStrategy,
+    restored: EnumeratorSnapshot | None,
+) -> SplitEnumerator:
+    enumerator = SplitDroppingEnumerator(
+        context,
+        strategy,
+        reassign_on_recovery=isinstance(source, SupportsSplitReassignmentOnRecovery),
+        source=source,
+        subscriptions=source.subscriptions(),
+    )
+    if restored is not None:
+        enumerator.restore(restored)
+    return enumerator
+
+
+@dataclass(frozen=True, slots=True)
+class Bug:
+    """A named broken component and the rule kinds it is expected to break."""
+
+    name: str
+    description: str
+    components: Components
+    breaks: tuple[str, ...]
+
+
+BUGS: dict[str, Bug] = {
+    bug.name: bug
+    for bug in (
+        Bug(
+            "leaky-sink",
+            "the sink also commits failed regions' staged records",
+            Components(sink=LeakySink),
+            ("offset_duplicate", "offset_unexpected"),
+        ),
+        Bug(
+            "non-idempotent-sink",
+            "the sink applies a replayed commit of the same checkpoint id again",
+            Components(sink=NonIdempotentSink),
+            ("offset_duplicate",),
+        ),
+        Bug(
+            "drop-split-on-add-back",
+            "the enumerator forgets one split each time splits are added back",
+            Components(enumerator=dropping_enumerator),
+            ("not_owned",),
+        ),
+    )
+}
+
+
+def bug_by_name(name: str) -> Bug:
+    bug = BUGS.get(name)
+    if bug is None:
+        raise InvalidParameterError("bug", name, "one of " + ", ".join(sorted(BUGS)))
+    return bug
