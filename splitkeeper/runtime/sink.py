@@ -29,7 +29,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from splitkeeper.core.invariants import Violation, check_sink_offsets
+from splitkeeper.core.invariants import Violation, check_sink_ranges
 from splitkeeper.errors import ConcurrentRunError, InvalidParameterError, StateError
 from splitkeeper.runtime import serde
 from splitkeeper.runtime.state_store import delta_snapshot, is_concurrent_modification
@@ -377,42 +377,15 @@ class DeltaSink:
             yield row["split_id"], int(row["offset"]), int(row["next_offset"])
 
     def check_exactly_once(self, expected: Mapping[str, tuple[int, int]]) -> list[Violation]:
-        """Check DESIGN 6 on the sink: per split, offsets contiguous and unique over ``[start, end)``.
+        """Check DESIGN 6 on the sink: per split, records cover ``[start, end)`` exactly once.
 
         ``expected`` maps every split id to ``(start, end)``: where reading began and the
         committed position of the latest checkpoint. The rule is the core's
-        (:func:`splitkeeper.core.invariants.check_sink_offsets`); this feeds it the
-        sink's ``(split_id, offset)`` pairs. That rule counts one offset per record
-        (Kafka offsets: ``next_offset == offset + 1``); records spanning several offsets
-        (byte offsets of lines in files) are reported as OFFSET_UNEXPECTED by this
-        method instead of being checked, until the core has a next_offset-aware rule.
-        Returns the violations (empty when exactly-once holds).
+        (:func:`splitkeeper.core.invariants.check_sink_ranges`: each record covers
+        ``[offset, next_offset)``, so Kafka offsets and byte offsets of file lines are
+        checked alike); this streams it the sink's ``(split_id, offset, next_offset)``
+        rows, sorted by Spark. Returns the violations (empty when exactly-once holds).
         """
-        from splitkeeper.core.invariants import ViolationKind
-
         starts = {split_id: int(bounds[0]) for split_id, bounds in expected.items()}
         ends = {split_id: int(bounds[1]) for split_id, bounds in expected.items()}
-        wide: dict[str, int] = {}
-
-        def unit_records() -> Iterable[tuple[str, int]]:
-            for split_id, offset, next_offset in self.offset_rows():
-                if next_offset != offset + 1:
-                    wide[split_id] = wide.get(split_id, 0) + 1
-                    continue
-                yield split_id, offset
-
-        violations = check_sink_offsets(unit_records(), starts, ends)
-        unchecked = sorted(wide)
-        if unchecked:
-            violations = [v for v in violations if not set(v.split_ids) & set(unchecked)]
-            violations.append(
-                Violation(
-                    ViolationKind.OFFSET_UNEXPECTED,
-                    tuple(unchecked),
-                    f"{len(unchecked)} split(s) hold records spanning several offsets "
-                    f"({sum(wide.values())} records; next_offset != offset + 1), which "
-                    "splitkeeper.core.invariants.check_sink_offsets cannot check yet: "
-                    + ", ".join(unchecked[:20]),
-                )
-            )
-        return violations
+        return check_sink_ranges(self.offset_rows(), starts, ends)

@@ -89,12 +89,23 @@ BASE_TABLE_PROPERTIES: dict[str, str] = {
     "delta.checkpoint.writeStatsAsStruct": "true",
     "delta.checkpoint.writeStatsAsJson": "false",
 }
+#: Partition column per table. Restore and retention address one checkpoint (epoch) at
+#: a time: partition pruning finds its rows without reading others, and retention's
+#: deletes of whole checkpoints are metadata-only commits (no file is read or rewritten).
+PARTITION_COLUMNS: dict[str, str | None] = {
+    "pipeline": None,
+    "epoch_plans": "epoch_id",
+    "checkpoints": "checkpoint_id",
+    "enumerator_state": "checkpoint_id",
+    "audit": "checkpoint_id",
+    "checkpoint_log": None,
+}
 _STATS_COLUMNS: dict[str, str] = {
     "pipeline": "name",
-    "epoch_plans": "epoch_id,region_id",
-    "checkpoints": "checkpoint_id",
-    "enumerator_state": "checkpoint_id,attempt_id",
-    "audit": "checkpoint_id,attempt_id",
+    "epoch_plans": "region_id",
+    "checkpoints": "kind",
+    "enumerator_state": "attempt_id",
+    "audit": "attempt_id",
     "checkpoint_log": "checkpoint_id",
 }
 
@@ -305,10 +316,12 @@ class DeltaStateStore(CheckpointStore):
                 props = {**BASE_TABLE_PROPERTIES, "delta.dataSkippingStatsColumns": _STATS_COLUMNS[table]}
                 props_sql = ", ".join(f"'{k}' = '{v}'" for k, v in props.items())
                 ddl = serde.read_ddl(table)
+                partition = PARTITION_COLUMNS[table]
+                partitioned = f"PARTITIONED BY ({partition}) " if partition else ""
                 try:
                     self.spark.sql(
-                        f"CREATE TABLE IF NOT EXISTS delta.`{path}` ({ddl}) "
-                        f"USING DELTA TBLPROPERTIES ({props_sql})"
+                        f"CREATE TABLE IF NOT EXISTS delta.`{path}` ({ddl}) USING DELTA "
+                        f"{partitioned}TBLPROPERTIES ({props_sql})"
                     )
                 except Exception as err:
                     # Another store created it at the same moment: fine if it exists now.
@@ -316,13 +329,17 @@ class DeltaStateStore(CheckpointStore):
                         raise StateError(
                             f"cannot create state table {table} at {path}: {err}", table=table, path=path
                         ) from err
-            expected = self.schema(table).fieldNames()
-            actual = self.spark.read.format("delta").load(path).schema.fieldNames()
+            metadata = delta_snapshot(self.spark, path).metadata()
+            partitions = str(metadata.partitionColumns().mkString(","))
+            actual = (list(metadata.schema().fieldNames()), [c for c in partitions.split(",") if c])
+            partition = PARTITION_COLUMNS[table]
+            expected = (self.schema(table).fieldNames(), [partition] if partition else [])
             if actual != expected:
                 raise StateError(
-                    f"state table {table} at {path} has columns {actual}, but state/{table}.ddl defines "
-                    f"{expected}: the directory was written by another splitkeeper state format; use a "
-                    "fresh state directory (or migrate the table)",
+                    f"state table {table} at {path} has columns {actual[0]} partitioned by {actual[1]}, but "
+                    f"splitkeeper expects {expected[0]} partitioned by {expected[1]} (state/{table}.ddl): "
+                    "the directory was written by another splitkeeper state format; use a fresh state "
+                    "directory (or migrate the table)",
                     table=table,
                     path=path,
                 )
@@ -385,14 +402,8 @@ class DeltaStateStore(CheckpointStore):
         return int(metrics["num_inserted_rows"])
 
     def _delete(self, checkpoint_id: int) -> None:
-        """Storage primitive of the core store: delete one checkpoint and its rows (no chain check)."""
-        read_version, metadata = self._metadata()
-        kept = {
-            light.checkpoint_id: attempt
-            for light, attempt in metadata
-            if light.checkpoint_id != checkpoint_id
-        }
-        self._delete_checkpoints([checkpoint_id], kept, read_version)
+        """Storage primitive of the core store: delete one checkpoint (no chain check); see :meth:`retain`."""
+        self._delete_checkpoints([checkpoint_id], self._metadata()[0])
 
     def _put(self, completed: CompletedCheckpoint) -> None:
         """Storage primitive of the core store: commit a checkpoint without audit rows."""
@@ -750,8 +761,14 @@ class DeltaStateStore(CheckpointStore):
 
     def latest_checkpoint(self) -> CompletedCheckpoint | None:
         """The newest completed checkpoint (what a restart restores), or None when there is none."""
-        rows = self._read("checkpoints").orderBy("checkpoint_id", ascending=False).limit(1).collect()
-        return self._checkpoint_from(rows[0], None) if rows else None
+        _version, metadata = self._metadata()
+        if not metadata:
+            return None
+        latest = metadata[-1][0].checkpoint_id
+        rows = self._read("checkpoints").where(f"checkpoint_id = {latest}").collect()
+        if not rows:  # deleted since the metadata was read: read again
+            return self.latest_checkpoint()
+        return self._checkpoint_from(rows[0], None)
 
     def latest(self) -> CompletedCheckpoint | None:
         """CheckpointStore contract: :meth:`latest_checkpoint`."""
@@ -927,23 +944,18 @@ class DeltaStateStore(CheckpointStore):
 
         Called by the driver after each checkpoint (after side effects and staging
         cleanup). :meth:`CheckpointStore.retain` decides (never a checkpoint a kept one
-        references, directly or transitively); this deletes their checkpoints rows first,
-        then their enumerator_state and audit rows and any orphan rows of lost attempts,
-        and the plans of epochs older than every kept checkpoint. Every ``compact_every``
-        committed checkpoints it also compacts the tables (:meth:`compact`). Idempotent.
+        references, directly or transitively); this deletes their checkpoints rows, which
+        makes them cease to exist (one metadata-only partition delete). Their
+        enumerator_state and audit rows are no longer read and are deleted by
+        :meth:`compact`, which runs every ``compact_every`` committed checkpoints, so
+        at most that many deleted checkpoints' rows are ever kept. Idempotent.
         """
         read_version, metadata = self._metadata()
         store = CheckpointStore()
         for light, _attempt in metadata:
             store._put(light)
         deleted = store.retain(keep_latest, pinned=pinned)  # the core's rule decides
-        if deleted:
-            kept = {
-                light.checkpoint_id: attempt
-                for light, attempt in metadata
-                if light.checkpoint_id not in deleted
-            }
-            self._delete_checkpoints(deleted, kept, read_version)
+        self._delete_checkpoints(deleted, read_version)
         with self._lock:
             due = self._commits_since_compaction >= self.compact_every
             if due:
@@ -952,37 +964,51 @@ class DeltaStateStore(CheckpointStore):
             self.compact()
         return deleted
 
-    def _delete_checkpoints(self, deleted: Sequence[int], kept: Mapping[int, str], read_version: int) -> None:
+    def _delete_checkpoints(self, deleted: Sequence[int], read_version: int) -> None:
         from delta.tables import DeltaTable
 
         if not deleted:
             return
         ids_sql = ", ".join(str(int(i)) for i in deleted)
-        # The checkpoints rows go first: from then on these checkpoints do not exist.
+        # From this commit on these checkpoints do not exist.
         DeltaTable.forPath(self.spark, self.table_path("checkpoints")).delete(f"checkpoint_id IN ({ids_sql})")
         gone = set(deleted)
         self._after_own_write(
             read_version, lambda entries: tuple(e for e in entries if e[0].checkpoint_id not in gone)
         )
-        horizon = max([*deleted, *kept])
-        kept_sql = ", ".join(_sql_literal(f"{cid}:{attempt}") for cid, attempt in sorted(kept.items()))
-        orphan = f"checkpoint_id <= {horizon}"
-        if kept_sql:
-            orphan += f" AND concat(CAST(checkpoint_id AS STRING), ':', attempt_id) NOT IN ({kept_sql})"
-        for table in ("enumerator_state", "audit"):
-            DeltaTable.forPath(self.spark, self.table_path(table)).delete(orphan)
-        if kept:
-            DeltaTable.forPath(self.spark, self.table_path("epoch_plans")).delete(f"epoch_id < {min(kept)}")
+        # Their enumerator_state/audit rows are now unreferenced (restore reads only rows of
+        # the attempt a checkpoints row names); compact() deletes them in one batch.
 
     def compact(self) -> None:
-        """OPTIMIZE (bin-pack) every state table; may be called at any time.
+        """Delete unreferenced rows, then OPTIMIZE (bin-pack) every state table.
 
-        Retention calls it every ``compact_every`` checkpoints so the number of small
-        files, and with it restore time, stays bounded. Old files stay until VACUUM,
-        so time travel keeps working.
+        May be called at any time; :meth:`retain` calls it every ``compact_every``
+        checkpoints. Unreferenced rows are the enumerator_state/audit rows, up to the
+        latest checkpoint id, of an attempt no checkpoints row names: those of checkpoints
+        retention deleted, of a driver killed mid-commit, of a run that lost a conflict.
+        Plans of epochs older than every kept checkpoint go too. Then small files are
+        compacted so the file count, and with it restore time, stays bounded. Old files
+        stay until VACUUM, so time travel keeps working.
         """
         from delta.tables import DeltaTable
 
+        _version, metadata = self._metadata()
+        if metadata:
+            kept_ids = ", ".join(str(light.checkpoint_id) for light, _attempt in metadata)
+            kept_pairs = ", ".join(
+                _sql_literal(f"{light.checkpoint_id}:{attempt}") for light, attempt in metadata
+            )
+            latest = metadata[-1][0].checkpoint_id
+            for table in ("enumerator_state", "audit"):
+                target = DeltaTable.forPath(self.spark, self.table_path(table))
+                # whole checkpoints first (partition delete, metadata-only), then lost attempts
+                target.delete(f"checkpoint_id <= {latest} AND checkpoint_id NOT IN ({kept_ids})")
+                target.delete(
+                    f"checkpoint_id IN ({kept_ids}) AND "
+                    f"concat(CAST(checkpoint_id AS STRING), ':', attempt_id) NOT IN ({kept_pairs})"
+                )
+            oldest = metadata[0][0].checkpoint_id
+            DeltaTable.forPath(self.spark, self.table_path("epoch_plans")).delete(f"epoch_id < {oldest}")
         for table in serde.STATE_TABLES:
             DeltaTable.forPath(self.spark, self.table_path(table)).optimize().executeCompaction()
 

@@ -172,11 +172,11 @@ def test_exactly_once_reports_duplicates_gaps_and_unexpected_offsets(spark, sink
     assert "5-6" in missing_a.detail
 
 
-def test_records_spanning_several_offsets_are_reported_as_not_checkable_yet(sink, staging):
+def test_exactly_once_checks_records_spanning_byte_ranges(sink, staging):
     # byte offsets of lines in a file: next_offset is the next line's start, not offset + 1
-    lines = [("f", 0, 12), ("f", 12, 30), ("f", 30, 31)]
-    sink.commit(1, [_stage(staging, 1, 0, lines)], [0])
-    violations = sink.check_exactly_once({"f": (0, 31)})
-    assert len(violations) == 1
-    assert violations[0].split_ids == ("f",)
-    assert "cannot check yet" in violations[0].detail
+    sink.commit(1, [_stage(staging, 1, 0, [("f", 0, 12), ("f", 12, 30)])], [0])
+    sink.commit(2, [_stage(staging, 2, 0, [("f", 30, 31), ("g", 0, 7)])], [0])
+    assert sink.check_exactly_once({"f": (0, 31), "g": (0, 7)}) == []
+    violations = sink.check_exactly_once({"f": (0, 40), "g": (0, 7)})
+    assert [(v.kind, v.split_ids) for v in violations] == [(ViolationKind.OFFSET_MISSING, ("f",))]
+    assert "31-39" in violations[0].detail

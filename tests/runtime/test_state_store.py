@@ -30,7 +30,7 @@ from splitkeeper.core.types import (
 from splitkeeper.errors import CheckpointError, ConcurrentRunError, InvalidParameterError, StateError
 from splitkeeper.runtime import serde
 from splitkeeper.runtime.serde import EpochPlan, PlannedRange
-from splitkeeper.runtime.state_store import is_concurrent_modification
+from splitkeeper.runtime.state_store import PARTITION_COLUMNS, is_concurrent_modification
 
 # ---------------------------------------------------------------------------------------
 # sample values
@@ -332,6 +332,8 @@ def test_tables_are_created_once_and_reopening_writes_nothing(spark, store_root)
         detail = DeltaTable.forPath(spark, path).detail().first()
         assert detail is not None
         properties = detail["properties"]
+        partition = PARTITION_COLUMNS[table]
+        assert detail["partitionColumns"] == ([partition] if partition else [])
         assert properties["delta.checkpointInterval"] == "10"
         assert properties["delta.isolationLevel"] == "Serializable"
     assert spark.read.format("delta").load(store.table_path("pipeline")).count() == 1
@@ -499,7 +501,8 @@ def test_rows_of_a_commit_that_died_before_its_checkpoint_row_are_never_read(spa
     store.commit_checkpoint(_global(2))  # the restarted run commits checkpoint 2 for real
     assert store.load_checkpoint(2) == _global(2)
     store.commit_checkpoint(_global(3))
-    store.retain(1)
+    assert store.retain(1) == [1, 2]
+    store.compact()
     leftover = spark.read.format("delta").load(store.table_path("enumerator_state"))
     assert {r.attempt_id for r in leftover.collect()} == {store._metadata()[1][-1][1]}
 
@@ -545,6 +548,8 @@ def test_retention_keeps_the_ref_chain_and_deletes_it_after_a_global(spark, stor
     store.commit_checkpoint(_global(103))
     assert store.retain(1) == [100, 101, 102]
     assert store.checkpoint_ids() == [103]
+    assert store.latest_checkpoint() == _global(103)
+    store.compact()  # the rows the deleted checkpoints named go in the next compaction
     for table in ("enumerator_state", "audit"):
         ids = {r.checkpoint_id for r in spark.read.format("delta").load(store.table_path(table)).collect()}
         assert ids <= {103}, table
@@ -567,22 +572,34 @@ def test_time_travel_restores_a_checkpoint_that_retention_deleted(spark, store_r
 
 
 @pytest.mark.spark
-def test_retention_compacts_the_tables_every_k_checkpoints(spark, store_root):
+def test_every_k_checkpoints_retention_purges_unreferenced_rows_and_compacts(spark, store_root):
     from delta.tables import DeltaTable
 
     store = _open(spark, store_root, compact_every=2)
 
-    def optimizations() -> int:
-        history = DeltaTable.forPath(spark, store.table_path("checkpoints")).history().collect()
-        return sum(1 for h in history if h.operation == "OPTIMIZE")
+    def optimized(table: str) -> bool:
+        history = DeltaTable.forPath(spark, store.table_path(table)).history().collect()
+        return any(h.operation == "OPTIMIZE" for h in history)
+
+    def attempts() -> set[tuple[int, str]]:
+        rows = spark.read.format("delta").load(store.table_path("enumerator_state")).collect()
+        return {(r.checkpoint_id, r.attempt_id) for r in rows}
 
     store.commit_checkpoint(_global(1))
+    # a lost attempt of checkpoint 1 (another run's rows) and two aborted attempts
+    ghost = serde.enumerator_to_rows(_snapshot(1))
+    store._append("enumerator_state", [{**r, "checkpoint_id": 1, "attempt_id": "lost"} for r in ghost])
+    store.log_attempt(2, {0: RegionOutcome.DECLINE}, "declined")
+    store.log_attempt(3, {0: RegionOutcome.TIMEOUT}, "timed out")
     store.retain(5)
-    assert optimizations() == 0
-    store.commit_checkpoint(_global(2))
-    store.retain(5)
-    assert optimizations() == 1  # two small files became one
-    assert store.latest_checkpoint() == _global(2)
+    assert (1, "lost") in attempts() and not optimized("checkpoint_log")
+    store.commit_checkpoint(_global(4))
+    store.retain(5)  # the second commit since the last compaction: compact now
+    assert (1, "lost") not in attempts()
+    assert {cid for cid, _ in attempts()} == {1, 4}
+    assert optimized("checkpoint_log")  # two small files became one
+    assert store.load_checkpoint(1) == _global(1) and store.latest_checkpoint() == _global(4)
+    assert [e.checkpoint_id for e in store.timeline()] == [1, 2, 3, 4]
 
 
 @pytest.mark.spark
