@@ -14,11 +14,12 @@ from typing import Any
 import pytest
 
 from splitkeeper.core.assignment import AssignmentStrategy
+from splitkeeper.core.checkpoint import CheckpointConfig, CheckpointStore, RegionalCheckpointCoordinator
 from splitkeeper.core.enumerator import RecordingEnumeratorContext, SplitEnumerator
-from splitkeeper.core.invariants import ViolationKind
+from splitkeeper.core.invariants import ViolationKind, check_ref_chains
 from splitkeeper.core.rescale import Redistribution
 from splitkeeper.core.source import SplitSource, SupportsSplitReassignmentOnRecovery
-from splitkeeper.core.types import EnumeratorSnapshot, RecoveryDecision
+from splitkeeper.core.types import CheckpointKind, EnumeratorSnapshot, RecoveryDecision, RegionState, Split
 from splitkeeper.sim import (
     Components,
     ProgressOrder,
@@ -404,3 +405,37 @@ def test_normalized_scenario_names_regions_modulo_parallelism_and_replays_identi
     assert replace(original, event_log=()) == replace(replayed, event_log=())
     outcomes = [line.split(" -> ")[-1] for line in original.event_log]
     assert outcomes == [line.split(" -> ")[-1] for line in replayed.event_log]
+
+
+# --------------------------------------------------------------------------- core findings
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="core bug found by the simulator: invariants.check_ref_chains bounds whole-checkpoint ref "
+    "chains, which exceed max_consecutive_failures after an aborted forced global even though every "
+    "region state's ref_depth (store.chain_depth) is within it",
+)
+def test_check_ref_chains_agrees_with_the_store_after_an_aborted_forced_global() -> None:
+    store = CheckpointStore()
+    coordinator = RegionalCheckpointCoordinator(
+        CheckpointConfig(max_consecutive_failures=1, max_failure_ratio=0.5), 2, store
+    )
+
+    def attempt(checkpoint_id: int, failed: int | None) -> CheckpointKind:
+        pending = coordinator.trigger(checkpoint_id, now=float(checkpoint_id))
+        for region in range(2):
+            if region == failed:
+                pending.decline(region, "test")
+            else:
+                split = Split(f"s{region}", position=checkpoint_id)
+                pending.acknowledge(region, RegionState(region_id=region, splits=(split,)))
+        return coordinator.complete(pending).kind
+
+    assert attempt(1, None) is CheckpointKind.GLOBAL
+    assert attempt(2, 0) is CheckpointKind.REGIONAL  # region 0 -> 1
+    assert attempt(3, 1) is CheckpointKind.ABORTED  # forced global fails; the counter resets
+    assert attempt(4, 1) is CheckpointKind.REGIONAL  # region 1 -> 2 (its own state there is depth 0)
+    assert max(store.chain_depth(c) for c in store.ids()) == 1  # DESIGN 6 holds
+    refs = {c: store.get(c).ref_checkpoint_ids for c in store.ids()}
+    assert check_ref_chains(refs, 1) == []  # reports "checkpoint 4 has a ref chain of depth 2"
