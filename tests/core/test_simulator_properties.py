@@ -94,7 +94,7 @@ def explain(scenario: Scenario, config: SimConfig, result: object) -> str:
     )
 
 
-@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scenario=scenarios, config=configs)
 def test_any_event_sequence_keeps_every_invariant_after_every_step(
     scenario: Scenario, config: SimConfig
@@ -115,7 +115,7 @@ def test_any_event_sequence_keeps_every_invariant_after_every_step(
         assert result.foreign_moves == 0  # sticky: a partial failover moves only the failed reader's splits
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=80, deadline=None)
 @given(
     seed=st.integers(min_value=0, max_value=2**32),
     readers=st.integers(min_value=1, max_value=8),
