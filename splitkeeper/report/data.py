@@ -1,0 +1,208 @@
+"""What the run report shows, read from a pipeline's Delta state tables and its sink.
+
+:func:`collect_report_data` runs a handful of small Spark queries (one per table,
+restricted to the kept checkpoints' own attempts) and returns plain values; the HTML
+rendering (:mod:`splitkeeper.report.html`) never touches Spark. Read-only; may run
+while the pipeline runs (it sees the checkpoints committed so far).
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING
+
+from splitkeeper.core.types import CheckpointKind, RecoveryDecision
+
+if TYPE_CHECKING:  # pragma: no cover
+    from splitkeeper.runtime.state_store import DeltaStateStore, TimelineEntry
+
+#: Audit decisions that move splits between readers of a running pipeline or on restore.
+REBALANCE_DECISIONS = (RecoveryDecision.REBALANCED.value, RecoveryDecision.REDISTRIBUTED_GLOBAL_RESTORE.value)
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointFacts:
+    """One completed checkpoint as the report shows it."""
+
+    checkpoint_id: int
+    kind: CheckpointKind
+    parallelism: int
+    processing_backlog: bool
+    commit_ms: int
+    backlog_splits: int
+    loads: dict[int, int] = field(default_factory=dict)  # reader -> splits assigned
+
+
+@dataclass(frozen=True, slots=True)
+class AuditRow:
+    """One audit record with the checkpoint that committed it."""
+
+    checkpoint_id: int
+    seq: int
+    split_id: str
+    reader_id: int | None
+    decision: str
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
+class LoadComparison:
+    """Per-reader load at two checkpoints (``before`` may be None) and why these two."""
+
+    before: CheckpointFacts | None
+    after: CheckpointFacts | None
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class ReportData:
+    pipeline: str
+    state_root: str
+    generated_at: datetime
+    timeline: tuple[TimelineEntry, ...]
+    checkpoints: tuple[CheckpointFacts, ...]
+    audit: tuple[AuditRow, ...]
+    sink_path: str | None = None
+    records: dict[int, dict[int, int]] | None = None  # epoch -> region -> records; None: no sink given
+
+    def decision_counts(self) -> list[tuple[str, int]]:
+        """(decision, count), most frequent first, ties by name."""
+        counts = Counter(a.decision for a in self.audit)
+        return sorted(counts.items(), key=lambda item: (-item[1], item[0]))
+
+    def backlog_switches(self) -> list[tuple[int, bool]]:
+        """(checkpoint id, now processing backlog) at every change of mode, oldest first."""
+        out: list[tuple[int, bool]] = []
+        previous: bool | None = None
+        for c in self.checkpoints:
+            if previous is not None and c.processing_backlog != previous:
+                out.append((c.checkpoint_id, c.processing_backlog))
+            previous = c.processing_backlog
+        return out
+
+    def load_comparison(self) -> LoadComparison:
+        """The loads before and after the latest rebalance among the kept checkpoints.
+
+        Before = the kept checkpoint just before the one that committed the latest
+        rebalance/redistribution decision, after = that one; without such a decision,
+        the first and the latest kept checkpoint.
+        """
+        ids = [c.checkpoint_id for c in self.checkpoints]
+        moves = Counter(a.checkpoint_id for a in self.audit if a.decision in REBALANCE_DECISIONS)
+        for cid in sorted(moves, reverse=True):
+            if cid not in ids:
+                continue
+            index = ids.index(cid)
+            before = self.checkpoints[index - 1] if index > 0 else None
+            reason = f"{moves[cid]} split move(s) recorded with checkpoint {cid}"
+            if before is None:
+                reason += "; the checkpoint before it is no longer kept"
+            return LoadComparison(before, self.checkpoints[index], reason)
+        if len(self.checkpoints) >= 2:
+            return LoadComparison(
+                self.checkpoints[0],
+                self.checkpoints[-1],
+                "no rebalance recorded in the kept checkpoints: the first and the latest kept checkpoint",
+            )
+        only = self.checkpoints[0] if self.checkpoints else None
+        return LoadComparison(
+            None, only, "only one kept checkpoint" if only else "no completed checkpoint yet"
+        )
+
+
+def _read(state_store: DeltaStateStore, table: str):  # noqa: ANN202 - a pyspark DataFrame
+    return state_store.spark.read.format("delta").load(state_store.table_path(table))
+
+
+def collect_report_data(
+    state_store: DeltaStateStore, sink_path: str | os.PathLike[str] | None = None
+) -> ReportData:
+    """Read everything the report shows. Called on the driver (or any Spark client) once per report."""
+    from pyspark.sql import functions as F
+
+    timeline = tuple(state_store.timeline())
+    heads = _read(state_store, "checkpoints").select(
+        "checkpoint_id",
+        "attempt_id",
+        "kind",
+        "parallelism",
+        "processing_backlog",
+        "commit_ms",
+        F.col("enumerator.readers").alias("readers"),
+    )
+    rows = heads.collect()
+    keys = heads.select("checkpoint_id", "attempt_id")
+    state = _read(state_store, "enumerator_state").join(keys, ["checkpoint_id", "attempt_id"])
+    loads: dict[int, dict[int, int]] = {}
+    for r in state.where(F.col("status") == "assigned").groupBy("checkpoint_id", "owner").count().collect():
+        loads.setdefault(int(r["checkpoint_id"]), {})[int(r["owner"])] = int(r["count"])
+    in_backlog = (
+        (F.col("status") == "backlog")
+        & F.col("backlog_end").isNotNull()
+        & ~F.coalesce(F.col("backlog_finished"), F.lit(False))
+    )
+    backlog = {
+        int(r["checkpoint_id"]): int(r["count"])
+        for r in state.where(in_backlog).groupBy("checkpoint_id").count().collect()
+    }
+    facts = []
+    for r in sorted(rows, key=lambda r: r["checkpoint_id"]):
+        cid = int(r["checkpoint_id"])
+        per_reader = dict.fromkeys((int(x) for x in r["readers"] or ()), 0)
+        per_reader.update(loads.get(cid, {}))
+        facts.append(
+            CheckpointFacts(
+                checkpoint_id=cid,
+                kind=CheckpointKind(r["kind"]),
+                parallelism=int(r["parallelism"]),
+                processing_backlog=bool(r["processing_backlog"]),
+                commit_ms=int(r["commit_ms"]),
+                backlog_splits=backlog.get(cid, 0),
+                loads=dict(sorted(per_reader.items())),
+            )
+        )
+    audit_rows = (
+        _read(state_store, "audit")
+        .join(keys, ["checkpoint_id", "attempt_id"])
+        .select("checkpoint_id", "seq", "split_id", "reader_id", "decision", "detail")
+        .collect()
+    )
+    audit = tuple(
+        sorted(
+            (
+                AuditRow(
+                    checkpoint_id=int(r["checkpoint_id"]),
+                    seq=int(r["seq"]),
+                    split_id=r["split_id"],
+                    reader_id=None if r["reader_id"] is None else int(r["reader_id"]),
+                    decision=r["decision"],
+                    detail=r["detail"] or "",
+                )
+                for r in audit_rows
+            ),
+            key=lambda a: (a.checkpoint_id, a.seq),
+        )
+    )
+    records: dict[int, dict[int, int]] | None = None
+    sink_text = None if sink_path is None else os.fspath(sink_path)
+    if sink_text is not None:
+        from delta.tables import DeltaTable
+
+        records = {}
+        if DeltaTable.isDeltaTable(state_store.spark, sink_text):
+            sink = state_store.spark.read.format("delta").load(sink_text)
+            for r in sink.groupBy("epoch", "region").count().collect():
+                records.setdefault(int(r["epoch"]), {})[int(r["region"])] = int(r["count"])
+    return ReportData(
+        pipeline=state_store.pipeline_name,
+        state_root=str(state_store.root),
+        generated_at=datetime.now(UTC),
+        timeline=timeline,
+        checkpoints=tuple(facts),
+        audit=audit,
+        sink_path=sink_text,
+        records=records,
+    )

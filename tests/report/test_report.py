@@ -1,0 +1,316 @@
+"""The HTML run report: structure of a report rendered from a real small Delta state."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from html.parser import HTMLParser
+
+import pytest
+
+from splitkeeper.core.types import (
+    AuditRecord,
+    BacklogSnapshot,
+    CheckpointKind,
+    CompletedCheckpoint,
+    EnumeratorSnapshot,
+    RecoveryDecision,
+    RegionOutcome,
+    RegionState,
+    Split,
+)
+from splitkeeper.errors import InvalidParameterError
+from splitkeeper.report import REPORT_FILE, render_html, render_report
+from splitkeeper.report.charts import axis_scale
+from splitkeeper.report.data import ReportData
+
+SPLITS = [f"events-{i}" for i in range(6)]
+SINK_SCHEMA = "split_id STRING, offset BIGINT, next_offset BIGINT, value STRING, epoch BIGINT, region INT"
+
+
+class Page(HTMLParser):
+    """Collects elements by tag with their attributes, titles of SVGs and table captions/rows."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.elements: list[tuple[str, dict[str, str]]] = []
+        self.svg_titles: list[str] = []
+        self.captions: list[str] = []
+        self.table_rows: dict[str, list[list[str]]] = {}
+        self._stack: list[str] = []
+        self._table: str | None = None
+        self._row: list[str] | None = None
+        self._text: list[str] = []
+        self._cell: list[str] | None = None
+        self.text: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        attributes = {k: v or "" for k, v in attrs}
+        self.elements.append((tag, attributes))
+        self._stack.append(tag)
+        if tag == "table":
+            self._table = attributes.get("id", "")
+            self.table_rows[self._table] = []
+        elif tag == "tr" and self._table is not None:
+            self._row = []
+        elif tag in ("td", "th"):
+            self._cell = []
+        self._text = []
+
+    def handle_endtag(self, tag: str) -> None:
+        text = "".join(self._text).strip()
+        if tag == "title" and "svg" in self._stack:
+            self.svg_titles.append(text)
+        elif tag == "caption":
+            self.captions.append(text)
+        elif tag in ("td", "th") and self._row is not None:
+            self._row.append("".join(self._cell or ()).strip())
+            self._cell = None
+        elif tag == "tr" and self._row is not None and self._table is not None:
+            self.table_rows[self._table].append(self._row)
+            self._row = None
+        elif tag == "table":
+            self._table = None
+        while self._stack and self._stack.pop() != tag:
+            pass
+        self._text = []
+
+    def handle_data(self, data: str) -> None:
+        self._text.append(data)
+        if self._cell is not None:
+            self._cell.append(data)
+        self.text.append(data)
+
+    def all(self, tag: str, **attrs: str) -> list[dict[str, str]]:
+        return [a for t, a in self.elements if t == tag and all(a.get(k) == v for k, v in attrs.items())]
+
+    def rows(self, table_id: str) -> list[list[str]]:
+        """Body rows of a table (the header row dropped)."""
+        return self.table_rows[table_id][1:]
+
+
+def parse(html: str) -> Page:
+    page = Page()
+    page.feed(html)
+    return page
+
+
+def _split(i: int, position: int) -> Split:
+    return Split(SPLITS[i], "events", position, backlog_end=100)
+
+
+def _checkpoint(
+    cid: int,
+    readers: dict[int, tuple[int, ...]],
+    position: int,
+    *,
+    backlog_done: int,
+    failed: dict[int, int] | None = None,
+) -> CompletedCheckpoint:
+    failed = failed or {}
+    assignments = {r: tuple(_split(i, position) for i in ids) for r, ids in readers.items()}
+    regions = {}
+    for r, splits in assignments.items():
+        if r in failed:
+            regions[r] = RegionState(r, splits, (f"r{r}",), failed[r], RegionOutcome.DECLINE, 1)
+        else:
+            regions[r] = RegionState(r, splits, (f"r{r}@{cid}",))
+    backlog = BacklogSnapshot(
+        boundaries=dict.fromkeys(SPLITS, 100), finished=frozenset(SPLITS[:backlog_done])
+    )
+    return CompletedCheckpoint(
+        checkpoint_id=cid,
+        kind=CheckpointKind.REGIONAL if failed else CheckpointKind.GLOBAL,
+        parallelism=len(readers),
+        regions=regions,
+        enumerator=EnumeratorSnapshot(
+            cid, len(readers), (), assignments, frozenset(), frozenset({"events"}), backlog
+        ),
+        consecutive_regional=1 if failed else 0,
+        processing_backlog=backlog_done < len(SPLITS),
+    )
+
+
+@pytest.fixture(scope="module")
+def small_state(spark, tmp_path_factory):
+    """Five checkpoint attempts of a 3-reader pipeline: a skewed start, a rebalance, a regional
+    checkpoint (region 2 declined), an aborted attempt, then global ones; backlog done at 5."""
+    from pyspark.sql import functions as F
+
+    from splitkeeper.runtime.state_store import DeltaStateStore
+
+    root = tmp_path_factory.mktemp("report-state")
+    store = DeltaStateStore(spark, root / "state", "events-pipeline", "files:/events")
+    skewed = {0: (0, 1, 2, 3), 1: (4,), 2: (5,)}
+    balanced = {0: (0, 1), 1: (4, 2), 2: (5, 3)}
+    store.commit_checkpoint(
+        _checkpoint(1, skewed, 10, backlog_done=0),
+        [AuditRecord(SPLITS[i], r, RecoveryDecision.ASSIGNED, 1) for r, ids in skewed.items() for i in ids],
+    )
+    store.commit_checkpoint(
+        _checkpoint(2, balanced, 20, backlog_done=2),
+        [
+            AuditRecord(SPLITS[2], 1, RecoveryDecision.REBALANCED, 2, "from reader 0"),
+            AuditRecord(SPLITS[3], 2, RecoveryDecision.REBALANCED, 2, "from reader 0"),
+        ],
+    )
+    store.commit_checkpoint(
+        _checkpoint(3, balanced, 30, backlog_done=4, failed={2: 2}),
+        [AuditRecord(SPLITS[5], 2, RecoveryDecision.RETURNED_PARTIAL_FAILOVER, 3, "region 2 declined")],
+    )
+    store.log_attempt(
+        4, {0: RegionOutcome.ACK, 1: RegionOutcome.TIMEOUT, 2: RegionOutcome.ACK}, "forced global failed"
+    )
+    store.commit_checkpoint(_checkpoint(5, balanced, 40, backlog_done=6))
+    sink = str(root / "sink")
+    rows = [
+        (SPLITS[i], o, o + 1, "x", epoch, r)
+        for epoch, readers in ((1, skewed), (2, balanced), (3, balanced), (5, balanced))
+        for r, ids in readers.items()
+        if not (epoch == 3 and r == 2)
+        for i in ids
+        for o in range(epoch * 10 - 10, epoch * 10)
+    ]
+    spark.createDataFrame(rows, SINK_SCHEMA).withColumn("ingested_at", F.current_timestamp()).write.format(
+        "delta"
+    ).save(sink)
+    return store, sink, root
+
+
+@pytest.mark.spark
+def test_report_from_a_small_state_has_every_chart_with_a_table_beside_it(small_state, tmp_path):
+    store, sink, root = small_state
+    docs = root / "docs" / "index.html"
+    docs.parent.mkdir(exist_ok=True)
+    docs.write_text("<html>data docs</html>")
+
+    path = render_report(
+        store, tmp_path / "out", sink_path=sink, title="Events run report", data_docs_index=docs
+    )
+
+    assert path == (tmp_path / "out" / REPORT_FILE).resolve()
+    html = path.read_text(encoding="utf-8")
+    page = parse(html)
+    svg_ids = [a["id"] for a in page.all("svg")]
+    assert svg_ids == [
+        "chart-loads",
+        "chart-timeline",
+        "chart-backlog",
+        "chart-decisions",
+        "chart-commit",
+        "chart-records",
+    ]
+    for a in page.all("svg"):
+        assert a["role"] == "img" and a["aria-labelledby"] == f"{a['id']}-title {a['id']}-desc"
+    assert page.svg_titles[:1] == ["Per-reader load before and after rebalance"]
+    for title in (
+        "Checkpoint timeline",
+        "Backlog progress",
+        "Recovery decisions",
+        "State commit time per checkpoint",
+        "Records committed per checkpoint",
+    ):
+        assert title in page.svg_titles
+    assert len(page.all("figure")) == 6 and len(page.all("figcaption")) == 6
+    assert html.count('class="axis-label"') >= 10  # x and y axis of every chart with axes
+
+    # loads: before = checkpoint 1 (skewed), after = checkpoint 2 (the rebalance)
+    assert page.rows("table-loads") == [["0", "4", "2", "-2"], ["1", "1", "2", "1"], ["2", "1", "2", "1"]]
+    assert "2 split move(s) recorded with checkpoint 2" in html
+
+    # timeline: one mark per attempt, kinds and the failed region with its ref
+    marks = page.all("g", **{"class": "mark"})
+    assert [(m["data-checkpoint"], m["data-kind"]) for m in marks] == [
+        ("1", "global"),
+        ("2", "global"),
+        ("3", "regional"),
+        ("4", "aborted"),
+        ("5", "global"),
+    ]
+    timeline = page.rows("table-timeline")
+    assert timeline[2][:4] == ["3", "regional", "2 (decline)", "region 2 → 2"]
+    assert timeline[3][:3] == ["4", "aborted", "1 (timeout)"]
+    assert "→2" in html
+
+    # backlog: 6, 4, 2, 0 splits in backlog; switch to normal at checkpoint 5
+    assert page.rows("table-backlog") == [
+        ["1", "6", "backlog"],
+        ["2", "4", "backlog"],
+        ["3", "2", "backlog"],
+        ["5", "0", "normal"],
+    ]
+    assert "Switched from backlog to the normal interval at checkpoint 5." in html
+    assert len(page.all("line", **{"class": "switch"})) == 1
+
+    # decisions: counts and the trail
+    assert page.rows("table-decision-counts") == [
+        ["assigned", "6"],
+        ["rebalanced", "2"],
+        ["returned_partial_failover", "1"],
+    ]
+    assert len(page.rows("table-audit")) == 9
+
+    # commit time per completed checkpoint, records per epoch (region 2 of epoch 3 not committed)
+    assert [r[0] for r in page.rows("table-commit")] == ["1", "2", "3", "5"]
+    records = {(r[0], r[1]): r[2] for r in page.rows("table-records")}
+    assert records[("1", "0")] == "40" and ("3", "2") not in records and records[("5", "2")] == "20"
+
+    # link to the Data Docs, relative to the report; nothing fetched from the network
+    [link] = page.all("a", id="data-docs-link")
+    assert link["href"] == "../../docs/index.html" or (path.parent / link["href"]).resolve() == docs.resolve()
+    assert (path.parent / link["href"]).resolve() == docs.resolve()
+    assert "<script" not in html and "<link" not in html
+    assert all(not a.get("src", "").startswith("http") for _, a in page.elements)
+    assert {a.get("lang") for a in page.all("html")} == {"en"}
+    assert "Events run report" in page.captions or "Events run report" in html
+
+
+@pytest.mark.spark
+def test_rendering_twice_replaces_the_report_and_without_sink_omits_the_records_section(
+    small_state, tmp_path
+):
+    store, _sink, _root = small_state
+    first = render_report(store, tmp_path, title="first")
+    second = render_report(store, tmp_path, title="second")
+
+    assert first == second
+    html = second.read_text(encoding="utf-8")
+    assert "<title>second</title>" in html
+    assert 'id="chart-records"' not in html
+    assert "not built for this report" in html
+    assert sorted(p.name for p in tmp_path.iterdir()) == [REPORT_FILE]
+
+
+def test_an_empty_pipeline_renders_with_explanations_instead_of_charts_of_nothing():
+    data = ReportData(
+        pipeline="fresh",
+        state_root="/state",
+        generated_at=datetime(2025, 1, 1, tzinfo=UTC),
+        timeline=(),
+        checkpoints=(),
+        audit=(),
+    )
+    page = parse(render_html(data, title="Fresh"))
+
+    assert len(page.all("svg")) == 5
+    assert "no completed checkpoint yet" in "".join(page.text)
+    assert page.rows("table-decision-counts") == [["none"]]
+
+
+def test_title_must_not_be_empty(tmp_path):
+    with pytest.raises(InvalidParameterError, match="title"):
+        render_report(None, tmp_path, title=" ")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (0, (1.0, 1.0)),
+        (4, (4.0, 1.0)),
+        (6, (6.0, 2.0)),
+        (9, (10.0, 5.0)),
+        (220, (300.0, 100.0)),
+        (4550, (6000.0, 2000.0)),
+    ],
+)
+def test_axis_ticks_are_round_steps_covering_the_data(value, expected):
+    assert axis_scale(value) == expected
