@@ -76,5 +76,9 @@ def crash_if_requested(point: CrashPoint, epoch: int, env: Mapping[str, str] | N
     name, _, at_epoch = wanted.partition("@")
     if name != point.value or (at_epoch and int(at_epoch) != epoch):
         return
-    print(f"splitkeeper: crash injected at {point.value} of epoch {epoch} (SIGKILL)", file=sys.stderr, flush=True)
+    print(
+        f"splitkeeper: crash injected at {point.value} of epoch {epoch} (SIGKILL)",
+        file=sys.stderr,
+        flush=True,
+    )
     os.kill(os.getpid(), signal.SIGKILL)

@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from splitkeeper.core.checkpoint import CheckpointResult, RegionalCheckpointCoordinator
+from splitkeeper.core.checkpoint import CheckpointResult, CheckpointStore, RegionalCheckpointCoordinator
 from splitkeeper.core.enumerator import (
     RecordingEnumeratorContext,
     SplitEnumerator,
@@ -55,7 +55,7 @@ from splitkeeper.core.types import (
     RegionState,
     Split,
 )
-from splitkeeper.errors import CheckpointError, InvalidParameterError
+from splitkeeper.errors import CheckpointError, ConcurrentRunError, InvalidParameterError
 from splitkeeper.runtime import serde
 from splitkeeper.runtime.config import PipelineConfig
 from splitkeeper.runtime.faults import CrashPoint, FaultPlan, crash_if_requested
@@ -120,6 +120,7 @@ class EpochReport:
     elapsed_s: float
     region_errors: dict[int, str] = field(default_factory=dict)
     final: bool = False
+    phases: dict[str, float] = field(default_factory=dict)  # seconds per phase: plan, read, sink, state
 
     def line(self) -> str:
         failed = {r: o.value for r, o in self.outcomes.items() if o is not RegionOutcome.ACK}
@@ -129,7 +130,8 @@ class EpochReport:
         mode = "backlog" if self.processing_backlog else "normal"
         return (
             f"epoch {self.epoch:>4} {self.kind.value:<8} {regions:<34} "
-            f"committed {self.committed_records:>9,} records  [{mode}] {self.elapsed_s:6.2f}s"
+            f"committed {self.committed_records:>9,} records  [{mode}] {self.elapsed_s:6.2f}s "
+            + " ".join(f"{k}={v:.1f}" for k, v in self.phases.items())
         )
 
 
@@ -191,6 +193,7 @@ class Pipeline:
         self.operator_state: dict[int, tuple[str, ...]] = {}
         self._audit_persisted = 0
         self._next_epoch = 1
+        self._sink_version: int | None = None  # the sink's txnVersion this run expects (fencing)
         self._opened: OpenReport | None = None
 
     # -- start / restore -------------------------------------------------------------------
@@ -204,13 +207,14 @@ class Pipeline:
             latest = self.store.latest_checkpoint()
             if latest is not None and latest.checkpoint_id != chosen.checkpoint_id:
                 raise CheckpointError(
-                    f"checkpoint {checkpoint_id} is not the latest ({latest.checkpoint_id}): the sink already "
-                    f"holds the records of checkpoints after it, so restoring it would read them twice; "
-                    f"recover from 'latest' (or {latest.checkpoint_id})",
+                    f"checkpoint {checkpoint_id} is not the latest ({latest.checkpoint_id}): the sink "
+                    "already holds the records of checkpoints after it, so restoring it would read them "
+                    f"twice; recover from 'latest' (or {latest.checkpoint_id})",
                     checkpoint_id=checkpoint_id,
                 )
         else:
             chosen = self.store.latest_checkpoint()
+        self._sink_version = self.sink.committed_version()
         last_planned = self.store.latest_plan_epoch() or 0
         last_done = 0 if chosen is None else chosen.checkpoint_id
         self._next_epoch = max(last_planned, last_done, self.sink.committed_version() or 0) + 1
@@ -226,12 +230,22 @@ class Pipeline:
         consecutive_regional: int | None = None,
     ) -> OpenReport:
         new_p = parallelism or (self.config.parallelism if checkpoint is None else checkpoint.parallelism)
-        if parallelism is None and checkpoint is not None and self.config.parallelism != checkpoint.parallelism:
+        if (
+            parallelism is None
+            and checkpoint is not None
+            and self.config.parallelism != checkpoint.parallelism
+        ):
             new_p = self.config.parallelism  # the configuration asks for a rescale
         if new_p < 1:
             raise InvalidParameterError("parallelism", new_p, "an integer >= 1")
         context = ReaderStateContext(new_p)
-        coordinator = RegionalCheckpointCoordinator(self.config.checkpoint, new_p, self.store)
+        # The coordinator decides against an in-memory mirror of the checkpoints it may refer to;
+        # the Delta store is written by this runner, after the sink commit (DESIGN 5 order).
+        mirror = CheckpointStore()
+        if checkpoint is not None:
+            for cid in reversed(self.store.ref_chain(checkpoint.checkpoint_id)):
+                mirror.add(checkpoint if cid == checkpoint.checkpoint_id else self.store.load_checkpoint(cid))
+        coordinator = RegionalCheckpointCoordinator(self.config.checkpoint, new_p, mirror)
         first_audit = 0
         if checkpoint is None:
             enumerator = enumerator_for(self.connector, context, self.config.strategy)
@@ -247,7 +261,7 @@ class Pipeline:
             enumerator = enumerator_for(
                 self.connector, context, self.config.strategy, restored=restored.enumerator
             )
-            first_audit = len(enumerator.audit)
+            first_audit = enumerator.audit_count
             enumerator.start()
             for info in restored.reader_infos():
                 restart_reader(enumerator, context, info.reader_id, info.reported_splits)
@@ -260,7 +274,7 @@ class Pipeline:
         self.context, self.enumerator, self.coordinator = context, enumerator, coordinator
         self._audit_persisted = first_audit if checkpoint is not None else 0
         disagreements = self._reconcile_external(checkpoint)
-        decisions = tuple(enumerator.audit[first_audit:])
+        decisions = tuple(enumerator.audit_since(first_audit))
         return OpenReport(
             restored_from=None if checkpoint is None else checkpoint.checkpoint_id,
             redone_checkpoint=redone,
@@ -338,22 +352,46 @@ class Pipeline:
         started = time.monotonic()
         epoch = self._next_epoch
         self._next_epoch += 1
+        phases: dict[str, float] = {}
+        mark = time.monotonic()
+
+        def lap(name: str) -> None:
+            nonlocal mark
+            now = time.monotonic()
+            phases[name] = round(phases.get(name, 0.0) + now - mark, 3)
+            mark = now
+
         self.enumerator.add_splits(self.connector.discover_splits())
         backlog = self.enumerator.processing_backlog
         plan = {} if final else self._plan(epoch)
         plan = {r: plan.get(r, []) for r in range(self.parallelism)}
         self.store.write_plan(epoch, plan)
+        lap("plan")
         crash_if_requested(CrashPoint.AFTER_PLAN, epoch)
 
         reader = self.connector.reader()
         payloads = {
-            r: (ranges, reader, self.transform, self.config.staging_path, epoch, r, None,
-                self.faults.for_region(epoch, r))
+            r: (
+                ranges,
+                reader,
+                self.transform,
+                self.config.staging_path,
+                epoch,
+                r,
+                None,
+                self.faults.for_region(epoch, r),
+            )
             for r, ranges in plan.items()
         }
         runs = run_regions(
-            self.spark, self.config.name, epoch, payloads, _region_task, self.config.checkpoint.region_timeout_s
+            self.spark,
+            self.config.name,
+            epoch,
+            payloads,
+            _region_task,
+            self.config.checkpoint.region_timeout_s,
         )
+        lap("read")
         self.context.on_checkpoint(epoch)
         pending = self.coordinator.trigger(epoch, final=final, now=time.monotonic())
         results: dict[int, RegionResult] = {}
@@ -369,8 +407,7 @@ class Pipeline:
             else:
                 errors[r] = run.error
         self.coordinator.expire(pending, now=pending.deadline)  # the timed-out regions
-        for r, result in results.items():
-            self._apply_progress(r, result)
+        self._apply_progress(results)
         result = self.coordinator.complete(
             pending,
             lambda fallback: self.enumerator.snapshot(epoch, fallback),  # type: ignore[union-attr]
@@ -386,7 +423,8 @@ class Pipeline:
                 self.store.latest_checkpoint(), self.parallelism, None, self.coordinator.consecutive_regional
             )
         else:
-            committed_records = self._commit(epoch, result, results)
+            committed_records = self._commit(epoch, result, results, lap)
+        lap("finish")
         report = EpochReport(
             epoch=epoch,
             kind=result.kind,
@@ -398,6 +436,7 @@ class Pipeline:
             elapsed_s=round(time.monotonic() - started, 3),
             region_errors=errors,
             final=final,
+            phases=phases,
         )
         self.progress(report.line())
         return report
@@ -413,27 +452,43 @@ class Pipeline:
         state = (self.operator_state.get(region, ()) + (summary,))[-OPERATOR_STATE_KEEP:]
         return RegionState(region_id=region, splits=tuple(sorted(splits)), operator_state=state)
 
-    def _apply_progress(self, region: int, result: RegionResult) -> None:
-        """An acknowledged region's new positions, finished splits and backlog events reach the enumerator."""
+    def _apply_progress(self, results: Mapping[int, RegionResult]) -> None:
+        """Acknowledged regions' new positions, finished splits and backlog events reach the enumerator.
+
+        All positions first, then finished splits: finishing a split may rebalance, and a split
+        moved to another reader must carry its new position, never an older one (re-reading
+        records another region already read).
+        """
         assert self.context is not None and self.enumerator is not None
-        mine = self.context.reader_splits.get(region, {})
-        moved = []
-        for sid, position in result.positions.items():
-            if sid in mine:
-                mine[sid] = mine[sid].at(position)
-                moved.append(mine[sid])
+        moved: list[Split] = []
+        for region, result in results.items():
+            mine = self.context.reader_splits.get(region, {})
+            for sid, position in result.positions.items():
+                if sid in mine:
+                    mine[sid] = mine[sid].at(position)
+                    moved.append(mine[sid])
         self.enumerator.update_positions(moved)
         for split in moved:
             if split.finished:
-                self.enumerator.split_finished(region, split.split_id)
-                mine.pop(split.split_id, None)
-        for sid in result.backlog_finished:
-            self.enumerator.report_backlog_finished(sid)
+                owner = self.enumerator.owner_of(split.split_id)
+                if owner is not None:
+                    self.enumerator.split_finished(owner, split.split_id)
+                for splits in self.context.reader_splits.values():
+                    splits.pop(split.split_id, None)
+        for result in results.values():
+            for sid in result.backlog_finished:
+                self.enumerator.report_backlog_finished(sid)
 
-    def _commit(self, epoch: int, result: CheckpointResult, results: Mapping[int, RegionResult]) -> int:
+    def _commit(
+        self,
+        epoch: int,
+        result: CheckpointResult,
+        results: Mapping[int, RegionResult],
+        lap: Callable[[str], None],
+    ) -> int:
         assert self.enumerator is not None and self.context is not None and result.completed is not None
         completed = result.completed
-        audit = self.enumerator.audit[self._audit_persisted :]
+        audit = self.enumerator.audit_since(self._audit_persisted)
         path = self._decision_path(epoch)
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(path + ".tmp", "w", encoding="utf-8") as f:
@@ -451,11 +506,23 @@ class Pipeline:
         os.replace(path + ".tmp", path)
         acked = [r for r in result.notify_complete if r in results]
         staged = [results[r].staged_path for r in acked if results[r].staged_path]
+        lap("decide")
+        self._check_sink_fence(epoch)
         commit = self.sink.commit(epoch, staged, acked, extra_metadata={"decision": path})
+        if commit.skipped:
+            raise ConcurrentRunError(
+                f"pipeline {self.config.name!r}: the sink already holds epoch {epoch} from another run; "
+                "only one run may drive a pipeline",
+                pipeline=self.config.name,
+                epoch_id=epoch,
+            )
+        self._sink_version = epoch
+        lap("sink")
         crash_if_requested(CrashPoint.AFTER_SINK_COMMIT, epoch)
         self.store.commit_checkpoint(completed, audit)
+        lap("state")
         crash_if_requested(CrashPoint.AFTER_CHECKPOINT_ROW, epoch)
-        self._audit_persisted = len(self.enumerator.audit)
+        self._audit_persisted = self.enumerator.audit_count
         failed = result.notify_partially_completed
         self.context.on_checkpoint_complete(epoch, failed)
         for r in acked:
@@ -467,8 +534,30 @@ class Pipeline:
         for r in failed:  # partial failover of the failed regions' readers
             self._restart_failed_reader(r, completed.regions[r])
         self._cleanup_staging(epoch)
-        self.store.retain(self.config.checkpoint.retain_checkpoints, pinned=self.coordinator.pinned_checkpoint_ids)
+        keep = self.config.checkpoint.retain_checkpoints
+        self.coordinator.retain(keep)
+        self.store.retain(keep, pinned=self.coordinator.pinned_checkpoint_ids)
+        lap("retain")
         return int(getattr(commit, "records", 0) or sum(results[r].records for r in acked))
+
+    def _check_sink_fence(self, epoch: int) -> None:
+        """Refuse to commit when another run committed to the sink since this run looked (fencing).
+
+        Two runs of one pipeline never both write: the sink's last ``txnVersion`` for this
+        app id must still be the one this run saw at open or wrote itself. Concurrent
+        commits are caught by Delta itself (concurrent transactions of one app id conflict).
+        """
+        current = self.sink.committed_version()
+        if current != self._sink_version:
+            raise ConcurrentRunError(
+                f"pipeline {self.config.name!r}: another run committed epoch {current} to the sink while "
+                f"this run (at epoch {epoch}, expecting {self._sink_version}) was running; only one run "
+                "may drive a pipeline: this run stops without writing, and the state is intact",
+                pipeline=self.config.name,
+                epoch_id=epoch,
+                found=current,
+                expected=self._sink_version,
+            )
 
     def _restart_failed_reader(self, region: int, fallback: RegionState) -> None:
         assert self.enumerator is not None and self.context is not None
@@ -491,7 +580,11 @@ class Pipeline:
         while epochs is None or len(reports) < epochs:
             report = self.run_epoch()
             reports.append(report)
-            if self.connector.bounded and report.kind is not CheckpointKind.ABORTED and self._unfinished() == 0:
+            if (
+                self.connector.bounded
+                and report.kind is not CheckpointKind.ABORTED
+                and self._unfinished() == 0
+            ):
                 self.enumerator.add_splits(self.connector.discover_splits())  # type: ignore[union-attr]
                 if self._unfinished() == 0:
                     last = self.run_epoch(final=True)

@@ -112,7 +112,9 @@ def run_regions(
         for region, t0 in started.items():
             if region in runs or region in cancelled or now - t0 <= timeout_s:
                 continue
-            log.warning("region %s of epoch %s exceeded its %.1fs timeout: cancelling", region, epoch, timeout_s)
+            log.warning(
+                "region %s of epoch %s exceeded its %.1fs timeout: cancelling", region, epoch, timeout_s
+            )
             with lock:
                 runs.setdefault(
                     region,

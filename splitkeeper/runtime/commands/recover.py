@@ -55,8 +55,10 @@ def run(args: argparse.Namespace) -> int:
             "dry_run": bool(args.dry_run),
         }
         if not args.json:
-            print(f"restored from checkpoint {opened.restored_from} at parallelism {opened.parallelism}"
-                  + (f" (was {opened.previous_parallelism})" if opened.previous_parallelism else ""))
+            print(
+                f"restored from checkpoint {opened.restored_from} at parallelism {opened.parallelism}"
+                + (f" (was {opened.previous_parallelism})" if opened.previous_parallelism else "")
+            )
             print(opened.mode_reason)
             for d in opened.decisions:
                 print(f"  {d.split_id:<40} reader {d.reader_id!s:<5} {d.decision.value:<32} {d.detail}")

@@ -40,7 +40,12 @@ def run(args: argparse.Namespace) -> int:
             "finished_splits": 0 if enum is None else len(enum.finished),
         }
     status["timeline"] = [
-        {"id": t.checkpoint_id, "kind": t.kind.value, "failed_regions": list(t.failed_regions), "reason": t.reason}
+        {
+            "id": t.checkpoint_id,
+            "kind": t.kind.value,
+            "failed_regions": list(t.failed_regions),
+            "reason": t.reason,
+        }
         for t in timeline
     ]
     if args.json:
@@ -52,10 +57,14 @@ def run(args: argparse.Namespace) -> int:
     else:
         info = status["latest_checkpoint"]
         assert isinstance(info, dict)
-        print(f"  latest checkpoint {info['id']} ({info['kind']}) at parallelism {info['parallelism']}, "
-              f"{'processing backlog' if info['processing_backlog'] else 'caught up'}")
-        print(f"  ref chain {info['ref_chain']}, per-reader load {info['loads']}, pool {info['pool']}, "
-              f"finished splits {info['finished_splits']}")
+        print(
+            f"  latest checkpoint {info['id']} ({info['kind']}) at parallelism {info['parallelism']}, "
+            f"{'processing backlog' if info['processing_backlog'] else 'caught up'}"
+        )
+        print(
+            f"  ref chain {info['ref_chain']}, per-reader load {info['loads']}, pool {info['pool']}, "
+            f"finished splits {info['finished_splits']}"
+        )
     for t in timeline:
         failed = f" failed regions {list(t.failed_regions)}" if t.failed_regions else ""
         print(f"  checkpoint {t.checkpoint_id:>5} {t.kind.value:<8}{failed} {t.reason}")
