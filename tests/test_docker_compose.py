@@ -1,0 +1,334 @@
+"""docker-compose.yml, the deployment beyond one machine (DESIGN 7), checked without a Docker engine.
+
+The YAML is parsed and its structure checked: the services, depends_on targets and
+conditions, healthchecks, volumes, that every host path it mounts or builds from exists in
+the repository, that every command names a script, module or Airflow subcommand that
+exists, and that the environment points splitkeeper at the cluster's Spark master, MinIO
+and Kafka. The Dockerfiles' COPY sources must exist and survive their .dockerignore. When
+a compose CLI is installed (``docker compose`` or ``docker-compose``; it needs no engine
+for this) ``config -q`` validates the file against the Compose schema too.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import importlib.util
+import re
+import shlex
+import shutil
+import subprocess
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+COMPOSE = ROOT / "docker-compose.yml"
+PROJECT_IN_IMAGE = PurePosixPath("/opt/splitkeeper")
+
+AIRFLOW_SERVICES = {
+    "airflow-init",
+    "airflow-api-server",
+    "airflow-scheduler",
+    "airflow-dag-processor",
+    "airflow-triggerer",
+}
+SPARK_SERVICES = {"spark-master", "spark-worker-1", "spark-worker-2"}
+REQUIRED = AIRFLOW_SERVICES | SPARK_SERVICES | {"postgres", "kafka", "kafka-init", "minio", "minio-init"}
+CONDITIONS = {"service_started", "service_healthy", "service_completed_successfully"}
+
+
+def interpolate(value: Any) -> Any:
+    """Compose variable substitution with every variable unset: ``${X:-d}`` -> d, ``$$`` -> ``$``."""
+    if isinstance(value, str):
+        value = re.sub(r"\$\{[A-Za-z_][A-Za-z0-9_]*(?::?-([^}]*))?\}", lambda m: m.group(1) or "", value)
+        return value.replace("$$", "$")
+    if isinstance(value, list):
+        return [interpolate(v) for v in value]
+    if isinstance(value, dict):
+        return {k: interpolate(v) for k, v in value.items()}
+    return value
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict[str, Any]:
+    return interpolate(yaml.safe_load(COMPOSE.read_text(encoding="utf-8")))
+
+
+@pytest.fixture(scope="module")
+def services(compose) -> dict[str, dict[str, Any]]:
+    return compose["services"]
+
+
+def as_list(command: Any) -> list[str]:
+    if command is None:
+        return []
+    return shlex.split(command) if isinstance(command, str) else [str(c) for c in command]
+
+
+def bind_mounts(service: dict[str, Any]) -> dict[PurePosixPath, Path]:
+    """Container path -> host path (in the repository) of every bind mount of a service."""
+    mounts = {}
+    for volume in service.get("volumes", []):
+        source, target = volume.split(":")[:2]
+        if source.startswith(("./", "../", "/")):
+            mounts[PurePosixPath(target)] = (ROOT / source).resolve()
+    return mounts
+
+
+def host_path(service: dict[str, Any], container_path: str) -> Path | None:
+    """Where a container path of the service comes from in the repository (bind mount or image copy)."""
+    path = PurePosixPath(container_path)
+    for target, source in sorted(bind_mounts(service).items(), key=lambda m: -len(str(m[0]))):
+        if path == target or target in path.parents:
+            return source / path.relative_to(target)
+    if "build" in service and (path == PROJECT_IN_IMAGE or PROJECT_IN_IMAGE in path.parents):
+        return ROOT / path.relative_to(PROJECT_IN_IMAGE)
+    return None
+
+
+def env(service: dict[str, Any]) -> dict[str, str]:
+    raw = service.get("environment", {})
+    if isinstance(raw, list):
+        raw = dict(item.split("=", 1) for item in raw)
+    return {k: str(v) for k, v in raw.items()}
+
+
+# ---------------------------------------------------------------------------------------
+# Structure
+# ---------------------------------------------------------------------------------------
+
+
+def test_every_part_of_the_deployment_is_a_service(services):
+    assert set(services) >= REQUIRED, sorted(REQUIRED - set(services))
+    airflow_commands = {
+        name: as_list(services[name].get("command")) for name in AIRFLOW_SERVICES - {"airflow-init"}
+    }
+    assert airflow_commands == {
+        "airflow-api-server": ["api-server"],
+        "airflow-scheduler": ["scheduler"],
+        "airflow-dag-processor": ["dag-processor"],
+        "airflow-triggerer": ["triggerer"],
+    }
+    assert services["kafka"]["image"].startswith("apache/kafka:")
+    assert "broker,controller" in env(services["kafka"])["KAFKA_PROCESS_ROLES"]  # KRaft, no ZooKeeper
+    assert env(services["airflow-scheduler"])["AIRFLOW__CORE__EXECUTOR"] == "LocalExecutor"
+    assert env(services["airflow-scheduler"])["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"].startswith(
+        "postgresql+psycopg2://airflow:"
+    )
+    workers = [as_list(services[w]["command"]) for w in ("spark-worker-1", "spark-worker-2")]
+    assert all(
+        "org.apache.spark.deploy.worker.Worker" in c and "spark://spark-master:7077" in c for c in workers
+    )
+
+
+def test_depends_on_targets_exist_and_their_conditions_can_be_met(services):
+    graph: dict[str, set[str]] = {}
+    for name, service in services.items():
+        depends = service.get("depends_on", {})
+        if isinstance(depends, list):
+            depends = {d: {"condition": "service_started"} for d in depends}
+        graph[name] = set(depends)
+        for target, spec in depends.items():
+            assert target in services, f"{name} depends on unknown service {target}"
+            condition = spec.get("condition", "service_started")
+            assert condition in CONDITIONS, f"{name} -> {target}: {condition}"
+            if condition == "service_healthy":
+                assert "healthcheck" in services[target], (
+                    f"{name} waits for {target} to be healthy: no healthcheck"
+                )
+            if condition == "service_completed_successfully":
+                assert services[target].get("restart") == "no", (
+                    f"{target} is waited for to finish: restart must be no"
+                )
+    # no cycles: every service can start
+    started: set[str] = set()
+    while len(started) < len(graph):
+        ready = {s for s, deps in graph.items() if s not in started and deps <= started}
+        assert ready, f"dependency cycle among {sorted(set(graph) - started)}"
+        started |= ready
+    assert {"airflow-init", "postgres"} <= graph["airflow-scheduler"]
+    assert {"spark-master", "kafka-init", "minio-init"} <= graph["airflow-scheduler"]
+
+
+def test_long_running_services_have_healthchecks_and_one_shot_jobs_do_not_restart(services):
+    for name, service in services.items():
+        if service.get("restart") == "no":
+            assert "ports" not in service, f"one-shot {name} publishes ports"
+            continue
+        check = service.get("healthcheck")
+        assert check and as_list(check["test"])[0] in ("CMD", "CMD-SHELL"), f"{name} has no healthcheck"
+        assert service.get("restart") in ("unless-stopped", "always"), name
+    assert {n for n, s in services.items() if s.get("restart") == "no"} == {
+        "airflow-init",
+        "kafka-init",
+        "minio-init",
+    }
+
+
+def test_volumes_are_declared_and_bind_mounts_exist_in_the_repository(compose, services):
+    declared = set(compose.get("volumes", {}))
+    used: set[str] = set()
+    for name, service in services.items():
+        for volume in service.get("volumes", []):
+            source = volume.split(":")[0]
+            if source.startswith(("./", "../", "/")):
+                assert (ROOT / source).exists(), (
+                    f"{name} mounts {source}, which does not exist in the repository"
+                )
+            else:
+                assert source in declared, f"{name} uses volume {source}, not declared under volumes:"
+                used.add(source)
+    assert used == declared, f"declared but unused: {sorted(declared - used)}"
+    scheduler = bind_mounts(services["airflow-scheduler"])
+    for folder in ("dags", "jobs", "expectations", "splitkeeper"):
+        assert scheduler[PROJECT_IN_IMAGE / folder] == ROOT / folder
+    # the staging volume is shared by the driver (scheduler) and the executors (workers)
+    for name in ("airflow-scheduler", *SPARK_SERVICES):
+        assert "staging:/var/splitkeeper/staging" in services[name]["volumes"], name
+
+
+def _dockerignore_allows(ignore: Path, source: str) -> bool:
+    """Whether a path survives a .dockerignore (last matching pattern wins; '!' re-includes)."""
+    allowed = True
+    path = source.rstrip("/")
+    for line in ignore.read_text(encoding="utf-8").splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        negate = line.startswith("!")
+        pattern = line[1:] if negate else line
+        pattern = pattern.rstrip("/")
+        if fnmatch.fnmatch(path, pattern) or path.startswith(pattern + "/"):
+            allowed = negate
+    return allowed
+
+
+def test_builds_use_existing_dockerfiles_whose_copy_sources_exist(services):
+    builds = {name: s["build"] for name, s in services.items() if "build" in s}
+    assert set(builds) == AIRFLOW_SERVICES | SPARK_SERVICES
+    for name, build in builds.items():
+        context = ROOT / build["context"]
+        dockerfile = context / build["dockerfile"]
+        assert dockerfile.is_file(), f"{name}: {dockerfile} missing"
+        ignore = dockerfile.with_name(dockerfile.name + ".dockerignore")
+        for line in dockerfile.read_text(encoding="utf-8").splitlines():
+            words = line.split()
+            if not words or words[0] != "COPY" or any(w.startswith("--from") for w in words):
+                continue
+            sources = [w for w in words[1:-1] if not w.startswith("--")]
+            for source in sources:
+                assert (context / source).exists(), f"{dockerfile.name} copies {source}, missing in {context}"
+                if ignore.exists():
+                    assert _dockerignore_allows(ignore, source), f"{ignore.name} excludes {source}"
+
+
+def test_commands_name_scripts_modules_and_airflow_subcommands_that_exist(services):
+    from airflow.cli.cli_config import core_commands
+
+    airflow_subcommands = {c.name for c in core_commands}
+    checked_paths = []
+    for name, service in services.items():
+        argv = as_list(service.get("entrypoint")) + as_list(service.get("command"))
+        if name in AIRFLOW_SERVICES and "entrypoint" not in service:
+            assert argv[0] in airflow_subcommands, f"{name}: airflow {argv[0]} is no Airflow 3 command"
+        for i, word in enumerate(argv):
+            if word == "-m" and i + 1 < len(argv):
+                assert importlib.util.find_spec(argv[i + 1]) is not None, f"{name}: no module {argv[i + 1]}"
+            source = host_path(service, word) if word.startswith("/") else None
+            if source is not None:
+                assert source.is_file(), f"{name} runs {word}, but {source} does not exist"
+                checked_paths.append(source)
+        check = as_list(service.get("healthcheck", {}).get("test"))
+        if len(check) == 2 and check[0] == "CMD-SHELL" and check[1].startswith("airflow "):
+            assert shlex.split(check[1])[1] in airflow_subcommands, f"{name} healthcheck: {check[1]}"
+    assert ROOT / "docker/airflow/init.sh" in checked_paths
+    assert ROOT / "docker/minio/init.sh" in checked_paths
+
+
+# ---------------------------------------------------------------------------------------
+# What the environment points splitkeeper at
+# ---------------------------------------------------------------------------------------
+
+
+def test_environment_points_splitkeeper_at_the_cluster_object_storage_and_kafka(services):
+    from splitkeeper.runtime.config import load_config
+    from splitkeeper.runtime.spark import SparkSettings
+
+    scheduler = services["airflow-scheduler"]
+    variables = env(scheduler)
+    settings = SparkSettings.from_env(variables)
+    assert settings.master == "spark://spark-master:7077"
+    conf = dict(settings.extra_conf)
+    assert conf["spark.hadoop.fs.s3a.endpoint"] == "http://minio:9000"
+    assert conf["spark.hadoop.fs.s3a.path.style.access"] == "true"
+    assert conf["spark.hadoop.fs.s3a.access.key"] == env(services["minio"])["MINIO_ROOT_USER"]
+    assert conf["spark.hadoop.fs.s3a.secret.key"] == env(services["minio"])["MINIO_ROOT_PASSWORD"]
+    # executors run the Python 3.11 of the Spark image; in the Airflow image the same path
+    # links to Airflow's Python 3.11, so the driver's PYSPARK_PYTHON is valid on both sides
+    spark_dockerfile = (ROOT / "docker/spark/Dockerfile").read_text(encoding="utf-8")
+    airflow_dockerfile = (ROOT / "docker/airflow/Dockerfile").read_text(encoding="utf-8")
+    assert variables["PYSPARK_PYTHON"] == conf["spark.pyspark.python"] == "/opt/splitkeeper/venv/bin/python"
+    assert "python3.11 -m venv /opt/splitkeeper/venv" in spark_dockerfile
+    assert 'ln -s "$(command -v python)" /opt/splitkeeper/venv/bin/python' in airflow_dockerfile
+    assert env(services["spark-worker-1"])["PYSPARK_PYTHON"] == variables["PYSPARK_PYTHON"]
+    assert variables["SPLITKEEPER_KAFKA_BOOTSTRAP_SERVERS"] == "kafka:9092"
+    assert "PLAINTEXT://kafka:9092" in env(services["kafka"])["KAFKA_ADVERTISED_LISTENERS"]
+    bucket = env(services["minio-init"])["SPLITKEEPER_BUCKET"]
+    assert variables["SPLITKEEPER_LAKE_ROOT"] == f"s3a://{bucket}"
+    for var in ("SPLITKEEPER_EXPECTATIONS_DIR", "SPLITKEEPER_STATE_SCHEMA_DIR"):
+        assert host_path(scheduler, variables[var]).is_dir(), var
+
+    config_file = host_path(scheduler, variables["SPLITKEEPER_PIPELINE_CONFIG"])
+    config = load_config(config_file)
+    assert config.state_path.startswith(f"s3a://{bucket}/") and config.sink_path.startswith(
+        f"s3a://{bucket}/"
+    )
+    assert config.source.bootstrap_servers == variables["SPLITKEEPER_KAFKA_BOOTSTRAP_SERVERS"]
+    assert config.staging_path.startswith("/var/splitkeeper/staging/")
+    kafka_init = as_list(services["kafka-init"]["command"])
+    assert kafka_init[kafka_init.index("--topic") + 1] in config.source.topics
+
+
+def test_images_match_the_pinned_spark_airflow_and_hadoop_versions():
+    import airflow
+    import pyspark
+
+    spark = (ROOT / "docker/spark/Dockerfile").read_text(encoding="utf-8")
+    assert f"ARG SPARK_IMAGE=apache/spark:{pyspark.__version__}-scala2.13-java17-ubuntu" in spark
+    airflow_dockerfile = (ROOT / "docker/airflow/Dockerfile").read_text(encoding="utf-8")
+    assert f"ARG AIRFLOW_IMAGE=apache/airflow:slim-{airflow.__version__}-python3.11" in airflow_dockerfile
+    hadoop = re.search(
+        r"<hadoop.version>([^<]+)</hadoop.version>", (ROOT / "docker/jars/pom.xml").read_text()
+    )
+    bundled = sorted((Path(pyspark.__file__).parent / "jars").glob("hadoop-client-api-*.jar"))
+    assert hadoop and bundled and bundled[0].name == f"hadoop-client-api-{hadoop.group(1)}.jar"
+
+
+# ---------------------------------------------------------------------------------------
+# The Compose schema, when a compose CLI is installed
+# ---------------------------------------------------------------------------------------
+
+
+def compose_cli() -> list[str] | None:
+    docker = shutil.which("docker")
+    if docker:
+        probe = subprocess.run([docker, "compose", "version"], capture_output=True, text=True, check=False)
+        if probe.returncode == 0:
+            return [docker, "compose"]
+    legacy = shutil.which("docker-compose")
+    return [legacy] if legacy else None
+
+
+def test_compose_cli_validates_the_file():
+    cli = compose_cli()
+    if cli is None:
+        pytest.skip(
+            "no compose CLI here: `docker compose` (plugin) and `docker-compose` are both missing; "
+            "the structure tests above still ran. Install one (apt-get install -y docker-compose) to validate"
+        )
+    result = subprocess.run(
+        [*cli, "-f", str(COMPOSE), "config", "-q"], cwd=ROOT, capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stderr
