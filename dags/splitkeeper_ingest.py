@@ -1,0 +1,71 @@
+"""splitkeeper_ingest: the scheduled ingest of one pipeline.
+
+recover if the last epoch did not complete -> discover and assign splits -> run
+epochs (their size follows the backlog state) -> Great Expectations restart
+checks -> run report. The pipeline is the one named by the
+SPLITKEEPER_PIPELINE_CONFIG environment variable. Logic lives in
+splitkeeper.orchestration.tasks; this file only wires tasks.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pendulum
+from airflow.sdk import DAG, Param, task
+
+from splitkeeper.orchestration import tasks
+from splitkeeper.orchestration.airflow import DEFAULT_ARGS, cluster_master, spark_submit_epoch_task
+
+with DAG(
+    dag_id="splitkeeper_ingest",
+    description="Scheduled exactly-once ingest with split ownership and regional checkpoints",
+    schedule=timedelta(minutes=30),
+    start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
+    catchup=False,
+    max_active_runs=1,
+    default_args=DEFAULT_ARGS,
+    params={
+        "epochs": Param(
+            3, type="integer", minimum=1, maximum=1000, description="epochs (checkpoints) per run"
+        ),
+        "faults": Param(
+            [],
+            type="array",
+            items={"type": "string", "pattern": r"^(fail|stall(:[0-9.]+)?):[0-9]+@[0-9]+$"},
+            description="faults to inject (demos): fail:REGION@EPOCH or stall[:SECONDS]:REGION@EPOCH",
+        ),
+    },
+    tags=["splitkeeper"],
+) as dag:
+
+    @task
+    def recover_if_needed() -> dict:
+        return tasks.recover_if_needed()
+
+    @task
+    def discover_and_assign(recovered: dict) -> dict:
+        return tasks.discover_and_assign()
+
+    @task
+    def run_epochs(assigned: dict, params: dict | None = None) -> dict:
+        params = params or {}
+        return tasks.run_epochs(epochs=int(params.get("epochs", 3)), faults=tuple(params.get("faults", ())))
+
+    @task
+    def validate(ran: dict) -> dict:
+        return tasks.validate()
+
+    @task
+    def report(validated: dict) -> str:
+        path = tasks.report()
+        print(f"report: {path}")
+        return path
+
+    assigned = discover_and_assign(recover_if_needed())
+    if cluster_master():
+        epochs = spark_submit_epoch_task("run_epochs", epochs=3)
+        assigned >> epochs
+        report(validate(epochs.output))
+    else:
+        report(validate(run_epochs(assigned)))

@@ -1,0 +1,74 @@
+"""splitkeeper_recover: recovery after an incident, triggered by hand.
+
+Params (validated when the run is triggered): checkpoint_id ('latest' or an
+id), mode (auto, global, partial), parallelism (null keeps it; another value
+rescales), dry_run (only print the plan). Tasks are the recovery steps:
+restore enumerator state -> collect reader reports -> classify every split
+(the audit trail) -> reassign and rebalance -> validate -> resume.
+"""
+
+from __future__ import annotations
+
+import pendulum
+from airflow.sdk import DAG, Param, task
+
+from splitkeeper.orchestration import tasks
+from splitkeeper.orchestration.airflow import DEFAULT_ARGS
+
+with DAG(
+    dag_id="splitkeeper_recover",
+    description="Hand-triggered recovery: global restore, partial failover or rescale, with the audit trail",
+    schedule=None,
+    start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
+    catchup=False,
+    max_active_runs=1,
+    default_args=DEFAULT_ARGS,
+    params={
+        "checkpoint_id": Param(
+            "latest",
+            type="string",
+            pattern=r"^(latest|[1-9][0-9]*)$",
+            description="'latest' or the id of a completed checkpoint",
+        ),
+        "mode": Param("auto", type="string", enum=list(tasks.RECOVERY_MODES), description="recovery mode"),
+        "parallelism": Param(
+            None,
+            type=["null", "integer"],
+            minimum=1,
+            description="new parallelism (a rescale); null keeps it",
+        ),
+        "dry_run": Param(False, type="boolean", description="only print the recovery plan"),
+    },
+    tags=["splitkeeper"],
+) as dag:
+
+    @task
+    def restore_enumerator_state(params: dict | None = None) -> dict:
+        return tasks.restore_enumerator_state(params or {})
+
+    @task
+    def collect_reader_reports(restored: dict) -> dict:
+        return tasks.collect_reader_reports(restored)
+
+    @task
+    def classify_splits(reports: dict) -> dict:
+        return tasks.classify_splits(reports)
+
+    @task
+    def reassign_and_rebalance(reports: dict, classified: dict) -> dict:
+        return tasks.reassign_and_rebalance(reports)
+
+    @task
+    def validate(reassigned: dict) -> dict:
+        if reassigned.get("dry_run"):
+            return {"skipped": "dry run"}
+        return tasks.validate()
+
+    @task
+    def resume(validated: dict) -> str:
+        if validated.get("skipped"):
+            return "dry run: nothing to resume"
+        return tasks.report(title="splitkeeper recovery report")
+
+    reports = collect_reader_reports(restore_enumerator_state())
+    resume(validate(reassign_and_rebalance(reports, classify_splits(reports))))

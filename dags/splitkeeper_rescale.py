@@ -1,0 +1,52 @@
+"""splitkeeper_rescale: change a pipeline's parallelism (DESIGN 2.8).
+
+Restores the latest checkpoint at the new parallelism, redistributing operator
+state even-split or union and splits even-split, keeps the restored assignment
+until the first checkpoint at the new parallelism (which it then takes), and
+validates.
+"""
+
+from __future__ import annotations
+
+import pendulum
+from airflow.sdk import DAG, Param, task
+
+from splitkeeper.orchestration import tasks
+from splitkeeper.orchestration.airflow import DEFAULT_ARGS
+
+with DAG(
+    dag_id="splitkeeper_rescale",
+    description="Change parallelism with operator-state redistribution (even-split or union)",
+    schedule=None,
+    start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
+    catchup=False,
+    max_active_runs=1,
+    default_args=DEFAULT_ARGS,
+    params={
+        "parallelism": Param(2, type="integer", minimum=1, maximum=1024, description="the new parallelism"),
+        "redistribution": Param("even-split", type="string", enum=["even-split", "union"]),
+    },
+    tags=["splitkeeper"],
+) as dag:
+
+    @task
+    def restore(params: dict | None = None) -> dict:
+        params = params or {}
+        restored = tasks.restore_enumerator_state(
+            {"checkpoint_id": "latest", "mode": "global", "parallelism": params.get("parallelism")}
+        )
+        return {**restored, "redistribution": params.get("redistribution", "even-split")}
+
+    @task
+    def redistribute(restored: dict) -> dict:
+        return tasks.reassign_and_rebalance(tasks.collect_reader_reports(restored))
+
+    @task
+    def validate(redistributed: dict) -> dict:
+        return tasks.validate()
+
+    @task
+    def report(validated: dict) -> str:
+        return tasks.report(title="splitkeeper rescale report")
+
+    report(validate(redistribute(restore())))

@@ -1,0 +1,36 @@
+"""``splitkeeper validate --config FILE [--checkpoint ID] [--json]``: the DESIGN 6 restart checks.
+
+Runs the Great Expectations suites (``expectations/``) on a checkpoint's Delta
+state and the sink; exits 1 naming the offending split ids when any fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from splitkeeper.errors import InvariantViolation
+from splitkeeper.runtime.commands.common import add_config_argument
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    add_config_argument(parser)
+    parser.add_argument("--checkpoint", type=int, default=None, help="checkpoint id (default: latest)")
+    parser.add_argument("--json", action="store_true")
+
+
+def run(args: argparse.Namespace) -> int:
+    from splitkeeper.orchestration.tasks import validate
+
+    try:
+        result = validate(args.config, args.checkpoint)
+    except InvariantViolation as err:
+        if args.json:
+            print(
+                json.dumps({"success": False, "error": str(err), "split_ids": list(err.params["split_ids"])})
+            )
+        else:
+            print(f"splitkeeper validate: {err}")
+        return 1
+    print(json.dumps(result) if args.json else f"restart checks passed: {result['suites']}")
+    return 0

@@ -1,0 +1,140 @@
+"""The DAGs as users run them: real DAG runs (dag.test) on a SQLite metadata DB, real Spark and Delta."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.dags.conftest import REPO, load_dag
+
+pytestmark = [pytest.mark.airflow]
+
+
+def _write_pipeline(root: Path, *, files: int = 3, lines: int = 200, parallelism: int = 2) -> Path:
+    subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "examples" / "make_files.py"),
+            str(root / "in"),
+            "--files",
+            str(files),
+            "--lines",
+            str(lines),
+            "--format",
+            "lines",
+        ],
+        check=True,
+        capture_output=True,
+    )
+    config = root / "pipeline.yaml"
+    config.write_text(
+        f"""
+name: dagtest
+parallelism: {parallelism}
+strategy: least-loaded
+source: {{kind: files, path: in, format: lines}}
+checkpoint: {{max_consecutive_failures: 2, max_failure_ratio: 0.5, region_timeout_s: 30}}
+backlog: {{backlog_epoch_records: 400, normal_epoch_records: 400}}
+state: {{path: state}}
+sink: {{path: sink}}
+""",
+        encoding="utf-8",
+    )
+    return config
+
+
+def test_dag_files_only_wire_tasks_and_import_no_spark():
+    code = (
+        "import sys; sys.path.insert(0, %r)\n"
+        "from tests.dags.conftest import load_dag\n"
+        "ids = {n: [t.task_id for t in load_dag(n).topological_sort()] for n in "
+        "('splitkeeper_ingest', 'splitkeeper_recover', 'splitkeeper_rescale')}\n"
+        "import json; print(json.dumps({'ids': ids, 'spark': 'pyspark' in sys.modules}))\n"
+    ) % str(REPO)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=os.environ.copy())
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["spark"] is False  # parsing a DAG file never starts or imports Spark
+    assert result["ids"]["splitkeeper_ingest"] == [
+        "recover_if_needed",
+        "discover_and_assign",
+        "run_epochs",
+        "validate",
+        "report",
+    ]
+    assert result["ids"]["splitkeeper_recover"] == [
+        "restore_enumerator_state",
+        "collect_reader_reports",
+        "classify_splits",
+        "reassign_and_rebalance",
+        "validate",
+        "resume",
+    ]
+    ingest, recover = load_dag("splitkeeper_ingest"), load_dag("splitkeeper_recover")
+    assert ingest.max_active_runs == 1
+    assert recover.schedule is None if hasattr(recover, "schedule") else True
+
+
+@pytest.mark.parametrize(
+    ("conf", "fragment"),
+    [
+        ({"parallelism": 0}, "parallelism"),
+        ({"mode": "sideways"}, "mode"),
+        ({"checkpoint_id": "yesterday"}, "checkpoint_id"),
+        ({"dry_run": "maybe"}, "dry_run"),
+    ],
+)
+def test_recover_rejects_bad_params_at_trigger(airflow_db, conf, fragment):
+    from airflow.exceptions import ParamValidationError
+
+    with pytest.raises(ParamValidationError) as err:
+        load_dag("splitkeeper_recover").test(run_conf=conf)
+    assert fragment in str(err.value)
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_ingest_with_a_region_failure_then_recover_and_rescale(airflow_db, spark, tmp_path, monkeypatch):
+    from splitkeeper.runtime.config import load_config
+    from splitkeeper.runtime.sources import build_source
+    from splitkeeper.runtime.state_store import DeltaStateStore
+
+    config_path = _write_pipeline(tmp_path)
+    monkeypatch.setenv("SPLITKEEPER_PIPELINE_CONFIG", str(config_path))
+    monkeypatch.setenv("SPLITKEEPER_REPORTS_DIR", str(tmp_path / "reports"))
+
+    run = load_dag("splitkeeper_ingest").test(run_conf={"epochs": 2, "faults": ["fail:1@2"]})
+    assert run.state == "success"
+    config = load_config(config_path)
+    store = DeltaStateStore(spark, config.state_path, config.name, build_source(config.source).fingerprint())
+    kinds = [t.kind.value for t in store.timeline()]
+    assert kinds[:2] == ["global", "regional"]
+    assert (tmp_path / "reports" / "dagtest" / "report.html").exists()
+    before = store.checkpoint_ids()
+
+    dry = load_dag("splitkeeper_recover").test(run_conf={"dry_run": True, "parallelism": 3})
+    assert dry.state == "success"
+    assert store.checkpoint_ids() == before  # a dry run writes nothing
+
+    missing = load_dag("splitkeeper_recover").test(run_conf={"checkpoint_id": "999"})
+    assert missing.state == "failed"  # no such checkpoint: the restore task fails, naming it
+    assert store.checkpoint_ids() == before
+
+    rescale = load_dag("splitkeeper_recover").test(run_conf={"parallelism": 3, "mode": "global"})
+    assert rescale.state == "success"
+    latest = store.latest_checkpoint()
+    assert latest is not None and latest.parallelism == 3
+    loads = [len(s) for s in latest.enumerator.assignments.values()]
+    assert max(loads) - min(loads) <= 1
+
+    finish = load_dag("splitkeeper_ingest").test(run_conf={"epochs": 20})
+    assert finish.state == "success"
+    sink = spark.read.format("delta").load(config.sink_path)
+    source_lines = sum(len(p.read_text().splitlines()) for p in (tmp_path / "in").iterdir())
+    assert sink.count() == source_lines
+    assert sink.select("split_id", "offset").distinct().count() == source_lines
