@@ -50,12 +50,12 @@ sink: {{path: sink}}
 
 def test_dag_files_only_wire_tasks_and_import_no_spark():
     code = (
-        "import sys; sys.path.insert(0, %r)\n"
+        f"import sys; sys.path.insert(0, {str(REPO)!r})\n"
         "from tests.dags.conftest import load_dag\n"
         "ids = {n: [t.task_id for t in load_dag(n).topological_sort()] for n in "
         "('splitkeeper_ingest', 'splitkeeper_recover', 'splitkeeper_rescale')}\n"
         "import json; print(json.dumps({'ids': ids, 'spark': 'pyspark' in sys.modules}))\n"
-    ) % str(REPO)
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=os.environ.copy())
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
