@@ -328,3 +328,18 @@ def classify_and_reassign(reports: Mapping[str, Any], path: str | None = None) -
         return summary
     finally:
         pipeline.close()
+
+
+def next_epoch(path: str | None = None) -> int:
+    """The id the next epoch of this pipeline will get (for fault injection in demos)."""
+    from splitkeeper.runtime.sources import build_source
+    from splitkeeper.runtime.state_store import DeltaStateStore
+
+    config = load_config(config_path(path))
+    connector = build_source(config.source)
+    try:
+        store = DeltaStateStore(_spark(), config.state_path, config.name, connector.fingerprint())
+    finally:
+        connector.close()
+    ids = store.checkpoint_ids()
+    return max(store.latest_plan_epoch() or 0, ids[-1] if ids else 0) + 1

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# The main job on the embedded default: install everything (scripts/setup.sh), then run the demo:
+# Airflow (SQLite metadata DB) runs the ingest DAG over a few cycles on local Spark and local Delta,
+# a region failure is injected, the recovery DAG rescales, the restart checks run, and the reports
+# are written. The last line printed is `report: <path to the HTML report>`.
+#
+#   bash scripts/run.sh                 # fresh demo workspace under var/demo
+#   bash scripts/run.sh --workspace DIR # somewhere else
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+
+bash scripts/setup.sh
+exec "$ROOT/.venv/bin/python" -m splitkeeper.demo "$@"
