@@ -277,8 +277,21 @@ def ref_chain_depths(refs: Mapping[int, Collection[int]]) -> dict[int, int]:
     return depths
 
 
-def check_ref_chains(refs: Mapping[int, Collection[int]], max_consecutive_failures: int) -> list[Violation]:
-    """Ref chains no deeper than ``max_consecutive_failures``, and never broken by retention."""
+def check_ref_chains(
+    refs: Mapping[int, Collection[int]],
+    max_consecutive_failures: int,
+    depths: Mapping[int, int] | None = None,
+) -> list[Violation]:
+    """Ref chains no deeper than ``max_consecutive_failures``, and never broken by retention.
+
+    ``depths`` maps each checkpoint id to its depth as the checkpoint store defines it
+    (``CheckpointStore.chain_depth``: the deepest ``RegionState.ref_depth``, i.e. how many
+    times one region's state was fallen back to in a row). That is the DESIGN 6 bound and
+    what callers holding the checkpoints should pass. Without it the whole-checkpoint chain
+    length (:func:`ref_chain_depths`) is bounded instead, which over-counts after an aborted
+    forced global (a later regional checkpoint may refer to an older regional one through
+    another region).
+    """
     violations: list[Violation] = []
     for cid in sorted(refs):
         for ref in sorted(refs[cid]):
@@ -300,7 +313,8 @@ def check_ref_chains(refs: Mapping[int, Collection[int]], max_consecutive_failur
                         "(retention must never break a chain)",
                     )
                 )
-    for cid, depth in sorted(ref_chain_depths(refs).items()):
+    measured = ref_chain_depths(refs) if depths is None else dict(depths)
+    for cid, depth in sorted(measured.items()):
         if depth > max_consecutive_failures:
             violations.append(
                 Violation(

@@ -1055,20 +1055,8 @@ class Simulator:
         # the store: refs resolve and point back; no region state deeper than the bound
         mcf = self.config.max_consecutive_failures
         refs = {cid: self.store.get(cid).ref_checkpoint_ids for cid in self.store.ids()}
-        self._record_violations(
-            "store",
-            [v for v in check_ref_chains(refs, mcf) if v.kind is not ViolationKind.REF_CHAIN_TOO_DEEP],
-        )
-        for cid in refs:
-            depth = self.store.chain_depth(cid)
-            if depth > mcf:
-                self._record(
-                    ViolationKind.REF_CHAIN_TOO_DEEP,
-                    "store",
-                    (),
-                    f"checkpoint {cid} holds a region state {depth} ref hops deep; "
-                    f"max_consecutive_failures={mcf}",
-                )
+        depths = {cid: self.store.chain_depth(cid) for cid in refs}
+        self._record_violations("store", check_ref_chains(refs, mcf, depths))
 
     # -- result -------------------------------------------------------------------------------
 

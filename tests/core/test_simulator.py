@@ -410,12 +410,6 @@ def test_normalized_scenario_names_regions_modulo_parallelism_and_replays_identi
 # --------------------------------------------------------------------------- core findings
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="core bug found by the simulator: invariants.check_ref_chains bounds whole-checkpoint ref "
-    "chains, which exceed max_consecutive_failures after an aborted forced global even though every "
-    "region state's ref_depth (store.chain_depth) is within it",
-)
 def test_check_ref_chains_agrees_with_the_store_after_an_aborted_forced_global() -> None:
     store = CheckpointStore()
     coordinator = RegionalCheckpointCoordinator(
@@ -438,4 +432,7 @@ def test_check_ref_chains_agrees_with_the_store_after_an_aborted_forced_global()
     assert attempt(4, 1) is CheckpointKind.REGIONAL  # region 1 -> 2 (its own state there is depth 0)
     assert max(store.chain_depth(c) for c in store.ids()) == 1  # DESIGN 6 holds
     refs = {c: store.get(c).ref_checkpoint_ids for c in store.ids()}
-    assert check_ref_chains(refs, 1) == []  # reports "checkpoint 4 has a ref chain of depth 2"
+    depths = {c: store.chain_depth(c) for c in store.ids()}
+    assert check_ref_chains(refs, 1, depths) == []
+    # the whole-checkpoint chain 4 -> 2 -> 1 is longer than any region's chain of fallbacks
+    assert [v.kind for v in check_ref_chains(refs, 1)] == [ViolationKind.REF_CHAIN_TOO_DEEP]
