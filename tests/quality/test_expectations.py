@@ -389,3 +389,53 @@ def test_suite_files_name_a_dataset_and_index_columns(tmp_path):
         (bad / f"{key}.json").write_text(json.dumps(definition))
     with pytest.raises(ConfigError, match="dataset='readers' is not allowed"):
         load_suite_specs(bad)
+
+
+# ---------------------------------------------------------------------------------------
+# The real runtime: a pipeline run with a failed region leaves a state that passes
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_real_pipeline_run_with_a_failed_region_passes_every_suite(spark, tmp_path):
+    from splitkeeper.runtime.config import config_from_mapping
+    from splitkeeper.runtime.pipeline import run_pipeline
+    from splitkeeper.runtime.sources import build_source
+
+    incoming = tmp_path / "in"
+    incoming.mkdir()
+    for f in range(3):
+        lines = (json.dumps({"id": f * 100 + i, "pad": "x" * (i % 7)}) + "\n" for i in range(60))
+        (incoming / f"part-{f}.jsonl").write_text("".join(lines), encoding="utf-8")
+    config = config_from_mapping(
+        {
+            "name": "files-demo",
+            "parallelism": 2,
+            "strategy": "least-loaded",
+            "source": {"kind": "files", "path": str(incoming), "format": "jsonl"},
+            "checkpoint": {"max_consecutive_failures": 2, "region_timeout_s": 120, "retain_checkpoints": 10},
+            "backlog": {"backlog_epoch_records": 120, "normal_epoch_records": 120},
+            "state": {"path": str(tmp_path / "state")},
+            "sink": {"path": str(tmp_path / "sink")},
+        }
+    )
+    summary = run_pipeline(config, spark, faults=["fail:1@2"])
+    assert summary.finished and summary.counts()["regional"] >= 1, summary.counts()
+
+    connector = build_source(config.source)
+    try:
+        store = DeltaStateStore(spark, config.state_path, config.name, connector.fingerprint())
+        report = run_checks(
+            spark,
+            store,
+            config.sink_path,
+            tmp_path / "docs",
+            strategy=config.strategy,
+            subscriptions=connector.subscriptions(),
+            source_splits=connector.discover_splits(),
+        )
+    finally:
+        connector.close()
+    assert report.success, report.summary()
+    assert report.suite("sink_records").rows == 180
+    assert report.suite("sink_splits").rows == 3
