@@ -18,6 +18,10 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "splitkeeper.bench.assign",
         "full balanced assignment of N splits over R readers, then one reader fails",
     ),
+    "ingest": (
+        "splitkeeper.bench.ingest",
+        "exactly-once ingest into Delta: splitkeeper pipeline vs Structured Streaming (--source files)",
+    ),
 }
 
 
@@ -34,6 +38,10 @@ def run(args: argparse.Namespace) -> int:
     if name not in BENCHMARKS:
         raise InvalidParameterError("benchmark", name, "one of " + ", ".join(BENCHMARKS))
     module_name, help_text = BENCHMARKS[name]
+    if name == "ingest":  # --source kafka runs its own module once it exists
+        from splitkeeper.bench.ingest import module_for_source
+
+        module_name = module_for_source(args.options)
     module = importlib.import_module(module_name)
     parser = argparse.ArgumentParser(prog=f"splitkeeper bench {name}", description=help_text)
     module.configure(parser)

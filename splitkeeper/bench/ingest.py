@@ -1,0 +1,1145 @@
+"""``splitkeeper bench ingest --source files``: exactly-once file ingest, splitkeeper vs Structured Streaming.
+
+One run, one Spark session:
+
+1. the input is generated once (``examples/make_files.py``: ``--files`` files of
+   ``--lines`` JSON lines of about ``--line-bytes`` bytes, deterministic);
+2. per repetition, both ingest it into a fresh Delta table, one after the other
+   (the order alternates between repetitions so neither side always runs warm):
+
+   - **splitkeeper**: a bounded files pipeline (``--parallelism`` regions,
+     regional checkpoints on, identity transform, ``--epoch-records`` records per
+     epoch) opened and run to completion through :class:`splitkeeper.runtime.pipeline.Pipeline`;
+     timed from constructing the pipeline (state and sink tables are created) to
+     ``close()``;
+   - **baseline**: Structured Streaming's ``text`` file source over the same
+     directory, ``value`` plus ``_metadata.file_name`` as ``split_id``, into a
+     Delta sink with ``trigger(availableNow=True)``, ``maxFilesPerTrigger`` =
+     epoch records / lines per file, checkpoint in a fresh directory; timed from
+     ``start()`` to ``awaitTermination()``;
+
+3. both sinks are checked (outside the timings): exactly the input record count,
+   every file's line count per ``split_id``, no duplicate ``(split_id, offset)``
+   in ours, and (first repetition) the same multiset of values in both;
+4. the state store's restore time is measured after 10 and after
+   ``--restore-checkpoints`` (default 200) checkpoints with
+   :func:`splitkeeper.runtime.state_store.measure_state_store`.
+
+Where our time goes: every epoch's :attr:`EpochReport.phases`, the pipeline's
+setup (construct + open), the number of Spark jobs, and, per run, the wall time
+of the state store's and sink's Delta operations (their methods are wrapped by
+:class:`CallTimer` for the duration of our run; the wrappers only time, the
+behaviour is unchanged). Every figure is reported with the 1-minute load average
+sampled while it was measured: the reference machine has 2 cores shared with
+other work, so wall times are noisy.
+
+Figures: medians over ``--repeat`` repetitions; records/s = records / median
+wall seconds; ``ratio`` = ours / baseline records/s as printed (above 1: ours
+is faster). The HTML chart goes to ``--out`` (default ``var/bench``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import importlib.util
+import json
+import math
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from html import escape
+from pathlib import Path
+from typing import Any
+
+from splitkeeper.errors import EnvironmentNotReadyError, InvalidParameterError, SplitkeeperError
+
+KAFKA_MODULE = "splitkeeper.bench.ingest_kafka"
+CHART_FILE = "ingest.html"
+PIPELINE_NAME = "bench-ingest"
+#: Epoch phases of :attr:`EpochReport.phases`, in the order the runner measures them.
+PHASES: tuple[str, ...] = ("plan", "read", "decide", "sink", "state", "retain", "finish")
+#: restore after 10 and after 200 checkpoints should be "about equal": within this factor.
+RESTORE_EQUAL_FACTOR = 1.5
+SMALL_RESTORE_MARK = 10
+
+
+def _progress(line: str) -> None:
+    print(f"[bench ingest] {line}", file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------------------------------
+# settings
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class IngestSettings:
+    """What to measure. ``epoch_records=None``: half the input (two reading epochs).
+
+    ``restore_checkpoints=0`` skips the restore measurement.
+    """
+
+    files: int = 8
+    lines: int = 100_000
+    line_bytes: int = 100
+    parallelism: int = field(default_factory=lambda: os.cpu_count() or 2)
+    epoch_records: int | None = None
+    repeat: int = 3
+    restore_checkpoints: int = 200
+    restore_repeat: int = 3
+    warmup: bool = True
+    content_check: bool = True
+
+    def __post_init__(self) -> None:
+        for name, minimum in (
+            ("files", 1),
+            ("lines", 1),
+            ("line_bytes", 8),
+            ("parallelism", 1),
+            ("repeat", 1),
+            ("restore_checkpoints", 0),
+            ("restore_repeat", 0),
+        ):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+                raise InvalidParameterError(name, value, f"an integer >= {minimum}")
+        if self.epoch_records is not None and (
+            isinstance(self.epoch_records, bool)
+            or not isinstance(self.epoch_records, int)
+            or self.epoch_records < 1
+        ):
+            raise InvalidParameterError("epoch_records", self.epoch_records, "an integer >= 1 (or unset)")
+
+    @property
+    def records(self) -> int:
+        return self.files * self.lines
+
+    @property
+    def records_per_epoch(self) -> int:
+        return self.epoch_records if self.epoch_records is not None else math.ceil(self.records / 2)
+
+    @property
+    def max_files_per_trigger(self) -> int:
+        """The baseline's micro-batch size closest to our epoch size, in whole files."""
+        return max(1, round(self.records_per_epoch / self.lines))
+
+    @property
+    def restore_marks(self) -> tuple[int, ...]:
+        n = self.restore_checkpoints
+        return tuple(sorted({m for m in (SMALL_RESTORE_MARK, n) if 1 <= m <= n}))
+
+
+# ---------------------------------------------------------------------------------------
+# measurement helpers
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class LoadFigure:
+    """The 1-minute load average while something was measured: mean and max of 1 s samples."""
+
+    mean: float
+    max: float
+    samples: int
+
+    def text(self) -> str:
+        return f"load {self.mean:.1f} (max {self.max:.1f})"
+
+
+class LoadSampler:
+    """Samples ``os.getloadavg()[0]`` every ``interval_s`` in a daemon thread while in a ``with``.
+
+    With ``heartbeat_s`` it also calls ``heartbeat(elapsed_s)`` that often (progress for
+    long silent steps). One use per instance.
+    """
+
+    def __init__(
+        self,
+        interval_s: float = 1.0,
+        heartbeat_s: float | None = None,
+        heartbeat: Callable[[float], None] | None = None,
+    ) -> None:
+        self.interval_s = interval_s
+        self.heartbeat_s = heartbeat_s
+        self.heartbeat = heartbeat
+        self._samples: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="bench-load", daemon=True)
+
+    def _loop(self) -> None:
+        started = time.monotonic()
+        beat = started
+        while True:
+            self._samples.append(os.getloadavg()[0])
+            if self._stop.wait(self.interval_s):
+                return
+            now = time.monotonic()
+            if self.heartbeat and self.heartbeat_s and now - beat >= self.heartbeat_s:
+                beat = now
+                self.heartbeat(now - started)
+
+    def __enter__(self) -> LoadSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._samples.append(os.getloadavg()[0])
+
+    @property
+    def figure(self) -> LoadFigure:
+        samples = self._samples or [os.getloadavg()[0]]
+        return LoadFigure(round(statistics.fmean(samples), 2), round(max(samples), 2), len(samples))
+
+
+class CallTimer:
+    """Wall time and call count per wrapped method (inclusive: nested wrapped calls count in both).
+
+    ``patch(cls, names, prefix)`` replaces methods on the class for the ``with`` block and
+    restores them afterwards; the wrappers only time. Used by this benchmark around our
+    run to attribute the epoch phases to Delta operations. Not thread-safe for nested
+    patches of the same method; counts from several threads are fine (a lock guards them).
+    """
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self.calls: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def _record(self, label: str, elapsed: float) -> None:
+        with self._lock:
+            self.seconds[label] = self.seconds.get(label, 0.0) + elapsed
+            self.calls[label] = self.calls.get(label, 0) + 1
+
+    @contextlib.contextmanager
+    def patch(self, owner: type, names: Sequence[str], prefix: str) -> Iterator[None]:
+        originals = {name: owner.__dict__[name] for name in names}
+
+        def wrap(label: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+            @functools.wraps(fn)
+            def timed(*args: Any, **kwargs: Any) -> Any:
+                started = time.perf_counter()
+                try:
+                    return fn(*args, **kwargs)
+                finally:
+                    self._record(label, time.perf_counter() - started)
+
+            return timed
+
+        try:
+            for name, fn in originals.items():
+                setattr(owner, name, wrap(f"{prefix}.{name}", fn))
+            yield
+        finally:
+            for name, fn in originals.items():
+                setattr(owner, name, fn)
+
+
+def _latest_job_id(spark: Any) -> int | None:
+    """The id of the newest Spark job of this context (ids are sequential), None if unknown.
+
+    Reads the driver's status store through py4j (an internal API): None when it is
+    not reachable, and the job counts are then left out.
+    """
+    try:
+        jobs = spark.sparkContext._jsc.sc().statusStore().jobsList(None)
+        size = int(jobs.size())
+        if size == 0:
+            return -1
+        return max(int(jobs.apply(0).jobId()), int(jobs.apply(size - 1).jobId()))
+    except Exception:  # noqa: BLE001 - a figure we can do without
+        return None
+
+
+def _jobs_between(before: int | None, after: int | None) -> int | None:
+    return None if before is None or after is None else after - before
+
+
+def average_phases(phases: Sequence[Mapping[str, float]]) -> dict[str, float]:
+    """Per phase, the mean seconds over ``phases`` (one mapping per epoch; a missing phase is 0)."""
+    names = [p for p in PHASES if any(p in e for e in phases)]
+    names += sorted({k for e in phases for k in e} - set(names))
+    if not phases:
+        return {}
+    return {n: round(statistics.fmean(e.get(n, 0.0) for e in phases), 3) for n in names}
+
+
+def restore_verdict(restore_s: Mapping[int, float]) -> str:
+    """One sentence comparing the restore time after the fewest and the most checkpoints.
+
+    "about equal" when the larger is within :data:`RESTORE_EQUAL_FACTOR` of the smaller.
+    """
+    if len(restore_s) < 2:
+        return "restore measured at one checkpoint count only: " + ", ".join(
+            f"{s:.2f} s after {n}" for n, s in sorted(restore_s.items())
+        )
+    (n_small, small), (n_large, large) = min(restore_s.items()), max(restore_s.items())
+    factor = large / small if small > 0 else math.inf
+    figures = f"{small:.2f} s after {n_small} vs {large:.2f} s after {n_large} checkpoints (x{factor:.2f})"
+    if factor <= RESTORE_EQUAL_FACTOR and (small == 0 or small / large <= RESTORE_EQUAL_FACTOR):
+        return f"about equal: {figures}; restore does not grow with history"
+    if factor > RESTORE_EQUAL_FACTOR:
+        return f"NOT equal: {figures}; restore grows with history"
+    return f"NOT equal: {figures}; restore after more checkpoints was faster (noise?)"
+
+
+# ---------------------------------------------------------------------------------------
+# input
+# ---------------------------------------------------------------------------------------
+
+
+def _make_files_module() -> Any:
+    """``examples/make_files.py`` of this checkout (the project's one input generator)."""
+    import splitkeeper
+
+    path = Path(splitkeeper.__file__).resolve().parents[1] / "examples" / "make_files.py"
+    if not path.is_file():
+        raise EnvironmentNotReadyError(
+            f"splitkeeper bench ingest generates its input with {path}, which is missing: run it from a "
+            "source checkout of splitkeeper (pip install -e .)",
+            path=str(path),
+        )
+    spec = importlib.util.spec_from_file_location("splitkeeper_examples_make_files", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def make_input(directory: str, settings: IngestSettings) -> dict[str, int]:
+    """Write the input files into ``directory``; return file name -> line count."""
+    paths = _make_files_module().write_files(
+        directory, settings.files, settings.lines, fmt="jsonl", line_bytes=settings.line_bytes
+    )
+    return {os.path.basename(p): settings.lines for p in paths}
+
+
+def _warm_task(_: int) -> int:
+    """A Python worker's first import of the staging stack (module-level: pickled by reference)."""
+    import splitkeeper.runtime.staging  # noqa: F401
+
+    return os.getpid()
+
+
+def warm_up(spark: Any, directory: str) -> None:
+    """Start the Python workers and load Delta's classes once, before either side is timed."""
+    spark.sparkContext.parallelize(range(4), 2).map(_warm_task).collect()
+    path = os.path.join(directory, "warmup-delta")
+    spark.range(100).selectExpr("id", "cast(id as string) as value").write.format("delta").save(path)
+    spark.read.format("delta").load(path).count()
+    shutil.rmtree(path, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------------------
+# the two sides
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class OursRun:
+    seconds: float
+    setup_s: float  # Pipeline(...) (creates state and sink tables) + open()
+    epochs: tuple[dict[str, Any], ...]  # per epoch: epoch, kind, records, elapsed_s, phases, jobs
+    committed_records: int
+    finished: bool
+    checkpoint_commit_ms: tuple[int, ...]  # the checkpoints rows' commit_ms (retained rows)
+    calls: dict[str, dict[str, float]]  # label -> {"calls", "seconds"}
+    region_task_s: tuple[float, ...]  # every acknowledged region task's own elapsed_s
+    setup_jobs: int | None
+    jobs: int | None
+    load: LoadFigure
+    sink_path: str
+
+
+@dataclass(frozen=True, slots=True)
+class BaselineRun:
+    seconds: float
+    batches: int
+    batch_ms: dict[str, float]  # mean per micro-batch of Structured Streaming's durationMs entries
+    jobs: int | None
+    load: LoadFigure
+    sink_path: str
+
+
+def _ours_config(settings: IngestSettings, input_dir: str, root: str) -> Any:
+    from splitkeeper.runtime.config import IDENTITY_TRANSFORM, config_from_mapping
+
+    epoch = settings.records_per_epoch
+    return config_from_mapping(
+        {
+            "name": PIPELINE_NAME,
+            "parallelism": settings.parallelism,
+            "regions": "per_reader",  # regional checkpoints on
+            "source": {"kind": "files", "path": input_dir, "format": "lines"},
+            "checkpoint": {"region_timeout_s": 3600, "retain_checkpoints": 3},
+            # bounded file splits are not backlog-tracked: the normal size applies; set both alike
+            "backlog": {"backlog_epoch_records": epoch, "normal_epoch_records": epoch},
+            "state": {"path": os.path.join(root, "state")},
+            "sink": {"path": os.path.join(root, "sink")},
+            "transform": IDENTITY_TRANSFORM,
+        },
+        base_dir=root,
+    )
+
+
+def run_ours(spark: Any, settings: IngestSettings, input_dir: str, root: str, label: str) -> OursRun:
+    """Ingest ``input_dir`` with a fresh splitkeeper pipeline under ``root``; time it end to end."""
+    from splitkeeper.runtime.pipeline import Pipeline
+    from splitkeeper.runtime.sink import DeltaSink
+    from splitkeeper.runtime.state_store import DeltaStateStore
+
+    config = _ours_config(settings, input_dir, root)
+    timer = CallTimer()
+    task_seconds: list[float] = []
+    epochs: list[dict[str, Any]] = []
+    job_marks: list[int | None] = []
+    original_apply = Pipeline.__dict__["_apply_progress"]
+
+    def observe_results(self: Any, results: Mapping[int, Any]) -> None:
+        task_seconds.extend(float(r.elapsed_s) for r in results.values())
+        original_apply(self, results)
+
+    def on_epoch(line: str) -> None:
+        job_marks.append(_latest_job_id(spark))
+        _progress(f"{label}: {line}")
+
+    store_ops = (
+        "_ensure_tables",
+        "_claim_pipeline",
+        "write_plan",
+        "latest_plan_epoch",
+        "commit_checkpoint",
+        "_append_all",
+        "_merge_insert",
+        "_metadata",
+        "retain",
+        "compact",
+        "latest_checkpoint",
+        "ref_chain",
+    )
+    sink_ops = ("_ensure_table", "commit", "committed_version", "committed_metadata")
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(timer.patch(DeltaStateStore, store_ops, "state_store"))
+        stack.enter_context(timer.patch(DeltaSink, sink_ops, "sink"))
+        Pipeline._apply_progress = observe_results  # type: ignore[method-assign]
+        stack.callback(setattr, Pipeline, "_apply_progress", original_apply)
+        first_job = _latest_job_id(spark)
+        sampler = stack.enter_context(LoadSampler())
+        started = time.perf_counter()
+        pipeline = Pipeline(config, spark, progress=on_epoch)
+        stack.callback(pipeline.close)
+        pipeline.open()
+        setup_s = time.perf_counter() - started
+        job_marks.append(_latest_job_id(spark))
+        summary = pipeline.run()
+        pipeline.close()
+        seconds = time.perf_counter() - started
+    load = sampler.figure
+    for i, report in enumerate(summary.epochs):
+        epochs.append(
+            {
+                "epoch": report.epoch,
+                "kind": report.kind.value,
+                "records": report.committed_records,
+                "elapsed_s": report.elapsed_s,
+                "phases": dict(report.phases),
+                "final": report.final,
+                "jobs": _jobs_between(job_marks[i], job_marks[i + 1]) if i + 1 < len(job_marks) else None,
+            }
+        )
+    commit_ms = tuple(e.commit_ms for e in pipeline.store.timeline() if e.commit_ms is not None)
+    return OursRun(
+        seconds=round(seconds, 3),
+        setup_s=round(setup_s, 3),
+        epochs=tuple(epochs),
+        committed_records=summary.committed_records,
+        finished=summary.finished,
+        checkpoint_commit_ms=commit_ms,
+        calls={
+            k: {"calls": timer.calls[k], "seconds": round(v, 3)} for k, v in sorted(timer.seconds.items())
+        },
+        region_task_s=tuple(round(s, 3) for s in task_seconds),
+        setup_jobs=_jobs_between(first_job, job_marks[0]),
+        jobs=_jobs_between(first_job, job_marks[-1]),
+        load=load,
+        sink_path=config.sink_path,
+    )
+
+
+def run_baseline(spark: Any, settings: IngestSettings, input_dir: str, root: str, label: str) -> BaselineRun:
+    """Ingest ``input_dir`` with Structured Streaming (text source, Delta sink, availableNow)."""
+    sink_path = os.path.join(root, "sink")
+    checkpoint = os.path.join(root, "checkpoint")
+    first_job = _latest_job_id(spark)
+    with LoadSampler() as sampler:
+        started = time.perf_counter()
+        query = (
+            spark.readStream.format("text")
+            .option("maxFilesPerTrigger", settings.max_files_per_trigger)
+            .load(input_dir)
+            .selectExpr("value", "_metadata.file_name AS split_id")
+            .writeStream.format("delta")
+            .option("checkpointLocation", checkpoint)
+            .queryName(f"bench_ingest_baseline_{os.getpid()}_{int(started * 1000)}")
+            .trigger(availableNow=True)
+            .start(sink_path)
+        )
+        query.awaitTermination()
+        seconds = time.perf_counter() - started
+    if query.exception() is not None:
+        raise SplitkeeperError(f"{label}: the Structured Streaming query failed: {query.exception()}")
+    progress = [p for p in query.recentProgress if p.get("numInputRows", 0) > 0]
+    durations: dict[str, list[float]] = {}
+    for p in progress:
+        for key, value in (p.get("durationMs") or {}).items():
+            durations.setdefault(key, []).append(float(value))
+    _progress(f"{label}: {len(progress)} micro-batches in {seconds:.2f}s")
+    return BaselineRun(
+        seconds=round(seconds, 3),
+        batches=len(progress),
+        batch_ms={k: round(statistics.fmean(v), 1) for k, v in sorted(durations.items())},
+        jobs=_jobs_between(first_job, _latest_job_id(spark)),
+        load=sampler.figure,
+        sink_path=sink_path,
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# checks
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SinkCheck:
+    records: int
+    wrong_splits: dict[str, int]  # split id -> records found, where it differs from the file's lines
+    duplicates: int | None  # (split_id, offset) keys held more than once; None without offsets
+
+    @property
+    def exact(self) -> bool:
+        return not self.wrong_splits and not self.duplicates
+
+
+def check_sink(spark: Any, path: str, expected: Mapping[str, int], with_offsets: bool) -> SinkCheck:
+    """Count the sink's records, per split against ``expected``, and duplicate offsets if it has them."""
+    frame = spark.read.format("delta").load(path)
+    per_split = {r["split_id"]: int(r["count"]) for r in frame.groupBy("split_id").count().collect()}
+    wrong = {
+        sid: per_split.get(sid, 0)
+        for sid in sorted(set(expected) | set(per_split))
+        if per_split.get(sid, 0) != expected.get(sid, 0)
+    }
+    duplicates = None
+    if with_offsets:
+        duplicates = frame.groupBy("split_id", "offset").count().where("count > 1").count()
+    return SinkCheck(sum(per_split.values()), wrong, duplicates)
+
+
+def same_values(spark: Any, ours: str, baseline: str) -> bool:
+    """True when both sinks hold the same multiset of ``value`` (call only with equal counts)."""
+    a = spark.read.format("delta").load(ours).select("value")
+    b = spark.read.format("delta").load(baseline).select("value")
+    return a.exceptAll(b).limit(1).count() == 0
+
+
+# ---------------------------------------------------------------------------------------
+# restore
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RestoreFigures:
+    restore_s: dict[int, float]  # after N checkpoints -> latest_checkpoint() seconds
+    open_s: dict[int, float]  # after N checkpoints -> DeltaStateStore(...) seconds
+    repeats_s: tuple[float, ...]  # further restores after the most checkpoints
+    commit_ms_median: float
+    retain_ms_median: float
+    seconds: float
+    load: LoadFigure
+
+
+def measure_restore(spark: Any, root: str, settings: IngestSettings) -> RestoreFigures:
+    """Restore time after 10 and after ``restore_checkpoints`` checkpoints, then again ``restore_repeat``
+    times after the last count (a fresh store with Delta's log cache cleared, as a restarted driver)."""
+    from splitkeeper.runtime.state_store import DeltaStateStore, measure_state_store
+
+    n = settings.restore_checkpoints
+    _progress(
+        f"state store: committing {n} synthetic checkpoints, restore timed after {settings.restore_marks}"
+    )
+    started = time.perf_counter()
+    with LoadSampler(
+        heartbeat_s=30, heartbeat=lambda s: _progress(f"state store: still measuring ({s:.0f}s)")
+    ) as sampler:
+        measured = measure_state_store(spark, root, checkpoints=n, marks=settings.restore_marks)
+        repeats = []
+        for _ in range(settings.restore_repeat):
+            spark._jvm.org.apache.spark.sql.delta.DeltaLog.clearCache()
+            t0 = time.perf_counter()
+            DeltaStateStore(spark, root, "measure", "synthetic").latest_checkpoint()
+            repeats.append(round(time.perf_counter() - t0, 3))
+    return RestoreFigures(
+        restore_s={k: v / 1000 for k, v in measured.restore_ms.items()},
+        open_s={k: v / 1000 for k, v in measured.open_ms.items()},
+        repeats_s=tuple(repeats),
+        commit_ms_median=float(statistics.median(measured.total_commit_ms)),
+        retain_ms_median=float(statistics.median(measured.retain_ms)) if measured.retain_ms else 0.0,
+        seconds=round(time.perf_counter() - started, 1),
+        load=sampler.figure,
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# the benchmark
+# ---------------------------------------------------------------------------------------
+
+
+def _spark() -> Any:
+    """The running session if there is one (tests, notebooks), else a new one from the environment."""
+    from pyspark.sql import SparkSession
+
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        return active
+    from splitkeeper.runtime.spark import SparkSettings, get_spark
+
+    spark = get_spark(SparkSettings.from_env(ui_enabled=False, shuffle_partitions=os.cpu_count() or 2))
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def _median(values: Sequence[float]) -> float:
+    return round(float(statistics.median(values)), 3)
+
+
+def bench_ingest(settings: IngestSettings, work_dir: str, spark: Any | None = None) -> dict[str, Any]:
+    """Run the benchmark under ``work_dir`` (input, sinks, state) and return its figures."""
+    spark = spark or _spark()
+    load_start = [round(x, 2) for x in os.getloadavg()]
+    input_dir = os.path.join(work_dir, "input")
+    shutil.rmtree(input_dir, ignore_errors=True)
+    t0 = time.perf_counter()
+    expected = make_input(input_dir, settings)
+    input_bytes = sum(os.path.getsize(os.path.join(input_dir, f)) for f in expected)
+    _progress(
+        f"input: {settings.files} files x {settings.lines:,} lines = {settings.records:,} records, "
+        f"{input_bytes / 1e6:.1f} MB, written in {time.perf_counter() - t0:.1f}s; "
+        f"epoch {settings.records_per_epoch:,} records, maxFilesPerTrigger {settings.max_files_per_trigger}, "
+        f"parallelism {settings.parallelism}"
+    )
+    if settings.warmup:
+        warm_up(spark, work_dir)
+        _progress("warm-up done (Python workers started, Delta loaded)")
+
+    ours_runs: list[OursRun] = []
+    base_runs: list[BaselineRun] = []
+    runs: list[dict[str, Any]] = []
+    checks_ok = True
+    content_equal: bool | None = None
+    for rep in range(1, settings.repeat + 1):
+        rep_dir = os.path.join(work_dir, f"rep{rep}")
+        shutil.rmtree(rep_dir, ignore_errors=True)
+        order = ("ours", "baseline") if rep % 2 == 1 else ("baseline", "ours")
+        ours: OursRun | None = None
+        base: BaselineRun | None = None
+        for side in order:
+            label = f"rep {rep}/{settings.repeat} {side}"
+            _progress(f"{label}: start ({os.getloadavg()[0]:.1f} load)")
+            if side == "ours":
+                ours = run_ours(spark, settings, input_dir, os.path.join(rep_dir, "ours"), label)
+                _progress(f"{label}: {ours.seconds:.2f}s, {ours.load.text()}")
+            else:
+                base = run_baseline(spark, settings, input_dir, os.path.join(rep_dir, "baseline"), label)
+                _progress(f"{label}: {base.seconds:.2f}s, {base.load.text()}")
+        assert ours is not None and base is not None
+        ours_check = check_sink(spark, ours.sink_path, expected, with_offsets=True)
+        base_check = check_sink(spark, base.sink_path, expected, with_offsets=False)
+        if rep == 1 and settings.content_check and ours_check.records == base_check.records:
+            content_equal = same_values(spark, ours.sink_path, base.sink_path)
+        rep_ok = ours_check.exact and base_check.exact and ours.finished and content_equal is not False
+        checks_ok = checks_ok and rep_ok
+        _progress(
+            f"rep {rep}: sinks hold {ours_check.records:,} (ours, {ours_check.duplicates} duplicate offsets) "
+            f"and {base_check.records:,} (baseline) of {settings.records:,} records"
+            + (
+                ""
+                if rep_ok
+                else f"; NOT EXACT: ours {ours_check.wrong_splits} baseline {base_check.wrong_splits}"
+            )
+        )
+        ours_runs.append(ours)
+        base_runs.append(base)
+        runs.append(
+            {
+                "rep": rep,
+                "order": list(order),
+                "ours_s": ours.seconds,
+                "ours_setup_s": ours.setup_s,
+                "ours_records_per_s": round(settings.records / ours.seconds, 1),
+                "ours_load": ours.load.mean,
+                "ours_sink_records": ours_check.records,
+                "ours_duplicates": ours_check.duplicates,
+                "ours_finished": ours.finished,
+                "ours_epochs": list(ours.epochs),
+                "ours_jobs": ours.jobs,
+                "ours_setup_jobs": ours.setup_jobs,
+                "ours_calls": ours.calls,
+                "ours_region_task_s": list(ours.region_task_s),
+                "ours_checkpoint_commit_ms": list(ours.checkpoint_commit_ms),
+                "baseline_s": base.seconds,
+                "baseline_records_per_s": round(settings.records / base.seconds, 1),
+                "baseline_load": base.load.mean,
+                "baseline_sink_records": base_check.records,
+                "baseline_batches": base.batches,
+                "baseline_batch_ms": base.batch_ms,
+                "baseline_jobs": base.jobs,
+                "exact": rep_ok,
+            }
+        )
+        shutil.rmtree(rep_dir, ignore_errors=True)
+
+    restore: RestoreFigures | None = None
+    if settings.restore_checkpoints > 0:
+        restore_root = os.path.join(work_dir, "restore")
+        shutil.rmtree(restore_root, ignore_errors=True)
+        restore = measure_restore(spark, restore_root, settings)
+        shutil.rmtree(restore_root, ignore_errors=True)
+        _progress(f"state store: {restore_verdict(restore.restore_s)}; {restore.load.text()}")
+
+    return _result(
+        settings, input_bytes, ours_runs, base_runs, runs, restore, checks_ok, content_equal, load_start
+    )
+
+
+def _result(
+    settings: IngestSettings,
+    input_bytes: int,
+    ours_runs: Sequence[OursRun],
+    base_runs: Sequence[BaselineRun],
+    runs: Sequence[dict[str, Any]],
+    restore: RestoreFigures | None,
+    checks_ok: bool,
+    content_equal: bool | None,
+    load_start: list[float],
+) -> dict[str, Any]:
+    records = settings.records
+    ours_s = _median([r.seconds for r in ours_runs])
+    base_s = _median([r.seconds for r in base_runs])
+    ours_rps = round(records / ours_s, 1)
+    base_rps = round(records / base_s, 1)
+    all_epochs = [e for r in ours_runs for e in r.epochs]
+    reading = [e for e in all_epochs if not e["final"]]
+    phases_avg = average_phases([e["phases"] for e in all_epochs])
+    n = len(ours_runs)
+    # Where one run's wall time goes (means over the repetitions).
+    breakdown = {"setup (tables, open)": round(statistics.fmean(r.setup_s for r in ours_runs), 3)}
+    for phase in PHASES:
+        total = sum(e["phases"].get(phase, 0.0) for e in all_epochs) / n
+        if total > 0:
+            breakdown[f"epochs: {phase}"] = round(total, 3)
+    accounted = sum(breakdown.values())
+    breakdown["other (run loop, close)"] = round(
+        max(0.0, statistics.fmean(r.seconds for r in ours_runs) - accounted), 3
+    )
+    calls: dict[str, dict[str, float]] = {}
+    for r in ours_runs:
+        for label, fig in r.calls.items():
+            slot = calls.setdefault(label, {"calls": 0.0, "seconds": 0.0})
+            slot["calls"] += fig["calls"] / n
+            slot["seconds"] += fig["seconds"] / n
+    calls = {
+        k: {"calls": round(v["calls"], 1), "seconds": round(v["seconds"], 3)}
+        for k, v in sorted(calls.items(), key=lambda kv: -kv[1]["seconds"])
+    }
+    tasks = [s for r in ours_runs for s in r.region_task_s]
+    read_total = sum(e["phases"].get("read", 0.0) for e in all_epochs)
+    row_commit_ms = [ms for r in ours_runs for ms in r.checkpoint_commit_ms]
+    state_phase = [e["phases"].get("state", 0.0) for e in all_epochs]
+    epoch_jobs = [e["jobs"] for e in all_epochs if e["jobs"] is not None]
+    base_batch: dict[str, list[float]] = {}
+    for b in base_runs:
+        for k, v in b.batch_ms.items():
+            base_batch.setdefault(k, []).append(v)
+    result: dict[str, Any] = {
+        "benchmark": "ingest",
+        "source": "files",
+        "records": records,
+        "files": settings.files,
+        "lines_per_file": settings.lines,
+        "input_bytes": input_bytes,
+        "parallelism": settings.parallelism,
+        "epoch_records": settings.records_per_epoch,
+        "max_files_per_trigger": settings.max_files_per_trigger,
+        "repeat": settings.repeat,
+        "ours_s": ours_s,
+        "baseline_s": base_s,
+        "ours_records_per_s": ours_rps,
+        "baseline_records_per_s": base_rps,
+        "ratio": round(ours_rps / base_rps, 4),
+        "ours_setup_s": _median([r.setup_s for r in ours_runs]),
+        "ours_epochs_per_run": round(len(all_epochs) / n, 1),
+        "ours_reading_epochs_per_run": round(len(reading) / n, 1),
+        "ours_epoch_s_avg": round(statistics.fmean(e["elapsed_s"] for e in all_epochs), 3),
+        "ours_phases_avg_s": phases_avg,
+        "ours_reading_phases_avg_s": average_phases([e["phases"] for e in reading]),
+        "ours_final_epoch_s_avg": round(statistics.fmean(e["elapsed_s"] for e in all_epochs if e["final"]), 3)
+        if any(e["final"] for e in all_epochs)
+        else None,
+        "ours_run_breakdown_s": breakdown,
+        "ours_calls": calls,
+        "ours_region_task_s_avg": round(statistics.fmean(tasks), 3) if tasks else None,
+        "ours_region_task_share_of_read": round(sum(tasks) / settings.parallelism / read_total, 3)
+        if read_total > 0
+        else None,
+        "ours_jobs_per_run": _median([r.jobs for r in ours_runs if r.jobs is not None])
+        if any(r.jobs is not None for r in ours_runs)
+        else None,
+        "ours_setup_jobs": _median([r.setup_jobs for r in ours_runs if r.setup_jobs is not None])
+        if any(r.setup_jobs is not None for r in ours_runs)
+        else None,
+        "ours_jobs_per_epoch_avg": round(statistics.fmean(epoch_jobs), 1) if epoch_jobs else None,
+        "baseline_batches_per_run": round(statistics.fmean(r.batches for r in base_runs), 1),
+        "baseline_batch_ms_avg": {k: round(statistics.fmean(v), 1) for k, v in sorted(base_batch.items())},
+        "baseline_jobs_per_run": _median([r.jobs for r in base_runs if r.jobs is not None])
+        if any(r.jobs is not None for r in base_runs)
+        else None,
+        "state_commit_ms_avg": round(1000 * statistics.fmean(state_phase), 1),
+        "state_commit_row_ms_avg": round(statistics.fmean(row_commit_ms), 1) if row_commit_ms else None,
+        "ours_sink_records": runs[-1]["ours_sink_records"],
+        "baseline_sink_records": runs[-1]["baseline_sink_records"],
+        "ours_duplicates": max((r["ours_duplicates"] or 0) for r in runs),
+        "content_equal": content_equal,
+        "exact": checks_ok,
+        "restore_checkpoints": settings.restore_checkpoints if restore else 0,
+        "restore_s_after_10": None,
+        "restore_s_after_200": None,
+        "restore_s_by_checkpoints": {},
+        "restore_open_s_by_checkpoints": {},
+        "restore_repeats_s": [],
+        "restore_verdict": None,
+        "restore_measure_commit_ms_median": None,
+        "load_avg": {
+            "start": load_start,
+            "ours": round(statistics.fmean(r.load.mean for r in ours_runs), 2),
+            "ours_max": max(r.load.max for r in ours_runs),
+            "baseline": round(statistics.fmean(r.load.mean for r in base_runs), 2),
+            "baseline_max": max(r.load.max for r in base_runs),
+            "restore": None if restore is None else restore.load.mean,
+            "end": [round(x, 2) for x in os.getloadavg()],
+            "cpus": os.cpu_count(),
+        },
+        "runs": list(runs),
+    }
+    if restore is not None:
+        result.update(
+            {
+                "restore_s_after_10": restore.restore_s.get(10),
+                "restore_s_after_200": restore.restore_s.get(200),
+                "restore_s_by_checkpoints": {str(k): v for k, v in sorted(restore.restore_s.items())},
+                "restore_open_s_by_checkpoints": {str(k): v for k, v in sorted(restore.open_s.items())},
+                "restore_repeats_s": list(restore.repeats_s),
+                "restore_verdict": restore_verdict(restore.restore_s),
+                "restore_measure_commit_ms_median": restore.commit_ms_median,
+                "restore_measure_retain_ms_median": restore.retain_ms_median,
+                "restore_measure_s": restore.seconds,
+            }
+        )
+    return result
+
+
+# ---------------------------------------------------------------------------------------
+# output
+# ---------------------------------------------------------------------------------------
+
+
+def _seconds_text(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}s"
+
+
+def _load_text(value: float | None) -> str:
+    return "load -" if value is None else f"load {value:.1f}"
+
+
+def _phase_items(phases: Mapping[str, float]) -> list[tuple[str, float]]:
+    """``phases`` in the runner's order (JSON may have sorted the keys)."""
+    known = [(p, phases[p]) for p in PHASES if p in phases]
+    return known + sorted((k, v) for k, v in phases.items() if k not in PHASES)
+
+
+def _breakdown_items(breakdown: Mapping[str, float]) -> list[tuple[str, float]]:
+    """Setup first, then the phases in the runner's order, then the rest."""
+    rank = {"setup (tables, open)": -1, **{f"epochs: {p}": i for i, p in enumerate(PHASES)}}
+    return sorted(breakdown.items(), key=lambda kv: (rank.get(kv[0], len(PHASES)), kv[0]))
+
+
+def _call_items(calls: Mapping[str, Mapping[str, float]]) -> list[tuple[str, Mapping[str, float]]]:
+    """Most expensive first."""
+    return sorted(calls.items(), key=lambda kv: (-kv[1]["seconds"], kv[0]))
+
+
+def render_table(result: Mapping[str, Any]) -> str:
+    """The human-readable report (what ``run`` prints without ``--json``)."""
+    load = result["load_avg"]
+    lines = [
+        f"input: {result['files']} files x {result['lines_per_file']:,} lines = "
+        f"{result['records']:,} records ({result['input_bytes'] / 1e6:.1f} MB); "
+        f"epoch {result['epoch_records']:,} records, "
+        f"maxFilesPerTrigger {result['max_files_per_trigger']}, parallelism {result['parallelism']}, "
+        f"{result['repeat']} repetition(s), {load['cpus']} cpus",
+        "",
+        f"{'':<30}{'records':>10}{'seconds':>10}{'records/s':>12}  load avg (1 min, mean/max while timed)",
+        f"{'splitkeeper (median)':<30}{result['ours_sink_records']:>10,}{result['ours_s']:>10.2f}"
+        f"{result['ours_records_per_s']:>12,.0f}  {load['ours']:.1f} / {load['ours_max']:.1f}",
+        f"{'Structured Streaming (median)':<30}{result['baseline_sink_records']:>10,}"
+        f"{result['baseline_s']:>10.2f}"
+        f"{result['baseline_records_per_s']:>12,.0f}  {load['baseline']:.1f} / {load['baseline_max']:.1f}",
+        f"{'ratio ours / baseline':<30}{'':>20}{result['ratio']:>12.3f}",
+        "",
+        "per repetition: "
+        + "; ".join(
+            f"#{r['rep']} ours {r['ours_s']:.1f}s ({_load_text(r['ours_load'])}) "
+            f"baseline {r['baseline_s']:.1f}s ({_load_text(r['baseline_load'])})"
+            for r in result["runs"]
+        ),
+        f"checks: exactly the input count in both sinks, per file: {result['exact']}; "
+        f"duplicate (split_id, offset) in ours: {result['ours_duplicates']}; "
+        f"same values in both: {result['content_equal']}",
+        "",
+        f"our epochs: {result['ours_epochs_per_run']} per run "
+        f"({result['ours_reading_epochs_per_run']} reading "
+        f"+ the final global one), {result['ours_epoch_s_avg']:.2f}s each on average, "
+        f"final (empty) epoch {_seconds_text(result['ours_final_epoch_s_avg'])}; Spark jobs per run "
+        f"{result['ours_jobs_per_run']} (setup {result['ours_setup_jobs']}, "
+        f"{result['ours_jobs_per_epoch_avg']} per epoch) vs baseline {result['baseline_jobs_per_run']}",
+        "phase averages per epoch (s): "
+        + "  ".join(f"{k}={v:.2f}" for k, v in _phase_items(result["ours_phases_avg_s"])),
+        "  reading epochs only (s):   "
+        + "  ".join(f"{k}={v:.2f}" for k, v in _phase_items(result["ours_reading_phases_avg_s"])),
+        f"region tasks: {result['ours_region_task_s_avg']}s each on average (reading + staging parquet); "
+        f"their share of the read phase {result['ours_region_task_share_of_read']}",
+        "one run's wall time (mean s):",
+    ]
+    for label, value in _breakdown_items(result["ours_run_breakdown_s"]):
+        lines.append(f"  {label:<34}{value:>8.2f} s")
+    lines.append("Delta operations per run (inclusive wall s / calls; nested calls count in both):")
+    for label, fig in _call_items(result["ours_calls"])[:14]:
+        lines.append(f"  {label:<34}{fig['seconds']:>8.2f} s {fig['calls']:>7.1f} calls")
+    lines.append(
+        "baseline per micro-batch (ms): "
+        + "  ".join(f"{k}={v:.0f}" for k, v in result["baseline_batch_ms_avg"].items())
+        + f"; {result['baseline_batches_per_run']} batches per run"
+    )
+    lines.append(
+        f"state commit per checkpoint: {result['state_commit_ms_avg']:.0f} ms (epoch 'state' phase), "
+        f"{result['state_commit_row_ms_avg']} ms recorded as commit_ms (before the checkpoints row)"
+    )
+    if result["restore_verdict"] is not None:
+        by = sorted(result["restore_s_by_checkpoints"].items(), key=lambda kv: int(kv[0]))
+        opened = result["restore_open_s_by_checkpoints"]
+        lines.append(
+            "restore (fresh store, Delta log cache cleared): "
+            + ", ".join(f"after {n}: open {opened[n]:.2f}s + restore {s:.2f}s" for n, s in by)
+            + f"; again after {result['restore_checkpoints']}: "
+            + ", ".join(f"{s:.2f}s" for s in result["restore_repeats_s"])
+            + f" ({_load_text(load['restore'])})"
+        )
+        lines.append(f"  {result['restore_verdict']}")
+    else:
+        lines.append("restore: skipped")
+    if result.get("chart"):
+        lines.append(f"chart: {result['chart']}")
+    return "\n".join(lines)
+
+
+def write_chart(result: Mapping[str, Any], out_dir: str) -> str:
+    """Write ``<out_dir>/ingest.html`` (inline SVG, no network); return its path."""
+    from splitkeeper.report import charts
+
+    os.makedirs(out_dir, exist_ok=True)
+    categories = [f"rep {r['rep']}" for r in result["runs"]] + ["median"]
+    ours = [r["ours_records_per_s"] for r in result["runs"]] + [result["ours_records_per_s"]]
+    base = [r["baseline_records_per_s"] for r in result["runs"]] + [result["baseline_records_per_s"]]
+    load = result["load_avg"]
+    throughput = charts.bar_chart(
+        "ingest-throughput",
+        "Records per second, end to end (higher is better)",
+        f"splitkeeper {result['ours_records_per_s']:,.0f} records/s vs Structured Streaming "
+        f"{result['baseline_records_per_s']:,.0f} records/s over {result['records']:,} records; "
+        f"ratio {result['ratio']:.3f}; load average {load['ours']:.1f} and {load['baseline']:.1f} "
+        f"on {load['cpus']} cpus",
+        categories,
+        [
+            charts.Series("splitkeeper", tuple(ours), charts.BLUE),
+            charts.Series("Structured Streaming", tuple(base), charts.ORANGE),
+        ],
+        x_label="repetition",
+        y_label="records/s",
+    )
+    run_items = _breakdown_items(result["ours_run_breakdown_s"])
+    run_chart = charts.hbar_chart(
+        "ingest-run-breakdown",
+        "Where one splitkeeper run's time goes (s)",
+        "Mean seconds per run: pipeline setup, each epoch phase summed over the run, and the rest",
+        run_items,
+        x_label="seconds per run",
+        y_label="part",
+        color=charts.BLUE,
+    )
+    phase_items = _phase_items(result["ours_phases_avg_s"])
+    phase_chart = charts.hbar_chart(
+        "ingest-phases",
+        "Mean seconds per epoch, by phase",
+        "EpochReport.phases averaged over every epoch of every repetition",
+        phase_items,
+        x_label="seconds per epoch",
+        y_label="phase",
+        color=charts.GREEN,
+    )
+    calls = _call_items(result["ours_calls"])[:12]
+    call_chart = charts.hbar_chart(
+        "ingest-calls",
+        "Delta operations of one run (inclusive s)",
+        "Wall seconds per run spent in state store and sink methods (nested calls count in both)",
+        [(k, v["seconds"]) for k, v in calls],
+        x_label="seconds per run",
+        y_label="operation",
+        color=charts.VERMILLION,
+    )
+    rows = "".join(
+        f"<tr><td>{r['rep']}</td><td>{' then '.join(r['order'])}</td><td>{r['ours_s']:.2f}</td>"
+        f"<td>{r['ours_load']:.1f}</td><td>{r['baseline_s']:.2f}</td><td>{r['baseline_load']:.1f}</td>"
+        f"<td>{r['exact']}</td></tr>"
+        for r in result["runs"]
+    )
+    restore = escape(result["restore_verdict"] or "restore not measured")
+    html = f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>splitkeeper bench ingest</title>
+<style>body{{font-family:system-ui,sans-serif;margin:24px;color:#1f2328}} table{{border-collapse:collapse}}
+td,th{{border:1px solid #d0d7de;padding:4px 8px;text-align:right}} svg{{margin:8px 16px 8px 0}}</style>
+</head><body>
+<h1>splitkeeper bench ingest --source files</h1>
+<p>{result["records"]:,} records ({result["files"]} files x {result["lines_per_file"]:,} lines,
+{result["input_bytes"] / 1e6:.1f} MB), epoch {result["epoch_records"]:,} records,
+maxFilesPerTrigger {result["max_files_per_trigger"]}, parallelism {result["parallelism"]}.
+Ratio ours / baseline: <b>{result["ratio"]:.3f}</b>. Exactly-once checks passed: {result["exact"]}.</p>
+<div>{throughput}{run_chart}</div>
+<div>{phase_chart}{call_chart}</div>
+<h2>Repetitions</h2>
+<table><tr><th>rep</th><th>order</th><th>ours s</th><th>load</th><th>baseline s</th><th>load</th>
+<th>exact</th></tr>{rows}</table>
+<h2>State store</h2>
+<p>State commit per checkpoint (epoch 'state' phase): {result["state_commit_ms_avg"]:.0f} ms.
+Restore: {restore} ({_load_text(load["restore"])}).</p>
+</body></html>
+"""
+    path = os.path.join(out_dir, CHART_FILE)
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+        f.write(html)
+    os.replace(path + ".tmp", path)
+    return path
+
+
+# ---------------------------------------------------------------------------------------
+# command
+# ---------------------------------------------------------------------------------------
+
+
+def module_for_source(options: Sequence[str]) -> str:
+    """The benchmark module for ``splitkeeper bench ingest OPTIONS``: the Kafka one for
+    ``--source kafka`` once :data:`KAFKA_MODULE` exists, else this one (which then refuses)."""
+    source = None
+    for i, option in enumerate(options):
+        if option == "--source" and i + 1 < len(options):
+            source = options[i + 1]
+        elif option.startswith("--source="):
+            source = option.split("=", 1)[1]
+    if source == "kafka" and importlib.util.find_spec(KAFKA_MODULE) is not None:
+        return KAFKA_MODULE
+    return __name__
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    defaults = IngestSettings()
+    parser.add_argument("--source", default="files", help="files (kafka: not available yet)")
+    parser.add_argument("--files", type=int, default=defaults.files, help="input files (default 8)")
+    parser.add_argument("--lines", type=int, default=defaults.lines, help="lines per file (default 100,000)")
+    parser.add_argument("--line-bytes", type=int, default=defaults.line_bytes, help="mean line length (100)")
+    parser.add_argument(
+        "--parallelism", type=int, default=defaults.parallelism, help="our regions (default: the core count)"
+    )
+    parser.add_argument(
+        "--epoch-records", type=int, default=None, help="records per epoch (default: half the input)"
+    )
+    parser.add_argument("--repeat", type=int, default=defaults.repeat, help="repetitions (default 3)")
+    parser.add_argument(
+        "--restore-checkpoints",
+        type=int,
+        default=defaults.restore_checkpoints,
+        help="restore is timed after 10 and after this many checkpoints (default 200)",
+    )
+    parser.add_argument(
+        "--restore-repeat", type=int, default=defaults.restore_repeat, help="extra restores at the end (3)"
+    )
+    parser.add_argument("--skip-restore", action="store_true", help="do not measure restore time")
+    parser.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up")
+    parser.add_argument("--no-content-check", action="store_true", help="skip comparing the sinks' values")
+    parser.add_argument("--out", default=os.path.join("var", "bench"), help="chart directory (var/bench)")
+    parser.add_argument(
+        "--work-dir", default=None, help="input, sinks and state go here (default: a temporary directory)"
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.source != "files":
+        if args.source == "kafka":
+            raise InvalidParameterError(
+                "source",
+                "kafka",
+                "files",
+                hint=f"the Kafka ingest benchmark is not available yet ({KAFKA_MODULE} does not exist)",
+            )
+        raise InvalidParameterError("source", args.source, "files (kafka is not available yet)")
+    settings = IngestSettings(
+        files=args.files,
+        lines=args.lines,
+        line_bytes=args.line_bytes,
+        parallelism=args.parallelism,
+        epoch_records=args.epoch_records,
+        repeat=args.repeat,
+        restore_checkpoints=0 if args.skip_restore else args.restore_checkpoints,
+        restore_repeat=args.restore_repeat,
+        warmup=not args.no_warmup,
+        content_check=not args.no_content_check,
+    )
+    if args.work_dir:
+        os.makedirs(args.work_dir, exist_ok=True)
+        work = tempfile.mkdtemp(prefix="bench-ingest-", dir=args.work_dir)
+    else:
+        work = tempfile.mkdtemp(prefix="splitkeeper-bench-ingest-")
+    try:
+        result = bench_ingest(settings, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    result["chart"] = write_chart(result, args.out)
+    _progress(f"chart written to {result['chart']}")
+    if args.json:
+        print(json.dumps(result, sort_keys=True))
+    else:
+        print(render_table(result))
+    if not result["exact"]:
+        print(
+            "splitkeeper bench ingest: a sink does not hold exactly the input records (see the checks line)",
+            file=sys.stderr,
+        )
+        return 1
+    return 0

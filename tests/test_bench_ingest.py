@@ -1,0 +1,174 @@
+"""``splitkeeper bench ingest``: the tiny end-to-end run (Spark) and the pure helpers around it.
+
+No timing assertions: the figures depend on the machine's load. The end-to-end test
+checks that both sides ingested exactly the input, that the JSON carries the agreed
+keys, and that the ratio is the one computed from the printed rates.
+"""
+
+from __future__ import annotations
+
+import importlib.machinery
+import json
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from splitkeeper import cli
+from splitkeeper.bench import ingest
+from splitkeeper.bench.ingest import IngestSettings, average_phases, restore_verdict
+from splitkeeper.errors import InvalidParameterError
+
+REQUIRED_KEYS = {
+    "ours_records_per_s",
+    "baseline_records_per_s",
+    "ratio",
+    "records",
+    "ours_s",
+    "baseline_s",
+    "state_commit_ms_avg",
+    "restore_s_after_10",
+    "restore_s_after_200",
+    "load_avg",
+}
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_tiny_ingest_run_holds_exactly_the_input_in_both_sinks_and_reports_the_ratio_of_printed_rates(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "charts"
+    code = cli.main(
+        [
+            "bench",
+            "ingest",
+            "--source",
+            "files",
+            "--files",
+            "2",
+            "--lines",
+            "500",
+            "--repeat",
+            "1",
+            "--restore-checkpoints",
+            "10",
+            "--restore-repeat",
+            "1",
+            "--out",
+            str(out),
+            "--work-dir",
+            str(tmp_path / "work"),
+            "--json",
+        ]
+    )
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    lines = [line for line in captured.out.splitlines() if line.strip()]
+    assert len(lines) == 1, "exactly one JSON object on stdout"
+    result = json.loads(lines[0])
+
+    assert set(result) >= REQUIRED_KEYS
+    assert result["records"] == 1000
+    assert result["ours_sink_records"] == 1000
+    assert result["baseline_sink_records"] == 1000
+    assert result["ours_duplicates"] == 0
+    assert result["exact"] is True
+    assert result["content_equal"] is True
+    assert result["runs"][0]["ours_finished"] is True
+    # the ratio is ours / baseline of the printed rates, and the rates are records / printed seconds
+    assert result["ratio"] == pytest.approx(
+        result["ours_records_per_s"] / result["baseline_records_per_s"], rel=1e-3
+    )
+    assert result["ours_records_per_s"] == pytest.approx(result["records"] / result["ours_s"], rel=1e-3)
+    assert result["baseline_records_per_s"] == pytest.approx(
+        result["records"] / result["baseline_s"], rel=1e-3
+    )
+    # our epochs' phases, the state commit and the restore after 10 checkpoints were measured
+    assert {"plan", "read", "sink", "state", "retain"} <= set(result["ours_phases_avg_s"])
+    assert result["state_commit_ms_avg"] > 0
+    assert result["restore_s_after_10"] is not None and result["restore_s_after_10"] > 0
+    assert result["restore_s_after_200"] is None  # only 10 checkpoints were committed
+    assert len(result["restore_repeats_s"]) == 1
+    assert set(result["load_avg"]) >= {"start", "ours", "baseline", "restore", "end"}
+    # progress on stderr, the chart in --out with the throughput bars and the phase breakdown
+    assert "[bench ingest] rep 1/1 ours" in captured.err
+    html = (out / ingest.CHART_FILE).read_text(encoding="utf-8")
+    assert html.count("<svg") >= 3
+    assert 'id="ingest-throughput"' in html and 'id="ingest-phases"' in html
+    assert result["chart"] == str(out / ingest.CHART_FILE)
+
+
+def test_kafka_source_is_refused_as_not_available_while_its_module_is_missing(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(ingest, "KAFKA_MODULE", "splitkeeper.bench._no_such_kafka_bench")
+    code = cli.main(["bench", "ingest", "--source", "kafka", "--json"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "not available yet" in err and "source='kafka'" in err
+
+
+def test_kafka_source_runs_the_kafka_module_once_it_exists(monkeypatch: pytest.MonkeyPatch) -> None:
+    name = "splitkeeper.bench._fake_ingest_kafka"
+    fake = types.ModuleType(name)
+    fake.__spec__ = importlib.machinery.ModuleSpec(name, None)
+    seen: list[str] = []
+
+    def configure(parser: object) -> None:
+        parser.add_argument("--source")  # type: ignore[attr-defined]
+        parser.add_argument("--topic")  # type: ignore[attr-defined]
+
+    def run(args: object) -> int:
+        seen.append(args.topic)  # type: ignore[attr-defined]
+        return 7
+
+    fake.configure = configure  # type: ignore[attr-defined]
+    fake.run = run  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, name, fake)
+    monkeypatch.setattr(ingest, "KAFKA_MODULE", name)
+    assert cli.main(["bench", "ingest", "--source=kafka", "--topic", "orders"]) == 7
+    assert seen == ["orders"]
+    assert ingest.module_for_source(["--source", "files"]) == "splitkeeper.bench.ingest"
+
+
+def test_an_unknown_source_is_refused_naming_what_is_allowed(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["bench", "ingest", "--source", "s3"]) == 2
+    assert "source='s3' is not allowed: files" in capsys.readouterr().err
+
+
+def test_settings_size_the_baseline_batches_like_our_epochs_and_pick_restore_marks() -> None:
+    default = IngestSettings()
+    assert default.records == 800_000
+    assert default.records_per_epoch == 400_000
+    assert default.max_files_per_trigger == 4
+    assert default.restore_marks == (10, 200)
+    small = IngestSettings(files=2, lines=500, epoch_records=300, restore_checkpoints=5)
+    assert small.max_files_per_trigger == 1  # never below one whole file
+    assert small.restore_marks == (5,)
+    assert IngestSettings(restore_checkpoints=0).restore_marks == ()
+
+
+@pytest.mark.parametrize(
+    ("field", "value"), [("files", 0), ("lines", -1), ("repeat", 0), ("epoch_records", 0), ("files", True)]
+)
+def test_settings_reject_values_outside_their_range_naming_the_field(field: str, value: object) -> None:
+    with pytest.raises(InvalidParameterError) as err:
+        IngestSettings(**{field: value})  # type: ignore[arg-type]
+    assert err.value.name == field
+
+
+def test_restore_verdict_says_about_equal_within_the_factor_and_not_equal_beyond_it() -> None:
+    assert restore_verdict({10: 1.0, 200: 1.2}).startswith("about equal: 1.00 s after 10 vs 1.20 s after 200")
+    assert restore_verdict({10: 1.0, 200: 2.0}).startswith("NOT equal")
+    assert "grows with history" in restore_verdict({10: 1.0, 200: 2.0})
+    assert restore_verdict({10: 3.0, 200: 1.0}).startswith("NOT equal")
+    assert "one checkpoint count only" in restore_verdict({10: 1.0})
+
+
+def test_average_phases_keeps_the_runner_order_and_counts_missing_phases_as_zero() -> None:
+    avg = average_phases([{"plan": 1.0, "read": 3.0, "state": 2.0}, {"read": 1.0, "plan": 3.0}])
+    assert list(avg) == ["plan", "read", "state"]
+    assert avg == {"plan": 2.0, "read": 2.0, "state": 1.0}
+    assert average_phases([]) == {}
