@@ -11,7 +11,7 @@ import pytest
 
 from splitkeeper.core.invariants import ViolationKind
 from splitkeeper.errors import InvalidParameterError
-from splitkeeper.runtime.sink import STAGED_COLUMNS, DeltaSink, staged_arrow_schema
+from splitkeeper.runtime.sink import STAGED_COLUMNS, DeltaSink, SinkCommit, staged_arrow_schema
 
 pytestmark = pytest.mark.spark
 
@@ -180,3 +180,31 @@ def test_exactly_once_checks_records_spanning_byte_ranges(sink, staging):
     violations = sink.check_exactly_once({"f": (0, 40), "g": (0, 7)})
     assert [(v.kind, v.split_ids) for v in violations] == [(ViolationKind.OFFSET_MISSING, ("f",))]
     assert "31-39" in violations[0].detail
+
+
+def test_two_runs_committing_the_same_epoch_at_once_write_it_once(spark, sink, staging):
+    import threading
+
+    from splitkeeper.errors import ConcurrentRunError
+
+    sinks = [DeltaSink(spark, sink.path, app_id="orders") for _ in range(2)]
+    staged = [_stage(staging, 1, 0, _kafka_like("t-0", 0, 6)) for _ in range(2)]
+    barrier = threading.Barrier(2)
+    outcomes: dict[int, object] = {}
+
+    def commit(i: int) -> None:
+        barrier.wait()
+        try:
+            outcomes[i] = sinks[i].commit(1, [staged[i]], [0])
+        except ConcurrentRunError as err:
+            outcomes[i] = err
+
+    threads = [threading.Thread(target=commit, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    written = [o for o in outcomes.values() if isinstance(o, SinkCommit) and not o.skipped]
+    assert len(written) == 1, outcomes
+    assert len(_rows(sink)) == 6
+    assert sink.committed_version() == 1
