@@ -3,7 +3,7 @@
 # finds the stamps current and returns in seconds.
 #
 #   bash scripts/setup.sh                 # every step
-#   bash scripts/setup.sh jars            # only some steps: python, jars, browser
+#   bash scripts/setup.sh jars            # only some steps: python, jars, browser, compose
 #
 # Steps:
 #   python   .venv/ (Python >= 3.11), pip install -r requirements.lock, pip install -e . --no-deps
@@ -113,41 +113,61 @@ step_jars() {
 # Runs unless SPLITKEEPER_BROWSER_TESTS=0. Never fails the setup: without apt-get or
 # root it only prints what to do.
 # ---------------------------------------------------------------------------------
+# apt_optional NAME PACKAGE COMMAND...: make one of COMMAND... available by installing the
+# Debian PACKAGE when none is on PATH. Never fails the setup: without apt-get or root it
+# only prints what to do.
+apt_optional() {
+    local name="$1" package="$2" found=""
+    shift 2
+    for cmd in "$@"; do
+        found="$(command -v "$cmd" || true)"
+        [[ -n "$found" ]] && break
+    done
+    if [[ -n "$found" ]]; then
+        say "$name: $package found at $found"
+        return
+    fi
+    if ! command -v apt-get >/dev/null 2>&1 || [[ "$(id -u)" != "0" ]]; then
+        say "$name: $package missing; install it with 'sudo apt-get install -y $package'"
+        return
+    fi
+    say "$name: apt-get install -y $package"
+    if ! { DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$package" >/dev/null 2>&1 \
+           || { apt-get update -q >/dev/null 2>&1 \
+                && DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$package" >/dev/null 2>&1; }; }; then
+        say "$name: could not install $package with apt-get; install it by hand ('apt-get install -y $package')"
+        return
+    fi
+    say "$name: $package installed"
+}
+
 step_browser() {
     if [[ "${SPLITKEEPER_BROWSER_TESTS:-1}" == "0" ]]; then
         say "browser: skipped (SPLITKEEPER_BROWSER_TESTS=0)"
         return
     fi
-    local found
-    found="$(command -v chromium || command -v chromium-browser || true)"
-    if [[ -n "$found" ]]; then
-        say "browser: chromium found at $found"
+    apt_optional browser chromium chromium chromium-browser
+}
+
+# OPTIONAL STEP: docker-compose (the client only; no engine runs here) so the test of
+# docker-compose.yml can run `docker-compose config -q` on a fresh machine.
+step_compose() {
+    if docker compose version >/dev/null 2>&1; then
+        say "compose: docker compose plugin found"
         return
     fi
-    if ! command -v apt-get >/dev/null 2>&1 || [[ "$(id -u)" != "0" ]]; then
-        say "browser: chromium missing; install it with 'sudo apt-get install -y chromium'" \
-            "(or set SPLITKEEPER_BROWSER_TESTS=0)"
-        return
-    fi
-    say "browser: apt-get install -y chromium"
-    if ! { DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null 2>&1 \
-           || { apt-get update -q >/dev/null 2>&1 \
-                && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null 2>&1; }; }; then
-        say "browser: could not install chromium with apt-get; install it by hand" \
-            "('apt-get install -y chromium') or set SPLITKEEPER_BROWSER_TESTS=0"
-        return
-    fi
-    say "browser: chromium installed at $(command -v chromium || echo '?')"
+    apt_optional compose docker-compose docker-compose
 }
 
 steps=("$@")
-[[ ${#steps[@]} -gt 0 ]] || steps=(python jars browser)
+[[ ${#steps[@]} -gt 0 ]] || steps=(python jars browser compose)
 for step in "${steps[@]}"; do
     case "$step" in
         python) step_python ;;
         jars) step_jars ;;
         browser) step_browser ;;
-        *) die "unknown step '$step'; choose from: python jars browser" ;;
+        compose) step_compose ;;
+        *) die "unknown step '$step'; choose from: python jars browser compose" ;;
     esac
 done
 say "done in $((SECONDS - T0))s (steps: ${steps[*]})"
