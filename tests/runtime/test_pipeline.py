@@ -1,0 +1,171 @@
+"""End-to-end tests of the Spark epoch runner: real Spark jobs, real Delta tables, real faults.
+
+Every test asserts on the data afterwards: the sink equals the source exactly
+(:func:`helpers.assert_sink_equals_source`: no duplicate ``(split_id, offset)``,
+every line once, per split contiguous byte ranges from 0 to the file size, in
+file order). Data is tiny (a few files of tens of lines), parallelism 2 to 4 on
+``local[2]``, the epoch budget small so that each file takes a few epochs.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from splitkeeper.core.types import CheckpointKind
+from splitkeeper.runtime.config import PipelineConfig, config_from_mapping
+from splitkeeper.runtime.pipeline import EpochReport, RunSummary, run_pipeline
+from splitkeeper.runtime.sources import build_source
+from splitkeeper.runtime.state_store import DeltaStateStore
+
+from .helpers import (
+    assert_sink_equals_source,
+    pipeline_mapping,
+    run_cli,
+    write_config,
+    write_input,
+)
+
+pytestmark = pytest.mark.spark
+
+
+def _setup(
+    tmp_path: Path, name: str, *, files: int = 3, lines: int = 40, **options: Any
+) -> tuple[PipelineConfig, Path, Path]:
+    """Input files, a config mapping, its YAML file; returns (config, input dir, config file)."""
+    input_dir = tmp_path / "in"
+    write_input(input_dir, files=files, lines=lines)
+    options.setdefault("epoch_records", 60)
+    mapping = pipeline_mapping(tmp_path, name, input_dir, **options)
+    config_path = write_config(tmp_path / "pipeline.yaml", mapping)
+    return config_from_mapping(mapping), input_dir, config_path
+
+
+def _run(
+    config: PipelineConfig, spark: Any, faults: tuple[str, ...] = (), epochs: int | None = None
+) -> RunSummary:
+    lines: list[str] = []
+    summary = run_pipeline(config, spark, epochs=epochs, faults=faults, progress=lines.append)
+    assert len(lines) == len(summary.epochs)  # one progress line per epoch
+    for report in summary.epochs:
+        print(f"[{config.name}] {report.line()}")  # the phase times, visible with -s
+    return summary
+
+
+def _store(config: PipelineConfig, spark: Any) -> DeltaStateStore:
+    return DeltaStateStore(spark, config.state_path, config.name, build_source(config.source).fingerprint())
+
+
+def _by_epoch(summary: RunSummary) -> dict[int, EpochReport]:
+    return {e.epoch: e for e in summary.epochs}
+
+
+def _loads(checkpoint: Any) -> dict[int, int]:
+    """Per reader (0..P-1): live splits the checkpoint's enumerator snapshot assigns it."""
+    snapshot = checkpoint.enumerator
+    assert snapshot is not None
+    return {r: len(snapshot.assignments.get(r, ())) for r in range(checkpoint.parallelism)}
+
+
+# --------------------------------------------------------------------------- happy path
+
+
+def test_bounded_run_finishes_on_a_global_checkpoint_and_sink_equals_source(
+    spark: Any, tmp_path: Path
+) -> None:
+    config, input_dir, config_path = _setup(tmp_path, "happy")
+
+    summary = _run(config, spark)
+
+    assert summary.finished
+    last = summary.epochs[-1]
+    assert last.final and last.kind is CheckpointKind.GLOBAL
+    assert all(e.kind is CheckpointKind.GLOBAL for e in summary.epochs)
+    assert len(summary.epochs) >= 3  # 120 lines at 60 per epoch: two epochs or more, then the final one
+    rows = assert_sink_equals_source(spark, config.sink_path, input_dir)
+    assert summary.committed_records == len(rows) == 120
+    assert {"plan", "read", "sink", "state"} <= set(summary.epochs[0].phases)
+    assert max(e.epoch for e in summary.epochs[:-1]) == max(r.epoch for r in rows)  # final epoch: no rows
+
+    code, out, err = run_cli(["status", "--config", str(config_path), "--json"])
+    assert code == 0, err
+    status = json.loads(out)
+    assert status["pipeline"] == "happy"
+    latest = status["latest_checkpoint"]
+    assert latest["id"] == last.epoch
+    assert latest["kind"] == "global"
+    assert latest["parallelism"] == 3
+    assert latest["finished_splits"] == 3 and latest["pool"] == 0
+    assert status["timeline"][-1] == {"id": last.epoch, "kind": "global", "failed_regions": [], "reason": ""}
+
+
+# --------------------------------------------------------------------------- region faults
+
+
+def test_failure_at_the_forced_global_checkpoint_aborts_it_and_the_run_still_finishes(
+    spark: Any, tmp_path: Path
+) -> None:
+    config, input_dir, _ = _setup(tmp_path, "forced", lines=60, max_consecutive_failures=1)
+
+    summary = _run(config, spark, faults=("fail:1@2", "fail:0@3"))
+
+    epochs = _by_epoch(summary)
+    assert epochs[2].kind is CheckpointKind.REGIONAL
+    assert epochs[3].kind is CheckpointKind.ABORTED
+    assert "forced global" in epochs[3].reason and "max_consecutive_failures=1" in epochs[3].reason
+    assert epochs[3].committed_records == 0
+    assert epochs[4].kind is CheckpointKind.GLOBAL  # the aborted forced global reset the counter
+    assert summary.finished and summary.epochs[-1].kind is CheckpointKind.GLOBAL
+
+    timeline = _store(config, spark).timeline()
+    aborted = [t for t in timeline if t.kind is CheckpointKind.ABORTED]
+    assert [(t.checkpoint_id, t.failed_regions) for t in aborted] == [(3, (0,))]
+    assert "forced global" in aborted[0].reason
+    assert 3 not in {t.checkpoint_id for t in timeline if t.kind is not CheckpointKind.ABORTED}
+
+    rows = assert_sink_equals_source(spark, config.sink_path, input_dir)
+    assert 3 not in {r.epoch for r in rows}  # nothing of the aborted epoch reached the sink
+
+
+# --------------------------------------------------------------------------- rescale
+
+
+def test_recover_rescales_three_to_two_to_four_keeping_loads_within_one(spark: Any, tmp_path: Path) -> None:
+    config, input_dir, config_path = _setup(tmp_path, "rescale", files=6, lines=50, epoch_records=60)
+    cfg = ["--config", str(config_path)]
+
+    code, out, err = run_cli(["run", *cfg, "--epochs", "1", "--json"])
+    assert code == 0, err
+    assert json.loads(out)["checkpoints"] == {"global": 1, "regional": 0, "aborted": 0}
+    store = _store(config, spark)
+    assert _loads(store.latest_checkpoint()) == {0: 2, 1: 2, 2: 2}
+
+    for old, new, restored in ((3, 2, 1), (2, 4, 2)):
+        code, out, err = run_cli(
+            ["recover", *cfg, "--checkpoint", "latest", "--parallelism", str(new), "--json"]
+        )
+        assert code == 0, err
+        report = json.loads(out)
+        assert report["restored_from"] == restored
+        assert (report["previous_parallelism"], report["parallelism"]) == (old, new)
+        assert report["decisions"].get("redistributed_global_restore", 0) == 6  # every live split
+        assert set(report["loads"]) == {str(r) for r in range(new)}
+        assert max(report["loads"].values()) - min(report["loads"].values()) <= 1
+        assert report["checkpoints"]["global"] == 1
+        latest = store.latest_checkpoint()
+        assert latest is not None and latest.checkpoint_id == restored + 1
+        assert latest.parallelism == new
+        loads = _loads(latest)
+        assert max(loads.values()) - min(loads.values()) <= 1, loads
+
+    code, out, err = run_cli(["run", *cfg, "--json"])
+    assert code == 0, err
+    assert json.loads(out)["finished"] is True
+    rows = assert_sink_equals_source(spark, config.sink_path, input_dir)
+    assert {r.region for r in rows if r.epoch == 3} <= {0, 1, 2, 3}
+    assert {r.region for r in rows if r.epoch == 3} - {0, 1} != set()  # regions 2, 3 exist only at P=4
+    # The next plain run follows the configuration's parallelism (3) again.
+    assert store.latest_checkpoint().parallelism == 3
