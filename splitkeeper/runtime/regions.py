@@ -50,10 +50,26 @@ def _job_group(pipeline: str, epoch: int, region: int) -> str:
     return f"splitkeeper-{pipeline}-e{epoch}-r{region}"
 
 
+_TRACEBACK = "Traceback (most recent call last):"
+
+
 def _short_error(err: BaseException) -> str:
+    """One line saying why a region's job failed: the task's Python exception when there is one.
+
+    A failed Python task reaches the driver as a JVM error (py4j) that embeds the
+    worker's traceback, whose first unindented line after ``Traceback ...`` is
+    ``module.ExceptionClass: message``. Other failures (a cancelled job) keep the
+    last line that names an error or exception.
+    """
     text = str(err)
-    # py4j errors carry the whole JVM stack; keep the Python exception line of the task.
-    for line in reversed(text.splitlines()):
+    lines = text.splitlines()
+    for i in range(len(lines) - 1, -1, -1):
+        if lines[i].rstrip().endswith(_TRACEBACK):
+            for line in lines[i + 1 :]:
+                if line.strip() and not line[:1].isspace():
+                    return line.strip()[:500]
+            break
+    for line in reversed(lines):
         line = line.strip()
         if line and ("Error" in line or "Exception" in line) and not line.startswith("at "):
             return line[:500]

@@ -10,12 +10,13 @@ file order). Data is tiny (a few files of tens of lines), parallelism 2 to 4 on
 from __future__ import annotations
 
 import json
+from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from splitkeeper.core.types import CheckpointKind
+from splitkeeper.core.types import CheckpointKind, RegionOutcome
 from splitkeeper.runtime.config import PipelineConfig, config_from_mapping
 from splitkeeper.runtime.pipeline import EpochReport, RunSummary, run_pipeline
 from splitkeeper.runtime.sources import build_source
@@ -63,6 +64,14 @@ def _by_epoch(summary: RunSummary) -> dict[int, EpochReport]:
     return {e.epoch: e for e in summary.epochs}
 
 
+def _regions_by_epoch(rows: list[Any]) -> dict[int, dict[int, int]]:
+    """epoch -> region -> records the sink holds from that region's task of that epoch."""
+    out: dict[int, dict[int, int]] = defaultdict(lambda: defaultdict(int))
+    for r in rows:
+        out[r.epoch][r.region] += 1
+    return {e: dict(regions) for e, regions in out.items()}
+
+
 def _loads(checkpoint: Any) -> dict[int, int]:
     """Per reader (0..P-1): live splits the checkpoint's enumerator snapshot assigns it."""
     snapshot = checkpoint.enumerator
@@ -103,6 +112,37 @@ def test_bounded_run_finishes_on_a_global_checkpoint_and_sink_equals_source(
 
 
 # --------------------------------------------------------------------------- region faults
+
+
+def test_failed_and_stalled_regions_checkpoint_regionally_and_sink_equals_source(
+    spark: Any, tmp_path: Path
+) -> None:
+    config, input_dir, _ = _setup(tmp_path, "faults", lines=60, region_timeout_s=12)
+
+    summary = _run(config, spark, faults=("fail:1@2", "stall:60:2@3"))
+
+    epochs = _by_epoch(summary)
+    assert epochs[1].kind is CheckpointKind.GLOBAL
+    e2, e3 = epochs[2], epochs[3]
+    assert e2.kind is CheckpointKind.REGIONAL
+    assert e2.outcomes == {0: RegionOutcome.ACK, 1: RegionOutcome.DECLINE, 2: RegionOutcome.ACK}
+    assert "injected fault" in e2.region_errors[1]
+    assert e3.kind is CheckpointKind.REGIONAL
+    assert e3.outcomes == {0: RegionOutcome.ACK, 1: RegionOutcome.ACK, 2: RegionOutcome.TIMEOUT}
+    assert e3.region_errors[2] == "no result within 12s"
+    assert 12 <= e3.phases["read"] < 60  # the stalled region was cancelled at its timeout, not waited for
+    assert summary.finished and summary.epochs[-1].kind is CheckpointKind.GLOBAL
+
+    rows = assert_sink_equals_source(spark, config.sink_path, input_dir)
+    by_epoch = _regions_by_epoch(rows)
+    assert set(by_epoch[1]) == {0, 1, 2}  # one file per reader: every region reads in epoch 1
+    # The healthy regions' records of a regional epoch are committed in that epoch; the failed one's are not.
+    assert set(by_epoch[2]) == {0, 2}
+    assert set(by_epoch[3]) == {0, 1}
+
+    timeline = {(t.checkpoint_id, t.kind): t for t in _store(config, spark).timeline()}
+    assert timeline[(2, CheckpointKind.REGIONAL)].ref_checkpoint_ids == {1: 1}
+    assert timeline[(3, CheckpointKind.REGIONAL)].ref_checkpoint_ids == {2: 2}
 
 
 def test_failure_at_the_forced_global_checkpoint_aborts_it_and_the_run_still_finishes(
