@@ -365,7 +365,8 @@ class Pipeline:
         backlog = self.enumerator.processing_backlog
         plan = {} if final else self._plan(epoch)
         plan = {r: plan.get(r, []) for r in range(self.parallelism)}
-        self.store.write_plan(epoch, plan)
+        self._check_sink_fence(epoch)  # a run that another run overtook stops before it writes anything
+        self._write_plan(epoch, plan)
         lap("plan")
         crash_if_requested(CrashPoint.AFTER_PLAN, epoch)
 
@@ -440,6 +441,17 @@ class Pipeline:
         )
         self.progress(report.line())
         return report
+
+    def _write_plan(self, epoch: int, plan: Mapping[int, Sequence[tuple[Split, int, int]]]) -> None:
+        """Persist the write-ahead plan of ``epoch``; another run that planned it first stops this one."""
+        try:
+            self.store.write_plan(epoch, plan)
+        except ConcurrentRunError as err:
+            raise ConcurrentRunError(
+                f"pipeline {self.config.name!r}: another run planned epoch {epoch} first; only one run may "
+                f"drive a pipeline: this run stops without writing, and the state is intact ({err.message})",
+                **{**err.params, "pipeline": self.config.name, "epoch_id": epoch},
+            ) from err
 
     def _acked_state(self, region: int, result: RegionResult, epoch: int) -> RegionState:
         assert self.context is not None

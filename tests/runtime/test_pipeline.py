@@ -17,8 +17,9 @@ from typing import Any
 import pytest
 
 from splitkeeper.core.types import CheckpointKind, RegionOutcome
+from splitkeeper.errors import ConcurrentRunError
 from splitkeeper.runtime.config import PipelineConfig, config_from_mapping
-from splitkeeper.runtime.pipeline import EpochReport, RunSummary, run_pipeline
+from splitkeeper.runtime.pipeline import EpochReport, Pipeline, RunSummary, run_pipeline
 from splitkeeper.runtime.sources import build_source
 from splitkeeper.runtime.state_store import DeltaStateStore
 
@@ -26,11 +27,14 @@ from .helpers import (
     assert_sink_equals_source,
     pipeline_mapping,
     run_cli,
+    sink_rows,
     write_config,
     write_input,
 )
 
 pytestmark = pytest.mark.spark
+
+ONLY_ONE_RUN = "only one run may drive a pipeline"
 
 
 def _setup(
@@ -168,6 +172,47 @@ def test_failure_at_the_forced_global_checkpoint_aborts_it_and_the_run_still_fin
 
     rows = assert_sink_equals_source(spark, config.sink_path, input_dir)
     assert 3 not in {r.epoch for r in rows}  # nothing of the aborted epoch reached the sink
+
+
+# --------------------------------------------------------------------------- two runs at once
+
+
+def test_second_run_between_epochs_stops_the_first_with_concurrent_run_error(
+    spark: Any, tmp_path: Path
+) -> None:
+    config, input_dir, _ = _setup(tmp_path, "twice", lines=60)
+    first = Pipeline(config, spark)
+    second = Pipeline(config, spark)
+    try:
+        first.open()
+        assert first.run_epoch().kind is CheckpointKind.GLOBAL  # epoch 1
+        assert second.open().restored_from == 1
+        assert second.run_epoch().kind is CheckpointKind.GLOBAL  # epoch 2, by the second run
+
+        with pytest.raises(ConcurrentRunError) as caught:  # the first run, between its epochs
+            first.run_epoch()
+        assert ONLY_ONE_RUN in str(caught.value)
+        assert second.sink.committed_version() == 2
+        assert second.store.checkpoint_ids()[-1] == 2
+        assert second.store.latest_plan_epoch() == 2  # the first run did not even plan
+
+        # A third run planned the next epoch and is reading it: the second run may not plan it again.
+        third = Pipeline(config, spark)
+        third.open()
+        third.store.write_plan(3, {r: [] for r in range(config.parallelism)})
+        with pytest.raises(ConcurrentRunError) as caught:
+            second.run_epoch()
+        assert ONLY_ONE_RUN in str(caught.value)
+        assert second.sink.committed_version() == 2
+    finally:
+        first.close()
+        second.close()
+
+    rows = sink_rows(spark, config.sink_path)
+    assert len({(r.split_id, r.offset) for r in rows}) == len(rows)  # no duplicates so far
+    summary = _run(config, spark)  # a fresh run
+    assert summary.finished and summary.epochs[0].epoch == 4  # epoch ids never reuse a planned one
+    assert_sink_equals_source(spark, config.sink_path, input_dir)
 
 
 # --------------------------------------------------------------------------- rescale
