@@ -531,6 +531,7 @@ class Pipeline:
         self._sink_version = epoch
         lap("sink")
         crash_if_requested(CrashPoint.AFTER_SINK_COMMIT, epoch)
+        crash_if_requested(CrashPoint.BEFORE_CHECKPOINT_ROW, epoch)  # the state store writes the row last
         self.store.commit_checkpoint(completed, audit)
         lap("state")
         crash_if_requested(CrashPoint.AFTER_CHECKPOINT_ROW, epoch)

@@ -1,0 +1,88 @@
+"""Driver crashes at each of DESIGN 5's crash points: SIGKILL, then recovery, then sink == source.
+
+For every crash point, ``splitkeeper run`` runs in a child process (its own
+driver and JVM) with ``SPLITKEEPER_CRASH_AT=<point>@2`` and must die by SIGKILL
+in epoch 2. What the crash left behind is checked (plan, sink commit,
+checkpoint row), then the pipeline is run again to completion in this process
+(so the :class:`~splitkeeper.runtime.pipeline.OpenReport` of the recovery is
+observable) and the sink must equal the source exactly.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from splitkeeper.core.types import CheckpointKind
+from splitkeeper.runtime.config import config_from_mapping
+from splitkeeper.runtime.faults import CRASH_ENV, CrashPoint
+from splitkeeper.runtime.pipeline import Pipeline
+from splitkeeper.runtime.sink import DeltaSink
+from splitkeeper.runtime.sources import build_source
+from splitkeeper.runtime.state_store import DeltaStateStore
+
+from .helpers import (
+    assert_sink_equals_source,
+    pipeline_mapping,
+    splitkeeper_subprocess,
+    write_config,
+    write_input,
+)
+
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
+
+CRASH_EPOCH = 2
+
+# point -> (sink txnVersion after the crash, latest checkpoint row after the crash, redone on open)
+AFTER_CRASH = {
+    CrashPoint.AFTER_PLAN: (1, 1, None),
+    CrashPoint.AFTER_SINK_COMMIT: (2, 1, 2),
+    CrashPoint.BEFORE_CHECKPOINT_ROW: (2, 1, 2),
+    CrashPoint.AFTER_CHECKPOINT_ROW: (2, 2, None),
+}
+
+
+@pytest.mark.parametrize("point", list(CrashPoint), ids=lambda p: p.value)
+def test_driver_killed_at_crash_point_recovers_to_sink_equals_source(
+    point: CrashPoint, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(CRASH_ENV, raising=False)
+    input_dir = tmp_path / "in"
+    write_input(input_dir, files=3, lines=40)
+    mapping = pipeline_mapping(
+        tmp_path, f"crash-{point.value}".replace("_", "-"), input_dir, epoch_records=60
+    )
+    config_path = write_config(tmp_path / "pipeline.yaml", mapping)
+    config = config_from_mapping(mapping)
+
+    crashed = splitkeeper_subprocess(
+        ["run", "--config", str(config_path)], **{CRASH_ENV: f"{point.value}@{CRASH_EPOCH}"}
+    )
+    assert crashed.returncode == -9, f"expected SIGKILL, got {crashed.returncode}:\n{crashed.stderr[-3000:]}"
+    assert f"crash injected at {point.value} of epoch {CRASH_EPOCH}" in crashed.stderr
+    assert "epoch    1 global" in crashed.stderr  # epoch 1 completed before the crash
+
+    sink_version, latest_row, redone = AFTER_CRASH[point]
+    store = DeltaStateStore(spark, config.state_path, config.name, build_source(config.source).fingerprint())
+    assert DeltaSink(spark, config.sink_path, app_id=config.name).committed_version() == sink_version
+    assert store.checkpoint_ids()[-1] == latest_row
+    assert store.latest_plan_epoch() == CRASH_EPOCH
+
+    pipeline = Pipeline(config, spark)
+    try:
+        opened = pipeline.open()
+        restored = CRASH_EPOCH if redone or latest_row == CRASH_EPOCH else 1
+        assert opened.redone_checkpoint == redone
+        assert opened.restored_from == restored
+        assert store.checkpoint_ids()[-1] == restored
+        if redone is not None:  # the decision file was committed as checkpoint 2, then cleaned up
+            assert not (Path(config.staging_path) / f"epoch={CRASH_EPOCH}").exists()
+        summary = pipeline.run()
+    finally:
+        pipeline.close()
+    assert summary.finished and summary.epochs[-1].kind is CheckpointKind.GLOBAL
+    assert summary.epochs[0].epoch == CRASH_EPOCH + 1  # an abandoned plan's id is never reused
+    rows = assert_sink_equals_source(spark, config.sink_path, input_dir)
+    assert (CRASH_EPOCH in {r.epoch for r in rows}) == (sink_version == CRASH_EPOCH)
