@@ -20,8 +20,9 @@ Recovery on open: if the sink holds a commit newer than the latest checkpoint
 row (the driver died between 5 and 6), the decision file it names is
 committed as that checkpoint (a redo); then the latest checkpoint is restored
 (a global restore). Epoch ids continue after every id ever planned, so an
-abandoned plan is never reused. An ABORTED checkpoint is followed by a global
-restore from the latest completed checkpoint.
+abandoned plan is never reused; staging folders of epochs up to the latest
+checkpoint, which nothing reads any more, are removed. An ABORTED checkpoint
+is followed by a global restore from the latest completed checkpoint.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
 import time
 import uuid
@@ -68,6 +70,8 @@ from splitkeeper.runtime.state_store import DeltaStateStore
 from splitkeeper.runtime.transforms import resolve_transform
 
 log = logging.getLogger("splitkeeper.runtime.pipeline")
+
+_EPOCH_DIR = re.compile(r"^epoch=(\d+)$")
 
 OPERATOR_STATE_KEEP = 8  # epoch summaries each region keeps in its list-style operator state
 
@@ -218,6 +222,7 @@ class Pipeline:
         last_planned = self.store.latest_plan_epoch() or 0
         last_done = 0 if chosen is None else chosen.checkpoint_id
         self._next_epoch = max(last_planned, last_done, self.sink.committed_version() or 0) + 1
+        self._cleanup_completed_staging(last_done)
         report = self._restore(chosen, parallelism, redone)
         self._opened = report
         return report
@@ -583,6 +588,22 @@ class Pipeline:
 
     def _cleanup_staging(self, epoch: int) -> None:
         shutil.rmtree(os.path.join(self.config.staging_path, f"epoch={epoch}"), ignore_errors=True)
+
+    def _cleanup_completed_staging(self, latest_checkpoint_id: int) -> None:
+        """Remove what earlier runs left in staging for epochs up to the latest checkpoint (on open).
+
+        A driver killed after its checkpoint row, or a cancelled task finishing late, leaves
+        ``epoch=N`` folders nobody reads: epochs up to the latest checkpoint are committed
+        (or abandoned) for good. Newer folders are kept: another run may be writing them.
+        """
+        try:
+            names = os.listdir(self.config.staging_path)
+        except FileNotFoundError:
+            return
+        for name in names:
+            m = _EPOCH_DIR.match(name)
+            if m is not None and int(m[1]) <= latest_checkpoint_id:
+                shutil.rmtree(os.path.join(self.config.staging_path, name), ignore_errors=True)
 
     def run(self, epochs: int | None = None) -> RunSummary:
         """Run ``epochs`` epochs, or (None) until a bounded source is read and ends on a global checkpoint."""

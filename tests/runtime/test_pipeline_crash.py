@@ -86,3 +86,4 @@ def test_driver_killed_at_crash_point_recovers_to_sink_equals_source(
     assert summary.epochs[0].epoch == CRASH_EPOCH + 1  # an abandoned plan's id is never reused
     rows = assert_sink_equals_source(spark, config.sink_path, input_dir)
     assert (CRASH_EPOCH in {r.epoch for r in rows}) == (sink_version == CRASH_EPOCH)
+    assert sorted(p.name for p in Path(config.staging_path).glob("epoch=*")) == []  # no crash leftovers
