@@ -64,17 +64,36 @@ class FaultPlan:
         return bool(self.faults)
 
 
+_CRASH = re.compile(r"^(?P<point>[a-z_]+)(?:@(?P<epoch>\d+))?$")
+
+
+def crash_request(env: Mapping[str, str] | None = None) -> tuple[CrashPoint, int | None] | None:
+    """The crash ``SPLITKEEPER_CRASH_AT`` asks for: (point, epoch or None for every epoch), or None.
+
+    The driver calls it once at start (the pipeline's constructor) so that a
+    misspelt value fails before anything is written, instead of never crashing.
+    Raises InvalidParameterError naming the variable, the value and the points.
+    """
+    wanted = (os.environ if env is None else env).get(CRASH_ENV, "").strip()
+    if not wanted:
+        return None
+    m = _CRASH.match(wanted)
+    points = [p.value for p in CrashPoint]
+    if m is None or m["point"] not in points:
+        raise InvalidParameterError(
+            CRASH_ENV, wanted, f"'<point>' or '<point>@<epoch>' with point one of {', '.join(points)}"
+        )
+    return CrashPoint(m["point"]), None if m["epoch"] is None else int(m["epoch"])
+
+
 def crash_if_requested(point: CrashPoint, epoch: int, env: Mapping[str, str] | None = None) -> None:
     """SIGKILL this process when ``SPLITKEEPER_CRASH_AT`` names ``point`` (and ``epoch``, if given).
 
     Called by the driver at each crash point. Nothing is flushed or cleaned up:
     that is the point.
     """
-    wanted = (os.environ if env is None else env).get(CRASH_ENV, "")
-    if not wanted:
-        return
-    name, _, at_epoch = wanted.partition("@")
-    if name != point.value or (at_epoch and int(at_epoch) != epoch):
+    request = crash_request(env)
+    if request is None or request[0] is not point or request[1] not in (None, epoch):
         return
     print(
         f"splitkeeper: crash injected at {point.value} of epoch {epoch} (SIGKILL)",

@@ -60,7 +60,7 @@ from splitkeeper.core.types import (
 from splitkeeper.errors import CheckpointError, ConcurrentRunError, InvalidParameterError
 from splitkeeper.runtime import serde
 from splitkeeper.runtime.config import PipelineConfig
-from splitkeeper.runtime.faults import CrashPoint, FaultPlan, crash_if_requested
+from splitkeeper.runtime.faults import CrashPoint, FaultPlan, crash_if_requested, crash_request
 from splitkeeper.runtime.regions import RegionStatus, run_regions
 from splitkeeper.runtime.sink import DeltaSink
 from splitkeeper.runtime.sources import build_source
@@ -182,6 +182,7 @@ class Pipeline:
         progress: Callable[[str], None] | None = None,
         connector: SourceConnector | None = None,
     ) -> None:
+        crash_request()  # a misspelt SPLITKEEPER_CRASH_AT fails here, before anything is written
         self.config = config
         self.spark = spark
         self.faults = faults or FaultPlan()

@@ -26,6 +26,7 @@ from splitkeeper.runtime.state_store import DeltaStateStore
 from .helpers import (
     assert_sink_equals_source,
     pipeline_mapping,
+    run_cli,
     splitkeeper_subprocess,
     write_config,
     write_input,
@@ -87,3 +88,19 @@ def test_driver_killed_at_crash_point_recovers_to_sink_equals_source(
     rows = assert_sink_equals_source(spark, config.sink_path, input_dir)
     assert (CRASH_EPOCH in {r.epoch for r in rows}) == (sink_version == CRASH_EPOCH)
     assert sorted(p.name for p in Path(config.staging_path).glob("epoch=*")) == []  # no crash leftovers
+
+
+def test_misspelt_crash_point_is_refused_before_anything_is_written(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    input_dir = tmp_path / "in"
+    write_input(input_dir, files=1, lines=5)
+    config_path = write_config(tmp_path / "p.yaml", pipeline_mapping(tmp_path, "typo", input_dir))
+    monkeypatch.setenv(CRASH_ENV, "after_sink@2")
+
+    code, _out, err = run_cli(["run", "--config", str(config_path)])
+
+    assert code == 2
+    assert "SPLITKEEPER_CRASH_AT='after_sink@2' is not allowed" in err
+    assert "after_sink_commit" in err
+    assert not (tmp_path / "state").exists() and not (tmp_path / "sink").exists()
