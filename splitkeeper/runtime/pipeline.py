@@ -405,9 +405,9 @@ class Pipeline:
         errors: dict[int, str] = {}
         for r, run in runs.items():
             if run.status is RegionStatus.FINISHED:
-                result: RegionResult = run.result
-                results[r] = result
-                pending.acknowledge(r, self._acked_state(r, result, epoch))
+                region_result: RegionResult = run.result
+                results[r] = region_result
+                pending.acknowledge(r, self._acked_state(r, region_result, epoch))
             elif run.status is RegionStatus.FAILED:
                 errors[r] = run.error
                 pending.decline(r, run.error)
@@ -504,7 +504,8 @@ class Pipeline:
         results: Mapping[int, RegionResult],
         lap: Callable[[str], None],
     ) -> int:
-        assert self.enumerator is not None and self.context is not None and result.completed is not None
+        assert self.enumerator is not None and self.context is not None and self.coordinator is not None
+        assert result.completed is not None
         completed = result.completed
         audit = self.enumerator.audit_since(self._audit_persisted)
         path = self._decision_path(epoch)
@@ -523,7 +524,7 @@ class Pipeline:
             )
         os.replace(path + ".tmp", path)
         acked = [r for r in result.notify_complete if r in results]
-        staged = [results[r].staged_path for r in acked if results[r].staged_path]
+        staged = [staged_path for staged_path in (results[r].staged_path for r in acked) if staged_path]
         lap("decide")
         self._check_sink_fence(epoch)
         commit = self.sink.commit(epoch, staged, acked, extra_metadata={"decision": path})

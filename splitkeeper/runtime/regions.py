@@ -146,13 +146,13 @@ def run_regions(
     end = time.monotonic()
     out: dict[int, RegionRun] = {}
     for region, run in runs.items():
-        t0 = started.get(region)
+        began = started.get(region)
         out[region] = RegionRun(
             run.region_id,
             run.status,
             run.result,
             run.error,
-            None if t0 is None else round(t0 - submitted, 3),
+            None if began is None else round(began - submitted, 3),
             round(end - submitted, 3),
         )
     return dict(sorted(out.items()))
