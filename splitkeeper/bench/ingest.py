@@ -557,40 +557,91 @@ def same_values(spark: Any, ours: str, baseline: str) -> bool:
 
 
 @dataclass(frozen=True, slots=True)
+class RestoreSample:
+    """One restore as a restarted driver does it: a fresh store, then ``latest_checkpoint()``."""
+
+    checkpoints: int  # how many checkpoints the store had committed
+    open_s: float  # DeltaStateStore(...) with Delta's log cache cleared
+    restore_s: float  # latest_checkpoint()
+    load: float  # 1-minute load average right after
+
+
+@dataclass(frozen=True, slots=True)
 class RestoreFigures:
-    restore_s: dict[int, float]  # after N checkpoints -> latest_checkpoint() seconds
-    open_s: dict[int, float]  # after N checkpoints -> DeltaStateStore(...) seconds
-    repeats_s: tuple[float, ...]  # further restores after the most checkpoints
+    """Restore time per checkpoint count: medians of the interleaved samples (or, with no
+    samples, :func:`measure_state_store`'s single measurement)."""
+
+    restore_s: dict[int, float]
+    open_s: dict[int, float]
+    samples: tuple[RestoreSample, ...]
+    measure_restore_s: dict[int, float]  # measure_state_store's own single sample per mark
     commit_ms_median: float
     retain_ms_median: float
     seconds: float
     load: LoadFigure
 
 
+def _time_restore(spark: Any, root: str, checkpoints: int) -> RestoreSample:
+    """Restore the store :func:`measure_state_store` wrote at ``root`` (its pipeline is
+    ``measure``, its fingerprint ``synthetic``) the way that function times it."""
+    from splitkeeper.runtime.state_store import DeltaStateStore
+
+    spark._jvm.org.apache.spark.sql.delta.DeltaLog.clearCache()
+    t0 = time.perf_counter()
+    store = DeltaStateStore(spark, root, "measure", "synthetic")
+    t1 = time.perf_counter()
+    restored = store.latest_checkpoint()
+    t2 = time.perf_counter()
+    if restored is None or restored.checkpoint_id != checkpoints:
+        found = None if restored is None else restored.checkpoint_id
+        raise SplitkeeperError(
+            f"restore measurement: expected checkpoint {checkpoints} at {root}, got {found}"
+        )
+    return RestoreSample(checkpoints, round(t1 - t0, 3), round(t2 - t1, 3), round(os.getloadavg()[0], 2))
+
+
 def measure_restore(spark: Any, root: str, settings: IngestSettings) -> RestoreFigures:
-    """Restore time after 10 and after ``restore_checkpoints`` checkpoints, then again ``restore_repeat``
-    times after the last count (a fresh store with Delta's log cache cleared, as a restarted driver)."""
-    from splitkeeper.runtime.state_store import DeltaStateStore, measure_state_store
+    """Restore time after 10 and after ``restore_checkpoints`` checkpoints, under ``root``.
+
+    :func:`measure_state_store` commits the checkpoints (and times commits and a restore
+    at each mark, once). A second store with 10 checkpoints is written beside it; then
+    both are restored ``restore_repeat`` times, alternating which goes first, so both
+    counts are sampled under the same (drifting) machine load.
+    """
+    from splitkeeper.runtime.state_store import measure_state_store
 
     n = settings.restore_checkpoints
     _progress(
-        f"state store: committing {n} synthetic checkpoints, restore timed after {settings.restore_marks}"
+        f"state store: committing {n} synthetic checkpoints, restore timed after "
+        + ", ".join(str(m) for m in settings.restore_marks)
     )
     started = time.perf_counter()
+    roots = {n: os.path.join(root, f"after-{n}")}
     with LoadSampler(
         heartbeat_s=30, heartbeat=lambda s: _progress(f"state store: still measuring ({s:.0f}s)")
     ) as sampler:
-        measured = measure_state_store(spark, root, checkpoints=n, marks=settings.restore_marks)
-        repeats = []
-        for _ in range(settings.restore_repeat):
-            spark._jvm.org.apache.spark.sql.delta.DeltaLog.clearCache()
-            t0 = time.perf_counter()
-            DeltaStateStore(spark, root, "measure", "synthetic").latest_checkpoint()
-            repeats.append(round(time.perf_counter() - t0, 3))
+        measured = measure_state_store(spark, roots[n], checkpoints=n, marks=settings.restore_marks)
+        if n > SMALL_RESTORE_MARK and settings.restore_repeat > 0:
+            roots[SMALL_RESTORE_MARK] = os.path.join(root, f"after-{SMALL_RESTORE_MARK}")
+            measure_state_store(
+                spark, roots[SMALL_RESTORE_MARK], checkpoints=SMALL_RESTORE_MARK, marks=(SMALL_RESTORE_MARK,)
+            )
+        samples: list[RestoreSample] = []
+        for k in range(settings.restore_repeat):
+            for count in sorted(roots, reverse=k % 2 == 1):
+                samples.append(_time_restore(spark, roots[count], count))
+    measure_restore_s = {k: v / 1000 for k, v in measured.restore_ms.items()}
+    if samples:
+        restore_s = {c: _median([x.restore_s for x in samples if x.checkpoints == c]) for c in roots}
+        open_s = {c: _median([x.open_s for x in samples if x.checkpoints == c]) for c in roots}
+    else:
+        restore_s = measure_restore_s
+        open_s = {k: v / 1000 for k, v in measured.open_ms.items()}
     return RestoreFigures(
-        restore_s={k: v / 1000 for k, v in measured.restore_ms.items()},
-        open_s={k: v / 1000 for k, v in measured.open_ms.items()},
-        repeats_s=tuple(repeats),
+        restore_s=dict(sorted(restore_s.items())),
+        open_s=dict(sorted(open_s.items())),
+        samples=tuple(samples),
+        measure_restore_s=measure_restore_s,
         commit_ms_median=float(statistics.median(measured.total_commit_ms)),
         retain_ms_median=float(statistics.median(measured.retain_ms)) if measured.retain_ms else 0.0,
         seconds=round(time.perf_counter() - started, 1),
@@ -786,6 +837,11 @@ def _result(
         "baseline_records_per_s": base_rps,
         "ratio": round(ours_rps / base_rps, 4),
         "ours_setup_s": _median([r.setup_s for r in ours_runs]),
+        # the same runs without the one-time setup (creating the state and sink tables, open)
+        "ours_after_setup_s": _median([r.seconds - r.setup_s for r in ours_runs]),
+        "ours_records_per_s_after_setup": round(
+            records / max(1e-9, _median([r.seconds - r.setup_s for r in ours_runs])), 1
+        ),
         "ours_epochs_per_run": round(len(all_epochs) / n, 1),
         "ours_reading_epochs_per_run": round(len(reading) / n, 1),
         "ours_epoch_s_avg": round(statistics.fmean(e["elapsed_s"] for e in all_epochs), 3),
@@ -824,7 +880,7 @@ def _result(
         "restore_s_after_200": None,
         "restore_s_by_checkpoints": {},
         "restore_open_s_by_checkpoints": {},
-        "restore_repeats_s": [],
+        "restore_samples": [],
         "restore_verdict": None,
         "restore_measure_commit_ms_median": None,
         "load_avg": {
@@ -846,7 +902,16 @@ def _result(
                 "restore_s_after_200": restore.restore_s.get(200),
                 "restore_s_by_checkpoints": {str(k): v for k, v in sorted(restore.restore_s.items())},
                 "restore_open_s_by_checkpoints": {str(k): v for k, v in sorted(restore.open_s.items())},
-                "restore_repeats_s": list(restore.repeats_s),
+                "restore_samples": [
+                    {
+                        "checkpoints": x.checkpoints,
+                        "open_s": x.open_s,
+                        "restore_s": x.restore_s,
+                        "load": x.load,
+                    }
+                    for x in restore.samples
+                ],
+                "restore_measure_single_s": {str(k): v for k, v in sorted(restore.measure_restore_s.items())},
                 "restore_verdict": restore_verdict(restore.restore_s),
                 "restore_measure_commit_ms_median": restore.commit_ms_median,
                 "restore_measure_retain_ms_median": restore.retain_ms_median,
@@ -903,6 +968,9 @@ def render_table(result: Mapping[str, Any]) -> str:
         f"{result['baseline_s']:>10.2f}"
         f"{result['baseline_records_per_s']:>12,.0f}  {load['baseline']:.1f} / {load['baseline_max']:.1f}",
         f"{'ratio ours / baseline':<30}{'':>20}{result['ratio']:>12.3f}",
+        f"{'splitkeeper without setup':<30}{'':>10}{result['ours_after_setup_s']:>10.2f}"
+        f"{result['ours_records_per_s_after_setup']:>12,.0f}  (setup: state + sink tables, open: "
+        f"{result['ours_setup_s']:.2f}s median)",
         "",
         "per repetition: "
         + "; ".join(
@@ -945,13 +1013,19 @@ def render_table(result: Mapping[str, Any]) -> str:
     if result["restore_verdict"] is not None:
         by = sorted(result["restore_s_by_checkpoints"].items(), key=lambda kv: int(kv[0]))
         opened = result["restore_open_s_by_checkpoints"]
+        samples = result["restore_samples"]
         lines.append(
-            "restore (fresh store, Delta log cache cleared): "
-            + ", ".join(f"after {n}: open {opened[n]:.2f}s + restore {s:.2f}s" for n, s in by)
-            + f"; again after {result['restore_checkpoints']}: "
-            + ", ".join(f"{s:.2f}s" for s in result["restore_repeats_s"])
-            + f" ({_load_text(load['restore'])})"
+            "restore (fresh store, Delta log cache cleared; "
+            + (f"median of {len(samples)} interleaved samples" if samples else "one sample each")
+            + f", {_load_text(load['restore'])}):"
         )
+        for n, seconds in by:
+            mine = [x for x in samples if x["checkpoints"] == int(n)]
+            detail = ", ".join(f"{x['restore_s']:.2f}s at load {x['load']:.1f}" for x in mine)
+            lines.append(
+                f"  after {n:>4} checkpoints: open {opened[n]:.2f}s + restore {seconds:.2f}s"
+                + (f"  ({detail})" if detail else "")
+            )
         lines.append(f"  {result['restore_verdict']}")
     else:
         lines.append("restore: skipped")
@@ -1087,7 +1161,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="restore is timed after 10 and after this many checkpoints (default 200)",
     )
     parser.add_argument(
-        "--restore-repeat", type=int, default=defaults.restore_repeat, help="extra restores at the end (3)"
+        "--restore-repeat",
+        type=int,
+        default=defaults.restore_repeat,
+        help="restore samples per checkpoint count, interleaved (default 3)",
     )
     parser.add_argument("--skip-restore", action="store_true", help="do not measure restore time")
     parser.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up")
