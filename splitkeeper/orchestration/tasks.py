@@ -54,6 +54,18 @@ def _spark() -> Any:
     return get_spark(SparkSettings.from_env(ui_enabled=False))
 
 
+def _state_store(config: PipelineConfig) -> Any:
+    """The pipeline's Delta state store (the source is asked only for its fingerprint)."""
+    from splitkeeper.runtime.sources import build_source
+    from splitkeeper.runtime.state_store import DeltaStateStore
+
+    connector = build_source(config.source)
+    try:
+        return DeltaStateStore(_spark(), config.state_path, config.name, connector.fingerprint())
+    finally:
+        connector.close()
+
+
 def _pipeline(config: PipelineConfig, progress: Callable[[str], None] | None = None) -> Any:
     from splitkeeper.runtime.pipeline import Pipeline
 
@@ -174,15 +186,9 @@ def validate(path: str | None = None, checkpoint_id: int | None = None) -> dict[
 def report(path: str | None = None, title: str | None = None) -> str:
     """Render the run report (HTML with charts); returns its path."""
     from splitkeeper.report.html import render_report
-    from splitkeeper.runtime.sources import build_source
-    from splitkeeper.runtime.state_store import DeltaStateStore
 
     config = load_config(config_path(path))
-    connector = build_source(config.source)
-    try:
-        store = DeltaStateStore(_spark(), config.state_path, config.name, connector.fingerprint())
-    finally:
-        connector.close()
+    store = _state_store(config)
     out = reports_dir(config)
     docs = out / "data_docs" / "index.html"
     target = render_report(
@@ -227,16 +233,10 @@ def check_recovery_params(params: Mapping[str, Any]) -> dict[str, Any]:
 
 def restore_enumerator_state(params: Mapping[str, Any], path: str | None = None) -> dict[str, Any]:
     """Load the chosen checkpoint and show what the enumerator will restore (pool, owners, finished)."""
-    from splitkeeper.runtime.sources import build_source
-    from splitkeeper.runtime.state_store import DeltaStateStore
 
     chosen = check_recovery_params(params)
     config = load_config(config_path(path))
-    connector = build_source(config.source)
-    try:
-        store = DeltaStateStore(_spark(), config.state_path, config.name, connector.fingerprint())
-    finally:
-        connector.close()
+    store = _state_store(config)
     ids = store.checkpoint_ids()
     if not ids:
         raise CheckpointError(f"pipeline {config.name!r} has no completed checkpoint to recover from")
@@ -263,15 +263,8 @@ def restore_enumerator_state(params: Mapping[str, Any], path: str | None = None)
 
 def collect_reader_reports(restored: Mapping[str, Any], path: str | None = None) -> dict[str, Any]:
     """What every reader reports on registration: the splits in its region's state of that checkpoint."""
-    from splitkeeper.runtime.sources import build_source
-    from splitkeeper.runtime.state_store import DeltaStateStore
-
     config = load_config(config_path(path))
-    connector = build_source(config.source)
-    try:
-        store = DeltaStateStore(_spark(), config.state_path, config.name, connector.fingerprint())
-    finally:
-        connector.close()
+    store = _state_store(config)
     checkpoint = store.load_checkpoint(int(restored["checkpoint_id"]))
     return {
         **restored,
@@ -332,14 +325,7 @@ def classify_and_reassign(reports: Mapping[str, Any], path: str | None = None) -
 
 def next_epoch(path: str | None = None) -> int:
     """The id the next epoch of this pipeline will get (for fault injection in demos)."""
-    from splitkeeper.runtime.sources import build_source
-    from splitkeeper.runtime.state_store import DeltaStateStore
-
     config = load_config(config_path(path))
-    connector = build_source(config.source)
-    try:
-        store = DeltaStateStore(_spark(), config.state_path, config.name, connector.fingerprint())
-    finally:
-        connector.close()
+    store = _state_store(config)
     ids = store.checkpoint_ids()
     return max(store.latest_plan_epoch() or 0, ids[-1] if ids else 0) + 1
