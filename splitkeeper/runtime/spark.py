@@ -145,10 +145,10 @@ class SparkSettings:
 def get_spark(settings: SparkSettings | None = None) -> SparkSession:
     """The process's SparkSession, created on first call with Delta and the local jars.
 
-    Called on the driver only. A second call returns the running session (its
-    runtime SQL conf is updated; JVM-level settings such as master and jars stay as
-    first built). Raises EnvironmentNotReadyError when the jars are missing, or when a
-    session without Delta is already running in this process.
+    Called on the driver only. A second call returns the running session unchanged
+    (its settings, JVM-level and SQL alike, stay as first built). Raises
+    EnvironmentNotReadyError when the jars are missing, or when a session without Delta
+    is already running in this process.
     """
     settings = SparkSettings.from_env() if settings is None else settings
     jar_paths = jarlib.spark_jars(root=settings.jars_dir)
@@ -171,10 +171,18 @@ def get_spark(settings: SparkSettings | None = None) -> SparkSession:
         # (the spark.pyspark.python conf alone is not read in-process): use this venv's.
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    builder = SparkSession.builder.master(settings.master).appName(settings.app_name)
-    for key, value in conf.items():
-        builder = builder.config(key, value)
-    spark = builder.getOrCreate()
+    from pyspark import SparkContext
+
+    if SparkContext._active_spark_context is not None:
+        # A session already runs in this process: return it unchanged. Re-applying these
+        # settings would silently change the runtime SQL conf of a session someone else
+        # configured (a test fixture, a notebook, an Airflow worker running several tasks).
+        spark = SparkSession.builder.getOrCreate()
+    else:
+        builder = SparkSession.builder.master(settings.master).appName(settings.app_name)
+        for key, value in conf.items():
+            builder = builder.config(key, value)
+        spark = builder.getOrCreate()
     extensions = spark.conf.get("spark.sql.extensions", "") or ""
     if DELTA_EXTENSION not in extensions:
         raise EnvironmentNotReadyError(

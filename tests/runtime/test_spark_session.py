@@ -74,6 +74,13 @@ def test_get_spark_twice_returns_the_running_session(spark):
 
 
 @pytest.mark.spark
+def test_a_second_get_spark_does_not_change_the_running_sessions_conf(spark):
+    before = spark.conf.get("spark.sql.shuffle.partitions")
+    again = get_spark(SparkSettings(master="local[2]", ui_enabled=False, shuffle_partitions=13))
+    assert again.conf.get("spark.sql.shuffle.partitions") == before != "13"
+
+
+@pytest.mark.spark
 def test_spark_kafka_connector_class_loads_from_local_jars(spark):
     # The connector and Delta classes come from .jars/spark, not from a download.
     jvm = spark.sparkContext._jvm
