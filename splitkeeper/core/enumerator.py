@@ -1215,9 +1215,13 @@ def enumerator_for(
     strategy: str | AssignmentStrategy = "round-robin",
     *,
     restored: EnumeratorSnapshot | None = None,
+    enumerator_class: type[SplitEnumerator] | None = None,
     **strategy_options: object,
 ) -> SplitEnumerator:
     """The enumerator for ``source``: the only place the capability mix-in is inspected.
+
+    ``enumerator_class`` (default :class:`SplitEnumerator`) lets tests and the
+    simulator build a subclass through this same factory.
 
     ``reassign_on_recovery`` is True exactly when the source inherits
     :class:`SupportsSplitReassignmentOnRecovery`. ``strategy`` is a registry
@@ -1233,7 +1237,7 @@ def enumerator_for(
                 "strategy_options", sorted(strategy_options), "none when a strategy instance is given"
             )
         chosen = strategy
-    enumerator = SplitEnumerator(
+    enumerator = (enumerator_class or SplitEnumerator)(
         context,
         chosen,
         reassign_on_recovery=isinstance(source, SupportsSplitReassignmentOnRecovery),

@@ -12,8 +12,8 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from splitkeeper.core.assignment import AssignmentStrategy
-from splitkeeper.core.enumerator import RecordingEnumeratorContext, SplitEnumerator
-from splitkeeper.core.source import SplitSource, SupportsSplitReassignmentOnRecovery
+from splitkeeper.core.enumerator import RecordingEnumeratorContext, SplitEnumerator, enumerator_for
+from splitkeeper.core.source import SplitSource
 from splitkeeper.core.types import EnumeratorSnapshot, Split
 from splitkeeper.errors import InvalidParameterError
 from splitkeeper.sim.simulator import Components
@@ -67,16 +67,9 @@ def dropping_enumerator(
     strategy: AssignmentStrategy,
     restored: EnumeratorSnapshot | None,
 ) -> SplitEnumerator:
-    enumerator = SplitDroppingEnumerator(
-        context,
-        strategy,
-        reassign_on_recovery=isinstance(source, SupportsSplitReassignmentOnRecovery),
-        source=source,
-        subscriptions=source.subscriptions(),
+    return enumerator_for(
+        source, context, strategy, restored=restored, enumerator_class=SplitDroppingEnumerator
     )
-    if restored is not None:
-        enumerator.restore(restored)
-    return enumerator
 
 
 @dataclass(frozen=True, slots=True)

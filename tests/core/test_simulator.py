@@ -15,10 +15,10 @@ import pytest
 
 from splitkeeper.core.assignment import AssignmentStrategy
 from splitkeeper.core.checkpoint import CheckpointConfig, CheckpointStore, RegionalCheckpointCoordinator
-from splitkeeper.core.enumerator import RecordingEnumeratorContext, SplitEnumerator
+from splitkeeper.core.enumerator import RecordingEnumeratorContext, SplitEnumerator, enumerator_for
 from splitkeeper.core.invariants import ViolationKind, check_ref_chains
 from splitkeeper.core.rescale import Redistribution
-from splitkeeper.core.source import SplitSource, SupportsSplitReassignmentOnRecovery
+from splitkeeper.core.source import SplitSource
 from splitkeeper.core.types import CheckpointKind, EnumeratorSnapshot, RecoveryDecision, RegionState, Split
 from splitkeeper.sim import (
     Components,
@@ -219,16 +219,9 @@ def test_an_enumerator_that_snapshots_during_a_restore_is_caught() -> None:
         strategy: AssignmentStrategy,
         restored: EnumeratorSnapshot | None,
     ) -> SplitEnumerator:
-        enumerator = _SnapshotsTooEarly(
-            context,
-            strategy,
-            reassign_on_recovery=isinstance(source, SupportsSplitReassignmentOnRecovery),
-            source=source,
-            subscriptions=source.subscriptions(),
+        return enumerator_for(
+            source, context, strategy, restored=restored, enumerator_class=_SnapshotsTooEarly
         )
-        if restored is not None:
-            enumerator.restore(restored)
-        return enumerator
 
     scenario = Scenario(3, specs(6), (*epochs(1), CheckpointDuringRestore(1), *epochs(1)))
     result = Simulator(SimConfig(), scenario, Components(enumerator=factory)).run()
