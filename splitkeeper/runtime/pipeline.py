@@ -422,6 +422,7 @@ class Pipeline:
         )
         committed_records = 0
         if result.completed is None:
+            self._check_sink_fence(epoch)  # a run another run overtook logs nothing either
             self.store.log_attempt(epoch, result.outcomes, result.reason)
             self._cleanup_staging(epoch)
             # Nothing of this epoch is committed: every reader restarts from the latest checkpoint

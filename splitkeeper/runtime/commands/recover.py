@@ -13,7 +13,13 @@ import json
 from collections import Counter
 
 from splitkeeper.errors import InvalidParameterError
-from splitkeeper.runtime.commands.common import add_config_argument, load, progress, spark_session
+from splitkeeper.runtime.commands.common import (
+    add_config_argument,
+    add_fault_argument,
+    load,
+    progress,
+    spark_session,
+)
 
 
 def checkpoint_arg(text: str) -> int | None:
@@ -30,16 +36,18 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--parallelism", type=int, default=None, help="new parallelism (a rescale)")
     parser.add_argument("--dry-run", action="store_true", help="only print the recovery plan")
     parser.add_argument("--epochs", type=int, default=1, help="epochs to run after the restore (default 1)")
+    add_fault_argument(parser)
     parser.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
 
 
 def run(args: argparse.Namespace) -> int:
+    from splitkeeper.runtime.faults import FaultPlan
     from splitkeeper.runtime.pipeline import Pipeline
 
     checkpoint = checkpoint_arg(args.checkpoint)
     if args.parallelism is not None and args.parallelism < 1:
         raise InvalidParameterError("--parallelism", args.parallelism, "an integer >= 1")
-    pipeline = Pipeline(load(args), spark_session(), progress=progress)
+    pipeline = Pipeline(load(args), spark_session(), faults=FaultPlan.parse(args.fault), progress=progress)
     try:
         opened = pipeline.open(checkpoint_id=checkpoint, parallelism=args.parallelism)
         decisions = Counter(d.decision.value for d in opened.decisions)

@@ -5,7 +5,13 @@ from __future__ import annotations
 import argparse
 import json
 
-from splitkeeper.runtime.commands.common import add_config_argument, load, progress, spark_session
+from splitkeeper.runtime.commands.common import (
+    add_config_argument,
+    add_fault_argument,
+    load,
+    progress,
+    spark_session,
+)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -13,13 +19,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--epochs", type=int, default=None, help="epochs to run (default: until a bounded source is done)"
     )
-    parser.add_argument(
-        "--fault",
-        action="append",
-        default=[],
-        metavar="SPEC",
-        help="inject a fault: fail:REGION@EPOCH or stall[:SECONDS]:REGION@EPOCH (repeatable)",
-    )
+    add_fault_argument(parser)
     parser.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
 
 
