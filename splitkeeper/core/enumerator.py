@@ -43,6 +43,7 @@ from splitkeeper.core.assignment import AssignmentStrategy, strategy_by_name, va
 from splitkeeper.core.backlog import BacklogTracker
 from splitkeeper.core.source import SplitSource, SupportsSplitReassignmentOnRecovery
 from splitkeeper.core.types import (
+    DISCOVERED_DETAIL,
     Assignment,
     AuditRecord,
     EnumeratorSnapshot,
@@ -596,7 +597,12 @@ class SplitEnumerator:
         self._backlog.track_all(tracked)
         cid = self._last_checkpoint_id
         if new:
-            self._audit.append((RecoveryDecision.DISCOVERED, None, tuple(new), cid, ""))
+            starts: dict[int, list[str]] = {}  # one audit entry per start position
+            for sid in new:
+                starts.setdefault(registry[sid].position, []).append(sid)
+            for position, at in starts.items():
+                detail = DISCOVERED_DETAIL.format(position=position)
+                self._audit.append((RecoveryDecision.DISCOVERED, None, tuple(at), cid, detail))
         if dropped:
             self._audit.append(
                 (
@@ -611,6 +617,20 @@ class SplitEnumerator:
             self._audit.append((RecoveryDecision.FINISHED, None, tuple(empty), cid, "discovered at its end"))
         self._after_event()
         return len(new)
+
+    def record_lost_range(self, split_id: str, reader_id: int | None, detail: str) -> None:
+        """Record that positions of ``split_id`` were skipped because the source no longer has them.
+
+        Called by the runtime's epoch planner on the driver when the source's
+        retention check moved a planned range's start past records that aged out
+        (``on_offset_out_of_range: skip``); ``detail`` names the offsets. Adds a
+        SKIPPED_LOST_RANGE audit record and nothing else: the split's position
+        moves when its region acknowledges the moved range. A replanned epoch
+        records the loss again (the restart checks merge repeats).
+        """
+        self._audit.append(
+            (RecoveryDecision.SKIPPED_LOST_RANGE, reader_id, split_id, self._last_checkpoint_id, detail)
+        )
 
     def set_subscriptions(self, subscriptions: Iterable[str]) -> list[str]:
         """Change what is subscribed; splits of removed names are dropped now. Returns the dropped ids.

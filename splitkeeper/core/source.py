@@ -83,6 +83,16 @@ class ExternallyCheckpointedSource(abc.ABC):
     courtesy for tools and is written only after a checkpoint completes.
     """
 
+    @property
+    def keeps_external_positions(self) -> bool:
+        """Whether this instance has an external store to commit to and reconcile with.
+
+        True by default. A source whose external store is optional in its
+        configuration (Kafka without ``group_id``) answers False, and the runtime
+        then neither commits nor reconciles: no empty store reported as disagreeing.
+        """
+        return True
+
     @abc.abstractmethod
     def commit_positions(self, checkpoint_id: int, positions: Mapping[str, int]) -> None:
         """Store ``positions`` externally, tagged with ``checkpoint_id``.

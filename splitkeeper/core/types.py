@@ -96,7 +96,7 @@ class RecoveryDecision(enum.Enum):
     """The rule the enumerator applied to one split (the audit trail's vocabulary)."""
 
     ASSIGNED = "assigned"  # a pool split handed to a reader by the strategy
-    DISCOVERED = "discovered"  # a new split entered the pool
+    DISCOVERED = "discovered"  # a new split entered the pool; detail "at <position>" (its start)
     REDISTRIBUTED_GLOBAL_RESTORE = "redistributed_global_restore"
     IGNORED_ALREADY_PENDING = "ignored_already_pending"
     IGNORED_STALE_REPORT = "ignored_stale_report"
@@ -109,6 +109,14 @@ class RecoveryDecision(enum.Enum):
     FINISHED = "finished"
     RETURNED_REGION_FALLBACK = "returned_region_fallback"
     REBALANCED = "rebalanced"
+    SKIPPED_LOST_RANGE = "skipped_lost_range"  # positions the source no longer had were skipped (retention)
+
+
+#: ``detail`` of a DISCOVERED audit record: where the split started when it was discovered.
+#: The restart checks parse it (:data:`DISCOVERED_DETAIL_PATTERN`) to know where a split's
+#: records begin, since a source with retention no longer says so later.
+DISCOVERED_DETAIL = "at {position}"
+DISCOVERED_DETAIL_PATTERN = r"^at (\d+)$"
 
 
 class CheckpointKind(enum.Enum):

@@ -180,6 +180,7 @@ def validate(path: str | None = None, checkpoint_id: int | None = None) -> dict[
         "success": report.success,
         "suites": {s.key: s.status.value for s in report.suites},
         "data_docs": None if report.data_docs_index is None else str(report.data_docs_index),
+        "notes": list(report.notes),
     }
 
 

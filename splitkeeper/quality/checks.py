@@ -38,7 +38,7 @@ from splitkeeper.core.invariants import (
     weighted_bound_tolerance,
     weighted_deviations,
 )
-from splitkeeper.core.types import RecoveryDecision, Split
+from splitkeeper.core.types import DISCOVERED_DETAIL_PATTERN, AuditRecord, RecoveryDecision, Split
 from splitkeeper.errors import (
     CheckpointError,
     ConfigError,
@@ -381,9 +381,11 @@ class RestartFrames:
       ``status`` NULL for each subscribed split a region's state holds that the enumerator
       has neither pooled, assigned nor finished (a lost split);
     - ``sink_records``: the sink's records of epochs up to the checkpoint, with
-      ``following_offset`` = the next larger offset of the same split;
+      ``following_offset`` = the next larger offset of the same split and ``resumes_at`` =
+      ``next_offset``, or the end of a reported lost range that begins there;
     - ``sink_splits``: per split with records or known to the checkpoint: records,
-      first_offset, last_next_offset, start_position, committed_position, state, known;
+      first_offset, last_next_offset, last_resumes_at, start_position, committed_position,
+      state, known;
     - ``reader_loads``: per registered reader: splits, load, imbalance, allowed;
     - ``region_refs``: per kept checkpoint up to this one, region and split of its state:
       ref_checkpoint_id, ref_depth, ref_kept, ref_earlier.
@@ -450,6 +452,99 @@ def _reader_rows(
     ]
 
 
+@dataclass(frozen=True, slots=True)
+class SplitLife:
+    """What the audit trail says about splits over their whole life (kept through retention).
+
+    ``starts``: where each split started when it was discovered (the latest DISCOVERED
+    record with a position). ``lost``: per split, the merged ``[start, end)`` ranges the
+    pipeline skipped because the source no longer had them (SKIPPED_LOST_RANGE records,
+    ``on_offset_out_of_range: skip``); the only gaps the sink may have.
+    """
+
+    starts: dict[str, int] = field(default_factory=dict)
+    lost: dict[str, tuple[tuple[int, int], ...]] = field(default_factory=dict)
+
+    def resume(self, split_id: str, offset: int) -> int:
+        """``offset``, or the end of the reported lost range that begins exactly there."""
+        for start, end in self.lost.get(split_id, ()):
+            if start == offset:
+                return end
+        return offset
+
+    def gap_rows(self) -> list[tuple[str, int, int]]:
+        return [(sid, a, b) for sid, ranges in sorted(self.lost.items()) for a, b in ranges]
+
+    def note(self) -> str | None:
+        """One sentence naming the accepted gaps, or None when nothing was lost."""
+        rows = self.gap_rows()
+        if not rows:
+            return None
+        shown = [f"{sid} [{a}, {b})" for sid, a, b in rows]
+        return (
+            f"{sum(b - a for _s, a, b in rows)} offset(s) of {len(self.lost)} split(s) were skipped as lost "
+            f"(SKIPPED_LOST_RANGE in the audit trail, on_offset_out_of_range=skip); exactly these gaps are "
+            f"accepted in the sink: {_short(shown)}"
+        )
+
+
+def _merge(ranges: Iterable[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
+    merged: list[tuple[int, int]] = []
+    for start, end in sorted(r for r in ranges if r[1] > r[0]):
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+        else:
+            merged.append((start, end))
+    return tuple(merged)
+
+
+def read_split_life(
+    spark: SparkSession, state_store: DeltaStateStore, checkpoints: DataFrame, checkpoint_id: int
+) -> SplitLife:
+    """The DISCOVERED and SKIPPED_LOST_RANGE audit records up to ``checkpoint_id`` (see :class:`SplitLife`).
+
+    ``checkpoints`` is the checkpoints table. Rows of a kept checkpoint count only for the
+    attempt that committed it; rows of checkpoints retention deleted (the store keeps these
+    two decisions) count as they are.
+    """
+    import re
+
+    from pyspark.sql import functions as F
+
+    from splitkeeper.runtime.sources.base import LostRange
+
+    decisions = (RecoveryDecision.DISCOVERED.value, RecoveryDecision.SKIPPED_LOST_RANGE.value)
+    committed = checkpoints.select("checkpoint_id", "attempt_id", F.lit(True).alias("_kept"))
+    kept_ids = checkpoints.select("checkpoint_id", F.lit(True).alias("_id_kept"))
+    rows = (
+        _read_delta(spark, state_store.table_path("audit"))
+        .where(F.col("decision").isin(*decisions) & (F.col("checkpoint_id") <= checkpoint_id))
+        .join(committed, ["checkpoint_id", "attempt_id"], "left")
+        .join(kept_ids, "checkpoint_id", "left")
+        .where(F.col("_kept").isNotNull() | F.col("_id_kept").isNull())
+        .select("split_id", "decision", "detail", "checkpoint_id", "seq")
+        .collect()
+    )
+    at = re.compile(DISCOVERED_DETAIL_PATTERN)
+    starts: dict[str, tuple[tuple[int, int], int]] = {}
+    lost: dict[str, list[tuple[int, int]]] = {}
+    for row in rows:
+        sid, decision, detail = row["split_id"], RecoveryDecision(row["decision"]), row["detail"] or ""
+        if decision is RecoveryDecision.DISCOVERED:
+            match = at.match(detail)
+            order = (int(row["checkpoint_id"]), int(row["seq"]))
+            if match is not None and (sid not in starts or starts[sid][0] < order):
+                starts[sid] = (order, int(match.group(1)))  # the latest discovery is this life's start
+            continue
+        gone = LostRange.from_audit(AuditRecord(sid, None, decision, None, detail))
+        if gone is not None:
+            lost.setdefault(sid, []).append((gone.start, gone.new_start))
+    return SplitLife(
+        starts={sid: position for sid, (_order, position) in starts.items()},
+        lost={sid: _merge(ranges) for sid, ranges in lost.items()},
+    )
+
+
 def build_restart_frames(
     spark: SparkSession,
     state_store: DeltaStateStore,
@@ -464,7 +559,10 @@ def build_restart_frames(
 
     ``source_splits`` are the splits as the source has them (at their initial position):
     their position is the start the sink must begin at (default 0, as the core's
-    ``check_sink_offsets``), and a finished bounded split must end at its ``end``.
+    ``check_sink_offsets``), and a finished bounded split must end at its ``end``. Where
+    the audit trail recorded the position a split was discovered at, that position is
+    its start instead (a source with retention, Kafka, no longer knows it). Offsets the
+    pipeline reported as lost (:class:`SplitLife`) are the only gaps accepted.
     CheckpointError when ``checkpoint_id`` is not a completed checkpoint.
     """
     from pyspark.sql import Window
@@ -593,10 +691,24 @@ def build_restart_frames(
             "row recovery will write)"
         )
     sink = sink.where(F.col("epoch") <= checkpoint_id)
+    life = read_split_life(spark, state_store, checkpoints, checkpoint_id)
+    lost_note = life.note()
+    if lost_note:
+        notes.append(lost_note)
+    gaps = spark.createDataFrame(life.gap_rows(), "split_id STRING, _gap_start BIGINT, _gap_end BIGINT").hint(
+        "broadcast"
+    )
     following = Window.partitionBy("split_id").orderBy("offset").rangeBetween(1, Window.unboundedFollowing)
     sink_records = sink.select("split_id", "offset", "next_offset", "epoch", "region").withColumn(
         "following_offset", F.min("offset").over(following)
     )
+    if life.lost:  # a record followed by a reported lost range: the next record comes after the gap
+        sink_records = sink_records.join(
+            gaps.withColumnRenamed("_gap_start", "next_offset"), ["split_id", "next_offset"], "left"
+        ).withColumn("resumes_at", F.coalesce(F.col("_gap_end"), F.col("next_offset")))
+        sink_records = sink_records.drop("_gap_end")
+    else:
+        sink_records = sink_records.withColumn("resumes_at", F.col("next_offset"))
 
     # -- sink_splits --------------------------------------------------------------------
     per_split = sink.groupBy("split_id").agg(
@@ -612,6 +724,12 @@ def build_restart_frames(
         ]
     )
     source_rows = [] if source_splits is None else [(s.split_id, s.position, s.end) for s in source_splits]
+    given = {sid for sid, _start, _end in source_rows}
+    source_rows += [(sid, start, None) for sid, start in sorted(life.starts.items()) if sid not in given]
+    # the start the sink must begin at: where the split was discovered, past a loss reported there
+    source_rows = [
+        (sid, life.resume(sid, life.starts.get(sid, start)), end) for sid, start, end in source_rows
+    ]
     source = spark.createDataFrame(source_rows, src_schema).dropDuplicates(["split_id"])
     if source_splits is None:
         notes.append(
@@ -664,6 +782,12 @@ def build_restart_frames(
             F.col("_committed").alias("committed_position"),
             F.col("state").isNotNull().alias("known"),
         )
+        # a reported lost range right after the last record: the committed position is past it
+        .join(
+            gaps.withColumnRenamed("_gap_start", "last_next_offset"), ["split_id", "last_next_offset"], "left"
+        )
+        .withColumn("last_resumes_at", F.coalesce(F.col("_gap_end"), F.col("last_next_offset")))
+        .drop("_gap_end")
     )
     if source_splits is not None:
         ends = {split_id for split_id, _start, end in source_rows if end is not None}

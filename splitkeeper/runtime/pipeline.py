@@ -57,14 +57,20 @@ from splitkeeper.core.types import (
     RegionState,
     Split,
 )
-from splitkeeper.errors import CheckpointError, ConcurrentRunError, InvalidParameterError
+from splitkeeper.errors import CheckpointError, ConcurrentRunError, InvalidParameterError, ProtocolError
 from splitkeeper.runtime import serde
 from splitkeeper.runtime.config import PipelineConfig
 from splitkeeper.runtime.faults import CrashPoint, FaultPlan, crash_if_requested, crash_request
 from splitkeeper.runtime.regions import RegionStatus, run_regions
 from splitkeeper.runtime.sink import DeltaSink
 from splitkeeper.runtime.sources import build_source
-from splitkeeper.runtime.sources.base import SourceConnector
+from splitkeeper.runtime.sources.base import (
+    LostRange,
+    PlannedRange,
+    SourceConnector,
+    SupportsInitialDiscovery,
+    SupportsRetentionCheck,
+)
 from splitkeeper.runtime.staging import RegionResult, run_region_task
 from splitkeeper.runtime.state_store import DeltaStateStore
 from splitkeeper.runtime.transforms import resolve_transform
@@ -125,6 +131,7 @@ class EpochReport:
     region_errors: dict[int, str] = field(default_factory=dict)
     final: bool = False
     phases: dict[str, float] = field(default_factory=dict)  # seconds per phase: plan, read, sink, state
+    lost: tuple[LostRange, ...] = ()  # ranges the plan skipped because the source no longer had them
 
     def line(self) -> str:
         failed = {r: o.value for r, o in self.outcomes.items() if o is not RegionOutcome.ACK}
@@ -132,10 +139,14 @@ class EpochReport:
         if failed:
             regions += " (" + ", ".join(f"r{r} {o}" for r, o in sorted(failed.items())) + ")"
         mode = "backlog" if self.processing_backlog else "normal"
+        lost = ""
+        if self.lost:
+            lost = f" LOST {sum(r.count for r in self.lost):,} offsets of {len(self.lost)} split(s) (skip)"
         return (
             f"epoch {self.epoch:>4} {self.kind.value:<8} {regions:<34} "
             f"committed {self.committed_records:>9,} records  [{mode}] {self.elapsed_s:6.2f}s "
             + " ".join(f"{k}={v:.1f}" for k, v in self.phases.items())
+            + lost
         )
 
 
@@ -261,6 +272,8 @@ class Pipeline:
             self.operator_state = {r: () for r in range(new_p)}
             previous = None
         else:
+            if isinstance(self.connector, SupportsInitialDiscovery):
+                self.connector.mark_initial_discovery_finished()  # splits new to the checkpoint: earliest
             restored = coordinator.restore(
                 checkpoint, new_p, self.redistribution, consecutive_regional=consecutive_regional
             )
@@ -291,11 +304,19 @@ class Pipeline:
             mode_reason=coordinator.mode_reason,
         )
 
+    def _external_store(self) -> ExternallyCheckpointedSource | None:
+        """The connector when it keeps external positions (DESIGN 3) in this configuration, else None."""
+        connector = self.connector
+        if isinstance(connector, ExternallyCheckpointedSource) and connector.keeps_external_positions:
+            return connector
+        return None
+
     def _reconcile_external(self, checkpoint: CompletedCheckpoint | None) -> tuple[str, ...]:
-        if checkpoint is None or not isinstance(self.connector, ExternallyCheckpointedSource):
+        external = self._external_store()
+        if checkpoint is None or external is None:
             return ()
         positions = {s.split_id: s.position for r in checkpoint.regions.values() for s in r.splits}
-        found = reconcile_positions(positions, self.connector.committed_positions())
+        found = reconcile_positions(positions, external.committed_positions())
         for d in found:
             log.warning("external position disagrees with checkpoint %s: %s", checkpoint.checkpoint_id, d)
         return tuple(str(d) for d in found)
@@ -371,6 +392,7 @@ class Pipeline:
         backlog = self.enumerator.processing_backlog
         plan = {} if final else self._plan(epoch)
         plan = {r: plan.get(r, []) for r in range(self.parallelism)}
+        plan, lost = self._check_retention(plan)  # before the plan is persisted: fail, or skip and record
         self._check_sink_fence(epoch)  # a run that another run overtook stops before it writes anything
         self._write_plan(epoch, plan)
         lap("plan")
@@ -445,9 +467,43 @@ class Pipeline:
             region_errors=errors,
             final=final,
             phases=phases,
+            lost=lost,
         )
         self.progress(report.line())
         return report
+
+    def _check_retention(
+        self, plan: dict[int, list[tuple[Split, int, int]]]
+    ) -> tuple[dict[int, list[tuple[Split, int, int]]], tuple[LostRange, ...]]:
+        """Check the epoch's ranges against what a source with retention still holds.
+
+        With ``on_offset_out_of_range: fail`` the source raises SourceError and
+        nothing of the epoch is written. With ``skip`` a range that starts below
+        what the source still has is moved up (possibly to an empty range, which
+        still moves the split's position when its region acknowledges), and each
+        loss becomes a SKIPPED_LOST_RANGE audit record, persisted with the
+        checkpoint. Sources without the capability are not asked.
+        """
+        connector = self.connector
+        flat = [(r, PlannedRange(*rng)) for r, ranges in plan.items() for rng in ranges]
+        if not flat or not isinstance(connector, SupportsRetentionCheck):
+            return plan, ()
+        assert self.enumerator is not None
+        check = connector.check_retention([rng for _r, rng in flat])
+        if len(check.ranges) != len(flat):
+            raise ProtocolError(
+                f"{connector.name}: the retention check returned {len(check.ranges)} ranges for "
+                f"{len(flat)} planned ones; it must return every range, in order",
+                source=connector.name,
+            )
+        checked: dict[int, list[tuple[Split, int, int]]] = {r: [] for r in plan}
+        for (region, _before), after in zip(flat, check.ranges, strict=True):
+            checked[region].append((after.split, after.start, after.end))
+        for gone in check.lost:
+            self.enumerator.record_lost_range(
+                gone.split_id, self.enumerator.owner_of(gone.split_id), gone.detail
+            )
+        return checked, check.lost
 
     def _write_plan(self, epoch: int, plan: Mapping[int, Sequence[tuple[Split, int, int]]]) -> None:
         """Persist the write-ahead plan of ``epoch``; another run that planned it first stops this one."""
@@ -548,10 +604,11 @@ class Pipeline:
         self.context.on_checkpoint_complete(epoch, failed)
         for r in acked:
             self.operator_state[r] = completed.regions[r].operator_state
-        if isinstance(self.connector, ExternallyCheckpointedSource):
+        external = self._external_store()
+        if external is not None:
             positions = positions_to_commit(completed.regions, acked)
             if positions:
-                self.connector.commit_positions(epoch, positions)
+                external.commit_positions(epoch, positions)
         for r in failed:  # partial failover of the failed regions' readers
             self._restart_failed_reader(r, completed.regions[r])
         self._cleanup_staging(epoch)

@@ -55,6 +55,12 @@ from splitkeeper.errors import CheckpointError, ConcurrentRunError, InvalidParam
 from splitkeeper.runtime import serde
 from splitkeeper.runtime.serde import EpochPlan, PlannedRange
 
+# Audit decisions kept when retention deletes their checkpoint: where a split started and which
+# of its ranges were skipped as lost. The restart checks read them for the split's whole life.
+_LIFE_DECISIONS = ", ".join(
+    f"'{d.value}'" for d in (RecoveryDecision.DISCOVERED, RecoveryDecision.SKIPPED_LOST_RANGE)
+)
+
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.types import StructType
@@ -1001,8 +1007,10 @@ class DeltaStateStore(CheckpointStore):
             latest = metadata[-1][0].checkpoint_id
             for table in ("enumerator_state", "audit"):
                 target = DeltaTable.forPath(self.spark, self.table_path(table))
-                # whole checkpoints first (partition delete, metadata-only), then lost attempts
-                target.delete(f"checkpoint_id <= {latest} AND checkpoint_id NOT IN ({kept_ids})")
+                # whole checkpoints first (partition delete, metadata-only), then lost attempts;
+                # audit rows that the restart checks need for a split's whole life stay
+                gone = f"checkpoint_id <= {latest} AND checkpoint_id NOT IN ({kept_ids})"
+                target.delete(gone if table != "audit" else f"{gone} AND decision NOT IN ({_LIFE_DECISIONS})")
                 target.delete(
                     f"checkpoint_id IN ({kept_ids}) AND "
                     f"concat(CAST(checkpoint_id AS STRING), ':', attempt_id) NOT IN ({kept_pairs})"

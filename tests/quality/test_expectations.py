@@ -34,6 +34,7 @@ from splitkeeper.quality.checks import (
     raise_on_failure,
     run_restart_checks,
 )
+from splitkeeper.runtime.sources.base import LostRange
 from splitkeeper.runtime.state_store import DeltaStateStore
 
 pytestmark = pytest.mark.spark
@@ -232,6 +233,17 @@ def gap_in_sink(spark, store, sink_path):
     _delete_sink(spark, sink_path, "orders-3", 2)
 
 
+def _report_lost(store, *lost: LostRange) -> None:
+    """Checkpoint 3 commits the audit records of ranges the planner skipped as lost."""
+    store.commit_checkpoint(_next_checkpoint(), [gone.audit_record(1, 2) for gone in lost])
+
+
+def gap_wider_than_reported_lost(spark, store, sink_path):
+    _delete_sink(spark, sink_path, "orders-3", 2)
+    _delete_sink(spark, sink_path, "orders-3", 3)
+    _report_lost(store, LostRange("orders-3", 2, 3))  # offset 3 is missing too, and nobody said so
+
+
 def split_owned_twice(spark, store, sink_path):
     readers = {0: (s(0, 10), s(2, 10), s(1, 5)), 1: (s(1, 5), s(3, 5))}
     store.commit_checkpoint(_next_checkpoint(assignments=readers))
@@ -257,7 +269,13 @@ CORRUPTIONS = [
     (
         gap_in_sink,
         "sink_records",
-        "expect_column_pair_values_to_be_equal(next_offset, following_offset)",
+        "expect_column_pair_values_to_be_equal(resumes_at, following_offset)",
+        ("orders-3",),
+    ),
+    (
+        gap_wider_than_reported_lost,
+        "sink_records",
+        "expect_column_pair_values_to_be_equal(resumes_at, following_offset)",
         ("orders-3",),
     ),
     (split_owned_twice, "ownership", "expect_column_values_to_be_unique(split_id)", ("orders-1",)),
@@ -296,6 +314,21 @@ def test_injected_corruption_fails_the_right_expectation_and_names_the_split(
         assert outcome.rule == "ref_chain_too_deep"
 
 
+def test_a_gap_reported_as_lost_in_the_audit_trail_is_accepted_and_named_in_the_notes(
+    spark, healthy_state, tmp_path
+):
+    store, sink_path = copy_of(spark, healthy_state, tmp_path)
+    _delete_sink(spark, sink_path, "orders-3", 2)
+    _delete_sink(spark, sink_path, "orders-3", 3)
+    # a replanned epoch reports again, with a later start: the ranges merge
+    _report_lost(store, LostRange("orders-3", 2, 3), LostRange("orders-3", 2, 4))
+
+    report = run_checks(spark, store, sink_path, tmp_path / "docs")
+
+    assert report.success, report.summary()
+    assert any("orders-3 [2, 4)" in note for note in report.notes), report.notes
+
+
 def test_a_missing_tail_a_lost_split_and_a_removed_subscription_each_name_only_their_split(
     spark, healthy_state, tmp_path
 ):
@@ -306,7 +339,7 @@ def test_a_missing_tail_a_lost_split_and_a_removed_subscription_each_name_only_t
     report = run_checks(spark, store, sink_path, tmp_path / "docs")
 
     assert failing(report) == {
-        ("sink_splits", "expect_column_pair_values_to_be_equal(last_next_offset, committed_position)"): (
+        ("sink_splits", "expect_column_pair_values_to_be_equal(last_resumes_at, committed_position)"): (
             "orders-0",
         ),
         ("ownership", "expect_column_values_to_not_be_null(status)"): ("orders-3",),

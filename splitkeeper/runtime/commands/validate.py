@@ -32,5 +32,10 @@ def run(args: argparse.Namespace) -> int:
         else:
             print(f"splitkeeper validate: {err}")
         return 1
-    print(json.dumps(result) if args.json else f"restart checks passed: {result['suites']}")
+    if args.json:
+        print(json.dumps(result))
+        return 0
+    print(f"restart checks passed: {result['suites']}")
+    for note in result.get("notes", ()):
+        print(f"  note: {note}")
     return 0

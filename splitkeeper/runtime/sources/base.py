@@ -19,19 +19,27 @@ For every record ``offset < next_offset``; reading ``[start, end)`` yields
 records whose offsets lie in ``[start, end)`` in increasing order, and the first
 record's offset is ``start`` and each record's ``next_offset`` is the next one's
 ``offset`` whenever ``start`` and ``end`` are record boundaries (what
-:meth:`SourceConnector.plan_end` returns). Kafka will implement the same
+:meth:`SourceConnector.plan_end` returns). Kafka implements the same
 contract; :mod:`splitkeeper.runtime.sources.contract` holds the tests every
 implementation inherits.
+
+Optional capabilities are mix-ins, as in the core (:mod:`splitkeeper.core.source`):
+:class:`SupportsInitialDiscovery` (the first discovery of a pipeline positions
+splits differently from later ones) and :class:`SupportsRetentionCheck` (records
+can age out before they are read; the planner checks each plan first). The
+runtime inspects them; it never asks which source it drives.
 """
 
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterator
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from typing import NamedTuple
 
 from splitkeeper.core.source import SplitSource
-from splitkeeper.core.types import Split
+from splitkeeper.core.types import AuditRecord, RecoveryDecision, Split
 
 
 class SourceRecord(NamedTuple):
@@ -135,3 +143,105 @@ class SourceConnector(SplitSource):
 
     def close(self) -> None:  # noqa: B027 - optional hook, default does nothing
         """Release driver-side resources (consumers, clients). Idempotent."""
+
+
+# --------------------------------------------------------------------------- optional capabilities
+
+
+class SupportsInitialDiscovery(abc.ABC):
+    """Mix-in: the splits of a pipeline's first discovery start elsewhere than those found later.
+
+    Kafka's ``source.starting`` (earliest, latest, timestamp, group) applies only
+    to the splits of the *initial* discovery of a pipeline without a checkpoint;
+    any split found later, including one missing from a restored checkpoint,
+    starts at the earliest offset so nothing written before its discovery is
+    skipped (FLIP-288). The connector cannot tell a restore from a fresh start,
+    so the runtime says so.
+    """
+
+    @abc.abstractmethod
+    def mark_initial_discovery_finished(self) -> None:
+        """From now on, every newly discovered split starts at the source's earliest position.
+
+        Called by the runtime on the driver when it restores a checkpoint, before
+        the restored enumerator's first discovery; not called for a pipeline that
+        starts without one (its first discovery is the initial one). May be
+        called more than once (a later global restore calls it again): idempotent.
+        """
+
+
+#: How the ``detail`` of a SKIPPED_LOST_RANGE audit record begins: ``offsets [start, new_start)``.
+#: :meth:`LostRange.from_audit` and the restart checks (Spark ``regexp_extract``) parse it.
+LOST_RANGE_DETAIL_PATTERN = r"^offsets \[(\d+), (\d+)\)"
+_LOST_RANGE_DETAIL = re.compile(LOST_RANGE_DETAIL_PATTERN)
+
+
+@dataclass(frozen=True, slots=True)
+class LostRange:
+    """Offsets ``[start, new_start)`` of ``split_id`` that aged out before they were read.
+
+    Produced only by :meth:`SupportsRetentionCheck.check_retention` when the
+    source is configured to skip (``on_offset_out_of_range: skip``). The
+    runtime records it in the audit trail (:meth:`audit_record`) and the
+    restart checks accept exactly that gap in the sink for that split.
+    """
+
+    split_id: str
+    start: int
+    new_start: int
+
+    @property
+    def count(self) -> int:
+        """How many offsets were lost."""
+        return self.new_start - self.start
+
+    @property
+    def detail(self) -> str:
+        return (
+            f"offsets [{self.start}, {self.new_start}) of {self.split_id} aged out of retention "
+            f"before they were read ({self.count} offsets lost; on_offset_out_of_range=skip)"
+        )
+
+    def audit_record(self, reader_id: int | None, checkpoint_id: int | None) -> AuditRecord:
+        """The SKIPPED_LOST_RANGE audit record of this loss (``detail`` begins with the offsets)."""
+        return AuditRecord(
+            self.split_id, reader_id, RecoveryDecision.SKIPPED_LOST_RANGE, checkpoint_id, self.detail
+        )
+
+    @classmethod
+    def from_audit(cls, record: AuditRecord) -> LostRange | None:
+        """The loss a SKIPPED_LOST_RANGE record reports; None for any other record."""
+        match = _LOST_RANGE_DETAIL.match(record.detail)
+        if record.decision is not RecoveryDecision.SKIPPED_LOST_RANGE or match is None:
+            return None
+        return cls(record.split_id, int(match.group(1)), int(match.group(2)))
+
+
+@dataclass(frozen=True, slots=True)
+class RetentionCheck:
+    """The answer of :meth:`SupportsRetentionCheck.check_retention`.
+
+    ``ranges`` is the plan to persist: the given ranges in order, those that
+    started below the log start offset moved to it (same record budget; a
+    range may become empty when nothing is left). ``lost`` has one
+    :class:`LostRange` per moved range (empty when nothing aged out).
+    """
+
+    ranges: tuple[PlannedRange, ...]
+    lost: tuple[LostRange, ...] = ()
+
+
+class SupportsRetentionCheck(abc.ABC):
+    """Mix-in: the source's records can age out, and the planner must check before persisting a plan."""
+
+    @abc.abstractmethod
+    def check_retention(self, ranges: Iterable[PlannedRange | tuple[Split, int, int]]) -> RetentionCheck:
+        """Check an epoch's planned ranges against what the source still holds.
+
+        Called by the epoch planner on the driver, after the ranges of epoch N
+        are computed and BEFORE the plan is persisted; not called for a replay
+        of a persisted plan (its reader fails instead, and the next plan is
+        checked again). May be called any number of times; has no side effect
+        but a log line per lost range. Raises SourceError when a range aged
+        out and the configuration says ``fail``.
+        """

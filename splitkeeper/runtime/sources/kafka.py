@@ -57,7 +57,6 @@ true lag; they are read back only to report disagreements on restore.
 
 from __future__ import annotations
 
-import abc
 import json
 import logging
 import re
@@ -74,7 +73,28 @@ from splitkeeper.core.source import (
 from splitkeeper.core.types import Split
 from splitkeeper.errors import EnvironmentNotReadyError, InvalidParameterError, SourceError
 from splitkeeper.runtime.config import OffsetOutOfRange, SourceConfig, SourceKind, StartingMode
-from splitkeeper.runtime.sources.base import PlannedRange, RegionReader, SourceConnector, SourceRecord
+from splitkeeper.runtime.sources.base import (
+    LostRange,
+    PlannedRange,
+    RegionReader,
+    RetentionCheck,
+    SourceConnector,
+    SourceRecord,
+    SupportsInitialDiscovery,
+    SupportsRetentionCheck,
+)
+
+# LostRange, RetentionCheck and SupportsRetentionCheck live in .base; importable from here too.
+__all__ = [
+    "COMMIT_METADATA_KEY",
+    "KafkaRegionReader",
+    "KafkaSource",
+    "LostRange",
+    "RetentionCheck",
+    "SupportsRetentionCheck",
+    "parse_split_id",
+    "split_id_of",
+]
 
 try:
     from confluent_kafka import (
@@ -153,68 +173,6 @@ def parse_split_id(split_id: str) -> tuple[str, int]:
 
 def _is_internal(topic: str) -> bool:
     return topic.startswith("__")
-
-
-# --------------------------------------------------------------------------- retention side channel
-
-
-@dataclass(frozen=True, slots=True)
-class LostRange:
-    """Offsets ``[start, new_start)`` of ``split_id`` that aged out before they were read.
-
-    Produced only by :meth:`KafkaSource.check_retention` with
-    ``on_offset_out_of_range: skip``. The runtime records it (audit trail and
-    reports) and lets the sink contiguity check accept the gap for that split.
-    """
-
-    split_id: str
-    start: int
-    new_start: int
-
-    @property
-    def count(self) -> int:
-        """How many offsets were lost."""
-        return self.new_start - self.start
-
-    @property
-    def detail(self) -> str:
-        return (
-            f"offsets [{self.start}, {self.new_start}) of {self.split_id} aged out of Kafka retention "
-            f"before they were read ({self.count} offsets lost; on_offset_out_of_range=skip)"
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class RetentionCheck:
-    """The answer of :meth:`SupportsRetentionCheck.check_retention`.
-
-    ``ranges`` is the plan to persist: the given ranges in order, those that
-    started below the log start offset moved to it (same record budget).
-    ``lost`` has one :class:`LostRange` per moved range (empty when nothing aged out).
-    """
-
-    ranges: tuple[PlannedRange, ...]
-    lost: tuple[LostRange, ...] = ()
-
-
-class SupportsRetentionCheck(abc.ABC):
-    """Mix-in: the source's records can age out, and the planner must check before persisting a plan.
-
-    Belongs with the other capabilities; it lives here until
-    :mod:`splitkeeper.runtime.sources.base` adopts it.
-    """
-
-    @abc.abstractmethod
-    def check_retention(self, ranges: Iterable[PlannedRange | tuple[Split, int, int]]) -> RetentionCheck:
-        """Check an epoch's planned ranges against what the source still holds.
-
-        Called by the epoch planner on the driver, after the ranges of epoch N
-        are computed and BEFORE the plan is persisted; not called for a replay
-        of a persisted plan (its reader fails instead, and the next plan is
-        checked again). May be called any number of times; has no side effect
-        but a log line per lost range. Raises SourceError when a range aged
-        out and the configuration says ``fail``.
-        """
 
 
 # --------------------------------------------------------------------------- executor side
@@ -430,7 +388,11 @@ def _watermarks(consumer: Any, tp: Any, bootstrap_servers: str, timeout_s: float
 
 
 class KafkaSource(
-    SourceConnector, SupportsSplitReassignmentOnRecovery, ExternallyCheckpointedSource, SupportsRetentionCheck
+    SourceConnector,
+    SupportsSplitReassignmentOnRecovery,
+    SupportsInitialDiscovery,
+    ExternallyCheckpointedSource,
+    SupportsRetentionCheck,
 ):
     """Driver side of the Kafka source (see the module doc for splits, positions and retention).
 
@@ -541,6 +503,11 @@ class KafkaSource(
     def group_id(self) -> str | None:
         """The consumer group external positions go to; None = no external commits (DESIGN 3 off)."""
         return self._group_id
+
+    @property
+    def keeps_external_positions(self) -> bool:
+        """Only with a ``group_id``: without one there is no external store to commit to or compare."""
+        return self._group_id is not None
 
     @property
     def on_offset_out_of_range(self) -> OffsetOutOfRange:
@@ -708,9 +675,10 @@ class KafkaSource(
     def mark_initial_discovery_finished(self) -> None:
         """From now on every newly discovered split starts at the earliest offset (FLIP-288).
 
-        Called by the runtime once, right after it restored the enumerator from a
-        checkpoint (splits new to that checkpoint are not "initial"). The first
-        :meth:`discover_splits` of a fresh pipeline sets it by itself. Idempotent.
+        Called by the runtime when it restores a checkpoint, before the restored
+        enumerator's first discovery (splits new to that checkpoint are not
+        "initial"; see :class:`~splitkeeper.runtime.sources.base.SupportsInitialDiscovery`).
+        The first :meth:`discover_splits` of a fresh pipeline sets it by itself. Idempotent.
         """
         self._initial_done = True
 
