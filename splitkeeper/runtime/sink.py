@@ -21,10 +21,8 @@ the columns of ``state/sink_records.ddl`` except ``ingested_at``, which the sink
 
 from __future__ import annotations
 
-import json
 import os
 import re
-import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -32,7 +30,14 @@ from typing import TYPE_CHECKING, Any
 from splitkeeper.core.invariants import Violation, check_sink_ranges
 from splitkeeper.errors import ConcurrentRunError, InvalidParameterError, StateError
 from splitkeeper.runtime import serde
-from splitkeeper.runtime.state_store import delta_snapshot, is_concurrent_modification
+from splitkeeper.runtime.delta_log import (
+    COMMIT_ID_KEY,
+    DeltaCommit,
+    append_once,
+    delta_snapshot,
+    is_concurrent_modification,
+    txn_version,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame, SparkSession
@@ -53,7 +58,7 @@ STAGED_COLUMNS: tuple[str, ...] = ("split_id", "offset", "next_offset", "value",
 # How many recent commits committed_metadata() searches before reading the whole history.
 _RECENT_HISTORY = 64
 
-_RESERVED_METADATA = frozenset({"app_id", "epoch", "regions", "commit_id"})
+_RESERVED_METADATA = frozenset({"app_id", "epoch", "regions", COMMIT_ID_KEY})
 
 _SEGMENT = re.compile(r"(?:^|/)(epoch|region)=(\d+)(?=/|$)")
 
@@ -177,11 +182,11 @@ class DeltaSink:
 
         Read from the table's current snapshot through the JVM ``DeltaLog`` (the same
         view Delta's writer consults to skip a replayed ``txnVersion``), so it covers
-        log checkpoints and JSON commits alike. None for a fresh table or an app id that
-        never committed.
+        log checkpoints and JSON commits alike; normally from the version checksum, with
+        no Spark job (:func:`~splitkeeper.runtime.delta_log.txn_version`). None for a
+        fresh table or an app id that never committed.
         """
-        recorded = delta_snapshot(self.spark, self.path).transactions().get(self.app_id)
-        return int(recorded.get()) if recorded.isDefined() else None
+        return txn_version(delta_snapshot(self.spark, self.path), self.app_id)
 
     def committed_metadata(self, epoch_id: int) -> SinkCommit | None:
         """The commit of ``epoch_id`` by this app id, from DESCRIBE HISTORY; None if there is none.
@@ -215,16 +220,10 @@ class DeltaSink:
         )
         if not rows:
             return None
-        meta = json.loads(rows[0]["userMetadata"])
-        return SinkCommit(
-            app_id=self.app_id,
-            epoch_id=int(epoch_id),
-            regions=tuple(int(r) for r in meta.get("regions", ())),
-            table_version=int(rows[0]["version"]),
-            records=None if rows[0]["rows"] is None else int(rows[0]["rows"]),
-            commit_id=str(meta.get("commit_id", "")),
-            metadata=meta,
-        )
+        row = rows[0]
+        metrics = {} if row["rows"] is None else {"numOutputRows": str(row["rows"])}
+        found = DeltaCommit(int(row["version"]), user_metadata=row["userMetadata"], operation_metrics=metrics)
+        return self._sink_commit(epoch_id, found)
 
     # -- commit ----------------------------------------------------------------------
 
@@ -273,25 +272,13 @@ class DeltaSink:
         else:
             frame = self.spark.createDataFrame([], staged)
         frame = frame.withColumn("ingested_at", F.current_timestamp()).select(*_sink_schema().fieldNames())
-        commit_id = uuid.uuid4().hex
-        metadata = json.dumps(
-            {
-                **extra,
-                "app_id": self.app_id,
-                "epoch": epoch_id,
-                "regions": list(acked),
-                "commit_id": commit_id,
-            },
-            sort_keys=True,
-        )
         try:
-            (
-                frame.write.format("delta")
-                .mode("append")
-                .option("txnAppId", self.app_id)
-                .option("txnVersion", epoch_id)
-                .option("userMetadata", metadata)
-                .save(self.path)
+            commit = append_once(
+                frame,
+                self.path,
+                self.app_id,
+                epoch_id,
+                {**extra, "app_id": self.app_id, "epoch": epoch_id, "regions": list(acked)},
             )
         except Exception as err:
             if is_concurrent_modification(err):
@@ -302,11 +289,22 @@ class DeltaSink:
                     epoch_id=epoch_id,
                 ) from err
             raise
-        found = self.committed_metadata(epoch_id)
-        if found is None or found.commit_id != commit_id:
+        if commit is None:
             # Delta skipped our append: another writer recorded this epoch (or a later one) first.
             return self._already_committed(epoch_id)
-        return found
+        return self._sink_commit(epoch_id, commit)
+
+    def _sink_commit(self, epoch_id: int, commit: DeltaCommit) -> SinkCommit:
+        meta = commit.metadata
+        return SinkCommit(
+            app_id=self.app_id,
+            epoch_id=int(epoch_id),
+            regions=tuple(int(r) for r in meta.get("regions", ())),
+            table_version=commit.version,
+            records=commit.output_rows,
+            commit_id=commit.commit_id,
+            metadata=meta,
+        )
 
     def _already_committed(self, epoch_id: int) -> SinkCommit:
         prior = self.committed_metadata(epoch_id)

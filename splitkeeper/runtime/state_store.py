@@ -15,8 +15,12 @@ Commit order of one epoch (runtime design, steps 2 and 6):
    an attempt that never got its ``checkpoints`` row are never read (each row carries the
    attempt id the ``checkpoints`` row names) and retention removes them.
 
-Two runs of the same pipeline that plan the same epoch or commit the same checkpoint
-collide in Delta's optimistic concurrency (or find the row already there): the loser gets
+The claim of the directory, each plan and each ``checkpoints`` row are one blind append
+whose commit names what it claims (its ``userMetadata``), checked against the Delta log
+rather than with a MERGE (a MERGE costs several Spark jobs; an append one). A run that
+comes later finds the claim and writes nothing; two runs that plan the same epoch or
+commit the same checkpoint at the same moment both append, and since blind appends never
+conflict in Delta the log's order decides: the later one removes its rows again and gets
 :class:`~splitkeeper.errors.ConcurrentRunError` naming the pipeline and the epoch.
 
 Restore reads the rows of one checkpoint id only (data skipping on ``checkpoint_id``);
@@ -27,6 +31,7 @@ restore time does not grow with history (:func:`measure_state_store` measures it
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import statistics
@@ -53,6 +58,15 @@ from splitkeeper.core.types import (
 )
 from splitkeeper.errors import CheckpointError, ConcurrentRunError, InvalidParameterError, StateError
 from splitkeeper.runtime import serde
+from splitkeeper.runtime.delta_log import (
+    DeltaCommit,
+    append_logged,
+    delta_file_count,
+    delta_snapshot,
+    delta_table_version,
+    is_concurrent_modification,
+    read_commit,
+)
 from splitkeeper.runtime.serde import EpochPlan, PlannedRange
 
 # Audit decisions kept when retention deletes their checkpoint: where a split started and which
@@ -106,6 +120,15 @@ PARTITION_COLUMNS: dict[str, str | None] = {
     "audit": "checkpoint_id",
     "checkpoint_log": None,
 }
+#: userMetadata keys of a plan commit: the epoch it plans, the epoch_plans version its planner checked.
+_PLAN_EPOCH_KEY = "plan_epoch"
+_PLAN_SINCE_KEY = "checked_version"
+#: userMetadata key of a checkpoints-row commit: the checkpoint id it commits.
+_CHECKPOINT_KEY = "checkpoint_id"
+#: How many of the newest epoch_plans commits are read to find the latest plan before querying the table.
+_PLAN_LOG_SCAN = 64
+#: Delta operations that write no rows: a commit of another kind may have been another writer's claim.
+_NO_ROWS_OPERATIONS = frozenset({"CREATE TABLE", "OPTIMIZE", "DELETE", "SET TBLPROPERTIES"})
 _STATS_COLUMNS: dict[str, str] = {
     "pipeline": "name",
     "epoch_plans": "region_id",
@@ -114,86 +137,6 @@ _STATS_COLUMNS: dict[str, str] = {
     "audit": "attempt_id",
     "checkpoint_log": "checkpoint_id",
 }
-
-# Delta's commit-conflict exceptions (io.delta.exceptions.*), matched by class name.
-_CONFLICT_NAMES = frozenset(
-    {
-        "DeltaConcurrentModificationException",
-        "ConcurrentWriteException",
-        "ConcurrentAppendException",
-        "ConcurrentDeleteReadException",
-        "ConcurrentDeleteDeleteException",
-        "ConcurrentTransactionException",
-        "MetadataChangedException",
-        "ProtocolChangedException",
-    }
-)
-
-
-def is_concurrent_modification(err: BaseException) -> bool:
-    """True when ``err`` is (or is caused by) a Delta commit conflict.
-
-    Delta raises ``io.delta.exceptions.Concurrent*Exception`` in the JVM; through py4j
-    it arrives as delta-spark's Python class of the same name, as a PySpark
-    ``CapturedException`` or as a raw ``Py4JJavaError``, possibly wrapped. This walks the
-    Python classes, the JVM exception and its cause chain, and matches class names.
-    """
-    seen: set[int] = set()
-    todo: list[Any] = [err]
-    while todo:
-        current = todo.pop()
-        if current is None or id(current) in seen:
-            continue
-        seen.add(id(current))
-        if isinstance(current, BaseException):
-            if {c.__name__ for c in type(current).__mro__} & _CONFLICT_NAMES:
-                return True
-            condition = getattr(current, "getCondition", None)
-            if callable(condition):
-                try:
-                    if str(condition() or "").startswith("DELTA_CONCURRENT"):
-                        return True
-                except Exception:  # noqa: BLE001 - a broken accessor is just not a match
-                    pass
-            todo += [
-                getattr(current, "java_exception", None),
-                getattr(current, "_origin", None),
-                getattr(current, "_cause", None),
-                current.__cause__,
-            ]
-            continue
-        try:  # a py4j JavaObject (java.lang.Throwable)
-            name = str(current.getClass().getName())
-            todo.append(current.getCause())
-        except Exception:  # noqa: BLE001 - not a JVM throwable
-            continue
-        if name.rsplit(".", 1)[-1] in _CONFLICT_NAMES:
-            return True
-    return False
-
-
-def delta_table_version(spark: SparkSession, path: str) -> int:
-    """The latest version of the Delta table at ``path``, -1 when there is none.
-
-    Asks the JVM ``DeltaLog`` (the engine's own view, refreshed by listing ``_delta_log``;
-    no Spark job). Used to key caches on the table version.
-    """
-    return int(delta_snapshot(spark, path).version())
-
-
-def delta_snapshot(spark: SparkSession, path: str) -> Any:
-    """The refreshed JVM Delta ``Snapshot`` of ``path`` (``DeltaLog.update()``), through py4j.
-
-    Internal Delta API (stable across Delta 3 and 4); the one place splitkeeper touches
-    it. Its ``version()`` is -1 for a path that holds no table yet.
-    """
-    jvm: Any = spark._jvm
-    if jvm is None:
-        raise StateError("the Delta log is read through the JVM: use a classic (not Connect) SparkSession")
-    delta_log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, path)
-    none = jvm.scala.Option.empty()
-    return delta_log.update(False, none, none)
-
 
 # ---------------------------------------------------------------------------------------
 # Value types returned by the store
@@ -292,8 +235,9 @@ class DeltaStateStore(CheckpointStore):
         self._schemas: dict[str, StructType] = {}
         self._arrow_schemas: dict[str, Any] = {}
         self._meta_cache: tuple[int, _Metadata] | None = None
-        self._ensure_tables()
-        self._claim_pipeline(accept_source_change)
+        self._plan_claims: tuple[int, int | None] | None = None  # (epoch_plans version, latest planned)
+        created = self._ensure_tables()
+        self._claim_pipeline(accept_source_change, fresh="pipeline" in created)
 
     # -- tables -----------------------------------------------------------------------
 
@@ -313,28 +257,15 @@ class DeltaStateStore(CheckpointStore):
             self._schemas[table] = parsed
         return self._schemas[table]
 
-    def _ensure_tables(self) -> None:
+    def _ensure_tables(self) -> set[str]:
+        """Create the missing tables (concurrently), check every table's layout; return the created ones."""
         from delta.tables import DeltaTable
 
+        exists = functools.partial(DeltaTable.isDeltaTable, self.spark)
+        missing = [table for table in serde.STATE_TABLES if not exists(self.table_path(table))]
+        _concurrently([functools.partial(self._create_table, table) for table in missing])
         for table in serde.STATE_TABLES:
             path = self.table_path(table)
-            if not DeltaTable.isDeltaTable(self.spark, path):
-                props = {**BASE_TABLE_PROPERTIES, "delta.dataSkippingStatsColumns": _STATS_COLUMNS[table]}
-                props_sql = ", ".join(f"'{k}' = '{v}'" for k, v in props.items())
-                ddl = serde.read_ddl(table)
-                partition = PARTITION_COLUMNS[table]
-                partitioned = f"PARTITIONED BY ({partition}) " if partition else ""
-                try:
-                    self.spark.sql(
-                        f"CREATE TABLE IF NOT EXISTS delta.`{path}` ({ddl}) USING DELTA "
-                        f"{partitioned}TBLPROPERTIES ({props_sql})"
-                    )
-                except Exception as err:
-                    # Another store created it at the same moment: fine if it exists now.
-                    if not DeltaTable.isDeltaTable(self.spark, path):
-                        raise StateError(
-                            f"cannot create state table {table} at {path}: {err}", table=table, path=path
-                        ) from err
             metadata = delta_snapshot(self.spark, path).metadata()
             partitions = str(metadata.partitionColumns().mkString(","))
             actual = (list(metadata.schema().fieldNames()), [c for c in partitions.split(",") if c])
@@ -349,6 +280,27 @@ class DeltaStateStore(CheckpointStore):
                     table=table,
                     path=path,
                 )
+        return set(missing)
+
+    def _create_table(self, table: str) -> None:
+        from delta.tables import DeltaTable
+
+        path = self.table_path(table)
+        props = {**BASE_TABLE_PROPERTIES, "delta.dataSkippingStatsColumns": _STATS_COLUMNS[table]}
+        props_sql = ", ".join(f"'{k}' = '{v}'" for k, v in props.items())
+        partition = PARTITION_COLUMNS[table]
+        partitioned = f"PARTITIONED BY ({partition}) " if partition else ""
+        try:
+            self.spark.sql(
+                f"CREATE TABLE IF NOT EXISTS delta.`{path}` ({serde.read_ddl(table)}) USING DELTA "
+                f"{partitioned}TBLPROPERTIES ({props_sql})"
+            )
+        except Exception as err:
+            # Another store created it at the same moment: fine if it exists now.
+            if not DeltaTable.isDeltaTable(self.spark, path):
+                raise StateError(
+                    f"cannot create state table {table} at {path}: {err}", table=table, path=path
+                ) from err
 
     def _read(self, table: str, as_of: datetime | str | None = None) -> DataFrame:
         reader = self.spark.read.format("delta")
@@ -378,34 +330,7 @@ class DeltaStateStore(CheckpointStore):
 
     def _append_all(self, batches: Sequence[tuple[str, Sequence[Mapping[str, Any]]]]) -> None:
         """Append to several tables concurrently (one Spark job each); re-raise the first failure."""
-        todo = [(table, rows) for table, rows in batches if rows]
-        if len(todo) <= 1:
-            for table, rows in todo:
-                self._append(table, rows)
-            return
-        with ThreadPoolExecutor(max_workers=len(todo), thread_name_prefix="splitkeeper-state") as pool:
-            futures = [pool.submit(self._append, table, rows) for table, rows in todo]
-            for future in futures:
-                future.result()
-
-    def _merge_insert(self, table: str, rows: Sequence[Mapping[str, Any]], condition: str) -> int:
-        """MERGE ``rows`` into ``table``, inserting only when ``condition`` matches no target row.
-
-        Returns the number of inserted rows. Delta conflicts propagate.
-        """
-        from delta.tables import DeltaTable
-
-        target = DeltaTable.forPath(self.spark, self.table_path(table))
-        result = (
-            target.alias("t")
-            .merge(self._frame(table, rows).alias("s"), condition)
-            .whenNotMatchedInsertAll()
-            .execute()
-        )
-        metrics = result.first() if result is not None else None
-        if metrics is None or "num_inserted_rows" not in metrics.asDict():
-            raise StateError(f"MERGE into {table} returned no metrics; Delta {result!r} is not supported")
-        return int(metrics["num_inserted_rows"])
+        _concurrently([functools.partial(self._append, table, rows) for table, rows in batches if rows])
 
     def _delete(self, checkpoint_id: int) -> None:
         """Storage primitive of the core store: delete one checkpoint (no chain check); see :meth:`retain`."""
@@ -417,25 +342,16 @@ class DeltaStateStore(CheckpointStore):
 
     # -- pipeline ---------------------------------------------------------------------
 
-    def _claim_pipeline(self, accept_source_change: bool) -> None:
-        now = datetime.now(UTC)
-        claim = [
-            {
-                "name": self.pipeline_name,
-                "source_fingerprint": self.source_fingerprint,
-                "state_format": serde.STATE_FORMAT,
-                "created_at": now,
-            }
-        ]
-        rows = self._read("pipeline").collect()
+    def _claim_pipeline(self, accept_source_change: bool, fresh: bool = False) -> None:
+        """Claim the state directory for this pipeline, or check who owns it.
+
+        ``fresh``: this store has just created the pipeline table, so it is not read first.
+        """
+        path = self.table_path("pipeline")
+        since = delta_table_version(self.spark, path)
+        rows: list[Any] = [] if fresh else self._read("pipeline").collect()
         if not rows:
-            try:
-                self._merge_insert("pipeline", claim, "true")
-            except Exception as err:
-                if not is_concurrent_modification(err):
-                    raise
-                # Another store claimed the directory at the same time; check what it wrote.
-            rows = self._read("pipeline").collect()
+            rows = self._claim_empty(since)
         if len(rows) != 1:
             raise StateError(
                 f"state directory {self.root} has {len(rows)} rows in its pipeline table (one expected): "
@@ -482,6 +398,33 @@ class DeltaStateStore(CheckpointStore):
                 set={"source_fingerprint": _sql_literal(self.source_fingerprint)}
             )
 
+    def _claim_empty(self, since: int) -> list[Any]:
+        """Append the claim to the pipeline table that was empty at version ``since``; the first claim wins.
+
+        Blind appends do not conflict in Delta, so the log decides: if any row-writing commit
+        landed after ``since`` and before this one, this claim lost; it is deleted again and
+        the table is read. Returns the pipeline rows (the claim itself when it won).
+        """
+        from delta.tables import DeltaTable
+
+        created_at = datetime.now(UTC)
+        claim = {
+            "name": self.pipeline_name,
+            "source_fingerprint": self.source_fingerprint,
+            "state_format": serde.STATE_FORMAT,
+            "created_at": created_at,
+        }
+        path = self.table_path("pipeline")
+        logged = append_logged(self._frame("pipeline", [claim]), path, since, {"claim": self.pipeline_name})
+        if all(c.operation in _NO_ROWS_OPERATIONS for c in logged.earlier):
+            return [claim]
+        # Another store claimed the directory at the same time: remove this claim, read theirs.
+        micros = int(created_at.timestamp()) * 1_000_000 + created_at.microsecond
+        DeltaTable.forPath(self.spark, path).delete(
+            f"name = {_sql_literal(self.pipeline_name)} AND unix_micros(created_at) = {micros}"
+        )
+        return list(self._read("pipeline").collect())
+
     # -- epoch plans ------------------------------------------------------------------
 
     def write_plan(
@@ -494,10 +437,12 @@ class DeltaStateStore(CheckpointStore):
 
         Called once per epoch by the driver. ``plan`` maps every region to its ranges
         (see :func:`serde.coerce_plan`); regions with nothing to read map to ``()``.
-        Insert-if-absent: if the epoch already has a plan (a duplicate or concurrent
-        planner) nothing is written and ConcurrentRunError names the pipeline, the epoch
-        and the run that planned it; a replay must :meth:`read_plan` instead.
-        Returns the plan as stored.
+        Planned epochs strictly increase: if ``epoch_id`` or a later epoch is already
+        planned (a duplicate or concurrent planner), nothing is kept and ConcurrentRunError
+        names the pipeline, the epoch and the run that planned it; a replay must
+        :meth:`read_plan` instead. One blind append whose commit names the epoch; two
+        planners at the same moment both append, the Delta log orders them, the later
+        one removes its rows again and fails. Returns the plan as stored.
         """
         _check_id("epoch_id", epoch_id)
         stored = serde.coerce_plan(epoch_id, plan, run_id or self.run_id)
@@ -505,43 +450,88 @@ class DeltaStateStore(CheckpointStore):
             raise InvalidParameterError(
                 "plan", {}, "at least one region (regions with nothing to read map to ())"
             )
+        since, latest = self._latest_plan_claim()
+        if latest is not None and latest[0] >= epoch_id:
+            raise self._plan_conflict(epoch_id, latest)
         planned_at = datetime.now(UTC)
         rows = [
             {**row, "run_id": stored.run_id, "planned_at": planned_at} for row in serde.plan_to_rows(stored)
         ]
-        try:
-            inserted = self._merge_insert(
-                "epoch_plans", rows, f"t.epoch_id = {epoch_id} AND t.epoch_id = s.epoch_id"
+        path = self.table_path("epoch_plans")
+        logged = append_logged(
+            self._frame("epoch_plans", rows).coalesce(1),
+            path,
+            since,
+            {_PLAN_EPOCH_KEY: epoch_id, _PLAN_SINCE_KEY: since, "run_id": stored.run_id},
+        )
+        rivals = [c for c in map(_plan_claim, logged.earlier) if c is not None and c[0] >= epoch_id]
+        if rivals:
+            from delta.tables import DeltaTable
+
+            DeltaTable.forPath(self.spark, path).delete(
+                f"epoch_id = {epoch_id} AND run_id = {_sql_literal(stored.run_id)} "
+                f"AND planned_at = to_timestamp({_sql_literal(planned_at.isoformat())})"
             )
-        except Exception as err:
-            if is_concurrent_modification(err):
-                raise ConcurrentRunError(
-                    f"pipeline {self.pipeline_name!r}: another run wrote the plan of epoch {epoch_id} "
-                    "at the same "
-                    "time; only one run may drive a pipeline",
-                    pipeline=self.pipeline_name,
-                    epoch_id=epoch_id,
-                ) from err
-            raise
-        if inserted != len(rows):
-            existing = (
-                self._read("epoch_plans")
-                .where(f"epoch_id = {epoch_id}")
-                .select("run_id")
-                .distinct()
-                .collect()
-            )
-            by = ", ".join(sorted(r["run_id"] for r in existing)) or "unknown"
-            raise ConcurrentRunError(
-                f"pipeline {self.pipeline_name!r}: epoch {epoch_id} is already planned (by run {by}); "
-                "another run is driving this pipeline, or this run must replay epoch "
-                f"{epoch_id} with read_plan({epoch_id}) "
-                "instead of planning it again",
-                pipeline=self.pipeline_name,
-                epoch_id=epoch_id,
-                planned_by=by,
-            )
+            raise self._plan_conflict(epoch_id, rivals[0])
+        with self._lock:
+            if self._plan_claims is None or self._plan_claims[0] <= logged.commit.version:
+                self._plan_claims = (logged.commit.version, epoch_id)
         return stored
+
+    def _plan_conflict(self, epoch_id: int, claim: tuple[int, str]) -> ConcurrentRunError:
+        latest, by = claim
+        if latest == epoch_id:
+            what = f"epoch {epoch_id} is already planned (by run {by or 'unknown'})"
+        else:
+            what = f"epoch {epoch_id} is older than the latest planned epoch {latest} (run {by or 'unknown'})"
+        return ConcurrentRunError(
+            f"pipeline {self.pipeline_name!r}: {what}; another run is driving this pipeline, or this run "
+            f"must replay epoch {epoch_id} with read_plan({epoch_id}) instead of planning it again",
+            pipeline=self.pipeline_name,
+            epoch_id=epoch_id,
+            planned_by=by or "unknown",
+            latest_planned=latest,
+        )
+
+    def _latest_plan_claim(self) -> tuple[int, tuple[int, str] | None]:
+        """(epoch_plans version, (latest planned epoch, its run id) or None), from the Delta log.
+
+        Each plan commit names its epoch and the table version its planner had checked
+        (``userMetadata``). A plan that lost a race was appended after the one it lost to
+        and after that version, so the newest commits are read back until every plan
+        commit that could outrank the newest one found has been seen: normally one or two
+        small files, no Spark job. A table with plan commits that are not tagged (an older
+        splitkeeper's MERGE), or a long run of other commits, is asked with a query.
+        """
+        path = self.table_path("epoch_plans")
+        snapshot = delta_snapshot(self.spark, path)
+        version = int(snapshot.version())
+        with self._lock:
+            cached = self._plan_claims
+        if cached is not None and cached[0] == version:
+            return version, None if cached[1] is None else (cached[1], self.run_id)
+        if delta_file_count(snapshot) == 0:
+            return version, None
+        best: tuple[int, str] | None = None
+        floor = -1  # with a claim found: commits at or below this version cannot outrank it
+        for v in range(version, max(-1, version - _PLAN_LOG_SCAN), -1):
+            if best is not None and v <= floor:
+                return version, best
+            commit = read_commit(self.spark, path, v)
+            claim = None if commit is None else _plan_claim(commit)
+            if claim is None:
+                if commit is not None and commit.operation in _NO_ROWS_OPERATIONS:
+                    continue
+                break  # an untagged write (or a cleaned-up log): ask the table
+            best = claim if best is None or claim[0] > best[0] else best
+            since = commit.metadata.get(_PLAN_SINCE_KEY) if commit is not None else None
+            floor = min(floor if floor >= 0 else v, int(since) if since is not None else -1)
+        else:
+            if best is not None:
+                return version, best
+        row = self._read("epoch_plans").agg({"epoch_id": "max"}).first()
+        value = None if row is None else row[0]
+        return version, None if value is None else (int(value), "")
 
     def read_plan(self, epoch_id: int) -> EpochPlan:
         """The plan of ``epoch_id`` exactly as written; StateError naming the latest planned epoch if none."""
@@ -556,26 +546,31 @@ class DeltaStateStore(CheckpointStore):
         return serde.plan_from_rows(int(epoch_id), rows)
 
     def latest_plan_epoch(self) -> int | None:
-        """The highest planned epoch id, or None when nothing was planned yet."""
-        row = self._read("epoch_plans").agg({"epoch_id": "max"}).first()
-        value = None if row is None else row[0]
-        return None if value is None else int(value)
+        """The highest planned epoch id, or None when nothing was planned yet (normally no Spark job)."""
+        latest = self._latest_plan_claim()[1]
+        return None if latest is None else latest[0]
 
     # -- checkpoints: write -----------------------------------------------------------
 
     def commit_checkpoint(
-        self, completed: CompletedCheckpoint, audit: Sequence[AuditRecord] = ()
+        self,
+        completed: CompletedCheckpoint,
+        audit: Sequence[AuditRecord] = (),
+        *,
+        before_row: Callable[[], None] | None = None,
     ) -> StateCommit:
         """Persist a completed (GLOBAL or REGIONAL) checkpoint with its audit records.
 
         Called by the driver once per completed checkpoint, after the sink commit.
-        Writes the enumerator_state rows, then the audit rows, then the checkpoints row
-        LAST with MERGE insert-if-absent (it alone marks the checkpoint complete). The
-        core's rules apply first (not ABORTED, refs kept: CheckpointError). A checkpoint
-        id not newer than the latest committed one, or a second writer of the same id,
-        raises ConcurrentRunError naming the pipeline and the id; the loser's rows are
-        removed and never read. Calling it twice with the same checkpoint fails the second
-        time: the first commit stays intact.
+        Writes the enumerator_state and audit rows (one append each, concurrently), calls
+        ``before_row`` (the driver's crash point between the rows and the row), then
+        appends the checkpoints row LAST (it alone marks the checkpoint complete; its
+        commit names the checkpoint id). The core's rules apply first (not ABORTED, refs
+        kept: CheckpointError). A checkpoint id not newer than the latest committed one
+        raises ConcurrentRunError naming the pipeline and the id; of two writers of one
+        id at the same moment the Delta log decides: the one whose row landed later
+        removes it and its rows again (never read) and gets ConcurrentRunError. Calling it
+        twice with the same checkpoint fails the second time: the first commit stays intact.
         """
         started = time.perf_counter()
         row = serde.checkpoint_to_row(completed)
@@ -596,27 +591,32 @@ class DeltaStateStore(CheckpointStore):
             [] if completed.enumerator is None else serde.enumerator_to_rows(completed.enumerator)
         )
         audit_rows = [serde.audit_to_row(record, seq) for seq, record in enumerate(audit)]
-        try:
-            self._append_all(
-                [
-                    ("enumerator_state", [{**r, **key} for r in enumerator_rows]),
-                    ("audit", [{**r, **key} for r in audit_rows]),
-                ]
+        self._append_all(
+            [
+                ("enumerator_state", [{**r, **key} for r in enumerator_rows]),
+                ("audit", [{**r, **key} for r in audit_rows]),
+            ]
+        )
+        if before_row is not None:
+            before_row()
+        commit_ms = round((time.perf_counter() - started) * 1000)
+        row.update(key, run_id=self.run_id, created_at=datetime.now(UTC), commit_ms=commit_ms)
+        logged = append_logged(
+            self._frame("checkpoints", [row]).coalesce(1),
+            self.table_path("checkpoints"),
+            read_version,
+            {_CHECKPOINT_KEY: checkpoint_id, "attempt_id": attempt_id},
+        )
+        rivals = [c.version for c in logged.earlier if not _checkpoint_below(c, checkpoint_id)]
+        if rivals:
+            from delta.tables import DeltaTable
+
+            DeltaTable.forPath(self.spark, self.table_path("checkpoints")).delete(
+                f"checkpoint_id = {checkpoint_id} AND attempt_id = {_sql_literal(attempt_id)}"
             )
-            commit_ms = round((time.perf_counter() - started) * 1000)
-            row.update(key, run_id=self.run_id, created_at=datetime.now(UTC), commit_ms=commit_ms)
-            inserted = self._merge_insert(
-                "checkpoints",
-                [row],
-                f"t.checkpoint_id >= {checkpoint_id} AND t.checkpoint_id >= s.checkpoint_id",
-            )
-        except Exception as err:
-            if not is_concurrent_modification(err):
-                raise
             self._discard_attempt(checkpoint_id, attempt_id)
-            raise self._checkpoint_conflict(checkpoint_id, None) from err
-        if inserted != 1:
-            self._discard_attempt(checkpoint_id, attempt_id)
+            with self._lock:
+                self._meta_cache = None
             raise self._checkpoint_conflict(checkpoint_id, self._latest_id())
         self._after_own_write(read_version, lambda entries: (*entries, (light, attempt_id)))
         with self._lock:
@@ -770,8 +770,13 @@ class DeltaStateStore(CheckpointStore):
         _version, metadata = self._metadata()
         if not metadata:
             return None
-        latest = metadata[-1][0].checkpoint_id
-        rows = self._read("checkpoints").where(f"checkpoint_id = {latest}").collect()
+        latest, attempt = metadata[-1][0].checkpoint_id, metadata[-1][1]
+        rows = (
+            self._read("checkpoints")
+            .where(f"checkpoint_id = {latest}")
+            .where(f"attempt_id = {_sql_literal(attempt)}")
+            .collect()
+        )
         if not rows:  # deleted since the metadata was read: read again
             return self.latest_checkpoint()
         return self._checkpoint_from(rows[0], None)
@@ -879,11 +884,16 @@ class DeltaStateStore(CheckpointStore):
         """
         from pyspark.sql import functions as F
 
-        version = self.table_version("checkpoints")
+        snapshot = delta_snapshot(self.spark, self.table_path("checkpoints"))
+        version = int(snapshot.version())
         with self._lock:
             cached = self._meta_cache
         if cached is not None and cached[0] == version:
             return cached
+        if delta_file_count(snapshot) == 0:  # no checkpoint yet (or all deleted): no query
+            with self._lock:
+                self._meta_cache = (version, ())
+            return version, ()
         light = (
             self.spark.read.format("delta")
             .option("versionAsOf", version)
@@ -1024,6 +1034,33 @@ class DeltaStateStore(CheckpointStore):
 # ---------------------------------------------------------------------------------------
 # helpers
 # ---------------------------------------------------------------------------------------
+
+
+def _checkpoint_below(commit: DeltaCommit, checkpoint_id: int) -> bool:
+    """True when ``commit`` cannot hold a checkpoints row of ``checkpoint_id`` or later."""
+    if commit.operation in _NO_ROWS_OPERATIONS:
+        return True
+    committed = commit.metadata.get(_CHECKPOINT_KEY)
+    return committed is not None and int(committed) < checkpoint_id
+
+
+def _concurrently(calls: Sequence[Callable[[], Any]]) -> None:
+    """Run ``calls`` (Delta commits to different tables) in threads; re-raise the first failure."""
+    if len(calls) <= 1:
+        for call in calls:
+            call()
+        return
+    with ThreadPoolExecutor(max_workers=len(calls), thread_name_prefix="splitkeeper-state") as pool:
+        for future in [pool.submit(call) for call in calls]:
+            future.result()
+
+
+def _plan_claim(commit: DeltaCommit) -> tuple[int, str] | None:
+    """(epoch, run id) when ``commit`` is a plan commit of :meth:`DeltaStateStore.write_plan`."""
+    meta = commit.metadata
+    if _PLAN_EPOCH_KEY not in meta:
+        return None
+    return int(meta[_PLAN_EPOCH_KEY]), str(meta.get("run_id", ""))
 
 
 def _check_id(name: str, value: Any) -> None:

@@ -1,0 +1,331 @@
+"""What the runtime reads from Delta's transaction log, and the one idempotent append.
+
+The state store and the sink make small, frequent commits and must know, cheaply and
+exactly, what the log says: the table version, the last ``txnVersion`` an app id
+recorded, whether a write of theirs is the commit that recorded it. Delta's public API
+answers the last two only with Spark jobs (the snapshot's state reconstruction,
+``DESCRIBE HISTORY``). This module asks the log itself:
+
+- the version: ``DeltaLog.update()`` (lists ``_delta_log``, no Spark job);
+- an app id's ``txnVersion``: from the version checksum (``<version>.crc``, which Delta
+  writes with every commit and which lists the table's set transactions), else from
+  the snapshot's state (a Spark job: older tables, or a checksum without them);
+- one commit's actions: ``_delta_log/<version>.json`` as the Delta protocol defines it,
+  read through Hadoop's ``FileSystem`` (local disk and object stores alike).
+
+:func:`append_once` is the idempotent append every writer of the runtime uses: Delta's
+``txnAppId``/``txnVersion`` make a replay write nothing, two concurrent writers of one
+app id conflict in Delta's optimistic concurrency, and the commit this call made is
+found by the id it carries in its ``userMetadata``, so a write Delta skipped is never
+taken for one that landed.
+
+Internal Delta JVM API (``DeltaLog``, ``Snapshot``, ``VersionChecksum``), stable across
+Delta 3 and 4: this module is the one place splitkeeper touches it.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from splitkeeper.errors import InvalidParameterError, StateError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pyspark.sql import DataFrame, SparkSession
+
+__all__ = [
+    "COMMIT_ID_KEY",
+    "DeltaCommit",
+    "LoggedAppend",
+    "append_logged",
+    "append_once",
+    "delta_file_count",
+    "delta_snapshot",
+    "delta_table_version",
+    "is_concurrent_modification",
+    "read_commit",
+    "txn_version",
+]
+
+#: The ``userMetadata`` key (a JSON object) under which :func:`append_once` names its commit.
+COMMIT_ID_KEY = "commit_id"
+
+# Delta's commit-conflict exceptions (io.delta.exceptions.*), matched by class name.
+_CONFLICT_NAMES = frozenset(
+    {
+        "DeltaConcurrentModificationException",
+        "ConcurrentWriteException",
+        "ConcurrentAppendException",
+        "ConcurrentDeleteReadException",
+        "ConcurrentDeleteDeleteException",
+        "ConcurrentTransactionException",
+        "MetadataChangedException",
+        "ProtocolChangedException",
+    }
+)
+
+
+def is_concurrent_modification(err: BaseException) -> bool:
+    """True when ``err`` is (or is caused by) a Delta commit conflict.
+
+    Delta raises ``io.delta.exceptions.Concurrent*Exception`` in the JVM; through py4j
+    it arrives as delta-spark's Python class of the same name, as a PySpark
+    ``CapturedException`` or as a raw ``Py4JJavaError``, possibly wrapped. This walks the
+    Python classes, the JVM exception and its cause chain, and matches class names.
+    """
+    seen: set[int] = set()
+    todo: list[Any] = [err]
+    while todo:
+        current = todo.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, BaseException):
+            if {c.__name__ for c in type(current).__mro__} & _CONFLICT_NAMES:
+                return True
+            condition = getattr(current, "getCondition", None)
+            if callable(condition):
+                try:
+                    if str(condition() or "").startswith("DELTA_CONCURRENT"):
+                        return True
+                except Exception:  # noqa: BLE001 - a broken accessor is just not a match
+                    pass
+            todo += [
+                getattr(current, "java_exception", None),
+                getattr(current, "_origin", None),
+                getattr(current, "_cause", None),
+                current.__cause__,
+            ]
+            continue
+        try:  # a py4j JavaObject (java.lang.Throwable)
+            name = str(current.getClass().getName())
+            todo.append(current.getCause())
+        except Exception:  # noqa: BLE001 - not a JVM throwable
+            continue
+        if name.rsplit(".", 1)[-1] in _CONFLICT_NAMES:
+            return True
+    return False
+
+
+def _jvm(spark: SparkSession) -> Any:
+    jvm: Any = spark._jvm
+    if jvm is None:
+        raise StateError("the Delta log is read through the JVM: use a classic (not Connect) SparkSession")
+    return jvm
+
+
+def delta_snapshot(spark: SparkSession, path: str) -> Any:
+    """The refreshed JVM Delta ``Snapshot`` of ``path`` (``DeltaLog.update()``), through py4j.
+
+    Lists ``_delta_log`` and reads what changed; no Spark job. Its ``version()`` is -1 for
+    a path that holds no table yet.
+    """
+    jvm = _jvm(spark)
+    delta_log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, path)
+    none = jvm.scala.Option.empty()
+    return delta_log.update(False, none, none)
+
+
+def delta_table_version(spark: SparkSession, path: str) -> int:
+    """The latest version of the Delta table at ``path``, -1 when there is none (no Spark job).
+
+    Used to key caches on the table version.
+    """
+    return int(delta_snapshot(spark, path).version())
+
+
+def _checksum(snapshot: Any) -> Any | None:
+    """The snapshot's version checksum (JVM ``VersionChecksum``), or None when Delta has none."""
+    try:
+        found = snapshot.checksumOpt()
+    except Exception:  # noqa: BLE001 - an engine without checksums: callers fall back
+        return None
+    return found.get() if found.isDefined() else None
+
+
+def txn_version(snapshot: Any, app_id: str) -> int | None:
+    """The last ``txnVersion`` app id ``app_id`` recorded in ``snapshot``'s table, or None.
+
+    Read from the version checksum when it lists the set transactions (no Spark job);
+    otherwise from the snapshot's reconstructed state (Delta's own view, a Spark job).
+    """
+    checksum = _checksum(snapshot)
+    if checksum is not None:
+        known = checksum.setTransactions()
+        if known.isDefined():
+            recorded = known.get()
+            for i in range(int(recorded.size())):
+                entry = recorded.apply(i)
+                if str(entry.appId()) == app_id:
+                    return int(entry.version())
+            return None
+    found = snapshot.transactions().get(app_id)
+    return int(found.get()) if found.isDefined() else None
+
+
+def delta_file_count(snapshot: Any) -> int | None:
+    """How many data files ``snapshot``'s table has, from the version checksum; None if unknown."""
+    if int(snapshot.version()) < 0:
+        return 0
+    checksum = _checksum(snapshot)
+    return None if checksum is None else int(checksum.numFiles())
+
+
+@dataclass(frozen=True, slots=True)
+class DeltaCommit:
+    """One commit of a Delta table as its log file records it (what splitkeeper needs of it)."""
+
+    version: int
+    operation: str = ""  # commitInfo.operation: WRITE, MERGE, DELETE, OPTIMIZE, CREATE TABLE, ...
+    transactions: dict[str, int] = field(default_factory=dict)  # app id -> txnVersion it recorded
+    user_metadata: str | None = None
+    operation_metrics: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        """``userMetadata`` as a JSON object; empty when absent or not a JSON object."""
+        if not self.user_metadata:
+            return {}
+        try:
+            parsed = json.loads(self.user_metadata)
+        except ValueError:
+            return {}
+        return parsed if isinstance(parsed, dict) else {}
+
+    @property
+    def commit_id(self) -> str:
+        return str(self.metadata.get(COMMIT_ID_KEY, ""))
+
+    @property
+    def output_rows(self) -> int | None:
+        rows = self.operation_metrics.get("numOutputRows")
+        return None if rows is None else int(rows)
+
+
+def read_commit(spark: SparkSession, path: str, version: int) -> DeltaCommit | None:
+    """Commit ``version`` of the table at ``path``, read from ``_delta_log/<version>.json``.
+
+    None when the file does not exist (never written, or removed by log cleanup).
+    """
+    jvm = _jvm(spark)
+    log_file = jvm.org.apache.hadoop.fs.Path(f"{path.rstrip('/')}/_delta_log/{int(version):020d}.json")
+    fs = log_file.getFileSystem(spark._jsc.hadoopConfiguration())
+    if not fs.exists(log_file):
+        return None
+    stream = fs.open(log_file)
+    try:
+        text = str(jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8"))
+    finally:
+        stream.close()
+    operation = ""
+    transactions: dict[str, int] = {}
+    user_metadata: str | None = None
+    metrics: dict[str, str] = {}
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        action = json.loads(line)
+        if "txn" in action:
+            transactions[str(action["txn"]["appId"])] = int(action["txn"]["version"])
+        elif "commitInfo" in action:
+            info = action["commitInfo"]
+            operation = str(info.get("operation", ""))
+            user_metadata = info.get("userMetadata")
+            metrics = {str(k): str(v) for k, v in (info.get("operationMetrics") or {}).items()}
+    return DeltaCommit(int(version), operation, transactions, user_metadata, metrics)
+
+
+@dataclass(frozen=True, slots=True)
+class LoggedAppend:
+    """An append and what landed before it: the commits after the caller's version, oldest first."""
+
+    commit: DeltaCommit
+    earlier: tuple[DeltaCommit, ...]
+
+
+def _tag(user_metadata: Mapping[str, Any] | None) -> tuple[str, str]:
+    extra = dict(user_metadata or {})
+    if COMMIT_ID_KEY in extra:
+        raise InvalidParameterError("user_metadata", sorted(extra), f"keys other than {COMMIT_ID_KEY!r}")
+    commit_id = uuid.uuid4().hex
+    return commit_id, json.dumps({**extra, COMMIT_ID_KEY: commit_id}, sort_keys=True, default=str)
+
+
+def _find_own(
+    spark: SparkSession, path: str, since_version: int, commit_id: str
+) -> tuple[DeltaCommit | None, tuple[DeltaCommit, ...]]:
+    """The commit named ``commit_id`` among those after ``since_version``, and the ones before it."""
+    earlier: list[DeltaCommit] = []
+    for version in range(int(since_version) + 1, delta_table_version(spark, path) + 1):
+        commit = read_commit(spark, path, version)
+        if commit is None:
+            raise StateError(
+                f"Delta table {path}: commit {version} (written since version {since_version}) has no "
+                "log file; cannot tell whether this append landed",
+                path=path,
+                version=version,
+            )
+        if commit.commit_id == commit_id:
+            return commit, tuple(earlier)
+        earlier.append(commit)
+    return None, tuple(earlier)
+
+
+def append_logged(
+    frame: DataFrame, path: str, since_version: int, user_metadata: Mapping[str, Any] | None = None
+) -> LoggedAppend:
+    """Append ``frame`` to the Delta table at ``path`` (a blind append); return its commit and the
+    commits that landed between version ``since_version`` and it.
+
+    The caller decides from ``earlier`` whether another writer got there first (a
+    first-writer-wins claim: blind appends never conflict in Delta, so the log order
+    decides). ``user_metadata`` is stored as the commit's ``userMetadata`` JSON with
+    :data:`COMMIT_ID_KEY` added. Called on the driver; the table must exist.
+    """
+    commit_id, metadata = _tag(user_metadata)
+    frame.write.format("delta").mode("append").option("userMetadata", metadata).save(path)
+    commit, earlier = _find_own(frame.sparkSession, path, since_version, commit_id)
+    if commit is None:
+        raise StateError(f"Delta table {path}: the append tagged {commit_id} is not in the log", path=path)
+    return LoggedAppend(commit, earlier)
+
+
+def append_once(
+    frame: DataFrame,
+    path: str,
+    app_id: str,
+    version: int,
+    user_metadata: Mapping[str, Any] | None = None,
+) -> DeltaCommit | None:
+    """Append ``frame`` to the Delta table at ``path`` as ``txnAppId=app_id``, ``txnVersion=version``.
+
+    Returns the commit this call made, or None when it wrote nothing because ``app_id``
+    had already recorded ``version`` or a higher one: before the call, or by another
+    writer whose commit landed between this call's check and its write (Delta then
+    skips the write silently; the commit id in ``userMetadata`` tells the two apart).
+    Two writers of one app id at the same moment conflict: Delta raises its
+    ``ConcurrentTransactionException`` in one of them (see
+    :func:`is_concurrent_modification`), which propagates. ``user_metadata`` is stored
+    as the commit's ``userMetadata`` JSON with :data:`COMMIT_ID_KEY` added. Delta's
+    writer reads the app id's version from the table's reconstructed state (Spark jobs
+    when the snapshot is new), so this costs more than :func:`append_logged`.
+    Called on the driver; the table must exist.
+    """
+    commit_id, metadata = _tag(user_metadata)
+    spark = frame.sparkSession
+    before = delta_snapshot(spark, path)
+    recorded = txn_version(before, app_id)
+    if recorded is not None and recorded >= version:
+        return None
+    (
+        frame.write.format("delta")
+        .mode("append")
+        .option("txnAppId", app_id)
+        .option("txnVersion", int(version))
+        .option("userMetadata", metadata)
+        .save(path)
+    )
+    return _find_own(spark, path, int(before.version()), commit_id)[0]
