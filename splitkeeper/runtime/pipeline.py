@@ -80,6 +80,7 @@ log = logging.getLogger("splitkeeper.runtime.pipeline")
 _EPOCH_DIR = re.compile(r"^epoch=(\d+)$")
 
 OPERATOR_STATE_KEEP = 8  # epoch summaries each region keeps in its list-style operator state
+TAIL_DIVISOR = 4  # a split with less than budget / TAIL_DIVISOR left after its budget is read to its end
 
 
 class ReaderStateContext(RecordingEnumeratorContext):
@@ -233,7 +234,7 @@ class Pipeline:
         self._sink_version = self.sink.committed_version()
         last_planned = self.store.latest_plan_epoch() or 0
         last_done = 0 if chosen is None else chosen.checkpoint_id
-        self._next_epoch = max(last_planned, last_done, self.sink.committed_version() or 0) + 1
+        self._next_epoch = max(last_planned, last_done, self._sink_version or 0) + 1
         self._cleanup_completed_staging(last_done)
         report = self._restore(chosen, parallelism, redone)
         self._opened = report
@@ -327,8 +328,7 @@ class Pipeline:
     def _redo_decided_epoch(self) -> int | None:
         """The driver died after the sink commit of N but before its checkpoint row: write that row now."""
         committed = self.sink.committed_version()
-        latest = self.store.latest_checkpoint()
-        latest_id = 0 if latest is None else latest.checkpoint_id
+        latest_id = max(self.store.checkpoint_ids(), default=0)
         if committed is None or committed <= latest_id:
             return None
         path = self._decision_path(committed)
@@ -361,11 +361,20 @@ class Pipeline:
             for split in sorted(self.context.reader_splits.get(reader, {}).values()):
                 if split.finished:
                     continue
-                end = self.connector.plan_end(split, split.position, per_split)
+                end = self._plan_end(split, per_split)
                 if end > split.position:
                     ranges.append((split, split.position, end))
             plan[reader] = ranges
         return plan
+
+    def _plan_end(self, split: Split, budget: int) -> int:
+        """Where ``split``'s range of this epoch ends: ``budget`` records on, or the split's available
+        end when less than a quarter of a budget would be left after that (no tiny remainder that
+        costs a whole epoch of its own)."""
+        stretched = self.connector.plan_end(split, split.position, budget + budget // TAIL_DIVISOR)
+        if stretched >= self.connector.available_end(split):
+            return stretched
+        return self.connector.plan_end(split, split.position, budget)
 
     def _unfinished(self) -> int:
         assert self.context is not None
@@ -595,8 +604,9 @@ class Pipeline:
         self._sink_version = epoch
         lap("sink")
         crash_if_requested(CrashPoint.AFTER_SINK_COMMIT, epoch)
-        crash_if_requested(CrashPoint.BEFORE_CHECKPOINT_ROW, epoch)  # the state store writes the row last
-        self.store.commit_checkpoint(completed, audit)
+        self.store.commit_checkpoint(  # the state rows, then the checkpoints row last
+            completed, audit, before_row=lambda: crash_if_requested(CrashPoint.BEFORE_CHECKPOINT_ROW, epoch)
+        )
         lap("state")
         crash_if_requested(CrashPoint.AFTER_CHECKPOINT_ROW, epoch)
         self._audit_persisted = self.enumerator.audit_count
@@ -666,14 +676,21 @@ class Pipeline:
                 shutil.rmtree(os.path.join(self.config.staging_path, name), ignore_errors=True)
 
     def run(self, epochs: int | None = None) -> RunSummary:
-        """Run ``epochs`` epochs, or (None) until a bounded source is read and ends on a global checkpoint."""
+        """Run at most ``epochs`` epochs, or (None) until a bounded source is read and checkpointed globally.
+
+        A bounded run finishes with the global checkpoint of the epoch that read its last
+        records; only when that checkpoint is regional (a failed region's splits are read
+        again) or aborted does another epoch follow, and once nothing is left to read it is
+        a final one, forced global (DESIGN 2.6).
+        """
         if self.context is None:
             self.open()
         reports: list[EpochReport] = []
-        finished = False
-        while epochs is None or len(reports) < epochs:
-            report = self.run_epoch()
+        finished = final = False
+        while not finished and (epochs is None or len(reports) < epochs):
+            report = self.run_epoch(final=final)
             reports.append(report)
+            final = False
             if (
                 self.connector.bounded
                 and report.kind is not CheckpointKind.ABORTED
@@ -681,11 +698,8 @@ class Pipeline:
             ):
                 self.enumerator.add_splits(self.connector.discover_splits())  # type: ignore[union-attr]
                 if self._unfinished() == 0:
-                    last = self.run_epoch(final=True)
-                    reports.append(last)
-                    if last.kind is CheckpointKind.GLOBAL:
-                        finished = True
-                        break
+                    finished = report.kind is CheckpointKind.GLOBAL
+                    final = not finished
         return RunSummary(tuple(reports), finished, sum(r.committed_records for r in reports))
 
     def close(self) -> None:

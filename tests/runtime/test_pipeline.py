@@ -95,13 +95,15 @@ def test_bounded_run_finishes_on_a_global_checkpoint_and_sink_equals_source(
 
     assert summary.finished
     last = summary.epochs[-1]
-    assert last.final and last.kind is CheckpointKind.GLOBAL
+    assert last.kind is CheckpointKind.GLOBAL
     assert all(e.kind is CheckpointKind.GLOBAL for e in summary.epochs)
-    assert len(summary.epochs) >= 3  # 120 lines at 60 per epoch: two epochs or more, then the final one
+    # 3 files of 40 lines at 60 records per epoch (20 per file): epoch 2 reads each file's last 20
+    # lines, and its global checkpoint ends the run: no empty final epoch follows.
+    assert [e.epoch for e in summary.epochs] == [1, 2] and not last.final
     rows = assert_sink_equals_source(spark, config.sink_path, input_dir)
     assert summary.committed_records == len(rows) == 120
     assert {"plan", "read", "sink", "state"} <= set(summary.epochs[0].phases)
-    assert max(e.epoch for e in summary.epochs[:-1]) == max(r.epoch for r in rows)  # final epoch: no rows
+    assert {r.epoch for r in rows} == {1, 2}
 
     code, out, err = run_cli(["status", "--config", str(config_path), "--json"])
     assert code == 0, err
@@ -113,6 +115,28 @@ def test_bounded_run_finishes_on_a_global_checkpoint_and_sink_equals_source(
     assert latest["parallelism"] == 3
     assert latest["finished_splits"] == 3 and latest["pool"] == 0
     assert status["timeline"][-1] == {"id": last.epoch, "kind": "global", "failed_regions": [], "reason": ""}
+
+
+def test_a_small_remainder_is_read_in_the_same_epoch_and_epochs_n_runs_at_most_n_epochs(
+    spark: Any, tmp_path: Path
+) -> None:
+    # 2 files of 42 lines at 40 records per epoch (20 per file): after 20 lines, 22 are left, less
+    # than 20 + 20/4, so epoch 2 reads to the end instead of leaving 2 lines for an epoch 3.
+    config, input_dir, config_path = _setup(tmp_path, "tail", files=2, lines=42, epoch_records=40)
+    cfg = ["--config", str(config_path)]
+
+    code, out, err = run_cli(["run", *cfg, "--epochs", "1", "--json"])
+    assert code == 0, err
+    assert json.loads(out)["epochs"] == 1 and json.loads(out)["finished"] is False
+    code, out, err = run_cli(["run", *cfg, "--epochs", "1", "--json"])
+    assert code == 0, err
+    second = json.loads(out)
+    assert second["epochs"] == 1  # the data ends in this epoch: no extra final epoch beyond --epochs 1
+    assert second["finished"] is True
+
+    rows = assert_sink_equals_source(spark, config.sink_path, input_dir)
+    assert {r.epoch for r in rows} == {1, 2}
+    assert sum(1 for r in rows if r.epoch == 1) <= 2 * 21  # epoch 1 kept to its budget
 
 
 # --------------------------------------------------------------------------- region faults
