@@ -604,11 +604,31 @@ def test_every_k_checkpoints_retention_purges_unreferenced_rows_and_compacts(spa
 
 @pytest.mark.spark
 @pytest.mark.slow
-def test_measure_commit_and_restore_time_after_10_and_200_checkpoints(spark, scratch):
-    from splitkeeper.runtime.state_store import measure_state_store
+def test_history_does_not_grow_what_restore_reads_after_compaction(spark, scratch):
+    """Restore time must not grow with history: what it reads is bounded, whatever the count.
 
-    figures = measure_state_store(spark, str(scratch.path("measure")), checkpoints=200, marks=(10, 200))
+    The timing itself (after 10 and after 200 checkpoints) is the benchmark's
+    (``splitkeeper bench ingest`` prints it); here the structure behind it is checked:
+    after 12 checkpoints with compaction every 6, every state table holds a bounded
+    number of files (without compaction each checkpoint adds at least one per table),
+    and restore reads only the rows of the checkpoint it restores.
+    """
+    from splitkeeper.runtime.state_store import DeltaStateStore, measure_state_store
+
+    root = str(scratch.path("measure"))
+    figures = measure_state_store(
+        spark, root, checkpoints=12, marks=(6, 12), compact_every=6, restore_repeats=1
+    )
     print("\n" + figures.summary())
-    assert len(figures.commit_ms) == 200 and set(figures.restore_ms) == {10, 200}
-    # restore reads one checkpoint's rows: it must not grow with history (generous bound for noisy CI)
-    assert figures.restore_ms[200] <= 3 * figures.restore_ms[10] + 2000
+    assert len(figures.commit_ms) == 12 and set(figures.restore_ms) == {6, 12}
+
+    store = DeltaStateStore(spark, root, "measure", "synthetic")
+    files = {
+        t: spark.sql(f"DESCRIBE DETAIL delta.`{store.table_path(t)}`").first()["numFiles"]
+        for t in serde.STATE_TABLES
+    }
+    print(files)
+    assert max(files.values()) <= 6, files  # 12 checkpoints, compacted every 6 (3 kept)
+    latest = store.latest_checkpoint()
+    assert latest is not None and latest.checkpoint_id == 12
+    assert store.checkpoint_ids() == [10, 11, 12]  # keep_latest=3, every checkpoint global or short chains
