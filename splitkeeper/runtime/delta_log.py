@@ -26,6 +26,8 @@ Delta 3 and 4: this module is the one place splitkeeper touches it.
 from __future__ import annotations
 
 import json
+import logging
+import threading
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -48,7 +50,10 @@ __all__ = [
     "is_concurrent_modification",
     "read_commit",
     "txn_version",
+    "warm_snapshot_state",
 ]
+
+log = logging.getLogger(__name__)
 
 #: The ``userMetadata`` key (a JSON object) under which :func:`append_once` names its commit.
 COMMIT_ID_KEY = "commit_id"
@@ -135,6 +140,27 @@ def delta_table_version(spark: SparkSession, path: str) -> int:
     Used to key caches on the table version.
     """
     return int(delta_snapshot(spark, path).version())
+
+
+def warm_snapshot_state(spark: SparkSession, path: str) -> threading.Thread:
+    """Start reconstructing the state of ``path``'s current snapshot in a daemon thread; return it.
+
+    Delta's writer reads an app id's ``txnVersion`` from that state (Spark jobs) whenever a
+    write carries ``txnAppId``. Computed ahead, while the driver does other work, the write
+    finds it ready: Delta reuses the snapshot object as long as nobody commits in between.
+    Errors in the thread are logged, never raised (the write then computes it itself).
+    """
+    snapshot = delta_snapshot(spark, path)
+
+    def reconstruct() -> None:
+        try:
+            snapshot.transactions()
+        except Exception as err:  # noqa: BLE001 - only an optimisation
+            log.debug("warming the Delta state of %s failed: %s", path, err)
+
+    thread = threading.Thread(target=reconstruct, name="splitkeeper-delta-state", daemon=True)
+    thread.start()
+    return thread
 
 
 def _checksum(snapshot: Any) -> Any | None:

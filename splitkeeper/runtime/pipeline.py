@@ -11,7 +11,9 @@ One epoch is one checkpoint attempt with a strictly increasing id ``N``:
    acknowledged regions' staged output is committed to the sink in one
    idempotent Delta transaction (``txnAppId`` = pipeline, ``txnVersion`` = N)
    whose commit metadata names that decision;
-6. the state tables are written, the ``checkpoints`` row last;
+6. the state tables are written (the state rows while the sink commits: nothing reads
+   them before the ``checkpoints`` row names them), the ``checkpoints`` row last, once
+   the sink commit is in;
 7. side effects for acknowledged regions only (external offset commits), the
    failed regions' readers go through partial failover, staging is cleaned,
    retention runs.
@@ -35,6 +37,7 @@ import shutil
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,7 +65,7 @@ from splitkeeper.runtime import serde
 from splitkeeper.runtime.config import PipelineConfig
 from splitkeeper.runtime.faults import CrashPoint, FaultPlan, crash_if_requested, crash_request
 from splitkeeper.runtime.regions import RegionStatus, run_regions
-from splitkeeper.runtime.sink import DeltaSink
+from splitkeeper.runtime.sink import DeltaSink, SinkCommit
 from splitkeeper.runtime.sources import build_source
 from splitkeeper.runtime.sources.base import (
     LostRange,
@@ -397,6 +400,7 @@ class Pipeline:
             phases[name] = round(phases.get(name, 0.0) + now - mark, 3)
             mark = now
 
+        self.sink.prepare_commit()  # Delta's idempotency check of this epoch's sink commit, ahead of time
         self.enumerator.add_splits(self.connector.discover_splits())
         backlog = self.enumerator.processing_backlog
         plan = {} if final else self._plan(epoch)
@@ -593,20 +597,31 @@ class Pipeline:
         staged = [staged_path for staged_path in (results[r].staged_path for r in acked) if staged_path]
         lap("decide")
         self._check_sink_fence(epoch)
-        commit = self.sink.commit(epoch, staged, acked, extra_metadata={"decision": path})
-        if commit.skipped:
-            raise ConcurrentRunError(
-                f"pipeline {self.config.name!r}: the sink already holds epoch {epoch} from another run; "
-                "only one run may drive a pipeline",
-                pipeline=self.config.name,
-                epoch_id=epoch,
-            )
-        self._sink_version = epoch
-        lap("sink")
-        crash_if_requested(CrashPoint.AFTER_SINK_COMMIT, epoch)
-        self.store.commit_checkpoint(  # the state rows, then the checkpoints row last
-            completed, audit, before_row=lambda: crash_if_requested(CrashPoint.BEFORE_CHECKPOINT_ROW, epoch)
-        )
+        # The sink commits while the state store writes the checkpoint's state rows (nothing reads
+        # them before the checkpoints row names them); that row waits for the sink commit.
+        def commit_sink() -> SinkCommit:
+            done = self.sink.commit(epoch, staged, acked, extra_metadata={"decision": path})
+            if not done.skipped:
+                crash_if_requested(CrashPoint.AFTER_SINK_COMMIT, epoch)  # the state rows may be half written
+            return done
+
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="splitkeeper-sink") as pool:
+            sink_commit = pool.submit(commit_sink)
+
+            def after_sink_commit() -> None:
+                if sink_commit.result().skipped:
+                    raise ConcurrentRunError(
+                        f"pipeline {self.config.name!r}: the sink already holds epoch {epoch} from another "
+                        "run; only one run may drive a pipeline",
+                        pipeline=self.config.name,
+                        epoch_id=epoch,
+                    )
+                self._sink_version = epoch
+                lap("sink")
+                crash_if_requested(CrashPoint.BEFORE_CHECKPOINT_ROW, epoch)
+
+            self.store.commit_checkpoint(completed, audit, before_row=after_sink_commit)
+        commit = sink_commit.result()
         lap("state")
         crash_if_requested(CrashPoint.AFTER_CHECKPOINT_ROW, epoch)
         self._audit_persisted = self.enumerator.audit_count
@@ -703,6 +718,7 @@ class Pipeline:
         return RunSummary(tuple(reports), finished, sum(r.committed_records for r in reports))
 
     def close(self) -> None:
+        self.sink.close()
         self.connector.close()
 
 

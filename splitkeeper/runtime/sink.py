@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import re
+import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -37,6 +38,7 @@ from splitkeeper.runtime.delta_log import (
     delta_snapshot,
     is_concurrent_modification,
     txn_version,
+    warm_snapshot_state,
 )
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -152,6 +154,7 @@ class DeltaSink:
         self.spark = spark
         self.path = os.path.abspath(text) if "://" not in text and not text.startswith("file:") else text
         self.app_id = app_id
+        self._warming: threading.Thread | None = None
         self._ensure_table()
 
     def _ensure_table(self) -> None:
@@ -176,6 +179,23 @@ class DeltaSink:
                 ) from err
 
     # -- idempotency record ----------------------------------------------------------
+
+    def prepare_commit(self) -> None:
+        """Get the next :meth:`commit`'s idempotency check ready in the background.
+
+        Optional; the driver calls it at the start of an epoch, so that Delta's writer finds
+        the table state it checks ``txnVersion`` against already reconstructed
+        (:func:`~splitkeeper.runtime.delta_log.warm_snapshot_state`) instead of computing
+        it while the epoch waits for its sink commit.
+        """
+        self.close()
+        self._warming = warm_snapshot_state(self.spark, self.path)
+
+    def close(self) -> None:
+        """Wait for background work :meth:`prepare_commit` started. Idempotent."""
+        if self._warming is not None:
+            self._warming.join()
+            self._warming = None
 
     def committed_version(self) -> int | None:
         """The last ``txnVersion`` Delta recorded for this app id (= last committed epoch), or None.

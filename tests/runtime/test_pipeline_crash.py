@@ -70,6 +70,9 @@ def test_driver_killed_at_crash_point_recovers_to_sink_equals_source(
     assert DeltaSink(spark, config.sink_path, app_id=config.name).committed_version() == sink_version
     assert store.checkpoint_ids()[-1] == latest_row
     assert store.latest_plan_epoch() == CRASH_EPOCH
+    if point is CrashPoint.BEFORE_CHECKPOINT_ROW:  # killed between the state rows and the checkpoints row
+        state_rows = spark.read.format("delta").load(store.table_path("enumerator_state"))
+        assert state_rows.where(f"checkpoint_id = {CRASH_EPOCH}").count() > 0
 
     pipeline = Pipeline(config, spark)
     try:
