@@ -69,7 +69,6 @@ checkpoint:
   max_consecutive_failures: 2
   max_failure_ratio: 0.5
   region_timeout_s: 60
-  retain_checkpoints: 100   # keep the whole demo history for the report
 backlog:
   backlog_epoch_records: 6000
   normal_epoch_records: 6000

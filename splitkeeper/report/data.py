@@ -1,7 +1,9 @@
 """What the run report shows, read from a pipeline's Delta state tables and its sink.
 
 :func:`collect_report_data` runs a handful of small Spark queries (one per table,
-restricted to the kept checkpoints' own attempts) and returns plain values; the HTML
+restricted to the checkpoints' own attempts) and returns plain values. The history
+is whole: kept checkpoints from their checkpoints rows, the ones retention deleted
+from what ``checkpoint_log`` archived before the delete. The HTML
 rendering (:mod:`splitkeeper.report.html`) never touches Spark. Read-only; may run
 while the pipeline runs (it sees the checkpoints committed so far).
 """
@@ -84,11 +86,11 @@ class ReportData:
         return out
 
     def load_comparison(self) -> LoadComparison:
-        """The loads before and after the latest rebalance among the kept checkpoints.
+        """The loads before and after the latest rebalance among the checkpoints of the history.
 
-        Before = the kept checkpoint just before the one that committed the latest
+        Before = the checkpoint just before the one that committed the latest
         rebalance/redistribution decision, after = that one; without such a decision,
-        the first and the latest kept checkpoint.
+        the first and the latest checkpoint.
         """
         ids = [c.checkpoint_id for c in self.checkpoints]
         moves = Counter(a.checkpoint_id for a in self.audit if a.decision in REBALANCE_DECISIONS)
@@ -105,11 +107,11 @@ class ReportData:
             return LoadComparison(
                 self.checkpoints[0],
                 self.checkpoints[-1],
-                "no rebalance recorded in the kept checkpoints: the first and the latest kept checkpoint",
+                "no rebalance recorded: the first and the latest checkpoint",
             )
         only = self.checkpoints[0] if self.checkpoints else None
         return LoadComparison(
-            None, only, "only one kept checkpoint" if only else "no completed checkpoint yet"
+            None, only, "only one checkpoint" if only else "no completed checkpoint yet"
         )
 
 
@@ -164,6 +166,22 @@ def collect_report_data(
                 loads=dict(sorted(per_reader.items())),
             )
         )
+    # Checkpoints retention deleted: their facts were archived to checkpoint_log before the delete.
+    archived = state_store.archived_checkpoints()
+    for r in archived.collect():
+        facts.append(
+            CheckpointFacts(
+                checkpoint_id=int(r["checkpoint_id"]),
+                kind=CheckpointKind(r["kind"]),
+                parallelism=int(r["parallelism"]),
+                processing_backlog=bool(r["processing_backlog"]),
+                commit_ms=int(r["commit_ms"]),
+                backlog_splits=int(r["backlog_splits"] or 0),
+                loads={int(g["region_id"]): int(g["splits"] or 0) for g in sorted(r["regions"] or [])},
+            )
+        )
+    facts.sort(key=lambda f: f.checkpoint_id)
+    keys = keys.unionByName(archived.select("checkpoint_id", "attempt_id"))
     audit_rows = (
         _read(state_store, "audit")
         .join(keys, ["checkpoint_id", "attempt_id"])

@@ -239,9 +239,9 @@ def _backlog_section(data: ReportData) -> str:
     elif data.checkpoints and data.checkpoints[-1].processing_backlog:
         lead = "Still processing backlog at the latest checkpoint (backlog interval and epoch size)."
     elif any(c.processing_backlog for c in data.checkpoints):
-        lead = "Processed backlog in the kept checkpoints."
+        lead = "Processed backlog in these checkpoints."
     else:
-        lead = "Not processing backlog in any kept checkpoint (normal interval throughout)."
+        lead = "Not processing backlog in any checkpoint (normal interval throughout)."
     if len(switches) > 1:
         lead += (
             " Mode changes: "

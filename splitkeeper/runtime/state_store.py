@@ -69,12 +69,6 @@ from splitkeeper.runtime.delta_log import (
 )
 from splitkeeper.runtime.serde import EpochPlan, PlannedRange
 
-# Audit decisions kept when retention deletes their checkpoint: where a split started and which
-# of its ranges were skipped as lost. The restart checks read them for the split's whole life.
-_LIFE_DECISIONS = ", ".join(
-    f"'{d.value}'" for d in (RecoveryDecision.DISCOVERED, RecoveryDecision.SKIPPED_LOST_RANGE)
-)
-
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.types import StructType
@@ -117,7 +111,7 @@ PARTITION_COLUMNS: dict[str, str | None] = {
     "epoch_plans": "epoch_id",
     "checkpoints": "checkpoint_id",
     "enumerator_state": "checkpoint_id",
-    "audit": "checkpoint_id",
+    "audit": None,  # history, kept past retention: unpartitioned so compaction bounds its files
     "checkpoint_log": None,
 }
 #: userMetadata keys of a plan commit: the epoch it plans, the epoch_plans version its planner checked.
@@ -818,12 +812,23 @@ class DeltaStateStore(CheckpointStore):
         return serde.audit_from_rows(r.asDict() for r in rows)
 
     def timeline(self) -> list[TimelineEntry]:
-        """Every kept checkpoint and every logged aborted attempt, by id then time.
+        """Every checkpoint attempt of the pipeline's history, by id then time.
 
-        Shows global/regional/aborted, which regions failed and what they referenced.
-        Checkpoints removed by retention are no longer listed (time travel still finds them).
+        Kept checkpoints (their checkpoints rows), completed checkpoints retention deleted
+        (archived to ``checkpoint_log`` before the delete) and aborted attempts (logged
+        there): global/regional/aborted, which regions failed and what they referenced.
         """
         from pyspark.sql import functions as F
+
+        def ref_ids(regions: Sequence[Any]) -> dict[int, int]:
+            return {
+                int(g["region_id"]): int(g["ref_checkpoint_id"])
+                for g in regions
+                if g["ref_checkpoint_id"] is not None
+            }
+
+        def outcomes(regions: Sequence[Any]) -> dict[int, RegionOutcome]:
+            return {int(g["region_id"]): RegionOutcome(g["outcome"]) for g in regions}
 
         entries: list[TimelineEntry] = []
         completed = self._read("checkpoints").select(
@@ -836,32 +841,35 @@ class DeltaStateStore(CheckpointStore):
             "commit_ms",
             "run_id",
         )
-        for r in completed.collect():
+        archived = self.archived_checkpoints().select(
+            "checkpoint_id", "kind", "regions", F.unix_micros("created_at").alias("at"), "commit_ms", "run_id"
+        )
+        for r in completed.unionByName(archived, allowMissingColumns=True).collect():
             regions = r["regions"] or []
             entries.append(
                 TimelineEntry(
                     checkpoint_id=int(r["checkpoint_id"]),
                     kind=CheckpointKind(r["kind"]),
-                    outcomes={int(g["region_id"]): RegionOutcome(g["outcome"]) for g in regions},
-                    ref_checkpoint_ids={
-                        int(g["region_id"]): int(g["ref_checkpoint_id"])
-                        for g in regions
-                        if g["ref_checkpoint_id"] is not None
-                    },
+                    outcomes=outcomes(regions),
+                    ref_checkpoint_ids=ref_ids(regions),
                     at=_utc_from_micros(r["at"]),
                     commit_ms=int(r["commit_ms"]),
                     run_id=r["run_id"],
                 )
             )
-        logged = self._read("checkpoint_log").select(
-            "checkpoint_id", "kind", "regions", F.unix_micros("logged_at").alias("at"), "reason", "run_id"
+        aborted = (
+            self._read("checkpoint_log")
+            .where(f"kind = '{CheckpointKind.ABORTED.value}'")
+            .select(
+                "checkpoint_id", "kind", "regions", F.unix_micros("logged_at").alias("at"), "reason", "run_id"
+            )
         )
-        for r in logged.collect():
+        for r in aborted.collect():
             entries.append(
                 TimelineEntry(
                     checkpoint_id=int(r["checkpoint_id"]),
                     kind=CheckpointKind(r["kind"]),
-                    outcomes={int(g["region_id"]): RegionOutcome(g["outcome"]) for g in r["regions"] or []},
+                    outcomes=outcomes(r["regions"] or []),
                     ref_checkpoint_ids={},
                     at=_utc_from_micros(r["at"]),
                     reason=r["reason"],
@@ -986,6 +994,7 @@ class DeltaStateStore(CheckpointStore):
         if not deleted:
             return
         ids_sql = ", ".join(str(int(i)) for i in deleted)
+        self._archive_checkpoints(ids_sql)
         # From this commit on these checkpoints do not exist.
         DeltaTable.forPath(self.spark, self.table_path("checkpoints")).delete(f"checkpoint_id IN ({ids_sql})")
         gone = set(deleted)
@@ -994,6 +1003,62 @@ class DeltaStateStore(CheckpointStore):
         )
         # Their enumerator_state/audit rows are now unreferenced (restore reads only rows of
         # the attempt a checkpoints row names); compact() deletes them in one batch.
+
+    def _archive_checkpoints(self, ids_sql: str) -> None:
+        """Copy the timeline facts of checkpoints about to be deleted into ``checkpoint_log``.
+
+        One append (a Spark query over the checkpoints rows, nothing through Python), so
+        the timeline and the report keep the whole history while restore reads only the
+        kept checkpoints. A driver dying between this append and the delete leaves the
+        checkpoint both kept and archived: :meth:`timeline` shows it once.
+        """
+        from pyspark.sql import functions as F
+
+        splits = F.flatten(F.transform("regions", lambda r: r.splits))
+        in_backlog = F.aggregate(
+            splits,
+            F.lit(0),
+            lambda acc, s: (
+                acc + F.when(s.backlog_end.isNotNull() & (s.position < s.backlog_end), 1).otherwise(0)
+            ),
+        )
+        archived = (
+            self._read("checkpoints")
+            .where(f"checkpoint_id IN ({ids_sql})")
+            .select(
+                "checkpoint_id",
+                "kind",
+                F.transform(
+                    "regions",
+                    lambda r: F.struct(
+                        r.region_id.alias("region_id"),
+                        r.outcome.alias("outcome"),
+                        r.ref_checkpoint_id.alias("ref_checkpoint_id"),
+                        F.size(r.splits).alias("splits"),
+                    ),
+                ).alias("regions"),
+                F.lit("").alias("reason"),
+                "run_id",
+                F.current_timestamp().alias("logged_at"),
+                "attempt_id",
+                "parallelism",
+                "processing_backlog",
+                in_backlog.cast("int").alias("backlog_splits"),
+                "commit_ms",
+                "created_at",
+            )
+        )
+        archived.coalesce(1).write.format("delta").mode("append").save(self.table_path("checkpoint_log"))
+
+    def archived_checkpoints(self) -> DataFrame:
+        """The ``checkpoint_log`` rows of completed checkpoints retention deleted (one per id)."""
+        kept = self._read("checkpoints").select("checkpoint_id")
+        return (
+            self._read("checkpoint_log")
+            .where(f"kind <> '{CheckpointKind.ABORTED.value}'")
+            .join(kept, "checkpoint_id", "left_anti")
+            .dropDuplicates(["checkpoint_id"])
+        )
 
     def compact(self) -> None:
         """Delete unreferenced rows, then OPTIMIZE (bin-pack) every state table.
@@ -1017,10 +1082,12 @@ class DeltaStateStore(CheckpointStore):
             latest = metadata[-1][0].checkpoint_id
             for table in ("enumerator_state", "audit"):
                 target = DeltaTable.forPath(self.spark, self.table_path(table))
-                # whole checkpoints first (partition delete, metadata-only), then lost attempts;
-                # audit rows that the restart checks need for a split's whole life stay
-                gone = f"checkpoint_id <= {latest} AND checkpoint_id NOT IN ({kept_ids})"
-                target.delete(gone if table != "audit" else f"{gone} AND decision NOT IN ({_LIFE_DECISIONS})")
+                # whole checkpoints first (partition delete, metadata-only), then lost attempts of
+                # kept ids. The audit trail is history: the rows of deleted (archived) checkpoints
+                # stay for the report and the restart checks; orphan rows of attempts that never
+                # completed stay too and are never read (readers join on a checkpoint's attempt).
+                if table != "audit":
+                    target.delete(f"checkpoint_id <= {latest} AND checkpoint_id NOT IN ({kept_ids})")
                 target.delete(
                     f"checkpoint_id IN ({kept_ids}) AND "
                     f"concat(CAST(checkpoint_id AS STRING), ':', attempt_id) NOT IN ({kept_pairs})"

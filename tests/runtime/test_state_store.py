@@ -549,12 +549,36 @@ def test_retention_keeps_the_ref_chain_and_deletes_it_after_a_global(spark, stor
     assert store.retain(1) == [100, 101, 102]
     assert store.checkpoint_ids() == [103]
     assert store.latest_checkpoint() == _global(103)
-    store.compact()  # the rows the deleted checkpoints named go in the next compaction
-    for table in ("enumerator_state", "audit"):
-        ids = {r.checkpoint_id for r in spark.read.format("delta").load(store.table_path(table)).collect()}
-        assert ids <= {103}, table
+    store.compact()  # the state rows the deleted checkpoints named go in the next compaction
+
+    def ids_in(table: str) -> set[int]:
+        return {r.checkpoint_id for r in spark.read.format("delta").load(store.table_path(table)).collect()}
+
+    assert ids_in("enumerator_state") <= {103}
+    assert ids_in("audit") == {100, 101, 102}  # the audit trail is history: kept for the report
     with pytest.raises(CheckpointError, match="available: \\[103\\]"):
         store.load_checkpoint(101)
+
+    # The timeline still shows the whole history: the deleted checkpoints were archived first.
+    timeline = store.timeline()
+    assert [(e.checkpoint_id, e.kind) for e in timeline] == [
+        (100, CheckpointKind.GLOBAL),
+        (101, CheckpointKind.REGIONAL),
+        (102, CheckpointKind.REGIONAL),
+        (103, CheckpointKind.GLOBAL),
+    ]
+    assert timeline[2].failed_regions == (1,) and timeline[2].ref_checkpoint_ids == {1: 101}
+    assert all(e.commit_ms is not None for e in timeline)
+    assert store.retain(1) == []  # nothing more to delete, nothing archived twice
+    assert [e.checkpoint_id for e in store.timeline()] == [100, 101, 102, 103]
+
+    from splitkeeper.report.data import collect_report_data
+
+    data = collect_report_data(store)
+    assert [c.checkpoint_id for c in data.checkpoints] == [100, 101, 102, 103]
+    assert [c.kind for c in data.checkpoints][1:3] == [CheckpointKind.REGIONAL] * 2
+    assert data.checkpoints[0].loads == {0: 1, 1: 1} == data.checkpoints[-1].loads
+    assert sorted({a.checkpoint_id for a in data.audit}) == [100, 101, 102]
 
 
 @pytest.mark.spark
@@ -628,7 +652,7 @@ def test_history_does_not_grow_what_restore_reads_after_compaction(spark, scratc
         for t in serde.STATE_TABLES
     }
     print(files)
-    assert max(files.values()) <= 6, files  # 12 checkpoints, compacted every 6 (3 kept)
+    assert max(files.values()) <= 6, files  # 12 checkpoints, compacted every 6 (3 kept; history compacted)
     latest = store.latest_checkpoint()
     assert latest is not None and latest.checkpoint_id == 12
     assert store.checkpoint_ids() == [10, 11, 12]  # keep_latest=3, every checkpoint global or short chains
