@@ -503,9 +503,10 @@ def read_split_life(
 ) -> SplitLife:
     """The DISCOVERED and SKIPPED_LOST_RANGE audit records up to ``checkpoint_id`` (see :class:`SplitLife`).
 
-    ``checkpoints`` is the checkpoints table. Rows of a kept checkpoint count only for the
-    attempt that committed it; rows of checkpoints retention deleted (the store keeps these
-    two decisions) count as they are.
+    ``checkpoints`` is the checkpoints table. The audit trail outlives retention; rows count
+    only for the attempt that committed their checkpoint, kept or archived by retention
+    (``checkpoint_log``); rows of a checkpoint deleted before retention archived anything
+    count as they are.
     """
     import re
 
@@ -514,14 +515,19 @@ def read_split_life(
     from splitkeeper.runtime.sources.base import LostRange
 
     decisions = (RecoveryDecision.DISCOVERED.value, RecoveryDecision.SKIPPED_LOST_RANGE.value)
-    committed = checkpoints.select("checkpoint_id", "attempt_id", F.lit(True).alias("_kept"))
-    kept_ids = checkpoints.select("checkpoint_id", F.lit(True).alias("_id_kept"))
+    committed = (
+        checkpoints.select("checkpoint_id", "attempt_id")
+        .unionByName(state_store.archived_checkpoints().select("checkpoint_id", "attempt_id"))
+        .where(F.col("attempt_id").isNotNull())
+        .distinct()
+    )
+    known_ids = committed.select("checkpoint_id", F.lit(True).alias("_id_known")).distinct()
     rows = (
         _read_delta(spark, state_store.table_path("audit"))
         .where(F.col("decision").isin(*decisions) & (F.col("checkpoint_id") <= checkpoint_id))
-        .join(committed, ["checkpoint_id", "attempt_id"], "left")
-        .join(kept_ids, "checkpoint_id", "left")
-        .where(F.col("_kept").isNotNull() | F.col("_id_kept").isNull())
+        .join(committed.withColumn("_committed", F.lit(True)), ["checkpoint_id", "attempt_id"], "left")
+        .join(known_ids, "checkpoint_id", "left")
+        .where(F.col("_committed").isNotNull() | F.col("_id_known").isNull())
         .select("split_id", "decision", "detail", "checkpoint_id", "seq")
         .collect()
     )
