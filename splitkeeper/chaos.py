@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import enum
 import json
-import logging
 import os
 import random
 import re
@@ -52,7 +51,15 @@ from typing import Any
 
 import yaml
 
-from splitkeeper.errors import InvalidParameterError, SourceError
+from splitkeeper.errors import InvalidParameterError
+from splitkeeper.kafka_testbed import (
+    QUIET_CLIENT_LOG,
+    BrokerHandle,
+    NumberedProducer,
+    check_bootstrap_servers,
+    create_topics,
+    end_offsets,
+)
 
 #: What ``--source`` accepts (only Kafka keeps positions outside the pipeline and can bounce).
 SOURCES = ("kafka",)
@@ -72,11 +79,6 @@ _EPOCH_LINE = re.compile(
 )
 _FAILED_REGION = re.compile(r"r(\d+) (decline|timeout)")
 _ECHO = re.compile(r"^(epoch |splitkeeper( \w+)?: |restored from )")  # progress, crash and CLI error lines
-_quiet = logging.getLogger(
-    "splitkeeper.chaos.librdkafka"
-)  # the clients' own logs: the broker bounces on purpose
-_quiet.addHandler(logging.NullHandler())
-_quiet.propagate = False
 
 
 class FaultKind(enum.Enum):
@@ -155,12 +157,7 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidParameterError(
             "--messages", args.messages, "an integer >= 1", hint="e.g. --messages 4000"
         )
-    if args.bootstrap_servers is not None and not re.fullmatch(
-        r"[^\s,]+:\d+(,[^\s,]+:\d+)*", args.bootstrap_servers
-    ):
-        raise InvalidParameterError(
-            "--bootstrap-servers", args.bootstrap_servers, "'host:port[,host:port...]'"
-        )
+    check_bootstrap_servers(args.bootstrap_servers)
     workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="splitkeeper-chaos-"))
     workdir.mkdir(parents=True, exist_ok=True)
     chaos = KafkaChaos(workdir, args.messages, args.seed, args.bootstrap_servers)
@@ -183,122 +180,6 @@ def run(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
-class _Broker:
-    """The Kafka under test: our own broker (restartable) or an external one."""
-
-    def __init__(self, workdir: Path, bootstrap_servers: str | None) -> None:
-        self.external = bootstrap_servers
-        self._broker: Any = None
-        if bootstrap_servers is None:
-            from splitkeeper.runtime.kafka_broker import KafkaBroker, free_port
-
-            self._broker = KafkaBroker(workdir / "kafka", port=free_port())  # a fixed port survives restarts
-
-    @property
-    def restartable(self) -> bool:
-        return self._broker is not None
-
-    def start(self) -> str:
-        if self._broker is None:
-            assert self.external is not None
-            return self.external
-        self._broker.start(timeout_s=180)
-        return str(self._broker.bootstrap_servers)
-
-    def restart(self, down_s: float) -> str:
-        """Stop the broker process (controlled shutdown), wait, start it again; the new pid."""
-        assert self._broker is not None
-        old = self._broker.pid
-        self._broker.stop()
-        time.sleep(down_s)
-        self._broker.start(timeout_s=180)
-        return f"pid {old} -> {self._broker.pid}"
-
-    def stop(self) -> None:
-        if self._broker is not None:
-            self._broker.stop()
-
-
-class _Producer:
-    """Produces numbered messages and keeps every delivery report: the oracle."""
-
-    def __init__(self, bootstrap: str, partitions: Sequence[tuple[str, int]], seed: int) -> None:
-        from confluent_kafka import Producer
-
-        conf: dict[str, Any] = {
-            "bootstrap.servers": bootstrap,
-            "enable.idempotence": True,
-            "acks": "all",
-            "linger.ms": 5,
-            "message.timeout.ms": 600_000,  # delivered after a broker restart, never given up
-            "logger": _quiet,
-        }
-        self._producer = Producer(conf)
-        self._partitions = list(partitions)
-        self._weights = [1 + i for i in range(len(partitions))]  # uneven partitions
-        self._rng = random.Random(seed)
-        self._next = 0
-        self._lock = threading.Lock()  # delivery reports (called from poll/flush)
-        self._numbering = threading.Lock()  # one batch at a time draws sequence numbers and partitions
-        self.delivered: dict[tuple[str, int, int], str] = {}
-        self.failed: list[str] = []
-
-    def _on_delivery(self, err: Any, msg: Any) -> None:
-        value = msg.value().decode()
-        with self._lock:
-            if err is not None:
-                self.failed.append(f"{value.split('|', 1)[0]}: {err}")
-            else:
-                self.delivered[(msg.topic(), msg.partition(), msg.offset())] = value
-
-    def produce(self, count: int, chunks: int = 1, pause_s: float = 0.0) -> None:
-        """Produce ``count`` messages in ``chunks`` flushed batches, ``pause_s`` apart."""
-        sizes = [count // chunks + (1 if i < count % chunks else 0) for i in range(chunks)]
-        with self._numbering:
-            self._produce_chunks(sizes, pause_s)
-
-    def _produce_chunks(self, sizes: Sequence[int], pause_s: float) -> None:
-        for i, size in enumerate(sizes):
-            if i and pause_s:
-                time.sleep(pause_s)
-            for _ in range(size):
-                topic, partition = self._rng.choices(self._partitions, self._weights)[0]
-                seq = self._next
-                self._next += 1
-                payload = self._rng.randbytes(self._rng.randint(4, 32)).hex()
-                value = f"m{seq:08d}|{topic}|{partition}|{payload}"
-                while True:
-                    try:
-                        self._producer.produce(
-                            topic,
-                            key=f"m{seq:08d}",
-                            value=value,
-                            partition=partition,
-                            on_delivery=self._on_delivery,
-                        )
-                        break
-                    except BufferError:
-                        self._producer.poll(0.1)
-                self._producer.poll(0)
-            left = self._producer.flush(660)
-            if left:
-                raise SourceError(f"chaos producer: {left} messages still undelivered after 660s")
-
-    def in_background(self, count: int, chunks: int, pause_s: float) -> threading.Thread:
-        errors: list[BaseException] = []
-
-        def body() -> None:
-            try:
-                self.produce(count, chunks, pause_s)
-            except BaseException as err:  # reported when joined
-                errors.append(err)
-
-        thread = threading.Thread(target=body, name="chaos-producer", daemon=True)
-        thread.errors = errors  # type: ignore[attr-defined]
-        thread.start()
-        return thread
-
-
 class KafkaChaos:
     """One chaos run against Kafka; :meth:`execute` returns the JSON-able result."""
 
@@ -308,7 +189,7 @@ class KafkaChaos:
         self.seed = seed
         self.rng = random.Random(seed)
         self.run_id = f"{int(time.time()) % 100000:05d}{random.Random().randrange(1000):03d}"
-        self.broker = _Broker(self.workdir, bootstrap_servers)
+        self.broker = BrokerHandle(self.workdir, bootstrap_servers)
         self.bootstrap = ""
         self.topics = [f"chaos-{self.run_id}-{name}" for name in ("orders", "payments")]
         self.group_id = f"splitkeeper-chaos-{self.run_id}"
@@ -317,7 +198,7 @@ class KafkaChaos:
         self.faults: list[Fault] = []
         self.runs: list[RunOutcome] = []
         self.last_epoch = 0
-        self.producer: _Producer | None = None
+        self.producer: NumberedProducer | None = None
         self.budget = 0  # records per epoch, set with the config
         self._background: list[threading.Thread] = []
         self._started = time.monotonic()
@@ -325,23 +206,18 @@ class KafkaChaos:
     # -- setup -----------------------------------------------------------------------------
 
     def _setup(self) -> None:
-        from confluent_kafka.admin import AdminClient, NewTopic
-
         _say(f"work folder {self.workdir}")
         if self.broker.restartable:
             _say("starting a Kafka broker (KRaft) ...")
         self.bootstrap = self.broker.start()
         _say(f"Kafka at {self.bootstrap}")
-        admin_conf: dict[str, Any] = {"bootstrap.servers": self.bootstrap, "logger": _quiet}
-        admin = AdminClient(admin_conf)
-        new = [NewTopic(t, n, 1) for t, n in zip(self.topics, TOPIC_PARTITIONS, strict=True)]
-        for future in admin.create_topics(new).values():
-            future.result(timeout=60)
-        self._wait_for_leaders(admin)
+        create_topics(self.bootstrap, dict(zip(self.topics, TOPIC_PARTITIONS, strict=True)))
         partitions = [(t, p) for t, n in zip(self.topics, TOPIC_PARTITIONS, strict=True) for p in range(n)]
         shown = (f"{t} ({n} partitions)" for t, n in zip(self.topics, TOPIC_PARTITIONS, strict=True))
         _say(f"topics {', '.join(shown)}")
-        self.producer = _Producer(self.bootstrap, partitions, self.seed)
+        self.producer = NumberedProducer(
+            self.bootstrap, partitions, self.seed, weights=[1 + i for i in range(len(partitions))]
+        )  # uneven partitions
         first = max(1, int(self.messages * FIRST_SHARE))
         self.producer.produce(first)
         _say(f"produced {first:,} of {self.messages:,} messages; the rest arrive while the pipeline runs")
@@ -376,16 +252,6 @@ class KafkaChaos:
             "# generated by splitkeeper chaos\n" + yaml.safe_dump(config, sort_keys=False), encoding="utf-8"
         )
         _say(f"pipeline config {self.config_path} (P={PARALLELISM}, {budget:,} records per epoch)")
-
-    def _wait_for_leaders(self, admin: Any) -> None:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            topics = admin.list_topics(timeout=10).topics
-            leaders = [p.leader for t in self.topics if t in topics for p in topics[t].partitions.values()]
-            if len(leaders) == sum(TOPIC_PARTITIONS) and min(leaders) >= 0:
-                return
-            time.sleep(0.1)
-        raise SourceError(f"chaos: topics {self.topics} have no leaders after 60s")
 
     def _produce_later(self, share: int) -> None:
         assert self.producer is not None
@@ -616,7 +482,7 @@ class KafkaChaos:
             if errors:
                 raise errors[0]
         assert self.producer is not None
-        ends = _ends(self.producer.delivered)
+        ends = end_offsets(self.producer.delivered)
         _say(
             f"all {len(self.producer.delivered):,} messages delivered; running to the end of every partition"
         )
@@ -815,16 +681,6 @@ def _last_json(stdout: str) -> dict[str, Any]:
     return {}
 
 
-def _ends(delivered: Mapping[tuple[str, int, int], str]) -> dict[str, int]:
-    from splitkeeper.runtime.sources.kafka import split_id_of
-
-    ends: dict[str, int] = {}
-    for topic, partition, offset in delivered:
-        sid = split_id_of(topic, partition)
-        ends[sid] = max(ends.get(sid, 0), offset + 1)
-    return ends
-
-
 def _read_topics(bootstrap: str, topics: Sequence[str]) -> dict[tuple[str, int], str]:
     """Every message of ``topics`` as Kafka holds it now, read without splitkeeper.
 
@@ -839,7 +695,7 @@ def _read_topics(bootstrap: str, topics: Sequence[str]) -> dict[tuple[str, int],
         "group.id": f"chaos-oracle-{os.getpid()}",
         "enable.auto.commit": False,
         "isolation.level": "read_committed",
-        "logger": _quiet,
+        "logger": QUIET_CLIENT_LOG,  # the clients' own logs: the broker bounces on purpose
     }
     consumer = Consumer(conf)
     try:

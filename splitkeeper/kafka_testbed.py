@@ -1,0 +1,215 @@
+"""Kafka for the tools that ingest known data: ``splitkeeper chaos``, ``bench ingest --source kafka``.
+
+- :class:`BrokerHandle`: the Kafka a tool runs against, either the project's own KRaft
+  broker (:class:`~splitkeeper.runtime.kafka_broker.KafkaBroker`) in a folder the tool
+  owns (restartable), or an external one named by ``--bootstrap-servers``;
+- :func:`create_topics`: create topics and wait until every partition has a leader;
+- :class:`NumberedProducer`: produces numbered messages whose key and value name them
+  (``m<seq>|<topic>|<partition>|<hex payload>``) and keeps every delivery report, the
+  oracle a sink is checked against;
+- :func:`end_offsets`: per split, the offset after the last delivered message.
+
+The clients' own logs go to :data:`QUIET_CLIENT_LOG`, which drops them (a tool that
+bounces the broker on purpose expects connection errors). Driver-side only; nothing
+here crosses to Spark executors.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import re
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from splitkeeper.errors import InvalidParameterError, SourceError
+
+#: A logger for the librdkafka clients of these tools: swallows their output.
+QUIET_CLIENT_LOG = logging.getLogger("splitkeeper.kafka_testbed.librdkafka")
+QUIET_CLIENT_LOG.addHandler(logging.NullHandler())
+QUIET_CLIENT_LOG.propagate = False
+
+_BOOTSTRAP = re.compile(r"[^\s,]+:\d+(,[^\s,]+:\d+)*")
+DELIVERY_TIMEOUT_S = 660.0
+
+
+def check_bootstrap_servers(value: str | None, name: str = "--bootstrap-servers") -> str | None:
+    """``value`` unchanged when it is None or ``host:port[,host:port...]``; else InvalidParameterError."""
+    if value is not None and not _BOOTSTRAP.fullmatch(value):
+        raise InvalidParameterError(name, value, "'host:port[,host:port...]'")
+    return value
+
+
+class BrokerHandle:
+    """Our own broker in ``<workdir>/kafka`` (restartable), or the external one at ``bootstrap_servers``.
+
+    ``start`` returns the bootstrap servers; ``stop`` stops only a broker this handle
+    started (an external one is left alone). One owner drives it; not thread-safe.
+    """
+
+    def __init__(self, workdir: Path, bootstrap_servers: str | None) -> None:
+        self.external = bootstrap_servers
+        self._broker: Any = None
+        if bootstrap_servers is None:
+            from splitkeeper.runtime.kafka_broker import KafkaBroker, free_port
+
+            self._broker = KafkaBroker(workdir / "kafka", port=free_port())  # a fixed port survives restarts
+
+    @property
+    def restartable(self) -> bool:
+        return self._broker is not None
+
+    def start(self, timeout_s: float = 180) -> str:
+        if self._broker is None:
+            assert self.external is not None
+            return self.external
+        self._broker.start(timeout_s=timeout_s)
+        return str(self._broker.bootstrap_servers)
+
+    def restart(self, down_s: float) -> str:
+        """Stop the broker process (controlled shutdown), wait, start it again; the new pid."""
+        assert self._broker is not None
+        old = self._broker.pid
+        self._broker.stop()
+        time.sleep(down_s)
+        self._broker.start(timeout_s=180)
+        return f"pid {old} -> {self._broker.pid}"
+
+    def stop(self) -> None:
+        if self._broker is not None:
+            self._broker.stop()
+
+
+def create_topics(bootstrap: str, partitions: Mapping[str, int], timeout_s: float = 60) -> None:
+    """Create each topic (name -> partition count, replication 1) and wait until all partitions have
+    a leader. SourceError when they do not within ``timeout_s``; Kafka's error when a topic exists."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin_conf: dict[str, Any] = {"bootstrap.servers": bootstrap, "logger": QUIET_CLIENT_LOG}
+    admin = AdminClient(admin_conf)
+    for future in admin.create_topics([NewTopic(t, n, 1) for t, n in partitions.items()]).values():
+        future.result(timeout=timeout_s)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        topics = admin.list_topics(timeout=10).topics
+        leaders = [p.leader for t in partitions if t in topics for p in topics[t].partitions.values()]
+        if len(leaders) == sum(partitions.values()) and min(leaders) >= 0:
+            return
+        time.sleep(0.1)
+    raise SourceError(f"topics {sorted(partitions)} have no leaders after {timeout_s:g}s")
+
+
+class NumberedProducer:
+    """Produces numbered messages and keeps every delivery report: the oracle.
+
+    Message ``seq`` goes to a partition drawn from ``partitions`` with ``weights`` (None:
+    equal weights), key ``m<seq:08d>``, value ``m<seq:08d>|<topic>|<partition>|<payload>``
+    where the payload is the hex of ``payload_bytes`` random bytes (a ``(low, high)``
+    range, drawn per message). Draws come from ``seed``. The producer is idempotent with
+    ``acks=all`` and never gives up on a message (it is delivered after a broker restart).
+    ``delivered`` maps (topic, partition, offset) to the value; ``failed`` lists messages
+    whose delivery failed.
+    """
+
+    def __init__(
+        self,
+        bootstrap: str,
+        partitions: Sequence[tuple[str, int]],
+        seed: int,
+        *,
+        weights: Sequence[int] | None = None,
+        payload_bytes: tuple[int, int] = (4, 32),
+    ) -> None:
+        from confluent_kafka import Producer
+
+        conf: dict[str, Any] = {
+            "bootstrap.servers": bootstrap,
+            "enable.idempotence": True,
+            "acks": "all",
+            "linger.ms": 5,
+            "message.timeout.ms": 600_000,  # delivered after a broker restart, never given up
+            "logger": QUIET_CLIENT_LOG,
+        }
+        self._producer = Producer(conf)
+        self._partitions = list(partitions)
+        self._weights = list(weights) if weights is not None else None
+        self._payload_bytes = payload_bytes
+        self._rng = random.Random(seed)
+        self._next = 0
+        self._lock = threading.Lock()  # delivery reports (called from poll/flush)
+        self._numbering = threading.Lock()  # one batch at a time draws sequence numbers and partitions
+        self.delivered: dict[tuple[str, int, int], str] = {}
+        self.failed: list[str] = []
+
+    def _on_delivery(self, err: Any, msg: Any) -> None:
+        value = msg.value().decode()
+        with self._lock:
+            if err is not None:
+                self.failed.append(f"{value.split('|', 1)[0]}: {err}")
+            else:
+                self.delivered[(msg.topic(), msg.partition(), msg.offset())] = value
+
+    def produce(self, count: int, chunks: int = 1, pause_s: float = 0.0) -> None:
+        """Produce ``count`` messages in ``chunks`` flushed batches, ``pause_s`` apart."""
+        sizes = [count // chunks + (1 if i < count % chunks else 0) for i in range(chunks)]
+        with self._numbering:
+            self._produce_chunks(sizes, pause_s)
+
+    def _produce_chunks(self, sizes: Sequence[int], pause_s: float) -> None:
+        low, high = self._payload_bytes
+        for i, size in enumerate(sizes):
+            if i and pause_s:
+                time.sleep(pause_s)
+            for _ in range(size):
+                topic, partition = self._rng.choices(self._partitions, self._weights)[0]
+                seq = self._next
+                self._next += 1
+                payload = self._rng.randbytes(self._rng.randint(low, high)).hex()
+                value = f"m{seq:08d}|{topic}|{partition}|{payload}"
+                while True:
+                    try:
+                        self._producer.produce(
+                            topic,
+                            key=f"m{seq:08d}",
+                            value=value,
+                            partition=partition,
+                            on_delivery=self._on_delivery,
+                        )
+                        break
+                    except BufferError:
+                        self._producer.poll(0.1)
+                self._producer.poll(0)
+            left = self._producer.flush(DELIVERY_TIMEOUT_S)
+            if left:
+                raise SourceError(
+                    f"producer: {left} messages still undelivered after {DELIVERY_TIMEOUT_S:g}s"
+                )
+
+    def in_background(self, count: int, chunks: int, pause_s: float) -> threading.Thread:
+        """:meth:`produce` in a daemon thread; its exception, if any, is in the thread's ``errors``."""
+        errors: list[BaseException] = []
+
+        def body() -> None:
+            try:
+                self.produce(count, chunks, pause_s)
+            except BaseException as err:  # reported when joined
+                errors.append(err)
+
+        thread = threading.Thread(target=body, name="numbered-producer", daemon=True)
+        thread.errors = errors  # type: ignore[attr-defined]
+        thread.start()
+        return thread
+
+
+def end_offsets(delivered: Mapping[tuple[str, int, int], str]) -> dict[str, int]:
+    """Per split id, the offset after the last delivered message."""
+    from splitkeeper.runtime.sources.kafka import split_id_of
+
+    ends: dict[str, int] = {}
+    for topic, partition, offset in delivered:
+        sid = split_id_of(topic, partition)
+        ends[sid] = max(ends.get(sid, 0), offset + 1)
+    return ends
