@@ -20,7 +20,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     ),
     "ingest": (
         "splitkeeper.bench.ingest",
-        "exactly-once ingest into Delta: splitkeeper pipeline vs Structured Streaming (--source files)",
+        "exactly-once ingest into Delta: splitkeeper pipeline vs Structured Streaming (--source files|kafka)",
     ),
 }
 

@@ -39,6 +39,10 @@ other work, so wall times are noisy.
 Figures: medians over ``--repeat`` repetitions; records/s = records / median
 wall seconds; ``ratio`` = ours / baseline records/s as printed (above 1: ours
 is faster). The HTML chart goes to ``--out`` (default ``var/bench``).
+
+``--source kafka`` runs :mod:`splitkeeper.bench.ingest_kafka`, built on the helpers here that
+both benchmarks share (settings checks, repetitions, load sampling, throughput figures, report
+lines, chart page, command).
 """
 
 from __future__ import annotations
@@ -83,6 +87,18 @@ def _progress(line: str) -> None:
 # ---------------------------------------------------------------------------------------
 
 
+def check_counts(owner: object, minimums: Sequence[tuple[str, int]], optional: Sequence[str] = ()) -> None:
+    """Raise InvalidParameterError naming the first field of ``owner`` (a settings object, from its
+    ``__post_init__``) that is not an integer >= its minimum; ``optional`` fields are None or >= 1."""
+    for name, minimum in (*minimums, *((n, 1) for n in optional)):
+        value = getattr(owner, name)
+        if name in optional and value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            unset = " (or unset)" if name in optional else ""
+            raise InvalidParameterError(name, value, f"an integer >= {minimum}{unset}")
+
+
 @dataclass(frozen=True, slots=True)
 class IngestSettings:
     """What to measure. ``epoch_records=None``: half the input (two reading epochs).
@@ -102,24 +118,19 @@ class IngestSettings:
     content_check: bool = True
 
     def __post_init__(self) -> None:
-        for name, minimum in (
-            ("files", 1),
-            ("lines", 1),
-            ("line_bytes", 8),
-            ("parallelism", 1),
-            ("repeat", 1),
-            ("restore_checkpoints", 0),
-            ("restore_repeat", 0),
-        ):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-                raise InvalidParameterError(name, value, f"an integer >= {minimum}")
-        if self.epoch_records is not None and (
-            isinstance(self.epoch_records, bool)
-            or not isinstance(self.epoch_records, int)
-            or self.epoch_records < 1
-        ):
-            raise InvalidParameterError("epoch_records", self.epoch_records, "an integer >= 1 (or unset)")
+        check_counts(
+            self,
+            (
+                ("files", 1),
+                ("lines", 1),
+                ("line_bytes", 8),
+                ("parallelism", 1),
+                ("repeat", 1),
+                ("restore_checkpoints", 0),
+                ("restore_repeat", 0),
+            ),
+            optional=("epoch_records",),
+        )
 
     @property
     def records(self) -> int:
@@ -247,7 +258,7 @@ class CallTimer:
                 setattr(owner, name, fn)
 
 
-def _latest_job_id(spark: Any) -> int | None:
+def latest_job_id(spark: Any) -> int | None:
     """The id of the newest Spark job of this context (ids are sequential), None if unknown.
 
     Reads the driver's status store through py4j (an internal API): None when it is
@@ -263,7 +274,7 @@ def _latest_job_id(spark: Any) -> int | None:
         return None
 
 
-def _jobs_between(before: int | None, after: int | None) -> int | None:
+def jobs_between(before: int | None, after: int | None) -> int | None:
     return None if before is None or after is None else after - before
 
 
@@ -412,7 +423,7 @@ def run_ours(spark: Any, settings: IngestSettings, input_dir: str, root: str, la
         original_apply(self, results)
 
     def on_epoch(line: str) -> None:
-        job_marks.append(_latest_job_id(spark))
+        job_marks.append(latest_job_id(spark))
         _progress(f"{label}: {line}")
 
     store_ops = (
@@ -434,14 +445,14 @@ def run_ours(spark: Any, settings: IngestSettings, input_dir: str, root: str, la
         stack.enter_context(timer.patch(DeltaSink, sink_ops, "sink"))
         Pipeline._apply_progress = observe_results  # type: ignore[method-assign]
         stack.callback(setattr, Pipeline, "_apply_progress", original_apply)
-        first_job = _latest_job_id(spark)
+        first_job = latest_job_id(spark)
         sampler = stack.enter_context(LoadSampler())
         started = time.perf_counter()
         pipeline = Pipeline(config, spark, progress=on_epoch)
         stack.callback(pipeline.close)
         pipeline.open()
         setup_s = time.perf_counter() - started
-        job_marks.append(_latest_job_id(spark))
+        job_marks.append(latest_job_id(spark))
         summary = pipeline.run()
         pipeline.close()
         seconds = time.perf_counter() - started
@@ -455,7 +466,7 @@ def run_ours(spark: Any, settings: IngestSettings, input_dir: str, root: str, la
                 "elapsed_s": report.elapsed_s,
                 "phases": dict(report.phases),
                 "final": report.final,
-                "jobs": _jobs_between(job_marks[i], job_marks[i + 1]) if i + 1 < len(job_marks) else None,
+                "jobs": jobs_between(job_marks[i], job_marks[i + 1]) if i + 1 < len(job_marks) else None,
             }
         )
     commit_ms = tuple(e.commit_ms for e in pipeline.store.timeline() if e.commit_ms is not None)
@@ -470,8 +481,8 @@ def run_ours(spark: Any, settings: IngestSettings, input_dir: str, root: str, la
             k: {"calls": timer.calls[k], "seconds": round(v, 3)} for k, v in sorted(timer.seconds.items())
         },
         region_task_s=tuple(round(s, 3) for s in task_seconds),
-        setup_jobs=_jobs_between(first_job, job_marks[0]),
-        jobs=_jobs_between(first_job, job_marks[-1]),
+        setup_jobs=jobs_between(first_job, job_marks[0]),
+        jobs=jobs_between(first_job, job_marks[-1]),
         load=load,
         sink_path=config.sink_path,
     )
@@ -481,7 +492,7 @@ def run_baseline(spark: Any, settings: IngestSettings, input_dir: str, root: str
     """Ingest ``input_dir`` with Structured Streaming (text source, Delta sink, availableNow)."""
     sink_path = os.path.join(root, "sink")
     checkpoint = os.path.join(root, "checkpoint")
-    first_job = _latest_job_id(spark)
+    first_job = latest_job_id(spark)
     with LoadSampler() as sampler:
         started = time.perf_counter()
         query = (
@@ -499,20 +510,31 @@ def run_baseline(spark: Any, settings: IngestSettings, input_dir: str, root: str
         seconds = time.perf_counter() - started
     if query.exception() is not None:
         raise SplitkeeperError(f"{label}: the Structured Streaming query failed: {query.exception()}")
-    progress = [p for p in query.recentProgress if p.get("numInputRows", 0) > 0]
-    durations: dict[str, list[float]] = {}
-    for p in progress:
-        for key, value in (p.get("durationMs") or {}).items():
-            durations.setdefault(key, []).append(float(value))
+    progress = reading_batches(query)
     _progress(f"{label}: {len(progress)} micro-batches in {seconds:.2f}s")
     return BaselineRun(
         seconds=round(seconds, 3),
         batches=len(progress),
-        batch_ms={k: round(statistics.fmean(v), 1) for k, v in sorted(durations.items())},
-        jobs=_jobs_between(first_job, _latest_job_id(spark)),
+        batch_ms=mean_durations_ms(progress),
+        jobs=jobs_between(first_job, latest_job_id(spark)),
         load=sampler.figure,
         sink_path=sink_path,
     )
+
+
+def reading_batches(query: Any) -> list[dict[str, Any]]:
+    """A finished streaming query's micro-batches that read records: their progress as plain dicts."""
+    items = [json.loads(p.json) for p in query.recentProgress]
+    return [p for p in items if p.get("numInputRows", 0) > 0]
+
+
+def mean_durations_ms(progress: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """Per ``durationMs`` entry (addBatch, triggerExecution, ...), its mean over the micro-batches."""
+    durations: dict[str, list[float]] = {}
+    for p in progress:
+        for key, value in (p.get("durationMs") or {}).items():
+            durations.setdefault(key, []).append(float(value))
+    return {k: round(statistics.fmean(v), 1) for k, v in sorted(durations.items())}
 
 
 # ---------------------------------------------------------------------------------------
@@ -634,8 +656,8 @@ def measure_restore(spark: Any, root: str, settings: IngestSettings) -> RestoreF
                 samples.append(_time_restore(spark, roots[count], count))
     measure_restore_s = {k: v / 1000 for k, v in measured.restore_ms.items()}
     if samples:
-        restore_s = {c: _median([x.restore_s for x in samples if x.checkpoints == c]) for c in roots}
-        open_s = {c: _median([x.open_s for x in samples if x.checkpoints == c]) for c in roots}
+        restore_s = {c: rounded_median([x.restore_s for x in samples if x.checkpoints == c]) for c in roots}
+        open_s = {c: rounded_median([x.open_s for x in samples if x.checkpoints == c]) for c in roots}
     else:
         restore_s = measure_restore_s
         open_s = {k: v / 1000 for k, v in measured.open_ms.items()}
@@ -656,7 +678,7 @@ def measure_restore(spark: Any, root: str, settings: IngestSettings) -> RestoreF
 # ---------------------------------------------------------------------------------------
 
 
-def _spark() -> Any:
+def bench_spark() -> Any:
     """The running session if there is one (tests, notebooks), else a new one from the environment."""
     from pyspark.sql import SparkSession
 
@@ -670,13 +692,13 @@ def _spark() -> Any:
     return spark
 
 
-def _median(values: Sequence[float]) -> float:
+def rounded_median(values: Sequence[float]) -> float:
     return round(float(statistics.median(values)), 3)
 
 
 def bench_ingest(settings: IngestSettings, work_dir: str, spark: Any | None = None) -> dict[str, Any]:
     """Run the benchmark under ``work_dir`` (input, sinks, state) and return its figures."""
-    spark = spark or _spark()
+    spark = spark or bench_spark()
     load_start = [round(x, 2) for x in os.getloadavg()]
     input_dir = os.path.join(work_dir, "input")
     shutil.rmtree(input_dir, ignore_errors=True)
@@ -693,72 +715,27 @@ def bench_ingest(settings: IngestSettings, work_dir: str, spark: Any | None = No
         warm_up(spark, work_dir)
         _progress("warm-up done (Python workers started, Delta loaded)")
 
-    ours_runs: list[OursRun] = []
-    base_runs: list[BaselineRun] = []
-    runs: list[dict[str, Any]] = []
-    checks_ok = True
-    content_equal: bool | None = None
-    for rep in range(1, settings.repeat + 1):
-        rep_dir = os.path.join(work_dir, f"rep{rep}")
-        shutil.rmtree(rep_dir, ignore_errors=True)
-        order = ("ours", "baseline") if rep % 2 == 1 else ("baseline", "ours")
-        ours: OursRun | None = None
-        base: BaselineRun | None = None
-        for side in order:
-            label = f"rep {rep}/{settings.repeat} {side}"
-            _progress(f"{label}: start ({os.getloadavg()[0]:.1f} load)")
-            if side == "ours":
-                ours = run_ours(spark, settings, input_dir, os.path.join(rep_dir, "ours"), label)
-                _progress(f"{label}: {ours.seconds:.2f}s, {ours.load.text()}")
-            else:
-                base = run_baseline(spark, settings, input_dir, os.path.join(rep_dir, "baseline"), label)
-                _progress(f"{label}: {base.seconds:.2f}s, {base.load.text()}")
-        assert ours is not None and base is not None
-        ours_check = check_sink(spark, ours.sink_path, expected, with_offsets=True)
-        base_check = check_sink(spark, base.sink_path, expected, with_offsets=False)
-        if rep == 1 and settings.content_check and ours_check.records == base_check.records:
-            content_equal = same_values(spark, ours.sink_path, base.sink_path)
-        rep_ok = ours_check.exact and base_check.exact and ours.finished and content_equal is not False
-        checks_ok = checks_ok and rep_ok
-        _progress(
-            f"rep {rep}: sinks hold {ours_check.records:,} (ours, {ours_check.duplicates} duplicate offsets) "
-            f"and {base_check.records:,} (baseline) of {settings.records:,} records"
-            + (
-                ""
-                if rep_ok
-                else f"; NOT EXACT: ours {ours_check.wrong_splits} baseline {base_check.wrong_splits}"
-            )
-        )
-        ours_runs.append(ours)
-        base_runs.append(base)
-        runs.append(
-            {
-                "rep": rep,
-                "order": list(order),
-                "ours_s": ours.seconds,
-                "ours_setup_s": ours.setup_s,
-                "ours_records_per_s": round(settings.records / ours.seconds, 1),
-                "ours_load": ours.load.mean,
-                "ours_sink_records": ours_check.records,
-                "ours_duplicates": ours_check.duplicates,
-                "ours_finished": ours.finished,
-                "ours_epochs": list(ours.epochs),
-                "ours_jobs": ours.jobs,
-                "ours_setup_jobs": ours.setup_jobs,
-                "ours_calls": ours.calls,
-                "ours_region_task_s": list(ours.region_task_s),
-                "ours_checkpoint_commit_ms": list(ours.checkpoint_commit_ms),
-                "baseline_s": base.seconds,
-                "baseline_records_per_s": round(settings.records / base.seconds, 1),
-                "baseline_load": base.load.mean,
-                "baseline_sink_records": base_check.records,
-                "baseline_batches": base.batches,
-                "baseline_batch_ms": base.batch_ms,
-                "baseline_jobs": base.jobs,
-                "exact": rep_ok,
-            }
-        )
-        shutil.rmtree(rep_dir, ignore_errors=True)
+    reps = run_repetitions(
+        spark,
+        settings.repeat,
+        work_dir,
+        lambda rep_dir: {  # each called with its label
+            "ours": functools.partial(run_ours, spark, settings, input_dir, os.path.join(rep_dir, "ours")),
+            "baseline": functools.partial(
+                run_baseline, spark, settings, input_dir, os.path.join(rep_dir, "baseline")
+            ),
+        },
+        expected,
+        baseline_offsets=False,  # the text source has no offsets
+        content_check=settings.content_check,
+        ours_row=lambda ours: {
+            "ours_finished": ours.finished,
+            "ours_calls": ours.calls,
+            "ours_region_task_s": list(ours.region_task_s),
+            "ours_checkpoint_commit_ms": list(ours.checkpoint_commit_ms),
+        },
+        ours_complete=lambda ours: bool(ours.finished),
+    )
 
     restore: RestoreFigures | None = None
     if settings.restore_checkpoints > 0:
@@ -769,8 +746,192 @@ def bench_ingest(settings: IngestSettings, work_dir: str, spark: Any | None = No
         _progress(f"state store: {restore_verdict(restore.restore_s)}; {restore.load.text()}")
 
     return _result(
-        settings, input_bytes, ours_runs, base_runs, runs, restore, checks_ok, content_equal, load_start
+        settings,
+        input_bytes,
+        reps.ours,
+        reps.baseline,
+        reps.runs,
+        restore,
+        reps.exact,
+        reps.content_equal,
+        load_start,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class Repetitions:
+    """Both sides' runs of every repetition, their JSON ``runs`` entries and the checks' outcome."""
+
+    ours: tuple[Any, ...]
+    baseline: tuple[Any, ...]
+    runs: tuple[dict[str, Any], ...]
+    exact: bool  # every repetition: both sinks exact, ours complete, equal values where compared
+    content_equal: bool | None  # the first repetition's comparison of values; None: not compared
+
+
+def run_repetitions(
+    spark: Any,
+    repeat: int,
+    work_dir: str,
+    sides: Callable[[str], Mapping[str, Callable[[str], Any]]],
+    expected: Mapping[str, int],
+    *,
+    baseline_offsets: bool,
+    content_check: bool,
+    ours_row: Callable[[Any], dict[str, Any]] | None = None,
+    ours_complete: Callable[[Any], bool] | None = None,
+    say: Callable[[str], None] = _progress,
+) -> Repetitions:
+    """Run ``repeat`` repetitions of both sides, each in a fresh ``<work_dir>/rep<N>`` (removed after).
+
+    ``sides(rep_dir)`` maps "ours" and "baseline" to callables taking the run's label and
+    returning a run (with ``seconds``, ``setup_s``, ``load``, ``sink_path``, ...); ours goes first
+    in odd repetitions, so neither always runs warm. After each repetition both sinks are
+    checked against ``expected`` (split id -> records; duplicate ``(split_id, offset)`` in the
+    baseline only with ``baseline_offsets``) and, in the first with ``content_check``, compared
+    by value. ``ours_row`` adds figures of our run to its repetition's entry; ``ours_complete``
+    says whether our run finished its input (default: yes).
+    """
+    records = sum(expected.values())
+    ours_runs: list[Any] = []
+    base_runs: list[Any] = []
+    runs: list[dict[str, Any]] = []
+    exact = True
+    content_equal: bool | None = None
+    for rep in range(1, repeat + 1):
+        rep_dir = os.path.join(work_dir, f"rep{rep}")
+        shutil.rmtree(rep_dir, ignore_errors=True)
+        run_side = sides(rep_dir)
+        order = ("ours", "baseline") if rep % 2 == 1 else ("baseline", "ours")
+        done: dict[str, Any] = {}
+        for side in order:
+            label = f"rep {rep}/{repeat} {side}"
+            say(f"{label}: start ({os.getloadavg()[0]:.1f} load)")
+            done[side] = run_side[side](label)
+            say(f"{label}: {done[side].seconds:.2f}s, {done[side].load.text()}")
+        ours, base = done["ours"], done["baseline"]
+        ours_check = check_sink(spark, ours.sink_path, expected, with_offsets=True)
+        base_check = check_sink(spark, base.sink_path, expected, with_offsets=baseline_offsets)
+        if rep == 1 and content_check and ours_check.records == base_check.records:
+            content_equal = same_values(spark, ours.sink_path, base.sink_path)
+        complete = ours_complete is None or ours_complete(ours)
+        rep_ok = ours_check.exact and base_check.exact and complete and content_equal is not False
+        exact = exact and rep_ok
+        ours_runs.append(ours)
+        base_runs.append(base)
+        row = _repetition_row(rep, order, records, ours, base, ours_check, base_check, rep_ok, say)
+        runs.append({**row, **(ours_row(ours) if ours_row else {})})
+        shutil.rmtree(rep_dir, ignore_errors=True)
+    return Repetitions(tuple(ours_runs), tuple(base_runs), tuple(runs), exact, content_equal)
+
+
+def _repetition_row(
+    rep: int,
+    order: Sequence[str],
+    records: int,
+    ours: Any,
+    base: Any,
+    ours_check: SinkCheck,
+    base_check: SinkCheck,
+    exact: bool,
+    say: Callable[[str], None],
+) -> dict[str, Any]:
+    """One repetition's entry of the JSON ``runs`` list; says what the sinks hold."""
+    base_dups = "" if base_check.duplicates is None else f", {base_check.duplicates} duplicate offsets"
+    say(
+        f"rep {rep}: sinks hold {ours_check.records:,} (ours, {ours_check.duplicates} duplicate offsets) "
+        f"and {base_check.records:,} (baseline{base_dups}) of {records:,} records"
+        + ("" if exact else f"; NOT EXACT: ours {ours_check.wrong_splits} baseline {base_check.wrong_splits}")
+    )
+    return {
+        "rep": rep,
+        "order": list(order),
+        "ours_s": ours.seconds,
+        "ours_setup_s": ours.setup_s,
+        "ours_records_per_s": round(records / ours.seconds, 1),
+        "ours_load": ours.load.mean,
+        "ours_sink_records": ours_check.records,
+        "ours_duplicates": ours_check.duplicates,
+        "ours_epochs": list(ours.epochs),
+        "ours_jobs": ours.jobs,
+        "ours_setup_jobs": ours.setup_jobs,
+        "baseline_s": base.seconds,
+        "baseline_records_per_s": round(records / base.seconds, 1),
+        "baseline_load": base.load.mean,
+        "baseline_sink_records": base_check.records,
+        "baseline_duplicates": base_check.duplicates,
+        "baseline_batches": base.batches,
+        "baseline_batch_ms": base.batch_ms,
+        "baseline_jobs": base.jobs,
+        "exact": exact,
+    }
+
+
+def _median_or_none(values: Sequence[int | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return rounded_median(known) if known else None
+
+
+def throughput_figures(
+    records: int, ours_runs: Sequence[Any], base_runs: Sequence[Any], runs: Sequence[Mapping[str, Any]]
+) -> dict[str, Any]:
+    """The result keys both ingest benchmarks compute alike: medians, rates and their ratio, our
+    setup, where one of our runs' time goes, the baseline's micro-batches, job counts, sink counts
+    and load. Our runs have ``seconds``, ``setup_s``, ``epochs`` (dicts with ``elapsed_s`` and
+    ``phases``), ``jobs``, ``setup_jobs``, ``load``; the baseline's ``seconds``, ``batches``,
+    ``batch_ms``, ``jobs``, ``load``; ``runs`` are :func:`run_repetitions` entries."""
+    ours_s = rounded_median([r.seconds for r in ours_runs])
+    base_s = rounded_median([r.seconds for r in base_runs])
+    ours_rps = round(records / ours_s, 1)
+    base_rps = round(records / base_s, 1)
+    all_epochs = [e for r in ours_runs for e in r.epochs]
+    n = len(ours_runs)
+    # Where one run's wall time goes (means over the repetitions).
+    breakdown = {"setup (tables, open)": round(statistics.fmean(r.setup_s for r in ours_runs), 3)}
+    for phase in PHASES:
+        total = sum(e["phases"].get(phase, 0.0) for e in all_epochs) / n
+        if total > 0:
+            breakdown[f"epochs: {phase}"] = round(total, 3)
+    accounted = sum(breakdown.values())
+    breakdown["other (run loop, close)"] = round(
+        max(0.0, statistics.fmean(r.seconds for r in ours_runs) - accounted), 3
+    )
+    base_batch: dict[str, list[float]] = {}
+    for b in base_runs:
+        for k, v in b.batch_ms.items():
+            base_batch.setdefault(k, []).append(v)
+    after_setup_s = rounded_median([r.seconds - r.setup_s for r in ours_runs])
+    return {
+        "ours_s": ours_s,
+        "baseline_s": base_s,
+        "ours_records_per_s": ours_rps,
+        "baseline_records_per_s": base_rps,
+        "ratio": round(ours_rps / base_rps, 4),
+        "ours_setup_s": rounded_median([r.setup_s for r in ours_runs]),
+        # the same runs without the one-time setup (creating the state and sink tables, open)
+        "ours_after_setup_s": after_setup_s,
+        "ours_records_per_s_after_setup": round(records / max(1e-9, after_setup_s), 1),
+        "ours_epochs_per_run": round(len(all_epochs) / n, 1),
+        "ours_epoch_s_avg": round(statistics.fmean(e["elapsed_s"] for e in all_epochs), 3),
+        "ours_phases_avg_s": average_phases([e["phases"] for e in all_epochs]),
+        "ours_run_breakdown_s": breakdown,
+        "ours_jobs_per_run": _median_or_none([r.jobs for r in ours_runs]),
+        "ours_setup_jobs": _median_or_none([r.setup_jobs for r in ours_runs]),
+        "baseline_batches_per_run": round(statistics.fmean(r.batches for r in base_runs), 1),
+        "baseline_batch_ms_avg": {k: round(statistics.fmean(v), 1) for k, v in sorted(base_batch.items())},
+        "baseline_jobs_per_run": _median_or_none([r.jobs for r in base_runs]),
+        "ours_sink_records": runs[-1]["ours_sink_records"],
+        "baseline_sink_records": runs[-1]["baseline_sink_records"],
+        "ours_duplicates": max((r["ours_duplicates"] or 0) for r in runs),
+        "load_avg": {
+            "ours": round(statistics.fmean(r.load.mean for r in ours_runs), 2),
+            "ours_max": max(r.load.max for r in ours_runs),
+            "baseline": round(statistics.fmean(r.load.mean for r in base_runs), 2),
+            "baseline_max": max(r.load.max for r in base_runs),
+            "cpus": os.cpu_count(),
+        },
+        "runs": list(runs),
+    }
 
 
 def _result(
@@ -784,25 +945,10 @@ def _result(
     content_equal: bool | None,
     load_start: list[float],
 ) -> dict[str, Any]:
-    records = settings.records
-    ours_s = _median([r.seconds for r in ours_runs])
-    base_s = _median([r.seconds for r in base_runs])
-    ours_rps = round(records / ours_s, 1)
-    base_rps = round(records / base_s, 1)
+    figures = throughput_figures(settings.records, ours_runs, base_runs, runs)
     all_epochs = [e for r in ours_runs for e in r.epochs]
     reading = [e for e in all_epochs if not e["final"]]
-    phases_avg = average_phases([e["phases"] for e in all_epochs])
     n = len(ours_runs)
-    # Where one run's wall time goes (means over the repetitions).
-    breakdown = {"setup (tables, open)": round(statistics.fmean(r.setup_s for r in ours_runs), 3)}
-    for phase in PHASES:
-        total = sum(e["phases"].get(phase, 0.0) for e in all_epochs) / n
-        if total > 0:
-            breakdown[f"epochs: {phase}"] = round(total, 3)
-    accounted = sum(breakdown.values())
-    breakdown["other (run loop, close)"] = round(
-        max(0.0, statistics.fmean(r.seconds for r in ours_runs) - accounted), 3
-    )
     calls: dict[str, dict[str, float]] = {}
     for r in ours_runs:
         for label, fig in r.calls.items():
@@ -818,14 +964,11 @@ def _result(
     row_commit_ms = [ms for r in ours_runs for ms in r.checkpoint_commit_ms]
     state_phase = [e["phases"].get("state", 0.0) for e in all_epochs]
     epoch_jobs = [e["jobs"] for e in all_epochs if e["jobs"] is not None]
-    base_batch: dict[str, list[float]] = {}
-    for b in base_runs:
-        for k, v in b.batch_ms.items():
-            base_batch.setdefault(k, []).append(v)
     result: dict[str, Any] = {
+        **figures,
         "benchmark": "ingest",
         "source": "files",
-        "records": records,
+        "records": settings.records,
         "files": settings.files,
         "lines_per_file": settings.lines,
         "input_bytes": input_bytes,
@@ -833,48 +976,19 @@ def _result(
         "epoch_records": settings.records_per_epoch,
         "max_files_per_trigger": settings.max_files_per_trigger,
         "repeat": settings.repeat,
-        "ours_s": ours_s,
-        "baseline_s": base_s,
-        "ours_records_per_s": ours_rps,
-        "baseline_records_per_s": base_rps,
-        "ratio": round(ours_rps / base_rps, 4),
-        "ours_setup_s": _median([r.setup_s for r in ours_runs]),
-        # the same runs without the one-time setup (creating the state and sink tables, open)
-        "ours_after_setup_s": _median([r.seconds - r.setup_s for r in ours_runs]),
-        "ours_records_per_s_after_setup": round(
-            records / max(1e-9, _median([r.seconds - r.setup_s for r in ours_runs])), 1
-        ),
-        "ours_epochs_per_run": round(len(all_epochs) / n, 1),
         "ours_reading_epochs_per_run": round(len(reading) / n, 1),
-        "ours_epoch_s_avg": round(statistics.fmean(e["elapsed_s"] for e in all_epochs), 3),
-        "ours_phases_avg_s": phases_avg,
         "ours_reading_phases_avg_s": average_phases([e["phases"] for e in reading]),
         "ours_final_epoch_s_avg": round(statistics.fmean(e["elapsed_s"] for e in all_epochs if e["final"]), 3)
         if any(e["final"] for e in all_epochs)
         else None,
-        "ours_run_breakdown_s": breakdown,
         "ours_calls": calls,
         "ours_region_task_s_avg": round(statistics.fmean(tasks), 3) if tasks else None,
         "ours_region_task_share_of_read": round(sum(tasks) / settings.parallelism / read_total, 3)
         if read_total > 0
         else None,
-        "ours_jobs_per_run": _median([r.jobs for r in ours_runs if r.jobs is not None])
-        if any(r.jobs is not None for r in ours_runs)
-        else None,
-        "ours_setup_jobs": _median([r.setup_jobs for r in ours_runs if r.setup_jobs is not None])
-        if any(r.setup_jobs is not None for r in ours_runs)
-        else None,
         "ours_jobs_per_epoch_avg": round(statistics.fmean(epoch_jobs), 1) if epoch_jobs else None,
-        "baseline_batches_per_run": round(statistics.fmean(r.batches for r in base_runs), 1),
-        "baseline_batch_ms_avg": {k: round(statistics.fmean(v), 1) for k, v in sorted(base_batch.items())},
-        "baseline_jobs_per_run": _median([r.jobs for r in base_runs if r.jobs is not None])
-        if any(r.jobs is not None for r in base_runs)
-        else None,
         "state_commit_ms_avg": round(1000 * statistics.fmean(state_phase), 1),
         "state_commit_row_ms_avg": round(statistics.fmean(row_commit_ms), 1) if row_commit_ms else None,
-        "ours_sink_records": runs[-1]["ours_sink_records"],
-        "baseline_sink_records": runs[-1]["baseline_sink_records"],
-        "ours_duplicates": max((r["ours_duplicates"] or 0) for r in runs),
         "content_equal": content_equal,
         "exact": checks_ok,
         "restore_checkpoints": settings.restore_checkpoints if restore else 0,
@@ -886,16 +1000,11 @@ def _result(
         "restore_verdict": None,
         "restore_measure_commit_ms_median": None,
         "load_avg": {
+            **figures["load_avg"],
             "start": load_start,
-            "ours": round(statistics.fmean(r.load.mean for r in ours_runs), 2),
-            "ours_max": max(r.load.max for r in ours_runs),
-            "baseline": round(statistics.fmean(r.load.mean for r in base_runs), 2),
-            "baseline_max": max(r.load.max for r in base_runs),
             "restore": None if restore is None else restore.load.mean,
             "end": [round(x, 2) for x in os.getloadavg()],
-            "cpus": os.cpu_count(),
         },
-        "runs": list(runs),
     }
     if restore is not None:
         result.update(
@@ -936,7 +1045,7 @@ def _load_text(value: float | None) -> str:
     return "load -" if value is None else f"load {value:.1f}"
 
 
-def _phase_items(phases: Mapping[str, float]) -> list[tuple[str, float]]:
+def ordered_phases(phases: Mapping[str, float]) -> list[tuple[str, float]]:
     """``phases`` in the runner's order (JSON may have sorted the keys)."""
     known = [(p, phases[p]) for p in PHASES if p in phases]
     return known + sorted((k, v) for k, v in phases.items() if k not in PHASES)
@@ -953,15 +1062,11 @@ def _call_items(calls: Mapping[str, Mapping[str, float]]) -> list[tuple[str, Map
     return sorted(calls.items(), key=lambda kv: (-kv[1]["seconds"], kv[0]))
 
 
-def render_table(result: Mapping[str, Any]) -> str:
-    """The human-readable report (what ``run`` prints without ``--json``)."""
+def rate_lines(result: Mapping[str, Any]) -> list[str]:
+    """The throughput table of both ingest benchmarks' reports: seconds, records/s, load, ratio,
+    ours without setup, then one line with every repetition."""
     load = result["load_avg"]
-    lines = [
-        f"input: {result['files']} files x {result['lines_per_file']:,} lines = "
-        f"{result['records']:,} records ({result['input_bytes'] / 1e6:.1f} MB); "
-        f"epoch {result['epoch_records']:,} records, "
-        f"maxFilesPerTrigger {result['max_files_per_trigger']}, parallelism {result['parallelism']}, "
-        f"{result['repeat']} repetition(s), {load['cpus']} cpus",
+    return [
         "",
         f"{'':<30}{'records':>10}{'seconds':>10}{'records/s':>12}  load avg (1 min, mean/max while timed)",
         f"{'splitkeeper (median)':<30}{result['ours_sink_records']:>10,}{result['ours_s']:>10.2f}"
@@ -980,6 +1085,26 @@ def render_table(result: Mapping[str, Any]) -> str:
             f"baseline {r['baseline_s']:.1f}s ({_load_text(r['baseline_load'])})"
             for r in result["runs"]
         ),
+    ]
+
+
+def breakdown_lines(result: Mapping[str, Any]) -> list[str]:
+    """Where one of our runs' wall time goes (``ours_run_breakdown_s``), a line per part."""
+    return ["one run's wall time (mean s):"] + [
+        f"  {label:<34}{value:>8.2f} s" for label, value in _breakdown_items(result["ours_run_breakdown_s"])
+    ]
+
+
+def render_table(result: Mapping[str, Any]) -> str:
+    """The human-readable report (what ``run`` prints without ``--json``)."""
+    load = result["load_avg"]
+    lines = [
+        f"input: {result['files']} files x {result['lines_per_file']:,} lines = "
+        f"{result['records']:,} records ({result['input_bytes'] / 1e6:.1f} MB); "
+        f"epoch {result['epoch_records']:,} records, "
+        f"maxFilesPerTrigger {result['max_files_per_trigger']}, parallelism {result['parallelism']}, "
+        f"{result['repeat']} repetition(s), {load['cpus']} cpus",
+        *rate_lines(result),
         f"checks: exactly the input count in both sinks, per file: {result['exact']}; "
         f"duplicate (split_id, offset) in ours: {result['ours_duplicates']}; "
         f"same values in both: {result['content_equal']}",
@@ -991,15 +1116,13 @@ def render_table(result: Mapping[str, Any]) -> str:
         f"{result['ours_jobs_per_run']} (setup {result['ours_setup_jobs']}, "
         f"{result['ours_jobs_per_epoch_avg']} per epoch) vs baseline {result['baseline_jobs_per_run']}",
         "phase averages per epoch (s): "
-        + "  ".join(f"{k}={v:.2f}" for k, v in _phase_items(result["ours_phases_avg_s"])),
+        + "  ".join(f"{k}={v:.2f}" for k, v in ordered_phases(result["ours_phases_avg_s"])),
         "  reading epochs only (s):   "
-        + "  ".join(f"{k}={v:.2f}" for k, v in _phase_items(result["ours_reading_phases_avg_s"])),
+        + "  ".join(f"{k}={v:.2f}" for k, v in ordered_phases(result["ours_reading_phases_avg_s"])),
         f"region tasks: {result['ours_region_task_s_avg']}s each on average (reading + staging parquet); "
         f"their share of the read phase {result['ours_region_task_share_of_read']}",
-        "one run's wall time (mean s):",
+        *breakdown_lines(result),
     ]
-    for label, value in _breakdown_items(result["ours_run_breakdown_s"]):
-        lines.append(f"  {label:<34}{value:>8.2f} s")
     lines.append("Delta operations per run (inclusive wall s / calls; nested calls count in both):")
     for label, fig in _call_items(result["ours_calls"])[:14]:
         lines.append(f"  {label:<34}{fig['seconds']:>8.2f} s {fig['calls']:>7.1f} calls")
@@ -1040,37 +1163,9 @@ def write_chart(result: Mapping[str, Any], out_dir: str) -> str:
     """Write ``<out_dir>/ingest.html`` (inline SVG, no network); return its path."""
     from splitkeeper.report import charts
 
-    os.makedirs(out_dir, exist_ok=True)
-    categories = [f"rep {r['rep']}" for r in result["runs"]] + ["median"]
-    ours = [r["ours_records_per_s"] for r in result["runs"]] + [result["ours_records_per_s"]]
-    base = [r["baseline_records_per_s"] for r in result["runs"]] + [result["baseline_records_per_s"]]
-    load = result["load_avg"]
-    throughput = charts.bar_chart(
-        "ingest-throughput",
-        "Records per second, end to end (higher is better)",
-        f"splitkeeper {result['ours_records_per_s']:,.0f} records/s vs Structured Streaming "
-        f"{result['baseline_records_per_s']:,.0f} records/s over {result['records']:,} records; "
-        f"ratio {result['ratio']:.3f}; load average {load['ours']:.1f} and {load['baseline']:.1f} "
-        f"on {load['cpus']} cpus",
-        categories,
-        [
-            charts.Series("splitkeeper", tuple(ours), charts.BLUE),
-            charts.Series("Structured Streaming", tuple(base), charts.ORANGE),
-        ],
-        x_label="repetition",
-        y_label="records/s",
-    )
-    run_items = _breakdown_items(result["ours_run_breakdown_s"])
-    run_chart = charts.hbar_chart(
-        "ingest-run-breakdown",
-        "Where one splitkeeper run's time goes (s)",
-        "Mean seconds per run: pipeline setup, each epoch phase summed over the run, and the rest",
-        run_items,
-        x_label="seconds per run",
-        y_label="part",
-        color=charts.BLUE,
-    )
-    phase_items = _phase_items(result["ours_phases_avg_s"])
+    throughput = throughput_chart(result, "ingest-throughput", "Records per second, end to end")
+    run_chart = breakdown_chart(result, "ingest-run-breakdown")
+    phase_items = ordered_phases(result["ours_phases_avg_s"])
     phase_chart = charts.hbar_chart(
         "ingest-phases",
         "Mean seconds per epoch, by phase",
@@ -1090,34 +1185,88 @@ def write_chart(result: Mapping[str, Any], out_dir: str) -> str:
         y_label="operation",
         color=charts.VERMILLION,
     )
-    rows = "".join(
-        f"<tr><td>{r['rep']}</td><td>{' then '.join(r['order'])}</td><td>{r['ours_s']:.2f}</td>"
-        f"<td>{r['ours_load']:.1f}</td><td>{r['baseline_s']:.2f}</td><td>{r['baseline_load']:.1f}</td>"
-        f"<td>{r['exact']}</td></tr>"
-        for r in result["runs"]
-    )
     restore = escape(result["restore_verdict"] or "restore not measured")
-    html = f"""<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>splitkeeper bench ingest</title>
-<style>body{{font-family:system-ui,sans-serif;margin:24px;color:#1f2328}} table{{border-collapse:collapse}}
-td,th{{border:1px solid #d0d7de;padding:4px 8px;text-align:right}} svg{{margin:8px 16px 8px 0}}</style>
-</head><body>
-<h1>splitkeeper bench ingest --source files</h1>
+    body = f"""<h1>splitkeeper bench ingest --source files</h1>
 <p>{result["records"]:,} records ({result["files"]} files x {result["lines_per_file"]:,} lines,
 {result["input_bytes"] / 1e6:.1f} MB), epoch {result["epoch_records"]:,} records,
 maxFilesPerTrigger {result["max_files_per_trigger"]}, parallelism {result["parallelism"]}.
 Ratio ours / baseline: <b>{result["ratio"]:.3f}</b>. Exactly-once checks passed: {result["exact"]}.</p>
 <div>{throughput}{run_chart}</div>
 <div>{phase_chart}{call_chart}</div>
-<h2>Repetitions</h2>
-<table><tr><th>rep</th><th>order</th><th>ours s</th><th>load</th><th>baseline s</th><th>load</th>
-<th>exact</th></tr>{rows}</table>
+{repetitions_table(result)}
 <h2>State store</h2>
 <p>State commit per checkpoint (epoch 'state' phase): {result["state_commit_ms_avg"]:.0f} ms.
-Restore: {restore} ({_load_text(load["restore"])}).</p>
-</body></html>
+Restore: {restore} ({_load_text(result["load_avg"]["restore"])}).</p>
 """
-    path = os.path.join(out_dir, CHART_FILE)
+    return write_page(out_dir, CHART_FILE, "splitkeeper bench ingest", body)
+
+
+def throughput_chart(result: Mapping[str, Any], chart_id: str, title: str) -> str:
+    """Both sides' records/s per repetition and their medians, as an SVG bar chart."""
+    from splitkeeper.report import charts
+
+    categories = [f"rep {r['rep']}" for r in result["runs"]] + ["median"]
+    ours = [r["ours_records_per_s"] for r in result["runs"]] + [result["ours_records_per_s"]]
+    base = [r["baseline_records_per_s"] for r in result["runs"]] + [result["baseline_records_per_s"]]
+    load = result["load_avg"]
+    return charts.bar_chart(
+        chart_id,
+        f"{title} (higher is better)",
+        f"splitkeeper {result['ours_records_per_s']:,.0f} records/s vs Structured Streaming "
+        f"{result['baseline_records_per_s']:,.0f} records/s over {result['records']:,} records; "
+        f"ratio {result['ratio']:.3f}; load average {load['ours']:.1f} and {load['baseline']:.1f} "
+        f"on {load['cpus']} cpus",
+        categories,
+        [
+            charts.Series("splitkeeper", tuple(ours), charts.BLUE),
+            charts.Series("Structured Streaming", tuple(base), charts.ORANGE),
+        ],
+        x_label="repetition",
+        y_label="records/s",
+    )
+
+
+def breakdown_chart(result: Mapping[str, Any], chart_id: str) -> str:
+    """Where one of our runs' time goes (``ours_run_breakdown_s``), as horizontal SVG bars."""
+    from splitkeeper.report import charts
+
+    return charts.hbar_chart(
+        chart_id,
+        "Where one splitkeeper run's time goes (s)",
+        "Mean seconds per run: pipeline setup, each epoch phase summed over the run, and the rest",
+        _breakdown_items(result["ours_run_breakdown_s"]),
+        x_label="seconds per run",
+        y_label="part",
+        color=charts.BLUE,
+    )
+
+
+def repetitions_table(result: Mapping[str, Any]) -> str:
+    """An HTML heading and table: per repetition, the order, both sides' seconds and load, exactness."""
+    rows = "".join(
+        f"<tr><td>{r['rep']}</td><td>{' then '.join(r['order'])}</td><td>{r['ours_s']:.2f}</td>"
+        f"<td>{r['ours_load']:.1f}</td><td>{r['baseline_s']:.2f}</td><td>{r['baseline_load']:.1f}</td>"
+        f"<td>{r['exact']}</td></tr>"
+        for r in result["runs"]
+    )
+    return f"""<h2>Repetitions</h2>
+<table><tr><th>rep</th><th>order</th><th>ours s</th><th>load</th><th>baseline s</th><th>load</th>
+<th>exact</th></tr>{rows}</table>
+"""
+
+
+def write_page(out_dir: str, file_name: str, title: str, body: str) -> str:
+    """Write ``<out_dir>/<file_name>``: a standalone HTML page (inline styles, no network) with
+    ``body``, replaced atomically; return its path."""
+    html = f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>{escape(title)}</title>
+<style>body{{font-family:system-ui,sans-serif;margin:24px;color:#1f2328}} table{{border-collapse:collapse}}
+td,th{{border:1px solid #d0d7de;padding:4px 8px;text-align:right}} svg{{margin:8px 16px 8px 0}}</style>
+</head><body>
+{body}</body></html>
+"""
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, file_name)
     with open(path + ".tmp", "w", encoding="utf-8") as f:
         f.write(html)
     os.replace(path + ".tmp", path)
@@ -1145,7 +1294,9 @@ def module_for_source(options: Sequence[str]) -> str:
 
 def configure(parser: argparse.ArgumentParser) -> None:
     defaults = IngestSettings()
-    parser.add_argument("--source", default="files", help="files (kafka: not available yet)")
+    parser.add_argument(
+        "--source", default="files", help="files (default), or kafka: see --source kafka --help"
+    )
     parser.add_argument("--files", type=int, default=defaults.files, help="input files (default 8)")
     parser.add_argument("--lines", type=int, default=defaults.lines, help="lines per file (default 100,000)")
     parser.add_argument("--line-bytes", type=int, default=defaults.line_bytes, help="mean line length (100)")
@@ -1169,13 +1320,52 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="restore samples per checkpoint count, interleaved (default 3)",
     )
     parser.add_argument("--skip-restore", action="store_true", help="do not measure restore time")
+    add_output_arguments(parser, "input, sinks and state")
+
+
+def add_output_arguments(parser: argparse.ArgumentParser, work: str) -> None:
+    """The options both ingest benchmarks share: warm-up, content check, chart folder, work
+    folder (``work`` says what goes there), JSON output (see :func:`run_benchmark`)."""
     parser.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up")
     parser.add_argument("--no-content-check", action="store_true", help="skip comparing the sinks' values")
     parser.add_argument("--out", default=os.path.join("var", "bench"), help="chart directory (var/bench)")
-    parser.add_argument(
-        "--work-dir", default=None, help="input, sinks and state go here (default: a temporary directory)"
-    )
+    parser.add_argument("--work-dir", default=None, help=f"{work} go here (default: a temporary directory)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+
+
+def run_benchmark(
+    args: argparse.Namespace,
+    bench: Callable[[str], dict[str, Any]],
+    *,
+    prefix: str,
+    write_chart: Callable[[Mapping[str, Any], str], str],
+    render_table: Callable[[Mapping[str, Any]], str],
+    passed: str,
+    failure: str,
+    say: Callable[[str], None] = _progress,
+) -> int:
+    """Run ``bench(work_dir)`` in a fresh folder (under ``--work-dir``, else temporary; removed after),
+    write its chart to ``--out``, print the result (JSON with ``--json``, else the table) and return
+    the exit code: 0 when ``result[passed]`` is true, else 1 with ``failure`` on stderr."""
+    if args.work_dir:
+        os.makedirs(args.work_dir, exist_ok=True)
+        work = tempfile.mkdtemp(prefix=prefix, dir=args.work_dir)
+    else:
+        work = tempfile.mkdtemp(prefix=f"splitkeeper-{prefix}")
+    try:
+        result = bench(work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    result["chart"] = write_chart(result, args.out)
+    say(f"chart written to {result['chart']}")
+    if args.json:
+        print(json.dumps(result, sort_keys=True))
+    else:
+        print(render_table(result))
+    if not result[passed]:
+        print(failure, file=sys.stderr)
+        return 1
+    return 0
 
 
 def run(args: argparse.Namespace) -> int:
@@ -1200,25 +1390,13 @@ def run(args: argparse.Namespace) -> int:
         warmup=not args.no_warmup,
         content_check=not args.no_content_check,
     )
-    if args.work_dir:
-        os.makedirs(args.work_dir, exist_ok=True)
-        work = tempfile.mkdtemp(prefix="bench-ingest-", dir=args.work_dir)
-    else:
-        work = tempfile.mkdtemp(prefix="splitkeeper-bench-ingest-")
-    try:
-        result = bench_ingest(settings, work)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    result["chart"] = write_chart(result, args.out)
-    _progress(f"chart written to {result['chart']}")
-    if args.json:
-        print(json.dumps(result, sort_keys=True))
-    else:
-        print(render_table(result))
-    if not result["exact"]:
-        print(
-            "splitkeeper bench ingest: a sink does not hold exactly the input records (see the checks line)",
-            file=sys.stderr,
-        )
-        return 1
-    return 0
+    return run_benchmark(
+        args,
+        functools.partial(bench_ingest, settings),
+        prefix="bench-ingest-",
+        write_chart=write_chart,
+        render_table=render_table,
+        passed="exact",
+        failure="splitkeeper bench ingest: a sink does not hold exactly the input records "
+        "(see the checks line)",
+    )
