@@ -463,8 +463,7 @@ class DeltaStateStore(CheckpointStore):
             from delta.tables import DeltaTable
 
             DeltaTable.forPath(self.spark, path).delete(
-                f"epoch_id = {epoch_id} AND run_id = {_sql_literal(stored.run_id)} "
-                f"AND planned_at = to_timestamp({_sql_literal(planned_at.isoformat())})"
+                f"epoch_id = {epoch_id} AND run_id = {_sql_literal(stored.run_id)}"
             )
             raise self._plan_conflict(epoch_id, rivals[0])
         with self._lock:

@@ -399,6 +399,39 @@ def test_two_planners_of_the_same_epoch_at_once_one_wins(spark, store_root):
 
 
 @pytest.mark.spark
+def test_a_planner_that_checked_before_a_rival_planned_loses_and_removes_its_rows(spark, store_root):
+    rival = _open(spark, store_root, run_id="run-a")
+    late = _open(spark, store_root, run_id="run-b")
+    checked = late._latest_plan_claim()  # run-b checks: nothing planned yet
+    written = rival.write_plan(1, {0: [("s0", 0, 10)]})
+    late._latest_plan_claim = lambda: checked  # run-b appends after run-a's commit, on its old check
+    with pytest.raises(ConcurrentRunError, match=r"epoch 1 is already planned \(by run run-a\)"):
+        late.write_plan(1, {0: [("s0", 0, 99)]})
+    assert _open(spark, store_root).read_plan(1) == written  # run-b's rows are gone again
+    assert _open(spark, store_root).latest_plan_epoch() == 1
+
+
+@pytest.mark.spark
+def test_a_checkpoint_committer_that_checked_before_a_rival_committed_loses_and_removes_its_rows(
+    spark, store_root
+):
+    _open(spark, store_root).commit_checkpoint(_global(1))
+    rival = _open(spark, store_root, run_id="run-a")
+    late = _open(spark, store_root, run_id="run-b")
+    checked = late._metadata()  # run-b checks: checkpoint 1 is the latest
+    rival.commit_checkpoint(_global(2, position=100))
+    late._metadata = lambda: checked  # run-b appends its row after run-a's, on its old check
+    with pytest.raises(ConcurrentRunError, match="pipeline 'orders'"):
+        late.commit_checkpoint(_global(2, position=200), [AuditRecord("s1", 1, RecoveryDecision.ASSIGNED, 2)])
+    reader = _open(spark, store_root)
+    assert reader.checkpoint_ids() == [1, 2]
+    assert reader.load_checkpoint(2) == _global(2, position=100)
+    assert reader.audit_for(2) == []
+    rows = spark.read.format("delta").load(reader.table_path("checkpoints")).where("checkpoint_id = 2")
+    assert rows.count() == 1  # run-b's row was deleted again
+
+
+@pytest.mark.spark
 def test_checkpoint_round_trip_equals_the_original(spark, store_root):
     store = _open(spark, store_root)
     store.commit_checkpoint(_global(6))
