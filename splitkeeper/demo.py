@@ -15,6 +15,7 @@ The last line printed is ``report: <path>``.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import shutil
 import subprocess
@@ -138,6 +139,9 @@ def main(argv: list[str] | None = None) -> int:
     _run_dag("splitkeeper_recover", {"checkpoint_id": "latest", "mode": "global", "parallelism": 4})
     _run_dag("splitkeeper_ingest", {"epochs": 50})
     path = tasks.report(str(config), title="splitkeeper demo: ingest, region failure, recovery and rescale")
+    # py4j logs "Closing down clientserver connection" at interpreter exit (through Airflow's
+    # log handler, on stdout): keep it quiet so that the report line stays the last one.
+    logging.getLogger("py4j").setLevel(logging.WARNING)
     print(f"report: {path}", flush=True)
     return 0
 
