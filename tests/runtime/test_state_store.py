@@ -684,7 +684,6 @@ def test_history_does_not_grow_what_restore_reads_after_compaction(spark, scratc
         t: spark.sql(f"DESCRIBE DETAIL delta.`{store.table_path(t)}`").first()["numFiles"]
         for t in serde.STATE_TABLES
     }
-    print(files)
     assert max(files.values()) <= 6, files  # 12 checkpoints, compacted every 6 (3 kept; history compacted)
     latest = store.latest_checkpoint()
     assert latest is not None and latest.checkpoint_id == 12
