@@ -121,8 +121,15 @@ def _port_is_free(port: int) -> bool:
 
 
 def new_cluster_id() -> str:
-    """A fresh KRaft cluster id: a random UUID in URL-safe base64 without padding (22 chars)."""
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+    """A fresh KRaft cluster id: a random UUID in URL-safe base64 without padding (22 chars).
+
+    Like Kafka's own ``Uuid.randomUuid`` it never starts with ``-``: command-line
+    parsers take such a value for an option (1 id in 64 would otherwise do so).
+    """
+    while True:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        if not cluster_id.startswith("-"):
+            return cluster_id
 
 
 class KafkaBroker:
@@ -343,8 +350,8 @@ class KafkaBroker:
             classpath,
             _STORAGE_TOOL,
             "format",
-            "--cluster-id",
-            cluster_id,
+            # One token: an id kept from an older data dir may still start with "-".
+            f"--cluster-id={cluster_id}",
             "--config",
             str(config),
             "--ignore-formatted",
