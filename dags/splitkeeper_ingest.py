@@ -29,6 +29,12 @@ with DAG(
         "epochs": Param(
             3, type="integer", minimum=1, maximum=1000, description="epochs (checkpoints) per run"
         ),
+        "until_caught_up": Param(
+            True,
+            type="boolean",
+            description="Kafka: stop at the global checkpoint where every partition reached the end "
+            "offset it had when the run began (at most `epochs` epochs); file sources end by themselves",
+        ),
         "faults": Param(
             [],
             type="array",
@@ -50,7 +56,11 @@ with DAG(
     @task
     def run_epochs(assigned: dict, params: dict | None = None) -> dict:
         params = params or {}
-        return tasks.run_epochs(epochs=int(params.get("epochs", 3)), faults=tuple(params.get("faults", ())))
+        return tasks.run_epochs(
+            epochs=int(params.get("epochs", 3)),
+            faults=tuple(params.get("faults", ())),
+            until_caught_up=bool(params.get("until_caught_up", True)),
+        )
 
     @task
     def validate(ran: dict) -> dict:

@@ -903,8 +903,10 @@ class RegionalCheckpointCoordinator:
         self._parallelism = len(regions)
         if consecutive_regional is None:
             consecutive_regional = checkpoint.consecutive_regional
-        elif isinstance(consecutive_regional, bool) or not isinstance(consecutive_regional, int) or (
-            consecutive_regional < 0
+        elif (
+            isinstance(consecutive_regional, bool)
+            or not isinstance(consecutive_regional, int)
+            or (consecutive_regional < 0)
         ):
             raise InvalidParameterError("consecutive_regional", consecutive_regional, "an integer >= 0")
         self._consecutive = consecutive_regional

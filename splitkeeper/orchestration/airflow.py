@@ -42,6 +42,7 @@ def spark_submit_epoch_task(task_id: str, epochs: int) -> Any:
             os.environ.get("SPLITKEEPER_PIPELINE_CONFIG", ""),
             "--epochs",
             str(epochs),
+            "--until-caught-up",  # Kafka: read what is there, as the in-process task does by default
         ],
         jars=os.environ.get("SPLITKEEPER_SPARK_JARS"),
         py_files=os.environ.get("SPLITKEEPER_PY_FILES"),

@@ -120,9 +120,16 @@ def discover_and_assign(path: str | None = None) -> dict[str, Any]:
 
 
 def run_epochs(
-    path: str | None = None, epochs: int | None = None, faults: tuple[str, ...] = ()
+    path: str | None = None,
+    epochs: int | None = None,
+    faults: tuple[str, ...] = (),
+    until_caught_up: bool = True,
 ) -> dict[str, Any]:
-    """Run epochs (epoch size follows the backlog state); ``None`` runs a bounded source to its end."""
+    """Run epochs (epoch size follows the backlog state); ``None`` runs a bounded source to its end.
+
+    An unbounded source (Kafka) stops, with ``until_caught_up``, at the global checkpoint
+    where every split reached the end it had when the task began; ``epochs`` caps it.
+    """
     from splitkeeper.runtime.faults import FaultPlan
     from splitkeeper.runtime.pipeline import Pipeline
 
@@ -130,7 +137,7 @@ def run_epochs(
     pipeline = Pipeline(config, _spark(), faults=FaultPlan.parse(faults), progress=log.info)
     try:
         pipeline.open()
-        summary = pipeline.run(epochs)
+        summary = pipeline.run(epochs, until_caught_up=until_caught_up)
         return {
             "epochs": [
                 {
@@ -145,6 +152,7 @@ def run_epochs(
             "checkpoints": summary.counts(),
             "committed_records": summary.committed_records,
             "finished": summary.finished,
+            "caught_up": summary.caught_up,
         }
     finally:
         pipeline.close()

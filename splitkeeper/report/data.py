@@ -110,9 +110,7 @@ class ReportData:
                 "no rebalance recorded: the first and the latest checkpoint",
             )
         only = self.checkpoints[0] if self.checkpoints else None
-        return LoadComparison(
-            None, only, "only one checkpoint" if only else "no completed checkpoint yet"
-        )
+        return LoadComparison(None, only, "only one checkpoint" if only else "no completed checkpoint yet")
 
 
 def _read(state_store: DeltaStateStore, table: str):  # noqa: ANN202 - a pyspark DataFrame

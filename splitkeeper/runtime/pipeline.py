@@ -159,6 +159,7 @@ class RunSummary:
     epochs: tuple[EpochReport, ...]
     finished: bool  # a bounded source was read completely and ended on a global checkpoint
     committed_records: int
+    caught_up: bool = False  # until_caught_up: every split reached its end at the start, globally
 
     def counts(self) -> dict[str, int]:
         out = {k.value: 0 for k in CheckpointKind}
@@ -597,6 +598,7 @@ class Pipeline:
         staged = [staged_path for staged_path in (results[r].staged_path for r in acked) if staged_path]
         lap("decide")
         self._check_sink_fence(epoch)
+
         # The sink commits while the state store writes the checkpoint's state rows (nothing reads
         # them before the checkpoints row names them); that row waits for the sink commit.
         def commit_sink() -> SinkCommit:
@@ -690,32 +692,61 @@ class Pipeline:
             if m is not None and int(m[1]) <= latest_checkpoint_id:
                 shutil.rmtree(os.path.join(self.config.staging_path, name), ignore_errors=True)
 
-    def run(self, epochs: int | None = None) -> RunSummary:
+    def run(self, epochs: int | None = None, *, until_caught_up: bool = False) -> RunSummary:
         """Run at most ``epochs`` epochs, or (None) until a bounded source is read and checkpointed globally.
 
         A bounded run finishes with the global checkpoint of the epoch that read its last
         records; only when that checkpoint is regional (a failed region's splits are read
         again) or aborted does another epoch follow, and once nothing is left to read it is
         a final one, forced global (DESIGN 2.6).
+
+        ``until_caught_up`` does the same for an unbounded source (Kafka) against what was
+        there when the run began: the run ends on the global checkpoint at which every live
+        split has reached the end it had at the start (Spark's ``Trigger.AvailableNow``,
+        Flink's bounded ``KafkaSource`` with latest stopping offsets). Records that arrive
+        meanwhile may be read too; splits discovered during the run are not waited for.
         """
         if self.context is None:
             self.open()
+        targets = self._end_positions() if until_caught_up and not self.connector.bounded else None
         reports: list[EpochReport] = []
-        finished = final = False
-        while not finished and (epochs is None or len(reports) < epochs):
+        finished = caught_up = final = False
+        while not (finished or caught_up) and (epochs is None or len(reports) < epochs):
             report = self.run_epoch(final=final)
             reports.append(report)
             final = False
-            if (
-                self.connector.bounded
-                and report.kind is not CheckpointKind.ABORTED
-                and self._unfinished() == 0
-            ):
+            if report.kind is CheckpointKind.ABORTED:
+                continue
+            if self.connector.bounded and self._unfinished() == 0:
                 self.enumerator.add_splits(self.connector.discover_splits())  # type: ignore[union-attr]
                 if self._unfinished() == 0:
                     finished = report.kind is CheckpointKind.GLOBAL
                     final = not finished
-        return RunSummary(tuple(reports), finished, sum(r.committed_records for r in reports))
+            elif targets is not None and not self._behind(targets):
+                caught_up = report.kind is CheckpointKind.GLOBAL
+                final = not caught_up
+        return RunSummary(tuple(reports), finished, sum(r.committed_records for r in reports), caught_up)
+
+    def _end_positions(self) -> dict[str, int]:
+        """Every live split's available end now: what ``run(until_caught_up=True)`` reads up to."""
+        assert self.enumerator is not None, "open() first"
+        ends: dict[str, int] = {}
+        for split_id in self.enumerator.owners():
+            split = self.enumerator.split(split_id)
+            if split is not None:
+                ends[split_id] = self.connector.available_end(split)
+        return ends
+
+    def _behind(self, targets: Mapping[str, int]) -> list[str]:
+        """The split ids whose committed position is still short of ``targets`` (finished or
+        dropped splits are not behind)."""
+        assert self.enumerator is not None
+        behind = []
+        for split_id, end in targets.items():
+            split = self.enumerator.split(split_id)
+            if split is not None and not split.finished and split.position < end:
+                behind.append(split_id)
+        return behind
 
     def close(self) -> None:
         self.sink.close()
@@ -728,12 +759,14 @@ def run_pipeline(
     epochs: int | None = None,
     faults: Iterable[str] = (),
     progress: Callable[[str], None] | None = None,
+    *,
+    until_caught_up: bool = False,
 ) -> RunSummary:
     """Open (recover/restore), run and close: what ``splitkeeper run`` and the epoch job call."""
     pipeline = Pipeline(config, spark, faults=FaultPlan.parse(faults), progress=progress)
     try:
         pipeline.open()
-        return pipeline.run(epochs)
+        return pipeline.run(epochs, until_caught_up=until_caught_up)
     finally:
         pipeline.close()
 

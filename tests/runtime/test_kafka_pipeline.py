@@ -126,11 +126,27 @@ def test_two_topics_at_p4_with_a_failed_region_land_once_each_and_the_group_hold
     pipeline = Pipeline(config, spark, faults=FaultPlan.parse(["fail:1@2"]), progress=lines.append)
     try:
         opened = pipeline.open()
-        reports = run_until_caught_up(pipeline, ends)
+        produce_numbered(bootstrap, topics[0], {0: 50}, first=counts[(topics[0], 0)])  # after the start
+        summary = pipeline.run(20, until_caught_up=True)
     finally:
         pipeline.close()
     print("\n".join(lines))
+    reports = list(summary.epochs)
 
+    # The run ended by itself on the global checkpoint that caught up with what was there at its
+    # start (open): no idle epoch after it, and the 50 later messages were not waited for.
+    assert summary.caught_up and not summary.finished and len(reports) < 20
+    assert reports[-1].kind is CheckpointKind.GLOBAL and reports[-1].committed_records > 0
+    counts[(topics[0], 0)] += 50  # read or not, they are in the topic: read them now
+    ends[split_id_of(topics[0], 0)] += 50
+    if positions(pipeline.store.latest_checkpoint()) != ends:
+        again = Pipeline(config, spark)
+        try:
+            again.open()
+            more = again.run(5, until_caught_up=True)
+        finally:
+            again.close()
+        assert more.caught_up
     assert opened.restored_from is None and opened.parallelism == 4
     second = {r.epoch: r for r in reports}[2]
     assert second.kind is CheckpointKind.REGIONAL
