@@ -213,6 +213,7 @@ class Pipeline:
         self.coordinator: RegionalCheckpointCoordinator | None = None
         self.operator_state: dict[int, tuple[str, ...]] = {}
         self._audit_persisted = 0
+        self._settled = False  # see open()
         self._next_epoch = 1
         self._sink_version: int | None = None  # the sink's txnVersion this run expects (fencing)
         self._opened: OpenReport | None = None
@@ -296,6 +297,10 @@ class Pipeline:
             self.operator_state = {r.region_id: tuple(r.operator_state) for r in restored.regions}
             previous = checkpoint.parallelism
         self.context, self.enumerator, self.coordinator = context, enumerator, coordinator
+        # run(until_caught_up) may stop before any epoch: the latest checkpoint is global, at this P.
+        self._settled = (
+            checkpoint is not None and checkpoint.kind is CheckpointKind.GLOBAL and new_p == previous
+        )
         self._audit_persisted = first_audit if checkpoint is not None else 0
         disagreements = self._reconcile_external(checkpoint)
         decisions = tuple(enumerator.audit_since(first_audit))
@@ -389,6 +394,7 @@ class Pipeline:
     def run_epoch(self, *, final: bool = False) -> EpochReport:
         """Run one checkpoint attempt. ``final`` asks for the bounded job's last (global) checkpoint."""
         assert self.context and self.enumerator and self.coordinator, "open() first"
+        self._settled = False
         started = time.monotonic()
         epoch = self._next_epoch
         self._next_epoch += 1
@@ -710,7 +716,9 @@ class Pipeline:
             self.open()
         targets = self._end_positions() if until_caught_up and not self.connector.bounded else None
         reports: list[EpochReport] = []
-        finished = caught_up = final = False
+        finished = final = False
+        # Restored from a global checkpoint with nothing new to read: no idle epoch.
+        caught_up = targets is not None and self._settled and not self._behind(targets)
         while not (finished or caught_up) and (epochs is None or len(reports) < epochs):
             report = self.run_epoch(final=final)
             reports.append(report)

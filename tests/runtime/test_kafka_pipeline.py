@@ -147,6 +147,13 @@ def test_two_topics_at_p4_with_a_failed_region_land_once_each_and_the_group_hold
         finally:
             again.close()
         assert more.caught_up
+    idle = Pipeline(config, spark)  # nothing new since that global checkpoint: not even one epoch
+    try:
+        idle.open()
+        quiet = idle.run(5, until_caught_up=True)
+    finally:
+        idle.close()
+    assert quiet.caught_up and quiet.epochs == ()
     assert opened.restored_from is None and opened.parallelism == 4
     second = {r.epoch: r for r in reports}[2]
     assert second.kind is CheckpointKind.REGIONAL
