@@ -2,7 +2,8 @@
 # The main job on the embedded default: install everything (scripts/setup.sh), then run the demo:
 # Airflow (SQLite metadata DB) runs the ingest DAG over a few cycles on local Spark and local Delta,
 # a region failure is injected, the recovery DAG rescales, the restart checks run, and the reports
-# are written. The last line printed is `report: <path to the HTML report>`.
+# are written; then the same DAG ingests two Kafka topics from the project's own broker while
+# messages keep arriving. The last line printed is `report: <path of the index of both reports>`.
 #
 #   bash scripts/run.sh                 # fresh demo workspace under var/demo
 #   bash scripts/run.sh --workspace DIR # somewhere else

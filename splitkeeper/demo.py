@@ -7,9 +7,16 @@
 3. the ``splitkeeper_recover`` DAG is triggered by hand with a new parallelism
    (a rescale from a regional checkpoint), printing every recovery decision;
 4. a last ingest cycle reads the source to its end (a global checkpoint);
-5. the restart checks (Great Expectations) and the run report.
+5. the restart checks (Great Expectations) and the run report;
+6. the streaming side: the project's own Kafka broker (KRaft, on loopback), two topics
+   of 4 partitions with a backlog while more messages keep arriving; the same ingest
+   DAG runs a Kafka pipeline (P=4) until it has caught up with what was there when each
+   run began, a region fails in the second run, a last run catches up after the
+   producer stops; the sink is compared with every delivery report and the consumer
+   group's lag is shown (offsets committed only at checkpoints);
+7. an index page links both reports.
 
-The last line printed is ``report: <path>``.
+The last line printed is ``report: <path of the index page>``.
 """
 
 from __future__ import annotations
@@ -84,6 +91,43 @@ transform: splitkeeper.runtime.transforms:enrich_json
     return path
 
 
+STREAM_TOPICS = {"orders-stream": 4, "payments-stream": 4}
+STREAM_GROUP = "splitkeeper-demo-stream"
+
+
+def _stream_config(workspace: Path, bootstrap: str) -> Path:
+    path = workspace / "stream.yaml"
+    path.write_text(
+        f"""\
+# The demo's streaming side: two Kafka topics (8 partitions) read by 4 independent regions.
+name: demo-stream
+parallelism: 4
+regions: per_reader
+strategy: least-loaded
+source:
+  kind: kafka
+  bootstrap_servers: "{bootstrap}"
+  topics: [{", ".join(STREAM_TOPICS)}]
+  starting: earliest
+  group_id: {STREAM_GROUP}       # offsets committed to Kafka only when a checkpoint completes
+  on_offset_out_of_range: fail
+checkpoint:
+  max_consecutive_failures: 2
+  max_failure_ratio: 0.5
+  region_timeout_s: 60
+backlog:
+  backlog_epoch_records: 8000      # larger epochs while catching up with the backlog
+  normal_epoch_records: 4000
+state:
+  path: stream/state
+sink:
+  path: stream/sink
+""",
+        encoding="utf-8",
+    )
+    return path
+
+
 def _prepare_airflow(workspace: Path) -> None:
     home = workspace / "airflow"
     os.environ["AIRFLOW_HOME"] = str(home)
@@ -113,11 +157,123 @@ def _run_dag(name: str, conf: dict) -> None:
         raise SystemExit(f"{name} ended {run.state}; see the task logs above")
 
 
+def _stream(workspace: Path, messages: int) -> tuple[str, str]:
+    """The streaming side (step 6); returns the report's path and a one-line outcome."""
+    from splitkeeper.kafka_testbed import BrokerHandle, NumberedProducer, create_topics
+    from splitkeeper.orchestration import tasks
+
+    broker = BrokerHandle(workspace / "stream", None)
+    _say("starting the project's Kafka broker (KRaft, loopback)")
+    bootstrap = broker.start()
+    try:
+        create_topics(bootstrap, STREAM_TOPICS)
+        config = _stream_config(workspace, bootstrap)
+        os.environ["SPLITKEEPER_PIPELINE_CONFIG"] = str(config)
+        partitions = [(t, p) for t, n in STREAM_TOPICS.items() for p in range(n)]
+        producer = NumberedProducer(bootstrap, partitions, seed=11, weights=[4, 3, 2, 1, 3, 3, 2, 2])
+        backlog = messages * 3 // 5
+        producer.produce(backlog)
+        _say(f"Kafka {bootstrap}: {backlog:,} messages waiting in {len(partitions)} partitions")
+        _say(f"{messages - backlog:,} more arrive while the pipeline runs")
+        arriving = producer.in_background(messages - backlog, chunks=10, pause_s=3.0)
+        _run_dag("splitkeeper_ingest", {"epochs": 20})
+        next_epoch = tasks.next_epoch(str(config))
+        _say(f"injecting a failure of region 2 at epoch {next_epoch}")
+        _run_dag("splitkeeper_ingest", {"epochs": 20, "faults": [f"fail:2@{next_epoch}"]})
+        arriving.join()
+        if getattr(arriving, "errors", None):
+            raise SystemExit(f"the demo producer failed: {arriving.errors[0]}")  # type: ignore[attr-defined]
+        _say("the producer stopped: a last run catches up")
+        _run_dag("splitkeeper_ingest", {"epochs": 20})
+        line = _check_stream(workspace / "stream" / "sink", producer.delivered, bootstrap)
+        _say(line)
+        report = tasks.report(str(config), title="splitkeeper demo: Kafka with regional checkpoints")
+        _say(f"stream report: {report}")
+        return report, line
+    finally:
+        broker.stop()
+
+
+def _check_stream(sink: Path, delivered: dict[tuple[str, int, int], str], bootstrap: str) -> str:
+    """The sink against every delivery report, and the consumer group's lag per partition."""
+    from collections import Counter
+
+    from splitkeeper.kafka_testbed import end_offsets
+    from splitkeeper.runtime.sources.kafka import KafkaSource, split_id_of
+    from splitkeeper.runtime.spark import SparkSettings, get_spark
+
+    spark = get_spark(SparkSettings.from_env(ui_enabled=False))
+    rows = spark.read.format("delta").load(str(sink)).select("split_id", "offset", "value").collect()
+    keys = Counter((r["split_id"], int(r["offset"])) for r in rows)
+    expected = {(split_id_of(t, p), o): v for (t, p, o), v in delivered.items()}
+    got = {(r["split_id"], int(r["offset"])): r["value"] for r in rows}
+    lost = sum(1 for k in expected if k not in got)
+    duplicated = sum(n - 1 for n in keys.values() if n > 1)
+    wrong = sum(1 for k, v in got.items() if expected.get(k) != v)
+    ends = end_offsets(delivered)
+    source = KafkaSource(bootstrap, topics=list(STREAM_TOPICS), group_id=STREAM_GROUP)
+    try:
+        committed = source.committed_positions()
+    finally:
+        source.close()
+    for sid in sorted(ends):
+        at = committed.get(sid)
+        offset = "-" if at is None else at.position
+        tag = "-" if at is None else at.checkpoint_id
+        lag = ends[sid] - (0 if at is None else at.position)
+        _say(
+            f"  group {STREAM_GROUP} {sid:<18} committed {offset:>6} end {ends[sid]:>6} lag {lag} ckpt {tag}"
+        )
+    lag_total = sum(ends[s] - (committed[s].position if s in committed else 0) for s in ends)
+    if lost or duplicated or wrong or lag_total:
+        raise SystemExit(
+            f"streaming side check failed: {lost} lost, {duplicated} duplicated, {wrong} unexpected "
+            f"values, consumer group lag {lag_total}"
+        )
+    return (
+        f"stream: {len(expected):,} messages produced, {len(got):,} in the Delta sink, 0 lost, "
+        f"0 duplicated; consumer group lag 0 on {len(ends)} partitions"
+    )
+
+
+def _index(folder: Path, files_report: str, stream_report: str, stream_line: str) -> Path:
+    """A small page that links the two reports."""
+    import html
+
+    def link(path: str) -> str:
+        return html.escape(os.path.relpath(path, folder))
+
+    folder.mkdir(parents=True, exist_ok=True)
+    target = folder / "index.html"
+    target.write_text(
+        f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>splitkeeper demo</title>
+<style>body{{font-family:system-ui,sans-serif;max-width:52rem;margin:2rem auto;line-height:1.5}}</style>
+</head><body>
+<h1>splitkeeper demo</h1>
+<ul>
+<li><a href="{link(files_report)}">Files: ingest, region failure, recovery and rescale</a>:
+the <code>splitkeeper_ingest</code> and <code>splitkeeper_recover</code> DAGs on local files.</li>
+<li><a href="{link(stream_report)}">Kafka: regional checkpoints on two topics</a>:
+{html.escape(stream_line)}.</li>
+</ul>
+</body></html>
+""",
+        encoding="utf-8",
+    )
+    return target
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="splitkeeper-demo", description=__doc__.splitlines()[0])
     parser.add_argument("--workspace", default=str(REPO / "var" / "demo"), help="demo workspace (recreated)")
     parser.add_argument("--lines", type=int, default=3000, help="lines per input file")
+    parser.add_argument(
+        "--messages", type=int, default=20000, help="Kafka messages of the streaming side (>= 100)"
+    )
     args = parser.parse_args(argv)
+    if args.messages < 100:
+        parser.error(f"--messages {args.messages}: at least 100 (the streaming side needs data to read)")
 
     workspace = Path(args.workspace).resolve()
     shutil.rmtree(workspace, ignore_errors=True)
@@ -138,7 +294,12 @@ def main(argv: list[str] | None = None) -> int:
     _run_dag("splitkeeper_ingest", {"epochs": 2, "faults": [f"fail:1@{next_epoch}"]})
     _run_dag("splitkeeper_recover", {"checkpoint_id": "latest", "mode": "global", "parallelism": 4})
     _run_dag("splitkeeper_ingest", {"epochs": 50})
-    path = tasks.report(str(config), title="splitkeeper demo: ingest, region failure, recovery and rescale")
+    files_report = tasks.report(
+        str(config), title="splitkeeper demo: ingest, region failure, recovery and rescale"
+    )
+    _say(f"files report: {files_report}")
+    stream_report, stream_line = _stream(workspace, args.messages)
+    path = _index(workspace / "reports", files_report, stream_report, stream_line)
     # py4j logs "Closing down clientserver connection" at interpreter exit (through Airflow's
     # log handler, on stdout): keep it quiet so that the report line stays the last one.
     logging.getLogger("py4j").setLevel(logging.WARNING)
