@@ -19,7 +19,12 @@ app id conflict in Delta's optimistic concurrency, and the commit this call made
 found by the id it carries in its ``userMetadata``, so a write Delta skipped is never
 taken for one that landed.
 
-Internal Delta JVM API (``DeltaLog``, ``Snapshot``, ``VersionChecksum``), stable across
+:func:`commit_files_once` is the same idempotent append for parquet files that are
+already written in the table's folder (the sink's staged files): one optimistic
+transaction adds them with the ``txn`` action, so the data is not read and written again.
+
+Internal Delta JVM API (``DeltaLog``, ``Snapshot``, ``VersionChecksum``,
+``OptimisticTransaction``, ``Action.fromJson``, ``DeltaOperations.Write``), stable across
 Delta 3 and 4: this module is the one place splitkeeper touches it.
 """
 
@@ -28,8 +33,9 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -44,6 +50,9 @@ __all__ = [
     "LoggedAppend",
     "append_logged",
     "append_once",
+    "commit_files_once",
+    "DataFile",
+    "DeltaApiUnavailable",
     "delta_file_count",
     "delta_snapshot",
     "delta_table_version",
@@ -355,3 +364,83 @@ def append_once(
         .save(path)
     )
     return _find_own(spark, path, int(before.version()), commit_id)[0]
+
+
+@dataclass(frozen=True, slots=True)
+class DataFile:
+    """A parquet file in a Delta table's folder, not yet in its log."""
+
+    path: str  # relative to the table root, without characters that need URI escaping
+    size: int
+    modification_time_ms: int
+    records: int
+
+
+class DeltaApiUnavailable(RuntimeError):
+    """This Delta build lacks the transaction API :func:`commit_files_once` uses (nothing was written)."""
+
+
+def _write_operation(jvm: Any, user_metadata: str) -> Any:
+    """``DeltaOperations.Write(Append, userMetadata=...)`` through py4j (the constructor of Delta 4.x)."""
+    option = jvm.scala.Option
+    none = option.empty()
+    write = getattr(jvm.org.apache.spark.sql.delta, "DeltaOperations$Write")
+    return write(
+        jvm.org.apache.spark.sql.SaveMode.Append, none, none, option.apply(user_metadata), *([none] * 5)
+    )
+
+
+def commit_files_once(
+    spark: SparkSession,
+    path: str,
+    app_id: str,
+    version: int,
+    files: Sequence[DataFile],
+    user_metadata: Mapping[str, Any] | None = None,
+) -> DeltaCommit | None:
+    """Add ``files`` (already in the table's folder) to the Delta table at ``path`` in one commit
+    that records ``txnAppId=app_id``, ``txnVersion=version``: :func:`append_once` without
+    rewriting the data.
+
+    Returns the commit, or None when ``app_id`` had already recorded ``version`` or a
+    higher one (nothing written). The transaction reads the app id's version, so a
+    concurrent commit of the same app id makes Delta raise its
+    ``ConcurrentTransactionException`` here (see :func:`is_concurrent_modification`).
+    The files must hold exactly the table's columns (Delta does not look inside them);
+    each gets ``numRecords`` statistics. Raises :class:`DeltaApiUnavailable` before
+    anything is written when the JVM API differs from what this module knows.
+    """
+    from py4j.protocol import Py4JError
+
+    jvm = _jvm(spark)
+    commit_id, metadata = _tag(user_metadata)
+    try:
+        delta_log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, path)
+        action = jvm.org.apache.spark.sql.delta.actions.Action
+        operation = _write_operation(jvm, metadata)
+        to_seq = jvm.org.apache.spark.api.python.PythonUtils.toSeq
+    except (Py4JError, AttributeError, TypeError) as err:
+        raise DeltaApiUnavailable(f"Delta's transaction API is not usable here: {err}") from err
+    txn = delta_log.startTransaction()
+    if int(txn.txnVersion(app_id)) >= version:
+        return None
+    actions = jvm.java.util.ArrayList()
+    for data in files:
+        add = {
+            "path": data.path,
+            "partitionValues": {},
+            "size": int(data.size),
+            "modificationTime": int(data.modification_time_ms),
+            "dataChange": True,
+            "stats": json.dumps({"numRecords": int(data.records)}),
+        }
+        actions.add(action.fromJson(json.dumps({"add": add})))
+    now_ms = int(time.time() * 1000)
+    actions.add(
+        action.fromJson(
+            json.dumps({"txn": {"appId": app_id, "version": int(version), "lastUpdated": now_ms}})
+        )
+    )
+    committed = int(txn.commit(to_seq(actions), operation))
+    metrics = {"numFiles": str(len(files)), "numOutputRows": str(sum(int(f.records) for f in files))}
+    return DeltaCommit(committed, "WRITE", {app_id: int(version)}, metadata, metrics)

@@ -13,6 +13,14 @@ the committed epoch contained (:meth:`DeltaSink.committed_metadata`).
 Only acknowledged regions' staged files are committed: a staged file whose path says it
 belongs to another region or epoch is refused.
 
+When the sink is on a local filesystem, the staged files (which hold every column of the
+table) are moved into the table's folder and added to the log as they are
+(:func:`~splitkeeper.runtime.delta_log.commit_files_once`, the same ``txn`` action), so the
+records are written once, by the region tasks. Elsewhere (object stores), or with
+``SPLITKEEPER_SINK_ADOPT=0``, the commit reads the staged files and appends them with
+Spark. A file moved in by a commit that then failed is never in the log; Delta's VACUUM
+removes it.
+
 The staged parquet files (one per region task, written by the task with pyarrow) have
 the columns of ``state/sink_records.ddl`` except ``ingested_at``, which the sink adds:
 ``split_id string, offset long, next_offset long, value string, epoch long, region int``
@@ -21,6 +29,7 @@ the columns of ``state/sink_records.ddl`` except ``ingested_at``, which the sink
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import threading
@@ -33,8 +42,11 @@ from splitkeeper.errors import ConcurrentRunError, InvalidParameterError, StateE
 from splitkeeper.runtime import serde
 from splitkeeper.runtime.delta_log import (
     COMMIT_ID_KEY,
+    DataFile,
+    DeltaApiUnavailable,
     DeltaCommit,
     append_once,
+    commit_files_once,
     delta_snapshot,
     is_concurrent_modification,
     txn_version,
@@ -60,9 +72,35 @@ STAGED_COLUMNS: tuple[str, ...] = ("split_id", "offset", "next_offset", "value",
 # How many recent commits committed_metadata() searches before reading the whole history.
 _RECENT_HISTORY = 64
 
-_RESERVED_METADATA = frozenset({"app_id", "epoch", "regions", COMMIT_ID_KEY})
+log = logging.getLogger(__name__)
+
+_RESERVED_METADATA = frozenset({"app_id", "epoch", "regions", "records", COMMIT_ID_KEY})
 
 _SEGMENT = re.compile(r"(?:^|/)(epoch|region)=(\d+)(?=/|$)")
+_ATTEMPT = re.compile(r"(?:^|/)attempt=([A-Za-z0-9_-]+)(?=/|$)")
+
+#: Set to ``0`` to make the sink rewrite staged files with Spark even on a local filesystem.
+ADOPT_ENV = "SPLITKEEPER_SINK_ADOPT"
+
+
+def _local_dir(path: str) -> str | None:
+    """``path`` as a local directory when it is one (no scheme, or ``file:``), else None."""
+    if path.startswith("file://"):
+        return path[len("file://") :]
+    if path.startswith("file:"):
+        return path[len("file:") :]
+    return None if "://" in path else path
+
+
+def adopted_name(staged_path: str) -> str:
+    """The table-relative name a staged file gets in the sink: one per epoch, region and attempt."""
+    text = staged_path.replace(os.sep, "/")
+    segments = dict(_SEGMENT.findall(text))
+    attempt = _ATTEMPT.search(text)
+    return (
+        f"sk-e{int(segments['epoch']):010d}-r{int(segments['region']):05d}-"
+        f"{attempt.group(1) if attempt else 'once'}.parquet"
+    )
 
 
 def _sink_schema() -> StructType:
@@ -284,22 +322,11 @@ class DeltaSink:
         if done is not None and done >= epoch_id:
             return self._already_committed(epoch_id)
 
-        from pyspark.sql import functions as F
-
-        staged = staged_spark_schema()
-        if paths:
-            frame = self.spark.read.schema(staged).parquet(*paths)
-        else:
-            frame = self.spark.createDataFrame([], staged)
-        frame = frame.withColumn("ingested_at", F.current_timestamp()).select(*_sink_schema().fieldNames())
+        metadata = {**extra, "app_id": self.app_id, "epoch": epoch_id, "regions": list(acked)}
         try:
-            commit = append_once(
-                frame,
-                self.path,
-                self.app_id,
-                epoch_id,
-                {**extra, "app_id": self.app_id, "epoch": epoch_id, "regions": list(acked)},
-            )
+            adopted, commit = self._adopt(epoch_id, paths, metadata)
+            if not adopted:
+                commit = append_once(self._staged_frame(paths), self.path, self.app_id, epoch_id, metadata)
         except Exception as err:
             if is_concurrent_modification(err):
                 raise ConcurrentRunError(
@@ -314,14 +341,87 @@ class DeltaSink:
             return self._already_committed(epoch_id)
         return self._sink_commit(epoch_id, commit)
 
+    def _staged_frame(self, paths: Sequence[str]) -> DataFrame:
+        """The staged files' records with ``ingested_at`` = now, in the table's column order."""
+        from pyspark.sql import functions as F
+
+        staged = staged_spark_schema()
+        if paths:
+            frame = self.spark.read.schema(staged).parquet(*paths)
+        else:
+            frame = self.spark.createDataFrame([], staged)
+        return frame.withColumn("ingested_at", F.current_timestamp()).select(*_sink_schema().fieldNames())
+
+    def _adopt(
+        self, epoch_id: int, paths: Sequence[str], metadata: dict[str, Any]
+    ) -> tuple[bool, DeltaCommit | None]:
+        """Move the staged files into the table's folder and add them to the log in one commit.
+
+        Returns (True, the commit), (True, None) when the app id had already recorded this
+        epoch, or (False, None) when this sink cannot adopt files (not on a local filesystem,
+        staging on another device, turned off, or a Delta build without the API): then
+        nothing was moved or written. A staged file already
+        moved by an earlier attempt of this commit (a crash between move and commit) is
+        found under its table name. Staged files must be on the sink's filesystem.
+        """
+        root = _local_dir(self.path)
+        if root is None or os.environ.get(ADOPT_ENV, "1") == "0":
+            return False, None
+        if any(_local_dir(p) is None for p in paths):
+            return False, None
+        device = os.stat(root).st_dev
+        if any(os.path.exists(p) and os.stat(p).st_dev != device for p in paths):
+            return False, None  # a move would be a copy: let Spark do it
+        import pyarrow.parquet as pq
+
+        from splitkeeper.runtime.staging import STAGED_FILE_SCHEMA
+
+        wanted = [(f.name, f.type) for f in STAGED_FILE_SCHEMA]
+        found: list[tuple[str, str, str, int]] = []  # staged path, table name, current path, rows
+        for staged in paths:
+            name = adopted_name(staged)
+            current = staged if os.path.exists(staged) else os.path.join(root, name)
+            if not os.path.exists(current):
+                raise StateError(
+                    f"sink {self.path}: staged file {staged} of epoch {epoch_id} is gone (and was not moved "
+                    f"into the table as {name}); recover the pipeline to read the epoch again",
+                    path=staged,
+                )
+            meta = pq.read_metadata(current)
+            if [(f.name, f.type) for f in meta.schema.to_arrow_schema()] != wanted:
+                log.info("sink %s: %s lacks the table's columns; appending with Spark", self.path, staged)
+                return False, None
+            found.append((staged, name, current, meta.num_rows))
+        files: list[DataFile] = []
+        for _staged, name, current, rows in found:
+            target = os.path.join(root, name)
+            if current != target:
+                os.replace(current, target)
+            info = os.stat(target)
+            files.append(DataFile(name, info.st_size, int(info.st_mtime * 1000), rows))
+        records = sum(f.records for f in files)
+        try:
+            return True, commit_files_once(
+                self.spark, self.path, self.app_id, epoch_id, files, {**metadata, "records": records}
+            )
+        except DeltaApiUnavailable as err:
+            log.warning("sink %s: %s; appending the staged files with Spark instead", self.path, err)
+            for staged, data in zip(paths, files, strict=True):
+                os.makedirs(os.path.dirname(staged), exist_ok=True)
+                os.replace(os.path.join(root, data.path), staged)
+            return False, None
+
     def _sink_commit(self, epoch_id: int, commit: DeltaCommit) -> SinkCommit:
         meta = commit.metadata
+        records = commit.output_rows
+        if records is None and isinstance(meta.get("records"), int):
+            records = int(meta["records"])
         return SinkCommit(
             app_id=self.app_id,
             epoch_id=int(epoch_id),
             regions=tuple(int(r) for r in meta.get("regions", ())),
             table_version=commit.version,
-            records=commit.output_rows,
+            records=records,
             commit_id=commit.commit_id,
             metadata=meta,
         )

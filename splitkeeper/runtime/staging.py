@@ -11,7 +11,9 @@ Staging layout: ``<staging>/epoch=<N>/region=<r>/attempt=<id>/part.parquet``.
 A file is written under a temporary name in its attempt directory and renamed
 when complete, so a visible ``part.parquet`` is always whole. The driver only
 reads the path a finished task returned; other attempts' files are garbage for
-the staging cleanup.
+the staging cleanup. A staged file has every column of the sink table (the
+task stamps ``ingested_at``), so the sink can adopt it as a Delta data file
+as it is, without rewriting it (:meth:`~splitkeeper.runtime.sink.DeltaSink.commit`).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from splitkeeper.errors import InvalidParameterError, ProtocolError, SourceError
 from splitkeeper.runtime.sources.base import RegionReader, SourceRecord
 from splitkeeper.runtime.transforms import Transform, apply_transform, identity
 
-#: Columns of a staged file; the sink adds ``ingested_at`` at commit.
+#: The record columns of a staged file (what :func:`read_staged` returns).
 STAGED_SCHEMA = pa.schema(
     [
         pa.field("split_id", pa.string(), nullable=False),
@@ -42,6 +44,11 @@ STAGED_SCHEMA = pa.schema(
         pa.field("epoch", pa.int64(), nullable=False),
         pa.field("region", pa.int32(), nullable=False),
     ]
+)
+#: What a staged file holds: the record columns and ``ingested_at`` (when the task wrote it),
+#: the columns of ``state/sink_records.ddl`` in its order.
+STAGED_FILE_SCHEMA = STAGED_SCHEMA.append(
+    pa.field("ingested_at", pa.timestamp("us", tz="UTC"), nullable=False)
 )
 
 PART_FILE = "part.parquet"
@@ -144,8 +151,9 @@ class StagedWriter:
         self._tmp = f"{path}.tmp-{uuid.uuid4().hex}"
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
         self._writer: pq.ParquetWriter | None = pq.ParquetWriter(
-            self._tmp, STAGED_SCHEMA, use_dictionary=["split_id", "epoch", "region"]
+            self._tmp, STAGED_FILE_SCHEMA, use_dictionary=["split_id", "epoch", "region"]
         )
+        self._ingested_at = pa.scalar(time.time_ns() // 1000, pa.timestamp("us", tz="UTC"))
         self._split_ids: list[str] = []
         self._offsets: list[int] = []
         self._next_offsets: list[int] = []
@@ -187,8 +195,9 @@ class StagedWriter:
                 pa.array(self._values, pa.string()),
                 pa.repeat(pa.scalar(self.epoch, pa.int64()), n),
                 pa.repeat(pa.scalar(self.region, pa.int32()), n),
+                pa.repeat(self._ingested_at, n),
             ],
-            schema=STAGED_SCHEMA,
+            schema=STAGED_FILE_SCHEMA,
         )
         self._writer.write_batch(batch)
         self._split_ids.clear()
@@ -245,8 +254,8 @@ def write_staged(
 
 
 def read_staged(path: str) -> pa.Table:
-    """Read a staged file (for tests, validation and the local sink path)."""
-    return pq.read_table(path, schema=STAGED_SCHEMA)
+    """The records of a staged file (its :data:`STAGED_SCHEMA` columns; for tests and validation)."""
+    return pq.read_table(path, columns=STAGED_SCHEMA.names).cast(STAGED_SCHEMA)
 
 
 def run_region_task(

@@ -11,13 +11,24 @@ import pytest
 
 from splitkeeper.core.invariants import ViolationKind
 from splitkeeper.errors import InvalidParameterError
-from splitkeeper.runtime.sink import STAGED_COLUMNS, DeltaSink, SinkCommit, staged_arrow_schema
+from splitkeeper.runtime.sink import ADOPT_ENV, STAGED_COLUMNS, DeltaSink, SinkCommit, staged_arrow_schema
+from splitkeeper.runtime.staging import StagedWriter
 
 pytestmark = pytest.mark.spark
 
 
 def _stage(root: str, epoch: int, region: int, records: list[tuple[str, int, int]]) -> str:
     """Write a staged file the way a region task does: .../epoch=N/region=R/attempt=<id>/part.parquet."""
+    folder = os.path.join(root, f"epoch={epoch}", f"region={region}", f"attempt={uuid.uuid4().hex}")
+    path = os.path.join(folder, "part.parquet")
+    with StagedWriter(path, epoch, region) as writer:
+        for split_id, offset, next_offset in records:
+            writer.add(split_id, [(offset, next_offset, f"{split_id}@{offset}")])
+        return writer.commit().path
+
+
+def _stage_records_only(root: str, epoch: int, region: int, records: list[tuple[str, int, int]]) -> str:
+    """A staged file without ``ingested_at`` (an older writer's): the sink must not adopt it as is."""
     folder = os.path.join(root, f"epoch={epoch}", f"region={region}", f"attempt={uuid.uuid4().hex}")
     os.makedirs(folder)
     columns = {
@@ -158,9 +169,7 @@ def test_exactly_once_reports_duplicates_gaps_and_unexpected_offsets(spark, sink
     sink.commit(1, [_stage(staging, 1, 0, _kafka_like("a", 0, 5) + _kafka_like("b", 0, 2))], [0])
     # a writer that bypassed the idempotent commit appended offset 3 again and skipped 5..6
     rogue = _stage(staging, 9, 0, [("a", 3, 4), ("a", 7, 8)])
-    spark.read.parquet(rogue).selectExpr("*", "current_timestamp() AS ingested_at").write.format(
-        "delta"
-    ).mode("append").save(sink.path)
+    spark.read.parquet(rogue).write.format("delta").mode("append").save(sink.path)
     violations = sink.check_exactly_once({"a": (0, 8), "b": (0, 3)})
     kinds = {(v.kind, v.split_ids) for v in violations}
     assert (ViolationKind.OFFSET_DUPLICATE, ("a",)) in kinds
@@ -208,3 +217,57 @@ def test_two_runs_committing_the_same_epoch_at_once_write_it_once(spark, sink, s
     assert len(written) == 1, outcomes
     assert len(_rows(sink)) == 6
     assert sink.committed_version() == 1
+
+
+def _data_files(spark, sink: DeltaSink) -> list[str]:
+    return sorted(os.path.basename(p) for p in spark.read.format("delta").load(sink.path).inputFiles())
+
+
+def test_a_local_sink_adopts_staged_files_without_rewriting_them(spark, sink, staging):
+    paths = [_stage(staging, 3, 0, _kafka_like("t-0", 0, 4)), _stage(staging, 3, 2, _kafka_like("t-2", 7, 9))]
+    content = [pq.read_table(p) for p in paths]
+    commit = sink.commit(3, paths, [0, 2])
+    assert (commit.records, commit.regions) == (6, (0, 2))
+    assert not any(os.path.exists(p) for p in paths)  # moved, not copied
+    files = _data_files(spark, sink)
+    assert len(files) == 2 and all(f.startswith("sk-e0000000003-r0000") or "-r00002-" in f for f in files)
+    for table in content:  # byte for byte the task's file: every column, ingested_at included
+        name = [f for f in files if f"-r{table.column('region')[0].as_py():05d}-" in f][0]
+        assert pq.read_table(os.path.join(sink.path, name)).equals(table)
+    assert sink.records().where("ingested_at IS NULL").count() == 0
+    assert sink.committed_metadata(3).records == 6
+    again = sink.commit(3, paths, [0, 2])  # a replay: the files are gone from staging, nothing is written
+    assert again.skipped and _rows(sink) == sorted(
+        [("t-0", o, 3, 0) for o in range(4)] + [("t-2", o, 3, 2) for o in (7, 8)]
+    )
+
+
+def test_a_commit_after_a_crash_between_moving_and_committing_finds_the_moved_files(sink, staging):
+    from splitkeeper.runtime.sink import adopted_name
+
+    paths = [_stage(staging, 1, 0, _kafka_like("t-0", 0, 3)), _stage(staging, 1, 1, _kafka_like("t-1", 0, 2))]
+    os.replace(paths[0], os.path.join(sink.path, adopted_name(paths[0])))  # moved, then the driver died
+    commit = sink.commit(1, paths, [0, 1])
+    assert commit.records == 5 and not commit.skipped
+    assert _rows(sink) == [
+        ("t-0", 0, 1, 0),
+        ("t-0", 1, 1, 0),
+        ("t-0", 2, 1, 0),
+        ("t-1", 0, 1, 1),
+        ("t-1", 1, 1, 1),
+    ]
+
+
+def test_staged_files_without_ingested_at_or_with_adoption_off_are_rewritten_by_spark(
+    spark, sink, staging, monkeypatch
+):
+    old = _stage_records_only(staging, 1, 0, _kafka_like("t-0", 0, 3))
+    assert sink.commit(1, [old], [0]).records == 3
+    assert os.path.exists(old)  # read, not moved
+    monkeypatch.setenv(ADOPT_ENV, "0")
+    new = _stage(staging, 2, 0, _kafka_like("t-0", 3, 5))
+    assert sink.commit(2, [new], [0]).records == 2
+    assert os.path.exists(new)
+    assert not any(f.startswith("sk-") for f in _data_files(spark, sink))
+    assert sink.records().where("ingested_at IS NULL").count() == 0
+    assert [r[1] for r in _rows(sink)] == [0, 1, 2, 3, 4]
