@@ -38,8 +38,9 @@ with DAG(
         "faults": Param(
             [],
             type="array",
-            items={"type": "string", "pattern": r"^(fail|stall(:[0-9.]+)?):[0-9]+@[0-9]+$"},
-            description="faults to inject (demos): fail:REGION@EPOCH or stall[:SECONDS]:REGION@EPOCH",
+            items={"type": "string", "pattern": r"^(fail|flaky|stall(:[0-9.]+)?):[0-9]+@[0-9]+$"},
+            description="faults to inject (demos): fail:REGION@EPOCH, flaky:REGION@EPOCH or "
+            "stall[:SECONDS]:REGION@EPOCH",
         ),
     },
     tags=["splitkeeper"],

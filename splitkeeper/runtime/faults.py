@@ -32,7 +32,7 @@ class CrashPoint(enum.Enum):
     AFTER_CHECKPOINT_ROW = "after_checkpoint_row"
 
 
-_FAULT = re.compile(r"^(?P<kind>fail|stall)(?::(?P<seconds>[0-9.]+))?:(?P<region>\d+)@(?P<epoch>\d+)$")
+_FAULT = re.compile(r"^(?P<kind>fail|flaky|stall)(?::(?P<seconds>[0-9.]+))?:(?P<region>\d+)@(?P<epoch>\d+)$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,7 +43,8 @@ class FaultPlan:
 
     @classmethod
     def parse(cls, specs: Iterable[str]) -> FaultPlan:
-        """Parse ``fail:R@E`` and ``stall[:SECONDS]:R@E`` (default stall: one hour, i.e. past any timeout)."""
+        """Parse ``fail:R@E``, ``flaky:R@E`` (fails in the task's first attempt only, so a Spark task
+        retry succeeds) and ``stall[:SECONDS]:R@E`` (default stall: one hour, past any timeout)."""
         faults: dict[tuple[int, int], RegionFault] = {}
         for spec in specs:
             m = _FAULT.match(spec.strip())
@@ -51,9 +52,10 @@ class FaultPlan:
                 raise InvalidParameterError(
                     "fault",
                     spec,
-                    "'fail:REGION@EPOCH' or 'stall[:SECONDS]:REGION@EPOCH', e.g. fail:1@3 or stall:2@4",
+                    "'fail:REGION@EPOCH', 'flaky:REGION@EPOCH' or 'stall[:SECONDS]:REGION@EPOCH', "
+                    "e.g. fail:1@3 or stall:2@4",
                 )
-            text = m["kind"] if m["kind"] == "fail" else f"stall:{m['seconds'] or 3600}"
+            text = f"stall:{m['seconds'] or 3600}" if m["kind"] == "stall" else m["kind"]
             faults[(int(m["epoch"]), int(m["region"]))] = RegionFault.parse(text)
         return cls(faults)
 

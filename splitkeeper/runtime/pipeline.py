@@ -74,7 +74,7 @@ from splitkeeper.runtime.sources.base import (
     SupportsInitialDiscovery,
     SupportsRetentionCheck,
 )
-from splitkeeper.runtime.staging import RegionResult, run_region_task
+from splitkeeper.runtime.staging import FaultKind, RegionResult, run_region_task
 from splitkeeper.runtime.state_store import DeltaStateStore
 from splitkeeper.runtime.transforms import resolve_transform
 
@@ -116,7 +116,18 @@ class ReaderStateContext(RecordingEnumeratorContext):
 
 
 def _region_task(payload: tuple[Any, ...]) -> RegionResult:
-    """The body of a region's Spark task (module-level so it pickles by reference)."""
+    """The body of a region's Spark task (module-level so it pickles by reference).
+
+    A ``flaky`` fault applies to the task's first attempt only: a retry that Spark makes
+    (``spark.task.maxFailures`` > 1, as on clusters) runs clean and writes a new attempt.
+    """
+    fault = payload[-1]
+    if fault is not None and fault.kind is FaultKind.FLAKY:
+        from pyspark import TaskContext
+
+        context = TaskContext.get()
+        if context is not None and context.attemptNumber() > 0:
+            payload = (*payload[:-1], None)
     return run_region_task(*payload)
 
 

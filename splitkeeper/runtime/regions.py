@@ -7,11 +7,12 @@ task *started* is cancelled with ``SparkContext.cancelJobGroup`` and counted as
 timed out. This is what lets a checkpoint complete regionally instead of the
 whole micro-batch failing, which is Structured Streaming's behaviour.
 
-Spark's own task retry cannot turn a failed region into a duplicate: the job
-runs with one attempt per task (``spark.task.maxFailures`` does not apply to
-the collect of a region because the region task body never raises for reader
-errors in a retriable way: a failed attempt's staged output is never read,
-only the path returned by a *finished* task is committed).
+Spark's own task retry cannot turn a failed region into a duplicate. Where
+``spark.task.maxFailures`` allows it (clusters; ``local[N,F]``), Spark reruns a region
+task whose attempt raised; every attempt stages its output under its own
+``attempt=<id>`` folder and publishes it only when it finishes, and the driver commits
+only the path the finished attempt returned. A region whose every attempt fails
+declines once (tests/runtime/test_task_retry.py, with the ``flaky`` fault).
 """
 
 from __future__ import annotations

@@ -63,6 +63,7 @@ class InjectedFault(SplitkeeperError):
 
 class FaultKind(enum.Enum):
     FAIL = "fail"  # the task raises InjectedFault after reading, before publishing its output
+    FLAKY = "flaky"  # like FAIL in a task's first attempt only: a Spark retry of the task succeeds
     STALL = "stall"  # the task sleeps ``seconds`` before reading (past the region timeout)
 
 
@@ -75,7 +76,7 @@ class RegionFault:
 
     def __post_init__(self) -> None:
         if not isinstance(self.kind, FaultKind):
-            raise InvalidParameterError("kind", self.kind, "a FaultKind ('fail' or 'stall')")
+            raise InvalidParameterError("kind", self.kind, "a FaultKind ('fail', 'flaky' or 'stall')")
         if self.seconds < 0 or (self.kind is FaultKind.STALL and self.seconds == 0):
             raise InvalidParameterError(
                 "seconds", self.seconds, "> 0 for a stall, >= 0 otherwise", hint=f"fault {self.kind.value}"
@@ -83,13 +84,13 @@ class RegionFault:
 
     @classmethod
     def parse(cls, text: str) -> RegionFault:
-        """``'fail'`` or ``'stall:<seconds>'``."""
+        """``'fail'``, ``'flaky'`` or ``'stall:<seconds>'``."""
         kind, _, seconds = text.partition(":")
         try:
             fault_kind = FaultKind(kind)
             return cls(fault_kind, float(seconds) if seconds else 0.0)
         except ValueError as err:
-            raise InvalidParameterError("fault", text, "'fail' or 'stall:<seconds>'") from err
+            raise InvalidParameterError("fault", text, "'fail', 'flaky' or 'stall:<seconds>'") from err
 
 
 @dataclass(frozen=True, slots=True)
@@ -312,10 +313,11 @@ def run_region_task(
             positions[split.split_id] = position
             if split.backlog_end is not None and position >= split.backlog_end:
                 backlog_finished.append(split.split_id)
-        if fault is not None and fault.kind is FaultKind.FAIL:
+        if fault is not None and fault.kind in (FaultKind.FAIL, FaultKind.FLAKY):
             raise InjectedFault(
                 f"injected fault: region {region} fails at epoch {epoch} (attempt {attempt}) as the fault "
-                f"plan asked; {writer.records} records read were not published",
+                f"plan asked{' (first task attempt only)' if fault.kind is FaultKind.FLAKY else ''}; "
+                f"{writer.records} records read were not published",
                 region=region,
                 epoch=epoch,
             )

@@ -276,7 +276,7 @@ def test_region_result_pickles_and_declined_results_carry_the_error() -> None:
 def test_region_fault_parses_and_validates() -> None:
     assert RegionFault.parse("fail") == RegionFault(FaultKind.FAIL)
     assert RegionFault.parse("stall:2.5") == RegionFault(FaultKind.STALL, 2.5)
-    with pytest.raises(InvalidParameterError, match="'fail' or 'stall:<seconds>'"):
+    with pytest.raises(InvalidParameterError, match="'fail', 'flaky' or 'stall:<seconds>'"):
         RegionFault.parse("explode")
     with pytest.raises(InvalidParameterError, match="> 0 for a stall"):
         RegionFault(FaultKind.STALL, 0)

@@ -19,7 +19,8 @@ def add_fault_argument(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="SPEC",
-        help="inject a fault: fail:REGION@EPOCH or stall[:SECONDS]:REGION@EPOCH (repeatable)",
+        help="inject a fault: fail:REGION@EPOCH, flaky:REGION@EPOCH (first task attempt only) or "
+        "stall[:SECONDS]:REGION@EPOCH (repeatable)",
     )
 
 

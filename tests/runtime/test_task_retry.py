@@ -1,0 +1,84 @@
+"""Spark's own task retry never turns a region into a duplicate (issue 3, the epoch job).
+
+On a cluster ``spark.task.maxFailures`` is 4: Spark reruns a region task whose attempt
+raised. Each attempt writes its own staged file under ``attempt=<id>``, and only the path
+a finished attempt returns is committed, so a retried region acknowledges once, with
+the retry's records. A ``flaky`` fault fails a task's first attempt only (after reading,
+before publishing), the way a lost executor or a transient error would.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from splitkeeper.core.types import CheckpointKind, RegionOutcome
+from splitkeeper.runtime.config import config_from_mapping
+from splitkeeper.runtime.faults import FaultPlan
+from splitkeeper.runtime.pipeline import Pipeline
+
+from .helpers import (
+    assert_sink_equals_source,
+    pipeline_mapping,
+    splitkeeper_subprocess,
+    write_config,
+    write_input,
+)
+
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
+
+
+def test_a_region_retried_by_spark_acknowledges_once_and_the_sink_equals_the_source(tmp_path: Path) -> None:
+    input_dir = tmp_path / "in"
+    write_input(input_dir, files=3, lines=60)
+    mapping = pipeline_mapping(tmp_path, "task-retry", input_dir, epoch_records=90)
+    config_path = write_config(tmp_path / "pipeline.yaml", mapping)
+
+    # local[2,2]: two attempts per task, as on a cluster. Region 1's first attempt of epoch 1 fails;
+    # region 2 fails in every attempt of epoch 2 (Spark's retry cannot save a real failure).
+    done = splitkeeper_subprocess(
+        ["run", "--config", str(config_path), "--fault", "flaky:1@1", "--fault", "fail:2@2", "--json"],
+        SPLITKEEPER_SPARK_MASTER="local[2,2]",
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = [line for line in done.stderr.splitlines() if line.lstrip().startswith("epoch ")]
+    assert "epoch    1 global   3/3 regions ack" in lines[0], lines
+    assert "epoch    2 regional 2/3 regions ack (r2 decline)" in lines[1], lines
+    assert "first task attempt only" in done.stderr  # Spark logged the failed first attempt
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    assert summary["finished"] is True
+
+    config = config_from_mapping(mapping)
+    from splitkeeper.runtime.spark import get_spark
+
+    rows = assert_sink_equals_source(get_spark(), config.sink_path, input_dir)
+    assert {r.region for r in rows if r.epoch == 1} == {0, 1, 2}  # the retry's records, once
+    staged = (
+        [p for p in Path(config.staging_path).rglob("*.parquet")]
+        if os.path.isdir(config.staging_path)
+        else []
+    )
+    assert staged == [], f"staging not cleaned: {staged}"
+
+
+def test_without_task_retry_a_flaky_region_declines_and_is_read_again(spark: Any, tmp_path: Path) -> None:
+    input_dir = tmp_path / "in"
+    write_input(input_dir, files=3, lines=30)
+    config = config_from_mapping(pipeline_mapping(tmp_path, "no-retry", input_dir, epoch_records=45))
+    assert spark.sparkContext.getConf().get("spark.master").startswith("local[")  # one attempt per task
+    pipeline = Pipeline(config, spark, faults=FaultPlan.parse(["flaky:1@2"]))
+    try:
+        pipeline.open()
+        assert pipeline.run_epoch().kind is CheckpointKind.GLOBAL
+        second = pipeline.run_epoch()
+        rest = pipeline.run()
+    finally:
+        pipeline.close()
+    assert second.kind is CheckpointKind.REGIONAL and second.outcomes[1] is RegionOutcome.DECLINE
+    assert "first task attempt only" in second.region_errors[1]
+    assert rest.finished
+    assert_sink_equals_source(spark, config.sink_path, input_dir)
