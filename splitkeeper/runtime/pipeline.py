@@ -268,8 +268,12 @@ class Pipeline:
             parallelism is None
             and checkpoint is not None
             and self.config.parallelism != checkpoint.parallelism
+            and self.store.configured_parallelism(checkpoint.checkpoint_id) != self.config.parallelism
         ):
-            new_p = self.config.parallelism  # the configuration asks for a rescale
+            # The config's parallelism changed since the checkpoint: it asks for a rescale. When it is
+            # what the checkpoint was taken under, the checkpoint's own parallelism came from an
+            # explicit rescale (recover --parallelism, the rescale DAG), which stays.
+            new_p = self.config.parallelism
         if new_p < 1:
             raise InvalidParameterError("parallelism", new_p, "an integer >= 1")
         context = ReaderStateContext(new_p)
@@ -356,7 +360,7 @@ class Pipeline:
             decision = json.load(f)
         completed = serde.checkpoint_from_rows(decision["checkpoint"], decision["enumerator_rows"])
         audit = [serde.audit_from_row(a) for a in decision["audit"]]
-        self.store.commit_checkpoint(completed, audit)
+        self.store.commit_checkpoint(completed, audit, configured_parallelism=self.config.parallelism)
         log.warning("recovered checkpoint %s from its sink commit (driver died before its row)", committed)
         self._cleanup_staging(committed)
         return committed
@@ -639,7 +643,9 @@ class Pipeline:
                 lap("sink")
                 crash_if_requested(CrashPoint.BEFORE_CHECKPOINT_ROW, epoch)
 
-            self.store.commit_checkpoint(completed, audit, before_row=after_sink_commit)
+            self.store.commit_checkpoint(
+                completed, audit, before_row=after_sink_commit, configured_parallelism=self.config.parallelism
+            )
         commit = sink_commit.result()
         lap("state")
         crash_if_requested(CrashPoint.AFTER_CHECKPOINT_ROW, epoch)

@@ -122,7 +122,10 @@ _CHECKPOINT_KEY = "checkpoint_id"
 #: How many of the newest epoch_plans commits are read to find the latest plan before querying the table.
 _PLAN_LOG_SCAN = 64
 #: Delta operations that write no rows: a commit of another kind may have been another writer's claim.
-_NO_ROWS_OPERATIONS = frozenset({"CREATE TABLE", "OPTIMIZE", "DELETE", "SET TBLPROPERTIES"})
+_NO_ROWS_OPERATIONS = frozenset({"CREATE TABLE", "OPTIMIZE", "DELETE", "SET TBLPROPERTIES", "ADD COLUMNS"})
+#: Columns added to a table's DDL after state was first written with it: nullable, at the end; an
+#: older table gets them by ALTER TABLE ADD COLUMNS when a store opens it.
+_ADDED_COLUMNS: dict[str, frozenset[str]] = {"checkpoints": frozenset({"configured_parallelism"})}
 _STATS_COLUMNS: dict[str, str] = {
     "pipeline": "name",
     "epoch_plans": "region_id",
@@ -229,6 +232,7 @@ class DeltaStateStore(CheckpointStore):
         self._schemas: dict[str, StructType] = {}
         self._arrow_schemas: dict[str, Any] = {}
         self._meta_cache: tuple[int, _Metadata] | None = None
+        self._configured: dict[int, int | None] = {}  # checkpoint id -> configured_parallelism, as loaded
         self._plan_claims: tuple[int, int | None] | None = None  # (epoch_plans version, latest planned)
         created = self._ensure_tables()
         self._claim_pipeline(accept_source_change, fresh="pipeline" in created)
@@ -265,6 +269,8 @@ class DeltaStateStore(CheckpointStore):
             actual = (list(metadata.schema().fieldNames()), [c for c in partitions.split(",") if c])
             partition = PARTITION_COLUMNS[table]
             expected = (self.schema(table).fieldNames(), [partition] if partition else [])
+            if actual != expected and self._add_new_columns(table, actual, expected):
+                continue
             if actual != expected:
                 raise StateError(
                     f"state table {table} at {path} has columns {actual[0]} partitioned by {actual[1]}, but "
@@ -275,6 +281,23 @@ class DeltaStateStore(CheckpointStore):
                     path=path,
                 )
         return set(missing)
+
+    def _add_new_columns(
+        self, table: str, actual: tuple[list[str], list[str]], expected: tuple[list[str], list[str]]
+    ) -> bool:
+        """Migrate a table that lacks only columns added to its DDL since (nullable, at the end):
+        ``ALTER TABLE ... ADD COLUMNS``; old rows read NULL there. False when that is not the case."""
+        have, want = actual[0], expected[0]
+        added = want[len(have) :]
+        if actual[1] != expected[1] or want[: len(have)] != have or not added:
+            return False
+        if not set(added) <= _ADDED_COLUMNS.get(table, frozenset()):
+            return False
+        schema = self.schema(table)
+        columns = ", ".join(f"`{name}` {schema[name].dataType.simpleString()}" for name in added)
+        self.spark.sql(f"ALTER TABLE delta.`{self.table_path(table)}` ADD COLUMNS ({columns})")
+        log.info("state table %s: added columns %s", table, added)
+        return True
 
     def _create_table(self, table: str) -> None:
         from delta.tables import DeltaTable
@@ -551,6 +574,7 @@ class DeltaStateStore(CheckpointStore):
         audit: Sequence[AuditRecord] = (),
         *,
         before_row: Callable[[], None] | None = None,
+        configured_parallelism: int | None = None,
     ) -> StateCommit:
         """Persist a completed (GLOBAL or REGIONAL) checkpoint with its audit records.
 
@@ -564,6 +588,8 @@ class DeltaStateStore(CheckpointStore):
         id at the same moment the Delta log decides: the one whose row landed later
         removes it and its rows again (never read) and gets ConcurrentRunError. Calling it
         twice with the same checkpoint fails the second time: the first commit stays intact.
+        ``configured_parallelism`` is the config's parallelism the checkpoint was taken under
+        (see :meth:`configured_parallelism`).
         """
         started = time.perf_counter()
         row = serde.checkpoint_to_row(completed)
@@ -593,7 +619,13 @@ class DeltaStateStore(CheckpointStore):
         if before_row is not None:
             before_row()
         commit_ms = round((time.perf_counter() - started) * 1000)
-        row.update(key, run_id=self.run_id, created_at=datetime.now(UTC), commit_ms=commit_ms)
+        row.update(
+            key,
+            run_id=self.run_id,
+            created_at=datetime.now(UTC),
+            commit_ms=commit_ms,
+            configured_parallelism=configured_parallelism,
+        )
         logged = append_logged(
             self._frame("checkpoints", [row]).coalesce(1),
             self.table_path("checkpoints"),
@@ -709,6 +741,9 @@ class DeltaStateStore(CheckpointStore):
 
     def _checkpoint_from(self, row: Any, as_of: datetime | str | None) -> CompletedCheckpoint:
         data = row.asDict(recursive=True)
+        configured = data.pop("configured_parallelism", None)
+        with self._lock:
+            self._configured[int(data["checkpoint_id"])] = None if configured is None else int(configured)
         enumerator_rows: list[dict[str, Any]] = []
         if data.get("enumerator") is not None:
             enumerator_rows = [
@@ -719,6 +754,12 @@ class DeltaStateStore(CheckpointStore):
                 .collect()
             ]
         return serde.checkpoint_from_rows(data, enumerator_rows)
+
+    def configured_parallelism(self, checkpoint_id: int) -> int | None:
+        """The config's parallelism checkpoint ``checkpoint_id`` was taken under, as recorded when this
+        store loaded it (None: not loaded by this store, or taken before splitkeeper recorded it)."""
+        with self._lock:
+            return self._configured.get(int(checkpoint_id))
 
     def _load(self, checkpoint_id: int) -> CompletedCheckpoint | None:
         rows = self._read("checkpoints").where(f"checkpoint_id = {int(checkpoint_id)}").collect()

@@ -134,6 +134,7 @@ def test_ingest_with_a_region_failure_then_recover_and_rescale(airflow_db, spark
 
     finish = load_dag("splitkeeper_ingest").test(run_conf={"epochs": 20})
     assert finish.state == "success"
+    assert store.latest_checkpoint().parallelism == 3  # the next scheduled run keeps the rescale
     sink = spark.read.format("delta").load(config.sink_path)
     source_lines = sum(len(p.read_text().splitlines()) for p in (tmp_path / "in").iterdir())
     assert sink.count() == source_lines

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from splitkeeper.core.types import CheckpointKind, RegionOutcome
 from splitkeeper.errors import ConcurrentRunError
@@ -276,5 +277,16 @@ def test_recover_rescales_three_to_two_to_four_keeping_loads_within_one(spark: A
     rows = assert_sink_equals_source(spark, config.sink_path, input_dir)
     assert {r.region for r in rows if r.epoch == 3} <= {0, 1, 2, 3}
     assert {r.region for r in rows if r.epoch == 3} - {0, 1} != set()  # regions 2, 3 exist only at P=4
-    # The next plain run follows the configuration's parallelism (3) again.
-    assert store.latest_checkpoint().parallelism == 3
+    # The explicit rescale stays: the config still says 3, as when the checkpoints were taken.
+    assert {c.parallelism for c in map(store.load_checkpoint, store.checkpoint_ids()[-2:])} == {4}
+    assert store.configured_parallelism(store.latest_checkpoint().checkpoint_id) == 3
+
+    # Editing the config's parallelism is a rescale request that the next run follows.
+    mapping = yaml.safe_load(config_path.read_text(encoding="utf-8"))
+    write_config(config_path, {**mapping, "parallelism": 2})
+    write_input(input_dir, files=1, lines=30, first_file=6)
+    code, out, err = run_cli(["run", *cfg, "--json"])
+    assert code == 0, err
+    latest = store.latest_checkpoint()
+    assert latest.parallelism == 2 and store.configured_parallelism(latest.checkpoint_id) == 2
+    assert_sink_equals_source(spark, config.sink_path, input_dir)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import threading
 import time
 from datetime import UTC, datetime
@@ -688,3 +689,25 @@ def test_history_does_not_grow_what_restore_reads_after_compaction(spark, scratc
     latest = store.latest_checkpoint()
     assert latest is not None and latest.checkpoint_id == 12
     assert store.checkpoint_ids() == [10, 11, 12]  # keep_latest=3, every checkpoint global or short chains
+
+
+@pytest.mark.spark
+def test_a_checkpoints_table_of_older_state_gains_configured_parallelism_and_reads_null_there(
+    spark, store_root
+):
+    # State written before configured_parallelism existed: its checkpoints table lacks the column.
+    old_ddl = serde.read_ddl("checkpoints").replace(", configured_parallelism INT", "")
+    assert "configured_parallelism" not in old_ddl
+    path = os.path.join(store_root, "checkpoints")
+    spark.sql(f"CREATE TABLE delta.`{path}` ({old_ddl}) USING DELTA PARTITIONED BY (checkpoint_id)")
+
+    store = _open(spark, store_root)  # migrates: ALTER TABLE ADD COLUMNS, no error
+    assert store.table_path("checkpoints") == path
+    assert spark.read.format("delta").load(path).schema == store.schema("checkpoints")
+    store.commit_checkpoint(_global(1))  # a writer that does not say: NULL, like the old rows
+    store.commit_checkpoint(_global(2), configured_parallelism=3)
+    again = _open(spark, store_root)
+    assert again.configured_parallelism(1) is None  # not loaded yet
+    again.load_checkpoint(1)
+    assert again.load_checkpoint(2) == _global(2)
+    assert (again.configured_parallelism(1), again.configured_parallelism(2)) == (None, 3)
