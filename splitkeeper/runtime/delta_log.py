@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 import time
 import uuid
@@ -48,15 +49,19 @@ __all__ = [
     "COMMIT_ID_KEY",
     "DeltaCommit",
     "LoggedAppend",
+    "append_arrow",
     "append_logged",
     "append_once",
     "commit_files_once",
     "DataFile",
     "DeltaApiUnavailable",
+    "DIRECT_WRITES_ENV",
     "delta_file_count",
+    "direct_writes_enabled",
     "delta_snapshot",
     "delta_table_version",
     "is_concurrent_modification",
+    "local_dir",
     "read_commit",
     "txn_version",
     "warm_snapshot_state",
@@ -390,6 +395,33 @@ def _write_operation(jvm: Any, user_metadata: str) -> Any:
     )
 
 
+def _transaction_api(spark: SparkSession, path: str, user_metadata: str) -> tuple[Any, Any, Any, Any]:
+    """(DeltaLog, Action companion, Write operation, PythonUtils.toSeq) through py4j."""
+    from py4j.protocol import Py4JError
+
+    jvm = _jvm(spark)
+    try:
+        delta_log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, path)
+        action = jvm.org.apache.spark.sql.delta.actions.Action
+        operation = _write_operation(jvm, user_metadata)
+        to_seq = jvm.org.apache.spark.api.python.PythonUtils.toSeq
+    except (Py4JError, AttributeError, TypeError) as err:
+        raise DeltaApiUnavailable(f"Delta's transaction API is not usable here: {err}") from err
+    return delta_log, action, operation, to_seq
+
+
+def _add_json(data: DataFile, partition_values: Mapping[str, str] | None = None) -> str:
+    add = {
+        "path": data.path,
+        "partitionValues": dict(partition_values or {}),
+        "size": int(data.size),
+        "modificationTime": int(data.modification_time_ms),
+        "dataChange": True,
+        "stats": json.dumps({"numRecords": int(data.records)}),
+    }
+    return json.dumps({"add": add})
+
+
 def commit_files_once(
     spark: SparkSession,
     path: str,
@@ -410,31 +442,15 @@ def commit_files_once(
     each gets ``numRecords`` statistics. Raises :class:`DeltaApiUnavailable` before
     anything is written when the JVM API differs from what this module knows.
     """
-    from py4j.protocol import Py4JError
-
     jvm = _jvm(spark)
-    commit_id, metadata = _tag(user_metadata)
-    try:
-        delta_log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, path)
-        action = jvm.org.apache.spark.sql.delta.actions.Action
-        operation = _write_operation(jvm, metadata)
-        to_seq = jvm.org.apache.spark.api.python.PythonUtils.toSeq
-    except (Py4JError, AttributeError, TypeError) as err:
-        raise DeltaApiUnavailable(f"Delta's transaction API is not usable here: {err}") from err
+    _commit_id, metadata = _tag(user_metadata)
+    delta_log, action, operation, to_seq = _transaction_api(spark, path, metadata)
     txn = delta_log.startTransaction()
     if int(txn.txnVersion(app_id)) >= version:
         return None
     actions = jvm.java.util.ArrayList()
     for data in files:
-        add = {
-            "path": data.path,
-            "partitionValues": {},
-            "size": int(data.size),
-            "modificationTime": int(data.modification_time_ms),
-            "dataChange": True,
-            "stats": json.dumps({"numRecords": int(data.records)}),
-        }
-        actions.add(action.fromJson(json.dumps({"add": add})))
+        actions.add(action.fromJson(_add_json(data)))
     now_ms = int(time.time() * 1000)
     actions.add(
         action.fromJson(
@@ -444,3 +460,89 @@ def commit_files_once(
     committed = int(txn.commit(to_seq(actions), operation))
     metrics = {"numFiles": str(len(files)), "numOutputRows": str(sum(int(f.records) for f in files))}
     return DeltaCommit(committed, "WRITE", {app_id: int(version)}, metadata, metrics)
+
+
+#: ``0`` turns direct writes off: the sink and the state store append with Spark jobs.
+DIRECT_WRITES_ENV = "SPLITKEEPER_DIRECT_WRITES"
+
+
+def direct_writes_enabled() -> bool:
+    """Whether local tables are written without Spark jobs (:func:`append_arrow`, the sink's adoption)."""
+    return os.environ.get(DIRECT_WRITES_ENV, "1") != "0"
+
+
+def local_dir(path: str) -> str | None:
+    """``path`` as a local directory when it is one (no scheme, or ``file:``), else None."""
+    if path.startswith("file://"):
+        return path[len("file://") :]
+    if path.startswith("file:"):
+        return path[len("file:") :]
+    return None if "://" in path else path
+
+
+def append_arrow(
+    spark: SparkSession,
+    path: str,
+    table: Any,
+    partition_column: str | None,
+    since_version: int | None,
+    user_metadata: Mapping[str, Any] | None = None,
+) -> LoggedAppend | None:
+    """Append the pyarrow ``table`` to the local Delta table at ``path`` without a Spark job: one
+    parquet file per partition value, written into the table's folder by pyarrow and added in
+    one blind-append commit. Returns it as :func:`append_logged` does (``since_version`` None:
+    no earlier commits are read), or None (nothing written) when ``path`` is not local, direct
+    writes are turned off, or the JVM API is not there; the caller then appends with Spark.
+
+    ``table`` must have the table's columns with Spark-compatible types (the partition
+    column is not written into the files: Delta keeps it in the log, as Spark's writer does).
+    """
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    root = local_dir(path)
+    if root is None or not direct_writes_enabled():
+        return None
+    jvm = _jvm(spark)
+    _commit_id, metadata = _tag(user_metadata)
+    try:
+        delta_log, action, operation, to_seq = _transaction_api(spark, path, metadata)
+    except DeltaApiUnavailable as err:
+        log.warning("%s; appending to %s with Spark", err, path)
+        return None
+    groups: list[tuple[dict[str, str], Any]] = []
+    if partition_column is None:
+        groups.append(({}, table))
+    else:
+        column = table.column(partition_column)
+        for value in pc.unique(column).to_pylist():
+            part = table.filter(pc.equal(column, value)).drop_columns([partition_column])
+            groups.append(({partition_column: "" if value is None else str(value)}, part))
+    files: list[tuple[DataFile, dict[str, str]]] = []
+    for values, part in groups:
+        folder = "/".join(f"{k}={v}" for k, v in values.items())
+        name = f"{folder + '/' if folder else ''}part-00000-{uuid.uuid4()}.c000.snappy.parquet"
+        target = os.path.join(root, name)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        pq.write_table(part, target, compression="snappy")
+        info = os.stat(target)
+        files.append((DataFile(name, info.st_size, int(info.st_mtime * 1000), part.num_rows), values))
+    txn = delta_log.startTransaction()
+    actions = jvm.java.util.ArrayList()
+    for data, values in files:
+        actions.add(action.fromJson(_add_json(data, values)))
+    version = int(txn.commit(to_seq(actions), operation))
+    metrics = {"numFiles": str(len(files)), "numOutputRows": str(table.num_rows)}
+    commit = DeltaCommit(version, "WRITE", {}, metadata, metrics)
+    earlier: list[DeltaCommit] = []
+    for v in range(version if since_version is None else int(since_version) + 1, version):
+        found = read_commit(spark, path, v)
+        if found is None:
+            raise StateError(
+                f"Delta table {path}: commit {v} (written since version {since_version}) has no log file; "
+                "cannot tell what landed before this append",
+                path=path,
+                version=v,
+            )
+        earlier.append(found)
+    return LoggedAppend(commit, tuple(earlier))

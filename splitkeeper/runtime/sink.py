@@ -17,7 +17,7 @@ When the sink is on a local filesystem, the staged files (which hold every colum
 table) are moved into the table's folder and added to the log as they are
 (:func:`~splitkeeper.runtime.delta_log.commit_files_once`, the same ``txn`` action), so the
 records are written once, by the region tasks. Elsewhere (object stores), or with
-``SPLITKEEPER_SINK_ADOPT=0``, the commit reads the staged files and appends them with
+``SPLITKEEPER_DIRECT_WRITES=0``, the commit reads the staged files and appends them with
 Spark. A file moved in by a commit that then failed is never in the log; Delta's VACUUM
 removes it.
 
@@ -42,13 +42,16 @@ from splitkeeper.errors import ConcurrentRunError, InvalidParameterError, StateE
 from splitkeeper.runtime import serde
 from splitkeeper.runtime.delta_log import (
     COMMIT_ID_KEY,
+    DIRECT_WRITES_ENV,
     DataFile,
     DeltaApiUnavailable,
     DeltaCommit,
     append_once,
     commit_files_once,
     delta_snapshot,
+    direct_writes_enabled,
     is_concurrent_modification,
+    local_dir,
     txn_version,
     warm_snapshot_state,
 )
@@ -80,16 +83,7 @@ _SEGMENT = re.compile(r"(?:^|/)(epoch|region)=(\d+)(?=/|$)")
 _ATTEMPT = re.compile(r"(?:^|/)attempt=([A-Za-z0-9_-]+)(?=/|$)")
 
 #: Set to ``0`` to make the sink rewrite staged files with Spark even on a local filesystem.
-ADOPT_ENV = "SPLITKEEPER_SINK_ADOPT"
-
-
-def _local_dir(path: str) -> str | None:
-    """``path`` as a local directory when it is one (no scheme, or ``file:``), else None."""
-    if path.startswith("file://"):
-        return path[len("file://") :]
-    if path.startswith("file:"):
-        return path[len("file:") :]
-    return None if "://" in path else path
+ADOPT_ENV = DIRECT_WRITES_ENV
 
 
 def adopted_name(staged_path: str) -> str:
@@ -364,10 +358,10 @@ class DeltaSink:
         moved by an earlier attempt of this commit (a crash between move and commit) is
         found under its table name. Staged files must be on the sink's filesystem.
         """
-        root = _local_dir(self.path)
-        if root is None or os.environ.get(ADOPT_ENV, "1") == "0":
+        root = local_dir(self.path)
+        if root is None or not direct_writes_enabled():
             return False, None
-        if any(_local_dir(p) is None for p in paths):
+        if any(local_dir(p) is None for p in paths):
             return False, None
         device = os.stat(root).st_dev
         if any(os.path.exists(p) and os.stat(p).st_dev != device for p in paths):

@@ -60,6 +60,8 @@ from splitkeeper.errors import CheckpointError, ConcurrentRunError, InvalidParam
 from splitkeeper.runtime import serde
 from splitkeeper.runtime.delta_log import (
     DeltaCommit,
+    LoggedAppend,
+    append_arrow,
     append_logged,
     delta_file_count,
     delta_snapshot,
@@ -325,8 +327,8 @@ class DeltaStateStore(CheckpointStore):
             reader = reader.option("timestampAsOf", _timestamp_text(as_of))
         return reader.load(self.table_path(table))
 
-    def _frame(self, table: str, rows: Sequence[Mapping[str, Any]]) -> DataFrame:
-        """A DataFrame of ``rows`` with the table's schema, built through Arrow (no Python workers)."""
+    def _arrow(self, table: str, rows: Sequence[Mapping[str, Any]]) -> Any:
+        """``rows`` as a pyarrow Table with the table's schema (Spark's Arrow types)."""
         import pyarrow as pa
         from pyspark.sql.pandas.types import to_arrow_schema
 
@@ -334,16 +336,36 @@ class DeltaStateStore(CheckpointStore):
         if table not in self._arrow_schemas:
             self._arrow_schemas[table] = to_arrow_schema(schema)
         names = schema.fieldNames()
-        data = pa.Table.from_pylist(
+        return pa.Table.from_pylist(
             [{n: row.get(n) for n in names} for row in rows], self._arrow_schemas[table]
         )
-        return self.spark.createDataFrame(data, schema)
+
+    def _frame(self, table: str, rows: Sequence[Mapping[str, Any]]) -> DataFrame:
+        """A DataFrame of ``rows`` with the table's schema, built through Arrow (no Python workers)."""
+        return self.spark.createDataFrame(self._arrow(table, rows), self.schema(table))
+
+    def _append_logged(
+        self, table: str, rows: Sequence[Mapping[str, Any]], since: int, user_metadata: Mapping[str, Any]
+    ) -> LoggedAppend:
+        """One append of ``rows`` and the commits that landed since ``since`` (:func:`append_logged`).
+
+        On a local state directory the rows are written by pyarrow and committed through
+        Delta's transaction API (:func:`append_arrow`, no Spark job); elsewhere by Spark.
+        """
+        path = self.table_path(table)
+        direct = append_arrow(
+            self.spark, path, self._arrow(table, rows), PARTITION_COLUMNS[table], since, user_metadata
+        )
+        if direct is not None:
+            return direct
+        return append_logged(self._frame(table, rows).coalesce(1), path, since, user_metadata)
 
     def _append(self, table: str, rows: Sequence[Mapping[str, Any]]) -> None:
-        if rows:
-            self._frame(table, rows).coalesce(1).write.format("delta").mode("append").save(
-                self.table_path(table)
-            )
+        if not rows:
+            return
+        path = self.table_path(table)
+        if append_arrow(self.spark, path, self._arrow(table, rows), PARTITION_COLUMNS[table], None) is None:
+            self._frame(table, rows).coalesce(1).write.format("delta").mode("append").save(path)
 
     def _append_all(self, batches: Sequence[tuple[str, Sequence[Mapping[str, Any]]]]) -> None:
         """Append to several tables concurrently (one Spark job each); re-raise the first failure."""
@@ -432,7 +454,7 @@ class DeltaStateStore(CheckpointStore):
             "created_at": created_at,
         }
         path = self.table_path("pipeline")
-        logged = append_logged(self._frame("pipeline", [claim]), path, since, {"claim": self.pipeline_name})
+        logged = self._append_logged("pipeline", [claim], since, {"claim": self.pipeline_name})
         if all(c.operation in _NO_ROWS_OPERATIONS for c in logged.earlier):
             return [claim]
         # Another store claimed the directory at the same time: remove this claim, read theirs.
@@ -475,9 +497,9 @@ class DeltaStateStore(CheckpointStore):
             {**row, "run_id": stored.run_id, "planned_at": planned_at} for row in serde.plan_to_rows(stored)
         ]
         path = self.table_path("epoch_plans")
-        logged = append_logged(
-            self._frame("epoch_plans", rows).coalesce(1),
-            path,
+        logged = self._append_logged(
+            "epoch_plans",
+            rows,
             since,
             {_PLAN_EPOCH_KEY: epoch_id, _PLAN_SINCE_KEY: since, "run_id": stored.run_id},
         )
@@ -626,11 +648,8 @@ class DeltaStateStore(CheckpointStore):
             commit_ms=commit_ms,
             configured_parallelism=configured_parallelism,
         )
-        logged = append_logged(
-            self._frame("checkpoints", [row]).coalesce(1),
-            self.table_path("checkpoints"),
-            read_version,
-            {_CHECKPOINT_KEY: checkpoint_id, "attempt_id": attempt_id},
+        logged = self._append_logged(
+            "checkpoints", [row], read_version, {_CHECKPOINT_KEY: checkpoint_id, "attempt_id": attempt_id}
         )
         rivals = [c.version for c in logged.earlier if not _checkpoint_below(c, checkpoint_id)]
         if rivals:
