@@ -294,20 +294,27 @@ def _tag(user_metadata: Mapping[str, Any] | None) -> tuple[str, str]:
     return commit_id, json.dumps({**extra, COMMIT_ID_KEY: commit_id}, sort_keys=True, default=str)
 
 
+def _logged_commit(spark: SparkSession, path: str, version: int, since_version: int | None) -> DeltaCommit:
+    """Commit ``version``, written after the caller read ``since_version``; StateError if its log
+    file is gone (then nobody can tell what landed around the caller's append)."""
+    commit = read_commit(spark, path, version)
+    if commit is None:
+        raise StateError(
+            f"Delta table {path}: commit {version} (written since version {since_version}) has no log "
+            "file; cannot tell what landed around this append",
+            path=path,
+            version=version,
+        )
+    return commit
+
+
 def _find_own(
     spark: SparkSession, path: str, since_version: int, commit_id: str
 ) -> tuple[DeltaCommit | None, tuple[DeltaCommit, ...]]:
     """The commit named ``commit_id`` among those after ``since_version``, and the ones before it."""
     earlier: list[DeltaCommit] = []
     for version in range(int(since_version) + 1, delta_table_version(spark, path) + 1):
-        commit = read_commit(spark, path, version)
-        if commit is None:
-            raise StateError(
-                f"Delta table {path}: commit {version} (written since version {since_version}) has no "
-                "log file; cannot tell whether this append landed",
-                path=path,
-                version=version,
-            )
+        commit = _logged_commit(spark, path, version, since_version)
         if commit.commit_id == commit_id:
             return commit, tuple(earlier)
         earlier.append(commit)
@@ -534,15 +541,6 @@ def append_arrow(
     version = int(txn.commit(to_seq(actions), operation))
     metrics = {"numFiles": str(len(files)), "numOutputRows": str(table.num_rows)}
     commit = DeltaCommit(version, "WRITE", {}, metadata, metrics)
-    earlier: list[DeltaCommit] = []
-    for v in range(version if since_version is None else int(since_version) + 1, version):
-        found = read_commit(spark, path, v)
-        if found is None:
-            raise StateError(
-                f"Delta table {path}: commit {v} (written since version {since_version}) has no log file; "
-                "cannot tell what landed before this append",
-                path=path,
-                version=v,
-            )
-        earlier.append(found)
-    return LoggedAppend(commit, tuple(earlier))
+    first = version if since_version is None else int(since_version) + 1
+    earlier = tuple(_logged_commit(spark, path, v, since_version) for v in range(first, version))
+    return LoggedAppend(commit, earlier)
