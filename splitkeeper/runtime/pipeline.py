@@ -719,7 +719,8 @@ class Pipeline:
         """Run at most ``epochs`` epochs, or (None) until a bounded source is read and checkpointed globally.
 
         A bounded run finishes with the global checkpoint of the epoch that read its last
-        records; only when that checkpoint is regional (a failed region's splits are read
+        records (a run that restores such a checkpoint and finds no new split runs no epoch);
+        only when that checkpoint is regional (a failed region's splits are read
         again) or aborted does another epoch follow, and once nothing is left to read it is
         a final one, forced global (DESIGN 2.6).
 
@@ -736,6 +737,9 @@ class Pipeline:
         finished = final = False
         # Restored from a global checkpoint with nothing new to read: no idle epoch.
         caught_up = targets is not None and self._settled and not self._behind(targets)
+        if self.connector.bounded and self._settled:
+            self.enumerator.add_splits(self.connector.discover_splits())  # type: ignore[union-attr]
+            finished = self._unfinished() == 0
         while not (finished or caught_up) and (epochs is None or len(reports) < epochs):
             report = self.run_epoch(final=final)
             reports.append(report)

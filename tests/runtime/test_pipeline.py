@@ -117,6 +117,13 @@ def test_bounded_run_finishes_on_a_global_checkpoint_and_sink_equals_source(
     assert latest["finished_splits"] == 3 and latest["pool"] == 0
     assert status["timeline"][-1] == {"id": last.epoch, "kind": "global", "failed_regions": [], "reason": ""}
 
+    again = _run(config, spark)  # nothing new since that global checkpoint: not even an empty epoch
+    assert again.finished and again.epochs == ()
+    write_input(input_dir, files=1, lines=10, first_file=3)  # a new file: read, then finished
+    more = _run(config, spark)
+    assert more.finished and [e.epoch for e in more.epochs] == [3] and more.committed_records == 10
+    assert_sink_equals_source(spark, config.sink_path, input_dir)
+
 
 def test_a_small_remainder_is_read_in_the_same_epoch_and_epochs_n_runs_at_most_n_epochs(
     spark: Any, tmp_path: Path
