@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import difflib
 import enum
+import math
 import os
 import re
 import tomllib
@@ -117,7 +118,9 @@ class SourceConfig:
     size). kafka: ``bootstrap_servers`` (comma-separated host:port), ``topics``
     or ``topic_pattern`` (exactly one), ``starting`` (``earliest``, ``latest``,
     ``timestamp:<ms>`` or ``group``: the consumer group's committed offsets),
-    ``group_id`` (required for ``starting: group``), ``on_offset_out_of_range``.
+    ``group_id`` (required for ``starting: group``), ``on_offset_out_of_range``,
+    ``connect_timeout_s`` (how long a Kafka request may wait for the broker) and
+    ``read_timeout_s`` (how long a reader may make no progress); None: the connector's defaults.
     """
 
     kind: SourceKind
@@ -130,6 +133,8 @@ class SourceConfig:
     starting: str = "earliest"
     group_id: str | None = None
     on_offset_out_of_range: OffsetOutOfRange = OffsetOutOfRange.FAIL
+    connect_timeout_s: float | None = None
+    read_timeout_s: float | None = None
 
     @property
     def starting_mode(self) -> StartingMode:
@@ -337,6 +342,8 @@ _KAFKA_KEYS = (
     "starting",
     "group_id",
     "on_offset_out_of_range",
+    "connect_timeout_s",
+    "read_timeout_s",
 )
 _SOURCE_KEYS = ("kind", *_FILE_KEYS, *_KAFKA_KEYS)
 _CHECKPOINT_KEYS = tuple(f.name for f in fields(CheckpointSettings) if f.name != "regions_independent")
@@ -393,6 +400,8 @@ def _source(sec: _Section) -> SourceConfig:
         starting=starting,
         group_id=group_id,
         on_offset_out_of_range=sec.choice("on_offset_out_of_range", OffsetOutOfRange, OffsetOutOfRange.FAIL),
+        connect_timeout_s=sec.seconds("connect_timeout_s"),
+        read_timeout_s=sec.seconds("read_timeout_s"),
     )
 
 
@@ -533,6 +542,18 @@ class _Section:
         if value < minimum:
             raise self.invalid(key, value, allowed)
         return value
+
+    def seconds(self, key: str) -> float | None:
+        """A finite number of seconds > 0, or None when the key is absent."""
+        allowed = "a number of seconds > 0"
+        value = self.raw(key)
+        if value is _MISSING or value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise self.invalid(key, value, allowed, f"got {_type_name(value)}")
+        if not math.isfinite(value) or value <= 0:
+            raise self.invalid(key, value, allowed)
+        return float(value)
 
     def values(self) -> dict[str, Any]:
         """The keys given in this section (unknown ones were rejected on entry), without nulls."""

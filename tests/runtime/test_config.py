@@ -211,8 +211,17 @@ def test_kafka_source_is_validated_and_normalised(tmp_path: Path) -> None:
         "topic_pattern": "orders-.*",
         "starting": "timestamp:1700000000000",
         "on_offset_out_of_range": "skip",
+        "connect_timeout_s": 3,
+        "read_timeout_s": 2.5,
     }
     cfg = build(tmp_path, source=kafka)
+    assert (cfg.source.connect_timeout_s, cfg.source.read_timeout_s) == (3.0, 2.5)
+    from splitkeeper.runtime.sources.kafka import KafkaSource
+
+    reader = KafkaSource.from_config(cfg.source).reader()  # no connection until it is used
+    assert (reader.connect_timeout_s, reader.read_timeout_s) == (3.0, 2.5)
+    defaults = KafkaSource.from_config(build(tmp_path, source={**kafka, "read_timeout_s": None}).source)
+    assert defaults.reader().read_timeout_s == 30.0
     assert cfg.source.bootstrap_servers == "b1:9092,b2:9092"
     assert cfg.source.topic_pattern == "orders-.*" and cfg.source.topics == ()
     assert cfg.source.starting_mode is StartingMode.TIMESTAMP
@@ -237,6 +246,14 @@ def test_kafka_source_is_validated_and_normalised(tmp_path: Path) -> None:
         ),
         ({"bootstrap_servers": "b:9092", "topic_pattern": "("}, "a valid regular expression"),
         ({"bootstrap_servers": "b:9092", "topics": ["a"], "path": "x"}, "no path for source.kind 'kafka'"),
+        (
+            {"bootstrap_servers": "b:9092", "topics": ["a"], "read_timeout_s": 0},
+            "source.read_timeout_s=0 is not allowed: a number of seconds > 0",
+        ),
+        (
+            {"bootstrap_servers": "b:9092", "topics": ["a"], "connect_timeout_s": "10s"},
+            "source.connect_timeout_s='10s' is not allowed: a number of seconds > 0",
+        ),
     ],
 )
 def test_kafka_mistakes_are_named(tmp_path: Path, source: dict[str, Any], expected: str) -> None:

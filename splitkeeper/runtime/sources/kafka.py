@@ -482,6 +482,8 @@ class KafkaSource(
             starting=source.starting,
             group_id=source.group_id,
             on_offset_out_of_range=source.on_offset_out_of_range,
+            timeout_s=source.connect_timeout_s or DEFAULT_TIMEOUT_S,
+            read_timeout_s=source.read_timeout_s or DEFAULT_READ_TIMEOUT_S,
         )
 
     # -- identity ---------------------------------------------------------------------------
