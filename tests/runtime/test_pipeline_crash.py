@@ -51,7 +51,7 @@ def test_driver_killed_at_crash_point_recovers_to_sink_equals_source(
 ) -> None:
     monkeypatch.delenv(CRASH_ENV, raising=False)
     input_dir = tmp_path / "in"
-    write_input(input_dir, files=3, lines=40)
+    write_input(input_dir, files=3, lines=60)  # 3 epochs of 60: epoch 3 is left after the crash in 2
     mapping = pipeline_mapping(
         tmp_path, f"crash-{point.value}".replace("_", "-"), input_dir, epoch_records=60
     )
