@@ -199,7 +199,6 @@ class KafkaChaos:
         self.runs: list[RunOutcome] = []
         self.last_epoch = 0
         self.producer: NumberedProducer | None = None
-        self.budget = 0  # records per epoch, set with the config
         self._background: list[threading.Thread] = []
         self._started = time.monotonic()
 
@@ -223,8 +222,7 @@ class KafkaChaos:
         _say(f"produced {first:,} of {self.messages:,} messages; the rest arrive while the pipeline runs")
         # per split about 1/48 of the messages per epoch: the fullest partition (~22%) takes
         # about a dozen epochs, so every fault meets data
-        self.budget = max(100, self.messages // 6)
-        budget = self.budget
+        budget = max(100, self.messages // 6)
         config = {
             "name": self.name,
             "parallelism": PARALLELISM,

@@ -216,15 +216,16 @@ def _check_stream(sink: Path, delivered: dict[tuple[str, int, int], str], bootst
         committed = source.committed_positions()
     finally:
         source.close()
+    lag_total = 0
     for sid in sorted(ends):
         at = committed.get(sid)
         offset = "-" if at is None else at.position
         tag = "-" if at is None else at.checkpoint_id
         lag = ends[sid] - (0 if at is None else at.position)
+        lag_total += lag
         _say(
             f"  group {STREAM_GROUP} {sid:<18} committed {offset:>6} end {ends[sid]:>6} lag {lag} ckpt {tag}"
         )
-    lag_total = sum(ends[s] - (committed[s].position if s in committed else 0) for s in ends)
     if lost or duplicated or wrong or lag_total:
         raise SystemExit(
             f"streaming side check failed: {lost} lost, {duplicated} duplicated, {wrong} unexpected "

@@ -429,6 +429,17 @@ def _add_json(data: DataFile, partition_values: Mapping[str, str] | None = None)
     return json.dumps({"add": add})
 
 
+def _commit_actions(
+    spark: SparkSession, txn: Any, api: tuple[Any, Any, Any, Any], lines: Sequence[str]
+) -> int:
+    """Commit the actions ``lines`` (Delta protocol JSON, one action each) in ``txn``; its version."""
+    _delta_log, action, operation, to_seq = api
+    actions = _jvm(spark).java.util.ArrayList()
+    for line in lines:
+        actions.add(action.fromJson(line))
+    return int(txn.commit(to_seq(actions), operation))
+
+
 def commit_files_once(
     spark: SparkSession,
     path: str,
@@ -449,22 +460,14 @@ def commit_files_once(
     each gets ``numRecords`` statistics. Raises :class:`DeltaApiUnavailable` before
     anything is written when the JVM API differs from what this module knows.
     """
-    jvm = _jvm(spark)
     _commit_id, metadata = _tag(user_metadata)
-    delta_log, action, operation, to_seq = _transaction_api(spark, path, metadata)
-    txn = delta_log.startTransaction()
+    api = _transaction_api(spark, path, metadata)
+    txn = api[0].startTransaction()
     if int(txn.txnVersion(app_id)) >= version:
         return None
-    actions = jvm.java.util.ArrayList()
-    for data in files:
-        actions.add(action.fromJson(_add_json(data)))
     now_ms = int(time.time() * 1000)
-    actions.add(
-        action.fromJson(
-            json.dumps({"txn": {"appId": app_id, "version": int(version), "lastUpdated": now_ms}})
-        )
-    )
-    committed = int(txn.commit(to_seq(actions), operation))
+    txn_action = json.dumps({"txn": {"appId": app_id, "version": int(version), "lastUpdated": now_ms}})
+    committed = _commit_actions(spark, txn, api, [*map(_add_json, files), txn_action])
     metrics = {"numFiles": str(len(files)), "numOutputRows": str(sum(int(f.records) for f in files))}
     return DeltaCommit(committed, "WRITE", {app_id: int(version)}, metadata, metrics)
 
@@ -510,10 +513,9 @@ def append_arrow(
     root = local_dir(path)
     if root is None or not direct_writes_enabled():
         return None
-    jvm = _jvm(spark)
     _commit_id, metadata = _tag(user_metadata)
     try:
-        delta_log, action, operation, to_seq = _transaction_api(spark, path, metadata)
+        api = _transaction_api(spark, path, metadata)
     except DeltaApiUnavailable as err:
         log.warning("%s; appending to %s with Spark", err, path)
         return None
@@ -534,11 +536,7 @@ def append_arrow(
         pq.write_table(part, target, compression="snappy")
         info = os.stat(target)
         files.append((DataFile(name, info.st_size, int(info.st_mtime * 1000), part.num_rows), values))
-    txn = delta_log.startTransaction()
-    actions = jvm.java.util.ArrayList()
-    for data, values in files:
-        actions.add(action.fromJson(_add_json(data, values)))
-    version = int(txn.commit(to_seq(actions), operation))
+    version = _commit_actions(spark, api[0].startTransaction(), api, [_add_json(d, v) for d, v in files])
     metrics = {"numFiles": str(len(files)), "numOutputRows": str(table.num_rows)}
     commit = DeltaCommit(version, "WRITE", {}, metadata, metrics)
     first = version if since_version is None else int(since_version) + 1

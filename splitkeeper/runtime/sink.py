@@ -21,10 +21,12 @@ records are written once, by the region tasks. Elsewhere (object stores), or wit
 Spark. A file moved in by a commit that then failed is never in the log; Delta's VACUUM
 removes it.
 
-The staged parquet files (one per region task, written by the task with pyarrow) have
-the columns of ``state/sink_records.ddl`` except ``ingested_at``, which the sink adds:
-``split_id string, offset long, next_offset long, value string, epoch long, region int``
-(:func:`staged_arrow_schema` gives the pyarrow schema to write them with).
+The staged parquet files (one per region task, written by the task with pyarrow, see
+:data:`~splitkeeper.runtime.staging.STAGED_FILE_SCHEMA`) have every column of
+``state/sink_records.ddl``: ``split_id string, offset long, next_offset long, value string,
+epoch long, region int`` and ``ingested_at`` (when the task wrote the file). The Spark
+append reads the record columns (:func:`staged_spark_schema`) and stamps ``ingested_at``
+at commit; :func:`staged_arrow_schema` is the record columns' pyarrow schema.
 """
 
 from __future__ import annotations
@@ -42,7 +44,6 @@ from splitkeeper.errors import ConcurrentRunError, InvalidParameterError, StateE
 from splitkeeper.runtime import serde
 from splitkeeper.runtime.delta_log import (
     COMMIT_ID_KEY,
-    DIRECT_WRITES_ENV,
     DataFile,
     DeltaApiUnavailable,
     DeltaCommit,
@@ -82,9 +83,6 @@ _RESERVED_METADATA = frozenset({"app_id", "epoch", "regions", "records", COMMIT_
 _SEGMENT = re.compile(r"(?:^|/)(epoch|region)=(\d+)(?=/|$)")
 _ATTEMPT = re.compile(r"(?:^|/)attempt=([A-Za-z0-9_-]+)(?=/|$)")
 
-#: Set to ``0`` to make the sink rewrite staged files with Spark even on a local filesystem.
-ADOPT_ENV = DIRECT_WRITES_ENV
-
 
 def adopted_name(staged_path: str) -> str:
     """The table-relative name a staged file gets in the sink: one per epoch, region and attempt."""
@@ -114,7 +112,7 @@ def staged_spark_schema() -> StructType:
 
 
 def staged_arrow_schema() -> Any:
-    """The pyarrow schema region tasks write their staged parquet file with.
+    """The pyarrow schema of a staged file's record columns (:data:`STAGED_COLUMNS`).
 
     Built from ``state/sink_records.ddl`` (flat columns of BIGINT, INT, STRING) without a
     Spark session, so executors can call it.

@@ -340,32 +340,41 @@ class DeltaStateStore(CheckpointStore):
             [{n: row.get(n) for n in names} for row in rows], self._arrow_schemas[table]
         )
 
-    def _frame(self, table: str, rows: Sequence[Mapping[str, Any]]) -> DataFrame:
-        """A DataFrame of ``rows`` with the table's schema, built through Arrow (no Python workers)."""
-        return self.spark.createDataFrame(self._arrow(table, rows), self.schema(table))
-
     def _append_logged(
         self, table: str, rows: Sequence[Mapping[str, Any]], since: int, user_metadata: Mapping[str, Any]
     ) -> LoggedAppend:
-        """One append of ``rows`` and the commits that landed since ``since`` (:func:`append_logged`).
-
-        On a local state directory the rows are written by pyarrow and committed through
-        Delta's transaction API (:func:`append_arrow`, no Spark job); elsewhere by Spark.
-        """
-        path = self.table_path(table)
-        direct = append_arrow(
-            self.spark, path, self._arrow(table, rows), PARTITION_COLUMNS[table], since, user_metadata
-        )
-        if direct is not None:
-            return direct
-        return append_logged(self._frame(table, rows).coalesce(1), path, since, user_metadata)
+        """One append of ``rows`` and the commits that landed since ``since`` (:func:`append_logged`)."""
+        logged = self._write_rows(table, rows, since, user_metadata)
+        assert logged is not None  # a logged write always reports its commit
+        return logged
 
     def _append(self, table: str, rows: Sequence[Mapping[str, Any]]) -> None:
-        if not rows:
-            return
+        if rows:
+            self._write_rows(table, rows, None, None)
+
+    def _write_rows(
+        self,
+        table: str,
+        rows: Sequence[Mapping[str, Any]],
+        since: int | None,
+        user_metadata: Mapping[str, Any] | None,
+    ) -> LoggedAppend | None:
+        """Append ``rows`` to ``table`` in one commit; with ``since``, report it as :func:`append_logged`.
+
+        On a local state directory the rows are written by pyarrow and committed through
+        Delta's transaction API (:func:`append_arrow`, no Spark job); elsewhere Spark writes
+        them, from the same Arrow table (no Python workers).
+        """
         path = self.table_path(table)
-        if append_arrow(self.spark, path, self._arrow(table, rows), PARTITION_COLUMNS[table], None) is None:
-            self._frame(table, rows).coalesce(1).write.format("delta").mode("append").save(path)
+        data = self._arrow(table, rows)
+        direct = append_arrow(self.spark, path, data, PARTITION_COLUMNS[table], since, user_metadata)
+        if direct is not None:
+            return direct
+        frame = self.spark.createDataFrame(data, self.schema(table)).coalesce(1)
+        if since is None:
+            frame.write.format("delta").mode("append").save(path)
+            return None
+        return append_logged(frame, path, since, user_metadata)
 
     def _append_all(self, batches: Sequence[tuple[str, Sequence[Mapping[str, Any]]]]) -> None:
         """Append to several tables concurrently (one Spark job each); re-raise the first failure."""

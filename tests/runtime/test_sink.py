@@ -11,8 +11,9 @@ import pytest
 
 from splitkeeper.core.invariants import ViolationKind
 from splitkeeper.errors import InvalidParameterError
-from splitkeeper.runtime.sink import ADOPT_ENV, STAGED_COLUMNS, DeltaSink, SinkCommit, staged_arrow_schema
-from splitkeeper.runtime.staging import StagedWriter
+from splitkeeper.runtime.delta_log import DIRECT_WRITES_ENV
+from splitkeeper.runtime.sink import STAGED_COLUMNS, DeltaSink, SinkCommit, staged_arrow_schema
+from splitkeeper.runtime.staging import STAGED_FILE_SCHEMA, StagedWriter
 
 pytestmark = pytest.mark.spark
 
@@ -70,6 +71,7 @@ def test_staged_schema_matches_the_sink_table_columns(sink):
     assert tuple(schema.names) == STAGED_COLUMNS
     table_columns = sink.records().schema.fieldNames()
     assert table_columns == [*STAGED_COLUMNS, "ingested_at"]
+    assert STAGED_FILE_SCHEMA.names == table_columns  # what region tasks write: adoptable as is
 
 
 def test_committed_version_of_a_fresh_table_is_none(sink):
@@ -264,7 +266,7 @@ def test_staged_files_without_ingested_at_or_with_adoption_off_are_rewritten_by_
     old = _stage_records_only(staging, 1, 0, _kafka_like("t-0", 0, 3))
     assert sink.commit(1, [old], [0]).records == 3
     assert os.path.exists(old)  # read, not moved
-    monkeypatch.setenv(ADOPT_ENV, "0")
+    monkeypatch.setenv(DIRECT_WRITES_ENV, "0")
     new = _stage(staging, 2, 0, _kafka_like("t-0", 3, 5))
     assert sink.commit(2, [new], [0]).records == 2
     assert os.path.exists(new)
