@@ -192,18 +192,49 @@ def txn_version(snapshot: Any, app_id: str) -> int | None:
     Read from the version checksum when it lists the set transactions (no Spark job);
     otherwise from the snapshot's reconstructed state (Delta's own view, a Spark job).
     """
-    checksum = _checksum(snapshot)
-    if checksum is not None:
-        known = checksum.setTransactions()
-        if known.isDefined():
-            recorded = known.get()
-            for i in range(int(recorded.size())):
-                entry = recorded.apply(i)
-                if str(entry.appId()) == app_id:
-                    return int(entry.version())
-            return None
+    known, recorded = _checksum_txn_version(snapshot, app_id)
+    if known:
+        return recorded
     found = snapshot.transactions().get(app_id)
     return int(found.get()) if found.isDefined() else None
+
+
+def _checksum_txn_version(snapshot: Any, app_id: str) -> tuple[bool, int | None]:
+    """(True, app id ``app_id``'s ``txnVersion`` or None) when ``snapshot``'s version checksum
+    lists the set transactions, else (False, None): then only the state knows."""
+    checksum = _checksum(snapshot)
+    if checksum is None:
+        return False, None
+    known = checksum.setTransactions()
+    if not known.isDefined():
+        return False, None
+    recorded = known.get()
+    for i in range(int(recorded.size())):
+        entry = recorded.apply(i)
+        if str(entry.appId()) == app_id:
+            return True, int(entry.version())
+    return True, None
+
+
+def _read_txn_version(txn: Any, app_id: str) -> int:
+    """``txn.txnVersion(app_id)`` (-1 when none) without reconstructing the table's state.
+
+    Delta's ``txnVersion`` records the read (so that a concurrent commit of the same app id
+    conflicts) and looks the version up in the snapshot's state, a Spark job on a new
+    snapshot. When the read snapshot's checksum lists the set transactions, the version
+    comes from there and the read is recorded in the transaction's ``readTxn`` directly.
+    """
+    from py4j.protocol import Py4JError
+
+    known, recorded = _checksum_txn_version(txn.snapshot(), app_id)
+    if known:
+        try:
+            txn.readTxn().addOne(app_id)
+        except Py4JError:
+            pass  # another Delta build: ask the transaction itself
+        else:
+            return -1 if recorded is None else recorded
+    return int(txn.txnVersion(app_id))
 
 
 def delta_file_count(snapshot: Any) -> int | None:
@@ -463,7 +494,7 @@ def commit_files_once(
     _commit_id, metadata = _tag(user_metadata)
     api = _transaction_api(spark, path, metadata)
     txn = api[0].startTransaction()
-    if int(txn.txnVersion(app_id)) >= version:
+    if _read_txn_version(txn, app_id) >= version:
         return None
     now_ms = int(time.time() * 1000)
     txn_action = json.dumps({"txn": {"appId": app_id, "version": int(version), "lastUpdated": now_ms}})

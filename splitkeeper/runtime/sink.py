@@ -216,9 +216,13 @@ class DeltaSink:
         Optional; the driver calls it at the start of an epoch, so that Delta's writer finds
         the table state it checks ``txnVersion`` against already reconstructed
         (:func:`~splitkeeper.runtime.delta_log.warm_snapshot_state`) instead of computing
-        it while the epoch waits for its sink commit.
+        it while the epoch waits for its sink commit. A sink that adopts the staged files
+        reads that version from the table's checksum instead, so it warms nothing: the
+        reconstruction would only take cores from the epoch's region tasks.
         """
         self.close()
+        if self._adopts():
+            return
         self._warming = warm_snapshot_state(self.spark, self.path)
 
     def close(self) -> None:
@@ -344,6 +348,10 @@ class DeltaSink:
             frame = self.spark.createDataFrame([], staged)
         return frame.withColumn("ingested_at", F.current_timestamp()).select(*_sink_schema().fieldNames())
 
+    def _adopts(self) -> bool:
+        """Whether :meth:`commit` adds the staged files as they are (a local sink, direct writes on)."""
+        return local_dir(self.path) is not None and direct_writes_enabled()
+
     def _adopt(
         self, epoch_id: int, paths: Sequence[str], metadata: dict[str, Any]
     ) -> tuple[bool, DeltaCommit | None]:
@@ -357,7 +365,7 @@ class DeltaSink:
         found under its table name. Staged files must be on the sink's filesystem.
         """
         root = local_dir(self.path)
-        if root is None or not direct_writes_enabled():
+        if root is None or not self._adopts():
             return False, None
         if any(local_dir(p) is None for p in paths):
             return False, None

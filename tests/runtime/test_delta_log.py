@@ -11,11 +11,18 @@ import pytest
 from splitkeeper.errors import InvalidParameterError
 from splitkeeper.runtime.delta_log import (
     COMMIT_ID_KEY,
+    DataFile,
+    _add_json,
+    _commit_actions,
+    _read_txn_version,
+    _transaction_api,
     append_logged,
     append_once,
+    commit_files_once,
     delta_file_count,
     delta_snapshot,
     delta_table_version,
+    is_concurrent_modification,
     read_commit,
     txn_version,
 )
@@ -89,3 +96,56 @@ def test_append_logged_reports_the_commits_that_landed_before_it(spark: Any, tab
     assert mine.commit.version == other.commit.version + 1
     assert read_commit(spark, table, mine.commit.version) == mine.commit
     assert read_commit(spark, table, 99) is None
+
+
+def _parquet_file(table: str, name: str, ids: list[int]) -> DataFile:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    target = os.path.join(table, name)
+    pq.write_table(pa.table({"id": pa.array(ids, pa.int64())}), target)
+    info = os.stat(target)
+    return DataFile(name, info.st_size, int(info.st_mtime * 1000), len(ids))
+
+
+def test_commit_files_once_checks_the_txn_version_from_the_checksum_without_a_spark_job(
+    spark: Any, table: str
+) -> None:
+    spark._jvm.org.apache.spark.sql.delta.DeltaLog.clearCache()  # a cold snapshot: no state computed
+    tracker = spark.sparkContext.statusTracker()
+    spark.sparkContext.setJobGroup("probe", "commit files")
+    try:
+        first = commit_files_once(spark, table, "app", 1, [_parquet_file(table, "a.parquet", [1, 2, 3])])
+        replay = commit_files_once(spark, table, "app", 1, [_parquet_file(table, "b.parquet", [9])])
+    finally:
+        spark.sparkContext.setJobGroup("", "")
+    assert tracker.getJobIdsForGroup("probe") == []
+    assert first is not None and first.version == 1 and first.transactions == {"app": 1}
+    assert replay is None  # the replay added nothing
+    assert sorted(r.id for r in spark.read.format("delta").load(table).collect()) == [1, 2, 3]
+    assert txn_version(delta_snapshot(spark, table), "app") == 1
+
+
+def test_a_transaction_that_read_the_txn_version_conflicts_with_a_commit_of_the_same_app(
+    spark: Any, table: str
+) -> None:
+    api = _transaction_api(spark, table, "{}")
+    slow = api[0].startTransaction()
+    assert _read_txn_version(slow, "app") == -1  # read from the checksum, recorded as read
+    assert commit_files_once(spark, table, "app", 1, [_parquet_file(table, "a.parquet", [1])]) is not None
+    late = _parquet_file(table, "b.parquet", [2])
+    txn = '{"txn": {"appId": "app", "version": 1, "lastUpdated": 0}}'
+    with pytest.raises(Exception) as info:
+        _commit_actions(spark, slow, api, [_add_json(late), txn])
+    assert is_concurrent_modification(info.value)
+    assert [r.id for r in spark.read.format("delta").load(table).collect()] == [1]
+
+
+def test_the_txn_version_without_a_checksum_comes_from_the_transaction(spark: Any, table: str) -> None:
+    commit_files_once(spark, table, "app", 3, [_parquet_file(table, "a.parquet", [1])])
+    for crc in glob.glob(os.path.join(table, "_delta_log", "*.crc")):
+        os.remove(crc)
+    spark._jvm.org.apache.spark.sql.delta.DeltaLog.clearCache()
+    txn = _transaction_api(spark, table, "{}")[0].startTransaction()
+    assert _read_txn_version(txn, "app") == 3
+    assert commit_files_once(spark, table, "app", 3, [_parquet_file(table, "b.parquet", [2])]) is None
