@@ -95,12 +95,45 @@ fetch_jars() {
     say "jars/$group: $(ls "$out" | wc -l) jars in $out"
 }
 
+# jvm/localfs/src -> $JARS_DIR/localfs/splitkeeper-localfs.jar, compiled against pyspark's
+# own Hadoop (no Maven plugins to fetch). Optional: without javac, local Delta commits
+# fork a chmod/readlink process per file operation and run slower; nothing else changes.
+build_localfs() {
+    local out="$JARS_DIR/localfs" stamp="$JARS_DIR/.localfs.stamp" want pyjars sources
+    if [[ ! -x "$VENV/bin/python" ]]; then
+        say "jars/localfs: skipped (no $VENV yet; run the python step first)"
+        return
+    fi
+    pyjars="$("$VENV/bin/python" -c 'from splitkeeper.runtime.jars import pyspark_jars_dir; print(pyspark_jars_dir())')"
+    mapfile -t sources < <(find jvm/localfs/src -name '*.java' | sort)
+    want="$(digest "${sources[@]}" <(ls "$pyjars"))"
+    if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" && -f "$out/splitkeeper-localfs.jar" ]]; then
+        say "jars/localfs: up to date ($out/splitkeeper-localfs.jar)"
+        return
+    fi
+    if ! command -v javac >/dev/null 2>&1 || ! command -v jar >/dev/null 2>&1; then
+        say "jars/localfs: javac/jar not found (install a JDK: apt-get install -y openjdk-17-jdk-headless); local Delta commits will be slower"
+        return
+    fi
+    local tmp="$out.partial"
+    rm -rf "$tmp"
+    mkdir -p "$tmp/classes"
+    javac -nowarn --release 17 -d "$tmp/classes" -cp "$pyjars/*" "${sources[@]}" \
+        || die "javac could not compile jvm/localfs/src against $pyjars"
+    jar cf "$tmp/splitkeeper-localfs.jar" -C "$tmp/classes" .
+    rm -rf "$tmp/classes" "$out"
+    mv "$tmp" "$out"
+    echo "$want" > "$stamp"
+    say "jars/localfs: built $out/splitkeeper-localfs.jar"
+}
+
 step_jars() {
     if ! command -v java >/dev/null 2>&1; then
         die "Java not found; install a JDK >= 17: apt-get install -y openjdk-17-jdk-headless"
     fi
     fetch_jars spark jvm/pom.xml
     fetch_jars kafka jvm/kafka-broker.xml
+    build_localfs
     # One rule, in Python: no jar of .jars/spark duplicates one pyspark ships.
     if [[ -x "$VENV/bin/python" ]]; then
         "$VENV/bin/python" -m splitkeeper.runtime.jars --root "$JARS_DIR" \

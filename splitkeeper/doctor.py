@@ -2,8 +2,9 @@
 
 Checks Java, pyspark, delta-spark and the Delta jar for this Spark, the Spark Kafka
 connector jars, the Kafka broker jars, Airflow, Great Expectations, confluent-kafka
-and (optionally) Maven and chromium. Prints a table, or JSON with ``--json``; exits 1
-when a required piece is missing, each with the command that fixes it.
+and (optionally) Maven, splitkeeper's local file system jar and chromium. Prints a
+table, or JSON with ``--json``; exits 1 when a required piece is missing, each with
+the command that fixes it.
 
 Nothing is imported from Airflow or Great Expectations (versions come from package
 metadata), so the command answers in about a second.
@@ -239,6 +240,22 @@ def check_kafka_broker(root: Path | None) -> CheckResult:
     )
 
 
+def check_local_file_system(root: Path | None) -> CheckResult:
+    """splitkeeper's Hadoop local file system (optional: without it local commits are slower)."""
+    name = "local file system jar"
+    jar = jarlib.localfs_jar(root)
+    if jar is None:
+        return CheckResult(
+            name,
+            CheckStatus.WARN,
+            f"not built: {jarlib.group_dir(jarlib.JarGroup.LOCALFS, root) / jarlib.LOCALFS_JAR}",
+            "install a JDK with javac (apt-get install -y openjdk-17-jdk-headless), "
+            "then bash scripts/setup.sh jars",
+            required=False,
+        )
+    return CheckResult(name, CheckStatus.OK, str(jar), required=False)
+
+
 def check_python_package(name: str, dist: str, module: str, min_major: int | None = None) -> CheckResult:
     """Installed (metadata) and importable (module found; not imported, to stay fast)."""
     version = _dist_version(dist)
@@ -271,6 +288,7 @@ def run_checks(root: Path | None = None, java: str | None = None) -> list[CheckR
         lambda: check_delta(root),
         lambda: check_kafka_connector(root),
         lambda: check_kafka_broker(root),
+        lambda: check_local_file_system(root),
         lambda: check_python_package("airflow", "apache-airflow", "airflow", min_major=3),
         lambda: check_python_package(
             "great-expectations", "great-expectations", "great_expectations", min_major=1

@@ -24,6 +24,7 @@ EXPECTED_CHECKS = [
     "spark kafka connector",
     "spark classpath",
     "kafka broker jars",
+    "local file system jar",
     "airflow",
     "great-expectations",
     "confluent-kafka",
@@ -67,6 +68,8 @@ def test_doctor_json_mode_parses_and_lists_each_check_with_status_and_fix():
     assert by_name["pyspark"]["detail"].startswith("4.1.1")
     assert "delta-spark_4.1_2.13-" in by_name["delta jar"]["detail"]
     assert by_name["chromium (browser tests)"]["required"] is False
+    assert by_name["local file system jar"]["status"] == "ok"  # setup.sh builds it
+    assert by_name["local file system jar"]["required"] is False
 
 
 def test_doctor_without_jars_exits_1_with_a_fix_line_per_missing_piece(tmp_path):

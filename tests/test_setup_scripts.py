@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -82,6 +83,10 @@ def test_setup_jars_fetches_once_then_the_stamp_skips_maven(fake_mvn, tmp_path):
     assert any("-f jvm/pom.xml" in c for c in calls) and any("-f jvm/kafka-broker.xml" in c for c in calls)
     assert (tmp_path / "jars" / "spark" / "delta-spark_4.1_2.13-4.4.0.jar").exists()
     assert (tmp_path / "jars" / "kafka" / "kafka_2.13-4.1.1.jar").exists()
+    # the local file system is compiled with javac against pyspark's Hadoop, no Maven
+    with zipfile.ZipFile(tmp_path / "jars" / "localfs" / "splitkeeper-localfs.jar") as jar:
+        assert "dev/splitkeeper/hadoop/NioLocalFileSystem.class" in jar.namelist()
+    assert "jars/localfs: built" in first.stdout
     assert not list((tmp_path / "jars").glob("*.partial"))
 
     second = _setup(fake_mvn, "jars")
@@ -89,6 +94,7 @@ def test_setup_jars_fetches_once_then_the_stamp_skips_maven(fake_mvn, tmp_path):
     assert len(_mvn_calls(fake_mvn)) == 2  # no new mvn call
     assert "jars/spark: up to date" in second.stdout
     assert "jars/kafka: up to date" in second.stdout
+    assert "jars/localfs: up to date" in second.stdout
 
 
 def test_setup_refetches_only_the_group_whose_stamp_is_stale(fake_mvn, tmp_path):
@@ -133,6 +139,7 @@ def test_full_setup_on_this_checkout_is_a_fast_no_op(fake_mvn):
     assert "python packages: up to date" in result.stdout
     assert "jars/spark: up to date" in result.stdout
     assert "jars/kafka: up to date" in result.stdout
+    assert "jars/localfs: up to date" in result.stdout
     assert "browser: skipped (SPLITKEEPER_BROWSER_TESTS=0)" in result.stdout
     assert _mvn_calls(env) == []
 

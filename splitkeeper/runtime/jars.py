@@ -5,7 +5,10 @@ copies the results into two separate folders of the jars root:
 
 - ``<root>/spark/``: what Spark needs on ``spark.jars`` beyond pyspark's own jars
   (Delta, the Spark Kafka connector and their runtime dependencies);
-- ``<root>/kafka/``: a runnable Apache Kafka broker (KRaft) and its storage tool.
+- ``<root>/kafka/``: a runnable Apache Kafka broker (KRaft) and its storage tool;
+- ``<root>/localfs/``: ``splitkeeper-localfs.jar``, compiled by ``javac`` from
+  ``jvm/localfs/src`` against pyspark's Hadoop: Hadoop's local file system without a
+  forked ``chmod``/``readlink`` per call (see :func:`localfs_jar`).
 
 The root is ``<repo>/.jars`` unless ``SPLITKEEPER_JARS_DIR`` names another folder.
 Every lookup raises :class:`EnvironmentNotReadyError` with the fix when a jar is
@@ -38,6 +41,13 @@ class JarGroup(enum.Enum):
 
     SPARK = "spark"
     KAFKA = "kafka"
+    LOCALFS = "localfs"
+
+
+#: The jar setup.sh compiles from jvm/localfs/src, and the classes Hadoop is pointed at.
+LOCALFS_JAR = "splitkeeper-localfs.jar"
+LOCALFS_FILE_SYSTEM = "dev.splitkeeper.hadoop.NioLocalFileSystem"
+LOCALFS_ABSTRACT_FILE_SYSTEM = "dev.splitkeeper.hadoop.NioLocalFs"
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,6 +147,19 @@ def spark_jars(spark_version: str | None = None, root: Path | None = None) -> li
             wanted=f"{kafka_connector_artifact()}-{version}",
         )
     return [j.path for j in jars]
+
+
+def localfs_jar(root: Path | None = None) -> Path | None:
+    """``<root>/localfs/splitkeeper-localfs.jar`` when setup.sh built it, else None.
+
+    Without Hadoop's native library (pyspark ships none), Hadoop's local file system
+    starts a ``chmod`` process for every file it creates and a ``readlink`` process for
+    every rename's status check: about twenty processes per Delta commit on a local
+    table. The jar's classes do both with ``java.nio``. It is optional: without it local
+    runs are slower, not different.
+    """
+    jar = group_dir(JarGroup.LOCALFS, root) / LOCALFS_JAR
+    return jar if jar.is_file() else None
 
 
 def kafka_classpath(root: Path | None = None) -> str:

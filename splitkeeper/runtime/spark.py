@@ -35,6 +35,8 @@ ENV_SHUFFLE_PARTITIONS = "SPLITKEEPER_SPARK_SHUFFLE_PARTITIONS"
 ENV_DRIVER_MEMORY = "SPLITKEEPER_SPARK_DRIVER_MEMORY"
 ENV_WAREHOUSE = "SPLITKEEPER_SPARK_WAREHOUSE"
 ENV_CONF = "SPLITKEEPER_SPARK_CONF"
+#: ``0`` keeps Hadoop's own local file system even when splitkeeper's jar is there.
+ENV_LOCAL_FS = "SPLITKEEPER_LOCAL_FS"
 
 _MASTER = re.compile(r"^(local(\[(\*|\d+)(,\d+)?\])?|local-cluster\[\d+,\d+,\d+\]|spark://.+|k8s://.+|yarn)$")
 _MASTER_ALLOWED = (
@@ -82,6 +84,11 @@ class SparkSettings:
     @property
     def is_local(self) -> bool:
         return self.master.startswith("local")
+
+    @property
+    def in_one_jvm(self) -> bool:
+        """``local``/``local[...]``: executors run in the driver's JVM (not ``local-cluster``)."""
+        return self.master == "local" or self.master.startswith("local[")
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> SparkSettings:
@@ -134,12 +141,39 @@ class SparkSettings:
             # Local runs stay on the loopback interface whatever the host name resolves to.
             conf["spark.driver.host"] = "127.0.0.1"
             conf["spark.driver.bindAddress"] = "127.0.0.1"
+        # Delta keeps a small table's whole file list in each commit's checksum when this is
+        # on; building it costs every commit a query plan (and the first commit of a table a
+        # state reconstruction). splitkeeper's tables take many small commits and read the
+        # checksum only for the set transactions, which Delta writes either way.
+        conf["spark.databricks.delta.allFilesInCrc.enabled"] = "false"
+        conf.update(self._local_fs_conf())
         if self.driver_memory:
             conf["spark.driver.memory"] = self.driver_memory
         if self.warehouse_dir:
             conf["spark.sql.warehouse.dir"] = self.warehouse_dir
         conf.update(dict(self.extra_conf))
         return conf
+
+    def _local_fs_conf(self) -> dict[str, str]:
+        """Hadoop's ``file:`` scheme on splitkeeper's local file system, when it can be.
+
+        Only when executors share the driver's JVM, the jar is built
+        (:func:`~splitkeeper.runtime.jars.localfs_jar`), ``SPLITKEEPER_LOCAL_FS`` is not
+        ``0``, and this process starts that JVM (``spark.driver.extraClassPath`` means
+        nothing to a JVM spark-submit already started).
+        """
+        if not self.in_one_jvm or os.environ.get(ENV_LOCAL_FS, "1").strip() == "0":
+            return {}
+        if os.environ.get("PYSPARK_GATEWAY_PORT"):
+            return {}  # launched by spark-submit: the classpath is fixed
+        jar = jarlib.localfs_jar(self.jars_dir)
+        if jar is None:
+            return {}
+        return {
+            "spark.driver.extraClassPath": str(jar),
+            "spark.hadoop.fs.file.impl": jarlib.LOCALFS_FILE_SYSTEM,
+            "spark.hadoop.fs.AbstractFileSystem.file.impl": jarlib.LOCALFS_ABSTRACT_FILE_SYSTEM,
+        }
 
 
 def get_spark(settings: SparkSettings | None = None) -> SparkSession:

@@ -254,3 +254,83 @@ def test_python_workers_run_the_drivers_interpreter(spark):
 
     seen = spark.sparkContext.parallelize([0], 1).map(lambda _: __import__("sys").executable).collect()
     assert seen == [sys.executable]
+
+
+def _localfs_root(tmp_path: Path) -> Path:
+    jar = tmp_path / "jars" / "localfs" / jarlib.LOCALFS_JAR
+    jar.parent.mkdir(parents=True)
+    jar.write_bytes(b"")
+    return tmp_path / "jars"
+
+
+def test_local_masters_use_splitkeepers_local_file_system_when_its_jar_is_built(tmp_path, monkeypatch):
+    monkeypatch.delenv("PYSPARK_GATEWAY_PORT", raising=False)
+    monkeypatch.delenv("SPLITKEEPER_LOCAL_FS", raising=False)
+    root = _localfs_root(tmp_path)
+    conf = SparkSettings(master="local[2]", jars_dir=root).spark_conf([])
+    assert conf["spark.driver.extraClassPath"] == str(root / "localfs" / jarlib.LOCALFS_JAR)
+    assert conf["spark.hadoop.fs.file.impl"] == jarlib.LOCALFS_FILE_SYSTEM
+    assert conf["spark.hadoop.fs.AbstractFileSystem.file.impl"] == jarlib.LOCALFS_ABSTRACT_FILE_SYSTEM
+    assert conf["spark.databricks.delta.allFilesInCrc.enabled"] == "false"
+
+    # Hadoop's own file system wherever the jar could not be on every JVM's classpath:
+    for master in ("local-cluster[2,1,1024]", "spark://h:7077", "k8s://https://api:6443", "yarn"):
+        assert "spark.hadoop.fs.file.impl" not in SparkSettings(master=master, jars_dir=root).spark_conf([])
+    assert "spark.hadoop.fs.file.impl" not in SparkSettings(jars_dir=tmp_path / "none").spark_conf([])
+    monkeypatch.setenv("SPLITKEEPER_LOCAL_FS", "0")  # turned off
+    assert "spark.hadoop.fs.file.impl" not in SparkSettings(jars_dir=root).spark_conf([])
+    monkeypatch.delenv("SPLITKEEPER_LOCAL_FS")
+    monkeypatch.setenv("PYSPARK_GATEWAY_PORT", "4040")  # spark-submit started the JVM
+    assert "spark.hadoop.fs.file.impl" not in SparkSettings(jars_dir=root).spark_conf([])
+
+
+@pytest.mark.spark
+def test_the_test_session_runs_on_splitkeepers_local_file_system(spark):
+    # setup.sh builds the jar with the JDK's javac; without it local commits fork processes
+    assert jarlib.localfs_jar() is not None, "run `bash scripts/setup.sh jars` to build the local file system"
+    jvm = spark._jvm
+    conf = spark._jsc.hadoopConfiguration()
+    uri = jvm.java.net.URI("file:///")
+    file_system = jvm.org.apache.hadoop.fs.FileSystem.get(uri, conf)
+    assert file_system.getClass().getName() == jarlib.LOCALFS_FILE_SYSTEM
+    context = jvm.org.apache.hadoop.fs.FileContext.getFileContext(uri, conf)
+    assert context.getDefaultFileSystem().getClass().getName() == jarlib.LOCALFS_ABSTRACT_FILE_SYSTEM
+
+
+@pytest.mark.spark
+def test_local_file_system_sets_permissions_and_reads_links_as_hadoop_does(spark, tmp_path):
+    from py4j.protocol import Py4JJavaError
+
+    jvm = spark._jvm
+    hadoop = jvm.org.apache.hadoop.fs
+    root, conf = jvm.java.net.URI("file:///"), spark._jsc.hadoopConfiguration()
+    raw = hadoop.FileSystem.get(root, conf).getRawFileSystem()
+    assert raw.getClass().getName() == "dev.splitkeeper.hadoop.NioRawLocalFileSystem"
+    data = tmp_path / "data.txt"
+    data.write_text("twelve bytes")
+    raw.setPermission(hadoop.Path(str(data)), hadoop.permission.FsPermission("640"))
+    assert data.stat().st_mode & 0o777 == 0o640
+    raw.setPermission(hadoop.Path(str(data)), hadoop.permission.FsPermission("755"))
+    assert data.stat().st_mode & 0o777 == 0o755
+    with pytest.raises(Py4JJavaError, match="FileNotFoundException"):
+        raw.setPermission(hadoop.Path(str(tmp_path / "missing")), hadoop.permission.FsPermission("644"))
+
+    plain = raw.getFileLinkStatus(hadoop.Path(str(data)))
+    assert not plain.isSymlink() and plain.getLen() == 12
+    link = tmp_path / "link.txt"
+    link.symlink_to(data)
+    status = raw.getFileLinkStatus(hadoop.Path(str(link)))
+    assert status.isSymlink() and str(status.getSymlink().getName()) == "data.txt"
+    with pytest.raises(Py4JJavaError, match="FileNotFoundException"):
+        raw.getFileLinkStatus(hadoop.Path(str(tmp_path / "missing")))
+
+    # FileContext's rename (Delta's log store) still refuses to replace an existing file
+    context = hadoop.FileContext.getFileContext(root, conf)
+    other = tmp_path / "other.txt"
+    other.write_text("x")
+    rename = getattr(hadoop, "Options$Rename")
+    options = spark.sparkContext._gateway.new_array(rename, 1)
+    options[0] = rename.NONE
+    with pytest.raises(Py4JJavaError, match="FileAlreadyExistsException"):
+        context.rename(hadoop.Path(str(other)), hadoop.Path(str(data)), options)
+    assert data.read_text() == "twelve bytes"
