@@ -63,6 +63,7 @@ __all__ = [
     "is_concurrent_modification",
     "local_dir",
     "read_commit",
+    "remove_files",
     "txn_version",
     "warm_snapshot_state",
 ]
@@ -311,10 +312,15 @@ def read_commit(spark: SparkSession, path: str, version: int) -> DeltaCommit | N
 
 @dataclass(frozen=True, slots=True)
 class LoggedAppend:
-    """An append and what landed before it: the commits after the caller's version, oldest first."""
+    """An append and what landed before it: the commits after the caller's version, oldest first.
+
+    ``files``: the data files the append added with their partition values, when it wrote
+    them itself (:func:`append_arrow`); empty for Spark's appends.
+    """
 
     commit: DeltaCommit
     earlier: tuple[DeltaCommit, ...]
+    files: tuple[tuple[DataFile, dict[str, str]], ...] = ()
 
 
 def _tag(user_metadata: Mapping[str, Any] | None) -> tuple[str, str]:
@@ -572,4 +578,55 @@ def append_arrow(
     commit = DeltaCommit(version, "WRITE", {}, metadata, metrics)
     first = version if since_version is None else int(since_version) + 1
     earlier = tuple(_logged_commit(spark, path, v, since_version) for v in range(first, version))
-    return LoggedAppend(commit, earlier)
+    return LoggedAppend(commit, earlier, tuple(files))
+
+
+def remove_files(spark: SparkSession, path: str, files: Sequence[tuple[DataFile, Mapping[str, str]]]) -> int:
+    """Remove ``files`` (with their partition values, as :func:`append_arrow` added them) from
+    the Delta table at ``path`` in one DELETE commit, without a Spark job; return its version.
+
+    Deleting whole partitions this way needs no snapshot state (Spark's DELETE reconstructs
+    it to find the files). The caller must know the files are still in the table. The
+    transaction reads the whole table, so a commit that added or removed files since it
+    started conflicts (Delta raises, see :func:`is_concurrent_modification`). Raises
+    :class:`DeltaApiUnavailable` before writing anything when the JVM API differs.
+    """
+    from py4j.protocol import Py4JError
+
+    delta_log, action, _write, to_seq = _transaction_api(spark, path, "{}")
+    jvm = _jvm(spark)
+    try:
+        operation = getattr(jvm.org.apache.spark.sql.delta, "DeltaOperations$Delete")(
+            to_seq(jvm.java.util.ArrayList())
+        )
+    except (Py4JError, AttributeError, TypeError) as err:
+        raise DeltaApiUnavailable(f"Delta's DELETE operation is not usable here: {err}") from err
+    txn = delta_log.startTransaction()
+    txn.readWholeTable()
+    # DELETE's commit reports its metrics; they are counted here, not by a Spark plan.
+    counted = {"numRemovedFiles": len(files), "numDeletedRows": sum(int(d.records) for d, _v in files)}
+    metrics = jvm.java.util.HashMap()
+    for name, value in counted.items():
+        metric = jvm.org.apache.spark.sql.execution.metric.SQLMetrics.createMetric(spark._jsc.sc(), name)
+        metric.set(int(value))
+        metrics.put(name, metric)
+    txn.registerSQLMetrics(
+        spark._jsparkSession, jvm.org.apache.spark.api.python.PythonUtils.toScalaMap(metrics)
+    )
+    now_ms = int(time.time() * 1000)
+    lines = [
+        json.dumps(
+            {
+                "remove": {
+                    "path": data.path,
+                    "deletionTimestamp": now_ms,
+                    "dataChange": True,
+                    "extendedFileMetadata": True,
+                    "partitionValues": dict(values),
+                    "size": int(data.size),
+                }
+            }
+        )
+        for data, values in files
+    ]
+    return _commit_actions(spark, txn, (delta_log, action, operation, to_seq), lines)

@@ -59,6 +59,8 @@ from splitkeeper.core.types import (
 from splitkeeper.errors import CheckpointError, ConcurrentRunError, InvalidParameterError, StateError
 from splitkeeper.runtime import serde
 from splitkeeper.runtime.delta_log import (
+    DataFile,
+    DeltaApiUnavailable,
     DeltaCommit,
     LoggedAppend,
     append_arrow,
@@ -68,6 +70,7 @@ from splitkeeper.runtime.delta_log import (
     delta_table_version,
     is_concurrent_modification,
     read_commit,
+    remove_files,
 )
 from splitkeeper.runtime.serde import EpochPlan, PlannedRange
 
@@ -128,6 +131,12 @@ _NO_ROWS_OPERATIONS = frozenset({"CREATE TABLE", "OPTIMIZE", "DELETE", "SET TBLP
 #: Columns added to a table's DDL after state was first written with it: nullable, at the end; an
 #: older table gets them by ALTER TABLE ADD COLUMNS when a store opens it.
 _ADDED_COLUMNS: dict[str, frozenset[str]] = {"checkpoints": frozenset({"configured_parallelism"})}
+#: How many of its own checkpoints rows a store remembers for retention's archive (the rows
+#: carry every split's position; older ones are read back when retention deletes them).
+_REMEMBERED_ROWS = 64
+#: Commits after which a data file a store added is still in the table as it was (they add
+#: files, delete rows, or change only metadata). Anything else (OPTIMIZE) may have rewritten it.
+_KEEPS_FILES = frozenset({"WRITE", "DELETE", "CREATE TABLE", "SET TBLPROPERTIES", "ADD COLUMNS"})
 _STATS_COLUMNS: dict[str, str] = {
     "pipeline": "name",
     "epoch_plans": "region_id",
@@ -177,6 +186,41 @@ class TimelineEntry:
 
 def _utc_from_micros(micros: int | None) -> datetime:
     return datetime.fromtimestamp((micros or 0) / 1_000_000, tz=UTC)
+
+
+def _archived_row(row: Mapping[str, Any], logged_at: datetime) -> dict[str, Any]:
+    """The ``checkpoint_log`` row of a completed checkpoint, from its ``checkpoints`` row.
+
+    ``regions[*].splits`` becomes the region's split count; ``backlog_splits`` counts the
+    splits still short of their backlog end.
+    """
+    regions = list(row.get("regions") or ())
+    splits = [split for region in regions for split in region.get("splits") or ()]
+    in_backlog = sum(
+        1 for s in splits if s.get("backlog_end") is not None and int(s["position"]) < int(s["backlog_end"])
+    )
+    return {
+        "checkpoint_id": row["checkpoint_id"],
+        "kind": row["kind"],
+        "regions": [
+            {
+                "region_id": region["region_id"],
+                "outcome": region["outcome"],
+                "ref_checkpoint_id": region.get("ref_checkpoint_id"),
+                "splits": len(region.get("splits") or ()),
+            }
+            for region in regions
+        ],
+        "reason": "",
+        "run_id": row["run_id"],
+        "logged_at": logged_at,
+        "attempt_id": row["attempt_id"],
+        "parallelism": row["parallelism"],
+        "processing_backlog": row["processing_backlog"],
+        "backlog_splits": in_backlog,
+        "commit_ms": row["commit_ms"],
+        "created_at": row["created_at"],
+    }
 
 
 def _is_local_path(root: str) -> bool:
@@ -236,6 +280,9 @@ class DeltaStateStore(CheckpointStore):
         self._meta_cache: tuple[int, _Metadata] | None = None
         self._configured: dict[int, int | None] = {}  # checkpoint id -> configured_parallelism, as loaded
         self._plan_claims: tuple[int, int | None] | None = None  # (epoch_plans version, latest planned)
+        self._committed_rows: dict[int, Mapping[str, Any]] = {}  # checkpoints rows this store wrote, kept
+        # their files and the checkpoints table version that added them
+        self._committed_files: dict[int, tuple[int, tuple[tuple[DataFile, dict[str, str]], ...]]] = {}
         created = self._ensure_tables()
         self._claim_pipeline(accept_source_change, fresh="pipeline" in created)
 
@@ -674,6 +721,13 @@ class DeltaStateStore(CheckpointStore):
         self._after_own_write(read_version, lambda entries: (*entries, (light, attempt_id)))
         with self._lock:
             self._commits_since_compaction += 1
+            # for retention: the archive row, and the files to remove (when pyarrow wrote them)
+            self._committed_rows[checkpoint_id] = row
+            self._committed_files[checkpoint_id] = (logged.commit.version, logged.files)
+            while len(self._committed_rows) > _REMEMBERED_ROWS:  # bounded: older ones are read
+                oldest = min(self._committed_rows)
+                del self._committed_rows[oldest]
+                self._committed_files.pop(oldest, None)
         total_ms = round((time.perf_counter() - started) * 1000)
         return StateCommit(checkpoint_id, attempt_id, commit_ms, total_ms)
 
@@ -1061,62 +1115,85 @@ class DeltaStateStore(CheckpointStore):
 
         if not deleted:
             return
-        ids_sql = ", ".join(str(int(i)) for i in deleted)
-        self._archive_checkpoints(ids_sql)
+        self._archive_checkpoints(deleted)
         # From this commit on these checkpoints do not exist.
-        DeltaTable.forPath(self.spark, self.table_path("checkpoints")).delete(f"checkpoint_id IN ({ids_sql})")
+        if not self._remove_own_rows(deleted):
+            ids_sql = ", ".join(str(int(i)) for i in deleted)
+            DeltaTable.forPath(self.spark, self.table_path("checkpoints")).delete(
+                f"checkpoint_id IN ({ids_sql})"
+            )
         gone = set(deleted)
+        with self._lock:
+            for checkpoint_id in gone:
+                self._committed_rows.pop(checkpoint_id, None)
+                self._committed_files.pop(checkpoint_id, None)
         self._after_own_write(
             read_version, lambda entries: tuple(e for e in entries if e[0].checkpoint_id not in gone)
         )
         # Their enumerator_state/audit rows are now unreferenced (restore reads only rows of
         # the attempt a checkpoints row names); compact() deletes them in one batch.
 
-    def _archive_checkpoints(self, ids_sql: str) -> None:
+    def _remove_own_rows(self, deleted: Sequence[int]) -> bool:
+        """Delete checkpoints rows by removing the files this store wrote for them (no Spark
+        job: :func:`remove_files`). False, with nothing written, when a file is not known
+        (another store wrote the row, or compaction rewrote it) or the commit conflicts;
+        the caller then deletes with Spark."""
+        path = self.table_path("checkpoints")
+        with self._lock:
+            known = [self._committed_files.get(int(i)) for i in deleted]
+        if any(entry is None or not entry[1] for entry in known):
+            return False
+        written = min(entry[0] for entry in known if entry is not None)
+        for version in range(written + 1, delta_table_version(self.spark, path) + 1):
+            commit = read_commit(self.spark, path, version)
+            if commit is None or commit.operation not in _KEEPS_FILES:
+                return False  # e.g. an OPTIMIZE by another process rewrote the files
+        files = [f for entry in known if entry is not None for f in entry[1]]
+        try:
+            remove_files(self.spark, path, files)
+        except DeltaApiUnavailable as err:
+            log.warning("%s; deleting checkpoints rows with Spark", err)
+            return False
+        except Exception as err:
+            if not is_concurrent_modification(err):
+                raise
+            log.info(
+                "state store %s: checkpoints changed under retention (%s); deleting with Spark",
+                self.root,
+                err,
+            )
+            return False
+        return True
+
+    def _archive_checkpoints(self, deleted: Sequence[int]) -> None:
         """Copy the timeline facts of checkpoints about to be deleted into ``checkpoint_log``.
 
-        One append (a Spark query over the checkpoints rows, nothing through Python), so
-        the timeline and the report keep the whole history while restore reads only the
-        kept checkpoints. A driver dying between this append and the delete leaves the
-        checkpoint both kept and archived: :meth:`timeline` shows it once.
+        One append of rows built from their checkpoints rows (:func:`_archived_row`): the
+        rows this store committed itself are remembered, the others are read (one
+        partition-pruned query), so the timeline and the report keep the whole history
+        while restore reads only the kept checkpoints. A driver dying between this append
+        and the delete leaves the checkpoint both kept and archived: :meth:`timeline`
+        shows it once.
         """
         from pyspark.sql import functions as F
 
-        splits = F.flatten(F.transform("regions", lambda r: r.splits))
-        in_backlog = F.aggregate(
-            splits,
-            F.lit(0),
-            lambda acc, s: (
-                acc + F.when(s.backlog_end.isNotNull() & (s.position < s.backlog_end), 1).otherwise(0)
-            ),
-        )
-        archived = (
-            self._read("checkpoints")
-            .where(f"checkpoint_id IN ({ids_sql})")
-            .select(
-                "checkpoint_id",
-                "kind",
-                F.transform(
-                    "regions",
-                    lambda r: F.struct(
-                        r.region_id.alias("region_id"),
-                        r.outcome.alias("outcome"),
-                        r.ref_checkpoint_id.alias("ref_checkpoint_id"),
-                        F.size(r.splits).alias("splits"),
-                    ),
-                ).alias("regions"),
-                F.lit("").alias("reason"),
-                "run_id",
-                F.current_timestamp().alias("logged_at"),
-                "attempt_id",
-                "parallelism",
-                "processing_backlog",
-                in_backlog.cast("int").alias("backlog_splits"),
-                "commit_ms",
-                "created_at",
+        wanted = sorted({int(i) for i in deleted})
+        with self._lock:
+            rows = [self._committed_rows[i] for i in wanted if i in self._committed_rows]
+        known = {int(r["checkpoint_id"]) for r in rows}
+        missing = [i for i in wanted if i not in known]
+        if missing:
+            ids_sql = ", ".join(str(i) for i in missing)
+            read = (
+                self._read("checkpoints")
+                .where(f"checkpoint_id IN ({ids_sql})")
+                .withColumn("created_at", F.unix_micros("created_at"))
             )
-        )
-        archived.coalesce(1).write.format("delta").mode("append").save(self.table_path("checkpoint_log"))
+            for r in read.collect():
+                row = r.asDict(recursive=True)
+                rows.append({**row, "created_at": _utc_from_micros(row["created_at"])})
+        logged_at = datetime.now(UTC)
+        self._append("checkpoint_log", [_archived_row(row, logged_at) for row in rows])
 
     def archived_checkpoints(self) -> DataFrame:
         """The ``checkpoint_log`` rows of completed checkpoints retention deleted (one per id)."""
@@ -1162,6 +1239,8 @@ class DeltaStateStore(CheckpointStore):
                 )
             oldest = metadata[0][0].checkpoint_id
             DeltaTable.forPath(self.spark, self.table_path("epoch_plans")).delete(f"epoch_id < {oldest}")
+        with self._lock:
+            self._committed_files.clear()  # OPTIMIZE rewrites them: retention deletes with Spark
         for table in serde.STATE_TABLES:
             DeltaTable.forPath(self.spark, self.table_path(table)).optimize().executeCompaction()
 

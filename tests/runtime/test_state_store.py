@@ -711,3 +711,101 @@ def test_a_checkpoints_table_of_older_state_gains_configured_parallelism_and_rea
     again.load_checkpoint(1)
     assert again.load_checkpoint(2) == _global(2)
     assert (again.configured_parallelism(1), again.configured_parallelism(2)) == (None, 3)
+
+
+def _backlogged(checkpoint_id: int, ref: CompletedCheckpoint | None = None) -> CompletedCheckpoint:
+    """Region 0: three splits, two of them short of their backlog end; region 1: one split."""
+    base = _global(checkpoint_id) if ref is None else _regional(checkpoint_id, ref)
+    region0 = dataclasses.replace(
+        base.regions[0],
+        splits=(
+            Split("b-0", "t", 5, backlog_end=9),
+            Split("b-1", "t", 9, backlog_end=9),  # reached its backlog end
+            Split("b-2", "t", 0, backlog_end=4),
+        ),
+    )
+    return dataclasses.replace(base, regions={**base.regions, 0: region0}, processing_backlog=True)
+
+
+@pytest.mark.spark
+def test_retention_archives_the_same_facts_from_remembered_and_from_read_rows(spark, store_root):
+    store = _open(spark, store_root)
+    second = _backlogged(2)
+    for completed in (_backlogged(1), second, _backlogged(3, second), _global(4)):
+        store.commit_checkpoint(completed)
+    written = {
+        r.checkpoint_id: r for r in spark.read.format("delta").load(store.table_path("checkpoints")).collect()
+    }
+    assert store.retain(2) == [1]  # 3 refers to 2. This store wrote 1: archived from memory
+    assert _open(spark, store_root).retain(1) == [2, 3]  # a new store (a restarted driver): read
+
+    log = {
+        r.checkpoint_id: r
+        for r in spark.read.format("delta").load(store.table_path("checkpoint_log")).collect()
+    }
+    assert sorted(log) == [1, 2, 3]
+    for checkpoint_id in (1, 2, 3):
+        row, original = log[checkpoint_id], written[checkpoint_id]
+        assert [(g.region_id, g.outcome, g.ref_checkpoint_id, g.splits) for g in row.regions] == [
+            (g.region_id, g.outcome, g.ref_checkpoint_id, len(g.splits)) for g in original.regions
+        ]
+        assert (row.kind, row.reason, row.run_id, row.attempt_id) == (
+            original.kind,
+            "",
+            store.run_id,
+            original.attempt_id,
+        )
+        assert (row.parallelism, row.processing_backlog, row.commit_ms, row.created_at) == (
+            original.parallelism,
+            True,
+            original.commit_ms,
+            original.created_at,
+        )
+        assert row.logged_at >= original.created_at
+    assert log[1].backlog_splits == log[2].backlog_splits == 2  # b-0, b-2; b-1 reached its end
+    assert log[3].regions[1].ref_checkpoint_id == 2 and log[3].regions[1].outcome == "decline"
+    assert [e.checkpoint_id for e in store.timeline()] == [1, 2, 3, 4]
+
+
+def _rows_of(spark, store, table: str = "checkpoints") -> list[int]:
+    return sorted(r.checkpoint_id for r in spark.read.format("delta").load(store.table_path(table)).collect())
+
+
+@pytest.mark.spark
+def test_retention_of_its_own_checkpoints_runs_no_spark_job(spark, store_root):
+    store = _open(spark, store_root)
+    for checkpoint_id in (1, 2, 3):
+        store.commit_checkpoint(_global(checkpoint_id))
+    store.latest_checkpoint()  # the ids are known, as after a run's first epoch
+    tracker = spark.sparkContext.statusTracker()
+    spark.sparkContext.setJobGroup("retain", "retention")
+    try:
+        assert store.retain(1) == [1, 2]
+    finally:
+        spark.sparkContext.setJobGroup("", "")
+    assert tracker.getJobIdsForGroup("retain") == []
+    assert _rows_of(spark, store) == [3]  # the rows are gone from the table, not just the cache
+    assert _open(spark, store_root).checkpoint_ids() == [3]
+    assert [e.checkpoint_id for e in store.timeline()] == [1, 2, 3]
+    from delta.tables import DeltaTable
+
+    history = DeltaTable.forPath(spark, store.table_path("checkpoints")).history(1).collect()
+    assert history[0].operation == "DELETE"
+
+
+@pytest.mark.spark
+def test_retention_after_another_store_compacted_deletes_with_spark(spark, store_root):
+    store = _open(spark, store_root)
+    for checkpoint_id in (1, 2, 3):
+        store.commit_checkpoint(_global(checkpoint_id))
+    _open(spark, store_root).compact()  # another process rewrote the checkpoints files
+    assert store.retain(1) == [1, 2]
+    assert _rows_of(spark, store) == [3]
+    assert _open(spark, store_root).latest_checkpoint() == _global(3)
+
+    store.commit_checkpoint(_global(4))
+    store.compact()  # its own compaction: what it remembered of 3 and 4 is stale too
+    store.commit_checkpoint(_global(5))
+    assert store.retain(1) == [3, 4]
+    assert _rows_of(spark, store) == [5]
+    assert [e.checkpoint_id for e in store.timeline()] == [1, 2, 3, 4, 5]
