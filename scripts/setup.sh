@@ -112,6 +112,9 @@ build_localfs() {
         return
     fi
     if ! command -v javac >/dev/null 2>&1 || ! command -v jar >/dev/null 2>&1; then
+        apt_optional jars/localfs openjdk-17-jdk-headless javac  # a JRE-only machine: add the JDK
+    fi
+    if ! command -v javac >/dev/null 2>&1 || ! command -v jar >/dev/null 2>&1; then
         say "jars/localfs: javac/jar not found (install a JDK: apt-get install -y openjdk-17-jdk-headless); local Delta commits will be slower"
         return
     fi

@@ -36,7 +36,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -429,29 +429,44 @@ class DeltaApiUnavailable(RuntimeError):
     """This Delta build lacks the transaction API :func:`commit_files_once` uses (nothing was written)."""
 
 
-def _write_operation(jvm: Any, user_metadata: str) -> Any:
-    """``DeltaOperations.Write(Append, userMetadata=...)`` through py4j (the constructor of Delta 4.x)."""
-    option = jvm.scala.Option
-    none = option.empty()
-    write = getattr(jvm.org.apache.spark.sql.delta, "DeltaOperations$Write")
-    return write(
-        jvm.org.apache.spark.sql.SaveMode.Append, none, none, option.apply(user_metadata), *([none] * 5)
+#: Builds a ``DeltaOperations`` value from the JVM view and ``PythonUtils.toSeq``.
+_Operation = Callable[[Any, Any], Any]
+
+
+def _write_operation(user_metadata: str) -> _Operation:
+    """``DeltaOperations.Write(Append, userMetadata=...)`` (the constructor of Delta 4.x)."""
+
+    def build(jvm: Any, _to_seq: Any) -> Any:
+        option = jvm.scala.Option
+        none = option.empty()
+        write = getattr(jvm.org.apache.spark.sql.delta, "DeltaOperations$Write")
+        return write(
+            jvm.org.apache.spark.sql.SaveMode.Append, none, none, option.apply(user_metadata), *([none] * 5)
+        )
+
+    return build
+
+
+def _delete_operation(jvm: Any, to_seq: Any) -> Any:
+    """``DeltaOperations.Delete`` with no predicate (the caller names the removed files)."""
+    return getattr(jvm.org.apache.spark.sql.delta, "DeltaOperations$Delete")(
+        to_seq(jvm.java.util.ArrayList())
     )
 
 
-def _transaction_api(spark: SparkSession, path: str, user_metadata: str) -> tuple[Any, Any, Any, Any]:
-    """(DeltaLog, Action companion, Write operation, PythonUtils.toSeq) through py4j."""
+def _transaction_api(spark: SparkSession, path: str, operation: _Operation) -> tuple[Any, Any, Any, Any]:
+    """(DeltaLog, Action companion, the built ``operation``, PythonUtils.toSeq) through py4j."""
     from py4j.protocol import Py4JError
 
     jvm = _jvm(spark)
     try:
         delta_log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, path)
         action = jvm.org.apache.spark.sql.delta.actions.Action
-        operation = _write_operation(jvm, user_metadata)
         to_seq = jvm.org.apache.spark.api.python.PythonUtils.toSeq
+        built = operation(jvm, to_seq)
     except (Py4JError, AttributeError, TypeError) as err:
         raise DeltaApiUnavailable(f"Delta's transaction API is not usable here: {err}") from err
-    return delta_log, action, operation, to_seq
+    return delta_log, action, built, to_seq
 
 
 def _add_json(data: DataFile, partition_values: Mapping[str, str] | None = None) -> str:
@@ -498,7 +513,7 @@ def commit_files_once(
     anything is written when the JVM API differs from what this module knows.
     """
     _commit_id, metadata = _tag(user_metadata)
-    api = _transaction_api(spark, path, metadata)
+    api = _transaction_api(spark, path, _write_operation(metadata))
     txn = api[0].startTransaction()
     if _read_txn_version(txn, app_id) >= version:
         return None
@@ -552,7 +567,7 @@ def append_arrow(
         return None
     _commit_id, metadata = _tag(user_metadata)
     try:
-        api = _transaction_api(spark, path, metadata)
+        api = _transaction_api(spark, path, _write_operation(metadata))
     except DeltaApiUnavailable as err:
         log.warning("%s; appending to %s with Spark", err, path)
         return None
@@ -591,17 +606,9 @@ def remove_files(spark: SparkSession, path: str, files: Sequence[tuple[DataFile,
     started conflicts (Delta raises, see :func:`is_concurrent_modification`). Raises
     :class:`DeltaApiUnavailable` before writing anything when the JVM API differs.
     """
-    from py4j.protocol import Py4JError
-
-    delta_log, action, _write, to_seq = _transaction_api(spark, path, "{}")
+    api = _transaction_api(spark, path, _delete_operation)
     jvm = _jvm(spark)
-    try:
-        operation = getattr(jvm.org.apache.spark.sql.delta, "DeltaOperations$Delete")(
-            to_seq(jvm.java.util.ArrayList())
-        )
-    except (Py4JError, AttributeError, TypeError) as err:
-        raise DeltaApiUnavailable(f"Delta's DELETE operation is not usable here: {err}") from err
-    txn = delta_log.startTransaction()
+    txn = api[0].startTransaction()
     txn.readWholeTable()
     # DELETE's commit reports its metrics; they are counted here, not by a Spark plan.
     counted = {"numRemovedFiles": len(files), "numDeletedRows": sum(int(d.records) for d, _v in files)}
@@ -629,4 +636,4 @@ def remove_files(spark: SparkSession, path: str, files: Sequence[tuple[DataFile,
         )
         for data, values in files
     ]
-    return _commit_actions(spark, txn, (delta_log, action, operation, to_seq), lines)
+    return _commit_actions(spark, txn, api, lines)

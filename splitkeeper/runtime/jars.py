@@ -1,7 +1,7 @@
 """Where the JVM jars fetched by ``scripts/setup.sh`` live, and which ones to use.
 
 ``scripts/setup.sh`` runs Maven on ``jvm/pom.xml`` and ``jvm/kafka-broker.xml`` and
-copies the results into two separate folders of the jars root:
+``javac`` on ``jvm/localfs/src``, into three separate folders of the jars root:
 
 - ``<root>/spark/``: what Spark needs on ``spark.jars`` beyond pyspark's own jars
   (Delta, the Spark Kafka connector and their runtime dependencies);

@@ -221,7 +221,7 @@ class DeltaSink:
         reconstruction would only take cores from the epoch's region tasks.
         """
         self.close()
-        if self._adopts():
+        if self._adopt_root() is not None:
             return
         self._warming = warm_snapshot_state(self.spark, self.path)
 
@@ -348,9 +348,10 @@ class DeltaSink:
             frame = self.spark.createDataFrame([], staged)
         return frame.withColumn("ingested_at", F.current_timestamp()).select(*_sink_schema().fieldNames())
 
-    def _adopts(self) -> bool:
-        """Whether :meth:`commit` adds the staged files as they are (a local sink, direct writes on)."""
-        return local_dir(self.path) is not None and direct_writes_enabled()
+    def _adopt_root(self) -> str | None:
+        """The table's local folder when :meth:`commit` adds the staged files as they are (a
+        local sink, direct writes on), else None."""
+        return local_dir(self.path) if direct_writes_enabled() else None
 
     def _adopt(
         self, epoch_id: int, paths: Sequence[str], metadata: dict[str, Any]
@@ -364,8 +365,8 @@ class DeltaSink:
         moved by an earlier attempt of this commit (a crash between move and commit) is
         found under its table name. Staged files must be on the sink's filesystem.
         """
-        root = local_dir(self.path)
-        if root is None or not self._adopts():
+        root = self._adopt_root()
+        if root is None:
             return False, None
         if any(local_dir(p) is None for p in paths):
             return False, None

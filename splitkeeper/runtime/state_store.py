@@ -188,6 +188,20 @@ def _utc_from_micros(micros: int | None) -> datetime:
     return datetime.fromtimestamp((micros or 0) / 1_000_000, tz=UTC)
 
 
+@dataclass(frozen=True, slots=True)
+class _OwnRow:
+    """A checkpoints row this store committed, remembered for retention.
+
+    ``files``: the data files that hold it (written by pyarrow) and ``version``, the
+    checkpoints table version that added them; no files when Spark wrote the row or
+    compaction has rewritten it since.
+    """
+
+    row: Mapping[str, Any]
+    version: int
+    files: tuple[tuple[DataFile, dict[str, str]], ...]
+
+
 def _archived_row(row: Mapping[str, Any], logged_at: datetime) -> dict[str, Any]:
     """The ``checkpoint_log`` row of a completed checkpoint, from its ``checkpoints`` row.
 
@@ -280,9 +294,7 @@ class DeltaStateStore(CheckpointStore):
         self._meta_cache: tuple[int, _Metadata] | None = None
         self._configured: dict[int, int | None] = {}  # checkpoint id -> configured_parallelism, as loaded
         self._plan_claims: tuple[int, int | None] | None = None  # (epoch_plans version, latest planned)
-        self._committed_rows: dict[int, Mapping[str, Any]] = {}  # checkpoints rows this store wrote, kept
-        # their files and the checkpoints table version that added them
-        self._committed_files: dict[int, tuple[int, tuple[tuple[DataFile, dict[str, str]], ...]]] = {}
+        self._own_rows: dict[int, _OwnRow] = {}  # kept checkpoints this store committed (bounded)
         created = self._ensure_tables()
         self._claim_pipeline(accept_source_change, fresh="pipeline" in created)
 
@@ -722,12 +734,9 @@ class DeltaStateStore(CheckpointStore):
         with self._lock:
             self._commits_since_compaction += 1
             # for retention: the archive row, and the files to remove (when pyarrow wrote them)
-            self._committed_rows[checkpoint_id] = row
-            self._committed_files[checkpoint_id] = (logged.commit.version, logged.files)
-            while len(self._committed_rows) > _REMEMBERED_ROWS:  # bounded: older ones are read
-                oldest = min(self._committed_rows)
-                del self._committed_rows[oldest]
-                self._committed_files.pop(oldest, None)
+            self._own_rows[checkpoint_id] = _OwnRow(row, logged.commit.version, logged.files)
+            while len(self._own_rows) > _REMEMBERED_ROWS:  # bounded: older ones are read back
+                del self._own_rows[min(self._own_rows)]
         total_ms = round((time.perf_counter() - started) * 1000)
         return StateCommit(checkpoint_id, attempt_id, commit_ms, total_ms)
 
@@ -1125,8 +1134,7 @@ class DeltaStateStore(CheckpointStore):
         gone = set(deleted)
         with self._lock:
             for checkpoint_id in gone:
-                self._committed_rows.pop(checkpoint_id, None)
-                self._committed_files.pop(checkpoint_id, None)
+                self._own_rows.pop(checkpoint_id, None)
         self._after_own_write(
             read_version, lambda entries: tuple(e for e in entries if e[0].checkpoint_id not in gone)
         )
@@ -1140,15 +1148,15 @@ class DeltaStateStore(CheckpointStore):
         the caller then deletes with Spark."""
         path = self.table_path("checkpoints")
         with self._lock:
-            known = [self._committed_files.get(int(i)) for i in deleted]
-        if any(entry is None or not entry[1] for entry in known):
+            found = [self._own_rows.get(int(i)) for i in deleted]
+        own = [entry for entry in found if entry is not None and entry.files]
+        if len(own) < len(found):
             return False
-        written = min(entry[0] for entry in known if entry is not None)
-        for version in range(written + 1, delta_table_version(self.spark, path) + 1):
+        for version in range(min(e.version for e in own) + 1, delta_table_version(self.spark, path) + 1):
             commit = read_commit(self.spark, path, version)
             if commit is None or commit.operation not in _KEEPS_FILES:
                 return False  # e.g. an OPTIMIZE by another process rewrote the files
-        files = [f for entry in known if entry is not None for f in entry[1]]
+        files = [f for entry in own for f in entry.files]
         try:
             remove_files(self.spark, path, files)
         except DeltaApiUnavailable as err:
@@ -1179,7 +1187,7 @@ class DeltaStateStore(CheckpointStore):
 
         wanted = sorted({int(i) for i in deleted})
         with self._lock:
-            rows = [self._committed_rows[i] for i in wanted if i in self._committed_rows]
+            rows = [self._own_rows[i].row for i in wanted if i in self._own_rows]
         known = {int(r["checkpoint_id"]) for r in rows}
         missing = [i for i in wanted if i not in known]
         if missing:
@@ -1239,8 +1247,8 @@ class DeltaStateStore(CheckpointStore):
                 )
             oldest = metadata[0][0].checkpoint_id
             DeltaTable.forPath(self.spark, self.table_path("epoch_plans")).delete(f"epoch_id < {oldest}")
-        with self._lock:
-            self._committed_files.clear()  # OPTIMIZE rewrites them: retention deletes with Spark
+        with self._lock:  # OPTIMIZE rewrites the files: retention deletes those rows with Spark
+            self._own_rows = {i: replace(o, files=()) for i, o in self._own_rows.items()}
         for table in serde.STATE_TABLES:
             DeltaTable.forPath(self.spark, self.table_path(table)).optimize().executeCompaction()
 

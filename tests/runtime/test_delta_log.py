@@ -16,6 +16,7 @@ from splitkeeper.runtime.delta_log import (
     _commit_actions,
     _read_txn_version,
     _transaction_api,
+    _write_operation,
     append_logged,
     append_once,
     commit_files_once,
@@ -129,7 +130,7 @@ def test_commit_files_once_checks_the_txn_version_from_the_checksum_without_a_sp
 def test_a_transaction_that_read_the_txn_version_conflicts_with_a_commit_of_the_same_app(
     spark: Any, table: str
 ) -> None:
-    api = _transaction_api(spark, table, "{}")
+    api = _transaction_api(spark, table, _write_operation("{}"))
     slow = api[0].startTransaction()
     assert _read_txn_version(slow, "app") == -1  # read from the checksum, recorded as read
     assert commit_files_once(spark, table, "app", 1, [_parquet_file(table, "a.parquet", [1])]) is not None
@@ -146,6 +147,6 @@ def test_the_txn_version_without_a_checksum_comes_from_the_transaction(spark: An
     for crc in glob.glob(os.path.join(table, "_delta_log", "*.crc")):
         os.remove(crc)
     spark._jvm.org.apache.spark.sql.delta.DeltaLog.clearCache()
-    txn = _transaction_api(spark, table, "{}")[0].startTransaction()
+    txn = _transaction_api(spark, table, _write_operation("{}"))[0].startTransaction()
     assert _read_txn_version(txn, "app") == 3
     assert commit_files_once(spark, table, "app", 3, [_parquet_file(table, "b.parquet", [2])]) is None
