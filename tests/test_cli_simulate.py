@@ -101,12 +101,12 @@ def test_summary_and_progress_lines_without_json(capsys: pytest.CaptureFixture[s
     assert [line.split(":")[0] for line in progress] == [f"step {n}/80" for n in (20, 40, 60, 80)]
 
 
-def test_legacy_readers_and_per_region_order_options(capsys: pytest.CaptureFixture[str]) -> None:
+def test_legacy_readers_and_a_broken_driver(capsys: pytest.CaptureFixture[str]) -> None:
     code, payload, _ = run_json(capsys, *SMALL, "--legacy-readers")
     assert code == 0 and payload["config"]["legacy_readers"] is True  # type: ignore[index]
     code, payload, _ = run_json(
         capsys, "--readers", "5", "--splits", "28", "--steps", "60", "--failure-rate", "0", "--seed", "4",
-        "--progress-order", "per_region",
+        "--inject-bug", "per-region-progress",
     )  # fmt: skip
     assert code == 1 and payload["shortest_failing_sequence"]["kind"] == "offset_duplicate"  # type: ignore[index]
 
@@ -129,10 +129,6 @@ def test_legacy_readers_and_per_region_order_options(capsys: pytest.CaptureFixtu
         ),
         (["--splits", "-1"], "--splits=-1 is not allowed: an integer >= 0"),
         (["--inject-bug", "gremlin"], "--inject-bug='gremlin' is not allowed: one of drop-split-on-add-back"),
-        (
-            ["--progress-order", "random"],
-            "--progress-order='random' is not allowed: one of batch, per_region",
-        ),
     ],
 )
 def test_bad_input_exits_2_naming_the_value_and_what_is_allowed(

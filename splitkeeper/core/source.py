@@ -4,15 +4,23 @@ Optional features are tiny mix-in classes (the Flink convention), never boolean
 flags threaded through calls. A source opts in by inheriting the mix-in; the
 enumerator factory (:func:`splitkeeper.core.enumerator.enumerator_for`) is the
 only place that inspects them.
+
+The driver-side connector contract (:class:`SourceConnector`, with planning) and
+the executor-side :class:`RegionReader` are here too: engine-free, like
+FLIP-27's ``Source``/``SourceReader`` interfaces. Implementations live in
+:mod:`splitkeeper.runtime.sources`; their inheritable contract tests in
+:mod:`splitkeeper.runtime.sources.contract`.
 """
 
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterable, Mapping, Sequence
+import re
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
-from splitkeeper.core.types import Split
+from splitkeeper.core.types import AuditRecord, RecoveryDecision, Split
 from splitkeeper.errors import InvalidParameterError
 
 
@@ -150,3 +158,219 @@ class StaticSplitSource(SplitSource):
 
 class ReassignableStaticSplitSource(StaticSplitSource, SupportsSplitReassignmentOnRecovery):
     """A :class:`StaticSplitSource` whose readers use deferred assignment (FLIP-537)."""
+
+
+# --------------------------------------------------------------------------- connector contract
+#
+# Two halves, like FLIP-27's enumerator/reader split: a SourceConnector lives on the driver
+# (discovery, planning limits, identity) and a RegionReader crosses to the executors inside a
+# region task. Positions are source offsets (Kafka offsets, byte offsets of lines in files):
+# reading [start, end) yields records whose offsets lie in [start, end) in increasing order, each
+# with offset < next_offset; when start and end are record boundaries (what plan_end returns)
+# the first record starts at start and each next_offset is the next record's offset. The reader
+# is deterministic, so a replay of a planned range yields the very same records.
+
+
+class SourceRecord(NamedTuple):
+    """One record read from a split: where it starts, where the next one starts, its value."""
+
+    offset: int
+    next_offset: int
+    value: str
+
+
+class PlannedRange(NamedTuple):
+    """One entry of an epoch plan for a region: read ``split`` from ``start`` to ``end``.
+
+    A plain ``(split, start, end)`` tuple is accepted wherever a PlannedRange is.
+    """
+
+    split: Split
+    start: int
+    end: int
+
+
+class RegionReader(abc.ABC):
+    """Reads planned ranges of splits inside a region task, on an executor.
+
+    Must be picklable (it is shipped to executors with the task closure) and
+    stateless between calls: :meth:`read_range` may be called any number of
+    times, in any order, from any process, for the same or different ranges.
+    Implementations are small frozen dataclasses of plain fields.
+    """
+
+    @abc.abstractmethod
+    def read_range(self, split: Split, start: int, end: int) -> Iterator[SourceRecord]:
+        """Yield the records of ``split`` whose offset lies in ``[start, end)``, in order.
+
+        Deterministic: the same ``(split, start, end)`` yields the same records
+        every time. Raises :class:`~splitkeeper.errors.SourceError` (naming the
+        split and what is wrong) when the split is missing or unreadable, or
+        when ``start``/``end`` are outside the split; errors may surface on the
+        call or while iterating.
+        """
+
+
+class SourceConnector(SplitSource):
+    """The driver-side view of a source: discovery, planning limits, identity.
+
+    It is the core :class:`~splitkeeper.core.source.SplitSource` the enumerator
+    discovers from (``name``, ``discover_splits``, ``subscriptions``), plus what
+    the epoch planner and the region tasks need. Optional capabilities are the
+    core mix-ins (``SupportsSplitReassignmentOnRecovery``,
+    ``ExternallyCheckpointedSource``). Created once per driver run from the
+    pipeline's ``source`` config and used from the driver thread only (it is not
+    shipped to executors; :meth:`reader` is).
+    """
+
+    @property
+    @abc.abstractmethod
+    def bounded(self) -> bool:
+        """True when every split is bounded, so a run can finish once all known splits are finished.
+
+        New splits may still appear at later discoveries (files dropped later);
+        a bounded run finishes only on a global checkpoint (DESIGN 2.6).
+        """
+
+    @abc.abstractmethod
+    def discover_splits(self) -> list[Split]:
+        """Return every split the source has now, at its initial position.
+
+        Called by the driver at every epoch; may return splits the enumerator
+        already knows or has finished: deduplication is the enumerator's
+        business. Raises SourceError when the source itself is unreachable.
+        """
+
+    @abc.abstractmethod
+    def subscriptions(self) -> frozenset[str]:
+        """The subscriptions (topics, file roots) that exist now; splits of others are dropped on restart."""
+
+    @abc.abstractmethod
+    def available_end(self, split: Split) -> int:
+        """How far a range of ``split`` may be planned now (exclusive); ``split.end`` for bounded splits."""
+
+    @abc.abstractmethod
+    def reader(self) -> RegionReader:
+        """The picklable reader the region tasks use. Cheap; may be called every epoch."""
+
+    @abc.abstractmethod
+    def fingerprint(self) -> str:
+        """A stable id of what is read (kind, location, split layout).
+
+        Persisted in the ``pipeline`` state table; a state directory whose
+        fingerprint differs belongs to another source and is refused.
+        """
+
+    def plan_end(self, split: Split, start: int, max_records: int) -> int:
+        """The end of the range to plan for ``split`` from ``start`` with a budget of ``max_records``.
+
+        Returns a record boundary in ``[start, available_end(split)]`` so that
+        reading ``[start, end)`` ends exactly at ``end``. The default assumes one
+        offset per record (Kafka). Called by the epoch planner on the driver.
+        """
+        return max(start, min(start + max_records, self.available_end(split)))
+
+    def close(self) -> None:  # noqa: B027 - optional hook, default does nothing
+        """Release driver-side resources (consumers, clients). Idempotent."""
+
+
+# --------------------------------------------------------------------------- optional capabilities
+
+
+class SupportsInitialDiscovery(abc.ABC):
+    """Mix-in: the splits of a pipeline's first discovery start elsewhere than those found later.
+
+    Kafka's ``source.starting`` (earliest, latest, timestamp, group) applies only
+    to the splits of the *initial* discovery of a pipeline without a checkpoint;
+    any split found later, including one missing from a restored checkpoint,
+    starts at the earliest offset so nothing written before its discovery is
+    skipped (FLIP-288). The connector cannot tell a restore from a fresh start,
+    so the runtime says so.
+    """
+
+    @abc.abstractmethod
+    def mark_initial_discovery_finished(self) -> None:
+        """From now on, every newly discovered split starts at the source's earliest position.
+
+        Called by the runtime on the driver when it restores a checkpoint, before
+        the restored enumerator's first discovery; not called for a pipeline that
+        starts without one (its first discovery is the initial one). May be
+        called more than once (a later global restore calls it again): idempotent.
+        """
+
+
+#: How the ``detail`` of a SKIPPED_LOST_RANGE audit record begins: ``offsets [start, new_start)``.
+#: :meth:`LostRange.from_audit` and the restart checks (Spark ``regexp_extract``) parse it.
+LOST_RANGE_DETAIL_PATTERN = r"^offsets \[(\d+), (\d+)\)"
+_LOST_RANGE_DETAIL = re.compile(LOST_RANGE_DETAIL_PATTERN)
+
+
+@dataclass(frozen=True, slots=True)
+class LostRange:
+    """Offsets ``[start, new_start)`` of ``split_id`` that aged out before they were read.
+
+    Produced only by :meth:`SupportsRetentionCheck.check_retention` when the
+    source is configured to skip (``on_offset_out_of_range: skip``). The
+    runtime records it in the audit trail (:meth:`audit_record`) and the
+    restart checks accept exactly that gap in the sink for that split.
+    """
+
+    split_id: str
+    start: int
+    new_start: int
+
+    @property
+    def count(self) -> int:
+        """How many offsets were lost."""
+        return self.new_start - self.start
+
+    @property
+    def detail(self) -> str:
+        return (
+            f"offsets [{self.start}, {self.new_start}) of {self.split_id} aged out of retention "
+            f"before they were read ({self.count} offsets lost; on_offset_out_of_range=skip)"
+        )
+
+    def audit_record(self, reader_id: int | None, checkpoint_id: int | None) -> AuditRecord:
+        """The SKIPPED_LOST_RANGE audit record of this loss (``detail`` begins with the offsets)."""
+        return AuditRecord(
+            self.split_id, reader_id, RecoveryDecision.SKIPPED_LOST_RANGE, checkpoint_id, self.detail
+        )
+
+    @classmethod
+    def from_audit(cls, record: AuditRecord) -> LostRange | None:
+        """The loss a SKIPPED_LOST_RANGE record reports; None for any other record."""
+        match = _LOST_RANGE_DETAIL.match(record.detail)
+        if record.decision is not RecoveryDecision.SKIPPED_LOST_RANGE or match is None:
+            return None
+        return cls(record.split_id, int(match.group(1)), int(match.group(2)))
+
+
+@dataclass(frozen=True, slots=True)
+class RetentionCheck:
+    """The answer of :meth:`SupportsRetentionCheck.check_retention`.
+
+    ``ranges`` is the plan to persist: the given ranges in order, those that
+    started below the log start offset moved to it (same record budget; a
+    range may become empty when nothing is left). ``lost`` has one
+    :class:`LostRange` per moved range (empty when nothing aged out).
+    """
+
+    ranges: tuple[PlannedRange, ...]
+    lost: tuple[LostRange, ...] = ()
+
+
+class SupportsRetentionCheck(abc.ABC):
+    """Mix-in: the source's records can age out, and the planner must check before persisting a plan."""
+
+    @abc.abstractmethod
+    def check_retention(self, ranges: Iterable[PlannedRange | tuple[Split, int, int]]) -> RetentionCheck:
+        """Check an epoch's planned ranges against what the source still holds.
+
+        Called by the epoch planner on the driver, after the ranges of epoch N
+        are computed and BEFORE the plan is persisted; not called for a replay
+        of a persisted plan (its reader fails instead, and the next plan is
+        checked again). May be called any number of times; has no side effect
+        but a log line per lost range. Raises SourceError when a range aged
+        out and the configuration says ``fail``.
+        """

@@ -512,7 +512,7 @@ def read_split_life(
 
     from pyspark.sql import functions as F
 
-    from splitkeeper.runtime.sources.base import LostRange
+    from splitkeeper.core.source import LostRange
 
     decisions = (RecoveryDecision.DISCOVERED.value, RecoveryDecision.SKIPPED_LOST_RANGE.value)
     committed = (

@@ -9,7 +9,6 @@ itself SIGKILL there, leaving whatever was half-written for recovery to face.
 
 from __future__ import annotations
 
-import enum
 import os
 import re
 import signal
@@ -17,19 +16,11 @@ import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from splitkeeper.core.ports import CrashPoint
 from splitkeeper.errors import InvalidParameterError
 from splitkeeper.runtime.staging import RegionFault
 
 CRASH_ENV = "SPLITKEEPER_CRASH_AT"
-
-
-class CrashPoint(enum.Enum):
-    """Where in an epoch the driver may be killed (DESIGN 5's crash points)."""
-
-    AFTER_PLAN = "after_plan"
-    AFTER_SINK_COMMIT = "after_sink_commit"
-    BEFORE_CHECKPOINT_ROW = "before_checkpoint_row"
-    AFTER_CHECKPOINT_ROW = "after_checkpoint_row"
 
 
 _FAULT = re.compile(r"^(?P<kind>fail|flaky|stall)(?::(?P<seconds>[0-9.]+))?:(?P<region>\d+)@(?P<epoch>\d+)$")

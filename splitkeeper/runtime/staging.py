@@ -29,9 +29,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from splitkeeper.core.source import RegionReader, SourceRecord
 from splitkeeper.core.types import Split
 from splitkeeper.errors import InvalidParameterError, ProtocolError, SourceError, SplitkeeperError
-from splitkeeper.runtime.sources.base import RegionReader, SourceRecord
 from splitkeeper.runtime.transforms import Transform, apply_transform, identity
 
 #: The record columns of a staged file (what :func:`read_staged` returns).

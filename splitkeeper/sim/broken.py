@@ -1,6 +1,8 @@
 """Deliberately broken components: proof that the simulator catches what it claims to catch.
 
-Each one breaks exactly one rule a correct component keeps. ``splitkeeper
+Each one breaks exactly one rule a correct component keeps; one of them is a
+driver (:class:`PerRegionProgressDriver`) that breaks one of the driver's own
+decisions, which is what the simulator exists to check. ``splitkeeper
 simulate --inject-bug NAME`` runs with one of them; the tests assert that the
 run reports the broken rule and that the shrunk scenario still reproduces it.
 None of them is used by a real pipeline.
@@ -12,7 +14,9 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from splitkeeper.core.assignment import AssignmentStrategy
+from splitkeeper.core.driver import EpochDriver
 from splitkeeper.core.enumerator import RecordingEnumeratorContext, SplitEnumerator, enumerator_for
+from splitkeeper.core.ports import RegionRun
 from splitkeeper.core.source import SplitSource
 from splitkeeper.core.types import EnumeratorSnapshot, Split
 from splitkeeper.errors import InvalidParameterError
@@ -65,11 +69,36 @@ def dropping_enumerator(
     source: SplitSource,
     context: RecordingEnumeratorContext,
     strategy: AssignmentStrategy,
-    restored: EnumeratorSnapshot | None,
+    restored: EnumeratorSnapshot | None = None,
 ) -> SplitEnumerator:
     return enumerator_for(
         source, context, strategy, restored=restored, enumerator_class=SplitDroppingEnumerator
     )
+
+
+class PerRegionProgressDriver(EpochDriver):
+    """Applies acknowledged progress region by region (positions, then that region's finished splits).
+
+    Breaks protocol rule 1.7: finishing a split may rebalance another split of a later
+    region to a reader before that later region's new position is applied, so the split
+    moves with an old position and its records are read twice (``offset_duplicate``).
+    The real driver applies every position first, then the finished splits.
+    """
+
+    def _apply_progress(self, acked: Mapping[int, RegionRun]) -> None:
+        enumerator, context = self._require_open()
+        for region, run in acked.items():
+            mine = context.reader_splits.get(region, {})
+            moved = []
+            for split_id, position in run.positions.items():
+                if split_id in mine:
+                    mine[split_id] = mine[split_id].at(position)
+                    moved.append(mine[split_id])
+            enumerator.update_positions(moved)
+            for split in moved:
+                if split.finished:
+                    enumerator.split_finished(region, split.split_id)
+                    mine.pop(split.split_id, None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +124,12 @@ BUGS: dict[str, Bug] = {
             "non-idempotent-sink",
             "the sink applies a replayed commit of the same checkpoint id again",
             Components(sink=NonIdempotentSink),
+            ("offset_duplicate",),
+        ),
+        Bug(
+            "per-region-progress",
+            "the driver applies acknowledged progress region by region instead of positions first",
+            Components(driver=PerRegionProgressDriver),
             ("offset_duplicate",),
         ),
         Bug(

@@ -22,7 +22,7 @@ from typing import Any
 from splitkeeper.core.assignment import STRATEGIES
 from splitkeeper.errors import InvalidParameterError
 from splitkeeper.sim.broken import BUGS, bug_by_name
-from splitkeeper.sim.simulator import Components, ProgressOrder, SimConfig, SimulationResult, simulate
+from splitkeeper.sim.simulator import Components, SimConfig, SimulationResult, simulate
 
 #: Violations listed in the text summary (all of them are in the JSON).
 SHOWN_VIOLATIONS = 20
@@ -62,12 +62,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="readers keep their restored splits (no FLIP-537 deferred assignment)",
     )
     parser.add_argument(
-        "--progress-order",
-        default=ProgressOrder.BATCH.value,
-        help="batch (default) or per_region: the order acknowledged progress reaches the enumerator "
-        "(per_region is runtime/pipeline.py's current order)",
-    )
-    parser.add_argument(
         "--inject-bug",
         default=None,
         metavar="NAME",
@@ -90,12 +84,6 @@ def _flag(name: str) -> str:
 
 
 def _config(args: argparse.Namespace) -> SimConfig:
-    try:
-        order = ProgressOrder(args.progress_order)
-    except ValueError:
-        raise InvalidParameterError(
-            "--progress-order", args.progress_order, "one of " + ", ".join(o.value for o in ProgressOrder)
-        ) from None
     for name in ("max_shrink_runs", "progress_every"):
         if getattr(args, name) < 0:
             raise InvalidParameterError(_flag(name), getattr(args, name), "an integer >= 0")
@@ -110,7 +98,6 @@ def _config(args: argparse.Namespace) -> SimConfig:
             max_consecutive_failures=args.max_consecutive_failures,
             max_failure_ratio=args.max_failure_ratio,
             reassign_on_recovery=not args.legacy_readers,
-            progress_order=order,
         )
     except InvalidParameterError as err:
         # name the command-line option, not the field
@@ -128,7 +115,6 @@ def _config_dict(config: SimConfig, bug: str | None) -> dict[str, Any]:
         "max_consecutive_failures": config.max_consecutive_failures,
         "max_failure_ratio": config.max_failure_ratio,
         "legacy_readers": not config.reassign_on_recovery,
-        "progress_order": config.progress_order.value,
         "inject_bug": bug,
     }
 

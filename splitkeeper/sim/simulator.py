@@ -1,31 +1,20 @@
-"""The deterministic fault simulator: the protocol core driven through random failures, in memory.
+"""The deterministic fault simulator: the epoch driver run through random failures, in memory.
 
-:class:`Simulator` runs one :class:`~splitkeeper.sim.events.Scenario` the way
-the Spark runtime (``splitkeeper/runtime/pipeline.py``) drives the core each
-epoch, with simulated readers, an in-memory source and a simulated
-exactly-once sink instead of Spark and Delta:
-
-1. unbounded splits grow; discovery hands the source's splits to the enumerator;
-2. every reader reads up to ``budget`` records of each split it owns into a
-   per-epoch staged buffer;
-3. the coordinator triggers the checkpoint; regions acknowledge with their new
-   state, decline, or time out (``expire``);
-4. acknowledged regions' positions reach the enumerator, then their finished
-   bounded splits (``split_finished``);
-5. ``complete`` decides GLOBAL / REGIONAL / ABORTED. Completed: the sink
-   commits the acknowledged regions' staged records under the checkpoint id
-   (failed regions' records are discarded), the assignment tracker is told,
-   failed regions' readers go through ``fail_reader`` + ``restart_reader``
-   with their fallback state, retention runs. Aborted: everything staged is
-   discarded and the job restores globally from the latest completed
-   checkpoint, keeping the coordinator's consecutive counter.
+:class:`Simulator` runs one :class:`~splitkeeper.sim.events.Scenario` through
+the very :class:`~splitkeeper.core.driver.EpochDriver` the Spark runtime runs,
+with in-memory adapters for its ports instead of Spark and Delta: a source
+whose unbounded splits grow, region runners that read planned ranges into a
+staged buffer (or decline, or time out, as the scenario says), the simulated
+exactly-once sink and an in-memory state store. Every protocol decision (plan,
+acknowledgement, completion, partial failover, restore, rescale) is the
+driver's; this module only injects events and checks the outcome.
 
 Between epochs the scenario injects reader failures after a checkpoint,
 global restarts, rescales (even-split or union operator state), new splits,
 removed subscriptions (effective on restart) and checkpoints requested in the
-middle of a restore (seed scenario 2: the enumerator must refuse).
+middle of a restore (protocol rule 1.4: the enumerator must refuse).
 
-After every step the DESIGN 6 invariants are checked with
+After every step the invariants of protocol section 6 are checked with
 :mod:`splitkeeper.core.invariants` against the simulator's own ground truth
 (which splits exist, are subscribed and finished; what the sink holds; what the
 latest completed checkpoint says was committed). A broken rule becomes a
@@ -46,14 +35,13 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from splitkeeper.core.assignment import STRATEGIES, AssignmentStrategy, WeightedStrategy, strategy_by_name
-from splitkeeper.core.checkpoint import CheckpointConfig, CheckpointStore, RegionalCheckpointCoordinator
+from splitkeeper.core.assignment import STRATEGIES, WeightedStrategy, strategy_by_name
+from splitkeeper.core.checkpoint import CheckpointConfig, CheckpointStore
+from splitkeeper.core.driver import DriverSettings, EpochDriver, EpochReport, FailoverReport
 from splitkeeper.core.enumerator import (
     RecordingEnumeratorContext,
     SplitEnumerator,
     enumerator_for,
-    fail_reader,
-    restart_reader,
 )
 from splitkeeper.core.invariants import (
     Violation,
@@ -66,18 +54,32 @@ from splitkeeper.core.invariants import (
     check_subscriptions,
     count_spread,
 )
+from splitkeeper.core.ports import (
+    Clock,
+    EpochDecision,
+    EpochPlan,
+    EpochSink,
+    RegionRun,
+    RegionRunner,
+    SinkReceipt,
+    StateStore,
+)
 from splitkeeper.core.rescale import Redistribution
-from splitkeeper.core.source import ReassignableStaticSplitSource, SplitSource, StaticSplitSource
+from splitkeeper.core.source import (
+    RegionReader,
+    SourceConnector,
+    StaticSplitSource,
+    SupportsSplitReassignmentOnRecovery,
+)
 from splitkeeper.core.types import (
     Assignment,
     CheckpointKind,
     CompletedCheckpoint,
     EnumeratorSnapshot,
-    ReaderInfo,
-    RegionState,
+    RegionOutcome,
     Split,
 )
-from splitkeeper.errors import InvalidParameterError, ProtocolError, SplitkeeperError
+from splitkeeper.errors import ConcurrentRunError, InvalidParameterError, SplitkeeperError
 from splitkeeper.sim.events import (
     FILES,
     TOPICS,
@@ -97,9 +99,7 @@ from splitkeeper.sim.events import (
 )
 from splitkeeper.sim.sink import Run, SimulatedSink
 
-#: Elements a region keeps in its list-style operator state (one per acknowledged checkpoint).
-OPERATOR_STATE_KEEP = 4
-#: Simulated seconds between two checkpoint triggers (the simulator's only clock).
+#: Simulated seconds an epoch takes (the simulator's only clock).
 CHECKPOINT_INTERVAL_S = 1000.0
 
 
@@ -146,15 +146,6 @@ class Finding:
 # --------------------------------------------------------------------------- config
 
 
-class ProgressOrder(enum.Enum):
-    """How acknowledged regions' progress reaches the enumerator before ``complete``."""
-
-    #: Positions of every acknowledged region first, then the finished splits (sound).
-    BATCH = "batch"
-    #: Region by region, positions then finished splits (``runtime/pipeline.py``'s ``_apply_progress``).
-    PER_REGION = "per_region"
-
-
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -180,7 +171,6 @@ class SimConfig:
     reassign_on_recovery: bool = True
     keep_checkpoints: int = 2
     max_parallelism: int | None = None
-    progress_order: ProgressOrder = ProgressOrder.BATCH
     mix: EventMix = field(default_factory=EventMix)
 
     def __post_init__(self) -> None:
@@ -208,8 +198,6 @@ class SimConfig:
             not _is_int(self.max_parallelism) or self.max_parallelism < 1
         ):
             raise InvalidParameterError("max_parallelism", self.max_parallelism, "an integer >= 1 or None")
-        if not isinstance(self.progress_order, ProgressOrder):
-            raise InvalidParameterError("progress_order", self.progress_order, "a ProgressOrder")
         self.checkpoint_config()  # validates max_consecutive_failures and max_failure_ratio
 
     def checkpoint_config(self) -> CheckpointConfig:
@@ -231,18 +219,192 @@ class SimConfig:
         )
 
 
+# --------------------------------------------------------------------------- adapters of the driver's ports
+
+
+class SimSource(StaticSplitSource, SourceConnector):
+    """The in-memory source: splits of the scenario, unbounded ones growing every epoch.
+
+    ``ends`` is the source's current end offset per split (records exist below it).
+    """
+
+    def __init__(self, subscriptions: Iterable[str]) -> None:
+        StaticSplitSource.__init__(self, "sim", (), subscriptions=subscriptions)
+        self.ends: dict[str, int] = {}
+
+    @property
+    def bounded(self) -> bool:
+        return False
+
+    def discover_splits(self) -> list[Split]:
+        return list(StaticSplitSource.discover_splits(self))
+
+    def available_end(self, split: Split) -> int:
+        return self.ends[split.split_id]
+
+    def reader(self) -> RegionReader:
+        raise InvalidParameterError("reader", "sim", "a Spark source: the simulator reads nothing")
+
+    def fingerprint(self) -> str:
+        return "sim"
+
+
+class ReassignableSimSource(SimSource, SupportsSplitReassignmentOnRecovery):
+    """A :class:`SimSource` whose readers use deferred assignment (FLIP-537)."""
+
+
+class SimRegionRunner(RegionRunner):
+    """Reads planned ranges into a staged buffer; the regions in ``failures`` decline or time out.
+
+    ``staged`` holds every region's runs of the current epoch (failed regions' too:
+    a broken sink may commit them, and the simulator must catch it).
+    """
+
+    def __init__(self) -> None:
+        self.failures: dict[int, RegionFailure] = {}
+        self.staged: dict[int, list[Run]] = {}
+
+    def run(self, epoch: int, plan: EpochPlan, timeout_s: float) -> dict[int, RegionRun]:
+        out: dict[int, RegionRun] = {}
+        self.staged = {}
+        for region, ranges in plan.items():
+            runs = [(split.split_id, start, end) for split, start, end in ranges if end > start]
+            self.staged[region] = runs
+            failure = self.failures.get(region)
+            if failure is None:
+                out[region] = RegionRun(
+                    region_id=region,
+                    outcome=RegionOutcome.ACK,
+                    positions={split.split_id: end for split, _start, end in ranges},
+                    records=sum(end - start for _sid, start, end in runs),
+                    output=runs,
+                )
+            elif failure is RegionFailure.TIMEOUT:
+                out[region] = RegionRun(region, RegionOutcome.TIMEOUT, error="simulated timeout")
+            else:
+                out[region] = RegionRun(region, RegionOutcome.DECLINE, error=f"simulated {failure.value}")
+        return out
+
+
+class SimEpochSink(EpochSink):
+    """The driver's sink port over a :class:`SimulatedSink`, with the fence on the recorded epoch.
+
+    ``replay_next`` replays the next commit with the same epoch (a driver that died
+    after its sink commit and committed again): the sink must ignore the replay.
+    """
+
+    def __init__(self, sink: SimulatedSink, runner: SimRegionRunner) -> None:
+        self.sink = sink
+        self.runner = runner
+        self.recorded: int | None = None
+        self.attempts: dict[int, str] = {}
+        self.replay_next = False
+
+    def committed_epoch(self) -> int | None:
+        return self.recorded
+
+    def committed_attempt(self, epoch: int) -> str | None:
+        return self.attempts.get(epoch)
+
+    def commit(
+        self, epoch: int, outputs: Sequence[RegionRun], *, expected: int | None, attempt_id: str
+    ) -> SinkReceipt:
+        if self.recorded != expected:
+            raise ConcurrentRunError(
+                f"sink at epoch {self.recorded}, not {expected}", found=self.recorded, expected=expected
+            )
+        acked = [o.region_id for o in outputs]
+        records = self.sink.commit(epoch, self.runner.staged, acked)
+        if self.replay_next:
+            self.replay_next = False
+            self.sink.commit(epoch, self.runner.staged, acked)
+        self.recorded = epoch
+        self.attempts = {epoch: attempt_id}
+        return SinkReceipt(epoch=epoch, records=records)
+
+    def discard(self, epoch: int) -> None:
+        """Nothing staged outlives its epoch in memory."""
+
+    def discard_through(self, epoch: int) -> None:
+        """Nothing staged outlives its epoch in memory."""
+
+
+class SimState(StateStore):
+    """The in-memory state store: completed checkpoints (chain-safe retention), plans and decisions."""
+
+    def __init__(self) -> None:
+        self.store = CheckpointStore()
+        self.planned: int | None = None
+        self.decisions: dict[tuple[int, str], EpochDecision] = {}
+        self.configured: dict[int, int | None] = {}
+        self.aborted = 0
+
+    def latest_checkpoint(self) -> CompletedCheckpoint | None:
+        return self.store.latest()
+
+    def load_checkpoint(self, checkpoint_id: int) -> CompletedCheckpoint:
+        return self.store.get(checkpoint_id)
+
+    def checkpoint_ids(self) -> list[int]:
+        return self.store.ids()
+
+    def ref_chain(self, checkpoint_id: int) -> list[int]:
+        return self.store.ref_chain(checkpoint_id)
+
+    def configured_parallelism(self, checkpoint_id: int) -> int | None:
+        return self.configured.get(checkpoint_id)
+
+    def latest_plan_epoch(self) -> int | None:
+        return self.planned
+
+    def decision(self, epoch: int, attempt_id: str) -> EpochDecision | None:
+        return self.decisions.get((epoch, attempt_id))
+
+    def write_plan(self, epoch: int, plan: EpochPlan) -> None:
+        if self.planned is not None and epoch <= self.planned:
+            raise ConcurrentRunError(f"epoch {epoch} is not after the latest planned epoch {self.planned}")
+        self.planned = epoch
+
+    def write_decision(self, decision: EpochDecision) -> None:
+        self.decisions = {(decision.epoch, decision.attempt_id): decision}  # only the latest is ever redone
+
+    def commit_checkpoint(
+        self, decision: EpochDecision, before_row: Callable[[], None] | None = None
+    ) -> None:
+        if decision.epoch in self.store:
+            return
+        if before_row is not None:
+            before_row()
+        self.store.add(decision.checkpoint)
+        self.configured[decision.epoch] = decision.configured_parallelism
+
+    def log_attempt(self, epoch: int, outcomes: Mapping[int, RegionOutcome], reason: str) -> None:
+        self.aborted += 1
+
+    def retain(self, keep_latest: int, pinned: Sequence[int] = ()) -> list[int]:
+        return self.store.retain(keep_latest, pinned=pinned)
+
+
+class SimClock(Clock):
+    """Simulated time: each epoch takes :data:`CHECKPOINT_INTERVAL_S`."""
+
+    def __init__(self) -> None:
+        self.time = 0.0
+
+    def now(self) -> float:
+        return self.time
+
+
 # --------------------------------------------------------------------------- components
 
-EnumeratorFactory = Callable[
-    [SplitSource, RecordingEnumeratorContext, AssignmentStrategy, EnumeratorSnapshot | None], SplitEnumerator
-]
+EnumeratorFactory = Callable[..., SplitEnumerator]
 
 
 def default_enumerator(
-    source: SplitSource,
+    source: SourceConnector,
     context: RecordingEnumeratorContext,
-    strategy: AssignmentStrategy,
-    restored: EnumeratorSnapshot | None,
+    strategy: Any,
+    restored: EnumeratorSnapshot | None = None,
 ) -> SplitEnumerator:
     """The real enumerator, through the one factory that inspects the source's capabilities."""
     return enumerator_for(source, context, strategy, restored=restored)
@@ -250,37 +412,15 @@ def default_enumerator(
 
 @dataclass(frozen=True, slots=True)
 class Components:
-    """The parts a run is built from; tests swap one for a deliberately broken one."""
+    """The parts a run is built from; tests swap one for a deliberately broken one.
+
+    ``driver`` is the driver class (a broken subclass in :mod:`splitkeeper.sim.broken`
+    breaks one protocol decision on purpose).
+    """
 
     sink: Callable[[], SimulatedSink] = SimulatedSink
     enumerator: EnumeratorFactory = default_enumerator
-
-
-class SimContext(RecordingEnumeratorContext):
-    """The recording context whose assignments land in the simulated readers' views.
-
-    ``reader_view[r]`` is what reader ``r`` reads next epoch, with the position
-    it reads from. Only the enumerator changes it (assign/revoke), plus what a
-    legacy reader keeps from its restored state.
-    """
-
-    def __init__(self, parallelism: int) -> None:
-        super().__init__(parallelism)
-        self.reader_view: dict[int, dict[str, Split]] = {}
-
-    def assign_splits(self, assignment: Mapping[int, Sequence[Split]]) -> None:
-        super().assign_splits(assignment)
-        for reader, splits in assignment.items():
-            mine = self.reader_view.setdefault(reader, {})
-            for split in splits:
-                mine[split.split_id] = split
-
-    def revoke_splits(self, revocation: Mapping[int, Sequence[str]]) -> None:
-        super().revoke_splits(revocation)
-        for reader, ids in revocation.items():
-            mine = self.reader_view.get(reader, {})
-            for split_id in ids:
-                mine.pop(split_id, None)
+    driver: type[EpochDriver] = EpochDriver
 
 
 # --------------------------------------------------------------------------- result
@@ -417,7 +557,7 @@ class _Stop(Exception):
 
 
 class Simulator:
-    """Runs one scenario against the protocol core; one instance per run, :meth:`run` called once.
+    """Runs one scenario through the epoch driver; one instance per run, :meth:`run` called once.
 
     ``config`` supplies the strategy, checkpoint rules and run options (its
     ``readers``/``splits``/``steps``/``seed`` only matter when ``scenario`` is
@@ -432,29 +572,40 @@ class Simulator:
         self.components = components or Components()
         if not _is_int(self.scenario.parallelism) or self.scenario.parallelism < 1:
             raise InvalidParameterError("scenario.parallelism", self.scenario.parallelism, "an integer >= 1")
-        self._checkpoint_config = config.checkpoint_config()
-        self._strategy_options = self._strategy_options_for(self.scenario)
-        probe = strategy_by_name(config.strategy, **self._strategy_options)
+        strategy_options = self._strategy_options_for(self.scenario)
+        probe = strategy_by_name(config.strategy, **strategy_options)
         self._balanced = probe.balanced and config.reassign_on_recovery
         self._weights: dict[str, float] | None = None
         self._capacities: dict[int, float] | None = None
         if isinstance(probe, WeightedStrategy):
             self._weights, self._capacities = dict(probe.weights), dict(probe.capacities)
-        # the in-memory source
-        source_cls = ReassignableStaticSplitSource if config.reassign_on_recovery else StaticSplitSource
-        self.source: StaticSplitSource = source_cls("sim", (), subscriptions=[*TOPICS, FILES])
+        # the adapters of the driver's ports
+        source_cls = ReassignableSimSource if config.reassign_on_recovery else SimSource
+        self.source: SimSource = source_cls(subscriptions=[*TOPICS, FILES])
         self._specs: dict[str, SplitSpec] = {}
-        self._end: dict[str, int] = {}  # the source's current end offset per split (records exist below it)
+        self._end = self.source.ends  # the source's current end offset per split
         self.sink = self.components.sink()
-        self.store = CheckpointStore()
-        # the job (replaced on every global restore)
-        self.parallelism = self.scenario.parallelism
-        self.context: SimContext | None = None
-        self.enumerator: SplitEnumerator | None = None
-        self.coordinator: RegionalCheckpointCoordinator | None = None
-        self.operator_state: dict[int, tuple[str, ...]] = {}
-        self._next_checkpoint_id = 1
-        self._clock = 0.0
+        self.runner = SimRegionRunner()
+        self.sink_port = SimEpochSink(self.sink, self.runner)
+        self.state = SimState()
+        self.store = self.state.store
+        self.clock = SimClock()
+        self.driver = self.components.driver(
+            DriverSettings(
+                pipeline="sim",
+                parallelism=self.scenario.parallelism,
+                checkpoint=config.checkpoint_config(),
+                retain_checkpoints=config.keep_checkpoints,
+                strategy=config.strategy,
+                strategy_options=strategy_options,
+            ),
+            self.source,
+            self.runner,
+            self.sink_port,
+            self.state,
+            self.clock,
+            enumerator_factory=self.components.enumerator,
+        )
         # ground truth of what was committed: per split, the next offset the latest completed
         # checkpoint (or the split's last one, once finished or unsubscribed) says was committed
         self._committed: dict[str, int] = {}
@@ -477,6 +628,28 @@ class Simulator:
         self._stop_on: Callable[[Finding], bool] | None = None
         self._truth_cache: tuple[Any, tuple[list[str], list[str]]] | None = None
         self._sink_checked: dict[str, tuple[int, int | None]] = {}  # split -> (spans, committed) checked
+
+    # -- the driver's live state (for the checks) ----------------------------------------------
+
+    @property
+    def enumerator(self) -> SplitEnumerator | None:
+        return self.driver.enumerator
+
+    @property
+    def context(self) -> Any:
+        return self.driver.context
+
+    @property
+    def coordinator(self) -> Any:
+        return self.driver.coordinator
+
+    @property
+    def operator_state(self) -> dict[int, tuple[str, ...]]:
+        return self.driver.operator_state
+
+    @property
+    def parallelism(self) -> int:
+        return self.driver.parallelism if self.driver.context is not None else self.scenario.parallelism
 
     # -- read-only views (for tests and reports, after run()) ----------------------------------
 
@@ -502,9 +675,6 @@ class Simulator:
                 top = max(top, event.parallelism)
         capacities = {r: 1.0 + 0.5 * (r % 3) for r in range(top)}
         return {"weights": weights, "capacities": capacities}
-
-    def _new_strategy(self) -> AssignmentStrategy:
-        return strategy_by_name(self.config.strategy, **self._strategy_options)
 
     # -- run ----------------------------------------------------------------------------------
 
@@ -591,7 +761,7 @@ class Simulator:
 
     def _start(self, initial: Sequence[SplitSpec]) -> None:
         self._add_to_source(initial)
-        self._restore(None, self.parallelism)
+        self._restore(None, self.scenario.parallelism)
 
     def _add_to_source(self, specs: Iterable[SplitSpec]) -> list[Split]:
         new = []
@@ -609,211 +779,70 @@ class Simulator:
         checkpoint: CompletedCheckpoint | None,
         parallelism: int,
         redistribution: Redistribution = Redistribution.EVEN_SPLIT,
-        consecutive_regional: int | None = None,
         register_first: int | None = None,
-    ) -> list[ReaderInfo]:
-        """A (global) restore: new context, coordinator and enumerator, readers re-register.
-
-        Registers the first ``register_first`` readers (all when None) and
-        returns every reader's ``ReaderInfo`` (the caller registers the rest).
-        Whatever was staged is gone: nothing of it was committed.
-        """
-        context = SimContext(parallelism)
-        coordinator = RegionalCheckpointCoordinator(self._checkpoint_config, parallelism, self.store)
-        if checkpoint is None:
-            enumerator = self.components.enumerator(self.source, context, self._new_strategy(), None)
-            infos = [ReaderInfo(reader_id=r) for r in range(parallelism)]
-            operator_state: dict[int, tuple[str, ...]] = {r: () for r in range(parallelism)}
-        else:
-            restored = coordinator.restore(
-                checkpoint, parallelism, redistribution, consecutive_regional=consecutive_regional
-            )
+    ) -> list[Any]:
+        """A global restore through the driver; checks the operator-state redistribution it did."""
+        infos = self.driver.restore(
+            checkpoint, parallelism, redistribution=redistribution, register_first=register_first
+        )
+        restored = self.driver.last_restore
+        if checkpoint is not None and restored is not None:
             self._check_operator_state(
                 checkpoint, [r.operator_state for r in restored.regions], redistribution
             )
-            enumerator = self.components.enumerator(
-                self.source, context, self._new_strategy(), restored.enumerator
-            )
-            infos = restored.reader_infos()
-            operator_state = {r.region_id: tuple(r.operator_state) for r in restored.regions}
-        enumerator.start()
-        self.context, self.coordinator, self.enumerator = context, coordinator, enumerator
-        self.parallelism = parallelism
-        self.operator_state = operator_state
-        for info in infos if register_first is None else infos[:register_first]:
-            self._register(info)
         return infos
 
-    def _register(self, info: ReaderInfo) -> None:
-        assert self.enumerator is not None and self.context is not None
-        self.context.reader_view[info.reader_id] = {}
-        restart_reader(self.enumerator, self.context, info.reader_id, info.reported_splits)
-        if not self.enumerator.reassign_on_recovery:
-            # a legacy reader keeps (and reads) the restored splits the enumerator let it keep
-            view = self.context.reader_view[info.reader_id]
-            owned = set(self.enumerator.owned_split_ids(info.reader_id))
-            for split in info.reported_splits:
-                if split.split_id in owned and split.split_id not in view:
-                    view[split.split_id] = split
-
-    def _latest(self) -> CompletedCheckpoint | None:
-        return self.store.latest()
-
     def _global_restore(self, why: str, parallelism: int | None = None, **kwargs: Any) -> str:
-        latest = self._latest()
+        latest = self.store.latest()
         self._restore(latest, parallelism or self.parallelism, **kwargs)
         self._global_restores += 1
         origin = "fresh start (no completed checkpoint)" if latest is None else f"from {latest.checkpoint_id}"
         return f"{why}: global restore {origin} at {self.parallelism} reader(s)"
 
-    def _partial_failover(self, reader: int, state: RegionState | None) -> int:
-        """``fail_reader`` + ``restart_reader`` with the reader's last good state; returns splits moved."""
-        assert self.enumerator is not None and self.context is not None
-        before = self.enumerator.owners()
-        self.context.reader_view[reader] = {}
-        fail_reader(self.enumerator, self.context, reader)
-        reported = state.splits if state is not None else ()
-        self._register(ReaderInfo(reader_id=reader, reported_splits=tuple(reported)))
-        self.operator_state[reader] = tuple(state.operator_state) if state is not None else ()
-        after = self.enumerator.owners()
-        moved = [sid for sid, owner in after.items() if sid in before and before[sid] != owner]
+    def _count_failover(self, report: FailoverReport) -> int:
         self._failovers += 1
-        self._moves += len(moved)
-        self._foreign_moves += sum(1 for sid in moved if before[sid] != reader)
-        return len(moved)
+        self._moves += len(report.moved)
+        self._foreign_moves += report.foreign
+        return len(report.moved)
 
     # -- events -------------------------------------------------------------------------------
 
     def _epoch(self, event: Epoch) -> str:
-        assert self.enumerator is not None and self.context is not None and self.coordinator is not None
-        checkpoint_id = self._next_checkpoint_id
-        self._next_checkpoint_id += 1
         p = self.parallelism
-        # 1. the source grows; discovery
         if event.growth:
             for split_id, spec in self._specs.items():
                 if not spec.bounded:
                     self._end[split_id] += event.growth
-        self.enumerator.add_splits(self.source.discover_splits())
-        # 2. read into the staged buffer
         failures: dict[int, RegionFailure] = {}
         for region, kind in event.failures:
             failures.setdefault(region % p, kind)
-        staged: dict[int, list[Run]] = {}
-        reads: dict[int, dict[str, Split]] = {}  # per reader, each split it read at its new position
-        source_end = self._end
-        for reader in range(p):
-            budget = event.budget // 2 if failures.get(reader) is RegionFailure.CRASH else event.budget
-            runs: list[Run] = []
-            advanced: dict[str, Split] = {}
-            for split_id, split in self.context.reader_view.get(reader, {}).items():
-                end = min(split.position + budget, source_end[split_id])
-                if end > split.position:
-                    runs.append((split_id, split.position, end))
-                    advanced[split_id] = _moved(split, end)
-            staged[reader], reads[reader] = runs, advanced
-        # 3. the checkpoint
-        self.context.on_checkpoint(checkpoint_id)
-        pending = self.coordinator.trigger(checkpoint_id, now=self._clock)
-        self._clock += CHECKPOINT_INTERVAL_S
-        acked: list[int] = []
-        for region in range(p):
-            failure = failures.get(region)
-            if failure is None:
-                pending.acknowledge(region, self._acked_state(region, reads[region], checkpoint_id))
-                acked.append(region)
-            elif failure is not RegionFailure.TIMEOUT:
-                pending.decline(region, f"simulated {failure.value}")
-        self.coordinator.expire(pending, pending.deadline)
-        # 4. acknowledged progress reaches the enumerator
-        if self.config.progress_order is ProgressOrder.BATCH:
-            self._apply_progress_batch(acked, reads)
-        else:
-            self._apply_progress_per_region(acked, reads)
-        # 5. decide
-        enumerator = self.enumerator
-        result = self.coordinator.complete(
-            pending, lambda fallback: enumerator.snapshot(checkpoint_id, fallback)
-        )
-        self._counts[result.kind] += 1
+        self.runner.failures = failures
+        self.sink_port.replay_next = event.commit_retry
+        self.clock.time += CHECKPOINT_INTERVAL_S
+        report: EpochReport = self.driver.run_epoch(records_per_split=event.budget)
+        self._counts[report.kind] += 1
         failed_text = "".join(f" r{r}={failures[r].value}" for r in sorted(failures) if r < p)
-        if result.completed is None:
-            restored = self._global_restore(
-                "aborted", consecutive_regional=self.coordinator.consecutive_regional
+        if report.completed is None:
+            self._global_restores += 1  # the driver restored from the latest completed checkpoint
+            origin = self.store.latest()
+            restored = "fresh start" if origin is None else f"from {origin.checkpoint_id}"
+            return (
+                f"checkpoint {report.epoch} aborted ({failed_text.strip()}); aborted: global restore "
+                f"{restored} at {self.parallelism} reader(s)"
             )
-            return f"checkpoint {checkpoint_id} aborted ({failed_text.strip()}); {restored}"
-        completed = result.completed
-        committed = self.sink.commit(checkpoint_id, staged, result.notify_complete)
-        if event.commit_retry:
-            self.sink.commit(checkpoint_id, staged, result.notify_complete)
-        self.context.on_checkpoint_complete(checkpoint_id, result.notify_partially_completed)
-        for region in result.notify_complete:
-            self.operator_state[region] = tuple(completed.regions[region].operator_state)
-        self._note_checkpoint(completed)
-        moved = 0
-        for region in result.notify_partially_completed:
-            moved += self._partial_failover(region, completed.regions[region])
-        self.coordinator.retain(self.config.keep_checkpoints)
-        text = f"checkpoint {checkpoint_id} {result.kind.value}"
+        self._note_checkpoint(report.completed)
+        moved = sum(self._count_failover(f) for f in report.failovers)
+        text = f"checkpoint {report.epoch} {report.kind.value}"
         if failed_text:
             text += f" ({failed_text.strip()}; {moved} split(s) moved by the failover)"
-        return text + f", {committed} record(s) committed"
-
-    def _acked_state(self, region: int, advanced: Mapping[str, Split], checkpoint_id: int) -> RegionState:
-        """The region's new state: each split it reads at the position it read to, finished ones left out."""
-        assert self.context is not None
-        splits = []
-        for split_id, split in self.context.reader_view.get(region, {}).items():
-            moved = advanced.get(split_id, split)
-            if not moved.finished:
-                splits.append(moved)
-        splits.sort(key=lambda s: s.split_id)
-        state = (self.operator_state.get(region, ()) + (f"c{checkpoint_id}r{region}",))[-OPERATOR_STATE_KEEP:]
-        return RegionState(region_id=region, splits=tuple(splits), operator_state=state)
-
-    def _apply_progress_batch(self, acked: Sequence[int], reads: Mapping[int, Mapping[str, Split]]) -> None:
-        assert self.enumerator is not None and self.context is not None
-        moved: list[Split] = []
-        finished: list[str] = []
-        for region in acked:
-            view = self.context.reader_view.get(region, {})
-            for split_id, split in reads[region].items():
-                view[split_id] = split
-                moved.append(split)
-                if split.finished:
-                    finished.append(split_id)
-        self.enumerator.update_positions(moved)
-        for split_id in finished:
-            # an earlier split_finished may have rebalanced this (at-end) split to another reader
-            owner = self.enumerator.owner_of(split_id)
-            reader = owner if owner is not None else next(r for r in acked if split_id in reads[r])
-            self.context.reader_view.get(reader, {}).pop(split_id, None)
-            self.enumerator.split_finished(reader, split_id)
-
-    def _apply_progress_per_region(
-        self, acked: Sequence[int], reads: Mapping[int, Mapping[str, Split]]
-    ) -> None:
-        """The order of ``runtime/pipeline.py``'s ``_apply_progress``: region by region."""
-        assert self.enumerator is not None and self.context is not None
-        for region in acked:
-            mine = self.context.reader_view.get(region, {})
-            moved = []
-            for split_id, split in reads[region].items():
-                if split_id in mine:
-                    mine[split_id] = split
-                    moved.append(split)
-            self.enumerator.update_positions(moved)
-            for split in moved:
-                if split.finished:
-                    self.enumerator.split_finished(region, split.split_id)
-                    mine.pop(split.split_id, None)
+        return text + f", {report.committed_records} record(s) committed"
 
     def _reader_failure(self, event: ReaderFailure) -> str:
-        assert self.coordinator is not None
         reader = event.reader % self.parallelism
-        state = self.coordinator.fallback_state(reader)
-        moved = self._partial_failover(reader, state)
-        origin = "no state" if state is None else f"state of checkpoint {state.ref_checkpoint_id}"
+        report = self.driver.fail_reader(reader)
+        moved = self._count_failover(report)
+        ref = report.ref_checkpoint_id
+        origin = "no state" if ref is None else f"state of checkpoint {ref}"
         return f"reader {reader} restarted from {origin}; {moved} split(s) moved"
 
     def _rescale(self, event: Rescale) -> str:
@@ -821,17 +850,15 @@ class Simulator:
             raise InvalidParameterError("parallelism", event.parallelism, "an integer >= 1")
         previous = self.parallelism
         self._rescales += 1
-        text = self._global_restore(
+        return self._global_restore(
             f"rescale {previous} -> {event.parallelism}",
             parallelism=event.parallelism,
             redistribution=event.redistribution,
         )
-        return text
 
     def _discover(self, event: DiscoverSplits) -> str:
-        assert self.enumerator is not None
-        new = self._add_to_source(event.splits)
-        added = self.enumerator.add_splits(new)
+        self._add_to_source(event.splits)
+        added = self.driver.discover()
         return f"{added} new split(s) entered the pool"
 
     def _remove_subscription(self, event: RemoveSubscription) -> str:
@@ -842,55 +869,33 @@ class Simulator:
         return self._global_restore(f"unsubscribed {event.subscription!r}")
 
     def _checkpoint_during_restore(self, event: CheckpointDuringRestore) -> str:
-        latest = self._latest()
-        first = event.registered_first % self.parallelism
-        infos = self._restore(latest, self.parallelism, register_first=first)
+        latest = self.store.latest()
+        p = self.parallelism
+        first = event.registered_first % p
+        infos = self._restore(latest, p, register_first=first)
         self._global_restores += 1
-        assert self.coordinator is not None and self.enumerator is not None and self.context is not None
-        checkpoint_id = self._next_checkpoint_id
-        self._next_checkpoint_id += 1
-        self.context.on_checkpoint(checkpoint_id)
-        pending = self.coordinator.trigger(checkpoint_id, now=self._clock)
-        self._clock += CHECKPOINT_INTERVAL_S
-        for info in infos:
-            # a pending reader's snapshot is its last good (restored) state, never an empty one
-            pending.acknowledge(
-                info.reader_id,
-                RegionState(
-                    region_id=info.reader_id,
-                    splits=tuple(info.reported_splits),
-                    operator_state=self.operator_state.get(info.reader_id, ()),
-                ),
-            )
-        enumerator = self.enumerator
-        try:
-            result = self.coordinator.complete(
-                pending, lambda fallback: enumerator.snapshot(checkpoint_id, fallback)
-            )
-        except ProtocolError as err:
-            if "pending_readers" not in err.params:
-                raise
-            self.coordinator.abort(pending, f"the enumerator refused: {err.message}")
-            self._counts[CheckpointKind.ABORTED] += 1
+        self.runner.failures = {}
+        self.clock.time += CHECKPOINT_INTERVAL_S
+        report = self.driver.run_epoch()
+        self._counts[report.kind] += 1
+        if report.refused:
             self._refused += 1
-            outcome = f"checkpoint {checkpoint_id} refused by the enumerator (readers still reporting)"
+            outcome = f"checkpoint {report.epoch} refused by the enumerator (readers still reporting)"
         else:
-            self._counts[result.kind] += 1
             self._record(
                 SimCheck.CHECKPOINT_DURING_RESTORE,
                 "enumerator",
                 (),
-                f"checkpoint {checkpoint_id} became {result.kind.value} after only {first} of "
-                f"{self.parallelism} reader(s) registered; the enumerator must refuse until all reported",
+                f"checkpoint {report.epoch} became {report.kind.value} after only {first} of "
+                f"{p} reader(s) registered; the enumerator must refuse until all reported",
             )
-            if result.completed is not None:
-                self.context.on_checkpoint_complete(checkpoint_id, result.notify_partially_completed)
-                self._note_checkpoint(result.completed)
-            outcome = f"checkpoint {checkpoint_id} was NOT refused"
+            if report.completed is not None:
+                self._note_checkpoint(report.completed)
+            outcome = f"checkpoint {report.epoch} was NOT refused"
         for info in infos[first:]:
-            self._register(info)
+            self.driver.register(info)
         origin = "fresh start" if latest is None else f"restore from {latest.checkpoint_id}"
-        return f"{origin} at {self.parallelism} reader(s): {outcome}"
+        return f"{origin} at {p} reader(s): {outcome}"
 
     # -- ground truth and checks --------------------------------------------------------------
 
@@ -1030,7 +1035,7 @@ class Simulator:
         loads = {r: len(state.readers.get(r, ())) for r in range(p)}
         self._max_imbalance = max(self._max_imbalance, count_spread(loads))
         # what the readers actually read: each split once, and exactly what the enumerator says
-        views = self.context.reader_view
+        views = self.context.reader_splits
         diverged = False
         for r in range(p):
             owned = {s.split_id for s in state.readers.get(r, ())}

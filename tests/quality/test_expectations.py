@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from splitkeeper.core.source import LostRange
 from splitkeeper.core.types import (
     AuditRecord,
     CheckpointKind,
@@ -34,7 +35,6 @@ from splitkeeper.quality.checks import (
     raise_on_failure,
     run_restart_checks,
 )
-from splitkeeper.runtime.sources.base import LostRange
 from splitkeeper.runtime.state_store import DeltaStateStore
 
 pytestmark = pytest.mark.spark

@@ -18,7 +18,7 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from splitkeeper.core.source import ExternalPosition
+from splitkeeper.core.source import ExternalPosition, LostRange
 from splitkeeper.core.types import CheckpointKind, RecoveryDecision, RegionOutcome
 from splitkeeper.errors import SourceError
 from splitkeeper.quality.checks import run_restart_checks
@@ -28,7 +28,6 @@ from splitkeeper.runtime.faults import FaultPlan
 from splitkeeper.runtime.kafka_broker import KafkaBroker
 from splitkeeper.runtime.pipeline import EpochReport, Pipeline
 from splitkeeper.runtime.sink import DeltaSink
-from splitkeeper.runtime.sources.base import LostRange
 from splitkeeper.runtime.sources.kafka import COMMIT_METADATA_KEY, KafkaSource, split_id_of
 from splitkeeper.runtime.state_store import DeltaStateStore
 

@@ -17,13 +17,12 @@ from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
 
 from splitkeeper.core.enumerator import RecordingEnumeratorContext, enumerator_for
 from splitkeeper.core.external import DisagreementKind, reconcile_positions
-from splitkeeper.core.source import ExternalPosition
+from splitkeeper.core.source import ExternalPosition, PlannedRange, SourceRecord
 from splitkeeper.core.types import Split
 from splitkeeper.errors import InvalidParameterError, SourceError
 from splitkeeper.runtime.config import OffsetOutOfRange, SourceConfig, SourceKind
 from splitkeeper.runtime.kafka_broker import KafkaBroker, free_port
 from splitkeeper.runtime.sources import build_source
-from splitkeeper.runtime.sources.base import PlannedRange, SourceRecord
 from splitkeeper.runtime.sources.contract import SourceContractTests, read_planned
 from splitkeeper.runtime.sources.kafka import (
     COMMIT_METADATA_KEY,

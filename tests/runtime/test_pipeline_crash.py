@@ -39,9 +39,11 @@ CRASH_EPOCH = 2
 # point -> (sink txnVersion after the crash, latest checkpoint row after the crash, redone on open)
 AFTER_CRASH = {
     CrashPoint.AFTER_PLAN: (1, 1, None),
+    CrashPoint.AFTER_DECISION: (1, 1, None),
     CrashPoint.AFTER_SINK_COMMIT: (2, 1, 2),
     CrashPoint.BEFORE_CHECKPOINT_ROW: (2, 1, 2),
     CrashPoint.AFTER_CHECKPOINT_ROW: (2, 2, None),
+    CrashPoint.DURING_RETENTION: (2, 2, None),
 }
 
 
@@ -52,8 +54,8 @@ def test_driver_killed_at_crash_point_recovers_to_sink_equals_source(
     monkeypatch.delenv(CRASH_ENV, raising=False)
     input_dir = tmp_path / "in"
     write_input(input_dir, files=3, lines=60)  # 3 epochs of 60: epoch 3 is left after the crash in 2
-    mapping = pipeline_mapping(
-        tmp_path, f"crash-{point.value}".replace("_", "-"), input_dir, epoch_records=60
+    mapping = pipeline_mapping(  # retain 1: epoch 2's retention deletes checkpoint 1
+        tmp_path, f"crash-{point.value}".replace("_", "-"), input_dir, epoch_records=60, retain_checkpoints=1
     )
     config_path = write_config(tmp_path / "pipeline.yaml", mapping)
     config = config_from_mapping(mapping)

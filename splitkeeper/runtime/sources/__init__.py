@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import importlib
 
+from splitkeeper.core.source import PlannedRange, RegionReader, SourceConnector, SourceRecord
 from splitkeeper.errors import EnvironmentNotReadyError
 from splitkeeper.runtime.config import SourceConfig, SourceKind
-from splitkeeper.runtime.sources.base import PlannedRange, RegionReader, SourceConnector, SourceRecord
 from splitkeeper.runtime.sources.files import FileRegionReader, FileSource
 
 __all__ = [

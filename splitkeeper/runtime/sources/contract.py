@@ -9,7 +9,7 @@ Usage, in a test module::
 
 ``make_source`` must return a connector whose discovery yields at least one
 split with at least three records readable up to ``available_end``. The tests
-use only the public contract of :mod:`splitkeeper.runtime.sources.base`; they
+use only the public contract of :mod:`splitkeeper.core.source`; they
 need pytest (its ``tmp_path`` fixture) but nothing else.
 """
 
@@ -19,8 +19,8 @@ import pickle
 from pathlib import Path
 from typing import Any
 
+from splitkeeper.core.source import SourceConnector, SourceRecord
 from splitkeeper.core.types import Split
-from splitkeeper.runtime.sources.base import SourceConnector, SourceRecord
 
 
 def read_planned(source: SourceConnector, split: Split, budget: int) -> list[list[SourceRecord]]:

@@ -35,11 +35,15 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import IO
 
-from splitkeeper.core.source import SupportsSplitReassignmentOnRecovery
+from splitkeeper.core.source import (
+    RegionReader,
+    SourceConnector,
+    SourceRecord,
+    SupportsSplitReassignmentOnRecovery,
+)
 from splitkeeper.core.types import Split
 from splitkeeper.errors import InvalidParameterError, SourceError
 from splitkeeper.runtime.config import FileFormat, SourceConfig, SourceKind
-from splitkeeper.runtime.sources.base import RegionReader, SourceConnector, SourceRecord
 
 log = logging.getLogger("splitkeeper.sources.files")
 

@@ -68,12 +68,6 @@ from typing import Any, cast
 from splitkeeper.core.source import (
     ExternallyCheckpointedSource,
     ExternalPosition,
-    SupportsSplitReassignmentOnRecovery,
-)
-from splitkeeper.core.types import Split
-from splitkeeper.errors import EnvironmentNotReadyError, InvalidParameterError, SourceError
-from splitkeeper.runtime.config import OffsetOutOfRange, SourceConfig, SourceKind, StartingMode
-from splitkeeper.runtime.sources.base import (
     LostRange,
     PlannedRange,
     RegionReader,
@@ -82,7 +76,11 @@ from splitkeeper.runtime.sources.base import (
     SourceRecord,
     SupportsInitialDiscovery,
     SupportsRetentionCheck,
+    SupportsSplitReassignmentOnRecovery,
 )
+from splitkeeper.core.types import Split
+from splitkeeper.errors import EnvironmentNotReadyError, InvalidParameterError, SourceError
+from splitkeeper.runtime.config import OffsetOutOfRange, SourceConfig, SourceKind, StartingMode
 
 # LostRange, RetentionCheck and SupportsRetentionCheck live in .base; importable from here too.
 __all__ = [
@@ -679,7 +677,7 @@ class KafkaSource(
 
         Called by the runtime when it restores a checkpoint, before the restored
         enumerator's first discovery (splits new to that checkpoint are not
-        "initial"; see :class:`~splitkeeper.runtime.sources.base.SupportsInitialDiscovery`).
+        "initial"; see :class:`~splitkeeper.core.source.SupportsInitialDiscovery`).
         The first :meth:`discover_splits` of a fresh pipeline sets it by itself. Idempotent.
         """
         self._initial_done = True

@@ -1,0 +1,974 @@
+"""The epoch driver: one pipeline's protocol, from restore to checkpoint, behind ports.
+
+:class:`EpochDriver` makes every protocol decision of a running pipeline and
+nothing else: it never reads a record, writes a file or starts a job. It talks
+to the world through the ports of :mod:`splitkeeper.core.ports` (a region
+runner, an exactly-once sink, a state store and a clock) and to the source
+through :class:`~splitkeeper.core.source.SourceConnector`. The Spark runtime
+and the simulator both run this class; so the simulator checks the driver
+users run (protocol rule 0.2 in ``docs/protocol.md``).
+
+One epoch is one checkpoint attempt with a strictly increasing id ``N``
+(protocol section 5):
+
+1. discovery: the source's splits enter the enumerator, which decides ownership;
+2. the plan: per region, the ranges it reads; persisted before any region reads
+   (:meth:`StateStore.write_plan`, fenced);
+3. the regions run (:class:`RegionRunner`): each acknowledges, declines or
+   times out;
+4. acknowledged progress reaches the enumerator (positions first, then finished
+   splits, then backlog reports) and the coordinator decides GLOBAL, REGIONAL or
+   ABORTED;
+5. completed: the decision record is persisted, the acknowledged regions'
+   output is committed to the sink in one fenced, idempotent commit that names
+   the decision, then the checkpoint row is written (last: it alone makes the
+   checkpoint exist);
+6. acknowledged regions get their side effects (external offsets), failed
+   regions' readers go through partial failover, staged leftovers are dropped
+   and retention runs. Aborted: nothing is committed and every reader restarts
+   from the latest completed checkpoint (a global restore).
+
+On open, a sink commit newer than the latest checkpoint row (the previous
+driver died between the sink commit and the row) is finished from its decision
+record (a redo), then the latest checkpoint is restored. Epoch ids continue
+after every id ever planned or committed, so an abandoned plan is never reused.
+
+Not thread-safe; one instance per driver process and pipeline.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from splitkeeper.core.assignment import AssignmentStrategy, strategy_by_name
+from splitkeeper.core.backlog import BacklogConfig
+from splitkeeper.core.checkpoint import (
+    CheckpointConfig,
+    CheckpointResult,
+    CheckpointStore,
+    RegionalCheckpointCoordinator,
+    RestoredCheckpoint,
+)
+from splitkeeper.core.enumerator import (
+    RecordingEnumeratorContext,
+    SplitEnumerator,
+    enumerator_for,
+    fail_reader,
+    restart_reader,
+)
+from splitkeeper.core.external import positions_to_commit, reconcile_positions
+from splitkeeper.core.ports import (
+    Clock,
+    CrashPoint,
+    DriverHooks,
+    EpochDecision,
+    EpochSink,
+    RegionRun,
+    RegionRunner,
+    StateStore,
+)
+from splitkeeper.core.rescale import Redistribution
+from splitkeeper.core.source import (
+    ExternallyCheckpointedSource,
+    LostRange,
+    PlannedRange,
+    SourceConnector,
+    SupportsInitialDiscovery,
+    SupportsRetentionCheck,
+)
+from splitkeeper.core.types import (
+    AuditRecord,
+    CheckpointKind,
+    CompletedCheckpoint,
+    ReaderInfo,
+    RegionOutcome,
+    RegionState,
+    Split,
+)
+from splitkeeper.errors import CheckpointError, ConcurrentRunError, InvalidParameterError, ProtocolError
+
+log = logging.getLogger("splitkeeper.driver")
+
+#: Epoch summaries each region keeps in its list-style operator state (``e<epoch>:n<records>``).
+OPERATOR_STATE_KEEP = 8
+#: A split with less than ``budget / TAIL_DIVISOR`` left after its budget is planned to its end
+#: (no tiny remainder that costs a whole epoch of its own).
+TAIL_DIVISOR = 4
+
+EnumeratorFactory = Callable[..., SplitEnumerator]
+"""``(source, context, strategy, restored=snapshot | None) -> SplitEnumerator`` (:func:`enumerator_for`)."""
+
+
+# --------------------------------------------------------------------------- settings and reports
+
+
+@dataclass(frozen=True, slots=True)
+class DriverSettings:
+    """What the driver needs of a pipeline's configuration (engine-free; validated by the core types).
+
+    ``parallelism`` is the configured one (a restore keeps a checkpoint's
+    parallelism unless the configuration changed since, see :meth:`EpochDriver.open`).
+    ``strategy`` names an assignment strategy, ``strategy_options`` are its
+    constructor options (weights and capacities of ``weighted``).
+    """
+
+    pipeline: str
+    parallelism: int
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    backlog: BacklogConfig = field(default_factory=BacklogConfig)
+    retain_checkpoints: int = 3
+    strategy: str = "least-loaded"
+    strategy_options: Mapping[str, Any] = field(default_factory=dict)
+    redistribution: Redistribution = Redistribution.EVEN_SPLIT
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.pipeline, str) or not self.pipeline:
+            raise InvalidParameterError("pipeline", self.pipeline, "a non-empty pipeline name")
+        if (
+            isinstance(self.parallelism, bool)
+            or not isinstance(self.parallelism, int)
+            or self.parallelism < 1
+        ):
+            raise InvalidParameterError("parallelism", self.parallelism, "an integer >= 1")
+        keep = self.retain_checkpoints
+        if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
+            raise InvalidParameterError("retain_checkpoints", keep, "an integer >= 1")
+        if not isinstance(self.redistribution, Redistribution):
+            raise InvalidParameterError("redistribution", self.redistribution, "a Redistribution")
+
+    def new_strategy(self) -> AssignmentStrategy:
+        return strategy_by_name(self.strategy, **dict(self.strategy_options))
+
+
+@dataclass(frozen=True, slots=True)
+class FailoverReport:
+    """One partial failover (protocol rule 1.3): which reader, from which state, which splits moved."""
+
+    reader: int
+    ref_checkpoint_id: int | None
+    moved: tuple[str, ...]  # split ids whose owner changed
+    foreign: int  # of those, how many another reader owned before (sticky strategies: 0)
+
+
+@dataclass(frozen=True, slots=True)
+class EpochReport:
+    """What one epoch did, for progress output, status, the simulator's checks and tests."""
+
+    epoch: int
+    kind: CheckpointKind
+    outcomes: dict[int, RegionOutcome]
+    records: int
+    committed_records: int
+    processing_backlog: bool
+    reason: str
+    elapsed_s: float
+    region_errors: dict[int, str] = field(default_factory=dict)
+    final: bool = False
+    phases: dict[str, float] = field(default_factory=dict)  # seconds per phase: plan, read, decide, ...
+    lost: tuple[LostRange, ...] = ()  # ranges the plan skipped because the source no longer had them
+    completed: CompletedCheckpoint | None = None
+    failovers: tuple[FailoverReport, ...] = ()
+    refused: bool = False  # the enumerator refused the checkpoint: a restore still waits for reports
+
+    def line(self) -> str:
+        failed = {r: o.value for r, o in self.outcomes.items() if o is not RegionOutcome.ACK}
+        regions = f"{len(self.outcomes) - len(failed)}/{len(self.outcomes)} regions ack"
+        if failed:
+            regions += " (" + ", ".join(f"r{r} {o}" for r, o in sorted(failed.items())) + ")"
+        mode = "backlog" if self.processing_backlog else "normal"
+        lost = ""
+        if self.lost:
+            lost = f" LOST {sum(r.count for r in self.lost):,} offsets of {len(self.lost)} split(s) (skip)"
+        return (
+            f"epoch {self.epoch:>4} {self.kind.value:<8} {regions:<34} "
+            f"committed {self.committed_records:>9,} records  [{mode}] {self.elapsed_s:6.2f}s "
+            + " ".join(f"{k}={v:.1f}" for k, v in self.phases.items())
+            + lost
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class RunSummary:
+    """What :meth:`EpochDriver.run` did."""
+
+    epochs: tuple[EpochReport, ...]
+    finished: bool  # a bounded source was read completely and ended on a global checkpoint
+    committed_records: int
+    caught_up: bool = False  # until_caught_up: every split reached its end at the start, globally
+
+    def counts(self) -> dict[str, int]:
+        out = {k.value: 0 for k in CheckpointKind}
+        for e in self.epochs:
+            out[e.kind.value] += 1
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class OpenReport:
+    """How the pipeline started: fresh, or restored from which checkpoint, and what recovery did.
+
+    ``redone_checkpoint`` is the checkpoint a redo committed from its sink commit;
+    in a read-only open it is the one a redo *would* commit (nothing is written).
+    """
+
+    restored_from: int | None
+    redone_checkpoint: int | None
+    parallelism: int
+    previous_parallelism: int | None
+    decisions: tuple[AuditRecord, ...]
+    external_disagreements: tuple[str, ...] = ()
+    mode_reason: str = ""
+    read_only: bool = False
+
+
+class ReaderStateContext(RecordingEnumeratorContext):
+    """The enumerator context of the driver: assignments land in the readers' driver-side views.
+
+    Readers are logical in the driver (reader ``r`` runs as region ``r``'s task
+    each epoch); what a reader owns and where it stands is kept here and becomes
+    the next plan. Only the enumerator changes it, through :meth:`assign_splits`
+    and :meth:`revoke_splits` (and the restored splits a legacy reader keeps).
+    """
+
+    def __init__(self, parallelism: int) -> None:
+        super().__init__(parallelism)
+        self.reader_splits: dict[int, dict[str, Split]] = {}
+
+    def assign_splits(self, assignment: Mapping[int, Sequence[Split]]) -> None:
+        super().assign_splits(assignment)
+        for reader, splits in assignment.items():
+            mine = self.reader_splits.setdefault(reader, {})
+            for split in splits:
+                mine[split.split_id] = split
+
+    def revoke_splits(self, revocation: Mapping[int, Sequence[str]]) -> None:
+        super().revoke_splits(revocation)
+        for reader, ids in revocation.items():
+            mine = self.reader_splits.get(reader, {})
+            for sid in ids:
+                mine.pop(sid, None)
+
+
+class _ReadOnly(ProtocolError):
+    """A read-only driver reached a write (a bug: read-only opens never run epochs)."""
+
+
+# --------------------------------------------------------------------------- the driver
+
+
+class EpochDriver:
+    """Drives one pipeline through epochs; every protocol decision is made here (see the module doc).
+
+    Created on the driver process with its adapters. ``open()`` recovers and
+    restores (or starts fresh), ``run_epoch()`` runs one checkpoint attempt,
+    ``run()`` loops until a bounded source is done, until caught up, or for a
+    number of epochs. ``read_only`` opens write nothing at all (dry runs, status):
+    no redo is committed, no staging is cleaned, and epochs cannot run.
+    """
+
+    def __init__(
+        self,
+        settings: DriverSettings,
+        source: SourceConnector,
+        runner: RegionRunner,
+        sink: EpochSink,
+        state: StateStore,
+        clock: Clock,
+        hooks: DriverHooks | None = None,
+        *,
+        enumerator_factory: EnumeratorFactory | None = None,
+    ) -> None:
+        self.settings = settings
+        self.source = source
+        self.runner = runner
+        self.sink = sink
+        self.state = state
+        self.clock = clock
+        self.hooks = hooks or DriverHooks()
+        self._enumerator_factory = enumerator_factory or enumerator_for
+        self.redistribution = settings.redistribution
+        self.context: ReaderStateContext | None = None
+        self.enumerator: SplitEnumerator | None = None
+        self.coordinator: RegionalCheckpointCoordinator | None = None
+        self.operator_state: dict[int, tuple[str, ...]] = {}
+        self.last_restore: RestoredCheckpoint | None = None  # what the latest restore redistributed
+        self.restores = 0  # global restores so far (open, abort, explicit)
+        self._audit_persisted = 0
+        self._settled = False  # restored from a global checkpoint at the same parallelism, nothing run yet
+        self._next_epoch = 1
+        self._recorded: int | None = None  # the sink's recorded epoch this driver expects (the fence)
+        self._read_only = False
+        self.opened: OpenReport | None = None
+
+    # -- start / restore -------------------------------------------------------------------
+
+    @property
+    def parallelism(self) -> int:
+        if self.context is None:
+            raise ProtocolError("the driver is not open: call open() first")
+        return self.context.parallelism
+
+    @property
+    def next_epoch(self) -> int:
+        """The id the next epoch gets."""
+        return self._next_epoch
+
+    def open(
+        self,
+        checkpoint_id: int | None = None,
+        parallelism: int | None = None,
+        *,
+        read_only: bool = False,
+    ) -> OpenReport:
+        """Recover (redo an epoch whose sink commit has no checkpoint row yet) and restore. Call once.
+
+        ``checkpoint_id`` must be the latest checkpoint (an older one would read
+        again what the sink already holds); None restores the latest, or starts
+        fresh when there is none. ``parallelism`` rescales (None: the checkpoint's,
+        unless the configuration's changed since). ``read_only``: nothing is
+        written; a pending redo is applied in memory only and reported.
+        """
+        self._read_only = read_only
+        redone, pending = self._redo(dry=read_only)
+        latest = pending.checkpoint if pending is not None else self.state.latest_checkpoint()
+        chosen = latest
+        if checkpoint_id is not None:
+            if pending is not None and checkpoint_id == pending.epoch:
+                chosen = pending.checkpoint
+            else:
+                chosen = self.state.load_checkpoint(checkpoint_id)
+            if latest is not None and latest.checkpoint_id != chosen.checkpoint_id:
+                raise CheckpointError(
+                    f"checkpoint {checkpoint_id} is not the latest ({latest.checkpoint_id}): the sink "
+                    "already holds the records of checkpoints after it, so restoring it would read them "
+                    f"twice; recover from 'latest' (or {latest.checkpoint_id})",
+                    checkpoint_id=checkpoint_id,
+                    latest=latest.checkpoint_id,
+                )
+        self._recorded = self.sink.committed_epoch()
+        last_planned = self.state.latest_plan_epoch() or 0
+        last_done = 0 if chosen is None else chosen.checkpoint_id
+        self._next_epoch = max(last_planned, last_done, self._recorded or 0) + 1
+        if not read_only:
+            self.sink.discard_through(last_done)
+        report = self._restore(chosen, parallelism, redone, pending=pending)
+        self.opened = report
+        return report
+
+    def _redo(self, *, dry: bool) -> tuple[int | None, EpochDecision | None]:
+        """Finish the epoch whose sink commit landed after the latest checkpoint row (protocol rule 5.4).
+
+        Returns (the redone checkpoint id, the decision). A dry redo writes nothing
+        and returns the decision so the restore can use it in memory.
+        """
+        committed = self.sink.committed_epoch()
+        latest_id = max(self.state.checkpoint_ids(), default=0)
+        if committed is None or committed <= latest_id:
+            return None, None
+        attempt = self.sink.committed_attempt(committed)
+        decision = None if attempt is None else self.state.decision(committed, attempt)
+        if decision is None:
+            raise CheckpointError(
+                f"pipeline {self.settings.pipeline!r}: the sink holds epoch {committed}, newer than the "
+                f"latest checkpoint {latest_id or 'none'}, but its decision record (attempt {attempt}) is "
+                "not in the state store, so the checkpoint cannot be redone. The state store and the sink "
+                "do not belong together (restore the state directory that wrote this sink, or point the "
+                "pipeline "
+                "at a fresh sink)",
+                checkpoint_id=committed,
+                attempt_id=attempt,
+            )
+        if dry:
+            return committed, decision
+        self.state.commit_checkpoint(decision)
+        log.warning(
+            "recovered checkpoint %s from its sink commit (the driver died before its row)", committed
+        )
+        self.sink.discard(committed)
+        return committed, None
+
+    def restore(
+        self,
+        checkpoint: CompletedCheckpoint | None,
+        parallelism: int | None = None,
+        *,
+        redistribution: Redistribution | None = None,
+        consecutive_regional: int | None = None,
+        register_first: int | None = None,
+    ) -> list[ReaderInfo]:
+        """A global restore from ``checkpoint`` (None: a fresh start) at ``parallelism``; readers register.
+
+        New context, coordinator and enumerator. Registers the first
+        ``register_first`` readers (all when None) and returns every reader's
+        ReaderInfo; the caller registers the rest with :meth:`register` (the
+        enumerator refuses a checkpoint until every reader has reported, protocol
+        rule 1.4).
+        """
+        if redistribution is not None:
+            self.redistribution = redistribution
+        report = self._restore(
+            checkpoint,
+            parallelism or self.parallelism,
+            None,
+            consecutive_regional=consecutive_regional,
+            register_first=register_first,
+        )
+        self.opened = report if self.opened is None else self.opened
+        return list(self._infos)
+
+    def _restore(
+        self,
+        checkpoint: CompletedCheckpoint | None,
+        parallelism: int | None,
+        redone: int | None,
+        *,
+        consecutive_regional: int | None = None,
+        register_first: int | None = None,
+        pending: EpochDecision | None = None,
+    ) -> OpenReport:
+        settings = self.settings
+        new_p = parallelism or (settings.parallelism if checkpoint is None else checkpoint.parallelism)
+        if (
+            parallelism is None
+            and checkpoint is not None
+            and settings.parallelism != checkpoint.parallelism
+            and self._configured_parallelism(checkpoint, pending) != settings.parallelism
+        ):
+            # The configured parallelism changed since the checkpoint: it asks for a rescale. When it is
+            # what the checkpoint was taken under, the checkpoint's own parallelism came from an explicit
+            # rescale (recover --parallelism, the rescale DAG), which stays (protocol rule 2.8).
+            new_p = settings.parallelism
+        if isinstance(new_p, bool) or not isinstance(new_p, int) or new_p < 1:
+            raise InvalidParameterError("parallelism", new_p, "an integer >= 1")
+        context = ReaderStateContext(new_p)
+        # The coordinator decides against an in-memory mirror of the checkpoints it may refer to; the
+        # state store is written by this driver, after the sink commit (protocol rule 5.3).
+        mirror = CheckpointStore()
+        if checkpoint is not None:
+            for cid in reversed(self._ref_chain(checkpoint, pending)):
+                mirror.add(checkpoint if cid == checkpoint.checkpoint_id else self.state.load_checkpoint(cid))
+        coordinator = RegionalCheckpointCoordinator(settings.checkpoint, new_p, mirror)
+        first_audit = 0
+        previous: int | None = None
+        if checkpoint is None:
+            enumerator = self._enumerator_factory(
+                self.source, context, settings.new_strategy(), restored=None
+            )
+            infos = [ReaderInfo(reader_id=r) for r in range(new_p)]
+            self.operator_state = {r: () for r in range(new_p)}
+            self.last_restore = None
+        else:
+            if isinstance(self.source, SupportsInitialDiscovery):
+                self.source.mark_initial_discovery_finished()  # splits new to the checkpoint: earliest
+            restored = coordinator.restore(
+                checkpoint, new_p, self.redistribution, consecutive_regional=consecutive_regional
+            )
+            enumerator = self._enumerator_factory(
+                self.source, context, settings.new_strategy(), restored=restored.enumerator
+            )
+            first_audit = enumerator.audit_count
+            infos = restored.reader_infos()
+            self.operator_state = {r.region_id: tuple(r.operator_state) for r in restored.regions}
+            self.last_restore = restored
+            previous = checkpoint.parallelism
+        enumerator.start()
+        self.context, self.enumerator, self.coordinator = context, enumerator, coordinator
+        self._infos = infos
+        for info in infos if register_first is None else infos[:register_first]:
+            self.register(info)
+        self.restores += 1
+        # run(until_caught_up) may stop before any epoch: the latest checkpoint is global, at this P.
+        self._settled = (
+            checkpoint is not None and checkpoint.kind is CheckpointKind.GLOBAL and new_p == previous
+        )
+        self._audit_persisted = first_audit if checkpoint is not None else 0
+        return OpenReport(
+            restored_from=None if checkpoint is None else checkpoint.checkpoint_id,
+            redone_checkpoint=redone,
+            parallelism=new_p,
+            previous_parallelism=previous,
+            decisions=tuple(enumerator.audit_since(first_audit)),
+            external_disagreements=self._reconcile_external(checkpoint),
+            mode_reason=coordinator.mode_reason,
+            read_only=self._read_only,
+        )
+
+    def _ref_chain(self, checkpoint: CompletedCheckpoint, pending: EpochDecision | None) -> list[int]:
+        if pending is not None and checkpoint is pending.checkpoint:
+            older = sorted(
+                {cid for ref in checkpoint.ref_checkpoint_ids for cid in self.state.ref_chain(ref)}
+            )
+            return [checkpoint.checkpoint_id, *reversed(older)]
+        return self.state.ref_chain(checkpoint.checkpoint_id)
+
+    def _configured_parallelism(
+        self, checkpoint: CompletedCheckpoint, pending: EpochDecision | None
+    ) -> int | None:
+        if pending is not None and checkpoint is pending.checkpoint:
+            return pending.configured_parallelism
+        return self.state.configured_parallelism(checkpoint.checkpoint_id)
+
+    def register(self, info: ReaderInfo) -> None:
+        """A reader (re)starts: it registers with its restored splits and the enumerator places them.
+
+        A legacy reader (no deferred assignment) keeps, and reads, the restored
+        splits the enumerator let it keep.
+        """
+        enumerator, context = self._require_open()
+        context.reader_splits[info.reader_id] = {}
+        restart_reader(enumerator, context, info.reader_id, info.reported_splits)
+        if not enumerator.reassign_on_recovery:
+            view = context.reader_splits[info.reader_id]
+            owned = set(enumerator.owned_split_ids(info.reader_id))
+            for split in info.reported_splits:
+                if split.split_id in owned and split.split_id not in view:
+                    view[split.split_id] = split
+
+    def fail_reader(self, reader: int) -> FailoverReport:
+        """Partial failover of one reader from its last good state (a reader crashed between epochs)."""
+        coordinator = self._require_coordinator()
+        if isinstance(reader, bool) or not isinstance(reader, int) or not 0 <= reader < self.parallelism:
+            raise InvalidParameterError("reader", reader, f"a reader id in [0, {self.parallelism})")
+        return self._partial_failover(reader, coordinator.fallback_state(reader))
+
+    def _partial_failover(self, reader: int, state: RegionState | None) -> FailoverReport:
+        """``fail_reader`` + re-registration with the reader's fallback state (protocol rule 1.3)."""
+        enumerator, context = self._require_open()
+        before = enumerator.owners()
+        context.reader_splits[reader] = {}
+        fail_reader(enumerator, context, reader)
+        reported = state.splits if state is not None else ()
+        self.register(ReaderInfo(reader_id=reader, reported_splits=tuple(reported)))
+        self.operator_state[reader] = tuple(state.operator_state) if state is not None else ()
+        after = enumerator.owners()
+        moved = tuple(sid for sid, owner in after.items() if sid in before and before[sid] != owner)
+        return FailoverReport(
+            reader=reader,
+            ref_checkpoint_id=None if state is None else state.ref_checkpoint_id,
+            moved=moved,
+            foreign=sum(1 for sid in moved if before[sid] != reader),
+        )
+
+    def _external_store(self) -> ExternallyCheckpointedSource | None:
+        """The source when it keeps external positions (protocol section 3) in this configuration."""
+        source = self.source
+        if isinstance(source, ExternallyCheckpointedSource) and source.keeps_external_positions:
+            return source
+        return None
+
+    def _reconcile_external(self, checkpoint: CompletedCheckpoint | None) -> tuple[str, ...]:
+        external = self._external_store()
+        if checkpoint is None or external is None:
+            return ()
+        positions = {s.split_id: s.position for r in checkpoint.regions.values() for s in r.splits}
+        found = reconcile_positions(positions, external.committed_positions())
+        for d in found:
+            log.warning("external position disagrees with checkpoint %s: %s", checkpoint.checkpoint_id, d)
+        return tuple(str(d) for d in found)
+
+    # -- epochs ------------------------------------------------------------------------------
+
+    def discover(self) -> int:
+        """Ask the source for its splits now; returns how many entered the enumerator's pool."""
+        enumerator, _context = self._require_open()
+        return enumerator.add_splits(self.source.discover_splits())
+
+    def plan(self, records_per_split: int | None = None) -> dict[int, list[PlannedRange]]:
+        """This epoch's ranges per region: every owned, unfinished split up to its budget.
+
+        The epoch's record budget (:class:`BacklogConfig`, larger while
+        processing backlog) is shared by the splits being read, unless
+        ``records_per_split`` is given.
+        """
+        enumerator, context = self._require_open()
+        active = [s for splits in context.reader_splits.values() for s in splits.values() if not s.finished]
+        if records_per_split is None:
+            budget_total = self.settings.backlog.epoch_records(enumerator.processing_backlog)
+            records_per_split = max(1, budget_total // max(1, len(active)))
+        plan: dict[int, list[PlannedRange]] = {}
+        for reader in range(self.parallelism):
+            ranges = []
+            for split in sorted(context.reader_splits.get(reader, {}).values()):
+                if split.finished:
+                    continue
+                end = self._plan_end(split, records_per_split)
+                if end > split.position:
+                    ranges.append(PlannedRange(split, split.position, end))
+            plan[reader] = ranges
+        return plan
+
+    def _plan_end(self, split: Split, budget: int) -> int:
+        stretched = self.source.plan_end(split, split.position, budget + budget // TAIL_DIVISOR)
+        if stretched >= self.source.available_end(split):
+            return stretched
+        return self.source.plan_end(split, split.position, budget)
+
+    def _unfinished(self) -> int:
+        enumerator, context = self._require_open()
+        owned = sum(1 for splits in context.reader_splits.values() for s in splits.values() if not s.finished)
+        return owned + enumerator.pool_size
+
+    def run_epoch(self, *, final: bool = False, records_per_split: int | None = None) -> EpochReport:
+        """Run one checkpoint attempt. ``final`` asks for a bounded job's last (global) checkpoint."""
+        enumerator, context = self._require_open()
+        coordinator = self._require_coordinator()
+        if self._read_only:
+            raise _ReadOnly("a read-only driver runs no epoch: open it without read_only to run")
+        self._settled = False
+        started = self.clock.now()
+        epoch = self._next_epoch
+        self._next_epoch += 1
+        phases: dict[str, float] = {}
+        mark = started
+
+        def lap(name: str) -> None:
+            nonlocal mark
+            now = self.clock.now()
+            phases[name] = round(phases.get(name, 0.0) + now - mark, 3)
+            mark = now
+
+        if not enumerator.checkpoint_allowed:
+            return self._refuse(epoch, started, enumerator.processing_backlog, final)
+        self.hooks.before_epoch(epoch)
+        enumerator.add_splits(self.source.discover_splits())
+        backlog = enumerator.processing_backlog
+        planned = {} if final else self.plan(records_per_split)
+        plan = {r: planned.get(r, []) for r in range(self.parallelism)}
+        plan, lost = self._check_retention(plan)  # before the plan is persisted: fail, or skip and record
+        self._check_fence(epoch)  # a run that another run overtook stops before it writes anything
+        self._write_plan(epoch, plan)
+        lap("plan")
+        self.hooks.crash_point(CrashPoint.AFTER_PLAN, epoch)
+
+        runs = self.runner.run(epoch, plan, self.settings.checkpoint.region_timeout_s)
+        lap("read")
+        context.on_checkpoint(epoch)
+        pending = coordinator.trigger(epoch, final=final, now=self.clock.now())
+        acked: dict[int, RegionRun] = {}
+        errors: dict[int, str] = {}
+        for r in range(self.parallelism):
+            run = runs.get(r)
+            if run is None:
+                errors[r] = "the region runner returned no outcome"
+            elif run.outcome is RegionOutcome.ACK:
+                acked[r] = run
+                pending.acknowledge(r, self._acked_state(r, run, epoch))
+            elif run.outcome is RegionOutcome.DECLINE:
+                errors[r] = run.error
+                pending.decline(r, run.error or "declined")
+            else:
+                errors[r] = run.error
+        coordinator.expire(pending, now=pending.deadline)  # the timed-out (and silent) regions
+        self._apply_progress(acked)
+        result = coordinator.complete(
+            pending,
+            lambda fallback: enumerator.snapshot(epoch, fallback),
+            processing_backlog=enumerator.processing_backlog,
+        )
+        lap("decide")
+        committed_records = 0
+        failovers: tuple[FailoverReport, ...] = ()
+        if result.completed is None:
+            self._check_fence(epoch)  # a run another run overtook logs nothing either
+            self.state.log_attempt(epoch, result.outcomes, result.reason)
+            self.sink.discard(epoch)
+            # Nothing of this epoch is committed: every reader restarts from the latest checkpoint (a global
+            # restore), keeping the coordinator's counter (an aborted forced global resets it).
+            self._restore(
+                self.state.latest_checkpoint(),
+                self.parallelism,
+                None,
+                consecutive_regional=coordinator.consecutive_regional,
+            )
+        else:
+            committed_records, failovers = self._commit(epoch, result, acked, lap)
+        lap("finish")
+        report = EpochReport(
+            epoch=epoch,
+            kind=result.kind,
+            outcomes=dict(result.outcomes),
+            records=sum(r.records for r in acked.values()),
+            committed_records=committed_records,
+            processing_backlog=backlog,
+            reason=result.reason,
+            elapsed_s=round(self.clock.now() - started, 3),
+            region_errors=errors,
+            final=final,
+            phases=phases,
+            lost=lost,
+            completed=result.completed,
+            failovers=failovers,
+        )
+        self.hooks.progress(report.line())
+        return report
+
+    def _refuse(self, epoch: int, started: float, backlog: bool, final: bool) -> EpochReport:
+        """A checkpoint requested while a restore still waits for reader reports (protocol rule 1.4).
+
+        The coordinator aborts it before any region runs; nothing is planned or written.
+        """
+        enumerator, context = self._require_open()
+        coordinator = self._require_coordinator()
+        context.on_checkpoint(epoch)
+        pending = coordinator.trigger(epoch, final=final, now=self.clock.now())
+        reason = (
+            f"the enumerator refused: readers {list(enumerator.pending_readers)} have not registered and "
+            "reported their splits yet"
+        )
+        result = coordinator.abort(pending, reason)
+        return EpochReport(
+            epoch=epoch,
+            kind=CheckpointKind.ABORTED,
+            outcomes=dict(result.outcomes),
+            records=0,
+            committed_records=0,
+            processing_backlog=backlog,
+            reason=result.reason,
+            elapsed_s=round(self.clock.now() - started, 3),
+            final=final,
+            refused=True,
+        )
+
+    def _check_retention(
+        self, plan: dict[int, list[PlannedRange]]
+    ) -> tuple[dict[int, list[PlannedRange]], tuple[LostRange, ...]]:
+        """Check the epoch's ranges against what a source with retention still holds.
+
+        With ``on_offset_out_of_range: fail`` the source raises SourceError and
+        nothing of the epoch is written. With ``skip`` a range that starts below
+        what the source still has is moved up (possibly to an empty range, which
+        still moves the split's position when its region acknowledges), and each
+        loss becomes a SKIPPED_LOST_RANGE audit record, persisted with the
+        checkpoint. Sources without the capability are not asked.
+        """
+        source = self.source
+        flat = [(r, PlannedRange(*rng)) for r, ranges in plan.items() for rng in ranges]
+        if not flat or not isinstance(source, SupportsRetentionCheck):
+            return plan, ()
+        enumerator, _context = self._require_open()
+        check = source.check_retention([rng for _r, rng in flat])
+        if len(check.ranges) != len(flat):
+            raise ProtocolError(
+                f"{source.name}: the retention check returned {len(check.ranges)} ranges for "
+                f"{len(flat)} planned ones; it must return every range, in order",
+                source=source.name,
+            )
+        checked: dict[int, list[PlannedRange]] = {r: [] for r in plan}
+        for (region, _before), after in zip(flat, check.ranges, strict=True):
+            checked[region].append(PlannedRange(after.split, after.start, after.end))
+        for gone in check.lost:
+            enumerator.record_lost_range(gone.split_id, enumerator.owner_of(gone.split_id), gone.detail)
+        return checked, check.lost
+
+    def _write_plan(self, epoch: int, plan: Mapping[int, Sequence[PlannedRange]]) -> None:
+        """Persist the write-ahead plan of ``epoch``; another run that planned it first stops this one."""
+        try:
+            self.state.write_plan(epoch, plan)
+        except ConcurrentRunError as err:
+            raise ConcurrentRunError(
+                f"pipeline {self.settings.pipeline!r}: another run planned epoch {epoch} first; only one run "
+                f"may drive a pipeline: this run stops without writing, and the state is intact "
+                f"({err.message})",
+                **{**err.params, "pipeline": self.settings.pipeline, "epoch_id": epoch},
+            ) from err
+
+    def _acked_state(self, region: int, run: RegionRun, epoch: int) -> RegionState:
+        _enumerator, context = self._require_open()
+        splits = []
+        for split in context.reader_splits.get(region, {}).values():
+            moved = split.at(run.positions.get(split.split_id, split.position))
+            if not moved.finished:
+                splits.append(moved)
+        summary = f"e{epoch}:n{run.records}"
+        state = (self.operator_state.get(region, ()) + (summary,))[-OPERATOR_STATE_KEEP:]
+        return RegionState(region_id=region, splits=tuple(sorted(splits)), operator_state=state)
+
+    def _apply_progress(self, acked: Mapping[int, RegionRun]) -> None:
+        """Acknowledged regions' new positions, finished splits and backlog reports reach the enumerator.
+
+        All positions first, then finished splits: finishing a split may rebalance, and a split
+        moved to another reader must carry its new position, never an older one (re-reading
+        records another region already read; protocol rule 1.7).
+        """
+        enumerator, context = self._require_open()
+        moved: list[Split] = []
+        for region, run in acked.items():
+            mine = context.reader_splits.get(region, {})
+            for sid, position in run.positions.items():
+                if sid in mine:
+                    mine[sid] = mine[sid].at(position)
+                    moved.append(mine[sid])
+        enumerator.update_positions(moved)
+        for split in moved:
+            if split.finished:
+                owner = enumerator.owner_of(split.split_id)
+                if owner is not None:
+                    enumerator.split_finished(owner, split.split_id)
+                for splits in context.reader_splits.values():
+                    splits.pop(split.split_id, None)
+        for run in acked.values():
+            for sid in run.backlog_finished:
+                enumerator.report_backlog_finished(sid)
+
+    def _commit(
+        self,
+        epoch: int,
+        result: CheckpointResult,
+        acked: Mapping[int, RegionRun],
+        lap: Callable[[str], None],
+    ) -> tuple[int, tuple[FailoverReport, ...]]:
+        enumerator, context = self._require_open()
+        coordinator = self._require_coordinator()
+        completed = result.completed
+        assert completed is not None
+        notified = tuple(r for r in result.notify_complete if r in acked)
+        decision = EpochDecision(
+            checkpoint=completed,
+            attempt_id=uuid.uuid4().hex,
+            audit=tuple(enumerator.audit_since(self._audit_persisted)),
+            acknowledged=notified,
+            configured_parallelism=self.settings.parallelism,
+            reason=result.reason,
+        )
+        self._check_fence(epoch)
+        self.state.write_decision(decision)
+        self.hooks.crash_point(CrashPoint.AFTER_DECISION, epoch)
+        receipt = self.sink.commit(
+            epoch, [acked[r] for r in notified], expected=self._recorded, attempt_id=decision.attempt_id
+        )
+        if receipt.replayed:
+            raise ConcurrentRunError(
+                f"pipeline {self.settings.pipeline!r}: the sink already holds epoch {epoch} from another "
+                "run; "
+                "only one run may drive a pipeline",
+                pipeline=self.settings.pipeline,
+                epoch_id=epoch,
+            )
+        self._recorded = epoch
+        lap("sink")
+        self.hooks.crash_point(CrashPoint.AFTER_SINK_COMMIT, epoch)
+        self.state.commit_checkpoint(
+            decision, before_row=lambda: self.hooks.crash_point(CrashPoint.BEFORE_CHECKPOINT_ROW, epoch)
+        )
+        lap("state")
+        self.hooks.crash_point(CrashPoint.AFTER_CHECKPOINT_ROW, epoch)
+        self._audit_persisted = enumerator.audit_count
+        failed = result.notify_partially_completed
+        context.on_checkpoint_complete(epoch, failed)
+        for r in notified:
+            self.operator_state[r] = completed.regions[r].operator_state
+        external = self._external_store()
+        if external is not None:
+            positions = positions_to_commit(completed.regions, notified)
+            if positions:
+                external.commit_positions(epoch, positions)
+        failovers = tuple(self._partial_failover(r, completed.regions[r]) for r in failed)
+        self.sink.discard(epoch)
+        keep = self.settings.retain_checkpoints
+        coordinator.retain(keep)
+        self.hooks.crash_point(CrashPoint.DURING_RETENTION, epoch)
+        self.state.retain(keep, sorted(coordinator.pinned_checkpoint_ids))
+        lap("retain")
+        return receipt.records, failovers
+
+    def _check_fence(self, epoch: int) -> None:
+        """Stop early when another run committed to the sink since this run looked.
+
+        A read of the same fence the sink commit checks atomically (protocol rule
+        5.2): the pipeline's recorded epoch must still be the one this run restored
+        or wrote itself. It only saves work; the commit's own check is what holds.
+        """
+        current = self.sink.committed_epoch()
+        if current != self._recorded:
+            raise ConcurrentRunError(
+                f"pipeline {self.settings.pipeline!r}: another run committed epoch {current} to the sink "
+                "while "
+                f"this run (at epoch {epoch}, expecting {self._recorded}) was running; only one run may "
+                "drive a pipeline: this run stops without writing, and the state is intact",
+                pipeline=self.settings.pipeline,
+                epoch_id=epoch,
+                found=current,
+                expected=self._recorded,
+            )
+
+    # -- runs --------------------------------------------------------------------------------
+
+    def run(self, epochs: int | None = None, *, until_caught_up: bool = False) -> RunSummary:
+        """Run at most ``epochs`` epochs, or (None) until a bounded source is read and checkpointed globally.
+
+        A bounded run finishes with the global checkpoint of the epoch that read its last
+        records (a run that restores such a checkpoint and finds no new split runs no epoch);
+        only when that checkpoint is regional (a failed region's splits are read
+        again) or aborted does another epoch follow, and once nothing is left to read it is
+        a final one, forced global (protocol rule 2.6).
+
+        ``until_caught_up`` does the same for an unbounded source (Kafka) against what was
+        there when the run began: the run ends on the global checkpoint at which every live
+        split has reached the end it had at the start (Spark's ``Trigger.AvailableNow``,
+        Flink's bounded ``KafkaSource`` with latest stopping offsets). Records that arrive
+        meanwhile may be read too; splits discovered during the run are not waited for.
+        """
+        if self.context is None:
+            self.open()
+        enumerator, _context = self._require_open()
+        targets = self._end_positions() if until_caught_up and not self.source.bounded else None
+        reports: list[EpochReport] = []
+        finished = final = False
+        # Restored from a global checkpoint with nothing new to read: no idle epoch.
+        caught_up = targets is not None and self._settled and not self._behind(targets)
+        if self.source.bounded and self._settled:
+            enumerator.add_splits(self.source.discover_splits())
+            finished = self._unfinished() == 0
+        while not (finished or caught_up) and (epochs is None or len(reports) < epochs):
+            report = self.run_epoch(final=final)
+            reports.append(report)
+            final = False
+            if report.kind is CheckpointKind.ABORTED:
+                continue
+            enumerator, _context = self._require_open()
+            if self.source.bounded and self._unfinished() == 0:
+                enumerator.add_splits(self.source.discover_splits())
+                if self._unfinished() == 0:
+                    finished = report.kind is CheckpointKind.GLOBAL
+                    final = not finished
+            elif targets is not None and not self._behind(targets):
+                caught_up = report.kind is CheckpointKind.GLOBAL
+                final = not caught_up
+        return RunSummary(tuple(reports), finished, sum(r.committed_records for r in reports), caught_up)
+
+    def _end_positions(self) -> dict[str, int]:
+        """Every live split's available end now: what ``run(until_caught_up=True)`` reads up to."""
+        enumerator, _context = self._require_open()
+        ends: dict[str, int] = {}
+        for split_id in enumerator.owners():
+            split = enumerator.split(split_id)
+            if split is not None:
+                ends[split_id] = self.source.available_end(split)
+        return ends
+
+    def _behind(self, targets: Mapping[str, int]) -> list[str]:
+        """The split ids whose committed position is still short of ``targets`` (finished or dropped
+        splits are not behind)."""
+        enumerator, _context = self._require_open()
+        behind = []
+        for split_id, end in targets.items():
+            split = enumerator.split(split_id)
+            if split is not None and not split.finished and split.position < end:
+                behind.append(split_id)
+        return behind
+
+    # -- helpers ------------------------------------------------------------------------------
+
+    def _require_open(self) -> tuple[SplitEnumerator, ReaderStateContext]:
+        if self.enumerator is None or self.context is None:
+            raise ProtocolError("the driver is not open: call open() first")
+        return self.enumerator, self.context
+
+    def _require_coordinator(self) -> RegionalCheckpointCoordinator:
+        if self.coordinator is None:
+            raise ProtocolError("the driver is not open: call open() first")
+        return self.coordinator

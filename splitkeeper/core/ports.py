@@ -1,0 +1,278 @@
+"""The ports of the epoch driver: what :class:`~splitkeeper.core.driver.EpochDriver` needs from an engine.
+
+The driver (``core/driver.py``) makes every protocol decision: restore and redo,
+discovery and plan, checkpoint trigger and acknowledgement, completion, partial
+failover, rescale, until-caught-up and finish. It reaches the world only through
+the small interfaces below. Two sets of adapters implement them:
+
+- the Spark runtime (``splitkeeper/runtime``): region tasks as Spark jobs, the
+  Delta sink and the Delta state tables;
+- the simulator (``splitkeeper/sim``): in-memory readers, sink and store with
+  fault injection, driven through millions of events.
+
+So the simulator checks the very driver that users run. Nothing in this module
+imports an engine (protocol rule 0.1 in ``docs/protocol.md``).
+
+Value types that cross a port are immutable and picklable; what a region task
+returns crosses from an executor, so :class:`RegionRun` holds plain data and an
+opaque ``output`` handle that only the sink adapter interprets.
+"""
+
+from __future__ import annotations
+
+import abc
+import enum
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from splitkeeper.core.source import PlannedRange
+from splitkeeper.core.types import AuditRecord, CompletedCheckpoint, RegionOutcome
+
+# --------------------------------------------------------------------------- value types
+
+
+EpochPlan = Mapping[int, Sequence[PlannedRange]]
+"""The write-ahead plan of one epoch: every region of the epoch mapped to the ranges it reads."""
+
+
+@dataclass(frozen=True, slots=True)
+class RegionRun:
+    """What the driver learns about one region's work in an epoch (returned by a :class:`RegionRunner`).
+
+    ``outcome`` is ACK (the region's task finished and published its output),
+    DECLINE (it raised) or TIMEOUT (no answer within ``region_timeout_s``, whether
+    it started or not). For an ACK: ``positions`` maps every planned split to its
+    new position (the planned end, or the end of the last record read when a range
+    was planned mid-record), ``backlog_finished`` lists planned splits that reached
+    their backlog boundary, ``records`` counts what was staged and ``output`` is
+    the opaque handle of the staged output that the :class:`EpochSink` commits
+    (a path for the Spark runtime, a list of ranges in the simulator). ``error``
+    says why a region did not acknowledge.
+    """
+
+    region_id: int
+    outcome: RegionOutcome
+    positions: Mapping[str, int] = field(default_factory=dict)
+    records: int = 0
+    backlog_finished: tuple[str, ...] = ()
+    output: Any = None
+    error: str = ""
+    started_after_s: float | None = None
+    elapsed_s: float = 0.0
+
+    @property
+    def acknowledged(self) -> bool:
+        return self.outcome is RegionOutcome.ACK
+
+
+@dataclass(frozen=True, slots=True)
+class EpochDecision:
+    """Everything needed to (re)write checkpoint ``checkpoint.checkpoint_id`` after its sink commit.
+
+    Written by the driver to the state store *before* the sink commit
+    (:meth:`StateStore.write_decision`); the sink commit names ``attempt_id``. If
+    the driver dies between the sink commit and the checkpoint row, the next
+    driver reads the decision the sink commit names and commits it as the
+    checkpoint (a redo, protocol rule 5.4). ``audit`` holds the recovery and
+    assignment decisions persisted with the checkpoint; ``acknowledged`` the
+    regions whose output the sink commits; ``configured_parallelism`` the
+    pipeline config's parallelism when the checkpoint was taken.
+    """
+
+    checkpoint: CompletedCheckpoint
+    attempt_id: str
+    audit: tuple[AuditRecord, ...] = ()
+    acknowledged: tuple[int, ...] = ()
+    configured_parallelism: int | None = None
+    reason: str = ""
+
+    @property
+    def epoch(self) -> int:
+        return self.checkpoint.checkpoint_id
+
+
+@dataclass(frozen=True, slots=True)
+class SinkReceipt:
+    """What one sink commit did: ``records`` written, ``replayed`` when the epoch was already committed."""
+
+    epoch: int
+    records: int
+    replayed: bool = False
+    version: int | None = None
+
+
+class CrashPoint(enum.Enum):
+    """Named points of an epoch where a driver may die (protocol rule 5.5); fault tests kill it there.
+
+    In commit order: after the plan is persisted, after the decision record, after
+    the sink commit, before the checkpoint row, after the checkpoint row, and in
+    the middle of retention.
+    """
+
+    AFTER_PLAN = "after_plan"
+    AFTER_DECISION = "after_decision"
+    AFTER_SINK_COMMIT = "after_sink_commit"
+    BEFORE_CHECKPOINT_ROW = "before_checkpoint_row"
+    AFTER_CHECKPOINT_ROW = "after_checkpoint_row"
+    DURING_RETENTION = "during_retention"
+
+
+# --------------------------------------------------------------------------- ports
+
+
+class RegionRunner(abc.ABC):
+    """Runs one epoch's regions and reports each region's outcome. Called by the driver, once per epoch."""
+
+    @abc.abstractmethod
+    def run(self, epoch: int, plan: EpochPlan, timeout_s: float) -> Mapping[int, RegionRun]:
+        """Run every region of ``plan`` (regions with no ranges too) and return one RegionRun per region.
+
+        A region that raises is DECLINE; one that has not answered ``timeout_s``
+        after the epoch's regions were submitted (started or not: a region that is
+        never scheduled times out too) is TIMEOUT and its late output is never
+        committed. Must not raise for a region's failure.
+        """
+
+
+class EpochSink(abc.ABC):
+    """The exactly-once sink of one pipeline: one fenced, idempotent commit per epoch (protocol rule 5.2).
+
+    The pipeline's *recorded epoch* is the last epoch whose output the sink
+    committed. :meth:`commit` lands only when the recorded epoch is exactly
+    ``expected`` (the one the driver restored or last committed), checked by the
+    commit itself: a writer that committed in between makes it fail with
+    :class:`~splitkeeper.errors.ConcurrentRunError`. That one check is the fence
+    that keeps two drivers of one pipeline from both committing.
+    """
+
+    @abc.abstractmethod
+    def committed_epoch(self) -> int | None:
+        """The pipeline's recorded epoch, or None when nothing was committed yet."""
+
+    @abc.abstractmethod
+    def committed_attempt(self, epoch: int) -> str | None:
+        """The decision attempt id that the commit of ``epoch`` names (for a redo); None if unknown."""
+
+    @abc.abstractmethod
+    def commit(
+        self, epoch: int, outputs: Sequence[RegionRun], *, expected: int | None, attempt_id: str
+    ) -> SinkReceipt:
+        """Commit the acknowledged regions' ``outputs`` of ``epoch`` as one atomic, fenced commit.
+
+        If ``epoch`` is already the recorded epoch and its commit names
+        ``attempt_id``, nothing is written and the receipt says ``replayed``. Raises
+        ConcurrentRunError (nothing committed) when the recorded epoch is not
+        ``expected``, or another writer committed meanwhile.
+        """
+
+    @abc.abstractmethod
+    def discard(self, epoch: int) -> None:
+        """Drop what regions staged for ``epoch`` that was not committed (idempotent, best effort)."""
+
+    @abc.abstractmethod
+    def discard_through(self, epoch: int) -> None:
+        """On open: drop every staged output of epochs up to ``epoch`` (they are committed or abandoned)."""
+
+
+class StateStore(abc.ABC):
+    """The persistent state of one pipeline: plans, decisions, checkpoints with enumerator state, history.
+
+    The checkpoint chain and retention rules are the core's
+    (:class:`~splitkeeper.core.checkpoint.CheckpointStore`); a store persists
+    what the driver hands it, in the order of protocol rule 5.3: plan, decision,
+    (sink commit), checkpoint row last. Only the checkpoint row makes a
+    checkpoint exist.
+    """
+
+    # -- reads --
+
+    @abc.abstractmethod
+    def latest_checkpoint(self) -> CompletedCheckpoint | None:
+        """The newest completed checkpoint (what a restart restores), or None."""
+
+    @abc.abstractmethod
+    def load_checkpoint(self, checkpoint_id: int) -> CompletedCheckpoint:
+        """A completed checkpoint; CheckpointError naming the available ids when there is none."""
+
+    @abc.abstractmethod
+    def checkpoint_ids(self) -> list[int]:
+        """Completed checkpoint ids, ascending."""
+
+    @abc.abstractmethod
+    def ref_chain(self, checkpoint_id: int) -> list[int]:
+        """``checkpoint_id`` and every checkpoint it references, transitively, newest first."""
+
+    @abc.abstractmethod
+    def configured_parallelism(self, checkpoint_id: int) -> int | None:
+        """The config's parallelism checkpoint ``checkpoint_id`` was taken under (None: not recorded)."""
+
+    @abc.abstractmethod
+    def latest_plan_epoch(self) -> int | None:
+        """The highest epoch ever planned, or None."""
+
+    @abc.abstractmethod
+    def decision(self, epoch: int, attempt_id: str) -> EpochDecision | None:
+        """The decision record of ``epoch`` with ``attempt_id``, or None when it was never written."""
+
+    # -- writes (never called by a read-only driver) --
+
+    @abc.abstractmethod
+    def write_plan(self, epoch: int, plan: EpochPlan) -> None:
+        """Persist the write-ahead plan of ``epoch`` before any region reads it.
+
+        Fenced like the sink: planned epochs strictly increase, and a plan of an
+        epoch another run planned meanwhile raises ConcurrentRunError.
+        """
+
+    @abc.abstractmethod
+    def write_decision(self, decision: EpochDecision) -> None:
+        """Persist the epoch's decision before its sink commit (the redo record)."""
+
+    @abc.abstractmethod
+    def commit_checkpoint(
+        self, decision: EpochDecision, before_row: Callable[[], None] | None = None
+    ) -> None:
+        """Persist the decided checkpoint: enumerator state and audit rows, the checkpoint row last.
+
+        ``before_row`` is called between the state rows and the checkpoint row (a
+        crash point). Idempotent for the same decision (a redo after the row landed
+        writes nothing); ConcurrentRunError when another run committed a checkpoint
+        with this or a later id.
+        """
+
+    @abc.abstractmethod
+    def log_attempt(self, epoch: int, outcomes: Mapping[int, RegionOutcome], reason: str) -> None:
+        """Record an aborted checkpoint attempt for the timeline (never read by restore)."""
+
+    @abc.abstractmethod
+    def retain(self, keep_latest: int, pinned: Sequence[int] = ()) -> list[int]:
+        """Delete old checkpoints by the core's chain-safe rule; return the deleted ids."""
+
+
+class Clock(abc.ABC):
+    """Time as the driver sees it: seconds on a monotonic clock (simulated in the simulator)."""
+
+    @abc.abstractmethod
+    def now(self) -> float:
+        """Seconds since an arbitrary origin; never goes back."""
+
+
+class DriverHooks:
+    """Optional callbacks of the driver; the default does nothing.
+
+    ``crash_point`` is called at every :class:`CrashPoint` of an epoch (fault
+    tests kill the process there; the simulator may raise to model a crash).
+    ``before_epoch`` is called before anything of an epoch is written (the
+    runtime checks its pipeline lease there). ``progress`` gets one line per
+    epoch. Hooks must not change protocol state.
+    """
+
+    def crash_point(self, point: CrashPoint, epoch: int) -> None:
+        """Called at ``point`` of ``epoch``."""
+
+    def before_epoch(self, epoch: int) -> None:
+        """Called before epoch ``epoch`` plans (nothing of it is written yet)."""
+
+    def progress(self, line: str) -> None:
+        """One human-readable line per epoch."""
