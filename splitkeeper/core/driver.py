@@ -354,7 +354,9 @@ class EpochDriver:
         last_done = 0 if chosen is None else chosen.checkpoint_id
         self._next_epoch = max(last_planned, last_done, self._recorded or 0) + 1
         if not read_only:
-            self.sink.discard_through(last_done)
+            # Every epoch up to the last one planned is committed or abandoned for good: this run numbers
+            # after them. (Another run still writing one would fail its fenced commit anyway.)
+            self.sink.discard_through(max(last_planned, last_done))
         report = self._restore(chosen, parallelism, redone, pending=pending)
         self.opened = report
         return report
