@@ -29,8 +29,12 @@ def cluster_master() -> str | None:
     return master if master and not master.startswith("local") else None
 
 
-def spark_submit_epoch_task(task_id: str, epochs: int) -> Any:
-    """The epoch job through SparkSubmitOperator (apache-airflow-providers-apache-spark)."""
+def spark_submit_epoch_task(task_id: str) -> Any:
+    """The epoch job through SparkSubmitOperator (apache-airflow-providers-apache-spark).
+
+    Every Param of the ingest DAG reaches the job: ``application_args`` are templated
+    (epochs, until_caught_up, faults as JSON).
+    """
     from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 
     return SparkSubmitOperator(
@@ -41,8 +45,10 @@ def spark_submit_epoch_task(task_id: str, epochs: int) -> Any:
             "--config",
             os.environ.get("SPLITKEEPER_PIPELINE_CONFIG", ""),
             "--epochs",
-            str(epochs),
-            "--until-caught-up",  # Kafka: read what is there, as the in-process task does by default
+            "{{ params.epochs }}",
+            "{{ '--until-caught-up' if params.until_caught_up else '--no-until-caught-up' }}",
+            "--faults-json",
+            "{{ params.faults | tojson }}",
         ],
         jars=os.environ.get("SPLITKEEPER_SPARK_JARS"),
         py_files=os.environ.get("SPLITKEEPER_PY_FILES"),

@@ -183,7 +183,7 @@ class SparkRegionRunner(RegionRunner):
                     backlog_finished=tuple(result.backlog_finished),
                     output=result.staged_path,
                     started_after_s=run.started_after_s,
-                    elapsed_s=run.elapsed_s,
+                    elapsed_s=result.elapsed_s,  # the task's own time
                 )
             else:
                 outcome = (

@@ -3,23 +3,17 @@
 A global restore (optionally a rescale): the enumerator is restored from the
 checkpoint, every reader reports its restored splits, each split's recovery
 decision is printed, and (unless ``--dry-run``) one epoch runs so that the new
-assignment is committed by a checkpoint at the new parallelism.
+assignment is committed by a checkpoint at the new parallelism. A dry run
+writes nothing anywhere.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-from collections import Counter
 
 from splitkeeper.errors import InvalidParameterError
-from splitkeeper.runtime.commands.common import (
-    add_config_argument,
-    add_fault_argument,
-    load,
-    progress,
-    spark_session,
-)
+from splitkeeper.runtime.commands.common import add_config_argument, add_fault_argument, load, progress
 
 
 def checkpoint_arg(text: str) -> int | None:
@@ -34,49 +28,51 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add_config_argument(parser)
     parser.add_argument("--checkpoint", default="latest", help="checkpoint id or 'latest' (default)")
     parser.add_argument("--parallelism", type=int, default=None, help="new parallelism (a rescale)")
-    parser.add_argument("--dry-run", action="store_true", help="only print the recovery plan")
+    parser.add_argument(
+        "--mode",
+        default="auto",
+        choices=("auto", "global", "partial"),
+        help="recovery mode (partial cannot change the parallelism)",
+    )
+    parser.add_argument("--dry-run", action="store_true", help="only print the recovery plan; write nothing")
     parser.add_argument("--epochs", type=int, default=1, help="epochs to run after the restore (default 1)")
     add_fault_argument(parser)
     parser.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
 
 
 def run(args: argparse.Namespace) -> int:
-    from splitkeeper.runtime.faults import FaultPlan
-    from splitkeeper.runtime.pipeline import Pipeline
+    from splitkeeper.app import services
 
     checkpoint = checkpoint_arg(args.checkpoint)
     if args.parallelism is not None and args.parallelism < 1:
         raise InvalidParameterError("--parallelism", args.parallelism, "an integer >= 1")
-    pipeline = Pipeline(load(args), spark_session(), faults=FaultPlan.parse(args.fault), progress=progress)
-    try:
-        opened = pipeline.open(checkpoint_id=checkpoint, parallelism=args.parallelism)
-        decisions = Counter(d.decision.value for d in opened.decisions)
-        loads = pipeline.enumerator.loads() if pipeline.enumerator else {}
-        summary = {
-            "restored_from": opened.restored_from,
-            "redone_checkpoint": opened.redone_checkpoint,
-            "parallelism": opened.parallelism,
-            "previous_parallelism": opened.previous_parallelism,
-            "decisions": dict(decisions),
-            "loads": {str(k): v for k, v in sorted(loads.items())},
-            "external_disagreements": list(opened.external_disagreements),
-            "dry_run": bool(args.dry_run),
-        }
-        if not args.json:
-            print(
-                f"restored from checkpoint {opened.restored_from} at parallelism {opened.parallelism}"
-                + (f" (was {opened.previous_parallelism})" if opened.previous_parallelism else "")
-            )
-            print(opened.mode_reason)
-            for d in opened.decisions:
-                print(f"  {d.split_id:<40} reader {d.reader_id!s:<5} {d.decision.value:<32} {d.detail}")
-            print("per-reader load:", summary["loads"])
-        if not args.dry_run and args.epochs > 0:
-            run_summary = pipeline.run(args.epochs)
-            summary["checkpoints"] = run_summary.counts()
-            summary["committed_records"] = run_summary.committed_records
-        if args.json:
-            print(json.dumps(summary))
-    finally:
-        pipeline.close()
+    result = services.recover(
+        load(args),
+        checkpoint_id=checkpoint,
+        parallelism=args.parallelism,
+        mode=args.mode,
+        dry_run=args.dry_run,
+        epochs=args.epochs,
+        faults=args.fault,
+        progress=progress,
+    )
+    opened = result.opened
+    if args.json:
+        data = result.to_dict()
+        flat = {k: v for k, v in data["opened"].items() if k != "audit"}
+        print(json.dumps({**flat, **{k: v for k, v in data.items() if k not in ("opened", "epochs")}}))
+        return 0
+    was = f" (was {opened.previous_parallelism})" if opened.previous_parallelism else ""
+    print(f"restored from checkpoint {opened.restored_from} at parallelism {opened.parallelism}{was}")
+    if opened.redone_checkpoint is not None:
+        verb = "would be" if result.dry_run else "was"
+        print(f"checkpoint {opened.redone_checkpoint} {verb} finished from its sink commit (redo)")
+    print(opened.mode)
+    for d in opened.audit:
+        print(f"  {d.split_id:<40} reader {d.reader!s:<5} {d.decision:<32} {d.detail}")
+    print("per-reader load:", opened.loads)
+    if result.dry_run:
+        print("dry run: nothing was written")
+    elif result.epochs:
+        print(f"checkpoints {result.checkpoints}, {result.committed_records:,} records committed")
     return 0

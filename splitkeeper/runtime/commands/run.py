@@ -5,13 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from splitkeeper.runtime.commands.common import (
-    add_config_argument,
-    add_fault_argument,
-    load,
-    progress,
-    spark_session,
-)
+from splitkeeper.errors import InvalidParameterError
+from splitkeeper.runtime.commands.common import add_config_argument, add_fault_argument, load, progress
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -21,41 +16,58 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--until-caught-up",
-        action="store_true",
+        action=argparse.BooleanOptionalAction,
+        default=False,
         help="unbounded sources (Kafka): end on the global checkpoint at which every split has reached "
         "the end it had when the run began (like Trigger.AvailableNow); --epochs still caps the run",
     )
     add_fault_argument(parser)
+    parser.add_argument(
+        "--faults-json",
+        default=None,
+        metavar="JSON",
+        help="faults as a JSON list, e.g. '[\"fail:1@3\"]' (what the ingest DAG passes to spark-submit)",
+    )
     parser.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
 
 
+_FAULTS_JSON = 'a JSON list of fault specs, e.g. ["fail:1@3"]'
+
+
+def _faults(args: argparse.Namespace) -> list[str]:
+    faults = list(args.fault)
+    if args.faults_json:
+        try:
+            extra = json.loads(args.faults_json)
+        except json.JSONDecodeError as err:
+            raise InvalidParameterError(
+                "--faults-json", args.faults_json, "a JSON list of fault specs"
+            ) from err
+        if not isinstance(extra, list) or not all(isinstance(f, str) for f in extra):
+            raise InvalidParameterError("--faults-json", args.faults_json, "a JSON list of fault specs")
+        faults += extra
+    return faults
+
+
 def run(args: argparse.Namespace) -> int:
-    from splitkeeper.runtime.pipeline import run_pipeline
+    from splitkeeper.app import services
 
     config = load(args)
-    summary = run_pipeline(
+    result = services.run(
         config,
-        spark_session(),
         epochs=args.epochs,
-        faults=args.fault,
+        faults=_faults(args),
         progress=progress,
         until_caught_up=args.until_caught_up,
     )
-    result = {
-        "pipeline": config.name,
-        "epochs": len(summary.epochs),
-        "checkpoints": summary.counts(),
-        "committed_records": summary.committed_records,
-        "finished": summary.finished,
-        "caught_up": summary.caught_up,
-    }
     if args.json:
-        print(json.dumps(result))
+        data = result.to_dict()
+        print(json.dumps({**data, "epochs": len(result.epochs), "epoch_lines": data["epochs"]}))
     else:
         print(
-            f"{config.name}: {result['epochs']} epochs, checkpoints {result['checkpoints']}, "
-            f"{summary.committed_records:,} records committed"
-            + (", source finished on a global checkpoint" if summary.finished else "")
-            + (", caught up with the source on a global checkpoint" if summary.caught_up else "")
+            f"{config.name}: {len(result.epochs)} epochs, checkpoints {result.checkpoints}, "
+            f"{result.committed_records:,} records committed"
+            + (", source finished on a global checkpoint" if result.finished else "")
+            + (", caught up with the source on a global checkpoint" if result.caught_up else "")
         )
     return 0

@@ -1,11 +1,11 @@
-"""``splitkeeper status --config FILE [--json]``: checkpoints, ownership, backlog, timeline."""
+"""``splitkeeper status --config FILE [--json]``: checkpoints, ownership, backlog, timeline (read-only)."""
 
 from __future__ import annotations
 
 import argparse
 import json
 
-from splitkeeper.runtime.commands.common import add_config_argument, load, spark_session
+from splitkeeper.runtime.commands.common import add_config_argument, load
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -15,57 +15,28 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from splitkeeper.runtime.sources import build_source
-    from splitkeeper.runtime.state_store import DeltaStateStore
+    from splitkeeper.app import services
 
-    config = load(args)
-    connector = build_source(config.source)
-    store = DeltaStateStore(spark_session(), config.state_path, config.name, connector.fingerprint())
-    latest = store.latest_checkpoint()
-    timeline = store.timeline()[-args.last :]
-    status: dict[str, object] = {"pipeline": config.name, "latest_checkpoint": None}
-    if latest is not None:
-        enum = latest.enumerator
-        loads = {r: len(s) for r, s in (enum.assignments.items() if enum else [])}
-        status["latest_checkpoint"] = {
-            "id": latest.checkpoint_id,
-            "kind": latest.kind.value,
-            "parallelism": latest.parallelism,
-            "consecutive_regional": latest.consecutive_regional,
-            "processing_backlog": latest.processing_backlog,
-            "failed_regions": list(latest.failed_regions),
-            "ref_chain": store.ref_chain(latest.checkpoint_id),
-            "loads": {str(k): v for k, v in sorted(loads.items())},
-            "pool": 0 if enum is None else len(enum.pool),
-            "finished_splits": 0 if enum is None else len(enum.finished),
-        }
-    status["timeline"] = [
-        {
-            "id": t.checkpoint_id,
-            "kind": t.kind.value,
-            "failed_regions": list(t.failed_regions),
-            "reason": t.reason,
-        }
-        for t in timeline
-    ]
+    result = services.status(load(args), last=args.last)
     if args.json:
-        print(json.dumps(status, default=str))
+        print(json.dumps(result.to_dict(), default=str))
         return 0
-    print(f"pipeline {config.name}")
-    if latest is None:
+    print(f"pipeline {result.pipeline}")
+    info = result.latest_checkpoint
+    if info is None:
         print("  no completed checkpoint yet")
     else:
-        info = status["latest_checkpoint"]
-        assert isinstance(info, dict)
         print(
-            f"  latest checkpoint {info['id']} ({info['kind']}) at parallelism {info['parallelism']}, "
-            f"{'processing backlog' if info['processing_backlog'] else 'caught up'}"
+            f"  latest checkpoint {info.id} ({info.kind}) at parallelism {info.parallelism}, "
+            f"{'processing backlog' if info.processing_backlog else 'caught up'}"
         )
         print(
-            f"  ref chain {info['ref_chain']}, per-reader load {info['loads']}, pool {info['pool']}, "
-            f"finished splits {info['finished_splits']}"
+            f"  ref chain {list(info.ref_chain)}, per-reader load {info.loads}, pool {info.pool}, "
+            f"finished splits {info.finished_splits}"
         )
-    for t in timeline:
+    if result.lease is not None:
+        print(f"  held by {result.lease}")
+    for t in result.timeline:
         failed = f" failed regions {list(t.failed_regions)}" if t.failed_regions else ""
-        print(f"  checkpoint {t.checkpoint_id:>5} {t.kind.value:<8}{failed} {t.reason}")
+        print(f"  checkpoint {t.id:>5} {t.kind:<8}{failed} {t.reason}")
     return 0
