@@ -16,7 +16,12 @@ import pendulum
 from airflow.sdk import DAG, Param, task
 
 from splitkeeper.orchestration import tasks
-from splitkeeper.orchestration.airflow import DEFAULT_ARGS, cluster_master, spark_submit_epoch_task
+from splitkeeper.orchestration.airflow import (
+    DEFAULT_ARGS,
+    cluster_master,
+    spark_submit_epoch_task,
+    writer_pool,
+)
 
 with DAG(
     dag_id="splitkeeper_ingest",
@@ -47,7 +52,7 @@ with DAG(
     tags=["splitkeeper"],
 ) as dag:
 
-    @task
+    @task(pool=writer_pool())
     def run_epochs(params: dict | None = None) -> dict:
         params = params or {}
         return tasks.run_epochs(

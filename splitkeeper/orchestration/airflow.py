@@ -23,6 +23,28 @@ DEFAULT_ARGS: dict[str, Any] = {
 }
 
 
+def writer_pool() -> str:
+    """The Airflow pool of every task that writes this pipeline's state (one slot: one writer at a time).
+
+    ``splitkeeper-<pipeline name>`` for the pipeline named by ``$SPLITKEEPER_PIPELINE_CONFIG``
+    (``splitkeeper`` when none is set, e.g. while only parsing). The ingest, recover, rescale
+    and maintain DAGs put their writing task in it, so a second writer queues instead of
+    failing (``max_active_runs`` is per DAG). Create it once per pipeline:
+    ``airflow pools set splitkeeper-<name> 1 "one writer per pipeline"`` (``scripts/cluster.sh``
+    does). Airflow's ``dag.test()`` ignores pools; the pipeline lease still refuses a second
+    writer there.
+    """
+    path = os.environ.get("SPLITKEEPER_PIPELINE_CONFIG", "")
+    if not path:
+        return "splitkeeper"
+    try:
+        from splitkeeper.runtime.config import load_config
+
+        return f"splitkeeper-{load_config(path).name}"
+    except Exception:  # noqa: BLE001 - a DAG file must parse; the task itself reports the bad config
+        return "splitkeeper"
+
+
 def cluster_master() -> str | None:
     """The configured Spark master when it is a cluster, else None (in-process local Spark)."""
     master = os.environ.get("SPLITKEEPER_SPARK_MASTER", "")
@@ -53,4 +75,5 @@ def spark_submit_epoch_task(task_id: str) -> Any:
         jars=os.environ.get("SPLITKEEPER_SPARK_JARS"),
         py_files=os.environ.get("SPLITKEEPER_PY_FILES"),
         name="splitkeeper-epochs",
+        pool=writer_pool(),
     )
