@@ -52,7 +52,8 @@ def test_dag_files_only_wire_tasks_and_import_no_spark(tmp_path):
     code = (
         f"import sys; sys.path.insert(0, {str(REPO)!r})\n"
         "from tests.dags.conftest import load_dag\n"
-        "dags = {n: load_dag(n) for n in ('splitkeeper_ingest', 'splitkeeper_recover', 'splitkeeper_rescale')}\n"
+        "names = ('splitkeeper_ingest', 'splitkeeper_recover', 'splitkeeper_rescale')\n"
+        "dags = {n: load_dag(n) for n in names}\n"
         "ids = {n: [t.task_id for t in d.topological_sort()] for n, d in dags.items()}\n"
         "pools = {n: {t.task_id: t.pool for t in d.tasks} for n, d in dags.items()}\n"
         "import json; print(json.dumps({'ids': ids, 'pools': pools, 'spark': 'pyspark' in sys.modules}))\n"
