@@ -579,6 +579,29 @@ class EpochDriver:
         enumerator, _context = self._require_open()
         return enumerator.add_splits(self.source.discover_splits())
 
+    def _refresh_subscriptions(self) -> None:
+        """What the source subscribes to now reaches the enumerator before each epoch's discovery.
+
+        A topic created since (matching a pattern) is read from this epoch on; the splits of
+        one that disappeared are dropped, pooled or owned (DROPPED_REMOVED_SUBSCRIPTION),
+        and logged (protocol rule 1.5).
+        """
+        enumerator, _context = self._require_open()
+        now = self.source.subscriptions()
+        if enumerator.subscriptions is None or now == enumerator.subscriptions:
+            return
+        added = sorted(now - enumerator.subscriptions)
+        dropped = enumerator.set_subscriptions(now)
+        if added:
+            log.info("pipeline %s subscribes to %s from now on", self.settings.pipeline, added)
+        if dropped:
+            log.warning(
+                "pipeline %s: %d split(s) of subscriptions that no longer exist were dropped: %s",
+                self.settings.pipeline,
+                len(dropped),
+                ", ".join(dropped[:20]),
+            )
+
     def plan(self, records_per_split: int | None = None) -> dict[int, list[PlannedRange]]:
         """This epoch's ranges per region: every owned, unfinished split up to its budget.
 
@@ -636,6 +659,7 @@ class EpochDriver:
         if not enumerator.checkpoint_allowed:
             return self._refuse(epoch, started, enumerator.processing_backlog, final)
         self.hooks.before_epoch(epoch)
+        self._refresh_subscriptions()
         enumerator.add_splits(self.source.discover_splits())
         backlog = enumerator.processing_backlog
         planned = {} if final else self.plan(records_per_split)
