@@ -105,6 +105,9 @@ class SystemClock(Clock):
     def now(self) -> float:
         return time.monotonic()
 
+    def sleep(self, seconds: float) -> None:
+        time.sleep(max(0.0, seconds))
+
 
 class RuntimeHooks(DriverHooks):
     """Crash injection at the driver's crash points (``SPLITKEEPER_CRASH_AT``) and progress lines."""

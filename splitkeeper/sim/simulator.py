@@ -280,6 +280,11 @@ class SimRegionRunner(RegionRunner):
                     outcome=RegionOutcome.ACK,
                     positions={split.split_id: end for split, _start, end in ranges},
                     records=sum(end - start for _sid, start, end in runs),
+                    backlog_finished=tuple(
+                        split.split_id
+                        for split, _start, end in ranges
+                        if split.backlog_end is not None and end >= split.backlog_end
+                    ),
                     output=runs,
                 )
             elif failure is RegionFailure.TIMEOUT:
@@ -396,6 +401,9 @@ class SimClock(Clock):
 
     def now(self) -> float:
         return self.time
+
+    def sleep(self, seconds: float) -> None:
+        self.time += max(0.0, seconds)
 
 
 # --------------------------------------------------------------------------- components

@@ -144,3 +144,52 @@ def test_a_timed_out_region_falls_back_and_its_splits_are_read_again() -> None:
     kinds = [r.kind for r in reports]
     assert kinds[1] is CheckpointKind.REGIONAL and kinds[-1] is CheckpointKind.GLOBAL
     assert {sid: ledger.spans(sid) for sid in ("a-0", "a-1")} == {"a-0": [(0, 12)], "a-1": [(0, 12)]}
+
+
+def test_a_continuous_run_follows_the_backlog_then_the_normal_interval_and_stops_on_a_global_checkpoint() -> (
+    None
+):
+    source = ReassignableSimSource(subscriptions={"a"})
+    source.add([Split(f"a-{i}", "a", 0, backlog_end=12) for i in range(2)])
+    source.ends.update({"a-0": 12, "a-1": 12})
+    runner = SimRegionRunner()
+    clock = SimClock()
+    driver = EpochDriver(
+        DriverSettings(
+            pipeline="t",
+            parallelism=2,
+            backlog=BacklogConfig(
+                backlog_epoch_records=8, normal_epoch_records=2, backlog_interval_s=60, normal_interval_s=5
+            ),
+        ),
+        source,
+        runner,
+        SimEpochSink(SimulatedSink(), runner),
+        SimState(),
+        clock,
+    )
+    driver.open()
+    grow = iter(range(1, 1000))
+
+    def stop_requested() -> bool:
+        for sid in ("a-0", "a-1"):  # a trickle after the backlog
+            source.ends[sid] = 12 + next(grow)
+        if clock.now() < 200:
+            return False
+        runner.schedule.setdefault((driver.next_epoch, 0), RegionFailure.DECLINE)  # the first final one fails
+        return True
+
+    summary = driver.run_continuously(stop_requested, poll_s=1)
+
+    starts = [r.started_at for r in summary.epochs]
+    backlog = [r.processing_backlog for r in summary.epochs]
+    assert backlog[:3] == [True, True, True] and not any(backlog[3:])  # 4 records per split per epoch
+    assert starts[:3] == [0, 60, 120]  # the backlog interval while processing backlog
+    regular = [r.started_at for r in summary.epochs if not r.final]
+    gaps = [b - a for a, b in zip(regular[2:], regular[3:], strict=False)]
+    assert len(gaps) >= 10 and set(gaps) == {5}, gaps  # then the normal interval, from the switch on
+    assert [s.processing_backlog for s in summary.interval_switches] == [False]
+    assert summary.interval_switches[0].after == 3 and summary.interval_switches[0].interval_s == 5
+    final = [r for r in summary.epochs if r.final]
+    assert [r.kind for r in final] == [CheckpointKind.ABORTED, CheckpointKind.GLOBAL]
+    assert summary.stopped and summary.epochs[-1].kind is CheckpointKind.GLOBAL
