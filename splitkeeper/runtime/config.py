@@ -27,6 +27,7 @@ Shape of a file (YAML)::
                  region_timeout_s: 300, retain_checkpoints: 3}
     backlog: {backlog_epoch_records: 200000, normal_epoch_records: 20000,
               backlog_interval_s: 60, normal_interval_s: 5}
+    rescale: {operator_state: even-split}   # or union (protocol rule 2.8)
     state: {path: ./state}
     sink: {path: ./sink}
     staging: {path: ./state/_staging}   # default <state>/_staging
@@ -52,6 +53,7 @@ from typing import Any, TypeVar
 from splitkeeper.core.assignment import STRATEGIES, validate_parallelism
 from splitkeeper.core.backlog import BacklogConfig
 from splitkeeper.core.checkpoint import CheckpointConfig
+from splitkeeper.core.rescale import Redistribution
 from splitkeeper.errors import ConfigError, InvalidParameterError
 from splitkeeper.runtime.transforms import resolve_transform
 
@@ -100,6 +102,17 @@ class OffsetOutOfRange(enum.Enum):
 
     FAIL = "fail"
     SKIP = "skip"
+
+
+class OperatorState(enum.Enum):
+    """How list-style operator state is redistributed when the parallelism changes (protocol rule 2.8)."""
+
+    EVEN_SPLIT = "even-split"
+    UNION = "union"
+
+    @property
+    def redistribution(self) -> Redistribution:
+        return Redistribution.UNION if self is OperatorState.UNION else Redistribution.EVEN_SPLIT
 
 
 class StartingMode(enum.Enum):
@@ -182,6 +195,7 @@ class PipelineConfig:
     checkpoint: CheckpointSettings = field(default_factory=CheckpointSettings)
     backlog: BacklogConfig = field(default_factory=BacklogConfig)
     transform: str = IDENTITY_TRANSFORM
+    operator_state: OperatorState = OperatorState.EVEN_SPLIT  # rescale.operator_state
     origin: str = ""  # the file it was loaded from (for messages), "" if built from a mapping
 
     @property
@@ -283,6 +297,9 @@ def config_from_mapping(
     )
     bl = top.section("backlog", _BACKLOG_KEYS)
     backlog = bl.core(BacklogConfig, **bl.values())
+    operator_state = top.section("rescale", _RESCALE_KEYS).choice(
+        "operator_state", OperatorState, OperatorState.EVEN_SPLIT
+    )
 
     state_path = top.section("state", _PATH_KEYS, required=True).required_path("path")
     sink_path = top.section("sink", _PATH_KEYS, required=True).required_path("path")
@@ -317,6 +334,7 @@ def config_from_mapping(
         checkpoint=checkpoint,
         backlog=backlog,
         transform=transform,
+        operator_state=operator_state,
         origin=origin,
     )
 
@@ -333,7 +351,9 @@ _TOP_KEYS = (
     "sink",
     "staging",
     "transform",
+    "rescale",
 )
+_RESCALE_KEYS = ("operator_state",)
 _FILE_KEYS = ("path", "format", "split_bytes")
 _KAFKA_KEYS = (
     "bootstrap_servers",

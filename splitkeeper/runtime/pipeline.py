@@ -84,7 +84,7 @@ OPERATOR_STATE_KEEP = core_driver.OPERATOR_STATE_KEEP
 
 
 def driver_settings(config: PipelineConfig, redistribution: Redistribution | None = None) -> DriverSettings:
-    """The driver's view of a pipeline config."""
+    """The driver's view of a pipeline config (``redistribution`` overrides ``rescale.operator_state``)."""
     return DriverSettings(
         pipeline=config.name,
         parallelism=config.parallelism,
@@ -92,7 +92,7 @@ def driver_settings(config: PipelineConfig, redistribution: Redistribution | Non
         backlog=config.backlog,
         retain_checkpoints=config.checkpoint.retain_checkpoints,
         strategy=config.strategy,
-        redistribution=redistribution or Redistribution.EVEN_SPLIT,
+        redistribution=redistribution or config.operator_state.redistribution,
     )
 
 
