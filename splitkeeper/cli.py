@@ -20,10 +20,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "simulate": ("splitkeeper.sim.command", "run the seeded fault simulator and check the invariants"),
     "bench": ("splitkeeper.bench.command", "run a benchmark and print figures"),
     "doctor": ("splitkeeper.doctor", "check Java, Spark, Delta jars, Airflow, Great Expectations, Kafka"),
-    "run": ("splitkeeper.runtime.commands.run", "run epochs of a pipeline"),
-    "status": ("splitkeeper.runtime.commands.status", "show checkpoints, ownership and backlog state"),
-    "recover": ("splitkeeper.runtime.commands.recover", "restore from a checkpoint (global or rescale)"),
-    "validate": ("splitkeeper.runtime.commands.validate", "check the DESIGN 6 invariants on state and sink"),
+    "run": ("splitkeeper.commands.run", "run epochs of a pipeline"),
+    "status": ("splitkeeper.commands.status", "show checkpoints, ownership and backlog state"),
+    "recover": ("splitkeeper.commands.recover", "restore from a checkpoint (global or rescale)"),
+    "validate": ("splitkeeper.commands.validate", "check the DESIGN 6 invariants on state and sink"),
     "chaos": ("splitkeeper.chaos", "ingest under injected faults and prove exactly-once"),
 }
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from splitkeeper.runtime.commands.common import (
+from splitkeeper.commands.common import (
     add_config_argument,
     add_fault_argument,
     load,

@@ -12,14 +12,14 @@ import argparse
 import json
 from collections import Counter
 
-from splitkeeper.errors import InvalidParameterError
-from splitkeeper.runtime.commands.common import (
+from splitkeeper.commands.common import (
     add_config_argument,
     add_fault_argument,
     load,
     progress,
     spark_session,
 )
+from splitkeeper.errors import InvalidParameterError
 
 
 def checkpoint_arg(text: str) -> int | None:

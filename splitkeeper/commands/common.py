@@ -1,4 +1,4 @@
-"""Shared pieces of the runtime CLI commands: the config argument and the Spark session."""
+"""Shared pieces of the pipeline CLI commands: the config argument and the Spark session."""
 
 from __future__ import annotations
 
