@@ -65,6 +65,7 @@ from dataclasses import dataclass, field
 from html import escape
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 from splitkeeper.errors import EnvironmentNotReadyError, InvalidParameterError, SplitkeeperError
 
@@ -407,6 +408,8 @@ def _ours_config(settings: IngestSettings, input_dir: str, root: str) -> Any:
 
 def run_ours(spark: Any, settings: IngestSettings, input_dir: str, root: str, label: str) -> OursRun:
     """Ingest ``input_dir`` with a fresh splitkeeper pipeline under ``root``; time it end to end."""
+    from splitkeeper.core.driver import EpochDriver
+    from splitkeeper.core.ports import RegionRun
     from splitkeeper.runtime.pipeline import Pipeline
     from splitkeeper.runtime.sink import DeltaSink
     from splitkeeper.runtime.state_store import DeltaStateStore
@@ -416,9 +419,9 @@ def run_ours(spark: Any, settings: IngestSettings, input_dir: str, root: str, la
     task_seconds: list[float] = []
     epochs: list[dict[str, Any]] = []
     job_marks: list[int | None] = []
-    original_apply = Pipeline.__dict__["_apply_progress"]
+    original_apply = EpochDriver.__dict__["_apply_progress"]
 
-    def observe_results(self: Any, results: Mapping[int, Any]) -> None:
+    def observe_results(self: EpochDriver, results: Mapping[int, RegionRun]) -> None:
         task_seconds.extend(float(r.elapsed_s) for r in results.values())
         original_apply(self, results)
 
@@ -443,8 +446,7 @@ def run_ours(spark: Any, settings: IngestSettings, input_dir: str, root: str, la
     with contextlib.ExitStack() as stack:
         stack.enter_context(timer.patch(DeltaStateStore, store_ops, "state_store"))
         stack.enter_context(timer.patch(DeltaSink, sink_ops, "sink"))
-        Pipeline._apply_progress = observe_results  # type: ignore[method-assign]
-        stack.callback(setattr, Pipeline, "_apply_progress", original_apply)
+        stack.enter_context(mock.patch.object(EpochDriver, "_apply_progress", observe_results))
         first_job = latest_job_id(spark)
         sampler = stack.enter_context(LoadSampler())
         started = time.perf_counter()
