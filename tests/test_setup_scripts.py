@@ -14,9 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from splitkeeper.runtime.jars import repo_root
-
-ROOT = repo_root()
+ROOT = Path(__file__).resolve().parents[1]
 
 FAKE_MVN = r"""#!/usr/bin/env bash
 # Records each call; "fetches" minimal jars into -Dsplitkeeper.jars.out.

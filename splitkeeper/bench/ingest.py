@@ -63,7 +63,6 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from html import escape
-from pathlib import Path
 from typing import Any
 from unittest import mock
 
@@ -314,13 +313,13 @@ def restore_verdict(restore_s: Mapping[int, float]) -> str:
 
 def _make_files_module() -> Any:
     """``examples/make_files.py`` of this checkout (the project's one input generator)."""
-    import splitkeeper
+    from splitkeeper import resources
 
-    path = Path(splitkeeper.__file__).resolve().parents[1] / "examples" / "make_files.py"
+    checkout = resources.require_checkout("bench ingest's input generator examples/make_files.py")
+    path = checkout / "examples" / "make_files.py"
     if not path.is_file():
         raise EnvironmentNotReadyError(
-            f"splitkeeper bench ingest generates its input with {path}, which is missing: run it from a "
-            "source checkout of splitkeeper (pip install -e .)",
+            f"splitkeeper bench ingest generates its input with {path}, which is missing from the checkout",
             path=str(path),
         )
     spec = importlib.util.spec_from_file_location("splitkeeper_examples_make_files", path)
