@@ -14,9 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from splitkeeper.runtime.jars import repo_root
-
-ROOT = repo_root()
+ROOT = Path(__file__).resolve().parents[1]
 
 FAKE_MVN = r"""#!/usr/bin/env bash
 # Records each call; "fetches" minimal jars into -Dsplitkeeper.jars.out.
@@ -208,7 +206,9 @@ def test_kafka_sh_rejects_an_unknown_action():
     assert "usage: bash scripts/kafka.sh start|stop|status" in result.stderr
 
 
-@pytest.mark.parametrize("script", ["scripts/setup.sh", "scripts/test.sh", "scripts/kafka.sh", ".ci/run"])
+@pytest.mark.parametrize(
+    "script", ["scripts/setup.sh", "scripts/test.sh", "scripts/check.sh", "scripts/kafka.sh", ".ci/run"]
+)
 def test_shell_scripts_parse_and_are_strict(script):
     path = ROOT / script
     assert subprocess.run(["bash", "-n", str(path)], capture_output=True).returncode == 0

@@ -3,18 +3,16 @@
 Imported only by ``dags/*.py``. On the embedded default the PySpark jobs run
 in-process inside the task; when ``SPLITKEEPER_SPARK_MASTER`` names a cluster
 (spark://, k8s://, yarn) the epoch task is a ``SparkSubmitOperator`` running
-``jobs/epoch_job.py`` on that cluster.
+``jobs/epoch_job.py`` (package data: :func:`splitkeeper.resources.epoch_job`) on that cluster.
 """
 
 from __future__ import annotations
 
 import os
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[2]
-EPOCH_JOB = REPO / "jobs" / "epoch_job.py"
+from splitkeeper import resources
 
 DEFAULT_ARGS: dict[str, Any] = {
     "owner": "splitkeeper",
@@ -61,7 +59,7 @@ def spark_submit_epoch_task(task_id: str) -> Any:
 
     return SparkSubmitOperator(
         task_id=task_id,
-        application=str(EPOCH_JOB),
+        application=str(resources.epoch_job()),
         conn_id=os.environ.get("SPLITKEEPER_SPARK_CONN_ID", "spark_default"),
         application_args=[
             "--config",

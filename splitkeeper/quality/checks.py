@@ -27,9 +27,11 @@ import logging
 import os
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from splitkeeper import resources
 from splitkeeper.core.assignment import AssignmentStrategy, WeightedStrategy, strategy_by_name
 from splitkeeper.core.invariants import (
     COUNT_TOLERANCE,
@@ -71,7 +73,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 #: Overrides where the suite JSON files are read from (default: ``<checkout>/expectations``).
-ENV_EXPECTATIONS_DIR = "SPLITKEEPER_EXPECTATIONS_DIR"
+ENV_EXPECTATIONS_DIR = resources.EXPECTATIONS_DIR_ENV
 
 #: The suites, by file stem, in the order they run and are reported.
 SUITES: tuple[str, ...] = ("ownership", "lifecycle", "sink_records", "sink_splits", "balance", "ref_chains")
@@ -296,11 +298,9 @@ class SuiteSpec:
         return suite
 
 
-def expectations_dir(env: Mapping[str, str] | None = None) -> Path:
-    """Where the suite files live: ``$SPLITKEEPER_EXPECTATIONS_DIR`` or ``<checkout>/expectations``."""
-    env = os.environ if env is None else env
-    override = env.get(ENV_EXPECTATIONS_DIR, "").strip()
-    return Path(override) if override else Path(__file__).resolve().parents[2] / "expectations"
+def expectations_dir(env: Mapping[str, str] | None = None) -> Traversable:
+    """Where the suite files live: ``$SPLITKEEPER_EXPECTATIONS_DIR``, else the package's ``expectations/``."""
+    return resources.expectations_dir(env)
 
 
 def load_suite_specs(directory: str | os.PathLike[str] | None = None) -> dict[str, SuiteSpec]:
@@ -309,11 +309,11 @@ def load_suite_specs(directory: str | os.PathLike[str] | None = None) -> dict[st
     EnvironmentNotReadyError when the folder or a file is missing; ConfigError when a file
     is not a suite this module can run (bad JSON, unknown dataset, no index columns).
     """
-    folder = Path(directory) if directory is not None else expectations_dir()
+    folder: Traversable = Path(directory) if directory is not None else expectations_dir()
     if not folder.is_dir():
         raise EnvironmentNotReadyError(
-            f"the expectation suites folder {folder} does not exist: it is expectations/ in the splitkeeper "
-            f"checkout; set {ENV_EXPECTATIONS_DIR} to where it is mounted",
+            f"the expectation suites folder {folder} does not exist: the suites ship with splitkeeper "
+            f"(expectations/ of the source tree); set {ENV_EXPECTATIONS_DIR} to where they are mounted",
             path=str(folder),
         )
     specs: dict[str, SuiteSpec] = {}

@@ -10,7 +10,7 @@
   ``jvm/localfs/src`` against pyspark's Hadoop: Hadoop's local file system without a
   forked ``chmod``/``readlink`` per call (see :func:`localfs_jar`).
 
-The root is ``<repo>/.jars`` unless ``SPLITKEEPER_JARS_DIR`` names another folder.
+The root is ``<checkout>/.jars`` unless ``SPLITKEEPER_JARS_DIR`` names another folder.
 Every lookup raises :class:`EnvironmentNotReadyError` with the fix when a jar is
 missing; nothing here downloads anything. The functions are cheap and may be called
 any number of times; they import no Spark.
@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from splitkeeper.errors import EnvironmentNotReadyError
+from splitkeeper.resources import require_checkout
 
 JARS_DIR_ENV = "SPLITKEEPER_JARS_DIR"
 SETUP_FIX = "bash scripts/setup.sh"
@@ -66,16 +67,21 @@ class JarFile:
         return cls(path=path, artifact=match["artifact"], version=match["version"])
 
 
-def repo_root() -> Path:
-    """The checkout this package was imported from (the folder holding ``pyproject.toml``)."""
-    return Path(__file__).resolve().parents[2]
-
-
 def jars_root(env: Mapping[str, str] | None = None) -> Path:
-    """The jars root: ``$SPLITKEEPER_JARS_DIR`` if set and non-empty, else ``<repo>/.jars``."""
+    """The jars root: ``$SPLITKEEPER_JARS_DIR`` if set and non-empty, else ``<checkout>/.jars``.
+
+    An installed splitkeeper (a wheel) has no checkout: without ``SPLITKEEPER_JARS_DIR`` this
+    raises EnvironmentNotReadyError naming the variable.
+    """
     env = os.environ if env is None else env
     override = env.get(JARS_DIR_ENV, "").strip()
-    return Path(override).expanduser().resolve() if override else repo_root() / ".jars"
+    if override:
+        return Path(override).expanduser().resolve()
+    checkout = require_checkout(
+        f"the jars folder .jars/ ({SETUP_FIX} fetches it)",
+        fix=f"set {JARS_DIR_ENV} to a folder holding spark/, kafka/ and localfs/ jars",
+    )
+    return checkout / ".jars"
 
 
 def group_dir(group: JarGroup, root: Path | None = None) -> Path:

@@ -21,10 +21,9 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
+from importlib.resources.abc import Traversable
 from typing import Any, TypeVar
 
 from splitkeeper.core.types import (
@@ -59,12 +58,11 @@ SINK_TABLE = "sink_records"
 STATE_FORMAT = 1
 
 
-def schema_dir() -> Path:
-    """The folder holding ``<table>.ddl`` (``SPLITKEEPER_STATE_SCHEMA_DIR`` overrides)."""
-    override = os.environ.get("SPLITKEEPER_STATE_SCHEMA_DIR")
-    if override:
-        return Path(override)
-    return Path(__file__).resolve().parents[2] / "state"
+def schema_dir() -> Traversable:
+    """The folder holding ``<table>.ddl``: see :func:`splitkeeper.resources.state_schema_dir`."""
+    from splitkeeper.resources import state_schema_dir
+
+    return state_schema_dir()
 
 
 def read_ddl(table: str) -> str:

@@ -83,6 +83,22 @@ def test_dag_files_only_wire_tasks_and_import_no_spark(tmp_path):
     assert recover.schedule is None if hasattr(recover, "schedule") else True
 
 
+def test_on_a_cluster_master_the_epoch_task_submits_the_packaged_epoch_job(monkeypatch):
+    from splitkeeper import resources
+
+    monkeypatch.setenv("SPLITKEEPER_SPARK_MASTER", "spark://spark-master:7077")
+    task = load_dag("splitkeeper_ingest").get_task("run_epochs")
+    assert type(task).__name__ == "SparkSubmitOperator"
+    assert task.application == str(resources.epoch_job())
+    assert Path(task.application) == REPO / "jobs" / "epoch_job.py"  # this checkout's file, on disk
+    assert task.application_args[:4] == [
+        "--config",
+        os.environ.get("SPLITKEEPER_PIPELINE_CONFIG", ""),
+        "--epochs",
+        "3",
+    ]
+
+
 @pytest.mark.parametrize(
     ("conf", "fragment"),
     [

@@ -9,8 +9,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from splitkeeper.commands.common import add_config_argument, load
 from splitkeeper.errors import InvariantViolation
-from splitkeeper.runtime.commands.common import add_config_argument, load
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from splitkeeper.runtime.commands.common import add_config_argument, load
+from splitkeeper.commands.common import add_config_argument, load
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

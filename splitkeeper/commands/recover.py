@@ -12,8 +12,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from splitkeeper.commands.common import add_config_argument, add_fault_argument, load, progress
 from splitkeeper.errors import InvalidParameterError
-from splitkeeper.runtime.commands.common import add_config_argument, add_fault_argument, load, progress
 
 
 def checkpoint_arg(text: str) -> int | None:
