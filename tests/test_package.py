@@ -286,7 +286,10 @@ def test_in_a_checkout_the_data_folders_are_the_checkouts_own() -> None:
 
 def test_a_command_whose_engine_is_missing_names_the_extra(venv: Path, outside: Path) -> None:
     config = outside / "pipeline.yaml"
-    config.write_text("name: p\nsource: {kind: files, path: in}\n", encoding="utf-8")
+    config.write_text(
+        "name: p\nsource: {kind: files, path: in}\nstate: {path: state}\nsink: {path: sink}\n",
+        encoding="utf-8",
+    )
     done = subprocess.run(
         [str(venv / "splitkeeper"), "run", "--config", str(config)],
         cwd=outside,
