@@ -105,12 +105,14 @@ def run(
     until_caught_up: bool = False,
     faults: Iterable[str] = (),
     progress: Progress | None = None,
+    reset_backlog: bool = False,
 ) -> RunResult:
     """Open the pipeline once (recover a half-done epoch, restore), discover, run epochs.
 
     ``epochs=None`` runs a bounded source to its end; ``until_caught_up`` ends an unbounded
     one on the global checkpoint where every split reached the end it had at the start
-    (``epochs`` caps it).
+    (``epochs`` caps it). ``reset_backlog`` makes every unbounded split's end now its new
+    backlog boundary (throughput mode until caught up, protocol rule 4.1).
     """
     if epochs is not None and (isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1):
         raise InvalidParameterError("epochs", epochs, "an integer >= 1, or None to run until done")
@@ -118,6 +120,8 @@ def run(
     try:
         opened = _open_summary(pipeline, pipeline.open())
         new_splits = pipeline.driver.discover()
+        if reset_backlog:
+            pipeline.driver.reset_backlog()
         summary = pipeline.run(epochs, until_caught_up=until_caught_up)
     finally:
         pipeline.close()

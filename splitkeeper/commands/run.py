@@ -21,6 +21,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="unbounded sources (Kafka): end on the global checkpoint at which every split has reached "
         "the end it had when the run began (like Trigger.AvailableNow); --epochs still caps the run",
     )
+    parser.add_argument(
+        "--reset-backlog",
+        action="store_true",
+        help="unbounded sources: the end offsets now become every split's new backlog boundary "
+        "(throughput epoch size and interval until caught up)",
+    )
     add_fault_argument(parser)
     parser.add_argument(
         "--faults-json",
@@ -59,6 +65,7 @@ def run(args: argparse.Namespace) -> int:
         faults=_faults(args),
         progress=progress,
         until_caught_up=args.until_caught_up,
+        reset_backlog=args.reset_backlog,
     )
     if args.json:
         data = result.to_dict()

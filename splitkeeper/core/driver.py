@@ -271,6 +271,14 @@ class ReaderStateContext(RecordingEnumeratorContext):
             for sid in ids:
                 mine.pop(sid, None)
 
+    def update_splits(self, updates: Mapping[int, Sequence[Split]]) -> None:
+        super().update_splits(updates)
+        for reader, splits in updates.items():
+            mine = self.reader_splits.get(reader, {})
+            for split in splits:
+                if split.split_id in mine:  # the reader's position stays; the new metadata is taken
+                    mine[split.split_id] = split.at(mine[split.split_id].position)
+
 
 class _ReadOnly(ProtocolError):
     """A read-only driver reached a write (a bug: read-only opens never run epochs)."""
@@ -620,6 +628,22 @@ class EpochDriver:
                 len(dropped),
                 ", ".join(dropped[:20]),
             )
+
+    def reset_backlog(self) -> dict[str, int]:
+        """Every live unbounded split's available end now becomes its new backlog boundary (rule 4.1).
+
+        The pipeline processes backlog (throughput interval and epoch size) until each of them
+        reached it again, reported by the reader that owns it. Returns the boundaries set.
+        """
+        enumerator, _context = self._require_open()
+        ends: dict[str, int] = {}
+        for split_id in enumerator.owners():
+            split = enumerator.split(split_id)
+            if split is not None and split.end is None:
+                ends[split_id] = self.source.available_end(split)
+        enumerator.reset_backlog(ends)
+        log.info("pipeline %s: backlog reset on %d split(s)", self.settings.pipeline, len(ends))
+        return ends
 
     def plan(self, records_per_split: int | None = None) -> dict[int, list[PlannedRange]]:
         """This epoch's ranges per region: every owned, unfinished split up to its budget.

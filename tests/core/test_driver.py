@@ -193,3 +193,26 @@ def test_a_continuous_run_follows_the_backlog_then_the_normal_interval_and_stops
     final = [r for r in summary.epochs if r.final]
     assert [r.kind for r in final] == [CheckpointKind.ABORTED, CheckpointKind.GLOBAL]
     assert summary.stopped and summary.epochs[-1].kind is CheckpointKind.GLOBAL
+
+
+def test_a_backlog_reset_reaches_the_owning_reader_and_finishes_when_it_reaches_the_new_boundary() -> None:
+    source = _source({"a"}, {"a-0": ("a", 4), "a-1": ("a", 4)})
+    driver, _ledger, _state, _sink = _driver(source, epoch_records=8)
+    driver.open()
+    driver.run_epoch()  # both splits read to 4; no backlog tracked yet
+    assert driver.enumerator is not None and not driver.enumerator.processing_backlog
+    source.ends.update({"a-0": 20, "a-1": 20})  # an outage: the source ran ahead
+
+    assert driver.reset_backlog() == {"a-0": 20, "a-1": 20}
+    context = driver.context
+    assert context is not None
+    owned = {sid: s for splits in context.reader_splits.values() for sid, s in splits.items()}
+    assert {sid: (s.position, s.backlog_end) for sid, s in owned.items()} == {"a-0": (4, 20), "a-1": (4, 20)}
+    modes = []
+    for _ in range(5):
+        report = driver.run_epoch()
+        modes.append(report.processing_backlog)
+    assert modes == [True, True, True, True, False]  # 4 records per split per epoch: 4 -> 8 -> ... -> 20
+    assert not driver.enumerator.processing_backlog
+    assert report.completed is not None and report.completed.enumerator is not None
+    assert report.completed.enumerator.backlog.finished == {"a-0", "a-1"}
