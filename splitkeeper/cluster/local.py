@@ -699,6 +699,7 @@ class LocalCluster:
                 f"{k}={v}" for k, v in self._spark_client_conf(state, ref).items()
             ),
             "SPLITKEEPER_SPARK_JARS": spark_jars,
+            "SPLITKEEPER_SPARK_SHUFFLE_PARTITIONS": "4",
             "SPLITKEEPER_LAKE_ROOT": f"s3a://{BUCKET}",
             "SPLITKEEPER_KAFKA_BOOTSTRAP_SERVERS": f"{HOST}:{ports['kafka']}",
             "SPLITKEEPER_AIRFLOW_URL": f"http://{HOST}:{ports['airflow_api']}",
@@ -728,6 +729,8 @@ class LocalCluster:
             "spark.executorEnv.PYTHONPATH": str(jarlib.repo_root()),
             "spark.executor.memory": state.executor_memory,
             "spark.executor.cores": "1",
+            # a 2-core cluster: Delta's default of 50 snapshot partitions makes every small scan 50 tasks
+            "spark.databricks.delta.snapshotPartitions": "4",
             "spark.hadoop.fs.s3a.endpoint": f"http://{HOST}:{state.ports['s3']}",
             "spark.hadoop.fs.s3a.endpoint.region": REGION,
             "spark.hadoop.fs.s3a.path.style.access": "true",
@@ -1301,40 +1304,58 @@ class LocalCluster:
             self._spark_env(),
         )
         self._wait("spark-master", master, lambda: self._master_json(state).get("status") == "ALIVE", 90)
-        url = f"spark://{HOST}:{ports['spark_master']}"
-        workers = {}
-        for i in (1, 2):
-            work = self.layout.spark / f"worker-{i}"
-            local = self.layout.spark / f"local-{i}"
-            work.mkdir(parents=True, exist_ok=True)
-            local.mkdir(parents=True, exist_ok=True)
-            workers[i] = self._spawn(
-                f"spark-worker-{i}",
-                [
-                    spark_class,
-                    "org.apache.spark.deploy.worker.Worker",
-                    "--host",
-                    HOST,
-                    "--webui-port",
-                    str(ports[f"spark_worker_{i}_ui"]),
-                    "--cores",
-                    str(state.worker_cores),
-                    "--memory",
-                    state.worker_memory,
-                    "--work-dir",
-                    str(work),
-                    "--properties-file",
-                    conf,
-                    url,
-                ],
-                self._spark_env({"SPARK_LOCAL_DIRS": str(local), "SPARK_WORKER_DIR": str(work)}),
-            )
+        workers = {i: self._spawn_worker(state, i) for i in (1, 2)}
         for i, proc in workers.items():
+            self._wait_worker(state, i, proc, 90)
 
-            def registered(i: int = i) -> bool:
-                return self._worker_entry(state, i) is not None
+    def _spawn_worker(self, state: ClusterState, i: int) -> Proc:
+        work = self.layout.spark / f"worker-{i}"
+        local = self.layout.spark / f"local-{i}"
+        work.mkdir(parents=True, exist_ok=True)
+        local.mkdir(parents=True, exist_ok=True)
+        return self._spawn(
+            f"spark-worker-{i}",
+            [
+                str(spark_home() / "bin" / "spark-class"),
+                "org.apache.spark.deploy.worker.Worker",
+                "--host",
+                HOST,
+                "--webui-port",
+                str(state.ports[f"spark_worker_{i}_ui"]),
+                "--cores",
+                str(state.worker_cores),
+                "--memory",
+                state.worker_memory,
+                "--work-dir",
+                str(work),
+                "--properties-file",
+                str(self.layout.spark / "daemon.conf"),
+                f"spark://{HOST}:{state.ports['spark_master']}",
+            ],
+            self._spark_env({"SPARK_LOCAL_DIRS": str(local), "SPARK_WORKER_DIR": str(work)}),
+        )
 
-            self._wait(f"spark-worker-{i}", proc, registered, 90)
+    def _wait_worker(self, state: ClusterState, i: int, proc: Proc, timeout_s: float) -> None:
+        def registered() -> bool:
+            return self._worker_entry(state, i) is not None
+
+        self._wait(f"spark-worker-{i}", proc, registered, timeout_s)
+
+    def start_spark_worker(self, i: int, timeout_s: float = 90.0) -> int:
+        """(Re)start Spark worker ``i`` (1 or 2) of a running cluster, e.g. after a test killed it;
+        returns its pid once the master lists it ALIVE."""
+        if i not in (1, 2):
+            raise ClusterError(f"no spark-worker-{i}: the cluster has workers 1 and 2")
+        state = self._require_state()
+        self._state = state
+        self.credentials()
+        if self._running(state, f"spark-worker-{i}"):
+            raise ClusterError(
+                f"spark-worker-{i} is already running (pid {state.services[f'spark-worker-{i}']['pid']})"
+            )
+        proc = self._spawn_worker(state, i)
+        self._wait_worker(state, i, proc, timeout_s)
+        return proc.pid
 
     def _master_json(self, state: ClusterState) -> dict[str, Any]:
         return _get_json(f"http://{HOST}:{state.ports['spark_master_ui']}/json/")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -397,6 +398,23 @@ def test_a_dag_run_triggered_through_the_rest_api_runs_on_the_local_executor(clu
     )  # a child of the scheduler
     assert seen["spark_master"] == env["SPLITKEEPER_SPARK_MASTER"]
     assert seen["s3_endpoint"] == env["AWS_ENDPOINT_URL"]
+
+
+def test_a_killed_spark_worker_shows_in_status_and_restarts(cluster):
+    with Phase("check: worker SIGKILL + restart"):
+        pid = cluster.state().services["spark-worker-2"]["pid"]
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while Path(f"/proc/{pid}").exists() and "Z" not in Path(f"/proc/{pid}/stat").read_text().split()[2]:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        statuses = {s.name: s for s in cluster.status()}
+        assert not statuses["spark-worker-2"].running and not statuses["spark-worker-2"].healthy
+        assert statuses["spark-worker-1"].healthy and statuses["spark-master"].healthy
+        new_pid = cluster.start_spark_worker(2)
+        assert new_pid != pid
+        statuses = {s.name: s for s in cluster.status()}
+        assert all(s.healthy for s in statuses.values()), {n: s.detail for n, s in statuses.items()}
 
 
 def test_down_stops_everything_and_leaves_no_process(cluster):
