@@ -209,7 +209,8 @@ def test_kafka_sh_rejects_an_unknown_action():
 
 
 def test_cluster_sh_rejects_an_unknown_action():
-    result = subprocess.run(["bash", "scripts/cluster.sh", "restart"], cwd=ROOT, capture_output=True, text=True)
+    argv = ["bash", "scripts/cluster.sh", "restart"]
+    result = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True)
     assert result.returncode == 2
     assert "usage: bash scripts/cluster.sh up|status|down" in result.stderr
 
@@ -223,7 +224,14 @@ def test_setup_cluster_step_is_on_request_only():
 
 @pytest.mark.parametrize(
     "script",
-    ["scripts/setup.sh", "scripts/test.sh", "scripts/kafka.sh", "scripts/cluster.sh", "docker/spark/daemon.sh", ".ci/run"],
+    [
+        "scripts/setup.sh",
+        "scripts/test.sh",
+        "scripts/kafka.sh",
+        "scripts/cluster.sh",
+        "docker/spark/daemon.sh",
+        ".ci/run",
+    ],
 )
 def test_shell_scripts_parse_and_are_strict(script):
     path = ROOT / script
