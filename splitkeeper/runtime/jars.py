@@ -278,6 +278,12 @@ def _check_main(argv: Sequence[str] | None = None) -> int:
         except EnvironmentNotReadyError as err:
             print(err, file=sys.stderr)
             return 1
+        twice = duplicate_jars(s3a, ours)
+        for mine, theirs in twice:
+            print(f"in both jar groups: {mine.path.name} (s3a) vs {theirs.path.name} (spark)")
+        if twice:
+            print("exclude these artifacts in jvm/s3a.xml (excludeArtifactIds)", file=sys.stderr)
+            return 1
         ours = ours + s3a
     dups = duplicate_jars(ours, bundled)
     for mine, theirs in dups:
@@ -285,7 +291,12 @@ def _check_main(argv: Sequence[str] | None = None) -> int:
     if dups:
         print("exclude these artifacts in jvm/pom.xml or jvm/s3a.xml (excludeArtifactIds)", file=sys.stderr)
         return 1
-    print(f"spark jars: {len(ours)} in {group_dir(JarGroup.SPARK, args.root)}, none duplicates pyspark's")
+    folders = ", ".join(
+        str(group_dir(g, args.root))
+        for g in (JarGroup.SPARK, JarGroup.S3A)
+        if group_dir(g, args.root).is_dir()
+    )
+    print(f"spark jars: {len(ours)} in {folders}, none duplicates pyspark's")
     return 0
 
 
