@@ -12,7 +12,9 @@
 # Credentials are generated per cluster folder into var/cluster/credentials.env (mode 0600);
 # logs are in var/cluster/logs/. Options: --dir DIR (or SPLITKEEPER_CLUSTER_DIR), --json
 # (status), --worker-cores N, --worker-memory 1g, --executor-memory 768m, --timeout S (up).
-# Needs `bash scripts/setup.sh` and `bash scripts/setup.sh cluster` first.
+# The Airflow services get SPLITKEEPER_PIPELINE_CONFIG (and SPLITKEEPER_REPORTS_DIR) from the
+# environment of `up`: the pipeline the DAGs run. Needs `bash scripts/setup.sh` and
+# `bash scripts/setup.sh cluster` first.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

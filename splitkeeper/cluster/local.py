@@ -90,6 +90,13 @@ SERVICES = (
     "airflow-dag-processor",
     "airflow-triggerer",
 )
+#: Variables ``up`` hands from its own environment to the Airflow services (the DAGs read them).
+AIRFLOW_PASS_THROUGH = (
+    "SPLITKEEPER_PIPELINE_CONFIG",
+    "SPLITKEEPER_REPORTS_DIR",
+    "SPLITKEEPER_STATE_SCHEMA_DIR",
+    "SPLITKEEPER_EXPECTATIONS_DIR",
+)
 S3A_CREDENTIALS_PROVIDER = "org.apache.hadoop.fs.s3a.SimpleAWSCredentialsProvider"
 AIRFLOW_SERVICES = ("airflow-api-server", "airflow-scheduler", "airflow-dag-processor", "airflow-triggerer")
 
@@ -1394,6 +1401,10 @@ class LocalCluster:
             **self._resolve(self._airflow_env_template(state)),
         }
         env["PYTHONPATH"] = str(jarlib.repo_root())  # the DAG files import splitkeeper from this checkout
+        # what the DAGs' tasks run: the pipeline and where reports go, from the caller of `up`
+        for name in AIRFLOW_PASS_THROUGH:
+            if os.environ.get(name):
+                env[name] = os.environ[name]
         return env
 
     def _airflow_db_migrate(self) -> None:

@@ -125,3 +125,18 @@ def test_status_of_a_folder_never_started_and_its_table(tmp_path):
 def test_s3_client_repr_hides_the_secret_key():
     client = S3Client("http://127.0.0.1:1", "AK", "very-secret-key")
     assert "very-secret-key" not in repr(client)
+
+
+def test_airflow_services_get_the_pipeline_of_the_caller_and_nothing_stale(tmp_path, monkeypatch):
+    cluster = _fake_cluster(tmp_path)
+    monkeypatch.setenv("SPLITKEEPER_PIPELINE_CONFIG", "/data/pipeline.yaml")
+    monkeypatch.setenv("AIRFLOW__CORE__DAGS_FOLDER", "/somewhere/else")  # e.g. left by another test
+    monkeypatch.setenv("SPLITKEEPER_SPARK_MASTER", "local[2]")
+    env = cluster._airflow_env()
+    assert env["SPLITKEEPER_PIPELINE_CONFIG"] == "/data/pipeline.yaml"
+    assert (
+        env["AIRFLOW__CORE__DAGS_FOLDER"].endswith("/dags")
+        and env["AIRFLOW__CORE__DAGS_FOLDER"] != "/somewhere/else"
+    )
+    assert env["SPLITKEEPER_SPARK_MASTER"].startswith("spark://127.0.0.1:")
+    assert env["SPLITKEEPER_CLUSTER_MARK"] == cluster.mark
