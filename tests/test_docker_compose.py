@@ -368,7 +368,7 @@ def test_images_exist_and_match_the_pinned_kafka_and_object_store_versions(servi
     # the object store: the Go module and version scripts/setup.sh builds for scripts/cluster.sh
     versitygw = (ROOT / "docker/versitygw/Dockerfile").read_text()
     assert "COPY scripts/versitygw.version ./" in versitygw
-    assert 'go install -trimpath -ldflags=\'-s -w\' "$spec"' in versitygw
+    assert "go install -trimpath -ldflags='-s -w' \"$spec\"" in versitygw
     lines = (ROOT / "scripts/versitygw.version").read_text().splitlines()
     pin = [ln for ln in lines if ln and not ln.startswith("#")]
     assert len(pin) == 1
@@ -453,12 +453,23 @@ def test_the_airflow_image_installs_the_runtime_pins_of_the_lock_and_no_test_too
     dev_only = {norm(ln) for ln in dev_file.read_text().splitlines() if ln and not ln.startswith("#")}
     assert {"pytest", "hypothesis", "ruff", "mypy", "import-linter"} <= dev_only <= set(lock)
     roots = [
-        "apache-airflow", "apache-airflow-providers-apache-spark", "pyspark", "pyspark-client", "delta-spark",
-        "great-expectations", "confluent-kafka", "deltalake", "psycopg2-binary", "asyncpg", "pyyaml",
-        "pandas", "pyarrow",
+        "apache-airflow",
+        "apache-airflow-providers-apache-spark",
+        "pyspark",
+        "pyspark-client",
+        "delta-spark",
+        "great-expectations",
+        "confluent-kafka",
+        "deltalake",
+        "psycopg2-binary",
+        "asyncpg",
+        "pyyaml",
+        "pandas",
+        "pyarrow",
     ]
-    not_installed = [r for r in roots if importlib.util.find_spec(r.replace("-", "_")) is None
-                     and not _installed(r)]
+    not_installed = [
+        r for r in roots if importlib.util.find_spec(r.replace("-", "_")) is None and not _installed(r)
+    ]
     assert not not_installed, f"{not_installed} pinned but not installed: run `bash scripts/setup.sh`"
     seen: set[tuple[str, frozenset[str]]] = set()
     stack = [(r, frozenset()) for r in roots]
@@ -486,7 +497,9 @@ def test_the_airflow_image_installs_the_runtime_pins_of_the_lock_and_no_test_too
     pattern = "|".join(names)
     kept = subprocess.run(
         ["grep", "-v", "-i", "-E", f"^({pattern})==", str(ROOT / "requirements.lock")],
-        capture_output=True, text=True, check=True,
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout
     kept_names = {norm(ln.partition("==")[0]) for ln in kept.splitlines() if ln and not ln.startswith("#")}
     assert kept_names == runtime
@@ -516,12 +529,20 @@ def test_compose_cli_validates_the_file():
         )
     clean = {k: v for k, v in os.environ.items() if k not in SECRETS}
     missing = subprocess.run(
-        [*cli, "-f", str(COMPOSE), "config", "-q"], cwd=ROOT, capture_output=True, text=True, check=False,
+        [*cli, "-f", str(COMPOSE), "config", "-q"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
         env=clean,
     )
     assert missing.returncode != 0 and "in .env" in missing.stderr  # the secrets are required
     result = subprocess.run(
-        [*cli, "-f", str(COMPOSE), "config", "-q"], cwd=ROOT, capture_output=True, text=True, check=False,
+        [*cli, "-f", str(COMPOSE), "config", "-q"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
         env={**clean, **{name: f"test-{name.lower()}" for name in SECRETS}},
     )
     assert result.returncode == 0, result.stderr

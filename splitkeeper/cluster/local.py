@@ -63,6 +63,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from splitkeeper import resources
 from splitkeeper.cluster.s3 import S3Client, S3Error
 from splitkeeper.errors import SplitkeeperError
 from splitkeeper.runtime import jars as jarlib
@@ -99,6 +100,11 @@ AIRFLOW_PASS_THROUGH = (
 )
 S3A_CREDENTIALS_PROVIDER = "org.apache.hadoop.fs.s3a.SimpleAWSCredentialsProvider"
 AIRFLOW_SERVICES = ("airflow-api-server", "airflow-scheduler", "airflow-dag-processor", "airflow-triggerer")
+
+
+def _checkout() -> Path:
+    """The source checkout: the local cluster runs its scripts, tools and DAG folder from there."""
+    return resources.require_checkout("the local cluster (scripts/cluster.sh)")
 
 
 class ClusterError(SplitkeeperError):
@@ -398,7 +404,7 @@ def spark_home() -> Path:
 
 def tools_root() -> Path:
     override = os.environ.get(ENV_TOOLS_DIR, "").strip()
-    return Path(override).expanduser().resolve() if override else jarlib.repo_root() / ".tools"
+    return Path(override).expanduser().resolve() if override else _checkout() / ".tools"
 
 
 def versitygw_binary() -> Path:
@@ -444,7 +450,7 @@ class LocalCluster:
     def __init__(self, root: Path | str | None = None) -> None:
         if root is None:
             override = os.environ.get(ENV_DIR, "").strip()
-            root = Path(override) if override else jarlib.repo_root() / "var" / "cluster"
+            root = Path(override) if override else _checkout() / "var" / "cluster"
         self.layout = Layout(Path(root).expanduser().resolve())
         self.mark = hashlib.sha256(str(self.layout.root).encode()).hexdigest()[:16]
         self._lock = threading.Lock()
@@ -733,7 +739,7 @@ class LocalCluster:
             "spark.driver.bindAddress": HOST,
             "spark.pyspark.python": sys.executable,
             "spark.pyspark.driver.python": sys.executable,
-            "spark.executorEnv.PYTHONPATH": str(jarlib.repo_root()),
+            "spark.executorEnv.PYTHONPATH": str(_checkout()),
             "spark.executor.memory": state.executor_memory,
             "spark.executor.cores": "1",
             # a 2-core cluster: Delta's default of 50 snapshot partitions makes every small scan 50 tasks
@@ -758,7 +764,7 @@ class LocalCluster:
         api = f"http://{HOST}:{ports['airflow_api']}"
         return {
             "AIRFLOW_HOME": str(home),
-            "AIRFLOW__CORE__DAGS_FOLDER": str(jarlib.repo_root() / "dags"),
+            "AIRFLOW__CORE__DAGS_FOLDER": str(resources.dags_dir()),
             "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
             "AIRFLOW__CORE__PARALLELISM": "4",
             "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
@@ -1242,7 +1248,7 @@ class LocalCluster:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 check=False,
-                cwd=str(jarlib.repo_root()),
+                cwd=str(_checkout()),
             )
         if done.returncode != 0:
             raise ClusterError(f"the Kafka broker did not start; last log lines:\n{self._tail('kafka')}")
@@ -1400,7 +1406,7 @@ class LocalCluster:
             **self._resolve(self._client_env_template(state)),
             **self._resolve(self._airflow_env_template(state)),
         }
-        env["PYTHONPATH"] = str(jarlib.repo_root())  # the DAG files import splitkeeper from this checkout
+        env["PYTHONPATH"] = str(_checkout())  # the DAG files import splitkeeper from this checkout
         # what the DAGs' tasks run: the pipeline and where reports go, from the caller of `up`
         for name in AIRFLOW_PASS_THROUGH:
             if os.environ.get(name):
