@@ -92,7 +92,9 @@ def driver_settings(config: PipelineConfig, redistribution: Redistribution | Non
         backlog=config.backlog,
         retain_checkpoints=config.checkpoint.retain_checkpoints,
         strategy=config.strategy,
+        strategy_options={"capacities": dict(config.capacities)} if config.strategy == "weighted" else {},
         redistribution=redistribution or config.operator_state.redistribution,
+        rebalance_threshold=config.rebalance_threshold,
     )
 
 
