@@ -14,9 +14,12 @@ is cleaned.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
-from collections.abc import Callable, Iterable
+import signal
+import threading
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -106,6 +109,8 @@ def run(
     faults: Iterable[str] = (),
     progress: Progress | None = None,
     reset_backlog: bool = False,
+    continuous: bool = False,
+    stop: threading.Event | None = None,
 ) -> RunResult:
     """Open the pipeline once (recover a half-done epoch, restore), discover, run epochs.
 
@@ -113,19 +118,56 @@ def run(
     one on the global checkpoint where every split reached the end it had at the start
     (``epochs`` caps it). ``reset_backlog`` makes every unbounded split's end now its new
     backlog boundary (throughput mode until caught up, protocol rule 4.1).
+
+    ``continuous`` checkpoints every ``backlog.backlog_interval_s`` while any split processes
+    backlog and every ``backlog.normal_interval_s`` afterwards, until ``stop`` is set or the
+    process gets SIGTERM or SIGINT (an Airflow task's cancel sends SIGTERM): then it ends on
+    a final checkpoint that is global, retried until it is, and returns normally.
     """
     if epochs is not None and (isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1):
         raise InvalidParameterError("epochs", epochs, "an integer >= 1, or None to run until done")
+    if continuous and (epochs is not None or until_caught_up):
+        raise InvalidParameterError(
+            "continuous",
+            continuous,
+            "alone: a continuous run ends when stopped, not after epochs or caught up",
+        )
     pipeline = _pipeline(config, faults=faults, progress=progress)
     try:
         opened = _open_summary(pipeline, pipeline.open())
         new_splits = pipeline.driver.discover()
         if reset_backlog:
             pipeline.driver.reset_backlog()
-        summary = pipeline.run(epochs, until_caught_up=until_caught_up)
+        if continuous:
+            with _stop_on_signals(stop or threading.Event()) as event:
+                summary = pipeline.driver.run_continuously(event.is_set)
+        else:
+            summary = pipeline.run(epochs, until_caught_up=until_caught_up)
     finally:
         pipeline.close()
     return RunResult.of(config.name, opened, new_splits, summary)
+
+
+@contextlib.contextmanager
+def _stop_on_signals(event: threading.Event) -> Iterator[threading.Event]:
+    """SIGTERM and SIGINT set ``event`` (a stop request) while the block runs; handlers restored after.
+
+    Only the main thread can install handlers; elsewhere the event is the only way to stop.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield event
+        return
+
+    def request_stop(signum: int, _frame: Any) -> None:
+        log.warning("%s: stopping after a final global checkpoint", signal.Signals(signum).name)
+        event.set()
+
+    previous = {sig: signal.signal(sig, request_stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield event
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def recover(

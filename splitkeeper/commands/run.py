@@ -22,6 +22,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "the end it had when the run began (like Trigger.AvailableNow); --epochs still caps the run",
     )
     parser.add_argument(
+        "--continuous",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="checkpoint every backlog.backlog_interval_s while processing backlog, every "
+        "backlog.normal_interval_s afterwards, until SIGTERM/SIGINT: then end on a global checkpoint",
+    )
+    parser.add_argument(
         "--reset-backlog",
         action="store_true",
         help="unbounded sources: the end offsets now become every split's new backlog boundary "
@@ -66,6 +73,7 @@ def run(args: argparse.Namespace) -> int:
         progress=progress,
         until_caught_up=args.until_caught_up,
         reset_backlog=args.reset_backlog,
+        continuous=args.continuous,
     )
     if args.json:
         data = result.to_dict()
@@ -76,5 +84,6 @@ def run(args: argparse.Namespace) -> int:
             f"{result.committed_records:,} records committed"
             + (", source finished on a global checkpoint" if result.finished else "")
             + (", caught up with the source on a global checkpoint" if result.caught_up else "")
+            + (", stopped on a global checkpoint" if result.stopped else "")
         )
     return 0
