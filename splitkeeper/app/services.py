@@ -15,14 +15,16 @@ is cleaned.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import signal
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+from splitkeeper import logs
 from splitkeeper.app.results import (
     EpochLine,
     LatestCheckpoint,
@@ -44,6 +46,7 @@ REPORTS_ENV = "SPLITKEEPER_REPORTS_DIR"
 RECOVERY_MODES = ("auto", "global", "partial")
 
 Progress = Callable[[str], None]
+_R = TypeVar("_R")
 
 
 # --------------------------------------------------------------------------- shared pieces
@@ -68,7 +71,7 @@ def _pipeline(config: PipelineConfig, *, faults: Iterable[str] = (), progress: P
     from splitkeeper.runtime.faults import FaultPlan
     from splitkeeper.runtime.pipeline import Pipeline
 
-    return Pipeline(config, spark_session(), faults=FaultPlan.parse(faults), progress=progress or log.info)
+    return Pipeline(config, spark_session(), faults=FaultPlan.parse(faults), progress=progress)
 
 
 def _state_store(config: PipelineConfig) -> Any:
@@ -98,9 +101,21 @@ def check_recovery_mode(mode: str, parallelism: int | None, parallelism_before: 
         )
 
 
+def _named(service: Callable[..., _R]) -> Callable[..., _R]:
+    """Every log record of the service carries the pipeline's name (``logs.bind``)."""
+
+    @functools.wraps(service)
+    def wrapper(config: PipelineConfig, *args: Any, **kwargs: Any) -> _R:
+        with logs.bind(pipeline=config.name):
+            return service(config, *args, **kwargs)
+
+    return wrapper
+
+
 # --------------------------------------------------------------------------- use cases
 
 
+@_named
 def run(
     config: PipelineConfig,
     *,
@@ -170,6 +185,7 @@ def _stop_on_signals(event: threading.Event) -> Iterator[threading.Event]:
             signal.signal(sig, handler)
 
 
+@_named
 def recover(
     config: PipelineConfig,
     *,
@@ -231,6 +247,7 @@ def rescale(
     )
 
 
+@_named
 def preview_recovery(config: PipelineConfig, checkpoint_id: int | None = None) -> RecoveryPreview:
     """The checkpoint a recovery would restore and what every reader would report on registration.
 
@@ -265,6 +282,7 @@ def preview_recovery(config: PipelineConfig, checkpoint_id: int | None = None) -
     )
 
 
+@_named
 def status(config: PipelineConfig, *, last: int = 10) -> StatusResult:
     """The latest checkpoint, its ref chain and loads, and the last ``last`` timeline entries. Read-only."""
     store = _state_store(config)
@@ -294,6 +312,7 @@ def status(config: PipelineConfig, *, last: int = 10) -> StatusResult:
     return StatusResult(config.name, info, timeline, next_epoch)
 
 
+@_named
 def validate(config: PipelineConfig, checkpoint_id: int | None = None) -> ValidationResult:
     """The restart checks (protocol section 6, Great Expectations) on a checkpoint and the sink.
 
@@ -331,6 +350,7 @@ def validate(config: PipelineConfig, checkpoint_id: int | None = None) -> Valida
     )
 
 
+@_named
 def report(config: PipelineConfig, title: str | None = None) -> Path:
     """Render the pipeline's run report (HTML with charts); returns its path."""
     from splitkeeper.report.html import render_report

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from splitkeeper.commands.common import add_config_argument, add_fault_argument, load, progress
+from splitkeeper.commands.common import add_config_argument, add_fault_argument, load
 from splitkeeper.errors import InvalidParameterError
 
 
@@ -70,7 +70,6 @@ def run(args: argparse.Namespace) -> int:
         config,
         epochs=args.epochs,
         faults=_faults(args),
-        progress=progress,
         until_caught_up=args.until_caught_up,
         reset_backlog=args.reset_backlog,
         continuous=args.continuous,

@@ -822,7 +822,7 @@ class EpochDriver:
             failovers=failovers,
             started_at=started,
         )
-        self.hooks.progress(report.line())
+        self.hooks.progress(report.line(), epoch=epoch, checkpoint_id=epoch, kind=report.kind.value)
         return report
 
     def _refuse(self, epoch: int, started: float, backlog: bool, final: bool) -> EpochReport:
@@ -1091,7 +1091,7 @@ class EpochDriver:
                 switch = IntervalSwitch(report.epoch, now_mode, backlog.interval_s(now_mode))
                 switches.append(switch)
                 log.info("pipeline %s: %s", self.settings.pipeline, switch.line())
-                self.hooks.progress(switch.line())
+                self.hooks.progress(switch.line(), checkpoint_id=switch.after)
                 mode = now_mode
             next_start = report.started_at + backlog.interval_s(mode)
             while not stop_requested():

@@ -63,11 +63,9 @@ def run_epochs(
     cancelled (SIGTERM), then ends on a global checkpoint.
     """
     if continuous:
-        result = services.run(_config(path), faults=faults, continuous=True, progress=log.info)
+        result = services.run(_config(path), faults=faults, continuous=True)
     else:
-        result = services.run(
-            _config(path), epochs=epochs, faults=faults, until_caught_up=until_caught_up, progress=log.info
-        )
+        result = services.run(_config(path), epochs=epochs, faults=faults, until_caught_up=until_caught_up)
     return result.to_dict()
 
 
@@ -146,7 +144,6 @@ def _recover(reports: Mapping[str, Any], path: str | None, dry_run: bool) -> dic
         else Redistribution[str(redistribution).upper().replace("-", "_")],
         mode=reports.get("mode", "auto"),
         dry_run=dry_run,
-        progress=log.info,
     )
     out = result.to_dict()
     log.info("recovery decisions: %s", out["opened"]["decisions"])

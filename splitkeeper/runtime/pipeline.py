@@ -77,6 +77,8 @@ __all__ = [
 ]
 
 log = logging.getLogger("splitkeeper.runtime.pipeline")
+#: One record per epoch and per interval switch: the run's story (the CLI shows them as bare lines).
+PROGRESS_LOG = logging.getLogger("splitkeeper.progress")
 
 _EPOCH_DIR = re.compile(r"^epoch=(\d+)$")
 
@@ -121,7 +123,8 @@ class RuntimeHooks(DriverHooks):
     def crash_point(self, point: CrashPoint, epoch: int) -> None:
         crash_if_requested(point, epoch)
 
-    def progress(self, line: str) -> None:
+    def progress(self, line: str, **context: Any) -> None:
+        PROGRESS_LOG.info(line, extra=context)
         self._progress(line)
 
 
