@@ -17,8 +17,9 @@ from airflow.sdk import DAG, Param, task
 
 from splitkeeper.orchestration import tasks
 from splitkeeper.orchestration.airflow import (
-    DEFAULT_ARGS,
     cluster_master,
+    default_args,
+    pipeline_assets,
     spark_submit_epoch_task,
     writer_pool,
 )
@@ -30,7 +31,8 @@ with DAG(
     start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
     catchup=False,
     max_active_runs=1,
-    default_args=DEFAULT_ARGS,
+    default_args=default_args(),
+    doc_md=__doc__,
     params={
         "epochs": Param(
             3, type="integer", minimum=1, maximum=1000, description="epochs (checkpoints) per run"
@@ -58,7 +60,7 @@ with DAG(
     tags=["splitkeeper"],
 ) as dag:
 
-    @task(pool=writer_pool())
+    @task(pool=writer_pool(), outlets=pipeline_assets())
     def run_epochs(params: dict | None = None) -> dict:
         params = params or {}
         return tasks.run_epochs(

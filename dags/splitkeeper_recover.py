@@ -13,7 +13,7 @@ import pendulum
 from airflow.sdk import DAG, Param, task
 
 from splitkeeper.orchestration import tasks
-from splitkeeper.orchestration.airflow import DEFAULT_ARGS, writer_pool
+from splitkeeper.orchestration.airflow import default_args, pipeline_assets, writer_pool
 
 with DAG(
     dag_id="splitkeeper_recover",
@@ -22,7 +22,8 @@ with DAG(
     start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
     catchup=False,
     max_active_runs=1,
-    default_args=DEFAULT_ARGS,
+    default_args=default_args(),
+    doc_md=__doc__,
     params={
         "checkpoint_id": Param(
             "latest",
@@ -54,7 +55,7 @@ with DAG(
     def classify_splits(reports: dict) -> dict:
         return tasks.classify_splits(reports)
 
-    @task(pool=writer_pool())
+    @task(pool=writer_pool(), outlets=pipeline_assets())
     def reassign_and_rebalance(reports: dict, classified: dict) -> dict:
         return tasks.reassign_and_rebalance(reports)
 

@@ -12,7 +12,7 @@ import pendulum
 from airflow.sdk import DAG, Param, task
 
 from splitkeeper.orchestration import tasks
-from splitkeeper.orchestration.airflow import DEFAULT_ARGS, writer_pool
+from splitkeeper.orchestration.airflow import default_args, pipeline_assets, writer_pool
 
 with DAG(
     dag_id="splitkeeper_rescale",
@@ -21,7 +21,8 @@ with DAG(
     start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
     catchup=False,
     max_active_runs=1,
-    default_args=DEFAULT_ARGS,
+    default_args=default_args(),
+    doc_md=__doc__,
     params={
         "parallelism": Param(2, type="integer", minimum=1, maximum=1024, description="the new parallelism"),
         "redistribution": Param("even-split", type="string", enum=["even-split", "union"]),
@@ -37,7 +38,7 @@ with DAG(
         )
         return {**restored, "redistribution": params.get("redistribution", "even-split")}
 
-    @task(pool=writer_pool())
+    @task(pool=writer_pool(), outlets=pipeline_assets())
     def redistribute(restored: dict) -> dict:
         return tasks.reassign_and_rebalance(tasks.collect_reader_reports(restored))
 

@@ -8,7 +8,9 @@ in-process inside the task; when ``SPLITKEEPER_SPARK_MASTER`` names a cluster
 
 from __future__ import annotations
 
+import logging
 import os
+from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
 
@@ -19,6 +21,79 @@ DEFAULT_ARGS: dict[str, Any] = {
     "retries": 0,  # recovery is splitkeeper's business: a blind retry would hide what happened
     "execution_timeout": timedelta(hours=2),
 }
+
+
+def _pipeline_config() -> Any:
+    """The pipeline named by ``$SPLITKEEPER_PIPELINE_CONFIG``, or None (unset, or not loadable:
+    a DAG file must parse; the task itself then reports the bad config)."""
+    path = os.environ.get("SPLITKEEPER_PIPELINE_CONFIG", "")
+    if not path:
+        return None
+    try:
+        from splitkeeper.runtime.config import load_config
+
+        return load_config(path)
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def _asset_uri(location: str) -> str:
+    if "://" in location:
+        return "s3://" + location.split("://", 1)[1] if location.startswith("s3a://") else location
+    return "file://" + os.path.abspath(location)
+
+
+def pipeline_assets() -> list[Any]:
+    """The pipeline's sink and state tables as Airflow Assets: the writing tasks' ``outlets``.
+
+    So the Airflow UI shows the lineage: which DAG run last wrote the sink, and the state.
+    Empty when no pipeline config is set (parsing only).
+    """
+    config = _pipeline_config()
+    if config is None:
+        return []
+    from airflow.sdk import Asset
+
+    return [
+        Asset(uri=_asset_uri(config.sink_path), name=f"splitkeeper-{config.name}-sink", group="splitkeeper"),
+        Asset(
+            uri=_asset_uri(config.state_path), name=f"splitkeeper-{config.name}-state", group="splitkeeper"
+        ),
+    ]
+
+
+def notify_failure(context: Mapping[str, Any]) -> None:
+    """``on_failure_callback`` of every task: calls the pipeline's ``notifications.on_failure``.
+
+    The function gets one dict: pipeline, dag_id, task_id, run_id, try_number and the error
+    (as text). A failing notification is logged, never raised: it must not hide the task's
+    own failure.
+    """
+    config = _pipeline_config()
+    if config is None or config.on_failure is None:
+        return
+    from splitkeeper.runtime.transforms import resolve_callable
+
+    ti = context.get("ti") or context.get("task_instance")
+    event = {
+        "pipeline": config.name,
+        "dag_id": getattr(ti, "dag_id", None),
+        "task_id": getattr(ti, "task_id", None),
+        "run_id": getattr(ti, "run_id", None),
+        "try_number": getattr(ti, "try_number", None),
+        "error": str(context.get("exception") or ""),
+    }
+    try:
+        resolve_callable(config.on_failure, "notifications.on_failure")(event)
+    except Exception:  # noqa: BLE001
+        logging.getLogger("splitkeeper.orchestration").exception(
+            "notifications.on_failure %s failed", config.on_failure
+        )
+
+
+def default_args() -> dict[str, Any]:
+    """The DAGs' default_args: no blind retries, a 2 h timeout, the failure notification."""
+    return {**DEFAULT_ARGS, "on_failure_callback": notify_failure}
 
 
 def writer_pool() -> str:
@@ -32,15 +107,8 @@ def writer_pool() -> str:
     does). Airflow's ``dag.test()`` ignores pools; the pipeline lease still refuses a second
     writer there.
     """
-    path = os.environ.get("SPLITKEEPER_PIPELINE_CONFIG", "")
-    if not path:
-        return "splitkeeper"
-    try:
-        from splitkeeper.runtime.config import load_config
-
-        return f"splitkeeper-{load_config(path).name}"
-    except Exception:  # noqa: BLE001 - a DAG file must parse; the task itself reports the bad config
-        return "splitkeeper"
+    config = _pipeline_config()
+    return "splitkeeper" if config is None else f"splitkeeper-{config.name}"
 
 
 def cluster_master() -> str | None:
@@ -74,4 +142,5 @@ def spark_submit_epoch_task(task_id: str) -> Any:
         py_files=os.environ.get("SPLITKEEPER_PY_FILES"),
         name="splitkeeper-epochs",
         pool=writer_pool(),
+        outlets=pipeline_assets(),
     )

@@ -29,6 +29,7 @@ Shape of a file (YAML)::
               backlog_interval_s: 60, normal_interval_s: 5}
     rescale: {operator_state: even-split}   # or union (protocol rule 2.8)
     weighted: {capacities: {0: 4}, rebalance_threshold: 1.25}   # strategy: weighted only
+    notifications: {on_failure: mypkg.alerts:page_oncall}   # called by a failed Airflow task
     state: {path: ./state}
     sink: {path: ./sink}
     staging: {path: ./state/_staging}   # default <state>/_staging
@@ -56,7 +57,7 @@ from splitkeeper.core.backlog import BacklogConfig
 from splitkeeper.core.checkpoint import CheckpointConfig
 from splitkeeper.core.rescale import Redistribution
 from splitkeeper.errors import ConfigError, InvalidParameterError
-from splitkeeper.runtime.transforms import resolve_transform
+from splitkeeper.runtime.transforms import resolve_callable, resolve_transform
 
 #: The assignment strategies of the protocol core (DESIGN 1.6), by config name.
 STRATEGY_NAMES: tuple[str, ...] = tuple(sorted(STRATEGIES))
@@ -240,6 +241,7 @@ class PipelineConfig:
     operator_state: OperatorState = OperatorState.EVEN_SPLIT  # rescale.operator_state
     capacities: tuple[tuple[int, float], ...] = ()  # weighted.capacities: reader -> capacity
     rebalance_threshold: float = 1.25  # weighted.rebalance_threshold
+    on_failure: str | None = None  # notifications.on_failure: 'module:function' an Airflow task calls
     origin: str = ""  # the file it was loaded from (for messages), "" if built from a mapping
 
     @property
@@ -347,6 +349,17 @@ def config_from_mapping(
         "operator_state", OperatorState, OperatorState.EVEN_SPLIT
     )
     capacities, rebalance_threshold = _weighted(top.section("weighted", _WEIGHTED_KEYS), strategy)
+    notifications = top.section("notifications", _NOTIFICATION_KEYS)
+    on_failure = notifications.string("on_failure", default=None, allowed="'module:function'")
+    if on_failure is not None:
+        if not _TRANSFORM_RE.match(on_failure):
+            raise notifications.invalid(
+                "on_failure", on_failure, "'module:function', e.g. 'mypkg.alerts:page_oncall'"
+            )
+        try:
+            resolve_callable(on_failure, "notifications.on_failure")
+        except ConfigError as err:
+            raise ConfigError(f"{err.message} ({where})", **err.params) from err.__cause__
 
     state_path = top.section("state", _PATH_KEYS, required=True).required_path("path")
     sink_path = top.section("sink", _PATH_KEYS, required=True).required_path("path")
@@ -384,6 +397,7 @@ def config_from_mapping(
         operator_state=operator_state,
         capacities=capacities,
         rebalance_threshold=rebalance_threshold,
+        on_failure=on_failure,
         origin=origin,
     )
 
@@ -402,7 +416,9 @@ _TOP_KEYS = (
     "transform",
     "rescale",
     "weighted",
+    "notifications",
 )
+_NOTIFICATION_KEYS = ("on_failure",)
 _RESCALE_KEYS = ("operator_state",)
 _WEIGHTED_KEYS = ("capacities", "rebalance_threshold")
 

@@ -71,9 +71,15 @@ def resolve_transform(spec: str) -> Transform:
     when the module or function is missing, not callable, or not picklable by
     reference. May be called any number of times (modules are cached).
     """
+    transform: Transform = resolve_callable(spec, "transform")
+    return transform
+
+
+def resolve_callable(spec: str, key: str) -> Callable[..., Any]:
+    """The module-level function named by ``'module:function'``; ConfigError naming ``key`` if not."""
     module_name, sep, attr_path = spec.partition(":")
     if not sep or not module_name or not attr_path:
-        raise _error(spec, "the spec has no ':' between module and function")
+        raise _error(spec, "the spec has no ':' between module and function", key)
     try:
         module = importlib.import_module(module_name)
     except ImportError as err:
@@ -81,23 +87,24 @@ def resolve_transform(spec: str) -> Transform:
             spec,
             f"module {module_name!r} cannot be imported ({err}); install it or add it to PYTHONPATH "
             "on the driver and the executors",
+            key,
         ) from err
     target: Any = module
     for part in attr_path.split("."):
         try:
             target = getattr(target, part)
         except AttributeError as err:
-            raise _error(spec, f"module {module_name!r} has no attribute {attr_path!r}") from err
+            raise _error(spec, f"module {module_name!r} has no attribute {attr_path!r}", key) from err
     if not callable(target):
-        raise _error(spec, f"{attr_path!r} is a {type(target).__name__}, not a function")
+        raise _error(spec, f"{attr_path!r} is a {type(target).__name__}, not a function", key)
     try:
         same = pickle.loads(pickle.dumps(target)) is target
     except Exception as err:  # noqa: BLE001 - any pickling failure means "not by reference"
-        raise _error(spec, f"it cannot be pickled by reference ({err}); use a module-level def") from err
+        raise _error(spec, f"it cannot be pickled by reference ({err}); use a module-level def", key) from err
     if not same:
-        raise _error(spec, "it does not pickle by reference; use a module-level def")
-    transform: Transform = target
-    return transform
+        raise _error(spec, "it does not pickle by reference; use a module-level def", key)
+    function: Callable[..., Any] = target
+    return function
 
 
 def apply_transform(transform: Transform, value: str, split_id: str, offset: int) -> str:
@@ -125,7 +132,7 @@ def _name(transform: Transform) -> str:
     return f"{getattr(transform, '__module__', '?')}:{getattr(transform, '__qualname__', repr(transform))}"
 
 
-def _error(spec: str, why: str) -> ConfigError:
+def _error(spec: str, why: str, key: str = "transform") -> ConfigError:
     return ConfigError(
-        f"transform={spec!r} is not allowed: {_ALLOWED}; {why}", key="transform", value=spec, allowed=_ALLOWED
+        f"{key}={spec!r} is not allowed: {_ALLOWED}; {why}", key=key, value=spec, allowed=_ALLOWED
     )

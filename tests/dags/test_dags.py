@@ -45,6 +45,7 @@ checkpoint: {{max_consecutive_failures: 2, max_failure_ratio: 0.5, region_timeou
 backlog: {{backlog_epoch_records: 400, normal_epoch_records: 400}}
 state: {{path: state}}
 sink: {{path: sink}}
+notifications: {{on_failure: "tests.dags.alerts:record"}}
 """,
         encoding="utf-8",
     )
@@ -59,7 +60,11 @@ def test_dag_files_only_wire_tasks_and_import_no_spark(tmp_path):
         "dags = {n: load_dag(n) for n in names}\n"
         "ids = {n: [t.task_id for t in d.topological_sort()] for n, d in dags.items()}\n"
         "pools = {n: {t.task_id: t.pool for t in d.tasks} for n, d in dags.items()}\n"
-        "import json; print(json.dumps({'ids': ids, 'pools': pools, 'spark': 'pyspark' in sys.modules}))\n"
+        "uris = lambda t: sorted(a.uri for a in t.outlets)\n"
+        "outlets = {n: {t.task_id: uris(t) for t in d.tasks} for n, d in dags.items()}\n"
+        "docs = {n: bool(d.doc_md and 'splitkeeper' in d.doc_md) for n, d in dags.items()}\n"
+        "out = dict(ids=ids, pools=pools, outlets=outlets, docs=docs, spark='pyspark' in sys.modules)\n"
+        "import json; print(json.dumps(out))\n"
     )
     env = {**os.environ, "SPLITKEEPER_PIPELINE_CONFIG": str(_write_pipeline(tmp_path, files=1, lines=1))}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
@@ -71,6 +76,11 @@ def test_dag_files_only_wire_tasks_and_import_no_spark(tmp_path):
     writers["splitkeeper_rescale"] = "redistribute"
     for name, pools in result["pools"].items():
         assert {t for t, pool in pools.items() if pool == "splitkeeper-dagtest"} == {writers[name]}, pools
+    # the writing task's outlets are the sink and state tables (lineage in the UI); every DAG has its doc
+    sink, state = f"file://{tmp_path / 'sink'}", f"file://{tmp_path / 'state'}"
+    for name, outlets in result["outlets"].items():
+        assert {t: uris for t, uris in outlets.items() if uris} == {writers[name]: sorted([sink, state])}
+    assert result["docs"] == dict.fromkeys(writers, True)
     # the ingest DAG opens the pipeline once: recovery, discovery and epochs are one task
     assert result["ids"]["splitkeeper_ingest"] == ["run_epochs", "validate", "report"]
     assert result["ids"]["splitkeeper_recover"] == [
@@ -152,9 +162,16 @@ def test_ingest_with_a_region_failure_then_recover_and_rescale(airflow_db, spark
     assert dry.state == "success"
     assert store.checkpoint_ids() == before  # a dry run writes nothing
 
+    alerts = tmp_path / "alerts.jsonl"
+    monkeypatch.setenv("SPLITKEEPER_TEST_ALERTS", str(alerts))
     missing = load_dag("splitkeeper_recover").test(run_conf={"checkpoint_id": "999"})
     assert missing.state == "failed"  # no such checkpoint: the restore task fails, naming it
     assert store.checkpoint_ids() == before
+    events = [json.loads(line) for line in alerts.read_text().splitlines()]  # notifications.on_failure
+    assert [(e["pipeline"], e["dag_id"], e["task_id"]) for e in events] == [
+        ("dagtest", "splitkeeper_recover", "restore_enumerator_state")
+    ]
+    assert "999" in events[0]["error"]
 
     rescale = load_dag("splitkeeper_recover").test(run_conf={"parallelism": 3, "mode": "global"})
     assert rescale.state == "success"
