@@ -55,21 +55,18 @@ def _spark() -> Any:
 
 
 def _state_store(config: PipelineConfig) -> Any:
-    """The pipeline's Delta state store (the source is asked only for its fingerprint)."""
-    from splitkeeper.runtime.sources import build_source
-    from splitkeeper.runtime.state_store import DeltaStateStore
+    """The pipeline's Delta state store, read-only: the tasks that use it only read (no source needed)."""
+    from splitkeeper.state.checkpoints import DeltaStateStore
 
-    connector = build_source(config.source)
-    try:
-        return DeltaStateStore(_spark(), config.state_path, config.name, connector.fingerprint())
-    finally:
-        connector.close()
+    return DeltaStateStore(config.state_path, config.name, None, read_only=True)
 
 
-def _pipeline(config: PipelineConfig, progress: Callable[[str], None] | None = None) -> Any:
+def _pipeline(
+    config: PipelineConfig, progress: Callable[[str], None] | None = None, *, read_only: bool = False
+) -> Any:
     from splitkeeper.runtime.pipeline import Pipeline
 
-    return Pipeline(config, _spark(), progress=progress or log.info)
+    return Pipeline(config, _spark(), progress=progress or log.info, read_only=read_only)
 
 
 def _open_summary(opened: Any, loads: Mapping[int, int]) -> dict[str, Any]:
@@ -162,14 +159,14 @@ def validate(path: str | None = None, checkpoint_id: int | None = None) -> dict[
     """Great Expectations restart checks (DESIGN 6) on a checkpoint and the sink; raises on a violation."""
     from splitkeeper.quality.checks import raise_on_failure, run_restart_checks
     from splitkeeper.runtime.sources import build_source
-    from splitkeeper.runtime.state_store import DeltaStateStore
+    from splitkeeper.state.checkpoints import DeltaStateStore
 
     config = load_config(config_path(path))
     connector = build_source(config.source)
     try:
-        store = DeltaStateStore(_spark(), config.state_path, config.name, connector.fingerprint())
+        store = DeltaStateStore(config.state_path, config.name, connector.fingerprint(), read_only=True)
         report = run_restart_checks(
-            store.spark,
+            _spark(),
             store,
             config.sink_path,
             checkpoint_id=checkpoint_id,
@@ -310,13 +307,16 @@ def classify_and_reassign(reports: Mapping[str, Any], path: str | None = None) -
         raise InvalidParameterError(
             "mode", mode, "'auto' or 'global' when the parallelism changes (a rescale is a global restore)"
         )
-    pipeline = _pipeline(config)
+    dry_run = bool(reports["dry_run"])
+    pipeline = _pipeline(config, read_only=dry_run)
     if reports.get("redistribution"):
         from splitkeeper.core.rescale import Redistribution
 
         pipeline.redistribution = Redistribution[str(reports["redistribution"]).upper().replace("-", "_")]
     try:
-        opened = pipeline.open(checkpoint_id=int(reports["checkpoint_id"]), parallelism=parallelism)
+        opened = pipeline.open(
+            checkpoint_id=int(reports["checkpoint_id"]), parallelism=parallelism, read_only=dry_run
+        )
         summary = _open_summary(opened, pipeline.enumerator.loads())
         summary["audit"] = [
             {"split_id": d.split_id, "reader": d.reader_id, "decision": d.decision.value, "detail": d.detail}

@@ -3,7 +3,8 @@
 A global restore (optionally a rescale): the enumerator is restored from the
 checkpoint, every reader reports its restored splits, each split's recovery
 decision is printed, and (unless ``--dry-run``) one epoch runs so that the new
-assignment is committed by a checkpoint at the new parallelism.
+assignment is committed by a checkpoint at the new parallelism. A dry run opens the
+state and the sink read-only: it creates and writes nothing.
 """
 
 from __future__ import annotations
@@ -47,9 +48,17 @@ def run(args: argparse.Namespace) -> int:
     checkpoint = checkpoint_arg(args.checkpoint)
     if args.parallelism is not None and args.parallelism < 1:
         raise InvalidParameterError("--parallelism", args.parallelism, "an integer >= 1")
-    pipeline = Pipeline(load(args), spark_session(), faults=FaultPlan.parse(args.fault), progress=progress)
+    pipeline = Pipeline(
+        load(args),
+        spark_session(),
+        faults=FaultPlan.parse(args.fault),
+        progress=progress,
+        read_only=bool(args.dry_run),
+    )
     try:
-        opened = pipeline.open(checkpoint_id=checkpoint, parallelism=args.parallelism)
+        opened = pipeline.open(
+            checkpoint_id=checkpoint, parallelism=args.parallelism, read_only=bool(args.dry_run)
+        )
         decisions = Counter(d.decision.value for d in opened.decisions)
         loads = pipeline.enumerator.loads() if pipeline.enumerator else {}
         summary = {

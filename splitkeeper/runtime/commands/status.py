@@ -1,11 +1,16 @@
-"""``splitkeeper status --config FILE [--json]``: checkpoints, ownership, backlog, timeline."""
+"""``splitkeeper status --config FILE [--json]``: checkpoints, ownership, backlog, timeline, lease.
+
+Read-only: the state is opened with ``read_only=True`` (nothing is created or written,
+a missing state directory reads as empty) and the source is not asked (no broker or
+input folder is needed).
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
 
-from splitkeeper.runtime.commands.common import add_config_argument, load, spark_session
+from splitkeeper.runtime.commands.common import add_config_argument, load
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -15,15 +20,22 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from splitkeeper.runtime.sources import build_source
-    from splitkeeper.runtime.state_store import DeltaStateStore
+    from splitkeeper.state.checkpoints import DeltaStateStore
+    from splitkeeper.state.lease import PipelineLease
 
     config = load(args)
-    connector = build_source(config.source)
-    store = DeltaStateStore(spark_session(), config.state_path, config.name, connector.fingerprint())
+    store = DeltaStateStore(config.state_path, config.name, None, read_only=True)
     latest = store.latest_checkpoint()
-    timeline = store.timeline()[-args.last :]
-    status: dict[str, object] = {"pipeline": config.name, "latest_checkpoint": None}
+    timeline = store.history.timeline()[-args.last :]
+    holder = PipelineLease(store.tables, config.name).holder()
+    status: dict[str, object] = {"pipeline": config.name, "latest_checkpoint": None, "lease": None}
+    if holder is not None:
+        status["lease"] = {
+            "holder": holder.owner.describe(),
+            "since": holder.acquired_at.isoformat(),
+            "until": holder.expires_at.isoformat(),
+            "released": holder.released,
+        }
     if latest is not None:
         enum = latest.enumerator
         loads = {r: len(s) for r, s in (enum.assignments.items() if enum else [])}
@@ -52,6 +64,12 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(status, default=str))
         return 0
     print(f"pipeline {config.name}")
+    if holder is not None:
+        state = "released" if holder.released else f"until {holder.expires_at.isoformat(timespec='seconds')}"
+        print(
+            f"  lease: {holder.owner.describe()} "
+            f"since {holder.acquired_at.isoformat(timespec='seconds')}, {state}"
+        )
     if latest is None:
         print("  no completed checkpoint yet")
     else:
