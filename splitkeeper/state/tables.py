@@ -201,6 +201,7 @@ class _Tokens:
 
 def parse_ddl(text: str, source: str = "DDL") -> pa.Schema:
     """The pyarrow schema of a DDL column list (rule 1); ``source`` names it in errors."""
+    text = "\n".join(line.split("--", 1)[0] for line in text.splitlines())
     tokens = _Tokens(text, source)
     fields: list[pa.Field] = []
     while tokens.peek() is not None:
@@ -479,16 +480,25 @@ def ensure_table(
     """The table at ``uri``, created when absent (rule 4); returns (table, created by this call).
 
     ``data`` goes into the creating commit (version 0) itself: the create is then also
-    a first-writer-wins claim. An existing table is checked and migrated, never written.
+    a first-writer-wins claim (the commit is never retried as a later version). An
+    existing table is checked and migrated, never written.
     """
     from deltalake import DeltaTable, write_deltalake
     from deltalake.exceptions import CommitFailedError, DeltaError
+    from deltalake.transaction import CommitProperties
 
     existing = open_table(uri, missing_ok=True)
     if existing is not None:
         check_layout(existing, spec, uri, migrate=True)
         return existing, False
     options = storage.storage_options(uri)
+    # No retries: delta-rs retries a commit that lost version 0 as version 1, which would make
+    # a second "create" (with its own metadata and rows) land on top of the first.
+    once = CommitProperties(
+        custom_metadata=getattr(commit_properties, "custom_metadata", None),
+        app_transactions=getattr(commit_properties, "app_transactions", None),
+        max_commit_retries=0,
+    )
     try:
         if data is None:
             created = DeltaTable.create(
@@ -498,7 +508,7 @@ def ensure_table(
                 partition_by=spec.partition_by or None,
                 configuration=spec.properties,
                 storage_options=options,
-                commit_properties=commit_properties,
+                commit_properties=once,
             )
         else:
             write_deltalake(
@@ -508,7 +518,7 @@ def ensure_table(
                 partition_by=spec.partition_by or None,
                 configuration=spec.properties,
                 storage_options=options,
-                commit_properties=commit_properties,
+                commit_properties=once,
             )
             created = DeltaTable(uri, storage_options=options)
     except (CommitFailedError, DeltaError) as err:
