@@ -251,3 +251,27 @@ def test_a_truncated_log_entry_names_the_table_the_log_file_and_what_to_do(tmp_p
     assert err.value.params["log_file"] == str(log_file)
     after = {p: p.read_bytes() for p in (root / "checkpoints").rglob("*") if p.is_file()}
     assert after == before  # nothing was written or repaired behind the user's back
+
+
+def test_the_state_package_and_the_sink_import_no_spark_and_nothing_reaches_into_delta_jvm():
+    import re
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, splitkeeper.state.checkpoints, splitkeeper.state.history, splitkeeper.state.lease, "
+        "splitkeeper.state.retention, splitkeeper.runtime.sink; "
+        "bad = [m for m in sys.modules if m.split('.')[0] in ('pyspark', 'py4j', 'delta')]; "
+        "assert not bad, bad"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+    package = Path(tables.__file__).resolve().parents[1]
+    offenders = [
+        f"{path.relative_to(package)}:{n}"
+        for path in package.rglob("*.py")
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if re.search(
+            r"\._jvm\b|jvm\.(org\.apache\.spark\.sql\.delta|io\.delta)|DeltaLog|OptimisticTransaction", line
+        )
+    ]
+    assert offenders == []
