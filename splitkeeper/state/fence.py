@@ -119,8 +119,8 @@ def _conflict(
 ) -> ConcurrentRunError:
     return ConcurrentRunError(
         f"pipeline {pipeline!r}: cannot commit {what} {version} to table {table_name}: it records "
-        f"{what} {found} but this run expected {expected}; another run committed meanwhile. Only one run "
-        "may drive a pipeline: this one stops, and what is committed is intact",
+        f"{what} {found} but this run expected {expected}; another run committed meanwhile; only one run "
+        "may drive a pipeline: this run stops, and the state is intact",
         pipeline=pipeline,
         table=table_name,
         epoch_id=version,

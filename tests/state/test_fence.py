@@ -82,9 +82,9 @@ def test_a_replay_of_the_same_attempt_writes_nothing_and_another_attempt_of_it_i
     assert again.metadata["note"] == "run-a" and again.metadata["app_id"] == "orders"
     with pytest.raises(ConcurrentRunError) as err:
         _commit(table, 1, None, "run-b")
-    assert "cannot commit epoch 1 to table fenced: it records epoch 1 but this run expected None" in str(
-        err.value
-    )
+    text = str(err.value)
+    assert "cannot commit epoch 1 to table fenced: it records epoch 1 but this run expected None" in text
+    assert "only one run may drive a pipeline: this run stops, and the state is intact" in text
     assert _rows(table) == ["run-a"]
 
 
