@@ -1,8 +1,9 @@
 """splitkeeper_ingest: the scheduled ingest of one pipeline.
 
-recover if the last epoch did not complete -> discover and assign splits -> run
-epochs (their size follows the backlog state) -> Great Expectations restart
-checks -> run report. The pipeline is the one named by the
+run epochs (the pipeline is opened once: an epoch the last run left half-done is
+finished from its decision record, the latest checkpoint is restored, new splits
+are discovered; epoch size follows the backlog state) -> Great Expectations
+restart checks -> run report. The pipeline is the one named by the
 SPLITKEEPER_PIPELINE_CONFIG environment variable. Logic lives in
 splitkeeper.orchestration.tasks; this file only wires tasks.
 """
@@ -15,7 +16,12 @@ import pendulum
 from airflow.sdk import DAG, Param, task
 
 from splitkeeper.orchestration import tasks
-from splitkeeper.orchestration.airflow import DEFAULT_ARGS, cluster_master, spark_submit_epoch_task
+from splitkeeper.orchestration.airflow import (
+    DEFAULT_ARGS,
+    cluster_master,
+    spark_submit_epoch_task,
+    writer_pool,
+)
 
 with DAG(
     dag_id="splitkeeper_ingest",
@@ -46,16 +52,8 @@ with DAG(
     tags=["splitkeeper"],
 ) as dag:
 
-    @task
-    def recover_if_needed() -> dict:
-        return tasks.recover_if_needed()
-
-    @task
-    def discover_and_assign(recovered: dict) -> dict:
-        return tasks.discover_and_assign()
-
-    @task
-    def run_epochs(assigned: dict, params: dict | None = None) -> dict:
+    @task(pool=writer_pool())
+    def run_epochs(params: dict | None = None) -> dict:
         params = params or {}
         return tasks.run_epochs(
             epochs=int(params.get("epochs", 3)),
@@ -73,10 +71,8 @@ with DAG(
         print(f"report: {path}")
         return path
 
-    assigned = discover_and_assign(recover_if_needed())
     if cluster_master():
-        epochs = spark_submit_epoch_task("run_epochs", epochs=3)
-        assigned >> epochs
+        epochs = spark_submit_epoch_task("run_epochs")
         report(validate(epochs.output))
     else:
-        report(validate(run_epochs(assigned)))
+        report(validate(run_epochs()))

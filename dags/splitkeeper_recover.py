@@ -13,7 +13,7 @@ import pendulum
 from airflow.sdk import DAG, Param, task
 
 from splitkeeper.orchestration import tasks
-from splitkeeper.orchestration.airflow import DEFAULT_ARGS
+from splitkeeper.orchestration.airflow import DEFAULT_ARGS, writer_pool
 
 with DAG(
     dag_id="splitkeeper_recover",
@@ -54,7 +54,7 @@ with DAG(
     def classify_splits(reports: dict) -> dict:
         return tasks.classify_splits(reports)
 
-    @task
+    @task(pool=writer_pool())
     def reassign_and_rebalance(reports: dict, classified: dict) -> dict:
         return tasks.reassign_and_rebalance(reports)
 

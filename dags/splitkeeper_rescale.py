@@ -12,7 +12,7 @@ import pendulum
 from airflow.sdk import DAG, Param, task
 
 from splitkeeper.orchestration import tasks
-from splitkeeper.orchestration.airflow import DEFAULT_ARGS
+from splitkeeper.orchestration.airflow import DEFAULT_ARGS, writer_pool
 
 with DAG(
     dag_id="splitkeeper_rescale",
@@ -37,7 +37,7 @@ with DAG(
         )
         return {**restored, "redistribution": params.get("redistribution", "even-split")}
 
-    @task
+    @task(pool=writer_pool())
     def redistribute(restored: dict) -> dict:
         return tasks.reassign_and_rebalance(tasks.collect_reader_reports(restored))
 

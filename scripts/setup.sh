@@ -3,19 +3,24 @@
 # finds the stamps current and returns in seconds.
 #
 #   bash scripts/setup.sh                 # every step
-#   bash scripts/setup.sh jars            # only some steps: python, jars, browser, compose
+#   bash scripts/setup.sh jars            # only some steps: python, jars, browser, compose, cluster
+#   bash scripts/setup.sh cluster         # what scripts/cluster.sh needs (not part of the default run)
 #
 # Steps:
 #   python   .venv/ (Python >= 3.11), pip install -r requirements.lock, pip install -e . --no-deps
 #   jars     Maven (jvm/*.xml) -> .jars/spark/ (spark.jars: Delta, Kafka connector)
 #                               -> .jars/kafka/ (a runnable Kafka KRaft broker)
 #   browser  OPTIONAL: Debian's chromium for browser tests (SPLITKEEPER_BROWSER_TESTS=0 skips)
+#   cluster  ONLY WHEN ASKED (scripts/cluster.sh, tests/cluster): PostgreSQL (apt-get), the
+#            object store versitygw (go install, pinned in scripts/versitygw.version)
+#            -> .tools/versitygw/bin/, and Maven (jvm/s3a.xml) -> .jars/s3a/ (S3A for Spark)
 #
 # Environment:
 #   SPLITKEEPER_PYTHON       interpreter that creates .venv (default: python3.11, else python3)
 #   SPLITKEEPER_JARS_DIR     jars root (default: <repo>/.jars)
 #   SPLITKEEPER_MAVEN_REPO   Maven repository URL (default: Maven Central)
 #   SPLITKEEPER_BROWSER_TESTS  0 = do not install chromium
+#   SPLITKEEPER_TOOLS_DIR    root of built tools (default: <repo>/.tools)
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -23,6 +28,7 @@ cd "$ROOT"
 
 VENV="$ROOT/.venv"
 JARS_DIR="${SPLITKEEPER_JARS_DIR:-$ROOT/.jars}"
+TOOLS_DIR="${SPLITKEEPER_TOOLS_DIR:-$ROOT/.tools}"
 export SPLITKEEPER_MAVEN_REPO="${SPLITKEEPER_MAVEN_REPO:-https://repo.maven.apache.org/maven2}"
 T0=$SECONDS
 
@@ -195,6 +201,84 @@ step_compose() {
     apt_optional compose docker-compose docker-compose
 }
 
+# ---------------------------------------------------------------------------------
+# STEP ON REQUEST: what scripts/cluster.sh starts (a Spark standalone cluster, PostgreSQL,
+# Airflow on PostgreSQL, an S3-compatible object store, Kafka), beyond the default steps.
+# Not in the default run: `bash scripts/setup.sh cluster` (tests/cluster asks for it).
+# ---------------------------------------------------------------------------------
+
+# The folder holding PostgreSQL's server programs (initdb, pg_ctl, postgres, pg_isready).
+postgres_bin() {
+    local dir
+    if command -v initdb >/dev/null 2>&1 && command -v pg_ctl >/dev/null 2>&1 && command -v pg_isready >/dev/null 2>&1; then
+        dirname "$(command -v initdb)"
+        return
+    fi
+    # Debian keeps the server programs out of PATH, one folder per major version: the newest.
+    for dir in $(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V -r); do
+        [[ -x "$dir/initdb" && -x "$dir/pg_ctl" && -x "$dir/pg_isready" ]] && { echo "$dir"; return; }
+    done
+    return 1
+}
+
+cluster_postgres() {
+    local bin
+    if bin="$(postgres_bin)"; then
+        say "cluster/postgres: $("$bin/postgres" --version 2>/dev/null || echo postgres) in $bin"
+        return
+    fi
+    [[ "$(id -u)" == "0" ]] && command -v apt-get >/dev/null 2>&1 \
+        || die "PostgreSQL server programs (initdb, pg_ctl) not found; install them: sudo apt-get install -y postgresql"
+    say "cluster/postgres: apt-get install -y postgresql"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql >/dev/null 2>&1 \
+        || { apt-get update -q >/dev/null 2>&1 \
+             && DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql >/dev/null 2>&1; } \
+        || die "apt-get install -y postgresql failed"
+    bin="$(postgres_bin)" || die "postgresql installed, but no initdb/pg_ctl/pg_isready found under /usr/lib/postgresql"
+    say "cluster/postgres: installed ($bin)"
+}
+
+# go install the object store at the version pinned in scripts/versitygw.version.
+cluster_object_store() {
+    local spec out="$TOOLS_DIR/versitygw" stamp="$TOOLS_DIR/.versitygw.stamp" want gov need
+    spec="$(grep -v '^#' scripts/versitygw.version | grep -m1 .)"
+    command -v go >/dev/null 2>&1 || die "Go not found: the object store (versitygw) is built with 'go install'; install Go >= 1.25"
+    gov="$(go env GOVERSION)"
+    want="$(echo "$spec $gov" | sha256sum | cut -d' ' -f1)"
+    if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" && -x "$out/bin/versitygw" ]]; then
+        say "cluster/versitygw: up to date ($out/bin/versitygw)"
+        return
+    fi
+    need="1.25"
+    if [[ "$(printf '%s\n%s\n' "$need" "${gov#go}" | sort -V | head -n1)" != "$need" ]]; then
+        die "$gov is too old to build versitygw (needs go >= $need)"
+    fi
+    local tmp="$out.partial" log="$TOOLS_DIR/.go-versitygw.log" t0=$SECONDS
+    rm -rf "$tmp"
+    mkdir -p "$tmp/bin"
+    say "cluster/versitygw: go install $spec (a few minutes the first time; log $log)"
+    # Static, stripped; GOTOOLCHAIN=local: never fetch another Go toolchain.
+    GOBIN="$tmp/bin" CGO_ENABLED=0 GOTOOLCHAIN=local GOFLAGS=-buildvcs=false \
+        go install -trimpath -ldflags='-s -w' "$spec" > "$log" 2>&1 \
+        || { tail -n 30 "$log" >&2; die "go install $spec failed (log: $log)"; }
+    "$tmp/bin/versitygw" --version >/dev/null 2>&1 || die "the built versitygw does not run"
+    rm -rf "$out"
+    mv "$tmp" "$out"
+    echo "$want" > "$stamp"
+    say "cluster/versitygw: built in $((SECONDS - t0))s, $(du -h "$out/bin/versitygw" | cut -f1) ($out/bin/versitygw)"
+}
+
+step_cluster() {
+    command -v java >/dev/null 2>&1 || die "Java not found; install a JDK >= 17: apt-get install -y openjdk-17-jdk-headless"
+    cluster_postgres
+    cluster_object_store
+    fetch_jars s3a jvm/s3a.xml
+    if [[ -x "$VENV/bin/python" ]]; then
+        "$VENV/bin/python" -m splitkeeper.runtime.jars --root "$JARS_DIR" \
+            || die "the S3A jars do not fit this pyspark (see above)"
+    fi
+}
+
 steps=("$@")
 [[ ${#steps[@]} -gt 0 ]] || steps=(python jars browser compose)
 for step in "${steps[@]}"; do
@@ -203,7 +287,8 @@ for step in "${steps[@]}"; do
         jars) step_jars ;;
         browser) step_browser ;;
         compose) step_compose ;;
-        *) die "unknown step '$step'; choose from: python jars browser compose" ;;
+        cluster) step_cluster ;;
+        *) die "unknown step '$step'; choose from: python jars browser compose cluster" ;;
     esac
 done
 say "done in $((SECONDS - T0))s (steps: ${steps[*]})"

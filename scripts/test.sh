@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Install everything (scripts/setup.sh), then run the test suite with pytest.
+# Install everything (scripts/setup.sh), run the static checks (scripts/check.sh: ruff,
+# mypy, lint-imports; a failing check fails the run before any test), then the test suite
+# with pytest.
 #
 #   bash scripts/test.sh                       # the whole suite (what CI runs)
 #   bash scripts/test.sh tests/runtime -x -q   # any pytest arguments pass through
@@ -13,6 +15,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 
 bash scripts/setup.sh
+bash scripts/check.sh
 
 status=0
 "$ROOT/.venv/bin/python" -m pytest "$@" || status=$?

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.metadata
 import sys
 from collections.abc import Sequence
 
@@ -20,16 +21,40 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "simulate": ("splitkeeper.sim.command", "run the seeded fault simulator and check the invariants"),
     "bench": ("splitkeeper.bench.command", "run a benchmark and print figures"),
     "doctor": ("splitkeeper.doctor", "check Java, Spark, Delta jars, Airflow, Great Expectations, Kafka"),
-    "run": ("splitkeeper.runtime.commands.run", "run epochs of a pipeline"),
-    "status": ("splitkeeper.runtime.commands.status", "show checkpoints, ownership and backlog state"),
-    "recover": ("splitkeeper.runtime.commands.recover", "restore from a checkpoint (global or rescale)"),
-    "validate": ("splitkeeper.runtime.commands.validate", "check the DESIGN 6 invariants on state and sink"),
+    "run": ("splitkeeper.commands.run", "run epochs of a pipeline"),
+    "status": ("splitkeeper.commands.status", "show checkpoints, ownership and backlog state"),
+    "recover": ("splitkeeper.commands.recover", "restore from a checkpoint (global or rescale)"),
+    "validate": ("splitkeeper.commands.validate", "check the DESIGN 6 invariants on state and sink"),
     "chaos": ("splitkeeper.chaos", "ingest under injected faults and prove exactly-once"),
 }
+
+# third-party top-level module -> the extra of pyproject.toml that installs it
+ENGINE_EXTRAS: dict[str, str] = {
+    "pyspark": "spark",
+    "py4j": "spark",
+    "delta": "spark",
+    "deltalake": "spark",
+    "pyarrow": "spark",
+    "pandas": "spark",
+    "confluent_kafka": "kafka",
+    "airflow": "airflow",
+    "great_expectations": "quality",
+}
+
+
+def package_version() -> str:
+    """The installed distribution's version (package metadata), e.g. ``0.1.0``."""
+    try:
+        return importlib.metadata.version("splitkeeper")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown (not installed: pip install the wheel, or bash scripts/setup.sh in a checkout)"
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="splitkeeper", description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--version", action="version", version=f"%(prog)s {package_version()}", help="print the version"
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (_module, help_text) in COMMANDS.items():
         sub.add_parser(name, help=help_text, add_help=False)
@@ -38,6 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--version"]:
+        print(f"splitkeeper {package_version()}")
+        return 0
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
         parser = build_parser()
         if argv and argv[0] not in ("-h", "--help"):
@@ -52,7 +80,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if err.name and module_name.startswith(err.name):
             print(f"splitkeeper {name}: not available in this build ({module_name} missing)", file=sys.stderr)
             return 2
-        raise
+        return _missing_engine(name, err)
     parser = argparse.ArgumentParser(prog=f"splitkeeper {name}", description=help_text)
     module.configure(parser)
     args = parser.parse_args(rest)
@@ -61,6 +89,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SplitkeeperError as err:
         print(f"splitkeeper {name}: {err}", file=sys.stderr)
         return 2
+    except ModuleNotFoundError as err:
+        return _missing_engine(name, err)
+
+
+def _missing_engine(command: str, err: ModuleNotFoundError) -> int:
+    """An engine that an extra installs is missing: say which extra (exit 2); anything else re-raises."""
+    missing = (err.name or "").partition(".")[0]
+    extra = ENGINE_EXTRAS.get(missing)
+    if extra is None:
+        raise err
+    print(
+        f"splitkeeper {command}: needs {missing}, which is not installed: pip install 'splitkeeper[{extra}]'",
+        file=sys.stderr,
+    )
+    return 2
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -30,7 +30,12 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from splitkeeper import resources
+
+
+def _checkout() -> Path:
+    """The demo runs from a source checkout: its input generator is ``examples/make_files.py``."""
+    return resources.require_checkout("the demo (bash scripts/run.sh)")
 
 
 def _say(text: str) -> None:
@@ -41,7 +46,7 @@ def _make_files(target: Path, files: int, lines: int, first: int) -> None:
     subprocess.run(
         [
             sys.executable,
-            str(REPO / "examples" / "make_files.py"),
+            str(_checkout() / "examples" / "make_files.py"),
             str(target),
             "--files",
             str(files),
@@ -132,7 +137,7 @@ def _prepare_airflow(workspace: Path) -> None:
     home = workspace / "airflow"
     os.environ["AIRFLOW_HOME"] = str(home)
     os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
-    os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = str(REPO / "dags")
+    os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = str(resources.dags_dir())
     airflow = Path(sys.executable).with_name("airflow")
     done = subprocess.run([str(airflow), "db", "migrate"], capture_output=True, text=True)
     if done.returncode != 0:
@@ -142,7 +147,7 @@ def _prepare_airflow(workspace: Path) -> None:
 def _dag(name: str):
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location(name, REPO / "dags" / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(name, resources.dags_dir() / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -267,7 +272,7 @@ the <code>splitkeeper_ingest</code> and <code>splitkeeper_recover</code> DAGs on
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="splitkeeper-demo", description=__doc__.splitlines()[0])
-    parser.add_argument("--workspace", default=str(REPO / "var" / "demo"), help="demo workspace (recreated)")
+    parser.add_argument("--workspace", default=None, help="demo workspace, recreated (default: var/demo/)")
     parser.add_argument("--lines", type=int, default=3000, help="lines per input file")
     parser.add_argument(
         "--messages", type=int, default=20000, help="Kafka messages of the streaming side (>= 100)"
@@ -276,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.messages < 100:
         parser.error(f"--messages {args.messages}: at least 100 (the streaming side needs data to read)")
 
-    workspace = Path(args.workspace).resolve()
+    workspace = Path(args.workspace).resolve() if args.workspace else _checkout() / "var" / "demo"
     shutil.rmtree(workspace, ignore_errors=True)
     (workspace / "incoming").mkdir(parents=True)
     config = _config(workspace)

@@ -243,7 +243,10 @@ def check_kafka_broker(root: Path | None) -> CheckResult:
 def check_local_file_system(root: Path | None) -> CheckResult:
     """splitkeeper's Hadoop local file system (optional: without it local commits are slower)."""
     name = "local file system jar"
-    jar = jarlib.localfs_jar(root)
+    try:
+        jar = jarlib.localfs_jar(root)
+    except EnvironmentNotReadyError as err:  # no jars root: an installed package without SPLITKEEPER_JARS_DIR
+        return CheckResult(name, CheckStatus.WARN, _not_ready(err), SETUP, required=False)
     if jar is None:
         return CheckResult(
             name,

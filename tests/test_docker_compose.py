@@ -1,18 +1,24 @@
 """docker-compose.yml, the deployment beyond one machine (DESIGN 7), checked without a Docker engine.
 
-The YAML is parsed and its structure checked: the services, depends_on targets and
-conditions, healthchecks, volumes, that every host path it mounts or builds from exists in
-the repository, that every command names a script, module or Airflow subcommand that
-exists, and that the environment points splitkeeper at the cluster's Spark master, MinIO
-and Kafka. The Dockerfiles' COPY sources must exist and survive their .dockerignore. When
-a compose CLI is installed (``docker compose`` or ``docker-compose``; it needs no engine
-for this) ``config -q`` validates the file against the Compose schema too.
+The YAML is parsed and its structure checked: the services (the same as scripts/cluster.sh
+starts), depends_on targets and conditions, healthchecks, volumes, that every host path it
+mounts or builds from exists in the repository, that every command names a script, module or
+Airflow subcommand that exists, and that the environment points splitkeeper at the cluster's
+Spark master, object store and Kafka. Security properties: every secret is required (no
+default), every published port is bound to 127.0.0.1, the Spark master is not published,
+Airflow and Spark authentication are on. Versions: images that exist (no MinIO image: the
+object store is built from the Go module scripts/cluster.sh builds), the versions of
+requirements.lock and the poms, and an Airflow image without the test tools. The Dockerfiles'
+COPY sources must exist and survive their .dockerignore. When a compose CLI is installed
+(``docker compose`` or ``docker-compose``; it needs no engine for this) ``config -q``
+validates the file against the Compose schema too.
 """
 
 from __future__ import annotations
 
 import fnmatch
 import importlib.util
+import os
 import re
 import shlex
 import shutil
@@ -35,13 +41,28 @@ AIRFLOW_SERVICES = {
     "airflow-triggerer",
 }
 SPARK_SERVICES = {"spark-master", "spark-worker-1", "spark-worker-2"}
-REQUIRED = AIRFLOW_SERVICES | SPARK_SERVICES | {"postgres", "kafka", "kafka-init", "minio", "minio-init"}
+STORE_SERVICES = {"object-store", "object-store-init"}
+REQUIRED = AIRFLOW_SERVICES | SPARK_SERVICES | STORE_SERVICES | {"postgres", "kafka", "kafka-init"}
+#: Every secret the deployment takes from .env: each must be required (${VAR:?...}), never defaulted.
+SECRETS = {
+    "SPARK_AUTH_SECRET",
+    "S3_ACCESS_KEY",
+    "S3_SECRET_KEY",
+    "POSTGRES_PASSWORD",
+    "AIRFLOW_FERNET_KEY",
+    "AIRFLOW_JWT_SECRET",
+    "AIRFLOW_API_SECRET_KEY",
+    "AIRFLOW_ADMIN_PASSWORD",
+    "AIRFLOW_OPERATOR_PASSWORD",
+}
 CONDITIONS = {"service_started", "service_healthy", "service_completed_successfully"}
 
 
 def interpolate(value: Any) -> Any:
-    """Compose variable substitution with every variable unset: ``${X:-d}`` -> d, ``$$`` -> ``$``."""
+    """Compose variable substitution with every variable unset: ``${X:-d}`` -> d, a required
+    ``${X:?message}`` -> ``<X>`` (what .env would supply), ``$$`` -> ``$``."""
     if isinstance(value, str):
+        value = re.sub(r"\$\{([A-Za-z_][A-Za-z0-9_]*):?\?[^}]*\}", lambda m: f"<{m.group(1)}>", value)
         value = re.sub(r"\$\{[A-Za-z_][A-Za-z0-9_]*(?::?-([^}]*))?\}", lambda m: m.group(1) or "", value)
         return value.replace("$$", "$")
     if isinstance(value, list):
@@ -123,6 +144,16 @@ def test_every_part_of_the_deployment_is_a_service(services):
     )
 
 
+def test_the_services_are_those_the_cluster_script_starts(services):
+    from splitkeeper.cluster.local import SERVICES
+
+    assert set(SERVICES) <= set(services), sorted(set(SERVICES) - set(services))
+    assert set(services) - set(SERVICES) == {"airflow-init", "kafka-init", "object-store-init"}
+    store = services["object-store"]
+    assert store["build"]["dockerfile"] == "docker/versitygw/Dockerfile"
+    assert not any("minio" in str(s.get("image", "")) for s in services.values())
+
+
 def test_depends_on_targets_exist_and_their_conditions_can_be_met(services):
     graph: dict[str, set[str]] = {}
     for name, service in services.items():
@@ -149,7 +180,7 @@ def test_depends_on_targets_exist_and_their_conditions_can_be_met(services):
         assert ready, f"dependency cycle among {sorted(set(graph) - started)}"
         started |= ready
     assert {"airflow-init", "postgres"} <= graph["airflow-scheduler"]
-    assert {"spark-master", "kafka-init", "minio-init"} <= graph["airflow-scheduler"]
+    assert {"spark-master", "kafka-init", "object-store-init"} <= graph["airflow-scheduler"]
 
 
 def test_long_running_services_have_healthchecks_and_one_shot_jobs_do_not_restart(services):
@@ -163,7 +194,7 @@ def test_long_running_services_have_healthchecks_and_one_shot_jobs_do_not_restar
     assert {n for n, s in services.items() if s.get("restart") == "no"} == {
         "airflow-init",
         "kafka-init",
-        "minio-init",
+        "object-store-init",
     }
 
 
@@ -207,7 +238,7 @@ def _dockerignore_allows(ignore: Path, source: str) -> bool:
 
 def test_builds_use_existing_dockerfiles_whose_copy_sources_exist(services):
     builds = {name: s["build"] for name, s in services.items() if "build" in s}
-    assert set(builds) == AIRFLOW_SERVICES | SPARK_SERVICES
+    assert set(builds) == AIRFLOW_SERVICES | SPARK_SERVICES | STORE_SERVICES
     for name, build in builds.items():
         context = ROOT / build["context"]
         dockerfile = context / build["dockerfile"]
@@ -244,7 +275,8 @@ def test_commands_name_scripts_modules_and_airflow_subcommands_that_exist(servic
         if len(check) == 2 and check[0] == "CMD-SHELL" and check[1].startswith("airflow "):
             assert shlex.split(check[1])[1] in airflow_subcommands, f"{name} healthcheck: {check[1]}"
     assert ROOT / "docker/airflow/init.sh" in checked_paths
-    assert ROOT / "docker/minio/init.sh" in checked_paths
+    assert ROOT / "docker/spark/daemon.sh" in checked_paths
+    assert os.access(ROOT / "docker/spark/daemon.sh", os.X_OK)
 
 
 # ---------------------------------------------------------------------------------------
@@ -261,10 +293,18 @@ def test_environment_points_splitkeeper_at_the_cluster_object_storage_and_kafka(
     settings = SparkSettings.from_env(variables)
     assert settings.master == "spark://spark-master:7077"
     conf = dict(settings.extra_conf)
-    assert conf["spark.hadoop.fs.s3a.endpoint"] == "http://minio:9000"
+    store = env(services["object-store"])
+    assert conf["spark.hadoop.fs.s3a.endpoint"] == variables["AWS_ENDPOINT_URL"] == "http://object-store:7070"
     assert conf["spark.hadoop.fs.s3a.path.style.access"] == "true"
-    assert conf["spark.hadoop.fs.s3a.access.key"] == env(services["minio"])["MINIO_ROOT_USER"]
-    assert conf["spark.hadoop.fs.s3a.secret.key"] == env(services["minio"])["MINIO_ROOT_PASSWORD"]
+    access, secret = conf["spark.hadoop.fs.s3a.access.key"], conf["spark.hadoop.fs.s3a.secret.key"]
+    assert access == variables["AWS_ACCESS_KEY_ID"] == store["ROOT_ACCESS_KEY_ID"] == "<S3_ACCESS_KEY>"
+    assert secret == variables["AWS_SECRET_ACCESS_KEY"] == store["ROOT_SECRET_ACCESS_KEY"]
+    assert secret == "<S3_SECRET_KEY>"
+    # Spark authentication: the driver's conf and the daemons' environment carry the same secret
+    assert conf["spark.authenticate"] == "true"
+    daemon_secret = env(services["spark-master"])["SPARK_AUTH_SECRET"]
+    assert conf["spark.authenticate.secret"] == daemon_secret == "<SPARK_AUTH_SECRET>"
+    assert settings.uses_s3a  # the session factory adds the s3a jar group
     # executors run the Python 3.11 of the Spark image; in the Airflow image the same path
     # links to Airflow's Python 3.11, so the driver's PYSPARK_PYTHON is valid on both sides
     spark_dockerfile = (ROOT / "docker/spark/Dockerfile").read_text(encoding="utf-8")
@@ -275,7 +315,9 @@ def test_environment_points_splitkeeper_at_the_cluster_object_storage_and_kafka(
     assert env(services["spark-worker-1"])["PYSPARK_PYTHON"] == variables["PYSPARK_PYTHON"]
     assert variables["SPLITKEEPER_KAFKA_BOOTSTRAP_SERVERS"] == "kafka:9092"
     assert "PLAINTEXT://kafka:9092" in env(services["kafka"])["KAFKA_ADVERTISED_LISTENERS"]
-    bucket = env(services["minio-init"])["SPLITKEEPER_BUCKET"]
+    init = as_list(services["object-store-init"]["command"])
+    bucket = init[-1]
+    assert init[:3] == ["-m", "splitkeeper.cluster.s3", "create-bucket"]
     assert variables["SPLITKEEPER_LAKE_ROOT"] == f"s3a://{bucket}"
     for var in ("SPLITKEEPER_EXPECTATIONS_DIR", "SPLITKEEPER_STATE_SCHEMA_DIR"):
         assert host_path(scheduler, variables[var]).is_dir(), var
@@ -299,11 +341,168 @@ def test_images_match_the_pinned_spark_airflow_and_hadoop_versions():
     assert f"ARG SPARK_IMAGE=apache/spark:{pyspark.__version__}-scala2.13-java17-ubuntu" in spark
     airflow_dockerfile = (ROOT / "docker/airflow/Dockerfile").read_text(encoding="utf-8")
     assert f"ARG AIRFLOW_IMAGE=apache/airflow:slim-{airflow.__version__}-python3.11" in airflow_dockerfile
-    hadoop = re.search(
-        r"<hadoop.version>([^<]+)</hadoop.version>", (ROOT / "docker/jars/pom.xml").read_text()
-    )
+    hadoop = re.search(r"<hadoop.version>([^<]+)</hadoop.version>", (ROOT / "jvm/s3a.xml").read_text())
     bundled = sorted((Path(pyspark.__file__).parent / "jars").glob("hadoop-client-api-*.jar"))
     assert hadoop and bundled and bundled[0].name == f"hadoop-client-api-{hadoop.group(1)}.jar"
+    for dockerfile in ("docker/spark/Dockerfile", "docker/airflow/Dockerfile"):
+        assert "-f jvm/s3a.xml" in (ROOT / dockerfile).read_text(), dockerfile  # the jars setup.sh fetches
+
+
+def test_images_exist_and_match_the_pinned_kafka_and_object_store_versions(services):
+    kafka = re.search(r"<kafka.version>([^<]+)</kafka.version>", (ROOT / "jvm/kafka-broker.xml").read_text())
+    assert kafka
+    assert services["kafka"]["image"] == services["kafka-init"]["image"] == f"apache/kafka:{kafka.group(1)}"
+    images = {s["image"] for s in services.values() if "build" not in s}
+    assert images == {"postgres:16", f"apache/kafka:{kafka.group(1)}"}
+    bases = set()
+    for dockerfile in ROOT.glob("docker/*/Dockerfile"):
+        bases |= set(re.findall(r"^ARG [A-Z_]+_IMAGE=(\S+)$", dockerfile.read_text(), flags=re.M))
+    # images that exist on Docker Hub today (minio/minio and minio/mc were removed in 2026)
+    assert bases == {
+        "apache/spark:4.1.1-scala2.13-java17-ubuntu",
+        "apache/airflow:slim-3.1.8-python3.11",
+        "maven:3.9-eclipse-temurin-17",
+        "golang:1.25-bookworm",
+        "debian:bookworm-slim",
+    }
+    # the object store: the Go module and version scripts/setup.sh builds for scripts/cluster.sh
+    versitygw = (ROOT / "docker/versitygw/Dockerfile").read_text()
+    assert "COPY scripts/versitygw.version ./" in versitygw
+    assert "go install -trimpath -ldflags='-s -w' \"$spec\"" in versitygw
+    lines = (ROOT / "scripts/versitygw.version").read_text().splitlines()
+    pin = [ln for ln in lines if ln and not ln.startswith("#")]
+    assert len(pin) == 1
+    assert re.fullmatch(r"github\.com/versity/versitygw/cmd/versitygw@v\d+\.\d+\.\d+", pin[0])
+    go_minor = re.search(r"golang:(\d+\.\d+)", versitygw)
+    assert go_minor and tuple(map(int, go_minor.group(1).split("."))) >= (1, 25)  # versitygw's go.mod
+
+
+# ---------------------------------------------------------------------------------------
+# Security: secrets, ports, authentication
+# ---------------------------------------------------------------------------------------
+
+
+def test_every_secret_is_required_and_none_has_a_default():
+    raw = COMPOSE.read_text(encoding="utf-8").replace("$$", "")  # $$ is a literal $ for the container
+    references = re.findall(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(:?[-?])?([^}]*)\}", raw)
+    used = {name for name, _op, _rest in references}
+    assert used == SECRETS, f"unexpected variables: {sorted(used ^ SECRETS)}"
+    defaulted = sorted({name for name, op, _rest in references if op != ":?"})
+    assert not defaulted, f"secrets with a default (or optional): {defaulted}"
+    assert "ALL_ADMINS: ${" not in raw  # authentication cannot be switched off from .env
+
+
+def test_published_ports_are_bound_to_loopback_and_spark_and_postgres_are_not_published(services):
+    published = {name: s.get("ports", []) for name, s in services.items() if s.get("ports")}
+    assert set(published) == {"airflow-api-server", "kafka", "object-store"}
+    for name, ports in published.items():
+        for port in ports:
+            assert str(port).startswith("127.0.0.1:"), f"{name} publishes {port} beyond 127.0.0.1"
+    for name in (*SPARK_SERVICES, "postgres"):
+        assert "ports" not in services[name], name
+    kafka = env(services["kafka"])
+    assert "EXTERNAL://127.0.0.1:29092" in kafka["KAFKA_ADVERTISED_LISTENERS"]
+
+
+def test_airflow_and_spark_authentication_are_on(services):
+    for name in AIRFLOW_SERVICES - {"airflow-init"}:
+        variables = env(services[name])
+        assert variables["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS"] == "false", name
+        assert variables["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS"] == "admin:admin,operator:op"
+        assert variables["AIRFLOW__API_AUTH__JWT_SECRET"] == "<AIRFLOW_JWT_SECRET>"
+        assert variables["AIRFLOW__CORE__FERNET_KEY"] == "<AIRFLOW_FERNET_KEY>"
+        assert "AIRFLOW_ADMIN_PASSWORD" not in variables  # only airflow-init sees the users' passwords
+        passwords = variables["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE"]
+        assert any(v.endswith(f":{PurePosixPath(passwords).parent}") for v in services[name]["volumes"])
+    init = env(services["airflow-init"])
+    assert init["AIRFLOW_ADMIN_PASSWORD"] == "<AIRFLOW_ADMIN_PASSWORD>"
+    init_sh = (ROOT / "docker/airflow/init.sh").read_text()
+    assert "umask 077" in init_sh and "AIRFLOW_OPERATOR_PASSWORD" in init_sh
+    daemon = (ROOT / "docker/spark/daemon.sh").read_text()
+    assert "spark.authenticate true" in daemon and "umask 077" in daemon and "--properties-file" in daemon
+    for name in SPARK_SERVICES:
+        assert as_list(services[name]["command"])[0] == "/opt/splitkeeper/docker/spark/daemon.sh"
+
+
+def _installed(distribution: str) -> bool:
+    from importlib import metadata
+
+    try:
+        metadata.distribution(distribution)
+    except metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+def test_the_airflow_image_installs_the_runtime_pins_of_the_lock_and_no_test_tool():
+    """requirements.lock minus requirements-dev-only.txt is exactly the closure of the runtime
+    packages' dependencies (computed from the installed metadata), and the image installs that."""
+    from importlib import metadata
+
+    from packaging.requirements import Requirement
+
+    def norm(name: str) -> str:
+        return re.sub(r"[-_.]+", "-", name).lower()
+
+    lock = {}
+    for line in (ROOT / "requirements.lock").read_text().splitlines():
+        if line and not line.startswith("#"):
+            name, _, version = line.partition("==")
+            lock[norm(name)] = version
+    dev_file = ROOT / "docker/airflow/requirements-dev-only.txt"
+    dev_only = {norm(ln) for ln in dev_file.read_text().splitlines() if ln and not ln.startswith("#")}
+    assert {"pytest", "hypothesis", "ruff", "mypy", "import-linter"} <= dev_only <= set(lock)
+    roots = [
+        "apache-airflow",
+        "apache-airflow-providers-apache-spark",
+        "pyspark",
+        "pyspark-client",
+        "delta-spark",
+        "great-expectations",
+        "confluent-kafka",
+        "deltalake",
+        "psycopg2-binary",
+        "asyncpg",
+        "pyyaml",
+        "pandas",
+        "pyarrow",
+    ]
+    not_installed = [
+        r for r in roots if importlib.util.find_spec(r.replace("-", "_")) is None and not _installed(r)
+    ]
+    assert not not_installed, f"{not_installed} pinned but not installed: run `bash scripts/setup.sh`"
+    seen: set[tuple[str, frozenset[str]]] = set()
+    stack = [(r, frozenset()) for r in roots]
+    while stack:
+        name, extras = stack.pop()
+        if (norm(name), extras) in seen:
+            continue
+        seen.add((norm(name), extras))
+        for raw in metadata.distribution(name).requires or []:
+            req = Requirement(raw)
+            if req.marker and not any(req.marker.evaluate({"extra": e}) for e in ("", *extras)):
+                continue
+            stack.append((req.name, frozenset(req.extras)))
+    runtime = {name for name, _extras in seen}
+    assert runtime == set(lock) - dev_only, (
+        f"runtime packages listed as dev-only: {sorted(runtime & dev_only)}; "
+        f"lock pins neither runtime nor dev-only: {sorted(set(lock) - dev_only - runtime)}"
+    )
+    dockerfile = (ROOT / "docker/airflow/Dockerfile").read_text()
+    assert "pip install --no-cache-dir -r requirements-runtime.txt" in dockerfile
+    assert "grep -v -i -E" in dockerfile and "requirements-dev-only.txt" in dockerfile
+    assert "-r /opt/splitkeeper/requirements.lock" not in dockerfile
+    # the filter the Dockerfile runs, run here: it keeps exactly the runtime pins
+    names = sorted(ln for ln in dev_file.read_text().splitlines() if ln and not ln.startswith("#"))
+    pattern = "|".join(names)
+    kept = subprocess.run(
+        ["grep", "-v", "-i", "-E", f"^({pattern})==", str(ROOT / "requirements.lock")],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    kept_names = {norm(ln.partition("==")[0]) for ln in kept.splitlines() if ln and not ln.startswith("#")}
+    assert kept_names == runtime
 
 
 # ---------------------------------------------------------------------------------------
@@ -328,7 +527,22 @@ def test_compose_cli_validates_the_file():
             "no compose CLI here: `docker compose` (plugin) and `docker-compose` are both missing; "
             "the structure tests above still ran. Install one (apt-get install -y docker-compose) to validate"
         )
+    clean = {k: v for k, v in os.environ.items() if k not in SECRETS}
+    missing = subprocess.run(
+        [*cli, "-f", str(COMPOSE), "config", "-q"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+        env=clean,
+    )
+    assert missing.returncode != 0 and "in .env" in missing.stderr  # the secrets are required
     result = subprocess.run(
-        [*cli, "-f", str(COMPOSE), "config", "-q"], cwd=ROOT, capture_output=True, text=True, check=False
+        [*cli, "-f", str(COMPOSE), "config", "-q"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+        env={**clean, **{name: f"test-{name.lower()}" for name in SECRETS}},
     )
     assert result.returncode == 0, result.stderr

@@ -13,7 +13,8 @@ import pytest
 from splitkeeper import doctor
 from splitkeeper.cli import main
 from splitkeeper.doctor import CheckResult, CheckStatus
-from splitkeeper.runtime.jars import repo_root
+
+ROOT = Path(__file__).resolve().parents[1]
 
 EXPECTED_CHECKS = [
     "java",
@@ -35,7 +36,7 @@ EXPECTED_CHECKS = [
 def _doctor(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "splitkeeper.cli", "doctor", *args],
-        cwd=repo_root(),
+        cwd=ROOT,
         env={**os.environ, **(env or {})},
         capture_output=True,
         text=True,

@@ -14,9 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from splitkeeper.runtime.jars import repo_root
-
-ROOT = repo_root()
+ROOT = Path(__file__).resolve().parents[1]
 
 FAKE_MVN = r"""#!/usr/bin/env bash
 # Records each call; "fetches" minimal jars into -Dsplitkeeper.jars.out.
@@ -208,7 +206,32 @@ def test_kafka_sh_rejects_an_unknown_action():
     assert "usage: bash scripts/kafka.sh start|stop|status" in result.stderr
 
 
-@pytest.mark.parametrize("script", ["scripts/setup.sh", "scripts/test.sh", "scripts/kafka.sh", ".ci/run"])
+def test_cluster_sh_rejects_an_unknown_action():
+    argv = ["bash", "scripts/cluster.sh", "restart"]
+    result = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode == 2
+    assert "usage: bash scripts/cluster.sh up|status|down" in result.stderr
+
+
+def test_setup_cluster_step_is_on_request_only():
+    text = (ROOT / "scripts" / "setup.sh").read_text()
+    assert "steps=(python jars browser compose)" in text  # the default run does not build the cluster
+    assert "cluster) step_cluster ;;" in text
+    assert "fetch_jars s3a jvm/s3a.xml" in text
+
+
+@pytest.mark.parametrize(
+    "script",
+    [
+        "scripts/setup.sh",
+        "scripts/test.sh",
+        "scripts/check.sh",
+        "scripts/kafka.sh",
+        "scripts/cluster.sh",
+        "docker/spark/daemon.sh",
+        ".ci/run",
+    ],
+)
 def test_shell_scripts_parse_and_are_strict(script):
     path = ROOT / script
     assert subprocess.run(["bash", "-n", str(path)], capture_output=True).returncode == 0

@@ -1,18 +1,26 @@
 #!/usr/bin/env bash
 # airflow-init (docker-compose.yml): runs once before the other Airflow services start.
-# Migrates the metadata database, registers the Spark connection the DAGs may use, and
-# checks that the splitkeeper package, its jars and its expectation suites are in place.
+# Migrates the metadata database, writes the simple auth manager's passwords file (0600) from
+# the users' passwords in the environment, and checks that the splitkeeper package, its jars
+# and its expectation suites are in place. The Spark connection the DAGs use comes from
+# AIRFLOW_CONN_SPARK_DEFAULT (docker-compose.yml), not from the database.
 set -euo pipefail
 
 echo "[airflow-init] airflow db migrate"
 airflow db migrate
 
-echo "[airflow-init] connection spark_default -> ${SPLITKEEPER_SPARK_MASTER}"
-airflow connections delete spark_default >/dev/null 2>&1 || true
-airflow connections add spark_default \
-    --conn-type spark \
-    --conn-host "${SPLITKEEPER_SPARK_MASTER%:*}" \
-    --conn-port "${SPLITKEEPER_SPARK_MASTER##*:}"
+passwords="${AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE:?}"
+echo "[airflow-init] passwords of the Airflow users (admin, operator) -> $passwords"
+mkdir -p "$(dirname "$passwords")"
+(
+    umask 077
+    python - "$passwords" <<'PY'
+import json, os, sys
+users = {"admin": os.environ["AIRFLOW_ADMIN_PASSWORD"], "operator": os.environ["AIRFLOW_OPERATOR_PASSWORD"]}
+with open(sys.argv[1], "w") as out:
+    json.dump(users, out)
+PY
+)
 
 echo "[airflow-init] splitkeeper: package, jars, expectation suites"
 python - <<'PY'

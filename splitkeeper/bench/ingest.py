@@ -63,8 +63,8 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from html import escape
-from pathlib import Path
 from typing import Any
+from unittest import mock
 
 from splitkeeper.errors import EnvironmentNotReadyError, InvalidParameterError, SplitkeeperError
 
@@ -313,13 +313,13 @@ def restore_verdict(restore_s: Mapping[int, float]) -> str:
 
 def _make_files_module() -> Any:
     """``examples/make_files.py`` of this checkout (the project's one input generator)."""
-    import splitkeeper
+    from splitkeeper import resources
 
-    path = Path(splitkeeper.__file__).resolve().parents[1] / "examples" / "make_files.py"
+    checkout = resources.require_checkout("bench ingest's input generator examples/make_files.py")
+    path = checkout / "examples" / "make_files.py"
     if not path.is_file():
         raise EnvironmentNotReadyError(
-            f"splitkeeper bench ingest generates its input with {path}, which is missing: run it from a "
-            "source checkout of splitkeeper (pip install -e .)",
+            f"splitkeeper bench ingest generates its input with {path}, which is missing from the checkout",
             path=str(path),
         )
     spec = importlib.util.spec_from_file_location("splitkeeper_examples_make_files", path)
@@ -408,6 +408,7 @@ def _ours_config(settings: IngestSettings, input_dir: str, root: str) -> Any:
 def run_ours(spark: Any, settings: IngestSettings, input_dir: str, root: str, label: str) -> OursRun:
     """Ingest ``input_dir`` with a fresh splitkeeper pipeline under ``root``; time it end to end."""
     from splitkeeper.core.driver import EpochDriver
+    from splitkeeper.core.ports import RegionRun
     from splitkeeper.runtime.pipeline import Pipeline
     from splitkeeper.runtime.sink import DeltaSink
     from splitkeeper.state.checkpoints import DeltaStateStore
@@ -417,9 +418,9 @@ def run_ours(spark: Any, settings: IngestSettings, input_dir: str, root: str, la
     task_seconds: list[float] = []
     epochs: list[dict[str, Any]] = []
     job_marks: list[int | None] = []
-    original_apply = EpochDriver.__dict__["_apply_progress"]  # the driver applies the regions' results
+    original_apply = EpochDriver.__dict__["_apply_progress"]
 
-    def observe_results(self: Any, results: Mapping[int, Any]) -> None:
+    def observe_results(self: EpochDriver, results: Mapping[int, RegionRun]) -> None:
         task_seconds.extend(float(r.elapsed_s) for r in results.values())
         original_apply(self, results)
 
@@ -443,8 +444,7 @@ def run_ours(spark: Any, settings: IngestSettings, input_dir: str, root: str, la
     with contextlib.ExitStack() as stack:
         stack.enter_context(timer.patch(DeltaStateStore, store_ops, "state_store"))
         stack.enter_context(timer.patch(DeltaSink, sink_ops, "sink"))
-        EpochDriver._apply_progress = observe_results  # type: ignore[method-assign,assignment]
-        stack.callback(setattr, EpochDriver, "_apply_progress", original_apply)
+        stack.enter_context(mock.patch.object(EpochDriver, "_apply_progress", observe_results))
         first_job = latest_job_id(spark)
         sampler = stack.enter_context(LoadSampler())
         started = time.perf_counter()

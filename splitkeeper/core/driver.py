@@ -173,6 +173,7 @@ class EpochReport:
     completed: CompletedCheckpoint | None = None
     failovers: tuple[FailoverReport, ...] = ()
     refused: bool = False  # the enumerator refused the checkpoint: a restore still waits for reports
+    started_at: float = 0.0  # the driver clock when the epoch started
 
     def line(self) -> str:
         failed = {r: o.value for r, o in self.outcomes.items() if o is not RegionOutcome.ACK}
@@ -192,6 +193,22 @@ class EpochReport:
 
 
 @dataclass(frozen=True, slots=True)
+class IntervalSwitch:
+    """A continuous run changed its checkpoint interval (protocol rule 4.4): after checkpoint ``after``."""
+
+    after: int
+    processing_backlog: bool  # the mode from now on
+    interval_s: float
+
+    def line(self) -> str:
+        mode = "backlog" if self.processing_backlog else "normal"
+        return (
+            f"checkpoint interval switched to the {mode} interval ({self.interval_s:g}s) "
+            f"after checkpoint {self.after}"
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class RunSummary:
     """What :meth:`EpochDriver.run` did."""
 
@@ -199,6 +216,8 @@ class RunSummary:
     finished: bool  # a bounded source was read completely and ended on a global checkpoint
     committed_records: int
     caught_up: bool = False  # until_caught_up: every split reached its end at the start, globally
+    stopped: bool = False  # a continuous run that stopped on request, on a global checkpoint
+    interval_switches: tuple[IntervalSwitch, ...] = ()
 
     def counts(self) -> dict[str, int]:
         out = {k.value: 0 for k in CheckpointKind}
@@ -251,6 +270,14 @@ class ReaderStateContext(RecordingEnumeratorContext):
             mine = self.reader_splits.get(reader, {})
             for sid in ids:
                 mine.pop(sid, None)
+
+    def update_splits(self, updates: Mapping[int, Sequence[Split]]) -> None:
+        super().update_splits(updates)
+        for reader, splits in updates.items():
+            mine = self.reader_splits.get(reader, {})
+            for split in splits:
+                if split.split_id in mine:  # the reader's position stays; the new metadata is taken
+                    mine[split.split_id] = split.at(mine[split.split_id].position)
 
 
 class _ReadOnly(ProtocolError):
@@ -354,7 +381,9 @@ class EpochDriver:
         last_done = 0 if chosen is None else chosen.checkpoint_id
         self._next_epoch = max(last_planned, last_done, self._recorded or 0) + 1
         if not read_only:
-            self.sink.discard_through(last_done)
+            # Every epoch up to the last one planned is committed or abandoned for good: this run numbers
+            # after them. (Another run still writing one would fail its fenced commit anyway.)
+            self.sink.discard_through(max(last_planned, last_done))
         report = self._restore(chosen, parallelism, redone, pending=pending)
         self.opened = report
         return report
@@ -577,6 +606,45 @@ class EpochDriver:
         enumerator, _context = self._require_open()
         return enumerator.add_splits(self.source.discover_splits())
 
+    def _refresh_subscriptions(self) -> None:
+        """What the source subscribes to now reaches the enumerator before each epoch's discovery.
+
+        A topic created since (matching a pattern) is read from this epoch on; the splits of
+        one that disappeared are dropped, pooled or owned (DROPPED_REMOVED_SUBSCRIPTION),
+        and logged (protocol rule 1.5).
+        """
+        enumerator, _context = self._require_open()
+        now = self.source.subscriptions()
+        if enumerator.subscriptions is None or now == enumerator.subscriptions:
+            return
+        added = sorted(now - enumerator.subscriptions)
+        dropped = enumerator.set_subscriptions(now)
+        if added:
+            log.info("pipeline %s subscribes to %s from now on", self.settings.pipeline, added)
+        if dropped:
+            log.warning(
+                "pipeline %s: %d split(s) of subscriptions that no longer exist were dropped: %s",
+                self.settings.pipeline,
+                len(dropped),
+                ", ".join(dropped[:20]),
+            )
+
+    def reset_backlog(self) -> dict[str, int]:
+        """Every live unbounded split's available end now becomes its new backlog boundary (rule 4.1).
+
+        The pipeline processes backlog (throughput interval and epoch size) until each of them
+        reached it again, reported by the reader that owns it. Returns the boundaries set.
+        """
+        enumerator, _context = self._require_open()
+        ends: dict[str, int] = {}
+        for split_id in enumerator.owners():
+            split = enumerator.split(split_id)
+            if split is not None and split.end is None:
+                ends[split_id] = self.source.available_end(split)
+        enumerator.reset_backlog(ends)
+        log.info("pipeline %s: backlog reset on %d split(s)", self.settings.pipeline, len(ends))
+        return ends
+
     def plan(self, records_per_split: int | None = None) -> dict[int, list[PlannedRange]]:
         """This epoch's ranges per region: every owned, unfinished split up to its budget.
 
@@ -634,6 +702,7 @@ class EpochDriver:
         if not enumerator.checkpoint_allowed:
             return self._refuse(epoch, started, enumerator.processing_backlog, final)
         self.hooks.before_epoch(epoch)
+        self._refresh_subscriptions()
         enumerator.add_splits(self.source.discover_splits())
         backlog = enumerator.processing_backlog
         planned = {} if final else self.plan(records_per_split)
@@ -702,6 +771,7 @@ class EpochDriver:
             lost=lost,
             completed=result.completed,
             failovers=failovers,
+            started_at=started,
         )
         self.hooks.progress(report.line())
         return report
@@ -731,6 +801,7 @@ class EpochDriver:
             elapsed_s=round(self.clock.now() - started, 3),
             final=final,
             refused=True,
+            started_at=started,
         )
 
     def _check_retention(
@@ -939,6 +1010,63 @@ class EpochDriver:
                 caught_up = report.kind is CheckpointKind.GLOBAL
                 final = not caught_up
         return RunSummary(tuple(reports), finished, sum(r.committed_records for r in reports), caught_up)
+
+    def run_continuously(
+        self,
+        stop_requested: Callable[[], bool],
+        *,
+        max_final_attempts: int = 10,
+        poll_s: float = 0.5,
+    ) -> RunSummary:
+        """Checkpoint on an interval until a stop is requested, then end on a global checkpoint.
+
+        Epochs start ``backlog_interval_s`` apart while any split is processing backlog and
+        ``normal_interval_s`` apart afterwards, measured start to start (an epoch longer than
+        the interval is followed at once); each switch is logged and returned (protocol rule
+        4.4). ``stop_requested`` is polled between epochs, at most ``poll_s`` apart. Once it
+        answers True, final checkpoints (nothing new read, forced global) run until one is
+        global (protocol rule 2.6: a stop with a savepoint is always global); CheckpointError
+        after ``max_final_attempts`` aborted ones.
+        """
+        enumerator, _context = self._require_open()
+        backlog = self.settings.backlog
+        reports: list[EpochReport] = []
+        switches: list[IntervalSwitch] = []
+        mode = enumerator.processing_backlog
+        while not stop_requested():
+            report = self.run_epoch()
+            reports.append(report)
+            enumerator, _context = self._require_open()  # an aborted epoch restores a new enumerator
+            now_mode = enumerator.processing_backlog
+            if now_mode != mode:
+                switch = IntervalSwitch(report.epoch, now_mode, backlog.interval_s(now_mode))
+                switches.append(switch)
+                log.info("pipeline %s: %s", self.settings.pipeline, switch.line())
+                self.hooks.progress(switch.line())
+                mode = now_mode
+            next_start = report.started_at + backlog.interval_s(mode)
+            while not stop_requested():
+                left = next_start - self.clock.now()
+                if left <= 0:
+                    break
+                self.clock.sleep(min(poll_s, left))
+        for _attempt in range(max_final_attempts):
+            report = self.run_epoch(final=True)
+            reports.append(report)
+            if report.kind is CheckpointKind.GLOBAL:
+                return RunSummary(
+                    tuple(reports),
+                    False,
+                    sum(r.committed_records for r in reports),
+                    stopped=True,
+                    interval_switches=tuple(switches),
+                )
+        raise CheckpointError(
+            f"pipeline {self.settings.pipeline!r}: the stop could not end on a global checkpoint: "
+            f"{max_final_attempts} final checkpoints in a row were aborted (last: {reports[-1].reason}). "
+            "Nothing was lost; fix the failing region and stop again",
+            attempts=max_final_attempts,
+        )
 
     def _end_positions(self) -> dict[str, int]:
         """Every live split's available end now: what ``run(until_caught_up=True)`` reads up to."""

@@ -84,6 +84,15 @@ class SplitEnumeratorContext(abc.ABC):
         checkpoint that acknowledges the reader's position of those splits.
         """
 
+    @abc.abstractmethod
+    def update_splits(self, updates: Mapping[int, Sequence[Split]]) -> None:
+        """Hand readers new metadata of splits they already own (a backlog boundary after a reset).
+
+        Ownership does not change and each reader keeps its own position; only the
+        split's other fields (``backlog_end``) are the enumerator's new ones
+        (protocol rule 4.1). Called only by the enumerator.
+        """
+
 
 @dataclass(frozen=True, slots=True)
 class AssignmentCall:
@@ -101,6 +110,14 @@ class RevocationCall:
     revocation: Mapping[int, tuple[str, ...]]
 
 
+@dataclass(frozen=True, slots=True)
+class UpdateCall:
+    """One recorded ``update_splits`` call."""
+
+    sequence: int
+    updates: Mapping[int, tuple[Split, ...]]
+
+
 class RecordingEnumeratorContext(SplitEnumeratorContext):
     """In-memory context: registers readers, records every call, tracks uncheckpointed assignments.
 
@@ -115,7 +132,7 @@ class RecordingEnumeratorContext(SplitEnumeratorContext):
     def __init__(self, parallelism: int) -> None:
         self._parallelism = validate_parallelism(parallelism)
         self._readers: dict[int, ReaderInfo] = {}
-        self._calls: list[AssignmentCall | RevocationCall] = []
+        self._calls: list[AssignmentCall | RevocationCall | UpdateCall] = []
         self._uncheckpointed: dict[int, list[Split]] = {}
         self._by_checkpoint: dict[int, dict[int, list[Split]]] = {}
         self._carried: dict[int, list[Split]] = {}  # failed regions' assignments kept past completion
@@ -198,9 +215,14 @@ class RecordingEnumeratorContext(SplitEnumeratorContext):
         if recorded:
             self._calls.append(RevocationCall(len(self._calls), MappingProxyType(recorded)))
 
+    def update_splits(self, updates: Mapping[int, Sequence[Split]]) -> None:
+        recorded = {r: tuple(splits) for r, splits in updates.items() if splits}
+        if recorded:
+            self._calls.append(UpdateCall(len(self._calls), MappingProxyType(recorded)))
+
     @property
-    def calls(self) -> list[AssignmentCall | RevocationCall]:
-        """Every assign/revoke call, in order."""
+    def calls(self) -> list[AssignmentCall | RevocationCall | UpdateCall]:
+        """Every assign/revoke/update call, in order."""
         return list(self._calls)
 
     @property
@@ -842,7 +864,9 @@ class SplitEnumerator:
     def reset_backlog(self, end_offsets: Mapping[str, int]) -> None:
         """Record new backlog boundaries (the end offsets now) for known unbounded splits (DESIGN 4).
 
-        The splits carry the new ``backlog_end`` from now on. Ids the
+        The splits carry the new ``backlog_end`` from now on, also those a reader owns: the
+        owner gets it through ``context.update_splits`` and reports "backlog finished" when
+        it reaches the new boundary (protocol rule 4.1). Ids the
         enumerator does not know are an InvalidParameterError; bounded splits
         are not tracked and are skipped.
         """
@@ -852,6 +876,7 @@ class SplitEnumerator:
                 "end_offsets", unknown, "ids of splits the enumerator knows (pooled or owned)"
             )
         tracked: dict[str, int] = {}
+        updates: dict[int, list[Split]] = {}
         for sid, end in end_offsets.items():
             split = self._splits[sid]
             if split.end is not None:
@@ -860,8 +885,13 @@ class SplitEnumerator:
             self._splits[sid] = marked
             if sid in self._pool:
                 self._pool[sid] = marked
+            owner = self.owner_of(sid)
+            if owner is not None:
+                updates.setdefault(owner, []).append(marked)
             tracked[sid] = end
         self._backlog.reset(tracked)
+        if updates:  # the owning readers read against the new boundary from now on
+            self._context.update_splits(updates)
 
     def report_backlog_finished(self, split_id: str) -> bool:
         """A reader reached the split's backlog boundary; True only the first time (deduplicated)."""

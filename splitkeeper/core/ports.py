@@ -257,6 +257,10 @@ class Clock(abc.ABC):
     def now(self) -> float:
         """Seconds since an arbitrary origin; never goes back."""
 
+    @abc.abstractmethod
+    def sleep(self, seconds: float) -> None:
+        """Let ``seconds`` pass (a continuous run waits for its next checkpoint interval)."""
+
 
 class DriverHooks:
     """Optional callbacks of the driver; the default does nothing.

@@ -29,9 +29,11 @@ import logging
 import os
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from splitkeeper import resources
 from splitkeeper.core.assignment import AssignmentStrategy, WeightedStrategy, strategy_by_name
 from splitkeeper.core.invariants import (
     COUNT_TOLERANCE,
@@ -73,7 +75,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 #: Overrides where the suite JSON files are read from (default: ``<checkout>/expectations``).
-ENV_EXPECTATIONS_DIR = "SPLITKEEPER_EXPECTATIONS_DIR"
+ENV_EXPECTATIONS_DIR = resources.EXPECTATIONS_DIR_ENV
 
 #: The suites, by file stem, in the order they run and are reported.
 SUITES: tuple[str, ...] = ("ownership", "lifecycle", "sink_records", "sink_splits", "balance", "ref_chains")
@@ -298,11 +300,9 @@ class SuiteSpec:
         return suite
 
 
-def expectations_dir(env: Mapping[str, str] | None = None) -> Path:
-    """Where the suite files live: ``$SPLITKEEPER_EXPECTATIONS_DIR`` or ``<checkout>/expectations``."""
-    env = os.environ if env is None else env
-    override = env.get(ENV_EXPECTATIONS_DIR, "").strip()
-    return Path(override) if override else Path(__file__).resolve().parents[2] / "expectations"
+def expectations_dir(env: Mapping[str, str] | None = None) -> Traversable:
+    """Where the suite files live: ``$SPLITKEEPER_EXPECTATIONS_DIR``, else the package's ``expectations/``."""
+    return resources.expectations_dir(env)
 
 
 def load_suite_specs(directory: str | os.PathLike[str] | None = None) -> dict[str, SuiteSpec]:
@@ -311,11 +311,11 @@ def load_suite_specs(directory: str | os.PathLike[str] | None = None) -> dict[st
     EnvironmentNotReadyError when the folder or a file is missing; ConfigError when a file
     is not a suite this module can run (bad JSON, unknown dataset, no index columns).
     """
-    folder = Path(directory) if directory is not None else expectations_dir()
+    folder: Traversable = Path(directory) if directory is not None else expectations_dir()
     if not folder.is_dir():
         raise EnvironmentNotReadyError(
-            f"the expectation suites folder {folder} does not exist: it is expectations/ in the splitkeeper "
-            f"checkout; set {ENV_EXPECTATIONS_DIR} to where it is mounted",
+            f"the expectation suites folder {folder} does not exist: the suites ship with splitkeeper "
+            f"(expectations/ of the source tree); set {ENV_EXPECTATIONS_DIR} to where they are mounted",
             path=str(folder),
         )
     specs: dict[str, SuiteSpec] = {}
@@ -407,15 +407,9 @@ class RestartFrames:
 
 def _sink_frame(spark: SparkSession, sink_path: str | os.PathLike[str]) -> tuple[DataFrame, bool]:
     """The sink table (read with Spark), or an empty frame of its schema when no table exists there yet."""
-    from deltalake import DeltaTable
+    from splitkeeper.runtime.sink import sink_frame
 
-    from splitkeeper.state import storage
-    from splitkeeper.state.tables import STAGED_FILE_SCHEMA
-
-    uri = storage.table_uri(sink_path)
-    if DeltaTable.is_deltatable(uri, storage.storage_options(uri)):
-        return spark.read.format("delta").load(storage.spark_uri(uri)), True
-    return spark.createDataFrame(STAGED_FILE_SCHEMA.empty_table()), False
+    return sink_frame(spark, sink_path)
 
 
 def resolve_strategy(strategy: str | AssignmentStrategy) -> AssignmentStrategy:

@@ -201,6 +201,7 @@ def _records_per_epoch(sink_path: str, spark: Any) -> dict[int, dict[int, int]]:
     """Epoch -> region -> records of the sink table (read with Spark); empty when there is no table."""
     from deltalake import DeltaTable
 
+    from splitkeeper.runtime.sink import sink_frame
     from splitkeeper.state import storage
 
     uri = storage.table_uri(sink_path)
@@ -215,7 +216,7 @@ def _records_per_epoch(sink_path: str, spark: Any) -> dict[int, dict[int, int]]:
             from splitkeeper.runtime.spark import SparkSettings, get_spark
 
             spark = get_spark(SparkSettings.from_env(ui_enabled=False))
-    sink = spark.read.format("delta").load(storage.spark_uri(uri))
+    sink, _exists = sink_frame(spark, uri)
     for r in sink.groupBy("epoch", "region").count().collect():
         records.setdefault(int(r["epoch"]), {})[int(r["region"])] = int(r["count"])
     return records

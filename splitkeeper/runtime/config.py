@@ -27,6 +27,7 @@ Shape of a file (YAML)::
                  region_timeout_s: 300, retain_checkpoints: 3}
     backlog: {backlog_epoch_records: 200000, normal_epoch_records: 20000,
               backlog_interval_s: 60, normal_interval_s: 5}
+    rescale: {operator_state: even-split}   # or union (protocol rule 2.8)
     state: {path: ./state}
     sink: {path: ./sink}
     staging: {path: ./state/_staging}   # default <state>/_staging
@@ -52,6 +53,7 @@ from typing import Any, TypeVar
 from splitkeeper.core.assignment import STRATEGIES, validate_parallelism
 from splitkeeper.core.backlog import BacklogConfig
 from splitkeeper.core.checkpoint import CheckpointConfig
+from splitkeeper.core.rescale import Redistribution
 from splitkeeper.errors import ConfigError, InvalidParameterError
 from splitkeeper.runtime.transforms import resolve_transform
 
@@ -102,11 +104,61 @@ class OffsetOutOfRange(enum.Enum):
     SKIP = "skip"
 
 
+class OperatorState(enum.Enum):
+    """How list-style operator state is redistributed when the parallelism changes (protocol rule 2.8)."""
+
+    EVEN_SPLIT = "even-split"
+    UNION = "union"
+
+    @property
+    def redistribution(self) -> Redistribution:
+        return Redistribution.UNION if self is OperatorState.UNION else Redistribution.EVEN_SPLIT
+
+
 class StartingMode(enum.Enum):
     EARLIEST = "earliest"
     LATEST = "latest"
     TIMESTAMP = "timestamp"
     GROUP = "group"
+
+
+#: librdkafka settings splitkeeper sets itself (from other keys); ``source.client`` may not set them.
+KAFKA_MANAGED_CLIENT_KEYS = frozenset(
+    {"bootstrap.servers", "group.id", "enable.auto.commit", "enable.auto.offset.store", "logger"}
+)
+_SECRET_WORDS = ("password", "secret", "token", "jaas", "credential", "private", ".pem", "key.pem")
+REDACTED = "***"
+
+
+def is_secret_key(key: str) -> bool:
+    """Whether a client setting holds a secret (its value is never printed, logged or returned)."""
+    lowered = key.lower()
+    return any(word in lowered for word in _SECRET_WORDS)
+
+
+@dataclass(frozen=True, slots=True)
+class ClientConfig:
+    """Settings passed as they are to every Kafka client of a pipeline (``source.client``).
+
+    librdkafka names (``security.protocol``, ``sasl.mechanism``, ``sasl.username``,
+    ``sasl.password``, ``ssl.ca.location`` ...), values as strings. Secret values never
+    appear in its ``repr``, in :meth:`PipelineConfig.to_dict` or in errors.
+    """
+
+    items: tuple[tuple[str, str], ...] = ()
+
+    def as_dict(self) -> dict[str, str]:
+        """The real values, for the Kafka clients only."""
+        return dict(self.items)
+
+    def redacted(self) -> dict[str, str]:
+        return {k: REDACTED if is_secret_key(k) else v for k, v in self.items}
+
+    def __repr__(self) -> str:
+        return f"ClientConfig({self.redacted()!r})"
+
+    def __bool__(self) -> bool:
+        return bool(self.items)
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,7 +172,8 @@ class SourceConfig:
     ``timestamp:<ms>`` or ``group``: the consumer group's committed offsets),
     ``group_id`` (required for ``starting: group``), ``on_offset_out_of_range``,
     ``connect_timeout_s`` (how long a Kafka request may wait for the broker) and
-    ``read_timeout_s`` (how long a reader may make no progress); None: the connector's defaults.
+    ``read_timeout_s`` (how long a reader may make no progress); None: the connector's defaults;
+    ``client``: librdkafka settings for every client (SASL/SSL), see :class:`ClientConfig`.
     """
 
     kind: SourceKind
@@ -135,6 +188,7 @@ class SourceConfig:
     on_offset_out_of_range: OffsetOutOfRange = OffsetOutOfRange.FAIL
     connect_timeout_s: float | None = None
     read_timeout_s: float | None = None
+    client: ClientConfig = field(default_factory=ClientConfig)
 
     @property
     def starting_mode(self) -> StartingMode:
@@ -182,6 +236,7 @@ class PipelineConfig:
     checkpoint: CheckpointSettings = field(default_factory=CheckpointSettings)
     backlog: BacklogConfig = field(default_factory=BacklogConfig)
     transform: str = IDENTITY_TRANSFORM
+    operator_state: OperatorState = OperatorState.EVEN_SPLIT  # rescale.operator_state
     origin: str = ""  # the file it was loaded from (for messages), "" if built from a mapping
 
     @property
@@ -195,6 +250,8 @@ class PipelineConfig:
 
 
 def _plain(value: Any) -> Any:
+    if isinstance(value, ClientConfig):
+        return value.redacted()
     if isinstance(value, enum.Enum):
         return value.value
     if isinstance(value, tuple):
@@ -283,6 +340,9 @@ def config_from_mapping(
     )
     bl = top.section("backlog", _BACKLOG_KEYS)
     backlog = bl.core(BacklogConfig, **bl.values())
+    operator_state = top.section("rescale", _RESCALE_KEYS).choice(
+        "operator_state", OperatorState, OperatorState.EVEN_SPLIT
+    )
 
     state_path = top.section("state", _PATH_KEYS, required=True).required_path("path")
     sink_path = top.section("sink", _PATH_KEYS, required=True).required_path("path")
@@ -317,6 +377,7 @@ def config_from_mapping(
         checkpoint=checkpoint,
         backlog=backlog,
         transform=transform,
+        operator_state=operator_state,
         origin=origin,
     )
 
@@ -333,7 +394,9 @@ _TOP_KEYS = (
     "sink",
     "staging",
     "transform",
+    "rescale",
 )
+_RESCALE_KEYS = ("operator_state",)
 _FILE_KEYS = ("path", "format", "split_bytes")
 _KAFKA_KEYS = (
     "bootstrap_servers",
@@ -344,6 +407,7 @@ _KAFKA_KEYS = (
     "on_offset_out_of_range",
     "connect_timeout_s",
     "read_timeout_s",
+    "client",
 )
 _SOURCE_KEYS = ("kind", *_FILE_KEYS, *_KAFKA_KEYS)
 _CHECKPOINT_KEYS = tuple(f.name for f in fields(CheckpointSettings) if f.name != "regions_independent")
@@ -402,7 +466,39 @@ def _source(sec: _Section) -> SourceConfig:
         on_offset_out_of_range=sec.choice("on_offset_out_of_range", OffsetOutOfRange, OffsetOutOfRange.FAIL),
         connect_timeout_s=sec.seconds("connect_timeout_s"),
         read_timeout_s=sec.seconds("read_timeout_s"),
+        client=_client_config(sec),
     )
+
+
+def _client_config(sec: _Section) -> ClientConfig:
+    """``source.client``: a mapping of librdkafka setting -> string, number or boolean."""
+    raw = sec.raw("client", default={})
+    allowed = "a mapping of Kafka client settings (librdkafka names) to strings, numbers or booleans"
+    if not isinstance(raw, Mapping):
+        raise sec.invalid("client", "<not shown>", allowed, f"got {_type_name(raw)}")
+    items: list[tuple[str, str]] = []
+    for key, value in raw.items():
+        dotted = f"client.{key}"
+        shown = REDACTED if is_secret_key(str(key)) else value
+        if not isinstance(key, str) or not key.strip():
+            raise sec.invalid("client", key, "setting names that are non-empty strings")
+        if key in KAFKA_MANAGED_CLIENT_KEYS:
+            raise sec.invalid(
+                dotted,
+                shown,
+                "a setting splitkeeper does not set itself",
+                "use source.bootstrap_servers / source.group_id instead"
+                if key in ("bootstrap.servers", "group.id")
+                else "splitkeeper commits offsets only when a checkpoint completes",
+            )
+        if isinstance(value, bool):
+            text = "true" if value else "false"
+        elif isinstance(value, int | float | str) and str(value).strip():
+            text = str(value)
+        else:
+            raise sec.invalid(dotted, shown, "a string, number or boolean", f"got {_type_name(value)}")
+        items.append((key, text))
+    return ClientConfig(tuple(sorted(items)))
 
 
 def _bootstrap_servers(sec: _Section) -> str:

@@ -1,16 +1,21 @@
 """Where the JVM jars fetched by ``scripts/setup.sh`` live, and which ones to use.
 
 ``scripts/setup.sh`` runs Maven on ``jvm/pom.xml`` and ``jvm/kafka-broker.xml`` and
-``javac`` on ``jvm/localfs/src``, into three separate folders of the jars root:
+``javac`` on ``jvm/localfs/src`` (and, with its ``cluster`` step, Maven on ``jvm/s3a.xml``),
+into separate folders of the jars root:
 
 - ``<root>/spark/``: what Spark needs on ``spark.jars`` beyond pyspark's own jars
   (Delta, the Spark Kafka connector and their runtime dependencies);
 - ``<root>/kafka/``: a runnable Apache Kafka broker (KRaft) and its storage tool;
 - ``<root>/localfs/``: ``splitkeeper-localfs.jar``, compiled by ``javac`` from
   ``jvm/localfs/src`` against pyspark's Hadoop: Hadoop's local file system without a
-  forked ``chmod``/``readlink`` per call (see :func:`localfs_jar`).
+  forked ``chmod``/``readlink`` per call (see :func:`localfs_jar`);
+- ``<root>/s3a/``: S3A (``hadoop-aws`` at pyspark's Hadoop version and the AWS SDK v2
+  modules it calls), for Delta tables on an S3-compatible store. Only ``bash
+  scripts/setup.sh cluster`` fetches it, and only sessions configured for S3A use it
+  (see :func:`s3a_jars`).
 
-The root is ``<repo>/.jars`` unless ``SPLITKEEPER_JARS_DIR`` names another folder.
+The root is ``<checkout>/.jars`` unless ``SPLITKEEPER_JARS_DIR`` names another folder.
 Every lookup raises :class:`EnvironmentNotReadyError` with the fix when a jar is
 missing; nothing here downloads anything. The functions are cheap and may be called
 any number of times; they import no Spark.
@@ -28,9 +33,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from splitkeeper.errors import EnvironmentNotReadyError
+from splitkeeper.resources import require_checkout
 
 JARS_DIR_ENV = "SPLITKEEPER_JARS_DIR"
 SETUP_FIX = "bash scripts/setup.sh"
+S3A_SETUP_FIX = "bash scripts/setup.sh cluster"
 SCALA_BINARY_VERSION = "2.13"
 
 _JAR_NAME = re.compile(r"^(?P<artifact>.+?)-(?P<version>\d+\.\d.*)\.jar$")
@@ -42,6 +49,7 @@ class JarGroup(enum.Enum):
     SPARK = "spark"
     KAFKA = "kafka"
     LOCALFS = "localfs"
+    S3A = "s3a"
 
 
 #: The jar setup.sh compiles from jvm/localfs/src, and the classes Hadoop is pointed at.
@@ -66,16 +74,21 @@ class JarFile:
         return cls(path=path, artifact=match["artifact"], version=match["version"])
 
 
-def repo_root() -> Path:
-    """The checkout this package was imported from (the folder holding ``pyproject.toml``)."""
-    return Path(__file__).resolve().parents[2]
-
-
 def jars_root(env: Mapping[str, str] | None = None) -> Path:
-    """The jars root: ``$SPLITKEEPER_JARS_DIR`` if set and non-empty, else ``<repo>/.jars``."""
+    """The jars root: ``$SPLITKEEPER_JARS_DIR`` if set and non-empty, else ``<checkout>/.jars``.
+
+    An installed splitkeeper (a wheel) has no checkout: without ``SPLITKEEPER_JARS_DIR`` this
+    raises EnvironmentNotReadyError naming the variable.
+    """
     env = os.environ if env is None else env
     override = env.get(JARS_DIR_ENV, "").strip()
-    return Path(override).expanduser().resolve() if override else repo_root() / ".jars"
+    if override:
+        return Path(override).expanduser().resolve()
+    checkout = require_checkout(
+        f"the jars folder .jars/ ({SETUP_FIX} fetches it)",
+        fix=f"set {JARS_DIR_ENV} to a folder holding spark/, kafka/ and localfs/ jars",
+    )
+    return checkout / ".jars"
 
 
 def group_dir(group: JarGroup, root: Path | None = None) -> Path:
@@ -147,6 +160,42 @@ def spark_jars(spark_version: str | None = None, root: Path | None = None) -> li
             wanted=f"{kafka_connector_artifact()}-{version}",
         )
     return [j.path for j in jars]
+
+
+def s3a_jars(root: Path | None = None) -> list[Path]:
+    """The jars S3A needs on ``spark.jars``: everything in ``<root>/s3a``.
+
+    Checks that ``hadoop-aws`` is there at the version of the Hadoop client pyspark
+    bundles (S3A and Hadoop's core must be one release). Raises
+    EnvironmentNotReadyError with the fix (``bash scripts/setup.sh cluster``) otherwise.
+    """
+    folder = group_dir(JarGroup.S3A, root)
+    jars = sorted((JarFile.parse(p) for p in folder.glob("*.jar")), key=lambda j: j.path.name)
+    aws = find_jar(jars, "hadoop-aws")
+    if aws is None:
+        raise EnvironmentNotReadyError(
+            f"no hadoop-aws jar in {folder}: S3A (s3a:// paths) needs the s3a jar group; "
+            f"run `{S3A_SETUP_FIX}`",
+            folder=str(folder),
+            group=JarGroup.S3A.value,
+        )
+    hadoop = pyspark_hadoop_version()
+    if hadoop is not None and aws.version != hadoop:
+        raise EnvironmentNotReadyError(
+            f"{aws.path.name} in {folder} does not match pyspark's Hadoop {hadoop}; run `{S3A_SETUP_FIX}`",
+            wanted=f"hadoop-aws-{hadoop}",
+        )
+    return [j.path for j in jars]
+
+
+def pyspark_hadoop_version() -> str | None:
+    """The version of the Hadoop client pyspark bundles (``hadoop-client-api-<v>.jar``), if found."""
+    try:
+        folder = pyspark_jars_dir()
+    except EnvironmentNotReadyError:
+        return None
+    jar = find_jar((JarFile.parse(p) for p in folder.glob("hadoop-client-api-*.jar")), "hadoop-client-api")
+    return jar.version if jar else None
 
 
 def localfs_jar(root: Path | None = None) -> Path | None:
@@ -229,13 +278,31 @@ def _check_main(argv: Sequence[str] | None = None) -> int:
     except EnvironmentNotReadyError as err:
         print(err, file=sys.stderr)
         return 1
+    if group_dir(JarGroup.S3A, args.root).is_dir():
+        try:
+            s3a = [JarFile.parse(p) for p in s3a_jars(args.root)]
+        except EnvironmentNotReadyError as err:
+            print(err, file=sys.stderr)
+            return 1
+        twice = duplicate_jars(s3a, ours)
+        for mine, theirs in twice:
+            print(f"in both jar groups: {mine.path.name} (s3a) vs {theirs.path.name} (spark)")
+        if twice:
+            print("exclude these artifacts in jvm/s3a.xml (excludeArtifactIds)", file=sys.stderr)
+            return 1
+        ours = ours + s3a
     dups = duplicate_jars(ours, bundled)
     for mine, theirs in dups:
         print(f"duplicate on the Spark classpath: {mine.path.name} (ours) vs {theirs.path.name} (pyspark)")
     if dups:
-        print("exclude these artifacts in jvm/pom.xml (excludeArtifactIds)", file=sys.stderr)
+        print("exclude these artifacts in jvm/pom.xml or jvm/s3a.xml (excludeArtifactIds)", file=sys.stderr)
         return 1
-    print(f"spark jars: {len(ours)} in {group_dir(JarGroup.SPARK, args.root)}, none duplicates pyspark's")
+    folders = ", ".join(
+        str(group_dir(g, args.root))
+        for g in (JarGroup.SPARK, JarGroup.S3A)
+        if group_dir(g, args.root).is_dir()
+    )
+    print(f"spark jars: {len(ours)} in {folders}, none duplicates pyspark's")
     return 0
 
 

@@ -150,6 +150,7 @@ class KafkaBroker:
         heap_opts: str | None = None,
         java: str | None = None,
         extra_properties: dict[str, str] | None = None,
+        sasl_users: dict[str, str] | None = None,
     ) -> None:
         if port is not None and not 0 < port < 65536:
             raise InvalidParameterError("port", port, "a TCP port 1..65535, or None for a free one")
@@ -159,6 +160,8 @@ class KafkaBroker:
         self._heap_opts = heap_opts or os.environ.get("KAFKA_HEAP_OPTS") or DEFAULT_HEAP_OPTS
         self._java = java or jarlib.java_executable()
         self._extra = dict(extra_properties or {})
+        self._sasl_users = dict(sasl_users or {})
+        self._sasl_port: int | None = None
         self._proc: subprocess.Popen[bytes] | None = None
         self._state: BrokerState | None = None
 
@@ -170,6 +173,16 @@ class KafkaBroker:
         if self._state is None:
             raise SourceError(f"the Kafka broker in {self.data_dir} is not started; call start() first")
         return self._state.bootstrap_servers
+
+    @property
+    def sasl_bootstrap_servers(self) -> str:
+        """``127.0.0.1:<port>`` of the SASL_PLAINTEXT listener (PLAIN mechanism, ``sasl_users``)."""
+        if self._state is None or self._sasl_port is None:
+            raise SourceError(
+                f"the Kafka broker in {self.data_dir} has no SASL listener: create it with sasl_users "
+                "and start() it"
+            )
+        return f"{HOST}:{self._sasl_port}"
 
     @property
     def pid(self) -> int | None:
@@ -309,6 +322,24 @@ class KafkaBroker:
             "num.io.threads": "2",
             "num.recovery.threads.per.data.dir": "1",
         }
+        if self._sasl_users:  # a second listener: SASL_PLAINTEXT with the PLAIN mechanism, on loopback
+            self._sasl_port = free_port()
+            while self._sasl_port in (port, controller_port):
+                self._sasl_port = free_port()
+            sasl = f"SASL_PLAINTEXT://{HOST}:{self._sasl_port}"
+            users = " ".join(f'user_{name}="{secret}"' for name, secret in sorted(self._sasl_users.items()))
+            props.update(
+                {
+                    "listeners": f"{props['listeners']},{sasl}",
+                    "advertised.listeners": f"{props['advertised.listeners']},{sasl}",
+                    "listener.security.protocol.map": f"{props['listener.security.protocol.map']},"
+                    "SASL_PLAINTEXT:SASL_PLAINTEXT",
+                    "sasl.enabled.mechanisms": "PLAIN",
+                    "listener.name.sasl_plaintext.plain.sasl.jaas.config": (
+                        f"org.apache.kafka.common.security.plain.PlainLoginModule required {users};"
+                    ),
+                }
+            )
         props.update(self._extra)
         path = self.data_dir / "server.properties"
         path.write_text("".join(f"{k}={v}\n" for k, v in props.items()))

@@ -71,7 +71,7 @@ OPERATOR_STATE_KEEP = core_driver.OPERATOR_STATE_KEEP
 
 
 def driver_settings(config: PipelineConfig, redistribution: Redistribution | None = None) -> DriverSettings:
-    """The driver's view of a pipeline config."""
+    """The driver's view of a pipeline config (``redistribution`` overrides ``rescale.operator_state``)."""
     return DriverSettings(
         pipeline=config.name,
         parallelism=config.parallelism,
@@ -79,7 +79,7 @@ def driver_settings(config: PipelineConfig, redistribution: Redistribution | Non
         backlog=config.backlog,
         retain_checkpoints=config.checkpoint.retain_checkpoints,
         strategy=config.strategy,
-        redistribution=redistribution or Redistribution.EVEN_SPLIT,
+        redistribution=redistribution or config.operator_state.redistribution,
     )
 
 
@@ -91,6 +91,9 @@ class SystemClock(Clock):
 
     def now(self) -> float:
         return time.monotonic()
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(max(0.0, seconds))
 
 
 class RuntimeHooks(DriverHooks):
@@ -170,7 +173,7 @@ class SparkRegionRunner(RegionRunner):
                     backlog_finished=tuple(result.backlog_finished),
                     output=result.staged_path,
                     started_after_s=run.started_after_s,
-                    elapsed_s=run.elapsed_s,
+                    elapsed_s=result.elapsed_s,  # the task's own time
                 )
             else:
                 outcome = (

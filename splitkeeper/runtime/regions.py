@@ -2,10 +2,12 @@
 
 Each region is one Spark job of one task, submitted from its own driver thread
 in its own job group. A region whose task raises fails alone (its job fails;
-the others go on), and a region that is still running ``timeout_s`` after its
-task *started* is cancelled with ``SparkContext.cancelJobGroup`` and counted as
-timed out. This is what lets a checkpoint complete regionally instead of the
-whole micro-batch failing, which is Structured Streaming's behaviour.
+the others go on). A region that is still running ``timeout_s`` after its task
+*started*, or whose task has not started ``timeout_s`` after the epoch's regions
+were submitted (no free core, a lost executor: the epoch deadline), is cancelled
+with ``SparkContext.cancelJobGroup`` and counted as timed out (protocol rule
+2.3). This is what lets a checkpoint complete regionally instead of the whole
+micro-batch failing, which is Structured Streaming's behaviour.
 
 Spark's own task retry cannot turn a failed region into a duplicate. Where
 ``spark.task.maxFailures`` allows it (clusters; ``local[N,F]``), Spark reruns a region
@@ -90,8 +92,9 @@ def run_regions(
 
     Called by the epoch runner on the driver, once per epoch. ``task`` and the
     payloads cross to executors: they must be picklable. The timeout of a region
-    counts from the moment its task starts running (a region waiting for a free
-    core is not late), measured with Spark's status tracker.
+    counts from the moment its task starts running, measured with Spark's status
+    tracker; a region whose task has not started ``timeout_s`` after submission
+    times out too (it may never be scheduled), and its job is cancelled before it runs.
     """
     sc = spark.sparkContext
     tracker = sc.statusTracker()
@@ -126,20 +129,23 @@ def run_regions(
                 continue
             if _has_active_task(tracker, _job_group(pipeline, epoch, region)):
                 started[region] = now
-        for region, t0 in started.items():
-            if region in runs or region in cancelled or now - t0 <= timeout_s:
+        expired: list[tuple[int, str]] = []
+        for region in payloads:
+            if region in runs or region in cancelled:
                 continue
-            log.warning(
-                "region %s of epoch %s exceeded its %.1fs timeout: cancelling", region, epoch, timeout_s
-            )
+            if region in started:
+                if now - started[region] > timeout_s:
+                    expired.append((region, f"no result within {timeout_s:g}s"))
+            elif now - submitted > timeout_s:
+                expired.append((region, f"its task did not start within {timeout_s:g}s (epoch deadline)"))
+        for region, why in expired:
+            log.warning("region %s of epoch %s timed out: %s; cancelling", region, epoch, why)
             with lock:
-                runs.setdefault(
-                    region,
-                    RegionRun(region, RegionStatus.TIMED_OUT, error=f"no result within {timeout_s:g}s"),
-                )
+                runs.setdefault(region, RegionRun(region, RegionStatus.TIMED_OUT, error=why))
                 if len(runs) == len(payloads):
                     done.set()
             cancelled.add(region)
+        for region, _why in expired:
             sc.cancelJobGroup(_job_group(pipeline, epoch, region))
         done.wait(poll_s)
     for region in cancelled:  # let cancelled jobs wind down so their cores are free

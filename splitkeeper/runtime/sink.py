@@ -73,7 +73,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from deltalake import DeltaTable
     from pyspark.sql import DataFrame
 
-__all__ = ["DeltaSink", "SinkCommit", "SplitRecords", "adopted_name", "file_statistics"]
+__all__ = ["DeltaSink", "SinkCommit", "SplitRecords", "adopted_name", "file_statistics", "sink_frame"]
 
 log = logging.getLogger(__name__)
 
@@ -491,6 +491,17 @@ class DeltaSink(EpochSink):
         starts = {split_id: int(bounds[0]) for split_id, bounds in expected.items()}
         ends = {split_id: int(bounds[1]) for split_id, bounds in expected.items()}
         return check_sink_ranges(self.offset_rows(), starts, ends)
+
+
+def sink_frame(spark: Any, path: str | os.PathLike[str]) -> tuple[DataFrame, bool]:
+    """The sink table at ``path`` read with Spark, and True; an empty frame of its columns and False
+    when no table exists there yet. What the restart checks and the report read."""
+    from deltalake import DeltaTable
+
+    uri = storage.table_uri(path)
+    if DeltaTable.is_deltatable(uri, storage.storage_options(uri)):
+        return spark.read.format("delta").load(storage.spark_uri(uri)), True
+    return spark.createDataFrame(STAGED_FILE_SCHEMA.empty_table()), False
 
 
 def _move(source: str, target: str) -> None:

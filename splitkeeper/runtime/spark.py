@@ -5,8 +5,13 @@ driver, once per process; later calls return the same session. The same job code
 runs on ``local[*]``, ``spark://``, ``k8s://`` or ``yarn``: only the settings change.
 
 Spark never downloads anything here: ``spark.jars`` lists the files fetched by
-``scripts/setup.sh`` into ``.jars/spark/`` (see :mod:`splitkeeper.runtime.jars`), and
+``scripts/setup.sh`` into ``.jars/spark/`` (plus ``.jars/s3a/`` when the conf sets
+``spark.hadoop.fs.s3a.*`` keys; see :mod:`splitkeeper.runtime.jars`), and
 ``spark.jars.packages`` is refused.
+
+``SPLITKEEPER_SPARK_CONF`` may carry credentials (S3A keys, ``spark.authenticate.secret``):
+errors about it name an entry's position and key, never its text, and
+``repr(SparkSettings)`` hides the values of credential keys.
 """
 
 from __future__ import annotations
@@ -43,6 +48,10 @@ _MASTER_ALLOWED = (
     "local, local[N], local[*], local[N,F], local-cluster[N,C,M], spark://HOST:PORT, k8s://URL or yarn"
 )
 _TRUE = {"1", "true", "yes", "on"}
+# What Spark's own spark.redaction.regex hides in its UI and event logs, plus the S3A keys.
+_SECRET_KEY = re.compile(r"(?i)secret|password|token|credential|access[._-]?key|session[._-]?key")
+_CONF_KEY = re.compile(r"spark\.[A-Za-z0-9_.\-]+")
+_REDACTED = "*********(redacted)"
 _FALSE = {"0", "false", "no", "off"}
 # Set by get_spark itself; extra_conf may not override them.
 _RESERVED = {"spark.jars", "spark.jars.packages", "spark.sql.extensions", "spark.sql.catalog.spark_catalog"}
@@ -81,9 +90,20 @@ class SparkSettings:
                     hint="splitkeeper sets these itself from the jars fetched by scripts/setup.sh",
                 )
 
+    def __repr__(self) -> str:
+        # extra_conf may hold credentials (S3A keys, spark.authenticate.secret): keys only.
+        names = ("master", "app_name", "ui_enabled", "shuffle_partitions", "driver_memory", "warehouse_dir")
+        fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in (*names, "jars_dir"))
+        return f"SparkSettings({fields}, extra_conf={redact_conf(self.extra_conf)!r})"
+
     @property
     def is_local(self) -> bool:
         return self.master.startswith("local")
+
+    @property
+    def uses_s3a(self) -> bool:
+        """The conf configures S3A (a ``spark.hadoop.fs.s3a.*`` key): the s3a jar group goes on spark.jars."""
+        return any(key.startswith("spark.hadoop.fs.s3a.") for key, _value in self.extra_conf)
 
     @property
     def in_one_jvm(self) -> bool:
@@ -186,6 +206,8 @@ def get_spark(settings: SparkSettings | None = None) -> SparkSession:
     """
     settings = SparkSettings.from_env() if settings is None else settings
     jar_paths = jarlib.spark_jars(root=settings.jars_dir)
+    if settings.uses_s3a:
+        jar_paths += jarlib.s3a_jars(root=settings.jars_dir)
     conf = settings.spark_conf(jar_paths)
 
     if "--packages" in os.environ.get("PYSPARK_SUBMIT_ARGS", ""):
@@ -246,14 +268,32 @@ def _parse_positive_int(name: str, raw: str) -> int:
 
 
 def _parse_conf(raw: str) -> tuple[tuple[str, str], ...]:
+    """``key=value;key=value`` -> pairs. A malformed entry is reported by its position and
+    key, never by its text: the variable carries credentials (S3 keys, the Spark auth secret)."""
     pairs: list[tuple[str, str]] = []
-    for item in raw.split(";"):
+    for position, item in enumerate(raw.split(";"), start=1):
         if not item.strip():
             continue
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
+            where = f"entry {position}"
+            if sep:
+                where += " (no key before '=')"
+            elif _CONF_KEY.fullmatch(item.strip()):
+                where += f" (key {item.strip()!r} has no '=value')"
+            else:
+                where += " (no '=' in it; its text is not shown, it may hold a secret)"
             raise InvalidParameterError(
-                ENV_CONF, raw, "key=value pairs separated by ';'", hint=f"bad item {item!r}"
+                ENV_CONF,
+                _REDACTED,
+                "key=value pairs separated by ';'",
+                hint=f"bad {where}",
             )
         pairs.append((key.strip(), value.strip()))
     return tuple(pairs)
+
+
+def redact_conf(conf: Mapping[str, str] | tuple[tuple[str, str], ...]) -> dict[str, str]:
+    """The conf with the value of every key that names a credential replaced (for logs)."""
+    items = conf.items() if isinstance(conf, Mapping) else conf
+    return {key: (_REDACTED if _SECRET_KEY.search(key) else value) for key, value in items}

@@ -256,12 +256,15 @@ class ReassignableSimSource(SimSource, SupportsSplitReassignmentOnRecovery):
 class SimRegionRunner(RegionRunner):
     """Reads planned ranges into a staged buffer; the regions in ``failures`` decline or time out.
 
-    ``staged`` holds every region's runs of the current epoch (failed regions' too:
-    a broken sink may commit them, and the simulator must catch it).
+    ``failures`` applies to the next epoch run; ``schedule`` maps ``(epoch, region)`` to a
+    failure for a scripted run (the same schedule a Spark run's fault plan injects).
+    ``staged`` holds every region's runs of the current epoch (failed regions' too: a
+    broken sink may commit them, and the simulator must catch it).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, schedule: Mapping[tuple[int, int], RegionFailure] | None = None) -> None:
         self.failures: dict[int, RegionFailure] = {}
+        self.schedule: dict[tuple[int, int], RegionFailure] = dict(schedule or {})
         self.staged: dict[int, list[Run]] = {}
 
     def run(self, epoch: int, plan: EpochPlan, timeout_s: float) -> dict[int, RegionRun]:
@@ -270,13 +273,18 @@ class SimRegionRunner(RegionRunner):
         for region, ranges in plan.items():
             runs = [(split.split_id, start, end) for split, start, end in ranges if end > start]
             self.staged[region] = runs
-            failure = self.failures.get(region)
+            failure = self.failures.get(region) or self.schedule.get((epoch, region))
             if failure is None:
                 out[region] = RegionRun(
                     region_id=region,
                     outcome=RegionOutcome.ACK,
                     positions={split.split_id: end for split, _start, end in ranges},
                     records=sum(end - start for _sid, start, end in runs),
+                    backlog_finished=tuple(
+                        split.split_id
+                        for split, _start, end in ranges
+                        if split.backlog_end is not None and end >= split.backlog_end
+                    ),
                     output=runs,
                 )
             elif failure is RegionFailure.TIMEOUT:
@@ -393,6 +401,9 @@ class SimClock(Clock):
 
     def now(self) -> float:
         return self.time
+
+    def sleep(self, seconds: float) -> None:
+        self.time += max(0.0, seconds)
 
 
 # --------------------------------------------------------------------------- components

@@ -16,7 +16,8 @@ Rules:
    a table feature older readers lack). Array elements and struct fields are nullable
    unless ``NOT NULL`` says otherwise, as in Spark. Anything else is a StateError
    naming the file and the token.
-2. :func:`ddl_path` is the only place that locates a DDL file.
+2. :func:`~splitkeeper.state.ddl.ddl_path` is the only place that locates a DDL file
+   (package data through :mod:`splitkeeper.resources`).
 3. Per table, :data:`TABLES` fixes the partition column, the columns that carry
    statistics and the table properties: ``delta.checkpointInterval=10`` (log replay
    stays bounded however many small commits there are) and no deletion vectors
@@ -41,18 +42,19 @@ import re
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import pyarrow as pa
 
 from splitkeeper.errors import InvalidParameterError, StateError
 from splitkeeper.state import storage
+from splitkeeper.state.ddl import SCHEMA_DIR_ENV, ddl_path, read_ddl, schema_dir
 
 if TYPE_CHECKING:  # pragma: no cover
     from deltalake import DeltaTable
 
 __all__ = [
+    "SCHEMA_DIR_ENV",
     "SINK_TABLE",
     "STAGED_COLUMNS",
     "STAGED_FILE_SCHEMA",
@@ -73,9 +75,6 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-#: Environment variable naming another folder of ``<table>.ddl`` files (deployments mount it).
-SCHEMA_DIR_ENV = "SPLITKEEPER_STATE_SCHEMA_DIR"
-
 #: Properties of every table (rule 3).
 BASE_PROPERTIES: dict[str, str] = {
     "delta.checkpointInterval": "10",
@@ -84,32 +83,6 @@ BASE_PROPERTIES: dict[str, str] = {
 
 
 # --------------------------------------------------------------------------- DDL files (rules 1, 2)
-
-
-def schema_dir() -> Path:
-    """The folder of the ``<table>.ddl`` files: ``$SPLITKEEPER_STATE_SCHEMA_DIR`` or ``<checkout>/state``."""
-    override = os.environ.get(SCHEMA_DIR_ENV, "").strip()
-    return Path(override) if override else Path(__file__).resolve().parents[2] / "state"
-
-
-def ddl_path(table: str) -> Path:
-    """Where the DDL of ``table`` is: the only lookup of a DDL file (rule 2)."""
-    return schema_dir() / f"{table}.ddl"
-
-
-def read_ddl(table: str) -> str:
-    """The column list of ``table`` from its DDL file, comments removed."""
-    path = ddl_path(table)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as err:
-        raise StateError(
-            f"the schema file of table {table!r} is missing at {path}: the state/ folder of the splitkeeper "
-            f"checkout holds one .ddl file per table (set {SCHEMA_DIR_ENV} if it lives elsewhere)",
-            table=table,
-            path=str(path),
-        ) from err
-    return "\n".join(line.split("--", 1)[0] for line in text.splitlines())
 
 
 _TOKEN = re.compile(r"\s*(?:(`[^`]*`)|([A-Za-z_][A-Za-z0-9_]*)|([<>,:])|(\S))")

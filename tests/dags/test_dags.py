@@ -48,25 +48,28 @@ sink: {{path: sink}}
     return config
 
 
-def test_dag_files_only_wire_tasks_and_import_no_spark():
+def test_dag_files_only_wire_tasks_and_import_no_spark(tmp_path):
     code = (
         f"import sys; sys.path.insert(0, {str(REPO)!r})\n"
         "from tests.dags.conftest import load_dag\n"
-        "ids = {n: [t.task_id for t in load_dag(n).topological_sort()] for n in "
-        "('splitkeeper_ingest', 'splitkeeper_recover', 'splitkeeper_rescale')}\n"
-        "import json; print(json.dumps({'ids': ids, 'spark': 'pyspark' in sys.modules}))\n"
+        "names = ('splitkeeper_ingest', 'splitkeeper_recover', 'splitkeeper_rescale')\n"
+        "dags = {n: load_dag(n) for n in names}\n"
+        "ids = {n: [t.task_id for t in d.topological_sort()] for n, d in dags.items()}\n"
+        "pools = {n: {t.task_id: t.pool for t in d.tasks} for n, d in dags.items()}\n"
+        "import json; print(json.dumps({'ids': ids, 'pools': pools, 'spark': 'pyspark' in sys.modules}))\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=os.environ.copy())
+    env = {**os.environ, "SPLITKEEPER_PIPELINE_CONFIG": str(_write_pipeline(tmp_path, files=1, lines=1))}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["spark"] is False  # parsing a DAG file never starts or imports Spark
-    assert result["ids"]["splitkeeper_ingest"] == [
-        "recover_if_needed",
-        "discover_and_assign",
-        "run_epochs",
-        "validate",
-        "report",
-    ]
+    # every task that writes the pipeline's state is in its one-slot pool; the others are not
+    writers = {"splitkeeper_ingest": "run_epochs", "splitkeeper_recover": "reassign_and_rebalance"}
+    writers["splitkeeper_rescale"] = "redistribute"
+    for name, pools in result["pools"].items():
+        assert {t for t, pool in pools.items() if pool == "splitkeeper-dagtest"} == {writers[name]}, pools
+    # the ingest DAG opens the pipeline once: recovery, discovery and epochs are one task
+    assert result["ids"]["splitkeeper_ingest"] == ["run_epochs", "validate", "report"]
     assert result["ids"]["splitkeeper_recover"] == [
         "restore_enumerator_state",
         "collect_reader_reports",
@@ -78,6 +81,22 @@ def test_dag_files_only_wire_tasks_and_import_no_spark():
     ingest, recover = load_dag("splitkeeper_ingest"), load_dag("splitkeeper_recover")
     assert ingest.max_active_runs == 1
     assert recover.schedule is None if hasattr(recover, "schedule") else True
+
+
+def test_on_a_cluster_master_the_epoch_task_submits_the_packaged_epoch_job(monkeypatch):
+    from splitkeeper import resources
+
+    monkeypatch.setenv("SPLITKEEPER_SPARK_MASTER", "spark://spark-master:7077")
+    task = load_dag("splitkeeper_ingest").get_task("run_epochs")
+    assert type(task).__name__ == "SparkSubmitOperator"
+    assert task.application == str(resources.epoch_job())
+    assert Path(task.application) == REPO / "jobs" / "epoch_job.py"  # this checkout's file, on disk
+    assert task.application_args[:4] == [
+        "--config",
+        os.environ.get("SPLITKEEPER_PIPELINE_CONFIG", ""),
+        "--epochs",
+        "3",
+    ]
 
 
 @pytest.mark.parametrize(

@@ -339,3 +339,61 @@ def test_to_dict_is_plain_data(tmp_path: Path) -> None:
 def test_example_configs_load(name: str) -> None:
     cfg = load_config(EXAMPLES / name)
     assert cfg.name and cfg.state_path.startswith(str(EXAMPLES.parent))
+
+
+# --------------------------------------------------------------------------- rescale and Kafka clients
+
+
+def test_rescale_operator_state_is_even_split_by_default_and_union_on_request(tmp_path: Path) -> None:
+    from splitkeeper.runtime.config import OperatorState
+
+    assert build(tmp_path).operator_state is OperatorState.EVEN_SPLIT
+    assert build(tmp_path, rescale__operator_state="union").operator_state is OperatorState.UNION
+    assert error_of(tmp_path, rescale__operator_state="unoin") == (
+        f"[CONFIG_ERROR] rescale.operator_state='unoin' is not allowed: one of even-split, union; "
+        f"did you mean 'union'? ({tmp_path / 'p.yaml'})"
+    )
+
+
+KAFKA: dict[str, Any] = {"kind": "kafka", "bootstrap_servers": "127.0.0.1:9092", "topics": ["orders"]}
+
+
+def test_kafka_client_settings_reach_the_connector_and_its_readers_and_secrets_never_print(
+    tmp_path: Path,
+) -> None:
+    from splitkeeper.runtime.sources.kafka import KafkaSource
+
+    client = {
+        "security.protocol": "SASL_SSL",
+        "sasl.mechanism": "PLAIN",
+        "sasl.username": "alice",
+        "sasl.password": "hunter2-very-secret",
+        "ssl.endpoint.identification.algorithm": "https",
+        "socket.keepalive.enable": True,
+        "fetch.max.bytes": 1048576,
+    }
+    config = build(tmp_path, source={**KAFKA, "client": client})
+    assert config.source.client.as_dict()["sasl.password"] == "hunter2-very-secret"
+    assert config.source.client.as_dict()["socket.keepalive.enable"] == "true"
+    shown = f"{config!r} {config.to_dict()} {config.source}"
+    assert "hunter2" not in shown and "'sasl.password': '***'" in shown and "alice" in shown
+    reader = KafkaSource.from_config(config.source).reader()
+    assert ("sasl.password", "hunter2-very-secret") in reader.consumer_config
+    assert "hunter2" not in repr(reader)
+
+
+@pytest.mark.parametrize(
+    ("client", "fragment"),
+    [
+        ({"bootstrap.servers": "x:1"}, "source.client.bootstrap.servers='x:1' is not allowed"),
+        ({"group.id": "g"}, "use source.bootstrap_servers / source.group_id instead"),
+        ({"enable.auto.commit": True}, "offsets only when a checkpoint completes"),
+        ({"sasl.password": ["hunter2"]}, "source.client.sasl.password='***' is not allowed"),
+        ({"fetch.max.bytes": None}, "source.client.fetch.max.bytes=None is not allowed"),
+    ],
+)
+def test_a_bad_kafka_client_setting_is_named_and_a_secret_value_is_not(
+    tmp_path: Path, client: dict[str, Any], fragment: str
+) -> None:
+    message = error_of(tmp_path, source={**KAFKA, "client": client})
+    assert fragment in message and "hunter2" not in message

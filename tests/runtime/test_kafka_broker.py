@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from splitkeeper.errors import EnvironmentNotReadyError, InvalidParameterError, SourceError
-from splitkeeper.runtime.jars import repo_root
 from splitkeeper.runtime.kafka_broker import (
     BrokerStatus,
     KafkaBroker,
@@ -21,6 +20,8 @@ from splitkeeper.runtime.kafka_broker import (
     new_cluster_id,
     read_state,
 )
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _create_topic(bootstrap: str, topic: str, partitions: int) -> None:
@@ -140,7 +141,7 @@ def test_second_broker_on_a_running_data_dir_is_refused(kafka_broker):
 
 @pytest.mark.kafka
 def test_kafka_sh_start_status_stop_from_separate_processes(tmp_path):
-    script = repo_root() / "scripts" / "kafka.sh"
+    script = ROOT / "scripts" / "kafka.sh"
     port = free_port()
     env = {**os.environ, "SPLITKEEPER_KAFKA_DIR": str(tmp_path / "kdir"), "SPLITKEEPER_KAFKA_PORT": str(port)}
 
@@ -246,7 +247,7 @@ def test_a_non_broker_pid_is_never_taken_for_the_broker(tmp_path):
 
 def test_default_data_dir_of_kafka_sh_is_ignored_by_git():
     ignored = subprocess.run(
-        ["git", "check-ignore", "-q", "var/kafka/broker.json"], cwd=repo_root(), check=False
+        ["git", "check-ignore", "-q", "var/kafka/broker.json"], cwd=ROOT, check=False
     ).returncode
     assert ignored == 0
-    assert Path(repo_root() / ".gitignore").read_text().count("/var/") == 1
+    assert (ROOT / ".gitignore").read_text().count("/var/") == 1

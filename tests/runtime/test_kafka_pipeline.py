@@ -9,6 +9,7 @@ last checkpoint's positions, tagged with its id (DESIGN 1, 3, 5, 6).
 from __future__ import annotations
 
 import json
+import time
 from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
@@ -85,6 +86,51 @@ def run_until_caught_up(
         if reports[-1].kind is CheckpointKind.GLOBAL and positions(latest) == dict(ends):
             return reports
     raise AssertionError(f"not caught up after {max_epochs} epochs: {[r.line() for r in reports]}")
+
+
+def test_a_topic_created_mid_run_is_read_within_one_epoch_and_a_deleted_one_is_dropped(
+    spark: Any, kafka_broker: KafkaBroker, tmp_path: Path
+) -> None:
+    """A topic pattern's subscriptions refresh every epoch, not only on restore (protocol rule 1.5)."""
+    bootstrap = kafka_broker.bootstrap_servers
+    prefix = unique("live")
+    first = create_topic(bootstrap, 2, name=f"{prefix}-a")
+    produce_numbered(bootstrap, first, {0: 6, 1: 4})
+    config = kafka_config(tmp_path, bootstrap, epoch_records=100, parallelism=2, topic_pattern=f"{prefix}-.*")
+    pipeline = Pipeline(config, spark)
+    try:
+        pipeline.open()
+        assert pipeline.run_epoch().kind is CheckpointKind.GLOBAL
+        created = create_topic(bootstrap, 2, name=f"{prefix}-b")  # while the pipeline runs
+        produce_numbered(bootstrap, created, {0: 3, 1: 2})
+        report = pipeline.run_epoch()
+        assert report.kind is CheckpointKind.GLOBAL
+        by_split = sink_offsets(spark, config)
+        assert by_split[split_id_of(created, 0)] == [(i, i + 1, value_of(created, 0, i)) for i in range(3)]
+        assert by_split[split_id_of(created, 1)] == [(i, i + 1, value_of(created, 1, i)) for i in range(2)]
+
+        admin = AdminClient({"bootstrap.servers": bootstrap})
+        for future in admin.delete_topics([first]).values():
+            future.result(timeout=30)
+        deadline = time.monotonic() + 30
+        while first in admin.list_topics(timeout=10).topics and time.monotonic() < deadline:
+            time.sleep(0.2)
+        produce_numbered(bootstrap, created, {0: 1}, first=3)
+        report = pipeline.run_epoch()
+        dropped = {
+            a.split_id
+            for a in pipeline.enumerator.audit
+            if a.decision is RecoveryDecision.DROPPED_REMOVED_SUBSCRIPTION
+        }
+    finally:
+        pipeline.close()
+    assert report.kind is CheckpointKind.GLOBAL and report.completed is not None
+    assert dropped == {split_id_of(first, 0), split_id_of(first, 1)}
+    owned = {s.split_id for r in report.completed.regions.values() for s in r.splits}
+    assert owned == {split_id_of(created, 0), split_id_of(created, 1)}
+    by_split = sink_offsets(spark, config)
+    assert by_split[split_id_of(first, 0)] == [(i, i + 1, value_of(first, 0, i)) for i in range(6)]
+    assert by_split[split_id_of(created, 0)][-1] == (3, 4, value_of(created, 0, 3))
 
 
 def positions(checkpoint: Any) -> dict[str, int]:

@@ -119,7 +119,7 @@ def test_jars_dir_without_the_delta_jar_for_this_spark_names_the_wanted_artifact
 
 def test_jars_dir_env_var_overrides_the_repo_folder(tmp_path):
     assert jarlib.jars_root({jarlib.JARS_DIR_ENV: str(tmp_path)}) == tmp_path.resolve()
-    assert jarlib.jars_root({}) == jarlib.repo_root() / ".jars"
+    assert jarlib.jars_root({}) == Path(__file__).resolve().parents[2] / ".jars"
 
 
 def test_spark_jars_do_not_duplicate_pyspark_jars():
@@ -221,6 +221,67 @@ def test_settings_from_env_reject_malformed_variables(env, name):
     with pytest.raises(InvalidParameterError) as info:
         SparkSettings.from_env(env)
     assert info.value.name == name
+
+
+S3_SECRET = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
+SPARK_SECRET = "d2b7c1f0-spark-auth-secret"
+
+
+@pytest.mark.parametrize(
+    ("bad_entry", "position", "named"),
+    [
+        (S3_SECRET, 3, None),  # a value pasted without its key
+        (f"={S3_SECRET}", 3, None),  # a value without a key
+        ("spark.hadoop.fs.s3a.secret.key", 3, "spark.hadoop.fs.s3a.secret.key"),  # a key without '='
+    ],
+)
+def test_malformed_spark_conf_names_the_entry_never_a_value(bad_entry, position, named):
+    raw = (
+        "spark.hadoop.fs.s3a.endpoint=http://127.0.0.1:9000;"
+        f"spark.hadoop.fs.s3a.access.key=splitkeeper;{bad_entry};"
+        f"spark.authenticate.secret={SPARK_SECRET}"
+    )
+    with pytest.raises(InvalidParameterError) as info:
+        SparkSettings.from_env({"SPLITKEEPER_SPARK_CONF": raw})
+    err = info.value
+    text = " ".join([str(err), repr(err), repr(err.params), repr(err.args), str(err.value)])
+    assert err.name == "SPLITKEEPER_SPARK_CONF"
+    assert f"entry {position}" in str(err)
+    for secret in (S3_SECRET, SPARK_SECRET, "splitkeeper", "127.0.0.1"):
+        assert secret not in text
+    if named:
+        assert repr(named) in str(err)
+
+
+def test_settings_repr_hides_credentials_but_shows_keys():
+    raw = (
+        f"spark.hadoop.fs.s3a.access.key=AKIAEXAMPLE;spark.hadoop.fs.s3a.secret.key={S3_SECRET};"
+        f"spark.authenticate.secret={SPARK_SECRET};spark.executor.memory=1g"
+    )
+    env = {"SPLITKEEPER_SPARK_CONF": raw, "SPLITKEEPER_SPARK_MASTER": "spark://h:7077"}
+    settings = SparkSettings.from_env(env)
+    shown = repr(settings)
+    assert S3_SECRET not in shown and SPARK_SECRET not in shown and "AKIAEXAMPLE" not in shown
+    assert "spark.hadoop.fs.s3a.secret.key" in shown and "'spark.executor.memory': '1g'" in shown
+    assert "spark://h:7077" in shown
+    assert dict(settings.extra_conf)["spark.hadoop.fs.s3a.secret.key"] == S3_SECRET  # the value is kept
+    assert settings.uses_s3a and not SparkSettings().uses_s3a
+
+
+def test_s3a_jars_are_a_separate_group_checked_against_pysparks_hadoop(tmp_path):
+    with pytest.raises(EnvironmentNotReadyError, match="setup.sh cluster"):
+        jarlib.s3a_jars(tmp_path)
+    hadoop = jarlib.pyspark_hadoop_version()
+    assert hadoop and hadoop[0].isdigit()
+    folder = tmp_path / "s3a"
+    folder.mkdir()
+    (folder / "hadoop-aws-3.3.1.jar").touch()
+    with pytest.raises(EnvironmentNotReadyError, match=f"pyspark's Hadoop {hadoop}"):
+        jarlib.s3a_jars(tmp_path)
+    (folder / "hadoop-aws-3.3.1.jar").unlink()
+    (folder / f"hadoop-aws-{hadoop}.jar").touch()
+    (folder / "s3-2.29.52.jar").touch()
+    assert [p.name for p in jarlib.s3a_jars(tmp_path)] == [f"hadoop-aws-{hadoop}.jar", "s3-2.29.52.jar"]
 
 
 def test_spark_conf_for_local_and_cluster_masters():

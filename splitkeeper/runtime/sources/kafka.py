@@ -62,7 +62,7 @@ import logging
 import re
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 from splitkeeper.core.source import (
@@ -192,7 +192,7 @@ class KafkaRegionReader(RegionReader):
     connect_timeout_s: float = DEFAULT_TIMEOUT_S
     read_timeout_s: float = DEFAULT_READ_TIMEOUT_S
     batch_size: int = 10_000
-    consumer_config: tuple[tuple[str, str], ...] = ()
+    consumer_config: tuple[tuple[str, str], ...] = field(default=(), repr=False)  # may hold secrets
 
     def _consumer_conf(self) -> dict[str, Any]:
         conf: dict[str, Any] = {
@@ -354,9 +354,22 @@ class KafkaRegionReader(RegionReader):
         )
 
 
-def _unreachable(bootstrap_servers: str, timeout_s: float, err: BaseException) -> SourceError:
+_AUTH_CODES = frozenset({KafkaError._AUTHENTICATION, KafkaError.SASL_AUTHENTICATION_FAILED})
+
+
+def _unreachable(
+    bootstrap_servers: str, timeout_s: float, err: BaseException, client_error: Any = None
+) -> SourceError:
     kerr = err.args[0] if isinstance(err, KafkaException) and err.args else None
     detail = kerr.str() if isinstance(kerr, KafkaError) else str(err)
+    for candidate in (kerr, client_error):
+        if isinstance(candidate, KafkaError) and candidate.code() in _AUTH_CODES:
+            return SourceError(
+                f"Kafka at source.bootstrap_servers={bootstrap_servers!r} refused the credentials of "
+                f"source.client (authentication failed: {candidate.str()}); check security.protocol, "
+                "sasl.mechanism, sasl.username and sasl.password (or the SSL settings)",
+                bootstrap_servers=bootstrap_servers,
+            )
     return SourceError(
         f"Kafka is not reachable at source.bootstrap_servers={bootstrap_servers!r} (no answer within "
         f"{timeout_s:g}s: {detail}); check that the brokers run and that host:port is right "
@@ -457,6 +470,7 @@ class KafkaSource(
         self._timeout_s = float(timeout_s)
         self._read_timeout_s = float(read_timeout_s)
         self._client_config = dict(client_config or {})
+        self._client_error: Any = None  # the last error librdkafka reported (an authentication failure...)
         self._admin: Any = None
         self._group_consumer: Any = None
         self._cluster_id: str | None = None
@@ -482,6 +496,7 @@ class KafkaSource(
             on_offset_out_of_range=source.on_offset_out_of_range,
             timeout_s=source.connect_timeout_s or DEFAULT_TIMEOUT_S,
             read_timeout_s=source.read_timeout_s or DEFAULT_READ_TIMEOUT_S,
+            client_config=source.client.as_dict(),
         )
 
     # -- identity ---------------------------------------------------------------------------
@@ -547,6 +562,7 @@ class KafkaSource(
                 "bootstrap.servers": self._bootstrap,
                 "socket.connection.setup.timeout.ms": max(1000, int(self._timeout_s * 1000)),
                 "logger": _client_log,
+                "error_cb": self._on_client_error,
             }
             conf.update(self._client_config)
             self._admin = AdminClient(conf)
@@ -565,6 +581,10 @@ class KafkaSource(
             self._group_consumer = Consumer(conf)
         return self._group_consumer
 
+    def _on_client_error(self, err: Any) -> None:
+        self._client_error = err
+        _client_log.warning("Kafka client error: %s", err.str() if isinstance(err, KafkaError) else err)
+
     def _metadata(self) -> dict[str, tuple[int, ...]]:
         """Every non-internal topic that exists now -> its partitions that have a leader (sorted).
 
@@ -574,7 +594,8 @@ class KafkaSource(
         try:
             cluster = self._admin_client().list_topics(timeout=self._timeout_s)
         except KafkaException as err:
-            raise _unreachable(self._bootstrap, self._timeout_s, err) from err
+            self._admin_client().poll(0)  # serve queued error callbacks: an authentication failure says why
+            raise _unreachable(self._bootstrap, self._timeout_s, err, self._client_error) from err
         self._cluster_id = cluster.cluster_id
         self._unready = set()
         out: dict[str, tuple[int, ...]] = {}

@@ -1,4 +1,4 @@
-"""``splitkeeper validate --config FILE [--checkpoint ID] [--json]``: the DESIGN 6 restart checks.
+"""``splitkeeper validate --config FILE [--checkpoint ID] [--json]``: the restart checks (protocol section 6).
 
 Runs the Great Expectations suites (``expectations/``) on a checkpoint's Delta
 state and the sink; exits 1 naming the offending split ids when any fails.
@@ -9,8 +9,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from splitkeeper.commands.common import add_config_argument, load
 from splitkeeper.errors import InvariantViolation
-from splitkeeper.runtime.commands.common import add_config_argument
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -20,10 +20,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from splitkeeper.orchestration.tasks import validate
+    from splitkeeper.app import services
 
     try:
-        result = validate(args.config, args.checkpoint)
+        result = services.validate(load(args), args.checkpoint)
     except InvariantViolation as err:
         if args.json:
             print(
@@ -33,9 +33,9 @@ def run(args: argparse.Namespace) -> int:
             print(f"splitkeeper validate: {err}")
         return 1
     if args.json:
-        print(json.dumps(result))
+        print(json.dumps(result.to_dict()))
         return 0
-    print(f"restart checks passed: {result['suites']}")
-    for note in result.get("notes", ()):
+    print(f"restart checks passed: {result.suites}")
+    for note in result.notes:
         print(f"  note: {note}")
     return 0

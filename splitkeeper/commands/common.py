@@ -1,10 +1,9 @@
-"""Shared pieces of the runtime CLI commands: the config argument and the Spark session."""
+"""Shared pieces of the pipeline CLI commands: the config and fault arguments, progress lines."""
 
 from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
 
 from splitkeeper.runtime.config import PipelineConfig, load_config
 
@@ -26,12 +25,6 @@ def add_fault_argument(parser: argparse.ArgumentParser) -> None:
 
 def load(args: argparse.Namespace) -> PipelineConfig:
     return load_config(args.config)
-
-
-def spark_session() -> Any:
-    from splitkeeper.runtime.spark import SparkSettings, get_spark
-
-    return get_spark(SparkSettings.from_env(ui_enabled=False))
 
 
 def progress(line: str) -> None:

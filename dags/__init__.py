@@ -1,0 +1,1 @@
+"""Package data: this folder ships inside the wheel (see splitkeeper/resources.py)."""

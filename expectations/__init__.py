@@ -1,0 +1,1 @@
+"""The Great Expectations suites, shipped as package data: ``splitkeeper._data.expectations``."""

@@ -1,0 +1,207 @@
+"""Typed results of the application services (:mod:`splitkeeper.app.services`).
+
+Every service returns one of these frozen dataclasses. ``to_dict()`` gives the
+JSON-able form the CLI prints with ``--json`` and the Airflow tasks return as
+their XCom; field names are stable (tests and DAGs read them).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from splitkeeper.core.driver import EpochReport, OpenReport, RunSummary
+
+#: Audit records an OpenSummary keeps (a rescale of a large pipeline decides for every split).
+AUDIT_SHOWN = 500
+
+
+def _plain(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
+
+
+class _Result:
+    def to_dict(self) -> dict[str, Any]:
+        out = _plain(self)
+        assert isinstance(out, dict)
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class AuditLine:
+    split_id: str
+    reader: int | None
+    decision: str
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
+class OpenSummary(_Result):
+    """How a pipeline was opened: restored from which checkpoint, what recovery decided."""
+
+    restored_from: int | None
+    redone_checkpoint: int | None
+    parallelism: int
+    previous_parallelism: int | None
+    decisions: dict[str, int]
+    loads: dict[str, int]
+    pool: int
+    external_disagreements: tuple[str, ...]
+    mode: str
+    audit: tuple[AuditLine, ...] = ()
+    read_only: bool = False
+
+    @classmethod
+    def of(cls, opened: OpenReport, loads: Mapping[int, int], pool: int) -> OpenSummary:
+        counts = Counter(d.decision.value for d in opened.decisions)
+        return cls(
+            restored_from=opened.restored_from,
+            redone_checkpoint=opened.redone_checkpoint,
+            parallelism=opened.parallelism,
+            previous_parallelism=opened.previous_parallelism,
+            decisions=dict(sorted(counts.items())),
+            loads={str(r): n for r, n in sorted(loads.items())},
+            pool=pool,
+            external_disagreements=tuple(opened.external_disagreements),
+            mode=opened.mode_reason,
+            audit=tuple(
+                AuditLine(d.split_id, d.reader_id, d.decision.value, d.detail)
+                for d in opened.decisions[:AUDIT_SHOWN]
+            ),
+            read_only=opened.read_only,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class EpochLine:
+    epoch: int
+    kind: str
+    failed_regions: tuple[int, ...]
+    committed_records: int
+    processing_backlog: bool
+    reason: str
+
+    @classmethod
+    def of(cls, report: EpochReport) -> EpochLine:
+        return cls(
+            epoch=report.epoch,
+            kind=report.kind.value,
+            failed_regions=tuple(sorted(r for r, o in report.outcomes.items() if o.value != "ack")),
+            committed_records=report.committed_records,
+            processing_backlog=report.processing_backlog,
+            reason=report.reason,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class RunResult(_Result):
+    """What ``run`` did: the open (recovery), the discovery, every epoch."""
+
+    pipeline: str
+    opened: OpenSummary
+    new_splits: int
+    epochs: tuple[EpochLine, ...]
+    checkpoints: dict[str, int]
+    committed_records: int
+    finished: bool
+    caught_up: bool
+
+    @classmethod
+    def of(cls, pipeline: str, opened: OpenSummary, new_splits: int, summary: RunSummary) -> RunResult:
+        return cls(
+            pipeline=pipeline,
+            opened=opened,
+            new_splits=new_splits,
+            epochs=tuple(EpochLine.of(e) for e in summary.epochs),
+            checkpoints=summary.counts(),
+            committed_records=summary.committed_records,
+            finished=summary.finished,
+            caught_up=summary.caught_up,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class RecoverResult(_Result):
+    """What ``recover`` (and ``rescale``) did; ``dry_run``: nothing was written anywhere."""
+
+    pipeline: str
+    opened: OpenSummary
+    dry_run: bool
+    epochs: tuple[EpochLine, ...] = ()
+    checkpoints: dict[str, int] = field(default_factory=dict)
+    committed_records: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveryPreview(_Result):
+    """The checkpoint a recovery would restore, and what each reader would report (read-only)."""
+
+    pipeline: str
+    checkpoint_id: int
+    kind: str
+    parallelism_before: int
+    pool: int
+    owned: dict[str, int]
+    finished: int
+    ref_chain: tuple[int, ...]
+    reports: dict[str, tuple[str, ...]]
+
+
+@dataclass(frozen=True, slots=True)
+class LatestCheckpoint:
+    id: int
+    kind: str
+    parallelism: int
+    consecutive_regional: int
+    processing_backlog: bool
+    failed_regions: tuple[int, ...]
+    ref_chain: tuple[int, ...]
+    loads: dict[str, int]
+    pool: int
+    finished_splits: int
+
+
+@dataclass(frozen=True, slots=True)
+class TimelineLine:
+    id: int
+    kind: str
+    failed_regions: tuple[int, ...]
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class StatusResult(_Result):
+    """The state of a pipeline as its tables say, read without writing anything."""
+
+    pipeline: str
+    latest_checkpoint: LatestCheckpoint | None
+    timeline: tuple[TimelineLine, ...]
+    next_epoch: int
+    lease: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ValidationResult(_Result):
+    """The restart checks' verdict on one checkpoint (raises before returning when one failed)."""
+
+    pipeline: str
+    checkpoint_id: int
+    success: bool
+    suites: dict[str, str]
+    data_docs: str | None
+    notes: tuple[str, ...]

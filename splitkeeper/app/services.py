@@ -1,0 +1,326 @@
+"""The application services: each use case of splitkeeper, once, for the CLI and the Airflow tasks.
+
+``run``, ``recover`` (and ``rescale``), ``preview_recovery``, ``status``,
+``validate`` and ``report`` take a validated :class:`PipelineConfig`, do one use
+case and return a typed result (:mod:`splitkeeper.app.results`). The CLI
+commands (``splitkeeper/commands``) format those results; the Airflow tasks
+(``splitkeeper/orchestration/tasks.py``) return their ``to_dict()``. Neither
+holds logic of its own.
+
+Read-only services (``status``, ``preview_recovery``, a dry-run ``recover``)
+write nothing anywhere: no table is created, no redo is committed, no staging
+is cleaned.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from splitkeeper.app.results import (
+    EpochLine,
+    LatestCheckpoint,
+    OpenSummary,
+    RecoverResult,
+    RecoveryPreview,
+    RunResult,
+    StatusResult,
+    TimelineLine,
+    ValidationResult,
+)
+from splitkeeper.core.rescale import Redistribution
+from splitkeeper.errors import CheckpointError, InvalidParameterError
+from splitkeeper.runtime.config import PipelineConfig
+
+log = logging.getLogger("splitkeeper.app")
+
+REPORTS_ENV = "SPLITKEEPER_REPORTS_DIR"
+RECOVERY_MODES = ("auto", "global", "partial")
+
+Progress = Callable[[str], None]
+
+
+# --------------------------------------------------------------------------- shared pieces
+
+
+def spark_session() -> Any:
+    """The driver's Spark session (``SPLITKEEPER_SPARK_*``), UI off."""
+    from splitkeeper.runtime.spark import SparkSettings, get_spark
+
+    return get_spark(SparkSettings.from_env(ui_enabled=False))
+
+
+def reports_dir(config: PipelineConfig) -> Path:
+    """Where the reports go: ``$SPLITKEEPER_REPORTS_DIR/<name>``, else ``<state>/../reports/<name>``."""
+    base = os.environ.get(REPORTS_ENV) or os.path.join(
+        os.path.dirname(config.state_path.rstrip("/")), "reports"
+    )
+    return Path(base) / config.name
+
+
+def _pipeline(
+    config: PipelineConfig,
+    *,
+    faults: Iterable[str] = (),
+    progress: Progress | None = None,
+    read_only: bool = False,
+) -> Any:
+    from splitkeeper.runtime.faults import FaultPlan
+    from splitkeeper.runtime.pipeline import Pipeline
+
+    return Pipeline(
+        config,
+        spark_session(),
+        faults=FaultPlan.parse(faults),
+        progress=progress or log.info,
+        read_only=read_only,
+    )
+
+
+def _state_store(config: PipelineConfig) -> Any:
+    """The pipeline's state store, read-only (no table is created; the source is not asked)."""
+    from splitkeeper.state.checkpoints import DeltaStateStore
+
+    return DeltaStateStore(config.state_path, config.name, None, read_only=True)
+
+
+def _open_summary(pipeline: Any, opened: Any) -> OpenSummary:
+    enumerator = pipeline.enumerator
+    return OpenSummary.of(opened, enumerator.loads(), enumerator.pool_size)
+
+
+def check_recovery_mode(mode: str, parallelism: int | None, parallelism_before: int | None) -> None:
+    """``partial`` cannot rescale: a partial failover keeps the parallelism (protocol rule 1.3)."""
+    if mode not in RECOVERY_MODES:
+        raise InvalidParameterError("mode", mode, f"one of {', '.join(RECOVERY_MODES)}")
+    if mode == "partial" and parallelism is not None and parallelism != parallelism_before:
+        raise InvalidParameterError(
+            "mode", mode, "'auto' or 'global' when the parallelism changes (a rescale is a global restore)"
+        )
+
+
+# --------------------------------------------------------------------------- use cases
+
+
+def run(
+    config: PipelineConfig,
+    *,
+    epochs: int | None = None,
+    until_caught_up: bool = False,
+    faults: Iterable[str] = (),
+    progress: Progress | None = None,
+    reset_backlog: bool = False,
+) -> RunResult:
+    """Open the pipeline once (recover a half-done epoch, restore), discover, run epochs.
+
+    ``epochs=None`` runs a bounded source to its end; ``until_caught_up`` ends an unbounded
+    one on the global checkpoint where every split reached the end it had at the start
+    (``epochs`` caps it). ``reset_backlog`` makes every unbounded split's end now its new
+    backlog boundary (throughput mode until caught up, protocol rule 4.1).
+    """
+    if epochs is not None and (isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1):
+        raise InvalidParameterError("epochs", epochs, "an integer >= 1, or None to run until done")
+    pipeline = _pipeline(config, faults=faults, progress=progress)
+    try:
+        opened = _open_summary(pipeline, pipeline.open())
+        new_splits = pipeline.driver.discover()
+        if reset_backlog:
+            pipeline.driver.reset_backlog()
+        summary = pipeline.run(epochs, until_caught_up=until_caught_up)
+    finally:
+        pipeline.close()
+    return RunResult.of(config.name, opened, new_splits, summary)
+
+
+def recover(
+    config: PipelineConfig,
+    *,
+    checkpoint_id: int | None = None,
+    parallelism: int | None = None,
+    redistribution: Redistribution | None = None,
+    mode: str = "auto",
+    dry_run: bool = False,
+    epochs: int = 1,
+    faults: Iterable[str] = (),
+    progress: Progress | None = None,
+) -> RecoverResult:
+    """A global restore from ``checkpoint_id`` (latest by default), optionally a rescale.
+
+    Every split's recovery decision is in the result. Unless ``dry_run``, ``epochs``
+    epochs run so that the new assignment is committed by a checkpoint at the new
+    parallelism. A dry run opens read-only: nothing is written anywhere.
+    """
+    if parallelism is not None and (
+        isinstance(parallelism, bool) or not isinstance(parallelism, int) or parallelism < 1
+    ):
+        raise InvalidParameterError("parallelism", parallelism, "an integer >= 1, or None to keep it")
+    if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 0:
+        raise InvalidParameterError("epochs", epochs, "an integer >= 0")
+    pipeline = _pipeline(config, faults=faults, progress=progress, read_only=dry_run)
+    if redistribution is not None:
+        pipeline.redistribution = redistribution
+    try:
+        latest = pipeline.store.latest_checkpoint()
+        check_recovery_mode(mode, parallelism, None if latest is None else latest.parallelism)
+        opened = _open_summary(
+            pipeline, pipeline.open(checkpoint_id=checkpoint_id, parallelism=parallelism, read_only=dry_run)
+        )
+        if dry_run or epochs == 0:
+            return RecoverResult(config.name, opened, dry_run)
+        summary = pipeline.run(epochs)
+    finally:
+        pipeline.close()
+    return RecoverResult(
+        config.name,
+        opened,
+        dry_run,
+        epochs=tuple(EpochLine.of(e) for e in summary.epochs),
+        checkpoints=summary.counts(),
+        committed_records=summary.committed_records,
+    )
+
+
+def rescale(
+    config: PipelineConfig,
+    parallelism: int,
+    redistribution: Redistribution = Redistribution.EVEN_SPLIT,
+    *,
+    progress: Progress | None = None,
+) -> RecoverResult:
+    """Change the parallelism from the latest checkpoint (protocol rule 2.8); one epoch commits it."""
+    return recover(
+        config, parallelism=parallelism, redistribution=redistribution, mode="global", progress=progress
+    )
+
+
+def preview_recovery(config: PipelineConfig, checkpoint_id: int | None = None) -> RecoveryPreview:
+    """The checkpoint a recovery would restore and what every reader would report on registration.
+
+    Read-only. CheckpointError when there is no completed checkpoint, or ``checkpoint_id``
+    is not the latest (the sink holds what later checkpoints committed).
+    """
+    store = _state_store(config)
+    ids = store.checkpoint_ids()
+    if not ids:
+        raise CheckpointError(f"pipeline {config.name!r} has no completed checkpoint to recover from")
+    cid = checkpoint_id or ids[-1]
+    checkpoint = store.load_checkpoint(cid)
+    if cid != ids[-1]:
+        raise CheckpointError(
+            f"checkpoint {cid} is not the latest ({ids[-1]}): the sink holds the records of later "
+            f"checkpoints, so only the latest can be restored; available: {ids}",
+            checkpoint_id=cid,
+        )
+    enum = checkpoint.enumerator
+    return RecoveryPreview(
+        pipeline=config.name,
+        checkpoint_id=cid,
+        kind=checkpoint.kind.value,
+        parallelism_before=checkpoint.parallelism,
+        pool=0 if enum is None else len(enum.pool),
+        owned={} if enum is None else {str(r): len(s) for r, s in sorted(enum.assignments.items())},
+        finished=0 if enum is None else len(enum.finished),
+        ref_chain=tuple(store.ref_chain(cid)),
+        reports={
+            str(r): tuple(s.split_id for s in state.splits) for r, state in sorted(checkpoint.regions.items())
+        },
+    )
+
+
+def status(config: PipelineConfig, *, last: int = 10) -> StatusResult:
+    """The latest checkpoint, its ref chain and loads, and the last ``last`` timeline entries. Read-only."""
+    store = _state_store(config)
+    latest = store.latest_checkpoint()
+    info = None
+    if latest is not None:
+        enum = latest.enumerator
+        loads = {r: len(s) for r, s in (enum.assignments.items() if enum else [])}
+        info = LatestCheckpoint(
+            id=latest.checkpoint_id,
+            kind=latest.kind.value,
+            parallelism=latest.parallelism,
+            consecutive_regional=latest.consecutive_regional,
+            processing_backlog=latest.processing_backlog,
+            failed_regions=tuple(latest.failed_regions),
+            ref_chain=tuple(store.ref_chain(latest.checkpoint_id)),
+            loads={str(k): v for k, v in sorted(loads.items())},
+            pool=0 if enum is None else len(enum.pool),
+            finished_splits=0 if enum is None else len(enum.finished),
+        )
+    timeline = tuple(
+        TimelineLine(t.checkpoint_id, t.kind.value, tuple(t.failed_regions), t.reason)
+        for t in store.history.timeline()[-last:]
+    )
+    ids = store.checkpoint_ids()
+    next_epoch = max(store.latest_plan_epoch() or 0, ids[-1] if ids else 0) + 1
+    return StatusResult(config.name, info, timeline, next_epoch, _lease_of(store))
+
+
+def _lease_of(store: Any) -> dict[str, Any] | None:
+    """Who holds the pipeline's lease (read-only), or None when it never had one."""
+    from splitkeeper.state.lease import PipelineLease
+
+    holder = PipelineLease(store.tables, store.pipeline_name).holder()
+    if holder is None:
+        return None
+    return {
+        "holder": holder.owner.describe(),
+        "since": holder.acquired_at.isoformat(),
+        "until": holder.expires_at.isoformat(),
+        "released": holder.released,
+    }
+
+
+def validate(config: PipelineConfig, checkpoint_id: int | None = None) -> ValidationResult:
+    """The restart checks (protocol section 6, Great Expectations) on a checkpoint and the sink.
+
+    Raises InvariantViolation naming the split ids when a check fails.
+    """
+    from splitkeeper.quality.checks import raise_on_failure, run_restart_checks
+    from splitkeeper.runtime.sources import build_source
+    from splitkeeper.state.checkpoints import DeltaStateStore
+
+    connector = build_source(config.source)
+    try:
+        store = DeltaStateStore(config.state_path, config.name, connector.fingerprint(), read_only=True)
+        report = run_restart_checks(
+            spark_session(),
+            store,
+            config.sink_path,
+            checkpoint_id=checkpoint_id,
+            strategy=config.strategy,
+            max_consecutive_failures=config.checkpoint.max_consecutive_failures,
+            subscriptions=connector.subscriptions(),
+            data_docs_dir=reports_dir(config) / "data_docs",
+            source_splits=connector.discover_splits(),
+        )
+    finally:
+        connector.close()
+    log.info("%s", report.summary())
+    raise_on_failure(report)
+    return ValidationResult(
+        pipeline=config.name,
+        checkpoint_id=report.checkpoint_id,
+        success=report.success,
+        suites={s.key: s.status.value for s in report.suites},
+        data_docs=None if report.data_docs_index is None else str(report.data_docs_index),
+        notes=tuple(report.notes),
+    )
+
+
+def report(config: PipelineConfig, title: str | None = None) -> Path:
+    """Render the pipeline's run report (HTML with charts); returns its path."""
+    from splitkeeper.report.html import render_report
+
+    out = reports_dir(config)
+    docs = out / "data_docs" / "index.html"
+    return render_report(
+        _state_store(config),
+        out,
+        sink_path=config.sink_path,
+        title=title or f"splitkeeper run report: {config.name}",
+        data_docs_index=docs if docs.exists() else None,
+    )

@@ -1,0 +1,78 @@
+"""``splitkeeper recover --config FILE --checkpoint ID|latest [--parallelism P] [--dry-run]``.
+
+A global restore (optionally a rescale): the enumerator is restored from the
+checkpoint, every reader reports its restored splits, each split's recovery
+decision is printed, and (unless ``--dry-run``) one epoch runs so that the new
+assignment is committed by a checkpoint at the new parallelism. A dry run
+writes nothing anywhere.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from splitkeeper.commands.common import add_config_argument, add_fault_argument, load, progress
+from splitkeeper.errors import InvalidParameterError
+
+
+def checkpoint_arg(text: str) -> int | None:
+    if text == "latest":
+        return None
+    if text.isdigit() and int(text) > 0:
+        return int(text)
+    raise InvalidParameterError("--checkpoint", text, "'latest' or a checkpoint id (a positive integer)")
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    add_config_argument(parser)
+    parser.add_argument("--checkpoint", default="latest", help="checkpoint id or 'latest' (default)")
+    parser.add_argument("--parallelism", type=int, default=None, help="new parallelism (a rescale)")
+    parser.add_argument(
+        "--mode",
+        default="auto",
+        choices=("auto", "global", "partial"),
+        help="recovery mode (partial cannot change the parallelism)",
+    )
+    parser.add_argument("--dry-run", action="store_true", help="only print the recovery plan; write nothing")
+    parser.add_argument("--epochs", type=int, default=1, help="epochs to run after the restore (default 1)")
+    add_fault_argument(parser)
+    parser.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
+
+
+def run(args: argparse.Namespace) -> int:
+    from splitkeeper.app import services
+
+    checkpoint = checkpoint_arg(args.checkpoint)
+    if args.parallelism is not None and args.parallelism < 1:
+        raise InvalidParameterError("--parallelism", args.parallelism, "an integer >= 1")
+    result = services.recover(
+        load(args),
+        checkpoint_id=checkpoint,
+        parallelism=args.parallelism,
+        mode=args.mode,
+        dry_run=args.dry_run,
+        epochs=args.epochs,
+        faults=args.fault,
+        progress=progress,
+    )
+    opened = result.opened
+    if args.json:
+        data = result.to_dict()
+        flat = {k: v for k, v in data["opened"].items() if k != "audit"}
+        print(json.dumps({**flat, **{k: v for k, v in data.items() if k not in ("opened", "epochs")}}))
+        return 0
+    was = f" (was {opened.previous_parallelism})" if opened.previous_parallelism else ""
+    print(f"restored from checkpoint {opened.restored_from} at parallelism {opened.parallelism}{was}")
+    if opened.redone_checkpoint is not None:
+        verb = "would be" if result.dry_run else "was"
+        print(f"checkpoint {opened.redone_checkpoint} {verb} finished from its sink commit (redo)")
+    print(opened.mode)
+    for d in opened.audit:
+        print(f"  {d.split_id:<40} reader {d.reader!s:<5} {d.decision:<32} {d.detail}")
+    print("per-reader load:", opened.loads)
+    if result.dry_run:
+        print("dry run: nothing was written")
+    elif result.epochs:
+        print(f"checkpoints {result.checkpoints}, {result.committed_records:,} records committed")
+    return 0

@@ -1,0 +1,1 @@
+"""The state tables' DDL files, shipped as package data: ``splitkeeper._data.state``."""

@@ -1,0 +1,142 @@
+"""Parts of the local cluster that need no running service: credentials, env file, ports, status."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import subprocess
+
+import pytest
+
+from splitkeeper.cluster.local import (
+    PORT_NAMES,
+    SERVICES,
+    ClusterError,
+    ClusterState,
+    Credentials,
+    LocalCluster,
+    ServiceStatus,
+    choose_ports,
+    format_status,
+    scram_sha256,
+)
+from splitkeeper.cluster.s3 import S3Client
+
+
+def test_credentials_are_generated_fresh_saved_0600_and_never_shown(tmp_path):
+    first, second = Credentials.generate(), Credentials.generate()
+    assert not set(first.values()) & set(second.values())
+    assert all(len(v) >= 20 for v in first.values())
+    path = tmp_path / "credentials.env"
+    first.save(path)
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert Credentials.load(path) == first
+    shown = repr(first)
+    assert not any(v in shown for v in first.values())
+    path.chmod(0o644)
+    with pytest.raises(ClusterError, match="readable by others"):
+        Credentials.load(path)
+
+
+def test_the_fernet_key_is_one_airflow_accepts():
+    from cryptography.fernet import Fernet
+
+    Fernet(Credentials.generate().airflow_fernet_key.encode())
+
+
+def test_scram_verifier_matches_postgres_format_and_the_password():
+    verifier = scram_sha256("s3cret")
+    scheme, rest = verifier.split("$", 1)
+    iterations_salt, keys = rest.split("$")
+    iterations, salt = iterations_salt.split(":")
+    stored, server = keys.split(":")
+    assert scheme == "SCRAM-SHA-256" and iterations == "4096" and "s3cret" not in verifier
+    salted = hashlib.pbkdf2_hmac("sha256", b"s3cret", base64.b64decode(salt), 4096)
+    client_key = hmac.new(salted, b"Client Key", hashlib.sha256).digest()
+    assert base64.b64decode(stored) == hashlib.sha256(client_key).digest()
+    assert base64.b64decode(server) == hmac.new(salted, b"Server Key", hashlib.sha256).digest()
+
+
+def test_ports_are_distinct_free_and_reused_when_still_free():
+    ports = choose_ports(None)
+    assert set(ports) == set(PORT_NAMES) and len(set(ports.values())) == len(PORT_NAMES)
+    assert choose_ports(ports) == ports
+
+
+def _fake_cluster(tmp_path) -> LocalCluster:
+    cluster = LocalCluster(tmp_path / "c")
+    cluster.root.mkdir()
+    creds = Credentials.generate()
+    creds.save(cluster.layout.credentials)
+    state = ClusterState(root=str(cluster.root), ports=choose_ports(None))
+    cluster.layout.state_file.write_text(json.dumps(state.__dict__))
+    cluster._state = state
+    cluster._creds = creds
+    (cluster.root / "airflow").mkdir()
+    (cluster.root / "spark").mkdir()
+    return cluster
+
+
+def test_the_env_file_sources_the_credentials_and_holds_no_secret(tmp_path):
+    cluster = _fake_cluster(tmp_path)
+    cluster._write_config_files(cluster._state)
+    text = cluster.layout.env_file.read_text()
+    creds = cluster.credentials()
+    assert not any(v in text for v in creds.values())
+    for private in ("spark/daemon.conf", "spark/conf/spark-defaults.conf", "airflow/passwords.json"):
+        assert (cluster.root / private).stat().st_mode & 0o777 == 0o600
+    done = subprocess.run(
+        ["bash", "-c", f"source {cluster.layout.env_file} && env"], capture_output=True, text=True, check=True
+    )
+    env = dict(line.split("=", 1) for line in done.stdout.splitlines() if "=" in line)
+    assert env == {**env, **cluster.client_env()}
+    conf = dict(item.split("=", 1) for item in env["SPLITKEEPER_SPARK_CONF"].split(";"))
+    assert conf["spark.authenticate.secret"] == creds.spark_auth_secret
+    assert conf["spark.hadoop.fs.s3a.secret.key"] == creds.s3_secret_key
+    assert env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"].startswith("postgresql+psycopg2://airflow:")
+    assert env["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS"] == "False"
+    assert json.loads(env["AIRFLOW_CONN_SPARK_DEFAULT"])["port"] == cluster._state.ports["spark_master"]
+    from splitkeeper.runtime.spark import SparkSettings
+
+    settings = SparkSettings.from_env(env)
+    assert settings.master.startswith("spark://127.0.0.1:") and settings.uses_s3a
+
+
+def test_log_tails_are_scrubbed_of_every_secret(tmp_path):
+    cluster = _fake_cluster(tmp_path)
+    cluster.layout.logs.mkdir()
+    creds = cluster.credentials()
+    cluster.layout.log("x").write_text(f"password={creds.airflow_db_password} key {creds.s3_secret_key}\n")
+    tail = cluster._tail("x")
+    assert creds.airflow_db_password not in tail and creds.s3_secret_key not in tail and "***" in tail
+
+
+def test_status_of_a_folder_never_started_and_its_table(tmp_path):
+    statuses = LocalCluster(tmp_path / "none").status()
+    assert [s.name for s in statuses] == list(SERVICES)
+    assert not any(s.running or s.healthy for s in statuses)
+    table = format_status([ServiceStatus("postgres", 5432, 10, True, True, "ok"), *statuses[1:]])
+    assert table.splitlines()[0].split()[:4] == ["service", "port", "pid", "health"]
+    assert "healthy" in table.splitlines()[1] and "stopped" in table.splitlines()[2]
+
+
+def test_s3_client_repr_hides_the_secret_key():
+    client = S3Client("http://127.0.0.1:1", "AK", "very-secret-key")
+    assert "very-secret-key" not in repr(client)
+
+
+def test_airflow_services_get_the_pipeline_of_the_caller_and_nothing_stale(tmp_path, monkeypatch):
+    cluster = _fake_cluster(tmp_path)
+    monkeypatch.setenv("SPLITKEEPER_PIPELINE_CONFIG", "/data/pipeline.yaml")
+    monkeypatch.setenv("AIRFLOW__CORE__DAGS_FOLDER", "/somewhere/else")  # e.g. left by another test
+    monkeypatch.setenv("SPLITKEEPER_SPARK_MASTER", "local[2]")
+    env = cluster._airflow_env()
+    assert env["SPLITKEEPER_PIPELINE_CONFIG"] == "/data/pipeline.yaml"
+    assert (
+        env["AIRFLOW__CORE__DAGS_FOLDER"].endswith("/dags")
+        and env["AIRFLOW__CORE__DAGS_FOLDER"] != "/somewhere/else"
+    )
+    assert env["SPLITKEEPER_SPARK_MASTER"].startswith("spark://127.0.0.1:")
+    assert env["SPLITKEEPER_CLUSTER_MARK"] == cluster.mark

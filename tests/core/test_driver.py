@@ -1,0 +1,218 @@
+"""The epoch driver with the simulator's in-memory adapters: decisions that are the driver's own."""
+
+from __future__ import annotations
+
+import pytest
+
+from splitkeeper.core.backlog import BacklogConfig
+from splitkeeper.core.checkpoint import CheckpointConfig
+from splitkeeper.core.driver import DriverSettings, EpochDriver
+from splitkeeper.core.ports import CrashPoint, DriverHooks
+from splitkeeper.core.types import CheckpointKind, RecoveryDecision, Split
+from splitkeeper.errors import ConcurrentRunError, ProtocolError
+from splitkeeper.sim.events import RegionFailure
+from splitkeeper.sim.simulator import (
+    ReassignableSimSource,
+    SimClock,
+    SimEpochSink,
+    SimRegionRunner,
+    SimState,
+)
+from splitkeeper.sim.sink import SimulatedSink
+
+
+def _driver(
+    source: ReassignableSimSource,
+    *,
+    parallelism: int = 2,
+    schedule: dict | None = None,
+    epoch_records: int = 8,
+) -> tuple[EpochDriver, SimulatedSink, SimState, SimEpochSink]:
+    runner = SimRegionRunner(schedule)
+    ledger = SimulatedSink()
+    sink = SimEpochSink(ledger, runner)
+    state = SimState()
+    driver = EpochDriver(
+        DriverSettings(
+            pipeline="t",
+            parallelism=parallelism,
+            checkpoint=CheckpointConfig(),
+            backlog=BacklogConfig(backlog_epoch_records=epoch_records, normal_epoch_records=epoch_records),
+        ),
+        source,
+        runner,
+        sink,
+        state,
+        SimClock(),
+    )
+    return driver, ledger, state, sink
+
+
+def _source(subscriptions: set[str], splits: dict[str, tuple[str, int]]) -> ReassignableSimSource:
+    source = ReassignableSimSource(subscriptions=subscriptions)
+    source.add([Split(sid, sub, 0) for sid, (sub, _end) in splits.items()])
+    source.ends.update({sid: end for sid, (_sub, end) in splits.items()})
+    return source
+
+
+def test_a_subscription_created_mid_run_is_read_from_the_next_epoch_and_a_removed_one_is_dropped() -> None:
+    source = _source({"a"}, {"a-0": ("a", 10), "a-1": ("a", 10)})
+    driver, ledger, _state, _sink = _driver(source)
+    driver.open()
+    driver.run_epoch(records_per_split=4)
+    assert set(ledger.split_ids()) == {"a-0", "a-1"}
+
+    # a new topic matching the pattern appears while the pipeline runs
+    source.add([Split("b-0", "b", 0)])
+    source.ends["b-0"] = 6
+    source.set_subscriptions({"a", "b"})
+    report = driver.run_epoch(records_per_split=4)
+    assert report.kind is CheckpointKind.GLOBAL
+    assert ledger.spans("b-0") == [(0, 4)]  # read in the very next epoch
+
+    # topic "a" is deleted: its splits are dropped (pooled or owned), audited, never read again
+    source.set_subscriptions({"b"})
+    before = {sid: ledger.spans(sid) for sid in ("a-0", "a-1")}
+    report = driver.run_epoch(records_per_split=4)
+    assert {sid: ledger.spans(sid) for sid in ("a-0", "a-1")} == before
+    assert report.completed is not None
+    owned = {s.split_id for r in report.completed.regions.values() for s in r.splits}
+    assert owned == {"b-0"}
+    assert driver.enumerator is not None
+    dropped = [
+        a for a in driver.enumerator.audit if a.decision is RecoveryDecision.DROPPED_REMOVED_SUBSCRIPTION
+    ]
+    assert {a.split_id for a in dropped} == {"a-0", "a-1"}
+
+
+def test_the_fence_refuses_a_commit_when_another_writer_committed_since_the_restore() -> None:
+    source = _source({"a"}, {"a-0": ("a", 100)})
+    driver, _ledger, _state, sink = _driver(source, parallelism=1)
+    driver.open()
+    driver.run_epoch(records_per_split=5)
+    sink.recorded = 7  # another run committed epoch 7 meanwhile
+    with pytest.raises(ConcurrentRunError) as err:
+        driver.run_epoch(records_per_split=5)
+    assert err.value.params["found"] == 7 and err.value.params["expected"] == 1
+
+
+class _Crash(Exception):
+    pass
+
+
+class _CrashAt(DriverHooks):
+    """Dies (raises) at one crash point of one epoch, as a killed driver would stop there."""
+
+    def __init__(self, point: CrashPoint, epoch: int) -> None:
+        self.point, self.epoch = point, epoch
+
+    def crash_point(self, point: CrashPoint, epoch: int) -> None:
+        if (point, epoch) == (self.point, self.epoch):
+            raise _Crash(f"{point.value}@{epoch}")
+
+
+def test_a_read_only_open_applies_a_pending_redo_in_memory_and_refuses_to_run() -> None:
+    source = _source({"a"}, {"a-0": ("a", 100)})
+    driver, _ledger, state, sink = _driver(source, parallelism=1)
+    driver.hooks = _CrashAt(CrashPoint.BEFORE_CHECKPOINT_ROW, 2)
+    driver.open()
+    driver.run_epoch(records_per_split=5)
+    with pytest.raises(_Crash):  # the driver dies after the sink commit of epoch 2, before its row
+        driver.run_epoch(records_per_split=5)
+    assert sink.recorded == 2 and state.checkpoint_ids() == [1]
+
+    dry, _l, _s, _k = _driver(source, parallelism=1)
+    dry.state, dry.sink = state, sink
+    opened = dry.open(read_only=True)
+    assert opened.redone_checkpoint == 2 and opened.restored_from == 2 and opened.read_only
+    assert state.checkpoint_ids() == [1]  # nothing was written
+    with pytest.raises(ProtocolError, match="read-only"):
+        dry.run_epoch()
+
+    again, _l, _s, _k = _driver(source, parallelism=1)
+    again.state, again.sink = state, sink
+    assert again.open().redone_checkpoint == 2
+    assert state.checkpoint_ids() == [1, 2]
+    assert again.run_epoch(records_per_split=5).epoch == 3
+
+
+def test_a_timed_out_region_falls_back_and_its_splits_are_read_again() -> None:
+    source = _source({"a"}, {"a-0": ("a", 12), "a-1": ("a", 12)})
+    driver, ledger, _state, _sink = _driver(source, schedule={(2, 1): RegionFailure.TIMEOUT})
+    driver.open()
+    reports = driver.run(until_caught_up=True).epochs
+    kinds = [r.kind for r in reports]
+    assert kinds[1] is CheckpointKind.REGIONAL and kinds[-1] is CheckpointKind.GLOBAL
+    assert {sid: ledger.spans(sid) for sid in ("a-0", "a-1")} == {"a-0": [(0, 12)], "a-1": [(0, 12)]}
+
+
+def test_a_continuous_run_follows_the_backlog_then_the_normal_interval_and_stops_on_a_global_checkpoint() -> (
+    None
+):
+    source = ReassignableSimSource(subscriptions={"a"})
+    source.add([Split(f"a-{i}", "a", 0, backlog_end=12) for i in range(2)])
+    source.ends.update({"a-0": 12, "a-1": 12})
+    runner = SimRegionRunner()
+    clock = SimClock()
+    driver = EpochDriver(
+        DriverSettings(
+            pipeline="t",
+            parallelism=2,
+            backlog=BacklogConfig(
+                backlog_epoch_records=8, normal_epoch_records=2, backlog_interval_s=60, normal_interval_s=5
+            ),
+        ),
+        source,
+        runner,
+        SimEpochSink(SimulatedSink(), runner),
+        SimState(),
+        clock,
+    )
+    driver.open()
+    grow = iter(range(1, 1000))
+
+    def stop_requested() -> bool:
+        for sid in ("a-0", "a-1"):  # a trickle after the backlog
+            source.ends[sid] = 12 + next(grow)
+        if clock.now() < 200:
+            return False
+        runner.schedule.setdefault((driver.next_epoch, 0), RegionFailure.DECLINE)  # the first final one fails
+        return True
+
+    summary = driver.run_continuously(stop_requested, poll_s=1)
+
+    starts = [r.started_at for r in summary.epochs]
+    backlog = [r.processing_backlog for r in summary.epochs]
+    assert backlog[:3] == [True, True, True] and not any(backlog[3:])  # 4 records per split per epoch
+    assert starts[:3] == [0, 60, 120]  # the backlog interval while processing backlog
+    regular = [r.started_at for r in summary.epochs if not r.final]
+    gaps = [b - a for a, b in zip(regular[2:], regular[3:], strict=False)]
+    assert len(gaps) >= 10 and set(gaps) == {5}, gaps  # then the normal interval, from the switch on
+    assert [s.processing_backlog for s in summary.interval_switches] == [False]
+    assert summary.interval_switches[0].after == 3 and summary.interval_switches[0].interval_s == 5
+    final = [r for r in summary.epochs if r.final]
+    assert [r.kind for r in final] == [CheckpointKind.ABORTED, CheckpointKind.GLOBAL]
+    assert summary.stopped and summary.epochs[-1].kind is CheckpointKind.GLOBAL
+
+
+def test_a_backlog_reset_reaches_the_owning_reader_and_finishes_when_it_reaches_the_new_boundary() -> None:
+    source = _source({"a"}, {"a-0": ("a", 4), "a-1": ("a", 4)})
+    driver, _ledger, _state, _sink = _driver(source, epoch_records=8)
+    driver.open()
+    driver.run_epoch()  # both splits read to 4; no backlog tracked yet
+    assert driver.enumerator is not None and not driver.enumerator.processing_backlog
+    source.ends.update({"a-0": 20, "a-1": 20})  # an outage: the source ran ahead
+
+    assert driver.reset_backlog() == {"a-0": 20, "a-1": 20}
+    context = driver.context
+    assert context is not None
+    owned = {sid: s for splits in context.reader_splits.values() for sid, s in splits.items()}
+    assert {sid: (s.position, s.backlog_end) for sid, s in owned.items()} == {"a-0": (4, 20), "a-1": (4, 20)}
+    modes = []
+    for _ in range(5):
+        report = driver.run_epoch()
+        modes.append(report.processing_backlog)
+    assert modes == [True, True, True, True, False]  # 4 records per split per epoch: 4 -> 8 -> ... -> 20
+    assert not driver.enumerator.processing_backlog
+    assert report.completed is not None and report.completed.enumerator is not None
+    assert report.completed.enumerator.backlog.finished == {"a-0", "a-1"}

@@ -1,0 +1,159 @@
+"""scripts/check.sh and the rules it enforces: the layer contracts break on a forbidden import,
+mypy is strict on the core and only there, and the script fails when one check fails."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+CORE_CONTRACT = "core: the protocol core imports no other part of splitkeeper but splitkeeper.errors"
+RUNTIME_CONTRACT = "runtime: the engine imports no orchestration, checks, report or CLI"
+
+
+def _env(pythonpath: Path) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(pythonpath), "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
+
+
+@pytest.fixture
+def tree(tmp_path: Path) -> Path:
+    """A copy of the package and of pyproject.toml (where the contracts and the mypy settings live)."""
+    shutil.copy2(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    shutil.copytree(
+        ROOT / "splitkeeper", tmp_path / "splitkeeper", ignore=shutil.ignore_patterns("__pycache__")
+    )
+    return tmp_path
+
+
+def _lint_imports(tree: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(BIN / "lint-imports"), "--no-cache"],
+        cwd=tree,
+        env=_env(tree),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def _contract_lines(output: str) -> dict[str, str]:
+    """Contract name -> KEPT or BROKEN, from lint-imports' summary (a long name wraps onto two lines)."""
+    text = " ".join(output.split())
+    return {
+        name: ("BROKEN" if f"{name} BROKEN" in text else "KEPT" if f"{name} KEPT" in text else "?")
+        for name in (CORE_CONTRACT, RUNTIME_CONTRACT)
+    }
+
+
+def test_the_contracts_are_kept_by_this_checkout(tree: Path) -> None:
+    done = _lint_imports(tree)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert _contract_lines(done.stdout) == {CORE_CONTRACT: "KEPT", RUNTIME_CONTRACT: "KEPT"}
+
+
+@pytest.mark.parametrize(
+    ("module", "imports", "broken"),
+    [
+        ("splitkeeper/core/_probe.py", "import splitkeeper.runtime.config", CORE_CONTRACT),
+        ("splitkeeper/core/_probe.py", "import splitkeeper.sim.events", CORE_CONTRACT),
+        ("splitkeeper/core/_probe.py", "from splitkeeper import resources", CORE_CONTRACT),
+        ("splitkeeper/runtime/_probe.py", "import splitkeeper.orchestration.tasks", RUNTIME_CONTRACT),
+        ("splitkeeper/runtime/_probe.py", "import splitkeeper.report.html", RUNTIME_CONTRACT),
+        ("splitkeeper/runtime/_probe.py", "from splitkeeper.quality import checks", RUNTIME_CONTRACT),
+        ("splitkeeper/runtime/sources/_probe.py", "import splitkeeper.cli", RUNTIME_CONTRACT),
+        ("splitkeeper/runtime/_probe.py", "import splitkeeper.commands.run", RUNTIME_CONTRACT),
+    ],
+)
+def test_a_forbidden_import_breaks_its_contract_and_names_the_module(
+    tree: Path, module: str, imports: str, broken: str
+) -> None:
+    (tree / module).write_text(f"{imports}\n", encoding="utf-8")
+    done = _lint_imports(tree)
+    assert done.returncode == 1, done.stdout + done.stderr
+    states = _contract_lines(done.stdout)
+    assert states[broken] == "BROKEN"
+    assert [name for name, state in states.items() if state == "BROKEN"] == [broken]
+    assert module.removesuffix(".py").replace("/", ".") in done.stdout
+
+
+def test_the_core_may_import_the_errors_module(tree: Path) -> None:
+    (tree / "splitkeeper/core/_probe.py").write_text("from splitkeeper.errors import ProtocolError\n")
+    done = _lint_imports(tree)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_mypy_is_strict_on_the_core_and_only_there(tmp_path: Path) -> None:
+    shutil.copy2(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    untyped = "def half(x):\n    return x / 2\n\n\ndef table() -> dict:\n    return {}\n"
+    for package in ("splitkeeper", "splitkeeper/core", "splitkeeper/sim"):
+        (tmp_path / package).mkdir(exist_ok=True)
+        (tmp_path / package / "__init__.py").write_text("")
+    (tmp_path / "splitkeeper/core/probe.py").write_text(untyped)
+    (tmp_path / "splitkeeper/sim/probe.py").write_text(untyped)
+    done = subprocess.run(
+        [sys.executable, "-m", "mypy", "--cache-dir", str(tmp_path / ".mypy_cache")]
+        + ["splitkeeper/core/probe.py", "splitkeeper/sim/probe.py"],
+        cwd=tmp_path,
+        env=_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    errors = [line for line in done.stdout.splitlines() if ": error:" in line]
+    assert {line.split(":")[0] for line in errors} == {"splitkeeper/core/probe.py"}
+    assert any("missing a type annotation" in line for line in errors)
+    assert any('Missing type arguments for generic type "dict"' in line for line in errors)
+
+
+def _check_sh(root: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["bash", str(root / "scripts" / "check.sh")],
+        cwd=root,
+        env={**_env(root), "PYTHONPATH": ""},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+def test_check_sh_prints_one_line_per_check_and_passes_on_this_checkout() -> None:
+    done = _check_sh(ROOT)
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert [line.split()[1:3] for line in lines] == [
+        ["ruff", "check"],
+        ["ruff", "format"],
+        ["mypy", "ok"],
+        ["lint-imports", "ok"],
+    ]
+    assert all(line.startswith("[check] ") for line in lines)
+    assert lines[0].split()[3] == "ok" and lines[1].split()[3] == "ok"
+
+
+def test_check_sh_fails_when_a_check_fails_and_still_runs_the_others(tmp_path: Path) -> None:
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(ROOT / name, tmp_path / name)
+    for folder in ("splitkeeper", "scripts"):
+        shutil.copytree(ROOT / folder, tmp_path / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    if (ROOT / ".mypy_cache").is_dir():  # mypy from a warm cache: seconds instead of a minute
+        shutil.copytree(ROOT / ".mypy_cache", tmp_path / ".mypy_cache")
+    (tmp_path / "splitkeeper/runtime/_probe.py").write_text("import splitkeeper.cli  # noqa: F401\n")
+    done = _check_sh(tmp_path)
+    assert done.returncode == 1
+    lines = [line for line in done.stdout.splitlines() if line.startswith("[check] ")]
+    assert [line.split()[1] for line in lines] == ["ruff", "ruff", "mypy", "lint-imports"]
+    assert "FAILED" in lines[-1] and all("FAILED" not in line for line in lines[:-1])
+    assert "splitkeeper.runtime._probe -> splitkeeper.cli" in done.stdout
+    assert "[check] FAILED: lint-imports" in done.stderr
+
+
+def test_test_sh_runs_the_checks_between_setup_and_pytest() -> None:
+    text = (ROOT / "scripts" / "test.sh").read_text()
+    assert text.index("bash scripts/setup.sh") < text.index("bash scripts/check.sh") < text.index("-m pytest")

@@ -1,0 +1,62 @@
+"""The ``splitkeeper`` entry point: ``--version``, ``--help`` and the command table."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import types
+from importlib import metadata
+
+import pytest
+
+from splitkeeper.cli import COMMANDS, main
+
+
+def test_version_prints_the_installed_distribution_version(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out == f"splitkeeper {metadata.version('splitkeeper')}\n"
+
+
+def test_help_lists_version_and_every_command(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert "--version" in out
+    assert all(name in out for name in COMMANDS)
+
+
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_every_command_module_exists_and_has_configure_and_run(name: str) -> None:
+    module = importlib.import_module(COMMANDS[name][0])
+    assert callable(module.configure) and callable(module.run)
+
+
+def _fake_command(monkeypatch: pytest.MonkeyPatch, missing: str) -> None:
+    module = types.ModuleType("splitkeeper_test_fake_command")
+
+    def run(args: object) -> int:
+        raise ModuleNotFoundError(f"No module named {missing!r}", name=missing)
+
+    module.configure = lambda parser: None  # type: ignore[attr-defined]
+    module.run = run  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    monkeypatch.setitem(COMMANDS, "fake", (module.__name__, "a command whose engine is missing"))
+
+
+@pytest.mark.parametrize(
+    ("missing", "extra"),
+    [("pyarrow.parquet", "spark"), ("confluent_kafka", "kafka"), ("great_expectations", "quality")],
+)
+def test_a_missing_engine_names_the_extra_that_installs_it(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], missing: str, extra: str
+) -> None:
+    _fake_command(monkeypatch, missing)
+    assert main(["fake"]) == 2
+    err = capsys.readouterr().err
+    assert f"needs {missing.partition('.')[0]}, which is not installed" in err
+    assert f"pip install 'splitkeeper[{extra}]'" in err
+
+
+def test_a_missing_module_that_no_extra_installs_is_not_hidden(monkeypatch: pytest.MonkeyPatch) -> None:
+    _fake_command(monkeypatch, "no_such_module")
+    with pytest.raises(ModuleNotFoundError, match="no_such_module"):
+        main(["fake"])
