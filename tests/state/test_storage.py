@@ -54,6 +54,42 @@ needs_s3 = pytest.mark.skipif(
 
 @pytest.mark.s3
 @needs_s3
+def test_two_writer_processes_on_s3_one_lands_by_the_conditional_put():
+    import multiprocessing
+
+    import pyarrow as pa
+    from deltalake import DeltaTable
+
+    from . import workers
+
+    uri = S3_URI.rstrip("/") + f"/fence-{uuid.uuid4().hex}"
+    DeltaTable.create(
+        uri, pa.schema([pa.field("writer", pa.string())]), storage_options=storage.storage_options(uri)
+    )
+    for version in (1, 2, 3):  # three rounds: the race is real each time
+        context = multiprocessing.get_context("spawn")
+        barrier = context.Barrier(2)
+        results = context.Queue()
+        tags = (f"a{version}", f"b{version}")
+        procs = [
+            context.Process(
+                target=workers.fenced_writer, args=(uri, version, version - 1 or None, tag, barrier, results)
+            )
+            for tag in tags
+        ]
+        for p in procs:
+            p.start()
+        outcomes = {tag: kind for tag, kind, _detail in (results.get(timeout=180) for _ in procs)}
+        for p in procs:
+            p.join(timeout=60)
+        assert sorted(outcomes.values()) == ["committed", "conflict"], outcomes
+    table = DeltaTable(uri, storage_options=storage.storage_options(uri))
+    assert table.transaction_version("orders") == 3 and table.version() == 3
+    assert table.to_pyarrow_table().num_rows == 3  # one row per round: no loser's row is visible
+
+
+@pytest.mark.s3
+@needs_s3
 def test_state_store_sink_and_fence_on_an_s3_compatible_store(tmp_path):
     from splitkeeper.core.ports import RegionRun
     from splitkeeper.core.types import RegionOutcome

@@ -9,12 +9,14 @@ from typing import Any
 def fenced_writer(uri: str, version: int, expected: int | None, tag: str, barrier: Any, results: Any) -> None:
     """Load the table, pass the fence's check, wait for the other writer, then commit ``tag``'s row."""
     import pyarrow as pa
-    from deltalake import DeltaTable, write_deltalake
+    from deltalake import write_deltalake
 
     from splitkeeper.errors import ConcurrentRunError
     from splitkeeper.state.fence import fenced_commit
+    from splitkeeper.state.tables import open_table
 
-    table = DeltaTable(uri)
+    table = open_table(uri)  # with the storage options of an object-store URI
+    assert table is not None
 
     def write(target: Any, properties: Any) -> None:
         barrier.wait(timeout=120)  # both writers have checked the fence on the same version
