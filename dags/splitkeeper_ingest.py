@@ -41,6 +41,12 @@ with DAG(
             description="Kafka: stop at the global checkpoint where every partition reached the end "
             "offset it had when the run began (at most `epochs` epochs); file sources end by themselves",
         ),
+        "continuous": Param(
+            False,
+            type="boolean",
+            description="run on the backlog/normal checkpoint intervals until the task is cancelled, then "
+            "end on a global checkpoint (epochs and until_caught_up are then ignored)",
+        ),
         "faults": Param(
             [],
             type="array",
@@ -59,6 +65,7 @@ with DAG(
             epochs=int(params.get("epochs", 3)),
             faults=tuple(params.get("faults", ())),
             until_caught_up=bool(params.get("until_caught_up", True)),
+            continuous=bool(params.get("continuous", False)),
         )
 
     @task

@@ -14,6 +14,7 @@ import importlib.metadata
 import sys
 from collections.abc import Sequence
 
+from splitkeeper import logs
 from splitkeeper.errors import SplitkeeperError
 
 # subcommand -> (module, one-line help)
@@ -83,7 +84,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _missing_engine(name, err)
     parser = argparse.ArgumentParser(prog=f"splitkeeper {name}", description=help_text)
     module.configure(parser)
+    parser.add_argument(
+        "--log-level",
+        default=logs.default_level(),
+        choices=logs.LEVELS,
+        help=f"log level (default {logs.default_level()}; ${logs.LEVEL_ENV})",
+    )
+    parser.add_argument(
+        "--log-format",
+        default=logs.default_format(),
+        choices=logs.FORMATS,
+        help=f"text, or json lines with pipeline, epoch, checkpoint id and region (${logs.FORMAT_ENV})",
+    )
     args = parser.parse_args(rest)
+    logs.configure(args.log_level, args.log_format)
     try:
         return int(module.run(args) or 0)
     except SplitkeeperError as err:

@@ -95,6 +95,8 @@ class EpochLine:
     committed_records: int
     processing_backlog: bool
     reason: str
+    started_at: float  # seconds on the driver's clock (monotonic): for intervals between epochs
+    final: bool
 
     @classmethod
     def of(cls, report: EpochReport) -> EpochLine:
@@ -105,6 +107,8 @@ class EpochLine:
             committed_records=report.committed_records,
             processing_backlog=report.processing_backlog,
             reason=report.reason,
+            started_at=round(report.started_at, 3),
+            final=report.final,
         )
 
 
@@ -120,6 +124,8 @@ class RunResult(_Result):
     committed_records: int
     finished: bool
     caught_up: bool
+    stopped: bool = False  # a continuous run stopped on request, on a global checkpoint
+    interval_switches: tuple[str, ...] = ()
 
     @classmethod
     def of(cls, pipeline: str, opened: OpenSummary, new_splits: int, summary: RunSummary) -> RunResult:
@@ -132,6 +138,8 @@ class RunResult(_Result):
             committed_records=summary.committed_records,
             finished=summary.finished,
             caught_up=summary.caught_up,
+            stopped=summary.stopped,
+            interval_switches=tuple(s.line() for s in summary.interval_switches),
         )
 
 

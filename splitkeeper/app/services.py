@@ -14,12 +14,17 @@ is cleaned.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
 import os
-from collections.abc import Callable, Iterable
+import signal
+import threading
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+from splitkeeper import logs
 from splitkeeper.app.results import (
     EpochLine,
     LatestCheckpoint,
@@ -41,6 +46,7 @@ REPORTS_ENV = "SPLITKEEPER_REPORTS_DIR"
 RECOVERY_MODES = ("auto", "global", "partial")
 
 Progress = Callable[[str], None]
+_R = TypeVar("_R")
 
 
 # --------------------------------------------------------------------------- shared pieces
@@ -72,11 +78,7 @@ def _pipeline(
     from splitkeeper.runtime.pipeline import Pipeline
 
     return Pipeline(
-        config,
-        spark_session(),
-        faults=FaultPlan.parse(faults),
-        progress=progress or log.info,
-        read_only=read_only,
+        config, spark_session(), faults=FaultPlan.parse(faults), progress=progress, read_only=read_only
     )
 
 
@@ -102,9 +104,21 @@ def check_recovery_mode(mode: str, parallelism: int | None, parallelism_before: 
         )
 
 
+def _named(service: Callable[..., _R]) -> Callable[..., _R]:
+    """Every log record of the service carries the pipeline's name (``logs.bind``)."""
+
+    @functools.wraps(service)
+    def wrapper(config: PipelineConfig, *args: Any, **kwargs: Any) -> _R:
+        with logs.bind(pipeline=config.name):
+            return service(config, *args, **kwargs)
+
+    return wrapper
+
+
 # --------------------------------------------------------------------------- use cases
 
 
+@_named
 def run(
     config: PipelineConfig,
     *,
@@ -113,6 +127,8 @@ def run(
     faults: Iterable[str] = (),
     progress: Progress | None = None,
     reset_backlog: bool = False,
+    continuous: bool = False,
+    stop: threading.Event | None = None,
 ) -> RunResult:
     """Open the pipeline once (recover a half-done epoch, restore), discover, run epochs.
 
@@ -120,21 +136,59 @@ def run(
     one on the global checkpoint where every split reached the end it had at the start
     (``epochs`` caps it). ``reset_backlog`` makes every unbounded split's end now its new
     backlog boundary (throughput mode until caught up, protocol rule 4.1).
+
+    ``continuous`` checkpoints every ``backlog.backlog_interval_s`` while any split processes
+    backlog and every ``backlog.normal_interval_s`` afterwards, until ``stop`` is set or the
+    process gets SIGTERM or SIGINT (an Airflow task's cancel sends SIGTERM): then it ends on
+    a final checkpoint that is global, retried until it is, and returns normally.
     """
     if epochs is not None and (isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1):
         raise InvalidParameterError("epochs", epochs, "an integer >= 1, or None to run until done")
+    if continuous and (epochs is not None or until_caught_up):
+        raise InvalidParameterError(
+            "continuous",
+            continuous,
+            "alone: a continuous run ends when stopped, not after epochs or caught up",
+        )
     pipeline = _pipeline(config, faults=faults, progress=progress)
     try:
         opened = _open_summary(pipeline, pipeline.open())
         new_splits = pipeline.driver.discover()
         if reset_backlog:
             pipeline.driver.reset_backlog()
-        summary = pipeline.run(epochs, until_caught_up=until_caught_up)
+        if continuous:
+            with _stop_on_signals(stop or threading.Event()) as event:
+                summary = pipeline.driver.run_continuously(event.is_set)
+        else:
+            summary = pipeline.run(epochs, until_caught_up=until_caught_up)
     finally:
         pipeline.close()
     return RunResult.of(config.name, opened, new_splits, summary)
 
 
+@contextlib.contextmanager
+def _stop_on_signals(event: threading.Event) -> Iterator[threading.Event]:
+    """SIGTERM and SIGINT set ``event`` (a stop request) while the block runs; handlers restored after.
+
+    Only the main thread can install handlers; elsewhere the event is the only way to stop.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield event
+        return
+
+    def request_stop(signum: int, _frame: Any) -> None:
+        log.warning("%s: stopping after a final global checkpoint", signal.Signals(signum).name)
+        event.set()
+
+    previous = {sig: signal.signal(sig, request_stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield event
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+@_named
 def recover(
     config: PipelineConfig,
     *,
@@ -196,6 +250,7 @@ def rescale(
     )
 
 
+@_named
 def preview_recovery(config: PipelineConfig, checkpoint_id: int | None = None) -> RecoveryPreview:
     """The checkpoint a recovery would restore and what every reader would report on registration.
 
@@ -230,6 +285,7 @@ def preview_recovery(config: PipelineConfig, checkpoint_id: int | None = None) -
     )
 
 
+@_named
 def status(config: PipelineConfig, *, last: int = 10) -> StatusResult:
     """The latest checkpoint, its ref chain and loads, and the last ``last`` timeline entries. Read-only."""
     store = _state_store(config)
@@ -274,6 +330,7 @@ def _lease_of(store: Any) -> dict[str, Any] | None:
     }
 
 
+@_named
 def validate(config: PipelineConfig, checkpoint_id: int | None = None) -> ValidationResult:
     """The restart checks (protocol section 6, Great Expectations) on a checkpoint and the sink.
 
@@ -311,6 +368,7 @@ def validate(config: PipelineConfig, checkpoint_id: int | None = None) -> Valida
     )
 
 
+@_named
 def report(config: PipelineConfig, title: str | None = None) -> Path:
     """Render the pipeline's run report (HTML with charts); returns its path."""
     from splitkeeper.report.html import render_report

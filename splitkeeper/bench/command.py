@@ -18,6 +18,10 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "splitkeeper.bench.assign",
         "full balanced assignment of N splits over R readers, then one reader fails",
     ),
+    "balance": (
+        "splitkeeper.bench.balance",
+        "weighted balancing with a hot partition (8 partitions, one at 10x, P=4) vs least-loaded",
+    ),
     "ingest": (
         "splitkeeper.bench.ingest",
         "exactly-once ingest into Delta: splitkeeper pipeline vs Structured Streaming (--source files|kafka)",

@@ -1,9 +1,8 @@
-"""Shared pieces of the pipeline CLI commands: the config and fault arguments, progress lines."""
+"""Shared pieces of the pipeline CLI commands: the config and fault arguments."""
 
 from __future__ import annotations
 
 import argparse
-import sys
 
 from splitkeeper.runtime.config import PipelineConfig, load_config
 
@@ -25,7 +24,3 @@ def add_fault_argument(parser: argparse.ArgumentParser) -> None:
 
 def load(args: argparse.Namespace) -> PipelineConfig:
     return load_config(args.config)
-
-
-def progress(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from splitkeeper.commands.common import add_config_argument, add_fault_argument, load, progress
+from splitkeeper.commands.common import add_config_argument, add_fault_argument, load
 from splitkeeper.errors import InvalidParameterError
 
 
@@ -54,7 +54,6 @@ def run(args: argparse.Namespace) -> int:
         dry_run=args.dry_run,
         epochs=args.epochs,
         faults=args.fault,
-        progress=progress,
     )
     opened = result.opened
     if args.json:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from splitkeeper.commands.common import add_config_argument, add_fault_argument, load, progress
+from splitkeeper.commands.common import add_config_argument, add_fault_argument, load
 from splitkeeper.errors import InvalidParameterError
 
 
@@ -20,6 +20,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default=False,
         help="unbounded sources (Kafka): end on the global checkpoint at which every split has reached "
         "the end it had when the run began (like Trigger.AvailableNow); --epochs still caps the run",
+    )
+    parser.add_argument(
+        "--continuous",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="checkpoint every backlog.backlog_interval_s while processing backlog, every "
+        "backlog.normal_interval_s afterwards, until SIGTERM/SIGINT: then end on a global checkpoint",
     )
     parser.add_argument(
         "--reset-backlog",
@@ -63,9 +70,9 @@ def run(args: argparse.Namespace) -> int:
         config,
         epochs=args.epochs,
         faults=_faults(args),
-        progress=progress,
         until_caught_up=args.until_caught_up,
         reset_backlog=args.reset_backlog,
+        continuous=args.continuous,
     )
     if args.json:
         data = result.to_dict()
@@ -76,5 +83,6 @@ def run(args: argparse.Namespace) -> int:
             f"{result.committed_records:,} records committed"
             + (", source finished on a global checkpoint" if result.finished else "")
             + (", caught up with the source on a global checkpoint" if result.caught_up else "")
+            + (", stopped on a global checkpoint" if result.stopped else "")
         )
     return 0

@@ -23,17 +23,14 @@ from __future__ import annotations
 
 import abc
 import heapq
+import math
 import re
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Any, ClassVar
 
-from splitkeeper.core.invariants import (
-    COUNT_TOLERANCE,
-    weighted_bound_tolerance,
-    weighted_deviations,
-)
+from splitkeeper.core.invariants import COUNT_TOLERANCE, weighted_deviations
 from splitkeeper.core.types import Split
 from splitkeeper.errors import InvalidParameterError
 
@@ -290,12 +287,16 @@ class LeastLoadedStrategy(_CountBalanced):
 
 
 class WeightedStrategy(AssignmentStrategy):
-    """Per-split weight (e.g. records/s), per-reader capacity.
+    """Per-split weight (measured throughput), per-reader capacity (protocol rule 1.6).
 
-    Places the heaviest split first on the reader with the lowest
-    ``weighted load / capacity``; :meth:`rebalance` then keeps every reader's
-    weighted load within the largest split weight of its fair share
-    (``total * capacity / total capacity``).
+    :meth:`place` puts the heaviest split first on the reader with the lowest
+    ``weighted load / capacity``. :meth:`rebalance` moves splits from the most over- to the
+    most under-loaded reader while a split fits between them, so the result does not depend
+    on the order splits were discovered in, and every reader ends within one split of its
+    fair share (the bound ``core.invariants`` checks). Weights
+    may change between events: the driver feeds measured throughput when the imbalance
+    under the new weights passes its threshold; a split without a weight counts
+    ``default_weight``.
     """
 
     name = "weighted"
@@ -329,8 +330,31 @@ class WeightedStrategy(AssignmentStrategy):
     def capacity(self, reader_id: int) -> float:
         return self.capacities.get(reader_id, self.default_capacity)
 
+    def set_weights(self, weights: Mapping[str, float], default_weight: float | None = None) -> None:
+        """Replace the split weights (measured throughput); ``default_weight`` for splits without one."""
+        for key, value in weights.items():
+            if not value > 0:
+                raise InvalidParameterError(f"weights[{key!r}]", value, "a weight > 0")
+        self.weights = dict(weights)
+        if default_weight is not None:
+            if not default_weight > 0:
+                raise InvalidParameterError("default_weight", default_weight, "a weight > 0")
+            self.default_weight = float(default_weight)
+
     def _load(self, split_ids: Collection[str]) -> float:
         return sum(self.weight(s) for s in split_ids)
+
+    def imbalance(self, owned: OwnedView, weights: Mapping[str, float] | None = None) -> float:
+        """max / min of ``weighted load / capacity`` over the readers (inf when one idles and another not).
+
+        ``weights`` measures with other weights than the strategy's own (default: its own).
+        """
+        weigh = self.weight if weights is None else (lambda s: weights.get(s, self.default_weight))
+        normalised = [sum(weigh(s) for s in ids) / self.capacity(r) for r, ids in owned.items()]
+        if not normalised or max(normalised) == 0:
+            return 1.0
+        low = min(normalised)
+        return math.inf if low == 0 else max(normalised) / low
 
     def place(self, splits: Collection[Split], owned: OwnedView, parallelism: int) -> Placement:
         validate_parallelism(parallelism)
@@ -348,30 +372,30 @@ class WeightedStrategy(AssignmentStrategy):
         return Placement(by_reader=by_reader)
 
     def rebalance(self, owned: OwnedView, parallelism: int) -> list[Move]:
-        """Move splits from the most over- to the most under-loaded reader until within bound.
+        """Moves from the most over- to the most under-loaded reader while one lowers the imbalance.
 
-        Each move carries the heaviest split that does not overshoot
-        (``weight < excess + deficit``), so the sum of squared deviations
-        strictly falls and the loop ends; it only stops while the bound is
-        broken if no such split exists, which cannot happen (see invariants).
+        Deviations are weighted load minus fair share (``total * capacity / total capacity``).
+        Each move carries the heaviest split of the most over-loaded reader that does not
+        overshoot (``weight < excess + deficit``), so the sum of squared deviations strictly
+        falls and the loop ends. It ends only when no split fits; then the most over-loaded
+        reader is within its lightest split of its fair share and every reader within the
+        largest split weight (the bound ``core.invariants`` checks), whatever order the splits
+        were discovered in. Nothing moves when nothing fits (sticky).
         """
         if len(owned) < 2:
             return []
         members = {r: dict.fromkeys(s) for r, s in owned.items()}
         loads = {r: self._load(s) for r, s in members.items()}
-        all_weights = [self.weight(s) for m in members.values() for s in m]
-        if not all_weights:
+        count = sum(len(m) for m in members.values())
+        if not count:
             return []
-        tolerance = weighted_bound_tolerance(max(all_weights), sum(all_weights))
         moves: list[Move] = []
-        for _ in range(len(all_weights) * len(members) + 1):
+        for _ in range(count * len(members) + 1):
             dev = weighted_deviations(loads, self.capacity)
             over = max(dev, key=lambda r: (dev[r], -r))
             under = min(dev, key=lambda r: (dev[r], r))
-            if dev[over] <= tolerance and -dev[under] <= tolerance:
-                break
             room = dev[over] - dev[under]
-            candidates = [s for s in members[over] if self.weight(s) < room]
+            candidates = [s for s in members[over] if self.weight(s) < room * (1 - 1e-12)]
             if not candidates:
                 break
             split_id = max(candidates, key=lambda s: (self.weight(s), s))
@@ -384,6 +408,43 @@ class WeightedStrategy(AssignmentStrategy):
 
     def describe(self) -> str:
         return f"weighted ({len(self.weights)} split weights, {len(self.capacities)} reader capacities)"
+
+
+class ThroughputMeter:
+    """Per-split throughput (records per second) measured from how fast each split's end grows.
+
+    The driver calls :meth:`observe` with every live unbounded split's available end at
+    each epoch; :meth:`rates` is an exponentially weighted average of the growth rate
+    (``smoothing`` is the weight of the newest observation). Bounded splits have no
+    arrival rate and are not observed. Engine-free and deterministic (the clock is given).
+    """
+
+    def __init__(self, smoothing: float = 0.5, floor: float = 1e-3) -> None:
+        if not 0 < smoothing <= 1:
+            raise InvalidParameterError("smoothing", smoothing, "a number in (0, 1]")
+        self.smoothing = float(smoothing)
+        self.floor = float(floor)
+        self._last: dict[str, tuple[float, int]] = {}
+        self._rates: dict[str, float] = {}
+
+    def observe(self, split_id: str, now: float, end: int) -> None:
+        previous = self._last.get(split_id)
+        self._last[split_id] = (now, end)
+        if previous is None or now <= previous[0]:
+            return
+        rate = max(0.0, (end - previous[1]) / (now - previous[0]))
+        old = self._rates.get(split_id)
+        self._rates[split_id] = rate if old is None else old + self.smoothing * (rate - old)
+
+    def forget(self, keep: Collection[str]) -> None:
+        """Drop the splits not in ``keep`` (finished, dropped)."""
+        for split_id in [s for s in self._last if s not in keep]:
+            self._last.pop(split_id, None)
+            self._rates.pop(split_id, None)
+
+    def rates(self) -> dict[str, float]:
+        """Split id -> records/s (at least ``floor``, so an idle split still weighs something)."""
+        return {s: max(self.floor, r) for s, r in self._rates.items()}
 
 
 # ---------------------------------------------------------------------------------------------

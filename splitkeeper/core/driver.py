@@ -44,7 +44,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from splitkeeper.core.assignment import AssignmentStrategy, strategy_by_name
+from splitkeeper.core.assignment import (
+    AssignmentStrategy,
+    ThroughputMeter,
+    WeightedStrategy,
+    strategy_by_name,
+)
 from splitkeeper.core.backlog import BacklogConfig
 from splitkeeper.core.checkpoint import (
     CheckpointConfig,
@@ -124,6 +129,7 @@ class DriverSettings:
     strategy: str = "least-loaded"
     strategy_options: Mapping[str, Any] = field(default_factory=dict)
     redistribution: Redistribution = Redistribution.EVEN_SPLIT
+    rebalance_threshold: float = 1.25  # weighted: measured imbalance (max/min) that re-weights
 
     def __post_init__(self) -> None:
         if not isinstance(self.pipeline, str) or not self.pipeline:
@@ -139,6 +145,9 @@ class DriverSettings:
             raise InvalidParameterError("retain_checkpoints", keep, "an integer >= 1")
         if not isinstance(self.redistribution, Redistribution):
             raise InvalidParameterError("redistribution", self.redistribution, "a Redistribution")
+        threshold = self.rebalance_threshold
+        if isinstance(threshold, bool) or not isinstance(threshold, int | float) or not threshold >= 1.0:
+            raise InvalidParameterError("rebalance_threshold", threshold, "a ratio >= 1.0 (max / min load)")
 
     def new_strategy(self) -> AssignmentStrategy:
         return strategy_by_name(self.strategy, **dict(self.strategy_options))
@@ -323,6 +332,7 @@ class EpochDriver:
         self.coordinator: RegionalCheckpointCoordinator | None = None
         self.operator_state: dict[int, tuple[str, ...]] = {}
         self.last_restore: RestoredCheckpoint | None = None  # what the latest restore redistributed
+        self.meter = ThroughputMeter()  # per-split arrival rates: the weighted strategy's weights
         self.restores = 0  # global restores so far (open, abort, explicit)
         self._audit_persisted = 0
         self._settled = False  # restored from a global checkpoint at the same parallelism, nothing run yet
@@ -629,6 +639,44 @@ class EpochDriver:
                 ", ".join(dropped[:20]),
             )
 
+    def _reweigh(self) -> None:
+        """The weighted strategy's weights follow each split's measured arrival rate (rule 1.6).
+
+        Every live unbounded split's available end is observed each epoch. When the readers'
+        imbalance under the measured rates passes ``rebalance_threshold`` (max / min of load
+        per capacity), the strategy takes those rates as its weights and the enumerator
+        rebalances; below it nothing moves, so noise does not make splits travel.
+        """
+        enumerator, _context = self._require_open()
+        strategy = enumerator.strategy
+        if not isinstance(strategy, WeightedStrategy):
+            return
+        now = self.clock.now()
+        live: list[str] = []
+        for split_id in enumerator.owners():
+            split = enumerator.split(split_id)
+            if split is not None and split.end is None:
+                self.meter.observe(split_id, now, self.source.available_end(split))
+                live.append(split_id)
+        self.meter.forget(live)
+        rates = self.meter.rates()
+        if not rates:
+            return
+        owned = {r: enumerator.owned_split_ids(r) for r in range(self.parallelism)}
+        imbalance = strategy.imbalance(owned, rates)
+        if imbalance <= self.settings.rebalance_threshold:
+            return
+        strategy.set_weights(rates, sum(rates.values()) / len(rates))
+        moved = enumerator.rebalance()
+        if moved:
+            log.info(
+                "pipeline %s: %d split(s) rebalanced by measured throughput (imbalance %.2f > %.2f)",
+                self.settings.pipeline,
+                moved,
+                imbalance,
+                self.settings.rebalance_threshold,
+            )
+
     def reset_backlog(self) -> dict[str, int]:
         """Every live unbounded split's available end now becomes its new backlog boundary (rule 4.1).
 
@@ -704,6 +752,7 @@ class EpochDriver:
         self.hooks.before_epoch(epoch)
         self._refresh_subscriptions()
         enumerator.add_splits(self.source.discover_splits())
+        self._reweigh()
         backlog = enumerator.processing_backlog
         planned = {} if final else self.plan(records_per_split)
         plan = {r: planned.get(r, []) for r in range(self.parallelism)}
@@ -773,7 +822,7 @@ class EpochDriver:
             failovers=failovers,
             started_at=started,
         )
-        self.hooks.progress(report.line())
+        self.hooks.progress(report.line(), epoch=epoch, checkpoint_id=epoch, kind=report.kind.value)
         return report
 
     def _refuse(self, epoch: int, started: float, backlog: bool, final: bool) -> EpochReport:
@@ -1042,7 +1091,7 @@ class EpochDriver:
                 switch = IntervalSwitch(report.epoch, now_mode, backlog.interval_s(now_mode))
                 switches.append(switch)
                 log.info("pipeline %s: %s", self.settings.pipeline, switch.line())
-                self.hooks.progress(switch.line())
+                self.hooks.progress(switch.line(), checkpoint_id=switch.after)
                 mode = now_mode
             next_start = report.started_at + backlog.interval_s(mode)
             while not stop_requested():

@@ -897,6 +897,20 @@ class SplitEnumerator:
         """A reader reached the split's backlog boundary; True only the first time (deduplicated)."""
         return self._backlog.report_finished(split_id)
 
+    def rebalance(self) -> int:
+        """Apply the strategy's rebalance now (its weights changed); returns how many splits moved.
+
+        Only while running, with deferred assignment and a balanced strategy (as after every
+        event); moves are revoked and assigned through the context and audited (REBALANCED).
+        """
+        self._require_started("rebalance")
+        candidates = self._candidates()
+        if not candidates or not (self._reassign and self._strategy.balanced):
+            return 0
+        before = len(self._audit)
+        self._rebalance(candidates)
+        return sum(1 for a in self._audit.since(before) if a.decision is RecoveryDecision.REBALANCED)
+
     # -- checkpoints ----------------------------------------------------------------------------
 
     @property

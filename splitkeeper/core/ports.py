@@ -278,5 +278,5 @@ class DriverHooks:
     def before_epoch(self, epoch: int) -> None:
         """Called before epoch ``epoch`` plans (nothing of it is written yet)."""
 
-    def progress(self, line: str) -> None:
-        """One human-readable line per epoch."""
+    def progress(self, line: str, **context: Any) -> None:
+        """One human-readable line per epoch; ``context`` names it (epoch, checkpoint_id, kind)."""

@@ -53,7 +53,7 @@ def spark_submit_epoch_task(task_id: str) -> Any:
     """The epoch job through SparkSubmitOperator (apache-airflow-providers-apache-spark).
 
     Every Param of the ingest DAG reaches the job: ``application_args`` are templated
-    (epochs, until_caught_up, faults as JSON).
+    (epochs, until_caught_up, continuous, faults as JSON).
     """
     from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 
@@ -64,9 +64,9 @@ def spark_submit_epoch_task(task_id: str) -> Any:
         application_args=[
             "--config",
             os.environ.get("SPLITKEEPER_PIPELINE_CONFIG", ""),
-            "--epochs",
-            "{{ params.epochs }}",
-            "{{ '--until-caught-up' if params.until_caught_up else '--no-until-caught-up' }}",
+            "{{ '--continuous' if params.continuous else '--epochs=' ~ params.epochs }}",
+            "{{ '--until-caught-up' if params.until_caught_up and not params.continuous "
+            "else '--no-until-caught-up' }}",
             "--faults-json",
             "{{ params.faults | tojson }}",
         ],

@@ -52,16 +52,20 @@ def run_epochs(
     epochs: int | None = None,
     faults: tuple[str, ...] = (),
     until_caught_up: bool = True,
+    continuous: bool = False,
 ) -> dict[str, Any]:
     """Open the pipeline once (recover a half-done epoch, restore), discover, run epochs.
 
     Epoch size follows the backlog state; ``None`` runs a bounded source to its end. An
     unbounded source (Kafka) stops, with ``until_caught_up``, at the global checkpoint
     where every split reached the end it had when the task began; ``epochs`` caps it.
+    ``continuous`` runs on the backlog/normal checkpoint intervals until the task is
+    cancelled (SIGTERM), then ends on a global checkpoint.
     """
-    result = services.run(
-        _config(path), epochs=epochs, faults=faults, until_caught_up=until_caught_up, progress=log.info
-    )
+    if continuous:
+        result = services.run(_config(path), faults=faults, continuous=True)
+    else:
+        result = services.run(_config(path), epochs=epochs, faults=faults, until_caught_up=until_caught_up)
     return result.to_dict()
 
 
@@ -140,7 +144,6 @@ def _recover(reports: Mapping[str, Any], path: str | None, dry_run: bool) -> dic
         else Redistribution[str(redistribution).upper().replace("-", "_")],
         mode=reports.get("mode", "auto"),
         dry_run=dry_run,
-        progress=log.info,
     )
     out = result.to_dict()
     log.info("recovery decisions: %s", out["opened"]["decisions"])

@@ -28,6 +28,7 @@ Shape of a file (YAML)::
     backlog: {backlog_epoch_records: 200000, normal_epoch_records: 20000,
               backlog_interval_s: 60, normal_interval_s: 5}
     rescale: {operator_state: even-split}   # or union (protocol rule 2.8)
+    weighted: {capacities: {0: 4}, rebalance_threshold: 1.25}   # strategy: weighted only
     state: {path: ./state}
     sink: {path: ./sink}
     staging: {path: ./state/_staging}   # default <state>/_staging
@@ -237,6 +238,8 @@ class PipelineConfig:
     backlog: BacklogConfig = field(default_factory=BacklogConfig)
     transform: str = IDENTITY_TRANSFORM
     operator_state: OperatorState = OperatorState.EVEN_SPLIT  # rescale.operator_state
+    capacities: tuple[tuple[int, float], ...] = ()  # weighted.capacities: reader -> capacity
+    rebalance_threshold: float = 1.25  # weighted.rebalance_threshold
     origin: str = ""  # the file it was loaded from (for messages), "" if built from a mapping
 
     @property
@@ -343,6 +346,7 @@ def config_from_mapping(
     operator_state = top.section("rescale", _RESCALE_KEYS).choice(
         "operator_state", OperatorState, OperatorState.EVEN_SPLIT
     )
+    capacities, rebalance_threshold = _weighted(top.section("weighted", _WEIGHTED_KEYS), strategy)
 
     state_path = top.section("state", _PATH_KEYS, required=True).required_path("path")
     sink_path = top.section("sink", _PATH_KEYS, required=True).required_path("path")
@@ -378,6 +382,8 @@ def config_from_mapping(
         backlog=backlog,
         transform=transform,
         operator_state=operator_state,
+        capacities=capacities,
+        rebalance_threshold=rebalance_threshold,
         origin=origin,
     )
 
@@ -395,8 +401,48 @@ _TOP_KEYS = (
     "staging",
     "transform",
     "rescale",
+    "weighted",
 )
 _RESCALE_KEYS = ("operator_state",)
+_WEIGHTED_KEYS = ("capacities", "rebalance_threshold")
+
+
+def _weighted(sec: _Section, strategy: str) -> tuple[tuple[tuple[int, float], ...], float]:
+    """``weighted``: reader capacities and the imbalance that re-weights (strategy ``weighted`` only)."""
+    if sec.given() and strategy != "weighted":
+        raise sec.invalid(
+            sec.given()[0],
+            sec.raw(sec.given()[0]),
+            "nothing unless strategy is 'weighted'",
+            "set strategy: weighted",
+        )
+    raw = sec.raw("capacities", default={})
+    allowed = "a mapping of reader id (an integer >= 0) to a capacity > 0, e.g. {0: 4, 1: 1}"
+    if not isinstance(raw, Mapping):
+        raise sec.invalid("capacities", raw, allowed, f"got {_type_name(raw)}")
+    capacities: list[tuple[int, float]] = []
+    for key, value in raw.items():
+        reader = int(key) if isinstance(key, str) and key.isdigit() else key
+        if isinstance(reader, bool) or not isinstance(reader, int) or reader < 0:
+            raise sec.invalid(f"capacities.{key}", value, allowed, "the key is a reader id")
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not math.isfinite(value)
+            or value <= 0
+        ):
+            raise sec.invalid(f"capacities.{key}", value, allowed)
+        capacities.append((reader, float(value)))
+    threshold = sec.raw("rebalance_threshold", default=1.25)
+    if isinstance(threshold, bool) or not isinstance(threshold, int | float) or not threshold >= 1.0:
+        raise sec.invalid(
+            "rebalance_threshold",
+            threshold,
+            "a ratio >= 1.0: the readers' max / min load that makes them rebalance",
+        )
+    return tuple(sorted(capacities)), float(threshold)
+
+
 _FILE_KEYS = ("path", "format", "split_bytes")
 _KAFKA_KEYS = (
     "bootstrap_servers",

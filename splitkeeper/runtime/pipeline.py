@@ -66,6 +66,8 @@ __all__ = [
 ]
 
 log = logging.getLogger("splitkeeper.runtime.pipeline")
+#: One record per epoch and per interval switch: the run's story (the CLI shows them as bare lines).
+PROGRESS_LOG = logging.getLogger("splitkeeper.progress")
 
 OPERATOR_STATE_KEEP = core_driver.OPERATOR_STATE_KEEP
 
@@ -79,7 +81,9 @@ def driver_settings(config: PipelineConfig, redistribution: Redistribution | Non
         backlog=config.backlog,
         retain_checkpoints=config.checkpoint.retain_checkpoints,
         strategy=config.strategy,
+        strategy_options={"capacities": dict(config.capacities)} if config.strategy == "weighted" else {},
         redistribution=redistribution or config.operator_state.redistribution,
+        rebalance_threshold=config.rebalance_threshold,
     )
 
 
@@ -106,7 +110,8 @@ class RuntimeHooks(DriverHooks):
     def crash_point(self, point: CrashPoint, epoch: int) -> None:
         crash_if_requested(point, epoch)
 
-    def progress(self, line: str) -> None:
+    def progress(self, line: str, **context: Any) -> None:
+        PROGRESS_LOG.info(line, extra=context)
         self._progress(line)
 
 

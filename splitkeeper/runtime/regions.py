@@ -111,7 +111,12 @@ def run_regions(
             run = RegionRun(region, RegionStatus.FINISHED, result=result)
         except Exception as err:  # a failed or cancelled Spark job: the region failed
             run = RegionRun(region, RegionStatus.FAILED, error=_short_error(err))
-            log.debug("region %s job failed: %s", region, traceback.format_exc())
+            log.debug(
+                "region %s job failed: %s",
+                region,
+                traceback.format_exc(),
+                extra={"epoch": epoch, "checkpoint_id": epoch, "region": region},
+            )
         with lock:
             runs.setdefault(region, run)
             if len(runs) == len(payloads):
@@ -139,7 +144,13 @@ def run_regions(
             elif now - submitted > timeout_s:
                 expired.append((region, f"its task did not start within {timeout_s:g}s (epoch deadline)"))
         for region, why in expired:
-            log.warning("region %s of epoch %s timed out: %s; cancelling", region, epoch, why)
+            log.warning(
+                "region %s of epoch %s timed out: %s; cancelling",
+                region,
+                epoch,
+                why,
+                extra={"epoch": epoch, "checkpoint_id": epoch, "region": region},
+            )
             with lock:
                 runs.setdefault(region, RegionRun(region, RegionStatus.TIMED_OUT, error=why))
                 if len(runs) == len(payloads):

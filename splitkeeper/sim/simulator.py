@@ -1030,6 +1030,11 @@ class Simulator:
         live, finished = self._truth()
         p = self.parallelism
         state = self.enumerator.assignment()
+        weights = self._weights
+        strategy = self.enumerator.strategy
+        if weights is not None and isinstance(strategy, WeightedStrategy):
+            # the weights the strategy balances by now (the driver feeds it measured throughput)
+            weights = {s.split_id: strategy.weight(s.split_id) for ss in state.readers.values() for s in ss}
         self._record_violations(
             "enumerator",
             check_enumerator_state(
@@ -1039,7 +1044,7 @@ class Simulator:
                 subscriptions=self.source.subscriptions(),
                 balanced=self._balanced,
                 readers=range(p),
-                weights=self._weights,
+                weights=weights,
                 capacities=self._capacities,
             ),
         )

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import jinja2
 import pytest
 
+from splitkeeper.commands import run as run_command
 from tests.dags.conftest import REPO, load_dag
 
 pytestmark = [pytest.mark.airflow]
@@ -91,12 +94,21 @@ def test_on_a_cluster_master_the_epoch_task_submits_the_packaged_epoch_job(monke
     assert type(task).__name__ == "SparkSubmitOperator"
     assert task.application == str(resources.epoch_job())
     assert Path(task.application) == REPO / "jobs" / "epoch_job.py"  # this checkout's file, on disk
-    assert task.application_args[:4] == [
-        "--config",
-        os.environ.get("SPLITKEEPER_PIPELINE_CONFIG", ""),
-        "--epochs",
-        "3",
-    ]
+    config = os.environ.get("SPLITKEEPER_PIPELINE_CONFIG", "")
+    env = jinja2.Environment()
+
+    def argv(**params):  # what spark-submit gets for these Params, rendered as Airflow renders templates
+        return [env.from_string(arg).render(params=params) for arg in task.application_args]
+
+    parser = argparse.ArgumentParser()
+    run_command.configure(parser)
+    every = argv(epochs=5, until_caught_up=True, continuous=False, faults=["fail:1@2", "stall:2@3"])
+    assert every == ["--config", config, "--epochs=5", "--until-caught-up", "--faults-json", every[-1]]
+    args = parser.parse_args(every)  # every Param reaches the epoch job
+    assert (args.epochs, args.until_caught_up, args.continuous) == (5, True, False)
+    assert run_command._faults(args) == ["fail:1@2", "stall:2@3"]
+    args = parser.parse_args(argv(epochs=3, until_caught_up=True, continuous=True, faults=[]))
+    assert (args.epochs, args.until_caught_up, args.continuous) == (None, False, True)
 
 
 @pytest.mark.parametrize(
