@@ -510,7 +510,7 @@ class KafkaChaos:
         from splitkeeper.runtime.config import load_config
         from splitkeeper.runtime.sources.kafka import KafkaSource, split_id_of
         from splitkeeper.runtime.spark import SparkSettings, get_spark
-        from splitkeeper.runtime.state_store import DeltaStateStore
+        from splitkeeper.state.checkpoints import DeltaStateStore
 
         assert self.producer is not None
         _say("verifying: the sink against every delivered message, the group offsets, the restart checks")
@@ -544,7 +544,7 @@ class KafkaChaos:
         config = load_config(self.config_path)
         source = KafkaSource(self.bootstrap, topics=self.topics)
         try:
-            store = DeltaStateStore(spark, config.state_path, config.name, source.fingerprint())
+            store = DeltaStateStore(config.state_path, config.name, source.fingerprint(), read_only=True)
             latest = store.latest_checkpoint()
             positions = (
                 {}

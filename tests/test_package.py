@@ -43,7 +43,7 @@ from splitkeeper import resources
 from splitkeeper.errors import EnvironmentNotReadyError
 from splitkeeper.quality.checks import load_suite_specs
 from splitkeeper.runtime import jars
-from splitkeeper.runtime.serde import read_ddl
+from splitkeeper.state.ddl import read_ddl
 
 folders = {
     name: {

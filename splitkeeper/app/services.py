@@ -67,23 +67,26 @@ def reports_dir(config: PipelineConfig) -> Path:
     return Path(base) / config.name
 
 
-def _pipeline(config: PipelineConfig, *, faults: Iterable[str] = (), progress: Progress | None = None) -> Any:
+def _pipeline(
+    config: PipelineConfig,
+    *,
+    faults: Iterable[str] = (),
+    progress: Progress | None = None,
+    read_only: bool = False,
+) -> Any:
     from splitkeeper.runtime.faults import FaultPlan
     from splitkeeper.runtime.pipeline import Pipeline
 
-    return Pipeline(config, spark_session(), faults=FaultPlan.parse(faults), progress=progress)
+    return Pipeline(
+        config, spark_session(), faults=FaultPlan.parse(faults), progress=progress, read_only=read_only
+    )
 
 
 def _state_store(config: PipelineConfig) -> Any:
-    """The pipeline's state store for reading (the source is asked only for its fingerprint)."""
-    from splitkeeper.runtime.sources import build_source
-    from splitkeeper.runtime.state_store import DeltaStateStore
+    """The pipeline's state store, read-only (no table is created; the source is not asked)."""
+    from splitkeeper.state.checkpoints import DeltaStateStore
 
-    connector = build_source(config.source)
-    try:
-        return DeltaStateStore(spark_session(), config.state_path, config.name, connector.fingerprint())
-    finally:
-        connector.close()
+    return DeltaStateStore(config.state_path, config.name, None, read_only=True)
 
 
 def _open_summary(pipeline: Any, opened: Any) -> OpenSummary:
@@ -210,7 +213,7 @@ def recover(
         raise InvalidParameterError("parallelism", parallelism, "an integer >= 1, or None to keep it")
     if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 0:
         raise InvalidParameterError("epochs", epochs, "an integer >= 0")
-    pipeline = _pipeline(config, faults=faults, progress=progress)
+    pipeline = _pipeline(config, faults=faults, progress=progress, read_only=dry_run)
     if redistribution is not None:
         pipeline.redistribution = redistribution
     try:
@@ -305,11 +308,26 @@ def status(config: PipelineConfig, *, last: int = 10) -> StatusResult:
         )
     timeline = tuple(
         TimelineLine(t.checkpoint_id, t.kind.value, tuple(t.failed_regions), t.reason)
-        for t in store.timeline()[-last:]
+        for t in store.history.timeline()[-last:]
     )
     ids = store.checkpoint_ids()
     next_epoch = max(store.latest_plan_epoch() or 0, ids[-1] if ids else 0) + 1
-    return StatusResult(config.name, info, timeline, next_epoch)
+    return StatusResult(config.name, info, timeline, next_epoch, _lease_of(store))
+
+
+def _lease_of(store: Any) -> dict[str, Any] | None:
+    """Who holds the pipeline's lease (read-only), or None when it never had one."""
+    from splitkeeper.state.lease import PipelineLease
+
+    holder = PipelineLease(store.tables, store.pipeline_name).holder()
+    if holder is None:
+        return None
+    return {
+        "holder": holder.owner.describe(),
+        "since": holder.acquired_at.isoformat(),
+        "until": holder.expires_at.isoformat(),
+        "released": holder.released,
+    }
 
 
 @_named
@@ -320,13 +338,13 @@ def validate(config: PipelineConfig, checkpoint_id: int | None = None) -> Valida
     """
     from splitkeeper.quality.checks import raise_on_failure, run_restart_checks
     from splitkeeper.runtime.sources import build_source
-    from splitkeeper.runtime.state_store import DeltaStateStore
+    from splitkeeper.state.checkpoints import DeltaStateStore
 
     connector = build_source(config.source)
     try:
-        store = DeltaStateStore(spark_session(), config.state_path, config.name, connector.fingerprint())
+        store = DeltaStateStore(config.state_path, config.name, connector.fingerprint(), read_only=True)
         report = run_restart_checks(
-            store.spark,
+            spark_session(),
             store,
             config.sink_path,
             checkpoint_id=checkpoint_id,

@@ -26,7 +26,7 @@ One run, one Spark session:
    in ours, and (first repetition) the same multiset of values in both;
 4. the state store's restore time is measured after 10 and after
    ``--restore-checkpoints`` (default 200) checkpoints with
-   :func:`splitkeeper.runtime.state_store.measure_state_store`.
+   :func:`splitkeeper.bench.state.measure_state_store`.
 
 Where our time goes: every epoch's :attr:`EpochReport.phases`, the pipeline's
 setup (construct + open), the number of Spark jobs, and, per run, the wall time
@@ -411,7 +411,7 @@ def run_ours(spark: Any, settings: IngestSettings, input_dir: str, root: str, la
     from splitkeeper.core.ports import RegionRun
     from splitkeeper.runtime.pipeline import Pipeline
     from splitkeeper.runtime.sink import DeltaSink
-    from splitkeeper.runtime.state_store import DeltaStateStore
+    from splitkeeper.state.checkpoints import DeltaStateStore
 
     config = _ours_config(settings, input_dir, root)
     timer = CallTimer()
@@ -429,19 +429,18 @@ def run_ours(spark: Any, settings: IngestSettings, input_dir: str, root: str, la
         _progress(f"{label}: {line}")
 
     store_ops = (
-        "_ensure_tables",
         "_claim_pipeline",
         "write_plan",
         "latest_plan_epoch",
+        "write_decision",
         "commit_checkpoint",
-        "_append_all",
-        "_metadata",
+        "kept",
         "retain",
         "compact",
         "latest_checkpoint",
         "ref_chain",
     )
-    sink_ops = ("_ensure_table", "commit", "committed_version", "committed_metadata")
+    sink_ops = ("commit", "committed_epoch", "committed_metadata", "discard", "discard_through")
     with contextlib.ExitStack() as stack:
         stack.enter_context(timer.patch(DeltaStateStore, store_ops, "state_store"))
         stack.enter_context(timer.patch(DeltaSink, sink_ops, "sink"))
@@ -470,7 +469,7 @@ def run_ours(spark: Any, settings: IngestSettings, input_dir: str, root: str, la
                 "jobs": jobs_between(job_marks[i], job_marks[i + 1]) if i + 1 < len(job_marks) else None,
             }
         )
-    commit_ms = tuple(e.commit_ms for e in pipeline.store.timeline() if e.commit_ms is not None)
+    commit_ms = tuple(e.commit_ms for e in pipeline.store.history.timeline() if e.commit_ms is not None)
     return OursRun(
         seconds=round(seconds, 3),
         setup_s=round(setup_s, 3),
@@ -586,7 +585,7 @@ class RestoreSample:
     """One restore as a restarted driver does it: a fresh store, then ``latest_checkpoint()``."""
 
     checkpoints: int  # how many checkpoints the store had committed
-    open_s: float  # DeltaStateStore(...) with Delta's log cache cleared
+    open_s: float  # a fresh DeltaStateStore(...) (no table loaded yet)
     restore_s: float  # latest_checkpoint()
     load: float  # 1-minute load average right after
 
@@ -606,14 +605,13 @@ class RestoreFigures:
     load: LoadFigure
 
 
-def _time_restore(spark: Any, root: str, checkpoints: int) -> RestoreSample:
+def _time_restore(root: str, checkpoints: int) -> RestoreSample:
     """Restore the store :func:`measure_state_store` wrote at ``root`` (its pipeline is
     ``measure``, its fingerprint ``synthetic``) the way that function times it."""
-    from splitkeeper.runtime.state_store import DeltaStateStore
+    from splitkeeper.state.checkpoints import DeltaStateStore
 
-    spark._jvm.org.apache.spark.sql.delta.DeltaLog.clearCache()
     t0 = time.perf_counter()
-    store = DeltaStateStore(spark, root, "measure", "synthetic")
+    store = DeltaStateStore(root, "measure", "synthetic")
     t1 = time.perf_counter()
     restored = store.latest_checkpoint()
     t2 = time.perf_counter()
@@ -633,7 +631,7 @@ def measure_restore(spark: Any, root: str, settings: IngestSettings) -> RestoreF
     both are restored ``restore_repeat`` times, alternating which goes first, so both
     counts are sampled under the same (drifting) machine load.
     """
-    from splitkeeper.runtime.state_store import measure_state_store
+    from splitkeeper.bench.state import measure_state_store
 
     n = settings.restore_checkpoints
     _progress(
@@ -645,16 +643,16 @@ def measure_restore(spark: Any, root: str, settings: IngestSettings) -> RestoreF
     with LoadSampler(
         heartbeat_s=30, heartbeat=lambda s: _progress(f"state store: still measuring ({s:.0f}s)")
     ) as sampler:
-        measured = measure_state_store(spark, roots[n], checkpoints=n, marks=settings.restore_marks)
+        measured = measure_state_store(roots[n], checkpoints=n, marks=settings.restore_marks)
         if n > SMALL_RESTORE_MARK and settings.restore_repeat > 0:
             roots[SMALL_RESTORE_MARK] = os.path.join(root, f"after-{SMALL_RESTORE_MARK}")
             measure_state_store(
-                spark, roots[SMALL_RESTORE_MARK], checkpoints=SMALL_RESTORE_MARK, marks=(SMALL_RESTORE_MARK,)
+                roots[SMALL_RESTORE_MARK], checkpoints=SMALL_RESTORE_MARK, marks=(SMALL_RESTORE_MARK,)
             )
         samples: list[RestoreSample] = []
         for k in range(settings.restore_repeat):
             for count in sorted(roots, reverse=k % 2 == 1):
-                samples.append(_time_restore(spark, roots[count], count))
+                samples.append(_time_restore(roots[count], count))
     measure_restore_s = {k: v / 1000 for k, v in measured.restore_ms.items()}
     if samples:
         restore_s = {c: rounded_median([x.restore_s for x in samples if x.checkpoints == c]) for c in roots}

@@ -34,8 +34,10 @@ def run(args: argparse.Namespace) -> int:
             f"  ref chain {list(info.ref_chain)}, per-reader load {info.loads}, pool {info.pool}, "
             f"finished splits {info.finished_splits}"
         )
-    if result.lease is not None:
-        print(f"  held by {result.lease}")
+    lease = result.lease
+    if lease is not None:
+        state = "released" if lease["released"] else f"until {lease['until']}"
+        print(f"  lease: {lease['holder']} since {lease['since']}, {state}")
     for t in result.timeline:
         failed = f" failed regions {list(t.failed_regions)}" if t.failed_regions else ""
         print(f"  checkpoint {t.id:>5} {t.kind:<8}{failed} {t.reason}")

@@ -8,8 +8,10 @@ times, also while no pipeline runs.
 
 How: the suites are the JSON files in ``expectations/`` (one per suite; see
 ``expectations/README.md``). Each names the *dataset* it runs on; this module derives
-those datasets as Spark DataFrames from the state tables of the checked checkpoint and
-from the sink (:func:`build_restart_frames`), runs every suite through an ephemeral GE
+those datasets as Spark DataFrames from the checked checkpoint's state, read through
+:mod:`splitkeeper.state.history` (the only reader of the state tables; its pyarrow
+tables become frames with ``spark.createDataFrame``), and from the sink table, read
+with Spark (:func:`build_restart_frames`). It runs every suite through an ephemeral GE
 context with a COMPLETE (or, per record, SUMMARY) result format that lists the
 offending rows by their index columns, and builds the Data Docs site.
 
@@ -52,7 +54,7 @@ from splitkeeper.errors import (
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame, SparkSession
 
-    from splitkeeper.runtime.state_store import DeltaStateStore
+    from splitkeeper.state.checkpoints import DeltaStateStore
 
 __all__ = [
     "ENV_EXPECTATIONS_DIR",
@@ -403,23 +405,11 @@ class RestartFrames:
             frame.unpersist()
 
 
-def _read_delta(spark: SparkSession, path: str) -> DataFrame:
-    return spark.read.format("delta").load(path)
-
-
 def _sink_frame(spark: SparkSession, sink_path: str | os.PathLike[str]) -> tuple[DataFrame, bool]:
-    """The sink table, or an empty frame of its schema when no table exists there yet."""
-    from delta.tables import DeltaTable
-    from pyspark.sql.types import StructType, _parse_datatype_string
+    """The sink table (read with Spark), or an empty frame of its schema when no table exists there yet."""
+    from splitkeeper.runtime.sink import sink_frame
 
-    from splitkeeper.runtime import serde
-
-    path = os.fspath(sink_path)
-    if DeltaTable.isDeltaTable(spark, path):
-        return _read_delta(spark, path), True
-    schema = _parse_datatype_string(serde.read_ddl(serde.SINK_TABLE))
-    assert isinstance(schema, StructType)
-    return spark.createDataFrame([], schema), False
+    return sink_frame(spark, sink_path)
 
 
 def resolve_strategy(strategy: str | AssignmentStrategy) -> AssignmentStrategy:
@@ -498,39 +488,18 @@ def _merge(ranges: Iterable[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
     return tuple(merged)
 
 
-def read_split_life(
-    spark: SparkSession, state_store: DeltaStateStore, checkpoints: DataFrame, checkpoint_id: int
-) -> SplitLife:
+def read_split_life(state_store: DeltaStateStore, checkpoint_id: int) -> SplitLife:
     """The DISCOVERED and SKIPPED_LOST_RANGE audit records up to ``checkpoint_id`` (see :class:`SplitLife`).
 
-    ``checkpoints`` is the checkpoints table. The audit trail outlives retention; rows count
-    only for the attempt that committed their checkpoint, kept or archived by retention
-    (``checkpoint_log``); rows of a checkpoint deleted before retention archived anything
-    count as they are.
+    The audit trail outlives retention; which rows count is the history's orphan-attempt
+    rule (:meth:`splitkeeper.state.history.StateHistory.committed_audit`).
     """
     import re
-
-    from pyspark.sql import functions as F
 
     from splitkeeper.core.source import LostRange
 
     decisions = (RecoveryDecision.DISCOVERED.value, RecoveryDecision.SKIPPED_LOST_RANGE.value)
-    committed = (
-        checkpoints.select("checkpoint_id", "attempt_id")
-        .unionByName(state_store.archived_checkpoints().select("checkpoint_id", "attempt_id"))
-        .where(F.col("attempt_id").isNotNull())
-        .distinct()
-    )
-    known_ids = committed.select("checkpoint_id", F.lit(True).alias("_id_known")).distinct()
-    rows = (
-        _read_delta(spark, state_store.table_path("audit"))
-        .where(F.col("decision").isin(*decisions) & (F.col("checkpoint_id") <= checkpoint_id))
-        .join(committed.withColumn("_committed", F.lit(True)), ["checkpoint_id", "attempt_id"], "left")
-        .join(known_ids, "checkpoint_id", "left")
-        .where(F.col("_committed").isNotNull() | F.col("_id_known").isNull())
-        .select("split_id", "decision", "detail", "checkpoint_id", "seq")
-        .collect()
-    )
+    rows = state_store.history.committed_audit(checkpoint_id, decisions).to_pylist()
     at = re.compile(DISCOVERED_DETAIL_PATTERN)
     starts: dict[str, tuple[tuple[int, int], int]] = {}
     lost: dict[str, list[tuple[int, int]]] = {}
@@ -584,10 +553,11 @@ def build_restart_frames(
     )
 
     notes: list[str] = []
-    checkpoints = _read_delta(spark, state_store.table_path("checkpoints")).cache()
+    history = state_store.history
+    checkpoints = spark.createDataFrame(history.checkpoints()).cache()
     heads = {
         int(r["checkpoint_id"]): r
-        for r in checkpoints.select("checkpoint_id", "attempt_id", "parallelism", "enumerator").collect()
+        for r in checkpoints.select("checkpoint_id", "parallelism", "enumerator").collect()
     }
     kept_ids = sorted(heads)
     if checkpoint_id not in heads:
@@ -597,7 +567,6 @@ def build_restart_frames(
             f"checkpoint (available: {kept_ids})",
             checkpoint_id=checkpoint_id,
         )
-    attempt_id = heads[checkpoint_id]["attempt_id"]
     header = heads[checkpoint_id]["enumerator"]
     if header is None:
         notes.append(f"checkpoint {checkpoint_id} has no enumerator snapshot: ownership rules see no entries")
@@ -606,11 +575,7 @@ def build_restart_frames(
         readers = [int(r) for r in header["readers"] or ()]
     subscribed = sorted(set(subscriptions))
 
-    enum_rows = (
-        _read_delta(spark, state_store.table_path("enumerator_state"))
-        .where((F.col("checkpoint_id") == checkpoint_id) & (F.col("attempt_id") == attempt_id))
-        .cache()
-    )
+    enum_rows = spark.createDataFrame(history.enumerator_rows([checkpoint_id])).cache()
     # One checkpoint's enumerator state is small (one row per split): read it once.
     owned: dict[int, list[str]] = {r: [] for r in readers}
     finished_set: set[str] = set()
@@ -697,7 +662,7 @@ def build_restart_frames(
             "row recovery will write)"
         )
     sink = sink.where(F.col("epoch") <= checkpoint_id)
-    life = read_split_life(spark, state_store, checkpoints, checkpoint_id)
+    life = read_split_life(state_store, checkpoint_id)
     lost_note = life.note()
     if lost_note:
         notes.append(lost_note)
@@ -761,13 +726,11 @@ def build_restart_frames(
     finished_state = finished_ids.join(source, "split_id", "left").select(
         "split_id", F.lit("finished").alias("state"), F.col("src_end").alias("_committed")
     )
-    audit = _read_delta(spark, state_store.table_path("audit")).join(
-        checkpoints.where(F.col("checkpoint_id") <= checkpoint_id).select("checkpoint_id", "attempt_id"),
-        ["checkpoint_id", "attempt_id"],
+    audit = spark.createDataFrame(
+        history.committed_audit(checkpoint_id, _DROPPED_DECISIONS).select(["split_id"])
     )
     dropped = (
-        audit.where(F.col("decision").isin(*_DROPPED_DECISIONS))
-        .select("split_id")
+        audit.select("split_id")
         .distinct()
         .join(live.select("split_id"), "split_id", "left_anti")
         .join(finished_ids, "split_id", "left_anti")

@@ -1,11 +1,12 @@
 """What the run report shows, read from a pipeline's Delta state tables and its sink.
 
-:func:`collect_report_data` runs a handful of small Spark queries (one per table,
-restricted to the checkpoints' own attempts) and returns plain values. The history
-is whole: kept checkpoints from their checkpoints rows, the ones retention deleted
-from what ``checkpoint_log`` archived before the delete. The HTML
-rendering (:mod:`splitkeeper.report.html`) never touches Spark. Read-only; may run
-while the pipeline runs (it sees the checkpoints committed so far).
+:func:`collect_report_data` reads the state through :mod:`splitkeeper.state.history`
+(the only reader of the state tables, which applies the orphan-attempt rule) and the
+sink table with one small Spark query, and returns plain values. The history is
+whole: kept checkpoints from their checkpoints rows, the ones retention deleted from
+what ``checkpoint_log`` archived before the delete. The HTML rendering
+(:mod:`splitkeeper.report.html`) never touches Spark. Read-only; may run while the
+pipeline runs (it sees the checkpoints committed so far).
 """
 
 from __future__ import annotations
@@ -14,12 +15,13 @@ import os
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from splitkeeper.core.types import CheckpointKind, RecoveryDecision
+from splitkeeper.state.history import TimelineEntry
 
 if TYPE_CHECKING:  # pragma: no cover
-    from splitkeeper.runtime.state_store import DeltaStateStore, TimelineEntry
+    from splitkeeper.state.checkpoints import DeltaStateStore
 
 #: Audit decisions that move splits between readers of a running pipeline or on restore.
 REBALANCE_DECISIONS = (RecoveryDecision.REBALANCED.value, RecoveryDecision.REDISTRIBUTED_GLOBAL_RESTORE.value)
@@ -113,45 +115,32 @@ class ReportData:
         return LoadComparison(None, only, "only one checkpoint" if only else "no completed checkpoint yet")
 
 
-def _read(state_store: DeltaStateStore, table: str):  # noqa: ANN202 - a pyspark DataFrame
-    return state_store.spark.read.format("delta").load(state_store.table_path(table))
-
-
 def collect_report_data(
-    state_store: DeltaStateStore, sink_path: str | os.PathLike[str] | None = None
+    state_store: DeltaStateStore, sink_path: str | os.PathLike[str] | None = None, *, spark: Any = None
 ) -> ReportData:
-    """Read everything the report shows. Called on the driver (or any Spark client) once per report."""
-    from pyspark.sql import functions as F
+    """Read everything the report shows. Called on the driver once per report.
 
-    timeline = tuple(state_store.timeline())
-    heads = _read(state_store, "checkpoints").select(
-        "checkpoint_id",
-        "attempt_id",
-        "kind",
-        "parallelism",
-        "processing_backlog",
-        "commit_ms",
-        F.col("enumerator.readers").alias("readers"),
-    )
-    rows = heads.collect()
-    keys = heads.select("checkpoint_id", "attempt_id")
-    state = _read(state_store, "enumerator_state").join(keys, ["checkpoint_id", "attempt_id"])
+    ``spark`` reads the sink's records per epoch and region (needed only with ``sink_path``).
+    """
+    history = state_store.history
+    timeline = tuple(history.timeline())
+    heads = history.checkpoints(
+        columns=["checkpoint_id", "kind", "parallelism", "processing_backlog", "commit_ms", "enumerator"]
+    ).to_pylist()
     loads: dict[int, dict[int, int]] = {}
-    for r in state.where(F.col("status") == "assigned").groupBy("checkpoint_id", "owner").count().collect():
-        loads.setdefault(int(r["checkpoint_id"]), {})[int(r["owner"])] = int(r["count"])
-    in_backlog = (
-        (F.col("status") == "backlog")
-        & F.col("backlog_end").isNotNull()
-        & ~F.coalesce(F.col("backlog_finished"), F.lit(False))
-    )
-    backlog = {
-        int(r["checkpoint_id"]): int(r["count"])
-        for r in state.where(in_backlog).groupBy("checkpoint_id").count().collect()
-    }
-    facts = []
-    for r in sorted(rows, key=lambda r: r["checkpoint_id"]):
+    backlog: Counter[int] = Counter()
+    for r in history.enumerator_rows().to_pylist():
         cid = int(r["checkpoint_id"])
-        per_reader = dict.fromkeys((int(x) for x in r["readers"] or ()), 0)
+        if r["status"] == "assigned" and r["owner"] is not None:
+            per_reader = loads.setdefault(cid, {})
+            per_reader[int(r["owner"])] = per_reader.get(int(r["owner"]), 0) + 1
+        elif r["status"] == "backlog" and r["backlog_end"] is not None and not r["backlog_finished"]:
+            backlog[cid] += 1
+    facts = []
+    for r in heads:
+        cid = int(r["checkpoint_id"])
+        header = r["enumerator"] or {}
+        per_reader = dict.fromkeys((int(x) for x in header.get("readers") or ()), 0)
         per_reader.update(loads.get(cid, {}))
         facts.append(
             CheckpointFacts(
@@ -165,8 +154,7 @@ def collect_report_data(
             )
         )
     # Checkpoints retention deleted: their facts were archived to checkpoint_log before the delete.
-    archived = state_store.archived_checkpoints()
-    for r in archived.collect():
+    for r in history.archived_checkpoints().to_pylist():
         facts.append(
             CheckpointFacts(
                 checkpoint_id=int(r["checkpoint_id"]),
@@ -175,43 +163,28 @@ def collect_report_data(
                 processing_backlog=bool(r["processing_backlog"]),
                 commit_ms=int(r["commit_ms"]),
                 backlog_splits=int(r["backlog_splits"] or 0),
-                loads={int(g["region_id"]): int(g["splits"] or 0) for g in sorted(r["regions"] or [])},
+                loads={
+                    int(g["region_id"]): int(g["splits"] or 0)
+                    for g in sorted(r["regions"] or [], key=lambda g: g["region_id"])
+                },
             )
         )
     facts.sort(key=lambda f: f.checkpoint_id)
-    keys = keys.unionByName(archived.select("checkpoint_id", "attempt_id"))
-    audit_rows = (
-        _read(state_store, "audit")
-        .join(keys, ["checkpoint_id", "attempt_id"])
-        .select("checkpoint_id", "seq", "split_id", "reader_id", "decision", "detail")
-        .collect()
-    )
     audit = tuple(
-        sorted(
-            (
-                AuditRow(
-                    checkpoint_id=int(r["checkpoint_id"]),
-                    seq=int(r["seq"]),
-                    split_id=r["split_id"],
-                    reader_id=None if r["reader_id"] is None else int(r["reader_id"]),
-                    decision=r["decision"],
-                    detail=r["detail"] or "",
-                )
-                for r in audit_rows
-            ),
-            key=lambda a: (a.checkpoint_id, a.seq),
+        AuditRow(
+            checkpoint_id=int(r["checkpoint_id"]),
+            seq=int(r["seq"]),
+            split_id=r["split_id"],
+            reader_id=None if r["reader_id"] is None else int(r["reader_id"]),
+            decision=r["decision"],
+            detail=r["detail"] or "",
         )
+        for r in history.committed_audit().to_pylist()
     )
     records: dict[int, dict[int, int]] | None = None
     sink_text = None if sink_path is None else os.fspath(sink_path)
     if sink_text is not None:
-        from delta.tables import DeltaTable
-
-        records = {}
-        if DeltaTable.isDeltaTable(state_store.spark, sink_text):
-            sink = state_store.spark.read.format("delta").load(sink_text)
-            for r in sink.groupBy("epoch", "region").count().collect():
-                records.setdefault(int(r["epoch"]), {})[int(r["region"])] = int(r["count"])
+        records = _records_per_epoch(sink_text, spark)
     return ReportData(
         pipeline=state_store.pipeline_name,
         state_root=str(state_store.root),
@@ -222,3 +195,28 @@ def collect_report_data(
         sink_path=sink_text,
         records=records,
     )
+
+
+def _records_per_epoch(sink_path: str, spark: Any) -> dict[int, dict[int, int]]:
+    """Epoch -> region -> records of the sink table (read with Spark); empty when there is no table."""
+    from deltalake import DeltaTable
+
+    from splitkeeper.runtime.sink import sink_frame
+    from splitkeeper.state import storage
+
+    uri = storage.table_uri(sink_path)
+    records: dict[int, dict[int, int]] = {}
+    if not DeltaTable.is_deltatable(uri, storage.storage_options(uri)):
+        return records
+    if spark is None:
+        from pyspark.sql import SparkSession
+
+        spark = SparkSession.getActiveSession()
+        if spark is None:
+            from splitkeeper.runtime.spark import SparkSettings, get_spark
+
+            spark = get_spark(SparkSettings.from_env(ui_enabled=False))
+    sink, _exists = sink_frame(spark, uri)
+    for r in sink.groupBy("epoch", "region").count().collect():
+        records.setdefault(int(r["epoch"]), {})[int(r["region"])] = int(r["count"])
+    return records

@@ -23,7 +23,7 @@ from splitkeeper.report import charts
 from splitkeeper.report.data import ReportData, collect_report_data
 
 if TYPE_CHECKING:  # pragma: no cover
-    from splitkeeper.runtime.state_store import DeltaStateStore
+    from splitkeeper.state.checkpoints import DeltaStateStore
 
 REPORT_FILE = "report.html"
 AUDIT_ROWS_SHOWN = 200

@@ -8,8 +8,9 @@ supplies what it runs on:
   (:mod:`splitkeeper.runtime.regions`), the region task body
   (:func:`splitkeeper.runtime.staging.run_region_task`) writing one staged parquet
   file per region and attempt;
-- :class:`StagedDeltaSink`: the exactly-once Delta sink over those staged files;
-- :class:`DeltaState`: the Delta state tables;
+- :class:`~splitkeeper.runtime.sink.DeltaSink`: the exactly-once Delta sink over those
+  staged files (delta-rs);
+- :class:`~splitkeeper.state.checkpoints.DeltaStateStore`: the Delta state tables (delta-rs);
 - :class:`RuntimeHooks`: crash injection (``SPLITKEEPER_CRASH_AT``) and progress lines.
 
 :class:`Pipeline` puts them together for one pipeline config and Spark session.
@@ -17,13 +18,9 @@ supplies what it runs on:
 
 from __future__ import annotations
 
-import json
 import logging
-import os
-import re
-import shutil
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from splitkeeper.core import driver as core_driver
@@ -39,30 +36,23 @@ from splitkeeper.core.ports import (
     Clock,
     CrashPoint,
     DriverHooks,
-    EpochDecision,
     EpochPlan,
-    EpochSink,
     RegionRun,
     RegionRunner,
-    SinkReceipt,
-    StateStore,
 )
 from splitkeeper.core.rescale import Redistribution
 from splitkeeper.core.source import SourceConnector
-from splitkeeper.core.types import CompletedCheckpoint, RegionOutcome
-from splitkeeper.errors import ConcurrentRunError
-from splitkeeper.runtime import serde
+from splitkeeper.core.types import RegionOutcome
 from splitkeeper.runtime.config import PipelineConfig
 from splitkeeper.runtime.faults import FaultPlan, crash_if_requested, crash_request
 from splitkeeper.runtime.regions import RegionStatus, run_regions
 from splitkeeper.runtime.sink import DeltaSink
 from splitkeeper.runtime.sources import build_source
 from splitkeeper.runtime.staging import FaultKind, RegionResult, run_region_task
-from splitkeeper.runtime.state_store import DeltaStateStore
 from splitkeeper.runtime.transforms import Transform, resolve_transform
+from splitkeeper.state.checkpoints import DeltaStateStore
 
 __all__ = [
-    "DeltaState",
     "EpochReport",
     "OpenReport",
     "Pipeline",
@@ -70,7 +60,6 @@ __all__ = [
     "RunSummary",
     "RuntimeHooks",
     "SparkRegionRunner",
-    "StagedDeltaSink",
     "SystemClock",
     "driver_settings",
     "run_pipeline",
@@ -79,8 +68,6 @@ __all__ = [
 log = logging.getLogger("splitkeeper.runtime.pipeline")
 #: One record per epoch and per interval switch: the run's story (the CLI shows them as bare lines).
 PROGRESS_LOG = logging.getLogger("splitkeeper.progress")
-
-_EPOCH_DIR = re.compile(r"^epoch=(\d+)$")
 
 OPERATOR_STATE_KEEP = core_driver.OPERATOR_STATE_KEEP
 
@@ -207,155 +194,6 @@ class SparkRegionRunner(RegionRunner):
         return out
 
 
-class StagedDeltaSink(EpochSink):
-    """The Delta sink over the staged files the region tasks wrote under ``staging_path``."""
-
-    def __init__(self, sink: DeltaSink, staging_path: str) -> None:
-        self.delta = sink
-        self.staging_path = staging_path
-
-    def committed_epoch(self) -> int | None:
-        return self.delta.committed_version()
-
-    def committed_attempt(self, epoch: int) -> str | None:
-        found = self.delta.committed_metadata(epoch)
-        if found is None:
-            return None
-        attempt = found.metadata.get("attempt_id")
-        return None if attempt is None else str(attempt)
-
-    def commit(
-        self, epoch: int, outputs: Sequence[RegionRun], *, expected: int | None, attempt_id: str
-    ) -> SinkReceipt:
-        current = self.delta.committed_version()
-        if current != expected:
-            raise ConcurrentRunError(
-                f"sink {self.delta.path}: pipeline {self.delta.app_id!r} is at epoch {current}, not at "
-                f"{expected} as this run expects; another run committed meanwhile",
-                pipeline=self.delta.app_id,
-                epoch_id=epoch,
-                found=current,
-                expected=expected,
-            )
-        staged = [str(o.output) for o in outputs if o.output]
-        acked = [o.region_id for o in outputs]
-        done = self.delta.commit(epoch, staged, acked, extra_metadata={"attempt_id": attempt_id})
-        return SinkReceipt(
-            epoch=epoch,
-            records=int(done.records or 0) if not done.skipped else 0,
-            replayed=done.skipped,
-            version=done.table_version,
-        )
-
-    def discard(self, epoch: int) -> None:
-        shutil.rmtree(os.path.join(self.staging_path, f"epoch={epoch}"), ignore_errors=True)
-
-    def discard_through(self, epoch: int) -> None:
-        """Remove what earlier runs left in staging for epochs up to ``epoch`` (on open).
-
-        A driver killed after its checkpoint row, or a cancelled task finishing late, leaves
-        ``epoch=N`` folders nobody reads: epochs up to the latest checkpoint are committed
-        (or abandoned) for good. Newer folders are kept: another run may be writing them.
-        """
-        try:
-            names = os.listdir(self.staging_path)
-        except FileNotFoundError:
-            return
-        for name in names:
-            m = _EPOCH_DIR.match(name)
-            if m is not None and int(m[1]) <= epoch:
-                shutil.rmtree(os.path.join(self.staging_path, name), ignore_errors=True)
-
-
-class DeltaState(StateStore):
-    """The Delta state tables of one pipeline, through :class:`DeltaStateStore`.
-
-    The decision record of an epoch is written to ``<staging>/epoch=N/decision.json``.
-    """
-
-    def __init__(self, store: DeltaStateStore, staging_path: str) -> None:
-        self.store = store
-        self.staging_path = staging_path
-
-    def latest_checkpoint(self) -> CompletedCheckpoint | None:
-        return self.store.latest_checkpoint()
-
-    def load_checkpoint(self, checkpoint_id: int) -> CompletedCheckpoint:
-        return self.store.load_checkpoint(checkpoint_id)
-
-    def checkpoint_ids(self) -> list[int]:
-        return self.store.checkpoint_ids()
-
-    def ref_chain(self, checkpoint_id: int) -> list[int]:
-        return self.store.ref_chain(checkpoint_id)
-
-    def configured_parallelism(self, checkpoint_id: int) -> int | None:
-        return self.store.configured_parallelism(checkpoint_id)
-
-    def latest_plan_epoch(self) -> int | None:
-        return self.store.latest_plan_epoch()
-
-    def _decision_path(self, epoch: int) -> str:
-        return os.path.join(self.staging_path, f"epoch={epoch}", "decision.json")
-
-    def decision(self, epoch: int, attempt_id: str) -> EpochDecision | None:
-        try:
-            with open(self._decision_path(epoch), encoding="utf-8") as f:
-                data = json.load(f)
-        except FileNotFoundError:
-            return None
-        if data.get("attempt_id") != attempt_id:
-            return None
-        completed = serde.checkpoint_from_rows(data["checkpoint"], data["enumerator_rows"])
-        return EpochDecision(
-            checkpoint=completed,
-            attempt_id=attempt_id,
-            audit=tuple(serde.audit_from_row(a) for a in data["audit"]),
-            acknowledged=tuple(data.get("acknowledged", ())),
-            configured_parallelism=data.get("configured_parallelism"),
-        )
-
-    def write_plan(self, epoch: int, plan: EpochPlan) -> None:
-        self.store.write_plan(epoch, plan)
-
-    def write_decision(self, decision: EpochDecision) -> None:
-        completed = decision.checkpoint
-        path = self._decision_path(decision.epoch)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path + ".tmp", "w", encoding="utf-8") as f:
-            json.dump(
-                {
-                    "attempt_id": decision.attempt_id,
-                    "checkpoint": serde.checkpoint_to_row(completed),
-                    "enumerator_rows": []
-                    if completed.enumerator is None
-                    else serde.enumerator_to_rows(completed.enumerator),
-                    "audit": [serde.audit_to_row(a, seq) for seq, a in enumerate(decision.audit)],
-                    "acknowledged": list(decision.acknowledged),
-                    "configured_parallelism": decision.configured_parallelism,
-                },
-                f,
-                default=str,
-            )
-        os.replace(path + ".tmp", path)
-
-    def commit_checkpoint(
-        self, decision: EpochDecision, before_row: Callable[[], None] | None = None
-    ) -> None:
-        self.store.commit_checkpoint(
-            decision.checkpoint,
-            decision.audit,
-            before_row=before_row,
-            configured_parallelism=decision.configured_parallelism,
-        )
-
-    def log_attempt(self, epoch: int, outcomes: Mapping[int, RegionOutcome], reason: str) -> None:
-        self.store.log_attempt(epoch, outcomes, reason)
-
-    def retain(self, keep_latest: int, pinned: Sequence[int] = ()) -> list[int]:
-        return self.store.retain(keep_latest, pinned=pinned)
-
-
 # --------------------------------------------------------------------------- the pipeline
 
 
@@ -365,7 +203,8 @@ class Pipeline:
     Created on the driver; not thread-safe; one per process. ``open()`` restores
     (or starts fresh), ``run_epoch()`` runs one checkpoint attempt, ``run()`` loops
     with progress. Two runs against the same state never both commit: the sink's
-    fence stops the later one with ConcurrentRunError.
+    fence stops the later one with ConcurrentRunError. ``read_only`` builds a store
+    and sink that create and write nothing, for dry runs (open it read-only too).
     """
 
     def __init__(
@@ -376,14 +215,19 @@ class Pipeline:
         faults: FaultPlan | None = None,
         progress: Callable[[str], None] | None = None,
         connector: SourceConnector | None = None,
+        read_only: bool = False,
     ) -> None:
         hooks = RuntimeHooks(progress)
         self.config = config
         self.spark = spark
         self.faults = faults or FaultPlan()
         self.connector = connector or build_source(config.source)
-        self.store = DeltaStateStore(spark, config.state_path, config.name, self.connector.fingerprint())
-        self.sink = DeltaSink(spark, config.sink_path, app_id=config.name)
+        self.store = DeltaStateStore(
+            config.state_path, config.name, self.connector.fingerprint(), read_only=read_only
+        )
+        self.sink = DeltaSink(
+            config.sink_path, config.name, staging_path=config.staging_path, spark=spark, read_only=read_only
+        )
         self.transform = resolve_transform(config.transform)
         self.driver = EpochDriver(
             driver_settings(config),
@@ -391,8 +235,8 @@ class Pipeline:
             SparkRegionRunner(
                 spark, config.name, self.connector, self.transform, config.staging_path, self.faults
             ),
-            StagedDeltaSink(self.sink, config.staging_path),
-            DeltaState(self.store, config.staging_path),
+            self.sink,
+            self.store,
             SystemClock(),
             hooks,
         )
@@ -440,7 +284,6 @@ class Pipeline:
         return self.driver.run(epochs, until_caught_up=until_caught_up)
 
     def close(self) -> None:
-        self.sink.close()
         self.connector.close()
 
 

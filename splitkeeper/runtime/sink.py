@@ -1,87 +1,87 @@
-"""The exactly-once Delta sink: one idempotent Delta append per epoch.
+"""The exactly-once Delta sink: :class:`DeltaSink`, the ``EpochSink`` port on delta-rs.
 
-The driver commits an epoch's output with :meth:`DeltaSink.commit` after the regional
-checkpoint coordinator completed the checkpoint and before the state commit (runtime
-design, step 5). The append carries Delta's idempotent-write options
-``txnAppId=<app_id>`` and ``txnVersion=<epoch>``: Delta records the pair in the table's
-log in the same atomic commit as the data, and skips any later write whose
-``txnVersion`` is not higher. So a replay of epoch N after a crash (same plan, same
-ranges, new staged files) never writes its records twice. ``userMetadata`` carries
-``{"app_id", "epoch", "regions", "commit_id"}`` so crash recovery can read which regions
-the committed epoch contained (:meth:`DeltaSink.committed_metadata`).
+The region tasks stage one parquet file per region and attempt
+(``<staging>/epoch=N/region=R/attempt=<id>/part.parquet``, every column of
+``state/sink_records.ddl``, see :mod:`splitkeeper.runtime.staging`). The sink commits an
+epoch by making the acknowledged regions' staged files data files of the table, in one
+commit; the records are written once, by the tasks.
 
-Only acknowledged regions' staged files are committed: a staged file whose path says it
-belongs to another region or epoch is refused.
+Contract of :meth:`DeltaSink.commit` ``(epoch, outputs, expected=, attempt_id=)``:
 
-When the sink is on a local filesystem, the staged files (which hold every column of the
-table) are moved into the table's folder and added to the log as they are
-(:func:`~splitkeeper.runtime.delta_log.commit_files_once`, the same ``txn`` action), so the
-records are written once, by the region tasks. Elsewhere (object stores), or with
-``SPLITKEEPER_DIRECT_WRITES=0``, the commit reads the staged files and appends them with
-Spark. A file moved in by a commit that then failed is never in the log; Delta's VACUUM
-removes it.
+1. Only acknowledged regions' outputs, each a staged file of this epoch and of its own
+   region (the path says so), may be committed: anything else is
+   InvalidParameterError and nothing happens.
+2. The commit is fenced (:mod:`splitkeeper.state.fence`, app id = the pipeline, version
+   = the epoch): it lands only if the pipeline's recorded epoch is exactly ``expected``
+   (the one this run restored or last committed); another run's commit in between
+   makes it a ConcurrentRunError. The epoch already recorded by a commit that names
+   ``attempt_id`` is a replay: nothing is written, the receipt says ``replayed``.
+3. The staged files are checked before anything moves: a missing or unreadable one is
+   a StateError naming the path and what to do, and nothing is moved or committed.
+   Then each file is moved (renamed, on local disk; copied with ``pyarrow.fs`` to an
+   object store) into the table folder under :func:`adopted_name`, and all are added
+   in ONE commit (``create_write_transaction``) with ``Transaction(pipeline, epoch)``,
+   per-file statistics from the parquet footer (numRecords, minValues, maxValues,
+   nullCount) and the custom metadata ``{app_id, epoch, regions, attempt_id, records}``.
+   A file moved by a commit that then died is found under its table name by the next
+   attempt of the same commit; a file moved by a commit that lost the fence is in no
+   commit, so no reader sees it. A staged file of an older writer (without
+   ``ingested_at``) is rewritten into the table folder with ``ingested_at`` = now.
+4. An epoch with no output still commits (no files) so the epoch is recorded.
 
-The staged parquet files (one per region task, written by the task with pyarrow, see
-:data:`~splitkeeper.runtime.staging.STAGED_FILE_SCHEMA`) have every column of
-``state/sink_records.ddl``: ``split_id string, offset long, next_offset long, value string,
-epoch long, region int`` and ``ingested_at`` (when the task wrote the file). The Spark
-append reads the record columns (:func:`staged_spark_schema`) and stamps ``ingested_at``
-at commit; :func:`staged_arrow_schema` is the record columns' pyarrow schema.
+:meth:`committed_epoch` is ``transaction_version(pipeline)``; :meth:`committed_attempt`
+reads the commit's metadata back from the table history. The read-back helpers
+(:meth:`records`, :meth:`records_per_split`, :meth:`check_exactly_once`) read with
+Spark. One sink per pipeline and driver process; ``read_only`` sinks create and write
+nothing (dry runs, status).
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
+import math
 import os
 import re
-import threading
+import shutil
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+import pyarrow as pa
+import pyarrow.parquet as pq
+
 from splitkeeper.core.invariants import Violation, check_sink_ranges
-from splitkeeper.errors import ConcurrentRunError, InvalidParameterError, StateError
-from splitkeeper.runtime import serde
-from splitkeeper.runtime.delta_log import (
-    COMMIT_ID_KEY,
-    DataFile,
-    DeltaApiUnavailable,
-    DeltaCommit,
-    append_once,
-    commit_files_once,
-    delta_snapshot,
-    direct_writes_enabled,
-    is_concurrent_modification,
-    local_dir,
-    txn_version,
-    warm_snapshot_state,
+from splitkeeper.core.ports import EpochSink, RegionRun, SinkReceipt
+from splitkeeper.errors import InvalidParameterError, StateError
+from splitkeeper.state import storage
+from splitkeeper.state.fence import fenced_commit, recorded_commit
+from splitkeeper.state.tables import (
+    SINK_TABLE,
+    STAGED_COLUMNS,
+    STAGED_FILE_SCHEMA,
+    ensure_table,
+    guarded,
+    open_table,
+    refresh,
+    spec,
 )
 
 if TYPE_CHECKING:  # pragma: no cover
-    from pyspark.sql import DataFrame, SparkSession
-    from pyspark.sql.types import StructType
+    from deltalake import DeltaTable
+    from pyspark.sql import DataFrame
 
-__all__ = [
-    "STAGED_COLUMNS",
-    "DeltaSink",
-    "SinkCommit",
-    "SplitRecords",
-    "staged_arrow_schema",
-    "staged_spark_schema",
-]
-
-#: Columns of a staged parquet file, in order (the sink table adds ``ingested_at``).
-STAGED_COLUMNS: tuple[str, ...] = ("split_id", "offset", "next_offset", "value", "epoch", "region")
-
-# How many recent commits committed_metadata() searches before reading the whole history.
-_RECENT_HISTORY = 64
+__all__ = ["DeltaSink", "SinkCommit", "SplitRecords", "adopted_name", "file_statistics", "sink_frame"]
 
 log = logging.getLogger(__name__)
 
-_RESERVED_METADATA = frozenset({"app_id", "epoch", "regions", "records", COMMIT_ID_KEY})
-
 _SEGMENT = re.compile(r"(?:^|/)(epoch|region)=(\d+)(?=/|$)")
 _ATTEMPT = re.compile(r"(?:^|/)attempt=([A-Za-z0-9_-]+)(?=/|$)")
+_EPOCH_DIR = re.compile(r"^epoch=(\d+)$")
+#: Delta statistics keep string bounds short; longer minimums are cut, longer maximums left out.
+STRING_STATS_PREFIX = 32
 
 
 def adopted_name(staged_path: str) -> str:
@@ -95,65 +95,16 @@ def adopted_name(staged_path: str) -> str:
     )
 
 
-def _sink_schema() -> StructType:
-    from pyspark.sql.types import StructType, _parse_datatype_string
-
-    parsed = _parse_datatype_string(serde.read_ddl(serde.SINK_TABLE))
-    assert isinstance(parsed, StructType)
-    return parsed
-
-
-def staged_spark_schema() -> StructType:
-    """The Spark schema of a staged parquet file (the sink table's columns minus ``ingested_at``)."""
-    from pyspark.sql.types import StructType
-
-    full = _sink_schema()
-    return StructType([full[name] for name in STAGED_COLUMNS])
-
-
-def staged_arrow_schema() -> Any:
-    """The pyarrow schema of a staged file's record columns (:data:`STAGED_COLUMNS`).
-
-    Built from ``state/sink_records.ddl`` (flat columns of BIGINT, INT, STRING) without a
-    Spark session, so executors can call it.
-    """
-    import pyarrow as pa
-
-    arrow_types = {"BIGINT": pa.int64(), "INT": pa.int32(), "STRING": pa.string()}
-    columns: dict[str, Any] = {}
-    for item in serde.read_ddl(serde.SINK_TABLE).split(","):
-        words = item.replace("`", "").split()
-        if words:
-            columns[words[0]] = (words[1].upper(), "NOT NULL" not in " ".join(words[2:]).upper())
-    fields = []
-    for name in STAGED_COLUMNS:
-        if name not in columns or columns[name][0] not in arrow_types:
-            raise StateError(
-                f"state/sink_records.ddl must define staged column {name} as BIGINT, INT or STRING",
-                column=name,
-            )
-        type_name, nullable = columns[name]
-        fields.append(pa.field(name, arrow_types[type_name], nullable=nullable))
-    return pa.schema(fields)
-
-
 @dataclass(frozen=True, slots=True)
 class SinkCommit:
-    """One epoch's commit to the sink table, as Delta recorded it.
-
-    ``skipped`` is True when this call wrote nothing because the epoch was already
-    committed (a replay); the other fields then describe the earlier commit.
-    ``table_version``/``records``/``regions`` are None when Delta's history of that
-    commit is no longer available (log cleaned up).
-    """
+    """One epoch's commit as the table history records it (None fields: not recorded)."""
 
     app_id: str
     epoch_id: int
     regions: tuple[int, ...] | None
     table_version: int | None
     records: int | None
-    skipped: bool = False
-    commit_id: str = ""
+    attempt_id: str | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
 
 
@@ -166,312 +117,347 @@ class SplitRecords:
     last_next_offset: int
 
 
-class DeltaSink:
-    """The records table at ``path``, written idempotently under the Delta app id ``app_id``.
+# --------------------------------------------------------------------------- statistics
 
-    One per pipeline and driver process (``app_id`` is the pipeline name by
-    convention). Creates the table on first use (schema ``state/sink_records.ddl``).
-    Methods run on the driver; :meth:`commit` may be called again for the same epoch
-    (crash replay) and then writes nothing.
+
+def _stat_value(value: Any, *, upper: bool) -> Any:
+    """A footer min/max as Delta statistics JSON holds it; None when it cannot be a safe bound."""
+    if isinstance(value, datetime):
+        moment = value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+        moment = moment.astimezone(UTC)
+        millis = moment.replace(microsecond=(moment.microsecond // 1000) * 1000)
+        if upper and millis != moment:  # milliseconds in the JSON: round the upper bound up
+            millis += timedelta(milliseconds=1)
+        return millis.strftime("%Y-%m-%dT%H:%M:%S.") + f"{millis.microsecond // 1000:03d}Z"
+    if isinstance(value, str):
+        if len(value) <= STRING_STATS_PREFIX:
+            return value
+        return None if upper else value[:STRING_STATS_PREFIX]
+    if isinstance(value, bool | int):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    return None
+
+
+def file_statistics(metadata: pq.FileMetaData, columns: Sequence[str]) -> dict[str, Any]:
+    """Delta file statistics of ``columns`` from a parquet footer: numRecords, minValues,
+    maxValues, nullCount (a column whose row groups lack statistics gets none)."""
+    names = metadata.schema.to_arrow_schema().names
+    mins: dict[str, Any] = {}
+    maxs: dict[str, Any] = {}
+    nulls: dict[str, int] = {}
+    for name in columns:
+        if name not in names:
+            continue
+        index = names.index(name)
+        low = high = None
+        count = 0
+        complete = True
+        for group in range(metadata.num_row_groups):
+            chunk = metadata.row_group(group).column(index)
+            stats = chunk.statistics
+            if stats is None or not stats.has_null_count:
+                complete = False
+                break
+            count += int(stats.null_count)
+            if chunk.num_values == stats.null_count:
+                continue  # all NULL: no bounds from this group
+            if not stats.has_min_max:
+                complete = False
+                break
+            low = stats.min if low is None or stats.min < low else low
+            high = stats.max if high is None or stats.max > high else high
+        if not complete:
+            continue
+        nulls[name] = count
+        if low is not None and high is not None:
+            low_value, high_value = _stat_value(low, upper=False), _stat_value(high, upper=True)
+            if low_value is not None:
+                mins[name] = low_value
+            if high_value is not None:
+                maxs[name] = high_value
+    return {"numRecords": metadata.num_rows, "minValues": mins, "maxValues": maxs, "nullCount": nulls}
+
+
+# --------------------------------------------------------------------------- the sink
+
+
+@dataclass(frozen=True, slots=True)
+class _Staged:
+    """A staged file checked for commit: where it is now, where it goes, what it holds."""
+
+    staged: str  # the path the region task returned
+    source: str  # where it is now: the staged path, or the table folder (moved by an earlier attempt)
+    name: str  # its name in the table
+    rows: int
+    stats: dict[str, Any]
+    complete: bool  # False: an older writer's file without ingested_at (rewritten, not moved)
+
+
+class DeltaSink(EpochSink):
+    """The records table at ``path``, committed by pipeline ``app_id`` (see the module doc).
+
+    ``staging_path``: where the region tasks stage (for :meth:`discard`).
+    ``spark``: the session the read-back helpers use (optional).
     """
 
-    def __init__(self, spark: SparkSession, path: str | os.PathLike[str], app_id: str) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        app_id: str,
+        *,
+        staging_path: str | os.PathLike[str] | None = None,
+        spark: Any = None,
+        read_only: bool = False,
+    ) -> None:
         if not isinstance(app_id, str) or not app_id.strip():
             raise InvalidParameterError("app_id", app_id, "a non-empty name (the pipeline name)")
-        text = os.fspath(path)
-        if not text:
-            raise InvalidParameterError("path", text, "a directory path or URI")
-        self.spark = spark
-        self.path = os.path.abspath(text) if "://" not in text and not text.startswith("file:") else text
+        self.path = storage.table_uri(path)
         self.app_id = app_id
-        self._warming: threading.Thread | None = None
-        self._ensure_table()
+        self.staging_path = None if staging_path is None else storage.table_uri(staging_path)
+        self.spark = spark
+        self.read_only = read_only
+        self._table: DeltaTable | None = None
+        if not read_only:
+            self._table = ensure_table(self.path, spec(SINK_TABLE))[0]
 
-    def _ensure_table(self) -> None:
-        from delta.tables import DeltaTable
+    def _get(self) -> DeltaTable | None:
+        if self._table is None:
+            self._table = open_table(self.path, missing_ok=True)
+            return self._table
+        return refresh(self._table)
 
-        if DeltaTable.isDeltaTable(self.spark, self.path):
-            return
-        props = (
-            "'delta.checkpointInterval' = '10', "
-            "'delta.dataSkippingStatsColumns' = 'split_id,offset,epoch,region', "
-            "'delta.checkpoint.writeStatsAsStruct' = 'true'"
-        )
-        try:
-            self.spark.sql(
-                f"CREATE TABLE IF NOT EXISTS delta.`{self.path}` ({serde.read_ddl(serde.SINK_TABLE)}) "
-                f"USING DELTA TBLPROPERTIES ({props})"
-            )
-        except Exception as err:
-            if not DeltaTable.isDeltaTable(self.spark, self.path):
-                raise StateError(
-                    f"cannot create the sink table at {self.path}: {err}", path=self.path
-                ) from err
+    # -- the recorded epoch --------------------------------------------------------------
 
-    # -- idempotency record ----------------------------------------------------------
+    def committed_epoch(self) -> int | None:
+        """The pipeline's recorded epoch (the last ``txn`` version of app id ``app_id``), or None."""
+        table = self._get()
+        return None if table is None else table.transaction_version(self.app_id)
 
-    def prepare_commit(self) -> None:
-        """Get the next :meth:`commit`'s idempotency check ready in the background.
-
-        Optional; the driver calls it at the start of an epoch, so that Delta's writer finds
-        the table state it checks ``txnVersion`` against already reconstructed
-        (:func:`~splitkeeper.runtime.delta_log.warm_snapshot_state`) instead of computing
-        it while the epoch waits for its sink commit. A sink that adopts the staged files
-        reads that version from the table's checksum instead, so it warms nothing: the
-        reconstruction would only take cores from the epoch's region tasks.
-        """
-        self.close()
-        if self._adopt_root() is not None:
-            return
-        self._warming = warm_snapshot_state(self.spark, self.path)
-
-    def close(self) -> None:
-        """Wait for background work :meth:`prepare_commit` started. Idempotent."""
-        if self._warming is not None:
-            self._warming.join()
-            self._warming = None
-
-    def committed_version(self) -> int | None:
-        """The last ``txnVersion`` Delta recorded for this app id (= last committed epoch), or None.
-
-        Read from the table's current snapshot through the JVM ``DeltaLog`` (the same
-        view Delta's writer consults to skip a replayed ``txnVersion``), so it covers
-        log checkpoints and JSON commits alike; normally from the version checksum, with
-        no Spark job (:func:`~splitkeeper.runtime.delta_log.txn_version`). None for a
-        fresh table or an app id that never committed.
-        """
-        return txn_version(delta_snapshot(self.spark, self.path), self.app_id)
-
-    def committed_metadata(self, epoch_id: int) -> SinkCommit | None:
-        """The commit of ``epoch_id`` by this app id, from DESCRIBE HISTORY; None if there is none.
-
-        Crash recovery calls it when :meth:`committed_version` shows epoch N committed
-        but the state store has no checkpoint N: the regions tell which regions' planned
-        ranges are in the sink.
-        """
-        from delta.tables import DeltaTable
-
-        table = DeltaTable.forPath(self.spark, self.path)
-        recent = table.history(_RECENT_HISTORY)
-        found = self._find_commit(recent, epoch_id)
-        if found is None and recent.count() >= _RECENT_HISTORY:
-            found = self._find_commit(table.history(), epoch_id)
-        return found
-
-    def _find_commit(self, history: DataFrame, epoch_id: int) -> SinkCommit | None:
-        from pyspark.sql import functions as F
-
-        rows = (
-            history.where(F.col("userMetadata").isNotNull())
-            .where(F.get_json_object("userMetadata", "$.app_id") == F.lit(self.app_id))
-            .where(F.get_json_object("userMetadata", "$.epoch").cast("long") == F.lit(int(epoch_id)))
-            .select(
-                "version", "userMetadata", F.col("operationMetrics").getItem("numOutputRows").alias("rows")
-            )
-            .orderBy(F.col("version").desc())
-            .limit(1)
-            .collect()
-        )
-        if not rows:
+    def committed_metadata(self, epoch: int) -> SinkCommit | None:
+        """The commit of ``epoch`` by this pipeline, read from the table history; None if not found."""
+        table = self._get()
+        if table is None:
             return None
-        row = rows[0]
-        metrics = {} if row["rows"] is None else {"numOutputRows": str(row["rows"])}
-        found = DeltaCommit(int(row["version"]), user_metadata=row["userMetadata"], operation_metrics=metrics)
-        return self._sink_commit(epoch_id, found)
-
-    # -- commit ----------------------------------------------------------------------
-
-    def commit(
-        self,
-        epoch_id: int,
-        staged_paths: Sequence[str],
-        acked_regions: Iterable[int],
-        *,
-        extra_metadata: Mapping[str, Any] | None = None,
-    ) -> SinkCommit:
-        """Append the staged files of the acknowledged regions of ``epoch_id`` in one Delta commit.
-
-        Called by the driver once per completed (not aborted) checkpoint, before the
-        state commit; called again for the same epoch on a crash replay. If Delta already
-        recorded ``txnVersion >= epoch_id`` for this app id, nothing is written and the
-        earlier commit's metadata is returned with ``skipped=True``. ``staged_paths``
-        must be the files returned by the acknowledged regions' tasks (layout
-        ``.../epoch=N/region=R/...``): a path of another epoch or of a region not in
-        ``acked_regions`` raises InvalidParameterError. An epoch with no staged files
-        still commits (no rows) so that the epoch is recorded as done. ``extra_metadata``
-        (JSON-serialisable) is added to the commit's userMetadata; it may not override
-        the keys the sink sets (app_id, epoch, regions, commit_id).
-        """
-        if isinstance(epoch_id, bool) or not isinstance(epoch_id, int) or epoch_id < 0:
-            raise InvalidParameterError("epoch_id", epoch_id, "an integer >= 0")
-        acked = tuple(sorted({int(r) for r in acked_regions}))
-        extra = dict(extra_metadata or {})
-        clash = sorted(set(extra) & _RESERVED_METADATA)
-        if clash:
-            raise InvalidParameterError(
-                "extra_metadata", clash, f"keys other than {', '.join(sorted(_RESERVED_METADATA))}"
-            )
-        paths = [os.fspath(p) for p in staged_paths]
-        self._check_paths(epoch_id, paths, acked)
-
-        done = self.committed_version()
-        if done is not None and done >= epoch_id:
-            return self._already_committed(epoch_id)
-
-        metadata = {**extra, "app_id": self.app_id, "epoch": epoch_id, "regions": list(acked)}
-        try:
-            adopted, commit = self._adopt(epoch_id, paths, metadata)
-            if not adopted:
-                commit = append_once(self._staged_frame(paths), self.path, self.app_id, epoch_id, metadata)
-        except Exception as err:
-            if is_concurrent_modification(err):
-                raise ConcurrentRunError(
-                    f"sink {self.path}: another run of app {self.app_id!r} committed at the same time as "
-                    f"epoch {epoch_id}; only one run may drive a pipeline",
-                    pipeline=self.app_id,
-                    epoch_id=epoch_id,
-                ) from err
-            raise
-        if commit is None:
-            # Delta skipped our append: another writer recorded this epoch (or a later one) first.
-            return self._already_committed(epoch_id)
-        return self._sink_commit(epoch_id, commit)
-
-    def _staged_frame(self, paths: Sequence[str]) -> DataFrame:
-        """The staged files' records with ``ingested_at`` = now, in the table's column order."""
-        from pyspark.sql import functions as F
-
-        staged = staged_spark_schema()
-        if paths:
-            frame = self.spark.read.schema(staged).parquet(*paths)
-        else:
-            frame = self.spark.createDataFrame([], staged)
-        return frame.withColumn("ingested_at", F.current_timestamp()).select(*_sink_schema().fieldNames())
-
-    def _adopt_root(self) -> str | None:
-        """The table's local folder when :meth:`commit` adds the staged files as they are (a
-        local sink, direct writes on), else None."""
-        return local_dir(self.path) if direct_writes_enabled() else None
-
-    def _adopt(
-        self, epoch_id: int, paths: Sequence[str], metadata: dict[str, Any]
-    ) -> tuple[bool, DeltaCommit | None]:
-        """Move the staged files into the table's folder and add them to the log in one commit.
-
-        Returns (True, the commit), (True, None) when the app id had already recorded this
-        epoch, or (False, None) when this sink cannot adopt files (not on a local filesystem,
-        staging on another device, turned off, or a Delta build without the API): then
-        nothing was moved or written. A staged file already
-        moved by an earlier attempt of this commit (a crash between move and commit) is
-        found under its table name. Staged files must be on the sink's filesystem.
-        """
-        root = self._adopt_root()
-        if root is None:
-            return False, None
-        if any(local_dir(p) is None for p in paths):
-            return False, None
-        device = os.stat(root).st_dev
-        if any(os.path.exists(p) and os.stat(p).st_dev != device for p in paths):
-            return False, None  # a move would be a copy: let Spark do it
-        import pyarrow.parquet as pq
-
-        from splitkeeper.runtime.staging import STAGED_FILE_SCHEMA
-
-        wanted = [(f.name, f.type) for f in STAGED_FILE_SCHEMA]
-        found: list[tuple[str, str, str, int]] = []  # staged path, table name, current path, rows
-        for staged in paths:
-            name = adopted_name(staged)
-            current = staged if os.path.exists(staged) else os.path.join(root, name)
-            if not os.path.exists(current):
-                raise StateError(
-                    f"sink {self.path}: staged file {staged} of epoch {epoch_id} is gone (and was not moved "
-                    f"into the table as {name}); recover the pipeline to read the epoch again",
-                    path=staged,
-                )
-            meta = pq.read_metadata(current)
-            if [(f.name, f.type) for f in meta.schema.to_arrow_schema()] != wanted:
-                log.info("sink %s: %s lacks the table's columns; appending with Spark", self.path, staged)
-                return False, None
-            found.append((staged, name, current, meta.num_rows))
-        files: list[DataFile] = []
-        for _staged, name, current, rows in found:
-            target = os.path.join(root, name)
-            if current != target:
-                os.replace(current, target)
-            info = os.stat(target)
-            files.append(DataFile(name, info.st_size, int(info.st_mtime * 1000), rows))
-        records = sum(f.records for f in files)
-        try:
-            return True, commit_files_once(
-                self.spark, self.path, self.app_id, epoch_id, files, {**metadata, "records": records}
-            )
-        except DeltaApiUnavailable as err:
-            log.warning("sink %s: %s; appending the staged files with Spark instead", self.path, err)
-            for staged, data in zip(paths, files, strict=True):
-                os.makedirs(os.path.dirname(staged), exist_ok=True)
-                os.replace(os.path.join(root, data.path), staged)
-            return False, None
-
-    def _sink_commit(self, epoch_id: int, commit: DeltaCommit) -> SinkCommit:
-        meta = commit.metadata
-        records = commit.output_rows
-        if records is None and isinstance(meta.get("records"), int):
-            records = int(meta["records"])
+        found = recorded_commit(table, self.app_id, epoch, "epoch")
+        if found is None:
+            return None
+        regions = found.get("regions")
+        records = found.get("records")
         return SinkCommit(
             app_id=self.app_id,
-            epoch_id=int(epoch_id),
-            regions=tuple(int(r) for r in meta.get("regions", ())),
-            table_version=commit.version,
-            records=records,
-            commit_id=commit.commit_id,
-            metadata=meta,
+            epoch_id=int(epoch),
+            regions=None if regions is None else tuple(int(r) for r in regions),
+            table_version=found.get("version"),
+            records=None if records is None else int(records),
+            attempt_id=None if found.get("attempt_id") is None else str(found["attempt_id"]),
+            metadata=found,
         )
 
-    def _already_committed(self, epoch_id: int) -> SinkCommit:
-        prior = self.committed_metadata(epoch_id)
-        if prior is None:
-            return SinkCommit(self.app_id, epoch_id, None, None, None, skipped=True)
-        return SinkCommit(
-            prior.app_id,
-            prior.epoch_id,
-            prior.regions,
-            prior.table_version,
-            prior.records,
-            skipped=True,
-            commit_id=prior.commit_id,
-            metadata=prior.metadata,
+    def committed_attempt(self, epoch: int) -> str | None:
+        found = self.committed_metadata(epoch)
+        return None if found is None else found.attempt_id
+
+    # -- commit -----------------------------------------------------------------------------
+
+    def commit(
+        self, epoch: int, outputs: Sequence[RegionRun], *, expected: int | None, attempt_id: str
+    ) -> SinkReceipt:
+        """Commit the acknowledged regions' staged files of ``epoch`` (rules 1-4 of the module doc)."""
+        if self.read_only:
+            raise StateError(f"sink {self.path} is opened read-only: refusing to commit epoch {epoch}")
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+            raise InvalidParameterError("epoch", epoch, "an integer >= 0")
+        if not isinstance(attempt_id, str) or not attempt_id:
+            raise InvalidParameterError("attempt_id", attempt_id, "the decision's attempt id")
+        staged = self._check_outputs(epoch, outputs)
+        regions = sorted(o.region_id for o in outputs)
+        table = self._get()
+        assert table is not None
+        committed: dict[str, int] = {}
+
+        def write(target: DeltaTable, properties: Any) -> None:
+            actions, records = self._adopt(epoch, staged)
+            committed["records"] = records
+            properties.custom_metadata["records"] = records
+            guarded(
+                target.table_uri,
+                lambda: target.create_write_transaction(
+                    actions, mode="append", schema=STAGED_FILE_SCHEMA, commit_properties=properties
+                ),
+            )
+
+        result = fenced_commit(
+            table,
+            pipeline=self.app_id,
+            table_name=f"{SINK_TABLE} ({self.path})",
+            app_id=self.app_id,
+            version=epoch,
+            expected=expected,
+            write=write,
+            metadata={"regions": regions},
+            version_key="epoch",
+            attempt=attempt_id,
+            what="epoch",
         )
+        if result.replayed:
+            records = result.metadata.get("records")
+            return SinkReceipt(epoch, int(records or 0), replayed=True, version=result.table_version)
+        return SinkReceipt(epoch, committed["records"], replayed=False, version=result.table_version)
 
     @staticmethod
-    def _check_paths(epoch_id: int, paths: Sequence[str], acked: tuple[int, ...]) -> None:
-        for path in paths:
+    def _check_outputs(epoch: int, outputs: Sequence[RegionRun]) -> list[str]:
+        """Rule 1: the staged paths of acknowledged regions of this epoch."""
+        paths: list[str] = []
+        for run in outputs:
+            if not run.acknowledged:
+                raise InvalidParameterError(
+                    "outputs",
+                    f"region {run.region_id} ({run.outcome.value})",
+                    "acknowledged regions' outputs only",
+                    hint="only acknowledged regions' output may be committed (DESIGN 2.5)",
+                )
+            if not run.output:
+                continue
+            path = os.fspath(run.output)
             segments = dict(_SEGMENT.findall(path.replace(os.sep, "/")))
             if "epoch" not in segments or "region" not in segments:
                 raise InvalidParameterError(
-                    "staged_paths",
+                    "outputs",
                     path,
                     "a staged file under .../epoch=<N>/region=<R>/ (the layout region tasks write)",
                 )
-            if int(segments["epoch"]) != epoch_id:
+            if int(segments["epoch"]) != epoch:
                 raise InvalidParameterError(
-                    "staged_paths",
-                    path,
-                    f"a staged file of epoch {epoch_id}",
-                    hint="it belongs to another epoch",
+                    "outputs", path, f"a staged file of epoch {epoch}", hint="it belongs to another epoch"
                 )
-            if int(segments["region"]) not in acked:
+            if int(segments["region"]) != run.region_id:
                 raise InvalidParameterError(
-                    "staged_paths",
+                    "outputs",
                     path,
-                    f"a staged file of an acknowledged region {list(acked)}",
-                    hint="only acknowledged regions' output may be committed (DESIGN 2.5)",
+                    f"a staged file of region {run.region_id}",
+                    hint="a region's output must be its own staged file",
                 )
+            paths.append(path)
+        return paths
 
-    # -- reading back ----------------------------------------------------------------
+    def _inspect(self, epoch: int, staged_path: str) -> _Staged:
+        """Rule 3, before anything moves: find the file (staged, or moved by an earlier attempt) and
+        read its footer."""
+        name = adopted_name(staged_path)
+        moved = storage.join(self.path, name)
+        candidates = [(staged_path, storage.filesystem(staged_path)), (moved, storage.filesystem(moved))]
+        for location, (fs, inner) in candidates:
+            try:
+                info = fs.get_file_info(inner)
+            except OSError:
+                continue
+            if info.type.name != "File":
+                continue
+            try:
+                with fs.open_input_file(inner) as handle:
+                    metadata = pq.ParquetFile(handle).metadata
+            except Exception as err:  # noqa: BLE001 - any unreadable footer is the same problem
+                raise StateError(
+                    f"sink {self.path}: staged file {location} of epoch {epoch} is not a complete parquet "
+                    f"file ({err}); its region task's output is damaged. Nothing was committed: recover the "
+                    "pipeline (splitkeeper recover --checkpoint latest) so the epoch is read again, and "
+                    "check the staging storage",
+                    path=location,
+                    epoch_id=epoch,
+                ) from err
+            found = [(f.name, f.type) for f in metadata.schema.to_arrow_schema()]
+            wanted = [(f.name, f.type) for f in STAGED_FILE_SCHEMA]
+            records_only = [(f.name, f.type) for f in STAGED_FILE_SCHEMA if f.name in STAGED_COLUMNS]
+            if found not in (wanted, records_only):
+                raise StateError(
+                    f"sink {self.path}: staged file {location} of epoch {epoch} has columns {found}, not the "
+                    f"sink's {wanted} ({SINK_TABLE}.ddl). Nothing was committed: recover the pipeline so the "
+                    "epoch is read again by this splitkeeper",
+                    path=location,
+                    epoch_id=epoch,
+                )
+            stats = file_statistics(metadata, spec(SINK_TABLE).stats_columns)
+            return _Staged(staged_path, location, name, metadata.num_rows, stats, found == wanted)
+        folder = os.path.dirname(staged_path)
+        raise StateError(
+            f"sink {self.path}: staged file {staged_path} of epoch {epoch} is gone, and was not moved into "
+            f"the table as {name} either (its staging folder {folder} was removed or never written "
+            "completely). Nothing was committed: recover the pipeline (splitkeeper recover --checkpoint "
+            "latest) so the epoch is read again, and check what removes files under the staging path",
+            path=staged_path,
+            epoch_id=epoch,
+        )
+
+    def _adopt(self, epoch: int, paths: Sequence[str]) -> tuple[list[Any], int]:
+        """Rule 3: check every staged file, then move (or copy) each into the table; the add actions."""
+        from deltalake.transaction import AddAction
+
+        checked = [self._inspect(epoch, p) for p in paths]  # all checked before anything moves
+        actions = []
+        for item in checked:
+            target = storage.join(self.path, item.name)
+            if item.complete:
+                if item.source != target:
+                    _move(item.source, target)
+            else:
+                _rewrite_with_ingested_at(item.source, target)
+            fs, inner = storage.filesystem(target)
+            info = fs.get_file_info(inner)
+            mtime = info.mtime
+            millis = (
+                int(mtime.timestamp() * 1000)
+                if mtime is not None
+                else int(datetime.now(UTC).timestamp() * 1000)
+            )
+            actions.append(AddAction(item.name, int(info.size), {}, millis, True, json.dumps(item.stats)))
+        return actions, sum(item.rows for item in checked)
+
+    # -- staging ------------------------------------------------------------------------------
+
+    def discard(self, epoch: int) -> None:
+        """Drop what regions staged for ``epoch`` (idempotent, best effort)."""
+        if self.staging_path is None or self.read_only:
+            return
+        fs, inner = storage.filesystem(self.staging_path)
+        with contextlib.suppress(OSError):
+            fs.delete_dir(storage.join(inner, f"epoch={int(epoch)}"))
+
+    def discard_through(self, epoch: int) -> None:
+        """On open: remove the staged output of epochs up to ``epoch`` (committed or abandoned).
+
+        A driver killed after its checkpoint row, or a cancelled task finishing late,
+        leaves ``epoch=N`` folders nobody reads. Newer folders stay: another run may be
+        writing them.
+        """
+        if self.staging_path is None or self.read_only:
+            return
+        import pyarrow.fs as pafs
+
+        fs, inner = storage.filesystem(self.staging_path)
+        try:
+            infos = fs.get_file_info(pafs.FileSelector(inner, allow_not_found=True))
+        except OSError:
+            return
+        for info in infos:
+            m = _EPOCH_DIR.match(info.base_name)
+            if m is not None and int(m[1]) <= epoch:
+                with contextlib.suppress(OSError):
+                    fs.delete_dir(info.path)
+
+    # -- reading back (Spark) ---------------------------------------------------------------
+
+    def _spark(self) -> Any:
+        if self.spark is None:
+            raise StateError(
+                f"sink {self.path}: reading the records back needs a Spark session (DeltaSink(..., spark=))"
+            )
+        return self.spark
 
     def records(self) -> DataFrame:
         """The sink table as a DataFrame."""
-        return self.spark.read.format("delta").load(self.path)
+        return self._spark().read.format("delta").load(storage.spark_uri(self.path))
 
     def records_per_split(self) -> dict[str, SplitRecords]:
         """Per split id: how many records the sink holds and the offset range they span."""
@@ -498,13 +484,57 @@ class DeltaSink:
     def check_exactly_once(self, expected: Mapping[str, tuple[int, int]]) -> list[Violation]:
         """Check DESIGN 6 on the sink: per split, records cover ``[start, end)`` exactly once.
 
-        ``expected`` maps every split id to ``(start, end)``: where reading began and the
-        committed position of the latest checkpoint. The rule is the core's
-        (:func:`splitkeeper.core.invariants.check_sink_ranges`: each record covers
-        ``[offset, next_offset)``, so Kafka offsets and byte offsets of file lines are
-        checked alike); this streams it the sink's ``(split_id, offset, next_offset)``
+        ``expected`` maps every split id to ``(start, end)``. The rule is the core's
+        (:func:`splitkeeper.core.invariants.check_sink_ranges`); this streams it the sink's
         rows, sorted by Spark. Returns the violations (empty when exactly-once holds).
         """
         starts = {split_id: int(bounds[0]) for split_id, bounds in expected.items()}
         ends = {split_id: int(bounds[1]) for split_id, bounds in expected.items()}
         return check_sink_ranges(self.offset_rows(), starts, ends)
+
+
+def sink_frame(spark: Any, path: str | os.PathLike[str]) -> tuple[DataFrame, bool]:
+    """The sink table at ``path`` read with Spark, and True; an empty frame of its columns and False
+    when no table exists there yet. What the restart checks and the report read."""
+    from deltalake import DeltaTable
+
+    uri = storage.table_uri(path)
+    if DeltaTable.is_deltatable(uri, storage.storage_options(uri)):
+        return spark.read.format("delta").load(storage.spark_uri(uri)), True
+    return spark.createDataFrame(STAGED_FILE_SCHEMA.empty_table()), False
+
+
+def _move(source: str, target: str) -> None:
+    """Rename ``source`` to ``target`` on one local file system; otherwise copy (the source stays)."""
+    src_local, dst_local = storage.local_path(source), storage.local_path(target)
+    if src_local is not None and dst_local is not None:
+        try:
+            os.replace(src_local, dst_local)
+            return
+        except OSError as err:
+            if err.errno != 18:  # EXDEV: another device; copy instead
+                raise
+        partial = f"{dst_local}.copying"
+        shutil.copyfile(src_local, partial)
+        os.replace(partial, dst_local)
+        return
+    import pyarrow.fs as pafs
+
+    src_fs, src_inner = storage.filesystem(source)
+    dst_fs, dst_inner = storage.filesystem(target)
+    pafs.copy_files(src_inner, dst_inner, source_filesystem=src_fs, destination_filesystem=dst_fs)
+
+
+def _rewrite_with_ingested_at(source: str, target: str) -> None:
+    """An older writer's staged file (record columns only), written into the table with
+    ``ingested_at`` = now."""
+    src_fs, src_inner = storage.filesystem(source)
+    with src_fs.open_input_file(src_inner) as handle:
+        data = pq.read_table(handle)
+    now = pa.scalar(datetime.now(UTC), STAGED_FILE_SCHEMA.field("ingested_at").type)
+    data = data.append_column(STAGED_FILE_SCHEMA.field("ingested_at"), pa.repeat(now, data.num_rows)).cast(
+        STAGED_FILE_SCHEMA
+    )
+    dst_fs, dst_inner = storage.filesystem(target)
+    with dst_fs.open_output_stream(dst_inner) as out:
+        pq.write_table(data, out)

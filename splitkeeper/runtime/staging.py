@@ -12,7 +12,8 @@ A file is written under a temporary name in its attempt directory and renamed
 when complete, so a visible ``part.parquet`` is always whole. The driver only
 reads the path a finished task returned; other attempts' files are garbage for
 the staging cleanup. A staged file has every column of the sink table (the
-task stamps ``ingested_at``), so the sink can adopt it as a Delta data file
+task stamps ``ingested_at``; the schema is :data:`~splitkeeper.state.tables.STAGED_FILE_SCHEMA`,
+from ``state/sink_records.ddl``), so the sink can adopt it as a Delta data file
 as it is, without rewriting it (:meth:`~splitkeeper.runtime.sink.DeltaSink.commit`).
 """
 
@@ -33,23 +34,7 @@ from splitkeeper.core.source import RegionReader, SourceRecord
 from splitkeeper.core.types import Split
 from splitkeeper.errors import InvalidParameterError, ProtocolError, SourceError, SplitkeeperError
 from splitkeeper.runtime.transforms import Transform, apply_transform, identity
-
-#: The record columns of a staged file (what :func:`read_staged` returns).
-STAGED_SCHEMA = pa.schema(
-    [
-        pa.field("split_id", pa.string(), nullable=False),
-        pa.field("offset", pa.int64(), nullable=False),
-        pa.field("next_offset", pa.int64(), nullable=False),
-        pa.field("value", pa.string(), nullable=False),
-        pa.field("epoch", pa.int64(), nullable=False),
-        pa.field("region", pa.int32(), nullable=False),
-    ]
-)
-#: What a staged file holds: the record columns and ``ingested_at`` (when the task wrote it),
-#: the columns of ``state/sink_records.ddl`` in its order.
-STAGED_FILE_SCHEMA = STAGED_SCHEMA.append(
-    pa.field("ingested_at", pa.timestamp("us", tz="UTC"), nullable=False)
-)
+from splitkeeper.state.tables import STAGED_FILE_SCHEMA, STAGED_SCHEMA
 
 PART_FILE = "part.parquet"
 _ROW_GROUP = 128 * 1024

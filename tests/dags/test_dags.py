@@ -143,7 +143,7 @@ def test_recover_rejects_bad_params_at_trigger(airflow_db, conf, fragment):
 def test_ingest_with_a_region_failure_then_recover_and_rescale(airflow_db, spark, tmp_path, monkeypatch):
     from splitkeeper.runtime.config import load_config
     from splitkeeper.runtime.sources import build_source
-    from splitkeeper.runtime.state_store import DeltaStateStore
+    from splitkeeper.state.checkpoints import DeltaStateStore
 
     config_path = _write_pipeline(tmp_path)
     monkeypatch.setenv("SPLITKEEPER_PIPELINE_CONFIG", str(config_path))
@@ -152,8 +152,8 @@ def test_ingest_with_a_region_failure_then_recover_and_rescale(airflow_db, spark
     run = load_dag("splitkeeper_ingest").test(run_conf={"epochs": 2, "faults": ["fail:1@2"]})
     assert run.state == "success"
     config = load_config(config_path)
-    store = DeltaStateStore(spark, config.state_path, config.name, build_source(config.source).fingerprint())
-    kinds = [t.kind.value for t in store.timeline()]
+    store = DeltaStateStore(config.state_path, config.name, build_source(config.source).fingerprint())
+    kinds = [t.kind.value for t in store.history.timeline()]
     assert kinds[:2] == ["global", "regional"]
     assert (tmp_path / "reports" / "dagtest" / "report.html").exists()
     before = store.checkpoint_ids()

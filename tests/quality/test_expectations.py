@@ -35,7 +35,7 @@ from splitkeeper.quality.checks import (
     raise_on_failure,
     run_restart_checks,
 )
-from splitkeeper.runtime.state_store import DeltaStateStore
+from splitkeeper.state.checkpoints import DeltaStateStore, decision_for
 
 pytestmark = pytest.mark.spark
 
@@ -120,9 +120,9 @@ def write(spark, root: Path, scenario: Scenario) -> tuple[DeltaStateStore, str]:
     """Commit the scenario's checkpoints with the Delta state store; write its sink table."""
     from pyspark.sql import functions as F
 
-    store = DeltaStateStore(spark, root / "state", PIPELINE, "kafka:orders")
+    store = DeltaStateStore(root / "state", PIPELINE, "kafka:orders")
     for cp in scenario.checkpoints:
-        store.commit_checkpoint(cp, scenario.audit.get(cp.checkpoint_id, ()))
+        store.commit_checkpoint(decision_for(cp, scenario.audit.get(cp.checkpoint_id, ())))
     sink_path = str(root / "sink")
     rows = [(sid, o, n, f"v{sid}:{o}", e, r) for sid, o, n, e, r in scenario.sink]
     frame = spark.createDataFrame(rows, SINK_SCHEMA).withColumn("ingested_at", F.current_timestamp())
@@ -153,7 +153,7 @@ def healthy_state(spark, tmp_path_factory) -> Path:
 def copy_of(spark, healthy_state: Path, tmp_path: Path) -> tuple[DeltaStateStore, str]:
     root = tmp_path / "copy"
     shutil.copytree(healthy_state, root)
-    return DeltaStateStore(spark, root / "state", PIPELINE, "kafka:orders"), str(root / "sink")
+    return DeltaStateStore(root / "state", PIPELINE, "kafka:orders"), str(root / "sink")
 
 
 def failing(report: CheckReport) -> dict[tuple[str, str], tuple[str, ...]]:
@@ -172,7 +172,7 @@ def failing(report: CheckReport) -> dict[tuple[str, str], tuple[str, ...]]:
 
 
 def test_healthy_regional_state_passes_every_suite_and_builds_data_docs(spark, healthy_state, tmp_path):
-    store = DeltaStateStore(spark, healthy_state / "state", PIPELINE, "kafka:orders")
+    store = DeltaStateStore(healthy_state / "state", PIPELINE, "kafka:orders")
     report = run_checks(spark, store, str(healthy_state / "sink"), tmp_path / "docs")
 
     assert report.success, report.summary()
@@ -189,7 +189,7 @@ def test_healthy_regional_state_passes_every_suite_and_builds_data_docs(spark, h
 
 
 def test_checking_an_older_checkpoint_ignores_sink_records_of_later_epochs(spark, healthy_state, tmp_path):
-    store = DeltaStateStore(spark, healthy_state / "state", PIPELINE, "kafka:orders")
+    store = DeltaStateStore(healthy_state / "state", PIPELINE, "kafka:orders")
     report = run_checks(spark, store, str(healthy_state / "sink"), tmp_path / "docs", checkpoint_id=1)
 
     assert report.success, report.summary()
@@ -235,7 +235,7 @@ def gap_in_sink(spark, store, sink_path):
 
 def _report_lost(store, *lost: LostRange) -> None:
     """Checkpoint 3 commits the audit records of ranges the planner skipped as lost."""
-    store.commit_checkpoint(_next_checkpoint(), [gone.audit_record(1, 2) for gone in lost])
+    store.commit_checkpoint(decision_for(_next_checkpoint(), [gone.audit_record(1, 2) for gone in lost]))
 
 
 def gap_wider_than_reported_lost(spark, store, sink_path):
@@ -246,17 +246,21 @@ def gap_wider_than_reported_lost(spark, store, sink_path):
 
 def split_owned_twice(spark, store, sink_path):
     readers = {0: (s(0, 10), s(2, 10), s(1, 5)), 1: (s(1, 5), s(3, 5))}
-    store.commit_checkpoint(_next_checkpoint(assignments=readers))
+    store.commit_checkpoint(decision_for(_next_checkpoint(assignments=readers)))
 
 
 def finished_split_assigned(spark, store, sink_path):
     readers = {0: (s(0, 10), s(2, 10)), 1: (s(1, 5), s(3, 5), Split("orders-9", SUB, 3, end=3))}
-    store.commit_checkpoint(_next_checkpoint(assignments=readers))
+    store.commit_checkpoint(decision_for(_next_checkpoint(assignments=readers)))
 
 
 def chain_too_deep(spark, store, sink_path):
-    store.commit_checkpoint(_checkpoint(3, (s(0, 10), s(2, 10)), (s(1, 5), s(3, 5)), failed1=(2, 2)))
-    store.commit_checkpoint(_checkpoint(4, (s(0, 10), s(2, 10)), (s(1, 5), s(3, 5)), failed1=(3, 3)))
+    store.commit_checkpoint(
+        decision_for(_checkpoint(3, (s(0, 10), s(2, 10)), (s(1, 5), s(3, 5)), failed1=(2, 2)))
+    )
+    store.commit_checkpoint(
+        decision_for(_checkpoint(4, (s(0, 10), s(2, 10)), (s(1, 5), s(3, 5)), failed1=(3, 3)))
+    )
 
 
 CORRUPTIONS = [
@@ -335,7 +339,9 @@ def test_a_missing_tail_a_lost_split_and_a_removed_subscription_each_name_only_t
     store, sink_path = copy_of(spark, healthy_state, tmp_path)
     _delete_sink(spark, sink_path, "orders-0", 9)  # the last record before the committed position 10
     readers = {0: (s(0, 10), s(2, 10)), 1: (s(1, 5),)}  # orders-3 lost: region 1 still holds it
-    store.commit_checkpoint(_next_checkpoint(assignments=readers, pool=(Split("returns-0", "returns", 0),)))
+    store.commit_checkpoint(
+        decision_for(_next_checkpoint(assignments=readers, pool=(Split("returns-0", "returns", 0),)))
+    )
     report = run_checks(spark, store, sink_path, tmp_path / "docs")
 
     assert failing(report) == {
@@ -402,7 +408,7 @@ def test_balance_is_skipped_with_a_note_for_legacy_hash(spark, unbalanced_state,
 
 
 def test_unknown_checkpoint_is_refused_with_the_available_ids(spark, healthy_state, tmp_path):
-    store = DeltaStateStore(spark, healthy_state / "state", PIPELINE, "kafka:orders")
+    store = DeltaStateStore(healthy_state / "state", PIPELINE, "kafka:orders")
     with pytest.raises(CheckpointError, match=r"checkpoint 9 .*available: \[1, 2\]"):
         run_checks(spark, store, str(healthy_state / "sink"), tmp_path / "docs", checkpoint_id=9)
 
@@ -457,7 +463,7 @@ def test_a_real_pipeline_run_with_a_failed_region_passes_every_suite(spark, tmp_
 
     connector = build_source(config.source)
     try:
-        store = DeltaStateStore(spark, config.state_path, config.name, connector.fingerprint())
+        store = DeltaStateStore(config.state_path, config.name, connector.fingerprint())
         report = run_checks(
             spark,
             store,

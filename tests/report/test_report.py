@@ -136,31 +136,41 @@ def small_state(spark, tmp_path_factory):
     checkpoint (region 2 declined), an aborted attempt, then global ones; backlog done at 5."""
     from pyspark.sql import functions as F
 
-    from splitkeeper.runtime.state_store import DeltaStateStore
+    from splitkeeper.state.checkpoints import DeltaStateStore, decision_for
 
     root = tmp_path_factory.mktemp("report-state")
-    store = DeltaStateStore(spark, root / "state", "events-pipeline", "files:/events")
+    store = DeltaStateStore(root / "state", "events-pipeline", "files:/events")
     skewed = {0: (0, 1, 2, 3), 1: (4,), 2: (5,)}
     balanced = {0: (0, 1), 1: (4, 2), 2: (5, 3)}
     store.commit_checkpoint(
-        _checkpoint(1, skewed, 10, backlog_done=0),
-        [AuditRecord(SPLITS[i], r, RecoveryDecision.ASSIGNED, 1) for r, ids in skewed.items() for i in ids],
+        decision_for(
+            _checkpoint(1, skewed, 10, backlog_done=0),
+            [
+                AuditRecord(SPLITS[i], r, RecoveryDecision.ASSIGNED, 1)
+                for r, ids in skewed.items()
+                for i in ids
+            ],
+        )
     )
     store.commit_checkpoint(
-        _checkpoint(2, balanced, 20, backlog_done=2),
-        [
-            AuditRecord(SPLITS[2], 1, RecoveryDecision.REBALANCED, 2, "from reader 0"),
-            AuditRecord(SPLITS[3], 2, RecoveryDecision.REBALANCED, 2, "from reader 0"),
-        ],
+        decision_for(
+            _checkpoint(2, balanced, 20, backlog_done=2),
+            [
+                AuditRecord(SPLITS[2], 1, RecoveryDecision.REBALANCED, 2, "from reader 0"),
+                AuditRecord(SPLITS[3], 2, RecoveryDecision.REBALANCED, 2, "from reader 0"),
+            ],
+        )
     )
     store.commit_checkpoint(
-        _checkpoint(3, balanced, 30, backlog_done=4, failed={2: 2}),
-        [AuditRecord(SPLITS[5], 2, RecoveryDecision.RETURNED_PARTIAL_FAILOVER, 3, "region 2 declined")],
+        decision_for(
+            _checkpoint(3, balanced, 30, backlog_done=4, failed={2: 2}),
+            [AuditRecord(SPLITS[5], 2, RecoveryDecision.RETURNED_PARTIAL_FAILOVER, 3, "region 2 declined")],
+        )
     )
     store.log_attempt(
         4, {0: RegionOutcome.ACK, 1: RegionOutcome.TIMEOUT, 2: RegionOutcome.ACK}, "forced global failed"
     )
-    store.commit_checkpoint(_checkpoint(5, balanced, 40, backlog_done=6))
+    store.commit_checkpoint(decision_for(_checkpoint(5, balanced, 40, backlog_done=6)))
     sink = str(root / "sink")
     rows = [
         (SPLITS[i], o, o + 1, "x", epoch, r)

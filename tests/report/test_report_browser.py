@@ -22,7 +22,7 @@ from splitkeeper.core.types import CheckpointKind, RegionOutcome
 from splitkeeper.report import render_html
 from splitkeeper.report.charts import BLUE, GREEN, ORANGE
 from splitkeeper.report.data import AuditRow, CheckpointFacts, ReportData
-from splitkeeper.runtime.state_store import TimelineEntry
+from splitkeeper.state.history import TimelineEntry
 
 pytestmark = pytest.mark.browser
 

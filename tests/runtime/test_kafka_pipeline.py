@@ -23,14 +23,14 @@ from splitkeeper.core.source import ExternalPosition, LostRange
 from splitkeeper.core.types import CheckpointKind, RecoveryDecision, RegionOutcome
 from splitkeeper.errors import SourceError
 from splitkeeper.quality.checks import run_restart_checks
-from splitkeeper.runtime import serde
 from splitkeeper.runtime.config import PipelineConfig, config_from_mapping
 from splitkeeper.runtime.faults import FaultPlan
 from splitkeeper.runtime.kafka_broker import KafkaBroker
 from splitkeeper.runtime.pipeline import EpochReport, Pipeline
 from splitkeeper.runtime.sink import DeltaSink
 from splitkeeper.runtime.sources.kafka import COMMIT_METADATA_KEY, KafkaSource, split_id_of
-from splitkeeper.runtime.state_store import DeltaStateStore
+from splitkeeper.state import serde
+from splitkeeper.state.checkpoints import DeltaStateStore
 
 from .helpers import sink_rows
 from .test_kafka_source import create_topic, produce, unique
@@ -309,7 +309,7 @@ def test_aged_out_offsets_with_skip_are_audited_and_validate_accepts_exactly_tha
     assert [o for o, _n, _v in by_split[p1]] == list(range(40))
     assert by_split[p0][10] == (25, 26, value_of(topic, 0, 25))
 
-    store = DeltaStateStore(spark, config.state_path, config.name, pipeline.connector.fingerprint())
+    store = DeltaStateStore(config.state_path, config.name, pipeline.connector.fingerprint())
     assert store.checkpoint_ids() == [reports[-1].epoch]  # checkpoints 1 and 2 went with retention
     store.compact()  # ... and compaction: the audit trail (where splits started, what was lost) stays
     audit = [
@@ -356,10 +356,10 @@ def test_aged_out_offsets_with_fail_stop_the_epoch_before_anything_is_written(
     message = str(caught.value)
     assert f"topic '{topic}' partition 0: requested offset 10, earliest available 25" in message
     assert "source.on_offset_out_of_range: skip" in message
-    store = DeltaStateStore(spark, config.state_path, config.name, pipeline.connector.fingerprint())
+    store = DeltaStateStore(config.state_path, config.name, pipeline.connector.fingerprint())
     assert store.checkpoint_ids() == [1]
     assert store.latest_plan_epoch() == 1  # the plan of epoch 2 was never persisted
-    assert DeltaSink(spark, config.sink_path, app_id=config.name).committed_version() == 1
+    assert DeltaSink(config.sink_path, config.name, read_only=True).committed_epoch() == 1
     latest = store.latest_checkpoint()
     assert latest is not None and positions(latest) == {split_id_of(topic, 0): 10, split_id_of(topic, 1): 10}
     assert [o for o, _n, _v in sink_offsets(spark, config)[split_id_of(topic, 0)]] == list(range(10))

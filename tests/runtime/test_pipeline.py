@@ -22,7 +22,7 @@ from splitkeeper.errors import ConcurrentRunError
 from splitkeeper.runtime.config import PipelineConfig, config_from_mapping
 from splitkeeper.runtime.pipeline import EpochReport, Pipeline, RunSummary, run_pipeline
 from splitkeeper.runtime.sources import build_source
-from splitkeeper.runtime.state_store import DeltaStateStore
+from splitkeeper.state.checkpoints import DeltaStateStore
 
 from .helpers import (
     assert_sink_equals_source,
@@ -62,7 +62,7 @@ def _run(
 
 
 def _store(config: PipelineConfig, spark: Any) -> DeltaStateStore:
-    return DeltaStateStore(spark, config.state_path, config.name, build_source(config.source).fingerprint())
+    return DeltaStateStore(config.state_path, config.name, build_source(config.source).fingerprint())
 
 
 def _by_epoch(summary: RunSummary) -> dict[int, EpochReport]:
@@ -176,7 +176,7 @@ def test_failed_and_stalled_regions_checkpoint_regionally_and_sink_equals_source
     assert set(by_epoch[2]) == {0, 2}
     assert set(by_epoch[3]) == {0, 1}
 
-    timeline = {(t.checkpoint_id, t.kind): t for t in _store(config, spark).timeline()}
+    timeline = {(t.checkpoint_id, t.kind): t for t in _store(config, spark).history.timeline()}
     assert timeline[(2, CheckpointKind.REGIONAL)].ref_checkpoint_ids == {1: 1}
     assert timeline[(3, CheckpointKind.REGIONAL)].ref_checkpoint_ids == {2: 2}
 
@@ -196,7 +196,7 @@ def test_failure_at_the_forced_global_checkpoint_aborts_it_and_the_run_still_fin
     assert epochs[4].kind is CheckpointKind.GLOBAL  # the aborted forced global reset the counter
     assert summary.finished and summary.epochs[-1].kind is CheckpointKind.GLOBAL
 
-    timeline = _store(config, spark).timeline()
+    timeline = _store(config, spark).history.timeline()
     aborted = [t for t in timeline if t.kind is CheckpointKind.ABORTED]
     assert [(t.checkpoint_id, t.failed_regions) for t in aborted] == [(3, (0,))]
     assert "forced global" in aborted[0].reason
@@ -224,7 +224,7 @@ def test_second_run_between_epochs_stops_the_first_with_concurrent_run_error(
         with pytest.raises(ConcurrentRunError) as caught:  # the first run, between its epochs
             first.run_epoch()
         assert ONLY_ONE_RUN in str(caught.value)
-        assert second.sink.committed_version() == 2
+        assert second.sink.committed_epoch() == 2
         assert second.store.checkpoint_ids()[-1] == 2
         assert second.store.latest_plan_epoch() == 2  # the first run did not even plan
 
@@ -235,7 +235,7 @@ def test_second_run_between_epochs_stops_the_first_with_concurrent_run_error(
         with pytest.raises(ConcurrentRunError) as caught:
             second.run_epoch()
         assert ONLY_ONE_RUN in str(caught.value)
-        assert second.sink.committed_version() == 2
+        assert second.sink.committed_epoch() == 2
     finally:
         first.close()
         second.close()

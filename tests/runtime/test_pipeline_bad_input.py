@@ -18,11 +18,11 @@ from typing import Any
 
 import pytest
 
-from splitkeeper.runtime import serde
 from splitkeeper.runtime.config import PipelineConfig, config_from_mapping
 from splitkeeper.runtime.pipeline import run_pipeline
 from splitkeeper.runtime.sources import build_source
-from splitkeeper.runtime.state_store import DeltaStateStore, delta_table_version
+from splitkeeper.state.checkpoints import DeltaStateStore
+from splitkeeper.state.tables import STATE_TABLES, open_table
 
 from .helpers import pipeline_mapping, run_cli, sink_rows, write_config, write_input
 
@@ -49,10 +49,14 @@ class StateFingerprint:
 
 def _fingerprint(spark: Any, existing: Existing) -> StateFingerprint:
     config = existing.config
-    store = DeltaStateStore(spark, config.state_path, config.name, build_source(config.source).fingerprint())
+    store = DeltaStateStore(
+        config.state_path, config.name, build_source(config.source).fingerprint(), read_only=True
+    )
+    sink = open_table(config.sink_path)
+    assert sink is not None
     return StateFingerprint(
-        table_versions={t: store.table_version(t) for t in serde.STATE_TABLES},
-        sink_version=delta_table_version(spark, config.sink_path),
+        table_versions={t: store.table_version(t) for t in STATE_TABLES},
+        sink_version=sink.version(),
         checkpoint_ids=tuple(store.checkpoint_ids()),
         latest_plan_epoch=store.latest_plan_epoch(),
         sink_records=len(sink_rows(spark, config.sink_path)),

@@ -21,7 +21,7 @@ from splitkeeper.runtime.faults import CRASH_ENV, CrashPoint
 from splitkeeper.runtime.pipeline import Pipeline
 from splitkeeper.runtime.sink import DeltaSink
 from splitkeeper.runtime.sources import build_source
-from splitkeeper.runtime.state_store import DeltaStateStore
+from splitkeeper.state.checkpoints import DeltaStateStore
 
 from .helpers import (
     assert_sink_equals_source,
@@ -68,8 +68,10 @@ def test_driver_killed_at_crash_point_recovers_to_sink_equals_source(
     assert "epoch    1 global" in crashed.stderr  # epoch 1 completed before the crash
 
     sink_version, latest_row, redone = AFTER_CRASH[point]
-    store = DeltaStateStore(spark, config.state_path, config.name, build_source(config.source).fingerprint())
-    assert DeltaSink(spark, config.sink_path, app_id=config.name).committed_version() == sink_version
+    store = DeltaStateStore(
+        config.state_path, config.name, build_source(config.source).fingerprint(), read_only=True
+    )
+    assert DeltaSink(config.sink_path, config.name, read_only=True).committed_epoch() == sink_version
     assert store.checkpoint_ids()[-1] == latest_row
     assert store.latest_plan_epoch() == CRASH_EPOCH
     if point is CrashPoint.BEFORE_CHECKPOINT_ROW:  # killed between the state rows and the checkpoints row
@@ -83,7 +85,7 @@ def test_driver_killed_at_crash_point_recovers_to_sink_equals_source(
         assert opened.redone_checkpoint == redone
         assert opened.restored_from == restored
         assert store.checkpoint_ids()[-1] == restored
-        if redone is not None:  # the decision file was committed as checkpoint 2, then cleaned up
+        if redone is not None:  # the decision record was committed as checkpoint 2, staging cleaned up
             assert not (Path(config.staging_path) / f"epoch={CRASH_EPOCH}").exists()
         summary = pipeline.run()
     finally:

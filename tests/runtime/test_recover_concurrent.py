@@ -27,7 +27,7 @@ import pytest
 from splitkeeper.runtime.config import config_from_mapping
 from splitkeeper.runtime.pipeline import run_pipeline
 from splitkeeper.runtime.sources import build_source
-from splitkeeper.runtime.state_store import DeltaStateStore
+from splitkeeper.state.checkpoints import DeltaStateStore
 
 from .helpers import (
     CLI,
@@ -57,7 +57,9 @@ def test_two_recovery_runs_at_once_one_commits_the_other_fails_and_state_is_inta
     config = config_from_mapping(mapping)
     config_file = write_config(tmp_path / "recover-twice.yaml", mapping)
     assert [e.epoch for e in run_pipeline(config, spark, epochs=1).epochs] == [1]
-    store = DeltaStateStore(spark, config.state_path, config.name, build_source(config.source).fingerprint())
+    store = DeltaStateStore(
+        config.state_path, config.name, build_source(config.source).fingerprint(), read_only=True
+    )
     assert store.checkpoint_ids() == [1]
 
     recover = [

@@ -1,21 +1,31 @@
-"""The exactly-once Delta sink: idempotent epoch commits, acked regions only, read-back checks."""
+"""The exactly-once Delta sink on delta-rs: fenced epoch commits of staged files, replays, read-back checks.
+
+The commit tests read the table back with deltalake (no Spark); the read-back helpers
+(``records_per_split``, ``check_exactly_once``) are Spark's and marked so.
+"""
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
+import threading
 import uuid
+from datetime import UTC, datetime
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from deltalake import DeltaTable
 
 from splitkeeper.core.invariants import ViolationKind
-from splitkeeper.errors import InvalidParameterError
-from splitkeeper.runtime.delta_log import DIRECT_WRITES_ENV
-from splitkeeper.runtime.sink import STAGED_COLUMNS, DeltaSink, SinkCommit, staged_arrow_schema
-from splitkeeper.runtime.staging import STAGED_FILE_SCHEMA, StagedWriter
-
-pytestmark = pytest.mark.spark
+from splitkeeper.core.ports import RegionRun
+from splitkeeper.core.types import RegionOutcome
+from splitkeeper.errors import ConcurrentRunError, InvalidParameterError, StateError
+from splitkeeper.runtime.sink import DeltaSink, adopted_name, file_statistics
+from splitkeeper.runtime.staging import StagedWriter
+from splitkeeper.state.tables import STAGED_COLUMNS, STAGED_FILE_SCHEMA, STAGED_SCHEMA
 
 
 def _stage(root: str, epoch: int, region: int, records: list[tuple[str, int, int]]) -> str:
@@ -29,7 +39,7 @@ def _stage(root: str, epoch: int, region: int, records: list[tuple[str, int, int
 
 
 def _stage_records_only(root: str, epoch: int, region: int, records: list[tuple[str, int, int]]) -> str:
-    """A staged file without ``ingested_at`` (an older writer's): the sink must not adopt it as is."""
+    """A staged file without ``ingested_at`` (an older writer's): the sink rewrites it, never adopts it."""
     folder = os.path.join(root, f"epoch={epoch}", f"region={region}", f"attempt={uuid.uuid4().hex}")
     os.makedirs(folder)
     columns = {
@@ -41,7 +51,7 @@ def _stage_records_only(root: str, epoch: int, region: int, records: list[tuple[
         "region": [region] * len(records),
     }
     path = os.path.join(folder, "part.parquet")
-    pq.write_table(pa.table(columns, schema=staged_arrow_schema()), path)
+    pq.write_table(pa.table(columns, schema=STAGED_SCHEMA), path)
     return path
 
 
@@ -49,130 +59,305 @@ def _kafka_like(split_id: str, start: int, end: int) -> list[tuple[str, int, int
     return [(split_id, o, o + 1) for o in range(start, end)]
 
 
-@pytest.fixture
-def sink(spark, scratch):
-    return DeltaSink(spark, scratch.table("sink"), app_id="orders")
+def _ack(region: int, path: str | None) -> RegionRun:
+    return RegionRun(region_id=region, outcome=RegionOutcome.ACK, output=path)
 
 
 @pytest.fixture
-def staging(scratch):
-    return str(scratch.path("staging"))
+def staging(tmp_path) -> str:
+    return str(tmp_path / "staging")
+
+
+@pytest.fixture
+def sink(tmp_path, staging) -> DeltaSink:
+    return DeltaSink(tmp_path / "sink", "orders", staging_path=staging)
 
 
 def _rows(sink: DeltaSink) -> list[tuple[str, int, int, int]]:
-    return sorted(
-        (r.split_id, r.offset, r.epoch, r.region)
-        for r in sink.records().select("split_id", "offset", "epoch", "region").collect()
-    )
+    table = DeltaTable(sink.path).to_pyarrow_table(columns=["split_id", "offset", "epoch", "region"])
+    return sorted((r["split_id"], r["offset"], r["epoch"], r["region"]) for r in table.to_pylist())
 
 
-def test_staged_schema_matches_the_sink_table_columns(sink):
-    schema = staged_arrow_schema()
-    assert tuple(schema.names) == STAGED_COLUMNS
-    table_columns = sink.records().schema.fieldNames()
-    assert table_columns == [*STAGED_COLUMNS, "ingested_at"]
-    assert STAGED_FILE_SCHEMA.names == table_columns  # what region tasks write: adoptable as is
+def _data_files(sink: DeltaSink) -> list[str]:
+    return sorted(os.path.basename(p) for p in DeltaTable(sink.path).file_uris())
 
 
-def test_committed_version_of_a_fresh_table_is_none(sink):
-    assert sink.committed_version() is None
-    assert sink.committed_metadata(1) is None
+def test_the_sink_table_has_the_staged_files_columns(sink):
+    schema = pa.schema(DeltaTable(sink.path).schema().to_arrow())
+    assert schema.names == [*STAGED_COLUMNS, "ingested_at"] == STAGED_FILE_SCHEMA.names
+    assert [(f.name, f.type) for f in schema] == [(f.name, f.type) for f in STAGED_FILE_SCHEMA]
 
 
-def test_commit_records_the_epoch_and_its_regions(sink, staging):
+def test_committed_epoch_of_a_fresh_table_is_none(sink):
+    assert sink.committed_epoch() is None
+    assert sink.committed_metadata(1) is None and sink.committed_attempt(1) is None
+
+
+def test_commit_records_the_epoch_its_regions_and_its_attempt(sink, staging):
     paths = [_stage(staging, 1, 0, _kafka_like("t-0", 0, 5)), _stage(staging, 1, 1, _kafka_like("t-1", 0, 3))]
-    commit = sink.commit(1, paths, [0, 1], extra_metadata={"decision": "/staging/epoch=1/decision.json"})
-    assert not commit.skipped
-    assert (commit.epoch_id, commit.regions, commit.records) == (1, (0, 1), 8)
-    assert sink.committed_version() == 1
+    receipt = sink.commit(1, [_ack(0, paths[0]), _ack(1, paths[1])], expected=None, attempt_id="decision-1")
+    assert (receipt.epoch, receipt.records, receipt.replayed) == (1, 8, False)
+    assert sink.committed_epoch() == 1 and sink.committed_attempt(1) == "decision-1"
     recorded = sink.committed_metadata(1)
     assert recorded is not None
-    assert recorded.table_version == commit.table_version
-    assert recorded.metadata["decision"] == "/staging/epoch=1/decision.json"
-    assert recorded.metadata["app_id"] == "orders"
-    with pytest.raises(InvalidParameterError, match="extra_metadata"):
-        sink.commit(2, [], [0], extra_metadata={"epoch": 99})
+    assert recorded.table_version == receipt.version == 1
+    assert (recorded.regions, recorded.records) == ((0, 1), 8)
+    assert {k: recorded.metadata[k] for k in ("app_id", "epoch", "regions", "attempt_id", "records")} == {
+        "app_id": "orders",
+        "epoch": 1,
+        "regions": [0, 1],
+        "attempt_id": "decision-1",
+        "records": 8,
+    }
+    with pytest.raises(InvalidParameterError, match="attempt_id"):
+        sink.commit(2, [], expected=1, attempt_id="")
 
 
-def test_committing_the_same_epoch_twice_writes_its_rows_once(sink, staging):
-    first = sink.commit(1, [_stage(staging, 1, 0, _kafka_like("t-0", 0, 10))], [0])
+def test_a_replay_of_the_same_attempt_writes_its_rows_once_and_another_attempt_is_refused(sink, staging):
+    first = sink.commit(
+        1, [_ack(0, _stage(staging, 1, 0, _kafka_like("t-0", 0, 10)))], expected=None, attempt_id="a"
+    )
     before = _rows(sink)
     # a crash replay: the same planned range read again into a new staged file
-    replay = sink.commit(1, [_stage(staging, 1, 0, _kafka_like("t-0", 0, 10))], [0])
-    assert replay.skipped
-    assert (replay.table_version, replay.regions, replay.commit_id) == (
-        first.table_version,
-        (0,),
-        first.commit_id,
-    )
+    again = _stage(staging, 1, 0, _kafka_like("t-0", 0, 10))
+    replay = sink.commit(1, [_ack(0, again)], expected=None, attempt_id="a")
+    assert replay.replayed and (replay.records, replay.version) == (10, first.version)
+    assert os.path.exists(again)  # nothing was moved
+    with pytest.raises(ConcurrentRunError) as err:
+        sink.commit(1, [_ack(0, again)], expected=None, attempt_id="another-run")
+    assert err.value.params["found"] == 1 and err.value.params["expected"] is None
     assert _rows(sink) == before and len(before) == 10
-    assert sink.committed_version() == 1
-    # an older epoch than the recorded one is skipped as well
-    sink.commit(2, [_stage(staging, 2, 0, _kafka_like("t-0", 10, 12))], [0])
-    assert sink.commit(1, [], [0]).skipped
-    assert len(_rows(sink)) == 12
+    sink.commit(2, [_ack(0, _stage(staging, 2, 0, _kafka_like("t-0", 10, 12)))], expected=1, attempt_id="b")
+    with pytest.raises(ConcurrentRunError, match="it records epoch 2 but this run expected 1"):
+        sink.commit(3, [], expected=1, attempt_id="c")  # a run that restored epoch 1: another committed 2
+    assert len(_rows(sink)) == 12 and sink.committed_epoch() == 2
 
 
-def test_only_acknowledged_regions_files_are_committed(sink, staging):
+def test_only_acknowledged_regions_own_files_are_committed(sink, staging):
     staged = {r: _stage(staging, 3, r, _kafka_like(f"t-{r}", 0, 4)) for r in range(3)}
-    with pytest.raises(InvalidParameterError, match=r"acknowledged region \[0, 2\]"):
-        sink.commit(3, list(staged.values()), [0, 2])
-    assert sink.committed_version() is None  # nothing written by the refused call
-    commit = sink.commit(3, [staged[0], staged[2]], [0, 2])
-    assert commit.regions == (0, 2)
+    declined = RegionRun(region_id=1, outcome=RegionOutcome.DECLINE, output=staged[1])
+    with pytest.raises(InvalidParameterError, match="acknowledged regions' outputs only"):
+        sink.commit(3, [_ack(0, staged[0]), declined], expected=None, attempt_id="a")
+    with pytest.raises(InvalidParameterError, match="a staged file of region 2"):
+        sink.commit(3, [_ack(2, staged[1])], expected=None, attempt_id="a")
+    assert sink.committed_epoch() is None and all(os.path.exists(p) for p in staged.values())
+    receipt = sink.commit(3, [_ack(0, staged[0]), _ack(2, staged[2])], expected=None, attempt_id="a")
+    assert receipt.records == 8 and sink.committed_metadata(3).regions == (0, 2)
     assert {region for *_, region in _rows(sink)} == {0, 2}
-    assert sink.records_per_split().keys() == {"t-0", "t-2"}
+    assert os.path.exists(staged[1])  # the declined region's file stays in staging
 
 
 def test_a_staged_file_of_another_epoch_or_outside_the_layout_is_refused(sink, staging):
     other_epoch = _stage(staging, 4, 0, _kafka_like("t-0", 0, 1))
     with pytest.raises(InvalidParameterError, match="a staged file of epoch 5"):
-        sink.commit(5, [other_epoch], [0])
+        sink.commit(5, [_ack(0, other_epoch)], expected=None, attempt_id="a")
     with pytest.raises(InvalidParameterError, match="epoch=<N>/region=<R>"):
-        sink.commit(5, ["/tmp/somewhere/part.parquet"], [0])
+        sink.commit(5, [_ack(0, "/tmp/somewhere/part.parquet")], expected=None, attempt_id="a")
 
 
 def test_an_epoch_with_no_output_is_still_recorded(sink):
-    commit = sink.commit(1, [], [])
-    assert (commit.records, commit.regions, commit.skipped) == (0, (), False)
-    assert sink.committed_version() == 1
-    assert sink.records().count() == 0
+    receipt = sink.commit(1, [_ack(0, None)], expected=None, attempt_id="a")
+    assert (receipt.records, receipt.replayed) == (0, False)
+    assert sink.committed_epoch() == 1 and sink.committed_metadata(1).regions == (0,)
+    assert DeltaTable(sink.path).to_pyarrow_table().num_rows == 0
 
 
-def test_committed_version_reads_log_checkpoints_and_survives_a_cold_log_cache(spark, sink, staging):
-    for epoch in range(1, 13):  # Delta writes a log checkpoint at table version 10
-        sink.commit(epoch, [_stage(staging, epoch, 0, _kafka_like("t-0", epoch * 10, epoch * 10 + 2))], [0])
+def test_committed_epoch_reads_log_checkpoints_and_a_fresh_sink_object(sink, staging):
+    for epoch in range(1, 13):  # a log checkpoint at table version 10
+        path = _stage(staging, epoch, 0, _kafka_like("t-0", epoch * 10, epoch * 10 + 2))
+        sink.commit(epoch, [_ack(0, path)], expected=epoch - 1 or None, attempt_id=f"a{epoch}")
     log_dir = os.path.join(sink.path, "_delta_log")
     assert any(name.endswith(".checkpoint.parquet") for name in os.listdir(log_dir))
-    spark._jvm.org.apache.spark.sql.delta.DeltaLog.clearCache()  # what a restarted driver sees
-    assert DeltaSink(spark, sink.path, app_id="orders").committed_version() == 12
-    assert DeltaSink(spark, sink.path, app_id="another-pipeline").committed_version() is None
-    assert sink.committed_metadata(3).regions == (0,)
+    assert DeltaSink(sink.path, "orders", read_only=True).committed_epoch() == 12  # a restarted driver
+    assert DeltaSink(sink.path, "another-pipeline", read_only=True).committed_epoch() is None
+    assert sink.committed_metadata(3).regions == (0,) and sink.committed_attempt(3) == "a3"
 
 
-def test_records_per_split_counts_and_spans(sink, staging):
-    sink.commit(1, [_stage(staging, 1, 0, _kafka_like("a", 5, 9) + _kafka_like("b", 0, 2))], [0])
-    per_split = sink.records_per_split()
+def test_two_runs_committing_the_same_epoch_at_once_write_it_once(sink, staging):
+    sinks = [DeltaSink(sink.path, "orders") for _ in range(2)]
+    staged = [_stage(staging, 1, 0, _kafka_like("t-0", 0, 6)) for _ in range(2)]
+    barrier = threading.Barrier(2)
+    outcomes: dict[int, object] = {}
+
+    def commit(i: int) -> None:
+        barrier.wait()
+        try:
+            outcomes[i] = sinks[i].commit(1, [_ack(0, staged[i])], expected=None, attempt_id=f"run-{i}")
+        except ConcurrentRunError as err:
+            outcomes[i] = err
+
+    threads = [threading.Thread(target=commit, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    written = [o for o in outcomes.values() if not isinstance(o, Exception) and not o.replayed]
+    assert len(written) == 1, outcomes
+    assert len(_rows(sink)) == 6 and sink.committed_epoch() == 1
+
+
+def test_a_local_sink_adopts_staged_files_as_they_are_with_footer_statistics(sink, staging):
+    paths = [_stage(staging, 3, 0, _kafka_like("t-0", 0, 4)), _stage(staging, 3, 2, _kafka_like("t-2", 7, 9))]
+    content = [pq.read_table(p) for p in paths]
+    receipt = sink.commit(3, [_ack(0, paths[0]), _ack(2, paths[1])], expected=None, attempt_id="a")
+    assert receipt.records == 6
+    assert not any(os.path.exists(p) for p in paths)  # moved, not copied
+    files = _data_files(sink)
+    assert files == sorted(adopted_name(p) for p in paths)
+    for table in content:  # byte for byte the task's file: every column, ingested_at included
+        name = [f for f in files if f"-r{table.column('region')[0].as_py():05d}-" in f][0]
+        assert pq.read_table(os.path.join(sink.path, name)).equals(table)
+    assert DeltaTable(sink.path).to_pyarrow_table().column("ingested_at").null_count == 0
+    actions = DeltaTable(sink.path).get_add_actions(flatten=True)
+    stats = {row["path"]: row for row in pa.table(actions).to_pylist()}
+    region2 = stats[adopted_name(paths[1])]
+    assert region2["num_records"] == 2
+    assert (region2["min.offset"], region2["max.offset"], region2["null_count.offset"]) == (7, 8, 0)
+    assert (region2["min.split_id"], region2["max.split_id"]) == ("t-2", "t-2")
+    assert region2["min.region"] == region2["max.region"] == 2
+    assert "min.value" not in region2  # only the columns that carry statistics
+    again = sink.commit(3, [_ack(0, paths[0]), _ack(2, paths[1])], expected=None, attempt_id="a")
+    assert again.replayed and len(_rows(sink)) == 6  # a replay: the files are gone from staging
+
+
+def test_timestamp_statistics_are_rounded_outwards_to_milliseconds(tmp_path):
+    moment = datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=UTC)
+    data = pa.table(
+        {"at": pa.array([moment, moment.replace(microsecond=1000)], pa.timestamp("us", tz="UTC"))}
+    )
+    pq.write_table(data, tmp_path / "t.parquet")
+    stats = file_statistics(pq.read_metadata(tmp_path / "t.parquet"), ["at", "missing"])
+    assert stats == {
+        "numRecords": 2,
+        "minValues": {"at": "2026-01-02T03:04:05.001Z"},
+        "maxValues": {"at": "2026-01-02T03:04:05.679Z"},  # .678901 rounded up: still an upper bound
+        "nullCount": {"at": 0},
+    }
+    long = pa.table({"s": ["a" * 40, "b"]})
+    pq.write_table(long, tmp_path / "s.parquet")
+    string_stats = file_statistics(pq.read_metadata(tmp_path / "s.parquet"), ["s"])
+    assert string_stats["minValues"] == {"s": "a" * 32} and string_stats["maxValues"] == {"s": "b"}
+    json.dumps(stats)
+
+
+def test_a_commit_after_a_crash_between_moving_and_committing_finds_the_moved_files(sink, staging):
+    paths = [_stage(staging, 1, 0, _kafka_like("t-0", 0, 3)), _stage(staging, 1, 1, _kafka_like("t-1", 0, 2))]
+    os.replace(paths[0], os.path.join(sink.path, adopted_name(paths[0])))  # moved, then the driver died
+    receipt = sink.commit(1, [_ack(0, paths[0]), _ack(1, paths[1])], expected=None, attempt_id="a")
+    assert receipt.records == 5 and not receipt.replayed
+    assert _rows(sink) == [
+        ("t-0", 0, 1, 0),
+        ("t-0", 1, 1, 0),
+        ("t-0", 2, 1, 0),
+        ("t-1", 0, 1, 1),
+        ("t-1", 1, 1, 1),
+    ]
+
+
+def test_staged_files_of_an_older_writer_without_ingested_at_are_rewritten(sink, staging):
+    old = _stage_records_only(staging, 1, 0, _kafka_like("t-0", 0, 3))
+    assert sink.commit(1, [_ack(0, old)], expected=None, attempt_id="a").records == 3
+    assert os.path.exists(old)  # read, not moved
+    table = DeltaTable(sink.path).to_pyarrow_table()
+    assert table.column("ingested_at").null_count == 0 and table.schema.names == STAGED_FILE_SCHEMA.names
+    assert [r[1] for r in _rows(sink)] == [0, 1, 2]
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+def test_a_missing_staging_folder_at_commit_names_the_path_and_what_to_do_and_moves_nothing(sink, staging):
+    good = _stage(staging, 1, 0, _kafka_like("t-0", 0, 3))
+    gone = _stage(staging, 1, 1, _kafka_like("t-1", 0, 3))
+    shutil.rmtree(os.path.dirname(os.path.dirname(gone)))  # region=1 removed under the driver
+    with pytest.raises(StateError) as err:
+        sink.commit(1, [_ack(0, good), _ack(1, gone)], expected=None, attempt_id="a")
+    text = str(err.value)
+    assert f"staged file {gone} of epoch 1 is gone, and was not moved into the table" in text
+    assert "Nothing was committed: recover the pipeline (splitkeeper recover --checkpoint latest)" in text
+    assert err.value.params["path"] == gone
+    assert sink.committed_epoch() is None and os.path.exists(good)  # the good file was not moved
+    assert _data_files(sink) == []
+
+
+def test_a_corrupt_staged_file_at_commit_names_the_path_and_commits_nothing(sink, staging):
+    good = _stage(staging, 1, 0, _kafka_like("t-0", 0, 3))
+    bad = _stage(staging, 1, 1, _kafka_like("t-1", 0, 3))
+    data = Path(bad).read_bytes()
+    Path(bad).write_bytes(data[: len(data) // 2])  # truncated: no footer
+    with pytest.raises(StateError) as err:
+        sink.commit(1, [_ack(0, good), _ack(1, bad)], expected=None, attempt_id="a")
+    assert f"staged file {bad} of epoch 1 is not a complete parquet file" in str(err.value)
+    assert "recover the pipeline" in str(err.value)
+    assert sink.committed_epoch() is None and os.path.exists(good) and _data_files(sink) == []
+
+
+def test_a_truncated_sink_log_names_the_log_file(sink, staging):
+    sink.commit(1, [_ack(0, _stage(staging, 1, 0, _kafka_like("t-0", 0, 3)))], expected=None, attempt_id="a")
+    log_file = os.path.join(sink.path, "_delta_log", f"{1:020d}.json")
+    Path(log_file).write_bytes(Path(log_file).read_bytes()[:-30])
+    with pytest.raises(
+        StateError, match=rf"cannot be read: log file {log_file} is not a complete Delta log entry"
+    ):
+        DeltaSink(sink.path, "orders", read_only=True).committed_epoch()
+
+
+def test_discard_removes_one_epoch_and_discard_through_every_older_one(sink, staging):
+    for epoch in (1, 2, 3, 4):
+        _stage(staging, epoch, 0, _kafka_like("t-0", 0, 1))
+    sink.discard(2)
+    assert sorted(os.listdir(staging)) == ["epoch=1", "epoch=3", "epoch=4"]
+    sink.discard_through(3)
+    assert os.listdir(staging) == ["epoch=4"]
+    sink.discard(9)  # idempotent, nothing there
+    DeltaSink(sink.path, "orders", staging_path=staging, read_only=True).discard_through(9)
+    assert os.listdir(staging) == ["epoch=4"]  # a read-only sink removes nothing
+
+
+# --------------------------------------------------------------------------- Spark read-back
+
+
+@pytest.fixture
+def spark_sink(spark, sink) -> DeltaSink:
+    return DeltaSink(sink.path, "orders", staging_path=sink.staging_path, spark=spark)
+
+
+@pytest.mark.spark
+def test_records_per_split_counts_and_spans(spark_sink, staging):
+    spark_sink.commit(
+        1, [_ack(0, _stage(staging, 1, 0, _kafka_like("a", 5, 9) + _kafka_like("b", 0, 2)))], expected=None,
+        attempt_id="a",
+    )  # fmt: skip
+    per_split = spark_sink.records_per_split()
     assert (per_split["a"].records, per_split["a"].first_offset, per_split["a"].last_next_offset) == (4, 5, 9)
     assert per_split["b"].records == 2
 
 
-def test_exactly_once_holds_for_contiguous_unique_offsets(sink, staging):
-    sink.commit(
+@pytest.mark.spark
+def test_exactly_once_holds_for_contiguous_unique_offsets(spark_sink, staging):
+    spark_sink.commit(
         1,
-        [_stage(staging, 1, 0, _kafka_like("a", 0, 5)), _stage(staging, 1, 1, _kafka_like("b", 3, 6))],
-        [0, 1],
+        [
+            _ack(0, _stage(staging, 1, 0, _kafka_like("a", 0, 5))),
+            _ack(1, _stage(staging, 1, 1, _kafka_like("b", 3, 6))),
+        ],
+        expected=None,
+        attempt_id="a",
     )
-    sink.commit(2, [_stage(staging, 2, 0, _kafka_like("a", 5, 8))], [0])
-    assert sink.check_exactly_once({"a": (0, 8), "b": (3, 6)}) == []
+    spark_sink.commit(2, [_ack(0, _stage(staging, 2, 0, _kafka_like("a", 5, 8)))], expected=1, attempt_id="b")
+    assert spark_sink.check_exactly_once({"a": (0, 8), "b": (3, 6)}) == []
 
 
-def test_exactly_once_reports_duplicates_gaps_and_unexpected_offsets(spark, sink, staging):
-    sink.commit(1, [_stage(staging, 1, 0, _kafka_like("a", 0, 5) + _kafka_like("b", 0, 2))], [0])
-    # a writer that bypassed the idempotent commit appended offset 3 again and skipped 5..6
+@pytest.mark.spark
+def test_exactly_once_reports_duplicates_gaps_and_unexpected_offsets(spark, spark_sink, staging):
+    spark_sink.commit(
+        1, [_ack(0, _stage(staging, 1, 0, _kafka_like("a", 0, 5) + _kafka_like("b", 0, 2)))], expected=None,
+        attempt_id="a",
+    )  # fmt: skip
+    # a writer that bypassed the fenced commit appended offset 3 again and skipped 5..6
     rogue = _stage(staging, 9, 0, [("a", 3, 4), ("a", 7, 8)])
-    spark.read.parquet(rogue).write.format("delta").mode("append").save(sink.path)
-    violations = sink.check_exactly_once({"a": (0, 8), "b": (0, 3)})
+    spark.read.parquet(rogue).write.format("delta").mode("append").save(spark_sink.path)
+    violations = spark_sink.check_exactly_once({"a": (0, 8), "b": (0, 3)})
     kinds = {(v.kind, v.split_ids) for v in violations}
     assert (ViolationKind.OFFSET_DUPLICATE, ("a",)) in kinds
     assert (ViolationKind.OFFSET_MISSING, ("a",)) in kinds  # 5, 6
@@ -183,93 +368,16 @@ def test_exactly_once_reports_duplicates_gaps_and_unexpected_offsets(spark, sink
     assert "5-6" in missing_a.detail
 
 
-def test_exactly_once_checks_records_spanning_byte_ranges(sink, staging):
+@pytest.mark.spark
+def test_exactly_once_checks_records_spanning_byte_ranges(spark_sink, staging):
     # byte offsets of lines in a file: next_offset is the next line's start, not offset + 1
-    sink.commit(1, [_stage(staging, 1, 0, [("f", 0, 12), ("f", 12, 30)])], [0])
-    sink.commit(2, [_stage(staging, 2, 0, [("f", 30, 31), ("g", 0, 7)])], [0])
-    assert sink.check_exactly_once({"f": (0, 31), "g": (0, 7)}) == []
-    violations = sink.check_exactly_once({"f": (0, 40), "g": (0, 7)})
+    spark_sink.commit(
+        1, [_ack(0, _stage(staging, 1, 0, [("f", 0, 12), ("f", 12, 30)]))], expected=None, attempt_id="a"
+    )
+    spark_sink.commit(
+        2, [_ack(0, _stage(staging, 2, 0, [("f", 30, 31), ("g", 0, 7)]))], expected=1, attempt_id="b"
+    )
+    assert spark_sink.check_exactly_once({"f": (0, 31), "g": (0, 7)}) == []
+    violations = spark_sink.check_exactly_once({"f": (0, 40), "g": (0, 7)})
     assert [(v.kind, v.split_ids) for v in violations] == [(ViolationKind.OFFSET_MISSING, ("f",))]
     assert "31-39" in violations[0].detail
-
-
-def test_two_runs_committing_the_same_epoch_at_once_write_it_once(spark, sink, staging):
-    import threading
-
-    from splitkeeper.errors import ConcurrentRunError
-
-    sinks = [DeltaSink(spark, sink.path, app_id="orders") for _ in range(2)]
-    staged = [_stage(staging, 1, 0, _kafka_like("t-0", 0, 6)) for _ in range(2)]
-    barrier = threading.Barrier(2)
-    outcomes: dict[int, object] = {}
-
-    def commit(i: int) -> None:
-        barrier.wait()
-        try:
-            outcomes[i] = sinks[i].commit(1, [staged[i]], [0])
-        except ConcurrentRunError as err:
-            outcomes[i] = err
-
-    threads = [threading.Thread(target=commit, args=(i,)) for i in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    written = [o for o in outcomes.values() if isinstance(o, SinkCommit) and not o.skipped]
-    assert len(written) == 1, outcomes
-    assert len(_rows(sink)) == 6
-    assert sink.committed_version() == 1
-
-
-def _data_files(spark, sink: DeltaSink) -> list[str]:
-    return sorted(os.path.basename(p) for p in spark.read.format("delta").load(sink.path).inputFiles())
-
-
-def test_a_local_sink_adopts_staged_files_without_rewriting_them(spark, sink, staging):
-    paths = [_stage(staging, 3, 0, _kafka_like("t-0", 0, 4)), _stage(staging, 3, 2, _kafka_like("t-2", 7, 9))]
-    content = [pq.read_table(p) for p in paths]
-    commit = sink.commit(3, paths, [0, 2])
-    assert (commit.records, commit.regions) == (6, (0, 2))
-    assert not any(os.path.exists(p) for p in paths)  # moved, not copied
-    files = _data_files(spark, sink)
-    assert len(files) == 2 and all(f.startswith("sk-e0000000003-r0000") or "-r00002-" in f for f in files)
-    for table in content:  # byte for byte the task's file: every column, ingested_at included
-        name = [f for f in files if f"-r{table.column('region')[0].as_py():05d}-" in f][0]
-        assert pq.read_table(os.path.join(sink.path, name)).equals(table)
-    assert sink.records().where("ingested_at IS NULL").count() == 0
-    assert sink.committed_metadata(3).records == 6
-    again = sink.commit(3, paths, [0, 2])  # a replay: the files are gone from staging, nothing is written
-    assert again.skipped and _rows(sink) == sorted(
-        [("t-0", o, 3, 0) for o in range(4)] + [("t-2", o, 3, 2) for o in (7, 8)]
-    )
-
-
-def test_a_commit_after_a_crash_between_moving_and_committing_finds_the_moved_files(sink, staging):
-    from splitkeeper.runtime.sink import adopted_name
-
-    paths = [_stage(staging, 1, 0, _kafka_like("t-0", 0, 3)), _stage(staging, 1, 1, _kafka_like("t-1", 0, 2))]
-    os.replace(paths[0], os.path.join(sink.path, adopted_name(paths[0])))  # moved, then the driver died
-    commit = sink.commit(1, paths, [0, 1])
-    assert commit.records == 5 and not commit.skipped
-    assert _rows(sink) == [
-        ("t-0", 0, 1, 0),
-        ("t-0", 1, 1, 0),
-        ("t-0", 2, 1, 0),
-        ("t-1", 0, 1, 1),
-        ("t-1", 1, 1, 1),
-    ]
-
-
-def test_staged_files_without_ingested_at_or_with_adoption_off_are_rewritten_by_spark(
-    spark, sink, staging, monkeypatch
-):
-    old = _stage_records_only(staging, 1, 0, _kafka_like("t-0", 0, 3))
-    assert sink.commit(1, [old], [0]).records == 3
-    assert os.path.exists(old)  # read, not moved
-    monkeypatch.setenv(DIRECT_WRITES_ENV, "0")
-    new = _stage(staging, 2, 0, _kafka_like("t-0", 3, 5))
-    assert sink.commit(2, [new], [0]).records == 2
-    assert os.path.exists(new)
-    assert not any(f.startswith("sk-") for f in _data_files(spark, sink))
-    assert sink.records().where("ingested_at IS NULL").count() == 0
-    assert [r[1] for r in _rows(sink)] == [0, 1, 2, 3, 4]

@@ -1,10 +1,11 @@
 """Lossless conversion between the core value types and rows of the Delta state tables.
 
-A *row* is a plain ``dict`` keyed by column name whose values are what Spark accepts in
-``createDataFrame`` and returns from ``Row.asDict(recursive=True)``: ints, strings, bools,
-``None``, lists and nested dicts for ``ARRAY``/``STRUCT`` columns. The column layout of
-every table is defined once, in ``state/<table>.ddl`` at the repository root
-(:func:`read_ddl`); this module fills those columns from the core types and back.
+A *row* is a plain ``dict`` keyed by column name whose values are what pyarrow's
+``Table.from_pylist`` takes and ``to_pylist`` returns (and Spark's ``Row.asDict``): ints,
+strings, bools, ``None``, lists and nested dicts for ``ARRAY``/``STRUCT`` columns. The
+column layout of every table is defined once, in ``state/<table>.ddl`` at the repository
+root (:mod:`splitkeeper.state.tables`); this module fills those columns from the core
+types and back.
 
 Conversions are lossless: ``x_from_row(x_to_row(v)) == v`` for every value the core
 types can hold (tuple order, empty readers, backlog entries of splits that are not live
@@ -12,9 +13,13 @@ any more, ``None`` positions). A value with a field this module does not know (a
 added to ``splitkeeper.core.types`` later) fails loudly with :class:`StateError` instead
 of being dropped.
 
-Only the standard library is imported: no Spark session is needed to convert.
-Columns that do not come from the core types (``attempt_id``, ``run_id``, timestamps,
-``commit_ms``) are added by :mod:`splitkeeper.runtime.state_store`.
+A row that cannot hold what the core types allow (a split position that is NULL or
+negative) is refused with :class:`StateError` naming the table, the checkpoint id and
+the split, before any value is built from it.
+
+Only the standard library is imported: no engine is needed to convert. Columns that do
+not come from the core types (``attempt_id``, ``run_id``, timestamps, ``commit_ms``) are
+added by :mod:`splitkeeper.state.checkpoints`.
 """
 
 from __future__ import annotations
@@ -23,9 +28,9 @@ import dataclasses
 import enum
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from importlib.resources.abc import Traversable
 from typing import Any, TypeVar
 
+from splitkeeper.core.ports import EpochDecision
 from splitkeeper.core.types import (
     AuditRecord,
     BacklogSnapshot,
@@ -41,48 +46,8 @@ from splitkeeper.errors import InvalidParameterError, StateError
 
 Row = dict[str, Any]
 
-#: The state tables, in the order the store creates them.
-STATE_TABLES: tuple[str, ...] = (
-    "pipeline",
-    "epoch_plans",
-    "checkpoints",
-    "enumerator_state",
-    "audit",
-    "checkpoint_log",
-)
-
-#: The records table written by :class:`splitkeeper.runtime.sink.DeltaSink`.
-SINK_TABLE = "sink_records"
-
 #: Bumped when a table layout changes incompatibly; stored in the ``pipeline`` row.
 STATE_FORMAT = 1
-
-
-def schema_dir() -> Traversable:
-    """The folder holding ``<table>.ddl``: see :func:`splitkeeper.resources.state_schema_dir`."""
-    from splitkeeper.resources import state_schema_dir
-
-    return state_schema_dir()
-
-
-def read_ddl(table: str) -> str:
-    """The Spark DDL column list of ``table`` from ``state/<table>.ddl``, comments removed."""
-    known = (*STATE_TABLES, SINK_TABLE)
-    if table not in known:
-        raise InvalidParameterError("table", table, f"one of {', '.join(known)}")
-    path = schema_dir() / f"{table}.ddl"
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as err:
-        raise StateError(
-            f"the schema file of state table {table!r} is missing at {path}: the state/ folder of "
-            "the splitkeeper checkout holds one .ddl file per table (set SPLITKEEPER_STATE_SCHEMA_DIR "
-            "if it lives elsewhere)",
-            table=table,
-            path=str(path),
-        ) from err
-    lines = [line.split("--", 1)[0].rstrip() for line in text.splitlines()]
-    return " ".join(line.strip() for line in lines if line.strip())
 
 
 # ---------------------------------------------------------------------------------------
@@ -163,7 +128,7 @@ def _guard_fields(value: Any, known: frozenset[str]) -> None:
             default = object()
         if getattr(value, f.name) != default:
             raise StateError(
-                f"{type(value).__name__}.{f.name} is not persisted by splitkeeper.runtime.serde; "
+                f"{type(value).__name__}.{f.name} is not persisted by splitkeeper.state.serde; "
                 "add it to the state table schema (state/*.ddl) and to serde before storing it",
                 type=type(value).__name__,
                 field=f.name,
@@ -172,6 +137,14 @@ def _guard_fields(value: Any, known: frozenset[str]) -> None:
 
 def _opt_int(value: Any) -> int | None:
     return None if value is None else int(value)
+
+
+@dataclass(frozen=True, slots=True)
+class RowPlace:
+    """Where a row was read from, for error messages: the table and the checkpoint id."""
+
+    table: str
+    checkpoint_id: int | None
 
 
 # ---------------------------------------------------------------------------------------
@@ -193,12 +166,38 @@ def split_to_row(split: Split) -> Row:
     }
 
 
-def split_from_row(row: Mapping[str, Any]) -> Split:
+def split_from_row(row: Mapping[str, Any], where: RowPlace | None = None) -> Split:
+    """The split of a row; ``where`` names the row's table and checkpoint in errors."""
+    position = row.get("position")
+    if isinstance(position, bool) or not isinstance(position, int) or position < 0:
+        place = where or RowPlace("(unknown table)", None)
+        raise StateError(
+            f"state table {place.table}: checkpoint {place.checkpoint_id} holds split "
+            f"{row.get('split_id')!r} at position {position!r}, but a position is an offset >= 0. The row "
+            "was not written by splitkeeper or was damaged; the checkpoint cannot be restored as it is. "
+            "Restore the state directory from a backup, or recover from an older checkpoint's state "
+            "(Delta time travel) after checking the source",
+            table=place.table,
+            checkpoint_id=place.checkpoint_id,
+            split_id=row.get("split_id"),
+            position=position,
+        )
+    end = row.get("end")
+    if end is not None and (isinstance(end, bool) or not isinstance(end, int) or end < position):
+        place = where or RowPlace("(unknown table)", None)
+        raise StateError(
+            f"state table {place.table}: checkpoint {place.checkpoint_id} holds split "
+            f"{row.get('split_id')!r} with end {end!r} before its position {position}; restore the state "
+            "directory from a backup",
+            table=place.table,
+            checkpoint_id=place.checkpoint_id,
+            split_id=row.get("split_id"),
+        )
     return Split(
         split_id=row["split_id"],
         subscription=row["subscription"] if row.get("subscription") is not None else "",
-        position=int(row["position"]),
-        end=_opt_int(row.get("end")),
+        position=position,
+        end=end,
         backlog_end=_opt_int(row.get("backlog_end")),
     )
 
@@ -224,10 +223,10 @@ def region_to_row(state: RegionState) -> Row:
     }
 
 
-def region_from_row(row: Mapping[str, Any]) -> RegionState:
+def region_from_row(row: Mapping[str, Any], where: RowPlace | None = None) -> RegionState:
     return RegionState(
         region_id=int(row["region_id"]),
-        splits=tuple(split_from_row(s) for s in row.get("splits") or ()),
+        splits=tuple(split_from_row(s, where) for s in row.get("splits") or ()),
         operator_state=tuple(row.get("operator_state") or ()),
         ref_checkpoint_id=_opt_int(row.get("ref_checkpoint_id")),
         outcome=_enum(RegionOutcome, row["outcome"], "checkpoints.regions.outcome"),
@@ -329,9 +328,12 @@ def enumerator_to_rows(snapshot: EnumeratorSnapshot) -> list[Row]:
     return rows
 
 
-def enumerator_from_rows(header: Mapping[str, Any], rows: Iterable[Mapping[str, Any]]) -> EnumeratorSnapshot:
+def enumerator_from_rows(
+    header: Mapping[str, Any], rows: Iterable[Mapping[str, Any]], table: str = "enumerator_state"
+) -> EnumeratorSnapshot:
     """Rebuild a snapshot from its header struct and its ``enumerator_state`` rows (any order)."""
     rows = list(rows)
+    where = RowPlace(table, _opt_int(header.get("checkpoint_id")))
     for row in rows:
         if row["status"] not in ENUMERATOR_STATUSES:
             raise StateError(
@@ -345,9 +347,9 @@ def enumerator_from_rows(header: Mapping[str, Any], rows: Iterable[Mapping[str, 
     for row in rows:
         if row["status"] == "assigned":
             owner = int(row["owner"])
-            assigned.setdefault(owner, []).append((int(row["seq"]), split_from_row(row)))
+            assigned.setdefault(owner, []).append((int(row["seq"]), split_from_row(row, where)))
         elif row["status"] == "pool":
-            pool.append((int(row["seq"]), split_from_row(row)))
+            pool.append((int(row["seq"]), split_from_row(row, where)))
     return EnumeratorSnapshot(
         checkpoint_id=int(header["checkpoint_id"]),
         parallelism=int(header["parallelism"]),
@@ -412,17 +414,28 @@ def checkpoint_to_row(completed: CompletedCheckpoint) -> Row:
 
 
 def checkpoint_from_rows(
-    row: Mapping[str, Any], enumerator_rows: Iterable[Mapping[str, Any]] = ()
+    row: Mapping[str, Any],
+    enumerator_rows: Iterable[Mapping[str, Any]] = (),
+    *,
+    table: str = "checkpoints",
+    enumerator_table: str = "enumerator_state",
 ) -> CompletedCheckpoint:
-    """Rebuild a checkpoint from its ``checkpoints`` row and its ``enumerator_state`` rows."""
-    regions = [region_from_row(r) for r in row.get("regions") or ()]
+    """Rebuild a checkpoint from its ``checkpoints`` row and its ``enumerator_state`` rows.
+
+    ``table``/``enumerator_table`` name where the rows came from in errors (a decision
+    record keeps both in the ``decisions`` table).
+    """
+    where = RowPlace(table, _opt_int(row.get("checkpoint_id")))
+    regions = [region_from_row(r, where) for r in row.get("regions") or ()]
     header = row.get("enumerator")
     return CompletedCheckpoint(
         checkpoint_id=int(row["checkpoint_id"]),
         kind=_enum(CheckpointKind, row["kind"], "checkpoints.kind"),
         parallelism=int(row["parallelism"]),
         regions={r.region_id: r for r in regions},
-        enumerator=None if header is None else enumerator_from_rows(header, enumerator_rows),
+        enumerator=None
+        if header is None
+        else enumerator_from_rows(header, enumerator_rows, enumerator_table),
         consecutive_regional=int(row["consecutive_regional"]),
         processing_backlog=bool(row["processing_backlog"]),
     )
@@ -567,4 +580,47 @@ def plan_from_rows(epoch_id: int, rows: Iterable[Mapping[str, Any]]) -> EpochPla
         epoch_id=epoch_id,
         regions={r: tuple(p for _, p in sorted(items, key=lambda i: i[0])) for r, items in regions.items()},
         run_id=next(iter(run_ids), ""),
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# EpochDecision (decisions rows)
+# ---------------------------------------------------------------------------------------
+
+DECISION_FIELDS = frozenset(
+    {"checkpoint", "attempt_id", "audit", "acknowledged", "configured_parallelism", "reason"}
+)
+
+
+def decision_to_row(decision: EpochDecision) -> Row:
+    """The ``decisions`` columns of a decision (without run_id / decided_at)."""
+    _guard_fields(decision, DECISION_FIELDS)
+    completed = decision.checkpoint
+    row = checkpoint_to_row(completed)
+    epoch_id = row.pop("checkpoint_id")
+    return {
+        "epoch_id": epoch_id,
+        "attempt_id": decision.attempt_id,
+        **row,
+        "enumerator_rows": [] if completed.enumerator is None else enumerator_to_rows(completed.enumerator),
+        "audit": [audit_to_row(record, seq) for seq, record in enumerate(decision.audit)],
+        "acknowledged": [int(r) for r in decision.acknowledged],
+        "configured_parallelism": decision.configured_parallelism,
+        "reason": decision.reason,
+    }
+
+
+def decision_from_row(row: Mapping[str, Any]) -> EpochDecision:
+    """Rebuild a decision from its ``decisions`` row."""
+    header = {**row, "checkpoint_id": row["epoch_id"]}
+    completed = checkpoint_from_rows(
+        header, row.get("enumerator_rows") or (), table="decisions", enumerator_table="decisions"
+    )
+    return EpochDecision(
+        checkpoint=completed,
+        attempt_id=str(row["attempt_id"]),
+        audit=tuple(audit_from_rows(row.get("audit") or ())),
+        acknowledged=tuple(int(r) for r in row.get("acknowledged") or ()),
+        configured_parallelism=_opt_int(row.get("configured_parallelism")),
+        reason=row.get("reason") or "",
     )
