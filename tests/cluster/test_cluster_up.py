@@ -31,11 +31,11 @@ import pytest
 
 from splitkeeper.cluster.local import BUCKET, HOST, SERVICES, LocalCluster
 from splitkeeper.cluster.s3 import S3Client, S3Error
-from splitkeeper.runtime.jars import repo_root
+from splitkeeper.resources import require_checkout
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
-ROOT = repo_root()
+ROOT = require_checkout("the cluster test")
 TIMINGS: dict[str, float] = {}
 
 
