@@ -4,7 +4,7 @@
 and returns an immutable :class:`PipelineConfig`; :func:`config_from_mapping`
 does the same for an already-parsed mapping (Airflow ``dag_run.conf``, tests).
 Everything is validated here, at the boundary, before any Spark job starts
-(DESIGN 2.9: a configuration that cannot be honoured is rejected at
+(protocol rule 2.9: a configuration that cannot be honoured is rejected at
 submission). Each mistake raises :class:`~splitkeeper.errors.ConfigError`
 whose message names the dotted key, the value and what is allowed; unknown
 keys are mistakes too and the message suggests the closest known key.
@@ -61,7 +61,7 @@ from splitkeeper.core.rescale import Redistribution
 from splitkeeper.errors import ConfigError, InvalidParameterError
 from splitkeeper.runtime.transforms import resolve_callable, resolve_transform
 
-#: The assignment strategies of the protocol core (DESIGN 1.6), by config name.
+#: The assignment strategies of the protocol core (protocol rule 1.6), by config name.
 STRATEGY_NAMES: tuple[str, ...] = tuple(sorted(STRATEGIES))
 
 IDENTITY_TRANSFORM = "splitkeeper.runtime.transforms:identity"
@@ -90,7 +90,7 @@ class FileFormat(enum.Enum):
 
 
 class RegionMode(enum.Enum):
-    """Whether readers form independent regions (DESIGN 2.9).
+    """Whether readers form independent regions (protocol rule 2.9).
 
     ``PER_READER``: each reader and what follows it without a shuffle is a
     region; regional checkpoints are allowed. ``GLOBAL``: readers are not
@@ -213,7 +213,7 @@ class CheckpointSettings(CheckpointConfig):
     It *is* a core ``CheckpointConfig`` (the core validates the shared fields
     and the coordinator takes it as is); ``regions_independent`` comes from the
     top-level ``regions`` key. ``retain_checkpoints``: completed checkpoints kept
-    besides those a later checkpoint still references (DESIGN 2.7).
+    besides those a later checkpoint still references (protocol rule 2.7).
     """
 
     retain_checkpoints: int = 3

@@ -316,7 +316,7 @@ class DeltaSink(EpochSink):
                     "outputs",
                     f"region {run.region_id} ({run.outcome.value})",
                     "acknowledged regions' outputs only",
-                    hint="only acknowledged regions' output may be committed (DESIGN 2.5)",
+                    hint="only acknowledged regions' output may be committed (protocol rule 2.5)",
                 )
             if not run.output:
                 continue
@@ -523,7 +523,7 @@ class DeltaSink(EpochSink):
             yield row["split_id"], int(row["offset"]), int(row["next_offset"])
 
     def check_exactly_once(self, expected: Mapping[str, tuple[int, int]]) -> list[Violation]:
-        """Check DESIGN 6 on the sink: per split, records cover ``[start, end)`` exactly once.
+        """Check protocol section 6 on the sink: per split, records cover ``[start, end)`` exactly once.
 
         ``expected`` maps every split id to ``(start, end)``. The rule is the core's
         (:func:`splitkeeper.core.invariants.check_sink_ranges`); this streams it the sink's
