@@ -1,4 +1,4 @@
-"""splitkeeper_rescale: change a pipeline's parallelism (DESIGN 2.8).
+"""splitkeeper_rescale: change a pipeline's parallelism (protocol rule 2.8).
 
 Restores the latest checkpoint at the new parallelism, redistributing operator
 state even-split or union and splits even-split, keeps the restored assignment

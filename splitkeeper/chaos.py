@@ -338,7 +338,7 @@ class KafkaChaos:
         """One run of five epochs: a normal one, two region failures, a stalled region, a forced global.
 
         Three regional checkpoints in a row reach max_consecutive_failures=3, so the fifth
-        epoch must be global (DESIGN 2.2).
+        epoch must be global (protocol rule 2.2).
         """
         first = self.last_epoch + 1
         failing, stalling = self.rng.sample(range(PARALLELISM), 2), self.rng.randrange(PARALLELISM)

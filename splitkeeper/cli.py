@@ -25,7 +25,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("splitkeeper.commands.run", "run epochs of a pipeline"),
     "status": ("splitkeeper.commands.status", "show checkpoints, ownership and backlog state"),
     "recover": ("splitkeeper.commands.recover", "restore from a checkpoint (global or rescale)"),
-    "validate": ("splitkeeper.commands.validate", "check the DESIGN 6 invariants on state and sink"),
+    "validate": ("splitkeeper.commands.validate", "check the restart invariants on state and sink"),
+    "maintain": ("splitkeeper.commands.maintain", "compact and VACUUM the state tables and the sink"),
     "chaos": ("splitkeeper.chaos", "ingest under injected faults and prove exactly-once"),
 }
 

@@ -80,7 +80,7 @@ class SourceError(SplitkeeperError):
 
 
 class InvariantViolation(SplitkeeperError):
-    """A DESIGN section 6 invariant does not hold; ``params['violations']`` lists them."""
+    """A protocol section 6 invariant does not hold; ``params['violations']`` lists them."""
 
     code = "INVARIANT_VIOLATION"
 

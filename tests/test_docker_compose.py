@@ -1,4 +1,4 @@
-"""docker-compose.yml, the deployment beyond one machine (DESIGN 7), checked without a Docker engine.
+"""docker-compose.yml, the deployment beyond one machine (protocol section 7), checked without Docker.
 
 The YAML is parsed and its structure checked: the services (the same as scripts/cluster.sh
 starts), depends_on targets and conditions, healthchecks, volumes, that every host path it

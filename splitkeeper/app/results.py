@@ -213,3 +213,19 @@ class ValidationResult(_Result):
     suites: dict[str, str]
     data_docs: str | None
     notes: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class MaintenanceResult(_Result):
+    """What ``maintain`` removed: state rows nothing reads, compacted files, vacuumed files (paths)."""
+
+    pipeline: str
+    dry_run: bool
+    history_hours: float
+    deleted_rows: dict[str, int]
+    compacted_files: dict[str, int]
+    vacuumed: dict[str, tuple[str, ...]]
+
+    @property
+    def vacuumed_count(self) -> int:
+        return sum(len(v) for v in self.vacuumed.values())

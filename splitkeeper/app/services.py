@@ -28,6 +28,7 @@ from splitkeeper import logs
 from splitkeeper.app.results import (
     EpochLine,
     LatestCheckpoint,
+    MaintenanceResult,
     OpenSummary,
     RecoverResult,
     RecoveryPreview,
@@ -73,13 +74,34 @@ def _pipeline(
     faults: Iterable[str] = (),
     progress: Progress | None = None,
     read_only: bool = False,
+    lease: Any = False,
 ) -> Any:
     from splitkeeper.runtime.faults import FaultPlan
     from splitkeeper.runtime.pipeline import Pipeline
 
     return Pipeline(
-        config, spark_session(), faults=FaultPlan.parse(faults), progress=progress, read_only=read_only
+        config,
+        spark_session(),
+        faults=FaultPlan.parse(faults),
+        progress=progress,
+        read_only=read_only,
+        lease=lease,
     )
+
+
+@contextlib.contextmanager
+def writer_lease(config: PipelineConfig) -> Iterator[Any]:
+    """Hold the pipeline's lease for a writing use case (protocol rule 5.6); taken before Spark starts.
+
+    A second writer is refused within a second, with LeaseHeldError naming the holder; a lease
+    whose holder stopped heartbeating for ``lease.ttl_s`` is taken over (logged). Released on exit.
+    """
+    from splitkeeper.state.checkpoints import DeltaStateStore
+    from splitkeeper.state.lease import PipelineLease, held
+
+    store = DeltaStateStore(config.state_path, config.name, None)  # the source's check comes with the run
+    with held(PipelineLease(store.tables, config.name), ttl_s=config.lease_ttl_s) as lease:
+        yield lease
 
 
 def _state_store(config: PipelineConfig) -> Any:
@@ -150,19 +172,20 @@ def run(
             continuous,
             "alone: a continuous run ends when stopped, not after epochs or caught up",
         )
-    pipeline = _pipeline(config, faults=faults, progress=progress)
-    try:
-        opened = _open_summary(pipeline, pipeline.open())
-        new_splits = pipeline.driver.discover()
-        if reset_backlog:
-            pipeline.driver.reset_backlog()
-        if continuous:
-            with _stop_on_signals(stop or threading.Event()) as event:
-                summary = pipeline.driver.run_continuously(event.is_set)
-        else:
-            summary = pipeline.run(epochs, until_caught_up=until_caught_up)
-    finally:
-        pipeline.close()
+    with writer_lease(config) as lease:
+        pipeline = _pipeline(config, faults=faults, progress=progress, lease=lease)
+        try:
+            opened = _open_summary(pipeline, pipeline.open())
+            new_splits = pipeline.driver.discover()
+            if reset_backlog:
+                pipeline.driver.reset_backlog()
+            if continuous:
+                with _stop_on_signals(stop or threading.Event()) as event:
+                    summary = pipeline.driver.run_continuously(event.is_set)
+            else:
+                summary = pipeline.run(epochs, until_caught_up=until_caught_up)
+        finally:
+            pipeline.close()
     return RunResult.of(config.name, opened, new_splits, summary)
 
 
@@ -213,20 +236,25 @@ def recover(
         raise InvalidParameterError("parallelism", parallelism, "an integer >= 1, or None to keep it")
     if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 0:
         raise InvalidParameterError("epochs", epochs, "an integer >= 0")
-    pipeline = _pipeline(config, faults=faults, progress=progress, read_only=dry_run)
-    if redistribution is not None:
-        pipeline.redistribution = redistribution
-    try:
-        latest = pipeline.store.latest_checkpoint()
-        check_recovery_mode(mode, parallelism, None if latest is None else latest.parallelism)
-        opened = _open_summary(
-            pipeline, pipeline.open(checkpoint_id=checkpoint_id, parallelism=parallelism, read_only=dry_run)
+    with contextlib.ExitStack() as stack:
+        lease = None if dry_run else stack.enter_context(writer_lease(config))  # a dry run writes nothing
+        pipeline = _pipeline(
+            config, faults=faults, progress=progress, read_only=dry_run, lease=lease or False
         )
-        if dry_run or epochs == 0:
-            return RecoverResult(config.name, opened, dry_run)
-        summary = pipeline.run(epochs)
-    finally:
-        pipeline.close()
+        if redistribution is not None:
+            pipeline.redistribution = redistribution
+        try:
+            latest = pipeline.store.latest_checkpoint()
+            check_recovery_mode(mode, parallelism, None if latest is None else latest.parallelism)
+            opened = _open_summary(
+                pipeline,
+                pipeline.open(checkpoint_id=checkpoint_id, parallelism=parallelism, read_only=dry_run),
+            )
+            if dry_run or epochs == 0:
+                return RecoverResult(config.name, opened, dry_run)
+            summary = pipeline.run(epochs)
+        finally:
+            pipeline.close()
     return RecoverResult(
         config.name,
         opened,
@@ -366,6 +394,45 @@ def validate(config: PipelineConfig, checkpoint_id: int | None = None) -> Valida
         data_docs=None if report.data_docs_index is None else str(report.data_docs_index),
         notes=tuple(report.notes),
     )
+
+
+@_named
+def maintain(
+    config: PipelineConfig, *, history_hours: float | None = None, dry_run: bool = False
+) -> MaintenanceResult:
+    """Compaction and VACUUM of the state tables and the sink, holding the pipeline's lease.
+
+    Deletes state rows nothing reads any more (deleted checkpoints' enumerator rows, losing
+    attempts, plans and decisions older than every kept checkpoint), bin-packs small files,
+    and VACUUMs the files commits removed more than ``history_hours`` ago (default:
+    ``maintenance.history_hours``). Never a file of a kept checkpoint (and so of a retained
+    ref chain) or of an epoch not committed yet. ``dry_run`` lists what VACUUM would remove
+    and changes nothing.
+    """
+    from splitkeeper.runtime.sink import DeltaSink
+    from splitkeeper.state import retention
+    from splitkeeper.state.checkpoints import DeltaStateStore
+
+    hours = config.history_hours if history_hours is None else history_hours
+    if isinstance(hours, bool) or not isinstance(hours, int | float) or hours < 0:
+        raise InvalidParameterError("history_hours", hours, "hours >= 0")
+    if dry_run:
+        store = _state_store(config)
+        sink = DeltaSink(config.sink_path, config.name, read_only=True)
+        vacuumed = {name: tuple(files) for name, files in retention.vacuum_plan(store, hours).items()}
+        vacuumed["sink"] = tuple(sink.vacuum(hours, dry_run=True))
+        return MaintenanceResult(config.name, True, hours, {}, {}, vacuumed)
+    with writer_lease(config):
+        store = DeltaStateStore(config.state_path, config.name, None)
+        sink = DeltaSink(config.sink_path, config.name, staging_path=config.staging_path)
+        compaction = retention.compact(store)
+        compacted = {**compaction.compacted_files, "sink": sink.compact()}
+        vacuumed = {name: tuple(files) for name, files in retention.vacuum(store, hours).items()}
+        vacuumed["sink"] = tuple(sink.vacuum(hours))
+    for table, files in vacuumed.items():
+        for path in files:
+            log.info("vacuumed %s: %s", table, path)
+    return MaintenanceResult(config.name, False, hours, dict(compaction.deleted_rows), compacted, vacuumed)
 
 
 @_named

@@ -1,4 +1,4 @@
-"""Pluggable split assignment strategies (DESIGN 1.6).
+"""Pluggable split assignment strategies (protocol rule 1.6).
 
 A strategy is stateless and deterministic: given the splits to place and what
 each candidate reader owns now, it says which reader gets which split. It

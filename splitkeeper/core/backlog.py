@@ -1,4 +1,4 @@
-"""Backlog tracking (DESIGN 4; FLIP-309 ``ProcessingBacklog``, the Fluss backlog proposal).
+"""Backlog tracking (protocol section 4; FLIP-309 ``ProcessingBacklog``, the Fluss backlog proposal).
 
 At start or reset the enumerator records, per split, the backlog boundary:
 the split's end offset at that moment. Splits carry it as ``backlog_end``.
@@ -48,7 +48,7 @@ class BacklogConfig:
 
 
 def is_backlog_tracked(split: Split) -> bool:
-    """Only unbounded splits with a recorded boundary are tracked (DESIGN 4)."""
+    """Only unbounded splits with a recorded boundary are tracked (protocol section 4)."""
     return split.backlog_end is not None and split.end is None
 
 

@@ -1,4 +1,4 @@
-"""Regional checkpoints (FLIP-600, DESIGN section 2): coordinator, store, ref chains, retention.
+"""Regional checkpoints (FLIP-600, protocol section 2): coordinator, store, ref chains, retention.
 
 One checkpoint at a time goes through three steps, all driven by the runtime
 (the driver process of the epoch job), never by the readers themselves:
@@ -12,7 +12,7 @@ One checkpoint at a time goes through three steps, all driven by the runtime
    GLOBAL, REGIONAL or ABORTED :class:`CheckpointResult` and adds the
    completed checkpoint to the :class:`CheckpointStore`.
 
-Rules (seed 003 is the authority where DESIGN is short):
+Rules (``docs/protocol.md`` section 2 states them with the worked examples):
 
 - A failed region contributes its *last good state*: the state it has in the
   latest completed checkpoint, or, after a restore, the state the restore
@@ -23,11 +23,11 @@ Rules (seed 003 is the authority where DESIGN is short):
   failure is ABORTED (not a job failure) and the counter resets to 0.
 - The counter resets, but the ref chain a failed region would extend does
   not: a region whose state already sits ``max_consecutive_failures`` ref
-  hops deep may not fall back again (Roman's rule in seed 003); a checkpoint
-  where it fails is ABORTED. This is what keeps DESIGN 6's bound
+  hops deep may not fall back again (Roman's rule, protocol rule 2.2); a checkpoint
+  where it fails is ABORTED. This is what keeps protocol rule 6.6's bound
   (``RegionState.ref_depth <= max_consecutive_failures``) true after tier 2.
-- A bounded job's final checkpoint is forced global (DESIGN 2.6); a pipeline
-  whose regions are not independent checkpoints globally only (DESIGN 2.9).
+- A bounded job's final checkpoint is forced global (protocol rule 2.6); a pipeline
+  whose regions are not independent checkpoints globally only (protocol rule 2.9).
 
 No engine imports: this module is part of the protocol core.
 """
@@ -61,7 +61,7 @@ EnumeratorSnapshotFn = Callable[[Mapping[int, Collection[str]]], EnumeratorSnaps
 
 Gets ``{failed region: split ids in the state that region falls back to}``
 (empty for a global checkpoint) so the enumerator can correct its view for
-the mixed state (DESIGN 2.4). Typically
+the mixed state (protocol rule 2.4). Typically
 ``lambda fallback: enumerator.snapshot(pending.checkpoint_id, fallback=fallback)``.
 """
 
@@ -80,7 +80,7 @@ def _regions_text(regions: Iterable[int]) -> str:
 
 @dataclass(frozen=True, slots=True)
 class CheckpointConfig:
-    """Regional checkpoint settings, validated on construction (DESIGN 2.2, 2.3, 2.9).
+    """Regional checkpoint settings, validated on construction (protocol rules 2.2, 2.3, 2.9).
 
     ``max_consecutive_failures``: regional checkpoints allowed in a row before
     one is forced global; also the deepest a ref chain may grow. 0 means
@@ -130,7 +130,7 @@ class CheckpointMode(enum.Enum):
 
 
 class CheckpointStore:
-    """Completed checkpoints by id, with ref chains and chain-safe retention (DESIGN 2.1, 2.7).
+    """Completed checkpoints by id, with ref chains and chain-safe retention (protocol rules 2.1, 2.7).
 
     This is the in-memory implementation of the contract. A persistent store
     subclasses it and overrides the four storage primitives (:meth:`ids`,
@@ -247,7 +247,7 @@ class CheckpointStore:
     def chain_depth(self, checkpoint_id: int) -> int:
         """How many ref hops the deepest region state of this checkpoint takes; 0 for a global one.
 
-        This is the quantity DESIGN 6 bounds by ``max_consecutive_failures``.
+        This is the quantity protocol rule 6.6 bounds by ``max_consecutive_failures``.
         """
         return max((s.ref_depth for s in self.get(checkpoint_id).regions.values()), default=0)
 
@@ -426,7 +426,7 @@ class CheckpointResult:
     """What :meth:`RegionalCheckpointCoordinator.complete` (or ``abort``) decided.
 
     Side effects (sink commits, external offset commits) are allowed for the
-    regions in ``notify_complete`` only (DESIGN 2.5); ``notify_partially_completed``
+    regions in ``notify_complete`` only (protocol rule 2.5); ``notify_partially_completed``
     are the failed regions of a regional checkpoint (their state was taken
     from an earlier checkpoint); ``notify_aborted`` lists every region when
     the checkpoint was aborted. ``completed`` is None when aborted.
@@ -448,7 +448,7 @@ class CheckpointResult:
 
     @property
     def may_finish_job(self) -> bool:
-        """A bounded job may finish only after its final checkpoint completed globally (DESIGN 2.6)."""
+        """A bounded job may finish only after its final checkpoint completed globally (protocol rule 2.6)."""
         return self.final and self.kind is CheckpointKind.GLOBAL
 
 
@@ -491,7 +491,7 @@ class _LastGood:
 
 
 class RegionalCheckpointCoordinator:
-    """Decides global / regional / aborted for each checkpoint of one job (DESIGN section 2).
+    """Decides global / regional / aborted for each checkpoint of one job (protocol section 2).
 
     Lives in the driver; one instance per running job, not thread-safe (the
     runtime drives it from one thread). Regions are ``0..parallelism-1``, one
@@ -641,7 +641,7 @@ class RegionalCheckpointCoordinator:
             )
 
     def expire(self, pending: PendingCheckpoint, now: float) -> tuple[int, ...]:
-        """Mark every region still silent at ``now`` >= the deadline as TIMEOUT (DESIGN 2.3).
+        """Mark every region still silent at ``now`` >= the deadline as TIMEOUT (protocol rule 2.3).
 
         Returns the regions marked (empty before the deadline). May be called
         any number of times while the checkpoint is pending.
@@ -707,7 +707,7 @@ class RegionalCheckpointCoordinator:
                 pending, f"checkpoint {pending.checkpoint_id} aborted: {refusal}. Failed: {failures}"
             )
         # A split an acknowledging region now owns (the enumerator moved it there after a partial
-        # failover) is dropped from a failed region's fallback: that claim is stale (DESIGN 1.3).
+        # failover) is dropped from a failed region's fallback: that claim is stale (protocol rule 1.3).
         acked_split_ids = {split.split_id for s in pending.acked_states.values() for split in s.splits}
         fallback: dict[int, RegionState] = {}
         superseded: dict[int, tuple[str, ...]] = {}
@@ -867,7 +867,7 @@ class RegionalCheckpointCoordinator:
         regional counter comes from the checkpoint's metadata. Until the
         first checkpoint after this restore completes, each region falls
         back to the state this restore gave it, with ``ref_checkpoint_id`` =
-        the restored checkpoint's id (seed 003: the redistributed assignment
+        the restored checkpoint's id (protocol rule 2.8: the redistributed assignment
         is retained until the first checkpoint at the new parallelism).
         ``consecutive_regional`` overrides the counter: the runtime passes the
         live value when it restores right after an aborted checkpoint, so the

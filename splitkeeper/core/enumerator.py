@@ -1,4 +1,4 @@
-"""The split enumerator: the single source of truth for who owns which split (DESIGN 1).
+"""The split enumerator: the single source of truth for who owns which split (protocol section 1).
 
 Three pieces:
 
@@ -124,7 +124,7 @@ class RecordingEnumeratorContext(SplitEnumeratorContext):
     The assignment tracker mirrors Flink's ``SplitAssignmentTracker``:
     ``on_checkpoint(id)`` closes the current batch of assignments under that
     id, ``on_checkpoint_complete(id)`` forgets batches up to it (except those
-    of readers whose region fell back, DESIGN 2.4), and
+    of readers whose region fell back, protocol rule 2.4), and
     :meth:`splits_assigned_since_last_checkpoint` is what the framework passes
     to ``add_splits_back`` when a reader fails.
     """
@@ -257,7 +257,7 @@ class RecordingEnumeratorContext(SplitEnumeratorContext):
         ``failed_readers`` are readers whose region did not acknowledge (a
         regional checkpoint): their state in this checkpoint is an older one
         that lacks these splits, so their entries are kept until a checkpoint
-        they acknowledge completes (DESIGN 2.4). An aborted checkpoint is
+        they acknowledge completes (protocol rule 2.4). An aborted checkpoint is
         simply never completed.
         """
         failed = set(failed_readers)
@@ -459,7 +459,7 @@ class SplitEnumerator:
 
     @property
     def processing_backlog(self) -> bool:
-        """True while any tracked split has not caught up with its backlog boundary (DESIGN 4)."""
+        """True while any tracked split has not caught up with its backlog boundary (protocol section 4)."""
         return self._backlog.processing_backlog
 
     def split(self, split_id: str) -> Split | None:
@@ -534,7 +534,7 @@ class SplitEnumerator:
     # -- lifecycle ------------------------------------------------------------------------------
 
     def restore(self, snapshot: EnumeratorSnapshot) -> None:
-        """Restore from a checkpoint: a **global restore** (DESIGN 1.3).
+        """Restore from a checkpoint: a **global restore** (protocol rule 1.3).
 
         Called at most once, before :meth:`start`. The pool, finished splits
         and backlog state come from the snapshot. Ownership is rebuilt from
@@ -701,12 +701,12 @@ class SplitEnumerator:
         return dropped
 
     def add_reader(self, reader_id: int) -> None:
-        """A reader registered in the context; classify what it reported (DESIGN 1.2-1.5).
+        """A reader registered in the context; classify what it reported (protocol rules 1.2-1.5).
 
         Called once per registration, after ``context.register_reader``.
         Before the first assignment round every report belongs to a **global
         restore**: with ``reassign_on_recovery`` the splits are pooled and kept
-        in the enumerator's own state (seed scenario 1:
+        in the enumerator's own state (protocol rule 1.4, scenario 1:
         REDISTRIBUTED_GLOBAL_RESTORE) and redistributed when the last expected
         reader registered; legacy readers keep them (KEPT_LEGACY). Afterwards
         a registration is a **partial failover**: a reported split already
@@ -816,10 +816,11 @@ class SplitEnumerator:
     def split_finished(self, reader_id: int, split_id: str) -> bool:
         """A bounded split reached its end; it is never assigned again. True the first time.
 
-        Called by the runtime once the acknowledged state of ``reader_id``
-        shows the split at its end (i.e. after the checkpoint covering the
-        last records completed), so a failover cannot need its tail again.
-        Repeated calls return False; a split owned by another reader (or not
+        Called by the driver when ``reader_id``'s region acknowledged the epoch that read
+        the split to its end, after every acknowledged position was applied and before the
+        checkpoint is completed (protocol rule 1.7); if that checkpoint aborts, the driver
+        restores a new enumerator from the latest completed one, so the finish is undone
+        with it. Repeated calls return False; a split owned by another reader (or not
         owned) is a ProtocolError.
         """
         self._require_started("split_finished")
@@ -843,8 +844,10 @@ class SplitEnumerator:
     def update_positions(self, splits: Iterable[Split]) -> int:
         """Record positions from acknowledged reader states; returns how many splits were known.
 
-        Called by the runtime when a checkpoint completes, for the regions
-        that acknowledged it. Unknown or finished ids are ignored.
+        Called by the driver with every acknowledged region's new positions, in one batch,
+        before the finished splits and before the checkpoint is completed (protocol rule
+        1.7; an aborted checkpoint discards this enumerator). Unknown or finished ids are
+        ignored.
         """
         registry, pool = self._splits, self._pool
         updated = 0
@@ -862,7 +865,7 @@ class SplitEnumerator:
         return updated
 
     def reset_backlog(self, end_offsets: Mapping[str, int]) -> None:
-        """Record new backlog boundaries (the end offsets now) for known unbounded splits (DESIGN 4).
+        """Record new backlog boundaries (the end offsets now) for known unbounded splits (rule 4.1).
 
         The splits carry the new ``backlog_end`` from now on, also those a reader owns: the
         owner gets it through ``context.update_splits`` and reports "backlog finished" when
@@ -926,7 +929,7 @@ class SplitEnumerator:
         Called once per checkpoint, with strictly increasing ids. Refused
         (ProtocolError) while a restore still waits for reader reports.
         ``fallback`` maps each failed region/reader to the split ids in the
-        older state it contributes to this checkpoint (DESIGN 2.4): splits the
+        older state it contributes to this checkpoint (protocol rule 2.4): splits the
         enumerator assigned to it after that state are not in it, so in this
         snapshot they are pooled (RETURNED_REGION_FALLBACK). The live
         ownership does not change: the reader keeps reading them.

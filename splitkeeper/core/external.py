@@ -1,4 +1,4 @@
-"""Externally checkpointed sources (DESIGN 3; the Pravega FLIP-27 discussion, FLINK-22133).
+"""Externally checkpointed sources (protocol section 3; the Pravega FLIP-27 discussion, FLINK-22133).
 
 A source may keep its own position (Kafka consumer-group offsets, a Pravega
 reader group). Two rules, decided here:
@@ -105,7 +105,7 @@ def positions_to_commit(
     have acknowledged this very checkpoint (outcome ACK, no
     ``ref_checkpoint_id``), else ProtocolError: committing a fallback state
     would tag old positions with a new checkpoint id. Regions not listed
-    contribute nothing (DESIGN 2.5).
+    contribute nothing (protocol rule 2.5).
     """
     if isinstance(completed_checkpoint_regions, CompletedCheckpoint):
         regions: Mapping[int, RegionState] = completed_checkpoint_regions.regions

@@ -1,4 +1,4 @@
-"""The DESIGN section 6 invariants, as pure functions: the one place each rule is decided.
+"""The protocol section 6 invariants, as pure functions: the one place each rule is decided.
 
 The simulator, the Spark runtime, ``splitkeeper validate`` and the Great
 Expectations suites all call these; none of them re-implements a rule. Every
@@ -80,7 +80,7 @@ def _owners_view(
 
 
 # ---------------------------------------------------------------------------------------------
-# Ownership (DESIGN 1.1, 6)
+# Ownership (protocol rules 1.1, 6.1)
 
 
 def check_ownership(
@@ -165,7 +165,7 @@ def check_subscriptions(
 
 
 # ---------------------------------------------------------------------------------------------
-# Balance (DESIGN 1.6, 6)
+# Balance (protocol rules 1.6, 6.5)
 
 
 def count_spread(loads: Mapping[int, int]) -> int:
@@ -260,7 +260,7 @@ def check_balance(
 
 
 # ---------------------------------------------------------------------------------------------
-# Regional checkpoint ref chains (DESIGN 2.2, 2.7, 6)
+# Regional checkpoint ref chains (protocol rules 2.2, 2.7, 6.6)
 
 
 def ref_chain_depths(refs: Mapping[int, Collection[int]]) -> dict[int, int]:
@@ -286,7 +286,7 @@ def check_ref_chains(
 
     ``depths`` maps each checkpoint id to its depth as the checkpoint store defines it
     (``CheckpointStore.chain_depth``: the deepest ``RegionState.ref_depth``, i.e. how many
-    times one region's state was fallen back to in a row). That is the DESIGN 6 bound and
+    times one region's state was fallen back to in a row). That is protocol rule 6.6's bound and
     what callers holding the checkpoints should pass. Without it the whole-checkpoint chain
     length (:func:`ref_chain_depths`) is bounded instead, which over-counts after an aborted
     forced global (a later regional checkpoint may refer to an older regional one through
@@ -328,7 +328,7 @@ def check_ref_chains(
 
 
 # ---------------------------------------------------------------------------------------------
-# Sink offsets (DESIGN 5, 6)
+# Sink offsets (protocol rule 6.4)
 
 
 def _spans_text(spans: list[tuple[int, int]]) -> str:

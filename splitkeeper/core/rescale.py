@@ -1,6 +1,6 @@
 """Operator-state and split redistribution when a job restores at a new parallelism.
 
-Flink's list-style operator state comes in two recovery semantics (seed 003,
+Flink's list-style operator state comes in two recovery semantics (protocol rule 2.8,
 FLIP-600 rescaling section):
 
 - **even-split**: the whole state is the concatenation of every subtask's
@@ -12,11 +12,11 @@ A regional checkpoint stores *pre-merged* region states (a failed region's
 list is the one it falls back to), so redistribution runs once per restore,
 over the states exactly as the completed checkpoint holds them. Mixing
 elements from two checkpoints in one subtask is safe because regions are
-independent (seed 003, Gen's argument).
+independent (protocol rule 2.8, Gen's argument).
 
 Splits are reader state too, but a split is owned exactly once: they are
 always redistributed even-split, whatever the operator state's semantics,
-and the enumerator then reassigns them (DESIGN 1.2, deferred assignment) or
+and the enumerator then reassigns them (protocol rule 1.2, deferred assignment) or
 leaves them where they landed (legacy). Pure functions, no engine imports.
 """
 
@@ -154,7 +154,7 @@ def restore_regions(
 def reported_splits(restored: Sequence[RestoredRegion]) -> list[ReaderInfo]:
     """The ``ReaderInfo`` each new reader registers with: its restored splits as ``reported_splits``.
 
-    Hand these to the enumerator of a *global restore* (DESIGN 1.3): it
+    Hand these to the enumerator of a *global restore* (protocol rule 1.3): it
     redistributes them with its assignment strategy (deferred assignment) or
     lets each reader keep them (legacy).
     """

@@ -44,7 +44,7 @@ class SplitSource(abc.ABC):
         Called by :meth:`SplitEnumerator.start` and on every periodic
         discovery; may be called any number of times. Returning splits the
         enumerator already knows is expected (it ignores them). Splits carry
-        ``backlog_end`` when the source tracks backlog (DESIGN 4).
+        ``backlog_end`` when the source tracks backlog (protocol section 4).
         """
 
     @abc.abstractmethod
@@ -52,7 +52,7 @@ class SplitSource(abc.ABC):
         """What the pipeline is configured to read (topics, file roots).
 
         Splits whose ``subscription`` is not in this set are dropped by the
-        enumerator, on discovery and on restart (DESIGN 1.5).
+        enumerator, on discovery and on restart (protocol rule 1.5).
         """
 
 
@@ -64,7 +64,7 @@ class SupportsSplitReassignmentOnRecovery:
     (``ReaderInfo.reported_splits``) but reads nothing until the enumerator
     assigns, and while it is pending its snapshot does not overwrite its last
     good state. The enumerator becomes the single owner of split placement and
-    may redistribute on a global restore (DESIGN 1.2-1.3). Without it, readers
+    may redistribute on a global restore (protocol rules 1.2-1.3). Without it, readers
     keep their restored splits (legacy behaviour).
     """
 
@@ -84,7 +84,7 @@ class ExternalPosition:
 
 
 class ExternallyCheckpointedSource(abc.ABC):
-    """Mix-in for sources that also keep their own position (DESIGN 3).
+    """Mix-in for sources that also keep their own position (protocol section 3).
 
     Kafka consumer-group offsets and Pravega reader groups are examples. The
     checkpoint's own positions remain the truth; the external copy is a
@@ -229,7 +229,7 @@ class SourceConnector(SplitSource):
         """True when every split is bounded, so a run can finish once all known splits are finished.
 
         New splits may still appear at later discoveries (files dropped later);
-        a bounded run finishes only on a global checkpoint (DESIGN 2.6).
+        a bounded run finishes only on a global checkpoint (protocol rule 2.6).
         """
 
     @abc.abstractmethod

@@ -20,7 +20,7 @@ class Split:
     ``position`` is the next offset to read (a Kafka offset, a record index in
     a file). ``end`` is the exclusive end of a bounded split, ``None`` for an
     unbounded one. ``backlog_end`` is the backlog boundary recorded by the
-    enumerator at start/reset (DESIGN 4); ``None`` means the split is not
+    enumerator at start/reset (protocol section 4); ``None`` means the split is not
     tracked for backlog (snapshot-only or bounded splits). ``subscription``
     names what the split belongs to (a topic, a file root); splits whose
     subscription is removed are dropped on restart.
@@ -162,7 +162,7 @@ class Assignment:
 
 @dataclass(frozen=True, slots=True)
 class BacklogSnapshot:
-    """Persisted backlog tracking (DESIGN 4): boundaries per split and which are done."""
+    """Persisted backlog tracking (protocol section 4): boundaries per split and which are done."""
 
     boundaries: dict[str, int] = field(default_factory=dict)
     finished: frozenset[str] = frozenset()
@@ -199,7 +199,7 @@ class RegionState:
     on rescale). ``ref_depth`` is how many ref hops lead from this state to the
     checkpoint(s) that acknowledged its elements: 0 when acknowledged here,
     1 + the depth of the state fallen back to otherwise (a state redistributed
-    on restore carries the deepest of the regions it was built from). DESIGN 6
+    on restore carries the deepest of the regions it was built from). Protocol rule 6.6
     bounds it by ``max_consecutive_failures``.
     """
 

@@ -79,6 +79,11 @@ def report(path: str | None = None, title: str | None = None) -> str:
     return str(services.report(_config(path), title))
 
 
+def maintain(path: str | None = None, history_hours: float | None = None) -> dict[str, Any]:
+    """Compaction and VACUUM of the state tables and the sink (holds the pipeline's lease)."""
+    return services.maintain(_config(path), history_hours=history_hours).to_dict()
+
+
 def next_epoch(path: str | None = None) -> int:
     """The id the next epoch of this pipeline will get (for fault injection in demos)."""
     return services.status(_config(path)).next_epoch

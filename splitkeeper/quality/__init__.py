@@ -1,6 +1,6 @@
 """Data-quality checks of a pipeline's state and sink (Great Expectations).
 
-:func:`run_restart_checks` runs the DESIGN section 6 suites of ``expectations/`` on a
+:func:`run_restart_checks` runs the protocol section 6 suites of ``expectations/`` on a
 checkpoint and its sink; :func:`raise_on_failure` turns a failed report into
 :class:`~splitkeeper.errors.InvariantViolation`. Importing this package imports
 neither Spark nor Great Expectations; running the checks does.

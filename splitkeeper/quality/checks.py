@@ -1,4 +1,4 @@
-"""The restart checks: DESIGN section 6 as Great Expectations suites on the Delta state and the sink.
+"""The restart checks: protocol section 6 as Great Expectations suites on the Delta state and the sink.
 
 Who calls it: the Airflow validate task and ``splitkeeper validate``, on the driver,
 after a pipeline (re)started or ran epochs: :func:`run_restart_checks` then
@@ -925,7 +925,7 @@ def run_restart_checks(
     source_splits: Iterable[Split] | None = None,
     expectations: str | os.PathLike[str] | None = None,
 ) -> CheckReport:
-    """Run every DESIGN 6 suite on checkpoint ``checkpoint_id`` (default: the latest) and its sink.
+    """Run every protocol section 6 suite on checkpoint ``checkpoint_id`` (default: the latest) and its sink.
 
     ``strategy`` is the pipeline's assignment strategy (a registry name, or the instance
     with its weights); the balance suite is SKIPPED for an unbalanced one (legacy-hash),
@@ -988,8 +988,9 @@ def run_restart_checks(
                         dataset=spec.dataset,
                         rows=len(frames.loads),
                         notes=(
-                            f"strategy {chosen.name} is not balanced (DESIGN 1.6: kept to show its skew): "
-                            f"per-reader load is not checked; loads {dict(sorted(frames.loads.items()))}",
+                            f"strategy {chosen.name} is not balanced (protocol rule 1.6: kept to show its "
+                            f"skew): per-reader load is not checked; loads "
+                            f"{dict(sorted(frames.loads.items()))}",
                         ),
                     )
                 )

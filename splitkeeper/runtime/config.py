@@ -4,7 +4,7 @@
 and returns an immutable :class:`PipelineConfig`; :func:`config_from_mapping`
 does the same for an already-parsed mapping (Airflow ``dag_run.conf``, tests).
 Everything is validated here, at the boundary, before any Spark job starts
-(DESIGN 2.9: a configuration that cannot be honoured is rejected at
+(protocol rule 2.9: a configuration that cannot be honoured is rejected at
 submission). Each mistake raises :class:`~splitkeeper.errors.ConfigError`
 whose message names the dotted key, the value and what is allowed; unknown
 keys are mistakes too and the message suggests the closest known key.
@@ -30,6 +30,8 @@ Shape of a file (YAML)::
     rescale: {operator_state: even-split}   # or union (protocol rule 2.8)
     weighted: {capacities: {0: 4}, rebalance_threshold: 1.25}   # strategy: weighted only
     notifications: {on_failure: mypkg.alerts:page_oncall}   # called by a failed Airflow task
+    lease: {ttl_s: 60}   # one writer per pipeline; a dead writer's lease is taken over after this
+    maintenance: {history_hours: 168}   # splitkeeper maintain: VACUUM keeps a week of history
     state: {path: ./state}
     sink: {path: ./sink}
     staging: {path: ./state/_staging}   # default <state>/_staging
@@ -59,7 +61,7 @@ from splitkeeper.core.rescale import Redistribution
 from splitkeeper.errors import ConfigError, InvalidParameterError
 from splitkeeper.runtime.transforms import resolve_callable, resolve_transform
 
-#: The assignment strategies of the protocol core (DESIGN 1.6), by config name.
+#: The assignment strategies of the protocol core (protocol rule 1.6), by config name.
 STRATEGY_NAMES: tuple[str, ...] = tuple(sorted(STRATEGIES))
 
 IDENTITY_TRANSFORM = "splitkeeper.runtime.transforms:identity"
@@ -88,7 +90,7 @@ class FileFormat(enum.Enum):
 
 
 class RegionMode(enum.Enum):
-    """Whether readers form independent regions (DESIGN 2.9).
+    """Whether readers form independent regions (protocol rule 2.9).
 
     ``PER_READER``: each reader and what follows it without a shuffle is a
     region; regional checkpoints are allowed. ``GLOBAL``: readers are not
@@ -211,7 +213,7 @@ class CheckpointSettings(CheckpointConfig):
     It *is* a core ``CheckpointConfig`` (the core validates the shared fields
     and the coordinator takes it as is); ``regions_independent`` comes from the
     top-level ``regions`` key. ``retain_checkpoints``: completed checkpoints kept
-    besides those a later checkpoint still references (DESIGN 2.7).
+    besides those a later checkpoint still references (protocol rule 2.7).
     """
 
     retain_checkpoints: int = 3
@@ -242,6 +244,8 @@ class PipelineConfig:
     capacities: tuple[tuple[int, float], ...] = ()  # weighted.capacities: reader -> capacity
     rebalance_threshold: float = 1.25  # weighted.rebalance_threshold
     on_failure: str | None = None  # notifications.on_failure: 'module:function' an Airflow task calls
+    lease_ttl_s: float = 60.0  # lease.ttl_s: a writer that stops heartbeating loses the lease after this
+    history_hours: float = 168.0  # maintenance.history_hours: how far back time travel reaches after VACUUM
     origin: str = ""  # the file it was loaded from (for messages), "" if built from a mapping
 
     @property
@@ -349,6 +353,20 @@ def config_from_mapping(
         "operator_state", OperatorState, OperatorState.EVEN_SPLIT
     )
     capacities, rebalance_threshold = _weighted(top.section("weighted", _WEIGHTED_KEYS), strategy)
+    lease_ttl_s = top.section("lease", _LEASE_KEYS).seconds("ttl_s") or 60.0
+    maintenance = top.section("maintenance", _MAINTENANCE_KEYS)
+    history_hours = maintenance.raw("history_hours", default=168.0)
+    if (
+        isinstance(history_hours, bool)
+        or not isinstance(history_hours, int | float)
+        or not history_hours >= 0
+    ):
+        raise maintenance.invalid(
+            "history_hours",
+            history_hours,
+            "hours >= 0: VACUUM keeps the files removed less than this long ago (time travel reaches back "
+            "that far)",
+        )
     notifications = top.section("notifications", _NOTIFICATION_KEYS)
     on_failure = notifications.string("on_failure", default=None, allowed="'module:function'")
     if on_failure is not None:
@@ -398,6 +416,8 @@ def config_from_mapping(
         capacities=capacities,
         rebalance_threshold=rebalance_threshold,
         on_failure=on_failure,
+        lease_ttl_s=lease_ttl_s,
+        history_hours=float(history_hours),
         origin=origin,
     )
 
@@ -417,8 +437,12 @@ _TOP_KEYS = (
     "rescale",
     "weighted",
     "notifications",
+    "lease",
+    "maintenance",
 )
 _NOTIFICATION_KEYS = ("on_failure",)
+_LEASE_KEYS = ("ttl_s",)
+_MAINTENANCE_KEYS = ("history_hours",)
 _RESCALE_KEYS = ("operator_state",)
 _WEIGHTED_KEYS = ("capacities", "rebalance_threshold")
 

@@ -18,6 +18,7 @@ supplies what it runs on:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -51,6 +52,7 @@ from splitkeeper.runtime.sources import build_source
 from splitkeeper.runtime.staging import FaultKind, RegionResult, run_region_task
 from splitkeeper.runtime.transforms import Transform, resolve_transform
 from splitkeeper.state.checkpoints import DeltaStateStore
+from splitkeeper.state.lease import HeldLease, PipelineLease, held
 
 __all__ = [
     "EpochReport",
@@ -106,6 +108,12 @@ class RuntimeHooks(DriverHooks):
     def __init__(self, progress: Callable[[str], None] | None = None) -> None:
         crash_request()  # a misspelt SPLITKEEPER_CRASH_AT fails here, before anything is written
         self._progress = progress or (lambda line: None)
+        self.lease: HeldLease | None = None  # set while the pipeline holds its lease
+
+    def before_epoch(self, epoch: int) -> None:
+        """A run whose lease was taken over (it had expired) stops before it writes anything more."""
+        if self.lease is not None:
+            self.lease.check()
 
     def crash_point(self, point: CrashPoint, epoch: int) -> None:
         crash_if_requested(point, epoch)
@@ -216,8 +224,14 @@ class Pipeline:
         progress: Callable[[str], None] | None = None,
         connector: SourceConnector | None = None,
         read_only: bool = False,
+        lease: bool | HeldLease = True,
     ) -> None:
         hooks = RuntimeHooks(progress)
+        self.hooks = hooks
+        if isinstance(lease, HeldLease):  # the caller took it (the application services do, before Spark)
+            hooks.lease = lease
+        self._use_lease = lease is True and not read_only
+        self._held = contextlib.ExitStack()
         self.config = config
         self.spark = spark
         self.faults = faults or FaultPlan()
@@ -274,7 +288,16 @@ class Pipeline:
     def open(
         self, checkpoint_id: int | None = None, parallelism: int | None = None, *, read_only: bool = False
     ) -> OpenReport:
-        """Recover and restore; start fresh when there is no checkpoint. Call once, before run."""
+        """Take the pipeline's lease, recover and restore (fresh when there is no checkpoint). Call once.
+
+        One writer per pipeline (protocol rule 5.6): a run that finds the lease held by a live
+        run stops here with :class:`~splitkeeper.state.lease.LeaseHeldError` naming the holder,
+        before it writes anything; a lease whose holder stopped heartbeating for
+        ``lease.ttl_s`` is taken over. A read-only open takes no lease.
+        """
+        if self._use_lease and not read_only and self.hooks.lease is None:
+            lease = PipelineLease(self.store.tables, self.config.name)
+            self.hooks.lease = self._held.enter_context(held(lease, ttl_s=self.config.lease_ttl_s))
         return self.driver.open(checkpoint_id, parallelism, read_only=read_only)
 
     def run_epoch(self, *, final: bool = False) -> EpochReport:
@@ -284,7 +307,12 @@ class Pipeline:
         return self.driver.run(epochs, until_caught_up=until_caught_up)
 
     def close(self) -> None:
-        self.connector.close()
+        """Release the lease (heartbeats stop) and the source's clients. Idempotent."""
+        try:
+            self._held.close()
+        finally:
+            self.hooks.lease = None
+            self.connector.close()
 
 
 def run_pipeline(

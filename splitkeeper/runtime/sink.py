@@ -316,7 +316,7 @@ class DeltaSink(EpochSink):
                     "outputs",
                     f"region {run.region_id} ({run.outcome.value})",
                     "acknowledged regions' outputs only",
-                    hint="only acknowledged regions' output may be committed (DESIGN 2.5)",
+                    hint="only acknowledged regions' output may be committed (protocol rule 2.5)",
                 )
             if not run.output:
                 continue
@@ -416,6 +416,47 @@ class DeltaSink(EpochSink):
 
     # -- staging ------------------------------------------------------------------------------
 
+    # -- maintenance --------------------------------------------------------------------
+
+    def compact(self) -> int:
+        """Bin-pack the sink's small files (one per region and epoch) into larger ones; files rewritten.
+
+        The records stay as they are (same rows, new files); the old files stay on disk until
+        :meth:`vacuum` removes them, so readers of older versions keep working until then.
+        """
+        table = self._writable_table("compact the sink")
+        metrics: dict[str, Any] = guarded(self.path, table.optimize.compact)
+        return int(metrics.get("numFilesRemoved") or 0)
+
+    def vacuum(self, history_hours: float, *, dry_run: bool = False) -> list[str]:
+        """Delete the files commits removed more than ``history_hours`` ago (delta-rs's lite vacuum).
+
+        Only files the log tombstoned: never a file of the current version, and never an
+        untracked one (a staged file moved in by a commit that did not land yet). ``dry_run``
+        lists them and deletes nothing.
+        """
+        if history_hours < 0:
+            raise InvalidParameterError("history_hours", history_hours, "hours >= 0")
+        table = self._get() if dry_run else self._writable_table("vacuum the sink")
+        if table is None:
+            return []
+        files = guarded(
+            self.path,
+            lambda: table.vacuum(
+                retention_hours=int(history_hours), dry_run=dry_run, enforce_retention_duration=False
+            ),
+        )
+        if not dry_run:
+            guarded(self.path, table.cleanup_metadata)
+        return sorted(files)
+
+    def _writable_table(self, what: str) -> DeltaTable:
+        if self.read_only:
+            raise StateError(f"the sink at {self.path} is open read-only; cannot {what}", path=self.path)
+        table = self._get()
+        assert table is not None  # a writable sink created its table
+        return table
+
     def discard(self, epoch: int) -> None:
         """Drop what regions staged for ``epoch`` (idempotent, best effort)."""
         if self.staging_path is None or self.read_only:
@@ -482,7 +523,7 @@ class DeltaSink(EpochSink):
             yield row["split_id"], int(row["offset"]), int(row["next_offset"])
 
     def check_exactly_once(self, expected: Mapping[str, tuple[int, int]]) -> list[Violation]:
-        """Check DESIGN 6 on the sink: per split, records cover ``[start, end)`` exactly once.
+        """Check protocol section 6 on the sink: per split, records cover ``[start, end)`` exactly once.
 
         ``expected`` maps every split id to ``(start, end)``. The rule is the core's
         (:func:`splitkeeper.core.invariants.check_sink_ranges`); this streams it the sink's

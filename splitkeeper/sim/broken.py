@@ -25,7 +25,7 @@ from splitkeeper.sim.sink import Run, SimulatedSink
 
 
 class LeakySink(SimulatedSink):
-    """Commits every region's staged records, failed regions' included (breaks DESIGN 2.5).
+    """Commits every region's staged records, failed regions' included (breaks protocol rule 2.5).
 
     A failed region falls back and re-reads what it staged, so its records
     reach the sink twice (``offset_duplicate``) or ahead of the checkpoint
@@ -49,7 +49,7 @@ class NonIdempotentSink(SimulatedSink):
 
 
 class SplitDroppingEnumerator(SplitEnumerator):
-    """Loses one split each time splits are added back after a reader failure (breaks DESIGN 1.3).
+    """Loses one split each time splits are added back after a reader failure (breaks protocol rule 1.3).
 
     The last split handed to ``add_splits_back`` is forgotten instead of
     pooled: no reader owns it, the pool does not hold it, and its records stop.

@@ -1,4 +1,4 @@
-"""``splitkeeper simulate``: run the seeded fault simulator and check the DESIGN 6 invariants.
+"""``splitkeeper simulate``: run the seeded fault simulator and check the protocol section 6 invariants.
 
 Exit codes: 0 when every invariant held after every step, 1 when one broke
 (the shortest event sequence that still breaks it is printed), 2 for bad input

@@ -144,7 +144,7 @@ class CheckpointDuringRestore:
     ``registered_first`` readers (modulo the parallelism, so always fewer than
     all) register, then a checkpoint is triggered and every region
     acknowledges with its restored state; the enumerator must refuse to
-    snapshot (seed scenario 2). Then the remaining readers register.
+    snapshot (protocol rule 1.4, scenario 2). Then the remaining readers register.
     """
 
     registered_first: int

@@ -107,10 +107,10 @@ CHECKPOINT_INTERVAL_S = 1000.0
 
 
 class SimCheck(enum.Enum):
-    """Rules the simulator checks beyond DESIGN 6 (those are :class:`ViolationKind`)."""
+    """Rules the simulator checks beyond protocol section 6 (those are :class:`ViolationKind`)."""
 
     PROTOCOL_ERROR = "protocol_error"  # the core raised on a legal event sequence
-    CHECKPOINT_DURING_RESTORE = "checkpoint_during_restore"  # seed scenario 2: must be refused
+    CHECKPOINT_DURING_RESTORE = "checkpoint_during_restore"  # protocol rule 1.4, scenario 2: must be refused
     READER_VIEW_DIVERGED = "reader_view_diverged"  # a reader reads what the enumerator says it does not own
     OPERATOR_STATE = "operator_state_redistribution"  # a restore lost or invented operator-state elements
 
@@ -1025,7 +1025,7 @@ class Simulator:
             )
 
     def _check(self) -> None:
-        """Every DESIGN 6 rule, on the live job, the readers, the sink and the checkpoint store."""
+        """Every protocol section 6 rule, on the live job, the readers, the sink and the checkpoint store."""
         assert self.enumerator is not None and self.context is not None
         live, finished = self._truth()
         p = self.parallelism

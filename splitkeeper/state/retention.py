@@ -42,7 +42,7 @@ from splitkeeper.state.tables import STATE_TABLES, guarded, spec
 if TYPE_CHECKING:  # pragma: no cover
     from splitkeeper.state.checkpoints import DeltaStateStore
 
-__all__ = ["Compaction", "archived_row", "compact", "delete_checkpoints", "retain", "vacuum"]
+__all__ = ["Compaction", "archived_row", "compact", "delete_checkpoints", "retain", "vacuum", "vacuum_plan"]
 
 log = logging.getLogger(__name__)
 
@@ -175,6 +175,24 @@ def compact(store: DeltaStateStore) -> Compaction:
 
 def _vacuum_lite(table: Any, hours: int) -> list[str]:
     return list(table.vacuum(retention_hours=hours, dry_run=False, enforce_retention_duration=False))
+
+
+def vacuum_plan(store: DeltaStateStore, history_hours: float) -> dict[str, list[str]]:
+    """What :func:`vacuum` would delete now, per table (read-only: nothing is deleted)."""
+    if history_hours < 0:
+        from splitkeeper.errors import InvalidParameterError
+
+        raise InvalidParameterError("history_hours", history_hours, "hours >= 0")
+    planned: dict[str, list[str]] = {}
+    for name in STATE_TABLES:
+        table = store.tables.get(name)
+        if table is None:
+            continue
+        listing = functools.partial(
+            table.vacuum, retention_hours=int(history_hours), dry_run=True, enforce_retention_duration=False
+        )
+        planned[name] = sorted(guarded(table.table_uri, listing))
+    return planned
 
 
 def vacuum(store: DeltaStateStore, history_hours: float) -> dict[str, list[str]]:

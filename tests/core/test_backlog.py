@@ -1,4 +1,4 @@
-"""Backlog tracking (DESIGN 4, seed 004): boundaries, deduplicated reports, persisted done set."""
+"""Backlog tracking (protocol section 4): boundaries, deduplicated reports, persisted done set."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""CheckpointConfig validation and the coordinator's mode (DESIGN 2.2, 2.3, 2.9)."""
+"""CheckpointConfig validation and the coordinator's mode (protocol rules 2.2, 2.3, 2.9)."""
 
 from __future__ import annotations
 

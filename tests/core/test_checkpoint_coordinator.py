@@ -1,4 +1,4 @@
-"""RegionalCheckpointCoordinator: global / regional / aborted decisions (DESIGN 2.1-2.6, 2.9; seed 003)."""
+"""RegionalCheckpointCoordinator: global / regional / aborted decisions (protocol rules 2.1-2.6, 2.8, 2.9)."""
 
 from __future__ import annotations
 
@@ -118,10 +118,10 @@ def test_declined_region_falls_back_to_its_last_good_state_with_ref_and_only_ack
     assert result.completed.failed_regions == (2,)
     assert result.completed.ref_checkpoint_ids == frozenset({100})
     assert result.completed.consecutive_regional == 1
-    # DESIGN 2.5: side effects only for acknowledged regions; the failed one is told "partially completed".
+    # protocol rule 2.5: side effects only for acknowledged regions; the failed one is "partially completed".
     assert result.notify_complete == (0, 1, 3)
     assert result.notify_partially_completed == (2,)
-    # DESIGN 2.4: the enumerator learns which splits the failed region falls back to.
+    # protocol rule 2.4: the enumerator learns which splits the failed region falls back to.
     assert enumerator.calls == [{2: ("t-2",)}]
     assert result.reason == (
         "checkpoint 101 is regional: region 2 fell back (region 2 -> 100); "

@@ -1,7 +1,7 @@
 """Property test: random ack/decline/timeout outcomes, restores, rescales and retention.
 
-Whatever happens, the ref chain stays within max_consecutive_failures (DESIGN
-6), every completed checkpoint has a state for every region, every ref
+Whatever happens, the ref chain stays within max_consecutive_failures (protocol
+rule 6.6), every completed checkpoint has a state for every region, every ref
 resolves in the store, and only acknowledged regions are told to commit.
 """
 

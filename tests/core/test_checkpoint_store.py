@@ -1,4 +1,4 @@
-"""CheckpointStore contract (DESIGN 2.1, 2.7).
+"""CheckpointStore contract (protocol rules 2.1, 2.7).
 
 ``CheckpointStoreContract`` holds the tests every store must pass; a
 persistent (Delta-backed) store's test module subclasses it and overrides

@@ -1,4 +1,4 @@
-"""The DESIGN 6 invariant checks: each rule found when broken, silent when it holds."""
+"""The protocol section 6 invariant checks: each rule found when broken, silent when it holds."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Named scenarios of split ownership and recovery (DESIGN 1, seeds 000/001), with exact outcomes."""
+"""Named scenarios of split ownership and recovery (protocol section 1), with exact outcomes."""
 
 from __future__ import annotations
 
@@ -80,7 +80,7 @@ class FirstSplitPerReader(AssignmentStrategy):
 
 
 # ---------------------------------------------------------------------------------------------
-# Seed scenarios 1 and 2 (seed 000/001, Becket's replies)
+# Seed scenarios 1 and 2 (protocol rule 1.3, Becket's replies)
 
 
 def test_scenario1_reported_but_unassigned_splits_stay_in_the_enumerator_snapshot_pool():
@@ -124,7 +124,7 @@ def test_scenario2_checkpoint_before_all_restore_reports_arrived_is_refused():
 
 
 # ---------------------------------------------------------------------------------------------
-# Stale report and the "A re-reports (1)" sequence (seed 000)
+# Stale report and the "A re-reports (1)" sequence (protocol rule 1.3)
 
 
 def test_stale_report_after_splits_moved_to_b_is_ignored_and_audited():
@@ -184,7 +184,7 @@ def test_a_fails_after_a_checkpoint_and_re_reports_split1_it_is_returned_and_rea
 
 
 # ---------------------------------------------------------------------------------------------
-# The three ways a split reaches the enumerator (DESIGN 1.3)
+# The three ways a split reaches the enumerator (protocol rule 1.3)
 
 
 def test_way1_split_reported_during_global_restore_is_redistributed_by_the_strategy():
@@ -245,7 +245,7 @@ def test_add_splits_back_for_a_registered_reader_is_a_protocol_error():
 
 
 # ---------------------------------------------------------------------------------------------
-# Legacy versus deferred assignment (DESIGN 1.2)
+# Legacy versus deferred assignment (protocol rule 1.2)
 
 
 def test_legacy_readers_keep_their_restored_splits_deferred_ones_get_them_redistributed():
@@ -285,7 +285,7 @@ def test_enumerator_for_discovers_through_the_source_on_start():
 
 
 # ---------------------------------------------------------------------------------------------
-# Hongshun's two-split example (DESIGN 1.6): legacy/naive ends 2 apart, balanced within 1
+# Hongshun's two-split example (protocol rule 1.6): legacy/naive ends 2 apart, balanced within 1
 
 
 def _two_splits_each_then_a_fails(reassign: bool, strategy: str) -> SplitEnumerator:
@@ -320,7 +320,7 @@ def test_hongshun_example_balanced_deferred_ends_within_one_and_moves_only_a_spl
 
 
 # ---------------------------------------------------------------------------------------------
-# Subscriptions and finished splits (DESIGN 1.5)
+# Subscriptions and finished splits (protocol rule 1.5)
 
 
 def test_removed_subscription_splits_are_dropped_on_restart_and_logged():
@@ -400,7 +400,7 @@ def test_reported_split_at_its_end_is_recorded_finished_and_not_reassigned():
 
 
 # ---------------------------------------------------------------------------------------------
-# Regional fallback in the enumerator snapshot (DESIGN 2.4)
+# Regional fallback in the enumerator snapshot (protocol rule 2.4)
 
 
 def test_region_fallback_pools_splits_assigned_after_the_referenced_state_in_the_snapshot_only():

@@ -1,4 +1,4 @@
-"""Externally checkpointed sources (DESIGN 3): commit after completion for acked regions; checkpoint wins."""
+"""Externally checkpointed sources (protocol section 3): commits after completion; the checkpoint wins."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Operator-state redistribution on rescale, and seed 003's P=4 -> 2 -> 1 walk-through (DESIGN 2.8)."""
+"""Operator-state redistribution on rescale, and the P=4 -> 2 -> 1 walk-through of protocol rule 2.8."""
 
 from __future__ import annotations
 
@@ -188,7 +188,7 @@ def test_restore_regions_refuses_a_checkpoint_missing_a_region_state() -> None:
     )
 
 
-# ------------------------------------------------------------------ seed 003 walk-through (coordinator)
+# ------------------------------------------------------------- protocol rule 2.8 walk-through (coordinator)
 
 
 def _ops(*names: str) -> tuple[str, ...]:

@@ -1,4 +1,4 @@
-"""Retention never breaks a ref chain (DESIGN 2.7), driven through the coordinator."""
+"""Retention never breaks a ref chain (protocol rule 2.7), driven through the coordinator."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Named scenarios driven through the fault simulator, and proof that it catches broken components.
 
 Each scenario is a hand-written event list (or a seeded one) replayed by
-:class:`splitkeeper.sim.Simulator`, which checks every DESIGN 6 invariant
+:class:`splitkeeper.sim.Simulator`, which checks every protocol section 6 invariant
 after every step; the tests then assert the specific behaviour the scenario is
 about (who owns what, what the sink holds, what the checkpoints were).
 """
@@ -205,7 +205,7 @@ def test_checkpoint_requested_during_a_restore_is_refused_until_every_reader_rep
 
 
 class _SnapshotsTooEarly(SplitEnumerator):
-    """Broken: lets a checkpoint snapshot while a restore still waits for reports (seed scenario 2)."""
+    """Broken: lets a checkpoint snapshot while a restore still waits for reports (protocol rule 1.4)."""
 
     @property
     def checkpoint_allowed(self) -> bool:
@@ -428,7 +428,7 @@ def test_check_ref_chains_agrees_with_the_store_after_an_aborted_forced_global()
     assert attempt(2, 0) is CheckpointKind.REGIONAL  # region 0 -> 1
     assert attempt(3, 1) is CheckpointKind.ABORTED  # forced global fails; the counter resets
     assert attempt(4, 1) is CheckpointKind.REGIONAL  # region 1 -> 2 (its own state there is depth 0)
-    assert max(store.chain_depth(c) for c in store.ids()) == 1  # DESIGN 6 holds
+    assert max(store.chain_depth(c) for c in store.ids()) == 1  # protocol section 6 holds
     refs = {c: store.get(c).ref_checkpoint_ids for c in store.ids()}
     depths = {c: store.chain_depth(c) for c in store.ids()}
     assert check_ref_chains(refs, 1, depths) == []

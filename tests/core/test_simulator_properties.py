@@ -5,7 +5,7 @@ with crashes, declines and timeouts, reader failures after a checkpoint,
 global restarts, rescales up and down with even-split or union state, new
 splits, removed subscriptions, checkpoints requested mid-restore) and the
 configuration (strategy, max_consecutive_failures, max_failure_ratio, legacy
-or deferred readers). The simulator checks every DESIGN 6 rule after every
+or deferred readers). The simulator checks every protocol section 6 rule after every
 step; a property fails with the scenario and the first broken rules, and
 Hypothesis then shrinks the scenario itself.
 """

@@ -1,4 +1,4 @@
-"""The DESIGN 6 restart checks as Great Expectations suites, on real Delta state and sink tables.
+"""The protocol section 6 restart checks as Great Expectations suites, on real Delta state and sink tables.
 
 Each test writes a small pipeline state with the Delta state store (two readers, four
 Kafka-like splits of subscription ``orders`` plus a finished bounded split), a sink

@@ -3,7 +3,7 @@
 Every test checks the data afterwards: the sink table holds each produced message
 once, per partition in offset order with contiguous offsets (or exactly the gap the
 audit trail reports as lost), and the consumer group's committed offsets equal the
-last checkpoint's positions, tagged with its id (DESIGN 1, 3, 5, 6).
+last checkpoint's positions, tagged with its id (protocol sections 1, 3, 5, 6).
 """
 
 from __future__ import annotations

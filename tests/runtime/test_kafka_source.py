@@ -1,5 +1,5 @@
 """The Kafka source on a real broker: discovery, starting positions, exact reads, backlog,
-external offsets, retention and bad input (DESIGN 1, 3, 4)."""
+external offsets, retention and bad input (protocol sections 1, 3, 4)."""
 
 from __future__ import annotations
 
@@ -326,7 +326,7 @@ def test_reader_is_picklable_and_carries_no_client(bootstrap: str) -> None:
     assert shipped.consumer_config == (("fetch.wait.max.ms", "50"),)
 
 
-# --------------------------------------------------------------------------- backlog (DESIGN 4)
+# --------------------------------------------------------------------------- backlog (protocol section 4)
 
 
 def test_backlog_boundaries_are_the_end_offsets_at_start_and_empty_splits_are_not_in_backlog(
@@ -358,7 +358,7 @@ def test_backlog_boundaries_are_the_end_offsets_at_start_and_empty_splits_are_no
     assert source.available_end(again[f"{topic}-2"]) == 2
 
 
-# --------------------------------------------------------------------------- external offsets (DESIGN 3)
+# ------------------------------------------------------------- external offsets (protocol section 3)
 
 
 def test_committed_positions_round_trip_with_the_checkpoint_id_and_disagreements_are_reported(
@@ -546,5 +546,5 @@ def test_build_source_makes_a_reassignable_kafka_source_from_the_config(bootstra
     assert enumerator_for(source, RecordingEnumeratorContext(2)).reassign_on_recovery
     cluster_id = AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=10).cluster_id
     assert source.fingerprint() == f"kafka-{cluster_id}"
-    # adding a topic to the subscription keeps the pipeline's state usable (DESIGN 1.5)
+    # adding a topic to the subscription keeps the pipeline's state usable (protocol rule 1.5)
     assert KafkaSource(bootstrap, topic_pattern=f"{topic}|other").fingerprint() == source.fingerprint()

@@ -10,6 +10,7 @@ file order). Data is tiny (a few files of tens of lines), parallelism 2 to 4 on
 from __future__ import annotations
 
 import json
+import os
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from splitkeeper.runtime.config import PipelineConfig, config_from_mapping
 from splitkeeper.runtime.pipeline import EpochReport, Pipeline, RunSummary, run_pipeline
 from splitkeeper.runtime.sources import build_source
 from splitkeeper.state.checkpoints import DeltaStateStore
+from splitkeeper.state.lease import LeaseHeldError
 
 from .helpers import (
     assert_sink_equals_source,
@@ -209,12 +211,39 @@ def test_failure_at_the_forced_global_checkpoint_aborts_it_and_the_run_still_fin
 # --------------------------------------------------------------------------- two runs at once
 
 
+def test_a_second_run_is_refused_by_the_lease_naming_the_holder_and_writes_nothing(
+    spark: Any, tmp_path: Path
+) -> None:
+    config, _input_dir, _ = _setup(tmp_path, "leased", lines=30)
+    first = Pipeline(config, spark)
+    try:
+        first.open()
+        assert first.run_epoch().kind is CheckpointKind.GLOBAL
+        second = Pipeline(config, spark)
+        with pytest.raises(LeaseHeldError) as refused:
+            second.open()
+        second.close()
+        message = str(refused.value)
+        assert "[LEASE_HELD]" in message and f"pid {os.getpid()}" in message and "is driven by" in message
+        assert first.store.latest_plan_epoch() == 1 and first.store.checkpoint_ids() == [1]  # nothing written
+        assert first.run_epoch().epoch == 2  # the holder goes on
+    finally:
+        first.close()
+    third = Pipeline(config, spark)  # released: the next run takes it at once
+    try:
+        assert third.open().restored_from == 2
+    finally:
+        third.close()
+
+
 def test_second_run_between_epochs_stops_the_first_with_concurrent_run_error(
     spark: Any, tmp_path: Path
 ) -> None:
+    """The fence, not the lease, is what keeps exactly-once (protocol rule 5.6): with the lease out
+    of the way (as after a takeover of an expired one), two runs still never both commit."""
     config, input_dir, _ = _setup(tmp_path, "twice", lines=60)
-    first = Pipeline(config, spark)
-    second = Pipeline(config, spark)
+    first = Pipeline(config, spark, lease=False)
+    second = Pipeline(config, spark, lease=False)
     try:
         first.open()
         assert first.run_epoch().kind is CheckpointKind.GLOBAL  # epoch 1
@@ -229,7 +258,7 @@ def test_second_run_between_epochs_stops_the_first_with_concurrent_run_error(
         assert second.store.latest_plan_epoch() == 2  # the first run did not even plan
 
         # A third run planned the next epoch and is reading it: the second run may not plan it again.
-        third = Pipeline(config, spark)
+        third = Pipeline(config, spark, lease=False)
         third.open()
         third.store.write_plan(3, {r: [] for r in range(config.parallelism)})
         with pytest.raises(ConcurrentRunError) as caught:

@@ -1,4 +1,4 @@
-"""Driver crashes at each of DESIGN 5's crash points: SIGKILL, then recovery, then sink == source.
+"""Driver crashes at each of protocol rule 5.5's crash points: SIGKILL, then recovery, then sink == source.
 
 For every crash point, ``splitkeeper run`` runs in a child process (its own
 driver and JVM) with ``SPLITKEEPER_CRASH_AT=<point>@2`` and must die by SIGKILL

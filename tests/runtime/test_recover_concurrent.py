@@ -1,15 +1,18 @@
-"""Two recovery runs at once (issue 4): one proceeds, the other fails clearly, the state is intact.
+"""Two recovery runs at once: the lease refuses the second, and when the first freezes past its
+lease, the fence keeps exactly-once (protocol rules 5.2 and 5.6).
 
 Two ``splitkeeper recover`` processes (what two hand-triggered recovery DAG runs
 start: each its own driver and JVM) restore the same pipeline from the same
 checkpoint with a rescale to 3. The first is caught inside its epoch (a stalled
 region keeps it reading) and frozen there with SIGSTOP — a driver paused by the
-machine, as a long GC pause or an overloaded host does; the second opens while
-the first is frozen, plans the next epoch and commits it. When the first is
-resumed (SIGCONT) and its stall ends, it must find that another run committed,
-stop with a ConcurrentRunError naming the situation, and write nothing.
-Afterwards the DESIGN 6 checks pass on the state the second one left, and the
-pipeline finishes with the sink equal to the source.
+machine, as a long GC pause or an overloaded host does. A second one started at
+once is refused by the lease, naming the holder, and writes nothing. Once the
+frozen driver's lease expired (it cannot heartbeat), the next one takes it over,
+plans the next epoch and commits it. When the first is resumed (SIGCONT) and its
+stall ends, it must find that another run committed, stop with a
+ConcurrentRunError naming the situation, and write nothing. Afterwards the
+restart checks pass on the state the second one left, and the pipeline finishes
+with the sink equal to the source.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from .helpers import (
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 STALL_S = 30  # keeps the first recovery inside its epoch until the test has frozen it
+LEASE_TTL_S = 15  # a frozen driver's lease expires this long after its last heartbeat
 ONLY_ONE_RUN = "only one run may drive a pipeline"
 
 
@@ -54,6 +58,7 @@ def test_two_recovery_runs_at_once_one_commits_the_other_fails_and_state_is_inta
     write_input(input_dir, files=4, lines=60)
     mapping = pipeline_mapping(tmp_path, "recover-twice", input_dir, parallelism=2, epoch_records=80)
     mapping["checkpoint"]["region_timeout_s"] = STALL_S * 3  # the stall is a slow region, not a failed one
+    mapping["lease"] = {"ttl_s": LEASE_TTL_S}
     config = config_from_mapping(mapping)
     config_file = write_config(tmp_path / "recover-twice.yaml", mapping)
     assert [e.epoch for e in run_pipeline(config, spark, epochs=1).epochs] == [1]
@@ -88,7 +93,10 @@ def test_two_recovery_runs_at_once_one_commits_the_other_fails_and_state_is_inta
             assert time.monotonic() < deadline, "the first recovery never planned epoch 2"
             time.sleep(0.5)
         os.killpg(first.pid, signal.SIGSTOP)
+        frozen_at = time.monotonic()
         try:
+            refused = splitkeeper_subprocess(recover, timeout_s=300)  # the frozen run's lease is live
+            time.sleep(max(0.0, frozen_at + LEASE_TTL_S + 1 - time.monotonic()))  # until it expired
             second = splitkeeper_subprocess(recover, timeout_s=600)
         finally:
             os.killpg(first.pid, signal.SIGCONT)
@@ -97,7 +105,11 @@ def test_two_recovery_runs_at_once_one_commits_the_other_fails_and_state_is_inta
         if first.poll() is None:
             os.killpg(first.pid, signal.SIGKILL)
 
-    # The second recovery restored checkpoint 1 too, rescaled to 3 and committed epoch 3.
+    # The recovery started at once was refused by the lease, naming the holder, before it wrote.
+    assert refused.returncode == 2 and "[LEASE_HELD]" in refused.stderr, refused.stderr
+    assert f"pid {first.pid}" in refused.stderr and "is driven by" in refused.stderr
+
+    # The next one took the expired lease over, restored checkpoint 1 too, rescaled to 3, committed epoch 3.
     assert second.returncode == 0, second.stderr
     summary = json.loads(second.stdout)
     assert summary["restored_from"] == 1 and summary["parallelism"] == 3

@@ -43,7 +43,7 @@ def test_delta_round_trip_write_append_read_time_travel_and_history(spark, scrat
 
 @pytest.mark.spark
 def test_idempotent_delta_append_with_txn_app_id_commits_once(spark, scratch):
-    # The exactly-once sink relies on Delta's txnAppId/txnVersion dedup (DESIGN 5).
+    # The exactly-once sink relies on Delta's txnAppId/txnVersion dedup (protocol section 5).
     path = scratch.table("sink")
     batch = spark.createDataFrame([(1,), (2,)], "id INT")
     for _ in range(2):

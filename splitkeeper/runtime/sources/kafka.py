@@ -20,7 +20,7 @@ discovery are not skipped. The runtime calls
 :meth:`KafkaSource.mark_initial_discovery_finished` after restoring a
 checkpoint.
 
-Backlog (DESIGN 4). A new split carries ``backlog_end`` = the partition's end
+Backlog (protocol section 4). A new split carries ``backlog_end`` = the partition's end
 offset when it was discovered, unless it starts there already (an empty
 partition, or ``latest``): such a split is not in backlog.
 
@@ -49,7 +49,7 @@ returns a :class:`LostRange` per affected split for the runtime to record. The
 SourceError (the region declines; the next epoch's plan is checked again).
 Nothing is ever lost silently.
 
-External positions (DESIGN 3). With ``source.group_id`` set, the positions of
+External positions (protocol section 3). With ``source.group_id`` set, the positions of
 acknowledged regions are committed as the group's offsets with the checkpoint
 id in the offset metadata, so ``kafka-consumer-groups --describe`` shows the
 true lag; they are read back only to report disagreements on restore.
@@ -114,7 +114,7 @@ except ImportError as err:  # pragma: no cover - the lock file installs it
 log = logging.getLogger("splitkeeper.sources.kafka")
 _client_log = logging.getLogger("splitkeeper.sources.kafka.librdkafka")
 
-#: Key of the offset-commit metadata that carries the checkpoint id (DESIGN 3).
+#: Key of the offset-commit metadata that carries the checkpoint id (protocol section 3).
 COMMIT_METADATA_KEY = "splitkeeper_checkpoint_id"
 DEFAULT_TIMEOUT_S = 10.0
 DEFAULT_READ_TIMEOUT_S = 30.0
@@ -516,7 +516,7 @@ class KafkaSource(
 
     @property
     def group_id(self) -> str | None:
-        """The consumer group external positions go to; None = no external commits (DESIGN 3 off)."""
+        """The consumer group external positions go to; None: no external commits (protocol section 3)."""
         return self._group_id
 
     @property
@@ -533,7 +533,7 @@ class KafkaSource(
 
         The subscription is deliberately not part of it: topics may be added to
         or removed from a pipeline between runs (splits of removed topics are
-        dropped on restart, DESIGN 1.5), while offsets of another cluster mean
+        dropped on restart, protocol rule 1.5), while offsets of another cluster mean
         nothing. Costs one metadata request the first time.
         """
         if self._cluster_id is None:
@@ -844,7 +844,7 @@ class KafkaSource(
             moved.append(PlannedRange(r.split, first, self.plan_end(r.split, first, r.end - r.start)))
         return RetentionCheck(tuple(moved), tuple(lost))
 
-    # -- external positions (DESIGN 3) ------------------------------------------------------
+    # -- external positions (protocol section 3) ------------------------------------------------------
 
     def commit_positions(self, checkpoint_id: int, positions: Mapping[str, int]) -> None:
         """Commit ``positions`` as offsets of ``group_id``, each tagged with ``checkpoint_id``.
