@@ -172,7 +172,9 @@ def test_ingest_with_a_region_failure_then_recover_and_rescale(airflow_db, spark
     assert [(e["pipeline"], e["dag_id"], e["task_id"]) for e in events] == [
         ("dagtest", "splitkeeper_recover", "restore_enumerator_state")
     ]
-    assert isinstance(events[0]["error"], str)  # the error's text (dag.test leaves it empty; a scheduler does not)
+    assert isinstance(
+        events[0]["error"], str
+    )  # the error's text (dag.test leaves it empty; a scheduler does not)
 
     rescale = load_dag("splitkeeper_recover").test(run_conf={"parallelism": 3, "mode": "global"})
     assert rescale.state == "success"
