@@ -96,11 +96,11 @@ def writer_lease(config: PipelineConfig) -> Iterator[Any]:
     A second writer is refused within a second, with LeaseHeldError naming the holder; a lease
     whose holder stopped heartbeating for ``lease.ttl_s`` is taken over (logged). Released on exit.
     """
-    from splitkeeper.state.checkpoints import DeltaStateStore
     from splitkeeper.state.lease import PipelineLease, held
+    from splitkeeper.state.tables import StateTables
 
-    store = DeltaStateStore(config.state_path, config.name, None)  # the source's check comes with the run
-    with held(PipelineLease(store.tables, config.name), ttl_s=config.lease_ttl_s) as lease:
+    tables = StateTables(config.state_path)  # only the lease table: the pipeline's claim comes with the run
+    with held(PipelineLease(tables, config.name), ttl_s=config.lease_ttl_s) as lease:
         yield lease
 
 
