@@ -99,9 +99,11 @@ def writer_lease(config: PipelineConfig) -> Iterator[Any]:
     A second writer is refused within a second, with LeaseHeldError naming the holder; a lease
     whose holder stopped heartbeating for ``lease.ttl_s`` is taken over (logged). Released on exit.
     """
+    from splitkeeper.runtime.faults import crash_request
     from splitkeeper.state.lease import PipelineLease, held
     from splitkeeper.state.tables import StateTables
 
+    crash_request()  # a misspelt SPLITKEEPER_CRASH_AT fails before the lease table is written
     tables = StateTables(config.state_path)  # only the lease table: the pipeline's claim comes with the run
     with held(PipelineLease(tables, config.name), ttl_s=config.lease_ttl_s) as lease:
         yield lease
@@ -282,19 +284,30 @@ def recover(
     epochs: int = 1,
     faults: Iterable[str] = (),
     progress: Progress | None = None,
+    release: Iterable[str] = (),
 ) -> RecoverResult:
     """A global restore from ``checkpoint_id`` (latest by default), optionally a rescale.
 
     Every split's recovery decision is in the result. Unless ``dry_run``, ``epochs``
     epochs run so that the new assignment is committed by a checkpoint at the new
-    parallelism. A dry run opens read-only: nothing is written anywhere.
+    parallelism. A dry run opens read-only: nothing is written anywhere. ``release``:
+    quarantined splits to put back (protocol rule 1.8); they are read again from their
+    position, and the release is committed with the next checkpoint (so ``epochs`` >= 1).
     """
+    release = tuple(dict.fromkeys(release))
     if parallelism is not None and (
         isinstance(parallelism, bool) or not isinstance(parallelism, int) or parallelism < 1
     ):
         raise InvalidParameterError("parallelism", parallelism, "an integer >= 1, or None to keep it")
     if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 0:
         raise InvalidParameterError("epochs", epochs, "an integer >= 0")
+    if release and epochs == 0 and not dry_run:
+        raise InvalidParameterError(
+            "epochs",
+            epochs,
+            "an integer >= 1 with --release",
+            "a release is committed by the next checkpoint",
+        )
     with contextlib.ExitStack() as stack:
         lease = None if dry_run else stack.enter_context(writer_lease(config))  # a dry run writes nothing
         pipeline = _pipeline(
@@ -309,8 +322,11 @@ def recover(
                 pipeline,
                 pipeline.open(checkpoint_id=checkpoint_id, parallelism=parallelism, read_only=dry_run),
             )
+            released = tuple(s.split_id for s in pipeline.driver.release(release)) if release else ()
+            for split_id in released:
+                log.warning("split %s released from quarantine: it is read again from its position", split_id)
             if dry_run or epochs == 0:
-                return RecoverResult(config.name, opened, dry_run)
+                return RecoverResult(config.name, opened, dry_run, released=released)
             summary = pipeline.run(epochs)
         finally:
             pipeline.close()
@@ -321,6 +337,7 @@ def recover(
         epochs=tuple(EpochLine.of(e) for e in summary.epochs),
         checkpoints=summary.counts(),
         committed_records=summary.committed_records,
+        released=released,
     )
 
 
@@ -392,6 +409,7 @@ def status(config: PipelineConfig, *, last: int = 10) -> StatusResult:
             loads={str(k): v for k, v in sorted(loads.items())},
             pool=0 if enum is None else len(enum.pool),
             finished_splits=0 if enum is None else len(enum.finished),
+            quarantined={} if enum is None else {s.split_id: s.position for s in enum.quarantined},
         )
     timeline = tuple(
         TimelineLine(t.checkpoint_id, t.kind.value, tuple(t.failed_regions), t.reason)

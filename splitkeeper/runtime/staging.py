@@ -20,7 +20,9 @@ as it is, without rewriting it (:meth:`~splitkeeper.runtime.sink.DeltaSink.commi
 from __future__ import annotations
 
 import enum
+import json
 import os
+import re
 import time
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
@@ -44,6 +46,33 @@ class InjectedFault(SplitkeeperError):
     """A region task failed on purpose, because the fault plan said so."""
 
     code = "INJECTED_FAULT"
+
+
+class SplitReadError(SplitkeeperError):
+    """Reading (or transforming) one split of a region failed; the message names the split first.
+
+    The region declines. Its message starts ``split "<id>" at offset <n>:`` (the id as JSON) so the driver can
+    tell which split failed across the executor boundary (:data:`SPLIT_READ_FAILED`), and
+    count it towards ``checkpoint.on_split_failure: quarantine`` (protocol rule 1.8).
+    """
+
+    code = "SPLIT_READ_FAILED"
+
+    def __init__(self, split_id: str, offset: int, cause: BaseException) -> None:
+        super().__init__(
+            f"split {json.dumps(split_id)} at offset {offset}: {type(cause).__name__}: {cause}",
+            split_id=split_id,
+            offset=offset,
+        )
+
+
+#: What finds the failed split's id in a region's error text (``[SPLIT_READ_FAILED] split "x" ...``).
+SPLIT_READ_FAILED = re.compile(r'\[SPLIT_READ_FAILED\] split ("(?:[^"\\]|\\.)*") at offset (\d+)')
+
+
+def failed_splits(error: str) -> tuple[str, ...]:
+    """The split ids a region's error text names as failed (none for other failures)."""
+    return tuple(dict.fromkeys(json.loads(m.group(1)) for m in SPLIT_READ_FAILED.finditer(error)))
 
 
 class FaultKind(enum.Enum):
@@ -283,10 +312,13 @@ def run_region_task(
                     f"epoch {epoch} region {region}: split {split.split_id!r} is planned twice", epoch=epoch
                 )
             seen.add(split.split_id)
-            records = reader.read_range(split, start, end)
-            if transform is not identity:
-                records = _transformed(records, transform, split.split_id)
-            counts[split.split_id] = writer.add(split.split_id, records)
+            try:
+                records = reader.read_range(split, start, end)
+                if transform is not identity:
+                    records = _transformed(records, transform, split.split_id)
+                counts[split.split_id] = writer.add(split.split_id, records)
+            except Exception as err:  # the split's records cannot be read or transformed: name the split
+                raise SplitReadError(split.split_id, start, err) from err
             last = writer.last_next_offset
             position = end if last is None else max(end, last)
             if split.end is not None and position > split.end:
