@@ -177,7 +177,7 @@ def test_the_wheel_declares_light_base_dependencies_and_the_engines_as_extras(wh
         for line in meta.splitlines()
         if line.startswith("Provides-Extra:")
     }
-    assert extras == {"spark", "kafka", "airflow", "quality", "dev", "all"}
+    assert extras == {"spark", "kafka", "airflow", "quality", "metrics", "dev", "all"}
     by_extra = {
         extra: {Requirement(r).name.lower() for r in requires if f'extra == "{extra}"' in r}
         for extra in extras
@@ -188,6 +188,11 @@ def test_the_wheel_declares_light_base_dependencies_and_the_engines_as_extras(wh
         "airflow"
     ]
     assert "great-expectations" in by_extra["quality"]
+    assert by_extra["metrics"] == {
+        "opentelemetry-sdk",
+        "opentelemetry-exporter-otlp-proto-http",
+        "prometheus-client",
+    }
     assert {"pytest", "hypothesis", "ruff", "mypy", "import-linter"} <= by_extra["dev"]
 
 
