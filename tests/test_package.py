@@ -157,6 +157,8 @@ def test_the_wheel_holds_every_package_and_the_data_files(wheel: Path) -> None:
         assert files, f"the checkout has no files in {folder}/"
         for name in files:
             assert f"splitkeeper/_data/{folder}/{name}" in names, f"{folder}/{name} is not in the wheel"
+    templates = sorted(p.name for p in (ROOT / "splitkeeper" / "report" / "templates").glob("*.j2"))
+    assert templates and all(f"splitkeeper/report/templates/{t}" in names for t in templates)
     assert not [n for n in names if n.startswith(("tests/", "state/", "dags/", "jobs/", "scripts/"))]
     assert not [n for n in names if "/local/" in n or n.endswith(".pyc")]
 
