@@ -223,7 +223,9 @@ def _story_of(config: str, first: int) -> list[str]:
         reason = f" ({t.reason})" if t.reason else ""
         lines.append(f"checkpoint {t.id} {t.kind}{failed}{reason}")
     latest = status.latest_checkpoint
-    if latest is not None and lines:
+    if not lines:
+        return ["no new checkpoint: nothing new to read (the source is at its end)"]
+    if latest is not None:
         lines.append(
             f"latest checkpoint {latest.id} at parallelism {latest.parallelism}, loads {latest.loads}"
         )
