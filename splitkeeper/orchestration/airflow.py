@@ -102,7 +102,9 @@ class DagPipeline:
         from airflow.sdk import Asset
 
         return [
-            Asset(uri=_asset_uri(config.sink_path), name=f"splitkeeper-{config.name}-sink", group="splitkeeper"),
+            Asset(
+                uri=_asset_uri(config.sink_path), name=f"splitkeeper-{config.name}-sink", group="splitkeeper"
+            ),
             Asset(
                 uri=_asset_uri(config.state_path),
                 name=f"splitkeeper-{config.name}-state",

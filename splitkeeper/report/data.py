@@ -15,7 +15,7 @@ import os
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from splitkeeper.core.types import CheckpointKind, RecoveryDecision
 from splitkeeper.state.history import TimelineEntry
@@ -213,7 +213,10 @@ def _records_per_epoch(sink_path: str) -> dict[int, dict[int, int]]:
     rows = DeltaTable(uri, storage_options=options).to_pyarrow_dataset().to_table(columns=["epoch", "region"])
     counted = rows.group_by(["epoch", "region"]).aggregate([([], "count_all")])
     for epoch, region, count in zip(
-        counted["epoch"].to_pylist(), counted["region"].to_pylist(), counted["count_all"].to_pylist(), strict=True
+        counted["epoch"].to_pylist(),
+        counted["region"].to_pylist(),
+        counted["count_all"].to_pylist(),
+        strict=True,
     ):
         records.setdefault(int(epoch), {})[int(region)] = int(count)
     return records

@@ -437,8 +437,10 @@ def config_from_mapping(
         staging_path = _join(state_path, "_staging")
     elif _URI_RE.match(staging_path):
         raise staging.invalid(
-            "path", staging_path, "a local directory the driver and every executor share (region tasks "
-            "write staged files with local file I/O)"
+            "path",
+            staging_path,
+            "a local directory the driver and every executor share (region tasks "
+            "write staged files with local file I/O)",
         )
     if _same_location(state_path, sink_path):
         raise top.invalid("sink.path", sink_path, "a location different from state.path")

@@ -211,8 +211,9 @@ def test_env_references_are_expanded_and_an_unset_one_is_named(tmp_path: Path) -
     assert config_from_mapping(data, base_dir=tmp_path, env=env).source.group_id == "${literal}"
     with pytest.raises(ConfigError) as info:
         config_from_mapping(data, base_dir=tmp_path, env={"SUFFIX": "a", "BUCKET": "lake"})
-    assert "source.bootstrap_servers refers to ${BROKERS}, but the environment variable BROKERS is not set" in (
-        str(info.value)
+    assert (
+        "source.bootstrap_servers refers to ${BROKERS}, but the environment variable BROKERS is not set"
+        in (str(info.value))
     )
     assert info.value.params["key"] == "source.bootstrap_servers"
 
