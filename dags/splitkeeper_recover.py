@@ -2,7 +2,8 @@
 
 Params (validated when the run is triggered): checkpoint_id ('latest' or an
 id), mode (auto, global, partial), parallelism (null keeps it; another value
-rescales), dry_run (only print the plan). Tasks are the recovery steps:
+rescales), dry_run (only print the plan), release (quarantined split ids to
+put back; status lists them). Tasks are the recovery steps:
 restore enumerator state -> collect reader reports -> classify every split
 (the audit trail) -> reassign and rebalance -> validate -> resume. One DAG per
 configured pipeline (see splitkeeper_ingest).
@@ -45,6 +46,13 @@ def recover_dag(pipeline: DagPipeline) -> DAG:
                 description="new parallelism (a rescale); null keeps it",
             ),
             "dry_run": Param(False, type="boolean", description="only print the recovery plan"),
+            "release": Param(
+                [],
+                type="array",
+                items={"type": "string"},
+                description="quarantined splits to put back (status lists them); read again from their "
+                "position",
+            ),
         },
         tags=["splitkeeper"],
     ) as dag:

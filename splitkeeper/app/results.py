@@ -126,6 +126,7 @@ class RunResult(_Result):
     caught_up: bool
     stopped: bool = False  # a continuous run stopped on request, on a global checkpoint
     interval_switches: tuple[str, ...] = ()
+    quarantined: tuple[str, ...] = ()  # splits parked (protocol rule 1.8): not read until released
 
     @classmethod
     def of(cls, pipeline: str, opened: OpenSummary, new_splits: int, summary: RunSummary) -> RunResult:
@@ -140,6 +141,7 @@ class RunResult(_Result):
             caught_up=summary.caught_up,
             stopped=summary.stopped,
             interval_switches=tuple(s.line() for s in summary.interval_switches),
+            quarantined=summary.quarantined,
         )
 
 
@@ -153,6 +155,7 @@ class RecoverResult(_Result):
     epochs: tuple[EpochLine, ...] = ()
     checkpoints: dict[str, int] = field(default_factory=dict)
     committed_records: int = 0
+    released: tuple[str, ...] = ()  # quarantined splits put back (recover --release)
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,6 +185,7 @@ class LatestCheckpoint:
     loads: dict[str, int]
     pool: int
     finished_splits: int
+    quarantined: dict[str, int] = field(default_factory=dict)  # parked split -> its position
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,3 +233,13 @@ class MaintenanceResult(_Result):
     @property
     def vacuumed_count(self) -> int:
         return sum(len(v) for v in self.vacuumed.values())
+
+
+@dataclass(frozen=True, slots=True)
+class StopResult(_Result):
+    """A stop request: when it was recorded, who runs the pipeline now, and the pid signalled here."""
+
+    pipeline: str
+    requested_at: str
+    running: str | None
+    signalled_pid: int | None

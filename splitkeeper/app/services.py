@@ -19,7 +19,9 @@ import functools
 import logging
 import os
 import signal
+import socket
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -34,6 +36,7 @@ from splitkeeper.app.results import (
     RecoveryPreview,
     RunResult,
     StatusResult,
+    StopResult,
     TimelineLine,
     ValidationResult,
 )
@@ -96,9 +99,11 @@ def writer_lease(config: PipelineConfig) -> Iterator[Any]:
     A second writer is refused within a second, with LeaseHeldError naming the holder; a lease
     whose holder stopped heartbeating for ``lease.ttl_s`` is taken over (logged). Released on exit.
     """
+    from splitkeeper.runtime.faults import crash_request
     from splitkeeper.state.lease import PipelineLease, held
     from splitkeeper.state.tables import StateTables
 
+    crash_request()  # a misspelt SPLITKEEPER_CRASH_AT fails before the lease table is written
     tables = StateTables(config.state_path)  # only the lease table: the pipeline's claim comes with the run
     with held(PipelineLease(tables, config.name), ttl_s=config.lease_ttl_s) as lease:
         yield lease
@@ -181,12 +186,68 @@ def run(
                 pipeline.driver.reset_backlog()
             if continuous:
                 with _stop_on_signals(stop or threading.Event()) as event:
-                    summary = pipeline.driver.run_continuously(event.is_set)
+                    summary = pipeline.driver.run_continuously(
+                        _stop_check(event, pipeline.store.tables, config.name)
+                    )
             else:
                 summary = pipeline.run(epochs, until_caught_up=until_caught_up)
         finally:
             pipeline.close()
     return RunResult.of(config.name, opened, new_splits, summary)
+
+
+def _stop_check(
+    event: threading.Event, tables: Any, pipeline: str, every_s: float = 2.0
+) -> Callable[[], bool]:
+    """A continuous run's stop: the signal event, or a ``splitkeeper stop`` request since it started
+    (the control table is read at most every ``every_s``)."""
+    from datetime import UTC, datetime
+
+    from splitkeeper.state.control import ControlRequests
+
+    requests = ControlRequests(tables, pipeline)
+    started = datetime.now(UTC)
+    last = [0.0]
+
+    def stop_requested() -> bool:
+        if event.is_set():
+            return True
+        now = time.monotonic()
+        if now - last[0] >= every_s:
+            last[0] = now
+            if requests.stop_requested_since(started):
+                log.warning("a stop was requested (splitkeeper stop): ending on a final global checkpoint")
+                event.set()
+        return event.is_set()
+
+    return stop_requested
+
+
+@_named
+def stop(config: PipelineConfig) -> StopResult:
+    """Ask the pipeline's continuous run to end on a final global checkpoint (``splitkeeper stop``).
+
+    Records a stop request in the control table (any host's run sees it within seconds), and
+    sends SIGTERM to the lease holder when it runs on this host (it stops at once).
+    """
+    from splitkeeper.state.control import ControlRequests
+    from splitkeeper.state.lease import PipelineLease
+    from splitkeeper.state.tables import StateTables
+
+    tables = StateTables(config.state_path)
+    holder = PipelineLease(tables, config.name).holder()
+    requested_at = ControlRequests(tables, config.name).request_stop()
+    signalled = None
+    from datetime import UTC, datetime
+
+    if holder is not None and holder.live(datetime.now(UTC)) and holder.owner.host == socket.gethostname():
+        try:
+            os.kill(holder.owner.pid, signal.SIGTERM)
+            signalled = holder.owner.pid
+        except ProcessLookupError:
+            signalled = None
+    running = None if holder is None or not holder.live(datetime.now(UTC)) else holder.owner.describe()
+    return StopResult(config.name, requested_at.isoformat(), running, signalled)
 
 
 @contextlib.contextmanager
@@ -223,19 +284,30 @@ def recover(
     epochs: int = 1,
     faults: Iterable[str] = (),
     progress: Progress | None = None,
+    release: Iterable[str] = (),
 ) -> RecoverResult:
     """A global restore from ``checkpoint_id`` (latest by default), optionally a rescale.
 
     Every split's recovery decision is in the result. Unless ``dry_run``, ``epochs``
     epochs run so that the new assignment is committed by a checkpoint at the new
-    parallelism. A dry run opens read-only: nothing is written anywhere.
+    parallelism. A dry run opens read-only: nothing is written anywhere. ``release``:
+    quarantined splits to put back (protocol rule 1.8); they are read again from their
+    position, and the release is committed with the next checkpoint (so ``epochs`` >= 1).
     """
+    release = tuple(dict.fromkeys(release))
     if parallelism is not None and (
         isinstance(parallelism, bool) or not isinstance(parallelism, int) or parallelism < 1
     ):
         raise InvalidParameterError("parallelism", parallelism, "an integer >= 1, or None to keep it")
     if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 0:
         raise InvalidParameterError("epochs", epochs, "an integer >= 0")
+    if release and epochs == 0 and not dry_run:
+        raise InvalidParameterError(
+            "epochs",
+            epochs,
+            "an integer >= 1 with --release",
+            "a release is committed by the next checkpoint",
+        )
     with contextlib.ExitStack() as stack:
         lease = None if dry_run else stack.enter_context(writer_lease(config))  # a dry run writes nothing
         pipeline = _pipeline(
@@ -250,8 +322,11 @@ def recover(
                 pipeline,
                 pipeline.open(checkpoint_id=checkpoint_id, parallelism=parallelism, read_only=dry_run),
             )
+            released = tuple(s.split_id for s in pipeline.driver.release(release)) if release else ()
+            for split_id in released:
+                log.warning("split %s released from quarantine: it is read again from its position", split_id)
             if dry_run or epochs == 0:
-                return RecoverResult(config.name, opened, dry_run)
+                return RecoverResult(config.name, opened, dry_run, released=released)
             summary = pipeline.run(epochs)
         finally:
             pipeline.close()
@@ -262,6 +337,7 @@ def recover(
         epochs=tuple(EpochLine.of(e) for e in summary.epochs),
         checkpoints=summary.counts(),
         committed_records=summary.committed_records,
+        released=released,
     )
 
 
@@ -333,6 +409,7 @@ def status(config: PipelineConfig, *, last: int = 10) -> StatusResult:
             loads={str(k): v for k, v in sorted(loads.items())},
             pool=0 if enum is None else len(enum.pool),
             finished_splits=0 if enum is None else len(enum.finished),
+            quarantined={} if enum is None else {s.split_id: s.position for s in enum.quarantined},
         )
     timeline = tuple(
         TimelineLine(t.checkpoint_id, t.kind.value, tuple(t.failed_regions), t.reason)

@@ -36,6 +36,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--dry-run", action="store_true", help="only print the recovery plan; write nothing")
     parser.add_argument("--epochs", type=int, default=1, help="epochs to run after the restore (default 1)")
+    parser.add_argument(
+        "--release",
+        action="append",
+        default=[],
+        metavar="SPLIT",
+        help="put a quarantined split back (read again from its position); repeatable",
+    )
     add_fault_argument(parser)
     parser.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
 
@@ -54,6 +61,7 @@ def run(args: argparse.Namespace) -> int:
         dry_run=args.dry_run,
         epochs=args.epochs,
         faults=args.fault,
+        release=args.release,
     )
     opened = result.opened
     if args.json:
@@ -70,6 +78,8 @@ def run(args: argparse.Namespace) -> int:
     for d in opened.audit:
         print(f"  {d.split_id:<40} reader {d.reader!s:<5} {d.decision:<32} {d.detail}")
     print("per-reader load:", opened.loads)
+    for split_id in result.released:
+        print(f"released from quarantine: {split_id} (read again from its position)")
     if result.dry_run:
         print("dry run: nothing was written")
     elif result.epochs:

@@ -85,4 +85,9 @@ def run(args: argparse.Namespace) -> int:
             + (", caught up with the source on a global checkpoint" if result.caught_up else "")
             + (", stopped on a global checkpoint" if result.stopped else "")
         )
+        if result.quarantined:
+            print(
+                f"{config.name}: {len(result.quarantined)} split(s) quarantined, read by nobody until "
+                f"'splitkeeper recover --release SPLIT': {', '.join(result.quarantined)}"
+            )
     return 0

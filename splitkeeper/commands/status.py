@@ -34,6 +34,9 @@ def run(args: argparse.Namespace) -> int:
             f"  ref chain {list(info.ref_chain)}, per-reader load {info.loads}, pool {info.pool}, "
             f"finished splits {info.finished_splits}"
         )
+        if info.quarantined:
+            parked = ", ".join(f"{sid} at {pos}" for sid, pos in sorted(info.quarantined.items()))
+            print(f"  quarantined (read by nobody until 'recover --release SPLIT'): {parked}")
     lease = result.lease
     if lease is not None:
         state = "released" if lease["released"] else f"until {lease['until']}"

@@ -93,6 +93,7 @@ from splitkeeper.core.types import (
     RegionOutcome,
     RegionState,
     Split,
+    SplitFailurePolicy,
 )
 from splitkeeper.errors import CheckpointError, ConcurrentRunError, InvalidParameterError, ProtocolError
 
@@ -130,6 +131,8 @@ class DriverSettings:
     strategy_options: Mapping[str, Any] = field(default_factory=dict)
     redistribution: Redistribution = Redistribution.EVEN_SPLIT
     rebalance_threshold: float = 1.25  # weighted: measured imbalance (max/min) that re-weights
+    on_split_failure: SplitFailurePolicy = SplitFailurePolicy.STALL
+    quarantine_after: int = 3  # quarantine: epochs in a row a split's reads fail before it is parked
 
     def __post_init__(self) -> None:
         if not isinstance(self.pipeline, str) or not self.pipeline:
@@ -145,6 +148,11 @@ class DriverSettings:
             raise InvalidParameterError("retain_checkpoints", keep, "an integer >= 1")
         if not isinstance(self.redistribution, Redistribution):
             raise InvalidParameterError("redistribution", self.redistribution, "a Redistribution")
+        if not isinstance(self.on_split_failure, SplitFailurePolicy):
+            raise InvalidParameterError("on_split_failure", self.on_split_failure, "a SplitFailurePolicy")
+        after = self.quarantine_after
+        if isinstance(after, bool) or not isinstance(after, int) or after < 1:
+            raise InvalidParameterError("quarantine_after", after, "an integer >= 1 (epochs in a row)")
         threshold = self.rebalance_threshold
         if isinstance(threshold, bool) or not isinstance(threshold, int | float) or not threshold >= 1.0:
             raise InvalidParameterError("rebalance_threshold", threshold, "a ratio >= 1.0 (max / min load)")
@@ -227,6 +235,7 @@ class RunSummary:
     caught_up: bool = False  # until_caught_up: every split reached its end at the start, globally
     stopped: bool = False  # a continuous run that stopped on request, on a global checkpoint
     interval_switches: tuple[IntervalSwitch, ...] = ()
+    quarantined: tuple[str, ...] = ()  # splits parked at the end (read by nobody until released)
 
     def counts(self) -> dict[str, int]:
         out = {k.value: 0 for k in CheckpointKind}
@@ -333,6 +342,7 @@ class EpochDriver:
         self.operator_state: dict[int, tuple[str, ...]] = {}
         self.last_restore: RestoredCheckpoint | None = None  # what the latest restore redistributed
         self.meter = ThroughputMeter()  # per-split arrival rates: the weighted strategy's weights
+        self._failing: dict[str, tuple[int, str]] = {}  # split -> (failed epochs in a row, last error)
         self.restores = 0  # global restores so far (open, abort, explicit)
         self._audit_persisted = 0
         self._settled = False  # restored from a global checkpoint at the same parallelism, nothing run yet
@@ -639,6 +649,47 @@ class EpochDriver:
                 ", ".join(dropped[:20]),
             )
 
+    def _count_failures(self, runs: Mapping[int, RegionRun], acked: Mapping[int, RegionRun]) -> None:
+        """Per split, how many epochs in a row its read failed (rule 1.8): an acknowledged read resets it."""
+        for run in acked.values():
+            for split_id in run.positions:
+                self._failing.pop(split_id, None)
+        for run in runs.values():
+            if run.outcome is RegionOutcome.DECLINE:
+                for split_id in run.failed_splits:
+                    count, _error = self._failing.get(split_id, (0, ""))
+                    self._failing[split_id] = (count + 1, run.error)
+
+    def _quarantine_failing(self) -> None:
+        """Park the splits whose reads failed ``quarantine_after`` epochs in a row (policy QUARANTINE).
+
+        Done before planning, so the epoch reads everything else and can checkpoint globally;
+        the split stays parked, with its position (where its records end in the sink), until
+        an operator releases it (``recover --release``).
+        """
+        if self.settings.on_split_failure is not SplitFailurePolicy.QUARANTINE:
+            return
+        enumerator, _context = self._require_open()
+        for split_id, (count, error) in sorted(self._failing.items()):
+            if count < self.settings.quarantine_after:
+                continue
+            split = enumerator.split(split_id)
+            detail = (
+                f"reads failed {count} epochs in a row (at offset {split.position if split else '?'}): "
+                f"{error[:300]}"
+            )
+            if enumerator.quarantine(split_id, detail):
+                log.warning("pipeline %s: split %s quarantined: %s", self.settings.pipeline, split_id, detail)
+            del self._failing[split_id]
+
+    def release(self, split_ids: Sequence[str]) -> list[Split]:
+        """Put quarantined splits back (``recover --release``): read again from their position (rule 1.8)."""
+        enumerator, _context = self._require_open()
+        released = [enumerator.release(split_id) for split_id in split_ids]
+        for split in released:
+            self._failing.pop(split.split_id, None)
+        return released
+
     def _reweigh(self) -> None:
         """The weighted strategy's weights follow each split's measured arrival rate (rule 1.6).
 
@@ -752,6 +803,7 @@ class EpochDriver:
         self.hooks.before_epoch(epoch)
         self._refresh_subscriptions()
         enumerator.add_splits(self.source.discover_splits())
+        self._quarantine_failing()
         self._reweigh()
         backlog = enumerator.processing_backlog
         planned = {} if final else self.plan(records_per_split)
@@ -781,6 +833,7 @@ class EpochDriver:
             else:
                 errors[r] = run.error
         coordinator.expire(pending, now=pending.deadline)  # the timed-out (and silent) regions
+        self._count_failures(runs, acked)
         self._apply_progress(acked)
         result = coordinator.complete(
             pending,
@@ -1058,7 +1111,13 @@ class EpochDriver:
             elif targets is not None and not self._behind(targets):
                 caught_up = report.kind is CheckpointKind.GLOBAL
                 final = not caught_up
-        return RunSummary(tuple(reports), finished, sum(r.committed_records for r in reports), caught_up)
+        return RunSummary(
+            tuple(reports),
+            finished,
+            sum(r.committed_records for r in reports),
+            caught_up,
+            quarantined=tuple(sorted(enumerator.quarantined)),
+        )
 
     def run_continuously(
         self,
@@ -1109,6 +1168,7 @@ class EpochDriver:
                     sum(r.committed_records for r in reports),
                     stopped=True,
                     interval_switches=tuple(switches),
+                    quarantined=tuple(sorted(self._require_open()[0].quarantined)),
                 )
         raise CheckpointError(
             f"pipeline {self.settings.pipeline!r}: the stop could not end on a global checkpoint: "

@@ -398,6 +398,7 @@ class SplitEnumerator:
         # owner map: a bulk assignment then touches only small per-reader containers.
         self._owned: dict[int, dict[str, None]] = {}
         self._finished: set[str] = set()
+        self._quarantined: dict[str, Split] = {}  # parked: read by nobody until released
         self._expected: set[int] = set()
         self._active: set[int] = set()  # readers whose add_reader ran and that have not failed since
         self._restored_from: int | None = None
@@ -549,6 +550,7 @@ class SplitEnumerator:
                 phase=self._phase.value,
             )
         self._finished = set(snapshot.finished)
+        self._quarantined = {s.split_id: s for s in snapshot.quarantined}
         self._backlog.restore(snapshot.backlog)
         self._last_checkpoint_id = snapshot.checkpoint_id
         self._restored_from = snapshot.checkpoint_id
@@ -600,9 +602,10 @@ class SplitEnumerator:
         dropped: list[str] = []
         empty: list[str] = []
         tracked: list[Split] = []
+        quarantined = self._quarantined
         for split in splits:
             sid = split.split_id
-            if sid in registry or sid in finished or sid in expected:
+            if sid in registry or sid in finished or sid in expected or sid in quarantined:
                 continue
             if subs is not None and split.subscription not in subs:
                 dropped.append(sid)
@@ -668,6 +671,10 @@ class SplitEnumerator:
         dropped = [sid for sid, s in self._pool.items() if s.subscription not in subs]
         for sid in dropped:
             self._retire(sid, None)
+        parked = [sid for sid, s in self._quarantined.items() if s.subscription not in subs]
+        for sid in parked:  # a quarantined split of a removed subscription is dropped like a pooled one
+            del self._quarantined[sid]
+        dropped.extend(parked)
         if dropped:
             self._audit.append(
                 (
@@ -900,6 +907,55 @@ class SplitEnumerator:
         """A reader reached the split's backlog boundary; True only the first time (deduplicated)."""
         return self._backlog.report_finished(split_id)
 
+    @property
+    def quarantined(self) -> dict[str, Split]:
+        """The parked splits, at the position their records end (a copy)."""
+        return dict(self._quarantined)
+
+    def quarantine(self, split_id: str, detail: str) -> bool:
+        """Park a split whose reads keep failing: nobody reads it until :meth:`release` (rule 1.8).
+
+        Its owner (if any) is told to stop reading it (``revoke_splits``); it leaves the
+        pool; its position stays what the enumerator last recorded, which is where its
+        records end in the sink. Audited (QUARANTINED, ``detail``: why). False when the
+        split is unknown, finished or already parked.
+        """
+        self._require_started("quarantine")
+        split = self._splits.get(split_id)
+        if split is None or split_id in self._finished or split_id in self._quarantined:
+            return False
+        owner = self.owner_of(split_id)
+        self._retire(split_id, owner)
+        self._quarantined[split_id] = split
+        self._audit.append((RecoveryDecision.QUARANTINED, owner, split_id, self._last_checkpoint_id, detail))
+        if owner is not None:
+            self._context.revoke_splits({owner: [split_id]})
+        self._after_event()
+        return True
+
+    def release(self, split_id: str) -> Split:
+        """Put a quarantined split back: it re-enters the pool at its position and is assigned (rule 1.8).
+
+        InvalidParameterError naming the parked splits when ``split_id`` is not one of them.
+        """
+        self._require_started("release")
+        split = self._quarantined.pop(split_id, None)
+        if split is None:
+            raise InvalidParameterError(
+                "split",
+                split_id,
+                f"a quarantined split (quarantined now: {sorted(self._quarantined) or 'none'})",
+            )
+        self._splits[split_id] = split
+        self._pool[split_id] = split
+        if split.backlog_end is not None:
+            self._backlog.track_all([split])
+        self._audit.append(
+            (RecoveryDecision.RELEASED, None, split_id, self._last_checkpoint_id, f"at {split.position}")
+        )
+        self._after_event()
+        return split
+
     def rebalance(self) -> int:
         """Apply the strategy's rebalance now (its weights changed); returns how many splits moved.
 
@@ -980,6 +1036,7 @@ class SplitEnumerator:
             pool=tuple(pool),
             assignments=assignments,
             finished=frozenset(self._finished),
+            quarantined=tuple(sorted(self._quarantined.values())),
             subscriptions=self._subscriptions if self._subscriptions is not None else frozenset(),
             backlog=self._backlog.snapshot(),
         )
@@ -1017,6 +1074,11 @@ class SplitEnumerator:
         cid = self._last_checkpoint_id
         if sid in self._finished:
             self._audit.append((RecoveryDecision.DROPPED_FINISHED, reader_id, sid, cid, how))
+            return True
+        if sid in self._quarantined:
+            self._audit.append(
+                (RecoveryDecision.QUARANTINED, reader_id, sid, cid, f"{how}; still quarantined")
+            )
             return True
         if split.end is not None and split.position >= split.end:
             # A reader state at the split's end comes from a completed checkpoint: it is finished.

@@ -42,7 +42,8 @@ class RegionRun:
 
     ``outcome`` is ACK (the region's task finished and published its output),
     DECLINE (it raised) or TIMEOUT (no answer within ``region_timeout_s``, whether
-    it started or not). For an ACK: ``positions`` maps every planned split to its
+    it started or not); a DECLINE names in ``failed_splits`` the splits whose read
+    failed, when it knows. For an ACK: ``positions`` maps every planned split to its
     new position (the planned end, or the end of the last record read when a range
     was planned mid-record), ``backlog_finished`` lists planned splits that reached
     their backlog boundary, ``records`` counts what was staged and ``output`` is
@@ -60,6 +61,7 @@ class RegionRun:
     error: str = ""
     started_after_s: float | None = None
     elapsed_s: float = 0.0
+    failed_splits: tuple[str, ...] = ()  # a DECLINE caused by reading these splits (rule 1.8)
 
     @property
     def acknowledged(self) -> bool:

@@ -171,12 +171,31 @@ class ReassignableStaticSplitSource(StaticSplitSource, SupportsSplitReassignment
 # is deterministic, so a replay of a planned range yields the very same records.
 
 
+class RecordMeta(NamedTuple):
+    """Where a record came from and what travelled with it (a Kafka message's metadata).
+
+    ``timestamp_ms``: the message's timestamp, milliseconds since the epoch (None when the
+    source has none); ``headers``: (name, value) pairs in their order, a value may be None.
+    """
+
+    key: bytes | None
+    topic: str
+    partition: int
+    timestamp_ms: int | None
+    headers: tuple[tuple[str, bytes | None], ...] = ()
+
+
 class SourceRecord(NamedTuple):
-    """One record read from a split: where it starts, where the next one starts, its value."""
+    """One record read from a split: where it starts, where the next one starts, its value.
+
+    ``meta``: the record's source metadata (None for a source without any, e.g. files);
+    it lands in the sink's key, topic, partition, timestamp and headers columns.
+    """
 
     offset: int
     next_offset: int
     value: str
+    meta: RecordMeta | None = None
 
 
 class PlannedRange(NamedTuple):

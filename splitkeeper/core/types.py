@@ -110,6 +110,21 @@ class RecoveryDecision(enum.Enum):
     RETURNED_REGION_FALLBACK = "returned_region_fallback"
     REBALANCED = "rebalanced"
     SKIPPED_LOST_RANGE = "skipped_lost_range"  # positions the source no longer had were skipped (retention)
+    QUARANTINED = "quarantined"  # its reads failed too many epochs in a row: parked, read by nobody
+    RELEASED = "released"  # an operator put a quarantined split back (recover --release)
+
+
+class SplitFailurePolicy(enum.Enum):
+    """What happens to a split whose reads keep failing (protocol rule 1.8).
+
+    ``STALL``: its region declines every epoch, and so falls back until the chain limit
+    aborts checkpoints (the split blocks the pipeline until it is fixed). ``QUARANTINE``:
+    after ``quarantine_after`` failed epochs in a row it is parked, and the other splits go
+    on checkpointing globally.
+    """
+
+    STALL = "stall"
+    QUARANTINE = "quarantine"
 
 
 #: ``detail`` of a DISCOVERED audit record: where the split started when it was discovered.
@@ -186,6 +201,7 @@ class EnumeratorSnapshot:
     finished: frozenset[str] = frozenset()
     subscriptions: frozenset[str] = frozenset()
     backlog: BacklogSnapshot = field(default_factory=BacklogSnapshot)
+    quarantined: tuple[Split, ...] = ()  # parked splits, at the position their records end in the sink
 
 
 @dataclass(frozen=True, slots=True)

@@ -115,12 +115,16 @@ def check_recovery_params(params: Mapping[str, Any]) -> dict[str, Any]:
     redistribution = params.get("redistribution")
     if redistribution is not None and redistribution not in ("even-split", "union"):
         raise InvalidParameterError("redistribution", redistribution, "'even-split' or 'union'")
+    release = params.get("release") or []
+    if not isinstance(release, list) or not all(isinstance(s, str) and s for s in release):
+        raise InvalidParameterError("release", release, "a list of quarantined split ids (see status)")
     return {
         "checkpoint_id": checkpoint_id,
         "mode": mode,
         "parallelism": parallelism,
         "dry_run": bool(params.get("dry_run", False)),
         "redistribution": redistribution,
+        "release": list(release),
     }
 
 
@@ -150,6 +154,7 @@ def _recover(reports: Mapping[str, Any], path: str | None, dry_run: bool) -> dic
         else Redistribution[str(redistribution).upper().replace("-", "_")],
         mode=reports.get("mode", "auto"),
         dry_run=dry_run,
+        release=reports.get("release") or (),
     )
     out = result.to_dict()
     log.info("recovery decisions: %s", out["opened"]["decisions"])

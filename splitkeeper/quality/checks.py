@@ -378,7 +378,7 @@ def load_suite_specs(directory: str | os.PathLike[str] | None = None) -> dict[st
 class RestartFrames:
     """The datasets of one checked checkpoint, as Spark DataFrames keyed by dataset name.
 
-    - ``split_places``: one row per pooled/assigned enumerator entry (split_id, status,
+    - ``split_places``: one row per pooled/assigned/quarantined enumerator entry (split_id, status,
       owner, subscription, position, end, finished, owner_consistent), plus one row with
       ``status`` NULL for each subscribed split a region's state holds that the enumerator
       has neither pooled, assigned nor finished (a lost split);
@@ -584,7 +584,8 @@ def build_restart_frames(
             finished_set.add(row["split_id"])
         elif row["status"] == "assigned" and row["owner"] is not None:
             owned.setdefault(int(row["owner"]), []).append(row["split_id"])
-    entries = enum_rows.where(F.col("status").isin("assigned", "pool")).select(
+    # a quarantined split is live (parked at its position, read by nobody): neither lost nor duplicated
+    entries = enum_rows.where(F.col("status").isin("assigned", "pool", "quarantined")).select(
         "split_id", "status", "owner", "subscription", "position", "end"
     )
     finished_ids = enum_rows.where(F.col("status") == "finished").select("split_id").distinct()
@@ -606,7 +607,7 @@ def build_restart_frames(
     )
 
     # -- split_places -------------------------------------------------------------------
-    owner_ok = ((F.col("status") == "pool") & F.col("owner").isNull()) | (
+    owner_ok = (F.col("status").isin("pool", "quarantined") & F.col("owner").isNull()) | (
         (F.col("status") == "assigned")
         & F.col("owner").isNotNull()
         & (F.col("owner").isin(readers) if readers else F.lit(False))
@@ -713,13 +714,16 @@ def build_restart_frames(
         .where(F.col("_rank") == 1)
         .select("split_id", F.col("position").alias("_region_pos"))
     )
-    entry_pos = entries.groupBy("split_id").agg(F.max("position").alias("_entry_pos"))
+    entry_pos = entries.groupBy("split_id").agg(
+        F.max("position").alias("_entry_pos"),
+        F.max(F.col("status") == "quarantined").alias("_parked"),
+    )
     live = (
         entry_pos.join(region_pos, "split_id", "full_outer")
         .join(finished_ids, "split_id", "left_anti")
         .select(
             "split_id",
-            F.lit("live").alias("state"),
+            F.when(F.col("_parked"), F.lit("quarantined")).otherwise(F.lit("live")).alias("state"),
             F.coalesce(F.col("_region_pos"), F.col("_entry_pos")).alias("_committed"),
         )
     )

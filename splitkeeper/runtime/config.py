@@ -24,7 +24,8 @@ Shape of a file (YAML)::
       format: jsonl
       split_bytes: 67108864
     checkpoint: {max_consecutive_failures: 3, max_failure_ratio: 0.5,
-                 region_timeout_s: 300, retain_checkpoints: 3}
+                 region_timeout_s: 300, retain_checkpoints: 3,
+                 on_split_failure: stall, quarantine_after: 3}   # or: quarantine
     backlog: {backlog_epoch_records: 200000, normal_epoch_records: 20000,
               backlog_interval_s: 60, normal_interval_s: 5}
     rescale: {operator_state: even-split}   # or union (protocol rule 2.8)
@@ -63,6 +64,7 @@ from splitkeeper.core.assignment import STRATEGIES, validate_parallelism
 from splitkeeper.core.backlog import BacklogConfig
 from splitkeeper.core.checkpoint import CheckpointConfig
 from splitkeeper.core.rescale import Redistribution
+from splitkeeper.core.types import SplitFailurePolicy
 from splitkeeper.errors import ConfigError, InvalidParameterError
 from splitkeeper.runtime.transforms import resolve_callable, resolve_transform
 
@@ -220,15 +222,23 @@ class CheckpointSettings(CheckpointConfig):
     and the coordinator takes it as is); ``regions_independent`` comes from the
     top-level ``regions`` key. ``retain_checkpoints``: completed checkpoints kept
     besides those a later checkpoint still references (protocol rule 2.7).
+    ``on_split_failure``: ``stall`` (a split whose reads keep failing blocks the
+    pipeline until fixed) or ``quarantine`` (after ``quarantine_after`` failed epochs
+    in a row it is parked and the rest goes on; protocol rule 1.8).
     """
 
     retain_checkpoints: int = 3
+    on_split_failure: SplitFailurePolicy = SplitFailurePolicy.STALL
+    quarantine_after: int = 3
 
     def __post_init__(self) -> None:
         CheckpointConfig.__post_init__(self)
         value = self.retain_checkpoints
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise InvalidParameterError("retain_checkpoints", value, "an integer >= 1")
+        after = self.quarantine_after
+        if isinstance(after, bool) or not isinstance(after, int) or after < 1:
+            raise InvalidParameterError("quarantine_after", after, "an integer >= 1 (failed epochs in a row)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -388,7 +398,12 @@ def config_from_mapping(
 
     cp = top.section("checkpoint", _CHECKPOINT_KEYS)
     checkpoint = cp.core(
-        CheckpointSettings, regions_independent=regions is RegionMode.PER_READER, **cp.values()
+        CheckpointSettings,
+        regions_independent=regions is RegionMode.PER_READER,
+        **{
+            **cp.values(),
+            "on_split_failure": cp.choice("on_split_failure", SplitFailurePolicy, SplitFailurePolicy.STALL),
+        },
     )
     bl = top.section("backlog", _BACKLOG_KEYS)
     backlog = bl.core(BacklogConfig, **bl.values())

@@ -49,7 +49,7 @@ from splitkeeper.runtime.faults import FaultPlan, crash_if_requested, crash_requ
 from splitkeeper.runtime.regions import RegionStatus, run_regions
 from splitkeeper.runtime.sink import DeltaSink
 from splitkeeper.runtime.sources import build_source
-from splitkeeper.runtime.staging import FaultKind, RegionResult, run_region_task
+from splitkeeper.runtime.staging import FaultKind, RegionResult, failed_splits, run_region_task
 from splitkeeper.runtime.transforms import Transform, resolve_transform
 from splitkeeper.state.checkpoints import DeltaStateStore
 from splitkeeper.state.lease import HeldLease, PipelineLease, held
@@ -86,6 +86,8 @@ def driver_settings(config: PipelineConfig, redistribution: Redistribution | Non
         strategy_options={"capacities": dict(config.capacities)} if config.strategy == "weighted" else {},
         redistribution=redistribution or config.operator_state.redistribution,
         rebalance_threshold=config.rebalance_threshold,
+        on_split_failure=config.checkpoint.on_split_failure,
+        quarantine_after=config.checkpoint.quarantine_after,
     )
 
 
@@ -196,6 +198,7 @@ class SparkRegionRunner(RegionRunner):
                     region_id=r,
                     outcome=outcome,
                     error=run.error,
+                    failed_splits=failed_splits(run.error),  # what checkpoint.on_split_failure counts
                     started_after_s=run.started_after_s,
                     elapsed_s=run.elapsed_s,
                 )

@@ -370,7 +370,10 @@ class DeltaSink(EpochSink):
             found = [(f.name, f.type) for f in metadata.schema.to_arrow_schema()]
             wanted = [(f.name, f.type) for f in STAGED_FILE_SCHEMA]
             records_only = [(f.name, f.type) for f in STAGED_FILE_SCHEMA if f.name in STAGED_COLUMNS]
-            if found not in (wanted, records_only):
+            # an older writer's file lacks the metadata columns at the end: Delta reads them as NULL
+            stamped = wanted[: len(STAGED_COLUMNS) + 1]
+            whole = found == wanted[: len(found)] and len(found) >= len(stamped)
+            if not whole and found != records_only:
                 raise StateError(
                     f"sink {self.path}: staged file {location} of epoch {epoch} has columns {found}, not the "
                     f"sink's {wanted} ({SINK_TABLE}.ddl). Nothing was committed: recover the pipeline so the "
@@ -379,7 +382,7 @@ class DeltaSink(EpochSink):
                     epoch_id=epoch,
                 )
             stats = file_statistics(metadata, spec(SINK_TABLE).stats_columns)
-            return _Staged(staged_path, location, name, metadata.num_rows, stats, found == wanted)
+            return _Staged(staged_path, location, name, metadata.num_rows, stats, whole)
         folder = os.path.dirname(staged_path)
         raise StateError(
             f"sink {self.path}: staged file {staged_path} of epoch {epoch} is gone, and was not moved into "
@@ -573,8 +576,9 @@ def _rewrite_with_ingested_at(source: str, target: str) -> None:
     with src_fs.open_input_file(src_inner) as handle:
         data = pq.read_table(handle)
     now = pa.scalar(datetime.now(UTC), STAGED_FILE_SCHEMA.field("ingested_at").type)
+    stamped = pa.schema(list(STAGED_FILE_SCHEMA)[: len(STAGED_COLUMNS) + 1])  # the metadata columns read NULL
     data = data.append_column(STAGED_FILE_SCHEMA.field("ingested_at"), pa.repeat(now, data.num_rows)).cast(
-        STAGED_FILE_SCHEMA
+        stamped
     )
     dst_fs, dst_inner = storage.filesystem(target)
     with dst_fs.open_output_stream(dst_inner) as out:

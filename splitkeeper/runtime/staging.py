@@ -20,7 +20,9 @@ as it is, without rewriting it (:meth:`~splitkeeper.runtime.sink.DeltaSink.commi
 from __future__ import annotations
 
 import enum
+import json
 import os
+import re
 import time
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
@@ -30,11 +32,11 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from splitkeeper.core.source import RegionReader, SourceRecord
+from splitkeeper.core.source import RecordMeta, RegionReader, SourceRecord
 from splitkeeper.core.types import Split
 from splitkeeper.errors import InvalidParameterError, ProtocolError, SourceError, SplitkeeperError
 from splitkeeper.runtime.transforms import Transform, apply_transform, identity
-from splitkeeper.state.tables import STAGED_FILE_SCHEMA, STAGED_SCHEMA
+from splitkeeper.state.tables import META_COLUMNS, STAGED_FILE_SCHEMA, STAGED_SCHEMA
 
 PART_FILE = "part.parquet"
 _ROW_GROUP = 128 * 1024
@@ -44,6 +46,33 @@ class InjectedFault(SplitkeeperError):
     """A region task failed on purpose, because the fault plan said so."""
 
     code = "INJECTED_FAULT"
+
+
+class SplitReadError(SplitkeeperError):
+    """Reading (or transforming) one split of a region failed; the message names the split first.
+
+    The region declines. Its message starts ``split "<id>" at offset <n>:`` (the id as JSON) so the driver can
+    tell which split failed across the executor boundary (:data:`SPLIT_READ_FAILED`), and
+    count it towards ``checkpoint.on_split_failure: quarantine`` (protocol rule 1.8).
+    """
+
+    code = "SPLIT_READ_FAILED"
+
+    def __init__(self, split_id: str, offset: int, cause: BaseException) -> None:
+        super().__init__(
+            f"split {json.dumps(split_id)} at offset {offset}: {type(cause).__name__}: {cause}",
+            split_id=split_id,
+            offset=offset,
+        )
+
+
+#: What finds the failed split's id in a region's error text (``[SPLIT_READ_FAILED] split "x" ...``).
+SPLIT_READ_FAILED = re.compile(r'\[SPLIT_READ_FAILED\] split ("(?:[^"\\]|\\.)*") at offset (\d+)')
+
+
+def failed_splits(error: str) -> tuple[str, ...]:
+    """The split ids a region's error text names as failed (none for other failures)."""
+    return tuple(dict.fromkeys(json.loads(m.group(1)) for m in SPLIT_READ_FAILED.finditer(error)))
 
 
 class FaultKind(enum.Enum):
@@ -144,6 +173,8 @@ class StagedWriter:
         self._offsets: list[int] = []
         self._next_offsets: list[int] = []
         self._values: list[str] = []
+        self._metas: list[RecordMeta | None] = []  # filled once a record carries metadata
+        self._has_meta = False
         self.records = 0
         self.last_next_offset: int | None = None
 
@@ -153,13 +184,20 @@ class StagedWriter:
         Afterwards :attr:`last_next_offset` is the ``next_offset`` of the last
         record added by this call (``None`` if it added none).
         """
-        offsets, next_offsets, values = self._offsets, self._next_offsets, self._values
+        offsets, next_offsets, values, metas = self._offsets, self._next_offsets, self._values, self._metas
         count = 0
         next_offset = None
-        for offset, next_offset, value in records:
-            offsets.append(offset)
+        for record in records:
+            offsets.append(record[0])
+            next_offset = record[1]
             next_offsets.append(next_offset)
-            values.append(value)
+            values.append(record[2])
+            meta = record[3] if len(record) > 3 else None
+            if meta is not None and not self._has_meta:
+                self._has_meta = True
+                metas.extend([None] * (len(values) - 1 - len(metas)))
+            if self._has_meta:
+                metas.append(meta)
             count += 1
             if len(values) >= _ROW_GROUP:
                 self._split_ids.extend([split_id] * (len(values) - len(self._split_ids)))
@@ -168,6 +206,24 @@ class StagedWriter:
         self.records += count
         self.last_next_offset = next_offset if count else None
         return count
+
+    def _meta_arrays(self, n: int) -> list[pa.Array]:
+        """The key, topic, partition, timestamp and headers columns of the buffered rows."""
+        types = [STAGED_FILE_SCHEMA.field(name).type for name in META_COLUMNS]
+        if not self._has_meta:
+            return [pa.nulls(n, t) for t in types]
+        metas = self._metas
+        return [
+            pa.array([m.key if m else None for m in metas], types[0]),
+            pa.array([m.topic if m else None for m in metas], types[1]),
+            pa.array([m.partition if m else None for m in metas], types[2]),
+            pa.array(
+                [m.timestamp_ms * 1000 if m and m.timestamp_ms is not None else None for m in metas], types[3]
+            ),
+            pa.array(
+                [[{"key": k, "value": v} for k, v in m.headers] if m else None for m in metas], types[4]
+            ),
+        ]
 
     def _flush(self) -> None:
         n = len(self._values)
@@ -182,6 +238,7 @@ class StagedWriter:
                 pa.repeat(pa.scalar(self.epoch, pa.int64()), n),
                 pa.repeat(pa.scalar(self.region, pa.int32()), n),
                 pa.repeat(self._ingested_at, n),
+                *self._meta_arrays(n),
             ],
             schema=STAGED_FILE_SCHEMA,
         )
@@ -190,6 +247,7 @@ class StagedWriter:
         self._offsets.clear()
         self._next_offsets.clear()
         self._values.clear()
+        self._metas.clear()
 
     def commit(self) -> StagedOutput:
         """Flush, close and rename into place. Returns the published file."""
@@ -283,10 +341,13 @@ def run_region_task(
                     f"epoch {epoch} region {region}: split {split.split_id!r} is planned twice", epoch=epoch
                 )
             seen.add(split.split_id)
-            records = reader.read_range(split, start, end)
-            if transform is not identity:
-                records = _transformed(records, transform, split.split_id)
-            counts[split.split_id] = writer.add(split.split_id, records)
+            try:
+                records = reader.read_range(split, start, end)
+                if transform is not identity:
+                    records = _transformed(records, transform, split.split_id)
+                counts[split.split_id] = writer.add(split.split_id, records)
+            except Exception as err:  # the split's records cannot be read or transformed: name the split
+                raise SplitReadError(split.split_id, start, err) from err
             last = writer.last_next_offset
             position = end if last is None else max(end, last)
             if split.end is not None and position > split.end:
@@ -325,5 +386,7 @@ def run_region_task(
 def _transformed(
     records: Iterable[SourceRecord], transform: Transform, split_id: str
 ) -> Iterator[SourceRecord]:
-    for offset, next_offset, value in records:
-        yield SourceRecord(offset, next_offset, apply_transform(transform, value, split_id, offset))
+    for record in records:
+        offset, next_offset, value = record[0], record[1], record[2]
+        meta = record[3] if len(record) > 3 else None
+        yield SourceRecord(offset, next_offset, apply_transform(transform, value, split_id, offset), meta)

@@ -259,12 +259,19 @@ class SimRegionRunner(RegionRunner):
     ``failures`` applies to the next epoch run; ``schedule`` maps ``(epoch, region)`` to a
     failure for a scripted run (the same schedule a Spark run's fault plan injects).
     ``staged`` holds every region's runs of the current epoch (failed regions' too: a
-    broken sink may commit them, and the simulator must catch it).
+    broken sink may commit them, and the simulator must catch it). A region that reads a
+    split in ``poison`` declines naming it in ``failed_splits`` (a record that cannot be
+    read, protocol rule 1.8), every epoch until the split leaves ``poison``.
     """
 
-    def __init__(self, schedule: Mapping[tuple[int, int], RegionFailure] | None = None) -> None:
+    def __init__(
+        self,
+        schedule: Mapping[tuple[int, int], RegionFailure] | None = None,
+        poison: set[str] | None = None,
+    ) -> None:
         self.failures: dict[int, RegionFailure] = {}
         self.schedule: dict[tuple[int, int], RegionFailure] = dict(schedule or {})
+        self.poison: set[str] = set(poison or ())
         self.staged: dict[int, list[Run]] = {}
 
     def run(self, epoch: int, plan: EpochPlan, timeout_s: float) -> dict[int, RegionRun]:
@@ -274,7 +281,15 @@ class SimRegionRunner(RegionRunner):
             runs = [(split.split_id, start, end) for split, start, end in ranges if end > start]
             self.staged[region] = runs
             failure = self.failures.get(region) or self.schedule.get((epoch, region))
-            if failure is None:
+            poisoned = tuple(sid for sid, _start, _end in runs if sid in self.poison)
+            if poisoned and failure is None:
+                out[region] = RegionRun(
+                    region,
+                    RegionOutcome.DECLINE,
+                    error=f"simulated unreadable record in {', '.join(poisoned)}",
+                    failed_splits=poisoned,
+                )
+            elif failure is None:
                 out[region] = RegionRun(
                     region_id=region,
                     outcome=RegionOutcome.ACK,

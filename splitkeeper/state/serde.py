@@ -279,9 +279,18 @@ def backlog_from_rows(rows: Iterable[Mapping[str, Any]]) -> BacklogSnapshot:
 # ---------------------------------------------------------------------------------------
 
 ENUMERATOR_FIELDS = frozenset(
-    {"checkpoint_id", "parallelism", "pool", "assignments", "finished", "subscriptions", "backlog"}
+    {
+        "checkpoint_id",
+        "parallelism",
+        "pool",
+        "assignments",
+        "finished",
+        "subscriptions",
+        "backlog",
+        "quarantined",
+    }
 )
-ENUMERATOR_STATUSES = ("assigned", "pool", "finished", "backlog")
+ENUMERATOR_STATUSES = ("assigned", "pool", "finished", "backlog", "quarantined")
 
 
 def _split_state_row(status: str, owner: int | None, seq: int, split: Split) -> Row:
@@ -310,6 +319,8 @@ def enumerator_to_rows(snapshot: EnumeratorSnapshot) -> list[Row]:
             rows.append(_split_state_row("assigned", reader_id, seq, split))
     for seq, split in enumerate(snapshot.pool):
         rows.append(_split_state_row("pool", None, seq, split))
+    for seq, split in enumerate(snapshot.quarantined):
+        rows.append(_split_state_row("quarantined", None, seq, split))
     for seq, split_id in enumerate(sorted(snapshot.finished)):
         rows.append(
             {
@@ -344,12 +355,15 @@ def enumerator_from_rows(
             )
     assigned: dict[int, list[tuple[int, Split]]] = {int(r): [] for r in header.get("readers") or ()}
     pool: list[tuple[int, Split]] = []
+    quarantined: list[tuple[int, Split]] = []
     for row in rows:
         if row["status"] == "assigned":
             owner = int(row["owner"])
             assigned.setdefault(owner, []).append((int(row["seq"]), split_from_row(row, where)))
         elif row["status"] == "pool":
             pool.append((int(row["seq"]), split_from_row(row, where)))
+        elif row["status"] == "quarantined":
+            quarantined.append((int(row["seq"]), split_from_row(row, where)))
     return EnumeratorSnapshot(
         checkpoint_id=int(header["checkpoint_id"]),
         parallelism=int(header["parallelism"]),
@@ -361,6 +375,7 @@ def enumerator_from_rows(
         finished=frozenset(r["split_id"] for r in rows if r["status"] == "finished"),
         subscriptions=frozenset(header.get("subscriptions") or ()),
         backlog=backlog_from_rows(rows),
+        quarantined=tuple(s for _, s in sorted(quarantined, key=lambda p: p[0])),
     )
 
 

@@ -10,7 +10,7 @@ Rules:
 
 1. The DDL subset: ``name TYPE [NOT NULL]`` separated by commas; names may be
    back-quoted; types ``BIGINT``, ``INT``/``INTEGER``, ``STRING``, ``BOOLEAN``,
-   ``DOUBLE``, ``TIMESTAMP``, ``ARRAY<type>``, ``STRUCT<name: type [NOT NULL], ...>``;
+   ``DOUBLE``, ``TIMESTAMP``, ``BINARY``, ``ARRAY<type>``, ``STRUCT<name: type [NOT NULL], ...>``;
    ``--`` starts a comment. ``TIMESTAMP`` is ``timestamp("us", tz="UTC")``: Spark's
    TIMESTAMP is an instant, never a wall-clock time (that would be TIMESTAMP_NTZ and
    a table feature older readers lack). Array elements and struct fields are nullable
@@ -55,6 +55,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = [
     "SCHEMA_DIR_ENV",
+    "META_COLUMNS",
     "SINK_TABLE",
     "STAGED_COLUMNS",
     "STAGED_FILE_SCHEMA",
@@ -95,6 +96,7 @@ _PRIMITIVES: dict[str, pa.DataType] = {
     "BOOLEAN": pa.bool_(),
     "DOUBLE": pa.float64(),
     "TIMESTAMP": pa.timestamp("us", tz="UTC"),
+    "BINARY": pa.binary(),
 }
 
 
@@ -115,7 +117,7 @@ class _Tokens:
     def fail(self, what: str) -> StateError:
         raise StateError(
             f"{self.source}: {what}; the DDL files use 'name TYPE [NOT NULL]' with BIGINT, INT, STRING, "
-            "BOOLEAN, DOUBLE, TIMESTAMP, ARRAY<..> and STRUCT<name: type, ..>",
+            "BOOLEAN, DOUBLE, TIMESTAMP, BINARY, ARRAY<..> and STRUCT<name: type, ..>",
             source=self.source,
         )
 
@@ -235,6 +237,9 @@ def _schema_of(table: str) -> pa.Schema:
 
 #: The records table the sink commits to (not a state table; its columns live here too).
 SINK_TABLE = "sink_records"
+#: The sink's source-metadata columns (Kafka's key, topic, partition, timestamp, headers),
+#: after ``ingested_at``; NULL for a files source; added to older sink tables by migration.
+META_COLUMNS: tuple[str, ...] = ("key", "topic", "partition", "timestamp", "headers")
 
 TABLES: dict[str, TableSpec] = {
     spec.name: spec
@@ -255,8 +260,11 @@ TABLES: dict[str, TableSpec] = {
         TableSpec("audit", stats_columns=("checkpoint_id", "attempt_id")),
         TableSpec("checkpoint_log", stats_columns=("checkpoint_id", "kind")),
         TableSpec("lease", stats_columns=("generation",)),
+        TableSpec("control", stats_columns=("requested_at",)),
         TableSpec(
-            SINK_TABLE, stats_columns=("split_id", "offset", "next_offset", "epoch", "region", "ingested_at")
+            SINK_TABLE,
+            stats_columns=("split_id", "offset", "next_offset", "epoch", "region", "ingested_at"),
+            added_columns=frozenset(META_COLUMNS),
         ),
     )
 }
@@ -288,10 +296,10 @@ STAGED_FILE_SCHEMA: pa.Schema = _schema_of(SINK_TABLE)
 #: The record columns of a staged file (what ``read_staged`` returns).
 STAGED_SCHEMA: pa.Schema = pa.schema([STAGED_FILE_SCHEMA.field(name) for name in STAGED_COLUMNS])
 
-if STAGED_FILE_SCHEMA.names != [*STAGED_COLUMNS, "ingested_at"]:  # pragma: no cover - a DDL edit
+if STAGED_FILE_SCHEMA.names != [*STAGED_COLUMNS, "ingested_at", *META_COLUMNS]:  # pragma: no cover
     raise StateError(
-        f"{ddl_path(SINK_TABLE)} must list {[*STAGED_COLUMNS, 'ingested_at']} in this order (staged files "
-        f"are adopted into the sink as they are); it lists {STAGED_FILE_SCHEMA.names}",
+        f"{ddl_path(SINK_TABLE)} must list {[*STAGED_COLUMNS, 'ingested_at', *META_COLUMNS]} in this "
+        f"order (staged files are adopted into the sink as they are); it lists {STAGED_FILE_SCHEMA.names}",
         path=str(ddl_path(SINK_TABLE)),
     )
 
@@ -307,6 +315,8 @@ def _shape(data_type: Any) -> Any:
         return ("list", _shape(data_type.value_type))
     if pa.types.is_large_string(data_type) or pa.types.is_string_view(data_type):
         return str(pa.string())
+    if pa.types.is_large_binary(data_type) or pa.types.is_binary_view(data_type):
+        return str(pa.binary())
     if pa.types.is_timestamp(data_type):
         return ("timestamp", data_type.tz is not None)
     return str(data_type)

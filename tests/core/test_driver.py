@@ -8,8 +8,8 @@ from splitkeeper.core.backlog import BacklogConfig
 from splitkeeper.core.checkpoint import CheckpointConfig
 from splitkeeper.core.driver import DriverSettings, EpochDriver
 from splitkeeper.core.ports import CrashPoint, DriverHooks
-from splitkeeper.core.types import CheckpointKind, RecoveryDecision, Split
-from splitkeeper.errors import ConcurrentRunError, ProtocolError
+from splitkeeper.core.types import CheckpointKind, RecoveryDecision, Split, SplitFailurePolicy
+from splitkeeper.errors import ConcurrentRunError, InvalidParameterError, ProtocolError
 from splitkeeper.sim.events import RegionFailure
 from splitkeeper.sim.simulator import (
     ReassignableSimSource,
@@ -216,3 +216,71 @@ def test_a_backlog_reset_reaches_the_owning_reader_and_finishes_when_it_reaches_
     assert not driver.enumerator.processing_backlog
     assert report.completed is not None and report.completed.enumerator is not None
     assert report.completed.enumerator.backlog.finished == {"a-0", "a-1"}
+
+
+def _poisoned(policy: SplitFailurePolicy, poison: set[str]) -> tuple[EpochDriver, SimulatedSink, SimState]:
+    source = _source({"a"}, {f"a-{i}": ("a", 40) for i in range(4)})
+    runner = SimRegionRunner(poison=poison)
+    ledger = SimulatedSink()
+    state = SimState()
+    settings = DriverSettings(
+        pipeline="t",
+        parallelism=2,
+        checkpoint=CheckpointConfig(max_consecutive_failures=2),
+        backlog=BacklogConfig(backlog_epoch_records=8, normal_epoch_records=8),
+        on_split_failure=policy,
+        quarantine_after=2,
+    )
+    driver = EpochDriver(settings, source, runner, SimEpochSink(ledger, runner), state, SimClock())
+    return driver, ledger, state
+
+
+def test_a_split_whose_reads_keep_failing_stalls_its_region_under_the_default_policy() -> None:
+    driver, ledger, _state = _poisoned(SplitFailurePolicy.STALL, {"a-1"})
+    driver.open()
+    kinds = [driver.run_epoch(records_per_split=4).kind for _ in range(5)]
+    assert CheckpointKind.GLOBAL not in kinds  # the poisoned region declines every epoch
+    assert ledger.spans("a-1") == []
+    assert driver.enumerator is not None and driver.enumerator.quarantined == {}
+
+
+def test_quarantine_parks_a_failing_split_so_the_rest_checkpoints_globally_and_release_resumes_it() -> None:
+    driver, ledger, state = _poisoned(SplitFailurePolicy.QUARANTINE, {"a-1"})
+    driver.open()
+    first, second = (driver.run_epoch(records_per_split=4) for _ in range(2))
+    assert first.kind is not CheckpointKind.GLOBAL and second.kind is not CheckpointKind.GLOBAL
+    third = driver.run_epoch(records_per_split=4)  # a-1 failed 2 epochs in a row: parked before planning
+    assert third.kind is CheckpointKind.GLOBAL
+    assert third.completed is not None
+    owned = {s.split_id for r in third.completed.regions.values() for s in r.splits}
+    assert "a-1" not in owned and owned == {"a-0", "a-2", "a-3"}
+    assert ledger.spans("a-1") == []
+    assert driver.enumerator is not None
+    (parked,) = [a for a in driver.enumerator.audit if a.decision is RecoveryDecision.QUARANTINED]
+    assert parked.split_id == "a-1" and "reads failed 2 epochs in a row (at offset 0)" in parked.detail
+    assert "unreadable record in a-1" in parked.detail
+
+    # a restart keeps it parked (the checkpoint holds it) and reads everything else to the end
+    source = driver.source
+    runner = SimRegionRunner(poison={"a-1"})
+    again = EpochDriver(driver.settings, source, runner, SimEpochSink(ledger, runner), state, SimClock())
+    again.open()
+    assert again.enumerator is not None and set(again.enumerator.quarantined) == {"a-1"}
+    for _ in range(12):
+        again.run_epoch(records_per_split=4)
+    assert ledger.spans("a-1") == []
+    for sid in ("a-0", "a-2", "a-3"):
+        assert ledger.spans(sid) == [(0, 40)]  # every record once
+
+    # the operator fixes the record and releases the split: read from where its records end, once
+    runner.poison.clear()
+    (released,) = again.release(["a-1"])
+    assert released.position == 0
+    with pytest.raises(InvalidParameterError, match=r"a quarantined split \(quarantined now: none\)"):
+        again.release(["a-1"])
+    for _ in range(12):
+        again.run_epoch(records_per_split=4)
+    assert ledger.spans("a-1") == [(0, 40)]
+    decisions = [a.decision for a in again.enumerator.audit if a.split_id == "a-1"]
+    assert RecoveryDecision.RELEASED in decisions
+    assert again.enumerator.quarantined == {}

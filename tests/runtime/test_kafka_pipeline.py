@@ -207,6 +207,12 @@ def test_two_topics_at_p4_with_a_failed_region_land_once_each_and_the_group_hold
 
     by_split = sink_offsets(spark, config)
     assert sorted(by_split) == sorted(ends)
+    sources = (
+        spark.read.format("delta").load(config.sink_path).groupBy("split_id", "topic", "partition").count()
+    )
+    assert {(r["split_id"], r["topic"], r["partition"]) for r in sources.collect()} == {
+        (split_id_of(t, p), t, p) for (t, p) in counts
+    }  # every record carries its message's topic and partition
     for (topic, partition), n in counts.items():
         records = by_split[split_id_of(topic, partition)]
         assert records == [(i, i + 1, value_of(topic, partition, i)) for i in range(n)], (topic, partition)

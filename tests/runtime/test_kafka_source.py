@@ -256,15 +256,22 @@ def test_planned_ranges_read_every_message_exactly_once_with_contiguous_offsets(
 def test_reader_decodes_invalid_utf8_with_replacement_and_tombstones_as_empty(bootstrap: str) -> None:
     topic = create_topic(bootstrap, 1)
     producer = Producer({"bootstrap.servers": bootstrap})
-    producer.produce(topic, value=b"ok-\xff", partition=0)
-    producer.produce(topic, value=None, key=b"k", partition=0)
+    producer.produce(topic, value=b"ok-\xff", partition=0, timestamp=1_700_000_000_123)
+    producer.produce(topic, value=None, key=b"k", partition=0, headers=[("trace", b"t1"), ("empty", None)])
     producer.produce(topic, value="é".encode(), partition=0)
     producer.flush(30)
     split = Split(split_id_of(topic, 0), subscription=topic)
 
     records = list(KafkaRegionReader(bootstrap).read_range(split, 0, 3))
 
-    assert records == [SourceRecord(0, 1, "ok-\ufffd"), SourceRecord(1, 2, ""), SourceRecord(2, 3, "é")]
+    assert [r[:3] for r in records] == [(0, 1, "ok-\ufffd"), (1, 2, ""), (2, 3, "é")]
+    # the message's metadata travels with it (the sink's key/topic/partition/timestamp/headers)
+    metas = [r.meta for r in records]
+    assert all(m is not None and (m.topic, m.partition) == (topic, 0) for m in metas)
+    assert [m.key for m in metas if m] == [None, b"k", None]
+    assert metas[0] is not None and metas[0].timestamp_ms == 1_700_000_000_123
+    assert metas[1] is not None and metas[1].headers == (("trace", b"t1"), ("empty", None))
+    assert metas[2] is not None and metas[2].headers == () and metas[2].timestamp_ms is not None
 
 
 def test_transaction_markers_and_aborted_records_are_gaps_the_position_moves_over(bootstrap: str) -> None:

@@ -21,11 +21,12 @@ from deltalake import DeltaTable
 
 from splitkeeper.core.invariants import ViolationKind
 from splitkeeper.core.ports import RegionRun
+from splitkeeper.core.source import RecordMeta, SourceRecord
 from splitkeeper.core.types import RegionOutcome
 from splitkeeper.errors import ConcurrentRunError, InvalidParameterError, StateError
 from splitkeeper.runtime.sink import DeltaSink, adopted_name, file_statistics
 from splitkeeper.runtime.staging import StagedWriter
-from splitkeeper.state.tables import STAGED_COLUMNS, STAGED_FILE_SCHEMA, STAGED_SCHEMA
+from splitkeeper.state.tables import META_COLUMNS, STAGED_COLUMNS, STAGED_FILE_SCHEMA, STAGED_SCHEMA
 
 
 def _stage(root: str, epoch: int, region: int, records: list[tuple[str, int, int]]) -> str:
@@ -84,7 +85,7 @@ def _data_files(sink: DeltaSink) -> list[str]:
 
 def test_the_sink_table_has_the_staged_files_columns(sink):
     schema = pa.schema(DeltaTable(sink.path).schema().to_arrow())
-    assert schema.names == [*STAGED_COLUMNS, "ingested_at"] == STAGED_FILE_SCHEMA.names
+    assert schema.names == [*STAGED_COLUMNS, "ingested_at", *META_COLUMNS] == STAGED_FILE_SCHEMA.names
     assert [(f.name, f.type) for f in schema] == [(f.name, f.type) for f in STAGED_FILE_SCHEMA]
 
 
@@ -261,6 +262,71 @@ def test_staged_files_of_an_older_writer_without_ingested_at_are_rewritten(sink,
     table = DeltaTable(sink.path).to_pyarrow_table()
     assert table.column("ingested_at").null_count == 0 and table.schema.names == STAGED_FILE_SCHEMA.names
     assert [r[1] for r in _rows(sink)] == [0, 1, 2]
+
+
+def test_kafka_metadata_lands_in_the_key_topic_partition_timestamp_and_headers_columns(sink, staging):
+    folder = os.path.join(staging, "epoch=1", "region=0", f"attempt={uuid.uuid4().hex}")
+    with StagedWriter(os.path.join(folder, "part.parquet"), 1, 0) as writer:
+        writer.add(
+            "orders-3",
+            [
+                SourceRecord(7, 8, "a", RecordMeta(b"k\x00", "orders", 3, 1_700_000_000_123, (("h", b"v"),))),
+                SourceRecord(8, 9, "b", RecordMeta(None, "orders", 3, None, (("h", None), ("h", b"2")))),
+            ],
+        )
+        path = writer.commit().path
+    sink.commit(1, [_ack(0, path)], expected=None, attempt_id="a")
+
+    rows = sorted(DeltaTable(sink.path).to_pyarrow_table().to_pylist(), key=lambda r: r["offset"])
+    assert [(r["key"], r["topic"], r["partition"]) for r in rows] == [
+        (b"k\x00", "orders", 3),
+        (None, "orders", 3),
+    ]
+    assert rows[0]["timestamp"] == datetime.fromtimestamp(1_700_000_000.123, UTC)
+    assert rows[1]["timestamp"] is None
+    assert rows[0]["headers"] == [{"key": "h", "value": b"v"}]
+    assert rows[1]["headers"] == [{"key": "h", "value": None}, {"key": "h", "value": b"2"}]
+
+
+def test_an_older_sink_table_gains_the_metadata_columns_and_keeps_its_rows(tmp_path, staging):
+    """Schema migration: a sink written before the metadata columns existed (its 7 columns, one
+    epoch committed) gains them when a run opens it; its rows read NULL there, new rows fill them."""
+    from deltalake import write_deltalake
+    from deltalake.transaction import CommitProperties, Transaction
+
+    old_schema = pa.schema(list(STAGED_FILE_SCHEMA)[: len(STAGED_COLUMNS) + 1])
+    old_rows = pa.table(
+        {
+            "split_id": ["t-0"],
+            "offset": [0],
+            "next_offset": [1],
+            "value": ["old"],
+            "epoch": [1],
+            "region": [0],
+            "ingested_at": [datetime.now(UTC)],
+        },
+        schema=old_schema,
+    )
+    path = str(tmp_path / "old-sink")
+    write_deltalake(
+        path, old_rows, commit_properties=CommitProperties(app_transactions=[Transaction("orders", 1)])
+    )
+    assert DeltaSink(path, "orders", read_only=True).committed_epoch() == 1  # read-only: not migrated
+    assert pa.schema(DeltaTable(path).schema().to_arrow()).names == old_schema.names
+
+    sink = DeltaSink(path, "orders", staging_path=staging)
+    folder = os.path.join(staging, "epoch=2", "region=0", f"attempt={uuid.uuid4().hex}")
+    with StagedWriter(os.path.join(folder, "part.parquet"), 2, 0) as writer:
+        writer.add("t-0", [SourceRecord(1, 2, "new", RecordMeta(b"k", "t", 0, 5, ()))])
+        staged = writer.commit().path
+    sink.commit(2, [_ack(0, staged)], expected=1, attempt_id="b")
+
+    table = DeltaTable(path).to_pyarrow_table()
+    assert table.schema.names == STAGED_FILE_SCHEMA.names
+    rows = {r["value"]: r for r in table.to_pylist()}
+    assert [rows["old"][c] for c in META_COLUMNS] == [None] * len(META_COLUMNS)
+    assert (rows["new"]["key"], rows["new"]["topic"], rows["new"]["partition"]) == (b"k", "t", 0)
+    assert rows["new"]["headers"] == []
 
 
 # --------------------------------------------------------------------------- bad input

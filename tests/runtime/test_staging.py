@@ -25,7 +25,9 @@ from splitkeeper.runtime.staging import (
     InjectedFault,
     RegionFault,
     RegionResult,
+    SplitReadError,
     StagedWriter,
+    failed_splits,
     read_staged,
     run_region_task,
     write_staged,
@@ -174,14 +176,27 @@ def test_transform_is_applied_to_each_value(tmp_path: Path) -> None:
 def test_transform_failure_names_split_and_offset_and_publishes_nothing(tmp_path: Path) -> None:
     plan = [(Split("p-3"), 0, 10)]
     with pytest.raises(
-        TransformError, match=r"explode_on_v3 failed on split 'p-3' at offset 3: ValueError: boom"
-    ):
+        SplitReadError, match=r"explode_on_v3 failed on split 'p-3' at offset 3: ValueError: boom"
+    ) as err:
         run_region_task(plan, CountingReader(), explode_on_v3, str(tmp_path), epoch=1, region=0)
+    assert isinstance(err.value.__cause__, TransformError)
+    assert failed_splits(str(err.value)) == ("p-3",)  # what the driver reads from the task's error text
     assert all_files(tmp_path) == []
 
 
+def test_failed_splits_finds_awkward_ids_in_spark_error_text() -> None:
+    ids = ["orders-3", 'dir/with "quotes"/f.jsonl', "tab\tand\\slash"]
+    text = "\n".join(
+        f"Traceback ...\nsplitkeeper.runtime.staging.SplitReadError: {SplitReadError(i, 7, ValueError('x'))}"
+        for i in ids
+    )
+    text += "\n" + text  # Spark repeats the cause; each split once
+    assert failed_splits("pyspark.errors.PythonException: " + text) == tuple(ids)
+    assert failed_splits("[INJECTED_FAULT] injected fault: region 2 fails") == ()
+
+
 def test_transform_must_return_a_string(tmp_path: Path) -> None:
-    with pytest.raises(TransformError, match="returned NoneType for split 'p' at offset 0"):
+    with pytest.raises(SplitReadError, match="TransformError: .*returned NoneType for split 'p' at offset 0"):
         run_region_task(
             [(Split("p"), 0, 2)], CountingReader(), returns_none, str(tmp_path), epoch=1, region=0
         )
@@ -223,8 +238,11 @@ def test_missing_file_raises_a_source_error_and_publishes_nothing(tmp_path: Path
     source = FileSource(tmp_path / "in")
     (split,) = source.discover_splits()
     (tmp_path / "in" / "f.txt").unlink()
-    with pytest.raises(SourceError, match="does not exist any more"):
+    with pytest.raises(
+        SplitReadError, match=r"SourceError: \[SOURCE_ERROR\] .*does not exist any more"
+    ) as err:
         run_region_task([(split, 0, 2)], source.reader(), identity, str(tmp_path / "s"), epoch=1, region=0)
+    assert isinstance(err.value.__cause__, SourceError)
     assert all_files(tmp_path / "s") == []
 
 

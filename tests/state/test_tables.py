@@ -15,6 +15,7 @@ from splitkeeper.errors import StateError
 from splitkeeper.state import tables
 from splitkeeper.state.checkpoints import DeltaStateStore, decision_for
 from splitkeeper.state.tables import (
+    META_COLUMNS,
     STAGED_COLUMNS,
     STAGED_FILE_SCHEMA,
     STAGED_SCHEMA,
@@ -89,7 +90,7 @@ def test_every_ddl_file_parses_and_each_table_has_its_partition_and_properties()
 
 def test_the_staged_schema_is_the_sink_ddl():
     assert parse_ddl(read_ddl("sink_records")) == STAGED_FILE_SCHEMA
-    assert STAGED_FILE_SCHEMA.names == [*STAGED_COLUMNS, "ingested_at"]
+    assert STAGED_FILE_SCHEMA.names == [*STAGED_COLUMNS, "ingested_at", *META_COLUMNS]
     assert pa.schema([STAGED_FILE_SCHEMA.field(c) for c in STAGED_COLUMNS]) == STAGED_SCHEMA
 
 

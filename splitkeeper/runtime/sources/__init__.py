@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import importlib
 
-from splitkeeper.core.source import PlannedRange, RegionReader, SourceConnector, SourceRecord
+from splitkeeper.core.source import PlannedRange, RecordMeta, RegionReader, SourceConnector, SourceRecord
 from splitkeeper.errors import EnvironmentNotReadyError
 from splitkeeper.runtime.config import SourceConfig, SourceKind
 from splitkeeper.runtime.sources.files import FileRegionReader, FileSource
@@ -19,6 +19,7 @@ __all__ = [
     "PlannedRange",
     "RegionReader",
     "SourceConnector",
+    "RecordMeta",
     "SourceRecord",
     "build_source",
 ]

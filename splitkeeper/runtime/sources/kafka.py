@@ -31,8 +31,10 @@ discovery round for every known partition (one ListOffsets request) and
 answers from that cache until the next :meth:`~KafkaSource.discover_splits`.
 
 Records. :class:`KafkaRegionReader` yields ``SourceRecord(offset, next_offset,
-value)`` with the message's true Kafka offset and its value decoded as UTF-8
-(invalid bytes replaced; a null value, a tombstone, becomes ``""``).
+value, meta)`` with the message's true Kafka offset and its value decoded as UTF-8
+(invalid bytes replaced; a null value, a tombstone, becomes ``""``); ``meta`` carries
+the key (bytes), topic, partition, timestamp and headers, which the sink keeps in
+its ``key``, ``topic``, ``partition``, ``timestamp`` and ``headers`` columns.
 ``next_offset`` is the consumer position after the record: ``offset + 1`` in a
 dense log; where the log has gaps (compacted records, transaction markers,
 aborted transactional records) the gap after a record belongs to it, up to the
@@ -70,6 +72,7 @@ from splitkeeper.core.source import (
     ExternalPosition,
     LostRange,
     PlannedRange,
+    RecordMeta,
     RegionReader,
     RetentionCheck,
     SourceConnector,
@@ -97,6 +100,7 @@ __all__ = [
 try:
     from confluent_kafka import (
         OFFSET_INVALID,
+        TIMESTAMP_NOT_AVAILABLE,
         Consumer,
         ConsumerGroupTopicPartitions,
         IsolationLevel,
@@ -243,7 +247,9 @@ class KafkaRegionReader(RegionReader):
             self._check_partition(consumer, split_id, topic, partition)
             tp = TopicPartition(topic, partition)
             consumer.assign([TopicPartition(topic, partition, start)])
-            held: tuple[int, str] | None = None  # the last record, yielded once its next offset is known
+            held: tuple[int, str, RecordMeta] | None = (
+                None  # the last record, yielded once its next offset is known
+            )
             position = start
             progress_at = time.monotonic()
             while position < end:
@@ -262,9 +268,9 @@ class KafkaRegionReader(RegionReader):
                         position = end
                         break
                     if held is not None:
-                        yield SourceRecord(held[0], offset, held[1])
+                        yield SourceRecord(held[0], offset, held[1], held[2])
                     raw = msg.value()
-                    held = (offset, "" if raw is None else raw.decode("utf-8", errors="replace"))
+                    held = (offset, "" if raw is None else raw.decode("utf-8", errors="replace"), _meta(msg))
                     position = offset + 1
                 if batch:
                     progress_at = time.monotonic()
@@ -277,7 +283,7 @@ class KafkaRegionReader(RegionReader):
                     elif not batch and time.monotonic() - progress_at > self.read_timeout_s:
                         raise self._stalled(split_id, start, end, position, errors)
             if held is not None:
-                yield SourceRecord(held[0], end, held[1])
+                yield SourceRecord(held[0], end, held[1], held[2])
         finally:
             consumer.close()
 
@@ -931,3 +937,16 @@ def _checkpoint_tag(metadata: str | None) -> int | None:
     except (ValueError, AttributeError):
         return None
     return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _meta(msg: Any) -> RecordMeta:
+    """A message's key, topic, partition, timestamp and headers (the sink's metadata columns)."""
+    ts_type, ts = msg.timestamp()
+    headers = msg.headers() or ()
+    return RecordMeta(
+        key=msg.key(),
+        topic=msg.topic(),
+        partition=msg.partition(),
+        timestamp_ms=None if ts_type == TIMESTAMP_NOT_AVAILABLE else ts,
+        headers=tuple((str(k), v) for k, v in headers),
+    )

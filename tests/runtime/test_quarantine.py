@@ -1,0 +1,92 @@
+"""A record no transform can read, with ``checkpoint.on_split_failure: quarantine`` (protocol rule 1.8).
+
+Three files of JSON lines (read as lines); one holds a line that is not JSON, so the
+``enrich_json`` transform raises on it in the region task (a real failure on an
+executor, not an injected one). After two failed epochs in a row the split is parked:
+the other files are read to their end with global checkpoints, the restart checks pass
+with the split quarantined, ``status`` names it. The operator then deploys a transform
+that copes and runs ``recover --release``: the split is read from where its records
+end, and the sink holds every line exactly once.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .helpers import pipeline_mapping, run_cli, sink_rows, source_records, write_config
+
+pytestmark = [pytest.mark.spark]
+
+BAD_LINE = 12
+
+
+def _write_files(input_dir: Path) -> None:
+    input_dir.mkdir(parents=True)
+    for f in range(3):
+        lines = [json.dumps({"user": f"u{f}-{i}", "amount": i}) for i in range(20)]
+        if f == 1:
+            lines[BAD_LINE] = "{not json: a producer bug"
+        (input_dir / f"orders-{f}.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def test_a_split_with_an_unreadable_record_is_quarantined_and_released_after_a_fix(
+    spark: Any, tmp_path: Path
+) -> None:
+    input_dir = tmp_path / "in"
+    _write_files(input_dir)
+    mapping = pipeline_mapping(tmp_path, "orders", input_dir, parallelism=2, epoch_records=24)
+    mapping["transform"] = "splitkeeper.runtime.transforms:enrich_json"
+    mapping["checkpoint"].update(on_split_failure="quarantine", quarantine_after=2)
+    config = write_config(tmp_path / "orders.yaml", mapping)
+
+    code, out, err = run_cli(["run", "--config", str(config), "--epochs", "8", "--json"])
+    assert code == 0, err
+    assert json.loads(out)["quarantined"] == ["orders-1.jsonl"]  # the run ends: all else is read
+    assert "split orders-1.jsonl quarantined: reads failed 2 epochs in a row" in err
+
+    code, out, err = run_cli(["status", "--config", str(config), "--json"])
+    assert code == 0, err
+    latest = json.loads(out)["latest_checkpoint"]
+    assert latest["kind"] == "global"
+    (parked,) = latest["quarantined"].items()
+    bad_offset = source_records(input_dir)["orders-1.jsonl"][BAD_LINE][0]
+    assert parked[0] == "orders-1.jsonl" and parked[1] <= bad_offset
+
+    rows = sink_rows(spark, tmp_path / "sink")
+    per_split = {
+        sid: sorted(r.offset for r in rows if r.split_id == sid) for sid in {r.split_id for r in rows}
+    }
+    want = {sid: [o for o, _n, _v in recs] for sid, recs in source_records(input_dir).items()}
+    assert per_split["orders-0.jsonl"] == want["orders-0.jsonl"]  # the others read to their end
+    assert per_split["orders-2.jsonl"] == want["orders-2.jsonl"]
+    assert all(o < parked[1] for o in per_split.get("orders-1.jsonl", []))  # nothing past where it parked
+
+    code, out, err = run_cli(
+        ["validate", "--config", str(config)]
+    )  # quarantined: neither lost nor duplicated
+    assert code == 0, out + err
+
+    mapping["transform"] = "splitkeeper.runtime.transforms:identity"  # the fix: a transform that copes
+    write_config(config, mapping)
+    code, out, err = run_cli(
+        ["recover", "--config", str(config), "--release", "orders-1.jsonl", "--epochs", "3"]
+    )
+    assert code == 0, err
+    assert "released from quarantine: orders-1.jsonl" in out
+    code, out, err = run_cli(["status", "--config", str(config), "--json"])
+    assert json.loads(out)["latest_checkpoint"]["quarantined"] == {}
+
+    rows = sink_rows(spark, tmp_path / "sink")
+    got = sorted((r.split_id, r.offset) for r in rows)
+    assert got == sorted((sid, o) for sid, offsets in want.items() for o in offsets)  # each line exactly once
+    bad = [r.value for r in rows if r.split_id == "orders-1.jsonl" and r.offset == bad_offset]
+    assert bad == ["{not json: a producer bug"]
+    code, out, err = run_cli(["validate", "--config", str(config)])
+    assert code == 0, out + err
+
+    code, out, err = run_cli(["recover", "--config", str(config), "--release", "orders-1.jsonl"])
+    assert code == 2 and "a quarantined split (quarantined now: none)" in err
