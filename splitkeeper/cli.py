@@ -42,6 +42,8 @@ ENGINE_EXTRAS: dict[str, str] = {
     "confluent_kafka": "kafka",
     "airflow": "airflow",
     "great_expectations": "quality",
+    "prometheus_client": "metrics",
+    "opentelemetry": "metrics",
 }
 
 

@@ -157,6 +157,8 @@ def test_the_wheel_holds_every_package_and_the_data_files(wheel: Path) -> None:
         assert files, f"the checkout has no files in {folder}/"
         for name in files:
             assert f"splitkeeper/_data/{folder}/{name}" in names, f"{folder}/{name} is not in the wheel"
+    templates = sorted(p.name for p in (ROOT / "splitkeeper" / "report" / "templates").glob("*.j2"))
+    assert templates and all(f"splitkeeper/report/templates/{t}" in names for t in templates)
     assert not [n for n in names if n.startswith(("tests/", "state/", "dags/", "jobs/", "scripts/"))]
     assert not [n for n in names if "/local/" in n or n.endswith(".pyc")]
 
@@ -177,7 +179,7 @@ def test_the_wheel_declares_light_base_dependencies_and_the_engines_as_extras(wh
         for line in meta.splitlines()
         if line.startswith("Provides-Extra:")
     }
-    assert extras == {"spark", "kafka", "airflow", "quality", "dev", "all"}
+    assert extras == {"spark", "kafka", "airflow", "quality", "metrics", "dev", "all"}
     by_extra = {
         extra: {Requirement(r).name.lower() for r in requires if f'extra == "{extra}"' in r}
         for extra in extras
@@ -188,6 +190,11 @@ def test_the_wheel_declares_light_base_dependencies_and_the_engines_as_extras(wh
         "airflow"
     ]
     assert "great-expectations" in by_extra["quality"]
+    assert by_extra["metrics"] == {
+        "opentelemetry-sdk",
+        "opentelemetry-exporter-otlp-proto-http",
+        "prometheus-client",
+    }
     assert {"pytest", "hypothesis", "ruff", "mypy", "import-linter"} <= by_extra["dev"]
 
 

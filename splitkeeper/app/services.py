@@ -41,7 +41,7 @@ from splitkeeper.app.results import (
     ValidationResult,
 )
 from splitkeeper.core.rescale import Redistribution
-from splitkeeper.errors import CheckpointError, InvalidParameterError
+from splitkeeper.errors import CheckpointError, InvalidParameterError, StateError
 from splitkeeper.runtime.config import PipelineConfig
 
 log = logging.getLogger("splitkeeper.app")
@@ -89,6 +89,7 @@ def _pipeline(
         progress=progress,
         read_only=read_only,
         lease=lease,
+        metrics=not read_only,  # <state>/metrics.prom after each epoch (and OTLP when configured)
     )
 
 
@@ -387,6 +388,24 @@ def preview_recovery(config: PipelineConfig, checkpoint_id: int | None = None) -
             str(r): tuple(s.split_id for s in state.splits) for r, state in sorted(checkpoint.regions.items())
         },
     )
+
+
+@_named
+def metrics_text(config: PipelineConfig) -> str:
+    """The Prometheus text the pipeline's last run wrote (``<state>/metrics.prom``). Read-only.
+
+    A StateError says what to do when no run wrote it yet.
+    """
+    from splitkeeper.runtime.metrics import metrics_path, read_metrics_text
+
+    text = read_metrics_text(config.state_path)
+    if text is None:
+        raise StateError(
+            f"pipeline {config.name!r} has no metrics yet: {metrics_path(config.state_path)} is written "
+            "after each epoch of a run; run the pipeline (splitkeeper run --config ...) first",
+            path=metrics_path(config.state_path),
+        )
+    return text
 
 
 @_named

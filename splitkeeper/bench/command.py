@@ -22,6 +22,10 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "splitkeeper.bench.balance",
         "weighted balancing with a hot partition (8 partitions, one at 10x, P=4) vs least-loaded",
     ),
+    "scale": (
+        "splitkeeper.bench.scale",
+        "the driver's cost as the work grows: epoch overhead, restore after 200 checkpoints, RSS at 1M",
+    ),
     "ingest": (
         "splitkeeper.bench.ingest",
         "exactly-once ingest into Delta: splitkeeper pipeline vs Structured Streaming (--source files|kafka)",

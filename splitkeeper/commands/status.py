@@ -12,11 +12,19 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add_config_argument(parser)
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--last", type=int, default=10, help="timeline entries to show")
+    parser.add_argument(
+        "--metrics",
+        action="store_true",
+        help="print the metrics of the last run (Prometheus text, <state>/metrics.prom) instead",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     from splitkeeper.app import services
 
+    if args.metrics:
+        print(services.metrics_text(load(args)), end="")
+        return 0
     result = services.status(load(args), last=args.last)
     if args.json:
         print(json.dumps(result.to_dict(), default=str))

@@ -876,6 +876,7 @@ class EpochDriver:
             started_at=started,
         )
         self.hooks.progress(report.line(), epoch=epoch, checkpoint_id=epoch, kind=report.kind.value)
+        self.hooks.after_epoch(report)
         return report
 
     def _refuse(self, epoch: int, started: float, backlog: bool, final: bool) -> EpochReport:

@@ -271,7 +271,8 @@ class DriverHooks:
     tests kill the process there; the simulator may raise to model a crash).
     ``before_epoch`` is called before anything of an epoch is written (the
     runtime checks its pipeline lease there). ``progress`` gets one line per
-    epoch. Hooks must not change protocol state.
+    epoch, ``after_epoch`` the epoch's report (metrics). Hooks must not change
+    protocol state.
     """
 
     def crash_point(self, point: CrashPoint, epoch: int) -> None:
@@ -282,3 +283,6 @@ class DriverHooks:
 
     def progress(self, line: str, **context: Any) -> None:
         """One human-readable line per epoch; ``context`` names it (epoch, checkpoint_id, kind)."""
+
+    def after_epoch(self, report: Any) -> None:
+        """Called with each epoch's EpochReport once the epoch is done (committed or aborted)."""

@@ -1,5 +1,8 @@
 """The run report: one self-contained HTML file with inline SVG charts and tables.
 
+The page is a Jinja2 template (``templates/report.html.j2``, autoescaped); this module
+prepares what it shows: sections of figures and tables.
+
 :func:`render_report` is what the Airflow report task and ``splitkeeper`` commands call
 after a run: it reads the state (:func:`splitkeeper.report.data.collect_report_data`)
 and writes ``<out_dir>/report.html``. The file needs no network and no script: charts
@@ -10,12 +13,18 @@ Rendering again overwrites the file (written to a temporary name, then renamed).
 
 from __future__ import annotations
 
+import functools
+import json
 import os
 import statistics
 from collections.abc import Iterable, Sequence
-from html import escape
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
+from markupsafe import Markup
 
 from splitkeeper.core.types import CheckpointKind, RegionOutcome
 from splitkeeper.errors import InvalidParameterError
@@ -26,6 +35,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from splitkeeper.state.checkpoints import DeltaStateStore
 
 REPORT_FILE = "report.html"
+SUMMARY_FILE = "summary.json"  # beside each report: what the pipelines page lists
+INDEX_FILE = "pipelines.html"  # in the reports folder: every pipeline reporting there
 AUDIT_ROWS_SHOWN = 200
 
 _CSS = """
@@ -60,49 +71,66 @@ dl.summary dd { margin: 0; }
 
 
 # ---------------------------------------------------------------------------------------
-# small HTML helpers
+# the pieces a template renders (templates/report.html.j2)
 # ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Table:
+    id: str
+    caption: str
+    headers: Sequence[str]
+    rows: list[Sequence[object]]
+    numeric: set[int]
+
+
+@dataclass(frozen=True, slots=True)
+class _Figure:
+    svg: Markup
+    caption: str
+
+
+@dataclass(frozen=True, slots=True)
+class _Section:
+    id: str
+    heading: str
+    lead: str
+    figures: tuple[_Figure, ...] = ()
+    tables: tuple[_Table, ...] = ()
 
 
 def _table(
     table_id: str, caption: str, headers: Sequence[str], rows: Iterable[Sequence[object]], numeric: set[int]
-) -> str:
-    num = ' class="num"'
-    head = "".join(
-        f'<th scope="col"{num if i in numeric else ""}>{escape(h)}</th>' for i, h in enumerate(headers)
+) -> _Table:
+    return _Table(table_id, caption, headers, list(rows), numeric)
+
+
+def _kind(kind: str) -> Markup:
+    return Markup('<span class="kind-{0}">{0}</span>').format(kind)
+
+
+def _figure(svg: str, caption: str) -> _Figure:
+    return _Figure(Markup(svg), caption)  # the charts module builds the SVG and escapes its text
+
+
+def _section(section_id: str, heading: str, lead: str, *parts: _Figure | _Table) -> _Section:
+    return _Section(
+        section_id,
+        heading,
+        lead,
+        tuple(p for p in parts if isinstance(p, _Figure)),
+        tuple(p for p in parts if isinstance(p, _Table)),
     )
-    body = []
-    for row in rows:
-        cells = []
-        for i, value in enumerate(row):
-            text = value if isinstance(value, _Raw) else escape("" if value is None else str(value))
-            cells.append(f"<td{num if i in numeric else ''}>{text}</td>")
-        body.append("<tr>" + "".join(cells) + "</tr>")
-    if not body:
-        body.append(f'<tr><td colspan="{len(headers)}">none</td></tr>')
-    return (
-        f'<div class="tablebox"><table id="{table_id}"><caption>{escape(caption)}</caption>'
-        f"<thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table></div>"
-    )
 
 
-class _Raw(str):
-    """Pre-escaped HTML for a table cell."""
-
-
-def _kind(kind: str) -> _Raw:
-    return _Raw(f'<span class="kind-{escape(kind)}">{escape(kind)}</span>')
-
-
-def _figure(svg: str, caption: str) -> str:
-    return f"<figure>{svg}<figcaption>{escape(caption)}</figcaption></figure>"
-
-
-def _section(section_id: str, heading: str, lead: str, *parts: str) -> str:
-    return (
-        f'<section id="{section_id}" aria-labelledby="{section_id}-h">'
-        f'<h2 id="{section_id}-h">{escape(heading)}</h2>'
-        f'<p class="lead">{escape(lead)}</p><div class="pair">{"".join(parts)}</div></section>'
+@functools.cache
+def _templates() -> Environment:
+    """The report templates (package data), autoescaped."""
+    return Environment(
+        loader=PackageLoader("splitkeeper.report", "templates"),
+        autoescape=select_autoescape(default=True, default_for_string=True),
+        undefined=StrictUndefined,
+        keep_trailing_newline=True,
     )
 
 
@@ -111,7 +139,7 @@ def _section(section_id: str, heading: str, lead: str, *parts: str) -> str:
 # ---------------------------------------------------------------------------------------
 
 
-def _loads_section(data: ReportData) -> str:
+def _loads_section(data: ReportData) -> _Section:
     comparison = data.load_comparison()
     before, after = comparison.before, comparison.after
     readers = sorted(set(before.loads if before else {}) | set(after.loads if after else {}))
@@ -170,7 +198,7 @@ def _loads_section(data: ReportData) -> str:
     )
 
 
-def _timeline_section(data: ReportData) -> str:
+def _timeline_section(data: ReportData) -> _Section:
     marks = [
         charts.TimelineMark(
             checkpoint_id=e.checkpoint_id,
@@ -229,7 +257,7 @@ def _timeline_section(data: ReportData) -> str:
     )
 
 
-def _backlog_section(data: ReportData) -> str:
+def _backlog_section(data: ReportData) -> _Section:
     points = [(c.checkpoint_id, c.backlog_splits, c.processing_backlog) for c in data.checkpoints]
     switches = data.backlog_switches()
     to_normal = [cid for cid, backlog in switches if not backlog]
@@ -265,7 +293,7 @@ def _backlog_section(data: ReportData) -> str:
     return _section("backlog", "Backlog progress", lead, _figure(svg, lead), table)
 
 
-def _decisions_section(data: ReportData) -> str:
+def _decisions_section(data: ReportData) -> _Section:
     counts = data.decision_counts()
     desc = ", ".join(f"{d}: {n}" for d, n in counts) or "no decisions recorded"
     svg = charts.hbar_chart(
@@ -310,7 +338,7 @@ def _decisions_section(data: ReportData) -> str:
     )
 
 
-def _commit_section(data: ReportData) -> str:
+def _commit_section(data: ReportData) -> _Section:
     values = [c.commit_ms for c in data.checkpoints]
     median = statistics.median(values) if values else 0.0
     svg = charts.bar_chart(
@@ -341,7 +369,7 @@ def _commit_section(data: ReportData) -> str:
     )
 
 
-def _records_section(data: ReportData) -> str:
+def _records_section(data: ReportData) -> _Section:
     assert data.records is not None
     epochs = sorted(data.records)
     totals = [sum(data.records[e].values()) for e in epochs]
@@ -370,13 +398,13 @@ def _records_section(data: ReportData) -> str:
     )
 
 
-def _summary(data: ReportData, data_docs_href: str | None) -> str:
+def _summary(data: ReportData) -> list[tuple[str, str]]:
     completed = [e for e in data.timeline if e.kind is not CheckpointKind.ABORTED]
     counts = {k: sum(1 for e in data.timeline if e.kind is k) for k in CheckpointKind}
     latest = data.checkpoints[-1] if data.checkpoints else None
     items = [
-        ("Pipeline", escape(data.pipeline)),
-        ("State", escape(data.state_root)),
+        ("Pipeline", data.pipeline),
+        ("State", data.state_root),
         (
             "Checkpoint attempts",
             f"{len(data.timeline)} ({counts[CheckpointKind.GLOBAL]} global, "
@@ -386,7 +414,7 @@ def _summary(data: ReportData, data_docs_href: str | None) -> str:
             "Latest completed checkpoint",
             "none"
             if latest is None
-            else f"{latest.checkpoint_id} ({escape(latest.kind.value)}, parallelism {latest.parallelism}, "
+            else f"{latest.checkpoint_id} ({latest.kind.value}, parallelism {latest.parallelism}, "
             f"{'processing backlog' if latest.processing_backlog else 'normal interval'})",
         ),
         (
@@ -396,24 +424,13 @@ def _summary(data: ReportData, data_docs_href: str | None) -> str:
     ]
     if data.records is not None:
         total = sum(n for per in data.records.values() for n in per.values())
-        items.append(("Records in the sink", f"{total:,} ({escape(str(data.sink_path))})"))
-    docs = (
-        f'<a id="data-docs-link" href="{escape(data_docs_href)}">Great Expectations Data Docs</a>'
-        if data_docs_href
-        else "not built for this report"
-    )
-    items.append(("Restart checks", docs))
-    body = "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in items)
-    return (
-        '<section id="summary" aria-labelledby="summary-h"><h2 id="summary-h">Summary</h2>'
-        f'<dl class="summary">{body}</dl></section>'
-    )
+        items.append(("Records in the sink", f"{total:,} ({data.sink_path})"))
+    return items
 
 
 def render_html(data: ReportData, *, title: str, data_docs_href: str | None = None) -> str:
     """The report page for ``data`` (no I/O). ``data_docs_href`` links the Data Docs index."""
     sections = [
-        _summary(data, data_docs_href),
         _loads_section(data),
         _timeline_section(data),
         _backlog_section(data),
@@ -422,14 +439,18 @@ def render_html(data: ReportData, *, title: str, data_docs_href: str | None = No
     ]
     if data.records is not None:
         sections.append(_records_section(data))
-    generated = data.generated_at.strftime("%Y-%m-%d %H:%M:%S UTC")
     return (
-        '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
-        '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
-        f"<title>{escape(title)}</title>\n<style>{_CSS}</style>\n</head>\n<body>\n"
-        f"<header><h1>{escape(title)}</h1><p>splitkeeper run report of pipeline "
-        f"<strong>{escape(data.pipeline)}</strong>, generated {generated}</p></header>\n"
-        f"<main>\n{chr(10).join(sections)}\n</main>\n</body>\n</html>\n"
+        _templates()
+        .get_template("report.html.j2")
+        .render(
+            title=title,
+            css=Markup(_CSS),
+            pipeline=data.pipeline,
+            generated=data.generated_at.strftime("%Y-%m-%d %H:%M:%S UTC"),
+            summary=_summary(data),
+            data_docs_href=data_docs_href,
+            sections=sections,
+        )
     )
 
 
@@ -464,7 +485,56 @@ def render_report(
     data = collect_report_data(state_store, sink_path)
     page = render_html(data, title=title, data_docs_href=_docs_href(data_docs_index, folder))
     target = folder / REPORT_FILE
-    partial = folder / f".{REPORT_FILE}.tmp"
-    partial.write_text(page, encoding="utf-8")
+    _write(target, page)
+    latest = data.checkpoints[-1] if data.checkpoints else None
+    summary = {
+        "name": data.pipeline,
+        "state": data.state_root,
+        "checkpoint_id": None if latest is None else latest.checkpoint_id,
+        "kind": None if latest is None else latest.kind.value,
+        "parallelism": None if latest is None else latest.parallelism,
+        "generated_at": data.generated_at.isoformat(),
+    }
+    _write(folder / SUMMARY_FILE, json.dumps(summary))
+    render_index(folder.parent)
+    return target
+
+
+def _write(target: Path, text: str) -> None:
+    partial = target.with_name(f".{target.name}.tmp")
+    partial.write_text(text, encoding="utf-8")
     os.replace(partial, target)
+
+
+def render_index(reports_dir: str | os.PathLike[str]) -> Path:
+    """Write ``<reports_dir>/pipelines.html``: every pipeline whose report is in a subfolder of
+    ``reports_dir`` (its ``summary.json``), with its state, latest checkpoint and a link; return
+    its path. Pipelines whose state shares a parent folder share the default reports folder."""
+    base = Path(reports_dir).resolve()
+    pipelines = []
+    for summary_path in sorted(base.glob(f"*/{SUMMARY_FILE}")):
+        try:
+            summary = json.loads(summary_path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue  # being replaced, or not ours
+        report = summary_path.parent / REPORT_FILE
+        pipelines.append(
+            {
+                **summary,
+                "report": report.relative_to(base).as_posix() if report.exists() else None,
+            }
+        )
+    page = (
+        _templates()
+        .get_template("index.html.j2")
+        .render(
+            title="splitkeeper pipelines",
+            css=Markup(_CSS),
+            root=str(base),
+            generated=datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC"),
+            pipelines=pipelines,
+        )
+    )
+    target = base / INDEX_FILE
+    _write(target, page)
     return target

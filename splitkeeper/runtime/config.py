@@ -33,6 +33,7 @@ Shape of a file (YAML)::
     notifications: {on_failure: mypkg.alerts:page_oncall}   # called by a failed Airflow task
     lease: {ttl_s: 60}   # one writer per pipeline; a dead writer's lease is taken over after this
     maintenance: {history_hours: 168}   # splitkeeper maintain: VACUUM keeps a week of history
+    metrics: {otlp_endpoint: http://otel-collector:4318}   # optional; <state>/metrics.prom always
     state: {path: ./state}
     sink: {path: ./sink}
     staging: {path: ./state/_staging}   # default <state>/_staging
@@ -262,6 +263,7 @@ class PipelineConfig:
     on_failure: str | None = None  # notifications.on_failure: 'module:function' an Airflow task calls
     lease_ttl_s: float = 60.0  # lease.ttl_s: a writer that stops heartbeating loses the lease after this
     history_hours: float = 168.0  # maintenance.history_hours: how far back time travel reaches after VACUUM
+    otlp_endpoint: str | None = None  # metrics.otlp_endpoint: OTLP/HTTP collector (None: the text file only)
     origin: str = ""  # the file it was loaded from (for messages), "" if built from a mapping
 
     @property
@@ -425,6 +427,14 @@ def config_from_mapping(
             "hours >= 0: VACUUM keeps the files removed less than this long ago (time travel reaches back "
             "that far)",
         )
+    metrics = top.section("metrics", _METRICS_KEYS)
+    otlp_endpoint = metrics.string("otlp_endpoint", default=None, allowed="an http(s):// URL")
+    if otlp_endpoint is not None and not re.match(r"^https?://[^\s/]+", otlp_endpoint):
+        raise metrics.invalid(
+            "otlp_endpoint",
+            otlp_endpoint,
+            "an http(s):// URL of an OTLP/HTTP collector, e.g. http://localhost:4318",
+        )
     notifications = top.section("notifications", _NOTIFICATION_KEYS)
     on_failure = notifications.string("on_failure", default=None, allowed="'module:function'")
     if on_failure is not None:
@@ -491,6 +501,7 @@ def config_from_mapping(
         on_failure=on_failure,
         lease_ttl_s=lease_ttl_s,
         history_hours=float(history_hours),
+        otlp_endpoint=otlp_endpoint,
         origin=origin,
     )
 
@@ -512,7 +523,9 @@ _TOP_KEYS = (
     "notifications",
     "lease",
     "maintenance",
+    "metrics",
 )
+_METRICS_KEYS = ("otlp_endpoint",)
 _NOTIFICATION_KEYS = ("on_failure",)
 _LEASE_KEYS = ("ttl_s",)
 _MAINTENANCE_KEYS = ("history_hours",)

@@ -22,7 +22,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from splitkeeper.core import driver as core_driver
 from splitkeeper.core.driver import (
@@ -53,6 +53,9 @@ from splitkeeper.runtime.staging import FaultKind, RegionResult, failed_splits, 
 from splitkeeper.runtime.transforms import Transform, resolve_transform
 from splitkeeper.state.checkpoints import DeltaStateStore
 from splitkeeper.state.lease import HeldLease, PipelineLease, held
+
+if TYPE_CHECKING:
+    from splitkeeper.runtime.metrics import PipelineMetrics
 
 __all__ = [
     "EpochReport",
@@ -111,6 +114,7 @@ class RuntimeHooks(DriverHooks):
         crash_request()  # a misspelt SPLITKEEPER_CRASH_AT fails here, before anything is written
         self._progress = progress or (lambda line: None)
         self.lease: HeldLease | None = None  # set while the pipeline holds its lease
+        self.metrics: PipelineMetrics | None = None  # set when the run records metrics
 
     def before_epoch(self, epoch: int) -> None:
         """A run whose lease was taken over (it had expired) stops before it writes anything more."""
@@ -123,6 +127,10 @@ class RuntimeHooks(DriverHooks):
     def progress(self, line: str, **context: Any) -> None:
         PROGRESS_LOG.info(line, extra=context)
         self._progress(line)
+
+    def after_epoch(self, report: Any) -> None:
+        if self.metrics is not None:
+            self.metrics.observe(report)
 
 
 def _region_task(payload: tuple[Any, ...]) -> RegionResult:
@@ -228,12 +236,15 @@ class Pipeline:
         connector: SourceConnector | None = None,
         read_only: bool = False,
         lease: bool | HeldLease = True,
+        metrics: bool = False,
     ) -> None:
         hooks = RuntimeHooks(progress)
         self.hooks = hooks
         if isinstance(lease, HeldLease):  # the caller took it (the application services do, before Spark)
             hooks.lease = lease
         self._use_lease = lease is True and not read_only
+        if metrics and not read_only:
+            hooks.metrics = _metrics_of(config)
         self._held = contextlib.ExitStack()
         self.config = config
         self.spark = spark
@@ -315,7 +326,21 @@ class Pipeline:
             self._held.close()
         finally:
             self.hooks.lease = None
+            if self.hooks.metrics is not None:
+                self.hooks.metrics.close()
+                self.hooks.metrics = None
             self.connector.close()
+
+
+def _metrics_of(config: PipelineConfig) -> PipelineMetrics | None:
+    """The run's metrics (``<state>/metrics.prom``, OTLP when configured); None without the packages."""
+    from splitkeeper.runtime.metrics import PipelineMetrics
+
+    try:
+        return PipelineMetrics(config.name, config.state_path, config.otlp_endpoint)
+    except ImportError as err:  # the metrics extra is not installed: the run goes on without
+        log.warning("pipeline %s: no metrics (%s); pip install 'splitkeeper[metrics]'", config.name, err)
+        return None
 
 
 def run_pipeline(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime
 from html.parser import HTMLParser
 
@@ -22,6 +23,7 @@ from splitkeeper.errors import InvalidParameterError
 from splitkeeper.report import REPORT_FILE, render_html, render_report
 from splitkeeper.report.charts import axis_scale
 from splitkeeper.report.data import ReportData
+from splitkeeper.report.html import INDEX_FILE, SUMMARY_FILE, render_index
 
 SPLITS = [f"events-{i}" for i in range(6)]
 SINK_SCHEMA = "split_id STRING, offset BIGINT, next_offset BIGINT, value STRING, epoch BIGINT, region INT"
@@ -279,15 +281,43 @@ def test_rendering_twice_replaces_the_report_and_without_sink_omits_the_records_
     small_state, tmp_path
 ):
     store, _sink, _root = small_state
-    first = render_report(store, tmp_path, title="first")
-    second = render_report(store, tmp_path, title="second")
+    out = tmp_path / "orders"
+    first = render_report(store, out, title="first")
+    second = render_report(store, out, title="second")
 
     assert first == second
     html = second.read_text(encoding="utf-8")
     assert "<title>second</title>" in html
     assert 'id="chart-records"' not in html
     assert "not built for this report" in html
-    assert sorted(p.name for p in tmp_path.iterdir()) == [REPORT_FILE]
+    assert sorted(p.name for p in out.iterdir()) == [REPORT_FILE, SUMMARY_FILE]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["orders", INDEX_FILE]
+
+
+@pytest.mark.spark
+def test_the_pipelines_page_lists_every_pipeline_reporting_into_the_folder_escaped(small_state, tmp_path):
+    store, _sink, _root = small_state
+    report = render_report(store, tmp_path / "orders", title="orders")
+    other = tmp_path / "clicks"
+    other.mkdir()
+    (other / SUMMARY_FILE).write_text(
+        json.dumps({"name": "<b>clicks</b>", "state": "/s/clicks", "checkpoint_id": None, "kind": None,
+                    "parallelism": None, "generated_at": "2026-01-01T00:00:00+00:00"}),
+        encoding="utf-8",
+    )  # fmt: skip
+
+    page = render_index(tmp_path).read_text(encoding="utf-8")
+
+    parsed = parse(page)
+    rows = parsed.rows("table-pipelines")
+    summary = json.loads((report.parent / SUMMARY_FILE).read_text(encoding="utf-8"))
+    assert rows == [
+        ["<b>clicks</b>", "/s/clicks", "-", "-", "-", "-"],
+        [summary["name"], summary["state"], str(summary["checkpoint_id"]), summary["kind"],
+         str(summary["parallelism"]), "report"],
+    ]  # fmt: skip
+    assert "&lt;b&gt;clicks&lt;/b&gt;" in page and "<b>clicks</b>" not in page  # autoescaped
+    assert 'href="orders/report.html"' in page
 
 
 def test_an_empty_pipeline_renders_with_explanations_instead_of_charts_of_nothing():

@@ -1,0 +1,374 @@
+"""``splitkeeper bench scale [--sizes 1000,10000] [--json]``: the driver's cost as the work grows.
+
+Three measurements, each on the real parts:
+
+1. **Epoch overhead (files).** For each size N, N small files (one split each, one line)
+   are read once (the first epoch reads them all), then for ``--epochs`` epochs 1% new
+   data arrives before each epoch: N/100 new one-line files (a file source reads files
+   that are complete when they appear, so new data is new files; the split count grows by
+   1% per epoch, the finished ones stay in the enumerator). The pipeline runs on local Spark with the
+   delta-rs state store and sink, exactly as ``splitkeeper run`` does. Per measured epoch
+   the driver's own phases are reported in ms (``plan``, ``decide``, ``sink``, ``state``,
+   ``retain``, ``finish``: everything but ``read``, which is the region tasks' Spark
+   jobs), and the Delta files the epoch added under the state and sink roots.
+   ``epoch_overhead_ms[N]`` is the median over the measured epochs of their sum.
+2. **Restore after 200 checkpoints.** :func:`splitkeeper.bench.state.measure_state_store`
+   commits ``--checkpoints`` synthetic checkpoints of N splits the way the driver does
+   (every 4th regional, retention keeping 3, compaction every 50), then a fresh store
+   restores the latest (median of 3). ``restore_s[N]`` and the bytes of the state root
+   afterwards, ``state_bytes_after_200_checkpoints[N]``.
+3. **Driver memory at 1M splits.** A child process builds the core enumerator with
+   1,000,000 splits over 1,000 readers and takes its snapshot (what a checkpoint does);
+   ``driver_rss_mb_1m_splits`` is its peak RSS (``ru_maxrss``).
+
+``growth_epoch_overhead`` is the ratio of the largest size's overhead to the smallest's.
+Goals (issue): overhead at 10,000 splits with 100 active <= 300 ms, growth <= 3, restore at
+10,000 splits <= 5 s, RSS at 1M splits <= 2 GB; the JSON says which hold (``goals``).
+The Kafka sizes (100 and 1,000 partitions) are not measured by this command yet.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from splitkeeper.errors import InvalidParameterError
+
+DRIVER_PHASES = ("plan", "decide", "sink", "state", "retain", "finish")
+CHART_FILE = "scale.html"
+GOALS = {
+    "epoch_overhead_ms_at_10000": 300.0,
+    "growth_epoch_overhead": 3.0,
+    "restore_s_at_10000": 5.0,
+    "driver_rss_mb_1m_splits": 2048.0,
+}
+
+
+def say(line: str) -> None:
+    print(f"[bench scale] {line}", file=sys.stderr, flush=True)
+
+
+def _delta_files(root: Path) -> int:
+    """Files under ``root`` (data files and log entries of every Delta table there)."""
+    return sum(len(files) for _dir, _dirs, files in os.walk(root)) if root.exists() else 0
+
+
+def _dir_bytes(root: Path) -> int:
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _dirs, files in os.walk(root) for f in files)
+
+
+def _write_files(folder: Path, count: int) -> list[Path]:
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for i in range(count):
+        path = folder / f"f{i:06d}.txt"
+        path.write_text(f"file {i} line 0\n", encoding="utf-8")
+        paths.append(path)
+    return paths
+
+
+def measure_epochs(
+    spark: Any, root: Path, size: int, epochs: int, active_share: float = 0.01, parallelism: int = 4
+) -> dict[str, Any]:
+    """Part 1 for one size: driver phases (ms) and Delta files added per measured epoch."""
+    from splitkeeper.runtime.config import config_from_mapping
+    from splitkeeper.runtime.pipeline import Pipeline
+
+    _write_files(root / "in", size)
+    config = config_from_mapping(
+        {
+            "name": f"scale-{size}",
+            "parallelism": parallelism,
+            "source": {"kind": "files", "path": str(root / "in"), "format": "lines"},
+            "checkpoint": {"retain_checkpoints": 3, "region_timeout_s": 600},
+            "backlog": {"backlog_epoch_records": size * 2, "normal_epoch_records": size * 2},
+            "state": {"path": str(root / "state")},
+            "sink": {"path": str(root / "sink")},
+        }
+    )
+    active = max(1, round(size * active_share))
+    pipeline = Pipeline(config, spark)
+    measured: list[dict[str, Any]] = []
+    try:
+        started = time.perf_counter()
+        pipeline.open()
+        first = pipeline.run_epoch()  # reads every file once
+        say(
+            f"{size:,} splits: first epoch {first.kind.value}, {first.committed_records:,} records in "
+            f"{time.perf_counter() - started:.1f}s"
+        )
+        for epoch in range(epochs):
+            for i in range(active):  # 1% new data: files are immutable once they appear, so new files
+                tmp = root / "in" / f".e{epoch}-{i}.txt"
+                tmp.write_text(f"epoch {epoch} file {i}\n", encoding="utf-8")
+                tmp.rename(root / "in" / f"e{epoch:03d}-{i:05d}.txt")
+            before = _delta_files(root / "state") + _delta_files(root / "sink")
+            report = pipeline.run_epoch()
+            after = _delta_files(root / "state") + _delta_files(root / "sink")
+            phases_ms = {p: round(report.phases.get(p, 0.0) * 1000, 1) for p in DRIVER_PHASES}
+            measured.append(
+                {
+                    "epoch": report.epoch,
+                    "kind": report.kind.value,
+                    "records": report.committed_records,
+                    "phases_ms": phases_ms,
+                    "overhead_ms": round(sum(phases_ms.values()), 1),
+                    "read_ms": round(report.phases.get("read", 0.0) * 1000, 1),
+                    "delta_files_added": after - before,
+                }
+            )
+            by_phase = ", ".join(f"{k} {v:.0f}" for k, v in phases_ms.items())
+            say(
+                f"{size:,} splits, epoch {report.epoch}: {report.committed_records} records, driver "
+                f"{measured[-1]['overhead_ms']:.0f} ms ({by_phase}), "
+                f"read {measured[-1]['read_ms']:.0f} ms, {after - before} Delta files"
+            )
+    finally:
+        pipeline.close()
+    return {
+        "splits": size,
+        "active_per_epoch": active,
+        "epochs": measured,
+        "overhead_ms_median": statistics.median(e["overhead_ms"] for e in measured),
+        "phases_ms_median": {
+            p: statistics.median(e["phases_ms"][p] for e in measured) for p in DRIVER_PHASES
+        },
+        "delta_files_per_epoch_median": statistics.median(e["delta_files_added"] for e in measured),
+    }
+
+
+def measure_restore(root: Path, size: int, checkpoints: int) -> dict[str, Any]:
+    """Part 2 for one size: restore after ``checkpoints`` checkpoints, and the state's bytes."""
+    from splitkeeper.bench.state import measure_state_store
+
+    started = time.perf_counter()
+    figures = measure_state_store(
+        root, checkpoints=checkpoints, marks=(checkpoints,), splits=size, parallelism=4, restore_repeats=3
+    )
+    say(
+        f"{size:,} splits: {checkpoints} checkpoints committed in {time.perf_counter() - started:.0f}s; "
+        f"restore {figures.restore_ms[checkpoints]} ms (open {figures.open_ms[checkpoints]} ms)"
+    )
+    return {
+        "restore_s": round((figures.restore_ms[checkpoints] + figures.open_ms[checkpoints]) / 1000, 3),
+        "state_bytes": _dir_bytes(root),
+        "commit_ms_median": statistics.median(figures.total_commit_ms),
+    }
+
+
+_RSS_CHILD = """
+import resource, sys
+from splitkeeper.bench.assign import make_splits
+from splitkeeper.core.enumerator import RecordingEnumeratorContext, enumerator_for
+from splitkeeper.core.source import ReassignableStaticSplitSource
+n, readers = int(sys.argv[1]), int(sys.argv[2])
+context = RecordingEnumeratorContext(readers)
+enumerator = enumerator_for(ReassignableStaticSplitSource("bench", make_splits(n)), context, "least-loaded")
+enumerator.start()
+for r in range(readers):
+    context.register_reader(r)
+    enumerator.add_reader(r)
+snapshot = enumerator.snapshot(1)
+assert sum(len(v) for v in snapshot.assignments.values()) + len(snapshot.pool) == n
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)
+"""
+
+
+def measure_rss(splits: int = 1_000_000, readers: int = 1_000) -> float:
+    """Part 3: peak RSS (MB) of a process holding ``splits`` splits in the core enumerator."""
+    done = subprocess.run(
+        [sys.executable, "-c", _RSS_CHILD, str(splits), str(readers)],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=1800,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"the 1M-split enumerator process failed: {done.stderr[-2000:]}")
+    return float(done.stdout.strip().splitlines()[-1])
+
+
+def run_scale(
+    sizes: Sequence[int],
+    *,
+    epochs: int = 5,
+    checkpoints: int = 200,
+    rss_splits: int = 1_000_000,
+    workdir: str | None = None,
+    spark_factory: Callable[[], Any] | None = None,
+) -> dict[str, Any]:
+    """All three parts; the JSON-able result."""
+    base = Path(workdir or tempfile.mkdtemp(prefix="splitkeeper-scale-"))
+    load_start = [round(x, 2) for x in os.getloadavg()]
+    if spark_factory is None:
+        from splitkeeper.runtime.spark import SparkSettings, get_spark
+
+        spark = get_spark(SparkSettings.from_env(ui_enabled=False))
+    else:
+        spark = spark_factory()
+    epochs_by_size = {}
+    restore_by_size = {}
+    for size in sizes:
+        say(f"{size:,} splits: epochs (load {os.getloadavg()[0]:.1f})")
+        epochs_by_size[size] = measure_epochs(spark, base / f"files-{size}", size, epochs)
+        say(f"{size:,} splits: restore after {checkpoints} checkpoints")
+        restore_by_size[size] = measure_restore(base / f"state-{size}", size, checkpoints)
+    say(f"driver memory with {rss_splits:,} splits")
+    rss = measure_rss(rss_splits)
+    small, large = min(sizes), max(sizes)
+    overhead = {str(s): epochs_by_size[s]["overhead_ms_median"] for s in sizes}
+    growth = (
+        round(overhead[str(large)] / overhead[str(small)], 2)
+        if overhead[str(small)] > 0 and large != small
+        else None
+    )
+    result: dict[str, Any] = {
+        "sizes": list(sizes),
+        "epochs_measured": epochs,
+        "epoch_overhead_ms": overhead,
+        "epoch_phases_ms": {str(s): epochs_by_size[s]["phases_ms_median"] for s in sizes},
+        "delta_files_per_epoch": {str(s): epochs_by_size[s]["delta_files_per_epoch_median"] for s in sizes},
+        "restore_s": {str(s): restore_by_size[s]["restore_s"] for s in sizes},
+        "state_bytes_after_200_checkpoints": {str(s): restore_by_size[s]["state_bytes"] for s in sizes},
+        "state_commit_ms": {str(s): restore_by_size[s]["commit_ms_median"] for s in sizes},
+        "checkpoints_for_restore": checkpoints,
+        "driver_rss_mb_1m_splits": rss,
+        "rss_splits": rss_splits,
+        "growth_epoch_overhead": growth,
+        "per_epoch": {str(s): epochs_by_size[s]["epochs"] for s in sizes},
+        "load": {"start": load_start, "end": [round(x, 2) for x in os.getloadavg()]},
+        "kafka": "not measured (100 and 1,000 partitions: not built yet)",
+    }
+    result["goals"] = _goals(result)
+    return result
+
+
+def _goals(result: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if "10000" in result["epoch_overhead_ms"]:
+        out["epoch_overhead_ms_at_10000"] = {
+            "value": result["epoch_overhead_ms"]["10000"],
+            "goal": GOALS["epoch_overhead_ms_at_10000"],
+            "met": result["epoch_overhead_ms"]["10000"] <= GOALS["epoch_overhead_ms_at_10000"],
+        }
+    if "10000" in result["restore_s"]:
+        out["restore_s_at_10000"] = {
+            "value": result["restore_s"]["10000"],
+            "goal": GOALS["restore_s_at_10000"],
+            "met": result["restore_s"]["10000"] <= GOALS["restore_s_at_10000"],
+        }
+    if result["growth_epoch_overhead"] is not None:
+        out["growth_epoch_overhead"] = {
+            "value": result["growth_epoch_overhead"],
+            "goal": GOALS["growth_epoch_overhead"],
+            "met": result["growth_epoch_overhead"] <= GOALS["growth_epoch_overhead"],
+        }
+    if result["rss_splits"] == 1_000_000:
+        out["driver_rss_mb_1m_splits"] = {
+            "value": result["driver_rss_mb_1m_splits"],
+            "goal": GOALS["driver_rss_mb_1m_splits"],
+            "met": result["driver_rss_mb_1m_splits"] <= GOALS["driver_rss_mb_1m_splits"],
+        }
+    return out
+
+
+def write_chart(result: dict[str, Any], out_dir: str) -> str:
+    """``<out_dir>/scale.html``: driver overhead per phase and size, restore per size."""
+    from html import escape
+
+    from splitkeeper.bench.ingest import write_page
+    from splitkeeper.report import charts
+
+    phase_rows = [
+        (f"{int(s):,} splits: {phase}", float(ms))
+        for s, phases in result["epoch_phases_ms"].items()
+        for phase, ms in phases.items()
+    ]
+    phases = charts.hbar_chart(
+        "scale-phases",
+        "Driver ms per epoch, by phase and size (median)",
+        "EpochReport.phases without 'read', median over the measured epochs",
+        phase_rows,
+        x_label="ms per epoch",
+        y_label="phase",
+        color=charts.GREEN,
+    )
+    restore = charts.hbar_chart(
+        "scale-restore",
+        f"Restore after {result['checkpoints_for_restore']} checkpoints (s)",
+        "open a fresh store and restore the latest checkpoint, median of 3",
+        [(f"{int(s):,} splits", float(v)) for s, v in result["restore_s"].items()],
+        x_label="seconds",
+        y_label="size",
+        color=charts.VERMILLION,
+    )
+    goals = "".join(
+        f"<tr><td>{escape(k)}</td><td>{v['value']}</td><td>{v['goal']}</td>"
+        f"<td>{'yes' if v['met'] else 'no'}</td></tr>"
+        for k, v in result["goals"].items()
+    )
+    body = f"""<h1>splitkeeper bench scale</h1>
+<p>Load at start {result["load"]["start"]}, at end {result["load"]["end"]}. Driver RSS with
+{result["rss_splits"]:,} splits: {result["driver_rss_mb_1m_splits"]:.0f} MB.</p>
+<table><tr><th>figure</th><th>value</th><th>goal</th><th>met</th></tr>{goals}</table>
+<div>{phases}{restore}</div>
+"""
+    return write_page(out_dir, CHART_FILE, "splitkeeper bench scale", body)
+
+
+def _sizes(text: str) -> list[int]:
+    try:
+        sizes = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        sizes = []
+    if not sizes or any(s < 10 for s in sizes):
+        raise InvalidParameterError("--sizes", text, "comma-separated split counts >= 10, e.g. 1000,10000")
+    return sorted(set(sizes))
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--sizes", default="1000,10000", help="split counts (files), comma-separated")
+    parser.add_argument("--epochs", type=int, default=5, help="measured epochs per size (after the first)")
+    parser.add_argument("--checkpoints", type=int, default=200, help="checkpoints before the restore")
+    parser.add_argument("--rss-splits", type=int, default=1_000_000, help="splits in the memory measurement")
+    parser.add_argument("--workdir", default=None, help="where the files and tables go (default: a temp dir)")
+    parser.add_argument("--out", default="var/bench", help="where the HTML chart goes")
+    parser.add_argument("--json", action="store_true", help="print the result as one JSON line")
+
+
+def run(args: argparse.Namespace) -> int:
+    sizes = _sizes(args.sizes)
+    for name in ("epochs", "checkpoints", "rss_splits"):
+        value = getattr(args, name)
+        if value < 1:
+            raise InvalidParameterError(f"--{name.replace('_', '-')}", value, "an integer >= 1")
+    result = run_scale(
+        sizes,
+        epochs=args.epochs,
+        checkpoints=args.checkpoints,
+        rss_splits=args.rss_splits,
+        workdir=args.workdir,
+    )
+    result["chart"] = write_chart(result, args.out)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        for s in sizes:
+            print(
+                f"{s:>7,} splits: epoch overhead {result['epoch_overhead_ms'][str(s)]:.0f} ms, "
+                f"restore after {args.checkpoints} checkpoints {result['restore_s'][str(s)]:.2f} s, "
+                f"state {result['state_bytes_after_200_checkpoints'][str(s)] / 1e6:.1f} MB"
+            )
+        print(f"growth of the epoch overhead: {result['growth_epoch_overhead']}")
+        print(f"driver RSS with {args.rss_splits:,} splits: {result['driver_rss_mb_1m_splits']:.0f} MB")
+        print(f"chart: {result['chart']}")
+    return 0

@@ -1,0 +1,64 @@
+"""``splitkeeper bench scale``: a small run on the session's Spark checks what the figures mean.
+
+Sizes 20 and 60 files, 2 measured epochs with 1% new data (one new file each), 5 checkpoints
+before the restore, 20,000 splits in the memory child: the JSON keys the issue names, each
+figure consistent with what the run did (the records of each epoch, files added, a restore
+of what was committed). The full sizes are the README's figures, not a test.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from splitkeeper.bench.scale import DRIVER_PHASES, run_scale, write_chart
+from splitkeeper.errors import InvalidParameterError
+
+pytestmark = [pytest.mark.spark]
+
+
+def test_a_small_scale_run_reports_every_figure_consistently(spark: Any, tmp_path: Path) -> None:
+    result = run_scale(
+        [20, 60],
+        epochs=2,
+        checkpoints=5,
+        rss_splits=20_000,
+        workdir=str(tmp_path),
+        spark_factory=lambda: spark,
+    )
+
+    for key in (
+        "epoch_overhead_ms",
+        "restore_s",
+        "state_bytes_after_200_checkpoints",
+        "driver_rss_mb_1m_splits",
+        "growth_epoch_overhead",
+    ):
+        assert key in result, key
+    for size in ("20", "60"):
+        epochs = result["per_epoch"][size]
+        assert len(epochs) == 2
+        assert [e["records"] for e in epochs] == [1, 1]  # 1% of 20 and of 60: one new one-line file
+        assert all(e["kind"] == "global" and e["delta_files_added"] > 0 for e in epochs)
+        assert all(set(e["phases_ms"]) == set(DRIVER_PHASES) for e in epochs)
+        overheads = [e["overhead_ms"] for e in epochs]
+        assert min(overheads) <= result["epoch_overhead_ms"][size] <= max(overheads)  # their median
+        assert 0 < result["restore_s"][size] < 60
+        assert result["state_bytes_after_200_checkpoints"][size] > 0
+    assert result["growth_epoch_overhead"] == round(
+        result["epoch_overhead_ms"]["60"] / result["epoch_overhead_ms"]["20"], 2
+    )
+    assert 10 < result["driver_rss_mb_1m_splits"] < 2048
+    assert result["goals"] == {"growth_epoch_overhead": result["goals"]["growth_epoch_overhead"]}
+    page = Path(write_chart(result, str(tmp_path / "out"))).read_text(encoding="utf-8")
+    assert "<svg" in page and "Restore after 5 checkpoints" in page
+
+
+def test_bad_sizes_are_refused_naming_the_option() -> None:
+    from splitkeeper.bench.scale import _sizes
+
+    with pytest.raises(InvalidParameterError) as err:
+        _sizes("1000,abc")
+    assert "--sizes" in str(err.value) and "comma-separated" in str(err.value)
