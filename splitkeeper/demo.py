@@ -38,8 +38,45 @@ def _checkout() -> Path:
     return resources.require_checkout("the demo (bash scripts/run.sh)")
 
 
+class _Narrative:
+    """Where the demo's story goes: the terminal, while everything else goes to the log file.
+
+    Unless ``--verbose``, file descriptors 1 and 2 are pointed at ``<workspace>/demo.log``
+    (so Airflow's task logs, Spark's JVM, the broker and any traceback land there, child
+    processes included) and the story is written to a duplicate of the original stdout.
+    Each story line is also appended to the log, so the log reads in order.
+    """
+
+    def __init__(self) -> None:
+        self.out = sys.stdout
+        self.log_path: Path | None = None
+
+    def divert(self, log_path: Path) -> None:
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        self.out = os.fdopen(os.dup(1), "w", buffering=1, encoding="utf-8")
+        log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        os.close(log)
+        self.log_path = log_path
+
+    def say(self, text: str) -> None:
+        line = f"[demo {time.strftime('%H:%M:%S')}] {text}"
+        print(line, file=self.out, flush=True)
+        if self.log_path is not None:
+            print(line, flush=True)  # fd 1 is the log now
+
+    def last(self, text: str) -> None:
+        print(text, file=self.out, flush=True)
+
+
+_STORY = _Narrative()
+
+
 def _say(text: str) -> None:
-    print(f"[demo {time.strftime('%H:%M:%S')}] {text}", flush=True)
+    _STORY.say(text)
 
 
 def _make_files(target: Path, files: int, lines: int, first: int) -> None:
@@ -154,12 +191,45 @@ def _dag(name: str):
     return module.dag
 
 
-def _run_dag(name: str, conf: dict) -> None:
+def _run_dag(name: str, conf: dict, config: str | None = None) -> None:
+    """Run one DAG (dag.test: a real DAG run on SQLite) and tell what it did: its checkpoints,
+    recovery decisions and the restart checks' verdict."""
+    from splitkeeper.orchestration import tasks
+
+    path = config or os.environ["SPLITKEEPER_PIPELINE_CONFIG"]
+    before = tasks.next_epoch(path)
     _say(f"DAG run {name} {conf}")
+    started = time.monotonic()
     run = _dag(name).test(run_conf=conf)
-    _say(f"DAG run {name}: {run.state}")
     if run.state != "success":
-        raise SystemExit(f"{name} ended {run.state}; see the task logs above")
+        where = f"; the task logs are in {_STORY.log_path}" if _STORY.log_path else ""
+        raise SystemExit(f"{name} ended {run.state}{where}")
+    for line in _story_of(path, before):
+        _say(f"  {line}")
+    _say(f"DAG run {name}: success in {time.monotonic() - started:.0f}s; restart checks passed")
+
+
+def _story_of(config: str, first: int) -> list[str]:
+    """One line per checkpoint attempt from ``first`` on (kind, failed regions, reason)."""
+    from splitkeeper.app import services
+    from splitkeeper.runtime.config import load_config
+
+    status = services.status(load_config(config), last=1000)
+    lines = []
+    for t in status.timeline:
+        if t.id < first:
+            continue
+        failed = f", failed regions {list(t.failed_regions)}" if t.failed_regions else ""
+        reason = f" ({t.reason})" if t.reason else ""
+        lines.append(f"checkpoint {t.id} {t.kind}{failed}{reason}")
+    latest = status.latest_checkpoint
+    if not lines:
+        return ["no new checkpoint: nothing new to read (the source is at its end)"]
+    if latest is not None:
+        lines.append(
+            f"latest checkpoint {latest.id} at parallelism {latest.parallelism}, loads {latest.loads}"
+        )
+    return lines
 
 
 def _stream(workspace: Path, messages: int) -> tuple[str, str]:
@@ -277,6 +347,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--messages", type=int, default=20000, help="Kafka messages of the streaming side (>= 100)"
     )
+    parser.add_argument(
+        "--verbose", action="store_true", help="print everything (Airflow, Spark) instead of the story"
+    )
     args = parser.parse_args(argv)
     if args.messages < 100:
         parser.error(f"--messages {args.messages}: at least 100 (the streaming side needs data to read)")
@@ -284,6 +357,11 @@ def main(argv: list[str] | None = None) -> int:
     workspace = Path(args.workspace).resolve() if args.workspace else _checkout() / "var" / "demo"
     shutil.rmtree(workspace, ignore_errors=True)
     (workspace / "incoming").mkdir(parents=True)
+    if not args.verbose:
+        _STORY.divert(workspace / "demo.log")
+        _say(
+            f"the story only; Airflow, Spark and check details go to {workspace / 'demo.log'} (or --verbose)"
+        )
     config = _config(workspace)
     os.environ["SPLITKEEPER_PIPELINE_CONFIG"] = str(config)
     os.environ["SPLITKEEPER_REPORTS_DIR"] = str(workspace / "reports")
@@ -309,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
     # py4j logs "Closing down clientserver connection" at interpreter exit (through Airflow's
     # log handler, on stdout): keep it quiet so that the report line stays the last one.
     logging.getLogger("py4j").setLevel(logging.WARNING)
-    print(f"report: {path}", flush=True)
+    _STORY.last(f"report: {path}")
     return 0
 
 
