@@ -5,7 +5,8 @@ id), mode (auto, global, partial), parallelism (null keeps it; another value
 rescales), dry_run (only print the plan), release (quarantined split ids to
 put back; status lists them). Tasks are the recovery steps:
 restore enumerator state -> collect reader reports -> classify every split
-(the audit trail) -> reassign and rebalance -> validate -> resume.
+(the audit trail) -> reassign and rebalance -> validate -> resume. One DAG per
+configured pipeline (see splitkeeper_ingest).
 """
 
 from __future__ import annotations
@@ -14,69 +15,81 @@ import pendulum
 from airflow.sdk import DAG, Param, task
 
 from splitkeeper.orchestration import tasks
-from splitkeeper.orchestration.airflow import default_args, pipeline_assets, writer_pool
+from splitkeeper.orchestration.airflow import DagPipeline, dag_pipelines
 
-with DAG(
-    dag_id="splitkeeper_recover",
-    description="Hand-triggered recovery: global restore, partial failover or rescale, with the audit trail",
-    schedule=None,
-    start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
-    catchup=False,
-    max_active_runs=1,
-    default_args=default_args(),
-    doc_md=__doc__,
-    params={
-        "checkpoint_id": Param(
-            "latest",
-            type="string",
-            pattern=r"^(latest|[1-9][0-9]*)$",
-            description="'latest' or the id of a completed checkpoint",
-        ),
-        "mode": Param("auto", type="string", enum=list(tasks.RECOVERY_MODES), description="recovery mode"),
-        "parallelism": Param(
-            None,
-            type=["null", "integer"],
-            minimum=1,
-            description="new parallelism (a rescale); null keeps it",
-        ),
-        "dry_run": Param(False, type="boolean", description="only print the recovery plan"),
-        "release": Param(
-            [],
-            type="array",
-            items={"type": "string"},
-            description="quarantined splits to put back (status lists them); read again from their position",
-        ),
-    },
-    tags=["splitkeeper"],
-) as dag:
 
-    @task
-    def restore_enumerator_state(params: dict | None = None) -> dict:
-        return tasks.restore_enumerator_state(params or {})
+def recover_dag(pipeline: DagPipeline) -> DAG:
+    with DAG(
+        dag_id=pipeline.dag_id("splitkeeper_recover"),
+        description="Hand-triggered recovery: global restore, partial failover or rescale, with the audit "
+        "trail",
+        schedule=None,
+        start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
+        catchup=False,
+        max_active_runs=1,
+        default_args=pipeline.default_args(),
+        doc_md=__doc__,
+        params={
+            "checkpoint_id": Param(
+                "latest",
+                type="string",
+                pattern=r"^(latest|[1-9][0-9]*)$",
+                description="'latest' or the id of a completed checkpoint",
+            ),
+            "mode": Param(
+                "auto", type="string", enum=list(tasks.RECOVERY_MODES), description="recovery mode"
+            ),
+            "parallelism": Param(
+                None,
+                type=["null", "integer"],
+                minimum=1,
+                description="new parallelism (a rescale); null keeps it",
+            ),
+            "dry_run": Param(False, type="boolean", description="only print the recovery plan"),
+            "release": Param(
+                [],
+                type="array",
+                items={"type": "string"},
+                description="quarantined splits to put back (status lists them); read again from their "
+                "position",
+            ),
+        },
+        tags=["splitkeeper"],
+    ) as dag:
+        path = pipeline.config_path
 
-    @task
-    def collect_reader_reports(restored: dict) -> dict:
-        return tasks.collect_reader_reports(restored)
+        @task
+        def restore_enumerator_state(params: dict | None = None) -> dict:
+            return tasks.restore_enumerator_state(params or {}, path)
 
-    @task
-    def classify_splits(reports: dict) -> dict:
-        return tasks.classify_splits(reports)
+        @task
+        def collect_reader_reports(restored: dict) -> dict:
+            return tasks.collect_reader_reports(restored, path)
 
-    @task(pool=writer_pool(), outlets=pipeline_assets())
-    def reassign_and_rebalance(reports: dict, classified: dict) -> dict:
-        return tasks.reassign_and_rebalance(reports)
+        @task
+        def classify_splits(reports: dict) -> dict:
+            return tasks.classify_splits(reports, path)
 
-    @task
-    def validate(reassigned: dict) -> dict:
-        if reassigned.get("dry_run"):
-            return {"skipped": "dry run"}
-        return tasks.validate()
+        @task(pool=pipeline.writer_pool(), outlets=pipeline.assets())
+        def reassign_and_rebalance(reports: dict, classified: dict) -> dict:
+            return tasks.reassign_and_rebalance(reports, path)
 
-    @task
-    def resume(validated: dict) -> str:
-        if validated.get("skipped"):
-            return "dry run: nothing to resume"
-        return tasks.report(title="splitkeeper recovery report")
+        @task
+        def validate(reassigned: dict) -> dict:
+            if reassigned.get("dry_run"):
+                return {"skipped": "dry run"}
+            return tasks.validate(path)
 
-    reports = collect_reader_reports(restore_enumerator_state())
-    resume(validate(reassign_and_rebalance(reports, classify_splits(reports))))
+        @task
+        def resume(validated: dict) -> str:
+            if validated.get("skipped"):
+                return "dry run: nothing to resume"
+            return tasks.report(path, title="splitkeeper recovery report")
+
+        reports = collect_reader_reports(restore_enumerator_state())
+        resume(validate(reassign_and_rebalance(reports, classify_splits(reports))))
+    return dag
+
+
+dags = {d.dag_id: d for d in map(recover_dag, dag_pipelines())}
+dag = list(dags.values())[-1]

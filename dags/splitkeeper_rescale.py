@@ -3,7 +3,7 @@
 Restores the latest checkpoint at the new parallelism, redistributing operator
 state even-split or union and splits even-split, keeps the restored assignment
 until the first checkpoint at the new parallelism (which it then takes), and
-validates.
+validates. One DAG per configured pipeline (see splitkeeper_ingest).
 """
 
 from __future__ import annotations
@@ -12,42 +12,53 @@ import pendulum
 from airflow.sdk import DAG, Param, task
 
 from splitkeeper.orchestration import tasks
-from splitkeeper.orchestration.airflow import default_args, pipeline_assets, writer_pool
+from splitkeeper.orchestration.airflow import DagPipeline, dag_pipelines
 
-with DAG(
-    dag_id="splitkeeper_rescale",
-    description="Change parallelism with operator-state redistribution (even-split or union)",
-    schedule=None,
-    start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
-    catchup=False,
-    max_active_runs=1,
-    default_args=default_args(),
-    doc_md=__doc__,
-    params={
-        "parallelism": Param(2, type="integer", minimum=1, maximum=1024, description="the new parallelism"),
-        "redistribution": Param("even-split", type="string", enum=["even-split", "union"]),
-    },
-    tags=["splitkeeper"],
-) as dag:
 
-    @task
-    def restore(params: dict | None = None) -> dict:
-        params = params or {}
-        restored = tasks.restore_enumerator_state(
-            {"checkpoint_id": "latest", "mode": "global", "parallelism": params.get("parallelism")}
-        )
-        return {**restored, "redistribution": params.get("redistribution", "even-split")}
+def rescale_dag(pipeline: DagPipeline) -> DAG:
+    with DAG(
+        dag_id=pipeline.dag_id("splitkeeper_rescale"),
+        description="Change parallelism with operator-state redistribution (even-split or union)",
+        schedule=None,
+        start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
+        catchup=False,
+        max_active_runs=1,
+        default_args=pipeline.default_args(),
+        doc_md=__doc__,
+        params={
+            "parallelism": Param(
+                2, type="integer", minimum=1, maximum=1024, description="the new parallelism"
+            ),
+            "redistribution": Param("even-split", type="string", enum=["even-split", "union"]),
+        },
+        tags=["splitkeeper"],
+    ) as dag:
+        path = pipeline.config_path
 
-    @task(pool=writer_pool(), outlets=pipeline_assets())
-    def redistribute(restored: dict) -> dict:
-        return tasks.reassign_and_rebalance(tasks.collect_reader_reports(restored))
+        @task
+        def restore(params: dict | None = None) -> dict:
+            params = params or {}
+            restored = tasks.restore_enumerator_state(
+                {"checkpoint_id": "latest", "mode": "global", "parallelism": params.get("parallelism")},
+                path,
+            )
+            return {**restored, "redistribution": params.get("redistribution", "even-split")}
 
-    @task
-    def validate(redistributed: dict) -> dict:
-        return tasks.validate()
+        @task(pool=pipeline.writer_pool(), outlets=pipeline.assets())
+        def redistribute(restored: dict) -> dict:
+            return tasks.reassign_and_rebalance(tasks.collect_reader_reports(restored, path), path)
 
-    @task
-    def report(validated: dict) -> str:
-        return tasks.report(title="splitkeeper rescale report")
+        @task
+        def validate(redistributed: dict) -> dict:
+            return tasks.validate(path)
 
-    report(validate(redistribute(restore())))
+        @task
+        def report(validated: dict) -> str:
+            return tasks.report(path, title="splitkeeper rescale report")
+
+        report(validate(redistribute(restore())))
+    return dag
+
+
+dags = {d.dag_id: d for d in map(rescale_dag, dag_pipelines())}
+dag = list(dags.values())[-1]

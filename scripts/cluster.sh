@@ -13,8 +13,10 @@
 # logs are in var/cluster/logs/. Options: --dir DIR (or SPLITKEEPER_CLUSTER_DIR), --json
 # (status), --worker-cores N, --worker-memory 1g, --executor-memory 768m, --timeout S (up).
 # The Airflow services get SPLITKEEPER_PIPELINE_CONFIG (and SPLITKEEPER_REPORTS_DIR) from the
-# environment of `up`: the pipeline the DAGs run. Needs `bash scripts/setup.sh` and
-# `bash scripts/setup.sh cluster` first.
+# environment of `up`: the pipeline the DAGs run, or several separated by ':' (one set of DAGs
+# each); `up` creates each pipeline's one-slot writer pool through the REST API.
+# SPLITKEEPER_AIRFLOW_SCHEDULES=0 at `up`: the scheduler runs triggered DAG runs only. Needs
+# `bash scripts/setup.sh` and `bash scripts/setup.sh cluster` first.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

@@ -74,6 +74,7 @@ REGION = "us-east-1"
 ENV_DIR = "SPLITKEEPER_CLUSTER_DIR"
 ENV_TOOLS_DIR = "SPLITKEEPER_TOOLS_DIR"
 MARK = "SPLITKEEPER_CLUSTER_MARK"
+SCHEDULES_ENV = "SPLITKEEPER_AIRFLOW_SCHEDULES"  # "0" at `up`: only triggered DAG runs
 SETUP_FIX = "bash scripts/setup.sh cluster"
 
 #: Airflow users of the simple auth manager: name -> role (admin, op, user, viewer).
@@ -373,6 +374,7 @@ class ClusterState:
     services: dict[str, dict[str, int]] = field(default_factory=dict)
     timings_s: dict[str, float] = field(default_factory=dict)
     started_at: float | None = None
+    pools: list[str] = field(default_factory=list)  # the writer pools up created (one per pipeline)
 
     def proc(self, service: str) -> Proc | None:
         raw = self.services.get(service)
@@ -536,6 +538,7 @@ class LocalCluster:
         self._state = state
         self._save_state()
         self._write_config_files(state)
+        state.pools = self._writer_pools()  # a pipeline config that does not load fails here, early
 
         def chain(*steps: Callable[[], None]) -> Callable[[], None]:
             def run() -> None:
@@ -786,6 +789,9 @@ class LocalCluster:
             "AIRFLOW__API__BASE_URL": api,
             "AIRFLOW__API__SECRET_KEY": ref("airflow_api_secret_key"),
             "AIRFLOW__API_AUTH__JWT_SECRET": ref("airflow_jwt_secret"),
+            # `up` with SPLITKEEPER_AIRFLOW_SCHEDULES=0: the scheduler runs triggered runs only (no
+            # run per schedule interval; the end-to-end test drives every run through the REST API)
+            "AIRFLOW__SCHEDULER__USE_JOB_SCHEDULE": str(os.environ.get(SCHEDULES_ENV, "1").strip() != "0"),
             "AIRFLOW__SCHEDULER__ENABLE_HEALTH_CHECK": "True",
             "AIRFLOW__SCHEDULER__SCHEDULER_HEALTH_CHECK_SERVER_HOST": HOST,
             "AIRFLOW__SCHEDULER__SCHEDULER_HEALTH_CHECK_SERVER_PORT": str(ports["airflow_scheduler_health"]),
@@ -1478,6 +1484,50 @@ class LocalCluster:
                 return bool(self._airflow_health(state)[key]["status"] == "healthy")
 
             self._wait(service, procs[service], healthy, 180)
+        self._create_pools(state)
+
+    def _writer_pools(self) -> list[str]:
+        """The writer pool of every pipeline ``$SPLITKEEPER_PIPELINE_CONFIG`` names (as the DAGs name
+        it, :func:`splitkeeper.orchestration.airflow.pool_name`); each config is loaded with the
+        environment the Airflow services get, so ``${SPLITKEEPER_KAFKA_BOOTSTRAP_SERVERS}`` resolves."""
+        from splitkeeper.errors import ConfigError
+        from splitkeeper.orchestration.airflow import config_paths, pool_name
+        from splitkeeper.runtime.config import load_config
+
+        env = self._airflow_env()
+        pools = []
+        for path in config_paths(env):
+            try:
+                config = load_config(path, env=env)
+            except ConfigError as err:
+                raise ClusterError(
+                    f"SPLITKEEPER_PIPELINE_CONFIG names {path}, which does not load: {self._scrub(str(err))}"
+                ) from None
+            pools.append(pool_name(config.name))
+        return pools
+
+    def _create_pools(self, state: ClusterState) -> None:
+        """Create (or reset to one slot) the writer pool of each configured pipeline, through the
+        REST API as ``admin``: without its pool, the scheduler never starts a writing task."""
+        if not state.pools:
+            return
+        base = f"http://{HOST}:{state.ports['airflow_api']}"
+        creds = self.credentials()
+        _status, token = _request_json(
+            "POST",
+            f"{base}/auth/token",
+            {"username": "admin", "password": creds.airflow_admin_password},
+        )
+        for name in state.pools:
+            body = {"name": name, "slots": 1, "description": "one writer per pipeline (splitkeeper)"}
+            status, answer = _request_json("POST", f"{base}/api/v2/pools", body, token["access_token"])
+            if status == 409:  # it exists (a restart): one slot again
+                status, answer = _request_json(
+                    "PATCH", f"{base}/api/v2/pools/{name}", body, token["access_token"]
+                )
+            if status not in (200, 201):
+                raise ClusterError(f"creating Airflow pool {name} failed: HTTP {status} {answer}")
+        self._save_state()
 
     def _airflow_health(self, state: ClusterState) -> dict[str, Any]:
         return _get_json(f"http://{HOST}:{state.ports['airflow_api']}/api/v2/monitor/health")
@@ -1515,6 +1565,27 @@ class LocalCluster:
 def _get_json(url: str, timeout_s: float = 3.0) -> dict[str, Any]:
     with urllib.request.urlopen(url, timeout=timeout_s) as response:
         return json.loads(response.read())
+
+
+def _request_json(
+    method: str, url: str, body: Mapping[str, Any], token: str | None = None, timeout_s: float = 30.0
+) -> tuple[int, Any]:
+    """(status, decoded JSON answer) of one JSON request; an HTTP error is a status, not an exception."""
+    request = urllib.request.Request(
+        url,
+        method=method,
+        data=json.dumps(body).encode(),
+        headers={
+            "Content-Type": "application/json",
+            **({"Authorization": f"Bearer {token}"} if token else {}),
+        },
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            raw = response.read()
+            return response.status, json.loads(raw) if raw else None
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode(errors="replace")[:500]
 
 
 def _http_ok(url: str, timeout_s: float = 3.0) -> bool:
@@ -1570,6 +1641,8 @@ def main(argv: list[str] | None = None) -> int:
             )
             timings = ", ".join(f"{k} {v:.1f}s" for k, v in state.timings_s.items())
             say(f"timings: {timings}")
+            if state.pools:
+                say(f"Airflow writer pools (1 slot each): {', '.join(state.pools)}")
             say(f"point splitkeeper at it: source {cluster.layout.env_file}")
             say(f"credentials (0600): {cluster.layout.credentials}; logs: {cluster.layout.logs}")
             statuses = cluster.status()

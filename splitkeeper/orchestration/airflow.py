@@ -11,10 +11,13 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 from splitkeeper import resources
+from splitkeeper.orchestration.tasks import CONFIG_ENV
 
 DEFAULT_ARGS: dict[str, Any] = {
     "owner": "splitkeeper",
@@ -23,12 +26,21 @@ DEFAULT_ARGS: dict[str, Any] = {
 }
 
 
-def _pipeline_config() -> Any:
-    """The pipeline named by ``$SPLITKEEPER_PIPELINE_CONFIG``, or None (unset, or not loadable:
-    a DAG file must parse; the task itself then reports the bad config)."""
-    path = os.environ.get("SPLITKEEPER_PIPELINE_CONFIG", "")
-    if not path:
-        return None
+def config_paths(env: Mapping[str, str] | None = None) -> list[str]:
+    """The pipeline config files named by ``$SPLITKEEPER_PIPELINE_CONFIG``: one path, or several
+    separated by ``os.pathsep`` (``:``, as in ``PATH``). Empty when it is unset."""
+    raw = (os.environ if env is None else env).get(CONFIG_ENV, "")
+    return [p.strip() for p in raw.split(os.pathsep) if p.strip()]
+
+
+def pool_name(pipeline_name: str) -> str:
+    """The one-slot Airflow pool of a pipeline's writing tasks: ``splitkeeper-<pipeline name>``."""
+    return f"splitkeeper-{pipeline_name}"
+
+
+def _load(path: str) -> Any:
+    """The pipeline of ``path``, or None when it does not load (a DAG file must parse; the task
+    itself then reports the bad config)."""
     try:
         from splitkeeper.runtime.config import load_config
 
@@ -43,72 +55,112 @@ def _asset_uri(location: str) -> str:
     return "file://" + os.path.abspath(location)
 
 
-def pipeline_assets() -> list[Any]:
-    """The pipeline's sink and state tables as Airflow Assets: the writing tasks' ``outlets``.
+@dataclass(frozen=True)
+class DagPipeline:
+    """One pipeline the DAG files build their DAGs for (a DAG file builds one DAG per pipeline).
 
-    So the Airflow UI shows the lineage: which DAG run last wrote the sink, and the state.
-    Empty when no pipeline config is set (parsing only).
+    With one configured pipeline (or none, when Airflow only parses the files) the DAG ids are
+    the plain ones (``splitkeeper_ingest``); with several, each DAG id ends with
+    ``__<pipeline name>`` (``splitkeeper_ingest__orders-kafka``), so every pipeline has its own
+    schedule, run history, ``max_active_runs`` and Params, and its own writer pool.
     """
-    config = _pipeline_config()
-    if config is None:
-        return []
-    from airflow.sdk import Asset
 
-    return [
-        Asset(uri=_asset_uri(config.sink_path), name=f"splitkeeper-{config.name}-sink", group="splitkeeper"),
-        Asset(
-            uri=_asset_uri(config.state_path), name=f"splitkeeper-{config.name}-state", group="splitkeeper"
-        ),
-    ]
+    path: str  # "" when no pipeline is configured (parsing only)
+    config: Any  # the loaded PipelineConfig, or None (not configured, or it does not load)
+    suffix: str = ""  # "" for the only pipeline, else "__<name>"
+
+    def dag_id(self, base: str) -> str:
+        return base + self.suffix
+
+    @property
+    def config_path(self) -> str | None:
+        """What the tasks get as their config path (None: ``$SPLITKEEPER_PIPELINE_CONFIG``)."""
+        return self.path or None
+
+    def writer_pool(self) -> str:
+        """The Airflow pool of every task that writes this pipeline's state (one slot: one writer
+        at a time).
+
+        ``splitkeeper-<pipeline name>`` (``splitkeeper`` when none is configured, e.g. while only
+        parsing). The ingest, recover, rescale and maintain DAGs put their writing task in it, so
+        a second writer queues instead of failing (``max_active_runs`` is per DAG). It must exist:
+        ``scripts/cluster.sh up`` creates one per configured pipeline; elsewhere
+        ``airflow pools set splitkeeper-<name> 1 "one writer per pipeline"``. Airflow's
+        ``dag.test()`` ignores pools; the pipeline lease still refuses a second writer there.
+        """
+        return "splitkeeper" if self.config is None else pool_name(self.config.name)
+
+    def assets(self) -> list[Any]:
+        """The pipeline's sink and state tables as Airflow Assets: the writing tasks' ``outlets``.
+
+        So the Airflow UI shows the lineage: which DAG run last wrote the sink, and the state.
+        Empty when no pipeline is configured (parsing only).
+        """
+        config = self.config
+        if config is None:
+            return []
+        from airflow.sdk import Asset
+
+        return [
+            Asset(
+                uri=_asset_uri(config.sink_path), name=f"splitkeeper-{config.name}-sink", group="splitkeeper"
+            ),
+            Asset(
+                uri=_asset_uri(config.state_path),
+                name=f"splitkeeper-{config.name}-state",
+                group="splitkeeper",
+            ),
+        ]
+
+    def notify_failure(self, context: Mapping[str, Any]) -> None:
+        """``on_failure_callback`` of every task: calls the pipeline's ``notifications.on_failure``.
+
+        The function gets one dict: pipeline, dag_id, task_id, run_id, try_number and the error
+        (as text). A failing notification is logged, never raised: it must not hide the task's
+        own failure.
+        """
+        config = self.config
+        if config is None or config.on_failure is None:
+            return
+        from splitkeeper.runtime.transforms import resolve_callable
+
+        ti = context.get("ti") or context.get("task_instance")
+        event = {
+            "pipeline": config.name,
+            "dag_id": getattr(ti, "dag_id", None),
+            "task_id": getattr(ti, "task_id", None),
+            "run_id": getattr(ti, "run_id", None),
+            "try_number": getattr(ti, "try_number", None),
+            "error": str(context.get("exception") or ""),
+        }
+        try:
+            resolve_callable(config.on_failure, "notifications.on_failure")(event)
+        except Exception:  # noqa: BLE001
+            logging.getLogger("splitkeeper.orchestration").exception(
+                "notifications.on_failure %s failed", config.on_failure
+            )
+
+    def default_args(self) -> dict[str, Any]:
+        """The DAGs' default_args: no blind retries, a 2 h timeout, the failure notification."""
+        return {**DEFAULT_ARGS, "on_failure_callback": self.notify_failure}
 
 
-def notify_failure(context: Mapping[str, Any]) -> None:
-    """``on_failure_callback`` of every task: calls the pipeline's ``notifications.on_failure``.
+def dag_pipelines(env: Mapping[str, str] | None = None) -> list[DagPipeline]:
+    """The pipelines to build DAGs for, from ``$SPLITKEEPER_PIPELINE_CONFIG`` (see :class:`DagPipeline`).
 
-    The function gets one dict: pipeline, dag_id, task_id, run_id, try_number and the error
-    (as text). A failing notification is logged, never raised: it must not hide the task's
-    own failure.
+    A config that does not load still gets its DAGs (the tasks report the error); among several,
+    its DAG ids end with the file's stem instead of the pipeline name.
     """
-    config = _pipeline_config()
-    if config is None or config.on_failure is None:
-        return
-    from splitkeeper.runtime.transforms import resolve_callable
-
-    ti = context.get("ti") or context.get("task_instance")
-    event = {
-        "pipeline": config.name,
-        "dag_id": getattr(ti, "dag_id", None),
-        "task_id": getattr(ti, "task_id", None),
-        "run_id": getattr(ti, "run_id", None),
-        "try_number": getattr(ti, "try_number", None),
-        "error": str(context.get("exception") or ""),
-    }
-    try:
-        resolve_callable(config.on_failure, "notifications.on_failure")(event)
-    except Exception:  # noqa: BLE001
-        logging.getLogger("splitkeeper.orchestration").exception(
-            "notifications.on_failure %s failed", config.on_failure
-        )
-
-
-def default_args() -> dict[str, Any]:
-    """The DAGs' default_args: no blind retries, a 2 h timeout, the failure notification."""
-    return {**DEFAULT_ARGS, "on_failure_callback": notify_failure}
-
-
-def writer_pool() -> str:
-    """The Airflow pool of every task that writes this pipeline's state (one slot: one writer at a time).
-
-    ``splitkeeper-<pipeline name>`` for the pipeline named by ``$SPLITKEEPER_PIPELINE_CONFIG``
-    (``splitkeeper`` when none is set, e.g. while only parsing). The ingest, recover, rescale
-    and maintain DAGs put their writing task in it, so a second writer queues instead of
-    failing (``max_active_runs`` is per DAG). Create it once per pipeline:
-    ``airflow pools set splitkeeper-<name> 1 "one writer per pipeline"`` (``scripts/cluster.sh``
-    does). Airflow's ``dag.test()`` ignores pools; the pipeline lease still refuses a second
-    writer there.
-    """
-    config = _pipeline_config()
-    return "splitkeeper" if config is None else f"splitkeeper-{config.name}"
+    paths = config_paths(env)
+    if len(paths) <= 1:
+        path = paths[0] if paths else ""
+        return [DagPipeline(path, _load(path) if path else None)]
+    pipelines = []
+    for path in paths:
+        config = _load(path)
+        name = config.name if config is not None else Path(path).stem
+        pipelines.append(DagPipeline(path, config, f"__{name}"))
+    return pipelines
 
 
 def cluster_master() -> str | None:
@@ -117,7 +169,7 @@ def cluster_master() -> str | None:
     return master if master and not master.startswith("local") else None
 
 
-def spark_submit_epoch_task(task_id: str) -> Any:
+def spark_submit_epoch_task(task_id: str, pipeline: DagPipeline) -> Any:
     """The epoch job through SparkSubmitOperator (apache-airflow-providers-apache-spark).
 
     Every Param of the ingest DAG reaches the job: ``application_args`` are templated
@@ -131,7 +183,7 @@ def spark_submit_epoch_task(task_id: str) -> Any:
         conn_id=os.environ.get("SPLITKEEPER_SPARK_CONN_ID", "spark_default"),
         application_args=[
             "--config",
-            os.environ.get("SPLITKEEPER_PIPELINE_CONFIG", ""),
+            pipeline.path,
             "{{ '--continuous' if params.continuous else '--epochs=' ~ params.epochs }}",
             "{{ '--until-caught-up' if params.until_caught_up and not params.continuous "
             "else '--no-until-caught-up' }}",
@@ -141,6 +193,6 @@ def spark_submit_epoch_task(task_id: str) -> Any:
         jars=os.environ.get("SPLITKEEPER_SPARK_JARS"),
         py_files=os.environ.get("SPLITKEEPER_PY_FILES"),
         name="splitkeeper-epochs",
-        pool=writer_pool(),
-        outlets=pipeline_assets(),
+        pool=pipeline.writer_pool(),
+        outlets=pipeline.assets(),
     )

@@ -30,14 +30,15 @@ RECOVERY_MODES = services.RECOVERY_MODES
 def config_path(explicit: str | None = None) -> str:
     """The pipeline config a task works on: the argument, else ``$SPLITKEEPER_PIPELINE_CONFIG``."""
     path = explicit or os.environ.get(CONFIG_ENV, "")
-    if not path:
+    if not path or (not explicit and os.pathsep in path.strip(os.pathsep)):
         raise InvalidParameterError(
             CONFIG_ENV,
             path,
-            "the path of a pipeline config file",
-            hint=f"export {CONFIG_ENV}=/path/pipeline.yaml",
+            "the path of a pipeline config file (several, separated by os.pathsep, only for the DAG "
+            "files, which pass each task its pipeline's path)",
+            hint=f"export {CONFIG_ENV}=/path/pipeline.yaml, or pass the path",
         )
-    return path
+    return path.strip(os.pathsep)
 
 
 def _config(path: str | None) -> PipelineConfig:

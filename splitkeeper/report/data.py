@@ -15,7 +15,7 @@ import os
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from splitkeeper.core.types import CheckpointKind, RecoveryDecision
 from splitkeeper.state.history import TimelineEntry
@@ -116,12 +116,10 @@ class ReportData:
 
 
 def collect_report_data(
-    state_store: DeltaStateStore, sink_path: str | os.PathLike[str] | None = None, *, spark: Any = None
+    state_store: DeltaStateStore, sink_path: str | os.PathLike[str] | None = None
 ) -> ReportData:
-    """Read everything the report shows. Called on the driver once per report.
-
-    ``spark`` reads the sink's records per epoch and region (needed only with ``sink_path``).
-    """
+    """Read everything the report shows (state and sink through delta-rs; no Spark). Called once per
+    report."""
     history = state_store.history
     timeline = tuple(history.timeline())
     heads = history.checkpoints(
@@ -184,7 +182,7 @@ def collect_report_data(
     records: dict[int, dict[int, int]] | None = None
     sink_text = None if sink_path is None else os.fspath(sink_path)
     if sink_text is not None:
-        records = _records_per_epoch(sink_text, spark)
+        records = _records_per_epoch(sink_text)
     return ReportData(
         pipeline=state_store.pipeline_name,
         state_root=str(state_store.root),
@@ -197,26 +195,28 @@ def collect_report_data(
     )
 
 
-def _records_per_epoch(sink_path: str, spark: Any) -> dict[int, dict[int, int]]:
-    """Epoch -> region -> records of the sink table (read with Spark); empty when there is no table."""
+def _records_per_epoch(sink_path: str) -> dict[int, dict[int, int]]:
+    """Epoch -> region -> records of the sink table; empty when there is no table.
+
+    Read with delta-rs (the two columns only), not Spark: the report runs where an Airflow task
+    runs, and a group-by count needs no cluster application of its own.
+    """
     from deltalake import DeltaTable
 
-    from splitkeeper.runtime.sink import sink_frame
     from splitkeeper.state import storage
 
     uri = storage.table_uri(sink_path)
+    options = storage.storage_options(uri)
     records: dict[int, dict[int, int]] = {}
-    if not DeltaTable.is_deltatable(uri, storage.storage_options(uri)):
+    if not DeltaTable.is_deltatable(uri, options):
         return records
-    if spark is None:
-        from pyspark.sql import SparkSession
-
-        spark = SparkSession.getActiveSession()
-        if spark is None:
-            from splitkeeper.runtime.spark import SparkSettings, get_spark
-
-            spark = get_spark(SparkSettings.from_env(ui_enabled=False))
-    sink, _exists = sink_frame(spark, uri)
-    for r in sink.groupBy("epoch", "region").count().collect():
-        records.setdefault(int(r["epoch"]), {})[int(r["region"])] = int(r["count"])
+    rows = DeltaTable(uri, storage_options=options).to_pyarrow_dataset().to_table(columns=["epoch", "region"])
+    counted = rows.group_by(["epoch", "region"]).aggregate([([], "count_all")])
+    for epoch, region, count in zip(
+        counted["epoch"].to_pylist(),
+        counted["region"].to_pylist(),
+        counted["count_all"].to_pylist(),
+        strict=True,
+    ):
+        records.setdefault(int(epoch), {})[int(region)] = int(count)
     return records

@@ -39,6 +39,11 @@ Shape of a file (YAML)::
     staging: {path: ./state/_staging}   # default <state>/_staging
     transform: splitkeeper.runtime.transforms:identity
 
+``${NAME}`` inside any string value is replaced by the environment variable ``NAME``
+(e.g. ``bootstrap_servers: ${SPLITKEEPER_KAFKA_BOOTSTRAP_SERVERS}``, what the local
+cluster's env file exports); an unset variable is a mistake naming the key; ``$${``
+stands for a literal ``${``. Values from the environment are never shown in messages.
+
 This module imports the standard library and the protocol core (PyYAML lazily,
 for YAML files).
 """
@@ -73,6 +78,7 @@ _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _URI_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 _HOST_PORT_RE = re.compile(r"^[^\s:,]+:\d{1,5}$")
 _TRANSFORM_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+_ENV_REF_RE = re.compile(r"\$\$\{|\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
 class SourceKind(enum.Enum):
@@ -285,10 +291,11 @@ def _plain(value: Any) -> Any:
 # --------------------------------------------------------------------------- loading
 
 
-def load_config(path: str | os.PathLike[str]) -> PipelineConfig:
+def load_config(path: str | os.PathLike[str], env: Mapping[str, str] | None = None) -> PipelineConfig:
     """Read and validate a pipeline config file (``.yaml``, ``.yml`` or ``.toml``).
 
-    Relative paths inside the file resolve against the file's directory.
+    Relative paths inside the file resolve against the file's directory; ``${NAME}``
+    references take their values from ``env`` (default: this process's environment).
     Raises :class:`ConfigError` for a missing/unreadable file, a syntax error
     or any invalid value.
     """
@@ -321,17 +328,53 @@ def load_config(path: str | os.PathLike[str]) -> PipelineConfig:
             data = yaml.safe_load(text)
         except yaml.YAMLError as err:
             raise ConfigError(f"{file}: not valid YAML: {err}", key="", value=str(file)) from err
-    return config_from_mapping(data, base_dir=file.parent, origin=str(file))
+    return config_from_mapping(data, base_dir=file.parent, origin=str(file), env=env)
+
+
+def expand_env(data: Any, env: Mapping[str, str] | None = None, origin: str = "pipeline config") -> Any:
+    """``data`` with every ``${NAME}`` in its string values replaced by ``env[NAME]`` (default:
+    ``os.environ``) and every ``$${`` by ``${``. ConfigError names the key of an unset variable."""
+    environ = os.environ if env is None else env
+
+    def walk(value: Any, key: str) -> Any:
+        if isinstance(value, str):
+
+            def sub(match: re.Match[str]) -> str:
+                name = match.group(1)
+                if name is None:
+                    return "${"
+                if name not in environ:
+                    raise ConfigError(
+                        f"{origin}: {key or '(top level)'} refers to ${{{name}}}, but the environment "
+                        f"variable {name} is not set; set it, or write the value itself",
+                        key=key,
+                        value=f"${{{name}}}",
+                    )
+                return environ[name]
+
+            return _ENV_REF_RE.sub(sub, value)
+        if isinstance(value, Mapping):
+            return {k: walk(v, f"{key}.{k}" if key else str(k)) for k, v in value.items()}
+        if isinstance(value, list):
+            return [walk(v, f"{key}[{i}]") for i, v in enumerate(value)]
+        return value
+
+    return walk(data, "")
 
 
 def config_from_mapping(
-    data: Any, base_dir: str | os.PathLike[str] | None = None, origin: str = ""
+    data: Any,
+    base_dir: str | os.PathLike[str] | None = None,
+    origin: str = "",
+    env: Mapping[str, str] | None = None,
 ) -> PipelineConfig:
     """Validate an already-parsed config mapping (same rules as :func:`load_config`).
 
-    ``base_dir`` is where relative paths resolve (default: the working directory).
+    ``base_dir`` is where relative paths resolve (default: the working directory); ``env``
+    gives the values of ``${NAME}`` references (default: this process's environment).
     """
     where = origin or "pipeline config"
+    data = expand_env(data, env, where)
     if not isinstance(data, Mapping):
         raise ConfigError(
             f"{where}: the top level must be a mapping of keys, got {type(data).__name__}",
@@ -406,9 +449,24 @@ def config_from_mapping(
 
     state_path = top.section("state", _PATH_KEYS, required=True).required_path("path")
     sink_path = top.section("sink", _PATH_KEYS, required=True).required_path("path")
-    staging_path = top.section("staging", _PATH_KEYS).path("path")
+    staging = top.section("staging", _PATH_KEYS)
+    staging_path = staging.path("path")
     if staging_path is None:
+        if _URI_RE.match(state_path):
+            # region tasks write their staged files with local file I/O: an object store won't do
+            raise staging.missing(
+                "path",
+                f"a local directory the driver and every executor share (state.path {state_path} is on "
+                "an object store, so the default <state>/_staging cannot be used)",
+            )
         staging_path = _join(state_path, "_staging")
+    elif _URI_RE.match(staging_path):
+        raise staging.invalid(
+            "path",
+            staging_path,
+            "a local directory the driver and every executor share (region tasks "
+            "write staged files with local file I/O)",
+        )
     if _same_location(state_path, sink_path):
         raise top.invalid("sink.path", sink_path, "a location different from state.path")
     for key, inner in (("state.path", state_path), ("staging.path", staging_path)):

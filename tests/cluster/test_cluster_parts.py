@@ -6,6 +6,7 @@ import base64
 import hashlib
 import hmac
 import json
+import os
 import subprocess
 
 import pytest
@@ -140,3 +141,28 @@ def test_airflow_services_get_the_pipeline_of_the_caller_and_nothing_stale(tmp_p
     )
     assert env["SPLITKEEPER_SPARK_MASTER"].startswith("spark://127.0.0.1:")
     assert env["SPLITKEEPER_CLUSTER_MARK"] == cluster.mark
+
+
+def test_writer_pools_are_named_per_configured_pipeline_and_a_config_that_does_not_load_stops_up(
+    tmp_path, monkeypatch
+):
+    cluster = _fake_cluster(tmp_path)
+    good = tmp_path / "kafka.yaml"  # the Kafka address comes from the cluster's environment
+    good.write_text(
+        "name: orders\nsource: {kind: kafka, bootstrap_servers: '${SPLITKEEPER_KAFKA_BOOTSTRAP_SERVERS}', "
+        "topics: [t]}\nstate: {path: state}\nsink: {path: sink}\n"
+    )
+    monkeypatch.setenv("SPLITKEEPER_PIPELINE_CONFIG", str(good))
+    monkeypatch.delenv("SPLITKEEPER_KAFKA_BOOTSTRAP_SERVERS", raising=False)
+    monkeypatch.delenv("SPLITKEEPER_AIRFLOW_SCHEDULES", raising=False)
+    assert cluster._writer_pools() == ["splitkeeper-orders"]
+    assert cluster._airflow_env()["AIRFLOW__SCHEDULER__USE_JOB_SCHEDULE"] == "True"
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        "name: x\nsource: {kind: files, path: '${NOT_SET_ANYWHERE}'}\nstate: {path: s}\nsink: {path: k}\n"
+    )
+    monkeypatch.setenv("SPLITKEEPER_PIPELINE_CONFIG", f"{good}{os.pathsep}{bad}")
+    with pytest.raises(ClusterError, match="bad.yaml, which does not load: .*NOT_SET_ANYWHERE"):
+        cluster._writer_pools()
+    monkeypatch.setenv("SPLITKEEPER_AIRFLOW_SCHEDULES", "0")  # only triggered runs
+    assert cluster._airflow_env()["AIRFLOW__SCHEDULER__USE_JOB_SCHEDULE"] == "False"

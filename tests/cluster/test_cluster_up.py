@@ -29,7 +29,7 @@ from typing import Any
 
 import pytest
 
-from splitkeeper.cluster.local import BUCKET, HOST, SERVICES, LocalCluster
+from splitkeeper.cluster.local import BUCKET, HOST, SERVICES, LocalCluster, _get_json
 from splitkeeper.cluster.s3 import S3Client, S3Error
 from splitkeeper.resources import require_checkout
 
@@ -73,8 +73,16 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[LocalCluster]:
     # A folder the postgres user can reach (pytest's own tmp folders are 0700 under /tmp).
     root = Path(tempfile.mkdtemp(prefix="splitkeeper-cluster-"))
     root.chmod(0o755)
+    # The DAGs run the end-to-end test's two pipelines (their files exist before `up`: it creates
+    # their writer pools); only triggered runs, so no scheduled ingest interferes.
+    env = {
+        **os.environ,
+        "SPLITKEEPER_PIPELINE_CONFIG": os.pathsep.join(str(p) for p in _write_e2e_pipelines(root / "e2e")),
+        "SPLITKEEPER_REPORTS_DIR": str(root / "e2e" / "reports"),
+        "SPLITKEEPER_AIRFLOW_SCHEDULES": "0",
+    }
     with Phase("cluster.sh up"):
-        up = _run(["bash", "scripts/cluster.sh", "up", "--dir", str(root)], timeout=600)
+        up = _run(["bash", "scripts/cluster.sh", "up", "--dir", str(root)], timeout=600, env=env)
     cluster = LocalCluster(root)
     try:
         assert up.returncode == 0, up.stdout[-4000:] + up.stderr[-4000:]
@@ -412,6 +420,281 @@ def test_a_killed_spark_worker_shows_in_status_and_restarts(cluster):
         assert new_pid != pid
         statuses = {s.name: s for s in cluster.status()}
         assert all(s.healthy for s in statuses.values()), {n: s.detail for n, s in statuses.items()}
+
+
+# --------------------------------------------------------------------------------------- end to end
+# Two pipelines, Delta state and sink on the object store (s3a://), run by Airflow's scheduler:
+# the ingest DAG's epochs go through spark-submit to the standalone workers; a worker JVM is
+# SIGKILLed mid-epoch; a second writer of the pipeline (the maintain DAG), triggered while the
+# ingest runs, queues for the pipeline's one-slot pool; the recover DAG is triggered through the
+# REST API with a rescale; every run's restart checks pass and each sink holds its source exactly
+# once. Data is tiny (200 lines, 300 messages): the DAG runs are what cost (mostly their validate
+# task: Great Expectations on Spark), so there are three of them and one maintain run.
+
+E2E_FILES, E2E_LINES = 4, 50  # the files pipeline: 4 files (one split each) of 50 lines
+E2E_TOPIC, E2E_PARTITIONS = "e2e-orders", 2
+E2E_STALL_S = 15  # both regions of the files pipeline's epoch 2 sleep this long: the kill lands there
+E2E_COMMON = """
+parallelism: 2
+strategy: least-loaded
+checkpoint: {max_consecutive_failures: 3, max_failure_ratio: 0.5, region_timeout_s: 150,
+             retain_checkpoints: 3}
+lease: {ttl_s: 30}
+"""
+
+
+def _write_e2e_pipelines(folder: Path) -> list[Path]:
+    """The files and Kafka pipelines' configs (and the files source); Kafka and the lake are named
+    by ``${...}`` references the Airflow services resolve from the cluster's environment."""
+    incoming = folder / "files-in"
+    incoming.mkdir(parents=True)
+    for f in range(E2E_FILES):
+        (incoming / f"part-{f}.txt").write_text("".join(f"file{f}-line{n:03d}\n" for n in range(E2E_LINES)))
+    lake = "${SPLITKEEPER_LAKE_ROOT}/e2e"
+    files = folder / "files.yaml"
+    files.write_text(
+        "name: e2e-files\n"
+        "source: {kind: files, path: files-in, format: lines}\n"
+        "backlog: {backlog_epoch_records: 52, normal_epoch_records: 52}\n"  # 13 lines a file an epoch
+        f'state: {{path: "{lake}/files/state"}}\n'
+        f'sink: {{path: "{lake}/files/sink"}}\n'
+        "staging: {path: staging-files}\n" + E2E_COMMON
+    )
+    kafka = folder / "kafka.yaml"
+    kafka.write_text(
+        "name: e2e-kafka\n"
+        "source: {kind: kafka, bootstrap_servers: '${SPLITKEEPER_KAFKA_BOOTSTRAP_SERVERS}', "
+        f"topics: [{E2E_TOPIC}], starting: earliest}}\n"
+        "backlog: {backlog_epoch_records: 120, normal_epoch_records: 120}\n"  # shared by the partitions
+        f'state: {{path: "{lake}/kafka/state"}}\n'
+        f'sink: {{path: "{lake}/kafka/sink"}}\n'
+        "staging: {path: staging-kafka}\n" + E2E_COMMON
+    )
+    return [files, kafka]
+
+
+class AirflowApi:
+    """Airflow's REST API (v2) as the ``operator`` user."""
+
+    def __init__(self, cluster: LocalCluster) -> None:
+        self.cluster = cluster
+        env = cluster.client_env()
+        status, token = _api(
+            cluster,
+            "POST",
+            "/auth/token",
+            body={
+                "username": env["SPLITKEEPER_AIRFLOW_USER"],
+                "password": env["SPLITKEEPER_AIRFLOW_PASSWORD"],
+            },
+        )
+        assert status == 201, token
+        self.token = token["access_token"]
+
+    def call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+        status, answer = _api(self.cluster, method, path, self.token, body)
+        assert status in (200, 201), (method, path, status, answer)
+        return answer
+
+    def ready(self, dag: str, timeout_s: float = 180) -> None:
+        """Wait until the dag-processor has parsed ``dag``, then unpause it."""
+        deadline = time.monotonic() + timeout_s
+        while _api(self.cluster, "GET", f"/api/v2/dags/{dag}", self.token)[0] != 200:
+            assert time.monotonic() < deadline, f"DAG {dag} never appeared"
+            time.sleep(1)
+        self.call("PATCH", f"/api/v2/dags/{dag}", {"is_paused": False})
+
+    def trigger(self, dag: str, conf: dict[str, Any]) -> str:
+        return str(
+            self.call("POST", f"/api/v2/dags/{dag}/dagRuns", {"logical_date": None, "conf": conf})[
+                "dag_run_id"
+            ]
+        )
+
+    def run(self, dag: str, run_id: str) -> dict[str, Any]:
+        return dict(self.call("GET", f"/api/v2/dags/{dag}/dagRuns/{run_id}"))
+
+    def wait(self, dag: str, run_id: str, timeout_s: float = 600) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout_s
+        while (run := self.run(dag, run_id))["state"] not in ("success", "failed"):
+            assert time.monotonic() < deadline, run
+            time.sleep(1)
+        return run
+
+    def task(self, dag: str, run_id: str, task_id: str) -> dict[str, Any]:
+        return dict(self.call("GET", f"/api/v2/dags/{dag}/dagRuns/{run_id}/taskInstances/{task_id}"))
+
+    def xcom(self, dag: str, run_id: str, task_id: str) -> Any:
+        entry = self.call(
+            "GET", f"/api/v2/dags/{dag}/dagRuns/{run_id}/taskInstances/{task_id}/xcomEntries/return_value"
+        )
+        value = entry["value"]
+        return json.loads(value) if isinstance(value, str) and value[:1] in "{[" else value
+
+    def failure(self, dag: str, run_id: str) -> str:
+        """Which tasks did not succeed, with their log tails (for assertion messages)."""
+        tis = self.call("GET", f"/api/v2/dags/{dag}/dagRuns/{run_id}/taskInstances")["task_instances"]
+        bad = [t["task_id"] for t in tis if t["state"] != "success"]
+        return f"{dag} {run_id}: not successful {bad}\n" + "\n".join(
+            _task_log(self.cluster, dag, run_id, t)[-3000:] for t in bad
+        )
+
+
+def _task_log(cluster: LocalCluster, dag: str, run_id: str, task_id: str) -> str:
+    logs = [
+        p
+        for p in (cluster.layout.logs / "airflow-tasks" / f"dag_id={dag}").rglob("*.log")
+        if f"run_id={run_id}" in str(p) and f"task_id={task_id}" in str(p)
+    ]
+    return "\n".join(p.read_text(errors="replace") for p in sorted(logs))
+
+
+def _e2e_config(cluster: LocalCluster, name: str, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The pipeline as the DAGs see it; this process reads its state from the store like they do."""
+    from splitkeeper.runtime.config import load_config
+
+    env = cluster.client_env()
+    for key, value in env.items():
+        if key.startswith("AWS_"):
+            monkeypatch.setenv(key, value)
+    return load_config(cluster.root / "e2e" / f"{name}.yaml", env=env)
+
+
+def _latest_checkpoint(config: Any) -> int:
+    from splitkeeper.app import services
+
+    latest = services.status(config).latest_checkpoint
+    return 0 if latest is None else latest.id
+
+
+def _sink_rows(config: Any) -> list[tuple[str, int, str]]:
+    """(split id, offset, value) of every record in the pipeline's sink, read with deltalake."""
+    from deltalake import DeltaTable
+
+    from splitkeeper.state import storage
+
+    uri = storage.table_uri(config.sink_path)
+    assert uri.startswith(f"s3://{BUCKET}/e2e/"), uri  # on the object store
+    table = DeltaTable(uri, storage_options=storage.storage_options(uri)).to_pyarrow_table(
+        columns=["split_id", "offset", "value"]
+    )
+    return list(zip(*(table[c].to_pylist() for c in ("split_id", "offset", "value")), strict=True))
+
+
+def _assert_exactly_once(rows: list[tuple[str, int, str]], source: list[str]) -> None:
+    positions = [(split, offset) for split, offset, _ in rows]
+    assert len(set(positions)) == len(positions), "a record was committed twice"
+    values = sorted(v for _, _, v in rows)
+    missing, extra = sorted(set(source) - set(values)), sorted(set(values) - set(source))
+    assert values == sorted(source), f"lost {len(missing)} {missing[:5]}, unexpected {len(extra)} {extra[:5]}"
+
+
+def _green(api: AirflowApi, dag: str, run_id: str, checkpoint: int | None = None) -> dict[str, Any]:
+    """The run's restart checks (its validate task) passed; returns their verdict."""
+    verdict = api.xcom(dag, run_id, "validate")
+    assert verdict["success"] is True and set(verdict["suites"].values()) == {"passed"}, verdict
+    if checkpoint is not None:
+        assert verdict["checkpoint_id"] == checkpoint, verdict
+    return dict(verdict)
+
+
+def test_e2e_files_pipeline_on_the_workers_survives_a_killed_worker_a_queued_writer_and_a_rescale(
+    cluster, monkeypatch
+):
+    api = AirflowApi(cluster)
+    ingest, maintain, recover = (f"splitkeeper_{d}__e2e-files" for d in ("ingest", "maintain", "recover"))
+    config = _e2e_config(cluster, "files", monkeypatch)
+    source = [f"file{f}-line{n:03d}" for f in range(E2E_FILES) for n in range(E2E_LINES)]
+    state = cluster.state()
+    assert "splitkeeper-e2e-files" in state.pools and "splitkeeper-e2e-kafka" in state.pools
+    with Phase("e2e files: DAGs parsed"):
+        for dag in (ingest, maintain, recover):
+            api.ready(dag)
+    faults = [f"stall:{E2E_STALL_S}:0@2", f"stall:{E2E_STALL_S}:1@2"]
+    with Phase("e2e files: ingest, 3 epochs, a worker killed in epoch 2"):
+        first = api.trigger(ingest, {"epochs": 3, "until_caught_up": True, "faults": faults})
+        deadline = time.monotonic() + 300
+        while _latest_checkpoint(config) < 1:  # epoch 1 committed: epoch 2 (the stall) comes next
+            assert api.run(ingest, first)["state"] in ("queued", "running"), api.failure(ingest, first)
+            assert time.monotonic() < deadline, "epoch 1 never committed"
+            time.sleep(1)
+        # a second writer of the pipeline is triggered while the ingest runs: it queues for the pool
+        second = api.trigger(maintain, {})
+        pool = api.call("GET", "/api/v2/pools/splitkeeper-e2e-files")
+        assert pool["slots"] == 1 and pool["running_slots"] == 1, pool  # run_epochs holds the one slot
+        time.sleep(4)  # epoch 2's region tasks are planned, launched and asleep
+        worker = state.services["spark-worker-2"]["pid"]
+        running = _get_json(f"http://{HOST}:{state.ports['spark_worker_2_ui']}/json/")["executors"]
+        master = _get_json(f"http://{HOST}:{state.ports['spark_master_ui']}/json/")
+        assert any(e["appid"] in {a["id"] for a in master["activeapps"]} for e in running), (running, master)
+        assert _latest_checkpoint(config) == 1  # still in epoch 2
+        os.kill(worker, signal.SIGKILL)
+        killed_at = time.monotonic()
+        assert _latest_checkpoint(config) == 1, "epoch 2 ended before the kill"
+        writer = api.task(ingest, first, "run_epochs")
+        waiting = api.task(maintain, second, "maintain")
+        assert writer["state"] == "running" and waiting["state"] in (None, "scheduled", "queued"), waiting
+        cluster.start_spark_worker(2)  # the cluster heals; the job goes on without waiting for it
+        done = api.wait(ingest, first)
+        TIMINGS["e2e files: kill -> ingest run done"] = round(time.monotonic() - killed_at, 1)
+        assert done["state"] == "success", api.failure(ingest, first)
+    # Params reached the job through spark-submit: epochs=3 ended on checkpoint 3 (before anything
+    # else could write), the faults were rendered into its arguments and stalled epoch 2
+    _green(api, ingest, first, checkpoint=3)
+    args = api.task(ingest, first, "run_epochs")["rendered_fields"]["application_args"]
+    assert args[:4] == [
+        "--config",
+        str(cluster.root / "e2e" / "files.yaml"),
+        "--epochs=3",
+        "--until-caught-up",
+    ]
+    assert json.loads(args[-1]) == faults
+    log = _task_log(cluster, ingest, first, "run_epochs")
+    assert f"spark-submit --master spark://{HOST}:{state.ports['spark_master']}" in log
+    assert "Lost executor" in log, log[-4000:]  # the kill reached the job: its tasks ran on the workers
+    epoch2 = next(ln for ln in log.splitlines() if '"event":"epoch    2 ' in ln)
+    assert float(epoch2.split("read=")[1].split()[0]) >= E2E_STALL_S, epoch2  # the stall
+    with Phase("e2e files: the queued maintain run"):
+        assert api.wait(maintain, second)["state"] == "success", api.failure(maintain, second)
+    writer, waited = api.task(ingest, first, "run_epochs"), api.task(maintain, second, "maintain")
+    assert waited["start_date"] >= writer["end_date"], (writer, waited)  # it ran once the writer was done
+    with Phase("e2e files: recover with a rescale to 3 (REST trigger)"):
+        run = api.trigger(recover, {"mode": "global", "parallelism": 3})
+        assert api.wait(recover, run)["state"] == "success", api.failure(recover, run)
+    restored = api.xcom(recover, run, "restore_enumerator_state")
+    assert (restored["checkpoint_id"], restored["parallelism_before"], restored["parallelism"]) == (3, 2, 3)
+    _green(api, recover, run, checkpoint=4)
+    from splitkeeper.app import services
+
+    latest = services.status(config).latest_checkpoint
+    assert latest is not None and (latest.id, latest.parallelism) == (4, 3), latest
+    with Phase("e2e files: sink check"):
+        _assert_exactly_once(_sink_rows(config), source)  # 156 lines by the ingest, 44 by the rescaled epoch
+
+
+def test_e2e_kafka_pipeline_runs_until_caught_up_on_the_workers(cluster, monkeypatch):
+    from splitkeeper.kafka_testbed import NumberedProducer, create_topics
+
+    api = AirflowApi(cluster)
+    ingest = "splitkeeper_ingest__e2e-kafka"
+    config = _e2e_config(cluster, "kafka", monkeypatch)
+    bootstrap = cluster.client_env()["SPLITKEEPER_KAFKA_BOOTSTRAP_SERVERS"]
+    create_topics(bootstrap, {E2E_TOPIC: E2E_PARTITIONS})
+    producer = NumberedProducer(bootstrap, [(E2E_TOPIC, p) for p in range(E2E_PARTITIONS)], seed=12)
+    producer.produce(300)
+    assert not producer.failed
+    api.ready(ingest)
+    with Phase("e2e kafka: ingest until caught up"):
+        run = api.trigger(ingest, {"epochs": 10, "until_caught_up": True})
+        assert api.wait(ingest, run)["state"] == "success", api.failure(ingest, run)
+    # until_caught_up reached the job: it stopped once caught up (about 150 per partition, 60 an
+    # epoch), not after the 10 epochs it was allowed
+    checked = _green(api, ingest, run)
+    assert 2 <= checked["checkpoint_id"] < 10, checked
+    args = api.task(ingest, run, "run_epochs")["rendered_fields"]["application_args"]
+    assert args[1:4] == [str(cluster.root / "e2e" / "kafka.yaml"), "--epochs=10", "--until-caught-up"], args
+    with Phase("e2e kafka: sink check"):
+        _assert_exactly_once(_sink_rows(config), list(producer.delivered.values()))
 
 
 def test_down_stops_everything_and_leaves_no_process(cluster):

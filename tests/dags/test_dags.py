@@ -97,6 +97,32 @@ def test_dag_files_only_wire_tasks_and_import_no_spark(tmp_path):
     assert recover.schedule is None if hasattr(recover, "schedule") else True
 
 
+def test_several_pipelines_get_their_own_dags_pools_and_config_paths(tmp_path, monkeypatch):
+    # SPLITKEEPER_PIPELINE_CONFIG naming two files (':'-separated, like PATH): one set of DAGs each
+    import importlib.util
+
+    paths = []
+    for name in ("left", "right"):
+        folder = tmp_path / name
+        folder.mkdir()
+        path = _write_pipeline(folder, files=1, lines=1)
+        path.write_text(path.read_text().replace("name: dagtest", f"name: p-{name}"))
+        paths.append(path)
+    monkeypatch.setenv("SPLITKEEPER_PIPELINE_CONFIG", os.pathsep.join(map(str, paths)))
+    monkeypatch.setenv("SPLITKEEPER_SPARK_MASTER", "spark://spark-master:7077")
+    spec = importlib.util.spec_from_file_location(
+        "dag_ingest_several", REPO / "dags" / "splitkeeper_ingest.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert sorted(module.dags) == ["splitkeeper_ingest__p-left", "splitkeeper_ingest__p-right"]
+    for name, path in zip(("left", "right"), paths, strict=True):
+        task = module.dags[f"splitkeeper_ingest__p-{name}"].get_task("run_epochs")
+        assert task.pool == f"splitkeeper-p-{name}"
+        assert task.application_args[:2] == ["--config", str(path)]  # the job gets its own pipeline
+
+
 def test_on_a_cluster_master_the_epoch_task_submits_the_packaged_epoch_job(monkeypatch):
     from splitkeeper import resources
 

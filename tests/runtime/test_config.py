@@ -183,9 +183,39 @@ def test_staging_inside_the_sink_table_is_rejected(tmp_path: Path) -> None:
 
 
 def test_uri_paths_are_kept_as_given(tmp_path: Path) -> None:
-    cfg = build(tmp_path, sink__path="s3a://lake/orders", state__path="s3a://lake/_state")
-    assert cfg.sink_path == "s3a://lake/orders"
-    assert cfg.staging_path == "s3a://lake/_state/_staging"
+    cfg = build(
+        tmp_path, sink__path="s3a://lake/orders", state__path="s3a://lake/_state", staging__path="stage"
+    )
+    assert cfg.sink_path == "s3a://lake/orders" and cfg.state_path == "s3a://lake/_state"
+    assert cfg.staging_path == str(tmp_path / "stage")
+
+
+def test_state_on_an_object_store_needs_a_local_staging_path(tmp_path: Path) -> None:
+    # region tasks write staged files with local file I/O: <state>/_staging on S3 cannot work
+    message = error_of(tmp_path, state__path="s3a://lake/_state")
+    assert message.startswith("[CONFIG_ERROR] staging.path is required but missing")
+    assert "state.path s3a://lake/_state is on an object store" in message
+    message = error_of(tmp_path, staging__path="s3a://lake/_staging")
+    assert "staging.path='s3a://lake/_staging' is not allowed: a local directory" in message
+
+
+def test_env_references_are_expanded_and_an_unset_one_is_named(tmp_path: Path) -> None:
+    data = copy.deepcopy(BASE)
+    data["source"] = {"kind": "kafka", "bootstrap_servers": "${BROKERS}", "topics": ["t-${SUFFIX}"]}
+    data["sink"] = {"path": "s3a://${BUCKET}/sink"}
+    env = {"BROKERS": "127.0.0.1:9092", "SUFFIX": "a", "BUCKET": "lake"}
+    cfg = config_from_mapping(data, base_dir=tmp_path, env=env)
+    assert cfg.source.bootstrap_servers == "127.0.0.1:9092" and cfg.source.topics == ("t-a",)
+    assert cfg.sink_path == "s3a://lake/sink"
+    data["source"]["group_id"] = "$${literal}"
+    assert config_from_mapping(data, base_dir=tmp_path, env=env).source.group_id == "${literal}"
+    with pytest.raises(ConfigError) as info:
+        config_from_mapping(data, base_dir=tmp_path, env={"SUFFIX": "a", "BUCKET": "lake"})
+    assert (
+        "source.bootstrap_servers refers to ${BROKERS}, but the environment variable BROKERS is not set"
+        in (str(info.value))
+    )
+    assert info.value.params["key"] == "source.bootstrap_servers"
 
 
 def test_checkpoint_section_is_a_core_checkpoint_config_wired_to_regions(tmp_path: Path) -> None:
