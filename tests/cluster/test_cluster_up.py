@@ -697,6 +697,41 @@ def test_e2e_kafka_pipeline_runs_until_caught_up_on_the_workers(cluster, monkeyp
         _assert_exactly_once(_sink_rows(config), list(producer.delivered.values()))
 
 
+def test_state_store_sink_and_fence_on_the_object_store(cluster, tmp_path, monkeypatch):
+    """The delta-rs state store and the sink on the store (s3://): a checkpoint and an epoch
+    commit land, a stale writer is refused by the fence, a fresh store restores the same."""
+    from splitkeeper.core.ports import RegionRun
+    from splitkeeper.core.types import RegionOutcome
+    from splitkeeper.errors import ConcurrentRunError
+    from splitkeeper.runtime.sink import DeltaSink
+    from splitkeeper.runtime.staging import write_staged
+    from splitkeeper.state.checkpoints import DeltaStateStore, decision_for
+    from tests.state.samples import global_
+
+    for key, value in cluster.client_env().items():
+        if key.startswith("AWS_"):
+            monkeypatch.setenv(key, value)
+    base = f"s3://{BUCKET}/checks/store-{uuid.uuid4().hex[:8]}"
+    with Phase("check: state store and sink on s3"):
+        store = DeltaStateStore(base + "/state", "orders", "files:/in")
+        store.write_plan(1, {0: [("s0", 0, 1)]})
+        decision = decision_for(global_(1))
+        store.write_decision(decision)
+        staged = write_staged(
+            [(0, 1, "v")], "s0", str(tmp_path / "epoch=1" / "region=0" / "attempt=a" / "part.parquet"),
+            epoch=1, region=0,
+        )  # fmt: skip
+        sink = DeltaSink(base + "/sink", "orders")
+        run = RegionRun(region_id=0, outcome=RegionOutcome.ACK, output=staged.path)
+        assert sink.commit(1, [run], expected=None, attempt_id=decision.attempt_id).records == 1
+        with pytest.raises(ConcurrentRunError):
+            sink.commit(2, [], expected=None, attempt_id="stale")  # epoch 1 is there: not expected None
+        store.commit_checkpoint(decision)
+        fresh = DeltaStateStore(base + "/state", "orders", "files:/in")
+        assert fresh.latest_checkpoint() == global_(1) and fresh.decision(1, decision.attempt_id) == decision
+        assert DeltaSink(base + "/sink", "orders", read_only=True).committed_attempt(1) == decision.attempt_id
+
+
 def test_down_stops_everything_and_leaves_no_process(cluster):
     assert cluster.processes()
     with Phase("cluster.sh down"):
