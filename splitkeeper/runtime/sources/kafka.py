@@ -581,6 +581,21 @@ class KafkaSource(
             self._group_consumer = Consumer(conf)
         return self._group_consumer
 
+    def _retry_unreachable(self, err: KafkaException, deadline: float) -> bool:
+        """Whether a request that found no broker (a restart, a leader failing over) may be sent again.
+
+        Yes until ``deadline`` (``timeout_s`` after the first attempt), after a short pause; never
+        for another error or a refused authentication.
+        """
+        kerr = _kafka_error(err)
+        if kerr is None or kerr.code() not in _UNREACHABLE_CODES or time.monotonic() >= deadline:
+            return False
+        client = self._client_error
+        if isinstance(client, KafkaError) and client.code() in _AUTH_CODES:
+            return False
+        time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
+        return True
+
     def _on_client_error(self, err: Any) -> None:
         self._client_error = err
         _client_log.warning("Kafka client error: %s", err.str() if isinstance(err, KafkaError) else err)
@@ -591,11 +606,17 @@ class KafkaSource(
         A topic or partition being created may have no leader for a moment; it
         is left out of this round and discovered by a later one.
         """
-        try:
-            cluster = self._admin_client().list_topics(timeout=self._timeout_s)
-        except KafkaException as err:
-            self._admin_client().poll(0)  # serve queued error callbacks: an authentication failure says why
-            raise _unreachable(self._bootstrap, self._timeout_s, err, self._client_error) from err
+        deadline = time.monotonic() + self._timeout_s
+        while True:
+            try:
+                cluster = self._admin_client().list_topics(timeout=max(0.5, deadline - time.monotonic()))
+                break
+            except KafkaException as err:
+                self._admin_client().poll(
+                    0
+                )  # serve queued error callbacks: an authentication failure says why
+                if not self._retry_unreachable(err, deadline):
+                    raise _unreachable(self._bootstrap, self._timeout_s, err, self._client_error) from err
         self._cluster_id = cluster.cluster_id
         self._unready = set()
         out: dict[str, tuple[int, ...]] = {}
@@ -661,6 +682,8 @@ class KafkaSource(
                         failed[sid] = kerr
             except KafkaException as err:
                 kerr = _kafka_error(err)
+                if self._retry_unreachable(err, deadline):
+                    continue
                 if kerr is not None and kerr.code() in _UNREACHABLE_CODES:
                     raise _unreachable(self._bootstrap, self._timeout_s, err) from err
                 raise SourceError(
