@@ -83,17 +83,24 @@ class LiveFault(abc.ABC):
 class BrokerKill(LiveFault):
     """SIGKILL the broker while the driver reads and the producer has messages in flight, then restart it.
 
-    Triggered by the driver's first epoch line (the next epoch is running). Right before
+    Triggered ``delay_s`` after the driver's first epoch line (the next epoch discovers, plans and
+    reads; the previous one just committed its offsets to the group). Right before
     the kill ``burst`` messages are handed to the idempotent producer without waiting, so
     produce requests are in flight when the broker dies; their delivery reports come
     after the restart. ``after`` runs once the broker is back (the rest of the share).
     """
 
     def __init__(
-        self, run: str, broker: BrokerHandle, enqueue: Callable[[], int], after: Callable[[], None]
+        self,
+        run: str,
+        broker: BrokerHandle,
+        delay_s: float,
+        enqueue: Callable[[], int],
+        after: Callable[[], None],
     ) -> None:
         super().__init__(run)
         self.broker = broker
+        self.delay_s = delay_s
         self.enqueue = enqueue
         self.after = after
         self.during_epoch: int | None = None
@@ -106,6 +113,7 @@ class BrokerKill(LiveFault):
 
     def inject(self, line: EpochLine, proc: subprocess.Popen[str]) -> None:
         self.during_epoch = line.epoch + 1
+        time.sleep(self.delay_s)
         self.in_flight = self.enqueue()
         self.driver_alive = proc.poll() is None
         say(

@@ -96,6 +96,7 @@ class KafkaChaos:
                 "starting": "earliest",
                 "group_id": self.group_id,
                 "on_offset_out_of_range": "fail",
+                "connect_timeout_s": tuning.connect_timeout_s,
             },
             "checkpoint": {
                 "max_consecutive_failures": 3,
@@ -183,6 +184,7 @@ class KafkaChaos:
                     BrokerKill(
                         act.label,
                         self.broker,
+                        act.broker_kill_delay_s,
                         enqueue=lambda: producer.enqueue(burst),
                         after=lambda: self._produce(share - burst),
                     )

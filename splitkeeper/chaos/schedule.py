@@ -98,8 +98,13 @@ class Tuning:
 
     @property
     def lease_ttl_s(self) -> float:
-        """The pipeline lease's ttl: after a SIGKILL the next driver waits this long for it."""
-        return 5.0
+        """The pipeline lease's ttl: after a SIGKILL the next driver waits this long for the lease."""
+        return 3.0 if self.messages <= 50_000 else 6.0
+
+    @property
+    def connect_timeout_s(self) -> float:
+        """How long the source waits for a broker: longer than a broker restart, even a slow one."""
+        return 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,7 +124,8 @@ class Act:
     It runs up to ``epochs`` epochs and dies at ``crash`` in its epoch number
     ``crash_after + 1`` or, if that one aborted, a later one
     (``SPLITKEEPER_CRASH_AT=point@E+``). Live faults hit it from outside while it runs:
-    the broker is SIGKILLed after its first epoch line (``broker_kill``), the worker of
+    the broker is SIGKILLed ``broker_kill_delay_s`` after its first epoch line, while the
+    next epoch discovers and reads (``broker_kill``), the worker of
     the slow region is SIGKILLed in ``worker_kill_epoch``, a second ``run`` and a
     ``recover`` start during ``concurrent_epoch``. ``produce``: a share of the messages
     arrives while it runs.
@@ -132,6 +138,7 @@ class Act:
     rescale_to: int | None = None
     region_faults: tuple[RegionFaultSpec, ...] = ()
     broker_kill: bool = False
+    broker_kill_delay_s: float = 0.0
     produce: bool = False
     worker_kill_epoch: int | None = None
     concurrent_epoch: int | None = None
@@ -150,9 +157,10 @@ def draw_schedule(seed: int, tuning: Tuning) -> list[Act]:
        SIGKILLed; three regional checkpoints in a row make epoch 5 a forced global one
        (protocol rule 2.2), where the driver dies.
     2. ``ingest-1``, ``rescale-up`` (P=6), ``ingest-2``, ``rescale-down`` (P=4),
-       ``ingest-3``: each dies at its crash point; two of the three ``ingest`` processes
-       (seeded) meet a broker SIGKILL after their first epoch, each of them receives a
-       share of the remaining messages.
+       ``ingest-3``: each dies at its crash point in its second epoch (or a later one if
+       that one aborts); two of the three ``ingest`` processes (seeded) meet a broker
+       SIGKILL after their first epoch, so their second epoch waits for the broker to
+       return; each ``ingest`` process receives a share of the remaining messages.
 
     The six crash points are a seeded permutation over the six processes.
     """
@@ -190,10 +198,11 @@ def draw_schedule(seed: int, tuning: Tuning) -> list[Act]:
         acts.append(
             Act(
                 f"ingest-{i + 1}",
-                epochs=5 if kill else 4,
+                epochs=4,
                 crash=points[1 + 2 * i],
-                crash_after=2 if kill else 1,  # with a broker SIGKILL: die once it is back
+                crash_after=1,  # with a broker SIGKILL: in the epoch that waits for the broker to return
                 broker_kill=kill,
+                broker_kill_delay_s=round(rng.uniform(0.0, 0.5), 2) if kill else 0.0,
                 produce=True,
                 meets=(FaultKind.BROKER_SIGKILL,) if kill else (),
             )

@@ -134,6 +134,7 @@ def verify(
     from splitkeeper.state.checkpoints import DeltaStateStore
 
     say("verifying: the sink against every delivery report, the group's offsets, the restart checks")
+    started = time.monotonic()
     config = load_config(config_path)
     in_kafka = read_topics(bootstrap, topics)
     spark = get_spark(SparkSettings.from_env(ui_enabled=False))
@@ -145,6 +146,10 @@ def verify(
         .collect()
     ]
     result = compare_sink(sink, delivered)
+    say(
+        f"sink read and compared after {time.monotonic() - started:.0f}s: lost {result['records_lost']}, "
+        f"duplicated {result['records_duplicated']}, unexpected {result['records_unexpected']}"
+    )
     committed = group_offsets(bootstrap, group_id)
     ends = end_offsets(delivered)
     source = KafkaSource(bootstrap, topics=list(topics))
@@ -171,6 +176,7 @@ def verify(
         )
     finally:
         source.close()
+    say(f"restart checks {'passed' if report.success else 'FAILED'} after {time.monotonic() - started:.0f}s")
     if not report.success:
         say(report.summary())
     return {
