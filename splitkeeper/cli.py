@@ -27,6 +27,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "recover": ("splitkeeper.commands.recover", "restore from a checkpoint (global or rescale)"),
     "validate": ("splitkeeper.commands.validate", "check the restart invariants on state and sink"),
     "maintain": ("splitkeeper.commands.maintain", "compact and VACUUM the state tables and the sink"),
+    "stop": ("splitkeeper.commands.stop", "end a continuous run on a final global checkpoint"),
     "chaos": ("splitkeeper.chaos", "ingest under injected faults and prove exactly-once"),
 }
 

@@ -229,3 +229,13 @@ class MaintenanceResult(_Result):
     @property
     def vacuumed_count(self) -> int:
         return sum(len(v) for v in self.vacuumed.values())
+
+
+@dataclass(frozen=True, slots=True)
+class StopResult(_Result):
+    """A stop request: when it was recorded, who runs the pipeline now, and the pid signalled here."""
+
+    pipeline: str
+    requested_at: str
+    running: str | None
+    signalled_pid: int | None

@@ -19,7 +19,9 @@ import functools
 import logging
 import os
 import signal
+import socket
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -34,6 +36,7 @@ from splitkeeper.app.results import (
     RecoveryPreview,
     RunResult,
     StatusResult,
+    StopResult,
     TimelineLine,
     ValidationResult,
 )
@@ -181,12 +184,68 @@ def run(
                 pipeline.driver.reset_backlog()
             if continuous:
                 with _stop_on_signals(stop or threading.Event()) as event:
-                    summary = pipeline.driver.run_continuously(event.is_set)
+                    summary = pipeline.driver.run_continuously(
+                        _stop_check(event, pipeline.store.tables, config.name)
+                    )
             else:
                 summary = pipeline.run(epochs, until_caught_up=until_caught_up)
         finally:
             pipeline.close()
     return RunResult.of(config.name, opened, new_splits, summary)
+
+
+def _stop_check(
+    event: threading.Event, tables: Any, pipeline: str, every_s: float = 2.0
+) -> Callable[[], bool]:
+    """A continuous run's stop: the signal event, or a ``splitkeeper stop`` request since it started
+    (the control table is read at most every ``every_s``)."""
+    from datetime import UTC, datetime
+
+    from splitkeeper.state.control import ControlRequests
+
+    requests = ControlRequests(tables, pipeline)
+    started = datetime.now(UTC)
+    last = [0.0]
+
+    def stop_requested() -> bool:
+        if event.is_set():
+            return True
+        now = time.monotonic()
+        if now - last[0] >= every_s:
+            last[0] = now
+            if requests.stop_requested_since(started):
+                log.warning("a stop was requested (splitkeeper stop): ending on a final global checkpoint")
+                event.set()
+        return event.is_set()
+
+    return stop_requested
+
+
+@_named
+def stop(config: PipelineConfig) -> StopResult:
+    """Ask the pipeline's continuous run to end on a final global checkpoint (``splitkeeper stop``).
+
+    Records a stop request in the control table (any host's run sees it within seconds), and
+    sends SIGTERM to the lease holder when it runs on this host (it stops at once).
+    """
+    from splitkeeper.state.control import ControlRequests
+    from splitkeeper.state.lease import PipelineLease
+    from splitkeeper.state.tables import StateTables
+
+    tables = StateTables(config.state_path)
+    holder = PipelineLease(tables, config.name).holder()
+    requested_at = ControlRequests(tables, config.name).request_stop()
+    signalled = None
+    from datetime import UTC, datetime
+
+    if holder is not None and holder.live(datetime.now(UTC)) and holder.owner.host == socket.gethostname():
+        try:
+            os.kill(holder.owner.pid, signal.SIGTERM)
+            signalled = holder.owner.pid
+        except ProcessLookupError:
+            signalled = None
+    running = None if holder is None or not holder.live(datetime.now(UTC)) else holder.owner.describe()
+    return StopResult(config.name, requested_at.isoformat(), running, signalled)
 
 
 @contextlib.contextmanager

@@ -11,9 +11,10 @@ land.
 Rules:
 
 1. :meth:`PipelineLease.take` succeeds when nobody holds the lease: no row, a released
-   row, or an expired one (``expires_at`` passed: the holder stopped heartbeating; the
-   takeover is logged). A live holder refuses it with :class:`LeaseHeldError`. Each
-   take gets a fresh ``token`` and the next generation.
+   row, an expired one (``expires_at`` passed: the holder stopped heartbeating), or one
+   whose holder ran on this host and its process is gone (killed: no need to wait for
+   the expiry). Takeovers are logged. A live holder refuses it with
+   :class:`LeaseHeldError`. Each take gets a fresh ``token`` and the next generation.
 2. :meth:`PipelineLease.heartbeat` moves ``heartbeat_at`` and ``expires_at`` forward,
    fenced on the generation this holder wrote last: if anybody wrote since (a takeover
    after expiry), it fails with :class:`LeaseLostError` and writes nothing.
@@ -91,6 +92,22 @@ class LeaseOwner:
     def describe(self) -> str:
         return f"{self.command!r} (pid {self.pid} on {self.host})"
 
+    def gone(self) -> bool:
+        """True when this owner ran on this host and its process no longer exists.
+
+        Only a process on this host can be checked; for another host it is False (the
+        lease's expiry decides there).
+        """
+        if self.host != socket.gethostname() or self.pid <= 0 or self.pid == os.getpid():
+            return False
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:  # exists, another user's
+            return False
+        return False
+
 
 @dataclass(frozen=True, slots=True)
 class LeaseHolder:
@@ -106,7 +123,7 @@ class LeaseHolder:
     released: bool
 
     def live(self, now: datetime) -> bool:
-        return not self.released and self.expires_at > now
+        return not self.released and self.expires_at > now and not self.owner.gone()
 
     def to_row(self) -> dict[str, Any]:
         return {
@@ -216,10 +233,12 @@ class PipelineLease:
             )
         if current is not None and not current.released:
             log.warning(
-                "pipeline %s: taking over the lease of %s, which expired at %s (last heartbeat %s)",
+                "pipeline %s: taking over the lease of %s, which %s (last heartbeat %s)",
                 self.pipeline,
                 current.owner.describe(),
-                current.expires_at.isoformat(),
+                "is no longer running on this host"
+                if current.owner.gone()
+                else f"expired at {current.expires_at.isoformat()}",
                 current.heartbeat_at.isoformat(),
             )
         expected = table.transaction_version(self.pipeline)

@@ -255,6 +255,7 @@ TABLES: dict[str, TableSpec] = {
         TableSpec("audit", stats_columns=("checkpoint_id", "attempt_id")),
         TableSpec("checkpoint_log", stats_columns=("checkpoint_id", "kind")),
         TableSpec("lease", stats_columns=("generation",)),
+        TableSpec("control", stats_columns=("requested_at",)),
         TableSpec(
             SINK_TABLE, stats_columns=("split_id", "offset", "next_offset", "epoch", "region", "ingested_at")
         ),

@@ -3,13 +3,13 @@
 A backlog of 3,000 messages, then a trickle while the pipeline runs as its own process.
 Epochs start ``backlog_interval_s`` apart while the backlog lasts and ``normal_interval_s``
 apart afterwards (protocol rule 4.4); SIGTERM (what an Airflow task's cancel sends) ends the
-run on a final checkpoint that is global, with exit code 0 (protocol rule 2.6).
+run on a final checkpoint that is global, with exit code 0 (protocol rule 2.6); ``splitkeeper stop``
+sends it to the run holding the pipeline's lease on this host.
 """
 
 from __future__ import annotations
 
 import json
-import signal
 import statistics
 import subprocess
 import threading
@@ -29,7 +29,7 @@ pytestmark = [pytest.mark.spark, pytest.mark.kafka, pytest.mark.slow]
 BACKLOG_S, NORMAL_S = 8.0, 4.0
 
 
-def test_a_continuous_run_follows_both_intervals_and_a_sigterm_ends_it_on_a_global_checkpoint(
+def test_a_continuous_run_follows_both_intervals_and_splitkeeper_stop_ends_it_on_a_global_checkpoint(
     spark: Any, kafka_broker: KafkaBroker, tmp_path: Path
 ) -> None:
     bootstrap = kafka_broker.bootstrap_servers
@@ -80,7 +80,11 @@ def test_a_continuous_run_follows_both_intervals_and_a_sigterm_ends_it_on_a_glob
                 break
             time.sleep(0.5)
         assert proc.poll() is None, "".join(lines[-30:])
-        proc.send_signal(signal.SIGTERM)
+        stopped = subprocess.run(  # what an operator runs: records the request, SIGTERMs a local holder
+            [str(CLI), "stop", "--config", str(config), "--json"], capture_output=True, text=True, timeout=120
+        )
+        assert stopped.returncode == 0, stopped.stderr
+        assert json.loads(stopped.stdout)["signalled_pid"] == proc.pid
         out, _err = proc.communicate(timeout=180)
     finally:
         stop_trickle.set()

@@ -74,6 +74,29 @@ def test_an_expired_lease_is_taken_over_and_the_old_holder_cannot_heartbeat_any_
     assert new.heartbeat().expires_at > taken.expires_at
 
 
+def test_a_holder_killed_on_this_host_is_taken_over_at_once_and_a_live_one_is_not(root, caplog):
+    import socket
+    import subprocess
+    import sys
+
+    here = socket.gethostname()
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        running = LeaseOwner(here, sleeper.pid, "splitkeeper run --config orders.yaml")
+        _lease(root).take(running, ttl_s=600)
+        with pytest.raises(LeaseHeldError):  # alive: refused although it is on this host
+            _lease(root).take(RUN_B, ttl_s=60)
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    with caplog.at_level("WARNING", logger="splitkeeper.state.lease"):
+        taken = _lease(root).take(RUN_B, ttl_s=60)  # SIGKILLed: no need to wait 600 s
+    assert taken.generation == 2
+    assert "is no longer running on this host" in caplog.text
+    elsewhere = LeaseOwner("another-host", sleeper.pid, "splitkeeper run")
+    assert not elsewhere.gone()  # another host's process cannot be checked: the expiry decides
+
+
 def test_heartbeats_extend_the_lease_and_a_release_frees_it_without_waiting(root):
     lease = _lease(root)
     taken = lease.take(RUN_A, ttl_s=60)
