@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 RUN_TIMEOUT_S = 1200.0
+PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the folder holding this splitkeeper package
 
 # the progress line of an epoch (splitkeeper.core.driver.EpochReport.line):
 # "epoch    7 regional 3/4 regions ack (r1 decline) committed ..."
@@ -105,12 +106,18 @@ def run_splitkeeper(
 ) -> RunOutcome:
     """Run ``python -m splitkeeper <argv>`` in a child process and wait for it.
 
-    The child inherits this environment (``PYTHONPATH`` included, so it imports this
-    checkout's code) minus ``SPLITKEEPER_CRASH_AT``, plus ``env``. Its progress and error
+    The child inherits this environment minus ``SPLITKEEPER_CRASH_AT``, plus ``env``, with
+    the tree this ``splitkeeper`` was imported from first on ``PYTHONPATH`` (it runs the same
+    code as this process, whatever the venv installed). Its progress and error
     lines are echoed; ``on_epoch`` is called on every epoch line, from this thread (keep it
     short: start a thread for anything slow). A child that runs past RUN_TIMEOUT_S is killed.
     """
     child_env = {k: v for k, v in os.environ.items() if k != "SPLITKEEPER_CRASH_AT"}
+    # The child runs from the work folder: put the tree this package came from first on its path,
+    # so it runs this code (a checkout or worktree beside an editable install of another one).
+    child_env["PYTHONPATH"] = os.pathsep.join(
+        [str(PACKAGE_ROOT), *(p for p in child_env.get("PYTHONPATH", "").split(os.pathsep) if p)]
+    )
     child_env.setdefault("SPLITKEEPER_SPARK_UI", "false")
     child_env["PYSPARK_PYTHON"] = sys.executable
     child_env.update(env or {})
