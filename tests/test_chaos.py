@@ -88,6 +88,8 @@ def test_every_seed_schedules_the_whole_fault_table_on_six_drivers_one_crash_poi
     assert first.crash_after + 1 > max(f.epoch for f in first.region_faults)
     assert [a.rescale_to for a in acts if a.rescale_to] == [6, 4]
     assert sum(a.broker_kill for a in acts) == PLANNED[FaultKind.BROKER_SIGKILL]
+    # a driver that meets a broker SIGKILL is alive through it: it dies in a later epoch
+    assert all(a.crash_after >= 2 and a.epochs > a.crash_after + 1 for a in acts if a.broker_kill)
 
 
 def test_the_schedule_is_a_function_of_the_seed() -> None:

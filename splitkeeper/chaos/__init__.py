@@ -10,10 +10,12 @@ every input message exactly once.
    all, and N messages whose key and value name them (``<seq>|<topic>|<partition>|<payload>``)
    produced by an idempotent producer; every delivery report is the oracle. 70% are
    produced first, the rest while the pipeline runs.
-2. The pipeline (a generated YAML config, P=4, a consumer group of its own, a short lease
-   ttl) runs as separate ``python -m splitkeeper run|recover`` processes, each with its own
-   driver and JVM. The fault table (:data:`~splitkeeper.chaos.schedule.PLANNED`) and the
-   schedule drawn from ``--seed`` (:func:`~splitkeeper.chaos.schedule.draw_schedule`) put
+2. The pipeline (a generated YAML config, P=4, a consumer group of its own) runs as
+   separate ``python -m splitkeeper run|recover`` processes, each with its own driver and
+   JVM; the next one starts as soon as the last exited (a SIGKILLed driver's lease is
+   taken over at once: its process on this host is gone). The fault table
+   (:data:`~splitkeeper.chaos.schedule.PLANNED`) and the schedule drawn from ``--seed``
+   (:func:`~splitkeeper.chaos.schedule.draw_schedule`) put
    the faults on six driver processes, each of which dies by SIGKILL at a different crash
    point of protocol rule 5.5: a region that raises, a region stalled past its timeout, a
    Python worker SIGKILLed in a region task, a second ``run`` and a ``recover`` started
@@ -21,8 +23,8 @@ every input message exactly once.
    twice while messages and commits are in flight, a rescale 4 -> 6 and one 6 -> 4. A
    smaller ``--messages`` shrinks the epochs, never the faults.
 3. Runs continue until the consumer group's offsets reach the end of every partition on
-   a global checkpoint; then :mod:`~splitkeeper.chaos.verify` compares the Delta sink with
-   the delivery reports, the group's committed offsets (Kafka's admin API) with the ends
+   a global checkpoint; then :mod:`~splitkeeper.chaos.verify` compares the Delta sink (read
+   with delta-rs) with the delivery reports, the group's committed offsets (Kafka's admin API) with the ends
    and the last checkpoint, and runs the restart checks (Great Expectations).
 
 Progress goes to stderr; ``--json`` prints one JSON object on stdout (``faults_by_kind``,

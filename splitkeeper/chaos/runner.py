@@ -54,7 +54,6 @@ class KafkaChaos:
         self.producer: NumberedProducer | None = None
         self._shares = self._share_sizes()
         self._background: list[threading.Thread] = []
-        self._lease_free_at = 0.0
         self._lock = threading.Lock()
         self._started = time.monotonic()
 
@@ -154,23 +153,19 @@ class KafkaChaos:
                 fault.on_epoch(line, proc)
 
         outcome = run_splitkeeper(
-            label, argv, cwd=self.workdir, log_path=log_path, env=env, on_epoch=on_epoch
+            label,
+            argv,
+            cwd=self.workdir,
+            log_path=log_path,
+            env=env,
+            on_epoch=on_epoch,
         )
         with self._lock:
             self.runs[index] = outcome
             self.last_epoch = max([self.last_epoch, *(e.epoch for e in outcome.epochs)])
             if outcome.crash is not None:
                 self.last_epoch = max(self.last_epoch, outcome.crash[1])
-            if outcome.killed:  # its lease stays until the ttl passes: nobody released it
-                self._lease_free_at = outcome.ended_at + self.tuning.lease_ttl_s + 0.5
         return outcome
-
-    def _wait_for_lease(self) -> None:
-        wait = self._lease_free_at - time.monotonic()
-        if wait > 0:
-            ttl = self.tuning.lease_ttl_s
-            say(f"waiting {wait:.1f}s for the killed driver's lease to expire (ttl {ttl:g}s)")
-            time.sleep(wait)
 
     def _live_faults(self, act: Act) -> list[LiveFault]:
         live: list[LiveFault] = []
@@ -235,7 +230,6 @@ class KafkaChaos:
             argv += ["--epochs", str(act.epochs)]
         argv += [a for f in act.region_faults for a in ("--fault", f.spec)]
         live = self._live_faults(act)
-        self._wait_for_lease()
         out = self._launch(act.label, argv, {CRASH_ENV: f"{act.crash.value}@{crash_epoch}+"}, live)
         for fault in live:
             fault.join()
@@ -247,7 +241,6 @@ class KafkaChaos:
         while not out.killed and retries < CRASH_RETRIES:  # it failed before its crash point: again
             retries += 1
             crash_epoch = self.last_epoch + 1
-            self._wait_for_lease()
             out = self._launch(
                 f"{act.label}-retry{retries}",
                 ["run", "--config", cfg, "--epochs", "3"],
@@ -327,7 +320,6 @@ class KafkaChaos:
         say(f"all {len(self.producer.delivered):,} messages delivered; running to the end of every partition")
         cfg = str(self.config_path)
         for i in range(MAX_FINAL_RUNS):
-            self._wait_for_lease()
             # Every message is delivered, so "caught up with the ends at the start" is the end.
             out = self._launch(
                 f"final-{i + 1}", ["run", "--config", cfg, "--epochs", "20", "--until-caught-up"]

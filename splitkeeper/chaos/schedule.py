@@ -84,7 +84,14 @@ class Tuning:
 
     @property
     def region_timeout_s(self) -> float:
-        return 12.0 if self.messages <= 50_000 else 20.0
+        """Past any healthy region's read, even a driver's first epoch on a loaded machine.
+
+        A driver's first epoch starts its Python workers cold, and with fewer task slots than
+        regions (local Spark on 2 cores) the last regions wait for a slot, which the timeout
+        counts too: such an epoch took 12 s on a busy 2-core machine. A healthy region that
+        timed out would blur the faults the schedule puts on given regions.
+        """
+        return 20.0 if self.messages <= 50_000 else 30.0
 
     @property
     def stall_s(self) -> float:
@@ -94,12 +101,18 @@ class Tuning:
     @property
     def slow_s(self) -> float:
         """A slow region sleeps this long, within the timeout: the window to kill its worker."""
-        return round(0.6 * self.region_timeout_s, 1)
+        return round(0.4 * self.region_timeout_s, 1)
 
     @property
     def lease_ttl_s(self) -> float:
-        """The pipeline lease's ttl: after a SIGKILL the next driver waits this long for the lease."""
-        return 3.0 if self.messages <= 50_000 else 6.0
+        """The pipeline lease's ttl (heartbeat every third of it).
+
+        Long enough that a heartbeat delayed on a loaded machine never lets the lease
+        expire under a live driver (the concurrent ``run`` and ``recover`` must be refused).
+        A SIGKILLed driver's lease needs no wait: it ran on this host and its process is
+        gone, so the next driver takes it over at once (protocol rule 5.6).
+        """
+        return 30.0
 
     @property
     def connect_timeout_s(self) -> float:
@@ -160,7 +173,8 @@ def draw_schedule(seed: int, tuning: Tuning) -> list[Act]:
        ``ingest-3``: each dies at its crash point in its second epoch (or a later one if
        that one aborts); two of the three ``ingest`` processes (seeded) meet a broker
        SIGKILL after their first epoch, so their second epoch waits for the broker to
-       return; each ``ingest`` process receives a share of the remaining messages.
+       return, and die in their third; each ``ingest`` process receives a share of the
+       remaining messages.
 
     The six crash points are a seeded permutation over the six processes.
     """
@@ -198,9 +212,11 @@ def draw_schedule(seed: int, tuning: Tuning) -> list[Act]:
         acts.append(
             Act(
                 f"ingest-{i + 1}",
-                epochs=4,
+                epochs=5 if kill else 4,
                 crash=points[1 + 2 * i],
-                crash_after=1,  # with a broker SIGKILL: in the epoch that waits for the broker to return
+                # with a broker SIGKILL: in the epoch after the one that meets it (a crash at after_plan
+                # in that epoch would come before the kill, whose delay starts at the epoch line)
+                crash_after=2 if kill else 1,
                 broker_kill=kill,
                 broker_kill_delay_s=round(rng.uniform(0.0, 0.5), 2) if kill else 0.0,
                 produce=True,
