@@ -1,7 +1,8 @@
 """The verdict of a chaos run, taken independently of the pipeline wherever it can be.
 
-- the sink (read with Spark's Delta reader) against the producer's delivery reports:
-  every delivered message once, nothing else, per partition contiguous and in order;
+- the sink (read with delta-rs, another Delta implementation than the Spark writer's)
+  against the producer's delivery reports: every delivered message once, nothing else,
+  per partition contiguous and in order;
 - Kafka's own copy of the topics (a plain consumer) against the delivery reports;
 - the consumer group's committed offsets, read with Kafka's admin API, against the
   offsets after the last delivered message and against the last checkpoint's positions
@@ -89,6 +90,30 @@ def read_topics(bootstrap: str, topics: Sequence[str]) -> dict[tuple[str, int], 
         consumer.close()
 
 
+def read_sink(sink_path: str) -> list[tuple[str, int, int, str]]:
+    """Every row of the sink table, read with delta-rs: (split id, offset, next offset, value)."""
+    from deltalake import DeltaTable
+
+    from splitkeeper.state import storage
+
+    uri = storage.table_uri(sink_path)
+    columns = ["split_id", "offset", "next_offset", "value"]
+    table = (
+        DeltaTable(uri, storage_options=storage.storage_options(uri))
+        .to_pyarrow_dataset()
+        .to_table(columns=columns)
+    )
+    return list(
+        zip(
+            table.column("split_id").to_pylist(),
+            table.column("offset").to_pylist(),
+            table.column("next_offset").to_pylist(),
+            table.column("value").to_pylist(),
+            strict=True,
+        )
+    )
+
+
 def compare_sink(sink: Sequence[tuple[str, int, int, str]], delivered: Delivered) -> dict[str, Any]:
     """The sink's (split id, offset, next offset, value) rows against the delivery reports."""
     from splitkeeper.runtime.sources.kafka import split_id_of
@@ -137,15 +162,7 @@ def verify(
     started = time.monotonic()
     config = load_config(config_path)
     in_kafka = read_topics(bootstrap, topics)
-    spark = get_spark(SparkSettings.from_env(ui_enabled=False))
-    sink = [
-        (r["split_id"], int(r["offset"]), int(r["next_offset"]), r["value"])
-        for r in spark.read.format("delta")
-        .load(config.sink_path)
-        .select("split_id", "offset", "next_offset", "value")
-        .collect()
-    ]
-    result = compare_sink(sink, delivered)
+    result = compare_sink(read_sink(config.sink_path), delivered)
     say(
         f"sink read and compared after {time.monotonic() - started:.0f}s: lost {result['records_lost']}, "
         f"duplicated {result['records_duplicated']}, unexpected {result['records_unexpected']}"
@@ -165,7 +182,7 @@ def verify(
             sid: (pos, latest.checkpoint_id) for sid, pos in positions.items()
         }
         report = run_restart_checks(
-            spark,
+            get_spark(SparkSettings.from_env(ui_enabled=False)),
             store,
             config.sink_path,
             strategy=config.strategy,
