@@ -107,6 +107,7 @@ class BrokerKill(LiveFault):
         self.in_flight = 0
         self.driver_alive = False
         self.crash: BrokerCrash | None = None
+        self.handed_over = False  # the share went to the producer (burst and rest)
 
     def due(self, line: EpochLine) -> bool:
         return True
@@ -120,9 +121,20 @@ class BrokerKill(LiveFault):
             f"[{self.run}] SIGKILL of the broker during epoch {self.during_epoch} "
             f"({self.in_flight} messages in flight, driver alive: {self.driver_alive})"
         )
-        self.crash = self.broker.crash_and_restart(down_s=1.0)
-        say(f"[{self.run}] {self.crash.describe()}")
-        self.after()
+        self.handed_over = True
+        try:
+            self.crash = self.broker.crash_and_restart(down_s=1.0)
+            say(f"[{self.run}] {self.crash.describe()}")
+        finally:
+            self.after()
+
+    def settle(self) -> None:
+        """Once the driver exited: hand the share over if the kill never came (every message is produced;
+        the fault itself is reported missing)."""
+        if self._thread is None and not self.handed_over:
+            self.handed_over = True
+            self.enqueue()
+            self.after()
 
     def faults(self, outcome: RunOutcome) -> list[Fault]:
         fault = Fault(

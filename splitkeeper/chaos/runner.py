@@ -233,6 +233,8 @@ class KafkaChaos:
         out = self._launch(act.label, argv, {CRASH_ENV: f"{act.crash.value}@{crash_epoch}+"}, live)
         for fault in live:
             fault.join()
+            if isinstance(fault, BrokerKill):
+                fault.settle()
             self.faults += fault.faults(out)
         self.faults += self._region_faults(act, out)
         if act.rescale_to is not None:
@@ -396,6 +398,7 @@ class KafkaChaos:
             and result["records_duplicated"] == 0
             and result["records_unexpected"] == 0
             and result["messages_not_delivered"] == 0
+            and result["messages"] == self.messages
             and result["partitions_contiguous"]
             and result["kafka_matches_delivery_reports"]
             and result["offsets_aligned"]
