@@ -2,7 +2,8 @@
 
 - :class:`BrokerHandle`: the Kafka a tool runs against, either the project's own KRaft
   broker (:class:`~splitkeeper.runtime.kafka_broker.KafkaBroker`) in a folder the tool
-  owns (restartable), or an external one named by ``--bootstrap-servers``;
+  owns (restartable, cleanly or after a SIGKILL), or an external one named by
+  ``--bootstrap-servers``;
 - :func:`create_topics`: create topics and wait until every partition has a leader;
 - :class:`NumberedProducer`: produces numbered messages whose key and value name them
   (``m<seq>|<topic>|<partition>|<hex payload>``) and keeps every delivery report, the
@@ -22,6 +23,7 @@ import re
 import threading
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +43,22 @@ def check_bootstrap_servers(value: str | None, name: str = "--bootstrap-servers"
     if value is not None and not _BOOTSTRAP.fullmatch(value):
         raise InvalidParameterError(name, value, "'host:port[,host:port...]'")
     return value
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerCrash:
+    """What :meth:`BrokerHandle.crash_and_restart` did: the killed pid, its exit status, the new pid."""
+
+    killed_pid: int | None
+    exit_status: int | None  # -9: it died of the SIGKILL
+    new_pid: int | None
+    down_s: float  # from the kill until the restarted broker answered
+
+    def describe(self) -> str:
+        return (
+            f"broker pid {self.killed_pid} SIGKILLed (exit {self.exit_status}), back as pid {self.new_pid} "
+            f"after {self.down_s:g}s"
+        )
 
 
 class BrokerHandle:
@@ -77,6 +95,16 @@ class BrokerHandle:
         time.sleep(down_s)
         self._broker.start(timeout_s=180)
         return f"pid {old} -> {self._broker.pid}"
+
+    def crash_and_restart(self, down_s: float) -> BrokerCrash:
+        """SIGKILL the broker process (no controlled shutdown), wait ``down_s``, start it again."""
+        assert self._broker is not None
+        old = self._broker.pid
+        status = self._broker.kill()
+        killed_at = time.monotonic()
+        time.sleep(down_s)
+        self._broker.start(timeout_s=180)
+        return BrokerCrash(old, status, self._broker.pid, round(time.monotonic() - killed_at, 1))
 
     def stop(self) -> None:
         if self._broker is not None:
@@ -156,37 +184,53 @@ class NumberedProducer:
         """Produce ``count`` messages in ``chunks`` flushed batches, ``pause_s`` apart."""
         sizes = [count // chunks + (1 if i < count % chunks else 0) for i in range(chunks)]
         with self._numbering:
-            self._produce_chunks(sizes, pause_s)
+            for i, size in enumerate(sizes):
+                if i and pause_s:
+                    time.sleep(pause_s)
+                self._enqueue(size)
+                self.flush()
 
-    def _produce_chunks(self, sizes: Sequence[int], pause_s: float) -> None:
+    def enqueue(self, count: int) -> int:
+        """Hand ``count`` messages to the client without waiting for their delivery reports.
+
+        Returns how many messages the client holds undelivered right after (in flight: queued
+        or sent, not yet acknowledged). :meth:`flush` (or a later :meth:`produce`) waits for them.
+        """
+        with self._numbering:
+            self._enqueue(count)
+            return len(self._producer)
+
+    def in_flight(self) -> int:
+        """Messages handed to the client whose delivery report has not arrived yet."""
+        return len(self._producer)
+
+    def flush(self) -> None:
+        """Wait for every delivery report; SourceError when some are missing after the delivery timeout."""
+        left = self._producer.flush(DELIVERY_TIMEOUT_S)
+        if left:
+            raise SourceError(f"producer: {left} messages still undelivered after {DELIVERY_TIMEOUT_S:g}s")
+
+    def _enqueue(self, count: int) -> None:
         low, high = self._payload_bytes
-        for i, size in enumerate(sizes):
-            if i and pause_s:
-                time.sleep(pause_s)
-            for _ in range(size):
-                topic, partition = self._rng.choices(self._partitions, self._weights)[0]
-                seq = self._next
-                self._next += 1
-                payload = self._rng.randbytes(self._rng.randint(low, high)).hex()
-                value = f"m{seq:08d}|{topic}|{partition}|{payload}"
-                while True:
-                    try:
-                        self._producer.produce(
-                            topic,
-                            key=f"m{seq:08d}",
-                            value=value,
-                            partition=partition,
-                            on_delivery=self._on_delivery,
-                        )
-                        break
-                    except BufferError:
-                        self._producer.poll(0.1)
-                self._producer.poll(0)
-            left = self._producer.flush(DELIVERY_TIMEOUT_S)
-            if left:
-                raise SourceError(
-                    f"producer: {left} messages still undelivered after {DELIVERY_TIMEOUT_S:g}s"
-                )
+        for _ in range(count):
+            topic, partition = self._rng.choices(self._partitions, self._weights)[0]
+            seq = self._next
+            self._next += 1
+            payload = self._rng.randbytes(self._rng.randint(low, high)).hex()
+            value = f"m{seq:08d}|{topic}|{partition}|{payload}"
+            while True:
+                try:
+                    self._producer.produce(
+                        topic,
+                        key=f"m{seq:08d}",
+                        value=value,
+                        partition=partition,
+                        on_delivery=self._on_delivery,
+                    )
+                    break
+                except BufferError:
+                    self._producer.poll(0.1)
+            self._producer.poll(0)
 
     def in_background(self, count: int, chunks: int, pause_s: float) -> threading.Thread:
         """:meth:`produce` in a daemon thread; its exception, if any, is in the thread's ``errors``."""

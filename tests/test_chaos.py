@@ -1,9 +1,11 @@
 """``splitkeeper chaos --source kafka``: a reduced run proves exactly-once under every fault kind.
 
 The chaos command starts its own broker, produces the messages, runs the pipeline as child
-processes (region failures, a stalled region, a broker restart, a SIGKILLed driver, a
-rescale) and checks the sink against every delivery report itself; this test runs it as a
-user would and checks what it reports.
+processes (six drivers SIGKILLed at the six crash points, a region failure, a stalled region,
+a SIGKILLed Python worker, a second driver and a recover refused by the lease, two broker
+SIGKILLs, a rescale up and down) and checks the sink against every delivery report itself;
+the slow test runs it as a user would and checks what it reports. The schedule tests check
+the fault table the seed draws from, without starting anything.
 """
 
 from __future__ import annotations
@@ -16,8 +18,11 @@ from pathlib import Path
 import pytest
 from runtime.helpers import subprocess_env  # tests/ is on sys.path (no __init__.py)
 
+from splitkeeper.chaos.schedule import PLANNED, FaultKind, Tuning, draw_schedule, planned_counts
+from splitkeeper.core.ports import CrashPoint
+
 REPO = Path(__file__).resolve().parents[1]
-FAULT_KINDS = {"reader_failure", "stalled_region", "broker_restart", "driver_sigkill", "rescale"}
+EXPECTED_BY_KIND = {kind.value: count for kind, count in PLANNED.items()}
 
 
 def chaos(*argv: str, timeout_s: float) -> subprocess.CompletedProcess[str]:
@@ -38,35 +43,83 @@ def chaos(*argv: str, timeout_s: float) -> subprocess.CompletedProcess[str]:
 @pytest.mark.slow
 def test_reduced_chaos_run_loses_and_duplicates_nothing_under_every_fault_kind(tmp_path: Path) -> None:
     done = chaos(
-        "--source", "kafka", "--messages", "4000", "--seed", "7", "--json", "--workdir", str(tmp_path / "w"),
-        timeout_s=3600,
+        "--source", "kafka", "--messages", "2000", "--seed", "7", "--json", "--workdir", str(tmp_path / "w"),
+        timeout_s=1800,
     )  # fmt: skip
 
     assert done.returncode == 0, done.stderr[-5000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
-    assert result["messages"] == 4000 and result["messages_not_delivered"] == 0
+    assert result["messages"] == 2000 and result["messages_not_delivered"] == 0
     assert result["kafka_matches_delivery_reports"] is True
-    assert result["records_in_sink"] == 4000
+    assert result["records_in_sink"] == 2000
     assert (result["records_lost"], result["records_duplicated"], result["records_unexpected"]) == (0, 0, 0)
     assert result["partitions_contiguous"] is True
-    assert result["offsets_aligned"] is True
+    assert result["offsets_aligned"] is True and result["offsets_at_end"] is True
     assert result["restart_checks"] == "passed"
-    assert {f["kind"] for f in result["faults_injected"]} == FAULT_KINDS
+    # every fault of the table, each with its evidence
+    assert result["faults_by_kind"] == EXPECTED_BY_KIND
     assert result["faults_missing"] == [] and result["faults_skipped"] == []
-    assert any(r["exit"] == -9 for r in result["runs"])  # the driver really died by SIGKILL
-    assert result["checkpoints"]["regional"] >= 3  # two failed regions and a timed-out one
-    assert result["elapsed_s"] > 0
-    assert "PASSED: 4,000 messages, lost 0, duplicated 0" in done.stderr
+    assert result["crash_points"] == sorted(p.value for p in CrashPoint)
+    assert result["concurrent_drivers_refused"] == 2
+    assert result["concurrent_recover"] == "refused by the lease"
+    runs = {r["run"]: r for r in result["runs"]}
+    assert sum(1 for r in result["runs"] if r["exit"] == -9) >= len(CrashPoint)  # drivers really SIGKILLed
+    assert (runs["second-driver"]["exit"], runs["second-driver"]["epochs"]) == (2, [])
+    assert (runs["concurrent-recover"]["exit"], runs["concurrent-recover"]["epochs"]) == (2, [])
+    evidence = {f["kind"]: [] for f in result["faults_injected"]}
+    for fault in result["faults_injected"]:
+        evidence[fault["kind"]].append(fault["evidence"])
+    assert all("SIGKILLed (exit -9)" in e and "in flight" in e for e in evidence["broker_sigkill"])
+    assert "pyspark.daemon" in evidence["worker_sigkill"][0] and "decline" in evidence["worker_sigkill"][0]
+    assert all("[LEASE_HELD]" in e for e in evidence["concurrent_driver"] + evidence["concurrent_recover"])
+    assert result["checkpoints"]["regional"] >= 3  # a failed, a timed-out and a worker-killed region
+    assert "PASSED: 2,000 messages, lost 0, duplicated 0" in done.stderr
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_every_seed_schedules_the_whole_fault_table_on_six_drivers_one_crash_point_each(seed: int) -> None:
+    acts = draw_schedule(seed, Tuning(2000))
+
+    assert planned_counts(acts) == dict(PLANNED)
+    assert sorted(a.crash.value for a in acts) == sorted(p.value for p in CrashPoint)
+    first = acts[0]
+    assert sorted(f.epoch for f in first.region_faults) == [2, 3, 4]  # after checkpoint 1, before the crash
+    assert all(0 <= f.region < 4 for f in first.region_faults)
+    assert first.crash_after + 1 > max(f.epoch for f in first.region_faults)
+    assert [a.rescale_to for a in acts if a.rescale_to] == [6, 4]
+    assert sum(a.broker_kill for a in acts) == PLANNED[FaultKind.BROKER_SIGKILL]
+    # a driver that meets a broker SIGKILL is alive through it: it dies in a later epoch
+    assert all(a.crash_after >= 2 and a.epochs > a.crash_after + 1 for a in acts if a.broker_kill)
+
+
+def test_the_schedule_is_a_function_of_the_seed() -> None:
+    def layout(seed: int) -> list[tuple[str, str, tuple[str, ...], bool]]:
+        return [
+            (a.label, a.crash.value, tuple(f.spec for f in a.region_faults), a.broker_kill)
+            for a in draw_schedule(seed, Tuning(2000))
+        ]
+
+    assert layout(3) == layout(3)
+    assert len({tuple(layout(seed)) for seed in range(10)}) > 1
+
+
+def test_a_smaller_run_keeps_every_fault_and_shrinks_its_epochs() -> None:
+    small, large = Tuning(2000), Tuning(200_000)
+
+    assert planned_counts(draw_schedule(1, small)) == planned_counts(draw_schedule(1, large))
+    assert small.epoch_records < large.epoch_records
+    assert small.slow_s < small.region_timeout_s < small.stall_s  # slow: within the timeout; stall: past
 
 
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--source", "kafka", "--messages", "0"], "--messages=0 is not allowed: an integer >= 1"),
+        (["--source", "kafka", "--messages", "0"], "--messages=0 is not allowed: an integer >= 100"),
+        (["--source", "kafka", "--messages", "99"], "--messages=99 is not allowed: an integer >= 100"),
         (["--source", "files"], "argument --source: invalid choice: 'files'"),
         (["--source", "kafka", "--bootstrap-servers", "localhost"], "--bootstrap-servers='localhost'"),
     ],
-    ids=["no-messages", "unknown-source", "bad-bootstrap"],
+    ids=["no-messages", "too-few-messages", "unknown-source", "bad-bootstrap"],
 )
 def test_bad_input_exits_2_naming_the_option_before_anything_starts(argv: list[str], message: str) -> None:
     done = chaos(*argv, timeout_s=120)

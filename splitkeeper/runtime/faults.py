@@ -3,8 +3,9 @@
 A :class:`FaultPlan` says which region fails or stalls at which epoch; the
 epoch runner hands the matching :class:`~splitkeeper.runtime.staging.RegionFault`
 to that region's task. Driver crashes are real: when ``SPLITKEEPER_CRASH_AT``
-names a crash point (optionally ``point@epoch``), the driver process sends
-itself SIGKILL there, leaving whatever was half-written for recovery to face.
+names a crash point (optionally ``point@epoch``, or ``point@epoch+`` for the first
+epoch >= ``epoch`` that reaches the point), the driver process sends itself SIGKILL
+there, leaving whatever was half-written for recovery to face.
 """
 
 from __future__ import annotations
@@ -57,11 +58,29 @@ class FaultPlan:
         return bool(self.faults)
 
 
-_CRASH = re.compile(r"^(?P<point>[a-z_]+)(?:@(?P<epoch>\d+))?$")
+_CRASH = re.compile(r"^(?P<point>[a-z_]+)(?:@(?P<epoch>\d+)(?P<later>\+)?)?$")
 
 
-def crash_request(env: Mapping[str, str] | None = None) -> tuple[CrashPoint, int | None] | None:
-    """The crash ``SPLITKEEPER_CRASH_AT`` asks for: (point, epoch or None for every epoch), or None.
+@dataclass(frozen=True, slots=True)
+class CrashRequest:
+    """What ``SPLITKEEPER_CRASH_AT`` asks for: die at ``point`` of ``epoch`` (None: of any epoch), or with
+    ``or_later`` of the first epoch >= ``epoch`` that reaches ``point`` (an aborted epoch never reaches
+    the points after the plan: the crash moves on to the next one)."""
+
+    point: CrashPoint
+    epoch: int | None = None
+    or_later: bool = False
+
+    def matches(self, point: CrashPoint, epoch: int) -> bool:
+        if point is not self.point:
+            return False
+        if self.epoch is None:
+            return True
+        return epoch >= self.epoch if self.or_later else epoch == self.epoch
+
+
+def crash_request(env: Mapping[str, str] | None = None) -> CrashRequest | None:
+    """The crash ``SPLITKEEPER_CRASH_AT`` asks for, or None.
 
     The driver calls it once at start (the pipeline's constructor) so that a
     misspelt value fails before anything is written, instead of never crashing.
@@ -74,19 +93,23 @@ def crash_request(env: Mapping[str, str] | None = None) -> tuple[CrashPoint, int
     points = [p.value for p in CrashPoint]
     if m is None or m["point"] not in points:
         raise InvalidParameterError(
-            CRASH_ENV, wanted, f"'<point>' or '<point>@<epoch>' with point one of {', '.join(points)}"
+            CRASH_ENV,
+            wanted,
+            f"'<point>', '<point>@<epoch>' or '<point>@<epoch>+' with point one of {', '.join(points)}",
         )
-    return CrashPoint(m["point"]), None if m["epoch"] is None else int(m["epoch"])
+    return CrashRequest(
+        CrashPoint(m["point"]), None if m["epoch"] is None else int(m["epoch"]), m["later"] is not None
+    )
 
 
 def crash_if_requested(point: CrashPoint, epoch: int, env: Mapping[str, str] | None = None) -> None:
-    """SIGKILL this process when ``SPLITKEEPER_CRASH_AT`` names ``point`` (and ``epoch``, if given).
+    """SIGKILL this process when ``SPLITKEEPER_CRASH_AT`` names ``point`` (and matches ``epoch``).
 
     Called by the driver at each crash point. Nothing is flushed or cleaned up:
     that is the point.
     """
     request = crash_request(env)
-    if request is None or request[0] is not point or request[1] not in (None, epoch):
+    if request is None or not request.matches(point, epoch):
         return
     print(
         f"splitkeeper: crash injected at {point.value} of epoch {epoch} (SIGKILL)",

@@ -273,6 +273,22 @@ class KafkaBroker:
         self._write_state(stopped)
         self._state = None
 
+    def kill(self, timeout_s: float = 30.0) -> int | None:
+        """SIGKILL the broker this object started: a crash, no controlled shutdown (fault tests).
+
+        Returns the process's exit status (``-9``), or None when this object runs no broker. On
+        return the process is gone; :meth:`start` starts it again on the same data (log recovery
+        included) and, when free, the same ports.
+        """
+        if self._proc is None or self._state is None:
+            return None
+        self._proc.kill()
+        status = self._proc.wait(timeout=timeout_s)
+        self._proc = None
+        self._state = BrokerState(**{**asdict(self._state), "pid": None, "started_at": None})
+        self._write_state(self._state)
+        return status
+
     def __enter__(self) -> KafkaBroker:
         return self.start()
 

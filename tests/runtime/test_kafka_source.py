@@ -505,6 +505,48 @@ def test_unreachable_broker_fails_a_region_read_within_the_connect_timeout(close
     assert time.monotonic() - began < 6
 
 
+def test_a_coordinator_request_that_times_out_is_sent_again_on_a_new_admin_client(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """librdkafka can stay wedged after a broker restart: a FindCoordinator lost with the bootstrap
+    connection is never sent again and every group request of that client times out (seen in
+    ``splitkeeper chaos`` after a broker SIGKILL). The source asks again on a fresh client."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    import splitkeeper.runtime.sources.kafka as kafka_module
+
+    tag = json.dumps({COMMIT_METADATA_KEY: 7})
+
+    class Done:
+        def __init__(self, value: object) -> None:
+            self.value = value
+
+        def result(self) -> object:
+            return self.value
+
+    class Wedged:
+        def list_consumer_group_offsets(self, request: object, request_timeout: float) -> object:
+            raise KafkaException(
+                KafkaError(
+                    KafkaError._TIMED_OUT, "Failed while waiting for response from broker: Local: Timed out"
+                )
+            )
+
+    class Fresh:
+        def list_consumer_group_offsets(self, request: object, request_timeout: float) -> object:
+            listed = type("Listed", (), {"topic_partitions": [TopicPartition("orders", 0, 42, metadata=tag)]})
+            return {"pipeline-group": Done(listed)}
+
+    made: list[object] = []
+    monkeypatch.setattr(
+        kafka_module, "AdminClient", lambda conf: made.append(Wedged() if not made else Fresh()) or made[-1]
+    )
+    source = KafkaSource("127.0.0.1:9", topics=["orders"], group_id="pipeline-group", timeout_s=30)
+
+    assert source.committed_positions() == {"orders-0": ExternalPosition(42, 7)}
+    assert [type(c).__name__ for c in made] == ["Wedged", "Fresh"]
+
+
 def test_missing_topic_in_the_list_is_named_with_the_existing_topics(bootstrap: str) -> None:
     present = create_topic(bootstrap, 1)
     missing = unique("missing")

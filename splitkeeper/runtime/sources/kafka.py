@@ -146,6 +146,9 @@ _TRANSIENT_CODES = frozenset(
 )
 _SPLIT_ID = re.compile(r"^(.+)-(\d+)$")
 _POLL_S = 0.2
+# One admin request waits at most this long before it is sent again on a fresh client (within
+# timeout_s in all): a client can stay wedged after a broker restart (see _retry_unreachable).
+_ATTEMPT_S = 10.0
 _UNREACHABLE_CODES = frozenset(
     {
         KafkaError._TRANSPORT,
@@ -587,6 +590,32 @@ class KafkaSource(
             self._group_consumer = Consumer(conf)
         return self._group_consumer
 
+    def _retry_unreachable(self, err: KafkaException, deadline: float) -> bool:
+        """Whether a request that found no broker (a restart, a leader failing over) may be sent again.
+
+        Yes until ``deadline`` (``timeout_s`` after the first attempt), after a short pause, on a
+        fresh admin client; never for another error or a refused authentication. The fresh client
+        matters: with librdkafka 2.16 a client asked for group offsets while the broker restarts
+        can lose its coordinator lookup (the FindCoordinator sent on the bootstrap connection
+        fails with "Broker handle destroyed" and is not sent again), after which every group
+        request of that client times out until the connection drops (compare librdkafka issue
+        5511); a new client looks the coordinator up again.
+        """
+        kerr = _kafka_error(err)
+        if kerr is None or kerr.code() not in _UNREACHABLE_CODES or time.monotonic() >= deadline:
+            return False
+        client = self._client_error
+        if isinstance(client, KafkaError) and client.code() in _AUTH_CODES:
+            return False
+        log.info("Kafka at %s did not answer (%s); asking again on a new client", self._bootstrap, kerr.str())
+        self._admin = None
+        time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
+        return True
+
+    def _attempt_s(self, deadline: float) -> float:
+        """How long one admin request may wait: up to ``_ATTEMPT_S``, never past ``deadline``."""
+        return max(0.5, min(_ATTEMPT_S, deadline - time.monotonic()))
+
     def _on_client_error(self, err: Any) -> None:
         self._client_error = err
         _client_log.warning("Kafka client error: %s", err.str() if isinstance(err, KafkaError) else err)
@@ -597,11 +626,17 @@ class KafkaSource(
         A topic or partition being created may have no leader for a moment; it
         is left out of this round and discovered by a later one.
         """
-        try:
-            cluster = self._admin_client().list_topics(timeout=self._timeout_s)
-        except KafkaException as err:
-            self._admin_client().poll(0)  # serve queued error callbacks: an authentication failure says why
-            raise _unreachable(self._bootstrap, self._timeout_s, err, self._client_error) from err
+        deadline = time.monotonic() + self._timeout_s
+        while True:
+            try:
+                cluster = self._admin_client().list_topics(timeout=self._attempt_s(deadline))
+                break
+            except KafkaException as err:
+                self._admin_client().poll(
+                    0
+                )  # serve queued error callbacks: an authentication failure says why
+                if not self._retry_unreachable(err, deadline):
+                    raise _unreachable(self._bootstrap, self._timeout_s, err, self._client_error) from err
         self._cluster_id = cluster.cluster_id
         self._unready = set()
         out: dict[str, tuple[int, ...]] = {}
@@ -654,7 +689,9 @@ class KafkaSource(
             failed: dict[str, KafkaError] = {}
             try:
                 futures = self._admin_client().list_offsets(
-                    request, isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=self._timeout_s
+                    request,
+                    isolation_level=IsolationLevel.READ_COMMITTED,
+                    request_timeout=self._attempt_s(deadline),
                 )
                 for tp, future in futures.items():
                     sid = split_id_of(tp.topic, tp.partition)
@@ -667,6 +704,8 @@ class KafkaSource(
                         failed[sid] = kerr
             except KafkaException as err:
                 kerr = _kafka_error(err)
+                if self._retry_unreachable(err, deadline):
+                    continue
                 if kerr is not None and kerr.code() in _UNREACHABLE_CODES:
                     raise _unreachable(self._bootstrap, self._timeout_s, err) from err
                 raise SourceError(
@@ -899,13 +938,17 @@ class KafkaSource(
         if self._group_id is None:
             return {}
         request = [ConsumerGroupTopicPartitions(self._group_id)]
-        try:
-            futures = self._admin_client().list_consumer_group_offsets(
-                request, request_timeout=self._timeout_s
-            )
-            listed = futures[self._group_id].result().topic_partitions or []
-        except KafkaException as err:
-            raise _unreachable(self._bootstrap, self._timeout_s, err) from err
+        deadline = time.monotonic() + self._timeout_s
+        while True:
+            try:
+                futures = self._admin_client().list_consumer_group_offsets(
+                    request, request_timeout=self._attempt_s(deadline)
+                )
+                listed = futures[self._group_id].result().topic_partitions or []
+                break
+            except KafkaException as err:
+                if not self._retry_unreachable(err, deadline):
+                    raise _unreachable(self._bootstrap, self._timeout_s, err) from err
         out: dict[str, ExternalPosition] = {}
         untagged: list[str] = []
         for tp in listed:

@@ -1,0 +1,105 @@
+"""``splitkeeper chaos --source kafka``: ingest under injected faults, then prove exactly-once.
+
+Modelled on Kafka's transactions system test (``tests/kafkatest/tests/core/transactions_test.py``):
+a known set of messages goes into input topics, the system under test copies it while
+processes are killed and the broker is SIGKILLed, and at the end the output must hold
+every input message exactly once.
+
+1. A Kafka broker (the project's :class:`~splitkeeper.runtime.kafka_broker.KafkaBroker`,
+   in a temporary folder; or ``--bootstrap-servers``), two topics with 8 partitions in
+   all, and N messages whose key and value name them (``<seq>|<topic>|<partition>|<payload>``)
+   produced by an idempotent producer; every delivery report is the oracle. 70% are
+   produced first, the rest while the pipeline runs.
+2. The pipeline (a generated YAML config, P=4, a consumer group of its own) runs as
+   separate ``python -m splitkeeper run|recover`` processes, each with its own driver and
+   JVM; the next one starts as soon as the last exited (a SIGKILLed driver's lease is
+   taken over at once: its process on this host is gone). The fault table
+   (:data:`~splitkeeper.chaos.schedule.PLANNED`) and the schedule drawn from ``--seed``
+   (:func:`~splitkeeper.chaos.schedule.draw_schedule`) put
+   the faults on six driver processes, each of which dies by SIGKILL at a different crash
+   point of protocol rule 5.5: a region that raises, a region stalled past its timeout, a
+   Python worker SIGKILLed in a region task, a second ``run`` and a ``recover`` started
+   while a run runs (both refused by the pipeline lease, rule 5.6), the broker SIGKILLed
+   twice while messages and commits are in flight, a rescale 4 -> 6 and one 6 -> 4. A
+   smaller ``--messages`` shrinks the epochs, never the faults.
+3. Runs continue until the consumer group's offsets reach the end of every partition on
+   a global checkpoint; then :mod:`~splitkeeper.chaos.verify` compares the Delta sink (read
+   with delta-rs) with the delivery reports, the group's committed offsets (Kafka's admin API) with the ends
+   and the last checkpoint, and runs the restart checks (Great Expectations).
+
+Progress goes to stderr; ``--json`` prints one JSON object on stdout (``faults_by_kind``,
+``concurrent_drivers_refused``, ``records_lost``, ...). Exit 0 when nothing was lost,
+duplicated or unexpected, the offsets are aligned, the restart checks passed and every
+fault of the table was injected with evidence; 1 otherwise; 2 on bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+from splitkeeper.errors import InvalidParameterError
+from splitkeeper.kafka_testbed import check_bootstrap_servers
+
+#: What ``--source`` accepts (only Kafka keeps positions outside the pipeline and can be killed).
+SOURCES = ("kafka",)
+DEFAULT_MESSAGES = 100_000
+MIN_MESSAGES = 100  # enough for every share of the schedule to hold messages
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--source", required=True, choices=SOURCES, help="what to ingest (kafka)")
+    parser.add_argument(
+        "--messages",
+        type=int,
+        default=DEFAULT_MESSAGES,
+        help=f"messages to produce (default {DEFAULT_MESSAGES:,}; at least {MIN_MESSAGES})",
+    )
+    parser.add_argument("--seed", type=int, default=1, help="draws the fault schedule and the payloads")
+    parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    parser.add_argument(
+        "--bootstrap-servers",
+        default=None,
+        help="use this Kafka instead of starting one (the broker SIGKILLs are then skipped)",
+    )
+    parser.add_argument(
+        "--workdir", default=None, help="folder for broker, state, sink, logs (default: temporary)"
+    )
+    parser.add_argument(
+        "--keep", action="store_true", help="keep the work folder (it is kept anyway on failure)"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from splitkeeper.chaos.processes import say
+    from splitkeeper.chaos.runner import KafkaChaos
+
+    if isinstance(args.messages, bool) or args.messages < MIN_MESSAGES:
+        raise InvalidParameterError(
+            "--messages", args.messages, f"an integer >= {MIN_MESSAGES}", hint="e.g. --messages 4000"
+        )
+    check_bootstrap_servers(args.bootstrap_servers)
+    workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="splitkeeper-chaos-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    chaos = KafkaChaos(workdir, args.messages, args.seed, args.bootstrap_servers)
+    try:
+        result = chaos.execute()
+    finally:
+        chaos.shutdown()
+    ok = result["passed"]
+    if ok and not args.keep and not args.workdir:
+        shutil.rmtree(workdir, ignore_errors=True)
+        result["workdir"] = None
+    say(
+        f"{'PASSED' if ok else 'FAILED'}: {result['messages']:,} messages, lost {result['records_lost']}, "
+        f"duplicated {result['records_duplicated']}, unexpected {result['records_unexpected']}, offsets "
+        f"aligned {result['offsets_aligned']}, faults {result['faults_by_kind']}, concurrent drivers "
+        f"refused {result['concurrent_drivers_refused']}, {result['elapsed_s']:.0f}s"
+        + ("" if ok else f"; work folder kept: {workdir}")
+    )
+    if args.json:
+        print(json.dumps(result))
+    return 0 if ok else 1

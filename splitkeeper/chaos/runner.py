@@ -1,0 +1,421 @@
+"""One chaos run against Kafka: set up, play the schedule's driver processes, catch up, verify."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from splitkeeper.chaos.live import BrokerKill, ConcurrentDrivers, LiveFault, WorkerKill
+from splitkeeper.chaos.processes import EpochLine, RunOutcome, run_splitkeeper, say
+from splitkeeper.chaos.schedule import (
+    PARALLELISM,
+    Act,
+    Fault,
+    FaultKind,
+    Tuning,
+    draw_schedule,
+    planned_counts,
+)
+from splitkeeper.chaos.verify import group_offsets, verify
+from splitkeeper.kafka_testbed import BrokerHandle, NumberedProducer, create_topics, end_offsets
+
+TOPIC_PARTITIONS = (5, 3)  # two topics, 8 partitions in all
+FIRST_SHARE = 0.7  # produced before the first driver; the rest in one share per ingest process
+CRASH_RETRIES = 2  # a driver that did not reach its crash point (it failed first) is run again
+MAX_FINAL_RUNS = 12
+
+
+class KafkaChaos:
+    """One chaos run against Kafka: :meth:`execute` returns the JSON-able result; :meth:`shutdown` after."""
+
+    def __init__(self, workdir: Path, messages: int, seed: int, bootstrap_servers: str | None) -> None:
+        self.workdir = workdir.resolve()
+        self.messages = messages
+        self.seed = seed
+        self.tuning = Tuning(messages)
+        self.schedule = draw_schedule(seed, self.tuning)
+        self.run_id = f"{int(time.time()) % 100000:05d}{random.Random().randrange(1000):03d}"
+        self.broker = BrokerHandle(self.workdir, bootstrap_servers)
+        self.bootstrap = ""
+        self.topics = [f"chaos-{self.run_id}-{name}" for name in ("orders", "payments")]
+        self.group_id = f"splitkeeper-chaos-{self.run_id}"
+        self.name = f"chaos-{self.run_id}"
+        self.config_path = self.workdir / "pipeline.yaml"
+        self.faults: list[Fault] = []
+        self.runs: list[RunOutcome] = []
+        self.last_epoch = 0  # the highest epoch any driver printed or died in
+        self.parallelism = PARALLELISM  # of the last epoch line
+        self.producer: NumberedProducer | None = None
+        self._shares = self._share_sizes()
+        self._background: list[threading.Thread] = []
+        self._lock = threading.Lock()
+        self._started = time.monotonic()
+
+    # -- setup -----------------------------------------------------------------------------
+
+    def _share_sizes(self) -> list[int]:
+        rest = self.messages - int(self.messages * FIRST_SHARE)
+        shares = sum(1 for act in self.schedule if act.produce)
+        return [rest // shares + (1 if i < rest % shares else 0) for i in range(shares)]
+
+    def _setup(self) -> None:
+        say(f"work folder {self.workdir}")
+        if self.broker.restartable:
+            say("starting a Kafka broker (KRaft) ...")
+        self.bootstrap = self.broker.start()
+        say(f"Kafka at {self.bootstrap}")
+        create_topics(self.bootstrap, dict(zip(self.topics, TOPIC_PARTITIONS, strict=True)))
+        partitions = [(t, p) for t, n in zip(self.topics, TOPIC_PARTITIONS, strict=True) for p in range(n)]
+        say(
+            "topics "
+            + ", ".join(f"{t} ({n} partitions)" for t, n in zip(self.topics, TOPIC_PARTITIONS, strict=True))
+        )
+        self.producer = NumberedProducer(
+            self.bootstrap, partitions, self.seed, weights=[1 + i for i in range(len(partitions))]
+        )  # uneven partitions
+        first = int(self.messages * FIRST_SHARE)
+        self.producer.produce(first)
+        say(f"produced {first:,} of {self.messages:,} messages; the rest arrive while the pipeline runs")
+        tuning = self.tuning
+        config = {
+            "name": self.name,
+            "parallelism": PARALLELISM,
+            "regions": "per_reader",
+            "strategy": "least-loaded",
+            "source": {
+                "kind": "kafka",
+                "bootstrap_servers": self.bootstrap,
+                "topics": list(self.topics),
+                "starting": "earliest",
+                "group_id": self.group_id,
+                "on_offset_out_of_range": "fail",
+                "connect_timeout_s": tuning.connect_timeout_s,
+            },
+            "checkpoint": {
+                "max_consecutive_failures": 3,
+                "max_failure_ratio": 0.5,
+                "region_timeout_s": tuning.region_timeout_s,
+                "retain_checkpoints": 3,
+            },
+            "lease": {"ttl_s": tuning.lease_ttl_s},
+            "backlog": {
+                "backlog_epoch_records": tuning.epoch_records,
+                "normal_epoch_records": tuning.epoch_records,
+            },
+            "state": {"path": str(self.workdir / "state")},
+            "sink": {"path": str(self.workdir / "sink")},
+        }
+        self.config_path.write_text(
+            "# generated by splitkeeper chaos\n" + yaml.safe_dump(config, sort_keys=False), encoding="utf-8"
+        )
+        say(
+            f"pipeline config {self.config_path} (P={PARALLELISM}, {tuning.epoch_records:,} records per "
+            f"epoch, region timeout {tuning.region_timeout_s:g}s, lease ttl {tuning.lease_ttl_s:g}s)"
+        )
+        for act in self.schedule:
+            extra = [f.spec for f in act.region_faults] + [
+                k.value for k in act.meets if k.value.endswith("sigkill")
+            ]
+            say(
+                f"schedule: {act.label:<12} dies at {act.crash.value}"
+                + (f"; {', '.join(extra)}" if extra else "")
+            )
+
+    def _produce(self, count: int) -> None:
+        assert self.producer is not None
+        if count > 0:
+            self._background.append(self.producer.in_background(count, chunks=10, pause_s=0.5))
+
+    # -- driver processes ------------------------------------------------------------------
+
+    def _launch(
+        self,
+        label: str,
+        argv: list[str],
+        env: Mapping[str, str] | None = None,
+        live: Sequence[LiveFault] = (),
+    ) -> RunOutcome:
+        """Run one ``splitkeeper`` command in a child process; the live faults watch its epoch lines."""
+        with self._lock:
+            log_path = self.workdir / "logs" / f"{len(self.runs):02d}-{label}.log"
+            self.runs.append(RunOutcome(label, argv))  # a placeholder keeps the numbering
+            index = len(self.runs) - 1
+
+        def on_epoch(line: EpochLine, proc: Any) -> None:
+            self.parallelism = line.regions
+            for fault in live:
+                fault.on_epoch(line, proc)
+
+        outcome = run_splitkeeper(
+            label,
+            argv,
+            cwd=self.workdir,
+            log_path=log_path,
+            env=env,
+            on_epoch=on_epoch,
+        )
+        with self._lock:
+            self.runs[index] = outcome
+            self.last_epoch = max([self.last_epoch, *(e.epoch for e in outcome.epochs)])
+            if outcome.crash is not None:
+                self.last_epoch = max(self.last_epoch, outcome.crash[1])
+        return outcome
+
+    def _live_faults(self, act: Act) -> list[LiveFault]:
+        live: list[LiveFault] = []
+        assert self.producer is not None
+        producer = self.producer
+        if act.produce:
+            share = self._shares.pop(0)
+            if act.broker_kill and self.broker.restartable:
+                burst = max(1, share // 4)
+                live.append(
+                    BrokerKill(
+                        act.label,
+                        self.broker,
+                        act.broker_kill_delay_s,
+                        enqueue=lambda: producer.enqueue(burst),
+                        after=lambda: self._produce(share - burst),
+                    )
+                )
+            else:
+                self._produce(share)
+        if act.broker_kill and not self.broker.restartable:
+            self.faults.append(
+                Fault(
+                    FaultKind.BROKER_SIGKILL,
+                    act.label,
+                    "the broker process is SIGKILLed while a driver reads",
+                    skipped=True,
+                    evidence="skipped: --bootstrap-servers names a broker this command does not own",
+                )
+            )
+        slow = act.slow_region()
+        if slow is not None:
+            window = self.tuning.region_timeout_s + self.tuning.slow_s + 10
+            live.append(WorkerKill(act.label, slow.epoch, slow.region, window))
+        if act.concurrent_epoch is not None:
+            live.append(
+                ConcurrentDrivers(
+                    act.label, act.concurrent_epoch, self.config_path, lambda lb, av: self._launch(lb, av)
+                )
+            )
+        return live
+
+    def _act(self, act: Act) -> None:
+        """Run one driver process of the schedule, with its faults; record what the evidence says."""
+        from splitkeeper.runtime.faults import CRASH_ENV
+
+        cfg = str(self.config_path)
+        before = self.parallelism
+        crash_epoch = self.last_epoch + 1 + act.crash_after
+        if act.rescale_to is None:
+            argv = ["run", "--config", cfg, "--epochs", str(act.epochs)]
+        else:
+            argv = [
+                "recover",
+                "--config",
+                cfg,
+                "--checkpoint",
+                "latest",
+                "--parallelism",
+                str(act.rescale_to),
+            ]
+            argv += ["--epochs", str(act.epochs)]
+        argv += [a for f in act.region_faults for a in ("--fault", f.spec)]
+        live = self._live_faults(act)
+        out = self._launch(act.label, argv, {CRASH_ENV: f"{act.crash.value}@{crash_epoch}+"}, live)
+        for fault in live:
+            fault.join()
+            if isinstance(fault, BrokerKill):
+                fault.settle()
+            self.faults += fault.faults(out)
+        self.faults += self._region_faults(act, out)
+        if act.rescale_to is not None:
+            self.faults.append(self._rescale(act, out, before))
+        retries = 0
+        while not out.killed and retries < CRASH_RETRIES:  # it failed before its crash point: again
+            retries += 1
+            crash_epoch = self.last_epoch + 1
+            out = self._launch(
+                f"{act.label}-retry{retries}",
+                ["run", "--config", cfg, "--epochs", "3"],
+                {CRASH_ENV: f"{act.crash.value}@{crash_epoch}+"},
+            )
+        self.faults.append(self._crash(act, out, crash_epoch))
+
+    def _region_faults(self, act: Act, out: RunOutcome) -> list[Fault]:
+        """The region faults the driver injected itself; the worker kill is WorkerKill's."""
+        faults = []
+        for spec in act.region_faults:
+            line = out.epoch(spec.epoch)
+            seen = "not printed" if line is None else f"{line.kind}, failed regions {line.failed or 'none'}"
+            if spec.kind is FaultKind.READER_FAILURE:
+                raised = f"region {spec.region} fails at epoch {spec.epoch}" in out.stderr
+                ok = raised and line is not None and line.failed.get(spec.region) == "decline"
+                detail = f"--fault {spec.spec}: region {spec.region}'s task raises after reading"
+                evidence = f"epoch {spec.epoch} {seen}; the task's InjectedFault in the driver log: {raised}"
+            elif spec.kind is FaultKind.STALLED_REGION:
+                ok = line is not None and line.failed.get(spec.region) == "timeout"
+                detail = (
+                    f"--fault {spec.spec}: region {spec.region}'s task sleeps past the "
+                    f"{self.tuning.region_timeout_s:g}s region timeout and is cancelled"
+                )
+                evidence = f"epoch {spec.epoch} {seen}"
+            else:
+                continue
+            faults.append(Fault(spec.kind, act.label, detail, spec.epoch, injected=ok, evidence=evidence))
+        return faults
+
+    def _rescale(self, act: Act, out: RunOutcome, before: int) -> Fault:
+        assert act.rescale_to is not None
+        kind = FaultKind.RESCALE_UP if act.rescale_to > before else FaultKind.RESCALE_DOWN
+        done = [e for e in out.epochs if e.completed and e.regions == act.rescale_to]
+        return Fault(
+            kind,
+            act.label,
+            f"recover --checkpoint latest --parallelism {act.rescale_to} (from {before})",
+            done[0].epoch if done else None,
+            injected=bool(done) and before != act.rescale_to,
+            evidence=(
+                f"checkpoint {done[0].epoch} {done[0].kind} at P={act.rescale_to} after P={before}"
+                if done
+                else f"no checkpoint completed at P={act.rescale_to}; exit {out.returncode}"
+            ),
+        )
+
+    def _crash(self, act: Act, out: RunOutcome, crash_epoch: int) -> Fault:
+        point = act.crash.value
+        fault = Fault(
+            FaultKind.DRIVER_SIGKILL,
+            out.label,
+            f"SPLITKEEPER_CRASH_AT={point}@{crash_epoch}+: the driver SIGKILLs itself at {point}",
+            None if out.crash is None else out.crash[1],
+            crash_point=point,
+        )
+        fault.injected = (
+            out.killed and out.crash is not None and out.crash[0] == point and out.crash[1] >= crash_epoch
+        )
+        fault.evidence = f"exit {out.returncode}" + (
+            f" (SIGKILL) at {out.crash[0]} of epoch {out.crash[1]}"
+            if out.crash is not None
+            else ", no crash line"
+        )
+        return fault
+
+    def _finish(self) -> bool:
+        """Run until the group's offsets sit at every partition's end on a global checkpoint."""
+        assert self.producer is not None
+        for thread in self._background:
+            thread.join()
+            errors = getattr(thread, "errors", [])
+            if errors:
+                raise errors[0]
+        self.producer.flush()
+        ends = end_offsets(self.producer.delivered)
+        say(f"all {len(self.producer.delivered):,} messages delivered; running to the end of every partition")
+        cfg = str(self.config_path)
+        for i in range(MAX_FINAL_RUNS):
+            # Every message is delivered, so "caught up with the ends at the start" is the end.
+            out = self._launch(
+                f"final-{i + 1}", ["run", "--config", cfg, "--epochs", "20", "--until-caught-up"]
+            )
+            at_end = {
+                sid: off for sid, (off, _tag) in group_offsets(self.bootstrap, self.group_id).items()
+            } == ends
+            last = out.epochs[-1] if out.epochs else None  # none: already there on a global checkpoint
+            if out.returncode == 0 and at_end and (last is None or last.kind == "global"):
+                return True
+        return False
+
+    # -- the run ---------------------------------------------------------------------------
+
+    def execute(self) -> dict[str, Any]:
+        self._setup()
+        for act in self.schedule:
+            self._act(act)
+        caught_up = self._finish()
+        assert self.producer is not None
+        checks = verify(
+            self.config_path,
+            self.workdir,
+            self.bootstrap,
+            self.topics,
+            self.group_id,
+            self.producer.delivered,
+        )
+        return self._result(caught_up, checks)
+
+    def _result(self, caught_up: bool, checks: dict[str, Any]) -> dict[str, Any]:
+        assert self.producer is not None
+        injected = [f for f in self.faults if f.injected]
+        missing = [f for f in self.faults if not f.injected and not f.skipped]
+        skipped = [f for f in self.faults if f.skipped]
+        by_kind = {k.value: sum(1 for f in injected if f.kind is k) for k in FaultKind}
+        planned = {
+            k.value: n - sum(1 for f in skipped if f.kind is k)
+            for k, n in planned_counts(self.schedule).items()
+        }
+        short = {k: (by_kind[k], n) for k, n in planned.items() if by_kind[k] < n}
+        refused = [
+            f for f in injected if f.kind in (FaultKind.CONCURRENT_DRIVER, FaultKind.CONCURRENT_RECOVER)
+        ]
+        recover = next((f for f in self.faults if f.kind is FaultKind.CONCURRENT_RECOVER), None)
+        kinds = [e.kind for r in self.runs for e in r.epochs]
+        result: dict[str, Any] = {
+            "source": "kafka",
+            "seed": self.seed,
+            "messages": len(self.producer.delivered),
+            "messages_requested": self.messages,
+            "messages_not_delivered": len(self.producer.failed),
+            **checks,
+            "caught_up": caught_up,
+            "faults_by_kind": by_kind,
+            "faults_planned_by_kind": planned,
+            "concurrent_drivers_refused": len(refused),
+            "concurrent_recover": "refused by the lease"
+            if recover is not None and recover.injected
+            else "not refused",
+            "crash_points": sorted({f.crash_point for f in injected if f.crash_point}),
+            "faults_injected": [f.to_json() for f in injected],
+            "faults_missing": [f.to_json() for f in missing],
+            "faults_skipped": [f.to_json() for f in skipped],
+            "checkpoints": {k: kinds.count(k) for k in ("global", "regional", "aborted")},
+            "runs": [r.to_json() for r in self.runs],
+            "parallelism": PARALLELISM,
+            "topics": dict(zip(self.topics, TOPIC_PARTITIONS, strict=True)),
+            "elapsed_s": round(time.monotonic() - self._started, 1),
+            "workdir": str(self.workdir),
+        }
+        result["passed"] = (
+            result["records_lost"] == 0
+            and result["records_duplicated"] == 0
+            and result["records_unexpected"] == 0
+            and result["messages_not_delivered"] == 0
+            and result["messages"] == self.messages
+            and result["partitions_contiguous"]
+            and result["kafka_matches_delivery_reports"]
+            and result["offsets_aligned"]
+            and result["offsets_at_end"]
+            and result["restart_checks"] == "passed"
+            and not missing
+            and not short
+        )
+        for fault in self.faults:
+            state = "injected" if fault.injected else ("skipped" if fault.skipped else "MISSING")
+            say(f"fault {fault.kind.value:<18} {state:<8} [{fault.run}] {fault.detail} -- {fault.evidence}")
+        if short:
+            say(f"fault kinds short of the plan (injected, planned): {short}")
+        return result
+
+    def shutdown(self) -> None:
+        """Stop the broker this command started (the Spark session ends with the process)."""
+        for thread in self._background:
+            thread.join(timeout=60)
+        self.broker.stop()
