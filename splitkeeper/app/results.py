@@ -205,6 +205,9 @@ class StatusResult(_Result):
     timeline: tuple[TimelineLine, ...]
     next_epoch: int
     lease: dict[str, Any] | None = None
+    # checkpoint-interval switches over the whole history: (checkpoint id, "backlog" | "normal"):
+    # the checkpoint after which the interval changed to that mode (protocol rule 4.4)
+    interval_switches: tuple[tuple[int, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

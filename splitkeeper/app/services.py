@@ -436,7 +436,29 @@ def status(config: PipelineConfig, *, last: int = 10) -> StatusResult:
     )
     ids = store.checkpoint_ids()
     next_epoch = max(store.latest_plan_epoch() or 0, ids[-1] if ids else 0) + 1
-    return StatusResult(config.name, info, timeline, next_epoch, _lease_of(store))
+    return StatusResult(config.name, info, timeline, next_epoch, _lease_of(store), _interval_switches(store))
+
+
+def _interval_switches(store: Any) -> tuple[tuple[int, str], ...]:
+    """Where the checkpoint interval changed mode, from every checkpoint's row, archived ones too
+    (each records whether the pipeline processes backlog once it completed): (the checkpoint after
+    which the mode changed, the new mode), as the run logs it."""
+    history = store.history
+    columns = ["checkpoint_id", "processing_backlog"]
+    archived = history.archived_checkpoints().select(columns).to_pylist()  # retention kept their facts
+    rows = sorted(
+        [r for r in archived if r["processing_backlog"] is not None]
+        + history.checkpoints(columns=columns).to_pylist(),
+        key=lambda r: int(r["checkpoint_id"]),
+    )
+    switches: list[tuple[int, str]] = []
+    previous: bool | None = None
+    for row in rows:
+        backlog = bool(row["processing_backlog"])
+        if previous is not None and backlog != previous:
+            switches.append((int(row["checkpoint_id"]), "backlog" if backlog else "normal"))
+        previous = backlog
+    return tuple(switches)
 
 
 def _lease_of(store: Any) -> dict[str, Any] | None:

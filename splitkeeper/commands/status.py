@@ -49,6 +49,8 @@ def run(args: argparse.Namespace) -> int:
     if lease is not None:
         state = "released" if lease["released"] else f"until {lease['until']}"
         print(f"  lease: {lease['holder']} since {lease['since']}, {state}")
+    for at, mode in result.interval_switches:
+        print(f"  checkpoint interval switched to the {mode} interval after checkpoint {at}")
     for t in result.timeline:
         failed = f" failed regions {list(t.failed_regions)}" if t.failed_regions else ""
         print(f"  checkpoint {t.id:>5} {t.kind:<8}{failed} {t.reason}")

@@ -10,6 +10,7 @@ sends it to the run holding the pipeline's lease on this host.
 from __future__ import annotations
 
 import json
+import re
 import statistics
 import subprocess
 import threading
@@ -105,6 +106,13 @@ def test_a_continuous_run_follows_both_intervals_and_splitkeeper_stop_ends_it_on
     assert result["interval_switches"] and "normal interval (4s)" in result["interval_switches"][0]
     assert result["stopped"] is True
     assert epochs[-1]["final"] and epochs[-1]["kind"] == "global"
+    # status shows the switch from the checkpoint rows: the first checkpoint taken in normal mode
+    shown = subprocess.run(
+        [str(CLI), "status", "--config", str(config), "--json"], capture_output=True, text=True, timeout=120
+    )
+    assert shown.returncode == 0, shown.stderr
+    after = int(re.search(r"after checkpoint (\d+)", result["interval_switches"][0]).group(1))  # type: ignore[union-attr]
+    assert json.loads(shown.stdout)["interval_switches"][0] == [after, "normal"]
 
     rows = sink_rows(spark, tmp_path / "sink")
     by_split: dict[str, list[int]] = {}
