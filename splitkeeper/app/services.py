@@ -22,7 +22,7 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -430,34 +430,30 @@ def status(config: PipelineConfig, *, last: int = 10) -> StatusResult:
             finished_splits=0 if enum is None else len(enum.finished),
             quarantined={} if enum is None else {s.split_id: s.position for s in enum.quarantined},
         )
+    history = store.history.timeline()
     timeline = tuple(
         TimelineLine(t.checkpoint_id, t.kind.value, tuple(t.failed_regions), t.reason)
-        for t in store.history.timeline()[-last:]
+        for t in history[-last:]
     )
     ids = store.checkpoint_ids()
     next_epoch = max(store.latest_plan_epoch() or 0, ids[-1] if ids else 0) + 1
-    return StatusResult(config.name, info, timeline, next_epoch, _lease_of(store), _interval_switches(store))
-
-
-def _interval_switches(store: Any) -> tuple[tuple[int, str], ...]:
-    """Where the checkpoint interval changed mode, from every checkpoint's row, archived ones too
-    (each records whether the pipeline processes backlog once it completed): (the checkpoint after
-    which the mode changed, the new mode), as the run logs it."""
-    history = store.history
-    columns = ["checkpoint_id", "processing_backlog"]
-    archived = history.archived_checkpoints().select(columns).to_pylist()  # retention kept their facts
-    rows = sorted(
-        [r for r in archived if r["processing_backlog"] is not None]
-        + history.checkpoints(columns=columns).to_pylist(),
-        key=lambda r: int(r["checkpoint_id"]),
+    return StatusResult(
+        config.name, info, timeline, next_epoch, _lease_of(store), _interval_switches(history)
     )
+
+
+def _interval_switches(timeline: Sequence[Any]) -> tuple[tuple[int, str], ...]:
+    """Where the checkpoint interval changed mode, from the timeline's completed checkpoints
+    (archived ones too; each records whether the pipeline processes backlog once it completed):
+    (the checkpoint after which the mode changed, the new mode), as the run logs it."""
     switches: list[tuple[int, str]] = []
     previous: bool | None = None
-    for row in rows:
-        backlog = bool(row["processing_backlog"])
-        if previous is not None and backlog != previous:
-            switches.append((int(row["checkpoint_id"]), "backlog" if backlog else "normal"))
-        previous = backlog
+    for entry in timeline:
+        if entry.processing_backlog is None:  # an aborted attempt
+            continue
+        if previous is not None and entry.processing_backlog != previous:
+            switches.append((entry.checkpoint_id, "backlog" if entry.processing_backlog else "normal"))
+        previous = entry.processing_backlog
     return tuple(switches)
 
 

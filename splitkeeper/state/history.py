@@ -54,6 +54,7 @@ class TimelineEntry:
     commit_ms: int | None = None
     reason: str = ""
     run_id: str = ""
+    processing_backlog: bool | None = None  # completed: the mode once it completed; aborted: None
 
     @property
     def failed_regions(self) -> tuple[int, ...]:
@@ -190,7 +191,16 @@ class StateHistory:
 
         entries: list[TimelineEntry] = []
         kept = self.tables.read(
-            "checkpoints", columns=["checkpoint_id", "kind", "regions", "created_at", "commit_ms", "run_id"]
+            "checkpoints",
+            columns=[
+                "checkpoint_id",
+                "kind",
+                "regions",
+                "created_at",
+                "commit_ms",
+                "run_id",
+                "processing_backlog",
+            ],
         )
         completed = [*kept.to_pylist(), *self.archived_checkpoints().to_pylist()]
         for row in completed:
@@ -204,6 +214,7 @@ class StateHistory:
                     at=_at(row["created_at"]),
                     commit_ms=None if row["commit_ms"] is None else int(row["commit_ms"]),
                     run_id=row["run_id"],
+                    processing_backlog=row["processing_backlog"],
                 )
             )
         aborted = self.tables.read("checkpoint_log").filter(pc.field("kind") == CheckpointKind.ABORTED.value)
