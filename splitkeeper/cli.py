@@ -26,6 +26,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "status": ("splitkeeper.commands.status", "show checkpoints, ownership and backlog state"),
     "recover": ("splitkeeper.commands.recover", "restore from a checkpoint (global or rescale)"),
     "validate": ("splitkeeper.commands.validate", "check the restart invariants on state and sink"),
+    "report": ("splitkeeper.commands.report", "render the run report (HTML with charts) from state and sink"),
     "maintain": ("splitkeeper.commands.maintain", "compact and VACUUM the state tables and the sink"),
     "stop": ("splitkeeper.commands.stop", "end a continuous run on a final global checkpoint"),
     "chaos": ("splitkeeper.chaos", "ingest under injected faults and prove exactly-once"),

@@ -62,6 +62,18 @@ class LoadComparison:
 
 
 @dataclass(frozen=True, slots=True)
+class ParkedSplit:
+    """A split that was quarantined (protocol rule 1.8): when, why, and whether it is back."""
+
+    split_id: str
+    quarantined_at: int  # checkpoint that committed the quarantine
+    reader_id: int | None  # the reader that owned it
+    error: str  # the audit detail: why its reads failed
+    position: int | None  # where it is parked (latest checkpoint); None once released
+    released_at: int | None = None  # checkpoint that committed the release (recover --release)
+
+
+@dataclass(frozen=True, slots=True)
 class ReportData:
     pipeline: str
     state_root: str
@@ -71,6 +83,7 @@ class ReportData:
     audit: tuple[AuditRow, ...]
     sink_path: str | None = None
     records: dict[int, dict[int, int]] | None = None  # epoch -> region -> records; None: no sink given
+    parked_positions: dict[str, int] = field(default_factory=dict)  # quarantined now -> position
 
     def decision_counts(self) -> list[tuple[str, int]]:
         """(decision, count), most frequent first, ties by name."""
@@ -87,32 +100,71 @@ class ReportData:
             previous = c.processing_backlog
         return out
 
-    def load_comparison(self) -> LoadComparison:
-        """The loads before and after the latest rebalance among the checkpoints of the history.
+    def load_changes(self) -> list[LoadComparison]:
+        """Every rescale and rebalance among the checkpoints of the history, oldest first.
 
-        Before = the checkpoint just before the one that committed the latest
-        rebalance/redistribution decision, after = that one; without such a decision,
-        the first and the latest checkpoint.
+        A change is a checkpoint that committed rebalance/redistribution decisions, or whose
+        parallelism differs from the checkpoint before it (a rescale). Each comes with the
+        loads of the checkpoint before it (None when that one is no longer kept) and its own.
         """
-        ids = [c.checkpoint_id for c in self.checkpoints]
         moves = Counter(a.checkpoint_id for a in self.audit if a.decision in REBALANCE_DECISIONS)
-        for cid in sorted(moves, reverse=True):
-            if cid not in ids:
-                continue
-            index = ids.index(cid)
+        changes: list[LoadComparison] = []
+        for index, facts in enumerate(self.checkpoints):
             before = self.checkpoints[index - 1] if index > 0 else None
-            reason = f"{moves[cid]} split move(s) recorded with checkpoint {cid}"
+            why: list[str] = []
+            if before is not None and before.parallelism != facts.parallelism:
+                why.append(f"rescale from parallelism {before.parallelism} to {facts.parallelism}")
+            if moves[facts.checkpoint_id]:
+                why.append(f"{moves[facts.checkpoint_id]} split move(s)")
+            if not why:
+                continue
+            reason = " and ".join(why) + f" recorded with checkpoint {facts.checkpoint_id}"
             if before is None:
                 reason += "; the checkpoint before it is no longer kept"
-            return LoadComparison(before, self.checkpoints[index], reason)
+            changes.append(LoadComparison(before, facts, reason))
+        return changes
+
+    def load_comparison(self) -> LoadComparison:
+        """The latest of :meth:`load_changes`; without any, the first and the latest checkpoint."""
+        changes = self.load_changes()
+        if changes:
+            return changes[-1]
         if len(self.checkpoints) >= 2:
             return LoadComparison(
                 self.checkpoints[0],
                 self.checkpoints[-1],
-                "no rebalance recorded: the first and the latest checkpoint",
+                "no rebalance or rescale recorded: the first and the latest checkpoint",
             )
         only = self.checkpoints[0] if self.checkpoints else None
         return LoadComparison(None, only, "only one checkpoint" if only else "no completed checkpoint yet")
+
+    def parked_splits(self) -> list[ParkedSplit]:
+        """Each quarantine in the audit, with its release if one followed, oldest first."""
+        out: list[ParkedSplit] = []
+        open_: dict[str, int] = {}  # split -> index in out of its unreleased quarantine
+        for a in self.audit:
+            if a.decision == RecoveryDecision.QUARANTINED.value and a.split_id not in open_:
+                open_[a.split_id] = len(out)
+                out.append(
+                    ParkedSplit(
+                        a.split_id,
+                        a.checkpoint_id,
+                        a.reader_id,
+                        a.detail,
+                        self.parked_positions.get(a.split_id),
+                    )
+                )
+            elif a.decision == RecoveryDecision.RELEASED.value and a.split_id in open_:
+                i = open_.pop(a.split_id)
+                p = out[i]
+                out[i] = ParkedSplit(
+                    p.split_id, p.quarantined_at, p.reader_id, p.error, None, a.checkpoint_id
+                )
+        # parked in a checkpoint whose audit retention already deleted
+        for sid, position in sorted(self.parked_positions.items()):
+            if sid not in open_:
+                out.append(ParkedSplit(sid, -1, None, "(audit record no longer kept)", position))
+        return out
 
 
 def collect_report_data(
@@ -127,6 +179,7 @@ def collect_report_data(
     ).to_pylist()
     loads: dict[int, dict[int, int]] = {}
     backlog: Counter[int] = Counter()
+    parked: dict[int, dict[str, int]] = {}
     for r in history.enumerator_rows().to_pylist():
         cid = int(r["checkpoint_id"])
         if r["status"] == "assigned" and r["owner"] is not None:
@@ -134,6 +187,8 @@ def collect_report_data(
             per_reader[int(r["owner"])] = per_reader.get(int(r["owner"]), 0) + 1
         elif r["status"] == "backlog" and r["backlog_end"] is not None and not r["backlog_finished"]:
             backlog[cid] += 1
+        elif r["status"] == "quarantined":
+            parked.setdefault(cid, {})[r["split_id"]] = int(r["position"])
     facts = []
     for r in heads:
         cid = int(r["checkpoint_id"])
@@ -192,6 +247,8 @@ def collect_report_data(
         audit=audit,
         sink_path=sink_text,
         records=records,
+        # where the latest kept checkpoint parks its quarantined splits
+        parked_positions=parked.get(max((int(r["checkpoint_id"]) for r in heads), default=-1), {}),
     )
 
 

@@ -29,7 +29,13 @@ from markupsafe import Markup
 from splitkeeper.core.types import CheckpointKind, RegionOutcome
 from splitkeeper.errors import InvalidParameterError
 from splitkeeper.report import charts
-from splitkeeper.report.data import ReportData, collect_report_data
+from splitkeeper.report.data import (
+    CheckpointFacts,
+    LoadComparison,
+    ParkedSplit,
+    ReportData,
+    collect_report_data,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     from splitkeeper.state.checkpoints import DeltaStateStore
@@ -139,8 +145,11 @@ def _templates() -> Environment:
 # ---------------------------------------------------------------------------------------
 
 
-def _loads_section(data: ReportData) -> _Section:
-    comparison = data.load_comparison()
+#: Earlier rescales/rebalances drawn as their own chart below the latest one (the table lists all).
+LOAD_CHANGES_DRAWN = 5
+
+
+def _loads_chart(chart_id: str, comparison: LoadComparison) -> tuple[str, list[int]]:
     before, after = comparison.before, comparison.after
     readers = sorted(set(before.loads if before else {}) | set(after.loads if after else {}))
     series = []
@@ -165,15 +174,32 @@ def _loads_section(data: ReportData) -> _Section:
         f"{after.loads.get(r, 0) if after else '-'} after"
         for r in readers
     )
+    title = "Per-reader load before and after rebalance"
+    if chart_id != "chart-loads" and after is not None:
+        title = f"Per-reader load around checkpoint {after.checkpoint_id}"
     svg = charts.bar_chart(
-        "chart-loads",
-        "Per-reader load before and after rebalance",
+        chart_id,
+        title,
         f"Splits assigned per reader. {comparison.reason}. {words}.",
         [f"reader {r}" for r in readers],
         series,
         x_label="reader",
         y_label="splits assigned",
     )
+    return svg, readers
+
+
+def _spread(facts: CheckpointFacts | None) -> str:
+    if facts is None or not facts.loads:
+        return "-"
+    return f"{min(facts.loads.values())}-{max(facts.loads.values())} over {len(facts.loads)}"
+
+
+def _loads_section(data: ReportData) -> _Section:
+    changes = data.load_changes()
+    comparison = data.load_comparison()  # the latest change (or first vs latest without one)
+    before, after = comparison.before, comparison.after
+    svg, readers = _loads_chart("chart-loads", comparison)
     table = _table(
         "table-loads",
         "Splits assigned per reader",
@@ -189,13 +215,38 @@ def _loads_section(data: ReportData) -> _Section:
         ],
         {1, 2, 3},
     )
-    return _section(
-        "loads",
-        "Per-reader load before and after rebalance",
-        comparison.reason + ".",
+    parts: list[_Figure | _Table] = [
         _figure(svg, "Bars: splits each reader owns in the enumerator state of each checkpoint."),
         table,
-    )
+    ]
+    earlier = changes[:-1][-LOAD_CHANGES_DRAWN:]
+    for change in reversed(earlier):  # newest first, below the latest
+        assert change.after is not None
+        cid = change.after.checkpoint_id
+        chart, _ = _loads_chart(f"chart-loads-at-{cid}", change)
+        parts.append(_figure(chart, f"Checkpoint {cid}: {change.reason}."))
+    if changes:
+        parts.append(
+            _table(
+                "table-load-changes",
+                "Every rescale and rebalance (splits per reader: least-most over readers)",
+                ["checkpoint", "change", "before", "after"],
+                [
+                    (
+                        c.after.checkpoint_id if c.after else "-",
+                        c.reason.split(" recorded with")[0],
+                        _spread(c.before),
+                        _spread(c.after),
+                    )
+                    for c in changes
+                ],
+                {0},
+            )
+        )
+    lead = comparison.reason + "."
+    if len(changes) > 1:
+        lead += f" {len(changes)} rescales/rebalances in the history; the latest first, each below."
+    return _section("loads", "Per-reader load before and after rebalance", lead, *parts)
 
 
 def _timeline_section(data: ReportData) -> _Section:
@@ -338,6 +389,35 @@ def _decisions_section(data: ReportData) -> _Section:
     )
 
 
+def _parked_section(parked: list[ParkedSplit]) -> _Section:
+    now = [p for p in parked if p.released_at is None]
+    table = _table(
+        "table-parked",
+        "Quarantined splits",
+        ["split", "quarantined at", "reader", "error", "parked at position", "released at"],
+        [
+            (
+                p.split_id,
+                "-" if p.quarantined_at < 0 else p.quarantined_at,
+                "-" if p.reader_id is None else p.reader_id,
+                p.error,
+                "-" if p.position is None else p.position,
+                "-" if p.released_at is None else p.released_at,
+            )
+            for p in parked
+        ],
+        {1, 4, 5},
+    )
+    lead = (
+        f"{len(now)} split(s) parked now, read by nobody until 'splitkeeper recover --release SPLIT' "
+        "(checkpoint.on_split_failure: quarantine); the other splits checkpoint globally. "
+        "The restart checks count a parked split as neither lost nor duplicated."
+        if now
+        else "Every quarantined split was released and is read again from its position."
+    )
+    return _section("parked", "Quarantined splits", lead, table)
+
+
 def _commit_section(data: ReportData) -> _Section:
     values = [c.commit_ms for c in data.checkpoints]
     median = statistics.median(values) if values else 0.0
@@ -422,6 +502,13 @@ def _summary(data: ReportData) -> list[tuple[str, str]]:
             str(sum(1 for e in completed for o in e.outcomes.values() if o is not RegionOutcome.ACK)),
         ),
     ]
+    if data.parked_positions:
+        items.append(
+            (
+                "Quarantined splits",
+                ", ".join(f"{sid} at {pos}" for sid, pos in sorted(data.parked_positions.items())),
+            )
+        )
     if data.records is not None:
         total = sum(n for per in data.records.values() for n in per.values())
         items.append(("Records in the sink", f"{total:,} ({data.sink_path})"))
@@ -437,6 +524,9 @@ def render_html(data: ReportData, *, title: str, data_docs_href: str | None = No
         _decisions_section(data),
         _commit_section(data),
     ]
+    parked = data.parked_splits()
+    if parked:
+        sections.insert(4, _parked_section(parked))
     if data.records is not None:
         sections.append(_records_section(data))
     return (

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime
-from html.parser import HTMLParser
 
 import pytest
 
@@ -22,78 +21,13 @@ from splitkeeper.core.types import (
 from splitkeeper.errors import InvalidParameterError
 from splitkeeper.report import REPORT_FILE, render_html, render_report
 from splitkeeper.report.charts import axis_scale
-from splitkeeper.report.data import ReportData
+from splitkeeper.report.data import AuditRow, CheckpointFacts, ReportData
 from splitkeeper.report.html import INDEX_FILE, SUMMARY_FILE, render_index
+
+from .page import parse
 
 SPLITS = [f"events-{i}" for i in range(6)]
 SINK_SCHEMA = "split_id STRING, offset BIGINT, next_offset BIGINT, value STRING, epoch BIGINT, region INT"
-
-
-class Page(HTMLParser):
-    """Collects elements by tag with their attributes, titles of SVGs and table captions/rows."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.elements: list[tuple[str, dict[str, str]]] = []
-        self.svg_titles: list[str] = []
-        self.captions: list[str] = []
-        self.table_rows: dict[str, list[list[str]]] = {}
-        self._stack: list[str] = []
-        self._table: str | None = None
-        self._row: list[str] | None = None
-        self._text: list[str] = []
-        self._cell: list[str] | None = None
-        self.text: list[str] = []
-
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        attributes = {k: v or "" for k, v in attrs}
-        self.elements.append((tag, attributes))
-        self._stack.append(tag)
-        if tag == "table":
-            self._table = attributes.get("id", "")
-            self.table_rows[self._table] = []
-        elif tag == "tr" and self._table is not None:
-            self._row = []
-        elif tag in ("td", "th"):
-            self._cell = []
-        self._text = []
-
-    def handle_endtag(self, tag: str) -> None:
-        text = "".join(self._text).strip()
-        if tag == "title" and "svg" in self._stack:
-            self.svg_titles.append(text)
-        elif tag == "caption":
-            self.captions.append(text)
-        elif tag in ("td", "th") and self._row is not None:
-            self._row.append("".join(self._cell or ()).strip())
-            self._cell = None
-        elif tag == "tr" and self._row is not None and self._table is not None:
-            self.table_rows[self._table].append(self._row)
-            self._row = None
-        elif tag == "table":
-            self._table = None
-        while self._stack and self._stack.pop() != tag:
-            pass
-        self._text = []
-
-    def handle_data(self, data: str) -> None:
-        self._text.append(data)
-        if self._cell is not None:
-            self._cell.append(data)
-        self.text.append(data)
-
-    def all(self, tag: str, **attrs: str) -> list[dict[str, str]]:
-        return [a for t, a in self.elements if t == tag and all(a.get(k) == v for k, v in attrs.items())]
-
-    def rows(self, table_id: str) -> list[list[str]]:
-        """Body rows of a table (the header row dropped)."""
-        return self.table_rows[table_id][1:]
-
-
-def parse(html: str) -> Page:
-    page = Page()
-    page.feed(html)
-    return page
 
 
 def _split(i: int, position: int) -> Split:
@@ -354,3 +288,72 @@ def test_title_must_not_be_empty(tmp_path):
 )
 def test_axis_ticks_are_round_steps_covering_the_data(value, expected):
     assert axis_scale(value) == expected
+
+
+def _facts(cid: int, loads: dict[int, int]) -> CheckpointFacts:
+    return CheckpointFacts(cid, CheckpointKind.GLOBAL, len(loads), False, 30, 0, loads)
+
+
+def test_every_rescale_and_rebalance_gets_its_before_and_after_loads():
+    checkpoints = (
+        _facts(1, {0: 6, 1: 0, 2: 0, 3: 0}),
+        _facts(2, {0: 2, 1: 2, 2: 1, 3: 1}),  # rebalance: 4 moves
+        _facts(3, {0: 2, 1: 2, 2: 1, 3: 1}),
+        _facts(4, {0: 3, 1: 3}),  # rescale 4 -> 2 (recover --parallelism 2)
+        _facts(5, {0: 3, 1: 3}),
+    )
+    audit = tuple(AuditRow(2, i, SPLITS[i], 1 + i % 3, "rebalanced", "from reader 0") for i in range(4))
+    audit += tuple(AuditRow(4, i, SPLITS[i], i % 2, "redistributed_global_restore", "") for i in range(6))
+    data = ReportData(
+        pipeline="p",
+        state_root="/s",
+        generated_at=datetime(2025, 1, 1, tzinfo=UTC),
+        timeline=(),
+        checkpoints=checkpoints,
+        audit=audit,
+    )
+
+    changes = data.load_changes()
+    assert [(c.before.checkpoint_id, c.after.checkpoint_id) for c in changes] == [(1, 2), (3, 4)]
+    assert changes[1].reason == (
+        "rescale from parallelism 4 to 2 and 6 split move(s) recorded with checkpoint 4"
+    )
+    page = parse(render_html(data, title="t"))
+    # the latest change first (the rescale), then the earlier rebalance
+    assert [a["id"] for a in page.all("svg")][:2] == ["chart-loads", "chart-loads-at-2"]
+    assert page.rows("table-loads") == [
+        ["0", "2", "3", "1"],
+        ["1", "2", "3", "1"],
+        ["2", "1", "0", "-1"],
+        ["3", "1", "0", "-1"],
+    ]
+    assert page.rows("table-load-changes") == [
+        ["2", "4 split move(s)", "0-6 over 4", "1-2 over 4"],
+        ["4", "rescale from parallelism 4 to 2 and 6 split move(s)", "1-2 over 4", "3-3 over 2"],
+    ]
+
+
+def test_quarantined_splits_get_a_section_with_error_position_and_release():
+    audit = (
+        AuditRow(3, 0, "orders-1", 1, "quarantined", "reads failed 2 epochs in a row: bad json at 120"),
+        AuditRow(6, 0, "orders-1", None, "released", "put back by recover --release"),
+        AuditRow(7, 0, "orders-4", 0, "quarantined", "reads failed 2 epochs in a row: file vanished"),
+    )
+    data = ReportData(
+        pipeline="p",
+        state_root="/s",
+        generated_at=datetime(2025, 1, 1, tzinfo=UTC),
+        timeline=(),
+        checkpoints=(_facts(7, {0: 1, 1: 2}),),
+        audit=audit,
+        parked_positions={"orders-4": 96},
+    )
+    page = parse(render_html(data, title="t"))
+    assert page.rows("table-parked") == [
+        ["orders-1", "3", "1", "reads failed 2 epochs in a row: bad json at 120", "-", "6"],
+        ["orders-4", "7", "0", "reads failed 2 epochs in a row: file vanished", "96", "-"],
+    ]
+    assert "1 split(s) parked now" in "".join(page.text)
+    # no quarantine in the history: no section
+    plain = ReportData("p", "/s", datetime(2025, 1, 1, tzinfo=UTC), (), (_facts(1, {0: 1}),), ())
+    assert "table-parked" not in render_html(plain, title="t")

@@ -95,6 +95,7 @@ def sample_data() -> ReportData:
     audit = [AuditRow(1, i, f"orders-{i}", i % 4, "assigned", "") for i in range(8)]
     audit += [AuditRow(3, i, f"orders-{i + 1}", i + 1, "rebalanced", "from reader 0") for i in range(3)]
     audit += [AuditRow(5, 0, "orders-2", 2, "returned_region_fallback", "region 2 declined")]
+    audit += [AuditRow(8, 0, "orders-7", 3, "quarantined", "reads failed 3 epochs in a row: not JSON")]
     return ReportData(
         pipeline="orders",
         state_root="/var/splitkeeper/orders/state",
@@ -104,6 +105,7 @@ def sample_data() -> ReportData:
         audit=tuple(audit),
         sink_path="/var/splitkeeper/orders/sink",
         records={cid: {r: 1000 + 10 * r for r in range(4)} for cid in range(1, 13) if cid != 9},
+        parked_positions={"orders-7": 4096},
     )
 
 
@@ -175,10 +177,12 @@ def test_chromium_renders_the_report_with_its_charts_and_tables(tmp_path):
     tables = re.findall(r"<table id=\"([a-z-]+)\"><caption>([^<]+)</caption>", html)
     assert [t for t, _ in tables] == [
         "table-loads",
+        "table-load-changes",
         "table-timeline",
         "table-backlog",
         "table-decision-counts",
         "table-audit",
+        "table-parked",
         "table-commit",
         "table-records",
     ]

@@ -17,6 +17,8 @@ from typing import Any
 
 import pytest
 
+from tests.report.page import parse
+
 from .helpers import pipeline_mapping, run_cli, sink_rows, source_records, write_config
 
 pytestmark = [pytest.mark.spark]
@@ -31,6 +33,10 @@ def _write_files(input_dir: Path) -> None:
         if f == 1:
             lines[BAD_LINE] = "{not json: a producer bug"
         (input_dir / f"orders-{f}.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def _rows(html: str, table_id: str) -> list[list[str]]:
+    return parse(html).rows(table_id)
 
 
 def test_a_split_with_an_unreadable_record_is_quarantined_and_released_after_a_fix(
@@ -70,6 +76,14 @@ def test_a_split_with_an_unreadable_record_is_quarantined_and_released_after_a_f
     )  # quarantined: neither lost nor duplicated
     assert code == 0, out + err
 
+    code, out, err = run_cli(["report", "--config", str(config)])  # the report names it, with its error
+    assert code == 0, err
+    page = Path(out.strip().splitlines()[-1].removeprefix("report: ")).read_text(encoding="utf-8")
+    parked_rows = _rows(page, "table-parked")
+    assert len(parked_rows) == 1 and parked_rows[0][0] == "orders-1.jsonl", parked_rows
+    assert "reads failed 2 epochs in a row" in parked_rows[0][3]
+    assert parked_rows[0][4] == str(parked[1]) and parked_rows[0][5] == "-"  # parked where status says
+
     mapping["transform"] = "splitkeeper.runtime.transforms:identity"  # the fix: a transform that copes
     write_config(config, mapping)
     code, out, err = run_cli(
@@ -87,6 +101,11 @@ def test_a_split_with_an_unreadable_record_is_quarantined_and_released_after_a_f
     assert bad == ["{not json: a producer bug"]
     code, out, err = run_cli(["validate", "--config", str(config)])
     assert code == 0, out + err
+    code, out, err = run_cli(["report", "--config", str(config)])
+    assert code == 0, err
+    page = Path(out.strip().splitlines()[-1].removeprefix("report: ")).read_text(encoding="utf-8")
+    (released,) = _rows(page, "table-parked")
+    assert released[0] == "orders-1.jsonl" and released[4] == "-" and released[5] != "-"  # released at
 
     code, out, err = run_cli(["recover", "--config", str(config), "--release", "orders-1.jsonl"])
     assert code == 2 and "a quarantined split (quarantined now: none)" in err
