@@ -40,6 +40,7 @@ from splitkeeper.app.results import (
     TimelineLine,
     ValidationResult,
 )
+from splitkeeper.core.assignment import AssignmentStrategy, WeightedStrategy
 from splitkeeper.core.rescale import Redistribution
 from splitkeeper.errors import CheckpointError, InvalidParameterError, StateError
 from splitkeeper.runtime.config import PipelineConfig
@@ -472,6 +473,13 @@ def _lease_of(store: Any) -> dict[str, Any] | None:
     }
 
 
+def _strategy(config: PipelineConfig) -> str | AssignmentStrategy:
+    """The config's strategy as the checks weigh it: ``weighted`` with the configured capacities."""
+    if config.strategy == "weighted":
+        return WeightedStrategy(capacities=dict(config.capacities))
+    return config.strategy
+
+
 @_named
 def validate(config: PipelineConfig, checkpoint_id: int | None = None) -> ValidationResult:
     """The restart checks (protocol section 6, Great Expectations) on a checkpoint and the sink.
@@ -490,7 +498,7 @@ def validate(config: PipelineConfig, checkpoint_id: int | None = None) -> Valida
             store,
             config.sink_path,
             checkpoint_id=checkpoint_id,
-            strategy=config.strategy,
+            strategy=_strategy(config),
             max_consecutive_failures=config.checkpoint.max_consecutive_failures,
             subscriptions=connector.subscriptions(),
             data_docs_dir=reports_dir(config) / "data_docs",

@@ -64,6 +64,7 @@ def hot_partition_run(
     source.ends.update(dict.fromkeys(rates, 0))
     runner = SimRegionRunner()
     clock = SimClock()
+    state = SimState()
     options: dict[str, Any] = {"capacities": dict(capacities or {})} if strategy == "weighted" else {}
     driver = EpochDriver(
         DriverSettings(
@@ -78,7 +79,7 @@ def hot_partition_run(
         source,
         runner,
         SimEpochSink(SimulatedSink(), runner),
-        SimState(),
+        state,
         clock,
     )
     driver.open()
@@ -100,6 +101,10 @@ def hot_partition_run(
         "max_weighted_load_over_min": round(_ratio(loads), 3),
         "rebalanced_splits": moves,
         "last_checkpoint": report.kind.value,
+        # what the last checkpoint recorded for the restart checks (weighted only)
+        "recorded_weights": {
+            sid: round(w, 3) for d in state.decisions.values() for sid, w in d.split_weights
+        },
     }
 
 

@@ -690,6 +690,14 @@ class EpochDriver:
             self._failing.pop(split.split_id, None)
         return released
 
+    def _split_weights(self) -> tuple[tuple[str, float], ...]:
+        """Each owned split's weight under the weighted strategy (what the balance check weighs)."""
+        enumerator, _context = self._require_open()
+        strategy = enumerator.strategy
+        if not isinstance(strategy, WeightedStrategy):
+            return ()
+        return tuple((sid, strategy.weight(sid)) for sid in sorted(enumerator.owners()))
+
     def _reweigh(self) -> None:
         """The weighted strategy's weights follow each split's measured arrival rate (rule 1.6).
 
@@ -1007,6 +1015,7 @@ class EpochDriver:
             acknowledged=notified,
             configured_parallelism=self.settings.parallelism,
             reason=result.reason,
+            split_weights=self._split_weights(),
         )
         self._check_fence(epoch)
         self.state.write_decision(decision)

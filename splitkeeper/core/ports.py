@@ -79,7 +79,10 @@ class EpochDecision:
     checkpoint (a redo, protocol rule 5.4). ``audit`` holds the recovery and
     assignment decisions persisted with the checkpoint; ``acknowledged`` the
     regions whose output the sink commits; ``configured_parallelism`` the
-    pipeline config's parallelism when the checkpoint was taken.
+    pipeline config's parallelism when the checkpoint was taken; ``split_weights``
+    the weight of every owned split under the ``weighted`` strategy (its measured
+    throughput; empty for other strategies), so a restart check weighs the loads as the
+    driver did.
     """
 
     checkpoint: CompletedCheckpoint
@@ -88,6 +91,7 @@ class EpochDecision:
     acknowledged: tuple[int, ...] = ()
     configured_parallelism: int | None = None
     reason: str = ""
+    split_weights: tuple[tuple[str, float], ...] = ()
 
     @property
     def epoch(self) -> int:

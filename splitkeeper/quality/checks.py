@@ -956,6 +956,16 @@ def run_restart_checks(
                 checkpoint_id=None,
             )
         checkpoint_id = ids[-1]
+    if isinstance(chosen, WeightedStrategy):
+        # weigh the loads as the driver did: the weights the checkpoint recorded (measured throughput)
+        recorded = state_store.history.split_weights(checkpoint_id)
+        if recorded:
+            chosen = WeightedStrategy(
+                weights=recorded,
+                capacities=chosen.capacities,
+                default_weight=chosen.default_weight,
+                default_capacity=chosen.default_capacity,
+            )
     docs_dir = Path(data_docs_dir).resolve()
     docs_dir.mkdir(parents=True, exist_ok=True)
 

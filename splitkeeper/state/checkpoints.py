@@ -104,6 +104,7 @@ def decision_for(
     configured_parallelism: int | None = None,
     attempt_id: str | None = None,
     reason: str = "",
+    split_weights: Mapping[str, float] | None = None,
 ) -> EpochDecision:
     """A decision record for ``completed`` (a fresh attempt unless given): what tests and
     benchmarks commit with :meth:`DeltaStateStore.commit_checkpoint` without a driver."""
@@ -114,6 +115,7 @@ def decision_for(
         acknowledged=tuple(sorted(completed.regions)),
         configured_parallelism=configured_parallelism,
         reason=reason,
+        split_weights=tuple(sorted((split_weights or {}).items())),
     )
 
 
@@ -641,6 +643,7 @@ class DeltaStateStore(StateStore, CheckpointStore):
             created_at=datetime.now(UTC),
             commit_ms=commit_ms,
             configured_parallelism=decision.configured_parallelism,
+            split_weights=serde.split_weights_to_rows(decision.split_weights),
         )
         data = spec("checkpoints").rows([row])
         from deltalake import write_deltalake

@@ -97,6 +97,18 @@ class StateHistory:
             data = data.filter(pc.field("checkpoint_id") <= up_to)
         return data.sort_by("checkpoint_id")
 
+    def split_weights(self, checkpoint_id: int) -> dict[str, float]:
+        """The owned splits' weights checkpoint ``checkpoint_id`` recorded (strategy weighted; else empty)."""
+        from splitkeeper.state.serde import split_weights_from_rows
+
+        rows = (
+            self.tables.read("checkpoints", columns=["checkpoint_id", "split_weights"])
+            .filter(pc.field("checkpoint_id") == checkpoint_id)
+            .column("split_weights")
+            .to_pylist()
+        )
+        return split_weights_from_rows(rows[0] if rows else None)
+
     def kept_ids(self) -> list[int]:
         return sorted(
             int(i) for i in self.tables.read("checkpoints", columns=["checkpoint_id"]).column(0).to_pylist()

@@ -603,8 +603,17 @@ def plan_from_rows(epoch_id: int, rows: Iterable[Mapping[str, Any]]) -> EpochPla
 # ---------------------------------------------------------------------------------------
 
 DECISION_FIELDS = frozenset(
-    {"checkpoint", "attempt_id", "audit", "acknowledged", "configured_parallelism", "reason"}
+    {"checkpoint", "attempt_id", "audit", "acknowledged", "configured_parallelism", "reason", "split_weights"}
 )
+
+
+def split_weights_to_rows(weights: Sequence[tuple[str, float]]) -> list[Row] | None:
+    """The ``split_weights`` column: None unless the strategy is weighted."""
+    return [{"split_id": sid, "weight": float(w)} for sid, w in weights] or None
+
+
+def split_weights_from_rows(rows: Iterable[Mapping[str, Any]] | None) -> dict[str, float]:
+    return {str(r["split_id"]): float(r["weight"]) for r in rows or ()}
 
 
 def decision_to_row(decision: EpochDecision) -> Row:
@@ -622,6 +631,7 @@ def decision_to_row(decision: EpochDecision) -> Row:
         "acknowledged": [int(r) for r in decision.acknowledged],
         "configured_parallelism": decision.configured_parallelism,
         "reason": decision.reason,
+        "split_weights": split_weights_to_rows(decision.split_weights),
     }
 
 
@@ -638,4 +648,5 @@ def decision_from_row(row: Mapping[str, Any]) -> EpochDecision:
         acknowledged=tuple(int(r) for r in row.get("acknowledged") or ()),
         configured_parallelism=_opt_int(row.get("configured_parallelism")),
         reason=row.get("reason") or "",
+        split_weights=tuple(split_weights_from_rows(row.get("split_weights")).items()),
     )

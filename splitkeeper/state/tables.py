@@ -248,12 +248,17 @@ TABLES: dict[str, TableSpec] = {
         TableSpec("pipeline", stats_columns=("name",)),
         # restore, redo and retention address one epoch or checkpoint: partitions prune to it
         TableSpec("epoch_plans", partition="epoch_id", stats_columns=("region_id",)),
-        TableSpec("decisions", partition="epoch_id", stats_columns=("attempt_id",)),
+        TableSpec(
+            "decisions",
+            partition="epoch_id",
+            stats_columns=("attempt_id",),
+            added_columns=frozenset({"split_weights"}),
+        ),
         TableSpec(
             "checkpoints",
             partition="checkpoint_id",
             stats_columns=("attempt_id",),
-            added_columns=frozenset({"configured_parallelism"}),
+            added_columns=frozenset({"configured_parallelism", "split_weights"}),
         ),
         TableSpec("enumerator_state", partition="checkpoint_id", stats_columns=("attempt_id",)),
         # history, kept past retention: unpartitioned, compaction bounds its files

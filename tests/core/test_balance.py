@@ -6,6 +6,8 @@ import itertools
 
 from splitkeeper.bench.balance import best_possible, discovery_orders, hot_partition_run
 from splitkeeper.core.assignment import ThroughputMeter, WeightedStrategy
+from splitkeeper.core.invariants import check_balance
+from splitkeeper.core.types import Assignment, Split
 
 
 def test_a_hot_partition_lands_where_the_capacity_is_and_weighted_beats_least_loaded() -> None:
@@ -17,6 +19,16 @@ def test_a_hot_partition_lands_where_the_capacity_is_and_weighted_beats_least_lo
     assert weighted["max_weighted_load_over_min"] == best_possible(hot)
     assert least["max_weighted_load_over_min"] > 5 * weighted["max_weighted_load_over_min"]
     assert weighted["rebalanced_splits"] >= 1 and weighted["last_checkpoint"] == "global"
+    # the checkpoint records the measured weights, so the restart checks weigh loads as the driver did
+    recorded = weighted["recorded_weights"]
+    assert set(recorded) == {f"events-{p}" for p in range(8)}
+    assert recorded["events-3"] == 10 * recorded["events-0"] > 0
+    owned = Assignment(
+        {int(r): tuple(Split(sid, "events", 0) for sid in ids) for r, ids in weighted["owners"].items()}
+    )
+    assert check_balance(owned, weights=recorded, capacities=hot) == []
+    assert check_balance(owned, weights={}, capacities=hot) != []  # unit weights: out of bounds
+    assert least["recorded_weights"] == {}  # other strategies record none
 
 
 def test_with_equal_readers_weighted_reaches_the_best_assignment_there_is() -> None:

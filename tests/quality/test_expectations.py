@@ -116,13 +116,19 @@ def healthy() -> Scenario:
 PIPELINE = "orders-pipeline"
 
 
-def write(spark, root: Path, scenario: Scenario) -> tuple[DeltaStateStore, str]:
-    """Commit the scenario's checkpoints with the Delta state store; write its sink table."""
+def write(
+    spark, root: Path, scenario: Scenario, split_weights: dict[str, float] | None = None
+) -> tuple[DeltaStateStore, str]:
+    """Commit the scenario's checkpoints with the Delta state store; write its sink table.
+
+    ``split_weights``: what a weighted pipeline's driver records with each checkpoint."""
     from pyspark.sql import functions as F
 
     store = DeltaStateStore(root / "state", PIPELINE, "kafka:orders")
     for cp in scenario.checkpoints:
-        store.commit_checkpoint(decision_for(cp, scenario.audit.get(cp.checkpoint_id, ())))
+        store.commit_checkpoint(
+            decision_for(cp, scenario.audit.get(cp.checkpoint_id, ()), split_weights=split_weights)
+        )
     sink_path = str(root / "sink")
     rows = [(sid, o, n, f"v{sid}:{o}", e, r) for sid, o, n, e, r in scenario.sink]
     frame = spark.createDataFrame(rows, SINK_SCHEMA).withColumn("ingested_at", F.current_timestamp())
@@ -400,6 +406,37 @@ def test_balance_is_skipped_with_a_note_for_legacy_hash(spark, unbalanced_state,
     assert "legacy-hash is not balanced" in balance.notes[0]
     assert "{0: 3, 1: 1}" in balance.notes[0]
     assert "skipped" in report.summary()
+
+
+def test_weighted_balance_weighs_the_loads_with_the_weights_the_checkpoint_recorded(spark, tmp_path):
+    """One hot split alone on reader 0, five light ones on reader 1: balanced by measured weight.
+
+    Counted with unit weights the loads are 1 against 5 (out of bounds); with the weights the
+    driver recorded (5 and 1 each) they are 5 against 5. A skew the recorded weights reveal
+    fails even where the counts look fine."""
+    splits = [Split(f"orders-{i}", SUB, 0) for i in range(6)] + [Split("orders-9", SUB, 0, end=3)]
+    cp1 = _checkpoint(1, (s(0, 5),), tuple(s(i, 5) for i in range(1, 6)))
+    sink = _records("orders-9", 0, 3, 1, 0)
+    for i in range(6):
+        sink += _records(f"orders-{i}", 0, 5, 1, 0 if i == 0 else 1)
+    hot = {"orders-0": 5.0, **{f"orders-{i}": 1.0 for i in range(1, 6)}}
+    options = {"strategy": "weighted", "source_splits": splits}
+
+    measured = write(spark, tmp_path / "measured", Scenario([cp1], sink), split_weights=hot)
+    assert measured[0].history.split_weights(1) == hot
+    report = run_checks(spark, *measured, tmp_path / "docs1", **options)
+    assert report.suite("balance").status is SuiteStatus.PASSED, report.summary()
+
+    unweighed = write(spark, tmp_path / "unweighed", Scenario([cp1], sink))  # nothing recorded
+    report = run_checks(spark, *unweighed, tmp_path / "docs2", **options)
+    assert report.suite("balance").status is SuiteStatus.FAILED  # counts: 1 against 5
+
+    # three light splits on reader 0 against one near-idle split: counts pass, weights do not
+    light = {"orders-0": 1.0, "orders-1": 1.0, "orders-2": 1.0, "orders-3": 0.1}
+    skewed = write(spark, tmp_path / "skewed", unbalanced(), split_weights=light)
+    report = run_checks(spark, *skewed, tmp_path / "docs3", strategy="weighted")
+    balance = report.suite("balance")
+    assert balance.status is SuiteStatus.FAILED and balance.failed[0].reader_ids == (0, 1)  # 3 and 0.1
 
 
 # ---------------------------------------------------------------------------------------

@@ -166,9 +166,9 @@ def test_a_table_partitioned_otherwise_is_refused(tmp_path):
 
 
 def _old_checkpoints_table(root: Path) -> pa.Schema:
-    """A checkpoints table as state written before configured_parallelism existed has it."""
+    """A checkpoints table as state written before configured_parallelism and split_weights existed."""
     full = spec("checkpoints").schema
-    old = pa.schema([f for f in full if f.name != "configured_parallelism"])
+    old = pa.schema([f for f in full if f.name not in ("configured_parallelism", "split_weights")])
     DeltaTable.create(str(root / "checkpoints"), old, partition_by=["checkpoint_id"])
     return old
 
@@ -185,10 +185,13 @@ def test_an_older_checkpoints_table_gains_configured_parallelism_and_reads_null_
     assert pa.schema(migrated.schema().to_arrow()).names == spec("checkpoints").schema.names
     assert migrated.history(1)[0]["operation"] == "ADD COLUMN"
     store.commit_checkpoint(decision_for(global_(1)))  # a writer that does not say: NULL
-    store.commit_checkpoint(decision_for(global_(2), configured_parallelism=3))
+    store.commit_checkpoint(
+        decision_for(global_(2), configured_parallelism=3, split_weights={"orders-0": 2.5})
+    )
     again = DeltaStateStore(root, "orders", "files:/in")
     assert again.load_checkpoint(1) == global_(1) and again.load_checkpoint(2) == global_(2)
     assert (again.configured_parallelism(1), again.configured_parallelism(2)) == (None, 3)
+    assert again.history.split_weights(1) == {} and again.history.split_weights(2) == {"orders-0": 2.5}
 
 
 def test_a_read_only_store_reads_rows_of_an_unmigrated_table_with_null_in_the_added_column(tmp_path):
