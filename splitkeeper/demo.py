@@ -22,13 +22,17 @@ The last line printed is ``report: <path of the index page>``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from splitkeeper import resources
 
@@ -50,6 +54,7 @@ class _Narrative:
     def __init__(self) -> None:
         self.out = sys.stdout
         self.log_path: Path | None = None
+        self.console: Any = None  # a rich Console while a live display runs (story lines go through it)
 
     def divert(self, log_path: Path) -> None:
         log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -64,12 +69,51 @@ class _Narrative:
 
     def say(self, text: str) -> None:
         line = f"[demo {time.strftime('%H:%M:%S')}] {text}"
-        print(line, file=self.out, flush=True)
+        if self.console is not None:  # above the live display
+            self.console.print(line, markup=False, highlight=False, soft_wrap=True)
+        else:
+            print(line, file=self.out, flush=True)
         if self.log_path is not None:
             print(line, flush=True)  # fd 1 is the log now
 
     def last(self, text: str) -> None:
         print(text, file=self.out, flush=True)
+
+    def live(self) -> bool:
+        """A live progress display only on a terminal (plain story lines otherwise)."""
+        return self.out.isatty() and os.environ.get("TERM") != "dumb"
+
+    @contextlib.contextmanager
+    def working(self, what: str) -> Iterator[None]:
+        """While a long step runs: on a terminal a rich spinner with the elapsed seconds (the
+        story lines print above it); otherwise nothing, the story lines are the progress."""
+        if not self.live():
+            yield
+            return
+        from rich.console import Console
+        from rich.live import Live
+        from rich.spinner import Spinner
+
+        console = Console(file=self.out)
+        started = time.monotonic()
+        spinner = Spinner("dots", text=what)
+        # no stdout/stderr redirection: fds 1 and 2 are the log, and must stay there
+        with Live(spinner, console=console, transient=True, redirect_stdout=False, redirect_stderr=False):
+            self.console = console
+            stop = threading.Event()
+
+            def tick() -> None:
+                while not stop.wait(1.0):
+                    spinner.update(text=f"{what} ({time.monotonic() - started:.0f}s)")
+
+            ticker = threading.Thread(target=tick, name="demo-progress", daemon=True)
+            ticker.start()
+            try:
+                yield
+            finally:
+                stop.set()
+                ticker.join()
+                self.console = None
 
 
 _STORY = _Narrative()
@@ -200,7 +244,8 @@ def _run_dag(name: str, conf: dict, config: str | None = None) -> None:
     before = tasks.next_epoch(path)
     _say(f"DAG run {name} {conf}")
     started = time.monotonic()
-    run = _dag(name).test(run_conf=conf)
+    with _STORY.working(f"DAG run {name}: running its tasks"):
+        run = _dag(name).test(run_conf=conf)
     if run.state != "success":
         where = f"; the task logs are in {_STORY.log_path}" if _STORY.log_path else ""
         raise SystemExit(f"{name} ended {run.state}{where}")
