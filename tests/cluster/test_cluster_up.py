@@ -693,6 +693,13 @@ def test_e2e_kafka_pipeline_runs_until_caught_up_on_the_workers(cluster, monkeyp
     assert 2 <= checked["checkpoint_id"] < 10, checked
     args = api.task(ingest, run, "run_epochs")["rendered_fields"]["application_args"]
     assert args[1:4] == [str(cluster.root / "e2e" / "kafka.yaml"), "--epochs=10", "--until-caught-up"], args
+    # the report task's "Run report" link (the splitkeeper plugin), served by the API server itself
+    links = api.call("GET", f"/api/v2/dags/{ingest}/dagRuns/{run}/taskInstances/report/links")
+    link = links["extra_links"]["Run report"]
+    assert link.startswith("/splitkeeper/report/"), links
+    with urllib.request.urlopen(f"{cluster.airflow_url()}{link}", timeout=30) as response:
+        page = response.read().decode()
+    assert response.status == 200 and "e2e-kafka" in page and "chart-timeline" in page
     with Phase("e2e kafka: sink check"):
         _assert_exactly_once(_sink_rows(config), list(producer.delivered.values()))
 

@@ -165,6 +165,32 @@ def test_recover_rejects_bad_params_at_trigger(airflow_db, conf, fragment):
     assert fragment in str(err.value)
 
 
+def _the_report_is_reachable_from_the_report_task(run_id: str) -> None:
+    """The plugin's "Run report" link on the report task, served by its FastAPI app (what the API
+    server mounts under /splitkeeper) from the task's XCom in the metadata database."""
+    from urllib.parse import quote
+
+    from airflow.models.taskinstancekey import TaskInstanceKey
+    from fastapi.testclient import TestClient
+
+    from splitkeeper.orchestration.plugin import URL_PREFIX, RunReportLink, app
+
+    link = RunReportLink().get_link(None, ti_key=TaskInstanceKey("splitkeeper_ingest", "report", run_id))
+    assert link == f"{URL_PREFIX}/report/splitkeeper_ingest/{quote(run_id, safe='')}"
+    assert (
+        RunReportLink().get_link(None, ti_key=TaskInstanceKey("splitkeeper_ingest", "validate", run_id)) == ""
+    )
+    client = TestClient(app)
+    page = client.get(link.removeprefix(URL_PREFIX))
+    assert page.status_code == 200 and "dagtest" in page.text and "chart-timeline" in page.text
+    missing = client.get("/report/splitkeeper_ingest/no-such-run")
+    assert missing.status_code == 404 and "its report task has not run" in missing.text
+    index = client.get("/pipelines")
+    assert index.status_code == 200 and 'href="dagtest/report.html"' in index.text
+    assert client.get("/dagtest/report.html").status_code == 200  # where the pipelines page links
+    assert client.get("/..%2F..%2Fetc/report.html").status_code == 404  # nothing outside the folder
+
+
 @pytest.mark.spark
 @pytest.mark.slow
 def test_ingest_with_a_region_failure_then_recover_and_rescale(airflow_db, spark, tmp_path, monkeypatch):
@@ -183,6 +209,7 @@ def test_ingest_with_a_region_failure_then_recover_and_rescale(airflow_db, spark
     kinds = [t.kind.value for t in store.history.timeline()]
     assert kinds[:2] == ["global", "regional"]
     assert (tmp_path / "reports" / "dagtest" / "report.html").exists()
+    _the_report_is_reachable_from_the_report_task(run.run_id)
     before = store.checkpoint_ids()
 
     dry = load_dag("splitkeeper_recover").test(run_conf={"dry_run": True, "parallelism": 3})
