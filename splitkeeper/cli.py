@@ -56,8 +56,25 @@ def package_version() -> str:
         return "unknown (not installed: pip install the wheel, or bash scripts/setup.sh in a checkout)"
 
 
+EXAMPLES = """\
+examples:
+  splitkeeper run      --config orders.yaml --epochs 5          # five epochs, then exit
+  splitkeeper run      --config orders.yaml --continuous        # until 'splitkeeper stop' or SIGTERM
+  splitkeeper status   --config orders.yaml [--json|--metrics]  # checkpoints, owners, backlog
+  splitkeeper recover  --config orders.yaml --parallelism 3 --dry-run   # what a rescale would do
+  splitkeeper validate --config orders.yaml                     # the restart checks (exit 1 on a failure)
+  splitkeeper report   --config orders.yaml                     # the run report: report: <path>
+  splitkeeper COMMAND --help                                    # every option of a command
+"""
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="splitkeeper", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="splitkeeper",
+        description=__doc__.splitlines()[0],
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument(
         "--version", action="version", version=f"%(prog)s {package_version()}", help="print the version"
     )

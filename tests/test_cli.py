@@ -22,6 +22,10 @@ def test_help_lists_version_and_every_command(capsys: pytest.CaptureFixture[str]
     out = capsys.readouterr().out
     assert "--version" in out
     assert all(name in out for name in COMMANDS)
+    examples = out.split("examples:")[1].splitlines()
+    for line in examples:  # every example names a real command
+        if line.strip().startswith("splitkeeper ") and "COMMAND" not in line:
+            assert line.split()[1] in COMMANDS, line
 
 
 @pytest.mark.parametrize("name", sorted(COMMANDS))
