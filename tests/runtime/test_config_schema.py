@@ -1,0 +1,125 @@
+"""The pydantic schema of the pipeline file: its JSON Schema, the example configs, the CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+
+from splitkeeper import demo
+from splitkeeper.cli import main
+from splitkeeper.errors import ConfigError
+from splitkeeper.runtime.config import STRATEGY_NAMES, config_from_mapping, load_config
+from splitkeeper.runtime.config_schema import PipelineFile, json_schema
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = sorted((ROOT / "examples").glob("*_pipeline.*"))
+
+
+def _parsed(path: Path) -> Any:
+    text = path.read_text(encoding="utf-8")
+    data = tomllib.loads(text) if path.suffix == ".toml" else yaml.safe_load(text)
+    return json.loads(json.dumps(data))  # as JSON has it: mapping keys are strings
+
+
+def _demo_configs(tmp_path: Path) -> list[Path]:
+    return [demo._config(tmp_path), demo._stream_config(tmp_path, "127.0.0.1:9092")]
+
+
+def test_the_schema_is_valid_json_schema_2020_12() -> None:
+    schema = json_schema()
+    jsonschema.Draft202012Validator.check_schema(schema)
+    assert schema["$schema"] == "https://json-schema.org/draft/2020-12/schema"
+    assert schema["additionalProperties"] is False
+    assert sorted(schema["required"]) == ["name", "sink", "source", "state"]
+    assert schema["properties"]["strategy"]["enum"] == list(STRATEGY_NAMES)
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_the_example_configs_validate_against_the_schema_and_load(path: Path) -> None:
+    assert len(EXAMPLES) == 3
+    jsonschema.validate(_parsed(path), json_schema())
+    assert load_config(path).name
+
+
+def test_the_demo_configs_validate_against_the_schema_and_load(tmp_path: Path) -> None:
+    for path in _demo_configs(tmp_path):
+        jsonschema.validate(_parsed(path), json_schema())
+        assert load_config(path).name.startswith("demo-")
+
+
+@pytest.mark.parametrize(
+    ("change", "key"),
+    [
+        ({"paralelism": 2}, "paralelism"),
+        ({"regions": "globl"}, "regions"),
+        ({"strategy": "least_loaded"}, "strategy"),
+        ({"parallelism": "4"}, "parallelism"),
+        ({"checkpoint": {"on_split_failure": "park"}}, "checkpoint.on_split_failure"),
+        ({"lease": {"ttl_s": 0}}, "lease.ttl_s"),
+        ({"name": "my pipeline"}, "name"),
+    ],
+)
+def test_what_the_schema_rejects_the_loader_rejects_naming_the_same_key(
+    tmp_path: Path, change: dict[str, Any], key: str
+) -> None:
+    data = {
+        "name": "orders",
+        "source": {"kind": "files", "path": "in"},
+        "state": {"path": "state"},
+        "sink": {"path": "sink"},
+        **change,
+    }
+    errors = list(jsonschema.Draft202012Validator(json_schema()).iter_errors(data))
+    assert errors, f"the JSON Schema accepts {change}"
+    with pytest.raises(ConfigError) as info:
+        config_from_mapping(data, base_dir=tmp_path)
+    assert info.value.params["key"] == key
+
+
+def test_unknown_keys_list_exactly_the_schema_properties_of_their_section(tmp_path: Path) -> None:
+    schema = json_schema()
+    data = {"name": "o", "source": {"kind": "files", "path": "in", "pth": 1}, "state": {"path": "s"}}
+    with pytest.raises(ConfigError) as info:
+        config_from_mapping({**data, "sink": {"path": "k"}}, base_dir=tmp_path)
+    source_keys = tuple(schema["$defs"]["SourceSection"]["properties"])
+    assert info.value.params["allowed"] == source_keys
+    assert "did you mean 'source.path'?" in info.value.message
+    with pytest.raises(ConfigError) as info:
+        config_from_mapping(
+            {**data, "source": {"kind": "files", "path": "in"}, "sinks": {}}, base_dir=tmp_path
+        )
+    assert info.value.params["allowed"] == tuple(schema["properties"]) == tuple(PipelineFile.model_fields)
+
+
+def test_config_schema_prints_the_schema(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["config", "schema"]) == 0
+    assert json.loads(capsys.readouterr().out) == json_schema()
+
+
+def test_config_schema_out_writes_the_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "pipeline.schema.json"
+    assert main(["config", "schema", "--out", str(out)]) == 0
+    assert str(out) in capsys.readouterr().out
+    assert json.loads(out.read_text()) == json_schema()
+    assert main(["config", "schema", "--out", str(tmp_path / "no" / "such" / "dir.json")]) == 2
+    assert "cannot be written" in capsys.readouterr().err
+
+
+def test_the_console_script_prints_the_schema() -> None:
+    script = Path(sys.executable).parent / "splitkeeper"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [str(script), "config", "schema"], capture_output=True, text=True, env=env, check=True
+    )
+    assert json.loads(done.stdout)["title"] == "splitkeeper pipeline"
+    bad = subprocess.run([str(script), "config", "check"], capture_output=True, text=True, env=env)
+    assert bad.returncode == 2 and "invalid choice: 'check'" in bad.stderr
