@@ -290,11 +290,17 @@ def _plain(value: Any) -> Any:
 # --------------------------------------------------------------------------- loading
 
 
-def load_config(path: str | os.PathLike[str], env: Mapping[str, str] | None = None) -> PipelineConfig:
+def load_config(
+    path: str | os.PathLike[str],
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> PipelineConfig:
     """Read and validate a pipeline config file (``.yaml``, ``.yml`` or ``.toml``).
 
     Relative paths inside the file resolve against the file's directory; ``${NAME}``
     references take their values from ``env`` (default: this process's environment).
+    ``overrides`` (the ingest DAG's ``pipeline`` Param) is merged onto the file, section by
+    section, before validation; only the sections :data:`OVERRIDABLE` names may be given.
     Raises :class:`ConfigError` for a missing/unreadable file, a syntax error
     or any invalid value.
     """
@@ -327,7 +333,45 @@ def load_config(path: str | os.PathLike[str], env: Mapping[str, str] | None = No
             data = yaml.safe_load(text)
         except yaml.YAMLError as err:
             raise ConfigError(f"{file}: not valid YAML: {err}", key="", value=str(file)) from err
+    if overrides is not None:
+        data = apply_overrides(data, overrides, str(file))
     return config_from_mapping(data, base_dir=file.parent, origin=str(file), env=env)
+
+
+#: The sections a run may override (the ingest DAG's ``pipeline`` Param): tuning only, never
+#: what identifies the pipeline or its data (name, source, state, sink, parallelism, strategy).
+OVERRIDABLE: tuple[str, ...] = ("checkpoint", "backlog", "lease", "notifications", "metrics")
+
+
+def apply_overrides(data: Any, overrides: Any, origin: str = "pipeline config") -> Any:
+    """``data`` with each section of ``overrides`` merged onto its own (keys of the override win).
+
+    ConfigError names ``pipeline.<key>`` for a section that may not be overridden or is no
+    mapping; the merged mapping is validated as a whole afterwards (same messages as a file).
+    """
+    allowed = "a mapping of sections to override: " + ", ".join(OVERRIDABLE)
+    if not isinstance(overrides, Mapping):
+        raise ConfigError(
+            f"pipeline={overrides!r} is not allowed: {allowed} ({origin})",
+            key="pipeline",
+            value=overrides,
+            allowed=allowed,
+        )
+    if not isinstance(data, Mapping):
+        return data  # config_from_mapping names the mistake
+    merged = dict(data)
+    for key, value in overrides.items():
+        if key not in OVERRIDABLE or not isinstance(value, Mapping):
+            reason = "a mapping" if key in OVERRIDABLE else "a section a run may override"
+            raise ConfigError(
+                f"pipeline.{key}={value!r} is not allowed: {allowed} ({origin}); {key} is not {reason}",
+                key=f"pipeline.{key}",
+                value=value,
+                allowed=allowed,
+            )
+        section = data.get(key)
+        merged[key] = {**(section if isinstance(section, Mapping) else {}), **value}
+    return merged
 
 
 def expand_env(data: Any, env: Mapping[str, str] | None = None, origin: str = "pipeline config") -> Any:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import difflib
 import enum
+import json
 from collections.abc import Mapping
 from dataclasses import MISSING, fields
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar
@@ -278,6 +279,24 @@ def json_schema() -> dict[str, Any]:
     """The JSON Schema (draft 2020-12) of a pipeline file."""
     schema = PipelineFile.model_json_schema(mode="validation")
     return {"$schema": "https://json-schema.org/draft/2020-12/schema", "$id": SCHEMA_ID, **schema}
+
+
+def overrides_json_schema() -> dict[str, Any]:
+    """The JSON Schema of a run's overrides (the ingest DAG's ``pipeline`` Param): the
+    sections of :data:`~splitkeeper.runtime.config.OVERRIDABLE`, each as in the file."""
+    schema = PipelineFile.model_json_schema(mode="validation")
+    properties = {key: schema["properties"][key] for key in _config.OVERRIDABLE}
+    used = json.dumps(properties)
+    defs = {name: d for name, d in schema["$defs"].items() if f'"#/$defs/{name}"' in used}
+    for d in list(defs.values()):  # one level of nesting: a section's enums
+        text = json.dumps(d)
+        defs.update({n: x for n, x in schema["$defs"].items() if f'"#/$defs/{n}"' in text})
+    return {
+        "type": "object",
+        "properties": properties,
+        "additionalProperties": False,
+        "$defs": defs,
+    }
 
 
 # --------------------------------------------------------------------------- validation

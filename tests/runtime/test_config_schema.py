@@ -123,3 +123,56 @@ def test_the_console_script_prints_the_schema() -> None:
     assert json.loads(done.stdout)["title"] == "splitkeeper pipeline"
     bad = subprocess.run([str(script), "config", "check"], capture_output=True, text=True, env=env)
     assert bad.returncode == 2 and "invalid choice: 'check'" in bad.stderr
+
+
+def test_a_runs_overrides_merge_onto_their_sections_and_are_validated_with_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "p.yaml"
+    path.write_text(
+        "name: o\nsource: {kind: files, path: in}\nstate: {path: s}\nsink: {path: k}\n"
+        "backlog: {backlog_epoch_records: 500, normal_epoch_records: 50}\n"
+    )
+    config = load_config(path, overrides={"backlog": {"normal_epoch_records": 7}, "lease": {"ttl_s": 5}})
+    assert (config.backlog.backlog_epoch_records, config.backlog.normal_epoch_records) == (500, 7)
+    assert config.lease_ttl_s == 5.0 and load_config(path).backlog.normal_epoch_records == 50
+    with pytest.raises(ConfigError) as info:
+        load_config(path, overrides={"sink": {"path": "elsewhere"}})
+    assert info.value.params["key"] == "pipeline.sink"
+    assert "checkpoint, backlog, lease, notifications, metrics" in info.value.message
+    with pytest.raises(ConfigError) as info:
+        load_config(path, overrides={"backlog": {"normal_epoch_record": 7}})
+    assert "did you mean 'backlog.normal_epoch_records'?" in info.value.message
+    with pytest.raises(ConfigError, match=r"pipeline=\[\] is not allowed: a mapping of sections"):
+        load_config(path, overrides=[])  # type: ignore[arg-type]
+
+
+def test_the_overrides_schema_is_the_files_own_for_those_sections() -> None:
+    from splitkeeper.runtime.config import OVERRIDABLE
+    from splitkeeper.runtime.config_schema import overrides_json_schema
+
+    schema = overrides_json_schema()
+    jsonschema.Draft202012Validator.check_schema(schema)
+    full = json_schema()
+    assert tuple(schema["properties"]) == OVERRIDABLE
+    for key in OVERRIDABLE:
+        assert schema["properties"][key] == full["properties"][key]
+    for name, definition in schema["$defs"].items():
+        assert definition == full["$defs"][name]
+    jsonschema.validate({"checkpoint": {"on_split_failure": "quarantine", "quarantine_after": 2}}, schema)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({"source": {"kind": "files"}}, schema)
+
+
+def test_the_run_command_takes_the_overrides_as_json(tmp_path: Path) -> None:
+    import argparse
+
+    from splitkeeper.commands import run as run_command
+
+    path = tmp_path / "p.yaml"
+    path.write_text("name: o\nsource: {kind: files, path: in}\nstate: {path: s}\nsink: {path: k}\n")
+    parser = argparse.ArgumentParser()
+    run_command.configure(parser)
+    args = parser.parse_args(["--config", str(path), "--pipeline-json", '{"lease": {"ttl_s": 9}}'])
+    assert run_command._load(args).lease_ttl_s == 9.0
+    args = parser.parse_args(["--config", str(path), "--pipeline-json", '{"lease": {"ttl_s": 0}}'])
+    with pytest.raises(ConfigError, match=r"lease.ttl_s=0 is not allowed: a number of seconds > 0"):
+        run_command._load(args)
