@@ -330,22 +330,23 @@ def did_you_mean(word: str, choices: tuple[str, ...] | list[str], prefix: str = 
 _UNION_TAGS = frozenset({"str", "int", "float", "bool", "none", "constrained-str"})
 
 
-def _walk(loc: tuple[int | str, ...]) -> tuple[type[BaseModel], FieldInfo | None, list[str]]:
-    """The model holding the last named field of ``loc``, that field, and the dotted key parts."""
-    model: type[BaseModel] = PipelineFile
-    holder, info = model, None
+def _walk(loc: tuple[int | str, ...]) -> tuple[FieldInfo | None, list[str]]:
+    """The field the last named part of ``loc`` is (None past a mapping of free keys), and the
+    dotted key's parts."""
+    model: type[BaseModel] | None = PipelineFile
+    info: FieldInfo | None = None
     parts: list[str] = []
     for item in loc:
         if isinstance(item, str) and (item in _UNION_TAGS or "[" in item):
             continue  # "[key]", and the branch of a union pydantic tried ("str", "list[str]")
         parts.append(str(item))
         if model is not None and isinstance(item, str) and item in model.model_fields:
-            holder, info = model, model.model_fields[item]
+            info = model.model_fields[item]
             nested = info.annotation
-            model = nested if isinstance(nested, type) and issubclass(nested, BaseModel) else None  # type: ignore[assignment]
+            model = nested if isinstance(nested, type) and issubclass(nested, BaseModel) else None
         else:
-            model = None  # type: ignore[assignment]
-    return holder, info, parts
+            model = None
+    return info, parts
 
 
 def _allowed(info: FieldInfo | None) -> str:
@@ -369,7 +370,7 @@ def _choices(info: FieldInfo | None) -> list[str]:
 
 def _config_error(error: Any, where: str) -> ConfigError:
     loc: tuple[int | str, ...] = tuple(error["loc"])
-    _holder, info, parts = _walk(loc)
+    info, parts = _walk(loc)
     dotted = ".".join(parts)
     value = error.get("input")
     if "client" in parts[:2] and parts[0] == "source":
@@ -405,7 +406,7 @@ def _config_error(error: Any, where: str) -> ConfigError:
     choices = _choices(info)
     if choices and isinstance(value, str):
         hint = did_you_mean(value, choices)
-    elif kind.endswith(_TYPE_ERRORS) or kind in ("enum", "value_error") and not isinstance(value, str):
+    elif kind.endswith(_TYPE_ERRORS) or (kind in ("enum", "value_error") and not isinstance(value, str)):
         hint = f"got {type_name(value)}"
     message = f"{dotted}={value!r} is not allowed: {allowed}"
     if hint:

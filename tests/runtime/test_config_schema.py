@@ -176,3 +176,53 @@ def test_the_run_command_takes_the_overrides_as_json(tmp_path: Path) -> None:
     args = parser.parse_args(["--config", str(path), "--pipeline-json", '{"lease": {"ttl_s": 0}}'])
     with pytest.raises(ConfigError, match=r"lease.ttl_s=0 is not allowed: a number of seconds > 0"):
         run_command._load(args)
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        (
+            {"strategy": "weighted", "weighted": {"capacities": {"x": 2}}},
+            "weighted.capacities.x='x' is not allowed: a mapping of reader id (an integer >= 0) to a "
+            "capacity",
+        ),
+        (
+            {"source": {"kind": "kafka", "bootstrap_servers": 5, "topics": ["t"]}},
+            "source.bootstrap_servers=5 is not allowed: 'host:port[,host:port...]' or a list of 'host:port'; "
+            "got an integer",
+        ),
+        (
+            {"source": {"kind": "kafka", "bootstrap_servers": "b:1", "topics": ["t"], "client": "pw=1"}},
+            "source.client='<not shown>' is not allowed: a mapping of Kafka client settings",
+        ),
+        ({"maintenance": {"history_hours": -1}}, "maintenance.history_hours=-1 is not allowed: hours >= 0"),
+        (
+            {"checkpoint": {"on_split_failure": 3}},
+            "checkpoint.on_split_failure=3 is not allowed: one of stall, ",
+        ),
+        ({"name": None}, "name is required but missing"),
+    ],
+)
+def test_pydantic_errors_read_as_the_house_messages(
+    tmp_path: Path, change: dict[str, Any], expected: str
+) -> None:
+    data = {
+        "name": "o",
+        "source": {"kind": "files", "path": "in"},
+        "state": {"path": "s"},
+        "sink": {"path": "k"},
+    }
+    with pytest.raises(ConfigError) as info:
+        config_from_mapping({**data, **change}, base_dir=tmp_path)
+    assert expected in info.value.message and "pw=1" not in info.value.message
+
+
+def test_a_null_value_counts_as_not_given(tmp_path: Path) -> None:
+    data = {
+        "name": "o",
+        "source": {"kind": "files", "path": "in"},
+        "state": {"path": "s"},
+        "sink": {"path": "k"},
+    }
+    config = config_from_mapping({**data, "parallelism": None, "lease": {"ttl_s": None}}, base_dir=tmp_path)
+    assert (config.parallelism, config.lease_ttl_s) == (1, 60.0)
