@@ -21,6 +21,7 @@ from splitkeeper.orchestration.airflow import (
     DagPipeline,
     cluster_master,
     dag_pipelines,
+    pipeline_param,
     spark_submit_epoch_task,
 )
 
@@ -58,6 +59,7 @@ def ingest_dag(pipeline: DagPipeline) -> DAG:
                 description="faults to inject (demos): fail:REGION@EPOCH, flaky:REGION@EPOCH or "
                 "stall[:SECONDS]:REGION@EPOCH",
             ),
+            "pipeline": pipeline_param(),
         },
         tags=["splitkeeper"],
     ) as dag:
@@ -72,6 +74,7 @@ def ingest_dag(pipeline: DagPipeline) -> DAG:
                 faults=tuple(params.get("faults", ())),
                 until_caught_up=bool(params.get("until_caught_up", True)),
                 continuous=bool(params.get("continuous", False)),
+                pipeline=params.get("pipeline") or None,
             )
 
         @task

@@ -25,6 +25,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("splitkeeper.commands.run", "run epochs of a pipeline"),
     "status": ("splitkeeper.commands.status", "show checkpoints, ownership and backlog state"),
     "recover": ("splitkeeper.commands.recover", "restore from a checkpoint (global or rescale)"),
+    "config": ("splitkeeper.commands.config", "print the JSON Schema of the pipeline file (config schema)"),
     "validate": ("splitkeeper.commands.validate", "check the restart invariants on state and sink"),
     "report": ("splitkeeper.commands.report", "render the run report (HTML with charts) from state and sink"),
     "maintain": ("splitkeeper.commands.maintain", "compact and VACUUM the state tables and the sink"),

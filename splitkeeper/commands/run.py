@@ -7,6 +7,7 @@ import json
 
 from splitkeeper.commands.common import add_config_argument, add_fault_argument, load
 from splitkeeper.errors import InvalidParameterError
+from splitkeeper.runtime.config import PipelineConfig, load_config
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -41,6 +42,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         metavar="JSON",
         help="faults as a JSON list, e.g. '[\"fail:1@3\"]' (what the ingest DAG passes to spark-submit)",
     )
+    parser.add_argument(
+        "--pipeline-json",
+        default=None,
+        metavar="JSON",
+        help="this run's overrides of the config's tuning sections, a JSON object, e.g. "
+        '\'{"backlog": {"normal_epoch_records": 5000}}\' (the ingest DAG\'s pipeline Param)',
+    )
     parser.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
 
 
@@ -62,10 +70,21 @@ def _faults(args: argparse.Namespace) -> list[str]:
     return faults
 
 
+def _load(args: argparse.Namespace) -> PipelineConfig:
+    """The config with the run's ``--pipeline-json`` overrides (validated with the file)."""
+    if not args.pipeline_json:
+        return load(args)
+    try:
+        overrides = json.loads(args.pipeline_json)
+    except json.JSONDecodeError as err:
+        raise InvalidParameterError("--pipeline-json", args.pipeline_json, "a JSON object") from err
+    return load_config(args.config, overrides=overrides)
+
+
 def run(args: argparse.Namespace) -> int:
     from splitkeeper.app import services
 
-    config = load(args)
+    config = _load(args)
     result = services.run(
         config,
         epochs=args.epochs,

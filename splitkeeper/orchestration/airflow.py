@@ -49,6 +49,25 @@ def _load(path: str) -> Any:
         return None
 
 
+def pipeline_param() -> Any:
+    """The ingest DAG's ``pipeline`` Param: this run's overrides of the config's tuning sections.
+
+    Its JSON Schema is generated from the config models (``splitkeeper config schema``), so the
+    trigger form (and the API) rejects an unknown key or a wrong type before the run starts; the
+    run then validates the merged config with the file (the core's ranges, cross-key rules).
+    """
+    from airflow.sdk import Param
+
+    from splitkeeper.runtime.config_schema import overrides_json_schema
+
+    return Param(
+        {},
+        description="override config sections for this run only, e.g. "
+        '{"backlog": {"normal_epoch_records": 5000}}: ' + ", ".join(overrides_json_schema()["properties"]),
+        **overrides_json_schema(),
+    )
+
+
 def _asset_uri(location: str) -> str:
     if "://" in location:
         return "s3://" + location.split("://", 1)[1] if location.startswith("s3a://") else location
@@ -173,7 +192,7 @@ def spark_submit_epoch_task(task_id: str, pipeline: DagPipeline) -> Any:
     """The epoch job through SparkSubmitOperator (apache-airflow-providers-apache-spark).
 
     Every Param of the ingest DAG reaches the job: ``application_args`` are templated
-    (epochs, until_caught_up, continuous, faults as JSON).
+    (epochs, until_caught_up, continuous, faults and the pipeline overrides as JSON).
     """
     from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 
@@ -189,6 +208,8 @@ def spark_submit_epoch_task(task_id: str, pipeline: DagPipeline) -> Any:
             "else '--no-until-caught-up' }}",
             "--faults-json",
             "{{ params.faults | tojson }}",
+            "--pipeline-json",
+            "{{ params.pipeline | tojson }}",
         ],
         jars=os.environ.get("SPLITKEEPER_SPARK_JARS"),
         py_files=os.environ.get("SPLITKEEPER_PY_FILES"),

@@ -41,8 +41,8 @@ def config_path(explicit: str | None = None) -> str:
     return path.strip(os.pathsep)
 
 
-def _config(path: str | None) -> PipelineConfig:
-    return load_config(config_path(path))
+def _config(path: str | None, overrides: Mapping[str, Any] | None = None) -> PipelineConfig:
+    return load_config(config_path(path), overrides=overrides)
 
 
 # -- scheduled ingest ------------------------------------------------------------------------
@@ -54,6 +54,7 @@ def run_epochs(
     faults: tuple[str, ...] = (),
     until_caught_up: bool = True,
     continuous: bool = False,
+    pipeline: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Open the pipeline once (recover a half-done epoch, restore), discover, run epochs.
 
@@ -61,12 +62,15 @@ def run_epochs(
     unbounded source (Kafka) stops, with ``until_caught_up``, at the global checkpoint
     where every split reached the end it had when the task began; ``epochs`` caps it.
     ``continuous`` runs on the backlog/normal checkpoint intervals until the task is
-    cancelled (SIGTERM), then ends on a global checkpoint.
+    cancelled (SIGTERM), then ends on a global checkpoint. ``pipeline``: this run's overrides
+    of the config's tuning sections (the DAG's ``pipeline`` Param), validated with the file
+    before anything runs (ConfigError names the dotted key).
     """
+    config = _config(path, pipeline)
     if continuous:
-        result = services.run(_config(path), faults=faults, continuous=True)
+        result = services.run(config, faults=faults, continuous=True)
     else:
-        result = services.run(_config(path), epochs=epochs, faults=faults, until_caught_up=until_caught_up)
+        result = services.run(config, epochs=epochs, faults=faults, until_caught_up=until_caught_up)
     return result.to_dict()
 
 

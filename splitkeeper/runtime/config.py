@@ -44,24 +44,25 @@ Shape of a file (YAML)::
 cluster's env file exports); an unset variable is a mistake naming the key; ``$${``
 stands for a literal ``${``. Values from the environment are never shown in messages.
 
-This module imports the standard library and the protocol core (PyYAML lazily,
-for YAML files).
+The shape of the file (every key, its type, its choices) is defined once, by the pydantic
+models of :mod:`splitkeeper.runtime.config_schema` (imported lazily, when a config is
+validated; ``splitkeeper config schema`` prints their JSON Schema); this module builds the
+immutable :class:`PipelineConfig` from them and checks the rules that span keys. It imports
+the standard library and the protocol core (PyYAML and pydantic lazily).
 """
 
 from __future__ import annotations
 
-import difflib
 import enum
-import math
 import os
 import re
 import tomllib
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, TypeVar
 
-from splitkeeper.core.assignment import STRATEGIES, validate_parallelism
+from splitkeeper.core.assignment import STRATEGIES
 from splitkeeper.core.backlog import BacklogConfig
 from splitkeeper.core.checkpoint import CheckpointConfig
 from splitkeeper.core.rescale import Redistribution
@@ -74,10 +75,8 @@ STRATEGY_NAMES: tuple[str, ...] = tuple(sorted(STRATEGIES))
 
 IDENTITY_TRANSFORM = "splitkeeper.runtime.transforms:identity"
 
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _URI_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 _HOST_PORT_RE = re.compile(r"^[^\s:,]+:\d{1,5}$")
-_TRANSFORM_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 _ENV_REF_RE = re.compile(r"\$\$\{|\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
@@ -291,11 +290,17 @@ def _plain(value: Any) -> Any:
 # --------------------------------------------------------------------------- loading
 
 
-def load_config(path: str | os.PathLike[str], env: Mapping[str, str] | None = None) -> PipelineConfig:
+def load_config(
+    path: str | os.PathLike[str],
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> PipelineConfig:
     """Read and validate a pipeline config file (``.yaml``, ``.yml`` or ``.toml``).
 
     Relative paths inside the file resolve against the file's directory; ``${NAME}``
     references take their values from ``env`` (default: this process's environment).
+    ``overrides`` (the ingest DAG's ``pipeline`` Param) is merged onto the file, section by
+    section, before validation; only the sections :data:`OVERRIDABLE` names may be given.
     Raises :class:`ConfigError` for a missing/unreadable file, a syntax error
     or any invalid value.
     """
@@ -328,7 +333,45 @@ def load_config(path: str | os.PathLike[str], env: Mapping[str, str] | None = No
             data = yaml.safe_load(text)
         except yaml.YAMLError as err:
             raise ConfigError(f"{file}: not valid YAML: {err}", key="", value=str(file)) from err
+    if overrides is not None:
+        data = apply_overrides(data, overrides, str(file))
     return config_from_mapping(data, base_dir=file.parent, origin=str(file), env=env)
+
+
+#: The sections a run may override (the ingest DAG's ``pipeline`` Param): tuning only, never
+#: what identifies the pipeline or its data (name, source, state, sink, parallelism, strategy).
+OVERRIDABLE: tuple[str, ...] = ("checkpoint", "backlog", "lease", "notifications", "metrics")
+
+
+def apply_overrides(data: Any, overrides: Any, origin: str = "pipeline config") -> Any:
+    """``data`` with each section of ``overrides`` merged onto its own (keys of the override win).
+
+    ConfigError names ``pipeline.<key>`` for a section that may not be overridden or is no
+    mapping; the merged mapping is validated as a whole afterwards (same messages as a file).
+    """
+    allowed = "a mapping of sections to override: " + ", ".join(OVERRIDABLE)
+    if not isinstance(overrides, Mapping):
+        raise ConfigError(
+            f"pipeline={overrides!r} is not allowed: {allowed} ({origin})",
+            key="pipeline",
+            value=overrides,
+            allowed=allowed,
+        )
+    if not isinstance(data, Mapping):
+        return data  # config_from_mapping names the mistake
+    merged = dict(data)
+    for key, value in overrides.items():
+        if key not in OVERRIDABLE or not isinstance(value, Mapping):
+            reason = "a mapping" if key in OVERRIDABLE else "a section a run may override"
+            raise ConfigError(
+                f"pipeline.{key}={value!r} is not allowed: {allowed} ({origin}); {key} is not {reason}",
+                key=f"pipeline.{key}",
+                value=value,
+                allowed=allowed,
+            )
+        section = data.get(key)
+        merged[key] = {**(section if isinstance(section, Mapping) else {}), **value}
+    return merged
 
 
 def expand_env(data: Any, env: Mapping[str, str] | None = None, origin: str = "pipeline config") -> Any:
@@ -372,7 +415,11 @@ def config_from_mapping(
 
     ``base_dir`` is where relative paths resolve (default: the working directory); ``env``
     gives the values of ``${NAME}`` references (default: this process's environment).
+    The shape (keys, types, choices, ranges) is the pydantic schema's
+    (:mod:`splitkeeper.runtime.config_schema`); the cross-key rules are checked here.
     """
+    from splitkeeper.runtime.config_schema import validate_shape
+
     where = origin or "pipeline config"
     data = expand_env(data, env, where)
     if not isinstance(data, Mapping):
@@ -382,280 +429,148 @@ def config_from_mapping(
             value=data,
         )
     base = Path(base_dir if base_dir is not None else os.getcwd()).expanduser().resolve()
-    top = _Section(data, "", where, base, _TOP_KEYS)
+    file = validate_shape(data, where)
+    at = _Where(where, base)
 
-    name = top.string("name", required=True, allowed="a pipeline name: letters, digits, '_', '.', '-' (1-64)")
-    if not _NAME_RE.match(name):
-        raise top.invalid(
-            "name", name, "letters, digits, '_', '.', '-', starting with a letter or digit (1-64)"
-        )
-
-    source = _source(top.section("source", _SOURCE_KEYS, required=True))
-    parallelism = top.core(validate_parallelism, top.raw("parallelism", default=1))
-    regions = top.choice("regions", RegionMode, RegionMode.PER_READER)
-    strategy = top.string("strategy", default="least-loaded", allowed="one of " + ", ".join(STRATEGY_NAMES))
-    if strategy not in STRATEGY_NAMES:
-        hint = _did_you_mean(strategy, STRATEGY_NAMES)
-        raise top.invalid("strategy", strategy, "one of " + ", ".join(STRATEGY_NAMES), hint)
-
-    cp = top.section("checkpoint", _CHECKPOINT_KEYS)
-    checkpoint = cp.core(
-        CheckpointSettings,
-        regions_independent=regions is RegionMode.PER_READER,
-        **{
-            **cp.values(),
-            "on_split_failure": cp.choice("on_split_failure", SplitFailurePolicy, SplitFailurePolicy.STALL),
-        },
-    )
-    bl = top.section("backlog", _BACKLOG_KEYS)
-    backlog = bl.core(BacklogConfig, **bl.values())
-    operator_state = top.section("rescale", _RESCALE_KEYS).choice(
-        "operator_state", OperatorState, OperatorState.EVEN_SPLIT
-    )
-    capacities, rebalance_threshold = _weighted(top.section("weighted", _WEIGHTED_KEYS), strategy)
-    lease_ttl_s = top.section("lease", _LEASE_KEYS).seconds("ttl_s") or 60.0
-    maintenance = top.section("maintenance", _MAINTENANCE_KEYS)
-    history_hours = maintenance.raw("history_hours", default=168.0)
-    if (
-        isinstance(history_hours, bool)
-        or not isinstance(history_hours, int | float)
-        or not history_hours >= 0
-    ):
-        raise maintenance.invalid(
-            "history_hours",
-            history_hours,
-            "hours >= 0: VACUUM keeps the files removed less than this long ago (time travel reaches back "
-            "that far)",
-        )
-    metrics = top.section("metrics", _METRICS_KEYS)
-    otlp_endpoint = metrics.string("otlp_endpoint", default=None, allowed="an http(s):// URL")
-    if otlp_endpoint is not None and not re.match(r"^https?://[^\s/]+", otlp_endpoint):
-        raise metrics.invalid(
-            "otlp_endpoint",
-            otlp_endpoint,
-            "an http(s):// URL of an OTLP/HTTP collector, e.g. http://localhost:4318",
-        )
-    notifications = top.section("notifications", _NOTIFICATION_KEYS)
-    on_failure = notifications.string("on_failure", default=None, allowed="'module:function'")
+    source = _source(file.source, at)
+    regions = file.regions
+    checkpoint = file.checkpoint.build(regions_independent=regions is RegionMode.PER_READER)
+    backlog = file.backlog.build()
+    capacities, rebalance_threshold = _weighted(file, at)
+    on_failure = file.notifications.on_failure
     if on_failure is not None:
-        if not _TRANSFORM_RE.match(on_failure):
-            raise notifications.invalid(
-                "on_failure", on_failure, "'module:function', e.g. 'mypkg.alerts:page_oncall'"
-            )
         try:
             resolve_callable(on_failure, "notifications.on_failure")
         except ConfigError as err:
             raise ConfigError(f"{err.message} ({where})", **err.params) from err.__cause__
 
-    state_path = top.section("state", _PATH_KEYS, required=True).required_path("path")
-    sink_path = top.section("sink", _PATH_KEYS, required=True).required_path("path")
-    staging = top.section("staging", _PATH_KEYS)
-    staging_path = staging.path("path")
+    state_path = at.path(file.state.path)
+    sink_path = at.path(file.sink.path)
+    staging_path = None if file.staging.path is None else at.path(file.staging.path)
     if staging_path is None:
         if _URI_RE.match(state_path):
             # region tasks write their staged files with local file I/O: an object store won't do
-            raise staging.missing(
-                "path",
+            raise at.missing(
+                "staging.path",
                 f"a local directory the driver and every executor share (state.path {state_path} is on "
                 "an object store, so the default <state>/_staging cannot be used)",
             )
         staging_path = _join(state_path, "_staging")
     elif _URI_RE.match(staging_path):
-        raise staging.invalid(
-            "path",
+        raise at.invalid(
+            "staging.path",
             staging_path,
             "a local directory the driver and every executor share (region tasks "
             "write staged files with local file I/O)",
         )
     if _same_location(state_path, sink_path):
-        raise top.invalid("sink.path", sink_path, "a location different from state.path")
+        raise at.invalid("sink.path", sink_path, "a location different from state.path")
     for key, inner in (("state.path", state_path), ("staging.path", staging_path)):
         if _inside(inner, sink_path):
-            raise top.invalid(
+            raise at.invalid(
                 key, inner, f"a location outside sink.path {sink_path}", "VACUUM on the sink would delete it"
             )
 
-    transform = top.string("transform", default=IDENTITY_TRANSFORM, allowed="'module:function'")
-    if not _TRANSFORM_RE.match(transform):
-        raise top.invalid("transform", transform, "'module:function', e.g. 'mypkg.transforms:enrich'")
     try:
-        resolve_transform(transform)  # fail at submission, not on an executor
+        resolve_transform(file.transform)  # fail at submission, not on an executor
     except ConfigError as err:
         raise ConfigError(f"{err.message} ({where})", **err.params) from err.__cause__
 
     return PipelineConfig(
-        name=name,
+        name=file.name,
         source=source,
         state_path=state_path,
         sink_path=sink_path,
         staging_path=staging_path,
-        parallelism=parallelism,
+        parallelism=file.parallelism,
         regions=regions,
-        strategy=strategy,
+        strategy=file.strategy,
         checkpoint=checkpoint,
         backlog=backlog,
-        transform=transform,
-        operator_state=operator_state,
+        transform=file.transform,
+        operator_state=file.rescale.operator_state,
         capacities=capacities,
         rebalance_threshold=rebalance_threshold,
         on_failure=on_failure,
-        lease_ttl_s=lease_ttl_s,
-        history_hours=float(history_hours),
-        otlp_endpoint=otlp_endpoint,
+        lease_ttl_s=file.lease.ttl_s,
+        history_hours=file.maintenance.history_hours,
+        otlp_endpoint=file.metrics.otlp_endpoint,
         origin=origin,
     )
 
 
-_TOP_KEYS = (
-    "name",
-    "source",
-    "parallelism",
-    "regions",
-    "strategy",
-    "checkpoint",
-    "backlog",
-    "state",
-    "sink",
-    "staging",
-    "transform",
-    "rescale",
-    "weighted",
-    "notifications",
-    "lease",
-    "maintenance",
-    "metrics",
-)
-_METRICS_KEYS = ("otlp_endpoint",)
-_NOTIFICATION_KEYS = ("on_failure",)
-_LEASE_KEYS = ("ttl_s",)
-_MAINTENANCE_KEYS = ("history_hours",)
-_RESCALE_KEYS = ("operator_state",)
-_WEIGHTED_KEYS = ("capacities", "rebalance_threshold")
-
-
-def _weighted(sec: _Section, strategy: str) -> tuple[tuple[tuple[int, float], ...], float]:
+def _weighted(file: Any, at: _Where) -> tuple[tuple[tuple[int, float], ...], float]:
     """``weighted``: reader capacities and the imbalance that re-weights (strategy ``weighted`` only)."""
-    if sec.given() and strategy != "weighted":
-        raise sec.invalid(
-            sec.given()[0],
-            sec.raw(sec.given()[0]),
+    given = file.weighted.given()
+    if given and file.strategy != "weighted":
+        raise at.invalid(
+            f"weighted.{given[0]}",
+            _plain(getattr(file.weighted, given[0])),
             "nothing unless strategy is 'weighted'",
             "set strategy: weighted",
         )
-    raw = sec.raw("capacities", default={})
-    allowed = "a mapping of reader id (an integer >= 0) to a capacity > 0, e.g. {0: 4, 1: 1}"
-    if not isinstance(raw, Mapping):
-        raise sec.invalid("capacities", raw, allowed, f"got {_type_name(raw)}")
-    capacities: list[tuple[int, float]] = []
-    for key, value in raw.items():
-        reader = int(key) if isinstance(key, str) and key.isdigit() else key
-        if isinstance(reader, bool) or not isinstance(reader, int) or reader < 0:
-            raise sec.invalid(f"capacities.{key}", value, allowed, "the key is a reader id")
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, int | float)
-            or not math.isfinite(value)
-            or value <= 0
-        ):
-            raise sec.invalid(f"capacities.{key}", value, allowed)
-        capacities.append((reader, float(value)))
-    threshold = sec.raw("rebalance_threshold", default=1.25)
-    if isinstance(threshold, bool) or not isinstance(threshold, int | float) or not threshold >= 1.0:
-        raise sec.invalid(
-            "rebalance_threshold",
-            threshold,
-            "a ratio >= 1.0: the readers' max / min load that makes them rebalance",
-        )
-    return tuple(sorted(capacities)), float(threshold)
+    capacities = tuple(sorted(file.weighted.capacities.items()))
+    return capacities, file.weighted.rebalance_threshold
 
 
-_FILE_KEYS = ("path", "format", "split_bytes")
-_KAFKA_KEYS = (
-    "bootstrap_servers",
-    "topics",
-    "topic_pattern",
-    "starting",
-    "group_id",
-    "on_offset_out_of_range",
-    "connect_timeout_s",
-    "read_timeout_s",
-    "client",
-)
-_SOURCE_KEYS = ("kind", *_FILE_KEYS, *_KAFKA_KEYS)
-_CHECKPOINT_KEYS = tuple(f.name for f in fields(CheckpointSettings) if f.name != "regions_independent")
-_BACKLOG_KEYS = tuple(f.name for f in fields(BacklogConfig))
-_PATH_KEYS = ("path",)
+def _source(sec: Any, at: _Where) -> SourceConfig:
+    from splitkeeper.runtime.config_schema import FILE_KEYS, KAFKA_KEYS
 
-
-def _source(sec: _Section) -> SourceConfig:
-    kind = sec.choice("kind", SourceKind, required=True)
-    own, other = (_FILE_KEYS, _KAFKA_KEYS) if kind is SourceKind.FILES else (_KAFKA_KEYS, _FILE_KEYS)
+    kind = sec.kind
+    own, other = (FILE_KEYS, KAFKA_KEYS) if kind is SourceKind.FILES else (KAFKA_KEYS, FILE_KEYS)
     for key in sec.given():
         if key in other:
-            raise sec.invalid(
-                key,
-                sec.raw(key),
+            value = getattr(sec, key)
+            raise at.invalid(
+                f"source.{key}",
+                "<not shown>" if key == "client" else value,
                 f"no {key} for source.kind {kind.value!r}; its options are: {', '.join(own)}",
             )
     if kind is SourceKind.FILES:
-        return SourceConfig(
-            kind=kind,
-            path=sec.required_path("path", allowed="the directory (or file) to ingest"),
-            format=sec.choice("format", FileFormat, FileFormat.LINES),
-            split_bytes=sec.integer("split_bytes", 0, minimum=0),
-        )
+        if sec.path is None:
+            raise at.missing("source.path", "the directory (or file) to ingest")
+        return SourceConfig(kind=kind, path=at.path(sec.path), format=sec.format, split_bytes=sec.split_bytes)
 
-    servers = _bootstrap_servers(sec)
-    topics = sec.string_list("topics")
-    pattern = sec.string("topic_pattern", default=None, allowed="a regular expression over topic names")
+    servers = _bootstrap_servers(sec.bootstrap_servers, at)
+    topics = tuple(sec.topics)
+    pattern = sec.topic_pattern
     one_of = "exactly one of source.topics (a list of topic names) or source.topic_pattern (a regex)"
     if not topics and not pattern:
-        raise sec.missing("topics", one_of)
+        raise at.missing("source.topics", one_of)
     if topics and pattern:
-        raise sec.invalid("topics", {"topics": list(topics), "topic_pattern": pattern}, one_of)
+        raise at.invalid("source.topics", {"topics": list(topics), "topic_pattern": pattern}, one_of)
     if pattern is not None:
         try:
             re.compile(pattern)
         except re.error as err:
-            raise sec.invalid("topic_pattern", pattern, "a valid regular expression", str(err)) from err
-    allowed_starting = "'earliest', 'latest', 'timestamp:<epoch ms>' or 'group'"
-    starting = sec.string("starting", default="earliest", allowed=allowed_starting)
-    head, _, tail = starting.partition(":")
-    if head not in {m.value for m in StartingMode} or (head == "timestamp") != bool(tail):
-        raise sec.invalid("starting", starting, allowed_starting)
-    if head == "timestamp" and not tail.isdigit():
-        raise sec.invalid("starting", starting, allowed_starting, "the timestamp is in epoch milliseconds")
-    group_id = sec.string("group_id", default=None, allowed="a consumer group id")
-    if head == "group" and not group_id:
-        raise sec.missing("group_id", "a consumer group id, required when source.starting is 'group'")
+            raise at.invalid("source.topic_pattern", pattern, "a valid regular expression", str(err)) from err
+    starting = sec.starting
+    if starting == "group" and not sec.group_id:
+        raise at.missing("source.group_id", "a consumer group id, required when source.starting is 'group'")
     return SourceConfig(
         kind=kind,
         bootstrap_servers=servers,
         topics=topics,
         topic_pattern=pattern,
         starting=starting,
-        group_id=group_id,
-        on_offset_out_of_range=sec.choice("on_offset_out_of_range", OffsetOutOfRange, OffsetOutOfRange.FAIL),
-        connect_timeout_s=sec.seconds("connect_timeout_s"),
-        read_timeout_s=sec.seconds("read_timeout_s"),
-        client=_client_config(sec),
+        group_id=sec.group_id,
+        on_offset_out_of_range=sec.on_offset_out_of_range,
+        connect_timeout_s=sec.connect_timeout_s,
+        read_timeout_s=sec.read_timeout_s,
+        client=_client_config(sec.client, at),
     )
 
 
-def _client_config(sec: _Section) -> ClientConfig:
+def _client_config(raw: Mapping[str, Any], at: _Where) -> ClientConfig:
     """``source.client``: a mapping of librdkafka setting -> string, number or boolean."""
-    raw = sec.raw("client", default={})
-    allowed = "a mapping of Kafka client settings (librdkafka names) to strings, numbers or booleans"
-    if not isinstance(raw, Mapping):
-        raise sec.invalid("client", "<not shown>", allowed, f"got {_type_name(raw)}")
     items: list[tuple[str, str]] = []
     for key, value in raw.items():
-        dotted = f"client.{key}"
+        dotted = f"source.client.{key}"
         shown = REDACTED if is_secret_key(str(key)) else value
-        if not isinstance(key, str) or not key.strip():
-            raise sec.invalid("client", key, "setting names that are non-empty strings")
+        if not key.strip():
+            raise at.invalid("source.client", key, "setting names that are non-empty strings")
         if key in KAFKA_MANAGED_CLIENT_KEYS:
-            raise sec.invalid(
+            raise at.invalid(
                 dotted,
                 shown,
                 "a setting splitkeeper does not set itself",
@@ -668,42 +583,29 @@ def _client_config(sec: _Section) -> ClientConfig:
         elif isinstance(value, int | float | str) and str(value).strip():
             text = str(value)
         else:
-            raise sec.invalid(dotted, shown, "a string, number or boolean", f"got {_type_name(value)}")
+            raise at.invalid(dotted, shown, "a string, number or boolean", f"got {_type_name(value)}")
         items.append((key, text))
     return ClientConfig(tuple(sorted(items)))
 
 
-def _bootstrap_servers(sec: _Section) -> str:
+def _bootstrap_servers(raw: str | list[str] | None, at: _Where) -> str:
     allowed = "'host:port[,host:port...]' or a list of 'host:port'"
-    raw = sec.raw("bootstrap_servers", required=True, allowed=allowed)
-    if isinstance(raw, str):
-        items = [s.strip() for s in raw.split(",")]
-    elif isinstance(raw, list) and all(isinstance(s, str) for s in raw):
-        items = [s.strip() for s in raw]
-    else:
-        raise sec.invalid("bootstrap_servers", raw, allowed, f"got {_type_name(raw)}")
+    if raw is None:
+        raise at.missing("source.bootstrap_servers", allowed)
+    items = [s.strip() for s in raw.split(",")] if isinstance(raw, str) else list(raw)
     bad = [s for s in items if not _HOST_PORT_RE.match(s) or not 0 < int(s.rsplit(":", 1)[1]) < 65536]
     if not items or bad:
-        raise sec.invalid("bootstrap_servers", raw, allowed, f"not host:port: {bad}" if bad else "")
+        raise at.invalid("source.bootstrap_servers", raw, allowed, f"not host:port: {bad}" if bad else "")
     return ",".join(items)
 
 
 # --------------------------------------------------------------------------- helpers
 
-_MISSING: Any = object()
-_T = TypeVar("_T")
-
 
 def _type_name(value: Any) -> str:
-    names = {str: "a string", bool: "a boolean", int: "an integer", float: "a number", list: "a list"}
-    if isinstance(value, Mapping):
-        return "a mapping"
-    return names.get(type(value), type(value).__name__)
+    from splitkeeper.runtime.config_schema import type_name
 
-
-def _did_you_mean(word: str, choices: tuple[str, ...] | list[str], prefix: str = "") -> str:
-    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
-    return f"did you mean {prefix + close[0]!r}?" if close else ""
+    return type_name(value)
 
 
 def _join(base: str, child: str) -> str:
@@ -718,51 +620,20 @@ def _inside(inner: str, outer: str) -> bool:
     return inner.rstrip("/").startswith(outer.rstrip("/") + "/")
 
 
-class _Section:
-    """A mapping being read under a dotted prefix; unknown keys are rejected on entry."""
+@dataclass(frozen=True, slots=True)
+class _Where:
+    """Raises the cross-key mistakes in the house format; resolves paths against ``base``."""
 
-    def __init__(self, data: Mapping[str, Any], prefix: str, where: str, base: Path, known: tuple[str, ...]):
-        self.data = data
-        self.prefix = prefix
-        self.where = where
-        self.base = base
-        for key in data:
-            if not isinstance(key, str) or key not in known:
-                value = data[key]
-                hint = _did_you_mean(str(key), known, prefix=prefix)
-                section = f"under {prefix.rstrip('.')}" if prefix else "at the top level"
-                message = (
-                    f"unknown key {prefix}{key}={value!r} ({where}): allowed keys {section} are "
-                    f"{', '.join(known)}"
-                )
-                if hint:
-                    message += f"; {hint}"
-                raise ConfigError(message, key=f"{prefix}{key}", value=value, allowed=known)
+    where: str
+    base: Path
 
-    def given(self) -> list[str]:
-        """The keys present in this section."""
-        return list(self.data)
-
-    def invalid(self, key: str, value: Any, allowed: str, hint: str = "") -> ConfigError:
-        dotted = key if "." in key and not self.prefix else f"{self.prefix}{key}"
+    def invalid(self, dotted: str, value: Any, allowed: str, hint: str = "") -> ConfigError:
         message = f"{dotted}={value!r} is not allowed: {allowed}"
         if hint:
             message += f"; {hint}"
         return ConfigError(f"{message} ({self.where})", key=dotted, value=value, allowed=allowed)
 
-    def raw(self, key: str, required: bool = False, allowed: str = "", default: Any = _MISSING) -> Any:
-        """The value given for ``key`` (``None`` counts as not given), else ``default``."""
-        value = self.data.get(key, _MISSING)
-        if value is None:
-            value = _MISSING
-        if value is _MISSING and not required:
-            return default
-        if value is _MISSING:
-            raise self.missing(key, allowed)
-        return value
-
-    def missing(self, key: str, allowed: str) -> ConfigError:
-        dotted = f"{self.prefix}{key}"
+    def missing(self, dotted: str, allowed: str) -> ConfigError:
         return ConfigError(
             f"{dotted} is required but missing ({self.where}): {allowed or 'set it'}",
             key=dotted,
@@ -770,105 +641,14 @@ class _Section:
             allowed=allowed,
         )
 
-    def section(self, key: str, known: tuple[str, ...], required: bool = False) -> _Section:
-        value = self.raw(key, required=required, allowed=f"a mapping with keys {', '.join(known)}")
-        if value is _MISSING:
-            value = {}
-        if not isinstance(value, Mapping):
-            raise self.invalid(
-                key, value, f"a mapping with keys {', '.join(known)}", f"got {_type_name(value)}"
-            )
-        return _Section(value, f"{self.prefix}{key}.", self.where, self.base, known)
-
-    def string(
-        self, key: str, default: Any = _MISSING, required: bool = False, allowed: str = "a string"
-    ) -> Any:
-        value = self.raw(key, required=required, allowed=allowed)
-        if value is _MISSING:
-            return default
-        if not isinstance(value, str) or not value.strip():
-            raise self.invalid(
-                key, value, allowed, f"got {_type_name(value)}" if not isinstance(value, str) else ""
-            )
-        return value.strip()
-
-    def string_list(self, key: str) -> tuple[str, ...]:
-        value = self.raw(key)
-        if value is _MISSING:
-            return ()
-        if not isinstance(value, list) or not all(isinstance(v, str) and v.strip() for v in value):
-            raise self.invalid(key, value, "a list of non-empty strings", f"got {_type_name(value)}")
-        return tuple(v.strip() for v in value)
-
-    def integer(self, key: str, default: int, minimum: int) -> int:
-        allowed = f"an integer >= {minimum}"
-        value = self.raw(key)
-        if value is _MISSING:
-            return default
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise self.invalid(key, value, allowed, f"got {_type_name(value)}")
-        if value < minimum:
-            raise self.invalid(key, value, allowed)
-        return value
-
-    def seconds(self, key: str) -> float | None:
-        """A finite number of seconds > 0, or None when the key is absent."""
-        allowed = "a number of seconds > 0"
-        value = self.raw(key)
-        if value is _MISSING or value is None:
-            return None
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise self.invalid(key, value, allowed, f"got {_type_name(value)}")
-        if not math.isfinite(value) or value <= 0:
-            raise self.invalid(key, value, allowed)
-        return float(value)
-
-    def values(self) -> dict[str, Any]:
-        """The keys given in this section (unknown ones were rejected on entry), without nulls."""
-        return {k: v for k, v in self.data.items() if v is not None}
-
-    def core(self, factory: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
-        """Build/validate with a core constructor; its InvalidParameterError becomes a ConfigError here."""
-        floats = (
-            {f.name for f in fields(factory) if f.type == "float"} if isinstance(factory, type) else set()
-        )
-        for name in floats & set(kwargs):
-            if isinstance(kwargs[name], int) and not isinstance(kwargs[name], bool):
-                kwargs[name] = float(kwargs[name])
-        try:
-            return factory(*args, **kwargs)
-        except InvalidParameterError as err:
-            value = err.value
-            wrong_type = isinstance(value, bool) or not isinstance(value, int | float)
-            raise self.invalid(
-                err.name, value, err.allowed, f"got {_type_name(value)}" if wrong_type else ""
-            ) from err
-
-    def choice(self, key: str, enum_type: type[Any], default: Any = _MISSING, required: bool = False) -> Any:
-        names = [m.value for m in enum_type]
-        allowed = "one of " + ", ".join(names)
-        value = self.raw(key, required=required, allowed=allowed)
-        if value is _MISSING:
-            return default
-        if not isinstance(value, str) or value not in names:
-            hint = _did_you_mean(value, names) if isinstance(value, str) else f"got {_type_name(value)}"
-            raise self.invalid(key, value, allowed, hint)
-        return enum_type(value)
-
-    def required_path(self, key: str, allowed: str = "a path") -> str:
-        path = self.path(key, required=True, allowed=allowed)
-        if path is None:  # unreachable: a missing required key raised already
-            raise self.missing(key, allowed)
-        return path
-
-    def path(self, key: str, required: bool = False, allowed: str = "a path") -> str | None:
-        """A local path resolved against the base directory, or a URI as given; ``None`` if absent."""
-        value = self.string(key, default=None, required=required, allowed=allowed)
-        if value is None:
-            return None
+    def path(self, value: str) -> str:
+        """A local path resolved against the base directory, or a URI as given."""
         if _URI_RE.match(value):
             if value.startswith("file://"):
                 value = value[len("file://") :]
             else:
                 return value
         return str((self.base / Path(value).expanduser()).resolve())
+
+
+_T = TypeVar("_T")

@@ -1,4 +1,5 @@
-"""The protocol core imports no engine: no pyspark, delta, airflow or great_expectations (STYLE)."""
+"""The protocol core imports no engine and no config-model library: no pyspark, delta, airflow,
+great_expectations or pydantic (STYLE)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import splitkeeper.core
 
-FORBIDDEN = ("pyspark", "py4j", "delta", "airflow", "great_expectations")
+FORBIDDEN = ("pyspark", "py4j", "delta", "deltalake", "airflow", "great_expectations", "pydantic")
 CORE_DIR = Path(splitkeeper.core.__file__).parent
 
 

@@ -139,12 +139,25 @@ def test_on_a_cluster_master_the_epoch_task_submits_the_packaged_epoch_job(monke
 
     parser = argparse.ArgumentParser()
     run_command.configure(parser)
-    every = argv(epochs=5, until_caught_up=True, continuous=False, faults=["fail:1@2", "stall:2@3"])
-    assert every == ["--config", config, "--epochs=5", "--until-caught-up", "--faults-json", every[-1]]
+    overrides = {"backlog": {"normal_epoch_records": 7}}
+    every = argv(
+        epochs=5, until_caught_up=True, continuous=False, faults=["fail:1@2", "stall:2@3"], pipeline=overrides
+    )
+    assert every == [
+        "--config",
+        config,
+        "--epochs=5",
+        "--until-caught-up",
+        "--faults-json",
+        every[5],
+        "--pipeline-json",
+        every[-1],
+    ]
     args = parser.parse_args(every)  # every Param reaches the epoch job
     assert (args.epochs, args.until_caught_up, args.continuous) == (5, True, False)
     assert run_command._faults(args) == ["fail:1@2", "stall:2@3"]
-    args = parser.parse_args(argv(epochs=3, until_caught_up=True, continuous=True, faults=[]))
+    assert json.loads(args.pipeline_json) == overrides
+    args = parser.parse_args(argv(epochs=3, until_caught_up=True, continuous=True, faults=[], pipeline={}))
     assert (args.epochs, args.until_caught_up, args.continuous) == (None, False, True)
 
 
@@ -189,6 +202,45 @@ def _the_report_is_reachable_from_the_report_task(run_id: str) -> None:
     assert index.status_code == 200 and 'href="dagtest/report.html"' in index.text
     assert client.get("/dagtest/report.html").status_code == 200  # where the pipelines page links
     assert client.get("/..%2F..%2Fetc/report.html").status_code == 404  # nothing outside the folder
+
+
+@pytest.mark.parametrize(
+    ("pipeline", "fragment"),
+    [
+        ({"checkpoint": {"on_split_failure": "park"}}, "'park' is not one of ['stall', 'quarantine']"),
+        ({"state": {"path": "/elsewhere"}}, "'state' was unexpected"),  # not a section a run may override
+        ({"backlog": {"normal_epoch_records": "many"}}, "'many' is not of type 'integer'"),
+        ({"checkpoint": {"max_failur_ratio": 0.2}}, "'max_failur_ratio' was unexpected"),
+    ],
+)
+def test_ingest_rejects_a_bad_pipeline_override_at_trigger(
+    airflow_db, tmp_path, monkeypatch, pipeline, fragment
+):
+    from airflow.exceptions import ParamValidationError
+
+    monkeypatch.setenv("SPLITKEEPER_PIPELINE_CONFIG", str(_write_pipeline(tmp_path, files=1, lines=1)))
+    with pytest.raises(ParamValidationError) as err:
+        load_dag("splitkeeper_ingest").test(run_conf={"pipeline": pipeline})
+    assert "pipeline" in str(err.value) and fragment in str(err.value)
+    assert not (tmp_path / "state").exists()
+
+
+def test_an_override_only_the_core_rejects_fails_the_run_naming_the_key(airflow_db, tmp_path, monkeypatch):
+    from splitkeeper.errors import ConfigError
+    from splitkeeper.orchestration import tasks
+
+    config_path = _write_pipeline(tmp_path, files=1, lines=1)
+    monkeypatch.setenv("SPLITKEEPER_PIPELINE_CONFIG", str(config_path))
+    pipeline = {"checkpoint": {"max_failure_ratio": 1.5}}  # a number, as the schema says; the core says <= 1
+    run = load_dag("splitkeeper_ingest").test(run_conf={"pipeline": pipeline})
+    assert run.state == "failed"
+    assert not (tmp_path / "state").exists()  # refused before anything was written
+    with pytest.raises(ConfigError) as err:  # what the run_epochs task raised
+        tasks.run_epochs(str(config_path), epochs=1, pipeline=pipeline)
+    assert str(err.value) == (
+        "[CONFIG_ERROR] checkpoint.max_failure_ratio=1.5 is not allowed: a number between 0 and 1 "
+        f"({config_path})"
+    )
 
 
 @pytest.mark.spark
