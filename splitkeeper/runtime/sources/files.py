@@ -21,6 +21,11 @@ A record's ``offset`` is the byte offset of its line, ``next_offset`` the byte
 offset after its newline (the file size for a last line without one), and its
 value is the line decoded as UTF-8 without the ``\\n`` / ``\\r\\n`` terminator
 (and without a UTF-8 byte order mark at offset 0).
+
+The reader reads a range natively (:meth:`FileRegionReader.read_range_columns`:
+numpy finds the line boundaries, Arrow holds and validates the values, see
+:func:`_read_columns`); :meth:`FileRegionReader.read_range` yields the same
+records one by one.
 """
 
 from __future__ import annotations
