@@ -35,7 +35,8 @@ import pyarrow.parquet as pq
 from splitkeeper.core.source import RecordMeta, RegionReader, SourceRecord
 from splitkeeper.core.types import Split
 from splitkeeper.errors import InvalidParameterError, ProtocolError, SourceError, SplitkeeperError
-from splitkeeper.runtime.transforms import Transform, apply_transform, identity
+from splitkeeper.runtime.columnar import RangeColumns, SupportsColumnarRead
+from splitkeeper.runtime.transforms import Transform, apply_transform, identity, transform_values
 from splitkeeper.state.tables import META_COLUMNS, STAGED_FILE_SCHEMA, STAGED_SCHEMA
 
 PART_FILE = "part.parquet"
@@ -175,6 +176,8 @@ class StagedWriter:
         self._values: list[str] = []
         self._metas: list[RecordMeta | None] = []  # filled once a record carries metadata
         self._has_meta = False
+        self._batches: list[pa.RecordBatch] = []  # built, not yet written: less than a row group
+        self._batched = 0
         self.records = 0
         self.last_next_offset: int | None = None
 
@@ -201,11 +204,35 @@ class StagedWriter:
             count += 1
             if len(values) >= _ROW_GROUP:
                 self._split_ids.extend([split_id] * (len(values) - len(self._split_ids)))
-                self._flush()
+                self._batch_rows()
         self._split_ids.extend([split_id] * (len(values) - len(self._split_ids)))
         self.records += count
         self.last_next_offset = next_offset if count else None
         return count
+
+    def add_columns(self, split_id: str, columns: RangeColumns, values: pa.Array | None = None) -> int:
+        """Append the records of one split given as columns (``values`` replaces ``columns.values``).
+
+        No Python step per record: the columns become record batches as they
+        are. Sets :attr:`last_next_offset` as :meth:`add` does; returns the count.
+        """
+        values = columns.values if values is None else values
+        n = len(values)
+        self.last_next_offset = columns.last_next_offset
+        if n == 0:
+            return 0
+        self._batch_rows()  # rows added by add() go first
+        if values.type != pa.string():
+            values = values.cast(pa.string())
+        self._batch(
+            pa.repeat(pa.scalar(split_id, pa.string()), n),
+            columns.offsets,
+            columns.next_offsets,
+            values,
+            [pa.nulls(n, STAGED_FILE_SCHEMA.field(name).type) for name in META_COLUMNS],
+        )
+        self.records += n
+        return n
 
     def _meta_arrays(self, n: int) -> list[pa.Array]:
         """The key, topic, partition, timestamp and headers columns of the buffered rows."""
@@ -225,29 +252,66 @@ class StagedWriter:
             ),
         ]
 
-    def _flush(self) -> None:
+    def _batch_rows(self) -> None:
+        """Turn the rows :meth:`add` buffered into a record batch."""
         n = len(self._values)
-        if n == 0 or self._writer is None:
+        if n == 0:
             return
-        batch = pa.record_batch(
-            [
-                pa.array(self._split_ids, pa.string()),
-                pa.array(self._offsets, pa.int64()),
-                pa.array(self._next_offsets, pa.int64()),
-                pa.array(self._values, pa.string()),
-                pa.repeat(pa.scalar(self.epoch, pa.int64()), n),
-                pa.repeat(pa.scalar(self.region, pa.int32()), n),
-                pa.repeat(self._ingested_at, n),
-                *self._meta_arrays(n),
-            ],
-            schema=STAGED_FILE_SCHEMA,
+        self._batch(
+            pa.array(self._split_ids, pa.string()),
+            pa.array(self._offsets, pa.int64()),
+            pa.array(self._next_offsets, pa.int64()),
+            pa.array(self._values, pa.string()),
+            self._meta_arrays(n),
         )
-        self._writer.write_batch(batch)
         self._split_ids.clear()
         self._offsets.clear()
         self._next_offsets.clear()
         self._values.clear()
         self._metas.clear()
+
+    def _batch(
+        self,
+        split_ids: pa.Array,
+        offsets: pa.Array,
+        next_offsets: pa.Array,
+        values: pa.Array,
+        metas: list[pa.Array],
+    ) -> None:
+        """Queue one batch of rows; write whole row groups of ``_ROW_GROUP`` rows once there are any."""
+        n = len(values)
+        self._batches.append(
+            pa.record_batch(
+                [
+                    split_ids,
+                    offsets,
+                    next_offsets,
+                    values,
+                    pa.repeat(pa.scalar(self.epoch, pa.int64()), n),
+                    pa.repeat(pa.scalar(self.region, pa.int32()), n),
+                    pa.repeat(self._ingested_at, n),
+                    *metas,
+                ],
+                schema=STAGED_FILE_SCHEMA,
+            )
+        )
+        self._batched += n
+        if self._batched >= _ROW_GROUP:
+            self._write(whole_groups_only=True)
+
+    def _write(self, whole_groups_only: bool) -> None:
+        if not self._batched or self._writer is None:
+            return
+        table = pa.Table.from_batches(self._batches, STAGED_FILE_SCHEMA)
+        rows = (self._batched // _ROW_GROUP) * _ROW_GROUP if whole_groups_only else self._batched
+        self._writer.write_table(table.slice(0, rows), row_group_size=_ROW_GROUP)
+        rest = table.slice(rows)
+        self._batches = rest.to_batches()
+        self._batched = rest.num_rows
+
+    def _flush(self) -> None:
+        self._batch_rows()
+        self._write(whole_groups_only=False)
 
     def commit(self) -> StagedOutput:
         """Flush, close and rename into place. Returns the published file."""
@@ -314,8 +378,10 @@ def run_region_task(
 ) -> RegionResult:
     """Run one region's share of epoch ``epoch``; called inside the region's Spark task.
 
-    Reads each planned ``(split, start, end)`` through ``reader``, applies
-    ``transform`` to every value, writes all records to one staged file and
+    Reads each planned ``(split, start, end)`` through ``reader`` (as Arrow
+    columns when the reader :class:`~splitkeeper.runtime.columnar.SupportsColumnarRead`,
+    record by record otherwise), applies ``transform`` to every value (a whole
+    column at once when it is vectorised), writes all records to one staged file and
     returns an acknowledging :class:`RegionResult`. ``attempt`` names the
     attempt directory; ``None`` draws a fresh id, which is what a Spark task
     should pass so that a retried task never shares a file with an earlier
@@ -342,10 +408,17 @@ def run_region_task(
                 )
             seen.add(split.split_id)
             try:
-                records = reader.read_range(split, start, end)
-                if transform is not identity:
-                    records = _transformed(records, transform, split.split_id)
-                counts[split.split_id] = writer.add(split.split_id, records)
+                if isinstance(reader, SupportsColumnarRead):
+                    columns = reader.read_range_columns(split, start, end)
+                    values = None
+                    if transform is not identity and len(columns.values):
+                        values = transform_values(transform, columns.values, columns.offsets, split.split_id)
+                    counts[split.split_id] = writer.add_columns(split.split_id, columns, values)
+                else:
+                    records = reader.read_range(split, start, end)
+                    if transform is not identity:
+                        records = _transformed(records, transform, split.split_id)
+                    counts[split.split_id] = writer.add(split.split_id, records)
             except Exception as err:  # the split's records cannot be read or transformed: name the split
                 raise SplitReadError(split.split_id, start, err) from err
             last = writer.last_next_offset

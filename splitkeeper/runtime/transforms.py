@@ -14,6 +14,22 @@ Contract:
 
 A transform that raises (or returns a non-string) fails the region task with a
 :class:`TransformError` naming the split and offset of the record.
+
+Vectorised form. A function marked with :func:`vectorized` (it carries
+``vectorized = True``) takes the values of a whole range as an Arrow string
+array and returns an Arrow string array: the same contract, column by column:
+
+1. **one value in, one value out, in order**: the result has the input's length
+   and no nulls;
+2. **deterministic and pure**, and **importable by reference**, as above;
+3. a failure (raising, the wrong length or type, a null) fails the region task
+   with a :class:`TransformError` naming the split and the offset of the first
+   record of the range (or of the null's record).
+
+:func:`transform_values` applies either form to a column: a vectorised
+transform in one call, a per-record one value by value (the fallback path).
+:func:`identity` is vectorised. A vectorised function is also called with a
+single string by :func:`apply_transform` (it then gets a one-value array).
 """
 
 from __future__ import annotations
@@ -23,13 +39,18 @@ import json
 import pickle
 import zlib
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
+
+import pyarrow as pa
 
 from splitkeeper.errors import ConfigError, SplitkeeperError
 
 Transform = Callable[[str], str]
 
-_ALLOWED = "'module:function' naming a module-level function (value: str) -> str, importable on the executors"
+_ALLOWED = (
+    "'module:function' naming a module-level function (value: str) -> str (or a @vectorized one, "
+    "pa.Array -> pa.Array), importable on the executors"
+)
 
 
 class TransformError(SplitkeeperError):
@@ -38,8 +59,23 @@ class TransformError(SplitkeeperError):
     code = "TRANSFORM_ERROR"
 
 
-def identity(value: str) -> str:
-    """The default transform: the record as read."""
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def vectorized(function: F) -> F:
+    """Mark ``function`` as a vectorised transform: ``(values: pa.Array) -> pa.Array`` of strings."""
+    function.vectorized = True  # type: ignore[attr-defined]
+    return function
+
+
+def is_vectorized(transform: Callable[..., Any]) -> bool:
+    """Whether ``transform`` takes a column (see the module doc) rather than one value."""
+    return getattr(transform, "vectorized", False) is True
+
+
+@vectorized
+def identity(value: Any) -> Any:
+    """The default transform: the records as read (a column in, the same column out)."""
     return value
 
 
@@ -107,10 +143,69 @@ def resolve_callable(spec: str, key: str) -> Callable[..., Any]:
     return function
 
 
+def transform_values(transform: Transform, values: pa.Array, offsets: pa.Array, split_id: str) -> pa.Array:
+    """Apply ``transform`` to a column of values whose records start at ``offsets``.
+
+    A vectorised transform is called once; a per-record one value by value
+    (:func:`apply_transform`). Failures raise :class:`TransformError` (module doc).
+    """
+    if not is_vectorized(transform):
+        texts = values.to_pylist()
+        return pa.array(
+            [
+                apply_transform(transform, value, split_id, offset)
+                for value, offset in zip(texts, offsets.to_pylist(), strict=True)
+            ],
+            pa.string(),
+        )
+    first = offsets[0].as_py() if len(offsets) else 0
+    try:
+        out = transform(values)
+    except Exception as err:
+        raise TransformError(
+            f"transform {_name(transform)} failed on split {split_id!r} in the {len(values)} records from "
+            f"offset {first}: {type(err).__name__}: {err}",
+            split_id=split_id,
+            offset=first,
+        ) from err
+    if isinstance(out, pa.ChunkedArray):
+        out = out.combine_chunks()
+    if not isinstance(out, pa.Array) or not (
+        pa.types.is_string(out.type) or pa.types.is_large_string(out.type)
+    ):
+        what = out.type if isinstance(out, pa.Array) else type(out).__name__
+        raise TransformError(
+            f"transform {_name(transform)} returned {what} for split {split_id!r} from offset {first}: a "
+            "vectorised transform must return an Arrow string array",
+            split_id=split_id,
+            offset=first,
+        )
+    if len(out) != len(values):
+        raise TransformError(
+            f"transform {_name(transform)} returned {len(out)} values for {len(values)} records of split "
+            f"{split_id!r} from offset {first}: a transform must return exactly one string per record",
+            split_id=split_id,
+            offset=first,
+        )
+    if out.null_count:
+        offset = offsets[out.is_null().index(True).as_py()].as_py()
+        raise TransformError(
+            f"transform {_name(transform)} returned null for split {split_id!r} at offset {offset}: a "
+            "transform must return exactly one string per record",
+            split_id=split_id,
+            offset=offset,
+        )
+    return out
+
+
 def apply_transform(transform: Transform, value: str, split_id: str, offset: int) -> str:
     """Apply ``transform`` to one record; failures become :class:`TransformError` naming the record."""
     try:
-        out = transform(value)
+        if is_vectorized(transform):
+            column: Any = transform(pa.array([value], pa.string()))  # a vectorised transform: a column
+            out = column[0].as_py() if isinstance(column, pa.Array) and len(column) == 1 else column
+        else:
+            out = transform(value)
     except Exception as err:
         raise TransformError(
             f"transform {_name(transform)} failed on split {split_id!r} at offset {offset}: "

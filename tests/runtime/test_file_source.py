@@ -8,7 +8,6 @@ import pickle
 import random
 import tempfile
 from pathlib import Path
-from unittest import mock
 
 import pytest
 from hypothesis import given, settings
@@ -19,7 +18,7 @@ from splitkeeper.core.types import Split
 from splitkeeper.errors import EnvironmentNotReadyError, SourceError
 from splitkeeper.runtime import sources
 from splitkeeper.runtime.config import SourceConfig, SourceKind
-from splitkeeper.runtime.sources import FileSource, SourceRecord, build_source, files
+from splitkeeper.runtime.sources import FileSource, SourceRecord, build_source
 from splitkeeper.runtime.sources.contract import SourceContractTests, read_planned
 from splitkeeper.runtime.sources.files import FileRegionReader
 
@@ -66,13 +65,10 @@ def assert_contiguous(records: list[SourceRecord], start: int, end: int) -> None
 # --------------------------------------------------------------------------- byte ranges
 
 
-@pytest.mark.parametrize("block", [3, 100, 1 << 20])
 @pytest.mark.parametrize("seed", [1, 2, 3, 4, 5])
 def test_file_cut_into_three_byte_ranges_yields_every_line_once_with_contiguous_offsets(
-    tmp_path: Path, seed: int, block: int, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, seed: int
 ) -> None:
-    monkeypatch.setattr(files, "_CHUNK", block)
-    monkeypatch.setattr(files, "_MIN_READ", block)
     rng = random.Random(seed)
     data = write(tmp_path / "in" / "f.txt", random_lines(rng, 200), trailing_newline=False)
     source = FileSource(tmp_path / "in", split_bytes=len(data) // 3 + 1)
@@ -115,13 +111,11 @@ def test_small_file_is_one_split_named_by_its_relative_path(tmp_path: Path) -> N
     lines=st.lists(st.text(alphabet=ALPHABET + "\r", max_size=30), min_size=1, max_size=40),
     cuts=st.lists(st.integers(min_value=1, max_value=2000), max_size=8),
     trailing=st.booleans(),
-    block=st.sampled_from([1, 2, 7, 64, 1 << 20]),
 )
 def test_arbitrary_cuts_follow_hadoops_rule_no_line_lost_or_repeated(
-    lines: list[str], cuts: list[int], trailing: bool, block: int
+    lines: list[str], cuts: list[int], trailing: bool
 ) -> None:
-    # block: the reader's read size, small ones put lines across block borders
-    with tempfile.TemporaryDirectory() as tmp, mock.patch.multiple(files, _CHUNK=block, _MIN_READ=block):
+    with tempfile.TemporaryDirectory() as tmp:
         data = write(Path(tmp) / "f.txt", lines, trailing_newline=trailing)
         if not data:
             return
@@ -135,12 +129,7 @@ def test_arbitrary_cuts_follow_hadoops_rule_no_line_lost_or_repeated(
 # --------------------------------------------------------------------------- resume and replay
 
 
-@pytest.mark.parametrize("block", [5, 1 << 20])
-def test_reading_from_a_mid_position_resumes_exactly(
-    tmp_path: Path, block: int, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(files, "_CHUNK", block)
-    monkeypatch.setattr(files, "_MIN_READ", block)
+def test_reading_from_a_mid_position_resumes_exactly(tmp_path: Path) -> None:
     data = write(tmp_path / "f.txt", random_lines(random.Random(9), 120))
     (split,) = FileSource(tmp_path).discover_splits()
     whole = list(FileRegionReader(str(tmp_path)).read_range(split, 0, len(data)))

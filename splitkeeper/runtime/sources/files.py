@@ -21,6 +21,11 @@ A record's ``offset`` is the byte offset of its line, ``next_offset`` the byte
 offset after its newline (the file size for a last line without one), and its
 value is the line decoded as UTF-8 without the ``\\n`` / ``\\r\\n`` terminator
 (and without a UTF-8 byte order mark at offset 0).
+
+The reader reads a range natively (:meth:`FileRegionReader.read_range_columns`:
+numpy finds the line boundaries, Arrow holds and validates the values, see
+:func:`_read_columns`); :meth:`FileRegionReader.read_range` yields the same
+records one by one.
 """
 
 from __future__ import annotations
@@ -33,7 +38,11 @@ import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import IO
+from typing import IO, Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from splitkeeper.core.source import (
     RegionReader,
@@ -43,14 +52,13 @@ from splitkeeper.core.source import (
 )
 from splitkeeper.core.types import Split
 from splitkeeper.errors import InvalidParameterError, SourceError
+from splitkeeper.runtime.columnar import RangeColumns, SupportsColumnarRead
 from splitkeeper.runtime.config import FileFormat, SourceConfig, SourceKind
 
 log = logging.getLogger("splitkeeper.sources.files")
 
 _RANGE_SUFFIX = re.compile(r"#(\d+)-(\d+)$")
 _SAMPLE_BYTES = 64 * 1024
-_CHUNK = 1 << 20
-_MIN_READ = 8192
 _BOM = codecs.BOM_UTF8
 
 
@@ -71,7 +79,7 @@ def _line_start_at_or_after(f: IO[bytes], offset: int) -> int:
 
 
 @dataclass(frozen=True, slots=True)
-class FileRegionReader(RegionReader):
+class FileRegionReader(RegionReader, SupportsColumnarRead):
     """Reads ranges of file splits on an executor. Picklable, stateless.
 
     ``root`` is the directory split ids are relative to; it must be visible
@@ -91,7 +99,27 @@ class FileRegionReader(RegionReader):
         Opens the file on the call: a missing file, a file shorter than the
         split, or a range outside ``[0, split.end]`` raise SourceError here; a
         line that is not UTF-8 (or, for jsonl, not JSON) raises while iterating.
+        The records are those of :meth:`read_range_columns`, one by one.
         """
+        f, path = self._open(split, start, end)
+        return self._records(f, path, split.split_id, start, end)
+
+    def _records(
+        self, f: IO[bytes], path: str, split_id: str, start: int, end: int
+    ) -> Iterator[SourceRecord]:
+        yield from _read_columns(f, path, split_id, start, end, self.format).records()
+
+    def read_range_columns(self, split: Split, start: int, end: int) -> RangeColumns:
+        """The lines of ``split`` that start in ``[start, end)`` as Arrow columns, read natively.
+
+        The same records and errors as :meth:`read_range` (every error raises
+        on the call); see :func:`_read_columns` for how.
+        """
+        f, path = self._open(split, start, end)
+        return _read_columns(f, path, split.split_id, start, end, self.format)
+
+    def _open(self, split: Split, start: int, end: int) -> tuple[IO[bytes], str]:
+        """The split's file, open, after checking the range and the file size; SourceError if not."""
         if not 0 <= start <= end or (split.end is not None and end > split.end):
             raise SourceError(
                 f"split {split.split_id!r}: range [{start}, {end}) is not allowed: "
@@ -102,7 +130,7 @@ class FileRegionReader(RegionReader):
             )
         path = self.path_of(split)
         try:
-            f = open(path, "rb")  # noqa: SIM115 - closed by the generator below
+            f = open(path, "rb")  # noqa: SIM115 - closed by _read_columns
         except FileNotFoundError as err:
             raise SourceError(
                 f"split {split.split_id!r}: file {path} does not exist any more (deleted or moved after "
@@ -125,59 +153,135 @@ class FileRegionReader(RegionReader):
                 split_id=split.split_id,
                 path=path,
             )
-        lines = _read_lines(f, path, split.split_id, start, end)
-        if self.format is FileFormat.JSONL:
-            return _jsonl(lines, path, split.split_id)
-        return lines
+        return f, path
 
 
-def _read_lines(f: IO[bytes], path: str, split_id: str, start: int, end: int) -> Iterator[SourceRecord]:
-    """The lines starting in ``[start, end)``, read in blocks of up to 1 MiB.
+_EMPTY = RangeColumns(pa.array([], pa.int64()), pa.array([], pa.int64()), pa.array([], pa.string()))
+#: Every character ``str.isspace`` accepts: a jsonl line of only these is blank (``not line.strip()``).
+_BLANK_LINE = "^[" + "".join(f"\\x{{{c:x}}}" for c in range(0x110000) if chr(c).isspace()) + "]*$"
 
-    A block's complete lines are split at once; an ASCII block without CRs is
-    decoded with one call (byte offsets then equal character offsets), other
-    blocks line by line.
+
+def _read_columns(
+    f: IO[bytes], path: str, split_id: str, start: int, end: int, fmt: FileFormat
+) -> RangeColumns:
+    """The lines starting in ``[start, end)`` of the open file ``f`` (closed here), as columns.
+
+    1. The range's bytes are read in one call (plus the rest of the last line,
+       which may run past ``end``), from the first line start at or after
+       ``start`` (Hadoop's rule, as the module doc says).
+    2. Line boundaries are the positions of ``\\n`` bytes, found by numpy; the
+       offsets are the line starts, each ``next_offset`` the next line start
+       (the byte after the data for a last line without a newline).
+    3. The values are the line bytes without the newline, a trailing ``\\r``
+       and a BOM at offset 0, gathered into one buffer by a numpy mask; the
+       string array is built on that buffer and validated as UTF-8 by Arrow
+       (skipped for ASCII data).
+    4. jsonl: blank lines are found by one regex over the column; the other
+       values are checked by :func:`json.loads` (Python's JSON rules, one C
+       call per record); blank lines' bytes join the next record (or the last).
+    5. On a bad line the range is walked line by line (:func:`_first_error`)
+       to raise exactly the error of the first bad line.
     """
     with f:
         if start >= end:
-            return
+            return _EMPTY
         pos = 0 if start == 0 else _line_start_at_or_after(f, start)
-        read_pos = pos
-        pending: list[bytes] = []  # the start of a line the previous blocks did not finish
-        while pos < end:
-            block = f.read(min(_CHUNK, max(_MIN_READ, end - read_pos)))
-            read_pos += len(block)
-            if not block:  # end of file: a last line without a newline
-                if pending:
-                    raw = b"".join(pending)
-                    yield SourceRecord(pos, pos + len(raw), _decode(raw, pos, path, split_id))
-                return
-            cut = block.rfind(b"\n")
-            if cut < 0:
-                pending.append(block)
-                continue
-            if pending:
-                pending.append(block[:cut])
-                body = b"".join(pending)
-                pending = []
-            else:
-                body = block[:cut]
-            if cut + 1 < len(block):
-                pending.append(block[cut + 1 :])
-            if body.isascii() and b"\r" not in body:
-                for line in body.decode("ascii").split("\n"):
-                    if pos >= end:
-                        return
-                    nxt = pos + len(line) + 1
-                    yield SourceRecord(pos, nxt, line)
-                    pos = nxt
-            else:
-                for raw in body.split(b"\n"):
-                    if pos >= end:
-                        return
-                    nxt = pos + len(raw) + 1
-                    yield SourceRecord(pos, nxt, _decode(raw, pos, path, split_id))
-                    pos = nxt
+        if pos >= end:
+            return _EMPTY
+        f.seek(pos)
+        data = f.read(end - pos)
+        if data and data[-1:] != b"\n":
+            data += f.readline()  # the last line starting before end runs to its newline (or EOF)
+    if not data:
+        return _EMPTY
+    buf = np.frombuffer(data, np.uint8)
+    newlines = np.flatnonzero(buf == 0x0A)
+    starts = np.empty(len(newlines) + 1, np.int64)
+    starts[0] = 0
+    starts[1:] = newlines + 1
+    if data[-1:] == b"\n":
+        starts = starts[:-1]
+        ends = newlines
+    else:
+        ends = np.append(newlines, len(data))
+    nexts = np.append(starts[1:], len(data))
+    keep = np.ones(len(data), np.bool_)
+    keep[newlines] = False
+    if b"\r" in data:  # a line ending in \r (before its \n, or at EOF) loses it
+        crlf = (ends > starts) & (buf[np.maximum(ends - 1, 0)] == 0x0D)
+        keep[ends[crlf] - 1] = False
+        ends = ends - crlf
+    value_starts = starts
+    if pos == 0 and ends[0] >= 3 and data[:3] == _BOM:
+        keep[:3] = False
+        value_starts = starts.copy()
+        value_starts[0] = 3
+    lengths = ends - value_starts
+    value_offsets = np.zeros(len(starts) + 1, np.int64)
+    np.cumsum(lengths, out=value_offsets[1:])
+    body = buf[keep] if not keep.all() else buf
+    kind = pa.string() if len(body) < 2**31 else pa.large_string()
+    offsets_type = np.int32 if kind == pa.string() else np.int64
+    values = pa.Array.from_buffers(
+        kind,
+        len(starts),
+        [None, pa.py_buffer(value_offsets.astype(offsets_type)), pa.py_buffer(body)],
+    )
+    record_offsets = starts + pos
+    record_nexts = nexts + pos
+    if not data.isascii():
+        try:
+            values.validate(full=True)
+        except pa.ArrowInvalid:
+            _first_error(data, starts, pos, path, split_id, fmt)
+            raise  # pragma: no cover - _first_error raises for invalid UTF-8
+    if fmt is not FileFormat.JSONL:
+        return RangeColumns(pa.array(record_offsets), pa.array(record_nexts), values)
+    blank = np.asarray(pc.match_substring_regex(values, _BLANK_LINE).to_numpy(zero_copy_only=False), np.bool_)
+    kept = np.flatnonzero(~blank)
+    if len(kept) == 0:
+        return _EMPTY
+    kept_values = values.take(pa.array(kept))
+    loads = json.loads
+    try:
+        for text in kept_values.to_pylist():
+            loads(text)
+    except ValueError:
+        _first_error(data, starts, pos, path, split_id, fmt)
+        raise  # pragma: no cover - _first_error raises for invalid JSON
+    kept_offsets = np.empty(len(kept), np.int64)
+    kept_offsets[0] = record_offsets[0]
+    kept_offsets[1:] = record_nexts[kept[:-1]]
+    kept_nexts = record_nexts[kept]
+    kept_nexts[-1] = record_nexts[-1]
+    return RangeColumns(pa.array(kept_offsets), pa.array(kept_nexts), kept_values)
+
+
+def _first_error(
+    data: bytes,
+    starts: np.ndarray[Any, np.dtype[np.int64]],
+    pos: int,
+    path: str,
+    split_id: str,
+    fmt: FileFormat,
+) -> None:
+    """Raise the error of the first bad line of ``data`` (its lines start at ``starts``, byte ``pos`` on)."""
+    bounds = [*starts.tolist(), len(data)]
+    for a, b in zip(bounds, bounds[1:], strict=False):
+        raw = data[a:b]
+        if raw[-1:] == b"\n":
+            raw = raw[:-1]
+        value = _decode(raw, pos + a, path, split_id)
+        if fmt is FileFormat.JSONL and value.strip():
+            try:
+                json.loads(value)
+            except ValueError as err:
+                raise SourceError(
+                    f"split {split_id!r}: {path} line at byte {pos + a} is not valid JSON ({err}); "
+                    "fix the file or use source.format 'lines'",
+                    split_id=split_id,
+                    offset=pos + a,
+                ) from err
 
 
 def _decode(raw: bytes, pos: int, path: str, split_id: str) -> str:
@@ -196,42 +300,6 @@ def _decode(raw: bytes, pos: int, path: str, split_id: str) -> str:
             split_id=split_id,
             offset=pos,
         ) from err
-
-
-def _jsonl(lines: Iterator[SourceRecord], path: str, split_id: str) -> Iterator[SourceRecord]:
-    """One record per non-blank line, validated as JSON.
-
-    Blank lines are not records: their bytes belong to the next record of the
-    range (its ``offset`` moves back to the first blank line), or, at the end
-    of the range, to the last record (its ``next_offset`` moves forward), so
-    offsets stay contiguous. A range of blank lines only yields nothing.
-    """
-    held: SourceRecord | None = None
-    blank_from: int | None = None
-    last_next = 0
-    for rec in lines:
-        last_next = rec.next_offset
-        if not rec.value.strip():
-            if blank_from is None:
-                blank_from = rec.offset
-            continue
-        try:
-            json.loads(rec.value)
-        except ValueError as err:
-            raise SourceError(
-                f"split {split_id!r}: {path} line at byte {rec.offset} is not valid JSON ({err}); "
-                "fix the file or use source.format 'lines'",
-                split_id=split_id,
-                offset=rec.offset,
-            ) from err
-        if blank_from is not None:
-            rec = rec._replace(offset=blank_from)
-            blank_from = None
-        if held is not None:
-            yield held
-        held = rec
-    if held is not None:
-        yield held._replace(next_offset=last_next) if blank_from is not None else held
 
 
 class FileSource(SourceConnector, SupportsSplitReassignmentOnRecovery):
