@@ -62,3 +62,41 @@ def test_bad_sizes_are_refused_naming_the_option() -> None:
     with pytest.raises(InvalidParameterError) as err:
         _sizes("1000,abc")
     assert "--sizes" in str(err.value) and "comma-separated" in str(err.value)
+
+
+@pytest.mark.kafka
+def test_the_kafka_part_reads_one_percent_of_the_partitions_per_epoch_exactly(
+    spark: Any, kafka_broker: Any, tmp_path: Path
+) -> None:
+    result = run_scale(
+        [20],
+        epochs=2,
+        checkpoints=3,
+        rss_splits=20_000,
+        workdir=str(tmp_path),
+        spark_factory=lambda: spark,
+        kafka_partitions=[10, 100],
+        bootstrap_servers=kafka_broker.bootstrap_servers,
+    )
+
+    assert result["kafka_partitions"] == [10, 100]
+    for partitions in ("10", "100"):
+        epochs = result["kafka_per_epoch"][partitions]
+        assert [e["records"] for e in epochs] == [1, 1]  # 1% of 10 and of 100: one partition, one message
+        assert all(e["kind"] == "global" and e["delta_files_added"] > 0 for e in epochs)
+        assert set(result["kafka_epoch_phases_ms"][partitions]) == set(DRIVER_PHASES)
+        assert result["kafka_epoch_overhead_ms"][partitions] > 0
+    assert result["kafka_exact"] is True
+    assert result["kafka_growth_epoch_overhead"] == round(
+        result["kafka_epoch_overhead_ms"]["100"] / result["kafka_epoch_overhead_ms"]["10"], 2
+    )
+    page = Path(write_chart(result, str(tmp_path / "out"))).read_text(encoding="utf-8")
+    assert "100 partitions: plan" in page
+
+
+def test_bad_kafka_partitions_are_refused_naming_the_option() -> None:
+    from splitkeeper.bench.scale import _sizes
+
+    with pytest.raises(InvalidParameterError) as err:
+        _sizes("100,x", "--kafka-partitions", "partition counts >= 10")
+    assert "--kafka-partitions" in str(err.value)

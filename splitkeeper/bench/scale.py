@@ -21,10 +21,18 @@ Three measurements, each on the real parts:
    1,000,000 splits over 1,000 readers and takes its snapshot (what a checkpoint does);
    ``driver_rss_mb_1m_splits`` is its peak RSS (``ru_maxrss``).
 
-``growth_epoch_overhead`` is the ratio of the largest size's overhead to the smallest's.
+4. **Epoch overhead (Kafka).** For each of ``--kafka-partitions`` (100 and 1,000), one
+   topic of that many partitions on the project's broker (started here, or
+   ``--bootstrap-servers``): one message per partition is read by the first epoch, then
+   before each measured epoch 1% of the partitions (at least one, a different set each
+   time) get one new message. Same phases and files as part 1 (``kafka_epoch_overhead_ms``,
+   ``kafka_epoch_phases_ms``, ``kafka_delta_files_per_epoch``), and every epoch must commit
+   exactly the messages produced before it (``kafka_exact``).
+
+``growth_epoch_overhead`` is the ratio of the largest size's overhead to the smallest's
+(files; ``kafka_growth_epoch_overhead`` the same for partitions).
 Goals (issue): overhead at 10,000 splits with 100 active <= 300 ms, growth <= 3, restore at
 10,000 splits <= 5 s, RSS at 1M splits <= 2 GB; the JSON says which hold (``goals``).
-The Kafka sizes (100 and 1,000 partitions) are not measured by this command yet.
 """
 
 from __future__ import annotations
@@ -96,21 +104,39 @@ def measure_epochs(
         }
     )
     active = max(1, round(size * active_share))
-    pipeline = Pipeline(config, spark)
+
+    def new_data(epoch: int) -> int:  # 1% new data: files are immutable once they appear, so new files
+        for i in range(active):
+            tmp = root / "in" / f".e{epoch}-{i}.txt"
+            tmp.write_text(f"epoch {epoch} file {i}\n", encoding="utf-8")
+            tmp.rename(root / "in" / f"e{epoch:03d}-{i:05d}.txt")
+        return active
+
+    return _measure(Pipeline(config, spark), root, f"{size:,} splits", size, active, epochs, new_data)
+
+
+def _measure(
+    pipeline: Any,
+    root: Path,
+    label: str,
+    size: int,
+    active: int,
+    epochs: int,
+    new_data: Callable[[int], int],
+) -> dict[str, Any]:
+    """Open ``pipeline``, run its first epoch (reads everything there), then ``epochs`` epochs each
+    after ``new_data(epoch)`` (returns the records it added): driver phases and Delta files."""
     measured: list[dict[str, Any]] = []
     try:
         started = time.perf_counter()
         pipeline.open()
-        first = pipeline.run_epoch()  # reads every file once
+        first = pipeline.run_epoch()  # reads everything there is
         say(
-            f"{size:,} splits: first epoch {first.kind.value}, {first.committed_records:,} records in "
+            f"{label}: first epoch {first.kind.value}, {first.committed_records:,} records in "
             f"{time.perf_counter() - started:.1f}s"
         )
         for epoch in range(epochs):
-            for i in range(active):  # 1% new data: files are immutable once they appear, so new files
-                tmp = root / "in" / f".e{epoch}-{i}.txt"
-                tmp.write_text(f"epoch {epoch} file {i}\n", encoding="utf-8")
-                tmp.rename(root / "in" / f"e{epoch:03d}-{i:05d}.txt")
+            added = new_data(epoch)
             before = _delta_files(root / "state") + _delta_files(root / "sink")
             report = pipeline.run_epoch()
             after = _delta_files(root / "state") + _delta_files(root / "sink")
@@ -120,6 +146,7 @@ def measure_epochs(
                     "epoch": report.epoch,
                     "kind": report.kind.value,
                     "records": report.committed_records,
+                    "records_added": added,
                     "phases_ms": phases_ms,
                     "overhead_ms": round(sum(phases_ms.values()), 1),
                     "read_ms": round(report.phases.get("read", 0.0) * 1000, 1),
@@ -128,7 +155,7 @@ def measure_epochs(
             )
             by_phase = ", ".join(f"{k} {v:.0f}" for k, v in phases_ms.items())
             say(
-                f"{size:,} splits, epoch {report.epoch}: {report.committed_records} records, driver "
+                f"{label}, epoch {report.epoch}: {report.committed_records} records, driver "
                 f"{measured[-1]['overhead_ms']:.0f} ms ({by_phase}), "
                 f"read {measured[-1]['read_ms']:.0f} ms, {after - before} Delta files"
             )
@@ -143,7 +170,60 @@ def measure_epochs(
             p: statistics.median(e["phases_ms"][p] for e in measured) for p in DRIVER_PHASES
         },
         "delta_files_per_epoch_median": statistics.median(e["delta_files_added"] for e in measured),
+        "exact": all(e["records"] == e["records_added"] for e in measured),
     }
+
+
+def measure_kafka_epochs(
+    spark: Any, root: Path, bootstrap: str, partitions: int, epochs: int, active_share: float = 0.01
+) -> dict[str, Any]:
+    """Part 4 for one partition count: a fresh topic; driver phases per epoch with 1% of the
+    partitions receiving a message before each."""
+    from confluent_kafka import Producer
+
+    from splitkeeper.kafka_testbed import QUIET_CLIENT_LOG, create_topics
+    from splitkeeper.runtime.config import config_from_mapping
+    from splitkeeper.runtime.pipeline import Pipeline
+
+    topic = f"scale-{partitions}-{os.getpid()}-{int(time.time())}"
+    started = time.perf_counter()
+    create_topics(bootstrap, {topic: partitions}, timeout_s=300)
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "logger": QUIET_CLIENT_LOG})
+
+    def produce(targets: Sequence[int], tag: str) -> int:
+        for p in targets:
+            producer.produce(topic, value=f"{tag} partition {p}".encode(), partition=p)
+        if producer.flush(120):
+            raise RuntimeError(f"bench scale: messages to {topic} undelivered after 120 s")
+        return len(targets)
+
+    produce(range(partitions), "initial")
+    say(f"{partitions:,} partitions: topic created and filled in {time.perf_counter() - started:.1f}s")
+    active = max(1, round(partitions * active_share))
+    config = config_from_mapping(
+        {
+            "name": f"scale-kafka-{partitions}",
+            "parallelism": 4,
+            "source": {
+                "kind": "kafka",
+                "bootstrap_servers": bootstrap,
+                "topics": [topic],
+                "starting": "earliest",
+            },
+            "checkpoint": {"retain_checkpoints": 3, "region_timeout_s": 600},
+            "backlog": {"backlog_epoch_records": partitions * 4, "normal_epoch_records": partitions * 4},
+            "state": {"path": str(root / "state")},
+            "sink": {"path": str(root / "sink")},
+        }
+    )
+
+    def new_data(epoch: int) -> int:  # a different 1% of the partitions each epoch
+        first = (epoch * active) % partitions
+        return produce([(first + i) % partitions for i in range(active)], f"epoch {epoch}")
+
+    return _measure(
+        Pipeline(config, spark), root, f"{partitions:,} partitions", partitions, active, epochs, new_data
+    )
 
 
 def measure_restore(root: Path, size: int, checkpoints: int) -> dict[str, Any]:
@@ -205,8 +285,10 @@ def run_scale(
     rss_splits: int = 1_000_000,
     workdir: str | None = None,
     spark_factory: Callable[[], Any] | None = None,
+    kafka_partitions: Sequence[int] = (),
+    bootstrap_servers: str | None = None,
 ) -> dict[str, Any]:
-    """All three parts; the JSON-able result."""
+    """All four parts (Kafka only with ``kafka_partitions``); the JSON-able result."""
     base = Path(workdir or tempfile.mkdtemp(prefix="splitkeeper-scale-"))
     load_start = [round(x, 2) for x in os.getloadavg()]
     if spark_factory is None:
@@ -222,6 +304,20 @@ def run_scale(
         epochs_by_size[size] = measure_epochs(spark, base / f"files-{size}", size, epochs)
         say(f"{size:,} splits: restore after {checkpoints} checkpoints")
         restore_by_size[size] = measure_restore(base / f"state-{size}", size, checkpoints)
+    kafka_by_size: dict[int, dict[str, Any]] = {}
+    if kafka_partitions:
+        from splitkeeper.kafka_testbed import BrokerHandle
+
+        broker = BrokerHandle(base / "broker", bootstrap_servers)
+        bootstrap = broker.start()
+        try:
+            for partitions in kafka_partitions:
+                say(f"{partitions:,} partitions: epochs (load {os.getloadavg()[0]:.1f})")
+                kafka_by_size[partitions] = measure_kafka_epochs(
+                    spark, base / f"kafka-{partitions}", bootstrap, partitions, epochs
+                )
+        finally:
+            broker.stop()
     say(f"driver memory with {rss_splits:,} splits")
     rss = measure_rss(rss_splits)
     small, large = min(sizes), max(sizes)
@@ -246,8 +342,27 @@ def run_scale(
         "growth_epoch_overhead": growth,
         "per_epoch": {str(s): epochs_by_size[s]["epochs"] for s in sizes},
         "load": {"start": load_start, "end": [round(x, 2) for x in os.getloadavg()]},
-        "kafka": "not measured (100 and 1,000 partitions: not built yet)",
     }
+    if kafka_by_size:
+        k_small, k_large = min(kafka_by_size), max(kafka_by_size)
+        k_overhead = {str(s): kafka_by_size[s]["overhead_ms_median"] for s in kafka_by_size}
+        result.update(
+            {
+                "kafka_partitions": sorted(kafka_by_size),
+                "kafka_epoch_overhead_ms": k_overhead,
+                "kafka_epoch_phases_ms": {str(s): v["phases_ms_median"] for s, v in kafka_by_size.items()},
+                "kafka_delta_files_per_epoch": {
+                    str(s): v["delta_files_per_epoch_median"] for s, v in kafka_by_size.items()
+                },
+                "kafka_growth_epoch_overhead": (
+                    round(k_overhead[str(k_large)] / k_overhead[str(k_small)], 2)
+                    if k_overhead[str(k_small)] > 0 and k_large != k_small
+                    else None
+                ),
+                "kafka_exact": all(v["exact"] for v in kafka_by_size.values()),
+                "kafka_per_epoch": {str(s): v["epochs"] for s, v in kafka_by_size.items()},
+            }
+        )
     result["goals"] = _goals(result)
     return result
 
@@ -292,6 +407,10 @@ def write_chart(result: dict[str, Any], out_dir: str) -> str:
         (f"{int(s):,} splits: {phase}", float(ms))
         for s, phases in result["epoch_phases_ms"].items()
         for phase, ms in phases.items()
+    ] + [
+        (f"{int(s):,} partitions: {phase}", float(ms))
+        for s, phases in result.get("kafka_epoch_phases_ms", {}).items()
+        for phase, ms in phases.items()
     ]
     phases = charts.hbar_chart(
         "scale-phases",
@@ -325,13 +444,15 @@ def write_chart(result: dict[str, Any], out_dir: str) -> str:
     return write_page(out_dir, CHART_FILE, "splitkeeper bench scale", body)
 
 
-def _sizes(text: str) -> list[int]:
+def _sizes(
+    text: str, option: str = "--sizes", allowed: str = "comma-separated split counts >= 10, e.g. 1000,10000"
+) -> list[int]:
     try:
         sizes = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
         sizes = []
     if not sizes or any(s < 10 for s in sizes):
-        raise InvalidParameterError("--sizes", text, "comma-separated split counts >= 10, e.g. 1000,10000")
+        raise InvalidParameterError(option, text, allowed)
     return sorted(set(sizes))
 
 
@@ -340,6 +461,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--epochs", type=int, default=5, help="measured epochs per size (after the first)")
     parser.add_argument("--checkpoints", type=int, default=200, help="checkpoints before the restore")
     parser.add_argument("--rss-splits", type=int, default=1_000_000, help="splits in the memory measurement")
+    parser.add_argument(
+        "--kafka-partitions",
+        default="100,1000",
+        help="partition counts of the Kafka part, comma-separated; 'none' skips it",
+    )
+    parser.add_argument(
+        "--bootstrap-servers", default=None, help="an existing broker (default: start the project's own)"
+    )
     parser.add_argument("--workdir", default=None, help="where the files and tables go (default: a temp dir)")
     parser.add_argument("--out", default="var/bench", help="where the HTML chart goes")
     parser.add_argument("--json", action="store_true", help="print the result as one JSON line")
@@ -351,12 +480,21 @@ def run(args: argparse.Namespace) -> int:
         value = getattr(args, name)
         if value < 1:
             raise InvalidParameterError(f"--{name.replace('_', '-')}", value, "an integer >= 1")
+    kafka = (
+        []
+        if args.kafka_partitions.strip().lower() in ("none", "0", "")
+        else _sizes(
+            args.kafka_partitions, "--kafka-partitions", "partition counts >= 10, e.g. 100,1000 (or none)"
+        )
+    )
     result = run_scale(
         sizes,
         epochs=args.epochs,
         checkpoints=args.checkpoints,
         rss_splits=args.rss_splits,
         workdir=args.workdir,
+        kafka_partitions=kafka,
+        bootstrap_servers=args.bootstrap_servers,
     )
     result["chart"] = write_chart(result, args.out)
     if args.json:
@@ -369,6 +507,11 @@ def run(args: argparse.Namespace) -> int:
                 f"state {result['state_bytes_after_200_checkpoints'][str(s)] / 1e6:.1f} MB"
             )
         print(f"growth of the epoch overhead: {result['growth_epoch_overhead']}")
+        for s in kafka:
+            print(
+                f"{s:>7,} partitions: epoch overhead {result['kafka_epoch_overhead_ms'][str(s)]:.0f} ms, "
+                f"exact {result['kafka_exact']}"
+            )
         print(f"driver RSS with {args.rss_splits:,} splits: {result['driver_rss_mb_1m_splits']:.0f} MB")
         print(f"chart: {result['chart']}")
     return 0
