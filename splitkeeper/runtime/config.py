@@ -69,6 +69,7 @@ from splitkeeper.core.rescale import Redistribution
 from splitkeeper.core.types import SplitFailurePolicy
 from splitkeeper.errors import ConfigError, InvalidParameterError
 from splitkeeper.runtime.transforms import resolve_callable, resolve_transform
+from splitkeeper.state.serde import check_full_snapshot_every
 
 #: The assignment strategies of the protocol core (protocol rule 1.6), by config name.
 STRATEGY_NAMES: tuple[str, ...] = tuple(sorted(STRATEGIES))
@@ -225,11 +226,15 @@ class CheckpointSettings(CheckpointConfig):
     ``on_split_failure``: ``stall`` (a split whose reads keep failing blocks the
     pipeline until fixed) or ``quarantine`` (after ``quarantine_after`` failed epochs
     in a row it is parked and the rest goes on; protocol rule 1.8).
+    ``full_snapshot_every``: the state store writes the enumerator state of at most that
+    many checkpoints per full snapshot, the others as deltas against it (1: every
+    checkpoint full; :class:`~splitkeeper.state.checkpoints.DeltaStateStore` rule 6).
     """
 
     retain_checkpoints: int = 3
     on_split_failure: SplitFailurePolicy = SplitFailurePolicy.STALL
     quarantine_after: int = 3
+    full_snapshot_every: int = 20
 
     def __post_init__(self) -> None:
         CheckpointConfig.__post_init__(self)
@@ -239,6 +244,7 @@ class CheckpointSettings(CheckpointConfig):
         after = self.quarantine_after
         if isinstance(after, bool) or not isinstance(after, int) or after < 1:
             raise InvalidParameterError("quarantine_after", after, "an integer >= 1 (failed epochs in a row)")
+        check_full_snapshot_every(self.full_snapshot_every)
 
 
 @dataclass(frozen=True, slots=True)

@@ -251,7 +251,11 @@ class Pipeline:
         self.faults = faults or FaultPlan()
         self.connector = connector or build_source(config.source)
         self.store = DeltaStateStore(
-            config.state_path, config.name, self.connector.fingerprint(), read_only=read_only
+            config.state_path,
+            config.name,
+            self.connector.fingerprint(),
+            full_snapshot_every=config.checkpoint.full_snapshot_every,
+            read_only=read_only,
         )
         self.sink = DeltaSink(
             config.sink_path, config.name, staging_path=config.staging_path, spark=spark, read_only=read_only

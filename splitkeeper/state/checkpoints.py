@@ -17,13 +17,24 @@ Contract, in the order the driver calls it for epoch N (protocol rule 5.3):
    driver that died after the sink commit is finished from Delta alone.
 3. (the sink commit, :mod:`splitkeeper.runtime.sink`)
 4. :meth:`commit_checkpoint`: the ``enumerator_state`` and ``audit`` rows, tagged with a
-   fresh *rows attempt* id, then (after ``before_row``) the ``checkpoints`` row LAST,
+   fresh *rows attempt* id (the ``enumerator_state`` rows are a full snapshot or a delta
+   against one, rule 6), then (after ``before_row``) the ``checkpoints`` row LAST,
    naming that rows attempt, in one commit fenced on the checkpoint id whose metadata
    names the decision's attempt. Only the row makes N exist; rows of an attempt no row
    names are never read (:mod:`~splitkeeper.state.history`) and compaction deletes
    them. The same decision again (a redo after the row landed) writes nothing; another
    run's row of N, or of a later id, is a ConcurrentRunError.
 5. :meth:`retain` after the side effects (:mod:`~splitkeeper.state.retention`).
+6. *Incremental enumerator state.* A checkpoint's ``enumerator_state`` rows are a full
+   snapshot (``checkpoints.enumerator_base`` NULL) or the entries that changed since the
+   full snapshot of a kept checkpoint B, with tombstones for the ones gone
+   (``enumerator_base`` = B; :func:`serde.enumerator_delta`). A full snapshot is written
+   for the first checkpoint this store commits (after a restart, a restore in another
+   process, a redo), when ``full_snapshot_every`` checkpoints have been committed since
+   B (including B), when the parallelism differs from B's, when B is no longer kept
+   under the attempt this store wrote, and when the rows cannot be a delta. Restore
+   reads B's rows (the attempt B's row names) and the delta; retention keeps the base of
+   every kept checkpoint. State written before this rule has every checkpoint full.
 
 Restore (:meth:`load_checkpoint`, :meth:`latest_checkpoint`) reads one checkpoint's
 partition of ``checkpoints`` and of ``enumerator_state`` through pyarrow, with file
@@ -89,12 +100,24 @@ class StateCommit:
 
 
 @dataclass(frozen=True, slots=True)
+class _Base:
+    """The full snapshot this store wrote last: what its next deltas are against (rule 6)."""
+
+    checkpoint_id: int
+    attempt_id: str  # the rows attempt its checkpoints row names
+    parallelism: int  # its enumerator snapshot's
+    rows: tuple[dict[str, Any], ...]  # its enumerator_state rows, without checkpoint_id / attempt_id
+    since: int = 1  # checkpoints committed since it, itself included
+
+
+@dataclass(frozen=True, slots=True)
 class KeptCheckpoint:
     """A kept checkpoint as the mirror knows it: metadata only (no split state)."""
 
     light: CompletedCheckpoint
     attempt_id: str
     configured_parallelism: int | None
+    enumerator_base: int | None = None  # the full snapshot its enumerator_state rows are a delta against
 
 
 def decision_for(
@@ -138,8 +161,9 @@ class DeltaStateStore(StateStore, CheckpointStore):
 
     ``run_id`` (default: a fresh uuid) tags the rows this process writes.
     ``compact_every``: :meth:`retain` compacts the tables after that many committed
-    checkpoints. ``accept_source_change`` adopts state written for another source
-    fingerprint.
+    checkpoints. ``full_snapshot_every``: at most that many checkpoints share one full
+    enumerator snapshot (rule 6; 1 writes a full snapshot every time).
+    ``accept_source_change`` adopts state written for another source fingerprint.
     """
 
     def __init__(
@@ -150,6 +174,7 @@ class DeltaStateStore(StateStore, CheckpointStore):
         *,
         run_id: str | None = None,
         compact_every: int = 50,
+        full_snapshot_every: int = 20,
         accept_source_change: bool = False,
         read_only: bool = False,
     ) -> None:
@@ -164,6 +189,7 @@ class DeltaStateStore(StateStore, CheckpointStore):
             )
         if isinstance(compact_every, bool) or not isinstance(compact_every, int) or compact_every < 1:
             raise InvalidParameterError("compact_every", compact_every, "an integer >= 1")
+        serde.check_full_snapshot_every(full_snapshot_every)
         self.tables = StateTables(root, read_only=read_only)
         self.root = self.tables.root
         self.pipeline_name = pipeline_name
@@ -171,6 +197,8 @@ class DeltaStateStore(StateStore, CheckpointStore):
         self.read_only = read_only
         self.run_id = run_id or uuid.uuid4().hex
         self.compact_every = compact_every
+        self.full_snapshot_every = full_snapshot_every
+        self._base: _Base | None = None
         self.history = StateHistory(self.tables, pipeline_name)
         self.last_commit: StateCommit | None = None
         self._lock = threading.RLock()
@@ -316,6 +344,7 @@ class DeltaStateStore(StateStore, CheckpointStore):
                 "regions",
                 "attempt_id",
                 "configured_parallelism",
+                "enumerator_base",
             ],
         )
         kept: list[KeptCheckpoint] = []
@@ -333,8 +362,14 @@ class DeltaStateStore(StateStore, CheckpointStore):
                 }
             )
             configured = row.get("configured_parallelism")
+            base = row.get("enumerator_base")
             kept.append(
-                KeptCheckpoint(light, row["attempt_id"], None if configured is None else int(configured))
+                KeptCheckpoint(
+                    light,
+                    row["attempt_id"],
+                    None if configured is None else int(configured),
+                    None if base is None else int(base),
+                )
             )
         result = (version, tuple(sorted(kept, key=lambda k: k.light.checkpoint_id)))
         with self._lock:
@@ -388,13 +423,36 @@ class DeltaStateStore(StateStore, CheckpointStore):
         row = rows[0]
         enumerator_rows: list[dict[str, Any]] = []
         if row.get("enumerator") is not None:
-            enumerator_rows = self.tables.read(
-                "enumerator_state",
-                partitions=part,
-                filter=pc.field("attempt_id") == row["attempt_id"],
-                table=enum_table,
-            ).to_pylist()
+            enumerator_rows = self._enumerator_rows(checkpoint_id, row["attempt_id"], enum_table)
+            base_id = row.get("enumerator_base")
+            if base_id is not None:  # rule 6: the base's rows (the attempt its row names) + the delta
+                base_part = [("checkpoint_id", "=", int(base_id))]
+                base_rows = self.tables.read(
+                    "checkpoints", partitions=base_part, table=cp_table, columns=["attempt_id"]
+                ).to_pylist()
+                if not base_rows:
+                    raise StateError(
+                        f"checkpoint {checkpoint_id} of pipeline {self.pipeline_name!r} holds its enumerator "
+                        f"state as a delta against checkpoint {base_id}, which is not in the state store at "
+                        f"{self.root}: the state is incomplete (retention keeps every kept checkpoint's "
+                        "base); restore an older checkpoint or a backup of the state directory",
+                        checkpoint_id=checkpoint_id,
+                        enumerator_base=int(base_id),
+                    )
+                base = self._enumerator_rows(int(base_id), base_rows[0]["attempt_id"], enum_table)
+                enumerator_rows = serde.apply_enumerator_delta(base, enumerator_rows)
         return serde.checkpoint_from_rows(row, enumerator_rows)
+
+    def _enumerator_rows(
+        self, checkpoint_id: int, attempt_id: str, table: Any = None
+    ) -> list[dict[str, Any]]:
+        """The ``enumerator_state`` rows of one checkpoint as stored, of the attempt ``attempt_id``."""
+        return self.tables.read(
+            "enumerator_state",
+            partitions=[("checkpoint_id", "=", int(checkpoint_id))],
+            filter=pc.field("attempt_id") == attempt_id,
+            table=table,
+        ).to_pylist()
 
     def _as_of(self, table: str, as_of: datetime | str) -> Any:
         from splitkeeper.state.tables import open_table
@@ -621,9 +679,13 @@ class DeltaStateStore(StateStore, CheckpointStore):
         enumerator_rows = (
             [] if completed.enumerator is None else serde.enumerator_to_rows(completed.enumerator)
         )
+        base = self._delta_base(completed) if enumerator_rows else None
+        delta = None if base is None else serde.enumerator_delta(base.rows, enumerator_rows)
+        written = enumerator_rows if delta is None else delta
+        row["enumerator_base"] = None if delta is None or base is None else base.checkpoint_id
         audit_rows = [serde.audit_to_row(record, seq) for seq, record in enumerate(decision.audit)]
         batches = [
-            ("enumerator_state", [{**r, **key} for r in enumerator_rows]),
+            ("enumerator_state", [{**r, **key} for r in written]),
             ("audit", [{**r, **key} for r in audit_rows]),
         ]
         writes = [(name, spec(name).rows(rows)) for name, rows in batches if rows]
@@ -667,12 +729,37 @@ class DeltaStateStore(StateStore, CheckpointStore):
                 self._mirror = None
             current = self.tables.require("checkpoints").transaction_version(self.pipeline_name)
             raise self._checkpoint_conflict(checkpoint_id, current) from err
+        attempt = str(result.metadata.get("rows_attempt_id", rows_attempt))
         with self._lock:
             self._mirror = None
             self._commits_since_compaction += 1
+            if result.replayed or attempt != rows_attempt:
+                self._base = None  # another attempt's rows count: start again from a full snapshot
+            elif enumerator_rows and delta is None:
+                assert completed.enumerator is not None
+                parallelism = completed.enumerator.parallelism
+                self._base = _Base(checkpoint_id, rows_attempt, parallelism, tuple(enumerator_rows))
+            elif base is not None and delta is not None:
+                self._base = replace(base, since=base.since + 1)
         total_ms = round((time.perf_counter() - started) * 1000)
-        attempt = str(result.metadata.get("rows_attempt_id", rows_attempt))
         self.last_commit = StateCommit(checkpoint_id, attempt, commit_ms, total_ms, result.replayed)
+
+    def _delta_base(self, completed: CompletedCheckpoint) -> _Base | None:
+        """The full snapshot ``completed``'s enumerator rows may be a delta against; None: write a
+        full snapshot (rule 6)."""
+        with self._lock:
+            base = self._base
+        if base is None or base.since >= self.full_snapshot_every:
+            return None
+        if completed.enumerator is None or base.checkpoint_id >= completed.checkpoint_id:
+            return None
+        if base.parallelism != completed.enumerator.parallelism:  # a rescale: start from a full snapshot
+            return None
+        kept = {k.light.checkpoint_id: k for k in self.kept()[1]}
+        entry = kept.get(base.checkpoint_id)
+        if entry is None or entry.attempt_id != base.attempt_id or entry.enumerator_base is not None:
+            return None
+        return base
 
     def _checkpoint_conflict(self, checkpoint_id: int, latest: int | None) -> ConcurrentRunError:
         if latest is not None and latest > checkpoint_id:

@@ -20,7 +20,13 @@ Rules:
    retention deleted (archived to ``checkpoint_log`` just before), aborted attempts
    (logged there); ordered by id, then time. A checkpoint both kept and archived (a
    driver died between the archive and the delete) shows once.
-3. Read-only: never writes; a missing table reads as empty. May run while the
+3. *Whole enumerator snapshots.* :meth:`StateHistory.enumerator_rows` returns every
+   checkpoint's full snapshot rows, also of a checkpoint whose stored rows are a delta
+   against a base (``checkpoints.enumerator_base``, store rule 6): the base's rows
+   (under rule 1) with the delta applied, re-encoded as a full snapshot would have
+   been written (:func:`serde.enumerator_to_rows`), stamped with the checkpoint's own id
+   and attempt. Readers never see a delta or a tombstone.
+4. Read-only: never writes; a missing table reads as empty. May run while the
    pipeline runs (it sees the commits landed so far).
 """
 
@@ -35,9 +41,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from splitkeeper.core.types import AuditRecord, CheckpointKind, RegionOutcome
-from splitkeeper.errors import CheckpointError
+from splitkeeper.errors import CheckpointError, StateError
 from splitkeeper.state import serde
-from splitkeeper.state.tables import StateTables
+from splitkeeper.state.tables import StateTables, spec
 
 __all__ = ["StateHistory", "TimelineEntry"]
 
@@ -174,17 +180,49 @@ class StateHistory:
         return serde.audit_from_rows(rows)
 
     def enumerator_rows(self, checkpoint_ids: Collection[int] | None = None) -> pa.Table:
-        """The ``enumerator_state`` rows that count (rule 1) of the kept checkpoints ``checkpoint_ids``
+        """The full ``enumerator_state`` rows (rules 1 and 3) of the kept checkpoints ``checkpoint_ids``
         (all kept ones when None)."""
-        heads = {
-            int(r["checkpoint_id"]): str(r["attempt_id"])
-            for r in self.tables.read("checkpoints", columns=["checkpoint_id", "attempt_id"]).to_pylist()
-        }
+        rows = self.tables.read(
+            "checkpoints",
+            columns=["checkpoint_id", "attempt_id", "parallelism", "enumerator", "enumerator_base"],
+        ).to_pylist()
+        heads = {int(r["checkpoint_id"]): r for r in rows}
         wanted = sorted(heads if checkpoint_ids is None else set(checkpoint_ids) & set(heads))
         if not wanted:
             return self.tables.read("enumerator_state").slice(0, 0)
-        data = self.tables.read("enumerator_state", partitions=[("checkpoint_id", "in", wanted)])
-        return data.filter(_pairs_mask(data, {i: heads[i] for i in wanted}, None))
+        bases = {int(b) for i in wanted if (b := heads[i]["enumerator_base"]) is not None}
+        missing = sorted(bases - set(heads))
+        if missing:
+            raise StateError(
+                f"checkpoints of pipeline {self.pipeline!r} hold their enumerator state as deltas against "
+                f"checkpoints {missing}, which are not in the state store: the state is incomplete "
+                "(retention keeps every kept checkpoint's base)",
+                missing=missing,
+            )
+        read_ids = sorted(set(wanted) | bases)
+        data = self.tables.read("enumerator_state", partitions=[("checkpoint_id", "in", read_ids)])
+        data = data.filter(_pairs_mask(data, {i: str(heads[i]["attempt_id"]) for i in read_ids}, None))
+        deltas = [i for i in wanted if heads[i]["enumerator_base"] is not None]
+        if not deltas:
+            return data.filter(pc.is_in(pc.field("checkpoint_id"), pa.array(wanted, pa.int64())))
+        full = [i for i in wanted if heads[i]["enumerator_base"] is None]
+        by_id: dict[int, list[dict[str, Any]]] = {}
+        for row in data.filter(
+            pc.is_in(pc.field("checkpoint_id"), pa.array(sorted(bases | set(deltas)), pa.int64()))
+        ).to_pylist():
+            by_id.setdefault(int(row["checkpoint_id"]), []).append(row)
+        rebuilt: list[dict[str, Any]] = []
+        for cid in deltas:
+            head = heads[cid]
+            merged = serde.apply_enumerator_delta(
+                by_id.get(int(head["enumerator_base"]), ()), by_id.get(cid, ())
+            )
+            snapshot = serde.enumerator_from_rows(head["enumerator"], merged)
+            key = {"checkpoint_id": cid, "attempt_id": str(head["attempt_id"])}
+            rebuilt.extend({**r, **key} for r in serde.enumerator_to_rows(snapshot))
+        stored = data.filter(pc.is_in(pc.field("checkpoint_id"), pa.array(full, pa.int64())))
+        whole = pa.concat_tables([stored, spec("enumerator_state").rows(rebuilt)])
+        return whole.sort_by("checkpoint_id")
 
     # -- the timeline ------------------------------------------------------------------
 

@@ -4,11 +4,14 @@ Rules:
 
 1. :func:`retain` asks the core (:meth:`splitkeeper.core.checkpoint.CheckpointStore.retain`)
    which checkpoints may go: never one a kept checkpoint references, directly or
-   transitively, nor a pinned one. It archives their timeline facts to
+   transitively, nor a pinned one, nor the full enumerator snapshot a kept checkpoint's
+   delta is against (``checkpoints.enumerator_base``, store rule 6). It archives their timeline facts to
    ``checkpoint_log`` (one append), then deletes their ``checkpoints`` rows (one
    delete on the partition column: whole files, nothing rewritten). From that commit
    on they do not exist. A driver dying between the two leaves a checkpoint both kept
    and archived; the history shows it once and the next retention deletes it.
+   :func:`delete_checkpoints` refuses (CheckpointError) to delete a base a checkpoint it
+   keeps still needs.
 2. :func:`compact` deletes rows nothing reads any more: ``enumerator_state`` rows of
    checkpoints up to the newest kept one that are not the attempt a kept row names
    (deleted checkpoints, killed or losing attempts), ``audit`` rows of attempts no kept
@@ -37,6 +40,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from splitkeeper.core.checkpoint import CheckpointStore
+from splitkeeper.errors import CheckpointError
 from splitkeeper.state.tables import STATE_TABLES, guarded, spec
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -85,10 +89,19 @@ def archived_row(row: Mapping[str, Any], logged_at: datetime) -> dict[str, Any]:
 def retain(store: DeltaStateStore, keep_latest: int, pinned: Collection[int] = ()) -> list[int]:
     """Rule 1; returns the deleted checkpoint ids, ascending."""
     store._writable("apply retention")
-    core = CheckpointStore()
-    for entry in store.kept()[1]:
-        core._put(entry.light)
-    deleted = core.retain(keep_latest, pinned=pinned)  # the core's rule decides
+    kept = store.kept()[1]
+    base_of = {e.light.checkpoint_id: e.enumerator_base for e in kept}
+    pins = set(pinned)
+    while True:  # the core's rule decides; the bases of the checkpoints it keeps are pinned too
+        core = CheckpointStore()
+        for entry in kept:
+            core._put(entry.light)
+        deleted = core.retain(keep_latest, pinned=pins)
+        survivors = set(base_of) - set(deleted)
+        needed = {b for c in survivors if (b := base_of[c]) is not None and b in base_of} - pins
+        if not needed & set(deleted):
+            break
+        pins |= needed
     delete_checkpoints(store, deleted)
     return deleted
 
@@ -100,6 +113,19 @@ def delete_checkpoints(store: DeltaStateStore, checkpoint_ids: Sequence[int]) ->
     wanted = sorted({int(i) for i in checkpoint_ids})
     if not wanted:
         return
+    needed = {
+        e.light.checkpoint_id: e.enumerator_base
+        for e in store.kept()[1]
+        if e.enumerator_base in wanted and e.light.checkpoint_id not in wanted
+    }
+    if needed:
+        raise CheckpointError(
+            f"cannot delete checkpoints {sorted(set(needed.values()))} of pipeline {store.pipeline_name!r}: "
+            f"kept checkpoints {sorted(needed)} hold their enumerator state as a delta against them; "
+            "delete those checkpoints too, or keep their bases",
+            checkpoint_ids=wanted,
+            needed_by=sorted(needed),
+        )
     rows = store.tables.read("checkpoints", partitions=[("checkpoint_id", "in", wanted)]).to_pylist()
     logged_at = datetime.now(UTC)
     if rows:

@@ -380,6 +380,108 @@ def enumerator_from_rows(
 
 
 # ---------------------------------------------------------------------------------------
+# Incremental enumerator_state: a delta against a full snapshot (the base)
+# ---------------------------------------------------------------------------------------
+
+#: Statuses only a delta holds: the base row of that split (split statuses) or of its backlog
+#: entry is gone in the delta's checkpoint.
+ENUMERATOR_TOMBSTONES = ("removed", "backlog_removed")
+_TOMBSTONE_OF = {"split": "removed", "backlog": "backlog_removed"}
+_ROW_VALUE = ("status", "owner", "seq", "subscription", "position", "end", "backlog_end", "backlog_finished")
+
+
+def check_full_snapshot_every(value: Any) -> None:
+    """``full_snapshot_every`` (config: ``checkpoint.full_snapshot_every``): an integer >= 1
+    (InvalidParameterError otherwise)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidParameterError(
+            "full_snapshot_every",
+            value,
+            "an integer >= 1: at most that many checkpoints share one full enumerator snapshot "
+            "(1 writes a full snapshot at every checkpoint)",
+        )
+
+
+def _entry_key(row: Mapping[str, Any]) -> tuple[str, str]:
+    """What one ``enumerator_state`` row is about: a split's place (assigned, pool, quarantined,
+    finished; at most one per split) or its backlog entry."""
+    status = row["status"]
+    if status in ("backlog", "backlog_removed"):
+        return "backlog", str(row["split_id"])
+    return "split", str(row["split_id"])
+
+
+def _entry_value(row: Mapping[str, Any]) -> tuple[Any, ...]:
+    """What a delta compares. The ``seq`` of finished and backlog rows is only their sort order
+    (readers ignore it: finished ids are a set), so it does not count as a change."""
+    ignore_seq = row["status"] in ("finished", "backlog")
+    return tuple(None if (ignore_seq and c == "seq") else row.get(c) for c in _ROW_VALUE)
+
+
+def enumerator_delta(
+    base: Iterable[Mapping[str, Any]], rows: Iterable[Mapping[str, Any]]
+) -> list[Row] | None:
+    """The delta rows that turn the full snapshot rows ``base`` into ``rows``; None when ``rows``
+    cannot be a delta (two rows about the same entry: the caller writes a full snapshot).
+
+    Rules:
+
+    1. A row of ``rows`` whose entry (split place, or backlog entry) is not in ``base``, or
+       differs from it (``seq`` of finished/backlog rows aside), is in the delta as it is.
+    2. An entry of ``base`` that ``rows`` no longer has gets a tombstone: status
+       ``removed`` (split place) or ``backlog_removed`` (backlog entry), split id only.
+    3. ``apply_enumerator_delta(base, enumerator_delta(base, rows))`` decodes
+       (:func:`enumerator_from_rows`) to the same snapshot as ``rows``.
+    """
+    before: dict[tuple[str, str], tuple[Any, ...]] = {}
+    for row in base:
+        before[_entry_key(row)] = _entry_value(row)
+    out: list[Row] = []
+    seen: set[tuple[str, str]] = set()
+    for row in rows:
+        key = _entry_key(row)
+        if key in seen:
+            return None
+        seen.add(key)
+        if before.get(key) != _entry_value(row):
+            out.append(dict(row))
+    for kind, split_id in before.keys() - seen:
+        out.append(_tombstone(_TOMBSTONE_OF[kind], split_id))
+    return out
+
+
+def _tombstone(status: str, split_id: str) -> Row:
+    return {
+        "status": status,
+        "owner": None,
+        "seq": 0,
+        "split_id": split_id,
+        "subscription": None,
+        "position": None,
+        "end": None,
+        "backlog_end": None,
+        "backlog_finished": None,
+    }
+
+
+def apply_enumerator_delta(
+    base: Iterable[Mapping[str, Any]], delta: Iterable[Mapping[str, Any]]
+) -> list[dict[str, Any]]:
+    """The full rows of a delta's checkpoint: ``base`` (a full snapshot's rows) with each entry
+    the delta names replaced, and each tombstoned entry dropped. Other columns
+    (``checkpoint_id``, ``attempt_id``) are the delta's for the entries it names and the base's
+    for the others: callers that show the rows stamp their own."""
+    merged: dict[tuple[str, str], dict[str, Any]] = {_entry_key(r): dict(r) for r in base}
+    for row in delta:
+        key = _entry_key(row)
+        if row["status"] in ENUMERATOR_TOMBSTONES:
+            merged.pop(key, None)
+        else:
+            merged[key] = dict(row)
+    return list(merged.values())
+
+
+# ---------------------------------------------------------------------------------------
 # CompletedCheckpoint (checkpoints row + enumerator_state rows)
 # ---------------------------------------------------------------------------------------
 

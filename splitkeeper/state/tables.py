@@ -258,7 +258,7 @@ TABLES: dict[str, TableSpec] = {
             "checkpoints",
             partition="checkpoint_id",
             stats_columns=("attempt_id",),
-            added_columns=frozenset({"configured_parallelism", "split_weights"}),
+            added_columns=frozenset({"configured_parallelism", "split_weights", "enumerator_base"}),
         ),
         TableSpec("enumerator_state", partition="checkpoint_id", stats_columns=("attempt_id",)),
         # history, kept past retention: unpartitioned, compaction bounds its files

@@ -306,10 +306,13 @@ def test_rows_of_a_commit_that_died_before_its_checkpoint_row_are_never_read(roo
     assert store.load_checkpoint(2) == global_(2)
     assert store.history.audit_for(2) == [AuditRecord("s0", 0, RecoveryDecision.ASSIGNED, 2)]
     store.commit_checkpoint(decision_for(global_(3)))
-    assert store.retain(1) == [1, 2]
+    # 2 and 3 are deltas against 1's full snapshot (store rule 6): 1 stays while 3 is kept
+    assert store.retain(1) == [2]
     store.compact()
     leftover = _rows(root, "enumerator_state")
-    assert set(leftover.column("attempt_id").to_pylist()) == {store.kept()[1][-1].attempt_id}
+    assert set(leftover.column("attempt_id").to_pylist()) == {k.attempt_id for k in store.kept()[1]}
+    assert store.checkpoint_ids() == [1, 3]
+    assert _open(root).load_checkpoint(3) == global_(3)
 
 
 def test_aborted_attempts_show_in_the_timeline_but_never_as_checkpoints(root):
@@ -335,7 +338,7 @@ def test_aborted_attempts_show_in_the_timeline_but_never_as_checkpoints(root):
 
 
 def test_time_travel_restores_a_checkpoint_that_retention_deleted(root):
-    store = _open(root)
+    store = _open(root, full_snapshot_every=1)  # 1 is no base of 2: retention deletes it
     store.commit_checkpoint(decision_for(global_(1)))
     time.sleep(1.1)
     moment = datetime.now(UTC)

@@ -32,7 +32,8 @@ def _orphan_rows(root: str, checkpoint_id: int, attempt: str, *splits: str) -> N
 
 @pytest.fixture
 def store(tmp_path) -> DeltaStateStore:
-    return DeltaStateStore(tmp_path / "state", "orders", "files:/in")
+    # every checkpoint full: these tests delete checkpoints by retention (bases: test_incremental.py)
+    return DeltaStateStore(tmp_path / "state", "orders", "files:/in", full_snapshot_every=1)
 
 
 def test_only_the_attempt_a_checkpoints_row_or_its_archive_names_counts(store):

@@ -35,6 +35,9 @@ def root(tmp_path) -> str:
 
 
 def _open(root, **kwargs) -> DeltaStateStore:
+    # every checkpoint a full snapshot: these tests are about the ref-chain rules; the bases of
+    # incremental enumerator state are tests/state/test_incremental.py's
+    kwargs.setdefault("full_snapshot_every", 1)
     return DeltaStateStore(root, "orders", "files:/in", **kwargs)
 
 
@@ -275,7 +278,7 @@ def test_history_does_not_grow_what_restore_reads_after_compaction(tmp_path):
     store = DeltaStateStore(root, "measure", "synthetic")
     latest = store.latest_checkpoint()
     assert latest is not None and latest.checkpoint_id == 12
-    assert store.checkpoint_ids() == [10, 11, 12]
+    assert store.checkpoint_ids() == [1, 10, 11, 12]  # 1: the full snapshot 10-12 are deltas against
     checkpoint_files = DeltaTable(f"{root}/checkpoints").file_uris(
         file_pruning_predicate=[("checkpoint_id", "=", 12)]
     )

@@ -166,9 +166,11 @@ def test_a_table_partitioned_otherwise_is_refused(tmp_path):
 
 
 def _old_checkpoints_table(root: Path) -> pa.Schema:
-    """A checkpoints table as state written before configured_parallelism and split_weights existed."""
+    """A checkpoints table as state written before configured_parallelism, split_weights and
+    enumerator_base existed."""
     full = spec("checkpoints").schema
-    old = pa.schema([f for f in full if f.name not in ("configured_parallelism", "split_weights")])
+    added = ("configured_parallelism", "split_weights", "enumerator_base")
+    old = pa.schema([f for f in full if f.name not in added])
     DeltaTable.create(str(root / "checkpoints"), old, partition_by=["checkpoint_id"])
     return old
 
