@@ -106,7 +106,7 @@ class _Base:
     checkpoint_id: int
     attempt_id: str  # the rows attempt its checkpoints row names
     parallelism: int  # its enumerator snapshot's
-    rows: tuple[dict[str, Any], ...]  # its enumerator_state rows, without checkpoint_id / attempt_id
+    index: Mapping[serde.EntryKey, tuple[Any, ...]]  # its enumerator_state rows (serde.enumerator_index)
     since: int = 1  # checkpoints committed since it, itself included
 
 
@@ -680,7 +680,7 @@ class DeltaStateStore(StateStore, CheckpointStore):
             [] if completed.enumerator is None else serde.enumerator_to_rows(completed.enumerator)
         )
         base = self._delta_base(completed) if enumerator_rows else None
-        delta = None if base is None else serde.enumerator_delta(base.rows, enumerator_rows)
+        delta = None if base is None else serde.enumerator_delta(base.index, enumerator_rows)
         written = enumerator_rows if delta is None else delta
         row["enumerator_base"] = None if delta is None or base is None else base.checkpoint_id
         audit_rows = [serde.audit_to_row(record, seq) for seq, record in enumerate(decision.audit)]
@@ -738,7 +738,8 @@ class DeltaStateStore(StateStore, CheckpointStore):
             elif enumerator_rows and delta is None:
                 assert completed.enumerator is not None
                 parallelism = completed.enumerator.parallelism
-                self._base = _Base(checkpoint_id, rows_attempt, parallelism, tuple(enumerator_rows))
+                index = serde.enumerator_index(enumerator_rows)
+                self._base = _Base(checkpoint_id, rows_attempt, parallelism, index)
             elif base is not None and delta is not None:
                 self._base = replace(base, since=base.since + 1)
         total_ms = round((time.perf_counter() - started) * 1000)

@@ -387,7 +387,8 @@ def enumerator_from_rows(
 #: entry is gone in the delta's checkpoint.
 ENUMERATOR_TOMBSTONES = ("removed", "backlog_removed")
 _TOMBSTONE_OF = {"split": "removed", "backlog": "backlog_removed"}
-_ROW_VALUE = ("status", "owner", "seq", "subscription", "position", "end", "backlog_end", "backlog_finished")
+_SEQ_FREE = frozenset({"finished", "backlog"})
+EntryKey = tuple[str, str]
 
 
 def check_full_snapshot_every(value: Any) -> None:
@@ -402,7 +403,7 @@ def check_full_snapshot_every(value: Any) -> None:
         )
 
 
-def _entry_key(row: Mapping[str, Any]) -> tuple[str, str]:
+def _entry_key(row: Mapping[str, Any]) -> EntryKey:
     """What one ``enumerator_state`` row is about: a split's place (assigned, pool, quarantined,
     finished; at most one per split) or its backlog entry."""
     status = row["status"]
@@ -414,15 +415,31 @@ def _entry_key(row: Mapping[str, Any]) -> tuple[str, str]:
 def _entry_value(row: Mapping[str, Any]) -> tuple[Any, ...]:
     """What a delta compares. The ``seq`` of finished and backlog rows is only their sort order
     (readers ignore it: finished ids are a set), so it does not count as a change."""
-    ignore_seq = row["status"] in ("finished", "backlog")
-    return tuple(None if (ignore_seq and c == "seq") else row.get(c) for c in _ROW_VALUE)
+    status = row["status"]
+    return (
+        status,
+        row["owner"],
+        None if status in _SEQ_FREE else row["seq"],
+        row["subscription"],
+        row["position"],
+        row["end"],
+        row["backlog_end"],
+        row["backlog_finished"],
+    )
+
+
+def enumerator_index(rows: Iterable[Mapping[str, Any]]) -> dict[EntryKey, tuple[Any, ...]]:
+    """What :func:`enumerator_delta` compares against, of a full snapshot's rows: computed once per
+    base by a writer that takes several deltas against it."""
+    return {_entry_key(row): _entry_value(row) for row in rows}
 
 
 def enumerator_delta(
-    base: Iterable[Mapping[str, Any]], rows: Iterable[Mapping[str, Any]]
+    base: Iterable[Mapping[str, Any]] | Mapping[EntryKey, tuple[Any, ...]], rows: Iterable[Mapping[str, Any]]
 ) -> list[Row] | None:
-    """The delta rows that turn the full snapshot rows ``base`` into ``rows``; None when ``rows``
-    cannot be a delta (two rows about the same entry: the caller writes a full snapshot).
+    """The delta rows that turn the full snapshot rows ``base`` (or their
+    :func:`enumerator_index`) into ``rows``; None when ``rows`` cannot be a delta (two rows
+    about the same entry: the caller writes a full snapshot).
 
     Rules:
 
@@ -433,19 +450,17 @@ def enumerator_delta(
     3. ``apply_enumerator_delta(base, enumerator_delta(base, rows))`` decodes
        (:func:`enumerator_from_rows`) to the same snapshot as ``rows``.
     """
-    before: dict[tuple[str, str], tuple[Any, ...]] = {}
-    for row in base:
-        before[_entry_key(row)] = _entry_value(row)
-    out: list[Row] = []
-    seen: set[tuple[str, str]] = set()
-    for row in rows:
-        key = _entry_key(row)
-        if key in seen:
-            return None
-        seen.add(key)
-        if before.get(key) != _entry_value(row):
-            out.append(dict(row))
-    for kind, split_id in before.keys() - seen:
+    before = base if isinstance(base, Mapping) else enumerator_index(base)
+    rows = list(rows)
+    keys = [_entry_key(row) for row in rows]
+    values = [_entry_value(row) for row in rows]
+    if len(set(keys)) != len(keys):
+        return None
+    get = before.get
+    out: list[Row] = [
+        dict(row) for row, key, value in zip(rows, keys, values, strict=True) if get(key) != value
+    ]
+    for kind, split_id in before.keys() - set(keys):
         out.append(_tombstone(_TOMBSTONE_OF[kind], split_id))
     return out
 
@@ -471,7 +486,7 @@ def apply_enumerator_delta(
     the delta names replaced, and each tombstoned entry dropped. Other columns
     (``checkpoint_id``, ``attempt_id``) are the delta's for the entries it names and the base's
     for the others: callers that show the rows stamp their own."""
-    merged: dict[tuple[str, str], dict[str, Any]] = {_entry_key(r): dict(r) for r in base}
+    merged: dict[EntryKey, dict[str, Any]] = {_entry_key(r): dict(r) for r in base}
     for row in delta:
         key = _entry_key(row)
         if row["status"] in ENUMERATOR_TOMBSTONES:
