@@ -15,13 +15,14 @@ import pyarrow.compute as pc
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
+from splitkeeper.core.ports import CrashPoint
 from splitkeeper.core.types import BacklogSnapshot, CompletedCheckpoint, EnumeratorSnapshot, Split
 from splitkeeper.errors import CheckpointError, ConfigError, InvalidParameterError, StateError
 from splitkeeper.runtime.config import config_from_mapping
 from splitkeeper.state import serde
 from splitkeeper.state.checkpoints import DeltaStateStore, decision_for
 
-from .samples import global_, regional
+from .samples import Crash, CrashAt, LocalPipeline, global_, regional
 
 
 def _snapshot(checkpoint_id: int, rng: random.Random, n: int = 60, readers: int = 3) -> EnumeratorSnapshot:
@@ -311,3 +312,40 @@ def test_the_config_key_reaches_the_store(tmp_path):
         }
     )
     assert config.checkpoint.full_snapshot_every == 7
+
+
+# -- the real driver, store and sink (no Spark): crashes, redo, retention ------------------
+
+
+@pytest.mark.parametrize(
+    "point", [CrashPoint.BEFORE_CHECKPOINT_ROW, CrashPoint.AFTER_SINK_COMMIT, CrashPoint.DURING_RETENTION]
+)
+def test_a_driver_killed_mid_commit_finishes_from_delta_state_exactly_once(tmp_path, point):
+    pipeline = LocalPipeline(tmp_path, retain=1)
+    pipeline.write_input(files=6, lines=40)  # 240 records, 20 per epoch: 12 epochs
+    driver = pipeline.driver(CrashAt(point, 4))
+    driver.open()
+    for _ in range(3):
+        driver.run_epoch()
+    with pytest.raises(Crash):
+        driver.run_epoch()
+    again = pipeline.driver()  # a new process: restore, then redo epoch 4 from its decision
+    again.open()
+    while again.run_epoch().committed_records:
+        pass
+    bases = _bases(pipeline.state)
+    assert any(b is not None for b in bases.values())  # deltas were written and are kept
+    store = DeltaStateStore(pipeline.state, pipeline.name, None, read_only=True)
+    for cid in store.ids():  # what restore reads == what the checks and the report read
+        restored = store.load_checkpoint(cid)
+        assert restored.enumerator is not None
+        rows = store.history.enumerator_rows([cid]).drop_columns(["checkpoint_id", "attempt_id"])
+        assert rows.to_pylist() == serde.enumerator_to_rows(restored.enumerator)
+        base = bases[cid]
+        assert base is None or base in store.ids()
+    latest = store.latest_checkpoint()
+    assert latest is not None and latest.enumerator is not None
+    assert len(latest.enumerator.finished) == 6  # every file read to its end
+    sink = DeltaTable(pipeline.sink_path).to_pyarrow_table(columns=["split_id", "offset"])
+    pairs = list(zip(*(sink.column(i).to_pylist() for i in (0, 1)), strict=True))
+    assert len(pairs) == len(set(pairs)) == 240  # each record exactly once
