@@ -71,11 +71,17 @@ import pyarrow.compute as pc
 
 from splitkeeper.core.checkpoint import CheckpointStore
 from splitkeeper.core.ports import EpochDecision, EpochPlan, StateStore
-from splitkeeper.core.types import AuditRecord, CheckpointKind, CompletedCheckpoint, RegionOutcome
+from splitkeeper.core.types import (
+    AuditRecord,
+    CheckpointKind,
+    CompletedCheckpoint,
+    EnumeratorSnapshot,
+    RegionOutcome,
+)
 from splitkeeper.errors import CheckpointError, ConcurrentRunError, InvalidParameterError, StateError
 from splitkeeper.state import serde, storage
 from splitkeeper.state.fence import fenced_commit, recorded_commit
-from splitkeeper.state.history import StateHistory
+from splitkeeper.state.history import StateHistory, merge_delta
 from splitkeeper.state.tables import STATE_TABLES, StateTables, guarded, spec
 
 __all__ = ["DeltaStateStore", "KeptCheckpoint", "StateCommit", "decision_for"]
@@ -106,7 +112,7 @@ class _Base:
     checkpoint_id: int
     attempt_id: str  # the rows attempt its checkpoints row names
     parallelism: int  # its enumerator snapshot's
-    index: Mapping[serde.EntryKey, tuple[Any, ...]]  # its enumerator_state rows (serde.enumerator_index)
+    snapshot: EnumeratorSnapshot  # what its enumerator_state rows hold
     since: int = 1  # checkpoints committed since it, itself included
 
 
@@ -423,7 +429,7 @@ class DeltaStateStore(StateStore, CheckpointStore):
         row = rows[0]
         enumerator_rows: list[dict[str, Any]] = []
         if row.get("enumerator") is not None:
-            enumerator_rows = self._enumerator_rows(checkpoint_id, row["attempt_id"], enum_table)
+            stored = self._enumerator_rows(checkpoint_id, row["attempt_id"], enum_table)
             base_id = row.get("enumerator_base")
             if base_id is not None:  # rule 6: the base's rows (the attempt its row names) + the delta
                 base_part = [("checkpoint_id", "=", int(base_id))]
@@ -440,19 +446,18 @@ class DeltaStateStore(StateStore, CheckpointStore):
                         enumerator_base=int(base_id),
                     )
                 base = self._enumerator_rows(int(base_id), base_rows[0]["attempt_id"], enum_table)
-                enumerator_rows = serde.apply_enumerator_delta(base, enumerator_rows)
+                stored = merge_delta(base, stored)
+            enumerator_rows = stored.to_pylist()
         return serde.checkpoint_from_rows(row, enumerator_rows)
 
-    def _enumerator_rows(
-        self, checkpoint_id: int, attempt_id: str, table: Any = None
-    ) -> list[dict[str, Any]]:
+    def _enumerator_rows(self, checkpoint_id: int, attempt_id: str, table: Any = None) -> pa.Table:
         """The ``enumerator_state`` rows of one checkpoint as stored, of the attempt ``attempt_id``."""
         return self.tables.read(
             "enumerator_state",
             partitions=[("checkpoint_id", "=", int(checkpoint_id))],
             filter=pc.field("attempt_id") == attempt_id,
             table=table,
-        ).to_pylist()
+        )
 
     def _as_of(self, table: str, as_of: datetime | str) -> Any:
         from splitkeeper.state.tables import open_table
@@ -676,12 +681,13 @@ class DeltaStateStore(StateStore, CheckpointStore):
         mirror.add(_light(completed))  # the core's rules: not aborted, refs kept
         rows_attempt = uuid.uuid4().hex
         key = {"checkpoint_id": checkpoint_id, "attempt_id": rows_attempt}
-        enumerator_rows = (
-            [] if completed.enumerator is None else serde.enumerator_to_rows(completed.enumerator)
-        )
-        base = self._delta_base(completed) if enumerator_rows else None
-        delta = None if base is None else serde.enumerator_delta(base.index, enumerator_rows)
-        written = enumerator_rows if delta is None else delta
+        snapshot = completed.enumerator
+        base = None if snapshot is None else self._delta_base(completed)
+        delta = None if base is None or snapshot is None else serde.enumerator_delta(base.snapshot, snapshot)
+        if delta is not None:
+            written = delta
+        else:
+            written = [] if snapshot is None else serde.enumerator_to_rows(snapshot)
         row["enumerator_base"] = None if delta is None or base is None else base.checkpoint_id
         audit_rows = [serde.audit_to_row(record, seq) for seq, record in enumerate(decision.audit)]
         batches = [
@@ -735,11 +741,8 @@ class DeltaStateStore(StateStore, CheckpointStore):
             self._commits_since_compaction += 1
             if result.replayed or attempt != rows_attempt:
                 self._base = None  # another attempt's rows count: start again from a full snapshot
-            elif enumerator_rows and delta is None:
-                assert completed.enumerator is not None
-                parallelism = completed.enumerator.parallelism
-                index = serde.enumerator_index(enumerator_rows)
-                self._base = _Base(checkpoint_id, rows_attempt, parallelism, index)
+            elif snapshot is not None and delta is None:
+                self._base = _Base(checkpoint_id, rows_attempt, snapshot.parallelism, snapshot)
             elif base is not None and delta is not None:
                 self._base = replace(base, since=base.since + 1)
         total_ms = round((time.perf_counter() - started) * 1000)

@@ -45,7 +45,7 @@ from splitkeeper.errors import CheckpointError, StateError
 from splitkeeper.state import serde
 from splitkeeper.state.tables import StateTables, spec
 
-__all__ = ["StateHistory", "TimelineEntry"]
+__all__ = ["StateHistory", "TimelineEntry", "merge_delta"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +85,28 @@ def _pairs_mask(table: pa.Table, pairs: Mapping[int, str], floor_unknown: int | 
         else:
             mask.append(floor_unknown is not None and int(cid) < floor_unknown)
     return pa.array(mask, pa.bool_())
+
+
+def merge_delta(base: pa.Table, delta: pa.Table) -> pa.Table:
+    """The full ``enumerator_state`` rows of a delta's checkpoint (store rule 6): the rows of
+    its base's full snapshot ``base`` without the entries ``delta`` names (a split's place,
+    or its backlog entry: :func:`serde.enumerator_delta`), then ``delta``'s rows without its
+    tombstones. Both tables have the ``enumerator_state`` columns; the ``checkpoint_id`` and
+    ``attempt_id`` of the result are mixed (callers decode or stamp their own). Arrow
+    compute only: no Python loop over the rows."""
+    backlog = pa.array(serde.BACKLOG_STATUSES, pa.string())
+    in_backlog = pc.is_in(delta.column("status"), value_set=backlog)
+    ids = delta.column("split_id").combine_chunks()
+    backlog_ids = pc.filter(ids, in_backlog.combine_chunks())
+    place_ids = pc.filter(ids, pc.invert(in_backlog).combine_chunks())
+    named = pc.if_else(
+        pc.is_in(base.column("status"), value_set=backlog),
+        pc.is_in(base.column("split_id"), value_set=backlog_ids),
+        pc.is_in(base.column("split_id"), value_set=place_ids),
+    )
+    tombstones = pa.array(serde.ENUMERATOR_TOMBSTONES, pa.string())
+    live = delta.filter(pc.invert(pc.is_in(delta.column("status"), value_set=tombstones)))
+    return pa.concat_tables([base.filter(pc.invert(named)), live.select(base.schema.names).cast(base.schema)])
 
 
 class StateHistory:
@@ -206,17 +228,14 @@ class StateHistory:
         if not deltas:
             return data.filter(pc.is_in(pc.field("checkpoint_id"), pa.array(wanted, pa.int64())))
         full = [i for i in wanted if heads[i]["enumerator_base"] is None]
-        by_id: dict[int, list[dict[str, Any]]] = {}
-        for row in data.filter(
-            pc.is_in(pc.field("checkpoint_id"), pa.array(sorted(bases | set(deltas)), pa.int64()))
-        ).to_pylist():
-            by_id.setdefault(int(row["checkpoint_id"]), []).append(row)
+
+        def of(cid: int) -> pa.Table:
+            return data.filter(pc.field("checkpoint_id") == cid)
+
         rebuilt: list[dict[str, Any]] = []
         for cid in deltas:
             head = heads[cid]
-            merged = serde.apply_enumerator_delta(
-                by_id.get(int(head["enumerator_base"]), ()), by_id.get(cid, ())
-            )
+            merged = merge_delta(of(int(head["enumerator_base"])), of(cid)).to_pylist()
             snapshot = serde.enumerator_from_rows(head["enumerator"], merged)
             key = {"checkpoint_id": cid, "attempt_id": str(head["attempt_id"])}
             rebuilt.extend({**r, **key} for r in serde.enumerator_to_rows(snapshot))

@@ -386,9 +386,8 @@ def enumerator_from_rows(
 #: Statuses only a delta holds: the base row of that split (split statuses) or of its backlog
 #: entry is gone in the delta's checkpoint.
 ENUMERATOR_TOMBSTONES = ("removed", "backlog_removed")
-_TOMBSTONE_OF = {"split": "removed", "backlog": "backlog_removed"}
-_SEQ_FREE = frozenset({"finished", "backlog"})
-EntryKey = tuple[str, str]
+#: The statuses of backlog entries (the other statuses are split places).
+BACKLOG_STATUSES = ("backlog", "backlog_removed")
 
 
 def check_full_snapshot_every(value: Any) -> None:
@@ -403,70 +402,24 @@ def check_full_snapshot_every(value: Any) -> None:
         )
 
 
-def _entry_key(row: Mapping[str, Any]) -> EntryKey:
-    """What one ``enumerator_state`` row is about: a split's place (assigned, pool, quarantined,
-    finished; at most one per split) or its backlog entry."""
-    status = row["status"]
-    if status in ("backlog", "backlog_removed"):
-        return "backlog", str(row["split_id"])
-    return "split", str(row["split_id"])
-
-
-def _entry_value(row: Mapping[str, Any]) -> tuple[Any, ...]:
-    """What a delta compares. The ``seq`` of finished and backlog rows is only their sort order
-    (readers ignore it: finished ids are a set), so it does not count as a change."""
-    status = row["status"]
-    return (
-        status,
-        row["owner"],
-        None if status in _SEQ_FREE else row["seq"],
-        row["subscription"],
-        row["position"],
-        row["end"],
-        row["backlog_end"],
-        row["backlog_finished"],
-    )
-
-
-def enumerator_index(rows: Iterable[Mapping[str, Any]]) -> dict[EntryKey, tuple[Any, ...]]:
-    """What :func:`enumerator_delta` compares against, of a full snapshot's rows: computed once per
-    base by a writer that takes several deltas against it."""
-    return {_entry_key(row): _entry_value(row) for row in rows}
-
-
-def enumerator_delta(
-    base: Iterable[Mapping[str, Any]] | Mapping[EntryKey, tuple[Any, ...]], rows: Iterable[Mapping[str, Any]]
-) -> list[Row] | None:
-    """The delta rows that turn the full snapshot rows ``base`` (or their
-    :func:`enumerator_index`) into ``rows``; None when ``rows`` cannot be a delta (two rows
-    about the same entry: the caller writes a full snapshot).
-
-    Rules:
-
-    1. A row of ``rows`` whose entry (split place, or backlog entry) is not in ``base``, or
-       differs from it (``seq`` of finished/backlog rows aside), is in the delta as it is.
-    2. An entry of ``base`` that ``rows`` no longer has gets a tombstone: status
-       ``removed`` (split place) or ``backlog_removed`` (backlog entry), split id only.
-    3. ``apply_enumerator_delta(base, enumerator_delta(base, rows))`` decodes
-       (:func:`enumerator_from_rows`) to the same snapshot as ``rows``.
-    """
-    before = base if isinstance(base, Mapping) else enumerator_index(base)
-    rows = list(rows)
-    keys = [_entry_key(row) for row in rows]
-    values = [_entry_value(row) for row in rows]
-    if len(set(keys)) != len(keys):
-        return None
-    get = before.get
-    out: list[Row] = [
-        dict(row) for row, key, value in zip(rows, keys, values, strict=True) if get(key) != value
+def _live_rows(snapshot: EnumeratorSnapshot) -> dict[str, Row] | None:
+    """The assigned, pool and quarantined rows of ``snapshot`` by split id (as
+    :func:`enumerator_to_rows` writes them); None when a split id is there twice."""
+    rows: dict[str, Row] = {}
+    places: list[tuple[str, int | None, tuple[Split, ...]]] = [
+        ("assigned", r, snapshot.assignments[r]) for r in sorted(snapshot.assignments)
     ]
-    for kind, split_id in before.keys() - set(keys):
-        out.append(_tombstone(_TOMBSTONE_OF[kind], split_id))
-    return out
+    places += [("pool", None, snapshot.pool), ("quarantined", None, snapshot.quarantined)]
+    count = 0
+    for status, owner, splits in places:
+        for seq, split in enumerate(splits):
+            rows[split.split_id] = _split_state_row(status, owner, seq, split)
+            count += 1
+    return rows if len(rows) == count else None
 
 
-def _tombstone(status: str, split_id: str) -> Row:
-    return {
+def _entry_row(status: str, split_id: str, **values: Any) -> Row:
+    row: Row = {
         "status": status,
         "owner": None,
         "seq": 0,
@@ -477,23 +430,54 @@ def _tombstone(status: str, split_id: str) -> Row:
         "backlog_end": None,
         "backlog_finished": None,
     }
+    row.update(values)
+    return row
 
 
-def apply_enumerator_delta(
-    base: Iterable[Mapping[str, Any]], delta: Iterable[Mapping[str, Any]]
-) -> list[dict[str, Any]]:
-    """The full rows of a delta's checkpoint: ``base`` (a full snapshot's rows) with each entry
-    the delta names replaced, and each tombstoned entry dropped. Other columns
-    (``checkpoint_id``, ``attempt_id``) are the delta's for the entries it names and the base's
-    for the others: callers that show the rows stamp their own."""
-    merged: dict[EntryKey, dict[str, Any]] = {_entry_key(r): dict(r) for r in base}
-    for row in delta:
-        key = _entry_key(row)
-        if row["status"] in ENUMERATOR_TOMBSTONES:
-            merged.pop(key, None)
-        else:
-            merged[key] = dict(row)
-    return list(merged.values())
+def enumerator_delta(base: EnumeratorSnapshot, snapshot: EnumeratorSnapshot) -> list[Row] | None:
+    """The ``enumerator_state`` rows that turn ``base``'s full snapshot rows into ``snapshot``'s;
+    None when ``snapshot`` cannot be a delta against ``base`` (a split id in two places: the
+    caller writes a full snapshot). Its cost grows with the live splits and what changed, not
+    with the finished ones (set operations).
+
+    Rules:
+
+    1. An entry is a split's place (assigned with its owner and seq, pool, quarantined,
+       finished) or its backlog entry (boundary, finished flag). An entry of ``snapshot``
+       that ``base`` lacks or holds differently is in the delta as :func:`enumerator_to_rows`
+       writes it, except that a finished or backlog row's ``seq`` is 0 (it is only their
+       sort order; readers ignore it).
+    2. An entry of ``base`` that ``snapshot`` no longer has gets a tombstone: status
+       ``removed`` (split place) or ``backlog_removed`` (backlog entry), split id only.
+    3. Applying the delta to ``base``'s rows (:func:`splitkeeper.state.history.merge_delta`)
+       decodes (:func:`enumerator_from_rows`) to ``snapshot``.
+    """
+    _guard_fields(base, ENUMERATOR_FIELDS)
+    _guard_fields(snapshot, ENUMERATOR_FIELDS)
+    before, now = _live_rows(base), _live_rows(snapshot)
+    if before is None or now is None:
+        return None
+    if not before.keys().isdisjoint(base.finished) or not now.keys().isdisjoint(snapshot.finished):
+        return None
+    out = [row for split_id, row in now.items() if before.get(split_id) != row]
+    out += [_entry_row("finished", s) for s in sorted(snapshot.finished - base.finished)]
+    gone = (base.finished | before.keys()) - snapshot.finished - now.keys()
+    out += [_entry_row("removed", s) for s in sorted(gone)]
+    old, new = base.backlog, snapshot.backlog
+    old_ids = old.boundaries.keys() | old.finished
+    new_ids = new.boundaries.keys() | new.finished
+    moved = {s for s, _end in old.boundaries.items() ^ new.boundaries.items()} | (old.finished ^ new.finished)
+    for split_id in sorted(moved & new_ids):
+        out.append(
+            _entry_row(
+                "backlog",
+                split_id,
+                backlog_end=new.boundaries.get(split_id),
+                backlog_finished=split_id in new.finished,
+            )
+        )
+    out += [_entry_row("backlog_removed", s) for s in sorted(old_ids - new_ids)]
+    return out
 
 
 # ---------------------------------------------------------------------------------------

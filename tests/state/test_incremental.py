@@ -21,6 +21,8 @@ from splitkeeper.errors import CheckpointError, ConfigError, InvalidParameterErr
 from splitkeeper.runtime.config import config_from_mapping
 from splitkeeper.state import serde
 from splitkeeper.state.checkpoints import DeltaStateStore, decision_for
+from splitkeeper.state.history import merge_delta
+from splitkeeper.state.tables import spec
 
 from .samples import Crash, CrashAt, LocalPipeline, global_, regional
 
@@ -63,20 +65,28 @@ def _header(snapshot: EnumeratorSnapshot) -> dict:
 # -- pure ------------------------------------------------------------------------------
 
 
+def _table(rows, checkpoint_id: int) -> pa.Table:
+    return spec("enumerator_state").rows(
+        [{**r, "checkpoint_id": checkpoint_id, "attempt_id": "a"} for r in rows]
+    )
+
+
+def _rebuilt(base: EnumeratorSnapshot, delta: list[dict], target: EnumeratorSnapshot) -> EnumeratorSnapshot:
+    merged = merge_delta(_table(serde.enumerator_to_rows(base), 1), _table(delta, 2)).to_pylist()
+    return serde.enumerator_from_rows(_header(target), merged)
+
+
 @pytest.mark.parametrize("seed", range(40))
 def test_base_plus_delta_decodes_to_the_full_snapshot(seed):
     rng = random.Random(seed)
     base = _snapshot(1, rng)
     target = _snapshot(2, rng)
-    base_rows = serde.enumerator_to_rows(base)
-    full_rows = serde.enumerator_to_rows(target)
-    delta = serde.enumerator_delta(base_rows, full_rows)
+    delta = serde.enumerator_delta(base, target)
     assert delta is not None
-    merged = serde.apply_enumerator_delta(base_rows, delta)
-    assert serde.enumerator_from_rows(_header(target), merged) == target
+    assert _rebuilt(base, delta, target) == target
     # re-encoded, the merged rows are exactly the rows a full snapshot writes
-    rebuilt = serde.enumerator_to_rows(serde.enumerator_from_rows(_header(target), merged))
-    assert rebuilt == full_rows
+    assert serde.enumerator_to_rows(_rebuilt(base, delta, target)) == serde.enumerator_to_rows(target)
+    assert serde.enumerator_delta(target, target) == []
 
 
 def test_a_delta_holds_only_what_changed_and_tombstones_what_is_gone():
@@ -93,11 +103,11 @@ def test_a_delta_holds_only_what_changed_and_tombstones_what_is_gone():
         checkpoint_id=2,
         pool=(),
         assignments={0: (Split("a", "t", 5),), 1: (Split("b", "t", 2),)},
-        # new finished ids sort before the old ones: their seq shifts, which is no change
+        # new finished ids sort before the old ones: their seq in a full snapshot shifts, no change
         finished=base.finished | {"e0", "e1"},
         backlog=BacklogSnapshot(boundaries={"a": 9}),
     )
-    delta = serde.enumerator_delta(serde.enumerator_to_rows(base), serde.enumerator_to_rows(target))
+    delta = serde.enumerator_delta(base, target)
     assert delta is not None
     assert sorted((r["status"], r["split_id"]) for r in delta) == [
         ("assigned", "a"),
@@ -106,17 +116,21 @@ def test_a_delta_holds_only_what_changed_and_tombstones_what_is_gone():
         ("finished", "e1"),
         ("removed", "p"),
     ]
-    merged = serde.apply_enumerator_delta(serde.enumerator_to_rows(base), delta)
-    assert serde.enumerator_from_rows(_header(target), merged) == target
+    assert _rebuilt(base, delta, target) == target
 
 
-def test_rows_naming_one_split_twice_cannot_be_a_delta_and_a_raw_delta_does_not_decode():
-    rows = serde.enumerator_to_rows(_snapshot(1, random.Random(3)))
-    assert serde.enumerator_delta(rows, [*rows, dict(rows[0])]) is None
-    delta = serde.enumerator_delta(rows, rows[1:])
-    assert delta is not None and delta[0]["status"] in serde.ENUMERATOR_TOMBSTONES
+def test_a_split_in_two_places_cannot_be_a_delta_and_a_raw_delta_does_not_decode():
+    base = _snapshot(1, random.Random(3))
+    split = next(s for splits in base.assignments.values() for s in splits)
+    twice = dataclasses.replace(base, pool=(*base.pool, split))
+    assert serde.enumerator_delta(base, twice) is None
+    finished_too = dataclasses.replace(base, finished=base.finished | {split.split_id})
+    assert serde.enumerator_delta(base, finished_too) is None
+    gone = dataclasses.replace(base, finished=frozenset())
+    delta = serde.enumerator_delta(base, gone)
+    assert delta and {r["status"] for r in delta} == {"removed"}
     with pytest.raises(StateError, match="allowed are"):
-        serde.enumerator_from_rows({"checkpoint_id": 2, "parallelism": 3}, delta)
+        serde.enumerator_from_rows(_header(gone), delta)
 
 
 # -- the store ------------------------------------------------------------------------
