@@ -212,7 +212,10 @@ def ancestry(pid: int, stop: int) -> str:
     parents = _parents()
     hops: list[str] = []
     while pid and pid != stop and len(hops) < 8:
-        hops.append(f"{pid} ({' '.join(command_line(pid).split()[:4])[:60]})")
+        argv = command_line(pid).split()[:4]
+        if argv:  # the program's name, not its folder: a long checkout path must not hide the module
+            argv[0] = os.path.basename(argv[0])
+        hops.append(f"{pid} ({' '.join(argv)[:60]})")
         pid = parents.get(pid, 0)
     hops.append(f"{stop} (the driver)")
     return " <- ".join(hops)
