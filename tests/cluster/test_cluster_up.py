@@ -648,7 +648,8 @@ def test_e2e_files_pipeline_on_the_workers_survives_a_killed_worker_a_queued_wri
         "--epochs=3",
         "--until-caught-up",
     ]
-    assert json.loads(args[-1]) == faults
+    assert json.loads(args[args.index("--faults-json") + 1]) == faults
+    assert json.loads(args[args.index("--pipeline-json") + 1]) == {}  # no per-run override given
     log = _task_log(cluster, ingest, first, "run_epochs")
     assert f"spark-submit --master spark://{HOST}:{state.ports['spark_master']}" in log
     assert "Lost executor" in log, log[-4000:]  # the kill reached the job: its tasks ran on the workers
