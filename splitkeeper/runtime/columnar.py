@@ -9,25 +9,33 @@ stages the range without a Python step per record. Contract of
 
 1. it returns exactly the records ``read_range(split, start, end)`` yields, in
    order: ``offsets[i]``, ``next_offsets[i]`` and ``values[i]`` are the fields
-   of the i-th record (``values`` never holds a null; records carry no
-   metadata, so the staged metadata columns are null);
+   of the i-th record (``values`` never holds a null); ``meta`` is ``None`` when
+   the records carry no metadata (the staged metadata columns are null), else
+   the key, topic, partition, timestamp and headers columns (the types of
+   :data:`~splitkeeper.state.tables.META_COLUMNS` in ``STAGED_FILE_SCHEMA``),
+   ``meta[k][i]`` being what ``read_range``'s i-th record carries in its
+   :class:`~splitkeeper.core.source.RecordMeta`;
 2. it raises what ``read_range`` raises, with the same message, naming the
    split and the offset of the first bad record; it raises on the call (never
    later), so a caller gets either all the records or an error;
 3. ``offsets`` and ``next_offsets`` are int64 arrays, ``values`` a string or
-   large_string array, all three of the same length.
+   large_string array, all of the same length (the ``meta`` arrays too).
 """
 
 from __future__ import annotations
 
 import abc
+import datetime
 from collections.abc import Iterator
 from typing import NamedTuple
 
 import pyarrow as pa
 
-from splitkeeper.core.source import SourceRecord
+from splitkeeper.core.source import RecordMeta, SourceRecord
 from splitkeeper.core.types import Split
+
+_EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
+_MS = datetime.timedelta(milliseconds=1)
 
 
 class RangeColumns(NamedTuple):
@@ -36,6 +44,7 @@ class RangeColumns(NamedTuple):
     offsets: pa.Array
     next_offsets: pa.Array
     values: pa.Array
+    meta: tuple[pa.Array, ...] | None = None
 
     @property
     def last_next_offset(self) -> int | None:
@@ -44,10 +53,25 @@ class RangeColumns(NamedTuple):
 
     def records(self) -> Iterator[SourceRecord]:
         """The same records one by one (the :meth:`RegionReader.read_range` form)."""
-        for offset, next_offset, value in zip(
+        rows = zip(
             self.offsets.to_pylist(), self.next_offsets.to_pylist(), self.values.to_pylist(), strict=True
+        )
+        if self.meta is None:
+            for offset, next_offset, value in rows:
+                yield SourceRecord(offset, next_offset, value)
+            return
+        keys, topics, partitions, timestamps, headers = (column.to_pylist() for column in self.meta)
+        for (offset, next_offset, value), key, topic, partition, timestamp, header in zip(
+            rows, keys, topics, partitions, timestamps, headers, strict=True
         ):
-            yield SourceRecord(offset, next_offset, value)
+            meta = RecordMeta(
+                key,
+                topic,
+                partition,
+                None if timestamp is None else (timestamp - _EPOCH) // _MS,
+                tuple((h["key"], h["value"]) for h in header or ()),
+            )
+            yield SourceRecord(offset, next_offset, value, meta)
 
 
 class SupportsColumnarRead(abc.ABC):

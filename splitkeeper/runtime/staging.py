@@ -213,8 +213,9 @@ class StagedWriter:
     def add_columns(self, split_id: str, columns: RangeColumns, values: pa.Array | None = None) -> int:
         """Append the records of one split given as columns (``values`` replaces ``columns.values``).
 
-        No Python step per record: the columns become record batches as they
-        are. Sets :attr:`last_next_offset` as :meth:`add` does; returns the count.
+        No Python step per record: the columns (the metadata columns too, when
+        ``columns.meta`` has them) become record batches as they are. Sets
+        :attr:`last_next_offset` as :meth:`add` does; returns the count.
         """
         values = columns.values if values is None else values
         n = len(values)
@@ -229,7 +230,9 @@ class StagedWriter:
             columns.offsets,
             columns.next_offsets,
             values,
-            [pa.nulls(n, STAGED_FILE_SCHEMA.field(name).type) for name in META_COLUMNS],
+            list(columns.meta)
+            if columns.meta is not None
+            else [pa.nulls(n, STAGED_FILE_SCHEMA.field(name).type) for name in META_COLUMNS],
         )
         self.records += n
         return n

@@ -3,6 +3,8 @@ external offsets, retention and bad input (protocol sections 1, 3, 4)."""
 
 from __future__ import annotations
 
+import dataclasses
+import datetime
 import json
 import logging
 import pickle
@@ -11,15 +13,17 @@ import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
 
 from splitkeeper.core.enumerator import RecordingEnumeratorContext, enumerator_for
 from splitkeeper.core.external import DisagreementKind, reconcile_positions
-from splitkeeper.core.source import ExternalPosition, PlannedRange, SourceRecord
+from splitkeeper.core.source import ExternalPosition, PlannedRange, RegionReader, SourceRecord
 from splitkeeper.core.types import Split
 from splitkeeper.errors import InvalidParameterError, SourceError
+from splitkeeper.runtime.columnar import SupportsColumnarRead
 from splitkeeper.runtime.config import OffsetOutOfRange, SourceConfig, SourceKind
 from splitkeeper.runtime.kafka_broker import KafkaBroker, free_port
 from splitkeeper.runtime.sources import build_source
@@ -32,6 +36,8 @@ from splitkeeper.runtime.sources.kafka import (
     parse_split_id,
     split_id_of,
 )
+from splitkeeper.runtime.staging import SplitReadError, run_region_task
+from splitkeeper.runtime.transforms import identity
 
 pytestmark = pytest.mark.kafka
 
@@ -597,3 +603,88 @@ def test_build_source_makes_a_reassignable_kafka_source_from_the_config(bootstra
     assert source.fingerprint() == f"kafka-{cluster_id}"
     # adding a topic to the subscription keeps the pipeline's state usable (protocol rule 1.5)
     assert KafkaSource(bootstrap, topic_pattern=f"{topic}|other").fingerprint() == source.fingerprint()
+
+
+# --------------------------------------------------------------------------- the columnar read path
+
+
+class _PerRecord(RegionReader):
+    """The Kafka reader's per-record path only (the region task then stages record by record)."""
+
+    def __init__(self, reader: KafkaRegionReader) -> None:
+        self.reader = reader
+
+    def read_range(self, split: Split, start: int, end: int) -> Iterator[SourceRecord]:
+        return self.reader.read_range(split, start, end)
+
+
+def _staged(reader: RegionReader, split: Split, start: int, end: int, root: Path) -> list[dict[str, object]]:
+    result = run_region_task([(split, start, end)], reader, identity, str(root), 1, 0)
+    table = pq.read_table(result.staged_path or "").drop_columns(["ingested_at"])
+    return table.to_pylist()
+
+
+def test_columnar_and_per_record_reads_stage_the_same_rows_keys_headers_and_gaps(
+    bootstrap: str, tmp_path: Path
+) -> None:
+    topic = create_topic(bootstrap, 1)
+    producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": unique("txn")})
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    producer.produce(topic, value=b"ok-\xff", key=b"k0", partition=0, timestamp=1_700_000_000_123)
+    producer.produce(topic, value=None, key=b"k1", partition=0, headers=[("trace", b"t1"), ("empty", None)])
+    producer.produce(topic, value="é".encode(), partition=0)
+    producer.commit_transaction(30)  # offsets 0-2, commit marker 3
+    producer.begin_transaction()
+    producer.produce(topic, value="aborted", key=b"a", partition=0)
+    producer.produce(topic, value="aborted", partition=0)
+    producer.flush(30)
+    producer.abort_transaction(30)  # offsets 4-5 aborted, abort marker 6
+    producer.begin_transaction()
+    for i in range(5):
+        producer.produce(
+            topic, value=f"c{i}", key=f"k{i}".encode(), partition=0, headers=[("i", str(i).encode())]
+        )
+    producer.commit_transaction(30)  # offsets 7-11, commit marker 12
+    source = KafkaSource(bootstrap, topics=[topic])
+    (split,) = source.discover_splits()
+    end = source.available_end(split)
+    reader = dataclasses.replace(source.reader(), batch_size=2)  # several consumed batches per range
+    assert isinstance(reader, SupportsColumnarRead)
+
+    for n, (start, stop) in enumerate([(0, end), (0, 5), (4, 7), (5, end), (1, 9), (3, 3)]):
+        columnar = _staged(reader, split, start, stop, tmp_path / f"c{n}")
+        per_record = _staged(_PerRecord(reader), split, start, stop, tmp_path / f"r{n}")
+        assert columnar == per_record, (start, stop)
+        columns = reader.read_range_columns(split, start, stop)
+        assert list(columns.records()) == list(reader.read_range(split, start, stop)), (start, stop)
+
+    whole = _staged(reader, split, 0, end, tmp_path / "whole")
+    assert end == 13
+    assert [(r["offset"], r["next_offset"], r["value"]) for r in whole] == [
+        (0, 1, "ok-\ufffd"),
+        (1, 2, ""),
+        (2, 7, "é"),
+        *[(7 + i, 8 + i, f"c{i}") for i in range(4)],
+        (11, 13, "c4"),
+    ]
+    assert [r["key"] for r in whole] == [b"k0", b"k1", None, *[f"k{i}".encode() for i in range(5)]]
+    assert {(r["topic"], r["partition"]) for r in whole} == {(topic, 0)}
+    assert whole[0]["timestamp"] == datetime.datetime(2023, 11, 14, 22, 13, 20, 123000, tzinfo=datetime.UTC)
+    assert whole[1]["headers"] == [{"key": "trace", "value": b"t1"}, {"key": "empty", "value": None}]
+    assert whole[0]["headers"] == [] and whole[3]["headers"] == [{"key": "i", "value": b"0"}]
+
+
+def test_columnar_read_raises_what_the_per_record_read_raises(bootstrap: str, tmp_path: Path) -> None:
+    topic = unique("never-created")
+    split = Split(split_id_of(topic, 0), subscription=topic)
+    reader = KafkaRegionReader(bootstrap, connect_timeout_s=5)
+    errors = []
+    for n, candidate in enumerate([reader, _PerRecord(reader)]):
+        with pytest.raises(SplitReadError) as caught:
+            run_region_task([(split, 0, 1)], candidate, identity, str(tmp_path / str(n)), 1, 0)
+        errors.append(str(caught.value))
+    assert errors[0] == errors[1]
+    assert f"topic '{topic}' does not exist" in errors[0]
+    with pytest.raises(SourceError, match=r"range \[5, 4\) is not allowed"):
+        reader.read_range_columns(split, 5, 4)

@@ -67,6 +67,9 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+import pyarrow as pa
+import pyarrow.compute as pc
+
 from splitkeeper.core.source import (
     ExternallyCheckpointedSource,
     ExternalPosition,
@@ -83,7 +86,9 @@ from splitkeeper.core.source import (
 )
 from splitkeeper.core.types import Split
 from splitkeeper.errors import EnvironmentNotReadyError, InvalidParameterError, SourceError
+from splitkeeper.runtime.columnar import RangeColumns, SupportsColumnarRead
 from splitkeeper.runtime.config import OffsetOutOfRange, SourceConfig, SourceKind, StartingMode
+from splitkeeper.state.tables import META_COLUMNS, STAGED_FILE_SCHEMA
 
 # LostRange, RetentionCheck and SupportsRetentionCheck live in .base; importable from here too.
 __all__ = [
@@ -145,6 +150,9 @@ _TRANSIENT_CODES = frozenset(
     }
 )
 _SPLIT_ID = re.compile(r"^(.+)-(\d+)$")
+_META_TYPES = tuple(STAGED_FILE_SCHEMA.field(name).type for name in META_COLUMNS)
+_TIMESTAMP_MS = pa.timestamp("ms", tz="UTC")
+_EMPTY_COLUMNS = RangeColumns(pa.array([], pa.int64()), pa.array([], pa.int64()), pa.array([], pa.string()))
 _POLL_S = 0.2
 # One admin request waits at most this long before it is sent again on a fresh client (within
 # timeout_s in all): a client can stay wedged after a broker restart (see _retry_unreachable).
@@ -184,7 +192,7 @@ def _is_internal(topic: str) -> bool:
 
 
 @dataclass(frozen=True, slots=True)
-class KafkaRegionReader(RegionReader):
+class KafkaRegionReader(RegionReader, SupportsColumnarRead):
     """Reads planned offset ranges of Kafka splits on an executor. Picklable, stateless.
 
     Each :meth:`read_range` creates its own consumer (``isolation.level=read_committed``,
@@ -239,9 +247,78 @@ class KafkaRegionReader(RegionReader):
             return iter(())
         return self._read(split.split_id, topic, partition, start, end)
 
+    def read_range_columns(self, split: Split, start: int, end: int) -> RangeColumns:
+        """The records :meth:`read_range` yields, as Arrow columns with their metadata columns.
+
+        Consumes the whole range on the call (raising what :meth:`read_range`
+        raises, with the same messages) and builds each column with one list
+        comprehension over the delivered messages: no :class:`SourceRecord` per
+        message. Gaps are handled as in :meth:`read_range`: a record's
+        ``next_offset`` is the offset of the next delivered record, the last
+        one's is ``end``. Topic and partition are the split's (every message of
+        the range has them).
+        """
+        if start < 0 or end < start:
+            raise SourceError(
+                f"split {split.split_id!r}: range [{start}, {end}) is not allowed: 0 <= start <= end",
+                split_id=split.split_id,
+                start=start,
+                end=end,
+            )
+        topic, partition = parse_split_id(split.split_id)
+        batches = [] if start == end else list(self._batches(split.split_id, topic, partition, start, end))
+        msgs = [msg for batch in batches for msg in batch] if len(batches) != 1 else batches[0]
+        n = len(msgs)
+        if n == 0:
+            return _EMPTY_COLUMNS
+        offsets = [msg.offset() for msg in msgs]
+        next_offsets = offsets[1:]
+        next_offsets.append(end)
+        stamps = [msg.timestamp() for msg in msgs]
+        headers = [msg.headers() for msg in msgs]
+        meta = (
+            pa.array([msg.key() for msg in msgs], pa.binary()),
+            pa.repeat(pa.scalar(topic, pa.string()), n),
+            pa.repeat(pa.scalar(partition, pa.int32()), n),
+            pa.array(
+                [None if kind == TIMESTAMP_NOT_AVAILABLE else ms for kind, ms in stamps], _TIMESTAMP_MS
+            ).cast(_META_TYPES[3]),
+            _headers_array(headers) if any(headers) else _no_headers(n),
+        )
+        return RangeColumns(
+            pa.array(offsets, pa.int64()),
+            pa.array(next_offsets, pa.int64()),
+            _values_array([msg.value() for msg in msgs]),
+            meta,
+        )
+
     def _read(
         self, split_id: str, topic: str, partition: int, start: int, end: int
     ) -> Iterator[SourceRecord]:
+        held: tuple[int, str, RecordMeta] | None = (
+            None  # the last record, yielded once its next offset is known
+        )
+        for batch in self._batches(split_id, topic, partition, start, end):
+            for msg in batch:
+                offset = cast(int, msg.offset())  # always set on a record
+                if held is not None:
+                    yield SourceRecord(held[0], offset, held[1], held[2])
+                raw = msg.value()
+                held = (offset, "" if raw is None else raw.decode("utf-8", errors="replace"), _meta(msg))
+        if held is not None:
+            yield SourceRecord(held[0], end, held[1], held[2])
+
+    def _batches(
+        self, split_id: str, topic: str, partition: int, start: int, end: int
+    ) -> Iterator[list[Any]]:
+        """The delivered messages of ``[start, end)`` (records only, in offset order), batch by batch.
+
+        The one consume loop of both read paths: client events are handled
+        (raised) in their place among the messages, so the messages before an
+        event are yielded before it raises; gaps move the position on; no
+        progress for ``read_timeout_s`` raises. The consumer is closed when the
+        iteration ends or the generator is closed.
+        """
         errors: list[KafkaError] = []
         conf = self._consumer_conf()
         conf["error_cb"] = errors.append
@@ -250,18 +327,19 @@ class KafkaRegionReader(RegionReader):
             self._check_partition(consumer, split_id, topic, partition)
             tp = TopicPartition(topic, partition)
             consumer.assign([TopicPartition(topic, partition, start)])
-            held: tuple[int, str, RecordMeta] | None = (
-                None  # the last record, yielded once its next offset is known
-            )
             position = start
             progress_at = time.monotonic()
             while position < end:
                 # consume() waits until it has num_messages or the timeout passed: ask for no more
                 # than the offsets left, so a dense range returns as soon as its records arrived.
                 batch = consumer.consume(num_messages=min(self.batch_size, end - position), timeout=_POLL_S)
+                records: list[Any] = []
                 for msg in batch:
                     err = msg.error()
                     if err is not None:
+                        if records:
+                            yield records
+                            records = []
                         event_offset = msg.offset()
                         at = -1 if event_offset is None else event_offset
                         self._on_event(consumer, err, at, split_id, tp, start, end)
@@ -270,11 +348,10 @@ class KafkaRegionReader(RegionReader):
                     if offset >= end:
                         position = end
                         break
-                    if held is not None:
-                        yield SourceRecord(held[0], offset, held[1], held[2])
-                    raw = msg.value()
-                    held = (offset, "" if raw is None else raw.decode("utf-8", errors="replace"), _meta(msg))
+                    records.append(msg)
                     position = offset + 1
+                if records:
+                    yield records
                 if batch:
                     progress_at = time.monotonic()
                 if position < end:
@@ -285,8 +362,6 @@ class KafkaRegionReader(RegionReader):
                         progress_at = time.monotonic()
                     elif not batch and time.monotonic() - progress_at > self.read_timeout_s:
                         raise self._stalled(split_id, start, end, position, errors)
-            if held is not None:
-                yield SourceRecord(held[0], end, held[1], held[2])
         finally:
             consumer.close()
 
@@ -992,4 +1067,33 @@ def _meta(msg: Any) -> RecordMeta:
         partition=msg.partition(),
         timestamp_ms=None if ts_type == TIMESTAMP_NOT_AVAILABLE else ts,
         headers=tuple((str(k), v) for k, v in headers),
+    )
+
+
+def _values_array(raw: list[bytes | None]) -> pa.Array:
+    """Message values as a string column: UTF-8 (invalid bytes replaced), a tombstone as ``""``.
+
+    Arrow validates the bytes as UTF-8 in one pass; only a batch holding
+    invalid bytes is decoded in Python, with replacement, as :meth:`KafkaRegionReader.read_range` does.
+    """
+    values = pc.fill_null(pa.array(raw, pa.binary()), b"")
+    try:
+        return values.cast(pa.string())
+    except pa.ArrowInvalid:
+        return pa.array(["" if v is None else v.decode("utf-8", errors="replace") for v in raw], pa.string())
+
+
+def _headers_array(headers: list[list[tuple[str, bytes | None]] | None]) -> pa.Array:
+    """The headers column of messages some of which carry headers (``[]`` for those without)."""
+    return pa.array(
+        [[{"key": str(k), "value": v} for k, v in h] if h else [] for h in headers], _META_TYPES[4]
+    )
+
+
+def _no_headers(n: int) -> pa.Array:
+    """The headers column of ``n`` messages without headers: ``n`` empty lists."""
+    return pa.ListArray.from_arrays(
+        pa.repeat(pa.scalar(0, pa.int32()), n + 1),
+        pa.array([], _META_TYPES[4].value_type),
+        type=_META_TYPES[4],
     )
