@@ -380,7 +380,12 @@ class EpochDriver:
         written; a pending redo is applied in memory only and reported.
         """
         self._read_only = read_only
-        redone, pending = self._redo(dry=read_only)
+        # The sink's recorded epoch is read once, before anything else: it is what this run's first
+        # commit expects (protocol rule 5.2). A second read later could see a commit another run landed
+        # after the checkpoint was chosen, and the fence would then accept an epoch that reads again
+        # what that commit holds.
+        recorded = self.sink.committed_epoch()
+        redone, pending = self._redo(recorded, dry=read_only)
         latest = pending.checkpoint if pending is not None else self.state.latest_checkpoint()
         chosen = latest
         if checkpoint_id is not None:
@@ -396,7 +401,7 @@ class EpochDriver:
                     checkpoint_id=checkpoint_id,
                     latest=latest.checkpoint_id,
                 )
-        self._recorded = self.sink.committed_epoch()
+        self._recorded = recorded
         last_planned = self.state.latest_plan_epoch() or 0
         last_done = 0 if chosen is None else chosen.checkpoint_id
         self._next_epoch = max(last_planned, last_done, self._recorded or 0) + 1
@@ -408,13 +413,13 @@ class EpochDriver:
         self.opened = report
         return report
 
-    def _redo(self, *, dry: bool) -> tuple[int | None, EpochDecision | None]:
+    def _redo(self, committed: int | None, *, dry: bool) -> tuple[int | None, EpochDecision | None]:
         """Finish the epoch whose sink commit landed after the latest checkpoint row (protocol rule 5.4).
 
-        Returns (the redone checkpoint id, the decision). A dry redo writes nothing
-        and returns the decision so the restore can use it in memory.
+        ``committed`` is the sink's recorded epoch as :meth:`open` read it. Returns
+        (the redone checkpoint id, the decision). A dry redo writes nothing and
+        returns the decision so the restore can use it in memory.
         """
-        committed = self.sink.committed_epoch()
         latest_id = max(self.state.checkpoint_ids(), default=0)
         if committed is None or committed <= latest_id:
             return None, None
@@ -1020,9 +1025,13 @@ class EpochDriver:
         self._check_fence(epoch)
         self.state.write_decision(decision)
         self.hooks.crash_point(CrashPoint.AFTER_DECISION, epoch)
-        receipt = self.sink.commit(
-            epoch, [acked[r] for r in notified], expected=self._recorded, attempt_id=decision.attempt_id
-        )
+        try:
+            receipt = self.sink.commit(
+                epoch, [acked[r] for r in notified], expected=self._recorded, attempt_id=decision.attempt_id
+            )
+        except ConcurrentRunError:
+            self._discard_refused(decision)
+            raise
         if receipt.replayed:
             raise ConcurrentRunError(
                 f"pipeline {self.settings.pipeline!r}: the sink already holds epoch {epoch} from another "
@@ -1057,6 +1066,23 @@ class EpochDriver:
         self.state.retain(keep, sorted(coordinator.pinned_checkpoint_ids))
         lap("retain")
         return receipt.records, failovers
+
+    def _discard_refused(self, decision: EpochDecision) -> None:
+        """The fence refused this run's commit: its decision record names nothing, so it goes too.
+
+        Best effort (the refusal is what the user must see): a record left behind, by a
+        failure here or a run killed before it, is never read (a redo reads only the
+        attempt the sink commit names) and retention deletes it with its epoch.
+        """
+        try:
+            self.state.discard_decision(decision.epoch, decision.attempt_id)
+        except Exception as exc:  # noqa: BLE001 - the ConcurrentRunError being raised matters more
+            log.warning(
+                "could not remove the refused decision record of epoch %s (attempt %s): %s",
+                decision.epoch,
+                decision.attempt_id,
+                exc,
+            )
 
     def _check_fence(self, epoch: int) -> None:
         """Stop early when another run committed to the sink since this run looked.

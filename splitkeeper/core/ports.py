@@ -236,6 +236,14 @@ class StateStore(abc.ABC):
         """Persist the epoch's decision before its sink commit (the redo record)."""
 
     @abc.abstractmethod
+    def discard_decision(self, epoch: int, attempt_id: str) -> None:
+        """Remove the decision record ``(epoch, attempt_id)``: its sink commit was refused by the fence.
+
+        Only the run that wrote it calls this, and only after the fence refused its
+        commit, so no sink commit names it and no redo can need it (protocol rule 5.2).
+        """
+
+    @abc.abstractmethod
     def commit_checkpoint(
         self, decision: EpochDecision, before_row: Callable[[], None] | None = None
     ) -> None:

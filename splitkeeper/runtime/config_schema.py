@@ -225,7 +225,7 @@ class MaintenanceSection(_Section):
         168.0,
         ge=0,
         description="hours >= 0: VACUUM keeps the files removed less than this long ago (time travel "
-        "reaches back that far)",
+        "reaches back that far); a fraction of an hour rounds up to the next whole hour",
     )
 
 

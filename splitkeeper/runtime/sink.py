@@ -58,6 +58,7 @@ from splitkeeper.core.ports import EpochSink, RegionRun, SinkReceipt
 from splitkeeper.errors import InvalidParameterError, StateError
 from splitkeeper.state import storage
 from splitkeeper.state.fence import fenced_commit, recorded_commit
+from splitkeeper.state.retention import retention_hours
 from splitkeeper.state.tables import (
     SINK_TABLE,
     STAGED_COLUMNS,
@@ -438,16 +439,13 @@ class DeltaSink(EpochSink):
         untracked one (a staged file moved in by a commit that did not land yet). ``dry_run``
         lists them and deletes nothing.
         """
-        if history_hours < 0:
-            raise InvalidParameterError("history_hours", history_hours, "hours >= 0")
+        hours = retention_hours(history_hours)
         table = self._get() if dry_run else self._writable_table("vacuum the sink")
         if table is None:
             return []
         files = guarded(
             self.path,
-            lambda: table.vacuum(
-                retention_hours=int(history_hours), dry_run=dry_run, enforce_retention_duration=False
-            ),
+            lambda: table.vacuum(retention_hours=hours, dry_run=dry_run, enforce_retention_duration=False),
         )
         if not dry_run:
             guarded(self.path, table.cleanup_metadata)

@@ -391,6 +391,9 @@ class SimState(StateStore):
     def write_decision(self, decision: EpochDecision) -> None:
         self.decisions = {(decision.epoch, decision.attempt_id): decision}  # only the latest is ever redone
 
+    def discard_decision(self, epoch: int, attempt_id: str) -> None:
+        self.decisions.pop((epoch, attempt_id), None)
+
     def commit_checkpoint(
         self, decision: EpochDecision, before_row: Callable[[], None] | None = None
     ) -> None:

@@ -646,6 +646,14 @@ class DeltaStateStore(StateStore, CheckpointStore):
         row = {**serde.decision_to_row(decision), "run_id": self.run_id, "decided_at": datetime.now(UTC)}
         self.tables.append("decisions", spec("decisions").rows([row]))
 
+    def discard_decision(self, epoch: int, attempt_id: str) -> None:
+        """Delete the decision row ``(epoch, attempt_id)`` whose sink commit the fence refused."""
+        self._writable(f"discard the refused decision of epoch {epoch}")
+        table = self.tables.require("decisions")
+        quoted = "'" + attempt_id.replace("'", "''") + "'"
+        predicate = f"epoch_id = {int(epoch)} AND attempt_id = {quoted}"
+        guarded(table.table_uri, lambda: table.delete(predicate))
+
     def commit_checkpoint(
         self, decision: EpochDecision, before_row: Callable[[], None] | None = None
     ) -> None:

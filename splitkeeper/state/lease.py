@@ -77,29 +77,77 @@ class LeaseLostError(ConcurrentRunError):
     code = "LEASE_LOST"
 
 
+def _read_text(path: str) -> str | None:
+    try:
+        with open(path, encoding="ascii") as handle:
+            return handle.read().strip()
+    except OSError:
+        return None
+
+
+def _start_time(pid: int) -> str | None:
+    """The process's start time in clock ticks since boot (``/proc/<pid>/stat`` field 22), or None."""
+    stat = _read_text(f"/proc/{pid}/stat")
+    if stat is None:
+        return None
+    fields = stat[stat.rfind(")") + 2 :].split()  # after "pid (comm) ": field 3 onwards
+    return fields[19] if len(fields) > 19 else None
+
+
+def _namespace() -> str | None:
+    """``<boot id>/<pid namespace>``: where a pid and a start time mean one process; None off Linux."""
+    boot = _read_text("/proc/sys/kernel/random/boot_id")
+    try:
+        pid_ns = os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return None
+    return None if boot is None else f"{boot}/{pid_ns}"
+
+
+def process_identity(pid: int) -> str | None:
+    """``<boot id>/<pid namespace>/<start time>`` of ``pid`` as this process sees it; None when unknown."""
+    namespace, started = _namespace(), _start_time(pid)
+    return None if namespace is None or started is None else f"{namespace}/{started}"
+
+
 @dataclass(frozen=True, slots=True)
 class LeaseOwner:
-    """Who takes a lease: the host, the process and its command line."""
+    """Who takes a lease: the host, the process, its command line and (on Linux) its identity.
+
+    ``process`` (:func:`process_identity`) tells this process apart from a later one
+    that got the same pid, and from a process of another container with the same
+    host name (another pid namespace or boot).
+    """
 
     host: str
     pid: int
     command: str
+    process: str | None = None
 
     @classmethod
     def this_process(cls) -> LeaseOwner:
-        return cls(socket.gethostname(), os.getpid(), " ".join(sys.argv)[:500] or "python")
+        pid = os.getpid()
+        return cls(socket.gethostname(), pid, " ".join(sys.argv)[:500] or "python", process_identity(pid))
 
     def describe(self) -> str:
         return f"{self.command!r} (pid {self.pid} on {self.host})"
 
     def gone(self) -> bool:
-        """True when this owner ran on this host and its process no longer exists.
+        """True when this owner's process certainly no longer exists.
 
-        Only a process on this host can be checked; for another host it is False (the
-        lease's expiry decides there).
+        Only a process this one can see is checked: the same host, and when the owner
+        recorded its identity, the same boot and pid namespace. Then the owner is gone
+        when its pid is free or now names a process that started at another time (a
+        reused pid). For anything else it is False: the lease's expiry decides.
         """
         if self.host != socket.gethostname() or self.pid <= 0 or self.pid == os.getpid():
             return False
+        if self.process is not None:
+            namespace = _namespace()
+            if namespace is None or not self.process.startswith(namespace + "/"):
+                return False  # another container or boot: its processes are not ours to see
+            started = _start_time(self.pid)
+            return started is None or self.process != f"{namespace}/{started}"
         try:
             os.kill(self.pid, 0)
         except ProcessLookupError:
@@ -133,6 +181,7 @@ class LeaseHolder:
             "host": self.owner.host,
             "pid": self.owner.pid,
             "command": self.owner.command,
+            "process": self.owner.process,
             "acquired_at": self.acquired_at,
             "heartbeat_at": self.heartbeat_at,
             "expires_at": self.expires_at,
@@ -145,7 +194,7 @@ class LeaseHolder:
             pipeline=row["pipeline"],
             generation=int(row["generation"]),
             token=row["token"],
-            owner=LeaseOwner(row["host"], int(row["pid"]), row["command"]),
+            owner=LeaseOwner(row["host"], int(row["pid"]), row["command"], row.get("process")),
             acquired_at=row["acquired_at"],
             heartbeat_at=row["heartbeat_at"],
             expires_at=row["expires_at"],

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -46,7 +47,16 @@ from splitkeeper.state.tables import STATE_TABLES, guarded, spec
 if TYPE_CHECKING:  # pragma: no cover
     from splitkeeper.state.checkpoints import DeltaStateStore
 
-__all__ = ["Compaction", "archived_row", "compact", "delete_checkpoints", "retain", "vacuum", "vacuum_plan"]
+__all__ = [
+    "Compaction",
+    "archived_row",
+    "compact",
+    "delete_checkpoints",
+    "retain",
+    "retention_hours",
+    "vacuum",
+    "vacuum_plan",
+]
 
 log = logging.getLogger(__name__)
 
@@ -199,23 +209,33 @@ def compact(store: DeltaStateStore) -> Compaction:
     return Compaction(deleted, compacted)
 
 
+def retention_hours(history_hours: float) -> int:
+    """The whole hours VACUUM keeps for a history window of ``history_hours``: rounded up, never down.
+
+    delta-rs takes whole hours; rounding down would delete history the window
+    promises (0.5 would keep none).
+    """
+    if not history_hours >= 0:  # also refuses NaN
+        from splitkeeper.errors import InvalidParameterError
+
+        raise InvalidParameterError("history_hours", history_hours, "hours >= 0")
+    return math.ceil(history_hours)
+
+
 def _vacuum_lite(table: Any, hours: int) -> list[str]:
     return list(table.vacuum(retention_hours=hours, dry_run=False, enforce_retention_duration=False))
 
 
 def vacuum_plan(store: DeltaStateStore, history_hours: float) -> dict[str, list[str]]:
     """What :func:`vacuum` would delete now, per table (read-only: nothing is deleted)."""
-    if history_hours < 0:
-        from splitkeeper.errors import InvalidParameterError
-
-        raise InvalidParameterError("history_hours", history_hours, "hours >= 0")
+    hours = retention_hours(history_hours)
     planned: dict[str, list[str]] = {}
     for name in STATE_TABLES:
         table = store.tables.get(name)
         if table is None:
             continue
         listing = functools.partial(
-            table.vacuum, retention_hours=int(history_hours), dry_run=True, enforce_retention_duration=False
+            table.vacuum, retention_hours=hours, dry_run=True, enforce_retention_duration=False
         )
         planned[name] = sorted(guarded(table.table_uri, listing))
     return planned
@@ -224,14 +244,11 @@ def vacuum_plan(store: DeltaStateStore, history_hours: float) -> dict[str, list[
 def vacuum(store: DeltaStateStore, history_hours: float) -> dict[str, list[str]]:
     """Rule 3; returns the files deleted, per table."""
     store._writable("vacuum the state tables")
-    if history_hours < 0:
-        from splitkeeper.errors import InvalidParameterError
-
-        raise InvalidParameterError("history_hours", history_hours, "hours >= 0")
+    hours = retention_hours(history_hours)
     removed: dict[str, list[str]] = {}
     for name in STATE_TABLES:
         table = store.tables.require(name)
-        files = guarded(table.table_uri, functools.partial(_vacuum_lite, table, int(history_hours)))
+        files = guarded(table.table_uri, functools.partial(_vacuum_lite, table, hours))
         guarded(table.table_uri, table.cleanup_metadata)
         removed[name] = sorted(files)
     return removed

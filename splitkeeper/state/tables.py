@@ -264,7 +264,7 @@ TABLES: dict[str, TableSpec] = {
         # history, kept past retention: unpartitioned, compaction bounds its files
         TableSpec("audit", stats_columns=("checkpoint_id", "attempt_id")),
         TableSpec("checkpoint_log", stats_columns=("checkpoint_id", "kind")),
-        TableSpec("lease", stats_columns=("generation",)),
+        TableSpec("lease", stats_columns=("generation",), added_columns=frozenset({"process"})),
         TableSpec("control", stats_columns=("requested_at",)),
         TableSpec(
             SINK_TABLE,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
 from splitkeeper.core.backlog import BacklogConfig
@@ -284,3 +286,68 @@ def test_quarantine_parks_a_failing_split_so_the_rest_checkpoints_globally_and_r
     decisions = [a.decision for a in again.enumerator.audit if a.split_id == "a-1"]
     assert RecoveryDecision.RELEASED in decisions
     assert again.enumerator.quarantined == {}
+
+
+class _RacedSink(SimEpochSink):
+    """A sink whose first read of the recorded epoch is followed at once by another run's commit."""
+
+    def __init__(self, shared: SimEpochSink, runner: SimRegionRunner, landed: int) -> None:
+        super().__init__(shared.sink, runner)
+        self.recorded, self.attempts = shared.recorded, dict(shared.attempts)
+        self._landed: int | None = landed
+
+    def committed_epoch(self) -> int | None:
+        seen = self.recorded
+        if self._landed is not None:  # the other run's commit lands right after this read
+            self.recorded, self.attempts, self._landed = self._landed, {self._landed: "other"}, None
+        return seen
+
+
+def test_open_reads_the_recorded_epoch_once_so_a_commit_landing_during_open_is_refused_later() -> None:
+    """Protocol rule 5.2: the epoch a run expects is the one it restored, read before the restore.
+
+    Another run commits epoch 2 right after this run's open first looks at the sink
+    (its checkpoint row not yet written). Were the sink read again later, this run
+    would restore checkpoint 1, expect epoch 2, and its next commit would pass the
+    fence while reading again what epoch 2 holds.
+    """
+    source = _source({"a"}, {"a-0": ("a", 100)})
+    first, ledger, state, sink = _driver(source, parallelism=1)
+    first.open()
+    first.run_epoch(records_per_split=5)
+    assert sink.recorded == 1
+
+    runner = SimRegionRunner(None)
+    raced = _RacedSink(sink, runner, landed=2)
+    second = EpochDriver(first.settings, source, runner, raced, state, SimClock())
+    report = second.open()
+    assert report.restored_from == 1
+    with pytest.raises(ConcurrentRunError) as err:
+        second.run_epoch(records_per_split=5)
+    assert err.value.params["found"] == 2 and err.value.params["expected"] == 1
+    assert ledger.spans("a-0") == [(0, 5)]  # nothing read twice reached the sink
+    assert not [key for key in state.decisions if key[0] > 1]  # no record of a refused epoch
+
+
+def test_a_commit_the_fence_refuses_leaves_no_decision_record() -> None:
+    source = _source({"a"}, {"a-0": ("a", 100)})
+    driver, _ledger, state, sink = _driver(source, parallelism=1)
+    driver.open()
+    driver.run_epoch(records_per_split=5)
+
+    def other_run_commits(epoch: int) -> None:  # lands between this run's decision and its sink commit
+        sink.recorded, sink.attempts = 7, {7: "other"}
+
+    driver.hooks = _AtPoint(CrashPoint.AFTER_DECISION, 2, other_run_commits)
+    with pytest.raises(ConcurrentRunError):
+        driver.run_epoch(records_per_split=5)
+    assert not [key for key in state.decisions if key[0] == 2]  # the refused epoch's record is gone
+
+
+class _AtPoint(DriverHooks):
+    def __init__(self, point: CrashPoint, epoch: int, action: Callable[[int], None]) -> None:
+        self.point, self.epoch, self.action = point, epoch, action
+
+    def crash_point(self, point: CrashPoint, epoch: int) -> None:
+        if (point, epoch) == (self.point, self.epoch):
+            self.action(epoch)

@@ -162,6 +162,19 @@ def test_a_decision_round_trips_through_delta_and_only_its_attempt_is_found(root
     assert fresh.decision(7, "attempt-c") is None and fresh.decision(8, "attempt-a") is None
 
 
+def test_a_refused_decision_is_discarded_by_its_attempt_alone(root):
+    """Protocol rule 5.2: the loser of the fence removes its own decision record, no other."""
+    store = _open(root)
+    winner = EpochDecision(checkpoint(7, ref=6), "attempt-won")
+    store.write_decision(winner)
+    store.write_decision(EpochDecision(checkpoint(7, ref=6), "attempt-o'refused"))
+    store.discard_decision(7, "attempt-o'refused")
+    fresh = _open(root)
+    assert fresh.decision(7, "attempt-o'refused") is None
+    assert fresh.decision(7, "attempt-won") == winner
+    assert _rows(root, "decisions").num_rows == 1
+
+
 def test_checkpoint_round_trip_equals_the_original(root):
     store = _open(root)
     store.commit_checkpoint(decision_for(global_(6)))

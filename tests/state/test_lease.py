@@ -18,6 +18,7 @@ from splitkeeper.state.lease import (
     LeaseOwner,
     PipelineLease,
     held,
+    process_identity,
 )
 from splitkeeper.state.tables import StateTables
 
@@ -82,8 +83,13 @@ def test_a_holder_killed_on_this_host_is_taken_over_at_once_and_a_live_one_is_no
     here = socket.gethostname()
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        running = LeaseOwner(here, sleeper.pid, "splitkeeper run --config orders.yaml")
+        running = LeaseOwner(
+            here, sleeper.pid, "splitkeeper run --config orders.yaml", process_identity(sleeper.pid)
+        )
+        assert running.process is not None  # recorded on Linux, and read back from the row
         _lease(root).take(running, ttl_s=600)
+        holder = _lease(root).holder()
+        assert holder is not None and holder.owner == running
         with pytest.raises(LeaseHeldError):  # alive: refused although it is on this host
             _lease(root).take(RUN_B, ttl_s=60)
     finally:
@@ -95,6 +101,36 @@ def test_a_holder_killed_on_this_host_is_taken_over_at_once_and_a_live_one_is_no
     assert "is no longer running on this host" in caplog.text
     elsewhere = LeaseOwner("another-host", sleeper.pid, "splitkeeper run")
     assert not elsewhere.gone()  # another host's process cannot be checked: the expiry decides
+
+
+def test_a_live_pid_in_another_pid_namespace_or_with_another_start_time_is_judged_right(root):
+    """Same host name, same pid: only the recorded identity tells a live holder from a dead one."""
+    import socket
+    import subprocess
+    import sys
+
+    here = socket.gethostname()
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        identity = process_identity(sleeper.pid)
+        assert identity is not None
+        boot, namespace, started = identity.rsplit("/", 2)
+        alive = LeaseOwner(here, sleeper.pid, "splitkeeper run", identity)
+        assert not alive.gone()
+        # a container sharing the host name (host networking) but not the pid namespace: a pid
+        # seen here says nothing about its process, so only the expiry may free the lease
+        other_container = LeaseOwner(here, sleeper.pid + 100_000, "splitkeeper run", f"{boot}/pid:[1]/1")
+        assert not other_container.gone()
+        _lease(root).take(other_container, ttl_s=600)
+        with pytest.raises(LeaseHeldError):
+            _lease(root).take(RUN_B, ttl_s=60)
+        # the pid now names another process than the holder's (reused after the holder died)
+        reused = LeaseOwner(here, sleeper.pid, "splitkeeper run", f"{boot}/{namespace}/{int(started) - 1}")
+        assert reused.gone()
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert alive.gone()  # its pid is free now
 
 
 def test_heartbeats_extend_the_lease_and_a_release_frees_it_without_waiting(root):

@@ -22,8 +22,10 @@ from splitkeeper.app import services
 from splitkeeper.cli import main
 from splitkeeper.core.ports import CrashPoint, EpochPlan, RegionRun
 from splitkeeper.core.types import CheckpointKind, RegionOutcome
+from splitkeeper.errors import InvalidParameterError
 from splitkeeper.runtime.config import load_config
 from splitkeeper.state.lease import LeaseHeldError, PipelineLease
+from splitkeeper.state.retention import retention_hours
 
 from .samples import Crash, CrashAt, LocalPipeline, LocalRegionRunner, tree
 
@@ -120,3 +122,15 @@ def test_maintain_holds_the_lease_and_is_refused_while_another_run_holds_it(tmp_
     finally:
         lease.release()
     assert not services.maintain(config).dry_run
+
+
+@pytest.mark.parametrize(("window", "kept"), [(0, 0), (0.5, 1), (1, 1), (1.01, 2), (168, 168)])
+def test_a_fractional_history_window_rounds_up_so_vacuum_never_keeps_less(window: float, kept: int) -> None:
+    assert retention_hours(window) == kept
+
+
+@pytest.mark.parametrize("window", [-1, -0.5, float("nan")])
+def test_a_negative_or_nan_history_window_is_refused_naming_the_key(window: float) -> None:
+    with pytest.raises(InvalidParameterError) as err:
+        retention_hours(window)
+    assert "history_hours" in str(err.value) and "hours >= 0" in str(err.value)

@@ -1,0 +1,91 @@
+"""``splitkeeper status`` only reads: no Spark, no broker, nothing created; it shows the lease holder.
+
+Runs the real CLI in a fresh interpreter, as a user's shell would, against a Kafka
+pipeline whose broker address is a closed port.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+from splitkeeper.state.lease import LeaseOwner, PipelineLease, process_identity
+from splitkeeper.state.tables import StateTables
+
+REPO = Path(__file__).resolve().parents[1]
+
+# The CLI's status, then which engines the interpreter ended up importing.
+PROBE = """
+import json, sys
+from splitkeeper.cli import main
+code = main(sys.argv[1:])
+loaded = sorted(m for m in ("pyspark", "py4j", "confluent_kafka", "airflow") if m in sys.modules)
+print("PROBE " + json.dumps({"code": code, "loaded": loaded}))
+"""
+
+
+def _config(tmp_path: Path) -> Path:
+    mapping = {
+        "name": "orders-kafka",
+        "parallelism": 2,
+        "source": {"kind": "kafka", "bootstrap_servers": "127.0.0.1:1", "topics": ["orders"]},
+        "state": {"path": str(tmp_path / "state")},
+        "sink": {"path": str(tmp_path / "sink")},
+    }
+    path = tmp_path / "orders-kafka.yaml"
+    path.write_text(yaml.safe_dump(mapping))
+    return path
+
+
+def _status(config: Path, *extra: str) -> tuple[dict, str, float]:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE, "status", "--config", str(config), *extra],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=str(config.parent),
+    )
+    elapsed = time.monotonic() - started
+    probe = [line for line in done.stdout.splitlines() if line.startswith("PROBE ")]
+    assert probe, done.stdout + done.stderr
+    output = "\n".join(line for line in done.stdout.splitlines() if not line.startswith("PROBE "))
+    return json.loads(probe[0][len("PROBE ") :]), output, elapsed
+
+
+def test_status_of_a_pipeline_never_run_creates_nothing_and_needs_no_broker_or_spark(tmp_path: Path) -> None:
+    config = _config(tmp_path)
+    probe, output, elapsed = _status(config, "--json")
+    assert probe == {"code": 0, "loaded": []}, output
+    assert json.loads(output)["latest_checkpoint"] is None
+    assert not (tmp_path / "state").exists() and not (tmp_path / "sink").exists()
+    assert elapsed < 60  # a closed broker port must not make it wait out a connect timeout
+
+
+def test_status_names_the_lease_holder(tmp_path: Path) -> None:
+    config = _config(tmp_path)
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        command = "splitkeeper run --config orders-kafka.yaml"
+        owner = LeaseOwner(socket.gethostname(), holder.pid, command, process_identity(holder.pid))
+        PipelineLease(StateTables(str(tmp_path / "state")), "orders-kafka").take(owner, ttl_s=600)
+        before = sorted(p.relative_to(tmp_path) for p in (tmp_path / "state").rglob("*"))
+        probe, output, _ = _status(config)
+        assert probe == {"code": 0, "loaded": []}, output
+        assert f"lease: 'splitkeeper run --config orders-kafka.yaml' (pid {holder.pid} on" in output, output
+        probe, output, _ = _status(config, "--json")
+        lease = json.loads(output)["lease"]
+        assert f"pid {holder.pid}" in lease["holder"] and lease["released"] is False
+        assert sorted(p.relative_to(tmp_path) for p in (tmp_path / "state").rglob("*")) == before
+    finally:
+        holder.kill()
+        holder.wait()
