@@ -10,11 +10,13 @@ observable) and the sink must equal the source exactly.
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from splitkeeper.app import services
 from splitkeeper.core.types import CheckpointKind
 from splitkeeper.runtime.config import config_from_mapping
 from splitkeeper.runtime.faults import CRASH_ENV, CrashPoint
@@ -22,6 +24,7 @@ from splitkeeper.runtime.pipeline import Pipeline
 from splitkeeper.runtime.sink import DeltaSink
 from splitkeeper.runtime.sources import build_source
 from splitkeeper.state.checkpoints import DeltaStateStore
+from tests.state.samples import tree
 
 from .helpers import (
     assert_sink_equals_source,
@@ -77,6 +80,15 @@ def test_driver_killed_at_crash_point_recovers_to_sink_equals_source(
     if point is CrashPoint.BEFORE_CHECKPOINT_ROW:  # killed between the state rows and the checkpoints row
         state_rows = spark.read.format("delta").load(store.table_path("enumerator_state"))
         assert state_rows.where(f"checkpoint_id = {CRASH_EPOCH}").count() > 0
+
+    if redone is not None:  # a redo is pending: a dry-run recovery (with a rescale) must write nothing
+        before = tree(tmp_path)
+        dry = services.recover(config, dry_run=True, parallelism=3)
+        assert dry.dry_run and dry.opened.redone_checkpoint == redone
+        assert tree(tmp_path) == before  # state, sink and staging byte for byte, _delta_log included
+        # the redo record is in Delta: losing the local staging folder (another machine, a cleaned
+        # disk) must not keep the pipeline from opening
+        shutil.rmtree(Path(config.staging_path), ignore_errors=True)
 
     pipeline = Pipeline(config, spark)
     try:
