@@ -444,15 +444,20 @@ def test_a_checkpoint_row_with_a_bad_position_names_table_checkpoint_and_split_a
     assert _open(root).load_checkpoint(1) == global_(1)  # what was committed is still readable
 
 
-def test_an_enumerator_row_with_a_negative_position_is_refused_naming_it(root):
+@pytest.mark.parametrize("position", [None, -1])
+def test_an_enumerator_row_with_a_bad_position_is_refused_naming_it_and_changes_nothing(root, position):
     store = _open(root)
     enumerator = global_(1).enumerator
     assert enumerator is not None
     store.commit_checkpoint(decision_for(global_(1)))
     attempt = store.kept()[1][0].attempt_id
     table = DeltaTable(f"{root}/enumerator_state")
-    table.update(new_values={"position": -1}, predicate=f"split_id = 's0' AND attempt_id = '{attempt}'")
-    with pytest.raises(
-        StateError, match=r"state table enumerator_state: checkpoint 1 holds split 's0' at position -1"
-    ):
+    value = "NULL" if position is None else str(position)
+    table.update(updates={"position": value}, predicate=f"split_id = 's0' AND attempt_id = '{attempt}'")
+    before = tree(root)
+    with pytest.raises(StateError) as err:
         _open(root).latest_checkpoint()
+    assert f"state table enumerator_state: checkpoint 1 holds split 's0' at position {position!r}" in str(
+        err.value
+    )
+    assert tree(root) == before
