@@ -7,6 +7,11 @@ put back; status lists them). Tasks are the recovery steps:
 restore enumerator state -> collect reader reports -> classify every split
 (the audit trail) -> reassign and rebalance -> validate -> resume. One DAG per
 configured pipeline (see splitkeeper_ingest).
+
+The writing step (reassign and rebalance) queues for the pipeline's pool slot.
+With checkpoint_id 'latest' it restores the latest checkpoint when it gets the
+slot: a run that held the slot may have committed newer ones than the first
+steps showed. An explicit id that is no longer the latest fails, naming it.
 """
 
 from __future__ import annotations

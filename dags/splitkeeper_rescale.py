@@ -46,7 +46,7 @@ def rescale_dag(pipeline: DagPipeline) -> DAG:
 
         @task(pool=pipeline.writer_pool(), outlets=pipeline.assets())
         def redistribute(restored: dict) -> dict:
-            return tasks.reassign_and_rebalance(tasks.collect_reader_reports(restored, path), path)
+            return tasks.rescale(tasks.collect_reader_reports(restored, path), path)
 
         @task
         def validate(redistributed: dict) -> dict:

@@ -348,11 +348,21 @@ def rescale(
     parallelism: int,
     redistribution: Redistribution = Redistribution.EVEN_SPLIT,
     *,
+    checkpoint_id: int | None = None,
     progress: Progress | None = None,
 ) -> RecoverResult:
-    """Change the parallelism from the latest checkpoint (protocol rule 2.8); one epoch commits it."""
+    """Change the parallelism from the latest checkpoint (protocol rule 2.8); one epoch commits it.
+
+    ``checkpoint_id``: the checkpoint the caller previewed (None: the latest); a
+    CheckpointError when it is no longer the latest.
+    """
     return recover(
-        config, parallelism=parallelism, redistribution=redistribution, mode="global", progress=progress
+        config,
+        checkpoint_id=checkpoint_id,
+        parallelism=parallelism,
+        redistribution=redistribution,
+        mode="global",
+        progress=progress,
     )
 
 

@@ -32,7 +32,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--mode",
         default="auto",
         choices=("auto", "global", "partial"),
-        help="recovery mode (partial cannot change the parallelism)",
+        help="auto (default) or global: restore the checkpoint, at any parallelism; partial: the same "
+        "restore, refused if the parallelism would change (a restarted driver restores every region; "
+        "a region failing inside a run fails over alone, protocol rule 1.3)",
     )
     parser.add_argument("--dry-run", action="store_true", help="only print the recovery plan; write nothing")
     parser.add_argument("--epochs", type=int, default=1, help="epochs to run after the restore (default 1)")

@@ -138,20 +138,29 @@ def restore_enumerator_state(params: Mapping[str, Any], path: str | None = None)
     preview = services.preview_recovery(_config(path), chosen["checkpoint_id"]).to_dict()
     preview.pop("reports")
     services.check_recovery_mode(chosen["mode"], chosen["parallelism"], preview["parallelism_before"])
-    return {**chosen, **preview}
+    # "requested": what the writing step restores. 'latest' stays None: that step waits for the
+    # pipeline's pool slot, and a run that held it meanwhile may have committed newer checkpoints.
+    return {**chosen, **preview, "requested": chosen["checkpoint_id"]}
+
+
+def _restore_id(reports: Mapping[str, Any]) -> int | None:
+    """The checkpoint the writing step restores: the one asked for, or the latest when 'latest' was."""
+    if "requested" in reports:
+        return None if reports["requested"] is None else int(reports["requested"])
+    return int(reports["checkpoint_id"])
 
 
 def collect_reader_reports(restored: Mapping[str, Any], path: str | None = None) -> dict[str, Any]:
     """What every reader reports on registration: the splits in its region's state of that checkpoint."""
-    preview = services.preview_recovery(_config(path), int(restored["checkpoint_id"]))
-    return {**restored, "reports": preview.to_dict()["reports"]}
+    preview = services.preview_recovery(_config(path), _restore_id(restored)).to_dict()
+    return {**restored, "checkpoint_id": preview["checkpoint_id"], "reports": preview["reports"]}
 
 
 def _recover(reports: Mapping[str, Any], path: str | None, dry_run: bool) -> dict[str, Any]:
     redistribution = reports.get("redistribution")
     result = services.recover(
         _config(path),
-        checkpoint_id=int(reports["checkpoint_id"]),
+        checkpoint_id=int(reports["checkpoint_id"]) if dry_run else _restore_id(reports),
         parallelism=reports.get("parallelism"),
         redistribution=None
         if not redistribution
@@ -162,6 +171,20 @@ def _recover(reports: Mapping[str, Any], path: str | None, dry_run: bool) -> dic
     )
     out = result.to_dict()
     log.info("recovery decisions: %s", out["opened"]["decisions"])
+    return out
+
+
+def rescale(reports: Mapping[str, Any], path: str | None = None) -> dict[str, Any]:
+    """The rescale DAG's step: restore the previewed checkpoint at the new parallelism, commit it."""
+    redistribution = str(reports.get("redistribution") or "even-split")
+    result = services.rescale(
+        _config(path),
+        int(reports["parallelism"]),
+        Redistribution[redistribution.upper().replace("-", "_")],
+        checkpoint_id=_restore_id(reports),
+    )
+    out = result.to_dict()
+    log.info("rescaled to %s: recovery decisions %s", reports["parallelism"], out["opened"]["decisions"])
     return out
 
 

@@ -281,6 +281,19 @@ def test_ingest_with_a_region_failure_then_recover_and_rescale(airflow_db, spark
         events[0]["error"], str
     )  # the error's text (dag.test leaves it empty; a scheduler does not)
 
+    # 'latest' is what the writing step restores when it gets the pool slot, not what the restore
+    # step saw: an ingest that held the slot meanwhile committed a newer checkpoint
+    from splitkeeper.app import services
+    from splitkeeper.orchestration import tasks
+
+    restored = tasks.restore_enumerator_state({"checkpoint_id": "latest"}, str(config_path))
+    assert restored["checkpoint_id"] == before[-1]
+    services.run(config, epochs=1)
+    newer = store.checkpoint_ids()[-1]
+    assert newer > before[-1]
+    done = tasks.reassign_and_rebalance(tasks.collect_reader_reports(restored, str(config_path)), None)
+    assert done["opened"]["restored_from"] == newer and store.checkpoint_ids()[-1] > newer
+
     rescale = load_dag("splitkeeper_recover").test(run_conf={"parallelism": 3, "mode": "global"})
     assert rescale.state == "success"
     latest = store.latest_checkpoint()
@@ -288,9 +301,15 @@ def test_ingest_with_a_region_failure_then_recover_and_rescale(airflow_db, spark
     loads = [len(s) for s in latest.enumerator.assignments.values()]
     assert max(loads) - min(loads) <= 1
 
+    down = load_dag("splitkeeper_rescale").test(run_conf={"parallelism": 2, "redistribution": "union"})
+    assert down.state == "success"
+    latest = store.latest_checkpoint()
+    assert latest is not None and latest.parallelism == 2 and latest.checkpoint_id > max(before)
+    assert sorted(latest.enumerator.assignments) == [0, 1]
+
     finish = load_dag("splitkeeper_ingest").test(run_conf={"epochs": 20})
     assert finish.state == "success"
-    assert store.latest_checkpoint().parallelism == 3  # the next scheduled run keeps the rescale
+    assert store.latest_checkpoint().parallelism == 2  # the next scheduled run keeps the rescale
     sink = spark.read.format("delta").load(config.sink_path)
     source_lines = sum(len(p.read_text().splitlines()) for p in (tmp_path / "in").iterdir())
     assert sink.count() == source_lines
