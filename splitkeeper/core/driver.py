@@ -521,8 +521,18 @@ class EpochDriver:
             restored = coordinator.restore(
                 checkpoint, new_p, self.redistribution, consecutive_regional=consecutive_regional
             )
+            strategy = settings.new_strategy()
+            if isinstance(strategy, WeightedStrategy):
+                # the weights the checkpoint was balanced with (measured rates or configured), until
+                # the meter has measured again (protocol rule 1.6)
+                recorded = (
+                    dict(pending.split_weights)
+                    if pending is not None and checkpoint is pending.checkpoint
+                    else self.state.split_weights(checkpoint.checkpoint_id)
+                )
+                strategy.set_weights({**strategy.weights, **recorded})
             enumerator = self._enumerator_factory(
-                self.source, context, settings.new_strategy(), restored=restored.enumerator
+                self.source, context, strategy, restored=restored.enumerator
             )
             first_audit = enumerator.audit_count
             infos = restored.reader_infos()

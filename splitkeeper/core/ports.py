@@ -214,6 +214,10 @@ class StateStore(abc.ABC):
         """The config's parallelism checkpoint ``checkpoint_id`` was taken under (None: not recorded)."""
 
     @abc.abstractmethod
+    def split_weights(self, checkpoint_id: int) -> Mapping[str, float]:
+        """The owned splits' weights checkpoint ``checkpoint_id`` recorded (weighted strategy; else empty)."""
+
+    @abc.abstractmethod
     def latest_plan_epoch(self) -> int | None:
         """The highest epoch ever planned, or None."""
 

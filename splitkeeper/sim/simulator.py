@@ -360,6 +360,7 @@ class SimState(StateStore):
         self.planned: int | None = None
         self.decisions: dict[tuple[int, str], EpochDecision] = {}
         self.configured: dict[int, int | None] = {}
+        self.weights: dict[int, dict[str, float]] = {}
         self.aborted = 0
 
     def latest_checkpoint(self) -> CompletedCheckpoint | None:
@@ -376,6 +377,9 @@ class SimState(StateStore):
 
     def configured_parallelism(self, checkpoint_id: int) -> int | None:
         return self.configured.get(checkpoint_id)
+
+    def split_weights(self, checkpoint_id: int) -> Mapping[str, float]:
+        return self.weights.get(checkpoint_id, {})
 
     def latest_plan_epoch(self) -> int | None:
         return self.planned
@@ -403,6 +407,7 @@ class SimState(StateStore):
             before_row()
         self.store.add(decision.checkpoint)
         self.configured[decision.epoch] = decision.configured_parallelism
+        self.weights[decision.epoch] = dict(decision.split_weights)
 
     def log_attempt(self, epoch: int, outcomes: Mapping[int, RegionOutcome], reason: str) -> None:
         self.aborted += 1

@@ -555,6 +555,10 @@ class DeltaStateStore(StateStore, CheckpointStore):
             )
         return serde.plan_from_rows(int(epoch_id), rows)
 
+    def split_weights(self, checkpoint_id: int) -> Mapping[str, float]:
+        """The owned splits' weights checkpoint ``checkpoint_id`` recorded (see the history API)."""
+        return self.history.split_weights(checkpoint_id)
+
     def decision(self, epoch: int, attempt_id: str) -> EpochDecision | None:
         """The decision record of ``epoch`` with ``attempt_id``; None when it was never written."""
         rows = self.tables.read(

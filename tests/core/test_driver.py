@@ -351,3 +351,42 @@ class _AtPoint(DriverHooks):
     def crash_point(self, point: CrashPoint, epoch: int) -> None:
         if (point, epoch) == (self.point, self.epoch):
             self.action(epoch)
+
+
+def test_a_restore_weighs_the_splits_with_the_weights_its_checkpoint_recorded() -> None:
+    """Protocol rule 1.6: a restarted driver balances with the recorded weights until it measured again."""
+    rates = {"e-0": 10.0, "e-1": 1.0, "e-2": 1.0, "e-3": 1.0}
+    source = _source({"e"}, {sid: ("e", 0) for sid in rates})
+    for sid in rates:
+        source.ends[sid] = 0
+    settings = DriverSettings(
+        pipeline="t",
+        parallelism=2,
+        checkpoint=CheckpointConfig(),
+        backlog=BacklogConfig(backlog_epoch_records=10_000, normal_epoch_records=10_000),
+        strategy="weighted",
+        rebalance_threshold=1.25,
+    )
+    runner, ledger, state, clock = SimRegionRunner(None), SimulatedSink(), SimState(), SimClock()
+    sink = SimEpochSink(ledger, runner)
+    first = EpochDriver(settings, source, runner, sink, state, clock)
+    first.open()
+    for _ in range(4):
+        clock.sleep(10)
+        for sid, rate in rates.items():
+            source.ends[sid] += int(rate * 100)
+        first.run_epoch()
+    recorded = dict(state.split_weights(max(state.checkpoint_ids())))
+    assert recorded["e-0"] > 5 * recorded["e-1"]  # measured: the hot split weighs ten times more
+
+    again = SimRegionRunner(None)
+    restarted_sink = SimEpochSink(ledger, again)
+    restarted_sink.recorded, restarted_sink.attempts = sink.recorded, dict(sink.attempts)
+    second = EpochDriver(settings, source, again, restarted_sink, state, SimClock())
+    second.open()
+    assert second.enumerator is not None
+    strategy = second.enumerator.strategy
+    assert {sid: strategy.weight(sid) for sid in rates} == recorded
+    clock.sleep(10)
+    second.run_epoch()  # the meter has one observation: nothing measured yet, the weights carry on
+    assert dict(state.split_weights(max(state.checkpoint_ids()))) == recorded

