@@ -17,10 +17,11 @@ running after that does it fall back to the provider's kill.
 Bounded runs (``--epochs=N``) are killed at once, as before: nothing in them waits for a stop.
 
 Airflow 3's supervisor sends a cancelled task SIGTERM (the task runner then calls ``on_kill``)
-and SIGKILL 5 s later. The stop is asked for within those 5 s. spark-submit is a separate
-process that the SIGKILL does not reach, so the driver still ends on its final checkpoint and
-spark-submit exits. The wait and the fallback kill run in full when ``on_kill`` is called
-without that limit, for example when ``execution_timeout`` expires.
+and SIGKILL 5 s later, to the task process only (not its process group). The stop is asked
+for within those 5 s, and spark-submit, a separate process, goes on to the final checkpoint.
+That follows from Airflow's code; no test cancels a run through Airflow. The wait and the
+fallback kill run in full when ``on_kill`` is called without that limit, for example when
+``execution_timeout`` expires.
 """
 
 from __future__ import annotations
