@@ -817,6 +817,7 @@ def test_no_secret_in_any_file_of_the_cluster_folder_nor_on_any_command_line(clu
     secrets = {name: value.encode() for name, value in asdict(cluster.credentials()).items()}
     assert all(secrets.values())
     found: dict[str, list[str]] = {}
+    held: dict[str, set[str]] = {}  # what the files that must hold credentials were seen to hold
     scanned = 0
     with Phase("check: secrets scan"):
         for path in sorted(cluster.root.rglob("*")):
@@ -832,12 +833,16 @@ def test_no_secret_in_any_file_of_the_cluster_folder_nor_on_any_command_line(clu
             names = [name for name, value in secrets.items() if value in data]
             relative = str(path.relative_to(cluster.root))
             allowed = SECRET_FILES.get(relative, set())
+            if relative in SECRET_FILES:
+                held[relative] = set(names)
             unexpected = [n for n in names if allowed != "all" and n not in allowed]
             if unexpected:
                 found[relative] = unexpected
         leaks = _secrets_in_command_lines(cluster)
-    for relative in SECRET_FILES:
+    for relative, allowed in SECRET_FILES.items():
         assert (cluster.root / relative).stat().st_mode & 0o777 == 0o600, relative
+        # the search finds what is there: each such file holds exactly its credentials
+        assert held.get(relative) == (set(secrets) if allowed == "all" else allowed), (relative, held)
     TIMINGS["secrets scan: MB"] = round(scanned / 1e6, 1)
     assert scanned > 10e6, scanned  # the data folders were there to scan
     assert not found, f"credentials in files of the cluster folder: {found}"
