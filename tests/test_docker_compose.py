@@ -547,3 +547,162 @@ def test_compose_cli_validates_the_file():
         env={**clean, **{name: f"test-{name.lower()}" for name in SECRETS}},
     )
     assert result.returncode == 0, result.stderr
+
+
+# ---------------------------------------------------------------------------------------
+# The Spark image: what the executors import
+# ---------------------------------------------------------------------------------------
+
+#: Where the executors' code starts: the region task (pipeline), the regions runner, every source
+#: reader (sources/__init__ loads the Kafka module with importlib, so each module is named), the
+#: staging writer and the transforms.
+EXECUTOR_ENTRY_MODULES = [
+    "splitkeeper.runtime.pipeline",
+    "splitkeeper.runtime.regions",
+    *(
+        f"splitkeeper.runtime.sources.{p.stem}".removesuffix(".__init__")
+        for p in sorted((ROOT / "splitkeeper/runtime/sources").glob("*.py"))
+    ),
+    "splitkeeper.runtime.staging",
+    "splitkeeper.runtime.transforms",
+]
+#: What the Spark image itself brings to every executor's Python: SPARK_HOME/python (pyspark, py4j).
+PROVIDED_BY_THE_SPARK_IMAGE = {"pyspark", "py4j"}
+
+
+def _module_file(module: str) -> Path | None:
+    path = ROOT.joinpath(*module.split("."))
+    if (path / "__init__.py").is_file():
+        return path / "__init__.py"
+    return path.with_suffix(".py") if path.with_suffix(".py").is_file() else None
+
+
+def _import_time_imports(module: str, source: Path) -> list[str]:
+    """Every module an import of ``module`` imports: the module-level ``import``/``from`` statements,
+    inside ``if``/``try``/``with`` too, but not under ``if TYPE_CHECKING:`` (never executed);
+    ``from a import b`` yields ``a`` and ``a.b`` (b may be a submodule)."""
+    import ast
+
+    package = module if source.name == "__init__.py" else module.rpartition(".")[0]
+    found: list[str] = []
+
+    def visit(body: list[ast.stmt]) -> None:
+        for node in body:
+            if isinstance(node, ast.Import):
+                found.extend(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                    name = ".".join([*base, *([node.module] if node.module else [])])
+                else:
+                    name = str(node.module)
+                found.append(name)
+                found.extend(f"{name}.{alias.name}" for alias in node.names)
+            elif isinstance(node, ast.If):
+                test = node.test
+                if (
+                    getattr(test, "id", None) == "TYPE_CHECKING"
+                    or getattr(test, "attr", None) == "TYPE_CHECKING"
+                ):
+                    visit(node.orelse)
+                else:
+                    visit(node.body)
+                    visit(node.orelse)
+            elif isinstance(node, ast.Try):
+                for part in (node.body, node.orelse, node.finalbody, *(h.body for h in node.handlers)):
+                    visit(part)
+            elif isinstance(node, ast.With):
+                visit(node.body)
+
+    visit(ast.parse(source.read_text(encoding="utf-8")).body)
+    return [name for name in found if name != "__future__"]
+
+
+def executor_third_party_imports() -> dict[str, set[str]]:
+    """Top-level third-party module -> the splitkeeper modules importing it, over every
+    splitkeeper module an executor imports (the entry modules, their packages' ``__init__``, and
+    whatever splitkeeper module they import at module level, transitively)."""
+    import sys
+
+    seen: set[str] = set()
+    third_party: dict[str, set[str]] = {}
+    stack = list(EXECUTOR_ENTRY_MODULES)
+    while stack:
+        module = stack.pop()
+        source = _module_file(module)
+        if module in seen or source is None:  # seen, or `from pkg import name` naming no module
+            continue
+        seen.add(module)
+        parts = module.split(".")
+        stack.extend(".".join(parts[:i]) for i in range(1, len(parts)))  # the packages' __init__
+        for name in _import_time_imports(module, source):
+            top = name.split(".")[0]
+            if top == "splitkeeper":
+                stack.append(name)
+            elif top not in sys.stdlib_module_names:
+                third_party.setdefault(top, set()).add(module)
+    assert {"splitkeeper.runtime.pipeline", "splitkeeper.runtime.sources.files"} <= seen
+    return third_party
+
+
+def spark_image_pins() -> dict[str, str]:
+    """Distribution -> version of every pin docker/spark/Dockerfile installs from requirements.lock:
+    its ``grep -E '^(a|b)=='`` filter, run here on the lock as the image runs it."""
+    dockerfile = (ROOT / "docker/spark/Dockerfile").read_text(encoding="utf-8")
+    filters = re.findall(r"grep -E '(\^\([^']+\)==)' /opt/splitkeeper/requirements\.lock", dockerfile)
+    assert len(filters) == 1, "docker/spark/Dockerfile: expected one grep -E '^(...)==' of the lock"
+    kept = subprocess.run(
+        ["grep", "-E", filters[0], str(ROOT / "requirements.lock")],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "pip install --no-cache-dir -r /tmp/executor-requirements.txt" in dockerfile
+    return {
+        re.sub(r"[-_.]+", "-", name).lower(): version
+        for name, _, version in (line.partition("==") for line in kept.splitlines())
+    }
+
+
+def test_the_spark_image_installs_every_third_party_package_the_executors_import():
+    """The region tasks run on the Spark image's Python (/opt/splitkeeper/venv): every third-party
+    package their modules import when loaded must be pinned there, with its own dependencies
+    (the splitkeeper package itself is installed with --no-deps)."""
+    from importlib import metadata
+
+    from packaging.requirements import Requirement
+
+    def norm(name: str) -> str:
+        return re.sub(r"[-_.]+", "-", name).lower()
+
+    imported = executor_third_party_imports()
+    # the walk sees the imports that matter (numpy: the file reader's line boundaries)
+    assert {"numpy", "pyarrow", "confluent_kafka"} <= set(imported), imported
+    owners = metadata.packages_distributions()
+    needed: set[str] = set()
+    for module in set(imported) - PROVIDED_BY_THE_SPARK_IMAGE:
+        assert module in owners, f"{module} (imported by {sorted(imported[module])}) is not installed here"
+        needed.add(norm(owners[module][0]))
+    stack = list(needed)  # and what those distributions require (no extras: none is asked for)
+    while stack:
+        for raw in metadata.distribution(stack.pop()).requires or []:
+            req = Requirement(raw)
+            if req.marker and not req.marker.evaluate({"extra": ""}):
+                continue
+            if norm(req.name) not in needed:
+                needed.add(norm(req.name))
+                stack.append(norm(req.name))
+    pins = spark_image_pins()
+    missing = sorted(needed - set(pins))
+    assert not missing, (
+        f"the executors import {missing} but docker/spark/Dockerfile does not install them "
+        f"(imported by: { {m: sorted(v) for m, v in imported.items()} })"
+    )
+    lock = {
+        norm(name): version
+        for name, _, version in (
+            ln.partition("==") for ln in (ROOT / "requirements.lock").read_text().splitlines()
+        )
+        if name and not name.startswith("#")
+    }
+    assert all(pins[name] == lock[name] for name in needed)  # the lock's versions

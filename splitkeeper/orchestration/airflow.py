@@ -192,11 +192,14 @@ def spark_submit_epoch_task(task_id: str, pipeline: DagPipeline) -> Any:
     """The epoch job through SparkSubmitOperator (apache-airflow-providers-apache-spark).
 
     Every Param of the ingest DAG reaches the job: ``application_args`` are templated
-    (epochs, until_caught_up, continuous, faults and the pipeline overrides as JSON).
+    (epochs, until_caught_up, continuous, faults and the pipeline overrides as JSON). A
+    cancelled continuous run ends on a global checkpoint before spark-submit is killed
+    (:class:`~splitkeeper.orchestration.operators.EpochJobSubmitOperator`).
     """
-    from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+    from splitkeeper.orchestration.operators import EpochJobSubmitOperator
 
-    return SparkSubmitOperator(
+    return EpochJobSubmitOperator(
+        pipeline_config=pipeline.path,
         task_id=task_id,
         application=str(resources.epoch_job()),
         conn_id=os.environ.get("SPLITKEEPER_SPARK_CONN_ID", "spark_default"),

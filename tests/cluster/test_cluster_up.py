@@ -11,6 +11,7 @@ object store and fetches the S3A jars once; later runs find its stamps current).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -24,6 +25,7 @@ import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Iterator
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -433,6 +435,7 @@ def test_a_killed_spark_worker_shows_in_status_and_restarts(cluster):
 
 E2E_FILES, E2E_LINES = 4, 50  # the files pipeline: 4 files (one split each) of 50 lines
 E2E_TOPIC, E2E_PARTITIONS = "e2e-orders", 2
+E2E_EPOCH_RECORDS = 52  # the files pipeline's epoch: 13 lines a file
 E2E_STALL_S = 15  # both regions of the files pipeline's epoch 2 sleep this long: the kill lands there
 E2E_COMMON = """
 parallelism: 2
@@ -455,7 +458,8 @@ def _write_e2e_pipelines(folder: Path) -> list[Path]:
     files.write_text(
         "name: e2e-files\n"
         "source: {kind: files, path: files-in, format: lines}\n"
-        "backlog: {backlog_epoch_records: 52, normal_epoch_records: 52}\n"  # 13 lines a file an epoch
+        f"backlog: {{backlog_epoch_records: {E2E_EPOCH_RECORDS}, "
+        f"normal_epoch_records: {E2E_EPOCH_RECORDS}}}\n"
         f'state: {{path: "{lake}/files/state"}}\n'
         f'sink: {{path: "{lake}/files/sink"}}\n'
         "staging: {path: staging-files}\n" + E2E_COMMON
@@ -589,6 +593,34 @@ def _assert_exactly_once(rows: list[tuple[str, int, str]], source: list[str]) ->
     assert values == sorted(source), f"lost {len(missing)} {missing[:5]}, unexpected {len(extra)} {extra[:5]}"
 
 
+def _log_events(log: str) -> list[str]:
+    """The ``event`` text of every JSON line of a task log (Airflow 3 writes one JSON object a line)."""
+    events = []
+    for line in log.splitlines():
+        with contextlib.suppress(ValueError):
+            entry = json.loads(line)
+            if isinstance(entry, dict) and isinstance(entry.get("event"), str):
+                events.append(entry["event"])
+    return events
+
+
+def _secrets_in_command_lines(cluster: LocalCluster) -> dict[int, list[str]]:
+    """pid -> the names of the credentials its command line (/proc/<pid>/cmdline) holds, over every
+    process of the cluster (the services and their children: Airflow tasks, spark-submit, drivers,
+    executors)."""
+    secrets = {name: value for name, value in asdict(cluster.credentials()).items() if value}
+    found: dict[int, list[str]] = {}
+    for pid in cluster.processes():
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+        except OSError:  # ended meanwhile
+            continue
+        names = [name for name, value in secrets.items() if value in cmdline]
+        if names:
+            found[pid] = names
+    return found
+
+
 def _green(api: AirflowApi, dag: str, run_id: str, checkpoint: int | None = None) -> dict[str, Any]:
     """The run's restart checks (its validate task) passed; returns their verdict."""
     verdict = api.xcom(dag, run_id, "validate")
@@ -611,8 +643,12 @@ def test_e2e_files_pipeline_on_the_workers_survives_a_killed_worker_a_queued_wri
         for dag in (ingest, maintain, recover):
             api.ready(dag)
     faults = [f"stall:{E2E_STALL_S}:0@2", f"stall:{E2E_STALL_S}:1@2"]
+    # a per-run override that changes nothing (the file's own value): it goes through spark-submit
+    override = {"backlog": {"normal_epoch_records": E2E_EPOCH_RECORDS}}
     with Phase("e2e files: ingest, 3 epochs, a worker killed in epoch 2"):
-        first = api.trigger(ingest, {"epochs": 3, "until_caught_up": True, "faults": faults})
+        first = api.trigger(
+            ingest, {"epochs": 3, "until_caught_up": True, "faults": faults, "pipeline": override}
+        )
         deadline = time.monotonic() + 300
         while _latest_checkpoint(config) < 1:  # epoch 1 committed: epoch 2 (the stall) comes next
             assert api.run(ingest, first)["state"] in ("queued", "running"), api.failure(ingest, first)
@@ -622,7 +658,15 @@ def test_e2e_files_pipeline_on_the_workers_survives_a_killed_worker_a_queued_wri
         second = api.trigger(maintain, {})
         pool = api.call("GET", "/api/v2/pools/splitkeeper-e2e-files")
         assert pool["slots"] == 1 and pool["running_slots"] == 1, pool  # run_epochs holds the one slot
-        time.sleep(4)  # epoch 2's region tasks are planned, launched and asleep
+        # a second trigger of the ingest DAG itself: max_active_runs=1 keeps the run queued
+        again = api.trigger(ingest, {})
+        watched = time.monotonic()
+        while time.monotonic() - watched < 4:  # epoch 2's region tasks are planned, launched and asleep
+            assert api.run(ingest, first)["state"] == "running"
+            assert api.run(ingest, again)["state"] == "queued", api.run(ingest, again)
+            time.sleep(0.5)
+        leaks = _secrets_in_command_lines(cluster)  # spark-submit, the driver, the executors run now
+        assert not leaks, f"a secret on a command line: {leaks}"
         worker = state.services["spark-worker-2"]["pid"]
         running = _get_json(f"http://{HOST}:{state.ports['spark_worker_2_ui']}/json/")["executors"]
         master = _get_json(f"http://{HOST}:{state.ports['spark_master_ui']}/json/")
@@ -634,6 +678,11 @@ def test_e2e_files_pipeline_on_the_workers_survives_a_killed_worker_a_queued_wri
         writer = api.task(ingest, first, "run_epochs")
         waiting = api.task(maintain, second, "maintain")
         assert writer["state"] == "running" and waiting["state"] in (None, "scheduled", "queued"), waiting
+        # the second ingest run is still queued behind the first; it is resolved without running
+        # (marked failed through the REST API), so the checkpoints below stay the first run's
+        assert api.run(ingest, again)["state"] == "queued" and api.run(ingest, first)["state"] == "running"
+        api.call("PATCH", f"/api/v2/dags/{ingest}/dagRuns/{again}", {"state": "failed"})
+        assert api.run(ingest, again)["state"] == "failed"
         cluster.start_spark_worker(2)  # the cluster heals; the job goes on without waiting for it
         done = api.wait(ingest, first)
         TIMINGS["e2e files: kill -> ingest run done"] = round(time.monotonic() - killed_at, 1)
@@ -649,9 +698,20 @@ def test_e2e_files_pipeline_on_the_workers_survives_a_killed_worker_a_queued_wri
         "--until-caught-up",
     ]
     assert json.loads(args[args.index("--faults-json") + 1]) == faults
-    assert json.loads(args[args.index("--pipeline-json") + 1]) == {}  # no per-run override given
+    assert json.loads(args[args.index("--pipeline-json") + 1]) == override
     log = _task_log(cluster, ingest, first, "run_epochs")
     assert f"spark-submit --master spark://{HOST}:{state.ports['spark_master']}" in log
+    # the command the hook ran (as it logged it): the override is its last argument
+    submitted = [e for e in _log_events(log) if e.startswith("Spark-Submit cmd: ")]
+    assert submitted, log[-4000:]
+    for command in submitted:
+        assert json.loads(command.split(" --pipeline-json ", 1)[1]) == override, command
+    never = api.call("GET", f"/api/v2/dags/{ingest}/dagRuns/{again}/taskInstances")["task_instances"]
+    # the queued run never ran a task: none was ever tried (marking the run failed gives its
+    # unfinished tasks a final state, and a start and end date, without running them)
+    assert never and all(t["try_number"] == 0 and t["pid"] is None for t in never), [
+        (t["task_id"], t["state"], t["try_number"], t["pid"], t["hostname"]) for t in never
+    ]
     assert "Lost executor" in log, log[-4000:]  # the kill reached the job: its tasks ran on the workers
     epoch2 = next(ln for ln in log.splitlines() if '"event":"epoch    2 ' in ln)
     assert float(epoch2.split("read=")[1].split()[0]) >= E2E_STALL_S, epoch2  # the stall
@@ -738,6 +798,55 @@ def test_state_store_sink_and_fence_on_the_object_store(cluster, tmp_path, monke
         fresh = DeltaStateStore(base + "/state", "orders", "files:/in")
         assert fresh.latest_checkpoint() == global_(1) and fresh.decision(1, decision.attempt_id) == decision
         assert DeltaSink(base + "/sink", "orders", read_only=True).committed_attempt(1) == decision.attempt_id
+
+
+#: The files that must hold credentials (cluster folder relative path -> the credentials each may
+#: hold): everything else under the folder holds none (splitkeeper/cluster/local.py).
+SECRET_FILES = {
+    "credentials.env": "all",
+    "spark/daemon.conf": {"spark_auth_secret"},  # the master's and workers' authentication
+    "spark/conf/spark-defaults.conf": {"spark_auth_secret", "s3_access_key", "s3_secret_key"},  # clients
+    "airflow/passwords.json": {"airflow_admin_password", "airflow_operator_password"},  # the users
+}
+
+
+def test_no_secret_in_any_file_of_the_cluster_folder_nor_on_any_command_line(cluster):
+    """After the end-to-end runs: every file under the cluster folder (logs, task logs, Spark work
+    folders, PostgreSQL's and the object store's data, the pipelines' staging and reports) and the
+    command line of every cluster process, for every credential of the cluster."""
+    secrets = {name: value.encode() for name, value in asdict(cluster.credentials()).items()}
+    assert all(secrets.values())
+    found: dict[str, list[str]] = {}
+    held: dict[str, set[str]] = {}  # what the files that must hold credentials were seen to hold
+    scanned = 0
+    with Phase("check: secrets scan"):
+        for path in sorted(cluster.root.rglob("*")):
+            if path.is_symlink() or not path.is_file():
+                continue
+            try:
+                data = path.read_bytes()
+            except OSError as err:  # a file removed meanwhile (a service still writes)
+                if path.exists():
+                    raise AssertionError(f"cannot read {path}: {err}") from None
+                continue
+            scanned += len(data)
+            names = [name for name, value in secrets.items() if value in data]
+            relative = str(path.relative_to(cluster.root))
+            allowed = SECRET_FILES.get(relative, set())
+            if relative in SECRET_FILES:
+                held[relative] = set(names)
+            unexpected = [n for n in names if allowed != "all" and n not in allowed]
+            if unexpected:
+                found[relative] = unexpected
+        leaks = _secrets_in_command_lines(cluster)
+    for relative, allowed in SECRET_FILES.items():
+        assert (cluster.root / relative).stat().st_mode & 0o777 == 0o600, relative
+        # the search finds what is there: each such file holds exactly its credentials
+        assert held.get(relative) == (set(secrets) if allowed == "all" else allowed), (relative, held)
+    TIMINGS["secrets scan: MB"] = round(scanned / 1e6, 1)
+    assert scanned > 10e6, scanned  # the data folders were there to scan
+    assert not found, f"credentials in files of the cluster folder: {found}"
+    assert not leaks, f"credentials on command lines (pid -> names): {leaks}"
 
 
 def test_down_stops_everything_and_leaves_no_process(cluster):

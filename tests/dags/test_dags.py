@@ -128,7 +128,12 @@ def test_on_a_cluster_master_the_epoch_task_submits_the_packaged_epoch_job(monke
 
     monkeypatch.setenv("SPLITKEEPER_SPARK_MASTER", "spark://spark-master:7077")
     task = load_dag("splitkeeper_ingest").get_task("run_epochs")
-    assert type(task).__name__ == "SparkSubmitOperator"
+    from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
+
+    from splitkeeper.orchestration.operators import EpochJobSubmitOperator
+
+    assert type(task) is EpochJobSubmitOperator and isinstance(task, SparkSubmitOperator)
+    assert task.pipeline_config == os.environ.get("SPLITKEEPER_PIPELINE_CONFIG", "")
     assert task.application == str(resources.epoch_job())
     assert Path(task.application) == REPO / "jobs" / "epoch_job.py"  # this checkout's file, on disk
     config = os.environ.get("SPLITKEEPER_PIPELINE_CONFIG", "")

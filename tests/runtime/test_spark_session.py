@@ -395,3 +395,32 @@ def test_local_file_system_sets_permissions_and_reads_links_as_hadoop_does(spark
     with pytest.raises(Py4JJavaError, match="FileAlreadyExistsException"):
         context.rename(hadoop.Path(str(other)), hadoop.Path(str(data)), options)
     assert data.read_text() == "twelve bytes"
+
+
+def test_splitkeeper_run_with_a_malformed_spark_conf_prints_no_secret(tmp_path):
+    """The CLI end to end (its own process, debug logs): a malformed ``SPLITKEEPER_SPARK_CONF``
+    carrying an S3 secret key fails the run before Spark starts; neither stdout nor stderr holds
+    a value of the conf."""
+    from tests.runtime.helpers import pipeline_mapping, splitkeeper_subprocess, write_config, write_input
+
+    write_input(tmp_path / "in", files=1, lines=5)
+    config = write_config(tmp_path / "p.yaml", pipeline_mapping(tmp_path, "conf-leak", tmp_path / "in"))
+    access_key = "AKIAEXAMPLEKEY7Q"
+    raw = (
+        "spark.hadoop.fs.s3a.endpoint=http://127.0.0.1:9000;"
+        f"spark.hadoop.fs.s3a.access.key={access_key};"
+        f"spark.hadoop.fs.s3a.secret.key {S3_SECRET};"  # '=' typed as a space: malformed entry 3
+        f"spark.authenticate.secret={SPARK_SECRET}"
+    )
+    done = splitkeeper_subprocess(
+        ["run", "--config", str(config), "--epochs", "1", "--log-level", "DEBUG"],
+        timeout_s=120,
+        SPLITKEEPER_SPARK_CONF=raw,
+        SPLITKEEPER_SPARK_MASTER="spark://127.0.0.1:7077",
+    )
+    output = done.stdout + done.stderr
+    assert done.returncode == 2, output[-3000:]
+    assert "SPLITKEEPER_SPARK_CONF" in done.stderr and "entry 3" in done.stderr, done.stderr[-2000:]
+    for value in (S3_SECRET, SPARK_SECRET, access_key, "127.0.0.1:9000"):
+        assert value not in output, f"{value!r} reached the CLI's output"
+    assert "Traceback" not in output
