@@ -975,14 +975,20 @@ class EpochDriver:
 
     def _acked_state(self, region: int, run: RegionRun, epoch: int) -> RegionState:
         _enumerator, context = self._require_open()
+        mine = context.reader_splits.get(region, {})
+        positions = run.positions
         splits = []
-        for split in context.reader_splits.get(region, {}).values():
-            moved = split.at(run.positions.get(split.split_id, split.position))
+        # A reader's splits are keyed by their unique ids: sorting the ids orders the splits as
+        # sorting the splits would, without comparing Split objects field by field.
+        for split_id in sorted(mine):
+            split = mine[split_id]
+            position = positions.get(split_id)
+            moved = split if position is None else split.at(position)
             if not moved.finished:
                 splits.append(moved)
         summary = f"e{epoch}:n{run.records}"
         state = (self.operator_state.get(region, ()) + (summary,))[-OPERATOR_STATE_KEEP:]
-        return RegionState(region_id=region, splits=tuple(sorted(splits)), operator_state=state)
+        return RegionState(region_id=region, splits=tuple(splits), operator_state=state)
 
     def _apply_progress(self, acked: Mapping[int, RegionRun]) -> None:
         """Acknowledged regions' new positions, finished splits and backlog reports reach the enumerator.
