@@ -775,14 +775,17 @@ class EpochDriver:
         ``records_per_split`` is given.
         """
         enumerator, context = self._require_open()
-        active = [s for splits in context.reader_splits.values() for s in splits.values() if not s.finished]
         if records_per_split is None:
+            views = context.reader_splits.values()
+            active = sum(1 for splits in views for s in splits.values() if not s.finished)
             budget_total = self.settings.backlog.epoch_records(enumerator.processing_backlog)
-            records_per_split = max(1, budget_total // max(1, len(active)))
+            records_per_split = max(1, budget_total // max(1, active))
         plan: dict[int, list[PlannedRange]] = {}
         for reader in range(self.parallelism):
             ranges = []
-            for split in sorted(context.reader_splits.get(reader, {}).values()):
+            mine = context.reader_splits.get(reader, {})
+            for split_id in sorted(mine):  # the ids are unique: the splits' order, without comparing them
+                split = mine[split_id]
                 if split.finished:
                     continue
                 end = self._plan_end(split, records_per_split)
@@ -943,8 +946,10 @@ class EpochDriver:
         checkpoint. Sources without the capability are not asked.
         """
         source = self.source
+        if not isinstance(source, SupportsRetentionCheck):
+            return plan, ()
         flat = [(r, PlannedRange(*rng)) for r, ranges in plan.items() for rng in ranges]
-        if not flat or not isinstance(source, SupportsRetentionCheck):
+        if not flat:
             return plan, ()
         enumerator, _context = self._require_open()
         check = source.check_retention([rng for _r, rng in flat])
