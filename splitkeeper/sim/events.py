@@ -129,12 +129,12 @@ class DiscoverSplits:
 
 @dataclass(frozen=True, slots=True)
 class RemoveSubscription:
-    """The configuration stops subscribing to ``subscription``; it takes effect on a global restart."""
+    """The source stops subscribing to ``subscription``; the driver's next epoch or restore drops it."""
 
     subscription: str
 
     def describe(self) -> str:
-        return f"unsubscribe {self.subscription!r} and restart"
+        return f"unsubscribe {self.subscription!r}"
 
 
 @dataclass(frozen=True, slots=True)

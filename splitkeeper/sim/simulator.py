@@ -11,8 +11,10 @@ driver's; this module only injects events and checks the outcome.
 
 Between epochs the scenario injects reader failures after a checkpoint,
 global restarts, rescales (even-split or union operator state), new splits,
-removed subscriptions (effective on restart) and checkpoints requested in the
-middle of a restore (protocol rule 1.4: the enumerator must refuse).
+removed subscriptions (the source stops subscribing; the driver drops the
+splits at its next epoch or restore, protocol rule 1.5) and checkpoints
+requested in the middle of a restore (protocol rule 1.4: the enumerator must
+refuse).
 
 After every step the invariants of protocol section 6 are checked with
 :mod:`splitkeeper.core.invariants` against the simulator's own ground truth
@@ -661,6 +663,9 @@ class Simulator:
         self._event_text = "start"
         self._stop_on: Callable[[Finding], bool] | None = None
         self._truth_cache: tuple[Any, tuple[list[str], list[str]]] | None = None
+        # The subscriptions the pipeline must honour now: the source's, as of the driver's latest
+        # epoch or restore (a live change reaches the enumerator there, protocol rule 1.5).
+        self._subscribed: frozenset[str] = self.source.subscriptions()
         self._sink_checked: dict[str, tuple[int, int | None]] = {}  # split -> (spans, committed) checked
 
     # -- the driver's live state (for the checks) ----------------------------------------------
@@ -819,6 +824,7 @@ class Simulator:
         infos = self.driver.restore(
             checkpoint, parallelism, redistribution=redistribution, register_first=register_first
         )
+        self._subscribed = self.source.subscriptions()  # a restore's enumerator starts from them
         restored = self.driver.last_restore
         if checkpoint is not None and restored is not None:
             self._check_operator_state(
@@ -854,7 +860,7 @@ class Simulator:
         self.sink_port.replay_next = event.commit_retry
         self.clock.time += CHECKPOINT_INTERVAL_S
         report: EpochReport = self.driver.run_epoch(records_per_split=event.budget)
-        self._counts[report.kind] += 1
+        self._epoch_ran(report)
         failed_text = "".join(f" r{r}={failures[r].value}" for r in sorted(failures) if r < p)
         if report.completed is None:
             self._global_restores += 1  # the driver restored from the latest completed checkpoint
@@ -870,6 +876,11 @@ class Simulator:
         if failed_text:
             text += f" ({failed_text.strip()}; {moved} split(s) moved by the failover)"
         return text + f", {report.committed_records} record(s) committed"
+
+    def _epoch_ran(self, report: EpochReport) -> None:
+        self._counts[report.kind] += 1
+        if not report.refused:  # the epoch read the source's subscriptions before its discovery
+            self._subscribed = self.source.subscriptions()
 
     def _reader_failure(self, event: ReaderFailure) -> str:
         reader = event.reader % self.parallelism
@@ -899,8 +910,9 @@ class Simulator:
         subscriptions = self.source.subscriptions()
         if event.subscription not in subscriptions:
             return f"{event.subscription!r} is not subscribed; nothing to do"
+        # Only the source changes: the driver's next epoch (or restore) drops the splits (rule 1.5).
         self.source.set_subscriptions(subscriptions - {event.subscription})
-        return self._global_restore(f"unsubscribed {event.subscription!r}")
+        return f"unsubscribed {event.subscription!r}: dropped by the next epoch or restore"
 
     def _checkpoint_during_restore(self, event: CheckpointDuringRestore) -> str:
         latest = self.store.latest()
@@ -911,7 +923,7 @@ class Simulator:
         self.runner.failures = {}
         self.clock.time += CHECKPOINT_INTERVAL_S
         report = self.driver.run_epoch()
-        self._counts[report.kind] += 1
+        self._epoch_ran(report)
         if report.refused:
             self._refused += 1
             outcome = f"checkpoint {report.epoch} refused by the enumerator (readers still reporting)"
@@ -936,10 +948,11 @@ class Simulator:
     def _truth(self) -> tuple[list[str], list[str]]:
         """(live split ids, finished split ids) by the simulator's own account.
 
-        Live: in the source, subscribed, not finished. Finished: a bounded
-        split whose last record is in the sink (or that has no records).
+        Live: in the source, subscribed (as of the driver's latest epoch or restore), not
+        finished. Finished: a bounded split whose last record is in the sink (or that has no
+        records).
         """
-        subscriptions = self.source.subscriptions()
+        subscriptions = self._subscribed
         key = (self.sink.records, len(self._specs), subscriptions)
         if self._truth_cache is not None and self._truth_cache[0] == key:
             return self._truth_cache[1]
@@ -962,7 +975,7 @@ class Simulator:
         """Check a completed checkpoint's ownership view and record what it says was committed."""
         snapshot = completed.enumerator
         finished = snapshot.finished if snapshot is not None else frozenset()
-        subscriptions = self.source.subscriptions()
+        subscriptions = self._subscribed
         # A failed region's fallback state may still list a split another reader finished since, or
         # one of a subscription removed since: a restore drops those (snapshot.finished, the
         # subscriptions), so they are not part of what this checkpoint restores.
@@ -1064,7 +1077,7 @@ class Simulator:
                 state,
                 known_live=live,
                 finished=finished,
-                subscriptions=self.source.subscriptions(),
+                subscriptions=self._subscribed,
                 balanced=self._balanced,
                 readers=range(p),
                 weights=weights,

@@ -279,7 +279,7 @@ def test_bounded_splits_finish_are_never_read_again_and_new_splits_are_read() ->
     assert_exactly_once(sim)
 
 
-def test_removed_subscription_is_dropped_on_restart_and_its_records_stop() -> None:
+def test_removed_subscription_is_dropped_by_the_drivers_next_epoch_and_its_records_stop() -> None:
     orders, clicks = specs(4, subscription="orders", length=500), specs(4, subscription="clicks", length=500)
     scenario = Scenario(
         2,
@@ -288,16 +288,40 @@ def test_removed_subscription_is_dropped_on_restart_and_its_records_stop() -> No
     )
     sim, result = run(scenario)
     assert result.ok
+    # The simulator only changed the source: the driver's own live path dropped the splits (rule 1.5).
+    assert result.global_restores == 0
+    assert "dropped by the next epoch" in result.event_log[3]
     owned = enumerator_of(sim).owners()
     assert owned and all(split_id.startswith("clicks-") for split_id in owned)
     dropped = [
         a for a in enumerator_of(sim).audit if a.decision is RecoveryDecision.DROPPED_REMOVED_SUBSCRIPTION
     ]
     assert {a.split_id for a in dropped} == {s.split_id for s in orders}
+    # revoked from the readers that owned them by epoch 3, the first after the change (a live
+    # change, not a restore); later discoveries of them are dropped again, owned by nobody
+    revoked = [a for a in dropped if a.reader_id is not None]
+    assert sorted(a.split_id for a in revoked) == sorted(s.split_id for s in orders)
+    assert {a.checkpoint_id for a in revoked} == {2}
     for spec in orders:  # committed through checkpoint 2, nothing after
         assert sim.committed_positions[spec.split_id] == 8
     assert "nothing to do" in result.event_log[-1]
     assert_exactly_once(sim)
+
+
+class _IgnoresSubscriptionChanges(EpochDriver):
+    """A driver that never passes a live subscription change to the enumerator (breaks rule 1.5)."""
+
+    def _refresh_subscriptions(self) -> None:
+        return
+
+
+def test_a_driver_that_ignores_a_removed_subscription_is_caught_at_its_next_epoch() -> None:
+    orders, clicks = specs(4, subscription="orders", length=500), specs(4, subscription="clicks", length=500)
+    scenario = Scenario(2, orders + clicks, (*epochs(2), RemoveSubscription("orders"), *epochs(2)))
+    result = Simulator(SimConfig(), scenario, Components(driver=_IgnoresSubscriptionChanges)).run()
+    kinds = {(f.step, f.kind) for f in result.violations}
+    assert (4, ViolationKind.REMOVED_SUBSCRIPTION) in kinds
+    assert min(f.step for f in result.violations) == 4  # not before the epoch that should drop them
 
 
 # --------------------------------------------------------------------------- broken components are caught
