@@ -556,11 +556,6 @@ class SimulationResult:
         }
 
 
-def _moved(split: Split, position: int) -> Split:
-    """``split.at(position)`` without ``dataclasses.replace`` (the simulator's hottest call)."""
-    return Split(split.split_id, split.subscription, position, split.end, split.backlog_end)
-
-
 def coverage_counts(spans: Iterable[tuple[int, int]], start: int, end: int) -> tuple[int, int, int]:
     """``(missing, duplicated, unexpected)`` record counts of one split's sink spans against ``[start, end)``.
 
