@@ -77,6 +77,11 @@ def test_tiny_ingest_run_holds_exactly_the_input_in_both_sinks_and_reports_the_r
     assert result["exact"] is True
     assert result["content_equal"] is True
     assert result["runs"][0]["ours_finished"] is True
+    # each epoch's acknowledged region tasks' own times, from the driver's epoch reports: every
+    # region of every epoch ran and acknowledged (no faults), and reading took time
+    tasks, epochs = result["runs"][0]["ours_region_task_s"], result["runs"][0]["ours_epochs"]
+    assert len(tasks) == result["parallelism"] * len(epochs) > 0
+    assert min(tasks) >= 0 and sum(tasks) > 0
     # the ratio is ours / baseline of the printed rates (rounded to 4 places), and the rates are
     # records / printed seconds (rounded to 0.1 records/s)
     assert result["ratio"] == pytest.approx(

@@ -191,6 +191,7 @@ class EpochReport:
     failovers: tuple[FailoverReport, ...] = ()
     refused: bool = False  # the enumerator refused the checkpoint: a restore still waits for reports
     started_at: float = 0.0  # the driver clock when the epoch started
+    region_task_s: dict[int, float] = field(default_factory=dict)  # acked region -> RegionRun.elapsed_s
 
     def line(self) -> str:
         failed = {r: o.value for r, o in self.outcomes.items() if o is not RegionOutcome.ACK}
@@ -900,6 +901,7 @@ class EpochDriver:
             completed=result.completed,
             failovers=failovers,
             started_at=started,
+            region_task_s={r: run.elapsed_s for r, run in acked.items()},
         )
         self.hooks.progress(report.line(), epoch=epoch, checkpoint_id=epoch, kind=report.kind.value)
         self.hooks.after_epoch(report)

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 import pytest
 
 from splitkeeper.core.backlog import BacklogConfig
 from splitkeeper.core.checkpoint import CheckpointConfig
 from splitkeeper.core.driver import DriverSettings, EpochDriver
-from splitkeeper.core.ports import CrashPoint, DriverHooks
+from splitkeeper.core.ports import CrashPoint, DriverHooks, EpochPlan, RegionRun
 from splitkeeper.core.types import CheckpointKind, RecoveryDecision, Split, SplitFailurePolicy
 from splitkeeper.errors import ConcurrentRunError, InvalidParameterError, ProtocolError
 from splitkeeper.sim.events import RegionFailure
@@ -145,6 +146,26 @@ def test_a_timed_out_region_falls_back_and_its_splits_are_read_again() -> None:
     reports = driver.run(until_caught_up=True).epochs
     kinds = [r.kind for r in reports]
     assert kinds[1] is CheckpointKind.REGIONAL and kinds[-1] is CheckpointKind.GLOBAL
+    assert {sid: ledger.spans(sid) for sid in ("a-0", "a-1")} == {"a-0": [(0, 12)], "a-1": [(0, 12)]}
+
+
+class _TimedRunner(SimRegionRunner):
+    """A region runner whose every answer says its task took ``epoch + region / 10`` seconds."""
+
+    def run(self, epoch: int, plan: EpochPlan, timeout_s: float) -> dict[int, RegionRun]:
+        runs = super().run(epoch, plan, timeout_s)
+        return {r: replace(run, elapsed_s=epoch + r / 10) for r, run in runs.items()}
+
+
+def test_the_epoch_report_gives_each_acknowledged_region_tasks_time() -> None:
+    source = _source({"a"}, {"a-0": ("a", 12), "a-1": ("a", 12)})
+    driver, ledger, _state, sink = _driver(source)
+    driver.runner = sink.runner = _TimedRunner({(2, 1): RegionFailure.TIMEOUT})
+    driver.open()
+    reports = driver.run(until_caught_up=True).epochs
+    assert reports[0].region_task_s == {0: 1.0, 1: 1.1}
+    assert reports[1].kind is CheckpointKind.REGIONAL
+    assert reports[1].region_task_s == {0: 2.0}  # the timed-out region's answer is not a task time
     assert {sid: ledger.spans(sid) for sid in ("a-0", "a-1")} == {"a-0": [(0, 12)], "a-1": [(0, 12)]}
 
 
