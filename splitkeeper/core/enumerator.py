@@ -974,7 +974,7 @@ class SplitEnumerator:
 
     @property
     def checkpoint_allowed(self) -> bool:
-        """False until the first assignment round: a restore still waits for reader reports (scenario 2)."""
+        """False until the first assignment round: a restore waits for reader reports (protocol rule 1.4)."""
         return self._phase is EnumeratorPhase.RUNNING
 
     def snapshot(

@@ -194,8 +194,8 @@ class EnumeratorSnapshot:
     """The enumerator's checkpointed state: ownership map *with positions*.
 
     ``assignments`` maps reader id to the splits it owns; ``pool`` holds the
-    live splits no reader owns (reported-but-unassigned ones included: seed
-    scenario 1). Positions here are the enumerator's view; the reader/region
+    live splits no reader owns (reported-but-unassigned ones included: protocol
+    rule 1.4, scenario 1). Positions here are the enumerator's view; the reader/region
     state in the same checkpoint carries the authoritative read positions of
     owned splits.
     """

@@ -80,7 +80,7 @@ class FirstSplitPerReader(AssignmentStrategy):
 
 
 # ---------------------------------------------------------------------------------------------
-# Seed scenarios 1 and 2 (protocol rule 1.3, Becket's replies)
+# Scenarios 1 and 2 of protocol rule 1.4 (Becket's replies)
 
 
 def test_scenario1_reported_but_unassigned_splits_stay_in_the_enumerator_snapshot_pool():

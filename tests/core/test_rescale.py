@@ -32,14 +32,15 @@ from splitkeeper.errors import CheckpointError, InvalidParameterError
 
 EVEN = Redistribution.EVEN_SPLIT
 UNION = Redistribution.UNION
-SEED_P4 = [["A0", "A1"], ["B0", "B1"], ["C0", "C1"], ["D0", "D1"]]
+#: The operator state of each subtask at P=4 in the example of protocol rule 2.8 (ckp100).
+RULE_2_8_P4 = [["A0", "A1"], ["B0", "B1"], ["C0", "C1"], ["D0", "D1"]]
 
 
 # ------------------------------------------------------------------ redistribute()
 
 
 def test_even_split_p4_to_p2_cuts_the_concatenation_into_contiguous_halves() -> None:
-    assert redistribute(SEED_P4, 2, EVEN) == [["A0", "A1", "B0", "B1"], ["C0", "C1", "D0", "D1"]]
+    assert redistribute(RULE_2_8_P4, 2, EVEN) == [["A0", "A1", "B0", "B1"], ["C0", "C1", "D0", "D1"]]
 
 
 def test_even_split_to_p1_concatenates_in_subtask_order() -> None:
@@ -66,8 +67,8 @@ def test_scale_up_leaves_trailing_subtasks_empty_when_state_is_short() -> None:
 
 def test_union_gives_every_new_subtask_the_full_concatenation() -> None:
     full = ["A0", "A1", "B0", "B1", "C0", "C1", "D0", "D1"]
-    assert redistribute(SEED_P4, 2, UNION) == [full, full]
-    assert redistribute(SEED_P4, 4, UNION) == [full, full, full, full]
+    assert redistribute(RULE_2_8_P4, 2, UNION) == [full, full]
+    assert redistribute(RULE_2_8_P4, 4, UNION) == [full, full, full, full]
 
 
 def test_redistribute_returns_new_lists_and_leaves_the_input_alone() -> None:
@@ -87,7 +88,7 @@ def test_redistribute_returns_new_lists_and_leaves_the_input_alone() -> None:
 )
 def test_redistribute_rejects_a_bad_parallelism(new_parallelism: int, message: str) -> None:
     with pytest.raises(InvalidParameterError) as err:
-        redistribute(SEED_P4, new_parallelism, EVEN)
+        redistribute(RULE_2_8_P4, new_parallelism, EVEN)
     assert err.value.message == message
 
 
@@ -95,7 +96,7 @@ def test_redistribute_rejects_an_unknown_mode() -> None:
     with pytest.raises(
         InvalidParameterError, match="mode='even' is not allowed: Redistribution.EVEN_SPLIT or"
     ):
-        redistribute(SEED_P4, 2, "even")  # type: ignore[arg-type]
+        redistribute(RULE_2_8_P4, 2, "even")  # type: ignore[arg-type]
 
 
 @given(
@@ -199,7 +200,7 @@ def _walkthrough_start(config: CheckpointConfig, mode: Redistribution) -> Region
     """ckp100 (GLOBAL) at P=4, then a failover restores it at P=2."""
     coordinator = RegionalCheckpointCoordinator(config, 4, CheckpointStore())
     pending = coordinator.trigger(100, now=0.0)
-    for region, ops in enumerate(SEED_P4):
+    for region, ops in enumerate(RULE_2_8_P4):
         pending.acknowledge(
             region,
             RegionState(region, splits=(Split(f"t-{region}", position=100),), operator_state=tuple(ops)),
@@ -209,11 +210,11 @@ def _walkthrough_start(config: CheckpointConfig, mode: Redistribution) -> Region
     return coordinator
 
 
-def test_seed003_even_split_p4_to_p2_to_p1() -> None:
+def test_rule_2_8_even_split_walkthrough_p4_to_p2_to_p1() -> None:
     config = CheckpointConfig(max_consecutive_failures=2, max_failure_ratio=1.0)
     coordinator = RegionalCheckpointCoordinator(config, 4, CheckpointStore())
     pending = coordinator.trigger(100, now=0.0)
-    for region, ops in enumerate(SEED_P4):
+    for region, ops in enumerate(RULE_2_8_P4):
         pending.acknowledge(region, RegionState(region, operator_state=tuple(ops)))
     assert coordinator.complete(pending).kind is CheckpointKind.GLOBAL
     store = coordinator.store
@@ -259,11 +260,11 @@ def test_seed003_even_split_p4_to_p2_to_p1() -> None:
     assert coordinator.trigger(103, now=3.0).forced_global
 
 
-def test_seed003_union_state_p4_to_p2_to_p1() -> None:
+def test_rule_2_8_union_walkthrough_p4_to_p2_to_p1() -> None:
     config = CheckpointConfig(max_consecutive_failures=2, max_failure_ratio=1.0)
     coordinator = RegionalCheckpointCoordinator(config, 4, CheckpointStore())
     pending = coordinator.trigger(100, now=0.0)
-    for region, ops in enumerate(SEED_P4):
+    for region, ops in enumerate(RULE_2_8_P4):
         pending.acknowledge(region, RegionState(region, operator_state=tuple(ops)))
     coordinator.complete(pending)
     store = coordinator.store
@@ -294,7 +295,7 @@ def test_seed003_union_state_p4_to_p2_to_p1() -> None:
     assert store.ref_chain(102) == [102, 101, 100]
 
 
-def test_seed003_at_p1_a_decline_is_aborted_with_the_default_failure_ratio() -> None:
+def test_rule_2_8_at_p1_a_decline_is_aborted_with_the_default_failure_ratio() -> None:
     coordinator = _walkthrough_start(CheckpointConfig(), EVEN)
     pending = coordinator.trigger(101, now=1.0)
     pending.acknowledge(0, RegionState(0, operator_state=_ops("E0", "E1", "E2", "E3")))

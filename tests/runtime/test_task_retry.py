@@ -1,4 +1,4 @@
-"""Spark's own task retry never turns a region into a duplicate (issue 3, the epoch job).
+"""Spark's own task retry never turns a region into a duplicate (protocol rules 5.1 and 2.5).
 
 On a cluster ``spark.task.maxFailures`` is 4: Spark reruns a region task whose attempt
 raised. Each attempt writes its own staged file under ``attempt=<id>``, and only the path
