@@ -14,8 +14,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 CORE_CONTRACT = "core: the protocol core imports no other part of splitkeeper but splitkeeper.errors"
-RUNTIME_CONTRACT = "runtime: the engine imports no orchestration, checks, report or CLI"
+RUNTIME_CONTRACT = "runtime: the engine imports no orchestration, checks, report, services, CLI or tools"
 ENGINES_CONTRACT = "core: the protocol core imports no engine and no config-model library"
+PIPELINE_CONTRACT = "commands and orchestration reach the runtime pipeline only through splitkeeper.app"
+CONTRACTS = (CORE_CONTRACT, RUNTIME_CONTRACT, ENGINES_CONTRACT, PIPELINE_CONTRACT)
 
 
 def _env(pythonpath: Path) -> dict[str, str]:
@@ -48,16 +50,14 @@ def _contract_lines(output: str) -> dict[str, str]:
     text = " ".join(output.split())
     return {
         name: ("BROKEN" if f"{name} BROKEN" in text else "KEPT" if f"{name} KEPT" in text else "?")
-        for name in (CORE_CONTRACT, RUNTIME_CONTRACT, ENGINES_CONTRACT)
+        for name in CONTRACTS
     }
 
 
 def test_the_contracts_are_kept_by_this_checkout(tree: Path) -> None:
     done = _lint_imports(tree)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert _contract_lines(done.stdout) == dict.fromkeys(
-        (CORE_CONTRACT, RUNTIME_CONTRACT, ENGINES_CONTRACT), "KEPT"
-    )
+    assert _contract_lines(done.stdout) == dict.fromkeys(CONTRACTS, "KEPT")
 
 
 @pytest.mark.parametrize(
@@ -76,6 +76,13 @@ def test_the_contracts_are_kept_by_this_checkout(tree: Path) -> None:
         ("splitkeeper/runtime/_probe.py", "from splitkeeper.quality import checks", RUNTIME_CONTRACT),
         ("splitkeeper/runtime/sources/_probe.py", "import splitkeeper.cli", RUNTIME_CONTRACT),
         ("splitkeeper/runtime/_probe.py", "import splitkeeper.commands.run", RUNTIME_CONTRACT),
+        ("splitkeeper/runtime/_probe.py", "from splitkeeper.app import services", RUNTIME_CONTRACT),
+        ("splitkeeper/runtime/_probe.py", "import splitkeeper.sim.simulator", RUNTIME_CONTRACT),
+        ("splitkeeper/runtime/_probe.py", "import splitkeeper.bench.ingest", RUNTIME_CONTRACT),
+        ("splitkeeper/runtime/sources/_probe.py", "import splitkeeper.chaos", RUNTIME_CONTRACT),
+        ("splitkeeper/runtime/_probe.py", "import splitkeeper.demo", RUNTIME_CONTRACT),
+        ("splitkeeper/commands/_probe.py", "from splitkeeper.runtime import pipeline", PIPELINE_CONTRACT),
+        ("splitkeeper/orchestration/_probe.py", "import splitkeeper.runtime.pipeline", PIPELINE_CONTRACT),
         ("splitkeeper/core/_probe.py", "import pydantic", ENGINES_CONTRACT),
         ("splitkeeper/core/_probe.py", "from pydantic import BaseModel", ENGINES_CONTRACT),
         ("splitkeeper/core/_probe.py", "import pyspark.sql", ENGINES_CONTRACT),
