@@ -865,7 +865,14 @@ class SplitEnumerator:
                 continue
             updated += 1
             if known.position != split.position:
-                moved = known.at(split.position)
+                if (split.end, split.backlog_end, split.subscription) == (
+                    known.end,
+                    known.backlog_end,
+                    known.subscription,
+                ):
+                    moved = split  # the same split at its new position: no copy to build
+                else:
+                    moved = known.at(split.position)  # the enumerator's metadata wins
                 registry[sid] = moved
                 if sid in pool:
                     pool[sid] = moved
