@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -149,3 +153,26 @@ def test_a_non_numeric_option_is_rejected_by_the_parser_with_exit_2(
         main(["simulate", "--readers", "many"])
     assert exc.value.code == 2
     assert "argument --readers: invalid int value: 'many'" in capsys.readouterr().err
+
+
+def test_json_mode_writes_nothing_to_stderr_even_when_the_driver_logs() -> None:
+    """A weighted run rebalances and drops a removed subscription's splits: the driver logs both."""
+    args = ["--readers", "8", "--splits", "64", "--steps", "300", "--failure-rate", "0.1"]
+    command = [
+        sys.executable,
+        "-m",
+        "splitkeeper",
+        "simulate",
+        *args,
+        "--strategy",
+        "weighted",
+        "--seed",
+        "1",
+    ]
+    repo = str(Path(__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": repo}
+    plain = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
+    assert plain.returncode == 0 and "rebalanced by measured throughput" in plain.stderr  # it does log
+    quiet = subprocess.run([*command, "--json"], capture_output=True, text=True, timeout=300, env=env)
+    assert quiet.returncode == 0 and quiet.stderr == ""
+    assert json.loads(quiet.stdout)["ok"] is True

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 import time
 from typing import Any
@@ -139,14 +140,23 @@ def run(args: argparse.Namespace) -> int:
         )
 
     started = time.perf_counter()
-    result = simulate(
-        config,
-        components=components,
-        shrink=not args.no_shrink,
-        max_shrink_runs=args.max_shrink_runs,
-        progress=None if args.json else progress,
-        progress_every=0 if args.json else args.progress_every,
-    )
+    # With --json the JSON is the whole output: the driver's log lines (rebalances, dropped
+    # subscriptions) stay out of stderr.
+    driver_log = logging.getLogger("splitkeeper.driver")
+    level = driver_log.level
+    if args.json:
+        driver_log.setLevel(logging.ERROR)
+    try:
+        result = simulate(
+            config,
+            components=components,
+            shrink=not args.no_shrink,
+            max_shrink_runs=args.max_shrink_runs,
+            progress=None if args.json else progress,
+            progress_every=0 if args.json else args.progress_every,
+        )
+    finally:
+        driver_log.setLevel(level)
     elapsed = time.perf_counter() - started
     if args.json:
         payload = {"config": _config_dict(config, args.inject_bug), **result.to_dict()}
