@@ -73,6 +73,14 @@ class ConcurrentRunError(StateError):
     code = "CONCURRENT_RUN"
 
 
+class StagedOutputError(StateError):
+    """An epoch's staged output is missing or damaged, so its sink commit did not happen.
+
+    Nothing of the epoch was committed; recovery reads it again. The code stays
+    STATE_ERROR.
+    """
+
+
 class SourceError(SplitkeeperError):
     """A source cannot be reached or read as configured."""
 

@@ -95,7 +95,13 @@ from splitkeeper.core.types import (
     Split,
     SplitFailurePolicy,
 )
-from splitkeeper.errors import CheckpointError, ConcurrentRunError, InvalidParameterError, ProtocolError
+from splitkeeper.errors import (
+    CheckpointError,
+    ConcurrentRunError,
+    InvalidParameterError,
+    ProtocolError,
+    StagedOutputError,
+)
 
 log = logging.getLogger("splitkeeper.driver")
 
@@ -1052,7 +1058,7 @@ class EpochDriver:
             receipt = self.sink.commit(
                 epoch, [acked[r] for r in notified], expected=self._recorded, attempt_id=decision.attempt_id
             )
-        except ConcurrentRunError:
+        except (ConcurrentRunError, StagedOutputError):  # the sink commit certainly did not land
             self._discard_refused(decision)
             raise
         if receipt.replayed:
@@ -1091,15 +1097,17 @@ class EpochDriver:
         return receipt.records, failovers
 
     def _discard_refused(self, decision: EpochDecision) -> None:
-        """The fence refused this run's commit: its decision record names nothing, so it goes too.
+        """Remove the decision record of a sink commit that certainly did not land.
 
-        Best effort (the refusal is what the user must see): a record left behind, by a
+        The fence refused the commit, or its staged output was missing or damaged: no
+        sink commit names the record. Best effort (the error being raised is what the
+        user must see): a record left behind, by a
         failure here or a run killed before it, is never read (a redo reads only the
         attempt the sink commit names) and retention deletes it with its epoch.
         """
         try:
             self.state.discard_decision(decision.epoch, decision.attempt_id)
-        except Exception as exc:  # noqa: BLE001 - the ConcurrentRunError being raised matters more
+        except Exception as exc:  # noqa: BLE001 - the error being raised matters more
             log.warning(
                 "could not remove the refused decision record of epoch %s (attempt %s): %s",
                 decision.epoch,

@@ -55,7 +55,7 @@ import pyarrow.parquet as pq
 
 from splitkeeper.core.invariants import Violation, check_sink_ranges
 from splitkeeper.core.ports import EpochSink, RegionRun, SinkReceipt
-from splitkeeper.errors import InvalidParameterError, StateError
+from splitkeeper.errors import InvalidParameterError, StagedOutputError, StateError
 from splitkeeper.state import storage
 from splitkeeper.state.fence import fenced_commit, recorded_commit
 from splitkeeper.state.retention import retention_hours
@@ -360,7 +360,7 @@ class DeltaSink(EpochSink):
                 with fs.open_input_file(inner) as handle:
                     metadata = pq.ParquetFile(handle).metadata
             except Exception as err:  # noqa: BLE001 - any unreadable footer is the same problem
-                raise StateError(
+                raise StagedOutputError(
                     f"sink {self.path}: staged file {location} of epoch {epoch} is not a complete parquet "
                     f"file ({err}); its region task's output is damaged. Nothing was committed: recover the "
                     "pipeline (splitkeeper recover --checkpoint latest) so the epoch is read again, and "
@@ -375,7 +375,7 @@ class DeltaSink(EpochSink):
             stamped = wanted[: len(STAGED_COLUMNS) + 1]
             whole = found == wanted[: len(found)] and len(found) >= len(stamped)
             if not whole and found != records_only:
-                raise StateError(
+                raise StagedOutputError(
                     f"sink {self.path}: staged file {location} of epoch {epoch} has columns {found}, not the "
                     f"sink's {wanted} ({SINK_TABLE}.ddl). Nothing was committed: recover the pipeline so the "
                     "epoch is read again by this splitkeeper",
@@ -385,7 +385,7 @@ class DeltaSink(EpochSink):
             stats = file_statistics(metadata, spec(SINK_TABLE).stats_columns)
             return _Staged(staged_path, location, name, metadata.num_rows, stats, whole)
         folder = os.path.dirname(staged_path)
-        raise StateError(
+        raise StagedOutputError(
             f"sink {self.path}: staged file {staged_path} of epoch {epoch} is gone, and was not moved into "
             f"the table as {name} either (its staging folder {folder} was removed or never written "
             "completely). Nothing was committed: recover the pipeline (splitkeeper recover --checkpoint "

@@ -4,6 +4,8 @@ read-only opens and bad rows. No Spark: everything is read back with deltalake."
 from __future__ import annotations
 
 import dataclasses
+import os
+import shutil
 import threading
 import time
 from datetime import UTC, datetime
@@ -13,9 +15,15 @@ import pyarrow.compute as pc
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from splitkeeper.core.ports import CrashPoint, EpochDecision
+from splitkeeper.core.ports import CrashPoint, DriverHooks, EpochDecision
 from splitkeeper.core.types import AuditRecord, CheckpointKind, RecoveryDecision, RegionOutcome, Split
-from splitkeeper.errors import CheckpointError, ConcurrentRunError, InvalidParameterError, StateError
+from splitkeeper.errors import (
+    CheckpointError,
+    ConcurrentRunError,
+    InvalidParameterError,
+    StagedOutputError,
+    StateError,
+)
 from splitkeeper.state import checkpoints as checkpoints_module
 from splitkeeper.state import serde
 from splitkeeper.state.checkpoints import DeltaStateStore, decision_for
@@ -461,3 +469,37 @@ def test_an_enumerator_row_with_a_bad_position_is_refused_naming_it_and_changes_
         err.value
     )
     assert tree(root) == before
+
+
+class _RemoveStaging(DriverHooks):
+    """Removes the epoch's staging folder after its decision record: lost under the driver."""
+
+    def __init__(self, staging: str, epoch: int) -> None:
+        self.staging, self.epoch = staging, epoch
+
+    def crash_point(self, point: CrashPoint, epoch: int) -> None:
+        if (point, epoch) == (CrashPoint.AFTER_DECISION, self.epoch):
+            shutil.rmtree(os.path.join(self.staging, f"epoch={epoch}"))
+
+
+def test_a_staging_folder_lost_before_the_sink_commit_names_the_path_and_leaves_no_rows(tmp_path):
+    pipeline = LocalPipeline(tmp_path)
+    pipeline.write_input(files=2, lines=30)
+    first = pipeline.driver()
+    first.open()
+    first.run(1)
+    sink_before = tree(pipeline.sink_path)
+    decisions_before = _rows(pipeline.state, "decisions").num_rows
+    driver = pipeline.driver(_RemoveStaging(pipeline.staging, 2))
+    driver.open()
+    with pytest.raises(StagedOutputError) as err:
+        driver.run(1)
+    assert "[STATE_ERROR]" in str(err.value) and f"{pipeline.staging}/epoch=2/" in str(err.value)
+    assert "Nothing was committed: recover the pipeline" in str(err.value)
+    assert tree(pipeline.sink_path) == sink_before  # nothing reached the sink
+    assert _rows(pipeline.state, "decisions").num_rows == decisions_before  # its decision is gone
+    assert driver.state.checkpoint_ids() == [1]
+    again = pipeline.driver()
+    again.open()
+    again.run()  # recovery reads epoch 2's ranges again
+    assert again.state.checkpoint_ids()[-1] > 1
