@@ -1101,9 +1101,9 @@ class EpochDriver:
 
         The fence refused the commit, or its staged output was missing or damaged: no
         sink commit names the record. Best effort (the error being raised is what the
-        user must see): a record left behind, by a
-        failure here or a run killed before it, is never read (a redo reads only the
-        attempt the sink commit names) and retention deletes it with its epoch.
+        user must see): a record left behind, by a failure here or a run killed before
+        it, is never read (a redo reads only the attempt the sink commit names) and
+        retention deletes it with its epoch.
         """
         try:
             self.state.discard_decision(decision.epoch, decision.attempt_id)

@@ -241,10 +241,11 @@ class StateStore(abc.ABC):
 
     @abc.abstractmethod
     def discard_decision(self, epoch: int, attempt_id: str) -> None:
-        """Remove the decision record ``(epoch, attempt_id)``: its sink commit was refused by the fence.
+        """Remove the decision record ``(epoch, attempt_id)``: its sink commit certainly did not land.
 
-        Only the run that wrote it calls this, and only after the fence refused its
-        commit, so no sink commit names it and no redo can need it (protocol rule 5.2).
+        Only the run that wrote it calls this, and only after the sink refused its
+        commit (the fence, or its staged output missing or damaged), so no sink commit
+        names it and no redo can need it (protocol rule 5.2).
         """
 
     @abc.abstractmethod

@@ -156,15 +156,17 @@ def collect_reader_reports(restored: Mapping[str, Any], path: str | None = None)
     return {**restored, "checkpoint_id": preview["checkpoint_id"], "reports": preview["reports"]}
 
 
+def _redistribution(value: Any) -> Redistribution | None:
+    """The DAG Param ('even-split', 'union'; None or '' when not given) as the core's enum."""
+    return None if not value else Redistribution[str(value).upper().replace("-", "_")]
+
+
 def _recover(reports: Mapping[str, Any], path: str | None, dry_run: bool) -> dict[str, Any]:
-    redistribution = reports.get("redistribution")
     result = services.recover(
         _config(path),
         checkpoint_id=int(reports["checkpoint_id"]) if dry_run else _restore_id(reports),
         parallelism=reports.get("parallelism"),
-        redistribution=None
-        if not redistribution
-        else Redistribution[str(redistribution).upper().replace("-", "_")],
+        redistribution=_redistribution(reports.get("redistribution")),
         mode=reports.get("mode", "auto"),
         dry_run=dry_run,
         release=reports.get("release") or (),
@@ -176,11 +178,10 @@ def _recover(reports: Mapping[str, Any], path: str | None, dry_run: bool) -> dic
 
 def rescale(reports: Mapping[str, Any], path: str | None = None) -> dict[str, Any]:
     """The rescale DAG's step: restore the previewed checkpoint at the new parallelism, commit it."""
-    redistribution = str(reports.get("redistribution") or "even-split")
     result = services.rescale(
         _config(path),
         int(reports["parallelism"]),
-        Redistribution[redistribution.upper().replace("-", "_")],
+        _redistribution(reports.get("redistribution")) or Redistribution.EVEN_SPLIT,
         checkpoint_id=_restore_id(reports),
     )
     out = result.to_dict()

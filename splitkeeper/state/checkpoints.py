@@ -82,7 +82,7 @@ from splitkeeper.errors import CheckpointError, ConcurrentRunError, InvalidParam
 from splitkeeper.state import serde, storage
 from splitkeeper.state.fence import fenced_commit, recorded_commit
 from splitkeeper.state.history import StateHistory, merge_delta
-from splitkeeper.state.tables import STATE_TABLES, StateTables, guarded, spec
+from splitkeeper.state.tables import STATE_TABLES, StateTables, guarded, spec, sql_string
 
 __all__ = ["DeltaStateStore", "KeptCheckpoint", "StateCommit", "decision_for"]
 
@@ -651,11 +651,10 @@ class DeltaStateStore(StateStore, CheckpointStore):
         self.tables.append("decisions", spec("decisions").rows([row]))
 
     def discard_decision(self, epoch: int, attempt_id: str) -> None:
-        """Delete the decision row ``(epoch, attempt_id)`` whose sink commit the fence refused."""
+        """Delete the decision row ``(epoch, attempt_id)`` whose sink commit did not land."""
         self._writable(f"discard the refused decision of epoch {epoch}")
         table = self.tables.require("decisions")
-        quoted = "'" + attempt_id.replace("'", "''") + "'"
-        predicate = f"epoch_id = {int(epoch)} AND attempt_id = {quoted}"
+        predicate = f"epoch_id = {int(epoch)} AND attempt_id = {sql_string(attempt_id)}"
         guarded(table.table_uri, lambda: table.delete(predicate))
 
     def commit_checkpoint(

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 from splitkeeper.core.checkpoint import CheckpointStore
 from splitkeeper.errors import CheckpointError
-from splitkeeper.state.tables import STATE_TABLES, guarded, spec
+from splitkeeper.state.tables import STATE_TABLES, guarded, spec, sql_string
 
 if TYPE_CHECKING:  # pragma: no cover
     from splitkeeper.state.checkpoints import DeltaStateStore
@@ -157,10 +157,7 @@ class Compaction:
 
 
 def _or_pairs(pairs: Sequence[tuple[int, str]]) -> str:
-    def quote(text: str) -> str:
-        return "'" + text.replace("'", "''") + "'"
-
-    return " OR ".join(f"(checkpoint_id = {cid} AND attempt_id = {quote(a)})" for cid, a in pairs)
+    return " OR ".join(f"(checkpoint_id = {cid} AND attempt_id = {sql_string(a)})" for cid, a in pairs)
 
 
 def _delete(store: DeltaStateStore, table_name: str, predicate: str) -> int:

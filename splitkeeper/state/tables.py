@@ -70,6 +70,7 @@ __all__ = [
     "parse_ddl",
     "read_ddl",
     "schema_dir",
+    "sql_string",
 ]
 
 log = logging.getLogger(__name__)
@@ -284,6 +285,11 @@ STATE_TABLES: tuple[str, ...] = (
     "audit",
     "checkpoint_log",
 )
+
+
+def sql_string(text: str) -> str:
+    """``text`` as a SQL string literal for a delta-rs predicate (quotes doubled)."""
+    return "'" + text.replace("'", "''") + "'"
 
 
 def spec(table: str) -> TableSpec:

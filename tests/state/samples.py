@@ -189,6 +189,13 @@ class LocalPipeline:
         for f in range(files):
             (folder / f"part-{f}.txt").write_text("".join(f"line {f}-{i}\n" for i in range(lines)))
 
+    def run(self, epochs: int | None = None, hooks: DriverHooks | None = None) -> EpochDriver:
+        """A new driver, opened (recovering as a restart does) and run for ``epochs`` (None: to the end)."""
+        driver = self.driver(hooks)
+        driver.open()
+        driver.run(epochs)
+        return driver
+
     def driver(self, hooks: DriverHooks | None = None, *, read_only: bool = False) -> EpochDriver:
         from splitkeeper.core.backlog import BacklogConfig
         from splitkeeper.runtime.sources.files import FileSource

@@ -377,9 +377,7 @@ def test_time_travel_restores_a_checkpoint_that_retention_deleted(root):
 def test_a_read_only_open_writes_nothing_byte_for_byte_even_with_a_redo_pending(tmp_path):
     pipeline = LocalPipeline(tmp_path)
     pipeline.write_input(files=2, lines=30)
-    first = pipeline.driver()
-    first.open()
-    first.run(2)
+    pipeline.run(2)
     crashing = pipeline.driver(CrashAt(CrashPoint.AFTER_SINK_COMMIT, 3))
     crashing.open()
     with pytest.raises(Crash):
@@ -485,9 +483,7 @@ class _RemoveStaging(DriverHooks):
 def test_a_staging_folder_lost_before_the_sink_commit_names_the_path_and_leaves_no_rows(tmp_path):
     pipeline = LocalPipeline(tmp_path)
     pipeline.write_input(files=2, lines=30)
-    first = pipeline.driver()
-    first.open()
-    first.run(1)
+    pipeline.run(1)
     sink_before = tree(pipeline.sink_path)
     decisions_before = _rows(pipeline.state, "decisions").num_rows
     driver = pipeline.driver(_RemoveStaging(pipeline.staging, 2))
@@ -499,7 +495,5 @@ def test_a_staging_folder_lost_before_the_sink_commit_names_the_path_and_leaves_
     assert tree(pipeline.sink_path) == sink_before  # nothing reached the sink
     assert _rows(pipeline.state, "decisions").num_rows == decisions_before  # its decision is gone
     assert driver.state.checkpoint_ids() == [1]
-    again = pipeline.driver()
-    again.open()
-    again.run()  # recovery reads epoch 2's ranges again
+    again = pipeline.run()  # recovery reads epoch 2's ranges again
     assert again.state.checkpoint_ids()[-1] > 1
