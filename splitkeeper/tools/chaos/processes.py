@@ -21,8 +21,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import splitkeeper
+
 RUN_TIMEOUT_S = 1200.0
-PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the folder holding this splitkeeper package
+PACKAGE_ROOT = Path(splitkeeper.__file__).resolve().parents[1]  # the folder holding the splitkeeper package
 
 # the progress line of an epoch (splitkeeper.core.driver.EpochReport.line):
 # "epoch    7 regional 3/4 regions ack (r1 decline) committed ..."

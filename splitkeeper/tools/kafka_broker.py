@@ -12,7 +12,7 @@ Layout of ``data_dir`` (all written by :meth:`KafkaBroker.start`):
 - ``broker.json``        pid, ports, cluster id: how ``scripts/kafka.sh stop|status``
   (another process) finds the broker; ``pid`` is null once stopped.
 
-``python -m splitkeeper.runtime.kafka_broker start|stop|status --data-dir DIR`` is
+``python -m splitkeeper.tools.kafka_broker start|stop|status --data-dir DIR`` is
 the command behind ``scripts/kafka.sh``.
 """
 
@@ -464,7 +464,7 @@ def _lists_topics(bootstrap: str) -> bool:
         raise EnvironmentNotReadyError(
             f"confluent-kafka is not installed ({err}); run `{jarlib.SETUP_FIX}`"
         ) from err
-    quiet = logging.getLogger("splitkeeper.runtime.kafka_broker.librdkafka")
+    quiet = logging.getLogger("splitkeeper.tools.kafka_broker.librdkafka")
     conf: dict[str, Any] = {"bootstrap.servers": bootstrap, "logger": quiet}
     admin = AdminClient(conf)
     try:

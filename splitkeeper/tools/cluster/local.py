@@ -6,7 +6,7 @@ What runs (each its own process group, its output in ``<dir>/logs/<service>.log`
 postgres               PostgreSQL (Debian's server programs), a private ``initdb`` data dir;
                        as root the server runs as the ``postgres`` user (it refuses root)
 object-store           versitygw (posix backend) on ``<dir>/s3``; bucket ``splitkeeper``
-kafka                  the project's KRaft broker (:mod:`splitkeeper.runtime.kafka_broker`)
+kafka                  the project's KRaft broker (:mod:`splitkeeper.tools.kafka_broker`)
 spark-master           ``pyspark/bin/spark-class ...deploy.master.Master``, Spark auth on
 spark-worker-N         ``...deploy.worker.Worker`` registered with that master
 airflow-api-server     UI + REST API v2 + execution API; simple auth manager, generated users
@@ -64,9 +64,9 @@ from pathlib import Path
 from typing import Any
 
 from splitkeeper import resources
-from splitkeeper.cluster.s3 import S3Client, S3Error
 from splitkeeper.errors import SplitkeeperError
 from splitkeeper.runtime import jars as jarlib
+from splitkeeper.tools.cluster.s3 import S3Client, S3Error
 
 HOST = "127.0.0.1"
 BUCKET = "splitkeeper"
@@ -1240,7 +1240,7 @@ class LocalCluster:
                 [
                     sys.executable,
                     "-m",
-                    "splitkeeper.runtime.kafka_broker",
+                    "splitkeeper.tools.kafka_broker",
                     "start",
                     "--data-dir",
                     str(self.layout.kafka),
@@ -1258,7 +1258,7 @@ class LocalCluster:
             )
         if done.returncode != 0:
             raise ClusterError(f"the Kafka broker did not start; last log lines:\n{self._tail('kafka')}")
-        from splitkeeper.runtime.kafka_broker import read_state
+        from splitkeeper.tools.kafka_broker import read_state
 
         broker = read_state(self.layout.kafka)
         if broker is None or broker.pid is None:
@@ -1269,7 +1269,7 @@ class LocalCluster:
         proc = state.proc("kafka")
         if proc is None or not proc.alive():
             return None
-        from splitkeeper.runtime.kafka_broker import KafkaBroker
+        from splitkeeper.tools.kafka_broker import KafkaBroker
 
         KafkaBroker(self.layout.kafka).stop(timeout_s=30)
         return "kafka"
@@ -1279,7 +1279,7 @@ class LocalCluster:
 
         from confluent_kafka.admin import AdminClient
 
-        quiet = logging.getLogger("splitkeeper.cluster.librdkafka")
+        quiet = logging.getLogger("splitkeeper.tools.cluster.librdkafka")
         quiet.propagate = False
         conf: dict[str, Any] = {"bootstrap.servers": f"{HOST}:{state.ports['kafka']}", "logger": quiet}
         admin = AdminClient(conf)
