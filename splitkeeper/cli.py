@@ -14,8 +14,7 @@ import argparse
 import importlib.metadata
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from splitkeeper import logs
 from splitkeeper.errors import SplitkeeperError
@@ -29,9 +28,11 @@ class CommandModule(Protocol):
     def run(self, args: argparse.Namespace) -> int: ...
 
 
-@dataclass(frozen=True, slots=True)
-class Command:
-    """A subcommand: its one-line help, and ``load``, which imports its module when it runs."""
+class Command(NamedTuple):
+    """A subcommand: its one-line help, and ``load``, which imports its module when it runs.
+
+    (A named tuple, not a dataclass: importing dataclasses would slow ``--help`` by importing
+    inspect.)"""
 
     help: str
     load: Callable[[], CommandModule]
