@@ -1,14 +1,12 @@
-"""The epoch job: run a splitkeeper pipeline's epochs on Spark.
+"""The epoch job: the application spark-submit runs to drive a pipeline's epochs on a cluster.
 
-Runnable with spark-submit on any master (the cluster's jars must include Delta)::
+The ingest DAG's epoch task submits it when ``SPLITKEEPER_SPARK_MASTER`` names a cluster
+(:func:`splitkeeper.orchestration.airflow.spark_submit_epoch_task`; on the embedded default
+the task runs the epochs in-process through :mod:`splitkeeper.app.services` and this file is
+not used). It takes the options of ``splitkeeper run`` and hands them to that command
+unchanged; the cluster's jars must include Delta::
 
     spark-submit --py-files splitkeeper.zip jobs/epoch_job.py --config pipeline.yaml --epochs 5
-
-and callable in-process (the Airflow tasks do that on the embedded default)::
-
-    from jobs.epoch_job import main; main(["--config", "pipeline.yaml", "--epochs", "5"])
-
-Its logic lives in :mod:`splitkeeper.runtime.pipeline`; this file only parses arguments.
 """
 
 from __future__ import annotations

@@ -3,35 +3,138 @@
 Each subcommand lives in its own module, imported only when that subcommand
 runs (so ``splitkeeper simulate`` never imports Spark). A command module
 exposes ``configure(parser: argparse.ArgumentParser) -> None`` and
-``run(args: argparse.Namespace) -> int``.
+``run(args: argparse.Namespace) -> int``. :data:`COMMANDS` registers each one
+with a function that imports its module in plain ``from ... import`` form, so
+the import contracts of pyproject.toml see every arrow from the CLI.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import importlib.metadata
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import NamedTuple, Protocol
 
 from splitkeeper import logs
 from splitkeeper.errors import SplitkeeperError
 
-# subcommand -> (module, one-line help)
-COMMANDS: dict[str, tuple[str, str]] = {
-    "simulate": ("splitkeeper.sim.command", "run the seeded fault simulator and check the invariants"),
-    "bench": ("splitkeeper.bench.command", "run a benchmark and print figures"),
-    "doctor": ("splitkeeper.doctor", "check Java, Spark, Delta jars, Airflow, Great Expectations, Kafka"),
-    "run": ("splitkeeper.commands.run", "run epochs of a pipeline"),
-    "status": ("splitkeeper.commands.status", "show checkpoints, ownership and backlog state"),
-    "recover": ("splitkeeper.commands.recover", "restore from a checkpoint (global or rescale)"),
-    "config": ("splitkeeper.commands.config", "print the JSON Schema of the pipeline file (config schema)"),
-    "validate": ("splitkeeper.commands.validate", "check the restart invariants on state and sink"),
-    "report": ("splitkeeper.commands.report", "render the run report (HTML with charts) from state and sink"),
-    "maintain": ("splitkeeper.commands.maintain", "compact and VACUUM the state tables and the sink"),
-    "stop": ("splitkeeper.commands.stop", "end a continuous run on a final global checkpoint"),
-    "chaos": ("splitkeeper.chaos", "ingest under injected faults and prove exactly-once"),
-}
+
+class CommandModule(Protocol):
+    """What a command module exposes."""
+
+    def configure(self, parser: argparse.ArgumentParser) -> None: ...
+
+    def run(self, args: argparse.Namespace) -> int: ...
+
+
+class Command(NamedTuple):
+    """A subcommand: its one-line help, and ``load``, which imports its module when it runs.
+
+    (A named tuple, not a dataclass: importing dataclasses would slow ``--help`` by importing
+    inspect.)"""
+
+    help: str
+    load: Callable[[], CommandModule]
+
+
+#: subcommand -> its command, in the order ``--help`` lists them
+COMMANDS: dict[str, Command] = {}
+
+
+def _command(
+    name: str, help_text: str
+) -> Callable[[Callable[[], CommandModule]], Callable[[], CommandModule]]:
+    def register(load: Callable[[], CommandModule]) -> Callable[[], CommandModule]:
+        COMMANDS[name] = Command(help_text, load)
+        return load
+
+    return register
+
+
+@_command("simulate", "run the seeded fault simulator and check the invariants")
+def _simulate() -> CommandModule:
+    from splitkeeper.sim import command
+
+    return command
+
+
+@_command("bench", "run a benchmark and print figures")
+def _bench() -> CommandModule:
+    from splitkeeper.tools.bench import command
+
+    return command
+
+
+@_command("doctor", "check Java, Spark, Delta jars, Airflow, Great Expectations, Kafka")
+def _doctor() -> CommandModule:
+    from splitkeeper.tools import doctor
+
+    return doctor
+
+
+@_command("run", "run epochs of a pipeline")
+def _run() -> CommandModule:
+    from splitkeeper.commands import run
+
+    return run
+
+
+@_command("status", "show checkpoints, ownership and backlog state")
+def _status() -> CommandModule:
+    from splitkeeper.commands import status
+
+    return status
+
+
+@_command("recover", "restore from a checkpoint (global or rescale)")
+def _recover() -> CommandModule:
+    from splitkeeper.commands import recover
+
+    return recover
+
+
+@_command("config", "print the JSON Schema of the pipeline file (config schema)")
+def _config() -> CommandModule:
+    from splitkeeper.commands import config
+
+    return config
+
+
+@_command("validate", "check the restart invariants on state and sink")
+def _validate() -> CommandModule:
+    from splitkeeper.commands import validate
+
+    return validate
+
+
+@_command("report", "render the run report (HTML with charts) from state and sink")
+def _report() -> CommandModule:
+    from splitkeeper.commands import report
+
+    return report
+
+
+@_command("maintain", "compact and VACUUM the state tables and the sink")
+def _maintain() -> CommandModule:
+    from splitkeeper.commands import maintain
+
+    return maintain
+
+
+@_command("stop", "end a continuous run on a final global checkpoint")
+def _stop() -> CommandModule:
+    from splitkeeper.commands import stop
+
+    return stop
+
+
+@_command("chaos", "ingest under injected faults and prove exactly-once")
+def _chaos() -> CommandModule:
+    from splitkeeper.tools import chaos
+
+    return chaos
+
 
 # third-party top-level module -> the extra of pyproject.toml that installs it
 ENGINE_EXTRAS: dict[str, str] = {
@@ -80,8 +183,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--version", action="version", version=f"%(prog)s {package_version()}", help="print the version"
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name, (_module, help_text) in COMMANDS.items():
-        sub.add_parser(name, help=help_text, add_help=False)
+    for name, command in COMMANDS.items():
+        sub.add_parser(name, help=command.help, add_help=False)
     return parser
 
 
@@ -97,15 +200,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 0 if argv else 2
     name, rest = argv[0], argv[1:]
-    module_name, help_text = COMMANDS[name]
+    command = COMMANDS[name]
     try:
-        module = importlib.import_module(module_name)
+        module = command.load()
     except ModuleNotFoundError as err:
-        if err.name and module_name.startswith(err.name):
-            print(f"splitkeeper {name}: not available in this build ({module_name} missing)", file=sys.stderr)
+        if err.name and (err.name == "splitkeeper" or err.name.startswith("splitkeeper.")):
+            print(f"splitkeeper {name}: not available in this build ({err.name} missing)", file=sys.stderr)
             return 2
         return _missing_engine(name, err)
-    parser = argparse.ArgumentParser(prog=f"splitkeeper {name}", description=help_text)
+    parser = argparse.ArgumentParser(prog=f"splitkeeper {name}", description=command.help)
     module.configure(parser)
     parser.add_argument(
         "--log-level",

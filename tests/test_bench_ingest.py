@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from splitkeeper import cli
-from splitkeeper.bench import ingest
-from splitkeeper.bench.ingest import IngestSettings, average_phases, restore_verdict
 from splitkeeper.errors import InvalidParameterError
+from splitkeeper.tools.bench import ingest
+from splitkeeper.tools.bench.ingest import IngestSettings, average_phases, restore_verdict
 
 REQUIRED_KEYS = {
     "ours_records_per_s",
@@ -109,7 +109,7 @@ def test_tiny_ingest_run_holds_exactly_the_input_in_both_sinks_and_reports_the_r
 def test_kafka_source_is_refused_as_not_available_while_its_module_is_missing(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(ingest, "KAFKA_MODULE", "splitkeeper.bench._no_such_kafka_bench")
+    monkeypatch.setattr(ingest, "KAFKA_MODULE", "splitkeeper.tools.bench._no_such_kafka_bench")
     code = cli.main(["bench", "ingest", "--source", "kafka", "--json"])
     err = capsys.readouterr().err
     assert code == 2
@@ -117,7 +117,7 @@ def test_kafka_source_is_refused_as_not_available_while_its_module_is_missing(
 
 
 def test_kafka_source_runs_the_kafka_module_once_it_exists(monkeypatch: pytest.MonkeyPatch) -> None:
-    name = "splitkeeper.bench._fake_ingest_kafka"
+    name = "splitkeeper.tools.bench._fake_ingest_kafka"
     fake = types.ModuleType(name)
     fake.__spec__ = importlib.machinery.ModuleSpec(name, None)
     seen: list[str] = []
@@ -136,7 +136,7 @@ def test_kafka_source_runs_the_kafka_module_once_it_exists(monkeypatch: pytest.M
     monkeypatch.setattr(ingest, "KAFKA_MODULE", name)
     assert cli.main(["bench", "ingest", "--source=kafka", "--topic", "orders"]) == 7
     assert seen == ["orders"]
-    assert ingest.module_for_source(["--source", "files"]) == "splitkeeper.bench.ingest"
+    assert ingest.module_for_source(["--source", "files"]) == "splitkeeper.tools.bench.ingest"
 
 
 def test_an_unknown_source_is_refused_naming_what_is_allowed(capsys: pytest.CaptureFixture[str]) -> None:

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from splitkeeper import cli
-from splitkeeper.bench import ingest_kafka
-from splitkeeper.bench.ingest_kafka import KafkaIngestSettings, latest_of, stall_filter
 from splitkeeper.errors import InvalidParameterError
+from splitkeeper.tools.bench import ingest_kafka
+from splitkeeper.tools.bench.ingest_kafka import KafkaIngestSettings, latest_of, stall_filter
 
 REQUIRED_KEYS = {
     "ours_records_per_s",

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from splitkeeper.bench.scale import DRIVER_PHASES, run_scale, write_chart
 from splitkeeper.errors import InvalidParameterError
+from splitkeeper.tools.bench.scale import DRIVER_PHASES, run_scale, write_chart
 
 pytestmark = [pytest.mark.spark]
 
@@ -57,7 +57,7 @@ def test_a_small_scale_run_reports_every_figure_consistently(spark: Any, tmp_pat
 
 
 def test_bad_sizes_are_refused_naming_the_option() -> None:
-    from splitkeeper.bench.scale import _sizes
+    from splitkeeper.tools.bench.scale import _sizes
 
     with pytest.raises(InvalidParameterError) as err:
         _sizes("1000,abc")
@@ -95,7 +95,7 @@ def test_the_kafka_part_reads_one_percent_of_the_partitions_per_epoch_exactly(
 
 
 def test_bad_kafka_partitions_are_refused_naming_the_option() -> None:
-    from splitkeeper.bench.scale import _sizes
+    from splitkeeper.tools.bench.scale import _sizes
 
     with pytest.raises(InvalidParameterError) as err:
         _sizes("100,x", "--kafka-partitions", "partition counts >= 10")

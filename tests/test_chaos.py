@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 from runtime.helpers import subprocess_env  # tests/ is on sys.path (no __init__.py)
 
-from splitkeeper.chaos.schedule import PLANNED, FaultKind, Tuning, draw_schedule, planned_counts
 from splitkeeper.core.ports import CrashPoint
+from splitkeeper.tools.chaos.schedule import PLANNED, FaultKind, Tuning, draw_schedule, planned_counts
 
 REPO = Path(__file__).resolve().parents[1]
 EXPECTED_BY_KIND = {kind.value: count for kind, count in PLANNED.items()}

@@ -17,7 +17,16 @@ CORE_CONTRACT = "core: the protocol core imports no other part of splitkeeper bu
 RUNTIME_CONTRACT = "runtime: the engine imports no orchestration, checks, report, services, CLI or tools"
 ENGINES_CONTRACT = "core: the protocol core imports no engine and no config-model library"
 PIPELINE_CONTRACT = "commands and orchestration reach the runtime pipeline only through splitkeeper.app"
-CONTRACTS = (CORE_CONTRACT, RUNTIME_CONTRACT, ENGINES_CONTRACT, PIPELINE_CONTRACT)
+TOOLS_CONTRACT = "tools: only the CLI and the tools themselves import splitkeeper.tools"
+CLI_CONTRACT = "cli: only python -m splitkeeper imports the CLI"
+CONTRACTS = (
+    CORE_CONTRACT,
+    RUNTIME_CONTRACT,
+    ENGINES_CONTRACT,
+    PIPELINE_CONTRACT,
+    TOOLS_CONTRACT,
+    CLI_CONTRACT,
+)
 
 
 def _env(pythonpath: Path) -> dict[str, str]:
@@ -74,13 +83,35 @@ def test_the_contracts_are_kept_by_this_checkout(tree: Path) -> None:
         ("splitkeeper/runtime/_probe.py", "import splitkeeper.orchestration.tasks", RUNTIME_CONTRACT),
         ("splitkeeper/runtime/_probe.py", "import splitkeeper.report.html", RUNTIME_CONTRACT),
         ("splitkeeper/runtime/_probe.py", "from splitkeeper.quality import checks", RUNTIME_CONTRACT),
-        ("splitkeeper/runtime/sources/_probe.py", "import splitkeeper.cli", RUNTIME_CONTRACT),
+        ("splitkeeper/runtime/sources/_probe.py", "import splitkeeper.cli", (RUNTIME_CONTRACT, CLI_CONTRACT)),
         ("splitkeeper/runtime/_probe.py", "import splitkeeper.commands.run", RUNTIME_CONTRACT),
         ("splitkeeper/runtime/_probe.py", "from splitkeeper.app import services", RUNTIME_CONTRACT),
         ("splitkeeper/runtime/_probe.py", "import splitkeeper.sim.simulator", RUNTIME_CONTRACT),
-        ("splitkeeper/runtime/_probe.py", "import splitkeeper.bench.ingest", RUNTIME_CONTRACT),
-        ("splitkeeper/runtime/sources/_probe.py", "import splitkeeper.chaos", RUNTIME_CONTRACT),
-        ("splitkeeper/runtime/_probe.py", "import splitkeeper.demo", RUNTIME_CONTRACT),
+        (
+            "splitkeeper/runtime/_probe.py",
+            "import splitkeeper.tools.bench.ingest",
+            (RUNTIME_CONTRACT, TOOLS_CONTRACT),
+        ),
+        (
+            "splitkeeper/runtime/sources/_probe.py",
+            "import splitkeeper.tools.chaos",
+            (RUNTIME_CONTRACT, TOOLS_CONTRACT),
+        ),
+        (
+            "splitkeeper/runtime/_probe.py",
+            "import splitkeeper.tools.demo",
+            (RUNTIME_CONTRACT, TOOLS_CONTRACT),
+        ),
+        # the product (any package, a new one too) imports no tool, and no module but __main__ the CLI
+        ("splitkeeper/app/_probe.py", "import splitkeeper.tools.doctor", TOOLS_CONTRACT),
+        (
+            "splitkeeper/state/_probe.py",
+            "from splitkeeper.tools.kafka_broker import free_port",
+            TOOLS_CONTRACT,
+        ),
+        ("splitkeeper/newpart/_probe.py", "from splitkeeper.tools import cluster", TOOLS_CONTRACT),
+        ("splitkeeper/commands/_probe.py", "from splitkeeper import cli", CLI_CONTRACT),
+        ("splitkeeper/tools/_probe.py", "import splitkeeper.cli", CLI_CONTRACT),
         ("splitkeeper/commands/_probe.py", "from splitkeeper.runtime import pipeline", PIPELINE_CONTRACT),
         ("splitkeeper/orchestration/_probe.py", "import splitkeeper.runtime.pipeline", PIPELINE_CONTRACT),
         ("splitkeeper/core/_probe.py", "import pydantic", ENGINES_CONTRACT),
@@ -92,12 +123,26 @@ def test_a_forbidden_import_breaks_its_contract_and_names_the_module(
     tree: Path, module: str, imports: str, broken: str | tuple[str, ...]
 ) -> None:
     expected = [broken] if isinstance(broken, str) else list(broken)
+    (tree / module).parent.mkdir(exist_ok=True)
+    (tree / module.rpartition("/")[0] / "__init__.py").touch()
     (tree / module).write_text(f"{imports}\n", encoding="utf-8")
     done = _lint_imports(tree)
     assert done.returncode == 1, done.stdout + done.stderr
     states = _contract_lines(done.stdout)
     assert sorted(name for name, state in states.items() if state == "BROKEN") == sorted(expected)
     assert module.removesuffix(".py").replace("/", ".") in done.stdout
+
+
+def test_the_import_graph_holds_an_arrow_from_the_cli_to_every_command_module() -> None:
+    """The CLI registers its commands with plain imports, so the contracts above see those arrows."""
+    import grimp
+
+    from splitkeeper.cli import COMMANDS
+
+    graph = grimp.build_graph("splitkeeper")
+    for name, command in COMMANDS.items():
+        module = command.load().__name__  # type: ignore[attr-defined]
+        assert graph.direct_import_exists(importer="splitkeeper.cli", imported=module), name
 
 
 def test_the_core_may_import_the_errors_module(tree: Path) -> None:

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import importlib
+import subprocess
 import sys
 import types
 from importlib import metadata
 
 import pytest
 
-from splitkeeper.cli import COMMANDS, main
+from splitkeeper.cli import COMMANDS, Command, main
 
 
 def test_version_prints_the_installed_distribution_version(capsys: pytest.CaptureFixture[str]) -> None:
@@ -30,8 +30,23 @@ def test_help_lists_version_and_every_command(capsys: pytest.CaptureFixture[str]
 
 @pytest.mark.parametrize("name", sorted(COMMANDS))
 def test_every_command_module_exists_and_has_configure_and_run(name: str) -> None:
-    module = importlib.import_module(COMMANDS[name][0])
+    module = COMMANDS[name].load()
     assert callable(module.configure) and callable(module.run)
+
+
+def test_help_imports_no_command_module() -> None:
+    """``--help`` lists the commands from the registry alone: no command module (nor Spark) is imported."""
+    probe = (
+        "import sys\n"
+        "from splitkeeper.cli import main\n"
+        "main(['--help'])\n"
+        "print(' '.join(sorted(m for m in sys.modules if m.startswith(('splitkeeper.', 'pyspark')))))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
+    )
+    loaded = set(done.stdout.splitlines()[-1].split())
+    assert loaded <= {"splitkeeper.cli", "splitkeeper.errors", "splitkeeper.logs"}, loaded
 
 
 def _fake_command(monkeypatch: pytest.MonkeyPatch, missing: str) -> None:
@@ -42,8 +57,7 @@ def _fake_command(monkeypatch: pytest.MonkeyPatch, missing: str) -> None:
 
     module.configure = lambda parser: None  # type: ignore[attr-defined]
     module.run = run  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, module.__name__, module)
-    monkeypatch.setitem(COMMANDS, "fake", (module.__name__, "a command whose engine is missing"))
+    monkeypatch.setitem(COMMANDS, "fake", Command("a command whose engine is missing", lambda: module))
 
 
 @pytest.mark.parametrize(
@@ -64,3 +78,16 @@ def test_a_missing_module_that_no_extra_installs_is_not_hidden(monkeypatch: pyte
     _fake_command(monkeypatch, "no_such_module")
     with pytest.raises(ModuleNotFoundError, match="no_such_module"):
         main(["fake"])
+
+
+def test_a_command_whose_module_is_not_in_the_build_says_so(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def load() -> types.ModuleType:
+        raise ModuleNotFoundError("No module named 'splitkeeper.tools'", name="splitkeeper.tools")
+
+    monkeypatch.setitem(COMMANDS, "fake", Command("a tool left out of this build", load))
+    assert main(["fake"]) == 2
+    assert (
+        "splitkeeper fake: not available in this build (splitkeeper.tools missing)" in capsys.readouterr().err
+    )

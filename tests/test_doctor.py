@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from splitkeeper import doctor
 from splitkeeper.cli import main
-from splitkeeper.doctor import CheckResult, CheckStatus
+from splitkeeper.tools import doctor
+from splitkeeper.tools.doctor import CheckResult, CheckStatus
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import yaml
 
-from splitkeeper.state.lease import LeaseOwner, PipelineLease, process_identity
+from splitkeeper.process import identity as process_identity
+from splitkeeper.state.lease import LeaseOwner, PipelineLease
 from splitkeeper.state.tables import StateTables
 
 REPO = Path(__file__).resolve().parents[1]

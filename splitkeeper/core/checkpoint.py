@@ -23,7 +23,7 @@ Rules (``docs/protocol.md`` section 2 states them with the worked examples):
   failure is ABORTED (not a job failure) and the counter resets to 0.
 - The counter resets, but the ref chain a failed region would extend does
   not: a region whose state already sits ``max_consecutive_failures`` ref
-  hops deep may not fall back again (Roman's rule, protocol rule 2.2); a checkpoint
+  hops deep may not fall back again (protocol rule 2.2); a checkpoint
   where it fails is ABORTED. This is what keeps protocol rule 6.6's bound
   (``RegionState.ref_depth <= max_consecutive_failures``) true after tier 2.
 - A bounded job's final checkpoint is forced global (protocol rule 2.6); a pipeline

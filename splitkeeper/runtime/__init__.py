@@ -1,4 +1,4 @@
-"""The engine side of splitkeeper: Spark sessions, local jars, the local Kafka broker.
+"""The engine side of splitkeeper: the pipeline on Spark (sessions, jars, region tasks, sources, the sink).
 
 Submodules import Spark, Delta or Kafka clients only when used; importing this
 package is free.

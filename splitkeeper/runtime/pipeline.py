@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from splitkeeper.core import driver as core_driver
@@ -67,7 +67,6 @@ __all__ = [
     "SparkRegionRunner",
     "SystemClock",
     "driver_settings",
-    "run_pipeline",
 ]
 
 log = logging.getLogger("splitkeeper.runtime.pipeline")
@@ -345,21 +344,3 @@ def _metrics_of(config: PipelineConfig) -> PipelineMetrics | None:
     except ImportError as err:  # the metrics extra is not installed: the run goes on without
         log.warning("pipeline %s: no metrics (%s); pip install 'splitkeeper[metrics]'", config.name, err)
         return None
-
-
-def run_pipeline(
-    config: PipelineConfig,
-    spark: Any,
-    epochs: int | None = None,
-    faults: Iterable[str] = (),
-    progress: Callable[[str], None] | None = None,
-    *,
-    until_caught_up: bool = False,
-) -> RunSummary:
-    """Open (recover/restore), run and close: what ``splitkeeper run`` and the epoch job call."""
-    pipeline = Pipeline(config, spark, faults=FaultPlan.parse(faults), progress=progress)
-    try:
-        pipeline.open()
-        return pipeline.run(epochs, until_caught_up=until_caught_up)
-    finally:
-        pipeline.close()

@@ -792,7 +792,9 @@ class DeltaStateStore(StateStore, CheckpointStore):
         )
 
     def add(self, completed: CompletedCheckpoint) -> None:
-        """CheckpointStore contract: commit ``completed`` without audit records (a fresh decision)."""
+        """CheckpointStore contract: refuse what :meth:`check_can_add` refuses, else commit ``completed``
+        without audit records (a fresh decision)."""
+        self.check_can_add(completed)
         self.commit_checkpoint(decision_for(completed))
 
     def _put(self, completed: CompletedCheckpoint) -> None:

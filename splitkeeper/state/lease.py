@@ -46,6 +46,7 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from splitkeeper import process
 from splitkeeper.errors import ConcurrentRunError, InvalidParameterError
 from splitkeeper.state.fence import fenced_commit
 from splitkeeper.state.tables import StateTables, guarded, spec
@@ -77,44 +78,11 @@ class LeaseLostError(ConcurrentRunError):
     code = "LEASE_LOST"
 
 
-def _read_text(path: str) -> str | None:
-    try:
-        with open(path, encoding="ascii") as handle:
-            return handle.read().strip()
-    except OSError:
-        return None
-
-
-def _start_time(pid: int) -> str | None:
-    """The process's start time in clock ticks since boot (``/proc/<pid>/stat`` field 22), or None."""
-    stat = _read_text(f"/proc/{pid}/stat")
-    if stat is None:
-        return None
-    fields = stat[stat.rfind(")") + 2 :].split()  # after "pid (comm) ": field 3 onwards
-    return fields[19] if len(fields) > 19 else None
-
-
-def _namespace() -> str | None:
-    """``<boot id>/<pid namespace>``: where a pid and a start time mean one process; None off Linux."""
-    boot = _read_text("/proc/sys/kernel/random/boot_id")
-    try:
-        pid_ns = os.readlink("/proc/self/ns/pid")
-    except OSError:
-        return None
-    return None if boot is None else f"{boot}/{pid_ns}"
-
-
-def process_identity(pid: int) -> str | None:
-    """``<boot id>/<pid namespace>/<start time>`` of ``pid`` as this process sees it; None when unknown."""
-    namespace, started = _namespace(), _start_time(pid)
-    return None if namespace is None or started is None else f"{namespace}/{started}"
-
-
 @dataclass(frozen=True, slots=True)
 class LeaseOwner:
     """Who takes a lease: the host, the process, its command line and (on Linux) its identity.
 
-    ``process`` (:func:`process_identity`) tells this process apart from a later one
+    ``process`` (:func:`splitkeeper.process.identity`) tells this process apart from a later one
     that got the same pid, and from a process of another container with the same
     host name (another pid namespace or boot).
     """
@@ -127,7 +95,7 @@ class LeaseOwner:
     @classmethod
     def this_process(cls) -> LeaseOwner:
         pid = os.getpid()
-        return cls(socket.gethostname(), pid, " ".join(sys.argv)[:500] or "python", process_identity(pid))
+        return cls(socket.gethostname(), pid, " ".join(sys.argv)[:500] or "python", process.identity(pid))
 
     def describe(self) -> str:
         return f"{self.command!r} (pid {self.pid} on {self.host})"
@@ -143,11 +111,11 @@ class LeaseOwner:
         if self.host != socket.gethostname() or self.pid <= 0 or self.pid == os.getpid():
             return False
         if self.process is not None:
-            namespace = _namespace()
+            namespace = process.namespace()
             if namespace is None or not self.process.startswith(namespace + "/"):
                 return False  # another container or boot: its processes are not ours to see
-            started = _start_time(self.pid)
-            return started is None or self.process != f"{namespace}/{started}"
+            now = process.identity(self.pid)
+            return now is None or self.process != now
         try:
             os.kill(self.pid, 0)
         except ProcessLookupError:

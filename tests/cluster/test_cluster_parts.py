@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 
-from splitkeeper.cluster.local import (
+from splitkeeper.tools.cluster.local import (
     PORT_NAMES,
     SERVICES,
     ClusterError,
@@ -23,7 +23,7 @@ from splitkeeper.cluster.local import (
     format_status,
     scram_sha256,
 )
-from splitkeeper.cluster.s3 import S3Client
+from splitkeeper.tools.cluster.s3 import S3Client
 
 
 def test_credentials_are_generated_fresh_saved_0600_and_never_shown(tmp_path):

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import itertools
 
-from splitkeeper.bench.balance import best_possible, discovery_orders, hot_partition_run
 from splitkeeper.core.assignment import ThroughputMeter, WeightedStrategy
 from splitkeeper.core.invariants import check_balance
 from splitkeeper.core.types import Assignment, Split
+from splitkeeper.tools.bench.balance import best_possible, discovery_orders, hot_partition_run
 
 
 def test_a_hot_partition_lands_where_the_capacity_is_and_weighted_beats_least_loaded() -> None:

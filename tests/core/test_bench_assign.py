@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from splitkeeper.bench.assign import bench_assign
 from splitkeeper.cli import main
+from splitkeeper.tools.bench.assign import bench_assign
 
 
 def test_bench_assign_json_reports_figures_and_moves_only_the_failed_readers_splits(capsys):

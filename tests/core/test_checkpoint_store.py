@@ -1,8 +1,9 @@
 """CheckpointStore contract (protocol rules 2.1, 2.7).
 
-``CheckpointStoreContract`` holds the tests every store must pass; a
-persistent (Delta-backed) store's test module subclasses it and overrides
-``make_store``. ``TestInMemoryCheckpointStore`` runs it on the core store.
+``CheckpointStoreContract`` holds the tests every store must pass; a store's
+test class subclasses it and overrides ``make_store``. ``TestInMemoryCheckpointStore``
+runs it on the core store, ``tests/state/test_checkpoint_store_contract.py`` on the
+Delta state store (``DeltaStateStore``).
 """
 
 from __future__ import annotations

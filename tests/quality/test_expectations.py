@@ -474,8 +474,9 @@ def test_suite_files_name_a_dataset_and_index_columns(tmp_path):
 
 @pytest.mark.slow
 def test_a_real_pipeline_run_with_a_failed_region_passes_every_suite(spark, tmp_path):
+    from runtime.helpers import run_pipeline  # tests/ is on sys.path (no __init__.py)
+
     from splitkeeper.runtime.config import config_from_mapping
-    from splitkeeper.runtime.pipeline import run_pipeline
     from splitkeeper.runtime.sources import build_source
 
     incoming = tmp_path / "in"

@@ -7,6 +7,7 @@
 - :func:`assert_sink_equals_source`: the sink Delta table holds exactly the source: no
   duplicate ``(split_id, offset)``, the same ``(split_id, value)`` multiset, per split byte
   ranges contiguous from 0 to the file size (the core's ``check_sink_ranges``) and in file order.
+- :func:`run_pipeline`: open (recover/restore), run and close a pipeline in this process.
 - :func:`run_cli`: ``splitkeeper.cli.main`` in-process, returning (exit code, stdout, stderr).
 - :func:`splitkeeper_subprocess`: ``splitkeeper ...`` in a child process with its own JVM.
 """
@@ -20,7 +21,7 @@ import os
 import subprocess
 import sys
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -177,6 +178,29 @@ def assert_sink_equals_source(spark: Any, sink_path: str | Path, input_dir: Path
     for sid, recs in expected.items():
         assert by_split.get(sid) == recs, f"split {sid}: sink records differ from the file's lines in order"
     return rows
+
+
+def run_pipeline(
+    config: Any,
+    spark: Any,
+    epochs: int | None = None,
+    faults: Iterable[str] = (),
+    progress: Callable[[str], None] | None = None,
+    *,
+    until_caught_up: bool = False,
+) -> Any:
+    """Open (recover/restore), run and close a pipeline in this process; its ``RunSummary``.
+
+    The tests' short form; ``splitkeeper run`` goes through :mod:`splitkeeper.app.services` instead."""
+    from splitkeeper.runtime.faults import FaultPlan
+    from splitkeeper.runtime.pipeline import Pipeline
+
+    pipeline = Pipeline(config, spark, faults=FaultPlan.parse(faults), progress=progress)
+    try:
+        pipeline.open()
+        return pipeline.run(epochs, until_caught_up=until_caught_up)
+    finally:
+        pipeline.close()
 
 
 def run_cli(argv: Sequence[str]) -> tuple[int, str, str]:

@@ -14,11 +14,11 @@ import jsonschema
 import pytest
 import yaml
 
-from splitkeeper import demo
 from splitkeeper.cli import main
 from splitkeeper.errors import ConfigError
 from splitkeeper.runtime.config import STRATEGY_NAMES, config_from_mapping, load_config
 from splitkeeper.runtime.config_schema import PipelineFile, json_schema
+from splitkeeper.tools import demo
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "examples").glob("*_pipeline.*"))

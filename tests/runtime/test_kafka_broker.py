@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from splitkeeper.errors import EnvironmentNotReadyError, InvalidParameterError, SourceError
-from splitkeeper.runtime.kafka_broker import (
+from splitkeeper.tools.kafka_broker import (
     BrokerStatus,
     KafkaBroker,
     free_port,
@@ -121,7 +121,7 @@ def test_restart_on_same_data_dir_keeps_topics_port_and_cluster_id(tmp_path):
 
 def test_a_cluster_id_starting_with_a_dash_formats_and_serves(tmp_path, monkeypatch):
     # Data dirs formatted before ids avoided "-" keep theirs; formatting must pass it as one token.
-    import splitkeeper.runtime.kafka_broker as kafka_broker_module
+    import splitkeeper.tools.kafka_broker as kafka_broker_module
 
     monkeypatch.setattr(kafka_broker_module, "new_cluster_id", lambda: "-AbCdEfGhIjKlMnOpQrStU")
     with KafkaBroker(tmp_path / "kafka") as broker:

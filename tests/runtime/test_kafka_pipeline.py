@@ -25,12 +25,12 @@ from splitkeeper.errors import SourceError
 from splitkeeper.quality.checks import run_restart_checks
 from splitkeeper.runtime.config import PipelineConfig, config_from_mapping
 from splitkeeper.runtime.faults import FaultPlan
-from splitkeeper.runtime.kafka_broker import KafkaBroker
 from splitkeeper.runtime.pipeline import EpochReport, Pipeline
 from splitkeeper.runtime.sink import DeltaSink
 from splitkeeper.runtime.sources.kafka import COMMIT_METADATA_KEY, KafkaSource, split_id_of
 from splitkeeper.state import serde
 from splitkeeper.state.checkpoints import DeltaStateStore
+from splitkeeper.tools.kafka_broker import KafkaBroker
 
 from .helpers import sink_rows
 from .test_kafka_source import create_topic, produce, unique

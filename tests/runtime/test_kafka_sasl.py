@@ -19,8 +19,8 @@ from confluent_kafka import Consumer, TopicPartition
 from splitkeeper.app import services
 from splitkeeper.errors import SplitkeeperError
 from splitkeeper.runtime.config import config_from_mapping
-from splitkeeper.runtime.kafka_broker import KafkaBroker
 from splitkeeper.runtime.sources.kafka import split_id_of
+from splitkeeper.tools.kafka_broker import KafkaBroker
 
 from .helpers import sink_rows
 from .test_kafka_source import create_topic, produce, unique

@@ -25,7 +25,6 @@ from splitkeeper.core.types import Split
 from splitkeeper.errors import InvalidParameterError, SourceError
 from splitkeeper.runtime.columnar import SupportsColumnarRead
 from splitkeeper.runtime.config import OffsetOutOfRange, SourceConfig, SourceKind
-from splitkeeper.runtime.kafka_broker import KafkaBroker, free_port
 from splitkeeper.runtime.sources import build_source
 from splitkeeper.runtime.sources.contract import SourceContractTests, read_planned
 from splitkeeper.runtime.sources.kafka import (
@@ -38,6 +37,7 @@ from splitkeeper.runtime.sources.kafka import (
 )
 from splitkeeper.runtime.staging import SplitReadError, run_region_task
 from splitkeeper.runtime.transforms import identity
+from splitkeeper.tools.kafka_broker import KafkaBroker, free_port
 
 pytestmark = pytest.mark.kafka
 

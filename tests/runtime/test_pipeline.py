@@ -21,7 +21,7 @@ import yaml
 from splitkeeper.core.types import CheckpointKind, RegionOutcome
 from splitkeeper.errors import ConcurrentRunError
 from splitkeeper.runtime.config import PipelineConfig, config_from_mapping
-from splitkeeper.runtime.pipeline import EpochReport, Pipeline, RunSummary, run_pipeline
+from splitkeeper.runtime.pipeline import EpochReport, Pipeline, RunSummary
 from splitkeeper.runtime.sources import build_source
 from splitkeeper.state.checkpoints import DeltaStateStore
 from splitkeeper.state.lease import LeaseHeldError
@@ -30,6 +30,7 @@ from .helpers import (
     assert_sink_equals_source,
     pipeline_mapping,
     run_cli,
+    run_pipeline,
     sink_rows,
     write_config,
     write_input,

@@ -19,12 +19,11 @@ from typing import Any
 import pytest
 
 from splitkeeper.runtime.config import PipelineConfig, config_from_mapping
-from splitkeeper.runtime.pipeline import run_pipeline
 from splitkeeper.runtime.sources import build_source
 from splitkeeper.state.checkpoints import DeltaStateStore
 from splitkeeper.state.tables import STATE_TABLES, open_table
 
-from .helpers import pipeline_mapping, run_cli, sink_rows, write_config, write_input
+from .helpers import pipeline_mapping, run_cli, run_pipeline, sink_rows, write_config, write_input
 
 
 @dataclass(frozen=True)

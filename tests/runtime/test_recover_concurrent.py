@@ -28,7 +28,6 @@ from typing import Any
 import pytest
 
 from splitkeeper.runtime.config import config_from_mapping
-from splitkeeper.runtime.pipeline import run_pipeline
 from splitkeeper.runtime.sources import build_source
 from splitkeeper.state.checkpoints import DeltaStateStore
 
@@ -38,6 +37,7 @@ from .helpers import (
     assert_sink_equals_source,
     pipeline_mapping,
     run_cli,
+    run_pipeline,
     splitkeeper_subprocess,
     subprocess_env,
     write_config,

@@ -12,13 +12,13 @@ import pytest
 from deltalake import DeltaTable
 
 from splitkeeper.errors import ConcurrentRunError
+from splitkeeper.process import identity as process_identity
 from splitkeeper.state.lease import (
     LeaseHeldError,
     LeaseLostError,
     LeaseOwner,
     PipelineLease,
     held,
-    process_identity,
 )
 from splitkeeper.state.tables import StateTables
 

@@ -1,4 +1,5 @@
-"""Sources: the connector contract (:mod:`.base`) and its implementations.
+"""Sources: the connectors of the source contract (:mod:`splitkeeper.core.source`), and the
+contract tests each of them passes (:mod:`.contract`).
 
 ``build_source(config.source)`` is the one place that turns a ``source``
 config section into a :class:`SourceConnector`.

@@ -26,7 +26,7 @@ One run, one Spark session:
    in ours, and (first repetition) the same multiset of values in both;
 4. the state store's restore time is measured after 10 and after
    ``--restore-checkpoints`` (default 200) checkpoints with
-   :func:`splitkeeper.bench.state.measure_state_store`.
+   :func:`splitkeeper.tools.bench.state.measure_state_store`.
 
 Where our time goes: every epoch's :attr:`EpochReport.phases`, the pipeline's
 setup (construct + open), the number of Spark jobs, and, per run, the wall time
@@ -40,7 +40,7 @@ Figures: medians over ``--repeat`` repetitions; records/s = records / median
 wall seconds; ``ratio`` = ours / baseline records/s as printed (above 1: ours
 is faster). The HTML chart goes to ``--out`` (default ``var/bench``).
 
-``--source kafka`` runs :mod:`splitkeeper.bench.ingest_kafka`, built on the helpers here that
+``--source kafka`` runs :mod:`splitkeeper.tools.bench.ingest_kafka`, built on the helpers here that
 both benchmarks share (settings checks, repetitions, load sampling, throughput figures, report
 lines, chart page, command).
 """
@@ -67,7 +67,7 @@ from typing import Any
 
 from splitkeeper.errors import EnvironmentNotReadyError, InvalidParameterError, SplitkeeperError
 
-KAFKA_MODULE = "splitkeeper.bench.ingest_kafka"
+KAFKA_MODULE = "splitkeeper.tools.bench.ingest_kafka"
 CHART_FILE = "ingest.html"
 PIPELINE_NAME = "bench-ingest"
 #: Epoch phases of :attr:`EpochReport.phases`, in the order the runner measures them.
@@ -623,7 +623,7 @@ def measure_restore(spark: Any, root: str, settings: IngestSettings) -> RestoreF
     both are restored ``restore_repeat`` times, alternating which goes first, so both
     counts are sampled under the same (drifting) machine load.
     """
-    from splitkeeper.bench.state import measure_state_store
+    from splitkeeper.tools.bench.state import measure_state_store
 
     n = settings.restore_checkpoints
     _progress(

@@ -12,7 +12,7 @@ Three measurements, each on the real parts:
    ``retain``, ``finish``: everything but ``read``, which is the region tasks' Spark
    jobs), and the Delta files the epoch added under the state and sink roots.
    ``epoch_overhead_ms[N]`` is the median over the measured epochs of their sum.
-2. **Restore after 200 checkpoints.** :func:`splitkeeper.bench.state.measure_state_store`
+2. **Restore after 200 checkpoints.** :func:`splitkeeper.tools.bench.state.measure_state_store`
    commits ``--checkpoints`` synthetic checkpoints of N splits the way the driver does
    (every 4th regional, retention keeping 3, compaction every 50), then a fresh store
    restores the latest (median of 3). ``restore_s[N]`` and the bytes of the state root
@@ -181,9 +181,9 @@ def measure_kafka_epochs(
     partitions receiving a message before each."""
     from confluent_kafka import Producer
 
-    from splitkeeper.kafka_testbed import QUIET_CLIENT_LOG, create_topics
     from splitkeeper.runtime.config import config_from_mapping
     from splitkeeper.runtime.pipeline import Pipeline
+    from splitkeeper.tools.kafka_testbed import QUIET_CLIENT_LOG, create_topics
 
     topic = f"scale-{partitions}-{os.getpid()}-{int(time.time())}"
     started = time.perf_counter()
@@ -228,7 +228,7 @@ def measure_kafka_epochs(
 
 def measure_restore(root: Path, size: int, checkpoints: int) -> dict[str, Any]:
     """Part 2 for one size: restore after ``checkpoints`` checkpoints, and the state's bytes."""
-    from splitkeeper.bench.state import measure_state_store
+    from splitkeeper.tools.bench.state import measure_state_store
 
     started = time.perf_counter()
     figures = measure_state_store(
@@ -247,7 +247,7 @@ def measure_restore(root: Path, size: int, checkpoints: int) -> dict[str, Any]:
 
 _RSS_CHILD = """
 import resource, sys
-from splitkeeper.bench.assign import make_splits
+from splitkeeper.tools.bench.assign import make_splits
 from splitkeeper.core.enumerator import RecordingEnumeratorContext, enumerator_for
 from splitkeeper.core.source import ReassignableStaticSplitSource
 n, readers = int(sys.argv[1]), int(sys.argv[2])
@@ -306,7 +306,7 @@ def run_scale(
         restore_by_size[size] = measure_restore(base / f"state-{size}", size, checkpoints)
     kafka_by_size: dict[int, dict[str, Any]] = {}
     if kafka_partitions:
-        from splitkeeper.kafka_testbed import BrokerHandle
+        from splitkeeper.tools.kafka_testbed import BrokerHandle
 
         broker = BrokerHandle(base / "broker", bootstrap_servers)
         bootstrap = broker.start()
@@ -400,8 +400,8 @@ def write_chart(result: dict[str, Any], out_dir: str) -> str:
     """``<out_dir>/scale.html``: driver overhead per phase and size, restore per size."""
     from html import escape
 
-    from splitkeeper.bench.ingest import write_page
     from splitkeeper.report import charts
+    from splitkeeper.tools.bench.ingest import write_page
 
     phase_rows = [
         (f"{int(s):,} splits: {phase}", float(ms))

@@ -6,7 +6,7 @@ What runs (each its own process group, its output in ``<dir>/logs/<service>.log`
 postgres               PostgreSQL (Debian's server programs), a private ``initdb`` data dir;
                        as root the server runs as the ``postgres`` user (it refuses root)
 object-store           versitygw (posix backend) on ``<dir>/s3``; bucket ``splitkeeper``
-kafka                  the project's KRaft broker (:mod:`splitkeeper.runtime.kafka_broker`)
+kafka                  the project's KRaft broker (:mod:`splitkeeper.tools.kafka_broker`)
 spark-master           ``pyspark/bin/spark-class ...deploy.master.Master``, Spark auth on
 spark-worker-N         ``...deploy.worker.Worker`` registered with that master
 airflow-api-server     UI + REST API v2 + execution API; simple auth manager, generated users
@@ -49,7 +49,6 @@ import secrets
 import shlex
 import shutil
 import signal
-import socket
 import string
 import subprocess
 import sys
@@ -63,10 +62,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from splitkeeper import resources
-from splitkeeper.cluster.s3 import S3Client, S3Error
+from splitkeeper import process, resources
 from splitkeeper.errors import SplitkeeperError
 from splitkeeper.runtime import jars as jarlib
+from splitkeeper.tools.cluster.s3 import S3Client, S3Error
 
 HOST = "127.0.0.1"
 BUCKET = "splitkeeper"
@@ -279,40 +278,16 @@ PORT_NAMES = (
 )
 
 
-def _port_is_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((HOST, port))
-        except OSError:
-            return False
-        return True
-
-
-def _free_ports(count: int) -> list[int]:
-    """``count`` distinct free ports on 127.0.0.1 (held open together so none repeats)."""
-    socks = []
-    try:
-        for _ in range(count):
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sock.bind((HOST, 0))
-            socks.append(sock)
-        return [int(s.getsockname()[1]) for s in socks]
-    finally:
-        for sock in socks:
-            sock.close()
-
-
 def choose_ports(previous: Mapping[str, int] | None) -> dict[str, int]:
     """The previous run's ports where still free (stable URLs across restarts), else new free ones."""
     previous = previous or {}
     ports: dict[str, int] = {}
     for name in PORT_NAMES:
         port = previous.get(name)
-        if port and port not in ports.values() and _port_is_free(port):
+        if port and port not in ports.values() and process.port_is_free(HOST, port):
             ports[name] = port
     missing = [n for n in PORT_NAMES if n not in ports]
-    fresh = [p for p in _free_ports(len(missing) + len(ports)) if p not in ports.values()]
+    fresh = [p for p in process.free_ports(HOST, len(missing) + len(ports)) if p not in ports.values()]
     ports.update(zip(missing, fresh, strict=False))
     return ports
 
@@ -337,28 +312,10 @@ class Proc:
         return cls(pid=pid, start_ticks=ticks, pgid=os.getpgid(pid))
 
 
-def _proc_stat(pid: int) -> list[str] | None:
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return raw.rpartition(")")[2].split()
-
-
-def _all_stats() -> Iterator[tuple[int, list[str]]]:
-    """(pid, stat fields after the command name) of every process."""
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            fields = _proc_stat(int(entry.name))
-            if fields is not None:
-                yield int(entry.name), fields
-
-
 def _start_ticks(pid: int) -> int | None:
-    fields = _proc_stat(pid)
-    if fields is None or fields[0] == "Z":  # field 3 (state) is fields[0]; zombies count as gone
-        return None
-    return int(fields[19])  # field 22: start time
+    """``pid``'s start time (clock ticks since boot); None when it is gone (a zombie counts as gone)."""
+    found = process.stat(pid)
+    return None if found is None or found.zombie else found.start_ticks
 
 
 @dataclass
@@ -666,13 +623,13 @@ class LocalCluster:
     def processes(self) -> list[int]:
         """Pids of live processes of this cluster: those carrying its mark (services and their
         children), and the members of the recorded services' process groups."""
-        stats = {pid: fields for pid, fields in _all_stats() if fields[0] != "Z"}
+        stats = {pid: stat for pid, stat in process.processes() if not stat.zombie}
         found = {pid for pid in stats if pid != os.getpid() and self._has_mark(pid)}
         found |= set(self._recorded_groups(self._state or self.state()))
         # and their descendants (PostgreSQL's backends each start a session of their own)
         children: dict[int, list[int]] = {}
-        for pid, fields in stats.items():
-            children.setdefault(int(fields[1]), []).append(pid)  # field 4: ppid
+        for pid, stat in stats.items():
+            children.setdefault(stat.ppid, []).append(pid)
         stack = list(found)
         while stack:
             for child in children.get(stack.pop(), []):
@@ -951,16 +908,12 @@ class LocalCluster:
         proc = state.proc(service)
         if proc is None or not self._group_members(proc):
             return None
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pgid, signal.SIGTERM)
-        deadline = time.monotonic() + timeout_s
-        while self._group_members(proc):
-            if time.monotonic() > deadline:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pgid, signal.SIGKILL)
-                time.sleep(0.2)
-                break
-            time.sleep(0.1)
+        process.stop(
+            lambda sig: os.killpg(proc.pgid, sig),
+            lambda: bool(self._group_members(proc)),
+            timeout_s,
+            kill_wait_s=0.2,
+        )
         return service
 
     def _group_members(self, proc: Proc) -> list[int]:
@@ -968,7 +921,7 @@ class LocalCluster:
         its leader is still the process we started (same start time), or a member carries the
         mark. (Airflow and PostgreSQL rewrite their process titles over their environment, so
         the mark alone does not find every one of their processes.)"""
-        members = [pid for pid, fields in _all_stats() if int(fields[2]) == proc.pgid and fields[0] != "Z"]
+        members = [pid for pid, stat in process.processes() if stat.pgid == proc.pgid and not stat.zombie]
         if not members:
             return []
         if proc.alive() or any(self._has_mark(pid) for pid in members):
@@ -999,16 +952,13 @@ class LocalCluster:
         def left() -> list[int]:
             return sorted(set(self.processes()) | set(self._recorded_groups(state)))
 
-        pids = left()
-        for sig in (signal.SIGTERM, signal.SIGKILL):
+        def send(sig: signal.Signals) -> None:
             for pid in left():
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, sig)
-            deadline = time.monotonic() + 5
-            while left() and time.monotonic() < deadline:
-                time.sleep(0.1)
-            if not left():
-                break
+
+        pids = left()
+        process.stop(send, lambda: bool(left()), 5.0, kill_wait_s=5.0)
         return pids
 
     # -- PostgreSQL ------------------------------------------------------------------
@@ -1240,7 +1190,7 @@ class LocalCluster:
                 [
                     sys.executable,
                     "-m",
-                    "splitkeeper.runtime.kafka_broker",
+                    "splitkeeper.tools.kafka_broker",
                     "start",
                     "--data-dir",
                     str(self.layout.kafka),
@@ -1258,7 +1208,7 @@ class LocalCluster:
             )
         if done.returncode != 0:
             raise ClusterError(f"the Kafka broker did not start; last log lines:\n{self._tail('kafka')}")
-        from splitkeeper.runtime.kafka_broker import read_state
+        from splitkeeper.tools.kafka_broker import read_state
 
         broker = read_state(self.layout.kafka)
         if broker is None or broker.pid is None:
@@ -1269,7 +1219,7 @@ class LocalCluster:
         proc = state.proc("kafka")
         if proc is None or not proc.alive():
             return None
-        from splitkeeper.runtime.kafka_broker import KafkaBroker
+        from splitkeeper.tools.kafka_broker import KafkaBroker
 
         KafkaBroker(self.layout.kafka).stop(timeout_s=30)
         return "kafka"
@@ -1279,7 +1229,7 @@ class LocalCluster:
 
         from confluent_kafka.admin import AdminClient
 
-        quiet = logging.getLogger("splitkeeper.cluster.librdkafka")
+        quiet = logging.getLogger("splitkeeper.tools.cluster.librdkafka")
         quiet.propagate = False
         conf: dict[str, Any] = {"bootstrap.servers": f"{HOST}:{state.ports['kafka']}", "logger": quiet}
         admin = AdminClient(conf)

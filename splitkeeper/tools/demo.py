@@ -279,8 +279,8 @@ def _story_of(config: str, first: int) -> list[str]:
 
 def _stream(workspace: Path, messages: int) -> tuple[str, str]:
     """The streaming side (step 6); returns the report's path and a one-line outcome."""
-    from splitkeeper.kafka_testbed import BrokerHandle, NumberedProducer, create_topics
     from splitkeeper.orchestration import tasks
+    from splitkeeper.tools.kafka_testbed import BrokerHandle, NumberedProducer, create_topics
 
     broker = BrokerHandle(workspace / "stream", None)
     _say("starting the project's Kafka broker (KRaft, loopback)")
@@ -318,9 +318,9 @@ def _check_stream(sink: Path, delivered: dict[tuple[str, int, int], str], bootst
     """The sink against every delivery report, and the consumer group's lag per partition."""
     from collections import Counter
 
-    from splitkeeper.kafka_testbed import end_offsets
     from splitkeeper.runtime.sources.kafka import KafkaSource, split_id_of
     from splitkeeper.runtime.spark import SparkSettings, get_spark
+    from splitkeeper.tools.kafka_testbed import end_offsets
 
     spark = get_spark(SparkSettings.from_env(ui_enabled=False))
     rows = spark.read.format("delta").load(str(sink)).select("split_id", "offset", "value").collect()

@@ -11,9 +11,9 @@ from typing import Any
 
 import yaml
 
-from splitkeeper.chaos.live import BrokerKill, ConcurrentDrivers, LiveFault, WorkerKill
-from splitkeeper.chaos.processes import EpochLine, RunOutcome, run_splitkeeper, say
-from splitkeeper.chaos.schedule import (
+from splitkeeper.tools.chaos.live import BrokerKill, ConcurrentDrivers, LiveFault, WorkerKill
+from splitkeeper.tools.chaos.processes import EpochLine, RunOutcome, run_splitkeeper, say
+from splitkeeper.tools.chaos.schedule import (
     PARALLELISM,
     Act,
     Fault,
@@ -22,8 +22,8 @@ from splitkeeper.chaos.schedule import (
     draw_schedule,
     planned_counts,
 )
-from splitkeeper.chaos.verify import group_offsets, verify
-from splitkeeper.kafka_testbed import BrokerHandle, NumberedProducer, create_topics, end_offsets
+from splitkeeper.tools.chaos.verify import group_offsets, verify
+from splitkeeper.tools.kafka_testbed import BrokerHandle, NumberedProducer, create_topics, end_offsets
 
 TOPIC_PARTITIONS = (5, 3)  # two topics, 8 partitions in all
 FIRST_SHARE = 0.7  # produced before the first driver; the rest in one share per ingest process

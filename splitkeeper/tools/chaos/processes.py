@@ -21,8 +21,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import splitkeeper
+from splitkeeper import process
+
 RUN_TIMEOUT_S = 1200.0
-PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the folder holding this splitkeeper package
+PACKAGE_ROOT = Path(splitkeeper.__file__).resolve().parents[1]  # the folder holding the splitkeeper package
 
 # the progress line of an epoch (splitkeeper.core.driver.EpochReport.line):
 # "epoch    7 regional 3/4 regions ack (r1 decline) committed ..."
@@ -173,25 +176,13 @@ def run_splitkeeper(
 
 
 def _parents() -> dict[int, int]:
-    """pid -> parent pid of every process (``/proc/<pid>/stat``)."""
-    out: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue  # gone meanwhile
-        # "pid (comm) state ppid ...": comm may hold spaces and parentheses
-        out[int(entry)] = int(stat[stat.rindex(")") + 2 :].split()[1])
-    return out
+    """pid -> parent pid of every process."""
+    return {pid: stat.ppid for pid, stat in process.processes()}
 
 
 def command_line(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
-    except OSError:
-        return ""
+    """``pid``'s command line, its arguments joined by spaces ("" when it is gone)."""
+    return " ".join(process.argv(pid)).strip()
 
 
 def descendants(pid: int) -> list[int]:

@@ -20,8 +20,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from splitkeeper.chaos.processes import say
-from splitkeeper.kafka_testbed import QUIET_CLIENT_LOG, end_offsets
+from splitkeeper.tools.chaos.processes import say
+from splitkeeper.tools.kafka_testbed import QUIET_CLIENT_LOG, end_offsets
 
 Delivered = Mapping[tuple[str, int, int], str]  # (topic, partition, offset) -> value
 

@@ -15,19 +15,19 @@ from splitkeeper.errors import InvalidParameterError
 # benchmark name -> (module, one-line help)
 BENCHMARKS: dict[str, tuple[str, str]] = {
     "assign": (
-        "splitkeeper.bench.assign",
+        "splitkeeper.tools.bench.assign",
         "full balanced assignment of N splits over R readers, then one reader fails",
     ),
     "balance": (
-        "splitkeeper.bench.balance",
+        "splitkeeper.tools.bench.balance",
         "weighted balancing with a hot partition (8 partitions, one at 10x, P=4) vs least-loaded",
     ),
     "scale": (
-        "splitkeeper.bench.scale",
+        "splitkeeper.tools.bench.scale",
         "the driver's cost as the work grows: epoch overhead, restore after 200 checkpoints, RSS at 1M",
     ),
     "ingest": (
-        "splitkeeper.bench.ingest",
+        "splitkeeper.tools.bench.ingest",
         "exactly-once ingest into Delta: splitkeeper pipeline vs Structured Streaming (--source files|kafka)",
     ),
 }
@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidParameterError("benchmark", name, "one of " + ", ".join(BENCHMARKS))
     module_name, help_text = BENCHMARKS[name]
     if name == "ingest":  # --source kafka runs its own module once it exists
-        from splitkeeper.bench.ingest import module_for_source
+        from splitkeeper.tools.bench.ingest import module_for_source
 
         module_name = module_for_source(args.options)
     module = importlib.import_module(module_name)

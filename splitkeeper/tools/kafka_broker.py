@@ -12,7 +12,7 @@ Layout of ``data_dir`` (all written by :meth:`KafkaBroker.start`):
 - ``broker.json``        pid, ports, cluster id: how ``scripts/kafka.sh stop|status``
   (another process) finds the broker; ``pid`` is null once stopped.
 
-``python -m splitkeeper.runtime.kafka_broker start|stop|status --data-dir DIR`` is
+``python -m splitkeeper.tools.kafka_broker start|stop|status --data-dir DIR`` is
 the command behind ``scripts/kafka.sh``.
 """
 
@@ -20,13 +20,11 @@ from __future__ import annotations
 
 import argparse
 import base64
-import contextlib
 import enum
 import json
 import logging
 import os
 import shlex
-import signal
 import socket
 import subprocess
 import sys
@@ -37,6 +35,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from splitkeeper import process
 from splitkeeper.errors import EnvironmentNotReadyError, InvalidParameterError, SourceError
 from splitkeeper.runtime import jars as jarlib
 
@@ -93,31 +92,13 @@ def is_broker_process(pid: int | None) -> bool:
     """
     if pid is None or pid <= 0:
         return False
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    if stat.rpartition(")")[2].split()[0] == "Z":
-        return False
-    return _MAIN_CLASS.encode() in cmdline
+    found = process.stat(pid)
+    return found is not None and not found.zombie and _MAIN_CLASS in process.argv(pid)
 
 
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((HOST, 0))
-        return int(sock.getsockname()[1])
-
-
-def _port_is_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((HOST, port))
-        except OSError:
-            return False
-        return True
+    return process.free_port(HOST)
 
 
 def new_cluster_id() -> str:
@@ -302,12 +283,13 @@ class KafkaBroker:
     def _choose_ports(self, previous: BrokerState | None) -> tuple[int, int]:
         if self._requested_port is not None:
             port = self._requested_port
-        elif previous and _port_is_free(previous.port):
+        elif previous and process.port_is_free(HOST, previous.port):
             port = previous.port
         else:
             port = free_port()
-        if previous and previous.controller_port != port and _port_is_free(previous.controller_port):
-            controller_port = previous.controller_port
+        kept = previous.controller_port if previous else None
+        if kept is not None and kept != port and process.port_is_free(HOST, kept):
+            controller_port = kept
         else:
             controller_port = free_port()
             while controller_port == port:
@@ -464,7 +446,7 @@ def _lists_topics(bootstrap: str) -> bool:
         raise EnvironmentNotReadyError(
             f"confluent-kafka is not installed ({err}); run `{jarlib.SETUP_FIX}`"
         ) from err
-    quiet = logging.getLogger("splitkeeper.runtime.kafka_broker.librdkafka")
+    quiet = logging.getLogger("splitkeeper.tools.kafka_broker.librdkafka")
     conf: dict[str, Any] = {"bootstrap.servers": bootstrap, "logger": quiet}
     admin = AdminClient(conf)
     try:
@@ -475,31 +457,13 @@ def _lists_topics(bootstrap: str) -> bool:
 
 
 def _terminate_child(proc: subprocess.Popen[bytes], timeout_s: float) -> None:
-    if proc.poll() is not None:
-        return
-    proc.terminate()
-    try:
-        proc.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        LOG.warning("Kafka broker pid %d ignored SIGTERM for %.0fs; sending SIGKILL", proc.pid, timeout_s)
-        proc.kill()
-        proc.wait(timeout=10)
+    if proc.poll() is None and process.stop(proc.send_signal, lambda: proc.poll() is None, timeout_s):
+        LOG.warning("Kafka broker pid %d ignored SIGTERM for %.0fs; sent SIGKILL", proc.pid, timeout_s)
 
 
 def _terminate_pid(pid: int, timeout_s: float) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout_s
-    while is_broker_process(pid):
-        if time.monotonic() > deadline:
-            LOG.warning("Kafka broker pid %d ignored SIGTERM for %.0fs; sending SIGKILL", pid, timeout_s)
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-            deadline = time.monotonic() + 10
-            while is_broker_process(pid) and time.monotonic() < deadline:
-                time.sleep(0.1)
-            return
-        time.sleep(0.1)
+    if process.stop(lambda sig: os.kill(pid, sig), lambda: is_broker_process(pid), timeout_s):
+        LOG.warning("Kafka broker pid %d ignored SIGTERM for %.0fs; sent SIGKILL", pid, timeout_s)
 
 
 def _tail(path: Path, lines: int = 30) -> str:
@@ -526,7 +490,7 @@ def main(argv: list[str] | None = None) -> int:
     port = args.port
     if port is None and args.action == "start":
         previous = read_state(args.data_dir)
-        if previous is None and _port_is_free(args.preferred_port):
+        if previous is None and process.port_is_free(HOST, args.preferred_port):
             port = args.preferred_port
     broker = KafkaBroker(args.data_dir, port=port)
     try:

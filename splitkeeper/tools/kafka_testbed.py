@@ -1,7 +1,7 @@
 """Kafka for the tools that ingest known data: ``splitkeeper chaos``, ``bench ingest --source kafka``.
 
 - :class:`BrokerHandle`: the Kafka a tool runs against, either the project's own KRaft
-  broker (:class:`~splitkeeper.runtime.kafka_broker.KafkaBroker`) in a folder the tool
+  broker (:class:`~splitkeeper.tools.kafka_broker.KafkaBroker`) in a folder the tool
   owns (restartable, cleanly or after a SIGKILL), or an external one named by
   ``--bootstrap-servers``;
 - :func:`create_topics`: create topics and wait until every partition has a leader;
@@ -30,7 +30,7 @@ from typing import Any
 from splitkeeper.errors import InvalidParameterError, SourceError
 
 #: A logger for the librdkafka clients of these tools: swallows their output.
-QUIET_CLIENT_LOG = logging.getLogger("splitkeeper.kafka_testbed.librdkafka")
+QUIET_CLIENT_LOG = logging.getLogger("splitkeeper.tools.kafka_testbed.librdkafka")
 QUIET_CLIENT_LOG.addHandler(logging.NullHandler())
 QUIET_CLIENT_LOG.propagate = False
 
@@ -72,7 +72,7 @@ class BrokerHandle:
         self.external = bootstrap_servers
         self._broker: Any = None
         if bootstrap_servers is None:
-            from splitkeeper.runtime.kafka_broker import KafkaBroker, free_port
+            from splitkeeper.tools.kafka_broker import KafkaBroker, free_port
 
             self._broker = KafkaBroker(workdir / "kafka", port=free_port())  # a fixed port survives restarts
 

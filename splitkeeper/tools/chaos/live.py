@@ -2,7 +2,7 @@
 
 Each :class:`LiveFault` watches the epoch lines of one driver process (an act of the
 schedule), starts its injection in a thread of its own when its epoch line comes, and
-once the process exited turns what it saw into :class:`~splitkeeper.chaos.schedule.Fault`
+once the process exited turns what it saw into :class:`~splitkeeper.tools.chaos.schedule.Fault`
 records with their evidence. The driver is never told: it meets the fault as it would in
 production.
 """
@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from splitkeeper.chaos.processes import (
+from splitkeeper.tools.chaos.processes import (
     EpochLine,
     RunOutcome,
     ancestry,
@@ -27,8 +27,8 @@ from splitkeeper.chaos.processes import (
     pyspark_workers,
     say,
 )
-from splitkeeper.chaos.schedule import Fault, FaultKind
-from splitkeeper.kafka_testbed import BrokerCrash, BrokerHandle
+from splitkeeper.tools.chaos.schedule import Fault, FaultKind
+from splitkeeper.tools.kafka_testbed import BrokerCrash, BrokerHandle
 
 Launch = Callable[[str, list[str]], RunOutcome]  # (label, splitkeeper argv) -> outcome, in a child process
 

@@ -128,7 +128,7 @@ class S3Client:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m splitkeeper.cluster.s3 create-bucket NAME | list-buckets``.
+    """``python -m splitkeeper.tools.cluster.s3 create-bucket NAME | list-buckets``.
 
     The endpoint and keys come from the environment deltalake reads too: ``AWS_ENDPOINT_URL``,
     ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY`` (``AWS_REGION``, default us-east-1). Waits up to
@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     import sys
     import time
 
-    parser = argparse.ArgumentParser(prog="python -m splitkeeper.cluster.s3", description=main.__doc__)
+    parser = argparse.ArgumentParser(prog="python -m splitkeeper.tools.cluster.s3", description=main.__doc__)
     parser.add_argument("action", choices=["create-bucket", "list-buckets"])
     parser.add_argument("bucket", nargs="?")
     parser.add_argument("--wait", type=float, default=60.0)

@@ -7,7 +7,7 @@ One run, one Spark session, one Kafka:
    (default 8): the main topic gets ``--messages`` (default 400,000) numbered messages of
    about ``--value-bytes`` (100) bytes, the stall topic ``--stall-messages`` (40,000);
    partitions are drawn evenly, by an idempotent producer (``acks=all``), before anything
-   is timed (:class:`splitkeeper.kafka_testbed.NumberedProducer`). Nothing is produced
+   is timed (:class:`splitkeeper.tools.kafka_testbed.NumberedProducer`). Nothing is produced
    afterwards, so the end offsets at start are the delivery reports' ends, and each side
    must ingest exactly the offsets ``[0, end)`` of every partition.
 2. **Throughput**, per repetition (``--repeat``, default 3; the order alternates), each
@@ -84,7 +84,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from splitkeeper.bench.ingest import (
+from splitkeeper.errors import InvalidParameterError, SplitkeeperError
+from splitkeeper.tools.bench.ingest import (
     LoadFigure,
     LoadSampler,
     add_output_arguments,
@@ -107,8 +108,7 @@ from splitkeeper.bench.ingest import (
     warm_up,
     write_page,
 )
-from splitkeeper.errors import InvalidParameterError, SplitkeeperError
-from splitkeeper.kafka_testbed import (
+from splitkeeper.tools.kafka_testbed import (
     BrokerHandle,
     NumberedProducer,
     check_bootstrap_servers,

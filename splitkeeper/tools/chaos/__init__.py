@@ -5,7 +5,7 @@ a known set of messages goes into input topics, the system under test copies it 
 processes are killed and the broker is SIGKILLed, and at the end the output must hold
 every input message exactly once.
 
-1. A Kafka broker (the project's :class:`~splitkeeper.runtime.kafka_broker.KafkaBroker`,
+1. A Kafka broker (the project's :class:`~splitkeeper.tools.kafka_broker.KafkaBroker`,
    in a temporary folder; or ``--bootstrap-servers``), two topics with 8 partitions in
    all, and N messages whose key and value name them (``<seq>|<topic>|<partition>|<payload>``)
    produced by an idempotent producer; every delivery report is the oracle. 70% are
@@ -14,8 +14,8 @@ every input message exactly once.
    separate ``python -m splitkeeper run|recover`` processes, each with its own driver and
    JVM; the next one starts as soon as the last exited (a SIGKILLed driver's lease is
    taken over at once: its process on this host is gone). The fault table
-   (:data:`~splitkeeper.chaos.schedule.PLANNED`) and the schedule drawn from ``--seed``
-   (:func:`~splitkeeper.chaos.schedule.draw_schedule`) put
+   (:data:`~splitkeeper.tools.chaos.schedule.PLANNED`) and the schedule drawn from ``--seed``
+   (:func:`~splitkeeper.tools.chaos.schedule.draw_schedule`) put
    the faults on six driver processes, each of which dies by SIGKILL at a different crash
    point of protocol rule 5.5: a region that raises, a region stalled past its timeout, a
    Python worker SIGKILLed in a region task, a second ``run`` and a ``recover`` started
@@ -23,7 +23,7 @@ every input message exactly once.
    twice while messages and commits are in flight, a rescale 4 -> 6 and one 6 -> 4. A
    smaller ``--messages`` shrinks the epochs, never the faults.
 3. Runs continue until the consumer group's offsets reach the end of every partition on
-   a global checkpoint; then :mod:`~splitkeeper.chaos.verify` compares the Delta sink (read
+   a global checkpoint; then :mod:`~splitkeeper.tools.chaos.verify` compares the Delta sink (read
    with delta-rs) with the delivery reports, the group's committed offsets (Kafka's admin API) with the ends
    and the last checkpoint, and runs the restart checks (Great Expectations).
 
@@ -42,7 +42,7 @@ import tempfile
 from pathlib import Path
 
 from splitkeeper.errors import InvalidParameterError
-from splitkeeper.kafka_testbed import check_bootstrap_servers
+from splitkeeper.tools.kafka_testbed import check_bootstrap_servers
 
 #: What ``--source`` accepts (only Kafka keeps positions outside the pipeline and can be killed).
 SOURCES = ("kafka",)
@@ -74,8 +74,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from splitkeeper.chaos.processes import say
-    from splitkeeper.chaos.runner import KafkaChaos
+    from splitkeeper.tools.chaos.processes import say
+    from splitkeeper.tools.chaos.runner import KafkaChaos
 
     if isinstance(args.messages, bool) or args.messages < MIN_MESSAGES:
         raise InvalidParameterError(

@@ -1,0 +1,1 @@
+"""Benchmarks behind ``splitkeeper bench NAME``; :mod:`splitkeeper.tools.bench.command` lists them."""
