@@ -44,6 +44,9 @@ Shape of a file (YAML)::
 cluster's env file exports); an unset variable is a mistake naming the key; ``$${``
 stands for a literal ``${``. Values from the environment are never shown in messages.
 
+The source, state, sink and staging locations may not be one another or lie inside one
+another (resolved first; staging inside state is the default and allowed).
+
 The shape of the file (every key, its type, its choices) is defined once, by the pydantic
 models of :mod:`splitkeeper.runtime.config_schema` (imported lazily, when a config is
 validated; ``splitkeeper config schema`` prints their JSON Schema); this module builds the
@@ -469,13 +472,9 @@ def config_from_mapping(
             "a local directory the driver and every executor share (region tasks "
             "write staged files with local file I/O)",
         )
-    if _same_location(state_path, sink_path):
-        raise at.invalid("sink.path", sink_path, "a location different from state.path")
-    for key, inner in (("state.path", state_path), ("staging.path", staging_path)):
-        if _inside(inner, sink_path):
-            raise at.invalid(
-                key, inner, f"a location outside sink.path {sink_path}", "VACUUM on the sink would delete it"
-            )
+    places = [("source.path", source.path)] if source.path is not None else []
+    places += [("state.path", state_path), ("sink.path", sink_path), ("staging.path", staging_path)]
+    _check_placement(places, at)
 
     try:
         resolve_transform(file.transform)  # fail at submission, not on an executor
@@ -618,12 +617,46 @@ def _join(base: str, child: str) -> str:
     return f"{base.rstrip('/')}/{child}" if _URI_RE.match(base) else str(Path(base) / child)
 
 
+#: Why a location may not lie inside (or be) another one, by the other one's key.
+_APART = {
+    "source.path": "the pipeline would read what it writes there as input",
+    "state.path": "the state folder holds splitkeeper's own tables",
+    "sink.path": "VACUUM on the sink would delete it",
+    "staging.path": "staged files are removed after every epoch",
+}
+
+
+def _check_placement(places: list[tuple[str, str]], at: _Where) -> None:
+    """The source, state, sink and staging locations (resolved: absolute, ``~`` expanded,
+    symlinks followed) may not be one another or lie inside one another; the one exception
+    is staging inside state (the default ``<state>/_staging``). A local path and a URI never
+    overlap; ``s3a://`` and ``s3n://`` are ``s3://``. ConfigError names the inner (or later) key."""
+    for i, (key, path) in enumerate(places):
+        for j, (other_key, other) in enumerate(places):
+            if i == j:
+                continue
+            if _same_location(path, other) and j < i:
+                allowed = f"a location different from {other_key} {other}"
+            elif _inside(path, other) and (key, other_key) != ("staging.path", "state.path"):
+                allowed = f"a location outside {other_key} {other}"
+            else:
+                continue
+            why = (
+                _APART[other_key] if key != "source.path" else f"splitkeeper writes and cleans up {other_key}"
+            )
+            raise at.invalid(key, path, allowed, f"{why}; move one of them")
+
+
+def _location(path: str) -> str:
+    return re.sub(r"^s3[an]://", "s3://", path, flags=re.IGNORECASE).rstrip("/")
+
+
 def _same_location(a: str, b: str) -> bool:
-    return a.rstrip("/") == b.rstrip("/")
+    return _location(a) == _location(b)
 
 
 def _inside(inner: str, outer: str) -> bool:
-    return inner.rstrip("/").startswith(outer.rstrip("/") + "/")
+    return _location(inner).startswith(_location(outer) + "/")
 
 
 @dataclass(frozen=True, slots=True)

@@ -39,6 +39,121 @@ def status_rc(path: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, str]
     return rc, capsys.readouterr().err
 
 
+# --------------------------------------------------------------------------- placement
+
+
+@pytest.mark.parametrize(
+    ("places", "key", "allowed"),
+    [
+        (
+            "state: {path: incoming/state}\nsink: {path: sink}\n",
+            "state.path",
+            "a location outside source.path",
+        ),
+        (
+            "state: {path: state}\nsink: {path: incoming}\n",
+            "sink.path",
+            "a location different from source.path",
+        ),
+        ("state: {path: state}\nsink: {path: incoming/out}\n", "sink.path", "a location outside source.path"),
+        (
+            "state: {path: state}\nsink: {path: sink}\nstaging: {path: incoming/_staging}\n",
+            "staging.path",
+            "a location outside source.path",
+        ),
+        (
+            "state: {path: incoming/../state}\nsink: {path: state/sink}\n",
+            "sink.path",
+            "a location outside state.path",
+        ),
+        (
+            "state: {path: state}\nsink: {path: sink}\nstaging: {path: sink/st}\n",
+            "staging.path",
+            "a location outside sink.path",
+        ),
+    ],
+    ids=[
+        "state-in-source",
+        "sink-is-source",
+        "sink-in-source",
+        "staging-in-source",
+        "sink-in-state",
+        "staging-in-sink",
+    ],
+)
+def test_state_sink_and_staging_may_not_lie_in_the_source_or_each_other(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], places: str, key: str, allowed: str
+) -> None:
+    path = write(tmp_path, HEAD + SOURCE + places)
+    message = refused(path)
+    assert message.startswith(f"[CONFIG_ERROR] {key}=")
+    assert f"is not allowed: {allowed}" in message
+    assert "move one of them" in message and str(path) in message
+    rc, err = status_rc(path, capsys)
+    assert rc == 2 and f"{key}=" in err and allowed in err
+
+
+def test_the_source_may_not_lie_inside_the_sink(tmp_path: Path) -> None:
+    path = write(tmp_path, HEAD + "source: {kind: files, path: sink/incoming}\n" + PLACES)
+    message = refused(path)
+    assert (
+        f"source.path='{tmp_path / 'sink' / 'incoming'}' is not allowed: a location outside sink.path"
+        in message
+    )
+    assert "splitkeeper writes and cleans up sink.path" in message
+
+
+def test_placement_is_checked_on_resolved_paths_symlinks_home_and_relative(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "incoming" / "deep").mkdir(parents=True)
+    (tmp_path / "innocent").symlink_to(tmp_path / "incoming" / "deep")
+    path = write(tmp_path, HEAD + SOURCE + "state: {path: innocent/state}\nsink: {path: sink}\n")
+    assert f"state.path='{tmp_path / 'incoming' / 'deep' / 'state'}' is not allowed" in refused(path)
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    path = write(tmp_path, HEAD + SOURCE + "state: {path: ~/incoming/st}\nsink: {path: sink}\n")
+    assert f"state.path='{tmp_path / 'incoming' / 'st'}' is not allowed" in refused(path)
+
+    conf = tmp_path / "conf"
+    conf.mkdir()
+    path = write(
+        conf,
+        HEAD
+        + "source: {kind: files, path: ../incoming}\n"
+        + "state: {path: s}\nsink: {path: ../incoming/}\n",
+    )
+    assert f"sink.path='{tmp_path / 'incoming'}' is not allowed: a location different from source.path" in (
+        refused(path)
+    )
+
+
+def test_an_object_store_location_and_a_local_one_never_overlap(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        HEAD
+        + SOURCE
+        + "state: {path: 's3a://lake/incoming/state'}\nsink: {path: sink}\nstaging: {path: stage}\n",
+    )
+    assert load_config(path).state_path == "s3a://lake/incoming/state"
+    path = write(
+        tmp_path,
+        HEAD
+        + "source: {kind: files, path: 's3://lake/incoming'}\n"
+        + "state: {path: 's3a://lake/incoming/_state'}\nsink: {path: sink}\nstaging: {path: stage}\n",
+    )
+    assert "state.path='s3a://lake/incoming/_state' is not allowed: a location outside source.path" in (
+        refused(path)
+    )
+
+
+def test_staging_inside_state_stays_the_default_but_not_state_itself(tmp_path: Path) -> None:
+    path = write(tmp_path, HEAD + SOURCE + PLACES + "staging: {path: state/_staging}\n")
+    assert load_config(path).staging_path == str(tmp_path / "state" / "_staging")
+    path = write(tmp_path, HEAD + SOURCE + PLACES + "staging: {path: state/}\n")
+    assert "staging.path=" in refused(path) and "a location different from state.path" in refused(path)
+
+
 # --------------------------------------------------------------------------- parallelism
 
 
