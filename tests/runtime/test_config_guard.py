@@ -7,6 +7,8 @@ status --config`` (rc and message); nothing here starts Spark.
 
 from __future__ import annotations
 
+import argparse
+import tracemalloc
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +16,7 @@ import pytest
 
 from splitkeeper.cli import main
 from splitkeeper.errors import ConfigError
-from splitkeeper.runtime.config import load_config
+from splitkeeper.runtime.config import MAX_DEPTH, MAX_VALUES, load_config
 from splitkeeper.runtime.regions import MAX_PARALLELISM
 
 HEAD = "name: orders\n"
@@ -192,3 +194,127 @@ def test_recover_refuses_a_rescale_above_the_limit_before_opening_anything(
         Exception, match=f"parallelism=10000 is not allowed: an integer from 1 to {MAX_PARALLELISM}"
     ):
         services.recover(load_config(path), parallelism=10000, dry_run=True)
+
+
+# --------------------------------------------------------------------------- parsing limits
+
+
+def test_duplicate_yaml_keys_are_refused_naming_the_key_and_both_lines(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write(tmp_path, HEAD + "parallelism: 2\n" + SOURCE + PLACES + "parallelism: 3\n")
+    message = refused(path)
+    assert message == (
+        "[CONFIG_ERROR] parallelism is given twice (lines 2 and 6), which is not allowed: each key once in a "
+        f"mapping; keep one of them (YAML would silently keep the last) ({path})"
+    )
+    rc, err = status_rc(path, capsys)
+    assert rc == 2 and "parallelism is given twice" in err
+
+    path = write(tmp_path, HEAD + "source:\n  kind: files\n  path: a\n  'path': b\n" + PLACES)
+    assert "source.path is given twice (lines 4 and 5)" in refused(path)
+
+
+def test_yaml_merge_keys_may_still_override_what_they_merge(tmp_path: Path) -> None:
+    path = write(tmp_path, HEAD + SOURCE + "state: &base {path: state}\nsink:\n  <<: *base\n  path: sink\n")
+    assert load_config(path).sink_path == str(tmp_path / "sink")
+
+
+def test_a_5000_deep_config_is_refused_not_a_recursion_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    deep = "[" * 5000 + "]" * 5000
+    path = write(tmp_path, HEAD + SOURCE + PLACES + f"extra: {deep}\n")
+    message = refused(path)
+    assert message.startswith("[CONFIG_ERROR] extra[0][0]")
+    assert f"is nested more than {MAX_DEPTH} levels deep, which is not allowed" in message
+    assert "remove the nesting" in message
+    rc, err = status_rc(path, capsys)
+    assert rc == 2 and f"nested more than {MAX_DEPTH} levels deep" in err
+
+    toml = write(tmp_path, 'name = "orders"\n' + f"extra = {deep}\n", "p.toml")
+    assert f"nested more than {MAX_DEPTH} levels deep" in refused(toml)
+    mapping = "{a = " * 5000 + "1" + "}" * 5000
+    toml = write(tmp_path, 'name = "orders"\n' + f"extra = {mapping}\n", "q.toml")
+    assert f"nested more than {MAX_DEPTH} levels deep" in refused(toml)
+
+
+def _bomb(levels: int = 10, width: int = 10) -> str:
+    """``levels`` anchors, each a list of ``width`` aliases of the one before: width**levels values."""
+    lines = ["junk:", f"  l0: &l0 [{', '.join(['lol'] * width)}]"]
+    for i in range(1, levels):
+        lines.append(f"  l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * width)}]")
+    return "\n".join(lines) + "\n"
+
+
+def test_an_alias_bomb_under_an_unknown_key_is_refused_without_expanding_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write(tmp_path, HEAD + SOURCE + PLACES + _bomb())  # 10**10 values once expanded
+    tracemalloc.start()
+    try:
+        message = refused(path)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert message == (
+        f"[CONFIG_ERROR] junk holds more than {MAX_VALUES:,} values, which is not allowed: at most "
+        f"{MAX_VALUES:,} values, each YAML alias (*name) counted as what it stands for; remove the aliases "
+        f"or the key (nothing was expanded) ({path})"
+    )
+    # expanding even a millionth of it would take gigabytes: the refusal came from the document as written
+    assert peak < 20 * 2**20, f"{peak:,} bytes"
+    rc, err = status_rc(path, capsys)
+    assert rc == 2 and "junk holds more than" in err
+
+
+def test_a_document_too_big_as_written_is_refused_while_it_is_parsed(tmp_path: Path) -> None:
+    keys = "".join(f"  k{i}: 1\n" for i in range(3 * MAX_VALUES))
+    path = write(tmp_path, HEAD + SOURCE + PLACES + "junk:\n" + keys)
+    assert f"junk holds more than {MAX_VALUES:,} values" in refused(path)
+
+
+def test_a_recursive_alias_is_refused(tmp_path: Path) -> None:
+    path = write(tmp_path, HEAD + SOURCE + PLACES + "junk: &loop [*loop]\n")
+    assert "contains itself (a YAML alias inside its own anchor)" in refused(path)
+
+
+def _run_args(config: Path, pipeline_json: str) -> argparse.Namespace:
+    from splitkeeper.commands import run as run_command
+
+    parser = argparse.ArgumentParser()
+    run_command.configure(parser)
+    return parser.parse_args(["--config", str(config), "--pipeline-json", pipeline_json])
+
+
+def test_pipeline_json_overrides_get_the_same_limits(tmp_path: Path) -> None:
+    from splitkeeper.commands import run as run_command
+
+    path = write(tmp_path, HEAD + SOURCE + PLACES)
+    with pytest.raises(ConfigError, match=r"ttl_s is given twice, which is not allowed: each key once"):
+        run_command._load(_run_args(path, '{"lease": {"ttl_s": 9, "ttl_s": 10}}'))
+    deep = '{"lease": ' + "[" * 5000 + "]" * 5000 + "}"
+    with pytest.raises(ConfigError, match=f"nested more than {MAX_DEPTH} levels deep"):
+        run_command._load(_run_args(path, deep))
+
+
+def test_dag_param_overrides_given_as_a_mapping_get_the_same_limits(tmp_path: Path) -> None:
+    from splitkeeper.orchestration import tasks
+
+    path = write(tmp_path, HEAD + SOURCE + PLACES)
+    deep: Any = {}
+    for _ in range(5000):
+        deep = {"x": deep}
+    with pytest.raises(ConfigError, match=f"nested more than {MAX_DEPTH} levels deep"):
+        tasks._config(str(path), {"checkpoint": deep})
+    shared: Any = ["v"] * 10
+    for _ in range(9):
+        shared = [shared] * 10
+    with pytest.raises(ConfigError, match="holds more than"):
+        tasks._config(str(path), {"metrics": {"junk": shared}})
+
+
+def test_the_json_schema_states_the_parallelism_limit() -> None:
+    from splitkeeper.runtime.config_schema import json_schema
+
+    assert json_schema()["properties"]["parallelism"]["maximum"] == MAX_PARALLELISM
