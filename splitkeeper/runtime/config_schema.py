@@ -268,7 +268,8 @@ class PipelineFile(_Section):
     transform: _Text = Field(
         _config.IDENTITY_TRANSFORM,
         pattern=CALLABLE_PATTERN,
-        description="'module:function', e.g. 'mypkg.transforms:enrich'",
+        description="'module:function' naming a function marked @splitkeeper.transform, e.g. "
+        "'mypkg.transforms:enrich'",
     )
     rescale: RescaleSection = RescaleSection.model_validate({})
     weighted: WeightedSection = WeightedSection.model_validate({})

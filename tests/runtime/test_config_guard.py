@@ -1,13 +1,18 @@
-"""Config that cannot hurt (issue 19): placement of the locations, the parallelism limit, and
-files that are refused before anything expands them (duplicate keys, deep nesting, alias bombs).
+"""Config that cannot hurt (issue 19): placement of the locations, the parallelism limit,
+files that are refused before anything expands them (duplicate keys, deep nesting, alias
+bombs), and transforms that must be marked as such.
 
 Each case is written from the issue's steps, through the loader and through ``splitkeeper
-status --config`` (rc and message); nothing here starts Spark.
+status --config`` (rc and message); only the executor pickling test starts Spark.
 """
 
 from __future__ import annotations
 
 import argparse
+import pickle
+import subprocess
+import sys
+import textwrap
 import tracemalloc
 from pathlib import Path
 from typing import Any
@@ -318,3 +323,88 @@ def test_the_json_schema_states_the_parallelism_limit() -> None:
     from splitkeeper.runtime.config_schema import json_schema
 
     assert json_schema()["properties"]["parallelism"]["maximum"] == MAX_PARALLELISM
+
+
+# --------------------------------------------------------------------------- transforms
+
+
+def test_os_system_is_not_a_transform(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = write(tmp_path, HEAD + SOURCE + PLACES + "transform: os:system\n")
+    message = refused(path)
+    assert message.startswith("[CONFIG_ERROR] transform='os:system' is not allowed: 'module:function' naming")
+    assert "os:system is not marked as a transform" in message
+    assert "decorate it in its module with @transform (from splitkeeper import transform)" in message
+    rc, err = status_rc(path, capsys)
+    assert rc == 2 and "os:system is not marked as a transform" in err
+
+
+def test_only_functions_the_pipeline_code_marks_are_transforms(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "guard_transforms.py").write_text(
+        textwrap.dedent(
+            """
+            import pyarrow.compute as pc
+
+            from splitkeeper import transform, vectorized
+
+
+            def unmarked(value):
+                return value
+
+
+            @transform
+            def shout(value):
+                return value.upper()
+
+
+            @vectorized
+            def shout_column(values):
+                return pc.utf8_upper(values)
+            """
+        )
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    path = write(tmp_path, HEAD + SOURCE + PLACES + "transform: guard_transforms:unmarked\n")
+    assert "guard_transforms:unmarked is not marked as a transform" in refused(path)
+    for name in ("shout", "shout_column"):
+        path = write(tmp_path, HEAD + SOURCE + PLACES + f"transform: guard_transforms:{name}\n")
+        assert load_config(path).transform == f"guard_transforms:{name}"
+
+
+def test_every_transform_in_the_repository_is_marked() -> None:
+    from splitkeeper.runtime import transforms
+    from tests.runtime import test_file_native, test_staging
+
+    for module in (transforms, test_staging, test_file_native):
+        for name in ("identity", "enrich_json", "upper", "explode_on_v3", "returns_none", "upper_column"):
+            if hasattr(module, name):
+                assert transforms.is_transform(getattr(module, name)), f"{module.__name__}.{name}"
+
+
+def test_the_decorators_are_importable_from_the_package_without_pyarrow() -> None:
+    import splitkeeper
+    from splitkeeper.runtime import transforms
+
+    assert splitkeeper.transform is transforms.transform and splitkeeper.vectorized is transforms.vectorized
+    code = "import sys, splitkeeper; print('pyarrow' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
+
+
+def test_a_marked_transform_keeps_its_mark_through_pickling_and_on_a_spark_executor(spark: Any) -> None:
+    from pyspark import cloudpickle
+
+    from splitkeeper.runtime.transforms import enrich_json, is_transform, resolve_transform
+
+    function = resolve_transform("splitkeeper.runtime.transforms:enrich_json")
+    for dumps in (pickle.dumps, cloudpickle.dumps):
+        again = pickle.loads(dumps(function))
+        assert again is enrich_json and is_transform(again)
+
+    def on_executor(value: str) -> tuple[bool, str]:
+        return is_transform(function), function(value)
+
+    record = '{"amount": 5, "user": "u"}'
+    got = spark.sparkContext.parallelize([record], 1).map(on_executor).collect()
+    assert got == [(True, enrich_json(record))] and '"amount_band":"small"' in got[0][1]
