@@ -21,6 +21,7 @@ from airflow.sdk import DAG, Param, task
 
 from splitkeeper.orchestration import tasks
 from splitkeeper.orchestration.airflow import DagPipeline, dag_pipelines
+from splitkeeper.runtime.regions import MAX_PARALLELISM
 
 
 def recover_dag(pipeline: DagPipeline) -> DAG:
@@ -48,6 +49,7 @@ def recover_dag(pipeline: DagPipeline) -> DAG:
                 None,
                 type=["null", "integer"],
                 minimum=1,
+                maximum=MAX_PARALLELISM,
                 description="new parallelism (a rescale); null keeps it",
             ),
             "dry_run": Param(False, type="boolean", description="only print the recovery plan"),

@@ -13,6 +13,7 @@ from airflow.sdk import DAG, Param, task
 
 from splitkeeper.orchestration import tasks
 from splitkeeper.orchestration.airflow import DagPipeline, dag_pipelines
+from splitkeeper.runtime.regions import MAX_PARALLELISM
 
 
 def rescale_dag(pipeline: DagPipeline) -> DAG:
@@ -27,7 +28,7 @@ def rescale_dag(pipeline: DagPipeline) -> DAG:
         doc_md=__doc__,
         params={
             "parallelism": Param(
-                2, type="integer", minimum=1, maximum=1024, description="the new parallelism"
+                2, type="integer", minimum=1, maximum=MAX_PARALLELISM, description="the new parallelism"
             ),
             "redistribution": Param("even-split", type="string", enum=["even-split", "union"]),
         },

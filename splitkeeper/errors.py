@@ -41,6 +41,7 @@ class InvalidParameterError(SplitkeeperError, ValueError):
         self.name = name
         self.value = value
         self.allowed = allowed
+        self.hint = hint
 
 
 class ConfigError(SplitkeeperError):

@@ -44,6 +44,7 @@ from splitkeeper.core.assignment import AssignmentStrategy, WeightedStrategy
 from splitkeeper.core.rescale import Redistribution
 from splitkeeper.errors import CheckpointError, InvalidParameterError, StateError
 from splitkeeper.runtime.config import PipelineConfig
+from splitkeeper.runtime.regions import check_parallelism
 
 log = logging.getLogger("splitkeeper.app")
 
@@ -301,6 +302,8 @@ def recover(
         isinstance(parallelism, bool) or not isinstance(parallelism, int) or parallelism < 1
     ):
         raise InvalidParameterError("parallelism", parallelism, "an integer >= 1, or None to keep it")
+    if parallelism is not None:
+        check_parallelism(parallelism)
     if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 0:
         raise InvalidParameterError("epochs", epochs, "an integer >= 0")
     if release and epochs == 0 and not dry_run:

@@ -14,6 +14,7 @@ import json
 
 from splitkeeper.commands.common import add_config_argument, add_fault_argument, load
 from splitkeeper.errors import InvalidParameterError
+from splitkeeper.runtime.regions import check_parallelism
 
 
 def checkpoint_arg(text: str) -> int | None:
@@ -55,6 +56,8 @@ def run(args: argparse.Namespace) -> int:
     checkpoint = checkpoint_arg(args.checkpoint)
     if args.parallelism is not None and args.parallelism < 1:
         raise InvalidParameterError("--parallelism", args.parallelism, "an integer >= 1")
+    if args.parallelism is not None:
+        check_parallelism(args.parallelism, "--parallelism")
     result = services.recover(
         load(args),
         checkpoint_id=checkpoint,

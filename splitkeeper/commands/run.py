@@ -7,7 +7,7 @@ import json
 
 from splitkeeper.commands.common import add_config_argument, add_fault_argument, load
 from splitkeeper.errors import InvalidParameterError
-from splitkeeper.runtime.config import PipelineConfig, load_config
+from splitkeeper.runtime.config import PipelineConfig, load_config, load_json
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -75,7 +75,7 @@ def _load(args: argparse.Namespace) -> PipelineConfig:
     if not args.pipeline_json:
         return load(args)
     try:
-        overrides = json.loads(args.pipeline_json)
+        overrides = load_json(args.pipeline_json, "--pipeline-json")
     except json.JSONDecodeError as err:
         raise InvalidParameterError("--pipeline-json", args.pipeline_json, "a JSON object") from err
     return load_config(args.config, overrides=overrides)

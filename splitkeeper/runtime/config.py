@@ -44,6 +44,12 @@ Shape of a file (YAML)::
 cluster's env file exports); an unset variable is a mistake naming the key; ``$${``
 stands for a literal ``${``. Values from the environment are never shown in messages.
 
+A config is refused before anything expands it (``${NAME}``, YAML aliases, validation)
+when it repeats a key in a mapping, nests deeper than :data:`MAX_DEPTH` or holds more than
+:data:`MAX_VALUES` values once its aliases are counted (:func:`check_limits`); the source,
+state, sink and staging locations may not be one another or lie inside one another
+(resolved first; staging inside state is the default and allowed).
+
 The shape of the file (every key, its type, its choices) is defined once, by the pydantic
 models of :mod:`splitkeeper.runtime.config_schema` (imported lazily, when a config is
 validated; ``splitkeeper config schema`` prints their JSON Schema); this module builds the
@@ -54,6 +60,8 @@ the standard library and the protocol core (PyYAML and pydantic lazily).
 from __future__ import annotations
 
 import enum
+import functools
+import json
 import os
 import re
 import tomllib
@@ -332,16 +340,219 @@ def load_config(
             data: Any = tomllib.loads(text)
         except tomllib.TOMLDecodeError as err:
             raise ConfigError(f"{file}: not valid TOML: {err}", key="", value=str(file)) from err
+        except RecursionError as err:  # tomllib parses nested arrays and tables recursively
+            raise _too_deep("", str(file)) from err
     else:
-        import yaml
-
-        try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as err:
-            raise ConfigError(f"{file}: not valid YAML: {err}", key="", value=str(file)) from err
+        data = _load_yaml(text, str(file))
     if overrides is not None:
+        check_limits(overrides, f"{file} (pipeline overrides)")
         data = apply_overrides(data, overrides, str(file))
     return config_from_mapping(data, base_dir=file.parent, origin=str(file), env=env)
+
+
+# --------------------------------------------------------------------------- parsing limits
+
+#: The deepest nesting a pipeline config may have (a section's mapping inside the top level is
+#: 2; the deepest key of the schema, ``source.client.<setting>`` or ``weighted.capacities.<id>``,
+#: is 3): deeper input is a mistake or an attack, and Python's parsers would recurse on it.
+MAX_DEPTH = 32
+#: The most values (mappings, lists and scalars, each key's value counted once per place it
+#: appears) a config may hold once its YAML aliases are expanded: a real pipeline holds a few
+#: hundred; an alias "bomb" holds billions in a few lines.
+MAX_VALUES = 10_000
+
+
+def _too_deep(key: str, where: str) -> ConfigError:
+    allowed = f"a config nested at most {MAX_DEPTH} levels deep"
+    shown = key if len(key) <= 80 else key[:77] + "..."
+    return ConfigError(
+        f"{shown or '(top level)'} is nested more than {MAX_DEPTH} levels deep, which is not allowed: "
+        f"{allowed}; a pipeline config needs 3, remove the nesting ({where})",
+        key=key,
+        value="<not shown>",
+        allowed=allowed,
+    )
+
+
+def _too_many(key: str, where: str) -> ConfigError:
+    allowed = f"at most {MAX_VALUES:,} values, each YAML alias (*name) counted as what it stands for"
+    key = re.split(r"[.\[]", key, maxsplit=1)[0]  # the top-level key that holds them
+    return ConfigError(
+        f"{key or '(top level)'} holds more than {MAX_VALUES:,} values, which is not allowed: {allowed}; "
+        f"remove the aliases or the key (nothing was expanded) ({where})",
+        key=key,
+        value="<not shown>",
+        allowed=allowed,
+    )
+
+
+def check_limits(data: Any, where: str) -> None:
+    """Refuse ``data`` nested deeper than :data:`MAX_DEPTH`, holding more than :data:`MAX_VALUES`
+    values once shared parts (YAML aliases) are counted at every place they appear, or holding
+    itself (a recursive alias).
+
+    The walk visits each mapping or list once and sums the sizes of its children, so the
+    expanded size is known without expanding anything (linear in the document as written).
+    Called on every parsed config (file, ``dag_run.conf``, overrides) before ``${NAME}``
+    expansion or validation walks it as a tree. ConfigError names the key where a limit is crossed.
+    """
+    sizes: dict[int, tuple[int, int]] = {}  # id(container) -> (values, depth) once expanded
+    on_path: set[int] = set()
+    stack: list[tuple[Any, str, bool]] = [(data, "", False)]
+    while stack:
+        value, key, done = stack.pop()
+        if not isinstance(value, Mapping | list):
+            continue
+        ident = id(value)
+        children = list(value.items()) if isinstance(value, Mapping) else list(enumerate(value))
+        if done:
+            on_path.discard(ident)
+            count, depth = 1, 1
+            for _, child in children:
+                child_count, child_depth = sizes.get(id(child), (1, 0))
+                count += child_count
+                depth = max(depth, child_depth + 1)
+            if depth > MAX_DEPTH:
+                raise _too_deep(key, where)
+            if count > MAX_VALUES:
+                raise _too_many(key, where)
+            sizes[ident] = (count, depth)
+            continue
+        if ident in sizes:
+            continue
+        if ident in on_path:
+            allowed = "a config that does not contain itself"
+            raise ConfigError(
+                f"{key or '(top level)'} is a mapping or list that contains itself (a YAML alias inside its "
+                f"own anchor), which is not allowed: {allowed}; remove the alias ({where})",
+                key=key,
+                value="<not shown>",
+                allowed=allowed,
+            )
+        on_path.add(ident)
+        stack.append((value, key, True))
+        for name, child in children:
+            if isinstance(child, Mapping | list):
+                dotted = (
+                    f"{key}[{name}]" if isinstance(value, list) else f"{key}.{name}" if key else str(name)
+                )
+                stack.append((child, dotted, False))
+
+
+def load_json(text: str, where: str) -> Any:
+    """Parse config text given as JSON (``run --pipeline-json``) with the rules of a file:
+    duplicate keys and nesting past :data:`MAX_DEPTH` are ConfigErrors naming ``where``;
+    a syntax error raises :class:`json.JSONDecodeError` for the caller to name its option."""
+
+    def no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        mapping: dict[str, Any] = {}
+        for key, value in pairs:
+            if key in mapping:
+                allowed = "each key once in a mapping"
+                raise ConfigError(
+                    f"{key} is given twice, which is not allowed: {allowed}; keep one of them ({where})",
+                    key=key,
+                    value="<not shown>",
+                    allowed=allowed,
+                )
+            mapping[key] = value
+        return mapping
+
+    try:
+        data = json.loads(text, object_pairs_hook=no_duplicates)
+    except RecursionError as err:  # the JSON decoder recurses into nested arrays and objects
+        raise _too_deep("", where) from err
+    check_limits(data, where)
+    return data
+
+
+def _load_yaml(text: str, where: str) -> Any:
+    """Parse a YAML config; duplicate keys and nesting past :data:`MAX_DEPTH` are refused while
+    the document is composed (before anything is constructed or expanded). ConfigError otherwise
+    for a syntax error."""
+    import yaml
+
+    loader = _pipeline_loader()(text, where)
+    try:
+        return loader.get_single_data()
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{where}: not valid YAML: {err}", key="", value=where) from err
+    finally:
+        loader.dispose()
+
+
+@functools.cache
+def _pipeline_loader() -> type[Any]:
+    """The SafeLoader of pipeline files (built on first use: PyYAML is imported lazily)."""
+    import yaml
+    from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
+
+    class PipelineLoader(yaml.SafeLoader):
+        """``yaml.SafeLoader`` that refuses, while it composes the document, duplicate mapping
+        keys (the last one would win silently), nesting past :data:`MAX_DEPTH` (the composer
+        recurses) and more than :data:`MAX_VALUES` nodes as written, naming the key.
+        Aliases are counted once here; :func:`check_limits` counts what they expand to."""
+
+        def __init__(self, stream: str, where: str) -> None:
+            super().__init__(stream)
+            self._where = where
+            self._path: list[str] = []
+            self._keys: dict[int, dict[Any, int]] = {}  # id(mapping node) -> its keys -> line
+            self._nodes = 0
+
+        def compose_node(self, parent: Node | None, index: Any) -> Node:
+            self._nodes += 1
+            if self._nodes > MAX_VALUES:
+                raise _too_many(self._dotted(), self._where)
+            part = None
+            if isinstance(parent, MappingNode) and isinstance(index, ScalarNode):
+                part = index.value
+                self._refuse_duplicate(parent, index)
+            elif isinstance(parent, SequenceNode) and isinstance(index, int):
+                part = f"[{index}]"
+            if part is not None:
+                self._path.append(part)
+            try:
+                if len(self._path) > MAX_DEPTH:
+                    raise _too_deep(self._dotted(), self._where)
+                node: Node = super().compose_node(parent, index)
+                return node
+            finally:
+                if part is not None:
+                    self._path.pop()
+
+        def _dotted(self) -> str:
+            return "".join(p if p.startswith("[") or i == 0 else f".{p}" for i, p in enumerate(self._path))
+
+        def _refuse_duplicate(self, mapping: MappingNode, key: ScalarNode) -> None:
+            if key.tag == "tag:yaml.org,2002:merge":
+                return  # '<<: *base' merges; its keys may be overridden on purpose
+            seen = self._keys.setdefault(id(mapping), {})
+            same = self._key(key)
+            line = key.start_mark.line + 1
+            if same in seen:
+                self._path.append(key.value)
+                dotted = self._dotted()
+                self._path.pop()
+                allowed = "each key once in a mapping"
+                raise ConfigError(
+                    f"{dotted} is given twice (lines {seen[same]} and {line}), which is not allowed: "
+                    f"{allowed}; keep one of them (YAML would silently keep the last) ({self._where})",
+                    key=dotted,
+                    value="<not shown>",
+                    allowed=allowed,
+                )
+            seen[same] = line
+
+        def _key(self, node: ScalarNode) -> Any:
+            try:
+                value = self.construct_object(node)  # '1' and '0x1', 'a' and "a" are one key
+                hash(value)
+            except (yaml.YAMLError, TypeError):
+                value = node.value
+            return (node.tag, value)
+
+    return PipelineLoader
 
 
 #: The sections a run may override (the ingest DAG's ``pipeline`` Param): tuning only, never
@@ -427,6 +638,7 @@ def config_from_mapping(
     from splitkeeper.runtime.config_schema import validate_shape
 
     where = origin or "pipeline config"
+    check_limits(data, where)  # before anything walks the tree as a tree (YAML aliases)
     data = expand_env(data, env, where)
     if not isinstance(data, Mapping):
         raise ConfigError(
@@ -469,13 +681,9 @@ def config_from_mapping(
             "a local directory the driver and every executor share (region tasks "
             "write staged files with local file I/O)",
         )
-    if _same_location(state_path, sink_path):
-        raise at.invalid("sink.path", sink_path, "a location different from state.path")
-    for key, inner in (("state.path", state_path), ("staging.path", staging_path)):
-        if _inside(inner, sink_path):
-            raise at.invalid(
-                key, inner, f"a location outside sink.path {sink_path}", "VACUUM on the sink would delete it"
-            )
+    places = [("source.path", source.path)] if source.path is not None else []
+    places += [("state.path", state_path), ("sink.path", sink_path), ("staging.path", staging_path)]
+    _check_placement(places, at)
 
     try:
         resolve_transform(file.transform)  # fail at submission, not on an executor
@@ -618,12 +826,46 @@ def _join(base: str, child: str) -> str:
     return f"{base.rstrip('/')}/{child}" if _URI_RE.match(base) else str(Path(base) / child)
 
 
+#: Why a location may not lie inside (or be) another one, by the other one's key.
+_APART = {
+    "source.path": "the pipeline would read what it writes there as input",
+    "state.path": "the state folder holds splitkeeper's own tables",
+    "sink.path": "VACUUM on the sink would delete it",
+    "staging.path": "staged files are removed after every epoch",
+}
+
+
+def _check_placement(places: list[tuple[str, str]], at: _Where) -> None:
+    """The source, state, sink and staging locations (resolved: absolute, ``~`` expanded,
+    symlinks followed) may not be one another or lie inside one another; the one exception
+    is staging inside state (the default ``<state>/_staging``). A local path and a URI never
+    overlap; ``s3a://`` and ``s3n://`` are ``s3://``. ConfigError names the inner (or later) key."""
+    for i, (key, path) in enumerate(places):
+        for j, (other_key, other) in enumerate(places):
+            if i == j:
+                continue
+            if _same_location(path, other) and j < i:
+                allowed = f"a location different from {other_key} {other}"
+            elif _inside(path, other) and (key, other_key) != ("staging.path", "state.path"):
+                allowed = f"a location outside {other_key} {other}"
+            else:
+                continue
+            why = (
+                _APART[other_key] if key != "source.path" else f"splitkeeper writes and cleans up {other_key}"
+            )
+            raise at.invalid(key, path, allowed, f"{why}; move one of them")
+
+
+def _location(path: str) -> str:
+    return re.sub(r"^s3[an]://", "s3://", path, flags=re.IGNORECASE).rstrip("/")
+
+
 def _same_location(a: str, b: str) -> bool:
-    return a.rstrip("/") == b.rstrip("/")
+    return _location(a) == _location(b)
 
 
 def _inside(inner: str, outer: str) -> bool:
-    return inner.rstrip("/").startswith(outer.rstrip("/") + "/")
+    return _location(inner).startswith(_location(outer) + "/")
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,7 +10,8 @@ Contract:
 2. The ``checkpoint`` and ``backlog`` sections are generated from the core's own config
    dataclasses (names, types, defaults): their valid values stay the core's decision
    (:func:`splitkeeper.runtime.config.config_from_mapping` builds the core objects, which
-   validate them); the same goes for ``parallelism``.
+   validate them); the same goes for ``parallelism``, whose maximum is the runtime's limit
+   (:data:`splitkeeper.runtime.regions.MAX_PARALLELISM`).
 3. :func:`validate_shape` turns the first pydantic error into a
    :class:`~splitkeeper.errors.ConfigError` in the house format: the dotted key, the value
    given, what is allowed, and for an unknown key the allowed keys of its section and the
@@ -49,6 +50,7 @@ from splitkeeper.core.assignment import validate_parallelism
 from splitkeeper.core.backlog import BacklogConfig
 from splitkeeper.errors import ConfigError, InvalidParameterError
 from splitkeeper.runtime import config as _config  # config imports this module lazily, when it validates
+from splitkeeper.runtime.regions import MAX_PARALLELISM, check_parallelism
 
 STRATEGY_NAMES = _config.STRATEGY_NAMES
 SCHEMA_ID = "https://splitkeeper.invalid/schemas/pipeline.json"
@@ -247,8 +249,12 @@ class PipelineFile(_Section):
         description="letters, digits, '_', '.', '-', starting with a letter or digit (1-64)",
     )
     source: SourceSection = Field(description="where records come from: files or kafka")
-    parallelism: Annotated[Any, AfterValidator(validate_parallelism)] = Field(
-        1, description="integer (the protocol core checks its range)", json_schema_extra={"type": "integer"}
+    parallelism: Annotated[Any, AfterValidator(validate_parallelism), AfterValidator(check_parallelism)] = (
+        Field(
+            1,
+            description=f"integer from 1 to {MAX_PARALLELISM} (the core checks >= 1, the runtime the top)",
+            json_schema_extra={"type": "integer", "maximum": MAX_PARALLELISM},
+        )
     )
     regions: _config.RegionMode = _choice(_config.RegionMode, _config.RegionMode.PER_READER)
     strategy: Annotated[str, AfterValidator(_strategy)] = Field(
@@ -262,7 +268,8 @@ class PipelineFile(_Section):
     transform: _Text = Field(
         _config.IDENTITY_TRANSFORM,
         pattern=CALLABLE_PATTERN,
-        description="'module:function', e.g. 'mypkg.transforms:enrich'",
+        description="'module:function' naming a function marked @splitkeeper.transform, e.g. "
+        "'mypkg.transforms:enrich'",
     )
     rescale: RescaleSection = RescaleSection.model_validate({})
     weighted: WeightedSection = WeightedSection.model_validate({})
@@ -391,6 +398,8 @@ def _config_error(error: Any, where: str) -> ConfigError:
         value = core_error.value
         wrong_type = isinstance(value, bool) or not isinstance(value, int | float)
         hint = f"; got {type_name(value)}" if wrong_type else ""
+        if core_error.hint:
+            hint += f"; {core_error.hint}"
         return ConfigError(
             f"{dotted}={value!r} is not allowed: {core_error.allowed}{hint} ({where})",
             key=dotted,

@@ -1,7 +1,10 @@
 """Per-record transforms: ``'module:function'`` specs, the identity default, a sample.
 
 A transform is a module-level function ``(value: str) -> str`` applied to every
-record on the executor, inside the region task (:mod:`splitkeeper.runtime.staging`).
+record on the executor, inside the region task (:mod:`splitkeeper.runtime.staging`),
+that its module marks as one with :func:`transform` (``from splitkeeper import
+transform``; ``@transform``) or :func:`vectorized`. A config may name no other
+callable: ``transform: os:system`` would run every record as a shell command.
 Contract:
 
 - **one record in, one record out**: it may not drop or split records (the sink
@@ -48,9 +51,10 @@ from splitkeeper.errors import ConfigError, SplitkeeperError
 Transform = Callable[[str], str]
 
 _ALLOWED = (
-    "'module:function' naming a module-level function (value: str) -> str (or a @vectorized one, "
-    "pa.Array -> pa.Array), importable on the executors"
+    "'module:function' naming a module-level function marked @transform, (value: str) -> str (or "
+    "@vectorized, pa.Array -> pa.Array), importable on the executors"
 )
+_MARK = "__splitkeeper_transform__"
 
 
 class TransformError(SplitkeeperError):
@@ -62,10 +66,27 @@ class TransformError(SplitkeeperError):
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def vectorized(function: F) -> F:
-    """Mark ``function`` as a vectorised transform: ``(values: pa.Array) -> pa.Array`` of strings."""
-    function.vectorized = True  # type: ignore[attr-defined]
+def transform(function: F) -> F:
+    """Mark ``function`` as a transform a pipeline config may name: ``(value: str) -> str``.
+
+    Returns ``function`` itself with the mark as an attribute (no wrapper), so it still
+    pickles by module and name: an executor that unpickles it imports the module and gets
+    the marked function. Use on module-level ``def``s only (module doc).
+    """
+    setattr(function, _MARK, True)
     return function
+
+
+def vectorized(function: F) -> F:
+    """Mark ``function`` as a vectorised transform: ``(values: pa.Array) -> pa.Array`` of strings
+    (it is then a transform too: no ``@transform`` needed)."""
+    function.vectorized = True  # type: ignore[attr-defined]
+    return transform(function)
+
+
+def is_transform(candidate: Any) -> bool:
+    """Whether ``candidate`` was marked with :func:`transform` or :func:`vectorized`."""
+    return getattr(candidate, _MARK, False) is True
 
 
 def is_vectorized(transform: Callable[..., Any]) -> bool:
@@ -79,6 +100,7 @@ def identity(value: Any) -> Any:
     return value
 
 
+@transform
 def enrich_json(value: str) -> str:
     """Sample transform for JSON records (see ``examples/make_files.py``).
 
@@ -104,11 +126,18 @@ def resolve_transform(spec: str) -> Transform:
 
     Called at config load (so a wrong name fails at submission) and on the
     driver before an epoch. Raises :class:`ConfigError` (key ``transform``)
-    when the module or function is missing, not callable, or not picklable by
-    reference. May be called any number of times (modules are cached).
+    when the module or function is missing, not callable, not marked with
+    :func:`transform` (or :func:`vectorized`), or not picklable by reference.
+    May be called any number of times (modules are cached).
     """
-    transform: Transform = resolve_callable(spec, "transform")
-    return transform
+    function: Transform = resolve_callable(spec, "transform")
+    if not is_transform(function):
+        raise _error(
+            spec,
+            f"{spec} is not marked as a transform; if it is your transform, decorate it in its module "
+            "with @transform (from splitkeeper import transform)",
+        )
+    return function
 
 
 def resolve_callable(spec: str, key: str) -> Callable[..., Any]:

@@ -37,6 +37,7 @@ from splitkeeper.runtime.transforms import (
     identity,
     is_vectorized,
     resolve_transform,
+    transform,
     transform_values,
     vectorized,
 )
@@ -236,6 +237,7 @@ class PerRecordOnly(RegionReader):
         return self.inner.read_range(split, start, end)
 
 
+@transform
 def upper(value: str) -> str:
     return value.upper()
 

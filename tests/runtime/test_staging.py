@@ -32,7 +32,7 @@ from splitkeeper.runtime.staging import (
     run_region_task,
     write_staged,
 )
-from splitkeeper.runtime.transforms import TransformError, enrich_json, identity
+from splitkeeper.runtime.transforms import TransformError, enrich_json, identity, transform
 
 
 @dataclass(frozen=True)
@@ -43,16 +43,19 @@ class CountingReader(RegionReader):
         return (SourceRecord(n, n + 1, f"v{n}") for n in range(start, end))
 
 
+@transform
 def upper(value: str) -> str:
     return value.upper()
 
 
+@transform
 def explode_on_v3(value: str) -> str:
     if value == "v3":
         raise ValueError("boom")
     return value
 
 
+@transform
 def returns_none(value: str) -> str:
     return None  # type: ignore[return-value]
 
