@@ -530,7 +530,7 @@ def _native_filesystem(uri: str) -> Any:
     one: faster, and no Python callbacks from Arrow's IO threads while the interpreter shuts down."""
     import pyarrow.fs as pafs
 
-    fs, root = storage.filesystem(uri)
+    fs, root = storage.filesystem(storage.delta_location(uri))
     return pafs.SubTreeFileSystem(root, fs)
 
 
