@@ -45,6 +45,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         metavar="SPLIT",
         help="put a quarantined split back (read again from its position); repeatable",
     )
+    parser.add_argument(
+        "--repair",
+        action="store_true",
+        help="rebuild the enumerator_state and audit rows of kept checkpoints that were lost or damaged "
+        "after their commit, from their decision records (damaged files are moved to <state>/_damaged/); "
+        "restores nothing and runs no epoch; with --dry-run only lists what it would do",
+    )
     add_fault_argument(parser)
     parser.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
 
@@ -52,6 +59,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from splitkeeper.app import services
 
+    if args.repair:
+        return _repair(args)
     checkpoint = checkpoint_arg(args.checkpoint)
     if args.parallelism is not None and args.parallelism < 1:
         raise InvalidParameterError("--parallelism", args.parallelism, "an integer >= 1")
@@ -86,4 +95,27 @@ def run(args: argparse.Namespace) -> int:
         print("dry run: nothing was written")
     elif result.epochs:
         print(f"checkpoints {result.checkpoints}, {result.committed_records:,} records committed")
+    return 0
+
+
+def _repair(args: argparse.Namespace) -> int:
+    from splitkeeper.app import services
+
+    report = services.repair(load(args), dry_run=args.dry_run)
+    if args.json:
+        print(json.dumps(report.to_dict()))
+        return 0
+    verb = "would be" if report.dry_run else "was"
+    for path in report.moved:
+        print(f"damaged: {path} ({verb} moved aside to _damaged/)")
+    for cid in report.rewritten:
+        print(f"checkpoint {cid}: enumerator_state rows {verb} rewritten from its decision record")
+    for cid in report.audit_rewritten:
+        print(f"checkpoint {cid}: audit rows {verb} rewritten from its decision record")
+    if not (report.moved or report.rewritten or report.audit_rewritten):
+        print("nothing to repair: every kept checkpoint reads whole")
+    elif report.dry_run:
+        print("dry run: nothing was written")
+    else:
+        print("state repaired; run 'splitkeeper validate' or the pipeline as usual")
     return 0

@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import pyarrow as pa
 
-from splitkeeper.errors import InvalidParameterError, StateError
+from splitkeeper.errors import DamagedTableError, InvalidParameterError, StateError
 from splitkeeper.state import storage
 from splitkeeper.state.ddl import SCHEMA_DIR_ENV, ddl_path, read_ddl, schema_dir
 
@@ -54,6 +54,9 @@ if TYPE_CHECKING:  # pragma: no cover
     from deltalake import DeltaTable
 
 __all__ = [
+    "REPAIRABLE",
+    "REPAIR_ADVICE",
+    "data_file_error",
     "SCHEMA_DIR_ENV",
     "META_COLUMNS",
     "SINK_TABLE",
@@ -259,7 +262,9 @@ TABLES: dict[str, TableSpec] = {
             "checkpoints",
             partition="checkpoint_id",
             stats_columns=("attempt_id",),
-            added_columns=frozenset({"configured_parallelism", "split_weights", "enumerator_base"}),
+            added_columns=frozenset(
+                {"configured_parallelism", "split_weights", "enumerator_base", "enumerator_row_count"}
+            ),
         ),
         TableSpec("enumerator_state", partition="checkpoint_id", stats_columns=("attempt_id",)),
         # history, kept past retention: unpartitioned, compaction bounds its files
@@ -337,19 +342,64 @@ def _arrow_schema(table: DeltaTable) -> pa.Schema:
     return pa.schema(table.schema().to_arrow())
 
 
-def log_error(uri: str, err: BaseException) -> StateError:
+def log_error(uri: str, err: BaseException) -> DamagedTableError:
     """A StateError for a table whose log delta-rs cannot read: names the damaged log file (rule 5)."""
+    uri = storage.delta_location(uri)
     damaged = _damaged_log_file(uri)
     where = f"log file {damaged}" if damaged else f"its _delta_log ({err})"
-    return StateError(
+    name = os.path.basename(uri.rstrip("/"))
+    if name in REPAIRABLE:
+        advice = REPAIR_ADVICE
+    else:
+        advice = (
+            "Restore that file from a backup or the original copy of the table. Only if it is the newest "
+            "commit and nothing was committed after it elsewhere (for a sink table: no checkpoint row names "
+            "its epoch) may it be moved out of _delta_log, which rolls the table back one version; run "
+            "'splitkeeper validate' afterwards"
+        )
+    return DamagedTableError(
         f"the Delta table at {uri} cannot be read: {where} is not a complete Delta log entry (truncated or "
-        "damaged, e.g. a copy that stopped half-way). Nothing was read or written. Restore that file from "
-        "a backup or the original copy of the table. Only if it is the newest commit and nothing was "
-        "committed after it elsewhere (for a sink table: no checkpoint row names its epoch) may it be "
-        "moved out of _delta_log, which rolls the table back one version; run 'splitkeeper validate' "
-        "afterwards",
+        f"damaged, e.g. a copy that stopped half-way). Nothing was read or written. {advice}",
+        table=name,
         path=uri,
         log_file=damaged,
+    )
+
+
+#: Tables whose kept checkpoints' rows ``recover --repair`` rewrites from the decision records.
+REPAIRABLE = ("enumerator_state", "audit")
+#: What a StateError about lost or damaged rows of those tables advises (tests try it).
+REPAIR_ADVICE = (
+    "Repair it with 'splitkeeper recover --config <the pipeline config> --repair', which moves damaged "
+    "data files and a damaged newest log entry of the enumerator_state and audit tables aside (to "
+    "_damaged/ under the state directory), rewrites each kept checkpoint's rows of those tables from "
+    "its decision record (decisions table) and checks them; or restore the state directory from a backup"
+)
+
+
+def data_file_error(name: str, uri: str, err: BaseException) -> DamagedTableError:
+    """A StateError for a data file of table ``name`` that cannot be read (truncated, damaged or
+    gone): names the table and the file, and what to do (rule 5)."""
+    text = str(err)
+    quoted = re.search(r"'([^']+\.parquet)'", text) or re.search(r"(\S+\.parquet)", text)
+    found = quoted.group(1) if quoted else None
+    path = None if found is None else (found if found.startswith(uri) else storage.join(uri, found))
+    what = f"data file {path}" if path else "a data file"
+    if name in REPAIRABLE:
+        advice = REPAIR_ADVICE
+    elif name == SINK_TABLE:
+        advice = "Restore that file (or the sink table) from a backup"
+    else:
+        advice = (
+            "Restore that file (or the state directory) from a backup; 'recover --repair' rebuilds only "
+            f"the {' and '.join(REPAIRABLE)} tables"
+        )
+    return DamagedTableError(
+        f"table {name} at {uri} cannot be read: {what} is damaged, truncated or missing ({text}). "
+        f"Nothing was read or written. {advice}",
+        table=name,
+        path=uri,
+        file=path,
     )
 
 
@@ -555,7 +605,10 @@ def read_rows(
     present = set(dataset.schema.names)
     wanted = list(columns) if columns is not None else spec.schema.names
     read = [c for c in wanted if c in present]
-    data = dataset.to_table(columns=read, filter=filter)
+    try:
+        data = dataset.to_table(columns=read, filter=filter)
+    except (pa.ArrowInvalid, OSError) as err:
+        raise data_file_error(spec.name, storage.delta_location(table.table_uri), err) from err
     for name in wanted:
         if name not in present:
             field_ = spec.schema.field(name)

@@ -7,41 +7,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from deltalake import DeltaTable
 
 from splitkeeper.runtime.config import config_from_mapping
 from splitkeeper.state import storage
 from splitkeeper.state.checkpoints import DeltaStateStore
 
-from .samples import LocalPipeline
-
-
-def sink_lines(sink: str) -> dict[str, list[tuple[int, str]]]:
-    """Per split, the sink's ``(offset, value)`` records in offset order (read with delta-rs)."""
-    rows = DeltaTable(sink).to_pyarrow_table(columns=["split_id", "offset", "value"]).to_pylist()
-    out: dict[str, list[tuple[int, str]]] = {}
-    for row in sorted(rows, key=lambda r: (r["split_id"], r["offset"])):
-        out.setdefault(row["split_id"], []).append((int(row["offset"]), row["value"]))
-    return out
-
-
-def file_lines(folder: Path) -> dict[str, list[tuple[int, str]]]:
-    """Per input file (its name), ``(byte offset, line)`` read from disk: the oracle."""
-    out: dict[str, list[tuple[int, str]]] = {}
-    for path in sorted(folder.iterdir()):
-        pos, records = 0, []
-        for raw in path.read_bytes().splitlines(keepends=True):
-            records.append((pos, raw.rstrip(b"\n").decode("utf-8")))
-            pos += len(raw)
-        out[path.name] = records
-    return out
-
-
-def assert_sink_is_input(pipeline: LocalPipeline) -> None:
-    got = sink_lines(pipeline.sink_path)
-    want = file_lines(pipeline.root / "in")
-    assert {Path(k).name: v for k, v in got.items()} == want, "the sink differs from the input, line by line"
-    assert len(got) == len(want)
+from .samples import LocalPipeline, assert_sink_is_input
 
 
 @pytest.mark.parametrize("folder", ["st ate", "état", "a b/ü ß 数据"])
