@@ -29,11 +29,16 @@ Rules:
    is expected. The one migration that exists adds nullable columns at the end
    (:attr:`TableSpec.added_columns`, ``ALTER TABLE ADD COLUMNS``); old rows read NULL.
 5. :func:`open_table` wraps every load of a table: a damaged log becomes a StateError
-   naming the table, the log file and what to do (:func:`log_error`).
+   naming the table, the log file and what to do (:func:`log_error`); an unreadable data
+   file one naming the table and the file (:func:`data_file_error`).
+6. A write the operating system refuses (read-only file system, no space, no
+   permission) is a StateError naming the path (:func:`os_error`), from every write
+   through :func:`guarded` and the fence.
 """
 
 from __future__ import annotations
 
+import errno
 import functools
 import json
 import logging
@@ -437,14 +442,54 @@ def _is_log_error(err: BaseException) -> bool:
     return any(s in text for s in ("Json error", "json", "Invalid JSON", "EOF while parsing", "Truncated"))
 
 
+#: OS errors a user fixes on the machine, not in the state: (errno, what the DeltaError text says).
+_OS_FAULTS = (
+    (errno.EROFS, "Read-only file system"),
+    (errno.ENOSPC, "No space left on device"),
+    (errno.EDQUOT, "Disk quota exceeded"),
+    (errno.EACCES, "Permission denied"),
+    (errno.EPERM, "Operation not permitted"),
+)
+
+
+def os_fault(err: BaseException) -> str | None:
+    """The OS fault ``err`` reports (read-only, full, no permission), or None for any other error."""
+    if isinstance(err, OSError) and err.errno is not None:
+        return next((text for number, text in _OS_FAULTS if number == err.errno), None)
+    message = str(err)
+    return next(
+        (text for number, text in _OS_FAULTS if text in message or f"os error {number})" in message), None
+    )
+
+
+def os_error(path: str, err: BaseException, fault: str) -> StateError:
+    """A StateError for a write the operating system refused under ``path`` (rule 6)."""
+    named = re.search(r"(/[^\s:]+)", str(err)) if not isinstance(err, OSError) else None
+    where = getattr(err, "filename", None) or (named.group(1) if named else storage.delta_location(path))
+    return StateError(
+        f"cannot write to {storage.delta_location(path)}: {fault} ({where}). A commit either lands whole "
+        "or not at all, so what was committed before is intact and this epoch is read again on the next "
+        "run. Make the folder writable or free space (or point the config at another folder), then run "
+        "again",
+        path=storage.delta_location(path),
+        fault=fault,
+    )
+
+
 def guarded(uri: str, call: Callable[[], T]) -> T:
-    """``call()``, with a damaged-log DeltaError turned into :func:`log_error` (rule 5)."""
-    from deltalake.exceptions import DeltaError
+    """``call()``, with a damaged-log DeltaError turned into :func:`log_error` (rule 5) and a write the
+    operating system refused (read-only, full, no permission) into :func:`os_error` (rule 6)."""
+    from deltalake.exceptions import CommitFailedError, DeltaError
 
     try:
         return call()
-    except DeltaError as err:
-        if _is_log_error(err):
+    except CommitFailedError:
+        raise  # a lost race: the fence decides
+    except (DeltaError, OSError) as err:
+        fault = os_fault(err)
+        if fault is not None:
+            raise os_error(uri, err, fault) from err
+        if isinstance(err, DeltaError) and _is_log_error(err):
             raise log_error(uri, err) from err
         raise
 
