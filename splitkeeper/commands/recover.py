@@ -5,6 +5,10 @@ checkpoint, every reader reports its restored splits, each split's recovery
 decision is printed, and (unless ``--dry-run``) one epoch runs so that the new
 assignment is committed by a checkpoint at the new parallelism. A dry run
 writes nothing anywhere.
+
+``recover --repair [--dry-run]`` restores nothing: it rebuilds the enumerator_state and
+audit rows of kept checkpoints lost or damaged after their commit, from their decision
+records (:mod:`splitkeeper.state.repair`), as a ``[STATE_ERROR]`` about them advises.
 """
 
 from __future__ import annotations
@@ -112,6 +116,8 @@ def _repair(args: argparse.Namespace) -> int:
         print(f"checkpoint {cid}: enumerator_state rows {verb} rewritten from its decision record")
     for cid in report.audit_rewritten:
         print(f"checkpoint {cid}: audit rows {verb} rewritten from its decision record")
+    if report.unchecked:
+        print(f"checkpoints {report.unchecked}: their rows are checked once the damaged files are moved")
     if not (report.moved or report.rewritten or report.audit_rewritten):
         print("nothing to repair: every kept checkpoint reads whole")
     elif report.dry_run:

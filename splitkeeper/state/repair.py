@@ -41,7 +41,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from splitkeeper.core.ports import EpochDecision
-from splitkeeper.errors import StateError
+from splitkeeper.errors import DamagedTableError, StateError
 from splitkeeper.state import serde, storage
 from splitkeeper.state.tables import REPAIRABLE, StateTables, guarded, open_table, spec, sql_string
 
@@ -61,6 +61,7 @@ class RepairReport:
     moved: list[str] = field(default_factory=list)  # damaged files and log entries, where they were
     rewritten: list[int] = field(default_factory=list)  # checkpoints whose rows were written again
     audit_rewritten: list[int] = field(default_factory=list)
+    unchecked: list[int] = field(default_factory=list)  # a dry run cannot read them before the moves
     dry_run: bool = False
 
     def to_dict(self) -> dict[str, Any]:
@@ -68,6 +69,7 @@ class RepairReport:
             "moved": list(self.moved),
             "rewritten": list(self.rewritten),
             "audit_rewritten": list(self.audit_rewritten),
+            "unchecked": list(self.unchecked),
             "dry_run": self.dry_run,
         }
 
@@ -178,6 +180,11 @@ def repair_rows(store: Any, report: RepairReport | None = None) -> RepairReport:
         try:
             store.load_checkpoint(cid)
             intact = True
+        except DamagedTableError:
+            if not report.dry_run:
+                raise  # damage step 2 does not repair (another table): its error says what to do
+            report.unchecked.append(cid)  # readable only once the damaged files are moved aside
+            continue
         except StateError:
             intact = False
         row = store.tables.read("checkpoints", partitions=[("checkpoint_id", "=", cid)]).to_pylist()[0]
