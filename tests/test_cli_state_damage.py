@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from tests.runtime.helpers import run_cli, write_config
-from tests.state.samples import LocalPipeline, assert_sink_is_input
+from tests.state.samples import LocalPipeline, assert_sink_is_input, file_lines, sink_lines
 
 COMMANDS = (["status"], ["validate"], ["recover", "--dry-run"], ["run"])
 
@@ -87,3 +87,36 @@ def test_damaged_enumerator_state_is_named_by_every_command_and_recover_repair_f
     assert_sink_is_input(pipeline)
     code, out, err = run_cli(["validate", "--config", str(config)])
     assert code == 0, err + out
+
+
+def test_a_pipeline_with_spaces_non_ascii_home_and_relative_paths_runs_through_the_cli(
+    tmp_path: Path, spark: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    home = tmp_path / "hö me"
+    (home / "in put").mkdir(parents=True)
+    monkeypatch.setenv("HOME", str(home))
+    for f in range(2):
+        (home / "in put" / f"día {f}.txt").write_text("".join(f"línea {f}-{i}\n" for i in range(30)))
+    config = write_config(
+        tmp_path / "conf dir" / "orders.yaml",
+        {
+            "name": "orders",
+            "parallelism": 2,
+            "source": {"kind": "files", "path": "~/in put", "format": "lines"},
+            "backlog": {"backlog_epoch_records": 40, "normal_epoch_records": 40},
+            "state": {"path": "st ate/état"},  # relative to the config's folder
+            "sink": {"path": "~/sí nk"},
+            "staging": {"path": "../stag ing"},
+        },
+    )
+    code, _out, err = run_cli(["run", "--config", str(config), "--epochs", "1"])
+    assert code == 0, err
+    code, _out, err = run_cli(["run", "--config", str(config)])  # a restart, then to the end
+    assert code == 0, err
+    for command in (["status"], ["recover", "--dry-run"]):
+        code, _out, err = run_cli([*command, "--config", str(config)])
+        assert code == 0, (command, err)
+    assert (tmp_path / "conf dir" / "st ate" / "état" / "checkpoints" / "_delta_log").is_dir()
+    assert (tmp_path / "stag ing").is_dir()
+    got = sink_lines(str(home / "sí nk"))
+    assert {Path(k).name: v for k, v in got.items()} == file_lines(home / "in put")

@@ -395,7 +395,7 @@ class EpochDriver:
         recorded = self.sink.committed_epoch()
         redone, pending = self._redo(recorded, dry=read_only)
         latest = pending.checkpoint if pending is not None else self.state.latest_checkpoint()
-        if latest is not None and recorded is not None and recorded < latest.checkpoint_id:
+        if latest is not None and (recorded is None or recorded < latest.checkpoint_id):
             raise self._sink_behind(recorded, latest.checkpoint_id)
         chosen = latest
         if checkpoint_id is not None:
@@ -423,12 +423,18 @@ class EpochDriver:
         self.opened = report
         return report
 
-    def _sink_behind(self, recorded: int, latest: int) -> StateError:
+    def _sink_behind(self, recorded: int | None, latest: int) -> StateError:
         """The sink records fewer epochs than the state's latest checkpoint counts as read (rule 5.3:
         every checkpoint follows its epoch's sink commit): the sink lost commits."""
-        lost = f"epoch {latest}" if recorded == latest - 1 else f"epochs {recorded + 1} to {latest}"
+        first = 1 if recorded is None else recorded + 1
+        records = (
+            "the sink has no commit of this pipeline"
+            if recorded is None
+            else f"the sink records epoch {recorded} as its last commit"
+        )
+        lost = f"epoch {latest}" if first == latest else f"epochs {first} to {latest}"
         return StateError(
-            f"pipeline {self.settings.pipeline!r}: the sink records epoch {recorded} as its last commit, but "
+            f"pipeline {self.settings.pipeline!r}: {records}, but "
             f"the state's latest checkpoint is {latest}, which counts the records of {lost} as "
             "written: the sink lost those commits (an entry of its _delta_log removed or rolled back, or "
             "an older copy of the sink table). Nothing was restored and nothing was changed: the "

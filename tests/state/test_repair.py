@@ -50,7 +50,7 @@ def _newest_log(pipeline: LocalPipeline, table: str) -> str:
     return sorted(glob.glob(f"{pipeline.state}/{table}/_delta_log/*.json"))[-1]
 
 
-def _refused(pipeline: LocalPipeline, *, store_reads: bool = True) -> StateError:
+def _refused(pipeline: LocalPipeline, *, store_reads: bool = True, new_sink: bool = False) -> StateError:
     """A dry open, the restart and (``store_reads``) the store's own read refuse the state with the same
     StateError, writing nothing."""
     sink_before, state_before = tree(pipeline.sink_path), tree(pipeline.state)
@@ -64,7 +64,10 @@ def _refused(pipeline: LocalPipeline, *, store_reads: bool = True) -> StateError
     assert str(restart.value) == str(dry.value)
     if store_reads:
         assert str(restart.value) == str(status.value)
-    assert tree(pipeline.sink_path) == sink_before, "a refused restore changed the sink"
+    if new_sink:  # opening a sink creates its empty table (version 0), as it always did; no records
+        assert DeltaTable(pipeline.sink_path).version() == 0
+    else:
+        assert tree(pipeline.sink_path) == sink_before, "a refused restore changed the sink"
     lease = {k for k in tree(pipeline.state) if k.startswith("lease/")}
     assert {k: v for k, v in tree(pipeline.state).items() if k not in lease} == {
         k: v for k, v in state_before.items() if k not in lease
@@ -217,17 +220,22 @@ def test_a_truncated_checkpoints_file_is_named_and_a_backup_of_it_is_what_the_er
     assert_sink_is_input(pipeline)
 
 
-def test_a_sink_that_lost_its_newest_commit_is_refused_and_its_backup_is_what_the_error_advises(tmp_path):
+@pytest.mark.parametrize("loss", ["newest commit", "whole sink"])
+def test_a_sink_that_lost_commits_is_refused_and_its_backup_is_what_the_error_advises(tmp_path, loss):
     pipeline = _started(tmp_path)
     latest = _store(pipeline).latest_checkpoint()
     assert latest is not None
     shutil.copytree(pipeline.sink_path, tmp_path / "sink-backup")
-    os.remove(sorted(glob.glob(f"{pipeline.sink_path}/_delta_log/*.json"))[-1])
+    if loss == "newest commit":
+        os.remove(sorted(glob.glob(f"{pipeline.sink_path}/_delta_log/*.json"))[-1])
+        lost = f"the sink records epoch {latest.checkpoint_id - 1} as its last commit"
+    else:
+        shutil.rmtree(pipeline.sink_path)  # or the config pointed at a fresh sink
+        lost = "the sink has no commit of this pipeline"
 
-    message = str(
-        _refused(pipeline, store_reads=False)
-    )  # before: the restart skipped the lost epoch's records
-    assert f"the sink records epoch {latest.checkpoint_id - 1} as its last commit" in message
+    # before: the restart read on from the checkpoint, and the lost records never came back
+    message = str(_refused(pipeline, store_reads=False, new_sink=loss == "whole sink"))
+    assert lost in message
     assert f"the state's latest checkpoint is {latest.checkpoint_id}" in message
     assert "Restore the sink table from a backup" in message
     shutil.rmtree(pipeline.sink_path)
