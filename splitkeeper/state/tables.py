@@ -464,7 +464,7 @@ def os_fault(err: BaseException) -> str | None:
 
 def os_error(path: str, err: BaseException, fault: str) -> StateError:
     """A StateError for a write the operating system refused under ``path`` (rule 6)."""
-    named = re.search(r"(/[^\s:]+)", str(err)) if not isinstance(err, OSError) else None
+    named = re.search(r"(/[^\s:#]+)", str(err)) if not isinstance(err, OSError) else None
     where = getattr(err, "filename", None) or (named.group(1) if named else storage.delta_location(path))
     return StateError(
         f"cannot write to {storage.delta_location(path)}: {fault} ({where}). A commit either lands whole "
