@@ -82,6 +82,11 @@ class StagedOutputError(StateError):
     """
 
 
+class DamagedTableError(StateError):
+    """A data file or log entry of a Delta table is damaged, truncated or missing; the message names
+    the table, the file and what to do. The code stays STATE_ERROR."""
+
+
 class SourceError(SplitkeeperError):
     """A source cannot be reached or read as configured."""
 

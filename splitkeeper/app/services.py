@@ -346,6 +346,31 @@ def recover(
     )
 
 
+def repair(config: PipelineConfig, *, dry_run: bool = False) -> Any:
+    """Rebuild the rows of kept checkpoints lost or damaged after their commit (``recover --repair``,
+    :mod:`splitkeeper.state.repair`); returns its RepairReport. Holds the lease unless ``dry_run``
+    (then nothing is written). No Spark: run the pipeline afterwards as usual."""
+    from splitkeeper.state import storage
+    from splitkeeper.state.checkpoints import DeltaStateStore
+    from splitkeeper.state.repair import repair_files, repair_rows
+    from splitkeeper.state.tables import StateTables
+
+    if storage.is_local(config.state_path) and not os.path.isdir(config.state_path):
+        raise StateError(
+            f"pipeline {config.name!r} has no state at {config.state_path}: nothing to repair",
+            path=config.state_path,
+        )
+    with contextlib.ExitStack() as stack:
+        if not dry_run:
+            stack.enter_context(writer_lease(config))
+        report = repair_files(StateTables(config.state_path, read_only=dry_run), dry_run=dry_run)
+        store = DeltaStateStore(config.state_path, config.name, None, read_only=dry_run)
+        repair_rows(store, report)
+    for path in report.moved:
+        log.warning("state repair: %s %s", "would move" if dry_run else "moved aside", path)
+    return report
+
+
 def rescale(
     config: PipelineConfig,
     parallelism: int,

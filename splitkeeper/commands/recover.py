@@ -5,6 +5,10 @@ checkpoint, every reader reports its restored splits, each split's recovery
 decision is printed, and (unless ``--dry-run``) one epoch runs so that the new
 assignment is committed by a checkpoint at the new parallelism. A dry run
 writes nothing anywhere.
+
+``recover --repair [--dry-run]`` restores nothing: it rebuilds the enumerator_state and
+audit rows of kept checkpoints lost or damaged after their commit, from their decision
+records (:mod:`splitkeeper.state.repair`), as a ``[STATE_ERROR]`` about them advises.
 """
 
 from __future__ import annotations
@@ -46,6 +50,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         metavar="SPLIT",
         help="put a quarantined split back (read again from its position); repeatable",
     )
+    parser.add_argument(
+        "--repair",
+        action="store_true",
+        help="rebuild the enumerator_state and audit rows of kept checkpoints that were lost or damaged "
+        "after their commit, from their decision records (damaged files are moved to <state>/_damaged/); "
+        "restores nothing and runs no epoch; with --dry-run only lists what it would do",
+    )
     add_fault_argument(parser)
     parser.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
 
@@ -53,6 +64,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from splitkeeper.app import services
 
+    if args.repair:
+        return _repair(args)
     checkpoint = checkpoint_arg(args.checkpoint)
     if args.parallelism is not None and args.parallelism < 1:
         raise InvalidParameterError("--parallelism", args.parallelism, "an integer >= 1")
@@ -89,4 +102,29 @@ def run(args: argparse.Namespace) -> int:
         print("dry run: nothing was written")
     elif result.epochs:
         print(f"checkpoints {result.checkpoints}, {result.committed_records:,} records committed")
+    return 0
+
+
+def _repair(args: argparse.Namespace) -> int:
+    from splitkeeper.app import services
+
+    report = services.repair(load(args), dry_run=args.dry_run)
+    if args.json:
+        print(json.dumps(report.to_dict()))
+        return 0
+    verb = "would be" if report.dry_run else "was"
+    for path in report.moved:
+        print(f"damaged: {path} ({verb} moved aside to _damaged/)")
+    for cid in report.rewritten:
+        print(f"checkpoint {cid}: enumerator_state rows {verb} rewritten from its decision record")
+    for cid in report.audit_rewritten:
+        print(f"checkpoint {cid}: audit rows {verb} rewritten from its decision record")
+    if report.unchecked:
+        print(f"checkpoints {report.unchecked}: their rows are checked once the damaged files are moved")
+    if not (report.moved or report.rewritten or report.audit_rewritten):
+        print("nothing to repair: every kept checkpoint reads whole")
+    elif report.dry_run:
+        print("dry run: nothing was written")
+    else:
+        print("state repaired; run 'splitkeeper validate' or the pipeline as usual")
     return 0

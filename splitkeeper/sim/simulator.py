@@ -321,7 +321,8 @@ class SimEpochSink(EpochSink):
     def __init__(self, sink: SimulatedSink, runner: SimRegionRunner) -> None:
         self.sink = sink
         self.runner = runner
-        self.recorded: int | None = None
+        # a sink remembers its recorded epoch: a port opened again over the same ledger (a restart) too
+        self.recorded: int | None = max(sink.committed_checkpoint_ids, default=None)
         self.attempts: dict[int, str] = {}
         self.replay_next = False
 

@@ -78,7 +78,13 @@ from splitkeeper.core.types import (
     EnumeratorSnapshot,
     RegionOutcome,
 )
-from splitkeeper.errors import CheckpointError, ConcurrentRunError, InvalidParameterError, StateError
+from splitkeeper.errors import (
+    CheckpointError,
+    ConcurrentRunError,
+    DamagedTableError,
+    InvalidParameterError,
+    StateError,
+)
 from splitkeeper.state import serde, storage
 from splitkeeper.state.fence import fenced_commit, recorded_commit
 from splitkeeper.state.history import StateHistory, merge_delta
@@ -430,11 +436,15 @@ class DeltaStateStore(StateStore, CheckpointStore):
         enumerator_rows: list[dict[str, Any]] = []
         if row.get("enumerator") is not None:
             stored = self._enumerator_rows(checkpoint_id, row["attempt_id"], enum_table)
+            self.history.check_rows(checkpoint_id, row, stored.num_rows)
             base_id = row.get("enumerator_base")
             if base_id is not None:  # rule 6: the base's rows (the attempt its row names) + the delta
                 base_part = [("checkpoint_id", "=", int(base_id))]
                 base_rows = self.tables.read(
-                    "checkpoints", partitions=base_part, table=cp_table, columns=["attempt_id"]
+                    "checkpoints",
+                    partitions=base_part,
+                    table=cp_table,
+                    columns=["checkpoint_id", "attempt_id", "enumerator_row_count"],
                 ).to_pylist()
                 if not base_rows:
                     raise StateError(
@@ -446,6 +456,7 @@ class DeltaStateStore(StateStore, CheckpointStore):
                         enumerator_base=int(base_id),
                     )
                 base = self._enumerator_rows(int(base_id), base_rows[0]["attempt_id"], enum_table)
+                self.history.check_rows(int(base_id), base_rows[0], base.num_rows)
                 stored = merge_delta(base, stored)
             enumerator_rows = stored.to_pylist()
         return serde.checkpoint_from_rows(row, enumerator_rows)
@@ -489,6 +500,14 @@ class DeltaStateStore(StateStore, CheckpointStore):
                 if as_of is None
                 else self._read_checkpoint(checkpoint_id, None, as_of)
             )
+        except DamagedTableError as err:
+            if as_of is None:
+                raise
+            raise CheckpointError(  # time travel ends where VACUUM removed the files
+                f"cannot read the state of pipeline {self.pipeline_name!r} as of {as_of}: {err.message}",
+                checkpoint_id=checkpoint_id,
+                as_of=str(as_of),
+            ) from err
         except StateError:
             raise
         except Exception as err:
@@ -721,6 +740,7 @@ class DeltaStateStore(StateStore, CheckpointStore):
             run_id=self.run_id,
             created_at=datetime.now(UTC),
             commit_ms=commit_ms,
+            enumerator_row_count=len(written) if snapshot is not None else None,
             configured_parallelism=decision.configured_parallelism,
             split_weights=serde.split_weights_to_rows(decision.split_weights),
         )

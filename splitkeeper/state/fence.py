@@ -187,8 +187,10 @@ def fenced_commit(
     if attempt is not None:
         custom["attempt_id"] = attempt
     properties = CommitProperties(app_transactions=[Transaction(app_id, version)], custom_metadata=custom)
+    from splitkeeper.state.tables import guarded
+
     try:
-        write(table, properties)
+        guarded(table.table_uri, lambda: write(table, properties))
     except CommitFailedError as err:
         from splitkeeper.state.tables import refresh
 

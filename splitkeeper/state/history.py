@@ -26,12 +26,19 @@ Rules:
    (under rule 1) with the delta applied, re-encoded as a full snapshot would have
    been written (:func:`serde.enumerator_to_rows`), stamped with the checkpoint's own id
    and attempt. Readers never see a delta or a tombstone.
-4. Read-only: never writes; a missing table reads as empty. May run while the
+4. *Whole rows.* A checkpoints row records how many ``enumerator_state`` rows its attempt
+   wrote (``enumerator_row_count``; NULL in older state: not checked). Every reader of a
+   checkpoint's enumerator rows (the store's restore, :meth:`StateHistory.enumerator_rows`)
+   compares, and another number is a StateError naming the table, its log and
+   ``recover --repair`` (:func:`rows_error`): rows lost to a removed log entry or data
+   file are never read as an older or smaller snapshot.
+5. Read-only: never writes; a missing table reads as empty. May run while the
    pipeline runs (it sees the commits landed so far).
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -43,9 +50,9 @@ import pyarrow.compute as pc
 from splitkeeper.core.types import AuditRecord, CheckpointKind, RegionOutcome
 from splitkeeper.errors import CheckpointError, StateError
 from splitkeeper.state import serde
-from splitkeeper.state.tables import StateTables, spec
+from splitkeeper.state.tables import REPAIR_ADVICE, StateTables, spec
 
-__all__ = ["StateHistory", "TimelineEntry", "merge_delta"]
+__all__ = ["StateHistory", "TimelineEntry", "merge_delta", "rows_error"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +116,26 @@ def merge_delta(base: pa.Table, delta: pa.Table) -> pa.Table:
     return pa.concat_tables([base.filter(pc.invert(named)), live.select(base.schema.names).cast(base.schema)])
 
 
+def rows_error(
+    tables: StateTables, pipeline: str, checkpoint_id: int, attempt: str, expected: int, found: int
+) -> StateError:
+    """The StateError of rule 4: checkpoint ``checkpoint_id``'s enumerator rows are not all there."""
+    uri = tables.uri("enumerator_state")
+    version = tables.version("enumerator_state")
+    return StateError(
+        f"checkpoint {checkpoint_id} of pipeline {pipeline!r} cannot be read: its checkpoints row names "
+        f"{expected} rows of attempt {attempt} in state table enumerator_state ({uri}), and {found} are "
+        f"there. Rows were lost after the commit (an entry of {uri}/_delta_log removed or rolled back, "
+        f"or a data file dropped; the table's log is at version {version}). Nothing was restored and "
+        f"nothing was changed. {REPAIR_ADVICE}",
+        table="enumerator_state",
+        path=uri,
+        checkpoint_id=int(checkpoint_id),
+        expected=expected,
+        found=found,
+    )
+
+
 class StateHistory:
     """The history of one pipeline's state under ``tables`` (see the module doc)."""
 
@@ -117,6 +144,14 @@ class StateHistory:
         self.pipeline = pipeline
 
     # -- checkpoints -----------------------------------------------------------------
+
+    def check_rows(self, checkpoint_id: int, row: Mapping[str, Any], found: int) -> None:
+        """Rule 4 for one checkpoint: ``found`` rows of the attempt its ``row`` names were read."""
+        expected = row.get("enumerator_row_count")
+        if expected is not None and int(expected) != found:
+            raise rows_error(
+                self.tables, self.pipeline, checkpoint_id, str(row["attempt_id"]), int(expected), found
+            )
 
     def checkpoints(self, up_to: int | None = None, columns: Sequence[str] | None = None) -> pa.Table:
         """The kept checkpoints' rows (ids ascending), up to ``up_to`` when given."""
@@ -206,7 +241,14 @@ class StateHistory:
         (all kept ones when None)."""
         rows = self.tables.read(
             "checkpoints",
-            columns=["checkpoint_id", "attempt_id", "parallelism", "enumerator", "enumerator_base"],
+            columns=[
+                "checkpoint_id",
+                "attempt_id",
+                "parallelism",
+                "enumerator",
+                "enumerator_base",
+                "enumerator_row_count",
+            ],
         ).to_pylist()
         heads = {int(r["checkpoint_id"]): r for r in rows}
         wanted = sorted(heads if checkpoint_ids is None else set(checkpoint_ids) & set(heads))
@@ -224,6 +266,10 @@ class StateHistory:
         read_ids = sorted(set(wanted) | bases)
         data = self.tables.read("enumerator_state", partitions=[("checkpoint_id", "in", read_ids)])
         data = data.filter(_pairs_mask(data, {i: str(heads[i]["attempt_id"]) for i in read_ids}, None))
+        counts = Counter(int(c) for c in data.column("checkpoint_id").to_pylist())
+        for cid in read_ids:
+            if heads[cid]["enumerator"] is not None:
+                self.check_rows(cid, heads[cid], counts.get(cid, 0))
         deltas = [i for i in wanted if heads[i]["enumerator_base"] is not None]
         if not deltas:
             return data.filter(pc.is_in(pc.field("checkpoint_id"), pa.array(wanted, pa.int64())))

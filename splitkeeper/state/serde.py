@@ -166,6 +166,15 @@ def split_to_row(split: Split) -> Row:
     }
 
 
+def _damaged_row_advice(table: str) -> str:
+    """What to do about a damaged row of ``table`` (every piece of advice is tried by a test)."""
+    from splitkeeper.state.tables import REPAIR_ADVICE, REPAIRABLE
+
+    if table in REPAIRABLE:
+        return REPAIR_ADVICE
+    return "Restore the state directory from a backup taken after this checkpoint"
+
+
 def split_from_row(row: Mapping[str, Any], where: RowPlace | None = None) -> Split:
     """The split of a row; ``where`` names the row's table and checkpoint in errors."""
     position = row.get("position")
@@ -174,9 +183,8 @@ def split_from_row(row: Mapping[str, Any], where: RowPlace | None = None) -> Spl
         raise StateError(
             f"state table {place.table}: checkpoint {place.checkpoint_id} holds split "
             f"{row.get('split_id')!r} at position {position!r}, but a position is an offset >= 0. The row "
-            "was not written by splitkeeper or was damaged; the checkpoint cannot be restored as it is. "
-            "Restore the state directory from a backup, or recover from an older checkpoint's state "
-            "(Delta time travel) after checking the source",
+            f"was not written by splitkeeper or was damaged; the checkpoint cannot be restored as it is. "
+            f"{_damaged_row_advice(place.table)}",
             table=place.table,
             checkpoint_id=place.checkpoint_id,
             split_id=row.get("split_id"),
@@ -187,8 +195,8 @@ def split_from_row(row: Mapping[str, Any], where: RowPlace | None = None) -> Spl
         place = where or RowPlace("(unknown table)", None)
         raise StateError(
             f"state table {place.table}: checkpoint {place.checkpoint_id} holds split "
-            f"{row.get('split_id')!r} with end {end!r} before its position {position}; restore the state "
-            "directory from a backup",
+            f"{row.get('split_id')!r} with end {end!r} before its position {position}. "
+            f"{_damaged_row_advice(place.table)}",
             table=place.table,
             checkpoint_id=place.checkpoint_id,
             split_id=row.get("split_id"),

@@ -5,9 +5,12 @@ these functions; nothing else parses a location or reads a credential.
 
 Contract:
 
-1. A location is a local path (relative ones are made absolute), a ``file:`` URI or
-   an object-store URI. ``s3a://`` (the Hadoop/Spark scheme the configs use) is the
-   same bucket and key as ``s3://``; :func:`table_uri` maps it for delta-rs and
+1. A location is a local path (relative ones are made absolute, ``~`` is expanded), a
+   ``file:`` URI or an object-store URI. A ``file:`` URI is percent-decoded (delta-rs
+   reports ``file:///st%20ate/`` for ``/st ate``): a local path is always the path as
+   the file system spells it, spaces and non-ASCII characters included; a plain path
+   is never decoded (``%20`` in it is three characters). ``s3a://`` (the Hadoop/Spark
+   scheme the configs use) is the same bucket and key as ``s3://``; :func:`table_uri` maps it for delta-rs and
    pyarrow, :func:`spark_uri` maps it back for Spark readers. No other module
    rewrites a scheme.
 2. :func:`storage_options` is what delta-rs gets for a URI: nothing for local
@@ -36,10 +39,12 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from typing import Any
+from urllib.parse import unquote
 
 from splitkeeper.errors import InvalidParameterError
 
 __all__ = [
+    "delta_location",
     "filesystem",
     "is_local",
     "join",
@@ -74,8 +79,18 @@ def table_uri(location: str | os.PathLike[str]) -> str:
             return "s3://" + text[len(scheme) :].rstrip("/")
     local = local_path(text)
     if local is not None:
-        return os.path.abspath(local)
+        return os.path.abspath(os.path.expanduser(local))
     return text.rstrip("/")
+
+
+def delta_location(reported: str) -> str:
+    """The location of a table as delta-rs reports it (``DeltaTable.table_uri``: a URL, its path
+    percent-encoded) as this module spells locations (rule 1): ``file:///st%20ate/`` is
+    ``/st ate``, ``s3://b/%C3%A9tat/`` is ``s3://b/état``. Only for what delta-rs reports:
+    a location a user wrote is never decoded."""
+    if reported.startswith(_S3_SCHEMES):
+        return table_uri(unquote(reported))
+    return table_uri(reported)
 
 
 def spark_uri(location: str | os.PathLike[str]) -> str:
@@ -85,11 +100,11 @@ def spark_uri(location: str | os.PathLike[str]) -> str:
 
 
 def local_path(location: str) -> str | None:
-    """``location`` as a local path when it is one (no scheme, or ``file:``), else None."""
+    """``location`` as a local path when it is one (no scheme, or ``file:``, decoded), else None."""
     if location.startswith("file://"):
-        return location[len("file://") :]
+        return unquote(location[len("file://") :])
     if location.startswith("file:"):
-        return location[len("file:") :]
+        return unquote(location[len("file:") :])
     return None if "://" in location else location
 
 

@@ -29,11 +29,16 @@ Rules:
    is expected. The one migration that exists adds nullable columns at the end
    (:attr:`TableSpec.added_columns`, ``ALTER TABLE ADD COLUMNS``); old rows read NULL.
 5. :func:`open_table` wraps every load of a table: a damaged log becomes a StateError
-   naming the table, the log file and what to do (:func:`log_error`).
+   naming the table, the log file and what to do (:func:`log_error`); an unreadable data
+   file one naming the table and the file (:func:`data_file_error`).
+6. A write the operating system refuses (read-only file system, no space, no
+   permission) is a StateError naming the path (:func:`os_error`), from every write
+   through :func:`guarded` and the fence.
 """
 
 from __future__ import annotations
 
+import errno
 import functools
 import json
 import logging
@@ -46,7 +51,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import pyarrow as pa
 
-from splitkeeper.errors import InvalidParameterError, StateError
+from splitkeeper.errors import DamagedTableError, InvalidParameterError, StateError
 from splitkeeper.state import storage
 from splitkeeper.state.ddl import SCHEMA_DIR_ENV, ddl_path, read_ddl, schema_dir
 
@@ -54,6 +59,9 @@ if TYPE_CHECKING:  # pragma: no cover
     from deltalake import DeltaTable
 
 __all__ = [
+    "REPAIRABLE",
+    "REPAIR_ADVICE",
+    "data_file_error",
     "SCHEMA_DIR_ENV",
     "META_COLUMNS",
     "SINK_TABLE",
@@ -259,7 +267,9 @@ TABLES: dict[str, TableSpec] = {
             "checkpoints",
             partition="checkpoint_id",
             stats_columns=("attempt_id",),
-            added_columns=frozenset({"configured_parallelism", "split_weights", "enumerator_base"}),
+            added_columns=frozenset(
+                {"configured_parallelism", "split_weights", "enumerator_base", "enumerator_row_count"}
+            ),
         ),
         TableSpec("enumerator_state", partition="checkpoint_id", stats_columns=("attempt_id",)),
         # history, kept past retention: unpartitioned, compaction bounds its files
@@ -337,19 +347,64 @@ def _arrow_schema(table: DeltaTable) -> pa.Schema:
     return pa.schema(table.schema().to_arrow())
 
 
-def log_error(uri: str, err: BaseException) -> StateError:
+def log_error(uri: str, err: BaseException) -> DamagedTableError:
     """A StateError for a table whose log delta-rs cannot read: names the damaged log file (rule 5)."""
+    uri = storage.delta_location(uri)
     damaged = _damaged_log_file(uri)
     where = f"log file {damaged}" if damaged else f"its _delta_log ({err})"
-    return StateError(
+    name = os.path.basename(uri.rstrip("/"))
+    if name in REPAIRABLE:
+        advice = REPAIR_ADVICE
+    else:
+        advice = (
+            "Restore that file from a backup or the original copy of the table. Only if it is the newest "
+            "commit and nothing was committed after it elsewhere (for a sink table: no checkpoint row names "
+            "its epoch) may it be moved out of _delta_log, which rolls the table back one version; run "
+            "'splitkeeper validate' afterwards"
+        )
+    return DamagedTableError(
         f"the Delta table at {uri} cannot be read: {where} is not a complete Delta log entry (truncated or "
-        "damaged, e.g. a copy that stopped half-way). Nothing was read or written. Restore that file from "
-        "a backup or the original copy of the table. Only if it is the newest commit and nothing was "
-        "committed after it elsewhere (for a sink table: no checkpoint row names its epoch) may it be "
-        "moved out of _delta_log, which rolls the table back one version; run 'splitkeeper validate' "
-        "afterwards",
+        f"damaged, e.g. a copy that stopped half-way). Nothing was read or written. {advice}",
+        table=name,
         path=uri,
         log_file=damaged,
+    )
+
+
+#: Tables whose kept checkpoints' rows ``recover --repair`` rewrites from the decision records.
+REPAIRABLE = ("enumerator_state", "audit")
+#: What a StateError about lost or damaged rows of those tables advises (tests try it).
+REPAIR_ADVICE = (
+    "Repair it with 'splitkeeper recover --config <the pipeline config> --repair', which moves damaged "
+    "data files and a damaged newest log entry of the enumerator_state and audit tables aside (to "
+    "_damaged/ under the state directory), rewrites each kept checkpoint's rows of those tables from "
+    "its decision record (decisions table) and checks them; or restore the state directory from a backup"
+)
+
+
+def data_file_error(name: str, uri: str, err: BaseException) -> DamagedTableError:
+    """A StateError for a data file of table ``name`` that cannot be read (truncated, damaged or
+    gone): names the table and the file, and what to do (rule 5)."""
+    text = str(err)
+    quoted = re.search(r"'([^']+\.parquet)'", text) or re.search(r"(\S+\.parquet)", text)
+    found = quoted.group(1) if quoted else None
+    path = None if found is None else (found if found.startswith(uri) else storage.join(uri, found))
+    what = f"data file {path}" if path else "a data file"
+    if name in REPAIRABLE:
+        advice = REPAIR_ADVICE
+    elif name == SINK_TABLE:
+        advice = "Restore that file (or the sink table) from a backup"
+    else:
+        advice = (
+            "Restore that file (or the state directory) from a backup; 'recover --repair' rebuilds only "
+            f"the {' and '.join(REPAIRABLE)} tables"
+        )
+    return DamagedTableError(
+        f"table {name} at {uri} cannot be read: {what} is damaged, truncated or missing ({text}). "
+        f"Nothing was read or written. {advice}",
+        table=name,
+        path=uri,
+        file=path,
     )
 
 
@@ -387,14 +442,54 @@ def _is_log_error(err: BaseException) -> bool:
     return any(s in text for s in ("Json error", "json", "Invalid JSON", "EOF while parsing", "Truncated"))
 
 
+#: OS errors a user fixes on the machine, not in the state: (errno, what the DeltaError text says).
+_OS_FAULTS = (
+    (errno.EROFS, "Read-only file system"),
+    (errno.ENOSPC, "No space left on device"),
+    (errno.EDQUOT, "Disk quota exceeded"),
+    (errno.EACCES, "Permission denied"),
+    (errno.EPERM, "Operation not permitted"),
+)
+
+
+def os_fault(err: BaseException) -> str | None:
+    """The OS fault ``err`` reports (read-only, full, no permission), or None for any other error."""
+    if isinstance(err, OSError) and err.errno is not None:
+        return next((text for number, text in _OS_FAULTS if number == err.errno), None)
+    message = str(err)
+    return next(
+        (text for number, text in _OS_FAULTS if text in message or f"os error {number})" in message), None
+    )
+
+
+def os_error(path: str, err: BaseException, fault: str) -> StateError:
+    """A StateError for a write the operating system refused under ``path`` (rule 6)."""
+    named = re.search(r"(/[^\s:#]+)", str(err)) if not isinstance(err, OSError) else None
+    where = getattr(err, "filename", None) or (named.group(1) if named else storage.delta_location(path))
+    return StateError(
+        f"cannot write to {storage.delta_location(path)}: {fault} ({where}). A commit either lands whole "
+        "or not at all, so what was committed before is intact and this epoch is read again on the next "
+        "run. Make the folder writable or free space (or point the config at another folder), then run "
+        "again",
+        path=storage.delta_location(path),
+        fault=fault,
+    )
+
+
 def guarded(uri: str, call: Callable[[], T]) -> T:
-    """``call()``, with a damaged-log DeltaError turned into :func:`log_error` (rule 5)."""
-    from deltalake.exceptions import DeltaError
+    """``call()``, with a damaged-log DeltaError turned into :func:`log_error` (rule 5) and a write the
+    operating system refused (read-only, full, no permission) into :func:`os_error` (rule 6)."""
+    from deltalake.exceptions import CommitFailedError, DeltaError
 
     try:
         return call()
-    except DeltaError as err:
-        if _is_log_error(err):
+    except CommitFailedError:
+        raise  # a lost race: the fence decides
+    except (DeltaError, OSError) as err:
+        fault = os_fault(err)
+        if fault is not None:
+            raise os_error(uri, err, fault) from err
+        if isinstance(err, DeltaError) and _is_log_error(err):
             raise log_error(uri, err) from err
         raise
 
@@ -530,7 +625,7 @@ def _native_filesystem(uri: str) -> Any:
     one: faster, and no Python callbacks from Arrow's IO threads while the interpreter shuts down."""
     import pyarrow.fs as pafs
 
-    fs, root = storage.filesystem(uri)
+    fs, root = storage.filesystem(storage.delta_location(uri))
     return pafs.SubTreeFileSystem(root, fs)
 
 
@@ -555,7 +650,10 @@ def read_rows(
     present = set(dataset.schema.names)
     wanted = list(columns) if columns is not None else spec.schema.names
     read = [c for c in wanted if c in present]
-    data = dataset.to_table(columns=read, filter=filter)
+    try:
+        data = dataset.to_table(columns=read, filter=filter)
+    except (pa.ArrowInvalid, OSError) as err:
+        raise data_file_error(spec.name, storage.delta_location(table.table_uri), err) from err
     for name in wanted:
         if name not in present:
             field_ = spec.schema.field(name)

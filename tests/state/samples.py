@@ -5,7 +5,8 @@
 - :class:`LocalRegionRunner`: the real region task body (:func:`run_region_task`) run in this
   process, so the real :class:`~splitkeeper.core.driver.EpochDriver` drives epochs against
   the real sink and store without Spark;
-- :func:`tree`: every file under a folder with its bytes, to prove that nothing changed.
+- :func:`tree`: every file under a folder with its bytes, to prove that nothing changed;
+- :func:`assert_sink_is_input`: a :class:`LocalPipeline`'s sink against its input files, line by line.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import dataclasses
 import os
 from collections.abc import Mapping
 from pathlib import Path
+
+from deltalake import DeltaTable
 
 from splitkeeper.core.driver import DriverSettings, EpochDriver
 from splitkeeper.core.ports import CrashPoint, DriverHooks, EpochPlan, RegionRun, RegionRunner
@@ -108,6 +111,34 @@ def regional(checkpoint_id: int, ref: CompletedCheckpoint, failed: int = 1) -> C
         regions=regions,
         consecutive_regional=ref.consecutive_regional + 1,
     )
+
+
+def sink_lines(sink: str) -> dict[str, list[tuple[int, str]]]:
+    """Per split, the sink's ``(offset, value)`` records in offset order (read with delta-rs)."""
+    rows = DeltaTable(sink).to_pyarrow_table(columns=["split_id", "offset", "value"]).to_pylist()
+    out: dict[str, list[tuple[int, str]]] = {}
+    for row in sorted(rows, key=lambda r: (r["split_id"], r["offset"])):
+        out.setdefault(row["split_id"], []).append((int(row["offset"]), row["value"]))
+    return out
+
+
+def file_lines(folder: Path) -> dict[str, list[tuple[int, str]]]:
+    """Per input file (its name), ``(byte offset, line)`` read from disk: the oracle."""
+    out: dict[str, list[tuple[int, str]]] = {}
+    for path in sorted(folder.iterdir()):
+        pos, records = 0, []
+        for raw in path.read_bytes().splitlines(keepends=True):
+            records.append((pos, raw.rstrip(b"\n").decode("utf-8")))
+            pos += len(raw)
+        out[path.name] = records
+    return out
+
+
+def assert_sink_is_input(pipeline: LocalPipeline) -> None:
+    got = sink_lines(pipeline.sink_path)
+    want = file_lines(pipeline.root / "in")
+    assert {Path(k).name: v for k, v in got.items()} == want, "the sink differs from the input, line by line"
+    assert len(got) == len(want)
 
 
 def tree(root: str | Path) -> dict[str, bytes]:

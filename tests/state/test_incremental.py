@@ -280,7 +280,11 @@ def test_state_written_before_the_rule_opens_with_every_checkpoint_full(tmp_path
     committed = {cid: _checkpoint(cid, rng) for cid in (1, 2)}
     for cpt in committed.values():
         store.commit_checkpoint(decision_for(cpt))
-    old = DeltaTable(f"{root}/checkpoints").to_pyarrow_table().drop_columns(["enumerator_base"])
+    old = (
+        DeltaTable(f"{root}/checkpoints")
+        .to_pyarrow_table()
+        .drop_columns(["enumerator_base", "enumerator_row_count"])
+    )
     write_deltalake(f"{root}/checkpoints", old, mode="overwrite", schema_mode="overwrite")
     assert "enumerator_base" not in DeltaTable(f"{root}/checkpoints").schema().to_arrow().names
     reader = DeltaStateStore(root, "orders", None, read_only=True)

@@ -169,7 +169,7 @@ def _old_checkpoints_table(root: Path) -> pa.Schema:
     """A checkpoints table as state written before configured_parallelism, split_weights and
     enumerator_base existed."""
     full = spec("checkpoints").schema
-    added = ("configured_parallelism", "split_weights", "enumerator_base")
+    added = ("configured_parallelism", "split_weights", "enumerator_base", "enumerator_row_count")
     old = pa.schema([f for f in full if f.name not in added])
     DeltaTable.create(str(root / "checkpoints"), old, partition_by=["checkpoint_id"])
     return old
