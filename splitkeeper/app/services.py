@@ -287,6 +287,7 @@ def recover(
     faults: Iterable[str] = (),
     progress: Progress | None = None,
     release: Iterable[str] = (),
+    drop: Iterable[str] = (),
 ) -> RecoverResult:
     """A global restore from ``checkpoint_id`` (latest by default), optionally a rescale.
 
@@ -295,21 +296,31 @@ def recover(
     parallelism. A dry run opens read-only: nothing is written anywhere. ``release``:
     quarantined splits to put back (protocol rule 1.8); they are read again from their
     position, and the release is committed with the next checkpoint (so ``epochs`` >= 1).
+    ``drop``: live or quarantined splits whose file is gone, forgotten for good (audited
+    DROPPED_BY_OPERATOR; refused while the source still lists one), committed the same way.
     """
     release = tuple(dict.fromkeys(release))
+    drop = tuple(dict.fromkeys(drop))
+    both = sorted(set(release) & set(drop))
+    if both:
+        raise InvalidParameterError(
+            "drop", both[0], "a split not also given to --release", "release reads it on, drop forgets it"
+        )
     if parallelism is not None and (
         isinstance(parallelism, bool) or not isinstance(parallelism, int) or parallelism < 1
     ):
         raise InvalidParameterError("parallelism", parallelism, "an integer >= 1, or None to keep it")
     if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 0:
         raise InvalidParameterError("epochs", epochs, "an integer >= 0")
-    if release and epochs == 0 and not dry_run:
+    if epochs == 0 and not dry_run:
         raise InvalidParameterError(
             "epochs",
             epochs,
-            "an integer >= 1 with --release",
-            "a release is committed by the next checkpoint",
+            "an integer >= 1, or 0 with --dry-run",
+            "a recovery (and a release or a drop) is applied by the checkpoint of the epoch after it, so "
+            "with 0 epochs nothing would be applied; --dry-run shows the plan without writing",
         )
+    _require_checkpoint_to_recover(config)
     with contextlib.ExitStack() as stack:
         lease = None if dry_run else stack.enter_context(writer_lease(config))  # a dry run writes nothing
         pipeline = _pipeline(
@@ -327,8 +338,16 @@ def recover(
             released = tuple(s.split_id for s in pipeline.driver.release(release)) if release else ()
             for split_id in released:
                 log.warning("split %s released from quarantine: it is read again from its position", split_id)
+            dropped = tuple((s.split_id, s.position) for s in pipeline.driver.drop(drop)) if drop else ()
+            for split_id, position in dropped:
+                log.warning(
+                    "split %s dropped by the operator at position %s: its records before it stay in the "
+                    "sink, the rest is never read",
+                    split_id,
+                    position,
+                )
             if dry_run or epochs == 0:
-                return RecoverResult(config.name, opened, dry_run, released=released)
+                return RecoverResult(config.name, opened, dry_run, released=released, dropped=dropped)
             summary = pipeline.run(epochs)
         finally:
             pipeline.close()
@@ -340,6 +359,7 @@ def recover(
         checkpoints=summary.counts(),
         committed_records=summary.committed_records,
         released=released,
+        dropped=dropped,
     )
 
 
@@ -419,9 +439,54 @@ def metrics_text(config: PipelineConfig) -> str:
     return text
 
 
+def _local_state_missing(config: PipelineConfig) -> bool:
+    """The state folder is a local path that does not exist (never created, or a typo in state.path)."""
+    path = config.state_path
+    return "://" not in path and not os.path.isdir(path)
+
+
+def _no_state_error(config: PipelineConfig, what: str) -> StateError:
+    origin = f" in {config.origin}" if config.origin else ""
+    return StateError(
+        f"pipeline {config.name!r} has no state folder at {config.state_path} (state.path{origin}): {what}. "
+        "Check the path for a typo; a pipeline that never ran gets its state from its first "
+        "'splitkeeper run'",
+        pipeline=config.name,
+        path=config.state_path,
+    )
+
+
+def _require_checkpoint_to_recover(config: PipelineConfig) -> None:
+    """``recover`` restores a checkpoint: refused (nothing written) when the pipeline has none.
+
+    A first epoch whose sink commit landed without its checkpoint row still counts: the
+    restore finishes it from its decision record (a redo).
+    """
+    from splitkeeper.runtime.sink import DeltaSink
+
+    if _local_state_missing(config):
+        raise _no_state_error(config, "there is nothing to recover")
+    if _state_store(config).checkpoint_ids():
+        return
+    if DeltaSink(config.sink_path, config.name, read_only=True).committed_epoch() is not None:
+        return  # a redo: the sink holds an epoch whose checkpoint row is missing
+    raise CheckpointError(
+        f"pipeline {config.name!r} has no completed checkpoint to recover from (state at "
+        f"{config.state_path}); nothing was done. 'splitkeeper run' starts the pipeline",
+        pipeline=config.name,
+    )
+
+
 @_named
 def status(config: PipelineConfig, *, last: int = 10) -> StatusResult:
-    """The latest checkpoint, its ref chain and loads, and the last ``last`` timeline entries. Read-only."""
+    """The latest checkpoint, its ref chain and loads, and the last ``last`` timeline entries. Read-only.
+
+    StateError when the state folder is a local path that does not exist (a typo in
+    ``state.path``, or a pipeline that never ran); an existing folder without a completed
+    checkpoint is a pipeline that has not checkpointed yet.
+    """
+    if _local_state_missing(config):
+        raise _no_state_error(config, "nothing to show")
     store = _state_store(config)
     latest = store.latest_checkpoint()
     info = None

@@ -45,6 +45,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
         metavar="SPLIT",
         help="put a quarantined split back (read again from its position); repeatable",
     )
+    parser.add_argument(
+        "--drop",
+        action="append",
+        default=[],
+        metavar="SPLIT",
+        help="forget a split whose file is gone (deleted or moved away): its records so far stay in the "
+        "sink, the rest is never read; audited; repeatable",
+    )
     add_fault_argument(parser)
     parser.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
 
@@ -64,6 +72,7 @@ def run(args: argparse.Namespace) -> int:
         epochs=args.epochs,
         faults=args.fault,
         release=args.release,
+        drop=args.drop,
     )
     opened = result.opened
     if args.json:
@@ -82,6 +91,8 @@ def run(args: argparse.Namespace) -> int:
     print("per-reader load:", opened.loads)
     for split_id in result.released:
         print(f"released from quarantine: {split_id} (read again from its position)")
+    for split_id, position in result.dropped:
+        print(f"dropped: {split_id} at position {position} (its file is gone; never read again)")
     if result.dry_run:
         print("dry run: nothing was written")
     elif result.epochs:
