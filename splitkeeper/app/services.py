@@ -42,7 +42,7 @@ from splitkeeper.app.results import (
 )
 from splitkeeper.core.assignment import AssignmentStrategy, WeightedStrategy
 from splitkeeper.core.rescale import Redistribution
-from splitkeeper.errors import CheckpointError, InvalidParameterError, StateError
+from splitkeeper.errors import CheckpointError, InvalidParameterError, RunInterrupted, StateError
 from splitkeeper.runtime.config import PipelineConfig
 
 log = logging.getLogger("splitkeeper.app")
@@ -79,6 +79,7 @@ def _pipeline(
     progress: Progress | None = None,
     read_only: bool = False,
     lease: Any = False,
+    interrupt: threading.Event | None = None,
 ) -> Any:
     from splitkeeper.runtime.faults import FaultPlan
     from splitkeeper.runtime.pipeline import Pipeline
@@ -91,6 +92,7 @@ def _pipeline(
         read_only=read_only,
         lease=lease,
         metrics=not read_only,  # <state>/metrics.prom after each epoch (and OTLP when configured)
+        interrupt=interrupt,
     )
 
 
@@ -170,6 +172,13 @@ def run(
     backlog and every ``backlog.normal_interval_s`` afterwards, until ``stop`` is set or the
     process gets SIGTERM or SIGINT (an Airflow task's cancel sends SIGTERM): then it ends on
     a final checkpoint that is global, retried until it is, and returns normally.
+
+    A bounded run (not ``continuous``) that gets SIGTERM or SIGINT, or whose ``stop`` is set,
+    stops between epochs; an epoch in its read phase is abandoned (its region jobs are
+    cancelled, nothing of it is committed, the next run reads it again). The lease is released
+    and RunInterrupted is raised (``exit_code`` 143 for SIGTERM, 130 for SIGINT). A run whose
+    epochs keep aborting raises RunStalledError (the core driver decides, see
+    :meth:`~splitkeeper.core.driver.EpochDriver.run`).
     """
     if epochs is not None and (isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1):
         raise InvalidParameterError("epochs", epochs, "an integer >= 1, or None to run until done")
@@ -179,23 +188,107 @@ def run(
             continuous,
             "alone: a continuous run ends when stopped, not after epochs or caught up",
         )
-    with writer_lease(config) as lease:
-        pipeline = _pipeline(config, faults=faults, progress=progress, lease=lease)
+    from splitkeeper.runtime.regions import EpochAbandoned
+
+    signals = _SignalStop(stop or threading.Event())
+    summary: Any = None
+    abandoned: int | None = None
+    latest: int | None = None
+    with signals.installed(), writer_lease(config) as lease:
+        pipeline = _pipeline(
+            config,
+            faults=faults,
+            progress=progress,
+            lease=lease,
+            interrupt=None if continuous else signals.event,
+        )
+        signals.install()  # again: starting Spark installs pyspark's own SIGINT handler
         try:
             opened = _open_summary(pipeline, pipeline.open())
             new_splits = pipeline.driver.discover()
             if reset_backlog:
                 pipeline.driver.reset_backlog()
             if continuous:
-                with _stop_on_signals(stop or threading.Event()) as event:
-                    summary = pipeline.driver.run_continuously(
-                        _stop_check(event, pipeline.store.tables, config.name)
-                    )
+                summary = pipeline.driver.run_continuously(
+                    _stop_check(signals.event, pipeline.store.tables, config.name)
+                )
             else:
-                summary = pipeline.run(epochs, until_caught_up=until_caught_up)
+                try:
+                    summary = pipeline.run(
+                        epochs, until_caught_up=until_caught_up, stop_requested=signals.event.is_set
+                    )
+                except EpochAbandoned as err:
+                    abandoned = err.params["epoch"]
+                if signals.event.is_set():
+                    latest = max(pipeline.store.checkpoint_ids(), default=None)
         finally:
             pipeline.close()
+    if not continuous and signals.event.is_set():
+        raise signals.interrupted(config.name, abandoned, latest, summary)
     return RunResult.of(config.name, opened, new_splits, summary)
+
+
+class _SignalStop:
+    """SIGTERM and SIGINT set ``event`` (a stop request) while installed; the first signal is kept.
+
+    Only the main thread can install handlers; elsewhere the event is the only way to stop.
+    :meth:`installed` restores the previous handlers when its block ends; :meth:`install` may
+    be called again inside it (after something replaced them).
+    """
+
+    def __init__(self, event: threading.Event) -> None:
+        self.event = event
+        self.received: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    def _handle(self, signum: int, _frame: Any) -> None:
+        if self.received is None:
+            self.received = signum
+        log.warning("%s: stopping (no new epoch starts; one in its read phase is abandoned)", _name(signum))
+        self.event.set()
+
+    def install(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            previous = signal.signal(sig, self._handle)
+            self._previous.setdefault(sig, previous)
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[_SignalStop]:
+        self.install()
+        try:
+            yield self
+        finally:
+            for sig, handler in self._previous.items():
+                signal.signal(sig, handler)
+            self._previous.clear()
+
+    def interrupted(
+        self, pipeline: str, abandoned: int | None, latest: int | None, summary: Any
+    ) -> RunInterrupted:
+        """The one-line error a bounded run that was stopped ends with (exit 128 + the signal)."""
+        signum = self.received or signal.SIGTERM  # a caller's stop event counts as a termination request
+        if abandoned is not None:
+            how = f"epoch {abandoned} was abandoned in its read phase (nothing of it is committed)"
+        else:
+            done = len(summary.epochs) if summary is not None else 0
+            how = f"it stopped between epochs after {done} epoch(s) of this run"
+        where = f"latest checkpoint {latest}" if latest is not None else "no checkpoint yet"
+        return RunInterrupted(
+            f"{_name(signum)}: pipeline {pipeline!r} stopped: {how}; the lease is released ({where}); "
+            "run it again to go on from there",
+            signal_number=int(signum),
+            pipeline=pipeline,
+            abandoned_epoch=abandoned,
+        )
+
+
+def _name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
 
 
 def _stop_check(
@@ -250,28 +343,6 @@ def stop(config: PipelineConfig) -> StopResult:
             signalled = None
     running = None if holder is None or not holder.live(datetime.now(UTC)) else holder.owner.describe()
     return StopResult(config.name, requested_at.isoformat(), running, signalled)
-
-
-@contextlib.contextmanager
-def _stop_on_signals(event: threading.Event) -> Iterator[threading.Event]:
-    """SIGTERM and SIGINT set ``event`` (a stop request) while the block runs; handlers restored after.
-
-    Only the main thread can install handlers; elsewhere the event is the only way to stop.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        yield event
-        return
-
-    def request_stop(signum: int, _frame: Any) -> None:
-        log.warning("%s: stopping after a final global checkpoint", signal.Signals(signum).name)
-        event.set()
-
-    previous = {sig: signal.signal(sig, request_stop) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        yield event
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
 
 
 @_named

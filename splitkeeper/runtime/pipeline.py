@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
@@ -161,8 +162,10 @@ class SparkRegionRunner(RegionRunner):
         transform: Transform,
         staging_path: str,
         faults: FaultPlan,
+        interrupt: threading.Event | None = None,
     ) -> None:
         self.spark = spark
+        self.interrupt = interrupt  # set: the epoch in its read phase is abandoned (EpochAbandoned)
         self.pipeline = pipeline
         self.connector = connector
         self.transform = transform
@@ -184,7 +187,9 @@ class SparkRegionRunner(RegionRunner):
             )
             for r, ranges in plan.items()
         }
-        runs = run_regions(self.spark, self.pipeline, epoch, payloads, _region_task, timeout_s)
+        runs = run_regions(
+            self.spark, self.pipeline, epoch, payloads, _region_task, timeout_s, interrupt=self.interrupt
+        )
         out: dict[int, RegionRun] = {}
         for r, run in runs.items():
             if run.status is RegionStatus.FINISHED:
@@ -238,6 +243,7 @@ class Pipeline:
         read_only: bool = False,
         lease: bool | HeldLease = True,
         metrics: bool = False,
+        interrupt: threading.Event | None = None,
     ) -> None:
         hooks = RuntimeHooks(progress)
         self.hooks = hooks
@@ -266,7 +272,13 @@ class Pipeline:
             driver_settings(config),
             self.connector,
             SparkRegionRunner(
-                spark, config.name, self.connector, self.transform, config.staging_path, self.faults
+                spark,
+                config.name,
+                self.connector,
+                self.transform,
+                config.staging_path,
+                self.faults,
+                interrupt,
             ),
             self.sink,
             self.store,
@@ -322,8 +334,14 @@ class Pipeline:
     def run_epoch(self, *, final: bool = False) -> EpochReport:
         return self.driver.run_epoch(final=final)
 
-    def run(self, epochs: int | None = None, *, until_caught_up: bool = False) -> RunSummary:
-        return self.driver.run(epochs, until_caught_up=until_caught_up)
+    def run(
+        self,
+        epochs: int | None = None,
+        *,
+        until_caught_up: bool = False,
+        stop_requested: Callable[[], bool] | None = None,
+    ) -> RunSummary:
+        return self.driver.run(epochs, until_caught_up=until_caught_up, stop_requested=stop_requested)
 
     def close(self) -> None:
         """Release the lease (heartbeats stop) and the source's clients. Idempotent."""
