@@ -391,9 +391,11 @@ def recover(
             "a recovery (and a release or a drop) is applied by the checkpoint of the epoch after it, so "
             "with 0 epochs nothing would be applied; --dry-run shows the plan without writing",
         )
-    _require_checkpoint_to_recover(config)
+    if _local_state_missing(config):
+        raise _no_state_error(config, "there is nothing to recover")
     with contextlib.ExitStack() as stack:
         lease = None if dry_run else stack.enter_context(writer_lease(config))  # a dry run writes nothing
+        _require_checkpoint_to_recover(config)  # after the lease: a run starting now is refused by it first
         pipeline = _pipeline(
             config, faults=faults, progress=progress, read_only=dry_run, lease=lease or False
         )
@@ -528,15 +530,13 @@ def _no_state_error(config: PipelineConfig, what: str) -> StateError:
 
 
 def _require_checkpoint_to_recover(config: PipelineConfig) -> None:
-    """``recover`` restores a checkpoint: refused (nothing written) when the pipeline has none.
+    """``recover`` restores a checkpoint: refused (nothing written but the lease) when the pipeline has none.
 
     A first epoch whose sink commit landed without its checkpoint row still counts: the
     restore finishes it from its decision record (a redo).
     """
     from splitkeeper.runtime.sink import DeltaSink
 
-    if _local_state_missing(config):
-        raise _no_state_error(config, "there is nothing to recover")
     if _state_store(config).checkpoint_ids():
         return
     if DeltaSink(config.sink_path, config.name, read_only=True).committed_epoch() is not None:
