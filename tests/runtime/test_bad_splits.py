@@ -19,6 +19,8 @@ from typing import Any
 
 import pytest
 
+from tests.report.page import parse
+
 from .helpers import (
     assert_sink_equals_source,
     pipeline_mapping,
@@ -161,3 +163,8 @@ def test_a_partly_read_file_deleted_from_the_source_is_quarantined_then_dropped(
     _assert_sink(spark, tmp_path / "sink", {**{s: r for s, r in before.items() if s != gone}, gone: kept})
     code, out, err = run_cli(["run", "--config", str(config), "--json"])  # nothing left, nothing re-read
     assert code == 0 and json.loads(out)["committed_records"] == 0, err
+    code, out, err = run_cli(["report", "--config", str(config)])  # the report says it was dropped
+    assert code == 0, err
+    page = Path(out.strip().splitlines()[-1].removeprefix("report: ")).read_text(encoding="utf-8")
+    (row,) = parse(page).rows("table-parked")
+    assert row[0] == gone and row[4] == "-" and row[5].endswith(" (dropped)"), row
