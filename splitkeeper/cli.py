@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import NamedTuple, Protocol
 
 from splitkeeper import logs
-from splitkeeper.errors import SplitkeeperError
+from splitkeeper.errors import RunInterrupted, SplitkeeperError
 
 
 class CommandModule(Protocol):
@@ -226,11 +226,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     logs.configure(args.log_level, args.log_format)
     try:
         return int(module.run(args) or 0)
+    except RunInterrupted as err:  # SIGINT/SIGTERM: one line, 128 + the signal, like a shell reports it
+        print(f"splitkeeper {name}: {err}", file=sys.stderr)
+        return err.exit_code
     except SplitkeeperError as err:
         print(f"splitkeeper {name}: {err}", file=sys.stderr)
         return 2
     except ModuleNotFoundError as err:
         return _missing_engine(name, err)
+    except KeyboardInterrupt:  # SIGINT outside a run's own handling (start-up, a read-only command)
+        print(f"splitkeeper {name}: interrupted (SIGINT); nothing more was done", file=sys.stderr)
+        return 130
 
 
 def _missing_engine(command: str, err: ModuleNotFoundError) -> int:

@@ -87,6 +87,28 @@ class DamagedTableError(StateError):
     the table, the file and what to do. The code stays STATE_ERROR."""
 
 
+class RunStalledError(CheckpointError):
+    """A bounded run stopped because its epochs kept aborting, or none of the epochs it was asked
+    for completed; the message names the failing splits and regions, their errors and what to do."""
+
+    code = "RUN_STALLED"
+
+
+class RunInterrupted(SplitkeeperError):
+    """A run stopped on SIGINT or SIGTERM: the epoch in progress was finished or abandoned (nothing of
+    an abandoned epoch is committed) and the lease released. ``exit_code`` is 128 + the signal number."""
+
+    code = "INTERRUPTED"
+
+    def __init__(self, message: str, signal_number: int, **params: Any) -> None:
+        super().__init__(message, signal_number=signal_number, **params)
+        self.signal_number = signal_number
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signal_number
+
+
 class SourceError(SplitkeeperError):
     """A source cannot be reached or read as configured."""
 

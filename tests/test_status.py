@@ -6,6 +6,8 @@ pipeline whose broker address is a closed port.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import socket
@@ -65,11 +67,30 @@ def _status(config: Path, *extra: str) -> tuple[dict, str, float]:
 
 def test_status_of_a_pipeline_never_run_creates_nothing_and_needs_no_broker_or_spark(tmp_path: Path) -> None:
     config = _config(tmp_path)
+    (tmp_path / "state").mkdir()  # a state folder without a checkpoint yet: nothing to complain about
     probe, output, elapsed = _status(config, "--json")
     assert probe == {"code": 0, "loaded": []}, output
     assert json.loads(output)["latest_checkpoint"] is None
-    assert not (tmp_path / "state").exists() and not (tmp_path / "sink").exists()
+    assert not any((tmp_path / "state").iterdir()) and not (tmp_path / "sink").exists()
     assert elapsed < 60  # a closed broker port must not make it wait out a connect timeout
+
+
+def test_status_on_a_missing_state_folder_says_so_and_fails(tmp_path: Path) -> None:
+    """Issue 19: a typo in state.path gave "no completed checkpoint yet" with exit code 0."""
+    config = _config(tmp_path)
+    probe, output, _elapsed = _status(config)
+    assert probe == {"code": 2, "loaded": []}, output
+    assert output == ""
+    from splitkeeper.cli import main
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        assert main(["status", "--config", str(config)]) == 2
+    assert err.getvalue().startswith(
+        "splitkeeper status: [STATE_ERROR] pipeline 'orders-kafka' has no state folder at "
+        f"{tmp_path / 'state'} (state.path in {config}): nothing to show. Check the path for a typo"
+    ), err.getvalue()
+    assert not (tmp_path / "state").exists() and not (tmp_path / "sink").exists()
 
 
 def test_status_names_the_lease_holder(tmp_path: Path) -> None:

@@ -156,6 +156,7 @@ class RecoverResult(_Result):
     checkpoints: dict[str, int] = field(default_factory=dict)
     committed_records: int = 0
     released: tuple[str, ...] = ()  # quarantined splits put back (recover --release)
+    dropped: tuple[tuple[str, int], ...] = ()  # (split, position) forgotten for good (recover --drop)
 
 
 @dataclass(frozen=True, slots=True)

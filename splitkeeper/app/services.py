@@ -42,7 +42,7 @@ from splitkeeper.app.results import (
 )
 from splitkeeper.core.assignment import AssignmentStrategy, WeightedStrategy
 from splitkeeper.core.rescale import Redistribution
-from splitkeeper.errors import CheckpointError, InvalidParameterError, StateError
+from splitkeeper.errors import CheckpointError, InvalidParameterError, RunInterrupted, StateError
 from splitkeeper.runtime.config import PipelineConfig
 from splitkeeper.runtime.regions import check_parallelism
 
@@ -80,6 +80,7 @@ def _pipeline(
     progress: Progress | None = None,
     read_only: bool = False,
     lease: Any = False,
+    interrupt: threading.Event | None = None,
 ) -> Any:
     from splitkeeper.runtime.faults import FaultPlan
     from splitkeeper.runtime.pipeline import Pipeline
@@ -92,6 +93,7 @@ def _pipeline(
         read_only=read_only,
         lease=lease,
         metrics=not read_only,  # <state>/metrics.prom after each epoch (and OTLP when configured)
+        interrupt=interrupt,
     )
 
 
@@ -171,6 +173,13 @@ def run(
     backlog and every ``backlog.normal_interval_s`` afterwards, until ``stop`` is set or the
     process gets SIGTERM or SIGINT (an Airflow task's cancel sends SIGTERM): then it ends on
     a final checkpoint that is global, retried until it is, and returns normally.
+
+    A bounded run (not ``continuous``) that gets SIGTERM or SIGINT, or whose ``stop`` is set,
+    stops between epochs; an epoch in its read phase is abandoned (its region jobs are
+    cancelled, nothing of it is committed, the next run reads it again). The lease is released
+    and RunInterrupted is raised (``exit_code`` 143 for SIGTERM, 130 for SIGINT). A run whose
+    epochs keep aborting raises RunStalledError (the core driver decides, see
+    :meth:`~splitkeeper.core.driver.EpochDriver.run`).
     """
     if epochs is not None and (isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1):
         raise InvalidParameterError("epochs", epochs, "an integer >= 1, or None to run until done")
@@ -180,23 +189,107 @@ def run(
             continuous,
             "alone: a continuous run ends when stopped, not after epochs or caught up",
         )
-    with writer_lease(config) as lease:
-        pipeline = _pipeline(config, faults=faults, progress=progress, lease=lease)
+    from splitkeeper.runtime.regions import EpochAbandoned
+
+    signals = _SignalStop(stop or threading.Event())
+    summary: Any = None
+    abandoned: int | None = None
+    latest: int | None = None
+    with signals.installed(), writer_lease(config) as lease:
+        pipeline = _pipeline(
+            config,
+            faults=faults,
+            progress=progress,
+            lease=lease,
+            interrupt=None if continuous else signals.event,
+        )
+        signals.install()  # again: starting Spark installs pyspark's own SIGINT handler
         try:
             opened = _open_summary(pipeline, pipeline.open())
             new_splits = pipeline.driver.discover()
             if reset_backlog:
                 pipeline.driver.reset_backlog()
             if continuous:
-                with _stop_on_signals(stop or threading.Event()) as event:
-                    summary = pipeline.driver.run_continuously(
-                        _stop_check(event, pipeline.store.tables, config.name)
-                    )
+                summary = pipeline.driver.run_continuously(
+                    _stop_check(signals.event, pipeline.store.tables, config.name)
+                )
             else:
-                summary = pipeline.run(epochs, until_caught_up=until_caught_up)
+                try:
+                    summary = pipeline.run(
+                        epochs, until_caught_up=until_caught_up, stop_requested=signals.event.is_set
+                    )
+                except EpochAbandoned as err:
+                    abandoned = err.params["epoch"]
+                if signals.event.is_set():
+                    latest = max(pipeline.store.checkpoint_ids(), default=None)
         finally:
             pipeline.close()
+    if not continuous and signals.event.is_set():
+        raise signals.interrupted(config.name, abandoned, latest, summary)
     return RunResult.of(config.name, opened, new_splits, summary)
+
+
+class _SignalStop:
+    """SIGTERM and SIGINT set ``event`` (a stop request) while installed; the first signal is kept.
+
+    Only the main thread can install handlers; elsewhere the event is the only way to stop.
+    :meth:`installed` restores the previous handlers when its block ends; :meth:`install` may
+    be called again inside it (after something replaced them).
+    """
+
+    def __init__(self, event: threading.Event) -> None:
+        self.event = event
+        self.received: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    def _handle(self, signum: int, _frame: Any) -> None:
+        if self.received is None:
+            self.received = signum
+        log.warning("%s: stopping (no new epoch starts; one in its read phase is abandoned)", _name(signum))
+        self.event.set()
+
+    def install(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            previous = signal.signal(sig, self._handle)
+            self._previous.setdefault(sig, previous)
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[_SignalStop]:
+        self.install()
+        try:
+            yield self
+        finally:
+            for sig, handler in self._previous.items():
+                signal.signal(sig, handler)
+            self._previous.clear()
+
+    def interrupted(
+        self, pipeline: str, abandoned: int | None, latest: int | None, summary: Any
+    ) -> RunInterrupted:
+        """The one-line error a bounded run that was stopped ends with (exit 128 + the signal)."""
+        signum = self.received or signal.SIGTERM  # a caller's stop event counts as a termination request
+        if abandoned is not None:
+            how = f"epoch {abandoned} was abandoned in its read phase (nothing of it is committed)"
+        else:
+            done = len(summary.epochs) if summary is not None else 0
+            how = f"it stopped between epochs after {done} epoch(s) of this run"
+        where = f"latest checkpoint {latest}" if latest is not None else "no checkpoint yet"
+        return RunInterrupted(
+            f"{_name(signum)}: pipeline {pipeline!r} stopped: {how}; the lease is released ({where}); "
+            "run it again to go on from there",
+            signal_number=int(signum),
+            pipeline=pipeline,
+            abandoned_epoch=abandoned,
+        )
+
+
+def _name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
 
 
 def _stop_check(
@@ -253,28 +346,6 @@ def stop(config: PipelineConfig) -> StopResult:
     return StopResult(config.name, requested_at.isoformat(), running, signalled)
 
 
-@contextlib.contextmanager
-def _stop_on_signals(event: threading.Event) -> Iterator[threading.Event]:
-    """SIGTERM and SIGINT set ``event`` (a stop request) while the block runs; handlers restored after.
-
-    Only the main thread can install handlers; elsewhere the event is the only way to stop.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        yield event
-        return
-
-    def request_stop(signum: int, _frame: Any) -> None:
-        log.warning("%s: stopping after a final global checkpoint", signal.Signals(signum).name)
-        event.set()
-
-    previous = {sig: signal.signal(sig, request_stop) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        yield event
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-
-
 @_named
 def recover(
     config: PipelineConfig,
@@ -288,6 +359,7 @@ def recover(
     faults: Iterable[str] = (),
     progress: Progress | None = None,
     release: Iterable[str] = (),
+    drop: Iterable[str] = (),
 ) -> RecoverResult:
     """A global restore from ``checkpoint_id`` (latest by default), optionally a rescale.
 
@@ -296,8 +368,16 @@ def recover(
     parallelism. A dry run opens read-only: nothing is written anywhere. ``release``:
     quarantined splits to put back (protocol rule 1.8); they are read again from their
     position, and the release is committed with the next checkpoint (so ``epochs`` >= 1).
+    ``drop``: live or quarantined splits whose file is gone, forgotten for good (audited
+    DROPPED_BY_OPERATOR; refused while the source still lists one), committed the same way.
     """
     release = tuple(dict.fromkeys(release))
+    drop = tuple(dict.fromkeys(drop))
+    both = sorted(set(release) & set(drop))
+    if both:
+        raise InvalidParameterError(
+            "drop", both[0], "a split not also given to --release", "release reads it on, drop forgets it"
+        )
     if parallelism is not None and (
         isinstance(parallelism, bool) or not isinstance(parallelism, int) or parallelism < 1
     ):
@@ -306,15 +386,19 @@ def recover(
         check_parallelism(parallelism)
     if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 0:
         raise InvalidParameterError("epochs", epochs, "an integer >= 0")
-    if release and epochs == 0 and not dry_run:
+    if epochs == 0 and not dry_run:
         raise InvalidParameterError(
             "epochs",
             epochs,
-            "an integer >= 1 with --release",
-            "a release is committed by the next checkpoint",
+            "an integer >= 1, or 0 with --dry-run",
+            "a recovery (and a release or a drop) is applied by the checkpoint of the epoch after it, so "
+            "with 0 epochs nothing would be applied; --dry-run shows the plan without writing",
         )
+    if _local_state_missing(config):
+        raise _no_state_error(config, "there is nothing to recover")
     with contextlib.ExitStack() as stack:
         lease = None if dry_run else stack.enter_context(writer_lease(config))  # a dry run writes nothing
+        _require_checkpoint_to_recover(config)  # after the lease: a run starting now is refused by it first
         pipeline = _pipeline(
             config, faults=faults, progress=progress, read_only=dry_run, lease=lease or False
         )
@@ -330,8 +414,16 @@ def recover(
             released = tuple(s.split_id for s in pipeline.driver.release(release)) if release else ()
             for split_id in released:
                 log.warning("split %s released from quarantine: it is read again from its position", split_id)
+            dropped = tuple((s.split_id, s.position) for s in pipeline.driver.drop(drop)) if drop else ()
+            for split_id, position in dropped:
+                log.warning(
+                    "split %s dropped by the operator at position %s: its records before it stay in the "
+                    "sink, the rest is never read",
+                    split_id,
+                    position,
+                )
             if dry_run or epochs == 0:
-                return RecoverResult(config.name, opened, dry_run, released=released)
+                return RecoverResult(config.name, opened, dry_run, released=released, dropped=dropped)
             summary = pipeline.run(epochs)
         finally:
             pipeline.close()
@@ -343,6 +435,7 @@ def recover(
         checkpoints=summary.counts(),
         committed_records=summary.committed_records,
         released=released,
+        dropped=dropped,
     )
 
 
@@ -447,9 +540,52 @@ def metrics_text(config: PipelineConfig) -> str:
     return text
 
 
+def _local_state_missing(config: PipelineConfig) -> bool:
+    """The state folder is a local path that does not exist (never created, or a typo in state.path)."""
+    path = config.state_path
+    return "://" not in path and not os.path.isdir(path)
+
+
+def _no_state_error(config: PipelineConfig, what: str) -> StateError:
+    origin = f" in {config.origin}" if config.origin else ""
+    return StateError(
+        f"pipeline {config.name!r} has no state folder at {config.state_path} (state.path{origin}): {what}. "
+        "Check the path for a typo; a pipeline that never ran gets its state from its first "
+        "'splitkeeper run'",
+        pipeline=config.name,
+        path=config.state_path,
+    )
+
+
+def _require_checkpoint_to_recover(config: PipelineConfig) -> None:
+    """``recover`` restores a checkpoint: refused (nothing written but the lease) when the pipeline has none.
+
+    A first epoch whose sink commit landed without its checkpoint row still counts: the
+    restore finishes it from its decision record (a redo).
+    """
+    from splitkeeper.runtime.sink import DeltaSink
+
+    if _state_store(config).checkpoint_ids():
+        return
+    if DeltaSink(config.sink_path, config.name, read_only=True).committed_epoch() is not None:
+        return  # a redo: the sink holds an epoch whose checkpoint row is missing
+    raise CheckpointError(
+        f"pipeline {config.name!r} has no completed checkpoint to recover from (state at "
+        f"{config.state_path}); nothing was done. 'splitkeeper run' starts the pipeline",
+        pipeline=config.name,
+    )
+
+
 @_named
 def status(config: PipelineConfig, *, last: int = 10) -> StatusResult:
-    """The latest checkpoint, its ref chain and loads, and the last ``last`` timeline entries. Read-only."""
+    """The latest checkpoint, its ref chain and loads, and the last ``last`` timeline entries. Read-only.
+
+    StateError when the state folder is a local path that does not exist (a typo in
+    ``state.path``, or a pipeline that never ran); an existing folder without a completed
+    checkpoint is a pipeline that has not checkpointed yet.
+    """
+    if _local_state_missing(config):
+        raise _no_state_error(config, "nothing to show")
     store = _state_store(config)
     latest = store.latest_checkpoint()
     info = None

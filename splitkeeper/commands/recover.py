@@ -57,6 +57,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "after their commit, from their decision records (damaged files are moved to <state>/_damaged/); "
         "restores nothing and runs no epoch; with --dry-run only lists what it would do",
     )
+    parser.add_argument(
+        "--drop",
+        action="append",
+        default=[],
+        metavar="SPLIT",
+        help="forget a split whose file is gone (deleted or moved away): its records so far stay in the "
+        "sink, the rest is never read; audited; repeatable",
+    )
     add_fault_argument(parser)
     parser.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
 
@@ -80,6 +88,7 @@ def run(args: argparse.Namespace) -> int:
         epochs=args.epochs,
         faults=args.fault,
         release=args.release,
+        drop=args.drop,
     )
     opened = result.opened
     if args.json:
@@ -98,6 +107,8 @@ def run(args: argparse.Namespace) -> int:
     print("per-reader load:", opened.loads)
     for split_id in result.released:
         print(f"released from quarantine: {split_id} (read again from its position)")
+    for split_id, position in result.dropped:
+        print(f"dropped: {split_id} at position {position} (its file is gone; never read again)")
     if result.dry_run:
         print("dry run: nothing was written")
     elif result.epochs:

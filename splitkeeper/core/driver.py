@@ -100,6 +100,8 @@ from splitkeeper.errors import (
     ConcurrentRunError,
     InvalidParameterError,
     ProtocolError,
+    RunStalledError,
+    SourceError,
     StagedOutputError,
     StateError,
 )
@@ -111,6 +113,30 @@ OPERATOR_STATE_KEEP = 8
 #: A split with less than ``budget / TAIL_DIVISOR`` left after its budget is planned to its end
 #: (no tiny remainder that costs a whole epoch of its own).
 TAIL_DIVISOR = 4
+#: Aborted epochs in a row after which a bounded run stops (``checkpoint.max_consecutive_aborts``).
+MAX_CONSECUTIVE_ABORTS = 5
+
+
+def check_abort_limit(
+    max_consecutive_aborts: object, on_split_failure: SplitFailurePolicy, quarantine_after: int
+) -> None:
+    """``max_consecutive_aborts`` must be an integer >= 1, and above ``quarantine_after`` under quarantine.
+
+    On a first run, a region whose split cannot be read has no state to fall back to, so every
+    epoch aborts until the split is quarantined (after ``quarantine_after`` of them): a run that
+    gave up first would never let quarantine free the other splits.
+    """
+    n = max_consecutive_aborts
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise InvalidParameterError("max_consecutive_aborts", n, "an integer >= 1 (aborted epochs in a row)")
+    if on_split_failure is SplitFailurePolicy.QUARANTINE and n <= quarantine_after:
+        raise InvalidParameterError(
+            "max_consecutive_aborts",
+            n,
+            f"an integer > quarantine_after ({quarantine_after}) when on_split_failure is quarantine",
+            "a run must outlast the epochs it takes to quarantine a split that cannot be read",
+        )
+
 
 EnumeratorFactory = Callable[..., SplitEnumerator]
 """``(source, context, strategy, restored=snapshot | None) -> SplitEnumerator`` (:func:`enumerator_for`)."""
@@ -138,8 +164,9 @@ class DriverSettings:
     strategy_options: Mapping[str, Any] = field(default_factory=dict)
     redistribution: Redistribution = Redistribution.EVEN_SPLIT
     rebalance_threshold: float = 1.25  # weighted: measured imbalance (max/min) that re-weights
-    on_split_failure: SplitFailurePolicy = SplitFailurePolicy.STALL
+    on_split_failure: SplitFailurePolicy = SplitFailurePolicy.QUARANTINE
     quarantine_after: int = 3  # quarantine: epochs in a row a split's reads fail before it is parked
+    max_consecutive_aborts: int = MAX_CONSECUTIVE_ABORTS  # a bounded run stops after this many in a row
 
     def __post_init__(self) -> None:
         if not isinstance(self.pipeline, str) or not self.pipeline:
@@ -160,6 +187,7 @@ class DriverSettings:
         after = self.quarantine_after
         if isinstance(after, bool) or not isinstance(after, int) or after < 1:
             raise InvalidParameterError("quarantine_after", after, "an integer >= 1 (epochs in a row)")
+        check_abort_limit(self.max_consecutive_aborts, self.on_split_failure, after)
         threshold = self.rebalance_threshold
         if isinstance(threshold, bool) or not isinstance(threshold, int | float) or not threshold >= 1.0:
             raise InvalidParameterError("rebalance_threshold", threshold, "a ratio >= 1.0 (max / min load)")
@@ -244,6 +272,7 @@ class RunSummary:
     stopped: bool = False  # a continuous run that stopped on request, on a global checkpoint
     interval_switches: tuple[IntervalSwitch, ...] = ()
     quarantined: tuple[str, ...] = ()  # splits parked at the end (read by nobody until released)
+    interrupted: bool = False  # a bounded run that stopped between epochs because a stop was requested
 
     def counts(self) -> dict[str, int]:
         out = {k.value: 0 for k in CheckpointKind}
@@ -351,6 +380,7 @@ class EpochDriver:
         self.last_restore: RestoredCheckpoint | None = None  # what the latest restore redistributed
         self.meter = ThroughputMeter()  # per-split arrival rates: the weighted strategy's weights
         self._failing: dict[str, tuple[int, str]] = {}  # split -> (failed epochs in a row, last error)
+        self._unplannable: dict[int, dict[str, str]] = {}  # this epoch: region -> split -> why not planned
         self.restores = 0  # global restores so far (open, abort, explicit)
         self._audit_persisted = 0
         self._settled = False  # restored from a global checkpoint at the same parallelism, nothing run yet
@@ -738,6 +768,32 @@ class EpochDriver:
             self._failing.pop(split.split_id, None)
         return released
 
+    def drop(self, split_ids: Sequence[str]) -> list[Split]:
+        """Drop splits the source no longer has (``recover --drop``): never read again, audited.
+
+        Each must be live or quarantined, and gone from the source's discovery now (its file
+        deleted): a split the source still lists would be discovered again and read from its
+        start, so it is refused (release it, or remove its file first). Its records up to its
+        position stay in the sink; the enumerator forgets it (DROPPED_BY_OPERATOR, with that
+        position), and the restart checks count it as dropped, like a removed subscription's.
+        """
+        enumerator, _context = self._require_open()
+        still = {s.split_id for s in self.source.discover_splits()} & set(split_ids)
+        if still:
+            raise InvalidParameterError(
+                "drop",
+                sorted(still)[0],
+                "a split the source no longer has (its file deleted or moved away)",
+                "the source still lists it, so it would be read again from its start: "
+                "'recover --release' reads it on from its position, or move the file out of the source first",
+            )
+        dropped = []
+        self._settled = False  # a drop is a change the next checkpoint must commit, even with nothing to read
+        for split_id in split_ids:
+            dropped.append(enumerator.drop(split_id, "by the operator (recover --drop)"))
+            self._failing.pop(split_id, None)
+        return dropped
+
     def _split_weights(self) -> tuple[tuple[str, float], ...]:
         """Each owned split's weight under the weighted strategy (what the balance check weighs)."""
         enumerator, _context = self._require_open()
@@ -814,6 +870,7 @@ class EpochDriver:
             budget_total = self.settings.backlog.epoch_records(enumerator.processing_backlog)
             records_per_split = max(1, budget_total // max(1, active))
         plan: dict[int, list[PlannedRange]] = {}
+        self._unplannable = {}
         for reader in range(self.parallelism):
             ranges = []
             mine = context.reader_splits.get(reader, {})
@@ -821,11 +878,38 @@ class EpochDriver:
                 split = mine[split_id]
                 if split.finished:
                     continue
-                end = self._plan_end(split, records_per_split)
+                try:
+                    end = self._plan_end(split, records_per_split)
+                except SourceError as err:  # its file is gone or unreadable: a failed read of the split
+                    self._unplannable.setdefault(reader, {})[split_id] = str(err)
+                    continue
                 if end > split.position:
                     ranges.append(PlannedRange(split, split.position, end))
             plan[reader] = ranges
         return plan
+
+    def _unplannable_runs(self, plan: dict[int, list[PlannedRange]]) -> dict[int, RegionRun]:
+        """Regions owning a split the source could not plan decline this epoch, naming it (rule 1.8).
+
+        The source raised SourceError for the split while planning (its file deleted or
+        unreadable): that is a failed read of the split, counted by ``on_split_failure`` like
+        one that fails in the region task, so its region reads nothing this epoch (its plan is
+        emptied) and declines. Under ``stall`` the split holds its region back; under
+        ``quarantine`` it is parked after ``quarantine_after`` epochs and the rest goes on.
+        """
+        runs: dict[int, RegionRun] = {}
+        for region, failed in sorted(self._unplannable.items()):
+            plan[region] = []
+            errors = "; ".join(
+                f"split {sid!r} cannot be planned: {why}" for sid, why in sorted(failed.items())
+            )
+            runs[region] = RegionRun(
+                region_id=region,
+                outcome=RegionOutcome.DECLINE,
+                error=errors,
+                failed_splits=tuple(sorted(failed)),
+            )
+        return runs
 
     def _plan_end(self, split: Split, budget: int) -> int:
         stretched = self.source.plan_end(split, split.position, budget + budget // TAIL_DIVISOR)
@@ -865,15 +949,18 @@ class EpochDriver:
         self._quarantine_failing()
         self._reweigh()
         backlog = enumerator.processing_backlog
+        self._unplannable = {}
         planned = {} if final else self.plan(records_per_split)
         plan = {r: planned.get(r, []) for r in range(self.parallelism)}
+        declined = self._unplannable_runs(plan)
         plan, lost = self._check_retention(plan)  # before the plan is persisted: fail, or skip and record
         self._check_fence(epoch)  # a run that another run overtook stops before it writes anything
         self._write_plan(epoch, plan)
         lap("plan")
         self.hooks.crash_point(CrashPoint.AFTER_PLAN, epoch)
 
-        runs = self.runner.run(epoch, plan, self.settings.checkpoint.region_timeout_s)
+        to_run = {r: ranges for r, ranges in plan.items() if r not in declined}
+        runs = {**self.runner.run(epoch, to_run, self.settings.checkpoint.region_timeout_s), **declined}
         lap("read")
         context.on_checkpoint(epoch)
         pending = coordinator.trigger(epoch, final=final, now=self.clock.now())
@@ -1163,7 +1250,13 @@ class EpochDriver:
 
     # -- runs --------------------------------------------------------------------------------
 
-    def run(self, epochs: int | None = None, *, until_caught_up: bool = False) -> RunSummary:
+    def run(
+        self,
+        epochs: int | None = None,
+        *,
+        until_caught_up: bool = False,
+        stop_requested: Callable[[], bool] | None = None,
+    ) -> RunSummary:
         """Run at most ``epochs`` epochs, or (None) until a bounded source is read and checkpointed globally.
 
         A bounded run finishes with the global checkpoint of the epoch that read its last
@@ -1177,6 +1270,12 @@ class EpochDriver:
         split has reached the end it had at the start (Spark's ``Trigger.AvailableNow``,
         Flink's bounded ``KafkaSource`` with latest stopping offsets). Records that arrive
         meanwhile may be read too; splits discovered during the run are not waited for.
+
+        A run cannot be held hostage by what keeps failing: after ``max_consecutive_aborts``
+        aborted epochs in a row, or when none of the ``epochs`` it was asked for completed,
+        it raises RunStalledError naming the failing splits and regions, their errors and
+        what to do (nothing of an aborted epoch was committed). ``stop_requested`` is asked
+        before each epoch; once it answers True the run returns with ``interrupted`` set.
         """
         if self.context is None:
             self.open()
@@ -1189,12 +1288,21 @@ class EpochDriver:
         if self.source.bounded and self._settled:
             enumerator.add_splits(self.source.discover_splits())
             finished = self._unfinished() == 0
+        aborted_in_a_row = 0
+        interrupted = False
         while not (finished or caught_up) and (epochs is None or len(reports) < epochs):
+            if stop_requested is not None and stop_requested():
+                interrupted = True
+                break
             report = self.run_epoch(final=final)
             reports.append(report)
             final = False
             if report.kind is CheckpointKind.ABORTED:
+                aborted_in_a_row += 1
+                if aborted_in_a_row >= self.settings.max_consecutive_aborts:
+                    raise self._stalled(reports[-aborted_in_a_row:], asked=None)
                 continue
+            aborted_in_a_row = 0
             enumerator, _context = self._require_open()
             if self.source.bounded and self._unfinished() == 0:
                 enumerator.add_splits(self.source.discover_splits())
@@ -1204,12 +1312,60 @@ class EpochDriver:
             elif targets is not None and not self._behind(targets):
                 caught_up = report.kind is CheckpointKind.GLOBAL
                 final = not caught_up
+        if reports and not interrupted and all(r.kind is CheckpointKind.ABORTED for r in reports):
+            raise self._stalled(reports, asked=epochs or len(reports))
+        enumerator, _context = self._require_open()
         return RunSummary(
             tuple(reports),
             finished,
             sum(r.committed_records for r in reports),
             caught_up,
             quarantined=tuple(sorted(enumerator.quarantined)),
+            interrupted=interrupted,
+        )
+
+    def _stalled(self, aborted: Sequence[EpochReport], *, asked: int | None) -> RunStalledError:
+        """The error that ends a run whose epochs keep aborting: one paragraph, what failed and what to do."""
+        settings = self.settings
+        first, last = aborted[0].epoch, aborted[-1].epoch
+        span = f"epoch {first}" if first == last else f"epochs {first}-{last}"
+        if asked is None:
+            head = (
+                f"{len(aborted)} epochs in a row were aborted ({span}; "
+                f"checkpoint.max_consecutive_aborts={settings.max_consecutive_aborts}), so the run stops"
+            )
+        else:
+            head = f"none of the {asked} epoch(s) this run was asked for completed ({span} aborted)"
+        latest = max(self.state.checkpoint_ids(), default=None)
+        where = f"latest checkpoint {latest}" if latest is not None else "no checkpoint has completed yet"
+        failing = sorted(self._failing.items())
+        splits = "; ".join(
+            f"split {sid!r} (reads failed {n} epoch(s) in a row: {why[:300]})"
+            for sid, (n, why) in failing[:5]
+        )
+        regions = "; ".join(
+            f"region {r}: {why[:300]}" for r, why in sorted(aborted[-1].region_errors.items())
+        )
+        what = " Failing: " + (splits or regions or aborted[-1].reason[:300]) + "."
+        if failing and settings.on_split_failure is SplitFailurePolicy.STALL:
+            advice = (
+                "Fix or restore the named files and run again; or set checkpoint.on_split_failure: "
+                "quarantine, so that a split whose reads keep failing is parked and the others commit"
+            )
+        elif failing:
+            advice = (
+                "Fix or restore the named files and run again; a split whose file is gone for good can be "
+                "dropped with 'splitkeeper recover --drop SPLIT'"
+            )
+        else:
+            advice = "Fix what makes the regions fail (the errors above) and run again"
+        return RunStalledError(
+            f"pipeline {settings.pipeline!r}: {head}. Nothing of those epochs was committed ({where})."
+            f"{what} {advice}; 'splitkeeper status' shows the checkpoints.",
+            pipeline=settings.pipeline,
+            epochs=tuple(r.epoch for r in aborted),
+            split_ids=tuple(sid for sid, _ in failing),
+            region_errors=dict(aborted[-1].region_errors),
         )
 
     def run_continuously(

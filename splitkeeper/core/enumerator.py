@@ -963,6 +963,41 @@ class SplitEnumerator:
         self._after_event()
         return split
 
+    def drop(self, split_id: str, detail: str) -> Split:
+        """Forget a live or quarantined split for good (``recover --drop``: its file is gone).
+
+        Its owner (if any) is told to stop reading it (``revoke_splits``); its position stays
+        where its records end in the sink. Audited (DROPPED_BY_OPERATOR, ``detail`` plus the
+        position). InvalidParameterError when the split is neither live nor quarantined.
+        """
+        self._require_started("drop")
+        owner: int | None = None
+        split = self._quarantined.pop(split_id, None)
+        if split is None:
+            split = self._splits.get(split_id)
+            if split is None:
+                raise InvalidParameterError(
+                    "split",
+                    split_id,
+                    "a live or quarantined split (quarantined now: "
+                    f"{sorted(self._quarantined) or 'none'}; finished splits are never read again anyway)",
+                )
+            owner = self.owner_of(split_id)
+            self._retire(split_id, owner)
+        self._audit.append(
+            (
+                RecoveryDecision.DROPPED_BY_OPERATOR,
+                owner,
+                split_id,
+                self._last_checkpoint_id,
+                f"{detail}; at {split.position}",
+            )
+        )
+        if owner is not None:
+            self._context.revoke_splits({owner: [split_id]})
+        self._after_event()
+        return split
+
     def rebalance(self) -> int:
         """Apply the strategy's rebalance now (its weights changed); returns how many splits moved.
 

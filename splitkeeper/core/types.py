@@ -118,15 +118,18 @@ class RecoveryDecision(enum.Enum):
     SKIPPED_LOST_RANGE = "skipped_lost_range"  # positions the source no longer had were skipped (retention)
     QUARANTINED = "quarantined"  # its reads failed too many epochs in a row: parked, read by nobody
     RELEASED = "released"  # an operator put a quarantined split back (recover --release)
+    DROPPED_BY_OPERATOR = "dropped_by_operator"  # its file is gone; an operator dropped it (recover --drop)
 
 
 class SplitFailurePolicy(enum.Enum):
     """What happens to a split whose reads keep failing (protocol rule 1.8).
 
     ``STALL``: its region declines every epoch, and so falls back until the chain limit
-    aborts checkpoints (the split blocks the pipeline until it is fixed). ``QUARANTINE``:
+    aborts checkpoints (the split blocks the pipeline until it is fixed; a bounded run stops
+    after ``max_consecutive_aborts`` aborted epochs in a row). ``QUARANTINE`` (the default):
     after ``quarantine_after`` failed epochs in a row it is parked, and the other splits go
-    on checkpointing globally.
+    on checkpointing globally. A read fails when its file cannot be planned (deleted,
+    unreadable) or read (not UTF-8, a transform that raises).
     """
 
     STALL = "stall"

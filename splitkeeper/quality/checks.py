@@ -88,6 +88,7 @@ DATA_DOCS_SITE = "splitkeeper"
 _DROPPED_DECISIONS = (
     RecoveryDecision.DROPPED_REMOVED_SUBSCRIPTION.value,
     RecoveryDecision.DROPPED_UNKNOWN.value,
+    RecoveryDecision.DROPPED_BY_OPERATOR.value,  # recover --drop: its file is gone
 )
 
 

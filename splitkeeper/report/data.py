@@ -71,6 +71,7 @@ class ParkedSplit:
     error: str  # the audit detail: why its reads failed
     position: int | None  # where it is parked (latest checkpoint); None once released
     released_at: int | None = None  # checkpoint that committed the release (recover --release)
+    dropped: bool = False  # released_at is when it was dropped (recover --drop: its file is gone)
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,11 +155,20 @@ class ReportData:
                         self.parked_positions.get(a.split_id),
                     )
                 )
-            elif a.decision == RecoveryDecision.RELEASED.value and a.split_id in open_:
+            elif a.split_id in open_ and a.decision in (
+                RecoveryDecision.RELEASED.value,
+                RecoveryDecision.DROPPED_BY_OPERATOR.value,
+            ):
                 i = open_.pop(a.split_id)
                 p = out[i]
                 out[i] = ParkedSplit(
-                    p.split_id, p.quarantined_at, p.reader_id, p.error, None, a.checkpoint_id
+                    p.split_id,
+                    p.quarantined_at,
+                    p.reader_id,
+                    p.error,
+                    None,
+                    a.checkpoint_id,
+                    dropped=a.decision == RecoveryDecision.DROPPED_BY_OPERATOR.value,
                 )
         # parked in a checkpoint whose audit retention already deleted
         for sid, position in sorted(self.parked_positions.items()):

@@ -389,12 +389,18 @@ def _decisions_section(data: ReportData) -> _Section:
     )
 
 
+def _released(p: ParkedSplit) -> object:
+    if p.released_at is None:
+        return "-"
+    return f"{p.released_at} (dropped)" if p.dropped else p.released_at
+
+
 def _parked_section(parked: list[ParkedSplit]) -> _Section:
     now = [p for p in parked if p.released_at is None]
     table = _table(
         "table-parked",
         "Quarantined splits",
-        ["split", "quarantined at", "reader", "error", "parked at position", "released at"],
+        ["split", "quarantined at", "reader", "error", "parked at position", "released (or dropped) at"],
         [
             (
                 p.split_id,
@@ -402,7 +408,7 @@ def _parked_section(parked: list[ParkedSplit]) -> _Section:
                 "-" if p.reader_id is None else p.reader_id,
                 p.error,
                 "-" if p.position is None else p.position,
-                "-" if p.released_at is None else p.released_at,
+                _released(p),
             )
             for p in parked
         ],
@@ -413,7 +419,8 @@ def _parked_section(parked: list[ParkedSplit]) -> _Section:
         "(checkpoint.on_split_failure: quarantine); the other splits checkpoint globally. "
         "The restart checks count a parked split as neither lost nor duplicated."
         if now
-        else "Every quarantined split was released and is read again from its position."
+        else "Every quarantined split was released (read again from its position) or dropped (its file "
+        "gone: 'recover --drop')."
     )
     return _section("parked", "Quarantined splits", lead, table)
 

@@ -25,7 +25,8 @@ Shape of a file (YAML)::
       split_bytes: 67108864
     checkpoint: {max_consecutive_failures: 3, max_failure_ratio: 0.5,
                  region_timeout_s: 300, retain_checkpoints: 3,
-                 on_split_failure: stall, quarantine_after: 3}   # or: quarantine
+                 on_split_failure: quarantine, quarantine_after: 3,   # or: stall
+                 max_consecutive_aborts: 5}
     backlog: {backlog_epoch_records: 200000, normal_epoch_records: 20000,
               backlog_interval_s: 60, normal_interval_s: 5}
     rescale: {operator_state: even-split}   # or union (protocol rule 2.8)
@@ -73,6 +74,7 @@ from typing import Any, TypeVar
 from splitkeeper.core.assignment import STRATEGIES
 from splitkeeper.core.backlog import BacklogConfig
 from splitkeeper.core.checkpoint import CheckpointConfig
+from splitkeeper.core.driver import MAX_CONSECUTIVE_ABORTS, check_abort_limit
 from splitkeeper.core.rescale import Redistribution
 from splitkeeper.core.types import SplitFailurePolicy
 from splitkeeper.errors import ConfigError, InvalidParameterError
@@ -231,18 +233,21 @@ class CheckpointSettings(CheckpointConfig):
     and the coordinator takes it as is); ``regions_independent`` comes from the
     top-level ``regions`` key. ``retain_checkpoints``: completed checkpoints kept
     besides those a later checkpoint still references (protocol rule 2.7).
-    ``on_split_failure``: ``stall`` (a split whose reads keep failing blocks the
-    pipeline until fixed) or ``quarantine`` (after ``quarantine_after`` failed epochs
-    in a row it is parked and the rest goes on; protocol rule 1.8).
+    ``on_split_failure``: ``quarantine`` (the default: after ``quarantine_after`` failed
+    epochs in a row a split is parked and the rest goes on; protocol rule 1.8) or ``stall``
+    (a split whose reads keep failing blocks the pipeline until fixed).
+    ``max_consecutive_aborts``: a bounded run stops with an error naming what fails after
+    that many aborted epochs in a row (above ``quarantine_after`` under quarantine).
     ``full_snapshot_every``: the state store writes the enumerator state of at most that
     many checkpoints per full snapshot, the others as deltas against it (1: every
     checkpoint full; :class:`~splitkeeper.state.checkpoints.DeltaStateStore` rule 6).
     """
 
     retain_checkpoints: int = 3
-    on_split_failure: SplitFailurePolicy = SplitFailurePolicy.STALL
+    on_split_failure: SplitFailurePolicy = SplitFailurePolicy.QUARANTINE
     quarantine_after: int = 3
     full_snapshot_every: int = 20
+    max_consecutive_aborts: int = MAX_CONSECUTIVE_ABORTS
 
     def __post_init__(self) -> None:
         CheckpointConfig.__post_init__(self)
@@ -253,6 +258,7 @@ class CheckpointSettings(CheckpointConfig):
         if isinstance(after, bool) or not isinstance(after, int) or after < 1:
             raise InvalidParameterError("quarantine_after", after, "an integer >= 1 (failed epochs in a row)")
         check_full_snapshot_every(self.full_snapshot_every)
+        check_abort_limit(self.max_consecutive_aborts, self.on_split_failure, after)
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -90,6 +91,7 @@ def driver_settings(config: PipelineConfig, redistribution: Redistribution | Non
         rebalance_threshold=config.rebalance_threshold,
         on_split_failure=config.checkpoint.on_split_failure,
         quarantine_after=config.checkpoint.quarantine_after,
+        max_consecutive_aborts=config.checkpoint.max_consecutive_aborts,
     )
 
 
@@ -159,8 +161,10 @@ class SparkRegionRunner(RegionRunner):
         transform: Transform,
         staging_path: str,
         faults: FaultPlan,
+        interrupt: threading.Event | None = None,
     ) -> None:
         self.spark = spark
+        self.interrupt = interrupt  # set: the epoch in its read phase is abandoned (EpochAbandoned)
         self.pipeline = pipeline
         self.connector = connector
         self.transform = transform
@@ -182,7 +186,9 @@ class SparkRegionRunner(RegionRunner):
             )
             for r, ranges in plan.items()
         }
-        runs = run_regions(self.spark, self.pipeline, epoch, payloads, _region_task, timeout_s)
+        runs = run_regions(
+            self.spark, self.pipeline, epoch, payloads, _region_task, timeout_s, interrupt=self.interrupt
+        )
         out: dict[int, RegionRun] = {}
         for r, run in runs.items():
             if run.status is RegionStatus.FINISHED:
@@ -236,6 +242,7 @@ class Pipeline:
         read_only: bool = False,
         lease: bool | HeldLease = True,
         metrics: bool = False,
+        interrupt: threading.Event | None = None,
     ) -> None:
         hooks = RuntimeHooks(progress)
         self.hooks = hooks
@@ -264,7 +271,13 @@ class Pipeline:
             driver_settings(config),
             self.connector,
             SparkRegionRunner(
-                spark, config.name, self.connector, self.transform, config.staging_path, self.faults
+                spark,
+                config.name,
+                self.connector,
+                self.transform,
+                config.staging_path,
+                self.faults,
+                interrupt,
             ),
             self.sink,
             self.store,
@@ -320,8 +333,14 @@ class Pipeline:
     def run_epoch(self, *, final: bool = False) -> EpochReport:
         return self.driver.run_epoch(final=final)
 
-    def run(self, epochs: int | None = None, *, until_caught_up: bool = False) -> RunSummary:
-        return self.driver.run(epochs, until_caught_up=until_caught_up)
+    def run(
+        self,
+        epochs: int | None = None,
+        *,
+        until_caught_up: bool = False,
+        stop_requested: Callable[[], bool] | None = None,
+    ) -> RunSummary:
+        return self.driver.run(epochs, until_caught_up=until_caught_up, stop_requested=stop_requested)
 
     def close(self) -> None:
         """Release the lease (heartbeats stop) and the source's clients. Idempotent."""

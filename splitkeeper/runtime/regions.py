@@ -28,9 +28,20 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from splitkeeper.errors import InvalidParameterError
+from splitkeeper.errors import InvalidParameterError, SplitkeeperError
 
 log = logging.getLogger("splitkeeper.runtime.regions")
+#: How long an abandoned epoch waits for its cancelled region jobs to wind down.
+ABANDON_WAIT_S = 10.0
+
+
+class EpochAbandoned(SplitkeeperError):
+    """The epoch's read phase was abandoned because a stop was requested (``params['epoch']``).
+
+    Every region job still running was cancelled; nothing of the epoch is committed.
+    """
+
+    code = "INTERRUPTED"
 
 
 #: The highest parallelism a pipeline may have. Every epoch runs each region as its own
@@ -116,6 +127,8 @@ def run_regions(
     task: Callable[[Any], Any],
     timeout_s: float,
     poll_s: float = 0.05,
+    *,
+    interrupt: threading.Event | None = None,
 ) -> dict[int, RegionRun]:
     """Run ``task(payload)`` for every region as its own Spark job; return each region's outcome.
 
@@ -124,6 +137,8 @@ def run_regions(
     counts from the moment its task starts running, measured with Spark's status
     tracker; a region whose task has not started ``timeout_s`` after submission
     times out too (it may never be scheduled), and its job is cancelled before it runs.
+    Once ``interrupt`` is set, every region job still running is cancelled and
+    EpochAbandoned is raised (after the jobs wound down, at most ``ABANDON_WAIT_S``).
     """
     sc = spark.sparkContext
     tracker = sc.statusTracker()
@@ -157,6 +172,8 @@ def run_regions(
     started: dict[int, float] = {}
     cancelled: set[int] = set()
     while not done.is_set():
+        if interrupt is not None and interrupt.is_set():
+            _abandon(sc, pipeline, epoch, [r for r in payloads if r not in runs], threads)
         now = time.monotonic()
         for region in payloads:
             if region in started or region in runs:
@@ -203,6 +220,22 @@ def run_regions(
             round(end - submitted, 3),
         )
     return dict(sorted(out.items()))
+
+
+def _abandon(
+    sc: Any, pipeline: str, epoch: int, running: list[int], threads: Mapping[int, threading.Thread]
+) -> None:
+    """Cancel the regions still running and raise EpochAbandoned once they wound down."""
+    log.warning("epoch %s abandoned: cancelling regions %s", epoch, running, extra={"epoch": epoch})
+    for region in running:
+        sc.cancelJobGroup(_job_group(pipeline, epoch, region))
+    deadline = time.monotonic() + ABANDON_WAIT_S
+    for region in running:
+        threads[region].join(timeout=max(0.0, deadline - time.monotonic()))
+    raise EpochAbandoned(
+        f"epoch {epoch} of pipeline {pipeline!r} was abandoned in its read phase: a stop was requested",
+        epoch=epoch,
+    )
 
 
 def _has_active_task(tracker: Any, group: str) -> bool:

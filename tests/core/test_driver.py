@@ -12,7 +12,13 @@ from splitkeeper.core.checkpoint import CheckpointConfig
 from splitkeeper.core.driver import DriverSettings, EpochDriver
 from splitkeeper.core.ports import CrashPoint, DriverHooks, EpochPlan, RegionRun
 from splitkeeper.core.types import CheckpointKind, RecoveryDecision, Split, SplitFailurePolicy
-from splitkeeper.errors import ConcurrentRunError, InvalidParameterError, ProtocolError
+from splitkeeper.errors import (
+    ConcurrentRunError,
+    InvalidParameterError,
+    ProtocolError,
+    RunStalledError,
+    SourceError,
+)
 from splitkeeper.sim.events import RegionFailure
 from splitkeeper.sim.simulator import (
     ReassignableSimSource,
@@ -307,6 +313,119 @@ def test_quarantine_parks_a_failing_split_so_the_rest_checkpoints_globally_and_r
     decisions = [a.decision for a in again.enumerator.audit if a.split_id == "a-1"]
     assert RecoveryDecision.RELEASED in decisions
     assert again.enumerator.quarantined == {}
+
+
+def test_a_bounded_run_stops_with_a_summary_after_max_consecutive_aborts_under_stall() -> None:
+    """Issue 19: a split that cannot be read made ``run`` loop through aborted epochs for ever."""
+    driver, ledger, _state = _poisoned(SplitFailurePolicy.STALL, {"a-1"})
+    driver.open()
+    with pytest.raises(RunStalledError) as caught:
+        driver.run(
+            100
+        )  # no epoch can complete: a first run, the poisoned region has no state to fall back to
+    message = str(caught.value)
+    assert message.startswith("[RUN_STALLED] pipeline 't': 5 epochs in a row were aborted (epochs 1-5;")
+    assert "split 'a-1' (reads failed 5 epoch(s) in a row: simulated unreadable record in a-1)" in message
+    assert "no checkpoint has completed yet" in message
+    assert "set checkpoint.on_split_failure: quarantine" in message
+    assert caught.value.params["split_ids"] == ("a-1",)
+    assert driver.next_epoch == 6  # it stopped there, not later
+    assert ledger.split_ids() == []
+
+
+def test_a_run_asked_for_epochs_fails_when_none_of_them_completed() -> None:
+    """Issue 19: ``run --epochs 6`` exited 0 when all 6 epochs aborted."""
+    driver, _ledger, _state = _poisoned(SplitFailurePolicy.STALL, {"a-1"})
+    driver.open()
+    with pytest.raises(RunStalledError, match=r"none of the 3 epoch\(s\) this run was asked for completed"):
+        driver.run(3)
+
+
+def test_quarantine_lets_a_first_run_commit_the_other_splits_within_the_abort_limit() -> None:
+    driver, ledger, _state = _poisoned(SplitFailurePolicy.QUARANTINE, {"a-1"})
+    driver.open()
+    summary = driver.run(6)  # epochs 1-2 abort (no fallback yet), a-1 is parked, the rest commits
+    kinds = [e.kind for e in summary.epochs]
+    assert kinds[:2] == [CheckpointKind.ABORTED] * 2 and kinds[2] is CheckpointKind.GLOBAL
+    assert summary.quarantined == ("a-1",)
+    assert {sid for sid in ledger.split_ids()} == {"a-0", "a-2", "a-3"}
+
+
+def test_the_abort_limit_must_outlast_quarantine() -> None:
+    with pytest.raises(
+        InvalidParameterError, match=r"max_consecutive_aborts=3 is not allowed: an integer > "
+    ):
+        DriverSettings(pipeline="t", parallelism=1, quarantine_after=3, max_consecutive_aborts=3)
+    DriverSettings(
+        pipeline="t",
+        parallelism=1,
+        quarantine_after=3,
+        max_consecutive_aborts=1,
+        on_split_failure=SplitFailurePolicy.STALL,
+    )
+
+
+class _DeletingSource(ReassignableSimSource):
+    """A source whose files can be deleted: a gone split is no longer discovered and cannot be planned."""
+
+    def __init__(self, subscriptions: set[str]) -> None:
+        super().__init__(subscriptions)
+        self.gone: set[str] = set()
+
+    def discover_splits(self) -> list[Split]:
+        return [s for s in super().discover_splits() if s.split_id not in self.gone]
+
+    def plan_end(self, split: Split, start: int, max_records: int) -> int:
+        if split.split_id in self.gone:
+            raise SourceError(
+                f"split {split.split_id!r}: file does not exist any more", split_id=split.split_id
+            )
+        return super().plan_end(split, start, max_records)
+
+
+def test_a_split_whose_file_is_deleted_is_quarantined_then_dropped_by_the_operator() -> None:
+    """Issue 19: a partly read file deleted from the source stopped the pipeline for good."""
+    source = _DeletingSource({"a"})
+    source.add([Split(f"a-{i}", "a", 0) for i in range(4)])
+    source.ends.update({f"a-{i}": 40 for i in range(4)})
+    runner = SimRegionRunner()
+    ledger = SimulatedSink()
+    settings = DriverSettings(
+        pipeline="t",
+        parallelism=2,
+        checkpoint=CheckpointConfig(max_consecutive_failures=2),
+        backlog=BacklogConfig(backlog_epoch_records=8, normal_epoch_records=8),
+        quarantine_after=2,
+    )
+    driver = EpochDriver(settings, source, runner, SimEpochSink(ledger, runner), SimState(), SimClock())
+    driver.open()
+    assert driver.run_epoch(records_per_split=4).kind is CheckpointKind.GLOBAL
+    source.gone.add("a-1")  # deleted after it was partly read
+    declined = driver.run_epoch(records_per_split=4)
+    assert declined.kind is CheckpointKind.REGIONAL  # its region falls back; planning raised no error
+    assert "split 'a-1' cannot be planned" in " ".join(declined.region_errors.values())
+    driver.run_epoch(records_per_split=4)
+    parked = driver.run_epoch(records_per_split=4)  # failed 2 epochs in a row: parked before planning
+    assert parked.kind is CheckpointKind.GLOBAL
+    assert driver.enumerator is not None and set(driver.enumerator.quarantined) == {"a-1"}
+    assert ledger.spans("a-1") == [(0, 4)]
+
+    source.gone.discard("a-1")  # a split the source still has is not dropped: it would be read again
+    with pytest.raises(InvalidParameterError, match="a split the source no longer has"):
+        driver.drop(["a-1"])
+    source.gone.add("a-1")
+    (dropped,) = driver.drop(["a-1"])
+    assert dropped.position == 4
+    assert driver.enumerator.quarantined == {}
+    for _ in range(12):
+        driver.run_epoch(records_per_split=4)
+    assert ledger.spans("a-1") == [(0, 4)]  # what it committed stays, nothing more is read
+    for sid in ("a-0", "a-2", "a-3"):
+        assert ledger.spans(sid) == [(0, 40)]
+    (audit,) = [a for a in driver.enumerator.audit if a.decision is RecoveryDecision.DROPPED_BY_OPERATOR]
+    assert audit.split_id == "a-1" and audit.detail.endswith("; at 4")
+    with pytest.raises(InvalidParameterError, match="a live or quarantined split"):
+        driver.enumerator.drop("a-1", "again")
 
 
 class _RacedSink(SimEpochSink):

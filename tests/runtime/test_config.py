@@ -62,8 +62,8 @@ def test_unknown_key_names_it_and_suggests_the_closest_known_key(tmp_path: Path)
     assert message == (
         f"[CONFIG_ERROR] unknown key checkpoint.max_failur_ratio=0.3 ({tmp_path / 'p.yaml'}): allowed keys "
         "under checkpoint are max_consecutive_failures, max_failure_ratio, region_timeout_s, "
-        "retain_checkpoints, on_split_failure, quarantine_after, full_snapshot_every; "
-        "did you mean 'checkpoint.max_failure_ratio'?"
+        "retain_checkpoints, on_split_failure, quarantine_after, full_snapshot_every, "
+        "max_consecutive_aborts; did you mean 'checkpoint.max_failure_ratio'?"
     )
 
 

@@ -500,6 +500,12 @@ class FileSource(SourceConnector, SupportsSplitReassignmentOnRecovery):
                 split_id=split.split_id,
                 path=path,
             ) from err
+        except OSError as err:  # unreadable (permission denied, ...): a failed read of the split
+            raise SourceError(
+                f"split {split.split_id!r}: file {path} cannot be read: {err.strerror or err}",
+                split_id=split.split_id,
+                path=path,
+            ) from err
 
     def reader(self) -> FileRegionReader:
         return FileRegionReader(self._root(), self._format)
