@@ -42,6 +42,7 @@ from splitkeeper.app.results import (
 )
 from splitkeeper.core.assignment import AssignmentStrategy, WeightedStrategy
 from splitkeeper.core.rescale import Redistribution
+from splitkeeper.core.types import Split
 from splitkeeper.errors import CheckpointError, InvalidParameterError, StateError
 from splitkeeper.runtime.config import PipelineConfig
 
@@ -490,6 +491,28 @@ def _strategy(config: PipelineConfig) -> str | AssignmentStrategy:
     return config.strategy
 
 
+def _source_splits(connector: Any, store: Any, checkpoint_id: int | None) -> list[Split]:
+    """The source's splits as the checked checkpoint knows them: a source that checks split
+    identities first learns the layout of the checkpoint's splits (a file read as a new
+    version, grown or moved keeps the ids the pipeline gave it), then discovers."""
+    from splitkeeper.core.source import SupportsSplitIdentityCheck
+
+    if isinstance(connector, SupportsSplitIdentityCheck):
+        checkpoint = (
+            store.latest_checkpoint() if checkpoint_id is None else store.load_checkpoint(checkpoint_id)
+        )
+        snapshot = None if checkpoint is None else checkpoint.enumerator
+        if snapshot is not None:
+            live = [
+                *snapshot.pool,
+                *snapshot.quarantined,
+                *(s for ss in snapshot.assignments.values() for s in ss),
+            ]
+            connector.check_splits(live, snapshot.finished_identities)
+    splits: list[Split] = connector.discover_splits()
+    return splits
+
+
 @_named
 def validate(config: PipelineConfig, checkpoint_id: int | None = None) -> ValidationResult:
     """The restart checks (protocol section 6, Great Expectations) on a checkpoint and the sink.
@@ -512,7 +535,7 @@ def validate(config: PipelineConfig, checkpoint_id: int | None = None) -> Valida
             max_consecutive_failures=config.checkpoint.max_consecutive_failures,
             subscriptions=connector.subscriptions(),
             data_docs_dir=reports_dir(config) / "data_docs",
-            source_splits=connector.discover_splits(),
+            source_splits=_source_splits(connector, store, checkpoint_id),
         )
     finally:
         connector.close()

@@ -91,6 +91,7 @@ def driver_settings(config: PipelineConfig, redistribution: Redistribution | Non
         rebalance_threshold=config.rebalance_threshold,
         on_split_failure=config.checkpoint.on_split_failure,
         quarantine_after=config.checkpoint.quarantine_after,
+        on_file_change=config.source.on_file_change,
     )
 
 
