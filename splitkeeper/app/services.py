@@ -536,6 +536,7 @@ def validate(config: PipelineConfig, checkpoint_id: int | None = None) -> Valida
             subscriptions=connector.subscriptions(),
             data_docs_dir=reports_dir(config) / "data_docs",
             source_splits=_source_splits(connector, store, checkpoint_id),
+            content_reader=connector.reader() if connector.bounded else None,
         )
     finally:
         connector.close()
