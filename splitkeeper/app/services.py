@@ -44,7 +44,7 @@ from splitkeeper.core.assignment import AssignmentStrategy, WeightedStrategy
 from splitkeeper.core.rescale import Redistribution
 from splitkeeper.core.types import Split
 from splitkeeper.errors import CheckpointError, InvalidParameterError, StateError
-from splitkeeper.runtime.config import PipelineConfig
+from splitkeeper.runtime.config import IDENTITY_TRANSFORM, PipelineConfig
 
 log = logging.getLogger("splitkeeper.app")
 
@@ -514,8 +514,14 @@ def _source_splits(connector: Any, store: Any, checkpoint_id: int | None) -> lis
 
 
 @_named
-def validate(config: PipelineConfig, checkpoint_id: int | None = None) -> ValidationResult:
+def validate(
+    config: PipelineConfig, checkpoint_id: int | None = None, *, content: bool = False
+) -> ValidationResult:
     """The restart checks (protocol section 6, Great Expectations) on a checkpoint and the sink.
+
+    ``content``: also compare each finished split's committed values with the source's data
+    (bounded sources). The sink holds transformed values, so this holds only for a pipeline
+    whose transform was always the identity; it is refused with another transform.
 
     Raises InvariantViolation naming the split ids when a check fails.
     """
@@ -523,6 +529,13 @@ def validate(config: PipelineConfig, checkpoint_id: int | None = None) -> Valida
     from splitkeeper.runtime.sources import build_source
     from splitkeeper.state.checkpoints import DeltaStateStore
 
+    if content and config.transform != IDENTITY_TRANSFORM:
+        raise InvalidParameterError(
+            "content",
+            content,
+            "False for a pipeline with a transform",
+            hint=f"the sink holds the values transform {config.transform} made, not the file's lines",
+        )
     connector = build_source(config.source)
     try:
         store = DeltaStateStore(config.state_path, config.name, connector.fingerprint(), read_only=True)
@@ -536,7 +549,7 @@ def validate(config: PipelineConfig, checkpoint_id: int | None = None) -> Valida
             subscriptions=connector.subscriptions(),
             data_docs_dir=reports_dir(config) / "data_docs",
             source_splits=_source_splits(connector, store, checkpoint_id),
-            content_reader=connector.reader() if connector.bounded else None,
+            content_reader=connector.reader() if content and connector.bounded else None,
         )
     finally:
         connector.close()
