@@ -42,8 +42,9 @@ from splitkeeper.app.results import (
 )
 from splitkeeper.core.assignment import AssignmentStrategy, WeightedStrategy
 from splitkeeper.core.rescale import Redistribution
+from splitkeeper.core.types import Split
 from splitkeeper.errors import CheckpointError, InvalidParameterError, RunInterrupted, StateError
-from splitkeeper.runtime.config import PipelineConfig
+from splitkeeper.runtime.config import IDENTITY_TRANSFORM, PipelineConfig
 from splitkeeper.runtime.regions import check_parallelism
 
 log = logging.getLogger("splitkeeper.app")
@@ -654,9 +655,37 @@ def _strategy(config: PipelineConfig) -> str | AssignmentStrategy:
     return config.strategy
 
 
+def _source_splits(connector: Any, store: Any, checkpoint_id: int | None) -> list[Split]:
+    """The source's splits as the checked checkpoint knows them: a source that checks split
+    identities first learns the layout of the checkpoint's splits (a file read as a new
+    version, grown or moved keeps the ids the pipeline gave it), then discovers."""
+    from splitkeeper.core.source import SupportsSplitIdentityCheck
+
+    if isinstance(connector, SupportsSplitIdentityCheck):
+        checkpoint = (
+            store.latest_checkpoint() if checkpoint_id is None else store.load_checkpoint(checkpoint_id)
+        )
+        snapshot = None if checkpoint is None else checkpoint.enumerator
+        if snapshot is not None:
+            live = [
+                *snapshot.pool,
+                *snapshot.quarantined,
+                *(s for ss in snapshot.assignments.values() for s in ss),
+            ]
+            connector.check_splits(live, snapshot.finished_identities)
+    splits: list[Split] = connector.discover_splits()
+    return splits
+
+
 @_named
-def validate(config: PipelineConfig, checkpoint_id: int | None = None) -> ValidationResult:
+def validate(
+    config: PipelineConfig, checkpoint_id: int | None = None, *, content: bool = False
+) -> ValidationResult:
     """The restart checks (protocol section 6, Great Expectations) on a checkpoint and the sink.
+
+    ``content``: also compare each finished split's committed values with the source's data
+    (bounded sources). The sink holds transformed values, so this holds only for a pipeline
+    whose transform was always the identity; it is refused with another transform.
 
     Raises InvariantViolation naming the split ids when a check fails.
     """
@@ -664,6 +693,13 @@ def validate(config: PipelineConfig, checkpoint_id: int | None = None) -> Valida
     from splitkeeper.runtime.sources import build_source
     from splitkeeper.state.checkpoints import DeltaStateStore
 
+    if content and config.transform != IDENTITY_TRANSFORM:
+        raise InvalidParameterError(
+            "content",
+            content,
+            "False for a pipeline with a transform",
+            hint=f"the sink holds the values transform {config.transform} made, not the file's lines",
+        )
     connector = build_source(config.source)
     try:
         store = DeltaStateStore(config.state_path, config.name, connector.fingerprint(), read_only=True)
@@ -676,7 +712,8 @@ def validate(config: PipelineConfig, checkpoint_id: int | None = None) -> Valida
             max_consecutive_failures=config.checkpoint.max_consecutive_failures,
             subscriptions=connector.subscriptions(),
             data_docs_dir=reports_dir(config) / "data_docs",
-            source_splits=connector.discover_splits(),
+            source_splits=_source_splits(connector, store, checkpoint_id),
+            content_reader=connector.reader() if content and connector.bounded else None,
         )
     finally:
         connector.close()

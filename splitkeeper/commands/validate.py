@@ -1,7 +1,10 @@
-"""``splitkeeper validate --config FILE [--checkpoint ID] [--json]``: the restart checks (protocol section 6).
+"""``splitkeeper validate --config FILE [--checkpoint ID] [--content] [--json]``: the restart checks.
 
-Runs the Great Expectations suites (``expectations/``) on a checkpoint's Delta
-state and the sink; exits 1 naming the offending split ids when any fails.
+Runs the Great Expectations suites (``expectations/``, protocol section 6) on a
+checkpoint's Delta state and the sink; exits 1 naming the offending split ids when
+any fails. ``--content`` also compares each finished file split's committed values
+with the file (count and hash; meaningful while the pipeline has only ever used the
+identity transform).
 """
 
 from __future__ import annotations
@@ -16,6 +19,12 @@ from splitkeeper.errors import InvariantViolation
 def configure(parser: argparse.ArgumentParser) -> None:
     add_config_argument(parser)
     parser.add_argument("--checkpoint", type=int, default=None, help="checkpoint id (default: latest)")
+    parser.add_argument(
+        "--content",
+        action="store_true",
+        help="also compare each finished file's committed lines (count and hash) with the file "
+        "(for pipelines that never had a transform)",
+    )
     parser.add_argument("--json", action="store_true")
 
 
@@ -23,7 +32,7 @@ def run(args: argparse.Namespace) -> int:
     from splitkeeper.app import services
 
     try:
-        result = services.validate(load(args), args.checkpoint)
+        result = services.validate(load(args), args.checkpoint, content=args.content)
     except InvariantViolation as err:
         if args.json:
             print(

@@ -84,6 +84,7 @@ from splitkeeper.core.source import (
     SourceConnector,
     SupportsInitialDiscovery,
     SupportsRetentionCheck,
+    SupportsSplitIdentityCheck,
 )
 from splitkeeper.core.types import (
     AuditRecord,
@@ -93,6 +94,7 @@ from splitkeeper.core.types import (
     RegionOutcome,
     RegionState,
     Split,
+    SplitChangePolicy,
     SplitFailurePolicy,
 )
 from splitkeeper.errors import (
@@ -167,6 +169,7 @@ class DriverSettings:
     on_split_failure: SplitFailurePolicy = SplitFailurePolicy.QUARANTINE
     quarantine_after: int = 3  # quarantine: epochs in a row a split's reads fail before it is parked
     max_consecutive_aborts: int = MAX_CONSECUTIVE_ABORTS  # a bounded run stops after this many in a row
+    on_file_change: SplitChangePolicy = SplitChangePolicy.FAIL  # a known split's data changed (rule 1.9)
 
     def __post_init__(self) -> None:
         if not isinstance(self.pipeline, str) or not self.pipeline:
@@ -184,6 +187,8 @@ class DriverSettings:
             raise InvalidParameterError("redistribution", self.redistribution, "a Redistribution")
         if not isinstance(self.on_split_failure, SplitFailurePolicy):
             raise InvalidParameterError("on_split_failure", self.on_split_failure, "a SplitFailurePolicy")
+        if not isinstance(self.on_file_change, SplitChangePolicy):
+            raise InvalidParameterError("on_file_change", self.on_file_change, "a SplitChangePolicy")
         after = self.quarantine_after
         if isinstance(after, bool) or not isinstance(after, int) or after < 1:
             raise InvalidParameterError("quarantine_after", after, "an integer >= 1 (epochs in a row)")
@@ -382,6 +387,7 @@ class EpochDriver:
         self._failing: dict[str, tuple[int, str]] = {}  # split -> (failed epochs in a row, last error)
         self._unplannable: dict[int, dict[str, str]] = {}  # this epoch: region -> split -> why not planned
         self.restores = 0  # global restores so far (open, abort, explicit)
+        self.split_changes = 0  # changes of known splits (rule 1.9) the latest discovery applied
         self._audit_persisted = 0
         self._settled = False  # restored from a global checkpoint at the same parallelism, nothing run yet
         self._next_epoch = 1
@@ -700,9 +706,28 @@ class EpochDriver:
     # -- epochs ------------------------------------------------------------------------------
 
     def discover(self) -> int:
-        """Ask the source for its splits now; returns how many entered the enumerator's pool."""
+        """Ask the source for its splits now; returns how many entered the enumerator's pool.
+
+        A source that :class:`SupportsSplitIdentityCheck` first checks the splits the
+        enumerator knows, live and finished, and the enumerator applies
+        ``on_file_change`` to what changed (rule 1.9): a SourceError under ``fail``.
+        """
         enumerator, _context = self._require_open()
-        return enumerator.add_splits(self.source.discover_splits())
+        source = self.source
+        self.split_changes = 0
+        if isinstance(source, SupportsSplitIdentityCheck):
+            changes = source.check_splits(enumerator.known_splits(), enumerator.finished_identities)
+            for change in changes:
+                if change.detail:  # an IDENTIFIED change (same data) has none: nothing to tell
+                    log.warning(
+                        "pipeline %s: %s (source.on_file_change: %s)",
+                        self.settings.pipeline,
+                        change.detail,
+                        self.settings.on_file_change.value,
+                    )
+            if changes:
+                self.split_changes = enumerator.apply_split_changes(changes, self.settings.on_file_change)
+        return enumerator.add_splits(source.discover_splits())
 
     def _refresh_subscriptions(self) -> None:
         """What the source subscribes to now reaches the enumerator before each epoch's discovery.
@@ -945,7 +970,7 @@ class EpochDriver:
             return self._refuse(epoch, started, enumerator.processing_backlog, final)
         self.hooks.before_epoch(epoch)
         self._refresh_subscriptions()
-        enumerator.add_splits(self.source.discover_splits())
+        self.discover()
         self._quarantine_failing()
         self._reweigh()
         backlog = enumerator.processing_backlog
@@ -1286,8 +1311,9 @@ class EpochDriver:
         # Restored from a global checkpoint with nothing new to read: no idle epoch.
         caught_up = targets is not None and self._settled and not self._behind(targets)
         if self.source.bounded and self._settled:
-            enumerator.add_splits(self.source.discover_splits())
-            finished = self._unfinished() == 0
+            self.discover()
+            # a change applied at this discovery (a moved file) is checkpointed (and so audited) by an epoch
+            finished = self._unfinished() == 0 and not self.split_changes
         aborted_in_a_row = 0
         interrupted = False
         while not (finished or caught_up) and (epochs is None or len(reports) < epochs):
@@ -1305,7 +1331,7 @@ class EpochDriver:
             aborted_in_a_row = 0
             enumerator, _context = self._require_open()
             if self.source.bounded and self._unfinished() == 0:
-                enumerator.add_splits(self.source.discover_splits())
+                self.discover()
                 if self._unfinished() == 0:
                     finished = report.kind is CheckpointKind.GLOBAL
                     final = not finished

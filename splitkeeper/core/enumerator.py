@@ -41,7 +41,13 @@ from types import MappingProxyType
 
 from splitkeeper.core.assignment import AssignmentStrategy, strategy_by_name, validate_parallelism
 from splitkeeper.core.backlog import BacklogTracker
-from splitkeeper.core.source import SplitSource, SupportsSplitReassignmentOnRecovery
+from splitkeeper.core.source import (
+    SplitChange,
+    SplitChangeKind,
+    SplitSource,
+    SupportsSplitIdentityCheck,
+    SupportsSplitReassignmentOnRecovery,
+)
 from splitkeeper.core.types import (
     DISCOVERED_DETAIL,
     Assignment,
@@ -50,8 +56,9 @@ from splitkeeper.core.types import (
     ReaderInfo,
     RecoveryDecision,
     Split,
+    SplitChangePolicy,
 )
-from splitkeeper.errors import InvalidParameterError, ProtocolError
+from splitkeeper.errors import InvalidParameterError, ProtocolError, SourceError
 
 # ---------------------------------------------------------------------------------------------
 # Context
@@ -398,6 +405,7 @@ class SplitEnumerator:
         # owner map: a bulk assignment then touches only small per-reader containers.
         self._owned: dict[int, dict[str, None]] = {}
         self._finished: set[str] = set()
+        self._finished_identities: dict[str, str] = {}  # finished id -> identity when it finished
         self._quarantined: dict[str, Split] = {}  # parked: read by nobody until released
         self._expected: set[int] = set()
         self._active: set[int] = set()  # readers whose add_reader ran and that have not failed since
@@ -550,6 +558,11 @@ class SplitEnumerator:
                 phase=self._phase.value,
             )
         self._finished = set(snapshot.finished)
+        self._finished_identities = {
+            sid: ident
+            for sid, ident in snapshot.finished_identities.items()
+            if sid in self._finished and ident
+        }
         self._quarantined = {s.split_id: s for s in snapshot.quarantined}
         self._backlog.restore(snapshot.backlog)
         self._last_checkpoint_id = snapshot.checkpoint_id
@@ -581,6 +594,13 @@ class SplitEnumerator:
         """Ask the attached source for its splits and add the new ones; returns how many were new."""
         if self._source is None:
             raise ProtocolError("discover() needs a source; this enumerator was created without one")
+        if isinstance(self._source, SupportsSplitIdentityCheck):
+            # The source learns the layout of the splits known here first, so that a restarted
+            # process discovers them under their known ids. What changed is the driver's to apply
+            # (rule 1.9): until then the ids a change names (a moved file's new id) stay out.
+            changes = self._source.check_splits(self.known_splits(), self.finished_identities)
+            held = {c.moved_to for c in changes} | {s.split_id for c in changes for s in c.replacement}
+            return self.add_splits(s for s in self._source.discover_splits() if s.split_id not in held)
         return self.add_splits(self._source.discover_splits())
 
     # -- events ---------------------------------------------------------------------------------
@@ -612,6 +632,8 @@ class SplitEnumerator:
                 continue
             if split.end is not None and split.position >= split.end:
                 finished.add(sid)
+                if split.identity:
+                    self._finished_identities[sid] = split.identity
                 empty.append(sid)
                 continue
             registry[sid] = split
@@ -842,8 +864,11 @@ class SplitEnumerator:
                 reader_id=reader_id,
                 split_id=split_id,
             )
+        identity = self._splits[split_id].identity if split_id in self._splits else ""
         self._retire(split_id, reader_id)
         self._finished.add(split_id)
+        if identity:
+            self._finished_identities[split_id] = identity
         self._audit.append((RecoveryDecision.FINISHED, reader_id, split_id, self._last_checkpoint_id, ""))
         self._after_event()
         return True
@@ -998,6 +1023,252 @@ class SplitEnumerator:
         self._after_event()
         return split
 
+    # -- changed split data (protocol rule 1.9) ---------------------------------------------------
+
+    def known_splits(self) -> list[Split]:
+        """Every split the enumerator knows that is not finished: pooled, owned, parked, or still
+        expected from a restore (with the snapshot's identity), in id order."""
+        known = {**{sid: s for sid, (_r, s) in self._restore_expected.items()}, **self._quarantined}
+        known.update(self._splits)
+        return [known[sid] for sid in sorted(known)]
+
+    @property
+    def finished_identities(self) -> dict[str, str]:
+        """Finished split id -> the identity it had when it finished (those with one; a copy)."""
+        return dict(self._finished_identities)
+
+    def apply_split_changes(self, changes: Iterable[SplitChange], policy: SplitChangePolicy) -> int:
+        """Apply ``source.on_file_change`` to what a source's identity check found (rule 1.9).
+
+        Called by the driver before each epoch's discovery, after
+        :meth:`SupportsSplitIdentityCheck.check_splits`. Every decision is audited. Per change:
+
+        1. IDENTIFIED: the same data under a new identity (touched, or none before: state of
+           an older version) takes the one given; not audited.
+        2. MOVED (any policy): the data is already read where it was. A finished split stays
+           finished and its new id is finished too (DISCOVERED "at <end>": its records, none,
+           begin at its end). A live split ends at its position and its new id goes on from
+           there (DISCOVERED "at <position>"); its owner is told (revoked).
+        3. A change of a live split of which nothing was read (at ``change.start``) whose
+           replacement is the same id: taken as the source has it now (REFRESHED), any policy.
+        4. GREW with ``APPEND``: a live split's end grows (its owner gets it through
+           ``update_splits``); a finished one is read again from its old end
+           (``change.start``). ``start == end`` only renews the identity (another range of
+           the same file). EXTENDED.
+        5. CHANGED or GREW with ``NEW_VERSION``: the split ends where it stands (finished,
+           without identity) and ``change.replacement`` enters the pool (REPLACED, DISCOVERED).
+        6. Otherwise (``FAIL``, or CHANGED with ``APPEND``): SourceError naming the split and
+           what changed, before anything of the epoch is planned or written.
+
+        Returns how many changes changed something. Only after start().
+        """
+        self._require_started("apply_split_changes")
+        applied = 0
+        cid = self._last_checkpoint_id
+        for change in changes:
+            sid = change.split_id
+            live = self._splits.get(sid) or self._quarantined.get(sid)
+            if live is None and sid in self._restore_expected:
+                live = self._restore_expected[sid][1]
+            finished = sid in self._finished
+            if live is None and not finished:
+                continue  # unknown here (dropped meanwhile): nothing to decide
+            if change.kind is SplitChangeKind.IDENTIFIED:
+                if live is not None:
+                    self._update_live(replace(live, identity=change.identity))
+                elif finished:
+                    self._finished_identities[sid] = change.identity
+                applied += 1
+                continue
+            if change.kind is SplitChangeKind.MOVED:
+                applied += self._move(change, live)
+                continue
+            if (
+                live is not None
+                and live.position == change.start
+                and len(change.replacement) == 1
+                and change.replacement[0].split_id == sid
+            ):
+                now = change.replacement[0]
+                self._update_live(replace(live, end=now.end, identity=change.identity))
+                self._audit.append(
+                    (
+                        RecoveryDecision.REFRESHED,
+                        self.owner_of(sid),
+                        sid,
+                        cid,
+                        f"{change.detail}; nothing read yet",
+                    )
+                )
+                applied += 1
+                continue
+            if change.kind is SplitChangeKind.GREW and policy is SplitChangePolicy.APPEND:
+                applied += self._extend(change, live)
+                continue
+            if policy is SplitChangePolicy.NEW_VERSION:
+                self._replace(change, live)
+                applied += 1
+                continue
+            hint = (
+                "set source.on_file_change: append to read what is appended (log files), or new_version to "
+                "read the file again as a new split"
+                if change.kind is SplitChangeKind.GREW
+                else "set source.on_file_change: new_version to read the new content from its start as a new "
+                "split, or restore the file; files must not change once visible (write under a '.' or '_' "
+                "name, then rename)"
+            )
+            raise SourceError(
+                f"split {sid!r}: {change.detail}; source.on_file_change is {policy.value}: nothing of the "
+                f"epoch is planned or committed. {hint}",
+                split_id=sid,
+                change=change.kind.value,
+                policy=policy.value,
+            )
+        if applied:
+            self._after_event()
+        return applied
+
+    def _update_live(self, split: Split) -> None:
+        """Replace a live split's metadata (end, identity) wherever it is; its owner is told."""
+        sid = split.split_id
+        if sid in self._quarantined:
+            self._quarantined[sid] = split
+            return
+        if sid in self._restore_expected:
+            reader_id, _old = self._restore_expected[sid]
+            self._restore_expected[sid] = (reader_id, split)
+        if sid not in self._splits:
+            return
+        self._splits[sid] = split
+        if sid in self._pool:
+            self._pool[sid] = split
+        owner = self.owner_of(sid)
+        if owner is not None:
+            self._context.update_splits({owner: [split]})
+
+    def _end_live(self, sid: str, identity: str) -> None:
+        """A live split ends where it stands: out of every place, finished (with ``identity`` if any)."""
+        owner = self.owner_of(sid)
+        self._retire(sid, owner)
+        self._quarantined.pop(sid, None)
+        self._restore_expected.pop(sid, None)
+        if owner is not None:
+            self._context.revoke_splits({owner: [sid]})
+        self._finished.add(sid)
+        if identity:
+            self._finished_identities[sid] = identity
+        else:
+            self._finished_identities.pop(sid, None)
+
+    def _enter(self, split: Split, detail: str) -> None:
+        """A split the source has now enters the pool (DISCOVERED at its position)."""
+        self._to_pool(split)
+        if split.backlog_end is not None:
+            self._backlog.track(split)
+        self._audit.append(
+            (RecoveryDecision.DISCOVERED, None, split.split_id, self._last_checkpoint_id, detail)
+        )
+
+    def _move(self, change: SplitChange, live: Split | None) -> int:
+        new_id = change.moved_to
+        if not new_id or new_id in self._splits or new_id in self._finished or new_id in self._quarantined:
+            return 0
+        cid = self._last_checkpoint_id
+        sid = change.split_id
+        if live is None:
+            end = change.end if change.end is not None else change.start
+            self._finished.add(new_id)
+            self._finished_identities[new_id] = change.identity
+            self._audit.append(
+                (RecoveryDecision.DISCOVERED, None, new_id, cid, DISCOVERED_DETAIL.format(position=end))
+            )
+            self._audit.append(
+                (
+                    RecoveryDecision.MOVED,
+                    None,
+                    sid,
+                    cid,
+                    f"{change.detail}; finished: {new_id} is not read again",
+                )
+            )
+            self._audit.append(
+                (RecoveryDecision.FINISHED, None, new_id, cid, f"moved from {sid}, read as it")
+            )
+            return 1
+        owner = self.owner_of(sid)
+        self._end_live(sid, live.identity)
+        moved = Split(new_id, live.subscription, live.position, live.end, live.backlog_end, change.identity)
+        self._audit.append(
+            (RecoveryDecision.MOVED, owner, sid, cid, f"{change.detail}; {new_id} goes on at {live.position}")
+        )
+        self._enter(moved, DISCOVERED_DETAIL.format(position=live.position))
+        return 1
+
+    def _extend(self, change: SplitChange, live: Split | None) -> int:
+        cid = self._last_checkpoint_id
+        sid = change.split_id
+        end = change.end if change.end is not None else change.start
+        if live is not None:
+            self._update_live(replace(live, end=max(end, live.position), identity=change.identity))
+            if end != live.end:
+                self._audit.append(
+                    (
+                        RecoveryDecision.EXTENDED,
+                        self.owner_of(sid),
+                        sid,
+                        cid,
+                        f"{change.detail}; end {live.end} -> {end}",
+                    )
+                )
+            return 1
+        if end <= change.start:  # nothing new in this split (another range of the file grew)
+            self._finished_identities[sid] = change.identity
+            return 1
+        self._finished.discard(sid)
+        self._finished_identities.pop(sid, None)
+        subscription = change.replacement[0].subscription if change.replacement else ""
+        self._to_pool(Split(sid, subscription, change.start, end, None, change.identity))
+        self._audit.append(
+            (
+                RecoveryDecision.EXTENDED,
+                None,
+                sid,
+                cid,
+                f"{change.detail}; finished at {change.start}, read again up to {end}",
+            )
+        )
+        return 1
+
+    def _replace(self, change: SplitChange, live: Split | None) -> None:
+        cid = self._last_checkpoint_id
+        sid = change.split_id
+        owner = self.owner_of(sid) if live is not None else None
+        where = f"at {live.position}" if live is not None else "finished"
+        if live is not None:
+            self._end_live(sid, "")
+        else:
+            self._finished_identities.pop(sid, None)
+        fresh = [
+            s
+            for s in change.replacement
+            if s.split_id not in self._splits and s.split_id not in self._finished
+        ]
+        names = ", ".join(s.split_id for s in fresh) or "(already known)"
+        self._audit.append(
+            (
+                RecoveryDecision.REPLACED,
+                owner,
+                sid,
+                cid,
+                f"{change.detail}; ended {where}, new version: {names}",
+            )
+        )
+        for split in fresh:
+            if split.end is not None and split.position >= split.end:
+                self._finished.add(split.split_id)
+                continue
+            self._enter(split, DISCOVERED_DETAIL.format(position=split.position))
+
     def rebalance(self) -> int:
         """Apply the strategy's rebalance now (its weights changed); returns how many splits moved.
 
@@ -1078,6 +1349,7 @@ class SplitEnumerator:
             pool=tuple(pool),
             assignments=assignments,
             finished=frozenset(self._finished),
+            finished_identities=dict(self._finished_identities),
             quarantined=tuple(sorted(self._quarantined.values())),
             subscriptions=self._subscriptions if self._subscriptions is not None else frozenset(),
             backlog=self._backlog.snapshot(),
@@ -1102,6 +1374,22 @@ class SplitEnumerator:
         self._splits[split.split_id] = split
         self._owned.setdefault(reader_id, {})[split.split_id] = None
 
+    def _known_identity(self, split_id: str) -> str:
+        """The identity known for ``split_id`` (live, parked, expected or finished); "" if none."""
+        for place in (self._splits, self._quarantined):
+            known = place.get(split_id)
+            if known is not None and known.identity:
+                return known.identity
+        expected = self._restore_expected.get(split_id)
+        if expected is not None and expected[1].identity:
+            return expected[1].identity
+        return self._finished_identities.get(split_id, "")
+
+    def _identified(self, split: Split) -> Split:
+        """``split`` with the identity the enumerator knows for it (reader states carry none)."""
+        identity = self._known_identity(split.split_id)
+        return replace(split, identity=identity) if identity else split
+
     def _retire(self, split_id: str, reader_id: int | None) -> None:
         """Remove a split from the registry, the pool and ``reader_id``'s set; stop backlog tracking."""
         self._splits.pop(split_id, None)
@@ -1124,8 +1412,11 @@ class SplitEnumerator:
             return True
         if split.end is not None and split.position >= split.end:
             # A reader state at the split's end comes from a completed checkpoint: it is finished.
+            identity = split.identity or self._known_identity(sid)
             self._retire(sid, self.owner_of(sid))
             self._finished.add(sid)
+            if identity:
+                self._finished_identities[sid] = identity
             self._audit.append((RecoveryDecision.DROPPED_FINISHED, reader_id, sid, cid, f"{how}; at its end"))
             return True
         if not self._subscribed(split):
@@ -1150,6 +1441,8 @@ class SplitEnumerator:
         cid = self._last_checkpoint_id
         for split in reported:
             sid = split.split_id
+            if not split.identity:  # a region's state keeps no identity: the enumerator's snapshot does
+                split = self._identified(split)
             if self._drop_on_arrival(split, reader_id, "reported on restore"):
                 continue
             self._backlog.track(split)
@@ -1203,6 +1496,8 @@ class SplitEnumerator:
         for split in reported:
             sid = split.split_id
             reported_ids.add(sid)
+            if not split.identity:
+                split = self._identified(split)
             if self._drop_on_arrival(split, reader_id, "reported on failover"):
                 continue
             if sid in mine:

@@ -38,6 +38,7 @@ class ViolationKind(enum.Enum):
     OFFSET_DUPLICATE = "offset_duplicate"
     OFFSET_MISSING = "offset_missing"
     OFFSET_UNEXPECTED = "offset_unexpected"  # outside [start, committed) or for an unknown split
+    CONTENT_MISMATCH = "content_mismatch"  # a finished split's committed values are not its data's
 
 
 @dataclass(frozen=True, slots=True)

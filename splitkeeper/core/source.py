@@ -15,9 +15,10 @@ FLIP-27's ``Source``/``SourceReader`` interfaces. Implementations live in
 from __future__ import annotations
 
 import abc
+import enum
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from splitkeeper.core.types import AuditRecord, RecoveryDecision, Split
@@ -392,4 +393,58 @@ class SupportsRetentionCheck(abc.ABC):
         checked again). May be called any number of times; has no side effect
         but a log line per lost range. Raises SourceError when a range aged
         out and the configuration says ``fail``.
+        """
+
+
+class SplitChangeKind(enum.Enum):
+    """How a known split's data differs from its identity (what :class:`SplitChange` reports)."""
+
+    GREW = "grew"  # more data past the split's end; the data up to the end is unchanged
+    CHANGED = "changed"  # the data up to the end is not what was discovered (rewritten, shrunk)
+    MOVED = "moved"  # gone from its place; the same data is under ``moved_to`` (a moved file)
+    IDENTIFIED = "identified"  # the same data (or no identity before, older state): ``identity`` is taken
+
+
+@dataclass(frozen=True, slots=True)
+class SplitChange:
+    """One known split whose data is no longer what its identity says (rule 1.9).
+
+    ``split_id``: the known split. ``identity``: the identity its data has now.
+    ``start``: where the split begins in the source (its records start there).
+    ``end``: GREW: the new end; CHANGED: where the data ends now (None: unknown).
+    ``moved_to``: MOVED: the id the same data has now. ``replacement``: CHANGED: the
+    split(s) the changed data is, at their start, with new ids (what ``new_version``
+    reads). ``detail``: what changed, in words, naming the file.
+    """
+
+    split_id: str
+    kind: SplitChangeKind
+    identity: str
+    detail: str
+    start: int = 0
+    end: int | None = None
+    moved_to: str = ""
+    replacement: tuple[Split, ...] = field(default=())
+
+
+class SupportsSplitIdentityCheck(abc.ABC):
+    """Mix-in: the source can tell whether a known split's data is still what it discovered.
+
+    Flink-style capability: a source whose splits carry an ``identity`` (a file's size,
+    mtime and content hash) inherits this. The driver calls :meth:`check_splits` on the
+    driver process before every discovery (each epoch, and after a restore, so a
+    restarted driver sees a change too) with the splits the enumerator knows; the core
+    applies ``source.on_file_change`` to the answer (:meth:`SplitEnumerator.apply_split_changes`)
+    and audits each decision. The source only observes: it decides nothing.
+    """
+
+    @abc.abstractmethod
+    def check_splits(self, live: Sequence[Split], finished: Mapping[str, str]) -> list[SplitChange]:
+        """The splits among ``live`` (pooled, owned, parked) and ``finished`` (id -> identity)
+        whose data changed, grew or moved, in id order; nothing for unchanged ones.
+
+        May be called any number of times; has no side effect but learning the split layout
+        of the known splits (so that :meth:`discover_splits` after it returns the known
+        ids for files it has not seen in this process). A split whose data cannot be
+        read now is not reported (its reader fails and ``on_split_failure`` applies).
         """

@@ -23,7 +23,11 @@ class Split:
     enumerator at start/reset (protocol section 4); ``None`` means the split is not
     tracked for backlog (snapshot-only or bounded splits). ``subscription``
     names what the split belongs to (a topic, a file root); splits whose
-    subscription is removed are dropped on restart.
+    subscription is removed are dropped on restart. ``identity`` is what the
+    source took of the split's data when it discovered it (a file's size, mtime
+    and content hash): opaque to the core, persisted with the split in the
+    enumerator state, compared by a source that
+    :class:`~splitkeeper.core.source.SupportsSplitIdentityCheck` ("" = none).
     """
 
     split_id: str
@@ -31,6 +35,7 @@ class Split:
     position: int = 0
     end: int | None = None
     backlog_end: int | None = None
+    identity: str = ""
 
     def __post_init__(self) -> None:
         if not self.split_id:
@@ -61,7 +66,7 @@ class Split:
         """
         if position == self.position:
             return self
-        return Split(self.split_id, self.subscription, position, self.end, self.backlog_end)
+        return Split(self.split_id, self.subscription, position, self.end, self.backlog_end, self.identity)
 
 
 @dataclass(slots=True)
@@ -119,6 +124,11 @@ class RecoveryDecision(enum.Enum):
     QUARANTINED = "quarantined"  # its reads failed too many epochs in a row: parked, read by nobody
     RELEASED = "released"  # an operator put a quarantined split back (recover --release)
     DROPPED_BY_OPERATOR = "dropped_by_operator"  # its file is gone; an operator dropped it (recover --drop)
+    # source.on_file_change (protocol rule 1.9): what became of a split whose data changed
+    EXTENDED = "extended"  # growth past its end with the old data unchanged: the end grew (append)
+    REPLACED = "replaced"  # its data was replaced: it ended; its new version is a new split (new_version)
+    MOVED = "moved"  # its data appeared under another id (a moved file): the new id goes on from its position
+    REFRESHED = "refreshed"  # nothing of it was read yet: it is taken as the source has it now
 
 
 class SplitFailurePolicy(enum.Enum):
@@ -134,6 +144,21 @@ class SplitFailurePolicy(enum.Enum):
 
     STALL = "stall"
     QUARANTINE = "quarantine"
+
+
+class SplitChangePolicy(enum.Enum):
+    """What happens to a known split whose data changed under it (``source.on_file_change``, rule 1.9).
+
+    ``FAIL``: planning stops with a SourceError naming the split and what changed; nothing
+    of it is read or committed. ``NEW_VERSION``: the split ends where it stands and the
+    changed data is read from its start as a new split (a new id). ``APPEND``: growth past
+    the split's end with its old data unchanged is new data (the end grows, a finished split
+    is read again from its old end); any other change fails.
+    """
+
+    FAIL = "fail"
+    NEW_VERSION = "new_version"
+    APPEND = "append"
 
 
 #: ``detail`` of a DISCOVERED audit record: where the split started when it was discovered.
@@ -211,6 +236,9 @@ class EnumeratorSnapshot:
     subscriptions: frozenset[str] = frozenset()
     backlog: BacklogSnapshot = field(default_factory=BacklogSnapshot)
     quarantined: tuple[Split, ...] = ()  # parked splits, at the position their records end in the sink
+    # finished split id -> its identity when it finished (only those with one): a finished split's data
+    # is still checked, so a change, an append or a move is seen after a restart too (rule 1.9)
+    finished_identities: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

@@ -42,6 +42,7 @@ from splitkeeper.core.invariants import (
     weighted_bound_tolerance,
     weighted_deviations,
 )
+from splitkeeper.core.source import RegionReader
 from splitkeeper.core.types import DISCOVERED_DETAIL_PATTERN, AuditRecord, RecoveryDecision, Split
 from splitkeeper.errors import (
     CheckpointError,
@@ -521,6 +522,38 @@ def read_split_life(state_store: DeltaStateStore, checkpoint_id: int) -> SplitLi
     )
 
 
+def _content_rows(
+    reader: RegionReader,
+    source_rows: Sequence[tuple[str, int, int | None]],
+    finished: Collection[str],
+    life: SplitLife,
+) -> list[tuple[str, int, str]]:
+    """(split_id, records, SHA-256 of its values joined by newlines) of each finished split with an
+    end among the source rows, read by ``reader`` from its start to its end.
+
+    Splits with a reported lost range are left out (the sink lacks exactly those records); a
+    split whose data cannot be read now (gone, changed: SourceError) is left out with a
+    warning: the other checks still see its offsets.
+    """
+    import hashlib
+
+    from splitkeeper.errors import SourceError
+
+    rows: list[tuple[str, int, str]] = []
+    for split_id, start, end in source_rows:
+        if end is None or split_id not in finished or split_id in life.lost:
+            continue
+        split = Split(split_id, position=start, end=end)
+        try:
+            values = [record.value for record in reader.read_range(split, start, end)]
+        except SourceError as err:
+            log.warning("content check: split %s is not checked: %s", split_id, err)
+            continue
+        digest = hashlib.sha256("\n".join(values).encode("utf-8")).hexdigest()
+        rows.append((split_id, len(values), digest))
+    return rows
+
+
 def build_restart_frames(
     spark: SparkSession,
     state_store: DeltaStateStore,
@@ -530,6 +563,7 @@ def build_restart_frames(
     strategy: AssignmentStrategy,
     subscriptions: Collection[str],
     source_splits: Iterable[Split] | None = None,
+    content_reader: RegionReader | None = None,
 ) -> RestartFrames:
     """Derive the datasets the suites run on (see :class:`RestartFrames`); cached, small.
 
@@ -539,6 +573,10 @@ def build_restart_frames(
     the audit trail recorded the position a split was discovered at, that position is
     its start instead (a source with retention, Kafka, no longer knows it). Offsets the
     pipeline reported as lost (:class:`SplitLife`) are the only gaps accepted.
+    With ``content_reader`` (the source's region reader) each finished split among
+    ``source_splits`` is read from its start to its end and ``sink_splits`` gets
+    ``content_matches``: the sink's count and SHA-256 of the split's values (in offset
+    order) equal the data's (NULL for the splits not checked). See :func:`_content_rows`.
     CheckpointError when ``checkpoint_id`` is not a completed checkpoint.
     """
     from pyspark.sql import Window
@@ -763,6 +801,36 @@ def build_restart_frames(
         .withColumn("last_resumes_at", F.coalesce(F.col("_gap_end"), F.col("last_next_offset")))
         .drop("_gap_end")
     )
+    content = (
+        _content_rows(content_reader, source_rows, finished_set, life)
+        if content_reader is not None and source_splits is not None
+        else []
+    )
+    if content:
+        wanted = spark.createDataFrame(
+            content, "split_id STRING, _want_records BIGINT, _want_hash STRING"
+        ).hint("broadcast")
+        by_offset = F.array_sort(F.collect_list(F.struct("offset", "value")))
+        got = (
+            sink.join(wanted.select("split_id"), "split_id", "left_semi")
+            .groupBy("split_id")
+            .agg(
+                F.count(F.lit(1)).alias("_got_records"),
+                F.sha2(F.concat_ws("\n", F.transform(by_offset, lambda r: r["value"])), 256).alias(
+                    "_got_hash"
+                ),
+            )
+        )
+        matches = wanted.join(got, "split_id", "left").select(
+            "split_id",
+            (
+                (F.coalesce(F.col("_got_records"), F.lit(0).cast("long")) == F.col("_want_records"))
+                & (F.coalesce(F.col("_got_hash"), F.sha2(F.lit(""), 256)) == F.col("_want_hash"))
+            ).alias("content_matches"),
+        )
+        sink_splits = sink_splits.join(matches, "split_id", "left")
+    else:
+        sink_splits = sink_splits.withColumn("content_matches", F.lit(None).cast("boolean"))
     if source_splits is not None:
         ends = {split_id for split_id, _start, end in source_rows if end is not None}
         unchecked = sorted(finished_set - ends)
@@ -929,6 +997,7 @@ def run_restart_checks(
     data_docs_dir: str | os.PathLike[str],
     source_splits: Iterable[Split] | None = None,
     expectations: str | os.PathLike[str] | None = None,
+    content_reader: RegionReader | None = None,
 ) -> CheckReport:
     """Run every protocol section 6 suite on checkpoint ``checkpoint_id`` (default: the latest) and its sink.
 
@@ -936,7 +1005,7 @@ def run_restart_checks(
     with its weights); the balance suite is SKIPPED for an unbalanced one (legacy-hash),
     with a note saying so. ``subscriptions`` are the current subscriptions (what the
     source has now). ``data_docs_dir`` receives the Data Docs site (``index.html``).
-    ``source_splits``: see :func:`build_restart_frames`. ``expectations`` overrides the
+    ``source_splits``, ``content_reader``: see :func:`build_restart_frames`. ``expectations`` overrides the
     suites folder. Returns the report; never raises on a failed expectation (call
     :func:`raise_on_failure`). CheckpointError when there is no such checkpoint.
     """
@@ -981,6 +1050,7 @@ def run_restart_checks(
         strategy=chosen,
         subscriptions=subscriptions,
         source_splits=source_splits,
+        content_reader=content_reader,
     )
     parameters = {
         "subscriptions": sorted(set(subscriptions)),

@@ -23,6 +23,7 @@ Shape of a file (YAML)::
       path: ./incoming
       format: jsonl
       split_bytes: 67108864
+      on_file_change: fail       # or: new_version, append (a known file changed)
     checkpoint: {max_consecutive_failures: 3, max_failure_ratio: 0.5,
                  region_timeout_s: 300, retain_checkpoints: 3,
                  on_split_failure: quarantine, quarantine_after: 3,   # or: stall
@@ -76,7 +77,7 @@ from splitkeeper.core.backlog import BacklogConfig
 from splitkeeper.core.checkpoint import CheckpointConfig
 from splitkeeper.core.driver import MAX_CONSECUTIVE_ABORTS, check_abort_limit
 from splitkeeper.core.rescale import Redistribution
-from splitkeeper.core.types import SplitFailurePolicy
+from splitkeeper.core.types import SplitChangePolicy, SplitFailurePolicy
 from splitkeeper.errors import ConfigError, InvalidParameterError
 from splitkeeper.runtime.transforms import resolve_callable, resolve_transform
 from splitkeeper.state.serde import check_full_snapshot_every
@@ -190,7 +191,9 @@ class SourceConfig:
 
     files: ``path`` (a directory, scanned recursively, or one file), ``format``,
     ``split_bytes`` (0 = one split per file, else byte ranges of about that
-    size). kafka: ``bootstrap_servers`` (comma-separated host:port), ``topics``
+    size), ``on_file_change`` (a known file grew, changed or moved: ``fail``,
+    ``new_version`` or ``append``; see :class:`~splitkeeper.core.types.SplitChangePolicy`).
+    kafka: ``bootstrap_servers`` (comma-separated host:port), ``topics``
     or ``topic_pattern`` (exactly one), ``starting`` (``earliest``, ``latest``,
     ``timestamp:<ms>`` or ``group``: the consumer group's committed offsets),
     ``group_id`` (required for ``starting: group``), ``on_offset_out_of_range``,
@@ -203,6 +206,7 @@ class SourceConfig:
     path: str | None = None
     format: FileFormat = FileFormat.LINES
     split_bytes: int = 0
+    on_file_change: SplitChangePolicy = SplitChangePolicy.FAIL
     bootstrap_servers: str | None = None
     topics: tuple[str, ...] = ()
     topic_pattern: str | None = None
@@ -749,7 +753,13 @@ def _source(sec: Any, at: _Where) -> SourceConfig:
     if kind is SourceKind.FILES:
         if sec.path is None:
             raise at.missing("source.path", "the directory (or file) to ingest")
-        return SourceConfig(kind=kind, path=at.path(sec.path), format=sec.format, split_bytes=sec.split_bytes)
+        return SourceConfig(
+            kind=kind,
+            path=at.path(sec.path),
+            format=sec.format,
+            split_bytes=sec.split_bytes,
+            on_file_change=sec.on_file_change,
+        )
 
     servers = _bootstrap_servers(sec.bootstrap_servers, at)
     topics = tuple(sec.topics)

@@ -48,6 +48,7 @@ from pydantic.fields import FieldInfo
 
 from splitkeeper.core.assignment import validate_parallelism
 from splitkeeper.core.backlog import BacklogConfig
+from splitkeeper.core.types import SplitChangePolicy
 from splitkeeper.errors import ConfigError, InvalidParameterError
 from splitkeeper.runtime import config as _config  # config imports this module lazily, when it validates
 from splitkeeper.runtime.regions import MAX_PARALLELISM, check_parallelism
@@ -105,6 +106,7 @@ class SourceSection(_Section):
     path: _Text | None = Field(None, description="the directory (or file) to ingest")
     format: _config.FileFormat = _choice(_config.FileFormat, _config.FileFormat.LINES)
     split_bytes: int = Field(0, ge=0, description="an integer >= 0 (0: one split per file)")
+    on_file_change: SplitChangePolicy = _choice(SplitChangePolicy, SplitChangePolicy.FAIL)
     # kafka
     bootstrap_servers: _Text | list[_Text] | None = Field(
         None, description="'host:port[,host:port...]' or a list of 'host:port'"
@@ -129,7 +131,7 @@ class SourceSection(_Section):
     )
 
 
-FILE_KEYS = ("path", "format", "split_bytes")
+FILE_KEYS = ("path", "format", "split_bytes", "on_file_change")
 KAFKA_KEYS = tuple(k for k in SourceSection.model_fields if k != "kind" and k not in FILE_KEYS)
 
 _JSON_TYPES = {"int": "integer", "float": "number", "bool": "boolean", "str": "string"}

@@ -92,6 +92,7 @@ def driver_settings(config: PipelineConfig, redistribution: Redistribution | Non
         on_split_failure=config.checkpoint.on_split_failure,
         quarantine_after=config.checkpoint.quarantine_after,
         max_consecutive_aborts=config.checkpoint.max_consecutive_aborts,
+        on_file_change=config.source.on_file_change,
     )
 
 

@@ -151,11 +151,16 @@ class RowPlace:
 # Split
 # ---------------------------------------------------------------------------------------
 
-SPLIT_FIELDS = frozenset({"split_id", "subscription", "position", "end", "backlog_end"})
+SPLIT_FIELDS = frozenset({"split_id", "subscription", "position", "end", "backlog_end", "identity"})
 
 
 def split_to_row(split: Split) -> Row:
-    """A split as the ``STRUCT<split_id, subscription, position, end, backlog_end>`` value."""
+    """A split as the ``STRUCT<split_id, subscription, position, end, backlog_end>`` value.
+
+    Without its ``identity``: a region's state (``checkpoints.regions``) does not keep it;
+    the enumerator's rows of the same checkpoint do (:func:`enumerator_to_rows`), and a
+    restore takes it from there.
+    """
     _guard_fields(split, SPLIT_FIELDS)
     return {
         "split_id": split.split_id,
@@ -207,6 +212,7 @@ def split_from_row(row: Mapping[str, Any], where: RowPlace | None = None) -> Spl
         position=position,
         end=end,
         backlog_end=_opt_int(row.get("backlog_end")),
+        identity=row.get("identity") or "",
     )
 
 
@@ -264,6 +270,7 @@ def backlog_to_rows(backlog: BacklogSnapshot) -> list[Row]:
             "end": None,
             "backlog_end": backlog.boundaries.get(split_id),
             "backlog_finished": split_id in backlog.finished,
+            "identity": None,
         }
         for seq, split_id in enumerate(split_ids)
     ]
@@ -296,6 +303,7 @@ ENUMERATOR_FIELDS = frozenset(
         "subscriptions",
         "backlog",
         "quarantined",
+        "finished_identities",
     }
 )
 ENUMERATOR_STATUSES = ("assigned", "pool", "finished", "backlog", "quarantined")
@@ -303,7 +311,7 @@ ENUMERATOR_STATUSES = ("assigned", "pool", "finished", "backlog", "quarantined")
 
 def _split_state_row(status: str, owner: int | None, seq: int, split: Split) -> Row:
     row = split_to_row(split)
-    row.update(status=status, owner=owner, seq=seq, backlog_finished=None)
+    row.update(status=status, owner=owner, seq=seq, backlog_finished=None, identity=split.identity or None)
     return row
 
 
@@ -341,6 +349,7 @@ def enumerator_to_rows(snapshot: EnumeratorSnapshot) -> list[Row]:
                 "end": None,
                 "backlog_end": None,
                 "backlog_finished": None,
+                "identity": snapshot.finished_identities.get(split_id),
             }
         )
     rows.extend(backlog_to_rows(snapshot.backlog))
@@ -381,6 +390,9 @@ def enumerator_from_rows(
             for owner, splits in assigned.items()
         },
         finished=frozenset(r["split_id"] for r in rows if r["status"] == "finished"),
+        finished_identities={
+            r["split_id"]: r["identity"] for r in rows if r["status"] == "finished" and r.get("identity")
+        },
         subscriptions=frozenset(header.get("subscriptions") or ()),
         backlog=backlog_from_rows(rows),
         quarantined=tuple(s for _, s in sorted(quarantined, key=lambda p: p[0])),
@@ -437,6 +449,7 @@ def _entry_row(status: str, split_id: str, **values: Any) -> Row:
         "end": None,
         "backlog_end": None,
         "backlog_finished": None,
+        "identity": None,
     }
     row.update(values)
     return row
@@ -468,7 +481,12 @@ def enumerator_delta(base: EnumeratorSnapshot, snapshot: EnumeratorSnapshot) -> 
     if not before.keys().isdisjoint(base.finished) or not now.keys().isdisjoint(snapshot.finished):
         return None
     out = [row for split_id, row in now.items() if before.get(split_id) != row]
-    out += [_entry_row("finished", s) for s in sorted(snapshot.finished - base.finished)]
+    identities, old_identities = snapshot.finished_identities, base.finished_identities
+    renewed = {s for s in snapshot.finished & base.finished if identities.get(s) != old_identities.get(s)}
+    out += [
+        _entry_row("finished", s, identity=identities.get(s))
+        for s in sorted((snapshot.finished - base.finished) | renewed)
+    ]
     gone = (base.finished | before.keys()) - snapshot.finished - now.keys()
     out += [_entry_row("removed", s) for s in sorted(gone)]
     old, new = base.backlog, snapshot.backlog

@@ -271,7 +271,12 @@ TABLES: dict[str, TableSpec] = {
                 {"configured_parallelism", "split_weights", "enumerator_base", "enumerator_row_count"}
             ),
         ),
-        TableSpec("enumerator_state", partition="checkpoint_id", stats_columns=("attempt_id",)),
+        TableSpec(
+            "enumerator_state",
+            partition="checkpoint_id",
+            stats_columns=("attempt_id",),
+            added_columns=frozenset({"identity"}),
+        ),
         # history, kept past retention: unpartitioned, compaction bounds its files
         TableSpec("audit", stats_columns=("checkpoint_id", "attempt_id")),
         TableSpec("checkpoint_log", stats_columns=("checkpoint_id", "kind")),

@@ -7,13 +7,14 @@ import os
 import pickle
 import random
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from splitkeeper.core.source import SplitSource, SupportsSplitReassignmentOnRecovery
+from splitkeeper.core.source import SplitChangeKind, SplitSource, SupportsSplitReassignmentOnRecovery
 from splitkeeper.core.types import Split
 from splitkeeper.errors import EnvironmentNotReadyError, SourceError
 from splitkeeper.runtime import sources
@@ -103,7 +104,11 @@ def test_a_line_longer_than_split_bytes_stays_in_one_split(tmp_path: Path) -> No
 def test_small_file_is_one_split_named_by_its_relative_path(tmp_path: Path) -> None:
     data = write(tmp_path / "sub" / "f.txt", ["a", "b"])
     (split,) = FileSource(tmp_path, split_bytes=1 << 20).discover_splits()
-    assert split == Split("sub/f.txt", subscription=str(tmp_path), position=0, end=len(data))
+    assert replace(split, identity="") == Split(
+        "sub/f.txt", subscription=str(tmp_path), position=0, end=len(data)
+    )
+    st = (tmp_path / "sub" / "f.txt").stat()
+    assert split.identity.startswith(f"f1:{len(data)}:{st.st_mtime_ns}:")
 
 
 @settings(max_examples=150, deadline=None)
@@ -204,17 +209,16 @@ def test_hidden_underscore_and_empty_files_are_skipped(tmp_path: Path) -> None:
     assert [s.split_id for s in FileSource(tmp_path).discover_splits()] == ["ok.txt"]
 
 
-def test_a_changed_file_keeps_its_first_layout_and_is_logged(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
+def test_a_changed_file_keeps_its_layout_in_discovery_and_check_splits_reports_it(tmp_path: Path) -> None:
     write(tmp_path / "f.txt", ["a", "b"])
     source = FileSource(tmp_path)
     first = source.discover_splits()
     with open(tmp_path / "f.txt", "ab") as f:
         f.write(b"c\n")
-    with caplog.at_level(logging.WARNING, logger="splitkeeper.sources.files"):
-        assert source.discover_splits() == first
-    assert "changed after discovery" in caplog.text
+    assert source.discover_splits() == first
+    (change,) = source.check_splits(first, {})
+    assert change.kind is SplitChangeKind.GREW and (change.start, change.end) == (4, 6)
+    assert f"file {tmp_path / 'f.txt'} grew from 4 to 6 bytes" in change.detail
 
 
 def test_single_file_path_is_a_source_of_one_split(tmp_path: Path) -> None:

@@ -4,8 +4,34 @@ Splits. Every regular, non-empty file under the source root is one bounded split
 whose id is its path relative to the root (``/`` separators). With
 ``split_bytes > 0`` a larger file is cut into byte ranges ``[a, b)`` with id
 ``relative/path#a-b``. Names starting with ``.`` or ``_`` are skipped (write a
-file under such a name and rename it when complete: files must not change once
-visible).
+file under such a name and rename it when complete), and so are files that are
+not regular files (a FIFO, a socket, a device: never opened, since opening a FIFO
+blocks). An entry that cannot be examined (a symlink loop, a dangling symlink) is
+one split ``[0, 1)`` with identity ``unreadable``: its read fails with a
+SourceError naming the path, so ``checkpoint.on_split_failure`` applies to it and
+the other files are read; once it can be read it is taken as it is then.
+
+File identity (protocol rule 1.9). Every split carries its file's identity,
+``f1:<size>:<mtime_ns>:<ctime_ns>:<digest>``, taken at discovery: ``digest`` is a
+SHA-256 of the file's first 64 KiB and its last 64 KiB up to ``size`` (the bytes
+a growing file keeps, and those a rewrite most likely touches: a header, the last
+lines). Not a hash of the whole file: that would read every file again at every
+check. Size, mtime and ctime are compared first (a ``stat``, no read): any write,
+and any replacement of the file (``os.replace``, ``cp -p``; ctime cannot be set
+back), changes one of them; only then is the sample read. The same sample with
+only ctime changed (``chmod``, a rename) is the same data; a file of at most
+128 KiB is sampled whole, so there a changed mtime with the same sample is the
+same data too. What is not caught: a rewrite of bytes in the middle of a file
+larger than 128 KiB that keeps its size, its first and last 64 KiB and its mtime
+(a deliberate forgery; ``touch -r`` after an in-place edit).
+:meth:`FileSource.check_splits` compares the known splits (live and finished,
+the identities persisted in the checkpoint) with the files now: a file that grew
+with its first ``size`` bytes unchanged GREW, any other difference CHANGED (its replacement splits get the ids
+``relative/path#v<12 hex>``, plus ``#a-b`` for byte ranges), and a file gone from
+its path whose size and digest appear at a path no split has is MOVED there. The
+core applies ``source.on_file_change``. The region reader refuses to read a split
+whose file no longer matches its identity up to the split's data (SourceError):
+a planned range is never a mix of old and new bytes.
 
 Positions are byte offsets of line starts. A range ``[a, b)`` holds every line
 that STARTS in ``[a, b)`` (Hadoop's rule: unless ``a == 0`` the partial line
@@ -36,9 +62,10 @@ import json
 import logging
 import os
 import re
-from collections.abc import Iterator
+import stat
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import IO, Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -48,6 +75,9 @@ from splitkeeper.core.source import (
     RegionReader,
     SourceConnector,
     SourceRecord,
+    SplitChange,
+    SplitChangeKind,
+    SupportsSplitIdentityCheck,
     SupportsSplitReassignmentOnRecovery,
 )
 from splitkeeper.core.types import Split
@@ -58,18 +88,115 @@ from splitkeeper.runtime.config import FileFormat, SourceConfig, SourceKind
 log = logging.getLogger("splitkeeper.sources.files")
 
 _RANGE_SUFFIX = re.compile(r"#(\d+)-(\d+)$")
+_VERSION_SUFFIX = re.compile(r"#v[0-9a-f]{12}$")
 _SAMPLE_BYTES = 64 * 1024
 _BOM = codecs.BOM_UTF8
+#: The identity of a split whose file could not be examined at discovery (see the module doc).
+UNREADABLE = "unreadable"
 
 
 def relative_path_of(split_id: str) -> str:
-    """The file path (relative to the source root) of a file split id."""
+    """The file path (relative to the source root) of a file split id (without range or version)."""
     match = _RANGE_SUFFIX.search(split_id)
-    return split_id[: match.start()] if match else split_id
+    rest = split_id[: match.start()] if match else split_id
+    version = _VERSION_SUFFIX.search(rest)
+    return rest[: version.start()] if version else rest
+
+
+def _suffix_of(split_id: str) -> str:
+    """The ``#a-b`` range suffix of a split id ("" for a whole file)."""
+    match = _RANGE_SUFFIX.search(split_id)
+    return match.group(0) if match else ""
+
+
+def _reserved(name: str) -> bool:
+    return _RANGE_SUFFIX.search(name) is not None or _VERSION_SUFFIX.search(name) is not None
+
+
+@dataclass(frozen=True, slots=True)
+class FileIdentity:
+    """A file's identity as a split carries it: ``f1:<size>:<mtime_ns>:<ctime_ns>:<digest>`` (module doc)."""
+
+    size: int
+    mtime_ns: int
+    ctime_ns: int
+    digest: str
+
+    def __str__(self) -> str:
+        return f"f1:{self.size}:{self.mtime_ns}:{self.ctime_ns}:{self.digest}"
+
+    @classmethod
+    def parse(cls, text: str) -> FileIdentity | None:
+        """The identity of ``text``; None for "" or ``unreadable`` (nothing to compare)."""
+        parts = text.split(":")
+        if len(parts) != 5 or parts[0] != "f1":
+            return None
+        try:
+            return cls(int(parts[1]), int(parts[2]), int(parts[3]), parts[4])
+        except ValueError:
+            return None
+
+    def same_stat(self, st: FileStat) -> bool:
+        """Size, mtime and ctime as at discovery: the file was not written nor replaced since."""
+        return (self.size, self.mtime_ns, self.ctime_ns) == st
+
+    @property
+    def version(self) -> str:
+        """The ``#v<12 hex>`` suffix of the ids of a new version with this identity."""
+        return "#v" + hashlib.sha256(str(self).encode()).hexdigest()[:12]
+
+
+class FileStat(NamedTuple):
+    """What a ``stat`` says of a file, for its identity."""
+
+    size: int
+    mtime_ns: int
+    ctime_ns: int
+
+    @classmethod
+    def of(cls, st: os.stat_result) -> FileStat:
+        return cls(st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def sample_digest(f: IO[bytes], size: int) -> str:
+    """SHA-256 (24 hex) of the first 64 KiB of ``f`` and its last 64 KiB up to byte ``size``."""
+    digest = hashlib.sha256()
+    f.seek(0)
+    head = f.read(min(size, _SAMPLE_BYTES))
+    digest.update(head)
+    tail_start = max(len(head), size - _SAMPLE_BYTES)
+    if tail_start < size:
+        f.seek(tail_start)
+        digest.update(f.read(size - tail_start))
+    digest.update(str(size).encode())
+    return digest.hexdigest()[:24]
 
 
 def _skipped(name: str) -> bool:
     return name.startswith((".", "_"))
+
+
+def _range_start(split_id: str) -> int:
+    match = _RANGE_SUFFIX.search(split_id)
+    return int(match.group(1)) if match else 0
+
+
+@dataclass(frozen=True, slots=True)
+class _Scan:
+    """One listing of the source: regular non-empty files (rel -> their stat) and entries
+    that could not be examined (rel -> why)."""
+
+    files: dict[str, FileStat]
+    bad: dict[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class _Known:
+    """A split the enumerator knows, for :meth:`FileSource.check_splits` (``split`` None: finished)."""
+
+    split_id: str
+    identity: str
+    split: Split | None
 
 
 def _line_start_at_or_after(f: IO[bytes], offset: int) -> int:
@@ -144,12 +271,28 @@ class FileRegionReader(RegionReader, SupportsColumnarRead):
                 split_id=split.split_id,
                 path=path,
             ) from err
-        size = os.fstat(f.fileno()).st_size
+        st = FileStat.of(os.fstat(f.fileno()))
+        size = st.size
         if split.end is not None and size < split.end:
             f.close()
             raise SourceError(
                 f"split {split.split_id!r}: file {path} has {size} bytes but the split ends at {split.end}: "
                 "the file was truncated or replaced after discovery (files must not change once visible)",
+                split_id=split.split_id,
+                path=path,
+            )
+        known = FileIdentity.parse(split.identity)
+        # Changed since the plan: only growth past the identity's bytes may be read around.
+        if (
+            known is not None
+            and not known.same_stat(st)
+            and (size < known.size or sample_digest(f, known.size) != known.digest)
+        ):
+            f.close()
+            raise SourceError(
+                f"split {split.split_id!r}: file {path} changed after the range was planned "
+                f"({known.size} -> {size} bytes, its first and last bytes differ): nothing of it is read; "
+                "the next plan applies source.on_file_change",
                 split_id=split.split_id,
                 path=path,
             )
@@ -302,15 +445,17 @@ def _decode(raw: bytes, pos: int, path: str, split_id: str) -> str:
         ) from err
 
 
-class FileSource(SourceConnector, SupportsSplitReassignmentOnRecovery):
-    """Driver side of the file source (see the module doc for splits and positions).
+class FileSource(SourceConnector, SupportsSplitReassignmentOnRecovery, SupportsSplitIdentityCheck):
+    """Driver side of the file source (see the module doc for splits, positions and identity).
 
     ``path`` is a directory (scanned recursively) or a single file; it is the
     subscription of every split. Regions keep no split state of their own, so
     the source opts into deferred assignment (FLIP-537): on restore the
     enumerator places every split. Created once per driver run; keeps, for the
-    life of the process, the split layout of each file it has seen (first
-    layout wins: a file that changes afterwards is logged, not re-split).
+    life of the process, the split layout of each file it has seen, first
+    learned from the known splits (:meth:`check_splits`), else cut at discovery.
+    A change of a known file is found by :meth:`check_splits` and decided by the
+    core (``source.on_file_change``); discovery keeps the known layout.
     """
 
     def __init__(
@@ -328,10 +473,11 @@ class FileSource(SourceConnector, SupportsSplitReassignmentOnRecovery):
             ) from err
         self._path = os.path.abspath(os.fspath(path))
         self._split_bytes = split_bytes
-        self._layouts: dict[str, tuple[int, int, tuple[Split, ...]]] = {}  # rel -> (size, mtime_ns, splits)
+        self._layouts: dict[str, tuple[Split, ...]] = {}  # rel -> its splits (the first layout seen)
         self._line_bytes: dict[str, float] = {}
         self._removed: tuple[str, ...] = ()
         self._warned_names: set[str] = set()
+        self._scanned: _Scan | None = None  # check_splits' scan, for the discovery right after it
 
     @classmethod
     def from_config(cls, source: SourceConfig) -> FileSource:
@@ -361,6 +507,9 @@ class FileSource(SourceConnector, SupportsSplitReassignmentOnRecovery):
     def _root(self) -> str:
         return os.path.dirname(self._path) if os.path.isfile(self._path) else self._path
 
+    def _abs(self, rel: str) -> str:
+        return os.path.join(self._root(), *rel.split("/"))
+
     def _missing_root(self) -> SourceError:
         return SourceError(
             f"source.path {self._path} does not exist: create the directory (files are picked up as they "
@@ -377,34 +526,45 @@ class FileSource(SourceConnector, SupportsSplitReassignmentOnRecovery):
         """All splits of the files present now, by path then position, each at its initial position.
 
         Files gone since the previous call are logged (warning, naming the path)
-        and listed in :attr:`removed_paths`.
+        and listed in :attr:`removed_paths`. A file that cannot be examined is
+        one ``unreadable`` split (see the module doc).
         """
-        files = self._scan()
+        scan, self._scanned = self._scanned or self._scan(), None
         splits: list[Split] = []
-        for rel, (size, mtime_ns) in files.items():
-            splits.extend(self._layout(rel, size, mtime_ns))
-        removed = sorted(set(self._layouts) - set(files))
-        root = self._root()
+        for rel, st in scan.files.items():
+            splits.extend(self._layout(rel, st))
+        for rel, error in scan.bad.items():
+            known = self._layouts.get(rel)
+            if known is not None:
+                splits.extend(known)  # known before: its reader fails and names the error
+                continue
+            log.warning(
+                "input file %s cannot be examined (%s); its reads fail until it can", self._abs(rel), error
+            )
+            splits.append(Split(rel, subscription=self._path, position=0, end=1, identity=UNREADABLE))
+        present = scan.files.keys() | scan.bad.keys()
+        removed = sorted(set(self._layouts) - present)
         for rel in removed:
-            ids = [s.split_id for s in self._layouts.pop(rel)[2]]
+            ids = [s.split_id for s in self._layouts.pop(rel)]
             self._line_bytes.pop(rel, None)
             log.warning(
                 "input file %s was removed from source %s; its splits %s can no longer be read",
-                os.path.join(root, rel),
+                self._abs(rel),
                 self._path,
                 ids,
             )
-        self._removed = tuple(os.path.join(root, rel) for rel in removed)
+        self._removed = tuple(self._abs(rel) for rel in removed)
         return sorted(splits, key=lambda s: (relative_path_of(s.split_id), s.position))
 
-    def _scan(self) -> dict[str, tuple[int, int]]:
+    def _scan(self) -> _Scan:
         if os.path.isfile(self._path):
             st = os.stat(self._path)
             name = os.path.basename(self._path)
-            return {name: (st.st_size, st.st_mtime_ns)} if st.st_size > 0 else {}
+            return _Scan({name: FileStat.of(st)} if st.st_size > 0 else {}, {})
         if not os.path.isdir(self._path):
             raise self._missing_root()
-        found: dict[str, tuple[int, int]] = {}
+        found: dict[str, FileStat] = {}
+        bad: dict[str, str] = {}
 
         def fail(err: OSError) -> None:
             raise SourceError(
@@ -418,35 +578,57 @@ class FileSource(SourceConnector, SupportsSplitReassignmentOnRecovery):
                 if _skipped(name):
                     continue
                 rel = name if rel_dir == "." else f"{rel_dir.replace(os.sep, '/')}/{name}"
-                if _RANGE_SUFFIX.search(name):
-                    if rel not in self._warned_names:
-                        self._warned_names.add(rel)
-                        log.warning("skipping input file %s: a name ending in '#<a>-<b>' is reserved", rel)
+                if _reserved(name):
+                    self._warn_once(rel, "a name ending in '#<a>-<b>' or '#v<12 hex>' is reserved")
                     continue
+                full = os.path.join(dirpath, name)
                 try:
-                    st = os.stat(os.path.join(dirpath, name))
+                    st = os.stat(full)  # follows a symlink: a loop or a dangling one raises
                 except FileNotFoundError:
-                    continue  # removed while listing: the next discovery reports it
-                if st.st_size > 0 and os.path.isfile(os.path.join(dirpath, name)):
-                    found[rel] = (st.st_size, st.st_mtime_ns)
-        return found
+                    if not os.path.islink(full):
+                        continue  # removed while listing: the next discovery reports it
+                    bad[rel] = "a symbolic link to a path that does not exist"
+                    continue
+                except OSError as err:
+                    bad[rel] = err.strerror or str(err)
+                    continue
+                if not stat.S_ISREG(st.st_mode):
+                    self._warn_once(rel, "not a regular file (a FIFO, socket or device is never opened)")
+                    continue
+                if st.st_size > 0:
+                    found[rel] = FileStat.of(st)
+        return _Scan(found, bad)
 
-    def _layout(self, rel: str, size: int, mtime_ns: int) -> tuple[Split, ...]:
+    def _warn_once(self, rel: str, why: str) -> None:
+        if rel not in self._warned_names:
+            self._warned_names.add(rel)
+            log.warning("skipping input file %s: %s", rel, why)
+
+    def _identity(self, rel: str, st: FileStat) -> FileIdentity | None:
+        """The identity of the file at ``rel`` with stat ``st``; None if it cannot be read."""
+        try:
+            with open(self._abs(rel), "rb") as f:
+                return FileIdentity(*st, sample_digest(f, st.size))
+        except OSError:
+            return None
+
+    def _layout(self, rel: str, st: FileStat) -> tuple[Split, ...]:
         known = self._layouts.get(rel)
         if known is not None:
-            if (known[0], known[1]) != (size, mtime_ns):
-                log.warning(
-                    "input file %s changed after discovery (%d -> %d bytes); the change is not read: "
-                    "files must be complete when they appear (write under a '.' or '_' name, then rename)",
-                    rel,
-                    known[0],
-                    size,
-                )
-                self._layouts[rel] = (size, mtime_ns, known[2])
-            return known[2]
+            return known  # a change is check_splits' to report and the core's to decide
+        identity = self._identity(rel, st)
+        if identity is None:
+            return ()  # unreadable between the listing and now: the next discovery sees it
+        splits = self._cut(rel, st.size, str(identity))
+        self._layouts[rel] = splits
+        return splits
+
+    def _cut(self, rel: str, size: int, identity: str, base: str | None = None) -> tuple[Split, ...]:
+        """The splits of the file at ``rel`` (``size`` bytes), ids ``base`` (default ``rel``) + range."""
+        base = rel if base is None else base
         bounds = [0]
         if 0 < self._split_bytes < size:
-            with open(os.path.join(self._root(), *rel.split("/")), "rb") as f:
+            with open(self._abs(rel), "rb") as f:
                 nominal = self._split_bytes
                 while nominal < size:
                     cut = _line_start_at_or_after(f, nominal)
@@ -457,14 +639,209 @@ class FileSource(SourceConnector, SupportsSplitReassignmentOnRecovery):
                     nominal += self._split_bytes
         bounds.append(size)
         if len(bounds) == 2:
-            splits: tuple[Split, ...] = (Split(rel, subscription=self._path, position=0, end=size),)
-        else:
-            splits = tuple(
-                Split(f"{rel}#{a}-{b}", subscription=self._path, position=a, end=b)
-                for a, b in zip(bounds, bounds[1:], strict=False)
+            return (Split(base, subscription=self._path, position=0, end=size, identity=identity),)
+        return tuple(
+            Split(f"{base}#{a}-{b}", subscription=self._path, position=a, end=b, identity=identity)
+            for a, b in zip(bounds, bounds[1:], strict=False)
+        )
+
+    # -- identity check (protocol rule 1.9) ------------------------------------------------------
+
+    def check_splits(self, live: Sequence[Split], finished: Mapping[str, str]) -> list[SplitChange]:
+        """The known splits whose file grew, changed or moved (see the module doc); learns their layout.
+
+        Reads the first and last 64 KiB of a file only when its size or mtime differ from
+        a known identity (and of a same-size file at another path when a known one is
+        gone). Unreadable files are not reported: their reads fail.
+        """
+        scan = self._scan()
+        self._scanned = scan
+        known: dict[str, list[_Known]] = {}
+        for split in live:
+            known.setdefault(relative_path_of(split.split_id), []).append(
+                _Known(split.split_id, split.identity, split)
             )
-        self._layouts[rel] = (size, mtime_ns, splits)
-        return splits
+        for sid, identity in finished.items():
+            known.setdefault(relative_path_of(sid), []).append(_Known(sid, identity, None))
+        changes: list[SplitChange] = []
+        for rel in sorted(known):
+            if rel in scan.bad:
+                continue
+            entries = sorted(known[rel], key=lambda k: _range_start(k.split_id))
+            if rel not in scan.files:
+                changes.extend(self._moved(rel, entries, scan, known))
+                continue
+            changes.extend(self._compare(rel, scan.files[rel], entries))
+        return sorted(changes, key=lambda c: c.split_id)
+
+    def _compare(self, rel: str, st: FileStat, entries: list[_Known]) -> list[SplitChange]:
+        path = self._abs(rel)
+        size = st.size
+        now: FileIdentity | None = None
+        changes: list[SplitChange] = []
+        by_identity: dict[str, list[_Known]] = {}
+        for entry in entries:
+            by_identity.setdefault(entry.identity, []).append(entry)
+        for identity, group in by_identity.items():
+            old = FileIdentity.parse(identity)
+            if old is not None and old.same_stat(st):
+                self._learn(rel, group, old)
+                continue
+            now = now or self._identity(rel, st)
+            if now is None:
+                continue  # cannot be read now: its reads fail and name the error
+            if old is None:
+                if identity == UNREADABLE:
+                    fresh = self._cut(rel, size, str(now))
+                    changes += [
+                        SplitChange(
+                            e.split_id,
+                            SplitChangeKind.CHANGED,
+                            str(now),
+                            f"file {path} can be read now ({size} bytes)",
+                            start=_range_start(e.split_id),
+                            replacement=fresh,
+                        )
+                        for e in group
+                    ]
+                else:  # no identity: state of an older version, taken as it is
+                    changes += [
+                        SplitChange(e.split_id, SplitChangeKind.IDENTIFIED, str(now), "") for e in group
+                    ]
+                continue
+            same_prefix = size >= old.size and self._prefix_digest(rel, old.size) == old.digest
+            if (
+                same_prefix
+                and size == old.size
+                and (size <= 2 * _SAMPLE_BYTES or st.mtime_ns == old.mtime_ns)
+            ):
+                # every byte was sampled, or only its ctime changed (chmod, rename): the same data
+                changes += [SplitChange(e.split_id, SplitChangeKind.IDENTIFIED, str(now), "") for e in group]
+                continue
+            self._learn(rel, group, old)  # discovery keeps the known ids; the core decides the rest
+            last = max(_range_start(e.split_id) for e in group)
+            if same_prefix and size > old.size:
+                replacement = self._cut(rel, size, str(now), rel + now.version)
+                for e in group:
+                    end = self._known_end(e, old, last)
+                    grows = end == old.size
+                    changes.append(
+                        SplitChange(
+                            e.split_id,
+                            SplitChangeKind.GREW,
+                            str(now),
+                            f"file {path} grew from {old.size} to {size} bytes, the old ones unchanged",
+                            start=end,
+                            end=size if grows else end,
+                            replacement=replacement,
+                        )
+                    )
+                continue
+            what = (
+                f"was truncated from {old.size} to {size} bytes"
+                if size < old.size
+                else f"was rewritten ({old.size} -> {size} bytes, its first and last bytes differ)"
+                if size > old.size or not same_prefix
+                else f"was modified in place ({size} bytes, mtime changed)"
+            )
+            replacement = self._cut(rel, size, str(now), rel + now.version)
+            changes += [
+                SplitChange(
+                    e.split_id,
+                    SplitChangeKind.CHANGED,
+                    str(now),
+                    f"file {path} {what} after split {e.split_id} was discovered",
+                    start=_range_start(e.split_id),
+                    end=size,
+                    replacement=replacement,
+                )
+                for e in group
+            ]
+        return changes
+
+    def _known_end(self, entry: _Known, old: FileIdentity, last_start: int) -> int:
+        """Where a known split of a file with identity ``old`` ends (a finished one: from its id)."""
+        if entry.split is not None and entry.split.end is not None:
+            return entry.split.end
+        match = _RANGE_SUFFIX.search(entry.split_id)
+        if match is None or int(match.group(1)) == last_start:
+            return old.size  # the whole file, or its last range (which may have grown since its id)
+        return int(match.group(2))
+
+    def _learn(self, rel: str, group: list[_Known], identity: FileIdentity) -> None:
+        """Take the known splits of an unchanged file as its layout, when this process has none."""
+        if rel in self._layouts:
+            return
+        last = max(_range_start(e.split_id) for e in group)
+        splits = tuple(
+            Split(
+                e.split_id,
+                subscription=self._path,
+                position=_range_start(e.split_id),
+                end=self._known_end(e, identity, last),
+                identity=str(identity),
+            )
+            for e in group
+        )
+        self._layouts[rel] = splits
+
+    def _prefix_digest(self, rel: str, size: int) -> str | None:
+        try:
+            with open(self._abs(rel), "rb") as f:
+                return sample_digest(f, size)
+        except OSError:
+            return None
+
+    def _moved(
+        self, rel: str, entries: list[_Known], scan: _Scan, known: Mapping[str, list[_Known]]
+    ) -> list[SplitChange]:
+        """MOVED changes for the splits of a file gone from ``rel`` whose data is at a path no split has."""
+        changes: list[SplitChange] = []
+        for identity in sorted({e.identity for e in entries}):
+            old = FileIdentity.parse(identity)
+            if old is None:
+                continue
+            candidates = [
+                r for r, st in scan.files.items() if st.size == old.size and r not in known and r != rel
+            ]
+            candidates.sort(
+                key=lambda r: (scan.files[r].mtime_ns != old.mtime_ns, r)
+            )  # same mtime first (mv)
+            target = next((r for r in candidates if self._prefix_digest(r, old.size) == old.digest), None)
+            if target is None:
+                continue
+            group = [e for e in entries if e.identity == identity]
+            last = max(_range_start(e.split_id) for e in group)
+            now = FileIdentity(*scan.files[target], old.digest)
+            moved = tuple(
+                Split(
+                    target + _suffix_of(e.split_id),
+                    subscription=self._path,
+                    position=_range_start(e.split_id),
+                    end=self._known_end(e, old, last),
+                    identity=str(now),
+                )
+                for e in group
+            )
+            self._layouts[target] = moved
+            log.info(
+                "input file %s was moved to %s: its splits keep their progress",
+                self._abs(rel),
+                self._abs(target),
+            )
+            changes += [
+                SplitChange(
+                    e.split_id,
+                    SplitChangeKind.MOVED,
+                    str(now),
+                    f"file {self._abs(rel)} was moved to {self._abs(target)} (same size and content digest)",
+                    start=_range_start(e.split_id),
+                    end=m.end,
+                    moved_to=m.split_id,
+                )
+                for e, m in zip(group, moved, strict=True)
+            ]
+        return changes
 
     def available_end(self, split: Split) -> int:
         if split.end is None:
@@ -478,7 +855,8 @@ class FileSource(SourceConnector, SupportsSplitReassignmentOnRecovery):
 
         The line count is estimated from the mean line length of the file's
         first 64 KiB; the end is then snapped to the next line start, so the
-        planned range ends exactly where its last line ends.
+        planned range ends exactly where its last line ends. A file that cannot
+        be opened now gets the rest of its split: its read fails (SourceError).
         """
         limit = self.available_end(split)
         if start >= limit:
