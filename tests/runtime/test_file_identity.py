@@ -20,9 +20,8 @@ import pytest
 from splitkeeper.app import services
 from splitkeeper.errors import SourceError
 from splitkeeper.runtime.config import config_from_mapping
-from splitkeeper.runtime.pipeline import run_pipeline
 
-from .helpers import assert_sink_equals_source, pipeline_mapping, sink_rows
+from .helpers import assert_sink_equals_source, pipeline_mapping, run_pipeline, sink_rows
 
 
 def lines(prefix: str, count: int) -> list[str]:
