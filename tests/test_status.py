@@ -93,6 +93,20 @@ def test_status_on_a_missing_state_folder_says_so_and_fails(tmp_path: Path) -> N
     assert not (tmp_path / "state").exists() and not (tmp_path / "sink").exists()
 
 
+def test_next_epoch_of_a_pipeline_never_run_is_1_without_a_state_folder(tmp_path: Path) -> None:
+    """The demo's and the DAGs' fault injection asks for the next epoch before the first run: a
+    missing state folder is not an error there (status refuses it as a likely typo)."""
+    from splitkeeper.app import services
+    from splitkeeper.orchestration import tasks
+    from splitkeeper.runtime.config import load_config
+
+    config = _config(tmp_path)
+    assert tasks.next_epoch(str(config)) == 1
+    (tmp_path / "state").mkdir()
+    assert services.next_epoch(load_config(config)) == 1
+    assert not (tmp_path / "sink").exists()
+
+
 def test_status_names_the_lease_holder(tmp_path: Path) -> None:
     config = _config(tmp_path)
     holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])

@@ -577,6 +577,14 @@ def _require_checkpoint_to_recover(config: PipelineConfig) -> None:
     )
 
 
+def next_epoch(config: PipelineConfig) -> int:
+    """The id the next epoch of this pipeline will get: 1 for a pipeline that never ran (no state
+    folder yet, which :func:`status` refuses as a likely typo). Read-only."""
+    if _local_state_missing(config):
+        return 1
+    return status(config, last=1).next_epoch
+
+
 @_named
 def status(config: PipelineConfig, *, last: int = 10) -> StatusResult:
     """The latest checkpoint, its ref chain and loads, and the last ``last`` timeline entries. Read-only.

@@ -91,7 +91,7 @@ def maintain(path: str | None = None, history_hours: float | None = None) -> dic
 
 def next_epoch(path: str | None = None) -> int:
     """The id the next epoch of this pipeline will get (for fault injection in demos)."""
-    return services.status(_config(path)).next_epoch
+    return services.next_epoch(_config(path))
 
 
 # -- recovery (triggered by hand) ------------------------------------------------------------
