@@ -139,7 +139,10 @@ def run_regions(
     times out too (it may never be scheduled), and its job is cancelled before it runs.
     Once ``interrupt`` is set, every region job still running is cancelled and
     EpochAbandoned is raised (after the jobs wound down, at most ``ABANDON_WAIT_S``).
+    No payload (every region declined before reading): no job, an empty result.
     """
+    if not payloads:
+        return {}
     sc = spark.sparkContext
     tracker = sc.statusTracker()
     runs: dict[int, RegionRun] = {}

@@ -54,3 +54,18 @@ def test_a_failing_region_fails_alone_and_a_quick_one_acknowledges(spark: Any) -
     assert runs[2].status is RegionStatus.FINISHED and runs[2].result == 20
     assert runs[1].status is RegionStatus.FAILED
     assert "ValueError: region 1 cannot read its split" in runs[1].error
+
+
+def test_no_payload_runs_no_job_and_returns_at_once(spark: Any) -> None:
+    """Every region declined before reading (its splits could not be planned): no job, an empty
+    result. The wait loop used to wait for a region that was never submitted, for ever."""
+    import threading
+
+    out: list[dict[int, Any]] = []
+    t = threading.Thread(
+        target=lambda: out.append(run_regions(spark, "p", 1, {}, lambda x: x, 5.0)), daemon=True
+    )
+    t.start()
+    t.join(timeout=60)
+    assert not t.is_alive(), "run_regions({}) did not return"
+    assert out == [{}]
