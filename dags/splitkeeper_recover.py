@@ -21,7 +21,7 @@ from airflow.sdk import DAG, Param, task
 
 from splitkeeper.orchestration import tasks
 from splitkeeper.orchestration.airflow import DagPipeline, dag_pipelines
-from splitkeeper.runtime.regions import MAX_PARALLELISM
+from splitkeeper.spark.regions import MAX_PARALLELISM
 
 
 def recover_dag(pipeline: DagPipeline) -> DAG:

@@ -25,9 +25,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from make_files import write_files  # noqa: E402
 
-from splitkeeper.runtime.sources import FileSource  # noqa: E402
-from splitkeeper.runtime.staging import run_region_task  # noqa: E402
-from splitkeeper.runtime.transforms import identity  # noqa: E402
+from splitkeeper.spark.sources import FileSource  # noqa: E402
+from splitkeeper.spark.task import run_region_task  # noqa: E402
+from splitkeeper.transforms import identity  # noqa: E402
 
 
 def timed(label: str, records_bytes: int, fn: Callable[[], int]) -> None:

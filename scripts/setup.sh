@@ -110,7 +110,7 @@ build_localfs() {
         say "jars/localfs: skipped (no $VENV yet; run the python step first)"
         return
     fi
-    pyjars="$("$VENV/bin/python" -c 'from splitkeeper.runtime.jars import pyspark_jars_dir; print(pyspark_jars_dir())')"
+    pyjars="$("$VENV/bin/python" -c 'from splitkeeper.spark.jars import pyspark_jars_dir; print(pyspark_jars_dir())')"
     mapfile -t sources < <(find jvm/localfs/src -name '*.java' | sort)
     want="$(digest "${sources[@]}" <(ls "$pyjars"))"
     if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" && -f "$out/splitkeeper-localfs.jar" ]]; then
@@ -145,7 +145,7 @@ step_jars() {
     build_localfs
     # One rule, in Python: no jar of .jars/spark duplicates one pyspark ships.
     if [[ -x "$VENV/bin/python" ]]; then
-        "$VENV/bin/python" -m splitkeeper.runtime.jars --root "$JARS_DIR" \
+        "$VENV/bin/python" -m splitkeeper.spark.jars --root "$JARS_DIR" \
             || die "the Spark jars do not fit this pyspark (see above)"
     fi
 }
@@ -274,7 +274,7 @@ step_cluster() {
     cluster_object_store
     fetch_jars s3a jvm/s3a.xml
     if [[ -x "$VENV/bin/python" ]]; then
-        "$VENV/bin/python" -m splitkeeper.runtime.jars --root "$JARS_DIR" \
+        "$VENV/bin/python" -m splitkeeper.spark.jars --root "$JARS_DIR" \
             || die "the S3A jars do not fit this pyspark (see above)"
     fi
 }

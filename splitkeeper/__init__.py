@@ -1,7 +1,7 @@
 """splitkeeper: Flink-style split ownership, recovery and regional checkpoints for Spark ingestion.
 
 ``from splitkeeper import transform`` (and ``vectorized``): the decorators that mark a
-function as a transform a pipeline config may name (:mod:`splitkeeper.runtime.transforms`).
+function as a transform a pipeline config may name (:mod:`splitkeeper.transforms`).
 They are imported on first use, so ``import splitkeeper`` stays free of pyarrow.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from splitkeeper.runtime.transforms import transform, vectorized
+    from splitkeeper.transforms import transform, vectorized
 
 __version__ = "0.1.0"
 __all__ = ["__version__", "transform", "vectorized"]
@@ -18,7 +18,7 @@ __all__ = ["__version__", "transform", "vectorized"]
 
 def __getattr__(name: str) -> Any:
     if name in ("transform", "vectorized"):
-        from splitkeeper.runtime import transforms
+        from splitkeeper import transforms
 
         return getattr(transforms, name)
     raise AttributeError(f"module 'splitkeeper' has no attribute {name!r}")

@@ -4,7 +4,7 @@
   process with it. Off Linux, or for a pid that is gone, they return None or nothing.
 - :func:`identity` is ``<boot id>/<pid namespace>/<start time>``: a pid and its start time
   name one process only within one boot and one pid namespace. The pipeline lease records
-  it (:mod:`splitkeeper.state.lease`), so a reused pid is never taken for the holder.
+  it (:mod:`splitkeeper.delta.lease`), so a reused pid is never taken for the holder.
 - :func:`port_is_free` and :func:`free_port` probe TCP ports on one host address.
 - :func:`stop` sends SIGTERM, waits, then SIGKILL: to a pid, a process group or a set of
   processes, as its caller's ``send`` decides.

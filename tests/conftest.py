@@ -1,7 +1,7 @@
 """Shared test fixtures: one Spark session, one Kafka broker, a scratch folder per test.
 
 - ``spark`` (session scope): the one SparkSession of the test run, built by
-  :func:`splitkeeper.runtime.spark.get_spark` (``local[2]``, UI off, 2 shuffle
+  :func:`splitkeeper.spark.session.get_spark` (``local[2]``, UI off, 2 shuffle
   partitions, Delta on). The JVM starts once, on first use, and stops at the end.
 - ``kafka_broker`` (session scope): one local KRaft broker for the whole run.
 - ``scratch``: a :class:`ScratchDirs` over ``tmp_path``, for Delta tables and state.
@@ -81,7 +81,7 @@ def scratch(tmp_path: Path) -> ScratchDirs:
 
 @pytest.fixture(scope="session")
 def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkSession]:
-    from splitkeeper.runtime.spark import SparkSettings, get_spark
+    from splitkeeper.spark.session import SparkSettings, get_spark
 
     settings = SparkSettings(
         master="local[2]",

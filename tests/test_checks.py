@@ -14,14 +14,20 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 CORE_CONTRACT = "core: the protocol core imports no other part of splitkeeper but splitkeeper.errors"
-RUNTIME_CONTRACT = "runtime: the engine imports no orchestration, checks, report, services, CLI or tools"
+SPARK_CONTRACT = (
+    "spark: the engine imports no orchestration, checks, report, services, CLI, simulator or tools"
+)
+DELTA_CONTRACT = "delta: the Delta package imports no engine-side or user-facing part of splitkeeper"
+HISTORY_CONTRACT = "report and checks read state through the Delta package's API, never its tables module"
 ENGINES_CONTRACT = "core: the protocol core imports no engine and no config-model library"
-PIPELINE_CONTRACT = "commands and orchestration reach the runtime pipeline only through splitkeeper.app"
+PIPELINE_CONTRACT = "commands and orchestration reach the pipeline only through splitkeeper.app"
 TOOLS_CONTRACT = "tools: only the CLI and the tools themselves import splitkeeper.tools"
 CLI_CONTRACT = "cli: only python -m splitkeeper imports the CLI"
 CONTRACTS = (
     CORE_CONTRACT,
-    RUNTIME_CONTRACT,
+    SPARK_CONTRACT,
+    DELTA_CONTRACT,
+    HISTORY_CONTRACT,
     ENGINES_CONTRACT,
     PIPELINE_CONTRACT,
     TOOLS_CONTRACT,
@@ -75,45 +81,49 @@ def test_the_contracts_are_kept_by_this_checkout(tree: Path) -> None:
         # the config module reaches pydantic (its schema), so both core contracts break
         (
             "splitkeeper/core/_probe.py",
-            "import splitkeeper.runtime.config",
+            "import splitkeeper.config.settings",
             (CORE_CONTRACT, ENGINES_CONTRACT),
         ),
         ("splitkeeper/core/_probe.py", "import splitkeeper.sim.events", CORE_CONTRACT),
         ("splitkeeper/core/_probe.py", "from splitkeeper import resources", CORE_CONTRACT),
-        ("splitkeeper/runtime/_probe.py", "import splitkeeper.orchestration.tasks", RUNTIME_CONTRACT),
-        ("splitkeeper/runtime/_probe.py", "import splitkeeper.report.html", RUNTIME_CONTRACT),
-        ("splitkeeper/runtime/_probe.py", "from splitkeeper.quality import checks", RUNTIME_CONTRACT),
-        ("splitkeeper/runtime/sources/_probe.py", "import splitkeeper.cli", (RUNTIME_CONTRACT, CLI_CONTRACT)),
-        ("splitkeeper/runtime/_probe.py", "import splitkeeper.commands.run", RUNTIME_CONTRACT),
-        ("splitkeeper/runtime/_probe.py", "from splitkeeper.app import services", RUNTIME_CONTRACT),
-        ("splitkeeper/runtime/_probe.py", "import splitkeeper.sim.simulator", RUNTIME_CONTRACT),
+        ("splitkeeper/spark/_probe.py", "import splitkeeper.orchestration.tasks", SPARK_CONTRACT),
+        ("splitkeeper/spark/_probe.py", "import splitkeeper.report.html", SPARK_CONTRACT),
+        ("splitkeeper/spark/_probe.py", "from splitkeeper.quality import checks", SPARK_CONTRACT),
+        ("splitkeeper/spark/sources/_probe.py", "import splitkeeper.cli", (SPARK_CONTRACT, CLI_CONTRACT)),
+        ("splitkeeper/spark/_probe.py", "import splitkeeper.commands.run", SPARK_CONTRACT),
+        ("splitkeeper/spark/_probe.py", "from splitkeeper.app import services", SPARK_CONTRACT),
+        ("splitkeeper/spark/_probe.py", "import splitkeeper.sim.simulator", SPARK_CONTRACT),
         (
-            "splitkeeper/runtime/_probe.py",
+            "splitkeeper/spark/_probe.py",
             "import splitkeeper.tools.bench.ingest",
-            (RUNTIME_CONTRACT, TOOLS_CONTRACT),
+            (SPARK_CONTRACT, TOOLS_CONTRACT),
         ),
         (
-            "splitkeeper/runtime/sources/_probe.py",
+            "splitkeeper/spark/sources/_probe.py",
             "import splitkeeper.tools.chaos",
-            (RUNTIME_CONTRACT, TOOLS_CONTRACT),
+            (SPARK_CONTRACT, TOOLS_CONTRACT),
         ),
         (
-            "splitkeeper/runtime/_probe.py",
+            "splitkeeper/spark/_probe.py",
             "import splitkeeper.tools.demo",
-            (RUNTIME_CONTRACT, TOOLS_CONTRACT),
+            (SPARK_CONTRACT, TOOLS_CONTRACT),
         ),
         # the product (any package, a new one too) imports no tool, and no module but __main__ the CLI
         ("splitkeeper/app/_probe.py", "import splitkeeper.tools.doctor", TOOLS_CONTRACT),
         (
-            "splitkeeper/state/_probe.py",
+            "splitkeeper/delta/_probe.py",
             "from splitkeeper.tools.kafka_broker import free_port",
-            TOOLS_CONTRACT,
+            (DELTA_CONTRACT, TOOLS_CONTRACT),
         ),
         ("splitkeeper/newpart/_probe.py", "from splitkeeper.tools import cluster", TOOLS_CONTRACT),
         ("splitkeeper/commands/_probe.py", "from splitkeeper import cli", CLI_CONTRACT),
         ("splitkeeper/tools/_probe.py", "import splitkeeper.cli", CLI_CONTRACT),
-        ("splitkeeper/commands/_probe.py", "from splitkeeper.runtime import pipeline", PIPELINE_CONTRACT),
-        ("splitkeeper/orchestration/_probe.py", "import splitkeeper.runtime.pipeline", PIPELINE_CONTRACT),
+        ("splitkeeper/commands/_probe.py", "from splitkeeper.app import pipeline", PIPELINE_CONTRACT),
+        ("splitkeeper/orchestration/_probe.py", "import splitkeeper.app.pipeline", PIPELINE_CONTRACT),
+        ("splitkeeper/delta/_probe.py", "import splitkeeper.spark.session", DELTA_CONTRACT),
+        ("splitkeeper/delta/_probe.py", "from splitkeeper.app import services", DELTA_CONTRACT),
+        ("splitkeeper/report/_probe.py", "from splitkeeper.delta import tables", HISTORY_CONTRACT),
+        ("splitkeeper/quality/_probe.py", "import splitkeeper.delta.tables", HISTORY_CONTRACT),
         ("splitkeeper/core/_probe.py", "import pydantic", ENGINES_CONTRACT),
         ("splitkeeper/core/_probe.py", "from pydantic import BaseModel", ENGINES_CONTRACT),
         ("splitkeeper/core/_probe.py", "import pyspark.sql", ENGINES_CONTRACT),
@@ -207,13 +217,13 @@ def test_check_sh_fails_when_a_check_fails_and_still_runs_the_others(tmp_path: P
         shutil.copytree(ROOT / folder, tmp_path / folder, ignore=shutil.ignore_patterns("__pycache__"))
     if (ROOT / ".mypy_cache").is_dir():  # mypy from a warm cache: seconds instead of a minute
         shutil.copytree(ROOT / ".mypy_cache", tmp_path / ".mypy_cache")
-    (tmp_path / "splitkeeper/runtime/_probe.py").write_text("import splitkeeper.cli  # noqa: F401\n")
+    (tmp_path / "splitkeeper/spark/_probe.py").write_text("import splitkeeper.cli  # noqa: F401\n")
     done = _check_sh(tmp_path)
     assert done.returncode == 1
     lines = [line for line in done.stdout.splitlines() if line.startswith("[check] ")]
     assert [line.split()[1] for line in lines] == ["ruff", "ruff", "mypy", "lint-imports"]
     assert "FAILED" in lines[-1] and all("FAILED" not in line for line in lines[:-1])
-    assert "splitkeeper.runtime._probe -> splitkeeper.cli" in done.stdout
+    assert "splitkeeper.spark._probe -> splitkeeper.cli" in done.stdout
     assert "[check] FAILED: lint-imports" in done.stderr
 
 

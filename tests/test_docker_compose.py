@@ -285,8 +285,8 @@ def test_commands_name_scripts_modules_and_airflow_subcommands_that_exist(servic
 
 
 def test_environment_points_splitkeeper_at_the_cluster_object_storage_and_kafka(services):
-    from splitkeeper.runtime.config import load_config
-    from splitkeeper.runtime.spark import SparkSettings
+    from splitkeeper.config.settings import load_config
+    from splitkeeper.spark.session import SparkSettings
 
     scheduler = services["airflow-scheduler"]
     variables = env(scheduler)
@@ -557,14 +557,14 @@ def test_compose_cli_validates_the_file():
 #: reader (sources/__init__ loads the Kafka module with importlib, so each module is named), the
 #: staging writer and the transforms.
 EXECUTOR_ENTRY_MODULES = [
-    "splitkeeper.runtime.pipeline",
-    "splitkeeper.runtime.regions",
+    "splitkeeper.app.pipeline",
+    "splitkeeper.spark.regions",
     *(
-        f"splitkeeper.runtime.sources.{p.stem}".removesuffix(".__init__")
-        for p in sorted((ROOT / "splitkeeper/runtime/sources").glob("*.py"))
+        f"splitkeeper.spark.sources.{p.stem}".removesuffix(".__init__")
+        for p in sorted((ROOT / "splitkeeper/spark/sources").glob("*.py"))
     ),
-    "splitkeeper.runtime.staging",
-    "splitkeeper.runtime.transforms",
+    "splitkeeper.spark.task",
+    "splitkeeper.transforms",
 ]
 #: What the Spark image itself brings to every executor's Python: SPARK_HOME/python (pyspark, py4j).
 PROVIDED_BY_THE_SPARK_IMAGE = {"pyspark", "py4j"}
@@ -641,7 +641,7 @@ def executor_third_party_imports() -> dict[str, set[str]]:
                 stack.append(name)
             elif top not in sys.stdlib_module_names:
                 third_party.setdefault(top, set()).add(module)
-    assert {"splitkeeper.runtime.pipeline", "splitkeeper.runtime.sources.files"} <= seen
+    assert {"splitkeeper.app.pipeline", "splitkeeper.spark.sources.files"} <= seen
     return third_party
 
 

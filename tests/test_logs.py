@@ -28,7 +28,7 @@ def test_json_lines_carry_the_bound_pipeline_and_the_record_context() -> None:
         logging.getLogger("splitkeeper.progress").info(
             "epoch 3 regional", extra={"epoch": 3, "checkpoint_id": 3, "kind": "regional"}
         )
-        logging.getLogger("splitkeeper.runtime.regions").warning(
+        logging.getLogger("splitkeeper.spark.regions").warning(
             "region 1 timed out", extra={"epoch": 3, "region": 1}
         )
     logging.getLogger("splitkeeper.progress").info("after the run")

@@ -42,8 +42,8 @@ import importlib.resources, json, sys
 from splitkeeper import resources
 from splitkeeper.errors import EnvironmentNotReadyError
 from splitkeeper.quality.checks import load_suite_specs
-from splitkeeper.runtime import jars
-from splitkeeper.state.ddl import read_ddl
+from splitkeeper.spark import jars
+from splitkeeper.delta.ddl import read_ddl
 
 folders = {
     name: {

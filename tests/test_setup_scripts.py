@@ -29,6 +29,7 @@ for a in "$@"; do
   [[ "$prev" == "-f" ]] && pom="$a"
   prev="$a"
 done
+if [[ "${FAKE_MVN_REFUSE:-0}" == 1 ]]; then echo "fake mvn: this test expects no Maven call" >&2; exit 3; fi
 if [[ $offline == 1 && "${FAKE_MVN_OFFLINE_FAILS:-0}" == 1 ]]; then exit 1; fi
 mkdir -p "$out"
 case "$pom" in
@@ -129,8 +130,10 @@ def test_setup_rejects_jars_that_duplicate_pyspark(fake_mvn, tmp_path):
 
 
 def test_full_setup_on_this_checkout_is_a_fast_no_op(fake_mvn):
-    # test.sh ran setup.sh before pytest, so every stamp is current: nothing to do.
-    env = {**fake_mvn}
+    # test.sh ran setup.sh before pytest, so every stamp is current: nothing to do. The real
+    # jars folder is in play here, so the fake Maven refuses to run: a stale stamp fails this
+    # test instead of replacing the checkout's jars with the fake's empty files.
+    env = {**fake_mvn, "FAKE_MVN_REFUSE": "1"}
     env.pop("SPLITKEEPER_JARS_DIR")
     result = _setup(env)
     assert result.returncode == 0, result.stderr

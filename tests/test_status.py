@@ -18,9 +18,9 @@ from pathlib import Path
 
 import yaml
 
+from splitkeeper.delta.lease import LeaseOwner, PipelineLease
+from splitkeeper.delta.tables import StateTables
 from splitkeeper.process import identity as process_identity
-from splitkeeper.state.lease import LeaseOwner, PipelineLease
-from splitkeeper.state.tables import StateTables
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -97,8 +97,8 @@ def test_next_epoch_of_a_pipeline_never_run_is_1_without_a_state_folder(tmp_path
     """The demo's and the DAGs' fault injection asks for the next epoch before the first run: a
     missing state folder is not an error there (status refuses it as a likely typo)."""
     from splitkeeper.app import services
+    from splitkeeper.config.settings import load_config
     from splitkeeper.orchestration import tasks
-    from splitkeeper.runtime.config import load_config
 
     config = _config(tmp_path)
     assert tasks.next_epoch(str(config)) == 1

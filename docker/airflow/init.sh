@@ -25,7 +25,7 @@ PY
 echo "[airflow-init] splitkeeper: package, jars, expectation suites"
 python - <<'PY'
 from splitkeeper.quality.checks import load_suite_specs
-from splitkeeper.runtime import jars
+from splitkeeper.spark import jars
 
 spark_jars = jars.spark_jars()
 suites = load_suite_specs()

@@ -40,12 +40,12 @@ from splitkeeper.app.results import (
     TimelineLine,
     ValidationResult,
 )
+from splitkeeper.config.settings import PipelineConfig
 from splitkeeper.core.assignment import AssignmentStrategy, WeightedStrategy
 from splitkeeper.core.rescale import Redistribution
 from splitkeeper.core.types import Split
 from splitkeeper.errors import CheckpointError, InvalidParameterError, RunInterrupted, StateError
-from splitkeeper.runtime.config import IDENTITY_TRANSFORM, PipelineConfig
-from splitkeeper.runtime.regions import check_parallelism
+from splitkeeper.spark.regions import check_parallelism
 
 log = logging.getLogger("splitkeeper.app")
 
@@ -61,7 +61,7 @@ _R = TypeVar("_R")
 
 def spark_session() -> Any:
     """The driver's Spark session (``SPLITKEEPER_SPARK_*``), UI off."""
-    from splitkeeper.runtime.spark import SparkSettings, get_spark
+    from splitkeeper.spark.session import SparkSettings, get_spark
 
     return get_spark(SparkSettings.from_env(ui_enabled=False))
 
@@ -83,8 +83,8 @@ def _pipeline(
     lease: Any = False,
     interrupt: threading.Event | None = None,
 ) -> Any:
-    from splitkeeper.runtime.faults import FaultPlan
-    from splitkeeper.runtime.pipeline import Pipeline
+    from splitkeeper.app.pipeline import Pipeline
+    from splitkeeper.spark.faults import FaultPlan
 
     return Pipeline(
         config,
@@ -105,9 +105,9 @@ def writer_lease(config: PipelineConfig) -> Iterator[Any]:
     A second writer is refused within a second, with LeaseHeldError naming the holder; a lease
     whose holder stopped heartbeating for ``lease.ttl_s`` is taken over (logged). Released on exit.
     """
-    from splitkeeper.runtime.faults import crash_request
-    from splitkeeper.state.lease import PipelineLease, held
-    from splitkeeper.state.tables import StateTables
+    from splitkeeper.delta.lease import PipelineLease, held
+    from splitkeeper.delta.tables import StateTables
+    from splitkeeper.spark.faults import crash_request
 
     crash_request()  # a misspelt SPLITKEEPER_CRASH_AT fails before the lease table is written
     tables = StateTables(config.state_path)  # only the lease table: the pipeline's claim comes with the run
@@ -117,7 +117,7 @@ def writer_lease(config: PipelineConfig) -> Iterator[Any]:
 
 def _state_store(config: PipelineConfig) -> Any:
     """The pipeline's state store, read-only (no table is created; the source is not asked)."""
-    from splitkeeper.state.checkpoints import DeltaStateStore
+    from splitkeeper.delta.checkpoints import DeltaStateStore
 
     return DeltaStateStore(config.state_path, config.name, None, read_only=True)
 
@@ -190,7 +190,7 @@ def run(
             continuous,
             "alone: a continuous run ends when stopped, not after epochs or caught up",
         )
-    from splitkeeper.runtime.regions import EpochAbandoned
+    from splitkeeper.spark.regions import EpochAbandoned
 
     signals = _SignalStop(stop or threading.Event())
     summary: Any = None
@@ -300,7 +300,7 @@ def _stop_check(
     (the control table is read at most every ``every_s``)."""
     from datetime import UTC, datetime
 
-    from splitkeeper.state.control import ControlRequests
+    from splitkeeper.delta.control import ControlRequests
 
     requests = ControlRequests(tables, pipeline)
     started = datetime.now(UTC)
@@ -327,9 +327,9 @@ def stop(config: PipelineConfig) -> StopResult:
     Records a stop request in the control table (any host's run sees it within seconds), and
     sends SIGTERM to the lease holder when it runs on this host (it stops at once).
     """
-    from splitkeeper.state.control import ControlRequests
-    from splitkeeper.state.lease import PipelineLease
-    from splitkeeper.state.tables import StateTables
+    from splitkeeper.delta.control import ControlRequests
+    from splitkeeper.delta.lease import PipelineLease
+    from splitkeeper.delta.tables import StateTables
 
     tables = StateTables(config.state_path)
     holder = PipelineLease(tables, config.name).holder()
@@ -442,12 +442,12 @@ def recover(
 
 def repair(config: PipelineConfig, *, dry_run: bool = False) -> Any:
     """Rebuild the rows of kept checkpoints lost or damaged after their commit (``recover --repair``,
-    :mod:`splitkeeper.state.repair`); returns its RepairReport. Holds the lease unless ``dry_run``
+    :mod:`splitkeeper.delta.repair`); returns its RepairReport. Holds the lease unless ``dry_run``
     (then nothing is written). No Spark: run the pipeline afterwards as usual."""
-    from splitkeeper.state import storage
-    from splitkeeper.state.checkpoints import DeltaStateStore
-    from splitkeeper.state.repair import repair_files, repair_rows
-    from splitkeeper.state.tables import StateTables
+    from splitkeeper.delta import storage
+    from splitkeeper.delta.checkpoints import DeltaStateStore
+    from splitkeeper.delta.repair import repair_files, repair_rows
+    from splitkeeper.delta.tables import StateTables
 
     if storage.is_local(config.state_path) and not os.path.isdir(config.state_path):
         raise StateError(
@@ -529,7 +529,7 @@ def metrics_text(config: PipelineConfig) -> str:
 
     A StateError says what to do when no run wrote it yet.
     """
-    from splitkeeper.runtime.metrics import metrics_path, read_metrics_text
+    from splitkeeper.app.metrics import metrics_path, read_metrics_text
 
     text = read_metrics_text(config.state_path)
     if text is None:
@@ -564,7 +564,7 @@ def _require_checkpoint_to_recover(config: PipelineConfig) -> None:
     A first epoch whose sink commit landed without its checkpoint row still counts: the
     restore finishes it from its decision record (a redo).
     """
-    from splitkeeper.runtime.sink import DeltaSink
+    from splitkeeper.delta.sink import DeltaSink
 
     if _state_store(config).checkpoint_ids():
         return
@@ -643,7 +643,7 @@ def _interval_switches(timeline: Sequence[Any]) -> tuple[tuple[int, str], ...]:
 
 def _lease_of(store: Any) -> dict[str, Any] | None:
     """Who holds the pipeline's lease (read-only), or None when it never had one."""
-    from splitkeeper.state.lease import PipelineLease
+    from splitkeeper.delta.lease import PipelineLease
 
     holder = PipelineLease(store.tables, store.pipeline_name).holder()
     if holder is None:
@@ -697,11 +697,12 @@ def validate(
 
     Raises InvariantViolation naming the split ids when a check fails.
     """
+    from splitkeeper.delta.checkpoints import DeltaStateStore
     from splitkeeper.quality.checks import raise_on_failure, run_restart_checks
-    from splitkeeper.runtime.sources import build_source
-    from splitkeeper.state.checkpoints import DeltaStateStore
+    from splitkeeper.spark.sources import build_source
+    from splitkeeper.transforms import identity, resolve_transform
 
-    if content and config.transform != IDENTITY_TRANSFORM:
+    if content and resolve_transform(config.transform) is not identity:
         raise InvalidParameterError(
             "content",
             content,
@@ -750,9 +751,9 @@ def maintain(
     ref chain) or of an epoch not committed yet. ``dry_run`` lists what VACUUM would remove
     and changes nothing.
     """
-    from splitkeeper.runtime.sink import DeltaSink
-    from splitkeeper.state import retention
-    from splitkeeper.state.checkpoints import DeltaStateStore
+    from splitkeeper.delta import retention
+    from splitkeeper.delta.checkpoints import DeltaStateStore
+    from splitkeeper.delta.sink import DeltaSink
 
     hours = config.history_hours if history_hours is None else history_hours
     if isinstance(hours, bool) or not isinstance(hours, int | float) or hours < 0:

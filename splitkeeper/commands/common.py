@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from splitkeeper.runtime.config import PipelineConfig, load_config
+from splitkeeper.config.settings import PipelineConfig, load_config
 
 
 def add_config_argument(parser: argparse.ArgumentParser) -> None:

@@ -1,8 +1,8 @@
 """``splitkeeper config schema [--out FILE]``: the JSON Schema of the pipeline file.
 
 1. The schema is generated from the pydantic models that validate every pipeline file
-   (:mod:`splitkeeper.runtime.config_schema`); it is never written by hand, so it cannot
-   drift from what :func:`~splitkeeper.runtime.config.load_config` accepts.
+   (:mod:`splitkeeper.config.models`); it is never written by hand, so it cannot
+   drift from what :func:`~splitkeeper.config.settings.load_config` accepts.
 2. Without ``--out`` it is printed to stdout (JSON, indented); with ``--out`` it is written
    to that file (its directory must exist) and the path is printed.
 3. Checking a pipeline file is ``splitkeeper status --config FILE`` or any command taking
@@ -25,7 +25,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from splitkeeper.runtime.config_schema import json_schema
+    from splitkeeper.config.models import json_schema
 
     text = json.dumps(json_schema(), indent=2, sort_keys=False) + "\n"
     if args.out is None:

@@ -8,7 +8,7 @@ writes nothing anywhere.
 
 ``recover --repair [--dry-run]`` restores nothing: it rebuilds the enumerator_state and
 audit rows of kept checkpoints lost or damaged after their commit, from their decision
-records (:mod:`splitkeeper.state.repair`), as a ``[STATE_ERROR]`` about them advises.
+records (:mod:`splitkeeper.delta.repair`), as a ``[STATE_ERROR]`` about them advises.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import json
 
 from splitkeeper.commands.common import add_config_argument, add_fault_argument, load
 from splitkeeper.errors import InvalidParameterError
-from splitkeeper.runtime.regions import check_parallelism
+from splitkeeper.spark.regions import check_parallelism
 
 
 def checkpoint_arg(text: str) -> int | None:

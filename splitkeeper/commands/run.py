@@ -6,8 +6,8 @@ import argparse
 import json
 
 from splitkeeper.commands.common import add_config_argument, add_fault_argument, load
+from splitkeeper.config.settings import PipelineConfig, load_config, load_json
 from splitkeeper.errors import InvalidParameterError
-from splitkeeper.runtime.config import PipelineConfig, load_config, load_json
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

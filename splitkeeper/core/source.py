@@ -8,8 +8,8 @@ only place that inspects them.
 The driver-side connector contract (:class:`SourceConnector`, with planning) and
 the executor-side :class:`RegionReader` are here too: engine-free, like
 FLIP-27's ``Source``/``SourceReader`` interfaces. Implementations live in
-:mod:`splitkeeper.runtime.sources`; their inheritable contract tests in
-:mod:`splitkeeper.runtime.sources.contract`.
+:mod:`splitkeeper.spark.sources`; their inheritable contract tests in
+:mod:`splitkeeper.spark.sources.contract`.
 """
 
 from __future__ import annotations

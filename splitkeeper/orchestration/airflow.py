@@ -42,7 +42,7 @@ def _load(path: str) -> Any:
     """The pipeline of ``path``, or None when it does not load (a DAG file must parse; the task
     itself then reports the bad config)."""
     try:
-        from splitkeeper.runtime.config import load_config
+        from splitkeeper.config.settings import load_config
 
         return load_config(path)
     except Exception:  # noqa: BLE001
@@ -58,7 +58,7 @@ def pipeline_param() -> Any:
     """
     from airflow.sdk import Param
 
-    from splitkeeper.runtime.config_schema import overrides_json_schema
+    from splitkeeper.config.models import overrides_json_schema
 
     return Param(
         {},
@@ -141,7 +141,7 @@ class DagPipeline:
         config = self.config
         if config is None or config.on_failure is None:
             return
-        from splitkeeper.runtime.transforms import resolve_callable
+        from splitkeeper.transforms import resolve_callable
 
         ti = context.get("ti") or context.get("task_instance")
         event = {

@@ -75,8 +75,8 @@ class EpochJobSubmitOperator(SparkSubmitOperator):
         kills spark-submit.
         """
         from splitkeeper.app import services
+        from splitkeeper.config.settings import load_config
         from splitkeeper.orchestration.tasks import config_path
-        from splitkeeper.runtime.config import load_config
 
         started = time.monotonic()
         try:

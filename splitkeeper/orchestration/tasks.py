@@ -17,9 +17,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from splitkeeper.app import services
+from splitkeeper.config.settings import PipelineConfig, load_config
 from splitkeeper.core.rescale import Redistribution
 from splitkeeper.errors import InvalidParameterError
-from splitkeeper.runtime.config import PipelineConfig, load_config
 
 log = logging.getLogger("splitkeeper.orchestration")
 

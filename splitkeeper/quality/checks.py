@@ -9,7 +9,7 @@ times, also while no pipeline runs.
 How: the suites are the JSON files in ``expectations/`` (one per suite; see
 ``expectations/README.md``). Each names the *dataset* it runs on; this module derives
 those datasets as Spark DataFrames from the checked checkpoint's state, read through
-:mod:`splitkeeper.state.history` (the only reader of the state tables; its pyarrow
+:mod:`splitkeeper.delta.history` (the only reader of the state tables; its pyarrow
 tables become frames with ``spark.createDataFrame``), and from the sink table, read
 with Spark (:func:`build_restart_frames`). It runs every suite through an ephemeral GE
 context with a COMPLETE (or, per record, SUMMARY) result format that lists the
@@ -55,7 +55,7 @@ from splitkeeper.errors import (
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame, SparkSession
 
-    from splitkeeper.state.checkpoints import DeltaStateStore
+    from splitkeeper.delta.checkpoints import DeltaStateStore
 
 __all__ = [
     "ENV_EXPECTATIONS_DIR",
@@ -409,7 +409,7 @@ class RestartFrames:
 
 def _sink_frame(spark: SparkSession, sink_path: str | os.PathLike[str]) -> tuple[DataFrame, bool]:
     """The sink table (read with Spark), or an empty frame of its schema when no table exists there yet."""
-    from splitkeeper.runtime.sink import sink_frame
+    from splitkeeper.delta.sink import sink_frame
 
     return sink_frame(spark, sink_path)
 
@@ -494,7 +494,7 @@ def read_split_life(state_store: DeltaStateStore, checkpoint_id: int) -> SplitLi
     """The DISCOVERED and SKIPPED_LOST_RANGE audit records up to ``checkpoint_id`` (see :class:`SplitLife`).
 
     The audit trail outlives retention; which rows count is the history's orphan-attempt
-    rule (:meth:`splitkeeper.state.history.StateHistory.committed_audit`).
+    rule (:meth:`splitkeeper.delta.history.StateHistory.committed_audit`).
     """
     import re
 

@@ -1,6 +1,6 @@
 """What the run report shows, read from a pipeline's Delta state tables and its sink.
 
-:func:`collect_report_data` reads the state through :mod:`splitkeeper.state.history`
+:func:`collect_report_data` reads the state through :mod:`splitkeeper.delta.history`
 (the only reader of the state tables, which applies the orphan-attempt rule) and the
 sink table with one small Spark query, and returns plain values. The history is
 whole: kept checkpoints from their checkpoints rows, the ones retention deleted from
@@ -18,10 +18,10 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from splitkeeper.core.types import CheckpointKind, RecoveryDecision
-from splitkeeper.state.history import TimelineEntry
+from splitkeeper.delta.history import TimelineEntry
 
 if TYPE_CHECKING:  # pragma: no cover
-    from splitkeeper.state.checkpoints import DeltaStateStore
+    from splitkeeper.delta.checkpoints import DeltaStateStore
 
 #: Audit decisions that move splits between readers of a running pipeline or on restore.
 REBALANCE_DECISIONS = (RecoveryDecision.REBALANCED.value, RecoveryDecision.REDISTRIBUTED_GLOBAL_RESTORE.value)
@@ -270,7 +270,7 @@ def _records_per_epoch(sink_path: str) -> dict[int, dict[int, int]]:
     """
     from deltalake import DeltaTable
 
-    from splitkeeper.state import storage
+    from splitkeeper.delta import storage
 
     uri = storage.table_uri(sink_path)
     options = storage.storage_options(uri)

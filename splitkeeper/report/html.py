@@ -38,7 +38,7 @@ from splitkeeper.report.data import (
 )
 
 if TYPE_CHECKING:  # pragma: no cover
-    from splitkeeper.state.checkpoints import DeltaStateStore
+    from splitkeeper.delta.checkpoints import DeltaStateStore
 
 REPORT_FILE = "report.html"
 SUMMARY_FILE = "summary.json"  # beside each report: what the pipelines page lists

@@ -1,5 +1,7 @@
-"""The engine side of splitkeeper: the pipeline on Spark (sessions, jars, region tasks, sources, the sink).
+"""The former home of the Spark side, kept for one name only: ``splitkeeper.runtime.transforms``.
 
-Submodules import Spark, Delta or Kafka clients only when used; importing this
-package is free.
+Pipeline files written before the re-cut name ``splitkeeper.runtime.transforms:identity`` or
+``:enrich_json``; they keep loading. Everything else moved: the engine to
+:mod:`splitkeeper.spark`, the Delta state and sink to :mod:`splitkeeper.delta`, the config to
+:mod:`splitkeeper.config`, the pipeline to :mod:`splitkeeper.app` (``docs/architecture.md``).
 """

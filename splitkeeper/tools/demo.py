@@ -170,7 +170,7 @@ state:
   path: state
 sink:
   path: sink
-transform: splitkeeper.runtime.transforms:enrich_json
+transform: splitkeeper.transforms:enrich_json
 """,
         encoding="utf-8",
     )
@@ -257,7 +257,7 @@ def _run_dag(name: str, conf: dict, config: str | None = None) -> None:
 def _story_of(config: str, first: int) -> list[str]:
     """One line per checkpoint attempt from ``first`` on (kind, failed regions, reason)."""
     from splitkeeper.app import services
-    from splitkeeper.runtime.config import load_config
+    from splitkeeper.config.settings import load_config
 
     status = services.status(load_config(config), last=1000)
     lines = []
@@ -318,8 +318,8 @@ def _check_stream(sink: Path, delivered: dict[tuple[str, int, int], str], bootst
     """The sink against every delivery report, and the consumer group's lag per partition."""
     from collections import Counter
 
-    from splitkeeper.runtime.sources.kafka import KafkaSource, split_id_of
-    from splitkeeper.runtime.spark import SparkSettings, get_spark
+    from splitkeeper.spark.session import SparkSettings, get_spark
+    from splitkeeper.spark.sources.kafka import KafkaSource, split_id_of
     from splitkeeper.tools.kafka_testbed import end_offsets
 
     spark = get_spark(SparkSettings.from_env(ui_enabled=False))

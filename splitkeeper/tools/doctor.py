@@ -25,7 +25,7 @@ from importlib import metadata
 from pathlib import Path
 
 from splitkeeper.errors import EnvironmentNotReadyError
-from splitkeeper.runtime import jars as jarlib
+from splitkeeper.spark import jars as jarlib
 
 MIN_JAVA = 17
 SETUP = jarlib.SETUP_FIX

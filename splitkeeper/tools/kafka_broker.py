@@ -37,7 +37,7 @@ from typing import Any
 
 from splitkeeper import process
 from splitkeeper.errors import EnvironmentNotReadyError, InvalidParameterError, SourceError
-from splitkeeper.runtime import jars as jarlib
+from splitkeeper.spark import jars as jarlib
 
 LOG = logging.getLogger(__name__)
 

@@ -99,7 +99,7 @@ def test_the_env_file_sources_the_credentials_and_holds_no_secret(tmp_path):
     assert env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"].startswith("postgresql+psycopg2://airflow:")
     assert env["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS"] == "False"
     assert json.loads(env["AIRFLOW_CONN_SPARK_DEFAULT"])["port"] == cluster._state.ports["spark_master"]
-    from splitkeeper.runtime.spark import SparkSettings
+    from splitkeeper.spark.session import SparkSettings
 
     settings = SparkSettings.from_env(env)
     assert settings.master.startswith("spark://127.0.0.1:") and settings.uses_s3a

@@ -190,7 +190,7 @@ SPARK_AND_DELTALAKE_JOB = textwrap.dedent(
     import json, os, sys, time
     import pyarrow as pa
     from deltalake import DeltaTable, write_deltalake
-    from splitkeeper.runtime.spark import SparkSettings, get_spark
+    from splitkeeper.spark.session import SparkSettings, get_spark
 
     table = sys.argv[1]                      # "<bucket>/<path>": s3a:// for Spark, s3:// for deltalake
     t0 = time.monotonic()
@@ -555,7 +555,7 @@ def _task_log(cluster: LocalCluster, dag: str, run_id: str, task_id: str) -> str
 
 def _e2e_config(cluster: LocalCluster, name: str, monkeypatch: pytest.MonkeyPatch) -> Any:
     """The pipeline as the DAGs see it; this process reads its state from the store like they do."""
-    from splitkeeper.runtime.config import load_config
+    from splitkeeper.config.settings import load_config
 
     env = cluster.client_env()
     for key, value in env.items():
@@ -575,7 +575,7 @@ def _sink_rows(config: Any) -> list[tuple[str, int, str]]:
     """(split id, offset, value) of every record in the pipeline's sink, read with deltalake."""
     from deltalake import DeltaTable
 
-    from splitkeeper.state import storage
+    from splitkeeper.delta import storage
 
     uri = storage.table_uri(config.sink_path)
     assert uri.startswith(f"s3://{BUCKET}/e2e/"), uri  # on the object store
@@ -770,11 +770,11 @@ def test_state_store_sink_and_fence_on_the_object_store(cluster, tmp_path, monke
     commit land, a stale writer is refused by the fence, a fresh store restores the same."""
     from splitkeeper.core.ports import RegionRun
     from splitkeeper.core.types import RegionOutcome
+    from splitkeeper.delta.checkpoints import DeltaStateStore, decision_for
+    from splitkeeper.delta.sink import DeltaSink
     from splitkeeper.errors import ConcurrentRunError
-    from splitkeeper.runtime.sink import DeltaSink
-    from splitkeeper.runtime.staging import write_staged
-    from splitkeeper.state.checkpoints import DeltaStateStore, decision_for
-    from tests.state.samples import global_
+    from splitkeeper.spark.task import write_staged
+    from tests.delta.samples import global_
 
     for key, value in cluster.client_env().items():
         if key.startswith("AWS_"):

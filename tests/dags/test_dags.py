@@ -251,9 +251,9 @@ def test_an_override_only_the_core_rejects_fails_the_run_naming_the_key(airflow_
 @pytest.mark.spark
 @pytest.mark.slow
 def test_ingest_with_a_region_failure_then_recover_and_rescale(airflow_db, spark, tmp_path, monkeypatch):
-    from splitkeeper.runtime.config import load_config
-    from splitkeeper.runtime.sources import build_source
-    from splitkeeper.state.checkpoints import DeltaStateStore
+    from splitkeeper.config.settings import load_config
+    from splitkeeper.delta.checkpoints import DeltaStateStore
+    from splitkeeper.spark.sources import build_source
 
     config_path = _write_pipeline(tmp_path)
     monkeypatch.setenv("SPLITKEEPER_PIPELINE_CONFIG", str(config_path))

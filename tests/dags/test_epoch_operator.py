@@ -42,9 +42,9 @@ def test_cancelling_a_continuous_spark_submit_run_ends_it_on_a_global_checkpoint
     tmp_path, monkeypatch, caplog
 ):
     from splitkeeper.app import services
+    from splitkeeper.config.settings import load_config
     from splitkeeper.orchestration.operators import EpochJobSubmitOperator
-    from splitkeeper.runtime import jars as jarlib
-    from splitkeeper.runtime.config import load_config
+    from splitkeeper.spark import jars as jarlib
 
     write_input(tmp_path / "in", files=3, lines=60)
     mapping = pipeline_mapping(

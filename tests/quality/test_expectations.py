@@ -26,6 +26,7 @@ from splitkeeper.core.types import (
     RegionState,
     Split,
 )
+from splitkeeper.delta.checkpoints import DeltaStateStore, decision_for
 from splitkeeper.errors import CheckpointError, ConfigError, InvariantViolation
 from splitkeeper.quality.checks import (
     SUITES,
@@ -35,7 +36,6 @@ from splitkeeper.quality.checks import (
     raise_on_failure,
     run_restart_checks,
 )
-from splitkeeper.state.checkpoints import DeltaStateStore, decision_for
 
 pytestmark = pytest.mark.spark
 
@@ -476,8 +476,8 @@ def test_suite_files_name_a_dataset_and_index_columns(tmp_path):
 def test_a_real_pipeline_run_with_a_failed_region_passes_every_suite(spark, tmp_path):
     from runtime.helpers import run_pipeline  # tests/ is on sys.path (no __init__.py)
 
-    from splitkeeper.runtime.config import config_from_mapping
-    from splitkeeper.runtime.sources import build_source
+    from splitkeeper.config.settings import config_from_mapping
+    from splitkeeper.spark.sources import build_source
 
     incoming = tmp_path / "in"
     incoming.mkdir()

@@ -72,7 +72,7 @@ def small_state(spark, tmp_path_factory):
     checkpoint (region 2 declined), an aborted attempt, then global ones; backlog done at 5."""
     from pyspark.sql import functions as F
 
-    from splitkeeper.state.checkpoints import DeltaStateStore, decision_for
+    from splitkeeper.delta.checkpoints import DeltaStateStore, decision_for
 
     root = tmp_path_factory.mktemp("report-state")
     store = DeltaStateStore(root / "state", "events-pipeline", "files:/events")

@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 
 from splitkeeper.core.types import CheckpointKind, RegionOutcome
+from splitkeeper.delta.history import TimelineEntry
 from splitkeeper.report import render_html
 from splitkeeper.report.charts import BLUE, GREEN, ORANGE
 from splitkeeper.report.data import AuditRow, CheckpointFacts, ReportData
-from splitkeeper.state.history import TimelineEntry
 
 pytestmark = pytest.mark.browser
 

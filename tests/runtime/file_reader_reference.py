@@ -1,6 +1,6 @@
 """The per-record file reader the native one replaced, kept as the oracle for its tests.
 
-This is ``_read_lines`` / ``_decode`` / ``_jsonl`` of ``splitkeeper/runtime/sources/files.py``
+This is ``_read_lines`` / ``_decode`` / ``_jsonl`` of ``splitkeeper/spark/sources/files.py``
 as they were before the region task read ranges natively (commit 7169263), unchanged but for
 :func:`read_range_reference` on top. The tests compare the native reader's records and errors
 with these, byte for byte.

@@ -2,7 +2,7 @@
 
 - :func:`write_input`: tiny deterministic input files (``examples/make_files.py``, plain lines).
 - :func:`pipeline_mapping` / :func:`write_config`: a file-source pipeline config (as a mapping
-  for :func:`~splitkeeper.runtime.config.config_from_mapping`, or a YAML file for the CLI).
+  for :func:`~splitkeeper.config.settings.config_from_mapping`, or a YAML file for the CLI).
 - :func:`source_records`: the oracle, read from the input files independently of splitkeeper.
 - :func:`assert_sink_equals_source`: the sink Delta table holds exactly the source: no
   duplicate ``(split_id, offset)``, the same ``(split_id, value)`` multiset, per split byte
@@ -192,8 +192,8 @@ def run_pipeline(
     """Open (recover/restore), run and close a pipeline in this process; its ``RunSummary``.
 
     The tests' short form; ``splitkeeper run`` goes through :mod:`splitkeeper.app.services` instead."""
-    from splitkeeper.runtime.faults import FaultPlan
-    from splitkeeper.runtime.pipeline import Pipeline
+    from splitkeeper.app.pipeline import Pipeline
+    from splitkeeper.spark.faults import FaultPlan
 
     pipeline = Pipeline(config, spark, faults=FaultPlan.parse(faults), progress=progress)
     try:

@@ -9,9 +9,7 @@ from typing import Any
 
 import pytest
 
-from splitkeeper.core.checkpoint import CheckpointConfig
-from splitkeeper.errors import ConfigError
-from splitkeeper.runtime.config import (
+from splitkeeper.config.settings import (
     FileFormat,
     OffsetOutOfRange,
     RegionMode,
@@ -20,6 +18,8 @@ from splitkeeper.runtime.config import (
     config_from_mapping,
     load_config,
 )
+from splitkeeper.core.checkpoint import CheckpointConfig
+from splitkeeper.errors import ConfigError
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -172,7 +172,7 @@ def test_defaults_resolve_paths_against_the_base_directory(tmp_path: Path) -> No
     assert cfg.parallelism == 1
     assert cfg.regions is RegionMode.PER_READER and cfg.regional_checkpoints
     assert cfg.strategy == "least-loaded"
-    assert cfg.transform == "splitkeeper.runtime.transforms:identity"
+    assert cfg.transform == "splitkeeper.transforms:identity"
 
 
 def test_staging_inside_the_sink_table_is_rejected(tmp_path: Path) -> None:
@@ -247,7 +247,7 @@ def test_kafka_source_is_validated_and_normalised(tmp_path: Path) -> None:
     }
     cfg = build(tmp_path, source=kafka)
     assert (cfg.source.connect_timeout_s, cfg.source.read_timeout_s) == (3.0, 2.5)
-    from splitkeeper.runtime.sources.kafka import KafkaSource
+    from splitkeeper.spark.sources.kafka import KafkaSource
 
     reader = KafkaSource.from_config(cfg.source).reader()  # no connection until it is used
     assert (reader.connect_timeout_s, reader.read_timeout_s) == (3.0, 2.5)
@@ -376,7 +376,7 @@ def test_example_configs_load(name: str) -> None:
 
 
 def test_rescale_operator_state_is_even_split_by_default_and_union_on_request(tmp_path: Path) -> None:
-    from splitkeeper.runtime.config import OperatorState
+    from splitkeeper.config.settings import OperatorState
 
     assert build(tmp_path).operator_state is OperatorState.EVEN_SPLIT
     assert build(tmp_path, rescale__operator_state="union").operator_state is OperatorState.UNION
@@ -392,7 +392,7 @@ KAFKA: dict[str, Any] = {"kind": "kafka", "bootstrap_servers": "127.0.0.1:9092",
 def test_kafka_client_settings_reach_the_connector_and_its_readers_and_secrets_never_print(
     tmp_path: Path,
 ) -> None:
-    from splitkeeper.runtime.sources.kafka import KafkaSource
+    from splitkeeper.spark.sources.kafka import KafkaSource
 
     client = {
         "security.protocol": "SASL_SSL",

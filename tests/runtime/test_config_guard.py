@@ -20,9 +20,9 @@ from typing import Any
 import pytest
 
 from splitkeeper.cli import main
+from splitkeeper.config.settings import MAX_DEPTH, MAX_VALUES, load_config
 from splitkeeper.errors import ConfigError
-from splitkeeper.runtime.config import MAX_DEPTH, MAX_VALUES, load_config
-from splitkeeper.runtime.regions import MAX_PARALLELISM
+from splitkeeper.spark.regions import MAX_PARALLELISM
 
 HEAD = "name: orders\n"
 SOURCE = "source: {kind: files, path: incoming}\n"
@@ -320,7 +320,7 @@ def test_dag_param_overrides_given_as_a_mapping_get_the_same_limits(tmp_path: Pa
 
 
 def test_the_json_schema_states_the_parallelism_limit() -> None:
-    from splitkeeper.runtime.config_schema import json_schema
+    from splitkeeper.config.models import json_schema
 
     assert json_schema()["properties"]["parallelism"]["maximum"] == MAX_PARALLELISM
 
@@ -373,7 +373,7 @@ def test_only_functions_the_pipeline_code_marks_are_transforms(
 
 
 def test_every_transform_in_the_repository_is_marked() -> None:
-    from splitkeeper.runtime import transforms
+    from splitkeeper import transforms
     from tests.runtime import test_file_native, test_staging
 
     for module in (transforms, test_staging, test_file_native):
@@ -384,7 +384,7 @@ def test_every_transform_in_the_repository_is_marked() -> None:
 
 def test_the_decorators_are_importable_from_the_package_without_pyarrow() -> None:
     import splitkeeper
-    from splitkeeper.runtime import transforms
+    from splitkeeper import transforms
 
     assert splitkeeper.transform is transforms.transform and splitkeeper.vectorized is transforms.vectorized
     code = "import sys, splitkeeper; print('pyarrow' in sys.modules)"
@@ -395,9 +395,9 @@ def test_the_decorators_are_importable_from_the_package_without_pyarrow() -> Non
 def test_a_marked_transform_keeps_its_mark_through_pickling_and_on_a_spark_executor(spark: Any) -> None:
     from pyspark import cloudpickle
 
-    from splitkeeper.runtime.transforms import enrich_json, is_transform, resolve_transform
+    from splitkeeper.transforms import enrich_json, is_transform, resolve_transform
 
-    function = resolve_transform("splitkeeper.runtime.transforms:enrich_json")
+    function = resolve_transform("splitkeeper.transforms:enrich_json")
     for dumps in (pickle.dumps, cloudpickle.dumps):
         again = pickle.loads(dumps(function))
         assert again is enrich_json and is_transform(again)

@@ -15,9 +15,9 @@ import pytest
 import yaml
 
 from splitkeeper.cli import main
+from splitkeeper.config.models import PipelineFile, json_schema
+from splitkeeper.config.settings import STRATEGY_NAMES, config_from_mapping, load_config
 from splitkeeper.errors import ConfigError
-from splitkeeper.runtime.config import STRATEGY_NAMES, config_from_mapping, load_config
-from splitkeeper.runtime.config_schema import PipelineFile, json_schema
 from splitkeeper.tools import demo
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -146,8 +146,8 @@ def test_a_runs_overrides_merge_onto_their_sections_and_are_validated_with_the_f
 
 
 def test_the_overrides_schema_is_the_files_own_for_those_sections() -> None:
-    from splitkeeper.runtime.config import OVERRIDABLE
-    from splitkeeper.runtime.config_schema import overrides_json_schema
+    from splitkeeper.config.models import overrides_json_schema
+    from splitkeeper.config.settings import OVERRIDABLE
 
     schema = overrides_json_schema()
     jsonschema.Draft202012Validator.check_schema(schema)

@@ -16,14 +16,14 @@ from typing import Any
 
 import pytest
 
+from splitkeeper.app.pipeline import Pipeline, driver_settings
+from splitkeeper.config.settings import config_from_mapping
 from splitkeeper.core.driver import EpochDriver, EpochReport
-from splitkeeper.runtime.config import config_from_mapping
-from splitkeeper.runtime.faults import FaultPlan
-from splitkeeper.runtime.pipeline import Pipeline, driver_settings
-from splitkeeper.runtime.sources import build_source
 from splitkeeper.sim.events import RegionFailure
 from splitkeeper.sim.simulator import SimClock, SimEpochSink, SimRegionRunner, SimState
 from splitkeeper.sim.sink import SimulatedSink
+from splitkeeper.spark.faults import FaultPlan
+from splitkeeper.spark.sources import build_source
 
 from .helpers import assert_sink_equals_source, pipeline_mapping, write_input
 

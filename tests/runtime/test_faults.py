@@ -7,7 +7,7 @@ import pytest
 
 from splitkeeper.core.ports import CrashPoint
 from splitkeeper.errors import InvalidParameterError
-from splitkeeper.runtime.faults import CRASH_ENV, CrashRequest, crash_request
+from splitkeeper.spark.faults import CRASH_ENV, CrashRequest, crash_request
 
 
 @pytest.mark.parametrize(

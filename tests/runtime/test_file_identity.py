@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 from splitkeeper.app import services
+from splitkeeper.config.settings import config_from_mapping
 from splitkeeper.errors import SourceError
-from splitkeeper.runtime.config import config_from_mapping
 
 from .helpers import assert_sink_equals_source, pipeline_mapping, run_pipeline, sink_rows
 
@@ -175,8 +175,8 @@ def test_a_symlink_loop_a_dangling_link_and_a_fifo_beside_good_files(spark: Any,
 
 
 def _audit(config: Any) -> list[dict[str, Any]]:
-    from splitkeeper.runtime.sources import build_source
-    from splitkeeper.state.checkpoints import DeltaStateStore
+    from splitkeeper.delta.checkpoints import DeltaStateStore
+    from splitkeeper.spark.sources import build_source
 
     store = DeltaStateStore(
         config.state_path, config.name, build_source(config.source).fingerprint(), read_only=True

@@ -17,13 +17,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from splitkeeper.config.settings import FileFormat
 from splitkeeper.core.source import RegionReader, SourceRecord
 from splitkeeper.core.types import Split
 from splitkeeper.errors import SourceError
-from splitkeeper.runtime.columnar import RangeColumns, SupportsColumnarRead
-from splitkeeper.runtime.config import FileFormat
-from splitkeeper.runtime.sources.files import FileRegionReader
-from splitkeeper.runtime.staging import (
+from splitkeeper.spark.columnar import RangeColumns, SupportsColumnarRead
+from splitkeeper.spark.sources.files import FileRegionReader
+from splitkeeper.spark.task import (
     _ROW_GROUP,
     SplitReadError,
     StagedWriter,
@@ -31,7 +31,7 @@ from splitkeeper.runtime.staging import (
     read_staged,
     run_region_task,
 )
-from splitkeeper.runtime.transforms import (
+from splitkeeper.transforms import (
     TransformError,
     apply_transform,
     identity,
@@ -324,7 +324,7 @@ def test_staged_file_of_the_native_path_has_the_sink_schema_and_whole_row_groups
 
 def test_identity_is_vectorised_and_a_plain_function_is_not() -> None:
     assert is_vectorized(identity) and not is_vectorized(upper)
-    assert is_vectorized(resolve_transform("splitkeeper.runtime.transforms:identity"))
+    assert is_vectorized(resolve_transform("splitkeeper.transforms:identity"))
     assert apply_transform(upper_column, "abc", "s", 0) == "ABC"
 
 

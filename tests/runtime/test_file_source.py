@@ -14,14 +14,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from splitkeeper.config.settings import SourceConfig, SourceKind
 from splitkeeper.core.source import SplitChangeKind, SplitSource, SupportsSplitReassignmentOnRecovery
 from splitkeeper.core.types import Split
 from splitkeeper.errors import EnvironmentNotReadyError, SourceError
-from splitkeeper.runtime import sources
-from splitkeeper.runtime.config import SourceConfig, SourceKind
-from splitkeeper.runtime.sources import FileSource, SourceRecord, build_source
-from splitkeeper.runtime.sources.contract import SourceContractTests, read_planned
-from splitkeeper.runtime.sources.files import FileRegionReader
+from splitkeeper.spark import sources
+from splitkeeper.spark.sources import FileSource, SourceRecord, build_source
+from splitkeeper.spark.sources.contract import SourceContractTests, read_planned
+from splitkeeper.spark.sources.files import FileRegionReader
 
 ALPHABET = "abcxyz 0123456789é€𝄞\t"
 
@@ -334,7 +334,7 @@ def test_build_source_makes_a_file_source_from_config(tmp_path: Path) -> None:
 
 
 def test_build_source_for_kafka_without_the_module_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(sources, "KAFKA_MODULE", "splitkeeper.runtime.sources.no_such_kafka")
+    monkeypatch.setattr(sources, "KAFKA_MODULE", "splitkeeper.spark.sources.no_such_kafka")
     with pytest.raises(EnvironmentNotReadyError, match="source.kind 'kafka' needs"):
         build_source(SourceConfig(kind=SourceKind.KAFKA, bootstrap_servers="b:1", topics=("t",)))
 

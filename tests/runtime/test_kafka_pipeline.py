@@ -19,17 +19,17 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
+from splitkeeper.app.pipeline import EpochReport, Pipeline
+from splitkeeper.config.settings import PipelineConfig, config_from_mapping
 from splitkeeper.core.source import ExternalPosition, LostRange
 from splitkeeper.core.types import CheckpointKind, RecoveryDecision, RegionOutcome
+from splitkeeper.delta import serde
+from splitkeeper.delta.checkpoints import DeltaStateStore
+from splitkeeper.delta.sink import DeltaSink
 from splitkeeper.errors import SourceError
 from splitkeeper.quality.checks import run_restart_checks
-from splitkeeper.runtime.config import PipelineConfig, config_from_mapping
-from splitkeeper.runtime.faults import FaultPlan
-from splitkeeper.runtime.pipeline import EpochReport, Pipeline
-from splitkeeper.runtime.sink import DeltaSink
-from splitkeeper.runtime.sources.kafka import COMMIT_METADATA_KEY, KafkaSource, split_id_of
-from splitkeeper.state import serde
-from splitkeeper.state.checkpoints import DeltaStateStore
+from splitkeeper.spark.faults import FaultPlan
+from splitkeeper.spark.sources.kafka import COMMIT_METADATA_KEY, KafkaSource, split_id_of
 from splitkeeper.tools.kafka_broker import KafkaBroker
 
 from .helpers import sink_rows

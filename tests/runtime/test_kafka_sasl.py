@@ -17,9 +17,9 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 
 from splitkeeper.app import services
+from splitkeeper.config.settings import config_from_mapping
 from splitkeeper.errors import SplitkeeperError
-from splitkeeper.runtime.config import config_from_mapping
-from splitkeeper.runtime.sources.kafka import split_id_of
+from splitkeeper.spark.sources.kafka import split_id_of
 from splitkeeper.tools.kafka_broker import KafkaBroker
 
 from .helpers import sink_rows

@@ -18,16 +18,16 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
 
+from splitkeeper.config.settings import OffsetOutOfRange, SourceConfig, SourceKind
 from splitkeeper.core.enumerator import RecordingEnumeratorContext, enumerator_for
 from splitkeeper.core.external import DisagreementKind, reconcile_positions
 from splitkeeper.core.source import ExternalPosition, PlannedRange, RegionReader, SourceRecord
 from splitkeeper.core.types import Split
 from splitkeeper.errors import InvalidParameterError, SourceError
-from splitkeeper.runtime.columnar import SupportsColumnarRead
-from splitkeeper.runtime.config import OffsetOutOfRange, SourceConfig, SourceKind
-from splitkeeper.runtime.sources import build_source
-from splitkeeper.runtime.sources.contract import SourceContractTests, read_planned
-from splitkeeper.runtime.sources.kafka import (
+from splitkeeper.spark.columnar import SupportsColumnarRead
+from splitkeeper.spark.sources import build_source
+from splitkeeper.spark.sources.contract import SourceContractTests, read_planned
+from splitkeeper.spark.sources.kafka import (
     COMMIT_METADATA_KEY,
     KafkaRegionReader,
     KafkaSource,
@@ -35,9 +35,9 @@ from splitkeeper.runtime.sources.kafka import (
     parse_split_id,
     split_id_of,
 )
-from splitkeeper.runtime.staging import SplitReadError, run_region_task
-from splitkeeper.runtime.transforms import identity
+from splitkeeper.spark.task import SplitReadError, run_region_task
 from splitkeeper.tools.kafka_broker import KafkaBroker, free_port
+from splitkeeper.transforms import identity
 
 pytestmark = pytest.mark.kafka
 
@@ -519,7 +519,7 @@ def test_a_coordinator_request_that_times_out_is_sent_again_on_a_new_admin_clien
     ``splitkeeper chaos`` after a broker SIGKILL). The source asks again on a fresh client."""
     from confluent_kafka import KafkaError, KafkaException
 
-    import splitkeeper.runtime.sources.kafka as kafka_module
+    import splitkeeper.spark.sources.kafka as kafka_module
 
     tag = json.dumps({COMMIT_METADATA_KEY: 7})
 

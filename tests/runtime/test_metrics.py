@@ -1,4 +1,4 @@
-"""Metrics of a real run (splitkeeper.runtime.metrics): OpenTelemetry instruments, the Prometheus
+"""Metrics of a real run (splitkeeper.app.metrics): OpenTelemetry instruments, the Prometheus
 text file in the state folder, ``status --metrics``, and an OTLP/HTTP export to a collector.
 
 The run is ``splitkeeper run`` in-process on the session's Spark, over 3 small files with a
@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from splitkeeper.runtime.config import config_from_mapping
-from splitkeeper.runtime.metrics import metrics_path
-from splitkeeper.state.checkpoints import DeltaStateStore
+from splitkeeper.app.metrics import metrics_path
+from splitkeeper.config.settings import config_from_mapping
+from splitkeeper.delta.checkpoints import DeltaStateStore
 
 from .helpers import pipeline_mapping, run_cli, sink_rows, write_config, write_input
 

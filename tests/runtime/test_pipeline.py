@@ -18,13 +18,13 @@ from typing import Any
 import pytest
 import yaml
 
+from splitkeeper.app.pipeline import EpochReport, Pipeline, RunSummary
+from splitkeeper.config.settings import PipelineConfig, config_from_mapping
 from splitkeeper.core.types import CheckpointKind, RegionOutcome
+from splitkeeper.delta.checkpoints import DeltaStateStore
+from splitkeeper.delta.lease import LeaseHeldError
 from splitkeeper.errors import ConcurrentRunError
-from splitkeeper.runtime.config import PipelineConfig, config_from_mapping
-from splitkeeper.runtime.pipeline import EpochReport, Pipeline, RunSummary
-from splitkeeper.runtime.sources import build_source
-from splitkeeper.state.checkpoints import DeltaStateStore
-from splitkeeper.state.lease import LeaseHeldError
+from splitkeeper.spark.sources import build_source
 
 from .helpers import (
     assert_sink_equals_source,

@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 
-from splitkeeper.runtime.config import PipelineConfig, config_from_mapping
-from splitkeeper.runtime.sources import build_source
-from splitkeeper.state.checkpoints import DeltaStateStore
-from splitkeeper.state.tables import STATE_TABLES, open_table
+from splitkeeper.config.settings import PipelineConfig, config_from_mapping
+from splitkeeper.delta.checkpoints import DeltaStateStore
+from splitkeeper.delta.tables import STATE_TABLES, open_table
+from splitkeeper.spark.sources import build_source
 
 from .helpers import pipeline_mapping, run_cli, run_pipeline, sink_rows, write_config, write_input
 

@@ -4,7 +4,7 @@ For every crash point, ``splitkeeper run`` runs in a child process (its own
 driver and JVM) with ``SPLITKEEPER_CRASH_AT=<point>@2`` and must die by SIGKILL
 in epoch 2. What the crash left behind is checked (plan, sink commit,
 checkpoint row), then the pipeline is run again to completion in this process
-(so the :class:`~splitkeeper.runtime.pipeline.OpenReport` of the recovery is
+(so the :class:`~splitkeeper.app.pipeline.OpenReport` of the recovery is
 observable) and the sink must equal the source exactly.
 """
 
@@ -17,14 +17,14 @@ from typing import Any
 import pytest
 
 from splitkeeper.app import services
+from splitkeeper.app.pipeline import Pipeline
+from splitkeeper.config.settings import config_from_mapping
 from splitkeeper.core.types import CheckpointKind
-from splitkeeper.runtime.config import config_from_mapping
-from splitkeeper.runtime.faults import CRASH_ENV, CrashPoint
-from splitkeeper.runtime.pipeline import Pipeline
-from splitkeeper.runtime.sink import DeltaSink
-from splitkeeper.runtime.sources import build_source
-from splitkeeper.state.checkpoints import DeltaStateStore
-from tests.state.samples import tree
+from splitkeeper.delta.checkpoints import DeltaStateStore
+from splitkeeper.delta.sink import DeltaSink
+from splitkeeper.spark.faults import CRASH_ENV, CrashPoint
+from splitkeeper.spark.sources import build_source
+from tests.delta.samples import tree
 
 from .helpers import (
     assert_sink_equals_source,

@@ -45,7 +45,7 @@ def test_a_split_with_an_unreadable_record_is_quarantined_and_released_after_a_f
     input_dir = tmp_path / "in"
     _write_files(input_dir)
     mapping = pipeline_mapping(tmp_path, "orders", input_dir, parallelism=2, epoch_records=24)
-    mapping["transform"] = "splitkeeper.runtime.transforms:enrich_json"
+    mapping["transform"] = "splitkeeper.transforms:enrich_json"
     mapping["checkpoint"].update(on_split_failure="quarantine", quarantine_after=2)
     config = write_config(tmp_path / "orders.yaml", mapping)
 
@@ -84,7 +84,7 @@ def test_a_split_with_an_unreadable_record_is_quarantined_and_released_after_a_f
     assert "reads failed 2 epochs in a row" in parked_rows[0][3]
     assert parked_rows[0][4] == str(parked[1]) and parked_rows[0][5] == "-"  # parked where status says
 
-    mapping["transform"] = "splitkeeper.runtime.transforms:identity"  # the fix: a transform that copes
+    mapping["transform"] = "splitkeeper.transforms:identity"  # the fix: a transform that copes
     write_config(config, mapping)
     code, out, err = run_cli(
         ["recover", "--config", str(config), "--release", "orders-1.jsonl", "--epochs", "3"]

@@ -27,9 +27,9 @@ from typing import Any
 
 import pytest
 
-from splitkeeper.runtime.config import config_from_mapping
-from splitkeeper.runtime.sources import build_source
-from splitkeeper.state.checkpoints import DeltaStateStore
+from splitkeeper.config.settings import config_from_mapping
+from splitkeeper.delta.checkpoints import DeltaStateStore
+from splitkeeper.spark.sources import build_source
 
 from .helpers import (
     CLI,

@@ -1,6 +1,6 @@
 """Regions as independent Spark jobs: a failure stays in its region, and every region has a deadline.
 
-Runs :func:`splitkeeper.runtime.regions.run_regions` on the shared ``local[2]`` session: two
+Runs :func:`splitkeeper.spark.regions.run_regions` on the shared ``local[2]`` session: two
 cores, so at most two region tasks run at once.
 """
 
@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from splitkeeper.runtime.regions import RegionStatus, run_regions
+from splitkeeper.spark.regions import RegionStatus, run_regions
 
 pytestmark = [pytest.mark.spark]
 

@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 
 from splitkeeper.app import services
+from splitkeeper.app.pipeline import Pipeline
+from splitkeeper.config.settings import config_from_mapping
 from splitkeeper.core.types import CheckpointKind
-from splitkeeper.runtime.config import config_from_mapping
-from splitkeeper.runtime.pipeline import Pipeline
 
 from .helpers import assert_sink_equals_source, pipeline_mapping, write_input
 

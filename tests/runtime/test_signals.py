@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from splitkeeper.app import services
-from splitkeeper.runtime.config import load_config
+from splitkeeper.config.settings import load_config
 
 from .helpers import (
     REPO,

@@ -23,10 +23,10 @@ from splitkeeper.core.invariants import ViolationKind
 from splitkeeper.core.ports import RegionRun
 from splitkeeper.core.source import RecordMeta, SourceRecord
 from splitkeeper.core.types import RegionOutcome
+from splitkeeper.delta.sink import DeltaSink, adopted_name, file_statistics
+from splitkeeper.delta.tables import META_COLUMNS, STAGED_COLUMNS, STAGED_FILE_SCHEMA, STAGED_SCHEMA
 from splitkeeper.errors import ConcurrentRunError, InvalidParameterError, StateError
-from splitkeeper.runtime.sink import DeltaSink, adopted_name, file_statistics
-from splitkeeper.runtime.staging import StagedWriter
-from splitkeeper.state.tables import META_COLUMNS, STAGED_COLUMNS, STAGED_FILE_SCHEMA, STAGED_SCHEMA
+from splitkeeper.spark.task import StagedWriter
 
 
 def _stage(root: str, epoch: int, region: int, records: list[tuple[str, int, int]]) -> str:

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from splitkeeper.errors import EnvironmentNotReadyError, InvalidParameterError
-from splitkeeper.runtime import jars as jarlib
-from splitkeeper.runtime.spark import DELTA_CATALOG, DELTA_EXTENSION, SparkSettings, get_spark
+from splitkeeper.spark import jars as jarlib
+from splitkeeper.spark.session import DELTA_CATALOG, DELTA_EXTENSION, SparkSettings, get_spark
 
 # -- Delta round trip on the shared session ---------------------------------------
 

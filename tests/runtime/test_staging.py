@@ -17,8 +17,8 @@ import pytest
 
 from splitkeeper.core.types import Split
 from splitkeeper.errors import InvalidParameterError, ProtocolError, SourceError
-from splitkeeper.runtime.sources import FileSource, PlannedRange, RegionReader, SourceRecord
-from splitkeeper.runtime.staging import (
+from splitkeeper.spark.sources import FileSource, PlannedRange, RegionReader, SourceRecord
+from splitkeeper.spark.task import (
     PART_FILE,
     STAGED_SCHEMA,
     FaultKind,
@@ -32,7 +32,7 @@ from splitkeeper.runtime.staging import (
     run_region_task,
     write_staged,
 )
-from splitkeeper.runtime.transforms import TransformError, enrich_json, identity, transform
+from splitkeeper.transforms import TransformError, enrich_json, identity, transform
 
 
 @dataclass(frozen=True)
@@ -190,7 +190,7 @@ def test_transform_failure_names_split_and_offset_and_publishes_nothing(tmp_path
 def test_failed_splits_finds_awkward_ids_in_spark_error_text() -> None:
     ids = ["orders-3", 'dir/with "quotes"/f.jsonl', "tab\tand\\slash"]
     text = "\n".join(
-        f"Traceback ...\nsplitkeeper.runtime.staging.SplitReadError: {SplitReadError(i, 7, ValueError('x'))}"
+        f"Traceback ...\nsplitkeeper.spark.task.SplitReadError: {SplitReadError(i, 7, ValueError('x'))}"
         for i in ids
     )
     text += "\n" + text  # Spark repeats the cause; each split once
@@ -305,7 +305,7 @@ def test_region_fault_parses_and_validates() -> None:
 
 def test_staging_and_sources_do_not_import_pyspark() -> None:
     code = (
-        "import sys, splitkeeper.runtime.staging, splitkeeper.runtime.sources, splitkeeper.runtime.config; "
+        "import sys, splitkeeper.spark.task, splitkeeper.spark.sources, splitkeeper.config.settings; "
         "bad = [m for m in sys.modules if m.split('.')[0] in ('pyspark', 'delta', 'airflow')]; "
         "assert not bad, bad"
     )

@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
+from splitkeeper.app.pipeline import Pipeline
+from splitkeeper.config.settings import config_from_mapping
 from splitkeeper.core.types import CheckpointKind, RegionOutcome
-from splitkeeper.runtime.config import config_from_mapping
-from splitkeeper.runtime.faults import FaultPlan
-from splitkeeper.runtime.pipeline import Pipeline
+from splitkeeper.spark.faults import FaultPlan
 
 from .helpers import (
     assert_sink_equals_source,
@@ -53,7 +53,7 @@ def test_a_region_retried_by_spark_acknowledges_once_and_the_sink_equals_the_sou
     assert summary["finished"] is True
 
     config = config_from_mapping(mapping)
-    from splitkeeper.runtime.spark import get_spark
+    from splitkeeper.spark.session import get_spark
 
     rows = assert_sink_equals_source(get_spark(), config.sink_path, input_dir)
     assert {r.region for r in rows if r.epoch == 1} == {0, 1, 2}  # the retry's records, once

@@ -9,7 +9,7 @@ One run, one Spark session:
 
    - **splitkeeper**: a bounded files pipeline (``--parallelism`` regions,
      regional checkpoints on, identity transform, ``--epoch-records`` records per
-     epoch) opened and run to completion through :class:`splitkeeper.runtime.pipeline.Pipeline`;
+     epoch) opened and run to completion through :class:`splitkeeper.app.pipeline.Pipeline`;
      timed from constructing the pipeline (state and sink tables are created) to
      ``close()``. Its epochs and the baseline's micro-batches are the same size, so
      both sides make the same number of exactly-once Delta commits of records (two
@@ -338,7 +338,7 @@ def make_input(directory: str, settings: IngestSettings) -> dict[str, int]:
 
 def _warm_task(_: int) -> int:
     """A Python worker's first import of the staging stack (module-level: pickled by reference)."""
-    import splitkeeper.runtime.staging  # noqa: F401
+    import splitkeeper.spark.task  # noqa: F401
 
     return os.getpid()
 
@@ -384,7 +384,7 @@ class BaselineRun:
 
 
 def _ours_config(settings: IngestSettings, input_dir: str, root: str) -> Any:
-    from splitkeeper.runtime.config import IDENTITY_TRANSFORM, config_from_mapping
+    from splitkeeper.config.settings import IDENTITY_TRANSFORM, config_from_mapping
 
     epoch = settings.records_per_epoch
     return config_from_mapping(
@@ -406,9 +406,9 @@ def _ours_config(settings: IngestSettings, input_dir: str, root: str) -> Any:
 
 def run_ours(spark: Any, settings: IngestSettings, input_dir: str, root: str, label: str) -> OursRun:
     """Ingest ``input_dir`` with a fresh splitkeeper pipeline under ``root``; time it end to end."""
-    from splitkeeper.runtime.pipeline import Pipeline
-    from splitkeeper.runtime.sink import DeltaSink
-    from splitkeeper.state.checkpoints import DeltaStateStore
+    from splitkeeper.app.pipeline import Pipeline
+    from splitkeeper.delta.checkpoints import DeltaStateStore
+    from splitkeeper.delta.sink import DeltaSink
 
     config = _ours_config(settings, input_dir, root)
     timer = CallTimer()
@@ -600,7 +600,7 @@ class RestoreFigures:
 def _time_restore(root: str, checkpoints: int) -> RestoreSample:
     """Restore the store :func:`measure_state_store` wrote at ``root`` (its pipeline is
     ``measure``, its fingerprint ``synthetic``) the way that function times it."""
-    from splitkeeper.state.checkpoints import DeltaStateStore
+    from splitkeeper.delta.checkpoints import DeltaStateStore
 
     t0 = time.perf_counter()
     store = DeltaStateStore(root, "measure", "synthetic")
@@ -676,7 +676,7 @@ def bench_spark() -> Any:
     active = SparkSession.getActiveSession()
     if active is not None:
         return active
-    from splitkeeper.runtime.spark import SparkSettings, get_spark
+    from splitkeeper.spark.session import SparkSettings, get_spark
 
     spark = get_spark(SparkSettings.from_env(ui_enabled=False, shuffle_partitions=os.cpu_count() or 2))
     spark.sparkContext.setLogLevel("ERROR")

@@ -228,7 +228,7 @@ def produce_topic(bootstrap: str, topic: str, settings: KafkaIngestSettings, cou
 
 def _warm_kafka_task(_: int) -> int:
     """A Python worker's first import of the Kafka reader (module-level: pickled by reference)."""
-    import splitkeeper.runtime.sources.kafka  # noqa: F401
+    import splitkeeper.spark.sources.kafka  # noqa: F401
 
     return os.getpid()
 
@@ -276,7 +276,7 @@ class BaselineRun:
 def _ours_config(
     bootstrap: str, topic: str, root: str, parallelism: int, epoch_records: int, region_timeout_s: float
 ) -> Any:
-    from splitkeeper.runtime.config import IDENTITY_TRANSFORM, config_from_mapping
+    from splitkeeper.config.settings import IDENTITY_TRANSFORM, config_from_mapping
 
     return config_from_mapping(
         {
@@ -314,8 +314,8 @@ def run_ours(
     """Ingest ``data`` with a fresh pipeline under ``root``, epoch by epoch until every partition's
     committed position is at its end offset; time it end to end. With ``faults`` (the stall run),
     ``stalled_splits`` are the splits region :data:`STALLED_REGION` planned in :data:`STALL_EPOCH`."""
-    from splitkeeper.runtime.faults import FaultPlan
-    from splitkeeper.runtime.pipeline import Pipeline
+    from splitkeeper.app.pipeline import Pipeline
+    from splitkeeper.spark.faults import FaultPlan
 
     config = _ours_config(bootstrap, data.topic, root, settings.parallelism, epoch_records, region_timeout_s)
     max_epochs = 3 * math.ceil(data.records / epoch_records) + 5
@@ -392,7 +392,7 @@ def stall_filter(split_id: str, offset: int, seconds: float) -> str:
 
 def _end_offsets_of(progress: Mapping[str, Any]) -> dict[str, int]:
     """Split id -> the batch's end offset, from a Kafka source's ``endOffset`` (JSON text or object)."""
-    from splitkeeper.runtime.sources.kafka import split_id_of
+    from splitkeeper.spark.sources.kafka import split_id_of
 
     out: dict[str, int] = {}
     for source in progress.get("sources") or ():

@@ -88,8 +88,8 @@ def measure_epochs(
     spark: Any, root: Path, size: int, epochs: int, active_share: float = 0.01, parallelism: int = 4
 ) -> dict[str, Any]:
     """Part 1 for one size: driver phases (ms) and Delta files added per measured epoch."""
-    from splitkeeper.runtime.config import config_from_mapping
-    from splitkeeper.runtime.pipeline import Pipeline
+    from splitkeeper.app.pipeline import Pipeline
+    from splitkeeper.config.settings import config_from_mapping
 
     _write_files(root / "in", size)
     config = config_from_mapping(
@@ -181,8 +181,8 @@ def measure_kafka_epochs(
     partitions receiving a message before each."""
     from confluent_kafka import Producer
 
-    from splitkeeper.runtime.config import config_from_mapping
-    from splitkeeper.runtime.pipeline import Pipeline
+    from splitkeeper.app.pipeline import Pipeline
+    from splitkeeper.config.settings import config_from_mapping
     from splitkeeper.tools.kafka_testbed import QUIET_CLIENT_LOG, create_topics
 
     topic = f"scale-{partitions}-{os.getpid()}-{int(time.time())}"
@@ -292,7 +292,7 @@ def run_scale(
     base = Path(workdir or tempfile.mkdtemp(prefix="splitkeeper-scale-"))
     load_start = [round(x, 2) for x in os.getloadavg()]
     if spark_factory is None:
-        from splitkeeper.runtime.spark import SparkSettings, get_spark
+        from splitkeeper.spark.session import SparkSettings, get_spark
 
         spark = get_spark(SparkSettings.from_env(ui_enabled=False))
     else:

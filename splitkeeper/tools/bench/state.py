@@ -131,7 +131,7 @@ def measure_state_store(
     restarted driver does) and latest_checkpoint() is timed; repeated ``restore_repeats``
     times, the median kept. ``root`` defaults to a fresh temporary directory.
     """
-    from splitkeeper.state.checkpoints import DeltaStateStore, decision_for
+    from splitkeeper.delta.checkpoints import DeltaStateStore, decision_for
 
     if checkpoints < 1:
         raise InvalidParameterError("checkpoints", checkpoints, "an integer >= 1")

@@ -210,7 +210,7 @@ class KafkaChaos:
 
     def _act(self, act: Act) -> None:
         """Run one driver process of the schedule, with its faults; record what the evidence says."""
-        from splitkeeper.runtime.faults import CRASH_ENV
+        from splitkeeper.spark.faults import CRASH_ENV
 
         cfg = str(self.config_path)
         before = self.parallelism

@@ -31,7 +31,7 @@ def group_offsets(bootstrap: str, group_id: str) -> dict[str, tuple[int, int | N
     from confluent_kafka import ConsumerGroupTopicPartitions
     from confluent_kafka.admin import AdminClient
 
-    from splitkeeper.runtime.sources.kafka import COMMIT_METADATA_KEY, split_id_of
+    from splitkeeper.spark.sources.kafka import COMMIT_METADATA_KEY, split_id_of
 
     conf: dict[str, Any] = {"bootstrap.servers": bootstrap, "logger": QUIET_CLIENT_LOG}
     admin = AdminClient(conf)
@@ -55,7 +55,7 @@ def read_topics(bootstrap: str, topics: Sequence[str]) -> dict[tuple[str, int], 
     """
     from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
-    from splitkeeper.runtime.sources.kafka import split_id_of
+    from splitkeeper.spark.sources.kafka import split_id_of
 
     conf: dict[str, Any] = {
         "bootstrap.servers": bootstrap,
@@ -94,7 +94,7 @@ def read_sink(sink_path: str) -> list[tuple[str, int, int, str]]:
     """Every row of the sink table, read with delta-rs: (split id, offset, next offset, value)."""
     from deltalake import DeltaTable
 
-    from splitkeeper.state import storage
+    from splitkeeper.delta import storage
 
     uri = storage.table_uri(sink_path)
     columns = ["split_id", "offset", "next_offset", "value"]
@@ -116,7 +116,7 @@ def read_sink(sink_path: str) -> list[tuple[str, int, int, str]]:
 
 def compare_sink(sink: Sequence[tuple[str, int, int, str]], delivered: Delivered) -> dict[str, Any]:
     """The sink's (split id, offset, next offset, value) rows against the delivery reports."""
-    from splitkeeper.runtime.sources.kafka import split_id_of
+    from splitkeeper.spark.sources.kafka import split_id_of
 
     expected = {(split_id_of(t, p), o): v for (t, p, o), v in delivered.items()}
     keys = Counter((sid, off) for sid, off, _n, _v in sink)
@@ -152,11 +152,11 @@ def verify(
     delivered: Delivered,
 ) -> dict[str, Any]:
     """Every check of the module doc; the result's keys go into the chaos JSON."""
+    from splitkeeper.config.settings import load_config
+    from splitkeeper.delta.checkpoints import DeltaStateStore
     from splitkeeper.quality.checks import run_restart_checks
-    from splitkeeper.runtime.config import load_config
-    from splitkeeper.runtime.sources.kafka import KafkaSource, split_id_of
-    from splitkeeper.runtime.spark import SparkSettings, get_spark
-    from splitkeeper.state.checkpoints import DeltaStateStore
+    from splitkeeper.spark.session import SparkSettings, get_spark
+    from splitkeeper.spark.sources.kafka import KafkaSource, split_id_of
 
     say("verifying: the sink against every delivery report, the group's offsets, the restart checks")
     started = time.monotonic()

@@ -64,7 +64,7 @@ from typing import Any
 
 from splitkeeper import process, resources
 from splitkeeper.errors import SplitkeeperError
-from splitkeeper.runtime import jars as jarlib
+from splitkeeper.spark import jars as jarlib
 from splitkeeper.tools.cluster.s3 import S3Client, S3Error
 
 HOST = "127.0.0.1"
@@ -1440,9 +1440,9 @@ class LocalCluster:
         """The writer pool of every pipeline ``$SPLITKEEPER_PIPELINE_CONFIG`` names (as the DAGs name
         it, :func:`splitkeeper.orchestration.airflow.pool_name`); each config is loaded with the
         environment the Airflow services get, so ``${SPLITKEEPER_KAFKA_BOOTSTRAP_SERVERS}`` resolves."""
+        from splitkeeper.config.settings import load_config
         from splitkeeper.errors import ConfigError
         from splitkeeper.orchestration.airflow import config_paths, pool_name
-        from splitkeeper.runtime.config import load_config
 
         env = self._airflow_env()
         pools = []

@@ -1,0 +1,918 @@
+"""Pipeline configuration: the one file an operator writes to describe a pipeline.
+
+:func:`load_config` reads a YAML (``.yaml``/``.yml``) or TOML (``.toml``) file
+and returns an immutable :class:`PipelineConfig`; :func:`config_from_mapping`
+does the same for an already-parsed mapping (Airflow ``dag_run.conf``, tests).
+Everything is validated here, at the boundary, before any Spark job starts
+(protocol rule 2.9: a configuration that cannot be honoured is rejected at
+submission). Each mistake raises :class:`~splitkeeper.errors.ConfigError`
+whose message names the dotted key, the value and what is allowed; unknown
+keys are mistakes too and the message suggests the closest known key.
+Relative paths resolve against the directory of the config file. The
+``checkpoint`` and ``backlog`` sections are the protocol core's own config
+classes (the core decides what values are valid; this module names the key).
+
+Shape of a file (YAML)::
+
+    name: orders
+    parallelism: 4
+    regions: per_reader          # or: global
+    strategy: least-loaded
+    source:
+      kind: files                # or: kafka
+      path: ./incoming
+      format: jsonl
+      split_bytes: 67108864
+      on_file_change: fail       # or: new_version, append (a known file changed)
+    checkpoint: {max_consecutive_failures: 3, max_failure_ratio: 0.5,
+                 region_timeout_s: 300, retain_checkpoints: 3,
+                 on_split_failure: quarantine, quarantine_after: 3,   # or: stall
+                 max_consecutive_aborts: 5}
+    backlog: {backlog_epoch_records: 200000, normal_epoch_records: 20000,
+              backlog_interval_s: 60, normal_interval_s: 5}
+    rescale: {operator_state: even-split}   # or union (protocol rule 2.8)
+    weighted: {capacities: {0: 4}, rebalance_threshold: 1.25}   # strategy: weighted only
+    notifications: {on_failure: mypkg.alerts:page_oncall}   # called by a failed Airflow task
+    lease: {ttl_s: 60}   # one writer per pipeline; a dead writer's lease is taken over after this
+    maintenance: {history_hours: 168}   # splitkeeper maintain: VACUUM keeps a week of history
+    metrics: {otlp_endpoint: http://otel-collector:4318}   # optional; <state>/metrics.prom always
+    state: {path: ./state}
+    sink: {path: ./sink}
+    staging: {path: ./state/_staging}   # default <state>/_staging
+    transform: splitkeeper.transforms:identity
+
+``${NAME}`` inside any string value is replaced by the environment variable ``NAME``
+(e.g. ``bootstrap_servers: ${SPLITKEEPER_KAFKA_BOOTSTRAP_SERVERS}``, what the local
+cluster's env file exports); an unset variable is a mistake naming the key; ``$${``
+stands for a literal ``${``. Values from the environment are never shown in messages.
+
+A config is refused before anything expands it (``${NAME}``, YAML aliases, validation)
+when it repeats a key in a mapping, nests deeper than :data:`MAX_DEPTH` or holds more than
+:data:`MAX_VALUES` values once its aliases are counted (:func:`check_limits`); the source,
+state, sink and staging locations may not be one another or lie inside one another
+(resolved first; staging inside state is the default and allowed).
+
+The shape of the file (every key, its type, its choices) is defined once, by the pydantic
+models of :mod:`splitkeeper.config.models` (imported lazily, when a config is
+validated; ``splitkeeper config schema`` prints their JSON Schema); this module builds the
+immutable :class:`PipelineConfig` from them and checks the rules that span keys. It imports
+the standard library and the protocol core (PyYAML and pydantic lazily).
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import json
+import os
+import re
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, TypeVar
+
+from splitkeeper.core.assignment import STRATEGIES
+from splitkeeper.core.backlog import BacklogConfig
+from splitkeeper.core.checkpoint import CheckpointConfig
+from splitkeeper.core.driver import MAX_CONSECUTIVE_ABORTS, check_abort_limit
+from splitkeeper.core.rescale import Redistribution
+from splitkeeper.core.types import SplitChangePolicy, SplitFailurePolicy
+from splitkeeper.delta.serde import check_full_snapshot_every
+from splitkeeper.errors import ConfigError, InvalidParameterError
+from splitkeeper.transforms import resolve_callable, resolve_transform
+
+#: The assignment strategies of the protocol core (protocol rule 1.6), by config name.
+STRATEGY_NAMES: tuple[str, ...] = tuple(sorted(STRATEGIES))
+
+IDENTITY_TRANSFORM = "splitkeeper.transforms:identity"
+
+_URI_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+_HOST_PORT_RE = re.compile(r"^[^\s:,]+:\d{1,5}$")
+_ENV_REF_RE = re.compile(r"\$\$\{|\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+class SourceKind(enum.Enum):
+    FILES = "files"
+    KAFKA = "kafka"
+
+
+class FileFormat(enum.Enum):
+    """How a file's bytes become records.
+
+    ``LINES``: one record per line, the value is the line without its line
+    terminator. ``JSONL``: one JSON document per non-blank line; blank lines are
+    not records (their bytes count towards the neighbouring record's offsets).
+    """
+
+    LINES = "lines"
+    JSONL = "jsonl"
+
+
+class RegionMode(enum.Enum):
+    """Whether readers form independent regions (protocol rule 2.9).
+
+    ``PER_READER``: each reader and what follows it without a shuffle is a
+    region; regional checkpoints are allowed. ``GLOBAL``: readers are not
+    independent (a shuffle between them), so every checkpoint is global.
+    """
+
+    PER_READER = "per_reader"
+    GLOBAL = "global"
+
+
+class OffsetOutOfRange(enum.Enum):
+    """What a Kafka reader does when a planned offset was deleted by retention."""
+
+    FAIL = "fail"
+    SKIP = "skip"
+
+
+class OperatorState(enum.Enum):
+    """How list-style operator state is redistributed when the parallelism changes (protocol rule 2.8)."""
+
+    EVEN_SPLIT = "even-split"
+    UNION = "union"
+
+    @property
+    def redistribution(self) -> Redistribution:
+        return Redistribution.UNION if self is OperatorState.UNION else Redistribution.EVEN_SPLIT
+
+
+class StartingMode(enum.Enum):
+    EARLIEST = "earliest"
+    LATEST = "latest"
+    TIMESTAMP = "timestamp"
+    GROUP = "group"
+
+
+#: librdkafka settings splitkeeper sets itself (from other keys); ``source.client`` may not set them.
+KAFKA_MANAGED_CLIENT_KEYS = frozenset(
+    {"bootstrap.servers", "group.id", "enable.auto.commit", "enable.auto.offset.store", "logger"}
+)
+_SECRET_WORDS = ("password", "secret", "token", "jaas", "credential", "private", ".pem", "key.pem")
+REDACTED = "***"
+
+
+def is_secret_key(key: str) -> bool:
+    """Whether a client setting holds a secret (its value is never printed, logged or returned)."""
+    lowered = key.lower()
+    return any(word in lowered for word in _SECRET_WORDS)
+
+
+@dataclass(frozen=True, slots=True)
+class ClientConfig:
+    """Settings passed as they are to every Kafka client of a pipeline (``source.client``).
+
+    librdkafka names (``security.protocol``, ``sasl.mechanism``, ``sasl.username``,
+    ``sasl.password``, ``ssl.ca.location`` ...), values as strings. Secret values never
+    appear in its ``repr``, in :meth:`PipelineConfig.to_dict` or in errors.
+    """
+
+    items: tuple[tuple[str, str], ...] = ()
+
+    def as_dict(self) -> dict[str, str]:
+        """The real values, for the Kafka clients only."""
+        return dict(self.items)
+
+    def redacted(self) -> dict[str, str]:
+        return {k: REDACTED if is_secret_key(k) else v for k, v in self.items}
+
+    def __repr__(self) -> str:
+        return f"ClientConfig({self.redacted()!r})"
+
+    def __bool__(self) -> bool:
+        return bool(self.items)
+
+
+@dataclass(frozen=True, slots=True)
+class SourceConfig:
+    """The ``source`` section. Options of the other kind keep their defaults.
+
+    files: ``path`` (a directory, scanned recursively, or one file), ``format``,
+    ``split_bytes`` (0 = one split per file, else byte ranges of about that
+    size), ``on_file_change`` (a known file grew, changed or moved: ``fail``,
+    ``new_version`` or ``append``; see :class:`~splitkeeper.core.types.SplitChangePolicy`).
+    kafka: ``bootstrap_servers`` (comma-separated host:port), ``topics``
+    or ``topic_pattern`` (exactly one), ``starting`` (``earliest``, ``latest``,
+    ``timestamp:<ms>`` or ``group``: the consumer group's committed offsets),
+    ``group_id`` (required for ``starting: group``), ``on_offset_out_of_range``,
+    ``connect_timeout_s`` (how long a Kafka request may wait for the broker) and
+    ``read_timeout_s`` (how long a reader may make no progress); None: the connector's defaults;
+    ``client``: librdkafka settings for every client (SASL/SSL), see :class:`ClientConfig`.
+    """
+
+    kind: SourceKind
+    path: str | None = None
+    format: FileFormat = FileFormat.LINES
+    split_bytes: int = 0
+    on_file_change: SplitChangePolicy = SplitChangePolicy.FAIL
+    bootstrap_servers: str | None = None
+    topics: tuple[str, ...] = ()
+    topic_pattern: str | None = None
+    starting: str = "earliest"
+    group_id: str | None = None
+    on_offset_out_of_range: OffsetOutOfRange = OffsetOutOfRange.FAIL
+    connect_timeout_s: float | None = None
+    read_timeout_s: float | None = None
+    client: ClientConfig = field(default_factory=ClientConfig)
+
+    @property
+    def starting_mode(self) -> StartingMode:
+        return StartingMode(self.starting.split(":", 1)[0])
+
+    @property
+    def starting_timestamp_ms(self) -> int | None:
+        """The ``<ms>`` of ``starting: timestamp:<ms>``, else ``None``."""
+        if self.starting_mode is StartingMode.TIMESTAMP:
+            return int(self.starting.split(":", 1)[1])
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointSettings(CheckpointConfig):
+    """The ``checkpoint`` section: the core :class:`CheckpointConfig` plus retention.
+
+    It *is* a core ``CheckpointConfig`` (the core validates the shared fields
+    and the coordinator takes it as is); ``regions_independent`` comes from the
+    top-level ``regions`` key. ``retain_checkpoints``: completed checkpoints kept
+    besides those a later checkpoint still references (protocol rule 2.7).
+    ``on_split_failure``: ``quarantine`` (the default: after ``quarantine_after`` failed
+    epochs in a row a split is parked and the rest goes on; protocol rule 1.8) or ``stall``
+    (a split whose reads keep failing blocks the pipeline until fixed).
+    ``max_consecutive_aborts``: a bounded run stops with an error naming what fails after
+    that many aborted epochs in a row (above ``quarantine_after`` under quarantine).
+    ``full_snapshot_every``: the state store writes the enumerator state of at most that
+    many checkpoints per full snapshot, the others as deltas against it (1: every
+    checkpoint full; :class:`~splitkeeper.delta.checkpoints.DeltaStateStore` rule 6).
+    """
+
+    retain_checkpoints: int = 3
+    on_split_failure: SplitFailurePolicy = SplitFailurePolicy.QUARANTINE
+    quarantine_after: int = 3
+    full_snapshot_every: int = 20
+    max_consecutive_aborts: int = MAX_CONSECUTIVE_ABORTS
+
+    def __post_init__(self) -> None:
+        CheckpointConfig.__post_init__(self)
+        value = self.retain_checkpoints
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise InvalidParameterError("retain_checkpoints", value, "an integer >= 1")
+        after = self.quarantine_after
+        if isinstance(after, bool) or not isinstance(after, int) or after < 1:
+            raise InvalidParameterError("quarantine_after", after, "an integer >= 1 (failed epochs in a row)")
+        check_full_snapshot_every(self.full_snapshot_every)
+        check_abort_limit(self.max_consecutive_aborts, self.on_split_failure, after)
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineConfig:
+    """One pipeline, validated. Paths are absolute (or URIs, kept as given)."""
+
+    name: str
+    source: SourceConfig
+    state_path: str
+    sink_path: str
+    staging_path: str
+    parallelism: int = 1
+    regions: RegionMode = RegionMode.PER_READER
+    strategy: str = "least-loaded"
+    checkpoint: CheckpointSettings = field(default_factory=CheckpointSettings)
+    backlog: BacklogConfig = field(default_factory=BacklogConfig)
+    transform: str = IDENTITY_TRANSFORM
+    operator_state: OperatorState = OperatorState.EVEN_SPLIT  # rescale.operator_state
+    capacities: tuple[tuple[int, float], ...] = ()  # weighted.capacities: reader -> capacity
+    rebalance_threshold: float = 1.25  # weighted.rebalance_threshold
+    on_failure: str | None = None  # notifications.on_failure: 'module:function' an Airflow task calls
+    lease_ttl_s: float = 60.0  # lease.ttl_s: a writer that stops heartbeating loses the lease after this
+    history_hours: float = 168.0  # maintenance.history_hours: how far back time travel reaches after VACUUM
+    otlp_endpoint: str | None = None  # metrics.otlp_endpoint: OTLP/HTTP collector (None: the text file only)
+    origin: str = ""  # the file it was loaded from (for messages), "" if built from a mapping
+
+    @property
+    def regional_checkpoints(self) -> bool:
+        """False when regions are not independent: every checkpoint must then be global."""
+        return self.regions is RegionMode.PER_READER
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-able form (enums as their values), e.g. for status output or XCom."""
+        return _plain(self)
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, ClientConfig):
+        return value.redacted()
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, tuple):
+        return [_plain(v) for v in value]
+    if hasattr(value, "__dataclass_fields__"):
+        return {f.name: _plain(getattr(value, f.name)) for f in fields(value)}
+    return value
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def load_config(
+    path: str | os.PathLike[str],
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> PipelineConfig:
+    """Read and validate a pipeline config file (``.yaml``, ``.yml`` or ``.toml``).
+
+    Relative paths inside the file resolve against the file's directory; ``${NAME}``
+    references take their values from ``env`` (default: this process's environment).
+    ``overrides`` (the ingest DAG's ``pipeline`` Param) is merged onto the file, section by
+    section, before validation; only the sections :data:`OVERRIDABLE` names may be given.
+    Raises :class:`ConfigError` for a missing/unreadable file, a syntax error
+    or any invalid value.
+    """
+    file = Path(path).expanduser().resolve()
+    suffix = file.suffix.lower()
+    if suffix not in (".yaml", ".yml", ".toml"):
+        raise ConfigError(
+            f"config file {str(file)!r} has extension {suffix or '(none)'!r}: "
+            "allowed are .yaml, .yml (YAML) and .toml (TOML)",
+            key="",
+            value=str(file),
+        )
+    try:
+        text = file.read_text(encoding="utf-8")
+    except FileNotFoundError as err:
+        raise ConfigError(f"config file {str(file)!r} does not exist", key="", value=str(file)) from err
+    except OSError as err:
+        raise ConfigError(
+            f"config file {str(file)!r} cannot be read: {err}", key="", value=str(file)
+        ) from err
+    if suffix == ".toml":
+        try:
+            data: Any = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as err:
+            raise ConfigError(f"{file}: not valid TOML: {err}", key="", value=str(file)) from err
+        except RecursionError as err:  # tomllib parses nested arrays and tables recursively
+            raise _too_deep("", str(file)) from err
+    else:
+        data = _load_yaml(text, str(file))
+    if overrides is not None:
+        check_limits(overrides, f"{file} (pipeline overrides)")
+        data = apply_overrides(data, overrides, str(file))
+    return config_from_mapping(data, base_dir=file.parent, origin=str(file), env=env)
+
+
+# --------------------------------------------------------------------------- parsing limits
+
+#: The deepest nesting a pipeline config may have (a section's mapping inside the top level is
+#: 2; the deepest key of the schema, ``source.client.<setting>`` or ``weighted.capacities.<id>``,
+#: is 3): deeper input is a mistake or an attack, and Python's parsers would recurse on it.
+MAX_DEPTH = 32
+#: The most values (mappings, lists and scalars, each key's value counted once per place it
+#: appears) a config may hold once its YAML aliases are expanded: a real pipeline holds a few
+#: hundred; an alias "bomb" holds billions in a few lines.
+MAX_VALUES = 10_000
+
+
+def _too_deep(key: str, where: str) -> ConfigError:
+    allowed = f"a config nested at most {MAX_DEPTH} levels deep"
+    shown = key if len(key) <= 80 else key[:77] + "..."
+    return ConfigError(
+        f"{shown or '(top level)'} is nested more than {MAX_DEPTH} levels deep, which is not allowed: "
+        f"{allowed}; a pipeline config needs 3, remove the nesting ({where})",
+        key=key,
+        value="<not shown>",
+        allowed=allowed,
+    )
+
+
+def _too_many(key: str, where: str) -> ConfigError:
+    allowed = f"at most {MAX_VALUES:,} values, each YAML alias (*name) counted as what it stands for"
+    key = re.split(r"[.\[]", key, maxsplit=1)[0]  # the top-level key that holds them
+    return ConfigError(
+        f"{key or '(top level)'} holds more than {MAX_VALUES:,} values, which is not allowed: {allowed}; "
+        f"remove the aliases or the key (nothing was expanded) ({where})",
+        key=key,
+        value="<not shown>",
+        allowed=allowed,
+    )
+
+
+def check_limits(data: Any, where: str) -> None:
+    """Refuse ``data`` nested deeper than :data:`MAX_DEPTH`, holding more than :data:`MAX_VALUES`
+    values once shared parts (YAML aliases) are counted at every place they appear, or holding
+    itself (a recursive alias).
+
+    The walk visits each mapping or list once and sums the sizes of its children, so the
+    expanded size is known without expanding anything (linear in the document as written).
+    Called on every parsed config (file, ``dag_run.conf``, overrides) before ``${NAME}``
+    expansion or validation walks it as a tree. ConfigError names the key where a limit is crossed.
+    """
+    sizes: dict[int, tuple[int, int]] = {}  # id(container) -> (values, depth) once expanded
+    on_path: set[int] = set()
+    stack: list[tuple[Any, str, bool]] = [(data, "", False)]
+    while stack:
+        value, key, done = stack.pop()
+        if not isinstance(value, Mapping | list):
+            continue
+        ident = id(value)
+        children = list(value.items()) if isinstance(value, Mapping) else list(enumerate(value))
+        if done:
+            on_path.discard(ident)
+            count, depth = 1, 1
+            for _, child in children:
+                child_count, child_depth = sizes.get(id(child), (1, 0))
+                count += child_count
+                depth = max(depth, child_depth + 1)
+            if depth > MAX_DEPTH:
+                raise _too_deep(key, where)
+            if count > MAX_VALUES:
+                raise _too_many(key, where)
+            sizes[ident] = (count, depth)
+            continue
+        if ident in sizes:
+            continue
+        if ident in on_path:
+            allowed = "a config that does not contain itself"
+            raise ConfigError(
+                f"{key or '(top level)'} is a mapping or list that contains itself (a YAML alias inside its "
+                f"own anchor), which is not allowed: {allowed}; remove the alias ({where})",
+                key=key,
+                value="<not shown>",
+                allowed=allowed,
+            )
+        on_path.add(ident)
+        stack.append((value, key, True))
+        for name, child in children:
+            if isinstance(child, Mapping | list):
+                dotted = (
+                    f"{key}[{name}]" if isinstance(value, list) else f"{key}.{name}" if key else str(name)
+                )
+                stack.append((child, dotted, False))
+
+
+def load_json(text: str, where: str) -> Any:
+    """Parse config text given as JSON (``run --pipeline-json``) with the rules of a file:
+    duplicate keys and nesting past :data:`MAX_DEPTH` are ConfigErrors naming ``where``;
+    a syntax error raises :class:`json.JSONDecodeError` for the caller to name its option."""
+
+    def no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        mapping: dict[str, Any] = {}
+        for key, value in pairs:
+            if key in mapping:
+                allowed = "each key once in a mapping"
+                raise ConfigError(
+                    f"{key} is given twice, which is not allowed: {allowed}; keep one of them ({where})",
+                    key=key,
+                    value="<not shown>",
+                    allowed=allowed,
+                )
+            mapping[key] = value
+        return mapping
+
+    try:
+        data = json.loads(text, object_pairs_hook=no_duplicates)
+    except RecursionError as err:  # the JSON decoder recurses into nested arrays and objects
+        raise _too_deep("", where) from err
+    check_limits(data, where)
+    return data
+
+
+def _load_yaml(text: str, where: str) -> Any:
+    """Parse a YAML config; duplicate keys and nesting past :data:`MAX_DEPTH` are refused while
+    the document is composed (before anything is constructed or expanded). ConfigError otherwise
+    for a syntax error."""
+    import yaml
+
+    loader = _pipeline_loader()(text, where)
+    try:
+        return loader.get_single_data()
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{where}: not valid YAML: {err}", key="", value=where) from err
+    finally:
+        loader.dispose()
+
+
+@functools.cache
+def _pipeline_loader() -> type[Any]:
+    """The SafeLoader of pipeline files (built on first use: PyYAML is imported lazily)."""
+    import yaml
+    from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
+
+    class PipelineLoader(yaml.SafeLoader):
+        """``yaml.SafeLoader`` that refuses, while it composes the document, duplicate mapping
+        keys (the last one would win silently), nesting past :data:`MAX_DEPTH` (the composer
+        recurses) and more than :data:`MAX_VALUES` nodes as written, naming the key.
+        Aliases are counted once here; :func:`check_limits` counts what they expand to."""
+
+        def __init__(self, stream: str, where: str) -> None:
+            super().__init__(stream)
+            self._where = where
+            self._path: list[str] = []
+            self._keys: dict[int, dict[Any, int]] = {}  # id(mapping node) -> its keys -> line
+            self._nodes = 0
+
+        def compose_node(self, parent: Node | None, index: Any) -> Node:
+            self._nodes += 1
+            if self._nodes > MAX_VALUES:
+                raise _too_many(self._dotted(), self._where)
+            part = None
+            if isinstance(parent, MappingNode) and isinstance(index, ScalarNode):
+                part = index.value
+                self._refuse_duplicate(parent, index)
+            elif isinstance(parent, SequenceNode) and isinstance(index, int):
+                part = f"[{index}]"
+            if part is not None:
+                self._path.append(part)
+            try:
+                if len(self._path) > MAX_DEPTH:
+                    raise _too_deep(self._dotted(), self._where)
+                node: Node = super().compose_node(parent, index)
+                return node
+            finally:
+                if part is not None:
+                    self._path.pop()
+
+        def _dotted(self) -> str:
+            return "".join(p if p.startswith("[") or i == 0 else f".{p}" for i, p in enumerate(self._path))
+
+        def _refuse_duplicate(self, mapping: MappingNode, key: ScalarNode) -> None:
+            if key.tag == "tag:yaml.org,2002:merge":
+                return  # '<<: *base' merges; its keys may be overridden on purpose
+            seen = self._keys.setdefault(id(mapping), {})
+            same = self._key(key)
+            line = key.start_mark.line + 1
+            if same in seen:
+                self._path.append(key.value)
+                dotted = self._dotted()
+                self._path.pop()
+                allowed = "each key once in a mapping"
+                raise ConfigError(
+                    f"{dotted} is given twice (lines {seen[same]} and {line}), which is not allowed: "
+                    f"{allowed}; keep one of them (YAML would silently keep the last) ({self._where})",
+                    key=dotted,
+                    value="<not shown>",
+                    allowed=allowed,
+                )
+            seen[same] = line
+
+        def _key(self, node: ScalarNode) -> Any:
+            try:
+                value = self.construct_object(node)  # '1' and '0x1', 'a' and "a" are one key
+                hash(value)
+            except (yaml.YAMLError, TypeError):
+                value = node.value
+            return (node.tag, value)
+
+    return PipelineLoader
+
+
+#: The sections a run may override (the ingest DAG's ``pipeline`` Param): tuning only, never
+#: what identifies the pipeline or its data (name, source, state, sink, parallelism, strategy).
+OVERRIDABLE: tuple[str, ...] = ("checkpoint", "backlog", "lease", "notifications", "metrics")
+
+
+def apply_overrides(data: Any, overrides: Any, origin: str = "pipeline config") -> Any:
+    """``data`` with each section of ``overrides`` merged onto its own (keys of the override win).
+
+    ConfigError names ``pipeline.<key>`` for a section that may not be overridden or is no
+    mapping; the merged mapping is validated as a whole afterwards (same messages as a file).
+    """
+    allowed = "a mapping of sections to override: " + ", ".join(OVERRIDABLE)
+    if not isinstance(overrides, Mapping):
+        raise ConfigError(
+            f"pipeline={overrides!r} is not allowed: {allowed} ({origin})",
+            key="pipeline",
+            value=overrides,
+            allowed=allowed,
+        )
+    if not isinstance(data, Mapping):
+        return data  # config_from_mapping names the mistake
+    merged = dict(data)
+    for key, value in overrides.items():
+        if key not in OVERRIDABLE or not isinstance(value, Mapping):
+            reason = "a mapping" if key in OVERRIDABLE else "a section a run may override"
+            raise ConfigError(
+                f"pipeline.{key}={value!r} is not allowed: {allowed} ({origin}); {key} is not {reason}",
+                key=f"pipeline.{key}",
+                value=value,
+                allowed=allowed,
+            )
+        section = data.get(key)
+        merged[key] = {**(section if isinstance(section, Mapping) else {}), **value}
+    return merged
+
+
+def expand_env(data: Any, env: Mapping[str, str] | None = None, origin: str = "pipeline config") -> Any:
+    """``data`` with every ``${NAME}`` in its string values replaced by ``env[NAME]`` (default:
+    ``os.environ``) and every ``$${`` by ``${``. ConfigError names the key of an unset variable."""
+    environ = os.environ if env is None else env
+
+    def walk(value: Any, key: str) -> Any:
+        if isinstance(value, str):
+
+            def sub(match: re.Match[str]) -> str:
+                name = match.group(1)
+                if name is None:
+                    return "${"
+                if name not in environ:
+                    raise ConfigError(
+                        f"{origin}: {key or '(top level)'} refers to ${{{name}}}, but the environment "
+                        f"variable {name} is not set; set it, or write the value itself",
+                        key=key,
+                        value=f"${{{name}}}",
+                    )
+                return environ[name]
+
+            return _ENV_REF_RE.sub(sub, value)
+        if isinstance(value, Mapping):
+            return {k: walk(v, f"{key}.{k}" if key else str(k)) for k, v in value.items()}
+        if isinstance(value, list):
+            return [walk(v, f"{key}[{i}]") for i, v in enumerate(value)]
+        return value
+
+    return walk(data, "")
+
+
+def config_from_mapping(
+    data: Any,
+    base_dir: str | os.PathLike[str] | None = None,
+    origin: str = "",
+    env: Mapping[str, str] | None = None,
+) -> PipelineConfig:
+    """Validate an already-parsed config mapping (same rules as :func:`load_config`).
+
+    ``base_dir`` is where relative paths resolve (default: the working directory); ``env``
+    gives the values of ``${NAME}`` references (default: this process's environment).
+    The shape (keys, types, choices, ranges) is the pydantic schema's
+    (:mod:`splitkeeper.config.models`); the cross-key rules are checked here.
+    """
+    from splitkeeper.config.models import validate_shape
+
+    where = origin or "pipeline config"
+    check_limits(data, where)  # before anything walks the tree as a tree (YAML aliases)
+    data = expand_env(data, env, where)
+    if not isinstance(data, Mapping):
+        raise ConfigError(
+            f"{where}: the top level must be a mapping of keys, got {type(data).__name__}",
+            key="",
+            value=data,
+        )
+    base = Path(base_dir if base_dir is not None else os.getcwd()).expanduser().resolve()
+    file = validate_shape(data, where)
+    at = _Where(where, base)
+
+    source = _source(file.source, at)
+    regions = file.regions
+    checkpoint = file.checkpoint.build(regions_independent=regions is RegionMode.PER_READER)
+    backlog = file.backlog.build()
+    capacities, rebalance_threshold = _weighted(file, at)
+    on_failure = file.notifications.on_failure
+    if on_failure is not None:
+        try:
+            resolve_callable(on_failure, "notifications.on_failure")
+        except ConfigError as err:
+            raise ConfigError(f"{err.message} ({where})", **err.params) from err.__cause__
+
+    state_path = at.path(file.state.path)
+    sink_path = at.path(file.sink.path)
+    staging_path = None if file.staging.path is None else at.path(file.staging.path)
+    if staging_path is None:
+        if _URI_RE.match(state_path):
+            # region tasks write their staged files with local file I/O: an object store won't do
+            raise at.missing(
+                "staging.path",
+                f"a local directory the driver and every executor share (state.path {state_path} is on "
+                "an object store, so the default <state>/_staging cannot be used)",
+            )
+        staging_path = _join(state_path, "_staging")
+    elif _URI_RE.match(staging_path):
+        raise at.invalid(
+            "staging.path",
+            staging_path,
+            "a local directory the driver and every executor share (region tasks "
+            "write staged files with local file I/O)",
+        )
+    places = [("source.path", source.path)] if source.path is not None else []
+    places += [("state.path", state_path), ("sink.path", sink_path), ("staging.path", staging_path)]
+    _check_placement(places, at)
+
+    try:
+        resolve_transform(file.transform)  # fail at submission, not on an executor
+    except ConfigError as err:
+        raise ConfigError(f"{err.message} ({where})", **err.params) from err.__cause__
+
+    return PipelineConfig(
+        name=file.name,
+        source=source,
+        state_path=state_path,
+        sink_path=sink_path,
+        staging_path=staging_path,
+        parallelism=file.parallelism,
+        regions=regions,
+        strategy=file.strategy,
+        checkpoint=checkpoint,
+        backlog=backlog,
+        transform=file.transform,
+        operator_state=file.rescale.operator_state,
+        capacities=capacities,
+        rebalance_threshold=rebalance_threshold,
+        on_failure=on_failure,
+        lease_ttl_s=file.lease.ttl_s,
+        history_hours=file.maintenance.history_hours,
+        otlp_endpoint=file.metrics.otlp_endpoint,
+        origin=origin,
+    )
+
+
+def _weighted(file: Any, at: _Where) -> tuple[tuple[tuple[int, float], ...], float]:
+    """``weighted``: reader capacities and the imbalance that re-weights (strategy ``weighted`` only)."""
+    given = file.weighted.given()
+    if given and file.strategy != "weighted":
+        raise at.invalid(
+            f"weighted.{given[0]}",
+            _plain(getattr(file.weighted, given[0])),
+            "nothing unless strategy is 'weighted'",
+            "set strategy: weighted",
+        )
+    capacities = tuple(sorted(file.weighted.capacities.items()))
+    return capacities, file.weighted.rebalance_threshold
+
+
+def _source(sec: Any, at: _Where) -> SourceConfig:
+    from splitkeeper.config.models import FILE_KEYS, KAFKA_KEYS
+
+    kind = sec.kind
+    own, other = (FILE_KEYS, KAFKA_KEYS) if kind is SourceKind.FILES else (KAFKA_KEYS, FILE_KEYS)
+    for key in sec.given():
+        if key in other:
+            value = getattr(sec, key)
+            raise at.invalid(
+                f"source.{key}",
+                "<not shown>" if key == "client" else value,
+                f"no {key} for source.kind {kind.value!r}; its options are: {', '.join(own)}",
+            )
+    if kind is SourceKind.FILES:
+        if sec.path is None:
+            raise at.missing("source.path", "the directory (or file) to ingest")
+        return SourceConfig(
+            kind=kind,
+            path=at.path(sec.path),
+            format=sec.format,
+            split_bytes=sec.split_bytes,
+            on_file_change=sec.on_file_change,
+        )
+
+    servers = _bootstrap_servers(sec.bootstrap_servers, at)
+    topics = tuple(sec.topics)
+    pattern = sec.topic_pattern
+    one_of = "exactly one of source.topics (a list of topic names) or source.topic_pattern (a regex)"
+    if not topics and not pattern:
+        raise at.missing("source.topics", one_of)
+    if topics and pattern:
+        raise at.invalid("source.topics", {"topics": list(topics), "topic_pattern": pattern}, one_of)
+    if pattern is not None:
+        try:
+            re.compile(pattern)
+        except re.error as err:
+            raise at.invalid("source.topic_pattern", pattern, "a valid regular expression", str(err)) from err
+    starting = sec.starting
+    if starting == "group" and not sec.group_id:
+        raise at.missing("source.group_id", "a consumer group id, required when source.starting is 'group'")
+    return SourceConfig(
+        kind=kind,
+        bootstrap_servers=servers,
+        topics=topics,
+        topic_pattern=pattern,
+        starting=starting,
+        group_id=sec.group_id,
+        on_offset_out_of_range=sec.on_offset_out_of_range,
+        connect_timeout_s=sec.connect_timeout_s,
+        read_timeout_s=sec.read_timeout_s,
+        client=_client_config(sec.client, at),
+    )
+
+
+def _client_config(raw: Mapping[str, Any], at: _Where) -> ClientConfig:
+    """``source.client``: a mapping of librdkafka setting -> string, number or boolean."""
+    items: list[tuple[str, str]] = []
+    for key, value in raw.items():
+        dotted = f"source.client.{key}"
+        shown = REDACTED if is_secret_key(str(key)) else value
+        if not key.strip():
+            raise at.invalid("source.client", key, "setting names that are non-empty strings")
+        if key in KAFKA_MANAGED_CLIENT_KEYS:
+            raise at.invalid(
+                dotted,
+                shown,
+                "a setting splitkeeper does not set itself",
+                "use source.bootstrap_servers / source.group_id instead"
+                if key in ("bootstrap.servers", "group.id")
+                else "splitkeeper commits offsets only when a checkpoint completes",
+            )
+        if isinstance(value, bool):
+            text = "true" if value else "false"
+        elif isinstance(value, int | float | str) and str(value).strip():
+            text = str(value)
+        else:
+            raise at.invalid(dotted, shown, "a string, number or boolean", f"got {_type_name(value)}")
+        items.append((key, text))
+    return ClientConfig(tuple(sorted(items)))
+
+
+def _bootstrap_servers(raw: str | list[str] | None, at: _Where) -> str:
+    allowed = "'host:port[,host:port...]' or a list of 'host:port'"
+    if raw is None:
+        raise at.missing("source.bootstrap_servers", allowed)
+    items = [s.strip() for s in raw.split(",")] if isinstance(raw, str) else list(raw)
+    bad = [s for s in items if not _HOST_PORT_RE.match(s) or not 0 < int(s.rsplit(":", 1)[1]) < 65536]
+    if not items or bad:
+        raise at.invalid("source.bootstrap_servers", raw, allowed, f"not host:port: {bad}" if bad else "")
+    return ",".join(items)
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _type_name(value: Any) -> str:
+    from splitkeeper.config.models import type_name
+
+    return type_name(value)
+
+
+def _join(base: str, child: str) -> str:
+    return f"{base.rstrip('/')}/{child}" if _URI_RE.match(base) else str(Path(base) / child)
+
+
+#: Why a location may not lie inside (or be) another one, by the other one's key.
+_APART = {
+    "source.path": "the pipeline would read what it writes there as input",
+    "state.path": "the state folder holds splitkeeper's own tables",
+    "sink.path": "VACUUM on the sink would delete it",
+    "staging.path": "staged files are removed after every epoch",
+}
+
+
+def _check_placement(places: list[tuple[str, str]], at: _Where) -> None:
+    """The source, state, sink and staging locations (resolved: absolute, ``~`` expanded,
+    symlinks followed) may not be one another or lie inside one another; the one exception
+    is staging inside state (the default ``<state>/_staging``). A local path and a URI never
+    overlap; ``s3a://`` and ``s3n://`` are ``s3://``. ConfigError names the inner (or later) key."""
+    for i, (key, path) in enumerate(places):
+        for j, (other_key, other) in enumerate(places):
+            if i == j:
+                continue
+            if _same_location(path, other) and j < i:
+                allowed = f"a location different from {other_key} {other}"
+            elif _inside(path, other) and (key, other_key) != ("staging.path", "state.path"):
+                allowed = f"a location outside {other_key} {other}"
+            else:
+                continue
+            why = (
+                _APART[other_key] if key != "source.path" else f"splitkeeper writes and cleans up {other_key}"
+            )
+            raise at.invalid(key, path, allowed, f"{why}; move one of them")
+
+
+def _location(path: str) -> str:
+    return re.sub(r"^s3[an]://", "s3://", path, flags=re.IGNORECASE).rstrip("/")
+
+
+def _same_location(a: str, b: str) -> bool:
+    return _location(a) == _location(b)
+
+
+def _inside(inner: str, outer: str) -> bool:
+    return _location(inner).startswith(_location(outer) + "/")
+
+
+@dataclass(frozen=True, slots=True)
+class _Where:
+    """Raises the cross-key mistakes in the house format; resolves paths against ``base``."""
+
+    where: str
+    base: Path
+
+    def invalid(self, dotted: str, value: Any, allowed: str, hint: str = "") -> ConfigError:
+        message = f"{dotted}={value!r} is not allowed: {allowed}"
+        if hint:
+            message += f"; {hint}"
+        return ConfigError(f"{message} ({self.where})", key=dotted, value=value, allowed=allowed)
+
+    def missing(self, dotted: str, allowed: str) -> ConfigError:
+        return ConfigError(
+            f"{dotted} is required but missing ({self.where}): {allowed or 'set it'}",
+            key=dotted,
+            value=None,
+            allowed=allowed,
+        )
+
+    def path(self, value: str) -> str:
+        """A local path resolved against the base directory, or a URI as given."""
+        if _URI_RE.match(value):
+            if value.startswith("file://"):
+                value = value[len("file://") :]
+            else:
+                return value
+        return str((self.base / Path(value).expanduser()).resolve())
+
+
+_T = TypeVar("_T")

@@ -1,0 +1,220 @@
+"""The fence: one first-writer-wins commit, checked by Delta's own app transactions.
+
+Every "only one run may do this" rule of splitkeeper is this one function:
+
+- the sink's epoch commit (app id = pipeline, version = epoch): it lands only if
+  the pipeline's recorded epoch is exactly the one this run restored or last
+  committed;
+- the write-ahead plan of an epoch (``epoch_plans``: planned epochs strictly increase);
+- the ``checkpoints`` row (version = checkpoint id; idempotent for the same decision);
+- the pipeline lease (version = the lease's generation).
+
+:func:`fenced_commit` ``(table, app_id, version, expected, write)``:
+
+1. reads ``transaction_version(app_id)`` of ``table`` as it is loaded (the caller
+   refreshes it first, or passes the snapshot it decided on);
+2. when that already is ``version``: the commit happened before. With an ``attempt``
+   it is a replay only if the recorded commit names the same attempt (its custom
+   metadata ``attempt_id``); then nothing is written and the result says
+   ``replayed``. Another attempt's commit of the version is a conflict;
+3. when it is not ``expected``: :class:`~splitkeeper.errors.ConcurrentRunError`
+   naming the pipeline, the table, the version, what was found and what was
+   expected; nothing is written;
+4. otherwise ``write(table, properties)`` commits *on that snapshot* with
+   ``Transaction(app_id, version)`` in ``properties``: delta-rs's conflict check
+   fails the commit when any commit after the snapshot recorded the same app id
+   (``CommitFailedError``), so of two writers that both passed step 3 exactly one
+   lands. The loser re-reads: the winner's commit of the same attempt is a replay
+   (two redos of one decision), anything else a ConcurrentRunError. A loser may
+   leave an uncommitted parquet file in the table folder; it is never in the log,
+   so no reader sees it.
+
+The commit's custom metadata carries ``app_id``, ``version_key: version`` and
+``attempt_id`` (when given) plus the caller's keys; :func:`recorded_commit` finds
+it again in the table's history. Called on the driver; one call per commit; safe
+to call from several processes at once (that is its purpose).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from splitkeeper.errors import ConcurrentRunError, StateError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from deltalake import DeltaTable
+    from deltalake.transaction import CommitProperties
+
+__all__ = ["FenceResult", "fenced_commit", "recorded_commit"]
+
+log = logging.getLogger(__name__)
+
+#: How many of the newest commits :func:`recorded_commit` reads before it reads the whole history.
+RECENT_HISTORY = 64
+
+WriteFn = Callable[["DeltaTable", "CommitProperties"], None]
+
+
+@dataclass(frozen=True, slots=True)
+class FenceResult:
+    """What :func:`fenced_commit` did: committed ``version`` (at Delta ``table_version``) or replayed it."""
+
+    app_id: str
+    version: int
+    replayed: bool
+    table_version: int | None
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+def _metadata_of(entry: Mapping[str, Any]) -> dict[str, Any]:
+    """A history entry's custom metadata: top-level keys (delta-rs) or ``userMetadata`` JSON (Spark)."""
+    import json
+
+    found = dict(entry)
+    text = entry.get("userMetadata")
+    if isinstance(text, str):
+        try:
+            parsed = json.loads(text)
+        except ValueError:
+            parsed = None
+        if isinstance(parsed, dict):
+            found = {**parsed, **found}
+    return found
+
+
+def recorded_commit(
+    table: DeltaTable, app_id: str, version: int, version_key: str = "txn_version"
+) -> dict[str, Any] | None:
+    """The newest commit whose metadata names ``app_id`` and ``version_key == version``, or None.
+
+    Searches the newest :data:`RECENT_HISTORY` commits, then the whole history still in
+    the log (log cleanup may have removed older commits: then None). The result has the
+    commit's metadata keys plus ``version`` (the Delta table version).
+    """
+    from splitkeeper.delta.tables import guarded
+
+    def search(limit: int | None) -> tuple[dict[str, Any] | None, int]:
+        entries = guarded(table.table_uri, lambda: table.history(limit))
+        for entry in entries:
+            meta = _metadata_of(entry)
+            try:
+                matches = meta.get("app_id") == app_id and int(meta.get(version_key, -1)) == int(version)
+            except (TypeError, ValueError):
+                matches = False
+            if matches:
+                return meta, len(entries)
+        return None, len(entries)
+
+    found, seen = search(RECENT_HISTORY)
+    if found is None and seen >= RECENT_HISTORY:
+        found, _seen = search(None)
+    return found
+
+
+def _conflict(
+    *, pipeline: str, table_name: str, what: str, version: int, found: int | None, expected: int | None
+) -> ConcurrentRunError:
+    return ConcurrentRunError(
+        f"pipeline {pipeline!r}: cannot commit {what} {version} to table {table_name}: it records "
+        f"{what} {found} but this run expected {expected}; another run committed meanwhile; only one run "
+        "may drive a pipeline: this run stops, and the state is intact",
+        pipeline=pipeline,
+        table=table_name,
+        epoch_id=version,
+        found=found,
+        expected=expected,
+    )
+
+
+def fenced_commit(
+    table: DeltaTable,
+    *,
+    pipeline: str,
+    table_name: str,
+    app_id: str,
+    version: int,
+    expected: int | None,
+    write: WriteFn,
+    metadata: Mapping[str, Any] | None = None,
+    version_key: str = "txn_version",
+    attempt: str | None = None,
+    what: str = "version",
+) -> FenceResult:
+    """Commit ``version`` of ``app_id`` with ``write`` if and only if the recorded version is ``expected``.
+
+    See the module doc for the four steps. ``what`` names the version in messages
+    ("epoch", "checkpoint", ...). ``write`` must make exactly one commit on the table
+    object it gets, with the commit properties it gets.
+    """
+    from deltalake.exceptions import CommitFailedError
+    from deltalake.transaction import CommitProperties, Transaction
+
+    def replay_of(current: int | None) -> dict[str, Any] | None:
+        """The recorded commit when ``current`` is ``version`` and it names ``attempt`` (a replay)."""
+        if current != version:
+            return None
+        recorded = recorded_commit(table, app_id, version, version_key) or {}
+        if attempt is not None and recorded.get("attempt_id") != attempt:
+            return None
+        return recorded
+
+    current = table.transaction_version(app_id)
+    if current == version:
+        recorded = replay_of(current)
+        if recorded is None:
+            raise _conflict(
+                pipeline=pipeline,
+                table_name=table_name,
+                what=what,
+                version=version,
+                found=current,
+                expected=expected,
+            )
+        return FenceResult(app_id, version, True, recorded.get("version"), recorded)
+    if current != expected:
+        raise _conflict(
+            pipeline=pipeline,
+            table_name=table_name,
+            what=what,
+            version=version,
+            found=current,
+            expected=expected,
+        )
+    custom = {**(metadata or {}), "app_id": app_id, version_key: version}
+    if attempt is not None:
+        custom["attempt_id"] = attempt
+    properties = CommitProperties(app_transactions=[Transaction(app_id, version)], custom_metadata=custom)
+    from splitkeeper.delta.tables import guarded
+
+    try:
+        guarded(table.table_uri, lambda: write(table, properties))
+    except CommitFailedError as err:
+        from splitkeeper.delta.tables import refresh
+
+        refresh(table)
+        now = table.transaction_version(app_id)
+        recorded = replay_of(now)
+        if recorded is not None:
+            log.info(
+                "%s %s of %s was committed by another process of the same attempt", what, version, app_id
+            )
+            return FenceResult(app_id, version, True, recorded.get("version"), recorded)
+        if now == current:
+            raise StateError(
+                f"pipeline {pipeline!r}: the commit of {what} {version} to table {table_name} failed ({err}) "
+                "although no other run recorded a newer one; nothing was committed. Retry; if it fails "
+                "again, check who else writes to the table",
+                pipeline=pipeline,
+                table=table_name,
+                epoch_id=version,
+            ) from err
+        raise _conflict(
+            pipeline=pipeline, table_name=table_name, what=what, version=version, found=now, expected=expected
+        ) from err
+    from splitkeeper.delta.tables import refresh
+
+    refresh(table)  # a transaction commit does not advance the table object itself
+    return FenceResult(app_id, version, False, table.version(), custom)

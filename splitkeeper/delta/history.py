@@ -1,0 +1,348 @@
+"""The only read API for a pipeline's history: timeline, audit trail, archived checkpoints.
+
+The restart checks (:mod:`splitkeeper.quality.checks`), the report
+(:mod:`splitkeeper.report.data`) and ``status`` read the state tables through this
+module only; none of them opens a state table by path. Everything is read with
+delta-rs and pyarrow (no Spark); results are pyarrow tables or typed values, and a
+Spark user builds frames from them with ``spark.createDataFrame(table)``.
+
+Rules:
+
+1. *The orphan-attempt rule*, decided here and nowhere else: the ``enumerator_state``
+   and ``audit`` rows of checkpoint N count only for the attempt that N's
+   ``checkpoints`` row names, or, once retention deleted that row, the attempt its
+   ``checkpoint_log`` archive names. Rows of other attempts (a driver killed before
+   its row, a run that lost the fence) are never returned. Rows of a checkpoint id
+   neither table knows count as they are when the id is below the newest known
+   checkpoint (state written before archiving existed), and never above it (an epoch
+   whose row is not written yet).
+2. The timeline is whole: kept checkpoints (their rows), completed checkpoints
+   retention deleted (archived to ``checkpoint_log`` just before), aborted attempts
+   (logged there); ordered by id, then time. A checkpoint both kept and archived (a
+   driver died between the archive and the delete) shows once.
+3. *Whole enumerator snapshots.* :meth:`StateHistory.enumerator_rows` returns every
+   checkpoint's full snapshot rows, also of a checkpoint whose stored rows are a delta
+   against a base (``checkpoints.enumerator_base``, store rule 6): the base's rows
+   (under rule 1) with the delta applied, re-encoded as a full snapshot would have
+   been written (:func:`serde.enumerator_to_rows`), stamped with the checkpoint's own id
+   and attempt. Readers never see a delta or a tombstone.
+4. *Whole rows.* A checkpoints row records how many ``enumerator_state`` rows its attempt
+   wrote (``enumerator_row_count``; NULL in older state: not checked). Every reader of a
+   checkpoint's enumerator rows (the store's restore, :meth:`StateHistory.enumerator_rows`)
+   compares, and another number is a StateError naming the table, its log and
+   ``recover --repair`` (:func:`rows_error`): rows lost to a removed log entry or data
+   file are never read as an older or smaller snapshot.
+5. Read-only: never writes; a missing table reads as empty. May run while the
+   pipeline runs (it sees the commits landed so far).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from splitkeeper.core.types import AuditRecord, CheckpointKind, RegionOutcome
+from splitkeeper.delta import serde
+from splitkeeper.delta.tables import REPAIR_ADVICE, StateTables, spec
+from splitkeeper.errors import CheckpointError, StateError
+
+__all__ = ["StateHistory", "TimelineEntry", "merge_delta", "rows_error"]
+
+
+@dataclass(frozen=True, slots=True)
+class TimelineEntry:
+    """One checkpoint attempt as the timeline shows it: completed (global/regional) or aborted."""
+
+    checkpoint_id: int
+    kind: CheckpointKind
+    outcomes: dict[int, RegionOutcome]
+    ref_checkpoint_ids: dict[int, int]
+    at: datetime
+    commit_ms: int | None = None
+    reason: str = ""
+    run_id: str = ""
+    processing_backlog: bool | None = None  # completed: the mode once it completed; aborted: None
+
+    @property
+    def failed_regions(self) -> tuple[int, ...]:
+        return tuple(sorted(r for r, o in self.outcomes.items() if o is not RegionOutcome.ACK))
+
+
+def _at(value: Any) -> datetime:
+    if value is None:
+        return datetime.fromtimestamp(0, tz=UTC)
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+
+
+def _pairs_mask(table: pa.Table, pairs: Mapping[int, str], floor_unknown: int | None) -> pa.Array:
+    """Rule 1 as a boolean mask over ``table`` (``checkpoint_id``, ``attempt_id`` columns)."""
+    ids = table.column("checkpoint_id").to_pylist()
+    attempts = table.column("attempt_id").to_pylist()
+    mask = []
+    for cid, attempt in zip(ids, attempts, strict=True):
+        named = pairs.get(int(cid))
+        if named is not None:
+            mask.append(named == attempt)
+        else:
+            mask.append(floor_unknown is not None and int(cid) < floor_unknown)
+    return pa.array(mask, pa.bool_())
+
+
+def merge_delta(base: pa.Table, delta: pa.Table) -> pa.Table:
+    """The full ``enumerator_state`` rows of a delta's checkpoint (store rule 6): the rows of
+    its base's full snapshot ``base`` without the entries ``delta`` names (a split's place,
+    or its backlog entry: :func:`serde.enumerator_delta`), then ``delta``'s rows without its
+    tombstones. Both tables have the ``enumerator_state`` columns; the ``checkpoint_id`` and
+    ``attempt_id`` of the result are mixed (callers decode or stamp their own). Arrow
+    compute only: no Python loop over the rows."""
+    backlog = pa.array(serde.BACKLOG_STATUSES, pa.string())
+    in_backlog = pc.is_in(delta.column("status"), value_set=backlog)
+    ids = delta.column("split_id").combine_chunks()
+    backlog_ids = pc.filter(ids, in_backlog.combine_chunks())
+    place_ids = pc.filter(ids, pc.invert(in_backlog).combine_chunks())
+    named = pc.if_else(
+        pc.is_in(base.column("status"), value_set=backlog),
+        pc.is_in(base.column("split_id"), value_set=backlog_ids),
+        pc.is_in(base.column("split_id"), value_set=place_ids),
+    )
+    tombstones = pa.array(serde.ENUMERATOR_TOMBSTONES, pa.string())
+    live = delta.filter(pc.invert(pc.is_in(delta.column("status"), value_set=tombstones)))
+    return pa.concat_tables([base.filter(pc.invert(named)), live.select(base.schema.names).cast(base.schema)])
+
+
+def rows_error(
+    tables: StateTables, pipeline: str, checkpoint_id: int, attempt: str, expected: int, found: int
+) -> StateError:
+    """The StateError of rule 4: checkpoint ``checkpoint_id``'s enumerator rows are not all there."""
+    uri = tables.uri("enumerator_state")
+    version = tables.version("enumerator_state")
+    return StateError(
+        f"checkpoint {checkpoint_id} of pipeline {pipeline!r} cannot be read: its checkpoints row names "
+        f"{expected} rows of attempt {attempt} in state table enumerator_state ({uri}), and {found} are "
+        f"there. Rows were lost after the commit (an entry of {uri}/_delta_log removed or rolled back, "
+        f"or a data file dropped; the table's log is at version {version}). Nothing was restored and "
+        f"nothing was changed. {REPAIR_ADVICE}",
+        table="enumerator_state",
+        path=uri,
+        checkpoint_id=int(checkpoint_id),
+        expected=expected,
+        found=found,
+    )
+
+
+class StateHistory:
+    """The history of one pipeline's state under ``tables`` (see the module doc)."""
+
+    def __init__(self, tables: StateTables, pipeline: str) -> None:
+        self.tables = tables
+        self.pipeline = pipeline
+
+    # -- checkpoints -----------------------------------------------------------------
+
+    def check_rows(self, checkpoint_id: int, row: Mapping[str, Any], found: int) -> None:
+        """Rule 4 for one checkpoint: ``found`` rows of the attempt its ``row`` names were read."""
+        expected = row.get("enumerator_row_count")
+        if expected is not None and int(expected) != found:
+            raise rows_error(
+                self.tables, self.pipeline, checkpoint_id, str(row["attempt_id"]), int(expected), found
+            )
+
+    def checkpoints(self, up_to: int | None = None, columns: Sequence[str] | None = None) -> pa.Table:
+        """The kept checkpoints' rows (ids ascending), up to ``up_to`` when given."""
+        data = self.tables.read("checkpoints", columns=columns)
+        if up_to is not None:
+            data = data.filter(pc.field("checkpoint_id") <= up_to)
+        return data.sort_by("checkpoint_id")
+
+    def split_weights(self, checkpoint_id: int) -> dict[str, float]:
+        """The owned splits' weights checkpoint ``checkpoint_id`` recorded (strategy weighted; else empty)."""
+        from splitkeeper.delta.serde import split_weights_from_rows
+
+        rows = (
+            self.tables.read("checkpoints", columns=["checkpoint_id", "split_weights"])
+            .filter(pc.field("checkpoint_id") == checkpoint_id)
+            .column("split_weights")
+            .to_pylist()
+        )
+        return split_weights_from_rows(rows[0] if rows else None)
+
+    def kept_ids(self) -> list[int]:
+        return sorted(
+            int(i) for i in self.tables.read("checkpoints", columns=["checkpoint_id"]).column(0).to_pylist()
+        )
+
+    def archived_checkpoints(self) -> pa.Table:
+        """The ``checkpoint_log`` rows of completed checkpoints retention deleted: one per id, none kept."""
+        log = self.tables.read("checkpoint_log")
+        log = log.filter(pc.field("kind") != CheckpointKind.ABORTED.value)
+        kept = set(self.kept_ids())
+        seen: set[int] = set()
+        keep = []
+        for cid in log.column("checkpoint_id").to_pylist():
+            keep.append(cid not in kept and cid not in seen)
+            seen.add(cid)
+        return log.filter(pa.array(keep, pa.bool_())).sort_by("checkpoint_id")
+
+    def committed_attempts(self) -> dict[int, str]:
+        """Checkpoint id -> the attempt whose rows count (rule 1): kept rows first, then archives."""
+        pairs: dict[int, str] = {}
+        archived = self.archived_checkpoints().select(["checkpoint_id", "attempt_id"]).to_pylist()
+        for row in archived:
+            if row["attempt_id"] is not None:
+                pairs[int(row["checkpoint_id"])] = str(row["attempt_id"])
+        for row in self.tables.read("checkpoints", columns=["checkpoint_id", "attempt_id"]).to_pylist():
+            pairs[int(row["checkpoint_id"])] = str(row["attempt_id"])
+        return pairs
+
+    # -- rows under the orphan-attempt rule ----------------------------------------------
+
+    def committed_audit(self, up_to: int | None = None, decisions: Collection[str] | None = None) -> pa.Table:
+        """The audit rows that count (rule 1) of checkpoints up to ``up_to`` (all when None),
+        optionally only ``decisions``; ordered by checkpoint id and seq."""
+        pairs = self.committed_attempts()
+        data = self.tables.read("audit")
+        if up_to is not None:
+            data = data.filter(pc.field("checkpoint_id") <= up_to)
+        if decisions is not None:
+            data = data.filter(pc.is_in(pc.field("decision"), pa.array(sorted(decisions), pa.string())))
+        floor = max(pairs) if pairs else None
+        data = data.filter(_pairs_mask(data, pairs, floor))
+        return data.sort_by([("checkpoint_id", "ascending"), ("seq", "ascending")])
+
+    def audit_for(self, checkpoint_id: int) -> list[AuditRecord]:
+        """The audit records committed with kept checkpoint ``checkpoint_id``, in their order;
+        CheckpointError naming the available ids when it is not kept."""
+        heads = {
+            int(r["checkpoint_id"]): r["attempt_id"]
+            for r in self.tables.read("checkpoints", columns=["checkpoint_id", "attempt_id"]).to_pylist()
+        }
+        if int(checkpoint_id) not in heads:
+            raise CheckpointError(
+                f"checkpoint {checkpoint_id} of pipeline {self.pipeline!r} is not in the state store "
+                f"(available: {sorted(heads)})",
+                checkpoint_id=checkpoint_id,
+            )
+        rows = self.tables.read(
+            "audit",
+            partitions=[("checkpoint_id", "=", int(checkpoint_id))],
+            filter=(pc.field("checkpoint_id") == int(checkpoint_id))
+            & (pc.field("attempt_id") == heads[int(checkpoint_id)]),
+        ).to_pylist()
+        return serde.audit_from_rows(rows)
+
+    def enumerator_rows(self, checkpoint_ids: Collection[int] | None = None) -> pa.Table:
+        """The full ``enumerator_state`` rows (rules 1 and 3) of the kept checkpoints ``checkpoint_ids``
+        (all kept ones when None)."""
+        rows = self.tables.read(
+            "checkpoints",
+            columns=[
+                "checkpoint_id",
+                "attempt_id",
+                "parallelism",
+                "enumerator",
+                "enumerator_base",
+                "enumerator_row_count",
+            ],
+        ).to_pylist()
+        heads = {int(r["checkpoint_id"]): r for r in rows}
+        wanted = sorted(heads if checkpoint_ids is None else set(checkpoint_ids) & set(heads))
+        if not wanted:
+            return self.tables.read("enumerator_state").slice(0, 0)
+        bases = {int(b) for i in wanted if (b := heads[i]["enumerator_base"]) is not None}
+        missing = sorted(bases - set(heads))
+        if missing:
+            raise StateError(
+                f"checkpoints of pipeline {self.pipeline!r} hold their enumerator state as deltas against "
+                f"checkpoints {missing}, which are not in the state store: the state is incomplete "
+                "(retention keeps every kept checkpoint's base)",
+                missing=missing,
+            )
+        read_ids = sorted(set(wanted) | bases)
+        data = self.tables.read("enumerator_state", partitions=[("checkpoint_id", "in", read_ids)])
+        data = data.filter(_pairs_mask(data, {i: str(heads[i]["attempt_id"]) for i in read_ids}, None))
+        counts = Counter(int(c) for c in data.column("checkpoint_id").to_pylist())
+        for cid in read_ids:
+            if heads[cid]["enumerator"] is not None:
+                self.check_rows(cid, heads[cid], counts.get(cid, 0))
+        deltas = [i for i in wanted if heads[i]["enumerator_base"] is not None]
+        if not deltas:
+            return data.filter(pc.is_in(pc.field("checkpoint_id"), pa.array(wanted, pa.int64())))
+        full = [i for i in wanted if heads[i]["enumerator_base"] is None]
+
+        def of(cid: int) -> pa.Table:
+            return data.filter(pc.field("checkpoint_id") == cid)
+
+        rebuilt: list[dict[str, Any]] = []
+        for cid in deltas:
+            head = heads[cid]
+            merged = merge_delta(of(int(head["enumerator_base"])), of(cid)).to_pylist()
+            snapshot = serde.enumerator_from_rows(head["enumerator"], merged)
+            key = {"checkpoint_id": cid, "attempt_id": str(head["attempt_id"])}
+            rebuilt.extend({**r, **key} for r in serde.enumerator_to_rows(snapshot))
+        stored = data.filter(pc.is_in(pc.field("checkpoint_id"), pa.array(full, pa.int64())))
+        whole = pa.concat_tables([stored, spec("enumerator_state").rows(rebuilt)])
+        return whole.sort_by("checkpoint_id")
+
+    # -- the timeline ------------------------------------------------------------------
+
+    def timeline(self) -> list[TimelineEntry]:
+        """Every checkpoint attempt of the pipeline's history, by id then time (rule 2)."""
+
+        def ref_ids(regions: Sequence[Mapping[str, Any]]) -> dict[int, int]:
+            return {
+                int(g["region_id"]): int(g["ref_checkpoint_id"])
+                for g in regions
+                if g.get("ref_checkpoint_id") is not None
+            }
+
+        def outcomes(regions: Sequence[Mapping[str, Any]]) -> dict[int, RegionOutcome]:
+            return {int(g["region_id"]): RegionOutcome(g["outcome"]) for g in regions}
+
+        entries: list[TimelineEntry] = []
+        kept = self.tables.read(
+            "checkpoints",
+            columns=[
+                "checkpoint_id",
+                "kind",
+                "regions",
+                "created_at",
+                "commit_ms",
+                "run_id",
+                "processing_backlog",
+            ],
+        )
+        completed = [*kept.to_pylist(), *self.archived_checkpoints().to_pylist()]
+        for row in completed:
+            regions = row["regions"] or []
+            entries.append(
+                TimelineEntry(
+                    checkpoint_id=int(row["checkpoint_id"]),
+                    kind=CheckpointKind(row["kind"]),
+                    outcomes=outcomes(regions),
+                    ref_checkpoint_ids=ref_ids(regions),
+                    at=_at(row["created_at"]),
+                    commit_ms=None if row["commit_ms"] is None else int(row["commit_ms"]),
+                    run_id=row["run_id"],
+                    processing_backlog=row["processing_backlog"],
+                )
+            )
+        aborted = self.tables.read("checkpoint_log").filter(pc.field("kind") == CheckpointKind.ABORTED.value)
+        for row in aborted.to_pylist():
+            entries.append(
+                TimelineEntry(
+                    checkpoint_id=int(row["checkpoint_id"]),
+                    kind=CheckpointKind(row["kind"]),
+                    outcomes=outcomes(row["regions"] or []),
+                    ref_checkpoint_ids={},
+                    at=_at(row["logged_at"]),
+                    reason=row["reason"],
+                    run_id=row["run_id"],
+                )
+            )
+        return sorted(entries, key=lambda e: (e.checkpoint_id, e.at))

@@ -1,0 +1,583 @@
+"""The exactly-once Delta sink: :class:`DeltaSink`, the ``EpochSink`` port on delta-rs.
+
+The region tasks stage one parquet file per region and attempt
+(``<staging>/epoch=N/region=R/attempt=<id>/part.parquet``, every column of
+``state/sink_records.ddl``, see :mod:`splitkeeper.spark.task`). The sink commits an
+epoch by making the acknowledged regions' staged files data files of the table, in one
+commit; the records are written once, by the tasks.
+
+Contract of :meth:`DeltaSink.commit` ``(epoch, outputs, expected=, attempt_id=)``:
+
+1. Only acknowledged regions' outputs, each a staged file of this epoch and of its own
+   region (the path says so), may be committed: anything else is
+   InvalidParameterError and nothing happens.
+2. The commit is fenced (:mod:`splitkeeper.delta.fence`, app id = the pipeline, version
+   = the epoch): it lands only if the pipeline's recorded epoch is exactly ``expected``
+   (the one this run restored or last committed); another run's commit in between
+   makes it a ConcurrentRunError. The epoch already recorded by a commit that names
+   ``attempt_id`` is a replay: nothing is written, the receipt says ``replayed``.
+3. The staged files are checked before anything moves: a missing or unreadable one is
+   a StateError naming the path and what to do, and nothing is moved or committed.
+   Then each file is moved (renamed, on local disk; copied with ``pyarrow.fs`` to an
+   object store) into the table folder under :func:`adopted_name`, and all are added
+   in ONE commit (``create_write_transaction``) with ``Transaction(pipeline, epoch)``,
+   per-file statistics from the parquet footer (numRecords, minValues, maxValues,
+   nullCount) and the custom metadata ``{app_id, epoch, regions, attempt_id, records}``.
+   A file moved by a commit that then died is found under its table name by the next
+   attempt of the same commit; a file moved by a commit that lost the fence is in no
+   commit, so no reader sees it. A staged file of an older writer (without
+   ``ingested_at``) is rewritten into the table folder with ``ingested_at`` = now.
+4. An epoch with no output still commits (no files) so the epoch is recorded.
+
+:meth:`committed_epoch` is ``transaction_version(pipeline)``; :meth:`committed_attempt`
+reads the commit's metadata back from the table history. The read-back helpers
+(:meth:`records`, :meth:`records_per_split`, :meth:`check_exactly_once`) read with
+Spark. One sink per pipeline and driver process; ``read_only`` sinks create and write
+nothing (dry runs, status).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import os
+import re
+import shutil
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from splitkeeper.core.invariants import Violation, check_sink_ranges
+from splitkeeper.core.ports import EpochSink, RegionRun, SinkReceipt
+from splitkeeper.delta import storage
+from splitkeeper.delta.fence import fenced_commit, recorded_commit
+from splitkeeper.delta.retention import retention_hours
+from splitkeeper.delta.tables import (
+    SINK_TABLE,
+    STAGED_COLUMNS,
+    STAGED_FILE_SCHEMA,
+    ensure_table,
+    guarded,
+    open_table,
+    refresh,
+    spec,
+)
+from splitkeeper.errors import InvalidParameterError, StagedOutputError, StateError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from deltalake import DeltaTable
+    from pyspark.sql import DataFrame
+
+__all__ = ["DeltaSink", "SinkCommit", "SplitRecords", "adopted_name", "file_statistics", "sink_frame"]
+
+log = logging.getLogger(__name__)
+
+_SEGMENT = re.compile(r"(?:^|/)(epoch|region)=(\d+)(?=/|$)")
+_ATTEMPT = re.compile(r"(?:^|/)attempt=([A-Za-z0-9_-]+)(?=/|$)")
+_EPOCH_DIR = re.compile(r"^epoch=(\d+)$")
+#: Delta statistics keep string bounds short; longer minimums are cut, longer maximums left out.
+STRING_STATS_PREFIX = 32
+
+
+def adopted_name(staged_path: str) -> str:
+    """The table-relative name a staged file gets in the sink: one per epoch, region and attempt."""
+    text = staged_path.replace(os.sep, "/")
+    segments = dict(_SEGMENT.findall(text))
+    attempt = _ATTEMPT.search(text)
+    return (
+        f"sk-e{int(segments['epoch']):010d}-r{int(segments['region']):05d}-"
+        f"{attempt.group(1) if attempt else 'once'}.parquet"
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class SinkCommit:
+    """One epoch's commit as the table history records it (None fields: not recorded)."""
+
+    app_id: str
+    epoch_id: int
+    regions: tuple[int, ...] | None
+    table_version: int | None
+    records: int | None
+    attempt_id: str | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class SplitRecords:
+    """Per split, what the sink holds: record count and the offset range they span."""
+
+    records: int
+    first_offset: int
+    last_next_offset: int
+
+
+# --------------------------------------------------------------------------- statistics
+
+
+def _stat_value(value: Any, *, upper: bool) -> Any:
+    """A footer min/max as Delta statistics JSON holds it; None when it cannot be a safe bound."""
+    if isinstance(value, datetime):
+        moment = value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+        moment = moment.astimezone(UTC)
+        millis = moment.replace(microsecond=(moment.microsecond // 1000) * 1000)
+        if upper and millis != moment:  # milliseconds in the JSON: round the upper bound up
+            millis += timedelta(milliseconds=1)
+        return millis.strftime("%Y-%m-%dT%H:%M:%S.") + f"{millis.microsecond // 1000:03d}Z"
+    if isinstance(value, str):
+        if len(value) <= STRING_STATS_PREFIX:
+            return value
+        return None if upper else value[:STRING_STATS_PREFIX]
+    if isinstance(value, bool | int):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    return None
+
+
+def file_statistics(metadata: pq.FileMetaData, columns: Sequence[str]) -> dict[str, Any]:
+    """Delta file statistics of ``columns`` from a parquet footer: numRecords, minValues,
+    maxValues, nullCount (a column whose row groups lack statistics gets none)."""
+    names = metadata.schema.to_arrow_schema().names
+    mins: dict[str, Any] = {}
+    maxs: dict[str, Any] = {}
+    nulls: dict[str, int] = {}
+    for name in columns:
+        if name not in names:
+            continue
+        index = names.index(name)
+        low = high = None
+        count = 0
+        complete = True
+        for group in range(metadata.num_row_groups):
+            chunk = metadata.row_group(group).column(index)
+            stats = chunk.statistics
+            if stats is None or not stats.has_null_count:
+                complete = False
+                break
+            count += int(stats.null_count)
+            if chunk.num_values == stats.null_count:
+                continue  # all NULL: no bounds from this group
+            if not stats.has_min_max:
+                complete = False
+                break
+            low = stats.min if low is None or stats.min < low else low
+            high = stats.max if high is None or stats.max > high else high
+        if not complete:
+            continue
+        nulls[name] = count
+        if low is not None and high is not None:
+            low_value, high_value = _stat_value(low, upper=False), _stat_value(high, upper=True)
+            if low_value is not None:
+                mins[name] = low_value
+            if high_value is not None:
+                maxs[name] = high_value
+    return {"numRecords": metadata.num_rows, "minValues": mins, "maxValues": maxs, "nullCount": nulls}
+
+
+# --------------------------------------------------------------------------- the sink
+
+
+@dataclass(frozen=True, slots=True)
+class _Staged:
+    """A staged file checked for commit: where it is now, where it goes, what it holds."""
+
+    staged: str  # the path the region task returned
+    source: str  # where it is now: the staged path, or the table folder (moved by an earlier attempt)
+    name: str  # its name in the table
+    rows: int
+    stats: dict[str, Any]
+    complete: bool  # False: an older writer's file without ingested_at (rewritten, not moved)
+
+
+class DeltaSink(EpochSink):
+    """The records table at ``path``, committed by pipeline ``app_id`` (see the module doc).
+
+    ``staging_path``: where the region tasks stage (for :meth:`discard`).
+    ``spark``: the session the read-back helpers use (optional).
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        app_id: str,
+        *,
+        staging_path: str | os.PathLike[str] | None = None,
+        spark: Any = None,
+        read_only: bool = False,
+    ) -> None:
+        if not isinstance(app_id, str) or not app_id.strip():
+            raise InvalidParameterError("app_id", app_id, "a non-empty name (the pipeline name)")
+        self.path = storage.table_uri(path)
+        self.app_id = app_id
+        self.staging_path = None if staging_path is None else storage.table_uri(staging_path)
+        self.spark = spark
+        self.read_only = read_only
+        self._table: DeltaTable | None = None
+        if not read_only:
+            self._table = ensure_table(self.path, spec(SINK_TABLE))[0]
+
+    def _get(self) -> DeltaTable | None:
+        if self._table is None:
+            self._table = open_table(self.path, missing_ok=True)
+            return self._table
+        return refresh(self._table)
+
+    # -- the recorded epoch --------------------------------------------------------------
+
+    def committed_epoch(self) -> int | None:
+        """The pipeline's recorded epoch (the last ``txn`` version of app id ``app_id``), or None."""
+        table = self._get()
+        return None if table is None else table.transaction_version(self.app_id)
+
+    def committed_metadata(self, epoch: int) -> SinkCommit | None:
+        """The commit of ``epoch`` by this pipeline, read from the table history; None if not found."""
+        table = self._get()
+        if table is None:
+            return None
+        found = recorded_commit(table, self.app_id, epoch, "epoch")
+        if found is None:
+            return None
+        regions = found.get("regions")
+        records = found.get("records")
+        return SinkCommit(
+            app_id=self.app_id,
+            epoch_id=int(epoch),
+            regions=None if regions is None else tuple(int(r) for r in regions),
+            table_version=found.get("version"),
+            records=None if records is None else int(records),
+            attempt_id=None if found.get("attempt_id") is None else str(found["attempt_id"]),
+            metadata=found,
+        )
+
+    def committed_attempt(self, epoch: int) -> str | None:
+        found = self.committed_metadata(epoch)
+        return None if found is None else found.attempt_id
+
+    # -- commit -----------------------------------------------------------------------------
+
+    def commit(
+        self, epoch: int, outputs: Sequence[RegionRun], *, expected: int | None, attempt_id: str
+    ) -> SinkReceipt:
+        """Commit the acknowledged regions' staged files of ``epoch`` (rules 1-4 of the module doc)."""
+        if self.read_only:
+            raise StateError(f"sink {self.path} is opened read-only: refusing to commit epoch {epoch}")
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+            raise InvalidParameterError("epoch", epoch, "an integer >= 0")
+        if not isinstance(attempt_id, str) or not attempt_id:
+            raise InvalidParameterError("attempt_id", attempt_id, "the decision's attempt id")
+        staged = self._check_outputs(epoch, outputs)
+        regions = sorted(o.region_id for o in outputs)
+        table = self._get()
+        assert table is not None
+        committed: dict[str, int] = {}
+
+        def write(target: DeltaTable, properties: Any) -> None:
+            actions, records = self._adopt(epoch, staged)
+            committed["records"] = records
+            properties.custom_metadata["records"] = records
+            guarded(
+                target.table_uri,
+                lambda: target.create_write_transaction(
+                    actions, mode="append", schema=STAGED_FILE_SCHEMA, commit_properties=properties
+                ),
+            )
+
+        result = fenced_commit(
+            table,
+            pipeline=self.app_id,
+            table_name=f"{SINK_TABLE} ({self.path})",
+            app_id=self.app_id,
+            version=epoch,
+            expected=expected,
+            write=write,
+            metadata={"regions": regions},
+            version_key="epoch",
+            attempt=attempt_id,
+            what="epoch",
+        )
+        if result.replayed:
+            records = result.metadata.get("records")
+            return SinkReceipt(epoch, int(records or 0), replayed=True, version=result.table_version)
+        return SinkReceipt(epoch, committed["records"], replayed=False, version=result.table_version)
+
+    @staticmethod
+    def _check_outputs(epoch: int, outputs: Sequence[RegionRun]) -> list[str]:
+        """Rule 1: the staged paths of acknowledged regions of this epoch."""
+        paths: list[str] = []
+        for run in outputs:
+            if not run.acknowledged:
+                raise InvalidParameterError(
+                    "outputs",
+                    f"region {run.region_id} ({run.outcome.value})",
+                    "acknowledged regions' outputs only",
+                    hint="only acknowledged regions' output may be committed (protocol rule 2.5)",
+                )
+            if not run.output:
+                continue
+            path = os.fspath(run.output)
+            segments = dict(_SEGMENT.findall(path.replace(os.sep, "/")))
+            if "epoch" not in segments or "region" not in segments:
+                raise InvalidParameterError(
+                    "outputs",
+                    path,
+                    "a staged file under .../epoch=<N>/region=<R>/ (the layout region tasks write)",
+                )
+            if int(segments["epoch"]) != epoch:
+                raise InvalidParameterError(
+                    "outputs", path, f"a staged file of epoch {epoch}", hint="it belongs to another epoch"
+                )
+            if int(segments["region"]) != run.region_id:
+                raise InvalidParameterError(
+                    "outputs",
+                    path,
+                    f"a staged file of region {run.region_id}",
+                    hint="a region's output must be its own staged file",
+                )
+            paths.append(path)
+        return paths
+
+    def _inspect(self, epoch: int, staged_path: str) -> _Staged:
+        """Rule 3, before anything moves: find the file (staged, or moved by an earlier attempt) and
+        read its footer."""
+        name = adopted_name(staged_path)
+        moved = storage.join(self.path, name)
+        candidates = [(staged_path, storage.filesystem(staged_path)), (moved, storage.filesystem(moved))]
+        for location, (fs, inner) in candidates:
+            try:
+                info = fs.get_file_info(inner)
+            except OSError:
+                continue
+            if info.type.name != "File":
+                continue
+            try:
+                with fs.open_input_file(inner) as handle:
+                    metadata = pq.ParquetFile(handle).metadata
+            except Exception as err:  # noqa: BLE001 - any unreadable footer is the same problem
+                raise StagedOutputError(
+                    f"sink {self.path}: staged file {location} of epoch {epoch} is not a complete parquet "
+                    f"file ({err}); its region task's output is damaged. Nothing was committed: recover the "
+                    "pipeline (splitkeeper recover --checkpoint latest) so the epoch is read again, and "
+                    "check the staging storage",
+                    path=location,
+                    epoch_id=epoch,
+                ) from err
+            found = [(f.name, f.type) for f in metadata.schema.to_arrow_schema()]
+            wanted = [(f.name, f.type) for f in STAGED_FILE_SCHEMA]
+            records_only = [(f.name, f.type) for f in STAGED_FILE_SCHEMA if f.name in STAGED_COLUMNS]
+            # an older writer's file lacks the metadata columns at the end: Delta reads them as NULL
+            stamped = wanted[: len(STAGED_COLUMNS) + 1]
+            whole = found == wanted[: len(found)] and len(found) >= len(stamped)
+            if not whole and found != records_only:
+                raise StagedOutputError(
+                    f"sink {self.path}: staged file {location} of epoch {epoch} has columns {found}, not the "
+                    f"sink's {wanted} ({SINK_TABLE}.ddl). Nothing was committed: recover the pipeline so the "
+                    "epoch is read again by this splitkeeper",
+                    path=location,
+                    epoch_id=epoch,
+                )
+            stats = file_statistics(metadata, spec(SINK_TABLE).stats_columns)
+            return _Staged(staged_path, location, name, metadata.num_rows, stats, whole)
+        folder = os.path.dirname(staged_path)
+        raise StagedOutputError(
+            f"sink {self.path}: staged file {staged_path} of epoch {epoch} is gone, and was not moved into "
+            f"the table as {name} either (its staging folder {folder} was removed or never written "
+            "completely). Nothing was committed: recover the pipeline (splitkeeper recover --checkpoint "
+            "latest) so the epoch is read again, and check what removes files under the staging path",
+            path=staged_path,
+            epoch_id=epoch,
+        )
+
+    def _adopt(self, epoch: int, paths: Sequence[str]) -> tuple[list[Any], int]:
+        """Rule 3: check every staged file, then move (or copy) each into the table; the add actions."""
+        from deltalake.transaction import AddAction
+
+        checked = [self._inspect(epoch, p) for p in paths]  # all checked before anything moves
+        actions = []
+        for item in checked:
+            target = storage.join(self.path, item.name)
+            if item.complete:
+                if item.source != target:
+                    _move(item.source, target)
+            else:
+                _rewrite_with_ingested_at(item.source, target)
+            fs, inner = storage.filesystem(target)
+            info = fs.get_file_info(inner)
+            mtime = info.mtime
+            millis = (
+                int(mtime.timestamp() * 1000)
+                if mtime is not None
+                else int(datetime.now(UTC).timestamp() * 1000)
+            )
+            actions.append(AddAction(item.name, int(info.size), {}, millis, True, json.dumps(item.stats)))
+        return actions, sum(item.rows for item in checked)
+
+    # -- staging ------------------------------------------------------------------------------
+
+    # -- maintenance --------------------------------------------------------------------
+
+    def compact(self) -> int:
+        """Bin-pack the sink's small files (one per region and epoch) into larger ones; files rewritten.
+
+        The records stay as they are (same rows, new files); the old files stay on disk until
+        :meth:`vacuum` removes them, so readers of older versions keep working until then.
+        """
+        table = self._writable_table("compact the sink")
+        metrics: dict[str, Any] = guarded(self.path, table.optimize.compact)
+        return int(metrics.get("numFilesRemoved") or 0)
+
+    def vacuum(self, history_hours: float, *, dry_run: bool = False) -> list[str]:
+        """Delete the files commits removed more than ``history_hours`` ago (delta-rs's lite vacuum).
+
+        Only files the log tombstoned: never a file of the current version, and never an
+        untracked one (a staged file moved in by a commit that did not land yet). ``dry_run``
+        lists them and deletes nothing.
+        """
+        hours = retention_hours(history_hours)
+        table = self._get() if dry_run else self._writable_table("vacuum the sink")
+        if table is None:
+            return []
+        files = guarded(
+            self.path,
+            lambda: table.vacuum(retention_hours=hours, dry_run=dry_run, enforce_retention_duration=False),
+        )
+        if not dry_run:
+            guarded(self.path, table.cleanup_metadata)
+        return sorted(files)
+
+    def _writable_table(self, what: str) -> DeltaTable:
+        if self.read_only:
+            raise StateError(f"the sink at {self.path} is open read-only; cannot {what}", path=self.path)
+        table = self._get()
+        assert table is not None  # a writable sink created its table
+        return table
+
+    def discard(self, epoch: int) -> None:
+        """Drop what regions staged for ``epoch`` (idempotent, best effort)."""
+        if self.staging_path is None or self.read_only:
+            return
+        fs, inner = storage.filesystem(self.staging_path)
+        with contextlib.suppress(OSError):
+            fs.delete_dir(storage.join(inner, f"epoch={int(epoch)}"))
+
+    def discard_through(self, epoch: int) -> None:
+        """On open: remove the staged output of epochs up to ``epoch`` (committed or abandoned).
+
+        A driver killed after its checkpoint row, or a cancelled task finishing late,
+        leaves ``epoch=N`` folders nobody reads. Newer folders stay: another run may be
+        writing them.
+        """
+        if self.staging_path is None or self.read_only:
+            return
+        import pyarrow.fs as pafs
+
+        fs, inner = storage.filesystem(self.staging_path)
+        try:
+            infos = fs.get_file_info(pafs.FileSelector(inner, allow_not_found=True))
+        except OSError:
+            return
+        for info in infos:
+            m = _EPOCH_DIR.match(info.base_name)
+            if m is not None and int(m[1]) <= epoch:
+                with contextlib.suppress(OSError):
+                    fs.delete_dir(info.path)
+
+    # -- reading back (Spark) ---------------------------------------------------------------
+
+    def _spark(self) -> Any:
+        if self.spark is None:
+            raise StateError(
+                f"sink {self.path}: reading the records back needs a Spark session (DeltaSink(..., spark=))"
+            )
+        return self.spark
+
+    def records(self) -> DataFrame:
+        """The sink table as a DataFrame."""
+        return self._spark().read.format("delta").load(storage.spark_uri(self.path))
+
+    def records_per_split(self) -> dict[str, SplitRecords]:
+        """Per split id: how many records the sink holds and the offset range they span."""
+        from pyspark.sql import functions as F
+
+        rows = (
+            self.records()
+            .groupBy("split_id")
+            .agg(
+                F.count(F.lit(1)).alias("records"),
+                F.min("offset").alias("first"),
+                F.max("next_offset").alias("last"),
+            )
+            .collect()
+        )
+        return {r["split_id"]: SplitRecords(int(r["records"]), int(r["first"]), int(r["last"])) for r in rows}
+
+    def offset_rows(self) -> Iterable[tuple[str, int, int]]:
+        """``(split_id, offset, next_offset)`` of every record, ordered by split and offset (streamed)."""
+        frame = self.records().select("split_id", "offset", "next_offset").orderBy("split_id", "offset")
+        for row in frame.toLocalIterator():
+            yield row["split_id"], int(row["offset"]), int(row["next_offset"])
+
+    def check_exactly_once(self, expected: Mapping[str, tuple[int, int]]) -> list[Violation]:
+        """Check protocol section 6 on the sink: per split, records cover ``[start, end)`` exactly once.
+
+        ``expected`` maps every split id to ``(start, end)``. The rule is the core's
+        (:func:`splitkeeper.core.invariants.check_sink_ranges`); this streams it the sink's
+        rows, sorted by Spark. Returns the violations (empty when exactly-once holds).
+        """
+        starts = {split_id: int(bounds[0]) for split_id, bounds in expected.items()}
+        ends = {split_id: int(bounds[1]) for split_id, bounds in expected.items()}
+        return check_sink_ranges(self.offset_rows(), starts, ends)
+
+
+def sink_frame(spark: Any, path: str | os.PathLike[str]) -> tuple[DataFrame, bool]:
+    """The sink table at ``path`` read with Spark, and True; an empty frame of its columns and False
+    when no table exists there yet. What the restart checks and the report read."""
+    from deltalake import DeltaTable
+
+    uri = storage.table_uri(path)
+    if DeltaTable.is_deltatable(uri, storage.storage_options(uri)):
+        return spark.read.format("delta").load(storage.spark_uri(uri)), True
+    return spark.createDataFrame(STAGED_FILE_SCHEMA.empty_table()), False
+
+
+def _move(source: str, target: str) -> None:
+    """Rename ``source`` to ``target`` on one local file system; otherwise copy (the source stays)."""
+    src_local, dst_local = storage.local_path(source), storage.local_path(target)
+    if src_local is not None and dst_local is not None:
+        try:
+            os.replace(src_local, dst_local)
+            return
+        except OSError as err:
+            if err.errno != 18:  # EXDEV: another device; copy instead
+                raise
+        partial = f"{dst_local}.copying"
+        shutil.copyfile(src_local, partial)
+        os.replace(partial, dst_local)
+        return
+    import pyarrow.fs as pafs
+
+    src_fs, src_inner = storage.filesystem(source)
+    dst_fs, dst_inner = storage.filesystem(target)
+    pafs.copy_files(src_inner, dst_inner, source_filesystem=src_fs, destination_filesystem=dst_fs)
+
+
+def _rewrite_with_ingested_at(source: str, target: str) -> None:
+    """An older writer's staged file (record columns only), written into the table with
+    ``ingested_at`` = now."""
+    src_fs, src_inner = storage.filesystem(source)
+    with src_fs.open_input_file(src_inner) as handle:
+        data = pq.read_table(handle)
+    now = pa.scalar(datetime.now(UTC), STAGED_FILE_SCHEMA.field("ingested_at").type)
+    stamped = pa.schema(list(STAGED_FILE_SCHEMA)[: len(STAGED_COLUMNS) + 1])  # the metadata columns read NULL
+    data = data.append_column(STAGED_FILE_SCHEMA.field("ingested_at"), pa.repeat(now, data.num_rows)).cast(
+        stamped
+    )
+    dst_fs, dst_inner = storage.filesystem(target)
+    with dst_fs.open_output_stream(dst_inner) as out:
+        pq.write_table(data, out)

@@ -1,0 +1,159 @@
+"""Where a table lives: URIs, object-store options and file systems, decided in one place.
+
+Every module of :mod:`splitkeeper.delta` and the Delta sink reach storage through
+these functions; nothing else parses a location or reads a credential.
+
+Contract:
+
+1. A location is a local path (relative ones are made absolute, ``~`` is expanded), a
+   ``file:`` URI or an object-store URI. A ``file:`` URI is percent-decoded (delta-rs
+   reports ``file:///st%20ate/`` for ``/st ate``): a local path is always the path as
+   the file system spells it, spaces and non-ASCII characters included; a plain path
+   is never decoded (``%20`` in it is three characters). ``s3a://`` (the Hadoop/Spark
+   scheme the configs use) is the same bucket and key as ``s3://``; :func:`table_uri` maps it for delta-rs and
+   pyarrow, :func:`spark_uri` maps it back for Spark readers. No other module
+   rewrites a scheme.
+2. :func:`storage_options` is what delta-rs gets for a URI: nothing for local
+   paths; for S3, the standard variables ``AWS_ENDPOINT_URL`` (or
+   ``SPLITKEEPER_S3A_ENDPOINT``, what docker-compose sets for Spark),
+   ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``,
+   ``AWS_REGION`` (default ``us-east-1`` with a custom endpoint) and
+   ``AWS_ALLOW_HTTP`` (default true for an ``http://`` endpoint), plus the commit
+   protocol below. Values are never logged.
+3. Safe concurrent commits on S3: delta-rs 1.x commits a log entry with a
+   conditional put (``If-None-Match: *`` on ``_delta_log/<version>.json``), which
+   AWS S3 (since 2024), MinIO and R2 honour, so two writers of the same version
+   cannot both succeed and the fence (:mod:`splitkeeper.delta.fence`) holds. The
+   options say so explicitly: ``aws_conditional_put=etag`` (delta-rs's documented
+   setting for S3-compatible stores) and ``AWS_S3_ALLOW_UNSAFE_RENAME=false``, so a
+   stray environment variable cannot switch the store to unsafe, unconditional
+   commits. delta-rs 1.x has no DynamoDB lock; none is configured.
+4. :func:`filesystem` gives a ``pyarrow.fs`` file system and the path inside it, for
+   the sink's file moves and the log diagnosis; it uses the same options.
+
+Pure functions of their arguments and the environment; safe from any thread.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import unquote
+
+from splitkeeper.errors import InvalidParameterError
+
+__all__ = [
+    "delta_location",
+    "filesystem",
+    "is_local",
+    "join",
+    "local_path",
+    "spark_uri",
+    "storage_options",
+    "table_uri",
+]
+
+_S3_SCHEMES = ("s3://", "s3a://", "s3n://")
+
+#: Environment variables passed to delta-rs for S3 (``name -> option key``).
+_S3_ENV = {
+    "AWS_ENDPOINT_URL": "AWS_ENDPOINT_URL",
+    "AWS_ACCESS_KEY_ID": "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY": "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN": "AWS_SESSION_TOKEN",
+    "AWS_REGION": "AWS_REGION",
+    "AWS_ALLOW_HTTP": "AWS_ALLOW_HTTP",
+}
+#: The endpoint docker-compose gives Spark (``fs.s3a.endpoint``), used when AWS_ENDPOINT_URL is unset.
+_SPARK_ENDPOINT_ENV = "SPLITKEEPER_S3A_ENDPOINT"
+
+
+def table_uri(location: str | os.PathLike[str]) -> str:
+    """The URI delta-rs and pyarrow get for ``location`` (rule 1): absolute path, or ``s3://...``."""
+    text = os.fspath(location).strip()
+    if not text:
+        raise InvalidParameterError("location", text, "a directory path or a URI")
+    for scheme in _S3_SCHEMES:
+        if text.startswith(scheme):
+            return "s3://" + text[len(scheme) :].rstrip("/")
+    local = local_path(text)
+    if local is not None:
+        return os.path.abspath(os.path.expanduser(local))
+    return text.rstrip("/")
+
+
+def delta_location(reported: str) -> str:
+    """The location of a table as delta-rs reports it (``DeltaTable.table_uri``: a URL, its path
+    percent-encoded) as this module spells locations (rule 1): ``file:///st%20ate/`` is
+    ``/st ate``, ``s3://b/%C3%A9tat/`` is ``s3://b/état``. Only for what delta-rs reports:
+    a location a user wrote is never decoded."""
+    if reported.startswith(_S3_SCHEMES):
+        return table_uri(unquote(reported))
+    return table_uri(reported)
+
+
+def spark_uri(location: str | os.PathLike[str]) -> str:
+    """``location`` as Spark's Hadoop file systems read it (``s3://`` becomes ``s3a://``)."""
+    uri = table_uri(location)
+    return "s3a://" + uri[len("s3://") :] if uri.startswith("s3://") else uri
+
+
+def local_path(location: str) -> str | None:
+    """``location`` as a local path when it is one (no scheme, or ``file:``, decoded), else None."""
+    if location.startswith("file://"):
+        return unquote(location[len("file://") :])
+    if location.startswith("file:"):
+        return unquote(location[len("file:") :])
+    return None if "://" in location else location
+
+
+def is_local(location: str | os.PathLike[str]) -> bool:
+    return local_path(os.fspath(location)) is not None
+
+
+def join(base: str, *parts: str) -> str:
+    """``base/part/...`` for paths and URIs alike."""
+    return "/".join([base.rstrip("/"), *(p.strip("/") for p in parts)])
+
+
+def storage_options(
+    location: str | os.PathLike[str], env: Mapping[str, str] | None = None
+) -> dict[str, str] | None:
+    """The delta-rs storage options for ``location`` (rules 2 and 3); None for a local table."""
+    uri = table_uri(location)
+    if not uri.startswith("s3://"):
+        return None
+    environ = os.environ if env is None else env
+    options = {key: environ[name] for name, key in _S3_ENV.items() if environ.get(name)}
+    endpoint = options.get("AWS_ENDPOINT_URL") or environ.get(_SPARK_ENDPOINT_ENV, "").strip()
+    if endpoint:
+        options["AWS_ENDPOINT_URL"] = endpoint
+        options.setdefault("AWS_REGION", "us-east-1")
+        if endpoint.startswith("http://"):
+            options.setdefault("AWS_ALLOW_HTTP", "true")
+    options["aws_conditional_put"] = "etag"
+    options["AWS_S3_ALLOW_UNSAFE_RENAME"] = "false"
+    return options
+
+
+def filesystem(location: str | os.PathLike[str], env: Mapping[str, str] | None = None) -> tuple[Any, str]:
+    """A ``pyarrow.fs`` file system for ``location`` and the path inside it (rule 4)."""
+    import pyarrow.fs as pafs
+
+    uri = table_uri(location)
+    if not uri.startswith("s3://"):
+        return pafs.LocalFileSystem(), uri
+    options = storage_options(uri, env) or {}
+    endpoint = options.get("AWS_ENDPOINT_URL")
+    kwargs: dict[str, Any] = {"region": options.get("AWS_REGION") or None}
+    if options.get("AWS_ACCESS_KEY_ID"):
+        kwargs["access_key"] = options["AWS_ACCESS_KEY_ID"]
+        kwargs["secret_key"] = options.get("AWS_SECRET_ACCESS_KEY")
+        kwargs["session_token"] = options.get("AWS_SESSION_TOKEN")
+    if endpoint:
+        scheme, _, host = endpoint.partition("://")
+        kwargs["endpoint_override"] = host or scheme
+        kwargs["scheme"] = scheme if host else "https"
+        kwargs["force_virtual_addressing"] = False
+    return pafs.S3FileSystem(**kwargs), uri[len("s3://") :]

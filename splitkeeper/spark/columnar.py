@@ -1,0 +1,82 @@
+"""Columnar reads: a planned range as Arrow columns instead of one Python object per record.
+
+A :class:`~splitkeeper.core.source.RegionReader` yields :class:`SourceRecord`
+tuples; that stays the contract every source implements. A reader that can do
+better also implements :class:`SupportsColumnarRead`, and the region task
+(:func:`splitkeeper.spark.task.run_region_task`) then reads, transforms and
+stages the range without a Python step per record. Contract of
+:meth:`SupportsColumnarRead.read_range_columns`:
+
+1. it returns exactly the records ``read_range(split, start, end)`` yields, in
+   order: ``offsets[i]``, ``next_offsets[i]`` and ``values[i]`` are the fields
+   of the i-th record (``values`` never holds a null); ``meta`` is ``None`` when
+   the records carry no metadata (the staged metadata columns are null), else
+   the key, topic, partition, timestamp and headers columns (the types of
+   :data:`~splitkeeper.delta.tables.META_COLUMNS` in ``STAGED_FILE_SCHEMA``),
+   ``meta[k][i]`` being what ``read_range``'s i-th record carries in its
+   :class:`~splitkeeper.core.source.RecordMeta`;
+2. it raises what ``read_range`` raises, with the same message, naming the
+   split and the offset of the first bad record; it raises on the call (never
+   later), so a caller gets either all the records or an error;
+3. ``offsets`` and ``next_offsets`` are int64 arrays, ``values`` a string or
+   large_string array, all of the same length (the ``meta`` arrays too).
+"""
+
+from __future__ import annotations
+
+import abc
+import datetime
+from collections.abc import Iterator
+from typing import NamedTuple
+
+import pyarrow as pa
+
+from splitkeeper.core.source import RecordMeta, SourceRecord
+from splitkeeper.core.types import Split
+
+_EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
+_MS = datetime.timedelta(milliseconds=1)
+
+
+class RangeColumns(NamedTuple):
+    """The records of one planned range, column by column (see the module doc)."""
+
+    offsets: pa.Array
+    next_offsets: pa.Array
+    values: pa.Array
+    meta: tuple[pa.Array, ...] | None = None
+
+    @property
+    def last_next_offset(self) -> int | None:
+        """The ``next_offset`` of the last record; ``None`` for an empty range."""
+        return int(self.next_offsets[-1].as_py()) if len(self.next_offsets) else None
+
+    def records(self) -> Iterator[SourceRecord]:
+        """The same records one by one (the :meth:`RegionReader.read_range` form)."""
+        rows = zip(
+            self.offsets.to_pylist(), self.next_offsets.to_pylist(), self.values.to_pylist(), strict=True
+        )
+        if self.meta is None:
+            for offset, next_offset, value in rows:
+                yield SourceRecord(offset, next_offset, value)
+            return
+        keys, topics, partitions, timestamps, headers = (column.to_pylist() for column in self.meta)
+        for (offset, next_offset, value), key, topic, partition, timestamp, header in zip(
+            rows, keys, topics, partitions, timestamps, headers, strict=True
+        ):
+            meta = RecordMeta(
+                key,
+                topic,
+                partition,
+                None if timestamp is None else (timestamp - _EPOCH) // _MS,
+                tuple((h["key"], h["value"]) for h in header or ()),
+            )
+            yield SourceRecord(offset, next_offset, value, meta)
+
+
+class SupportsColumnarRead(abc.ABC):
+    """A :class:`~splitkeeper.core.source.RegionReader` mix-in: read a range as Arrow columns."""
+
+    @abc.abstractmethod
+    def read_range_columns(self, split: Split, start: int, end: int) -> RangeColumns:
+        """The records of ``split`` whose offset lies in ``[start, end)`` (see the module doc)."""

@@ -1,0 +1,898 @@
+"""The file source: files in a directory tree (or one file), read line by line.
+
+Splits. Every regular, non-empty file under the source root is one bounded split
+whose id is its path relative to the root (``/`` separators). With
+``split_bytes > 0`` a larger file is cut into byte ranges ``[a, b)`` with id
+``relative/path#a-b``. Names starting with ``.`` or ``_`` are skipped (write a
+file under such a name and rename it when complete), and so are files that are
+not regular files (a FIFO, a socket, a device: never opened, since opening a FIFO
+blocks). An entry that cannot be examined (a symlink loop, a dangling symlink) is
+one split ``[0, 1)`` with identity ``unreadable``: its read fails with a
+SourceError naming the path, so ``checkpoint.on_split_failure`` applies to it and
+the other files are read; once it can be read it is taken as it is then.
+
+File identity (protocol rule 1.9). Every split carries its file's identity,
+``f1:<size>:<mtime_ns>:<ctime_ns>:<digest>``, taken at discovery: ``digest`` is a
+SHA-256 of the file's first 64 KiB and its last 64 KiB up to ``size`` (the bytes
+a growing file keeps, and those a rewrite most likely touches: a header, the last
+lines). Not a hash of the whole file: that would read every file again at every
+check. Size, mtime and ctime are compared first (a ``stat``, no read): any write,
+and any replacement of the file (``os.replace``, ``cp -p``; ctime cannot be set
+back), changes one of them; only then is the sample read. The same sample with
+only ctime changed (``chmod``, a rename) is the same data; a file of at most
+128 KiB is sampled whole, so there a changed mtime with the same sample is the
+same data too. What is not caught: a rewrite of bytes in the middle of a file
+larger than 128 KiB that keeps its size, its first and last 64 KiB and its mtime
+(a deliberate forgery; ``touch -r`` after an in-place edit).
+:meth:`FileSource.check_splits` compares the known splits (live and finished,
+the identities persisted in the checkpoint) with the files now: a file that grew
+with its first ``size`` bytes unchanged GREW, any other difference CHANGED (its replacement splits get the ids
+``relative/path#v<12 hex>``, plus ``#a-b`` for byte ranges), and a file gone from
+its path whose size and digest appear at a path no split has is MOVED there. The
+core applies ``source.on_file_change``. The region reader refuses to read a split
+whose file no longer matches its identity up to the split's data (SourceError):
+a planned range is never a mix of old and new bytes.
+
+Positions are byte offsets of line starts. A range ``[a, b)`` holds every line
+that STARTS in ``[a, b)`` (Hadoop's rule: unless ``a == 0`` the partial line
+around ``a`` belongs to the range before, and the last line is read past ``b``
+to its end). Split boundaries are snapped to line starts at discovery (the
+nominal cut ``k * split_bytes`` moves forward to the next line start), so the
+lines of a split end exactly at ``Split.end``, record offsets per split are
+contiguous from ``Split.position`` to ``Split.end``, and a position is always
+where the next line starts. The reader still applies Hadoop's rule to any range
+it is given, so a range cut mid-line neither loses nor repeats a line.
+
+A record's ``offset`` is the byte offset of its line, ``next_offset`` the byte
+offset after its newline (the file size for a last line without one), and its
+value is the line decoded as UTF-8 without the ``\\n`` / ``\\r\\n`` terminator
+(and without a UTF-8 byte order mark at offset 0).
+
+The reader reads a range natively (:meth:`FileRegionReader.read_range_columns`:
+numpy finds the line boundaries, Arrow holds and validates the values, see
+:func:`_read_columns`); :meth:`FileRegionReader.read_range` yields the same
+records one by one.
+"""
+
+from __future__ import annotations
+
+import codecs
+import hashlib
+import json
+import logging
+import os
+import re
+import stat
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import IO, Any, NamedTuple
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from splitkeeper.config.settings import FileFormat, SourceConfig, SourceKind
+from splitkeeper.core.source import (
+    RegionReader,
+    SourceConnector,
+    SourceRecord,
+    SplitChange,
+    SplitChangeKind,
+    SupportsSplitIdentityCheck,
+    SupportsSplitReassignmentOnRecovery,
+)
+from splitkeeper.core.types import Split
+from splitkeeper.errors import InvalidParameterError, SourceError
+from splitkeeper.spark.columnar import RangeColumns, SupportsColumnarRead
+
+log = logging.getLogger("splitkeeper.sources.files")
+
+_RANGE_SUFFIX = re.compile(r"#(\d+)-(\d+)$")
+_VERSION_SUFFIX = re.compile(r"#v[0-9a-f]{12}$")
+_SAMPLE_BYTES = 64 * 1024
+_BOM = codecs.BOM_UTF8
+#: The identity of a split whose file could not be examined at discovery (see the module doc).
+UNREADABLE = "unreadable"
+
+
+def relative_path_of(split_id: str) -> str:
+    """The file path (relative to the source root) of a file split id (without range or version)."""
+    match = _RANGE_SUFFIX.search(split_id)
+    rest = split_id[: match.start()] if match else split_id
+    version = _VERSION_SUFFIX.search(rest)
+    return rest[: version.start()] if version else rest
+
+
+def _suffix_of(split_id: str) -> str:
+    """The ``#a-b`` range suffix of a split id ("" for a whole file)."""
+    match = _RANGE_SUFFIX.search(split_id)
+    return match.group(0) if match else ""
+
+
+def _reserved(name: str) -> bool:
+    return _RANGE_SUFFIX.search(name) is not None or _VERSION_SUFFIX.search(name) is not None
+
+
+@dataclass(frozen=True, slots=True)
+class FileIdentity:
+    """A file's identity as a split carries it: ``f1:<size>:<mtime_ns>:<ctime_ns>:<digest>`` (module doc)."""
+
+    size: int
+    mtime_ns: int
+    ctime_ns: int
+    digest: str
+
+    def __str__(self) -> str:
+        return f"f1:{self.size}:{self.mtime_ns}:{self.ctime_ns}:{self.digest}"
+
+    @classmethod
+    def parse(cls, text: str) -> FileIdentity | None:
+        """The identity of ``text``; None for "" or ``unreadable`` (nothing to compare)."""
+        parts = text.split(":")
+        if len(parts) != 5 or parts[0] != "f1":
+            return None
+        try:
+            return cls(int(parts[1]), int(parts[2]), int(parts[3]), parts[4])
+        except ValueError:
+            return None
+
+    def same_stat(self, st: FileStat) -> bool:
+        """Size, mtime and ctime as at discovery: the file was not written nor replaced since."""
+        return (self.size, self.mtime_ns, self.ctime_ns) == st
+
+    @property
+    def version(self) -> str:
+        """The ``#v<12 hex>`` suffix of the ids of a new version with this identity."""
+        return "#v" + hashlib.sha256(str(self).encode()).hexdigest()[:12]
+
+
+class FileStat(NamedTuple):
+    """What a ``stat`` says of a file, for its identity."""
+
+    size: int
+    mtime_ns: int
+    ctime_ns: int
+
+    @classmethod
+    def of(cls, st: os.stat_result) -> FileStat:
+        return cls(st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def sample_digest(f: IO[bytes], size: int) -> str:
+    """SHA-256 (24 hex) of the first 64 KiB of ``f`` and its last 64 KiB up to byte ``size``."""
+    digest = hashlib.sha256()
+    f.seek(0)
+    head = f.read(min(size, _SAMPLE_BYTES))
+    digest.update(head)
+    tail_start = max(len(head), size - _SAMPLE_BYTES)
+    if tail_start < size:
+        f.seek(tail_start)
+        digest.update(f.read(size - tail_start))
+    digest.update(str(size).encode())
+    return digest.hexdigest()[:24]
+
+
+def _skipped(name: str) -> bool:
+    return name.startswith((".", "_"))
+
+
+def _range_start(split_id: str) -> int:
+    match = _RANGE_SUFFIX.search(split_id)
+    return int(match.group(1)) if match else 0
+
+
+@dataclass(frozen=True, slots=True)
+class _Scan:
+    """One listing of the source: regular non-empty files (rel -> their stat) and entries
+    that could not be examined (rel -> why)."""
+
+    files: dict[str, FileStat]
+    bad: dict[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class _Known:
+    """A split the enumerator knows, for :meth:`FileSource.check_splits` (``split`` None: finished)."""
+
+    split_id: str
+    identity: str
+    split: Split | None
+
+
+def _line_start_at_or_after(f: IO[bytes], offset: int) -> int:
+    """The offset of the first line that starts at or after ``offset`` (``offset > 0``); EOF if none."""
+    f.seek(offset - 1)
+    return offset - 1 + len(f.readline())
+
+
+@dataclass(frozen=True, slots=True)
+class FileRegionReader(RegionReader, SupportsColumnarRead):
+    """Reads ranges of file splits on an executor. Picklable, stateless.
+
+    ``root`` is the directory split ids are relative to; it must be visible
+    under the same path on every executor (local disk on one machine, a shared
+    mount on a cluster).
+    """
+
+    root: str
+    format: FileFormat = FileFormat.LINES
+
+    def path_of(self, split: Split) -> str:
+        return os.path.join(self.root, *relative_path_of(split.split_id).split("/"))
+
+    def read_range(self, split: Split, start: int, end: int) -> Iterator[SourceRecord]:
+        """Yield the lines of ``split`` that start in ``[start, end)`` (see the module doc).
+
+        Opens the file on the call: a missing file, a file shorter than the
+        split, or a range outside ``[0, split.end]`` raise SourceError here; a
+        line that is not UTF-8 (or, for jsonl, not JSON) raises while iterating.
+        The records are those of :meth:`read_range_columns`, one by one.
+        """
+        f, path = self._open(split, start, end)
+        return self._records(f, path, split.split_id, start, end)
+
+    def _records(
+        self, f: IO[bytes], path: str, split_id: str, start: int, end: int
+    ) -> Iterator[SourceRecord]:
+        yield from _read_columns(f, path, split_id, start, end, self.format).records()
+
+    def read_range_columns(self, split: Split, start: int, end: int) -> RangeColumns:
+        """The lines of ``split`` that start in ``[start, end)`` as Arrow columns, read natively.
+
+        The same records and errors as :meth:`read_range` (every error raises
+        on the call); see :func:`_read_columns` for how.
+        """
+        f, path = self._open(split, start, end)
+        return _read_columns(f, path, split.split_id, start, end, self.format)
+
+    def _open(self, split: Split, start: int, end: int) -> tuple[IO[bytes], str]:
+        """The split's file, open, after checking the range and the file size; SourceError if not."""
+        if not 0 <= start <= end or (split.end is not None and end > split.end):
+            raise SourceError(
+                f"split {split.split_id!r}: range [{start}, {end}) is not allowed: "
+                f"0 <= start <= end <= split end {split.end}",
+                split_id=split.split_id,
+                start=start,
+                end=end,
+            )
+        path = self.path_of(split)
+        try:
+            f = open(path, "rb")  # noqa: SIM115 - closed by _read_columns
+        except FileNotFoundError as err:
+            raise SourceError(
+                f"split {split.split_id!r}: file {path} does not exist any more (deleted or moved after "
+                "discovery); restore it, or let the split be dropped with its subscription",
+                split_id=split.split_id,
+                path=path,
+            ) from err
+        except OSError as err:
+            raise SourceError(
+                f"split {split.split_id!r}: file {path} cannot be opened: {err}",
+                split_id=split.split_id,
+                path=path,
+            ) from err
+        st = FileStat.of(os.fstat(f.fileno()))
+        size = st.size
+        if split.end is not None and size < split.end:
+            f.close()
+            raise SourceError(
+                f"split {split.split_id!r}: file {path} has {size} bytes but the split ends at {split.end}: "
+                "the file was truncated or replaced after discovery (files must not change once visible)",
+                split_id=split.split_id,
+                path=path,
+            )
+        known = FileIdentity.parse(split.identity)
+        # Changed since the plan: only growth past the identity's bytes may be read around.
+        if (
+            known is not None
+            and not known.same_stat(st)
+            and (size < known.size or sample_digest(f, known.size) != known.digest)
+        ):
+            f.close()
+            raise SourceError(
+                f"split {split.split_id!r}: file {path} changed after the range was planned "
+                f"({known.size} -> {size} bytes, its first and last bytes differ): nothing of it is read; "
+                "the next plan applies source.on_file_change",
+                split_id=split.split_id,
+                path=path,
+            )
+        return f, path
+
+
+_EMPTY = RangeColumns(pa.array([], pa.int64()), pa.array([], pa.int64()), pa.array([], pa.string()))
+#: Every character ``str.isspace`` accepts: a jsonl line of only these is blank (``not line.strip()``).
+_BLANK_LINE = "^[" + "".join(f"\\x{{{c:x}}}" for c in range(0x110000) if chr(c).isspace()) + "]*$"
+
+
+def _read_columns(
+    f: IO[bytes], path: str, split_id: str, start: int, end: int, fmt: FileFormat
+) -> RangeColumns:
+    """The lines starting in ``[start, end)`` of the open file ``f`` (closed here), as columns.
+
+    1. The range's bytes are read in one call (plus the rest of the last line,
+       which may run past ``end``), from the first line start at or after
+       ``start`` (Hadoop's rule, as the module doc says).
+    2. Line boundaries are the positions of ``\\n`` bytes, found by numpy; the
+       offsets are the line starts, each ``next_offset`` the next line start
+       (the byte after the data for a last line without a newline).
+    3. The values are the line bytes without the newline, a trailing ``\\r``
+       and a BOM at offset 0, gathered into one buffer by a numpy mask; the
+       string array is built on that buffer and validated as UTF-8 by Arrow
+       (skipped for ASCII data).
+    4. jsonl: blank lines are found by one regex over the column; the other
+       values are checked by :func:`json.loads` (Python's JSON rules, one C
+       call per record); blank lines' bytes join the next record (or the last).
+    5. On a bad line the range is walked line by line (:func:`_first_error`)
+       to raise exactly the error of the first bad line.
+    """
+    with f:
+        if start >= end:
+            return _EMPTY
+        pos = 0 if start == 0 else _line_start_at_or_after(f, start)
+        if pos >= end:
+            return _EMPTY
+        f.seek(pos)
+        data = f.read(end - pos)
+        if data and data[-1:] != b"\n":
+            data += f.readline()  # the last line starting before end runs to its newline (or EOF)
+    if not data:
+        return _EMPTY
+    buf = np.frombuffer(data, np.uint8)
+    newlines = np.flatnonzero(buf == 0x0A)
+    starts = np.empty(len(newlines) + 1, np.int64)
+    starts[0] = 0
+    starts[1:] = newlines + 1
+    if data[-1:] == b"\n":
+        starts = starts[:-1]
+        ends = newlines
+    else:
+        ends = np.append(newlines, len(data))
+    nexts = np.append(starts[1:], len(data))
+    keep = np.ones(len(data), np.bool_)
+    keep[newlines] = False
+    if b"\r" in data:  # a line ending in \r (before its \n, or at EOF) loses it
+        crlf = (ends > starts) & (buf[np.maximum(ends - 1, 0)] == 0x0D)
+        keep[ends[crlf] - 1] = False
+        ends = ends - crlf
+    value_starts = starts
+    if pos == 0 and ends[0] >= 3 and data[:3] == _BOM:
+        keep[:3] = False
+        value_starts = starts.copy()
+        value_starts[0] = 3
+    lengths = ends - value_starts
+    value_offsets = np.zeros(len(starts) + 1, np.int64)
+    np.cumsum(lengths, out=value_offsets[1:])
+    body = buf[keep] if not keep.all() else buf
+    kind = pa.string() if len(body) < 2**31 else pa.large_string()
+    offsets_type = np.int32 if kind == pa.string() else np.int64
+    values = pa.Array.from_buffers(
+        kind,
+        len(starts),
+        [None, pa.py_buffer(value_offsets.astype(offsets_type)), pa.py_buffer(body)],
+    )
+    record_offsets = starts + pos
+    record_nexts = nexts + pos
+    if not data.isascii():
+        try:
+            values.validate(full=True)
+        except pa.ArrowInvalid:
+            _first_error(data, starts, pos, path, split_id, fmt)
+            raise  # pragma: no cover - _first_error raises for invalid UTF-8
+    if fmt is not FileFormat.JSONL:
+        return RangeColumns(pa.array(record_offsets), pa.array(record_nexts), values)
+    blank = np.asarray(pc.match_substring_regex(values, _BLANK_LINE).to_numpy(zero_copy_only=False), np.bool_)
+    kept = np.flatnonzero(~blank)
+    if len(kept) == 0:
+        return _EMPTY
+    kept_values = values.take(pa.array(kept))
+    loads = json.loads
+    try:
+        for text in kept_values.to_pylist():
+            loads(text)
+    except ValueError:
+        _first_error(data, starts, pos, path, split_id, fmt)
+        raise  # pragma: no cover - _first_error raises for invalid JSON
+    kept_offsets = np.empty(len(kept), np.int64)
+    kept_offsets[0] = record_offsets[0]
+    kept_offsets[1:] = record_nexts[kept[:-1]]
+    kept_nexts = record_nexts[kept]
+    kept_nexts[-1] = record_nexts[-1]
+    return RangeColumns(pa.array(kept_offsets), pa.array(kept_nexts), kept_values)
+
+
+def _first_error(
+    data: bytes,
+    starts: np.ndarray[Any, np.dtype[np.int64]],
+    pos: int,
+    path: str,
+    split_id: str,
+    fmt: FileFormat,
+) -> None:
+    """Raise the error of the first bad line of ``data`` (its lines start at ``starts``, byte ``pos`` on)."""
+    bounds = [*starts.tolist(), len(data)]
+    for a, b in zip(bounds, bounds[1:], strict=False):
+        raw = data[a:b]
+        if raw[-1:] == b"\n":
+            raw = raw[:-1]
+        value = _decode(raw, pos + a, path, split_id)
+        if fmt is FileFormat.JSONL and value.strip():
+            try:
+                json.loads(value)
+            except ValueError as err:
+                raise SourceError(
+                    f"split {split_id!r}: {path} line at byte {pos + a} is not valid JSON ({err}); "
+                    "fix the file or use source.format 'lines'",
+                    split_id=split_id,
+                    offset=pos + a,
+                ) from err
+
+
+def _decode(raw: bytes, pos: int, path: str, split_id: str) -> str:
+    """A line's bytes (without its newline) as text: no trailing CR, no BOM at offset 0."""
+    if raw[-1:] == b"\r":
+        raw = raw[:-1]
+    skipped = 0
+    if pos == 0 and raw[:3] == _BOM:
+        raw, skipped = raw[3:], 3
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise SourceError(
+            f"split {split_id!r}: {path} line at byte {pos} is not valid UTF-8 ({err.reason} at byte "
+            f"{pos + skipped + err.start}); fix or remove the file",
+            split_id=split_id,
+            offset=pos,
+        ) from err
+
+
+class FileSource(SourceConnector, SupportsSplitReassignmentOnRecovery, SupportsSplitIdentityCheck):
+    """Driver side of the file source (see the module doc for splits, positions and identity).
+
+    ``path`` is a directory (scanned recursively) or a single file; it is the
+    subscription of every split. Regions keep no split state of their own, so
+    the source opts into deferred assignment (FLIP-537): on restore the
+    enumerator places every split. Created once per driver run; keeps, for the
+    life of the process, the split layout of each file it has seen, first
+    learned from the known splits (:meth:`check_splits`), else cut at discovery.
+    A change of a known file is found by :meth:`check_splits` and decided by the
+    core (``source.on_file_change``); discovery keeps the known layout.
+    """
+
+    def __init__(
+        self, path: str | os.PathLike[str], format: FileFormat | str = FileFormat.LINES, split_bytes: int = 0
+    ) -> None:
+        if isinstance(split_bytes, bool) or not isinstance(split_bytes, int) or split_bytes < 0:
+            raise InvalidParameterError(
+                "split_bytes", split_bytes, "an integer >= 0 (0 = one split per file)"
+            )
+        try:
+            self._format = FileFormat(format)
+        except ValueError as err:
+            raise InvalidParameterError(
+                "format", format, "one of " + ", ".join(f.value for f in FileFormat)
+            ) from err
+        self._path = os.path.abspath(os.fspath(path))
+        self._split_bytes = split_bytes
+        self._layouts: dict[str, tuple[Split, ...]] = {}  # rel -> its splits (the first layout seen)
+        self._line_bytes: dict[str, float] = {}
+        self._removed: tuple[str, ...] = ()
+        self._warned_names: set[str] = set()
+        self._scanned: _Scan | None = None  # check_splits' scan, for the discovery right after it
+
+    @classmethod
+    def from_config(cls, source: SourceConfig) -> FileSource:
+        if source.kind is not SourceKind.FILES or source.path is None:
+            raise InvalidParameterError(
+                "source.kind", source.kind.value, "'files' with a path for a FileSource"
+            )
+        return cls(source.path, source.format, source.split_bytes)
+
+    @property
+    def path(self) -> str:
+        return self._path
+
+    @property
+    def name(self) -> str:
+        return f"files:{self._path}"
+
+    @property
+    def bounded(self) -> bool:
+        return True
+
+    @property
+    def removed_paths(self) -> tuple[str, ...]:
+        """Absolute paths of files seen by the previous discovery and gone at the last one."""
+        return self._removed
+
+    def _root(self) -> str:
+        return os.path.dirname(self._path) if os.path.isfile(self._path) else self._path
+
+    def _abs(self, rel: str) -> str:
+        return os.path.join(self._root(), *rel.split("/"))
+
+    def _missing_root(self) -> SourceError:
+        return SourceError(
+            f"source.path {self._path} does not exist: create the directory (files are picked up as they "
+            "appear) or fix source.path in the pipeline config",
+            path=self._path,
+        )
+
+    def subscriptions(self) -> frozenset[str]:
+        if not os.path.exists(self._path):
+            raise self._missing_root()
+        return frozenset({self._path})
+
+    def discover_splits(self) -> list[Split]:
+        """All splits of the files present now, by path then position, each at its initial position.
+
+        Files gone since the previous call are logged (warning, naming the path)
+        and listed in :attr:`removed_paths`. A file that cannot be examined is
+        one ``unreadable`` split (see the module doc).
+        """
+        scan, self._scanned = self._scanned or self._scan(), None
+        splits: list[Split] = []
+        for rel, st in scan.files.items():
+            splits.extend(self._layout(rel, st))
+        for rel, error in scan.bad.items():
+            known = self._layouts.get(rel)
+            if known is not None:
+                splits.extend(known)  # known before: its reader fails and names the error
+                continue
+            log.warning(
+                "input file %s cannot be examined (%s); its reads fail until it can", self._abs(rel), error
+            )
+            splits.append(Split(rel, subscription=self._path, position=0, end=1, identity=UNREADABLE))
+        present = scan.files.keys() | scan.bad.keys()
+        removed = sorted(set(self._layouts) - present)
+        for rel in removed:
+            ids = [s.split_id for s in self._layouts.pop(rel)]
+            self._line_bytes.pop(rel, None)
+            log.warning(
+                "input file %s was removed from source %s; its splits %s can no longer be read",
+                self._abs(rel),
+                self._path,
+                ids,
+            )
+        self._removed = tuple(self._abs(rel) for rel in removed)
+        return sorted(splits, key=lambda s: (relative_path_of(s.split_id), s.position))
+
+    def _scan(self) -> _Scan:
+        if os.path.isfile(self._path):
+            st = os.stat(self._path)
+            name = os.path.basename(self._path)
+            return _Scan({name: FileStat.of(st)} if st.st_size > 0 else {}, {})
+        if not os.path.isdir(self._path):
+            raise self._missing_root()
+        found: dict[str, FileStat] = {}
+        bad: dict[str, str] = {}
+
+        def fail(err: OSError) -> None:
+            raise SourceError(
+                f"source.path {self._path}: cannot list {err.filename}: {err.strerror}"
+            ) from err
+
+        for dirpath, dirnames, filenames in os.walk(self._path, onerror=fail):
+            dirnames[:] = sorted(d for d in dirnames if not _skipped(d))
+            rel_dir = os.path.relpath(dirpath, self._path)
+            for name in sorted(filenames):
+                if _skipped(name):
+                    continue
+                rel = name if rel_dir == "." else f"{rel_dir.replace(os.sep, '/')}/{name}"
+                if _reserved(name):
+                    self._warn_once(rel, "a name ending in '#<a>-<b>' or '#v<12 hex>' is reserved")
+                    continue
+                full = os.path.join(dirpath, name)
+                try:
+                    st = os.stat(full)  # follows a symlink: a loop or a dangling one raises
+                except FileNotFoundError:
+                    if not os.path.islink(full):
+                        continue  # removed while listing: the next discovery reports it
+                    bad[rel] = "a symbolic link to a path that does not exist"
+                    continue
+                except OSError as err:
+                    bad[rel] = err.strerror or str(err)
+                    continue
+                if not stat.S_ISREG(st.st_mode):
+                    self._warn_once(rel, "not a regular file (a FIFO, socket or device is never opened)")
+                    continue
+                if st.st_size > 0:
+                    found[rel] = FileStat.of(st)
+        return _Scan(found, bad)
+
+    def _warn_once(self, rel: str, why: str) -> None:
+        if rel not in self._warned_names:
+            self._warned_names.add(rel)
+            log.warning("skipping input file %s: %s", rel, why)
+
+    def _identity(self, rel: str, st: FileStat) -> FileIdentity | None:
+        """The identity of the file at ``rel`` with stat ``st``; None if it cannot be read."""
+        try:
+            with open(self._abs(rel), "rb") as f:
+                return FileIdentity(*st, sample_digest(f, st.size))
+        except OSError:
+            return None
+
+    def _layout(self, rel: str, st: FileStat) -> tuple[Split, ...]:
+        known = self._layouts.get(rel)
+        if known is not None:
+            return known  # a change is check_splits' to report and the core's to decide
+        identity = self._identity(rel, st)
+        if identity is None:
+            return ()  # unreadable between the listing and now: the next discovery sees it
+        splits = self._cut(rel, st.size, str(identity))
+        self._layouts[rel] = splits
+        return splits
+
+    def _cut(self, rel: str, size: int, identity: str, base: str | None = None) -> tuple[Split, ...]:
+        """The splits of the file at ``rel`` (``size`` bytes), ids ``base`` (default ``rel``) + range."""
+        base = rel if base is None else base
+        bounds = [0]
+        if 0 < self._split_bytes < size:
+            with open(self._abs(rel), "rb") as f:
+                nominal = self._split_bytes
+                while nominal < size:
+                    cut = _line_start_at_or_after(f, nominal)
+                    if cut >= size:
+                        break
+                    if cut > bounds[-1]:
+                        bounds.append(cut)
+                    nominal += self._split_bytes
+        bounds.append(size)
+        if len(bounds) == 2:
+            return (Split(base, subscription=self._path, position=0, end=size, identity=identity),)
+        return tuple(
+            Split(f"{base}#{a}-{b}", subscription=self._path, position=a, end=b, identity=identity)
+            for a, b in zip(bounds, bounds[1:], strict=False)
+        )
+
+    # -- identity check (protocol rule 1.9) ------------------------------------------------------
+
+    def check_splits(self, live: Sequence[Split], finished: Mapping[str, str]) -> list[SplitChange]:
+        """The known splits whose file grew, changed or moved (see the module doc); learns their layout.
+
+        Reads the first and last 64 KiB of a file only when its size or mtime differ from
+        a known identity (and of a same-size file at another path when a known one is
+        gone). Unreadable files are not reported: their reads fail.
+        """
+        scan = self._scan()
+        self._scanned = scan
+        known: dict[str, list[_Known]] = {}
+        for split in live:
+            known.setdefault(relative_path_of(split.split_id), []).append(
+                _Known(split.split_id, split.identity, split)
+            )
+        for sid, identity in finished.items():
+            known.setdefault(relative_path_of(sid), []).append(_Known(sid, identity, None))
+        changes: list[SplitChange] = []
+        for rel in sorted(known):
+            if rel in scan.bad:
+                continue
+            entries = sorted(known[rel], key=lambda k: _range_start(k.split_id))
+            if rel not in scan.files:
+                changes.extend(self._moved(rel, entries, scan, known))
+                continue
+            changes.extend(self._compare(rel, scan.files[rel], entries))
+        return sorted(changes, key=lambda c: c.split_id)
+
+    def _compare(self, rel: str, st: FileStat, entries: list[_Known]) -> list[SplitChange]:
+        path = self._abs(rel)
+        size = st.size
+        now: FileIdentity | None = None
+        changes: list[SplitChange] = []
+        by_identity: dict[str, list[_Known]] = {}
+        for entry in entries:
+            by_identity.setdefault(entry.identity, []).append(entry)
+        for identity, group in by_identity.items():
+            old = FileIdentity.parse(identity)
+            if old is not None and old.same_stat(st):
+                self._learn(rel, group, old)
+                continue
+            now = now or self._identity(rel, st)
+            if now is None:
+                continue  # cannot be read now: its reads fail and name the error
+            if old is None:
+                if identity == UNREADABLE:
+                    fresh = self._cut(rel, size, str(now))
+                    changes += [
+                        SplitChange(
+                            e.split_id,
+                            SplitChangeKind.CHANGED,
+                            str(now),
+                            f"file {path} can be read now ({size} bytes)",
+                            start=_range_start(e.split_id),
+                            replacement=fresh,
+                        )
+                        for e in group
+                    ]
+                else:  # no identity: state of an older version, taken as it is
+                    changes += [
+                        SplitChange(e.split_id, SplitChangeKind.IDENTIFIED, str(now), "") for e in group
+                    ]
+                continue
+            same_prefix = size >= old.size and self._prefix_digest(rel, old.size) == old.digest
+            if (
+                same_prefix
+                and size == old.size
+                and (size <= 2 * _SAMPLE_BYTES or st.mtime_ns == old.mtime_ns)
+            ):
+                # every byte was sampled, or only its ctime changed (chmod, rename): the same data
+                changes += [SplitChange(e.split_id, SplitChangeKind.IDENTIFIED, str(now), "") for e in group]
+                continue
+            self._learn(rel, group, old)  # discovery keeps the known ids; the core decides the rest
+            last = max(_range_start(e.split_id) for e in group)
+            if same_prefix and size > old.size:
+                replacement = self._cut(rel, size, str(now), rel + now.version)
+                for e in group:
+                    end = self._known_end(e, old, last)
+                    grows = end == old.size
+                    changes.append(
+                        SplitChange(
+                            e.split_id,
+                            SplitChangeKind.GREW,
+                            str(now),
+                            f"file {path} grew from {old.size} to {size} bytes, the old ones unchanged",
+                            start=end,
+                            end=size if grows else end,
+                            replacement=replacement,
+                        )
+                    )
+                continue
+            what = (
+                f"was truncated from {old.size} to {size} bytes"
+                if size < old.size
+                else f"was rewritten ({old.size} -> {size} bytes, its first and last bytes differ)"
+                if size > old.size or not same_prefix
+                else f"was modified in place ({size} bytes, mtime changed)"
+            )
+            replacement = self._cut(rel, size, str(now), rel + now.version)
+            changes += [
+                SplitChange(
+                    e.split_id,
+                    SplitChangeKind.CHANGED,
+                    str(now),
+                    f"file {path} {what} after split {e.split_id} was discovered",
+                    start=_range_start(e.split_id),
+                    end=size,
+                    replacement=replacement,
+                )
+                for e in group
+            ]
+        return changes
+
+    def _known_end(self, entry: _Known, old: FileIdentity, last_start: int) -> int:
+        """Where a known split of a file with identity ``old`` ends (a finished one: from its id)."""
+        if entry.split is not None and entry.split.end is not None:
+            return entry.split.end
+        match = _RANGE_SUFFIX.search(entry.split_id)
+        if match is None or int(match.group(1)) == last_start:
+            return old.size  # the whole file, or its last range (which may have grown since its id)
+        return int(match.group(2))
+
+    def _learn(self, rel: str, group: list[_Known], identity: FileIdentity) -> None:
+        """Take the known splits of an unchanged file as its layout, when this process has none."""
+        if rel in self._layouts:
+            return
+        last = max(_range_start(e.split_id) for e in group)
+        splits = tuple(
+            Split(
+                e.split_id,
+                subscription=self._path,
+                position=_range_start(e.split_id),
+                end=self._known_end(e, identity, last),
+                identity=str(identity),
+            )
+            for e in group
+        )
+        self._layouts[rel] = splits
+
+    def _prefix_digest(self, rel: str, size: int) -> str | None:
+        try:
+            with open(self._abs(rel), "rb") as f:
+                return sample_digest(f, size)
+        except OSError:
+            return None
+
+    def _moved(
+        self, rel: str, entries: list[_Known], scan: _Scan, known: Mapping[str, list[_Known]]
+    ) -> list[SplitChange]:
+        """MOVED changes for the splits of a file gone from ``rel`` whose data is at a path no split has."""
+        changes: list[SplitChange] = []
+        for identity in sorted({e.identity for e in entries}):
+            old = FileIdentity.parse(identity)
+            if old is None:
+                continue
+            candidates = [
+                r for r, st in scan.files.items() if st.size == old.size and r not in known and r != rel
+            ]
+            candidates.sort(
+                key=lambda r: (scan.files[r].mtime_ns != old.mtime_ns, r)
+            )  # same mtime first (mv)
+            target = next((r for r in candidates if self._prefix_digest(r, old.size) == old.digest), None)
+            if target is None:
+                continue
+            group = [e for e in entries if e.identity == identity]
+            last = max(_range_start(e.split_id) for e in group)
+            now = FileIdentity(*scan.files[target], old.digest)
+            moved = tuple(
+                Split(
+                    target + _suffix_of(e.split_id),
+                    subscription=self._path,
+                    position=_range_start(e.split_id),
+                    end=self._known_end(e, old, last),
+                    identity=str(now),
+                )
+                for e in group
+            )
+            self._layouts[target] = moved
+            log.info(
+                "input file %s was moved to %s: its splits keep their progress",
+                self._abs(rel),
+                self._abs(target),
+            )
+            changes += [
+                SplitChange(
+                    e.split_id,
+                    SplitChangeKind.MOVED,
+                    str(now),
+                    f"file {self._abs(rel)} was moved to {self._abs(target)} (same size and content digest)",
+                    start=_range_start(e.split_id),
+                    end=m.end,
+                    moved_to=m.split_id,
+                )
+                for e, m in zip(group, moved, strict=True)
+            ]
+        return changes
+
+    def available_end(self, split: Split) -> int:
+        if split.end is None:
+            raise SourceError(
+                f"split {split.split_id!r} has no end: file splits are bounded", split_id=split.split_id
+            )
+        return split.end
+
+    def plan_end(self, split: Split, start: int, max_records: int) -> int:
+        """A line start about ``max_records`` lines after ``start`` (at least one line), within the split.
+
+        The line count is estimated from the mean line length of the file's
+        first 64 KiB; the end is then snapped to the next line start, so the
+        planned range ends exactly where its last line ends. A file that cannot
+        be opened now gets the rest of its split: its read fails (SourceError).
+        """
+        limit = self.available_end(split)
+        if start >= limit:
+            return max(start, limit)
+        if max_records < 1:
+            raise InvalidParameterError("max_records", max_records, "an integer >= 1")
+        path = FileRegionReader(self._root(), self._format).path_of(split)
+        rel = relative_path_of(split.split_id)
+        try:
+            with open(path, "rb") as f:
+                if rel not in self._line_bytes:
+                    sample = f.read(_SAMPLE_BYTES)
+                    self._line_bytes[rel] = len(sample) / max(1, sample.count(b"\n"))
+                guess = start + max(1, int(max_records * self._line_bytes[rel]))
+                return limit if guess >= limit else min(limit, _line_start_at_or_after(f, guess))
+        except FileNotFoundError as err:
+            raise SourceError(
+                f"split {split.split_id!r}: file {path} does not exist any more (deleted after discovery)",
+                split_id=split.split_id,
+                path=path,
+            ) from err
+        except OSError as err:  # unreadable (permission denied, ...): a failed read of the split
+            raise SourceError(
+                f"split {split.split_id!r}: file {path} cannot be read: {err.strerror or err}",
+                split_id=split.split_id,
+                path=path,
+            ) from err
+
+    def reader(self) -> FileRegionReader:
+        return FileRegionReader(self._root(), self._format)
+
+    def fingerprint(self) -> str:
+        identity = {
+            "kind": "files",
+            "path": self._path,
+            "format": self._format.value,
+            "split_bytes": self._split_bytes,
+        }
+        return "files-" + hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]

@@ -1,0 +1,1099 @@
+"""The Kafka source: topic-partitions as unbounded splits, offsets as positions.
+
+Splits. Every partition of a subscribed topic is one unbounded split with id
+``<topic>-<partition>`` (Kafka's ``TopicPartition.toString()`` form, the one
+the core ``legacy-hash`` strategy parses) and ``subscription = <topic>``. The
+subscription is an explicit topic list (every topic must exist) or a regular
+expression matched against whole topic names (internal ``__*`` topics never
+match). Discovery runs every epoch, so partitions and topics created while the
+pipeline runs are picked up.
+
+Start positions. The splits of the *initial* discovery (the first one of a
+pipeline that has no checkpoint yet) start where ``source.starting`` says:
+``earliest`` (log start offset), ``latest`` (end offset), ``timestamp:<ms>``
+(first offset with a timestamp >= ms, else the end offset) or ``group`` (the
+consumer group's committed offset, else earliest, logged). Splits discovered
+*later* (a new partition, a new topic matching the pattern, or any split not in
+the restored checkpoint) start at the earliest offset, as Flink's Kafka source
+does (FLIP-288): records written between the partition's creation and its
+discovery are not skipped. The runtime calls
+:meth:`KafkaSource.mark_initial_discovery_finished` after restoring a
+checkpoint.
+
+Backlog (protocol section 4). A new split carries ``backlog_end`` = the partition's end
+offset when it was discovered, unless it starts there already (an empty
+partition, or ``latest``): such a split is not in backlog.
+
+End offsets. "The end" is the last stable offset under ``read_committed``
+(equal to the high watermark when no transaction is open): what a reader can
+actually reach. :meth:`KafkaSource.available_end` asks the broker once per
+discovery round for every known partition (one ListOffsets request) and
+answers from that cache until the next :meth:`~KafkaSource.discover_splits`.
+
+Records. :class:`KafkaRegionReader` yields ``SourceRecord(offset, next_offset,
+value, meta)`` with the message's true Kafka offset and its value decoded as UTF-8
+(invalid bytes replaced; a null value, a tombstone, becomes ``""``); ``meta`` carries
+the key (bytes), topic, partition, timestamp and headers, which the sink keeps in
+its ``key``, ``topic``, ``partition``, ``timestamp`` and ``headers`` columns.
+``next_offset`` is the consumer position after the record: ``offset + 1`` in a
+dense log; where the log has gaps (compacted records, transaction markers,
+aborted transactional records) the gap after a record belongs to it, up to the
+range end. A range therefore chains contiguously from its first record to its
+planned end; only a gap at the very start of a range (a plan that ended inside
+a gap) shows as ``first.offset > start``.
+
+Retention (``source.on_offset_out_of_range``). Records below the partition's
+log start offset are gone. The *driver* decides, before an epoch plan is
+persisted, with :meth:`KafkaSource.check_retention`: ``fail`` raises
+SourceError; ``skip`` moves the range start to the log start offset and
+returns a :class:`LostRange` per affected split for the runtime to record. The
+*reader* never skips: a planned range that aged out after planning raises
+SourceError (the region declines; the next epoch's plan is checked again).
+Nothing is ever lost silently.
+
+External positions (protocol section 3). With ``source.group_id`` set, the positions of
+acknowledged regions are committed as the group's offsets with the checkpoint
+id in the offset metadata, so ``kafka-consumer-groups --describe`` shows the
+true lag; they are read back only to report disagreements on restore.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from splitkeeper.config.settings import OffsetOutOfRange, SourceConfig, SourceKind, StartingMode
+from splitkeeper.core.source import (
+    ExternallyCheckpointedSource,
+    ExternalPosition,
+    LostRange,
+    PlannedRange,
+    RecordMeta,
+    RegionReader,
+    RetentionCheck,
+    SourceConnector,
+    SourceRecord,
+    SupportsInitialDiscovery,
+    SupportsRetentionCheck,
+    SupportsSplitReassignmentOnRecovery,
+)
+from splitkeeper.core.types import Split
+from splitkeeper.delta.tables import META_COLUMNS, STAGED_FILE_SCHEMA
+from splitkeeper.errors import EnvironmentNotReadyError, InvalidParameterError, SourceError
+from splitkeeper.spark.columnar import RangeColumns, SupportsColumnarRead
+
+# LostRange, RetentionCheck and SupportsRetentionCheck live in .base; importable from here too.
+__all__ = [
+    "COMMIT_METADATA_KEY",
+    "KafkaRegionReader",
+    "KafkaSource",
+    "LostRange",
+    "RetentionCheck",
+    "SupportsRetentionCheck",
+    "parse_split_id",
+    "split_id_of",
+]
+
+try:
+    from confluent_kafka import (
+        OFFSET_INVALID,
+        TIMESTAMP_NOT_AVAILABLE,
+        Consumer,
+        ConsumerGroupTopicPartitions,
+        IsolationLevel,
+        KafkaError,
+        KafkaException,
+        TopicPartition,
+    )
+    from confluent_kafka.admin import AdminClient, OffsetSpec
+except ImportError as err:  # pragma: no cover - the lock file installs it
+    raise EnvironmentNotReadyError(
+        f"the Kafka source needs confluent-kafka ({err}); run `bash scripts/setup.sh python`",
+        module="confluent_kafka",
+    ) from err
+
+log = logging.getLogger("splitkeeper.sources.kafka")
+_client_log = logging.getLogger("splitkeeper.sources.kafka.librdkafka")
+
+#: Key of the offset-commit metadata that carries the checkpoint id (protocol section 3).
+COMMIT_METADATA_KEY = "splitkeeper_checkpoint_id"
+DEFAULT_TIMEOUT_S = 10.0
+DEFAULT_READ_TIMEOUT_S = 30.0
+_READER_GROUP = "splitkeeper-region-reader"  # librdkafka wants a group.id; readers never join or commit
+_PARTITION_GONE_CODES = frozenset(
+    {
+        KafkaError.UNKNOWN_TOPIC_OR_PART,
+        KafkaError._UNKNOWN_PARTITION,
+        KafkaError._UNKNOWN_TOPIC,
+        KafkaError.TOPIC_AUTHORIZATION_FAILED,
+    }
+)
+_TRANSIENT_CODES = frozenset(
+    {
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.REPLICA_NOT_AVAILABLE,
+        KafkaError.UNKNOWN_TOPIC_OR_PART,
+        KafkaError.OFFSET_NOT_AVAILABLE,
+        KafkaError.UNKNOWN_LEADER_EPOCH,
+        KafkaError.FENCED_LEADER_EPOCH,
+        KafkaError.KAFKA_STORAGE_ERROR,
+        KafkaError._UNKNOWN_PARTITION,
+    }
+)
+_SPLIT_ID = re.compile(r"^(.+)-(\d+)$")
+_META_TYPES = tuple(STAGED_FILE_SCHEMA.field(name).type for name in META_COLUMNS)
+_TIMESTAMP_MS = pa.timestamp("ms", tz="UTC")
+_EMPTY_COLUMNS = RangeColumns(pa.array([], pa.int64()), pa.array([], pa.int64()), pa.array([], pa.string()))
+_POLL_S = 0.2
+# One admin request waits at most this long before it is sent again on a fresh client (within
+# timeout_s in all): a client can stay wedged after a broker restart (see _retry_unreachable).
+_ATTEMPT_S = 10.0
+_UNREACHABLE_CODES = frozenset(
+    {
+        KafkaError._TRANSPORT,
+        KafkaError._TIMED_OUT,
+        KafkaError._ALL_BROKERS_DOWN,
+        KafkaError._RESOLVE,
+        KafkaError.REQUEST_TIMED_OUT,
+    }
+)
+
+
+def split_id_of(topic: str, partition: int) -> str:
+    """The split id of a topic-partition: ``<topic>-<partition>``."""
+    return f"{topic}-{partition}"
+
+
+def parse_split_id(split_id: str) -> tuple[str, int]:
+    """``(topic, partition)`` of a Kafka split id; SourceError for an id of another form."""
+    match = _SPLIT_ID.match(split_id)
+    if match is None:
+        raise SourceError(
+            f"split {split_id!r} is not a Kafka split id: expected '<topic>-<partition>', e.g. 'orders-3'",
+            split_id=split_id,
+        )
+    return match.group(1), int(match.group(2))
+
+
+def _is_internal(topic: str) -> bool:
+    return topic.startswith("__")
+
+
+# --------------------------------------------------------------------------- executor side
+
+
+@dataclass(frozen=True, slots=True)
+class KafkaRegionReader(RegionReader, SupportsColumnarRead):
+    """Reads planned offset ranges of Kafka splits on an executor. Picklable, stateless.
+
+    Each :meth:`read_range` creates its own consumer (``isolation.level=read_committed``,
+    no group membership, no commits, ``auto.offset.reset=error``), assigns the
+    partition at ``start`` and closes it when the iteration ends. Fields are plain
+    values: ``consumer_config`` holds extra librdkafka settings as ``(key, value)`` pairs.
+    ``connect_timeout_s`` bounds the first metadata request (an unreachable
+    broker); ``read_timeout_s`` bounds how long a read may make no progress.
+    """
+
+    bootstrap_servers: str
+    connect_timeout_s: float = DEFAULT_TIMEOUT_S
+    read_timeout_s: float = DEFAULT_READ_TIMEOUT_S
+    batch_size: int = 10_000
+    consumer_config: tuple[tuple[str, str], ...] = field(default=(), repr=False)  # may hold secrets
+
+    def _consumer_conf(self) -> dict[str, Any]:
+        conf: dict[str, Any] = {
+            "bootstrap.servers": self.bootstrap_servers,
+            "group.id": _READER_GROUP,
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "isolation.level": "read_committed",
+            "auto.offset.reset": "error",
+            "enable.partition.eof": True,
+            "socket.connection.setup.timeout.ms": max(1000, int(self.connect_timeout_s * 1000)),
+            "logger": _client_log,
+        }
+        conf.update(dict(self.consumer_config))
+        return conf
+
+    def read_range(self, split: Split, start: int, end: int) -> Iterator[SourceRecord]:
+        """Yield the records of ``split`` whose Kafka offset lies in ``[start, end)``, in offset order.
+
+        ``start > end`` or a negative ``start`` raise SourceError on the call.
+        While iterating, SourceError is raised when the broker cannot be
+        reached (within ``connect_timeout_s``), the topic or partition is gone,
+        ``start`` is below the log start offset (aged out: never skipped here),
+        ``end`` lies beyond the partition's end, or no progress is made for
+        ``read_timeout_s``. The consumer is closed when the iteration ends or
+        the generator is closed.
+        """
+        if start < 0 or end < start:
+            raise SourceError(
+                f"split {split.split_id!r}: range [{start}, {end}) is not allowed: 0 <= start <= end",
+                split_id=split.split_id,
+                start=start,
+                end=end,
+            )
+        topic, partition = parse_split_id(split.split_id)
+        if start == end:
+            return iter(())
+        return self._read(split.split_id, topic, partition, start, end)
+
+    def read_range_columns(self, split: Split, start: int, end: int) -> RangeColumns:
+        """The records :meth:`read_range` yields, as Arrow columns with their metadata columns.
+
+        Consumes the whole range on the call (raising what :meth:`read_range`
+        raises, with the same messages) and builds each column with one list
+        comprehension over the delivered messages: no :class:`SourceRecord` per
+        message. Gaps are handled as in :meth:`read_range`: a record's
+        ``next_offset`` is the offset of the next delivered record, the last
+        one's is ``end``. Topic and partition are the split's (every message of
+        the range has them).
+        """
+        if start < 0 or end < start:
+            raise SourceError(
+                f"split {split.split_id!r}: range [{start}, {end}) is not allowed: 0 <= start <= end",
+                split_id=split.split_id,
+                start=start,
+                end=end,
+            )
+        topic, partition = parse_split_id(split.split_id)
+        batches = [] if start == end else list(self._batches(split.split_id, topic, partition, start, end))
+        msgs = [msg for batch in batches for msg in batch] if len(batches) != 1 else batches[0]
+        n = len(msgs)
+        if n == 0:
+            return _EMPTY_COLUMNS
+        offsets = [msg.offset() for msg in msgs]
+        next_offsets = offsets[1:]
+        next_offsets.append(end)
+        stamps = [msg.timestamp() for msg in msgs]
+        headers = [msg.headers() for msg in msgs]
+        meta = (
+            pa.array([msg.key() for msg in msgs], pa.binary()),
+            pa.repeat(pa.scalar(topic, pa.string()), n),
+            pa.repeat(pa.scalar(partition, pa.int32()), n),
+            pa.array(
+                [None if kind == TIMESTAMP_NOT_AVAILABLE else ms for kind, ms in stamps], _TIMESTAMP_MS
+            ).cast(_META_TYPES[3]),
+            _headers_array(headers) if any(headers) else _no_headers(n),
+        )
+        return RangeColumns(
+            pa.array(offsets, pa.int64()),
+            pa.array(next_offsets, pa.int64()),
+            _values_array([msg.value() for msg in msgs]),
+            meta,
+        )
+
+    def _read(
+        self, split_id: str, topic: str, partition: int, start: int, end: int
+    ) -> Iterator[SourceRecord]:
+        held: tuple[int, str, RecordMeta] | None = (
+            None  # the last record, yielded once its next offset is known
+        )
+        for batch in self._batches(split_id, topic, partition, start, end):
+            for msg in batch:
+                offset = cast(int, msg.offset())  # always set on a record
+                if held is not None:
+                    yield SourceRecord(held[0], offset, held[1], held[2])
+                raw = msg.value()
+                held = (offset, "" if raw is None else raw.decode("utf-8", errors="replace"), _meta(msg))
+        if held is not None:
+            yield SourceRecord(held[0], end, held[1], held[2])
+
+    def _batches(
+        self, split_id: str, topic: str, partition: int, start: int, end: int
+    ) -> Iterator[list[Any]]:
+        """The delivered messages of ``[start, end)`` (records only, in offset order), batch by batch.
+
+        The one consume loop of both read paths: client events are handled
+        (raised) in their place among the messages, so the messages before an
+        event are yielded before it raises; gaps move the position on; no
+        progress for ``read_timeout_s`` raises. The consumer is closed when the
+        iteration ends or the generator is closed.
+        """
+        errors: list[KafkaError] = []
+        conf = self._consumer_conf()
+        conf["error_cb"] = errors.append
+        consumer = Consumer(conf)
+        try:
+            self._check_partition(consumer, split_id, topic, partition)
+            tp = TopicPartition(topic, partition)
+            consumer.assign([TopicPartition(topic, partition, start)])
+            position = start
+            progress_at = time.monotonic()
+            while position < end:
+                # consume() waits until it has num_messages or the timeout passed: ask for no more
+                # than the offsets left, so a dense range returns as soon as its records arrived.
+                batch = consumer.consume(num_messages=min(self.batch_size, end - position), timeout=_POLL_S)
+                records: list[Any] = []
+                for msg in batch:
+                    err = msg.error()
+                    if err is not None:
+                        if records:
+                            yield records
+                            records = []
+                        event_offset = msg.offset()
+                        at = -1 if event_offset is None else event_offset
+                        self._on_event(consumer, err, at, split_id, tp, start, end)
+                        continue
+                    offset = cast(int, msg.offset())  # always set on a record
+                    if offset >= end:
+                        position = end
+                        break
+                    records.append(msg)
+                    position = offset + 1
+                if records:
+                    yield records
+                if batch:
+                    progress_at = time.monotonic()
+                if position < end:
+                    # the position moves past gaps (control records, aborted or compacted offsets)
+                    now = consumer.position([tp])[0].offset
+                    if now >= 0 and now > position:
+                        position = min(now, end)
+                        progress_at = time.monotonic()
+                    elif not batch and time.monotonic() - progress_at > self.read_timeout_s:
+                        raise self._stalled(split_id, start, end, position, errors)
+        finally:
+            consumer.close()
+
+    def _check_partition(self, consumer: Any, split_id: str, topic: str, partition: int) -> None:
+        try:
+            metadata = consumer.list_topics(topic, timeout=self.connect_timeout_s)
+        except KafkaException as err:
+            raise _unreachable(self.bootstrap_servers, self.connect_timeout_s, err) from err
+        meta = metadata.topics.get(topic)
+        if meta is None or (meta.error is not None and meta.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART):
+            raise SourceError(
+                f"split {split_id!r}: topic {topic!r} does not exist on Kafka at {self.bootstrap_servers} "
+                "(deleted after the epoch was planned?)",
+                split_id=split_id,
+                topic=topic,
+            )
+        if partition not in meta.partitions:
+            raise SourceError(
+                f"split {split_id!r}: topic {topic!r} has no partition {partition} "
+                f"(partitions 0..{len(meta.partitions) - 1})",
+                split_id=split_id,
+                topic=topic,
+                partition=partition,
+            )
+
+    def _on_event(
+        self, consumer: Any, err: KafkaError, offset: int, split_id: str, tp: Any, start: int, end: int
+    ) -> None:
+        code = err.code()
+        if code == KafkaError._PARTITION_EOF:
+            if offset >= end:
+                return
+            low, high = _watermarks(consumer, tp, self.bootstrap_servers, self.connect_timeout_s)
+            if high < end:
+                raise SourceError(
+                    f"split {split_id!r}: planned range [{start}, {end}) ends beyond the partition's end "
+                    f"offset {high}: the topic was deleted and re-created, or truncated, after planning",
+                    split_id=split_id,
+                    start=start,
+                    end=end,
+                    end_offset=high,
+                )
+            return
+        if code in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE):
+            low, high = _watermarks(consumer, tp, self.bootstrap_servers, self.connect_timeout_s)
+            raise SourceError(
+                f"split {split_id!r}: planned offset {start} of topic {tp.topic!r} partition {tp.partition} "
+                f"is no longer available; the earliest available offset is {low} (latest {high}). The "
+                "records aged out of retention after the epoch was planned; the next plan applies "
+                "source.on_offset_out_of_range",
+                split_id=split_id,
+                topic=tp.topic,
+                partition=tp.partition,
+                requested=start,
+                earliest=low,
+            )
+        if err.fatal() or code in _PARTITION_GONE_CODES:
+            raise SourceError(
+                f"split {split_id!r}: reading [{start}, {end}) failed: {err.str()}",
+                split_id=split_id,
+                code=err.name(),
+            )
+        log.debug("split %s: transient consumer event %s", split_id, err)  # bounded by read_timeout_s
+
+    def _stalled(
+        self, split_id: str, start: int, end: int, position: int, errors: list[KafkaError]
+    ) -> SourceError:
+        last = f"; last client error: {errors[-1].str()}" if errors else ""
+        return SourceError(
+            f"split {split_id!r}: reading [{start}, {end}) made no progress for {self.read_timeout_s:.0f}s "
+            f"at offset {position} (Kafka at {self.bootstrap_servers}){last}",
+            split_id=split_id,
+            position=position,
+        )
+
+
+_AUTH_CODES = frozenset({KafkaError._AUTHENTICATION, KafkaError.SASL_AUTHENTICATION_FAILED})
+
+
+def _unreachable(
+    bootstrap_servers: str, timeout_s: float, err: BaseException, client_error: Any = None
+) -> SourceError:
+    kerr = err.args[0] if isinstance(err, KafkaException) and err.args else None
+    detail = kerr.str() if isinstance(kerr, KafkaError) else str(err)
+    for candidate in (kerr, client_error):
+        if isinstance(candidate, KafkaError) and candidate.code() in _AUTH_CODES:
+            return SourceError(
+                f"Kafka at source.bootstrap_servers={bootstrap_servers!r} refused the credentials of "
+                f"source.client (authentication failed: {candidate.str()}); check security.protocol, "
+                "sasl.mechanism, sasl.username and sasl.password (or the SSL settings)",
+                bootstrap_servers=bootstrap_servers,
+            )
+    return SourceError(
+        f"Kafka is not reachable at source.bootstrap_servers={bootstrap_servers!r} (no answer within "
+        f"{timeout_s:g}s: {detail}); check that the brokers run and that host:port is right "
+        "(local broker: bash scripts/kafka.sh status)",
+        bootstrap_servers=bootstrap_servers,
+    )
+
+
+def _transient(err: KafkaError) -> bool:
+    """A partition-level error that goes away by itself (leader election, partition still loading)."""
+    return err.code() not in _UNREACHABLE_CODES and (err.retriable() or err.code() in _TRANSIENT_CODES)
+
+
+def _kafka_error(err: KafkaException) -> KafkaError | None:
+    return err.args[0] if err.args and isinstance(err.args[0], KafkaError) else None
+
+
+def _watermarks(consumer: Any, tp: Any, bootstrap_servers: str, timeout_s: float) -> tuple[int, int]:
+    try:
+        low, high = consumer.get_watermark_offsets(tp, timeout=timeout_s, cached=False)
+    except KafkaException as err:
+        raise _unreachable(bootstrap_servers, timeout_s, err) from err
+    return int(low), int(high)
+
+
+# --------------------------------------------------------------------------- driver side
+
+
+class KafkaSource(
+    SourceConnector,
+    SupportsSplitReassignmentOnRecovery,
+    SupportsInitialDiscovery,
+    ExternallyCheckpointedSource,
+    SupportsRetentionCheck,
+):
+    """Driver side of the Kafka source (see the module doc for splits, positions and retention).
+
+    Created once per driver run (:meth:`from_config`) and used from the driver
+    thread only; holds an admin client and, with a ``group_id``, a consumer for
+    offset commits, both created lazily and released by :meth:`close`. Regions
+    keep no split state of their own, so the source opts into deferred
+    assignment (FLIP-537). ``timeout_s`` bounds every broker request.
+    """
+
+    def __init__(
+        self,
+        bootstrap_servers: str,
+        *,
+        topics: Sequence[str] = (),
+        topic_pattern: str | None = None,
+        starting: str = "earliest",
+        group_id: str | None = None,
+        on_offset_out_of_range: OffsetOutOfRange | str = OffsetOutOfRange.FAIL,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        read_timeout_s: float = DEFAULT_READ_TIMEOUT_S,
+        client_config: Mapping[str, str] | None = None,
+    ) -> None:
+        if not bootstrap_servers:
+            raise InvalidParameterError("bootstrap_servers", bootstrap_servers, "'host:port[,host:port...]'")
+        if bool(topics) == bool(topic_pattern):
+            raise InvalidParameterError(
+                "topics",
+                {"topics": list(topics), "topic_pattern": topic_pattern},
+                "exactly one of topics (a list of names) or topic_pattern (a regex)",
+            )
+        self._pattern: re.Pattern[str] | None = None
+        if topic_pattern:
+            try:
+                self._pattern = re.compile(topic_pattern)
+            except re.error as err:
+                raise InvalidParameterError(
+                    "topic_pattern", topic_pattern, "a valid regular expression"
+                ) from err
+        mode, _, stamp = starting.partition(":")
+        try:
+            self._starting = StartingMode(mode)
+        except ValueError as err:
+            raise InvalidParameterError(
+                "starting", starting, "'earliest', 'latest', 'timestamp:<epoch ms>' or 'group'"
+            ) from err
+        if (self._starting is StartingMode.TIMESTAMP) != stamp.isdigit():
+            raise InvalidParameterError("starting", starting, "'timestamp:<epoch ms>' with digits only")
+        if self._starting is StartingMode.GROUP and not group_id:
+            raise InvalidParameterError("group_id", group_id, "a consumer group id when starting is 'group'")
+        if not timeout_s > 0 or not read_timeout_s > 0:
+            raise InvalidParameterError("timeout_s", (timeout_s, read_timeout_s), "seconds > 0")
+        self._bootstrap = bootstrap_servers
+        self._topics = tuple(dict.fromkeys(topics))
+        self._topic_pattern = topic_pattern
+        self._starting_ms = int(stamp) if self._starting is StartingMode.TIMESTAMP else None
+        self._group_id = group_id
+        try:
+            self._on_out_of_range = OffsetOutOfRange(on_offset_out_of_range)
+        except ValueError as err:
+            raise InvalidParameterError(
+                "on_offset_out_of_range", on_offset_out_of_range, "'fail' or 'skip'"
+            ) from err
+        self._timeout_s = float(timeout_s)
+        self._read_timeout_s = float(read_timeout_s)
+        self._client_config = dict(client_config or {})
+        self._client_error: Any = None  # the last error librdkafka reported (an authentication failure...)
+        self._admin: Any = None
+        self._group_consumer: Any = None
+        self._cluster_id: str | None = None
+        self._known: dict[str, Split] = {}  # split id -> the split as first discovered
+        self._ends: dict[str, int] | None = None  # end offsets of this discovery round
+        self._initial_done = False
+        self._unready: set[str] = set()  # topics with partitions that had no leader at the last metadata call
+        self._warned_untagged: set[str] = set()
+
+    @classmethod
+    def from_config(cls, source: SourceConfig) -> KafkaSource:
+        """The connector for a validated ``source`` section of kind ``kafka``."""
+        if source.kind is not SourceKind.KAFKA or not source.bootstrap_servers:
+            raise InvalidParameterError(
+                "source.kind", source.kind.value, "'kafka' with bootstrap_servers for a KafkaSource"
+            )
+        return cls(
+            source.bootstrap_servers,
+            topics=source.topics,
+            topic_pattern=source.topic_pattern,
+            starting=source.starting,
+            group_id=source.group_id,
+            on_offset_out_of_range=source.on_offset_out_of_range,
+            timeout_s=source.connect_timeout_s or DEFAULT_TIMEOUT_S,
+            read_timeout_s=source.read_timeout_s or DEFAULT_READ_TIMEOUT_S,
+            client_config=source.client.as_dict(),
+        )
+
+    # -- identity ---------------------------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        what = ",".join(self._topics) if self._topics else f"/{self._topic_pattern}/"
+        return f"kafka:{what}"
+
+    @property
+    def bounded(self) -> bool:
+        return False
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return self._bootstrap
+
+    @property
+    def group_id(self) -> str | None:
+        """The consumer group external positions go to; None: no external commits (protocol section 3)."""
+        return self._group_id
+
+    @property
+    def keeps_external_positions(self) -> bool:
+        """Only with a ``group_id``: without one there is no external store to commit to or compare."""
+        return self._group_id is not None
+
+    @property
+    def on_offset_out_of_range(self) -> OffsetOutOfRange:
+        return self._on_out_of_range
+
+    def fingerprint(self) -> str:
+        """``kafka-<cluster id>``: which Kafka cluster the pipeline's state positions belong to.
+
+        The subscription is deliberately not part of it: topics may be added to
+        or removed from a pipeline between runs (splits of removed topics are
+        dropped on restart, protocol rule 1.5), while offsets of another cluster mean
+        nothing. Costs one metadata request the first time.
+        """
+        if self._cluster_id is None:
+            self._metadata()
+        return f"kafka-{self._cluster_id}"
+
+    def reader(self) -> KafkaRegionReader:
+        return KafkaRegionReader(
+            self._bootstrap,
+            connect_timeout_s=self._timeout_s,
+            read_timeout_s=self._read_timeout_s,
+            consumer_config=tuple(sorted(self._client_config.items())),
+        )
+
+    def close(self) -> None:
+        if self._group_consumer is not None:
+            self._group_consumer.close()
+            self._group_consumer = None
+        self._admin = None
+
+    # -- clients ----------------------------------------------------------------------------
+
+    def _admin_client(self) -> Any:
+        if self._admin is None:
+            conf: dict[str, Any] = {
+                "bootstrap.servers": self._bootstrap,
+                "socket.connection.setup.timeout.ms": max(1000, int(self._timeout_s * 1000)),
+                "logger": _client_log,
+                "error_cb": self._on_client_error,
+            }
+            conf.update(self._client_config)
+            self._admin = AdminClient(conf)
+        return self._admin
+
+    def _committer(self) -> Any:
+        if self._group_consumer is None:
+            conf: dict[str, Any] = {
+                "bootstrap.servers": self._bootstrap,
+                "group.id": self._group_id,
+                "enable.auto.commit": False,
+                "enable.auto.offset.store": False,
+                "logger": _client_log,
+            }
+            conf.update(self._client_config)
+            self._group_consumer = Consumer(conf)
+        return self._group_consumer
+
+    def _retry_unreachable(self, err: KafkaException, deadline: float) -> bool:
+        """Whether a request that found no broker (a restart, a leader failing over) may be sent again.
+
+        Yes until ``deadline`` (``timeout_s`` after the first attempt), after a short pause, on a
+        fresh admin client; never for another error or a refused authentication. The fresh client
+        matters: with librdkafka 2.16 a client asked for group offsets while the broker restarts
+        can lose its coordinator lookup (the FindCoordinator sent on the bootstrap connection
+        fails with "Broker handle destroyed" and is not sent again), after which every group
+        request of that client times out until the connection drops (compare librdkafka issue
+        5511); a new client looks the coordinator up again.
+        """
+        kerr = _kafka_error(err)
+        if kerr is None or kerr.code() not in _UNREACHABLE_CODES or time.monotonic() >= deadline:
+            return False
+        client = self._client_error
+        if isinstance(client, KafkaError) and client.code() in _AUTH_CODES:
+            return False
+        log.info("Kafka at %s did not answer (%s); asking again on a new client", self._bootstrap, kerr.str())
+        self._admin = None
+        time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
+        return True
+
+    def _attempt_s(self, deadline: float) -> float:
+        """How long one admin request may wait: up to ``_ATTEMPT_S``, never past ``deadline``."""
+        return max(0.5, min(_ATTEMPT_S, deadline - time.monotonic()))
+
+    def _on_client_error(self, err: Any) -> None:
+        self._client_error = err
+        _client_log.warning("Kafka client error: %s", err.str() if isinstance(err, KafkaError) else err)
+
+    def _metadata(self) -> dict[str, tuple[int, ...]]:
+        """Every non-internal topic that exists now -> its partitions that have a leader (sorted).
+
+        A topic or partition being created may have no leader for a moment; it
+        is left out of this round and discovered by a later one.
+        """
+        deadline = time.monotonic() + self._timeout_s
+        while True:
+            try:
+                cluster = self._admin_client().list_topics(timeout=self._attempt_s(deadline))
+                break
+            except KafkaException as err:
+                self._admin_client().poll(
+                    0
+                )  # serve queued error callbacks: an authentication failure says why
+                if not self._retry_unreachable(err, deadline):
+                    raise _unreachable(self._bootstrap, self._timeout_s, err, self._client_error) from err
+        self._cluster_id = cluster.cluster_id
+        self._unready = set()
+        out: dict[str, tuple[int, ...]] = {}
+        for name, meta in cluster.topics.items():
+            if _is_internal(name):
+                continue
+            if meta.error is not None and meta.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+                continue
+            ready = tuple(
+                sorted(p for p, pm in meta.partitions.items() if pm.leader >= 0 and pm.error is None)
+            )
+            if meta.error is not None or len(ready) < len(meta.partitions):
+                self._unready.add(name)
+                log.info(
+                    "topic %s is not fully ready (%s); discovery picks the rest up later", name, meta.error
+                )
+            out[name] = ready
+        return out
+
+    def _resolve_topics(self, existing: Mapping[str, tuple[int, ...]]) -> list[str]:
+        if self._pattern is not None:
+            return sorted(t for t in existing if self._pattern.fullmatch(t))
+        missing = [t for t in self._topics if t not in existing]
+        if missing:
+            shown = sorted(existing)
+            listing = ", ".join(shown[:50]) + (f" ... ({len(shown)} topics)" if len(shown) > 50 else "")
+            raise SourceError(
+                f"source.topics names {', '.join(repr(t) for t in missing)}, which "
+                f"{'does' if len(missing) == 1 else 'do'} not exist on Kafka at {self._bootstrap}; existing "
+                f"topics: {listing or '(none)'}. Create the topic or fix source.topics",
+                missing=missing,
+                existing=shown,
+            )
+        return sorted(self._topics)
+
+    def _list_offsets(self, specs: Mapping[str, Any], what: str, *, partial: bool = False) -> dict[str, int]:
+        """ListOffsets (read_committed) for every split id in ``specs``: split id -> offset.
+
+        One request per round. Partitions that answer with a retriable error (a
+        leader moving, a partition still being created) are asked again until
+        ``timeout_s`` passed; with ``partial`` they are left out of the answer
+        instead (discovery defers them to its next round). Raises SourceError
+        for an unreachable cluster or a partition that cannot be listed.
+        """
+        out: dict[str, int] = {}
+        pending = dict(specs)
+        deadline = time.monotonic() + self._timeout_s
+        while pending:
+            request = {TopicPartition(*parse_split_id(sid)): spec for sid, spec in pending.items()}
+            failed: dict[str, KafkaError] = {}
+            try:
+                futures = self._admin_client().list_offsets(
+                    request,
+                    isolation_level=IsolationLevel.READ_COMMITTED,
+                    request_timeout=self._attempt_s(deadline),
+                )
+                for tp, future in futures.items():
+                    sid = split_id_of(tp.topic, tp.partition)
+                    try:
+                        out[sid] = int(future.result().offset)
+                    except KafkaException as err:
+                        kerr = _kafka_error(err)
+                        if kerr is None or not _transient(kerr):
+                            raise
+                        failed[sid] = kerr
+            except KafkaException as err:
+                kerr = _kafka_error(err)
+                if self._retry_unreachable(err, deadline):
+                    continue
+                if kerr is not None and kerr.code() in _UNREACHABLE_CODES:
+                    raise _unreachable(self._bootstrap, self._timeout_s, err) from err
+                raise SourceError(
+                    f"listing the {what} offsets of {sorted(pending)} on Kafka at {self._bootstrap} failed: "
+                    f"{kerr.str() if kerr is not None else err}",
+                    splits=sorted(pending),
+                ) from err
+            if failed and partial:
+                log.info(
+                    "%s offsets of %s not available yet (%s); retried next round",
+                    what,
+                    sorted(failed),
+                    next(iter(failed.values())).str(),
+                )
+                break
+            if failed and time.monotonic() > deadline:
+                raise SourceError(
+                    f"listing the {what} offsets of {sorted(failed)} on Kafka at {self._bootstrap} kept "
+                    f"failing for {self._timeout_s:g}s: {next(iter(failed.values())).str()}",
+                    splits=sorted(failed),
+                )
+            pending = {sid: specs[sid] for sid in failed}
+            if pending:
+                time.sleep(0.1)
+        return out
+
+    # -- discovery --------------------------------------------------------------------------
+
+    def subscriptions(self) -> frozenset[str]:
+        """The topics subscribed now: the configured list (all must exist) or the pattern's matches."""
+        return frozenset(self._resolve_topics(self._metadata()))
+
+    def mark_initial_discovery_finished(self) -> None:
+        """From now on every newly discovered split starts at the earliest offset (FLIP-288).
+
+        Called by the runtime when it restores a checkpoint, before the restored
+        enumerator's first discovery (splits new to that checkpoint are not
+        "initial"; see :class:`~splitkeeper.core.source.SupportsInitialDiscovery`).
+        The first :meth:`discover_splits` of a fresh pipeline sets it by itself. Idempotent.
+        """
+        self._initial_done = True
+
+    def discover_splits(self) -> list[Split]:
+        """Every partition of the subscribed topics, sorted by (topic, partition), at its start position.
+
+        Called by the driver every epoch; starts a new round of end offsets
+        (the :meth:`available_end` cache is refreshed on its next call). Splits
+        already discovered by this object are returned as first discovered
+        (position and backlog boundary unchanged); new ones are positioned as
+        the module doc says. The initial discovery waits up to ``timeout_s`` for
+        every partition; later ones leave a partition that is still being
+        created (no leader, offsets not listable) to the next round. Raises
+        SourceError for an unreachable cluster or a missing explicitly listed topic.
+        """
+        deadline = time.monotonic() + self._timeout_s
+        while True:
+            existing = self._metadata()
+            topics = self._resolve_topics(existing)
+            if self._initial_done or not self._unready.intersection(topics) or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)  # the initial discovery waits for partitions that are still being created
+        self._ends = None
+        for sid in [s for s, split in self._known.items() if split.subscription not in existing]:
+            del self._known[sid]  # topic deleted: a re-created topic of that name is a new split
+        current = [split_id_of(t, p) for t in topics for p in existing[t]]
+        new = [sid for sid in current if sid not in self._known]
+        if new:
+            self._add_new_splits(new)
+        self._initial_done = True
+        return [self._known[sid] for sid in current if sid in self._known]
+
+    def _add_new_splits(self, new: list[str]) -> None:
+        # The initial discovery waits (up to timeout_s) for every partition; later rounds take the
+        # partitions that answer and leave the others (still being created) to the next round.
+        partial = self._initial_done
+        ends = self._list_offsets(dict.fromkeys(new, OffsetSpec.latest()), "end", partial=partial)
+        new = [sid for sid in new if sid in ends]
+        mode = self._starting if not self._initial_done else StartingMode.EARLIEST
+        if mode is StartingMode.LATEST:
+            starts = dict(ends)
+        elif mode is StartingMode.TIMESTAMP:
+            assert self._starting_ms is not None
+            found = self._list_offsets(
+                dict.fromkeys(new, OffsetSpec.for_timestamp(self._starting_ms)), "timestamp", partial=partial
+            )
+            starts = {sid: (off if off >= 0 else ends[sid]) for sid, off in found.items()}
+        else:
+            starts = self._list_offsets(
+                dict.fromkeys(new, OffsetSpec.earliest()), "earliest", partial=partial
+            )
+            if mode is StartingMode.GROUP:
+                committed = self._group_offsets(new)
+                fallback = sorted(sid for sid in new if sid not in committed)
+                if fallback:
+                    log.info(
+                        "consumer group %s has no committed offset for %s; starting at the earliest offset",
+                        self._group_id,
+                        fallback,
+                    )
+                starts.update(committed)
+        new = [sid for sid in new if sid in starts]
+        if self._initial_done and new:
+            log.info("new Kafka splits discovered while running start at the earliest offset: %s", new)
+        for sid in new:
+            topic, _partition = parse_split_id(sid)
+            start, end = starts[sid], ends[sid]
+            self._known[sid] = Split(
+                sid, subscription=topic, position=start, backlog_end=end if end > start else None
+            )
+
+    def _group_offsets(self, split_ids: Sequence[str]) -> dict[str, int]:
+        """The group's committed offsets of ``split_ids`` (those that have one)."""
+        tps = [TopicPartition(*parse_split_id(sid)) for sid in split_ids]
+        try:
+            committed = self._committer().committed(tps, timeout=self._timeout_s)
+        except KafkaException as err:
+            raise _unreachable(self._bootstrap, self._timeout_s, err) from err
+        return {
+            split_id_of(tp.topic, tp.partition): int(tp.offset)
+            for tp in committed
+            if tp.error is None and tp.offset >= 0
+        }
+
+    def available_end(self, split: Split) -> int:
+        """The partition's end offset (last stable offset) as of this discovery round.
+
+        The first call after :meth:`discover_splits` fetches the ends of every
+        known partition (and ``split``) in one request; later calls in the
+        same round answer from that cache.
+        """
+        if self._ends is None or split.split_id not in self._ends:
+            wanted = dict.fromkeys([*self._known, split.split_id], OffsetSpec.latest())
+            self._ends = {**(self._ends or {}), **self._list_offsets(wanted, "end")}
+        return self._ends[split.split_id]
+
+    # -- retention --------------------------------------------------------------------------
+
+    def check_retention(self, ranges: Iterable[PlannedRange | tuple[Split, int, int]]) -> RetentionCheck:
+        """Compare each range's start with its partition's log start offset (one request for all).
+
+        ``fail``: SourceError naming every affected topic, partition, requested
+        offset and earliest available offset, and the config key to change.
+        ``skip``: the range moves to ``[earliest, earliest + budget)`` (the end
+        re-planned with :meth:`plan_end`) and a :class:`LostRange` reports
+        ``[start, earliest)``; each is logged as a warning. See
+        :meth:`SupportsRetentionCheck.check_retention` for who calls it.
+        """
+        planned = [PlannedRange(*r) for r in ranges]
+        earliest = self._list_offsets({r.split.split_id: OffsetSpec.earliest() for r in planned}, "earliest")
+        aged = [r for r in planned if r.start < earliest[r.split.split_id]]
+        if not aged:
+            return RetentionCheck(tuple(planned))
+        if self._on_out_of_range is OffsetOutOfRange.FAIL:
+            parts = []
+            for r in aged:
+                topic, partition = parse_split_id(r.split.split_id)
+                parts.append(
+                    f"topic {topic!r} partition {partition}: requested offset {r.start}, "
+                    f"earliest available {earliest[r.split.split_id]}"
+                )
+            raise SourceError(
+                "Kafka records to read next aged out of retention (or were deleted): "
+                + "; ".join(parts)
+                + ". Set source.on_offset_out_of_range: skip to continue from the earliest available offset "
+                "and record the lost offsets, or restore the data",
+                splits=[r.split.split_id for r in aged],
+                requested={r.split.split_id: r.start for r in aged},
+                earliest={r.split.split_id: earliest[r.split.split_id] for r in aged},
+                config_key="source.on_offset_out_of_range",
+            )
+        moved: list[PlannedRange] = []
+        lost: list[LostRange] = []
+        for r in planned:
+            first = earliest[r.split.split_id]
+            if r.start >= first:
+                moved.append(r)
+                continue
+            gone = LostRange(r.split.split_id, r.start, first)
+            log.warning("%s", gone.detail)
+            lost.append(gone)
+            moved.append(PlannedRange(r.split, first, self.plan_end(r.split, first, r.end - r.start)))
+        return RetentionCheck(tuple(moved), tuple(lost))
+
+    # -- external positions (protocol section 3) ------------------------------------------------------
+
+    def commit_positions(self, checkpoint_id: int, positions: Mapping[str, int]) -> None:
+        """Commit ``positions`` as offsets of ``group_id``, each tagged with ``checkpoint_id``.
+
+        Called by the runtime after checkpoint ``checkpoint_id`` is durable,
+        with acknowledged regions' positions only; idempotent (a repeat commits
+        the same values). Without a ``group_id`` nothing is committed. Raises
+        SourceError when the broker refuses a commit (e.g. the group has live
+        members: splitkeeper commits as a standalone member, so use a group id
+        no consumer subscribes with).
+        """
+        if not positions or self._group_id is None:
+            return
+        metadata = json.dumps({COMMIT_METADATA_KEY: checkpoint_id}, separators=(",", ":"))
+        offsets = [
+            TopicPartition(*parse_split_id(sid), int(pos), metadata=metadata)
+            for sid, pos in sorted(positions.items())
+        ]
+        try:
+            result = self._committer().commit(offsets=offsets, asynchronous=False)
+        except KafkaException as err:
+            raise SourceError(
+                f"committing checkpoint {checkpoint_id} positions to consumer group {self._group_id!r} on "
+                f"Kafka at {self._bootstrap} failed: {err.args[0] if err.args else err}. If consumers "
+                "subscribe with that group id, give the pipeline a group id of its own (source.group_id)",
+                group_id=self._group_id,
+                checkpoint_id=checkpoint_id,
+            ) from err
+        failed = [f"{tp.topic}-{tp.partition}: {tp.error}" for tp in result or () if tp.error is not None]
+        if failed:
+            raise SourceError(
+                f"committing checkpoint {checkpoint_id} positions to consumer group {self._group_id!r} "
+                f"failed for {failed}",
+                group_id=self._group_id,
+                checkpoint_id=checkpoint_id,
+            )
+
+    def committed_positions(self) -> dict[str, ExternalPosition]:
+        """The group's committed offsets that carry a splitkeeper checkpoint id, by split id.
+
+        Reads every partition the group has committed (one request), so
+        offsets of topics no longer subscribed are reported too. Offsets
+        committed by other tools (no checkpoint tag) are left out and logged
+        once as a warning. Empty without a ``group_id``.
+        """
+        if self._group_id is None:
+            return {}
+        request = [ConsumerGroupTopicPartitions(self._group_id)]
+        deadline = time.monotonic() + self._timeout_s
+        while True:
+            try:
+                futures = self._admin_client().list_consumer_group_offsets(
+                    request, request_timeout=self._attempt_s(deadline)
+                )
+                listed = futures[self._group_id].result().topic_partitions or []
+                break
+            except KafkaException as err:
+                if not self._retry_unreachable(err, deadline):
+                    raise _unreachable(self._bootstrap, self._timeout_s, err) from err
+        out: dict[str, ExternalPosition] = {}
+        untagged: list[str] = []
+        for tp in listed:
+            if tp.error is not None or tp.offset == OFFSET_INVALID or tp.offset < 0:
+                continue
+            sid = split_id_of(tp.topic, tp.partition)
+            checkpoint_id = _checkpoint_tag(tp.metadata)
+            if checkpoint_id is None:
+                untagged.append(sid)
+                continue
+            out[sid] = ExternalPosition(int(tp.offset), checkpoint_id)
+        fresh = sorted(set(untagged) - self._warned_untagged)
+        if fresh:
+            self._warned_untagged.update(fresh)
+            log.warning(
+                "consumer group %s has offsets without a splitkeeper checkpoint id for %s "
+                "(committed by another tool); they are not compared with the checkpoint",
+                self._group_id,
+                fresh,
+            )
+        return dict(sorted(out.items()))
+
+
+def _checkpoint_tag(metadata: str | None) -> int | None:
+    if not metadata:
+        return None
+    try:
+        value = json.loads(metadata).get(COMMIT_METADATA_KEY)
+    except (ValueError, AttributeError):
+        return None
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _meta(msg: Any) -> RecordMeta:
+    """A message's key, topic, partition, timestamp and headers (the sink's metadata columns)."""
+    ts_type, ts = msg.timestamp()
+    headers = msg.headers() or ()
+    return RecordMeta(
+        key=msg.key(),
+        topic=msg.topic(),
+        partition=msg.partition(),
+        timestamp_ms=None if ts_type == TIMESTAMP_NOT_AVAILABLE else ts,
+        headers=tuple((str(k), v) for k, v in headers),
+    )
+
+
+def _values_array(raw: list[bytes | None]) -> pa.Array:
+    """Message values as a string column: UTF-8 (invalid bytes replaced), a tombstone as ``""``.
+
+    Arrow validates the bytes as UTF-8 in one pass; only a batch holding
+    invalid bytes is decoded in Python, with replacement, as :meth:`KafkaRegionReader.read_range` does.
+    """
+    values = pc.fill_null(pa.array(raw, pa.binary()), b"")
+    try:
+        return values.cast(pa.string())
+    except pa.ArrowInvalid:
+        return pa.array(["" if v is None else v.decode("utf-8", errors="replace") for v in raw], pa.string())
+
+
+def _headers_array(headers: list[list[tuple[str, bytes | None]] | None]) -> pa.Array:
+    """The headers column of messages some of which carry headers (``[]`` for those without)."""
+    return pa.array(
+        [[{"key": str(k), "value": v} for k, v in h] if h else [] for h in headers], _META_TYPES[4]
+    )
+
+
+def _no_headers(n: int) -> pa.Array:
+    """The headers column of ``n`` messages without headers: ``n`` empty lists."""
+    return pa.ListArray.from_arrays(
+        pa.repeat(pa.scalar(0, pa.int32()), n + 1),
+        pa.array([], _META_TYPES[4].value_type),
+        type=_META_TYPES[4],
+    )

@@ -1,0 +1,33 @@
+"""Operator requests beside the state: a stop request reaches a continuous run on any host."""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from splitkeeper.app.services import _stop_check
+from splitkeeper.delta.control import ControlRequests
+from splitkeeper.delta.tables import StateTables
+
+
+def test_a_stop_request_is_seen_by_runs_started_before_it_and_only_by_them(tmp_path: Path) -> None:
+    tables = StateTables(tmp_path / "state")
+    requests = ControlRequests(tables, "orders")
+    assert not requests.stop_requested_since(datetime.now(UTC) - timedelta(hours=1))  # no table: no request
+    before = datetime.now(UTC)
+    asked = requests.request_stop()
+    assert requests.stop_requested_since(before)
+    assert not requests.stop_requested_since(asked + timedelta(seconds=1))  # a later run is not stopped
+    assert not ControlRequests(tables, "other").stop_requested_since(before)  # another pipeline's request
+
+
+def test_a_continuous_run_polls_the_control_table_and_sets_its_stop_event(tmp_path: Path) -> None:
+    tables = StateTables(tmp_path / "state")
+    event = threading.Event()
+    stop_requested = _stop_check(event, tables, "orders", every_s=0.0)
+    assert not stop_requested()
+    time.sleep(0.01)
+    ControlRequests(StateTables(tmp_path / "state"), "orders").request_stop()  # another process's writer
+    assert stop_requested() and event.is_set()

@@ -1,0 +1,127 @@
+"""The fence (splitkeeper.delta.fence) on real Delta tables, with real concurrent writer processes.
+
+No Spark."""
+
+from __future__ import annotations
+
+import multiprocessing
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable, write_deltalake
+from deltalake.transaction import CommitProperties, Transaction
+
+from splitkeeper.delta.fence import fenced_commit, recorded_commit
+from splitkeeper.errors import ConcurrentRunError
+
+from . import workers
+
+
+@pytest.fixture
+def table(tmp_path) -> str:
+    uri = str(tmp_path / "fenced")
+    DeltaTable.create(uri, pa.schema([pa.field("writer", pa.string())]))
+    return uri
+
+
+def _rows(uri: str) -> list[str]:
+    return sorted(DeltaTable(uri).to_pyarrow_table().column("writer").to_pylist())
+
+
+def _append(tag: str):
+    def write(target, properties):
+        write_deltalake(target, pa.table({"writer": [tag]}), mode="append", commit_properties=properties)
+
+    return write
+
+
+def _commit(uri_or_table, version, expected, tag, attempt=None):
+    target = DeltaTable(uri_or_table) if isinstance(uri_or_table, str) else uri_or_table
+    return fenced_commit(
+        target,
+        pipeline="orders",
+        table_name="fenced",
+        app_id="orders",
+        version=version,
+        expected=expected,
+        write=_append(tag),
+        metadata={"note": tag},
+        attempt=attempt if attempt is not None else tag,
+        what="epoch",
+    )
+
+
+def test_two_writer_processes_of_the_same_version_one_lands_and_the_loser_leaves_nothing_visible(table):
+    context = multiprocessing.get_context("spawn")
+    barrier = context.Barrier(2)
+    results = context.Queue()
+    procs = [
+        context.Process(target=workers.fenced_writer, args=(table, 1, None, tag, barrier, results))
+        for tag in ("run-a", "run-b")
+    ]
+    for p in procs:
+        p.start()
+    outcomes = {tag: (kind, detail) for tag, kind, detail in (results.get(timeout=180) for _ in procs)}
+    for p in procs:
+        p.join(timeout=60)
+    assert {kind for kind, _ in outcomes.values()} == {"committed", "conflict"}, outcomes
+    winner = next(tag for tag, (kind, _) in outcomes.items() if kind == "committed")
+    loser, (_kind, params) = next((t, o) for t, o in outcomes.items() if o[0] == "conflict")
+    assert params["pipeline"] == "orders" and params["table"] == "fenced" and params["epoch_id"] == 1
+    assert params["found"] == 1 and params["expected"] is None
+    assert _rows(table) == [winner]  # the loser's row is in no commit
+    assert DeltaTable(table).transaction_version("orders") == 1
+    assert recorded_commit(DeltaTable(table), "orders", 1)["attempt_id"] == winner != loser
+
+
+def test_a_replay_of_the_same_attempt_writes_nothing_and_another_attempt_of_it_is_a_conflict(table):
+    first = _commit(table, 1, None, "run-a")
+    assert not first.replayed and first.metadata["note"] == "run-a"
+    again = _commit(table, 1, None, "run-a")  # a redo of the same decision
+    assert again.replayed and again.table_version == first.table_version == 1
+    assert again.metadata["note"] == "run-a" and again.metadata["app_id"] == "orders"
+    with pytest.raises(ConcurrentRunError) as err:
+        _commit(table, 1, None, "run-b")
+    text = str(err.value)
+    assert "cannot commit epoch 1 to table fenced: it records epoch 1 but this run expected None" in text
+    assert "only one run may drive a pipeline: this run stops, and the state is intact" in text
+    assert _rows(table) == ["run-a"]
+
+
+def test_an_unexpected_recorded_version_is_refused_before_anything_is_written(table):
+    _commit(table, 1, None, "run-a")
+    _commit(table, 2, 1, "run-a2")
+    before = DeltaTable(table).version()
+    with pytest.raises(ConcurrentRunError) as err:
+        _commit(table, 3, 1, "stale")  # this run last saw epoch 1; another committed 2 since
+    assert err.value.params["found"] == 2 and err.value.params["expected"] == 1
+    assert DeltaTable(table).version() == before
+    assert _rows(table) == ["run-a", "run-a2"]
+
+
+def test_a_writer_that_checked_an_older_snapshot_fails_at_its_commit(table):
+    stale = DeltaTable(table)  # this writer decided on version 0: nothing recorded
+    _commit(table, 1, None, "rival")  # another run commits epoch 1 after that
+    assert stale.transaction_version("orders") is None  # the check passes on the old snapshot ...
+    with pytest.raises(ConcurrentRunError) as err:
+        _commit(stale, 1, None, "late")  # ... and the commit on that snapshot fails
+    assert err.value.params["found"] == 1
+    assert _rows(table) == ["rival"]
+
+
+def test_a_concurrent_commit_of_the_same_attempt_is_a_replay_not_a_conflict(table):
+    stale = DeltaTable(table)
+    _commit(table, 1, None, "twin", attempt="decision-1")  # the other process of the same redo
+    result = _commit(stale, 1, None, "twin-2", attempt="decision-1")
+    assert result.replayed
+    assert _rows(table) == ["twin"]
+
+
+def test_commits_of_another_app_id_do_not_conflict(table):
+    stale = DeltaTable(table)
+    other = CommitProperties(app_transactions=[Transaction("another-pipeline", 7)])
+    write_deltalake(table, pa.table({"writer": ["other"]}), mode="append", commit_properties=other)
+    result = _commit(stale, 1, None, "mine")
+    assert not result.replayed
+    assert _rows(table) == ["mine", "other"]
+    assert DeltaTable(table).transaction_version("another-pipeline") == 7

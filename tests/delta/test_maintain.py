@@ -1,0 +1,136 @@
+"""``splitkeeper maintain``: compaction and VACUUM that never take what a kept chain or a pending epoch needs.
+
+The real driver, store and sink run a files pipeline without Spark (``LocalPipeline``): a
+regional checkpoint whose failed region refers to the checkpoint before it (a ref chain that
+retention must keep), then a driver that dies after the decision record of the next epoch
+and before its sink commit (an epoch not committed yet: its decision row and staged files
+must survive). ``maintain`` with a zero-hour history window then compacts and vacuums; the
+checkpoints still load as they were, the pending epoch's files are there, and the pipeline
+finishes with every record exactly once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+import pytest
+import yaml
+from deltalake import DeltaTable
+
+from splitkeeper.app import services
+from splitkeeper.cli import main
+from splitkeeper.config.settings import load_config
+from splitkeeper.core.ports import CrashPoint, EpochPlan, RegionRun
+from splitkeeper.core.types import CheckpointKind, RegionOutcome
+from splitkeeper.delta.lease import LeaseHeldError, PipelineLease
+from splitkeeper.delta.retention import retention_hours
+from splitkeeper.errors import InvalidParameterError
+
+from .samples import Crash, CrashAt, LocalPipeline, LocalRegionRunner, tree
+
+
+class _FailingRegion(LocalRegionRunner):
+    """Region 1 declines epoch 3 (a regional checkpoint whose region 1 refers to checkpoint 2)."""
+
+    def run(self, epoch: int, plan: EpochPlan, timeout_s: float) -> Mapping[int, RegionRun]:
+        runs = dict(super().run(epoch, plan, timeout_s))
+        if epoch == 3:
+            runs[1] = RegionRun(1, RegionOutcome.DECLINE, error="injected")
+        return runs
+
+
+def _config(pipeline: LocalPipeline) -> Path:
+    path = pipeline.root / "pipeline.yaml"
+    mapping = {
+        "name": pipeline.name,
+        "parallelism": pipeline.parallelism,
+        "source": {"kind": "files", "path": str(pipeline.root / "in"), "format": "lines"},
+        "state": {"path": pipeline.state},
+        "sink": {"path": pipeline.sink_path},
+        "staging": {"path": pipeline.staging},
+        "maintenance": {"history_hours": 0},
+    }
+    path.write_text(yaml.safe_dump(mapping), encoding="utf-8")
+    return path
+
+
+def test_maintain_removes_old_files_but_never_what_a_kept_chain_or_a_pending_epoch_needs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pipeline = LocalPipeline(tmp_path, retain=1)
+    pipeline.write_input(files=2, lines=60)
+    config_path = _config(pipeline)
+    driver = pipeline.driver()
+    driver.runner = _FailingRegion(driver.source, pipeline.staging)
+    driver.open()
+    kinds = [driver.run_epoch().kind for _ in range(4)]
+    assert kinds[2] is CheckpointKind.REGIONAL
+    store = driver.state
+    kept = store.checkpoint_ids()
+    latest = store.latest_checkpoint()
+    assert latest is not None and kept[-1] == 4
+    chain = {cid: store.load_checkpoint(cid) for cid in kept}
+    driver.hooks = CrashAt(CrashPoint.AFTER_DECISION, 5)
+    with pytest.raises(Crash):
+        driver.run_epoch()  # epoch 5's decision is written; its sink commit never happened
+    staged = sorted(p for p in (tmp_path / "state" / "_staging").rglob("*.parquet"))
+    assert staged and all("epoch=5" in str(p) for p in staged)
+
+    before = tree(tmp_path)
+    dry = services.maintain(load_config(config_path), dry_run=True)
+    assert dry.dry_run and dry.vacuumed_count > 0  # retention's deletes left files to vacuum
+    assert tree(tmp_path) == before  # a dry run changes nothing, _delta_log included
+
+    assert main(["maintain", "--config", str(config_path)]) == 0
+    out = capsys.readouterr().out
+    removed = [line for line in out.splitlines() if line.startswith("removed ")]
+    assert removed and out.strip().splitlines()[-1].endswith(f"removed {len(removed)} file(s) older than 0 h")
+    for line in removed:  # what it says it removed is gone
+        table, _, path = line.removeprefix("removed ").partition(": ")
+        folder = tmp_path / ("sink" if table == "sink" else f"state/{table}")
+        assert not (folder / path).exists(), line
+
+    assert all(p.exists() for p in staged)  # the pending epoch's staged files are untouched
+    reopened = pipeline.driver()
+    assert reopened.state.checkpoint_ids() == kept
+    assert {
+        cid: reopened.state.load_checkpoint(cid) for cid in kept
+    } == chain  # the kept chain reads the same
+    assert reopened.state.latest_plan_epoch() == 5
+    assert reopened.open().restored_from == 4
+    summary = reopened.run()
+    assert summary.finished and summary.epochs[0].epoch == 6
+    rows = DeltaTable(pipeline.sink_path).to_pyarrow_table(columns=["split_id", "offset"]).to_pylist()
+    keys = [(r["split_id"], r["offset"]) for r in rows]
+    assert len(keys) == len(set(keys)) == 120  # every line once, none twice
+    assert {sid for sid, _ in keys} == {"part-0.txt", "part-1.txt"}
+
+
+def test_maintain_holds_the_lease_and_is_refused_while_another_run_holds_it(tmp_path: Path) -> None:
+    pipeline = LocalPipeline(tmp_path)
+    pipeline.write_input(files=1, lines=10)
+    config = load_config(_config(pipeline))
+    driver = pipeline.driver()
+    driver.open()
+    driver.run_epoch()
+    lease = PipelineLease(driver.state.tables, pipeline.name)
+    lease.take(ttl_s=60)
+    try:
+        with pytest.raises(LeaseHeldError, match="is driven by"):
+            services.maintain(config)
+    finally:
+        lease.release()
+    assert not services.maintain(config).dry_run
+
+
+@pytest.mark.parametrize(("window", "kept"), [(0, 0), (0.5, 1), (1, 1), (1.01, 2), (168, 168)])
+def test_a_fractional_history_window_rounds_up_so_vacuum_never_keeps_less(window: float, kept: int) -> None:
+    assert retention_hours(window) == kept
+
+
+@pytest.mark.parametrize("window", [-1, -0.5, float("nan")])
+def test_a_negative_or_nan_history_window_is_refused_naming_the_key(window: float) -> None:
+    with pytest.raises(InvalidParameterError) as err:
+        retention_hours(window)
+    assert "history_hours" in str(err.value) and "hours >= 0" in str(err.value)

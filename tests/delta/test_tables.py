@@ -1,0 +1,283 @@
+"""The table definitions (splitkeeper.delta.tables): the DDL parser, create-if-absent, layout check,
+migration, a damaged log. No Spark."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable
+
+from splitkeeper.delta import tables
+from splitkeeper.delta.checkpoints import DeltaStateStore, decision_for
+from splitkeeper.delta.tables import (
+    META_COLUMNS,
+    STAGED_COLUMNS,
+    STAGED_FILE_SCHEMA,
+    STAGED_SCHEMA,
+    STATE_TABLES,
+    TABLES,
+    ensure_table,
+    parse_ddl,
+    read_ddl,
+    spec,
+)
+from splitkeeper.errors import StateError
+
+from . import workers
+from .samples import global_
+
+
+def test_the_ddl_subset_parses_to_arrow_types_with_spark_nullability():
+    schema = parse_ddl(
+        """-- a comment line
+        id BIGINT NOT NULL,  -- trailing comment
+        `end` INT,
+        name STRING NOT NULL,
+        flag BOOLEAN,
+        ratio DOUBLE,
+        at TIMESTAMP NOT NULL,
+        tags ARRAY<STRING>,
+        parts ARRAY<STRUCT<split_id: STRING NOT NULL, `offset`: BIGINT, inner: ARRAY<INT>>> NOT NULL,
+        header STRUCT<a INT, b STRING>
+        """
+    )
+    assert schema.names == ["id", "end", "name", "flag", "ratio", "at", "tags", "parts", "header"]
+    assert schema.field("id").type == pa.int64() and not schema.field("id").nullable
+    assert schema.field("end").type == pa.int32() and schema.field("end").nullable
+    assert schema.field("at").type == pa.timestamp("us", tz="UTC")  # an instant, never wall-clock time
+    assert schema.field("tags").type.value_field.nullable  # Spark: elements may be NULL
+    element = schema.field("parts").type.value_type
+    assert [f.name for f in element] == ["split_id", "offset", "inner"]
+    assert not element.field("split_id").nullable and element.field("offset").nullable
+    assert element.field("inner").type == pa.list_(pa.field("element", pa.int32()))
+    assert schema.field("header").type == pa.struct([pa.field("a", pa.int32()), pa.field("b", pa.string())])
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("id DECIMAL", "unknown type 'DECIMAL'"),
+        ("id DECIMAL(10,2)", "unexpected character '\\('"),
+        ("id BIGINT NOT", "unexpected end, expected NULL"),
+        ("id BIGINT, id INT", "duplicate column names"),
+        ("x ARRAY<INT", "unexpected end"),
+        ("", "no columns"),
+        ("id BIGINT;", "unexpected character ';'"),
+    ],
+)
+def test_ddl_outside_the_subset_is_refused_naming_the_file_and_the_token(text, message):
+    with pytest.raises(StateError, match=message) as err:
+        parse_ddl(text, "state/x.ddl")
+    assert str(err.value).startswith("[STATE_ERROR] state/x.ddl: ")
+
+
+def test_every_ddl_file_parses_and_each_table_has_its_partition_and_properties():
+    for name, table in TABLES.items():
+        assert table.schema.names, name
+        if table.partition:
+            assert table.partition in table.schema.names
+        props = table.properties
+        assert props["delta.checkpointInterval"] == "10"
+        assert props["delta.enableDeletionVectors"] == "false"
+        assert set(table.stats_columns) <= set(table.schema.names), name
+    assert spec("checkpoints").partition == "checkpoint_id" and spec("audit").partition is None
+    assert set(STATE_TABLES) <= set(TABLES) and "lease" in TABLES and "decisions" in STATE_TABLES
+
+
+def test_the_staged_schema_is_the_sink_ddl():
+    assert parse_ddl(read_ddl("sink_records")) == STAGED_FILE_SCHEMA
+    assert STAGED_FILE_SCHEMA.names == [*STAGED_COLUMNS, "ingested_at", *META_COLUMNS]
+    assert pa.schema([STAGED_FILE_SCHEMA.field(c) for c in STAGED_COLUMNS]) == STAGED_SCHEMA
+
+
+def test_the_ddl_lookup_is_one_function_the_environment_can_redirect(tmp_path, monkeypatch):
+    (tmp_path / "pipeline.ddl").write_text("name STRING NOT NULL -- only\n")
+    monkeypatch.setenv(tables.SCHEMA_DIR_ENV, str(tmp_path))
+    assert tables.ddl_path("pipeline") == tmp_path / "pipeline.ddl"
+    assert "name STRING NOT NULL" in read_ddl("pipeline") and "only" not in read_ddl("pipeline")
+    with pytest.raises(StateError, match=r"schema file of table 'audit' is missing at .*audit\.ddl"):
+        read_ddl("audit")
+
+
+def test_creating_a_table_twice_creates_it_once_with_the_ddl_layout(tmp_path):
+    uri = str(tmp_path / "checkpoints")
+    table, created = ensure_table(uri, spec("checkpoints"))
+    again, created_again = ensure_table(uri, spec("checkpoints"))
+    assert (created, created_again) == (True, False)
+    assert again.version() == table.version() == 0
+    assert again.metadata().partition_columns == ["checkpoint_id"]
+    assert again.metadata().configuration["delta.checkpointInterval"] == "10"
+    assert pa.schema(again.schema().to_arrow()).names == spec("checkpoints").schema.names
+
+
+def test_two_processes_opening_a_fresh_state_directory_one_claims_it_the_other_is_refused(tmp_path):
+    root = str(tmp_path / "state")
+    context = multiprocessing.get_context("spawn")
+    barrier = context.Barrier(2)
+    results = context.Queue()
+    procs = [
+        context.Process(target=workers.claim_state, args=(root, name, barrier, results))
+        for name in ("orders", "payments")
+    ]
+    for p in procs:
+        p.start()
+    outcomes = {name: (kind, detail) for name, kind, detail in (results.get(timeout=180) for _ in procs)}
+    for p in procs:
+        p.join(timeout=60)
+    assert sorted(kind for kind, _ in outcomes.values()) == ["owner", "refused"], outcomes
+    owner = next(name for name, (kind, _) in outcomes.items() if kind == "owner")
+    other = next(name for name, (kind, _) in outcomes.items() if kind == "refused")
+    assert f"belongs to pipeline {owner!r}, not to pipeline {other!r}" in outcomes[other][1]
+    pipeline = DeltaTable(os.path.join(root, "pipeline"))
+    assert pipeline.version() == 0  # the claim is the creating commit itself
+    assert pipeline.to_pyarrow_table().column("name").to_pylist() == [owner]
+    for name in STATE_TABLES:
+        assert DeltaTable.is_deltatable(os.path.join(root, name)), name
+
+
+def test_a_table_with_other_columns_is_refused_naming_what_it_has_and_what_is_expected(tmp_path):
+    root = tmp_path / "state"
+    DeltaTable.create(
+        str(root / "audit"), pa.schema([pa.field("checkpoint_id", pa.int64()), ("x", pa.string())])
+    )
+    with pytest.raises(StateError) as err:
+        DeltaStateStore(root, "orders", "files:/in")
+    text = str(err.value)
+    assert f"table audit at {root / 'audit'} has columns ['checkpoint_id', 'x'] partitioned by []" in text
+    assert (
+        "splitkeeper expects ['checkpoint_id', 'attempt_id', 'seq'" in text
+        and "fresh state directory" in text
+    )
+
+
+def test_a_table_partitioned_otherwise_is_refused(tmp_path):
+    root = tmp_path / "state"
+    DeltaTable.create(str(root / "epoch_plans"), spec("epoch_plans").schema)  # not partitioned by epoch_id
+    with pytest.raises(
+        StateError,
+        match=r"table epoch_plans .* partitioned by \[\], but splitkeeper expects .* "
+        r"partitioned by \['epoch_id'\]",
+    ):
+        DeltaStateStore(root, "orders", "files:/in")
+
+
+def _old_checkpoints_table(root: Path) -> pa.Schema:
+    """A checkpoints table as state written before configured_parallelism, split_weights and
+    enumerator_base existed."""
+    full = spec("checkpoints").schema
+    added = ("configured_parallelism", "split_weights", "enumerator_base", "enumerator_row_count")
+    old = pa.schema([f for f in full if f.name not in added])
+    DeltaTable.create(str(root / "checkpoints"), old, partition_by=["checkpoint_id"])
+    return old
+
+
+def test_an_older_checkpoints_table_gains_configured_parallelism_and_reads_null_there(tmp_path):
+    root = tmp_path / "state"
+    _old_checkpoints_table(root)
+    read_only = DeltaStateStore(root, "orders", None, read_only=True)  # does not migrate
+    assert read_only.checkpoint_ids() == []
+    assert DeltaTable(str(root / "checkpoints")).version() == 0
+
+    store = DeltaStateStore(root, "orders", "files:/in")  # migrates: ADD COLUMNS, no error
+    migrated = DeltaTable(str(root / "checkpoints"))
+    assert pa.schema(migrated.schema().to_arrow()).names == spec("checkpoints").schema.names
+    assert migrated.history(1)[0]["operation"] == "ADD COLUMN"
+    store.commit_checkpoint(decision_for(global_(1)))  # a writer that does not say: NULL
+    store.commit_checkpoint(
+        decision_for(global_(2), configured_parallelism=3, split_weights={"orders-0": 2.5})
+    )
+    again = DeltaStateStore(root, "orders", "files:/in")
+    assert again.load_checkpoint(1) == global_(1) and again.load_checkpoint(2) == global_(2)
+    assert (again.configured_parallelism(1), again.configured_parallelism(2)) == (None, 3)
+    assert again.history.split_weights(1) == {} and again.history.split_weights(2) == {"orders-0": 2.5}
+
+
+def test_a_read_only_store_reads_rows_of_an_unmigrated_table_with_null_in_the_added_column(tmp_path):
+    from datetime import UTC, datetime
+
+    from splitkeeper.delta import serde
+
+    root = tmp_path / "state"
+    old = _old_checkpoints_table(root)
+    for name in STATE_TABLES:
+        if name not in ("checkpoints", "pipeline"):
+            ensure_table(str(root / name), spec(name))
+    ensure_table(
+        str(root / "pipeline"),
+        spec("pipeline"),
+        data=spec("pipeline").rows(
+            [
+                {
+                    "name": "orders",
+                    "source_fingerprint": "f",
+                    "state_format": 1,
+                    "created_at": datetime.now(UTC),
+                }
+            ]
+        ),
+    )
+    row = {
+        **serde.checkpoint_to_row(global_(1)),
+        "attempt_id": "a",
+        "run_id": "old",
+        "created_at": datetime.now(UTC),
+        "commit_ms": 1,
+    }
+    from deltalake import write_deltalake
+
+    write_deltalake(str(root / "checkpoints"), pa.Table.from_pylist([row], old), mode="append")
+    enumerator = global_(1).enumerator
+    assert enumerator is not None
+    rows = [{**r, "checkpoint_id": 1, "attempt_id": "a"} for r in serde.enumerator_to_rows(enumerator)]
+    write_deltalake(str(root / "enumerator_state"), spec("enumerator_state").rows(rows), mode="append")
+    store = DeltaStateStore(root, "orders", None, read_only=True)
+    assert store.checkpoint_ids() == [1] and store.configured_parallelism(1) is None
+    assert store.load_checkpoint(1) == global_(1)
+    assert pa.schema(DeltaTable(str(root / "checkpoints")).schema().to_arrow()) == old  # not migrated
+
+
+def test_a_truncated_log_entry_names_the_table_the_log_file_and_what_to_do(tmp_path):
+    root = tmp_path / "state"
+    store = DeltaStateStore(root, "orders", "files:/in")
+    store.commit_checkpoint(decision_for(global_(1)))
+    store.commit_checkpoint(decision_for(global_(2)))
+    log_file = root / "checkpoints" / "_delta_log" / "00000000000000000002.json"
+    data = log_file.read_bytes()
+    log_file.write_bytes(data[:-25])  # a copy that stopped half-way through its last action
+    before = {p: p.read_bytes() for p in (root / "checkpoints").rglob("*") if p.is_file()}
+    with pytest.raises(StateError) as err:
+        DeltaStateStore(root, "orders", "files:/in").latest_checkpoint()
+    text = str(err.value)
+    assert f"the Delta table at {root / 'checkpoints'} cannot be read: log file {log_file}" in text
+    assert "Restore that file from a backup" in text and "splitkeeper validate" in text
+    assert err.value.params["log_file"] == str(log_file)
+    after = {p: p.read_bytes() for p in (root / "checkpoints").rglob("*") if p.is_file()}
+    assert after == before  # nothing was written or repaired behind the user's back
+
+
+def test_the_state_package_and_the_sink_import_no_spark_and_nothing_reaches_into_delta_jvm():
+    import re
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, splitkeeper.delta.checkpoints, splitkeeper.delta.history, splitkeeper.delta.lease, "
+        "splitkeeper.delta.retention, splitkeeper.delta.sink; "
+        "bad = [m for m in sys.modules if m.split('.')[0] in ('pyspark', 'py4j', 'delta')]; "
+        "assert not bad, bad"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+    package = Path(tables.__file__).resolve().parents[1]
+    offenders = [
+        f"{path.relative_to(package)}:{n}"
+        for path in package.rglob("*.py")
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if re.search(
+            r"\._jvm\b|jvm\.(org\.apache\.spark\.sql\.delta|io\.delta)|DeltaLog|OptimisticTransaction", line
+        )
+    ]
+    assert offenders == []
