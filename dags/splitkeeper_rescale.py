@@ -11,9 +11,9 @@ from __future__ import annotations
 import pendulum
 from airflow.sdk import DAG, Param, task
 
+from splitkeeper.config.limits import MAX_PARALLELISM
 from splitkeeper.orchestration import tasks
 from splitkeeper.orchestration.airflow import DagPipeline, dag_pipelines
-from splitkeeper.spark.regions import MAX_PARALLELISM
 
 
 def rescale_dag(pipeline: DagPipeline) -> DAG:

@@ -23,6 +23,9 @@ ENGINES_CONTRACT = "core: the protocol core imports no engine and no config-mode
 PIPELINE_CONTRACT = "commands and orchestration reach the pipeline only through splitkeeper.app"
 TOOLS_CONTRACT = "tools: only the CLI and the tools themselves import splitkeeper.tools"
 CLI_CONTRACT = "cli: only python -m splitkeeper imports the CLI"
+CONFIG_CONTRACT = (
+    "config: the pipeline file's models import no engine, store or user-facing part of splitkeeper"
+)
 CONTRACTS = (
     CORE_CONTRACT,
     SPARK_CONTRACT,
@@ -32,6 +35,7 @@ CONTRACTS = (
     PIPELINE_CONTRACT,
     TOOLS_CONTRACT,
     CLI_CONTRACT,
+    CONFIG_CONTRACT,
 )
 
 
@@ -86,6 +90,11 @@ def test_the_contracts_are_kept_by_this_checkout(tree: Path) -> None:
         ),
         ("splitkeeper/core/_probe.py", "import splitkeeper.sim.events", CORE_CONTRACT),
         ("splitkeeper/core/_probe.py", "from splitkeeper import resources", CORE_CONTRACT),
+        # the config reads the core only: no engine (ours or pyspark), no store, nothing user-facing
+        ("splitkeeper/config/_probe.py", "import splitkeeper.spark.regions", CONFIG_CONTRACT),
+        ("splitkeeper/config/_probe.py", "from splitkeeper.delta import serde", CONFIG_CONTRACT),
+        ("splitkeeper/config/_probe.py", "import pyspark", CONFIG_CONTRACT),
+        ("splitkeeper/config/_probe.py", "from splitkeeper.app import services", CONFIG_CONTRACT),
         ("splitkeeper/spark/_probe.py", "import splitkeeper.orchestration.tasks", SPARK_CONTRACT),
         ("splitkeeper/spark/_probe.py", "import splitkeeper.report.html", SPARK_CONTRACT),
         ("splitkeeper/spark/_probe.py", "from splitkeeper.quality import checks", SPARK_CONTRACT),

@@ -25,10 +25,9 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from splitkeeper.config.settings import PipelineConfig
+from splitkeeper.config.settings import PipelineConfig, core_settings
 from splitkeeper.core import driver as core_driver
 from splitkeeper.core.driver import (
-    DriverSettings,
     EpochDriver,
     EpochReport,
     OpenReport,
@@ -67,7 +66,6 @@ __all__ = [
     "RuntimeHooks",
     "SparkRegionRunner",
     "SystemClock",
-    "driver_settings",
 ]
 
 log = logging.getLogger("splitkeeper.app.pipeline")
@@ -75,25 +73,6 @@ log = logging.getLogger("splitkeeper.app.pipeline")
 PROGRESS_LOG = logging.getLogger("splitkeeper.progress")
 
 OPERATOR_STATE_KEEP = core_driver.OPERATOR_STATE_KEEP
-
-
-def driver_settings(config: PipelineConfig, redistribution: Redistribution | None = None) -> DriverSettings:
-    """The driver's view of a pipeline config (``redistribution`` overrides ``rescale.operator_state``)."""
-    return DriverSettings(
-        pipeline=config.name,
-        parallelism=config.parallelism,
-        checkpoint=config.checkpoint,
-        backlog=config.backlog,
-        retain_checkpoints=config.checkpoint.retain_checkpoints,
-        strategy=config.strategy,
-        strategy_options={"capacities": dict(config.capacities)} if config.strategy == "weighted" else {},
-        redistribution=redistribution or config.operator_state.redistribution,
-        rebalance_threshold=config.rebalance_threshold,
-        on_split_failure=config.checkpoint.on_split_failure,
-        quarantine_after=config.checkpoint.quarantine_after,
-        max_consecutive_aborts=config.checkpoint.max_consecutive_aborts,
-        on_file_change=config.source.on_file_change,
-    )
 
 
 # --------------------------------------------------------------------------- adapters
@@ -269,7 +248,7 @@ class Pipeline:
         )
         self.transform = resolve_transform(config.transform)
         self.driver = EpochDriver(
-            driver_settings(config),
+            core_settings(config),
             self.connector,
             SparkRegionRunner(
                 spark,

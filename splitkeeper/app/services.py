@@ -40,12 +40,12 @@ from splitkeeper.app.results import (
     TimelineLine,
     ValidationResult,
 )
+from splitkeeper.config.limits import check_parallelism
 from splitkeeper.config.settings import PipelineConfig
 from splitkeeper.core.assignment import AssignmentStrategy, WeightedStrategy
 from splitkeeper.core.rescale import Redistribution
 from splitkeeper.core.types import Split
 from splitkeeper.errors import CheckpointError, InvalidParameterError, RunInterrupted, StateError
-from splitkeeper.spark.regions import check_parallelism
 
 log = logging.getLogger("splitkeeper.app")
 
@@ -57,6 +57,19 @@ _R = TypeVar("_R")
 
 
 # --------------------------------------------------------------------------- shared pieces
+
+
+def checkpoint_id_of(value: object, name: str = "checkpoint_id") -> int | None:
+    """The checkpoint a person or a DAG Param names for a recovery: ``'latest'`` (or None, or
+    ``''``) is None, else a positive integer, given as one or as its digits; InvalidParameterError
+    naming ``name`` otherwise. The one parse of a checkpoint id (CLI and Airflow)."""
+    if value in (None, "", "latest"):
+        return None
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    if isinstance(value, str) and value.isdigit() and int(value) > 0:
+        return int(value)
+    raise InvalidParameterError(name, value, "'latest' or a checkpoint id (a positive integer)")
 
 
 def spark_session() -> Any:
@@ -379,12 +392,8 @@ def recover(
         raise InvalidParameterError(
             "drop", both[0], "a split not also given to --release", "release reads it on, drop forgets it"
         )
-    if parallelism is not None and (
-        isinstance(parallelism, bool) or not isinstance(parallelism, int) or parallelism < 1
-    ):
-        raise InvalidParameterError("parallelism", parallelism, "an integer >= 1, or None to keep it")
     if parallelism is not None:
-        check_parallelism(parallelism)
+        check_parallelism(parallelism, or_else=", or None to keep it")
     if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 0:
         raise InvalidParameterError("epochs", epochs, "an integer >= 0")
     if epochs == 0 and not dry_run:

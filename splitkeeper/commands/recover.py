@@ -17,16 +17,7 @@ import argparse
 import json
 
 from splitkeeper.commands.common import add_config_argument, add_fault_argument, load
-from splitkeeper.errors import InvalidParameterError
-from splitkeeper.spark.regions import check_parallelism
-
-
-def checkpoint_arg(text: str) -> int | None:
-    if text == "latest":
-        return None
-    if text.isdigit() and int(text) > 0:
-        return int(text)
-    raise InvalidParameterError("--checkpoint", text, "'latest' or a checkpoint id (a positive integer)")
+from splitkeeper.config.limits import check_parallelism
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -74,9 +65,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.repair:
         return _repair(args)
-    checkpoint = checkpoint_arg(args.checkpoint)
-    if args.parallelism is not None and args.parallelism < 1:
-        raise InvalidParameterError("--parallelism", args.parallelism, "an integer >= 1")
+    checkpoint = services.checkpoint_id_of(args.checkpoint, "--checkpoint")
     if args.parallelism is not None:
         check_parallelism(args.parallelism, "--parallelism")
     result = services.recover(

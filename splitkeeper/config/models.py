@@ -1,28 +1,34 @@
-"""The schema of the pipeline file: pydantic v2 models, the one definition of its shape.
+"""The pipeline file: pydantic v2 models, the one definition of its shape, defaults and rules.
 
 Contract:
 
 1. :class:`PipelineFile` and its section models name every key a pipeline file may
-   hold (``extra="forbid"``), the type of each value, the choices of each enum-like key
-   (taken from the enums of :mod:`splitkeeper.config.settings` and the core's strategy
-   table) and the ranges of the keys the protocol core does not own. Each field's
-   ``description`` is the "what is allowed" of its error message and of the JSON Schema.
-2. The ``checkpoint`` and ``backlog`` sections are generated from the core's own config
-   dataclasses (names, types, defaults): their valid values stay the core's decision
-   (:func:`splitkeeper.config.settings.config_from_mapping` builds the core objects, which
-   validate them); the same goes for ``parallelism``, whose maximum is the runtime's limit
-   (:data:`splitkeeper.spark.regions.MAX_PARALLELISM`).
-3. :func:`validate_shape` turns the first pydantic error into a
+   hold (``extra="forbid"``), the type of each value, the choices of each enum-like key,
+   its default and its range. They are frozen. Each field's ``description`` is the "what is
+   allowed" of its error message and of the JSON Schema. The defaults the protocol core and
+   the simulator need too come from :mod:`splitkeeper.core.defaults` (stated there once).
+2. The ranges of the ``checkpoint`` and ``backlog`` keys and of ``parallelism`` are the core's
+   own invariants: the section validators call the core's checks (its dataclasses and
+   ``check_*`` functions), so the message is the core's; the top of ``parallelism`` is
+   :data:`splitkeeper.config.limits.MAX_PARALLELISM`.
+3. Every rule that spans keys (the options of the other source kind, topics xor
+   topic_pattern, the ``weighted`` section only with ``strategy: weighted``, an importable
+   ``notifications.on_failure`` and ``transform``, the staging location, the placement of
+   source, state, sink and staging) lives in one validator, :meth:`PipelineFile._cross_keys`,
+   which runs once the shape is valid and resolves the locations against the validation
+   context's ``base`` directory (:attr:`PipelineFile.resolved`).
+4. :func:`validate_shape` turns the first pydantic error into a
    :class:`~splitkeeper.errors.ConfigError` in the house format: the dotted key, the value
    given, what is allowed, and for an unknown key the allowed keys of its section and the
    closest one ("did you mean"). Values of ``source.client`` are never shown.
-4. A ``null`` value counts as not given (the default applies; a required key is missing).
-5. :func:`json_schema` is the JSON Schema (draft 2020-12) of the file, what
+5. A ``null`` value counts as not given (the default applies; a required key is missing).
+6. :func:`json_schema` is the JSON Schema (draft 2020-12) of the file, what
    ``splitkeeper config schema`` prints and the Airflow trigger form validates against.
 
-Cross-key rules (the options of the other source kind, topics xor topic_pattern, path
-resolution, state/sink/staging placement, importable transform) are checked after the
-shape, by the builder in :mod:`splitkeeper.config.settings`.
+:mod:`splitkeeper.config.settings` reads files into these models and derives the typed view
+the rest of splitkeeper uses (:class:`~splitkeeper.config.settings.PipelineConfig`) and the
+core's settings (:func:`~splitkeeper.config.settings.core_settings`). This module imports no
+other module of the config package but :mod:`splitkeeper.config.limits`.
 """
 
 from __future__ import annotations
@@ -30,36 +36,124 @@ from __future__ import annotations
 import difflib
 import enum
 import json
+import os
+import re
 from collections.abc import Mapping
-from dataclasses import MISSING, fields
-from typing import TYPE_CHECKING, Annotated, Any, ClassVar
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any
 
 from pydantic import (
     AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     StringConstraints,
     ValidationError,
-    create_model,
+    ValidationInfo,
     model_validator,
 )
 from pydantic.fields import FieldInfo
 
-from splitkeeper.config import settings as _config  # config imports this module lazily, when it validates
-from splitkeeper.core.assignment import validate_parallelism
+from splitkeeper.config.limits import MAX_PARALLELISM, check_parallelism
+from splitkeeper.core import defaults
+from splitkeeper.core.assignment import STRATEGIES
 from splitkeeper.core.backlog import BacklogConfig
-from splitkeeper.core.types import SplitChangePolicy
+from splitkeeper.core.checkpoint import CheckpointConfig, check_full_snapshot_every
+from splitkeeper.core.driver import check_abort_limit, check_quarantine_after, check_retain_checkpoints
+from splitkeeper.core.rescale import Redistribution
+from splitkeeper.core.types import SplitChangePolicy, SplitFailurePolicy
 from splitkeeper.errors import ConfigError, InvalidParameterError
-from splitkeeper.spark.regions import MAX_PARALLELISM, check_parallelism
+from splitkeeper.transforms import resolve_callable, resolve_transform
 
-STRATEGY_NAMES = _config.STRATEGY_NAMES
+#: The assignment strategies of the protocol core (protocol rule 1.6), by config name.
+STRATEGY_NAMES: tuple[str, ...] = tuple(sorted(STRATEGIES))
+IDENTITY_TRANSFORM = "splitkeeper.transforms:identity"
 SCHEMA_ID = "https://splitkeeper.invalid/schemas/pipeline.json"
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 CALLABLE_PATTERN = r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$"
 STARTING_PATTERN = r"^(earliest|latest|group|timestamp:[0-9]+)$"
 OTLP_PATTERN = r"^https?://[^\s/]+"
+
+_URI_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+_HOST_PORT_RE = re.compile(r"^[^\s:,]+:\d{1,5}$")
+
+
+# --------------------------------------------------------------------------- choices
+
+
+class SourceKind(enum.Enum):
+    FILES = "files"
+    KAFKA = "kafka"
+
+
+class FileFormat(enum.Enum):
+    """How a file's bytes become records.
+
+    ``LINES``: one record per line, the value is the line without its line
+    terminator. ``JSONL``: one JSON document per non-blank line; blank lines are
+    not records (their bytes count towards the neighbouring record's offsets).
+    """
+
+    LINES = "lines"
+    JSONL = "jsonl"
+
+
+class RegionMode(enum.Enum):
+    """Whether readers form independent regions (protocol rule 2.9).
+
+    ``PER_READER``: each reader and what follows it without a shuffle is a
+    region; regional checkpoints are allowed. ``GLOBAL``: readers are not
+    independent (a shuffle between them), so every checkpoint is global.
+    """
+
+    PER_READER = "per_reader"
+    GLOBAL = "global"
+
+
+class OffsetOutOfRange(enum.Enum):
+    """What a Kafka reader does when a planned offset was deleted by retention."""
+
+    FAIL = "fail"
+    SKIP = "skip"
+
+
+class OperatorState(enum.Enum):
+    """How list-style operator state is redistributed when the parallelism changes (protocol rule 2.8)."""
+
+    EVEN_SPLIT = "even-split"
+    UNION = "union"
+
+    @property
+    def redistribution(self) -> Redistribution:
+        return Redistribution.UNION if self is OperatorState.UNION else Redistribution.EVEN_SPLIT
+
+
+class StartingMode(enum.Enum):
+    EARLIEST = "earliest"
+    LATEST = "latest"
+    TIMESTAMP = "timestamp"
+    GROUP = "group"
+
+
+#: librdkafka settings splitkeeper sets itself (from other keys); ``source.client`` may not set them.
+KAFKA_MANAGED_CLIENT_KEYS = frozenset(
+    {"bootstrap.servers", "group.id", "enable.auto.commit", "enable.auto.offset.store", "logger"}
+)
+_SECRET_WORDS = ("password", "secret", "token", "jaas", "credential", "private", ".pem", "key.pem")
+REDACTED = "***"
+
+
+def is_secret_key(key: str) -> bool:
+    """Whether a client setting holds a secret (its value is never printed, logged or returned)."""
+    lowered = key.lower()
+    return any(word in lowered for word in _SECRET_WORDS)
+
+
+# --------------------------------------------------------------------------- sections
+
 
 _Text = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1)]
 
@@ -72,6 +166,10 @@ def _strategy(value: str) -> str:
     if value not in STRATEGY_NAMES:
         raise ValueError(_one_of(STRATEGY_NAMES))
     return value
+
+
+def _parallelism(value: Any) -> int:
+    return check_parallelism(value)
 
 
 class _Section(BaseModel):
@@ -95,18 +193,24 @@ def _choice(enum_type: type[enum.Enum], default: Any = ...) -> Any:
     return Field(default, strict=False, description=_one_of([m.value for m in enum_type]))
 
 
+def _core(default: Any, json_type: str) -> Any:
+    """A key whose range is the protocol core's invariant (contract 2): any value reaches the core's check."""
+    description = f"{json_type} (the protocol core checks its range)"
+    return Field(default, description=description, json_schema_extra={"type": json_type})
+
+
 _SECONDS = "a number of seconds > 0"
 
 
 class SourceSection(_Section):
     """``source``: ``kind`` chooses the reader; the options of the other kind may not be given."""
 
-    kind: _config.SourceKind = _choice(_config.SourceKind)
+    kind: SourceKind = _choice(SourceKind)
     # files
     path: _Text | None = Field(None, description="the directory (or file) to ingest")
-    format: _config.FileFormat = _choice(_config.FileFormat, _config.FileFormat.LINES)
+    format: FileFormat = _choice(FileFormat, FileFormat.LINES)
     split_bytes: int = Field(0, ge=0, description="an integer >= 0 (0: one split per file)")
-    on_file_change: SplitChangePolicy = _choice(SplitChangePolicy, SplitChangePolicy.FAIL)
+    on_file_change: SplitChangePolicy = _choice(SplitChangePolicy, defaults.ON_FILE_CHANGE)
     # kafka
     bootstrap_servers: _Text | list[_Text] | None = Field(
         None, description="'host:port[,host:port...]' or a list of 'host:port'"
@@ -119,9 +223,7 @@ class SourceSection(_Section):
         description="'earliest', 'latest', 'timestamp:<epoch ms>' or 'group'",
     )
     group_id: _Text | None = Field(None, description="a consumer group id")
-    on_offset_out_of_range: _config.OffsetOutOfRange = _choice(
-        _config.OffsetOutOfRange, _config.OffsetOutOfRange.FAIL
-    )
+    on_offset_out_of_range: OffsetOutOfRange = _choice(OffsetOutOfRange, OffsetOutOfRange.FAIL)
     connect_timeout_s: float | None = Field(None, gt=0, allow_inf_nan=False, description=_SECONDS)
     read_timeout_s: float | None = Field(None, gt=0, allow_inf_nan=False, description=_SECONDS)
     client: dict[str, Any] = Field(
@@ -134,56 +236,65 @@ class SourceSection(_Section):
 FILE_KEYS = ("path", "format", "split_bytes", "on_file_change")
 KAFKA_KEYS = tuple(k for k in SourceSection.model_fields if k != "kind" and k not in FILE_KEYS)
 
-_JSON_TYPES = {"int": "integer", "float": "number", "bool": "boolean", "str": "string"}
 
+class CheckpointSection(_Section):
+    """The ``checkpoint`` section: the core :class:`CheckpointConfig` plus retention."""
 
-class _CoreSection(_Section):
-    """A section that is a core config dataclass: the core's constructor validates it (contract 2)."""
-
-    core_type: ClassVar[type[Any]]
+    max_consecutive_failures: Any = _core(defaults.MAX_CONSECUTIVE_FAILURES, "integer")
+    max_failure_ratio: Any = _core(defaults.MAX_FAILURE_RATIO, "number")
+    region_timeout_s: Any = _core(defaults.REGION_TIMEOUT_S, "number")
+    retain_checkpoints: Any = _core(defaults.RETAIN_CHECKPOINTS, "integer")
+    on_split_failure: SplitFailurePolicy = _choice(SplitFailurePolicy, defaults.ON_SPLIT_FAILURE)
+    quarantine_after: Any = _core(defaults.QUARANTINE_AFTER, "integer")
+    full_snapshot_every: Any = _core(defaults.FULL_SNAPSHOT_EVERY, "integer")
+    max_consecutive_aborts: Any = _core(defaults.MAX_CONSECUTIVE_ABORTS, "integer")
 
     @model_validator(mode="after")
-    def _core_validates(self) -> _CoreSection:
-        self.build()
+    def _core_validates(self) -> CheckpointSection:
+        """The core's checks, in the order of its settings (contract 2)."""
+        self.core(regions_independent=True)
+        check_retain_checkpoints(self.retain_checkpoints)
+        check_quarantine_after(self.quarantine_after)
+        check_full_snapshot_every(self.full_snapshot_every)
+        check_abort_limit(self.max_consecutive_aborts, self.on_split_failure, self.quarantine_after)
         return self
 
-    def build(self, **extra: Any) -> Any:
-        """The core object of the keys given (the core's own defaults for the others)."""
-        values = {name: getattr(self, name) for name in self.given()}
-        floats = {f.name for f in fields(self.core_type) if f.type == "float"}
-        for name in floats & set(values):
-            if isinstance(values[name], int) and not isinstance(values[name], bool):
-                values[name] = float(values[name])
-        return self.core_type(**values, **extra)
+    def core(self, regions_independent: bool) -> CheckpointConfig:
+        """The core's checkpoint settings of this section."""
+        return CheckpointConfig(
+            max_consecutive_failures=self.max_consecutive_failures,
+            max_failure_ratio=_number(self.max_failure_ratio),
+            region_timeout_s=_number(self.region_timeout_s),
+            regions_independent=regions_independent,
+        )
 
 
-def _core_section(name: str, dataclass: type[Any], skip: tuple[str, ...] = ()) -> type[_CoreSection]:
-    """A section model with the fields (names, types, defaults) of a core config dataclass."""
-    spec: dict[str, Any] = {}
-    for f in fields(dataclass):
-        if f.name in skip:
-            continue
-        default = f.default if f.default is not MISSING else ...
-        if isinstance(default, enum.Enum):
-            spec[f.name] = (type(default), _choice(type(default), default))
-            continue
-        json_type = _JSON_TYPES[str(f.type)]
-        description = f"{json_type} (the protocol core checks its range)"
-        spec[f.name] = (Any, Field(default, description=description, json_schema_extra={"type": json_type}))
-    doc = (dataclass.__doc__ or name).strip().splitlines()[0]
-    model = create_model(name, __base__=_CoreSection, __doc__=doc, **spec)
-    model.core_type = dataclass
-    return model
+def _number(value: Any) -> Any:
+    """An integer given for a number key, as a float (other values go to the core's check as they are)."""
+    return float(value) if isinstance(value, int) and not isinstance(value, bool) else value
 
 
-if TYPE_CHECKING:  # generated classes: to mypy, what they have in common
-    CheckpointSection = _CoreSection
-    BacklogSection = _CoreSection
-else:
-    CheckpointSection = _core_section(
-        "CheckpointSection", _config.CheckpointSettings, skip=("regions_independent",)
-    )
-    BacklogSection = _core_section("BacklogSection", BacklogConfig)
+class BacklogSection(_Section):
+    """Epoch size and checkpoint interval while processing backlog versus afterwards."""
+
+    backlog_epoch_records: Any = _core(defaults.BACKLOG_EPOCH_RECORDS, "integer")
+    normal_epoch_records: Any = _core(defaults.NORMAL_EPOCH_RECORDS, "integer")
+    backlog_interval_s: Any = _core(defaults.BACKLOG_INTERVAL_S, "number")
+    normal_interval_s: Any = _core(defaults.NORMAL_INTERVAL_S, "number")
+
+    @model_validator(mode="after")
+    def _core_validates(self) -> BacklogSection:
+        self.core()
+        return self
+
+    def core(self) -> BacklogConfig:
+        """The core's backlog settings of this section (the core checks the ranges, contract 2)."""
+        return BacklogConfig(
+            backlog_epoch_records=self.backlog_epoch_records,
+            normal_epoch_records=self.normal_epoch_records,
+            backlog_interval_s=_number(self.backlog_interval_s),
+            normal_interval_s=_number(self.normal_interval_s),
+        )
 
 
 class RequiredPath(_Section):
@@ -195,7 +306,7 @@ class OptionalPath(_Section):
 
 
 class RescaleSection(_Section):
-    operator_state: _config.OperatorState = _choice(_config.OperatorState, _config.OperatorState.EVEN_SPLIT)
+    operator_state: OperatorState = _choice(OperatorState, OperatorState.EVEN_SPLIT)
 
 
 _CAPACITIES = "a mapping of reader id (an integer >= 0) to a capacity > 0, e.g. {0: 4, 1: 1}"
@@ -210,7 +321,9 @@ class WeightedSection(_Section):
         json_schema_extra={"propertyNames": {"pattern": "^[0-9]+$"}},
     )
     rebalance_threshold: float = Field(
-        1.25, ge=1.0, description="a ratio >= 1.0: the readers' max / min load that makes them rebalance"
+        defaults.REBALANCE_THRESHOLD,
+        ge=1.0,
+        description="a ratio >= 1.0: the readers' max / min load that makes them rebalance",
     )
 
 
@@ -221,7 +334,7 @@ class NotificationsSection(_Section):
 
 
 class LeaseSection(_Section):
-    ttl_s: float = Field(60.0, gt=0, allow_inf_nan=False, description=_SECONDS)
+    ttl_s: float = Field(defaults.LEASE_TTL_S, gt=0, allow_inf_nan=False, description=_SECONDS)
 
 
 class MaintenanceSection(_Section):
@@ -241,6 +354,19 @@ class MetricsSection(_Section):
     )
 
 
+@dataclass(frozen=True, slots=True)
+class Resolved:
+    """What :meth:`PipelineFile._cross_keys` derived from the file: absolute locations (URIs as
+    given), the Kafka bootstrap servers joined, the client settings as sorted string pairs."""
+
+    source_path: str | None
+    state_path: str
+    sink_path: str
+    staging_path: str
+    bootstrap_servers: str | None
+    client: tuple[tuple[str, str], ...]
+
+
 class PipelineFile(_Section):
     """A splitkeeper pipeline file (YAML or TOML), or an Airflow ``dag_run.conf`` mapping."""
 
@@ -251,16 +377,16 @@ class PipelineFile(_Section):
         description="letters, digits, '_', '.', '-', starting with a letter or digit (1-64)",
     )
     source: SourceSection = Field(description="where records come from: files or kafka")
-    parallelism: Annotated[Any, AfterValidator(validate_parallelism), AfterValidator(check_parallelism)] = (
-        Field(
-            1,
-            description=f"integer from 1 to {MAX_PARALLELISM} (the core checks >= 1, the runtime the top)",
-            json_schema_extra={"type": "integer", "maximum": MAX_PARALLELISM},
-        )
+    parallelism: Annotated[Any, AfterValidator(_parallelism)] = Field(
+        1,
+        description=f"integer from 1 to {MAX_PARALLELISM} (the core checks >= 1, the runtime the top)",
+        json_schema_extra={"type": "integer", "maximum": MAX_PARALLELISM},
     )
-    regions: _config.RegionMode = _choice(_config.RegionMode, _config.RegionMode.PER_READER)
+    regions: RegionMode = _choice(RegionMode, RegionMode.PER_READER)
     strategy: Annotated[str, AfterValidator(_strategy)] = Field(
-        "least-loaded", description=_one_of(STRATEGY_NAMES), json_schema_extra={"enum": list(STRATEGY_NAMES)}
+        defaults.STRATEGY,
+        description=_one_of(STRATEGY_NAMES),
+        json_schema_extra={"enum": list(STRATEGY_NAMES)},
     )
     checkpoint: CheckpointSection = CheckpointSection.model_validate({})
     backlog: BacklogSection = BacklogSection.model_validate({})
@@ -268,7 +394,7 @@ class PipelineFile(_Section):
     sink: RequiredPath = Field(description="the sink Delta table")
     staging: OptionalPath = OptionalPath.model_validate({})
     transform: _Text = Field(
-        _config.IDENTITY_TRANSFORM,
+        IDENTITY_TRANSFORM,
         pattern=CALLABLE_PATTERN,
         description="'module:function' naming a function marked @splitkeeper.transform, e.g. "
         "'mypkg.transforms:enrich'",
@@ -279,6 +405,240 @@ class PipelineFile(_Section):
     lease: LeaseSection = LeaseSection.model_validate({})
     maintenance: MaintenanceSection = MaintenanceSection.model_validate({})
     metrics: MetricsSection = MetricsSection.model_validate({})
+
+    _resolved: Resolved | None = PrivateAttr(None)
+
+    @property
+    def resolved(self) -> Resolved:
+        """The locations, servers and client settings :meth:`_cross_keys` derived (contract 3)."""
+        if self._resolved is None:  # only a model built without validation (model_construct)
+            raise ConfigError("pipeline config was not validated", key="", value=None)
+        return self._resolved
+
+    @model_validator(mode="after")
+    def _cross_keys(self, info: ValidationInfo) -> PipelineFile:
+        """Every rule that spans keys (contract 3), in this order; ConfigError names the key."""
+        context = info.context if isinstance(info.context, Mapping) else {}
+        at = _Where(
+            str(context.get("where") or "pipeline config"),
+            Path(context.get("base") or os.getcwd()).expanduser().resolve(),
+        )
+        source_path, servers, client = _check_source(self.source, at)
+        _check_weighted(self, at)
+        on_failure = self.notifications.on_failure
+        if on_failure is not None:
+            try:
+                resolve_callable(on_failure, "notifications.on_failure")
+            except ConfigError as err:
+                raise ConfigError(f"{err.message} ({at.where})", **err.params) from err.__cause__
+        state_path, sink_path, staging_path = _check_locations(self, source_path, at)
+        try:
+            resolve_transform(self.transform)  # fail at submission, not on an executor
+        except ConfigError as err:
+            raise ConfigError(f"{err.message} ({at.where})", **err.params) from err.__cause__
+        self._resolved = Resolved(source_path, state_path, sink_path, staging_path, servers, client)
+        return self
+
+
+# --------------------------------------------------------------------------- cross-key rules
+
+
+_ClientItems = tuple[tuple[str, str], ...]
+
+
+def _check_source(sec: SourceSection, at: _Where) -> tuple[str | None, str | None, _ClientItems]:
+    """``source``: no option of the other kind; the kind's required options; the resolved path
+    (files) or the joined servers and client settings (kafka)."""
+    kind = sec.kind
+    own, other = (FILE_KEYS, KAFKA_KEYS) if kind is SourceKind.FILES else (KAFKA_KEYS, FILE_KEYS)
+    for key in sec.given():
+        if key in other:
+            value = getattr(sec, key)
+            raise at.invalid(
+                f"source.{key}",
+                "<not shown>" if key == "client" else value,
+                f"no {key} for source.kind {kind.value!r}; its options are: {', '.join(own)}",
+            )
+    if kind is SourceKind.FILES:
+        if sec.path is None:
+            raise at.missing("source.path", "the directory (or file) to ingest")
+        return at.path(sec.path), None, ()
+
+    servers = _bootstrap_servers(sec.bootstrap_servers, at)
+    topics = tuple(sec.topics)
+    pattern = sec.topic_pattern
+    one_of = "exactly one of source.topics (a list of topic names) or source.topic_pattern (a regex)"
+    if not topics and not pattern:
+        raise at.missing("source.topics", one_of)
+    if topics and pattern:
+        raise at.invalid("source.topics", {"topics": list(topics), "topic_pattern": pattern}, one_of)
+    if pattern is not None:
+        try:
+            re.compile(pattern)
+        except re.error as err:
+            raise at.invalid("source.topic_pattern", pattern, "a valid regular expression", str(err)) from err
+    if sec.starting == "group" and not sec.group_id:
+        raise at.missing("source.group_id", "a consumer group id, required when source.starting is 'group'")
+    return None, servers, _client_settings(sec.client, at)
+
+
+def _client_settings(raw: Mapping[str, Any], at: _Where) -> _ClientItems:
+    """``source.client``: a mapping of librdkafka setting -> string, number or boolean."""
+    items: list[tuple[str, str]] = []
+    for key, value in raw.items():
+        dotted = f"source.client.{key}"
+        shown = REDACTED if is_secret_key(str(key)) else value
+        if not key.strip():
+            raise at.invalid("source.client", key, "setting names that are non-empty strings")
+        if key in KAFKA_MANAGED_CLIENT_KEYS:
+            raise at.invalid(
+                dotted,
+                shown,
+                "a setting splitkeeper does not set itself",
+                "use source.bootstrap_servers / source.group_id instead"
+                if key in ("bootstrap.servers", "group.id")
+                else "splitkeeper commits offsets only when a checkpoint completes",
+            )
+        if isinstance(value, bool):
+            text = "true" if value else "false"
+        elif isinstance(value, int | float | str) and str(value).strip():
+            text = str(value)
+        else:
+            raise at.invalid(dotted, shown, "a string, number or boolean", f"got {type_name(value)}")
+        items.append((key, text))
+    return tuple(sorted(items))
+
+
+def _bootstrap_servers(raw: str | list[str] | None, at: _Where) -> str:
+    allowed = "'host:port[,host:port...]' or a list of 'host:port'"
+    if raw is None:
+        raise at.missing("source.bootstrap_servers", allowed)
+    items = [s.strip() for s in raw.split(",")] if isinstance(raw, str) else list(raw)
+    bad = [s for s in items if not _HOST_PORT_RE.match(s) or not 0 < int(s.rsplit(":", 1)[1]) < 65536]
+    if not items or bad:
+        raise at.invalid("source.bootstrap_servers", raw, allowed, f"not host:port: {bad}" if bad else "")
+    return ",".join(items)
+
+
+def _check_weighted(file: PipelineFile, at: _Where) -> None:
+    """``weighted``: reader capacities and the imbalance that re-weights (strategy ``weighted`` only)."""
+    given = file.weighted.given()
+    if given and file.strategy != "weighted":
+        raise at.invalid(
+            f"weighted.{given[0]}",
+            getattr(file.weighted, given[0]),
+            "nothing unless strategy is 'weighted'",
+            "set strategy: weighted",
+        )
+
+
+def _check_locations(file: PipelineFile, source_path: str | None, at: _Where) -> tuple[str, str, str]:
+    """The state, sink and staging locations, resolved; staging local; none inside another."""
+    state_path = at.path(file.state.path)
+    sink_path = at.path(file.sink.path)
+    staging_path = None if file.staging.path is None else at.path(file.staging.path)
+    if staging_path is None:
+        if _URI_RE.match(state_path):
+            # region tasks write their staged files with local file I/O: an object store won't do
+            raise at.missing(
+                "staging.path",
+                f"a local directory the driver and every executor share (state.path {state_path} is on "
+                "an object store, so the default <state>/_staging cannot be used)",
+            )
+        staging_path = _join(state_path, "_staging")
+    elif _URI_RE.match(staging_path):
+        raise at.invalid(
+            "staging.path",
+            staging_path,
+            "a local directory the driver and every executor share (region tasks "
+            "write staged files with local file I/O)",
+        )
+    places = [("source.path", source_path)] if source_path is not None else []
+    places += [("state.path", state_path), ("sink.path", sink_path), ("staging.path", staging_path)]
+    _check_placement(places, at)
+    return state_path, sink_path, staging_path
+
+
+def _join(base: str, child: str) -> str:
+    return f"{base.rstrip('/')}/{child}" if _URI_RE.match(base) else str(Path(base) / child)
+
+
+#: Why a location may not lie inside (or be) another one, by the other one's key.
+_APART = {
+    "source.path": "the pipeline would read what it writes there as input",
+    "state.path": "the state folder holds splitkeeper's own tables",
+    "sink.path": "VACUUM on the sink would delete it",
+    "staging.path": "staged files are removed after every epoch",
+}
+
+
+def _check_placement(places: list[tuple[str, str]], at: _Where) -> None:
+    """The source, state, sink and staging locations (resolved: absolute, ``~`` expanded,
+    symlinks followed) may not be one another or lie inside one another; the one exception
+    is staging inside state (the default ``<state>/_staging``). A local path and a URI never
+    overlap; ``s3a://`` and ``s3n://`` are ``s3://``. ConfigError names the inner (or later) key."""
+    for i, (key, path) in enumerate(places):
+        for j, (other_key, other) in enumerate(places):
+            if i == j:
+                continue
+            if _same_location(path, other) and j < i:
+                allowed = f"a location different from {other_key} {other}"
+            elif _inside(path, other) and (key, other_key) != ("staging.path", "state.path"):
+                allowed = f"a location outside {other_key} {other}"
+            else:
+                continue
+            why = (
+                _APART[other_key] if key != "source.path" else f"splitkeeper writes and cleans up {other_key}"
+            )
+            raise at.invalid(key, path, allowed, f"{why}; move one of them")
+
+
+def _location(path: str) -> str:
+    return re.sub(r"^s3[an]://", "s3://", path, flags=re.IGNORECASE).rstrip("/")
+
+
+def _same_location(a: str, b: str) -> bool:
+    return _location(a) == _location(b)
+
+
+def _inside(inner: str, outer: str) -> bool:
+    return _location(inner).startswith(_location(outer) + "/")
+
+
+@dataclass(frozen=True, slots=True)
+class _Where:
+    """Raises the cross-key mistakes in the house format; resolves paths against ``base``."""
+
+    where: str
+    base: Path
+
+    def invalid(self, dotted: str, value: Any, allowed: str, hint: str = "") -> ConfigError:
+        message = f"{dotted}={value!r} is not allowed: {allowed}"
+        if hint:
+            message += f"; {hint}"
+        return ConfigError(f"{message} ({self.where})", key=dotted, value=value, allowed=allowed)
+
+    def missing(self, dotted: str, allowed: str) -> ConfigError:
+        return ConfigError(
+            f"{dotted} is required but missing ({self.where}): {allowed or 'set it'}",
+            key=dotted,
+            value=None,
+            allowed=allowed,
+        )
+
+    def path(self, value: str) -> str:
+        """A local path resolved against the base directory, or a URI as given."""
+        if _URI_RE.match(value):
+            if value.startswith("file://"):
+                value = value[len("file://") :]
+            else:
+                return value
+        return str((self.base / Path(value).expanduser()).resolve())
+
+
+#: The sections a run may override (the ingest DAG's ``pipeline`` Param): tuning only, never
+#: what identifies the pipeline or its data (name, source, state, sink, parallelism, strategy).
+OVERRIDABLE: tuple[str, ...] = ("checkpoint", "backlog", "lease", "notifications", "metrics")
 
 
 # --------------------------------------------------------------------------- JSON Schema
@@ -292,9 +652,9 @@ def json_schema() -> dict[str, Any]:
 
 def overrides_json_schema() -> dict[str, Any]:
     """The JSON Schema of a run's overrides (the ingest DAG's ``pipeline`` Param): the
-    sections of :data:`~splitkeeper.config.settings.OVERRIDABLE`, each as in the file."""
+    sections of :data:`OVERRIDABLE`, each as in the file."""
     schema = PipelineFile.model_json_schema(mode="validation")
-    properties = {key: schema["properties"][key] for key in _config.OVERRIDABLE}
+    properties = {key: schema["properties"][key] for key in OVERRIDABLE}
     used = json.dumps(properties)
     defs = {name: d for name, d in schema["$defs"].items() if f'"#/$defs/{name}"' in used}
     for d in list(defs.values()):  # one level of nesting: a section's enums
@@ -311,10 +671,13 @@ def overrides_json_schema() -> dict[str, Any]:
 # --------------------------------------------------------------------------- validation
 
 
-def validate_shape(data: Mapping[str, Any], where: str) -> PipelineFile:
-    """``data`` as a :class:`PipelineFile`; the first mistake raises ConfigError (contract 3)."""
+def validate_shape(
+    data: Mapping[str, Any], where: str, base: str | os.PathLike[str] | None = None
+) -> PipelineFile:
+    """``data`` as a :class:`PipelineFile`, its locations resolved against ``base`` (default: the
+    working directory); the first mistake raises ConfigError (contracts 3 and 4)."""
     try:
-        return PipelineFile.model_validate(data)
+        return PipelineFile.model_validate(data, context={"where": where, "base": base})
     except ValidationError as err:
         errors = err.errors()
         first = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])

@@ -52,11 +52,13 @@ when it repeats a key in a mapping, nests deeper than :data:`MAX_DEPTH` or holds
 state, sink and staging locations may not be one another or lie inside one another
 (resolved first; staging inside state is the default and allowed).
 
-The shape of the file (every key, its type, its choices) is defined once, by the pydantic
-models of :mod:`splitkeeper.config.models` (imported lazily, when a config is
-validated; ``splitkeeper config schema`` prints their JSON Schema); this module builds the
-immutable :class:`PipelineConfig` from them and checks the rules that span keys. It imports
-the standard library and the protocol core (PyYAML and pydantic lazily).
+The file is defined once, by the frozen pydantic models of :mod:`splitkeeper.config.models`:
+every key, its type, choices, default and range, the rules that span keys, and the JSON Schema
+(``splitkeeper config schema``). This module reads a file into them and derives two things from
+the validated model: :class:`PipelineConfig`, the typed view the rest of splitkeeper reads (it
+states no default and no range of its own), and the protocol core's settings,
+:func:`core_settings`. It imports the standard library, the models and the protocol core
+(PyYAML lazily).
 """
 
 from __future__ import annotations
@@ -68,96 +70,62 @@ import os
 import re
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
-from splitkeeper.core.assignment import STRATEGIES
+from splitkeeper.config.models import (
+    IDENTITY_TRANSFORM,
+    KAFKA_MANAGED_CLIENT_KEYS,
+    OVERRIDABLE,
+    REDACTED,
+    STRATEGY_NAMES,
+    FileFormat,
+    OffsetOutOfRange,
+    OperatorState,
+    PipelineFile,
+    RegionMode,
+    SourceKind,
+    StartingMode,
+    is_secret_key,
+    validate_shape,
+)
 from splitkeeper.core.backlog import BacklogConfig
 from splitkeeper.core.checkpoint import CheckpointConfig
-from splitkeeper.core.driver import MAX_CONSECUTIVE_ABORTS, check_abort_limit
+from splitkeeper.core.driver import DriverSettings
 from splitkeeper.core.rescale import Redistribution
 from splitkeeper.core.types import SplitChangePolicy, SplitFailurePolicy
-from splitkeeper.delta.serde import check_full_snapshot_every
-from splitkeeper.errors import ConfigError, InvalidParameterError
-from splitkeeper.transforms import resolve_callable, resolve_transform
+from splitkeeper.errors import ConfigError
 
-#: The assignment strategies of the protocol core (protocol rule 1.6), by config name.
-STRATEGY_NAMES: tuple[str, ...] = tuple(sorted(STRATEGIES))
+__all__ = [
+    "IDENTITY_TRANSFORM",
+    "KAFKA_MANAGED_CLIENT_KEYS",
+    "MAX_DEPTH",
+    "MAX_VALUES",
+    "OVERRIDABLE",
+    "REDACTED",
+    "STRATEGY_NAMES",
+    "CheckpointSettings",
+    "ClientConfig",
+    "FileFormat",
+    "OffsetOutOfRange",
+    "OperatorState",
+    "PipelineConfig",
+    "RegionMode",
+    "SourceConfig",
+    "SourceKind",
+    "StartingMode",
+    "apply_overrides",
+    "check_limits",
+    "config_from_mapping",
+    "core_settings",
+    "expand_env",
+    "is_secret_key",
+    "load_config",
+    "load_json",
+]
 
-IDENTITY_TRANSFORM = "splitkeeper.transforms:identity"
-
-_URI_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
-_HOST_PORT_RE = re.compile(r"^[^\s:,]+:\d{1,5}$")
 _ENV_REF_RE = re.compile(r"\$\$\{|\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
-
-
-class SourceKind(enum.Enum):
-    FILES = "files"
-    KAFKA = "kafka"
-
-
-class FileFormat(enum.Enum):
-    """How a file's bytes become records.
-
-    ``LINES``: one record per line, the value is the line without its line
-    terminator. ``JSONL``: one JSON document per non-blank line; blank lines are
-    not records (their bytes count towards the neighbouring record's offsets).
-    """
-
-    LINES = "lines"
-    JSONL = "jsonl"
-
-
-class RegionMode(enum.Enum):
-    """Whether readers form independent regions (protocol rule 2.9).
-
-    ``PER_READER``: each reader and what follows it without a shuffle is a
-    region; regional checkpoints are allowed. ``GLOBAL``: readers are not
-    independent (a shuffle between them), so every checkpoint is global.
-    """
-
-    PER_READER = "per_reader"
-    GLOBAL = "global"
-
-
-class OffsetOutOfRange(enum.Enum):
-    """What a Kafka reader does when a planned offset was deleted by retention."""
-
-    FAIL = "fail"
-    SKIP = "skip"
-
-
-class OperatorState(enum.Enum):
-    """How list-style operator state is redistributed when the parallelism changes (protocol rule 2.8)."""
-
-    EVEN_SPLIT = "even-split"
-    UNION = "union"
-
-    @property
-    def redistribution(self) -> Redistribution:
-        return Redistribution.UNION if self is OperatorState.UNION else Redistribution.EVEN_SPLIT
-
-
-class StartingMode(enum.Enum):
-    EARLIEST = "earliest"
-    LATEST = "latest"
-    TIMESTAMP = "timestamp"
-    GROUP = "group"
-
-
-#: librdkafka settings splitkeeper sets itself (from other keys); ``source.client`` may not set them.
-KAFKA_MANAGED_CLIENT_KEYS = frozenset(
-    {"bootstrap.servers", "group.id", "enable.auto.commit", "enable.auto.offset.store", "logger"}
-)
-_SECRET_WORDS = ("password", "secret", "token", "jaas", "credential", "private", ".pem", "key.pem")
-REDACTED = "***"
-
-
-def is_secret_key(key: str) -> bool:
-    """Whether a client setting holds a secret (its value is never printed, logged or returned)."""
-    lowered = key.lower()
-    return any(word in lowered for word in _SECRET_WORDS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,9 +155,10 @@ class ClientConfig:
 
 @dataclass(frozen=True, slots=True)
 class SourceConfig:
-    """The ``source`` section. Options of the other kind keep their defaults.
+    """The ``source`` section, validated (a view of :class:`~splitkeeper.config.models.SourceSection`;
+    the options of the other kind hold the model's defaults).
 
-    files: ``path`` (a directory, scanned recursively, or one file), ``format``,
+    files: ``path`` (a directory, scanned recursively, or one file, resolved), ``format``,
     ``split_bytes`` (0 = one split per file, else byte ranges of about that
     size), ``on_file_change`` (a known file grew, changed or moved: ``fail``,
     ``new_version`` or ``append``; see :class:`~splitkeeper.core.types.SplitChangePolicy`).
@@ -203,19 +172,19 @@ class SourceConfig:
     """
 
     kind: SourceKind
-    path: str | None = None
-    format: FileFormat = FileFormat.LINES
-    split_bytes: int = 0
-    on_file_change: SplitChangePolicy = SplitChangePolicy.FAIL
-    bootstrap_servers: str | None = None
-    topics: tuple[str, ...] = ()
-    topic_pattern: str | None = None
-    starting: str = "earliest"
-    group_id: str | None = None
-    on_offset_out_of_range: OffsetOutOfRange = OffsetOutOfRange.FAIL
-    connect_timeout_s: float | None = None
-    read_timeout_s: float | None = None
-    client: ClientConfig = field(default_factory=ClientConfig)
+    path: str | None
+    format: FileFormat
+    split_bytes: int
+    on_file_change: SplitChangePolicy
+    bootstrap_servers: str | None
+    topics: tuple[str, ...]
+    topic_pattern: str | None
+    starting: str
+    group_id: str | None
+    on_offset_out_of_range: OffsetOutOfRange
+    connect_timeout_s: float | None
+    read_timeout_s: float | None
+    client: ClientConfig
 
     @property
     def starting_mode(self) -> StartingMode:
@@ -230,64 +199,66 @@ class SourceConfig:
 
 
 @dataclass(frozen=True, slots=True)
-class CheckpointSettings(CheckpointConfig):
-    """The ``checkpoint`` section: the core :class:`CheckpointConfig` plus retention.
+class CheckpointSettings:
+    """The ``checkpoint`` section, validated (a view of
+    :class:`~splitkeeper.config.models.CheckpointSection`); ``regions_independent`` comes from the
+    top-level ``regions`` key. The core's :class:`CheckpointConfig` is :meth:`core`.
 
-    It *is* a core ``CheckpointConfig`` (the core validates the shared fields
-    and the coordinator takes it as is); ``regions_independent`` comes from the
-    top-level ``regions`` key. ``retain_checkpoints``: completed checkpoints kept
-    besides those a later checkpoint still references (protocol rule 2.7).
-    ``on_split_failure``: ``quarantine`` (the default: after ``quarantine_after`` failed
-    epochs in a row a split is parked and the rest goes on; protocol rule 1.8) or ``stall``
-    (a split whose reads keep failing blocks the pipeline until fixed).
-    ``max_consecutive_aborts``: a bounded run stops with an error naming what fails after
-    that many aborted epochs in a row (above ``quarantine_after`` under quarantine).
-    ``full_snapshot_every``: the state store writes the enumerator state of at most that
-    many checkpoints per full snapshot, the others as deltas against it (1: every
-    checkpoint full; :class:`~splitkeeper.delta.checkpoints.DeltaStateStore` rule 6).
+    ``retain_checkpoints``: completed checkpoints kept besides those a later checkpoint still
+    references (protocol rule 2.7). ``on_split_failure``: ``quarantine`` (after
+    ``quarantine_after`` failed epochs in a row a split is parked and the rest goes on; protocol
+    rule 1.8) or ``stall`` (a split whose reads keep failing blocks the pipeline until fixed).
+    ``max_consecutive_aborts``: a bounded run stops with an error naming what fails after that
+    many aborted epochs in a row. ``full_snapshot_every``: the state store writes the enumerator
+    state of at most that many checkpoints per full snapshot, the others as deltas against it
+    (:class:`~splitkeeper.delta.checkpoints.DeltaStateStore` rule 6).
     """
 
-    retain_checkpoints: int = 3
-    on_split_failure: SplitFailurePolicy = SplitFailurePolicy.QUARANTINE
-    quarantine_after: int = 3
-    full_snapshot_every: int = 20
-    max_consecutive_aborts: int = MAX_CONSECUTIVE_ABORTS
+    max_consecutive_failures: int
+    max_failure_ratio: float
+    region_timeout_s: float
+    regions_independent: bool
+    retain_checkpoints: int
+    on_split_failure: SplitFailurePolicy
+    quarantine_after: int
+    full_snapshot_every: int
+    max_consecutive_aborts: int
 
-    def __post_init__(self) -> None:
-        CheckpointConfig.__post_init__(self)
-        value = self.retain_checkpoints
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise InvalidParameterError("retain_checkpoints", value, "an integer >= 1")
-        after = self.quarantine_after
-        if isinstance(after, bool) or not isinstance(after, int) or after < 1:
-            raise InvalidParameterError("quarantine_after", after, "an integer >= 1 (failed epochs in a row)")
-        check_full_snapshot_every(self.full_snapshot_every)
-        check_abort_limit(self.max_consecutive_aborts, self.on_split_failure, after)
+    def core(self) -> CheckpointConfig:
+        """The protocol core's checkpoint settings."""
+        return CheckpointConfig(
+            max_consecutive_failures=self.max_consecutive_failures,
+            max_failure_ratio=self.max_failure_ratio,
+            region_timeout_s=self.region_timeout_s,
+            regions_independent=self.regions_independent,
+        )
 
 
 @dataclass(frozen=True, slots=True)
 class PipelineConfig:
-    """One pipeline, validated. Paths are absolute (or URIs, kept as given)."""
+    """One pipeline, validated: the typed view of a :class:`~splitkeeper.config.models.PipelineFile`
+    (built by :func:`config_from_mapping`; every default and range is the model's). Paths are
+    absolute (or URIs, kept as given)."""
 
     name: str
     source: SourceConfig
     state_path: str
     sink_path: str
     staging_path: str
-    parallelism: int = 1
-    regions: RegionMode = RegionMode.PER_READER
-    strategy: str = "least-loaded"
-    checkpoint: CheckpointSettings = field(default_factory=CheckpointSettings)
-    backlog: BacklogConfig = field(default_factory=BacklogConfig)
-    transform: str = IDENTITY_TRANSFORM
-    operator_state: OperatorState = OperatorState.EVEN_SPLIT  # rescale.operator_state
-    capacities: tuple[tuple[int, float], ...] = ()  # weighted.capacities: reader -> capacity
-    rebalance_threshold: float = 1.25  # weighted.rebalance_threshold
-    on_failure: str | None = None  # notifications.on_failure: 'module:function' an Airflow task calls
-    lease_ttl_s: float = 60.0  # lease.ttl_s: a writer that stops heartbeating loses the lease after this
-    history_hours: float = 168.0  # maintenance.history_hours: how far back time travel reaches after VACUUM
-    otlp_endpoint: str | None = None  # metrics.otlp_endpoint: OTLP/HTTP collector (None: the text file only)
-    origin: str = ""  # the file it was loaded from (for messages), "" if built from a mapping
+    parallelism: int
+    regions: RegionMode
+    strategy: str
+    checkpoint: CheckpointSettings
+    backlog: BacklogConfig
+    transform: str
+    operator_state: OperatorState  # rescale.operator_state
+    capacities: tuple[tuple[int, float], ...]  # weighted.capacities: reader -> capacity
+    rebalance_threshold: float  # weighted.rebalance_threshold
+    on_failure: str | None  # notifications.on_failure: 'module:function' an Airflow task calls
+    lease_ttl_s: float  # lease.ttl_s: a writer that stops heartbeating loses the lease after this
+    history_hours: float  # maintenance.history_hours: how far back time travel reaches after VACUUM
+    otlp_endpoint: str | None  # metrics.otlp_endpoint: OTLP/HTTP collector (None: the text file only)
+    origin: str  # the file it was loaded from (for messages), "" if built from a mapping
 
     @property
     def regional_checkpoints(self) -> bool:
@@ -565,11 +536,6 @@ def _pipeline_loader() -> type[Any]:
     return PipelineLoader
 
 
-#: The sections a run may override (the ingest DAG's ``pipeline`` Param): tuning only, never
-#: what identifies the pipeline or its data (name, source, state, sink, parallelism, strategy).
-OVERRIDABLE: tuple[str, ...] = ("checkpoint", "backlog", "lease", "notifications", "metrics")
-
-
 def apply_overrides(data: Any, overrides: Any, origin: str = "pipeline config") -> Any:
     """``data`` with each section of ``overrides`` merged onto its own (keys of the override win).
 
@@ -642,11 +608,9 @@ def config_from_mapping(
 
     ``base_dir`` is where relative paths resolve (default: the working directory); ``env``
     gives the values of ``${NAME}`` references (default: this process's environment).
-    The shape (keys, types, choices, ranges) is the pydantic schema's
-    (:mod:`splitkeeper.config.models`); the cross-key rules are checked here.
+    The shape, defaults, ranges and cross-key rules are the models'
+    (:mod:`splitkeeper.config.models`); this function limits, expands and builds the view.
     """
-    from splitkeeper.config.models import validate_shape
-
     where = origin or "pipeline config"
     check_limits(data, where)  # before anything walks the tree as a tree (YAML aliases)
     data = expand_env(data, env, where)
@@ -656,66 +620,61 @@ def config_from_mapping(
             key="",
             value=data,
         )
-    base = Path(base_dir if base_dir is not None else os.getcwd()).expanduser().resolve()
-    file = validate_shape(data, where)
-    at = _Where(where, base)
+    base = base_dir if base_dir is not None else os.getcwd()
+    return _view(validate_shape(data, where, base), origin)
 
-    source = _source(file.source, at)
-    regions = file.regions
-    checkpoint = file.checkpoint.build(regions_independent=regions is RegionMode.PER_READER)
-    backlog = file.backlog.build()
-    capacities, rebalance_threshold = _weighted(file, at)
-    on_failure = file.notifications.on_failure
-    if on_failure is not None:
-        try:
-            resolve_callable(on_failure, "notifications.on_failure")
-        except ConfigError as err:
-            raise ConfigError(f"{err.message} ({where})", **err.params) from err.__cause__
 
-    state_path = at.path(file.state.path)
-    sink_path = at.path(file.sink.path)
-    staging_path = None if file.staging.path is None else at.path(file.staging.path)
-    if staging_path is None:
-        if _URI_RE.match(state_path):
-            # region tasks write their staged files with local file I/O: an object store won't do
-            raise at.missing(
-                "staging.path",
-                f"a local directory the driver and every executor share (state.path {state_path} is on "
-                "an object store, so the default <state>/_staging cannot be used)",
-            )
-        staging_path = _join(state_path, "_staging")
-    elif _URI_RE.match(staging_path):
-        raise at.invalid(
-            "staging.path",
-            staging_path,
-            "a local directory the driver and every executor share (region tasks "
-            "write staged files with local file I/O)",
-        )
-    places = [("source.path", source.path)] if source.path is not None else []
-    places += [("state.path", state_path), ("sink.path", sink_path), ("staging.path", staging_path)]
-    _check_placement(places, at)
-
-    try:
-        resolve_transform(file.transform)  # fail at submission, not on an executor
-    except ConfigError as err:
-        raise ConfigError(f"{err.message} ({where})", **err.params) from err.__cause__
-
+def _view(file: PipelineFile, origin: str) -> PipelineConfig:
+    """The typed view of a validated file: its values as they are, the resolved locations and
+    the ``checkpoint`` and ``backlog`` sections as the core's types (numbers as floats)."""
+    resolved = file.resolved
+    sec = file.source
+    source = SourceConfig(
+        kind=sec.kind,
+        path=resolved.source_path,
+        format=sec.format,
+        split_bytes=sec.split_bytes,
+        on_file_change=sec.on_file_change,
+        bootstrap_servers=resolved.bootstrap_servers,
+        topics=tuple(sec.topics),
+        topic_pattern=sec.topic_pattern,
+        starting=sec.starting,
+        group_id=sec.group_id,
+        on_offset_out_of_range=sec.on_offset_out_of_range,
+        connect_timeout_s=sec.connect_timeout_s,
+        read_timeout_s=sec.read_timeout_s,
+        client=ClientConfig(resolved.client),
+    )
+    regions_independent = file.regions is RegionMode.PER_READER
+    core = file.checkpoint.core(regions_independent)
+    ckpt = file.checkpoint
+    checkpoint = CheckpointSettings(
+        max_consecutive_failures=core.max_consecutive_failures,
+        max_failure_ratio=core.max_failure_ratio,
+        region_timeout_s=core.region_timeout_s,
+        regions_independent=regions_independent,
+        retain_checkpoints=ckpt.retain_checkpoints,
+        on_split_failure=ckpt.on_split_failure,
+        quarantine_after=ckpt.quarantine_after,
+        full_snapshot_every=ckpt.full_snapshot_every,
+        max_consecutive_aborts=ckpt.max_consecutive_aborts,
+    )
     return PipelineConfig(
         name=file.name,
         source=source,
-        state_path=state_path,
-        sink_path=sink_path,
-        staging_path=staging_path,
+        state_path=resolved.state_path,
+        sink_path=resolved.sink_path,
+        staging_path=resolved.staging_path,
         parallelism=file.parallelism,
-        regions=regions,
+        regions=file.regions,
         strategy=file.strategy,
         checkpoint=checkpoint,
-        backlog=backlog,
+        backlog=file.backlog.core(),
         transform=file.transform,
         operator_state=file.rescale.operator_state,
-        capacities=capacities,
-        rebalance_threshold=rebalance_threshold,
-        on_failure=on_failure,
+        capacities=tuple(sorted(file.weighted.capacities.items())),
+        rebalance_threshold=file.weighted.rebalance_threshold,
+        on_failure=file.notifications.on_failure,
         lease_ttl_s=file.lease.ttl_s,
         history_hours=file.maintenance.history_hours,
         otlp_endpoint=file.metrics.otlp_endpoint,
@@ -723,196 +682,21 @@ def config_from_mapping(
     )
 
 
-def _weighted(file: Any, at: _Where) -> tuple[tuple[tuple[int, float], ...], float]:
-    """``weighted``: reader capacities and the imbalance that re-weights (strategy ``weighted`` only)."""
-    given = file.weighted.given()
-    if given and file.strategy != "weighted":
-        raise at.invalid(
-            f"weighted.{given[0]}",
-            _plain(getattr(file.weighted, given[0])),
-            "nothing unless strategy is 'weighted'",
-            "set strategy: weighted",
-        )
-    capacities = tuple(sorted(file.weighted.capacities.items()))
-    return capacities, file.weighted.rebalance_threshold
-
-
-def _source(sec: Any, at: _Where) -> SourceConfig:
-    from splitkeeper.config.models import FILE_KEYS, KAFKA_KEYS
-
-    kind = sec.kind
-    own, other = (FILE_KEYS, KAFKA_KEYS) if kind is SourceKind.FILES else (KAFKA_KEYS, FILE_KEYS)
-    for key in sec.given():
-        if key in other:
-            value = getattr(sec, key)
-            raise at.invalid(
-                f"source.{key}",
-                "<not shown>" if key == "client" else value,
-                f"no {key} for source.kind {kind.value!r}; its options are: {', '.join(own)}",
-            )
-    if kind is SourceKind.FILES:
-        if sec.path is None:
-            raise at.missing("source.path", "the directory (or file) to ingest")
-        return SourceConfig(
-            kind=kind,
-            path=at.path(sec.path),
-            format=sec.format,
-            split_bytes=sec.split_bytes,
-            on_file_change=sec.on_file_change,
-        )
-
-    servers = _bootstrap_servers(sec.bootstrap_servers, at)
-    topics = tuple(sec.topics)
-    pattern = sec.topic_pattern
-    one_of = "exactly one of source.topics (a list of topic names) or source.topic_pattern (a regex)"
-    if not topics and not pattern:
-        raise at.missing("source.topics", one_of)
-    if topics and pattern:
-        raise at.invalid("source.topics", {"topics": list(topics), "topic_pattern": pattern}, one_of)
-    if pattern is not None:
-        try:
-            re.compile(pattern)
-        except re.error as err:
-            raise at.invalid("source.topic_pattern", pattern, "a valid regular expression", str(err)) from err
-    starting = sec.starting
-    if starting == "group" and not sec.group_id:
-        raise at.missing("source.group_id", "a consumer group id, required when source.starting is 'group'")
-    return SourceConfig(
-        kind=kind,
-        bootstrap_servers=servers,
-        topics=topics,
-        topic_pattern=pattern,
-        starting=starting,
-        group_id=sec.group_id,
-        on_offset_out_of_range=sec.on_offset_out_of_range,
-        connect_timeout_s=sec.connect_timeout_s,
-        read_timeout_s=sec.read_timeout_s,
-        client=_client_config(sec.client, at),
+def core_settings(config: PipelineConfig, redistribution: Redistribution | None = None) -> DriverSettings:
+    """The protocol core's settings of a pipeline, the one place they are built from its config
+    (``redistribution`` overrides ``rescale.operator_state``, a recovery's choice)."""
+    return DriverSettings(
+        pipeline=config.name,
+        parallelism=config.parallelism,
+        checkpoint=config.checkpoint.core(),
+        backlog=config.backlog,
+        retain_checkpoints=config.checkpoint.retain_checkpoints,
+        strategy=config.strategy,
+        strategy_options={"capacities": dict(config.capacities)} if config.strategy == "weighted" else {},
+        redistribution=redistribution or config.operator_state.redistribution,
+        rebalance_threshold=config.rebalance_threshold,
+        on_split_failure=config.checkpoint.on_split_failure,
+        quarantine_after=config.checkpoint.quarantine_after,
+        max_consecutive_aborts=config.checkpoint.max_consecutive_aborts,
+        on_file_change=config.source.on_file_change,
     )
-
-
-def _client_config(raw: Mapping[str, Any], at: _Where) -> ClientConfig:
-    """``source.client``: a mapping of librdkafka setting -> string, number or boolean."""
-    items: list[tuple[str, str]] = []
-    for key, value in raw.items():
-        dotted = f"source.client.{key}"
-        shown = REDACTED if is_secret_key(str(key)) else value
-        if not key.strip():
-            raise at.invalid("source.client", key, "setting names that are non-empty strings")
-        if key in KAFKA_MANAGED_CLIENT_KEYS:
-            raise at.invalid(
-                dotted,
-                shown,
-                "a setting splitkeeper does not set itself",
-                "use source.bootstrap_servers / source.group_id instead"
-                if key in ("bootstrap.servers", "group.id")
-                else "splitkeeper commits offsets only when a checkpoint completes",
-            )
-        if isinstance(value, bool):
-            text = "true" if value else "false"
-        elif isinstance(value, int | float | str) and str(value).strip():
-            text = str(value)
-        else:
-            raise at.invalid(dotted, shown, "a string, number or boolean", f"got {_type_name(value)}")
-        items.append((key, text))
-    return ClientConfig(tuple(sorted(items)))
-
-
-def _bootstrap_servers(raw: str | list[str] | None, at: _Where) -> str:
-    allowed = "'host:port[,host:port...]' or a list of 'host:port'"
-    if raw is None:
-        raise at.missing("source.bootstrap_servers", allowed)
-    items = [s.strip() for s in raw.split(",")] if isinstance(raw, str) else list(raw)
-    bad = [s for s in items if not _HOST_PORT_RE.match(s) or not 0 < int(s.rsplit(":", 1)[1]) < 65536]
-    if not items or bad:
-        raise at.invalid("source.bootstrap_servers", raw, allowed, f"not host:port: {bad}" if bad else "")
-    return ",".join(items)
-
-
-# --------------------------------------------------------------------------- helpers
-
-
-def _type_name(value: Any) -> str:
-    from splitkeeper.config.models import type_name
-
-    return type_name(value)
-
-
-def _join(base: str, child: str) -> str:
-    return f"{base.rstrip('/')}/{child}" if _URI_RE.match(base) else str(Path(base) / child)
-
-
-#: Why a location may not lie inside (or be) another one, by the other one's key.
-_APART = {
-    "source.path": "the pipeline would read what it writes there as input",
-    "state.path": "the state folder holds splitkeeper's own tables",
-    "sink.path": "VACUUM on the sink would delete it",
-    "staging.path": "staged files are removed after every epoch",
-}
-
-
-def _check_placement(places: list[tuple[str, str]], at: _Where) -> None:
-    """The source, state, sink and staging locations (resolved: absolute, ``~`` expanded,
-    symlinks followed) may not be one another or lie inside one another; the one exception
-    is staging inside state (the default ``<state>/_staging``). A local path and a URI never
-    overlap; ``s3a://`` and ``s3n://`` are ``s3://``. ConfigError names the inner (or later) key."""
-    for i, (key, path) in enumerate(places):
-        for j, (other_key, other) in enumerate(places):
-            if i == j:
-                continue
-            if _same_location(path, other) and j < i:
-                allowed = f"a location different from {other_key} {other}"
-            elif _inside(path, other) and (key, other_key) != ("staging.path", "state.path"):
-                allowed = f"a location outside {other_key} {other}"
-            else:
-                continue
-            why = (
-                _APART[other_key] if key != "source.path" else f"splitkeeper writes and cleans up {other_key}"
-            )
-            raise at.invalid(key, path, allowed, f"{why}; move one of them")
-
-
-def _location(path: str) -> str:
-    return re.sub(r"^s3[an]://", "s3://", path, flags=re.IGNORECASE).rstrip("/")
-
-
-def _same_location(a: str, b: str) -> bool:
-    return _location(a) == _location(b)
-
-
-def _inside(inner: str, outer: str) -> bool:
-    return _location(inner).startswith(_location(outer) + "/")
-
-
-@dataclass(frozen=True, slots=True)
-class _Where:
-    """Raises the cross-key mistakes in the house format; resolves paths against ``base``."""
-
-    where: str
-    base: Path
-
-    def invalid(self, dotted: str, value: Any, allowed: str, hint: str = "") -> ConfigError:
-        message = f"{dotted}={value!r} is not allowed: {allowed}"
-        if hint:
-            message += f"; {hint}"
-        return ConfigError(f"{message} ({self.where})", key=dotted, value=value, allowed=allowed)
-
-    def missing(self, dotted: str, allowed: str) -> ConfigError:
-        return ConfigError(
-            f"{dotted} is required but missing ({self.where}): {allowed or 'set it'}",
-            key=dotted,
-            value=None,
-            allowed=allowed,
-        )
-
-    def path(self, value: str) -> str:
-        """A local path resolved against the base directory, or a URI as given."""
-        if _URI_RE.match(value):
-            if value.startswith("file://"):
-                value = value[len("file://") :]
-            else:
-                return value
-        return str((self.base / Path(value).expanduser()).resolve())
-
-
-_T = TypeVar("_T")

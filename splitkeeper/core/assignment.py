@@ -57,10 +57,12 @@ class Move:
     target: int
 
 
-def validate_parallelism(parallelism: int) -> int:
-    """Raise InvalidParameterError unless ``parallelism`` is an int >= 1."""
+def validate_parallelism(parallelism: Any, name: str = "parallelism", or_else: str = "") -> int:
+    """``parallelism`` if it is an int >= 1, else InvalidParameterError naming ``name`` (the one
+    lower-bound check of a parallelism; ``or_else`` is added to what is allowed, e.g. ", or None to
+    keep it"). The top, :data:`splitkeeper.config.limits.MAX_PARALLELISM`, is the config's."""
     if isinstance(parallelism, bool) or not isinstance(parallelism, int) or parallelism < 1:
-        raise InvalidParameterError("parallelism", parallelism, "an integer >= 1")
+        raise InvalidParameterError(name, parallelism, f"an integer >= 1{or_else}")
     return parallelism
 
 

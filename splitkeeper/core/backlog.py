@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from splitkeeper.core import defaults
 from splitkeeper.core.types import BacklogSnapshot, Split
 from splitkeeper.errors import InvalidParameterError
 
@@ -23,10 +24,10 @@ from splitkeeper.errors import InvalidParameterError
 class BacklogConfig:
     """Epoch size and checkpoint interval while processing backlog versus afterwards."""
 
-    backlog_epoch_records: int = 1_000_000
-    normal_epoch_records: int = 10_000
-    backlog_interval_s: float = 60.0
-    normal_interval_s: float = 5.0
+    backlog_epoch_records: int = defaults.BACKLOG_EPOCH_RECORDS
+    normal_epoch_records: int = defaults.NORMAL_EPOCH_RECORDS
+    backlog_interval_s: float = defaults.BACKLOG_INTERVAL_S
+    normal_interval_s: float = defaults.NORMAL_INTERVAL_S
 
     def __post_init__(self) -> None:
         for name in ("backlog_epoch_records", "normal_epoch_records"):

@@ -40,6 +40,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+from splitkeeper.core import defaults
 from splitkeeper.core.rescale import (
     Redistribution,
     RestoredRegion,
@@ -91,9 +92,9 @@ class CheckpointConfig:
     connects readers, which switches regional checkpoints off.
     """
 
-    max_consecutive_failures: int = 3
-    max_failure_ratio: float = 0.5
-    region_timeout_s: float = 600.0
+    max_consecutive_failures: int = defaults.MAX_CONSECUTIVE_FAILURES
+    max_failure_ratio: float = defaults.MAX_FAILURE_RATIO
+    region_timeout_s: float = defaults.REGION_TIMEOUT_S
     regions_independent: bool = True
 
     def __post_init__(self) -> None:
@@ -117,6 +118,19 @@ class CheckpointConfig:
             if key not in known:
                 raise InvalidParameterError("checkpoint config key", key, f"one of {', '.join(known)}")
         return cls(**dict(values))
+
+
+def check_full_snapshot_every(value: Any) -> None:
+    """``full_snapshot_every`` (config: ``checkpoint.full_snapshot_every``): an integer >= 1
+    (InvalidParameterError otherwise); the state store writes at most that many checkpoints'
+    enumerator state per full snapshot, the others as deltas against it."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidParameterError(
+            "full_snapshot_every",
+            value,
+            "an integer >= 1: at most that many checkpoints share one full enumerator snapshot "
+            "(1 writes a full snapshot at every checkpoint)",
+        )
 
 
 class CheckpointMode(enum.Enum):

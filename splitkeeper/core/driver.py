@@ -44,11 +44,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from splitkeeper.core import defaults
 from splitkeeper.core.assignment import (
     AssignmentStrategy,
     ThroughputMeter,
     WeightedStrategy,
     strategy_by_name,
+    validate_parallelism,
 )
 from splitkeeper.core.backlog import BacklogConfig
 from splitkeeper.core.checkpoint import (
@@ -116,7 +118,19 @@ OPERATOR_STATE_KEEP = 8
 #: (no tiny remainder that costs a whole epoch of its own).
 TAIL_DIVISOR = 4
 #: Aborted epochs in a row after which a bounded run stops (``checkpoint.max_consecutive_aborts``).
-MAX_CONSECUTIVE_ABORTS = 5
+MAX_CONSECUTIVE_ABORTS = defaults.MAX_CONSECUTIVE_ABORTS
+
+
+def check_retain_checkpoints(value: object) -> None:
+    """``retain_checkpoints`` (``checkpoint.retain_checkpoints``): an integer >= 1."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidParameterError("retain_checkpoints", value, "an integer >= 1")
+
+
+def check_quarantine_after(value: object) -> None:
+    """``quarantine_after`` (``checkpoint.quarantine_after``): an integer >= 1."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidParameterError("quarantine_after", value, "an integer >= 1 (failed epochs in a row)")
 
 
 def check_abort_limit(
@@ -161,38 +175,29 @@ class DriverSettings:
     parallelism: int
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     backlog: BacklogConfig = field(default_factory=BacklogConfig)
-    retain_checkpoints: int = 3
-    strategy: str = "least-loaded"
+    retain_checkpoints: int = defaults.RETAIN_CHECKPOINTS
+    strategy: str = defaults.STRATEGY
     strategy_options: Mapping[str, Any] = field(default_factory=dict)
     redistribution: Redistribution = Redistribution.EVEN_SPLIT
-    rebalance_threshold: float = 1.25  # weighted: measured imbalance (max/min) that re-weights
-    on_split_failure: SplitFailurePolicy = SplitFailurePolicy.QUARANTINE
-    quarantine_after: int = 3  # quarantine: epochs in a row a split's reads fail before it is parked
+    rebalance_threshold: float = defaults.REBALANCE_THRESHOLD  # weighted: imbalance (max/min) that re-weights
+    on_split_failure: SplitFailurePolicy = defaults.ON_SPLIT_FAILURE
+    quarantine_after: int = defaults.QUARANTINE_AFTER  # quarantine: failed epochs in a row before parking
     max_consecutive_aborts: int = MAX_CONSECUTIVE_ABORTS  # a bounded run stops after this many in a row
-    on_file_change: SplitChangePolicy = SplitChangePolicy.FAIL  # a known split's data changed (rule 1.9)
+    on_file_change: SplitChangePolicy = defaults.ON_FILE_CHANGE  # a known split's data changed (rule 1.9)
 
     def __post_init__(self) -> None:
         if not isinstance(self.pipeline, str) or not self.pipeline:
             raise InvalidParameterError("pipeline", self.pipeline, "a non-empty pipeline name")
-        if (
-            isinstance(self.parallelism, bool)
-            or not isinstance(self.parallelism, int)
-            or self.parallelism < 1
-        ):
-            raise InvalidParameterError("parallelism", self.parallelism, "an integer >= 1")
-        keep = self.retain_checkpoints
-        if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
-            raise InvalidParameterError("retain_checkpoints", keep, "an integer >= 1")
+        validate_parallelism(self.parallelism)
+        check_retain_checkpoints(self.retain_checkpoints)
         if not isinstance(self.redistribution, Redistribution):
             raise InvalidParameterError("redistribution", self.redistribution, "a Redistribution")
         if not isinstance(self.on_split_failure, SplitFailurePolicy):
             raise InvalidParameterError("on_split_failure", self.on_split_failure, "a SplitFailurePolicy")
         if not isinstance(self.on_file_change, SplitChangePolicy):
             raise InvalidParameterError("on_file_change", self.on_file_change, "a SplitChangePolicy")
-        after = self.quarantine_after
-        if isinstance(after, bool) or not isinstance(after, int) or after < 1:
-            raise InvalidParameterError("quarantine_after", after, "an integer >= 1 (epochs in a row)")
-        check_abort_limit(self.max_consecutive_aborts, self.on_split_failure, after)
+        check_quarantine_after(self.quarantine_after)
+        check_abort_limit(self.max_consecutive_aborts, self.on_split_failure, self.quarantine_after)
         threshold = self.rebalance_threshold
         if isinstance(threshold, bool) or not isinstance(threshold, int | float) or not threshold >= 1.0:
             raise InvalidParameterError("rebalance_threshold", threshold, "a ratio >= 1.0 (max / min load)")

@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
+from splitkeeper.core.assignment import validate_parallelism
 from splitkeeper.core.types import CompletedCheckpoint, ReaderInfo, Split
 from splitkeeper.errors import CheckpointError, InvalidParameterError
 
@@ -41,8 +42,7 @@ class Redistribution(enum.Enum):
 
 
 def _check_parallelism(new_parallelism: int) -> None:
-    if isinstance(new_parallelism, bool) or not isinstance(new_parallelism, int) or new_parallelism < 1:
-        raise InvalidParameterError("new_parallelism", new_parallelism, "an integer >= 1")
+    validate_parallelism(new_parallelism, "new_parallelism")
 
 
 def even_split_sizes(total: int, parallelism: int) -> list[int]:

@@ -69,7 +69,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from splitkeeper.core.checkpoint import CheckpointStore
+from splitkeeper.core.checkpoint import CheckpointStore, check_full_snapshot_every
+from splitkeeper.core.defaults import FULL_SNAPSHOT_EVERY
 from splitkeeper.core.ports import EpochDecision, EpochPlan, StateStore
 from splitkeeper.core.types import (
     AuditRecord,
@@ -186,7 +187,7 @@ class DeltaStateStore(StateStore, CheckpointStore):
         *,
         run_id: str | None = None,
         compact_every: int = 50,
-        full_snapshot_every: int = 20,
+        full_snapshot_every: int = FULL_SNAPSHOT_EVERY,
         accept_source_change: bool = False,
         read_only: bool = False,
     ) -> None:
@@ -201,7 +202,7 @@ class DeltaStateStore(StateStore, CheckpointStore):
             )
         if isinstance(compact_every, bool) or not isinstance(compact_every, int) or compact_every < 1:
             raise InvalidParameterError("compact_every", compact_every, "an integer >= 1")
-        serde.check_full_snapshot_every(full_snapshot_every)
+        check_full_snapshot_every(full_snapshot_every)
         self.tables = StateTables(root, read_only=read_only)
         self.root = self.tables.root
         self.pipeline_name = pipeline_name

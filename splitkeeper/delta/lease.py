@@ -47,6 +47,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from splitkeeper import process
+from splitkeeper.core.defaults import LEASE_TTL_S
 from splitkeeper.delta.fence import fenced_commit
 from splitkeeper.delta.tables import StateTables, guarded, spec
 from splitkeeper.errors import ConcurrentRunError, InvalidParameterError
@@ -225,7 +226,7 @@ class PipelineLease:
         )
         self.mine = row
 
-    def take(self, owner: LeaseOwner | None = None, ttl_s: float = 60.0) -> LeaseHolder:
+    def take(self, owner: LeaseOwner | None = None, ttl_s: float = LEASE_TTL_S) -> LeaseHolder:
         """Take the lease for ``ttl_s`` seconds (rule 1); LeaseHeldError while another run holds it."""
         if not isinstance(ttl_s, int | float) or isinstance(ttl_s, bool) or ttl_s <= 0:
             raise InvalidParameterError("ttl_s", ttl_s, "seconds > 0")
@@ -370,7 +371,7 @@ class HeldLease:
 def held(
     lease: PipelineLease,
     owner: LeaseOwner | None = None,
-    ttl_s: float = 60.0,
+    ttl_s: float = LEASE_TTL_S,
     interval_s: float | None = None,
 ) -> Iterator[HeldLease]:
     """Take ``lease``, heartbeat it every ``interval_s`` (default ``ttl_s / 3``), release it on exit

@@ -410,18 +410,6 @@ ENUMERATOR_TOMBSTONES = ("removed", "backlog_removed")
 BACKLOG_STATUSES = ("backlog", "backlog_removed")
 
 
-def check_full_snapshot_every(value: Any) -> None:
-    """``full_snapshot_every`` (config: ``checkpoint.full_snapshot_every``): an integer >= 1
-    (InvalidParameterError otherwise)."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InvalidParameterError(
-            "full_snapshot_every",
-            value,
-            "an integer >= 1: at most that many checkpoints share one full enumerator snapshot "
-            "(1 writes a full snapshot at every checkpoint)",
-        )
-
-
 def _live_rows(snapshot: EnumeratorSnapshot) -> dict[str, Row] | None:
     """The assigned, pool and quarantined rows of ``snapshot`` by split id (as
     :func:`enumerator_to_rows` writes them); None when a split id is there twice."""

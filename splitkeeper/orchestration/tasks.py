@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from splitkeeper.app import services
+from splitkeeper.config.limits import check_parallelism
 from splitkeeper.config.settings import PipelineConfig, load_config
 from splitkeeper.core.rescale import Redistribution
 from splitkeeper.errors import InvalidParameterError
@@ -99,23 +100,13 @@ def next_epoch(path: str | None = None) -> int:
 
 def check_recovery_params(params: Mapping[str, Any]) -> dict[str, Any]:
     """Validate the recovery DAG's Params beyond their JSON schema; return them normalised."""
-    raw_id = params.get("checkpoint_id", "latest")
-    if raw_id in (None, "", "latest"):
-        checkpoint_id = None
-    elif isinstance(raw_id, int) and not isinstance(raw_id, bool) and raw_id > 0:
-        checkpoint_id = raw_id
-    elif isinstance(raw_id, str) and raw_id.isdigit() and int(raw_id) > 0:
-        checkpoint_id = int(raw_id)
-    else:
-        raise InvalidParameterError("checkpoint_id", raw_id, "'latest' or a positive checkpoint id")
+    checkpoint_id = services.checkpoint_id_of(params.get("checkpoint_id", "latest"))
     mode = params.get("mode", "auto")
     if mode not in RECOVERY_MODES:
         raise InvalidParameterError("mode", mode, f"one of {', '.join(RECOVERY_MODES)}")
     parallelism = params.get("parallelism")
-    if parallelism is not None and (
-        isinstance(parallelism, bool) or not isinstance(parallelism, int) or parallelism < 1
-    ):
-        raise InvalidParameterError("parallelism", parallelism, "an integer >= 1, or null to keep it")
+    if parallelism is not None:
+        check_parallelism(parallelism, or_else=", or null to keep it")
     redistribution = params.get("redistribution")
     if redistribution is not None and redistribution not in ("even-split", "union"):
         raise InvalidParameterError("redistribution", redistribution, "'even-split' or 'union'")

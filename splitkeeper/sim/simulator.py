@@ -37,6 +37,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from splitkeeper.core import defaults
 from splitkeeper.core.assignment import STRATEGIES, WeightedStrategy, strategy_by_name
 from splitkeeper.core.checkpoint import CheckpointConfig, CheckpointStore
 from splitkeeper.core.driver import DriverSettings, EpochDriver, EpochReport, FailoverReport
@@ -167,9 +168,9 @@ class SimConfig:
     steps: int = 200
     failure_rate: float = 0.1
     seed: int = 0
-    strategy: str = "least-loaded"
-    max_consecutive_failures: int = 3
-    max_failure_ratio: float = 0.5
+    strategy: str = defaults.STRATEGY
+    max_consecutive_failures: int = defaults.MAX_CONSECUTIVE_FAILURES
+    max_failure_ratio: float = defaults.MAX_FAILURE_RATIO
     reassign_on_recovery: bool = True
     keep_checkpoints: int = 2
     max_parallelism: int | None = None

@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from splitkeeper.errors import InvalidParameterError, SplitkeeperError
+from splitkeeper.errors import SplitkeeperError
 
 log = logging.getLogger("splitkeeper.spark.regions")
 #: How long an abandoned epoch waits for its cancelled region jobs to wind down.
@@ -42,33 +42,6 @@ class EpochAbandoned(SplitkeeperError):
     """
 
     code = "INTERRUPTED"
-
-
-#: The highest parallelism a pipeline may have. Every epoch runs each region as its own
-#: Spark job from its own driver thread, idle regions included, and each such thread holds
-#: its own py4j connection to the JVM (a socket) while its job runs. PySpark's py4j client
-#: waits on its sockets with ``select()``, which fails past file descriptor 1023
-#: ("filedescriptor out of range in select()"). Measured on one machine (2 cores, load 14,
-#: 3 files, one epoch): parallelism 8 peaked at 30 descriptors and 13 threads in the driver,
-#: 256 at 286 and 261 (one per region), its epoch taking 219 s against 79 s. 256 keeps a
-#: fourfold margin to the wall and is more cores than one machine or a small cluster has.
-#: Until idle regions cost nothing, higher values are refused (config ``parallelism``,
-#: ``recover --parallelism``, rescale).
-MAX_PARALLELISM = 256
-
-
-def check_parallelism(value: int, name: str = "parallelism") -> int:
-    """``value`` if it is at most :data:`MAX_PARALLELISM`, else InvalidParameterError naming ``name``
-    (the caller has checked it is an integer >= 1)."""
-    if isinstance(value, int) and value > MAX_PARALLELISM:
-        raise InvalidParameterError(
-            name,
-            value,
-            f"an integer from 1 to {MAX_PARALLELISM}",
-            f"every region is a Spark job and a driver thread in every epoch, busy or idle; use at most "
-            f"{MAX_PARALLELISM} (more regions than source splits or executor cores only add idle jobs)",
-        )
-    return value
 
 
 class RegionStatus(enum.Enum):

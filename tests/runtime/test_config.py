@@ -16,6 +16,7 @@ from splitkeeper.config.settings import (
     SourceKind,
     StartingMode,
     config_from_mapping,
+    core_settings,
     load_config,
 )
 from splitkeeper.core.checkpoint import CheckpointConfig
@@ -223,7 +224,10 @@ def test_checkpoint_section_is_a_core_checkpoint_config_wired_to_regions(tmp_pat
     cfg = build(
         tmp_path, regions="global", checkpoint__max_consecutive_failures=0, checkpoint__region_timeout_s=30
     )
-    assert isinstance(cfg.checkpoint, CheckpointConfig)
+    core = core_settings(cfg).checkpoint
+    assert isinstance(core, CheckpointConfig)
+    assert core.regions_independent is False and core.max_consecutive_failures == 0
+    assert core.region_timeout_s == 30.0
     assert cfg.checkpoint.regions_independent is False
     assert cfg.regional_checkpoints is False
     assert cfg.checkpoint.region_timeout_s == 30.0 and isinstance(cfg.checkpoint.region_timeout_s, float)

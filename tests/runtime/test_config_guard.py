@@ -20,9 +20,9 @@ from typing import Any
 import pytest
 
 from splitkeeper.cli import main
+from splitkeeper.config.limits import MAX_PARALLELISM
 from splitkeeper.config.settings import MAX_DEPTH, MAX_VALUES, load_config
 from splitkeeper.errors import ConfigError
-from splitkeeper.spark.regions import MAX_PARALLELISM
 
 HEAD = "name: orders\n"
 SOURCE = "source: {kind: files, path: incoming}\n"

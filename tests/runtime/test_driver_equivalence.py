@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from splitkeeper.app.pipeline import Pipeline, driver_settings
-from splitkeeper.config.settings import config_from_mapping
+from splitkeeper.app.pipeline import Pipeline
+from splitkeeper.config.settings import config_from_mapping, core_settings
 from splitkeeper.core.driver import EpochDriver, EpochReport
 from splitkeeper.sim.events import RegionFailure
 from splitkeeper.sim.simulator import SimClock, SimEpochSink, SimRegionRunner, SimState
@@ -80,7 +80,7 @@ def test_the_simulator_and_the_spark_runtime_decide_the_same_for_one_fault_sched
     source = build_source(config.source)  # the same driver-side source: discovery and planning
     ledger = SimulatedSink()
     sim = EpochDriver(
-        driver_settings(config),
+        core_settings(config),
         source,
         runner,
         SimEpochSink(ledger, runner),

@@ -9,12 +9,13 @@ import random
 import tempfile
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from splitkeeper.config.settings import SourceConfig, SourceKind
+from splitkeeper.config.settings import SourceConfig, config_from_mapping
 from splitkeeper.core.source import SplitChangeKind, SplitSource, SupportsSplitReassignmentOnRecovery
 from splitkeeper.core.types import Split
 from splitkeeper.errors import EnvironmentNotReadyError, SourceError
@@ -328,15 +329,25 @@ def test_jsonl_rejects_a_line_that_is_not_json(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- factory
 
 
+def _source_config(tmp_path: Path, **source: Any) -> SourceConfig:
+    """The ``source`` of a pipeline whose state and sink lie beside ``tmp_path``."""
+    places = {"state": {"path": str(tmp_path.parent / f"{tmp_path.name}-state")}}
+    places["sink"] = {"path": str(tmp_path.parent / f"{tmp_path.name}-sink")}
+    return config_from_mapping({"name": "t", "source": source, **places}).source
+
+
 def test_build_source_makes_a_file_source_from_config(tmp_path: Path) -> None:
-    built = build_source(SourceConfig(kind=SourceKind.FILES, path=str(tmp_path), split_bytes=64))
+    built = build_source(_source_config(tmp_path, kind="files", path=str(tmp_path), split_bytes=64))
     assert isinstance(built, FileSource) and built.path == str(tmp_path)
 
 
-def test_build_source_for_kafka_without_the_module_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_build_source_for_kafka_without_the_module_says_so(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     monkeypatch.setattr(sources, "KAFKA_MODULE", "splitkeeper.spark.sources.no_such_kafka")
+    config = _source_config(tmp_path, kind="kafka", bootstrap_servers="b:1", topics=["t"])
     with pytest.raises(EnvironmentNotReadyError, match="source.kind 'kafka' needs"):
-        build_source(SourceConfig(kind=SourceKind.KAFKA, bootstrap_servers="b:1", topics=("t",)))
+        build_source(config)
 
 
 # --------------------------------------------------------------------------- contract

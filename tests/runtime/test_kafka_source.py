@@ -18,7 +18,7 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
 
-from splitkeeper.config.settings import OffsetOutOfRange, SourceConfig, SourceKind
+from splitkeeper.config.settings import OffsetOutOfRange, config_from_mapping
 from splitkeeper.core.enumerator import RecordingEnumeratorContext, enumerator_for
 from splitkeeper.core.external import DisagreementKind, reconcile_positions
 from splitkeeper.core.source import ExternalPosition, PlannedRange, RegionReader, SourceRecord
@@ -583,16 +583,20 @@ def test_invalid_constructor_arguments_name_the_parameter() -> None:
 # --------------------------------------------------------------------------- wiring
 
 
-def test_build_source_makes_a_reassignable_kafka_source_from_the_config(bootstrap: str) -> None:
+def test_build_source_makes_a_reassignable_kafka_source_from_the_config(
+    bootstrap: str, tmp_path: Path
+) -> None:
     topic = create_topic(bootstrap, 2)
-    config = SourceConfig(
-        kind=SourceKind.KAFKA,
-        bootstrap_servers=bootstrap,
-        topics=(topic,),
-        starting="latest",
-        group_id="g",
-        on_offset_out_of_range=OffsetOutOfRange.SKIP,
-    )
+    source = {
+        "kind": "kafka",
+        "bootstrap_servers": bootstrap,
+        "topics": [topic],
+        "starting": "latest",
+        "group_id": "g",
+        "on_offset_out_of_range": "skip",
+    }
+    places = {"state": {"path": str(tmp_path / "state")}, "sink": {"path": str(tmp_path / "sink")}}
+    config = config_from_mapping({"name": "t", "source": source, **places}).source
 
     source = build_source(config)
 

@@ -29,6 +29,7 @@ from typing import Any
 
 from splitkeeper.core.backlog import BacklogConfig
 from splitkeeper.core.checkpoint import CheckpointConfig
+from splitkeeper.core.defaults import REBALANCE_THRESHOLD
 from splitkeeper.core.driver import DriverSettings, EpochDriver
 from splitkeeper.core.enumerator import RecordingEnumeratorContext, enumerator_for, restart_reader
 from splitkeeper.core.source import ReassignableStaticSplitSource
@@ -55,7 +56,11 @@ def _ratio(loads: Mapping[int, float]) -> float:
 
 
 def hot_partition_run(
-    strategy: str, capacities: Mapping[int, float] | None = None, *, epochs: int = 12, threshold: float = 1.25
+    strategy: str,
+    capacities: Mapping[int, float] | None = None,
+    *,
+    epochs: int = 12,
+    threshold: float = REBALANCE_THRESHOLD,
 ) -> dict[str, Any]:
     """One run of the driver over the hot-partition source; the readers' loads at the end."""
     rates = {f"events-{p}": float(HOT_FACTOR if p == 3 else 1) for p in range(PARTITIONS)}
@@ -142,7 +147,9 @@ def discovery_orders(light: int = 9, heavy_weight: float = 10.0, readers: int = 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--epochs", type=int, default=12, help="epochs per run (default 12)")
-    parser.add_argument("--threshold", type=float, default=1.25, help="weighted.rebalance_threshold")
+    parser.add_argument(
+        "--threshold", type=float, default=REBALANCE_THRESHOLD, help="weighted.rebalance_threshold"
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
