@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.delta.samples import LocalPipeline, assert_sink_is_input, file_lines, sink_lines
+from tests.state.samples import LocalPipeline, assert_sink_is_input, file_lines, sink_lines
 from tests.runtime.helpers import run_cli, write_config
 
 COMMANDS = (["status"], ["validate"], ["recover", "--dry-run"], ["run"])

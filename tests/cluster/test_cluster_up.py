@@ -774,7 +774,7 @@ def test_state_store_sink_and_fence_on_the_object_store(cluster, tmp_path, monke
     from splitkeeper.delta.sink import DeltaSink
     from splitkeeper.errors import ConcurrentRunError
     from splitkeeper.spark.task import write_staged
-    from tests.delta.samples import global_
+    from tests.state.samples import global_
 
     for key, value in cluster.client_env().items():
         if key.startswith("AWS_"):

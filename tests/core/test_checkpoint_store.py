@@ -2,7 +2,7 @@
 
 ``CheckpointStoreContract`` holds the tests every store must pass; a store's
 test class subclasses it and overrides ``make_store``. ``TestInMemoryCheckpointStore``
-runs it on the core store, ``tests/delta/test_checkpoint_store_contract.py`` on the
+runs it on the core store, ``tests/state/test_checkpoint_store_contract.py`` on the
 Delta state store (``DeltaStateStore``).
 """
 

@@ -24,7 +24,7 @@ from splitkeeper.delta.checkpoints import DeltaStateStore
 from splitkeeper.delta.sink import DeltaSink
 from splitkeeper.spark.faults import CRASH_ENV, CrashPoint
 from splitkeeper.spark.sources import build_source
-from tests.delta.samples import tree
+from tests.state.samples import tree
 
 from .helpers import (
     assert_sink_equals_source,

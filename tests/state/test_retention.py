@@ -36,7 +36,7 @@ def root(tmp_path) -> str:
 
 def _open(root, **kwargs) -> DeltaStateStore:
     # every checkpoint a full snapshot: these tests are about the ref-chain rules; the bases of
-    # incremental enumerator state are tests/delta/test_incremental.py's
+    # incremental enumerator state are tests/state/test_incremental.py's
     kwargs.setdefault("full_snapshot_every", 1)
     return DeltaStateStore(root, "orders", "files:/in", **kwargs)
 
