@@ -186,7 +186,9 @@ def test_healthy_regional_state_passes_every_suite_and_builds_data_docs(spark, h
     assert all(suite.status is SuiteStatus.PASSED for suite in report.suites)
     assert report.checkpoint_id == 2
     assert report.suite("sink_records").rows == 5  # one row per split with records
-    assert report.suite("sink_records").notes == ("33 sink record(s) of epochs up to checkpoint 2 summarised",)
+    assert report.suite("sink_records").notes == (
+        "33 sink record(s) of epochs up to checkpoint 2 summarised",
+    )
     assert report.suite("ownership").rows == 4
     assert report.suite("balance").rows == 2
     assert report.data_docs_index == (tmp_path / "docs" / "index.html").resolve()
@@ -201,7 +203,9 @@ def test_checking_an_older_checkpoint_ignores_sink_records_of_later_epochs(spark
 
     assert report.success, report.summary()
     assert report.checkpoint_id == 1
-    assert report.suite("sink_records").notes == ("23 sink record(s) of epochs up to checkpoint 1 summarised",)
+    assert report.suite("sink_records").notes == (
+        "23 sink record(s) of epochs up to checkpoint 1 summarised",
+    )
     assert any("10 record(s) of epochs after checkpoint 1" in n for n in report.notes)
 
 
@@ -291,8 +295,18 @@ CORRUPTIONS = [
         ("orders-3",),
     ),
     (split_owned_twice, "ownership", "expect_column_values_to_be_null(owned_more_than_once)", ("orders-1",)),
-    (finished_split_assigned, "lifecycle", "expect_column_values_to_be_null(finished_assigned)", ("orders-9",)),
-    (chain_too_deep, "ref_chains", "expect_column_values_to_be_null(ref_chain_too_deep)", ("orders-1", "orders-3")),
+    (
+        finished_split_assigned,
+        "lifecycle",
+        "expect_column_values_to_be_null(finished_assigned)",
+        ("orders-9",),
+    ),
+    (
+        chain_too_deep,
+        "ref_chains",
+        "expect_column_values_to_be_null(ref_chain_too_deep)",
+        ("orders-1", "orders-3"),
+    ),
 ]
 
 
@@ -353,9 +367,7 @@ def test_a_missing_tail_a_lost_split_and_a_removed_subscription_each_name_only_t
     report = run_checks(spark, store, sink_path, tmp_path / "docs")
 
     assert failing(report) == {
-        ("sink_splits", "expect_column_values_to_be_null(offset_missing)"): (
-            "orders-0",
-        ),
+        ("sink_splits", "expect_column_values_to_be_null(offset_missing)"): ("orders-0",),
         ("ownership", "expect_column_values_to_be_null(not_owned)"): ("orders-3",),
         ("lifecycle", "expect_column_values_to_be_null(removed_subscription)"): ("returns-0",),
     }, report.summary()
