@@ -1,7 +1,10 @@
 """The protocol section 6 invariants, as pure functions: the one place each rule is decided.
 
-The simulator, the Spark runtime, ``splitkeeper validate`` and the Great
-Expectations suites all call these; none of them re-implements a rule. Every
+The simulator, the Spark runtime and the restart checks (``splitkeeper validate``,
+:mod:`splitkeeper.quality.checks`) all call these; none of them re-implements a rule.
+The restart checks build plain values from the state history's Arrow tables and a
+per-split summary of the sink (:class:`SinkSplitSummary`), call these functions, and
+hand the verdicts to the Great Expectations suites, which only report them. Every
 check returns a list of :class:`Violation` (empty when the rule holds) and
 never raises on a violation; :func:`raise_if_violations` turns a list into an
 :class:`~splitkeeper.errors.InvariantViolation` for callers that must stop.
@@ -48,6 +51,8 @@ class Violation:
     kind: ViolationKind
     split_ids: tuple[str, ...]
     detail: str
+    reader_ids: tuple[int, ...] = ()  # the readers a balance rule names
+    checkpoint_ids: tuple[int, ...] = ()  # the checkpoints a ref-chain rule names
 
     def __str__(self) -> str:
         return f"{self.kind.value}: {self.detail}"
@@ -75,8 +80,9 @@ def _ids(ids: Iterable[str], limit: int = 20) -> str:
 def _owners_view(
     state: Assignment | EnumeratorSnapshot,
 ) -> tuple[Mapping[int, Iterable[Split]], Iterable[Split]]:
+    """(reader -> owned splits, the unowned live splits: the pool and, in a snapshot, the quarantined)."""
     if isinstance(state, EnumeratorSnapshot):
-        return state.assignments, state.pool
+        return state.assignments, (*state.pool, *state.quarantined)
     return state.readers, state.pool
 
 
@@ -85,18 +91,22 @@ def _owners_view(
 
 
 def check_ownership(
-    state: Assignment | EnumeratorSnapshot, known_live: Collection[str] | None = None
+    state: Assignment | EnumeratorSnapshot,
+    known_live: Collection[str] | None = None,
+    registered: Collection[int] | None = None,
 ) -> list[Violation]:
-    """Every split appears once (pool or one reader); every known live split appears.
+    """Every split appears once (pool, quarantine or one reader); every known live split appears.
 
     ``known_live`` is the caller's independent list of splits that must exist
     (discovered, not finished, subscribed); without it only duplicates are
-    checked.
+    checked. ``registered``: the readers that exist; a split owned by another
+    reader is read by nobody (NOT_OWNED). Without it every owner counts.
     """
     readers, pool = _owners_view(state)
+    quarantined = {s.split_id for s in state.quarantined} if isinstance(state, EnumeratorSnapshot) else set()
     places: dict[str, list[str]] = defaultdict(list)
     for split in pool:
-        places[split.split_id].append("pool")
+        places[split.split_id].append("quarantined" if split.split_id in quarantined else "pool")
     for reader_id in sorted(readers):
         for split in readers[reader_id]:
             places[split.split_id].append(f"reader {reader_id}")
@@ -109,6 +119,19 @@ def check_ownership(
         for split_id, where in sorted(places.items())
         if len(where) > 1
     ]
+    if registered is not None:
+        allowed = set(registered)
+        for reader_id in sorted(set(readers) - allowed):
+            orphans = sorted({s.split_id for s in readers[reader_id]})
+            if orphans:
+                violations.append(
+                    Violation(
+                        ViolationKind.NOT_OWNED,
+                        tuple(orphans),
+                        f"{len(orphans)} split(s) owned by reader {reader_id}, which is not registered "
+                        f"(readers: {sorted(allowed)}): {_ids(orphans)}",
+                    )
+                )
     if known_live is not None:
         missing = [s for s in known_live if s not in places]
         if missing:
@@ -229,12 +252,14 @@ def check_balance(
             return []
         hi = max(reader_ids, key=lambda r: (loads[r], -r))
         lo = min(reader_ids, key=lambda r: (loads[r], r))
+        over = tuple(r for r in reader_ids if loads[r] - loads[lo] > COUNT_TOLERANCE)
         return [
             Violation(
                 ViolationKind.UNBALANCED,
                 (),
                 f"split counts differ by {spread} (reader {hi} has {loads[hi]}, reader {lo} has "
                 f"{loads[lo]}); balanced strategies keep them within {COUNT_TOLERANCE}",
+                reader_ids=over,
             )
         ]
     wloads: dict[int, float] = {}
@@ -254,6 +279,7 @@ def check_balance(
             (),
             f"reader {r} weighted load {wloads[r]:.6g} is {dev:+.6g} from its fair share; "
             f"allowed: within the largest split weight {max_weight:.6g}",
+            reader_ids=(r,),
         )
         for r, dev in sorted(deviations.items())
         if abs(dev) > tolerance
@@ -278,6 +304,48 @@ def ref_chain_depths(refs: Mapping[int, Collection[int]]) -> dict[int, int]:
     return depths
 
 
+def _ref_violation(
+    checkpoint_id: int, ref: int, kept: Collection[int], split_ids: tuple[str, ...] = (), where: str = ""
+) -> Violation | None:
+    """REF_NOT_EARLIER or REF_MISSING for one ref of checkpoint ``checkpoint_id``; None when sound."""
+    if ref >= checkpoint_id:
+        return Violation(
+            ViolationKind.REF_NOT_EARLIER,
+            split_ids,
+            f"checkpoint {checkpoint_id}{where} refers to checkpoint {ref}; "
+            "refs must point to earlier checkpoints",
+            checkpoint_ids=(checkpoint_id,),
+        )
+    if ref not in kept:
+        return Violation(
+            ViolationKind.REF_MISSING,
+            split_ids,
+            f"checkpoint {checkpoint_id}{where} refers to checkpoint {ref}, which is not kept "
+            "(retention must never break a chain)",
+            checkpoint_ids=(checkpoint_id,),
+        )
+    return None
+
+
+def _depth_violation(
+    checkpoint_id: int,
+    depth: int,
+    max_consecutive_failures: int,
+    split_ids: tuple[str, ...] = (),
+    where: str = "",
+) -> Violation | None:
+    """REF_CHAIN_TOO_DEEP when ``depth`` exceeds ``max_consecutive_failures``, else None."""
+    if depth <= max_consecutive_failures:
+        return None
+    return Violation(
+        ViolationKind.REF_CHAIN_TOO_DEEP,
+        split_ids,
+        f"checkpoint {checkpoint_id}{where} has a ref chain of depth {depth}; "
+        f"max_consecutive_failures={max_consecutive_failures}",
+        checkpoint_ids=(checkpoint_id,),
+    )
+
+
 def check_ref_chains(
     refs: Mapping[int, Collection[int]],
     max_consecutive_failures: int,
@@ -291,64 +359,301 @@ def check_ref_chains(
     what callers holding the checkpoints should pass. Without it the whole-checkpoint chain
     length (:func:`ref_chain_depths`) is bounded instead, which over-counts after an aborted
     forced global (a later regional checkpoint may refer to an older regional one through
-    another region).
+    another region). Per region, with the region's splits named: :func:`check_region_ref`.
     """
     violations: list[Violation] = []
     for cid in sorted(refs):
         for ref in sorted(refs[cid]):
-            if ref >= cid:
-                violations.append(
-                    Violation(
-                        ViolationKind.REF_NOT_EARLIER,
-                        (),
-                        f"checkpoint {cid} refers to checkpoint {ref}; "
-                        "refs must point to earlier checkpoints",
-                    )
-                )
-            elif ref not in refs:
-                violations.append(
-                    Violation(
-                        ViolationKind.REF_MISSING,
-                        (),
-                        f"checkpoint {cid} refers to checkpoint {ref}, which is not kept "
-                        "(retention must never break a chain)",
-                    )
-                )
+            found = _ref_violation(cid, ref, refs)
+            if found is not None:
+                violations.append(found)
     measured = ref_chain_depths(refs) if depths is None else dict(depths)
     for cid, depth in sorted(measured.items()):
-        if depth > max_consecutive_failures:
-            violations.append(
-                Violation(
-                    ViolationKind.REF_CHAIN_TOO_DEEP,
-                    (),
-                    f"checkpoint {cid} has a ref chain of depth {depth}; "
-                    f"max_consecutive_failures={max_consecutive_failures}",
-                )
-            )
+        too_deep = _depth_violation(cid, depth, max_consecutive_failures)
+        if too_deep is not None:
+            violations.append(too_deep)
     return violations
+
+
+def check_region_ref(
+    checkpoint_id: int,
+    region_id: int,
+    ref_checkpoint_id: int | None,
+    ref_depth: int,
+    kept: Collection[int],
+    max_consecutive_failures: int,
+    split_ids: Iterable[str] = (),
+) -> list[Violation]:
+    """Rule 6.6 for one region's state in checkpoint ``checkpoint_id``: the rules of
+    :func:`check_ref_chains`, naming the region's splits.
+
+    ``ref_checkpoint_id`` is None when the region acknowledged the checkpoint; ``ref_depth``
+    is ``RegionState.ref_depth``; ``kept`` the ids of the checkpoints still kept.
+    """
+    ids = tuple(sorted(set(split_ids)))
+    where = f" region {region_id}"
+    found: list[Violation | None] = [
+        _depth_violation(checkpoint_id, ref_depth, max_consecutive_failures, ids, where)
+    ]
+    if ref_checkpoint_id is not None:
+        found.append(_ref_violation(checkpoint_id, ref_checkpoint_id, kept, ids, where))
+    return [v for v in found if v is not None]
 
 
 # ---------------------------------------------------------------------------------------------
 # Sink offsets (protocol rule 6.4)
 
+#: A half-open range of source offsets ``[start, end)``.
+Span = tuple[int, int]
 
-def _spans_text(spans: list[tuple[int, int]]) -> str:
+
+def _spans_text(spans: Iterable[Span]) -> str:
     """Half-open spans [a, b), merged, shown as offsets: ``3`` or ``5-9`` (inclusive)."""
+    parts = [f"{a}" if b == a + 1 else f"{a}-{b - 1}" for a, b in merge_spans(spans)]
+    shown = parts[:8]
+    return ", ".join(shown) + (f", ... ({len(parts)} ranges)" if len(parts) > 8 else "")
+
+
+def merge_spans(spans: Iterable[Span]) -> tuple[Span, ...]:
+    """Non-empty spans merged where they overlap or touch, ascending."""
     merged: list[list[int]] = []
-    for a, b in sorted(spans):
+    for a, b in sorted(s for s in spans if s[1] > s[0]):
         if merged and a <= merged[-1][1]:
             merged[-1][1] = max(merged[-1][1], b)
         else:
             merged.append([a, b])
-    parts = [f"{a}" if b == a + 1 else f"{a}-{b - 1}" for a, b in merged]
-    shown = parts[:8]
-    return ", ".join(shown) + (f", ... ({len(parts)} ranges)" if len(parts) > 8 else "")
+    return tuple((a, b) for a, b in merged)
+
+
+def _minus(spans: Iterable[Span], cut: Iterable[Span]) -> list[Span]:
+    """The parts of ``spans`` outside every span of ``cut`` (both merged first)."""
+    holes = merge_spans(cut)
+    out: list[Span] = []
+    for a, b in merge_spans(spans):
+        lo = a
+        for c, d in holes:
+            if d <= lo or c >= b:
+                continue
+            if c > lo:
+                out.append((lo, c))
+            lo = max(lo, d)
+        if lo < b:
+            out.append((lo, b))
+    return out
+
+
+def _within(spans: Iterable[Span], lo: int, hi: int) -> list[Span]:
+    return [(max(a, lo), min(b, hi)) for a, b in spans if min(b, hi) > max(a, lo)]
+
+
+@dataclass(frozen=True, slots=True)
+class SinkSplitSummary:
+    """What the sink holds of one split, summarised: all rule 6.4 needs, however many records.
+
+    ``islands``: the offsets the records cover, as merged spans (records that overlap or
+    touch form one island). ``duplicates``: the offsets covered more than once (spans; a
+    reader may pass only the first few). ``malformed``: offsets of records that end where
+    or before they start (``next_offset <= offset``; not part of any island). Built from
+    records by :func:`summarize_sink_records`, or by the restart checks in Spark SQL.
+    """
+
+    split_id: str
+    records: int
+    islands: tuple[Span, ...] = ()
+    duplicates: tuple[Span, ...] = ()
+    malformed: tuple[int, ...] = ()
+
+
+def summarize_sink_records(records: Iterable[tuple[str, int, int]]) -> dict[str, SinkSplitSummary]:
+    """Per split, the :class:`SinkSplitSummary` of ``(split_id, offset, next_offset)`` records."""
+    by_split: dict[str, list[Span]] = defaultdict(list)
+    for split_id, offset, next_offset in records:
+        by_split[split_id].append((offset, next_offset))
+    summaries: dict[str, SinkSplitSummary] = {}
+    for split_id, spans in by_split.items():
+        malformed = tuple(sorted(a for a, b in spans if b <= a))
+        twice: list[Span] = []
+        covered_to: int | None = None
+        for a, b in sorted(s for s in spans if s[1] > s[0]):
+            if covered_to is not None and a < covered_to:
+                twice.append((a, min(b, covered_to)))
+            covered_to = b if covered_to is None else max(covered_to, b)
+        summaries[split_id] = SinkSplitSummary(
+            split_id, len(spans), merge_spans(spans), merge_spans(twice), malformed
+        )
+    return summaries
+
+
+@dataclass(frozen=True, slots=True)
+class SinkSplitVerdict:
+    """Rule 6.4 decided for one split (:func:`judge_sink_split`): what is wrong, by where it is.
+
+    Among the records themselves: ``duplicates`` (offsets written twice), ``gaps`` (offsets
+    missing between two records, other than a range reported lost), ``malformed`` (records
+    ending where they start). Against the checkpoint: ``known`` (False: records of a split
+    the checkpoint does not know), ``ends`` (offsets missing before the first record or after
+    the last one, up to the committed position), ``outside`` (offsets written before the
+    start, past the committed position, or inside a range reported lost).
+    """
+
+    split_id: str
+    start: int
+    end: int | None
+    known: bool
+    records: int
+    duplicates: tuple[Span, ...] = ()
+    gaps: tuple[Span, ...] = ()
+    malformed: tuple[int, ...] = ()
+    ends: tuple[Span, ...] = ()
+    outside: tuple[Span, ...] = ()
+
+    @property
+    def range_text(self) -> str:
+        return f"[{self.start}, {'committed' if self.end is None else self.end})"
+
+    def duplicate(self) -> Violation | None:
+        if not self.duplicates:
+            return None
+        return Violation(
+            ViolationKind.OFFSET_DUPLICATE,
+            (self.split_id,),
+            f"split {self.split_id}: offsets written more than once: {_spans_text(self.duplicates)}",
+        )
+
+    def gap(self) -> Violation | None:
+        """OFFSET_MISSING between two records (the per-record view of :meth:`missing`)."""
+        if not self.gaps:
+            return None
+        return Violation(
+            ViolationKind.OFFSET_MISSING,
+            (self.split_id,),
+            f"split {self.split_id}: {sum(b - a for a, b in self.gaps)} offset(s) missing between records "
+            f"(not reported lost): {_spans_text(self.gaps)}",
+        )
+
+    def bad_record(self) -> Violation | None:
+        """OFFSET_UNEXPECTED for records that end where they start."""
+        if not self.malformed:
+            return None
+        return Violation(
+            ViolationKind.OFFSET_UNEXPECTED,
+            (self.split_id,),
+            f"split {self.split_id}: {len(self.malformed)} record(s) with next_offset <= offset, at "
+            f"{_spans_text((o, o + 1) for o in self.malformed)}",
+        )
+
+    def unexpected_end(self) -> Violation | None:
+        """OFFSET_MISSING before the first record or after the last (the per-split view)."""
+        if not self.ends:
+            return None
+        return Violation(
+            ViolationKind.OFFSET_MISSING,
+            (self.split_id,),
+            f"split {self.split_id}: {sum(b - a for a, b in self.ends)} offset(s) missing in "
+            f"{self.range_text} before the first or after the last record: {_spans_text(self.ends)}",
+        )
+
+    def unknown_or_outside(self) -> Violation | None:
+        """OFFSET_UNEXPECTED for a split the checkpoint does not know, or offsets outside its range."""
+        if not self.known:
+            return Violation(
+                ViolationKind.OFFSET_UNEXPECTED,
+                (self.split_id,),
+                f"split {self.split_id}: {self.records} sink record(s) but no committed position",
+            )
+        if not self.outside:
+            return None
+        return Violation(
+            ViolationKind.OFFSET_UNEXPECTED,
+            (self.split_id,),
+            f"split {self.split_id}: offsets outside {self.range_text} (or inside a range reported lost): "
+            f"{_spans_text(self.outside)}",
+        )
+
+    def violations(self) -> list[Violation]:
+        """One violation per kind: OFFSET_DUPLICATE, OFFSET_UNEXPECTED, OFFSET_MISSING (in that order)."""
+        found: list[Violation] = []
+        dup = self.duplicate()
+        if dup is not None:
+            found.append(dup)
+        if not self.known:
+            unknown = self.unknown_or_outside()
+            return [*found, *([unknown] if unknown is not None else [])]
+        unexpected = [*self.outside, *((o, o + 1) for o in self.malformed)]
+        if unexpected:
+            found.append(
+                Violation(
+                    ViolationKind.OFFSET_UNEXPECTED,
+                    (self.split_id,),
+                    f"split {self.split_id}: offsets outside {self.range_text}: {_spans_text(unexpected)}",
+                )
+            )
+        missing = [*self.gaps, *self.ends]
+        if missing:
+            found.append(
+                Violation(
+                    ViolationKind.OFFSET_MISSING,
+                    (self.split_id,),
+                    f"split {self.split_id}: {sum(b - a for a, b in missing)} offset(s) missing in "
+                    f"{self.range_text}: {_spans_text(missing)}",
+                )
+            )
+        return found
+
+
+def judge_sink_split(
+    summary: SinkSplitSummary,
+    start: int,
+    committed: int | None,
+    *,
+    known: bool = True,
+    lost: Iterable[Span] = (),
+) -> SinkSplitVerdict:
+    """Rule 6.4 for one split: its records cover ``[start, committed)`` once, but for ``lost``.
+
+    ``committed`` is the next offset to read in the checked checkpoint (None: not known, e.g.
+    a finished split whose source end is not given, or one dropped with a recorded decision:
+    the tail is not checked). ``lost`` are the ranges the audit trail reports skipped as lost
+    (SKIPPED_LOST_RANGE): exactly those may be missing, and no record may be inside one.
+    ``known`` False: the checkpoint does not know the split (only the records among themselves
+    are judged then).
+    """
+    islands = merge_spans(summary.islands)
+    skipped = merge_spans(lost)
+    gaps: list[Span] = []
+    ends: list[Span] = []
+    outside: list[Span] = []
+    if not known:
+        between = [(b, c) for (_a, b), (c, _d) in zip(islands, islands[1:], strict=False)]
+        gaps = _minus(between, skipped)
+    else:
+        hi = committed if committed is not None else max([start, *(b for _a, b in islands)])
+        expected = [(start, hi)] if hi > start else []
+        written_lost = [part for a, b in islands for part in _within(skipped, a, b)]
+        outside = _minus(islands, expected) + _within(written_lost, start, hi)
+        inside = _within(islands, start, hi)
+        for gap in _minus(_minus(expected, islands), skipped):
+            between_records = bool(inside) and inside[0][0] <= gap[0] and gap[1] <= inside[-1][1]
+            (gaps if between_records else ends).append(gap)
+    return SinkSplitVerdict(
+        summary.split_id,
+        start,
+        committed,
+        known,
+        summary.records,
+        duplicates=merge_spans(summary.duplicates),
+        gaps=tuple(gaps),
+        malformed=tuple(sorted(summary.malformed)),
+        ends=tuple(ends),
+        outside=merge_spans(outside),
+    )
 
 
 def check_sink_ranges(
     records: Iterable[tuple[str, int, int]],
     start_positions: Mapping[str, int],
     committed_positions: Mapping[str, int],
+    lost: Mapping[str, Iterable[Span]] | None = None,
 ) -> list[Violation]:
     """Per split, the sink's records cover ``[start, committed)`` exactly once, and nothing else.
 
@@ -356,76 +661,25 @@ def check_sink_ranges(
     sink: each record covers the source offsets ``[offset, next_offset)`` (one
     Kafka offset, or the byte range of a line in a file). ``committed_positions``
     are the next offsets to read per split in the latest completed checkpoint;
-    ``start_positions`` where reading began (default 0). Offsets covered twice
-    are OFFSET_DUPLICATE, uncovered ones OFFSET_MISSING, records (or parts)
-    outside the range or of splits without a committed position
-    OFFSET_UNEXPECTED. Splits in ``committed_positions`` with no records are
-    checked too.
+    ``start_positions`` where reading began (default 0); ``lost`` the ranges per
+    split reported lost (the only gaps allowed). Offsets covered twice are
+    OFFSET_DUPLICATE, uncovered ones OFFSET_MISSING, records (or parts) outside
+    the range or of splits without a committed position OFFSET_UNEXPECTED.
+    Splits in ``committed_positions`` with no records are checked too. The same
+    rule on a summary: :func:`judge_sink_split`.
     """
-    by_split: dict[str, list[tuple[int, int]]] = defaultdict(list)
-    for split_id, offset, next_offset in records:
-        by_split[split_id].append((offset, next_offset))
+    summaries = summarize_sink_records(records)
     violations: list[Violation] = []
-    for split_id in sorted(set(by_split) | set(committed_positions)):
-        spans = sorted(by_split.get(split_id, ()))
-        if split_id not in committed_positions:
-            violations.append(
-                Violation(
-                    ViolationKind.OFFSET_UNEXPECTED,
-                    (split_id,),
-                    f"split {split_id}: {len(spans)} sink record(s) but no committed position",
-                )
-            )
-            continue
-        start = start_positions.get(split_id, 0)
-        end = committed_positions[split_id]
-        outside: list[tuple[int, int]] = []
-        twice: list[tuple[int, int]] = []
-        gaps: list[tuple[int, int]] = []
-        covered_to = start
-        for offset, next_offset in spans:
-            if next_offset <= offset:
-                outside.append((offset, offset + 1))
-                continue
-            if offset < start:
-                outside.append((offset, min(next_offset, start)))
-            if next_offset > end:
-                outside.append((max(offset, end), next_offset))
-            lo, hi = max(offset, start), min(next_offset, end)
-            if lo >= hi:
-                continue
-            if lo < covered_to:
-                twice.append((lo, min(hi, covered_to)))
-            elif lo > covered_to:
-                gaps.append((covered_to, lo))
-            covered_to = max(covered_to, hi)
-        if covered_to < end:
-            gaps.append((covered_to, end))
-        if twice:
-            violations.append(
-                Violation(
-                    ViolationKind.OFFSET_DUPLICATE,
-                    (split_id,),
-                    f"split {split_id}: offsets written more than once: {_spans_text(twice)}",
-                )
-            )
-        if outside:
-            violations.append(
-                Violation(
-                    ViolationKind.OFFSET_UNEXPECTED,
-                    (split_id,),
-                    f"split {split_id}: offsets outside [{start}, {end}): {_spans_text(outside)}",
-                )
-            )
-        if gaps:
-            missing = sum(b - a for a, b in gaps)
-            violations.append(
-                Violation(
-                    ViolationKind.OFFSET_MISSING,
-                    (split_id,),
-                    f"split {split_id}: {missing} offset(s) missing in [{start}, {end}): {_spans_text(gaps)}",
-                )
-            )
+    for split_id in sorted(set(summaries) | set(committed_positions)):
+        summary = summaries.get(split_id, SinkSplitSummary(split_id, 0))
+        verdict = judge_sink_split(
+            summary,
+            start_positions.get(split_id, 0),
+            committed_positions.get(split_id),
+            known=split_id in committed_positions,
+            lost=(lost or {}).get(split_id, ()),
+        )
+        violations += verdict.violations()
     return violations
 
 
@@ -437,6 +691,22 @@ def check_sink_offsets(
     """:func:`check_sink_ranges` for one offset per record (Kafka): ``(split_id, offset)`` pairs."""
     return check_sink_ranges(
         ((split_id, offset, offset + 1) for split_id, offset in records), start_positions, committed_positions
+    )
+
+
+def check_content(split_id: str, expected: tuple[int, str], found: tuple[int, str]) -> Violation | None:
+    """CONTENT_MISMATCH when a finished split's committed values are not its data's.
+
+    ``expected`` and ``found`` are (record count, SHA-256 of the values in offset order joined by
+    newlines) of the source's data and of the sink's records.
+    """
+    if expected == found:
+        return None
+    return Violation(
+        ViolationKind.CONTENT_MISMATCH,
+        (split_id,),
+        f"split {split_id}: the sink holds {found[0]} value(s) (sha256 {found[1][:12]}) where the source "
+        f"has {expected[0]} (sha256 {expected[1][:12]})",
     )
 
 

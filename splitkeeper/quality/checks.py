@@ -6,19 +6,18 @@ after a pipeline (re)started or ran epochs: :func:`run_restart_checks` then
 the Data Docs site under the folder the caller gives; it may be called any number of
 times, also while no pipeline runs.
 
-How: the suites are the JSON files in ``expectations/`` (one per suite; see
-``expectations/README.md``). Each names the *dataset* it runs on; this module derives
-those datasets as Spark DataFrames from the checked checkpoint's state, read through
-:mod:`splitkeeper.delta.history` (the only reader of the state tables; its pyarrow
-tables become frames with ``spark.createDataFrame``), and from the sink table, read
-with Spark (:func:`build_restart_frames`). It runs every suite through an ephemeral GE
-context with a COMPLETE (or, per record, SUMMARY) result format that lists the
-offending rows by their index columns, and builds the Data Docs site.
-
-The rules' thresholds come from the protocol core (``COUNT_TOLERANCE``,
-``weighted_bound_tolerance``); the failures are reported as core
-:class:`~splitkeeper.core.invariants.Violation` values, so a restart check and the
-simulator speak the same vocabulary.
+How: every rule is decided by :mod:`splitkeeper.core.invariants`, the module the
+simulator checks with, on plain values built from the checked checkpoint's state (read
+through :class:`~splitkeeper.delta.history.StateHistory`, Arrow tables) and from a
+per-split summary of the sink (islands, duplicates; computed in Spark SQL so only one row
+per split reaches the driver) (:func:`build_restart_frames`). The Great Expectations
+suites (the JSON files in ``expectations/``, see ``expectations/README.md``) are the
+report: each runs on a dataset that carries the core's verdicts, one column per rule
+(NULL when the rule holds), and expects those columns to be NULL; they never re-decide a
+rule. Every suite runs through an ephemeral GE context with a COMPLETE result format that
+lists the offending rows by their index columns, and the Data Docs site is built.
+:class:`CheckReport` also carries the core's violations themselves: a verdict no
+expectation reported (a suite file edited to drop it) still fails the report.
 """
 
 from __future__ import annotations
@@ -27,7 +26,7 @@ import enum
 import json
 import logging
 import os
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib.resources.abc import Traversable
 from pathlib import Path
@@ -37,13 +36,26 @@ from splitkeeper import resources
 from splitkeeper.core.assignment import AssignmentStrategy, WeightedStrategy, strategy_by_name
 from splitkeeper.core.invariants import (
     COUNT_TOLERANCE,
+    SinkSplitSummary,
     Violation,
     ViolationKind,
-    weighted_bound_tolerance,
-    weighted_deviations,
+    check_balance,
+    check_content,
+    check_finished_not_assigned,
+    check_ownership,
+    check_region_ref,
+    check_subscriptions,
+    judge_sink_split,
+    merge_spans,
 )
 from splitkeeper.core.source import RegionReader
-from splitkeeper.core.types import DISCOVERED_DETAIL_PATTERN, AuditRecord, RecoveryDecision, Split
+from splitkeeper.core.types import (
+    DISCOVERED_DETAIL_PATTERN,
+    AuditRecord,
+    EnumeratorSnapshot,
+    RecoveryDecision,
+    Split,
+)
 from splitkeeper.errors import (
     CheckpointError,
     ConfigError,
@@ -181,10 +193,22 @@ class CheckReport:
     suites: tuple[SuiteOutcome, ...]
     data_docs_index: Path | None
     notes: tuple[str, ...] = ()
+    found: tuple[Violation, ...] = ()  # the core's violations, whatever the suites reported
+
+    @property
+    def unreported(self) -> tuple[Violation, ...]:
+        """The core's violations of a rule no failed expectation reports (a suite lost its expectation)."""
+        reported = {e.rule for s in self.suites for e in s.failed}
+        skipped = {"unbalanced", "weight_unbalanced"} if self._balance_skipped else set()
+        return tuple(v for v in self.found if v.kind.value not in reported | skipped)
+
+    @property
+    def _balance_skipped(self) -> bool:
+        return any(s.key == "balance" and s.status is SuiteStatus.SKIPPED for s in self.suites)
 
     @property
     def success(self) -> bool:
-        return all(s.success for s in self.suites)
+        return all(s.success for s in self.suites) and not self.unreported
 
     def suite(self, key: str) -> SuiteOutcome:
         """The outcome of suite ``key`` (a file stem of :data:`SUITES`)."""
@@ -200,7 +224,12 @@ class CheckReport:
     @property
     def split_ids(self) -> tuple[str, ...]:
         """Every offending split id, over all suites, sorted."""
-        return tuple(sorted({x for s in self.suites for x in s.split_ids}))
+        return tuple(
+            sorted(
+                {x for s in self.suites for x in s.split_ids}
+                | {x for v in self.unreported for x in v.split_ids}
+            )
+        )
 
     def summary(self) -> str:
         """A few lines for a terminal or a task log."""
@@ -214,6 +243,7 @@ class CheckReport:
             lines.extend(f"      {e.line()}" for e in s.failed)
             lines.extend(f"      note: {n}" for n in s.notes)
         lines.extend(f"  note: {n}" for n in self.notes)
+        lines.extend(f"  not reported by a suite: {v}" for v in self.unreported)
         if self.data_docs_index is not None:
             lines.append(f"  Data Docs: {self.data_docs_index}")
         return "\n".join(lines)
@@ -224,7 +254,7 @@ class CheckReport:
         for s in self.suites:
             for e in s.failed:
                 found.append(Violation(_violation_kind(e.rule), e.split_ids, f"suite {s.name}: {e.line()}"))
-        return tuple(found)
+        return (*found, *self.unreported)
 
 
 def raise_on_failure(report: CheckReport) -> None:
@@ -378,40 +408,43 @@ def load_suite_specs(directory: str | os.PathLike[str] | None = None) -> dict[st
 
 @dataclass(frozen=True, slots=True)
 class RestartFrames:
-    """The datasets of one checked checkpoint, as Spark DataFrames keyed by dataset name.
+    """The core's verdicts on one checked checkpoint, as Spark DataFrames keyed by dataset name.
 
-    - ``split_places``: one row per pooled/assigned/quarantined enumerator entry (split_id, status,
-      owner, subscription, position, end, finished, owner_consistent), plus one row with
-      ``status`` NULL for each subscribed split a region's state holds that the enumerator
-      has neither pooled, assigned nor finished (a lost split);
-    - ``sink_records``: the sink's records of epochs up to the checkpoint, with
-      ``following_offset`` = the next larger offset of the same split and ``resumes_at`` =
-      ``next_offset``, or the end of a reported lost range that begins there;
-    - ``sink_splits``: per split with records or known to the checkpoint: records,
-      first_offset, last_next_offset, last_resumes_at, start_position, committed_position,
-      state, known;
-    - ``reader_loads``: per registered reader: splits, load, imbalance, allowed;
+    Every rule is decided by :mod:`splitkeeper.core.invariants`; a frame carries the inputs
+    the rule saw and, per rule, a verdict column named after its :class:`ViolationKind` value
+    holding the core's sentence (NULL when the rule holds). The suites expect those columns
+    to be NULL, so they report the core's verdicts and never re-decide them.
+
+    - ``split_places``: one row per split pooled, assigned or quarantined in the enumerator
+      state, or held by a region but in no place (a lost split): places, owner, subscription,
+      position, end; ``owned_more_than_once``, ``not_owned``, ``finished_assigned``,
+      ``removed_subscription``;
+    - ``sink_records``: per split with records (epochs up to the checkpoint), the records among
+      themselves: records, islands, first_offset, last_next_offset; ``offset_duplicate``,
+      ``offset_missing`` (between records), ``offset_unexpected`` (a record ending where it starts);
+    - ``sink_splits``: per split with records or known to the checkpoint, the records against it:
+      state, records, start_position, committed_position, known; ``offset_unexpected`` (unknown
+      split, offsets outside its range), ``offset_missing`` (before the first / after the last
+      record), ``content_mismatch``;
+    - ``reader_loads``: per registered reader: splits, load; ``unbalanced``, ``weight_unbalanced``;
     - ``region_refs``: per kept checkpoint up to this one, region and split of its state:
-      ref_checkpoint_id, ref_depth, ref_kept, ref_earlier.
+      outcome, ref_checkpoint_id, ref_depth; ``ref_chain_too_deep``, ``ref_missing``,
+      ``ref_not_earlier``.
+
+    ``violations`` are the core's violations, all of them; ``records`` the sink records summarised.
     """
 
     checkpoint_id: int
     frames: dict[str, DataFrame]
     notes: tuple[str, ...] = ()
     loads: dict[int, int] = field(default_factory=dict)
-    cached: tuple[DataFrame, ...] = ()
+    violations: tuple[Violation, ...] = ()
+    records: int = 0
 
     def unpersist(self) -> None:
         """Release the cached frames; call once the suites ran."""
-        for frame in (*self.frames.values(), *self.cached):
+        for frame in self.frames.values():
             frame.unpersist()
-
-
-def _sink_frame(spark: SparkSession, sink_path: str | os.PathLike[str]) -> tuple[DataFrame, bool]:
-    """The sink table (read with Spark), or an empty frame of its schema when no table exists there yet."""
-    from splitkeeper.delta.sink import sink_frame
-
-    return sink_frame(spark, sink_path)
 
 
 def resolve_strategy(strategy: str | AssignmentStrategy) -> AssignmentStrategy:
@@ -421,27 +454,6 @@ def resolve_strategy(strategy: str | AssignmentStrategy) -> AssignmentStrategy:
     if isinstance(strategy, str):
         return strategy_by_name(strategy)
     raise InvalidParameterError("strategy", strategy, "a strategy name or an AssignmentStrategy")
-
-
-def _reader_rows(
-    owned: Mapping[int, Sequence[str]], strategy: AssignmentStrategy
-) -> list[tuple[int, int, float, float, float]]:
-    """(reader_id, splits, load, imbalance, allowed) per reader, by the core's balance rules."""
-    if not owned:
-        return []
-    counts = {r: len(s) for r, s in owned.items()}
-    if isinstance(strategy, WeightedStrategy):
-        weights = {r: [strategy.weight(s) for s in splits] for r, splits in owned.items()}
-        loads = {r: float(sum(w)) for r, w in weights.items()}
-        all_weights = [w for ws in weights.values() for w in ws]
-        tolerance = weighted_bound_tolerance(max(all_weights, default=0.0), sum(all_weights))
-        deviations = weighted_deviations(loads, strategy.capacity)
-        return [(r, counts[r], loads[r], abs(deviations[r]), tolerance) for r in sorted(owned)]
-    least = min(counts.values())
-    return [
-        (r, counts[r], float(counts[r]), float(counts[r] - least), float(COUNT_TOLERANCE))
-        for r in sorted(owned)
-    ]
 
 
 @dataclass(frozen=True, slots=True)
@@ -457,19 +469,9 @@ class SplitLife:
     starts: dict[str, int] = field(default_factory=dict)
     lost: dict[str, tuple[tuple[int, int], ...]] = field(default_factory=dict)
 
-    def resume(self, split_id: str, offset: int) -> int:
-        """``offset``, or the end of the reported lost range that begins exactly there."""
-        for start, end in self.lost.get(split_id, ()):
-            if start == offset:
-                return end
-        return offset
-
-    def gap_rows(self) -> list[tuple[str, int, int]]:
-        return [(sid, a, b) for sid, ranges in sorted(self.lost.items()) for a, b in ranges]
-
     def note(self) -> str | None:
         """One sentence naming the accepted gaps, or None when nothing was lost."""
-        rows = self.gap_rows()
+        rows = [(sid, a, b) for sid, ranges in sorted(self.lost.items()) for a, b in ranges]
         if not rows:
             return None
         shown = [f"{sid} [{a}, {b})" for sid, a, b in rows]
@@ -478,16 +480,6 @@ class SplitLife:
             f"(SKIPPED_LOST_RANGE in the audit trail, on_offset_out_of_range=skip); exactly these gaps are "
             f"accepted in the sink: {_short(shown)}"
         )
-
-
-def _merge(ranges: Iterable[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
-    merged: list[tuple[int, int]] = []
-    for start, end in sorted(r for r in ranges if r[1] > r[0]):
-        if merged and start <= merged[-1][1]:
-            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
-        else:
-            merged.append((start, end))
-    return tuple(merged)
 
 
 def read_split_life(state_store: DeltaStateStore, checkpoint_id: int) -> SplitLife:
@@ -518,7 +510,7 @@ def read_split_life(state_store: DeltaStateStore, checkpoint_id: int) -> SplitLi
             lost.setdefault(sid, []).append((gone.start, gone.new_start))
     return SplitLife(
         starts={sid: position for sid, (_order, position) in starts.items()},
-        lost={sid: _merge(ranges) for sid, ranges in lost.items()},
+        lost={sid: merge_spans(ranges) for sid, ranges in lost.items()},
     )
 
 
@@ -527,8 +519,8 @@ def _content_rows(
     source_rows: Sequence[tuple[str, int, int | None]],
     finished: Collection[str],
     life: SplitLife,
-) -> list[tuple[str, int, str]]:
-    """(split_id, records, SHA-256 of its values joined by newlines) of each finished split with an
+) -> dict[str, tuple[int, str]]:
+    """split_id -> (records, SHA-256 of its values joined by newlines) of each finished split with an
     end among the source rows, read by ``reader`` from its start to its end.
 
     Splits with a reported lost range are left out (the sink lacks exactly those records); a
@@ -539,7 +531,7 @@ def _content_rows(
 
     from splitkeeper.errors import SourceError
 
-    rows: list[tuple[str, int, str]] = []
+    rows: dict[str, tuple[int, str]] = {}
     for split_id, start, end in source_rows:
         if end is None or split_id not in finished or split_id in life.lost:
             continue
@@ -549,9 +541,117 @@ def _content_rows(
         except SourceError as err:
             log.warning("content check: split %s is not checked: %s", split_id, err)
             continue
-        digest = hashlib.sha256("\n".join(values).encode("utf-8")).hexdigest()
-        rows.append((split_id, len(values), digest))
+        rows[split_id] = (len(values), hashlib.sha256("\n".join(values).encode("utf-8")).hexdigest())
     return rows
+
+
+def _verdicts(
+    violations: Iterable[Violation], key: Callable[[Violation], Iterable[Any]]
+) -> dict[Any, dict[str, str]]:
+    """row key -> {violation kind value: the core's sentence(s)}, for the verdict columns of a frame."""
+    out: dict[Any, dict[str, str]] = {}
+    for v in violations:
+        for k in key(v):
+            cell = out.setdefault(k, {})
+            cell[v.kind.value] = f"{cell[v.kind.value]}; {v.detail}" if v.kind.value in cell else v.detail
+    return out
+
+
+def _detail(v: Violation | None) -> str | None:
+    return None if v is None else v.detail
+
+
+def _sink_summaries(sink: DataFrame) -> dict[str, SinkSplitSummary]:
+    """Per split, the core's :class:`SinkSplitSummary` of the sink's records, computed in Spark SQL
+    (gaps and islands over the records ordered by offset) so that only one row per split reaches
+    the driver. Duplicate spans and malformed offsets are kept to their first 1000 per split."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    offset, nxt = F.col("offset"), F.col("next_offset")
+    ordered = Window.partitionBy("split_id").orderBy("offset", "next_offset")
+    valid = sink.where(nxt > offset).select(
+        "split_id",
+        "offset",
+        "next_offset",
+        F.max("next_offset").over(ordered.rowsBetween(Window.unboundedPreceding, -1)).alias("_before"),
+    )
+    valid = valid.withColumn(
+        "_island",
+        F.sum((F.col("_before").isNull() | (offset > F.col("_before"))).cast("long")).over(
+            ordered.rowsBetween(Window.unboundedPreceding, Window.currentRow)
+        ),
+    )
+    islands = (
+        valid.groupBy("split_id", "_island")
+        .agg(F.struct(F.min("offset").alias("a"), F.max("next_offset").alias("b")).alias("span"))
+        .groupBy("split_id")
+        .agg(F.array_sort(F.collect_list("span")).alias("islands"))
+    )
+    dup = F.struct(offset.alias("a"), F.least(nxt, F.col("_before")).alias("b"))
+    duplicates = (
+        valid.where(offset < F.col("_before"))
+        .groupBy("split_id")
+        .agg(F.slice(F.array_sort(F.collect_list(dup)), 1, 1000).alias("duplicates"))
+    )
+    counts = sink.groupBy("split_id").agg(
+        F.count(F.lit(1)).alias("records"),
+        F.slice(F.array_sort(F.collect_list(F.when(nxt <= offset, offset))), 1, 1000).alias("malformed"),
+    )
+    rows = counts.join(islands, "split_id", "left").join(duplicates, "split_id", "left").collect()
+    return {
+        r["split_id"]: SinkSplitSummary(
+            r["split_id"],
+            int(r["records"]),
+            tuple((int(s["a"]), int(s["b"])) for s in r["islands"] or ()),
+            tuple((int(s["a"]), int(s["b"])) for s in r["duplicates"] or ()),
+            tuple(int(o) for o in r["malformed"] or ()),
+        )
+        for r in rows
+    }
+
+
+def _sink_hashes(sink: DataFrame, split_ids: Collection[str]) -> dict[str, tuple[int, str]]:
+    """split_id -> (records, SHA-256 of the values in offset order joined by newlines) in the sink."""
+    from pyspark.sql import functions as F
+
+    if not split_ids:
+        return {}
+    by_offset = F.array_sort(F.collect_list(F.struct("offset", "value")))
+    rows = (
+        sink.where(F.col("split_id").isin(sorted(split_ids)))
+        .groupBy("split_id")
+        .agg(
+            F.count(F.lit(1)).alias("n"),
+            F.sha2(F.concat_ws("\n", F.transform(by_offset, lambda r: r["value"])), 256).alias("h"),
+        )
+        .collect()
+    )
+    found = {r["split_id"]: (int(r["n"]), str(r["h"])) for r in rows}
+    import hashlib
+
+    empty = (0, hashlib.sha256(b"").hexdigest())
+    return {sid: found.get(sid, empty) for sid in split_ids}
+
+
+_PLACES_SCHEMA = (
+    "split_id STRING, status STRING, places STRING, owner INT, subscription STRING, position BIGINT, "
+    "`end` BIGINT, owned_more_than_once STRING, not_owned STRING, finished_assigned STRING, "
+    "removed_subscription STRING"
+)
+_SINK_RECORDS_SCHEMA = (
+    "split_id STRING, records BIGINT, islands INT, first_offset BIGINT, last_next_offset BIGINT, "
+    "offset_duplicate STRING, offset_missing STRING, offset_unexpected STRING"
+)
+_SINK_SPLITS_SCHEMA = (
+    "split_id STRING, state STRING, records BIGINT, start_position BIGINT, committed_position BIGINT, "
+    "known BOOLEAN, offset_unexpected STRING, offset_missing STRING, content_mismatch STRING"
+)
+_LOADS_SCHEMA = "reader_id INT, splits INT, load DOUBLE, unbalanced STRING, weight_unbalanced STRING"
+_REFS_SCHEMA = (
+    "checkpoint_id BIGINT, region_id INT, ref_chain_too_deep STRING, ref_missing STRING, "
+    "ref_not_earlier STRING"
+)
 
 
 def build_restart_frames(
@@ -562,300 +662,162 @@ def build_restart_frames(
     *,
     strategy: AssignmentStrategy,
     subscriptions: Collection[str],
+    max_consecutive_failures: int,
     source_splits: Iterable[Split] | None = None,
     content_reader: RegionReader | None = None,
 ) -> RestartFrames:
-    """Derive the datasets the suites run on (see :class:`RestartFrames`); cached, small.
+    """Run the core's section 6 checks on checkpoint ``checkpoint_id`` and the sink; return the
+    verdicts as the suites' datasets (see :class:`RestartFrames`); cached, small.
 
-    ``source_splits`` are the splits as the source has them (at their initial position):
-    their position is the start the sink must begin at (default 0, as the core's
-    ``check_sink_offsets``), and a finished bounded split must end at its ``end``. Where
-    the audit trail recorded the position a split was discovered at, that position is
-    its start instead (a source with retention, Kafka, no longer knows it). Offsets the
-    pipeline reported as lost (:class:`SplitLife`) are the only gaps accepted.
+    The state is read through :class:`~splitkeeper.delta.history.StateHistory` (Arrow tables,
+    turned into the core's values: the enumerator snapshot, the regions' refs and positions);
+    the sink is summarised per split in Spark SQL (:func:`_sink_summaries`). ``source_splits``
+    are the splits as the source has them (at their initial position): their position is the
+    start the sink must begin at (default 0), and a finished bounded split must end at its
+    ``end``. Where the audit trail recorded the position a split was discovered at, that
+    position is its start instead (a source with retention, Kafka, no longer knows it).
+    Offsets the pipeline reported as lost (:class:`SplitLife`) are the only gaps accepted.
     With ``content_reader`` (the source's region reader) each finished split among
-    ``source_splits`` is read from its start to its end and ``sink_splits`` gets
-    ``content_matches``: the sink's count and SHA-256 of the split's values (in offset
-    order) equal the data's (NULL for the splits not checked). See :func:`_content_rows`.
+    ``source_splits`` is read from its start to its end and compared with the sink's count
+    and SHA-256 of its values in offset order (:func:`~splitkeeper.core.invariants.check_content`).
     CheckpointError when ``checkpoint_id`` is not a completed checkpoint.
     """
-    from pyspark.sql import Window
     from pyspark.sql import functions as F
-    from pyspark.sql.types import (
-        BooleanType,
-        DoubleType,
-        IntegerType,
-        LongType,
-        StringType,
-        StructField,
-        StructType,
-    )
+
+    from splitkeeper.delta import serde
+    from splitkeeper.delta.sink import sink_frame
 
     notes: list[str] = []
     history = state_store.history
-    checkpoints = spark.createDataFrame(history.checkpoints()).cache()
-    heads = {
-        int(r["checkpoint_id"]): r
-        for r in checkpoints.select("checkpoint_id", "parallelism", "enumerator").collect()
-    }
+    heads = {int(r["checkpoint_id"]): r for r in history.checkpoints().to_pylist()}
     kept_ids = sorted(heads)
     if checkpoint_id not in heads:
-        checkpoints.unpersist()
         raise CheckpointError(
             f"checkpoint {checkpoint_id} of pipeline {state_store.pipeline_name!r} is not a completed "
             f"checkpoint (available: {kept_ids})",
             checkpoint_id=checkpoint_id,
         )
-    header = heads[checkpoint_id]["enumerator"]
-    if header is None:
+    head = heads[checkpoint_id]
+    subscribed = set(subscriptions)
+    found: list[Violation] = []
+
+    # -- the enumerator state: rules 6.1, 6.2, 6.3, 6.5 --------------------------------
+    if head["enumerator"] is None:
         notes.append(f"checkpoint {checkpoint_id} has no enumerator snapshot: ownership rules see no entries")
-        readers: list[int] = list(range(int(heads[checkpoint_id]["parallelism"])))
+        readers = list(range(int(head["parallelism"])))
+        snapshot = EnumeratorSnapshot(
+            checkpoint_id, int(head["parallelism"]), assignments={r: () for r in readers}
+        )
     else:
-        readers = [int(r) for r in header["readers"] or ()]
-    subscribed = sorted(set(subscriptions))
+        readers = [int(r) for r in head["enumerator"]["readers"] or ()]
+        snapshot = serde.enumerator_from_rows(
+            head["enumerator"], history.enumerator_rows([checkpoint_id]).to_pylist()
+        )
+    finished = set(snapshot.finished)
+    regions = list(head["regions"] or ())
+    region_held = {
+        s["split_id"]: s for g in regions for s in g["splits"] or () if s["subscription"] in subscribed
+    }
+    known_live = sorted(set(region_held) - finished)
+    enumerator_found = check_ownership(snapshot, known_live, registered=readers)
+    enumerator_found += check_finished_not_assigned(snapshot)
+    enumerator_found += check_subscriptions(snapshot, subscribed)
+    found += enumerator_found
 
-    enum_rows = spark.createDataFrame(history.enumerator_rows([checkpoint_id])).cache()
-    # One checkpoint's enumerator state is small (one row per split): read it once.
-    owned: dict[int, list[str]] = {r: [] for r in readers}
-    finished_set: set[str] = set()
-    for row in enum_rows.select("status", "owner", "split_id").collect():
-        if row["status"] == "finished":
-            finished_set.add(row["split_id"])
-        elif row["status"] == "assigned" and row["owner"] is not None:
-            owned.setdefault(int(row["owner"]), []).append(row["split_id"])
-    # a quarantined split is live (parked at its position, read by nobody): neither lost nor duplicated
-    entries = enum_rows.where(F.col("status").isin("assigned", "pool", "quarantined")).select(
-        "split_id", "status", "owner", "subscription", "position", "end"
-    )
-    finished_ids = enum_rows.where(F.col("status") == "finished").select("split_id").distinct()
-    region_splits = (
-        checkpoints.where(F.col("checkpoint_id") == checkpoint_id)
-        .select(F.explode("regions").alias("r"))
-        .select(
-            F.col("r.region_id").alias("region_id"),
-            F.col("r.outcome").alias("outcome"),
-            F.explode("r.splits").alias("s"),
-        )
-        .select(
-            "region_id",
-            "outcome",
-            F.col("s.split_id").alias("split_id"),
-            F.col("s.subscription").alias("subscription"),
-            F.col("s.position").alias("position"),
-        )
-    )
-
-    # -- split_places -------------------------------------------------------------------
-    owner_ok = (F.col("status").isin("pool", "quarantined") & F.col("owner").isNull()) | (
-        (F.col("status") == "assigned")
-        & F.col("owner").isNotNull()
-        & (F.col("owner").isin(readers) if readers else F.lit(False))
-    )
-    places_cols = [
-        "split_id",
-        "status",
-        "owner",
-        "subscription",
-        "position",
-        "end",
-        "finished",
-        "owner_consistent",
-    ]
-    present = entries.join(finished_ids.withColumn("_fin", F.lit(True)), "split_id", "left").select(
-        "split_id",
-        "status",
-        "owner",
-        "subscription",
-        "position",
-        "end",
-        F.coalesce(F.col("_fin"), F.lit(False)).alias("finished"),
-        owner_ok.alias("owner_consistent"),
-    )
-    lost = (
-        region_splits.where(F.col("subscription").isin(subscribed) if subscribed else F.lit(False))
-        .select("split_id", "subscription")
-        .dropDuplicates(["split_id"])
-        .join(entries.select("split_id"), "split_id", "left_anti")
-        .join(finished_ids, "split_id", "left_anti")
-        .select(
-            "split_id",
-            F.lit(None).cast("string").alias("status"),
-            F.lit(None).cast("int").alias("owner"),
-            "subscription",
-            F.lit(None).cast("long").alias("position"),
-            F.lit(None).cast("long").alias("end"),
-            F.lit(None).cast("boolean").alias("finished"),
-            F.lit(None).cast("boolean").alias("owner_consistent"),
-        )
-    )
-    split_places = present.select(places_cols).unionByName(lost.select(places_cols))
-
-    # -- sink_records -------------------------------------------------------------------
-    sink, sink_exists = _sink_frame(spark, sink_path)
-    if not sink_exists:
-        notes.append(f"no sink table at {os.fspath(sink_path)} yet: the sink is checked as empty")
-    later = sink.where(F.col("epoch") > checkpoint_id).count() if sink_exists else 0
-    if later:
-        notes.append(
-            f"the sink holds {later} record(s) of epochs after checkpoint {checkpoint_id}; they are not "
-            "part of this checkpoint and not checked (a newer checkpoint, or a commit whose checkpoint "
-            "row recovery will write)"
-        )
-    sink = sink.where(F.col("epoch") <= checkpoint_id)
-    life = read_split_life(state_store, checkpoint_id)
-    lost_note = life.note()
-    if lost_note:
-        notes.append(lost_note)
-    gaps = spark.createDataFrame(life.gap_rows(), "split_id STRING, _gap_start BIGINT, _gap_end BIGINT").hint(
-        "broadcast"
-    )
-    following = Window.partitionBy("split_id").orderBy("offset").rangeBetween(1, Window.unboundedFollowing)
-    sink_records = sink.select("split_id", "offset", "next_offset", "epoch", "region").withColumn(
-        "following_offset", F.min("offset").over(following)
-    )
-    if life.lost:  # a record followed by a reported lost range: the next record comes after the gap
-        sink_records = sink_records.join(
-            gaps.withColumnRenamed("_gap_start", "next_offset"), ["split_id", "next_offset"], "left"
-        ).withColumn("resumes_at", F.coalesce(F.col("_gap_end"), F.col("next_offset")))
-        sink_records = sink_records.drop("_gap_end")
-    else:
-        sink_records = sink_records.withColumn("resumes_at", F.col("next_offset"))
-
-    # -- sink_splits --------------------------------------------------------------------
-    per_split = sink.groupBy("split_id").agg(
-        F.count(F.lit(1)).alias("records"),
-        F.min("offset").alias("first_offset"),
-        F.max_by("next_offset", "offset").alias("last_next_offset"),
-    )
-    src_schema = StructType(
-        [
-            StructField("split_id", StringType(), False),
-            StructField("src_start", LongType(), True),
-            StructField("src_end", LongType(), True),
-        ]
-    )
-    source_rows = [] if source_splits is None else [(s.split_id, s.position, s.end) for s in source_splits]
-    given = {sid for sid, _start, _end in source_rows}
-    source_rows += [(sid, start, None) for sid, start in sorted(life.starts.items()) if sid not in given]
-    # the start the sink must begin at: where the split was discovered, past a loss reported there
-    source_rows = [
-        (sid, life.resume(sid, life.starts.get(sid, start)), end) for sid, start, end in source_rows
-    ]
-    source = spark.createDataFrame(source_rows, src_schema).dropDuplicates(["split_id"])
-    if source_splits is None:
-        notes.append(
-            "no source splits given: every split's start position is taken as 0, and finished splits are "
-            "checked for duplicates and gaps but not for ending at the source's end"
-        )
-    by_ack = Window.partitionBy("split_id").orderBy(F.desc(F.col("outcome") == "ack"), F.desc("position"))
-    region_pos = (
-        region_splits.withColumn("_rank", F.row_number().over(by_ack))
-        .where(F.col("_rank") == 1)
-        .select("split_id", F.col("position").alias("_region_pos"))
-    )
-    entry_pos = entries.groupBy("split_id").agg(
-        F.max("position").alias("_entry_pos"),
-        F.max(F.col("status") == "quarantined").alias("_parked"),
-    )
-    live = (
-        entry_pos.join(region_pos, "split_id", "full_outer")
-        .join(finished_ids, "split_id", "left_anti")
-        .select(
-            "split_id",
-            F.when(F.col("_parked"), F.lit("quarantined")).otherwise(F.lit("live")).alias("state"),
-            F.coalesce(F.col("_region_pos"), F.col("_entry_pos")).alias("_committed"),
-        )
-    )
-    finished_state = finished_ids.join(source, "split_id", "left").select(
-        "split_id", F.lit("finished").alias("state"), F.col("src_end").alias("_committed")
-    )
-    audit = spark.createDataFrame(
-        history.committed_audit(checkpoint_id, _DROPPED_DECISIONS).select(["split_id"])
-    )
-    dropped = (
-        audit.select("split_id")
-        .distinct()
-        .join(live.select("split_id"), "split_id", "left_anti")
-        .join(finished_ids, "split_id", "left_anti")
-        .select("split_id", F.lit("dropped").alias("state"), F.lit(None).cast("long").alias("_committed"))
-    )
-    expected = live.unionByName(finished_state).unionByName(dropped)
-    start = F.coalesce(F.col("src_start"), F.lit(0).cast("long"))
-    sink_splits = (
-        per_split.join(expected, "split_id", "full_outer")
-        .join(source.select("split_id", "src_start"), "split_id", "left")
-        .select(
-            "split_id",
-            "state",
-            F.coalesce(F.col("records"), F.lit(0).cast("long")).alias("records"),
-            F.coalesce(F.col("first_offset"), start).alias("first_offset"),
-            F.coalesce(F.col("last_next_offset"), start).alias("last_next_offset"),
-            start.alias("start_position"),
-            F.col("_committed").alias("committed_position"),
-            F.col("state").isNotNull().alias("known"),
-        )
-        # a reported lost range right after the last record: the committed position is past it
-        .join(
-            gaps.withColumnRenamed("_gap_start", "last_next_offset"), ["split_id", "last_next_offset"], "left"
-        )
-        .withColumn("last_resumes_at", F.coalesce(F.col("_gap_end"), F.col("last_next_offset")))
-        .drop("_gap_end")
-    )
-    content = (
-        _content_rows(content_reader, source_rows, finished_set, life)
-        if content_reader is not None and source_splits is not None
-        else []
-    )
-    if content:
-        wanted = spark.createDataFrame(
-            content, "split_id STRING, _want_records BIGINT, _want_hash STRING"
-        ).hint("broadcast")
-        by_offset = F.array_sort(F.collect_list(F.struct("offset", "value")))
-        got = (
-            sink.join(wanted.select("split_id"), "split_id", "left_semi")
-            .groupBy("split_id")
-            .agg(
-                F.count(F.lit(1)).alias("_got_records"),
-                F.sha2(F.concat_ws("\n", F.transform(by_offset, lambda r: r["value"])), 256).alias(
-                    "_got_hash"
-                ),
-            )
-        )
-        matches = wanted.join(got, "split_id", "left").select(
-            "split_id",
+    places: dict[str, list[tuple[str, int | None, Split]]] = {}
+    for split in snapshot.pool:
+        places.setdefault(split.split_id, []).append(("pool", None, split))
+    for split in snapshot.quarantined:
+        places.setdefault(split.split_id, []).append(("quarantined", None, split))
+    for reader_id in sorted(snapshot.assignments):
+        for split in snapshot.assignments[reader_id]:
+            places.setdefault(split.split_id, []).append(("assigned", reader_id, split))
+    verdicts = _verdicts(enumerator_found, lambda v: v.split_ids)
+    place_rows = []
+    for sid in sorted(set(places) | set(verdicts)):
+        where = places.get(sid, [])
+        held = region_held.get(sid)
+        first = where[0][2] if where else None
+        v = verdicts.get(sid, {})
+        place_rows.append(
             (
-                (F.coalesce(F.col("_got_records"), F.lit(0).cast("long")) == F.col("_want_records"))
-                & (F.coalesce(F.col("_got_hash"), F.sha2(F.lit(""), 256)) == F.col("_want_hash"))
-            ).alias("content_matches"),
-        )
-        sink_splits = sink_splits.join(matches, "split_id", "left")
-    else:
-        sink_splits = sink_splits.withColumn("content_matches", F.lit(None).cast("boolean"))
-    if source_splits is not None:
-        ends = {split_id for split_id, _start, end in source_rows if end is not None}
-        unchecked = sorted(finished_set - ends)
-        if unchecked:
-            notes.append(
-                f"{len(unchecked)} finished split(s) have no bounded end among the source splits given, so "
-                f"their last position is not checked: {_short(unchecked)}"
+                sid,
+                where[0][0] if where else None,
+                ", ".join(status if owner is None else f"reader {owner}" for status, owner, _s in where),
+                where[0][1] if where else None,
+                first.subscription if first else (held["subscription"] if held else None),
+                first.position if first else None,
+                first.end if first else None,
+                v.get(ViolationKind.OWNED_MORE_THAN_ONCE.value),
+                v.get(ViolationKind.NOT_OWNED.value),
+                v.get(ViolationKind.FINISHED_ASSIGNED.value),
+                v.get(ViolationKind.REMOVED_SUBSCRIPTION.value),
             )
+        )
+    split_places = spark.createDataFrame(place_rows, _PLACES_SCHEMA)
 
-    # -- reader_loads -------------------------------------------------------------------
-    loads_schema = StructType(
+    owned = {r: [s.split_id for s in snapshot.assignments.get(r, ())] for r in readers}
+    for r, splits in snapshot.assignments.items():
+        owned.setdefault(r, [s.split_id for s in splits])
+    balance_found: list[Violation] = []
+    if isinstance(strategy, WeightedStrategy):
+        balance_found = check_balance(
+            snapshot,
+            readers=readers,
+            weights={sid: strategy.weight(sid) for ids in owned.values() for sid in ids},
+            capacities={r: strategy.capacity(r) for r in owned},
+        )
+    elif strategy.balanced:
+        balance_found = check_balance(snapshot, readers=readers)
+    found += balance_found
+    by_reader = _verdicts(balance_found, lambda v: v.reader_ids)
+    weight = strategy.weight if isinstance(strategy, WeightedStrategy) else (lambda _sid: 1.0)
+    reader_loads = spark.createDataFrame(
         [
-            StructField("reader_id", IntegerType(), False),
-            StructField("splits", IntegerType(), False),
-            StructField("load", DoubleType(), False),
-            StructField("imbalance", DoubleType(), False),
-            StructField("allowed", DoubleType(), False),
-        ]
+            (
+                r,
+                len(ids),
+                float(sum(weight(sid) for sid in ids)),
+                by_reader.get(r, {}).get(ViolationKind.UNBALANCED.value),
+                by_reader.get(r, {}).get(ViolationKind.WEIGHT_UNBALANCED.value),
+            )
+            for r, ids in sorted(owned.items())
+        ],
+        _LOADS_SCHEMA,
     )
-    reader_loads = spark.createDataFrame(_reader_rows(owned, strategy), loads_schema)
 
-    # -- region_refs --------------------------------------------------------------------
-    ref = F.col("ref_checkpoint_id")
+    # -- ref chains: rule 6.6 ------------------------------------------------------------
+    refs_found: list[Violation] = []
+    ref_rows = []
+    for cid in kept_ids:
+        if cid > checkpoint_id:
+            continue
+        for g in heads[cid]["regions"] or ():
+            ref = g["ref_checkpoint_id"]
+            region_found = check_region_ref(
+                cid,
+                int(g["region_id"]),
+                None if ref is None else int(ref),
+                int(g["ref_depth"] or 0),
+                kept_ids,
+                max_consecutive_failures,
+                (s["split_id"] for s in g["splits"] or ()),
+            )
+            refs_found += region_found
+            v = _verdicts(region_found, lambda _v: [0]).get(0, {})
+            ref_rows.append(
+                (
+                    cid,
+                    int(g["region_id"]),
+                    v.get(ViolationKind.REF_CHAIN_TOO_DEEP.value),
+                    v.get(ViolationKind.REF_MISSING.value),
+                    v.get(ViolationKind.REF_NOT_EARLIER.value),
+                )
+            )
+    found += refs_found
+    region_verdicts = spark.createDataFrame(ref_rows, _REFS_SCHEMA)
     region_refs = (
-        checkpoints.where(F.col("checkpoint_id") <= checkpoint_id)
+        spark.createDataFrame(history.checkpoints(up_to=checkpoint_id, columns=["checkpoint_id", "regions"]))
         .select("checkpoint_id", F.explode_outer("regions").alias("r"))
         .select(
             "checkpoint_id",
@@ -872,14 +834,118 @@ def build_restart_frames(
             "ref_checkpoint_id",
             "ref_depth",
             F.col("s.split_id").alias("split_id"),
-            F.when(ref.isNull(), F.lit(None).cast(BooleanType()))
-            .otherwise(ref.isin(kept_ids))
-            .alias("ref_kept"),
-            F.when(ref.isNull(), F.lit(None).cast(BooleanType()))
-            .otherwise(ref < F.col("checkpoint_id"))
-            .alias("ref_earlier"),
         )
+        .join(region_verdicts, ["checkpoint_id", "region_id"], "left")
     )
+
+    # -- the sink: rule 6.4 --------------------------------------------------------------
+    sink, sink_exists = sink_frame(spark, sink_path)
+    if not sink_exists:
+        notes.append(f"no sink table at {os.fspath(sink_path)} yet: the sink is checked as empty")
+    later = sink.where(F.col("epoch") > checkpoint_id).count() if sink_exists else 0
+    if later:
+        notes.append(
+            f"the sink holds {later} record(s) of epochs after checkpoint {checkpoint_id}; they are not "
+            "part of this checkpoint and not checked (a newer checkpoint, or a commit whose checkpoint "
+            "row recovery will write)"
+        )
+    sink = sink.where(F.col("epoch") <= checkpoint_id)
+    life = read_split_life(state_store, checkpoint_id)
+    lost_note = life.note()
+    if lost_note:
+        notes.append(lost_note)
+    summaries = _sink_summaries(sink)
+
+    source_rows = [] if source_splits is None else [(s.split_id, s.position, s.end) for s in source_splits]
+    if source_splits is None:
+        notes.append(
+            "no source splits given: every split's start position is taken as 0, and finished splits are "
+            "checked for duplicates and gaps but not for ending at the source's end"
+        )
+    source_start = {sid: start for sid, start, _end in reversed(source_rows)}
+    source_end = {sid: end for sid, _start, end in reversed(source_rows)}
+    # a live split's committed position: its region's (an acknowledging region's first), else the
+    # enumerator's
+    region_pos: dict[str, tuple[bool, int]] = {}
+    for g in regions:
+        for s in g["splits"] or ():
+            rank = (g["outcome"] == "ack", int(s["position"]))
+            if s["split_id"] not in region_pos or region_pos[s["split_id"]] < rank:
+                region_pos[s["split_id"]] = rank
+    committed: dict[str, int | None] = {}
+    state: dict[str, str] = {}
+    for sid, where in places.items():
+        if sid not in finished:
+            committed[sid] = max(s.position for _st, _o, s in where)
+            state[sid] = "quarantined" if any(st == "quarantined" for st, _o, _s in where) else "live"
+    for sid, (_ack, position) in region_pos.items():
+        if sid not in finished:
+            committed[sid] = position
+            state.setdefault(sid, "live")
+    for sid in finished:
+        committed[sid] = source_end.get(sid)
+        state[sid] = "finished"
+    dropped_rows = history.committed_audit(checkpoint_id, _DROPPED_DECISIONS).column("split_id").to_pylist()
+    for sid in set(dropped_rows) - set(state):
+        committed[sid] = None
+        state[sid] = "dropped"
+    if source_splits is not None:
+        unchecked = sorted(sid for sid in finished if source_end.get(sid) is None)
+        if unchecked:
+            notes.append(
+                f"{len(unchecked)} finished split(s) have no bounded end among the source splits given, so "
+                f"their last position is not checked: {_short(unchecked)}"
+            )
+
+    wanted = (
+        _content_rows(
+            content_reader,
+            [(sid, life.starts.get(sid, start), end) for sid, start, end in source_rows],
+            finished,
+            life,
+        )
+        if content_reader is not None and source_splits is not None
+        else {}
+    )
+    got = _sink_hashes(sink, wanted)
+    record_rows = []
+    split_rows = []
+    for sid in sorted(set(summaries) | set(state)):
+        summary = summaries.get(sid, SinkSplitSummary(sid, 0))
+        start = life.starts.get(sid, source_start.get(sid, 0))
+        verdict = judge_sink_split(
+            summary, start, committed.get(sid), known=sid in state, lost=life.lost.get(sid, ())
+        )
+        content = check_content(sid, wanted[sid], got[sid]) if sid in wanted else None
+        found += verdict.violations() + ([content] if content is not None else [])
+        if summary.records:
+            record_rows.append(
+                (
+                    sid,
+                    summary.records,
+                    len(summary.islands),
+                    summary.islands[0][0] if summary.islands else None,
+                    summary.islands[-1][1] if summary.islands else None,
+                    _detail(verdict.duplicate()),
+                    _detail(verdict.gap()),
+                    _detail(verdict.bad_record()),
+                )
+            )
+        split_rows.append(
+            (
+                sid,
+                state.get(sid),
+                summary.records,
+                start,
+                committed.get(sid),
+                sid in state,
+                _detail(verdict.unknown_or_outside()),
+                _detail(verdict.unexpected_end()),
+                _detail(content),
+            )
+        )
+    sink_records = spark.createDataFrame(record_rows, _SINK_RECORDS_SCHEMA)
+    sink_splits = spark.createDataFrame(split_rows, _SINK_SPLITS_SCHEMA)
 
     frames = {
         "split_places": split_places,
@@ -895,7 +961,8 @@ def build_restart_frames(
         frames=frames,
         notes=tuple(notes),
         loads={r: len(s) for r, s in owned.items()},
-        cached=(checkpoints, enum_rows),
+        violations=tuple(found),
+        records=sum(s.records for s in summaries.values()),
     )
 
 
@@ -1049,13 +1116,10 @@ def run_restart_checks(
         checkpoint_id,
         strategy=chosen,
         subscriptions=subscriptions,
+        max_consecutive_failures=max_consecutive_failures,
         source_splits=source_splits,
         content_reader=content_reader,
     )
-    parameters = {
-        "subscriptions": sorted(set(subscriptions)),
-        "max_consecutive_failures": max_consecutive_failures,
-    }
     run_id = RunIdentifier(run_name=f"{state_store.pipeline_name}-checkpoint-{checkpoint_id}")
     outcomes: list[SuiteOutcome] = []
     try:
@@ -1091,7 +1155,6 @@ def run_restart_checks(
             )
             result = definition.run(
                 batch_parameters={"dataframe": frame},
-                expectation_parameters=parameters,
                 result_format=spec.result_format,
                 run_id=run_id,
             )
@@ -1103,6 +1166,10 @@ def run_restart_checks(
                     "weighted bound" if isinstance(chosen, WeightedStrategy) else f"within {COUNT_TOLERANCE}"
                 )
                 notes = (f"strategy {chosen.name}: {bound}; loads {dict(sorted(frames.loads.items()))}",)
+            elif key == "sink_records":
+                notes = (
+                    f"{frames.records} sink record(s) of epochs up to checkpoint {checkpoint_id} summarised",
+                )
             outcomes.append(
                 SuiteOutcome(
                     key=key,
@@ -1127,4 +1194,5 @@ def run_restart_checks(
         suites=tuple(outcomes),
         data_docs_index=index if index.is_file() else None,
         notes=frames.notes,
+        found=frames.violations,
     )

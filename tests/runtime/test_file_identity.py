@@ -201,6 +201,6 @@ def test_the_restart_checks_compare_a_finished_files_committed_values_with_the_f
         predicate="split_id = 'b.txt' AND value = 'b-0007 payload '", updates={"value": "'b-0008 payload x'"}
     )
     services.validate(config)  # without --content the pairs are all the checks see: it passes
-    with pytest.raises(InvariantViolation, match="content_matches") as err:
+    with pytest.raises(InvariantViolation, match="content_mismatch") as err:
         services.validate(config, content=True)
     assert err.value.params["split_ids"] == ("b.txt",)
