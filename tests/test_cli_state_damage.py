@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from tests.state.samples import LocalPipeline, assert_sink_is_input, file_lines, sink_lines
 from tests.runtime.helpers import run_cli, write_config
+from tests.state.samples import LocalPipeline, assert_sink_is_input, file_lines, sink_lines
 
 COMMANDS = (["status"], ["validate"], ["recover", "--dry-run"], ["run"])
 
