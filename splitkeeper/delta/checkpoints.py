@@ -1,6 +1,6 @@
 """The state store of one pipeline: :class:`DeltaStateStore`, the ``StateStore`` port on delta-rs.
 
-The tables live under ``<root>/<table>`` (their columns: ``state/<table>.ddl``, see
+The tables live under ``<root>/<table>`` (their columns: :mod:`~splitkeeper.delta.schemas`, see
 ``state/README.md``); delta-rs is their only writer, through its public API. The
 checkpoint chain and retention rules are the core's
 (:class:`~splitkeeper.core.checkpoint.CheckpointStore`): this class keeps an in-memory
@@ -81,7 +81,8 @@ from splitkeeper.core.types import (
 from splitkeeper.delta import serde, storage
 from splitkeeper.delta.fence import fenced_commit, recorded_commit
 from splitkeeper.delta.history import StateHistory, merge_delta
-from splitkeeper.delta.tables import STATE_TABLES, StateTables, guarded, spec, sql_string
+from splitkeeper.delta.schemas import STATE_TABLES, spec
+from splitkeeper.delta.tables import StateTables, guarded, sql_string
 from splitkeeper.errors import (
     CheckpointError,
     ConcurrentRunError,

@@ -49,7 +49,8 @@ import pyarrow.compute as pc
 
 from splitkeeper.core.types import AuditRecord, CheckpointKind, RegionOutcome
 from splitkeeper.delta import serde
-from splitkeeper.delta.tables import REPAIR_ADVICE, StateTables, spec
+from splitkeeper.delta.schemas import spec
+from splitkeeper.delta.tables import REPAIR_ADVICE, StateTables
 from splitkeeper.errors import CheckpointError, StateError
 
 __all__ = ["StateHistory", "TimelineEntry", "merge_delta", "rows_error"]

@@ -2,7 +2,7 @@
 
 The region tasks stage one parquet file per region and attempt
 (``<staging>/epoch=N/region=R/attempt=<id>/part.parquet``, every column of
-``state/sink_records.ddl``, see :mod:`splitkeeper.spark.task`). The sink commits an
+the ``sink_records`` schema, see :mod:`splitkeeper.spark.task`). The sink commits an
 epoch by making the acknowledged regions' staged files data files of the table, in one
 commit; the records are written once, by the tasks.
 
@@ -58,16 +58,8 @@ from splitkeeper.core.ports import EpochSink, RegionRun, SinkReceipt
 from splitkeeper.delta import storage
 from splitkeeper.delta.fence import fenced_commit, recorded_commit
 from splitkeeper.delta.retention import retention_hours
-from splitkeeper.delta.tables import (
-    SINK_TABLE,
-    STAGED_COLUMNS,
-    STAGED_FILE_SCHEMA,
-    ensure_table,
-    guarded,
-    open_table,
-    refresh,
-    spec,
-)
+from splitkeeper.delta.schemas import SINK_TABLE, STAGED_COLUMNS, STAGED_FILE_SCHEMA, spec
+from splitkeeper.delta.tables import ensure_table, guarded, open_table, refresh
 from splitkeeper.errors import InvalidParameterError, StagedOutputError, StateError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -377,8 +369,8 @@ class DeltaSink(EpochSink):
             if not whole and found != records_only:
                 raise StagedOutputError(
                     f"sink {self.path}: staged file {location} of epoch {epoch} has columns {found}, not the "
-                    f"sink's {wanted} ({SINK_TABLE}.ddl). Nothing was committed: recover the pipeline so the "
-                    "epoch is read again by this splitkeeper",
+                    f"sink's {wanted} (the {SINK_TABLE} schema). Nothing was committed: recover the "
+                    "pipeline so the epoch is read again by this splitkeeper",
                     path=location,
                     epoch_id=epoch,
                 )

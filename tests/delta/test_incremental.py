@@ -21,7 +21,7 @@ from splitkeeper.core.types import BacklogSnapshot, CompletedCheckpoint, Enumera
 from splitkeeper.delta import serde
 from splitkeeper.delta.checkpoints import DeltaStateStore, decision_for
 from splitkeeper.delta.history import merge_delta
-from splitkeeper.delta.tables import spec
+from splitkeeper.delta.schemas import spec
 from splitkeeper.errors import CheckpointError, ConfigError, InvalidParameterError, StateError
 
 from .samples import Crash, CrashAt, LocalPipeline, global_, regional

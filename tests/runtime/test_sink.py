@@ -23,8 +23,8 @@ from splitkeeper.core.invariants import ViolationKind
 from splitkeeper.core.ports import RegionRun
 from splitkeeper.core.source import RecordMeta, SourceRecord
 from splitkeeper.core.types import RegionOutcome
+from splitkeeper.delta.schemas import META_COLUMNS, STAGED_COLUMNS, STAGED_FILE_SCHEMA, STAGED_SCHEMA
 from splitkeeper.delta.sink import DeltaSink, adopted_name, file_statistics
-from splitkeeper.delta.tables import META_COLUMNS, STAGED_COLUMNS, STAGED_FILE_SCHEMA, STAGED_SCHEMA
 from splitkeeper.errors import ConcurrentRunError, InvalidParameterError, StateError
 from splitkeeper.spark.task import StagedWriter
 
