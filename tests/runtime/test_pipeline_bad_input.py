@@ -59,7 +59,7 @@ def _fingerprint(spark: Any, existing: Existing) -> StateFingerprint:
         sink_version=sink.version(),
         checkpoint_ids=tuple(store.checkpoint_ids()),
         latest_plan_epoch=store.latest_plan_epoch(),
-        sink_records=len(sink_rows(spark, config.sink_path)),
+        sink_records=len(sink_rows(config.sink_path)),
     )
 
 
