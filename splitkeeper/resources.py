@@ -98,7 +98,8 @@ def _override(env: Mapping[str, str] | None, variable: str) -> Path | None:
 
 
 def state_schema_dir(env: Mapping[str, str] | None = None) -> Traversable:
-    """The folder of the ``<table>.ddl`` files: ``$SPLITKEEPER_STATE_SCHEMA_DIR``, else ``state/``."""
+    """The folder of the ``<table>.ddl`` files (documentation of :mod:`splitkeeper.delta.schemas`; the
+    product reads no schema from them): ``$SPLITKEEPER_STATE_SCHEMA_DIR``, else ``state/``."""
     return _override(env, STATE_SCHEMA_DIR_ENV) or data_folder("state")
 
 

@@ -1,1 +1,2 @@
-"""The state tables' DDL files, shipped as package data: ``splitkeeper._data.state``."""
+"""The state tables' DDL files (documentation of splitkeeper/delta/schemas.py), shipped as package
+data: ``splitkeeper._data.state``."""

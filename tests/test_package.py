@@ -43,7 +43,7 @@ from splitkeeper import resources
 from splitkeeper.errors import EnvironmentNotReadyError
 from splitkeeper.quality.checks import load_suite_specs
 from splitkeeper.spark import jars
-from splitkeeper.delta.ddl import read_ddl
+from splitkeeper.delta.schemas import ddl
 
 folders = {
     name: {
@@ -63,7 +63,7 @@ print(json.dumps({
     "epoch_job": str(resources.epoch_job()),
     "dags_dir": str(resources.dags_dir()),
     "checkout": None if resources.checkout_root() is None else str(resources.checkout_root()),
-    "ddl_checkpoints": read_ddl("checkpoints"),
+    "ddl_checkpoints": ddl("checkpoints"),
     "suites": sorted(load_suite_specs()),
     "jars_error": jars_error,
     "jars_with_env": str(jars.jars_root({"SPLITKEEPER_JARS_DIR": "/opt/jars"})),

@@ -244,7 +244,7 @@ class Pipeline:
             read_only=read_only,
         )
         self.sink = DeltaSink(
-            config.sink_path, config.name, staging_path=config.staging_path, spark=spark, read_only=read_only
+            config.sink_path, config.name, staging_path=config.staging_path, read_only=read_only
         )
         self.transform = resolve_transform(config.transform)
         self.driver = EpochDriver(

@@ -16,7 +16,7 @@ import enum
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
-from splitkeeper.core.source import ExternallyCheckpointedSource, ExternalPosition
+from splitkeeper.core.source import ExternalPosition
 from splitkeeper.core.types import CompletedCheckpoint, RegionOutcome, RegionState
 from splitkeeper.errors import ProtocolError
 
@@ -130,18 +130,4 @@ def positions_to_commit(
             )
         for split in state.splits:
             positions[split.split_id] = split.position
-    return positions
-
-
-def commit_external_positions(
-    source: ExternallyCheckpointedSource, checkpoint: CompletedCheckpoint, acked_region_ids: Collection[int]
-) -> dict[str, int]:
-    """Commit the acknowledged regions' positions of a completed checkpoint to ``source``.
-
-    Called by the runtime after the checkpoint row is durable. Returns what
-    was committed (empty, and no call, when no region acknowledged).
-    """
-    positions = positions_to_commit(checkpoint, acked_region_ids)
-    if positions:
-        source.commit_positions(checkpoint.checkpoint_id, positions)
     return positions

@@ -1,6 +1,6 @@
 """The state store of one pipeline: :class:`DeltaStateStore`, the ``StateStore`` port on delta-rs.
 
-The tables live under ``<root>/<table>`` (their columns: ``state/<table>.ddl``, see
+The tables live under ``<root>/<table>`` (their columns: :mod:`~splitkeeper.delta.schemas`, see
 ``state/README.md``); delta-rs is their only writer, through its public API. The
 checkpoint chain and retention rules are the core's
 (:class:`~splitkeeper.core.checkpoint.CheckpointStore`): this class keeps an in-memory
@@ -81,8 +81,9 @@ from splitkeeper.core.types import (
 )
 from splitkeeper.delta import serde, storage
 from splitkeeper.delta.fence import fenced_commit, recorded_commit
-from splitkeeper.delta.history import StateHistory, merge_delta
-from splitkeeper.delta.tables import STATE_TABLES, StateTables, guarded, spec, sql_string
+from splitkeeper.delta.history import StateHistory, snapshot_rows
+from splitkeeper.delta.schemas import STATE_TABLES, spec
+from splitkeeper.delta.tables import StateTables, guarded, sql_string
 from splitkeeper.errors import (
     CheckpointError,
     ConcurrentRunError,
@@ -435,41 +436,17 @@ class DeltaStateStore(StateStore, CheckpointStore):
             return None
         row = rows[0]
         enumerator_rows: list[dict[str, Any]] = []
-        if row.get("enumerator") is not None:
-            stored = self._enumerator_rows(checkpoint_id, row["attempt_id"], enum_table)
-            self.history.check_rows(checkpoint_id, row, stored.num_rows)
-            base_id = row.get("enumerator_base")
-            if base_id is not None:  # rule 6: the base's rows (the attempt its row names) + the delta
-                base_part = [("checkpoint_id", "=", int(base_id))]
-                base_rows = self.tables.read(
-                    "checkpoints",
-                    partitions=base_part,
-                    table=cp_table,
-                    columns=["checkpoint_id", "attempt_id", "enumerator_row_count"],
-                ).to_pylist()
-                if not base_rows:
-                    raise StateError(
-                        f"checkpoint {checkpoint_id} of pipeline {self.pipeline_name!r} holds its enumerator "
-                        f"state as a delta against checkpoint {base_id}, which is not in the state store at "
-                        f"{self.root}: the state is incomplete (retention keeps every kept checkpoint's "
-                        "base); restore an older checkpoint or a backup of the state directory",
-                        checkpoint_id=checkpoint_id,
-                        enumerator_base=int(base_id),
-                    )
-                base = self._enumerator_rows(int(base_id), base_rows[0]["attempt_id"], enum_table)
-                self.history.check_rows(int(base_id), base_rows[0], base.num_rows)
-                stored = merge_delta(base, stored)
-            enumerator_rows = stored.to_pylist()
+        if row.get("enumerator") is not None:  # rule 6: the one reader of a checkpoint's snapshot rows
+            stored = snapshot_rows(
+                self.tables,
+                self.pipeline_name,
+                {int(checkpoint_id): row},
+                [int(checkpoint_id)],
+                checkpoints=cp_table,
+                enumerator_state=enum_table,
+            )
+            enumerator_rows = stored[int(checkpoint_id)].to_pylist()
         return serde.checkpoint_from_rows(row, enumerator_rows)
-
-    def _enumerator_rows(self, checkpoint_id: int, attempt_id: str, table: Any = None) -> pa.Table:
-        """The ``enumerator_state`` rows of one checkpoint as stored, of the attempt ``attempt_id``."""
-        return self.tables.read(
-            "enumerator_state",
-            partitions=[("checkpoint_id", "=", int(checkpoint_id))],
-            filter=pc.field("attempt_id") == attempt_id,
-            table=table,
-        )
 
     def _as_of(self, table: str, as_of: datetime | str) -> Any:
         from splitkeeper.delta.tables import open_table

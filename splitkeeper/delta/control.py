@@ -25,7 +25,8 @@ from datetime import UTC, datetime
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from splitkeeper.delta.tables import StateTables, spec
+from splitkeeper.delta.schemas import spec
+from splitkeeper.delta.tables import StateTables
 
 __all__ = ["CONTROL_TABLE", "ControlRequests"]
 

@@ -20,7 +20,11 @@ Rules:
    retention deleted (archived to ``checkpoint_log`` just before), aborted attempts
    (logged there); ordered by id, then time. A checkpoint both kept and archived (a
    driver died between the archive and the delete) shows once.
-3. *Whole enumerator snapshots.* :meth:`StateHistory.enumerator_rows` returns every
+3. *Whole enumerator snapshots.* Which ``enumerator_state`` rows make up checkpoint N (the
+   attempt N's row names; for a delta, its base's rows under the same rule with the delta
+   applied; the row counts of rule 4; one StateError when a base is gone) is decided by
+   :func:`snapshot_rows` and nowhere else: the store's restore and the readers below
+   call it. :meth:`StateHistory.enumerator_rows` returns every
    checkpoint's full snapshot rows, also of a checkpoint whose stored rows are a delta
    against a base (``checkpoints.enumerator_base``, store rule 6): the base's rows
    (under rule 1) with the delta applied, re-encoded as a full snapshot would have
@@ -28,10 +32,9 @@ Rules:
    and attempt. Readers never see a delta or a tombstone.
 4. *Whole rows.* A checkpoints row records how many ``enumerator_state`` rows its attempt
    wrote (``enumerator_row_count``; NULL in older state: not checked). Every reader of a
-   checkpoint's enumerator rows (the store's restore, :meth:`StateHistory.enumerator_rows`)
-   compares, and another number is a StateError naming the table, its log and
-   ``recover --repair`` (:func:`rows_error`): rows lost to a removed log entry or data
-   file are never read as an older or smaller snapshot.
+   checkpoint's enumerator rows (:func:`snapshot_rows`) compares, and another number is a
+   StateError naming the table, its log and ``recover --repair`` (:func:`rows_error`): rows
+   lost to a removed log entry or data file are never read as an older or smaller snapshot.
 5. Read-only: never writes; a missing table reads as empty. May run while the
    pipeline runs (it sees the commits landed so far).
 """
@@ -49,10 +52,18 @@ import pyarrow.compute as pc
 
 from splitkeeper.core.types import AuditRecord, CheckpointKind, RegionOutcome
 from splitkeeper.delta import serde
-from splitkeeper.delta.tables import REPAIR_ADVICE, StateTables, spec
+from splitkeeper.delta.schemas import spec
+from splitkeeper.delta.tables import REPAIR_ADVICE, StateTables
 from splitkeeper.errors import CheckpointError, StateError
 
-__all__ = ["StateHistory", "TimelineEntry", "merge_delta", "rows_error"]
+__all__ = [
+    "StateHistory",
+    "TimelineEntry",
+    "base_missing_error",
+    "merge_delta",
+    "rows_error",
+    "snapshot_rows",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +147,98 @@ def rows_error(
     )
 
 
+def base_missing_error(
+    tables: StateTables, pipeline: str, deltas: Mapping[int, int], missing: Sequence[int]
+) -> StateError:
+    """The StateError of rule 3: checkpoints ``deltas`` (id -> base id) hold their enumerator state as
+    deltas against checkpoints ``missing``, which are not in the state store."""
+    named = sorted(cid for cid, base in deltas.items() if base in missing)
+    return StateError(
+        f"checkpoints {named} of pipeline {pipeline!r} hold their enumerator state as deltas against "
+        f"checkpoints {list(missing)}, which are not in the state store at {tables.root}: the state is "
+        "incomplete (retention keeps every kept checkpoint's base); restore an older checkpoint or a backup "
+        "of the state directory",
+        checkpoint_ids=named,
+        missing=list(missing),
+    )
+
+
+#: The ``checkpoints`` columns :func:`snapshot_rows` reads of a checkpoint.
+HEAD_COLUMNS = ("checkpoint_id", "attempt_id", "enumerator", "enumerator_base", "enumerator_row_count")
+
+
+def _attempts_filter(pairs: Mapping[int, str]) -> Any:
+    """Rows of checkpoint id ``i`` and attempt ``pairs[i]`` (rule 1), as a filter pushed into the read."""
+    expression: Any = None
+    for cid, attempt in sorted(pairs.items()):
+        one = (pc.field("checkpoint_id") == cid) & (pc.field("attempt_id") == attempt)
+        expression = one if expression is None else expression | one
+    return expression
+
+
+def snapshot_rows(
+    tables: StateTables,
+    pipeline: str,
+    heads: Mapping[int, Mapping[str, Any]],
+    wanted: Collection[int],
+    *,
+    checkpoints: Any = None,
+    enumerator_state: Any = None,
+) -> dict[int, pa.Table]:
+    """The attempt/base rule (rules 1, 3, 4), decided here and nowhere else: per checkpoint id of
+    ``wanted`` (each with its ``checkpoints`` row in ``heads``, :data:`HEAD_COLUMNS` at least), the
+    ``enumerator_state`` rows its snapshot is made of: the rows of the attempt its row names; for a
+    delta (``enumerator_base`` = B), B's rows under the same rule with the delta applied
+    (:func:`merge_delta`; ids and attempts of the result mixed). Each checkpoint's row count is checked
+    (:func:`rows_error`); a base neither in ``heads`` nor in the ``checkpoints`` table is
+    :func:`base_missing_error`. ``checkpoints`` and ``enumerator_state``: tables loaded at an older
+    version (time travel) instead of the latest."""
+    heads = dict(heads)
+    bases = {
+        cid: int(head["enumerator_base"])
+        for cid in wanted
+        if (head := heads[cid]).get("enumerator") is not None and head.get("enumerator_base") is not None
+    }
+    unknown = sorted(set(bases.values()) - set(heads))
+    if unknown:
+        found = tables.read(
+            "checkpoints",
+            partitions=[("checkpoint_id", "in", unknown)],
+            columns=list(HEAD_COLUMNS),
+            table=checkpoints,
+        ).to_pylist()
+        heads.update({int(r["checkpoint_id"]): r for r in found if int(r["checkpoint_id"]) in unknown})
+        missing = sorted(set(unknown) - set(heads))
+        if missing:
+            raise base_missing_error(tables, pipeline, bases, missing)
+    read_ids = sorted(set(wanted) | set(bases.values()))
+    if not read_ids:
+        return {}
+    data = tables.read(
+        "enumerator_state",
+        partitions=[("checkpoint_id", "in", read_ids)],
+        filter=_attempts_filter({i: str(heads[i]["attempt_id"]) for i in read_ids}),
+        table=enumerator_state,
+    )
+    counts = Counter(int(c) for c in data.column("checkpoint_id").to_pylist())
+    for cid in read_ids:
+        head = heads[cid]
+        expected = head.get("enumerator_row_count")
+        if (
+            head.get("enumerator") is not None
+            and expected is not None
+            and int(expected) != counts.get(cid, 0)
+        ):
+            raise rows_error(
+                tables, pipeline, cid, str(head["attempt_id"]), int(expected), counts.get(cid, 0)
+            )
+
+    def of(cid: int) -> pa.Table:
+        return data.filter(pc.field("checkpoint_id") == cid)
+
+    return {cid: merge_delta(of(bases[cid]), of(cid)) if cid in bases else of(cid) for cid in wanted}
+
+
 class StateHistory:
     """The history of one pipeline's state under ``tables`` (see the module doc)."""
 
@@ -144,14 +247,6 @@ class StateHistory:
         self.pipeline = pipeline
 
     # -- checkpoints -----------------------------------------------------------------
-
-    def check_rows(self, checkpoint_id: int, row: Mapping[str, Any], found: int) -> None:
-        """Rule 4 for one checkpoint: ``found`` rows of the attempt its ``row`` names were read."""
-        expected = row.get("enumerator_row_count")
-        if expected is not None and int(expected) != found:
-            raise rows_error(
-                self.tables, self.pipeline, checkpoint_id, str(row["attempt_id"]), int(expected), found
-            )
 
     def checkpoints(self, up_to: int | None = None, columns: Sequence[str] | None = None) -> pa.Table:
         """The kept checkpoints' rows (ids ascending), up to ``up_to`` when given."""
@@ -238,56 +333,25 @@ class StateHistory:
 
     def enumerator_rows(self, checkpoint_ids: Collection[int] | None = None) -> pa.Table:
         """The full ``enumerator_state`` rows (rules 1 and 3) of the kept checkpoints ``checkpoint_ids``
-        (all kept ones when None)."""
-        rows = self.tables.read(
-            "checkpoints",
-            columns=[
-                "checkpoint_id",
-                "attempt_id",
-                "parallelism",
-                "enumerator",
-                "enumerator_base",
-                "enumerator_row_count",
-            ],
-        ).to_pylist()
+        (all kept ones when None), each stamped with its checkpoint's id and attempt."""
+        rows = self.tables.read("checkpoints", columns=[*HEAD_COLUMNS, "parallelism"]).to_pylist()
         heads = {int(r["checkpoint_id"]): r for r in rows}
         wanted = sorted(heads if checkpoint_ids is None else set(checkpoint_ids) & set(heads))
-        if not wanted:
-            return self.tables.read("enumerator_state").slice(0, 0)
-        bases = {int(b) for i in wanted if (b := heads[i]["enumerator_base"]) is not None}
-        missing = sorted(bases - set(heads))
-        if missing:
-            raise StateError(
-                f"checkpoints of pipeline {self.pipeline!r} hold their enumerator state as deltas against "
-                f"checkpoints {missing}, which are not in the state store: the state is incomplete "
-                "(retention keeps every kept checkpoint's base)",
-                missing=missing,
-            )
-        read_ids = sorted(set(wanted) | bases)
-        data = self.tables.read("enumerator_state", partitions=[("checkpoint_id", "in", read_ids)])
-        data = data.filter(_pairs_mask(data, {i: str(heads[i]["attempt_id"]) for i in read_ids}, None))
-        counts = Counter(int(c) for c in data.column("checkpoint_id").to_pylist())
-        for cid in read_ids:
-            if heads[cid]["enumerator"] is not None:
-                self.check_rows(cid, heads[cid], counts.get(cid, 0))
-        deltas = [i for i in wanted if heads[i]["enumerator_base"] is not None]
-        if not deltas:
-            return data.filter(pc.is_in(pc.field("checkpoint_id"), pa.array(wanted, pa.int64())))
-        full = [i for i in wanted if heads[i]["enumerator_base"] is None]
-
-        def of(cid: int) -> pa.Table:
-            return data.filter(pc.field("checkpoint_id") == cid)
-
+        parts: list[pa.Table] = []
         rebuilt: list[dict[str, Any]] = []
-        for cid in deltas:
+        for cid, data in snapshot_rows(self.tables, self.pipeline, heads, wanted).items():
             head = heads[cid]
-            merged = merge_delta(of(int(head["enumerator_base"])), of(cid)).to_pylist()
-            snapshot = serde.enumerator_from_rows(head["enumerator"], merged)
+            if head["enumerator"] is None or head["enumerator_base"] is None:
+                parts.append(data)  # stored as a full snapshot: the rows as they are
+                continue
+            snapshot = serde.enumerator_from_rows(head["enumerator"], data.to_pylist())
             key = {"checkpoint_id": cid, "attempt_id": str(head["attempt_id"])}
             rebuilt.extend({**r, **key} for r in serde.enumerator_to_rows(snapshot))
-        stored = data.filter(pc.is_in(pc.field("checkpoint_id"), pa.array(full, pa.int64())))
-        whole = pa.concat_tables([stored, spec("enumerator_state").rows(rebuilt)])
-        return whole.sort_by("checkpoint_id")
+        if rebuilt:
+            parts.append(spec("enumerator_state").rows(rebuilt))
+        if not parts:
+            return spec("enumerator_state").empty()
+        return pa.concat_tables(parts, promote_options="permissive").sort_by("checkpoint_id")
 
     # -- the timeline ------------------------------------------------------------------
 

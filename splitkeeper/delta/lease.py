@@ -49,7 +49,8 @@ from typing import Any
 from splitkeeper import process
 from splitkeeper.core.defaults import LEASE_TTL_S
 from splitkeeper.delta.fence import fenced_commit
-from splitkeeper.delta.tables import StateTables, guarded, spec
+from splitkeeper.delta.schemas import spec
+from splitkeeper.delta.tables import StateTables, guarded
 from splitkeeper.errors import ConcurrentRunError, InvalidParameterError
 
 __all__ = [

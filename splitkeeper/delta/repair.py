@@ -42,7 +42,8 @@ import pyarrow.compute as pc
 
 from splitkeeper.core.ports import EpochDecision
 from splitkeeper.delta import serde, storage
-from splitkeeper.delta.tables import REPAIRABLE, StateTables, guarded, open_table, spec, sql_string
+from splitkeeper.delta.schemas import spec
+from splitkeeper.delta.tables import REPAIRABLE, StateTables, guarded, open_table, sql_string
 from splitkeeper.errors import DamagedTableError, StateError
 
 __all__ = ["RepairReport", "repair_files", "repair_rows"]

@@ -41,7 +41,8 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from splitkeeper.core.checkpoint import CheckpointStore
-from splitkeeper.delta.tables import STATE_TABLES, guarded, spec, sql_string
+from splitkeeper.delta.schemas import STATE_TABLES, spec
+from splitkeeper.delta.tables import guarded, sql_string
 from splitkeeper.errors import CheckpointError
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -3,9 +3,8 @@
 A *row* is a plain ``dict`` keyed by column name whose values are what pyarrow's
 ``Table.from_pylist`` takes and ``to_pylist`` returns (and Spark's ``Row.asDict``): ints,
 strings, bools, ``None``, lists and nested dicts for ``ARRAY``/``STRUCT`` columns. The
-column layout of every table is defined once, in ``state/<table>.ddl`` at the repository
-root (:mod:`splitkeeper.delta.tables`); this module fills those columns from the core
-types and back.
+column layout of every table is defined once, in :mod:`splitkeeper.delta.schemas`; this
+module fills those columns from the core types and back.
 
 Conversions are lossless: ``x_from_row(x_to_row(v)) == v`` for every value the core
 types can hold (tuple order, empty readers, backlog entries of splits that are not live
@@ -129,7 +128,8 @@ def _guard_fields(value: Any, known: frozenset[str]) -> None:
         if getattr(value, f.name) != default:
             raise StateError(
                 f"{type(value).__name__}.{f.name} is not persisted by splitkeeper.delta.serde; "
-                "add it to the state table schema (state/*.ddl) and to serde before storing it",
+                "add it to the state table schema (splitkeeper/delta/schemas.py, state/*.ddl) and to serde "
+                "before storing it",
                 type=type(value).__name__,
                 field=f.name,
             )

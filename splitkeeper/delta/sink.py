@@ -2,7 +2,7 @@
 
 The region tasks stage one parquet file per region and attempt
 (``<staging>/epoch=N/region=R/attempt=<id>/part.parquet``, every column of
-``state/sink_records.ddl``, see :mod:`splitkeeper.spark.task`). The sink commits an
+the ``sink_records`` schema, see :mod:`splitkeeper.spark.task`). The sink commits an
 epoch by making the acknowledged regions' staged files data files of the table, in one
 commit; the records are written once, by the tasks.
 
@@ -30,10 +30,13 @@ Contract of :meth:`DeltaSink.commit` ``(epoch, outputs, expected=, attempt_id=)`
 4. An epoch with no output still commits (no files) so the epoch is recorded.
 
 :meth:`committed_epoch` is ``transaction_version(pipeline)``; :meth:`committed_attempt`
-reads the commit's metadata back from the table history. The read-back helpers
-(:meth:`records`, :meth:`records_per_split`, :meth:`check_exactly_once`) read with
-Spark. One sink per pipeline and driver process; ``read_only`` sinks create and write
-nothing (dry runs, status).
+reads the commit's metadata back from the table history. One sink per pipeline and
+driver process; ``read_only`` sinks create and write nothing (dry runs, status).
+
+Reading the records back: :func:`read_sink` (delta-rs and pyarrow, no Spark) is the one
+reader of a sink's rows, for the report, the tools and the tests; :func:`split_records`
+summarises them per split. :func:`sink_frame` gives the restart checks the same table
+as a Spark frame.
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ import math
 import os
 import re
 import shutil
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -53,28 +56,28 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from splitkeeper.core.invariants import Violation, check_sink_ranges
 from splitkeeper.core.ports import EpochSink, RegionRun, SinkReceipt
 from splitkeeper.delta import storage
 from splitkeeper.delta.fence import fenced_commit, recorded_commit
 from splitkeeper.delta.retention import retention_hours
-from splitkeeper.delta.tables import (
-    SINK_TABLE,
-    STAGED_COLUMNS,
-    STAGED_FILE_SCHEMA,
-    ensure_table,
-    guarded,
-    open_table,
-    refresh,
-    spec,
-)
+from splitkeeper.delta.schemas import SINK_TABLE, STAGED_COLUMNS, STAGED_FILE_SCHEMA, spec
+from splitkeeper.delta.tables import ensure_table, guarded, open_table, read_rows, refresh
 from splitkeeper.errors import InvalidParameterError, StagedOutputError, StateError
 
 if TYPE_CHECKING:  # pragma: no cover
     from deltalake import DeltaTable
     from pyspark.sql import DataFrame
 
-__all__ = ["DeltaSink", "SinkCommit", "SplitRecords", "adopted_name", "file_statistics", "sink_frame"]
+__all__ = [
+    "DeltaSink",
+    "SinkCommit",
+    "SplitRecords",
+    "adopted_name",
+    "file_statistics",
+    "read_sink",
+    "sink_frame",
+    "split_records",
+]
 
 log = logging.getLogger(__name__)
 
@@ -200,7 +203,6 @@ class DeltaSink(EpochSink):
     """The records table at ``path``, committed by pipeline ``app_id`` (see the module doc).
 
     ``staging_path``: where the region tasks stage (for :meth:`discard`).
-    ``spark``: the session the read-back helpers use (optional).
     """
 
     def __init__(
@@ -209,7 +211,6 @@ class DeltaSink(EpochSink):
         app_id: str,
         *,
         staging_path: str | os.PathLike[str] | None = None,
-        spark: Any = None,
         read_only: bool = False,
     ) -> None:
         if not isinstance(app_id, str) or not app_id.strip():
@@ -217,7 +218,6 @@ class DeltaSink(EpochSink):
         self.path = storage.table_uri(path)
         self.app_id = app_id
         self.staging_path = None if staging_path is None else storage.table_uri(staging_path)
-        self.spark = spark
         self.read_only = read_only
         self._table: DeltaTable | None = None
         if not read_only:
@@ -377,8 +377,8 @@ class DeltaSink(EpochSink):
             if not whole and found != records_only:
                 raise StagedOutputError(
                     f"sink {self.path}: staged file {location} of epoch {epoch} has columns {found}, not the "
-                    f"sink's {wanted} ({SINK_TABLE}.ddl). Nothing was committed: recover the pipeline so the "
-                    "epoch is read again by this splitkeeper",
+                    f"sink's {wanted} (the {SINK_TABLE} schema). Nothing was committed: recover the "
+                    "pipeline so the epoch is read again by this splitkeeper",
                     path=location,
                     epoch_id=epoch,
                 )
@@ -488,51 +488,46 @@ class DeltaSink(EpochSink):
                 with contextlib.suppress(OSError):
                     fs.delete_dir(info.path)
 
-    # -- reading back (Spark) ---------------------------------------------------------------
 
-    def _spark(self) -> Any:
-        if self.spark is None:
-            raise StateError(
-                f"sink {self.path}: reading the records back needs a Spark session (DeltaSink(..., spark=))"
-            )
-        return self.spark
+# --------------------------------------------------------------------------- reading back
 
-    def records(self) -> DataFrame:
-        """The sink table as a DataFrame."""
-        return self._spark().read.format("delta").load(storage.spark_uri(self.path))
 
-    def records_per_split(self) -> dict[str, SplitRecords]:
-        """Per split id: how many records the sink holds and the offset range they span."""
-        from pyspark.sql import functions as F
-
-        rows = (
-            self.records()
-            .groupBy("split_id")
-            .agg(
-                F.count(F.lit(1)).alias("records"),
-                F.min("offset").alias("first"),
-                F.max("next_offset").alias("last"),
-            )
-            .collect()
+def read_sink(path: str | os.PathLike[str], columns: Sequence[str] | None = None) -> pa.Table:
+    """The rows of the sink table at ``path`` (its latest version), read with delta-rs and pyarrow:
+    ``columns`` only (all of the sink's when None); an empty table of those columns when no table
+    exists there yet. The one reader of a sink's records (report, tools, tests); a damaged log or data
+    file is the StateError of :func:`~splitkeeper.delta.tables.open_table` and
+    :func:`~splitkeeper.delta.tables.read_rows`."""
+    uri = storage.table_uri(path)
+    wanted = list(columns) if columns is not None else STAGED_FILE_SCHEMA.names
+    unknown = [c for c in wanted if c not in STAGED_FILE_SCHEMA.names]
+    if unknown:
+        raise InvalidParameterError(
+            "columns", unknown, f"columns of the sink table: {STAGED_FILE_SCHEMA.names}"
         )
-        return {r["split_id"]: SplitRecords(int(r["records"]), int(r["first"]), int(r["last"])) for r in rows}
+    table = open_table(uri, missing_ok=True)
+    if table is None:
+        return STAGED_FILE_SCHEMA.empty_table().select(wanted)
+    return read_rows(table, spec(SINK_TABLE), columns=wanted)
 
-    def offset_rows(self) -> Iterable[tuple[str, int, int]]:
-        """``(split_id, offset, next_offset)`` of every record, ordered by split and offset (streamed)."""
-        frame = self.records().select("split_id", "offset", "next_offset").orderBy("split_id", "offset")
-        for row in frame.toLocalIterator():
-            yield row["split_id"], int(row["offset"]), int(row["next_offset"])
 
-    def check_exactly_once(self, expected: Mapping[str, tuple[int, int]]) -> list[Violation]:
-        """Check protocol section 6 on the sink: per split, records cover ``[start, end)`` exactly once.
-
-        ``expected`` maps every split id to ``(start, end)``. The rule is the core's
-        (:func:`splitkeeper.core.invariants.check_sink_ranges`); this streams it the sink's
-        rows, sorted by Spark. Returns the violations (empty when exactly-once holds).
-        """
-        starts = {split_id: int(bounds[0]) for split_id, bounds in expected.items()}
-        ends = {split_id: int(bounds[1]) for split_id, bounds in expected.items()}
-        return check_sink_ranges(self.offset_rows(), starts, ends)
+def split_records(path: str | os.PathLike[str]) -> dict[str, SplitRecords]:
+    """Per split id of the sink table at ``path``: how many records it holds and the offset range they
+    span (:func:`read_sink` of three columns, grouped with pyarrow)."""
+    rows = read_sink(path, ["split_id", "offset", "next_offset"])
+    grouped = rows.group_by("split_id").aggregate(
+        [("split_id", "count"), ("offset", "min"), ("next_offset", "max")]
+    )
+    return {
+        str(sid): SplitRecords(int(n), int(first), int(last))
+        for sid, n, first, last in zip(
+            grouped["split_id"].to_pylist(),
+            grouped["split_id_count"].to_pylist(),
+            grouped["offset_min"].to_pylist(),
+            grouped["next_offset_max"].to_pylist(),
+            strict=True,
+        )
+    }
 
 
 def sink_frame(spark: Any, path: str | os.PathLike[str]) -> tuple[DataFrame, bool]:

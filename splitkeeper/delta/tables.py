@@ -1,37 +1,21 @@
-"""The one definition of every table: pyarrow schemas parsed from ``state/<table>.ddl``.
+"""Create, open, check and read the Delta tables; the errors of a damaged table or a refused write.
 
-Each ``state/<table>.ddl`` file at the repository root lists a table's columns in the
-subset of Spark DDL this module parses (rule 1). Everything that needs a table's
-columns takes them from here: the state store and the sink create their tables with
-:func:`ensure_table`, the region tasks write staged files of :data:`STAGED_FILE_SCHEMA`,
-Spark readers get frames built from the same pyarrow types.
+The tables' columns, partitioning and properties are :mod:`splitkeeper.delta.schemas`'s
+(the one definition); this module makes them real with delta-rs.
 
 Rules:
 
-1. The DDL subset: ``name TYPE [NOT NULL]`` separated by commas; names may be
-   back-quoted; types ``BIGINT``, ``INT``/``INTEGER``, ``STRING``, ``BOOLEAN``,
-   ``DOUBLE``, ``TIMESTAMP``, ``BINARY``, ``ARRAY<type>``, ``STRUCT<name: type [NOT NULL], ...>``;
-   ``--`` starts a comment. ``TIMESTAMP`` is ``timestamp("us", tz="UTC")``: Spark's
-   TIMESTAMP is an instant, never a wall-clock time (that would be TIMESTAMP_NTZ and
-   a table feature older readers lack). Array elements and struct fields are nullable
-   unless ``NOT NULL`` says otherwise, as in Spark. Anything else is a StateError
-   naming the file and the token.
-2. :func:`~splitkeeper.delta.ddl.ddl_path` is the only place that locates a DDL file
-   (package data through :mod:`splitkeeper.resources`).
-3. Per table, :data:`TABLES` fixes the partition column, the columns that carry
-   statistics and the table properties: ``delta.checkpointInterval=10`` (log replay
-   stays bounded however many small commits there are) and no deletion vectors
-   (delta-rs, the only writer, cannot write them).
-4. :func:`ensure_table` creates a missing table (create-if-absent: of two processes
+1. :func:`ensure_table` creates a missing table (create-if-absent: of two processes
    creating it at once, one commits version 0 and the other opens it) and checks an
    existing one with :func:`check_layout`: the same columns with the same types and
    the same partitioning, or a StateError that names the table, what it has and what
    is expected. The one migration that exists adds nullable columns at the end
-   (:attr:`TableSpec.added_columns`, ``ALTER TABLE ADD COLUMNS``); old rows read NULL.
-5. :func:`open_table` wraps every load of a table: a damaged log becomes a StateError
+   (:attr:`~splitkeeper.delta.schemas.TableSpec.added_columns`, ``ALTER TABLE ADD
+   COLUMNS``); old rows read NULL.
+2. :func:`open_table` wraps every load of a table: a damaged log becomes a StateError
    naming the table, the log file and what to do (:func:`log_error`); an unreadable data
    file one naming the table and the file (:func:`data_file_error`).
-6. A write the operating system refuses (read-only file system, no space, no
+3. A write the operating system refuses (read-only file system, no space, no
    permission) is a StateError naming the path (:func:`os_error`), from every write
    through :func:`guarded` and the fence.
 """
@@ -39,21 +23,19 @@ Rules:
 from __future__ import annotations
 
 import errno
-import functools
 import json
 import logging
 import os
 import re
 import threading
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import pyarrow as pa
 
 from splitkeeper.delta import storage
-from splitkeeper.delta.ddl import SCHEMA_DIR_ENV, ddl_path, read_ddl, schema_dir
-from splitkeeper.errors import DamagedTableError, InvalidParameterError, StateError
+from splitkeeper.delta.schemas import SINK_TABLE, TableSpec, spec
+from splitkeeper.errors import DamagedTableError, StateError
 
 if TYPE_CHECKING:  # pragma: no cover
     from deltalake import DeltaTable
@@ -61,23 +43,16 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = [
     "REPAIRABLE",
     "REPAIR_ADVICE",
-    "data_file_error",
-    "SCHEMA_DIR_ENV",
-    "META_COLUMNS",
-    "SINK_TABLE",
-    "STAGED_COLUMNS",
-    "STAGED_FILE_SCHEMA",
-    "STAGED_SCHEMA",
-    "STATE_TABLES",
-    "TABLES",
-    "TableSpec",
+    "StateTables",
     "check_layout",
-    "ddl_path",
+    "data_file_error",
     "ensure_table",
+    "guarded",
+    "log_error",
     "open_table",
-    "parse_ddl",
-    "read_ddl",
-    "schema_dir",
+    "os_error",
+    "read_rows",
+    "refresh",
     "sql_string",
 ]
 
@@ -85,252 +60,13 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-#: Properties of every table (rule 3).
-BASE_PROPERTIES: dict[str, str] = {
-    "delta.checkpointInterval": "10",
-    "delta.enableDeletionVectors": "false",
-}
-
-
-# --------------------------------------------------------------------------- DDL files (rules 1, 2)
-
-
-_TOKEN = re.compile(r"\s*(?:(`[^`]*`)|([A-Za-z_][A-Za-z0-9_]*)|([<>,:])|(\S))")
-_PRIMITIVES: dict[str, pa.DataType] = {
-    "BIGINT": pa.int64(),
-    "LONG": pa.int64(),
-    "INT": pa.int32(),
-    "INTEGER": pa.int32(),
-    "STRING": pa.string(),
-    "BOOLEAN": pa.bool_(),
-    "DOUBLE": pa.float64(),
-    "TIMESTAMP": pa.timestamp("us", tz="UTC"),
-    "BINARY": pa.binary(),
-}
-
-
-class _Tokens:
-    def __init__(self, text: str, source: str) -> None:
-        self.source = source
-        self.items: list[tuple[str, bool]] = []  # (token, was back-quoted)
-        for m in _TOKEN.finditer(text):
-            quoted, word, punct, other = m.groups()
-            if other is not None:
-                self.fail(f"unexpected character {other!r}")
-            if quoted is not None:
-                self.items.append((quoted[1:-1], True))
-            elif word is not None or punct is not None:
-                self.items.append((word or punct, False))
-        self.pos = 0
-
-    def fail(self, what: str) -> StateError:
-        raise StateError(
-            f"{self.source}: {what}; the DDL files use 'name TYPE [NOT NULL]' with BIGINT, INT, STRING, "
-            "BOOLEAN, DOUBLE, TIMESTAMP, BINARY, ARRAY<..> and STRUCT<name: type, ..>",
-            source=self.source,
-        )
-
-    def peek(self) -> str | None:
-        return self.items[self.pos][0] if self.pos < len(self.items) else None
-
-    def take(self, expected: str | None = None) -> str:
-        if self.pos >= len(self.items):
-            self.fail(f"unexpected end, expected {expected or 'more'}")
-        token, _quoted = self.items[self.pos]
-        if expected is not None and token.upper() != expected:
-            self.fail(f"expected {expected!r}, found {token!r}")
-        self.pos += 1
-        return token
-
-    def name(self) -> str:
-        token, quoted = self.items[self.pos] if self.pos < len(self.items) else ("", False)
-        if not token or (not quoted and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", token)):
-            self.fail(f"expected a column name, found {token!r}")
-        self.pos += 1
-        return token
-
-    def not_null(self) -> bool:
-        if (self.peek() or "").upper() == "NOT":
-            self.take("NOT")
-            self.take("NULL")
-            return True
-        return False
-
-    def data_type(self) -> pa.DataType:
-        word = self.take().upper()
-        if word in _PRIMITIVES:
-            return _PRIMITIVES[word]
-        if word == "ARRAY":
-            self.take("<")
-            element = self.data_type()
-            self.take(">")
-            return pa.list_(pa.field("element", element, nullable=True))
-        if word == "STRUCT":
-            self.take("<")
-            fields = []
-            while True:
-                name = self.name()
-                if self.peek() == ":":
-                    self.take(":")
-                child = self.data_type()
-                fields.append(pa.field(name, child, nullable=not self.not_null()))
-                if self.peek() == ",":
-                    self.take(",")
-                    continue
-                self.take(">")
-                return pa.struct(fields)
-        self.fail(f"unknown type {word!r}")
-        raise AssertionError("unreachable")  # pragma: no cover
-
-
-def parse_ddl(text: str, source: str = "DDL") -> pa.Schema:
-    """The pyarrow schema of a DDL column list (rule 1); ``source`` names it in errors."""
-    text = "\n".join(line.split("--", 1)[0] for line in text.splitlines())
-    tokens = _Tokens(text, source)
-    fields: list[pa.Field] = []
-    while tokens.peek() is not None:
-        name = tokens.name()
-        data_type = tokens.data_type()
-        fields.append(pa.field(name, data_type, nullable=not tokens.not_null()))
-        if tokens.peek() is not None:
-            tokens.take(",")
-    if not fields:
-        tokens.fail("no columns")
-    names = [f.name for f in fields]
-    if len(set(names)) != len(names):
-        tokens.fail(f"duplicate column names in {names}")
-    return pa.schema(fields)
-
-
-# --------------------------------------------------------------------------- the tables (rule 3)
-
-
-@dataclass(frozen=True, slots=True)
-class TableSpec:
-    """One table: its DDL file (``state/<name>.ddl``), partition column, statistics, migration."""
-
-    name: str
-    partition: str | None = None
-    stats_columns: tuple[str, ...] = ()
-    added_columns: frozenset[str] = frozenset()  # nullable columns added to the DDL later (rule 4)
-    extra_properties: Mapping[str, str] = field(default_factory=dict)
-
-    @property
-    def schema(self) -> pa.Schema:
-        return _schema_of(self.name)
-
-    @property
-    def partition_by(self) -> list[str]:
-        return [self.partition] if self.partition else []
-
-    @property
-    def properties(self) -> dict[str, str]:
-        props = {**BASE_PROPERTIES, **self.extra_properties}
-        if self.stats_columns:
-            props["delta.dataSkippingStatsColumns"] = ",".join(self.stats_columns)
-        return props
-
-    def empty(self) -> pa.Table:
-        return self.schema.empty_table()
-
-    def rows(self, rows: Sequence[Mapping[str, Any]]) -> pa.Table:
-        """``rows`` (dicts by column name, missing keys NULL) as a table of this schema."""
-        names = self.schema.names
-        return pa.Table.from_pylist([{n: row.get(n) for n in names} for row in rows], self.schema)
-
-
-@functools.cache
-def _schema_of(table: str) -> pa.Schema:
-    return parse_ddl(read_ddl(table), str(ddl_path(table)))
-
-
-#: The records table the sink commits to (not a state table; its columns live here too).
-SINK_TABLE = "sink_records"
-#: The sink's source-metadata columns (Kafka's key, topic, partition, timestamp, headers),
-#: after ``ingested_at``; NULL for a files source; added to older sink tables by migration.
-META_COLUMNS: tuple[str, ...] = ("key", "topic", "partition", "timestamp", "headers")
-
-TABLES: dict[str, TableSpec] = {
-    spec.name: spec
-    for spec in (
-        # which pipeline owns the directory: one row, in the table's first commit
-        TableSpec("pipeline", stats_columns=("name",)),
-        # restore, redo and retention address one epoch or checkpoint: partitions prune to it
-        TableSpec("epoch_plans", partition="epoch_id", stats_columns=("region_id",)),
-        TableSpec(
-            "decisions",
-            partition="epoch_id",
-            stats_columns=("attempt_id",),
-            added_columns=frozenset({"split_weights"}),
-        ),
-        TableSpec(
-            "checkpoints",
-            partition="checkpoint_id",
-            stats_columns=("attempt_id",),
-            added_columns=frozenset(
-                {"configured_parallelism", "split_weights", "enumerator_base", "enumerator_row_count"}
-            ),
-        ),
-        TableSpec(
-            "enumerator_state",
-            partition="checkpoint_id",
-            stats_columns=("attempt_id",),
-            added_columns=frozenset({"identity"}),
-        ),
-        # history, kept past retention: unpartitioned, compaction bounds its files
-        TableSpec("audit", stats_columns=("checkpoint_id", "attempt_id")),
-        TableSpec("checkpoint_log", stats_columns=("checkpoint_id", "kind")),
-        TableSpec("lease", stats_columns=("generation",), added_columns=frozenset({"process"})),
-        TableSpec("control", stats_columns=("requested_at",)),
-        TableSpec(
-            SINK_TABLE,
-            stats_columns=("split_id", "offset", "next_offset", "epoch", "region", "ingested_at"),
-            added_columns=frozenset(META_COLUMNS),
-        ),
-    )
-}
-
-#: The tables a :class:`~splitkeeper.delta.checkpoints.DeltaStateStore` owns, in creation order.
-STATE_TABLES: tuple[str, ...] = (
-    "pipeline",
-    "epoch_plans",
-    "decisions",
-    "checkpoints",
-    "enumerator_state",
-    "audit",
-    "checkpoint_log",
-)
-
 
 def sql_string(text: str) -> str:
     """``text`` as a SQL string literal for a delta-rs predicate (quotes doubled)."""
     return "'" + text.replace("'", "''") + "'"
 
 
-def spec(table: str) -> TableSpec:
-    if table not in TABLES:
-        raise InvalidParameterError("table", table, f"one of {', '.join(TABLES)}")
-    return TABLES[table]
-
-
-# --------------------------------------------------------------------------- staged records
-
-#: A staged file's record columns: the sink table's columns minus ``ingested_at``.
-STAGED_COLUMNS: tuple[str, ...] = ("split_id", "offset", "next_offset", "value", "epoch", "region")
-#: What a staged file holds: every column of ``state/sink_records.ddl``, in its order.
-STAGED_FILE_SCHEMA: pa.Schema = _schema_of(SINK_TABLE)
-#: The record columns of a staged file (what ``read_staged`` returns).
-STAGED_SCHEMA: pa.Schema = pa.schema([STAGED_FILE_SCHEMA.field(name) for name in STAGED_COLUMNS])
-
-if STAGED_FILE_SCHEMA.names != [*STAGED_COLUMNS, "ingested_at", *META_COLUMNS]:  # pragma: no cover
-    raise StateError(
-        f"{ddl_path(SINK_TABLE)} must list {[*STAGED_COLUMNS, 'ingested_at', *META_COLUMNS]} in this "
-        f"order (staged files are adopted into the sink as they are); it lists {STAGED_FILE_SCHEMA.names}",
-        path=str(ddl_path(SINK_TABLE)),
-    )
-
-
-# --------------------------------------------------------------------------- create, open, check (4, 5)
+# --------------------------------------------------------------------------- create, open, check (1, 2)
 
 
 def _shape(data_type: Any) -> Any:
@@ -353,7 +89,7 @@ def _arrow_schema(table: DeltaTable) -> pa.Schema:
 
 
 def log_error(uri: str, err: BaseException) -> DamagedTableError:
-    """A StateError for a table whose log delta-rs cannot read: names the damaged log file (rule 5)."""
+    """A StateError for a table whose log delta-rs cannot read: names the damaged log file (rule 2)."""
     uri = storage.delta_location(uri)
     damaged = _damaged_log_file(uri)
     where = f"log file {damaged}" if damaged else f"its _delta_log ({err})"
@@ -389,7 +125,7 @@ REPAIR_ADVICE = (
 
 def data_file_error(name: str, uri: str, err: BaseException) -> DamagedTableError:
     """A StateError for a data file of table ``name`` that cannot be read (truncated, damaged or
-    gone): names the table and the file, and what to do (rule 5)."""
+    gone): names the table and the file, and what to do (rule 2)."""
     text = str(err)
     quoted = re.search(r"'([^']+\.parquet)'", text) or re.search(r"(\S+\.parquet)", text)
     found = quoted.group(1) if quoted else None
@@ -468,7 +204,7 @@ def os_fault(err: BaseException) -> str | None:
 
 
 def os_error(path: str, err: BaseException, fault: str) -> StateError:
-    """A StateError for a write the operating system refused under ``path`` (rule 6)."""
+    """A StateError for a write the operating system refused under ``path`` (rule 3)."""
     named = re.search(r"(/[^\s:#]+)", str(err)) if not isinstance(err, OSError) else None
     where = getattr(err, "filename", None) or (named.group(1) if named else storage.delta_location(path))
     return StateError(
@@ -482,8 +218,8 @@ def os_error(path: str, err: BaseException, fault: str) -> StateError:
 
 
 def guarded(uri: str, call: Callable[[], T]) -> T:
-    """``call()``, with a damaged-log DeltaError turned into :func:`log_error` (rule 5) and a write the
-    operating system refused (read-only, full, no permission) into :func:`os_error` (rule 6)."""
+    """``call()``, with a damaged-log DeltaError turned into :func:`log_error` (rule 2) and a write the
+    operating system refused (read-only, full, no permission) into :func:`os_error` (rule 3)."""
     from deltalake.exceptions import CommitFailedError, DeltaError
 
     try:
@@ -520,7 +256,7 @@ def refresh(table: DeltaTable) -> DeltaTable:
 
 
 def check_layout(table: DeltaTable, spec: TableSpec, uri: str, *, migrate: bool) -> bool:
-    """Rule 4 on an existing table; True when it matches (after migrating, if ``migrate``).
+    """Rule 1 on an existing table; True when it matches (after migrating, if ``migrate``).
 
     A table that only lacks :attr:`TableSpec.added_columns` at the end returns False
     without ``migrate`` (readers fill those columns with NULL); anything else raises.
@@ -561,7 +297,8 @@ def check_layout(table: DeltaTable, spec: TableSpec, uri: str, *, migrate: bool)
     raise StateError(
         f"table {spec.name} at {uri} has columns {[n for n, _ in have]} partitioned by {partitions}, but "
         f"splitkeeper expects {[n for n, _ in want]} partitioned by {spec.partition_by} "
-        f"({ddl_path(spec.name)}): the directory was written by another splitkeeper state format; use a "
+        f"(splitkeeper/delta/schemas.py, state/{spec.name}.ddl): the directory was written by another "
+        "splitkeeper state format; use a "
         "fresh state directory (or migrate the table)",
         table=spec.name,
         path=uri,
@@ -571,7 +308,7 @@ def check_layout(table: DeltaTable, spec: TableSpec, uri: str, *, migrate: bool)
 def ensure_table(
     uri: str, spec: TableSpec, *, data: pa.Table | None = None, commit_properties: Any = None
 ) -> tuple[DeltaTable, bool]:
-    """The table at ``uri``, created when absent (rule 4); returns (table, created by this call).
+    """The table at ``uri``, created when absent (rule 1); returns (table, created by this call).
 
     ``data`` goes into the creating commit (version 0) itself: the create is then also
     a first-writer-wins claim (the commit is never retried as a later version). An
@@ -616,7 +353,7 @@ def ensure_table(
             )
             created = DeltaTable(uri, storage_options=options)
     except (CommitFailedError, DeltaError) as err:
-        # Another process created it at the same moment: fine if it is there now (rule 4).
+        # Another process created it at the same moment: fine if it is there now (rule 1).
         found = open_table(uri, missing_ok=True)
         if found is None:
             raise StateError(f"cannot create table {spec.name} at {uri}: {err}", table=spec.name) from err
@@ -644,7 +381,7 @@ def read_rows(
 ) -> pa.Table:
     """Rows of ``table``: ``partitions`` prune files (partition values and statistics) before
     anything is read, ``filter`` (a ``pyarrow.compute`` expression) selects rows. Columns a
-    not-yet-migrated table lacks (rule 4) read as NULL."""
+    not-yet-migrated table lacks (rule 1) read as NULL."""
     dataset = guarded(
         table.table_uri,
         lambda: table.to_pyarrow_dataset(
@@ -691,7 +428,7 @@ class StateTables:
     def ensure(
         self, name: str, *, data: pa.Table | None = None, commit_properties: Any = None
     ) -> tuple[DeltaTable, bool]:
-        """Create ``name`` when absent (rule 4); (table, created by this call)."""
+        """Create ``name`` when absent (rule 1); (table, created by this call)."""
         self._refuse_write(f"create table {name}")
         with self._lock:
             table, created = ensure_table(

@@ -265,19 +265,13 @@ def collect_report_data(
 def _records_per_epoch(sink_path: str) -> dict[int, dict[int, int]]:
     """Epoch -> region -> records of the sink table; empty when there is no table.
 
-    Read with delta-rs (the two columns only), not Spark: the report runs where an Airflow task
-    runs, and a group-by count needs no cluster application of its own.
+    Read with delta-rs (the two columns only, :func:`splitkeeper.delta.sink.read_sink`), not Spark:
+    the report runs where an Airflow task runs, and a group-by count needs no cluster application.
     """
-    from deltalake import DeltaTable
+    from splitkeeper.delta.sink import read_sink
 
-    from splitkeeper.delta import storage
-
-    uri = storage.table_uri(sink_path)
-    options = storage.storage_options(uri)
     records: dict[int, dict[int, int]] = {}
-    if not DeltaTable.is_deltatable(uri, options):
-        return records
-    rows = DeltaTable(uri, storage_options=options).to_pyarrow_dataset().to_table(columns=["epoch", "region"])
+    rows = read_sink(sink_path, ["epoch", "region"])
     counted = rows.group_by(["epoch", "region"]).aggregate([([], "count_all")])
     for epoch, region, count in zip(
         counted["epoch"].to_pylist(),

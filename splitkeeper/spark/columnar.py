@@ -12,7 +12,7 @@ stages the range without a Python step per record. Contract of
    of the i-th record (``values`` never holds a null); ``meta`` is ``None`` when
    the records carry no metadata (the staged metadata columns are null), else
    the key, topic, partition, timestamp and headers columns (the types of
-   :data:`~splitkeeper.delta.tables.META_COLUMNS` in ``STAGED_FILE_SCHEMA``),
+   :data:`~splitkeeper.delta.schemas.META_COLUMNS` in ``STAGED_FILE_SCHEMA``),
    ``meta[k][i]`` being what ``read_range``'s i-th record carries in its
    :class:`~splitkeeper.core.source.RecordMeta`;
 2. it raises what ``read_range`` raises, with the same message, naming the

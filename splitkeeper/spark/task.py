@@ -12,8 +12,8 @@ A file is written under a temporary name in its attempt directory and renamed
 when complete, so a visible ``part.parquet`` is always whole. The driver only
 reads the path a finished task returned; other attempts' files are garbage for
 the staging cleanup. A staged file has every column of the sink table (the
-task stamps ``ingested_at``; the schema is :data:`~splitkeeper.delta.tables.STAGED_FILE_SCHEMA`,
-from ``state/sink_records.ddl``), so the sink can adopt it as a Delta data file
+task stamps ``ingested_at``; the schema is :data:`~splitkeeper.delta.schemas.STAGED_FILE_SCHEMA`,
+from :mod:`splitkeeper.delta.schemas`), so the sink can adopt it as a Delta data file
 as it is, without rewriting it (:meth:`~splitkeeper.delta.sink.DeltaSink.commit`).
 """
 
@@ -34,7 +34,7 @@ import pyarrow.parquet as pq
 
 from splitkeeper.core.source import RecordMeta, RegionReader, SourceRecord
 from splitkeeper.core.types import Split
-from splitkeeper.delta.tables import META_COLUMNS, STAGED_FILE_SCHEMA, STAGED_SCHEMA
+from splitkeeper.delta.schemas import META_COLUMNS, STAGED_FILE_SCHEMA, STAGED_SCHEMA
 from splitkeeper.errors import InvalidParameterError, ProtocolError, SourceError, SplitkeeperError
 from splitkeeper.spark.columnar import RangeColumns, SupportsColumnarRead
 from splitkeeper.transforms import Transform, apply_transform, identity, transform_values

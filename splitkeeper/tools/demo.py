@@ -318,12 +318,11 @@ def _check_stream(sink: Path, delivered: dict[tuple[str, int, int], str], bootst
     """The sink against every delivery report, and the consumer group's lag per partition."""
     from collections import Counter
 
-    from splitkeeper.spark.session import SparkSettings, get_spark
+    from splitkeeper.delta.sink import read_sink
     from splitkeeper.spark.sources.kafka import KafkaSource, split_id_of
     from splitkeeper.tools.kafka_testbed import end_offsets
 
-    spark = get_spark(SparkSettings.from_env(ui_enabled=False))
-    rows = spark.read.format("delta").load(str(sink)).select("split_id", "offset", "value").collect()
+    rows = read_sink(sink, ["split_id", "offset", "value"]).to_pylist()
     keys = Counter((r["split_id"], int(r["offset"])) for r in rows)
     expected = {(split_id_of(t, p), o): v for (t, p, o), v in delivered.items()}
     got = {(r["split_id"], int(r["offset"])): r["value"] for r in rows}

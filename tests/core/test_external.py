@@ -2,32 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 import pytest
 
 from splitkeeper.core.external import (
     DisagreementKind,
-    commit_external_positions,
     positions_to_commit,
     reconcile_positions,
 )
 from splitkeeper.core.source import ExternallyCheckpointedSource, ExternalPosition
 from splitkeeper.core.types import CheckpointKind, CompletedCheckpoint, RegionOutcome, RegionState, Split
 from splitkeeper.errors import InvalidParameterError, ProtocolError
-
-
-class FakeConsumerGroup(ExternallyCheckpointedSource):
-    def __init__(self) -> None:
-        self.commits: list[tuple[int, dict[str, int]]] = []
-        self.store: dict[str, ExternalPosition] = {}
-
-    def commit_positions(self, checkpoint_id: int, positions: Mapping[str, int]) -> None:
-        self.commits.append((checkpoint_id, dict(positions)))
-        self.store.update({k: ExternalPosition(v, checkpoint_id) for k, v in positions.items()})
-
-    def committed_positions(self) -> Mapping[str, ExternalPosition]:
-        return dict(self.store)
 
 
 def regional_checkpoint() -> CompletedCheckpoint:
@@ -48,17 +32,10 @@ def test_only_acknowledged_regions_positions_are_committed_tagged_with_the_check
     completed = regional_checkpoint()
     assert positions_to_commit(completed.regions, acked_region_ids=[0]) == {"p-0": 50, "p-2": 7}
     assert positions_to_commit(completed, acked_region_ids=[0]) == {"p-0": 50, "p-2": 7}
-    source = FakeConsumerGroup()
-    committed = commit_external_positions(source, completed, [0])
-    assert committed == {"p-0": 50, "p-2": 7}
-    assert source.commits == [(101, {"p-0": 50, "p-2": 7})]
-    assert source.committed_positions() == {"p-0": ExternalPosition(50, 101), "p-2": ExternalPosition(7, 101)}
 
 
-def test_no_acknowledged_region_means_no_commit_call():
-    source = FakeConsumerGroup()
-    assert commit_external_positions(source, regional_checkpoint(), []) == {}
-    assert source.commits == []
+def test_no_acknowledged_region_means_nothing_to_commit():
+    assert positions_to_commit(regional_checkpoint(), acked_region_ids=[]) == {}
 
 
 def test_committing_a_region_that_fell_back_or_is_unknown_is_a_protocol_error():

@@ -224,7 +224,6 @@ def _append_sink(spark, sink_path: str, rows: list[tuple[str, int, int, int, int
 
 
 def _delete_sink(spark, sink_path: str, split_id: str, offset: int) -> None:
-    # delta-rs: ``delta.tables`` (delta-spark) is shadowed by tests/delta on the test path
     from deltalake import DeltaTable
 
     DeltaTable(sink_path).delete(f"split_id = '{split_id}' AND offset = {offset}")

@@ -29,6 +29,7 @@ from typing import Any
 import yaml
 
 from splitkeeper.core.invariants import check_sink_ranges
+from splitkeeper.delta.sink import read_sink
 
 REPO = Path(__file__).resolve().parents[2]
 CLI = REPO / ".venv" / "bin" / "splitkeeper"
@@ -129,25 +130,15 @@ class SinkRow:
     region: int
 
 
-def sink_rows(spark: Any, sink_path: str | Path) -> list[SinkRow]:
-    """Every record of the sink table (read through Delta, current version)."""
-    frame = spark.read.format("delta").load(str(sink_path))
-    return [
-        SinkRow(
-            r["split_id"],
-            int(r["offset"]),
-            int(r["next_offset"]),
-            r["value"],
-            int(r["epoch"]),
-            int(r["region"]),
-        )
-        for r in frame.select("split_id", "offset", "next_offset", "value", "epoch", "region").collect()
-    ]
+def sink_rows(sink_path: str | Path) -> list[SinkRow]:
+    """Every record of the sink table (its current version, :func:`splitkeeper.delta.sink.read_sink`)."""
+    columns = ["split_id", "offset", "next_offset", "value", "epoch", "region"]
+    return [SinkRow(**row) for row in read_sink(sink_path, columns).to_pylist()]
 
 
 def assert_sink_equals_source(spark: Any, sink_path: str | Path, input_dir: Path) -> list[SinkRow]:
     """Assert the sink holds every input line exactly once, in per-split order; return its rows."""
-    rows = sink_rows(spark, sink_path)
+    rows = sink_rows(sink_path)
     expected = source_records(input_dir)
     assert expected, f"no input under {input_dir}"
 

@@ -50,7 +50,7 @@ def _input_with_a_bad_line(input_dir: Path) -> str:
 def _assert_sink(spark: Any, sink: Path, expected: dict[str, list[tuple[int, int, str]]]) -> None:
     """The sink holds exactly ``expected``: per split, these records (offset, next offset, line), in order."""
     got: dict[str, list[tuple[int, int, str]]] = {}
-    for r in sorted(sink_rows(spark, sink), key=lambda r: (r.split_id, r.offset)):
+    for r in sorted(sink_rows(sink), key=lambda r: (r.split_id, r.offset)):
         got.setdefault(r.split_id, []).append((r.offset, r.next_offset, r.value))
     assert got == {sid: recs for sid, recs in expected.items() if recs}
 
@@ -118,7 +118,7 @@ def test_under_stall_a_bounded_run_stops_with_a_summary_instead_of_looping(
     assert f"split '{bad}' (reads failed 5 epoch(s) in a row:" in summary
     assert "no checkpoint has completed yet" in summary
     assert "set checkpoint.on_split_failure: quarantine" in summary
-    assert not (tmp_path / "sink" / "_delta_log").exists() or sink_rows(spark, tmp_path / "sink") == []
+    assert not (tmp_path / "sink" / "_delta_log").exists() or sink_rows(tmp_path / "sink") == []
 
     shutil.move(input_dir / bad, tmp_path / bad)  # the fix the summary asks for: the file goes
     code, out, err = run_cli(["run", "--config", str(config)])
@@ -139,7 +139,7 @@ def test_a_partly_read_file_deleted_from_the_source_is_quarantined_then_dropped(
     code, _out, err = run_cli(["run", "--config", str(config), "--epochs", "2"])
     assert code == 0, err
     gone = "part-00001.txt"
-    read = [r for r in sink_rows(spark, tmp_path / "sink") if r.split_id == gone]
+    read = [r for r in sink_rows(tmp_path / "sink") if r.split_id == gone]
     assert 0 < len(read) < len(before[gone])  # partly read
     (input_dir / gone).unlink()
 

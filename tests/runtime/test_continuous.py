@@ -114,7 +114,7 @@ def test_a_continuous_run_follows_both_intervals_and_splitkeeper_stop_ends_it_on
     after = int(re.search(r"after checkpoint (\d+)", result["interval_switches"][0]).group(1))  # type: ignore[union-attr]
     assert json.loads(shown.stdout)["interval_switches"][0] == [after, "normal"]
 
-    rows = sink_rows(spark, tmp_path / "sink")
+    rows = sink_rows(tmp_path / "sink")
     by_split: dict[str, list[int]] = {}
     for row in rows:
         by_split.setdefault(row.split_id, []).append(row.offset)

@@ -45,7 +45,7 @@ def config_for(root: Path, *, policy: str | None = None, parallelism: int = 1, *
 def values(spark: Any, root: Path) -> dict[str, list[str]]:
     """Per split id, the sink's values in offset order."""
     out: dict[str, list[str]] = {}
-    for row in sorted(sink_rows(spark, root / "sink"), key=lambda r: (r.split_id, r.offset)):
+    for row in sorted(sink_rows(root / "sink"), key=lambda r: (r.split_id, r.offset)):
         out.setdefault(row.split_id, []).append(row.value)
     return out
 

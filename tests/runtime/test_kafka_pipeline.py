@@ -139,7 +139,7 @@ def positions(checkpoint: Any) -> dict[str, int]:
 
 def sink_offsets(spark: Any, config: PipelineConfig) -> dict[str, list[tuple[int, int, str]]]:
     """Per split: (offset, next_offset, value) of the sink's records, ordered by offset; no duplicates."""
-    rows = sink_rows(spark, config.sink_path)
+    rows = sink_rows(config.sink_path)
     twice = [k for k, n in Counter((r.split_id, r.offset) for r in rows).items() if n > 1]
     assert not twice, f"(split, offset) in the sink more than once: {twice[:5]}"
     out: dict[str, list[tuple[int, int, str]]] = {}

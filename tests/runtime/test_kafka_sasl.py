@@ -76,7 +76,7 @@ def test_a_pipeline_reads_through_a_sasl_listener_and_never_prints_the_password(
     result = services.run(_config(tmp_path / "ok", sasl_broker, topic, PASSWORD, group), until_caught_up=True)
 
     assert result.caught_up
-    rows = sink_rows(spark, tmp_path / "ok" / "sink")
+    rows = sink_rows(tmp_path / "ok" / "sink")
     assert sorted((r.split_id, r.offset, r.value) for r in rows) == sorted(
         [(split_id_of(topic, 0), i, f"a{i}") for i in range(7)]
         + [(split_id_of(topic, 1), i, f"b{i}") for i in range(4)]

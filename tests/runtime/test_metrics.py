@@ -92,7 +92,7 @@ def test_a_run_writes_prometheus_metrics_status_prints_them_and_otlp_receives_th
     assert declines == [("1", 1.0)]  # the injected failure, and nothing else
     assert all(labels["pipeline"] == "metrics" for series in samples.values() for labels, _ in series)
     [(_, committed)] = samples["splitkeeper_records_committed_total"]
-    assert committed == len(sink_rows(spark, config.sink_path)) == 120
+    assert committed == len(sink_rows(config.sink_path)) == 120
     latest = store.latest_checkpoint()
     assert latest is not None
     [(_, checkpoint_id)] = samples["splitkeeper_checkpoint_id"]

@@ -270,7 +270,7 @@ def test_second_run_between_epochs_stops_the_first_with_concurrent_run_error(
         first.close()
         second.close()
 
-    rows = sink_rows(spark, config.sink_path)
+    rows = sink_rows(config.sink_path)
     assert len({(r.split_id, r.offset) for r in rows}) == len(rows)  # no duplicates so far
     summary = _run(config, spark)  # a fresh run
     assert summary.finished and summary.epochs[0].epoch == 4  # epoch ids never reuse a planned one

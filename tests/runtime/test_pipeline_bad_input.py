@@ -20,7 +20,8 @@ import pytest
 
 from splitkeeper.config.settings import PipelineConfig, config_from_mapping
 from splitkeeper.delta.checkpoints import DeltaStateStore
-from splitkeeper.delta.tables import STATE_TABLES, open_table
+from splitkeeper.delta.schemas import STATE_TABLES
+from splitkeeper.delta.tables import open_table
 from splitkeeper.spark.sources import build_source
 
 from .helpers import pipeline_mapping, run_cli, run_pipeline, sink_rows, write_config, write_input
@@ -58,7 +59,7 @@ def _fingerprint(spark: Any, existing: Existing) -> StateFingerprint:
         sink_version=sink.version(),
         checkpoint_ids=tuple(store.checkpoint_ids()),
         latest_plan_epoch=store.latest_plan_epoch(),
-        sink_records=len(sink_rows(spark, config.sink_path)),
+        sink_records=len(sink_rows(config.sink_path)),
     )
 
 

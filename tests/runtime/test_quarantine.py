@@ -62,7 +62,7 @@ def test_a_split_with_an_unreadable_record_is_quarantined_and_released_after_a_f
     bad_offset = source_records(input_dir)["orders-1.jsonl"][BAD_LINE][0]
     assert parked[0] == "orders-1.jsonl" and parked[1] <= bad_offset
 
-    rows = sink_rows(spark, tmp_path / "sink")
+    rows = sink_rows(tmp_path / "sink")
     per_split = {
         sid: sorted(r.offset for r in rows if r.split_id == sid) for sid in {r.split_id for r in rows}
     }
@@ -94,7 +94,7 @@ def test_a_split_with_an_unreadable_record_is_quarantined_and_released_after_a_f
     code, out, err = run_cli(["status", "--config", str(config), "--json"])
     assert json.loads(out)["latest_checkpoint"]["quarantined"] == {}
 
-    rows = sink_rows(spark, tmp_path / "sink")
+    rows = sink_rows(tmp_path / "sink")
     got = sorted((r.split_id, r.offset) for r in rows)
     assert got == sorted((sid, o) for sid, offsets in want.items() for o in offsets)  # each line exactly once
     bad = [r.value for r in rows if r.split_id == "orders-1.jsonl" and r.offset == bad_offset]

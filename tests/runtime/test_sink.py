@@ -1,7 +1,5 @@
-"""The exactly-once Delta sink on delta-rs: fenced epoch commits of staged files, replays, read-back checks.
-
-The commit tests read the table back with deltalake (no Spark); the read-back helpers
-(``records_per_split``, ``check_exactly_once``) are Spark's and marked so.
+"""The exactly-once Delta sink on delta-rs: fenced epoch commits of staged files, replays, and the one
+reader of its rows (``read_sink``, ``split_records``) with the core's exactly-once rule on them. No Spark.
 """
 
 from __future__ import annotations
@@ -17,14 +15,14 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from deltalake import DeltaTable
+from deltalake import DeltaTable, write_deltalake
 
-from splitkeeper.core.invariants import ViolationKind
+from splitkeeper.core.invariants import ViolationKind, check_sink_ranges
 from splitkeeper.core.ports import RegionRun
 from splitkeeper.core.source import RecordMeta, SourceRecord
 from splitkeeper.core.types import RegionOutcome
-from splitkeeper.delta.sink import DeltaSink, adopted_name, file_statistics
-from splitkeeper.delta.tables import META_COLUMNS, STAGED_COLUMNS, STAGED_FILE_SCHEMA, STAGED_SCHEMA
+from splitkeeper.delta.schemas import META_COLUMNS, STAGED_COLUMNS, STAGED_FILE_SCHEMA, STAGED_SCHEMA
+from splitkeeper.delta.sink import DeltaSink, adopted_name, file_statistics, read_sink, split_records
 from splitkeeper.errors import ConcurrentRunError, InvalidParameterError, StateError
 from splitkeeper.spark.task import StagedWriter
 
@@ -380,28 +378,47 @@ def test_discard_removes_one_epoch_and_discard_through_every_older_one(sink, sta
     assert os.listdir(staging) == ["epoch=4"]  # a read-only sink removes nothing
 
 
-# --------------------------------------------------------------------------- Spark read-back
+# --------------------------------------------------------------------------- reading back (read_sink)
 
 
-@pytest.fixture
-def spark_sink(spark, sink) -> DeltaSink:
-    return DeltaSink(sink.path, "orders", staging_path=sink.staging_path, spark=spark)
+def _exactly_once(path: str, expected: dict[str, tuple[int, int]]):
+    """Protocol section 6 on the sink's rows as :func:`read_sink` returns them, sorted."""
+    rows = read_sink(path, ["split_id", "offset", "next_offset"]).sort_by(
+        [("split_id", "ascending"), ("offset", "ascending")]
+    )
+    runs = zip(*(rows.column(c).to_pylist() for c in rows.column_names), strict=True)
+    return check_sink_ranges(
+        runs, {k: v[0] for k, v in expected.items()}, {k: v[1] for k, v in expected.items()}
+    )
 
 
-@pytest.mark.spark
-def test_records_per_split_counts_and_spans(spark_sink, staging):
-    spark_sink.commit(
+def test_read_sink_returns_the_columns_asked_for_and_an_empty_table_when_there_is_none(
+    tmp_path, sink, staging
+):
+    absent = read_sink(tmp_path / "nothing", ["split_id", "offset"])
+    assert absent.num_rows == 0 and absent.schema == pa.schema(
+        [STAGED_FILE_SCHEMA.field(c) for c in ("split_id", "offset")]
+    )
+    sink.commit(1, [_ack(0, _stage(staging, 1, 0, _kafka_like("a", 0, 3)))], expected=None, attempt_id="a")
+    whole = read_sink(sink.path)
+    assert whole.schema.names == STAGED_FILE_SCHEMA.names and whole.num_rows == 3
+    assert sorted(read_sink(sink.path, ["offset"]).column("offset").to_pylist()) == [0, 1, 2]
+    with pytest.raises(InvalidParameterError, match="columns of the sink table"):
+        read_sink(sink.path, ["offset", "nope"])
+
+
+def test_split_records_counts_and_spans(sink, staging):
+    sink.commit(
         1, [_ack(0, _stage(staging, 1, 0, _kafka_like("a", 5, 9) + _kafka_like("b", 0, 2)))], expected=None,
         attempt_id="a",
     )  # fmt: skip
-    per_split = spark_sink.records_per_split()
+    per_split = split_records(sink.path)
     assert (per_split["a"].records, per_split["a"].first_offset, per_split["a"].last_next_offset) == (4, 5, 9)
     assert per_split["b"].records == 2
 
 
-@pytest.mark.spark
-def test_exactly_once_holds_for_contiguous_unique_offsets(spark_sink, staging):
-    spark_sink.commit(
+def test_exactly_once_holds_for_contiguous_unique_offsets(sink, staging):
+    sink.commit(
         1,
         [
             _ack(0, _stage(staging, 1, 0, _kafka_like("a", 0, 5))),
@@ -410,20 +427,19 @@ def test_exactly_once_holds_for_contiguous_unique_offsets(spark_sink, staging):
         expected=None,
         attempt_id="a",
     )
-    spark_sink.commit(2, [_ack(0, _stage(staging, 2, 0, _kafka_like("a", 5, 8)))], expected=1, attempt_id="b")
-    assert spark_sink.check_exactly_once({"a": (0, 8), "b": (3, 6)}) == []
+    sink.commit(2, [_ack(0, _stage(staging, 2, 0, _kafka_like("a", 5, 8)))], expected=1, attempt_id="b")
+    assert _exactly_once(sink.path, {"a": (0, 8), "b": (3, 6)}) == []
 
 
-@pytest.mark.spark
-def test_exactly_once_reports_duplicates_gaps_and_unexpected_offsets(spark, spark_sink, staging):
-    spark_sink.commit(
+def test_exactly_once_reports_duplicates_gaps_and_unexpected_offsets(sink, staging):
+    sink.commit(
         1, [_ack(0, _stage(staging, 1, 0, _kafka_like("a", 0, 5) + _kafka_like("b", 0, 2)))], expected=None,
         attempt_id="a",
     )  # fmt: skip
     # a writer that bypassed the fenced commit appended offset 3 again and skipped 5..6
     rogue = _stage(staging, 9, 0, [("a", 3, 4), ("a", 7, 8)])
-    spark.read.parquet(rogue).write.format("delta").mode("append").save(spark_sink.path)
-    violations = spark_sink.check_exactly_once({"a": (0, 8), "b": (0, 3)})
+    write_deltalake(sink.path, pq.read_table(rogue), mode="append")
+    violations = _exactly_once(sink.path, {"a": (0, 8), "b": (0, 3)})
     kinds = {(v.kind, v.split_ids) for v in violations}
     assert (ViolationKind.OFFSET_DUPLICATE, ("a",)) in kinds
     assert (ViolationKind.OFFSET_MISSING, ("a",)) in kinds  # 5, 6
@@ -434,16 +450,13 @@ def test_exactly_once_reports_duplicates_gaps_and_unexpected_offsets(spark, spar
     assert "5-6" in missing_a.detail
 
 
-@pytest.mark.spark
-def test_exactly_once_checks_records_spanning_byte_ranges(spark_sink, staging):
+def test_exactly_once_checks_records_spanning_byte_ranges(sink, staging):
     # byte offsets of lines in a file: next_offset is the next line's start, not offset + 1
-    spark_sink.commit(
+    sink.commit(
         1, [_ack(0, _stage(staging, 1, 0, [("f", 0, 12), ("f", 12, 30)]))], expected=None, attempt_id="a"
     )
-    spark_sink.commit(
-        2, [_ack(0, _stage(staging, 2, 0, [("f", 30, 31), ("g", 0, 7)]))], expected=1, attempt_id="b"
-    )
-    assert spark_sink.check_exactly_once({"f": (0, 31), "g": (0, 7)}) == []
-    violations = spark_sink.check_exactly_once({"f": (0, 40), "g": (0, 7)})
+    sink.commit(2, [_ack(0, _stage(staging, 2, 0, [("f", 30, 31), ("g", 0, 7)]))], expected=1, attempt_id="b")
+    assert _exactly_once(sink.path, {"f": (0, 31), "g": (0, 7)}) == []
+    violations = _exactly_once(sink.path, {"f": (0, 40), "g": (0, 7)})
     assert [(v.kind, v.split_ids) for v in violations] == [(ViolationKind.OFFSET_MISSING, ("f",))]
     assert "31-39" in violations[0].detail

@@ -20,8 +20,8 @@ from splitkeeper.core.types import AuditRecord, CheckpointKind, RecoveryDecision
 from splitkeeper.delta import checkpoints as checkpoints_module
 from splitkeeper.delta import serde
 from splitkeeper.delta.checkpoints import DeltaStateStore, decision_for
+from splitkeeper.delta.schemas import STATE_TABLES, TABLES
 from splitkeeper.delta.serde import EpochPlan, PlannedRange
-from splitkeeper.delta.tables import STATE_TABLES, TABLES
 from splitkeeper.errors import (
     CheckpointError,
     ConcurrentRunError,

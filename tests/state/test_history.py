@@ -11,7 +11,7 @@ from deltalake import DeltaTable, write_deltalake
 from splitkeeper.core.ports import CrashPoint
 from splitkeeper.core.types import AuditRecord, CheckpointKind, RecoveryDecision, RegionOutcome
 from splitkeeper.delta.checkpoints import DeltaStateStore, decision_for
-from splitkeeper.delta.tables import TABLES
+from splitkeeper.delta.schemas import TABLES
 
 from .samples import Crash, CrashAt, global_, regional
 

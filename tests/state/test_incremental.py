@@ -21,7 +21,7 @@ from splitkeeper.core.types import BacklogSnapshot, CompletedCheckpoint, Enumera
 from splitkeeper.delta import serde
 from splitkeeper.delta.checkpoints import DeltaStateStore, decision_for
 from splitkeeper.delta.history import merge_delta
-from splitkeeper.delta.tables import spec
+from splitkeeper.delta.schemas import spec
 from splitkeeper.errors import CheckpointError, ConfigError, InvalidParameterError, StateError
 
 from .samples import Crash, CrashAt, LocalPipeline, global_, regional
@@ -173,6 +173,28 @@ def test_every_kth_checkpoint_is_full_and_restore_and_history_see_every_snapshot
     # one checkpoint alone (what the restart checks read) is whole too
     alone = fresh.history.enumerator_rows([7]).to_pylist()
     assert len(alone) == len(serde.enumerator_to_rows(committed[7].enumerator))
+
+
+def test_a_delta_whose_base_is_gone_is_one_state_error_for_restore_and_history(tmp_path):
+    root = str(tmp_path / "state")
+    store = _open(root, full_snapshot_every=4)
+    rng = random.Random(3)
+    for cid in (1, 2, 3):
+        store.commit_checkpoint(decision_for(_checkpoint(cid, rng)))
+    assert _bases(root) == {1: None, 2: 1, 3: 1}
+    DeltaTable(f"{root}/checkpoints").delete("checkpoint_id = 1")  # the base's row is lost
+    fresh = _open(root)
+    errors = []
+    for read in (lambda: fresh.load_checkpoint(3), lambda: fresh.history.enumerator_rows([2, 3])):
+        with pytest.raises(StateError) as err:
+            read()
+        errors.append(err.value)
+    assert (
+        "hold their enumerator state as deltas against checkpoints [1], which are not in the state store"
+        in (str(errors[0]))
+    )
+    assert errors[0].params["missing"] == errors[1].params["missing"] == [1]
+    assert errors[0].params["checkpoint_ids"] == [3] and errors[1].params["checkpoint_ids"] == [2, 3]
 
 
 def test_a_new_store_a_rescale_and_regional_checkpoints_keep_restores_exact(tmp_path):

@@ -205,7 +205,7 @@ def test_a_checkpoint_row_with_a_bad_position_is_restored_from_a_backup_as_its_e
     row["regions"][1]["splits"][0]["position"] = -3
     from deltalake import write_deltalake
 
-    from splitkeeper.delta.tables import TABLES
+    from splitkeeper.delta.schemas import TABLES
 
     write_deltalake(f"{root}/checkpoints", TABLES["checkpoints"].rows([row]), mode="append")
     with pytest.raises(StateError) as err:

@@ -17,7 +17,7 @@ from splitkeeper.core.types import AuditRecord, CheckpointKind, RecoveryDecision
 from splitkeeper.delta import serde
 from splitkeeper.delta.checkpoints import DeltaStateStore, decision_for
 from splitkeeper.delta.retention import vacuum
-from splitkeeper.delta.tables import STATE_TABLES, TABLES
+from splitkeeper.delta.schemas import STATE_TABLES, TABLES
 from splitkeeper.errors import CheckpointError
 
 from .samples import global_, regional

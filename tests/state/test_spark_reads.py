@@ -7,7 +7,7 @@ import pytest
 
 from splitkeeper.core.types import AuditRecord, RecoveryDecision
 from splitkeeper.delta.checkpoints import DeltaStateStore, decision_for
-from splitkeeper.delta.tables import read_ddl
+from splitkeeper.delta.schemas import ddl
 
 from .samples import LocalPipeline, global_, regional
 
@@ -17,7 +17,7 @@ pytestmark = pytest.mark.spark
 def _ddl_schema(table: str):
     from pyspark.sql.types import _parse_datatype_string
 
-    return _parse_datatype_string(" ".join(read_ddl(table).split()))
+    return _parse_datatype_string(" ".join(ddl(table).split()))
 
 
 def test_spark_reads_the_checkpoints_audit_and_enumerator_tables_deltalake_wrote(spark, tmp_path):

@@ -1,10 +1,11 @@
-"""The table definitions (splitkeeper.delta.tables): the DDL parser, create-if-absent, layout check,
-migration, a damaged log. No Spark."""
+"""The table definitions (splitkeeper.delta.schemas, documented by state/*.ddl) and splitkeeper.delta.tables:
+create-if-absent, layout check, migration, a damaged log. No Spark."""
 
 from __future__ import annotations
 
 import multiprocessing
 import os
+import re
 from pathlib import Path
 
 import pyarrow as pa
@@ -13,66 +14,70 @@ from deltalake import DeltaTable
 
 from splitkeeper.delta import tables
 from splitkeeper.delta.checkpoints import DeltaStateStore, decision_for
-from splitkeeper.delta.tables import (
+from splitkeeper.delta.schemas import (
     META_COLUMNS,
     STAGED_COLUMNS,
     STAGED_FILE_SCHEMA,
     STAGED_SCHEMA,
     STATE_TABLES,
     TABLES,
-    ensure_table,
-    parse_ddl,
-    read_ddl,
+    ddl,
     spec,
 )
+from splitkeeper.delta.tables import ensure_table
 from splitkeeper.errors import StateError
 
 from . import workers
 from .samples import global_
 
+STATE_DIR = Path(__file__).resolve().parents[2] / "state"
 
-def test_the_ddl_subset_parses_to_arrow_types_with_spark_nullability():
-    schema = parse_ddl(
-        """-- a comment line
-        id BIGINT NOT NULL,  -- trailing comment
-        `end` INT,
-        name STRING NOT NULL,
-        flag BOOLEAN,
-        ratio DOUBLE,
-        at TIMESTAMP NOT NULL,
-        tags ARRAY<STRING>,
-        parts ARRAY<STRUCT<split_id: STRING NOT NULL, `offset`: BIGINT, inner: ARRAY<INT>>> NOT NULL,
-        header STRUCT<a INT, b STRING>
-        """
+
+def _columns(text: str) -> str:
+    """A DDL column list without comments, whitespace-insensitive (what Spark's parser sees)."""
+    text = " ".join(line.split("--", 1)[0] for line in text.splitlines())
+    return re.sub(r"\s*([<>,:])\s*", r"\1", " ".join(text.split())).strip()
+
+
+def test_every_ddl_file_documents_exactly_its_python_schema():
+    files = {p.stem: p for p in STATE_DIR.glob("*.ddl")}
+    assert sorted(files) == sorted(TABLES)  # one documentation file per table, none without a table
+    for name, path in files.items():
+        assert _columns(path.read_text(encoding="utf-8")) == _columns(ddl(name)), (
+            f"{path} does not say what splitkeeper/delta/schemas.py defines for table {name}: "
+            f"expected the columns\n{ddl(name)}"
+        )
+
+
+def test_the_ddl_comparison_sees_a_changed_type_nullability_or_order():
+    text = (STATE_DIR / "audit.ddl").read_text(encoding="utf-8")
+    assert _columns(text) == _columns(ddl("audit"))
+    for changed in (
+        text.replace("seq INT NOT NULL", "seq BIGINT NOT NULL"),
+        text.replace("reader_id INT,", "reader_id INT NOT NULL,"),
+        text.replace(
+            "seq INT NOT NULL,\nsplit_id STRING NOT NULL", "split_id STRING NOT NULL,\nseq INT NOT NULL"
+        ),
+    ):
+        assert changed != text and _columns(changed) != _columns(ddl("audit"))
+
+
+def test_the_python_schemas_use_spark_types_and_nullability():
+    checkpoints = spec("checkpoints").schema
+    assert (
+        checkpoints.field("checkpoint_id").type == pa.int64()
+        and not checkpoints.field("checkpoint_id").nullable
     )
-    assert schema.names == ["id", "end", "name", "flag", "ratio", "at", "tags", "parts", "header"]
-    assert schema.field("id").type == pa.int64() and not schema.field("id").nullable
-    assert schema.field("end").type == pa.int32() and schema.field("end").nullable
-    assert schema.field("at").type == pa.timestamp("us", tz="UTC")  # an instant, never wall-clock time
-    assert schema.field("tags").type.value_field.nullable  # Spark: elements may be NULL
-    element = schema.field("parts").type.value_type
-    assert [f.name for f in element] == ["split_id", "offset", "inner"]
-    assert not element.field("split_id").nullable and element.field("offset").nullable
-    assert element.field("inner").type == pa.list_(pa.field("element", pa.int32()))
-    assert schema.field("header").type == pa.struct([pa.field("a", pa.int32()), pa.field("b", pa.string())])
-
-
-@pytest.mark.parametrize(
-    ("text", "message"),
-    [
-        ("id DECIMAL", "unknown type 'DECIMAL'"),
-        ("id DECIMAL(10,2)", "unexpected character '\\('"),
-        ("id BIGINT NOT", "unexpected end, expected NULL"),
-        ("id BIGINT, id INT", "duplicate column names"),
-        ("x ARRAY<INT", "unexpected end"),
-        ("", "no columns"),
-        ("id BIGINT;", "unexpected character ';'"),
-    ],
-)
-def test_ddl_outside_the_subset_is_refused_naming_the_file_and_the_token(text, message):
-    with pytest.raises(StateError, match=message) as err:
-        parse_ddl(text, "state/x.ddl")
-    assert str(err.value).startswith("[STATE_ERROR] state/x.ddl: ")
+    assert checkpoints.field("created_at").type == pa.timestamp(
+        "us", tz="UTC"
+    )  # an instant, never wall-clock
+    assert checkpoints.field("enumerator").nullable and checkpoints.field("enumerator_base").nullable
+    regions = checkpoints.field("regions").type
+    assert regions.value_field.nullable  # Spark: array elements may be NULL
+    split = regions.value_type.field("splits").type.value_type
+    assert [f.name for f in split] == ["split_id", "subscription", "position", "end", "backlog_end"]
+    assert all(f.nullable for f in split)  # Spark: struct fields are nullable unless NOT NULL
+    assert "`end`: BIGINT" in ddl("checkpoints") and "`offset` BIGINT NOT NULL" in ddl("sink_records")
 
 
 def test_every_ddl_file_parses_and_each_table_has_its_partition_and_properties():
@@ -88,19 +93,10 @@ def test_every_ddl_file_parses_and_each_table_has_its_partition_and_properties()
     assert set(STATE_TABLES) <= set(TABLES) and "lease" in TABLES and "decisions" in STATE_TABLES
 
 
-def test_the_staged_schema_is_the_sink_ddl():
-    assert parse_ddl(read_ddl("sink_records")) == STAGED_FILE_SCHEMA
+def test_the_staged_schema_is_the_sink_schema():
+    assert spec("sink_records").schema == STAGED_FILE_SCHEMA
     assert STAGED_FILE_SCHEMA.names == [*STAGED_COLUMNS, "ingested_at", *META_COLUMNS]
     assert pa.schema([STAGED_FILE_SCHEMA.field(c) for c in STAGED_COLUMNS]) == STAGED_SCHEMA
-
-
-def test_the_ddl_lookup_is_one_function_the_environment_can_redirect(tmp_path, monkeypatch):
-    (tmp_path / "pipeline.ddl").write_text("name STRING NOT NULL -- only\n")
-    monkeypatch.setenv(tables.SCHEMA_DIR_ENV, str(tmp_path))
-    assert tables.ddl_path("pipeline") == tmp_path / "pipeline.ddl"
-    assert "name STRING NOT NULL" in read_ddl("pipeline") and "only" not in read_ddl("pipeline")
-    with pytest.raises(StateError, match=r"schema file of table 'audit' is missing at .*audit\.ddl"):
-        read_ddl("audit")
 
 
 def test_creating_a_table_twice_creates_it_once_with_the_ddl_layout(tmp_path):

@@ -86,7 +86,7 @@ from splitkeeper.core.source import (
     SupportsSplitReassignmentOnRecovery,
 )
 from splitkeeper.core.types import Split
-from splitkeeper.delta.tables import META_COLUMNS, STAGED_FILE_SCHEMA
+from splitkeeper.delta.schemas import META_COLUMNS, STAGED_FILE_SCHEMA
 from splitkeeper.errors import EnvironmentNotReadyError, InvalidParameterError, SourceError
 from splitkeeper.spark.columnar import RangeColumns, SupportsColumnarRead
 

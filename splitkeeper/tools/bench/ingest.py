@@ -545,10 +545,16 @@ class SinkCheck:
         return not self.wrong_splits and not self.duplicates
 
 
-def check_sink(spark: Any, path: str, expected: Mapping[str, int], with_offsets: bool) -> SinkCheck:
-    """Count the sink's records, per split against ``expected``, and duplicate offsets if it has them."""
-    frame = spark.read.format("delta").load(path)
-    per_split = {r["split_id"]: int(r["count"]) for r in frame.groupBy("split_id").count().collect()}
+def check_sink(path: str, expected: Mapping[str, int], with_offsets: bool) -> SinkCheck:
+    """Count the sink's records, per split against ``expected``, and duplicate offsets if it has them
+    (either side's table read with :func:`splitkeeper.delta.sink.read_sink`, no Spark)."""
+    import pyarrow.compute as pc
+
+    from splitkeeper.delta.sink import read_sink
+
+    rows = read_sink(path, ["split_id", "offset"] if with_offsets else ["split_id"])
+    counted = rows.group_by("split_id").aggregate([([], "count_all")])
+    per_split = dict(zip(counted["split_id"].to_pylist(), counted["count_all"].to_pylist(), strict=True))
     wrong = {
         sid: per_split.get(sid, 0)
         for sid in sorted(set(expected) | set(per_split))
@@ -556,15 +562,23 @@ def check_sink(spark: Any, path: str, expected: Mapping[str, int], with_offsets:
     }
     duplicates = None
     if with_offsets:
-        duplicates = frame.groupBy("split_id", "offset").count().where("count > 1").count()
+        keys = rows.group_by(["split_id", "offset"]).aggregate([([], "count_all")])
+        duplicates = int(pc.sum(pc.greater(keys["count_all"], 1)).as_py() or 0)
     return SinkCheck(sum(per_split.values()), wrong, duplicates)
 
 
-def same_values(spark: Any, ours: str, baseline: str) -> bool:
+def same_values(ours: str, baseline: str) -> bool:
     """True when both sinks hold the same multiset of ``value`` (call only with equal counts)."""
-    a = spark.read.format("delta").load(ours).select("value")
-    b = spark.read.format("delta").load(baseline).select("value")
-    return a.exceptAll(b).limit(1).count() == 0
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from splitkeeper.delta.sink import read_sink
+
+    def values(path: str) -> pa.Array:
+        column = read_sink(path, ["value"]).column("value").cast(pa.large_string()).combine_chunks()
+        return column.take(pc.sort_indices(column))
+
+    return bool(values(ours).equals(values(baseline)))
 
 
 # ---------------------------------------------------------------------------------------
@@ -801,10 +815,10 @@ def run_repetitions(
             done[side] = run_side[side](label)
             say(f"{label}: {done[side].seconds:.2f}s, {done[side].load.text()}")
         ours, base = done["ours"], done["baseline"]
-        ours_check = check_sink(spark, ours.sink_path, expected, with_offsets=True)
-        base_check = check_sink(spark, base.sink_path, expected, with_offsets=baseline_offsets)
+        ours_check = check_sink(ours.sink_path, expected, with_offsets=True)
+        base_check = check_sink(base.sink_path, expected, with_offsets=baseline_offsets)
         if rep == 1 and content_check and ours_check.records == base_check.records:
-            content_equal = same_values(spark, ours.sink_path, base.sink_path)
+            content_equal = same_values(ours.sink_path, base.sink_path)
         complete = ours_complete is None or ours_complete(ours)
         rep_ok = ours_check.exact and base_check.exact and complete and content_equal is not False
         exact = exact and rep_ok

@@ -534,8 +534,8 @@ def measure_stall(
     base_injected = span is not None and span[1] - span[0] >= settings.stall_s
     ours_start = None if stalled_epoch is None else stalled_epoch["started_at_s"]
     base_start = None if span is None else span[0]
-    ours_check = check_sink(spark, ours.sink_path, data.ends, with_offsets=True)
-    base_check = check_sink(spark, base.sink_path, data.ends, with_offsets=True)
+    ours_check = check_sink(ours.sink_path, data.ends, with_offsets=True)
+    base_check = check_sink(base.sink_path, data.ends, with_offsets=True)
     splits = sorted(data.ends)
     healthy_ours = [s for s in splits if s not in ours.stalled_splits]
     all_but_stalled = [s for s in splits if s != stalled]

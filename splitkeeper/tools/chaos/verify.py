@@ -91,18 +91,11 @@ def read_topics(bootstrap: str, topics: Sequence[str]) -> dict[tuple[str, int], 
 
 
 def read_sink(sink_path: str) -> list[tuple[str, int, int, str]]:
-    """Every row of the sink table, read with delta-rs: (split id, offset, next offset, value)."""
-    from deltalake import DeltaTable
+    """Every row of the sink table (:func:`splitkeeper.delta.sink.read_sink`): (split id, offset, next
+    offset, value)."""
+    from splitkeeper.delta import sink
 
-    from splitkeeper.delta import storage
-
-    uri = storage.table_uri(sink_path)
-    columns = ["split_id", "offset", "next_offset", "value"]
-    table = (
-        DeltaTable(uri, storage_options=storage.storage_options(uri))
-        .to_pyarrow_dataset()
-        .to_table(columns=columns)
-    )
+    table = sink.read_sink(sink_path, ["split_id", "offset", "next_offset", "value"])
     return list(
         zip(
             table.column("split_id").to_pylist(),

@@ -1,0 +1,443 @@
+"""The one definition of every table: its pyarrow schema, partitioning, statistics and migration.
+
+Every table's columns are written here, in Python, once. Everything that needs them
+takes them from here: the state store and the sink create their tables with
+:func:`splitkeeper.delta.tables.ensure_table`, the region tasks write staged files of
+:data:`STAGED_FILE_SCHEMA`, Spark readers get frames built from the same pyarrow types.
+The ``state/<table>.ddl`` files at the repository root document the same columns in
+Spark DDL, with comments; :func:`ddl` renders a schema as that text, and
+``tests/state/test_tables.py`` checks that every file says what this module defines
+(nothing reads the files at run time).
+
+Rules:
+
+1. Types: ``BIGINT`` is int64, ``INT`` int32, ``STRING`` string, ``BOOLEAN`` bool,
+   ``DOUBLE`` float64, ``BINARY`` binary, ``TIMESTAMP`` ``timestamp("us", tz="UTC")``
+   (Spark's TIMESTAMP is an instant, never a wall-clock time: that would be
+   TIMESTAMP_NTZ and a table feature older readers lack). Array elements and struct
+   fields are nullable unless :func:`required` says otherwise, as in Spark.
+2. Per table, :data:`TABLES` fixes the partition column, the columns that carry
+   statistics and the table properties: ``delta.checkpointInterval=10`` (log replay
+   stays bounded however many small commits there are) and no deletion vectors
+   (delta-rs, the only writer, cannot write them).
+3. The one migration that exists adds nullable columns at the end of a table
+   (:attr:`TableSpec.added_columns`); old rows read NULL.
+
+Only pyarrow is imported.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+
+from splitkeeper.errors import InvalidParameterError
+
+__all__ = [
+    "BASE_PROPERTIES",
+    "META_COLUMNS",
+    "SCHEMAS",
+    "SINK_TABLE",
+    "STAGED_COLUMNS",
+    "STAGED_FILE_SCHEMA",
+    "STAGED_SCHEMA",
+    "STATE_TABLES",
+    "TABLES",
+    "TableSpec",
+    "ddl",
+    "spec",
+]
+
+# --------------------------------------------------------------------------- column types (rule 1)
+
+BIGINT = pa.int64()
+INT = pa.int32()
+STRING = pa.string()
+BOOLEAN = pa.bool_()
+DOUBLE = pa.float64()
+BINARY = pa.binary()
+TIMESTAMP = pa.timestamp("us", tz="UTC")
+
+
+def required(name: str, data_type: pa.DataType) -> pa.Field:
+    """A column (or struct field) that is never NULL (``NOT NULL``)."""
+    return pa.field(name, data_type, nullable=False)
+
+
+def optional(name: str, data_type: pa.DataType) -> pa.Field:
+    """A nullable column (or struct field)."""
+    return pa.field(name, data_type, nullable=True)
+
+
+def array(element: pa.DataType) -> pa.DataType:
+    """``ARRAY<element>``; elements may be NULL."""
+    return pa.list_(pa.field("element", element, nullable=True))
+
+
+def struct(*fields: pa.Field) -> pa.DataType:
+    """``STRUCT<...>``."""
+    return pa.struct(list(fields))
+
+
+def _struct_of(**types: pa.DataType) -> pa.DataType:
+    """A struct whose fields are all nullable, in the order given."""
+    return struct(*(optional(name, t) for name, t in types.items()))
+
+
+# --------------------------------------------------------------------------- the shared shapes
+
+#: A split's state inside a region (``checkpoints.regions[*].splits``).
+_SPLIT = _struct_of(split_id=STRING, subscription=STRING, position=BIGINT, end=BIGINT, backlog_end=BIGINT)
+#: One region's state in a checkpoint (or a decision).
+_REGION = _struct_of(
+    region_id=INT,
+    outcome=STRING,
+    ref_checkpoint_id=BIGINT,
+    ref_depth=INT,
+    operator_state=array(STRING),
+    splits=array(_SPLIT),
+)
+#: What the per-split ``enumerator_state`` rows cannot hold of the enumerator snapshot.
+_ENUMERATOR = _struct_of(
+    checkpoint_id=BIGINT, parallelism=INT, readers=array(INT), subscriptions=array(STRING)
+)
+_SPLIT_WEIGHTS = array(_struct_of(split_id=STRING, weight=DOUBLE))
+
+#: The columns a ``checkpoints`` row and a ``decisions`` row share ("up to enumerator").
+_DECIDED = (
+    required("kind", STRING),
+    required("parallelism", INT),
+    required("consecutive_regional", INT),
+    required("processing_backlog", BOOLEAN),
+    required("regions", array(_REGION)),
+    optional("enumerator", _ENUMERATOR),
+)
+
+# --------------------------------------------------------------------------- the schemas
+
+#: Every table's columns, by table name (the ``state/<table>.ddl`` files document them).
+SCHEMAS: dict[str, pa.Schema] = {
+    "pipeline": pa.schema(
+        [
+            required("name", STRING),
+            required("source_fingerprint", STRING),
+            required("state_format", INT),
+            required("created_at", TIMESTAMP),
+        ]
+    ),
+    "epoch_plans": pa.schema(
+        [
+            required("epoch_id", BIGINT),
+            required("region_id", INT),
+            required("seq", INT),
+            optional("split_id", STRING),
+            optional("start", BIGINT),
+            optional("end", BIGINT),
+            required("run_id", STRING),
+            required("planned_at", TIMESTAMP),
+        ]
+    ),
+    "decisions": pa.schema(
+        [
+            required("epoch_id", BIGINT),
+            required("attempt_id", STRING),
+            *_DECIDED,
+            required(
+                "enumerator_rows",
+                array(
+                    _struct_of(
+                        status=STRING,
+                        owner=INT,
+                        seq=INT,
+                        split_id=STRING,
+                        subscription=STRING,
+                        position=BIGINT,
+                        end=BIGINT,
+                        backlog_end=BIGINT,
+                        backlog_finished=BOOLEAN,
+                    )
+                ),
+            ),
+            required(
+                "audit",
+                array(
+                    _struct_of(
+                        seq=INT,
+                        split_id=STRING,
+                        reader_id=INT,
+                        decision=STRING,
+                        decision_checkpoint_id=BIGINT,
+                        detail=STRING,
+                    )
+                ),
+            ),
+            required("acknowledged", array(INT)),
+            optional("configured_parallelism", INT),
+            required("reason", STRING),
+            required("run_id", STRING),
+            required("decided_at", TIMESTAMP),
+            optional("split_weights", _SPLIT_WEIGHTS),
+        ]
+    ),
+    "checkpoints": pa.schema(
+        [
+            required("checkpoint_id", BIGINT),
+            *_DECIDED,
+            required("attempt_id", STRING),
+            required("run_id", STRING),
+            required("created_at", TIMESTAMP),
+            required("commit_ms", BIGINT),
+            optional("configured_parallelism", INT),
+            optional("split_weights", _SPLIT_WEIGHTS),
+            optional("enumerator_base", BIGINT),
+            optional("enumerator_row_count", BIGINT),
+        ]
+    ),
+    "enumerator_state": pa.schema(
+        [
+            required("checkpoint_id", BIGINT),
+            required("attempt_id", STRING),
+            required("status", STRING),
+            optional("owner", INT),
+            required("seq", INT),
+            required("split_id", STRING),
+            optional("subscription", STRING),
+            optional("position", BIGINT),
+            optional("end", BIGINT),
+            optional("backlog_end", BIGINT),
+            optional("backlog_finished", BOOLEAN),
+            optional("identity", STRING),
+        ]
+    ),
+    "audit": pa.schema(
+        [
+            required("checkpoint_id", BIGINT),
+            required("attempt_id", STRING),
+            required("seq", INT),
+            required("split_id", STRING),
+            optional("reader_id", INT),
+            required("decision", STRING),
+            optional("decision_checkpoint_id", BIGINT),
+            required("detail", STRING),
+        ]
+    ),
+    "checkpoint_log": pa.schema(
+        [
+            required("checkpoint_id", BIGINT),
+            required("kind", STRING),
+            required(
+                "regions",
+                array(_struct_of(region_id=INT, outcome=STRING, ref_checkpoint_id=BIGINT, splits=INT)),
+            ),
+            required("reason", STRING),
+            required("run_id", STRING),
+            required("logged_at", TIMESTAMP),
+            optional("attempt_id", STRING),
+            optional("parallelism", INT),
+            optional("processing_backlog", BOOLEAN),
+            optional("backlog_splits", INT),
+            optional("commit_ms", BIGINT),
+            optional("created_at", TIMESTAMP),
+        ]
+    ),
+    "lease": pa.schema(
+        [
+            required("pipeline", STRING),
+            required("generation", BIGINT),
+            required("token", STRING),
+            required("host", STRING),
+            required("pid", INT),
+            required("command", STRING),
+            required("acquired_at", TIMESTAMP),
+            required("heartbeat_at", TIMESTAMP),
+            required("expires_at", TIMESTAMP),
+            required("released", BOOLEAN),
+            optional("process", STRING),
+        ]
+    ),
+    "control": pa.schema(
+        [
+            required("pipeline", STRING),
+            required("request", STRING),
+            required("requested_at", TIMESTAMP),
+            required("requested_by", STRING),
+        ]
+    ),
+    # not a state table: the records table the sink commits to; the staged files carry every column
+    "sink_records": pa.schema(
+        [
+            required("split_id", STRING),
+            required("offset", BIGINT),
+            required("next_offset", BIGINT),
+            optional("value", STRING),
+            required("epoch", BIGINT),
+            required("region", INT),
+            required("ingested_at", TIMESTAMP),
+            optional("key", BINARY),
+            optional("topic", STRING),
+            optional("partition", INT),
+            optional("timestamp", TIMESTAMP),
+            optional("headers", array(_struct_of(key=STRING, value=BINARY))),
+        ]
+    ),
+}
+
+# --------------------------------------------------------------------------- the tables (rules 2, 3)
+
+#: Properties of every table (rule 2).
+BASE_PROPERTIES: dict[str, str] = {
+    "delta.checkpointInterval": "10",
+    "delta.enableDeletionVectors": "false",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class TableSpec:
+    """One table: its schema (:data:`SCHEMAS`), partition column, statistics, migration."""
+
+    name: str
+    partition: str | None = None
+    stats_columns: tuple[str, ...] = ()
+    added_columns: frozenset[str] = frozenset()  # nullable columns added later (rule 3)
+    extra_properties: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def schema(self) -> pa.Schema:
+        return SCHEMAS[self.name]
+
+    @property
+    def partition_by(self) -> list[str]:
+        return [self.partition] if self.partition else []
+
+    @property
+    def properties(self) -> dict[str, str]:
+        props = {**BASE_PROPERTIES, **self.extra_properties}
+        if self.stats_columns:
+            props["delta.dataSkippingStatsColumns"] = ",".join(self.stats_columns)
+        return props
+
+    def empty(self) -> pa.Table:
+        return self.schema.empty_table()
+
+    def rows(self, rows: Sequence[Mapping[str, Any]]) -> pa.Table:
+        """``rows`` (dicts by column name, missing keys NULL) as a table of this schema."""
+        names = self.schema.names
+        return pa.Table.from_pylist([{n: row.get(n) for n in names} for row in rows], self.schema)
+
+
+#: The records table the sink commits to (not a state table; its columns live here too).
+SINK_TABLE = "sink_records"
+#: The sink's source-metadata columns (Kafka's key, topic, partition, timestamp, headers),
+#: after ``ingested_at``; NULL for a files source; added to older sink tables by migration.
+META_COLUMNS: tuple[str, ...] = ("key", "topic", "partition", "timestamp", "headers")
+
+TABLES: dict[str, TableSpec] = {
+    spec.name: spec
+    for spec in (
+        # which pipeline owns the directory: one row, in the table's first commit
+        TableSpec("pipeline", stats_columns=("name",)),
+        # restore, redo and retention address one epoch or checkpoint: partitions prune to it
+        TableSpec("epoch_plans", partition="epoch_id", stats_columns=("region_id",)),
+        TableSpec(
+            "decisions",
+            partition="epoch_id",
+            stats_columns=("attempt_id",),
+            added_columns=frozenset({"split_weights"}),
+        ),
+        TableSpec(
+            "checkpoints",
+            partition="checkpoint_id",
+            stats_columns=("attempt_id",),
+            added_columns=frozenset(
+                {"configured_parallelism", "split_weights", "enumerator_base", "enumerator_row_count"}
+            ),
+        ),
+        TableSpec(
+            "enumerator_state",
+            partition="checkpoint_id",
+            stats_columns=("attempt_id",),
+            added_columns=frozenset({"identity"}),
+        ),
+        # history, kept past retention: unpartitioned, compaction bounds its files
+        TableSpec("audit", stats_columns=("checkpoint_id", "attempt_id")),
+        TableSpec("checkpoint_log", stats_columns=("checkpoint_id", "kind")),
+        TableSpec("lease", stats_columns=("generation",), added_columns=frozenset({"process"})),
+        TableSpec("control", stats_columns=("requested_at",)),
+        TableSpec(
+            SINK_TABLE,
+            stats_columns=("split_id", "offset", "next_offset", "epoch", "region", "ingested_at"),
+            added_columns=frozenset(META_COLUMNS),
+        ),
+    )
+}
+
+#: The tables a :class:`~splitkeeper.delta.checkpoints.DeltaStateStore` owns, in creation order.
+STATE_TABLES: tuple[str, ...] = (
+    "pipeline",
+    "epoch_plans",
+    "decisions",
+    "checkpoints",
+    "enumerator_state",
+    "audit",
+    "checkpoint_log",
+)
+
+
+def spec(table: str) -> TableSpec:
+    """The :class:`TableSpec` of ``table``; InvalidParameterError naming the known tables otherwise."""
+    if table not in TABLES:
+        raise InvalidParameterError("table", table, f"one of {', '.join(TABLES)}")
+    return TABLES[table]
+
+
+# --------------------------------------------------------------------------- staged records
+
+#: A staged file's record columns: the sink table's columns minus ``ingested_at``.
+STAGED_COLUMNS: tuple[str, ...] = ("split_id", "offset", "next_offset", "value", "epoch", "region")
+#: What a staged file holds: every column of the sink table, in its order (staged files are
+#: adopted into the sink as they are).
+STAGED_FILE_SCHEMA: pa.Schema = SCHEMAS[SINK_TABLE]
+#: The record columns of a staged file (what ``read_staged`` returns).
+STAGED_SCHEMA: pa.Schema = pa.schema([STAGED_FILE_SCHEMA.field(name) for name in STAGED_COLUMNS])
+
+
+# --------------------------------------------------------------------------- the DDL text
+
+
+_DDL_TYPES: dict[pa.DataType, str] = {
+    BIGINT: "BIGINT",
+    INT: "INT",
+    STRING: "STRING",
+    BOOLEAN: "BOOLEAN",
+    DOUBLE: "DOUBLE",
+    BINARY: "BINARY",
+    TIMESTAMP: "TIMESTAMP",
+}
+#: Names Spark's DDL parser takes for keywords: back-quoted.
+_QUOTED = frozenset({"end", "offset", "partition", "timestamp"})
+
+
+def _name(name: str) -> str:
+    return f"`{name}`" if name in _QUOTED else name
+
+
+def _ddl_type(data_type: pa.DataType) -> str:
+    if pa.types.is_list(data_type):
+        return f"ARRAY<{_ddl_type(data_type.value_type)}>"
+    if pa.types.is_struct(data_type):
+        members = (
+            f"{_name(f.name)}: {_ddl_type(f.type)}{'' if f.nullable else ' NOT NULL'}" for f in data_type
+        )
+        return f"STRUCT<{', '.join(members)}>"
+    return _DDL_TYPES[data_type]
+
+
+def ddl(table: str) -> str:
+    """The columns of ``table`` as a Spark DDL column list (``name TYPE [NOT NULL], ...``), one per line:
+    what ``state/<table>.ddl`` says without its comments, and what Spark's schema parser reads."""
+    return ",\n".join(
+        f"{_name(f.name)} {_ddl_type(f.type)}{'' if f.nullable else ' NOT NULL'}" for f in spec(table).schema
+    )
