@@ -11,7 +11,6 @@ wheel, from the editable install ``scripts/setup.sh`` makes, and from a source t
 ==========================  ======================  ================================
 function                    folder                  environment override
 ==========================  ======================  ================================
-:func:`state_schema_dir`    ``state/``              ``SPLITKEEPER_STATE_SCHEMA_DIR``
 :func:`expectations_dir`    ``expectations/``       ``SPLITKEEPER_EXPECTATIONS_DIR``
 :func:`epoch_job`           ``jobs/epoch_job.py``
 :func:`dags_dir`            ``dags/``
@@ -35,7 +34,6 @@ from pathlib import Path
 
 from splitkeeper.errors import EnvironmentNotReadyError, InvalidParameterError
 
-STATE_SCHEMA_DIR_ENV = "SPLITKEEPER_STATE_SCHEMA_DIR"
 EXPECTATIONS_DIR_ENV = "SPLITKEEPER_EXPECTATIONS_DIR"
 
 #: The package the data folders are mapped into: ``<DATA_PACKAGE>.state`` is ``state/``.
@@ -95,12 +93,6 @@ def data_folder(name: str) -> Traversable:
 def _override(env: Mapping[str, str] | None, variable: str) -> Path | None:
     value = (os.environ if env is None else env).get(variable, "").strip()
     return Path(value) if value else None
-
-
-def state_schema_dir(env: Mapping[str, str] | None = None) -> Traversable:
-    """The folder of the ``<table>.ddl`` files (documentation of :mod:`splitkeeper.delta.schemas`; the
-    product reads no schema from them): ``$SPLITKEEPER_STATE_SCHEMA_DIR``, else ``state/``."""
-    return _override(env, STATE_SCHEMA_DIR_ENV) or data_folder("state")
 
 
 def expectations_dir(env: Mapping[str, str] | None = None) -> Traversable:

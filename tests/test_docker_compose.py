@@ -319,7 +319,7 @@ def test_environment_points_splitkeeper_at_the_cluster_object_storage_and_kafka(
     bucket = init[-1]
     assert init[:3] == ["-m", "splitkeeper.tools.cluster.s3", "create-bucket"]
     assert variables["SPLITKEEPER_LAKE_ROOT"] == f"s3a://{bucket}"
-    for var in ("SPLITKEEPER_EXPECTATIONS_DIR", "SPLITKEEPER_STATE_SCHEMA_DIR"):
+    for var in ("SPLITKEEPER_EXPECTATIONS_DIR",):
         assert host_path(scheduler, variables[var]).is_dir(), var
 
     config_file = host_path(scheduler, variables["SPLITKEEPER_PIPELINE_CONFIG"])
