@@ -10,10 +10,16 @@ A test using ``spark`` or ``kafka_broker`` is marked ``spark`` / ``kafka``
 automatically (so ``-m "not spark"`` deselects it). A test marked ``spark`` gets the
 shared session started even if it does not name the fixture. Mark ``kafka`` a test
 that starts its own broker too (it needs the Kafka jars).
+
+A test marked ``slow_variant`` (a bigger or longer duplicate of a default test, for a
+benchmark or a release bar) is deselected, not skipped, unless the run asks for it with
+``--run-slow-variants`` or ``SPLITKEEPER_SLOW_VARIANTS=1``; a ``-m`` of the user cannot
+bring it back by accident, nor drop the default tests.
 """
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -28,6 +34,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from splitkeeper.tools.kafka_broker import KafkaBroker
 
 _FIXTURE_MARKS = {"spark": "spark", "kafka_broker": "kafka"}
+SLOW_VARIANTS_OPTION = "--run-slow-variants"
+SLOW_VARIANTS_ENV = "SPLITKEEPER_SLOW_VARIANTS"
 
 
 @dataclass(frozen=True)
@@ -49,12 +57,31 @@ class ScratchDirs:
         return str(self.path("tables") / name)
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        SLOW_VARIANTS_OPTION,
+        action="store_true",
+        default=False,
+        help=f"also run the tests marked slow_variant (deselected by default; or {SLOW_VARIANTS_ENV}=1)",
+    )
+
+
+def run_slow_variants(config: pytest.Config) -> bool:
+    """Whether this run includes the ``slow_variant`` tests (the option, or the variable set to 1)."""
+    return bool(config.getoption(SLOW_VARIANTS_OPTION)) or os.environ.get(SLOW_VARIANTS_ENV, "") == "1"
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         fixtures = getattr(item, "fixturenames", ())
         for fixture, mark in _FIXTURE_MARKS.items():
             if fixture in fixtures and item.get_closest_marker(mark) is None:
                 item.add_marker(getattr(pytest.mark, mark))
+    if not run_slow_variants(config):
+        deselected = [item for item in items if item.get_closest_marker("slow_variant") is not None]
+        if deselected:
+            config.hook.pytest_deselected(items=deselected)
+            items[:] = [item for item in items if item.get_closest_marker("slow_variant") is None]
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
