@@ -9,12 +9,13 @@ One run, one Spark session:
 
    - **splitkeeper**: a bounded files pipeline (``--parallelism`` regions,
      regional checkpoints on, identity transform, ``--epoch-records`` records per
-     epoch) opened and run to completion through :class:`splitkeeper.app.pipeline.Pipeline`;
-     timed from constructing the pipeline (state and sink tables are created) to
-     ``close()``. Its epochs and the baseline's micro-batches are the same size, so
-     both sides make the same number of exactly-once Delta commits of records (two
-     by default); the global checkpoint of the epoch that reads the last records
-     ends our run;
+     epoch) opened and run to completion through :class:`splitkeeper.app.pipeline.Pipeline`,
+     holding its lease as a run does (:func:`splitkeeper.app.services.leased_pipeline`);
+     timed from taking the lease and constructing the pipeline (state and sink tables are
+     created) to ``close()`` and the lease's release. Its epochs and the baseline's
+     micro-batches are the same size, so both sides make the same number of
+     exactly-once Delta commits of records (two by default); the global checkpoint
+     of the epoch that reads the last records ends our run;
    - **baseline**: Structured Streaming's ``text`` file source over the same
      directory, ``value`` plus ``_metadata.file_name`` as ``split_id``, into a
      Delta sink with ``trigger(availableNow=True)``, ``maxFilesPerTrigger`` =
@@ -360,7 +361,7 @@ def warm_up(spark: Any, directory: str) -> None:
 @dataclass(frozen=True, slots=True)
 class OursRun:
     seconds: float
-    setup_s: float  # Pipeline(...) (creates state and sink tables) + open()
+    setup_s: float  # the lease + Pipeline(...) (creates state and sink tables) + open()
     epochs: tuple[dict[str, Any], ...]  # per epoch: epoch, kind, records, elapsed_s, phases, jobs
     committed_records: int
     finished: bool
@@ -406,7 +407,7 @@ def _ours_config(settings: IngestSettings, input_dir: str, root: str) -> Any:
 
 def run_ours(spark: Any, settings: IngestSettings, input_dir: str, root: str, label: str) -> OursRun:
     """Ingest ``input_dir`` with a fresh splitkeeper pipeline under ``root``; time it end to end."""
-    from splitkeeper.app.pipeline import Pipeline
+    from splitkeeper.app.services import leased_pipeline
     from splitkeeper.delta.checkpoints import DeltaStateStore
     from splitkeeper.delta.sink import DeltaSink
 
@@ -438,13 +439,11 @@ def run_ours(spark: Any, settings: IngestSettings, input_dir: str, root: str, la
         first_job = latest_job_id(spark)
         sampler = stack.enter_context(LoadSampler())
         started = time.perf_counter()
-        pipeline = Pipeline(config, spark, progress=on_epoch)
-        stack.callback(pipeline.close)
-        pipeline.open()
-        setup_s = time.perf_counter() - started
-        job_marks.append(latest_job_id(spark))
-        summary = pipeline.run()
-        pipeline.close()
+        with leased_pipeline(config, spark, progress=on_epoch, metrics=False) as pipeline:
+            pipeline.open()
+            setup_s = time.perf_counter() - started
+            job_marks.append(latest_job_id(spark))
+            summary = pipeline.run()
         seconds = time.perf_counter() - started
     load = sampler.figure
     # every acknowledged region task's own time, as the region runner measured it (EpochReport)

@@ -20,7 +20,8 @@ One run, one Spark session, one Kafka:
      hour, so none fires). A Kafka pipeline is unbounded: it runs epoch by epoch
      (:meth:`Pipeline.run_epoch`) until every partition's committed position (the
      enumerator's, after the epoch's checkpoint) reached the end offset at start. Timed
-     from constructing the pipeline (state and sink tables are created) to ``close()``;
+     from taking the lease and constructing the pipeline (state and sink tables are created;
+     :func:`splitkeeper.app.services.leased_pipeline`) to ``close()`` and the lease's release;
    - **baseline**: Structured Streaming's Kafka source (``subscribe`` the topic,
      ``startingOffsets earliest``, ``kafka.isolation.level read_committed`` as our readers
      use, ``maxOffsetsPerTrigger`` = our epoch size plus one per partition, see
@@ -250,7 +251,7 @@ def warm_up_kafka(spark: Any, work_dir: str, bootstrap: str, topic: str) -> None
 @dataclass(frozen=True, slots=True)
 class OursRun:
     seconds: float
-    setup_s: float  # Pipeline(...) (creates state and sink tables) + open()
+    setup_s: float  # the lease + Pipeline(...) (creates state and sink tables) + open()
     # per epoch: epoch, kind, records, elapsed_s, phases, outcomes, started_at_s, ended_at_s
     epochs: tuple[dict[str, Any], ...]
     done_at_s: dict[str, float]  # split id -> seconds from start until committed up to its end offset
@@ -314,8 +315,7 @@ def run_ours(
     """Ingest ``data`` with a fresh pipeline under ``root``, epoch by epoch until every partition's
     committed position is at its end offset; time it end to end. With ``faults`` (the stall run),
     ``stalled_splits`` are the splits region :data:`STALLED_REGION` planned in :data:`STALL_EPOCH`."""
-    from splitkeeper.app.pipeline import Pipeline
-    from splitkeeper.spark.faults import FaultPlan
+    from splitkeeper.app.services import leased_pipeline
 
     config = _ours_config(bootstrap, data.topic, root, settings.parallelism, epoch_records, region_timeout_s)
     max_epochs = 3 * math.ceil(data.records / epoch_records) + 5
@@ -324,10 +324,9 @@ def run_ours(
     first_job = latest_job_id(spark)
     with LoadSampler() as sampler:
         started = time.perf_counter()
-        pipeline = Pipeline(
-            config, spark, faults=FaultPlan.parse(faults), progress=lambda line: _say(f"{label}: {line}")
-        )
-        try:
+        with leased_pipeline(
+            config, spark, faults=faults, progress=lambda line: _say(f"{label}: {line}"), metrics=False
+        ) as pipeline:
             pipeline.open()
             setup_s = time.perf_counter() - started
             setup_job = latest_job_id(spark)
@@ -357,8 +356,6 @@ def run_ours(
                         "ended_at_s": now,
                     }
                 )
-        finally:
-            pipeline.close()
         seconds = time.perf_counter() - started
     jobs = jobs_between(first_job, latest_job_id(spark))
     stalled: tuple[str, ...] = ()
