@@ -64,9 +64,13 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from html import escape
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from splitkeeper.errors import EnvironmentNotReadyError, InvalidParameterError, SplitkeeperError
+from splitkeeper.tools.bench.ingest_common import pipeline_config, reading_batches, run_available_now
+
+if TYPE_CHECKING:
+    from splitkeeper.config.settings import PipelineConfig
 
 KAFKA_MODULE = "splitkeeper.tools.bench.ingest_kafka"
 CHART_FILE = "ingest.html"
@@ -384,24 +388,14 @@ class BaselineRun:
     sink_path: str
 
 
-def _ours_config(settings: IngestSettings, input_dir: str, root: str) -> Any:
-    from splitkeeper.config.settings import IDENTITY_TRANSFORM, config_from_mapping
-
-    epoch = settings.records_per_epoch
-    return config_from_mapping(
-        {
-            "name": PIPELINE_NAME,
-            "parallelism": settings.parallelism,
-            "regions": "per_reader",  # regional checkpoints on
-            "source": {"kind": "files", "path": input_dir, "format": "lines"},
-            "checkpoint": {"region_timeout_s": 3600, "retain_checkpoints": 3},
-            # bounded file splits are not backlog-tracked: the normal size applies; set both alike
-            "backlog": {"backlog_epoch_records": epoch, "normal_epoch_records": epoch},
-            "state": {"path": os.path.join(root, "state")},
-            "sink": {"path": os.path.join(root, "sink")},
-            "transform": IDENTITY_TRANSFORM,
-        },
-        base_dir=root,
+def _ours_config(settings: IngestSettings, input_dir: str, root: str) -> PipelineConfig:
+    return pipeline_config(
+        PIPELINE_NAME,
+        root,
+        {"kind": "files", "path": input_dir, "format": "lines"},
+        parallelism=settings.parallelism,
+        epoch_records=settings.records_per_epoch,
+        region_timeout_s=3600,
     )
 
 
@@ -486,22 +480,17 @@ def run_baseline(spark: Any, settings: IngestSettings, input_dir: str, root: str
     first_job = latest_job_id(spark)
     with LoadSampler() as sampler:
         started = time.perf_counter()
-        query = (
+        frame = (
             spark.readStream.format("text")
             .option("maxFilesPerTrigger", settings.max_files_per_trigger)
             .load(input_dir)
             .selectExpr("value", "_metadata.file_name AS split_id")
-            .writeStream.format("delta")
-            .option("checkpointLocation", checkpoint)
-            .queryName(f"bench_ingest_baseline_{os.getpid()}_{int(started * 1000)}")
-            .trigger(availableNow=True)
-            .start(sink_path)
         )
-        query.awaitTermination()
+        query = run_available_now(
+            frame, sink_path, checkpoint, f"bench_ingest_baseline_{os.getpid()}_{int(started * 1000)}"
+        )
         seconds = time.perf_counter() - started
-    if query.exception() is not None:
-        raise SplitkeeperError(f"{label}: the Structured Streaming query failed: {query.exception()}")
-    progress = reading_batches(query)
+    progress = reading_batches(query, label)
     _progress(f"{label}: {len(progress)} micro-batches in {seconds:.2f}s")
     return BaselineRun(
         seconds=round(seconds, 3),
@@ -511,12 +500,6 @@ def run_baseline(spark: Any, settings: IngestSettings, input_dir: str, root: str
         load=sampler.figure,
         sink_path=sink_path,
     )
-
-
-def reading_batches(query: Any) -> list[dict[str, Any]]:
-    """A finished streaming query's micro-batches that read records: their progress as plain dicts."""
-    items = [json.loads(p.json) for p in query.recentProgress]
-    return [p for p in items if p.get("numInputRows", 0) > 0]
 
 
 def mean_durations_ms(progress: Sequence[Mapping[str, Any]]) -> dict[str, float]:

@@ -83,7 +83,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from splitkeeper.errors import InvalidParameterError, SplitkeeperError
 from splitkeeper.tools.bench.ingest import (
@@ -100,7 +100,6 @@ from splitkeeper.tools.bench.ingest import (
     mean_durations_ms,
     ordered_phases,
     rate_lines,
-    reading_batches,
     repetitions_table,
     run_benchmark,
     run_repetitions,
@@ -109,6 +108,7 @@ from splitkeeper.tools.bench.ingest import (
     warm_up,
     write_page,
 )
+from splitkeeper.tools.bench.ingest_common import pipeline_config, reading_batches, run_available_now
 from splitkeeper.tools.kafka_testbed import (
     BrokerHandle,
     NumberedProducer,
@@ -116,6 +116,9 @@ from splitkeeper.tools.kafka_testbed import (
     create_topics,
     end_offsets,
 )
+
+if TYPE_CHECKING:
+    from splitkeeper.config.settings import PipelineConfig
 
 CHART_FILE = "ingest_kafka.html"
 PIPELINE_NAME = "bench-ingest-kafka"
@@ -276,27 +279,14 @@ class BaselineRun:
 
 def _ours_config(
     bootstrap: str, topic: str, root: str, parallelism: int, epoch_records: int, region_timeout_s: float
-) -> Any:
-    from splitkeeper.config.settings import IDENTITY_TRANSFORM, config_from_mapping
-
-    return config_from_mapping(
-        {
-            "name": PIPELINE_NAME,
-            "parallelism": parallelism,
-            "regions": "per_reader",  # regional checkpoints on
-            "source": {
-                "kind": "kafka",
-                "bootstrap_servers": bootstrap,
-                "topics": [topic],
-                "starting": "earliest",
-            },
-            "checkpoint": {"region_timeout_s": region_timeout_s, "retain_checkpoints": 3},
-            "backlog": {"backlog_epoch_records": epoch_records, "normal_epoch_records": epoch_records},
-            "state": {"path": os.path.join(root, "state")},
-            "sink": {"path": os.path.join(root, "sink")},
-            "transform": IDENTITY_TRANSFORM,
-        },
-        base_dir=root,
+) -> PipelineConfig:
+    return pipeline_config(
+        PIPELINE_NAME,
+        root,
+        {"kind": "kafka", "bootstrap_servers": bootstrap, "topics": [topic], "starting": "earliest"},
+        parallelism=parallelism,
+        epoch_records=epoch_records,
+        region_timeout_s=region_timeout_s,
     )
 
 
@@ -437,18 +427,14 @@ def run_baseline(
         )
         if stall is not None:
             frame = frame.where(stall_filter(*stall))
-        query = (
-            frame.writeStream.format("delta")
-            .option("checkpointLocation", os.path.join(root, "checkpoint"))
-            .queryName(f"bench_ingest_kafka_{os.getpid()}_{int(started * 1000)}")
-            .trigger(availableNow=True)
-            .start(sink_path)
+        query = run_available_now(
+            frame,
+            sink_path,
+            os.path.join(root, "checkpoint"),
+            f"bench_ingest_kafka_{os.getpid()}_{int(started * 1000)}",
         )
-        query.awaitTermination()
         seconds = time.perf_counter() - started
-    if query.exception() is not None:
-        raise SplitkeeperError(f"{label}: the Structured Streaming query failed: {query.exception()}")
-    progress = reading_batches(query)
+    progress = reading_batches(query, label)
     spans: list[tuple[float, float]] = []
     done: dict[str, float] = {}
     for p in progress:
