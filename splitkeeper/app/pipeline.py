@@ -13,20 +13,22 @@ supplies what it runs on:
 - :class:`~splitkeeper.delta.checkpoints.DeltaStateStore`: the Delta state tables (delta-rs);
 - :class:`RuntimeHooks`: crash injection (``SPLITKEEPER_CRASH_AT``) and progress lines.
 
-:class:`Pipeline` puts them together for one pipeline config and Spark session.
+:class:`Pipeline` puts them together for one pipeline config and Spark session, over the
+lease its caller holds: :mod:`splitkeeper.app.services` takes it (``writer_lease``), assembles
+and opens the pipeline; a pipeline never takes the lease itself.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from splitkeeper.config.settings import PipelineConfig, core_settings
 from splitkeeper.core import driver as core_driver
+from splitkeeper.core.checkpoint import RegionalCheckpointCoordinator
 from splitkeeper.core.driver import (
     EpochDriver,
     EpochReport,
@@ -34,6 +36,7 @@ from splitkeeper.core.driver import (
     ReaderStateContext,
     RunSummary,
 )
+from splitkeeper.core.enumerator import SplitEnumerator
 from splitkeeper.core.ports import (
     Clock,
     CrashPoint,
@@ -44,9 +47,9 @@ from splitkeeper.core.ports import (
 )
 from splitkeeper.core.rescale import Redistribution
 from splitkeeper.core.source import SourceConnector
-from splitkeeper.core.types import RegionOutcome
+from splitkeeper.core.types import CompletedCheckpoint, RegionOutcome, Split
 from splitkeeper.delta.checkpoints import DeltaStateStore
-from splitkeeper.delta.lease import HeldLease, PipelineLease, held
+from splitkeeper.delta.lease import HeldLease
 from splitkeeper.delta.sink import DeltaSink
 from splitkeeper.spark.faults import FaultPlan, crash_if_requested, crash_request
 from splitkeeper.spark.regions import RegionStatus, run_regions
@@ -94,7 +97,7 @@ class RuntimeHooks(DriverHooks):
     def __init__(self, progress: Callable[[str], None] | None = None) -> None:
         crash_request()  # a misspelt SPLITKEEPER_CRASH_AT fails here, before anything is written
         self._progress = progress or (lambda line: None)
-        self.lease: HeldLease | None = None  # set while the pipeline holds its lease
+        self.lease: HeldLease | None = None  # the lease the pipeline's caller holds for it (None: none)
         self.metrics: PipelineMetrics | None = None  # set when the run records metrics
 
     def before_epoch(self, epoch: int) -> None:
@@ -209,6 +212,12 @@ class Pipeline:
     with progress. Two runs against the same state never both commit: the sink's
     fence stops the later one with ConcurrentRunError. ``read_only`` builds a store
     and sink that create and write nothing, for dry runs (open it read-only too).
+
+    ``lease``: the pipeline's lease, taken and held by the caller (protocol rule 5.6; the
+    application services take it with ``writer_lease`` before they assemble the pipeline, and
+    release it after :meth:`close`); the run checks it before every epoch and stops with
+    LeaseLostError once it was taken over. None: the pipeline runs without one (read-only
+    uses; tests of the driver alone).
     """
 
     def __init__(
@@ -220,18 +229,15 @@ class Pipeline:
         progress: Callable[[str], None] | None = None,
         connector: SourceConnector | None = None,
         read_only: bool = False,
-        lease: bool | HeldLease = True,
+        lease: HeldLease | None = None,
         metrics: bool = False,
         interrupt: threading.Event | None = None,
     ) -> None:
         hooks = RuntimeHooks(progress)
         self.hooks = hooks
-        if isinstance(lease, HeldLease):  # the caller took it (the application services do, before Spark)
-            hooks.lease = lease
-        self._use_lease = lease is True and not read_only
+        hooks.lease = lease
         if metrics and not read_only:
             hooks.metrics = _metrics_of(config)
-        self._held = contextlib.ExitStack()
         self.config = config
         self.spark = spark
         self.faults = faults or FaultPlan()
@@ -276,7 +282,8 @@ class Pipeline:
         self.driver.redistribution = value
 
     @property
-    def enumerator(self) -> Any:
+    def enumerator(self) -> SplitEnumerator | None:
+        """The split enumerator (None until :meth:`open`)."""
         return self.driver.enumerator
 
     @property
@@ -284,7 +291,7 @@ class Pipeline:
         return self.driver.context
 
     @property
-    def coordinator(self) -> Any:
+    def coordinator(self) -> RegionalCheckpointCoordinator | None:
         return self.driver.coordinator
 
     @property
@@ -295,20 +302,53 @@ class Pipeline:
     def parallelism(self) -> int:
         return self.driver.parallelism
 
+    @property
+    def loads(self) -> dict[int, int]:
+        """How many splits each region owns (empty until :meth:`open`)."""
+        enumerator = self.driver.enumerator
+        return {} if enumerator is None else enumerator.loads()
+
+    @property
+    def pool_size(self) -> int:
+        """How many splits wait in the enumerator's pool (0 until :meth:`open`)."""
+        enumerator = self.driver.enumerator
+        return 0 if enumerator is None else enumerator.pool_size
+
+    def checkpoint_ids(self) -> list[int]:
+        """The ids of the pipeline's completed checkpoints, oldest first (from its state tables)."""
+        return self.store.checkpoint_ids()
+
+    def latest_checkpoint(self) -> CompletedCheckpoint | None:
+        """The pipeline's latest completed checkpoint (from its state tables), or None."""
+        return self.store.latest_checkpoint()
+
     def open(
         self, checkpoint_id: int | None = None, parallelism: int | None = None, *, read_only: bool = False
     ) -> OpenReport:
-        """Take the pipeline's lease, recover and restore (fresh when there is no checkpoint). Call once.
+        """Recover and restore (fresh when there is no checkpoint). Call once.
 
-        One writer per pipeline (protocol rule 5.6): a run that finds the lease held by a live
-        run stops here with :class:`~splitkeeper.delta.lease.LeaseHeldError` naming the holder,
-        before it writes anything; a lease whose holder stopped heartbeating for
-        ``lease.ttl_s`` is taken over. A read-only open takes no lease.
+        One writer per pipeline (protocol rule 5.6) is the caller's lease (see the class doc):
+        the application services take it before they assemble the pipeline, so a second run is
+        refused with :class:`~splitkeeper.delta.lease.LeaseHeldError` naming the holder before
+        it writes anything.
         """
-        if self._use_lease and not read_only and self.hooks.lease is None:
-            lease = PipelineLease(self.store.tables, self.config.name)
-            self.hooks.lease = self._held.enter_context(held(lease, ttl_s=self.config.lease_ttl_s))
         return self.driver.open(checkpoint_id, parallelism, read_only=read_only)
+
+    def discover(self) -> int:
+        """Ask the source for its splits now; how many entered the pool (:meth:`EpochDriver.discover`)."""
+        return self.driver.discover()
+
+    def reset_backlog(self) -> dict[str, int]:
+        """Every live unbounded split's end now becomes its backlog boundary (protocol rule 4.1)."""
+        return self.driver.reset_backlog()
+
+    def release(self, split_ids: Sequence[str]) -> list[Split]:
+        """Put quarantined splits back: read again from their position (protocol rule 1.8)."""
+        return self.driver.release(split_ids)
+
+    def drop(self, split_ids: Sequence[str]) -> list[Split]:
+        """Forget splits the source no longer has, audited (``recover --drop``)."""
+        return self.driver.drop(split_ids)
 
     def run_epoch(self, *, final: bool = False) -> EpochReport:
         return self.driver.run_epoch(final=final)
@@ -322,15 +362,20 @@ class Pipeline:
     ) -> RunSummary:
         return self.driver.run(epochs, until_caught_up=until_caught_up, stop_requested=stop_requested)
 
+    def run_continuously(self, stop_requested: Callable[[], bool]) -> RunSummary:
+        """Checkpoint on the backlog/normal intervals until ``stop_requested``, then end on a global
+        checkpoint (:meth:`EpochDriver.run_continuously`)."""
+        return self.driver.run_continuously(stop_requested)
+
     def close(self) -> None:
-        """Release the lease (heartbeats stop) and the source's clients. Idempotent."""
+        """Stop the metrics and the source's clients. Idempotent. The lease stays the caller's to
+        release (after this)."""
+        self.hooks.lease = None
         try:
-            self._held.close()
-        finally:
-            self.hooks.lease = None
             if self.hooks.metrics is not None:
                 self.hooks.metrics.close()
                 self.hooks.metrics = None
+        finally:
             self.connector.close()
 
 

@@ -10,6 +10,11 @@ holds logic of its own.
 Read-only services (``status``, ``preview_recovery``, a dry-run ``recover``)
 write nothing anywhere: no table is created, no redo is committed, no staging
 is cleaned.
+
+The services own the pipeline's lease (protocol rule 5.6): a writing use case takes it
+(:func:`writer_lease`, before Spark starts), then assembles the pipeline over it and opens
+it; read-only ones take none. :func:`leased_pipeline` is the same for callers that drive
+the pipeline themselves (the benchmarks, the tests' helpers).
 """
 
 from __future__ import annotations
@@ -24,7 +29,8 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from types import FrameType
+from typing import TYPE_CHECKING, Concatenate, ParamSpec, TypeVar
 
 from splitkeeper import logs
 from splitkeeper.app.results import (
@@ -47,6 +53,18 @@ from splitkeeper.core.rescale import Redistribution
 from splitkeeper.core.types import Split
 from splitkeeper.errors import CheckpointError, InvalidParameterError, RunInterrupted, StateError
 
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from splitkeeper.app.pipeline import Pipeline, RunSummary
+    from splitkeeper.core.driver import OpenReport
+    from splitkeeper.core.source import SourceConnector
+    from splitkeeper.delta.checkpoints import DeltaStateStore
+    from splitkeeper.delta.history import TimelineEntry
+    from splitkeeper.delta.lease import HeldLease
+    from splitkeeper.delta.repair import RepairReport
+    from splitkeeper.delta.tables import StateTables
+
 log = logging.getLogger("splitkeeper.app")
 
 REPORTS_ENV = "SPLITKEEPER_REPORTS_DIR"
@@ -54,6 +72,7 @@ RECOVERY_MODES = ("auto", "global", "partial")
 
 Progress = Callable[[str], None]
 _R = TypeVar("_R")
+_P = ParamSpec("_P")
 
 
 # --------------------------------------------------------------------------- shared pieces
@@ -72,7 +91,7 @@ def checkpoint_id_of(value: object, name: str = "checkpoint_id") -> int | None:
     raise InvalidParameterError(name, value, "'latest' or a checkpoint id (a positive integer)")
 
 
-def spark_session() -> Any:
+def spark_session() -> SparkSession:
     """The driver's Spark session (``SPLITKEEPER_SPARK_*``), UI off."""
     from splitkeeper.spark.session import SparkSettings, get_spark
 
@@ -89,34 +108,63 @@ def reports_dir(config: PipelineConfig) -> Path:
 
 def _pipeline(
     config: PipelineConfig,
+    lease: HeldLease | None,
     *,
+    spark: SparkSession | None = None,
     faults: Iterable[str] = (),
     progress: Progress | None = None,
     read_only: bool = False,
-    lease: Any = False,
+    metrics: bool = True,
     interrupt: threading.Event | None = None,
-) -> Any:
+) -> Pipeline:
+    """The pipeline of ``config`` over ``lease`` (the caller took it with :func:`writer_lease`;
+    None for a read-only use), on ``spark`` (default :func:`spark_session`). Not opened."""
     from splitkeeper.app.pipeline import Pipeline
     from splitkeeper.spark.faults import FaultPlan
 
     return Pipeline(
         config,
-        spark_session(),
+        spark_session() if spark is None else spark,
         faults=FaultPlan.parse(faults),
         progress=progress,
         read_only=read_only,
         lease=lease,
-        metrics=not read_only,  # <state>/metrics.prom after each epoch (and OTLP when configured)
+        # <state>/metrics.prom after each epoch (and OTLP when configured)
+        metrics=metrics and not read_only,
         interrupt=interrupt,
     )
 
 
 @contextlib.contextmanager
-def writer_lease(config: PipelineConfig) -> Iterator[Any]:
+def leased_pipeline(
+    config: PipelineConfig,
+    spark: SparkSession | None = None,
+    *,
+    faults: Iterable[str] = (),
+    progress: Progress | None = None,
+    metrics: bool = True,
+) -> Iterator[Pipeline]:
+    """Take the pipeline's lease (:func:`writer_lease`), then assemble the pipeline over it, for a
+    caller that opens and drives it itself; on exit the pipeline is closed, then the lease released.
+
+    LeaseHeldError naming the holder, before anything is assembled or written, while another
+    run holds it (protocol rule 5.6).
+    """
+    with writer_lease(config) as lease:
+        pipeline = _pipeline(config, lease, spark=spark, faults=faults, progress=progress, metrics=metrics)
+        try:
+            yield pipeline
+        finally:
+            pipeline.close()
+
+
+@contextlib.contextmanager
+def writer_lease(config: PipelineConfig) -> Iterator[HeldLease]:
     """Hold the pipeline's lease for a writing use case (protocol rule 5.6); taken before Spark starts.
 
-    A second writer is refused within a second, with LeaseHeldError naming the holder; a lease
-    whose holder stopped heartbeating for ``lease.ttl_s`` is taken over (logged). Released on exit.
+    The one place that takes it. A second writer is refused within a second, with LeaseHeldError
+    naming the holder; a lease whose holder stopped heartbeating for ``lease.ttl_s`` is taken over
+    (logged), and a run whose lease was taken over stops before its next epoch. Released on exit.
     """
     from splitkeeper.delta.lease import PipelineLease, held
     from splitkeeper.delta.tables import StateTables
@@ -128,16 +176,15 @@ def writer_lease(config: PipelineConfig) -> Iterator[Any]:
         yield lease
 
 
-def _state_store(config: PipelineConfig) -> Any:
+def _state_store(config: PipelineConfig) -> DeltaStateStore:
     """The pipeline's state store, read-only (no table is created; the source is not asked)."""
     from splitkeeper.delta.checkpoints import DeltaStateStore
 
     return DeltaStateStore(config.state_path, config.name, None, read_only=True)
 
 
-def _open_summary(pipeline: Any, opened: Any) -> OpenSummary:
-    enumerator = pipeline.enumerator
-    return OpenSummary.of(opened, enumerator.loads(), enumerator.pool_size)
+def _open_summary(pipeline: Pipeline, opened: OpenReport) -> OpenSummary:
+    return OpenSummary.of(opened, pipeline.loads, pipeline.pool_size)
 
 
 def check_recovery_mode(mode: str, parallelism: int | None, parallelism_before: int | None) -> None:
@@ -150,11 +197,13 @@ def check_recovery_mode(mode: str, parallelism: int | None, parallelism_before: 
         )
 
 
-def _named(service: Callable[..., _R]) -> Callable[..., _R]:
+def _named(
+    service: Callable[Concatenate[PipelineConfig, _P], _R],
+) -> Callable[Concatenate[PipelineConfig, _P], _R]:
     """Every log record of the service carries the pipeline's name (``logs.bind``)."""
 
     @functools.wraps(service)
-    def wrapper(config: PipelineConfig, *args: Any, **kwargs: Any) -> _R:
+    def wrapper(config: PipelineConfig, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
         with logs.bind(pipeline=config.name):
             return service(config, *args, **kwargs)
 
@@ -206,26 +255,26 @@ def run(
     from splitkeeper.spark.regions import EpochAbandoned
 
     signals = _SignalStop(stop or threading.Event())
-    summary: Any = None
+    summary: RunSummary | None = None
     abandoned: int | None = None
     latest: int | None = None
     with signals.installed(), writer_lease(config) as lease:
         pipeline = _pipeline(
             config,
+            lease,
             faults=faults,
             progress=progress,
-            lease=lease,
             interrupt=None if continuous else signals.event,
         )
         signals.install()  # again: starting Spark installs pyspark's own SIGINT handler
         try:
             opened = _open_summary(pipeline, pipeline.open())
-            new_splits = pipeline.driver.discover()
+            new_splits = pipeline.discover()
             if reset_backlog:
-                pipeline.driver.reset_backlog()
+                pipeline.reset_backlog()
             if continuous:
-                summary = pipeline.driver.run_continuously(
-                    _stop_check(signals.event, pipeline.store.tables, config.name)
+                summary = pipeline.run_continuously(
+                    _stop_check(signals.event, lease.lease.tables, config.name)
                 )
             else:
                 try:
@@ -235,11 +284,12 @@ def run(
                 except EpochAbandoned as err:
                     abandoned = err.params["epoch"]
                 if signals.event.is_set():
-                    latest = max(pipeline.store.checkpoint_ids(), default=None)
+                    latest = max(pipeline.checkpoint_ids(), default=None)
         finally:
             pipeline.close()
     if not continuous and signals.event.is_set():
         raise signals.interrupted(config.name, abandoned, latest, summary)
+    assert summary is not None  # only an abandoned epoch leaves none, and it was stopped (above)
     return RunResult.of(config.name, opened, new_splits, summary)
 
 
@@ -254,9 +304,9 @@ class _SignalStop:
     def __init__(self, event: threading.Event) -> None:
         self.event = event
         self.received: int | None = None
-        self._previous: dict[int, Any] = {}
+        self._previous: dict[int, signal._HANDLER] = {}
 
-    def _handle(self, signum: int, _frame: Any) -> None:
+    def _handle(self, signum: int, _frame: FrameType | None) -> None:
         if self.received is None:
             self.received = signum
         log.warning("%s: stopping (no new epoch starts; one in its read phase is abandoned)", _name(signum))
@@ -280,7 +330,7 @@ class _SignalStop:
             self._previous.clear()
 
     def interrupted(
-        self, pipeline: str, abandoned: int | None, latest: int | None, summary: Any
+        self, pipeline: str, abandoned: int | None, latest: int | None, summary: RunSummary | None
     ) -> RunInterrupted:
         """The one-line error a bounded run that was stopped ends with (exit 128 + the signal)."""
         signum = self.received or signal.SIGTERM  # a caller's stop event counts as a termination request
@@ -307,7 +357,7 @@ def _name(signum: int) -> str:
 
 
 def _stop_check(
-    event: threading.Event, tables: Any, pipeline: str, every_s: float = 2.0
+    event: threading.Event, tables: StateTables, pipeline: str, every_s: float = 2.0
 ) -> Callable[[], bool]:
     """A continuous run's stop: the signal event, or a ``splitkeeper stop`` request since it started
     (the control table is read at most every ``every_s``)."""
@@ -409,22 +459,20 @@ def recover(
     with contextlib.ExitStack() as stack:
         lease = None if dry_run else stack.enter_context(writer_lease(config))  # a dry run writes nothing
         _require_checkpoint_to_recover(config)  # after the lease: a run starting now is refused by it first
-        pipeline = _pipeline(
-            config, faults=faults, progress=progress, read_only=dry_run, lease=lease or False
-        )
+        pipeline = _pipeline(config, lease, faults=faults, progress=progress, read_only=dry_run)
         if redistribution is not None:
             pipeline.redistribution = redistribution
         try:
-            latest = pipeline.store.latest_checkpoint()
+            latest = pipeline.latest_checkpoint()
             check_recovery_mode(mode, parallelism, None if latest is None else latest.parallelism)
             opened = _open_summary(
                 pipeline,
                 pipeline.open(checkpoint_id=checkpoint_id, parallelism=parallelism, read_only=dry_run),
             )
-            released = tuple(s.split_id for s in pipeline.driver.release(release)) if release else ()
+            released = tuple(s.split_id for s in pipeline.release(release)) if release else ()
             for split_id in released:
                 log.warning("split %s released from quarantine: it is read again from its position", split_id)
-            dropped = tuple((s.split_id, s.position) for s in pipeline.driver.drop(drop)) if drop else ()
+            dropped = tuple((s.split_id, s.position) for s in pipeline.drop(drop)) if drop else ()
             for split_id, position in dropped:
                 log.warning(
                     "split %s dropped by the operator at position %s: its records before it stay in the "
@@ -449,7 +497,7 @@ def recover(
     )
 
 
-def repair(config: PipelineConfig, *, dry_run: bool = False) -> Any:
+def repair(config: PipelineConfig, *, dry_run: bool = False) -> RepairReport:
     """Rebuild the rows of kept checkpoints lost or damaged after their commit (``recover --repair``,
     :mod:`splitkeeper.delta.repair`); returns its RepairReport. Holds the lease unless ``dry_run``
     (then nothing is written). No Spark: run the pipeline afterwards as usual."""
@@ -635,7 +683,7 @@ def status(config: PipelineConfig, *, last: int = 10) -> StatusResult:
     )
 
 
-def _interval_switches(timeline: Sequence[Any]) -> tuple[tuple[int, str], ...]:
+def _interval_switches(timeline: Sequence[TimelineEntry]) -> tuple[tuple[int, str], ...]:
     """Where the checkpoint interval changed mode, from the timeline's completed checkpoints
     (archived ones too; each records whether the pipeline processes backlog once it completed):
     (the checkpoint after which the mode changed, the new mode), as the run logs it."""
@@ -650,7 +698,7 @@ def _interval_switches(timeline: Sequence[Any]) -> tuple[tuple[int, str], ...]:
     return tuple(switches)
 
 
-def _lease_of(store: Any) -> dict[str, Any] | None:
+def _lease_of(store: DeltaStateStore) -> dict[str, str | bool] | None:
     """Who holds the pipeline's lease (read-only), or None when it never had one."""
     from splitkeeper.delta.lease import PipelineLease
 
@@ -672,7 +720,9 @@ def _strategy(config: PipelineConfig) -> str | AssignmentStrategy:
     return config.strategy
 
 
-def _source_splits(connector: Any, store: Any, checkpoint_id: int | None) -> list[Split]:
+def _source_splits(
+    connector: SourceConnector, store: DeltaStateStore, checkpoint_id: int | None
+) -> list[Split]:
     """The source's splits as the checked checkpoint knows them: a source that checks split
     identities first learns the layout of the checkpoint's splits (a file read as a new
     version, grown or moved keeps the ids the pipeline gave it), then discovers."""

@@ -7,7 +7,8 @@
 - :func:`assert_sink_equals_source`: the sink Delta table holds exactly the source: no
   duplicate ``(split_id, offset)``, the same ``(split_id, value)`` multiset, per split byte
   ranges contiguous from 0 to the file size (the core's ``check_sink_ranges``) and in file order.
-- :func:`run_pipeline`: open (recover/restore), run and close a pipeline in this process.
+- :func:`run_pipeline`: open (recover/restore), run and close a pipeline in this process, holding
+  its lease (taken through :func:`splitkeeper.app.services.leased_pipeline`, as a run takes it).
 - :func:`run_cli`: ``splitkeeper.cli.main`` in-process, returning (exit code, stdout, stderr).
 - :func:`splitkeeper_subprocess`: ``splitkeeper ...`` in a child process with its own JVM.
 """
@@ -182,16 +183,15 @@ def run_pipeline(
 ) -> Any:
     """Open (recover/restore), run and close a pipeline in this process; its ``RunSummary``.
 
-    The tests' short form; ``splitkeeper run`` goes through :mod:`splitkeeper.app.services` instead."""
-    from splitkeeper.app.pipeline import Pipeline
-    from splitkeeper.spark.faults import FaultPlan
+    Used by the tests only: the lease is taken, and the pipeline assembled over it, by
+    :func:`splitkeeper.app.services.leased_pipeline` (the services' own ``writer_lease``), on the
+    tests' Spark session and without metrics; ``splitkeeper run`` is
+    :func:`splitkeeper.app.services.run` (discovery, backlog reset, signals, a typed result)."""
+    from splitkeeper.app.services import leased_pipeline
 
-    pipeline = Pipeline(config, spark, faults=FaultPlan.parse(faults), progress=progress)
-    try:
+    with leased_pipeline(config, spark, faults=faults, progress=progress, metrics=False) as pipeline:
         pipeline.open()
         return pipeline.run(epochs, until_caught_up=until_caught_up)
-    finally:
-        pipeline.close()
 
 
 def run_cli(argv: Sequence[str]) -> tuple[int, str, str]:

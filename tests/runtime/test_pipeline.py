@@ -19,6 +19,7 @@ import pytest
 import yaml
 
 from splitkeeper.app.pipeline import EpochReport, Pipeline, RunSummary
+from splitkeeper.app.services import leased_pipeline
 from splitkeeper.config.settings import PipelineConfig, config_from_mapping
 from splitkeeper.core.types import CheckpointKind, RegionOutcome
 from splitkeeper.delta.checkpoints import DeltaStateStore
@@ -216,25 +217,18 @@ def test_a_second_run_is_refused_by_the_lease_naming_the_holder_and_writes_nothi
     spark: Any, tmp_path: Path
 ) -> None:
     config, _input_dir, _ = _setup(tmp_path, "leased", lines=30)
-    first = Pipeline(config, spark)
-    try:
+    with leased_pipeline(config, spark, metrics=False) as first:
         first.open()
         assert first.run_epoch().kind is CheckpointKind.GLOBAL
-        second = Pipeline(config, spark)
-        with pytest.raises(LeaseHeldError) as refused:
-            second.open()
-        second.close()
+        # refused on taking the lease, before its pipeline is assembled
+        with pytest.raises(LeaseHeldError) as refused, leased_pipeline(config, spark, metrics=False):
+            pytest.fail("a second run got the lease while the first held it")
         message = str(refused.value)
         assert "[LEASE_HELD]" in message and f"pid {os.getpid()}" in message and "is driven by" in message
         assert first.store.latest_plan_epoch() == 1 and first.store.checkpoint_ids() == [1]  # nothing written
         assert first.run_epoch().epoch == 2  # the holder goes on
-    finally:
-        first.close()
-    third = Pipeline(config, spark)  # released: the next run takes it at once
-    try:
+    with leased_pipeline(config, spark, metrics=False) as third:  # released: the next run takes it at once
         assert third.open().restored_from == 2
-    finally:
-        third.close()
 
 
 def test_second_run_between_epochs_stops_the_first_with_concurrent_run_error(
@@ -243,8 +237,8 @@ def test_second_run_between_epochs_stops_the_first_with_concurrent_run_error(
     """The fence, not the lease, is what keeps exactly-once (protocol rule 5.6): with the lease out
     of the way (as after a takeover of an expired one), two runs still never both commit."""
     config, input_dir, _ = _setup(tmp_path, "twice", lines=60)
-    first = Pipeline(config, spark, lease=False)
-    second = Pipeline(config, spark, lease=False)
+    first = Pipeline(config, spark)  # no lease: a Pipeline never takes one itself
+    second = Pipeline(config, spark)
     try:
         first.open()
         assert first.run_epoch().kind is CheckpointKind.GLOBAL  # epoch 1
@@ -259,7 +253,7 @@ def test_second_run_between_epochs_stops_the_first_with_concurrent_run_error(
         assert second.store.latest_plan_epoch() == 2  # the first run did not even plan
 
         # A third run planned the next epoch and is reading it: the second run may not plan it again.
-        third = Pipeline(config, spark, lease=False)
+        third = Pipeline(config, spark)
         third.open()
         third.store.write_plan(3, {r: [] for r in range(config.parallelism)})
         with pytest.raises(ConcurrentRunError) as caught:

@@ -772,18 +772,25 @@ class FileSource(SourceConnector, SupportsSplitReassignmentOnRecovery, SupportsS
         """Take the known splits of an unchanged file as its layout, when this process has none."""
         if rel in self._layouts:
             return
+        self._layouts[rel] = self._known_layout(group, identity, identity)
+
+    def _known_layout(
+        self, group: list[_Known], old: FileIdentity, now: FileIdentity, moved_to: str | None = None
+    ) -> tuple[Split, ...]:
+        """The splits of a file as the known ones cut it (their ranges, ``old`` their file's identity
+        when they were cut), with the identity ``now``; ``moved_to``: their file's new path (the ids
+        become that path with their range suffix)."""
         last = max(_range_start(e.split_id) for e in group)
-        splits = tuple(
+        return tuple(
             Split(
-                e.split_id,
+                e.split_id if moved_to is None else moved_to + _suffix_of(e.split_id),
                 subscription=self._path,
                 position=_range_start(e.split_id),
-                end=self._known_end(e, identity, last),
-                identity=str(identity),
+                end=self._known_end(e, old, last),
+                identity=str(now),
             )
             for e in group
         )
-        self._layouts[rel] = splits
 
     def _prefix_digest(self, rel: str, size: int) -> str | None:
         try:
@@ -811,18 +818,8 @@ class FileSource(SourceConnector, SupportsSplitReassignmentOnRecovery, SupportsS
             if target is None:
                 continue
             group = [e for e in entries if e.identity == identity]
-            last = max(_range_start(e.split_id) for e in group)
             now = FileIdentity(*scan.files[target], old.digest)
-            moved = tuple(
-                Split(
-                    target + _suffix_of(e.split_id),
-                    subscription=self._path,
-                    position=_range_start(e.split_id),
-                    end=self._known_end(e, old, last),
-                    identity=str(now),
-                )
-                for e in group
-            )
+            moved = self._known_layout(group, old, now, moved_to=target)
             self._layouts[target] = moved
             log.info(
                 "input file %s was moved to %s: its splits keep their progress",

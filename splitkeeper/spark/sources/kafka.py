@@ -90,7 +90,7 @@ from splitkeeper.delta.schemas import META_COLUMNS, STAGED_FILE_SCHEMA
 from splitkeeper.errors import EnvironmentNotReadyError, InvalidParameterError, SourceError
 from splitkeeper.spark.columnar import RangeColumns, SupportsColumnarRead
 
-# LostRange, RetentionCheck and SupportsRetentionCheck live in .base; importable from here too.
+# LostRange, RetentionCheck and SupportsRetentionCheck live in splitkeeper.core.source; exported here too.
 __all__ = [
     "COMMIT_METADATA_KEY",
     "KafkaRegionReader",

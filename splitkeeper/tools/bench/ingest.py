@@ -9,12 +9,13 @@ One run, one Spark session:
 
    - **splitkeeper**: a bounded files pipeline (``--parallelism`` regions,
      regional checkpoints on, identity transform, ``--epoch-records`` records per
-     epoch) opened and run to completion through :class:`splitkeeper.app.pipeline.Pipeline`;
-     timed from constructing the pipeline (state and sink tables are created) to
-     ``close()``. Its epochs and the baseline's micro-batches are the same size, so
-     both sides make the same number of exactly-once Delta commits of records (two
-     by default); the global checkpoint of the epoch that reads the last records
-     ends our run;
+     epoch) opened and run to completion through :class:`splitkeeper.app.pipeline.Pipeline`,
+     holding its lease as a run does (:func:`splitkeeper.app.services.leased_pipeline`);
+     timed from taking the lease and constructing the pipeline (state and sink tables are
+     created) to ``close()`` and the lease's release. Its epochs and the baseline's
+     micro-batches are the same size, so both sides make the same number of
+     exactly-once Delta commits of records (two by default); the global checkpoint
+     of the epoch that reads the last records ends our run;
    - **baseline**: Structured Streaming's ``text`` file source over the same
      directory, ``value`` plus ``_metadata.file_name`` as ``split_id``, into a
      Delta sink with ``trigger(availableNow=True)``, ``maxFilesPerTrigger`` =
@@ -63,9 +64,13 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from html import escape
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from splitkeeper.errors import EnvironmentNotReadyError, InvalidParameterError, SplitkeeperError
+from splitkeeper.tools.bench.ingest_common import pipeline_config, reading_batches, run_available_now
+
+if TYPE_CHECKING:
+    from splitkeeper.config.settings import PipelineConfig
 
 KAFKA_MODULE = "splitkeeper.tools.bench.ingest_kafka"
 CHART_FILE = "ingest.html"
@@ -360,7 +365,7 @@ def warm_up(spark: Any, directory: str) -> None:
 @dataclass(frozen=True, slots=True)
 class OursRun:
     seconds: float
-    setup_s: float  # Pipeline(...) (creates state and sink tables) + open()
+    setup_s: float  # the lease + Pipeline(...) (creates state and sink tables) + open()
     epochs: tuple[dict[str, Any], ...]  # per epoch: epoch, kind, records, elapsed_s, phases, jobs
     committed_records: int
     finished: bool
@@ -383,30 +388,20 @@ class BaselineRun:
     sink_path: str
 
 
-def _ours_config(settings: IngestSettings, input_dir: str, root: str) -> Any:
-    from splitkeeper.config.settings import IDENTITY_TRANSFORM, config_from_mapping
-
-    epoch = settings.records_per_epoch
-    return config_from_mapping(
-        {
-            "name": PIPELINE_NAME,
-            "parallelism": settings.parallelism,
-            "regions": "per_reader",  # regional checkpoints on
-            "source": {"kind": "files", "path": input_dir, "format": "lines"},
-            "checkpoint": {"region_timeout_s": 3600, "retain_checkpoints": 3},
-            # bounded file splits are not backlog-tracked: the normal size applies; set both alike
-            "backlog": {"backlog_epoch_records": epoch, "normal_epoch_records": epoch},
-            "state": {"path": os.path.join(root, "state")},
-            "sink": {"path": os.path.join(root, "sink")},
-            "transform": IDENTITY_TRANSFORM,
-        },
-        base_dir=root,
+def _ours_config(settings: IngestSettings, input_dir: str, root: str) -> PipelineConfig:
+    return pipeline_config(
+        PIPELINE_NAME,
+        root,
+        {"kind": "files", "path": input_dir, "format": "lines"},
+        parallelism=settings.parallelism,
+        epoch_records=settings.records_per_epoch,
+        region_timeout_s=3600,
     )
 
 
 def run_ours(spark: Any, settings: IngestSettings, input_dir: str, root: str, label: str) -> OursRun:
     """Ingest ``input_dir`` with a fresh splitkeeper pipeline under ``root``; time it end to end."""
-    from splitkeeper.app.pipeline import Pipeline
+    from splitkeeper.app.services import leased_pipeline
     from splitkeeper.delta.checkpoints import DeltaStateStore
     from splitkeeper.delta.sink import DeltaSink
 
@@ -438,13 +433,11 @@ def run_ours(spark: Any, settings: IngestSettings, input_dir: str, root: str, la
         first_job = latest_job_id(spark)
         sampler = stack.enter_context(LoadSampler())
         started = time.perf_counter()
-        pipeline = Pipeline(config, spark, progress=on_epoch)
-        stack.callback(pipeline.close)
-        pipeline.open()
-        setup_s = time.perf_counter() - started
-        job_marks.append(latest_job_id(spark))
-        summary = pipeline.run()
-        pipeline.close()
+        with leased_pipeline(config, spark, progress=on_epoch, metrics=False) as pipeline:
+            pipeline.open()
+            setup_s = time.perf_counter() - started
+            job_marks.append(latest_job_id(spark))
+            summary = pipeline.run()
         seconds = time.perf_counter() - started
     load = sampler.figure
     # every acknowledged region task's own time, as the region runner measured it (EpochReport)
@@ -487,22 +480,17 @@ def run_baseline(spark: Any, settings: IngestSettings, input_dir: str, root: str
     first_job = latest_job_id(spark)
     with LoadSampler() as sampler:
         started = time.perf_counter()
-        query = (
+        frame = (
             spark.readStream.format("text")
             .option("maxFilesPerTrigger", settings.max_files_per_trigger)
             .load(input_dir)
             .selectExpr("value", "_metadata.file_name AS split_id")
-            .writeStream.format("delta")
-            .option("checkpointLocation", checkpoint)
-            .queryName(f"bench_ingest_baseline_{os.getpid()}_{int(started * 1000)}")
-            .trigger(availableNow=True)
-            .start(sink_path)
         )
-        query.awaitTermination()
+        query = run_available_now(
+            frame, sink_path, checkpoint, f"bench_ingest_baseline_{os.getpid()}_{int(started * 1000)}"
+        )
         seconds = time.perf_counter() - started
-    if query.exception() is not None:
-        raise SplitkeeperError(f"{label}: the Structured Streaming query failed: {query.exception()}")
-    progress = reading_batches(query)
+    progress = reading_batches(query, label)
     _progress(f"{label}: {len(progress)} micro-batches in {seconds:.2f}s")
     return BaselineRun(
         seconds=round(seconds, 3),
@@ -512,12 +500,6 @@ def run_baseline(spark: Any, settings: IngestSettings, input_dir: str, root: str
         load=sampler.figure,
         sink_path=sink_path,
     )
-
-
-def reading_batches(query: Any) -> list[dict[str, Any]]:
-    """A finished streaming query's micro-batches that read records: their progress as plain dicts."""
-    items = [json.loads(p.json) for p in query.recentProgress]
-    return [p for p in items if p.get("numInputRows", 0) > 0]
 
 
 def mean_durations_ms(progress: Sequence[Mapping[str, Any]]) -> dict[str, float]:

@@ -20,7 +20,8 @@ One run, one Spark session, one Kafka:
      hour, so none fires). A Kafka pipeline is unbounded: it runs epoch by epoch
      (:meth:`Pipeline.run_epoch`) until every partition's committed position (the
      enumerator's, after the epoch's checkpoint) reached the end offset at start. Timed
-     from constructing the pipeline (state and sink tables are created) to ``close()``;
+     from taking the lease and constructing the pipeline (state and sink tables are created;
+     :func:`splitkeeper.app.services.leased_pipeline`) to ``close()`` and the lease's release;
    - **baseline**: Structured Streaming's Kafka source (``subscribe`` the topic,
      ``startingOffsets earliest``, ``kafka.isolation.level read_committed`` as our readers
      use, ``maxOffsetsPerTrigger`` = our epoch size plus one per partition, see
@@ -82,7 +83,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from splitkeeper.errors import InvalidParameterError, SplitkeeperError
 from splitkeeper.tools.bench.ingest import (
@@ -99,7 +100,6 @@ from splitkeeper.tools.bench.ingest import (
     mean_durations_ms,
     ordered_phases,
     rate_lines,
-    reading_batches,
     repetitions_table,
     run_benchmark,
     run_repetitions,
@@ -108,6 +108,7 @@ from splitkeeper.tools.bench.ingest import (
     warm_up,
     write_page,
 )
+from splitkeeper.tools.bench.ingest_common import pipeline_config, reading_batches, run_available_now
 from splitkeeper.tools.kafka_testbed import (
     BrokerHandle,
     NumberedProducer,
@@ -115,6 +116,9 @@ from splitkeeper.tools.kafka_testbed import (
     create_topics,
     end_offsets,
 )
+
+if TYPE_CHECKING:
+    from splitkeeper.config.settings import PipelineConfig
 
 CHART_FILE = "ingest_kafka.html"
 PIPELINE_NAME = "bench-ingest-kafka"
@@ -250,7 +254,7 @@ def warm_up_kafka(spark: Any, work_dir: str, bootstrap: str, topic: str) -> None
 @dataclass(frozen=True, slots=True)
 class OursRun:
     seconds: float
-    setup_s: float  # Pipeline(...) (creates state and sink tables) + open()
+    setup_s: float  # the lease + Pipeline(...) (creates state and sink tables) + open()
     # per epoch: epoch, kind, records, elapsed_s, phases, outcomes, started_at_s, ended_at_s
     epochs: tuple[dict[str, Any], ...]
     done_at_s: dict[str, float]  # split id -> seconds from start until committed up to its end offset
@@ -275,27 +279,14 @@ class BaselineRun:
 
 def _ours_config(
     bootstrap: str, topic: str, root: str, parallelism: int, epoch_records: int, region_timeout_s: float
-) -> Any:
-    from splitkeeper.config.settings import IDENTITY_TRANSFORM, config_from_mapping
-
-    return config_from_mapping(
-        {
-            "name": PIPELINE_NAME,
-            "parallelism": parallelism,
-            "regions": "per_reader",  # regional checkpoints on
-            "source": {
-                "kind": "kafka",
-                "bootstrap_servers": bootstrap,
-                "topics": [topic],
-                "starting": "earliest",
-            },
-            "checkpoint": {"region_timeout_s": region_timeout_s, "retain_checkpoints": 3},
-            "backlog": {"backlog_epoch_records": epoch_records, "normal_epoch_records": epoch_records},
-            "state": {"path": os.path.join(root, "state")},
-            "sink": {"path": os.path.join(root, "sink")},
-            "transform": IDENTITY_TRANSFORM,
-        },
-        base_dir=root,
+) -> PipelineConfig:
+    return pipeline_config(
+        PIPELINE_NAME,
+        root,
+        {"kind": "kafka", "bootstrap_servers": bootstrap, "topics": [topic], "starting": "earliest"},
+        parallelism=parallelism,
+        epoch_records=epoch_records,
+        region_timeout_s=region_timeout_s,
     )
 
 
@@ -314,8 +305,7 @@ def run_ours(
     """Ingest ``data`` with a fresh pipeline under ``root``, epoch by epoch until every partition's
     committed position is at its end offset; time it end to end. With ``faults`` (the stall run),
     ``stalled_splits`` are the splits region :data:`STALLED_REGION` planned in :data:`STALL_EPOCH`."""
-    from splitkeeper.app.pipeline import Pipeline
-    from splitkeeper.spark.faults import FaultPlan
+    from splitkeeper.app.services import leased_pipeline
 
     config = _ours_config(bootstrap, data.topic, root, settings.parallelism, epoch_records, region_timeout_s)
     max_epochs = 3 * math.ceil(data.records / epoch_records) + 5
@@ -324,10 +314,9 @@ def run_ours(
     first_job = latest_job_id(spark)
     with LoadSampler() as sampler:
         started = time.perf_counter()
-        pipeline = Pipeline(
-            config, spark, faults=FaultPlan.parse(faults), progress=lambda line: _say(f"{label}: {line}")
-        )
-        try:
+        with leased_pipeline(
+            config, spark, faults=faults, progress=lambda line: _say(f"{label}: {line}"), metrics=False
+        ) as pipeline:
             pipeline.open()
             setup_s = time.perf_counter() - started
             setup_job = latest_job_id(spark)
@@ -357,8 +346,6 @@ def run_ours(
                         "ended_at_s": now,
                     }
                 )
-        finally:
-            pipeline.close()
         seconds = time.perf_counter() - started
     jobs = jobs_between(first_job, latest_job_id(spark))
     stalled: tuple[str, ...] = ()
@@ -440,18 +427,14 @@ def run_baseline(
         )
         if stall is not None:
             frame = frame.where(stall_filter(*stall))
-        query = (
-            frame.writeStream.format("delta")
-            .option("checkpointLocation", os.path.join(root, "checkpoint"))
-            .queryName(f"bench_ingest_kafka_{os.getpid()}_{int(started * 1000)}")
-            .trigger(availableNow=True)
-            .start(sink_path)
+        query = run_available_now(
+            frame,
+            sink_path,
+            os.path.join(root, "checkpoint"),
+            f"bench_ingest_kafka_{os.getpid()}_{int(started * 1000)}",
         )
-        query.awaitTermination()
         seconds = time.perf_counter() - started
-    if query.exception() is not None:
-        raise SplitkeeperError(f"{label}: the Structured Streaming query failed: {query.exception()}")
-    progress = reading_batches(query)
+    progress = reading_batches(query, label)
     spans: list[tuple[float, float]] = []
     done: dict[str, float] = {}
     for p in progress:

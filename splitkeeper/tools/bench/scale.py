@@ -47,9 +47,12 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from splitkeeper.errors import InvalidParameterError
+
+if TYPE_CHECKING:
+    from splitkeeper.config.settings import PipelineConfig
 
 DRIVER_PHASES = ("plan", "decide", "sink", "state", "retain", "finish")
 CHART_FILE = "scale.html"
@@ -88,7 +91,6 @@ def measure_epochs(
     spark: Any, root: Path, size: int, epochs: int, active_share: float = 0.01, parallelism: int = 4
 ) -> dict[str, Any]:
     """Part 1 for one size: driver phases (ms) and Delta files added per measured epoch."""
-    from splitkeeper.app.pipeline import Pipeline
     from splitkeeper.config.settings import config_from_mapping
 
     _write_files(root / "in", size)
@@ -112,11 +114,12 @@ def measure_epochs(
             tmp.rename(root / "in" / f"e{epoch:03d}-{i:05d}.txt")
         return active
 
-    return _measure(Pipeline(config, spark), root, f"{size:,} splits", size, active, epochs, new_data)
+    return _measure(config, spark, root, f"{size:,} splits", size, active, epochs, new_data)
 
 
 def _measure(
-    pipeline: Any,
+    config: PipelineConfig,
+    spark: Any,
     root: Path,
     label: str,
     size: int,
@@ -124,10 +127,13 @@ def _measure(
     epochs: int,
     new_data: Callable[[int], int],
 ) -> dict[str, Any]:
-    """Open ``pipeline``, run its first epoch (reads everything there), then ``epochs`` epochs each
-    after ``new_data(epoch)`` (returns the records it added): driver phases and Delta files."""
+    """Open the pipeline of ``config`` (holding its lease, as a run does), run its first epoch (reads
+    everything there), then ``epochs`` epochs each after ``new_data(epoch)`` (returns the records it
+    added): driver phases and Delta files."""
+    from splitkeeper.app.services import leased_pipeline
+
     measured: list[dict[str, Any]] = []
-    try:
+    with leased_pipeline(config, spark, metrics=False) as pipeline:
         started = time.perf_counter()
         pipeline.open()
         first = pipeline.run_epoch()  # reads everything there is
@@ -159,8 +165,6 @@ def _measure(
                 f"{measured[-1]['overhead_ms']:.0f} ms ({by_phase}), "
                 f"read {measured[-1]['read_ms']:.0f} ms, {after - before} Delta files"
             )
-    finally:
-        pipeline.close()
     return {
         "splits": size,
         "active_per_epoch": active,
@@ -181,7 +185,6 @@ def measure_kafka_epochs(
     partitions receiving a message before each."""
     from confluent_kafka import Producer
 
-    from splitkeeper.app.pipeline import Pipeline
     from splitkeeper.config.settings import config_from_mapping
     from splitkeeper.tools.kafka_testbed import QUIET_CLIENT_LOG, create_topics
 
@@ -221,9 +224,7 @@ def measure_kafka_epochs(
         first = (epoch * active) % partitions
         return produce([(first + i) % partitions for i in range(active)], f"epoch {epoch}")
 
-    return _measure(
-        Pipeline(config, spark), root, f"{partitions:,} partitions", partitions, active, epochs, new_data
-    )
+    return _measure(config, spark, root, f"{partitions:,} partitions", partitions, active, epochs, new_data)
 
 
 def measure_restore(root: Path, size: int, checkpoints: int) -> dict[str, Any]:

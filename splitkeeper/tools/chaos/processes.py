@@ -21,11 +21,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import splitkeeper
-from splitkeeper import process
+from splitkeeper import process, resources
 
 RUN_TIMEOUT_S = 1200.0
-PACKAGE_ROOT = Path(splitkeeper.__file__).resolve().parents[1]  # the folder holding the splitkeeper package
 
 # the progress line of an epoch (splitkeeper.core.driver.EpochReport.line):
 # "epoch    7 regional 3/4 regions ack (r1 decline) committed ..."
@@ -110,17 +108,20 @@ def run_splitkeeper(
     """Run ``python -m splitkeeper <argv>`` in a child process and wait for it.
 
     The child inherits this environment minus ``SPLITKEEPER_CRASH_AT``, plus ``env``, with
-    the tree this ``splitkeeper`` was imported from first on ``PYTHONPATH`` (it runs the same
-    code as this process, whatever the venv installed). Its progress and error
+    the checkout this ``splitkeeper`` was imported from first on ``PYTHONPATH``
+    (:func:`splitkeeper.resources.checkout_root`; it runs the same code as this process,
+    whatever the venv installed; an installed splitkeeper is the venv's own). Its progress and error
     lines are echoed; ``on_epoch`` is called on every epoch line, from this thread (keep it
     short: start a thread for anything slow). A child that runs past RUN_TIMEOUT_S is killed.
     """
     child_env = {k: v for k, v in os.environ.items() if k != "SPLITKEEPER_CRASH_AT"}
-    # The child runs from the work folder: put the tree this package came from first on its path,
-    # so it runs this code (a checkout or worktree beside an editable install of another one).
-    child_env["PYTHONPATH"] = os.pathsep.join(
-        [str(PACKAGE_ROOT), *(p for p in child_env.get("PYTHONPATH", "").split(os.pathsep) if p)]
-    )
+    # The child runs from the work folder: put the checkout this package came from first on its
+    # path, so it runs this code (a checkout or worktree beside an editable install of another one).
+    checkout = resources.checkout_root()
+    if checkout is not None:
+        child_env["PYTHONPATH"] = os.pathsep.join(
+            [str(checkout), *(p for p in child_env.get("PYTHONPATH", "").split(os.pathsep) if p)]
+        )
     child_env.setdefault("SPLITKEEPER_SPARK_UI", "false")
     child_env["PYSPARK_PYTHON"] = sys.executable
     child_env.update(env or {})
