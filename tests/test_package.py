@@ -43,7 +43,6 @@ from splitkeeper import resources
 from splitkeeper.errors import EnvironmentNotReadyError
 from splitkeeper.quality.checks import load_suite_specs
 from splitkeeper.spark import jars
-from splitkeeper.delta.schemas import ddl
 
 folders = {
     name: {
@@ -63,7 +62,7 @@ print(json.dumps({
     "epoch_job": str(resources.epoch_job()),
     "dags_dir": str(resources.dags_dir()),
     "checkout": None if resources.checkout_root() is None else str(resources.checkout_root()),
-    "ddl_checkpoints": ddl("checkpoints"),
+    "ddl_checkpoints": importlib.resources.files("splitkeeper._data.state").joinpath("checkpoints.ddl").read_text(),
     "suites": sorted(load_suite_specs()),
     "jars_error": jars_error,
     "jars_with_env": str(jars.jars_root({"SPLITKEEPER_JARS_DIR": "/opt/jars"})),
@@ -254,7 +253,8 @@ def test_importlib_resources_finds_the_data_inside_the_installed_package(venv: P
     assert Path(found["epoch_job"]) == Path(found["folders"]["jobs"]["path"]) / "epoch_job.py"
     assert Path(found["dags_dir"]) == Path(found["folders"]["dags"]["path"])
     # the readers of that data work from the wheel
-    assert "checkpoint_id" in found["ddl_checkpoints"] and "--" not in found["ddl_checkpoints"]
+    # the shipped documentation of the state tables (delta/schemas.py is the schema; a test keeps them equal)
+    assert "checkpoint_id BIGINT NOT NULL" in found["ddl_checkpoints"]
     assert found["suites"] == sorted(SUITES)
     # what only a checkout has says what to do instead
     assert "SPLITKEEPER_JARS_DIR" in found["jars_error"] and "installed package" in found["jars_error"]
