@@ -62,7 +62,7 @@ print(json.dumps({
     "epoch_job": str(resources.epoch_job()),
     "dags_dir": str(resources.dags_dir()),
     "checkout": None if resources.checkout_root() is None else str(resources.checkout_root()),
-    "ddl_checkpoints": importlib.resources.files("splitkeeper._data.state").joinpath("checkpoints.ddl").read_text(),
+    "ddl_checkpoints": (importlib.resources.files("splitkeeper._data.state") / "checkpoints.ddl").read_text(),
     "suites": sorted(load_suite_specs()),
     "jars_error": jars_error,
     "jars_with_env": str(jars.jars_root({"SPLITKEEPER_JARS_DIR": "/opt/jars"})),
