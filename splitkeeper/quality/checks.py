@@ -563,12 +563,12 @@ def _detail(v: Violation | None) -> str | None:
 
 @dataclass(frozen=True, slots=True)
 class SinkScan:
-    """What the one Spark job over the sink found (:func:`scan_sink`).
+    """What the one Spark query over the sink found (:func:`scan_sink`).
 
     ``summaries``: per split with records of epochs up to the checkpoint, the core's
     :class:`SinkSplitSummary`. ``later``: records of epochs after the checkpoint (not
-    checked). ``hashes``: per split asked for, (records, SHA-256 of its values in offset
-    order joined by newlines), of each split asked for that has records (else :data:`_NO_VALUES`).
+    checked). ``hashes``: per split asked for that has records, (records, SHA-256 of its
+    values in offset order joined by newlines); a split missing has :data:`_NO_VALUES`.
     """
 
     summaries: dict[str, SinkSplitSummary] = field(default_factory=dict)

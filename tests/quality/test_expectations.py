@@ -209,6 +209,34 @@ def test_checking_an_older_checkpoint_ignores_sink_records_of_later_epochs(spark
     assert any("10 record(s) of epochs after checkpoint 1" in n for n in report.notes)
 
 
+def test_a_missing_sink_is_checked_as_empty_without_starting_spark(healthy_state, tmp_path):
+    """No sink table yet: a note says so, every split with a committed position misses its
+    records, and the Spark session (a function here) is never asked for."""
+    root = tmp_path / "copy"
+    shutil.copytree(healthy_state / "state", root / "state")
+    store = DeltaStateStore(root / "state", PIPELINE, "kafka:orders")
+    asked: list[str] = []
+
+    def session():
+        asked.append("spark")
+        raise AssertionError("the restart checks asked for Spark with no sink to scan")
+
+    report = run_checks(session, store, str(root / "sink"), tmp_path / "docs")
+
+    assert asked == []
+    assert f"no sink table at {root / 'sink'} yet: the sink is checked as empty" in report.notes
+    assert failing(report) == {
+        ("sink_splits", "expect_column_values_to_be_null(offset_missing)"): (
+            "orders-0",
+            "orders-1",
+            "orders-2",
+            "orders-3",
+            "orders-9",
+        )
+    }
+    assert report.suite("sink_records").rows == 0
+
+
 # ---------------------------------------------------------------------------------------
 # Injected corruptions: each changes a copy of the healthy state the way a bug would
 # ---------------------------------------------------------------------------------------
