@@ -268,6 +268,10 @@ def duplicated_record(spark, store, sink_path):
     _append_sink(spark, sink_path, [("orders-2", 7, 8, 2, 0)])
 
 
+def malformed_record(spark, store, sink_path):
+    _append_sink(spark, sink_path, [("orders-2", 7, 7, 2, 0)])  # ends where it starts
+
+
 def gap_in_sink(spark, store, sink_path):
     _delete_sink(spark, sink_path, "orders-3", 2)
 
@@ -307,6 +311,12 @@ CORRUPTIONS = [
         duplicated_record,
         "sink_records",
         "expect_column_values_to_be_null(offset_duplicate)",
+        ("orders-2",),
+    ),
+    (
+        malformed_record,
+        "sink_records",
+        "expect_column_values_to_be_null(offset_unexpected)",
         ("orders-2",),
     ),
     (
@@ -365,6 +375,21 @@ def test_injected_corruption_fails_the_right_expectation_and_names_the_split(
         [outcome] = report.suite("ref_chains").failed
         assert outcome.checkpoint_ids == (4,)
         assert outcome.rule == "ref_chain_too_deep"
+
+
+def test_a_duplicate_written_by_a_later_epoch_is_no_part_of_an_older_checkpoint(
+    spark, healthy_state, tmp_path
+):
+    store, sink_path = copy_of(spark, healthy_state, tmp_path)
+    _append_sink(spark, sink_path, [("orders-0", 3, 4, 2, 0)])  # epoch 2 writes offset 3 again
+
+    older = run_checks(spark, store, sink_path, tmp_path / "docs1", checkpoint_id=1)
+    assert older.success, older.summary()
+    assert any("11 record(s) of epochs after checkpoint 1" in n for n in older.notes)
+    latest = run_checks(spark, store, sink_path, tmp_path / "docs2")
+    assert failing(latest) == {
+        ("sink_records", "expect_column_values_to_be_null(offset_duplicate)"): ("orders-0",)
+    }, latest.summary()
 
 
 def test_a_gap_reported_as_lost_in_the_audit_trail_is_accepted_and_named_in_the_notes(
