@@ -772,7 +772,7 @@ def validate(
     try:
         store = DeltaStateStore(config.state_path, config.name, connector.fingerprint(), read_only=True)
         report = run_restart_checks(
-            spark_session(),
+            spark_session,  # started only when the sink has data to scan
             store,
             config.sink_path,
             checkpoint_id=checkpoint_id,

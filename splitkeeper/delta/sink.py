@@ -36,7 +36,7 @@ driver process; ``read_only`` sinks create and write nothing (dry runs, status).
 Reading the records back: :func:`read_sink` (delta-rs and pyarrow, no Spark) is the one
 reader of a sink's rows, for the report, the tools and the tests; :func:`split_records`
 summarises them per split. :func:`sink_frame` gives the restart checks the same table
-as a Spark frame.
+as a Spark frame, and :func:`sink_files` tells them first whether there is anything to read.
 """
 
 from __future__ import annotations
@@ -75,6 +75,7 @@ __all__ = [
     "adopted_name",
     "file_statistics",
     "read_sink",
+    "sink_files",
     "sink_frame",
     "split_records",
 ]
@@ -528,6 +529,14 @@ def split_records(path: str | os.PathLike[str]) -> dict[str, SplitRecords]:
             strict=True,
         )
     }
+
+
+def sink_files(path: str | os.PathLike[str]) -> int | None:
+    """How many data files the sink table at ``path`` has (its latest version, from its log with
+    delta-rs; no data file is read), or None when no table exists there yet. Tells a reader whether
+    there is anything to scan before it starts Spark (the restart checks)."""
+    table = open_table(storage.table_uri(path), missing_ok=True)
+    return None if table is None else len(table.file_uris())
 
 
 def sink_frame(spark: Any, path: str | os.PathLike[str]) -> tuple[DataFrame, bool]:

@@ -8,14 +8,16 @@ times, also while no pipeline runs.
 
 How: every rule is decided by :mod:`splitkeeper.core.invariants`, the module the
 simulator checks with, on plain values built from the checked checkpoint's state (read
-through :class:`~splitkeeper.delta.history.StateHistory`, Arrow tables) and from a
-per-split summary of the sink (islands, duplicates; computed in Spark SQL so only one row
-per split reaches the driver) (:func:`build_restart_frames`). The Great Expectations
-suites (the JSON files in ``expectations/``, see ``expectations/README.md``) are the
-report: each runs on a dataset that carries the core's verdicts, one column per rule
-(NULL when the rule holds), and expects those columns to be NULL; they never re-decide a
-rule. Every suite runs through an ephemeral GE context with a COMPLETE result format that
-lists the offending rows by their index columns, and the Data Docs site is built.
+through :class:`~splitkeeper.delta.history.StateHistory`, Arrow tables, on the driver) and
+from a per-split summary of the sink (islands, duplicates; ONE Spark query, :func:`scan_sink`,
+of which only one row per split reaches the driver; no Spark session starts when the sink
+has no data file) (:func:`build_restart_frames`). The Great Expectations suites (the JSON
+files in ``expectations/``, see ``expectations/README.md``) are the report: each runs on a
+dataset that carries the core's verdicts, one column per rule (NULL when the rule holds),
+and expects those columns to be NULL; they never re-decide a rule. The datasets are small
+(one row per split, reader, region): GE runs on pandas frames of them. Every suite runs
+through an ephemeral GE context with a COMPLETE result format that lists the offending rows
+by their index columns, and the Data Docs site is built.
 :class:`CheckReport` also carries the core's violations themselves: a verdict no
 expectation reported (a suite file edited to drop it) still fails the report.
 """
@@ -23,6 +25,7 @@ expectation reported (a suite file edited to drop it) still fails the report.
 from __future__ import annotations
 
 import enum
+import hashlib
 import json
 import logging
 import os
@@ -31,6 +34,8 @@ from dataclasses import dataclass, field
 from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
 
 from splitkeeper import resources
 from splitkeeper.core.assignment import AssignmentStrategy, WeightedStrategy, strategy_by_name
@@ -408,7 +413,7 @@ def load_suite_specs(directory: str | os.PathLike[str] | None = None) -> dict[st
 
 @dataclass(frozen=True, slots=True)
 class RestartFrames:
-    """The core's verdicts on one checked checkpoint, as Spark DataFrames keyed by dataset name.
+    """The core's verdicts on one checked checkpoint, as Arrow tables keyed by dataset name.
 
     Every rule is decided by :mod:`splitkeeper.core.invariants`; a frame carries the inputs
     the rule saw and, per rule, a verdict column named after its :class:`ViolationKind` value
@@ -435,16 +440,11 @@ class RestartFrames:
     """
 
     checkpoint_id: int
-    frames: dict[str, DataFrame]
+    frames: dict[str, pa.Table]
     notes: tuple[str, ...] = ()
     loads: dict[int, int] = field(default_factory=dict)
     violations: tuple[Violation, ...] = ()
     records: int = 0
-
-    def unpersist(self) -> None:
-        """Release the cached frames; call once the suites ran."""
-        for frame in self.frames.values():
-            frame.unpersist()
 
 
 def resolve_strategy(strategy: str | AssignmentStrategy) -> AssignmentStrategy:
@@ -561,101 +561,178 @@ def _detail(v: Violation | None) -> str | None:
     return None if v is None else v.detail
 
 
-def _sink_summaries(sink: DataFrame) -> dict[str, SinkSplitSummary]:
-    """Per split, the core's :class:`SinkSplitSummary` of the sink's records, computed in Spark SQL
-    (gaps and islands over the records ordered by offset) so that only one row per split reaches
-    the driver. Duplicate spans and malformed offsets are kept to their first 1000 per split."""
+@dataclass(frozen=True, slots=True)
+class SinkScan:
+    """What the one Spark query over the sink found (:func:`scan_sink`).
+
+    ``summaries``: per split with records of epochs up to the checkpoint, the core's
+    :class:`SinkSplitSummary`. ``later``: records of epochs after the checkpoint (not
+    checked). ``hashes``: per split asked for that has records, (records, SHA-256 of its
+    values in offset order joined by newlines); a split missing has :data:`_NO_VALUES`.
+    """
+
+    summaries: dict[str, SinkSplitSummary] = field(default_factory=dict)
+    later: int = 0
+    hashes: dict[str, tuple[int, str]] = field(default_factory=dict)
+
+
+#: (records, SHA-256) of a split without records in the sink.
+_NO_VALUES = (0, hashlib.sha256(b"").hexdigest())
+
+
+def scan_sink(sink: DataFrame, checkpoint_id: int, content_ids: Collection[str] = ()) -> SinkScan:
+    """Summarise the sink's records per split in ONE Spark query, of which only one row per split
+    reaches the driver (``collect``); see :class:`SinkScan`.
+
+    Gaps and islands over each split's records ordered by offset (a window partitioned by split:
+    the one shuffle), then an aggregation per island and one per split on that partitioning. Records
+    of epochs after ``checkpoint_id`` are counted, and take no other part. Duplicate spans and
+    malformed offsets are kept to their first 1000 per split. The values are read only for the
+    splits of ``content_ids`` (the content check)."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    offset, nxt = F.col("offset"), F.col("next_offset")
+    offset, nxt, before = F.col("offset"), F.col("next_offset"), F.col("_before")
+    checked = F.col("epoch") <= checkpoint_id
+    valid = checked & (nxt > offset)
     ordered = Window.partitionBy("split_id").orderBy("offset", "next_offset")
-    valid = sink.where(nxt > offset).select(
+    content = sorted(content_ids)
+    rows = sink.select(
         "split_id",
         "offset",
         "next_offset",
-        F.max("next_offset").over(ordered.rowsBetween(Window.unboundedPreceding, -1)).alias("_before"),
+        "epoch",
+        *(["value"] if content else []),
+        F.max(F.when(valid, nxt)).over(ordered.rowsBetween(Window.unboundedPreceding, -1)).alias("_before"),
     )
-    valid = valid.withColumn(
+    rows = rows.withColumn(
         "_island",
-        F.sum((F.col("_before").isNull() | (offset > F.col("_before"))).cast("long")).over(
+        F.sum((valid & (before.isNull() | (offset > before))).cast("long")).over(
             ordered.rowsBetween(Window.unboundedPreceding, Window.currentRow)
         ),
     )
-    islands = (
-        valid.groupBy("split_id", "_island")
-        .agg(F.struct(F.min("offset").alias("a"), F.max("next_offset").alias("b")).alias("span"))
-        .groupBy("split_id")
-        .agg(F.array_sort(F.collect_list("span")).alias("islands"))
-    )
-    dup = F.struct(offset.alias("a"), F.least(nxt, F.col("_before")).alias("b"))
-    duplicates = (
-        valid.where(offset < F.col("_before"))
-        .groupBy("split_id")
-        .agg(F.slice(F.array_sort(F.collect_list(dup)), 1, 1000).alias("duplicates"))
-    )
-    counts = sink.groupBy("split_id").agg(
-        F.count(F.lit(1)).alias("records"),
-        F.slice(F.array_sort(F.collect_list(F.when(nxt <= offset, offset))), 1, 1000).alias("malformed"),
-    )
-    rows = counts.join(islands, "split_id", "left").join(duplicates, "split_id", "left").collect()
-    return {
-        r["split_id"]: SinkSplitSummary(
-            r["split_id"],
-            int(r["records"]),
-            tuple((int(s["a"]), int(s["b"])) for s in r["islands"] or ()),
-            tuple((int(s["a"]), int(s["b"])) for s in r["duplicates"] or ()),
-            tuple(int(o) for o in r["malformed"] or ()),
+    dup = F.when(valid & (offset < before), F.struct(offset.alias("a"), F.least(nxt, before).alias("b")))
+    island_aggs = [
+        F.min(F.when(valid, offset)).alias("a"),
+        F.max(F.when(valid, nxt)).alias("b"),
+        F.count(F.when(checked, F.lit(1))).alias("records"),
+        F.count(F.when(~checked, F.lit(1))).alias("later"),
+        F.collect_list(dup).alias("dups"),
+        F.collect_list(F.when(checked & (nxt <= offset), offset)).alias("bad"),
+    ]
+    split_aggs = [
+        F.sum("records").alias("records"),
+        F.sum("later").alias("later"),
+        F.array_sort(F.collect_list(F.when(F.col("a").isNotNull(), F.struct("a", "b")))).alias("islands"),
+        F.slice(F.array_sort(F.flatten(F.collect_list("dups"))), 1, 1000).alias("duplicates"),
+        F.slice(F.array_sort(F.flatten(F.collect_list("bad"))), 1, 1000).alias("malformed"),
+    ]
+    if content:
+        wanted = checked & F.col("split_id").isin(content)
+        island_aggs.append(F.collect_list(F.when(wanted, F.struct(offset, F.col("value")))).alias("vals"))
+        by_offset = F.array_sort(F.flatten(F.collect_list("vals")))
+        split_aggs.append(
+            F.sha2(F.concat_ws("\n", F.transform(by_offset, lambda r: r["value"])), 256).alias("h")
         )
-        for r in rows
-    }
-
-
-def _sink_hashes(sink: DataFrame, split_ids: Collection[str]) -> dict[str, tuple[int, str]]:
-    """split_id -> (records, SHA-256 of the values in offset order joined by newlines) in the sink."""
-    from pyspark.sql import functions as F
-
-    if not split_ids:
-        return {}
-    by_offset = F.array_sort(F.collect_list(F.struct("offset", "value")))
-    rows = (
-        sink.where(F.col("split_id").isin(sorted(split_ids)))
-        .groupBy("split_id")
-        .agg(
-            F.count(F.lit(1)).alias("n"),
-            F.sha2(F.concat_ws("\n", F.transform(by_offset, lambda r: r["value"])), 256).alias("h"),
-        )
-        .collect()
+    found = (
+        rows.groupBy("split_id", "_island").agg(*island_aggs).groupBy("split_id").agg(*split_aggs).collect()
     )
-    found = {r["split_id"]: (int(r["n"]), str(r["h"])) for r in rows}
-    import hashlib
+    return SinkScan(
+        summaries={
+            r["split_id"]: SinkSplitSummary(
+                r["split_id"],
+                int(r["records"]),
+                tuple((int(s["a"]), int(s["b"])) for s in r["islands"] or ()),
+                tuple((int(s["a"]), int(s["b"])) for s in r["duplicates"] or ()),
+                tuple(int(o) for o in r["malformed"] or ()),
+            )
+            for r in found
+            if r["records"]
+        },
+        later=sum(int(r["later"]) for r in found),
+        hashes={
+            r["split_id"]: (int(r["records"]), str(r["h"]))
+            for r in found
+            if content and r["split_id"] in content
+        },
+    )
 
-    empty = (0, hashlib.sha256(b"").hexdigest())
-    return {sid: found.get(sid, empty) for sid in split_ids}
+
+_STR, _INT, _BIGINT = pa.string(), pa.int32(), pa.int64()
+_PLACES_SCHEMA = pa.schema(
+    [
+        ("split_id", _STR),
+        ("status", _STR),
+        ("places", _STR),
+        ("owner", _INT),
+        ("subscription", _STR),
+        ("position", _BIGINT),
+        ("end", _BIGINT),
+        ("owned_more_than_once", _STR),
+        ("not_owned", _STR),
+        ("finished_assigned", _STR),
+        ("removed_subscription", _STR),
+    ]
+)
+_SINK_RECORDS_SCHEMA = pa.schema(
+    [
+        ("split_id", _STR),
+        ("records", _BIGINT),
+        ("islands", _INT),
+        ("first_offset", _BIGINT),
+        ("last_next_offset", _BIGINT),
+        ("offset_duplicate", _STR),
+        ("offset_missing", _STR),
+        ("offset_unexpected", _STR),
+    ]
+)
+_SINK_SPLITS_SCHEMA = pa.schema(
+    [
+        ("split_id", _STR),
+        ("state", _STR),
+        ("records", _BIGINT),
+        ("start_position", _BIGINT),
+        ("committed_position", _BIGINT),
+        ("known", pa.bool_()),
+        ("offset_unexpected", _STR),
+        ("offset_missing", _STR),
+        ("content_mismatch", _STR),
+    ]
+)
+_LOADS_SCHEMA = pa.schema(
+    [
+        ("reader_id", _INT),
+        ("splits", _INT),
+        ("load", pa.float64()),
+        ("unbalanced", _STR),
+        ("weight_unbalanced", _STR),
+    ]
+)
+_REFS_SCHEMA = pa.schema(
+    [
+        ("checkpoint_id", _BIGINT),
+        ("region_id", _INT),
+        ("outcome", _STR),
+        ("ref_checkpoint_id", _BIGINT),
+        ("ref_depth", _INT),
+        ("split_id", _STR),
+        ("ref_chain_too_deep", _STR),
+        ("ref_missing", _STR),
+        ("ref_not_earlier", _STR),
+    ]
+)
 
 
-_PLACES_SCHEMA = (
-    "split_id STRING, status STRING, places STRING, owner INT, subscription STRING, position BIGINT, "
-    "`end` BIGINT, owned_more_than_once STRING, not_owned STRING, finished_assigned STRING, "
-    "removed_subscription STRING"
-)
-_SINK_RECORDS_SCHEMA = (
-    "split_id STRING, records BIGINT, islands INT, first_offset BIGINT, last_next_offset BIGINT, "
-    "offset_duplicate STRING, offset_missing STRING, offset_unexpected STRING"
-)
-_SINK_SPLITS_SCHEMA = (
-    "split_id STRING, state STRING, records BIGINT, start_position BIGINT, committed_position BIGINT, "
-    "known BOOLEAN, offset_unexpected STRING, offset_missing STRING, content_mismatch STRING"
-)
-_LOADS_SCHEMA = "reader_id INT, splits INT, load DOUBLE, unbalanced STRING, weight_unbalanced STRING"
-_REFS_SCHEMA = (
-    "checkpoint_id BIGINT, region_id INT, ref_chain_too_deep STRING, ref_missing STRING, "
-    "ref_not_earlier STRING"
-)
+def _table(rows: Sequence[Sequence[Any]], schema: pa.Schema) -> pa.Table:
+    """An Arrow table of ``schema`` from row tuples in its column order."""
+    columns = list(zip(*rows, strict=True)) if rows else [()] * len(schema)
+    return pa.Table.from_arrays(
+        [pa.array(c, type=f.type) for c, f in zip(columns, schema, strict=True)], schema=schema
+    )
 
 
 def build_restart_frames(
-    spark: SparkSession,
+    spark: SparkSession | Callable[[], SparkSession],
     state_store: DeltaStateStore,
     sink_path: str | os.PathLike[str],
     checkpoint_id: int,
@@ -667,11 +744,13 @@ def build_restart_frames(
     content_reader: RegionReader | None = None,
 ) -> RestartFrames:
     """Run the core's section 6 checks on checkpoint ``checkpoint_id`` and the sink; return the
-    verdicts as the suites' datasets (see :class:`RestartFrames`); cached, small.
+    verdicts as the suites' datasets (see :class:`RestartFrames`), small Arrow tables.
 
     The state is read through :class:`~splitkeeper.delta.history.StateHistory` (Arrow tables,
-    turned into the core's values: the enumerator snapshot, the regions' refs and positions);
-    the sink is summarised per split in Spark SQL (:func:`_sink_summaries`). ``source_splits``
+    turned into the core's values: the enumerator snapshot, the regions' refs and positions) on
+    the driver, without Spark. The sink is summarised per split by one Spark query
+    (:func:`scan_sink`); ``spark`` is the session or a function returning it, called only when
+    the sink table has data files (no session starts for a missing or empty sink). ``source_splits``
     are the splits as the source has them (at their initial position): their position is the
     start the sink must begin at (default 0), and a finished bounded split must end at its
     ``end``. Where the audit trail recorded the position a split was discovered at, that
@@ -682,10 +761,8 @@ def build_restart_frames(
     and SHA-256 of its values in offset order (:func:`~splitkeeper.core.invariants.check_content`).
     CheckpointError when ``checkpoint_id`` is not a completed checkpoint.
     """
-    from pyspark.sql import functions as F
-
     from splitkeeper.delta import serde
-    from splitkeeper.delta.sink import sink_frame
+    from splitkeeper.delta.sink import sink_files, sink_frame
 
     notes: list[str] = []
     history = state_store.history
@@ -754,7 +831,7 @@ def build_restart_frames(
                 v.get(ViolationKind.REMOVED_SUBSCRIPTION.value),
             )
         )
-    split_places = spark.createDataFrame(place_rows, _PLACES_SCHEMA)
+    split_places = _table(place_rows, _PLACES_SCHEMA)
 
     owned = {r: [s.split_id for s in snapshot.assignments.get(r, ())] for r in readers}
     for r, splits in snapshot.assignments.items():
@@ -772,7 +849,7 @@ def build_restart_frames(
     found += balance_found
     by_reader = _verdicts(balance_found, lambda v: v.reader_ids)
     weight = strategy.weight if isinstance(strategy, WeightedStrategy) else (lambda _sid: 1.0)
-    reader_loads = spark.createDataFrame(
+    reader_loads = _table(
         [
             (
                 r,
@@ -787,11 +864,15 @@ def build_restart_frames(
     )
 
     # -- ref chains: rule 6.6 ------------------------------------------------------------
+    # one row per kept checkpoint up to this one, region and split of its state (a checkpoint
+    # without regions and a region without splits keep one row, NULL where nothing is)
     refs_found: list[Violation] = []
-    ref_rows = []
+    ref_rows: list[tuple[Any, ...]] = []
     for cid in kept_ids:
         if cid > checkpoint_id:
             continue
+        if not heads[cid]["regions"]:
+            ref_rows.append((cid, None, None, None, None, None, None, None, None))
         for g in heads[cid]["regions"] or ():
             ref = g["ref_checkpoint_id"]
             region_found = check_region_ref(
@@ -805,58 +886,48 @@ def build_restart_frames(
             )
             refs_found += region_found
             v = _verdicts(region_found, lambda _v: [0]).get(0, {})
-            ref_rows.append(
-                (
-                    cid,
-                    int(g["region_id"]),
-                    v.get(ViolationKind.REF_CHAIN_TOO_DEEP.value),
-                    v.get(ViolationKind.REF_MISSING.value),
-                    v.get(ViolationKind.REF_NOT_EARLIER.value),
-                )
+            said = (
+                v.get(ViolationKind.REF_CHAIN_TOO_DEEP.value),
+                v.get(ViolationKind.REF_MISSING.value),
+                v.get(ViolationKind.REF_NOT_EARLIER.value),
             )
+            region = (cid, g["region_id"], g["outcome"], ref, g["ref_depth"])
+            ref_rows += [(*region, s["split_id"], *said) for s in g["splits"] or ()] or [
+                (*region, None, *said)
+            ]
     found += refs_found
-    region_verdicts = spark.createDataFrame(ref_rows, _REFS_SCHEMA)
-    region_refs = (
-        spark.createDataFrame(history.checkpoints(up_to=checkpoint_id, columns=["checkpoint_id", "regions"]))
-        .select("checkpoint_id", F.explode_outer("regions").alias("r"))
-        .select(
-            "checkpoint_id",
-            F.col("r.region_id").alias("region_id"),
-            F.col("r.outcome").alias("outcome"),
-            F.col("r.ref_checkpoint_id").alias("ref_checkpoint_id"),
-            F.col("r.ref_depth").alias("ref_depth"),
-            F.explode_outer("r.splits").alias("s"),
-        )
-        .select(
-            "checkpoint_id",
-            "region_id",
-            "outcome",
-            "ref_checkpoint_id",
-            "ref_depth",
-            F.col("s.split_id").alias("split_id"),
-        )
-        .join(region_verdicts, ["checkpoint_id", "region_id"], "left")
-    )
+    region_refs = _table(ref_rows, _REFS_SCHEMA)
 
     # -- the sink: rule 6.4 --------------------------------------------------------------
-    sink, sink_exists = sink_frame(spark, sink_path)
-    if not sink_exists:
+    files = sink_files(sink_path)
+    if files is None:
         notes.append(f"no sink table at {os.fspath(sink_path)} yet: the sink is checked as empty")
-    later = sink.where(F.col("epoch") > checkpoint_id).count() if sink_exists else 0
-    if later:
-        notes.append(
-            f"the sink holds {later} record(s) of epochs after checkpoint {checkpoint_id}; they are not "
-            "part of this checkpoint and not checked (a newer checkpoint, or a commit whose checkpoint "
-            "row recovery will write)"
-        )
-    sink = sink.where(F.col("epoch") <= checkpoint_id)
     life = read_split_life(state_store, checkpoint_id)
+    source_rows = [] if source_splits is None else [(s.split_id, s.position, s.end) for s in source_splits]
+    wanted = (
+        _content_rows(
+            content_reader,
+            [(sid, life.starts.get(sid, start), end) for sid, start, end in source_rows],
+            finished,
+            life,
+        )
+        if content_reader is not None and source_splits is not None
+        else {}
+    )
+    scan = SinkScan()
+    if files:
+        session = spark() if callable(spark) else spark
+        scan = scan_sink(sink_frame(session, sink_path)[0], checkpoint_id, wanted)
+    if scan.later:
+        notes.append(
+            f"the sink holds {scan.later} record(s) of epochs after checkpoint {checkpoint_id}; they are "
+            "not part of this checkpoint and not checked (a newer checkpoint, or a commit whose "
+            "checkpoint row recovery will write)"
+        )
     lost_note = life.note()
     if lost_note:
         notes.append(lost_note)
-    summaries = _sink_summaries(sink)
-
-    source_rows = [] if source_splits is None else [(s.split_id, s.position, s.end) for s in source_splits]
+    summaries, got = scan.summaries, scan.hashes
     if source_splits is None:
         notes.append(
             "no source splits given: every split's start position is taken as 0, and finished splits are "
@@ -896,18 +967,6 @@ def build_restart_frames(
                 f"{len(unchecked)} finished split(s) have no bounded end among the source splits given, so "
                 f"their last position is not checked: {_short(unchecked)}"
             )
-
-    wanted = (
-        _content_rows(
-            content_reader,
-            [(sid, life.starts.get(sid, start), end) for sid, start, end in source_rows],
-            finished,
-            life,
-        )
-        if content_reader is not None and source_splits is not None
-        else {}
-    )
-    got = _sink_hashes(sink, wanted)
     record_rows = []
     split_rows = []
     for sid in sorted(set(summaries) | set(state)):
@@ -916,7 +975,7 @@ def build_restart_frames(
         verdict = judge_sink_split(
             summary, start, committed.get(sid), known=sid in state, lost=life.lost.get(sid, ())
         )
-        content = check_content(sid, wanted[sid], got[sid]) if sid in wanted else None
+        content = check_content(sid, wanted[sid], got.get(sid, _NO_VALUES)) if sid in wanted else None
         found += verdict.violations() + ([content] if content is not None else [])
         if summary.records:
             record_rows.append(
@@ -944,8 +1003,8 @@ def build_restart_frames(
                 _detail(content),
             )
         )
-    sink_records = spark.createDataFrame(record_rows, _SINK_RECORDS_SCHEMA)
-    sink_splits = spark.createDataFrame(split_rows, _SINK_SPLITS_SCHEMA)
+    sink_records = _table(record_rows, _SINK_RECORDS_SCHEMA)
+    sink_splits = _table(split_rows, _SINK_SPLITS_SCHEMA)
 
     frames = {
         "split_places": split_places,
@@ -954,8 +1013,6 @@ def build_restart_frames(
         "reader_loads": reader_loads,
         "region_refs": region_refs,
     }
-    for frame in frames.values():
-        frame.cache()
     return RestartFrames(
         checkpoint_id=checkpoint_id,
         frames=frames,
@@ -1053,7 +1110,7 @@ def _outcome_of(result: Any, spec: SuiteSpec) -> ExpectationOutcome:
 
 
 def run_restart_checks(
-    spark: SparkSession,
+    spark: SparkSession | Callable[[], SparkSession],
     state_store: DeltaStateStore,
     sink_path: str | os.PathLike[str],
     *,
@@ -1068,6 +1125,9 @@ def run_restart_checks(
 ) -> CheckReport:
     """Run every protocol section 6 suite on checkpoint ``checkpoint_id`` (default: the latest) and its sink.
 
+    ``spark``: the session, or a function returning it, called only when the sink has data to
+    scan (:func:`build_restart_frames`: one Spark query); the suites run in Great Expectations on
+    pandas frames of the verdicts.
     ``strategy`` is the pipeline's assignment strategy (a registry name, or the instance
     with its weights); the balance suite is SKIPPED for an unbalanced one (legacy-hash),
     with a note saying so. ``subscriptions`` are the current subscriptions (what the
@@ -1122,70 +1182,68 @@ def run_restart_checks(
     )
     run_id = RunIdentifier(run_name=f"{state_store.pipeline_name}-checkpoint-{checkpoint_id}")
     outcomes: list[SuiteOutcome] = []
-    try:
-        context = _context(docs_dir)
-        source = context.data_sources.add_spark(name="splitkeeper", persist=False)
-        batches: dict[str, Any] = {}
-        for key, spec in specs.items():
-            frame = frames.frames[spec.dataset]
-            if key == "balance" and not chosen.balanced:
-                outcomes.append(
-                    SuiteOutcome(
-                        key=key,
-                        name=spec.name,
-                        status=SuiteStatus.SKIPPED,
-                        dataset=spec.dataset,
-                        rows=len(frames.loads),
-                        notes=(
-                            f"strategy {chosen.name} is not balanced (protocol rule 1.6: kept to show its "
-                            f"skew): per-reader load is not checked; loads "
-                            f"{dict(sorted(frames.loads.items()))}",
-                        ),
-                    )
-                )
-                continue
-            if spec.dataset not in batches:
-                asset = source.add_dataframe_asset(name=spec.dataset)
-                batches[spec.dataset] = asset.add_batch_definition_whole_dataframe(f"{spec.dataset}-all")
-            suite = context.suites.add(spec.to_suite())
-            definition = context.validation_definitions.add(
-                gx.ValidationDefinition(
-                    name=f"{key}-checkpoint-{checkpoint_id}", data=batches[spec.dataset], suite=suite
-                )
-            )
-            result = definition.run(
-                batch_parameters={"dataframe": frame},
-                result_format=spec.result_format,
-                run_id=run_id,
-            )
-            expectations_out = tuple(_outcome_of(r, spec) for r in result.results)
-            failed = any(not e.success for e in expectations_out)
-            notes: tuple[str, ...] = ()
-            if key == "balance":
-                bound = (
-                    "weighted bound" if isinstance(chosen, WeightedStrategy) else f"within {COUNT_TOLERANCE}"
-                )
-                notes = (f"strategy {chosen.name}: {bound}; loads {dict(sorted(frames.loads.items()))}",)
-            elif key == "sink_records":
-                notes = (
-                    f"{frames.records} sink record(s) of epochs up to checkpoint {checkpoint_id} summarised",
-                )
+    context = _context(docs_dir)
+    source = context.data_sources.add_pandas(name="splitkeeper")
+    batches: dict[str, Any] = {}
+    tables: dict[str, Any] = {}
+    for key, spec in specs.items():
+        if spec.dataset not in tables:
+            tables[spec.dataset] = frames.frames[spec.dataset].to_pandas()
+        frame = tables[spec.dataset]
+        if key == "balance" and not chosen.balanced:
             outcomes.append(
                 SuiteOutcome(
                     key=key,
                     name=spec.name,
-                    status=SuiteStatus.FAILED if failed else SuiteStatus.PASSED,
+                    status=SuiteStatus.SKIPPED,
                     dataset=spec.dataset,
-                    rows=max(
-                        (int((r.result or {}).get("element_count") or 0) for r in result.results), default=0
+                    rows=len(frames.loads),
+                    notes=(
+                        f"strategy {chosen.name} is not balanced (protocol rule 1.6: kept to show its "
+                        f"skew): per-reader load is not checked; loads "
+                        f"{dict(sorted(frames.loads.items()))}",
                     ),
-                    expectations=expectations_out,
-                    notes=notes,
                 )
             )
-        context.build_data_docs(site_names=[DATA_DOCS_SITE])
-    finally:
-        frames.unpersist()
+            continue
+        if spec.dataset not in batches:
+            asset = source.add_dataframe_asset(name=spec.dataset)
+            batches[spec.dataset] = asset.add_batch_definition_whole_dataframe(f"{spec.dataset}-all")
+        suite = context.suites.add(spec.to_suite())
+        definition = context.validation_definitions.add(
+            gx.ValidationDefinition(
+                name=f"{key}-checkpoint-{checkpoint_id}", data=batches[spec.dataset], suite=suite
+            )
+        )
+        result = definition.run(
+            batch_parameters={"dataframe": frame},
+            result_format=spec.result_format,
+            run_id=run_id,
+        )
+        expectations_out = tuple(_outcome_of(r, spec) for r in result.results)
+        failed = any(not e.success for e in expectations_out)
+        notes: tuple[str, ...] = ()
+        if key == "balance":
+            bound = "weighted bound" if isinstance(chosen, WeightedStrategy) else f"within {COUNT_TOLERANCE}"
+            notes = (f"strategy {chosen.name}: {bound}; loads {dict(sorted(frames.loads.items()))}",)
+        elif key == "sink_records":
+            notes = (
+                f"{frames.records} sink record(s) of epochs up to checkpoint {checkpoint_id} summarised",
+            )
+        outcomes.append(
+            SuiteOutcome(
+                key=key,
+                name=spec.name,
+                status=SuiteStatus.FAILED if failed else SuiteStatus.PASSED,
+                dataset=spec.dataset,
+                rows=max(
+                    (int((r.result or {}).get("element_count") or 0) for r in result.results), default=0
+                ),
+                expectations=expectations_out,
+                notes=notes,
+            )
+        )
+    context.build_data_docs(site_names=[DATA_DOCS_SITE])
     index = docs_dir / "index.html"
     return CheckReport(
         pipeline=state_store.pipeline_name,

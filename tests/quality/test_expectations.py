@@ -209,6 +209,34 @@ def test_checking_an_older_checkpoint_ignores_sink_records_of_later_epochs(spark
     assert any("10 record(s) of epochs after checkpoint 1" in n for n in report.notes)
 
 
+def test_a_missing_sink_is_checked_as_empty_without_starting_spark(healthy_state, tmp_path):
+    """No sink table yet: a note says so, every split with a committed position misses its
+    records, and the Spark session (a function here) is never asked for."""
+    root = tmp_path / "copy"
+    shutil.copytree(healthy_state / "state", root / "state")
+    store = DeltaStateStore(root / "state", PIPELINE, "kafka:orders")
+    asked: list[str] = []
+
+    def session():
+        asked.append("spark")
+        raise AssertionError("the restart checks asked for Spark with no sink to scan")
+
+    report = run_checks(session, store, str(root / "sink"), tmp_path / "docs")
+
+    assert asked == []
+    assert f"no sink table at {root / 'sink'} yet: the sink is checked as empty" in report.notes
+    assert failing(report) == {
+        ("sink_splits", "expect_column_values_to_be_null(offset_missing)"): (
+            "orders-0",
+            "orders-1",
+            "orders-2",
+            "orders-3",
+            "orders-9",
+        )
+    }
+    assert report.suite("sink_records").rows == 0
+
+
 # ---------------------------------------------------------------------------------------
 # Injected corruptions: each changes a copy of the healthy state the way a bug would
 # ---------------------------------------------------------------------------------------
@@ -238,6 +266,10 @@ def _next_checkpoint(**changes) -> CompletedCheckpoint:
 
 def duplicated_record(spark, store, sink_path):
     _append_sink(spark, sink_path, [("orders-2", 7, 8, 2, 0)])
+
+
+def malformed_record(spark, store, sink_path):
+    _append_sink(spark, sink_path, [("orders-2", 7, 7, 2, 0)])  # ends where it starts
 
 
 def gap_in_sink(spark, store, sink_path):
@@ -279,6 +311,12 @@ CORRUPTIONS = [
         duplicated_record,
         "sink_records",
         "expect_column_values_to_be_null(offset_duplicate)",
+        ("orders-2",),
+    ),
+    (
+        malformed_record,
+        "sink_records",
+        "expect_column_values_to_be_null(offset_unexpected)",
         ("orders-2",),
     ),
     (
@@ -337,6 +375,21 @@ def test_injected_corruption_fails_the_right_expectation_and_names_the_split(
         [outcome] = report.suite("ref_chains").failed
         assert outcome.checkpoint_ids == (4,)
         assert outcome.rule == "ref_chain_too_deep"
+
+
+def test_a_duplicate_written_by_a_later_epoch_is_no_part_of_an_older_checkpoint(
+    spark, healthy_state, tmp_path
+):
+    store, sink_path = copy_of(spark, healthy_state, tmp_path)
+    _append_sink(spark, sink_path, [("orders-0", 3, 4, 2, 0)])  # epoch 2 writes offset 3 again
+
+    older = run_checks(spark, store, sink_path, tmp_path / "docs1", checkpoint_id=1)
+    assert older.success, older.summary()
+    assert any("11 record(s) of epochs after checkpoint 1" in n for n in older.notes)
+    latest = run_checks(spark, store, sink_path, tmp_path / "docs2")
+    assert failing(latest) == {
+        ("sink_records", "expect_column_values_to_be_null(offset_duplicate)"): ("orders-0",)
+    }, latest.summary()
 
 
 def test_a_gap_reported_as_lost_in_the_audit_trail_is_accepted_and_named_in_the_notes(

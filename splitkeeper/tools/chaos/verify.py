@@ -175,7 +175,7 @@ def verify(
             sid: (pos, latest.checkpoint_id) for sid, pos in positions.items()
         }
         report = run_restart_checks(
-            get_spark(SparkSettings.from_env(ui_enabled=False)),
+            lambda: get_spark(SparkSettings.from_env(ui_enabled=False)),
             store,
             config.sink_path,
             strategy=config.strategy,
