@@ -35,8 +35,6 @@ from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import pyarrow as pa
-
 from splitkeeper import resources
 from splitkeeper.core.assignment import AssignmentStrategy, WeightedStrategy, strategy_by_name
 from splitkeeper.core.invariants import (
@@ -70,6 +68,7 @@ from splitkeeper.errors import (
 )
 
 if TYPE_CHECKING:  # pragma: no cover
+    import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
 
     from splitkeeper.delta.checkpoints import DeltaStateStore
@@ -658,73 +657,68 @@ def scan_sink(sink: DataFrame, checkpoint_id: int, content_ids: Collection[str] 
     )
 
 
-_STR, _INT, _BIGINT = pa.string(), pa.int32(), pa.int64()
-_PLACES_SCHEMA = pa.schema(
-    [
-        ("split_id", _STR),
-        ("status", _STR),
-        ("places", _STR),
-        ("owner", _INT),
-        ("subscription", _STR),
-        ("position", _BIGINT),
-        ("end", _BIGINT),
-        ("owned_more_than_once", _STR),
-        ("not_owned", _STR),
-        ("finished_assigned", _STR),
-        ("removed_subscription", _STR),
-    ]
+# Column name and pyarrow type factory of each verdict table (pyarrow is imported when a table is
+# built: the base install, without pyarrow, still reads the suites).
+_STR, _INT, _BIGINT = "string", "int32", "int64"
+_PLACES_SCHEMA = (
+    ("split_id", _STR),
+    ("status", _STR),
+    ("places", _STR),
+    ("owner", _INT),
+    ("subscription", _STR),
+    ("position", _BIGINT),
+    ("end", _BIGINT),
+    ("owned_more_than_once", _STR),
+    ("not_owned", _STR),
+    ("finished_assigned", _STR),
+    ("removed_subscription", _STR),
 )
-_SINK_RECORDS_SCHEMA = pa.schema(
-    [
-        ("split_id", _STR),
-        ("records", _BIGINT),
-        ("islands", _INT),
-        ("first_offset", _BIGINT),
-        ("last_next_offset", _BIGINT),
-        ("offset_duplicate", _STR),
-        ("offset_missing", _STR),
-        ("offset_unexpected", _STR),
-    ]
+_SINK_RECORDS_SCHEMA = (
+    ("split_id", _STR),
+    ("records", _BIGINT),
+    ("islands", _INT),
+    ("first_offset", _BIGINT),
+    ("last_next_offset", _BIGINT),
+    ("offset_duplicate", _STR),
+    ("offset_missing", _STR),
+    ("offset_unexpected", _STR),
 )
-_SINK_SPLITS_SCHEMA = pa.schema(
-    [
-        ("split_id", _STR),
-        ("state", _STR),
-        ("records", _BIGINT),
-        ("start_position", _BIGINT),
-        ("committed_position", _BIGINT),
-        ("known", pa.bool_()),
-        ("offset_unexpected", _STR),
-        ("offset_missing", _STR),
-        ("content_mismatch", _STR),
-    ]
+_SINK_SPLITS_SCHEMA = (
+    ("split_id", _STR),
+    ("state", _STR),
+    ("records", _BIGINT),
+    ("start_position", _BIGINT),
+    ("committed_position", _BIGINT),
+    ("known", "bool_"),
+    ("offset_unexpected", _STR),
+    ("offset_missing", _STR),
+    ("content_mismatch", _STR),
 )
-_LOADS_SCHEMA = pa.schema(
-    [
-        ("reader_id", _INT),
-        ("splits", _INT),
-        ("load", pa.float64()),
-        ("unbalanced", _STR),
-        ("weight_unbalanced", _STR),
-    ]
+_LOADS_SCHEMA = (
+    ("reader_id", _INT),
+    ("splits", _INT),
+    ("load", "float64"),
+    ("unbalanced", _STR),
+    ("weight_unbalanced", _STR),
 )
-_REFS_SCHEMA = pa.schema(
-    [
-        ("checkpoint_id", _BIGINT),
-        ("region_id", _INT),
-        ("outcome", _STR),
-        ("ref_checkpoint_id", _BIGINT),
-        ("ref_depth", _INT),
-        ("split_id", _STR),
-        ("ref_chain_too_deep", _STR),
-        ("ref_missing", _STR),
-        ("ref_not_earlier", _STR),
-    ]
+_REFS_SCHEMA = (
+    ("checkpoint_id", _BIGINT),
+    ("region_id", _INT),
+    ("outcome", _STR),
+    ("ref_checkpoint_id", _BIGINT),
+    ("ref_depth", _INT),
+    ("split_id", _STR),
+    ("ref_chain_too_deep", _STR),
+    ("ref_missing", _STR),
+    ("ref_not_earlier", _STR),
 )
 
 
-def _table(rows: Sequence[Sequence[Any]], schema: pa.Schema) -> pa.Table:
-    """An Arrow table of ``schema`` from row tuples in its column order."""
+def _table(rows: Sequence[Sequence[Any]], spec: Sequence[tuple[str, str]]) -> pa.Table:
+    """An Arrow table of the columns ``spec`` names from row tuples in its column order."""
+    import pyarrow as pa
+
+    schema = pa.schema([(name, getattr(pa, kind)()) for name, kind in spec])
     columns = list(zip(*rows, strict=True)) if rows else [()] * len(schema)
     return pa.Table.from_arrays(
         [pa.array(c, type=f.type) for c, f in zip(columns, schema, strict=True)], schema=schema
