@@ -34,9 +34,9 @@ reads the commit's metadata back from the table history. One sink per pipeline a
 driver process; ``read_only`` sinks create and write nothing (dry runs, status).
 
 Reading the records back: :func:`read_sink` (delta-rs and pyarrow, no Spark) is the one
-reader of a sink's rows, for the report, the tools and the tests; :func:`split_records`
-summarises them per split. :func:`sink_frame` gives the restart checks the same table
-as a Spark frame, and :func:`sink_files` tells them first whether there is anything to read.
+reader of a sink's rows, for the report, the tools and the tests. :func:`sink_frame` gives
+the restart checks the same table as a Spark frame (a sink can be too large for the driver),
+and :func:`sink_files` tells them first whether there is anything to read.
 """
 
 from __future__ import annotations
@@ -71,13 +71,11 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = [
     "DeltaSink",
     "SinkCommit",
-    "SplitRecords",
     "adopted_name",
     "file_statistics",
     "read_sink",
     "sink_files",
     "sink_frame",
-    "split_records",
 ]
 
 log = logging.getLogger(__name__)
@@ -111,15 +109,6 @@ class SinkCommit:
     records: int | None
     attempt_id: str | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True, slots=True)
-class SplitRecords:
-    """Per split, what the sink holds: record count and the offset range they span."""
-
-    records: int
-    first_offset: int
-    last_next_offset: int
 
 
 # --------------------------------------------------------------------------- statistics
@@ -512,25 +501,6 @@ def read_sink(path: str | os.PathLike[str], columns: Sequence[str] | None = None
     return read_rows(table, spec(SINK_TABLE), columns=wanted)
 
 
-def split_records(path: str | os.PathLike[str]) -> dict[str, SplitRecords]:
-    """Per split id of the sink table at ``path``: how many records it holds and the offset range they
-    span (:func:`read_sink` of three columns, grouped with pyarrow)."""
-    rows = read_sink(path, ["split_id", "offset", "next_offset"])
-    grouped = rows.group_by("split_id").aggregate(
-        [("split_id", "count"), ("offset", "min"), ("next_offset", "max")]
-    )
-    return {
-        str(sid): SplitRecords(int(n), int(first), int(last))
-        for sid, n, first, last in zip(
-            grouped["split_id"].to_pylist(),
-            grouped["split_id_count"].to_pylist(),
-            grouped["offset_min"].to_pylist(),
-            grouped["next_offset_max"].to_pylist(),
-            strict=True,
-        )
-    }
-
-
 def sink_files(path: str | os.PathLike[str]) -> int | None:
     """How many data files the sink table at ``path`` has (its latest version, from its log with
     delta-rs; no data file is read), or None when no table exists there yet. Tells a reader whether
@@ -539,15 +509,10 @@ def sink_files(path: str | os.PathLike[str]) -> int | None:
     return None if table is None else len(table.file_uris())
 
 
-def sink_frame(spark: Any, path: str | os.PathLike[str]) -> tuple[DataFrame, bool]:
-    """The sink table at ``path`` read with Spark, and True; an empty frame of its columns and False
-    when no table exists there yet. What the restart checks and the report read."""
-    from deltalake import DeltaTable
-
-    uri = storage.table_uri(path)
-    if DeltaTable.is_deltatable(uri, storage.storage_options(uri)):
-        return spark.read.format("delta").load(storage.spark_uri(uri)), True
-    return spark.createDataFrame(STAGED_FILE_SCHEMA.empty_table()), False
+def sink_frame(spark: Any, path: str | os.PathLike[str]) -> DataFrame:
+    """The sink table at ``path`` read with Spark: what the restart checks scan, once
+    :func:`sink_files` said it has data files."""
+    return spark.read.format("delta").load(storage.spark_uri(storage.table_uri(path)))
 
 
 def _move(source: str, target: str) -> None:

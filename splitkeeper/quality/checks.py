@@ -911,7 +911,7 @@ def build_restart_frames(
     scan = SinkScan()
     if files:
         session = spark() if callable(spark) else spark
-        scan = scan_sink(sink_frame(session, sink_path)[0], checkpoint_id, wanted)
+        scan = scan_sink(sink_frame(session, sink_path), checkpoint_id, wanted)
     if scan.later:
         notes.append(
             f"the sink holds {scan.later} record(s) of epochs after checkpoint {checkpoint_id}; they are "

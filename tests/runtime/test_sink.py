@@ -1,5 +1,5 @@
 """The exactly-once Delta sink on delta-rs: fenced epoch commits of staged files, replays, and the one
-reader of its rows (``read_sink``, ``split_records``) with the core's exactly-once rule on them. No Spark.
+reader of its rows (``read_sink``) with the core's exactly-once rule on them. No Spark.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from splitkeeper.core.ports import RegionRun
 from splitkeeper.core.source import RecordMeta, SourceRecord
 from splitkeeper.core.types import RegionOutcome
 from splitkeeper.delta.schemas import META_COLUMNS, STAGED_COLUMNS, STAGED_FILE_SCHEMA, STAGED_SCHEMA
-from splitkeeper.delta.sink import DeltaSink, adopted_name, file_statistics, read_sink, split_records
+from splitkeeper.delta.sink import DeltaSink, adopted_name, file_statistics, read_sink
 from splitkeeper.errors import ConcurrentRunError, InvalidParameterError, StateError
 from splitkeeper.spark.task import StagedWriter
 
@@ -405,16 +405,6 @@ def test_read_sink_returns_the_columns_asked_for_and_an_empty_table_when_there_i
     assert sorted(read_sink(sink.path, ["offset"]).column("offset").to_pylist()) == [0, 1, 2]
     with pytest.raises(InvalidParameterError, match="columns of the sink table"):
         read_sink(sink.path, ["offset", "nope"])
-
-
-def test_split_records_counts_and_spans(sink, staging):
-    sink.commit(
-        1, [_ack(0, _stage(staging, 1, 0, _kafka_like("a", 5, 9) + _kafka_like("b", 0, 2)))], expected=None,
-        attempt_id="a",
-    )  # fmt: skip
-    per_split = split_records(sink.path)
-    assert (per_split["a"].records, per_split["a"].first_offset, per_split["a"].last_next_offset) == (4, 5, 9)
-    assert per_split["b"].records == 2
 
 
 def test_exactly_once_holds_for_contiguous_unique_offsets(sink, staging):
