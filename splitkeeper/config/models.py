@@ -131,6 +131,31 @@ class OperatorState(enum.Enum):
         return Redistribution.UNION if self is OperatorState.UNION else Redistribution.EVEN_SPLIT
 
 
+class DecodeKind(enum.Enum):
+    """``decode.kind``: what a record's bytes are (:mod:`splitkeeper.records`)."""
+
+    RAW = "raw"  # the bytes as they left the source (value BINARY)
+    TEXT = "text"  # UTF-8 text (value STRING); invalid UTF-8 is a bad record
+    JSON = "json"  # one JSON object per record, typed by decode.schema
+    CSV = "csv"  # one CSV row per record, typed by decode.schema (by position)
+    AVRO = "avro"  # Avro, Confluent wire format, typed by decode.schema_file / the registry
+
+
+class NewFields(enum.Enum):
+    """``decode.on_new_fields``: a field the declared schema does not name (Auto Loader's meanings)."""
+
+    RESCUE = "rescue"  # into the ``_rescued`` column as JSON: nothing lost
+    ADD_COLUMNS = "add_columns"  # the sink's schema widens in the epoch's own commit
+    FAIL = "fail"  # the region fails naming the field, split and offset
+
+
+class Tolerance(enum.Enum):
+    """``errors.tolerance``: what a bad record does (Kafka Connect's ``errors.tolerance``)."""
+
+    NONE = "none"  # it fails its region, naming split and offset
+    ALL = "all"  # it goes to the dead-letter table, with its stage and error
+
+
 class StartingMode(enum.Enum):
     EARLIEST = "earliest"
     LATEST = "latest"
@@ -305,6 +330,48 @@ class OptionalPath(_Section):
     path: _Text | None = Field(None, description="a local directory (default <state>/_staging)")
 
 
+class DecodeSection(_Section):
+    """``decode``: how a record's bytes become the sink's columns (:mod:`splitkeeper.records`)."""
+
+    kind: DecodeKind = _choice(DecodeKind, DecodeKind.RAW)
+    schema_: _Text | None = Field(
+        None,
+        alias="schema",
+        description="a Spark DDL string of the record's columns ('id BIGINT, name STRING, ...')",
+    )
+    schema_file: _Text | None = Field(None, description="an Avro schema file (.avsc), for kind 'avro'")
+    schema_registry_url: _Text | None = Field(
+        None, pattern=r"^https?://[^\s/]+", description="a Confluent schema registry 'http(s)://host:port'"
+    )
+    on_new_fields: NewFields = _choice(NewFields, NewFields.RESCUE)
+    csv_delimiter: str = Field(",", min_length=1, max_length=1, description="one character")
+
+
+class DeadLetterSection(_Section):
+    path: _Text | None = Field(None, description="the dead-letter Delta table (a path or URI)")
+
+
+class ErrorsSection(_Section):
+    """``errors``: bad records (Kafka Connect's ``errors.*``, Delta Live Tables' drop/fail)."""
+
+    tolerance: Tolerance = _choice(Tolerance, Tolerance.NONE)
+    dead_letter: DeadLetterSection = DeadLetterSection.model_validate({})
+    max_bad_ratio: float = Field(
+        defaults.MAX_BAD_RATIO,
+        ge=0,
+        le=1,
+        allow_inf_nan=False,
+        description="a number in [0, 1]: the share of a region's records in an epoch that may be bad",
+    )
+
+
+class SinkSection(_Section):
+    path: _Text = Field(description="a path (relative to the file's directory) or a URI")
+    partition_by: list[_Text] = Field(
+        default_factory=list, description="a list of sink column names (Delta partition columns)"
+    )
+
+
 class RescaleSection(_Section):
     operator_state: OperatorState = _choice(OperatorState, OperatorState.EVEN_SPLIT)
 
@@ -365,6 +432,8 @@ class Resolved:
     staging_path: str
     bootstrap_servers: str | None
     client: tuple[tuple[str, str], ...]
+    dead_letter_path: str | None
+    decode: Any  # splitkeeper.records.spec.DecodeSpec
 
 
 class PipelineFile(_Section):
@@ -391,7 +460,9 @@ class PipelineFile(_Section):
     checkpoint: CheckpointSection = CheckpointSection.model_validate({})
     backlog: BacklogSection = BacklogSection.model_validate({})
     state: RequiredPath = Field(description="where the state tables live")
-    sink: RequiredPath = Field(description="the sink Delta table")
+    sink: SinkSection = Field(description="the sink Delta table")
+    decode: DecodeSection = DecodeSection.model_validate({})
+    errors: ErrorsSection = ErrorsSection.model_validate({})
     staging: OptionalPath = OptionalPath.model_validate({})
     transform: _Text = Field(
         IDENTITY_TRANSFORM,
@@ -436,7 +507,10 @@ class PipelineFile(_Section):
             resolve_transform(self.transform)  # fail at submission, not on an executor
         except ConfigError as err:
             raise ConfigError(f"{err.message} ({at.where})", **err.params) from err.__cause__
-        self._resolved = Resolved(source_path, state_path, sink_path, staging_path, servers, client)
+        decode, dead_letter_path = _check_records(self, sink_path, at)
+        self._resolved = Resolved(
+            source_path, state_path, sink_path, staging_path, servers, client, dead_letter_path, decode
+        )
         return self
 
 
@@ -518,6 +592,45 @@ def _bootstrap_servers(raw: str | list[str] | None, at: _Where) -> str:
     if not items or bad:
         raise at.invalid("source.bootstrap_servers", raw, allowed, f"not host:port: {bad}" if bad else "")
     return ",".join(items)
+
+
+def _check_records(file: PipelineFile, sink_path: str, at: _Where) -> tuple[Any, str | None]:
+    """``decode``, ``errors`` and ``sink.partition_by`` together: the decode spec builds (its
+    schema parses, its options fit its kind), the dead-letter table is given exactly when
+    ``tolerance: all`` and is not the sink, and the partition columns are sink columns. Returns
+    the decode spec and the resolved dead-letter path."""
+    from splitkeeper.records.spec import decode_spec_of
+
+    spec = decode_spec_of(file.decode, base=at.base, where=at.where)
+    errors = file.errors
+    dead = errors.dead_letter.path
+    dead_path = None if dead is None else at.path(dead)
+    if errors.tolerance is Tolerance.ALL and dead_path is None:
+        raise at.missing(
+            "errors.dead_letter.path",
+            "the dead-letter Delta table bad records go to (errors.tolerance is 'all')",
+        )
+    if errors.tolerance is Tolerance.NONE and dead_path is not None:
+        raise at.invalid(
+            "errors.dead_letter.path",
+            dead,
+            "nothing unless errors.tolerance is 'all' (with 'none' a bad record fails its region)",
+            "set errors.tolerance: all",
+        )
+    if dead_path is not None and dead_path.rstrip("/") == sink_path.rstrip("/"):
+        raise at.invalid("errors.dead_letter.path", dead, "a table other than sink.path")
+    columns = spec.sink_column_names()
+    for name in file.sink.partition_by:
+        if name not in columns:
+            raise at.invalid(
+                "sink.partition_by",
+                list(file.sink.partition_by),
+                f"names of the sink's columns: {', '.join(columns)}",
+                f"{name!r} is not one",
+            )
+    if len(set(file.sink.partition_by)) != len(file.sink.partition_by):
+        raise at.invalid("sink.partition_by", list(file.sink.partition_by), "distinct column names")
+    return spec, dead_path
 
 
 def _check_weighted(file: PipelineFile, at: _Where) -> None:

@@ -87,6 +87,7 @@ from splitkeeper.config.models import (
     RegionMode,
     SourceKind,
     StartingMode,
+    Tolerance,
     is_secret_key,
     validate_shape,
 )
@@ -96,6 +97,7 @@ from splitkeeper.core.driver import DriverSettings
 from splitkeeper.core.rescale import Redistribution
 from splitkeeper.core.types import SplitChangePolicy, SplitFailurePolicy
 from splitkeeper.errors import ConfigError
+from splitkeeper.records.spec import DecodeSpec
 
 __all__ = [
     "IDENTITY_TRANSFORM",
@@ -258,6 +260,11 @@ class PipelineConfig:
     lease_ttl_s: float  # lease.ttl_s: a writer that stops heartbeating loses the lease after this
     history_hours: float  # maintenance.history_hours: how far back time travel reaches after VACUUM
     otlp_endpoint: str | None  # metrics.otlp_endpoint: OTLP/HTTP collector (None: the text file only)
+    decode: DecodeSpec  # decode: what a record's bytes are; the sink's data columns
+    tolerance: Tolerance  # errors.tolerance: a bad record fails its region (none) or is a dead letter (all)
+    dead_letter_path: str | None  # errors.dead_letter.path (tolerance all only)
+    max_bad_ratio: float  # errors.max_bad_ratio: per region and epoch, above it the region fails
+    partition_by: tuple[str, ...]  # sink.partition_by: the sink's Delta partition columns
     origin: str  # the file it was loaded from (for messages), "" if built from a mapping
 
     @property
@@ -678,6 +685,11 @@ def _view(file: PipelineFile, origin: str) -> PipelineConfig:
         lease_ttl_s=file.lease.ttl_s,
         history_hours=file.maintenance.history_hours,
         otlp_endpoint=file.metrics.otlp_endpoint,
+        decode=resolved.decode,
+        tolerance=file.errors.tolerance,
+        dead_letter_path=resolved.dead_letter_path,
+        max_bad_ratio=file.errors.max_bad_ratio,
+        partition_by=tuple(file.sink.partition_by),
         origin=origin,
     )
 

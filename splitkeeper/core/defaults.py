@@ -46,3 +46,7 @@ REBALANCE_THRESHOLD: Final = 1.25
 ON_FILE_CHANGE: Final = SplitChangePolicy.FAIL
 #: ``lease.ttl_s``: a writer that stops heartbeating loses the pipeline's lease after this.
 LEASE_TTL_S: Final = 60.0
+
+#: ``errors.max_bad_ratio``: the share of a region's records in one epoch that may be bad records
+#: (dead letters) before the region fails: a poison topic never fills the dead-letter table silently.
+MAX_BAD_RATIO = 0.1

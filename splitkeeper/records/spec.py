@@ -1,0 +1,196 @@
+"""The decode spec: what a record's bytes are, and the sink columns they become.
+
+Contract:
+
+1. :class:`DecodeSpec` is built once from the ``decode`` section (:func:`decode_spec_of`, at
+   config validation) and shipped to the region tasks; it is frozen, picklable, and imports
+   neither pyarrow nor Spark (the base install validates configs).
+2. :meth:`DecodeSpec.data_columns` is the one definition of the sink's data columns:
+   ``raw`` -> ``value BINARY``; ``text`` -> ``value STRING``; ``json``/``csv``/``avro`` ->
+   the declared columns, plus ``_rescued STRING`` when ``on_new_fields`` is ``rescue``.
+   :func:`splitkeeper.delta.schemas.sink_schema` puts the bookkeeping columns around them.
+3. Every rule of the ``decode`` section that spans its keys is here, raised as a ConfigError
+   naming the key, the value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from splitkeeper.errors import ConfigError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from splitkeeper.config.models import DecodeSection
+
+__all__ = [
+    "BOOKKEEPING_COLUMNS",
+    "RESCUED",
+    "Column",
+    "DecodeSpec",
+    "decode_spec_of",
+]
+
+#: The column that keeps, as JSON, the fields the declared schema does not name (``rescue``).
+RESCUED = "_rescued"
+#: The columns every sink has besides the data columns (the record's place and its Kafka metadata).
+BOOKKEEPING_COLUMNS: tuple[str, ...] = (
+    "split_id",
+    "offset",
+    "next_offset",
+    "epoch",
+    "region",
+    "ingested_at",
+    "key",
+    "topic",
+    "partition",
+    "timestamp",
+    "headers",
+)
+#: A derived column a sink may be partitioned by: the UTC date of ``ingested_at``.
+INGESTED_DATE = "ingested_date"
+KINDS = ("raw", "text", "json", "csv", "avro")
+TYPED_KINDS = ("json", "csv", "avro")
+
+
+@dataclass(frozen=True, slots=True)
+class Column:
+    """One data column: its name and its Spark SQL type as DDL text (``BIGINT``, ``DECIMAL(10,2)``,
+    ``STRUCT<a: INT>``), canonical upper case."""
+
+    name: str
+    type: str
+    nullable: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeSpec:
+    """How a record's bytes become columns (module doc). ``columns``: the declared columns
+    (typed kinds only); ``avro_schema``: the writer schema's JSON text (kind ``avro`` with a
+    schema file)."""
+
+    kind: str = "raw"
+    columns: tuple[Column, ...] = ()
+    on_new_fields: str = "rescue"
+    csv_delimiter: str = ","
+    avro_schema: str | None = None
+    schema_registry_url: str | None = None
+    extra: tuple[tuple[str, Any], ...] = field(default=())
+
+    @property
+    def typed(self) -> bool:
+        return self.kind in TYPED_KINDS
+
+    def data_columns(self) -> tuple[Column, ...]:
+        """The sink's data columns (contract 2)."""
+        if self.kind == "raw":
+            return (Column("value", "BINARY"),)
+        if self.kind == "text":
+            return (Column("value", "STRING"),)
+        rescued = (Column(RESCUED, "STRING"),) if self.on_new_fields == "rescue" else ()
+        return self.columns + rescued
+
+    def sink_column_names(self) -> tuple[str, ...]:
+        """Every column a sink of this spec may have (what ``sink.partition_by`` may name)."""
+        return (
+            BOOKKEEPING_COLUMNS[:3]
+            + tuple(c.name for c in self.data_columns())
+            + BOOKKEEPING_COLUMNS[3:]
+            + (INGESTED_DATE,)
+        )
+
+
+def decode_spec_of(section: DecodeSection, *, base: str | os.PathLike[str], where: str) -> DecodeSpec:
+    """The spec of a validated ``decode`` section (contract 3); ``base`` resolves ``schema_file``."""
+    from splitkeeper.records.ddl import parse_ddl
+
+    kind = section.kind.value
+    given = set(section.given())
+
+    def invalid(key: str, value: Any, allowed: str, hint: str = "") -> ConfigError:
+        message = f"decode.{key}={value!r} is not allowed: {allowed}" + (f"; {hint}" if hint else "")
+        return ConfigError(f"{message} ({where})", key=f"decode.{key}", value=value, allowed=allowed)
+
+    def missing(key: str, allowed: str) -> ConfigError:
+        return ConfigError(
+            f"decode.{key} is required but missing ({where}): {allowed}",
+            key=f"decode.{key}",
+            value=None,
+            allowed=allowed,
+        )
+
+    typed_only = ("schema_", "schema_file", "schema_registry_url", "on_new_fields")
+    if kind in ("raw", "text"):
+        for key in typed_only:
+            if key in given:
+                name = key.rstrip("_")
+                raise invalid(
+                    name,
+                    getattr(section, key),
+                    f"nothing for decode.kind {kind!r} (it has one value column)",
+                    "set decode.kind to json, csv or avro to declare columns",
+                )
+    if kind != "csv" and "csv_delimiter" in given:
+        raise invalid("csv_delimiter", section.csv_delimiter, "nothing unless decode.kind is 'csv'")
+    columns: tuple[Column, ...] = ()
+    avro_schema = None
+    if kind in ("json", "csv"):
+        for key in ("schema_file", "schema_registry_url"):
+            if key in given:
+                raise invalid(key, getattr(section, key), f"nothing for decode.kind {kind!r} (Avro only)")
+        if section.schema_ is None:
+            raise missing(
+                "schema", f"a Spark DDL string of the {kind} record's columns, e.g. 'id BIGINT, name STRING'"
+            )
+        try:
+            columns = parse_ddl(section.schema_)
+        except ValueError as err:
+            raise invalid("schema", section.schema_, "a Spark DDL string 'name TYPE, ...'", str(err)) from err
+        if kind == "csv" and section.on_new_fields.value == "add_columns":
+            raise invalid(
+                "on_new_fields", "add_columns", "rescue or fail for csv (its extra fields have no names)"
+            )
+    if kind == "avro":
+        if "schema_" in given:
+            raise invalid(
+                "schema", section.schema_, "nothing for kind 'avro': use decode.schema_file (.avsc)"
+            )
+        if section.schema_file is None and section.schema_registry_url is None:
+            raise missing("schema_file", "an Avro schema file (.avsc), or decode.schema_registry_url")
+        if section.schema_file is not None:
+            path = Path(section.schema_file).expanduser()
+            path = path if path.is_absolute() else Path(base) / path
+            try:
+                avro_schema = path.read_text(encoding="utf-8")
+                parsed = json.loads(avro_schema)
+            except (OSError, ValueError) as err:
+                raise invalid(
+                    "schema_file", section.schema_file, "a readable Avro schema file (JSON)", str(err)
+                ) from err
+            from splitkeeper.records.ddl import avro_columns
+
+            try:
+                columns = avro_columns(parsed)
+            except ValueError as err:
+                raise invalid("schema_file", section.schema_file, "an Avro record schema", str(err)) from err
+    names = [c.name for c in columns]
+    reserved = set(BOOKKEEPING_COLUMNS) | {RESCUED, INGESTED_DATE}
+    for name in names:
+        if name in reserved:
+            raise invalid(
+                "schema",
+                section.schema_ or section.schema_file,
+                f"column names other than {sorted(reserved)}",
+                f"{name!r} is a bookkeeping column of the sink",
+            )
+    return DecodeSpec(
+        kind=kind,
+        columns=columns,
+        on_new_fields=section.on_new_fields.value,
+        csv_delimiter=section.csv_delimiter,
+        avro_schema=avro_schema,
+        schema_registry_url=section.schema_registry_url,
+    )
