@@ -260,3 +260,19 @@ def _error(spec: str, why: str, key: str = "transform") -> ConfigError:
     return ConfigError(
         f"{key}={spec!r} is not allowed: {_ALLOWED}; {why}", key=key, value=spec, allowed=_ALLOWED
     )
+
+
+def apply_to_table(transform: Transform, table: pa.Table, offsets: pa.Array, split_id: str) -> pa.Table:
+    """Apply ``transform`` to a range's decoded columns (``table``, one row per record at ``offsets``).
+
+    STUB of issue 21's columnar transform (being filled in): a per-record or vectorised
+    transform maps the ``value`` column (text sinks); failures raise :class:`TransformError`
+    naming the split and offset. The finished form also takes Arrow ``RecordBatch -> RecordBatch``
+    transforms over typed columns and returns the records a transform failed on as bad
+    records (stage ``transform``) instead of raising, when the caller tolerates them.
+    """
+    if transform is identity or table.num_rows == 0:
+        return table
+    column = table.column("value").combine_chunks()
+    out = transform_values(transform, column, offsets, split_id)
+    return table.set_column(table.schema.get_field_index("value"), "value", out)
