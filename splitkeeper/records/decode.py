@@ -184,7 +184,9 @@ def _json_readable(t: DdlType) -> pa.DataType:
     if t.name == "STRUCT":
         return pa.struct([pa.field(n, _json_readable(ft), nullable) for n, ft, nullable in t.fields])
     if t.name == "MAP":
-        raise ValueError("a MAP column is not supported for decode.kind json (Arrow's JSON reader has no maps)")
+        raise ValueError(
+            "a MAP column is not supported for decode.kind json (Arrow's JSON reader has no maps)"
+        )
     out: pa.DataType = arrow_type(_render(t))
     return out
 
@@ -209,7 +211,9 @@ def _plan(spec: DecodeSpec) -> _Plan:
                 raise ValueError(f"decode column {c.name!r} {c.type}: {err}") from None
         elif spec.kind == "csv":
             if t.name in ("ARRAY", "MAP", "STRUCT"):
-                raise ValueError(f"decode column {c.name!r} {c.type}: csv columns must be of a primitive type")
+                raise ValueError(
+                    f"decode column {c.name!r} {c.type}: csv columns must be of a primitive type"
+                )
             read[c.name] = pa.string()
         else:
             read[c.name] = arrow[c.name]
@@ -323,9 +327,9 @@ class _Typed:
         valid = np.asarray(pc.fill_null(pc.greater(pc.binary_length(values), 0), False))
         if not valid.all():
             nulls = np.asarray(values.is_null())
-            for i in np.flatnonzero(~valid):
-                what = "a null value (a Kafka tombstone)" if nulls[i] else "an empty value"
-                self._bad(int(i), "decode", f"{what} has no {self.spec.kind} record", "EmptyValue")
+            for j in np.flatnonzero(~valid):
+                what = "a null value (a Kafka tombstone)" if nulls[j] else "an empty value"
+                self._bad(int(j), "decode", f"{what} has no {self.spec.kind} record", "EmptyValue")
         if self.spec.kind == "avro":
             return np.flatnonzero(valid).astype(np.int64)
         try:
@@ -381,22 +385,31 @@ class _Typed:
         chosen = texts if len(indices) == self.n else texts.take(pa.array(indices))
         lists = pa.ListArray.from_arrays(pa.array([0, len(chosen)], pa.int32()), chosen)
         joined = pc.binary_join(lists, "\n")[0]
-        return joined.as_buffer()  # type: ignore[no-any-return]
+        buffer: pa.Buffer = joined.as_buffer()
+        return buffer
 
-    def _read_batch(self, indices: np.ndarray, *, newlines: bool, columns: tuple[str, ...] | None = None) -> pa.Table:
+    def _read_batch(
+        self, indices: np.ndarray, *, newlines: bool, columns: tuple[str, ...] | None = None
+    ) -> pa.Table:
         buffer = self._buffer(indices)
         if self.spec.kind == "json":
             return self._read_json(buffer, newlines=newlines, columns=columns)
         return self._read_csv(buffer, newlines=newlines)
 
-    def _read_json(self, buffer: pa.Buffer, *, newlines: bool, columns: tuple[str, ...] | None = None) -> pa.Table:
+    def _read_json(
+        self, buffer: pa.Buffer, *, newlines: bool, columns: tuple[str, ...] | None = None
+    ) -> pa.Table:
         import pyarrow.json as pj
 
         names = columns if columns is not None else tuple(c.name for c in self.plan.columns)
         schema = pa.schema([pa.field(n, self.plan.read[n]) for n in names])
-        options = pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior="infer", newlines_in_values=newlines)
+        options = pj.ParseOptions(
+            explicit_schema=schema, unexpected_field_behavior="infer", newlines_in_values=newlines
+        )
         block = max(1 << 20, min(len(buffer) + 1, 1 << 26))
-        return pj.read_json(pa.BufferReader(buffer), read_options=pj.ReadOptions(block_size=block), parse_options=options)
+        return pj.read_json(
+            pa.BufferReader(buffer), read_options=pj.ReadOptions(block_size=block), parse_options=options
+        )
 
     def _read_csv(self, buffer: pa.Buffer, *, newlines: bool, names: list[str] | None = None) -> pa.Table:
         import pyarrow.csv as pcsv
@@ -404,7 +417,9 @@ class _Typed:
         names = names if names is not None else [c.name for c in self.plan.columns]
         return pcsv.read_csv(
             pa.BufferReader(buffer),
-            read_options=pcsv.ReadOptions(column_names=names, block_size=max(1 << 20, min(len(buffer) + 1, 1 << 26))),
+            read_options=pcsv.ReadOptions(
+                column_names=names, block_size=max(1 << 20, min(len(buffer) + 1, 1 << 26))
+            ),
             parse_options=pcsv.ParseOptions(delimiter=self.spec.csv_delimiter, newlines_in_values=newlines),
             convert_options=pcsv.ConvertOptions(
                 column_types={n: pa.string() for n in names},
@@ -425,7 +440,12 @@ class _Typed:
         try:
             members = json_members(text)
         except ValueError as err:
-            self._bad(i, "decode", f"not one JSON object: {err}; the value begins {_short(text)!r}", "JSONDecodeError")
+            self._bad(
+                i,
+                "decode",
+                f"not one JSON object: {err}; the value begins {_short(text)!r}",
+                "JSONDecodeError",
+            )
             return
         keys = [k for k, _ in members]
         if len(set(keys)) != len(keys):
@@ -442,7 +462,12 @@ class _Typed:
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as err:
                 mismatched.append((key, raw, str(err)))
         if not mismatched:
-            self._bad(i, "schema", f"the record does not fit the declared columns: {_short(text, 200)!r}", "ArrowInvalid")
+            self._bad(
+                i,
+                "schema",
+                f"the record does not fit the declared columns: {_short(text, 200)!r}",
+                "ArrowInvalid",
+            )
             return
         detail = "; ".join(
             f"field {k!r}: expected {self._declared(k).type}, got {_short(raw)}" for k, raw, _ in mismatched
@@ -474,7 +499,10 @@ class _Typed:
                 read_options=pcsv.ReadOptions(autogenerate_column_names=True),
                 parse_options=pcsv.ParseOptions(delimiter=self.spec.csv_delimiter, newlines_in_values=True),
                 convert_options=pcsv.ConvertOptions(
-                    column_types={}, null_values=[], strings_can_be_null=False, quoted_strings_can_be_null=False
+                    column_types={},
+                    null_values=[],
+                    strings_can_be_null=False,
+                    quoted_strings_can_be_null=False,
                 ),
             )
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as err:
@@ -486,7 +514,9 @@ class _Typed:
             return
         fields = [table.column(j).cast(pa.string()) for j in range(table.num_columns)]
         if len(fields) < declared:
-            self._bad(i, "schema", f"{len(fields)} fields, {declared} declared: {_short(text)!r}", "SchemaMismatch")
+            self._bad(
+                i, "schema", f"{len(fields)} fields, {declared} declared: {_short(text)!r}", "SchemaMismatch"
+            )
             return
         if len(fields) > declared:
             extra = {f"_c{j}": fields[j][0].as_py() for j in range(declared, len(fields))}
@@ -516,7 +546,10 @@ class _Typed:
                     if keep[j]:
                         keep[j] = False
                         self._bad(
-                            int(indices[j]), "schema", f"column {c.name!r} is NOT NULL but the record has no value", "NullValue"
+                            int(indices[j]),
+                            "schema",
+                            f"column {c.name!r} is NOT NULL but the record has no value",
+                            "NullValue",
                         )
         extras = {n: table.column(n).combine_chunks() for n in table.column_names if n not in plan.names}
         if extras or self.spec.kind == "json":
@@ -555,7 +588,12 @@ class _Typed:
                     self._csv_rescue_field(i, c.name, shown)
             elif keep[j]:
                 keep[j] = False
-                self._bad(i, "schema", f"field {c.name!r}: expected {c.type}, got {_short(repr(shown))} ({error})", "SchemaMismatch")
+                self._bad(
+                    i,
+                    "schema",
+                    f"field {c.name!r}: expected {c.type}, got {_short(repr(shown))} ({error})",
+                    "SchemaMismatch",
+                )
         return pa.concat_arrays(out)
 
     def _csv_rescue_field(self, i: int, name: str, text: Any) -> None:
@@ -593,7 +631,8 @@ class _Typed:
                     self._bad(
                         i,
                         "schema",
-                        f"field {deep[0]!r} is not declared; on_new_fields add_columns adds top-level columns only",
+                        f"field {deep[0]!r} is not declared; on_new_fields add_columns adds top-level "
+                        "columns only",
                         "SchemaDrift",
                     )
 
@@ -626,7 +665,12 @@ class _Typed:
             raw: bytes = raws[i]
             if len(raw) < 5 or raw[0] != 0:
                 what = f"magic byte {raw[0]}" if raw[0] != 0 else f"{len(raw)} bytes"
-                self._bad(i, "decode", f"not the Confluent wire format (magic byte 0, 4-byte schema id): {what}", "AvroDecodeError")
+                self._bad(
+                    i,
+                    "decode",
+                    f"not the Confluent wire format (magic byte 0, 4-byte schema id): {what}",
+                    "AvroDecodeError",
+                )
                 continue
             schema_id = int.from_bytes(raw[1:5], "big")
             writer = reader
@@ -637,19 +681,36 @@ class _Typed:
                     self._bad(i, "decode", str(err), "UnknownSchemaId")
                     continue
             if writer is None:
-                self._bad(i, "decode", "no writer schema: set decode.schema_file or decode.schema_registry_url", "AvroDecodeError")
+                self._bad(
+                    i,
+                    "decode",
+                    "no writer schema: set decode.schema_file or decode.schema_registry_url",
+                    "AvroDecodeError",
+                )
                 continue
             body = io.BytesIO(raw[5:])
             try:
                 record = fastavro.schemaless_reader(body, writer, None)
             except Exception as err:  # noqa: BLE001 - any failure of the body's bytes is a decode error
-                self._bad(i, "decode", f"schema id {schema_id}: the Avro body does not read: {type(err).__name__}: {err}", "AvroDecodeError")
+                self._bad(
+                    i,
+                    "decode",
+                    f"schema id {schema_id}: the Avro body does not read: {type(err).__name__}: {err}",
+                    "AvroDecodeError",
+                )
                 continue
             if body.tell() != len(raw) - 5:
-                self._bad(i, "decode", f"schema id {schema_id}: {len(raw) - 5 - body.tell()} bytes after the Avro record", "AvroDecodeError")
+                self._bad(
+                    i,
+                    "decode",
+                    f"schema id {schema_id}: {len(raw) - 5 - body.tell()} bytes after the Avro record",
+                    "AvroDecodeError",
+                )
                 continue
             if not isinstance(record, dict):
-                self._bad(i, "decode", f"schema id {schema_id}: the Avro value is not a record", "AvroDecodeError")
+                self._bad(
+                    i, "decode", f"schema id {schema_id}: the Avro value is not a record", "AvroDecodeError"
+                )
                 continue
             records.append(record)
             where.append(i)
@@ -676,8 +737,19 @@ class _Typed:
             for row, i in zip(rows, indices, strict=True):  # only a batch with a record that does not fit
                 try:
                     pa.Table.from_pylist([row], schema=schema)
-                except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, OverflowError, TypeError) as err:
-                    self._bad(int(i), "schema", f"the Avro record does not fit the declared columns: {err}", "SchemaMismatch")
+                except (
+                    pa.ArrowInvalid,
+                    pa.ArrowTypeError,
+                    pa.ArrowNotImplementedError,
+                    OverflowError,
+                    TypeError,
+                ) as err:
+                    self._bad(
+                        int(i),
+                        "schema",
+                        f"the Avro record does not fit the declared columns: {err}",
+                        "SchemaMismatch",
+                    )
                     continue
                 keep_rows.append(row)
                 keep_idx.append(int(i))
@@ -696,19 +768,28 @@ class _Typed:
                 for r, i in zip(records, indices, strict=True):
                     rest = {k: v for k, v in r.items() if k not in plan.names}
                     if rest:
-                        self.rescued_text[int(i)] = json.dumps(rest, default=str, ensure_ascii=False, separators=(",", ":"))
+                        self.rescued_text[int(i)] = json.dumps(
+                            rest, default=str, ensure_ascii=False, separators=(",", ":")
+                        )
             else:
                 new = pa.Table.from_pylist([{k: _plain(r.get(k)) for k in extra_names} for r in records])
                 for name in extra_names:
                     column = new.column(name)
-                    table = table.append_column(name, column if column.type != pa.null() else column.cast(pa.string()))
+                    table = table.append_column(
+                        name, column if column.type != pa.null() else column.cast(pa.string())
+                    )
         keep = np.ones(len(indices), bool)
         for c in plan.columns:
             if not c.nullable and table.column(c.name).null_count:
                 for j in np.flatnonzero(np.asarray(table.column(c.name).is_null())):
                     if keep[j]:
                         keep[j] = False
-                        self._bad(int(indices[j]), "schema", f"column {c.name!r} is NOT NULL but the record has no value", "NullValue")
+                        self._bad(
+                            int(indices[j]),
+                            "schema",
+                            f"column {c.name!r} is NOT NULL but the record has no value",
+                            "NullValue",
+                        )
         if not keep.all():
             table = table.filter(pa.array(keep))
             indices = indices[keep]
@@ -739,7 +820,9 @@ class _Typed:
             if len(parts) == 1:
                 table = parts[0][1]
             else:
-                tables = [t.select(declared + [n for n in new_columns if n in t.column_names]) for _, t in parts]
+                tables = [
+                    t.select(declared + [n for n in new_columns if n in t.column_names]) for _, t in parts
+                ]
                 table = _concat(tables)
                 order = np.argsort(indices, kind="stable")
                 indices = indices[order]
@@ -763,7 +846,9 @@ class _Typed:
         kept = pa.array(indices, pa.int64())
         overlap = bool(len(bad)) and bool(np.isin(np.array(bad.indices, np.int64), indices).any())
         if len(kept) + len(bad) != self.n or overlap:
-            raise AssertionError(f"decode lost track of records: {len(kept)} kept + {len(bad)} bad != {self.n}")
+            raise AssertionError(
+                f"decode lost track of records: {len(kept)} kept + {len(bad)} bad != {self.n}"
+            )
         return Decoded(table, kept, bad, tuple(new_columns))
 
     def _rescued(self, indices: np.ndarray) -> pa.Array:
@@ -778,13 +863,19 @@ class _Typed:
             top = {u.split(".", 1)[0] for u in unknown}
             chosen = [(k, raw) for k, raw in members if k in names or k in top]
             if chosen:
-                rescued[i] = "{" + ",".join(json.dumps(k, ensure_ascii=False) + ":" + raw for k, raw in chosen) + "}"
+                rescued[i] = (
+                    "{" + ",".join(json.dumps(k, ensure_ascii=False) + ":" + raw for k, raw in chosen) + "}"
+                )
         if not rescued:
             return pa.nulls(len(indices), pa.string())
         positions = np.searchsorted(indices, np.array(sorted(rescued), np.int64))
         mask = np.zeros(len(indices), bool)
         mask[positions] = True
-        return pc.replace_with_mask(pa.nulls(len(indices), pa.string()), pa.array(mask), pa.array([rescued[i] for i in sorted(rescued)], pa.string()))
+        return pc.replace_with_mask(
+            pa.nulls(len(indices), pa.string()),
+            pa.array(mask),
+            pa.array([rescued[i] for i in sorted(rescued)], pa.string()),
+        )
 
 
 def _plain(value: Any) -> Any:
@@ -814,7 +905,9 @@ def _parsed_avro(schema_text: str) -> Any:
     return fastavro.parse_schema(json.loads(schema_text))
 
 
-def registry_schema(url: str, schema_id: int, *, timeout: float = 10.0, opener: Callable[..., Any] | None = None) -> str:
+def registry_schema(
+    url: str, schema_id: int, *, timeout: float = 10.0, opener: Callable[..., Any] | None = None
+) -> str:
     """The Avro schema text of ``schema_id`` from a Confluent-compatible registry, fetched once
     per process (``GET {url}/schemas/ids/{id}``). LookupError when the registry does not know
     the id (HTTP 404); other failures raise (the range is retried)."""
@@ -830,7 +923,9 @@ def registry_schema(url: str, schema_id: int, *, timeout: float = 10.0, opener: 
             body = json.loads(response.read().decode("utf-8"))
     except urllib.error.HTTPError as err:
         if err.code == 404:
-            raise LookupError(f"schema id {schema_id} is not in the schema registry at {key[0]} (HTTP 404)") from err
+            raise LookupError(
+                f"schema id {schema_id} is not in the schema registry at {key[0]} (HTTP 404)"
+            ) from err
         raise
     kind = body.get("schemaType", "AVRO")
     if kind != "AVRO" or not isinstance(body.get("schema"), str):
