@@ -346,6 +346,18 @@ class _Typed:
                     valid[i] = False
                     good.append(None)
             self.texts = pa.array(good, pa.binary()).cast(pa.string())
+        if self.spec.kind == "json":  # also: a buffer that begins with `null` crashes Arrow's JSON reader
+            starts = pc.starts_with(pc.utf8_ltrim(self.texts, " \t\r\n"), "{")
+            objects = np.asarray(pc.fill_null(starts, False))
+            for j in np.flatnonzero(valid & ~objects):
+                text = self.texts[int(j)].as_py()
+                self._bad(
+                    int(j),
+                    "decode",
+                    f"not a JSON object: the value begins {_short(text)!r}",
+                    "JSONDecodeError",
+                )
+            valid &= objects
         return np.flatnonzero(valid).astype(np.int64)
 
     def _bad(self, index: int, stage: str, message: str, error_class: str) -> None:
@@ -397,14 +409,16 @@ class _Typed:
         return self._read_csv(buffer, newlines=newlines)
 
     def _read_json(
-        self, buffer: pa.Buffer, *, newlines: bool, columns: tuple[str, ...] | None = None
+        self, buffer: pa.Buffer, *, newlines: bool, columns: tuple[str, ...] | None = None, infer: bool = True
     ) -> pa.Table:
         import pyarrow.json as pj
 
         names = columns if columns is not None else tuple(c.name for c in self.plan.columns)
         schema = pa.schema([pa.field(n, self.plan.read[n]) for n in names])
         options = pj.ParseOptions(
-            explicit_schema=schema, unexpected_field_behavior="infer", newlines_in_values=newlines
+            explicit_schema=schema,
+            unexpected_field_behavior="infer" if infer else "ignore",
+            newlines_in_values=newlines,
         )
         block = max(1 << 20, min(len(buffer) + 1, 1 << 26))
         return pj.read_json(
@@ -461,6 +475,10 @@ class _Typed:
                 self._read_json(pa.py_buffer(line.encode()), newlines=True, columns=(key,))
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as err:
                 mismatched.append((key, raw, str(err)))
+        unknown = [k for k in keys if k not in self.plan.names]
+        if not mismatched and unknown:  # Arrow cannot infer one type for an undeclared field's value
+            self._single_unreadable_drift(i, text, unknown)
+            return
         if not mismatched:
             self._bad(
                 i,
@@ -478,13 +496,39 @@ class _Typed:
             return
         keep = tuple(c.name for c in self.plan.columns if c.name not in {k for k, _, _ in mismatched})
         try:
-            table = self._read_json(pa.py_buffer(text.encode()), newlines=True, columns=keep)
+            table = self._read_json(pa.py_buffer(text.encode()), newlines=True, columns=keep, infer=False)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as err:
             self._bad(i, "schema", f"{detail}; and {err}", "SchemaMismatch")
             return
-        for key, _, _ in mismatched:
+        for key, _, _ in mismatched:  # read as an undeclared field: the null column replaces it
+            if key in table.column_names:
+                table = table.drop_columns([key])
             table = table.append_column(key, pa.nulls(1, self.plan.read[key]))
         self.rescue_keys[i] = {k for k, _, _ in mismatched}
+        if unknown:
+            self.drift_candidates.add(i)
+        self._accept(np.array([i], np.int64), table)
+
+    def _single_unreadable_drift(self, i: int, text: str, unknown: list[str]) -> None:
+        """A record whose declared fields fit but whose undeclared ones Arrow cannot type."""
+        if self.spec.on_new_fields == "fail":
+            self.drift.append((i, unknown[0]))
+            return
+        if self.spec.on_new_fields == "add_columns":
+            self._bad(
+                i,
+                "schema",
+                f"the new field(s) {unknown} have no one Arrow type (e.g. an array of mixed types), so they "
+                "cannot be added as columns; declare them in decode.schema",
+                "SchemaDrift",
+            )
+            return
+        try:
+            table = self._read_json(pa.py_buffer(text.encode()), newlines=True, infer=False)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as err:
+            self._bad(i, "schema", f"the record does not fit the declared columns: {err}", "SchemaMismatch")
+            return
+        self.drift_candidates.add(i)
         self._accept(np.array([i], np.int64), table)
 
     def _declared(self, name: str) -> Column:
@@ -895,7 +939,7 @@ def _plain(value: Any) -> Any:
 
 
 _AVRO_LOCK = threading.Lock()
-_REGISTRY: dict[tuple[str, int], str] = {}
+_REGISTRY: dict[tuple[str, int], str | LookupError] = {}
 
 
 @lru_cache(maxsize=256)
@@ -910,11 +954,15 @@ def registry_schema(
 ) -> str:
     """The Avro schema text of ``schema_id`` from a Confluent-compatible registry, fetched once
     per process (``GET {url}/schemas/ids/{id}``). LookupError when the registry does not know
-    the id (HTTP 404); other failures raise (the range is retried)."""
+    the id (HTTP 404; remembered too: a schema id never changes); other failures raise (the
+    range is retried)."""
     key = (url.rstrip("/"), schema_id)
     with _AVRO_LOCK:
-        if key in _REGISTRY:
-            return _REGISTRY[key]
+        known = _REGISTRY.get(key)
+    if isinstance(known, LookupError):
+        raise known
+    if known is not None:
+        return known
     request = urllib.request.Request(
         f"{key[0]}/schemas/ids/{schema_id}", headers={"Accept": "application/vnd.schemaregistry.v1+json"}
     )
@@ -922,14 +970,18 @@ def registry_schema(
         with (opener or urllib.request.urlopen)(request, timeout=timeout) as response:
             body = json.loads(response.read().decode("utf-8"))
     except urllib.error.HTTPError as err:
-        if err.code == 404:
-            raise LookupError(
-                f"schema id {schema_id} is not in the schema registry at {key[0]} (HTTP 404)"
-            ) from err
-        raise
+        if err.code != 404:
+            raise
+        missing = LookupError(f"schema id {schema_id} is not in the schema registry at {key[0]} (HTTP 404)")
+        with _AVRO_LOCK:
+            _REGISTRY[key] = missing
+        raise missing from err
     kind = body.get("schemaType", "AVRO")
     if kind != "AVRO" or not isinstance(body.get("schema"), str):
-        raise LookupError(f"schema id {schema_id} at {key[0]} is a {kind} schema, not Avro")
+        wrong = LookupError(f"schema id {schema_id} at {key[0]} is a {kind} schema, not Avro")
+        with _AVRO_LOCK:
+            _REGISTRY[key] = wrong
+        raise wrong
     text: str = body["schema"]
     with _AVRO_LOCK:
         _REGISTRY[key] = text

@@ -85,23 +85,41 @@ def test_the_module_imports_without_pyarrow() -> None:
 
 _names = st.text(alphabet=string.ascii_letters + string.digits + "_ `-.", min_size=1, max_size=8)
 _primitive = st.sampled_from(
-    ["STRING", "BINARY", "BOOLEAN", "TINYINT", "SMALLINT", "INT", "BIGINT", "FLOAT", "DOUBLE", "DATE",
-     "TIMESTAMP", "TIMESTAMP_NTZ"]  # fmt: skip
+    [
+        "STRING",
+        "BINARY",
+        "BOOLEAN",
+        "TINYINT",
+        "SMALLINT",
+        "INT",
+        "BIGINT",
+        "FLOAT",
+        "DOUBLE",
+        "DATE",
+        "TIMESTAMP",
+        "TIMESTAMP_NTZ",
+    ]  # fmt: skip
 ) | st.builds(lambda p, s: f"DECIMAL({p},{min(s, p)})", st.integers(1, 38), st.integers(0, 38))
 
 
 def _struct(fields: list[tuple[str, str, bool]]) -> str:
     unique = list({n: (n, t, nl) for n, t, nl in fields}.values())
-    quoted = ["`" + n.replace("`", "``") + "`" if not n.isidentifier() or "`" in n else n for n, _, _ in unique]
-    inner = ", ".join(f"{q}: {t}" + ("" if nl else " NOT NULL") for q, (_, t, nl) in zip(quoted, unique, strict=True))
+    quoted = [
+        "`" + n.replace("`", "``") + "`" if not n.isidentifier() or "`" in n else n for n, _, _ in unique
+    ]
+    inner = ", ".join(
+        f"{q}: {t}" + ("" if nl else " NOT NULL") for q, (_, t, nl) in zip(quoted, unique, strict=True)
+    )
     return f"STRUCT<{inner}>"
 
 
 _types = st.recursive(
     _primitive,
-    lambda inner: st.builds(lambda t: f"ARRAY<{t}>", inner)
-    | st.builds(lambda k, v: f"MAP<{k}, {v}>", _primitive, inner)
-    | st.builds(_struct, st.lists(st.tuples(_names, inner, st.booleans()), min_size=1, max_size=3)),
+    lambda inner: (
+        st.builds(lambda t: f"ARRAY<{t}>", inner)
+        | st.builds(lambda k, v: f"MAP<{k}, {v}>", _primitive, inner)
+        | st.builds(_struct, st.lists(st.tuples(_names, inner, st.booleans()), min_size=1, max_size=3))
+    ),
     max_leaves=6,
 )
 
@@ -135,7 +153,10 @@ AVRO = {
         {"name": "hash", "type": {"type": "fixed", "name": "Hash", "size": 4}},
         {
             "name": "ship",
-            "type": ["null", {"type": "record", "name": "Ship", "fields": [{"name": "city", "type": "string"}]}],
+            "type": [
+                "null",
+                {"type": "record", "name": "Ship", "fields": [{"name": "city", "type": "string"}]},
+            ],
         },
         {"name": "bill", "type": "Ship"},
         {"name": "ok", "type": "boolean"},
