@@ -24,8 +24,13 @@ def values(n: int) -> pa.Array:
     return pa.array(
         [
             json.dumps(
-                {"id": i, "user": f"user-{i % 977}", "amount": f"{i % 10000 / 100:.2f}",
-                 "at": f"2024-01-{1 + i % 28:02d}T10:{i % 60:02d}:00Z", "ok": i % 3 == 0}  # fmt: skip
+                {
+                    "id": i,
+                    "user": f"user-{i % 977}",
+                    "amount": f"{i % 10000 / 100:.2f}",
+                    "at": f"2024-01-{1 + i % 28:02d}T10:{i % 60:02d}:00Z",
+                    "ok": i % 3 == 0,
+                }  # fmt: skip
             ).encode()
             for i in range(n)
         ],

@@ -309,10 +309,7 @@ class _Typed:
             texts = self.texts
             assert texts is not None
             if len(usable):
-                has_newline = pc.fill_null(
-                    pc.or_(pc.match_substring(texts, "\n"), pc.match_substring(texts, "\r")), False
-                )
-                multi = np.asarray(has_newline)[usable]
+                multi = _bytes_in(texts, b"\n\r")[usable]
                 plain, lines = usable[~multi], usable[multi]
             else:
                 plain = lines = usable
@@ -347,8 +344,7 @@ class _Typed:
                     good.append(None)
             self.texts = pa.array(good, pa.binary()).cast(pa.string())
         if self.spec.kind == "json":  # also: a buffer that begins with `null` crashes Arrow's JSON reader
-            starts = pc.starts_with(pc.utf8_ltrim(self.texts, " \t\r\n"), "{")
-            objects = np.asarray(pc.fill_null(starts, False))
+            objects = _begins_with_brace(self.texts)
             for j in np.flatnonzero(valid & ~objects):
                 text = self.texts[int(j)].as_py()
                 self._bad(
@@ -1006,3 +1002,43 @@ def _concat(tables: list[pa.Table]) -> pa.Table:
             t = t.set_column(t.schema.get_field_index(n), n, t.column(n).cast(pa.string()))
         out.append(t)
     return pa.concat_tables(out, promote_options="permissive")
+
+
+def _layout(texts: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """The value offsets (n + 1) and the data bytes of a string or binary array, as numpy views."""
+    n = len(texts)
+    buffers = texts.buffers()
+    offsets = np.frombuffer(buffers[1], np.int32)[texts.offset : texts.offset + n + 1]
+    data = np.frombuffer(buffers[2], np.uint8) if buffers[2] is not None else np.zeros(0, np.uint8)
+    return offsets, data
+
+
+def _bytes_in(texts: pa.Array, chars: bytes) -> np.ndarray:
+    """Per value: whether it holds any of ``chars`` (one numpy pass over the data bytes)."""
+    offsets, data = _layout(texts)
+    out = np.zeros(len(texts), bool)
+    if not len(texts):
+        return out
+    body = data[offsets[0] : offsets[-1]]
+    hit = np.zeros(len(body), bool)
+    for c in chars:
+        hit |= body == c
+    positions = np.flatnonzero(hit) + offsets[0]
+    if len(positions):
+        out[np.searchsorted(offsets, positions, side="right") - 1] = True
+    return out
+
+
+def _begins_with_brace(texts: pa.Array) -> np.ndarray:
+    """Per value: whether its first non-blank character is ``{`` (null and empty: False)."""
+    offsets, data = _layout(texts)
+    n = len(texts)
+    out = np.zeros(n, bool)
+    lengths = np.diff(offsets)
+    present = (lengths > 0) & np.asarray(texts.is_valid())
+    first = np.zeros(n, np.uint8)
+    first[present] = data[offsets[:-1][present]]
+    out[present] = first[present] == ord("{")
+    for j in np.flatnonzero(present & np.isin(first, np.frombuffer(b" \t\r\n", np.uint8))):
+        out[j] = texts[int(j)].as_py().lstrip(" \t\r\n").startswith("{")  # rare: leading blanks
+    return out

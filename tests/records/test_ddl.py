@@ -16,8 +16,9 @@ from splitkeeper.records.spec import Column
 
 def test_every_documented_type_reads_to_its_canonical_text() -> None:
     columns = parse_ddl(
-        "a STRING, b binary, c Boolean, d TINYINT, e SMALLINT, f INT, g INTEGER, h BIGINT, i FLOAT, j DOUBLE, "
-        "k DECIMAL(10, 2), l DATE, m TIMESTAMP, n TIMESTAMP_NTZ, o ARRAY<int>, p MAP<string, array<bigint>>, "
+        "a STRING, b binary, c Boolean, d TINYINT, e SMALLINT, f INT, g INTEGER, h BIGINT, i FLOAT, "
+        "j DOUBLE, k DECIMAL(10, 2), l DATE, m TIMESTAMP, n TIMESTAMP_NTZ, o ARRAY<int>, "
+        "p MAP<string, array<bigint>>, "
         "q STRUCT<x: INT, y STRING NOT NULL COMMENT 'why', `z z`: DECIMAL(5,1)>, r LONG, s DECIMAL"
     )
     assert [c.type for c in columns] == [

@@ -58,7 +58,8 @@ def test_json_good_records_are_typed_columns() -> None:
     out = decode(
         json_spec(),
         [
-            b'{"id": 1, "name": "caf\xc3\xa9", "amount": 12.5, "day": "2024-02-29", "at": "2024-01-01T10:00:00+02:00"}',
+            b'{"id": 1, "name": "caf\xc3\xa9", "amount": 12.5, "day": "2024-02-29", '
+            b'"at": "2024-01-01T10:00:00+02:00"}',
             b'{"id": 2, "amount": "0.10"}',
         ],
     )
