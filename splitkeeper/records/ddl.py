@@ -32,7 +32,16 @@ from typing import Any
 
 from splitkeeper.records.spec import Column
 
-__all__ = ["DdlType", "arrow_schema", "arrow_type", "avro_columns", "parse_ddl", "parse_type", "render_ddl"]
+__all__ = [
+    "DdlType",
+    "arrow_schema",
+    "arrow_type",
+    "avro_columns",
+    "decodable_problem",
+    "parse_ddl",
+    "parse_type",
+    "render_ddl",
+]
 
 PRIMITIVES = (
     "STRING",
@@ -275,6 +284,21 @@ def parse_ddl(text: str) -> tuple[Column, ...]:
         if parser.peek() is None:
             raise parser.fail("another column after ','")
     return tuple(columns)
+
+
+def decodable_problem(kind: str, columns: tuple[Column, ...] | list[Column]) -> str | None:
+    """Why ``columns`` cannot be decoded from ``kind`` records (None when they can): csv
+    fields are primitive types only; Arrow's JSON reader has no MAP conversion."""
+    for c in columns:
+        t = parse_type(c.type)
+        if kind == "csv" and t.name in ("ARRAY", "MAP", "STRUCT"):
+            return f"column {c.name!r} {c.type}: a csv column must be of a primitive type"
+        if kind == "json" and "MAP<" in c.type:
+            return (
+                f"column {c.name!r} {c.type}: MAP is not supported for decode.kind json (Arrow's JSON reader "
+                "has no map conversion); declare a STRUCT of the known keys"
+            )
+    return None
 
 
 # --------------------------------------------------------------------------- Arrow

@@ -197,8 +197,24 @@ def _render(t: DdlType) -> str:
     return render_type(t)
 
 
-@lru_cache(maxsize=64)
 def _plan(spec: DecodeSpec) -> _Plan:
+    try:
+        return _cached_plan(spec)
+    except TypeError:  # an unhashable spec (a list in ``extra``): not cached
+        return _make_plan(spec)
+
+
+@lru_cache(maxsize=64)
+def _cached_plan(spec: DecodeSpec) -> _Plan:
+    return _make_plan(spec)
+
+
+def _make_plan(spec: DecodeSpec) -> _Plan:
+    from splitkeeper.records.ddl import decodable_problem
+
+    problem = decodable_problem(spec.kind, spec.columns)
+    if problem:
+        raise ValueError(f"decode.schema: {problem}")
     types = {c.name: parse_type(c.type) for c in spec.columns}
     arrow = {c.name: arrow_type(c.type) for c in spec.columns}
     read: dict[str, pa.DataType] = {}

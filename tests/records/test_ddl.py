@@ -226,3 +226,16 @@ def test_a_recursive_avro_record_is_refused() -> None:
 def test_only_an_avro_record_has_columns() -> None:
     with pytest.raises(ValueError, match="must be a record"):
         avro_columns('"string"')
+
+
+def test_what_a_kind_cannot_decode_is_named() -> None:
+    from splitkeeper.records.ddl import decodable_problem
+
+    assert decodable_problem("json", parse_ddl("a STRUCT<b: ARRAY<DATE>>, c DECIMAL(5,2)")) is None
+    assert "MAP is not supported for decode.kind json" in (
+        decodable_problem("json", parse_ddl("m MAP<STRING, INT>")) or ""
+    )
+    assert "'s' STRUCT<a: INT>: a csv column must be of a primitive type" in (
+        decodable_problem("csv", parse_ddl("s STRUCT<a: INT>")) or ""
+    )
+    assert decodable_problem("avro", parse_ddl("m MAP<STRING, INT>")) is None

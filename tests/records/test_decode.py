@@ -400,3 +400,13 @@ def test_text_with_invalid_utf8_is_a_bad_record_not_a_replacement() -> None:
     out = decode_values(DecodeSpec(kind="text"), pa.array([b"ok", b"\xff\xfe", None, b""], pa.binary()))
     assert out.table.column("value").to_pylist() == ["ok", None, ""]
     assert out.kept.to_pylist() == [0, 2, 3] and out.bad.indices == [1] and out.bad.stages == ["decode"]
+
+
+def test_nested_dates_and_structs_in_json() -> None:
+    columns = parse_ddl("id BIGINT, s STRUCT<d: DATE, xs: ARRAY<DATE>>")
+    out = decode(
+        json_spec("fail", columns),
+        [b'{"id": 1, "s": {"d": "2024-01-02", "xs": ["2024-01-03"]}}', b'{"id": 2, "s": {"d": "nope"}}'],
+    )
+    assert rows(out)[0]["s"] == {"d": dt.date(2024, 1, 2), "xs": [dt.date(2024, 1, 3)]}
+    assert bad(out)[1][0] == "schema" and "expected STRUCT<d: DATE" in bad(out)[1][1]
