@@ -182,7 +182,9 @@ def _json_readable(t: DdlType) -> pa.DataType:
     if t.name == "ARRAY":
         return pa.list_(_json_readable(t.children[0]))
     if t.name == "STRUCT":
-        return pa.struct([pa.field(n, _json_readable(ft), nullable) for n, ft, nullable in t.fields])
+        # read as nullable (Arrow's reader refuses a NOT NULL field even under a missing struct);
+        # _retag puts the declared flags back and _nested_nulls finds the real violations
+        return pa.struct([pa.field(n, _json_readable(ft)) for n, ft, _ in t.fields])
     if t.name == "MAP":
         raise ValueError(
             "a MAP column is not supported for decode.kind json (Arrow's JSON reader has no maps)"
@@ -232,7 +234,7 @@ def _make_plan(spec: DecodeSpec) -> _Plan:
                 )
             read[c.name] = pa.string()
         else:
-            read[c.name] = arrow[c.name]
+            read[c.name] = _loose(arrow[c.name])
     return _Plan(spec.columns, frozenset(types), types, arrow, read)
 
 
@@ -597,6 +599,7 @@ class _Typed:
             if column.type != plan.arrow[c.name]:
                 column = self._cast(column, c, indices, keep)
             columns[c.name] = column
+            self._required(c, column, indices, keep)
             if not c.nullable and column.null_count:
                 for j in np.flatnonzero(np.asarray(column.is_null())):
                     if keep[j]:
@@ -621,10 +624,29 @@ class _Typed:
             indices = indices[keep]
         self.parts.append((indices, out))
 
+    def _required(self, c: Column, column: pa.Array, indices: np.ndarray, keep: np.ndarray) -> None:
+        """Rows with a null in a NOT NULL field nested in ``c`` (a STRUCT): stage schema."""
+        if "NOT NULL" not in c.type:
+            return
+        found: dict[int, str] = {}
+        for j in np.flatnonzero(_nested_nulls(column, column.type, c.name, found)):
+            if keep[j]:
+                keep[j] = False
+                where = found.get(int(j), c.name)
+                self._bad(
+                    int(indices[j]),
+                    "schema",
+                    f"field {where!r} is NOT NULL but the record has no value",
+                    "NullValue",
+                )
+
     def _cast(self, column: pa.Array, c: Column, indices: np.ndarray, keep: np.ndarray) -> pa.Array:
-        target = self.plan.arrow[c.name]
+        declared = self.plan.arrow[c.name]
+        target = _loose(declared)  # cast without the NOT NULL flags inside, then put them back
+        if column.type == target:
+            return _retag(column, declared)
         try:
-            return column.cast(target)
+            return _retag(column.cast(target), declared)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
             pass
         out: list[Any] = []
@@ -635,7 +657,7 @@ class _Typed:
                 continue
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as err:
                 error = err
-            out.append(pa.nulls(1, target))
+            out.append(pa.nulls(1, target))  # the declared flags go back on below
             shown = one[0].as_py()
             i = int(indices[j])
             if self.spec.on_new_fields == "rescue" and c.nullable:
@@ -650,7 +672,7 @@ class _Typed:
                     f"field {c.name!r}: expected {c.type}, got {_short(repr(shown))} ({error})",
                     "SchemaMismatch",
                 )
-        return pa.concat_arrays(out)
+        return _retag(pa.concat_arrays(out), declared)
 
     def _csv_rescue_field(self, i: int, name: str, text: Any) -> None:
         current = json.loads(self.rescued_text.get(i, "{}"))
@@ -782,7 +804,7 @@ class _Typed:
             for k in r:
                 if k not in plan.names and k not in extra_names:
                     extra_names.append(k)
-        schema = pa.schema([pa.field(c.name, plan.arrow[c.name]) for c in plan.columns])
+        schema = pa.schema([pa.field(c.name, _loose(plan.arrow[c.name])) for c in plan.columns])
         rows = [{k: _plain(r.get(k)) for k in declared} for r in records]
         try:
             table = pa.Table.from_pylist(rows, schema=schema)
@@ -809,9 +831,14 @@ class _Typed:
                     continue
                 keep_rows.append(row)
                 keep_idx.append(int(i))
-            records = [records[j] for j, i in enumerate(indices) if int(i) in set(keep_idx)]
+            kept_set = set(keep_idx)
+            records = [records[j] for j, i in enumerate(indices) if int(i) in kept_set]
             indices = np.array(keep_idx, np.int64)
             table = pa.Table.from_pylist(keep_rows, schema=schema)
+        table = pa.Table.from_arrays(
+            [_retag(table.column(c.name).combine_chunks(), plan.arrow[c.name]) for c in plan.columns],
+            names=declared,
+        )
         if extra_names:
             policy = self.spec.on_new_fields
             if policy == "fail":
@@ -836,6 +863,7 @@ class _Typed:
                     )
         keep = np.ones(len(indices), bool)
         for c in plan.columns:
+            self._required(c, table.column(c.name).combine_chunks(), indices, keep)
             if not c.nullable and table.column(c.name).null_count:
                 for j in np.flatnonzero(np.asarray(table.column(c.name).is_null())):
                     if keep[j]:
@@ -887,11 +915,18 @@ class _Typed:
             indices = np.zeros(0, np.int64)
             table = pa.table({c.name: pa.array([], plan.arrow[c.name]) for c in plan.columns})
         table = table.select(declared + new_columns)
-        table = table.cast(
-            pa.schema(
-                [pa.field(c.name, plan.arrow[c.name], c.nullable) for c in plan.columns]
-                + [table.schema.field(n) for n in new_columns]
-            )
+        schema = pa.schema(
+            [pa.field(c.name, plan.arrow[c.name], c.nullable) for c in plan.columns]
+            + [table.schema.field(n) for n in new_columns]
+        )
+        # the declared types are already there; only the flags of the fields are set (Arrow's cast
+        # refuses a NOT NULL struct field that is null under a null struct, which is valid data)
+        table = pa.Table.from_arrays(
+            [
+                col if col.type == f.type else col.cast(f.type)
+                for col, f in zip(table.columns, schema, strict=True)
+            ],
+            schema=schema,
         )
         if self.spec.on_new_fields == "rescue":
             table = table.append_column(RESCUED, self._rescued(indices))
@@ -1058,3 +1093,64 @@ def _begins_with_brace(texts: pa.Array) -> np.ndarray:
     for j in np.flatnonzero(present & np.isin(first, np.frombuffer(b" \t\r\n", np.uint8))):
         out[j] = texts[int(j)].as_py().lstrip(" \t\r\n").startswith("{")  # rare: leading blanks
     return out
+
+
+def _nested_nulls(array: pa.Array, t: pa.DataType, path: str, found: dict[int, str]) -> np.ndarray:
+    """Per element of ``array``: whether a NOT NULL field inside it (``t``) is null; ``found``
+    gets the dotted path of the first such field per element."""
+    out = np.zeros(len(array), bool)
+    if pa.types.is_struct(t):
+        valid = np.asarray(array.is_valid())
+        for k in range(t.num_fields):
+            f = t.field(k)
+            child = array.field(k)
+            where = f"{path}.{f.name}"
+            hit = np.zeros(len(array), bool)
+            if not f.nullable:
+                hit |= valid & np.asarray(child.is_null())
+            deeper: dict[int, str] = {}
+            hit |= valid & _nested_nulls(child, f.type, where, deeper)
+            for j in np.flatnonzero(hit & ~out):
+                found.setdefault(int(j), deeper.get(int(j), where))
+            out |= hit
+    elif pa.types.is_list(t) or pa.types.is_large_list(t):
+        flat = array.flatten()
+        below: dict[int, str] = {}
+        inner = _nested_nulls(flat, t.value_type, path + "[]", below)
+        if not t.value_field.nullable:
+            inner |= np.asarray(flat.is_null())
+        if inner.any():
+            parents = np.asarray(pc.list_parent_indices(array))
+            for element in np.flatnonzero(inner).tolist():
+                found.setdefault(int(parents[element]), below.get(element, path + "[]"))
+            out[parents[inner]] = True
+    return out
+
+
+def _loose(t: pa.DataType) -> pa.DataType:
+    """``t`` with every field nested in it nullable (what the readers and casts can produce)."""
+    if pa.types.is_struct(t):
+        return pa.struct([pa.field(f.name, _loose(f.type)) for f in t])
+    if pa.types.is_list(t):
+        return pa.list_(pa.field(t.value_field.name, _loose(t.value_type)))
+    if pa.types.is_map(t):
+        return pa.map_(t.key_type, pa.field(t.item_field.name, _loose(t.item_type)))
+    return t
+
+
+def _retag(array: pa.Array, t: pa.DataType) -> pa.Array:
+    """``array`` (of ``_loose(t)``) as type ``t``: the same data with the declared NOT NULL flags,
+    rebuilt without the check a cast makes (a NOT NULL field may hold null under a null struct)."""
+    if array.type == t:
+        return array
+    mask = array.is_null() if array.null_count else None
+    if pa.types.is_struct(t):
+        children = [_retag(array.field(k), t.field(k).type) for k in range(t.num_fields)]
+        return pa.StructArray.from_arrays(children, fields=list(t), mask=mask)
+    if pa.types.is_list(t):
+        values = _retag(array.values, t.value_type)
+        return pa.ListArray.from_arrays(array.offsets, values, type=t, mask=mask)
+    if pa.types.is_map(t):
+        items = _retag(array.items, t.item_type)
+        return pa.MapArray.from_arrays(array.offsets, array.keys, items, type=t, mask=mask)
+    return array.cast(t)

@@ -410,3 +410,31 @@ def test_nested_dates_and_structs_in_json() -> None:
     )
     assert rows(out)[0]["s"] == {"d": dt.date(2024, 1, 2), "xs": [dt.date(2024, 1, 3)]}
     assert bad(out)[1][0] == "schema" and "expected STRUCT<d: DATE" in bad(out)[1][1]
+
+
+def test_not_null_fields_inside_structs_and_arrays() -> None:
+    columns = parse_ddl(
+        "id INT NOT NULL, s STRUCT<a: INT NOT NULL, t: STRUCT<b: INT NOT NULL>>, "
+        "xs ARRAY<STRUCT<c: INT NOT NULL, d: DATE NOT NULL>>"
+    )
+    values: list[bytes | None] = [
+        b'{"id": 1, "s": {}}',
+        b'{"id": 2, "s": {"a": 3}}',  # t is nullable: absent is fine
+        b'{"id": 3}',  # s absent: its NOT NULL fields do not apply
+        b'{"id": 4, "s": {"a": 1, "t": {}}}',
+        b'{"id": 5, "xs": [{"c": 1, "d": "2024-01-01"}, {"c": 2}]}',
+        b'{"id": 6, "xs": [{"c": 1, "d": "2024-01-01"}]}',
+    ]
+    out = decode(json_spec("rescue", columns), values)
+    assert {i: m for i, (_, m) in bad(out).items()} == {
+        0: "field 's.a' is NOT NULL but the record has no value",
+        3: "field 's.t.b' is NOT NULL but the record has no value",
+        4: "field 'xs[].d' is NOT NULL but the record has no value",
+    }
+    from splitkeeper.records.ddl import arrow_schema
+
+    assert out.table.drop_columns(["_rescued"]).schema == arrow_schema(columns)
+    out.table.validate(full=True)
+    got = rows(out)
+    assert got[1]["s"] == {"a": 3, "t": None} and got[2]["s"] is None
+    assert got[5]["xs"] == [{"c": 1, "d": dt.date(2024, 1, 1)}]
