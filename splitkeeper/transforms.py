@@ -390,6 +390,8 @@ def apply_to_table(
                 split_id=split_id,
             )
         column = table.column(index).combine_chunks()
+        if column.null_count:  # a null value (a Kafka tombstone) has no text: it stays null, untransformed
+            return _around_nulls(transform, table, column, offsets, split_id, tolerate)
         if not tolerate:
             return table.set_column(index, "value", transform_values(transform, column, offsets, split_id))
         if is_vectorized(transform):
@@ -414,6 +416,25 @@ def apply_to_table(
         out = table.take(kept) if len(kept) != table.num_rows else table
         out = out.set_column(index, "value", values)
     return (out, kept, bad) if tolerate else out
+
+
+def _around_nulls(
+    transform: Transform, table: pa.Table, column: pa.Array, offsets: pa.Array, split_id: str, tolerate: bool
+) -> pa.Table | tuple[pa.Table, pa.Array, BadRecords]:
+    """A text transform over the non-null values; the null ones kept in place, as they are."""
+    import numpy as np
+
+    valid = np.asarray(column.is_valid())
+    present, absent = np.flatnonzero(valid), np.flatnonzero(~valid)
+    done = apply_to_table(transform, table.take(present), offsets.take(present), split_id, tolerate=True)
+    if not tolerate and done[2]:
+        apply_to_table(transform, table.take(present), offsets.take(present), split_id)  # raises as it should
+    out, kept, bad = done
+    rows = np.concatenate([present[np.asarray(kept, np.int64)], absent])
+    order = np.argsort(rows, kind="stable")
+    merged = pa.concat_tables([out, table.take(absent)]).take(pa.array(order))
+    bad.indices[:] = [int(present[i]) for i in bad.indices]
+    return (merged, pa.array(rows[order], pa.int64()), bad) if tolerate else merged
 
 
 def _apply_batch(

@@ -230,3 +230,19 @@ def test_a_batch_transform_on_a_text_column() -> None:
     assert transform_values(value_upper, values, pa.array([1, 2]), "s").to_pylist() == ["A", "B"]
     with pytest.raises(TransformError, match="must return the one STRING column 'value'"):
         transform_values(value_lengths, values, pa.array([1, 2]), "s")
+
+
+def test_a_null_value_stays_null_and_is_not_given_to_a_text_transform() -> None:
+    table = pa.table({"value": pa.array(["a", None, "bad", "d"], pa.string()), "offset": [10, 11, 12, 13]})
+    for function in (shout, shout_column):
+        out, kept, bad = apply_to_table(function, table, offsets(table), "s", tolerate=True)
+        assert out.column("value").to_pylist() == ["A", None, "D"] and out.column("offset").to_pylist() == [
+            10,
+            11,
+            13,
+        ]
+        assert kept.to_pylist() == [0, 1, 3] and bad.indices == [2]
+        with pytest.raises(TransformError, match="at offset 12|from offset 10"):
+            apply_to_table(function, table, offsets(table), "s")
+    ok = table.filter(pc.invert(pc.fill_null(pc.equal(table.column("value"), "bad"), False)))
+    assert apply_to_table(shout, ok, offsets(ok), "s").column("value").to_pylist() == ["A", None, "D"]
