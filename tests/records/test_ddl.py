@@ -125,7 +125,7 @@ _types = st.recursive(
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(st.lists(st.tuples(_names, _types, st.booleans()), min_size=1, max_size=6, unique_by=lambda c: c[0]))
 def test_parse_of_render_is_the_columns(columns: list[tuple[str, str, bool]]) -> None:
     canonical = tuple(Column(n, parse_ddl(f"x {t}")[0].type, nl) for n, t, nl in columns)

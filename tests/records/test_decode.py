@@ -207,6 +207,7 @@ def test_every_record_is_kept_exactly_or_bad(mix: list[tuple[bool, bytes, bytes]
         assert row["amount"] == (None if source["amount"] is None else Decimal(source["amount"]))
 
 
+@pytest.mark.slow
 def test_json_decode_of_200k_records_is_columnar(capsys: pytest.CaptureFixture[str]) -> None:
     from benchmarks.decode_json import measure
 
