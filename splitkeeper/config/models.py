@@ -65,7 +65,7 @@ from splitkeeper.core.driver import check_abort_limit, check_quarantine_after, c
 from splitkeeper.core.rescale import Redistribution
 from splitkeeper.core.types import SplitChangePolicy, SplitFailurePolicy
 from splitkeeper.errors import ConfigError, InvalidParameterError
-from splitkeeper.transforms import resolve_callable, resolve_transform
+from splitkeeper.transforms import is_batch, resolve_callable, resolve_transform
 
 #: The assignment strategies of the protocol core (protocol rule 1.6), by config name.
 STRATEGY_NAMES: tuple[str, ...] = tuple(sorted(STRATEGIES))
@@ -504,9 +504,22 @@ class PipelineFile(_Section):
                 raise ConfigError(f"{err.message} ({at.where})", **err.params) from err.__cause__
         state_path, sink_path, staging_path = _check_locations(self, source_path, at)
         try:
-            resolve_transform(self.transform)  # fail at submission, not on an executor
+            function = resolve_transform(self.transform)  # fail at submission, not on an executor
         except ConfigError as err:
             raise ConfigError(f"{err.message} ({at.where})", **err.params) from err.__cause__
+        if (
+            self.transform != IDENTITY_TRANSFORM
+            and not is_batch(function)
+            and self.decode.kind is not DecodeKind.TEXT
+        ):
+            raise at.invalid(
+                "transform",
+                self.transform,
+                "a @batch_transform (RecordBatch -> RecordBatch) for decode.kind "
+                f"{self.decode.kind.value!r}; a @transform or @vectorized function works on text values",
+                "set decode.kind: text to give it each record's value as a string (invalid UTF-8 becomes a "
+                "bad record), or mark it @batch_transform",
+            )
         decode, dead_letter_path = _check_records(self, sink_path, at)
         self._resolved = Resolved(
             source_path, state_path, sink_path, staging_path, servers, client, dead_letter_path, decode

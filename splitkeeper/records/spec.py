@@ -176,6 +176,15 @@ def decode_spec_of(section: DecodeSection, *, base: str | os.PathLike[str], wher
                 columns = avro_columns(parsed)
             except ValueError as err:
                 raise invalid("schema_file", section.schema_file, "an Avro record schema", str(err)) from err
+    if columns:
+        from splitkeeper.records.ddl import decodable_problem
+
+        problem = decodable_problem(kind, columns)
+        if problem is not None:
+            key = "schema_file" if kind == "avro" else "schema"
+            raise invalid(
+                key, getattr(section, "schema_" if key == "schema" else key), "decodable columns", problem
+            )
     names = [c.name for c in columns]
     reserved = set(BOOKKEEPING_COLUMNS) | {RESCUED, INGESTED_DATE}
     for name in names:

@@ -432,3 +432,58 @@ def test_a_bad_kafka_client_setting_is_named_and_a_secret_value_is_not(
 ) -> None:
     message = error_of(tmp_path, source={**KAFKA, "client": client})
     assert fragment in message and "hunter2" not in message
+
+
+# --------------------------------------------------------------------------- decode, errors, sink
+
+
+@pytest.mark.parametrize(
+    ("changes", "expected"),
+    [
+        ({"decode__kind": "json"}, "decode.schema is required but missing"),
+        (
+            {"decode__schema": "id BIGINT"},
+            "decode.schema='id BIGINT' is not allowed: nothing for decode.kind 'raw'",
+        ),
+        (
+            {"decode__kind": "json", "decode__schema": "id BIGINT, tags MAP<STRING, STRING>"},
+            "MAP is not supported for decode.kind json",
+        ),
+        ({"decode__kind": "json", "decode__schema": "id BIGINT, name VARCHAR2"}, "'VARCHAR2'"),
+        (
+            {"decode__kind": "csv", "decode__schema": "a INT", "decode__on_new_fields": "add_columns"},
+            "rescue or fail",
+        ),
+        ({"decode__kind": "json", "decode__schema": "offset BIGINT"}, "'offset' is a bookkeeping column"),
+        ({"decode__kind": "avro"}, "decode.schema_file is required but missing"),
+        ({"errors__tolerance": "all"}, "errors.dead_letter.path is required but missing"),
+        ({"errors__dead_letter__path": "dl"}, "nothing unless errors.tolerance is 'all'"),
+        ({"errors__tolerance": "all", "errors__dead_letter__path": "sink"}, "a table other than sink.path"),
+        ({"errors__max_bad_ratio": 1.5}, "errors.max_bad_ratio=1.5 is not allowed"),
+        ({"sink__partition_by": ["day"]}, "'day' is not one"),
+        ({"decode__kind": "jsn"}, "did you mean 'json'?"),
+    ],
+)
+def test_a_mistake_in_decode_errors_or_sink_names_the_key_and_what_is_allowed(
+    tmp_path: Path, changes: dict[str, Any], expected: str
+) -> None:
+    assert expected in error_of(tmp_path, **changes)
+
+
+def test_decode_errors_and_partition_by_reach_the_typed_view(tmp_path: Path) -> None:
+    config = build(
+        tmp_path,
+        decode__kind="json",
+        decode__schema="id BIGINT, amount DECIMAL(10,2), ts TIMESTAMP",
+        errors__tolerance="all",
+        errors__dead_letter__path="dead",
+        errors__max_bad_ratio=0.25,
+        sink__partition_by=["ingested_date"],
+    )
+    assert [c.name for c in config.decode.data_columns()] == ["id", "amount", "ts", "_rescued"]
+    assert config.dead_letter_path == str(tmp_path / "dead")
+    assert (config.tolerance.value, config.max_bad_ratio, config.partition_by) == (
+        "all",
+        0.25,
+        ("ingested_date",),
+    )

@@ -368,7 +368,10 @@ def test_only_functions_the_pipeline_code_marks_are_transforms(
     path = write(tmp_path, HEAD + SOURCE + PLACES + "transform: guard_transforms:unmarked\n")
     assert "guard_transforms:unmarked is not marked as a transform" in refused(path)
     for name in ("shout", "shout_column"):
-        path = write(tmp_path, HEAD + SOURCE + PLACES + f"transform: guard_transforms:{name}\n")
+        text = HEAD + SOURCE + PLACES + f"transform: guard_transforms:{name}\n"
+        # a text transform on the default raw bytes is refused, naming the fix
+        assert "set decode.kind: text" in refused(write(tmp_path, text))
+        path = write(tmp_path, text + "decode: {kind: text}\n")
         assert load_config(path).transform == f"guard_transforms:{name}"
 
 
