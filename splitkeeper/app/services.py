@@ -782,6 +782,7 @@ def validate(
             data_docs_dir=reports_dir(config) / "data_docs",
             source_splits=_source_splits(connector, store, checkpoint_id),
             content_reader=connector.reader() if content and connector.bounded else None,
+            dead_letter_path=config.dead_letter_path,
         )
     finally:
         connector.close()
