@@ -43,11 +43,11 @@ from splitkeeper.core.invariants import (
     ViolationKind,
     check_balance,
     check_content,
-    content_digest,
     check_finished_not_assigned,
     check_ownership,
     check_region_ref,
     check_subscriptions,
+    content_digest,
     judge_sink_split,
     merge_spans,
 )
@@ -1187,8 +1187,8 @@ def run_restart_checks(
     with its weights); the balance suite is SKIPPED for an unbalanced one (legacy-hash),
     with a note saying so. ``subscriptions`` are the current subscriptions (what the
     source has now). ``data_docs_dir`` receives the Data Docs site (``index.html``).
-    ``source_splits``, ``content_reader``, ``dead_letter_path``: see :func:`build_restart_frames`. ``expectations`` overrides the
-    suites folder. Returns the report; never raises on a failed expectation (call
+    ``source_splits``, ``content_reader``, ``dead_letter_path``: see :func:`build_restart_frames`.
+    ``expectations`` overrides the suites folder. Returns the report; never raises on a failed expectation (call
     :func:`raise_on_failure`). CheckpointError when there is no such checkpoint.
     """
     if isinstance(max_consecutive_failures, bool) or not isinstance(max_consecutive_failures, int):
