@@ -1188,7 +1188,8 @@ def run_restart_checks(
     with a note saying so. ``subscriptions`` are the current subscriptions (what the
     source has now). ``data_docs_dir`` receives the Data Docs site (``index.html``).
     ``source_splits``, ``content_reader``, ``dead_letter_path``: see :func:`build_restart_frames`.
-    ``expectations`` overrides the suites folder. Returns the report; never raises on a failed expectation (call
+    ``expectations`` overrides the suites folder. Returns the report; never raises on a failed
+    expectation (call
     :func:`raise_on_failure`). CheckpointError when there is no such checkpoint.
     """
     if isinstance(max_consecutive_failures, bool) or not isinstance(max_consecutive_failures, int):
