@@ -850,4 +850,5 @@ def report(config: PipelineConfig, title: str | None = None) -> Path:
         sink_path=config.sink_path,
         title=title or f"splitkeeper run report: {config.name}",
         data_docs_index=docs if docs.exists() else None,
+        dead_letter_path=config.dead_letter_path,
     )
