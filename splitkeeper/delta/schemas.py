@@ -38,6 +38,7 @@ from splitkeeper.errors import InvalidParameterError
 
 __all__ = [
     "BASE_PROPERTIES",
+    "DEAD_FILE",
     "DEAD_LETTER_SCHEMA",
     "DEAD_LETTER_TABLE",
     "META_COLUMNS",
@@ -405,6 +406,8 @@ TABLES: dict[str, TableSpec] = {
 #: The dead-letter table (``errors.dead_letter.path``): what a staged ``dead.parquet`` holds, too.
 DEAD_LETTER_TABLE = "dead_letters"
 DEAD_LETTER_SCHEMA: pa.Schema = SCHEMAS[DEAD_LETTER_TABLE]
+#: A region attempt's staged dead letters: this file beside its ``part.parquet``.
+DEAD_FILE = "dead.parquet"
 
 #: The tables a :class:`~splitkeeper.delta.checkpoints.DeltaStateStore` owns, in creation order.
 STATE_TABLES: tuple[str, ...] = (

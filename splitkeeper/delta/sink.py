@@ -61,6 +61,7 @@ from splitkeeper.delta import storage
 from splitkeeper.delta.fence import fenced_commit, recorded_commit
 from splitkeeper.delta.retention import retention_hours
 from splitkeeper.delta.schemas import (
+    DEAD_FILE,
     DEAD_LETTER_SCHEMA,
     DEAD_LETTER_TABLE,
     SINK_TABLE,
@@ -91,8 +92,6 @@ log = logging.getLogger(__name__)
 _SEGMENT = re.compile(r"(?:^|/)(epoch|region)=(\d+)(?=/|$)")
 _ATTEMPT = re.compile(r"(?:^|/)attempt=([A-Za-z0-9_-]+)(?=/|$)")
 _EPOCH_DIR = re.compile(r"^epoch=(\d+)$")
-#: A region's staged dead letters: the sibling of its staged part file (spark.dead_letters.DEAD_FILE).
-DEAD_FILE = "dead.parquet"
 #: The sink commit's metadata keys that name the epoch's dead-letter files and count their records.
 DEAD_LETTERS_KEY = "dead_letters"
 DEAD_LETTER_RECORDS_KEY = "dead_letter_records"

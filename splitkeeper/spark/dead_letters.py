@@ -21,12 +21,11 @@ from datetime import UTC, datetime
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from splitkeeper.delta.schemas import DEAD_LETTER_SCHEMA
+from splitkeeper.delta.schemas import DEAD_FILE, DEAD_LETTER_SCHEMA
 from splitkeeper.records.decode import BadRecords
 
 __all__ = ["DEAD_FILE", "DEAD_LETTER_SCHEMA", "DeadLetterWriter", "attempt_of"]
 
-DEAD_FILE = "dead.parquet"
 _ROW_GROUP = 64 * 1024
 _ATTEMPT = re.compile(r"(?:^|/)attempt=([A-Za-z0-9_-]+)(?=/|$)")
 
