@@ -44,6 +44,7 @@ from splitkeeper.core.ports import (
     EpochPlan,
     RegionRun,
     RegionRunner,
+    SinkCrashPoint,
 )
 from splitkeeper.core.rescale import Redistribution
 from splitkeeper.core.source import SourceConnector
@@ -105,7 +106,7 @@ class RuntimeHooks(DriverHooks):
         if self.lease is not None:
             self.lease.check()
 
-    def crash_point(self, point: CrashPoint, epoch: int) -> None:
+    def crash_point(self, point: CrashPoint | SinkCrashPoint, epoch: int) -> None:
         crash_if_requested(point, epoch)
 
     def progress(self, line: str, **context: Any) -> None:
@@ -250,7 +251,12 @@ class Pipeline:
             read_only=read_only,
         )
         self.sink = DeltaSink(
-            config.sink_path, config.name, staging_path=config.staging_path, read_only=read_only
+            config.sink_path,
+            config.name,
+            staging_path=config.staging_path,
+            read_only=read_only,
+            dead_letter_path=config.dead_letter_path,
+            crash_point=hooks.crash_point,
         )
         self.transform = resolve_transform(config.transform)
         self.driver = EpochDriver(

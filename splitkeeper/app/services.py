@@ -782,6 +782,7 @@ def validate(
             data_docs_dir=reports_dir(config) / "data_docs",
             source_splits=_source_splits(connector, store, checkpoint_id),
             content_reader=connector.reader() if content and connector.bounded else None,
+            dead_letter_path=config.dead_letter_path,
         )
     finally:
         connector.close()
@@ -849,4 +850,5 @@ def report(config: PipelineConfig, title: str | None = None) -> Path:
         sink_path=config.sink_path,
         title=title or f"splitkeeper run report: {config.name}",
         data_docs_index=docs if docs.exists() else None,
+        dead_letter_path=config.dead_letter_path,
     )

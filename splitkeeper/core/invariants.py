@@ -42,6 +42,7 @@ class ViolationKind(enum.Enum):
     OFFSET_MISSING = "offset_missing"
     OFFSET_UNEXPECTED = "offset_unexpected"  # outside [start, committed) or for an unknown split
     CONTENT_MISMATCH = "content_mismatch"  # a finished split's committed values are not its data's
+    DEAD_LETTER_OVERLAP = "dead_letter_overlap"  # an offset both in the sink and in the dead-letter table
 
 
 @dataclass(frozen=True, slots=True)
@@ -455,6 +456,11 @@ class SinkSplitSummary:
     reader may pass only the first few). ``malformed``: offsets of records that end where
     or before they start (``next_offset <= offset``; not part of any island). Built from
     records by :func:`summarize_sink_records`, or by the restart checks in Spark SQL.
+
+    With a dead-letter table (``errors.tolerance: all``) the summary is of the sink and the
+    dead letters TOGETHER: ``records`` and ``islands`` count both, ``dead_letters`` how many
+    of the records are dead letters, ``duplicates`` the offsets covered twice within one
+    table, ``overlaps`` the offsets covered by both a sink record and a dead letter.
     """
 
     split_id: str
@@ -462,24 +468,49 @@ class SinkSplitSummary:
     islands: tuple[Span, ...] = ()
     duplicates: tuple[Span, ...] = ()
     malformed: tuple[int, ...] = ()
+    dead_letters: int = 0
+    overlaps: tuple[Span, ...] = ()
 
 
-def summarize_sink_records(records: Iterable[tuple[str, int, int]]) -> dict[str, SinkSplitSummary]:
-    """Per split, the :class:`SinkSplitSummary` of ``(split_id, offset, next_offset)`` records."""
+def _covered_twice(spans: Iterable[Span]) -> list[Span]:
+    """The parts of the (non-empty) ``spans`` that another of them covers too."""
+    twice: list[Span] = []
+    covered_to: int | None = None
+    for a, b in sorted(s for s in spans if s[1] > s[0]):
+        if covered_to is not None and a < covered_to:
+            twice.append((a, min(b, covered_to)))
+        covered_to = b if covered_to is None else max(covered_to, b)
+    return twice
+
+
+def summarize_sink_records(
+    records: Iterable[tuple[str, int, int]], dead_letters: Iterable[tuple[str, int, int]] = ()
+) -> dict[str, SinkSplitSummary]:
+    """Per split, the :class:`SinkSplitSummary` of ``(split_id, offset, next_offset)`` records of the
+    sink and of the dead-letter table (``dead_letters``), together."""
     by_split: dict[str, list[Span]] = defaultdict(list)
+    dead_by_split: dict[str, list[Span]] = defaultdict(list)
     for split_id, offset, next_offset in records:
         by_split[split_id].append((offset, next_offset))
+    for split_id, offset, next_offset in dead_letters:
+        dead_by_split[split_id].append((offset, next_offset))
     summaries: dict[str, SinkSplitSummary] = {}
-    for split_id, spans in by_split.items():
+    for split_id in set(by_split) | set(dead_by_split):
+        sink, dead = by_split.get(split_id, []), dead_by_split.get(split_id, [])
+        spans = sink + dead
         malformed = tuple(sorted(a for a, b in spans if b <= a))
-        twice: list[Span] = []
-        covered_to: int | None = None
-        for a, b in sorted(s for s in spans if s[1] > s[0]):
-            if covered_to is not None and a < covered_to:
-                twice.append((a, min(b, covered_to)))
-            covered_to = b if covered_to is None else max(covered_to, b)
+        twice = _covered_twice(sink) + _covered_twice(dead)
+        both = [
+            part for a, b in merge_spans(dead) for part in _within(merge_spans(sink), a, b)
+        ]  # merged per table: what each covers, then where they meet
         summaries[split_id] = SinkSplitSummary(
-            split_id, len(spans), merge_spans(spans), merge_spans(twice), malformed
+            split_id,
+            len(spans),
+            merge_spans(spans),
+            merge_spans(twice),
+            malformed,
+            dead_letters=len(dead),
+            overlaps=merge_spans(both),
         )
     return summaries
 
@@ -506,6 +537,7 @@ class SinkSplitVerdict:
     malformed: tuple[int, ...] = ()
     ends: tuple[Span, ...] = ()
     outside: tuple[Span, ...] = ()
+    overlaps: tuple[Span, ...] = ()  # offsets both in the sink and in the dead-letter table
 
     @property
     def range_text(self) -> str:
@@ -518,6 +550,18 @@ class SinkSplitVerdict:
             ViolationKind.OFFSET_DUPLICATE,
             (self.split_id,),
             f"split {self.split_id}: offsets written more than once: {_spans_text(self.duplicates)}",
+        )
+
+    def overlap(self) -> Violation | None:
+        """DEAD_LETTER_OVERLAP: offsets that are both a sink record and a dead letter (each record goes
+        to exactly one of the two tables)."""
+        if not self.overlaps:
+            return None
+        return Violation(
+            ViolationKind.DEAD_LETTER_OVERLAP,
+            (self.split_id,),
+            f"split {self.split_id}: offsets both in the sink and in the dead-letter table: "
+            f"{_spans_text(self.overlaps)}",
         )
 
     def gap(self) -> Violation | None:
@@ -571,11 +615,12 @@ class SinkSplitVerdict:
         )
 
     def violations(self) -> list[Violation]:
-        """One violation per kind: OFFSET_DUPLICATE, OFFSET_UNEXPECTED, OFFSET_MISSING (in that order)."""
+        """One violation per kind: OFFSET_DUPLICATE, DEAD_LETTER_OVERLAP, OFFSET_UNEXPECTED,
+        OFFSET_MISSING (in that order)."""
         found: list[Violation] = []
-        dup = self.duplicate()
-        if dup is not None:
-            found.append(dup)
+        for v in (self.duplicate(), self.overlap()):
+            if v is not None:
+                found.append(v)
         if not self.known:
             unknown = self.unknown_or_outside()
             return [*found, *([unknown] if unknown is not None else [])]
@@ -646,6 +691,7 @@ def judge_sink_split(
         malformed=tuple(sorted(summary.malformed)),
         ends=tuple(ends),
         outside=merge_spans(outside),
+        overlaps=merge_spans(summary.overlaps),
     )
 
 
@@ -654,6 +700,7 @@ def check_sink_ranges(
     start_positions: Mapping[str, int],
     committed_positions: Mapping[str, int],
     lost: Mapping[str, Iterable[Span]] | None = None,
+    dead_letters: Iterable[tuple[str, int, int]] = (),
 ) -> list[Violation]:
     """Per split, the sink's records cover ``[start, committed)`` exactly once, and nothing else.
 
@@ -666,9 +713,11 @@ def check_sink_ranges(
     OFFSET_DUPLICATE, uncovered ones OFFSET_MISSING, records (or parts) outside
     the range or of splits without a committed position OFFSET_UNEXPECTED.
     Splits in ``committed_positions`` with no records are checked too. The same
-    rule on a summary: :func:`judge_sink_split`.
+    rule on a summary: :func:`judge_sink_split`. With ``dead_letters`` (the dead-letter
+    table's triples) the sink and the dead letters TOGETHER must cover the range once, and
+    an offset in both is DEAD_LETTER_OVERLAP (a dead letter twice is OFFSET_DUPLICATE).
     """
-    summaries = summarize_sink_records(records)
+    summaries = summarize_sink_records(records, dead_letters)
     violations: list[Violation] = []
     for split_id in sorted(set(summaries) | set(committed_positions)):
         summary = summaries.get(split_id, SinkSplitSummary(split_id, 0))
@@ -694,19 +743,40 @@ def check_sink_offsets(
     )
 
 
+def content_digest(values: Iterable[bytes | str | None]) -> tuple[int, str]:
+    """(count, digest) of record values in offset order, as :func:`check_content` compares them:
+    SHA-256 of the concatenated hex SHA-256 of each value's bytes (a string's UTF-8 bytes; a NULL
+    value is ``null``). Byte-exact: any changed, dropped, added or reordered value changes it. The
+    restart checks compute the same in Spark SQL (``sha2(concat_ws('', transform(values, sha2)))``).
+    """
+    import hashlib
+
+    count = 0
+    outer = hashlib.sha256()
+    for value in values:
+        count += 1
+        if value is None:
+            outer.update(b"null")
+            continue
+        data = value.encode("utf-8") if isinstance(value, str) else bytes(value)
+        outer.update(hashlib.sha256(data).hexdigest().encode("ascii"))
+    return count, outer.hexdigest()
+
+
 def check_content(split_id: str, expected: tuple[int, str], found: tuple[int, str]) -> Violation | None:
     """CONTENT_MISMATCH when a finished split's committed values are not its data's.
 
-    ``expected`` and ``found`` are (record count, SHA-256 of the values in offset order joined by
-    newlines) of the source's data and of the sink's records.
+    ``expected`` and ``found`` are :func:`content_digest` pairs (record count, digest of the values
+    in offset order) of the source's data and of the sink's records together with the dead letters'
+    raw values (sink ∪ dead letters reproduces the source, for raw and text sinks).
     """
     if expected == found:
         return None
     return Violation(
         ViolationKind.CONTENT_MISMATCH,
         (split_id,),
-        f"split {split_id}: the sink holds {found[0]} value(s) (sha256 {found[1][:12]}) where the source "
-        f"has {expected[0]} (sha256 {expected[1][:12]})",
+        f"split {split_id}: the sink and dead letters hold {found[0]} value(s) (digest {found[1][:12]}) "
+        f"where the source has {expected[0]} (digest {expected[1][:12]})",
     )
 
 

@@ -124,6 +124,17 @@ class CrashPoint(enum.Enum):
     DURING_RETENTION = "during_retention"
 
 
+class SinkCrashPoint(enum.Enum):
+    """Crash points inside the sink's epoch commit (``SPLITKEEPER_CRASH_AT`` names them like a
+    :class:`CrashPoint`); not part of the chaos run's one-driver-per-:class:`CrashPoint` table.
+
+    ``before_dead_letter_commit``: the sink commit (the redo record naming the epoch's dead-letter
+    files) landed, the dead-letter table's commit of them did not.
+    """
+
+    BEFORE_DEAD_LETTER_COMMIT = "before_dead_letter_commit"
+
+
 # --------------------------------------------------------------------------- ports
 
 

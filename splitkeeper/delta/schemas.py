@@ -38,6 +38,9 @@ from splitkeeper.errors import InvalidParameterError
 
 __all__ = [
     "BASE_PROPERTIES",
+    "DEAD_FILE",
+    "DEAD_LETTER_SCHEMA",
+    "DEAD_LETTER_TABLE",
     "META_COLUMNS",
     "SCHEMAS",
     "SINK_TABLE",
@@ -283,6 +286,27 @@ SCHEMAS: dict[str, pa.Schema] = {
             optional("headers", array(_struct_of(key=STRING, value=BINARY))),
         ]
     ),
+    # not a state table: the bad records (errors.tolerance: all), committed with the sink's epoch;
+    # a region's staged dead.parquet carries every column, so the sink commit adopts it as it is
+    "dead_letters": pa.schema(
+        [
+            required("split_id", STRING),
+            required("offset", BIGINT),
+            required("next_offset", BIGINT),
+            optional("key", BINARY),
+            optional("value", BINARY),
+            required("stage", STRING),
+            required("error_class", STRING),
+            required("error_message", STRING),
+            required("epoch", BIGINT),
+            required("region", INT),
+            required("attempt_id", STRING),
+            required("failed_at", TIMESTAMP),
+            optional("topic", STRING),
+            optional("partition", INT),
+            optional("timestamp", TIMESTAMP),
+        ]
+    ),
 }
 
 # --------------------------------------------------------------------------- the tables (rules 2, 3)
@@ -371,8 +395,19 @@ TABLES: dict[str, TableSpec] = {
             stats_columns=("split_id", "offset", "next_offset", "epoch", "region", "ingested_at"),
             added_columns=frozenset(META_COLUMNS),
         ),
+        # the epoch (= checkpoint id) is the commit unit; split and offset find a record
+        TableSpec(
+            "dead_letters",
+            stats_columns=("split_id", "offset", "next_offset", "epoch", "region", "stage", "failed_at"),
+        ),
     )
 }
+
+#: The dead-letter table (``errors.dead_letter.path``): what a staged ``dead.parquet`` holds, too.
+DEAD_LETTER_TABLE = "dead_letters"
+DEAD_LETTER_SCHEMA: pa.Schema = SCHEMAS[DEAD_LETTER_TABLE]
+#: A region attempt's staged dead letters: this file beside its ``part.parquet``.
+DEAD_FILE = "dead.parquet"
 
 #: The tables a :class:`~splitkeeper.delta.checkpoints.DeltaStateStore` owns, in creation order.
 STATE_TABLES: tuple[str, ...] = (

@@ -48,7 +48,7 @@ import math
 import os
 import re
 import shutil
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -56,11 +56,19 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from splitkeeper.core.ports import EpochSink, RegionRun, SinkReceipt
+from splitkeeper.core.ports import EpochSink, RegionRun, SinkCrashPoint, SinkReceipt
 from splitkeeper.delta import storage
 from splitkeeper.delta.fence import fenced_commit, recorded_commit
 from splitkeeper.delta.retention import retention_hours
-from splitkeeper.delta.schemas import SINK_TABLE, STAGED_COLUMNS, STAGED_FILE_SCHEMA, spec
+from splitkeeper.delta.schemas import (
+    DEAD_FILE,
+    DEAD_LETTER_SCHEMA,
+    DEAD_LETTER_TABLE,
+    SINK_TABLE,
+    STAGED_COLUMNS,
+    STAGED_FILE_SCHEMA,
+    spec,
+)
 from splitkeeper.delta.tables import ensure_table, guarded, open_table, read_rows, refresh
 from splitkeeper.errors import InvalidParameterError, StagedOutputError, StateError
 
@@ -73,6 +81,7 @@ __all__ = [
     "SinkCommit",
     "adopted_name",
     "file_statistics",
+    "read_dead_letters",
     "read_sink",
     "sink_files",
     "sink_frame",
@@ -83,6 +92,9 @@ log = logging.getLogger(__name__)
 _SEGMENT = re.compile(r"(?:^|/)(epoch|region)=(\d+)(?=/|$)")
 _ATTEMPT = re.compile(r"(?:^|/)attempt=([A-Za-z0-9_-]+)(?=/|$)")
 _EPOCH_DIR = re.compile(r"^epoch=(\d+)$")
+#: The sink commit's metadata keys that name the epoch's dead-letter files and count their records.
+DEAD_LETTERS_KEY = "dead_letters"
+DEAD_LETTER_RECORDS_KEY = "dead_letter_records"
 #: Delta statistics keep string bounds short; longer minimums are cut, longer maximums left out.
 STRING_STATS_PREFIX = 32
 
@@ -202,6 +214,8 @@ class DeltaSink(EpochSink):
         *,
         staging_path: str | os.PathLike[str] | None = None,
         read_only: bool = False,
+        dead_letter_path: str | os.PathLike[str] | None = None,
+        crash_point: Callable[[SinkCrashPoint, int], None] | None = None,
     ) -> None:
         if not isinstance(app_id, str) or not app_id.strip():
             raise InvalidParameterError("app_id", app_id, "a non-empty name (the pipeline name)")
@@ -210,8 +224,14 @@ class DeltaSink(EpochSink):
         self.staging_path = None if staging_path is None else storage.table_uri(staging_path)
         self.read_only = read_only
         self._table: DeltaTable | None = None
+        self.dead_letter_path = None if dead_letter_path is None else storage.table_uri(dead_letter_path)
+        self._dead_table: DeltaTable | None = None
+        self._crash_point = crash_point
         if not read_only:
             self._table = ensure_table(self.path, spec(SINK_TABLE))[0]
+            if self.dead_letter_path is not None:
+                self._dead_table = ensure_table(self.dead_letter_path, spec(DEAD_LETTER_TABLE))[0]
+                self.repair_dead_letters()
 
     def _get(self) -> DeltaTable | None:
         if self._table is None:
@@ -267,11 +287,16 @@ class DeltaSink(EpochSink):
         table = self._get()
         assert table is not None
         committed: dict[str, int] = {}
+        dead: list[dict[str, Any]] = []
 
         def write(target: DeltaTable, properties: Any) -> None:
+            dead[:] = self._stage_dead_letters(epoch, staged)  # (a): moved first, untracked until (c)
             actions, records = self._adopt(epoch, staged)
             committed["records"] = records
             properties.custom_metadata["records"] = records
+            if self.dead_letter_path is not None:  # (b): the sink commit is the dead letters' redo record
+                properties.custom_metadata[DEAD_LETTERS_KEY] = dead
+                properties.custom_metadata[DEAD_LETTER_RECORDS_KEY] = sum(int(d["rows"]) for d in dead)
             guarded(
                 target.table_uri,
                 lambda: target.create_write_transaction(
@@ -292,6 +317,11 @@ class DeltaSink(EpochSink):
             attempt=attempt_id,
             what="epoch",
         )
+        if self.dead_letter_path is not None:
+            if self._crash_point is not None:
+                self._crash_point(SinkCrashPoint.BEFORE_DEAD_LETTER_COMMIT, epoch)
+            # (c), also on a replay: the sink commit of this epoch may have landed without it
+            self._commit_dead_letters(epoch, result.metadata.get(DEAD_LETTERS_KEY) or [])
         if result.replayed:
             records = result.metadata.get("records")
             return SinkReceipt(epoch, int(records or 0), replayed=True, version=result.table_version)
@@ -408,6 +438,177 @@ class DeltaSink(EpochSink):
             actions.append(AddAction(item.name, int(info.size), {}, millis, True, json.dumps(item.stats)))
         return actions, sum(item.rows for item in checked)
 
+    # -- dead letters (errors.tolerance: all) -------------------------------------------------
+
+    def _stage_dead_letters(self, epoch: int, staged: Sequence[str]) -> list[dict[str, Any]]:
+        """Dead-letter rule (a): each region's ``dead.parquet`` (the sibling of its staged part file;
+        a region without bad records has none), checked, then moved into the dead-letter table folder
+        under its adopted name, untracked until :meth:`_commit_dead_letters`. A file an earlier attempt
+        of this commit moved already is found there. Returns the add entries the sink commit records."""
+        found: list[tuple[str, str, pq.FileMetaData]] = []  # (where it is now, its table name, footer)
+        for part in staged:
+            source = _sibling(part, DEAD_FILE)
+            name = adopted_name(source)
+            checked = self._dead_footer(epoch, source)
+            if checked is None and self.dead_letter_path is not None:
+                moved = storage.join(self.dead_letter_path, name)
+                checked = self._dead_footer(epoch, moved)
+                source = moved if checked is not None else source
+            if checked is None:
+                continue
+            if self.dead_letter_path is None:
+                raise StagedOutputError(
+                    f"sink {self.path}: region output {source} of epoch {epoch} holds dead letters, but this "
+                    "sink has no dead-letter table. Nothing was committed: set errors.dead_letter.path "
+                    "(with errors.tolerance: all) and run the pipeline again",
+                    path=source,
+                    epoch_id=epoch,
+                )
+            found.append((source, name, checked))
+        entries: list[dict[str, Any]] = []
+        assert not found or self.dead_letter_path is not None
+        for source, name, metadata in found:
+            target = storage.join(self.dead_letter_path or "", name)
+            if source != target:
+                _move(source, target)
+            fs, inner = storage.filesystem(target)
+            info = fs.get_file_info(inner)
+            entries.append(
+                {
+                    "path": name,
+                    "size": int(info.size),
+                    "rows": int(metadata.num_rows),
+                    "modified": int(info.mtime.timestamp() * 1000) if info.mtime is not None else 0,
+                    "stats": json.dumps(file_statistics(metadata, spec(DEAD_LETTER_TABLE).stats_columns)),
+                }
+            )
+        return entries
+
+    def _dead_footer(self, epoch: int, location: str) -> pq.FileMetaData | None:
+        """The footer of the dead-letter file at ``location``, or None when there is none; a damaged
+        file or one of other columns is a StagedOutputError (nothing is committed)."""
+        fs, inner = storage.filesystem(location)
+        try:
+            if fs.get_file_info(inner).type.name != "File":
+                return None
+            with fs.open_input_file(inner) as handle:
+                metadata = pq.ParquetFile(handle).metadata
+        except OSError:
+            return None
+        except Exception as err:  # noqa: BLE001 - any unreadable footer is the same problem
+            raise StagedOutputError(
+                f"sink {self.path}: dead-letter file {location} of epoch {epoch} is not a complete parquet "
+                f"file ({err}). Nothing was committed: recover the pipeline (splitkeeper recover "
+                "--checkpoint latest) so the epoch is read again",
+                path=location,
+                epoch_id=epoch,
+            ) from err
+        found = [(f.name, f.type) for f in metadata.schema.to_arrow_schema()]
+        wanted = [(f.name, f.type) for f in DEAD_LETTER_SCHEMA]
+        if found != wanted:
+            raise StagedOutputError(
+                f"sink {self.path}: dead-letter file {location} of epoch {epoch} has columns {found}, not "
+                f"the dead-letter table's {wanted}. Nothing was committed: recover the pipeline so the "
+                "epoch is read again by this splitkeeper",
+                path=location,
+                epoch_id=epoch,
+            )
+        return metadata
+
+    def dead_letter_epoch(self) -> int | None:
+        """The last epoch whose dead letters were committed (the dead-letter table's ``txn`` version of
+        this pipeline), or None (none yet, or no dead-letter table)."""
+        if self.dead_letter_path is None:
+            return None
+        if self._dead_table is None:
+            self._dead_table = open_table(self.dead_letter_path, missing_ok=True)
+        else:
+            refresh(self._dead_table)
+        return None if self._dead_table is None else self._dead_table.transaction_version(self.app_id)
+
+    def _commit_dead_letters(self, epoch: int, entries: Sequence[Mapping[str, Any]]) -> bool:
+        """Dead-letter rule (c): add the files ``entries`` (the sink commit's record of them, already in
+        the table folder) to the dead-letter table in ONE commit with ``Transaction(pipeline, epoch)``;
+        nothing when there are none, or when that table already records ``epoch`` (or a later one).
+        True when this call committed them."""
+        from deltalake.exceptions import CommitFailedError
+        from deltalake.transaction import AddAction, CommitProperties, RemoveAction, Transaction
+
+        if not entries or self.dead_letter_path is None:
+            return False
+        done = self.dead_letter_epoch()
+        if done is not None and done >= epoch:
+            return False
+        table = self._dead_table
+        assert table is not None  # a writable sink with a dead-letter path created the table
+        missing = [
+            str(e["path"])
+            for e in entries
+            if not _exists(storage.join(self.dead_letter_path, str(e["path"])))
+        ]
+        if missing:
+            raise StateError(
+                f"pipeline {self.app_id!r}: the sink commit of epoch {epoch} names dead-letter files that "
+                f"are not in the dead-letter table folder {self.dead_letter_path}: {missing}. They were "
+                "removed "
+                "after the sink commit; their records are the only copy of those bad records. Restore "
+                "them from a backup of that folder; until then this epoch's dead letters are missing",
+                pipeline=self.app_id,
+                epoch_id=epoch,
+                path=self.dead_letter_path,
+            )
+        actions: list[AddAction | RemoveAction] = [
+            AddAction(str(e["path"]), int(e["size"]), {}, int(e["modified"]), True, str(e["stats"]))
+            for e in entries
+        ]
+        properties = CommitProperties(
+            app_transactions=[Transaction(self.app_id, epoch)],
+            custom_metadata={
+                "app_id": self.app_id,
+                "epoch": epoch,
+                "records": sum(int(e["rows"]) for e in entries),
+            },
+        )
+        try:
+            guarded(
+                self.dead_letter_path,
+                lambda: table.create_write_transaction(
+                    actions, mode="append", schema=DEAD_LETTER_SCHEMA, commit_properties=properties
+                ),
+            )
+        except CommitFailedError:
+            done = self.dead_letter_epoch()
+            if done is not None and done >= epoch:
+                return False  # another process of this pipeline committed them meanwhile
+            raise
+        refresh(table)
+        return True
+
+    def repair_dead_letters(self) -> int | None:
+        """Dead-letter rule (d), on open: when the recorded epoch's sink commit names dead-letter files
+        that the dead-letter table does not record yet (the driver died between the two commits),
+        commit them now. Only the latest epoch can be pending. The epoch repaired, or None."""
+        if self.read_only or self.dead_letter_path is None:
+            return None
+        epoch = self.committed_epoch()
+        if epoch is None:
+            return None
+        done = self.dead_letter_epoch()
+        if done is not None and done >= epoch:
+            return None
+        found = self.committed_metadata(epoch)
+        entries = [] if found is None else found.metadata.get(DEAD_LETTERS_KEY) or []
+        if self._commit_dead_letters(epoch, entries):
+            log.warning(
+                "sink %s: the dead letters of epoch %s were committed on open (%s file(s); the last run "
+                "died between the sink commit and the dead-letter commit)",
+                self.path,
+                epoch,
+                len(entries),
+            )
+            return epoch
+        return None
+
     # -- staging ------------------------------------------------------------------------------
 
     # -- maintenance --------------------------------------------------------------------
@@ -499,6 +700,35 @@ def read_sink(path: str | os.PathLike[str], columns: Sequence[str] | None = None
     if table is None:
         return STAGED_FILE_SCHEMA.empty_table().select(wanted)
     return read_rows(table, spec(SINK_TABLE), columns=wanted)
+
+
+def read_dead_letters(path: str | os.PathLike[str], columns: Sequence[str] | None = None) -> pa.Table:
+    """The rows of the dead-letter table at ``path`` (its latest version), read with delta-rs and
+    pyarrow like :func:`read_sink`: ``columns`` only (all when None); an empty table of those columns
+    when no table exists there yet."""
+    uri = storage.table_uri(path)
+    wanted = list(columns) if columns is not None else DEAD_LETTER_SCHEMA.names
+    unknown = [c for c in wanted if c not in DEAD_LETTER_SCHEMA.names]
+    if unknown:
+        raise InvalidParameterError(
+            "columns", unknown, f"columns of the dead-letter table: {DEAD_LETTER_SCHEMA.names}"
+        )
+    table = open_table(uri, missing_ok=True)
+    if table is None:
+        return DEAD_LETTER_SCHEMA.empty_table().select(wanted)
+    return read_rows(table, spec(DEAD_LETTER_TABLE), columns=wanted)
+
+
+def _exists(uri: str) -> bool:
+    fs, inner = storage.filesystem(uri)
+    return bool(fs.get_file_info(inner).type.name == "File")
+
+
+def _sibling(path: str, name: str) -> str:
+    """The file ``name`` in the folder of ``path`` (a local path or a URI)."""
+    text = os.fspath(path)
+    cut = max(text.rfind("/"), text.rfind(os.sep))
+    return name if cut < 0 else text[: cut + 1] + name
 
 
 def sink_files(path: str | os.PathLike[str]) -> int | None:

@@ -25,7 +25,6 @@ expectation reported (a suite file edited to drop it) still fails the report.
 from __future__ import annotations
 
 import enum
-import hashlib
 import json
 import logging
 import os
@@ -48,6 +47,7 @@ from splitkeeper.core.invariants import (
     check_ownership,
     check_region_ref,
     check_subscriptions,
+    content_digest,
     judge_sink_split,
     merge_spans,
 )
@@ -519,15 +519,14 @@ def _content_rows(
     finished: Collection[str],
     life: SplitLife,
 ) -> dict[str, tuple[int, str]]:
-    """split_id -> (records, SHA-256 of its values joined by newlines) of each finished split with an
-    end among the source rows, read by ``reader`` from its start to its end.
+    """split_id -> :func:`~splitkeeper.core.invariants.content_digest` (records, digest of its values in
+    offset order) of each finished split with an end among the source rows, read by ``reader`` from
+    its start to its end.
 
     Splits with a reported lost range are left out (the sink lacks exactly those records); a
     split whose data cannot be read now (gone, changed: SourceError) is left out with a
     warning: the other checks still see its offsets.
     """
-    import hashlib
-
     from splitkeeper.errors import SourceError
 
     rows: dict[str, tuple[int, str]] = {}
@@ -540,7 +539,7 @@ def _content_rows(
         except SourceError as err:
             log.warning("content check: split %s is not checked: %s", split_id, err)
             continue
-        rows[split_id] = (len(values), hashlib.sha256("\n".join(values).encode("utf-8")).hexdigest())
+        rows[split_id] = content_digest(values)
     return rows
 
 
@@ -566,8 +565,9 @@ class SinkScan:
 
     ``summaries``: per split with records of epochs up to the checkpoint, the core's
     :class:`SinkSplitSummary`. ``later``: records of epochs after the checkpoint (not
-    checked). ``hashes``: per split asked for that has records, (records, SHA-256 of its
-    values in offset order joined by newlines); a split missing has :data:`_NO_VALUES`.
+    checked). ``hashes``: per split asked for that has records, the
+    :func:`~splitkeeper.core.invariants.content_digest` of its values (sink values and dead
+    letters' raw values) in offset order; a split missing has :data:`_NO_VALUES`.
     """
 
     summaries: dict[str, SinkSplitSummary] = field(default_factory=dict)
@@ -576,33 +576,55 @@ class SinkScan:
 
 
 #: (records, SHA-256) of a split without records in the sink.
-_NO_VALUES = (0, hashlib.sha256(b"").hexdigest())
+_NO_VALUES = content_digest(())
 
 
-def scan_sink(sink: DataFrame, checkpoint_id: int, content_ids: Collection[str] = ()) -> SinkScan:
+def scan_sink(
+    sink: DataFrame, checkpoint_id: int, content_ids: Collection[str] = (), dead: DataFrame | None = None
+) -> SinkScan:
     """Summarise the sink's records per split in ONE Spark query, of which only one row per split
     reaches the driver (``collect``); see :class:`SinkScan`.
+
+    With ``dead`` (the dead-letter table's frame) the query reads the sink and the dead letters
+    together (a union, the same one shuffle): the islands are of both, the duplicates are offsets
+    covered twice within one table, the overlaps offsets covered by both (running maxima of the
+    sink's and of the dead letters' ``next_offset`` over the offset order tell them apart).
 
     Gaps and islands over each split's records ordered by offset (a window partitioned by split:
     the one shuffle), then an aggregation per island and one per split on that partitioning. Records
     of epochs after ``checkpoint_id`` are counted, and take no other part. Duplicate spans and
     malformed offsets are kept to their first 1000 per split. The values are read only for the
-    splits of ``content_ids`` (the content check)."""
+    splits of ``content_ids`` (the content check), as bytes (a string value's UTF-8 bytes): the
+    content check needs a sink with a ``value`` column (raw or text); for a typed sink the caller
+    passes none and only the offsets are checked."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
     offset, nxt, before = F.col("offset"), F.col("next_offset"), F.col("_before")
+    is_dead = F.col("_dead")
     checked = F.col("epoch") <= checkpoint_id
     valid = checked & (nxt > offset)
     ordered = Window.partitionBy("split_id").orderBy("offset", "next_offset")
     content = sorted(content_ids)
-    rows = sink.select(
-        "split_id",
-        "offset",
-        "next_offset",
-        "epoch",
+    columns = ["split_id", "offset", "next_offset", "epoch"]
+
+    def side(frame: DataFrame, dead_side: bool) -> DataFrame:
+        picked = [F.col(c) for c in columns]
+        if content:
+            picked.append(F.col("value").cast("binary").alias("value"))
+        return frame.select(*picked, F.lit(dead_side).alias("_dead"))
+
+    union = side(sink, False)
+    if dead is not None:
+        union = union.unionByName(side(dead, True))
+    preceding = ordered.rowsBetween(Window.unboundedPreceding, -1)
+    rows = union.select(
+        *columns,
+        "_dead",
         *(["value"] if content else []),
-        F.max(F.when(valid, nxt)).over(ordered.rowsBetween(Window.unboundedPreceding, -1)).alias("_before"),
+        F.max(F.when(valid, nxt)).over(preceding).alias("_before"),
+        F.max(F.when(valid & ~is_dead, nxt)).over(preceding).alias("_before_sink"),
+        F.max(F.when(valid & is_dead, nxt)).over(preceding).alias("_before_dead"),
     )
     rows = rows.withColumn(
         "_island",
@@ -610,40 +632,54 @@ def scan_sink(sink: DataFrame, checkpoint_id: int, content_ids: Collection[str] 
             ordered.rowsBetween(Window.unboundedPreceding, Window.currentRow)
         ),
     )
-    dup = F.when(valid & (offset < before), F.struct(offset.alias("a"), F.least(nxt, before).alias("b")))
+    same = F.when(is_dead, F.col("_before_dead")).otherwise(F.col("_before_sink"))
+    other = F.when(is_dead, F.col("_before_sink")).otherwise(F.col("_before_dead"))
+    dup = F.when(valid & (offset < same), F.struct(offset.alias("a"), F.least(nxt, same).alias("b")))
+    cross = F.when(valid & (offset < other), F.struct(offset.alias("a"), F.least(nxt, other).alias("b")))
     island_aggs = [
         F.min(F.when(valid, offset)).alias("a"),
         F.max(F.when(valid, nxt)).alias("b"),
         F.count(F.when(checked, F.lit(1))).alias("records"),
+        F.count(F.when(checked & is_dead, F.lit(1))).alias("dead"),
         F.count(F.when(~checked, F.lit(1))).alias("later"),
         F.collect_list(dup).alias("dups"),
+        F.collect_list(cross).alias("cross"),
         F.collect_list(F.when(checked & (nxt <= offset), offset)).alias("bad"),
     ]
     split_aggs = [
         F.sum("records").alias("records"),
+        F.sum("dead").alias("dead"),
         F.sum("later").alias("later"),
         F.array_sort(F.collect_list(F.when(F.col("a").isNotNull(), F.struct("a", "b")))).alias("islands"),
         F.slice(F.array_sort(F.flatten(F.collect_list("dups"))), 1, 1000).alias("duplicates"),
+        F.slice(F.array_sort(F.flatten(F.collect_list("cross"))), 1, 1000).alias("overlaps"),
         F.slice(F.array_sort(F.flatten(F.collect_list("bad"))), 1, 1000).alias("malformed"),
     ]
     if content:
         wanted = checked & F.col("split_id").isin(content)
-        island_aggs.append(F.collect_list(F.when(wanted, F.struct(offset, F.col("value")))).alias("vals"))
-        by_offset = F.array_sort(F.flatten(F.collect_list("vals")))
-        split_aggs.append(
-            F.sha2(F.concat_ws("\n", F.transform(by_offset, lambda r: r["value"])), 256).alias("h")
+        island_aggs.append(
+            F.collect_list(F.when(wanted, F.struct(offset, is_dead, F.col("value")))).alias("vals")
         )
+        by_offset = F.array_sort(F.flatten(F.collect_list("vals")))
+        digests = F.transform(by_offset, lambda r: F.coalesce(F.sha2(r["value"], 256), F.lit("null")))
+        split_aggs.append(F.sha2(F.concat_ws("", digests), 256).alias("h"))
     found = (
         rows.groupBy("split_id", "_island").agg(*island_aggs).groupBy("split_id").agg(*split_aggs).collect()
     )
+
+    def spans(items: Any) -> tuple[tuple[int, int], ...]:
+        return tuple((int(x["a"]), int(x["b"])) for x in items or ())
+
     return SinkScan(
         summaries={
             r["split_id"]: SinkSplitSummary(
                 r["split_id"],
                 int(r["records"]),
-                tuple((int(s["a"]), int(s["b"])) for s in r["islands"] or ()),
-                tuple((int(s["a"]), int(s["b"])) for s in r["duplicates"] or ()),
+                spans(r["islands"]),
+                spans(r["duplicates"]),
                 tuple(int(o) for o in r["malformed"] or ()),
+                dead_letters=int(r["dead"] or 0),
+                overlaps=merge_spans(spans(r["overlaps"])),
             )
             for r in found
             if r["records"]
@@ -676,12 +712,14 @@ _PLACES_SCHEMA = (
 _SINK_RECORDS_SCHEMA = (
     ("split_id", _STR),
     ("records", _BIGINT),
+    ("dead_letters", _BIGINT),
     ("islands", _INT),
     ("first_offset", _BIGINT),
     ("last_next_offset", _BIGINT),
     ("offset_duplicate", _STR),
     ("offset_missing", _STR),
     ("offset_unexpected", _STR),
+    ("dead_letter_overlap", _STR),
 )
 _SINK_SPLITS_SCHEMA = (
     ("split_id", _STR),
@@ -736,6 +774,7 @@ def build_restart_frames(
     max_consecutive_failures: int,
     source_splits: Iterable[Split] | None = None,
     content_reader: RegionReader | None = None,
+    dead_letter_path: str | os.PathLike[str] | None = None,
 ) -> RestartFrames:
     """Run the core's section 6 checks on checkpoint ``checkpoint_id`` and the sink; return the
     verdicts as the suites' datasets (see :class:`RestartFrames`), small Arrow tables.
@@ -752,7 +791,11 @@ def build_restart_frames(
     Offsets the pipeline reported as lost (:class:`SplitLife`) are the only gaps accepted.
     With ``content_reader`` (the source's region reader) each finished split among
     ``source_splits`` is read from its start to its end and compared with the sink's count
-    and SHA-256 of its values in offset order (:func:`~splitkeeper.core.invariants.check_content`).
+    and digest of its values in offset order (:func:`~splitkeeper.core.invariants.check_content`).
+    With ``dead_letter_path`` (``errors.tolerance: all``) the sink and the dead-letter table are
+    checked TOGETHER, in the same one query: their offsets cover each split's range once, an offset
+    in both is DEAD_LETTER_OVERLAP, and the content is the sink's values and the dead letters' raw
+    values in offset order (a typed sink, without a ``value`` column, is checked on offsets only).
     CheckpointError when ``checkpoint_id`` is not a completed checkpoint.
     """
     from splitkeeper.delta import serde
@@ -908,10 +951,25 @@ def build_restart_frames(
         if content_reader is not None and source_splits is not None
         else {}
     )
+    dead_files = sink_files(dead_letter_path) if dead_letter_path is not None else None
     scan = SinkScan()
-    if files:
+    if files or dead_files:
         session = spark() if callable(spark) else spark
-        scan = scan_sink(sink_frame(session, sink_path), checkpoint_id, wanted)
+        sink = sink_frame(session, sink_path) if files else None
+        dead = sink_frame(session, dead_letter_path) if dead_files and dead_letter_path is not None else None
+        if sink is None:  # only dead letters so far: the sink's columns, no rows
+            assert dead is not None
+            sink = dead.select("split_id", "offset", "next_offset", "epoch", "value").limit(0)
+        if wanted and (
+            "value" not in sink.columns
+            or sink.schema["value"].dataType.typeName() not in ("string", "binary")
+        ):
+            notes.append(
+                "the sink has typed columns (no raw or text value column): the content check is left out, "
+                "its offsets (sink and dead letters together) are checked"
+            )
+            wanted = {}
+        scan = scan_sink(sink, checkpoint_id, wanted, dead)
     if scan.later:
         notes.append(
             f"the sink holds {scan.later} record(s) of epochs after checkpoint {checkpoint_id}; they are "
@@ -976,12 +1034,14 @@ def build_restart_frames(
                 (
                     sid,
                     summary.records,
+                    summary.dead_letters,
                     len(summary.islands),
                     summary.islands[0][0] if summary.islands else None,
                     summary.islands[-1][1] if summary.islands else None,
                     _detail(verdict.duplicate()),
                     _detail(verdict.gap()),
                     _detail(verdict.bad_record()),
+                    _detail(verdict.overlap()),
                 )
             )
         split_rows.append(
@@ -1116,6 +1176,7 @@ def run_restart_checks(
     source_splits: Iterable[Split] | None = None,
     expectations: str | os.PathLike[str] | None = None,
     content_reader: RegionReader | None = None,
+    dead_letter_path: str | os.PathLike[str] | None = None,
 ) -> CheckReport:
     """Run every protocol section 6 suite on checkpoint ``checkpoint_id`` (default: the latest) and its sink.
 
@@ -1126,8 +1187,9 @@ def run_restart_checks(
     with its weights); the balance suite is SKIPPED for an unbalanced one (legacy-hash),
     with a note saying so. ``subscriptions`` are the current subscriptions (what the
     source has now). ``data_docs_dir`` receives the Data Docs site (``index.html``).
-    ``source_splits``, ``content_reader``: see :func:`build_restart_frames`. ``expectations`` overrides the
-    suites folder. Returns the report; never raises on a failed expectation (call
+    ``source_splits``, ``content_reader``, ``dead_letter_path``: see :func:`build_restart_frames`.
+    ``expectations`` overrides the suites folder. Returns the report; never raises on a failed
+    expectation (call
     :func:`raise_on_failure`). CheckpointError when there is no such checkpoint.
     """
     if isinstance(max_consecutive_failures, bool) or not isinstance(max_consecutive_failures, int):
@@ -1173,6 +1235,7 @@ def run_restart_checks(
         max_consecutive_failures=max_consecutive_failures,
         source_splits=source_splits,
         content_reader=content_reader,
+        dead_letter_path=dead_letter_path,
     )
     run_id = RunIdentifier(run_name=f"{state_store.pipeline_name}-checkpoint-{checkpoint_id}")
     outcomes: list[SuiteOutcome] = []

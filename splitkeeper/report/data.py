@@ -75,6 +75,51 @@ class ParkedSplit:
 
 
 @dataclass(frozen=True, slots=True)
+class DeadLetterFacts:
+    """The dead-letter table as the report shows it: counts per split and per stage, the first errors."""
+
+    path: str
+    total: int
+    per_split: tuple[tuple[str, int], ...]  # (split, dead letters), most first, ties by split
+    per_stage: tuple[tuple[str, int], ...]  # (stage, dead letters), in STAGES order
+    first: tuple[tuple[str, int, str, str, str], ...]  # (split, offset, stage, error class, message)
+
+
+#: How many of the first dead letters (by epoch, split, offset) the report lists.
+FIRST_DEAD_LETTERS = 20
+
+
+def read_dead_letter_facts(path: str | os.PathLike[str], first: int = FIRST_DEAD_LETTERS) -> DeadLetterFacts:
+    """Count the dead-letter table at ``path`` per split and stage and take its ``first`` errors (read
+    with delta-rs, :func:`splitkeeper.delta.sink.read_dead_letters`; the raw bytes are not read)."""
+    import pyarrow.compute as pc
+
+    from splitkeeper.delta.sink import read_dead_letters
+    from splitkeeper.records.decode import STAGES
+
+    rows = read_dead_letters(path, ["split_id", "offset", "stage", "error_class", "error_message", "epoch"])
+    per_split = Counter(rows["split_id"].to_pylist())
+    per_stage = Counter(rows["stage"].to_pylist())
+    order = pc.sort_indices(
+        rows, [("epoch", "ascending"), ("split_id", "ascending"), ("offset", "ascending")]
+    )
+    head = rows.take(order[:first]).to_pylist()
+    return DeadLetterFacts(
+        path=os.fspath(path),
+        total=rows.num_rows,
+        per_split=tuple(sorted(per_split.items(), key=lambda kv: (-kv[1], kv[0]))),
+        per_stage=tuple(
+            (stage, per_stage[stage])
+            for stage in (*STAGES, *sorted(set(per_stage) - set(STAGES)))
+            if per_stage[stage]
+        ),
+        first=tuple(
+            (r["split_id"], int(r["offset"]), r["stage"], r["error_class"], r["error_message"]) for r in head
+        ),
+    )
+
+
+@dataclass(frozen=True, slots=True)
 class ReportData:
     pipeline: str
     state_root: str
@@ -85,6 +130,7 @@ class ReportData:
     sink_path: str | None = None
     records: dict[int, dict[int, int]] | None = None  # epoch -> region -> records; None: no sink given
     parked_positions: dict[str, int] = field(default_factory=dict)  # quarantined now -> position
+    dead_letters: DeadLetterFacts | None = None  # None: no dead-letter table given
 
     def decision_counts(self) -> list[tuple[str, int]]:
         """(decision, count), most frequent first, ties by name."""
@@ -178,10 +224,12 @@ class ReportData:
 
 
 def collect_report_data(
-    state_store: DeltaStateStore, sink_path: str | os.PathLike[str] | None = None
+    state_store: DeltaStateStore,
+    sink_path: str | os.PathLike[str] | None = None,
+    dead_letter_path: str | os.PathLike[str] | None = None,
 ) -> ReportData:
-    """Read everything the report shows (state and sink through delta-rs; no Spark). Called once per
-    report."""
+    """Read everything the report shows (state, sink and dead-letter table through delta-rs; no
+    Spark). Called once per report."""
     history = state_store.history
     timeline = tuple(history.timeline())
     heads = history.checkpoints(
@@ -259,6 +307,7 @@ def collect_report_data(
         records=records,
         # where the latest kept checkpoint parks its quarantined splits
         parked_positions=parked.get(max((int(r["checkpoint_id"]) for r in heads), default=-1), {}),
+        dead_letters=None if dead_letter_path is None else read_dead_letter_facts(dead_letter_path),
     )
 
 

@@ -485,6 +485,60 @@ def _records_section(data: ReportData) -> _Section:
     )
 
 
+def _dead_letters_section(data: ReportData) -> _Section:
+    facts = data.dead_letters
+    assert facts is not None
+    parts: list[_Figure | _Table] = []
+    if facts.per_split:
+        shown = facts.per_split[:20]
+        svg = charts.hbar_chart(
+            "chart-dead-letters",
+            "Dead letters per split",
+            f"Bad records per split in the dead-letter table, {facts.total:,} in all"
+            + (f" (the {len(shown)} splits with most)." if len(shown) < len(facts.per_split) else "."),
+            [(sid, float(n)) for sid, n in shown],
+            x_label="dead letters",
+            y_label="split",
+            color=charts.VERMILLION,
+        )
+        parts.append(_figure(svg, "Bars: dead letters per split."))
+    parts.append(
+        _table(
+            "table-dead-stages",
+            "Dead letters per stage",
+            ["stage", "dead letters"],
+            [(stage, n) for stage, n in facts.per_stage],
+            {1},
+        )
+    )
+    parts.append(
+        _table(
+            "table-dead-splits",
+            "Dead letters per split",
+            ["split", "dead letters"],
+            list(facts.per_split),
+            {1},
+        )
+    )
+    parts.append(
+        _table(
+            "table-dead-first",
+            f"The first {len(facts.first)} dead letters",
+            ["split", "offset", "stage", "error", "message"],
+            list(facts.first),
+            {1},
+        )
+    )
+    lead = (
+        f"The dead-letter table at {facts.path} holds {facts.total:,} bad record(s) (errors.tolerance: all): "
+        "each with its raw key and value bytes, the stage that failed and the error, committed with its "
+        "epoch. The sink and this table together hold every offset once (the restart checks prove it)."
+        if facts.total
+        else f"The dead-letter table at {facts.path} is empty: no bad record so far."
+    )
+    return _section("dead-letters", "Dead letters", lead, *parts)
+
+
 def _summary(data: ReportData) -> list[tuple[str, str]]:
     completed = [e for e in data.timeline if e.kind is not CheckpointKind.ABORTED]
     counts = {k: sum(1 for e in data.timeline if e.kind is k) for k in CheckpointKind}
@@ -519,6 +573,8 @@ def _summary(data: ReportData) -> list[tuple[str, str]]:
     if data.records is not None:
         total = sum(n for per in data.records.values() for n in per.values())
         items.append(("Records in the sink", f"{total:,} ({data.sink_path})"))
+    if data.dead_letters is not None:
+        items.append(("Dead letters", f"{data.dead_letters.total:,} ({data.dead_letters.path})"))
     return items
 
 
@@ -536,6 +592,8 @@ def render_html(data: ReportData, *, title: str, data_docs_href: str | None = No
         sections.insert(4, _parked_section(parked))
     if data.records is not None:
         sections.append(_records_section(data))
+    if data.dead_letters is not None:
+        sections.append(_dead_letters_section(data))
     return (
         _templates()
         .get_template("report.html.j2")
@@ -568,10 +626,12 @@ def render_report(
     sink_path: str | os.PathLike[str] | None = None,
     title: str,
     data_docs_index: str | os.PathLike[str] | None = None,
+    dead_letter_path: str | os.PathLike[str] | None = None,
 ) -> Path:
     """Write the run report of ``state_store``'s pipeline to ``<out_dir>/report.html``; return its path.
 
-    ``sink_path`` adds the records-per-epoch section; ``data_docs_index`` (the
+    ``sink_path`` adds the records-per-epoch section, ``dead_letter_path`` the dead-letters section
+    (per split and stage, the first errors); ``data_docs_index`` (the
     ``index.html`` of the restart checks' Data Docs) is linked relative to ``out_dir``.
     May be called any number of times; each call replaces the file.
     """
@@ -579,7 +639,7 @@ def render_report(
         raise InvalidParameterError("title", title, "a non-empty title")
     folder = Path(out_dir).resolve()
     folder.mkdir(parents=True, exist_ok=True)
-    data = collect_report_data(state_store, sink_path)
+    data = collect_report_data(state_store, sink_path, dead_letter_path)
     page = render_html(data, title=title, data_docs_href=_docs_href(data_docs_index, folder))
     target = folder / REPORT_FILE
     _write(target, page)

@@ -1,51 +1,53 @@
 """Dead letters staged by a region task: the bad records of an epoch, beside its sink file.
 
-STUB of issue 21 (being filled in by the dead-letter work): the interface the region task
-writes to. A region task with ``errors.tolerance: all`` writes its bad records to
-``<attempt dir>/dead.parquet`` (:data:`DEAD_FILE`, beside ``part.parquet``), with the raw key and
-value bytes, the stage that failed, the error class and message; the sink commit adopts it
-into the dead-letter table under the same fence as the sink's own files.
+A region task with ``errors.tolerance: all`` writes its bad records to
+``<staging>/epoch=N/region=R/attempt=<id>/dead.parquet`` (:data:`DEAD_FILE`, beside
+``part.parquet``) with :class:`DeadLetterWriter`: the raw key and value bytes, the stage that
+failed (``decode``, ``schema``, ``transform``), the error class and message, the epoch, region,
+region attempt and ``failed_at``, and the Kafka metadata. The file has every column of the
+dead-letter table (:data:`~splitkeeper.delta.schemas.DEAD_LETTER_SCHEMA`, the one definition),
+so the sink's epoch commit adopts it into that table as it is
+(:meth:`~splitkeeper.delta.sink.DeltaSink.commit`). Like ``part.parquet`` it is written under a
+temporary name and renamed when whole: a visible ``dead.parquet`` is always complete.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import uuid
+from datetime import UTC, datetime
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from splitkeeper.delta.schemas import DEAD_FILE, DEAD_LETTER_SCHEMA
 from splitkeeper.records.decode import BadRecords
 
-DEAD_FILE = "dead.parquet"
+__all__ = ["DEAD_FILE", "DEAD_LETTER_SCHEMA", "DeadLetterWriter", "attempt_of"]
 
-#: The columns of a staged dead-letter file (the table adds nothing to them).
-DEAD_LETTER_SCHEMA = pa.schema(
-    [
-        pa.field("split_id", pa.string(), nullable=False),
-        pa.field("offset", pa.int64(), nullable=False),
-        pa.field("next_offset", pa.int64(), nullable=False),
-        pa.field("key", pa.binary()),
-        pa.field("value", pa.binary()),
-        pa.field("stage", pa.string(), nullable=False),
-        pa.field("error_class", pa.string(), nullable=False),
-        pa.field("error_message", pa.string(), nullable=False),
-        pa.field("epoch", pa.int64(), nullable=False),
-        pa.field("region", pa.int32(), nullable=False),
-        pa.field("topic", pa.string()),
-        pa.field("partition", pa.int32()),
-        pa.field("timestamp", pa.timestamp("us", tz="UTC")),
-    ]
-)
+_ROW_GROUP = 64 * 1024
+_ATTEMPT = re.compile(r"(?:^|/)attempt=([A-Za-z0-9_-]+)(?=/|$)")
+
+
+def attempt_of(path: str) -> str:
+    """The region attempt id a staged path names (``.../attempt=<id>/...``), or ``once``."""
+    found = _ATTEMPT.search(path.replace(os.sep, "/"))
+    return found.group(1) if found else "once"
 
 
 class DeadLetterWriter:
-    """Collects one region attempt's bad records; :meth:`commit` writes ``dead.parquet`` atomically."""
+    """Collects one region attempt's bad records; :meth:`commit` writes ``dead.parquet`` atomically.
+
+    ``path`` is the file to write (``<attempt dir>/dead.parquet``); its ``attempt=<id>`` segment
+    is the rows' ``attempt_id``. Nothing is written when no record was added.
+    """
 
     def __init__(self, path: str, epoch: int, region: int) -> None:
         self.path = path
         self.epoch = epoch
         self.region = region
+        self.attempt_id = attempt_of(path)
         self._tables: list[pa.Table] = []
         self.records = 0
 
@@ -60,44 +62,65 @@ class DeadLetterWriter:
         meta: tuple[pa.Array, ...] | None = None,
     ) -> int:
         """Add the ``bad`` records of one range of ``split_id`` (``bad.indices`` index ``offsets``,
-        ``next_offsets``, ``keys`` and ``values``, the range's raw columns). Returns how many."""
+        ``next_offsets``, ``keys`` and ``values``, the range's raw columns; ``meta`` the range's
+        metadata columns ``(key, topic, partition, timestamp, ...)`` as the columnar reader gives
+        them, or None for a files source). Returns how many."""
         n = len(bad)
         if not n:
             return 0
         take = pa.array(bad.indices, pa.int64())
-        keys = keys.take(take) if keys is not None else pa.nulls(n, pa.binary())
-        topic = meta[1].take(take) if meta is not None else pa.nulls(n, pa.string())
-        partition = meta[2].take(take) if meta is not None else pa.nulls(n, pa.int32())
-        timestamp = meta[3].take(take) if meta is not None else pa.nulls(n, pa.timestamp("us", tz="UTC"))
+        schema = DEAD_LETTER_SCHEMA
+
+        def column(name: str, data: pa.Array | pa.ChunkedArray | None) -> pa.Array:
+            wanted = schema.field(name).type
+            if data is None:
+                return pa.nulls(n, wanted)
+            picked = data.take(take)
+            if isinstance(picked, pa.ChunkedArray):
+                picked = picked.combine_chunks()
+            return picked if picked.type == wanted else picked.cast(wanted)
+
+        now = pa.scalar(datetime.now(UTC), schema.field("failed_at").type)
         self._tables.append(
-            pa.table(
+            pa.Table.from_arrays(
                 [
                     pa.repeat(pa.scalar(split_id, pa.string()), n),
-                    offsets.take(take),
-                    next_offsets.take(take),
-                    keys.cast(pa.binary()),
-                    values.take(take).cast(pa.binary()),
+                    column("offset", offsets),
+                    column("next_offset", next_offsets),
+                    column("key", keys),
+                    column("value", values),
                     pa.array(bad.stages, pa.string()),
                     pa.array(bad.error_classes, pa.string()),
                     pa.array(bad.messages, pa.string()),
                     pa.repeat(pa.scalar(self.epoch, pa.int64()), n),
                     pa.repeat(pa.scalar(self.region, pa.int32()), n),
-                    topic,
-                    partition,
-                    timestamp,
+                    pa.repeat(pa.scalar(self.attempt_id, pa.string()), n),
+                    pa.repeat(now, n),
+                    column("topic", meta[1] if meta is not None and len(meta) > 1 else None),
+                    column("partition", meta[2] if meta is not None and len(meta) > 2 else None),
+                    column("timestamp", meta[3] if meta is not None and len(meta) > 3 else None),
                 ],
-                schema=DEAD_LETTER_SCHEMA,
+                schema=schema,
             )
         )
         self.records += n
         return n
 
     def commit(self) -> str | None:
-        """Write the collected bad records (tmp name, then rename); the path, or None when there were none."""
+        """Write the collected bad records (a temporary name in the attempt folder, then renamed:
+        a visible file is whole); the path, or None when there were none."""
         if not self.records:
             return None
         os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
         tmp = f"{self.path}.tmp-{uuid.uuid4().hex}"
-        pq.write_table(pa.concat_tables(self._tables), tmp)
-        os.replace(tmp, self.path)
+        try:
+            pq.write_table(
+                pa.concat_tables(self._tables), tmp, row_group_size=_ROW_GROUP, write_statistics=True
+            )
+            os.replace(tmp, self.path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+            raise
+        self._tables = []
         return self.path

@@ -17,7 +17,7 @@ import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from splitkeeper.core.ports import CrashPoint
+from splitkeeper.core.ports import CrashPoint, SinkCrashPoint
 from splitkeeper.errors import InvalidParameterError
 from splitkeeper.spark.task import RegionFault
 
@@ -67,11 +67,11 @@ class CrashRequest:
     ``or_later`` of the first epoch >= ``epoch`` that reaches ``point`` (an aborted epoch never reaches
     the points after the plan: the crash moves on to the next one)."""
 
-    point: CrashPoint
+    point: CrashPoint | SinkCrashPoint
     epoch: int | None = None
     or_later: bool = False
 
-    def matches(self, point: CrashPoint, epoch: int) -> bool:
+    def matches(self, point: CrashPoint | SinkCrashPoint, epoch: int) -> bool:
         if point is not self.point:
             return False
         if self.epoch is None:
@@ -90,7 +90,8 @@ def crash_request(env: Mapping[str, str] | None = None) -> CrashRequest | None:
     if not wanted:
         return None
     m = _CRASH.match(wanted)
-    points = [p.value for p in CrashPoint]
+    known: dict[str, CrashPoint | SinkCrashPoint] = {p.value: p for p in (*CrashPoint, *SinkCrashPoint)}
+    points = list(known)
     if m is None or m["point"] not in points:
         raise InvalidParameterError(
             CRASH_ENV,
@@ -98,11 +99,13 @@ def crash_request(env: Mapping[str, str] | None = None) -> CrashRequest | None:
             f"'<point>', '<point>@<epoch>' or '<point>@<epoch>+' with point one of {', '.join(points)}",
         )
     return CrashRequest(
-        CrashPoint(m["point"]), None if m["epoch"] is None else int(m["epoch"]), m["later"] is not None
+        known[m["point"]], None if m["epoch"] is None else int(m["epoch"]), m["later"] is not None
     )
 
 
-def crash_if_requested(point: CrashPoint, epoch: int, env: Mapping[str, str] | None = None) -> None:
+def crash_if_requested(
+    point: CrashPoint | SinkCrashPoint, epoch: int, env: Mapping[str, str] | None = None
+) -> None:
     """SIGKILL this process when ``SPLITKEEPER_CRASH_AT`` names ``point`` (and matches ``epoch``).
 
     Called by the driver at each crash point. Nothing is flushed or cleaned up:

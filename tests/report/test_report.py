@@ -357,3 +357,53 @@ def test_quarantined_splits_get_a_section_with_error_position_and_release():
     # no quarantine in the history: no section
     plain = ReportData("p", "/s", datetime(2025, 1, 1, tzinfo=UTC), (), (_facts(1, {0: 1}),), ())
     assert "table-parked" not in render_html(plain, title="t")
+
+
+def test_dead_letters_get_a_section_per_split_and_stage_with_the_first_errors(tmp_path):
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    from splitkeeper.delta.schemas import DEAD_LETTER_SCHEMA
+    from splitkeeper.report.data import read_dead_letter_facts
+
+    now = datetime(2025, 1, 1, tzinfo=UTC)
+    bad = [("b", 9, "decode", 2), ("a", 4, "schema", 1), ("a", 1, "decode", 1), ("a", 7, "transform", 2)]
+    rows = [
+        {
+            "split_id": sid,
+            "offset": o,
+            "next_offset": o + 1,
+            "value": b"\xff",
+            "stage": stage,
+            "error_class": "ValueError",
+            "error_message": f"bad <{o}>",
+            "epoch": epoch,
+            "region": 0,
+            "attempt_id": "a",
+            "failed_at": now,
+        }
+        for sid, o, stage, epoch in bad
+    ]
+    write_deltalake(str(tmp_path / "dead"), pa.Table.from_pylist(rows, DEAD_LETTER_SCHEMA))
+    facts = read_dead_letter_facts(tmp_path / "dead", first=3)
+    assert (facts.total, facts.per_split) == (4, (("a", 3), ("b", 1)))
+    assert facts.per_stage == (("decode", 2), ("schema", 1), ("transform", 1))
+    assert [f[:3] for f in facts.first] == [("a", 1, "decode"), ("a", 4, "schema"), ("a", 7, "transform")]
+    data = ReportData(
+        pipeline="p",
+        state_root="/state",
+        generated_at=now,
+        timeline=(),
+        checkpoints=(),
+        audit=(),
+        dead_letters=facts,
+    )
+    html = render_html(data, title="P")
+    page = parse(html)
+    assert "chart-dead-letters" in [a["id"] for a in page.all("svg")]
+    assert page.rows("table-dead-stages") == [["decode", "2"], ["schema", "1"], ["transform", "1"]]
+    assert page.rows("table-dead-splits") == [["a", "3"], ["b", "1"]]
+    assert page.rows("table-dead-first")[0] == ["a", "1", "decode", "ValueError", "bad <1>"]
+    assert "bad &lt;1&gt;" in html  # escaped
+    empty = read_dead_letter_facts(tmp_path / "none")
+    assert (empty.total, empty.first) == (0, ())

@@ -41,3 +41,12 @@ def test_a_malformed_request_names_the_variable_and_the_forms(value: str) -> Non
 
     assert f"{CRASH_ENV}={value!r} is not allowed" in str(err.value)
     assert "'<point>@<epoch>+'" in str(err.value) and "after_sink_commit" in str(err.value)
+
+
+def test_the_sinks_dead_letter_crash_point_is_named_like_the_drivers():
+    from splitkeeper.core.ports import SinkCrashPoint
+
+    request = crash_request({CRASH_ENV: "before_dead_letter_commit@3"})
+    assert request == CrashRequest(SinkCrashPoint.BEFORE_DEAD_LETTER_COMMIT, 3)
+    assert request.matches(SinkCrashPoint.BEFORE_DEAD_LETTER_COMMIT, 3)
+    assert not request.matches(CrashPoint.AFTER_SINK_COMMIT, 3)
