@@ -288,3 +288,29 @@ def test_a_partitioned_commit_redone_after_some_files_moved_still_adds_every_fil
     assert [(r["offset"], r["value"], r["topic"]) for r in rows] == [
         (0, "v0", "a"), (1, "v1", "b"), (2, "v2", "a"), (3, "v3", None),
     ]  # fmt: skip
+
+
+def test_a_pipeline_passes_its_decode_to_the_sink_an_old_string_sink_refused_under_raw(
+    tmp_path: Path,
+) -> None:
+    """Pipeline assembly (no Spark needed to open the sink): the config's decode and partition_by
+    reach DeltaSink; an older sink's ``value STRING`` is refused under the raw default, kept under text."""
+    from splitkeeper.app.pipeline import Pipeline, record_policy
+    from splitkeeper.config.settings import config_from_mapping
+
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "f.txt").write_bytes(b"a\n")
+    mapping = {
+        "name": "orders",
+        "source": {"kind": "files", "path": str(tmp_path / "in")},
+        "state": {"path": str(tmp_path / "state")},
+        "sink": {"path": str(tmp_path / "sink")},
+    }
+    _old_string_sink(str(tmp_path / "sink"))
+    with pytest.raises(StateError, match=r"\[value STRING\].*makes \[value BINARY\].*decode.kind: text"):
+        Pipeline(config_from_mapping(mapping), None)
+    config = config_from_mapping({**mapping, "decode": {"kind": "text"}})
+    policy = record_policy(config)
+    assert policy == RecordPolicy(decode=DecodeSpec(kind="text"))
+    pipeline = Pipeline(config, None)
+    assert pipeline.sink.schema == sink_schema(DecodeSpec(kind="text"))
