@@ -30,6 +30,7 @@ import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import quote
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -433,7 +434,9 @@ class StagedWriter:
                 )
                 mask = this if mask is None else pc.and_(mask, this)
             part = data.filter(mask)
-            sub = os.path.join(folder, *(f"{name}={partition_text(value)}" for name, value in row.items()))
+            sub = os.path.join(
+                folder, *(f"{name}={quote(partition_text(value), safe='')}" for name, value in row.items())
+            )
             os.makedirs(sub, exist_ok=True)
             target = os.path.join(sub, f"part-{i:05d}.parquet")
             tmp = f"{target}.tmp-{uuid.uuid4().hex}"
@@ -450,7 +453,7 @@ class StagedWriter:
 
     def commit(self) -> StagedOutput:
         """Flush, close and rename into place. Returns the published file (partitioned: the
-        directory of the published files)."""
+        manifest naming the published files)."""
         if not self._open:
             raise ProtocolError(f"staged file {self.path} was already committed or aborted")
         try:
