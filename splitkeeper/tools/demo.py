@@ -324,8 +324,13 @@ def _check_stream(sink: Path, delivered: dict[tuple[str, int, int], str], bootst
 
     rows = read_sink(sink, ["split_id", "offset", "value"]).to_pylist()
     keys = Counter((r["split_id"], int(r["offset"])) for r in rows)
-    expected = {(split_id_of(t, p), o): v for (t, p, o), v in delivered.items()}
-    got = {(r["split_id"], int(r["offset"])): r["value"] for r in rows}
+    expected = {(split_id_of(t, p), o): v.encode("utf-8") for (t, p, o), v in delivered.items()}
+    got = {  # the raw sink keeps the values' bytes: compared with the UTF-8 bytes the demo produced
+        (r["split_id"], int(r["offset"])): r["value"].encode("utf-8")
+        if isinstance(r["value"], str)
+        else r["value"]
+        for r in rows
+    }
     lost = sum(1 for k in expected if k not in got)
     duplicated = sum(n - 1 for n in keys.values() if n > 1)
     wrong = sum(1 for k, v in got.items() if expected.get(k) != v)

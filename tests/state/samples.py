@@ -114,11 +114,14 @@ def regional(checkpoint_id: int, ref: CompletedCheckpoint, failed: int = 1) -> C
 
 
 def sink_lines(sink: str) -> dict[str, list[tuple[int, str]]]:
-    """Per split, the sink's ``(offset, value)`` records in offset order (read with delta-rs)."""
+    """Per split, the sink's ``(offset, value)`` records in offset order (read with delta-rs; the raw
+    sink's bytes as the UTF-8 text the sample inputs are, strictly decoded)."""
     rows = DeltaTable(sink).to_pyarrow_table(columns=["split_id", "offset", "value"]).to_pylist()
     out: dict[str, list[tuple[int, str]]] = {}
     for row in sorted(rows, key=lambda r: (r["split_id"], r["offset"])):
-        out.setdefault(row["split_id"], []).append((int(row["offset"]), row["value"]))
+        value = row["value"]
+        text = value.decode("utf-8") if isinstance(value, bytes) else value
+        out.setdefault(row["split_id"], []).append((int(row["offset"]), text))
     return out
 
 

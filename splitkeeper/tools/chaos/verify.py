@@ -90,7 +90,7 @@ def read_topics(bootstrap: str, topics: Sequence[str]) -> dict[tuple[str, int], 
         consumer.close()
 
 
-def read_sink(sink_path: str) -> list[tuple[str, int, int, str]]:
+def read_sink(sink_path: str) -> list[tuple[str, int, int, str | bytes | None]]:
     """Every row of the sink table (:func:`splitkeeper.delta.sink.read_sink`): (split id, offset, next
     offset, value)."""
     from splitkeeper.delta import sink
@@ -107,13 +107,19 @@ def read_sink(sink_path: str) -> list[tuple[str, int, int, str]]:
     )
 
 
-def compare_sink(sink: Sequence[tuple[str, int, int, str]], delivered: Delivered) -> dict[str, Any]:
+def _bytes(value: str | bytes | None) -> bytes | None:
+    return value.encode("utf-8") if isinstance(value, str) else value
+
+
+def compare_sink(
+    sink: Sequence[tuple[str, int, int, str | bytes | None]], delivered: Delivered
+) -> dict[str, Any]:
     """The sink's (split id, offset, next offset, value) rows against the delivery reports."""
     from splitkeeper.spark.sources.kafka import split_id_of
 
-    expected = {(split_id_of(t, p), o): v for (t, p, o), v in delivered.items()}
+    expected = {(split_id_of(t, p), o): _bytes(v) for (t, p, o), v in delivered.items()}
     keys = Counter((sid, off) for sid, off, _n, _v in sink)
-    values = {(sid, off): v for sid, off, _n, v in sink}
+    values = {(sid, off): _bytes(v) for sid, off, _n, v in sink}  # the sink keeps bytes (raw) or text
     by_split: dict[str, list[tuple[int, int]]] = {}
     for sid, off, nxt, _v in sink:
         by_split.setdefault(sid, []).append((off, nxt))
