@@ -139,6 +139,12 @@ def numbered_value(seq: int, topic: str, partition: int, payload: str) -> bytes:
     return f"m{seq:08d}|{topic}|{partition}|{payload}".encode()
 
 
+def in_share(seq: int, share: float) -> bool:
+    """Whether message ``seq`` is in the evenly spread ``share`` of the messages: of the first ``n``
+    messages, ``int(n * share)`` are (malformed messages of the chaos run and the demo)."""
+    return share > 0 and int((seq + 1) * share) > int(seq * share)
+
+
 def value_text(value: bytes) -> str:
     """A value as the ``delivered`` oracle keeps it: UTF-8 text, and bytes that are not valid UTF-8
     as lone surrogates (``surrogateescape``), so :func:`value_bytes` gives back the exact bytes."""
