@@ -54,7 +54,7 @@ from splitkeeper.delta.sink import DeltaSink
 from splitkeeper.spark.faults import FaultPlan, crash_if_requested, crash_request
 from splitkeeper.spark.regions import RegionStatus, run_regions
 from splitkeeper.spark.sources import build_source
-from splitkeeper.spark.task import FaultKind, RegionResult, failed_splits, run_region_task
+from splitkeeper.spark.task import FaultKind, RecordPolicy, RegionResult, failed_splits, run_region_task
 from splitkeeper.transforms import Transform, resolve_transform
 
 if TYPE_CHECKING:
@@ -117,19 +117,30 @@ class RuntimeHooks(DriverHooks):
             self.metrics.observe(report)
 
 
+def record_policy(config: PipelineConfig) -> RecordPolicy:
+    """What the region tasks do with the records' bytes: the pipeline's decode, errors and
+    sink.partition_by settings in one small picklable value."""
+    return RecordPolicy(
+        decode=config.decode,
+        tolerance=config.tolerance.value,
+        max_bad_ratio=config.max_bad_ratio,
+        partition_by=tuple(config.partition_by),
+    )
+
+
 def _region_task(payload: tuple[Any, ...]) -> RegionResult:
     """The body of a region's Spark task (module-level so it pickles by reference).
 
     A ``flaky`` fault applies to the task's first attempt only: a retry that Spark makes
     (``spark.task.maxFailures`` > 1, as on clusters) runs clean and writes a new attempt.
     """
-    fault = payload[-1]
+    fault = payload[7]
     if fault is not None and fault.kind is FaultKind.FLAKY:
         from pyspark import TaskContext
 
         context = TaskContext.get()
         if context is not None and context.attemptNumber() > 0:
-            payload = (*payload[:-1], None)
+            payload = (*payload[:7], None, *payload[8:])
     return run_region_task(*payload)
 
 
@@ -145,8 +156,10 @@ class SparkRegionRunner(RegionRunner):
         staging_path: str,
         faults: FaultPlan,
         interrupt: threading.Event | None = None,
+        policy: RecordPolicy | None = None,
     ) -> None:
         self.spark = spark
+        self.policy = policy or RecordPolicy()
         self.interrupt = interrupt  # set: the epoch in its read phase is abandoned (EpochAbandoned)
         self.pipeline = pipeline
         self.connector = connector
@@ -166,6 +179,7 @@ class SparkRegionRunner(RegionRunner):
                 r,
                 None,
                 self.faults.for_region(epoch, r),
+                self.policy,
             )
             for r, ranges in plan.items()
         }
@@ -249,8 +263,15 @@ class Pipeline:
             full_snapshot_every=config.checkpoint.full_snapshot_every,
             read_only=read_only,
         )
+        self.policy = record_policy(config)
         self.sink = DeltaSink(
-            config.sink_path, config.name, staging_path=config.staging_path, read_only=read_only
+            config.sink_path,
+            config.name,
+            staging_path=config.staging_path,
+            read_only=read_only,
+            schema=self.policy.schema,
+            partition_by=self.policy.partition_by,
+            widen=self.policy.widen,
         )
         self.transform = resolve_transform(config.transform)
         self.driver = EpochDriver(
@@ -264,6 +285,7 @@ class Pipeline:
                 config.staging_path,
                 self.faults,
                 interrupt,
+                self.policy,
             ),
             self.sink,
             self.store,

@@ -810,6 +810,7 @@ def maintain(
     ref chain) or of an epoch not committed yet. ``dry_run`` lists what VACUUM would remove
     and changes nothing.
     """
+    from splitkeeper.app.pipeline import record_policy
     from splitkeeper.delta import retention
     from splitkeeper.delta.checkpoints import DeltaStateStore
     from splitkeeper.delta.sink import DeltaSink
@@ -825,7 +826,15 @@ def maintain(
         return MaintenanceResult(config.name, True, hours, {}, {}, vacuumed)
     with writer_lease(config):
         store = DeltaStateStore(config.state_path, config.name, None)
-        sink = DeltaSink(config.sink_path, config.name, staging_path=config.staging_path)
+        policy = record_policy(config)
+        sink = DeltaSink(
+            config.sink_path,
+            config.name,
+            staging_path=config.staging_path,
+            schema=policy.schema,
+            partition_by=policy.partition_by,
+            widen=policy.widen,
+        )
         compaction = retention.compact(store)
         compacted = {**compaction.compacted_files, "sink": sink.compact()}
         vacuumed = {name: tuple(files) for name, files in retention.vacuum(store, hours).items()}

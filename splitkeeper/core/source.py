@@ -195,7 +195,7 @@ class SourceRecord(NamedTuple):
 
     offset: int
     next_offset: int
-    value: str
+    value: bytes | None  # the record's bytes as the source holds them (None: a Kafka null value)
     meta: RecordMeta | None = None
 
 

@@ -30,11 +30,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
 from splitkeeper.errors import InvalidParameterError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from splitkeeper.records.spec import DecodeSpec
 
 __all__ = [
     "BASE_PROPERTIES",
@@ -48,6 +51,8 @@ __all__ = [
     "TABLES",
     "TableSpec",
     "ddl",
+    "sink_schema",
+    "sink_spec",
     "spec",
 ]
 
@@ -272,7 +277,7 @@ SCHEMAS: dict[str, pa.Schema] = {
             required("split_id", STRING),
             required("offset", BIGINT),
             required("next_offset", BIGINT),
-            optional("value", STRING),
+            optional("value", BINARY),  # decode.kind raw (the default); see sink_schema
             required("epoch", BIGINT),
             required("region", INT),
             required("ingested_at", TIMESTAMP),
@@ -303,13 +308,18 @@ class TableSpec:
     stats_columns: tuple[str, ...] = ()
     added_columns: frozenset[str] = frozenset()  # nullable columns added later (rule 3)
     extra_properties: Mapping[str, str] = field(default_factory=dict)
+    #: A schema and partition columns other than SCHEMAS[name] (a sink of a configured decode spec).
+    columns: pa.Schema | None = None
+    partitions: tuple[str, ...] = ()
 
     @property
     def schema(self) -> pa.Schema:
-        return SCHEMAS[self.name]
+        return SCHEMAS[self.name] if self.columns is None else self.columns
 
     @property
     def partition_by(self) -> list[str]:
+        if self.partitions:
+            return list(self.partitions)
         return [self.partition] if self.partition else []
 
     @property
@@ -393,12 +403,43 @@ def spec(table: str) -> TableSpec:
     return TABLES[table]
 
 
+# --------------------------------------------------------------------------- the sink's schema
+
+#: The date column a sink may be partitioned by (``sink.partition_by: [ingested_date]``).
+INGESTED_DATE_TYPE = pa.date32()
+
+
+def sink_schema(decode: DecodeSpec | None = None, partition_by: Sequence[str] = ()) -> pa.Schema:
+    """The one definition of a sink table's columns, from the pipeline's ``decode`` spec:
+    ``split_id, offset, next_offset``, the spec's data columns (``decode.data_columns()``, each
+    with :func:`splitkeeper.records.ddl.arrow_type`), ``epoch, region, ingested_at``, the Kafka
+    metadata columns, and ``ingested_date DATE`` only when ``partition_by`` names it. ``None``
+    (or the default spec) is the raw sink: ``value BINARY``, the bytes as read."""
+    from splitkeeper.records.ddl import arrow_type
+    from splitkeeper.records.spec import INGESTED_DATE, DecodeSpec
+
+    spec = decode if decode is not None else DecodeSpec()
+    base = SCHEMAS[SINK_TABLE]
+    head = [base.field(name) for name in ("split_id", "offset", "next_offset")]
+    data = [pa.field(c.name, arrow_type(c.type), nullable=c.nullable) for c in spec.data_columns()]
+    tail = [f for f in base if f.name not in {"split_id", "offset", "next_offset", "value"}]
+    dated = [optional(INGESTED_DATE, INGESTED_DATE_TYPE)] if INGESTED_DATE in partition_by else []
+    return pa.schema(head + data + tail + dated)
+
+
+def sink_spec(schema: pa.Schema, partition_by: Sequence[str] = ()) -> TableSpec:
+    """The sink table's :class:`TableSpec` for ``schema`` (:func:`sink_schema`) and its partitions."""
+    from dataclasses import replace
+
+    return replace(spec(SINK_TABLE), columns=schema, partitions=tuple(partition_by))
+
+
 # --------------------------------------------------------------------------- staged records
 
 #: A staged file's record columns: the sink table's columns minus ``ingested_at``.
 STAGED_COLUMNS: tuple[str, ...] = ("split_id", "offset", "next_offset", "value", "epoch", "region")
-#: What a staged file holds: every column of the sink table, in its order (staged files are
-#: adopted into the sink as they are).
+#: What a staged file of the raw sink holds (``sink_schema(DecodeSpec())``): every column of the
+#: sink table, in its order (staged files are adopted into the sink as they are).
 STAGED_FILE_SCHEMA: pa.Schema = SCHEMAS[SINK_TABLE]
 #: The record columns of a staged file (what ``read_staged`` returns).
 STAGED_SCHEMA: pa.Schema = pa.schema([STAGED_FILE_SCHEMA.field(name) for name in STAGED_COLUMNS])
@@ -415,6 +456,7 @@ _DDL_TYPES: dict[pa.DataType, str] = {
     DOUBLE: "DOUBLE",
     BINARY: "BINARY",
     TIMESTAMP: "TIMESTAMP",
+    pa.date32(): "DATE",
 }
 #: Names Spark's DDL parser takes for keywords: back-quoted.
 _QUOTED = frozenset({"end", "offset", "partition", "timestamp"})

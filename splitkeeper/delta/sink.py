@@ -52,6 +52,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
+from urllib.parse import quote, unquote
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -60,8 +61,23 @@ from splitkeeper.core.ports import EpochSink, RegionRun, SinkReceipt
 from splitkeeper.delta import storage
 from splitkeeper.delta.fence import fenced_commit, recorded_commit
 from splitkeeper.delta.retention import retention_hours
-from splitkeeper.delta.schemas import SINK_TABLE, STAGED_COLUMNS, STAGED_FILE_SCHEMA, spec
-from splitkeeper.delta.tables import ensure_table, guarded, open_table, read_rows, refresh
+from splitkeeper.delta.schemas import (
+    SINK_TABLE,
+    STAGED_COLUMNS,
+    STAGED_FILE_SCHEMA,
+    TableSpec,
+    sink_spec,
+    spec,
+)
+from splitkeeper.delta.tables import (
+    _arrow_schema,
+    _shape,
+    ensure_table,
+    guarded,
+    open_table,
+    read_rows,
+    refresh,
+)
 from splitkeeper.errors import InvalidParameterError, StagedOutputError, StateError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -88,14 +104,52 @@ STRING_STATS_PREFIX = 32
 
 
 def adopted_name(staged_path: str) -> str:
-    """The table-relative name a staged file gets in the sink: one per epoch, region and attempt."""
+    """The table-relative name a staged file gets in the sink: one per epoch, region and attempt
+    (and, for a partitioned sink's file, under its ``col=value/`` folders, one per partition)."""
     text = staged_path.replace(os.sep, "/")
-    segments = dict(_SEGMENT.findall(text))
     attempt = _ATTEMPT.search(text)
-    return (
+    segments = dict(_SEGMENT.findall(text[: attempt.end()] if attempt else text))
+    name = (
         f"sk-e{int(segments['epoch']):010d}-r{int(segments['region']):05d}-"
-        f"{attempt.group(1) if attempt else 'once'}.parquet"
+        f"{attempt.group(1) if attempt else 'once'}"
     )
+    after = text[attempt.end() :].strip("/").split("/") if attempt else []
+    if len(after) > 1:  # <col>=<value>/.../part-<n>.parquet below the attempt directory
+        part = after[-1].removesuffix(".parquet")
+        return "/".join([*after[:-1], f"{name}-{part}.parquet"])
+    return f"{name}.parquet"
+
+
+def epoch_of(path: str) -> int | None:
+    found = dict(_SEGMENT.findall(path.replace(os.sep, "/")))
+    return int(found["epoch"]) if "epoch" in found else None
+
+
+def _partition_values(staged_path: str, partition_by: Sequence[str]) -> dict[str, str | None]:
+    """A partitioned staged file's partition values, from its ``col=value`` folders."""
+    if not partition_by:
+        return {}
+    found: dict[str, str | None] = {}
+    text = staged_path.replace(os.sep, "/")
+    attempt = _ATTEMPT.search(text)
+    for segment in (text[attempt.end() :] if attempt else text).split("/"):
+        name, sep, value = segment.partition("=")
+        if sep and name in partition_by:
+            found[name] = None if value == "__HIVE_DEFAULT_PARTITION__" else unquote(value)
+    missing = [c for c in partition_by if c not in found]
+    if missing:
+        raise StagedOutputError(
+            f"staged file {staged_path} has no folder for the partition columns {missing} of the "
+            "sink: it was not written for this sink.partition_by. Recover the pipeline so the epoch is "
+            "read again",
+            path=staged_path,
+        )
+    return found
+
+
+def _uri_path(name: str) -> str:
+    """A table-relative file name as a Delta log path (URI-encoded)."""
+    return quote(name, safe="/=")
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,12 +241,49 @@ class _Staged:
     rows: int
     stats: dict[str, Any]
     complete: bool  # False: an older writer's file without ingested_at (rewritten, not moved)
+    partition_values: dict[str, str | None] = field(default_factory=dict)
+    extra: tuple[pa.Field, ...] = ()  # columns the sink's schema lacks (decode.on_new_fields: add_columns)
+
+
+#: The manifest a partitioned region task writes beside its files: their paths, relative to it.
+PARTS_FILE = "parts.json"
+_NOT_DATA = frozenset(
+    (
+        "split_id",
+        "offset",
+        "next_offset",
+        "epoch",
+        "region",
+        "ingested_at",
+        "key",
+        "topic",
+        "partition",
+        "timestamp",
+        "headers",
+        "ingested_date",
+    )
+)
+
+
+def _data_fields(schema: pa.Schema) -> list[tuple[str, Any]]:
+    return [(f.name, _shape(f.type)) for f in schema if f.name not in _NOT_DATA]
+
+
+def _ddl_list(fields: Sequence[pa.Field]) -> str:
+    return ", ".join(f"{f.name} {str(f.type).upper()}" for f in fields if f.name not in _NOT_DATA)
 
 
 class DeltaSink(EpochSink):
     """The records table at ``path``, committed by pipeline ``app_id`` (see the module doc).
 
-    ``staging_path``: where the region tasks stage (for :meth:`discard`).
+    ``staging_path``: where the region tasks stage (for :meth:`discard`). ``schema``: the
+    sink's columns (:func:`~splitkeeper.delta.schemas.sink_schema` of the pipeline's decode
+    spec; default the raw sink's, :data:`STAGED_FILE_SCHEMA`); ``partition_by``: its Delta
+    partition columns; ``widen``: staged files may bring new columns, added to the table
+    (``decode.on_new_fields: add_columns``). A writable sink creates its table with them, or
+    checks an existing one: data columns other than the schema's (say an older sink's
+    ``value STRING`` opened with the raw decode, ``value BINARY``) are a StateError that says
+    what the table has, what the config wants and what to do; nothing is migrated.
     """
 
     def __init__(
@@ -202,6 +293,9 @@ class DeltaSink(EpochSink):
         *,
         staging_path: str | os.PathLike[str] | None = None,
         read_only: bool = False,
+        schema: pa.Schema | None = None,
+        partition_by: Sequence[str] = (),
+        widen: bool = False,
     ) -> None:
         if not isinstance(app_id, str) or not app_id.strip():
             raise InvalidParameterError("app_id", app_id, "a non-empty name (the pipeline name)")
@@ -209,9 +303,54 @@ class DeltaSink(EpochSink):
         self.app_id = app_id
         self.staging_path = None if staging_path is None else storage.table_uri(staging_path)
         self.read_only = read_only
+        self.schema: pa.Schema = STAGED_FILE_SCHEMA if schema is None else schema
+        self.partition_by = tuple(partition_by)
+        self.widen = widen
         self._table: DeltaTable | None = None
         if not read_only:
-            self._table = ensure_table(self.path, spec(SINK_TABLE))[0]
+            existing = open_table(self.path, missing_ok=True)
+            if existing is not None:
+                self.schema = self._check_existing(existing)
+            self._table = ensure_table(self.path, self._spec())[0]
+
+    def _spec(self) -> TableSpec:
+        return sink_spec(self.schema, self.partition_by)
+
+    def _check_existing(self, table: DeltaTable) -> pa.Schema:
+        """An existing table's data columns and partitions against the configured ones: the schema
+        to write (wider than the configured one when ``widen`` added columns before); else StateError."""
+        actual = _arrow_schema(table)
+        have, want = _data_fields(actual), _data_fields(self.schema)
+        partitions = list(table.metadata().partition_columns)
+        if partitions != list(self.partition_by):
+            raise StateError(
+                f"sink {self.path} is partitioned by {partitions}, but the pipeline's sink.partition_by is "
+                f"{list(self.partition_by)}: a Delta table's partition columns cannot change in place. Set "
+                f"sink.partition_by: {partitions} to keep writing this table, "
+                "or point sink.path at a new table",
+                path=self.path,
+            )
+        if have == want:
+            return self.schema
+        if self.widen and have[: len(want)] == want:  # columns added by add_columns earlier
+            extra = [actual.field(name).with_nullable(True) for name, _ in have[len(want) :]]
+            return pa.schema([*self.schema, *extra])
+        has_text = _ddl_list(list(actual))
+        wants_text = _ddl_list(list(self.schema))
+        hint = (
+            "set decode.kind: text to keep writing its STRING value column (each value checked as UTF-8; "
+            "invalid bytes are bad records), or point sink.path at a new table for the raw bytes"
+            if have == [("value", "string")] and want == [("value", "binary")]
+            else "set decode to what the table holds, or point sink.path at a new table"
+        )
+        raise StateError(
+            f"sink {self.path} has the data columns [{has_text}], but the pipeline's decode section makes "
+            f"[{wants_text}]: {hint}. The table is not migrated: that would rewrite every data file of it "
+            "(and a changed column type is not a Delta schema evolution)",
+            path=self.path,
+            has=has_text,
+            wants=wants_text,
+        )
 
     def _get(self) -> DeltaTable | None:
         if self._table is None:
@@ -267,6 +406,8 @@ class DeltaSink(EpochSink):
         table = self._get()
         assert table is not None
         committed: dict[str, int] = {}
+        if self.widen and table.transaction_version(self.app_id) == expected:
+            table = self._widen(table, [self._inspect(epoch, p) for p in self._staged_files(staged)])
 
         def write(target: DeltaTable, properties: Any) -> None:
             actions, records = self._adopt(epoch, staged)
@@ -275,7 +416,11 @@ class DeltaSink(EpochSink):
             guarded(
                 target.table_uri,
                 lambda: target.create_write_transaction(
-                    actions, mode="append", schema=STAGED_FILE_SCHEMA, commit_properties=properties
+                    actions,
+                    mode="append",
+                    schema=self.schema,
+                    partition_by=list(self.partition_by) or None,
+                    commit_properties=properties,
                 ),
             )
 
@@ -358,22 +503,29 @@ class DeltaSink(EpochSink):
                     path=location,
                     epoch_id=epoch,
                 ) from err
-            found = [(f.name, f.type) for f in metadata.schema.to_arrow_schema()]
-            wanted = [(f.name, f.type) for f in STAGED_FILE_SCHEMA]
-            records_only = [(f.name, f.type) for f in STAGED_FILE_SCHEMA if f.name in STAGED_COLUMNS]
+            file_schema = metadata.schema.to_arrow_schema()
+            found = [(f.name, f.type) for f in file_schema]
+            in_file = [f for f in self.schema if f.name not in self.partition_by]
+            wanted = [(f.name, f.type) for f in in_file]
+            extra: tuple[pa.Field, ...] = ()
+            if self.widen and len(found) > len(wanted) and found[: len(wanted)] == wanted:
+                extra = tuple(file_schema.field(name) for name, _ in found[len(wanted) :])
+                found = found[: len(wanted)]
+            records_only = [(f.name, f.type) for f in in_file if f.name in STAGED_COLUMNS]
             # an older writer's file lacks the metadata columns at the end: Delta reads them as NULL
             stamped = wanted[: len(STAGED_COLUMNS) + 1]
             whole = found == wanted[: len(found)] and len(found) >= len(stamped)
             if not whole and found != records_only:
                 raise StagedOutputError(
                     f"sink {self.path}: staged file {location} of epoch {epoch} has columns {found}, not the "
-                    f"sink's {wanted} (the {SINK_TABLE} schema). Nothing was committed: recover the "
-                    "pipeline so the epoch is read again by this splitkeeper",
+                    f"sink's {wanted} (the {SINK_TABLE} schema of the pipeline's decode section). Nothing "
+                    "was committed: recover the pipeline so the epoch is read again by this splitkeeper",
                     path=location,
                     epoch_id=epoch,
                 )
             stats = file_statistics(metadata, spec(SINK_TABLE).stats_columns)
-            return _Staged(staged_path, location, name, metadata.num_rows, stats, whole)
+            values = _partition_values(staged_path, self.partition_by)
+            return _Staged(staged_path, location, name, metadata.num_rows, stats, whole, values, extra)
         folder = os.path.dirname(staged_path)
         raise StagedOutputError(
             f"sink {self.path}: staged file {staged_path} of epoch {epoch} is gone, and was not moved into "
@@ -388,7 +540,7 @@ class DeltaSink(EpochSink):
         """Rule 3: check every staged file, then move (or copy) each into the table; the add actions."""
         from deltalake.transaction import AddAction
 
-        checked = [self._inspect(epoch, p) for p in paths]  # all checked before anything moves
+        checked = [self._inspect(epoch, p) for p in self._staged_files(paths)]  # all before anything moves
         actions = []
         for item in checked:
             target = storage.join(self.path, item.name)
@@ -405,8 +557,67 @@ class DeltaSink(EpochSink):
                 if mtime is not None
                 else int(datetime.now(UTC).timestamp() * 1000)
             )
-            actions.append(AddAction(item.name, int(info.size), {}, millis, True, json.dumps(item.stats)))
+            actions.append(
+                AddAction(
+                    _uri_path(item.name),
+                    int(info.size),
+                    item.partition_values,
+                    millis,
+                    True,
+                    json.dumps(item.stats),
+                )
+            )
         return actions, sum(item.rows for item in checked)
+
+    def _staged_files(self, paths: Sequence[str]) -> list[str]:
+        """The staged data files of the outputs: a region's ``part.parquet``, or (partitioned) the
+        files its manifest (:data:`PARTS_FILE`) names, one per partition value."""
+        files: list[str] = []
+        for path in paths:
+            if not path.endswith(PARTS_FILE):
+                files.append(path)
+                continue
+            fs, inner = storage.filesystem(path)
+            try:
+                with fs.open_input_stream(inner) as handle:
+                    names = json.loads(handle.read().decode("utf-8"))
+            except (OSError, ValueError) as err:
+                raise StagedOutputError(
+                    f"sink {self.path}: the manifest {path} of epoch {epoch_of(path)} cannot be "
+                    f"read ({err}). Nothing was committed: recover the pipeline (splitkeeper recover "
+                    "--checkpoint latest) so the epoch is read again",
+                    path=path,
+                ) from err
+            folder = path[: -len(PARTS_FILE)].rstrip("/")
+            files.extend(f"{folder}/{name}" for name in names)
+        return files
+
+    def _widen(self, table: DeltaTable, checked: Sequence[_Staged]) -> DeltaTable:
+        """``add_columns``: add the staged files' new columns to the table (nullable; older rows read
+        NULL) before the fenced commit. A column of another type is refused."""
+        from deltalake.schema import Field
+
+        known = {f.name: f for f in self.schema}
+        new: dict[str, pa.Field] = {}
+        for item in checked:
+            for f in item.extra:
+                old = known.get(f.name) or new.get(f.name)
+                if old is not None and _shape(old.type) != _shape(f.type):
+                    raise StagedOutputError(
+                        f"sink {self.path}: staged file {item.source} has column {f.name} of type "
+                        f"{f.type}, but the sink's {f.name} is {old.type}: a column's type does not "
+                        "change (only new nullable columns are added). Nothing was committed: declare "
+                        "the column's type in decode.schema, or point sink.path at a new table",
+                        path=item.source,
+                    )
+                if old is None:
+                    new[f.name] = f.with_nullable(True)
+        if not new:
+            return table
+        guarded(self.path, lambda: table.alter.add_columns([Field.from_arrow(f) for f in new.values()]))
+        log.info("sink %s: added columns %s (decode.on_new_fields: add_columns)", self.path, list(new))
+        self.schema = pa.schema([*self.schema, *new.values()])
+        return refresh(table)
 
     # -- staging ------------------------------------------------------------------------------
 
@@ -489,16 +700,15 @@ def read_sink(path: str | os.PathLike[str], columns: Sequence[str] | None = None
     file is the StateError of :func:`~splitkeeper.delta.tables.open_table` and
     :func:`~splitkeeper.delta.tables.read_rows`."""
     uri = storage.table_uri(path)
-    wanted = list(columns) if columns is not None else STAGED_FILE_SCHEMA.names
-    unknown = [c for c in wanted if c not in STAGED_FILE_SCHEMA.names]
-    if unknown:
-        raise InvalidParameterError(
-            "columns", unknown, f"columns of the sink table: {STAGED_FILE_SCHEMA.names}"
-        )
     table = open_table(uri, missing_ok=True)
+    schema = STAGED_FILE_SCHEMA if table is None else _arrow_schema(table)
+    wanted = list(columns) if columns is not None else schema.names
+    unknown = [c for c in wanted if c not in schema.names]
+    if unknown:
+        raise InvalidParameterError("columns", unknown, f"columns of the sink table: {schema.names}")
     if table is None:
         return STAGED_FILE_SCHEMA.empty_table().select(wanted)
-    return read_rows(table, spec(SINK_TABLE), columns=wanted)
+    return read_rows(table, sink_spec(schema, table.metadata().partition_columns), columns=wanted)
 
 
 def sink_files(path: str | os.PathLike[str]) -> int | None:

@@ -519,7 +519,7 @@ def _content_rows(
     finished: Collection[str],
     life: SplitLife,
 ) -> dict[str, tuple[int, str]]:
-    """split_id -> (records, SHA-256 of its values joined by newlines) of each finished split with an
+    """split_id -> (records, SHA-256 of its values' hex joined by newlines) of each finished split with an
     end among the source rows, read by ``reader`` from its start to its end.
 
     Splits with a reported lost range are left out (the sink lacks exactly those records); a
@@ -540,7 +540,9 @@ def _content_rows(
         except SourceError as err:
             log.warning("content check: split %s is not checked: %s", split_id, err)
             continue
-        rows[split_id] = (len(values), hashlib.sha256("\n".join(values).encode("utf-8")).hexdigest())
+        # the values' bytes as upper-case hex, as the sink side hashes them (a BINARY or STRING column)
+        texts = [(v.encode("utf-8") if isinstance(v, str) else v or b"").hex().upper() for v in values]
+        rows[split_id] = (len(texts), hashlib.sha256("\n".join(texts).encode("ascii")).hexdigest())
     return rows
 
 
@@ -631,7 +633,7 @@ def scan_sink(sink: DataFrame, checkpoint_id: int, content_ids: Collection[str] 
         island_aggs.append(F.collect_list(F.when(wanted, F.struct(offset, F.col("value")))).alias("vals"))
         by_offset = F.array_sort(F.flatten(F.collect_list("vals")))
         split_aggs.append(
-            F.sha2(F.concat_ws("\n", F.transform(by_offset, lambda r: r["value"])), 256).alias("h")
+            F.sha2(F.concat_ws("\n", F.transform(by_offset, lambda r: F.hex(r["value"]))), 256).alias("h")
         )
     found = (
         rows.groupBy("split_id", "_island").agg(*island_aggs).groupBy("split_id").agg(*split_aggs).collect()

@@ -15,23 +15,78 @@ Contract of :func:`decode_values` ``(spec, values)``:
 4. The normal path has no Python step per record; a batch with bad records may be
    re-checked record by record to find them.
 
-STUB (issue 21, being filled in): ``raw`` and ``text`` only.
+The kinds:
+
+- ``raw``: the bytes. ``text``: UTF-8; a value that is not valid UTF-8 is a ``decode`` bad record.
+- ``json``: one JSON object per value, read by ``pyarrow.json`` over the whole range (the
+  values joined with newlines into one buffer) with the declared columns as its explicit
+  schema. A batch that fails is bisected; the halves that read are kept, down to single
+  records, which are then classified: a null or empty value, invalid UTF-8, or text that is
+  not one JSON object is stage ``decode``; an object whose field does not convert to its
+  declared type (``"abc"`` for a BIGINT), or with a null/missing ``NOT NULL`` column, is stage
+  ``schema``. A value with a raw newline (pretty-printed JSON) is read on its own with
+  ``newlines_in_values``. ``DATE`` is read from ``"YYYY-MM-DD"`` strings; ``TIMESTAMP`` from
+  ISO-8601 strings (with an offset, or UTC when it has none); ``BINARY`` holds the string's
+  UTF-8 bytes (no base64); a ``MAP`` column is not supported for json (Arrow's JSON reader
+  has no map conversion: declare a STRUCT).
+- ``csv``: one delimited line per value, no header, the fields by position as the declared
+  columns, read by ``pyarrow.csv`` as text and cast column by column. A string field keeps
+  its text exactly (an empty field is ``""``); an empty field of another type is null. Fewer
+  fields than declared is stage ``schema``; more is schema drift (below) whose fields are
+  named ``_c<i>`` (``i`` the 0-based position, as Spark names CSV columns). Only primitive
+  types.
+- ``avro``: the Confluent wire format (magic byte 0, a 4-byte big-endian schema id, the Avro
+  binary body) read with ``fastavro.schemaless_reader``, one call per record (fastavro has no
+  columnar reader), then built into Arrow columns of the declared types in one step. A wrong
+  magic byte, a short or truncated body or trailing bytes are stage ``decode``. With
+  ``decode.schema_registry_url`` the writer schema of each schema id is fetched once per
+  process (``GET {url}/schemas/ids/{id}``, the Confluent REST API) and a record is read with
+  its own writer schema; an id the registry does not know (HTTP 404) makes the record a
+  ``decode`` bad record, any other registry failure fails the range (it is retried).
+  **Without a registry every schema id is read with the schema file's schema.**
+
+Schema drift (``on_new_fields``, Auto Loader's meanings), for top-level fields:
+
+- ``rescue``: the fields the schema does not name go into ``_rescued`` as a JSON object
+  (each field's original JSON text, in record order; null when there are none). A declared
+  field whose value does not convert to its type is rescued too, as Auto Loader does: its
+  column is null and its original value is in ``_rescued`` (a ``NOT NULL`` column cannot be
+  null: that record is stage ``schema``). A declared STRUCT holding fields its type does not
+  name keeps the declared ones and the whole original value is also in ``_rescued``.
+- ``add_columns``: new top-level fields become new columns after the declared ones (their
+  types inferred by Arrow; a field that is null in every record of the range is STRING),
+  listed in ``new_columns``; a type mismatch is stage ``schema``; undeclared fields inside a
+  declared STRUCT are stage ``schema`` (only top-level columns are added).
+- ``fail``: :class:`SchemaDriftError` naming the field (``a.b`` when nested) and the input
+  index of the first record having it; a type mismatch is stage ``schema``.
 """
 
 from __future__ import annotations
 
+import json
+import re
+import threading
+import urllib.error
+import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from splitkeeper.errors import SplitkeeperError
-from splitkeeper.records.spec import DecodeSpec
+from splitkeeper.records.ddl import DdlType, arrow_type, parse_type
+from splitkeeper.records.spec import RESCUED, Column, DecodeSpec
 
-__all__ = ["STAGES", "BadRecords", "Decoded", "SchemaDriftError", "decode_values"]
+__all__ = ["STAGES", "BadRecords", "Decoded", "SchemaDriftError", "decode_values", "registry_schema"]
 
 #: Where a bad record failed: its bytes, the declared columns, or the user's transform.
 STAGES = ("decode", "schema", "transform")
+#: Below this many records a failing batch is read record by record instead of bisected.
+_BISECT_FLOOR = 8
 
 
 class SchemaDriftError(SplitkeeperError):
@@ -81,7 +136,11 @@ def decode_values(spec: DecodeSpec, values: pa.Array) -> Decoded:
         return _all_kept(pa.table({"value": values}))
     if spec.kind == "text":
         return _text(values)
-    raise NotImplementedError(f"decode.kind {spec.kind!r} is not built yet")
+    if spec.kind in ("json", "csv", "avro"):
+        if values.type != pa.binary():
+            values = values.cast(pa.binary())
+        return _Typed(spec, values).run()
+    raise ValueError(f"unknown decode.kind {spec.kind!r}: allowed raw, text, json, csv, avro")
 
 
 def _text(values: pa.Array) -> Decoded:
@@ -103,3 +162,700 @@ def _text(values: pa.Array) -> Decoded:
         except UnicodeDecodeError as err:
             bad.add(i, "decode", f"not valid UTF-8: {err}", "UnicodeDecodeError")
     return Decoded(pa.table({"value": pa.array(out, pa.string())}), pa.array(kept, pa.int64()), bad)
+
+
+# --------------------------------------------------------------------------- the plan of a spec
+
+
+@dataclass(frozen=True)
+class _Plan:
+    columns: tuple[Column, ...]
+    names: frozenset[str]
+    types: dict[str, DdlType]
+    arrow: dict[str, pa.DataType]
+    read: dict[str, pa.DataType]  # what the reader produces before the cast (DATE is read as text)
+
+
+def _json_readable(t: DdlType) -> pa.DataType:
+    if t.name == "DATE":
+        return pa.string()
+    if t.name == "ARRAY":
+        return pa.list_(_json_readable(t.children[0]))
+    if t.name == "STRUCT":
+        return pa.struct([pa.field(n, _json_readable(ft), nullable) for n, ft, nullable in t.fields])
+    if t.name == "MAP":
+        raise ValueError("a MAP column is not supported for decode.kind json (Arrow's JSON reader has no maps)")
+    out: pa.DataType = arrow_type(_render(t))
+    return out
+
+
+def _render(t: DdlType) -> str:
+    from splitkeeper.records.ddl import render_type
+
+    return render_type(t)
+
+
+@lru_cache(maxsize=64)
+def _plan(spec: DecodeSpec) -> _Plan:
+    types = {c.name: parse_type(c.type) for c in spec.columns}
+    arrow = {c.name: arrow_type(c.type) for c in spec.columns}
+    read: dict[str, pa.DataType] = {}
+    for c in spec.columns:
+        t = types[c.name]
+        if spec.kind == "json":
+            try:
+                read[c.name] = _json_readable(t)
+            except ValueError as err:
+                raise ValueError(f"decode column {c.name!r} {c.type}: {err}") from None
+        elif spec.kind == "csv":
+            if t.name in ("ARRAY", "MAP", "STRUCT"):
+                raise ValueError(f"decode column {c.name!r} {c.type}: csv columns must be of a primitive type")
+            read[c.name] = pa.string()
+        else:
+            read[c.name] = arrow[c.name]
+    return _Plan(spec.columns, frozenset(types), types, arrow, read)
+
+
+# --------------------------------------------------------------------------- the typed kinds
+
+
+_WS = re.compile(r"[ \t\n\r]*")
+_DECODER = json.JSONDecoder()
+
+
+def json_members(text: str) -> list[tuple[str, str]]:
+    """The top-level ``(key, original value text)`` pairs of a JSON object text, in order;
+    ValueError when ``text`` is not exactly one JSON object."""
+    i = _WS.match(text, 0).end()  # type: ignore[union-attr]
+    if text[i : i + 1] != "{":
+        raise ValueError("not a JSON object")
+    i = _WS.match(text, i + 1).end()  # type: ignore[union-attr]
+    out: list[tuple[str, str]] = []
+    if text[i : i + 1] == "}":
+        i += 1
+    else:
+        while True:
+            if text[i : i + 1] != '"':
+                raise ValueError(f"expected a quoted key at character {i}")
+            key, i = json.decoder.scanstring(text, i + 1)  # type: ignore[attr-defined]
+            i = _WS.match(text, i).end()  # type: ignore[union-attr]
+            if text[i : i + 1] != ":":
+                raise ValueError(f"expected ':' after the key {key!r} at character {i}")
+            i = _WS.match(text, i + 1).end()  # type: ignore[union-attr]
+            _, end = _DECODER.raw_decode(text, i)
+            out.append((key, text[i:end]))
+            i = _WS.match(text, end).end()  # type: ignore[union-attr]
+            if text[i : i + 1] == ",":
+                i = _WS.match(text, i + 1).end()  # type: ignore[union-attr]
+                continue
+            if text[i : i + 1] == "}":
+                i += 1
+                break
+            raise ValueError(f"expected ',' or '}}' at character {i}")
+    if _WS.match(text, i).end() != len(text):  # type: ignore[union-attr]
+        raise ValueError(f"data after the object at character {i}")
+    return out
+
+
+def _unknown_path(value: Any, t: DdlType, prefix: str) -> str | None:
+    """The first field of ``value`` (parsed JSON) that ``t`` does not name, as a dotted path."""
+    if t.name == "STRUCT" and isinstance(value, dict):
+        names = {n: ft for n, ft, _ in t.fields}
+        for k, v in value.items():
+            if k not in names:
+                return f"{prefix}.{k}"
+            found = _unknown_path(v, names[k], f"{prefix}.{k}")
+            if found:
+                return found
+    elif t.name == "ARRAY" and isinstance(value, list):
+        for v in value:
+            found = _unknown_path(v, t.children[0], prefix)
+            if found:
+                return found
+    return None
+
+
+def _short(text: str, limit: int = 80) -> str:
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+class _Typed:
+    """One decode of a range for the typed kinds (json, csv, avro)."""
+
+    def __init__(self, spec: DecodeSpec, values: pa.Array) -> None:
+        self.spec = spec
+        self.plan = _plan(spec)
+        self.values = values
+        self.n = len(values)
+        self.parts: list[tuple[np.ndarray, pa.Table]] = []
+        self.bad: dict[int, tuple[str, str, str]] = {}
+        self.rescue_keys: dict[int, set[str]] = {}  # declared keys rescued per record (type mismatch)
+        self.drift_candidates: set[int] = set()
+        self.drift: list[tuple[int, str]] = []
+        self.texts: pa.Array | None = None
+        self.rescued_text: dict[int, str] = {}  # _rescued built directly (csv, avro)
+
+    # ---------------------------------------------------------------- driver
+
+    def run(self) -> Decoded:
+        usable = self._screen()
+        if self.spec.kind == "avro":
+            self._avro(usable)
+        else:
+            texts = self.texts
+            assert texts is not None
+            if len(usable):
+                has_newline = pc.fill_null(
+                    pc.or_(pc.match_substring(texts, "\n"), pc.match_substring(texts, "\r")), False
+                )
+                multi = np.asarray(has_newline)[usable]
+                plain, lines = usable[~multi], usable[multi]
+            else:
+                plain = lines = usable
+            self._read(plain, newlines=False)
+            for i in lines:
+                self._read(np.array([i], np.int64), newlines=True)
+        return self._finish()
+
+    def _screen(self) -> np.ndarray:
+        """Null, empty and (json/csv) non-UTF-8 values are bad (stage decode); the rest's indices."""
+        values = self.values
+        valid = np.asarray(pc.fill_null(pc.greater(pc.binary_length(values), 0), False))
+        if not valid.all():
+            nulls = np.asarray(values.is_null())
+            for i in np.flatnonzero(~valid):
+                what = "a null value (a Kafka tombstone)" if nulls[i] else "an empty value"
+                self._bad(int(i), "decode", f"{what} has no {self.spec.kind} record", "EmptyValue")
+        if self.spec.kind == "avro":
+            return np.flatnonzero(valid).astype(np.int64)
+        try:
+            self.texts = values.cast(pa.string())
+        except pa.ArrowInvalid:
+            good: list[bytes | None] = []
+            for i, raw in enumerate(values.to_pylist()):  # only a batch with invalid UTF-8 comes here
+                try:
+                    if raw is not None:
+                        raw.decode("utf-8")
+                    good.append(raw)
+                except UnicodeDecodeError as err:
+                    self._bad(i, "decode", f"not valid UTF-8: {err}", "UnicodeDecodeError")
+                    valid[i] = False
+                    good.append(None)
+            self.texts = pa.array(good, pa.binary()).cast(pa.string())
+        return np.flatnonzero(valid).astype(np.int64)
+
+    def _bad(self, index: int, stage: str, message: str, error_class: str) -> None:
+        self.bad.setdefault(index, (stage, error_class, message))
+
+    # ---------------------------------------------------------------- json and csv: bisection
+
+    def _read(self, indices: np.ndarray, *, newlines: bool) -> None:
+        if not len(indices):
+            return
+        try:
+            table = self._read_batch(indices, newlines=newlines)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+            table = None
+        if table is not None and table.num_rows == len(indices):
+            self._accept(indices, table)
+            return
+        if len(indices) <= _BISECT_FLOOR:
+            for i in indices:
+                if len(indices) > 1:
+                    try:
+                        one = self._read_batch(np.array([i], np.int64), newlines=newlines)
+                    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+                        one = None
+                    if one is not None and one.num_rows == 1:
+                        self._accept(np.array([i], np.int64), one)
+                        continue
+                self._single(int(i), newlines=newlines)
+            return
+        half = len(indices) // 2
+        self._read(indices[:half], newlines=newlines)
+        self._read(indices[half:], newlines=newlines)
+
+    def _buffer(self, indices: np.ndarray) -> pa.Buffer:
+        texts = self.texts
+        assert texts is not None
+        chosen = texts if len(indices) == self.n else texts.take(pa.array(indices))
+        lists = pa.ListArray.from_arrays(pa.array([0, len(chosen)], pa.int32()), chosen)
+        joined = pc.binary_join(lists, "\n")[0]
+        return joined.as_buffer()  # type: ignore[no-any-return]
+
+    def _read_batch(self, indices: np.ndarray, *, newlines: bool, columns: tuple[str, ...] | None = None) -> pa.Table:
+        buffer = self._buffer(indices)
+        if self.spec.kind == "json":
+            return self._read_json(buffer, newlines=newlines, columns=columns)
+        return self._read_csv(buffer, newlines=newlines)
+
+    def _read_json(self, buffer: pa.Buffer, *, newlines: bool, columns: tuple[str, ...] | None = None) -> pa.Table:
+        import pyarrow.json as pj
+
+        names = columns if columns is not None else tuple(c.name for c in self.plan.columns)
+        schema = pa.schema([pa.field(n, self.plan.read[n]) for n in names])
+        options = pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior="infer", newlines_in_values=newlines)
+        block = max(1 << 20, min(len(buffer) + 1, 1 << 26))
+        return pj.read_json(pa.BufferReader(buffer), read_options=pj.ReadOptions(block_size=block), parse_options=options)
+
+    def _read_csv(self, buffer: pa.Buffer, *, newlines: bool, names: list[str] | None = None) -> pa.Table:
+        import pyarrow.csv as pcsv
+
+        names = names if names is not None else [c.name for c in self.plan.columns]
+        return pcsv.read_csv(
+            pa.BufferReader(buffer),
+            read_options=pcsv.ReadOptions(column_names=names, block_size=max(1 << 20, min(len(buffer) + 1, 1 << 26))),
+            parse_options=pcsv.ParseOptions(delimiter=self.spec.csv_delimiter, newlines_in_values=newlines),
+            convert_options=pcsv.ConvertOptions(
+                column_types={n: pa.string() for n in names},
+                null_values=[],
+                strings_can_be_null=False,
+                quoted_strings_can_be_null=False,
+            ),
+        )
+
+    def _single(self, i: int, *, newlines: bool) -> None:
+        """One record the reader refused: find why (decode or schema), rescue what can be."""
+        texts = self.texts
+        assert texts is not None
+        text: str = texts[i].as_py()
+        if self.spec.kind == "csv":
+            self._single_csv(i, text, newlines=newlines)
+            return
+        try:
+            members = json_members(text)
+        except ValueError as err:
+            self._bad(i, "decode", f"not one JSON object: {err}; the value begins {_short(text)!r}", "JSONDecodeError")
+            return
+        keys = [k for k, _ in members]
+        if len(set(keys)) != len(keys):
+            twice = next(k for k in keys if keys.count(k) > 1)
+            self._bad(i, "decode", f"the key {twice!r} is given twice", "JSONDecodeError")
+            return
+        mismatched: list[tuple[str, str, str]] = []
+        for key, raw in members:
+            if key not in self.plan.names:
+                continue
+            line = "{" + json.dumps(key) + ":" + raw + "}"
+            try:
+                self._read_json(pa.py_buffer(line.encode()), newlines=True, columns=(key,))
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as err:
+                mismatched.append((key, raw, str(err)))
+        if not mismatched:
+            self._bad(i, "schema", f"the record does not fit the declared columns: {_short(text, 200)!r}", "ArrowInvalid")
+            return
+        detail = "; ".join(
+            f"field {k!r}: expected {self._declared(k).type}, got {_short(raw)}" for k, raw, _ in mismatched
+        )
+        not_null = [k for k, _, _ in mismatched if not self._declared(k).nullable]
+        if self.spec.on_new_fields != "rescue" or not_null:
+            self._bad(i, "schema", detail, "SchemaMismatch")
+            return
+        keep = tuple(c.name for c in self.plan.columns if c.name not in {k for k, _, _ in mismatched})
+        try:
+            table = self._read_json(pa.py_buffer(text.encode()), newlines=True, columns=keep)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as err:
+            self._bad(i, "schema", f"{detail}; and {err}", "SchemaMismatch")
+            return
+        for key, _, _ in mismatched:
+            table = table.append_column(key, pa.nulls(1, self.plan.read[key]))
+        self.rescue_keys[i] = {k for k, _, _ in mismatched}
+        self._accept(np.array([i], np.int64), table)
+
+    def _declared(self, name: str) -> Column:
+        return next(c for c in self.plan.columns if c.name == name)
+
+    def _single_csv(self, i: int, text: str, *, newlines: bool) -> None:
+        import pyarrow.csv as pcsv
+
+        try:
+            table = pcsv.read_csv(
+                pa.py_buffer(text.encode() + b"\n"),  # a last line without its end reads as no columns
+                read_options=pcsv.ReadOptions(autogenerate_column_names=True),
+                parse_options=pcsv.ParseOptions(delimiter=self.spec.csv_delimiter, newlines_in_values=True),
+                convert_options=pcsv.ConvertOptions(
+                    column_types={}, null_values=[], strings_can_be_null=False, quoted_strings_can_be_null=False
+                ),
+            )
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as err:
+            self._bad(i, "decode", f"not one CSV record: {err}", "CSVDecodeError")
+            return
+        declared = len(self.plan.columns)
+        if table.num_rows != 1:
+            self._bad(i, "decode", f"not one CSV record: it reads as {table.num_rows} rows", "CSVDecodeError")
+            return
+        fields = [table.column(j).cast(pa.string()) for j in range(table.num_columns)]
+        if len(fields) < declared:
+            self._bad(i, "schema", f"{len(fields)} fields, {declared} declared: {_short(text)!r}", "SchemaMismatch")
+            return
+        if len(fields) > declared:
+            extra = {f"_c{j}": fields[j][0].as_py() for j in range(declared, len(fields))}
+            if self.spec.on_new_fields == "fail":
+                self.drift.append((i, f"_c{declared}"))
+                return
+            self.rescued_text[i] = json.dumps(extra, ensure_ascii=False, separators=(",", ":"))
+        row = pa.table({c.name: fields[j] for j, c in enumerate(self.plan.columns)})
+        self._accept(np.array([i], np.int64), row)
+
+    # ---------------------------------------------------------------- after a read
+
+    def _accept(self, indices: np.ndarray, table: pa.Table) -> None:
+        """A read's rows: cast to the declared types, check NOT NULL, handle drift, keep."""
+        plan = self.plan
+        keep = np.ones(len(indices), bool)
+        columns: dict[str, pa.Array] = {}
+        for c in plan.columns:
+            column = table.column(c.name).combine_chunks()
+            if self.spec.kind == "csv" and column.type != plan.arrow[c.name]:
+                column = pc.if_else(pc.equal(column, ""), pa.scalar(None, pa.string()), column)
+            if column.type != plan.arrow[c.name]:
+                column = self._cast(column, c, indices, keep)
+            columns[c.name] = column
+            if not c.nullable and column.null_count:
+                for j in np.flatnonzero(np.asarray(column.is_null())):
+                    if keep[j]:
+                        keep[j] = False
+                        self._bad(
+                            int(indices[j]), "schema", f"column {c.name!r} is NOT NULL but the record has no value", "NullValue"
+                        )
+        extras = {n: table.column(n).combine_chunks() for n in table.column_names if n not in plan.names}
+        if extras or self.spec.kind == "json":
+            nested = [c.name for c in plan.columns if table.column(c.name).type != plan.read[c.name]]
+            if extras or nested:
+                self._drift(indices, keep, extras, {n: table.column(n).combine_chunks() for n in nested})
+            if self.spec.on_new_fields == "add_columns":
+                for name, column in extras.items():
+                    columns[name] = column if column.type != pa.null() else column.cast(pa.string())
+        out = pa.table(columns)
+        if not keep.all():
+            out = out.filter(pa.array(keep))
+            indices = indices[keep]
+        self.parts.append((indices, out))
+
+    def _cast(self, column: pa.Array, c: Column, indices: np.ndarray, keep: np.ndarray) -> pa.Array:
+        target = self.plan.arrow[c.name]
+        try:
+            return column.cast(target)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+            pass
+        out: list[Any] = []
+        for j in range(len(column)):  # only a column with a value that does not convert comes here
+            one = column.slice(j, 1)
+            try:
+                out.append(one.cast(target))
+                continue
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as err:
+                error = err
+            out.append(pa.nulls(1, target))
+            shown = one[0].as_py()
+            i = int(indices[j])
+            if self.spec.on_new_fields == "rescue" and c.nullable:
+                self.rescue_keys.setdefault(i, set()).add(c.name)
+                if self.spec.kind == "csv":
+                    self._csv_rescue_field(i, c.name, shown)
+            elif keep[j]:
+                keep[j] = False
+                self._bad(i, "schema", f"field {c.name!r}: expected {c.type}, got {_short(repr(shown))} ({error})", "SchemaMismatch")
+        return pa.concat_arrays(out)
+
+    def _csv_rescue_field(self, i: int, name: str, text: Any) -> None:
+        current = json.loads(self.rescued_text.get(i, "{}"))
+        current[name] = text
+        self.rescued_text[i] = json.dumps(current, ensure_ascii=False, separators=(",", ":"))
+
+    def _drift(
+        self, indices: np.ndarray, keep: np.ndarray, extras: dict[str, pa.Array], nested: dict[str, pa.Array]
+    ) -> None:
+        """Rows that may have fields the schema does not name: note them per policy."""
+        texts = self.texts
+        assert texts is not None
+        candidate = np.zeros(len(indices), bool)
+        chosen = texts.take(pa.array(indices))
+        for name, column in {**extras, **nested}.items():
+            candidate |= np.asarray(pc.fill_null(column.is_valid(), False))
+            if name in extras:
+                candidate |= np.asarray(pc.fill_null(pc.match_substring(chosen, json.dumps(name)), False))
+        for j in np.flatnonzero(candidate):  # drift rows only: the normal path has none
+            i = int(indices[j])
+            if self.spec.kind != "json":
+                continue
+            unknown = self._unknown_fields(texts[i].as_py())
+            if not unknown:
+                continue
+            if self.spec.on_new_fields == "fail":
+                self.drift.append((i, unknown[0]))
+            elif self.spec.on_new_fields == "rescue":
+                self.drift_candidates.add(i)
+            else:  # add_columns: top-level fields are columns now; nested ones cannot be added
+                deep = [u for u in unknown if "." in u]
+                if deep and keep[j]:
+                    keep[j] = False
+                    self._bad(
+                        i,
+                        "schema",
+                        f"field {deep[0]!r} is not declared; on_new_fields add_columns adds top-level columns only",
+                        "SchemaDrift",
+                    )
+
+    def _unknown_fields(self, text: str) -> list[str]:
+        out: list[str] = []
+        for key, raw in json_members(text):
+            if key not in self.plan.names:
+                out.append(key)
+                continue
+            t = self.plan.types[key]
+            if t.name in ("STRUCT", "ARRAY"):
+                found = _unknown_path(json.loads(raw), t, key)
+                if found:
+                    out.append(found)
+        return out
+
+    # ---------------------------------------------------------------- avro
+
+    def _avro(self, usable: np.ndarray) -> None:
+        import io
+
+        import fastavro
+
+        raws = self.values.to_pylist()
+        records: list[dict[str, Any]] = []
+        where: list[int] = []
+        reader = _parsed_avro(self.spec.avro_schema) if self.spec.avro_schema else None
+        for i in usable:  # fastavro reads one record per call (module doc)
+            i = int(i)
+            raw: bytes = raws[i]
+            if len(raw) < 5 or raw[0] != 0:
+                what = f"magic byte {raw[0]}" if raw[0] != 0 else f"{len(raw)} bytes"
+                self._bad(i, "decode", f"not the Confluent wire format (magic byte 0, 4-byte schema id): {what}", "AvroDecodeError")
+                continue
+            schema_id = int.from_bytes(raw[1:5], "big")
+            writer = reader
+            if self.spec.schema_registry_url:
+                try:
+                    writer = _parsed_avro(registry_schema(self.spec.schema_registry_url, schema_id))
+                except LookupError as err:
+                    self._bad(i, "decode", str(err), "UnknownSchemaId")
+                    continue
+            if writer is None:
+                self._bad(i, "decode", "no writer schema: set decode.schema_file or decode.schema_registry_url", "AvroDecodeError")
+                continue
+            body = io.BytesIO(raw[5:])
+            try:
+                record = fastavro.schemaless_reader(body, writer, None)
+            except Exception as err:  # noqa: BLE001 - any failure of the body's bytes is a decode error
+                self._bad(i, "decode", f"schema id {schema_id}: the Avro body does not read: {type(err).__name__}: {err}", "AvroDecodeError")
+                continue
+            if body.tell() != len(raw) - 5:
+                self._bad(i, "decode", f"schema id {schema_id}: {len(raw) - 5 - body.tell()} bytes after the Avro record", "AvroDecodeError")
+                continue
+            if not isinstance(record, dict):
+                self._bad(i, "decode", f"schema id {schema_id}: the Avro value is not a record", "AvroDecodeError")
+                continue
+            records.append(record)
+            where.append(i)
+        self._avro_build(records, np.array(where, np.int64))
+
+    def _avro_build(self, records: list[dict[str, Any]], indices: np.ndarray) -> None:
+        if not len(indices):
+            return
+        plan = self.plan
+        declared = [c.name for c in plan.columns]
+        extra_names: list[str] = []
+        for r in records:
+            for k in r:
+                if k not in plan.names and k not in extra_names:
+                    extra_names.append(k)
+        schema = pa.schema([pa.field(c.name, plan.arrow[c.name]) for c in plan.columns])
+        rows = [{k: _plain(r.get(k)) for k in declared} for r in records]
+        try:
+            table = pa.Table.from_pylist(rows, schema=schema)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, OverflowError, TypeError):
+            table = None
+        if table is None:
+            keep_rows, keep_idx = [], []
+            for row, i in zip(rows, indices, strict=True):  # only a batch with a record that does not fit
+                try:
+                    pa.Table.from_pylist([row], schema=schema)
+                except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, OverflowError, TypeError) as err:
+                    self._bad(int(i), "schema", f"the Avro record does not fit the declared columns: {err}", "SchemaMismatch")
+                    continue
+                keep_rows.append(row)
+                keep_idx.append(int(i))
+            records = [records[j] for j, i in enumerate(indices) if int(i) in set(keep_idx)]
+            indices = np.array(keep_idx, np.int64)
+            table = pa.Table.from_pylist(keep_rows, schema=schema)
+        if extra_names:
+            policy = self.spec.on_new_fields
+            if policy == "fail":
+                for r, i in zip(records, indices, strict=True):
+                    names = [k for k in r if k not in plan.names]
+                    if names:
+                        self.drift.append((int(i), names[0]))
+                        break
+            elif policy == "rescue":
+                for r, i in zip(records, indices, strict=True):
+                    rest = {k: v for k, v in r.items() if k not in plan.names}
+                    if rest:
+                        self.rescued_text[int(i)] = json.dumps(rest, default=str, ensure_ascii=False, separators=(",", ":"))
+            else:
+                new = pa.Table.from_pylist([{k: _plain(r.get(k)) for k in extra_names} for r in records])
+                for name in extra_names:
+                    column = new.column(name)
+                    table = table.append_column(name, column if column.type != pa.null() else column.cast(pa.string()))
+        keep = np.ones(len(indices), bool)
+        for c in plan.columns:
+            if not c.nullable and table.column(c.name).null_count:
+                for j in np.flatnonzero(np.asarray(table.column(c.name).is_null())):
+                    if keep[j]:
+                        keep[j] = False
+                        self._bad(int(indices[j]), "schema", f"column {c.name!r} is NOT NULL but the record has no value", "NullValue")
+        if not keep.all():
+            table = table.filter(pa.array(keep))
+            indices = indices[keep]
+        self.parts.append((indices, table))
+
+    # ---------------------------------------------------------------- the result
+
+    def _finish(self) -> Decoded:
+        if self.drift:
+            index, name = min(self.drift)
+            raise SchemaDriftError(
+                f"record {index} of the range has the field {name!r} that decode.schema does not name, and "
+                "decode.on_new_fields is 'fail'; declare the field in decode.schema, or set on_new_fields to "
+                "'rescue' (kept as JSON in _rescued) or 'add_columns'",
+                field=name,
+                index=index,
+            )
+        plan = self.plan
+        parts = [(idx, t) for idx, t in self.parts if len(idx)]
+        add = self.spec.on_new_fields == "add_columns"
+        declared = [c.name for c in plan.columns]
+        new_columns: list[str] = []
+        if add:
+            for _, t in parts:
+                new_columns += [n for n in t.column_names if n not in plan.names and n not in new_columns]
+        if parts:
+            indices = np.concatenate([idx for idx, _ in parts])
+            if len(parts) == 1:
+                table = parts[0][1]
+            else:
+                tables = [t.select(declared + [n for n in new_columns if n in t.column_names]) for _, t in parts]
+                table = _concat(tables)
+                order = np.argsort(indices, kind="stable")
+                indices = indices[order]
+                table = table.take(pa.array(order))
+        else:
+            indices = np.zeros(0, np.int64)
+            table = pa.table({c.name: pa.array([], plan.arrow[c.name]) for c in plan.columns})
+        table = table.select(declared + new_columns)
+        table = table.cast(
+            pa.schema(
+                [pa.field(c.name, plan.arrow[c.name], c.nullable) for c in plan.columns]
+                + [table.schema.field(n) for n in new_columns]
+            )
+        )
+        if self.spec.on_new_fields == "rescue":
+            table = table.append_column(RESCUED, self._rescued(indices))
+        bad = BadRecords()
+        for i in sorted(self.bad):
+            stage, error_class, message = self.bad[i]
+            bad.add(i, stage, message, error_class)
+        kept = pa.array(indices, pa.int64())
+        overlap = bool(len(bad)) and bool(np.isin(np.array(bad.indices, np.int64), indices).any())
+        if len(kept) + len(bad) != self.n or overlap:
+            raise AssertionError(f"decode lost track of records: {len(kept)} kept + {len(bad)} bad != {self.n}")
+        return Decoded(table, kept, bad, tuple(new_columns))
+
+    def _rescued(self, indices: np.ndarray) -> pa.Array:
+        rescued: dict[int, str] = dict(self.rescued_text)
+        texts = self.texts
+        for i in sorted(self.drift_candidates | set(self.rescue_keys)):
+            if i in rescued or texts is None:
+                continue
+            names = self.rescue_keys.get(i, set())
+            members = json_members(texts[i].as_py())
+            unknown = set(self._unknown_fields(texts[i].as_py()))
+            top = {u.split(".", 1)[0] for u in unknown}
+            chosen = [(k, raw) for k, raw in members if k in names or k in top]
+            if chosen:
+                rescued[i] = "{" + ",".join(json.dumps(k, ensure_ascii=False) + ":" + raw for k, raw in chosen) + "}"
+        if not rescued:
+            return pa.nulls(len(indices), pa.string())
+        positions = np.searchsorted(indices, np.array(sorted(rescued), np.int64))
+        mask = np.zeros(len(indices), bool)
+        mask[positions] = True
+        return pc.replace_with_mask(pa.nulls(len(indices), pa.string()), pa.array(mask), pa.array([rescued[i] for i in sorted(rescued)], pa.string()))
+
+
+def _plain(value: Any) -> Any:
+    """A fastavro value as pyarrow takes it (a UUID as its text)."""
+    import uuid
+
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
+
+
+# --------------------------------------------------------------------------- Avro schemas
+
+
+_AVRO_LOCK = threading.Lock()
+_REGISTRY: dict[tuple[str, int], str] = {}
+
+
+@lru_cache(maxsize=256)
+def _parsed_avro(schema_text: str) -> Any:
+    import fastavro
+
+    return fastavro.parse_schema(json.loads(schema_text))
+
+
+def registry_schema(url: str, schema_id: int, *, timeout: float = 10.0, opener: Callable[..., Any] | None = None) -> str:
+    """The Avro schema text of ``schema_id`` from a Confluent-compatible registry, fetched once
+    per process (``GET {url}/schemas/ids/{id}``). LookupError when the registry does not know
+    the id (HTTP 404); other failures raise (the range is retried)."""
+    key = (url.rstrip("/"), schema_id)
+    with _AVRO_LOCK:
+        if key in _REGISTRY:
+            return _REGISTRY[key]
+    request = urllib.request.Request(
+        f"{key[0]}/schemas/ids/{schema_id}", headers={"Accept": "application/vnd.schemaregistry.v1+json"}
+    )
+    try:
+        with (opener or urllib.request.urlopen)(request, timeout=timeout) as response:
+            body = json.loads(response.read().decode("utf-8"))
+    except urllib.error.HTTPError as err:
+        if err.code == 404:
+            raise LookupError(f"schema id {schema_id} is not in the schema registry at {key[0]} (HTTP 404)") from err
+        raise
+    kind = body.get("schemaType", "AVRO")
+    if kind != "AVRO" or not isinstance(body.get("schema"), str):
+        raise LookupError(f"schema id {schema_id} at {key[0]} is a {kind} schema, not Avro")
+    text: str = body["schema"]
+    with _AVRO_LOCK:
+        _REGISTRY[key] = text
+    return text
+
+
+def _concat(tables: list[pa.Table]) -> pa.Table:
+    """Parts of one range as one table; new columns inferred differently per part (``1`` here,
+    ``"a"`` there) become STRING when that converts, so no record is lost for its type."""
+    try:
+        return pa.concat_tables(tables, promote_options="permissive")
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+        pass
+    kinds: dict[str, set[pa.DataType]] = {}
+    for t in tables:
+        for f in t.schema:
+            kinds.setdefault(f.name, set()).add(f.type)
+    mixed = {n for n, ts in kinds.items() if len(ts - {pa.null()}) > 1}
+    out = []
+    for t in tables:
+        for n in mixed & set(t.column_names):
+            t = t.set_column(t.schema.get_field_index(n), n, t.column(n).cast(pa.string()))
+        out.append(t)
+    return pa.concat_tables(out, promote_options="permissive")

@@ -9,7 +9,8 @@ stages the range without a Python step per record. Contract of
 
 1. it returns exactly the records ``read_range(split, start, end)`` yields, in
    order: ``offsets[i]``, ``next_offsets[i]`` and ``values[i]`` are the fields
-   of the i-th record (``values`` never holds a null); ``meta`` is ``None`` when
+   of the i-th record (``values[i]`` is its bytes as the source holds them, a
+   null for a Kafka null value, never decoded); ``meta`` is ``None`` when
    the records carry no metadata (the staged metadata columns are null), else
    the key, topic, partition, timestamp and headers columns (the types of
    :data:`~splitkeeper.delta.schemas.META_COLUMNS` in ``STAGED_FILE_SCHEMA``),
@@ -18,8 +19,9 @@ stages the range without a Python step per record. Contract of
 2. it raises what ``read_range`` raises, with the same message, naming the
    split and the offset of the first bad record; it raises on the call (never
    later), so a caller gets either all the records or an error;
-3. ``offsets`` and ``next_offsets`` are int64 arrays, ``values`` a string or
-   large_string array, all of the same length (the ``meta`` arrays too).
+3. ``offsets`` and ``next_offsets`` are int64 arrays, ``values`` a binary or
+   large_binary array that may hold nulls, all of the same length (the ``meta``
+   arrays too).
 """
 
 from __future__ import annotations

@@ -19,27 +19,35 @@ as it is, without rewriting it (:meth:`~splitkeeper.delta.sink.DeltaSink.commit`
 
 from __future__ import annotations
 
+import contextlib
+import datetime
 import enum
 import json
 import os
 import re
 import time
 import uuid
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from splitkeeper.core.defaults import MAX_BAD_RATIO
 from splitkeeper.core.source import RecordMeta, RegionReader, SourceRecord
 from splitkeeper.core.types import Split
-from splitkeeper.delta.schemas import META_COLUMNS, STAGED_FILE_SCHEMA, STAGED_SCHEMA
+from splitkeeper.delta.schemas import META_COLUMNS, STAGED_FILE_SCHEMA, STAGED_SCHEMA, sink_schema
 from splitkeeper.errors import InvalidParameterError, ProtocolError, SourceError, SplitkeeperError
+from splitkeeper.records.decode import BadRecords, SchemaDriftError, decode_values
+from splitkeeper.records.spec import INGESTED_DATE, DecodeSpec
 from splitkeeper.spark.columnar import RangeColumns, SupportsColumnarRead
-from splitkeeper.transforms import Transform, apply_transform, identity, transform_values
+from splitkeeper.transforms import Transform, apply_to_table, identity
 
 PART_FILE = "part.parquet"
+#: A partitioned region's manifest: its files (one per partition value), relative to it.
+PARTS_FILE = "parts.json"
 _ROW_GROUP = 128 * 1024
 
 
@@ -141,6 +149,9 @@ class RegionResult:
     staged_bytes: int = 0
     records_by_split: dict[str, int] = field(default_factory=dict)
     elapsed_s: float = 0.0
+    dead_letters: int = 0  # bad records staged to dead_letter_path (errors.tolerance: all)
+    dead_letter_path: str | None = None  # <attempt dir>/dead.parquet, None when there were none
+    dead_letters_by_split: dict[str, int] = field(default_factory=dict)
 
     @classmethod
     def declined(cls, region_id: int, epoch: int, error: str) -> RegionResult:
@@ -155,34 +166,59 @@ def attempt_dir(staging_root: str, epoch: int, region: int, attempt: str) -> str
 class StagedWriter:
     """Streams records into one parquet file, published atomically by :meth:`commit`.
 
-    Rows go to ``<path>.tmp-<random>`` in row groups; :meth:`commit` closes it
-    and renames it to ``path``; :meth:`abort` (or leaving a ``with`` block by an
-    exception) deletes the temporary file. Single use, single thread.
+    ``schema``: the sink's schema (:func:`~splitkeeper.delta.schemas.sink_schema`; default the
+    raw sink's, :data:`STAGED_FILE_SCHEMA`); the writer stamps the bookkeeping columns and
+    takes the data columns by name. Rows go to ``<path>.tmp-<random>`` in row groups;
+    :meth:`commit` closes it and renames it to ``path``; :meth:`abort` (or leaving a ``with``
+    block by an exception) deletes the temporary file. Single use, single thread.
+
+    ``partition_by``: the sink's partition columns. The writer then keeps the rows until
+    :meth:`commit` and writes one file per partition value, Delta's layout
+    ``<dir of path>/<col>=<value>/part-<n>.parquet`` without the partition columns, and the
+    manifest :data:`PARTS_FILE` naming them (the published path; the sink reads it, so a commit
+    redone after some files were moved still finds them all). ``widen``: a data table may
+    bring columns the schema lacks (``decode.on_new_fields: add_columns``); they are appended,
+    nullable, to the file's schema at :meth:`commit` (rows are kept until then too).
     """
 
-    def __init__(self, path: str, epoch: int, region: int) -> None:
+    def __init__(
+        self,
+        path: str,
+        epoch: int,
+        region: int,
+        schema: pa.Schema = STAGED_FILE_SCHEMA,
+        *,
+        partition_by: Sequence[str] = (),
+        widen: bool = False,
+    ) -> None:
         self.path = path
         self.epoch = epoch
         self.region = region
+        self.schema = schema
+        self.partition_by = tuple(partition_by)
+        self._buffered = bool(self.partition_by) or widen
         self._tmp = f"{path}.tmp-{uuid.uuid4().hex}"
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-        self._writer: pq.ParquetWriter | None = pq.ParquetWriter(
-            self._tmp, STAGED_FILE_SCHEMA, use_dictionary=["split_id", "epoch", "region"]
-        )
+        self._writer: pq.ParquetWriter | None = None
+        self._open = True
+        if not self._buffered:
+            self._writer = pq.ParquetWriter(self._tmp, schema, use_dictionary=["split_id", "epoch", "region"])
         self._ingested_at = pa.scalar(time.time_ns() // 1000, pa.timestamp("us", tz="UTC"))
         self._split_ids: list[str] = []
         self._offsets: list[int] = []
         self._next_offsets: list[int] = []
-        self._values: list[str] = []
+        self._values: list[bytes | None] = []
         self._metas: list[RecordMeta | None] = []  # filled once a record carries metadata
         self._has_meta = False
         self._batches: list[pa.RecordBatch] = []  # built, not yet written: less than a row group
         self._batched = 0
+        self._published: list[str] = []
         self.records = 0
         self.last_next_offset: int | None = None
 
     def add(self, split_id: str, records: Iterable[SourceRecord]) -> int:
-        """Append the records of one split; returns how many were added.
+        """Append the records of one split (their values as the ``value`` column); returns how
+        many were added. A ``str`` value (a reader of an older contract) is its UTF-8 bytes.
 
         Afterwards :attr:`last_next_offset` is the ``next_offset`` of the last
         record added by this call (``None`` if it added none).
@@ -194,7 +230,8 @@ class StagedWriter:
             offsets.append(record[0])
             next_offset = record[1]
             next_offsets.append(next_offset)
-            values.append(record[2])
+            value = record[2]
+            values.append(value.encode("utf-8") if isinstance(value, str) else value)
             meta = record[3] if len(record) > 3 else None
             if meta is not None and not self._has_meta:
                 self._has_meta = True
@@ -211,35 +248,59 @@ class StagedWriter:
         return count
 
     def add_columns(self, split_id: str, columns: RangeColumns, values: pa.Array | None = None) -> int:
-        """Append the records of one split given as columns (``values`` replaces ``columns.values``).
+        """Append the records of one split given as columns (``values`` replaces ``columns.values``
+        as the ``value`` column).
 
         No Python step per record: the columns (the metadata columns too, when
         ``columns.meta`` has them) become record batches as they are. Sets
         :attr:`last_next_offset` as :meth:`add` does; returns the count.
         """
         values = columns.values if values is None else values
-        n = len(values)
         self.last_next_offset = columns.last_next_offset
+        return self._add(
+            split_id, columns.offsets, columns.next_offsets, pa.table({"value": values}), columns.meta
+        )
+
+    def add_table(
+        self,
+        split_id: str,
+        offsets: pa.Array,
+        next_offsets: pa.Array,
+        data: pa.Table,
+        meta: Sequence[pa.Array] | None,
+        last_next_offset: int | None,
+    ) -> int:
+        """Append rows of one split: their bookkeeping columns and their data columns (``data``,
+        by name; a data column of the schema that ``data`` lacks is null). Sets
+        :attr:`last_next_offset` to ``last_next_offset`` (the range's, kept rows or not)."""
+        self.last_next_offset = last_next_offset
+        return self._add(split_id, offsets, next_offsets, data, meta)
+
+    def _add(
+        self,
+        split_id: str,
+        offsets: pa.Array,
+        next_offsets: pa.Array,
+        data: pa.Table,
+        meta: Sequence[pa.Array] | None,
+    ) -> int:
+        n = data.num_rows
         if n == 0:
             return 0
         self._batch_rows()  # rows added by add() go first
-        if values.type != pa.string():
-            values = values.cast(pa.string())
         self._batch(
             pa.repeat(pa.scalar(split_id, pa.string()), n),
-            columns.offsets,
-            columns.next_offsets,
-            values,
-            list(columns.meta)
-            if columns.meta is not None
-            else [pa.nulls(n, STAGED_FILE_SCHEMA.field(name).type) for name in META_COLUMNS],
+            offsets,
+            next_offsets,
+            data,
+            list(meta) if meta is not None else [pa.nulls(n, _meta_type(name)) for name in META_COLUMNS],
         )
         self.records += n
         return n
 
     def _meta_arrays(self, n: int) -> list[pa.Array]:
         """The key, topic, partition, timestamp and headers columns of the buffered rows."""
-        types = [STAGED_FILE_SCHEMA.field(name).type for name in META_COLUMNS]
+        types = [_meta_type(name) for name in META_COLUMNS]
         if not self._has_meta:
             return [pa.nulls(n, t) for t in types]
         metas = self._metas
@@ -264,7 +325,7 @@ class StagedWriter:
             pa.array(self._split_ids, pa.string()),
             pa.array(self._offsets, pa.int64()),
             pa.array(self._next_offsets, pa.int64()),
-            pa.array(self._values, pa.string()),
+            pa.table({"value": pa.array(self._values, pa.binary())}),
             self._meta_arrays(n),
         )
         self._split_ids.clear()
@@ -278,34 +339,47 @@ class StagedWriter:
         split_ids: pa.Array,
         offsets: pa.Array,
         next_offsets: pa.Array,
-        values: pa.Array,
+        data: pa.Table,
         metas: list[pa.Array],
     ) -> None:
         """Queue one batch of rows; write whole row groups of ``_ROW_GROUP`` rows once there are any."""
-        n = len(values)
-        self._batches.append(
-            pa.record_batch(
-                [
-                    split_ids,
-                    offsets,
-                    next_offsets,
-                    values,
-                    pa.repeat(pa.scalar(self.epoch, pa.int64()), n),
-                    pa.repeat(pa.scalar(self.region, pa.int32()), n),
-                    pa.repeat(self._ingested_at, n),
-                    *metas,
-                ],
-                schema=STAGED_FILE_SCHEMA,
-            )
-        )
+        n = data.num_rows
+        own = {
+            "split_id": split_ids,
+            "offset": offsets,
+            "next_offset": next_offsets,
+            "epoch": pa.repeat(pa.scalar(self.epoch, pa.int64()), n),
+            "region": pa.repeat(pa.scalar(self.region, pa.int32()), n),
+            "ingested_at": pa.repeat(self._ingested_at, n),
+            **dict(zip(META_COLUMNS, metas, strict=True)),
+        }
+        arrays: list[pa.Array] = []
+        for f in self.schema:
+            if f.name in own:
+                arrays.append(own[f.name])
+            elif f.name == INGESTED_DATE:
+                arrays.append(pa.repeat(self._ingested_at, n).cast(f.type))
+            elif f.name in data.column_names:
+                column = data.column(f.name).combine_chunks()
+                arrays.append(column if column.type == f.type else column.cast(f.type))
+            else:
+                arrays.append(pa.nulls(n, f.type))
+        fields = list(self.schema)
+        if self._buffered:  # widen: the data's columns the schema lacks come last, nullable
+            for name in data.column_names:
+                if name not in self.schema.names:
+                    column = data.column(name).combine_chunks()
+                    fields.append(pa.field(name, column.type, nullable=True))
+                    arrays.append(column)
+        self._batches.append(pa.record_batch(arrays, schema=pa.schema(fields)))
         self._batched += n
-        if self._batched >= _ROW_GROUP:
+        if self._batched >= _ROW_GROUP and not self._buffered:
             self._write(whole_groups_only=True)
 
     def _write(self, whole_groups_only: bool) -> None:
         if not self._batched or self._writer is None:
             return
-        table = pa.Table.from_batches(self._batches, STAGED_FILE_SCHEMA)
+        table = pa.Table.from_batches(self._batches, self.schema)
         rows = (self._batched // _ROW_GROUP) * _ROW_GROUP if whole_groups_only else self._batched
         self._writer.write_table(table.slice(0, rows), row_group_size=_ROW_GROUP)
         rest = table.slice(rows)
@@ -316,14 +390,77 @@ class StagedWriter:
         self._batch_rows()
         self._write(whole_groups_only=False)
 
+    def _buffered_table(self) -> pa.Table:
+        """Every kept row, in the schema widened by the new columns in their order of appearance."""
+        fields = list(self.schema)
+        for batch in self._batches:
+            for f in batch.schema:
+                if f.name not in [g.name for g in fields]:
+                    fields.append(f)
+        schema = pa.schema(fields)
+        tables = []
+        for batch in self._batches:
+            table = pa.Table.from_batches([batch])
+            for f in schema:
+                if f.name not in table.column_names:
+                    table = table.append_column(f, pa.nulls(table.num_rows, f.type))
+            tables.append(table.select(schema.names).cast(schema))
+        return pa.concat_tables(tables) if tables else schema.empty_table()
+
+    def _commit_buffered(self) -> StagedOutput:
+        """Write the kept rows: one file (``widen``), or one file per partition value under the
+        attempt directory (``partition_by``), each written under a temporary name, then renamed."""
+        self._batch_rows()
+        table = self._buffered_table()
+        if not self.partition_by:
+            pq.write_table(table, self._tmp, row_group_size=_ROW_GROUP)
+            os.replace(self._tmp, self.path)
+            return StagedOutput(self.path, self.records, os.path.getsize(self.path))
+        folder = os.path.dirname(self.path)
+        keys = table.select(list(self.partition_by))
+        groups = (
+            keys.group_by(list(self.partition_by), use_threads=False).aggregate([]) if len(table) else keys
+        )
+        data = table.drop_columns(list(self.partition_by))
+        size = 0
+        for i, row in enumerate(groups.to_pylist()):
+            mask = None
+            for name, value in row.items():
+                column = table.column(name)
+                this = (
+                    pc.is_null(column) if value is None else pc.equal(column, pa.scalar(value, column.type))
+                )
+                mask = this if mask is None else pc.and_(mask, this)
+            part = data.filter(mask)
+            sub = os.path.join(folder, *(f"{name}={partition_text(value)}" for name, value in row.items()))
+            os.makedirs(sub, exist_ok=True)
+            target = os.path.join(sub, f"part-{i:05d}.parquet")
+            tmp = f"{target}.tmp-{uuid.uuid4().hex}"
+            pq.write_table(part, tmp, row_group_size=_ROW_GROUP)
+            os.replace(tmp, target)
+            self._published.append(target)
+            size += os.path.getsize(target)
+        manifest = os.path.join(folder, PARTS_FILE)
+        tmp = f"{manifest}.tmp-{uuid.uuid4().hex}"
+        with open(tmp, "w", encoding="utf-8") as out:
+            json.dump([os.path.relpath(f, folder).replace(os.sep, "/") for f in self._published], out)
+        os.replace(tmp, manifest)
+        return StagedOutput(manifest, self.records, size)
+
     def commit(self) -> StagedOutput:
-        """Flush, close and rename into place. Returns the published file."""
-        if self._writer is None:
+        """Flush, close and rename into place. Returns the published file (partitioned: the
+        directory of the published files)."""
+        if not self._open:
             raise ProtocolError(f"staged file {self.path} was already committed or aborted")
         try:
+            if self._buffered:
+                self._open = False
+                return self._commit_buffered()
             self._flush()
+            assert self._writer is not None
             self._writer.close()
             self._writer = None
+            self._open = False
             os.replace(self._tmp, self.path)
         except BaseException:
             self.abort()
@@ -332,6 +469,7 @@ class StagedWriter:
 
     def abort(self) -> None:
         """Drop everything written so far. Idempotent."""
+        self._open = False
         if self._writer is not None:
             try:
                 self._writer.close()
@@ -339,13 +477,34 @@ class StagedWriter:
                 self._writer = None
         if os.path.exists(self._tmp):
             os.remove(self._tmp)
+        for published in self._published:
+            with contextlib.suppress(OSError):
+                os.remove(published)
+        self._published.clear()
 
     def __enter__(self) -> StagedWriter:
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        if exc_type is not None or self._writer is not None:
+        if exc_type is not None or self._open:
             self.abort()
+
+
+def _meta_type(name: str) -> pa.DataType:
+    return STAGED_FILE_SCHEMA.field(name).type
+
+
+def partition_text(value: Any) -> str:
+    """A partition value as Delta's ``partitionValues`` and the Hive-style folder name write it."""
+    if value is None:
+        return "__HIVE_DEFAULT_PARTITION__"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, datetime.datetime):
+        return value.isoformat(sep=" ")
+    if isinstance(value, datetime.date):
+        return value.isoformat()
+    return str(value)
 
 
 def write_staged(
@@ -369,6 +528,35 @@ def read_staged(path: str) -> pa.Table:
     return pq.read_table(path, columns=STAGED_SCHEMA.names).cast(STAGED_SCHEMA)
 
 
+@dataclass(frozen=True, slots=True)
+class RecordPolicy:
+    """What a region task does with a range's bytes (built once from the pipeline's config and
+    shipped with every task): ``decode`` (the spec), ``tolerance`` (``none``: a bad record fails
+    the region; ``all``: it is a dead letter), ``max_bad_ratio`` (per region and epoch, above it
+    the region fails), ``partition_by`` (the sink's partition columns). The default is the raw
+    sink: the bytes as read, no partitions."""
+
+    decode: DecodeSpec = field(default_factory=DecodeSpec)
+    tolerance: str = "none"
+    max_bad_ratio: float = MAX_BAD_RATIO
+    partition_by: tuple[str, ...] = ()
+
+    @property
+    def schema(self) -> pa.Schema:
+        """The sink's schema (and so every staged file's)."""
+        return sink_schema(self.decode, self.partition_by)
+
+    @property
+    def widen(self) -> bool:
+        return self.decode.on_new_fields == "add_columns" and self.decode.typed
+
+
+class BadRecordError(SplitkeeperError):
+    """A record could not be decoded, did not fit the declared columns, or its transform failed."""
+
+    code = "BAD_RECORD"
+
+
 def run_region_task(
     plan_for_region: Sequence[tuple[Split, int, int]],
     reader: RegionReader,
@@ -378,32 +566,52 @@ def run_region_task(
     region: int,
     attempt: str | None = None,
     fault: RegionFault | None = None,
+    policy: RecordPolicy | None = None,
 ) -> RegionResult:
     """Run one region's share of epoch ``epoch``; called inside the region's Spark task.
 
-    Reads each planned ``(split, start, end)`` through ``reader`` (as Arrow
-    columns when the reader :class:`~splitkeeper.spark.columnar.SupportsColumnarRead`,
-    record by record otherwise), applies ``transform`` to every value (a whole
-    column at once when it is vectorised), writes all records to one staged file and
-    returns an acknowledging :class:`RegionResult`. ``attempt`` names the
-    attempt directory; ``None`` draws a fresh id, which is what a Spark task
-    should pass so that a retried task never shares a file with an earlier
-    attempt. The new position of a split is its planned ``end`` (or, for a
-    range planned mid-record, the end of the last record read). Any failure
-    raises (SourceError, TransformError, InjectedFault, OSError): the job
-    fails and the driver declines the region; nothing is published then.
-    Calling it twice with the same plan writes the same rows to two attempts.
+    Per planned ``(split, start, end)``: read the range (as Arrow columns when the reader
+    :class:`~splitkeeper.spark.columnar.SupportsColumnarRead`, else its records made into
+    columns) -> decode the values (:func:`~splitkeeper.records.decode.decode_values` with
+    ``policy.decode``) -> apply ``transform`` to the kept rows
+    (:func:`~splitkeeper.transforms.apply_to_table`) -> stage the kept rows with their
+    bookkeeping columns, all splits into one staged file (one per partition value for a
+    partitioned sink). A raw sink with the identity transform stages the columns as read
+    (no decode step, no Python step per record). Bad records: with ``policy.tolerance``
+    ``none`` the first fails the region (SplitReadError naming split, offset, stage and
+    reason); with ``all`` they go to ``dead.parquet`` beside the staged file
+    (:class:`~splitkeeper.spark.dead_letters.DeadLetterWriter`), counted in the result, and
+    the region fails when more than ``policy.max_bad_ratio`` of its records are bad.
+    ``attempt`` names the attempt directory; ``None`` draws a fresh id, which is what a
+    Spark task should pass so that a retried task never shares a file with an earlier
+    attempt. The new position of a split is its planned ``end`` (or, for a range planned
+    mid-record, the end of the last record read). Any failure raises (SourceError,
+    TransformError, InjectedFault, OSError): the job fails and the driver declines the
+    region; nothing is published then. Calling it twice with the same plan writes the same
+    rows to two attempts.
     """
+    from splitkeeper.spark.dead_letters import DEAD_FILE, DeadLetterWriter
+
     started = time.monotonic()
+    policy = policy or RecordPolicy()
     attempt = attempt or uuid.uuid4().hex
     if fault is not None and fault.kind is FaultKind.STALL:
         time.sleep(fault.seconds)
     seen: set[str] = set()
     positions: dict[str, int] = {}
     counts: dict[str, int] = {}
+    dead_counts: dict[str, int] = {}
+    first_bad: dict[str, list[int]] = {}
     backlog_finished: list[str] = []
-    path = os.path.join(attempt_dir(staging_root, epoch, region, attempt), PART_FILE)
-    with StagedWriter(path, epoch, region) as writer:
+    folder = attempt_dir(staging_root, epoch, region, attempt)
+    path = os.path.join(folder, PART_FILE)
+    tolerant = policy.tolerance == "all"
+    dead = DeadLetterWriter(os.path.join(folder, DEAD_FILE), epoch, region) if tolerant else None
+    fast = policy.decode.kind == "raw" and transform is identity
+    read = 0
+    with StagedWriter(
+        path, epoch, region, policy.schema, partition_by=policy.partition_by, widen=policy.widen
+    ) as writer:
         for split, start, end in plan_for_region:
             if split.split_id in seen:
                 raise ProtocolError(
@@ -413,15 +621,38 @@ def run_region_task(
             try:
                 if isinstance(reader, SupportsColumnarRead):
                     columns = reader.read_range_columns(split, start, end)
-                    values = None
-                    if transform is not identity and len(columns.values):
-                        values = transform_values(transform, columns.values, columns.offsets, split.split_id)
-                    counts[split.split_id] = writer.add_columns(split.split_id, columns, values)
                 else:
-                    records = reader.read_range(split, start, end)
-                    if transform is not identity:
-                        records = _transformed(records, transform, split.split_id)
-                    counts[split.split_id] = writer.add(split.split_id, records)
+                    columns = _columns_of(reader.read_range(split, start, end))
+                read += len(columns.offsets)
+                if fast:
+                    counts[split.split_id] = writer.add_columns(split.split_id, columns)
+                else:
+                    bad = _stage_range(writer, split.split_id, columns, transform, policy)
+                    if len(bad):
+                        bad_offsets = columns.offsets.take(pa.array(bad.indices, pa.int64())).to_pylist()
+                        if dead is None:
+                            raise BadRecordError(
+                                f"{bad.stages[0]} failed: {bad.error_classes[0]}: {bad.messages[0]} "
+                                "(errors.tolerance is 'none': a bad record fails its region; set "
+                                "errors.tolerance: all and errors.dead_letter.path to keep going)",
+                                offset=bad_offsets[0],
+                                stage=bad.stages[0],
+                            )
+                        meta = columns.meta
+                        dead.add(
+                            split.split_id,
+                            columns.offsets,
+                            columns.next_offsets,
+                            None if meta is None else meta[0],
+                            columns.values,
+                            bad,
+                            None if meta is None else tuple(meta),
+                        )
+                        dead_counts[split.split_id] = len(bad)
+                        first_bad[split.split_id] = bad_offsets[:5]
+                    counts[split.split_id] = len(columns.offsets) - len(bad)
+            except BadRecordError as err:
+                raise SplitReadError(split.split_id, int(err.params.get("offset", start)), err) from err
             except Exception as err:  # the split's records cannot be read or transformed: name the split
                 raise SplitReadError(split.split_id, start, err) from err
             last = writer.last_next_offset
@@ -435,6 +666,19 @@ def run_region_task(
             positions[split.split_id] = position
             if split.backlog_end is not None and position >= split.backlog_end:
                 backlog_finished.append(split.split_id)
+        bad_total = sum(dead_counts.values())
+        if bad_total and bad_total > policy.max_bad_ratio * read:
+            worst = max(dead_counts, key=lambda k: dead_counts[k])
+            raise SplitReadError(
+                worst,
+                first_bad[worst][0],
+                BadRecordError(
+                    f"{bad_total} of the {read} records of region {region} in epoch {epoch} are bad, more "
+                    f"than errors.max_bad_ratio {policy.max_bad_ratio:g}; split {worst!r} has "
+                    f"{dead_counts[worst]}, the first at offsets {first_bad[worst]}. Nothing was published: "
+                    "fix the producer or the decode settings, or raise errors.max_bad_ratio"
+                ),
+            )
         if fault is not None and fault.kind in (FaultKind.FAIL, FaultKind.FLAKY):
             raise InjectedFault(
                 f"injected fault: region {region} fails at epoch {epoch} (attempt {attempt}) as the fault "
@@ -443,6 +687,7 @@ def run_region_task(
                 region=region,
                 epoch=epoch,
             )
+        dead_path = dead.commit() if dead is not None else None
         staged = writer.commit()
     return RegionResult(
         region_id=region,
@@ -456,13 +701,68 @@ def run_region_task(
         staged_bytes=staged.bytes,
         records_by_split=counts,
         elapsed_s=time.monotonic() - started,
+        dead_letters=bad_total,
+        dead_letter_path=dead_path,
+        dead_letters_by_split=dead_counts,
     )
 
 
-def _transformed(
-    records: Iterable[SourceRecord], transform: Transform, split_id: str
-) -> Iterator[SourceRecord]:
+def _stage_range(
+    writer: StagedWriter, split_id: str, columns: RangeColumns, transform: Transform, policy: RecordPolicy
+) -> BadRecords:
+    """Decode, transform and stage one range's kept rows; its bad records (input indices)."""
+    n = len(columns.offsets)
+    if n == 0:
+        writer.last_next_offset = None
+        return BadRecords()
+    try:
+        decoded = decode_values(policy.decode, columns.values)
+    except SchemaDriftError as err:
+        index = err.params.get("index")
+        offset = columns.offsets[int(index)].as_py() if isinstance(index, int) and 0 <= index < n else None
+        raise BadRecordError(
+            f"schema failed: {err.message}", **({"offset": offset} if offset is not None else {})
+        ) from err
+    kept = decoded.kept
+    offsets = columns.offsets.take(kept)
+    table = apply_to_table(transform, decoded.table, offsets, split_id)
+    writer.add_table(
+        split_id,
+        offsets,
+        columns.next_offsets.take(kept),
+        table,
+        None if columns.meta is None else [m.take(kept) for m in columns.meta],
+        columns.last_next_offset,
+    )
+    return decoded.bad
+
+
+def _columns_of(records: Iterable[SourceRecord]) -> RangeColumns:
+    """A reader's records (the per-record form) as range columns (a ``str`` value: its UTF-8 bytes)."""
+    offsets: list[int] = []
+    nexts: list[int] = []
+    values: list[bytes | None] = []
+    metas: list[RecordMeta | None] = []
     for record in records:
-        offset, next_offset, value = record[0], record[1], record[2]
-        meta = record[3] if len(record) > 3 else None
-        yield SourceRecord(offset, next_offset, apply_transform(transform, value, split_id, offset), meta)
+        offsets.append(record[0])
+        nexts.append(record[1])
+        value = record[2]
+        values.append(value.encode("utf-8") if isinstance(value, str) else value)
+        metas.append(record[3] if len(record) > 3 else None)
+    meta = None
+    if any(m is not None for m in metas):
+        types = [_meta_type(name) for name in META_COLUMNS]
+        meta = (
+            pa.array([m.key if m else None for m in metas], types[0]),
+            pa.array([m.topic if m else None for m in metas], types[1]),
+            pa.array([m.partition if m else None for m in metas], types[2]),
+            pa.array(
+                [m.timestamp_ms * 1000 if m and m.timestamp_ms is not None else None for m in metas], types[3]
+            ),
+            pa.array(
+                [[{"key": k, "value": v} for k, v in m.headers] if m else None for m in metas], types[4]
+            ),
+        )
+    return RangeColumns(
+        pa.array(offsets, pa.int64()), pa.array(nexts, pa.int64()), pa.array(values, pa.binary()), meta
+    )

@@ -45,8 +45,10 @@ it is given, so a range cut mid-line neither loses nor repeats a line.
 
 A record's ``offset`` is the byte offset of its line, ``next_offset`` the byte
 offset after its newline (the file size for a last line without one), and its
-value is the line decoded as UTF-8 without the ``\\n`` / ``\\r\\n`` terminator
-(and without a UTF-8 byte order mark at offset 0).
+value is the line's bytes, exactly, without the ``\\n`` / ``\\r\\n`` terminator
+(and without a UTF-8 byte order mark at offset 0). Nothing is decoded here: turning the
+bytes into text is ``decode.kind: text``'s job in the region task, where invalid UTF-8 is
+a bad record. Only ``format: jsonl`` reads its lines as text (JSON is UTF-8), and checks them.
 
 The reader reads a range natively (:meth:`FileRegionReader.read_range_columns`:
 numpy finds the line boundaries, Arrow holds and validates the values, see
@@ -299,7 +301,7 @@ class FileRegionReader(RegionReader, SupportsColumnarRead):
         return f, path
 
 
-_EMPTY = RangeColumns(pa.array([], pa.int64()), pa.array([], pa.int64()), pa.array([], pa.string()))
+_EMPTY = RangeColumns(pa.array([], pa.int64()), pa.array([], pa.int64()), pa.array([], pa.binary()))
 #: Every character ``str.isspace`` accepts: a jsonl line of only these is blank (``not line.strip()``).
 _BLANK_LINE = "^[" + "".join(f"\\x{{{c:x}}}" for c in range(0x110000) if chr(c).isspace()) + "]*$"
 
@@ -317,8 +319,8 @@ def _read_columns(
        (the byte after the data for a last line without a newline).
     3. The values are the line bytes without the newline, a trailing ``\\r``
        and a BOM at offset 0, gathered into one buffer by a numpy mask; the
-       string array is built on that buffer and validated as UTF-8 by Arrow
-       (skipped for ASCII data).
+       binary array is built on that buffer, nothing decoded (jsonl: validated
+       as UTF-8 by Arrow, skipped for ASCII data).
     4. jsonl: blank lines are found by one regex over the column; the other
        values are checked by :func:`json.loads` (Python's JSON rules, one C
        call per record); blank lines' bytes join the next record (or the last).
@@ -363,23 +365,20 @@ def _read_columns(
     value_offsets = np.zeros(len(starts) + 1, np.int64)
     np.cumsum(lengths, out=value_offsets[1:])
     body = buf[keep] if not keep.all() else buf
-    kind = pa.string() if len(body) < 2**31 else pa.large_string()
-    offsets_type = np.int32 if kind == pa.string() else np.int64
-    values = pa.Array.from_buffers(
-        kind,
-        len(starts),
-        [None, pa.py_buffer(value_offsets.astype(offsets_type)), pa.py_buffer(body)],
-    )
+    large = len(body) >= 2**31
+    buffers = [None, pa.py_buffer(value_offsets.astype(np.int64 if large else np.int32)), pa.py_buffer(body)]
     record_offsets = starts + pos
     record_nexts = nexts + pos
+    if fmt is not FileFormat.JSONL:  # the line's bytes, as they are
+        binary = pa.Array.from_buffers(pa.large_binary() if large else pa.binary(), len(starts), buffers)
+        return RangeColumns(pa.array(record_offsets), pa.array(record_nexts), binary)
+    values = pa.Array.from_buffers(pa.large_string() if large else pa.string(), len(starts), buffers)
     if not data.isascii():
         try:
             values.validate(full=True)
         except pa.ArrowInvalid:
             _first_error(data, starts, pos, path, split_id, fmt)
             raise  # pragma: no cover - _first_error raises for invalid UTF-8
-    if fmt is not FileFormat.JSONL:
-        return RangeColumns(pa.array(record_offsets), pa.array(record_nexts), values)
     blank = np.asarray(pc.match_substring_regex(values, _BLANK_LINE).to_numpy(zero_copy_only=False), np.bool_)
     kept = np.flatnonzero(~blank)
     if len(kept) == 0:
@@ -397,7 +396,8 @@ def _read_columns(
     kept_offsets[1:] = record_nexts[kept[:-1]]
     kept_nexts = record_nexts[kept]
     kept_nexts[-1] = record_nexts[-1]
-    return RangeColumns(pa.array(kept_offsets), pa.array(kept_nexts), kept_values)
+    binary_type = pa.large_binary() if large else pa.binary()
+    return RangeColumns(pa.array(kept_offsets), pa.array(kept_nexts), kept_values.cast(binary_type))
 
 
 def _first_error(

@@ -31,8 +31,9 @@ discovery round for every known partition (one ListOffsets request) and
 answers from that cache until the next :meth:`~KafkaSource.discover_splits`.
 
 Records. :class:`KafkaRegionReader` yields ``SourceRecord(offset, next_offset,
-value, meta)`` with the message's true Kafka offset and its value decoded as UTF-8
-(invalid bytes replaced; a null value, a tombstone, becomes ``""``); ``meta`` carries
+value, meta)`` with the message's true Kafka offset and its value as the broker holds it:
+the bytes, unchanged (a null value, a tombstone, stays ``None``; an empty one ``b""``;
+decoding them is ``decode``'s job in the region task); ``meta`` carries
 the key (bytes), topic, partition, timestamp and headers, which the sink keeps in
 its ``key``, ``topic``, ``partition``, ``timestamp`` and ``headers`` columns.
 ``next_offset`` is the consumer position after the record: ``offset + 1`` in a
@@ -68,7 +69,6 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from splitkeeper.config.settings import OffsetOutOfRange, SourceConfig, SourceKind, StartingMode
 from splitkeeper.core.source import (
@@ -152,7 +152,7 @@ _TRANSIENT_CODES = frozenset(
 _SPLIT_ID = re.compile(r"^(.+)-(\d+)$")
 _META_TYPES = tuple(STAGED_FILE_SCHEMA.field(name).type for name in META_COLUMNS)
 _TIMESTAMP_MS = pa.timestamp("ms", tz="UTC")
-_EMPTY_COLUMNS = RangeColumns(pa.array([], pa.int64()), pa.array([], pa.int64()), pa.array([], pa.string()))
+_EMPTY_COLUMNS = RangeColumns(pa.array([], pa.int64()), pa.array([], pa.int64()), pa.array([], pa.binary()))
 _POLL_S = 0.2
 # One admin request waits at most this long before it is sent again on a fresh client (within
 # timeout_s in all): a client can stay wedged after a broker restart (see _retry_unreachable).
@@ -288,14 +288,14 @@ class KafkaRegionReader(RegionReader, SupportsColumnarRead):
         return RangeColumns(
             pa.array(offsets, pa.int64()),
             pa.array(next_offsets, pa.int64()),
-            _values_array([msg.value() for msg in msgs]),
+            pa.array([msg.value() for msg in msgs], pa.binary()),
             meta,
         )
 
     def _read(
         self, split_id: str, topic: str, partition: int, start: int, end: int
     ) -> Iterator[SourceRecord]:
-        held: tuple[int, str, RecordMeta] | None = (
+        held: tuple[int, bytes | None, RecordMeta] | None = (
             None  # the last record, yielded once its next offset is known
         )
         for batch in self._batches(split_id, topic, partition, start, end):
@@ -303,8 +303,7 @@ class KafkaRegionReader(RegionReader, SupportsColumnarRead):
                 offset = cast(int, msg.offset())  # always set on a record
                 if held is not None:
                     yield SourceRecord(held[0], offset, held[1], held[2])
-                raw = msg.value()
-                held = (offset, "" if raw is None else raw.decode("utf-8", errors="replace"), _meta(msg))
+                held = (offset, msg.value(), _meta(msg))
         if held is not None:
             yield SourceRecord(held[0], end, held[1], held[2])
 
@@ -1068,19 +1067,6 @@ def _meta(msg: Any) -> RecordMeta:
         timestamp_ms=None if ts_type == TIMESTAMP_NOT_AVAILABLE else ts,
         headers=tuple((str(k), v) for k, v in headers),
     )
-
-
-def _values_array(raw: list[bytes | None]) -> pa.Array:
-    """Message values as a string column: UTF-8 (invalid bytes replaced), a tombstone as ``""``.
-
-    Arrow validates the bytes as UTF-8 in one pass; only a batch holding
-    invalid bytes is decoded in Python, with replacement, as :meth:`KafkaRegionReader.read_range` does.
-    """
-    values = pc.fill_null(pa.array(raw, pa.binary()), b"")
-    try:
-        return values.cast(pa.string())
-    except pa.ArrowInvalid:
-        return pa.array(["" if v is None else v.decode("utf-8", errors="replace") for v in raw], pa.string())
 
 
 def _headers_array(headers: list[list[tuple[str, bytes | None]] | None]) -> pa.Array:
