@@ -1,6 +1,6 @@
 """splitkeeper: Flink-style split ownership, recovery and regional checkpoints for Spark ingestion.
 
-``from splitkeeper import transform`` (and ``vectorized``): the decorators that mark a
+``from splitkeeper import transform`` (and ``vectorized``, ``batch_transform``): the decorators that mark a
 function as a transform a pipeline config may name (:mod:`splitkeeper.transforms`).
 They are imported on first use, so ``import splitkeeper`` stays free of pyarrow.
 """
@@ -10,14 +10,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from splitkeeper.transforms import transform, vectorized
+    from splitkeeper.transforms import batch_transform, transform, vectorized
 
 __version__ = "0.1.0"
-__all__ = ["__version__", "transform", "vectorized"]
+__all__ = ["__version__", "batch_transform", "transform", "vectorized"]
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("transform", "vectorized"):
+    if name in ("transform", "vectorized", "batch_transform"):
         from splitkeeper import transforms
 
         return getattr(transforms, name)

@@ -32,7 +32,16 @@ from typing import Any
 
 from splitkeeper.records.spec import Column
 
-__all__ = ["DdlType", "arrow_schema", "arrow_type", "avro_columns", "parse_ddl", "parse_type", "render_ddl"]
+__all__ = [
+    "DdlType",
+    "arrow_schema",
+    "arrow_type",
+    "avro_columns",
+    "decodable_problem",
+    "parse_ddl",
+    "parse_type",
+    "render_ddl",
+]
 
 PRIMITIVES = (
     "STRING",
@@ -57,7 +66,9 @@ _ALIASES = {
     "DEC": "DECIMAL",
     "NUMERIC": "DECIMAL",
 }
-_EXPECTED_TYPE = "a type (" + ", ".join(PRIMITIVES) + ", DECIMAL(p,s), ARRAY<t>, MAP<k, v>, STRUCT<name: t, ...>)"
+_EXPECTED_TYPE = (
+    "a type (" + ", ".join(PRIMITIVES) + ", DECIMAL(p,s), ARRAY<t>, MAP<k, v>, STRUCT<name: t, ...>)"
+)
 _TOKEN = re.compile(
     r"\s*(?:(?P<bq>`(?:[^`]|``)*`)|(?P<str>'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\")|(?P<num>\d+)"
     r"|(?P<word>[A-Za-z_][A-Za-z0-9_]*)|(?P<punct>[<>(),:])|(?P<bad>\S))"
@@ -91,7 +102,8 @@ def render_type(t: DdlType) -> str:
         return f"MAP<{render_type(t.children[0])}, {render_type(t.children[1])}>"
     if t.name == "STRUCT":
         inner = ", ".join(
-            f"{_quote(n)}: {render_type(ft)}" + ("" if nullable else " NOT NULL") for n, ft, nullable in t.fields
+            f"{_quote(n)}: {render_type(ft)}" + ("" if nullable else " NOT NULL")
+            for n, ft, nullable in t.fields
         )
         return f"STRUCT<{inner}>"
     return t.name
@@ -274,6 +286,21 @@ def parse_ddl(text: str) -> tuple[Column, ...]:
     return tuple(columns)
 
 
+def decodable_problem(kind: str, columns: tuple[Column, ...] | list[Column]) -> str | None:
+    """Why ``columns`` cannot be decoded from ``kind`` records (None when they can): csv
+    fields are primitive types only; Arrow's JSON reader has no MAP conversion."""
+    for c in columns:
+        t = parse_type(c.type)
+        if kind == "csv" and t.name in ("ARRAY", "MAP", "STRUCT"):
+            return f"column {c.name!r} {c.type}: a csv column must be of a primitive type"
+        if kind == "json" and "MAP<" in c.type:
+            return (
+                f"column {c.name!r} {c.type}: MAP is not supported for decode.kind json (Arrow's JSON reader "
+                "has no map conversion); declare a STRUCT of the known keys"
+            )
+    return None
+
+
 # --------------------------------------------------------------------------- Arrow
 
 
@@ -334,7 +361,9 @@ def avro_columns(avro_schema_json: Any) -> tuple[Column, ...]:
     """The columns of an Avro record schema (a JSON text or its parsed form; contract 4)."""
     schema = json.loads(avro_schema_json) if isinstance(avro_schema_json, str) else avro_schema_json
     if not isinstance(schema, dict) or schema.get("type") != "record":
-        raise ValueError(f"the Avro schema must be a record ({{'type': 'record', 'fields': [...]}}), got {schema!r:.200}")
+        raise ValueError(
+            f"the Avro schema must be a record ({{'type': 'record', 'fields': [...]}}), got {schema!r:.200}"
+        )
     named: dict[str, Any] = {}
     stack: list[str] = []
     t = _avro_record(schema, named, stack, "")
@@ -380,7 +409,8 @@ def _avro_type(t: Any, named: dict[str, Any], stack: list[str], ns: str) -> tupl
         others = [b for b in t if b != "null"]
         if len(others) != 1:
             raise ValueError(
-                f"the union {t!r} has no Spark type: only a union of one type with 'null' (nullable) is supported"
+                f"the union {t!r} has no Spark type: only a union of one type with 'null' (nullable) "
+                "is supported"
             )
         inner, _ = _avro_type(others[0], named, stack, ns)
         return inner, len(others) != len(t)
@@ -403,7 +433,9 @@ def _avro_type(t: Any, named: dict[str, Any], stack: list[str], ns: str) -> tupl
     if logical == "decimal" and kind in ("bytes", "fixed"):
         precision, scale = int(t.get("precision", 0)), int(t.get("scale", 0))
         if not 1 <= precision <= 38 or not 0 <= scale <= precision:
-            raise ValueError(f"decimal({precision},{scale}) is out of range: precision 1..38, scale 0..precision")
+            raise ValueError(
+                f"decimal({precision},{scale}) is out of range: precision 1..38, scale 0..precision"
+            )
         if kind == "fixed":
             named[_full_name(t, ns)] = t
         return DdlType("DECIMAL", (precision, scale)), False

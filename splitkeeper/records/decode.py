@@ -182,9 +182,13 @@ def _json_readable(t: DdlType) -> pa.DataType:
     if t.name == "ARRAY":
         return pa.list_(_json_readable(t.children[0]))
     if t.name == "STRUCT":
-        return pa.struct([pa.field(n, _json_readable(ft), nullable) for n, ft, nullable in t.fields])
+        # read as nullable (Arrow's reader refuses a NOT NULL field even under a missing struct);
+        # _retag puts the declared flags back and _nested_nulls finds the real violations
+        return pa.struct([pa.field(n, _json_readable(ft)) for n, ft, _ in t.fields])
     if t.name == "MAP":
-        raise ValueError("a MAP column is not supported for decode.kind json (Arrow's JSON reader has no maps)")
+        raise ValueError(
+            "a MAP column is not supported for decode.kind json (Arrow's JSON reader has no maps)"
+        )
     out: pa.DataType = arrow_type(_render(t))
     return out
 
@@ -195,8 +199,24 @@ def _render(t: DdlType) -> str:
     return render_type(t)
 
 
-@lru_cache(maxsize=64)
 def _plan(spec: DecodeSpec) -> _Plan:
+    try:
+        return _cached_plan(spec)
+    except TypeError:  # an unhashable spec (a list in ``extra``): not cached
+        return _make_plan(spec)
+
+
+@lru_cache(maxsize=64)
+def _cached_plan(spec: DecodeSpec) -> _Plan:
+    return _make_plan(spec)
+
+
+def _make_plan(spec: DecodeSpec) -> _Plan:
+    from splitkeeper.records.ddl import decodable_problem
+
+    problem = decodable_problem(spec.kind, spec.columns)
+    if problem:
+        raise ValueError(f"decode.schema: {problem}")
     types = {c.name: parse_type(c.type) for c in spec.columns}
     arrow = {c.name: arrow_type(c.type) for c in spec.columns}
     read: dict[str, pa.DataType] = {}
@@ -209,10 +229,12 @@ def _plan(spec: DecodeSpec) -> _Plan:
                 raise ValueError(f"decode column {c.name!r} {c.type}: {err}") from None
         elif spec.kind == "csv":
             if t.name in ("ARRAY", "MAP", "STRUCT"):
-                raise ValueError(f"decode column {c.name!r} {c.type}: csv columns must be of a primitive type")
+                raise ValueError(
+                    f"decode column {c.name!r} {c.type}: csv columns must be of a primitive type"
+                )
             read[c.name] = pa.string()
         else:
-            read[c.name] = arrow[c.name]
+            read[c.name] = _loose(arrow[c.name])
     return _Plan(spec.columns, frozenset(types), types, arrow, read)
 
 
@@ -305,10 +327,7 @@ class _Typed:
             texts = self.texts
             assert texts is not None
             if len(usable):
-                has_newline = pc.fill_null(
-                    pc.or_(pc.match_substring(texts, "\n"), pc.match_substring(texts, "\r")), False
-                )
-                multi = np.asarray(has_newline)[usable]
+                multi = _bytes_in(texts, b"\n\r")[usable]
                 plain, lines = usable[~multi], usable[multi]
             else:
                 plain = lines = usable
@@ -323,9 +342,9 @@ class _Typed:
         valid = np.asarray(pc.fill_null(pc.greater(pc.binary_length(values), 0), False))
         if not valid.all():
             nulls = np.asarray(values.is_null())
-            for i in np.flatnonzero(~valid):
-                what = "a null value (a Kafka tombstone)" if nulls[i] else "an empty value"
-                self._bad(int(i), "decode", f"{what} has no {self.spec.kind} record", "EmptyValue")
+            for j in np.flatnonzero(~valid):
+                what = "a null value (a Kafka tombstone)" if nulls[j] else "an empty value"
+                self._bad(int(j), "decode", f"{what} has no {self.spec.kind} record", "EmptyValue")
         if self.spec.kind == "avro":
             return np.flatnonzero(valid).astype(np.int64)
         try:
@@ -342,6 +361,17 @@ class _Typed:
                     valid[i] = False
                     good.append(None)
             self.texts = pa.array(good, pa.binary()).cast(pa.string())
+        if self.spec.kind == "json":  # also: a buffer that begins with `null` crashes Arrow's JSON reader
+            objects = _begins_with_brace(self.texts)
+            for j in np.flatnonzero(valid & ~objects):
+                text = self.texts[int(j)].as_py()
+                self._bad(
+                    int(j),
+                    "decode",
+                    f"not a JSON object: the value begins {_short(text)!r}",
+                    "JSONDecodeError",
+                )
+            valid &= objects
         return np.flatnonzero(valid).astype(np.int64)
 
     def _bad(self, index: int, stage: str, message: str, error_class: str) -> None:
@@ -381,22 +411,33 @@ class _Typed:
         chosen = texts if len(indices) == self.n else texts.take(pa.array(indices))
         lists = pa.ListArray.from_arrays(pa.array([0, len(chosen)], pa.int32()), chosen)
         joined = pc.binary_join(lists, "\n")[0]
-        return joined.as_buffer()  # type: ignore[no-any-return]
+        buffer: pa.Buffer = joined.as_buffer()
+        return buffer
 
-    def _read_batch(self, indices: np.ndarray, *, newlines: bool, columns: tuple[str, ...] | None = None) -> pa.Table:
+    def _read_batch(
+        self, indices: np.ndarray, *, newlines: bool, columns: tuple[str, ...] | None = None
+    ) -> pa.Table:
         buffer = self._buffer(indices)
         if self.spec.kind == "json":
             return self._read_json(buffer, newlines=newlines, columns=columns)
         return self._read_csv(buffer, newlines=newlines)
 
-    def _read_json(self, buffer: pa.Buffer, *, newlines: bool, columns: tuple[str, ...] | None = None) -> pa.Table:
+    def _read_json(
+        self, buffer: pa.Buffer, *, newlines: bool, columns: tuple[str, ...] | None = None, infer: bool = True
+    ) -> pa.Table:
         import pyarrow.json as pj
 
         names = columns if columns is not None else tuple(c.name for c in self.plan.columns)
         schema = pa.schema([pa.field(n, self.plan.read[n]) for n in names])
-        options = pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior="infer", newlines_in_values=newlines)
+        options = pj.ParseOptions(
+            explicit_schema=schema,
+            unexpected_field_behavior="infer" if infer else "ignore",
+            newlines_in_values=newlines,
+        )
         block = max(1 << 20, min(len(buffer) + 1, 1 << 26))
-        return pj.read_json(pa.BufferReader(buffer), read_options=pj.ReadOptions(block_size=block), parse_options=options)
+        return pj.read_json(
+            pa.BufferReader(buffer), read_options=pj.ReadOptions(block_size=block), parse_options=options
+        )
 
     def _read_csv(self, buffer: pa.Buffer, *, newlines: bool, names: list[str] | None = None) -> pa.Table:
         import pyarrow.csv as pcsv
@@ -404,7 +445,9 @@ class _Typed:
         names = names if names is not None else [c.name for c in self.plan.columns]
         return pcsv.read_csv(
             pa.BufferReader(buffer),
-            read_options=pcsv.ReadOptions(column_names=names, block_size=max(1 << 20, min(len(buffer) + 1, 1 << 26))),
+            read_options=pcsv.ReadOptions(
+                column_names=names, block_size=max(1 << 20, min(len(buffer) + 1, 1 << 26))
+            ),
             parse_options=pcsv.ParseOptions(delimiter=self.spec.csv_delimiter, newlines_in_values=newlines),
             convert_options=pcsv.ConvertOptions(
                 column_types={n: pa.string() for n in names},
@@ -425,7 +468,12 @@ class _Typed:
         try:
             members = json_members(text)
         except ValueError as err:
-            self._bad(i, "decode", f"not one JSON object: {err}; the value begins {_short(text)!r}", "JSONDecodeError")
+            self._bad(
+                i,
+                "decode",
+                f"not one JSON object: {err}; the value begins {_short(text)!r}",
+                "JSONDecodeError",
+            )
             return
         keys = [k for k, _ in members]
         if len(set(keys)) != len(keys):
@@ -441,8 +489,17 @@ class _Typed:
                 self._read_json(pa.py_buffer(line.encode()), newlines=True, columns=(key,))
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as err:
                 mismatched.append((key, raw, str(err)))
+        unknown = [k for k in keys if k not in self.plan.names]
+        if not mismatched and unknown:  # Arrow cannot infer one type for an undeclared field's value
+            self._single_unreadable_drift(i, text, unknown)
+            return
         if not mismatched:
-            self._bad(i, "schema", f"the record does not fit the declared columns: {_short(text, 200)!r}", "ArrowInvalid")
+            self._bad(
+                i,
+                "schema",
+                f"the record does not fit the declared columns: {_short(text, 200)!r}",
+                "ArrowInvalid",
+            )
             return
         detail = "; ".join(
             f"field {k!r}: expected {self._declared(k).type}, got {_short(raw)}" for k, raw, _ in mismatched
@@ -453,13 +510,39 @@ class _Typed:
             return
         keep = tuple(c.name for c in self.plan.columns if c.name not in {k for k, _, _ in mismatched})
         try:
-            table = self._read_json(pa.py_buffer(text.encode()), newlines=True, columns=keep)
+            table = self._read_json(pa.py_buffer(text.encode()), newlines=True, columns=keep, infer=False)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as err:
             self._bad(i, "schema", f"{detail}; and {err}", "SchemaMismatch")
             return
-        for key, _, _ in mismatched:
+        for key, _, _ in mismatched:  # read as an undeclared field: the null column replaces it
+            if key in table.column_names:
+                table = table.drop_columns([key])
             table = table.append_column(key, pa.nulls(1, self.plan.read[key]))
         self.rescue_keys[i] = {k for k, _, _ in mismatched}
+        if unknown:
+            self.drift_candidates.add(i)
+        self._accept(np.array([i], np.int64), table)
+
+    def _single_unreadable_drift(self, i: int, text: str, unknown: list[str]) -> None:
+        """A record whose declared fields fit but whose undeclared ones Arrow cannot type."""
+        if self.spec.on_new_fields == "fail":
+            self.drift.append((i, unknown[0]))
+            return
+        if self.spec.on_new_fields == "add_columns":
+            self._bad(
+                i,
+                "schema",
+                f"the new field(s) {unknown} have no one Arrow type (e.g. an array of mixed types), so they "
+                "cannot be added as columns; declare them in decode.schema",
+                "SchemaDrift",
+            )
+            return
+        try:
+            table = self._read_json(pa.py_buffer(text.encode()), newlines=True, infer=False)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as err:
+            self._bad(i, "schema", f"the record does not fit the declared columns: {err}", "SchemaMismatch")
+            return
+        self.drift_candidates.add(i)
         self._accept(np.array([i], np.int64), table)
 
     def _declared(self, name: str) -> Column:
@@ -474,7 +557,10 @@ class _Typed:
                 read_options=pcsv.ReadOptions(autogenerate_column_names=True),
                 parse_options=pcsv.ParseOptions(delimiter=self.spec.csv_delimiter, newlines_in_values=True),
                 convert_options=pcsv.ConvertOptions(
-                    column_types={}, null_values=[], strings_can_be_null=False, quoted_strings_can_be_null=False
+                    column_types={},
+                    null_values=[],
+                    strings_can_be_null=False,
+                    quoted_strings_can_be_null=False,
                 ),
             )
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as err:
@@ -486,7 +572,9 @@ class _Typed:
             return
         fields = [table.column(j).cast(pa.string()) for j in range(table.num_columns)]
         if len(fields) < declared:
-            self._bad(i, "schema", f"{len(fields)} fields, {declared} declared: {_short(text)!r}", "SchemaMismatch")
+            self._bad(
+                i, "schema", f"{len(fields)} fields, {declared} declared: {_short(text)!r}", "SchemaMismatch"
+            )
             return
         if len(fields) > declared:
             extra = {f"_c{j}": fields[j][0].as_py() for j in range(declared, len(fields))}
@@ -511,12 +599,16 @@ class _Typed:
             if column.type != plan.arrow[c.name]:
                 column = self._cast(column, c, indices, keep)
             columns[c.name] = column
+            self._required(c, column, indices, keep)
             if not c.nullable and column.null_count:
                 for j in np.flatnonzero(np.asarray(column.is_null())):
                     if keep[j]:
                         keep[j] = False
                         self._bad(
-                            int(indices[j]), "schema", f"column {c.name!r} is NOT NULL but the record has no value", "NullValue"
+                            int(indices[j]),
+                            "schema",
+                            f"column {c.name!r} is NOT NULL but the record has no value",
+                            "NullValue",
                         )
         extras = {n: table.column(n).combine_chunks() for n in table.column_names if n not in plan.names}
         if extras or self.spec.kind == "json":
@@ -532,10 +624,29 @@ class _Typed:
             indices = indices[keep]
         self.parts.append((indices, out))
 
+    def _required(self, c: Column, column: pa.Array, indices: np.ndarray, keep: np.ndarray) -> None:
+        """Rows with a null in a NOT NULL field nested in ``c`` (a STRUCT): stage schema."""
+        if "NOT NULL" not in c.type:
+            return
+        found: dict[int, str] = {}
+        for j in np.flatnonzero(_nested_nulls(column, column.type, c.name, found)):
+            if keep[j]:
+                keep[j] = False
+                where = found.get(int(j), c.name)
+                self._bad(
+                    int(indices[j]),
+                    "schema",
+                    f"field {where!r} is NOT NULL but the record has no value",
+                    "NullValue",
+                )
+
     def _cast(self, column: pa.Array, c: Column, indices: np.ndarray, keep: np.ndarray) -> pa.Array:
-        target = self.plan.arrow[c.name]
+        declared = self.plan.arrow[c.name]
+        target = _loose(declared)  # cast without the NOT NULL flags inside, then put them back
+        if column.type == target:
+            return _retag(column, declared)
         try:
-            return column.cast(target)
+            return _retag(column.cast(target), declared)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
             pass
         out: list[Any] = []
@@ -546,7 +657,7 @@ class _Typed:
                 continue
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as err:
                 error = err
-            out.append(pa.nulls(1, target))
+            out.append(pa.nulls(1, target))  # the declared flags go back on below
             shown = one[0].as_py()
             i = int(indices[j])
             if self.spec.on_new_fields == "rescue" and c.nullable:
@@ -555,8 +666,13 @@ class _Typed:
                     self._csv_rescue_field(i, c.name, shown)
             elif keep[j]:
                 keep[j] = False
-                self._bad(i, "schema", f"field {c.name!r}: expected {c.type}, got {_short(repr(shown))} ({error})", "SchemaMismatch")
-        return pa.concat_arrays(out)
+                self._bad(
+                    i,
+                    "schema",
+                    f"field {c.name!r}: expected {c.type}, got {_short(repr(shown))} ({error})",
+                    "SchemaMismatch",
+                )
+        return _retag(pa.concat_arrays(out), declared)
 
     def _csv_rescue_field(self, i: int, name: str, text: Any) -> None:
         current = json.loads(self.rescued_text.get(i, "{}"))
@@ -593,7 +709,8 @@ class _Typed:
                     self._bad(
                         i,
                         "schema",
-                        f"field {deep[0]!r} is not declared; on_new_fields add_columns adds top-level columns only",
+                        f"field {deep[0]!r} is not declared; on_new_fields add_columns adds top-level "
+                        "columns only",
                         "SchemaDrift",
                     )
 
@@ -626,7 +743,12 @@ class _Typed:
             raw: bytes = raws[i]
             if len(raw) < 5 or raw[0] != 0:
                 what = f"magic byte {raw[0]}" if raw[0] != 0 else f"{len(raw)} bytes"
-                self._bad(i, "decode", f"not the Confluent wire format (magic byte 0, 4-byte schema id): {what}", "AvroDecodeError")
+                self._bad(
+                    i,
+                    "decode",
+                    f"not the Confluent wire format (magic byte 0, 4-byte schema id): {what}",
+                    "AvroDecodeError",
+                )
                 continue
             schema_id = int.from_bytes(raw[1:5], "big")
             writer = reader
@@ -637,19 +759,36 @@ class _Typed:
                     self._bad(i, "decode", str(err), "UnknownSchemaId")
                     continue
             if writer is None:
-                self._bad(i, "decode", "no writer schema: set decode.schema_file or decode.schema_registry_url", "AvroDecodeError")
+                self._bad(
+                    i,
+                    "decode",
+                    "no writer schema: set decode.schema_file or decode.schema_registry_url",
+                    "AvroDecodeError",
+                )
                 continue
             body = io.BytesIO(raw[5:])
             try:
                 record = fastavro.schemaless_reader(body, writer, None)
             except Exception as err:  # noqa: BLE001 - any failure of the body's bytes is a decode error
-                self._bad(i, "decode", f"schema id {schema_id}: the Avro body does not read: {type(err).__name__}: {err}", "AvroDecodeError")
+                self._bad(
+                    i,
+                    "decode",
+                    f"schema id {schema_id}: the Avro body does not read: {type(err).__name__}: {err}",
+                    "AvroDecodeError",
+                )
                 continue
             if body.tell() != len(raw) - 5:
-                self._bad(i, "decode", f"schema id {schema_id}: {len(raw) - 5 - body.tell()} bytes after the Avro record", "AvroDecodeError")
+                self._bad(
+                    i,
+                    "decode",
+                    f"schema id {schema_id}: {len(raw) - 5 - body.tell()} bytes after the Avro record",
+                    "AvroDecodeError",
+                )
                 continue
             if not isinstance(record, dict):
-                self._bad(i, "decode", f"schema id {schema_id}: the Avro value is not a record", "AvroDecodeError")
+                self._bad(
+                    i, "decode", f"schema id {schema_id}: the Avro value is not a record", "AvroDecodeError"
+                )
                 continue
             records.append(record)
             where.append(i)
@@ -665,7 +804,7 @@ class _Typed:
             for k in r:
                 if k not in plan.names and k not in extra_names:
                     extra_names.append(k)
-        schema = pa.schema([pa.field(c.name, plan.arrow[c.name]) for c in plan.columns])
+        schema = pa.schema([pa.field(c.name, _loose(plan.arrow[c.name])) for c in plan.columns])
         rows = [{k: _plain(r.get(k)) for k in declared} for r in records]
         try:
             table = pa.Table.from_pylist(rows, schema=schema)
@@ -676,14 +815,30 @@ class _Typed:
             for row, i in zip(rows, indices, strict=True):  # only a batch with a record that does not fit
                 try:
                     pa.Table.from_pylist([row], schema=schema)
-                except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, OverflowError, TypeError) as err:
-                    self._bad(int(i), "schema", f"the Avro record does not fit the declared columns: {err}", "SchemaMismatch")
+                except (
+                    pa.ArrowInvalid,
+                    pa.ArrowTypeError,
+                    pa.ArrowNotImplementedError,
+                    OverflowError,
+                    TypeError,
+                ) as err:
+                    self._bad(
+                        int(i),
+                        "schema",
+                        f"the Avro record does not fit the declared columns: {err}",
+                        "SchemaMismatch",
+                    )
                     continue
                 keep_rows.append(row)
                 keep_idx.append(int(i))
-            records = [records[j] for j, i in enumerate(indices) if int(i) in set(keep_idx)]
+            kept_set = set(keep_idx)
+            records = [records[j] for j, i in enumerate(indices) if int(i) in kept_set]
             indices = np.array(keep_idx, np.int64)
             table = pa.Table.from_pylist(keep_rows, schema=schema)
+        table = pa.Table.from_arrays(
+            [_retag(table.column(c.name).combine_chunks(), plan.arrow[c.name]) for c in plan.columns],
+            names=declared,
+        )
         if extra_names:
             policy = self.spec.on_new_fields
             if policy == "fail":
@@ -696,19 +851,29 @@ class _Typed:
                 for r, i in zip(records, indices, strict=True):
                     rest = {k: v for k, v in r.items() if k not in plan.names}
                     if rest:
-                        self.rescued_text[int(i)] = json.dumps(rest, default=str, ensure_ascii=False, separators=(",", ":"))
+                        self.rescued_text[int(i)] = json.dumps(
+                            rest, default=str, ensure_ascii=False, separators=(",", ":")
+                        )
             else:
                 new = pa.Table.from_pylist([{k: _plain(r.get(k)) for k in extra_names} for r in records])
                 for name in extra_names:
                     column = new.column(name)
-                    table = table.append_column(name, column if column.type != pa.null() else column.cast(pa.string()))
+                    table = table.append_column(
+                        name, column if column.type != pa.null() else column.cast(pa.string())
+                    )
         keep = np.ones(len(indices), bool)
         for c in plan.columns:
+            self._required(c, table.column(c.name).combine_chunks(), indices, keep)
             if not c.nullable and table.column(c.name).null_count:
                 for j in np.flatnonzero(np.asarray(table.column(c.name).is_null())):
                     if keep[j]:
                         keep[j] = False
-                        self._bad(int(indices[j]), "schema", f"column {c.name!r} is NOT NULL but the record has no value", "NullValue")
+                        self._bad(
+                            int(indices[j]),
+                            "schema",
+                            f"column {c.name!r} is NOT NULL but the record has no value",
+                            "NullValue",
+                        )
         if not keep.all():
             table = table.filter(pa.array(keep))
             indices = indices[keep]
@@ -739,7 +904,9 @@ class _Typed:
             if len(parts) == 1:
                 table = parts[0][1]
             else:
-                tables = [t.select(declared + [n for n in new_columns if n in t.column_names]) for _, t in parts]
+                tables = [
+                    t.select(declared + [n for n in new_columns if n in t.column_names]) for _, t in parts
+                ]
                 table = _concat(tables)
                 order = np.argsort(indices, kind="stable")
                 indices = indices[order]
@@ -748,11 +915,18 @@ class _Typed:
             indices = np.zeros(0, np.int64)
             table = pa.table({c.name: pa.array([], plan.arrow[c.name]) for c in plan.columns})
         table = table.select(declared + new_columns)
-        table = table.cast(
-            pa.schema(
-                [pa.field(c.name, plan.arrow[c.name], c.nullable) for c in plan.columns]
-                + [table.schema.field(n) for n in new_columns]
-            )
+        schema = pa.schema(
+            [pa.field(c.name, plan.arrow[c.name], c.nullable) for c in plan.columns]
+            + [table.schema.field(n) for n in new_columns]
+        )
+        # the declared types are already there; only the flags of the fields are set (Arrow's cast
+        # refuses a NOT NULL struct field that is null under a null struct, which is valid data)
+        table = pa.Table.from_arrays(
+            [
+                col if col.type == f.type else col.cast(f.type)
+                for col, f in zip(table.columns, schema, strict=True)
+            ],
+            schema=schema,
         )
         if self.spec.on_new_fields == "rescue":
             table = table.append_column(RESCUED, self._rescued(indices))
@@ -763,7 +937,9 @@ class _Typed:
         kept = pa.array(indices, pa.int64())
         overlap = bool(len(bad)) and bool(np.isin(np.array(bad.indices, np.int64), indices).any())
         if len(kept) + len(bad) != self.n or overlap:
-            raise AssertionError(f"decode lost track of records: {len(kept)} kept + {len(bad)} bad != {self.n}")
+            raise AssertionError(
+                f"decode lost track of records: {len(kept)} kept + {len(bad)} bad != {self.n}"
+            )
         return Decoded(table, kept, bad, tuple(new_columns))
 
     def _rescued(self, indices: np.ndarray) -> pa.Array:
@@ -778,13 +954,19 @@ class _Typed:
             top = {u.split(".", 1)[0] for u in unknown}
             chosen = [(k, raw) for k, raw in members if k in names or k in top]
             if chosen:
-                rescued[i] = "{" + ",".join(json.dumps(k, ensure_ascii=False) + ":" + raw for k, raw in chosen) + "}"
+                rescued[i] = (
+                    "{" + ",".join(json.dumps(k, ensure_ascii=False) + ":" + raw for k, raw in chosen) + "}"
+                )
         if not rescued:
             return pa.nulls(len(indices), pa.string())
         positions = np.searchsorted(indices, np.array(sorted(rescued), np.int64))
         mask = np.zeros(len(indices), bool)
         mask[positions] = True
-        return pc.replace_with_mask(pa.nulls(len(indices), pa.string()), pa.array(mask), pa.array([rescued[i] for i in sorted(rescued)], pa.string()))
+        return pc.replace_with_mask(
+            pa.nulls(len(indices), pa.string()),
+            pa.array(mask),
+            pa.array([rescued[i] for i in sorted(rescued)], pa.string()),
+        )
 
 
 def _plain(value: Any) -> Any:
@@ -804,7 +986,7 @@ def _plain(value: Any) -> Any:
 
 
 _AVRO_LOCK = threading.Lock()
-_REGISTRY: dict[tuple[str, int], str] = {}
+_REGISTRY: dict[tuple[str, int], str | LookupError] = {}
 
 
 @lru_cache(maxsize=256)
@@ -814,14 +996,20 @@ def _parsed_avro(schema_text: str) -> Any:
     return fastavro.parse_schema(json.loads(schema_text))
 
 
-def registry_schema(url: str, schema_id: int, *, timeout: float = 10.0, opener: Callable[..., Any] | None = None) -> str:
+def registry_schema(
+    url: str, schema_id: int, *, timeout: float = 10.0, opener: Callable[..., Any] | None = None
+) -> str:
     """The Avro schema text of ``schema_id`` from a Confluent-compatible registry, fetched once
     per process (``GET {url}/schemas/ids/{id}``). LookupError when the registry does not know
-    the id (HTTP 404); other failures raise (the range is retried)."""
+    the id (HTTP 404; remembered too: a schema id never changes); other failures raise (the
+    range is retried)."""
     key = (url.rstrip("/"), schema_id)
     with _AVRO_LOCK:
-        if key in _REGISTRY:
-            return _REGISTRY[key]
+        known = _REGISTRY.get(key)
+    if isinstance(known, LookupError):
+        raise known
+    if known is not None:
+        return known
     request = urllib.request.Request(
         f"{key[0]}/schemas/ids/{schema_id}", headers={"Accept": "application/vnd.schemaregistry.v1+json"}
     )
@@ -829,12 +1017,18 @@ def registry_schema(url: str, schema_id: int, *, timeout: float = 10.0, opener: 
         with (opener or urllib.request.urlopen)(request, timeout=timeout) as response:
             body = json.loads(response.read().decode("utf-8"))
     except urllib.error.HTTPError as err:
-        if err.code == 404:
-            raise LookupError(f"schema id {schema_id} is not in the schema registry at {key[0]} (HTTP 404)") from err
-        raise
+        if err.code != 404:
+            raise
+        missing = LookupError(f"schema id {schema_id} is not in the schema registry at {key[0]} (HTTP 404)")
+        with _AVRO_LOCK:
+            _REGISTRY[key] = missing
+        raise missing from err
     kind = body.get("schemaType", "AVRO")
     if kind != "AVRO" or not isinstance(body.get("schema"), str):
-        raise LookupError(f"schema id {schema_id} at {key[0]} is a {kind} schema, not Avro")
+        wrong = LookupError(f"schema id {schema_id} at {key[0]} is a {kind} schema, not Avro")
+        with _AVRO_LOCK:
+            _REGISTRY[key] = wrong
+        raise wrong
     text: str = body["schema"]
     with _AVRO_LOCK:
         _REGISTRY[key] = text
@@ -859,3 +1053,104 @@ def _concat(tables: list[pa.Table]) -> pa.Table:
             t = t.set_column(t.schema.get_field_index(n), n, t.column(n).cast(pa.string()))
         out.append(t)
     return pa.concat_tables(out, promote_options="permissive")
+
+
+def _layout(texts: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """The value offsets (n + 1) and the data bytes of a string or binary array, as numpy views."""
+    n = len(texts)
+    buffers = texts.buffers()
+    offsets = np.frombuffer(buffers[1], np.int32)[texts.offset : texts.offset + n + 1]
+    data = np.frombuffer(buffers[2], np.uint8) if buffers[2] is not None else np.zeros(0, np.uint8)
+    return offsets, data
+
+
+def _bytes_in(texts: pa.Array, chars: bytes) -> np.ndarray:
+    """Per value: whether it holds any of ``chars`` (one numpy pass over the data bytes)."""
+    offsets, data = _layout(texts)
+    out = np.zeros(len(texts), bool)
+    if not len(texts):
+        return out
+    body = data[offsets[0] : offsets[-1]]
+    hit = np.zeros(len(body), bool)
+    for c in chars:
+        hit |= body == c
+    positions = np.flatnonzero(hit) + offsets[0]
+    if len(positions):
+        out[np.searchsorted(offsets, positions, side="right") - 1] = True
+    return out
+
+
+def _begins_with_brace(texts: pa.Array) -> np.ndarray:
+    """Per value: whether its first non-blank character is ``{`` (null and empty: False)."""
+    offsets, data = _layout(texts)
+    n = len(texts)
+    out = np.zeros(n, bool)
+    lengths = np.diff(offsets)
+    present = (lengths > 0) & np.asarray(texts.is_valid())
+    first = np.zeros(n, np.uint8)
+    first[present] = data[offsets[:-1][present]]
+    out[present] = first[present] == ord("{")
+    for j in np.flatnonzero(present & np.isin(first, np.frombuffer(b" \t\r\n", np.uint8))):
+        out[j] = texts[int(j)].as_py().lstrip(" \t\r\n").startswith("{")  # rare: leading blanks
+    return out
+
+
+def _nested_nulls(array: pa.Array, t: pa.DataType, path: str, found: dict[int, str]) -> np.ndarray:
+    """Per element of ``array``: whether a NOT NULL field inside it (``t``) is null; ``found``
+    gets the dotted path of the first such field per element."""
+    out = np.zeros(len(array), bool)
+    if pa.types.is_struct(t):
+        valid = np.asarray(array.is_valid())
+        for k in range(t.num_fields):
+            f = t.field(k)
+            child = array.field(k)
+            where = f"{path}.{f.name}"
+            hit = np.zeros(len(array), bool)
+            if not f.nullable:
+                hit |= valid & np.asarray(child.is_null())
+            deeper: dict[int, str] = {}
+            hit |= valid & _nested_nulls(child, f.type, where, deeper)
+            for j in np.flatnonzero(hit & ~out):
+                found.setdefault(int(j), deeper.get(int(j), where))
+            out |= hit
+    elif pa.types.is_list(t) or pa.types.is_large_list(t):
+        flat = array.flatten()
+        below: dict[int, str] = {}
+        inner = _nested_nulls(flat, t.value_type, path + "[]", below)
+        if not t.value_field.nullable:
+            inner |= np.asarray(flat.is_null())
+        if inner.any():
+            parents = np.asarray(pc.list_parent_indices(array))
+            for element in np.flatnonzero(inner).tolist():
+                found.setdefault(int(parents[element]), below.get(element, path + "[]"))
+            out[parents[inner]] = True
+    return out
+
+
+def _loose(t: pa.DataType) -> pa.DataType:
+    """``t`` with every field nested in it nullable (what the readers and casts can produce)."""
+    if pa.types.is_struct(t):
+        return pa.struct([pa.field(f.name, _loose(f.type)) for f in t])
+    if pa.types.is_list(t):
+        return pa.list_(pa.field(t.value_field.name, _loose(t.value_type)))
+    if pa.types.is_map(t):
+        return pa.map_(t.key_type, pa.field(t.item_field.name, _loose(t.item_type)))
+    return t
+
+
+def _retag(array: pa.Array, t: pa.DataType) -> pa.Array:
+    """``array`` (of ``_loose(t)``) as type ``t``: the same data with the declared NOT NULL flags,
+    rebuilt without the check a cast makes (a NOT NULL field may hold null under a null struct)."""
+    if array.type == t:
+        return array
+    mask = array.is_null() if array.null_count else None
+    if pa.types.is_struct(t):
+        children = [_retag(array.field(k), t.field(k).type) for k in range(t.num_fields)]
+        return pa.StructArray.from_arrays(children, fields=list(t), mask=mask)
+    if pa.types.is_list(t):
+        values = _retag(array.values, t.value_type)
+        return pa.ListArray.from_arrays(array.offsets, values, type=t, mask=mask)
+    if pa.types.is_map(t):
+        items = _retag(array.items, t.item_type)
+        return pa.MapArray.from_arrays(array.offsets, array.keys, items, type=t, mask=mask)
+    return array.cast(t)
