@@ -515,6 +515,18 @@ class DeltaSink(EpochSink):
             # an older writer's file lacks the metadata columns at the end: Delta reads them as NULL
             stamped = wanted[: len(STAGED_COLUMNS) + 1]
             whole = found == wanted[: len(found)] and len(found) >= len(stamped)
+            types = dict(found)
+            for column, wanted_type in wanted:
+                if column in types and _shape(types[column]) != _shape(wanted_type):
+                    raise StagedOutputError(
+                        f"sink {self.path}: staged file {location} of epoch {epoch} has column "
+                        f"{column} of type {types[column]}, but the sink's {column} is {wanted_type}: a "
+                        "column's type does not change (decode.on_new_fields: add_columns only adds new "
+                        "nullable columns). Nothing was committed: declare the column's type in "
+                        "decode.schema, or point sink.path at a new table",
+                        path=location,
+                        epoch_id=epoch,
+                    )
             if not whole and found != records_only:
                 raise StagedOutputError(
                     f"sink {self.path}: staged file {location} of epoch {epoch} has columns {found}, not the "
@@ -729,6 +741,7 @@ def _move(source: str, target: str) -> None:
     """Rename ``source`` to ``target`` on one local file system; otherwise copy (the source stays)."""
     src_local, dst_local = storage.local_path(source), storage.local_path(target)
     if src_local is not None and dst_local is not None:
+        os.makedirs(os.path.dirname(dst_local), exist_ok=True)  # a partition's folder
         try:
             os.replace(src_local, dst_local)
             return

@@ -43,7 +43,7 @@ from splitkeeper.errors import InvalidParameterError, ProtocolError, SourceError
 from splitkeeper.records.decode import BadRecords, SchemaDriftError, decode_values
 from splitkeeper.records.spec import INGESTED_DATE, DecodeSpec
 from splitkeeper.spark.columnar import RangeColumns, SupportsColumnarRead
-from splitkeeper.transforms import Transform, apply_to_table, identity
+from splitkeeper.transforms import Transform, TransformError, apply_to_table, identity
 
 PART_FILE = "part.parquet"
 #: A partitioned region's manifest: its files (one per partition value), relative to it.
@@ -651,7 +651,7 @@ def run_region_task(
                         dead_counts[split.split_id] = len(bad)
                         first_bad[split.split_id] = bad_offsets[:5]
                     counts[split.split_id] = len(columns.offsets) - len(bad)
-            except BadRecordError as err:
+            except (BadRecordError, TransformError) as err:
                 raise SplitReadError(split.split_id, int(err.params.get("offset", start)), err) from err
             except Exception as err:  # the split's records cannot be read or transformed: name the split
                 raise SplitReadError(split.split_id, start, err) from err
@@ -707,6 +707,9 @@ def run_region_task(
     )
 
 
+_TEXT = DecodeSpec(kind="text")
+
+
 def _stage_range(
     writer: StagedWriter, split_id: str, columns: RangeColumns, transform: Transform, policy: RecordPolicy
 ) -> BadRecords:
@@ -715,8 +718,11 @@ def _stage_range(
     if n == 0:
         writer.last_next_offset = None
         return BadRecords()
+    # A raw sink with a transform: the transform (value: str) -> str sees the values as text (bytes that
+    # are not UTF-8 are bad records of stage decode), and the sink keeps the UTF-8 bytes it returns.
+    spec = _TEXT if policy.decode.kind == "raw" else policy.decode
     try:
-        decoded = decode_values(policy.decode, columns.values)
+        decoded = decode_values(spec, columns.values)
     except SchemaDriftError as err:
         index = err.params.get("index")
         offset = columns.offsets[int(index)].as_py() if isinstance(index, int) and 0 <= index < n else None
@@ -726,6 +732,8 @@ def _stage_range(
     kept = decoded.kept
     offsets = columns.offsets.take(kept)
     table = apply_to_table(transform, decoded.table, offsets, split_id)
+    if spec is _TEXT:
+        table = table.set_column(0, "value", table.column("value").cast(pa.binary()))
     writer.add_table(
         split_id,
         offsets,

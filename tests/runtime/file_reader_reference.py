@@ -2,8 +2,9 @@
 
 This is ``_read_lines`` / ``_decode`` / ``_jsonl`` of ``splitkeeper/spark/sources/files.py``
 as they were before the region task read ranges natively (commit 7169263), unchanged but for
-:func:`read_range_reference` on top. The tests compare the native reader's records and errors
-with these, byte for byte.
+:func:`read_range_reference` on top, and the values being the lines' bytes (issue 21: the reader
+decodes nothing; only ``jsonl`` reads its lines as UTF-8 text and checks them, then gives their
+bytes). The tests compare the native reader's records and errors with these, byte for byte.
 """
 
 from __future__ import annotations
@@ -26,8 +27,10 @@ def read_range_reference(
 ) -> list[SourceRecord]:
     """The records the old per-record reader yielded for ``[start, end)`` of ``path``."""
     f = open(path, "rb")  # noqa: SIM115 - closed by _read_lines
-    lines = _read_lines(f, path, split_id, start, end)
-    return list(_jsonl(lines, path, split_id) if jsonl else lines)
+    lines = _read_lines(f, path, split_id, start, end, jsonl)
+    if not jsonl:
+        return list(lines)
+    return [r._replace(value=r.value.encode("utf-8")) for r in _jsonl(lines, path, split_id)]
 
 
 def _line_start_at_or_after(f: IO[bytes], offset: int) -> int:
@@ -36,7 +39,9 @@ def _line_start_at_or_after(f: IO[bytes], offset: int) -> int:
     return offset - 1 + len(f.readline())
 
 
-def _read_lines(f: IO[bytes], path: str, split_id: str, start: int, end: int) -> Iterator[SourceRecord]:
+def _read_lines(
+    f: IO[bytes], path: str, split_id: str, start: int, end: int, text: bool
+) -> Iterator[SourceRecord]:
     """The lines starting in ``[start, end)``, read in blocks of up to 1 MiB.
 
     A block's complete lines are split at once; an ASCII block without CRs is
@@ -55,7 +60,7 @@ def _read_lines(f: IO[bytes], path: str, split_id: str, start: int, end: int) ->
             if not block:  # end of file: a last line without a newline
                 if pending:
                     raw = b"".join(pending)
-                    yield SourceRecord(pos, pos + len(raw), _decode(raw, pos, path, split_id))
+                    yield SourceRecord(pos, pos + len(raw), _decode(raw, pos, path, split_id, text))
                 return
             cut = block.rfind(b"\n")
             if cut < 0:
@@ -74,24 +79,26 @@ def _read_lines(f: IO[bytes], path: str, split_id: str, start: int, end: int) ->
                     if pos >= end:
                         return
                     nxt = pos + len(line) + 1
-                    yield SourceRecord(pos, nxt, line)
+                    yield SourceRecord(pos, nxt, line if text else line.encode("ascii"))
                     pos = nxt
             else:
                 for raw in body.split(b"\n"):
                     if pos >= end:
                         return
                     nxt = pos + len(raw) + 1
-                    yield SourceRecord(pos, nxt, _decode(raw, pos, path, split_id))
+                    yield SourceRecord(pos, nxt, _decode(raw, pos, path, split_id, text))
                     pos = nxt
 
 
-def _decode(raw: bytes, pos: int, path: str, split_id: str) -> str:
-    """A line's bytes (without its newline) as text: no trailing CR, no BOM at offset 0."""
+def _decode(raw: bytes, pos: int, path: str, split_id: str, text: bool) -> str | bytes:
+    """A line's bytes (without its newline): no trailing CR, no BOM at offset 0; as text when ``text``."""
     if raw[-1:] == b"\r":
         raw = raw[:-1]
     skipped = 0
     if pos == 0 and raw[:3] == _BOM:
         raw, skipped = raw[3:], 3
+    if not text:
+        return raw
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as err:

@@ -58,12 +58,13 @@ def write_input(input_dir: Path, files: int = 3, lines: int = 120, first_file: i
     )
 
 
-def source_records(input_dir: Path) -> dict[str, list[tuple[int, int, str]]]:
-    """Per split id (file path relative to ``input_dir``): ``(offset, next_offset, line)`` in file order.
+def source_records(input_dir: Path) -> dict[str, list[tuple[int, int, bytes]]]:
+    """Per split id (file path relative to ``input_dir``): ``(offset, next_offset, line bytes)`` in file
+    order (what the raw sink keeps).
 
     Computed from the bytes on disk without splitkeeper's reader: the test oracle.
     """
-    out: dict[str, list[tuple[int, int, str]]] = {}
+    out: dict[str, list[tuple[int, int, bytes]]] = {}
     for path in sorted(input_dir.rglob("*")):
         rel = path.relative_to(input_dir).as_posix()
         if not path.is_file() or any(part.startswith((".", "_")) for part in rel.split("/")):
@@ -74,7 +75,7 @@ def source_records(input_dir: Path) -> dict[str, list[tuple[int, int, str]]]:
         records = []
         pos = 0
         for raw in data.splitlines(keepends=True):
-            records.append((pos, pos + len(raw), raw.rstrip(b"\r\n").decode("utf-8")))
+            records.append((pos, pos + len(raw), raw.rstrip(b"\r\n")))
             pos += len(raw)
         out[rel] = records
     return out
@@ -126,7 +127,7 @@ class SinkRow:
     split_id: str
     offset: int
     next_offset: int
-    value: str
+    value: bytes | None
     epoch: int
     region: int
 
@@ -164,7 +165,7 @@ def assert_sink_equals_source(spark: Any, sink_path: str | Path, input_dir: Path
     )
     assert violations == [], f"sink byte ranges are not exactly-once: {violations[:5]}"
 
-    by_split: dict[str, list[tuple[int, int, str]]] = {}
+    by_split: dict[str, list[tuple[int, int, bytes | None]]] = {}
     for r in sorted(rows, key=lambda r: (r.split_id, r.offset)):
         by_split.setdefault(r.split_id, []).append((r.offset, r.next_offset, r.value))
     for sid, recs in expected.items():

@@ -1,9 +1,9 @@
 """A bad split cannot hold the pipeline hostage (issue 19), through the CLI on real files and Delta.
 
-- a file with a line that is not UTF-8: under the default ``on_split_failure`` (quarantine) a
-  first run commits every other file; under ``stall`` a bounded run stops after
-  ``max_consecutive_aborts`` aborted epochs in a row with a summary naming the split, and
-  ``run --epochs N`` fails when none of its epochs completed;
+- a file with a line that is not UTF-8 under ``decode.kind: text`` (a bad record): under the
+  default ``on_split_failure`` (quarantine) a first run commits every other file; under
+  ``stall`` a bounded run stops after ``max_consecutive_aborts`` aborted epochs in a row with
+  a summary naming the split, and ``run --epochs N`` fails when none of its epochs completed;
 - a partly read file deleted from the source is quarantined, and ``recover --drop`` forgets it
   (audited) with the restart checks green.
 
@@ -63,6 +63,7 @@ def test_a_first_run_with_an_undecodable_file_commits_every_other_file_by_defaul
     bad = _input_with_a_bad_line(input_dir)
     good = {sid: recs for sid, recs in source_records_lenient(input_dir).items() if sid != bad}
     mapping = pipeline_mapping(tmp_path, "firstrun", input_dir, parallelism=2)
+    mapping["decode"] = {"kind": "text"}  # the raw default keeps the bytes; text makes them a bad record
     config = write_config(tmp_path / "p.yaml", mapping)
 
     code, out, err = run_cli(["run", "--config", str(config), "--epochs", "12", "--json"])
@@ -104,6 +105,7 @@ def test_under_stall_a_bounded_run_stops_with_a_summary_instead_of_looping(
     input_dir = tmp_path / "in"
     bad = _input_with_a_bad_line(input_dir)
     mapping = pipeline_mapping(tmp_path, "stalled", input_dir, parallelism=2)
+    mapping["decode"] = {"kind": "text"}
     mapping["checkpoint"]["on_split_failure"] = "stall"
     config = write_config(tmp_path / "p.yaml", mapping)
 

@@ -21,10 +21,12 @@ from splitkeeper.config.settings import FileFormat
 from splitkeeper.core.source import RegionReader, SourceRecord
 from splitkeeper.core.types import Split
 from splitkeeper.errors import SourceError
+from splitkeeper.records.spec import DecodeSpec
 from splitkeeper.spark.columnar import RangeColumns, SupportsColumnarRead
 from splitkeeper.spark.sources.files import FileRegionReader
 from splitkeeper.spark.task import (
     _ROW_GROUP,
+    RecordPolicy,
     SplitReadError,
     StagedWriter,
     failed_splits,
@@ -126,31 +128,36 @@ def test_known_offsets_crlf_unterminated_empty_lines_multibyte_and_mid_line_star
     split = _split(tmp_path / "f")
     reader = FileRegionReader(str(tmp_path))
     assert list(reader.read_range_columns(split, 0, len(data)).records()) == [
-        SourceRecord(0, 3, "a"),
-        SourceRecord(3, 5, ""),
-        SourceRecord(5, 11, "é€"),
-        SourceRecord(11, 12, ""),
-        SourceRecord(12, 17, "𝄞x"),
+        SourceRecord(0, 3, b"a"),
+        SourceRecord(3, 5, b""),
+        SourceRecord(5, 11, "é€".encode()),
+        SourceRecord(11, 12, b""),
+        SourceRecord(12, 17, "𝄞x".encode()),
     ]
     # a range starting mid-line (inside "é") begins at the next line start; its last line runs past end
-    assert list(reader.read_range_columns(split, 6, 12).records()) == [SourceRecord(11, 12, "")]
-    assert list(reader.read_range_columns(split, 4, 6).records()) == [SourceRecord(5, 11, "é€")]
+    assert list(reader.read_range_columns(split, 6, 12).records()) == [SourceRecord(11, 12, b"")]
+    assert list(reader.read_range_columns(split, 4, 6).records()) == [SourceRecord(5, 11, "é€".encode())]
     columns = reader.read_range_columns(split, 1, len(data))
     assert columns.offsets.type == pa.int64() and columns.next_offsets.type == pa.int64()
-    assert columns.values.to_pylist() == ["", "é€", "", "𝄞x"]
+    assert columns.values.type == pa.binary()
+    assert columns.values.to_pylist() == [b"", "é€".encode(), b"", "𝄞x".encode()]
     assert columns.last_next_offset == len(data)
 
 
-def test_invalid_utf8_names_split_and_offset_on_the_call(tmp_path: Path) -> None:
+def test_lines_keep_invalid_utf8_bytes_and_jsonl_names_split_and_offset_on_the_call(tmp_path: Path) -> None:
     (tmp_path / "f").write_bytes(b"fine\n\xc3\xa9 then \xff\nlater\n")
     split = _split(tmp_path / "f")
+    values = FileRegionReader(str(tmp_path)).read_range_columns(split, 0, split.end or 0).values
+    assert values.to_pylist() == [b"fine", b"\xc3\xa9 then \xff", b"later"]  # the bytes, nothing decoded
+    (tmp_path / "f").write_bytes(b'1\n"\xc3\xa9 then \xff"\n2\n')
+    split = _split(tmp_path / "f")
     with pytest.raises(SourceError) as caught:
-        FileRegionReader(str(tmp_path)).read_range_columns(split, 0, split.end or 0)
+        FileRegionReader(str(tmp_path), FileFormat.JSONL).read_range_columns(split, 0, split.end or 0)
     assert caught.value.message == (
-        f"split 'f': {tmp_path / 'f'} line at byte 5 is not valid UTF-8 (invalid start byte at byte 13); "
+        f"split 'f': {tmp_path / 'f'} line at byte 2 is not valid UTF-8 (invalid start byte at byte 11); "
         "fix or remove the file"
     )
-    assert caught.value.params["offset"] == 5 and caught.value.params["split_id"] == "f"
+    assert caught.value.params["offset"] == 2 and caught.value.params["split_id"] == "f"
 
 
 def test_invalid_json_names_split_and_offset_of_the_line_not_the_blank_lines_before(tmp_path: Path) -> None:
@@ -177,9 +184,11 @@ def test_a_region_task_with_a_bad_line_declines_naming_the_split_and_publishes_n
             str(tmp_path / "st"),
             1,
             0,
+            policy=RecordPolicy(decode=DecodeSpec(kind="text")),
         )
     assert failed_splits(str(caught.value)) == ("f",)
-    assert "line at byte 3 is not valid UTF-8" in str(caught.value)
+    assert 'split "f" at offset 3: BadRecordError' in str(caught.value)
+    assert "decode failed: UnicodeDecodeError: not valid UTF-8" in str(caught.value)
     assert not [p for p in (tmp_path / "st").rglob("*") if p.is_file()]
 
 
@@ -289,7 +298,7 @@ def test_region_task_stages_the_same_rows_natively_as_record_by_record(
     got = _staged_rows(tmp_path, native, split, transform, "native")
     want = _staged_rows(tmp_path, PerRecordOnly(native), split, transform, "records")
     assert got == want and len(got) == 10
-    assert got[-1]["value"] == ("TAIL" if transform is not identity else "tail")
+    assert got[-1]["value"] == (b"TAIL" if transform is not identity else b"tail")
 
 
 def test_staged_file_of_the_native_path_has_the_sink_schema_and_whole_row_groups(tmp_path: Path) -> None:
@@ -302,7 +311,7 @@ def test_staged_file_of_the_native_path_has_the_sink_schema_and_whole_row_groups
     with StagedWriter(str(tmp_path / "p.parquet"), 3, 1) as writer:
         first = reader.read_range_columns(split, 0, half)
         assert writer.add_columns("f", first) == len(first.values)
-        assert writer.add("g", [SourceRecord(0, 1, "x")]) == 1
+        assert writer.add("g", [SourceRecord(0, 1, b"x")]) == 1
         assert writer.add_columns("f", reader.read_range_columns(split, half, split.end or 0)) == lines - len(
             first.values
         )
@@ -313,8 +322,8 @@ def test_staged_file_of_the_native_path_has_the_sink_schema_and_whole_row_groups
     table = read_staged(staged.path)
     assert table.num_rows == staged.records == lines + 1
     values = table.column("value").to_pylist()
-    assert values[: len(first.values)] == [str(i) for i in range(len(first.values))]
-    assert values[len(first.values)] == "x" and values[-1] == str(lines - 1)
+    assert values[: len(first.values)] == [b"%d" % i for i in range(len(first.values))]
+    assert values[len(first.values)] == b"x" and values[-1] == b"%d" % (lines - 1)
     assert table.column("split_id").to_pylist().count("g") == 1
     assert set(table.column("epoch").to_pylist()) == {3}
 

@@ -47,7 +47,7 @@ def expected_records(data: bytes) -> list[SourceRecord]:
         if pos >= len(data):
             break
         nxt = min(pos + len(chunk) + 1, len(data))
-        out.append(SourceRecord(pos, nxt, chunk.decode("utf-8").removesuffix("\r")))
+        out.append(SourceRecord(pos, nxt, chunk.removesuffix(b"\r")))
         pos = nxt
     return out
 
@@ -169,7 +169,7 @@ def test_reader_is_picklable_and_stateless(tmp_path: Path) -> None:
     (split,) = source.discover_splits()
     reader = pickle.loads(pickle.dumps(source.reader()))
     first = list(reader.read_range(split, 0, split.end or 0))
-    assert [r.value for r in first] == ["one", "two", "three"]
+    assert [r.value for r in first] == [b"one", b"two", b"three"]
     assert list(reader.read_range(split, 0, split.end or 0)) == first
 
 
@@ -229,7 +229,7 @@ def test_single_file_path_is_a_source_of_one_split(tmp_path: Path) -> None:
     (split,) = source.discover_splits()
     assert split.split_id == "only.txt" and split.end == len(data)
     assert split.subscription == str(tmp_path / "only.txt")
-    assert [r.value for r in source.reader().read_range(split, 0, len(data))] == ["a", "b"]
+    assert [r.value for r in source.reader().read_range(split, 0, len(data))] == [b"a", b"b"]
 
 
 def test_missing_root_names_the_path_and_the_fix(tmp_path: Path) -> None:
@@ -281,13 +281,13 @@ def test_file_source_is_a_core_split_source_with_deferred_assignment(tmp_path: P
 # --------------------------------------------------------------------------- unicode and formats
 
 
-def test_unicode_offsets_are_bytes_and_values_are_text(tmp_path: Path) -> None:
+def test_unicode_offsets_are_bytes_and_values_are_the_lines_bytes(tmp_path: Path) -> None:
     lines = ["é", "€€", "𝄞 clef", "", "plain"]
     data = write(tmp_path / "u.txt", lines)
     source = FileSource(tmp_path, split_bytes=5)
     splits = source.discover_splits()
     records = read_all(source, splits)
-    assert [r.value for r in records] == lines
+    assert [r.value for r in records] == [line.encode() for line in lines]
     assert [r.offset for r in records] == [0, 3, 10, 20, 21]
     assert records[-1].next_offset == len(data)
     assert all(s.end is not None and data[s.end - 1 : s.end] == b"\n" for s in splits)
@@ -298,14 +298,19 @@ def test_crlf_and_bom_are_not_part_of_values(tmp_path: Path) -> None:
     source = FileSource(tmp_path)
     (split,) = source.discover_splits()
     records = list(source.reader().read_range(split, 0, split.end or 0))
-    assert records == [SourceRecord(0, 9, "head"), SourceRecord(9, 15, "body")]
+    assert records == [SourceRecord(0, 9, b"head"), SourceRecord(9, 15, b"body")]
 
 
-def test_invalid_utf8_names_the_byte_offset(tmp_path: Path) -> None:
+def test_invalid_utf8_is_kept_in_lines_and_named_by_byte_offset_in_jsonl(tmp_path: Path) -> None:
     (tmp_path / "bad.txt").write_bytes(b"ok\nbad \xff here\n")
     source = FileSource(tmp_path)
     (split,) = source.discover_splits()
-    with pytest.raises(SourceError, match=r"line at byte 3 is not valid UTF-8 .* at byte 7"):
+    records = list(source.reader().read_range(split, 0, split.end or 0))
+    assert [r.value for r in records] == [b"ok", b"bad \xff here"]  # the bytes, exactly
+    (tmp_path / "bad.txt").write_bytes(b'1\n"bad \xff here"\n')
+    source = FileSource(tmp_path, format="jsonl")
+    (split,) = source.discover_splits()
+    with pytest.raises(SourceError, match=r"line at byte 2 is not valid UTF-8 .* at byte 7"):
         list(source.reader().read_range(split, 0, split.end or 0))
 
 
@@ -314,7 +319,7 @@ def test_jsonl_blank_lines_are_absorbed_and_offsets_stay_contiguous(tmp_path: Pa
     source = FileSource(tmp_path, format="jsonl")
     (split,) = source.discover_splits()
     records = list(source.reader().read_range(split, 0, len(data)))
-    assert [r.value for r in records] == ['{"a": 1}', '{"a": 2}']
+    assert [r.value for r in records] == [b'{"a": 1}', b'{"a": 2}']
     assert_contiguous(records, 0, len(data))
 
 

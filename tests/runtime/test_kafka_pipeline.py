@@ -137,14 +137,16 @@ def positions(checkpoint: Any) -> dict[str, int]:
     return {s.split_id: s.position for r in checkpoint.regions.values() for s in r.splits}
 
 
-def sink_offsets(spark: Any, config: PipelineConfig) -> dict[str, list[tuple[int, int, str]]]:
-    """Per split: (offset, next_offset, value) of the sink's records, ordered by offset; no duplicates."""
+def sink_offsets(spark: Any, config: PipelineConfig) -> dict[str, list[tuple[int, int, str | None]]]:
+    """Per split: (offset, next_offset, value as text) of the sink's records, ordered by offset; no
+    duplicates (the values of these tests are UTF-8; the sink keeps their bytes)."""
     rows = sink_rows(config.sink_path)
     twice = [k for k, n in Counter((r.split_id, r.offset) for r in rows).items() if n > 1]
     assert not twice, f"(split, offset) in the sink more than once: {twice[:5]}"
-    out: dict[str, list[tuple[int, int, str]]] = {}
+    out: dict[str, list[tuple[int, int, str | None]]] = {}
     for r in sorted(rows, key=lambda r: (r.split_id, r.offset)):
-        out.setdefault(r.split_id, []).append((r.offset, r.next_offset, r.value))
+        value = None if r.value is None else r.value.decode("utf-8")
+        out.setdefault(r.split_id, []).append((r.offset, r.next_offset, value))
     return out
 
 
@@ -371,3 +373,55 @@ def test_aged_out_offsets_with_fail_stop_the_epoch_before_anything_is_written(
     latest = store.latest_checkpoint()
     assert latest is not None and positions(latest) == {split_id_of(topic, 0): 10, split_id_of(topic, 1): 10}
     assert [o for o, _n, _v in sink_offsets(spark, config)[split_id_of(topic, 0)]] == list(range(10))
+
+
+def test_binary_null_empty_text_and_random_values_reach_a_raw_sink_byte_exact(
+    spark: Any, kafka_broker: KafkaBroker, tmp_path: Path
+) -> None:
+    """Issue 21: 300 messages of every kind a topic carries (Avro-like binary in the Confluent wire
+    format, null tombstones, empty values, UTF-8 text, random bytes; keys random, empty or null),
+    ingested with the default ``decode.kind: raw``: every value and key in the sink is the produced
+    bytes, nulls null and empties empty."""
+    import random
+
+    from confluent_kafka import Producer
+
+    from splitkeeper.delta.sink import read_sink
+
+    bootstrap = kafka_broker.bootstrap_servers
+    topic = create_topic(bootstrap, 2)
+    rng = random.Random(21)
+    kinds = [
+        lambda i: b"\x00" + (7).to_bytes(4, "big") + rng.randbytes(rng.randint(1, 40)),  # Avro-like
+        lambda i: None,  # a tombstone
+        lambda i: b"",
+        lambda i: f"text {i} é€ 𝄞".encode(),
+        lambda i: rng.randbytes(rng.randint(1, 64)),
+    ]
+    produced: dict[tuple[int, int], tuple[bytes | None, bytes | None]] = {}
+    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
+    counts = {0: 0, 1: 0}
+    for i in range(300):
+        partition = i % 2
+        value = kinds[(i // 2) % len(kinds)](i)
+        key = rng.choice([None, b"", rng.randbytes(8)])
+        producer.produce(topic, value=value, key=key, partition=partition)
+        produced[(partition, counts[partition])] = (value, key)
+        counts[partition] += 1
+    producer.flush(30)
+    assert sum(v is None for v, _ in produced.values()) == 60
+    config = kafka_config(tmp_path, bootstrap, epoch_records=120, parallelism=2, topics=[topic])
+    assert config.decode.kind == "raw"
+    pipeline = Pipeline(config, spark)
+    try:
+        pipeline.open()
+        run_until_caught_up(pipeline, {split_id_of(topic, p): n for p, n in counts.items()})
+    finally:
+        pipeline.close()
+
+    table = read_sink(config.sink_path, ["partition", "offset", "value", "key"])
+    assert table.schema.field("value").type == table.schema.field("key").type
+    got = {(r["partition"], r["offset"]): (r["value"], r["key"]) for r in table.to_pylist()}
+    assert table.num_rows == len(got) == 300
+    wrong = [k for k, v in produced.items() if got.get(k) != v]
+    assert not wrong, f"{len(wrong)} records differ from what was produced, e.g. {wrong[:3]}"

@@ -78,8 +78,8 @@ def test_a_pipeline_reads_through_a_sasl_listener_and_never_prints_the_password(
     assert result.caught_up
     rows = sink_rows(tmp_path / "ok" / "sink")
     assert sorted((r.split_id, r.offset, r.value) for r in rows) == sorted(
-        [(split_id_of(topic, 0), i, f"a{i}") for i in range(7)]
-        + [(split_id_of(topic, 1), i, f"b{i}") for i in range(4)]
+        [(split_id_of(topic, 0), i, f"a{i}".encode()) for i in range(7)]
+        + [(split_id_of(topic, 1), i, f"b{i}".encode()) for i in range(4)]
     )
     consumer = Consumer({"bootstrap.servers": plain, "group.id": group})  # offsets through SASL, read back
     try:

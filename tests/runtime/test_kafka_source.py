@@ -13,6 +13,7 @@ import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
@@ -252,29 +253,33 @@ def test_planned_ranges_read_every_message_exactly_once_with_contiguous_offsets(
         assert source.available_end(split) == counts[partition]
         ranges = read_planned(source, split, budget=5)
         chained = [r for rng in ranges for r in rng]
-        assert [r.value for r in chained] == messages(partition, counts[partition])
+        assert [r.value for r in chained] == [m.encode() for m in messages(partition, counts[partition])]
         assert [r.offset for r in chained] == list(range(counts[partition]))
         assert len(ranges) == -(-counts[partition] // 5)
         if chained:
             assert_chain(chained, 0, counts[partition])
 
 
-def test_reader_decodes_invalid_utf8_with_replacement_and_tombstones_as_empty(bootstrap: str) -> None:
+def test_reader_keeps_values_as_bytes_invalid_utf8_too_and_tombstones_as_null(bootstrap: str) -> None:
     topic = create_topic(bootstrap, 1)
     producer = Producer({"bootstrap.servers": bootstrap})
     producer.produce(topic, value=b"ok-\xff", partition=0, timestamp=1_700_000_000_123)
     producer.produce(topic, value=None, key=b"k", partition=0, headers=[("trace", b"t1"), ("empty", None)])
     producer.produce(topic, value="é".encode(), partition=0)
+    producer.produce(topic, value=b"", partition=0)
     producer.flush(30)
     split = Split(split_id_of(topic, 0), subscription=topic)
 
-    records = list(KafkaRegionReader(bootstrap).read_range(split, 0, 3))
+    records = list(KafkaRegionReader(bootstrap).read_range(split, 0, 4))
 
-    assert [r[:3] for r in records] == [(0, 1, "ok-\ufffd"), (1, 2, ""), (2, 3, "é")]
+    assert [r[:3] for r in records] == [(0, 1, b"ok-\xff"), (1, 2, None), (2, 3, "é".encode()), (3, 4, b"")]
+    columns = KafkaRegionReader(bootstrap).read_range_columns(split, 0, 4)
+    assert columns.values.type == pa.binary()
+    assert columns.values.to_pylist() == [b"ok-\xff", None, "é".encode(), b""]
     # the message's metadata travels with it (the sink's key/topic/partition/timestamp/headers)
     metas = [r.meta for r in records]
     assert all(m is not None and (m.topic, m.partition) == (topic, 0) for m in metas)
-    assert [m.key for m in metas if m] == [None, b"k", None]
+    assert [m.key for m in metas if m] == [None, b"k", None, None]
     assert metas[0] is not None and metas[0].timestamp_ms == 1_700_000_000_123
     assert metas[1] is not None and metas[1].headers == (("trace", b"t1"), ("empty", None))
     assert metas[2] is not None and metas[2].headers == () and metas[2].timestamp_ms is not None
@@ -307,7 +312,7 @@ def test_transaction_markers_and_aborted_records_are_gaps_the_position_moves_ove
     after_the_gap = list(reader.read_range(split, 5, end))
 
     assert end == 9
-    assert [(r.offset, r.value) for r in whole] == [(0, "c0"), (1, "c1"), (2, "c2"), (7, "c3")]
+    assert [(r.offset, r.value) for r in whole] == [(0, b"c0"), (1, b"c1"), (2, b"c2"), (7, b"c3")]
     assert_chain(whole, 0, end)  # each gap belongs to the record before it
     assert [r.next_offset for r in ending_inside_a_gap] == [1, 2, 5]
     assert only_a_gap == []
@@ -466,7 +471,7 @@ def test_aged_out_offsets_are_skipped_and_reported_as_a_lost_range(bootstrap: st
     assert check.lost[0].count == 7
     assert check.ranges == (PlannedRange(split, 10, 15), PlannedRange(kept, 12, 14))
     records = list(source.reader().read_range(split, 10, 15))
-    assert [r.value for r in records] == messages(0, 5, start=10)
+    assert [r.value for r in records] == [m.encode() for m in messages(0, 5, start=10)]
 
 
 def test_the_reader_never_skips_aged_out_offsets_even_with_skip_configured(
@@ -666,11 +671,11 @@ def test_columnar_and_per_record_reads_stage_the_same_rows_keys_headers_and_gaps
     whole = _staged(reader, split, 0, end, tmp_path / "whole")
     assert end == 13
     assert [(r["offset"], r["next_offset"], r["value"]) for r in whole] == [
-        (0, 1, "ok-\ufffd"),
-        (1, 2, ""),
-        (2, 7, "é"),
-        *[(7 + i, 8 + i, f"c{i}") for i in range(4)],
-        (11, 13, "c4"),
+        (0, 1, b"ok-\xff"),
+        (1, 2, None),
+        (2, 7, "é".encode()),
+        *[(7 + i, 8 + i, f"c{i}".encode()) for i in range(4)],
+        (11, 13, b"c4"),
     ]
     assert [r["key"] for r in whole] == [b"k0", b"k1", None, *[f"k{i}".encode() for i in range(5)]]
     assert {(r["topic"], r["partition"]) for r in whole} == {(topic, 0)}

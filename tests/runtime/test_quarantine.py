@@ -98,7 +98,7 @@ def test_a_split_with_an_unreadable_record_is_quarantined_and_released_after_a_f
     got = sorted((r.split_id, r.offset) for r in rows)
     assert got == sorted((sid, o) for sid, offsets in want.items() for o in offsets)  # each line exactly once
     bad = [r.value for r in rows if r.split_id == "orders-1.jsonl" and r.offset == bad_offset]
-    assert bad == ["{not json: a producer bug"]
+    assert bad == [b"{not json: a producer bug"]
     code, out, err = run_cli(["validate", "--config", str(config)])
     assert code == 0, out + err
     code, out, err = run_cli(["report", "--config", str(config)])

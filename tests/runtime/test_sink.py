@@ -298,7 +298,7 @@ def test_an_older_sink_table_gains_the_metadata_columns_and_keeps_its_rows(tmp_p
             "split_id": ["t-0"],
             "offset": [0],
             "next_offset": [1],
-            "value": ["old"],
+            "value": [b"old"],
             "epoch": [1],
             "region": [0],
             "ingested_at": [datetime.now(UTC)],
@@ -315,16 +315,16 @@ def test_an_older_sink_table_gains_the_metadata_columns_and_keeps_its_rows(tmp_p
     sink = DeltaSink(path, "orders", staging_path=staging)
     folder = os.path.join(staging, "epoch=2", "region=0", f"attempt={uuid.uuid4().hex}")
     with StagedWriter(os.path.join(folder, "part.parquet"), 2, 0) as writer:
-        writer.add("t-0", [SourceRecord(1, 2, "new", RecordMeta(b"k", "t", 0, 5, ()))])
+        writer.add("t-0", [SourceRecord(1, 2, b"new", RecordMeta(b"k", "t", 0, 5, ()))])
         staged = writer.commit().path
     sink.commit(2, [_ack(0, staged)], expected=1, attempt_id="b")
 
     table = DeltaTable(path).to_pyarrow_table()
     assert table.schema.names == STAGED_FILE_SCHEMA.names
     rows = {r["value"]: r for r in table.to_pylist()}
-    assert [rows["old"][c] for c in META_COLUMNS] == [None] * len(META_COLUMNS)
-    assert (rows["new"]["key"], rows["new"]["topic"], rows["new"]["partition"]) == (b"k", "t", 0)
-    assert rows["new"]["headers"] == []
+    assert [rows[b"old"][c] for c in META_COLUMNS] == [None] * len(META_COLUMNS)
+    assert (rows[b"new"]["key"], rows[b"new"]["topic"], rows[b"new"]["partition"]) == (b"k", "t", 0)
+    assert rows[b"new"]["headers"] == []
 
 
 # --------------------------------------------------------------------------- bad input

@@ -68,15 +68,25 @@ def all_files(root: Path) -> list[str]:
 
 
 def test_write_then_read_staged_round_trips_with_the_schema(tmp_path: Path) -> None:
-    records = [SourceRecord(0, 4, "héllo"), SourceRecord(4, 9, "")]
+    records = [SourceRecord(0, 4, "héllo".encode()), SourceRecord(4, 9, b""), SourceRecord(9, 10, None)]
+    records.append(SourceRecord(10, 12, b"\xff\x00"))  # not UTF-8: kept as it is
     out = write_staged(records, "f.txt", str(tmp_path / "part.parquet"), epoch=7, region=2)
     table = read_staged(out.path)
     assert table.schema.equals(STAGED_SCHEMA)
     assert table.to_pylist() == [
-        {"split_id": "f.txt", "offset": 0, "next_offset": 4, "value": "héllo", "epoch": 7, "region": 2},
-        {"split_id": "f.txt", "offset": 4, "next_offset": 9, "value": "", "epoch": 7, "region": 2},
+        {
+            "split_id": "f.txt",
+            "offset": 0,
+            "next_offset": 4,
+            "value": "héllo".encode(),
+            "epoch": 7,
+            "region": 2,
+        },  # noqa: E501
+        {"split_id": "f.txt", "offset": 4, "next_offset": 9, "value": b"", "epoch": 7, "region": 2},
+        {"split_id": "f.txt", "offset": 9, "next_offset": 10, "value": None, "epoch": 7, "region": 2},
+        {"split_id": "f.txt", "offset": 10, "next_offset": 12, "value": b"\xff\x00", "epoch": 7, "region": 2},
     ]
-    assert out.records == 2 and out.bytes == os.path.getsize(out.path) > 0
+    assert out.records == 4 and out.bytes == os.path.getsize(out.path) > 0
     assert all_files(tmp_path) == ["part.parquet"]
 
 
@@ -160,7 +170,7 @@ def test_replaying_a_plan_stages_identical_rows_in_a_new_attempt(tmp_path: Path)
     again = run_region_task(plan, CountingReader(), upper, str(tmp_path), epoch=2, region=0)
     assert first.attempt != again.attempt and first.staged_path != again.staged_path
     assert read_staged(first.staged_path or "").equals(read_staged(again.staged_path or ""))
-    assert read_staged(first.staged_path or "").column("value").to_pylist()[:2] == ["V10", "V11"]
+    assert read_staged(first.staged_path or "").column("value").to_pylist()[:2] == [b"V10", b"V11"]
 
 
 def test_transform_is_applied_to_each_value(tmp_path: Path) -> None:
@@ -269,7 +279,7 @@ def test_range_planned_mid_line_moves_the_position_to_the_next_line_start(tmp_pa
         [(split, 0, 7)], source.reader(), identity, str(tmp_path / "s"), epoch=1, region=0
     )
     assert result.positions == {"f.txt": 10}
-    assert read_staged(result.staged_path or "").column("value").to_pylist() == ["aaaa", "bbbb"]
+    assert read_staged(result.staged_path or "").column("value").to_pylist() == [b"aaaa", b"bbbb"]
 
 
 def test_empty_plan_still_stages_an_empty_file(tmp_path: Path) -> None:
@@ -317,7 +327,7 @@ def test_staged_schema_matches_the_sink_columns() -> None:
         ("split_id", pa.string()),
         ("offset", pa.int64()),
         ("next_offset", pa.int64()),
-        ("value", pa.string()),
+        ("value", pa.binary()),
         ("epoch", pa.int64()),
         ("region", pa.int32()),
     ]

@@ -26,7 +26,7 @@ from splitkeeper.tools.chaos.processes import say
 from splitkeeper.tools.kafka_testbed import QUIET_CLIENT_LOG, end_offsets, value_bytes, value_text
 
 Delivered = Mapping[tuple[str, int, int], str]  # (topic, partition, offset) -> value (value_text)
-Row = tuple[str, int, int, bytes]  # a sink row or dead letter: split id, offset, next offset, value bytes
+Row = tuple[str, int, int, bytes | None]  # a sink row or dead letter: split id, offset, next offset, value
 
 
 def group_offsets(bootstrap: str, group_id: str) -> dict[str, tuple[int, int | None]]:
@@ -96,7 +96,7 @@ def read_topics(bootstrap: str, topics: Sequence[str]) -> dict[tuple[str, int], 
 def _rows(table: Any) -> list[Row]:
     """(split id, offset, next offset, value bytes) of ``table``'s rows (a text value as UTF-8)."""
     return [
-        (sid, off, nxt, value.encode() if isinstance(value, str) else (value or b""))
+        (sid, off, nxt, value.encode() if isinstance(value, str) else value)
         for sid, off, nxt, value in zip(
             table.column("split_id").to_pylist(),
             table.column("offset").to_pylist(),
