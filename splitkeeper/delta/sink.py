@@ -28,6 +28,14 @@ Contract of :meth:`DeltaSink.commit` ``(epoch, outputs, expected=, attempt_id=)`
    commit, so no reader sees it. A staged file of an older writer (without
    ``ingested_at``) is rewritten into the table folder with ``ingested_at`` = now.
 4. An epoch with no output still commits (no files) so the epoch is recorded.
+5. The table's columns are the pipeline's (``schema``, :func:`~splitkeeper.delta.schemas.sink_schema`
+   of its decode spec), checked when a writable sink opens an existing table (other data columns
+   or partition columns: StateError saying what to do; nothing is migrated). A partitioned
+   sink's region output is a manifest (``parts.json``) naming one file per partition value under
+   ``col=value/`` folders; each is added with its ``partitionValues`` in the same one commit.
+   With ``widen`` (``decode.on_new_fields: add_columns``) the new columns of the staged files
+   are added to the table (nullable) in a schema commit just before the fenced commit (delta-rs's
+   ``create_write_transaction`` keeps the table's schema); a changed type is refused.
 
 :meth:`committed_epoch` is ``transaction_version(pipeline)``; :meth:`committed_attempt`
 reads the commit's metadata back from the table history. One sink per pipeline and

@@ -196,6 +196,7 @@ class StagedWriter:
         self.region = region
         self.schema = schema
         self.partition_by = tuple(partition_by)
+        self._widen = widen
         self._buffered = bool(self.partition_by) or widen
         self._tmp = f"{path}.tmp-{uuid.uuid4().hex}"
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
@@ -365,7 +366,7 @@ class StagedWriter:
             else:
                 arrays.append(pa.nulls(n, f.type))
         fields = list(self.schema)
-        if self._buffered:  # widen: the data's columns the schema lacks come last, nullable
+        if self._widen:  # the data's columns the schema lacks come last, nullable
             for name in data.column_names:
                 if name not in self.schema.names:
                     column = data.column(name).combine_chunks()

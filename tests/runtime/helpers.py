@@ -133,9 +133,14 @@ class SinkRow:
 
 
 def sink_rows(sink_path: str | Path) -> list[SinkRow]:
-    """Every record of the sink table (its current version, :func:`splitkeeper.delta.sink.read_sink`)."""
+    """Every record of the sink table (its current version, :func:`splitkeeper.delta.sink.read_sink`);
+    ``value`` as bytes (a raw sink's as stored, a text sink's strings as their UTF-8 bytes)."""
     columns = ["split_id", "offset", "next_offset", "value", "epoch", "region"]
-    return [SinkRow(**row) for row in read_sink(sink_path, columns).to_pylist()]
+    rows = read_sink(sink_path, columns).to_pylist()
+    for row in rows:
+        if isinstance(row["value"], str):
+            row["value"] = row["value"].encode("utf-8")
+    return [SinkRow(**row) for row in rows]
 
 
 def assert_sink_equals_source(spark: Any, sink_path: str | Path, input_dir: Path) -> list[SinkRow]:

@@ -47,9 +47,9 @@ def _input_with_a_bad_line(input_dir: Path) -> str:
     return BAD_FILE
 
 
-def _assert_sink(spark: Any, sink: Path, expected: dict[str, list[tuple[int, int, str]]]) -> None:
+def _assert_sink(spark: Any, sink: Path, expected: dict[str, list[tuple[int, int, bytes]]]) -> None:
     """The sink holds exactly ``expected``: per split, these records (offset, next offset, line), in order."""
-    got: dict[str, list[tuple[int, int, str]]] = {}
+    got: dict[str, list[tuple[int, int, bytes | None]]] = {}
     for r in sorted(sink_rows(sink), key=lambda r: (r.split_id, r.offset)):
         got.setdefault(r.split_id, []).append((r.offset, r.next_offset, r.value))
     assert got == {sid: recs for sid, recs in expected.items() if recs}
@@ -86,13 +86,13 @@ def test_a_first_run_with_an_undecodable_file_commits_every_other_file_by_defaul
     assert_sink_equals_source(spark, tmp_path / "sink", input_dir)
 
 
-def source_records_lenient(input_dir: Path) -> dict[str, list[tuple[int, int, str]]]:
-    """:func:`source_records` of an input whose bad file is not UTF-8 (lines decoded with replacement)."""
-    out: dict[str, list[tuple[int, int, str]]] = {}
+def source_records_lenient(input_dir: Path) -> dict[str, list[tuple[int, int, bytes]]]:
+    """:func:`source_records` of an input whose bad file is not UTF-8 (the lines' bytes)."""
+    out: dict[str, list[tuple[int, int, bytes]]] = {}
     for path in sorted(input_dir.iterdir()):
         records, pos = [], 0
         for raw in path.read_bytes().splitlines(keepends=True):
-            records.append((pos, pos + len(raw), raw.rstrip(b"\r\n").decode("utf-8", "replace")))
+            records.append((pos, pos + len(raw), raw.rstrip(b"\r\n")))
             pos += len(raw)
         out[path.name] = records
     return out

@@ -251,3 +251,66 @@ def test_without_add_columns_a_staged_file_with_new_columns_is_refused(tmp_path:
     staged = _staged_with(staging, 1, schema, {"colour": pa.array(["red"])})
     with pytest.raises(StagedOutputError, match="has columns"):
         sink.commit(1, [_ack(0, staged)], expected=None, attempt_id="a")
+
+
+def test_a_partitioned_commit_redone_after_some_files_moved_still_adds_every_file(tmp_path: Path) -> None:
+    """Partitioned by a column with several values (``topic``): one staged file per value and the
+    manifest naming them; a commit that died after moving one file is redone from the manifest."""
+    from splitkeeper.delta.sink import adopted_name
+
+    staging = str(tmp_path / "staging")
+    schema = sink_schema(DecodeSpec(kind="text"))
+    sink = DeltaSink(tmp_path / "sink", "p", staging_path=staging, schema=schema, partition_by=["topic"])
+    folder = _folder(staging, 1)
+    topics = pa.array(["a", "b", "a", None])
+    meta = [pa.nulls(4, pa.binary()), topics, pa.nulls(4, pa.int32())]
+    meta += [pa.nulls(4, STAGED_FILE_SCHEMA.field(c).type) for c in ("timestamp", "headers")]
+    with StagedWriter(os.path.join(folder, "part.parquet"), 1, 0, schema, partition_by=["topic"]) as w:
+        w.add_table(
+            "s", pa.array(range(4), pa.int64()), pa.array(range(1, 5), pa.int64()),
+            pa.table({"value": pa.array(["v0", "v1", "v2", "v3"])}), meta, 4,
+        )  # fmt: skip
+        out = w.commit()
+    parts = json.loads(Path(out.path).read_text())
+    assert sorted(p.split("/")[0] for p in parts) == [
+        "topic=__HIVE_DEFAULT_PARTITION__",
+        "topic=a",
+        "topic=b",
+    ]
+    first = os.path.join(folder, parts[0])  # the crash: moved into the table, not committed
+    target = tmp_path / "sink" / adopted_name(first)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    os.replace(first, target)
+
+    receipt = sink.commit(1, [_ack(0, out.path)], expected=None, attempt_id="a")
+    assert receipt.records == 4
+    rows = read_sink(tmp_path / "sink").sort_by("offset").to_pylist()
+    assert [(r["offset"], r["value"], r["topic"]) for r in rows] == [
+        (0, "v0", "a"), (1, "v1", "b"), (2, "v2", "a"), (3, "v3", None),
+    ]  # fmt: skip
+
+
+def test_a_pipeline_passes_its_decode_to_the_sink_an_old_string_sink_refused_under_raw(
+    tmp_path: Path,
+) -> None:
+    """Pipeline assembly (no Spark needed to open the sink): the config's decode and partition_by
+    reach DeltaSink; an older sink's ``value STRING`` is refused under the raw default, kept under text."""
+    from splitkeeper.app.pipeline import Pipeline, record_policy
+    from splitkeeper.config.settings import config_from_mapping
+
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "f.txt").write_bytes(b"a\n")
+    mapping = {
+        "name": "orders",
+        "source": {"kind": "files", "path": str(tmp_path / "in")},
+        "state": {"path": str(tmp_path / "state")},
+        "sink": {"path": str(tmp_path / "sink")},
+    }
+    _old_string_sink(str(tmp_path / "sink"))
+    with pytest.raises(StateError, match=r"\[value STRING\].*makes \[value BINARY\].*decode.kind: text"):
+        Pipeline(config_from_mapping(mapping), None)
+    config = config_from_mapping({**mapping, "decode": {"kind": "text"}})
+    policy = record_policy(config)
+    assert policy == RecordPolicy(decode=DecodeSpec(kind="text"))
+    pipeline = Pipeline(config, None)
+    assert pipeline.sink.schema == sink_schema(DecodeSpec(kind="text"))
