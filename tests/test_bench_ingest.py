@@ -19,6 +19,7 @@ from splitkeeper import cli
 from splitkeeper.errors import InvalidParameterError
 from splitkeeper.tools.bench import ingest
 from splitkeeper.tools.bench.ingest import IngestSettings, average_phases, restore_verdict
+from splitkeeper.tools.bench.ingest_common import JSON_SCHEMA, typed_rows
 
 REQUIRED_KEYS = {
     "ours_records_per_s",
@@ -178,3 +179,71 @@ def test_average_phases_keeps_the_runner_order_and_counts_missing_phases_as_zero
     assert list(avg) == ["plan", "read", "state"]
     assert avg == {"plan": 2.0, "read": 2.0, "state": 1.0}
     assert average_phases([]) == {}
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_tiny_typed_ingest_decodes_the_same_rows_on_both_sides_with_decode_json(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # (the test's name has no "json": delta.tables._is_log_error takes any DeltaError whose text holds
+    # "json", e.g. a missing table under a tmp_path named after the test, for a damaged log)
+    out = tmp_path / "charts"
+    code = cli.main(
+        [
+            "bench", "ingest", "--source", "files", "--decode", "json", "--files", "2", "--lines", "300",
+            "--repeat", "1", "--skip-restore", "--out", str(out), "--work-dir", str(tmp_path / "work"),
+            "--json",
+        ]
+    )  # fmt: skip
+    captured = capsys.readouterr()
+    assert code == 0, captured.err[-5000:]
+    result = json.loads(captured.out.strip().splitlines()[-1])
+    assert (result["decode"], result["schema"]) == ("json", JSON_SCHEMA)
+    assert result["ours_sink_records"] == result["baseline_sink_records"] == 600
+    assert result["exact"] is True and result["content_equal"] is True  # the same typed rows
+    assert result["ratio"] == pytest.approx(
+        result["ours_records_per_s"] / result["baseline_records_per_s"], abs=5.1e-5
+    )
+    html = (out / "ingest_json.html").read_text(encoding="utf-8")
+    assert "--decode json" in html and 'id="ingest-throughput"' in html
+    assert result["chart"] == str(out / "ingest_json.html")
+
+
+def test_typed_rows_compare_every_row_by_its_typed_columns_in_any_order() -> None:
+    import pyarrow as pa
+
+    rows = {"id": [2, 1], "user": ["u2", "u1"], "amount": [2.5, 1.25], "ts": [20, 10], "note": ["b", "a"]}
+    spark_like = pa.table(rows)  # int64, string, double: what Spark's from_json writes
+    ours = pa.table({**{k: v[::-1] for k, v in rows.items()}, "_rescued": [None, None]}).cast(
+        pa.schema(
+            [
+                ("id", pa.int64()),
+                ("user", pa.large_string()),
+                ("amount", pa.float64()),
+                ("ts", pa.int64()),
+                ("note", pa.large_string()),
+                ("_rescued", pa.string()),
+            ]
+        )
+    )
+    assert typed_rows(ours).equals(typed_rows(spark_like))
+    changed = pa.table({**rows, "amount": [2.5, 1.2500001]})
+    assert not typed_rows(changed).equals(typed_rows(spark_like))
+    doubled = pa.concat_tables([spark_like, spark_like.slice(0, 1)])
+    assert not typed_rows(doubled).equals(typed_rows(spark_like))
+
+
+def test_decode_is_raw_or_json_and_json_figures_get_their_own_chart_page(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(InvalidParameterError) as err:
+        IngestSettings(decode="csv")
+    assert err.value.name == "decode"
+    assert IngestSettings().decode == "raw"
+    assert ingest.chart_file("ingest.html", {"decode": "raw"}) == "ingest.html"
+    assert ingest.chart_file("ingest_kafka.html", {"decode": "json"}) == "ingest_kafka_json.html"
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["bench", "ingest", "--source", "files", "--decode", "xml"])
+    assert exit_.value.code == 2
+    assert "invalid choice: 'xml'" in capsys.readouterr().err

@@ -17,6 +17,7 @@ import pytest
 from splitkeeper import cli
 from splitkeeper.errors import InvalidParameterError
 from splitkeeper.tools.bench import ingest_kafka
+from splitkeeper.tools.bench.ingest_common import JSON_SCHEMA
 from splitkeeper.tools.bench.ingest_kafka import KafkaIngestSettings, latest_of, stall_filter
 
 REQUIRED_KEYS = {
@@ -139,3 +140,36 @@ def test_stall_filter_sleeps_on_one_row_only_and_refuses_quotes() -> None:
     assert "CAST(1500 AS BIGINT)" in predicate and predicate.endswith("ELSE true END")
     with pytest.raises(InvalidParameterError):
         stall_filter("o'rders-3", 0, 1.0)
+
+
+@pytest.mark.spark
+@pytest.mark.kafka
+@pytest.mark.slow
+def test_tiny_typed_kafka_ingest_decodes_the_same_rows_on_both_sides_with_decode_json(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # (no "json" in the test's name: see tests/test_bench_ingest.py's typed test)
+    out = tmp_path / "charts"
+    code = cli.main(
+        [
+            "bench", "ingest", "--source", "kafka", "--decode", "json", "--messages", "1200", "--repeat", "1",
+            "--stall-messages", "0", "--out", str(out), "--work-dir", str(tmp_path / "work"), "--json",
+        ]
+    )  # fmt: skip
+    captured = capsys.readouterr()
+    assert code == 0, captured.err[-5000:]
+    result = json.loads(captured.out.strip().splitlines()[-1])
+    assert (result["decode"], result["schema"]) == ("json", JSON_SCHEMA)
+    assert result["ours_sink_records"] == result["baseline_sink_records"] == 1200
+    assert result["ours_duplicates"] == 0 and result["baseline_duplicates"] == 0
+    assert result["exact"] is True and result["content_equal"] is True  # the same typed rows
+    assert result["stall"] is None and result["passed"] is True
+    assert result["chart"] == str(out / "ingest_kafka_json.html")
+
+
+def test_json_values_are_the_files_benchmarks_records_numbered_by_sequence() -> None:
+    value_of = ingest_kafka.json_values(100, seed=1)
+    first, second = (json.loads(value_of(seq, "t", 0, "ff")) for seq in (0, 1))
+    assert set(first) == {"id", "user", "amount", "ts", "note"}
+    assert (first["id"], second["id"]) == (0, 1)
+    assert 50 <= len(value_of(2, "t", 0, "ff")) <= 150  # about --value-bytes long

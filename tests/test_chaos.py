@@ -4,8 +4,10 @@ The chaos command starts its own broker, produces the messages, runs the pipelin
 processes (six drivers SIGKILLed at the six crash points, a region failure, a stalled region,
 a SIGKILLed Python worker, a second driver and a recover refused by the lease, two broker
 SIGKILLs, a rescale up and down) and checks the sink against every delivery report itself;
-the slow test runs it as a user would and checks what it reports. The schedule tests check
-the fault table the seed draws from, without starting anything.
+the slow test runs it as a user would, with 1% malformed messages (``--bad-records 0.01``: not
+UTF-8, dead letters of a ``decode: text`` pipeline with ``errors.tolerance: all``), and checks what
+it reports. The schedule tests check the fault table the seed draws from, the malformed values and
+the sink-and-dead-letters comparison, without starting anything.
 """
 
 from __future__ import annotations
@@ -19,7 +21,10 @@ import pytest
 from runtime.helpers import subprocess_env  # tests/ is on sys.path (no __init__.py)
 
 from splitkeeper.core.ports import CrashPoint
+from splitkeeper.tools.chaos.runner import chaos_value
 from splitkeeper.tools.chaos.schedule import PLANNED, FaultKind, Tuning, draw_schedule, planned_counts
+from splitkeeper.tools.chaos.verify import compare_sink
+from splitkeeper.tools.kafka_testbed import value_text
 
 REPO = Path(__file__).resolve().parents[1]
 EXPECTED_BY_KIND = {kind.value: count for kind, count in PLANNED.items()}
@@ -43,16 +48,24 @@ def chaos(*argv: str, timeout_s: float) -> subprocess.CompletedProcess[str]:
 @pytest.mark.slow
 def test_reduced_chaos_run_loses_and_duplicates_nothing_under_every_fault_kind(tmp_path: Path) -> None:
     done = chaos(
-        "--source", "kafka", "--messages", "2000", "--seed", "7", "--json", "--workdir", str(tmp_path / "w"),
-        timeout_s=1800,
+        "--source", "kafka", "--messages", "2000", "--seed", "7", "--bad-records", "0.01", "--json",
+        "--workdir", str(tmp_path / "w"), timeout_s=1800,
     )  # fmt: skip
 
     assert done.returncode == 0, done.stderr[-5000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["messages"] == 2000 and result["messages_not_delivered"] == 0
     assert result["kafka_matches_delivery_reports"] is True
-    assert result["records_in_sink"] == 2000
+    # every message in exactly one of sink and dead letters, byte for byte; the 20 malformed ones
+    # (1%) are exactly the dead letters, all of them failed to decode
+    assert (result["records_in_sink"], result["dead_letters"], result["dead_letters_expected"]) == (
+        1980,
+        20,
+        20,
+    )
+    assert result["dead_letters_by_stage"] == {"decode": 20}
     assert (result["records_lost"], result["records_duplicated"], result["records_unexpected"]) == (0, 0, 0)
+    assert result["records_misrouted"] == 0
     assert result["partitions_contiguous"] is True
     assert result["offsets_aligned"] is True and result["offsets_at_end"] is True
     assert result["restart_checks"] == "passed"
@@ -74,6 +87,7 @@ def test_reduced_chaos_run_loses_and_duplicates_nothing_under_every_fault_kind(t
     assert all("[LEASE_HELD]" in e for e in evidence["concurrent_driver"] + evidence["concurrent_recover"])
     assert result["checkpoints"]["regional"] >= 3  # a failed, a timed-out and a worker-killed region
     assert "PASSED: 2,000 messages, lost 0, duplicated 0" in done.stderr
+    assert "dead letters 20 of 20 malformed" in done.stderr
 
 
 @pytest.mark.parametrize("seed", range(40))
@@ -127,4 +141,46 @@ def test_bad_input_exits_2_naming_the_option_before_anything_starts(argv: list[s
     assert done.returncode == 2, done.stderr
     assert message in done.stderr
     assert done.stdout == ""
+    assert "starting a Kafka broker" not in done.stderr
+
+
+def test_one_percent_of_the_chaos_values_are_malformed_evenly_and_not_utf8() -> None:
+    value_of = chaos_value(0.01)
+    values = [value_of(seq, "chaos-orders", 3, "00ff") for seq in range(2000)]
+    bad = [seq for seq, v in enumerate(values) if not _utf8(v)]
+    assert bad == list(range(99, 2000, 100))  # 20, one in every 100
+    assert values[0] == b"m00000000|chaos-orders|3|00ff"
+    assert values[99] == b"m00000099|chaos-orders|3|\xff00ff"
+    assert all(_utf8(v) for v in map(chaos_value(0.0), range(300), ["t"] * 300, [0] * 300, ["ab"] * 300))
+
+
+def _utf8(value: bytes) -> bool:
+    try:
+        value.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def test_sink_and_dead_letters_together_must_hold_every_message_once_and_the_malformed_as_dead() -> None:
+    good, bad = b"m00000000|t|0|aa", b"m00000001|t|0|\xffbb"
+    delivered = {("t", 0, 0): value_text(good), ("t", 0, 1): value_text(bad), ("t", 0, 2): "m00000002|t|0|cc"}
+    names = frozenset({"m00000001"})
+    sink = [("t-0", 0, 1, good), ("t-0", 2, 3, b"m00000002|t|0|cc")]
+    exact = compare_sink(sink, delivered, [("t-0", 1, 2, bad)], names)
+    assert (exact["records_lost"], exact["records_duplicated"], exact["records_unexpected"]) == (0, 0, 0)
+    assert (exact["dead_letters"], exact["records_misrouted"], exact["partitions_contiguous"]) == (1, 0, True)
+    lost = compare_sink(sink, delivered, [], names)  # the dead letter is missing: lost, a gap
+    assert (lost["records_lost"], lost["partitions_contiguous"], lost["records_misrouted"]) == (1, False, 1)
+    twice = compare_sink([*sink, ("t-0", 1, 2, bad)], delivered, [("t-0", 1, 2, bad)], names)
+    assert twice["records_duplicated"] == 1 and twice["records_misrouted"] == 0
+    changed = compare_sink(sink, delivered, [("t-0", 1, 2, b"m00000001|t|0|?bb")], names)  # bytes replaced
+    assert changed["records_unexpected"] == 1
+    misrouted = compare_sink([*sink, ("t-0", 1, 2, bad)], delivered, [], names)  # a bad record in the sink
+    assert misrouted["records_misrouted"] == 1 and misrouted["records_lost"] == 0
+
+
+def test_bad_records_share_is_checked_before_anything_starts() -> None:
+    done = chaos("--source", "kafka", "--bad-records", "0.7", timeout_s=120)
+    assert done.returncode == 2 and "--bad-records=0.7 is not allowed" in done.stderr
     assert "starting a Kafka broker" not in done.stderr

@@ -87,4 +87,12 @@ def test_the_demo_prints_only_its_story_and_ends_with_the_report_line(tmp_path: 
     assert "failed regions [1]" in story  # the injected fault, one line
     assert "splitkeeper_recover" in story and "restart checks passed" in story
     assert "Traceback" not in story + run.stderr  # tracebacks of injected faults stay in the log
+    # the stream's JSON is decoded into typed columns; its 5 malformed messages are the dead letters
+    assert "decoded into typed columns (seq BIGINT, stream STRING, amount DOUBLE, note STRING)" in story
+    assert "5 dead letters, 0 lost, 0 duplicated" in story
+    assert (
+        f"dead letters: 5 malformed messages (errors.tolerance all) are in the Delta table {workspace}"
+        in story
+    )
+    assert "stage decode" in story
     assert log.is_file() and log.stat().st_size > 10 * len(story)  # Airflow, Spark: in the log

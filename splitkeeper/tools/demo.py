@@ -9,11 +9,14 @@
 4. a last ingest cycle reads the source to its end (a global checkpoint);
 5. the restart checks (Great Expectations) and the run report;
 6. the streaming side: the project's own Kafka broker (KRaft, on loopback), two topics
-   of 4 partitions with a backlog while more messages keep arriving; the same ingest
-   DAG runs a Kafka pipeline (P=4) until it has caught up with what was there when each
-   run began, a region fails in the second run, a last run catches up after the
-   producer stops; the sink is compared with every delivery report and the consumer
-   group's lag is shown (offsets committed only at checkpoints);
+   of 4 partitions with a backlog while more messages keep arriving: JSON objects, a few
+   of them malformed; the same ingest DAG runs a Kafka pipeline (P=4) that decodes them
+   into typed columns (``decode: json`` with a declared schema, ``errors.tolerance: all``)
+   until it has caught up with what was there when each run began, a region fails in the
+   second run, a last run catches up after the producer stops; the sink and the
+   dead-letter table are compared with every delivery report (the malformed messages are
+   exactly the dead letters), the consumer group's lag is shown (offsets committed only at
+   checkpoints) and the story ends with how many dead letters there are and where;
 7. an index page links both reports.
 
 The last line printed is ``report: <path of the index page>``.
@@ -179,13 +182,38 @@ transform: splitkeeper.transforms:enrich_json
 
 STREAM_TOPICS = {"orders-stream": 4, "payments-stream": 4}
 STREAM_GROUP = "splitkeeper-demo-stream"
+#: The streaming side's records: JSON objects of this declared schema (Spark DDL).
+STREAM_SCHEMA = "seq BIGINT, stream STRING, amount DOUBLE, note STRING"
+STREAM_COLUMNS = ("seq", "stream", "amount", "note")
+MALFORMED_MESSAGES = 5  # in the backlog; cut short, they are not JSON
+
+
+def _stream_record(seq: int, topic: str, payload: str) -> dict[str, Any]:
+    """Message ``seq``'s record (its JSON value decoded): what the sink's typed columns hold."""
+    return {"seq": seq, "stream": topic, "amount": (seq % 1000) / 10, "note": payload}
+
+
+def _stream_values(backlog: int) -> Any:
+    """The producer's values: :func:`_stream_record` as JSON; :data:`MALFORMED_MESSAGES` of the
+    first ``backlog`` messages are cut short (not JSON: dead letters)."""
+    import json
+
+    step = backlog // MALFORMED_MESSAGES
+    malformed = {step // 2 + i * step for i in range(MALFORMED_MESSAGES)}
+
+    def value_of(seq: int, topic: str, _partition: int, payload: str) -> bytes:
+        text = json.dumps(_stream_record(seq, topic, payload))
+        return (text[: len(text) // 2] if seq in malformed else text).encode()
+
+    return value_of
 
 
 def _stream_config(workspace: Path, bootstrap: str) -> Path:
     path = workspace / "stream.yaml"
     path.write_text(
         f"""\
-# The demo's streaming side: two Kafka topics (8 partitions) read by 4 independent regions.
+# The demo's streaming side: two Kafka topics (8 partitions) read by 4 independent regions;
+# JSON values decoded into typed columns; a record that does not decode is a dead letter.
 name: demo-stream
 parallelism: 4
 regions: per_reader
@@ -208,6 +236,14 @@ state:
   path: stream/state
 sink:
   path: stream/sink
+decode:
+  kind: json
+  schema: "{STREAM_SCHEMA}"
+errors:
+  tolerance: all                   # a bad record goes to the dead-letter table, not the region down
+  dead_letter:
+    path: stream/dead_letters
+  max_bad_ratio: 0.2               # above this share of a region's records in an epoch, it fails
 """,
         encoding="utf-8",
     )
@@ -290,10 +326,19 @@ def _stream(workspace: Path, messages: int) -> tuple[str, str]:
         config = _stream_config(workspace, bootstrap)
         os.environ["SPLITKEEPER_PIPELINE_CONFIG"] = str(config)
         partitions = [(t, p) for t, n in STREAM_TOPICS.items() for p in range(n)]
-        producer = NumberedProducer(bootstrap, partitions, seed=11, weights=[4, 3, 2, 1, 3, 3, 2, 2])
         backlog = messages * 3 // 5
+        producer = NumberedProducer(
+            bootstrap,
+            partitions,
+            seed=11,
+            weights=[4, 3, 2, 1, 3, 3, 2, 2],
+            value_of=_stream_values(backlog),
+        )
         producer.produce(backlog)
-        _say(f"Kafka {bootstrap}: {backlog:,} messages waiting in {len(partitions)} partitions")
+        _say(
+            f"Kafka {bootstrap}: {backlog:,} JSON messages waiting in {len(partitions)} partitions, "
+            f"{MALFORMED_MESSAGES} of them malformed"
+        )
         _say(f"{messages - backlog:,} more arrive while the pipeline runs")
         arriving = producer.in_background(messages - backlog, chunks=10, pause_s=3.0)
         _run_dag("splitkeeper_ingest", {"epochs": 20})
@@ -305,8 +350,9 @@ def _stream(workspace: Path, messages: int) -> tuple[str, str]:
             raise SystemExit(f"the demo producer failed: {arriving.errors[0]}")  # type: ignore[attr-defined]
         _say("the producer stopped: a last run catches up")
         _run_dag("splitkeeper_ingest", {"epochs": 20})
-        line = _check_stream(workspace / "stream" / "sink", producer.delivered, bootstrap)
+        line, dead_line = _check_stream(workspace / "stream", producer.delivered, bootstrap)
         _say(line)
+        _say(dead_line)
         report = tasks.report(str(config), title="splitkeeper demo: Kafka with regional checkpoints")
         _say(f"stream report: {report}")
         return report, line
@@ -314,26 +360,49 @@ def _stream(workspace: Path, messages: int) -> tuple[str, str]:
         broker.stop()
 
 
-def _check_stream(sink: Path, delivered: dict[tuple[str, int, int], str], bootstrap: str) -> str:
-    """The sink against every delivery report, and the consumer group's lag per partition."""
+def _decoded(value: str) -> dict[str, Any] | None:
+    """A delivered value's record (JSON), None when it is malformed."""
+    import json
+
+    try:
+        record = json.loads(value)
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def _check_stream(
+    folder: Path, delivered: dict[tuple[str, int, int], str], bootstrap: str
+) -> tuple[str, str]:
+    """The sink's typed rows and the dead letters against every delivery report (every message in
+    exactly one of them: the well-formed ones decoded, the malformed ones byte for byte), and the
+    consumer group's lag per partition. Returns the outcome line and the dead letters' line."""
     from collections import Counter
+
+    from deltalake import DeltaTable
 
     from splitkeeper.delta.sink import read_sink
     from splitkeeper.spark.sources.kafka import KafkaSource, split_id_of
-    from splitkeeper.tools.kafka_testbed import end_offsets
+    from splitkeeper.tools.kafka_testbed import end_offsets, value_bytes
 
-    rows = read_sink(sink, ["split_id", "offset", "value"]).to_pylist()
-    keys = Counter((r["split_id"], int(r["offset"])) for r in rows)
-    expected = {(split_id_of(t, p), o): v.encode("utf-8") for (t, p, o), v in delivered.items()}
-    got = {  # the raw sink keeps the values' bytes: compared with the UTF-8 bytes the demo produced
-        (r["split_id"], int(r["offset"])): r["value"].encode("utf-8")
-        if isinstance(r["value"], str)
-        else r["value"]
-        for r in rows
-    }
-    lost = sum(1 for k in expected if k not in got)
+    rows = read_sink(folder / "sink", ["split_id", "offset", *STREAM_COLUMNS]).to_pylist()
+    dead_path = folder / "dead_letters"
+    dead_table = DeltaTable(str(dead_path)).to_pyarrow_table(
+        columns=["split_id", "offset", "value", "stage", "error_class", "error_message"]
+    )
+    dead = dead_table.to_pylist()
+    keys = Counter((r["split_id"], int(r["offset"])) for r in rows + dead)
+    expected = {(split_id_of(t, p), o): v for (t, p, o), v in delivered.items()}
+    got = {(r["split_id"], int(r["offset"])): {c: r[c] for c in STREAM_COLUMNS} for r in rows}
+    got_dead = {(r["split_id"], int(r["offset"])): r["value"] for r in dead}
+    lost = sum(1 for k in expected if k not in got and k not in got_dead)
     duplicated = sum(n - 1 for n in keys.values() if n > 1)
-    wrong = sum(1 for k, v in got.items() if expected.get(k) != v)
+    wrong = sum(1 for k, v in got.items() if _decoded(expected.get(k, "")) != v)
+    wrong += sum(
+        1
+        for k, v in got_dead.items()
+        if k not in expected or _decoded(expected[k]) is not None or value_bytes(expected[k]) != v
+    )
     ends = end_offsets(delivered)
     source = KafkaSource(bootstrap, topics=list(STREAM_TOPICS), group_id=STREAM_GROUP)
     try:
@@ -355,10 +424,23 @@ def _check_stream(sink: Path, delivered: dict[tuple[str, int, int], str], bootst
             f"streaming side check failed: {lost} lost, {duplicated} duplicated, {wrong} unexpected "
             f"values, consumer group lag {lag_total}"
         )
-    return (
-        f"stream: {len(expected):,} messages produced, {len(got):,} in the Delta sink, 0 lost, "
-        f"0 duplicated; consumer group lag 0 on {len(ends)} partitions"
+    line = (
+        f"stream: {len(expected):,} JSON messages produced, {len(got):,} decoded into typed columns "
+        f"({STREAM_SCHEMA}) in the Delta sink, {len(dead)} dead letters, 0 lost, 0 duplicated; "
+        f"consumer group lag 0 on {len(ends)} partitions"
     )
+    first = min(dead, key=lambda r: (r["split_id"], r["offset"]), default=None)
+    example = (
+        ""
+        if first is None
+        else f"; e.g. {first['split_id']} offset {first['offset']}, stage {first['stage']}: "
+        f"{first['error_class']}: {first['error_message'][:100]}"
+    )
+    dead_line = (
+        f"dead letters: {len(dead)} malformed messages (errors.tolerance all) are in the Delta table "
+        f"{dead_path}, with their raw bytes{example}"
+    )
+    return line, dead_line
 
 
 def _index(folder: Path, files_report: str, stream_report: str, stream_line: str) -> Path:

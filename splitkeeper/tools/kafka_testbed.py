@@ -22,7 +22,7 @@ import random
 import re
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -130,16 +130,44 @@ def create_topics(bootstrap: str, partitions: Mapping[str, int], timeout_s: floa
     raise SourceError(f"topics {sorted(partitions)} have no leaders after {timeout_s:g}s")
 
 
+#: A message's value from (sequence number, topic, partition, payload hex): see :class:`NumberedProducer`.
+ValueOf = Callable[[int, str, int, str], bytes]
+
+
+def numbered_value(seq: int, topic: str, partition: int, payload: str) -> bytes:
+    """The default value of message ``seq``: ``m<seq:08d>|<topic>|<partition>|<payload>``."""
+    return f"m{seq:08d}|{topic}|{partition}|{payload}".encode()
+
+
+def in_share(seq: int, share: float) -> bool:
+    """Whether message ``seq`` is in the evenly spread ``share`` of the messages: of the first ``n``
+    messages, ``int(n * share)`` are (malformed messages of the chaos run and the demo)."""
+    return share > 0 and int((seq + 1) * share) > int(seq * share)
+
+
+def value_text(value: bytes) -> str:
+    """A value as the ``delivered`` oracle keeps it: UTF-8 text, and bytes that are not valid UTF-8
+    as lone surrogates (``surrogateescape``), so :func:`value_bytes` gives back the exact bytes."""
+    return value.decode("utf-8", "surrogateescape")
+
+
+def value_bytes(text: str) -> bytes:
+    """The exact bytes of a value :func:`value_text` kept."""
+    return text.encode("utf-8", "surrogateescape")
+
+
 class NumberedProducer:
     """Produces numbered messages and keeps every delivery report: the oracle.
 
     Message ``seq`` goes to a partition drawn from ``partitions`` with ``weights`` (None:
     equal weights), key ``m<seq:08d>``, value ``m<seq:08d>|<topic>|<partition>|<payload>``
     where the payload is the hex of ``payload_bytes`` random bytes (a ``(low, high)``
-    range, drawn per message). Draws come from ``seed``. The producer is idempotent with
-    ``acks=all`` and never gives up on a message (it is delivered after a broker restart).
-    ``delivered`` maps (topic, partition, offset) to the value; ``failed`` lists messages
-    whose delivery failed.
+    range, drawn per message); ``value_of(seq, topic, partition, payload)`` makes another
+    value (JSON objects, malformed records) from the same draws. Draws come from ``seed``. The
+    producer is idempotent with ``acks=all`` and never gives up on a message (it is delivered
+    after a broker restart). ``delivered`` maps (topic, partition, offset) to the value;
+    ``failed`` lists messages whose delivery failed. A value that is not valid UTF-8 is kept
+    with :func:`value_text`.
     """
 
     def __init__(
@@ -150,6 +178,7 @@ class NumberedProducer:
         *,
         weights: Sequence[int] | None = None,
         payload_bytes: tuple[int, int] = (4, 32),
+        value_of: ValueOf = numbered_value,
     ) -> None:
         from confluent_kafka import Producer
 
@@ -165,6 +194,7 @@ class NumberedProducer:
         self._partitions = list(partitions)
         self._weights = list(weights) if weights is not None else None
         self._payload_bytes = payload_bytes
+        self._value_of = value_of
         self._rng = random.Random(seed)
         self._next = 0
         self._lock = threading.Lock()  # delivery reports (called from poll/flush)
@@ -173,10 +203,10 @@ class NumberedProducer:
         self.failed: list[str] = []
 
     def _on_delivery(self, err: Any, msg: Any) -> None:
-        value = msg.value().decode()
+        value = value_text(msg.value())
         with self._lock:
             if err is not None:
-                self.failed.append(f"{value.split('|', 1)[0]}: {err}")
+                self.failed.append(f"{(msg.key() or b'').decode()}: {err}")
             else:
                 self.delivered[(msg.topic(), msg.partition(), msg.offset())] = value
 
@@ -217,7 +247,7 @@ class NumberedProducer:
             seq = self._next
             self._next += 1
             payload = self._rng.randbytes(self._rng.randint(low, high)).hex()
-            value = f"m{seq:08d}|{topic}|{partition}|{payload}"
+            value = self._value_of(seq, topic, partition, payload)
             while True:
                 try:
                     self._producer.produce(

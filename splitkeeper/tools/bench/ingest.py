@@ -25,6 +25,12 @@ One run, one Spark session:
 3. both sinks are checked (outside the timings): exactly the input record count,
    every file's line count per ``split_id``, no duplicate ``(split_id, offset)``
    in ours, and (first repetition) the same multiset of values in both;
+
+   with ``--decode json`` both sides parse every line into typed columns with one declared
+   schema (:data:`~splitkeeper.tools.bench.ingest_common.JSON_SCHEMA`): ours with
+   ``decode: {kind: json, schema: ...}``, the baseline with ``from_json(value, schema)``; the
+   content check then compares the typed rows (every row's typed columns, sorted); the chart
+   goes to ``ingest_json.html``;
 4. the state store's restore time is measured after 10 and after
    ``--restore-checkpoints`` (default 200) checkpoints with
    :func:`splitkeeper.tools.bench.state.measure_state_store`.
@@ -67,7 +73,15 @@ from html import escape
 from typing import TYPE_CHECKING, Any
 
 from splitkeeper.errors import EnvironmentNotReadyError, InvalidParameterError, SplitkeeperError
-from splitkeeper.tools.bench.ingest_common import pipeline_config, reading_batches, run_available_now
+from splitkeeper.tools.bench.ingest_common import (
+    DECODES,
+    JSON_SCHEMA,
+    pipeline_config,
+    reading_batches,
+    run_available_now,
+    same_typed_rows,
+    typed_frame,
+)
 
 if TYPE_CHECKING:
     from splitkeeper.config.settings import PipelineConfig
@@ -103,6 +117,12 @@ def check_counts(owner: object, minimums: Sequence[tuple[str, int]], optional: S
             raise InvalidParameterError(name, value, f"an integer >= {minimum}{unset}")
 
 
+def check_decode(decode: str) -> None:
+    """InvalidParameterError unless ``decode`` is one of :data:`DECODES`."""
+    if decode not in DECODES:
+        raise InvalidParameterError("decode", decode, " or ".join(DECODES))
+
+
 @dataclass(frozen=True, slots=True)
 class IngestSettings:
     """What to measure. ``epoch_records=None``: half the input (two reading epochs).
@@ -120,8 +140,10 @@ class IngestSettings:
     restore_repeat: int = 3
     warmup: bool = True
     content_check: bool = True
+    decode: str = "raw"
 
     def __post_init__(self) -> None:
+        check_decode(self.decode)
         check_counts(
             self,
             (
@@ -396,6 +418,7 @@ def _ours_config(settings: IngestSettings, input_dir: str, root: str) -> Pipelin
         parallelism=settings.parallelism,
         epoch_records=settings.records_per_epoch,
         region_timeout_s=3600,
+        decode=settings.decode,
     )
 
 
@@ -474,18 +497,22 @@ def run_ours(spark: Any, settings: IngestSettings, input_dir: str, root: str, la
 
 
 def run_baseline(spark: Any, settings: IngestSettings, input_dir: str, root: str, label: str) -> BaselineRun:
-    """Ingest ``input_dir`` with Structured Streaming (text source, Delta sink, availableNow)."""
+    """Ingest ``input_dir`` with Structured Streaming (text source, Delta sink, availableNow); with
+    ``--decode json`` the lines are parsed with ``from_json`` into the typed columns."""
     sink_path = os.path.join(root, "sink")
     checkpoint = os.path.join(root, "checkpoint")
     first_job = latest_job_id(spark)
     with LoadSampler() as sampler:
         started = time.perf_counter()
-        frame = (
+        lines = (
             spark.readStream.format("text")
             .option("maxFilesPerTrigger", settings.max_files_per_trigger)
             .load(input_dir)
-            .selectExpr("value", "_metadata.file_name AS split_id")
         )
+        if settings.decode == "json":
+            frame = typed_frame(lines, "value", (("split_id", "_metadata.file_name"),))
+        else:
+            frame = lines.selectExpr("value", "_metadata.file_name AS split_id")
         query = run_available_now(
             frame, sink_path, checkpoint, f"bench_ingest_baseline_{os.getpid()}_{int(started * 1000)}"
         )
@@ -715,6 +742,7 @@ def bench_ingest(settings: IngestSettings, work_dir: str, spark: Any | None = No
         expected,
         baseline_offsets=False,  # the text source has no offsets
         content_check=settings.content_check,
+        typed=settings.decode == "json",
         ours_row=lambda ours: {
             "ours_finished": ours.finished,
             "ours_calls": ours.calls,
@@ -767,6 +795,7 @@ def run_repetitions(
     content_check: bool,
     ours_row: Callable[[Any], dict[str, Any]] | None = None,
     ours_complete: Callable[[Any], bool] | None = None,
+    typed: bool = False,
     say: Callable[[str], None] = _progress,
 ) -> Repetitions:
     """Run ``repeat`` repetitions of both sides, each in a fresh ``<work_dir>/rep<N>`` (removed after).
@@ -776,8 +805,9 @@ def run_repetitions(
     in odd repetitions, so neither always runs warm. After each repetition both sinks are
     checked against ``expected`` (split id -> records; duplicate ``(split_id, offset)`` in the
     baseline only with ``baseline_offsets``) and, in the first with ``content_check``, compared
-    by value. ``ours_row`` adds figures of our run to its repetition's entry; ``ours_complete``
-    says whether our run finished its input (default: yes).
+    by value (``typed``: by their typed rows, :func:`same_typed_rows`). ``ours_row`` adds figures
+    of our run to its repetition's entry; ``ours_complete`` says whether our run finished its
+    input (default: yes).
     """
     records = sum(expected.values())
     ours_runs: list[Any] = []
@@ -800,7 +830,8 @@ def run_repetitions(
         ours_check = check_sink(ours.sink_path, expected, with_offsets=True)
         base_check = check_sink(base.sink_path, expected, with_offsets=baseline_offsets)
         if rep == 1 and content_check and ours_check.records == base_check.records:
-            content_equal = same_values(ours.sink_path, base.sink_path)
+            compare = same_typed_rows if typed else same_values
+            content_equal = compare(ours.sink_path, base.sink_path)
         complete = ours_complete is None or ours_complete(ours)
         rep_ok = ours_check.exact and base_check.exact and complete and content_equal is not False
         exact = exact and rep_ok
@@ -852,6 +883,18 @@ def _repetition_row(
         "baseline_jobs": base.jobs,
         "exact": exact,
     }
+
+
+def decode_figures(decode: str) -> dict[str, Any]:
+    """The result keys saying how records were decoded (both sides alike)."""
+    return {"decode": decode, "schema": JSON_SCHEMA if decode == "json" else None}
+
+
+def decode_text(result: Mapping[str, Any]) -> str:
+    """How both sides decoded the records, for the report's first line."""
+    if result.get("decode", "raw") == "json":
+        return f"decode json ({result['schema']}; baseline: from_json, same schema)"
+    return "decode raw (one value column)"
 
 
 def _median_or_none(values: Sequence[int | None]) -> float | None:
@@ -955,6 +998,7 @@ def _result(
         **figures,
         "benchmark": "ingest",
         "source": "files",
+        **decode_figures(settings.decode),
         "records": settings.records,
         "files": settings.files,
         "lines_per_file": settings.lines,
@@ -1090,11 +1134,12 @@ def render_table(result: Mapping[str, Any]) -> str:
         f"{result['records']:,} records ({result['input_bytes'] / 1e6:.1f} MB); "
         f"epoch {result['epoch_records']:,} records, "
         f"maxFilesPerTrigger {result['max_files_per_trigger']}, parallelism {result['parallelism']}, "
-        f"{result['repeat']} repetition(s), {load['cpus']} cpus",
+        f"{result['repeat']} repetition(s), {load['cpus']} cpus; {decode_text(result)}",
         *rate_lines(result),
         f"checks: exactly the input count in both sinks, per file: {result['exact']}; "
         f"duplicate (split_id, offset) in ours: {result['ours_duplicates']}; "
-        f"same values in both: {result['content_equal']}",
+        f"same {'typed rows' if result.get('decode') == 'json' else 'values'} in both: "
+        f"{result['content_equal']}",
         "",
         f"our epochs: {result['ours_epochs_per_run']} per run "
         f"({result['ours_reading_epochs_per_run']} reading, the last one's global checkpoint ends the run "
@@ -1173,9 +1218,10 @@ def write_chart(result: Mapping[str, Any], out_dir: str) -> str:
         color=charts.VERMILLION,
     )
     restore = escape(result["restore_verdict"] or "restore not measured")
-    body = f"""<h1>splitkeeper bench ingest --source files</h1>
+    body = f"""<h1>splitkeeper bench ingest --source files --decode {escape(result.get("decode", "raw"))}</h1>
 <p>{result["records"]:,} records ({result["files"]} files x {result["lines_per_file"]:,} lines,
-{result["input_bytes"] / 1e6:.1f} MB), epoch {result["epoch_records"]:,} records,
+{result["input_bytes"] / 1e6:.1f} MB), {escape(decode_text(result))},
+epoch {result["epoch_records"]:,} records,
 maxFilesPerTrigger {result["max_files_per_trigger"]}, parallelism {result["parallelism"]}.
 Ratio ours / baseline: <b>{result["ratio"]:.3f}</b>. Exactly-once checks passed: {result["exact"]}.</p>
 <div>{throughput}{run_chart}</div>
@@ -1185,7 +1231,14 @@ Ratio ours / baseline: <b>{result["ratio"]:.3f}</b>. Exactly-once checks passed:
 <p>State commit per checkpoint (epoch 'state' phase): {result["state_commit_ms_avg"]:.0f} ms.
 Restore: {restore} ({_load_text(result["load_avg"]["restore"])}).</p>
 """
-    return write_page(out_dir, CHART_FILE, "splitkeeper bench ingest", body)
+    return write_page(out_dir, chart_file(CHART_FILE, result), "splitkeeper bench ingest", body)
+
+
+def chart_file(name: str, result: Mapping[str, Any]) -> str:
+    """The chart page's file name: ``name``, or ``<stem>_json.html`` for ``--decode json`` (so the
+    raw and the typed figures each keep their page)."""
+    decode = result.get("decode", "raw")
+    return name if decode == "raw" else name.replace(".html", f"_{decode}.html")
 
 
 def throughput_chart(result: Mapping[str, Any], chart_id: str, title: str) -> str:
@@ -1313,6 +1366,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def add_output_arguments(parser: argparse.ArgumentParser, work: str) -> None:
     """The options both ingest benchmarks share: warm-up, content check, chart folder, work
     folder (``work`` says what goes there), JSON output (see :func:`run_benchmark`)."""
+    parser.add_argument(
+        "--decode",
+        default="raw",
+        choices=DECODES,
+        help=f"raw (default: the bytes into one value column) or json: both sides parse JSON into "
+        f"typed columns ({JSON_SCHEMA}); ours with decode.kind json, the baseline with from_json",
+    )
     parser.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up")
     parser.add_argument("--no-content-check", action="store_true", help="skip comparing the sinks' values")
     parser.add_argument("--out", default=os.path.join("var", "bench"), help="chart directory (var/bench)")
@@ -1376,6 +1436,7 @@ def run(args: argparse.Namespace) -> int:
         restore_repeat=args.restore_repeat,
         warmup=not args.no_warmup,
         content_check=not args.no_content_check,
+        decode=args.decode,
     )
     return run_benchmark(
         args,

@@ -60,6 +60,13 @@ One run, one Spark session, one Kafka:
    region 0 owned beside X) and all partitions, each from the stalled epoch's start and
    from the run's start (as timed for throughput).
 
+``--decode json``: every message's value is a JSON object of the shape of the files
+benchmark's lines (``examples/make_files.py``: ``id``, ``user``, ``amount``, ``ts``, ``note``,
+about ``--value-bytes`` long); ours decodes it with ``decode: {kind: json, schema:
+JSON_SCHEMA}`` into typed columns, the baseline selects ``from_json(CAST(value AS STRING),
+JSON_SCHEMA)``'s columns beside ``split_id`` and ``offset``; the content check compares the
+typed rows; the chart goes to ``ingest_kafka_json.html``.
+
 Where our time goes: every epoch's :attr:`EpochReport.phases`, the setup, the Spark job
 counts; the baseline's per-batch ``durationMs``. Every figure comes with the 1-minute load
 average sampled while it was measured (2 shared cores make wall times noisy). Figures:
@@ -89,12 +96,17 @@ from splitkeeper.errors import InvalidParameterError, SplitkeeperError
 from splitkeeper.tools.bench.ingest import (
     LoadFigure,
     LoadSampler,
+    _make_files_module,
     add_output_arguments,
     bench_spark,
     breakdown_chart,
     breakdown_lines,
+    chart_file,
     check_counts,
+    check_decode,
     check_sink,
+    decode_figures,
+    decode_text,
     jobs_between,
     latest_job_id,
     mean_durations_ms,
@@ -108,13 +120,20 @@ from splitkeeper.tools.bench.ingest import (
     warm_up,
     write_page,
 )
-from splitkeeper.tools.bench.ingest_common import pipeline_config, reading_batches, run_available_now
+from splitkeeper.tools.bench.ingest_common import (
+    pipeline_config,
+    reading_batches,
+    run_available_now,
+    typed_frame,
+)
 from splitkeeper.tools.kafka_testbed import (
     BrokerHandle,
     NumberedProducer,
+    ValueOf,
     check_bootstrap_servers,
     create_topics,
     end_offsets,
+    numbered_value,
 )
 
 if TYPE_CHECKING:
@@ -155,8 +174,10 @@ class KafkaIngestSettings:
     seed: int = 1
     warmup: bool = True
     content_check: bool = True
+    decode: str = "raw"
 
     def __post_init__(self) -> None:
+        check_decode(self.decode)
         check_counts(
             self,
             (
@@ -218,7 +239,12 @@ def produce_topic(bootstrap: str, topic: str, settings: KafkaIngestSettings, cou
     partitions = [(topic, p) for p in range(settings.partitions)]
     prefix = len(f"m{0:08d}|{topic}|{settings.partitions - 1}|")
     payload = max(1, (settings.value_bytes - prefix) // 2)  # hex: two characters per byte
-    producer = NumberedProducer(bootstrap, partitions, settings.seed, payload_bytes=(payload, payload))
+    value_of = (
+        json_values(settings.value_bytes, settings.seed) if settings.decode == "json" else numbered_value
+    )
+    producer = NumberedProducer(
+        bootstrap, partitions, settings.seed, payload_bytes=(payload, payload), value_of=value_of
+    )
     producer.produce(count)
     ends = end_offsets(producer.delivered)
     if producer.failed or len(producer.delivered) != count or sum(ends.values()) != count:
@@ -228,6 +254,20 @@ def produce_topic(bootstrap: str, topic: str, settings: KafkaIngestSettings, cou
             topic=topic,
         )
     return TopicData(topic, dict(sorted(ends.items())))
+
+
+def json_values(value_bytes: int, seed: int) -> ValueOf:
+    """Values for ``--decode json``: message ``seq`` is the JSON object ``examples/make_files.py``
+    writes as record ``seq`` (``id`` = ``seq``), about ``value_bytes`` long, drawn from ``seed``."""
+    import random
+
+    make_line = _make_files_module().make_line
+    rng = random.Random(seed)
+
+    def value_of(seq: int, _topic: str, _partition: int, _payload: str) -> bytes:
+        return str(make_line(rng, seq, "jsonl", value_bytes)).encode()
+
+    return value_of
 
 
 def _warm_kafka_task(_: int) -> int:
@@ -278,7 +318,13 @@ class BaselineRun:
 
 
 def _ours_config(
-    bootstrap: str, topic: str, root: str, parallelism: int, epoch_records: int, region_timeout_s: float
+    bootstrap: str,
+    topic: str,
+    root: str,
+    parallelism: int,
+    epoch_records: int,
+    region_timeout_s: float,
+    decode: str = "raw",
 ) -> PipelineConfig:
     return pipeline_config(
         PIPELINE_NAME,
@@ -287,6 +333,7 @@ def _ours_config(
         parallelism=parallelism,
         epoch_records=epoch_records,
         region_timeout_s=region_timeout_s,
+        decode=decode,
     )
 
 
@@ -307,7 +354,9 @@ def run_ours(
     ``stalled_splits`` are the splits region :data:`STALLED_REGION` planned in :data:`STALL_EPOCH`."""
     from splitkeeper.app.services import leased_pipeline
 
-    config = _ours_config(bootstrap, data.topic, root, settings.parallelism, epoch_records, region_timeout_s)
+    config = _ours_config(
+        bootstrap, data.topic, root, settings.parallelism, epoch_records, region_timeout_s, settings.decode
+    )
     max_epochs = 3 * math.ceil(data.records / epoch_records) + 5
     epochs: list[dict[str, Any]] = []
     done: dict[str, float] = {}
@@ -401,8 +450,10 @@ def run_baseline(
     *,
     max_offsets_per_trigger: int,
     stall: tuple[str, int, float] | None = None,
+    decode: str = "raw",
 ) -> BaselineRun:
-    """Ingest ``data`` with Structured Streaming (Kafka source, Delta sink, availableNow).
+    """Ingest ``data`` with Structured Streaming (Kafka source, Delta sink, availableNow); with
+    ``decode="json"`` the values are parsed with ``from_json`` into the typed columns.
 
     ``stall`` = (split id, offset, seconds): that record takes that long (:func:`stall_filter`).
     """
@@ -419,12 +470,14 @@ def run_baseline(
             .option("maxOffsetsPerTrigger", max_offsets_per_trigger)
             .option("kafka.isolation.level", "read_committed")
             .load()
-            .selectExpr(
-                "concat(topic, '-', CAST(partition AS STRING)) AS split_id",
-                "offset",
-                "CAST(value AS STRING) AS value",
-            )
         )
+        split_id = "concat(topic, '-', CAST(partition AS STRING))"
+        if decode == "json":
+            frame = typed_frame(
+                frame, "CAST(value AS STRING)", (("split_id", split_id), ("offset", "offset"))
+            )
+        else:
+            frame = frame.selectExpr(f"{split_id} AS split_id", "offset", "CAST(value AS STRING) AS value")
         if stall is not None:
             frame = frame.where(stall_filter(*stall))
         query = run_available_now(
@@ -511,6 +564,7 @@ def measure_stall(
         "stall baseline",
         max_offsets_per_trigger=batch_limit(epoch, settings.partitions),
         stall=(stalled, offset, settings.stall_s),
+        decode=settings.decode,
     )
     # the stalled micro-batch: the one that read the sleeping record, i.e. completed its partition
     span = next((sp for sp in base.batch_spans_s if sp[1] == base.done_at_s.get(stalled)), None)
@@ -662,17 +716,20 @@ def _throughput(
                 data,
                 os.path.join(rep_dir, "baseline"),
                 max_offsets_per_trigger=settings.max_offsets_per_trigger,
+                decode=settings.decode,
             ),
         },
         data.ends,
         baseline_offsets=True,
         content_check=settings.content_check,
+        typed=settings.decode == "json",
         say=_say,
     )
     return {
         **throughput_figures(data.records, reps.ours, reps.baseline, reps.runs),
         "benchmark": "ingest",
         "source": "kafka",
+        **decode_figures(settings.decode),
         "messages": data.records,
         "records": data.records,
         "partitions": settings.partitions,
@@ -705,10 +762,11 @@ def render_table(result: Mapping[str, Any]) -> str:
         f"{result['messages']:,} messages of ~{result['value_bytes']} bytes; "
         f"epoch {result['epoch_records']:,} records, "
         f"maxOffsetsPerTrigger {result['max_offsets_per_trigger']:,}, parallelism {result['parallelism']}, "
-        f"{result['repeat']} repetition(s), {load['cpus']} cpus",
+        f"{result['repeat']} repetition(s), {load['cpus']} cpus; {decode_text(result)}",
         *rate_lines(result),
         f"checks: exactly the end offsets per partition in both sinks, no duplicate (split_id, offset): "
-        f"{result['exact']}; same values in both: {result['content_equal']}",
+        f"{result['exact']}; same {'typed rows' if result.get('decode') == 'json' else 'values'} in both: "
+        f"{result['content_equal']}",
         "",
         f"our epochs: {result['ours_epochs_per_run']} per run, {result['ours_epoch_s_avg']:.2f}s each on "
         f"average, checkpoints {', '.join(result['ours_checkpoint_kinds'])}; Spark jobs per run "
@@ -791,15 +849,18 @@ def write_chart(result: Mapping[str, Any], out_dir: str) -> str:
             f"Injected: ours {stall['ours_injected']}, baseline "
             f"{stall['baseline_injected']}.</p>"
         )
-    body = f"""<h1>splitkeeper bench ingest --source kafka</h1>
-<p>{result["messages"]:,} messages in {result["partitions"]} partitions, epoch {result["epoch_records"]:,}
-records, maxOffsetsPerTrigger {result["max_offsets_per_trigger"]:,}, parallelism {result["parallelism"]}.
+    body = f"""<h1>splitkeeper bench ingest --source kafka --decode {escape(result.get("decode", "raw"))}</h1>
+<p>{result["messages"]:,} messages in {result["partitions"]} partitions, {escape(decode_text(result))},
+epoch {result["epoch_records"]:,} records, maxOffsetsPerTrigger {result["max_offsets_per_trigger"]:,},
+parallelism {result["parallelism"]}.
 Ratio ours / baseline: <b>{result["ratio"]:.3f}</b>. Exactly-once checks passed: {result["exact"]}.</p>
 <div>{throughput}{run_chart}</div>
 <h2>Stalled partition</h2>
 {stall_html}
 {repetitions_table(result)}"""
-    return write_page(out_dir, CHART_FILE, "splitkeeper bench ingest --source kafka", body)
+    return write_page(
+        out_dir, chart_file(CHART_FILE, result), "splitkeeper bench ingest --source kafka", body
+    )
 
 
 # ---------------------------------------------------------------------------------------
@@ -852,6 +913,7 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
         warmup=not args.no_warmup,
         content_check=not args.no_content_check,
+        decode=args.decode,
     )
     check_bootstrap_servers(args.bootstrap_servers)
     return run_benchmark(

@@ -22,10 +22,16 @@ every input message exactly once.
    while a run runs (both refused by the pipeline lease, rule 5.6), the broker SIGKILLed
    twice while messages and commits are in flight, a rescale 4 -> 6 and one 6 -> 4. A
    smaller ``--messages`` shrinks the epochs, never the faults.
+   With ``--bad-records SHARE`` that share of the messages is malformed (a byte that is
+   not UTF-8 before the payload) and the pipeline decodes ``text`` with
+   ``errors.tolerance: all`` and a dead-letter table: the bad ones must be exactly the
+   dead letters.
 3. Runs continue until the consumer group's offsets reach the end of every partition on
    a global checkpoint; then :mod:`~splitkeeper.tools.chaos.verify` compares the Delta sink (read
    with delta-rs) with the delivery reports, the group's committed offsets (Kafka's admin API) with the ends
-   and the last checkpoint, and runs the restart checks (Great Expectations).
+   and the last checkpoint, and runs the restart checks (Great Expectations). With
+   ``--bad-records`` the sink and the dead-letter table together must hold every delivered
+   message exactly once, byte for byte.
 
 Progress goes to stderr; ``--json`` prints one JSON object on stdout (``faults_by_kind``,
 ``concurrent_drivers_refused``, ``records_lost``, ...). Exit 0 when nothing was lost,
@@ -48,6 +54,7 @@ from splitkeeper.tools.kafka_testbed import check_bootstrap_servers
 SOURCES = ("kafka",)
 DEFAULT_MESSAGES = 100_000
 MIN_MESSAGES = 100  # enough for every share of the schedule to hold messages
+MAX_BAD_SHARE = 0.5  # --bad-records: most messages stay well-formed
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -59,6 +66,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help=f"messages to produce (default {DEFAULT_MESSAGES:,}; at least {MIN_MESSAGES})",
     )
     parser.add_argument("--seed", type=int, default=1, help="draws the fault schedule and the payloads")
+    parser.add_argument(
+        "--bad-records",
+        type=float,
+        default=0.0,
+        help="share of malformed messages (not UTF-8; e.g. 0.01): the pipeline decodes text with "
+        "errors.tolerance all, and they must be exactly the dead letters (default 0)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     parser.add_argument(
         "--bootstrap-servers",
@@ -81,10 +95,17 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidParameterError(
             "--messages", args.messages, f"an integer >= {MIN_MESSAGES}", hint="e.g. --messages 4000"
         )
+    if not 0 <= args.bad_records < MAX_BAD_SHARE:
+        raise InvalidParameterError(
+            "--bad-records",
+            args.bad_records,
+            f"a share >= 0 and < {MAX_BAD_SHARE}",
+            hint="e.g. --bad-records 0.01",
+        )
     check_bootstrap_servers(args.bootstrap_servers)
     workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="splitkeeper-chaos-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    chaos = KafkaChaos(workdir, args.messages, args.seed, args.bootstrap_servers)
+    chaos = KafkaChaos(workdir, args.messages, args.seed, args.bootstrap_servers, args.bad_records)
     try:
         result = chaos.execute()
     finally:
@@ -95,7 +116,8 @@ def run(args: argparse.Namespace) -> int:
         result["workdir"] = None
     say(
         f"{'PASSED' if ok else 'FAILED'}: {result['messages']:,} messages, lost {result['records_lost']}, "
-        f"duplicated {result['records_duplicated']}, unexpected {result['records_unexpected']}, offsets "
+        f"duplicated {result['records_duplicated']}, unexpected {result['records_unexpected']}, "
+        f"dead letters {result['dead_letters']} of {result['dead_letters_expected']} malformed, offsets "
         f"aligned {result['offsets_aligned']}, faults {result['faults_by_kind']}, concurrent drivers "
         f"refused {result['concurrent_drivers_refused']}, {result['elapsed_s']:.0f}s"
         + ("" if ok else f"; work folder kept: {workdir}")

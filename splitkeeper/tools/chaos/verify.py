@@ -1,8 +1,10 @@
 """The verdict of a chaos run, taken independently of the pipeline wherever it can be.
 
 - the sink (read with delta-rs, another Delta implementation than the Spark writer's)
-  against the producer's delivery reports: every delivered message once, nothing else,
-  per partition contiguous and in order;
+  and, with ``--bad-records``, the dead-letter table against the producer's delivery
+  reports: every delivered message once in one of them, nothing else, per partition
+  contiguous and in order, byte for byte; the malformed messages are exactly the dead
+  letters and the well-formed ones exactly the sink's rows;
 - Kafka's own copy of the topics (a plain consumer) against the delivery reports;
 - the consumer group's committed offsets, read with Kafka's admin API, against the
   offsets after the last delivered message and against the last checkpoint's positions
@@ -21,9 +23,10 @@ from pathlib import Path
 from typing import Any
 
 from splitkeeper.tools.chaos.processes import say
-from splitkeeper.tools.kafka_testbed import QUIET_CLIENT_LOG, end_offsets
+from splitkeeper.tools.kafka_testbed import QUIET_CLIENT_LOG, end_offsets, value_bytes, value_text
 
-Delivered = Mapping[tuple[str, int, int], str]  # (topic, partition, offset) -> value
+Delivered = Mapping[tuple[str, int, int], str]  # (topic, partition, offset) -> value (value_text)
+Row = tuple[str, int, int, bytes | None]  # a sink row or dead letter: split id, offset, next offset, value
 
 
 def group_offsets(bootstrap: str, group_id: str) -> dict[str, tuple[int, int | None]]:
@@ -82,7 +85,7 @@ def read_topics(bootstrap: str, topics: Sequence[str]) -> dict[tuple[str, int], 
                 if msg.error() is not None:
                     continue
                 topic, partition, offset = str(msg.topic()), int(msg.partition() or 0), int(msg.offset() or 0)
-                out[(split_id_of(topic, partition), offset)] = (msg.value() or b"").decode()
+                out[(split_id_of(topic, partition), offset)] = value_text(msg.value() or b"")
                 if offset + 1 >= ends[(topic, partition)]:
                     done.add((topic, partition))
         return out
@@ -90,38 +93,57 @@ def read_topics(bootstrap: str, topics: Sequence[str]) -> dict[tuple[str, int], 
         consumer.close()
 
 
-def read_sink(sink_path: str) -> list[tuple[str, int, int, str | bytes | None]]:
-    """Every row of the sink table (:func:`splitkeeper.delta.sink.read_sink`): (split id, offset, next
-    offset, value)."""
-    from splitkeeper.delta import sink
-
-    table = sink.read_sink(sink_path, ["split_id", "offset", "next_offset", "value"])
-    return list(
-        zip(
+def _rows(table: Any) -> list[Row]:
+    """(split id, offset, next offset, value bytes) of ``table``'s rows (a text value as UTF-8)."""
+    return [
+        (sid, off, nxt, value.encode() if isinstance(value, str) else value)
+        for sid, off, nxt, value in zip(
             table.column("split_id").to_pylist(),
             table.column("offset").to_pylist(),
             table.column("next_offset").to_pylist(),
             table.column("value").to_pylist(),
             strict=True,
         )
-    )
+    ]
 
 
-def _bytes(value: str | bytes | None) -> bytes | None:
-    return value.encode("utf-8") if isinstance(value, str) else value
+def read_sink(sink_path: str) -> list[Row]:
+    """Every row of the sink table (:func:`splitkeeper.delta.sink.read_sink`): (split id, offset, next
+    offset, value bytes)."""
+    from splitkeeper.delta import sink
+
+    return _rows(sink.read_sink(sink_path, ["split_id", "offset", "next_offset", "value"]))
+
+
+def read_dead_letters(path: str) -> tuple[list[Row], Counter[str]]:
+    """Every dead letter of the table at ``path`` (read with delta-rs; none when there is no table
+    yet): its rows as :data:`Row` and how many failed at each stage."""
+    from deltalake import DeltaTable
+    from deltalake.exceptions import TableNotFoundError
+
+    try:
+        table = DeltaTable(path).to_pyarrow_table(
+            columns=["split_id", "offset", "next_offset", "value", "stage"]
+        )
+    except TableNotFoundError:
+        return [], Counter()
+    return _rows(table), Counter(table.column("stage").to_pylist())
 
 
 def compare_sink(
-    sink: Sequence[tuple[str, int, int, str | bytes | None]], delivered: Delivered
+    sink: Sequence[Row], delivered: Delivered, dead: Sequence[Row] = (), bad: frozenset[str] = frozenset()
 ) -> dict[str, Any]:
-    """The sink's (split id, offset, next offset, value) rows against the delivery reports."""
+    """The sink's rows and the dead letters against the delivery reports: every delivered message in
+    exactly one of them, with its bytes; the ``bad`` ones (their names ``m<seq:08d>``, the first
+    field of every chaos value: :func:`is_bad_value`) exactly the dead letters."""
     from splitkeeper.spark.sources.kafka import split_id_of
 
-    expected = {(split_id_of(t, p), o): _bytes(v) for (t, p, o), v in delivered.items()}
-    keys = Counter((sid, off) for sid, off, _n, _v in sink)
-    values = {(sid, off): _bytes(v) for sid, off, _n, v in sink}  # the sink keeps bytes (raw) or text
+    expected = {(split_id_of(t, p), o): value_bytes(v) for (t, p, o), v in delivered.items()}
+    both = [*sink, *dead]
+    keys = Counter((sid, off) for sid, off, _n, _v in both)
+    values = {(sid, off): v for sid, off, _n, v in both}
     by_split: dict[str, list[tuple[int, int]]] = {}
-    for sid, off, nxt, _v in sink:
+    for sid, off, nxt, _v in both:
         by_split.setdefault(sid, []).append((off, nxt))
     produced: dict[str, list[int]] = {}
     for sid, off in expected:
@@ -132,14 +154,26 @@ def compare_sink(
         if [o for o, _n in got] != sorted(offsets) or any(n != o + 1 for o, n in got):
             broken.append(sid)
     broken += sorted(set(by_split) - set(produced))
+    malformed = {k for k, v in expected.items() if is_bad_value(v, bad)}
+    dead_keys = {(sid, off) for sid, off, _n, _v in dead}
     return {
         "records_in_sink": len(sink),
+        "dead_letters": len(dead),
+        "dead_letters_expected": len(malformed),
+        # a malformed message in the sink or a well-formed one among the dead letters
+        "records_misrouted": len(malformed ^ dead_keys),
         "records_lost": sum(1 for k in expected if k not in keys),
         "records_duplicated": sum(n - 1 for n in keys.values() if n > 1),
         "records_unexpected": sum(1 for k, v in values.items() if expected.get(k) != v),
         "partitions_contiguous": not broken,
         "splits_not_contiguous": broken,
     }
+
+
+def is_bad_value(value: bytes, bad: frozenset[str]) -> bool:
+    """Whether a produced value is one of the malformed ones (``bad``: their ``m<seq:08d>`` names,
+    the first field of every chaos value)."""
+    return bool(bad) and value.split(b"|", 1)[0].decode("ascii", "replace") in bad
 
 
 def verify(
@@ -149,8 +183,10 @@ def verify(
     topics: Sequence[str],
     group_id: str,
     delivered: Delivered,
+    bad: frozenset[str] = frozenset(),
 ) -> dict[str, Any]:
-    """Every check of the module doc; the result's keys go into the chaos JSON."""
+    """Every check of the module doc; the result's keys go into the chaos JSON. ``bad``: the names
+    (``m<seq:08d>``) of the malformed messages, which must be exactly the dead letters."""
     from splitkeeper.config.settings import load_config
     from splitkeeper.delta.checkpoints import DeltaStateStore
     from splitkeeper.quality.checks import run_restart_checks
@@ -161,14 +197,26 @@ def verify(
     started = time.monotonic()
     config = load_config(config_path)
     in_kafka = read_topics(bootstrap, topics)
-    result = compare_sink(read_sink(config.sink_path), delivered)
+    dead: list[Row] = []
+    stages: Counter[str] = Counter()
+    if config.dead_letter_path is not None:
+        dead, stages = read_dead_letters(config.dead_letter_path)
+    result = compare_sink(read_sink(config.sink_path), delivered, dead, bad)
+    result["dead_letters_by_stage"] = dict(sorted(stages.items()))
     say(
-        f"sink read and compared after {time.monotonic() - started:.0f}s: lost {result['records_lost']}, "
-        f"duplicated {result['records_duplicated']}, unexpected {result['records_unexpected']}"
+        f"sink and dead letters read and compared after {time.monotonic() - started:.0f}s: lost "
+        f"{result['records_lost']}, duplicated {result['records_duplicated']}, unexpected "
+        f"{result['records_unexpected']}; {result['records_in_sink']} in the sink, {result['dead_letters']} "
+        f"dead letters ({result['dead_letters_expected']} malformed produced, "
+        f"{result['records_misrouted']} misrouted)"
     )
     committed = group_offsets(bootstrap, group_id)
     ends = end_offsets(delivered)
     source = KafkaSource(bootstrap, topics=list(topics))
+    # the restart checks take the dead letters with the sink: their offsets close the sink's gaps
+    dead_letters: dict[str, Any] = (
+        {} if config.dead_letter_path is None else {"dead_letter_path": config.dead_letter_path}
+    )
     try:
         store = DeltaStateStore(config.state_path, config.name, source.fingerprint(), read_only=True)
         latest = store.latest_checkpoint()
@@ -189,6 +237,7 @@ def verify(
             subscriptions=source.subscriptions(),
             data_docs_dir=workdir / "data_docs",
             source_splits=source.discover_splits(),
+            **dead_letters,
         )
     finally:
         source.close()
