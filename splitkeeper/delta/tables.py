@@ -178,9 +178,13 @@ def _damaged_log_file(uri: str) -> str | None:
     return None
 
 
+#: What a delta-rs error says when a log entry does not parse (a ``.json`` log file named, not any
+#: path that happens to contain "json": a table under ``/tmp/test_json_x`` is not a damaged log).
+_LOG_ERROR = re.compile(r"Json error|Invalid JSON|EOF while parsing|Truncated|\d{20}\.json\b")
+
+
 def _is_log_error(err: BaseException) -> bool:
-    text = str(err)
-    return any(s in text for s in ("Json error", "json", "Invalid JSON", "EOF while parsing", "Truncated"))
+    return _LOG_ERROR.search(str(err)) is not None
 
 
 #: OS errors a user fixes on the machine, not in the state: (errno, what the DeltaError text says).

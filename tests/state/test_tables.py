@@ -277,3 +277,9 @@ def test_the_state_package_and_the_sink_import_no_spark_and_nothing_reaches_into
         )
     ]
     assert offenders == []
+
+
+def test_a_missing_table_under_a_path_that_contains_json_is_missing_not_damaged(tmp_path: Path) -> None:
+    from splitkeeper.delta.tables import open_table
+
+    assert open_table(str(tmp_path / "events_json" / "sink"), missing_ok=True) is None
