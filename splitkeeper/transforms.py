@@ -538,3 +538,34 @@ def _bisect(
     if n:
         run(0, n)
     return outputs, (pa.concat_arrays(kept) if kept else pa.array([], pa.int64()))
+
+
+def output_schema(transform: Transform, data: pa.Schema) -> pa.Schema:
+    """The data columns ``transform`` makes of records with the data columns ``data``: ``data``
+    itself for a per-record or vectorised transform (they map ``value`` to ``value``); for a
+    :func:`batch_transform`, the schema of what it returns for an empty batch of ``data``. This is
+    how the sink's schema follows a batch transform that adds, drops or changes columns (it is
+    called on the driver when the pipeline is built, so a transform that cannot take an empty
+    batch fails there, with a TransformError naming it)."""
+    if not is_batch(transform):
+        return data
+    try:
+        out = transform(pa.RecordBatch.from_pylist([], schema=data))
+    except Exception as err:
+        raise TransformError(
+            f"transform {_name(transform)} failed on an empty batch of its input columns ({data.names}): "
+            f"{type(err).__name__}: {err}; a batch transform must accept an empty batch (the sink's "
+            "columns are what it returns for one)"
+        ) from err
+    if not isinstance(out, pa.RecordBatch):
+        raise TransformError(
+            f"transform {_name(transform)} returned {type(out).__name__} for an empty batch: a batch "
+            "transform must return a pa.RecordBatch"
+        )
+    touched = sorted(set(out.schema.names) & set(_bookkeeping()))
+    if touched:
+        raise TransformError(
+            f"transform {_name(transform)} returned the bookkeeping columns {touched}: a batch transform "
+            "gets and returns data columns only"
+        )
+    return out.schema

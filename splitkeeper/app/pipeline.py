@@ -24,7 +24,10 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
 
 from splitkeeper.config.settings import PipelineConfig, core_settings
 from splitkeeper.core import driver as core_driver
@@ -51,12 +54,16 @@ from splitkeeper.core.source import SourceConnector
 from splitkeeper.core.types import CompletedCheckpoint, RegionOutcome, Split
 from splitkeeper.delta.checkpoints import DeltaStateStore
 from splitkeeper.delta.lease import HeldLease
+from splitkeeper.delta.schemas import sink_schema
 from splitkeeper.delta.sink import DeltaSink
+from splitkeeper.records.spec import BOOKKEEPING_COLUMNS, INGESTED_DATE
 from splitkeeper.spark.faults import FaultPlan, crash_if_requested, crash_request
 from splitkeeper.spark.regions import RegionStatus, run_regions
 from splitkeeper.spark.sources import build_source
 from splitkeeper.spark.task import FaultKind, RecordPolicy, RegionResult, failed_splits, run_region_task
-from splitkeeper.transforms import Transform, resolve_transform
+from splitkeeper.transforms import Transform, is_batch, output_schema, resolve_transform
+
+_BOOKKEEPING = frozenset((*BOOKKEEPING_COLUMNS, INGESTED_DATE))
 
 if TYPE_CHECKING:
     from splitkeeper.app.metrics import PipelineMetrics
@@ -121,12 +128,18 @@ class RuntimeHooks(DriverHooks):
 def record_policy(config: PipelineConfig) -> RecordPolicy:
     """What the region tasks do with the records' bytes: the pipeline's decode, errors and
     sink.partition_by settings in one small picklable value."""
-    return RecordPolicy(
+    policy = RecordPolicy(
         decode=config.decode,
         tolerance=config.tolerance.value,
         max_bad_ratio=config.max_bad_ratio,
         partition_by=tuple(config.partition_by),
     )
+    transform = resolve_transform(config.transform)
+    if not is_batch(transform):
+        return policy
+    decoded = sink_schema(config.decode)
+    data = pa.schema([f for f in decoded if f.name not in _BOOKKEEPING])
+    return replace(policy, data=output_schema(transform, data))
 
 
 def _region_task(payload: tuple[Any, ...]) -> RegionResult:

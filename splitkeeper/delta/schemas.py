@@ -444,22 +444,30 @@ def spec(table: str) -> TableSpec:
 INGESTED_DATE_TYPE = pa.date32()
 
 
-def sink_schema(decode: DecodeSpec | None = None, partition_by: Sequence[str] = ()) -> pa.Schema:
+def sink_schema(
+    decode: DecodeSpec | None = None, partition_by: Sequence[str] = (), data: pa.Schema | None = None
+) -> pa.Schema:
     """The one definition of a sink table's columns, from the pipeline's ``decode`` spec:
     ``split_id, offset, next_offset``, the spec's data columns (``decode.data_columns()``, each
     with :func:`splitkeeper.records.ddl.arrow_type`), ``epoch, region, ingested_at``, the Kafka
     metadata columns, and ``ingested_date DATE`` only when ``partition_by`` names it. ``None``
-    (or the default spec) is the raw sink: ``value BINARY``, the bytes as read."""
+    (or the default spec) is the raw sink: ``value BINARY``, the bytes as read. ``data``: the data
+    columns a batch transform makes of the decoded ones
+    (:func:`splitkeeper.transforms.output_schema`), in place of the spec's."""
     from splitkeeper.records.ddl import arrow_type
     from splitkeeper.records.spec import INGESTED_DATE, DecodeSpec
 
     spec = decode if decode is not None else DecodeSpec()
     base = SCHEMAS[SINK_TABLE]
     head = [base.field(name) for name in ("split_id", "offset", "next_offset")]
-    data = [pa.field(c.name, arrow_type(c.type), nullable=c.nullable) for c in spec.data_columns()]
+    columns = (
+        [pa.field(c.name, arrow_type(c.type), nullable=c.nullable) for c in spec.data_columns()]
+        if data is None
+        else list(data)
+    )
     tail = [f for f in base if f.name not in {"split_id", "offset", "next_offset", "value"}]
     dated = [optional(INGESTED_DATE, INGESTED_DATE_TYPE)] if INGESTED_DATE in partition_by else []
-    return pa.schema(head + data + tail + dated)
+    return pa.schema(head + columns + tail + dated)
 
 
 def sink_spec(schema: pa.Schema, partition_by: Sequence[str] = ()) -> TableSpec:

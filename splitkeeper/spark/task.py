@@ -367,6 +367,13 @@ class StagedWriter:
             else:
                 arrays.append(pa.nulls(n, f.type))
         fields = list(self.schema)
+        unknown = [name for name in data.column_names if name not in self.schema.names]
+        if unknown and not self._widen:
+            raise ProtocolError(
+                f"staged file {self.path}: the records have the columns {unknown}, which the sink's schema "
+                f"({self.schema.names}) lacks; a batch transform must return the same columns for every "
+                "batch as for an empty one"
+            )
         if self._widen:  # the data's columns the schema lacks come last, nullable
             for name in data.column_names:
                 if name not in self.schema.names:
@@ -544,11 +551,12 @@ class RecordPolicy:
     tolerance: str = "none"
     max_bad_ratio: float = MAX_BAD_RATIO
     partition_by: tuple[str, ...] = ()
+    data: pa.Schema | None = None  # a batch transform's output columns (transforms.output_schema)
 
     @property
     def schema(self) -> pa.Schema:
         """The sink's schema (and so every staged file's)."""
-        return sink_schema(self.decode, self.partition_by)
+        return sink_schema(self.decode, self.partition_by, self.data)
 
     @property
     def widen(self) -> bool:

@@ -110,3 +110,86 @@ def test_killed_with_dead_letters_pending_recovers_to_sink_and_dead_letters_equa
 
     # the restart checks over sink and dead letters, with the content: their values are the source's bytes
     assert services.validate(config, content=True).success
+
+
+def _write_json_input(input_dir: Path, files: int = 2, lines: int = 60) -> dict[tuple[str, int], bytes]:
+    """JSON lines of ``id, kind, amount`` where every 9th line is malformed (cut short): the oracle
+    (split, offset) -> the line's bytes."""
+    input_dir.mkdir(parents=True, exist_ok=True)
+    oracle: dict[tuple[str, int], bytes] = {}
+    for f in range(files):
+        name = f"orders-{f:03d}.jsonl"
+        data = b""
+        for i in range(lines):
+            n = f * 1000 + i
+            line = b'{"id": %d, "kind": "%s", "amount": %d.%02d}' % (n, b"ab"[i % 2 : i % 2 + 1], n, i)
+            if i % 9 == 4:
+                line = line[:-9]  # not JSON any more
+            oracle[(name, len(data))] = line
+            data += line + b"\n"
+        (input_dir / name).write_bytes(data)
+    return oracle
+
+
+def test_killed_mid_commit_with_a_typed_partitioned_sink_and_a_batch_transform_recovers_exactly(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The crash-point test again with what a typed pipeline has: JSON decoded into declared columns,
+    a batch transform adding a column, the sink partitioned by a typed column, malformed lines as
+    dead letters; killed between the sink commit and the dead-letter commit. Afterwards every
+    line is in exactly one table: the good ones as their typed rows (checked by value), the
+    malformed ones as their raw bytes."""
+    import json
+    from decimal import Decimal
+
+    monkeypatch.delenv(CRASH_ENV, raising=False)
+    input_dir = tmp_path / "in"
+    oracle = _write_json_input(input_dir)
+    mapping = pipeline_mapping(tmp_path, "typed-dead", input_dir, epoch_records=40)
+    mapping["decode"] = {"kind": "json", "schema": "id BIGINT, kind STRING, amount DECIMAL(10,2)"}
+    mapping["transform"] = "splitkeeper.transforms:add_amount_cents"
+    mapping["sink"]["partition_by"] = ["kind"]
+    mapping["errors"] = {
+        "tolerance": "all",
+        "dead_letter": {"path": str(tmp_path / "dead")},
+        "max_bad_ratio": 0.5,
+    }
+    config_path = write_config(tmp_path / "pipeline.yaml", mapping)
+    config = config_from_mapping(mapping)
+
+    point = "before_dead_letter_commit"
+    crashed = splitkeeper_subprocess(
+        ["run", "--config", str(config_path)], **{CRASH_ENV: f"{point}@{CRASH_EPOCH}"}
+    )
+    assert crashed.returncode == -9, f"expected SIGKILL, got {crashed.returncode}:\n{crashed.stderr[-3000:]}"
+    pipeline = Pipeline(config, spark)
+    try:
+        pipeline.open()
+        summary = pipeline.run()
+    finally:
+        pipeline.close()
+    assert summary.finished
+
+    sink = DeltaTable(config.sink_path)
+    assert sink.metadata().partition_columns == ["kind"]
+    rows = sink.to_pyarrow_table(
+        columns=["split_id", "offset", "id", "kind", "amount", "amount_cents", "_rescued"]
+    )
+    dead = DeltaTable(config.dead_letter_path).to_pyarrow_table(
+        columns=["split_id", "offset", "value", "stage"]
+    )
+    places = Counter(
+        (Path(s).name, o)
+        for table in (rows, dead)
+        for s, o in zip(table["split_id"].to_pylist(), table["offset"].to_pylist(), strict=True)
+    )
+    assert [k for k, n in places.items() if n > 1] == []
+    assert set(places) == set(oracle)
+    for r in rows.to_pylist():
+        want = json.loads(oracle[(Path(r["split_id"]).name, r["offset"])])
+        assert (r["id"], r["kind"], r["amount"]) == (want["id"], want["kind"], Decimal(str(want["amount"])))
+        assert r["amount_cents"] == int(Decimal(str(want["amount"])) * 100) and r["_rescued"] is None
+    for r in dead.to_pylist():
+        assert r["value"] == oracle[(Path(r["split_id"]).name, r["offset"])] and r["stage"] == "decode"
+    assert dead.num_rows == sum(1 for v in oracle.values() if not v.endswith(b"}"))
+    assert services.validate(config).success
