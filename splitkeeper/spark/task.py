@@ -743,7 +743,16 @@ def _stage_range(
         ) from err
     kept = decoded.kept
     offsets = columns.offsets.take(kept)
-    table = apply_to_table(transform, decoded.table, offsets, split_id)
+    bad = decoded.bad
+    if (
+        policy.tolerance == "all" and transform is not identity
+    ):  # a record its transform fails on is a dead letter
+        table, rows, failed = apply_to_table(transform, decoded.table, offsets, split_id, tolerate=True)
+        if len(failed):
+            bad = _merged(bad, failed, kept)
+            kept, offsets = kept.take(rows), offsets.take(rows)
+    else:
+        table = apply_to_table(transform, decoded.table, offsets, split_id)
     if spec is _TEXT:
         table = table.set_column(0, "value", table.column("value").cast(pa.binary()))
     writer.add_table(
@@ -754,7 +763,26 @@ def _stage_range(
         None if columns.meta is None else [m.take(kept) for m in columns.meta],
         columns.last_next_offset,
     )
-    return decoded.bad
+    return bad
+
+
+def _merged(decoded: BadRecords, failed: BadRecords, kept: pa.Array) -> BadRecords:
+    """The decode stage's bad records and the transform's (whose indices are rows of the decoded
+    table, ``kept`` maps them to input indices), as one list in input order."""
+    rows = kept.to_pylist()
+    entries = [
+        *zip(decoded.indices, decoded.stages, decoded.error_classes, decoded.messages, strict=True),
+        *(
+            (rows[i], stage, cls, msg)
+            for i, stage, cls, msg in zip(
+                failed.indices, failed.stages, failed.error_classes, failed.messages, strict=True
+            )
+        ),
+    ]
+    merged = BadRecords()
+    for index, stage, cls, msg in sorted(entries, key=lambda e: e[0]):
+        merged.add(index, stage, msg, cls)
+    return merged
 
 
 def _columns_of(records: Iterable[SourceRecord]) -> RangeColumns:

@@ -173,6 +173,8 @@ state:
   path: state
 sink:
   path: sink
+decode:
+  kind: text
 transform: splitkeeper.transforms:enrich_json
 """,
         encoding="utf-8",

@@ -46,6 +46,7 @@ def test_a_split_with_an_unreadable_record_is_quarantined_and_released_after_a_f
     _write_files(input_dir)
     mapping = pipeline_mapping(tmp_path, "orders", input_dir, parallelism=2, epoch_records=24)
     mapping["transform"] = "splitkeeper.transforms:enrich_json"
+    mapping["decode"] = {"kind": "text"}
     mapping["checkpoint"].update(on_split_failure="quarantine", quarantine_after=2)
     config = write_config(tmp_path / "orders.yaml", mapping)
 

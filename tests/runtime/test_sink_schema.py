@@ -26,7 +26,7 @@ from splitkeeper.records.spec import Column, DecodeSpec
 from splitkeeper.spark.dead_letters import DEAD_FILE
 from splitkeeper.spark.sources.files import FileSource
 from splitkeeper.spark.task import RecordPolicy, SplitReadError, StagedWriter, run_region_task
-from splitkeeper.transforms import identity
+from splitkeeper.transforms import identity, transform
 
 RAW_LINES = [b"plain", "h\u00e9llo".encode(), b"\xff\xfe not utf-8", b"", b"\x00\x01\x02", b"{}"]
 
@@ -45,12 +45,12 @@ def _file_source(tmp_path: Path, lines: list[bytes]) -> FileSource:
     return FileSource(tmp_path / "in")
 
 
-def _run(tmp_path: Path, source: FileSource, policy: RecordPolicy, epoch: int = 1):  # type: ignore[no-untyped-def]
+def _run(tmp_path: Path, source: FileSource, policy: RecordPolicy, epoch: int = 1, transform=identity):  # type: ignore[no-untyped-def]
     split = source.discover_splits()[0]
     return run_region_task(
         [(split, 0, split.end or 0)],
         source.reader(),
-        identity,
+        transform,
         str(tmp_path / "staging"),
         epoch,
         0,
@@ -121,6 +121,32 @@ def test_text_decode_with_tolerance_all_stages_dead_letters_and_counts_them(tmp_
     nexts = sorted(staged.column("next_offset").to_pylist() + [d["next_offset"] for d in dead])
     assert offsets[1:] == nexts[:-1]  # sink and dead letters together: contiguous, disjoint
     assert result.positions == {"f.txt": nexts[-1]}
+
+
+@transform
+def _refuses_empty(value: str) -> str:
+    """A text transform that raises on an empty value (a record-level failure)."""
+    if not value:
+        raise ValueError("empty value")
+    return value.upper()
+
+
+def test_a_record_its_transform_fails_on_is_a_dead_letter_under_tolerance_all(tmp_path: Path) -> None:
+    source = _file_source(tmp_path, RAW_LINES)
+    policy = RecordPolicy(decode=DecodeSpec(kind="text"), tolerance="all", max_bad_ratio=0.5)
+    result = _run(tmp_path, source, policy, transform=_refuses_empty)
+    dead = pq.read_table(result.dead_letter_path or "").to_pylist()
+    assert [(d["value"], d["stage"]) for d in dead] == [(RAW_LINES[2], "decode"), (b"", "transform")]
+    assert "empty value" in dead[1]["error_message"]
+    staged = pq.read_table(result.staged_path or "")
+    assert staged.column("value").to_pylist() == [
+        v.decode().upper() for v in RAW_LINES if v not in (RAW_LINES[2], b"")
+    ]
+    offsets = sorted(staged.column("offset").to_pylist() + [d["offset"] for d in dead])
+    nexts = sorted(staged.column("next_offset").to_pylist() + [d["next_offset"] for d in dead])
+    assert offsets[1:] == nexts[:-1] and len(offsets) == len(RAW_LINES)  # contiguous, disjoint
+    with pytest.raises(SplitReadError, match="empty value"):  # tolerance none: the region fails
+        _run(tmp_path, source, RecordPolicy(decode=DecodeSpec(kind="text")), transform=_refuses_empty)
 
 
 def test_more_bad_records_than_max_bad_ratio_fail_the_region(tmp_path: Path) -> None:
