@@ -571,7 +571,7 @@ def _latest_checkpoint(config: Any) -> int:
     return 0 if latest is None else latest.id
 
 
-def _sink_rows(config: Any) -> list[tuple[str, int, str]]:
+def _sink_rows(config: Any) -> list[tuple[str, int, bytes]]:
     """(split id, offset, value) of every record in the pipeline's sink, read with deltalake."""
     from deltalake import DeltaTable
 
@@ -585,12 +585,14 @@ def _sink_rows(config: Any) -> list[tuple[str, int, str]]:
     return list(zip(*(table[c].to_pylist() for c in ("split_id", "offset", "value")), strict=True))
 
 
-def _assert_exactly_once(rows: list[tuple[str, int, str]], source: list[str]) -> None:
+def _assert_exactly_once(rows: list[tuple[str, int, bytes]], source: list[str] | list[bytes]) -> None:
+    """Every source record once in the sink, byte for byte (the raw sink's values are its bytes)."""
     positions = [(split, offset) for split, offset, _ in rows]
     assert len(set(positions)) == len(positions), "a record was committed twice"
     values = sorted(v for _, _, v in rows)
-    missing, extra = sorted(set(source) - set(values)), sorted(set(values) - set(source))
-    assert values == sorted(source), f"lost {len(missing)} {missing[:5]}, unexpected {len(extra)} {extra[:5]}"
+    wanted = sorted(s.encode("utf-8", "surrogateescape") if isinstance(s, str) else s for s in source)
+    missing, extra = sorted(set(wanted) - set(values)), sorted(set(values) - set(wanted))
+    assert values == wanted, f"lost {len(missing)} {missing[:5]}, unexpected {len(extra)} {extra[:5]}"
 
 
 def _log_events(log: str) -> list[str]:
