@@ -27,8 +27,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-import pyarrow as pa
-
 from splitkeeper.config.settings import PipelineConfig, core_settings
 from splitkeeper.core import driver as core_driver
 from splitkeeper.core.checkpoint import RegionalCheckpointCoordinator
@@ -54,16 +52,13 @@ from splitkeeper.core.source import SourceConnector
 from splitkeeper.core.types import CompletedCheckpoint, RegionOutcome, Split
 from splitkeeper.delta.checkpoints import DeltaStateStore
 from splitkeeper.delta.lease import HeldLease
-from splitkeeper.delta.schemas import sink_schema
+from splitkeeper.delta.schemas import data_schema
 from splitkeeper.delta.sink import DeltaSink
-from splitkeeper.records.spec import BOOKKEEPING_COLUMNS, INGESTED_DATE
 from splitkeeper.spark.faults import FaultPlan, crash_if_requested, crash_request
 from splitkeeper.spark.regions import RegionStatus, run_regions
 from splitkeeper.spark.sources import build_source
 from splitkeeper.spark.task import FaultKind, RecordPolicy, RegionResult, failed_splits, run_region_task
 from splitkeeper.transforms import Transform, is_batch, output_schema, resolve_transform
-
-_BOOKKEEPING = frozenset((*BOOKKEEPING_COLUMNS, INGESTED_DATE))
 
 if TYPE_CHECKING:
     from splitkeeper.app.metrics import PipelineMetrics
@@ -137,9 +132,7 @@ def record_policy(config: PipelineConfig) -> RecordPolicy:
     transform = resolve_transform(config.transform)
     if not is_batch(transform):
         return policy
-    decoded = sink_schema(config.decode)
-    data = pa.schema([f for f in decoded if f.name not in _BOOKKEEPING])
-    return replace(policy, data=output_schema(transform, data))
+    return replace(policy, data=output_schema(transform, data_schema(config.decode)))
 
 
 def _region_task(payload: tuple[Any, ...]) -> RegionResult:

@@ -444,6 +444,15 @@ def spec(table: str) -> TableSpec:
 INGESTED_DATE_TYPE = pa.date32()
 
 
+def data_schema(decode: DecodeSpec) -> pa.Schema:
+    """The sink's data columns of ``decode`` (``decode.data_columns()``) with their Arrow types."""
+    from splitkeeper.records.ddl import arrow_type
+
+    return pa.schema(
+        [pa.field(c.name, arrow_type(c.type), nullable=c.nullable) for c in decode.data_columns()]
+    )
+
+
 def sink_schema(
     decode: DecodeSpec | None = None, partition_by: Sequence[str] = (), data: pa.Schema | None = None
 ) -> pa.Schema:
@@ -454,17 +463,12 @@ def sink_schema(
     (or the default spec) is the raw sink: ``value BINARY``, the bytes as read. ``data``: the data
     columns a batch transform makes of the decoded ones
     (:func:`splitkeeper.transforms.output_schema`), in place of the spec's."""
-    from splitkeeper.records.ddl import arrow_type
     from splitkeeper.records.spec import INGESTED_DATE, DecodeSpec
 
     spec = decode if decode is not None else DecodeSpec()
     base = SCHEMAS[SINK_TABLE]
     head = [base.field(name) for name in ("split_id", "offset", "next_offset")]
-    columns = (
-        [pa.field(c.name, arrow_type(c.type), nullable=c.nullable) for c in spec.data_columns()]
-        if data is None
-        else list(data)
-    )
+    columns = list(data_schema(spec) if data is None else data)
     tail = [f for f in base if f.name not in {"split_id", "offset", "next_offset", "value"}]
     dated = [optional(INGESTED_DATE, INGESTED_DATE_TYPE)] if INGESTED_DATE in partition_by else []
     return pa.schema(head + columns + tail + dated)

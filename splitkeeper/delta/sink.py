@@ -90,6 +90,7 @@ from splitkeeper.delta.tables import (
     refresh,
 )
 from splitkeeper.errors import InvalidParameterError, StagedOutputError, StateError
+from splitkeeper.records.spec import NOT_DATA_COLUMNS
 
 if TYPE_CHECKING:  # pragma: no cover
     from deltalake import DeltaTable
@@ -262,30 +263,14 @@ class _Staged:
 
 #: The manifest a partitioned region task writes beside its files: their paths, relative to it.
 PARTS_FILE = "parts.json"
-_NOT_DATA = frozenset(
-    (
-        "split_id",
-        "offset",
-        "next_offset",
-        "epoch",
-        "region",
-        "ingested_at",
-        "key",
-        "topic",
-        "partition",
-        "timestamp",
-        "headers",
-        "ingested_date",
-    )
-)
 
 
 def _data_fields(schema: pa.Schema) -> list[tuple[str, Any]]:
-    return [(f.name, _shape(f.type)) for f in schema if f.name not in _NOT_DATA]
+    return [(f.name, _shape(f.type)) for f in schema if f.name not in NOT_DATA_COLUMNS]
 
 
 def _ddl_list(fields: Sequence[pa.Field]) -> str:
-    return ", ".join(f"{f.name} {str(f.type).upper()}" for f in fields if f.name not in _NOT_DATA)
+    return ", ".join(f"{f.name} {str(f.type).upper()}" for f in fields if f.name not in NOT_DATA_COLUMNS)
 
 
 class DeltaSink(EpochSink):

@@ -600,16 +600,6 @@ class _Typed:
                 column = self._cast(column, c, indices, keep)
             columns[c.name] = column
             self._required(c, column, indices, keep)
-            if not c.nullable and column.null_count:
-                for j in np.flatnonzero(np.asarray(column.is_null())):
-                    if keep[j]:
-                        keep[j] = False
-                        self._bad(
-                            int(indices[j]),
-                            "schema",
-                            f"column {c.name!r} is NOT NULL but the record has no value",
-                            "NullValue",
-                        )
         extras = {n: table.column(n).combine_chunks() for n in table.column_names if n not in plan.names}
         if extras or self.spec.kind == "json":
             nested = [c.name for c in plan.columns if table.column(c.name).type != plan.read[c.name]]
@@ -625,20 +615,30 @@ class _Typed:
         self.parts.append((indices, out))
 
     def _required(self, c: Column, column: pa.Array, indices: np.ndarray, keep: np.ndarray) -> None:
-        """Rows with a null in a NOT NULL field nested in ``c`` (a STRUCT): stage schema."""
-        if "NOT NULL" not in c.type:
-            return
-        found: dict[int, str] = {}
-        for j in np.flatnonzero(_nested_nulls(column, column.type, c.name, found)):
-            if keep[j]:
-                keep[j] = False
-                where = found.get(int(j), c.name)
-                self._bad(
-                    int(indices[j]),
-                    "schema",
-                    f"field {where!r} is NOT NULL but the record has no value",
-                    "NullValue",
-                )
+        """Rows with a null in a NOT NULL field nested in ``c`` (a STRUCT), or in ``c`` itself when it
+        is NOT NULL: stage schema (a row is named once, for the first it breaks)."""
+        if "NOT NULL" in c.type:
+            found: dict[int, str] = {}
+            for j in np.flatnonzero(_nested_nulls(column, column.type, c.name, found)):
+                if keep[j]:
+                    keep[j] = False
+                    where = found.get(int(j), c.name)
+                    self._bad(
+                        int(indices[j]),
+                        "schema",
+                        f"field {where!r} is NOT NULL but the record has no value",
+                        "NullValue",
+                    )
+        if not c.nullable and column.null_count:
+            for j in np.flatnonzero(np.asarray(column.is_null())):
+                if keep[j]:
+                    keep[j] = False
+                    self._bad(
+                        int(indices[j]),
+                        "schema",
+                        f"column {c.name!r} is NOT NULL but the record has no value",
+                        "NullValue",
+                    )
 
     def _cast(self, column: pa.Array, c: Column, indices: np.ndarray, keep: np.ndarray) -> pa.Array:
         declared = self.plan.arrow[c.name]
@@ -864,16 +864,6 @@ class _Typed:
         keep = np.ones(len(indices), bool)
         for c in plan.columns:
             self._required(c, table.column(c.name).combine_chunks(), indices, keep)
-            if not c.nullable and table.column(c.name).null_count:
-                for j in np.flatnonzero(np.asarray(table.column(c.name).is_null())):
-                    if keep[j]:
-                        keep[j] = False
-                        self._bad(
-                            int(indices[j]),
-                            "schema",
-                            f"column {c.name!r} is NOT NULL but the record has no value",
-                            "NullValue",
-                        )
         if not keep.all():
             table = table.filter(pa.array(keep))
             indices = indices[keep]

@@ -28,6 +28,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = [
     "BOOKKEEPING_COLUMNS",
+    "NOT_DATA_COLUMNS",
     "RESCUED",
     "Column",
     "DecodeSpec",
@@ -52,6 +53,8 @@ BOOKKEEPING_COLUMNS: tuple[str, ...] = (
 )
 #: A derived column a sink may be partitioned by: the UTC date of ``ingested_at``.
 INGESTED_DATE = "ingested_date"
+#: Every sink column that is not a data column (what a schema's data columns are told apart by).
+NOT_DATA_COLUMNS: frozenset[str] = frozenset((*BOOKKEEPING_COLUMNS, INGESTED_DATE))
 KINDS = ("raw", "text", "json", "csv", "avro")
 TYPED_KINDS = ("json", "csv", "avro")
 

@@ -302,21 +302,9 @@ class StagedWriter:
 
     def _meta_arrays(self, n: int) -> list[pa.Array]:
         """The key, topic, partition, timestamp and headers columns of the buffered rows."""
-        types = [_meta_type(name) for name in META_COLUMNS]
         if not self._has_meta:
-            return [pa.nulls(n, t) for t in types]
-        metas = self._metas
-        return [
-            pa.array([m.key if m else None for m in metas], types[0]),
-            pa.array([m.topic if m else None for m in metas], types[1]),
-            pa.array([m.partition if m else None for m in metas], types[2]),
-            pa.array(
-                [m.timestamp_ms * 1000 if m and m.timestamp_ms is not None else None for m in metas], types[3]
-            ),
-            pa.array(
-                [[{"key": k, "value": v} for k, v in m.headers] if m else None for m in metas], types[4]
-            ),
-        ]
+            return [pa.nulls(n, _meta_type(name)) for name in META_COLUMNS]
+        return _meta_columns(self._metas)
 
     def _batch_rows(self) -> None:
         """Turn the rows :meth:`add` buffered into a record batch."""
@@ -785,6 +773,20 @@ def _merged(decoded: BadRecords, failed: BadRecords, kept: pa.Array) -> BadRecor
     return merged
 
 
+def _meta_columns(metas: Sequence[RecordMeta | None]) -> list[pa.Array]:
+    """The key, topic, partition, timestamp and headers columns of records' metadata (None: NULLs)."""
+    types = [_meta_type(name) for name in META_COLUMNS]
+    return [
+        pa.array([m.key if m else None for m in metas], types[0]),
+        pa.array([m.topic if m else None for m in metas], types[1]),
+        pa.array([m.partition if m else None for m in metas], types[2]),
+        pa.array(
+            [m.timestamp_ms * 1000 if m and m.timestamp_ms is not None else None for m in metas], types[3]
+        ),
+        pa.array([[{"key": k, "value": v} for k, v in m.headers] if m else None for m in metas], types[4]),
+    ]
+
+
 def _columns_of(records: Iterable[SourceRecord]) -> RangeColumns:
     """A reader's records (the per-record form) as range columns (a ``str`` value: its UTF-8 bytes)."""
     offsets: list[int] = []
@@ -797,20 +799,7 @@ def _columns_of(records: Iterable[SourceRecord]) -> RangeColumns:
         value = record[2]
         values.append(value.encode("utf-8") if isinstance(value, str) else value)
         metas.append(record[3] if len(record) > 3 else None)
-    meta = None
-    if any(m is not None for m in metas):
-        types = [_meta_type(name) for name in META_COLUMNS]
-        meta = (
-            pa.array([m.key if m else None for m in metas], types[0]),
-            pa.array([m.topic if m else None for m in metas], types[1]),
-            pa.array([m.partition if m else None for m in metas], types[2]),
-            pa.array(
-                [m.timestamp_ms * 1000 if m and m.timestamp_ms is not None else None for m in metas], types[3]
-            ),
-            pa.array(
-                [[{"key": k, "value": v} for k, v in m.headers] if m else None for m in metas], types[4]
-            ),
-        )
+    meta = tuple(_meta_columns(metas)) if any(m is not None for m in metas) else None
     return RangeColumns(
         pa.array(offsets, pa.int64()), pa.array(nexts, pa.int64()), pa.array(values, pa.binary()), meta
     )
