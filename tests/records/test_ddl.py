@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from splitkeeper.records.ddl import arrow_schema, arrow_type, avro_columns, parse_ddl, render_ddl
+from splitkeeper.records.ddl import PRIMITIVES, arrow_schema, arrow_type, avro_columns, parse_ddl, render_ddl
 from splitkeeper.records.spec import Column
 
 
@@ -85,22 +85,9 @@ def test_the_module_imports_without_pyarrow() -> None:
 # --------------------------------------------------------------------------- the round trip
 
 _names = st.text(alphabet=string.ascii_letters + string.digits + "_ `-.", min_size=1, max_size=8)
-_primitive = st.sampled_from(
-    [
-        "STRING",
-        "BINARY",
-        "BOOLEAN",
-        "TINYINT",
-        "SMALLINT",
-        "INT",
-        "BIGINT",
-        "FLOAT",
-        "DOUBLE",
-        "DATE",
-        "TIMESTAMP",
-        "TIMESTAMP_NTZ",
-    ]  # fmt: skip
-) | st.builds(lambda p, s: f"DECIMAL({p},{min(s, p)})", st.integers(1, 38), st.integers(0, 38))
+_primitive = st.sampled_from(PRIMITIVES) | st.builds(
+    lambda p, s: f"DECIMAL({p},{min(s, p)})", st.integers(1, 38), st.integers(0, 38)
+)
 
 
 def _struct(fields: list[tuple[str, str, bool]]) -> str:
