@@ -47,9 +47,11 @@ from pydantic import (
     AfterValidator,
     BaseModel,
     ConfigDict,
+    Discriminator,
     Field,
     PrivateAttr,
     StringConstraints,
+    Tag,
     ValidationError,
     ValidationInfo,
     model_validator,
@@ -154,6 +156,20 @@ class Tolerance(enum.Enum):
 
     NONE = "none"  # it fails its region, naming split and offset
     ALL = "all"  # it goes to the dead-letter table, with its stage and error
+
+
+class SinkMode(enum.Enum):
+    """``sink.mode``: what an epoch's records do to the sink table."""
+
+    APPEND = "append"  # every record is a new row (the table is the change log)
+    UPSERT = "upsert"  # the latest row per sink.key, one Delta MERGE per epoch; deletes by sink.delete_when
+
+
+class TransformKind(enum.Enum):
+    """``transform.kind``: where the pipeline's transform runs."""
+
+    PYTHON = "python"  # in each region task, on its records (a @transform/@vectorized/@batch_transform)
+    SPARK = "spark"  # on Spark, over an epoch's acknowledged records: fn(DataFrame) -> DataFrame
 
 
 class StartingMode(enum.Enum):
@@ -370,6 +386,32 @@ class SinkSection(_Section):
     partition_by: list[_Text] = Field(
         default_factory=list, description="a list of sink column names (Delta partition columns)"
     )
+    mode: SinkMode = _choice(SinkMode, SinkMode.APPEND)
+    key: list[_Text] = Field(
+        default_factory=list,
+        description="a list of sink column names: the row key of an upsert sink (mode 'upsert')",
+    )
+    delete_when: _Text | None = Field(
+        None,
+        description="a SQL predicate over the record's columns that makes it a delete of its key, "
+        "e.g. \"op = 'd'\" (mode 'upsert'; a null Kafka value deletes too)",
+    )
+    changes_path: _Text | None = Field(
+        None,
+        description="the change table of an upsert sink: every record of every epoch (default: "
+        "<sink.path>_changes beside the sink)",
+    )
+
+
+class TransformSection(_Section):
+    """``transform`` as a mapping: ``{kind: spark, function: 'module:fn'}``."""
+
+    kind: TransformKind = _choice(TransformKind, TransformKind.PYTHON)
+    function: _Text = Field(
+        pattern=CALLABLE_PATTERN,
+        description="'module:function': for kind 'spark' fn(pyspark.sql.DataFrame) -> DataFrame, for kind "
+        "'python' a function marked @splitkeeper.transform",
+    )
 
 
 class RescaleSection(_Section):
@@ -434,6 +476,13 @@ class Resolved:
     client: tuple[tuple[str, str], ...]
     dead_letter_path: str | None
     decode: Any  # splitkeeper.records.spec.DecodeSpec
+    changes_path: str | None  # sink.changes_path (mode upsert only; default beside the sink)
+    filtered_path: str  # where the offsets a Spark transform dropped are recorded (beside the sink)
+
+
+def _transform_form(value: Any) -> str:
+    """``transform`` is a ``'module:function'`` string or a ``{kind, function}`` mapping."""
+    return "[mapping]" if isinstance(value, Mapping | TransformSection) else "[module:function]"
 
 
 class PipelineFile(_Section):
@@ -464,11 +513,15 @@ class PipelineFile(_Section):
     decode: DecodeSection = DecodeSection.model_validate({})
     errors: ErrorsSection = ErrorsSection.model_validate({})
     staging: OptionalPath = OptionalPath.model_validate({})
-    transform: _Text = Field(
+    transform: Annotated[
+        Annotated[Annotated[_Text, Field(pattern=CALLABLE_PATTERN)], Tag("[module:function]")]
+        | Annotated[TransformSection, Tag("[mapping]")],
+        Discriminator(_transform_form),
+    ] = Field(
         IDENTITY_TRANSFORM,
-        pattern=CALLABLE_PATTERN,
         description="'module:function' naming a function marked @splitkeeper.transform, e.g. "
-        "'mypkg.transforms:enrich'",
+        "'mypkg.transforms:enrich', or {kind: spark, function: 'module:fn'} for a PySpark DataFrame "
+        "transform",
     )
     rescale: RescaleSection = RescaleSection.model_validate({})
     weighted: WeightedSection = WeightedSection.model_validate({})
@@ -503,31 +556,62 @@ class PipelineFile(_Section):
             except ConfigError as err:
                 raise ConfigError(f"{err.message} ({at.where})", **err.params) from err.__cause__
         state_path, sink_path, staging_path = _check_locations(self, source_path, at)
-        try:
-            function = resolve_transform(self.transform)  # fail at submission, not on an executor
-        except ConfigError as err:
-            raise ConfigError(f"{err.message} ({at.where})", **err.params) from err.__cause__
-        if (
-            self.transform != IDENTITY_TRANSFORM
-            and not is_batch(function)
-            and self.decode.kind is not DecodeKind.TEXT
-        ):
-            raise at.invalid(
-                "transform",
-                self.transform,
-                "a @batch_transform (RecordBatch -> RecordBatch) for decode.kind "
-                f"{self.decode.kind.value!r}; a @transform or @vectorized function works on text values",
-                "set decode.kind: text to give it each record's value as a string (invalid UTF-8 becomes a "
-                "bad record), or mark it @batch_transform",
-            )
+        _check_transform(self, at)
         decode, dead_letter_path = _check_records(self, sink_path, at)
+        changes_path = _check_upsert(self, decode, sink_path, dead_letter_path, at)
         self._resolved = Resolved(
-            source_path, state_path, sink_path, staging_path, servers, client, dead_letter_path, decode
+            source_path,
+            state_path,
+            sink_path,
+            staging_path,
+            servers,
+            client,
+            dead_letter_path,
+            decode,
+            changes_path,
+            _sibling(sink_path, "_filtered"),
         )
         return self
 
+    @property
+    def transform_kind(self) -> TransformKind:
+        return self.transform.kind if isinstance(self.transform, TransformSection) else TransformKind.PYTHON
+
+    @property
+    def transform_function(self) -> str:
+        return self.transform.function if isinstance(self.transform, TransformSection) else self.transform
+
 
 # --------------------------------------------------------------------------- cross-key rules
+
+
+def _sibling(path: str, suffix: str) -> str:
+    """``<path><suffix>``: a table beside ``path`` (a local path or a URI), e.g. the sink's change table."""
+    return path.rstrip("/") + suffix
+
+
+def _check_transform(file: PipelineFile, at: _Where) -> None:
+    """``transform``: the function imports (at submission, not on an executor); a python transform
+    fits the decode kind; a spark one is a plain callable (its output schema is known once Spark runs
+    it on an empty frame, when the pipeline opens)."""
+    spec = file.transform_function
+    key = "transform" if isinstance(file.transform, str) else "transform.function"
+    try:
+        if file.transform_kind is TransformKind.SPARK:
+            resolve_callable(spec, key)
+            return
+        function = resolve_transform(spec)
+    except ConfigError as err:
+        raise ConfigError(f"{err.message} ({at.where})", **err.params) from err.__cause__
+    if spec != IDENTITY_TRANSFORM and not is_batch(function) and file.decode.kind is not DecodeKind.TEXT:
+        raise at.invalid(
+            key,
+            spec,
+            "a @batch_transform (RecordBatch -> RecordBatch) for decode.kind "
+            f"{file.decode.kind.value!r}; a @transform or @vectorized function works on text values",
+            "set decode.kind: text to give it each record's value as a string (invalid UTF-8 becomes a "
+            "bad record), or mark it @batch_transform",
+        )
 
 
 _ClientItems = tuple[tuple[str, str], ...]
@@ -644,6 +728,46 @@ def _check_records(file: PipelineFile, sink_path: str, at: _Where) -> tuple[Any,
     if len(set(file.sink.partition_by)) != len(file.sink.partition_by):
         raise at.invalid("sink.partition_by", list(file.sink.partition_by), "distinct column names")
     return spec, dead_path
+
+
+def _check_upsert(
+    file: PipelineFile, decode: Any, sink_path: str, dead_letter_path: str | None, at: _Where
+) -> str | None:
+    """``sink.mode``, ``sink.key``, ``sink.delete_when`` and ``sink.changes_path`` together: an upsert
+    sink has a key of distinct sink columns, a delete predicate that parses and names sink columns
+    only, and a change table that is no other table of the pipeline; an append sink has none of
+    them. A Spark transform may change the columns, so its key and predicate are checked again
+    against its output when the pipeline opens. Returns the resolved change table path (or None)."""
+    from splitkeeper.records.upsert import UpsertError, UpsertSpec
+
+    sink = file.sink
+    if sink.mode is not SinkMode.UPSERT:
+        for key in ("key", "delete_when", "changes_path"):
+            if key in sink.given():
+                raise at.invalid(
+                    f"sink.{key}",
+                    getattr(sink, key),
+                    "nothing unless sink.mode is 'upsert' (an append sink keeps every record)",
+                    "set sink.mode: upsert",
+                )
+        return None
+    if not sink.key:
+        raise at.missing("sink.key", "the list of sink columns that identify a row (sink.mode is 'upsert')")
+    columns = decode.sink_column_names()
+    try:
+        UpsertSpec.of(
+            sink.key,
+            sink.delete_when,
+            columns=None if file.transform_kind is TransformKind.SPARK else columns,
+        )
+    except UpsertError as err:
+        value = list(sink.key) if err.key == "key" else sink.delete_when
+        raise at.invalid(f"sink.{err.key}", value, str(err)) from None
+    changes = at.path(sink.changes_path) if sink.changes_path is not None else _sibling(sink_path, "_changes")
+    for name, other in (("sink.path", sink_path), ("errors.dead_letter.path", dead_letter_path)):
+        if other is not None and changes.rstrip("/") == other.rstrip("/"):
+            raise at.invalid("sink.changes_path", sink.changes_path, f"a table other than {name}")
+    return changes
 
 
 def _check_weighted(file: PipelineFile, at: _Where) -> None:
@@ -835,6 +959,9 @@ def _walk(loc: tuple[int | str, ...]) -> tuple[FieldInfo | None, list[str]]:
     info: FieldInfo | None = None
     parts: list[str] = []
     for item in loc:
+        if item == "[mapping]":  # the mapping form of transform (its discriminator's tag)
+            model = TransformSection
+            continue
         if isinstance(item, str) and (item in _UNION_TAGS or "[" in item):
             continue  # "[key]", and the branch of a union pydantic tried ("str", "list[str]")
         parts.append(str(item))

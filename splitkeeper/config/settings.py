@@ -85,9 +85,11 @@ from splitkeeper.config.models import (
     OperatorState,
     PipelineFile,
     RegionMode,
+    SinkMode,
     SourceKind,
     StartingMode,
     Tolerance,
+    TransformKind,
     is_secret_key,
     validate_shape,
 )
@@ -98,6 +100,7 @@ from splitkeeper.core.rescale import Redistribution
 from splitkeeper.core.types import SplitChangePolicy, SplitFailurePolicy
 from splitkeeper.errors import ConfigError
 from splitkeeper.records.spec import DecodeSpec
+from splitkeeper.records.upsert import UpsertSpec
 
 __all__ = [
     "IDENTITY_TRANSFORM",
@@ -265,6 +268,11 @@ class PipelineConfig:
     dead_letter_path: str | None  # errors.dead_letter.path (tolerance all only)
     max_bad_ratio: float  # errors.max_bad_ratio: per region and epoch, above it the region fails
     partition_by: tuple[str, ...]  # sink.partition_by: the sink's Delta partition columns
+    sink_mode: SinkMode  # sink.mode: append every record, or upsert the latest per sink.key
+    upsert: UpsertSpec | None  # sink.key and sink.delete_when (mode upsert only)
+    changes_path: str | None  # sink.changes_path: the upsert sink's change table (mode upsert only)
+    filtered_path: str  # the offsets a Spark transform dropped (a Delta table beside the sink)
+    transform_kind: TransformKind  # transform.kind: python (in the region tasks) or spark (per epoch)
     origin: str  # the file it was loaded from (for messages), "" if built from a mapping
 
     @property
@@ -677,7 +685,7 @@ def _view(file: PipelineFile, origin: str) -> PipelineConfig:
         strategy=file.strategy,
         checkpoint=checkpoint,
         backlog=file.backlog.core(),
-        transform=file.transform,
+        transform=file.transform_function,
         operator_state=file.rescale.operator_state,
         capacities=tuple(sorted(file.weighted.capacities.items())),
         rebalance_threshold=file.weighted.rebalance_threshold,
@@ -690,6 +698,13 @@ def _view(file: PipelineFile, origin: str) -> PipelineConfig:
         dead_letter_path=resolved.dead_letter_path,
         max_bad_ratio=file.errors.max_bad_ratio,
         partition_by=tuple(file.sink.partition_by),
+        sink_mode=file.sink.mode,
+        upsert=(
+            UpsertSpec.of(file.sink.key, file.sink.delete_when) if file.sink.mode is SinkMode.UPSERT else None
+        ),
+        changes_path=resolved.changes_path,
+        filtered_path=resolved.filtered_path,
+        transform_kind=file.transform_kind,
         origin=origin,
     )
 

@@ -44,6 +44,9 @@ __all__ = [
     "DEAD_FILE",
     "DEAD_LETTER_SCHEMA",
     "DEAD_LETTER_TABLE",
+    "FILTERED_FILE",
+    "FILTERED_SCHEMA",
+    "FILTERED_TABLE",
     "META_COLUMNS",
     "SCHEMAS",
     "SINK_TABLE",
@@ -312,6 +315,17 @@ SCHEMAS: dict[str, pa.Schema] = {
             optional("timestamp", TIMESTAMP),
         ]
     ),
+    "filtered_offsets": pa.schema(
+        [
+            required("split_id", STRING),
+            required("start_offset", BIGINT),
+            required("end_offset", BIGINT),
+            required("records", BIGINT),
+            required("epoch", BIGINT),
+            required("region", INT),
+            required("function", STRING),
+        ]
+    ),
 }
 
 # --------------------------------------------------------------------------- the tables (rules 2, 3)
@@ -410,6 +424,7 @@ TABLES: dict[str, TableSpec] = {
             "dead_letters",
             stats_columns=("split_id", "offset", "next_offset", "epoch", "region", "stage", "failed_at"),
         ),
+        TableSpec("filtered_offsets", stats_columns=("split_id", "start_offset", "end_offset", "epoch")),
     )
 }
 
@@ -418,6 +433,11 @@ DEAD_LETTER_TABLE = "dead_letters"
 DEAD_LETTER_SCHEMA: pa.Schema = SCHEMAS[DEAD_LETTER_TABLE]
 #: A region attempt's staged dead letters: this file beside its ``part.parquet``.
 DEAD_FILE = "dead.parquet"
+#: The offsets a Spark transform dropped (a table beside the sink): ranges per split, one row each.
+FILTERED_TABLE = "filtered_offsets"
+FILTERED_SCHEMA: pa.Schema = SCHEMAS[FILTERED_TABLE]
+#: A region's staged filtered ranges: this file beside its (transformed) output.
+FILTERED_FILE = "filtered.parquet"
 
 #: The tables a :class:`~splitkeeper.delta.checkpoints.DeltaStateStore` owns, in creation order.
 STATE_TABLES: tuple[str, ...] = (

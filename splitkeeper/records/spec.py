@@ -29,6 +29,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = [
     "BOOKKEEPING_COLUMNS",
     "NOT_DATA_COLUMNS",
+    "TOMBSTONE",
     "RESCUED",
     "Column",
     "DecodeSpec",
@@ -51,10 +52,13 @@ BOOKKEEPING_COLUMNS: tuple[str, ...] = (
     "timestamp",
     "headers",
 )
+#: The bookkeeping column of an upsert sink's rows (sink.mode upsert only): the value was null, a
+#: Kafka tombstone (see :mod:`splitkeeper.records.upsert`).
+TOMBSTONE = "tombstone"
 #: A derived column a sink may be partitioned by: the UTC date of ``ingested_at``.
 INGESTED_DATE = "ingested_date"
 #: Every sink column that is not a data column (what a schema's data columns are told apart by).
-NOT_DATA_COLUMNS: frozenset[str] = frozenset((*BOOKKEEPING_COLUMNS, INGESTED_DATE))
+NOT_DATA_COLUMNS: frozenset[str] = frozenset((*BOOKKEEPING_COLUMNS, INGESTED_DATE, TOMBSTONE))
 KINDS = ("raw", "text", "json", "csv", "avro")
 TYPED_KINDS = ("json", "csv", "avro")
 

@@ -487,3 +487,72 @@ def test_decode_errors_and_partition_by_reach_the_typed_view(tmp_path: Path) -> 
         0.25,
         ("ingested_date",),
     )
+
+
+# --------------------------------------------------------------------------- upsert sinks, Spark transforms
+
+_CDC = {"decode__kind": "json", "decode__schema": "id BIGINT, op STRING, amount DOUBLE"}
+
+
+@pytest.mark.parametrize(
+    ("changes", "expected"),
+    [
+        ({"sink__mode": "upsert"}, "sink.key is required but missing"),
+        ({**_CDC, "sink__mode": "upsert", "sink__key": ["customer"]}, "'customer' is not one"),
+        ({**_CDC, "sink__mode": "upsert", "sink__key": ["id", "id"]}, "distinct column names"),
+        (
+            {**_CDC, "sink__mode": "upsert", "sink__key": ["id"], "sink__delete_when": "op = "},
+            "sink.delete_when='op =' is not allowed: a SQL predicate over the record's columns",
+        ),
+        (
+            {**_CDC, "sink__mode": "upsert", "sink__key": ["id"], "sink__delete_when": "kind = 'd'"},
+            "it names 'kind', which is not one",
+        ),
+        (
+            {**_CDC, "sink__mode": "upsert", "sink__key": ["id"], "sink__delete_when": "(SELECT 1)"},
+            "a predicate over one record, not a query",
+        ),
+        (
+            {**_CDC, "sink__key": ["id"]},
+            "sink.key=['id'] is not allowed: nothing unless sink.mode is 'upsert'",
+        ),
+        ({**_CDC, "sink__mode": "merge"}, "sink.mode"),
+        (
+            {**_CDC, "sink__mode": "upsert", "sink__key": ["id"], "sink__changes_path": "sink"},
+            "a table other than sink.path",
+        ),
+        ({"transform": {"kind": "spark", "function": "no_such_module:fn"}}, "transform.function"),
+        ({"transform": {"kind": "spark"}}, "transform.function"),
+    ],
+)
+def test_a_mistake_in_an_upsert_sink_or_spark_transform_names_the_key_and_what_is_allowed(
+    tmp_path: Path, changes: dict[str, Any], expected: str
+) -> None:
+    assert expected in error_of(tmp_path, **changes)
+
+
+def test_an_upsert_sink_and_a_spark_transform_reach_the_typed_view(tmp_path: Path) -> None:
+    config = build(
+        tmp_path,
+        **_CDC,
+        sink__mode="upsert",
+        sink__key=["id"],
+        sink__delete_when="op = 'd'",
+        transform={"kind": "spark", "function": "splitkeeper.transforms:identity"},
+    )
+    assert config.sink_mode.value == "upsert"
+    assert config.upsert is not None and config.upsert.key == ("id",)
+    assert (
+        config.upsert.delete_condition("s")
+        == "(COALESCE(s.tombstone, FALSE) OR COALESCE((s.op = 'd'), FALSE))"
+    )
+    assert config.changes_path == str(tmp_path / "sink_changes")
+    assert config.filtered_path == str(tmp_path / "sink_filtered")
+    assert (config.transform_kind.value, config.transform) == ("spark", "splitkeeper.transforms:identity")
+    plain = build(tmp_path)
+    assert (plain.sink_mode.value, plain.upsert, plain.changes_path, plain.transform_kind.value) == (
+        "append",
+        None,
+        None,
+        "python",
+    )

@@ -1,0 +1,165 @@
+"""The upsert contract: which sink row a record replaces or deletes (``sink.mode: upsert``).
+
+One definition, used by the three places that must agree: the sink's per-epoch Delta MERGE
+(delta-rs, DataFusion SQL), the restart checks' fold of the change table (Spark SQL), and the
+config's load-time checks.
+
+1. **Key.** ``key`` is a tuple of distinct sink columns (data columns, or the Kafka ``key``
+   bookkeeping column). Keys compare null-safely (``IS NOT DISTINCT FROM``, Spark's ``<=>``): a
+   null key column is a value like any other.
+2. **Order.** Within an epoch the record with the highest ``offset`` per key wins; two records of
+   one key at the same offset in different splits are told apart by ``split_id`` (the higher wins).
+   Across epochs the later epoch wins. So per-key order is the source's order when a key lives in
+   one split (as in Kafka, where the producer's partitioner puts a key in one partition); for a key
+   written to several splits the table holds the record of the latest epoch, and within it the
+   highest offset: deterministic, but not the producer's order.
+3. **Deletes.** A record is a delete of its key when :data:`TOMBSTONE` is true (its value was null:
+   a Kafka tombstone) or when ``delete_when`` (a SQL predicate over the record's columns, e.g.
+   ``op = 'd'``) is true; a predicate that is null is false. A delete of a key that is not in the
+   table changes nothing.
+4. **Tombstones without a key.** A tombstone's data columns are null. When ``key`` names a data
+   column, the tombstone carries no key: it stays in the change table (the accounting) and changes
+   nothing in the keyed table (:attr:`UpsertSpec.keyed_tombstones` is False). Key by the Kafka
+   ``key`` column to delete on tombstones.
+5. **Fold.** The keyed table always equals the fold of the change table: per key, the winning
+   record by ``(epoch, offset, split_id)`` (rule 2); its key is present when that record is not a
+   delete (rules 3, 4). The restart checks prove it (:mod:`splitkeeper.quality.checks`).
+
+Pure Python (``sqlglot`` parses the predicate); no Spark, no delta-rs.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from splitkeeper.records.spec import TOMBSTONE
+
+__all__ = [
+    "ORDER_COLUMNS",
+    "TOMBSTONE",
+    "UpsertError",
+    "UpsertSpec",
+]
+
+#: Rule 2's order, most significant first: the winner of a key has the greatest tuple.
+ORDER_COLUMNS: tuple[str, ...] = ("epoch", "offset", "split_id")
+#: The bookkeeping columns a key may name besides the data columns (a tombstone keeps them).
+SOURCE_KEY_COLUMNS: frozenset[str] = frozenset({"key"})
+
+
+class UpsertError(ValueError):
+    """A bad ``sink.key`` or ``sink.delete_when``; ``key`` says which (``"key"`` or ``"delete_when"``)."""
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(message)
+        self.key = key
+
+
+@dataclass(frozen=True, slots=True)
+class UpsertSpec:
+    """An upsert sink's key and delete predicate (picklable; see the module doc)."""
+
+    key: tuple[str, ...]
+    delete_when: str | None = None
+
+    @classmethod
+    def of(
+        cls, key: Sequence[str], delete_when: str | None, *, columns: Iterable[str] | None = None
+    ) -> UpsertSpec:
+        """Checked: a non-empty key of distinct names, a predicate that parses; with ``columns`` (the
+        sink's column names) every key column and every column the predicate names is one of them.
+        Raises :class:`UpsertError` naming what is wrong and what is allowed."""
+        key = tuple(key)
+        if not key:
+            raise UpsertError("key", "a non-empty list of sink column names")
+        if len(set(key)) != len(key):
+            raise UpsertError("key", "distinct column names")
+        spec = cls(key, delete_when or None)
+        names = None if columns is None else list(columns)
+        referenced = spec.predicate_columns()
+        if names is not None:
+            spec.check_columns(names)
+        elif referenced is None:  # pragma: no cover - predicate_columns raises instead
+            raise UpsertError("delete_when", "a SQL predicate")
+        return spec
+
+    def check_columns(self, columns: Iterable[str]) -> None:
+        """Every key and predicate column is one of ``columns``; else :class:`UpsertError`."""
+        names = list(columns)
+        allowed = ", ".join(n for n in names if n != TOMBSTONE)
+        for name in self.key:
+            if name not in names or name == TOMBSTONE:
+                raise UpsertError("key", f"names of the sink's columns: {allowed}; {name!r} is not one")
+        for name in self.predicate_columns():
+            if name not in names:
+                raise UpsertError(
+                    "delete_when",
+                    f"a SQL predicate over the sink's columns ({allowed}); "
+                    f"it names {name!r}, which is not one",
+                )
+
+    @property
+    def keyed_tombstones(self) -> bool:
+        """Whether a tombstone has its key (rule 4): every key column is a bookkeeping column it keeps."""
+        return all(name in SOURCE_KEY_COLUMNS for name in self.key)
+
+    # -- the predicate ----------------------------------------------------------------------
+
+    def _parsed(self) -> Any:
+        import sqlglot
+        from sqlglot import exp
+        from sqlglot.errors import ParseError
+
+        assert self.delete_when is not None
+        try:
+            tree = sqlglot.parse_one(self.delete_when, read="spark")
+        except ParseError as err:
+            first = err.errors[0] if err.errors else {}
+            where = f" at line {first.get('line')}, column {first.get('col')}" if first else ""
+            what = re.sub(r" for <class '[^']*'>", "", first.get("description") or str(err).splitlines()[0])
+            raise UpsertError(
+                "delete_when",
+                "a SQL predicate over the record's columns, e.g. \"op = 'd'\" "
+                f"(it does not parse{where}: {what})",
+            ) from None
+        if isinstance(tree, exp.Query) or tree.find(exp.Select, exp.Subquery) is not None:
+            raise UpsertError("delete_when", "a predicate over one record, not a query")
+        if tree.find(exp.AggFunc, exp.Window) is not None:
+            raise UpsertError("delete_when", "a predicate over one record (no aggregate or window)")
+        return tree
+
+    def predicate_columns(self) -> tuple[str, ...]:
+        """The column names ``delete_when`` refers to (empty without one)."""
+        if self.delete_when is None:
+            return ()
+        from sqlglot import exp
+
+        return tuple(dict.fromkeys(c.name for c in self._parsed().find_all(exp.Column)))
+
+    def delete_condition(self, alias: str | None = None, *, dialect: str = "") -> str:
+        """Rule 3 as SQL: ``(tombstone OR COALESCE((delete_when), FALSE))``, each column qualified with
+        ``alias`` when given; ``dialect`` is sqlglot's name of the engine ('spark', or '' for the
+        generic SQL that DataFusion, delta-rs's engine, reads)."""
+        from sqlglot import exp
+
+        prefix = f"{alias}." if alias else ""
+        tombstone = f"{prefix}{TOMBSTONE}"
+        if self.delete_when is None:
+            return f"(COALESCE({tombstone}, FALSE))"
+        tree = self._parsed().copy()
+        if alias:
+            for column in tree.find_all(exp.Column):
+                column.set("table", exp.to_identifier(alias))
+        return f"(COALESCE({tombstone}, FALSE) OR COALESCE(({tree.sql(dialect=dialect or None)}), FALSE))"
+
+    def key_match(self, target: str, source: str, *, dialect: str = "") -> str:
+        """Rule 1 as SQL: the key columns of ``target`` and ``source`` compare null-safely."""
+        from sqlglot import exp
+
+        def column(table: str, name: str) -> str:
+            return str(exp.column(name, table=table, quoted=True).sql(dialect=dialect or None))
+
+        return " AND ".join(f"{column(target, k)} IS NOT DISTINCT FROM {column(source, k)}" for k in self.key)
