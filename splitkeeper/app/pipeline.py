@@ -128,6 +128,7 @@ def record_policy(config: PipelineConfig) -> RecordPolicy:
         tolerance=config.tolerance.value,
         max_bad_ratio=config.max_bad_ratio,
         partition_by=tuple(config.partition_by),
+        upsert=config.upsert,
     )
     transform = resolve_transform(config.transform)
     if not is_batch(transform):

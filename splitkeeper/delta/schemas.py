@@ -474,7 +474,11 @@ def data_schema(decode: DecodeSpec) -> pa.Schema:
 
 
 def sink_schema(
-    decode: DecodeSpec | None = None, partition_by: Sequence[str] = (), data: pa.Schema | None = None
+    decode: DecodeSpec | None = None,
+    partition_by: Sequence[str] = (),
+    data: pa.Schema | None = None,
+    *,
+    tombstone: bool = False,
 ) -> pa.Schema:
     """The one definition of a sink table's columns, from the pipeline's ``decode`` spec:
     ``split_id, offset, next_offset``, the spec's data columns (``decode.data_columns()``, each
@@ -482,8 +486,10 @@ def sink_schema(
     metadata columns, and ``ingested_date DATE`` only when ``partition_by`` names it. ``None``
     (or the default spec) is the raw sink: ``value BINARY``, the bytes as read. ``data``: the data
     columns a batch transform makes of the decoded ones
-    (:func:`splitkeeper.transforms.output_schema`), in place of the spec's."""
-    from splitkeeper.records.spec import INGESTED_DATE, DecodeSpec
+    (:func:`splitkeeper.transforms.output_schema`), in place of the spec's. ``tombstone``: the
+    ``tombstone BOOLEAN NOT NULL`` column after the Kafka metadata (an upsert sink's change table and
+    staged files, :mod:`splitkeeper.records.upsert`)."""
+    from splitkeeper.records.spec import INGESTED_DATE, TOMBSTONE, DecodeSpec
 
     spec = decode if decode is not None else DecodeSpec()
     base = SCHEMAS[SINK_TABLE]
@@ -491,7 +497,8 @@ def sink_schema(
     columns = list(data_schema(spec) if data is None else data)
     tail = [f for f in base if f.name not in {"split_id", "offset", "next_offset", "value"}]
     dated = [optional(INGESTED_DATE, INGESTED_DATE_TYPE)] if INGESTED_DATE in partition_by else []
-    return pa.schema(head + columns + tail + dated)
+    marked = [required(TOMBSTONE, BOOLEAN)] if tombstone else []
+    return pa.schema(head + columns + tail + marked + dated)
 
 
 def sink_spec(schema: pa.Schema, partition_by: Sequence[str] = ()) -> TableSpec:

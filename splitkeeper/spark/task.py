@@ -43,6 +43,7 @@ from splitkeeper.delta.schemas import META_COLUMNS, STAGED_FILE_SCHEMA, STAGED_S
 from splitkeeper.errors import InvalidParameterError, ProtocolError, SourceError, SplitkeeperError
 from splitkeeper.records.decode import BadRecords, SchemaDriftError, decode_values
 from splitkeeper.records.spec import INGESTED_DATE, DecodeSpec
+from splitkeeper.records.upsert import UpsertSpec
 from splitkeeper.spark.columnar import RangeColumns, SupportsColumnarRead
 from splitkeeper.transforms import Transform, TransformError, apply_to_table, identity
 
@@ -540,11 +541,12 @@ class RecordPolicy:
     max_bad_ratio: float = MAX_BAD_RATIO
     partition_by: tuple[str, ...] = ()
     data: pa.Schema | None = None  # a batch transform's output columns (transforms.output_schema)
+    upsert: UpsertSpec | None = None  # sink.mode upsert: staged rows carry the tombstone column
 
     @property
     def schema(self) -> pa.Schema:
-        """The sink's schema (and so every staged file's)."""
-        return sink_schema(self.decode, self.partition_by, self.data)
+        """The staged files' schema: the sink's (the change table's, for an upsert sink)."""
+        return sink_schema(self.decode, self.partition_by, self.data, tombstone=self.upsert is not None)
 
     @property
     def widen(self) -> bool:
