@@ -282,6 +282,9 @@ class Pipeline:
             schema=self.policy.schema,
             partition_by=self.policy.partition_by,
             widen=self.policy.widen,
+            upsert=config.upsert,
+            changes_path=config.changes_path,
+            filtered_path=config.filtered_path,
         )
         self.transform = resolve_transform(config.transform)
         self.driver = EpochDriver(

@@ -128,10 +128,13 @@ class SinkCrashPoint(enum.Enum):
     """Crash points inside the sink's epoch commit (``SPLITKEEPER_CRASH_AT`` names them like a
     :class:`CrashPoint`); not part of the chaos run's one-driver-per-:class:`CrashPoint` table.
 
-    ``before_dead_letter_commit``: the sink commit (the redo record naming the epoch's dead-letter
-    files) landed, the dead-letter table's commit of them did not.
+    ``before_side_commit``: the sink commit (the redo record naming the epoch's side-table files:
+    dead letters, filtered offsets, an upsert sink's changes) landed, no side table's commit of
+    them did. ``before_dead_letter_commit``: the same, just before the dead-letter table's commit
+    (the other side tables' commits may have landed).
     """
 
+    BEFORE_SIDE_COMMIT = "before_side_commit"
     BEFORE_DEAD_LETTER_COMMIT = "before_dead_letter_commit"
 
 

@@ -488,13 +488,16 @@ def sink_schema(
     columns a batch transform makes of the decoded ones
     (:func:`splitkeeper.transforms.output_schema`), in place of the spec's. ``tombstone``: the
     ``tombstone BOOLEAN NOT NULL`` column after the Kafka metadata (an upsert sink's change table and
-    staged files, :mod:`splitkeeper.records.upsert`)."""
+    staged files, :mod:`splitkeeper.records.upsert`); the data columns are then nullable (a
+    tombstone's are null; a declared NOT NULL column is still checked on every record with a value)."""
     from splitkeeper.records.spec import INGESTED_DATE, TOMBSTONE, DecodeSpec
 
     spec = decode if decode is not None else DecodeSpec()
     base = SCHEMAS[SINK_TABLE]
     head = [base.field(name) for name in ("split_id", "offset", "next_offset")]
     columns = list(data_schema(spec) if data is None else data)
+    if tombstone:
+        columns = [f.with_nullable(True) for f in columns]
     tail = [f for f in base if f.name not in {"split_id", "offset", "next_offset", "value"}]
     dated = [optional(INGESTED_DATE, INGESTED_DATE_TYPE)] if INGESTED_DATE in partition_by else []
     marked = [required(TOMBSTONE, BOOLEAN)] if tombstone else []

@@ -73,6 +73,8 @@ from splitkeeper.delta.schemas import (
     DEAD_FILE,
     DEAD_LETTER_SCHEMA,
     DEAD_LETTER_TABLE,
+    FILTERED_FILE,
+    FILTERED_TABLE,
     SINK_TABLE,
     STAGED_COLUMNS,
     STAGED_FILE_SCHEMA,
@@ -90,7 +92,8 @@ from splitkeeper.delta.tables import (
     refresh,
 )
 from splitkeeper.errors import InvalidParameterError, StagedOutputError, StateError
-from splitkeeper.records.spec import NOT_DATA_COLUMNS
+from splitkeeper.records.spec import NOT_DATA_COLUMNS, TOMBSTONE
+from splitkeeper.records.upsert import UpsertSpec
 
 if TYPE_CHECKING:  # pragma: no cover
     from deltalake import DeltaTable
@@ -112,9 +115,6 @@ log = logging.getLogger(__name__)
 _SEGMENT = re.compile(r"(?:^|/)(epoch|region)=(\d+)(?=/|$)")
 _ATTEMPT = re.compile(r"(?:^|/)attempt=([A-Za-z0-9_-]+)(?=/|$)")
 _EPOCH_DIR = re.compile(r"^epoch=(\d+)$")
-#: The sink commit's metadata keys that name the epoch's dead-letter files and count their records.
-DEAD_LETTERS_KEY = "dead_letters"
-DEAD_LETTER_RECORDS_KEY = "dead_letter_records"
 #: Delta statistics keep string bounds short; longer minimums are cut, longer maximums left out.
 STRING_STATS_PREFIX = 32
 
@@ -261,6 +261,237 @@ class _Staged:
     extra: tuple[pa.Field, ...] = ()  # columns the sink's schema lacks (decode.on_new_fields: add_columns)
 
 
+# --------------------------------------------------------------------------- side tables
+
+#: The sink commit's metadata keys that name the epoch's files of each side table and count their rows.
+DEAD_LETTERS_KEY = "dead_letters"
+DEAD_LETTER_RECORDS_KEY = "dead_letter_records"
+FILTERED_KEY = "filtered"
+FILTERED_RECORDS_KEY = "filtered_records"
+CHANGES_KEY = "changes"
+CHANGE_RECORDS_KEY = "change_records"
+#: Delta table properties of an upsert sink's keyed table (and what an append sink lacks).
+MODE_PROPERTY = "splitkeeper.sink.mode"
+KEY_PROPERTY = "splitkeeper.sink.key"
+#: Side files a region may stage although the sink has no table for them: (what, file, how to fix).
+_UNCONFIGURED_SIDES = (
+    ("dead letters", DEAD_FILE, "set errors.dead_letter.path (with errors.tolerance: all)"),
+    ("filtered offsets", FILTERED_FILE, "open the sink with filtered_path (the pipeline does)"),
+)
+
+
+class SideTable:
+    """A table committed after the sink's fenced commit of each epoch, exactly once, redo-safe.
+
+    The dead-letter table, the filtered-offsets table and an upsert sink's change table are each
+    one of these. Per epoch:
+
+    a. ``stage``: before the fenced commit, each file (``staged_file`` beside a region's output,
+       or, for the change table, the region outputs themselves) is checked (its columns are the
+       table's) and moved into the table folder under :func:`adopted_name`, untracked (an earlier
+       attempt's moved file is found there);
+    b. the sink's fenced commit lists them (path, size, rows, modified, stats) in its custom
+       metadata under ``key`` (and their rows under ``records_key``): the redo record;
+    c. ``commit``: after it, the files are added in ONE commit with ``Transaction(pipeline,
+       epoch)``, unless the table records ``epoch`` already (a replay, a repair done);
+    d. a driver that died between (b) and (c) leaves the latest epoch pending: the sink repairs
+       it on open (:meth:`DeltaSink.repair_sides`).
+
+    The table's recorded epoch is cached after the first read and after each commit: one sink per
+    pipeline and driver process, and a concurrent commit of the same epoch fails delta-rs's app
+    transaction check (then it is read again). ``eager``: created on open, else at its first files.
+    """
+
+    def __init__(
+        self,
+        label: str,
+        path: str,
+        table_spec: TableSpec,
+        staged_file: str | None,
+        key: str,
+        records_key: str,
+        *,
+        eager: bool = True,
+    ) -> None:
+        self.label = label
+        self.path = path
+        self.spec = table_spec
+        self.staged_file = staged_file
+        self.key = key
+        self.records_key = records_key
+        self.eager = eager
+        self.table: DeltaTable | None = None
+        self._recorded: int | None = None
+        self._known = False
+
+    def open(self) -> None:
+        """Create the table (an ``eager`` one) or open it when it exists."""
+        if self.eager:
+            self.table = ensure_table(self.path, self.spec)[0]
+        else:
+            self.table = open_table(self.path, missing_ok=True)
+        self._known = False
+
+    def epoch(self, app_id: str, *, fresh: bool = False) -> int | None:
+        """The last epoch this table records for ``app_id`` (cached unless ``fresh``)."""
+        if self._known and not fresh:
+            return self._recorded
+        if self.table is None:
+            self.table = open_table(self.path, missing_ok=True)
+        else:
+            refresh(self.table)
+        self._recorded = None if self.table is None else self.table.transaction_version(app_id)
+        self._known = True
+        return self._recorded
+
+    def _footer(self, epoch: int, location: str, sink: str) -> pq.FileMetaData | None:
+        """The footer of the file at ``location``, or None when there is none; a damaged file or one of
+        other columns is a StagedOutputError (nothing is committed)."""
+        fs, inner = storage.filesystem(location)
+        try:
+            if fs.get_file_info(inner).type.name != "File":
+                return None
+            with fs.open_input_file(inner) as handle:
+                metadata = pq.ParquetFile(handle).metadata
+        except OSError:
+            return None
+        except Exception as err:  # noqa: BLE001 - any unreadable footer is the same problem
+            raise StagedOutputError(
+                f"sink {sink}: {self.label} file {location} of epoch {epoch} is not a complete parquet "
+                f"file ({err}). Nothing was committed: recover the pipeline (splitkeeper recover "
+                "--checkpoint latest) so the epoch is read again",
+                path=location,
+                epoch_id=epoch,
+            ) from err
+        found = [(f.name, f.type) for f in metadata.schema.to_arrow_schema()]
+        wanted = [(f.name, f.type) for f in self.spec.schema if f.name not in self.spec.partition_by]
+        if [(n, _shape(t)) for n, t in found] != [(n, _shape(t)) for n, t in wanted]:
+            raise StagedOutputError(
+                f"sink {sink}: {self.label} file {location} of epoch {epoch} has columns {found}, not "
+                f"the {self.label} table's {wanted}. Nothing was committed: recover the pipeline so the "
+                "epoch is read again by this splitkeeper",
+                path=location,
+                epoch_id=epoch,
+            )
+        return metadata
+
+    def stage(
+        self, epoch: int, sources: Sequence[str], *, sink: str, required: bool = False
+    ) -> list[dict[str, Any]]:
+        """Rule (a): the files at ``sources`` (or moved by an earlier attempt; a missing one is no file,
+        or, ``required``, a StagedOutputError) checked, then moved into the table folder. The entries
+        the sink commit records (rule (b))."""
+        found: list[tuple[str, str, pq.FileMetaData]] = []  # (where it is now, its table name, footer)
+        for source in sources:
+            name = adopted_name(source)
+            checked = self._footer(epoch, source, sink)
+            if checked is None:
+                moved = storage.join(self.path, name)
+                checked = self._footer(epoch, moved, sink)
+                source = moved if checked is not None else source
+            if checked is not None:
+                found.append((source, name, checked))
+            elif required:
+                raise StagedOutputError(
+                    f"sink {sink}: staged file {source} of epoch {epoch} is gone, and was not moved into "
+                    f"the {self.label} table {self.path} as {name} either. Nothing was committed: recover "
+                    "the pipeline (splitkeeper recover --checkpoint latest) so the epoch is read again, "
+                    "and check what removes files under the staging path",
+                    path=source,
+                    epoch_id=epoch,
+                )
+        entries: list[dict[str, Any]] = []
+        for source, name, metadata in found:
+            target = storage.join(self.path, name)
+            if source != target:
+                _move(source, target)
+            fs, inner = storage.filesystem(target)
+            info = fs.get_file_info(inner)
+            entries.append(
+                {
+                    "path": name,
+                    "size": int(info.size),
+                    "rows": int(metadata.num_rows),
+                    "modified": int(info.mtime.timestamp() * 1000) if info.mtime is not None else 0,
+                    "stats": json.dumps(file_statistics(metadata, self.spec.stats_columns)),
+                }
+            )
+        return entries
+
+    def read(self, entries: Sequence[Mapping[str, Any]]) -> pa.Table:
+        """The rows of the moved (maybe not yet committed) files ``entries``, in the table's schema."""
+        tables = []
+        schema = self.spec.schema
+        for entry in entries:
+            fs, inner = storage.filesystem(storage.join(self.path, str(entry["path"])))
+            with fs.open_input_file(inner) as handle:
+                tables.append(pq.read_table(handle).cast(schema))
+        return pa.concat_tables(tables) if tables else schema.empty_table()
+
+    def commit(
+        self,
+        app_id: str,
+        epoch: int,
+        entries: Sequence[Mapping[str, Any]],
+        extra: Mapping[str, Any] | None = None,
+    ) -> bool:
+        """Rule (c): add ``entries`` (already in the table folder) in ONE commit with
+        ``Transaction(app_id, epoch)``; nothing when there are none, or when the table records ``epoch``
+        (or a later one). ``extra``: more custom metadata. True when this call committed them."""
+        from deltalake.exceptions import CommitFailedError
+        from deltalake.transaction import AddAction, CommitProperties, RemoveAction, Transaction
+
+        if not entries:
+            return False
+        done = self.epoch(app_id)
+        if done is not None and done >= epoch:
+            return False
+        if self.table is None:
+            self.table = ensure_table(self.path, self.spec)[0]
+        table = self.table
+        missing = [str(e["path"]) for e in entries if not _exists(storage.join(self.path, str(e["path"])))]
+        if missing:
+            raise StateError(
+                f"pipeline {app_id!r}: the sink commit of epoch {epoch} names {self.label} files that are "
+                f"not in the {self.label} table folder {self.path}: {missing}. They were removed after the "
+                "sink commit; their records are the only copy of them. Restore them from a backup of that "
+                f"folder; until then this epoch's {self.label} records are missing",
+                pipeline=app_id,
+                epoch_id=epoch,
+                path=self.path,
+            )
+        actions: list[AddAction | RemoveAction] = [
+            AddAction(
+                _uri_path(str(e["path"])), int(e["size"]), {}, int(e["modified"]), True, str(e["stats"])
+            )
+            for e in entries
+        ]
+        properties = CommitProperties(
+            app_transactions=[Transaction(app_id, epoch)],
+            custom_metadata={
+                **(extra or {}),
+                "app_id": app_id,
+                "epoch": epoch,
+                "records": sum(int(e["rows"]) for e in entries),
+            },
+        )
+        try:
+            guarded(
+                self.path,
+                lambda: table.create_write_transaction(
+                    actions, mode="append", schema=self.spec.schema, commit_properties=properties
+                ),
+            )
+        except CommitFailedError:
+            done = self.epoch(app_id, fresh=True)
+            if done is not None and done >= epoch:
+                return False  # another process of this pipeline committed them meanwhile
+            raise
+        refresh(table)  # the next commit's snapshot: delta-rs checks app transactions against it
+        self._recorded, self._known = epoch, True
+        return True
+
+
 #: The manifest a partitioned region task writes beside its files: their paths, relative to it.
 PARTS_FILE = "parts.json"
 
@@ -298,6 +529,9 @@ class DeltaSink(EpochSink):
         schema: pa.Schema | None = None,
         partition_by: Sequence[str] = (),
         widen: bool = False,
+        upsert: UpsertSpec | None = None,
+        changes_path: str | os.PathLike[str] | None = None,
+        filtered_path: str | os.PathLike[str] | None = None,
     ) -> None:
         if not isinstance(app_id, str) or not app_id.strip():
             raise InvalidParameterError("app_id", app_id, "a non-empty name (the pipeline name)")
@@ -308,21 +542,125 @@ class DeltaSink(EpochSink):
         self.schema: pa.Schema = STAGED_FILE_SCHEMA if schema is None else schema
         self.partition_by = tuple(partition_by)
         self.widen = widen
+        self.upsert = upsert
         self._table: DeltaTable | None = None
         self.dead_letter_path = None if dead_letter_path is None else storage.table_uri(dead_letter_path)
-        self._dead_table: DeltaTable | None = None
+        self.filtered_path = None if filtered_path is None else storage.table_uri(filtered_path)
+        self.changes_path: str | None = None
         self._crash_point = crash_point
+        self._side_pending = False
+        self._merged: dict[str, int] = {}  # the last MERGE's counts, for the change table's commit
+        self._sides: list[SideTable] = []
+        if self.dead_letter_path is not None:
+            self._sides.append(
+                SideTable(
+                    "dead-letter",
+                    self.dead_letter_path,
+                    spec(DEAD_LETTER_TABLE),
+                    DEAD_FILE,
+                    DEAD_LETTERS_KEY,
+                    DEAD_LETTER_RECORDS_KEY,
+                )
+            )
+        if self.filtered_path is not None:
+            self._sides.append(
+                SideTable(
+                    "filtered-offset",
+                    self.filtered_path,
+                    spec(FILTERED_TABLE),
+                    FILTERED_FILE,
+                    FILTERED_KEY,
+                    FILTERED_RECORDS_KEY,
+                    eager=False,
+                )
+            )
+        if upsert is not None:
+            self._check_upsert(upsert)
+            self.changes_path = storage.table_uri(
+                changes_path if changes_path is not None else f"{str(path).rstrip('/')}_changes"
+            )
+            # the change table: every staged record of every committed epoch (tombstone column included)
+            self._sides.append(
+                SideTable(
+                    "change",
+                    self.changes_path,
+                    sink_spec(self.schema, self.partition_by),
+                    None,
+                    CHANGES_KEY,
+                    CHANGE_RECORDS_KEY,
+                )
+            )
         if not read_only:
             existing = open_table(self.path, missing_ok=True)
             if existing is not None:
+                self._check_mode(existing)
                 self.schema = self._check_existing(existing)
             self._table = ensure_table(self.path, self._spec())[0]
-            if self.dead_letter_path is not None:
-                self._dead_table = ensure_table(self.dead_letter_path, spec(DEAD_LETTER_TABLE))[0]
-                self.repair_dead_letters()
+            for side in self._sides:
+                side.open()
+            self.repair_sides()
+
+    def _check_upsert(self, upsert: UpsertSpec) -> None:
+        """An upsert sink's schema has the tombstone column and the key's columns; partitions and
+        new columns (``widen``) are not supported by its MERGE (refused, with what to do)."""
+        if TOMBSTONE not in self.schema.names:
+            raise InvalidParameterError(
+                "schema", self.schema.names, f"an upsert sink's staged schema, with the {TOMBSTONE} column"
+            )
+        upsert.check_columns(self.schema.names)
+        if self.partition_by:
+            raise InvalidParameterError(
+                "sink.partition_by",
+                list(self.partition_by),
+                "no partition columns with sink.mode: upsert (the keyed table is one MERGE target; "
+                "remove sink.partition_by, or use sink.mode: append)",
+            )
+        if self.widen:
+            raise InvalidParameterError(
+                "decode.on_new_fields",
+                "add_columns",
+                "fail or rescue with sink.mode: upsert (the keyed table's columns are fixed; declare "
+                "new fields in decode.schema)",
+            )
+
+    @property
+    def keyed_schema(self) -> pa.Schema:
+        """The keyed table's columns (upsert sink): the staged schema without ``tombstone``."""
+        return pa.schema([f for f in self.schema if f.name != TOMBSTONE])
+
+    def _check_mode(self, table: DeltaTable) -> None:
+        """An existing table's recorded mode and key (table properties) against this sink's."""
+        config = dict(table.metadata().configuration or {})
+        mode = config.get(MODE_PROPERTY, "append")
+        key = config.get(KEY_PROPERTY)
+        want_mode = "append" if self.upsert is None else "upsert"
+        want_key = None if self.upsert is None else ",".join(self.upsert.key)
+        if mode == want_mode and key == want_key:
+            return
+        what = f"an upsert sink keyed by [{key}]" if mode == "upsert" else "an append sink"
+        wants = f"sink.mode: upsert with sink.key [{want_key}]" if want_key else "sink.mode: append"
+        fix = (
+            f"set sink.mode: upsert and sink.key: [{key}] to keep writing it"
+            if mode == "upsert"
+            else "set sink.mode: append to keep writing it"
+        )
+        raise StateError(
+            f"sink {self.path} is {what} (its Delta properties {MODE_PROPERTY}, {KEY_PROPERTY}), but the "
+            f"pipeline has {wants}: {fix}, or point sink.path at a new table (a table's mode and key "
+            "do not change in place)",
+            path=self.path,
+            has=what,
+            wants=wants,
+        )
 
     def _spec(self) -> TableSpec:
-        return sink_spec(self.schema, self.partition_by)
+        if self.upsert is None:
+            return sink_spec(self.schema, self.partition_by)
+        from dataclasses import replace
+
+        keyed = sink_spec(self.keyed_schema, self.partition_by)
+        mode = {MODE_PROPERTY: "upsert", KEY_PROPERTY: ",".join(self.upsert.key)}
+        return replace(keyed, extra_properties={**keyed.extra_properties, **mode})
 
     def _check_existing(self, table: DeltaTable) -> pa.Schema:
         """An existing table's data columns and partitions against the configured ones: the schema
@@ -383,6 +721,8 @@ class DeltaSink(EpochSink):
             return None
         regions = found.get("regions")
         records = found.get("records")
+        if self.upsert is not None and isinstance(found.get("operationMetrics"), Mapping):
+            found = {**_merge_counts(found["operationMetrics"]), **found}
         return SinkCommit(
             app_id=self.app_id,
             epoch_id=int(epoch),
@@ -414,18 +754,23 @@ class DeltaSink(EpochSink):
         table = self._get()
         assert table is not None
         committed: dict[str, int] = {}
-        dead: list[dict[str, Any]] = []
+        if self._side_pending:  # a side commit of the last epoch failed in this process
+            self.repair_sides()
         if self.widen and table.transaction_version(self.app_id) == expected:
             table = self._widen(table, [self._inspect(epoch, p) for p in self._staged_files(staged)])
 
         def write(target: DeltaTable, properties: Any) -> None:
-            dead[:] = self._stage_dead_letters(epoch, staged)  # (a): moved first, untracked until (c)
+            data_files = self._staged_files(staged) if self.upsert is not None else []
+            # (a): the side tables' files moved first, untracked until (c); (b): the sink commit lists them
+            properties.custom_metadata.update(self._side_entries(epoch, staged, data_files))
+            if self.upsert is not None:
+                committed["records"] = int(properties.custom_metadata[CHANGE_RECORDS_KEY])
+                properties.custom_metadata["records"] = committed["records"]
+                self._merge(epoch, target, properties)
+                return
             actions, records = self._adopt(epoch, staged)
             committed["records"] = records
             properties.custom_metadata["records"] = records
-            if self.dead_letter_path is not None:  # (b): the sink commit is the dead letters' redo record
-                properties.custom_metadata[DEAD_LETTERS_KEY] = dead
-                properties.custom_metadata[DEAD_LETTER_RECORDS_KEY] = sum(int(d["rows"]) for d in dead)
             guarded(
                 target.table_uri,
                 lambda: target.create_write_transaction(
@@ -450,15 +795,53 @@ class DeltaSink(EpochSink):
             attempt=attempt_id,
             what="epoch",
         )
-        if self.dead_letter_path is not None:
-            if self._crash_point is not None:
-                self._crash_point(SinkCrashPoint.BEFORE_DEAD_LETTER_COMMIT, epoch)
-            # (c), also on a replay: the sink commit of this epoch may have landed without it
-            self._commit_dead_letters(epoch, result.metadata.get(DEAD_LETTERS_KEY) or [])
+        # (c), also on a replay: the sink commit of this epoch may have landed without them
+        self._commit_sides(epoch, result.metadata, {CHANGES_KEY: self._merged} if self._merged else {})
+        self._merged = {}
         if result.replayed:
             records = result.metadata.get("records")
             return SinkReceipt(epoch, int(records or 0), replayed=True, version=result.table_version)
         return SinkReceipt(epoch, committed["records"], replayed=False, version=result.table_version)
+
+    # -- upsert (sink.mode: upsert) ------------------------------------------------------------
+
+    def _merge(self, epoch: int, target: DeltaTable, properties: Any) -> None:
+        """The fenced write of an upsert sink: ONE delta-rs MERGE of the epoch's winners into the keyed
+        table (:mod:`splitkeeper.records.upsert`); an epoch without one only records the epoch."""
+        upsert = self.upsert
+        assert upsert is not None
+        changes = self._side(CHANGES_KEY)
+        assert changes is not None
+        source = winners(changes.read(properties.custom_metadata[CHANGES_KEY]), upsert)
+        properties.custom_metadata["keys"] = source.num_rows
+        if source.num_rows == 0:
+            guarded(
+                target.table_uri,
+                lambda: target.create_write_transaction(
+                    [], mode="append", schema=self.keyed_schema, commit_properties=properties
+                ),
+            )
+            self._merged = {"upserts": 0, "deletes": 0}
+            return
+        deleted = upsert.delete_condition("s")
+        metrics: dict[str, Any] = guarded(
+            target.table_uri,
+            lambda: (
+                target.merge(
+                    source=source,
+                    predicate=upsert.key_match("t", "s"),
+                    source_alias="s",
+                    target_alias="t",
+                    commit_properties=properties,
+                )
+                .when_matched_delete(deleted)
+                .when_matched_update_all(f"NOT {deleted}")
+                .when_not_matched_insert_all(f"NOT {deleted}")
+                .execute()
+            ),
+        )
+        self._merged = _merge_counts(metrics)
+        log.debug("sink %s: epoch %s merged: %s", self.path, epoch, metrics)
 
     @staticmethod
     def _check_outputs(epoch: int, outputs: Sequence[RegionRun]) -> list[str]:
@@ -599,176 +982,96 @@ class DeltaSink(EpochSink):
             )
         return actions, sum(item.rows for item in checked)
 
-    # -- dead letters (errors.tolerance: all) -------------------------------------------------
+    # -- side tables (dead letters, filtered offsets, an upsert sink's changes) -------------------
 
-    def _stage_dead_letters(self, epoch: int, staged: Sequence[str]) -> list[dict[str, Any]]:
-        """Dead-letter rule (a): each region's ``dead.parquet`` (the sibling of its staged part file;
-        a region without bad records has none), checked, then moved into the dead-letter table folder
-        under its adopted name, untracked until :meth:`_commit_dead_letters`. A file an earlier attempt
-        of this commit moved already is found there. Returns the add entries the sink commit records."""
-        found: list[tuple[str, str, pq.FileMetaData]] = []  # (where it is now, its table name, footer)
-        for part in staged:
-            source = _sibling(part, DEAD_FILE)
-            name = adopted_name(source)
-            checked = self._dead_footer(epoch, source)
-            if checked is None and self.dead_letter_path is not None:
-                moved = storage.join(self.dead_letter_path, name)
-                checked = self._dead_footer(epoch, moved)
-                source = moved if checked is not None else source
-            if checked is None:
+    def _side_entries(self, epoch: int, staged: Sequence[str], data_files: Sequence[str]) -> dict[str, Any]:
+        """Side rule (a) for every side table: its staged files moved into its folder (untracked until
+        (c)); returns the custom metadata the sink commit records of them (rule (b))."""
+        for label, file_name, hint in _UNCONFIGURED_SIDES:
+            if any(side.staged_file == file_name for side in self._sides):
                 continue
-            if self.dead_letter_path is None:
-                raise StagedOutputError(
-                    f"sink {self.path}: region output {source} of epoch {epoch} holds dead letters, but this "
-                    "sink has no dead-letter table. Nothing was committed: set errors.dead_letter.path "
-                    "(with errors.tolerance: all) and run the pipeline again",
-                    path=source,
-                    epoch_id=epoch,
-                )
-            found.append((source, name, checked))
-        entries: list[dict[str, Any]] = []
-        assert not found or self.dead_letter_path is not None
-        for source, name, metadata in found:
-            target = storage.join(self.dead_letter_path or "", name)
-            if source != target:
-                _move(source, target)
-            fs, inner = storage.filesystem(target)
-            info = fs.get_file_info(inner)
-            entries.append(
-                {
-                    "path": name,
-                    "size": int(info.size),
-                    "rows": int(metadata.num_rows),
-                    "modified": int(info.mtime.timestamp() * 1000) if info.mtime is not None else 0,
-                    "stats": json.dumps(file_statistics(metadata, spec(DEAD_LETTER_TABLE).stats_columns)),
-                }
+            for part in staged:
+                location = _sibling(part, file_name)
+                if _exists(location):
+                    raise StagedOutputError(
+                        f"sink {self.path}: region output {location} of epoch {epoch} holds {label}, but "
+                        f"this sink has no {label} table. Nothing was committed: {hint} and run the "
+                        "pipeline again",
+                        path=location,
+                        epoch_id=epoch,
+                    )
+        found: dict[str, Any] = {}
+        for side in self._sides:
+            sources = (
+                data_files if side.staged_file is None else [_sibling(p, side.staged_file) for p in staged]
             )
-        return entries
+            entries = side.stage(epoch, sources, sink=self.path, required=side.staged_file is None)
+            found[side.key] = entries
+            found[side.records_key] = sum(int(e["rows"]) for e in entries)
+        return found
 
-    def _dead_footer(self, epoch: int, location: str) -> pq.FileMetaData | None:
-        """The footer of the dead-letter file at ``location``, or None when there is none; a damaged
-        file or one of other columns is a StagedOutputError (nothing is committed)."""
-        fs, inner = storage.filesystem(location)
-        try:
-            if fs.get_file_info(inner).type.name != "File":
-                return None
-            with fs.open_input_file(inner) as handle:
-                metadata = pq.ParquetFile(handle).metadata
-        except OSError:
-            return None
-        except Exception as err:  # noqa: BLE001 - any unreadable footer is the same problem
-            raise StagedOutputError(
-                f"sink {self.path}: dead-letter file {location} of epoch {epoch} is not a complete parquet "
-                f"file ({err}). Nothing was committed: recover the pipeline (splitkeeper recover "
-                "--checkpoint latest) so the epoch is read again",
-                path=location,
-                epoch_id=epoch,
-            ) from err
-        found = [(f.name, f.type) for f in metadata.schema.to_arrow_schema()]
-        wanted = [(f.name, f.type) for f in DEAD_LETTER_SCHEMA]
-        if found != wanted:
-            raise StagedOutputError(
-                f"sink {self.path}: dead-letter file {location} of epoch {epoch} has columns {found}, not "
-                f"the dead-letter table's {wanted}. Nothing was committed: recover the pipeline so the "
-                "epoch is read again by this splitkeeper",
-                path=location,
-                epoch_id=epoch,
-            )
-        return metadata
+    def _commit_sides(self, epoch: int, metadata: Mapping[str, Any], extra: Mapping[str, Any]) -> None:
+        """Side rule (c), also on a replay: add each side table's files that the sink commit of ``epoch``
+        records (``metadata``) to that table, unless it records ``epoch`` already."""
+        if not self._sides:
+            return
+        if self._crash_point is not None:
+            self._crash_point(SinkCrashPoint.BEFORE_SIDE_COMMIT, epoch)
+        self._side_pending = True
+        for side in self._sides:
+            if side.key == DEAD_LETTERS_KEY and self._crash_point is not None:
+                self._crash_point(SinkCrashPoint.BEFORE_DEAD_LETTER_COMMIT, epoch)
+            side.commit(self.app_id, epoch, metadata.get(side.key) or [], extra.get(side.key))
+        self._side_pending = False
 
-    def dead_letter_epoch(self) -> int | None:
-        """The last epoch whose dead letters were committed (the dead-letter table's ``txn`` version of
-        this pipeline), or None (none yet, or no dead-letter table)."""
-        if self.dead_letter_path is None:
-            return None
-        if self._dead_table is None:
-            self._dead_table = open_table(self.dead_letter_path, missing_ok=True)
-        else:
-            refresh(self._dead_table)
-        return None if self._dead_table is None else self._dead_table.transaction_version(self.app_id)
-
-    def _commit_dead_letters(self, epoch: int, entries: Sequence[Mapping[str, Any]]) -> bool:
-        """Dead-letter rule (c): add the files ``entries`` (the sink commit's record of them, already in
-        the table folder) to the dead-letter table in ONE commit with ``Transaction(pipeline, epoch)``;
-        nothing when there are none, or when that table already records ``epoch`` (or a later one).
-        True when this call committed them."""
-        from deltalake.exceptions import CommitFailedError
-        from deltalake.transaction import AddAction, CommitProperties, RemoveAction, Transaction
-
-        if not entries or self.dead_letter_path is None:
-            return False
-        done = self.dead_letter_epoch()
-        if done is not None and done >= epoch:
-            return False
-        table = self._dead_table
-        assert table is not None  # a writable sink with a dead-letter path created the table
-        missing = [
-            str(e["path"])
-            for e in entries
-            if not _exists(storage.join(self.dead_letter_path, str(e["path"])))
-        ]
-        if missing:
-            raise StateError(
-                f"pipeline {self.app_id!r}: the sink commit of epoch {epoch} names dead-letter files that "
-                f"are not in the dead-letter table folder {self.dead_letter_path}: {missing}. They were "
-                "removed "
-                "after the sink commit; their records are the only copy of those bad records. Restore "
-                "them from a backup of that folder; until then this epoch's dead letters are missing",
-                pipeline=self.app_id,
-                epoch_id=epoch,
-                path=self.dead_letter_path,
-            )
-        actions: list[AddAction | RemoveAction] = [
-            AddAction(str(e["path"]), int(e["size"]), {}, int(e["modified"]), True, str(e["stats"]))
-            for e in entries
-        ]
-        properties = CommitProperties(
-            app_transactions=[Transaction(self.app_id, epoch)],
-            custom_metadata={
-                "app_id": self.app_id,
-                "epoch": epoch,
-                "records": sum(int(e["rows"]) for e in entries),
-            },
-        )
-        try:
-            guarded(
-                self.dead_letter_path,
-                lambda: table.create_write_transaction(
-                    actions, mode="append", schema=DEAD_LETTER_SCHEMA, commit_properties=properties
-                ),
-            )
-        except CommitFailedError:
-            done = self.dead_letter_epoch()
-            if done is not None and done >= epoch:
-                return False  # another process of this pipeline committed them meanwhile
-            raise
-        refresh(table)
-        return True
-
-    def repair_dead_letters(self) -> int | None:
-        """Dead-letter rule (d), on open: when the recorded epoch's sink commit names dead-letter files
-        that the dead-letter table does not record yet (the driver died between the two commits),
-        commit them now. Only the latest epoch can be pending. The epoch repaired, or None."""
-        if self.read_only or self.dead_letter_path is None:
+    def repair_sides(self) -> int | None:
+        """Side rule (d), on open (and on the next commit after a side commit failed): when the recorded
+        epoch's sink commit names side-table files that their table does not record yet (the driver died
+        between the commits), commit them now. Only the latest epoch can be pending; one history read
+        serves every side table. The epoch repaired, or None."""
+        if self.read_only or not self._sides:
             return None
         epoch = self.committed_epoch()
         if epoch is None:
             return None
-        done = self.dead_letter_epoch()
-        if done is not None and done >= epoch:
+        behind = [s for s in self._sides if (s.epoch(self.app_id) or -1) < epoch]
+        if not behind:
             return None
         found = self.committed_metadata(epoch)
-        entries = [] if found is None else found.metadata.get(DEAD_LETTERS_KEY) or []
-        if self._commit_dead_letters(epoch, entries):
-            log.warning(
-                "sink %s: the dead letters of epoch %s were committed on open (%s file(s); the last run "
-                "died between the sink commit and the dead-letter commit)",
-                self.path,
-                epoch,
-                len(entries),
-            )
-            return epoch
-        return None
+        repaired = None
+        for side in behind:
+            entries = [] if found is None else found.metadata.get(side.key) or []
+            if side.commit(self.app_id, epoch, entries):
+                log.warning(
+                    "sink %s: the %s files of epoch %s were committed on open (%s file(s); the last run "
+                    "died between the sink commit and the %s table's commit)",
+                    self.path,
+                    side.label,
+                    epoch,
+                    len(entries),
+                    side.label,
+                )
+                repaired = epoch
+        self._side_pending = False
+        return repaired
+
+    def repair_dead_letters(self) -> int | None:
+        """:meth:`repair_sides` (kept under its older name)."""
+        return self.repair_sides()
+
+    def dead_letter_epoch(self) -> int | None:
+        """The last epoch whose dead letters were committed (the dead-letter table's ``txn`` version of
+        this pipeline), or None (none yet, or no dead-letter table)."""
+        side = self._side(DEAD_LETTERS_KEY)
+        return None if side is None else side.epoch(self.app_id, fresh=True)
+
+    def change_epoch(self) -> int | None:
+        """The last epoch whose records the change table (upsert sink) records, or None."""
+        side = self._side(CHANGES_KEY)
+        return None if side is None else side.epoch(self.app_id, fresh=True)
+
+    def _side(self, key: str) -> SideTable | None:
+        return next((s for s in self._sides if s.key == key), None)
 
     def _staged_files(self, paths: Sequence[str]) -> list[str]:
         """The staged data files of the outputs: a region's ``part.parquet``, or (partitioned) the
@@ -889,6 +1192,40 @@ class DeltaSink(EpochSink):
             if m is not None and int(m[1]) <= epoch:
                 with contextlib.suppress(OSError):
                     fs.delete_dir(info.path)
+
+
+# --------------------------------------------------------------------------- upsert helpers
+
+
+def winners(rows: pa.Table, upsert: UpsertSpec) -> pa.Table:
+    """An epoch's staged rows reduced to what its MERGE applies (:mod:`splitkeeper.records.upsert`):
+    keyless tombstones dropped (rule 4), then per key (null-safe) the row of the highest
+    ``(offset, split_id)`` (rule 2; one epoch, so ``epoch`` ties). Vectorised with pyarrow."""
+    import pyarrow.compute as pc
+
+    if not upsert.keyed_tombstones and rows.num_rows:
+        rows = rows.filter(pc.invert(pc.fill_null(rows.column(TOMBSTONE), False)))
+    if rows.num_rows == 0:
+        return rows
+    row = "__splitkeeper_row"
+    indexed = rows.append_column(row, pa.array(range(rows.num_rows), pa.int64()))
+    ordered = indexed.sort_by([("offset", "descending"), ("split_id", "descending")])
+    first = ordered.group_by(list(upsert.key), use_threads=False).aggregate([(row, "first")])
+    picked = first.column(f"{row}_first").combine_chunks()
+    return rows.take(picked.take(pc.sort_indices(picked)))  # in staged order
+
+
+def _merge_counts(metrics: Mapping[str, Any]) -> dict[str, int]:
+    """A delta-rs MERGE's metrics as the keyed table's counts: rows upserted (inserted + updated) and
+    rows deleted."""
+    inserted = int(metrics.get("num_target_rows_inserted") or 0)
+    updated = int(metrics.get("num_target_rows_updated") or 0)
+    return {
+        "upserts": inserted + updated,
+        "inserted": inserted,
+        "updated": updated,
+        "deletes": int(metrics.get("num_target_rows_deleted") or 0),
+    }
 
 
 # --------------------------------------------------------------------------- reading back

@@ -41,8 +41,8 @@ from splitkeeper.core.source import RecordMeta, RegionReader, SourceRecord
 from splitkeeper.core.types import Split
 from splitkeeper.delta.schemas import META_COLUMNS, STAGED_FILE_SCHEMA, STAGED_SCHEMA, sink_schema
 from splitkeeper.errors import InvalidParameterError, ProtocolError, SourceError, SplitkeeperError
-from splitkeeper.records.decode import BadRecords, SchemaDriftError, decode_values
-from splitkeeper.records.spec import INGESTED_DATE, DecodeSpec
+from splitkeeper.records.decode import BadRecords, Decoded, SchemaDriftError, decode_values
+from splitkeeper.records.spec import INGESTED_DATE, TOMBSTONE, DecodeSpec
 from splitkeeper.records.upsert import UpsertSpec
 from splitkeeper.spark.columnar import RangeColumns, SupportsColumnarRead
 from splitkeeper.transforms import Transform, TransformError, apply_to_table, identity
@@ -353,6 +353,11 @@ class StagedWriter:
             elif f.name in data.column_names:
                 column = data.column(f.name).combine_chunks()
                 arrays.append(column if column.type == f.type else column.cast(f.type))
+            elif f.name == TOMBSTONE:  # an upsert sink's: a record without a value (a Kafka tombstone)
+                value = data.column("value") if "value" in data.column_names else None
+                arrays.append(
+                    pa.repeat(pa.scalar(False), n) if value is None else value.combine_chunks().is_null()
+                )
             else:
                 arrays.append(pa.nulls(n, f.type))
         fields = list(self.schema)
@@ -723,8 +728,12 @@ def _stage_range(
     # A raw sink with a transform: the transform (value: str) -> str sees the values as text (bytes that
     # are not UTF-8 are bad records of stage decode), and the sink keeps the UTF-8 bytes it returns.
     spec = _TEXT if policy.decode.kind == "raw" else policy.decode
+    tombstones = pa.array([], pa.int64())
     try:
-        decoded = decode_values(spec, columns.values)
+        if policy.upsert is not None and spec.typed:
+            decoded, tombstones = _decode_with_tombstones(spec, columns.values)
+        else:
+            decoded = decode_values(spec, columns.values)
     except SchemaDriftError as err:
         index = err.params.get("index")
         offset = columns.offsets[int(index)].as_py() if isinstance(index, int) and 0 <= index < n else None
@@ -745,6 +754,14 @@ def _stage_range(
         table = apply_to_table(transform, decoded.table, offsets, split_id)
     if spec is _TEXT:
         table = table.set_column(0, "value", table.column("value").cast(pa.binary()))
+    if len(tombstones):  # an upsert sink's null values: rows of null data columns, tombstone true
+        table = table.append_column(TOMBSTONE, pa.repeat(pa.scalar(False), table.num_rows))
+        marked = pa.table({TOMBSTONE: pa.repeat(pa.scalar(True), len(tombstones))})
+        rows = pa.concat_tables([table, marked], promote_options="default")
+        every = pa.concat_arrays([kept.cast(pa.int64()), tombstones])
+        order = pc.sort_indices(every)
+        table, kept = rows.take(order), every.take(order)
+        offsets = columns.offsets.take(kept)
     writer.add_table(
         split_id,
         offsets,
@@ -754,6 +771,33 @@ def _stage_range(
         columns.last_next_offset,
     )
     return bad
+
+
+def _decode_with_tombstones(spec: DecodeSpec, values: pa.Array) -> tuple[Decoded, pa.Array]:
+    """An upsert sink's typed decode: the non-null values decoded (indices are the input's), and the
+    input indices of the null values (tombstones: rows of null data columns, not bad records)."""
+    if isinstance(values, pa.ChunkedArray):
+        values = values.combine_chunks()
+    nulls = values.is_null()
+    if not pc.any(nulls).as_py():
+        return decode_values(spec, values), pa.array([], pa.int64())
+    everything = pa.array(range(len(values)), pa.int64())
+    present = everything.filter(pc.invert(nulls))
+    try:
+        decoded = decode_values(spec, values.filter(pc.invert(nulls)))
+    except SchemaDriftError as err:
+        index = err.params.get("index")
+        if isinstance(index, int) and 0 <= index < len(present):
+            err.params["index"] = present[index].as_py()
+        raise
+    where = present.to_pylist()
+    bad = BadRecords()
+    for index, stage, cls, msg in zip(
+        decoded.bad.indices, decoded.bad.stages, decoded.bad.error_classes, decoded.bad.messages, strict=True
+    ):
+        bad.add(where[index], stage, msg, cls)
+    moved = Decoded(decoded.table, present.take(decoded.kept), bad, decoded.new_columns)
+    return moved, everything.filter(nulls)
 
 
 def _merged(decoded: BadRecords, failed: BadRecords, kept: pa.Array) -> BadRecords:
