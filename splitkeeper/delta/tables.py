@@ -344,6 +344,8 @@ def ensure_table(
                 configuration=spec.properties,
                 storage_options=options,
                 commit_properties=once,
+                # splitkeeper's own keys (an upsert sink's splitkeeper.sink.mode/key) beside delta.*
+                raise_if_key_not_exists=False,
             )
         else:
             write_deltalake(

@@ -1,0 +1,324 @@
+"""The upsert sink (``sink.mode: upsert``): each epoch is ONE fenced delta-rs MERGE of its winners
+into the keyed table, and its records land once in the change table (a side table). The keyed table
+always equals the fold of the change table (splitkeeper.records.upsert). Staged files are written by
+the real region task body (json decode, tombstones), no Spark.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from deltalake import DeltaTable
+
+from splitkeeper.core.ports import RegionRun, SinkCrashPoint
+from splitkeeper.core.source import RecordMeta, RegionReader, SourceRecord
+from splitkeeper.core.types import RegionOutcome, Split
+from splitkeeper.delta.sink import DeltaSink, read_sink, winners
+from splitkeeper.errors import ConcurrentRunError, InvalidParameterError, StateError
+from splitkeeper.records.spec import Column, DecodeSpec
+from splitkeeper.records.upsert import UpsertSpec
+from splitkeeper.spark.task import RecordPolicy, run_region_task
+from splitkeeper.transforms import identity
+
+DECODE = DecodeSpec(
+    kind="json", columns=(Column("id", "BIGINT"), Column("name", "STRING"), Column("op", "STRING"))
+)
+BY_ID = UpsertSpec.of(("id",), "op = 'd'")
+BY_KEY = UpsertSpec.of(("key",), None)
+DATA = ("id", "name", "op")
+
+
+class _Records(RegionReader):
+    """Prepared records per split (offset = index), served by range."""
+
+    def __init__(self, records: Mapping[str, Sequence[SourceRecord]]) -> None:
+        self.records = records
+
+    def read_range(self, split: Split, start: int, end: int) -> Iterator[SourceRecord]:
+        return iter([r for r in self.records[split.split_id] if start <= r[0] < end])
+
+
+def _record(offset: int, value: dict[str, Any] | None, key: bytes | None = None) -> SourceRecord:
+    body = None if value is None else json.dumps(value).encode()
+    return SourceRecord(offset, offset + 1, body, RecordMeta(key, "cdc", 0, 1_700_000_000_000 + offset))
+
+
+class _Pipeline:
+    """A sink and the region tasks of one test: ``epoch`` stages each region's splits and commits."""
+
+    def __init__(self, root: Path, upsert: UpsertSpec, **sink: Any) -> None:
+        self.root = root
+        self.policy = RecordPolicy(decode=DECODE, upsert=upsert)
+        self.staging = str(root / "staging")
+        self.path = str(root / "keyed")
+        self.changes = str(root / "keyed_changes")
+        self.sink = self.open(**sink)
+        self.positions: dict[str, int] = {}
+
+    def open(self, **sink: Any) -> DeltaSink:
+        return DeltaSink(
+            self.path,
+            "cdc",
+            staging_path=self.staging,
+            schema=self.policy.schema,
+            upsert=self.policy.upsert,
+            changes_path=self.changes,
+            **sink,
+        )
+
+    def stage(
+        self, epoch: int, regions: Mapping[int, Mapping[str, Sequence[SourceRecord]]]
+    ) -> list[RegionRun]:
+        runs = []
+        for region, splits in regions.items():
+            plan = []
+            for split_id, records in splits.items():
+                start = self.positions.get(split_id, 0)
+                end = max(r[0] for r in records) + 1
+                plan.append((Split(split_id), start, end))
+                self.positions[split_id] = end
+            result = run_region_task(
+                plan, _Records(splits), identity, self.staging, epoch, region, policy=self.policy
+            )
+            runs.append(RegionRun(region_id=region, outcome=RegionOutcome.ACK, output=result.staged_path))
+        return runs
+
+    def epoch(
+        self, epoch: int, regions: Mapping[int, Mapping[str, Sequence[SourceRecord]]], attempt: str = ""
+    ) -> Any:
+        runs = self.stage(epoch, regions)
+        return self.sink.commit(
+            epoch, runs, expected=epoch - 1 if epoch > 1 else None, attempt_id=attempt or f"a{epoch}"
+        )
+
+
+def _rows(path: str, columns: Sequence[str]) -> list[tuple[Any, ...]]:
+    table = read_sink(path, list(columns))
+    return sorted((tuple(r[c] for c in columns) for r in table.to_pylist()), key=repr)
+
+
+def _fold(changes: str, upsert: UpsertSpec, columns: Sequence[str]) -> list[tuple[Any, ...]]:
+    """The reference fold of the change table, in Python (the module doc of records.upsert): keyless
+    tombstones dropped; per key the max (epoch, offset, split_id); deletes dropped."""
+    latest: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for row in read_sink(changes).to_pylist():
+        if row["tombstone"] and not upsert.keyed_tombstones:
+            continue
+        key = tuple(row[k] for k in upsert.key)
+        order = (row["epoch"], row["offset"], row["split_id"])
+        if key not in latest or order > tuple(latest[key][c] for c in ("epoch", "offset", "split_id")):
+            latest[key] = row
+    kept = [r for r in latest.values() if not r["tombstone"] and not (upsert.delete_when and r["op"] == "d")]
+    return sorted((tuple(r[c] for c in columns) for r in kept), key=repr)
+
+
+COLUMNS = ("split_id", "offset", "epoch", "key", *DATA)
+
+
+def _change_offsets(changes: str) -> list[tuple[str, int]]:
+    return sorted(
+        (r["split_id"], r["offset"]) for r in read_sink(changes, ["split_id", "offset"]).to_pylist()
+    )
+
+
+def test_last_writer_wins_per_key_within_and_across_epochs_with_deletes_and_null_keys(tmp_path: Path) -> None:
+    p = _Pipeline(tmp_path, BY_ID)
+    one = {
+        0: {
+            "s0": [
+                _record(0, {"id": 1, "name": "a", "op": "c"}),
+                _record(1, {"id": 2, "name": "b", "op": "c"}),
+                _record(2, {"id": 3, "name": "c", "op": "c"}),
+                _record(3, {"id": 1, "name": "a2", "op": "u"}),  # a later offset of id 1 wins
+                _record(4, {"id": 2, "name": "b", "op": "d"}),  # delete by predicate, same epoch
+                _record(5, {"id": 5, "name": "s0", "op": "c"}),
+            ]
+        },
+        1: {
+            "s1": [
+                _record(0, {"id": None, "name": "null key", "op": "c"}),
+                _record(1, None),  # a tombstone without its key (key is a data column): changes only
+                _record(
+                    2, {"id": 3, "name": "c-s1", "op": "u"}
+                ),  # offset 2 of s1 < offset 2 of s0? tie: s1 wins
+                _record(5, {"id": 5, "name": "s1", "op": "u"}),  # same offset as s0's: higher split_id wins
+            ]
+        },
+    }
+    receipt = p.epoch(1, one)
+    assert receipt.records == 10 and not receipt.replayed
+    assert _rows(p.path, ("id", "name")) == sorted(
+        [(1, "a2"), (3, "c-s1"), (5, "s1"), (None, "null key")], key=repr
+    )
+    meta = p.sink.committed_metadata(1)
+    assert meta is not None and meta.records == 10
+    assert meta.metadata["upserts"] == 4 and meta.metadata["deletes"] == 0  # id 2 was never in the table
+    two = {
+        0: {
+            "s0": [
+                _record(6, {"id": 1, "name": "a3", "op": "u"}),
+                _record(7, {"id": 3, "name": "x", "op": "d"}),
+                _record(8, {"id": 4, "name": "d", "op": "c"}),
+            ]
+        },
+        1: {
+            "s1": [
+                _record(6, {"id": None, "name": "null key 2", "op": "u"}),
+                _record(7, {"id": 1, "name": "old?", "op": "u"}),
+            ]
+        },
+    }
+    p.epoch(2, two)
+    # id 1: s1 offset 7 beats s0 offset 6 in the same epoch (offset first, then split_id)
+    assert _rows(p.path, ("id", "name")) == sorted(
+        [(1, "old?"), (4, "d"), (5, "s1"), (None, "null key 2")], key=repr
+    )
+    meta = p.sink.committed_metadata(2)
+    assert meta is not None and meta.metadata["deletes"] == 1 and meta.metadata["upserts"] == 3
+    assert _rows(p.path, COLUMNS) == _fold(p.changes, BY_ID, COLUMNS)
+    expected = [("s0", o) for o in range(9)] + [("s1", o) for o in (0, 1, 2, 5, 6, 7)]
+    assert _change_offsets(p.changes) == sorted(expected)  # every record once, the keyless tombstone too
+    tomb = [r for r in read_sink(p.changes).to_pylist() if r["tombstone"]]
+    assert [(r["split_id"], r["offset"], r["id"], r["name"]) for r in tomb] == [("s1", 1, None, None)]
+    keyed = DeltaTable(p.path)
+    assert "tombstone" not in keyed.schema().to_arrow().names
+    assert keyed.metadata().configuration["splitkeeper.sink.key"] == "id"
+
+
+def test_tombstones_delete_their_kafka_key(tmp_path: Path) -> None:
+    p = _Pipeline(tmp_path, BY_KEY)
+    p.epoch(
+        1, {0: {"s0": [_record(o, {"id": o, "name": f"n{o}", "op": "c"}, key=b"k%d" % o) for o in range(4)]}}
+    )
+    p.epoch(
+        2,
+        {
+            0: {
+                "s0": [
+                    _record(4, None, key=b"k1"),  # a Kafka tombstone deletes k1
+                    _record(5, {"id": 20, "name": "again", "op": "u"}, key=b"k2"),
+                    _record(6, None, key=b"k2"),  # ... and the later tombstone of k2 wins over its update
+                    _record(7, None, key=b"nope"),  # a delete of a key that is not there changes nothing
+                    _record(8, None, key=None),  # a null Kafka key is a key too (null-safe)
+                ]
+            }
+        },
+    )
+    assert _rows(p.path, ("key", "id")) == [(b"k0", 0), (b"k3", 3)]
+    assert _rows(p.path, COLUMNS) == _fold(p.changes, BY_KEY, COLUMNS)
+    assert len(read_sink(p.changes)) == 9
+
+
+def test_winners_are_computed_per_key_null_safely() -> None:
+    policy = RecordPolicy(decode=DECODE, upsert=BY_ID)
+    import pyarrow as pa
+
+    rows = pa.table(
+        {
+            "split_id": ["a", "a", "b", "a", "b"],
+            "offset": pa.array([1, 2, 2, 3, 0], pa.int64()),
+            "id": pa.array([7, 7, 7, None, None], pa.int64()),
+            "tombstone": [False, False, False, False, True],
+        }
+    )
+    picked = winners(rows, BY_ID)
+    assert sorted(zip(picked["split_id"].to_pylist(), picked["offset"].to_pylist(), strict=True)) == [
+        ("a", 3),
+        ("b", 2),
+    ]
+    assert policy.schema.field("id").nullable  # an upsert sink's data columns hold tombstones' nulls
+
+
+def test_a_replay_is_a_no_op_and_another_attempt_is_refused(tmp_path: Path) -> None:
+    p = _Pipeline(tmp_path, BY_ID)
+    runs = p.stage(1, {0: {"s0": [_record(0, {"id": 1, "name": "a", "op": "c"})]}})
+    first = p.sink.commit(1, runs, expected=None, attempt_id="x")
+    version = DeltaTable(p.path).version()
+    again = p.sink.commit(1, runs, expected=None, attempt_id="x")
+    assert again.replayed and again.records == first.records == 1
+    assert DeltaTable(p.path).version() == version and len(read_sink(p.changes)) == 1
+    with pytest.raises(ConcurrentRunError):
+        p.sink.commit(1, runs, expected=None, attempt_id="other")
+    assert _rows(p.path, ("id", "name")) == [(1, "a")]
+
+
+def test_a_crash_between_the_merge_and_the_change_commit_is_repaired_on_reopen(tmp_path: Path) -> None:
+    def crash(point: SinkCrashPoint, epoch: int) -> None:
+        if point is SinkCrashPoint.BEFORE_SIDE_COMMIT and epoch == 2:
+            raise RuntimeError("killed between the commits")
+
+    p = _Pipeline(tmp_path, BY_ID, crash_point=crash)
+    p.epoch(
+        1,
+        {
+            0: {
+                "s0": [
+                    _record(0, {"id": 1, "name": "a", "op": "c"}),
+                    _record(1, {"id": 2, "name": "b", "op": "c"}),
+                ]
+            }
+        },
+    )
+    with pytest.raises(RuntimeError, match="killed"):
+        p.epoch(
+            2, {0: {"s0": [_record(2, {"id": 1, "name": "a2", "op": "u"}), _record(3, {"id": 2, "op": "d"})]}}
+        )
+    assert p.sink.committed_epoch() == 2 and p.sink.change_epoch() == 1
+    assert _change_offsets(p.changes) == [("s0", 0), ("s0", 1)]  # the redo is pending
+    reopened = p.open()
+    assert reopened.change_epoch() == 2
+    assert _change_offsets(p.changes) == [("s0", o) for o in range(4)]
+    assert _rows(p.path, COLUMNS) == _fold(p.changes, BY_ID, COLUMNS) and _rows(p.path, ("id", "name")) == [
+        (1, "a2")
+    ]
+    p.sink = reopened
+    p.epoch(3, {0: {"s0": [_record(4, {"id": 3, "name": "c", "op": "c"})]}})
+    assert _change_offsets(p.changes) == [("s0", o) for o in range(5)]
+    assert _rows(p.path, COLUMNS) == _fold(p.changes, BY_ID, COLUMNS)
+
+
+def test_a_replay_after_a_crash_before_the_change_commit_commits_the_changes(tmp_path: Path) -> None:
+    fail = {"on": True}
+
+    def crash(point: SinkCrashPoint, epoch: int) -> None:
+        if point is SinkCrashPoint.BEFORE_SIDE_COMMIT and fail["on"]:
+            raise RuntimeError("killed between the commits")
+
+    p = _Pipeline(tmp_path, BY_ID, crash_point=crash)
+    runs = p.stage(1, {0: {"s0": [_record(0, {"id": 1, "name": "a", "op": "c"})]}})
+    with pytest.raises(RuntimeError):
+        p.sink.commit(1, runs, expected=None, attempt_id="x")
+    fail["on"] = False
+    receipt = p.sink.commit(1, runs, expected=None, attempt_id="x")
+    assert receipt.replayed and receipt.records == 1 and p.sink.change_epoch() == 1
+    assert _change_offsets(p.changes) == [("s0", 0)]
+
+
+def test_the_mode_and_key_of_a_table_do_not_change(tmp_path: Path) -> None:
+    p = _Pipeline(tmp_path, BY_ID)
+    p.epoch(1, {0: {"s0": [_record(0, {"id": 1, "name": "a", "op": "c"})]}})
+    append = RecordPolicy(decode=DECODE)
+    with pytest.raises(
+        StateError, match=r"upsert sink keyed by \[id\].*sink.mode: upsert and sink.key: \[id\]"
+    ):
+        DeltaSink(p.path, "cdc", schema=append.schema)
+    with pytest.raises(StateError, match=r"keyed by \[id\].*sink.key \[key\]"):
+        DeltaSink(p.path, "cdc", schema=p.policy.schema, upsert=BY_KEY, changes_path=p.changes)
+    plain = str(tmp_path / "plain")
+    DeltaSink(plain, "cdc", schema=append.schema)
+    with pytest.raises(StateError, match=r"an append sink.*set sink.mode: append"):
+        DeltaSink(plain, "cdc", schema=p.policy.schema, upsert=BY_ID, changes_path=p.changes)
+
+
+def test_a_partitioned_upsert_sink_is_refused(tmp_path: Path) -> None:
+    policy = RecordPolicy(decode=DECODE, upsert=BY_ID, partition_by=("ingested_date",))
+    with pytest.raises(InvalidParameterError, match="sink.partition_by"):
+        DeltaSink(
+            tmp_path / "keyed", "cdc", schema=policy.schema, upsert=BY_ID, partition_by=policy.partition_by
+        )
+    assert not os.path.exists(tmp_path / "keyed")
