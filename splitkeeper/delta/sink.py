@@ -575,7 +575,8 @@ class DeltaSink(EpochSink):
                 )
             )
         if upsert is not None:
-            self._check_upsert(upsert)
+            if not read_only:
+                self._check_upsert(upsert)
             self.changes_path = storage.table_uri(
                 changes_path if changes_path is not None else f"{str(path).rstrip('/')}_changes"
             )
