@@ -322,3 +322,76 @@ def test_a_partitioned_upsert_sink_is_refused(tmp_path: Path) -> None:
             tmp_path / "keyed", "cdc", schema=policy.schema, upsert=BY_ID, partition_by=policy.partition_by
         )
     assert not os.path.exists(tmp_path / "keyed")
+
+
+def test_filtered_offsets_beside_a_region_output_are_a_side_table_of_an_append_sink(tmp_path: Path) -> None:
+    """The same side-table mechanism for the filtered offsets a Spark transform drops: moved before the
+    fenced commit, listed in it, committed after it; a crash between is repaired on reopen."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from splitkeeper.delta.schemas import FILTERED_FILE, FILTERED_SCHEMA
+
+    policy = RecordPolicy(decode=DECODE)
+    staging, filtered = str(tmp_path / "staging"), str(tmp_path / "sink_filtered")
+
+    def crash(point: SinkCrashPoint, epoch: int) -> None:
+        if point is SinkCrashPoint.BEFORE_SIDE_COMMIT and epoch == 2:
+            raise RuntimeError("killed between the commits")
+
+    def sink(**extra: Any) -> DeltaSink:
+        return DeltaSink(
+            tmp_path / "sink",
+            "f",
+            staging_path=staging,
+            schema=policy.schema,
+            filtered_path=filtered,
+            **extra,
+        )
+
+    def region(epoch: int, dropped: list[tuple[int, int]] | None) -> RegionRun:
+        records = {"s0": [_record(10 * epoch + o, {"id": o, "name": "x", "op": "c"}) for o in range(3)]}
+        plan = [(Split("s0"), 10 * epoch, 10 * epoch + 3)]
+        result = run_region_task(plan, _Records(records), identity, staging, epoch, 0, policy=policy)
+        if dropped is not None:
+            rows = [
+                {
+                    "split_id": "s0",
+                    "start_offset": a,
+                    "end_offset": b,
+                    "records": b - a,
+                    "epoch": epoch,
+                    "region": 0,
+                    "function": "m:f",
+                }
+                for a, b in dropped
+            ]
+            pq.write_table(
+                pa.Table.from_pylist(rows, FILTERED_SCHEMA),
+                os.path.join(os.path.dirname(result.staged_path or ""), FILTERED_FILE),
+            )
+        return RegionRun(region_id=0, outcome=RegionOutcome.ACK, output=result.staged_path)
+
+    first = sink(crash_point=crash)
+    assert not os.path.exists(filtered)  # created with its first files
+    first.commit(1, [region(1, [(13, 15)])], expected=None, attempt_id="a1")
+    assert read_sink(filtered).num_rows == 1
+    meta = first.committed_metadata(1)
+    assert meta is not None and meta.metadata["filtered_records"] == 1
+    with pytest.raises(RuntimeError, match="killed"):
+        first.commit(2, [region(2, [(23, 24), (25, 27)])], expected=1, attempt_id="a2")
+    assert sorted(read_sink(filtered, ["start_offset"])["start_offset"].to_pylist()) == [13]
+    again = sink()  # the redo on open
+    assert sorted(
+        read_sink(filtered, ["start_offset", "end_offset", "epoch"]).to_pylist(), key=repr
+    ) == sorted(
+        [
+            {"start_offset": 13, "end_offset": 15, "epoch": 1},
+            {"start_offset": 23, "end_offset": 24, "epoch": 2},
+            {"start_offset": 25, "end_offset": 27, "epoch": 2},
+        ],
+        key=repr,
+    )
+    again.commit(3, [region(3, None)], expected=2, attempt_id="a3")  # an output without the file has none
+    assert read_sink(filtered).num_rows == 3 and DeltaTable(filtered).transaction_version("f") == 2
+    assert len(read_sink(tmp_path / "sink")) == 9
