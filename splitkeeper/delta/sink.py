@@ -37,6 +37,16 @@ Contract of :meth:`DeltaSink.commit` ``(epoch, outputs, expected=, attempt_id=)`
    are added to the table (nullable) in a schema commit just before the fenced commit (delta-rs's
    ``create_write_transaction`` keeps the table's schema); a changed type is refused.
 
+6. Side tables (:class:`SideTable`: the dead letters, the filtered offsets, an upsert sink's change
+   table) are staged before the fenced commit, listed in its metadata, committed after it and
+   repaired on open (:meth:`DeltaSink.repair_sides`).
+7. Upsert (``upsert=``, ``sink.mode: upsert``): the fenced write is ONE delta-rs MERGE of the epoch's
+   winners (:func:`winners`) into the keyed table, whose columns are the schema's without
+   ``tombstone``; the staged files become the change table (``changes_path``), so the keyed table is
+   the fold of the change table (:mod:`splitkeeper.records.upsert`). The table's properties
+   ``splitkeeper.sink.mode``/``splitkeeper.sink.key`` are checked on open (StateError when the mode or
+   key differ). Partitioned upsert sinks and ``widen`` are refused.
+
 :meth:`committed_epoch` is ``transaction_version(pipeline)``; :meth:`committed_attempt`
 reads the commit's metadata back from the table history. One sink per pipeline and
 driver process; ``read_only`` sinks create and write nothing (dry runs, status).
@@ -101,6 +111,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = [
     "DeltaSink",
+    "SideTable",
     "SinkCommit",
     "adopted_name",
     "file_statistics",
@@ -108,6 +119,7 @@ __all__ = [
     "read_sink",
     "sink_files",
     "sink_frame",
+    "winners",
 ]
 
 log = logging.getLogger(__name__)
@@ -1235,7 +1247,8 @@ def _merge_counts(metrics: Mapping[str, Any]) -> dict[str, int]:
 def read_sink(path: str | os.PathLike[str], columns: Sequence[str] | None = None) -> pa.Table:
     """The rows of the sink table at ``path`` (its latest version), read with delta-rs and pyarrow:
     ``columns`` only (all of the sink's when None); an empty table of those columns when no table
-    exists there yet. The one reader of a sink's records (report, tools, tests); a damaged log or data
+    exists there yet. The one reader of a sink's records (report, tools, tests), and of an upsert sink's
+    keyed and change tables and the filtered-offsets table given their paths; a damaged log or data
     file is the StateError of :func:`~splitkeeper.delta.tables.open_table` and
     :func:`~splitkeeper.delta.tables.read_rows`."""
     uri = storage.table_uri(path)
