@@ -395,3 +395,38 @@ def test_filtered_offsets_beside_a_region_output_are_a_side_table_of_an_append_s
     again.commit(3, [region(3, None)], expected=2, attempt_id="a3")  # an output without the file has none
     assert read_sink(filtered).num_rows == 3 and DeltaTable(filtered).transaction_version("f") == 2
     assert len(read_sink(tmp_path / "sink")) == 9
+
+
+def test_staged_tombstones_raw_keeps_the_null_value_and_typed_not_null_is_still_checked(
+    tmp_path: Path,
+) -> None:
+    import pyarrow.parquet as pq
+
+    from splitkeeper.spark.task import SplitReadError
+
+    records = {
+        "s0": [_record(0, {"id": 1}, key=b"a"), _record(1, None, key=b"a"), _record(2, {"id": 2}, key=b"b")]
+    }
+    plan = [(Split("s0"), 0, 3)]
+    raw = RecordPolicy(upsert=BY_KEY)  # raw decode, the fast path: the value stays null
+    staged = run_region_task(plan, _Records(records), identity, str(tmp_path / "raw"), 1, 0, policy=raw)
+    rows = pq.read_table(staged.staged_path or "", columns=["offset", "value", "tombstone"]).to_pylist()
+    assert [(r["offset"], r["value"] is None, r["tombstone"]) for r in rows] == [
+        (0, False, False),
+        (1, True, True),
+        (2, False, False),
+    ]
+    strict = DecodeSpec(kind="json", columns=(Column("id", "BIGINT", nullable=False),))
+    typed = RecordPolicy(decode=strict, upsert=BY_KEY)
+    staged = run_region_task(plan, _Records(records), identity, str(tmp_path / "typed"), 1, 0, policy=typed)
+    rows = pq.read_table(staged.staged_path or "", columns=["offset", "id", "key", "tombstone"]).to_pylist()
+    assert rows == [
+        {"offset": 0, "id": 1, "key": b"a", "tombstone": False},
+        {"offset": 1, "id": None, "key": b"a", "tombstone": True},  # a tombstone: null data, not a bad record
+        {"offset": 2, "id": 2, "key": b"b", "tombstone": False},
+    ]
+    missing = {"s0": [_record(0, {"name": "no id"}, key=b"a")]}
+    with pytest.raises(SplitReadError, match="offset 0"):  # a value without its NOT NULL column is still bad
+        run_region_task(
+            [(Split("s0"), 0, 1)], _Records(missing), identity, str(tmp_path / "bad"), 1, 0, policy=typed
+        )
