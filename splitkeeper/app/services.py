@@ -835,6 +835,9 @@ def maintain(
             schema=policy.schema,
             partition_by=policy.partition_by,
             widen=policy.widen,
+            upsert=config.upsert,  # an upsert sink's keyed table is opened as one (mode and key checked)
+            changes_path=config.changes_path,
+            filtered_path=config.filtered_path,
         )
         compaction = retention.compact(store)
         compacted = {**compaction.compacted_files, "sink": sink.compact()}

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from deltalake import DeltaTable
 
+from splitkeeper.app import services
 from splitkeeper.app.pipeline import Pipeline
 from splitkeeper.config.settings import config_from_mapping
 from splitkeeper.delta.sink import DeltaSink, read_dead_letters, read_sink
@@ -123,3 +124,9 @@ def test_an_upsert_pipeline_killed_around_its_merge_recovers_to_the_fold_of_its_
     got = sorted(tuple(r.values()) for r in keyed.to_pylist())
     assert got == _fold(changes) and len(got) > 0
     assert len({r[0] for r in got}) == len(got)  # one row per key
+    if point == "before_checkpoint_row":  # maintain opens the keyed table as an upsert sink and keeps it
+        services.maintain(config, history_hours=0)
+        again = DeltaTable(config.sink_path).to_pyarrow_table(
+            columns=["id", "name", "op", "split_id", "offset", "epoch"]
+        )
+        assert sorted(tuple(r.values()) for r in again.to_pylist()) == got
