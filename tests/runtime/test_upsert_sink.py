@@ -430,3 +430,27 @@ def test_staged_tombstones_raw_keeps_the_null_value_and_typed_not_null_is_still_
         run_region_task(
             [(Split("s0"), 0, 1)], _Records(missing), identity, str(tmp_path / "bad"), 1, 0, policy=typed
         )
+
+
+def test_a_commit_after_a_crash_between_moving_and_merging_finds_the_moved_files(tmp_path: Path) -> None:
+    p = _Pipeline(tmp_path, BY_ID)
+    runs = p.stage(
+        1,
+        {
+            0: {
+                "s0": [
+                    _record(0, {"id": 1, "name": "a", "op": "c"}),
+                    _record(1, {"id": 1, "name": "b", "op": "u"}),
+                ]
+            }
+        },
+    )
+    staged = [str(r.output) for r in runs]
+    p.sink._side_entries(1, staged, staged)  # step (a) of a commit that then died: moved, not merged
+    assert not os.path.exists(staged[0]) and p.sink.committed_epoch() is None
+    receipt = p.sink.commit(1, runs, expected=None, attempt_id="redo")
+    assert receipt.records == 2 and not receipt.replayed
+    assert _rows(p.path, ("id", "name")) == [(1, "b")] and _change_offsets(p.changes) == [
+        ("s0", 0),
+        ("s0", 1),
+    ]
