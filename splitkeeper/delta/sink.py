@@ -734,7 +734,7 @@ class DeltaSink(EpochSink):
             return None
         regions = found.get("regions")
         records = found.get("records")
-        if self.upsert is not None and isinstance(found.get("operationMetrics"), Mapping):
+        if found.get("operation") == "MERGE" and isinstance(found.get("operationMetrics"), Mapping):
             found = {**_merge_counts(found["operationMetrics"]), **found}
         return SinkCommit(
             app_id=self.app_id,

@@ -180,6 +180,8 @@ def test_last_writer_wins_per_key_within_and_across_epochs_with_deletes_and_null
     )
     meta = p.sink.committed_metadata(2)
     assert meta is not None and meta.metadata["deletes"] == 1 and meta.metadata["upserts"] == 3
+    status = DeltaSink(p.path, "cdc", read_only=True).committed_metadata(2)  # any reader sees the counts
+    assert status is not None and (status.metadata["upserts"], status.metadata["deletes"]) == (3, 1)
     assert _rows(p.path, COLUMNS) == _fold(p.changes, BY_ID, COLUMNS)
     expected = [("s0", o) for o in range(9)] + [("s1", o) for o in (0, 1, 2, 5, 6, 7)]
     assert _change_offsets(p.changes) == sorted(expected)  # every record once, the keyless tombstone too
