@@ -45,7 +45,8 @@ Contract of :meth:`DeltaSink.commit` ``(epoch, outputs, expected=, attempt_id=)`
    ``tombstone``; the staged files become the change table (``changes_path``), so the keyed table is
    the fold of the change table (:mod:`splitkeeper.records.upsert`). The table's properties
    ``splitkeeper.sink.mode``/``splitkeeper.sink.key`` are checked on open (StateError when the mode or
-   key differ). Partitioned upsert sinks and ``widen`` are refused.
+   key differ). A partitioned upsert sink's keyed and change tables have its partitions; ``widen``
+   is refused.
 
 :meth:`committed_epoch` is ``transaction_version(pipeline)``; :meth:`committed_attempt`
 reads the commit's metadata back from the table history. One sink per pipeline and
@@ -419,15 +420,16 @@ class SideTable:
                 _move(source, target)
             fs, inner = storage.filesystem(target)
             info = fs.get_file_info(inner)
-            entries.append(
-                {
-                    "path": name,
-                    "size": int(info.size),
-                    "rows": int(metadata.num_rows),
-                    "modified": int(info.mtime.timestamp() * 1000) if info.mtime is not None else 0,
-                    "stats": json.dumps(file_statistics(metadata, self.spec.stats_columns)),
-                }
-            )
+            entry = {
+                "path": name,
+                "size": int(info.size),
+                "rows": int(metadata.num_rows),
+                "modified": int(info.mtime.timestamp() * 1000) if info.mtime is not None else 0,
+                "stats": json.dumps(file_statistics(metadata, self.spec.stats_columns)),
+            }
+            if self.spec.partition_by:  # a partitioned change table: the file's col=value folders
+                entry["partition_values"] = _partition_values(name, self.spec.partition_by)
+            entries.append(entry)
         return entries
 
     def read(self, entries: Sequence[Mapping[str, Any]]) -> pa.Table:
@@ -437,7 +439,11 @@ class SideTable:
         for entry in entries:
             fs, inner = storage.filesystem(storage.join(self.path, str(entry["path"])))
             with fs.open_input_file(inner) as handle:
-                tables.append(pq.read_table(handle).cast(schema))
+                data = pq.read_table(handle)
+            for column, value in dict(entry.get("partition_values") or {}).items():
+                typed = pa.array([value], pa.string()).cast(schema.field(column).type)
+                data = data.append_column(column, pa.repeat(typed[0], data.num_rows))
+            tables.append(data.select(schema.names).cast(schema))
         return pa.concat_tables(tables) if tables else schema.empty_table()
 
     def commit(
@@ -474,7 +480,12 @@ class SideTable:
             )
         actions: list[AddAction | RemoveAction] = [
             AddAction(
-                _uri_path(str(e["path"])), int(e["size"]), {}, int(e["modified"]), True, str(e["stats"])
+                _uri_path(str(e["path"])),
+                int(e["size"]),
+                dict(e.get("partition_values") or {}),
+                int(e["modified"]),
+                True,
+                str(e["stats"]),
             )
             for e in entries
         ]
@@ -614,20 +625,13 @@ class DeltaSink(EpochSink):
             self.repair_sides()
 
     def _check_upsert(self, upsert: UpsertSpec) -> None:
-        """An upsert sink's schema has the tombstone column and the key's columns; partitions and
-        new columns (``widen``) are not supported by its MERGE (refused, with what to do)."""
+        """An upsert sink's schema has the tombstone column and the key's columns; new columns
+        (``widen``) are not supported by its MERGE (refused, with what to do)."""
         if TOMBSTONE not in self.schema.names:
             raise InvalidParameterError(
                 "schema", self.schema.names, f"an upsert sink's staged schema, with the {TOMBSTONE} column"
             )
         upsert.check_columns(self.schema.names)
-        if self.partition_by:
-            raise InvalidParameterError(
-                "sink.partition_by",
-                list(self.partition_by),
-                "no partition columns with sink.mode: upsert (the keyed table is one MERGE target; "
-                "remove sink.partition_by, or use sink.mode: append)",
-            )
         if self.widen:
             raise InvalidParameterError(
                 "decode.on_new_fields",

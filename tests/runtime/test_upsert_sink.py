@@ -51,9 +51,11 @@ def _record(offset: int, value: dict[str, Any] | None, key: bytes | None = None)
 class _Pipeline:
     """A sink and the region tasks of one test: ``epoch`` stages each region's splits and commits."""
 
-    def __init__(self, root: Path, upsert: UpsertSpec, **sink: Any) -> None:
+    def __init__(
+        self, root: Path, upsert: UpsertSpec, partition_by: tuple[str, ...] = (), **sink: Any
+    ) -> None:
         self.root = root
-        self.policy = RecordPolicy(decode=DECODE, upsert=upsert)
+        self.policy = RecordPolicy(decode=DECODE, upsert=upsert, partition_by=partition_by)
         self.staging = str(root / "staging")
         self.path = str(root / "keyed")
         self.changes = str(root / "keyed_changes")
@@ -66,6 +68,7 @@ class _Pipeline:
             "cdc",
             staging_path=self.staging,
             schema=self.policy.schema,
+            partition_by=self.policy.partition_by,
             upsert=self.policy.upsert,
             changes_path=self.changes,
             **sink,
@@ -315,15 +318,40 @@ def test_the_mode_and_key_of_a_table_do_not_change(tmp_path: Path) -> None:
     DeltaSink(plain, "cdc", schema=append.schema)
     with pytest.raises(StateError, match=r"an append sink.*set sink.mode: append"):
         DeltaSink(plain, "cdc", schema=p.policy.schema, upsert=BY_ID, changes_path=p.changes)
+    with pytest.raises(InvalidParameterError, match="decode.on_new_fields"):
+        DeltaSink(tmp_path / "wide", "cdc", schema=p.policy.schema, upsert=BY_ID, widen=True)
 
 
-def test_a_partitioned_upsert_sink_is_refused(tmp_path: Path) -> None:
-    policy = RecordPolicy(decode=DECODE, upsert=BY_ID, partition_by=("ingested_date",))
-    with pytest.raises(InvalidParameterError, match="sink.partition_by"):
-        DeltaSink(
-            tmp_path / "keyed", "cdc", schema=policy.schema, upsert=BY_ID, partition_by=policy.partition_by
-        )
-    assert not os.path.exists(tmp_path / "keyed")
+def test_a_partitioned_upsert_sink_keeps_its_partitions_and_moves_a_key_between_them(tmp_path: Path) -> None:
+    p = _Pipeline(tmp_path, BY_ID, partition_by=("op",))
+    p.epoch(
+        1,
+        {
+            0: {
+                "s0": [
+                    _record(0, {"id": 1, "name": "a", "op": "c"}),
+                    _record(1, {"id": 2, "name": "b", "op": "c"}),
+                ]
+            }
+        },
+    )
+    p.epoch(
+        2,
+        {
+            0: {
+                "s0": [
+                    _record(2, {"id": 1, "name": "a2", "op": "u"}),
+                    _record(3, {"id": 2, "name": "b", "op": "d"}),
+                ]
+            }
+        },
+    )
+    assert _rows(p.path, ("id", "name", "op")) == [(1, "a2", "u")]  # moved from op=c to op=u; 2 deleted
+    assert DeltaTable(p.path).metadata().partition_columns == ["op"]
+    assert DeltaTable(p.changes).metadata().partition_columns == ["op"]
+    assert _rows(p.path, COLUMNS) == _fold(p.changes, BY_ID, COLUMNS)
+    assert _change_offsets(p.changes) == [("s0", o) for o in range(4)]
+    assert sorted(r["op"] for r in read_sink(p.changes, ["op"]).to_pylist()) == ["c", "c", "d", "u"]
 
 
 def test_filtered_offsets_beside_a_region_output_are_a_side_table_of_an_append_sink(tmp_path: Path) -> None:
