@@ -172,6 +172,15 @@ def add_amount_cents(batch: pa.RecordBatch) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays([*batch.columns, cents], names=[*batch.schema.names, "amount_cents"])
 
 
+def amount_cents(df: Any) -> Any:
+    """Sample PySpark transform (``transform: {kind: spark, function:
+    splitkeeper.transforms:amount_cents}``): adds ``amount_cents BIGINT``, the ``amount`` column in
+    cents (rounded), to an epoch's records; keeps every row and its bookkeeping columns."""
+    from pyspark.sql import functions as F
+
+    return df.withColumn("amount_cents", F.round(F.col("amount") * 100).cast("bigint"))
+
+
 def resolve_transform(spec: str) -> Transform:
     """Import the function named by ``'module:function'`` (attribute paths allowed after ':').
 
