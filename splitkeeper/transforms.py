@@ -172,6 +172,14 @@ def add_amount_cents(batch: pa.RecordBatch) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays([*batch.columns, cents], names=[*batch.schema.names, "amount_cents"])
 
 
+def amount_cents(df: Any) -> Any:
+    """Sample PySpark transform (``transform: {kind: spark, function:
+    splitkeeper.transforms:amount_cents}``): adds ``amount_cents BIGINT``, the ``amount`` column in
+    cents (rounded), to an epoch's records; keeps every row and its bookkeeping columns. (A SQL
+    expression, so this module imports no pyspark: the config loads it on machines without Spark.)"""
+    return df.selectExpr("*", "CAST(ROUND(amount * 100) AS BIGINT) AS amount_cents")
+
+
 def resolve_transform(spec: str) -> Transform:
     """Import the function named by ``'module:function'`` (attribute paths allowed after ':').
 

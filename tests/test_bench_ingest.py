@@ -19,7 +19,13 @@ from splitkeeper import cli
 from splitkeeper.errors import InvalidParameterError
 from splitkeeper.tools.bench import ingest
 from splitkeeper.tools.bench.ingest import IngestSettings, average_phases, restore_verdict
-from splitkeeper.tools.bench.ingest_common import JSON_SCHEMA, typed_rows
+from splitkeeper.tools.bench.ingest_common import (
+    CDC_SCHEMA,
+    JSON_SCHEMA,
+    expected_cdc_rows,
+    typed_rows,
+    write_cdc_files,
+)
 
 REQUIRED_KEYS = {
     "ours_records_per_s",
@@ -247,3 +253,55 @@ def test_decode_is_raw_or_json_and_json_figures_get_their_own_chart_page(
         cli.main(["bench", "ingest", "--source", "files", "--decode", "xml"])
     assert exit_.value.code == 2
     assert "invalid choice: 'xml'" in capsys.readouterr().err
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_tiny_upsert_ingest_merges_the_same_keyed_rows_on_both_sides_as_the_generator_expects(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "charts"
+    code = cli.main(
+        [
+            "bench", "ingest", "--source", "files", "--sink", "upsert", "--files", "2", "--lines", "300",
+            "--repeat", "1", "--skip-restore", "--out", str(out), "--work-dir", str(tmp_path / "work"),
+            "--json",
+        ]
+    )  # fmt: skip
+    captured = capsys.readouterr()
+    assert code == 0, captured.err[-5000:]
+    result = json.loads(captured.out.strip().splitlines()[-1])
+    assert (result["sink"], result["schema"]) == ("upsert", CDC_SCHEMA)
+    # our change table holds all 600 records once; both keyed tables hold the generator's live keys
+    assert result["ours_sink_records"] == 600 and result["ours_duplicates"] == 0
+    assert 0 < result["baseline_sink_records"] < 600
+    assert result["exact"] is True and result["content_equal"] is True
+    assert result["chart"] == str(out / "ingest_upsert.html")
+
+
+def test_cdc_files_mix_inserts_updates_and_deletes_and_their_expected_table_is_the_fold_of_the_lines(
+    tmp_path: Path,
+) -> None:
+    counts, expected = write_cdc_files(str(tmp_path), files=3, lines=2000, line_bytes=80, seed=3)
+    assert counts == {"cdc-00000.jsonl": 2000, "cdc-00001.jsonl": 2000, "cdc-00002.jsonl": 2000}
+    records = [
+        json.loads(line)
+        for name in sorted(counts)
+        for line in (tmp_path / name).read_text(encoding="utf-8").splitlines()
+    ]
+    ops = [r["op"] for r in records]
+    assert 0.17 < ops.count("u") / len(ops) < 0.23 and 0.01 < ops.count("d") / len(ops) < 0.03
+    folded: dict[int, dict[str, object]] = {}
+    files_of: dict[int, set[int]] = {}
+    for i, r in enumerate(records):
+        files_of.setdefault(r["id"], set()).add(i // 2000)
+        if r["op"] == "d":
+            assert r["id"] in folded  # only a live key is deleted
+            del folded[r["id"]]
+        else:
+            assert (r["op"] == "c") == (r["id"] not in folded)
+            folded[r["id"]] = r
+    assert all(len(f) == 1 for f in files_of.values())  # a key's changes are in one file
+    assert folded == expected
+    assert expected_cdc_rows(expected).num_rows == len(expected)
+    assert [r["ts"] for r in records] == sorted(r["ts"] for r in records)

@@ -9,14 +9,18 @@
 4. a last ingest cycle reads the source to its end (a global checkpoint);
 5. the restart checks (Great Expectations) and the run report;
 6. the streaming side: the project's own Kafka broker (KRaft, on loopback), two topics
-   of 4 partitions with a backlog while more messages keep arriving: JSON objects, a few
-   of them malformed; the same ingest DAG runs a Kafka pipeline (P=4) that decodes them
-   into typed columns (``decode: json`` with a declared schema, ``errors.tolerance: all``)
-   until it has caught up with what was there when each run began, a region fails in the
-   second run, a last run catches up after the producer stops; the sink and the
-   dead-letter table are compared with every delivery report (the malformed messages are
-   exactly the dead letters), the consumer group's lag is shown (offsets committed only at
-   checkpoints) and the story ends with how many dead letters there are and where;
+   of 4 partitions with a backlog while more messages keep arriving: change events of orders
+   (JSON: created, updated, deleted), a few of them malformed; the same ingest DAG runs a
+   Kafka pipeline (P=4) that decodes them into typed columns (``decode: json`` with a declared
+   schema, ``errors.tolerance: all``), runs a PySpark transform over each epoch
+   (``transform: {kind: spark}``) and upserts them into a keyed Delta table (``sink.mode:
+   upsert``, one MERGE per epoch; deletes on ``op = 'd'``) with its change table, until it has
+   caught up with what was there when each run began; a region fails in the second run, a
+   last run catches up after the producer stops; the change table and the dead-letter table
+   are compared with every delivery report (the malformed messages are exactly the dead
+   letters), the keyed table with the latest event of every order, the consumer group's lag
+   is shown (offsets committed only at checkpoints) and the story ends with how many orders,
+   upserts, deletes and dead letters there are;
 7. an index page links both reports.
 
 The last line printed is ``report: <path of the index page>``.
@@ -184,28 +188,55 @@ transform: splitkeeper.transforms:enrich_json
 
 STREAM_TOPICS = {"orders-stream": 4, "payments-stream": 4}
 STREAM_GROUP = "splitkeeper-demo-stream"
-#: The streaming side's records: JSON objects of this declared schema (Spark DDL).
-STREAM_SCHEMA = "seq BIGINT, stream STRING, amount DOUBLE, note STRING"
-STREAM_COLUMNS = ("seq", "stream", "amount", "note")
+#: The streaming side's records: change events (JSON objects of this declared schema, Spark DDL) of
+#: orders keyed by ``id``: ``op`` c (created), u (updated) or d (deleted).
+STREAM_SCHEMA = "id BIGINT, op STRING, seq BIGINT, stream STRING, amount DOUBLE, note STRING"
+STREAM_COLUMNS = ("id", "op", "seq", "stream", "amount", "note")
+#: The Spark transform of the stream (a PySpark DataFrame function, run once per epoch).
+STREAM_TRANSFORM = "splitkeeper.transforms:amount_cents"
 MALFORMED_MESSAGES = 5  # in the backlog; cut short, they are not JSON
-
-
-def _stream_record(seq: int, topic: str, payload: str) -> dict[str, Any]:
-    """Message ``seq``'s record (its JSON value decoded): what the sink's typed columns hold."""
-    return {"seq": seq, "stream": topic, "amount": (seq % 1000) / 10, "note": payload}
+KEYS_PER_PARTITION = 25  # each order lives in one partition, as a Kafka partitioner keeps a key
+DELETE_SHARE = 0.04  # of the events after an order exists
 
 
 def _stream_values(backlog: int) -> Any:
-    """The producer's values: :func:`_stream_record` as JSON; :data:`MALFORMED_MESSAGES` of the
-    first ``backlog`` messages are cut short (not JSON: dead letters)."""
+    """The producer's values: change events of orders as JSON (each order's events in one partition,
+    created first, then updated or deleted; a deleted order may be created again);
+    :data:`MALFORMED_MESSAGES` of the first ``backlog`` messages are cut short (not JSON: dead
+    letters). Called in the producer's order, so the events of a key are in order."""
     import json
+    import random
 
     step = backlog // MALFORMED_MESSAGES
     malformed = {step // 2 + i * step for i in range(MALFORMED_MESSAGES)}
+    live: set[int] = set()
+    rng = random.Random(5)
 
-    def value_of(seq: int, topic: str, _partition: int, payload: str) -> bytes:
-        text = json.dumps(_stream_record(seq, topic, payload))
-        return (text[: len(text) // 2] if seq in malformed else text).encode()
+    def value_of(seq: int, topic: str, partition: int, payload: str) -> bytes:
+        base = (list(STREAM_TOPICS).index(topic) * 10 + partition) * 1000
+        key = base + rng.randrange(KEYS_PER_PARTITION)
+        if key not in live:
+            op = "c"
+        elif rng.random() < DELETE_SHARE:
+            op = "d"
+        else:
+            op = "u"
+        record = {
+            "id": key,
+            "op": op,
+            "seq": seq,
+            "stream": topic,
+            "amount": (seq % 1000) / 10,
+            "note": payload,
+        }
+        text = json.dumps(record)
+        if seq in malformed:
+            return text[: len(text) // 2].encode()
+        if op == "d":
+            live.discard(key)
+        else:
+            live.add(key)
+        return text.encode()
 
     return value_of
 
@@ -214,8 +245,9 @@ def _stream_config(workspace: Path, bootstrap: str) -> Path:
     path = workspace / "stream.yaml"
     path.write_text(
         f"""\
-# The demo's streaming side: two Kafka topics (8 partitions) read by 4 independent regions;
-# JSON values decoded into typed columns; a record that does not decode is a dead letter.
+# The demo's streaming side: change events of orders on two Kafka topics (8 partitions) read by
+# 4 independent regions; JSON values decoded into typed columns, a PySpark transform per epoch,
+# and a keyed Delta table (the latest row per order, deletes applied) with its change table.
 name: demo-stream
 parallelism: 4
 regions: per_reader
@@ -237,10 +269,17 @@ backlog:
 state:
   path: stream/state
 sink:
-  path: stream/sink
+  path: stream/orders              # the keyed table: one row per live order
+  mode: upsert                     # one Delta MERGE per epoch, under the same fence as an append
+  key: [id]
+  delete_when: "op = 'd'"
+  changes_path: stream/changes     # every event once: the accounting of the upserts
 decode:
   kind: json
   schema: "{STREAM_SCHEMA}"
+transform:
+  kind: spark                      # fn(DataFrame) -> DataFrame over each epoch's records
+  function: {STREAM_TRANSFORM}
 errors:
   tolerance: all                   # a bad record goes to the dead-letter table, not the region down
   dead_letter:
@@ -338,8 +377,8 @@ def _stream(workspace: Path, messages: int) -> tuple[str, str]:
         )
         producer.produce(backlog)
         _say(
-            f"Kafka {bootstrap}: {backlog:,} JSON messages waiting in {len(partitions)} partitions, "
-            f"{MALFORMED_MESSAGES} of them malformed"
+            f"Kafka {bootstrap}: {backlog:,} change events of orders (JSON) waiting in {len(partitions)} "
+            f"partitions, {MALFORMED_MESSAGES} of them malformed"
         )
         _say(f"{messages - backlog:,} more arrive while the pipeline runs")
         arriving = producer.in_background(messages - backlog, chunks=10, pause_s=3.0)
@@ -376,9 +415,11 @@ def _decoded(value: str) -> dict[str, Any] | None:
 def _check_stream(
     folder: Path, delivered: dict[tuple[str, int, int], str], bootstrap: str
 ) -> tuple[str, str]:
-    """The sink's typed rows and the dead letters against every delivery report (every message in
-    exactly one of them: the well-formed ones decoded, the malformed ones byte for byte), and the
-    consumer group's lag per partition. Returns the outcome line and the dead letters' line."""
+    """The change table's typed rows and the dead letters against every delivery report (every
+    message in exactly one of them: the well-formed ones decoded, with the transform's
+    ``amount_cents``; the malformed ones byte for byte), the keyed table against the fold of the
+    delivery reports (per order its last event, absent when that deletes it), and the consumer
+    group's lag per partition. Returns the outcome line and the dead letters' line."""
     from collections import Counter
 
     from deltalake import DeltaTable
@@ -387,7 +428,8 @@ def _check_stream(
     from splitkeeper.spark.sources.kafka import KafkaSource, split_id_of
     from splitkeeper.tools.kafka_testbed import end_offsets, value_bytes
 
-    rows = read_sink(folder / "sink", ["split_id", "offset", *STREAM_COLUMNS]).to_pylist()
+    columns = ["split_id", "offset", *STREAM_COLUMNS, "amount_cents"]
+    rows = read_sink(folder / "changes", columns).to_pylist()
     dead_path = folder / "dead_letters"
     dead_table = DeltaTable(str(dead_path)).to_pyarrow_table(
         columns=["split_id", "offset", "value", "stage", "error_class", "error_message"]
@@ -400,11 +442,25 @@ def _check_stream(
     lost = sum(1 for k in expected if k not in got and k not in got_dead)
     duplicated = sum(n - 1 for n in keys.values() if n > 1)
     wrong = sum(1 for k, v in got.items() if _decoded(expected.get(k, "")) != v)
+    wrong += sum(1 for r in rows if r["amount_cents"] != round(r["amount"] * 100))
     wrong += sum(
         1
         for k, v in got_dead.items()
         if k not in expected or _decoded(expected[k]) is not None or value_bytes(expected[k]) != v
     )
+    # the fold of the delivery reports: per order the event with the highest offset (one partition each)
+    last: dict[int, tuple[int, dict[str, Any]]] = {}
+    ops: Counter[str] = Counter()
+    for (_topic, _partition, position), value in delivered.items():
+        record = _decoded(value)
+        if record is None:
+            continue
+        ops[record["op"]] += 1
+        if record["id"] not in last or last[record["id"]][0] < position:
+            last[record["id"]] = (position, record)
+    orders = {k: r for k, (_o, r) in last.items() if r["op"] != "d"}
+    table = {r["id"]: {c: r[c] for c in STREAM_COLUMNS} for r in read_sink(folder / "orders").to_pylist()}
+    keyed_wrong = sorted(k for k in set(orders) | set(table) if orders.get(k) != table.get(k))
     ends = end_offsets(delivered)
     source = KafkaSource(bootstrap, topics=list(STREAM_TOPICS), group_id=STREAM_GROUP)
     try:
@@ -421,16 +477,23 @@ def _check_stream(
         _say(
             f"  group {STREAM_GROUP} {sid:<18} committed {offset:>6} end {ends[sid]:>6} lag {lag} ckpt {tag}"
         )
-    if lost or duplicated or wrong or lag_total:
+    if lost or duplicated or wrong or lag_total or keyed_wrong:
         raise SystemExit(
             f"streaming side check failed: {lost} lost, {duplicated} duplicated, {wrong} unexpected "
-            f"values, consumer group lag {lag_total}"
+            f"values, consumer group lag {lag_total}, keyed table wrong for orders {keyed_wrong[:10]}"
         )
     line = (
-        f"stream: {len(expected):,} JSON messages produced, {len(got):,} decoded into typed columns "
-        f"({STREAM_SCHEMA}) in the Delta sink, {len(dead)} dead letters, 0 lost, 0 duplicated; "
-        f"consumer group lag 0 on {len(ends)} partitions"
+        f"stream: {len(expected):,} change events produced, {len(got):,} decoded into typed columns "
+        f"({STREAM_SCHEMA}) and transformed on Spark ({STREAM_TRANSFORM}), {len(dead)} dead letters, "
+        f"0 lost, 0 duplicated; consumer group lag 0 on {len(ends)} partitions"
     )
+    keyed_line = (
+        f"keyed table {folder / 'orders'}: {len(table):,} orders from {ops['c'] + ops['u']:,} upserts "
+        f"({ops['c']:,} creates, {ops['u']:,} updates) and {ops['d']:,} deletes, one MERGE per epoch; it "
+        f"equals the latest event of every order (deletes applied), and the change table "
+        f"{folder / 'changes'} holds every event once"
+    )
+    _say(keyed_line)
     first = min(dead, key=lambda r: (r["split_id"], r["offset"]), default=None)
     example = (
         ""

@@ -132,6 +132,12 @@ def create_topics(bootstrap: str, partitions: Mapping[str, int], timeout_s: floa
 
 #: A message's value from (sequence number, topic, partition, payload hex): see :class:`NumberedProducer`.
 ValueOf = Callable[[int, str, int, str], bytes]
+KeyOf = Callable[[int, str, int], str]
+
+
+def numbered_key(seq: int, topic: str, partition: int) -> str:
+    """The default key of message ``seq``: ``m<seq:08d>`` (every message its own key)."""
+    return f"m{seq:08d}"
 
 
 def numbered_value(seq: int, topic: str, partition: int, payload: str) -> bytes:
@@ -163,7 +169,8 @@ class NumberedProducer:
     equal weights), key ``m<seq:08d>``, value ``m<seq:08d>|<topic>|<partition>|<payload>``
     where the payload is the hex of ``payload_bytes`` random bytes (a ``(low, high)``
     range, drawn per message); ``value_of(seq, topic, partition, payload)`` makes another
-    value (JSON objects, malformed records) from the same draws. Draws come from ``seed``. The
+    value (JSON objects, malformed records) from the same draws, ``key_of(seq, topic, partition)``
+    another key (the keyed messages of ``chaos --sink upsert``). Draws come from ``seed``. The
     producer is idempotent with ``acks=all`` and never gives up on a message (it is delivered
     after a broker restart). ``delivered`` maps (topic, partition, offset) to the value;
     ``failed`` lists messages whose delivery failed. A value that is not valid UTF-8 is kept
@@ -179,6 +186,7 @@ class NumberedProducer:
         weights: Sequence[int] | None = None,
         payload_bytes: tuple[int, int] = (4, 32),
         value_of: ValueOf = numbered_value,
+        key_of: KeyOf = numbered_key,
     ) -> None:
         from confluent_kafka import Producer
 
@@ -195,6 +203,7 @@ class NumberedProducer:
         self._weights = list(weights) if weights is not None else None
         self._payload_bytes = payload_bytes
         self._value_of = value_of
+        self._key_of = key_of
         self._rng = random.Random(seed)
         self._next = 0
         self._lock = threading.Lock()  # delivery reports (called from poll/flush)
@@ -252,7 +261,7 @@ class NumberedProducer:
                 try:
                     self._producer.produce(
                         topic,
-                        key=f"m{seq:08d}",
+                        key=self._key_of(seq, topic, partition),
                         value=value,
                         partition=partition,
                         on_delivery=self._on_delivery,

@@ -74,16 +74,25 @@ from typing import TYPE_CHECKING, Any
 
 from splitkeeper.errors import EnvironmentNotReadyError, InvalidParameterError, SplitkeeperError
 from splitkeeper.tools.bench.ingest_common import (
+    CDC_COLUMNS,
+    CDC_SCHEMA,
     DECODES,
     JSON_SCHEMA,
+    SINKS,
+    cdc_rows,
+    expected_cdc_rows,
+    merge_available_now,
     pipeline_config,
     reading_batches,
     run_available_now,
     same_typed_rows,
     typed_frame,
+    write_cdc_files,
 )
 
 if TYPE_CHECKING:
+    import pyarrow as pa
+
     from splitkeeper.config.settings import PipelineConfig
 
 KAFKA_MODULE = "splitkeeper.tools.bench.ingest_kafka"
@@ -141,9 +150,12 @@ class IngestSettings:
     warmup: bool = True
     content_check: bool = True
     decode: str = "raw"
+    sink: str = "append"
 
     def __post_init__(self) -> None:
         check_decode(self.decode)
+        if self.sink not in SINKS:
+            raise InvalidParameterError("sink", self.sink, " or ".join(SINKS))
         check_counts(
             self,
             (
@@ -398,6 +410,7 @@ class OursRun:
     jobs: int | None
     load: LoadFigure
     sink_path: str
+    changes_path: str | None = None  # --sink upsert: the change table (every record once)
 
 
 @dataclass(frozen=True, slots=True)
@@ -419,6 +432,7 @@ def _ours_config(settings: IngestSettings, input_dir: str, root: str) -> Pipelin
         epoch_records=settings.records_per_epoch,
         region_timeout_s=3600,
         decode=settings.decode,
+        sink=settings.sink,
     )
 
 
@@ -493,12 +507,14 @@ def run_ours(spark: Any, settings: IngestSettings, input_dir: str, root: str, la
         jobs=jobs_between(first_job, job_marks[-1]),
         load=load,
         sink_path=config.sink_path,
+        changes_path=config.changes_path,
     )
 
 
 def run_baseline(spark: Any, settings: IngestSettings, input_dir: str, root: str, label: str) -> BaselineRun:
     """Ingest ``input_dir`` with Structured Streaming (text source, Delta sink, availableNow); with
-    ``--decode json`` the lines are parsed with ``from_json`` into the typed columns."""
+    ``--decode json`` the lines are parsed with ``from_json`` into the typed columns; with ``--sink
+    upsert`` into the CDC columns, merged per micro-batch (``foreachBatch`` + Delta ``MERGE``)."""
     sink_path = os.path.join(root, "sink")
     checkpoint = os.path.join(root, "checkpoint")
     first_job = latest_job_id(spark)
@@ -509,13 +525,16 @@ def run_baseline(spark: Any, settings: IngestSettings, input_dir: str, root: str
             .option("maxFilesPerTrigger", settings.max_files_per_trigger)
             .load(input_dir)
         )
-        if settings.decode == "json":
-            frame = typed_frame(lines, "value", (("split_id", "_metadata.file_name"),))
+        name = f"bench_ingest_baseline_{os.getpid()}_{int(started * 1000)}"
+        if settings.sink == "upsert":
+            frame = typed_frame(lines, "value", (), CDC_SCHEMA, CDC_COLUMNS)
+            query = merge_available_now(frame, sink_path, checkpoint, name)
         else:
-            frame = lines.selectExpr("value", "_metadata.file_name AS split_id")
-        query = run_available_now(
-            frame, sink_path, checkpoint, f"bench_ingest_baseline_{os.getpid()}_{int(started * 1000)}"
-        )
+            if settings.decode == "json":
+                frame = typed_frame(lines, "value", (("split_id", "_metadata.file_name"),))
+            else:
+                frame = lines.selectExpr("value", "_metadata.file_name AS split_id")
+            query = run_available_now(frame, sink_path, checkpoint, name)
         seconds = time.perf_counter() - started
     progress = reading_batches(query, label)
     _progress(f"{label}: {len(progress)} micro-batches in {seconds:.2f}s")
@@ -574,6 +593,33 @@ def check_sink(path: str, expected: Mapping[str, int], with_offsets: bool) -> Si
         keys = rows.group_by(["split_id", "offset"]).aggregate([([], "count_all")])
         duplicates = int(pc.sum(pc.greater(keys["count_all"], 1)).as_py() or 0)
     return SinkCheck(sum(per_split.values()), wrong, duplicates)
+
+
+def check_keyed(
+    expected: Mapping[str, int], rows: pa.Table, ours: OursRun, base: BaselineRun
+) -> tuple[SinkCheck, SinkCheck, bool]:
+    """``--sink upsert``'s checks: our change table holds every record once (per split, no duplicate
+    offsets) and both keyed tables hold exactly ``rows``, the generator's latest record of every
+    live key (:func:`~splitkeeper.tools.bench.ingest_common.cdc_rows`); the third value says whether
+    both keyed tables are equal."""
+    from deltalake import DeltaTable
+
+    from splitkeeper.delta.sink import read_sink
+
+    assert ours.changes_path is not None
+    ours_check = check_sink(ours.changes_path, expected, with_offsets=True)
+    mine = cdc_rows(read_sink(ours.sink_path, list(CDC_COLUMNS)))
+    theirs = cdc_rows(DeltaTable(base.sink_path).to_pyarrow_table(columns=list(CDC_COLUMNS)))
+    if not mine.equals(rows):
+        ours_check = SinkCheck(
+            ours_check.records,
+            {**ours_check.wrong_splits, "keyed table": mine.num_rows},
+            ours_check.duplicates,
+        )
+    base_check = SinkCheck(
+        theirs.num_rows, {} if theirs.equals(rows) else {"keyed table": theirs.num_rows}, None
+    )
+    return ours_check, base_check, bool(mine.equals(theirs))
 
 
 def same_values(ours: str, baseline: str) -> bool:
@@ -717,7 +763,13 @@ def bench_ingest(settings: IngestSettings, work_dir: str, spark: Any | None = No
     input_dir = os.path.join(work_dir, "input")
     shutil.rmtree(input_dir, ignore_errors=True)
     t0 = time.perf_counter()
-    expected = make_input(input_dir, settings)
+    verify = None
+    if settings.sink == "upsert":
+        expected, keyed = write_cdc_files(input_dir, settings.files, settings.lines, settings.line_bytes)
+        verify = functools.partial(check_keyed, expected, expected_cdc_rows(keyed))
+        _progress(f"keyed change records: {len(keyed):,} live keys at the end (upserts and deletes by id)")
+    else:
+        expected = make_input(input_dir, settings)
     input_bytes = sum(os.path.getsize(os.path.join(input_dir, f)) for f in expected)
     _progress(
         f"input: {settings.files} files x {settings.lines:,} lines = {settings.records:,} records, "
@@ -750,6 +802,7 @@ def bench_ingest(settings: IngestSettings, work_dir: str, spark: Any | None = No
             "ours_checkpoint_commit_ms": list(ours.checkpoint_commit_ms),
         },
         ours_complete=lambda ours: bool(ours.finished),
+        verify=verify,
     )
 
     restore: RestoreFigures | None = None
@@ -797,6 +850,7 @@ def run_repetitions(
     ours_complete: Callable[[Any], bool] | None = None,
     typed: bool = False,
     say: Callable[[str], None] = _progress,
+    verify: Callable[[Any, Any], tuple[SinkCheck, SinkCheck, bool]] | None = None,
 ) -> Repetitions:
     """Run ``repeat`` repetitions of both sides, each in a fresh ``<work_dir>/rep<N>`` (removed after).
 
@@ -807,7 +861,8 @@ def run_repetitions(
     baseline only with ``baseline_offsets``) and, in the first with ``content_check``, compared
     by value (``typed``: by their typed rows, :func:`same_typed_rows`). ``ours_row`` adds figures
     of our run to its repetition's entry; ``ours_complete`` says whether our run finished its
-    input (default: yes).
+    input (default: yes). ``verify(ours, base)`` replaces both sink checks and the comparison
+    (``--sink upsert``: :func:`check_keyed`).
     """
     records = sum(expected.values())
     ours_runs: list[Any] = []
@@ -827,9 +882,14 @@ def run_repetitions(
             done[side] = run_side[side](label)
             say(f"{label}: {done[side].seconds:.2f}s, {done[side].load.text()}")
         ours, base = done["ours"], done["baseline"]
-        ours_check = check_sink(ours.sink_path, expected, with_offsets=True)
-        base_check = check_sink(base.sink_path, expected, with_offsets=baseline_offsets)
-        if rep == 1 and content_check and ours_check.records == base_check.records:
+        if verify is not None:
+            ours_check, base_check, equal = verify(ours, base)
+            if rep == 1 and content_check:
+                content_equal = equal
+        else:
+            ours_check = check_sink(ours.sink_path, expected, with_offsets=True)
+            base_check = check_sink(base.sink_path, expected, with_offsets=baseline_offsets)
+        if verify is None and rep == 1 and content_check and ours_check.records == base_check.records:
             compare = same_typed_rows if typed else same_values
             content_equal = compare(ours.sink_path, base.sink_path)
         complete = ours_complete is None or ours_complete(ours)
@@ -890,8 +950,20 @@ def decode_figures(decode: str) -> dict[str, Any]:
     return {"decode": decode, "schema": JSON_SCHEMA if decode == "json" else None}
 
 
+def sink_figures(sink: str) -> dict[str, Any]:
+    """The result keys saying what both sides wrote: ``sink`` and, for upsert, the CDC schema."""
+    if sink == "upsert":
+        return {"sink": "upsert", "decode": "json", "schema": CDC_SCHEMA}
+    return {"sink": "append"}
+
+
 def decode_text(result: Mapping[str, Any]) -> str:
     """How both sides decoded the records, for the report's first line."""
+    if result.get("sink") == "upsert":
+        return (
+            f"sink upsert: keyed change records ({result['schema']}; 20% updates, 2% deletes), ours "
+            "sink.mode upsert (one MERGE per epoch), baseline foreachBatch + Delta MERGE"
+        )
     if result.get("decode", "raw") == "json":
         return f"decode json ({result['schema']}; baseline: from_json, same schema)"
     return "decode raw (one value column)"
@@ -999,6 +1071,7 @@ def _result(
         "benchmark": "ingest",
         "source": "files",
         **decode_figures(settings.decode),
+        **sink_figures(settings.sink),
         "records": settings.records,
         "files": settings.files,
         "lines_per_file": settings.lines,
@@ -1237,6 +1310,8 @@ Restore: {restore} ({_load_text(result["load_avg"]["restore"])}).</p>
 def chart_file(name: str, result: Mapping[str, Any]) -> str:
     """The chart page's file name: ``name``, or ``<stem>_json.html`` for ``--decode json`` (so the
     raw and the typed figures each keep their page)."""
+    if result.get("sink") == "upsert":
+        return name.replace(".html", "_upsert.html")
     decode = result.get("decode", "raw")
     return name if decode == "raw" else name.replace(".html", f"_{decode}.html")
 
@@ -1360,6 +1435,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="restore samples per checkpoint count, interleaved (default 3)",
     )
     parser.add_argument("--skip-restore", action="store_true", help="do not measure restore time")
+    parser.add_argument(
+        "--sink",
+        default="append",
+        choices=SINKS,
+        help="append (default) or upsert: keyed change records (20%% updates, 2%% deletes) into a keyed "
+        "table, ours with sink.mode upsert, the baseline with foreachBatch + Delta MERGE",
+    )
     add_output_arguments(parser, "input, sinks and state")
 
 
@@ -1437,6 +1519,7 @@ def run(args: argparse.Namespace) -> int:
         warmup=not args.no_warmup,
         content_check=not args.no_content_check,
         decode=args.decode,
+        sink=args.sink,
     )
     return run_benchmark(
         args,

@@ -22,6 +22,11 @@ every input message exactly once.
    while a run runs (both refused by the pipeline lease, rule 5.6), the broker SIGKILLed
    twice while messages and commits are in flight, a rescale 4 -> 6 and one 6 -> 4. A
    smaller ``--messages`` shrinks the epochs, never the faults.
+   With ``--sink upsert`` the messages are keyed (40 keys per partition) and 2% of them end with
+   ``|delete``: the pipeline decodes ``text`` into an upsert sink keyed by the Kafka key with
+   ``delete_when: value LIKE '%|delete'``; its change table is then what must hold every message
+   once, and the keyed table must equal the fold of the delivery reports (per key the message
+   with the highest offset, absent when that one deletes).
    With ``--bad-records SHARE`` that share of the messages is malformed (a byte that is
    not UTF-8 before the payload) and the pipeline decodes ``text`` with
    ``errors.tolerance: all`` and a dead-letter table: the bad ones must be exactly the
@@ -52,6 +57,7 @@ from splitkeeper.tools.kafka_testbed import check_bootstrap_servers
 
 #: What ``--source`` accepts (only Kafka keeps positions outside the pipeline and can be killed).
 SOURCES = ("kafka",)
+SINKS = ("append", "upsert")
 DEFAULT_MESSAGES = 100_000
 MIN_MESSAGES = 100  # enough for every share of the schedule to hold messages
 MAX_BAD_SHARE = 0.5  # --bad-records: most messages stay well-formed
@@ -72,6 +78,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default=0.0,
         help="share of malformed messages (not UTF-8; e.g. 0.01): the pipeline decodes text with "
         "errors.tolerance all, and they must be exactly the dead letters (default 0)",
+    )
+    parser.add_argument(
+        "--sink",
+        default="append",
+        choices=SINKS,
+        help="append (default), or upsert: keyed messages (40 keys per partition, 2%% deletes) into an "
+        "upsert sink keyed by the Kafka key; its change table must hold every message once and the keyed "
+        "table the latest message of every live key",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     parser.add_argument(
@@ -105,7 +119,14 @@ def run(args: argparse.Namespace) -> int:
     check_bootstrap_servers(args.bootstrap_servers)
     workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="splitkeeper-chaos-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    chaos = KafkaChaos(workdir, args.messages, args.seed, args.bootstrap_servers, args.bad_records)
+    chaos = KafkaChaos(
+        workdir,
+        args.messages,
+        args.seed,
+        args.bootstrap_servers,
+        args.bad_records,
+        getattr(args, "sink", "append"),
+    )
     try:
         result = chaos.execute()
     finally:
@@ -118,7 +139,14 @@ def run(args: argparse.Namespace) -> int:
         f"{'PASSED' if ok else 'FAILED'}: {result['messages']:,} messages, lost {result['records_lost']}, "
         f"duplicated {result['records_duplicated']}, unexpected {result['records_unexpected']}, "
         f"dead letters {result['dead_letters']} of {result['dead_letters_expected']} malformed, offsets "
-        f"aligned {result['offsets_aligned']}, faults {result['faults_by_kind']}, concurrent drivers "
+        f"aligned {result['offsets_aligned']}, "
+        + (
+            f"keyed table {result['keys_in_table']} keys (matches the delivery reports: "
+            f"{result['keyed_matches']}), "
+            if result.get("sink") == "upsert"
+            else ""
+        )
+        + f"faults {result['faults_by_kind']}, concurrent drivers "
         f"refused {result['concurrent_drivers_refused']}, {result['elapsed_s']:.0f}s"
         + ("" if ok else f"; work folder kept: {workdir}")
     )

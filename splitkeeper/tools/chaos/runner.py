@@ -29,6 +29,7 @@ from splitkeeper.tools.kafka_testbed import (
     create_topics,
     end_offsets,
     in_share,
+    numbered_key,
     numbered_value,
 )
 
@@ -44,19 +45,42 @@ BAD_RATIO_LIMIT = 1.0
 MALFORMED = b"\xff"
 
 
-def chaos_value(share: float) -> Any:
+def chaos_value(share: float, deletes: float = 0.0) -> Any:
     """The chaos producer's values: :func:`numbered_value`, and for the ``share`` of malformed
     messages (:func:`~splitkeeper.tools.kafka_testbed.in_share`) the same with :data:`MALFORMED`
-    before the payload: not UTF-8."""
+    before the payload: not UTF-8. With ``deletes`` (``--sink upsert``), that share of the messages
+    (drawn apart from the malformed ones) ends with :data:`DELETE_MARK`: a delete of its key."""
 
     def value_of(seq: int, topic: str, partition: int, payload: str) -> bytes:
         value = numbered_value(seq, topic, partition, payload)
-        if not in_share(seq, share):
-            return value
-        head, _sep, tail = value.rpartition(b"|")
-        return head + b"|" + MALFORMED + tail
+        if in_share(seq, share):
+            head, _sep, tail = value.rpartition(b"|")
+            value = head + b"|" + MALFORMED + tail
+        if is_delete(seq, deletes):
+            value += DELETE_MARK
+        return value
 
     return value_of
+
+
+#: ``--sink upsert``: a value that ends with this deletes its key (``sink.delete_when``).
+DELETE_MARK = b"|delete"
+DELETE_WHEN = "value LIKE '%|delete'"
+#: ``--sink upsert``: the share of messages that are deletes, and how many keys each partition has.
+DELETE_SHARE = 0.02
+KEYS_PER_PARTITION = 40
+
+
+def is_delete(seq: int, deletes: float) -> bool:
+    """Whether message ``seq`` is a delete (``deletes``' share, shifted off the malformed ones)."""
+    return in_share(seq + 7, deletes)
+
+
+def chaos_key(seq: int, topic: str, partition: int) -> str:
+    """``--sink upsert``'s keys: :data:`KEYS_PER_PARTITION` per partition, each in one partition only
+    (as a Kafka producer's partitioner keeps a key in one partition), so its latest message is the
+    one with the highest offset there."""
+    return f"{topic}:{partition}:k{seq % KEYS_PER_PARTITION:02d}"
 
 
 class KafkaChaos:
@@ -69,10 +93,13 @@ class KafkaChaos:
         seed: int,
         bootstrap_servers: str | None,
         bad_records: float = 0.0,
+        sink: str = "append",
     ) -> None:
         self.workdir = workdir.resolve()
         self.messages = messages
         self.bad_records = bad_records
+        self.sink = sink
+        self.deletes = DELETE_SHARE if sink == "upsert" else 0.0
         self.seed = seed
         self.tuning = Tuning(messages)
         self.schedule = draw_schedule(seed, self.tuning)
@@ -117,7 +144,8 @@ class KafkaChaos:
             partitions,
             self.seed,
             weights=[1 + i for i in range(len(partitions))],  # uneven partitions
-            value_of=chaos_value(self.bad_records),
+            value_of=chaos_value(self.bad_records, self.deletes),
+            key_of=chaos_key if self.sink == "upsert" else numbered_key,
         )
         first = int(self.messages * FIRST_SHARE)
         self.producer.produce(first)
@@ -151,6 +179,19 @@ class KafkaChaos:
             "state": {"path": str(self.workdir / "state")},
             "sink": {"path": str(self.workdir / "sink")},
         }
+        if self.sink == "upsert":  # keyed by the Kafka key, a value ending with |delete deletes it
+            config["decode"] = {"kind": "text"}
+            config["sink"] = {
+                "path": str(self.workdir / "sink"),
+                "mode": "upsert",
+                "key": ["key"],
+                "delete_when": DELETE_WHEN,
+            }
+            say(
+                f"sink upsert: {KEYS_PER_PARTITION} keys per partition, {self.deletes:.0%} of the messages "
+                f"delete their key (sink.delete_when: {DELETE_WHEN}); change table "
+                f"{self.workdir / 'sink_changes'}"
+            )
         if self.bad_records > 0:  # text values; the malformed ones are dead letters
             config["decode"] = {"kind": "text"}
             config["errors"] = {
@@ -401,6 +442,7 @@ class KafkaChaos:
             self.group_id,
             self.producer.delivered,
             frozenset(f"m{seq:08d}" for seq in range(self.messages) if in_share(seq, self.bad_records)),
+            keyed=(chaos_key, DELETE_MARK) if self.sink == "upsert" else None,
         )
         return self._result(caught_up, checks)
 
@@ -427,6 +469,7 @@ class KafkaChaos:
             "messages_requested": self.messages,
             "messages_not_delivered": len(self.producer.failed),
             "bad_records": self.bad_records,
+            "sink": self.sink,
             **checks,
             "caught_up": caught_up,
             "faults_by_kind": by_kind,
@@ -459,6 +502,7 @@ class KafkaChaos:
             and result["offsets_aligned"]
             and result["offsets_at_end"]
             and result["restart_checks"] == "passed"
+            and (self.sink != "upsert" or result["keyed_matches"] is True)
             and not missing
             and not short
         )

@@ -170,6 +170,38 @@ def compare_sink(
     }
 
 
+def compare_keyed(
+    keyed: Any, delivered: Delivered, key_of: Any, delete_mark: bytes, bad: frozenset[str] = frozenset()
+) -> dict[str, Any]:
+    """The keyed table of ``chaos --sink upsert`` (rows with ``key`` and ``value``) against the fold
+    of the delivery reports, computed here independently of the pipeline: per key (``key_of(seq,
+    topic, partition)``, each key in one partition) its well-formed message with the highest offset,
+    absent when that one ends with ``delete_mark``."""
+    latest: dict[bytes, tuple[int, bytes]] = {}
+    for (topic, partition, offset), text in delivered.items():
+        value = value_bytes(text)
+        if is_bad_value(value, bad):
+            continue  # a dead letter: not a change of its key
+        seq = int(value.split(b"|", 1)[0][1:])
+        key = key_of(seq, topic, partition).encode()
+        if key not in latest or latest[key][0] < offset:
+            latest[key] = (offset, value)
+    expected = {k: v for k, (_o, v) in latest.items() if not v.endswith(delete_mark)}
+    rows = {
+        bytes(k): (v.encode() if isinstance(v, str) else v)
+        for k, v in zip(keyed.column("key").to_pylist(), keyed.column("value").to_pylist(), strict=True)
+    }
+    wrong = sorted(k for k in set(expected) | set(rows) if expected.get(k) != rows.get(k))
+    return {
+        "keys_in_table": len(rows),
+        "keys_expected": len(expected),
+        "keys_deleted": len(latest) - len(expected),
+        "keyed_rows_total": keyed.num_rows,
+        "keyed_matches": not wrong and keyed.num_rows == len(rows),
+        "keys_wrong": [k.decode("utf-8", "replace") for k in wrong[:10]],
+    }
+
+
 def is_bad_value(value: bytes, bad: frozenset[str]) -> bool:
     """Whether a produced value is one of the malformed ones (``bad``: their ``m<seq:08d>`` names,
     the first field of every chaos value)."""
@@ -184,9 +216,12 @@ def verify(
     group_id: str,
     delivered: Delivered,
     bad: frozenset[str] = frozenset(),
+    keyed: tuple[Any, bytes] | None = None,
 ) -> dict[str, Any]:
     """Every check of the module doc; the result's keys go into the chaos JSON. ``bad``: the names
-    (``m<seq:08d>``) of the malformed messages, which must be exactly the dead letters."""
+    (``m<seq:08d>``) of the malformed messages, which must be exactly the dead letters. ``keyed``
+    (``--sink upsert``: the producer's ``key_of`` and the delete mark): the change table is what is
+    compared with the delivery reports, and the keyed table with their fold (:func:`compare_keyed`)."""
     from splitkeeper.config.settings import load_config
     from splitkeeper.delta.checkpoints import DeltaStateStore
     from splitkeeper.quality.checks import run_restart_checks
@@ -201,8 +236,20 @@ def verify(
     stages: Counter[str] = Counter()
     if config.dead_letter_path is not None:
         dead, stages = read_dead_letters(config.dead_letter_path)
-    result = compare_sink(read_sink(config.sink_path), delivered, dead, bad)
+    records_path = config.sink_path if keyed is None else config.changes_path
+    assert records_path is not None
+    result = compare_sink(read_sink(records_path), delivered, dead, bad)
     result["dead_letters_by_stage"] = dict(sorted(stages.items()))
+    if keyed is not None:
+        from splitkeeper.delta import sink as delta_sink
+
+        result.update(
+            compare_keyed(delta_sink.read_sink(config.sink_path, ["key", "value"]), delivered, *keyed, bad)
+        )
+        say(
+            f"keyed table: {result['keys_in_table']} keys, {result['keys_expected']} expected from the "
+            f"delivery reports ({result['keys_deleted']} deleted); matches: {result['keyed_matches']}"
+        )
     say(
         f"sink and dead letters read and compared after {time.monotonic() - started:.0f}s: lost "
         f"{result['records_lost']}, duplicated {result['records_duplicated']}, unexpected "
