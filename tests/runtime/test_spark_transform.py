@@ -1,0 +1,239 @@
+"""A Spark transform (``transform: {kind: spark, function: 'module:fn'}``) end to end: a files
+pipeline of JSON orders, one Spark session, real Delta tables.
+
+The sink holds exactly what the function makes of the records (compared by content, every row
+traced back to its source line); the ``filtered.parquet`` ranges beside the committed outputs
+cover exactly the offsets it dropped; a function that raises (on an executor, inside a UDF) fails
+every region of the epoch with its own traceback and commits nothing, and a rerun with a fixed
+function commits everything; a function that invents a row or loses an offset fails the epoch
+naming the rule. Functions: :mod:`tests.runtime.spark_functions`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+from deltalake import DeltaTable
+
+from splitkeeper.app.services import leased_pipeline
+from splitkeeper.config.settings import PipelineConfig, config_from_mapping
+from splitkeeper.core.types import RegionOutcome
+from splitkeeper.delta.schemas import FILTERED_FILE, FILTERED_SCHEMA
+from splitkeeper.delta.sink import DeltaSink
+from splitkeeper.errors import ConfigError
+
+from . import spark_functions
+from .helpers import pipeline_mapping, run_pipeline
+
+pytestmark = pytest.mark.spark
+
+FUNCTIONS = "tests.runtime.spark_functions"
+KINDS = {"a": "Alpha", "b": "Beta"}
+
+
+def _write_orders(
+    input_dir: Path, files: int = 2, lines: int = 40
+) -> dict[tuple[str, int], tuple[int, dict]]:
+    """JSON orders; every 5th line repeats the previous order (same order_no and content, a duplicate
+    for dropDuplicates), kinds a, b and c (c is not in the dimension table), amounts 1 to 59. The
+    oracle: (file name, offset) -> (next_offset, the order)."""
+    input_dir.mkdir(parents=True, exist_ok=True)
+    oracle: dict[tuple[str, int], tuple[int, dict]] = {}
+    for f in range(files):
+        name = f"orders-{f}.jsonl"
+        data = b""
+        order: dict[str, Any] = {}
+        for i in range(lines):
+            if i % 5 != 4:
+                n = f * 1000 + i
+                order = {
+                    "order_no": f"o{n}",
+                    "id": n,
+                    "kind": "abc"[i % 3],
+                    "amount": f"{(n * 7) % 59 + 1}.25",
+                }
+            line = json.dumps(order).encode()
+            oracle[(name, len(data))] = (len(data) + len(line) + 1, order)
+            data += line + b"\n"
+        (input_dir / name).write_bytes(data)
+    return oracle
+
+
+def _config(
+    tmp_path: Path, name: str, function: str, **options: Any
+) -> tuple[PipelineConfig, dict[str, Any]]:
+    input_dir = tmp_path / "in"
+    if not input_dir.exists():
+        _write_orders(input_dir)
+    mapping = pipeline_mapping(
+        tmp_path, name, input_dir, parallelism=2, epoch_records=options.pop("epoch_records", 1000)
+    )
+    mapping["decode"] = {
+        "kind": "json",
+        "schema": "order_no STRING, id BIGINT, kind STRING, amount DECIMAL(10,2)",
+    }
+    mapping["transform"] = {"kind": "spark", "function": f"{FUNCTIONS}:{function}"}
+    mapping.update(options)
+    return config_from_mapping(mapping), mapping
+
+
+def _committed_attempts(config: PipelineConfig) -> set[str]:
+    """The attempt ids of the staged outputs the sink adopted (its files are named after them)."""
+    names = DeltaTable(config.sink_path).file_uris()
+    return {m.group(1) for uri in names if (m := re.search(r"sk-e\d+-r\d+-([0-9a-f]+)", uri))}
+
+
+def _filtered(config: PipelineConfig) -> list[dict[str, Any]]:
+    """The filtered ranges staged beside the committed outputs."""
+    attempts = _committed_attempts(config)
+    rows: list[dict[str, Any]] = []
+    for path in Path(config.staging_path).glob(f"epoch=*/region=*/attempt=*/{FILTERED_FILE}"):
+        if path.parent.name.removeprefix("attempt=") in attempts:
+            table = pq.read_table(path)
+            assert table.schema.equals(FILTERED_SCHEMA)
+            rows.extend(table.to_pylist())
+    return rows
+
+
+def _expected(oracle: dict[tuple[str, int], tuple[int, dict]]) -> Counter[tuple[Any, ...]]:
+    """What ``orders`` makes of every order: filter, withColumn, join, one row per order_no."""
+    rows = {}
+    for _next, order in oracle.values():
+        amount = Decimal(order["amount"])
+        if amount >= spark_functions.MIN_AMOUNT:
+            rows[order["order_no"]] = (
+                order["order_no"],
+                order["id"],
+                order["kind"],
+                amount,
+                int(amount * 100),
+                KINDS.get(order["kind"]),
+            )
+    return Counter(rows.values())
+
+
+def _sink(config: PipelineConfig) -> list[dict[str, Any]]:
+    columns = [
+        "split_id",
+        "offset",
+        "next_offset",
+        "order_no",
+        "id",
+        "kind",
+        "amount",
+        "amount_cents",
+        "kind_name",
+    ]
+    return DeltaTable(config.sink_path).to_pyarrow_table(columns=columns).to_pylist()
+
+
+def test_a_dataframe_transform_lands_its_rows_and_records_every_dropped_offset(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # keep the staged files after each checkpoint, to read the filtered ranges the sink committed
+    monkeypatch.setattr(DeltaSink, "discard", lambda self, epoch: None)
+    oracle = _write_orders(tmp_path / "in")
+    config, _ = _config(tmp_path, "spark-orders", "orders", epoch_records=50)
+    summary = run_pipeline(config, spark)
+    assert summary.finished and len(summary.epochs) >= 2
+
+    rows = _sink(config)
+    got = Counter(
+        (r["order_no"], r["id"], r["kind"], r["amount"], r["amount_cents"], r["kind_name"]) for r in rows
+    )
+    # dropDuplicates works within an epoch: a duplicate whose twin was read in another epoch stays
+    places = {(Path(r["split_id"]).name, r["offset"]) for r in rows}
+    assert len(places) == len(rows)
+    for r in rows:  # every row is its own source line's order, with its bookkeeping put back
+        next_offset, order = oracle[(Path(r["split_id"]).name, r["offset"])]
+        assert r["order_no"] == order["order_no"] and r["next_offset"] == next_offset
+    assert set(got) == set(_expected(oracle))
+    by_epoch = Counter(r["order_no"] for r in rows)
+    assert sum(by_epoch.values()) - len(by_epoch) <= len(summary.epochs) * 2
+
+    # the filtered ranges cover exactly the offsets the function dropped, once each
+    dropped = set(oracle) - places
+    covered: Counter[tuple[str, int]] = Counter()
+    for f in _filtered(config):
+        name = Path(f["split_id"]).name
+        offset = f["start_offset"]
+        for _ in range(f["records"]):
+            covered[(name, offset)] += 1
+            offset = oracle[(name, offset)][0]
+        assert offset == f["end_offset"] and f["function"] == f"{FUNCTIONS}:orders"
+    assert set(covered) == dropped and max(covered.values()) == 1
+    # compact: a run of consecutive dropped records is one range
+    assert len(_filtered(config)) < len(dropped)
+
+
+def test_a_raising_function_fails_every_region_with_its_traceback_and_a_fixed_one_commits_all(
+    spark: Any, tmp_path: Path
+) -> None:
+    oracle = _write_orders(tmp_path / "in")
+    config, mapping = _config(tmp_path, "spark-raising", "raising")
+    with leased_pipeline(config, spark, metrics=False) as pipeline:
+        pipeline.open()
+        report = pipeline.run_epoch()
+    assert report.outcomes and set(report.outcomes.values()) == {RegionOutcome.DECLINE}
+    assert report.committed_records == 0
+    for error in report.region_errors.values():
+        assert error.startswith(f"{FUNCTIONS}:raising")
+        assert "ValueError: amount" in error and "too large for this function" in error
+        assert 'raise ValueError(f"amount {amount} is too large' in error  # the user's line of code
+        assert "\tat org.apache" not in error and "py4j" not in error.lower()
+    assert not DeltaTable(config.sink_path).to_pyarrow_table().num_rows if _exists(config.sink_path) else True
+
+    mapping["transform"] = {"kind": "spark", "function": f"{FUNCTIONS}:orders"}
+    fixed = config_from_mapping(mapping)
+    assert run_pipeline(fixed, spark).finished
+    rows = _sink(fixed)
+    got = Counter(
+        (r["order_no"], r["id"], r["kind"], r["amount"], r["amount_cents"], r["kind_name"]) for r in rows
+    )
+    assert got == _expected(oracle)  # one epoch read everything: exactly one row per kept order
+
+
+def _exists(path: str) -> bool:
+    return Path(path, "_delta_log").exists()
+
+
+@pytest.mark.parametrize(
+    ("function", "rule", "example"),
+    [
+        ("inventing", "no rows invented", "which the epoch did not read"),
+        ("keyless", "every output row keeps split_id and offset", "offset None"),
+        ("duplicating", "no rows invented", "2 times (at most once)"),
+        ("raising_on_driver", "RuntimeError: the plan cannot be built", "raise RuntimeError"),
+    ],
+)
+def test_a_broken_contract_fails_the_epoch_naming_the_function_and_the_rule(
+    function: str, rule: str, example: str, spark: Any, tmp_path: Path
+) -> None:
+    config, _ = _config(tmp_path, f"spark-{function}".replace("_", "-"), function)
+    with leased_pipeline(config, spark, metrics=False) as pipeline:
+        pipeline.open()
+        report = pipeline.run_epoch()
+    assert set(report.outcomes.values()) == {RegionOutcome.DECLINE} and report.committed_records == 0
+    error = next(iter(report.region_errors.values()))
+    assert error.startswith(f"{FUNCTIONS}:{function}") and rule in error and example in error, error
+
+
+def test_the_upsert_key_is_checked_against_the_transform_output(spark: Any, tmp_path: Path) -> None:
+    config, _ = _config(
+        tmp_path,
+        "spark-upsert-key",
+        "orders",
+        sink={"path": str(tmp_path / "sink"), "mode": "upsert", "key": ["nope"]},
+    )
+    with (
+        pytest.raises(ConfigError, match=r"sink\.key.*'nope'.*amount_cents"),
+        leased_pipeline(config, spark, metrics=False),
+    ):
+        pass
