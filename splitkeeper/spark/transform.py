@@ -160,8 +160,17 @@ class SparkTransform:
         try:
             out = self.function(df)
         except Exception as err:
+            # the function's own frames (this frame is not the user's)
+            tb = traceback.format_exception(
+                type(err), err, err.__traceback__.tb_next if err.__traceback__ else None
+            )
+            text = (
+                python_traceback(err)
+                if "Traceback (most recent call last)" in str(err)
+                else "".join(tb).rstrip()
+            )
             raise SparkTransformError(
-                f"{self.spec}: raised {_first_line(err)} {where}\n{python_traceback(err)}",
+                f"{self.spec}: raised {_first_line(err)} {where}\n{text}",
                 function=self.spec,
             ) from err
         if not isinstance(out, DataFrame):

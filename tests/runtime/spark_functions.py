@@ -65,3 +65,9 @@ def duplicating(df: DataFrame) -> DataFrame:
     """Emits every row twice."""
     out = orders(df)
     return out.unionByName(out)
+
+
+def drifting(df: DataFrame) -> DataFrame:
+    """Returns amount_cents as a string once there are records (a bigint for the empty frame)."""
+    out = orders(df)
+    return out if df.isEmpty() else out.withColumn("amount_cents", F.col("amount_cents").cast("string"))

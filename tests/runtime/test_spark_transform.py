@@ -39,13 +39,14 @@ KINDS = {"a": "Alpha", "b": "Beta"}
 
 
 def _write_orders(
-    input_dir: Path, files: int = 2, lines: int = 40
-) -> dict[tuple[str, int], tuple[int, dict]]:
+    input_dir: Path, files: int = 2, lines: int = 40, *, malformed: bool = False
+) -> dict[tuple[str, int], tuple[int, dict | None]]:
     """JSON orders; every 5th line repeats the previous order (same order_no and content, a duplicate
-    for dropDuplicates), kinds a, b and c (c is not in the dimension table), amounts 1 to 59. The
-    oracle: (file name, offset) -> (next_offset, the order)."""
+    for dropDuplicates), kinds a, b and c (c is not in the dimension table), amounts 1 to 59;
+    ``malformed``: every 11th line is cut short (a dead letter). The oracle: (file name, offset) ->
+    (next_offset, the order, None for a malformed line)."""
     input_dir.mkdir(parents=True, exist_ok=True)
-    oracle: dict[tuple[str, int], tuple[int, dict]] = {}
+    oracle: dict[tuple[str, int], tuple[int, dict | None]] = {}
     for f in range(files):
         name = f"orders-{f}.jsonl"
         data = b""
@@ -60,7 +61,9 @@ def _write_orders(
                     "amount": f"{(n * 7) % 59 + 1}.25",
                 }
             line = json.dumps(order).encode()
-            oracle[(name, len(data))] = (len(data) + len(line) + 1, order)
+            bad = malformed and i % 11 == 6
+            line = line[:-5] if bad else line
+            oracle[(name, len(data))] = (len(data) + len(line) + 1, None if bad else order)
             data += line + b"\n"
         (input_dir / name).write_bytes(data)
     return oracle
@@ -102,10 +105,12 @@ def _filtered(config: PipelineConfig) -> list[dict[str, Any]]:
     return rows
 
 
-def _expected(oracle: dict[tuple[str, int], tuple[int, dict]]) -> Counter[tuple[Any, ...]]:
+def _expected(oracle: dict[tuple[str, int], tuple[int, dict | None]]) -> Counter[tuple[Any, ...]]:
     """What ``orders`` makes of every order: filter, withColumn, join, one row per order_no."""
     rows = {}
     for _next, order in oracle.values():
+        if order is None:
+            continue
         amount = Decimal(order["amount"])
         if amount >= spark_functions.MIN_AMOUNT:
             rows[order["order_no"]] = (
@@ -130,6 +135,7 @@ def _sink(config: PipelineConfig) -> list[dict[str, Any]]:
         "amount",
         "amount_cents",
         "kind_name",
+        "epoch",
     ]
     return DeltaTable(config.sink_path).to_pyarrow_table(columns=columns).to_pylist()
 
@@ -137,40 +143,57 @@ def _sink(config: PipelineConfig) -> list[dict[str, Any]]:
 def test_a_dataframe_transform_lands_its_rows_and_records_every_dropped_offset(
     spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # keep the staged files after each checkpoint, to read the filtered ranges the sink committed
+    """Several epochs, a sink partitioned by a column, malformed lines as dead letters: sink, dead
+    letters and filtered ranges together account for every offset exactly once."""
+    # keep the staged files after each checkpoint, to read the filtered ranges beside the outputs
     monkeypatch.setattr(DeltaSink, "discard", lambda self, epoch: None)
-    oracle = _write_orders(tmp_path / "in")
-    config, _ = _config(tmp_path, "spark-orders", "orders", epoch_records=50)
+    oracle = _write_orders(tmp_path / "in", malformed=True)
+    config, _ = _config(
+        tmp_path,
+        "spark-orders",
+        "orders",
+        epoch_records=50,
+        sink={"path": str(tmp_path / "sink"), "partition_by": ["kind"]},
+        errors={"tolerance": "all", "dead_letter": {"path": str(tmp_path / "dead")}, "max_bad_ratio": 0.5},
+    )
     summary = run_pipeline(config, spark)
     assert summary.finished and len(summary.epochs) >= 2
+    assert DeltaTable(config.sink_path).metadata().partition_columns == ["kind"]
 
     rows = _sink(config)
-    got = Counter(
-        (r["order_no"], r["id"], r["kind"], r["amount"], r["amount_cents"], r["kind_name"]) for r in rows
-    )
-    # dropDuplicates works within an epoch: a duplicate whose twin was read in another epoch stays
-    places = {(Path(r["split_id"]).name, r["offset"]) for r in rows}
-    assert len(places) == len(rows)
+    places = Counter((Path(r["split_id"]).name, r["offset"]) for r in rows)
+    assert max(places.values()) == 1
     for r in rows:  # every row is its own source line's order, with its bookkeeping put back
         next_offset, order = oracle[(Path(r["split_id"]).name, r["offset"])]
-        assert r["order_no"] == order["order_no"] and r["next_offset"] == next_offset
-    assert set(got) == set(_expected(oracle))
-    by_epoch = Counter(r["order_no"] for r in rows)
-    assert sum(by_epoch.values()) - len(by_epoch) <= len(summary.epochs) * 2
+        assert order is not None and r["order_no"] == order["order_no"] and r["next_offset"] == next_offset
+    got = {(r["order_no"], r["id"], r["kind"], r["amount"], r["amount_cents"], r["kind_name"]) for r in rows}
+    assert got == set(_expected(oracle))
+    # dropDuplicates works within an epoch: an order is twice in the sink only from two epochs
+    epochs: dict[str, list[int]] = {}
+    for r in rows:
+        epochs.setdefault(r["order_no"], []).append(r["epoch"])
+    assert all(len(set(e)) == len(e) for e in epochs.values())
 
-    # the filtered ranges cover exactly the offsets the function dropped, once each
-    dropped = set(oracle) - places
+    dead = DeltaTable(config.dead_letter_path).to_pyarrow_table(columns=["split_id", "offset", "stage"])
+    dead_places = Counter(
+        (Path(s).name, o)
+        for s, o in zip(dead["split_id"].to_pylist(), dead["offset"].to_pylist(), strict=True)
+    )
+    assert set(dead_places) == {k for k, (_n, order) in oracle.items() if order is None}
+
+    # the filtered ranges cover exactly the offsets the function dropped, compactly
     covered: Counter[tuple[str, int]] = Counter()
-    for f in _filtered(config):
+    filtered = _filtered(config)
+    for f in filtered:
         name = Path(f["split_id"]).name
         offset = f["start_offset"]
         for _ in range(f["records"]):
             covered[(name, offset)] += 1
             offset = oracle[(name, offset)][0]
         assert offset == f["end_offset"] and f["function"] == f"{FUNCTIONS}:orders"
-    assert set(covered) == dropped and max(covered.values()) == 1
-    # compact: a run of consecutive dropped records is one range
-    assert len(_filtered(config)) < len(dropped)
+    accounted = places + dead_places + covered
+    assert set(accounted) == set(oracle) and max(accounted.values()) == 1  # each offset exactly once
+    assert len(filtered) < len(covered)  # a run of consecutive dropped records is one range
 
 
 def test_a_raising_function_fails_every_region_with_its_traceback_and_a_fixed_one_commits_all(
@@ -211,6 +234,7 @@ def _exists(path: str) -> bool:
         ("keyless", "every output row keeps split_id and offset", "offset None"),
         ("duplicating", "no rows invented", "2 times (at most once)"),
         ("raising_on_driver", "RuntimeError: the plan cannot be built", "raise RuntimeError"),
+        ("drifting", "has column 'amount_cents' of type string", "the sink's 'amount_cents' is bigint"),
     ],
 )
 def test_a_broken_contract_fails_the_epoch_naming_the_function_and_the_rule(
