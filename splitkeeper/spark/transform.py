@@ -30,7 +30,7 @@ Contract of ``fn``:
 
 The sink's columns are what ``fn`` returns for an EMPTY DataFrame of the staged schema
 (:meth:`SparkTransform.output_data`, when the pipeline opens); each epoch's output is cast to
-them, and a column missing or of another type fails the epoch.
+them, and a column missing, added or of another type fails the epoch.
 
 A failure (``fn`` raising on the driver while it builds the plan, on an executor while the job
 runs, or a broken contract) fails every acknowledged region of the epoch: the transform sees
@@ -286,10 +286,19 @@ class SparkTransform:
         return written
 
     def _check_data(self, epoch: int, out: Any, data: Sequence[pa.Field]) -> None:
-        """Every sink data column is in the output with the type it had when the pipeline opened."""
+        """The output's data columns are the sink's, with the types they had when the pipeline opened."""
         from pyspark.sql.pandas.types import from_arrow_type
 
         types = {f.name: f.dataType for f in out.schema.fields}
+        known = {f.name for f in data}
+        extra = [n for n in types if n not in known and n not in NOT_DATA_COLUMNS]
+        if extra:
+            raise SparkTransformError(
+                f"{self.spec}: its output in epoch {epoch} has the columns {extra}, which the sink does "
+                f"not have (its data columns: {sorted(known)}, what it returned for an empty DataFrame "
+                "when the pipeline opened); a spark transform returns the same columns every epoch",
+                function=self.spec,
+            )
         for f in data:
             wanted = from_arrow_type(f.type)
             if f.name not in types:

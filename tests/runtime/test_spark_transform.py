@@ -261,3 +261,15 @@ def test_the_upsert_key_is_checked_against_the_transform_output(spark: Any, tmp_
         leased_pipeline(config, spark, metrics=False),
     ):
         pass
+
+
+def test_without_a_spark_transform_none_is_built(spark: Any, tmp_path: Path) -> None:
+    """An append pipeline with a python transform runs no spark-transform code: the runner has none
+    and the region tasks stage the sink's schema (the policy as before)."""
+    config, mapping = _config(tmp_path, "python-transform", "orders")
+    mapping["transform"] = "splitkeeper.transforms:add_amount_cents"
+    config = config_from_mapping(mapping)
+    with leased_pipeline(config, spark, metrics=False) as pipeline:
+        assert pipeline.driver.runner.spark_transform is None  # type: ignore[attr-defined]
+        assert pipeline.policy.schema.names[3:8] == ["order_no", "id", "kind", "amount", "_rescued"]
+        assert "amount_cents" in pipeline.policy.schema.names
