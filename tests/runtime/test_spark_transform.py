@@ -28,9 +28,10 @@ from splitkeeper.core.types import RegionOutcome
 from splitkeeper.delta.schemas import FILTERED_FILE, FILTERED_SCHEMA
 from splitkeeper.delta.sink import DeltaSink
 from splitkeeper.errors import ConfigError
+from splitkeeper.spark.faults import CRASH_ENV
 
 from . import spark_functions
-from .helpers import pipeline_mapping, run_pipeline
+from .helpers import REPO, pipeline_mapping, run_pipeline, splitkeeper_subprocess, write_config
 
 pytestmark = pytest.mark.spark
 
@@ -273,3 +274,50 @@ def test_without_a_spark_transform_none_is_built(spark: Any, tmp_path: Path) -> 
         assert pipeline.driver.runner.spark_transform is None  # type: ignore[attr-defined]
         assert pipeline.policy.schema.names[3:8] == ["order_no", "id", "kind", "amount", "_rescued"]
         assert "amount_cents" in pipeline.policy.schema.names
+
+
+@pytest.mark.slow
+@pytest.mark.slow_variant  # 1.5-2 min each on the reference machine: CI time is tight
+@pytest.mark.parametrize("point", ["after_decision", "after_sink_commit"])
+def test_killed_around_the_sink_commit_of_a_transformed_epoch_recovers_exactly(
+    point: str, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGKILL (a child ``splitkeeper run``) at a crash point of epoch 2, then a run to the end in
+    this process: every kept order is in the sink once, every malformed line a dead letter once,
+    every row its own source line's order; the offsets neither holds are ones ``orders`` drops."""
+    monkeypatch.delenv(CRASH_ENV, raising=False)
+    oracle = _write_orders(tmp_path / "in", malformed=True)
+    config, mapping = _config(
+        tmp_path,
+        f"spark-crash-{point}".replace("_", "-"),
+        "orders",
+        epoch_records=30,
+        errors={"tolerance": "all", "dead_letter": {"path": str(tmp_path / "dead")}, "max_bad_ratio": 0.5},
+    )
+    config_path = write_config(tmp_path / "pipeline.yaml", mapping)
+    crashed = splitkeeper_subprocess(
+        ["run", "--config", str(config_path)], **{CRASH_ENV: f"{point}@2", "PYTHONPATH": str(REPO)}
+    )
+    assert crashed.returncode == -9, f"expected SIGKILL, got {crashed.returncode}:\n{crashed.stderr[-3000:]}"
+    assert run_pipeline(config, spark).finished
+
+    rows = _sink(config)
+    places = Counter((Path(r["split_id"]).name, r["offset"]) for r in rows)
+    dead = DeltaTable(config.dead_letter_path).to_pyarrow_table(columns=["split_id", "offset"])
+    dead_places = Counter(
+        (Path(s).name, o)
+        for s, o in zip(dead["split_id"].to_pylist(), dead["offset"].to_pylist(), strict=True)
+    )
+    assert max((places + dead_places).values()) == 1  # nothing twice, in either table or across
+    assert set(dead_places) == {k for k, (_n, order) in oracle.items() if order is None}
+    for r in rows:
+        next_offset, order = oracle[(Path(r["split_id"]).name, r["offset"])]
+        assert order is not None and r["order_no"] == order["order_no"] and r["next_offset"] == next_offset
+    got = {(r["order_no"], r["id"], r["kind"], r["amount"], r["amount_cents"], r["kind_name"]) for r in rows}
+    assert got == set(_expected(oracle))
+    for key in set(oracle) - set(places) - set(dead_places):  # the rest: dropped by the filter or a duplicate
+        order = oracle[key][1]
+        assert order is not None
+        assert Decimal(order["amount"]) < spark_functions.MIN_AMOUNT or order["order_no"] in {
+            r["order_no"] for r in rows
+        }
