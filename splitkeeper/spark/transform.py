@@ -24,9 +24,12 @@ Contract of ``fn``:
   records consecutive in read order) and add, drop or change data columns. The other
   bookkeeping columns (``next_offset, epoch, region, ingested_at``, the Kafka metadata,
   ``tombstone``) are taken from the input by ``(split_id, offset)``, whatever ``fn`` did to them;
-- **deterministic on a replay of the same epoch** (documented, not checked): a redo after a
-  crash runs it again over the same records, and the sink commit of the replayed epoch must
-  hold the same records (the restart checks compare them; an upsert's fold depends on them).
+- **deterministic on a replay of the same epoch** (documented, not checked): an epoch that
+  crashed or failed before its sink commit is read and transformed again, and the replay must
+  make the same records: the same rows and the same dropped offsets, so that what is committed
+  (sink, filtered ranges, an upsert's fold) does not depend on whether a crash happened. Order
+  by the bookkeeping where a choice is arbitrary (``dropDuplicates`` keeps any one row of a
+  key: a window ``row_number()`` over the key ordered by ``split_id, offset`` keeps the same one).
 
 The sink's columns are what ``fn`` returns for an EMPTY DataFrame of the staged schema
 (:meth:`SparkTransform.output_data`, when the pipeline opens); each epoch's output is cast to

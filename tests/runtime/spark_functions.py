@@ -21,7 +21,8 @@ MIN_AMOUNT = 10
 
 def orders(df: DataFrame) -> DataFrame:
     """What a PySpark team writes: filter, withColumn, a join with a small dimension table (built
-    with the active session), dropDuplicates on the business key."""
+    with the active session), dropDuplicates on the business key (which row of a key it keeps is
+    Spark's choice; the duplicates of the tests' data are equal but for their offsets)."""
     kinds = df.sparkSession.createDataFrame([("a", "Alpha"), ("b", "Beta")], "kind STRING, kind_name STRING")
     return (
         df.filter(F.col("amount") >= MIN_AMOUNT)
