@@ -27,6 +27,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+import pyarrow as pa
+
+from splitkeeper.config.models import TransformKind
 from splitkeeper.config.settings import PipelineConfig, core_settings
 from splitkeeper.core import driver as core_driver
 from splitkeeper.core.checkpoint import RegionalCheckpointCoordinator
@@ -54,14 +57,16 @@ from splitkeeper.delta.checkpoints import DeltaStateStore
 from splitkeeper.delta.lease import HeldLease
 from splitkeeper.delta.schemas import data_schema
 from splitkeeper.delta.sink import DeltaSink
+from splitkeeper.errors import ConfigError
 from splitkeeper.spark.faults import FaultPlan, crash_if_requested, crash_request
 from splitkeeper.spark.regions import RegionStatus, run_regions
 from splitkeeper.spark.sources import build_source
 from splitkeeper.spark.task import FaultKind, RecordPolicy, RegionResult, failed_splits, run_region_task
-from splitkeeper.transforms import Transform, is_batch, output_schema, resolve_transform
+from splitkeeper.transforms import Transform, identity, is_batch, output_schema, resolve_transform
 
 if TYPE_CHECKING:
     from splitkeeper.app.metrics import PipelineMetrics
+    from splitkeeper.spark.transform import SparkTransform
 
 __all__ = [
     "EpochReport",
@@ -120,9 +125,15 @@ class RuntimeHooks(DriverHooks):
             self.metrics.observe(report)
 
 
-def record_policy(config: PipelineConfig) -> RecordPolicy:
+def record_policy(config: PipelineConfig, spark: Any = None) -> RecordPolicy:
     """What the region tasks do with the records' bytes: the pipeline's decode, errors and
-    sink.partition_by settings in one small picklable value."""
+    sink.partition_by settings in one small picklable value; its ``schema`` is the sink's.
+
+    A spark transform (``transform.kind: spark``) makes the sink's data columns: what it returns
+    for an empty DataFrame of the staged columns, run on ``spark``
+    (:meth:`~splitkeeper.spark.transform.SparkTransform.output_data`); the upsert key and
+    ``delete_when`` are checked against them (ConfigError). Without a session (maintenance),
+    the existing sink table's data columns stand in for them."""
     policy = RecordPolicy(
         decode=config.decode,
         tolerance=config.tolerance.value,
@@ -130,10 +141,44 @@ def record_policy(config: PipelineConfig) -> RecordPolicy:
         partition_by=tuple(config.partition_by),
         upsert=config.upsert,
     )
+    if config.transform_kind is TransformKind.SPARK:
+        return _spark_transform_policy(config, policy, spark)
     transform = resolve_transform(config.transform)
     if not is_batch(transform):
         return policy
     return replace(policy, data=output_schema(transform, data_schema(config.decode)))
+
+
+def _spark_transform_policy(config: PipelineConfig, policy: RecordPolicy, spark: Any) -> RecordPolicy:
+    from splitkeeper.records.spec import NOT_DATA_COLUMNS
+    from splitkeeper.records.upsert import UpsertError
+    from splitkeeper.spark.transform import SparkTransform
+
+    if spark is not None:
+        data = SparkTransform(spark, config.transform, policy, config.staging_path).output_data()
+    else:
+        try:
+            from deltalake import DeltaTable
+
+            schema = pa.schema(DeltaTable(config.sink_path).schema().to_arrow())
+        except Exception:  # noqa: BLE001 - no sink table yet: the decoded columns
+            return policy
+        data = pa.schema(
+            [pa.field(f.name, f.type, nullable=True) for f in schema if f.name not in NOT_DATA_COLUMNS]
+        )
+    policy = replace(policy, data=data)
+    if config.upsert is not None:
+        try:
+            config.upsert.check_columns(policy.schema.names)
+        except UpsertError as err:
+            value = list(config.upsert.key) if err.key == "key" else config.upsert.delete_when
+            raise ConfigError(
+                f"sink.{err.key}={value!r} is not allowed: {err} (the sink's columns are what the spark "
+                f"transform {config.transform} returns)",
+                key=f"sink.{err.key}",
+                value=value,
+            ) from None
+    return policy
 
 
 def _region_task(payload: tuple[Any, ...]) -> RegionResult:
@@ -165,9 +210,11 @@ class SparkRegionRunner(RegionRunner):
         faults: FaultPlan,
         interrupt: threading.Event | None = None,
         policy: RecordPolicy | None = None,
+        spark_transform: SparkTransform | None = None,
     ) -> None:
         self.spark = spark
         self.policy = policy or RecordPolicy()
+        self.spark_transform = spark_transform  # transform.kind spark: run per epoch after the regions
         self.interrupt = interrupt  # set: the epoch in its read phase is abandoned (EpochAbandoned)
         self.pipeline = pipeline
         self.connector = connector
@@ -177,6 +224,9 @@ class SparkRegionRunner(RegionRunner):
 
     def run(self, epoch: int, plan: EpochPlan, timeout_s: float) -> dict[int, RegionRun]:
         reader = self.connector.reader()
+        staged = (
+            self.policy if self.spark_transform is None else self.spark_transform.input_policy(self.policy)
+        )
         payloads = {
             r: (
                 list(ranges),
@@ -187,7 +237,7 @@ class SparkRegionRunner(RegionRunner):
                 r,
                 None,
                 self.faults.for_region(epoch, r),
-                self.policy,
+                staged,
             )
             for r, ranges in plan.items()
         }
@@ -220,6 +270,8 @@ class SparkRegionRunner(RegionRunner):
                     started_after_s=run.started_after_s,
                     elapsed_s=run.elapsed_s,
                 )
+        if self.spark_transform is not None:
+            return self.spark_transform.apply(epoch, out)
         return out
 
 
@@ -271,7 +323,7 @@ class Pipeline:
             full_snapshot_every=config.checkpoint.full_snapshot_every,
             read_only=read_only,
         )
-        self.policy = record_policy(config)
+        self.policy = record_policy(config, spark)
         self.sink = DeltaSink(
             config.sink_path,
             config.name,
@@ -286,7 +338,14 @@ class Pipeline:
             changes_path=config.changes_path,
             filtered_path=config.filtered_path,
         )
-        self.transform = resolve_transform(config.transform)
+        spark_transform = None
+        self.transform: Transform = identity
+        if config.transform_kind is TransformKind.SPARK:  # the region tasks stage the records as read
+            from splitkeeper.spark.transform import SparkTransform
+
+            spark_transform = SparkTransform(spark, config.transform, self.policy, config.staging_path)
+        else:
+            self.transform = resolve_transform(config.transform)
         self.driver = EpochDriver(
             core_settings(config),
             self.connector,
@@ -299,6 +358,7 @@ class Pipeline:
                 self.faults,
                 interrupt,
                 self.policy,
+                spark_transform,
             ),
             self.sink,
             self.store,
