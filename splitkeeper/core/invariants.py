@@ -43,6 +43,8 @@ class ViolationKind(enum.Enum):
     OFFSET_UNEXPECTED = "offset_unexpected"  # outside [start, committed) or for an unknown split
     CONTENT_MISMATCH = "content_mismatch"  # a finished split's committed values are not its data's
     DEAD_LETTER_OVERLAP = "dead_letter_overlap"  # an offset both in the sink and in the dead-letter table
+    FILTERED_OVERLAP = "filtered_overlap"  # an offset in a filtered range and in the sink or dead letters
+    FOLD_MISMATCH = "fold_mismatch"  # an upsert sink's keyed table is not the fold of its change table
 
 
 @dataclass(frozen=True, slots=True)
@@ -461,6 +463,10 @@ class SinkSplitSummary:
     dead letters TOGETHER: ``records`` and ``islands`` count both, ``dead_letters`` how many
     of the records are dead letters, ``duplicates`` the offsets covered twice within one
     table, ``overlaps`` the offsets covered by both a sink record and a dead letter.
+
+    With the ranges a Spark transform filtered out (the ``filtered_offsets`` table) the islands
+    cover those too: ``filtered`` is how many ranges (not counted in ``records``),
+    ``filtered_overlaps`` the offsets both in a filtered range and in a record or dead letter.
     """
 
     split_id: str
@@ -470,6 +476,8 @@ class SinkSplitSummary:
     malformed: tuple[int, ...] = ()
     dead_letters: int = 0
     overlaps: tuple[Span, ...] = ()
+    filtered: int = 0
+    filtered_overlaps: tuple[Span, ...] = ()
 
 
 def _covered_twice(spans: Iterable[Span]) -> list[Span]:
@@ -538,6 +546,7 @@ class SinkSplitVerdict:
     ends: tuple[Span, ...] = ()
     outside: tuple[Span, ...] = ()
     overlaps: tuple[Span, ...] = ()  # offsets both in the sink and in the dead-letter table
+    filtered_overlaps: tuple[Span, ...] = ()  # offsets in a filtered range and in a record or dead letter
 
     @property
     def range_text(self) -> str:
@@ -562,6 +571,18 @@ class SinkSplitVerdict:
             (self.split_id,),
             f"split {self.split_id}: offsets both in the sink and in the dead-letter table: "
             f"{_spans_text(self.overlaps)}",
+        )
+
+    def filtered_overlap(self) -> Violation | None:
+        """FILTERED_OVERLAP: offsets a Spark transform reported filtered out that are also a record or a
+        dead letter (each offset is accounted once: sink, dead letters or filtered)."""
+        if not self.filtered_overlaps:
+            return None
+        return Violation(
+            ViolationKind.FILTERED_OVERLAP,
+            (self.split_id,),
+            f"split {self.split_id}: offsets both in a filtered range (filtered_offsets) and in the "
+            f"records or dead letters: {_spans_text(self.filtered_overlaps)}",
         )
 
     def gap(self) -> Violation | None:
@@ -615,10 +636,10 @@ class SinkSplitVerdict:
         )
 
     def violations(self) -> list[Violation]:
-        """One violation per kind: OFFSET_DUPLICATE, DEAD_LETTER_OVERLAP, OFFSET_UNEXPECTED,
-        OFFSET_MISSING (in that order)."""
+        """One violation per kind: OFFSET_DUPLICATE, DEAD_LETTER_OVERLAP, FILTERED_OVERLAP,
+        OFFSET_UNEXPECTED, OFFSET_MISSING (in that order)."""
         found: list[Violation] = []
-        for v in (self.duplicate(), self.overlap()):
+        for v in (self.duplicate(), self.overlap(), self.filtered_overlap()):
             if v is not None:
                 found.append(v)
         if not self.known:
@@ -692,6 +713,7 @@ def judge_sink_split(
         ends=tuple(ends),
         outside=merge_spans(outside),
         overlaps=merge_spans(summary.overlaps),
+        filtered_overlaps=merge_spans(summary.filtered_overlaps),
     )
 
 

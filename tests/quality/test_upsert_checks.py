@@ -1,0 +1,326 @@
+"""An upsert sink's restart checks on real Delta tables (written with delta-rs), on the shared Spark
+session: the keyed table equals the fold of the change table (the ``upsert_fold`` Great Expectations
+suite, on Spark) and fails naming the key when a key is missing, extra, stale or should have been
+deleted; the change table, the dead letters and a Spark transform's filtered ranges account for every
+offset exactly once (an overlap or a gap fails naming the split); the report shows the verdict.
+
+The expected keyed table is folded here in plain Python (rule 5 of records/upsert.py), not with the
+code under test."""
+
+from __future__ import annotations
+
+import shutil
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable, write_deltalake
+
+from splitkeeper.delta.checkpoints import DeltaStateStore
+from splitkeeper.delta.schemas import DEAD_LETTER_SCHEMA, FILTERED_SCHEMA, sink_schema
+from splitkeeper.errors import InvariantViolation
+from splitkeeper.quality.checks import FOLD_SUITE, SUITES, SuiteStatus, raise_on_failure
+from splitkeeper.quality.upsert import read_fold_result
+from splitkeeper.records.upsert import UpsertSpec
+from tests.quality.test_expectations import PIPELINE, failing, healthy, run_checks, write
+
+pytestmark = pytest.mark.spark
+
+UPSERT = UpsertSpec.of(["id"], "op = 'd'")
+DATA = pa.schema([pa.field("id", pa.int64()), pa.field("op", pa.string()), pa.field("v", pa.string())])
+CHANGES_SCHEMA = sink_schema(data=DATA, tombstone=True)
+KEYED_SCHEMA = sink_schema(data=DATA)
+
+#: Offsets a Spark transform dropped: (split, start, end exclusive, epoch), not in the change table.
+FILTERED = [("orders-0", 2, 4, 1), ("orders-2", 6, 9, 2)]
+#: Records that failed: in the dead-letter table, not in the change table.
+DEAD = [("orders-1", 3, 1)]
+DELETE = ("orders-0", 7)  # op = 'd': key 0's latest record
+TOMBSTONE_AT = ("orders-3", 4)  # a Kafka tombstone: no key (id is a data column), changes nothing
+NULL_KEY_AT = ("orders-9", 1)  # id NULL: a key like any other
+
+
+def _change(sid: str, o: int, e: int, r: int, now: datetime) -> dict:
+    tomb = (sid, o) == TOMBSTONE_AT
+    return {
+        "split_id": sid,
+        "offset": o,
+        "next_offset": o + 1,
+        "id": None if tomb or (sid, o) == NULL_KEY_AT else o % 7,
+        "op": None if tomb else ("d" if (sid, o) == DELETE else "u"),
+        "v": None if tomb else f"v{sid}:{o}",
+        "epoch": e,
+        "region": r,
+        "ingested_at": now,
+        "tombstone": tomb,
+    }
+
+
+def change_rows() -> list[dict]:
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    dropped = {(sid, o) for sid, a, b, _e in FILTERED for o in range(a, b)} | {(s, o) for s, o, _e in DEAD}
+    return [_change(sid, o, e, r, now) for sid, o, _n, e, r in healthy().sink if (sid, o) not in dropped]
+
+
+def python_fold(rows: list[dict]) -> dict[int | None, dict]:
+    """Rule 5 by hand: keyless tombstones out; per key the greatest (epoch, offset, split_id); deletes out."""
+    winners: dict[int | None, dict] = {}
+    for row in rows:
+        if row["tombstone"]:
+            continue
+        best = winners.get(row["id"])
+        if best is None or (row["epoch"], row["offset"], row["split_id"]) > (
+            best["epoch"],
+            best["offset"],
+            best["split_id"],
+        ):
+            winners[row["id"]] = row
+    return {k: row for k, row in winners.items() if row["op"] != "d"}
+
+
+def _keyed(rows: list[dict]) -> pa.Table:
+    return pa.Table.from_pylist([{n: r.get(n) for n in KEYED_SCHEMA.names} for r in rows], KEYED_SCHEMA)
+
+
+@pytest.fixture(scope="module")
+def upsert_state(spark, tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("upsert")
+    write(spark, root, healthy())  # the state (the append sink it writes is not used here)
+    rows = change_rows()
+    write_deltalake(str(root / "changes"), pa.Table.from_pylist(rows, CHANGES_SCHEMA))
+    write_deltalake(str(root / "keyed"), _keyed(list(python_fold(rows).values())))
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    dead = [
+        {
+            "split_id": sid,
+            "offset": o,
+            "next_offset": o + 1,
+            "value": b"\xff",
+            "stage": "decode",
+            "error_class": "UnicodeDecodeError",
+            "error_message": "not valid UTF-8",
+            "epoch": e,
+            "region": 0,
+            "attempt_id": "a",
+            "failed_at": now,
+        }
+        for sid, o, e in DEAD
+    ]
+    write_deltalake(str(root / "dead"), pa.Table.from_pylist(dead, DEAD_LETTER_SCHEMA))
+    write_deltalake(str(root / "filtered"), _filtered(FILTERED))
+    return root
+
+
+def _filtered(ranges: list[tuple[str, int, int, int]]) -> pa.Table:
+    return pa.Table.from_pylist(
+        [
+            {
+                "split_id": sid,
+                "start_offset": a,
+                "end_offset": b,
+                "records": b - a,
+                "epoch": e,
+                "region": 0,
+                "function": "tests.transforms:only_updates",
+            }
+            for sid, a, b, e in ranges
+        ],
+        FILTERED_SCHEMA,
+    )
+
+
+def _copy(root: Path, tmp_path: Path) -> Path:
+    shutil.copytree(root, tmp_path / "copy")
+    return tmp_path / "copy"
+
+
+def check(spark, base: Path, docs: Path, **overrides):
+    store = DeltaStateStore(base / "state", PIPELINE, "kafka:orders")
+    options = {
+        "dead_letter_path": str(base / "dead"),
+        "filtered_path": str(base / "filtered"),
+        "upsert": UPSERT,
+        "changes_path": str(base / "changes"),
+    }
+    options.update(overrides)
+    return run_checks(spark, store, str(base / "keyed"), docs, **options)
+
+
+def test_a_keyed_table_equal_to_the_fold_passes_every_suite_with_filtered_ranges(
+    spark, upsert_state, tmp_path
+):
+    fold = python_fold(change_rows())
+    assert 0 not in fold and None in fold and 4 in fold  # the scenario: a delete, a null key, a tombstone
+
+    report = check(spark, upsert_state, tmp_path / "docs")
+
+    assert report.success, report.summary()
+    assert [s.key for s in report.suites] == [*SUITES, FOLD_SUITE]
+    suite = report.suite(FOLD_SUITE)
+    assert suite.status is SuiteStatus.PASSED and suite.rows == len(fold)
+    assert [e.expectation for e in suite.expectations] == ["expect_column_values_to_be_null"] * 4
+    result = read_fold_result(tmp_path / "docs")
+    assert result is not None and result.success and result.status == "passed"
+    assert (result.keys_in_fold, result.keyed_rows, result.change_rows) == (len(fold), len(fold), 27)
+    assert result.deletes == 2  # the op = 'd' record and the tombstone
+    assert "orders-pipeline" in report.summary() and "are equal" in report.summary()
+    rows = {r["split_id"]: r for r in _frame(spark, upsert_state)}
+    assert (rows["orders-0"]["records"], rows["orders-0"]["filtered_ranges"]) == (8, 1)
+    assert (rows["orders-1"]["records"], rows["orders-1"]["dead_letters"]) == (5, 1)
+
+
+def _frame(spark, base: Path) -> list[dict]:
+    from splitkeeper.quality.checks import build_restart_frames, resolve_strategy
+    from tests.quality.test_expectations import SOURCE_SPLITS, SUB
+
+    frames = build_restart_frames(
+        spark,
+        DeltaStateStore(base / "state", PIPELINE, "kafka:orders"),
+        str(base / "changes"),
+        2,
+        strategy=resolve_strategy("round-robin"),
+        subscriptions={SUB},
+        max_consecutive_failures=2,
+        source_splits=SOURCE_SPLITS,
+        dead_letter_path=str(base / "dead"),
+        filtered_path=str(base / "filtered"),
+    )
+    return frames.frames["sink_records"].to_pylist()
+
+
+def _rows_of(base: Path, key: int | None) -> list[dict]:
+    return [r for r in change_rows() if r["id"] == key and not r["tombstone"]]
+
+
+def _missing(base: Path) -> None:
+    DeltaTable(str(base / "keyed")).delete("id = 3")
+
+
+def _extra(base: Path) -> None:
+    row = {**_rows_of(base, 1)[0], "id": 99}
+    write_deltalake(str(base / "keyed"), _keyed([row]), mode="append")
+
+
+def _stale(base: Path) -> None:
+    older = min(_rows_of(base, 1), key=lambda r: (r["epoch"], r["offset"]))  # not the latest offset
+    DeltaTable(str(base / "keyed")).delete("id = 1")
+    write_deltalake(str(base / "keyed"), _keyed([older]), mode="append")
+
+
+def _not_deleted(base: Path) -> None:
+    kept = [r for r in _rows_of(base, 0) if r["op"] != "d"]  # key 0's latest record deletes it
+    write_deltalake(
+        str(base / "keyed"), _keyed([max(kept, key=lambda r: (r["epoch"], r["offset"]))]), mode="append"
+    )
+
+
+@pytest.mark.parametrize(
+    ("corrupt", "column", "key"),
+    [
+        (_missing, "missing_key", '{"id":3}'),
+        (_extra, "extra_key", '{"id":99}'),
+        (_stale, "stale_row", '{"id":1}'),
+        (_not_deleted, "extra_key", '{"id":0}'),
+    ],
+    ids=["missing-key", "extra-key", "stale-value", "not-deleted"],
+)
+def test_a_keyed_table_that_is_not_the_fold_fails_naming_the_key(
+    spark, upsert_state, tmp_path, corrupt, column, key
+):
+    base = _copy(upsert_state, tmp_path)
+    corrupt(base)
+    report = check(spark, base, tmp_path / "docs")
+
+    assert not report.success
+    assert set(failing(report)) == {(FOLD_SUITE, f"expect_column_values_to_be_null({column})")}, (
+        report.summary()
+    )
+    (failed,) = report.suite(FOLD_SUITE).failed
+    assert failed.keys == (key,) and failed.unexpected_count == 1
+    result = read_fold_result(tmp_path / "docs")
+    assert result is not None and not result.success and result.first_keys == (key,)
+    assert getattr(result, column) == 1 and result.status == "failed"
+    with pytest.raises(InvariantViolation, match=rf"fold_mismatch: .*keys {key}") as err:
+        raise_on_failure(report)
+    assert err.value.params["split_ids"]  # the offending record's split
+    if column == "stale_row":
+        assert "columns differ from the fold: offset, next_offset, v" in result.first[0]["detail"]
+
+
+def _overlap(base: Path) -> None:
+    write_deltalake(str(base / "filtered"), _filtered([("orders-3", 1, 2, 1)]), mode="append")
+
+
+def _gap(base: Path) -> None:
+    DeltaTable(str(base / "filtered")).delete("split_id = 'orders-2'")
+
+
+@pytest.mark.parametrize(
+    ("corrupt", "suite", "rule", "text"),
+    [
+        (
+            _overlap,
+            "sink_records",
+            "filtered_overlap",
+            r"split orders-3: offsets both in a filtered range .*: 1\b",
+        ),
+        (
+            _gap,
+            "sink_records",
+            "offset_missing",
+            r"split orders-2: 3 offset\(s\) missing between records .*: 6-8",
+        ),
+    ],
+    ids=["filtered-overlaps-a-change", "gap"],
+)
+def test_broken_accounting_of_changes_dead_letters_and_filtered_fails_naming_split_and_offsets(
+    spark, upsert_state, tmp_path, corrupt, suite, rule, text
+):
+    base = _copy(upsert_state, tmp_path)
+    corrupt(base)
+    report = check(spark, base, tmp_path / "docs")
+    split = "orders-3" if rule == "filtered_overlap" else "orders-2"
+    assert failing(report) == {(suite, f"expect_column_values_to_be_null({rule})"): (split,)}, (
+        report.summary()
+    )
+    with pytest.raises(InvariantViolation, match=text):
+        raise_on_failure(report)
+
+
+def test_without_the_filtered_ranges_their_offsets_are_missing(spark, upsert_state, tmp_path):
+    report = check(spark, upsert_state, tmp_path / "docs", filtered_path=None)
+    assert set(failing(report)) == {("sink_records", "expect_column_values_to_be_null(offset_missing)")}
+    assert failing(report)[("sink_records", "expect_column_values_to_be_null(offset_missing)")] == (
+        "orders-0",
+        "orders-2",
+    )
+
+
+def test_the_report_shows_keys_upserts_deletes_the_fold_verdict_and_the_filtered_offsets(
+    spark, upsert_state, tmp_path
+):
+    from splitkeeper.report.html import render_report
+
+    out = tmp_path / "reports" / PIPELINE
+    check(spark, upsert_state, out / "data_docs")
+    page = render_report(
+        DeltaStateStore(upsert_state / "state", PIPELINE, "kafka:orders"),
+        out,
+        sink_path=str(upsert_state / "keyed"),
+        title="upsert report",
+        data_docs_index=out / "data_docs" / "index.html",
+        dead_letter_path=str(upsert_state / "dead"),
+        upsert=UPSERT,
+        changes_path=str(upsert_state / "changes"),
+        filtered_path=str(upsert_state / "filtered"),
+    ).read_text(encoding="utf-8")
+
+    keys = len(python_fold(change_rows()))
+    assert 'id="upsert"' in page and 'id="filtered"' in page
+    assert f"{keys} keys, 25 upserts, 2 deletes; fold check PASSED" in page
+    assert "Fold check: PASSED: the keyed table" in page and "are equal" in page
+    assert "expect_column_values_to_be_null(stale_row)" in page
+    assert "filtered 5 offset(s) out, recorded as 2 range(s)" in page
+    assert "tests.transforms:only_updates" in page
+    assert "27 (" in page or "Records in the sink" in page  # records per epoch are the change table's
