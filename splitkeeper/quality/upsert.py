@@ -171,7 +171,7 @@ def _where(prefix: str, table: str) -> Any:
     from pyspark.sql import functions as F
 
     return F.format_string(
-        f"{prefix} split %s offset %s, epoch %s",
+        f"{prefix + ' ' if prefix else ''}split %s offset %s, epoch %s",
         _col("split_id", table),
         _col("offset", table),
         _col("epoch", table),

@@ -480,7 +480,12 @@ def _records_section(data: ReportData) -> _Section:
     return _section(
         "records",
         "Records committed",
-        f"The sink table at {data.sink_path}: only acknowledged regions' records are committed.",
+        (
+            f"The change table at {data.upsert.changes_path} (the upsert sink's records; its keyed table is "
+            f"{data.sink_path}): only acknowledged regions' records are committed."
+            if data.upsert is not None
+            else f"The sink table at {data.sink_path}: only acknowledged regions' records are committed."
+        ),
         _figure(svg, "Bars: records in the sink per epoch."),
         table,
     )
@@ -636,7 +641,10 @@ def _summary(data: ReportData) -> list[tuple[str, str]]:
         )
     if data.records is not None:
         total = sum(n for per in data.records.values() for n in per.values())
-        items.append(("Records in the sink", f"{total:,} ({data.sink_path})"))
+        if data.upsert is not None:
+            items.append(("Records in the change table", f"{total:,} ({data.upsert.changes_path})"))
+        else:
+            items.append(("Records in the sink", f"{total:,} ({data.sink_path})"))
     if data.dead_letters is not None:
         items.append(("Dead letters", f"{data.dead_letters.total:,} ({data.dead_letters.path})"))
     if data.upsert is not None:
