@@ -1450,6 +1450,7 @@ def run_restart_checks(
         )
         outcomes.append(outcome)
         found += fold_found
+        report_notes.append(f"{FOLD_SUITE}: {outcome.notes[0]}")  # the verdict, for validate's output
     context.build_data_docs(site_names=[DATA_DOCS_SITE])
     index = docs_dir / "index.html"
     return CheckReport(
@@ -1488,7 +1489,7 @@ def _run_fold_suite(
         if result.success
         else [Violation(ViolationKind.FOLD_MISMATCH, result.split_ids, f"upsert sink: {result.verdict()}")]
     )
-    notes = (result.verdict(), *result.notes)
+    notes = (result.verdict(), *result.notes)  # the first is the verdict
     if frame is None:
         outcome = SuiteOutcome(
             key=FOLD_SUITE,

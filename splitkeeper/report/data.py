@@ -157,16 +157,15 @@ class FilteredFacts:
 def _count(path: str, where: str | None = None) -> int:
     """Rows of the Delta table at ``path`` (where the generic-SQL predicate ``where`` holds), counted
     with delta-rs's DataFusion (nothing but the predicate's columns is read); 0 when no table."""
-    from deltalake import QueryBuilder
+    from deltalake import DeltaTable, QueryBuilder
 
     from splitkeeper.delta import storage
-    from splitkeeper.delta.tables import open_table
+    from splitkeeper.delta.sink import sink_files
 
-    table = open_table(storage.table_uri(path), missing_ok=True)
-    if table is None:
+    if sink_files(path) is None:
         return 0
     sql = "SELECT COUNT(*) AS n FROM t" + (f" WHERE {where}" if where else "")
-    rows = QueryBuilder().register("t", table).execute(sql).read_all()
+    rows = QueryBuilder().register("t", DeltaTable(storage.table_uri(path))).execute(sql).read_all()
     return int(rows.column("n")[0].as_py())
 
 
@@ -196,14 +195,11 @@ def read_upsert_facts(
 
 def read_filtered_facts(path: str | os.PathLike[str]) -> FilteredFacts | None:
     """The ``filtered_offsets`` table at ``path`` counted per function (delta-rs); None when no table."""
-    from splitkeeper.delta import storage
-    from splitkeeper.delta.schemas import FILTERED_TABLE, spec
-    from splitkeeper.delta.tables import open_table, read_rows
+    from splitkeeper.delta.sink import read_sink, sink_files
 
-    table = open_table(storage.table_uri(path), missing_ok=True)
-    if table is None:
+    if sink_files(path) is None:
         return None
-    rows = read_rows(table, spec(FILTERED_TABLE), columns=["function", "records"]).to_pylist()
+    rows = read_sink(path, ["function", "records"]).to_pylist()  # delta-rs reads any table's columns
     per: dict[str, list[int]] = {}
     for r in rows:
         counts = per.setdefault(r["function"], [0, 0])
