@@ -492,33 +492,44 @@ def _covered_twice(spans: Iterable[Span]) -> list[Span]:
 
 
 def summarize_sink_records(
-    records: Iterable[tuple[str, int, int]], dead_letters: Iterable[tuple[str, int, int]] = ()
+    records: Iterable[tuple[str, int, int]],
+    dead_letters: Iterable[tuple[str, int, int]] = (),
+    filtered: Iterable[tuple[str, int, int]] = (),
 ) -> dict[str, SinkSplitSummary]:
     """Per split, the :class:`SinkSplitSummary` of ``(split_id, offset, next_offset)`` records of the
-    sink and of the dead-letter table (``dead_letters``), together."""
+    sink and of the dead-letter table (``dead_letters``), together; ``filtered``: the
+    ``(split_id, start_offset, end_offset)`` ranges a Spark transform dropped (``filtered_offsets``)."""
     by_split: dict[str, list[Span]] = defaultdict(list)
     dead_by_split: dict[str, list[Span]] = defaultdict(list)
+    filtered_by_split: dict[str, list[Span]] = defaultdict(list)
     for split_id, offset, next_offset in records:
         by_split[split_id].append((offset, next_offset))
     for split_id, offset, next_offset in dead_letters:
         dead_by_split[split_id].append((offset, next_offset))
+    for split_id, start, end in filtered:
+        filtered_by_split[split_id].append((start, end))
     summaries: dict[str, SinkSplitSummary] = {}
-    for split_id in set(by_split) | set(dead_by_split):
+    for split_id in set(by_split) | set(dead_by_split) | set(filtered_by_split):
         sink, dead = by_split.get(split_id, []), dead_by_split.get(split_id, [])
+        dropped = filtered_by_split.get(split_id, [])
         spans = sink + dead
-        malformed = tuple(sorted(a for a, b in spans if b <= a))
-        twice = _covered_twice(sink) + _covered_twice(dead)
+        malformed = tuple(sorted(a for a, b in spans + dropped if b <= a))
+        twice = _covered_twice(sink) + _covered_twice(dead) + _covered_twice(dropped)
         both = [
             part for a, b in merge_spans(dead) for part in _within(merge_spans(sink), a, b)
         ]  # merged per table: what each covers, then where they meet
+        kept = merge_spans(spans)
+        filtered_both = [part for a, b in merge_spans(dropped) for part in _within(kept, a, b)]
         summaries[split_id] = SinkSplitSummary(
             split_id,
             len(spans),
-            merge_spans(spans),
+            merge_spans(spans + dropped),
             merge_spans(twice),
             malformed,
             dead_letters=len(dead),
             overlaps=merge_spans(both),
+            filtered=len(dropped),
+            filtered_overlaps=merge_spans(filtered_both),
         )
     return summaries
 
@@ -723,6 +734,7 @@ def check_sink_ranges(
     committed_positions: Mapping[str, int],
     lost: Mapping[str, Iterable[Span]] | None = None,
     dead_letters: Iterable[tuple[str, int, int]] = (),
+    filtered: Iterable[tuple[str, int, int]] = (),
 ) -> list[Violation]:
     """Per split, the sink's records cover ``[start, committed)`` exactly once, and nothing else.
 
@@ -737,9 +749,11 @@ def check_sink_ranges(
     Splits in ``committed_positions`` with no records are checked too. The same
     rule on a summary: :func:`judge_sink_split`. With ``dead_letters`` (the dead-letter
     table's triples) the sink and the dead letters TOGETHER must cover the range once, and
-    an offset in both is DEAD_LETTER_OVERLAP (a dead letter twice is OFFSET_DUPLICATE).
+    an offset in both is DEAD_LETTER_OVERLAP (a dead letter twice is OFFSET_DUPLICATE). With
+    ``filtered`` (``(split_id, start_offset, end_offset)`` ranges a Spark transform dropped) those
+    offsets are accounted too, and one also a record or dead letter is FILTERED_OVERLAP.
     """
-    summaries = summarize_sink_records(records, dead_letters)
+    summaries = summarize_sink_records(records, dead_letters, filtered)
     violations: list[Violation] = []
     for split_id in sorted(set(summaries) | set(committed_positions)):
         summary = summaries.get(split_id, SinkSplitSummary(split_id, 0))

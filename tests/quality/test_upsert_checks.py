@@ -309,3 +309,41 @@ def test_the_report_shows_keys_upserts_deletes_the_fold_verdict_and_the_filtered
     assert "filtered 5 offset(s) out, recorded as 2 range(s)" in page
     assert "tests.transforms:only_updates" in page
     assert "Records in the change table" in page  # the records per epoch are the change table's
+
+
+def test_the_spark_scan_and_the_core_account_records_dead_letters_and_filtered_ranges_alike(spark):
+    from splitkeeper.core.invariants import check_sink_ranges, summarize_sink_records
+    from splitkeeper.quality.checks import scan_sink
+
+    records = [("s", 0, 1), ("s", 1, 2), ("s", 5, 6), ("s", 9, 10), ("t", 0, 1), ("t", 1, 2)]
+    dead = [("s", 2, 3), ("t", 1, 2)]
+    filtered = [("s", 3, 5), ("s", 6, 9), ("s", 7, 8), ("t", 2, 4), ("u", 0, 3)]
+    row = "split_id STRING, offset BIGINT, next_offset BIGINT, epoch BIGINT"
+    scan = scan_sink(
+        spark.createDataFrame([(*r, 1) for r in records], row),
+        1,
+        dead=spark.createDataFrame([(*r, 1) for r in dead], row),
+        filtered=spark.createDataFrame(
+            [(*r, 1) for r in filtered],
+            "split_id STRING, start_offset BIGINT, end_offset BIGINT, epoch BIGINT",
+        ),
+    )
+    assert scan.summaries == summarize_sink_records(records, dead, filtered)
+    assert scan.summaries["s"].filtered == 3 and scan.summaries["s"].islands == ((0, 10),)
+    assert scan.summaries["s"].duplicates == ((7, 8),)  # a range filtered twice
+    assert scan.summaries["t"].overlaps == ((1, 2),) and scan.summaries["t"].filtered_overlaps == ()
+    kinds = {
+        (v.kind.value, v.split_ids)
+        for v in check_sink_ranges(
+            records, {}, {"s": 10, "t": 4, "u": 3}, dead_letters=dead, filtered=filtered
+        )
+    }
+    assert kinds == {("offset_duplicate", ("s",)), ("dead_letter_overlap", ("t",))}
+    overlapping = [*filtered, ("t", 0, 1)]
+    assert [
+        v.detail
+        for v in check_sink_ranges(records, {}, {"t": 4}, filtered=overlapping)
+        if v.split_ids == ("t",)
+    ] == [
+        "split t: offsets both in a filtered range (filtered_offsets) and in the records or dead letters: 0"
+    ]
