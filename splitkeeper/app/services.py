@@ -783,6 +783,9 @@ def validate(
             source_splits=_source_splits(connector, store, checkpoint_id),
             content_reader=connector.reader() if content and connector.bounded else None,
             dead_letter_path=config.dead_letter_path,
+            filtered_path=config.filtered_path,
+            upsert=config.upsert,
+            changes_path=config.changes_path,
         )
     finally:
         connector.close()
@@ -863,4 +866,7 @@ def report(config: PipelineConfig, title: str | None = None) -> Path:
         title=title or f"splitkeeper run report: {config.name}",
         data_docs_index=docs if docs.exists() else None,
         dead_letter_path=config.dead_letter_path,
+        upsert=config.upsert,
+        changes_path=config.changes_path,
+        filtered_path=config.filtered_path,
     )

@@ -4,7 +4,10 @@ Runs the Great Expectations suites (``expectations/``, protocol section 6) on a
 checkpoint's Delta state and the sink; exits 1 naming the offending split ids when
 any fails. ``--content`` also compares each finished file split's committed values
 with the file (count and hash; meaningful while the pipeline has only ever used the
-identity transform).
+identity transform). For an upsert sink (``sink.mode: upsert``) the records accounted are the
+change table's and the ``upsert_fold`` suite runs too (on Spark): its verdict (keys, offenders,
+the first differing keys) is printed as a note. A Spark transform's filtered ranges count as
+accounted offsets.
 """
 
 from __future__ import annotations

@@ -43,6 +43,8 @@ class ViolationKind(enum.Enum):
     OFFSET_UNEXPECTED = "offset_unexpected"  # outside [start, committed) or for an unknown split
     CONTENT_MISMATCH = "content_mismatch"  # a finished split's committed values are not its data's
     DEAD_LETTER_OVERLAP = "dead_letter_overlap"  # an offset both in the sink and in the dead-letter table
+    FILTERED_OVERLAP = "filtered_overlap"  # an offset in a filtered range and in the sink or dead letters
+    FOLD_MISMATCH = "fold_mismatch"  # an upsert sink's keyed table is not the fold of its change table
 
 
 @dataclass(frozen=True, slots=True)
@@ -461,6 +463,10 @@ class SinkSplitSummary:
     dead letters TOGETHER: ``records`` and ``islands`` count both, ``dead_letters`` how many
     of the records are dead letters, ``duplicates`` the offsets covered twice within one
     table, ``overlaps`` the offsets covered by both a sink record and a dead letter.
+
+    With the ranges a Spark transform filtered out (the ``filtered_offsets`` table) the islands
+    cover those too: ``filtered`` is how many ranges (not counted in ``records``),
+    ``filtered_overlaps`` the offsets both in a filtered range and in a record or dead letter.
     """
 
     split_id: str
@@ -470,6 +476,8 @@ class SinkSplitSummary:
     malformed: tuple[int, ...] = ()
     dead_letters: int = 0
     overlaps: tuple[Span, ...] = ()
+    filtered: int = 0
+    filtered_overlaps: tuple[Span, ...] = ()
 
 
 def _covered_twice(spans: Iterable[Span]) -> list[Span]:
@@ -484,33 +492,44 @@ def _covered_twice(spans: Iterable[Span]) -> list[Span]:
 
 
 def summarize_sink_records(
-    records: Iterable[tuple[str, int, int]], dead_letters: Iterable[tuple[str, int, int]] = ()
+    records: Iterable[tuple[str, int, int]],
+    dead_letters: Iterable[tuple[str, int, int]] = (),
+    filtered: Iterable[tuple[str, int, int]] = (),
 ) -> dict[str, SinkSplitSummary]:
     """Per split, the :class:`SinkSplitSummary` of ``(split_id, offset, next_offset)`` records of the
-    sink and of the dead-letter table (``dead_letters``), together."""
+    sink and of the dead-letter table (``dead_letters``), together; ``filtered``: the
+    ``(split_id, start_offset, end_offset)`` ranges a Spark transform dropped (``filtered_offsets``)."""
     by_split: dict[str, list[Span]] = defaultdict(list)
     dead_by_split: dict[str, list[Span]] = defaultdict(list)
+    filtered_by_split: dict[str, list[Span]] = defaultdict(list)
     for split_id, offset, next_offset in records:
         by_split[split_id].append((offset, next_offset))
     for split_id, offset, next_offset in dead_letters:
         dead_by_split[split_id].append((offset, next_offset))
+    for split_id, start, end in filtered:
+        filtered_by_split[split_id].append((start, end))
     summaries: dict[str, SinkSplitSummary] = {}
-    for split_id in set(by_split) | set(dead_by_split):
+    for split_id in set(by_split) | set(dead_by_split) | set(filtered_by_split):
         sink, dead = by_split.get(split_id, []), dead_by_split.get(split_id, [])
+        dropped = filtered_by_split.get(split_id, [])
         spans = sink + dead
-        malformed = tuple(sorted(a for a, b in spans if b <= a))
-        twice = _covered_twice(sink) + _covered_twice(dead)
+        malformed = tuple(sorted(a for a, b in spans + dropped if b <= a))
+        twice = _covered_twice(sink) + _covered_twice(dead) + _covered_twice(dropped)
         both = [
             part for a, b in merge_spans(dead) for part in _within(merge_spans(sink), a, b)
         ]  # merged per table: what each covers, then where they meet
+        kept = merge_spans(spans)
+        filtered_both = [part for a, b in merge_spans(dropped) for part in _within(kept, a, b)]
         summaries[split_id] = SinkSplitSummary(
             split_id,
             len(spans),
-            merge_spans(spans),
+            merge_spans(spans + dropped),
             merge_spans(twice),
             malformed,
             dead_letters=len(dead),
             overlaps=merge_spans(both),
+            filtered=len(dropped),
+            filtered_overlaps=merge_spans(filtered_both),
         )
     return summaries
 
@@ -538,6 +557,7 @@ class SinkSplitVerdict:
     ends: tuple[Span, ...] = ()
     outside: tuple[Span, ...] = ()
     overlaps: tuple[Span, ...] = ()  # offsets both in the sink and in the dead-letter table
+    filtered_overlaps: tuple[Span, ...] = ()  # offsets in a filtered range and in a record or dead letter
 
     @property
     def range_text(self) -> str:
@@ -562,6 +582,18 @@ class SinkSplitVerdict:
             (self.split_id,),
             f"split {self.split_id}: offsets both in the sink and in the dead-letter table: "
             f"{_spans_text(self.overlaps)}",
+        )
+
+    def filtered_overlap(self) -> Violation | None:
+        """FILTERED_OVERLAP: offsets a Spark transform reported filtered out that are also a record or a
+        dead letter (each offset is accounted once: sink, dead letters or filtered)."""
+        if not self.filtered_overlaps:
+            return None
+        return Violation(
+            ViolationKind.FILTERED_OVERLAP,
+            (self.split_id,),
+            f"split {self.split_id}: offsets both in a filtered range (filtered_offsets) and in the "
+            f"records or dead letters: {_spans_text(self.filtered_overlaps)}",
         )
 
     def gap(self) -> Violation | None:
@@ -615,10 +647,10 @@ class SinkSplitVerdict:
         )
 
     def violations(self) -> list[Violation]:
-        """One violation per kind: OFFSET_DUPLICATE, DEAD_LETTER_OVERLAP, OFFSET_UNEXPECTED,
-        OFFSET_MISSING (in that order)."""
+        """One violation per kind: OFFSET_DUPLICATE, DEAD_LETTER_OVERLAP, FILTERED_OVERLAP,
+        OFFSET_UNEXPECTED, OFFSET_MISSING (in that order)."""
         found: list[Violation] = []
-        for v in (self.duplicate(), self.overlap()):
+        for v in (self.duplicate(), self.overlap(), self.filtered_overlap()):
             if v is not None:
                 found.append(v)
         if not self.known:
@@ -692,6 +724,7 @@ def judge_sink_split(
         ends=tuple(ends),
         outside=merge_spans(outside),
         overlaps=merge_spans(summary.overlaps),
+        filtered_overlaps=merge_spans(summary.filtered_overlaps),
     )
 
 
@@ -701,6 +734,7 @@ def check_sink_ranges(
     committed_positions: Mapping[str, int],
     lost: Mapping[str, Iterable[Span]] | None = None,
     dead_letters: Iterable[tuple[str, int, int]] = (),
+    filtered: Iterable[tuple[str, int, int]] = (),
 ) -> list[Violation]:
     """Per split, the sink's records cover ``[start, committed)`` exactly once, and nothing else.
 
@@ -715,9 +749,11 @@ def check_sink_ranges(
     Splits in ``committed_positions`` with no records are checked too. The same
     rule on a summary: :func:`judge_sink_split`. With ``dead_letters`` (the dead-letter
     table's triples) the sink and the dead letters TOGETHER must cover the range once, and
-    an offset in both is DEAD_LETTER_OVERLAP (a dead letter twice is OFFSET_DUPLICATE).
+    an offset in both is DEAD_LETTER_OVERLAP (a dead letter twice is OFFSET_DUPLICATE). With
+    ``filtered`` (``(split_id, start_offset, end_offset)`` ranges a Spark transform dropped) those
+    offsets are accounted too, and one also a record or dead letter is FILTERED_OVERLAP.
     """
-    summaries = summarize_sink_records(records, dead_letters)
+    summaries = summarize_sink_records(records, dead_letters, filtered)
     violations: list[Violation] = []
     for split_id in sorted(set(summaries) | set(committed_positions)):
         summary = summaries.get(split_id, SinkSplitSummary(split_id, 0))

@@ -72,9 +72,11 @@ if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame, SparkSession
 
     from splitkeeper.delta.checkpoints import DeltaStateStore
+    from splitkeeper.records.upsert import UpsertSpec
 
 __all__ = [
     "ENV_EXPECTATIONS_DIR",
+    "FOLD_SUITE",
     "SUITES",
     "CheckReport",
     "ExpectationOutcome",
@@ -97,8 +99,19 @@ ENV_EXPECTATIONS_DIR = resources.EXPECTATIONS_DIR_ENV
 #: The suites, by file stem, in the order they run and are reported.
 SUITES: tuple[str, ...] = ("ownership", "lifecycle", "sink_records", "sink_splits", "balance", "ref_chains")
 
+#: The suite of an upsert sink (``sink.mode: upsert``): its keyed table is the fold of its change table
+#: (:mod:`splitkeeper.quality.upsert`; runs on Spark, after :data:`SUITES`).
+FOLD_SUITE = "upsert_fold"
+
 #: The datasets the suites run on (``meta.splitkeeper.dataset`` of each suite file).
-DATASETS: tuple[str, ...] = ("split_places", "sink_records", "sink_splits", "reader_loads", "region_refs")
+DATASETS: tuple[str, ...] = (
+    "split_places",
+    "sink_records",
+    "sink_splits",
+    "reader_loads",
+    "region_refs",
+    "upsert_fold",
+)
 
 DATA_DOCS_SITE = "splitkeeper"
 
@@ -140,6 +153,8 @@ class ExpectationOutcome:
     checkpoint_ids: tuple[int, ...] = ()
     truncated: bool = False
     error: str = ""
+    keys: tuple[str, ...] = ()  # the offending keys (the upsert fold suite)
+    details: tuple[str, ...] = ()  # the first verdicts of the offending rows (the core's sentences)
 
     def line(self) -> str:
         """One sentence naming the expectation, how often it failed and the offenders."""
@@ -155,8 +170,12 @@ class ExpectationOutcome:
             parts.append("readers " + _short([str(r) for r in self.reader_ids]))
         if self.checkpoint_ids:
             parts.append("checkpoints " + _short([str(c) for c in self.checkpoint_ids]))
+        if self.keys:
+            parts.append("keys " + _short(self.keys))
         if self.truncated:
             parts.append("(a sample: see Data Docs)")
+        if self.details:
+            parts.append("first: " + " | ".join(self.details))
         return "; ".join(parts)
 
 
@@ -341,8 +360,11 @@ def expectations_dir(env: Mapping[str, str] | None = None) -> Traversable:
     return resources.expectations_dir(env)
 
 
-def load_suite_specs(directory: str | os.PathLike[str] | None = None) -> dict[str, SuiteSpec]:
-    """Read every suite of :data:`SUITES` from ``directory`` (default :func:`expectations_dir`).
+def load_suite_specs(
+    directory: str | os.PathLike[str] | None = None, keys: Sequence[str] = SUITES
+) -> dict[str, SuiteSpec]:
+    """Read every suite of ``keys`` (default :data:`SUITES`; :data:`FOLD_SUITE` is the upsert sink's) from
+    ``directory`` (default :func:`expectations_dir`).
 
     EnvironmentNotReadyError when the folder or a file is missing; ConfigError when a file
     is not a suite this module can run (bad JSON, unknown dataset, no index columns).
@@ -355,13 +377,13 @@ def load_suite_specs(directory: str | os.PathLike[str] | None = None) -> dict[st
             path=str(folder),
         )
     specs: dict[str, SuiteSpec] = {}
-    for key in SUITES:
+    for key in keys:
         path = folder / f"{key}.json"
         try:
             definition = json.loads(path.read_text(encoding="utf-8"))
         except FileNotFoundError as err:
             raise EnvironmentNotReadyError(
-                f"suite file {path} is missing (every suite of {', '.join(SUITES)} is required)",
+                f"suite file {path} is missing (every suite of {', '.join(keys)} is required)",
                 path=str(path),
             ) from err
         except json.JSONDecodeError as err:
@@ -580,7 +602,11 @@ _NO_VALUES = content_digest(())
 
 
 def scan_sink(
-    sink: DataFrame, checkpoint_id: int, content_ids: Collection[str] = (), dead: DataFrame | None = None
+    sink: DataFrame,
+    checkpoint_id: int,
+    content_ids: Collection[str] = (),
+    dead: DataFrame | None = None,
+    filtered: DataFrame | None = None,
 ) -> SinkScan:
     """Summarise the sink's records per split in ONE Spark query, of which only one row per split
     reaches the driver (``collect``); see :class:`SinkScan`.
@@ -596,7 +622,12 @@ def scan_sink(
     malformed offsets are kept to their first 1000 per split. The values are read only for the
     splits of ``content_ids`` (the content check), as bytes (a string value's UTF-8 bytes): the
     content check needs a sink with a ``value`` column (raw or text); for a typed sink the caller
-    passes none and only the offsets are checked."""
+    passes none and only the offsets are checked.
+
+    With ``filtered`` (the ``filtered_offsets`` table's frame: ``split_id, start_offset, end_offset,
+    epoch``) each range a Spark transform dropped is one more row of the union, covering
+    ``[start_offset, end_offset)``: a third side, so an offset both filtered and a record or a dead
+    letter is a filtered overlap, a range twice a duplicate. Without it the query is as before."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
@@ -608,23 +639,46 @@ def scan_sink(
     content = sorted(content_ids)
     columns = ["split_id", "offset", "next_offset", "epoch"]
 
+    is_filtered = F.col("_filtered") if filtered is not None else F.lit(False)
+    is_record = ~is_dead & ~is_filtered
+
     def side(frame: DataFrame, dead_side: bool) -> DataFrame:
         picked = [F.col(c) for c in columns]
         if content:
             picked.append(F.col("value").cast("binary").alias("value"))
-        return frame.select(*picked, F.lit(dead_side).alias("_dead"))
+        marks = [F.lit(dead_side).alias("_dead")]
+        if filtered is not None:
+            marks.append(F.lit(False).alias("_filtered"))
+        return frame.select(*picked, *marks)
 
     union = side(sink, False)
     if dead is not None:
         union = union.unionByName(side(dead, True))
+    if filtered is not None:
+        ranges = filtered.select(
+            "split_id",
+            F.col("start_offset").alias("offset"),
+            F.col("end_offset").alias("next_offset"),
+            "epoch",
+            *([F.lit(None).cast("binary").alias("value")] if content else []),
+            F.lit(False).alias("_dead"),
+            F.lit(True).alias("_filtered"),
+        )
+        union = union.unionByName(ranges)
     preceding = ordered.rowsBetween(Window.unboundedPreceding, -1)
     rows = union.select(
         *columns,
         "_dead",
+        *(["_filtered"] if filtered is not None else []),
         *(["value"] if content else []),
         F.max(F.when(valid, nxt)).over(preceding).alias("_before"),
-        F.max(F.when(valid & ~is_dead, nxt)).over(preceding).alias("_before_sink"),
+        F.max(F.when(valid & is_record, nxt)).over(preceding).alias("_before_sink"),
         F.max(F.when(valid & is_dead, nxt)).over(preceding).alias("_before_dead"),
+        *(
+            [F.max(F.when(valid & is_filtered, nxt)).over(preceding).alias("_before_filtered")]
+            if filtered is not None
+            else []
+        ),
     )
     rows = rows.withColumn(
         "_island",
@@ -634,14 +688,22 @@ def scan_sink(
     )
     same = F.when(is_dead, F.col("_before_dead")).otherwise(F.col("_before_sink"))
     other = F.when(is_dead, F.col("_before_sink")).otherwise(F.col("_before_dead"))
+    if filtered is not None:
+        same = F.when(is_filtered, F.col("_before_filtered")).otherwise(same)
+        other = F.when(is_filtered, F.lit(None)).otherwise(other)
+        # a filtered range against a record or dead letter before it, and a record or dead letter
+        # against a filtered range before it (greatest skips NULLs)
+        beside = F.when(is_filtered, F.greatest(F.col("_before_sink"), F.col("_before_dead"))).otherwise(
+            F.col("_before_filtered")
+        )
     dup = F.when(valid & (offset < same), F.struct(offset.alias("a"), F.least(nxt, same).alias("b")))
     cross = F.when(valid & (offset < other), F.struct(offset.alias("a"), F.least(nxt, other).alias("b")))
     island_aggs = [
         F.min(F.when(valid, offset)).alias("a"),
         F.max(F.when(valid, nxt)).alias("b"),
-        F.count(F.when(checked, F.lit(1))).alias("records"),
+        F.count(F.when(checked & ~is_filtered, F.lit(1))).alias("records"),
         F.count(F.when(checked & is_dead, F.lit(1))).alias("dead"),
-        F.count(F.when(~checked, F.lit(1))).alias("later"),
+        F.count(F.when(~checked & ~is_filtered, F.lit(1))).alias("later"),
         F.collect_list(dup).alias("dups"),
         F.collect_list(cross).alias("cross"),
         F.collect_list(F.when(checked & (nxt <= offset), offset)).alias("bad"),
@@ -655,8 +717,20 @@ def scan_sink(
         F.slice(F.array_sort(F.flatten(F.collect_list("cross"))), 1, 1000).alias("overlaps"),
         F.slice(F.array_sort(F.flatten(F.collect_list("bad"))), 1, 1000).alias("malformed"),
     ]
+    if filtered is not None:
+        fcross = F.when(
+            valid & (offset < beside), F.struct(offset.alias("a"), F.least(nxt, beside).alias("b"))
+        )
+        island_aggs += [
+            F.count(F.when(checked & is_filtered, F.lit(1))).alias("filtered"),
+            F.collect_list(fcross).alias("fcross"),
+        ]
+        split_aggs += [
+            F.sum("filtered").alias("filtered"),
+            F.slice(F.array_sort(F.flatten(F.collect_list("fcross"))), 1, 1000).alias("filtered_overlaps"),
+        ]
     if content:
-        wanted = checked & F.col("split_id").isin(content)
+        wanted = checked & ~is_filtered & F.col("split_id").isin(content)
         island_aggs.append(
             F.collect_list(F.when(wanted, F.struct(offset, is_dead, F.col("value")))).alias("vals")
         )
@@ -680,9 +754,13 @@ def scan_sink(
                 tuple(int(o) for o in r["malformed"] or ()),
                 dead_letters=int(r["dead"] or 0),
                 overlaps=merge_spans(spans(r["overlaps"])),
+                filtered=int(r["filtered"] or 0) if filtered is not None else 0,
+                filtered_overlaps=(
+                    merge_spans(spans(r["filtered_overlaps"])) if filtered is not None else ()
+                ),
             )
             for r in found
-            if r["records"]
+            if r["records"] or (filtered is not None and r["filtered"])
         },
         later=sum(int(r["later"]) for r in found),
         hashes={
@@ -713,6 +791,7 @@ _SINK_RECORDS_SCHEMA = (
     ("split_id", _STR),
     ("records", _BIGINT),
     ("dead_letters", _BIGINT),
+    ("filtered_ranges", _BIGINT),
     ("islands", _INT),
     ("first_offset", _BIGINT),
     ("last_next_offset", _BIGINT),
@@ -720,6 +799,7 @@ _SINK_RECORDS_SCHEMA = (
     ("offset_missing", _STR),
     ("offset_unexpected", _STR),
     ("dead_letter_overlap", _STR),
+    ("filtered_overlap", _STR),
 )
 _SINK_SPLITS_SCHEMA = (
     ("split_id", _STR),
@@ -775,6 +855,7 @@ def build_restart_frames(
     source_splits: Iterable[Split] | None = None,
     content_reader: RegionReader | None = None,
     dead_letter_path: str | os.PathLike[str] | None = None,
+    filtered_path: str | os.PathLike[str] | None = None,
 ) -> RestartFrames:
     """Run the core's section 6 checks on checkpoint ``checkpoint_id`` and the sink; return the
     verdicts as the suites' datasets (see :class:`RestartFrames`), small Arrow tables.
@@ -796,6 +877,11 @@ def build_restart_frames(
     checked TOGETHER, in the same one query: their offsets cover each split's range once, an offset
     in both is DEAD_LETTER_OVERLAP, and the content is the sink's values and the dead letters' raw
     values in offset order (a typed sink, without a ``value`` column, is checked on offsets only).
+    With ``filtered_path`` (the ``filtered_offsets`` table of a Spark transform; nothing when no table
+    is there) its ranges account for offsets too, in the same query: records, dead letters and
+    filtered ranges cover each split's range exactly once (an offset filtered and also a record or
+    dead letter is FILTERED_OVERLAP). ``sink_path`` is the table whose rows are the records: the sink,
+    or an upsert sink's change table (the keyed table is not the log).
     CheckpointError when ``checkpoint_id`` is not a completed checkpoint.
     """
     from splitkeeper.delta import serde
@@ -952,14 +1038,34 @@ def build_restart_frames(
         else {}
     )
     dead_files = sink_files(dead_letter_path) if dead_letter_path is not None else None
+    filtered_files = sink_files(filtered_path) if filtered_path is not None else None
+    if filtered_files and wanted:
+        notes.append(
+            "a Spark transform filtered records out (filtered_offsets): the content check is left out, "
+            "the offsets (records, dead letters and filtered ranges together) are checked"
+        )
+        wanted = {}
     scan = SinkScan()
-    if files or dead_files:
+    if files or dead_files or filtered_files:
+        from pyspark.sql import functions as F
+
         session = spark() if callable(spark) else spark
         sink = sink_frame(session, sink_path) if files else None
         dead = sink_frame(session, dead_letter_path) if dead_files and dead_letter_path is not None else None
-        if sink is None:  # only dead letters so far: the sink's columns, no rows
-            assert dead is not None
+        filtered = (
+            sink_frame(session, filtered_path) if filtered_files and filtered_path is not None else None
+        )
+        if sink is None and dead is not None:  # only dead letters so far: the sink's columns, no rows
             sink = dead.select("split_id", "offset", "next_offset", "epoch", "value").limit(0)
+        elif sink is None:
+            assert filtered is not None  # only filtered ranges so far
+            sink = filtered.select(
+                "split_id",
+                F.col("start_offset").alias("offset"),
+                F.col("end_offset").alias("next_offset"),
+                "epoch",
+                F.lit(None).cast("binary").alias("value"),
+            ).limit(0)
         if wanted and (
             "value" not in sink.columns
             or sink.schema["value"].dataType.typeName() not in ("string", "binary")
@@ -969,7 +1075,7 @@ def build_restart_frames(
                 "its offsets (sink and dead letters together) are checked"
             )
             wanted = {}
-        scan = scan_sink(sink, checkpoint_id, wanted, dead)
+        scan = scan_sink(sink, checkpoint_id, wanted, dead, filtered)
     if scan.later:
         notes.append(
             f"the sink holds {scan.later} record(s) of epochs after checkpoint {checkpoint_id}; they are "
@@ -1029,12 +1135,13 @@ def build_restart_frames(
         )
         content = check_content(sid, wanted[sid], got.get(sid, _NO_VALUES)) if sid in wanted else None
         found += verdict.violations() + ([content] if content is not None else [])
-        if summary.records:
+        if summary.records or summary.filtered:
             record_rows.append(
                 (
                     sid,
                     summary.records,
                     summary.dead_letters,
+                    summary.filtered,
                     len(summary.islands),
                     summary.islands[0][0] if summary.islands else None,
                     summary.islands[-1][1] if summary.islands else None,
@@ -1042,6 +1149,7 @@ def build_restart_frames(
                     _detail(verdict.gap()),
                     _detail(verdict.bad_record()),
                     _detail(verdict.overlap()),
+                    _detail(verdict.filtered_overlap()),
                 )
             )
         split_rows.append(
@@ -1158,6 +1266,8 @@ def _outcome_of(result: Any, spec: SuiteSpec) -> ExpectationOutcome:
         split_ids=tuple(sorted({str(v) for v in values("split_id")})),
         reader_ids=tuple(sorted({int(v) for v in values("reader_id")})),
         checkpoint_ids=tuple(sorted({int(v) for v in values("checkpoint_id")})),
+        keys=tuple(sorted({str(v) for v in values("key")})),
+        details=tuple(dict.fromkeys(str(v) for v in values(config.kwargs.get("column", ""))))[:3],
         truncated=truncated and len(rows) < int(details.get("unexpected_count") or 0),
         error=error,
     )
@@ -1177,6 +1287,9 @@ def run_restart_checks(
     expectations: str | os.PathLike[str] | None = None,
     content_reader: RegionReader | None = None,
     dead_letter_path: str | os.PathLike[str] | None = None,
+    filtered_path: str | os.PathLike[str] | None = None,
+    upsert: UpsertSpec | None = None,
+    changes_path: str | os.PathLike[str] | None = None,
 ) -> CheckReport:
     """Run every protocol section 6 suite on checkpoint ``checkpoint_id`` (default: the latest) and its sink.
 
@@ -1187,7 +1300,13 @@ def run_restart_checks(
     with its weights); the balance suite is SKIPPED for an unbalanced one (legacy-hash),
     with a note saying so. ``subscriptions`` are the current subscriptions (what the
     source has now). ``data_docs_dir`` receives the Data Docs site (``index.html``).
-    ``source_splits``, ``content_reader``, ``dead_letter_path``: see :func:`build_restart_frames`.
+    ``source_splits``, ``content_reader``, ``dead_letter_path``, ``filtered_path``: see
+    :func:`build_restart_frames`.
+    ``upsert`` (an upsert sink's key and deletes) with ``changes_path`` (its change table): the
+    records accounted are the change table's (the keyed table at ``sink_path`` is not the log), and
+    the :data:`FOLD_SUITE` suite runs on Spark after the others: the keyed table equals the fold of
+    the change table (:mod:`splitkeeper.quality.upsert`; its result is also written beside the Data
+    Docs, :data:`~splitkeeper.quality.upsert.FOLD_RESULT_FILE`, for the report).
     ``expectations`` overrides the suites folder. Returns the report; never raises on a failed
     expectation (call
     :func:`raise_on_failure`). CheckpointError when there is no such checkpoint.
@@ -1198,8 +1317,12 @@ def run_restart_checks(
         raise InvalidParameterError("max_consecutive_failures", max_consecutive_failures, "an integer >= 0")
     if isinstance(subscriptions, str):
         raise InvalidParameterError("subscriptions", subscriptions, "a collection of subscription names")
+    if upsert is not None and changes_path is None:
+        raise InvalidParameterError("changes_path", changes_path, "the change table of the upsert sink")
     chosen = resolve_strategy(strategy)
     specs = load_suite_specs(expectations)
+    if upsert is not None:
+        specs.update(load_suite_specs(expectations, (FOLD_SUITE,)))
     if checkpoint_id is None:
         ids = state_store.ids()
         if not ids:
@@ -1225,10 +1348,11 @@ def run_restart_checks(
     import great_expectations as gx
     from great_expectations.core.run_identifier import RunIdentifier
 
+    records_path = sink_path if upsert is None or changes_path is None else changes_path
     frames = build_restart_frames(
         spark,
         state_store,
-        sink_path,
+        records_path,
         checkpoint_id,
         strategy=chosen,
         subscriptions=subscriptions,
@@ -1236,7 +1360,16 @@ def run_restart_checks(
         source_splits=source_splits,
         content_reader=content_reader,
         dead_letter_path=dead_letter_path,
+        filtered_path=filtered_path,
     )
+    report_notes = list(frames.notes)
+    found = list(frames.violations)
+    if upsert is not None:
+        report_notes.insert(
+            0,
+            f"upsert sink: the records accounted are the change table's ({os.fspath(records_path)}); "
+            f"the keyed table ({os.fspath(sink_path)}) is checked by the {FOLD_SUITE} suite",
+        )
     run_id = RunIdentifier(run_name=f"{state_store.pipeline_name}-checkpoint-{checkpoint_id}")
     outcomes: list[SuiteOutcome] = []
     context = _context(docs_dir)
@@ -1244,6 +1377,8 @@ def run_restart_checks(
     batches: dict[str, Any] = {}
     tables: dict[str, Any] = {}
     for key, spec in specs.items():
+        if key == FOLD_SUITE:
+            continue
         if spec.dataset not in tables:
             tables[spec.dataset] = frames.frames[spec.dataset].to_pandas()
         frame = tables[spec.dataset]
@@ -1300,6 +1435,22 @@ def run_restart_checks(
                 notes=notes,
             )
         )
+    if upsert is not None:
+        assert changes_path is not None
+        outcome, fold_found = _run_fold_suite(
+            spark,
+            context,
+            specs[FOLD_SUITE],
+            upsert,
+            changes_path,
+            sink_path,
+            checkpoint_id,
+            run_id,
+            docs_dir,
+        )
+        outcomes.append(outcome)
+        found += fold_found
+        report_notes.append(f"{FOLD_SUITE}: {outcome.notes[0]}")  # the verdict, for validate's output
     context.build_data_docs(site_names=[DATA_DOCS_SITE])
     index = docs_dir / "index.html"
     return CheckReport(
@@ -1308,6 +1459,73 @@ def run_restart_checks(
         strategy=chosen.name,
         suites=tuple(outcomes),
         data_docs_index=index if index.is_file() else None,
-        notes=frames.notes,
-        found=frames.violations,
+        notes=tuple(report_notes),
+        found=tuple(found),
     )
+
+
+def _run_fold_suite(
+    spark: SparkSession | Callable[[], SparkSession],
+    context: Any,
+    spec: SuiteSpec,
+    upsert: UpsertSpec,
+    changes_path: str | os.PathLike[str],
+    keyed_path: str | os.PathLike[str],
+    checkpoint_id: int,
+    run_id: Any,
+    docs_dir: Path,
+) -> tuple[SuiteOutcome, list[Violation]]:
+    """The :data:`FOLD_SUITE` suite on the fold comparison frame, with GE's Spark datasource; its
+    outcome, the fold's violation (FOLD_MISMATCH, whatever the suite reports), and the result file."""
+    from dataclasses import replace
+
+    import great_expectations as gx
+
+    from splitkeeper.quality.upsert import scan_fold
+
+    result, frame = scan_fold(spark, changes_path, keyed_path, upsert)
+    found = (
+        []
+        if result.success
+        else [Violation(ViolationKind.FOLD_MISMATCH, result.split_ids, f"upsert sink: {result.verdict()}")]
+    )
+    notes = (result.verdict(), *result.notes)  # the first is the verdict
+    if frame is None:
+        outcome = SuiteOutcome(
+            key=FOLD_SUITE,
+            name=spec.name,
+            status=SuiteStatus.PASSED,
+            dataset=spec.dataset,
+            rows=0,
+            notes=notes,
+        )
+    else:
+        try:
+            source = context.data_sources.add_spark(name="splitkeeper_spark")
+            asset = source.add_dataframe_asset(name=spec.dataset)
+            batch = asset.add_batch_definition_whole_dataframe(f"{spec.dataset}-all")
+            suite = context.suites.add(spec.to_suite())
+            definition = context.validation_definitions.add(
+                gx.ValidationDefinition(
+                    name=f"{FOLD_SUITE}-checkpoint-{checkpoint_id}", data=batch, suite=suite
+                )
+            )
+            run = definition.run(
+                batch_parameters={"dataframe": frame}, result_format=spec.result_format, run_id=run_id
+            )
+        finally:
+            frame.unpersist()
+        expectations_out = tuple(_outcome_of(r, spec) for r in run.results)
+        outcome = SuiteOutcome(
+            key=FOLD_SUITE,
+            name=spec.name,
+            status=SuiteStatus.FAILED if any(not e.success for e in expectations_out) else SuiteStatus.PASSED,
+            dataset=spec.dataset,
+            rows=max((int((r.result or {}).get("element_count") or 0) for r in run.results), default=0),
+            expectations=expectations_out,
+            notes=notes,
+        )
+    replace(
+        result, status=outcome.status.value, expectations=tuple(e.line() for e in outcome.expectations)
+    ).write(docs_dir)
+    return outcome, found

@@ -22,6 +22,8 @@ from splitkeeper.delta.history import TimelineEntry
 
 if TYPE_CHECKING:  # pragma: no cover
     from splitkeeper.delta.checkpoints import DeltaStateStore
+    from splitkeeper.quality.upsert import FoldResult
+    from splitkeeper.records.upsert import UpsertSpec
 
 #: Audit decisions that move splits between readers of a running pipeline or on restore.
 REBALANCE_DECISIONS = (RecoveryDecision.REBALANCED.value, RecoveryDecision.REDISTRIBUTED_GLOBAL_RESTORE.value)
@@ -120,6 +122,100 @@ def read_dead_letter_facts(path: str | os.PathLike[str], first: int = FIRST_DEAD
 
 
 @dataclass(frozen=True, slots=True)
+class UpsertFacts:
+    """An upsert sink as the report shows it: keys, upserts and deletes, and the fold check's verdict.
+
+    ``keys``: rows of the keyed table; ``changes``: records of the change table, of which
+    ``deletes`` are deletes (records/upsert.py rule 3, keyless tombstones included) and the rest
+    upserts. ``fold``: the last fold check's result (written by the restart checks beside the Data
+    Docs), None when validate has not run it."""
+
+    keyed_path: str
+    changes_path: str
+    key: tuple[str, ...]
+    delete_when: str | None
+    keys: int
+    changes: int
+    deletes: int
+    fold: FoldResult | None = None
+
+    @property
+    def upserts(self) -> int:
+        return self.changes - self.deletes
+
+
+@dataclass(frozen=True, slots=True)
+class FilteredFacts:
+    """The offsets a Spark transform filtered out: ranges and offsets in all and per function."""
+
+    path: str
+    ranges: int
+    offsets: int
+    per_function: tuple[tuple[str, int, int], ...]  # (function, ranges, offsets), most offsets first
+
+
+def _count(path: str, where: str | None = None) -> int:
+    """Rows of the Delta table at ``path`` (where the generic-SQL predicate ``where`` holds), counted
+    with delta-rs's DataFusion (nothing but the predicate's columns is read); 0 when no table."""
+    from deltalake import DeltaTable, QueryBuilder
+
+    from splitkeeper.delta import storage
+    from splitkeeper.delta.sink import sink_files
+
+    if sink_files(path) is None:
+        return 0
+    sql = "SELECT COUNT(*) AS n FROM t" + (f" WHERE {where}" if where else "")
+    rows = QueryBuilder().register("t", DeltaTable(storage.table_uri(path))).execute(sql).read_all()
+    return int(rows.column("n")[0].as_py())
+
+
+def read_upsert_facts(
+    keyed_path: str | os.PathLike[str],
+    changes_path: str | os.PathLike[str],
+    upsert: UpsertSpec,
+    fold_dir: str | os.PathLike[str] | None = None,
+) -> UpsertFacts:
+    """Count the keyed table's rows and the change table's records and deletes (delta-rs, DataFusion
+    SQL: :meth:`~splitkeeper.records.upsert.UpsertSpec.delete_condition` in its generic dialect), and
+    read the fold check's result from ``fold_dir`` (the Data Docs folder)."""
+    from splitkeeper.quality.upsert import read_fold_result
+
+    keyed, changes = os.fspath(keyed_path), os.fspath(changes_path)
+    return UpsertFacts(
+        keyed_path=keyed,
+        changes_path=changes,
+        key=upsert.key,
+        delete_when=upsert.delete_when,
+        keys=_count(keyed),
+        changes=_count(changes),
+        deletes=_count(changes, upsert.delete_condition()),
+        fold=None if fold_dir is None else read_fold_result(fold_dir),
+    )
+
+
+def read_filtered_facts(path: str | os.PathLike[str]) -> FilteredFacts | None:
+    """The ``filtered_offsets`` table at ``path`` counted per function (delta-rs); None when no table."""
+    from splitkeeper.delta.sink import read_sink, sink_files
+
+    if sink_files(path) is None:
+        return None
+    rows = read_sink(path, ["function", "records"]).to_pylist()  # delta-rs reads any table's columns
+    per: dict[str, list[int]] = {}
+    for r in rows:
+        counts = per.setdefault(r["function"], [0, 0])
+        counts[0] += 1
+        counts[1] += int(r["records"])
+    return FilteredFacts(
+        path=os.fspath(path),
+        ranges=len(rows),
+        offsets=sum(n for _r, n in per.values()),
+        per_function=tuple(
+            (fn, r, n) for fn, (r, n) in sorted(per.items(), key=lambda kv: (-kv[1][1], kv[0]))
+        ),
+    )
+
+
+@dataclass(frozen=True, slots=True)
 class ReportData:
     pipeline: str
     state_root: str
@@ -131,6 +227,8 @@ class ReportData:
     records: dict[int, dict[int, int]] | None = None  # epoch -> region -> records; None: no sink given
     parked_positions: dict[str, int] = field(default_factory=dict)  # quarantined now -> position
     dead_letters: DeadLetterFacts | None = None  # None: no dead-letter table given
+    upsert: UpsertFacts | None = None  # None: an append sink
+    filtered: FilteredFacts | None = None  # None: no filtered_offsets table
 
     def decision_counts(self) -> list[tuple[str, int]]:
         """(decision, count), most frequent first, ties by name."""
@@ -227,9 +325,17 @@ def collect_report_data(
     state_store: DeltaStateStore,
     sink_path: str | os.PathLike[str] | None = None,
     dead_letter_path: str | os.PathLike[str] | None = None,
+    *,
+    upsert: UpsertSpec | None = None,
+    changes_path: str | os.PathLike[str] | None = None,
+    filtered_path: str | os.PathLike[str] | None = None,
+    fold_dir: str | os.PathLike[str] | None = None,
 ) -> ReportData:
     """Read everything the report shows (state, sink and dead-letter table through delta-rs; no
-    Spark). Called once per report."""
+    Spark). Called once per report. ``upsert`` with ``changes_path``: an upsert sink (``sink_path`` is
+    its keyed table): the records per epoch are the change table's, and the upsert facts (keys,
+    upserts, deletes, the fold check's result read from ``fold_dir``) are shown. ``filtered_path``:
+    the ``filtered_offsets`` table, shown when it exists."""
     history = state_store.history
     timeline = tuple(history.timeline())
     heads = history.checkpoints(
@@ -294,8 +400,11 @@ def collect_report_data(
     )
     records: dict[int, dict[int, int]] | None = None
     sink_text = None if sink_path is None else os.fspath(sink_path)
+    upsert_facts = None
+    if upsert is not None and changes_path is not None and sink_text is not None:
+        upsert_facts = read_upsert_facts(sink_text, changes_path, upsert, fold_dir)
     if sink_text is not None:
-        records = _records_per_epoch(sink_text)
+        records = _records_per_epoch(upsert_facts.changes_path if upsert_facts is not None else sink_text)
     return ReportData(
         pipeline=state_store.pipeline_name,
         state_root=str(state_store.root),
@@ -308,6 +417,8 @@ def collect_report_data(
         # where the latest kept checkpoint parks its quarantined splits
         parked_positions=parked.get(max((int(r["checkpoint_id"]) for r in heads), default=-1), {}),
         dead_letters=None if dead_letter_path is None else read_dead_letter_facts(dead_letter_path),
+        upsert=upsert_facts,
+        filtered=None if filtered_path is None else read_filtered_facts(filtered_path),
     )
 
 

@@ -39,6 +39,7 @@ from splitkeeper.report.data import (
 
 if TYPE_CHECKING:  # pragma: no cover
     from splitkeeper.delta.checkpoints import DeltaStateStore
+    from splitkeeper.records.upsert import UpsertSpec
 
 REPORT_FILE = "report.html"
 SUMMARY_FILE = "summary.json"  # beside each report: what the pipelines page lists
@@ -479,7 +480,12 @@ def _records_section(data: ReportData) -> _Section:
     return _section(
         "records",
         "Records committed",
-        f"The sink table at {data.sink_path}: only acknowledged regions' records are committed.",
+        (
+            f"The change table at {data.upsert.changes_path} (the upsert sink's records; its keyed table is "
+            f"{data.sink_path}): only acknowledged regions' records are committed."
+            if data.upsert is not None
+            else f"The sink table at {data.sink_path}: only acknowledged regions' records are committed."
+        ),
         _figure(svg, "Bars: records in the sink per epoch."),
         table,
     )
@@ -539,6 +545,69 @@ def _dead_letters_section(data: ReportData) -> _Section:
     return _section("dead-letters", "Dead letters", lead, *parts)
 
 
+def _upsert_section(data: ReportData) -> _Section:
+    facts = data.upsert
+    assert facts is not None
+    parts: list[_Figure | _Table] = [
+        _table(
+            "table-upsert-counts",
+            "Keys, upserts and deletes",
+            ["keys (keyed table rows)", "change records", "upserts", "deletes"],
+            [(facts.keys, facts.changes, facts.upserts, facts.deletes)],
+            {0, 1, 2, 3},
+        )
+    ]
+    fold = facts.fold
+    if fold is None:
+        verdict = "not run yet (splitkeeper validate, or the Airflow validate task, runs it)"
+    else:
+        verdict = f"{'PASSED' if fold.success else 'FAILED'}: {fold.verdict()}"
+        parts.append(
+            _table(
+                "table-upsert-fold",
+                "The fold check (Great Expectations suite upsert_fold, on Spark)",
+                ["expectation", "result"],
+                [(line.split(":", 1)[0], line.split(":", 1)[1].strip()) for line in fold.expectations],
+                set(),
+            )
+        )
+        if fold.first:
+            parts.append(
+                _table(
+                    "table-upsert-offenders",
+                    f"The first {len(fold.first)} differing keys",
+                    ["key", "split", "offset", "verdict", "detail"],
+                    [(r["key"], r["split_id"], r["offset"], r["verdict"], r["detail"]) for r in fold.first],
+                    {2},
+                )
+            )
+    deletes = "a tombstone (null value)" + (f" or {facts.delete_when}" if facts.delete_when else "")
+    lead = (
+        f"The keyed table at {facts.keyed_path} holds the latest record per key ({', '.join(facts.key)}); "
+        f"each epoch is one MERGE, and every record is also appended to the change table at "
+        f"{facts.changes_path}. A delete is {deletes}. Fold check: {verdict}."
+    )
+    return _section("upsert", "Upsert sink", lead, *parts)
+
+
+def _filtered_section(data: ReportData) -> _Section:
+    facts = data.filtered
+    assert facts is not None
+    table = _table(
+        "table-filtered",
+        "Filtered offsets per function",
+        ["function", "ranges", "offsets"],
+        list(facts.per_function),
+        {1, 2},
+    )
+    lead = (
+        f"The Spark transform filtered {facts.offsets:,} offset(s) out, recorded as {facts.ranges:,} "
+        f"range(s) in {facts.path}: the records, the dead letters and these ranges hold every offset once "
+        "(the restart checks prove it)."
+    )
+    return _section("filtered", "Filtered offsets", lead, table)
+
+
 def _summary(data: ReportData) -> list[tuple[str, str]]:
     completed = [e for e in data.timeline if e.kind is not CheckpointKind.ABORTED]
     counts = {k: sum(1 for e in data.timeline if e.kind is k) for k in CheckpointKind}
@@ -572,9 +641,23 @@ def _summary(data: ReportData) -> list[tuple[str, str]]:
         )
     if data.records is not None:
         total = sum(n for per in data.records.values() for n in per.values())
-        items.append(("Records in the sink", f"{total:,} ({data.sink_path})"))
+        if data.upsert is not None:
+            items.append(("Records in the change table", f"{total:,} ({data.upsert.changes_path})"))
+        else:
+            items.append(("Records in the sink", f"{total:,} ({data.sink_path})"))
     if data.dead_letters is not None:
         items.append(("Dead letters", f"{data.dead_letters.total:,} ({data.dead_letters.path})"))
+    if data.upsert is not None:
+        up, fold = data.upsert, data.upsert.fold
+        items.append(
+            (
+                "Upsert sink",
+                f"{up.keys:,} keys, {up.upserts:,} upserts, {up.deletes:,} deletes; "
+                f"fold check {'not run' if fold is None else ('PASSED' if fold.success else 'FAILED')}",
+            )
+        )
+    if data.filtered is not None:
+        items.append(("Filtered offsets", f"{data.filtered.offsets:,} in {data.filtered.ranges:,} range(s)"))
     return items
 
 
@@ -594,6 +677,10 @@ def render_html(data: ReportData, *, title: str, data_docs_href: str | None = No
         sections.append(_records_section(data))
     if data.dead_letters is not None:
         sections.append(_dead_letters_section(data))
+    if data.upsert is not None:
+        sections.append(_upsert_section(data))
+    if data.filtered is not None:
+        sections.append(_filtered_section(data))
     return (
         _templates()
         .get_template("report.html.j2")
@@ -627,19 +714,33 @@ def render_report(
     title: str,
     data_docs_index: str | os.PathLike[str] | None = None,
     dead_letter_path: str | os.PathLike[str] | None = None,
+    upsert: UpsertSpec | None = None,
+    changes_path: str | os.PathLike[str] | None = None,
+    filtered_path: str | os.PathLike[str] | None = None,
 ) -> Path:
     """Write the run report of ``state_store``'s pipeline to ``<out_dir>/report.html``; return its path.
 
     ``sink_path`` adds the records-per-epoch section, ``dead_letter_path`` the dead-letters section
     (per split and stage, the first errors); ``data_docs_index`` (the
     ``index.html`` of the restart checks' Data Docs) is linked relative to ``out_dir``.
+    ``upsert`` with ``changes_path`` (``sink_path`` is then the keyed table) adds the upsert
+    section (keys, upserts, deletes, the fold check's verdict, read beside ``data_docs_index``);
+    ``filtered_path`` the filtered-offsets section when that table exists.
     May be called any number of times; each call replaces the file.
     """
     if not isinstance(title, str) or not title.strip():
         raise InvalidParameterError("title", title, "a non-empty title")
     folder = Path(out_dir).resolve()
     folder.mkdir(parents=True, exist_ok=True)
-    data = collect_report_data(state_store, sink_path, dead_letter_path)
+    data = collect_report_data(
+        state_store,
+        sink_path,
+        dead_letter_path,
+        upsert=upsert,
+        changes_path=changes_path,
+        filtered_path=filtered_path,
+        fold_dir=None if data_docs_index is None else Path(data_docs_index).parent,
+    )
     page = render_html(data, title=title, data_docs_href=_docs_href(data_docs_index, folder))
     target = folder / REPORT_FILE
     _write(target, page)
