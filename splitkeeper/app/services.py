@@ -47,6 +47,7 @@ from splitkeeper.app.results import (
     ValidationResult,
 )
 from splitkeeper.config.limits import check_parallelism
+from splitkeeper.config.models import TransformKind
 from splitkeeper.config.settings import PipelineConfig
 from splitkeeper.core.assignment import AssignmentStrategy, WeightedStrategy
 from splitkeeper.core.rescale import Redistribution
@@ -761,7 +762,8 @@ def validate(
     from splitkeeper.spark.sources import build_source
     from splitkeeper.transforms import identity, resolve_transform
 
-    if content and resolve_transform(config.transform) is not identity:
+    spark_transform = config.transform_kind is TransformKind.SPARK
+    if content and (spark_transform or resolve_transform(config.transform) is not identity):
         raise InvalidParameterError(
             "content",
             content,

@@ -12,21 +12,20 @@ naming the rule. Functions: :mod:`tests.runtime.spark_functions`.
 from __future__ import annotations
 
 import json
-import re
 from collections import Counter
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable
 
+from splitkeeper.app import services
 from splitkeeper.app.services import leased_pipeline
 from splitkeeper.config.settings import PipelineConfig, config_from_mapping
 from splitkeeper.core.types import RegionOutcome
-from splitkeeper.delta.schemas import FILTERED_FILE, FILTERED_SCHEMA
-from splitkeeper.delta.sink import DeltaSink
+from splitkeeper.delta.schemas import FILTERED_SCHEMA
+from splitkeeper.delta.sink import read_sink
 from splitkeeper.errors import ConfigError
 from splitkeeper.spark.faults import CRASH_ENV
 
@@ -88,22 +87,11 @@ def _config(
     return config_from_mapping(mapping), mapping
 
 
-def _committed_attempts(config: PipelineConfig) -> set[str]:
-    """The attempt ids of the staged outputs the sink adopted (its files are named after them)."""
-    names = DeltaTable(config.sink_path).file_uris()
-    return {m.group(1) for uri in names if (m := re.search(r"sk-e\d+-r\d+-([0-9a-f]+)", uri))}
-
-
 def _filtered(config: PipelineConfig) -> list[dict[str, Any]]:
-    """The filtered ranges staged beside the committed outputs."""
-    attempts = _committed_attempts(config)
-    rows: list[dict[str, Any]] = []
-    for path in Path(config.staging_path).glob(f"epoch=*/region=*/attempt=*/{FILTERED_FILE}"):
-        if path.parent.name.removeprefix("attempt=") in attempts:
-            table = pq.read_table(path)
-            assert table.schema.equals(FILTERED_SCHEMA)
-            rows.extend(table.to_pylist())
-    return rows
+    """The filtered ranges the sink committed to the filtered table (``config.filtered_path``)."""
+    table = read_sink(config.filtered_path)
+    assert set(FILTERED_SCHEMA.names) <= set(table.schema.names)
+    return table.to_pylist()
 
 
 def _expected(oracle: dict[tuple[str, int], tuple[int, dict | None]]) -> Counter[tuple[Any, ...]]:
@@ -142,12 +130,10 @@ def _sink(config: PipelineConfig) -> list[dict[str, Any]]:
 
 
 def test_a_dataframe_transform_lands_its_rows_and_records_every_dropped_offset(
-    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    spark: Any, tmp_path: Path
 ) -> None:
     """Several epochs, a sink partitioned by a column, malformed lines as dead letters: sink, dead
     letters and filtered ranges together account for every offset exactly once."""
-    # keep the staged files after each checkpoint, to read the filtered ranges beside the outputs
-    monkeypatch.setattr(DeltaSink, "discard", lambda self, epoch: None)
     oracle = _write_orders(tmp_path / "in", malformed=True)
     config, _ = _config(
         tmp_path,
@@ -195,6 +181,8 @@ def test_a_dataframe_transform_lands_its_rows_and_records_every_dropped_offset(
     accounted = places + dead_places + covered
     assert set(accounted) == set(oracle) and max(accounted.values()) == 1  # each offset exactly once
     assert len(filtered) < len(covered)  # a run of consecutive dropped records is one range
+    # and the restart checks agree: sink, dead letters and filtered ranges cover every offset once
+    assert services.validate(config).success
 
 
 def test_a_raising_function_fails_every_region_with_its_traceback_and_a_fixed_one_commits_all(

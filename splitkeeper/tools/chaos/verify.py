@@ -284,6 +284,9 @@ def verify(
             subscriptions=source.subscriptions(),
             data_docs_dir=workdir / "data_docs",
             source_splits=source.discover_splits(),
+            filtered_path=config.filtered_path,
+            upsert=config.upsert,
+            changes_path=config.changes_path,
             **dead_letters,
         )
     finally:
