@@ -124,6 +124,9 @@ def test_an_upsert_pipeline_killed_around_its_merge_recovers_to_the_fold_of_its_
     got = sorted(tuple(r.values()) for r in keyed.to_pylist())
     assert got == _fold(changes) and len(got) > 0
     assert len({r[0] for r in got}) == len(got)  # one row per key
+    # the restart checks: change table + dead letters exact, and the GE fold suite on Spark holds
+    result = services.validate(config)
+    assert result.success and result.suites.get("upsert_fold") == "passed", result
     if point == "before_checkpoint_row":  # maintain opens the keyed table as an upsert sink and keeps it
         services.maintain(config, history_hours=0)
         again = DeltaTable(config.sink_path).to_pyarrow_table(
