@@ -763,6 +763,13 @@ def _check_upsert(
     except UpsertError as err:
         value = list(sink.key) if err.key == "key" else sink.delete_when
         raise at.invalid(f"sink.{err.key}", value, str(err)) from None
+    if file.decode.on_new_fields is NewFields.ADD_COLUMNS:
+        raise at.invalid(
+            "decode.on_new_fields",
+            file.decode.on_new_fields.value,
+            "rescue or fail with sink.mode 'upsert' (a MERGE does not widen the keyed table's columns)",
+            "keep new fields in the _rescued column (rescue), or declare them in decode.schema",
+        )
     changes = at.path(sink.changes_path) if sink.changes_path is not None else _sibling(sink_path, "_changes")
     for name, other in (("sink.path", sink_path), ("errors.dead_letter.path", dead_letter_path)):
         if other is not None and changes.rstrip("/") == other.rstrip("/"):

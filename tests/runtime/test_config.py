@@ -523,6 +523,10 @@ _CDC = {"decode__kind": "json", "decode__schema": "id BIGINT, op STRING, amount 
         ),
         ({"transform": {"kind": "spark", "function": "no_such_module:fn"}}, "transform.function"),
         ({"transform": {"kind": "spark"}}, "transform.function"),
+        (
+            {**_CDC, "sink__mode": "upsert", "sink__key": ["id"], "decode__on_new_fields": "add_columns"},
+            "decode.on_new_fields='add_columns' is not allowed: rescue or fail with sink.mode 'upsert'",
+        ),
     ],
 )
 def test_a_mistake_in_an_upsert_sink_or_spark_transform_names_the_key_and_what_is_allowed(
