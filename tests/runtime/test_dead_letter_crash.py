@@ -60,7 +60,14 @@ def _held(config: Any) -> Counter[tuple[str, int, int, bytes]]:
 
 
 @pytest.mark.parametrize(
-    "point", ["before_dead_letter_commit", "after_sink_commit", "before_checkpoint_row", "after_decision"]
+    "point",
+    [
+        "before_dead_letter_commit",
+        "after_sink_commit",
+        # slow variants: the upsert crash test kills before the checkpoint row with dead letters too
+        pytest.param("before_checkpoint_row", marks=pytest.mark.slow_variant),
+        pytest.param("after_decision", marks=pytest.mark.slow_variant),
+    ],
 )
 def test_killed_with_dead_letters_pending_recovers_to_sink_and_dead_letters_equal_to_the_source(
     point: str, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
