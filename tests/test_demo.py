@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import subprocess
 import sys
 import time
@@ -87,9 +88,16 @@ def test_the_demo_prints_only_its_story_and_ends_with_the_report_line(tmp_path: 
     assert "failed regions [1]" in story  # the injected fault, one line
     assert "splitkeeper_recover" in story and "restart checks passed" in story
     assert "Traceback" not in story + run.stderr  # tracebacks of injected faults stay in the log
-    # the stream's JSON is decoded into typed columns; its 5 malformed messages are the dead letters
-    assert "decoded into typed columns (seq BIGINT, stream STRING, amount DOUBLE, note STRING)" in story
+    # the stream's change events are decoded into typed columns, transformed on Spark and upserted
+    # into a keyed table; its 5 malformed messages are the dead letters
+    assert "decoded into typed columns (id BIGINT, op STRING, seq BIGINT" in story
+    assert "transformed on Spark (splitkeeper.transforms:amount_cents)" in story
     assert "5 dead letters, 0 lost, 0 duplicated" in story
+    keyed = re.search(r"keyed table \S+: (\d+) orders from (\d+) upserts .* and (\d+) deletes", story)
+    assert keyed is not None, story
+    orders, upserts, deletes = (int(g) for g in keyed.groups())
+    assert 0 < orders < upserts and deletes > 0
+    assert "it equals the latest event of every order" in story
     assert (
         f"dead letters: 5 malformed messages (errors.tolerance all) are in the Delta table {workspace}"
         in story
