@@ -468,6 +468,7 @@ def test_the_airflow_image_installs_the_runtime_pins_of_the_lock_and_no_test_too
         "pyarrow",
         "prometheus-client",  # the metrics extra (OpenTelemetry comes with Airflow)
         "fastavro",  # decode.kind avro (splitkeeper.records.decode)
+        "sqlglot",  # an upsert sink's delete predicate (splitkeeper.records.upsert)
     ]
     not_installed = [
         r for r in roots if importlib.util.find_spec(r.replace("-", "_")) is None and not _installed(r)
