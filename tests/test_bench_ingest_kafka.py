@@ -145,6 +145,7 @@ def test_stall_filter_sleeps_on_one_row_only_and_refuses_quotes() -> None:
 @pytest.mark.spark
 @pytest.mark.kafka
 @pytest.mark.slow
+@pytest.mark.slow_variant  # the typed files benchmark's tiny run stays in the suite
 def test_tiny_typed_kafka_ingest_decodes_the_same_rows_on_both_sides_with_decode_json(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -52,7 +52,7 @@ AFTER_CRASH = {
 
 #: The crash points the suite kills at; the others are slow variants (the chaos run kills a driver at
 #: every crash point of the table, so each is still met once in every suite run).
-DEFAULT_POINTS = {CrashPoint.AFTER_DECISION, CrashPoint.AFTER_SINK_COMMIT, CrashPoint.BEFORE_CHECKPOINT_ROW}
+DEFAULT_POINTS = {CrashPoint.AFTER_SINK_COMMIT, CrashPoint.BEFORE_CHECKPOINT_ROW}
 
 
 @pytest.mark.parametrize(

@@ -221,9 +221,16 @@ def _exists(path: str) -> bool:
     [
         ("inventing", "no rows invented", "which the epoch did not read"),
         ("keyless", "every output row keeps split_id and offset", "offset None"),
-        ("duplicating", "no rows invented", "2 times (at most once)"),
+        pytest.param(
+            "duplicating", "no rows invented", "2 times (at most once)", marks=pytest.mark.slow_variant
+        ),
         ("raising_on_driver", "RuntimeError: the plan cannot be built", "raise RuntimeError"),
-        ("drifting", "has column 'amount_cents' of type string", "the sink's 'amount_cents' is bigint"),
+        pytest.param(
+            "drifting",
+            "has column 'amount_cents' of type string",
+            "the sink's 'amount_cents' is bigint",
+            marks=pytest.mark.slow_variant,
+        ),
     ],
 )
 def test_a_broken_contract_fails_the_epoch_naming_the_function_and_the_rule(
