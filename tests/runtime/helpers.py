@@ -239,3 +239,14 @@ def splitkeeper_subprocess(
         timeout=timeout_s,
         check=False,
     )
+
+
+def run_killed_at(config_path: Path, point: str, epoch: int) -> subprocess.CompletedProcess[str]:
+    """``splitkeeper run`` in a child process that SIGKILLs itself at crash point ``point`` of
+    ``epoch`` (``SPLITKEEPER_CRASH_AT``); asserts it died so, at that point, and returns it."""
+    from splitkeeper.spark.faults import CRASH_ENV
+
+    crashed = splitkeeper_subprocess(["run", "--config", str(config_path)], **{CRASH_ENV: f"{point}@{epoch}"})
+    assert crashed.returncode == -9, f"expected SIGKILL, got {crashed.returncode}:\n{crashed.stderr[-3000:]}"
+    assert f"crash injected at {point} of epoch {epoch}" in crashed.stderr
+    return crashed

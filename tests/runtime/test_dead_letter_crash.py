@@ -24,7 +24,7 @@ from splitkeeper.config.settings import config_from_mapping
 from splitkeeper.delta.sink import DeltaSink
 from splitkeeper.spark.faults import CRASH_ENV
 
-from .helpers import pipeline_mapping, splitkeeper_subprocess, write_config
+from .helpers import pipeline_mapping, run_killed_at, write_config
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -86,11 +86,7 @@ def test_killed_with_dead_letters_pending_recovers_to_sink_and_dead_letters_equa
     config_path = write_config(tmp_path / "pipeline.yaml", mapping)
     config = config_from_mapping(mapping)
 
-    crashed = splitkeeper_subprocess(
-        ["run", "--config", str(config_path)], **{CRASH_ENV: f"{point}@{CRASH_EPOCH}"}
-    )
-    assert crashed.returncode == -9, f"expected SIGKILL, got {crashed.returncode}:\n{crashed.stderr[-3000:]}"
-    assert f"crash injected at {point} of epoch {CRASH_EPOCH}" in crashed.stderr
+    run_killed_at(config_path, point, CRASH_EPOCH)
     reader = DeltaSink(
         config.sink_path, config.name, read_only=True, dead_letter_path=config.dead_letter_path
     )
@@ -166,10 +162,7 @@ def test_killed_mid_commit_with_a_typed_partitioned_sink_and_a_batch_transform_r
     config = config_from_mapping(mapping)
 
     point = "before_dead_letter_commit"
-    crashed = splitkeeper_subprocess(
-        ["run", "--config", str(config_path)], **{CRASH_ENV: f"{point}@{CRASH_EPOCH}"}
-    )
-    assert crashed.returncode == -9, f"expected SIGKILL, got {crashed.returncode}:\n{crashed.stderr[-3000:]}"
+    run_killed_at(config_path, point, CRASH_EPOCH)
     pipeline = Pipeline(config, spark)
     try:
         pipeline.open()

@@ -30,7 +30,7 @@ from .helpers import (
     assert_sink_equals_source,
     pipeline_mapping,
     run_cli,
-    splitkeeper_subprocess,
+    run_killed_at,
     write_config,
     write_input,
 )
@@ -72,11 +72,7 @@ def test_driver_killed_at_crash_point_recovers_to_sink_equals_source(
     config_path = write_config(tmp_path / "pipeline.yaml", mapping)
     config = config_from_mapping(mapping)
 
-    crashed = splitkeeper_subprocess(
-        ["run", "--config", str(config_path)], **{CRASH_ENV: f"{point.value}@{CRASH_EPOCH}"}
-    )
-    assert crashed.returncode == -9, f"expected SIGKILL, got {crashed.returncode}:\n{crashed.stderr[-3000:]}"
-    assert f"crash injected at {point.value} of epoch {CRASH_EPOCH}" in crashed.stderr
+    crashed = run_killed_at(config_path, point.value, CRASH_EPOCH)
     assert "epoch    1 global" in crashed.stderr  # epoch 1 completed before the crash
 
     sink_version, latest_row, redone = AFTER_CRASH[point]

@@ -21,7 +21,7 @@ from splitkeeper.config.settings import config_from_mapping
 from splitkeeper.delta.sink import DeltaSink, read_dead_letters, read_sink
 from splitkeeper.spark.faults import CRASH_ENV
 
-from .helpers import pipeline_mapping, splitkeeper_subprocess, write_config
+from .helpers import pipeline_mapping, run_killed_at, write_config
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -88,11 +88,7 @@ def test_an_upsert_pipeline_killed_around_its_merge_recovers_to_the_fold_of_its_
     config_path = write_config(tmp_path / "pipeline.yaml", mapping)
     config = config_from_mapping(mapping)
 
-    crashed = splitkeeper_subprocess(
-        ["run", "--config", str(config_path)], **{CRASH_ENV: f"{point}@{CRASH_EPOCH}"}
-    )
-    assert crashed.returncode == -9, f"expected SIGKILL, got {crashed.returncode}:\n{crashed.stderr[-3000:]}"
-    assert f"crash injected at {point} of epoch {CRASH_EPOCH}" in crashed.stderr
+    run_killed_at(config_path, point, CRASH_EPOCH)
     reader = DeltaSink(
         config.sink_path, config.name, read_only=True, upsert=config.upsert, changes_path=config.changes_path
     )
