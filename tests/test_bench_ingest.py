@@ -12,6 +12,7 @@ import json
 import sys
 import types
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -187,6 +188,24 @@ def test_average_phases_keeps_the_runner_order_and_counts_missing_phases_as_zero
     assert average_phases([]) == {}
 
 
+def _tiny_files_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], out: Path, *options: str
+) -> dict[str, Any]:
+    """``bench ingest --source files <options>`` on 2 files of 300 lines, one repetition, no restore:
+    asserts it exits 0 and returns its JSON result."""
+    code = cli.main(
+        [
+            "bench", "ingest", "--source", "files", *options, "--files", "2", "--lines", "300",
+            "--repeat", "1", "--skip-restore", "--out", str(out), "--work-dir", str(tmp_path / "work"),
+            "--json",
+        ]
+    )  # fmt: skip
+    captured = capsys.readouterr()
+    assert code == 0, captured.err[-5000:]
+    result: dict[str, Any] = json.loads(captured.out.strip().splitlines()[-1])
+    return result
+
+
 @pytest.mark.spark
 @pytest.mark.slow
 def test_tiny_typed_ingest_decodes_the_same_rows_on_both_sides_with_decode_json(
@@ -195,16 +214,7 @@ def test_tiny_typed_ingest_decodes_the_same_rows_on_both_sides_with_decode_json(
     # (the test's name has no "json": delta.tables._is_log_error takes any DeltaError whose text holds
     # "json", e.g. a missing table under a tmp_path named after the test, for a damaged log)
     out = tmp_path / "charts"
-    code = cli.main(
-        [
-            "bench", "ingest", "--source", "files", "--decode", "json", "--files", "2", "--lines", "300",
-            "--repeat", "1", "--skip-restore", "--out", str(out), "--work-dir", str(tmp_path / "work"),
-            "--json",
-        ]
-    )  # fmt: skip
-    captured = capsys.readouterr()
-    assert code == 0, captured.err[-5000:]
-    result = json.loads(captured.out.strip().splitlines()[-1])
+    result = _tiny_files_run(tmp_path, capsys, out, "--decode", "json")
     assert (result["decode"], result["schema"]) == ("json", JSON_SCHEMA)
     assert result["ours_sink_records"] == result["baseline_sink_records"] == 600
     assert result["exact"] is True and result["content_equal"] is True  # the same typed rows
@@ -261,16 +271,7 @@ def test_tiny_upsert_ingest_merges_the_same_keyed_rows_on_both_sides_as_the_gene
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "charts"
-    code = cli.main(
-        [
-            "bench", "ingest", "--source", "files", "--sink", "upsert", "--files", "2", "--lines", "300",
-            "--repeat", "1", "--skip-restore", "--out", str(out), "--work-dir", str(tmp_path / "work"),
-            "--json",
-        ]
-    )  # fmt: skip
-    captured = capsys.readouterr()
-    assert code == 0, captured.err[-5000:]
-    result = json.loads(captured.out.strip().splitlines()[-1])
+    result = _tiny_files_run(tmp_path, capsys, out, "--sink", "upsert")
     assert (result["sink"], result["schema"]) == ("upsert", CDC_SCHEMA)
     # our change table holds all 600 records once; both keyed tables hold the generator's live keys
     assert result["ours_sink_records"] == 600 and result["ours_duplicates"] == 0
