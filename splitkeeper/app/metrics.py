@@ -35,6 +35,7 @@ import uuid
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from splitkeeper.core.backlog import split_lag
 from splitkeeper.core.types import CheckpointKind, CompletedCheckpoint, Split
 from splitkeeper.delta import storage
 
@@ -165,11 +166,9 @@ class PipelineMetrics:
                 self._finished.set(0, labels)
                 in_backlog = split.backlog_end is not None and split.position < split.backlog_end
                 self._backlog.set(1 if in_backlog else 0, labels)
-                target = split.end if split.end is not None else (split.backlog_end if in_backlog else None)
-                if target is not None:
-                    self._lag.set(max(0, target - split.position), labels)
-                elif split.backlog_end is not None:
-                    self._lag.set(0, labels)  # past its backlog boundary: caught up with it
+                lag = split_lag(split)
+                if lag is not None:
+                    self._lag.set(lag, labels)
         finished = completed.enumerator.finished if completed.enumerator is not None else frozenset()
         for split_id in sorted(finished & self._known.keys()):
             known = self._known.pop(split_id)  # read to its end: reported once more, then no longer

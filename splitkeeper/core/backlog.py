@@ -138,3 +138,20 @@ class BacklogTracker:
         """Replace all state with ``snapshot`` (called once, on enumerator restore)."""
         self._boundaries = dict(snapshot.boundaries)
         self._finished = {s for s in snapshot.finished if s in self._boundaries}
+
+
+def split_lag(split: Split) -> int | None:
+    """Offsets left to read of ``split`` at its position: the one definition of a split's lag
+    (metrics, ``status``, ``offsets`` and the report all use it).
+
+    To its end when the split is bounded; while in backlog, to its backlog boundary; a split
+    past its backlog boundary is caught up (0); None when neither is known (an unbounded split
+    never tracked for backlog).
+    """
+    in_backlog = split.backlog_end is not None and split.position < split.backlog_end
+    target = split.end if split.end is not None else (split.backlog_end if in_backlog else None)
+    if target is not None:
+        return max(0, target - split.position)
+    if split.backlog_end is not None:
+        return 0  # past its backlog boundary: caught up with it
+    return None
