@@ -94,6 +94,13 @@ def _recover() -> CommandModule:
     return recover
 
 
+@_command("offsets", "list every split's position and lag; reset one (offsets reset)")
+def _offsets() -> CommandModule:
+    from splitkeeper.commands import offsets
+
+    return offsets
+
+
 @_command("config", "print the JSON Schema of the pipeline file (config schema)")
 def _config() -> CommandModule:
     from splitkeeper.commands import config
@@ -166,6 +173,8 @@ examples:
   splitkeeper run      --config orders.yaml --continuous        # until 'splitkeeper stop' or SIGTERM
   splitkeeper status   --config orders.yaml [--json|--metrics]  # checkpoints, owners, backlog
   splitkeeper recover  --config orders.yaml --parallelism 3 --dry-run   # what a rescale would do
+  splitkeeper recover  --config orders.yaml --checkpoint 12 --rewind     # what a rewind to 12 would undo
+  splitkeeper offsets  --config orders.yaml                     # every split: position, end, lag
   splitkeeper validate --config orders.yaml                     # the restart checks (exit 1 on a failure)
   splitkeeper report   --config orders.yaml                     # the run report: report: <path>
   splitkeeper COMMAND --help                                    # every option of a command

@@ -457,6 +457,8 @@ def recover(
         )
     if _local_state_missing(config):
         raise _no_state_error(config, "there is nothing to recover")
+    if checkpoint_id is not None:  # checked before the lease: a refused recover writes nothing
+        _check_restorable(config, checkpoint_id)
     with contextlib.ExitStack() as stack:
         lease = None if dry_run else stack.enter_context(writer_lease(config))  # a dry run writes nothing
         _require_checkpoint_to_recover(config)  # after the lease: a run starting now is refused by it first
@@ -558,13 +560,8 @@ def preview_recovery(config: PipelineConfig, checkpoint_id: int | None = None) -
     if not ids:
         raise CheckpointError(f"pipeline {config.name!r} has no completed checkpoint to recover from")
     cid = checkpoint_id or ids[-1]
+    _check_restorable(config, cid, ids)
     checkpoint = store.load_checkpoint(cid)
-    if cid != ids[-1]:
-        raise CheckpointError(
-            f"checkpoint {cid} is not the latest ({ids[-1]}): the sink holds the records of later "
-            f"checkpoints, so only the latest can be restored; available: {ids}",
-            checkpoint_id=cid,
-        )
     enum = checkpoint.enumerator
     return RecoveryPreview(
         pipeline=config.name,
@@ -597,6 +594,29 @@ def metrics_text(config: PipelineConfig) -> str:
             path=metrics_path(config.state_path),
         )
     return text
+
+
+def _check_restorable(config: PipelineConfig, checkpoint_id: int, ids: Sequence[int] | None = None) -> None:
+    """``recover --checkpoint N`` restores the latest checkpoint only (the sink holds what later ones
+    committed); an older one is a rewind. A CheckpointError saying which, with the ids, otherwise."""
+    ids = list(_state_store(config).checkpoint_ids() if ids is None else ids)
+    if not ids or checkpoint_id == ids[-1]:
+        return
+    if checkpoint_id in ids:
+        raise CheckpointError(
+            f"pipeline {config.name!r}: checkpoint {checkpoint_id} is not the latest ({ids[-1]}): the sink "
+            "holds the records of the checkpoints after it, so restoring only the state would read them "
+            "twice. To go back to it, rewind state and sink together: "
+            f"splitkeeper recover --checkpoint {checkpoint_id} --rewind (prints the plan; --yes applies it). "
+            f"Nothing was done; checkpoints that can be restored: {ids[:-1]}",
+            checkpoint_id=checkpoint_id,
+        )
+    why = "was removed by retention" if checkpoint_id < ids[0] else "does not exist"
+    raise CheckpointError(
+        f"pipeline {config.name!r}: checkpoint {checkpoint_id} {why}; nothing was done. available: {ids} "
+        f"(recover restores the latest, {ids[-1]}; an older one with --rewind)",
+        checkpoint_id=checkpoint_id,
+    )
 
 
 def _local_state_missing(config: PipelineConfig) -> bool:

@@ -6,6 +6,12 @@ decision is printed, and (unless ``--dry-run``) one epoch runs so that the new
 assignment is committed by a checkpoint at the new parallelism. A dry run
 writes nothing anywhere.
 
+``recover --checkpoint N --rewind [--yes --reason TEXT] [--dry-run]`` goes back to retained
+checkpoint N: state, sink, dead letters, filtered offsets and an upsert sink's change table, in
+one fenced, audited operator checkpoint (:mod:`splitkeeper.app.incident`). Without ``--yes`` it
+prints what would change (per split the offsets read again, per table the rows that leave) and
+writes nothing; no Spark either way.
+
 ``recover --repair [--dry-run]`` restores nothing: it rebuilds the enumerator_state and
 audit rows of kept checkpoints lost or damaged after their commit, from their decision
 records (:mod:`splitkeeper.delta.repair`), as a ``[STATE_ERROR]`` about them advises.
@@ -56,6 +62,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="forget a split whose file is gone (deleted or moved away): its records so far stay in the "
         "sink, the rest is never read; audited; repeatable",
     )
+    parser.add_argument(
+        "--rewind",
+        action="store_true",
+        help="go back to the retained checkpoint --checkpoint N: state, sink, dead letters and change "
+        "tables as they were at N (Delta RESTORE), audited; the next run reads on from N's positions. "
+        "Prints the plan and writes nothing without --yes; no Spark",
+    )
+    parser.add_argument("--yes", action="store_true", help="with --rewind: apply it (else only the plan)")
+    parser.add_argument("--reason", default="", help="with --rewind --yes: why (kept in the audit trail)")
     add_fault_argument(parser)
     parser.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
 
@@ -65,6 +80,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.repair:
         return _repair(args)
+    if args.rewind:
+        return _rewind(args)
     checkpoint = services.checkpoint_id_of(args.checkpoint, "--checkpoint")
     if args.parallelism is not None:
         check_parallelism(args.parallelism, "--parallelism")
@@ -128,3 +145,53 @@ def _repair(args: argparse.Namespace) -> int:
     else:
         print("state repaired; run 'splitkeeper validate' or the pipeline as usual")
     return 0
+
+
+def _rewind(args: argparse.Namespace) -> int:
+    from splitkeeper.app import incident, services
+    from splitkeeper.errors import InvalidParameterError
+
+    checkpoint = services.checkpoint_id_of(args.checkpoint, "--checkpoint")
+    if checkpoint is None:
+        raise InvalidParameterError(
+            "--checkpoint", args.checkpoint, "the id of an older checkpoint with --rewind (status lists them)"
+        )
+    result = incident.rewind(load(args), checkpoint, yes=args.yes, dry_run=args.dry_run, reason=args.reason)
+    if args.json:
+        print(json.dumps(result.to_dict()))
+        return 0
+    print(print_rewind(result))
+    return 0
+
+
+def print_rewind(result: object) -> str:
+    """The rewind plan or outcome as the CLI and the recovery DAG's log print it."""
+    from splitkeeper.app.incident import RewindResult
+
+    assert isinstance(result, RewindResult)
+    lines = []
+    verb = "rewound" if result.applied else "would rewind"
+    lines.append(
+        f"pipeline {result.pipeline}: {verb} from checkpoint {result.from_checkpoint} to checkpoint "
+        f"{result.to_checkpoint} (committed as checkpoint {result.epoch})"
+    )
+    if result.redone is not None:
+        lines.append(f"checkpoint {result.redone} is finished first from its sink commit (a redo)")
+    lines.append(f"splits: {len(result.changes)} change, {result.offsets_undone:,} offsets are read again")
+    for change in result.changes[:20]:
+        undone = "" if change["undone"] is None else f" ({change['undone']:,} offsets read again)"
+        lines.append(f"  {change['split_id']:<40} {change['before']} -> {change['after']}{undone}")
+    if len(result.changes) > 20:
+        lines.append(f"  ... and {len(result.changes) - 20} more (--json lists every split)")
+    lines.append("tables:")
+    for table in result.tables:
+        lines.append(
+            f"  {table['table']:<16} version {table['version_now']} -> {table['version_after']}, rows "
+            f"{table['rows_now']:,} -> {table['rows_after']:,} ({table['rows_leaving']:,} leave) "
+            f"{table['path']}"
+        )
+    if not result.applied:
+        lines.append("nothing was written; apply it with --yes --reason '...'")
+    else:
+        lines.append(f"by {result.operator}: {result.reason}; the next run reads on from these positions")
+    return "\n".join(lines)

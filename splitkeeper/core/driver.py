@@ -352,6 +352,30 @@ class _ReadOnly(ProtocolError):
 # --------------------------------------------------------------------------- the driver
 
 
+def pending_decision(
+    state: StateStore, sink: EpochSink, pipeline: str, committed: int | None
+) -> EpochDecision | None:
+    """The decision of the epoch whose sink commit landed after the latest checkpoint row (a redo
+    is pending, protocol rule 5.4), or None. ``committed`` is the sink's recorded epoch. A sink
+    commit without its decision record is a CheckpointError: state and sink do not belong together."""
+    latest_id = max(state.checkpoint_ids(), default=0)
+    if committed is None or committed <= latest_id:
+        return None
+    attempt = sink.committed_attempt(committed)
+    decision = None if attempt is None else state.decision(committed, attempt)
+    if decision is None:
+        raise CheckpointError(
+            f"pipeline {pipeline!r}: the sink holds epoch {committed}, newer than the "
+            f"latest checkpoint {latest_id or 'none'}, but its decision record (attempt {attempt}) is "
+            "not in the state store, so the checkpoint cannot be redone. The state store and the sink "
+            "do not belong together (restore the state directory that wrote this sink, or point the "
+            "pipeline at a fresh sink)",
+            checkpoint_id=committed,
+            attempt_id=attempt,
+        )
+    return decision
+
+
 class EpochDriver:
     """Drives one pipeline through epochs; every protocol decision is made here (see the module doc).
 
@@ -494,30 +518,17 @@ class EpochDriver:
         (the redone checkpoint id, the decision). A dry redo writes nothing and
         returns the decision so the restore can use it in memory.
         """
-        latest_id = max(self.state.checkpoint_ids(), default=0)
-        if committed is None or committed <= latest_id:
-            return None, None
-        attempt = self.sink.committed_attempt(committed)
-        decision = None if attempt is None else self.state.decision(committed, attempt)
+        decision = pending_decision(self.state, self.sink, self.settings.pipeline, committed)
         if decision is None:
-            raise CheckpointError(
-                f"pipeline {self.settings.pipeline!r}: the sink holds epoch {committed}, newer than the "
-                f"latest checkpoint {latest_id or 'none'}, but its decision record (attempt {attempt}) is "
-                "not in the state store, so the checkpoint cannot be redone. The state store and the sink "
-                "do not belong together (restore the state directory that wrote this sink, or point the "
-                "pipeline "
-                "at a fresh sink)",
-                checkpoint_id=committed,
-                attempt_id=attempt,
-            )
+            return None, None
         if dry:
-            return committed, decision
+            return decision.epoch, decision
         self.state.commit_checkpoint(decision)
         log.warning(
-            "recovered checkpoint %s from its sink commit (the driver died before its row)", committed
+            "recovered checkpoint %s from its sink commit (the driver died before its row)", decision.epoch
         )
-        self.sink.discard(committed)
-        return committed, None
+        self.sink.discard(decision.epoch)
+        return decision.epoch, None
 
     def restore(
         self,

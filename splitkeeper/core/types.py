@@ -124,6 +124,10 @@ class RecoveryDecision(enum.Enum):
     QUARANTINED = "quarantined"  # its reads failed too many epochs in a row: parked, read by nobody
     RELEASED = "released"  # an operator put a quarantined split back (recover --release)
     DROPPED_BY_OPERATOR = "dropped_by_operator"  # its file is gone; an operator dropped it (recover --drop)
+    # operator checkpoints (core.operator): recover --rewind, offsets reset
+    REWOUND = "rewound"  # the pipeline went back to an older checkpoint: the split is as it was there
+    RESET_BY_OPERATOR = "reset_by_operator"  # its offset was set back: those offsets are read again
+    SKIPPED_BY_OPERATOR = "skipped_by_operator"  # its offset was set forward: "offsets [a, b) ..." skipped
     # source.on_file_change (protocol rule 1.9): what became of a split whose data changed
     EXTENDED = "extended"  # growth past its end with the old data unchanged: the end grew (append)
     REPLACED = "replaced"  # its data was replaced: it ended; its new version is a new split (new_version)

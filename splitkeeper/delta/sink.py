@@ -47,6 +47,13 @@ Contract of :meth:`DeltaSink.commit` ``(epoch, outputs, expected=, attempt_id=)`
    ``splitkeeper.sink.mode``/``splitkeeper.sink.key`` are checked on open (StateError when the mode or
    key differ). A partitioned upsert sink's keyed and change tables have its partitions; ``widen``
    is refused.
+8. Operator checkpoints (:mod:`splitkeeper.core.operator`): :meth:`DeltaSink.operator_commit` is the
+   fenced commit of an operator's epoch. A rewind restores the sink and every side table to its
+   Delta version as of the target checkpoint (:meth:`DeltaSink.rewind_plan`: the last version before
+   the first commit of a later epoch); a backward reset deletes one split's records from an offset
+   on. The sink's commit names the action under :data:`OPERATOR_KEY`; each side table then applies
+   it with ``Transaction(pipeline, epoch)``, and a repair on open applies it to a side table that
+   missed it (side rule (d)).
 
 :meth:`committed_epoch` is ``transaction_version(pipeline)``; :meth:`committed_attempt`
 reads the commit's metadata back from the table history. One sink per pipeline and
@@ -101,6 +108,7 @@ from splitkeeper.delta.tables import (
     open_table,
     read_rows,
     refresh,
+    sql_string,
 )
 from splitkeeper.errors import InvalidParameterError, StagedOutputError, StateError
 from splitkeeper.records.spec import NOT_DATA_COLUMNS, TOMBSTONE
@@ -113,7 +121,9 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = [
     "DeltaSink",
     "SideTable",
+    "OPERATOR_KEY",
     "SinkCommit",
+    "TableRewind",
     "adopted_name",
     "file_statistics",
     "read_dead_letters",
@@ -283,6 +293,9 @@ FILTERED_KEY = "filtered"
 FILTERED_RECORDS_KEY = "filtered_records"
 CHANGES_KEY = "changes"
 CHANGE_RECORDS_KEY = "change_records"
+#: The sink commit of an operator checkpoint names its action here (rule 8): ``{"kind": "rewind",
+#: "to": N, "versions": {label: Delta version}}`` or ``{"kind": "reset", "split": S, "from": offset}``.
+OPERATOR_KEY = "operator"
 #: Delta table properties of an upsert sink's keyed table (and what an append sink lacks).
 MODE_PROPERTY = "splitkeeper.sink.mode"
 KEY_PROPERTY = "splitkeeper.sink.key"
@@ -513,6 +526,149 @@ class SideTable:
         refresh(table)  # the next commit's snapshot: delta-rs checks app transactions against it
         self._recorded, self._known = epoch, True
         return True
+
+    def apply_operator(self, app_id: str, epoch: int, action: Mapping[str, Any]) -> bool:
+        """Rule 8: apply an operator checkpoint's ``action`` to this table with ``Transaction(app_id,
+        epoch)``, unless it records ``epoch`` (or a later one) already, or does not exist (a table
+        created after the sink commit named it has nothing to undo). True when this call committed."""
+        from deltalake.exceptions import CommitFailedError
+        from deltalake.transaction import CommitProperties, Transaction
+
+        done = self.epoch(app_id, fresh=True)
+        if done is not None and done >= epoch:
+            return False
+        if self.table is None:
+            return False
+        table = self.table
+        properties = CommitProperties(
+            app_transactions=[Transaction(app_id, epoch)],
+            custom_metadata={"app_id": app_id, "epoch": epoch, OPERATOR_KEY: json.dumps(dict(action))},
+        )
+        try:
+            _apply(table, action, self.label, properties, offset_column=_offset_column(self.spec))
+        except CommitFailedError:
+            done = self.epoch(app_id, fresh=True)
+            if done is not None and done >= epoch:
+                return False
+            raise
+        refresh(table)
+        self._recorded, self._known = epoch, True
+        return True
+
+
+def _offset_column(table_spec: TableSpec) -> str:
+    """The column a reset compares with its offset: a record's ``offset``, a filtered range's start."""
+    return "start_offset" if "start_offset" in table_spec.schema.names else "offset"
+
+
+def _apply(
+    table: DeltaTable,
+    action: Mapping[str, Any],
+    label: str,
+    properties: Any,
+    *,
+    offset_column: str = "offset",
+) -> None:
+    """One commit of an operator action on ``table`` (rule 8): a restore to the version the action
+    names for ``label``, or a delete of the reset split's rows from its offset on (an empty
+    commit when there is nothing to delete: the epoch is recorded all the same)."""
+    if action.get("kind") == "rewind":
+        version = dict(action.get("versions") or {}).get(label)
+        if version is not None and int(version) != table.version():
+            guarded(table.table_uri, lambda: table.restore(int(version), commit_properties=properties))
+            return
+    elif action.get("kind") == "reset":
+        split, start = sql_string(str(action["split"])), int(action["from"])
+        predicate = f"split_id = {split} AND {_quoted(offset_column)} >= {start}"
+        guarded(table.table_uri, lambda: table.delete(predicate, commit_properties=properties))
+        return
+    else:
+        raise StateError(f"unknown operator action {dict(action)!r} in the commit of table {table.table_uri}")
+    guarded(  # nothing to restore: record the epoch with an empty commit
+        table.table_uri,
+        lambda: table.create_write_transaction(
+            [], mode="append", schema=_arrow_schema(table), commit_properties=properties
+        ),
+    )
+
+
+def _record_only(table: DeltaTable, properties: Any, key: str, action: Mapping[str, Any]) -> None:
+    """An empty commit that records the epoch and names ``action`` (a forward reset changes no rows)."""
+    properties.custom_metadata[key] = json.dumps(dict(action))
+    properties.custom_metadata["records"] = 0
+    guarded(
+        table.table_uri,
+        lambda: table.create_write_transaction(
+            [], mode="append", schema=_arrow_schema(table), commit_properties=properties
+        ),
+    )
+
+
+def _quoted(column: str) -> str:
+    return f'"{column}"' if column in ("offset", "end", "partition", "timestamp") else column
+
+
+@dataclass(frozen=True, slots=True)
+class TableRewind:
+    """What a rewind does to one table (rule 8): its Delta version now and after, and its rows now
+    and after (from the log's file statistics: no data read)."""
+
+    label: str
+    path: str
+    version_now: int
+    version_after: int
+    rows_now: int
+    rows_after: int
+
+    @property
+    def changes(self) -> bool:
+        return self.version_now != self.version_after
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "table": self.label,
+            "path": self.path,
+            "version_now": self.version_now,
+            "version_after": self.version_after,
+            "rows_now": self.rows_now,
+            "rows_after": self.rows_after,
+        }
+
+
+def version_as_of(table: DeltaTable, epoch: int) -> int:
+    """The table's Delta version as of ``epoch``: the last version before the first commit that
+    records a later epoch (commits without one, such as a compaction, belong to the epoch before
+    them). Reads the table's history (its commit infos)."""
+    entries = sorted(guarded(table.table_uri, lambda: table.history()), key=lambda e: int(e["version"]))
+    found = 0
+    for entry in entries:
+        meta = _operator_meta(entry)
+        recorded = meta.get("epoch")
+        try:
+            later = recorded is not None and int(recorded) > epoch
+        except (TypeError, ValueError):
+            later = False
+        if later:
+            break
+        found = int(entry["version"])
+    return found
+
+
+def _operator_meta(entry: Mapping[str, Any]) -> dict[str, Any]:
+    from splitkeeper.delta.fence import _metadata_of
+
+    return _metadata_of(entry)
+
+
+def _rows_at(path: str, version: int) -> int:
+    from deltalake import DeltaTable
+
+    options = storage.storage_options(path)
+    table = guarded(path, lambda: DeltaTable(path, version=version, storage_options=options))
+    actions = pa.table(table.get_add_actions(flatten=True))
+    if actions.num_rows == 0:
+        return 0
+    return int(sum(v for v in actions.column("num_records").to_pylist() if v is not None))
 
 
 #: The manifest a partitioned region task writes beside its files: their paths, relative to it.
@@ -753,6 +909,76 @@ class DeltaSink(EpochSink):
     def committed_attempt(self, epoch: int) -> str | None:
         found = self.committed_metadata(epoch)
         return None if found is None else found.attempt_id
+
+    # -- operator checkpoints (rule 8) ----------------------------------------------------------
+
+    def _sink_label(self) -> str:
+        return "keyed" if self.upsert is not None else "sink"
+
+    def rewind_plan(self, epoch: int) -> tuple[TableRewind, ...]:
+        """What a rewind to checkpoint ``epoch`` does to each table of this sink (rule 8): the sink
+        (an upsert sink's keyed table) first, then each side table that exists. Read-only; no data is
+        read (the history and the log's file statistics)."""
+        plans: list[TableRewind] = []
+        tables: list[tuple[str, DeltaTable | None]] = [(self._sink_label(), self._get())]
+        for side in self._sides:
+            tables.append((side.label, open_table(side.path, missing_ok=True)))
+        for label, table in tables:
+            if table is None:
+                continue
+            now = table.version()
+            after = version_as_of(table, epoch)
+            rows_now = _rows_at(table.table_uri, now)
+            rows_after = rows_now if after == now else _rows_at(table.table_uri, after)
+            plans.append(TableRewind(label, table.table_uri, now, after, rows_now, rows_after))
+        return tuple(plans)
+
+    def operator_commit(
+        self, epoch: int, action: Mapping[str, Any], *, expected: int | None, attempt_id: str
+    ) -> SinkReceipt:
+        """The fenced commit of operator checkpoint ``epoch`` (rule 8): ``action`` on the sink table
+        (fenced like an epoch's commit: a replay of the same attempt writes nothing), then on each
+        side table. A rewind's ``versions`` name every table's target version by label."""
+        if self.read_only:
+            raise StateError(f"sink {self.path} is opened read-only: refusing operator epoch {epoch}")
+        if action.get("kind") == "reset" and not action.get("forward") and self.upsert is not None:
+            raise InvalidParameterError(
+                "reset",
+                action.get("split"),
+                "a forward reset on an upsert sink (its keyed table cannot take back one split's changes)",
+                "rewind the pipeline instead (splitkeeper recover --checkpoint N --rewind)",
+            )
+        table = self._get()
+        assert table is not None
+        label = self._sink_label()
+
+        def write(target: DeltaTable, properties: Any) -> None:
+            properties.custom_metadata[OPERATOR_KEY] = json.dumps(dict(action))
+            properties.custom_metadata["records"] = 0
+            _apply(target, action, label, properties)
+
+        forward = action.get("kind") == "reset" and action.get("forward")
+        result = fenced_commit(
+            table,
+            pipeline=self.app_id,
+            table_name=f"{SINK_TABLE} ({self.path})",
+            app_id=self.app_id,
+            version=epoch,
+            expected=expected,
+            write=(lambda t, p: _record_only(t, p, OPERATOR_KEY, action)) if forward else write,
+            metadata={"regions": []},
+            version_key="epoch",
+            attempt=attempt_id,
+            what="epoch",
+        )
+        if self._crash_point is not None:
+            self._crash_point(SinkCrashPoint.BEFORE_SIDE_COMMIT, epoch)
+        self._side_pending = True
+        for side in self._sides:
+            if not forward:
+                side.apply_operator(self.app_id, epoch, action)
+        self._side_pending = False
+        return SinkReceipt(epoch, 0, replayed=result.replayed, version=result.table_version)
 
     # -- commit -----------------------------------------------------------------------------
 
@@ -1056,6 +1282,23 @@ class DeltaSink(EpochSink):
             return None
         found = self.committed_metadata(epoch)
         repaired = None
+        operator = None if found is None else found.metadata.get(OPERATOR_KEY)
+        if operator is not None:  # an operator checkpoint's sink commit (rule 8)
+            action = json.loads(operator) if isinstance(operator, str) else dict(operator)
+            for side in behind:
+                if not action.get("forward") and side.apply_operator(self.app_id, epoch, action):
+                    log.warning(
+                        "sink %s: the %s table got the %s of operator epoch %s on open (the last command "
+                        "died between the sink commit and the %s table's commit)",
+                        self.path,
+                        side.label,
+                        action.get("kind"),
+                        epoch,
+                        side.label,
+                    )
+                    repaired = epoch
+            self._side_pending = False
+            return repaired
         for side in behind:
             entries = [] if found is None else found.metadata.get(side.key) or []
             if side.commit(self.app_id, epoch, entries):

@@ -484,7 +484,8 @@ class SplitLife:
     ``starts``: where each split started when it was discovered (the latest DISCOVERED
     record with a position). ``lost``: per split, the merged ``[start, end)`` ranges the
     pipeline skipped because the source no longer had them (SKIPPED_LOST_RANGE records,
-    ``on_offset_out_of_range: skip``); the only gaps the sink may have.
+    ``on_offset_out_of_range: skip``) or an operator skipped (``offsets reset`` forward,
+    SKIPPED_BY_OPERATOR records); the only gaps the sink may have.
     """
 
     starts: dict[str, int] = field(default_factory=dict)
@@ -497,8 +498,9 @@ class SplitLife:
             return None
         shown = [f"{sid} [{a}, {b})" for sid, a, b in rows]
         return (
-            f"{sum(b - a for _s, a, b in rows)} offset(s) of {len(self.lost)} split(s) were skipped as lost "
-            f"(SKIPPED_LOST_RANGE in the audit trail, on_offset_out_of_range=skip); exactly these gaps are "
+            f"{sum(b - a for _s, a, b in rows)} offset(s) of {len(self.lost)} split(s) were skipped (lost to "
+            "retention: SKIPPED_LOST_RANGE, on_offset_out_of_range=skip; or by an operator's offsets reset: "
+            "SKIPPED_BY_OPERATOR, in the audit trail); exactly these gaps are "
             f"accepted in the sink: {_short(shown)}"
         )
 
@@ -511,9 +513,14 @@ def read_split_life(state_store: DeltaStateStore, checkpoint_id: int) -> SplitLi
     """
     import re
 
+    from splitkeeper.core.operator import skipped_range
     from splitkeeper.core.source import LostRange
 
-    decisions = (RecoveryDecision.DISCOVERED.value, RecoveryDecision.SKIPPED_LOST_RANGE.value)
+    decisions = (
+        RecoveryDecision.DISCOVERED.value,
+        RecoveryDecision.SKIPPED_LOST_RANGE.value,
+        RecoveryDecision.SKIPPED_BY_OPERATOR.value,  # offsets reset forward (core.operator rule 4)
+    )
     rows = state_store.history.committed_audit(checkpoint_id, decisions).to_pylist()
     at = re.compile(DISCOVERED_DETAIL_PATTERN)
     starts: dict[str, tuple[tuple[int, int], int]] = {}
@@ -526,9 +533,13 @@ def read_split_life(state_store: DeltaStateStore, checkpoint_id: int) -> SplitLi
             if match is not None and (sid not in starts or starts[sid][0] < order):
                 starts[sid] = (order, int(match.group(1)))  # the latest discovery is this life's start
             continue
-        gone = LostRange.from_audit(AuditRecord(sid, None, decision, None, detail))
+        record = AuditRecord(sid, None, decision, None, detail)
+        gone = LostRange.from_audit(record)
         if gone is not None:
             lost.setdefault(sid, []).append((gone.start, gone.new_start))
+        skipped = skipped_range(record)
+        if skipped is not None:
+            lost.setdefault(sid, []).append(skipped)
     return SplitLife(
         starts={sid: position for sid, (_order, position) in starts.items()},
         lost={sid: merge_spans(ranges) for sid, ranges in lost.items()},

@@ -187,7 +187,7 @@ def test_recover_from_an_older_checkpoint_is_refused_because_it_would_read_twice
 
     assert code == 2
     assert "checkpoint 1 is not the latest (2)" in err
-    assert "twice" in err
+    assert "twice" in err and "--rewind" in err and "can be restored: [1]" in err
 
 
 @pytest.mark.spark

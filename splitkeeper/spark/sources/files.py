@@ -522,6 +522,49 @@ class FileSource(SourceConnector, SupportsSplitReassignmentOnRecovery, SupportsS
             raise self._missing_root()
         return frozenset({self._path})
 
+    def offset_for(self, split: Split, kind: str, timestamp_ms: int | None = None) -> int:
+        """``offsets reset --to latest`` of a file split: its end. A file has no timestamps, and its
+        first record's offset is in ``splitkeeper offsets``: other kinds are refused."""
+        if kind == "latest" and split.end is not None:
+            return split.end
+        raise InvalidParameterError(
+            "--to",
+            kind,
+            "offset:N (a byte offset where a line starts), shift:K (bytes) or latest for a file split "
+            "(a file has no timestamps; 'splitkeeper offsets' shows where each split stands)",
+        )
+
+    def check_offset(self, split: Split, offset: int) -> None:
+        """A file split's offsets are bytes, and a record starts at 0 or right after a newline:
+        InvalidParameterError naming the nearest line starts otherwise (a reset there would cut a line)."""
+        if offset == 0 or self._format is not FileFormat.LINES:
+            return
+        path = self._abs(split.split_id.split("#", 1)[0])
+        try:
+            with open(path, "rb") as f:
+                f.seek(max(0, offset - 4096))
+                before = f.read(min(offset, 4096))
+                after = f.read(4096)
+        except OSError as err:
+            raise SourceError(
+                f"split {split.split_id!r}: file {path} cannot be read: {err}", path=path
+            ) from err
+        if before.endswith(b"\n"):
+            return
+        back = (
+            offset - len(before) + before.rfind(b"\n") + 1
+            if b"\n" in before
+            else max(0, offset - len(before))
+        )
+        ahead = offset + after.find(b"\n") + 1 if b"\n" in after else None
+        raise InvalidParameterError(
+            "--to",
+            offset,
+            f"a byte offset where a line of {split.split_id} starts (nearest: {back}"
+            + ("" if ahead is None else f" or {ahead}")
+            + ")",
+        )
+
     def discover_splits(self) -> list[Split]:
         """All splits of the files present now, by path then position, each at its initial position.
 

@@ -915,6 +915,22 @@ class KafkaSource(
             self._ends = {**(self._ends or {}), **self._list_offsets(wanted, "end")}
         return self._ends[split.split_id]
 
+    def offset_for(self, split: Split, kind: str, timestamp_ms: int | None = None) -> int:
+        """The partition's offset for ``offsets reset --to``: ``earliest`` (log start), ``latest``
+        (last stable offset) or ``timestamp`` (the first offset at or after ``timestamp_ms``; the
+        end when no record is that new), as Kafka's ``--reset-offsets`` resolves them."""
+        specs = {"earliest": OffsetSpec.earliest(), "latest": OffsetSpec.latest()}
+        if kind == "timestamp":
+            if timestamp_ms is None:
+                raise InvalidParameterError("timestamp", timestamp_ms, "epoch milliseconds")
+            specs["timestamp"] = OffsetSpec.for_timestamp(timestamp_ms)
+        if kind not in specs:
+            raise InvalidParameterError("kind", kind, "earliest, latest or timestamp")
+        found = self._list_offsets({split.split_id: specs[kind]}, kind)[split.split_id]
+        if kind == "timestamp" and found < 0:
+            return self._list_offsets({split.split_id: OffsetSpec.latest()}, "end")[split.split_id]
+        return found
+
     # -- retention --------------------------------------------------------------------------
 
     def check_retention(self, ranges: Iterable[PlannedRange | tuple[Split, int, int]]) -> RetentionCheck:
