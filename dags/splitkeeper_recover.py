@@ -3,7 +3,10 @@
 Params (validated when the run is triggered): checkpoint_id ('latest' or an
 id), mode (auto, global, partial), parallelism (null keeps it; another value
 rescales), dry_run (only print the plan), release (quarantined split ids to
-put back; status lists them). Tasks are the recovery steps:
+put back; status lists them), rewind + confirm + reason (go back to
+the older checkpoint checkpoint_id, state and sink together), reset_split + reset_to (set one
+split's offset). A rewind or a reset is planned by the first step (its plan in the log) and
+applied by the writing step only with confirm. Tasks are the recovery steps:
 restore enumerator state -> collect reader reports -> classify every split
 (the audit trail) -> reassign and rebalance -> validate -> resume. One DAG per
 configured pipeline (see splitkeeper_ingest).
@@ -53,6 +56,23 @@ def recover_dag(pipeline: DagPipeline) -> DAG:
                 description="new parallelism (a rescale); null keeps it",
             ),
             "dry_run": Param(False, type="boolean", description="only print the recovery plan"),
+            "rewind": Param(
+                False,
+                type="boolean",
+                description="go back to checkpoint_id (an older retained checkpoint): state, sink, dead "
+                "letters and change tables as they were there; planned only unless confirm",
+            ),
+            "confirm": Param(False, type="boolean", description="apply the rewind or the offset reset"),
+            "reason": Param("", type="string", description="why (kept in the audit trail)"),
+            "reset_split": Param(
+                None, type=["null", "string"], description="set this split's offset (with reset_to)"
+            ),
+            "reset_to": Param(
+                None,
+                type=["null", "string"],
+                pattern=r"^(offset:[0-9]+|timestamp:[0-9]+|earliest|latest|shift:-?[0-9]+)$",
+                description="offset:N, timestamp:MS, earliest, latest or shift:K",
+            ),
             "release": Param(
                 [],
                 type="array",

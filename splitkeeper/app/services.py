@@ -64,6 +64,7 @@ if TYPE_CHECKING:
     from splitkeeper.delta.history import TimelineEntry
     from splitkeeper.delta.lease import HeldLease
     from splitkeeper.delta.repair import RepairReport
+    from splitkeeper.delta.sink import DeltaSink
     from splitkeeper.delta.tables import StateTables
 
 log = logging.getLogger("splitkeeper.app")
@@ -848,7 +849,7 @@ def maintain(
         store = _state_store(config)
         sink = DeltaSink(config.sink_path, config.name, read_only=True)
         vacuumed = {name: tuple(files) for name, files in retention.vacuum_plan(store, hours).items()}
-        vacuumed["sink"] = tuple(sink.vacuum(hours, dry_run=True))
+        vacuumed["sink"] = tuple(sink.vacuum(_sink_hours(store, sink, hours), dry_run=True))
         return MaintenanceResult(config.name, True, hours, {}, {}, vacuumed)
     with writer_lease(config):
         store = DeltaStateStore(config.state_path, config.name, None)
@@ -867,11 +868,27 @@ def maintain(
         compaction = retention.compact(store)
         compacted = {**compaction.compacted_files, "sink": sink.compact()}
         vacuumed = {name: tuple(files) for name, files in retention.vacuum(store, hours).items()}
-        vacuumed["sink"] = tuple(sink.vacuum(hours))
+        vacuumed["sink"] = tuple(sink.vacuum(_sink_hours(store, sink, hours)))
     for table, files in vacuumed.items():
         for path in files:
             log.info("vacuumed %s: %s", table, path)
     return MaintenanceResult(config.name, False, hours, dict(compaction.deleted_rows), compacted, vacuumed)
+
+
+def _sink_hours(store: DeltaStateStore, sink: DeltaSink, hours: float) -> float:
+    """The sink's VACUUM keeps at least what a rewind to the oldest retained checkpoint restores."""
+    ids = store.checkpoint_ids()
+    if not ids:
+        return hours
+    needed = sink.hours_since(ids[0])
+    if needed > hours:
+        log.info(
+            "sink VACUUM keeps %.1f h (not %.1f h): a rewind to checkpoint %s restores files removed since",
+            needed,
+            hours,
+            ids[0],
+        )
+    return max(hours, needed)
 
 
 @_named

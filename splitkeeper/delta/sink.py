@@ -1416,6 +1416,19 @@ class DeltaSink(EpochSink):
             guarded(self.path, table.cleanup_metadata)
         return sorted(files)
 
+    def hours_since(self, epoch: int) -> float:
+        """Hours since the sink's version as of ``epoch`` was committed: a VACUUM that keeps files removed
+        this recently keeps everything a rewind to ``epoch`` restores (rule 8). 0 without a table."""
+        table = self._get()
+        if table is None:
+            return 0.0
+        version = version_as_of(table, epoch)
+        entries = guarded(self.path, lambda: table.history())
+        stamp = next((int(e["timestamp"]) for e in entries if int(e["version"]) == version), None)
+        if stamp is None:
+            return 0.0
+        return max(0.0, (datetime.now(UTC).timestamp() * 1000 - stamp) / 3_600_000) + 1.0
+
     def _writable_table(self, what: str) -> DeltaTable:
         if self.read_only:
             raise StateError(f"the sink at {self.path} is open read-only; cannot {what}", path=self.path)

@@ -113,6 +113,26 @@ def check_recovery_params(params: Mapping[str, Any]) -> dict[str, Any]:
     release = params.get("release") or []
     if not isinstance(release, list) or not all(isinstance(s, str) and s for s in release):
         raise InvalidParameterError("release", release, "a list of quarantined split ids (see status)")
+    rewind = bool(params.get("rewind", False))
+    reset_split = params.get("reset_split") or None
+    reset_to = params.get("reset_to") or None
+    if rewind and checkpoint_id is None:
+        raise InvalidParameterError(
+            "checkpoint_id", "latest", "the id of an older checkpoint with rewind (status lists them)"
+        )
+    if rewind and reset_split:
+        raise InvalidParameterError("reset_split", reset_split, "null with rewind (one change per run)")
+    if bool(reset_split) != bool(reset_to):
+        raise InvalidParameterError(
+            "reset_to" if reset_split else "reset_split",
+            reset_to if reset_split else reset_split,
+            "given together with the other: reset_split (a split id) and reset_to "
+            "(offset:N, timestamp:MS, earliest, latest or shift:K)",
+        )
+    if reset_to:
+        from splitkeeper.app.incident import parse_target
+
+        parse_target(str(reset_to))
     return {
         "checkpoint_id": checkpoint_id,
         "mode": mode,
@@ -120,12 +140,55 @@ def check_recovery_params(params: Mapping[str, Any]) -> dict[str, Any]:
         "dry_run": bool(params.get("dry_run", False)),
         "redistribution": redistribution,
         "release": list(release),
+        "rewind": rewind,
+        "confirm": bool(params.get("confirm", False)),
+        "reason": str(params.get("reason") or ""),
+        "reset_split": reset_split,
+        "reset_to": reset_to,
     }
+
+
+def _operator(chosen: Mapping[str, Any]) -> bool:
+    return bool(chosen.get("rewind") or chosen.get("reset_split"))
+
+
+def operator_change(chosen: Mapping[str, Any], path: str | None = None, *, apply: bool) -> dict[str, Any]:
+    """A rewind (``rewind`` + ``checkpoint_id``) or an offset reset (``reset_split`` + ``reset_to``),
+    planned (``apply`` False, or without ``confirm``, or with ``dry_run``) or applied; logs the plan."""
+    from splitkeeper.app import incident
+    from splitkeeper.commands.recover import print_rewind
+
+    config = _config(path)
+    dry = not apply or chosen.get("dry_run") or not chosen.get("confirm")
+    operator = os.environ.get(incident.OPERATOR_ENV) or "airflow"
+    if chosen.get("rewind"):
+        rewound = incident.rewind(
+            config,
+            int(chosen["checkpoint_id"]),
+            yes=not dry,
+            dry_run=bool(dry),
+            reason=chosen.get("reason", ""),
+            operator=operator,
+        )
+        log.info("%s", print_rewind(rewound))
+        return {"kind": "rewind", "applied": rewound.applied, **rewound.to_dict()}
+    reset = incident.reset_offset(
+        config,
+        str(chosen["reset_split"]),
+        str(chosen["reset_to"]),
+        dry_run=bool(dry),
+        reason=chosen.get("reason", ""),
+        operator=operator,
+    )
+    log.info("offset reset %s: %s", "applied" if reset.applied else "planned", reset.to_dict())
+    return {"kind": "reset", **reset.to_dict()}
 
 
 def restore_enumerator_state(params: Mapping[str, Any], path: str | None = None) -> dict[str, Any]:
     """Load the chosen checkpoint and show what the enumerator will restore (pool, owners, finished)."""
     chosen = check_recovery_params(params)
+    if _operator(chosen):  # the plan, logged; the pool-slot step applies it (with confirm)
+        return {**chosen, "operator": operator_change(chosen, path, apply=False)}
     preview = services.preview_recovery(_config(path), chosen["checkpoint_id"]).to_dict()
     preview.pop("reports")
     services.check_recovery_mode(chosen["mode"], chosen["parallelism"], preview["parallelism_before"])
@@ -143,6 +206,8 @@ def _restore_id(reports: Mapping[str, Any]) -> int | None:
 
 def collect_reader_reports(restored: Mapping[str, Any], path: str | None = None) -> dict[str, Any]:
     """What every reader reports on registration: the splits in its region's state of that checkpoint."""
+    if "operator" in restored:
+        return dict(restored)
     preview = services.preview_recovery(_config(path), _restore_id(restored)).to_dict()
     return {**restored, "checkpoint_id": preview["checkpoint_id"], "reports": preview["reports"]}
 
@@ -182,11 +247,16 @@ def rescale(reports: Mapping[str, Any], path: str | None = None) -> dict[str, An
 
 def classify_splits(reports: Mapping[str, Any], path: str | None = None) -> dict[str, Any]:
     """The recovery decision for every split (the audit trail), computed without writing anything."""
+    if "operator" in reports:
+        return dict(reports["operator"])
     return _recover(reports, path, dry_run=True)
 
 
 def reassign_and_rebalance(reports: Mapping[str, Any], path: str | None = None) -> dict[str, Any]:
     """Restore for real and commit the new assignment with one checkpoint (nothing when ``dry_run``)."""
+    if "operator" in reports:
+        done = operator_change(reports, path, apply=True)
+        return {**done, "dry_run": not done.get("applied")}
     if reports["dry_run"]:
         return {"dry_run": True, "note": "dry run: nothing restored or written"}
     return _recover(reports, path, dry_run=False)

@@ -312,6 +312,21 @@ def test_ingest_with_a_region_failure_then_recover_and_rescale(airflow_db, spark
     assert latest is not None and latest.parallelism == 2 and latest.checkpoint_id > max(before)
     assert sorted(latest.enumerator.assignments) == [0, 1]
 
+    # the incident workflow through Params: a rewind is planned (nothing written) until confirmed
+    ids = store.checkpoint_ids()
+    back_to = ids[-2]
+    plan = load_dag("splitkeeper_recover").test(run_conf={"rewind": True, "checkpoint_id": str(back_to)})
+    assert plan.state == "success" and store.checkpoint_ids() == ids
+    rewound = load_dag("splitkeeper_recover").test(
+        run_conf={"rewind": True, "checkpoint_id": str(back_to), "confirm": True, "reason": "dag test"}
+    )
+    assert rewound.state == "success"
+    fresh = DeltaStateStore(config.state_path, config.name, None, read_only=True)
+    epoch = fresh.checkpoint_ids()[-1]
+    assert epoch > ids[-1]
+    decided = [d for d in fresh.tables.read("decisions").to_pylist() if d["epoch_id"] == epoch]
+    assert [d["reason"] for d in decided] == [f"rewind to checkpoint {back_to} by airflow: dag test"]
+
     finish = load_dag("splitkeeper_ingest").test(run_conf={"epochs": 20})
     assert finish.state == "success"
     assert store.latest_checkpoint().parallelism == 2  # the next scheduled run keeps the rescale
