@@ -106,3 +106,76 @@ def incident_state(
         if keep < checkpoints:
             store.retain(keep)
     return store
+
+
+def synthetic_report_data(attempts: int, *, parallelism: int = 4, splits: int = 12, kept: int = 100):
+    """The report's input for ``attempts`` checkpoint attempts without any table (10,000 in well under a
+    second): every 7th a regional one (region 1 declined on a bad record, ref the one before), every
+    50th aborted (region 2 timed out); phase times on each; lags of the latest ``kept``."""
+    from datetime import UTC, datetime, timedelta
+
+    from splitkeeper.core.lag import by_lag, split_lag_of
+    from splitkeeper.delta.history import TimelineEntry
+    from splitkeeper.report.data import CheckpointFacts, ReportData
+
+    start = datetime(2026, 1, 1, tzinfo=UTC)
+    timeline, facts = [], []
+    last_good = 0
+    for cid in range(1, attempts + 1):
+        outcomes = dict.fromkeys(range(parallelism), RegionOutcome.ACK)
+        refs: dict[int, int] = {}
+        failures: tuple[RegionFailure, ...] = ()
+        kind = CheckpointKind.GLOBAL
+        if cid % 50 == 0:
+            kind, outcomes[2], failures = CheckpointKind.ABORTED, RegionOutcome.TIMEOUT, (TIMEOUT,)
+        elif cid % 7 == 0 and last_good:
+            kind, outcomes[1], refs, failures = (
+                CheckpointKind.REGIONAL,
+                RegionOutcome.DECLINE,
+                {1: last_good},
+                (DECLINE,),
+            )
+        phases = {} if kind is CheckpointKind.ABORTED else {**phases_of(cid), "commit": 30 + cid % 11}
+        timeline.append(
+            TimelineEntry(
+                cid,
+                kind,
+                outcomes,
+                refs,
+                start + timedelta(seconds=10 * cid),
+                phases.get("commit"),
+                f"checkpoint {cid} aborted: region 2 timeout" if kind is CheckpointKind.ABORTED else "",
+                "run-1",
+                None if kind is CheckpointKind.ABORTED else True,
+                phases,
+                failures,
+            )
+        )
+        if kind is CheckpointKind.ABORTED:
+            continue
+        if kind is CheckpointKind.GLOBAL:
+            last_good = cid
+        loads = {r: splits // parallelism for r in range(parallelism)}
+        facts.append(CheckpointFacts(cid, kind, parallelism, True, phases["commit"], splits, loads, phases))
+    total = 100 * attempts
+    lags = {
+        c.checkpoint_id: {f"orders-{i}": total - (i + 1) * 3 * c.checkpoint_id for i in range(splits)}
+        for c in facts[-kept:]
+    }
+    latest = facts[-1].checkpoint_id
+    live = by_lag(
+        split_lag_of(
+            Split(f"orders-{i}", "orders", (i + 1) * 3 * latest, total, total), "assigned", i % parallelism
+        )
+        for i in range(splits)
+    )
+    return ReportData(
+        pipeline="orders",
+        state_root="/var/splitkeeper/orders/state",
+        generated_at=start + timedelta(seconds=10 * attempts + 5),
+        timeline=tuple(timeline),
+        checkpoints=tuple(facts),
+        audit=(),
+        lags=lags,
+        splits=live,
+    )
