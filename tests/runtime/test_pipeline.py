@@ -119,7 +119,17 @@ def test_bounded_run_finishes_on_a_global_checkpoint_and_sink_equals_source(
     assert latest["kind"] == "global"
     assert latest["parallelism"] == 3
     assert latest["finished_splits"] == 3 and latest["pool"] == 0
-    assert status["timeline"][-1] == {"id": last.epoch, "kind": "global", "failed_regions": [], "reason": ""}
+    line = status["timeline"][-1]
+    assert {k: v for k, v in line.items() if k != "phases_ms"} == {
+        "id": last.epoch,
+        "kind": "global",
+        "failed_regions": [],
+        "reason": "",
+        "failures": [],
+    }
+    assert set(line["phases_ms"]) == {"plan", "read", "sink", "commit"}  # persisted with the checkpoint
+    assert line["phases_ms"]["read"] == round(last.phases["read"] * 1000)
+    assert status["splits"] == []  # every split read to its end: none live, no lag
 
     again = _run(config, spark)  # nothing new since that global checkpoint: not even an empty epoch
     assert again.finished and again.epochs == ()
