@@ -125,3 +125,53 @@ def test_status_names_the_lease_holder(tmp_path: Path) -> None:
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_status_shows_lag_per_split_phase_times_and_why_regions_failed_within_2_seconds(
+    tmp_path: Path,
+) -> None:
+    """Issue 23: an on-call engineer reads each split's lag, each checkpoint's phases and the cause of
+    every failed region from status (a demo-sized state: 40 attempts, 9 splits, 3 readers)."""
+    from splitkeeper.app import services
+    from splitkeeper.config.settings import load_config
+    from tests.report.states import DECLINE, TIMEOUT, incident_state, phases_of
+
+    config = _config(tmp_path)
+    end = 100_000
+    incident_state(
+        tmp_path, checkpoints=40, end=end, regional_at=30, aborted_at=35, keep=10, pipeline="orders-kafka"
+    )
+
+    started = time.monotonic()
+    result = services.status(load_config(config), last=12)
+    in_process = time.monotonic() - started
+    # 39 completed checkpoints; region 1 (splits 1, 4, 7) declined once: its splits advanced 38 times
+    expected = {f"orders-{i}": end - 10 * (i + 1) * (38 if i % 3 == 1 else 39) for i in range(9)}
+    assert [(s.split, s.lag) for s in result.splits] == sorted(expected.items(), key=lambda kv: -kv[1])
+    # each split's backlog boundary is its end: all still in backlog
+    assert all(s.owner == int(s.split[-1]) % 3 and s.backlog is True for s in result.splits)
+    assert {s.split: s.position + s.lag for s in result.splits if s.lag is not None} == dict.fromkeys(
+        expected, end
+    )
+    lines = {t.id: t for t in result.timeline}
+    assert lines[30].failures == (DECLINE.line(),) and lines[35].failures == (TIMEOUT.line(),)
+    assert lines[40].phases_ms == {**phases_of(40), "commit": lines[40].phases_ms["commit"]}
+    assert lines[29].phases_ms.keys() == {"plan", "read", "sink", "commit"}  # archived by retention: kept
+    assert in_process < 2.0, f"status took {in_process:.2f}s"
+
+    probe, output, elapsed = _status(config, "--last", "12", "--splits", "3")
+    assert probe == {"code": 0, "loaded": []}, output
+    table = [line.split() for line in output.splitlines() if line.startswith("    orders-")]
+    top = sorted(expected.items(), key=lambda kv: -kv[1])[:3]
+    assert [(row[0], row[4]) for row in table] == [(sid, f"{lag:,}") for sid, lag in top]
+    assert "... 6 more" in output
+    assert 'region 1 decline SplitReadError at split "orders-1" offset 120: ValueError: not JSON' in output
+    assert "region 2 timeout Timeout: no result within 12s" in output
+    assert (
+        f"plan={phases_of(40)['plan']}ms read={phases_of(40)['read']}ms sink={phases_of(40)['sink']}ms"
+        in output
+    )
+    probe, output, _ = _status(config, "--json")
+    splits = json.loads(output)["splits"]
+    assert {s["split"]: s["lag"] for s in splits} == expected
+    print(f"status: {in_process:.2f}s in process, {elapsed:.2f}s as a fresh CLI process")

@@ -195,6 +195,21 @@ class TimelineLine:
     kind: str
     failed_regions: tuple[int, ...]
     reason: str
+    phases_ms: dict[str, int] = field(default_factory=dict)  # plan, read, sink, commit (those recorded)
+    failures: tuple[str, ...] = ()  # why each failed region failed (RegionFailure.line())
+
+
+@dataclass(frozen=True, slots=True)
+class SplitLine:
+    """One live split at the latest checkpoint (lag: core.backlog.split_lag; None when unknown)."""
+
+    split: str
+    status: str  # assigned | pool | quarantined
+    owner: int | None
+    position: int
+    end: int | None
+    lag: int | None
+    backlog: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,6 +224,7 @@ class StatusResult(_Result):
     # checkpoint-interval switches over the whole history: (checkpoint id, "backlog" | "normal"):
     # the checkpoint after which the interval changed to that mode (protocol rule 4.4)
     interval_switches: tuple[tuple[int, str], ...] = ()
+    splits: tuple[SplitLine, ...] = ()  # the latest checkpoint's live splits, most lag first
 
 
 @dataclass(frozen=True, slots=True)

@@ -41,6 +41,7 @@ from splitkeeper.app.results import (
     RecoverResult,
     RecoveryPreview,
     RunResult,
+    SplitLine,
     StatusResult,
     StopResult,
     TimelineLine,
@@ -50,6 +51,7 @@ from splitkeeper.config.limits import check_parallelism
 from splitkeeper.config.models import TransformKind
 from splitkeeper.config.settings import PipelineConfig
 from splitkeeper.core.assignment import AssignmentStrategy, WeightedStrategy
+from splitkeeper.core.lag import region_positions, split_lags
 from splitkeeper.core.rescale import Redistribution
 from splitkeeper.core.types import Split
 from splitkeeper.errors import CheckpointError, InvalidParameterError, RunInterrupted, StateError
@@ -695,13 +697,26 @@ def status(config: PipelineConfig, *, last: int = 10) -> StatusResult:
         )
     history = store.history.timeline()
     timeline = tuple(
-        TimelineLine(t.checkpoint_id, t.kind.value, tuple(t.failed_regions), t.reason)
+        TimelineLine(
+            t.checkpoint_id,
+            t.kind.value,
+            tuple(t.failed_regions),
+            t.reason,
+            dict(t.phases_ms),
+            tuple(f.line() for f in t.failures),
+        )
         for t in history[-last:]
     )
     ids = store.checkpoint_ids()
     next_epoch = max(store.latest_plan_epoch() or 0, ids[-1] if ids else 0) + 1
+    splits: tuple[SplitLine, ...] = ()
+    if latest is not None and latest.enumerator is not None:
+        splits = tuple(
+            SplitLine(s.split_id, s.status, s.owner, s.position, s.end, s.lag, s.in_backlog)
+            for s in split_lags(latest.enumerator, region_positions(latest))
+        )
     return StatusResult(
-        config.name, info, timeline, next_epoch, _lease_of(store), _interval_switches(history)
+        config.name, info, timeline, next_epoch, _lease_of(store), _interval_switches(history), splits
     )
 
 

@@ -4,14 +4,22 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from splitkeeper.commands.common import add_config_argument, load
+
+if TYPE_CHECKING:  # pragma: no cover
+    from splitkeeper.app.results import SplitLine
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     add_config_argument(parser)
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--last", type=int, default=10, help="timeline entries to show")
+    parser.add_argument(
+        "--splits", type=int, default=20, help="splits to list, most lag first (--json lists all)"
+    )
     parser.add_argument(
         "--metrics",
         action="store_true",
@@ -51,7 +59,41 @@ def run(args: argparse.Namespace) -> int:
         print(f"  lease: {lease['holder']} since {lease['since']}, {state}")
     for at, mode in result.interval_switches:
         print(f"  checkpoint interval switched to the {mode} interval after checkpoint {at}")
+    _print_splits(result.splits, args.splits)
     for t in result.timeline:
         failed = f" failed regions {list(t.failed_regions)}" if t.failed_regions else ""
-        print(f"  checkpoint {t.id:>5} {t.kind:<8}{failed} {t.reason}")
+        phases = " ".join(f"{p}={ms}ms" for p, ms in t.phases_ms.items())
+        print(f"  checkpoint {t.id:>5} {t.kind:<8}{failed} {phases} {t.reason}".rstrip())
+        for cause in t.failures:
+            print(f"      {cause}")
     return 0
+
+
+def _print_splits(splits: Sequence[SplitLine], shown: int) -> None:
+    """The splits table: split, owner, position, end, lag, backlog flag; most lag first."""
+    if not splits:
+        return
+    head = ("split", "owner", "position", "end", "lag", "backlog")
+    rows = [
+        (
+            s.split,
+            str(s.owner) if s.owner is not None else s.status,
+            f"{s.position:,}",
+            "-" if s.end is None else f"{s.end:,}",
+            "?" if s.lag is None else f"{s.lag:,}",
+            "yes" if s.backlog else "no",
+        )
+        for s in splits[: max(0, shown)]
+    ]
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(head)]
+    total = sum(s.lag or 0 for s in splits)
+    print(
+        f"  splits: {len(splits)} live, total lag {total:,} offsets "
+        "(lag: to the end, or to the backlog boundary)"
+    )
+    for row in (head, *rows):
+        pairs = enumerate(zip(row, widths, strict=True))
+        cells = (v.ljust(w) if i == 0 else v.rjust(w) for i, (v, w) in pairs)
+        print("    " + "  ".join(cells))
+    if len(splits) > len(rows):
+        print(f"    ... {len(splits) - len(rows)} more (--splits N, or --json)")

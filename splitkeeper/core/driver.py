@@ -68,6 +68,7 @@ from splitkeeper.core.enumerator import (
     restart_reader,
 )
 from splitkeeper.core.external import positions_to_commit, reconcile_positions
+from splitkeeper.core.failures import RegionFailure, region_failure
 from splitkeeper.core.ports import (
     Clock,
     CrashPoint,
@@ -1028,11 +1029,21 @@ class EpochDriver:
             processing_backlog=enumerator.processing_backlog,
         )
         lap("decide")
+        failures = tuple(
+            region_failure(
+                r,
+                o,
+                (runs[r].error if r in runs else "") or errors.get(r) or "",
+                runs[r].failed_splits if r in runs else (),
+            )
+            for r, o in sorted(result.outcomes.items())
+            if o is not RegionOutcome.ACK
+        )
         committed_records = 0
         failovers: tuple[FailoverReport, ...] = ()
         if result.completed is None:
             self._check_fence(epoch)  # a run another run overtook logs nothing either
-            self.state.log_attempt(epoch, result.outcomes, result.reason)
+            self.state.log_attempt(epoch, result.outcomes, result.reason, failures=failures)
             self.sink.discard(epoch)
             # Nothing of this epoch is committed: every reader restarts from the latest checkpoint (a global
             # restore), keeping the coordinator's counter (an aborted forced global resets it).
@@ -1043,7 +1054,7 @@ class EpochDriver:
                 consecutive_regional=coordinator.consecutive_regional,
             )
         else:
-            committed_records, failovers = self._commit(epoch, result, acked, lap)
+            committed_records, failovers = self._commit(epoch, result, acked, lap, phases, failures)
         lap("finish")
         report = EpochReport(
             epoch=epoch,
@@ -1190,6 +1201,8 @@ class EpochDriver:
         result: CheckpointResult,
         acked: Mapping[int, RegionRun],
         lap: Callable[[str], None],
+        phases: Mapping[str, float],
+        failures: Sequence[RegionFailure] = (),
     ) -> tuple[int, tuple[FailoverReport, ...]]:
         enumerator, context = self._require_open()
         coordinator = self._require_coordinator()
@@ -1227,7 +1240,10 @@ class EpochDriver:
         lap("sink")
         self.hooks.crash_point(CrashPoint.AFTER_SINK_COMMIT, epoch)
         self.state.commit_checkpoint(
-            decision, before_row=lambda: self.hooks.crash_point(CrashPoint.BEFORE_CHECKPOINT_ROW, epoch)
+            decision,
+            before_row=lambda: self.hooks.crash_point(CrashPoint.BEFORE_CHECKPOINT_ROW, epoch),
+            phases_ms={p: round(phases[p] * 1000) for p in ("plan", "read", "sink") if p in phases},
+            failures=failures,
         )
         lap("state")
         self.hooks.crash_point(CrashPoint.AFTER_CHECKPOINT_ROW, epoch)

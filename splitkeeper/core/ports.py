@@ -26,6 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from splitkeeper.core.failures import RegionFailure
 from splitkeeper.core.source import PlannedRange
 from splitkeeper.core.types import AuditRecord, CompletedCheckpoint, RegionOutcome
 
@@ -264,19 +265,34 @@ class StateStore(abc.ABC):
 
     @abc.abstractmethod
     def commit_checkpoint(
-        self, decision: EpochDecision, before_row: Callable[[], None] | None = None
+        self,
+        decision: EpochDecision,
+        before_row: Callable[[], None] | None = None,
+        *,
+        phases_ms: Mapping[str, int] | None = None,
+        failures: Sequence[RegionFailure] = (),
     ) -> None:
         """Persist the decided checkpoint: enumerator state and audit rows, the checkpoint row last.
 
         ``before_row`` is called between the state rows and the checkpoint row (a
         crash point). Idempotent for the same decision (a redo after the row landed
         writes nothing); ConcurrentRunError when another run committed a checkpoint
-        with this or a later id.
+        with this or a later id. ``phases_ms`` (``plan``, ``read``, ``sink``: milliseconds)
+        and ``failures`` (why each failed region failed) go into the row, for status and
+        the report (a redo knows neither: NULL).
         """
 
     @abc.abstractmethod
-    def log_attempt(self, epoch: int, outcomes: Mapping[int, RegionOutcome], reason: str) -> None:
-        """Record an aborted checkpoint attempt for the timeline (never read by restore)."""
+    def log_attempt(
+        self,
+        epoch: int,
+        outcomes: Mapping[int, RegionOutcome],
+        reason: str,
+        *,
+        failures: Sequence[RegionFailure] = (),
+    ) -> None:
+        """Record an aborted checkpoint attempt (and why its regions failed) for the timeline
+        (never read by restore)."""
 
     @abc.abstractmethod
     def retain(self, keep_latest: int, pinned: Sequence[int] = ()) -> list[int]:

@@ -71,6 +71,7 @@ import pyarrow.compute as pc
 
 from splitkeeper.core.checkpoint import CheckpointStore, check_full_snapshot_every
 from splitkeeper.core.defaults import FULL_SNAPSHOT_EVERY
+from splitkeeper.core.failures import RegionFailure
 from splitkeeper.core.ports import EpochDecision, EpochPlan, StateStore
 from splitkeeper.core.types import (
     AuditRecord,
@@ -655,7 +656,12 @@ class DeltaStateStore(StateStore, CheckpointStore):
         guarded(table.table_uri, lambda: table.delete(predicate))
 
     def commit_checkpoint(
-        self, decision: EpochDecision, before_row: Callable[[], None] | None = None
+        self,
+        decision: EpochDecision,
+        before_row: Callable[[], None] | None = None,
+        *,
+        phases_ms: Mapping[str, int] | None = None,
+        failures: Sequence[RegionFailure] = (),
     ) -> None:
         """Persist the decided checkpoint: enumerator_state and audit rows, the checkpoints row last.
 
@@ -721,6 +727,7 @@ class DeltaStateStore(StateStore, CheckpointStore):
             enumerator_row_count=len(written) if snapshot is not None else None,
             configured_parallelism=decision.configured_parallelism,
             split_weights=serde.split_weights_to_rows(decision.split_weights),
+            **serde.incident_columns(phases_ms, failures),
         )
         data = spec("checkpoints").rows([row])
         from deltalake import write_deltalake
@@ -810,6 +817,7 @@ class DeltaStateStore(StateStore, CheckpointStore):
         reason: str = "",
         *,
         kind: CheckpointKind = CheckpointKind.ABORTED,
+        failures: Sequence[RegionFailure] = (),
     ) -> None:
         """Record an aborted checkpoint attempt for the timeline (never read by restore).
 
@@ -833,6 +841,7 @@ class DeltaStateStore(StateStore, CheckpointStore):
             "reason": reason,
             "run_id": self.run_id,
             "logged_at": datetime.now(UTC),
+            **serde.incident_columns(None, failures),
         }
         self.tables.append("checkpoint_log", spec("checkpoint_log").rows([row]))
 

@@ -43,13 +43,14 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from splitkeeper.core.failures import PHASES, RegionFailure
 from splitkeeper.core.types import AuditRecord, CheckpointKind, RegionOutcome
 from splitkeeper.delta import serde
 from splitkeeper.delta.schemas import spec
@@ -79,10 +80,22 @@ class TimelineEntry:
     reason: str = ""
     run_id: str = ""
     processing_backlog: bool | None = None  # completed: the mode once it completed; aborted: None
+    # milliseconds per phase (core.failures.PHASES) that the row recorded: plan, read, sink, commit
+    phases_ms: dict[str, int] = field(default_factory=dict)
+    failures: tuple[RegionFailure, ...] = ()  # why each failed region failed, where recorded
 
     @property
     def failed_regions(self) -> tuple[int, ...]:
         return tuple(sorted(r for r, o in self.outcomes.items() if o is not RegionOutcome.ACK))
+
+
+#: The columns of a checkpoint's phase times and failed regions' causes (checkpoints, checkpoint_log).
+INCIDENT_COLUMNS = ("plan_ms", "read_ms", "sink_ms", "failures")
+
+
+def _phases(row: Mapping[str, Any]) -> dict[str, int]:
+    """The phase times a row recorded (``<phase>_ms`` columns that are not NULL), in PHASES order."""
+    return {p: int(row[f"{p}_ms"]) for p in PHASES if row.get(f"{p}_ms") is not None}
 
 
 def _at(value: Any) -> datetime:
@@ -379,6 +392,7 @@ class StateHistory:
                 "commit_ms",
                 "run_id",
                 "processing_backlog",
+                *INCIDENT_COLUMNS,
             ],
         )
         completed = [*kept.to_pylist(), *self.archived_checkpoints().to_pylist()]
@@ -394,6 +408,8 @@ class StateHistory:
                     commit_ms=None if row["commit_ms"] is None else int(row["commit_ms"]),
                     run_id=row["run_id"],
                     processing_backlog=row["processing_backlog"],
+                    phases_ms=_phases(row),
+                    failures=serde.failures_from_rows(row.get("failures")),
                 )
             )
         aborted = self.tables.read("checkpoint_log").filter(pc.field("kind") == CheckpointKind.ABORTED.value)
@@ -407,6 +423,7 @@ class StateHistory:
                     at=_at(row["logged_at"]),
                     reason=row["reason"],
                     run_id=row["run_id"],
+                    failures=serde.failures_from_rows(row.get("failures")),
                 )
             )
         return sorted(entries, key=lambda e: (e.checkpoint_id, e.at))

@@ -94,6 +94,7 @@ def archived_row(row: Mapping[str, Any], logged_at: datetime) -> dict[str, Any]:
         "backlog_splits": in_backlog,
         "commit_ms": row["commit_ms"],
         "created_at": row["created_at"],
+        **{name: row.get(name) for name in ("plan_ms", "read_ms", "sink_ms", "failures")},
     }
 
 

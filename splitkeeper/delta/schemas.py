@@ -116,6 +116,15 @@ _ENUMERATOR = _struct_of(
     checkpoint_id=BIGINT, parallelism=INT, readers=array(INT), subscriptions=array(STRING)
 )
 _SPLIT_WEIGHTS = array(_struct_of(split_id=STRING, weight=DOUBLE))
+#: Why each failed region failed (:class:`splitkeeper.core.failures.RegionFailure`).
+_FAILURES = array(
+    _struct_of(
+        region_id=INT, outcome=STRING, error_class=STRING, message=STRING, split_id=STRING, offset=BIGINT
+    )
+)
+#: A checkpoint's phase times (``core.failures.PHASES`` but ``commit``, which is ``commit_ms``) and
+#: its failed regions' causes: nullable columns added to ``checkpoints`` and ``checkpoint_log``.
+_INCIDENT_COLUMNS = ("plan_ms", "read_ms", "sink_ms", "failures")
 
 #: The columns a ``checkpoints`` row and a ``decisions`` row share ("up to enumerator").
 _DECIDED = (
@@ -205,6 +214,10 @@ SCHEMAS: dict[str, pa.Schema] = {
             optional("split_weights", _SPLIT_WEIGHTS),
             optional("enumerator_base", BIGINT),
             optional("enumerator_row_count", BIGINT),
+            optional("plan_ms", BIGINT),
+            optional("read_ms", BIGINT),
+            optional("sink_ms", BIGINT),
+            optional("failures", _FAILURES),
         ]
     ),
     "enumerator_state": pa.schema(
@@ -252,6 +265,10 @@ SCHEMAS: dict[str, pa.Schema] = {
             optional("backlog_splits", INT),
             optional("commit_ms", BIGINT),
             optional("created_at", TIMESTAMP),
+            optional("plan_ms", BIGINT),
+            optional("read_ms", BIGINT),
+            optional("sink_ms", BIGINT),
+            optional("failures", _FAILURES),
         ]
     ),
     "lease": pa.schema(
@@ -400,7 +417,13 @@ TABLES: dict[str, TableSpec] = {
             partition="checkpoint_id",
             stats_columns=("attempt_id",),
             added_columns=frozenset(
-                {"configured_parallelism", "split_weights", "enumerator_base", "enumerator_row_count"}
+                {
+                    "configured_parallelism",
+                    "split_weights",
+                    "enumerator_base",
+                    "enumerator_row_count",
+                    *_INCIDENT_COLUMNS,
+                }
             ),
         ),
         TableSpec(
@@ -411,7 +434,11 @@ TABLES: dict[str, TableSpec] = {
         ),
         # history, kept past retention: unpartitioned, compaction bounds its files
         TableSpec("audit", stats_columns=("checkpoint_id", "attempt_id")),
-        TableSpec("checkpoint_log", stats_columns=("checkpoint_id", "kind")),
+        TableSpec(
+            "checkpoint_log",
+            stats_columns=("checkpoint_id", "kind"),
+            added_columns=frozenset(_INCIDENT_COLUMNS),
+        ),
         TableSpec("lease", stats_columns=("generation",), added_columns=frozenset({"process"})),
         TableSpec("control", stats_columns=("requested_at",)),
         TableSpec(

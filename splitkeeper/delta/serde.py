@@ -29,6 +29,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from splitkeeper.core.failures import RegionFailure
 from splitkeeper.core.ports import EpochDecision
 from splitkeeper.core.types import (
     AuditRecord,
@@ -764,4 +765,44 @@ def decision_from_row(row: Mapping[str, Any]) -> EpochDecision:
         configured_parallelism=_opt_int(row.get("configured_parallelism")),
         reason=row.get("reason") or "",
         split_weights=tuple(split_weights_from_rows(row.get("split_weights")).items()),
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# A checkpoint's phase times and failed regions' causes (checkpoints / checkpoint_log columns)
+# ---------------------------------------------------------------------------------------
+
+
+def incident_columns(phases_ms: Mapping[str, int] | None, failures: Sequence[RegionFailure]) -> Row:
+    """The ``plan_ms``, ``read_ms``, ``sink_ms`` and ``failures`` columns of a row (NULL when unknown)."""
+    phases = dict(phases_ms or {})
+    return {
+        **{f"{p}_ms": None if phases.get(p) is None else int(phases[p]) for p in ("plan", "read", "sink")},
+        "failures": [
+            {
+                "region_id": int(f.region_id),
+                "outcome": f.outcome,
+                "error_class": f.error_class,
+                "message": f.message,
+                "split_id": f.split_id,
+                "offset": f.offset,
+            }
+            for f in sorted(failures, key=lambda f: f.region_id)
+        ]
+        or None,
+    }
+
+
+def failures_from_rows(rows: Iterable[Mapping[str, Any]] | None) -> tuple[RegionFailure, ...]:
+    """The ``failures`` column back as :class:`RegionFailure` values (empty for NULL)."""
+    return tuple(
+        RegionFailure(
+            region_id=int(r["region_id"]),
+            outcome=str(r["outcome"] or ""),
+            error_class=str(r["error_class"] or ""),
+            message=str(r["message"] or ""),
+            split_id=r.get("split_id"),
+            offset=_opt_int(r.get("offset")),
+        )
+        for r in rows or ()
     )

@@ -114,6 +114,12 @@ DATASETS: tuple[str, ...] = (
 )
 
 DATA_DOCS_SITE = "splitkeeper"
+#: Every validation's result is kept in a folder beside the Data Docs (``<data_docs>_validations``:
+#: GE's validation results store on the file system), so the site's index lists every validation,
+#: not only the last one; the latest KEEP_VALIDATIONS per suite are kept (older ones, and their
+#: pages, are removed when the next validation is built).
+VALIDATIONS_SUFFIX = "_validations"
+KEEP_VALIDATIONS = 50
 
 _DROPPED_DECISIONS = (
     RecoveryDecision.DROPPED_REMOVED_SUBSCRIPTION.value,
@@ -1201,8 +1207,29 @@ def build_restart_frames(
 # ---------------------------------------------------------------------------------------
 
 
+def validations_dir(data_docs_dir: Path) -> Path:
+    """Where every validation result of the Data Docs at ``data_docs_dir`` is kept."""
+    return data_docs_dir.with_name(data_docs_dir.name + VALIDATIONS_SUFFIX)
+
+
+def _prune_validations(data_docs_dir: Path, keep: int | None = None) -> None:
+    """Keep the latest ``keep`` (KEEP_VALIDATIONS) validation results per suite (by time), and the
+    pages of those only."""
+    keep = KEEP_VALIDATIONS if keep is None else keep
+    store = validations_dir(data_docs_dir)
+    if not store.is_dir():
+        return
+    for suite in (p for p in store.iterdir() if p.is_dir()):
+        results = sorted(suite.rglob("*.json"), key=lambda p: (p.stat().st_mtime, str(p)))
+        for old in results[: max(0, len(results) - keep)]:
+            relative = old.relative_to(store)
+            old.unlink(missing_ok=True)
+            data_docs_dir.joinpath("validations", relative).with_suffix(".html").unlink(missing_ok=True)
+
+
 def _context(data_docs_dir: Path) -> Any:
-    """An ephemeral GE context (no analytics, no progress bars) with one local Data Docs site."""
+    """An ephemeral GE context (no analytics, no progress bars) with one local Data Docs site and a
+    validation results store on the file system beside it (:func:`validations_dir`)."""
     import great_expectations as gx
     from great_expectations.data_context.types.base import (
         DataContextConfig,
@@ -1210,8 +1237,16 @@ def _context(data_docs_dir: Path) -> Any:
         ProgressBarsConfig,
     )
 
+    defaults = InMemoryStoreBackendDefaults(init_temp_docs_sites=False)
+    defaults.stores[defaults.validation_results_store_name] = {
+        "class_name": "ValidationResultsStore",
+        "store_backend": {
+            "class_name": "TupleFilesystemStoreBackend",
+            "base_directory": str(validations_dir(data_docs_dir)),
+        },
+    }
     config = DataContextConfig(
-        store_backend_defaults=InMemoryStoreBackendDefaults(init_temp_docs_sites=False),
+        store_backend_defaults=defaults,
         data_docs_sites={
             DATA_DOCS_SITE: {
                 "class_name": "SiteBuilder",
@@ -1462,6 +1497,7 @@ def run_restart_checks(
         outcomes.append(outcome)
         found += fold_found
         report_notes.append(f"{FOLD_SUITE}: {outcome.notes[0]}")  # the verdict, for validate's output
+    _prune_validations(docs_dir)
     context.build_data_docs(site_names=[DATA_DOCS_SITE])
     index = docs_dir / "index.html"
     return CheckReport(

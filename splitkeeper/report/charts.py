@@ -10,7 +10,7 @@ table with the same numbers beside each chart.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from html import escape
 
@@ -150,6 +150,12 @@ def _x_label(text: str, width: int, y: float) -> str:
     )
 
 
+def _labelled(i: int, n: int, every: int) -> bool:
+    """Whether category ``i`` of ``n`` gets a label: every ``every``-th, and the last one when it is
+    not too close to the one before (the latest checkpoint is always named where there is room)."""
+    return i % every == 0 or (i == n - 1 and i % every >= every / 2 + 0.5)
+
+
 def _every(n: int, room: int) -> int:
     """Label every k-th of ``n`` categories so that at most ``room`` labels are drawn."""
     return max(1, math.ceil(n / max(1, room)))
@@ -266,21 +272,47 @@ def hbar_chart(
 KIND_SHAPES = {"global": "circle", "regional": "diamond", "aborted": "cross"}
 
 
-def timeline_chart(
-    chart_id: str, title: str, desc: str, marks: Sequence[TimelineMark], *, width: int = 880
-) -> str:
-    """One column per checkpoint attempt: a kind mark on top, then one cell per region.
+@dataclass(frozen=True, slots=True)
+class TimelineBucket:
+    """Checkpoint attempts ``first``..``last`` older than the drawn window, counted by kind."""
 
-    A region's cell is coloured by its outcome; a failed region's cell shows the id of
-    the checkpoint its state refers to (``→ref``).
+    first: int
+    last: int
+    counts: dict[str, int]  # kind -> attempts ("global" | "regional" | "aborted")
+
+
+#: The timeline's width in pixels; the older attempts' strip takes OLDER_WIDTH of it.
+TIMELINE_WIDTH = 1180
+OLDER_WIDTH = 260
+
+
+def timeline_chart(
+    chart_id: str,
+    title: str,
+    desc: str,
+    marks: Sequence[TimelineMark],
+    *,
+    older: Sequence[TimelineBucket] = (),
+    width: int = TIMELINE_WIDTH,
+) -> str:
+    """One column per checkpoint attempt of the window ``marks``: a kind mark on top, then one cell per
+    region; to their left, when ``older`` is given, the older attempts as stacked bars per bucket.
+
+    A region's cell is coloured by its outcome; a failed region's cell shows the id of the
+    checkpoint its state refers to (``→ref``) and, when that checkpoint is in the window, an
+    arrow to it. The size of the SVG depends on the window and the buckets, not on the history.
     """
     regions = sorted({r for m in marks for r in m.outcomes})
     left, top = 92, 78
-    n = max(1, len(marks))
-    cell = max(8.0, min(56.0, (width - left - 16) / n))
     row = 26
-    height = int(top + 30 + row * max(1, len(regions)) + 52)
+    body_bottom = top + 30 + row * max(1, len(regions))
+    height = int(body_bottom + 52)
+    strip = OLDER_WIDTH if older else 0
+    x0 = left + strip + (24 if older else 0)
+    n = max(1, len(marks))
+    cell = max(8.0, min(56.0, (width - x0 - 16) / n))
     out = _open(chart_id, width, height, title, desc)
+    out.append(_arrow_defs(chart_id, 6))
     out += _legend(
         [(k, c, KIND_SHAPES[k]) for k, c in KIND_COLORS.items()]
         + [
@@ -300,9 +332,12 @@ def timeline_chart(
             f'<text x="{left - 8}" y="{y + row / 2 + 4:.1f}" font-size="12" text-anchor="end" '
             f'fill="{INK}">region {region}</text>'
         )
-    every = _every(len(marks), int((width - left) / 30))
+    if older:
+        out += _older_strip(older, left, top - 10, strip, body_bottom, height)
+    column = {mark.checkpoint_id: i for i, mark in enumerate(marks)}
+    every = _every(len(marks), int((width - x0) / 34))
     for i, mark in enumerate(marks):
-        cx = left + cell * (i + 0.5)
+        cx = x0 + cell * (i + 0.5)
         failed = {r: o for r, o in mark.outcomes.items() if o != "ack"}
         tip = f"checkpoint {mark.checkpoint_id}: {mark.kind}"
         if failed:
@@ -339,12 +374,230 @@ def timeline_chart(
                     f'fill="{INK}">→{mark.refs[region]}</text>'
                 )
         out.append("</g>")
-        if i % every == 0:
+        for j, region in enumerate(regions):
+            ref = mark.refs.get(region)
+            if ref is None or ref not in column or column[ref] == i:
+                continue
+            y = top + 30 + row * j + 4
+            rx = x0 + cell * (column[ref] + 0.5)
             out.append(
-                f'<text x="{cx:.1f}" y="{top + 30 + row * len(regions) + 16:.0f}" font-size="11" '
+                f'<path class="ref" d="M{cx:.1f},{y:.1f} Q{(cx + rx) / 2:.1f},{y - 14:.1f} {rx:.1f},{y:.1f}" '
+                f'stroke="{INK}" stroke-width="1.2" fill="none" marker-end="url(#{chart_id}-arrow)">'
+                f"<title>checkpoint {mark.checkpoint_id}, region {region}: state of checkpoint {ref}</title>"
+                "</path>"
+            )
+        if _labelled(i, len(marks), every):
+            out.append(
+                f'<text x="{cx:.1f}" y="{body_bottom + 16:.0f}" font-size="11" '
                 f'text-anchor="middle" fill="{INK}">{mark.checkpoint_id}</text>'
             )
     out.append(_x_label("checkpoint attempt id", width, height - 10))
+    out.append("</svg>")
+    return "\n".join(out)
+
+
+def _arrow_defs(chart_id: str, size: int) -> str:
+    """An arrowhead marker, ``url(#<chart_id>-arrow)``."""
+    return (
+        f'<defs><marker id="{chart_id}-arrow" viewBox="0 0 8 8" refX="7" refY="4" markerWidth="{size}" '
+        f'markerHeight="{size}" orient="auto-start-reverse"><path d="M0,0 L8,4 L0,8 z" fill="{INK}"/>'
+        "</marker></defs>"
+    )
+
+
+def _older_strip(
+    buckets: Sequence[TimelineBucket], left: float, top: float, width: float, bottom: float, height: float
+) -> list[str]:
+    """The attempts before the window: one stacked bar (global, regional, aborted) per bucket."""
+    out = ['<g class="older">']
+    peak = max((sum(b.counts.values()) for b in buckets), default=1) or 1
+    slot = width / max(1, len(buckets))
+    first, last = buckets[0].first, buckets[-1].last
+    for i, bucket in enumerate(buckets):
+        y = bottom
+        x = left + slot * i
+        for kind in ("global", "regional", "aborted"):
+            count = bucket.counts.get(kind, 0)
+            if not count:
+                continue
+            h = (bottom - top) * count / peak
+            y -= h
+            out.append(
+                f'<rect class="bucket" x="{x:.1f}" y="{y:.1f}" width="{max(slot - 1, 1):.1f}" '
+                f'height="{h:.1f}" '
+                f'fill="{KIND_COLORS[kind]}"><title>checkpoints {bucket.first}-{bucket.last}: '
+                + ", ".join(f"{n} {k}" for k, n in bucket.counts.items() if n)
+                + "</title></rect>"
+            )
+    out.append(
+        f'<text x="{left:.0f}" y="{bottom + 16:.0f}" font-size="11" fill="{INK}">{first}</text>'
+        f'<text x="{left + width:.0f}" y="{bottom + 16:.0f}" font-size="11" text-anchor="end" '
+        f'fill="{INK}">{last}</text>'
+        f'<text x="{left + width / 2:.0f}" y="{bottom + 30:.0f}" font-size="11" text-anchor="middle" '
+        f'fill="{INK}">earlier attempts, counted per bucket</text>'
+    )
+    out.append(
+        f'<line x1="{left + width + 12:.0f}" y1="{top:.0f}" x2="{left + width + 12:.0f}" '
+        f'y2="{height - 26:.0f}" '
+        f'stroke="{GRID}" stroke-dasharray="4 3"/>'
+    )
+    out.append("</g>")
+    return out
+
+
+def line_chart(
+    chart_id: str,
+    title: str,
+    desc: str,
+    categories: Sequence[str],
+    series: Sequence[Series],
+    *,
+    x_label: str,
+    y_label: str,
+    width: int = 720,
+    height: int = 320,
+) -> str:
+    """One line per series over ``categories`` (NaN: no point there), each with its own marker shape."""
+    left, right, top, bottom = 72, width - 16, 58, height - 46
+    values = [v for s in series for v in s.values if not math.isnan(v)]
+    scale = axis_scale(max([*values, 0.0]))
+    y_max = scale[0]
+    out = _open(chart_id, width, height, title, desc)
+    shapes = ("circle", "square", "diamond", "cross")
+    out += _legend([(s.name, s.color, shapes[i % len(shapes)]) for i, s in enumerate(series)], left, 42)
+    out += _y_axis(left, top, bottom, right, scale, y_label)
+    n = max(1, len(categories))
+    slot = (right - left) / n
+    for k, s in enumerate(series):
+        path: list[str] = []
+        points: list[str] = []
+        for i, value in enumerate(s.values):
+            if math.isnan(value):
+                continue
+            x = left + slot * (i + 0.5)
+            y = bottom - (bottom - top) * value / y_max
+            path.append(f"{'M' if not path else 'L'}{x:.1f},{y:.1f}")
+            if n <= 80:
+                points.append(
+                    _marker(
+                        shapes[k % len(shapes)],
+                        x,
+                        y,
+                        3.0,
+                        s.color,
+                        f"{s.name}, {categories[i]}: {_fmt(value)}",
+                    )
+                )
+        if path:
+            out.append(
+                f'<path class="line" d="{" ".join(path)}" stroke="{s.color}" stroke-width="2" fill="none">'
+                f"<title>{escape(s.name)}</title></path>"
+            )
+        out += points
+    every = _every(len(categories), int((right - left) / 40))
+    for i, category in enumerate(categories):
+        if _labelled(i, len(categories), every):
+            out.append(
+                f'<text x="{left + slot * (i + 0.5):.1f}" y="{bottom + 15:.0f}" font-size="11" '
+                f'text-anchor="middle" fill="{INK}">{escape(category)}</text>'
+            )
+    out.append(_x_label(x_label, width, height - 10))
+    out.append("</svg>")
+    return "\n".join(out)
+
+
+def stacked_bar_chart(
+    chart_id: str,
+    title: str,
+    desc: str,
+    categories: Sequence[str],
+    series: Sequence[Series],
+    *,
+    x_label: str,
+    y_label: str,
+    width: int = 720,
+    height: int = 320,
+) -> str:
+    """One bar per category, the series stacked in order from the bottom."""
+    left, right, top, bottom = 72, width - 16, 58, height - 46
+    totals = [sum(s.values[i] for s in series if i < len(s.values)) for i in range(len(categories))]
+    scale = axis_scale(max([*totals, 0.0]))
+    y_max = scale[0]
+    out = _open(chart_id, width, height, title, desc)
+    out += _legend([(s.name, s.color, "square") for s in series], left, 42)
+    out += _y_axis(left, top, bottom, right, scale, y_label)
+    n = max(1, len(categories))
+    slot = (right - left) / n
+    bar = max(slot * 0.8, 1.0)
+    for i, category in enumerate(categories):
+        x = left + slot * i + (slot - bar) / 2
+        y = float(bottom)
+        for s in series:
+            value = s.values[i] if i < len(s.values) else 0.0
+            if value <= 0:
+                continue
+            h = (bottom - top) * value / y_max
+            y -= h
+            out.append(
+                f'<rect class="bar" x="{x:.1f}" y="{y:.1f}" width="{bar:.1f}" height="{h:.1f}" '
+                f'fill="{s.color}">'
+                f"<title>{escape(category)}: {escape(s.name)} {_fmt(value)}</title></rect>"
+            )
+    every = _every(len(categories), int((right - left) / 40))
+    for i, category in enumerate(categories):
+        if _labelled(i, len(categories), every):
+            out.append(
+                f'<text x="{left + slot * (i + 0.5):.1f}" y="{bottom + 15:.0f}" font-size="11" '
+                f'text-anchor="middle" fill="{INK}">{escape(category)}</text>'
+            )
+    out.append(_x_label(x_label, width, height - 10))
+    out.append("</svg>")
+    return "\n".join(out)
+
+
+def ref_chain_chart(
+    chart_id: str, title: str, desc: str, chains: Mapping[int, Sequence[int]], *, width: int = 720
+) -> str:
+    """Per region, the checkpoints its state passes through: the latest checkpoint, then each
+    checkpoint a failed region's state refers to (an arrow per hop, right to left)."""
+    ids = sorted({c for chain in chains.values() for c in chain})
+    regions = sorted(chains)
+    left, top, row = 92, 70, 34
+    height = top + row * max(1, len(regions)) + 50
+    right = width - 30
+    slot = (right - left) / max(1, len(ids))
+    x_of = {cid: left + slot * (i + 0.5) for i, cid in enumerate(ids)}
+    out = _open(chart_id, width, height, title, desc)
+    out.append(_arrow_defs(chart_id, 7))
+    out += _legend(
+        [("acknowledged here", GREEN, "circle"), ("state of an earlier checkpoint", ORANGE, "circle")],
+        left,
+        42,
+    )
+    for j, region in enumerate(regions):
+        y = top + row * j + row / 2
+        chain = list(chains[region])
+        out.append(
+            f'<text x="{left - 8}" y="{y + 4:.1f}" font-size="12" text-anchor="end" fill="{INK}">'
+            f"region {region}</text>"
+        )
+        out.append(f'<line x1="{left}" y1="{y:.1f}" x2="{right}" y2="{y:.1f}" stroke="{GRID}"/>')
+        for a, b in zip(chain, chain[1:], strict=False):
+            out.append(
+                f'<path class="ref" d="M{x_of[a] - 6:.1f},{y:.1f} L{x_of[b] + 8:.1f},{y:.1f}" stroke="{INK}" '
+                f'stroke-width="1.5" marker-end="url(#{chart_id}-arrow)"><title>region {region}: '
+                f"checkpoint {a} "
+                f"holds the state of checkpoint {b}</title></path>"
+            )
+        for k, cid in enumerate(chain):
+            color = GREEN if k == len(chain) - 1 else ORANGE
+            out.append(_marker("circle", x_of[cid], y, 6, color, f"region {region}, checkpoint {cid}"))
+    for cid in ids:
+        out.append(
+            f'<text x="{x_of[cid]:.1f}" y="{height - 30}" font-size="11" text-anchor="middle" '
+            f'fill="{INK}">{cid}</text>'
+        )
+    out.append(_x_label("checkpoint id", width, height - 10))
     out.append("</svg>")
     return "\n".join(out)
 

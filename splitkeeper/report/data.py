@@ -17,13 +17,17 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
-from splitkeeper.core.types import CheckpointKind, RecoveryDecision
+from splitkeeper.core.lag import SplitLag, by_lag, split_lag_of
+from splitkeeper.core.types import CheckpointKind, RecoveryDecision, Split
 from splitkeeper.delta.history import TimelineEntry
 
 if TYPE_CHECKING:  # pragma: no cover
     from splitkeeper.delta.checkpoints import DeltaStateStore
     from splitkeeper.quality.upsert import FoldResult
     from splitkeeper.records.upsert import UpsertSpec
+
+#: enumerator_state rows of a live split (with a position): owned, pooled or parked.
+LIVE_STATUSES = ("assigned", "pool", "quarantined")
 
 #: Audit decisions that move splits between readers of a running pipeline or on restore.
 REBALANCE_DECISIONS = (RecoveryDecision.REBALANCED.value, RecoveryDecision.REDISTRIBUTED_GLOBAL_RESTORE.value)
@@ -40,6 +44,7 @@ class CheckpointFacts:
     commit_ms: int
     backlog_splits: int
     loads: dict[int, int] = field(default_factory=dict)  # reader -> splits assigned
+    phases_ms: dict[str, int] = field(default_factory=dict)  # plan, read, sink, commit: those recorded
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,6 +234,9 @@ class ReportData:
     dead_letters: DeadLetterFacts | None = None  # None: no dead-letter table given
     upsert: UpsertFacts | None = None  # None: an append sink
     filtered: FilteredFacts | None = None  # None: no filtered_offsets table
+    # kept checkpoint -> split -> lag (core.backlog.split_lag) of its live splits with a known lag
+    lags: dict[int, dict[str, int]] = field(default_factory=dict)
+    splits: tuple[SplitLag, ...] = ()  # the latest kept checkpoint's live splits, most lag first
 
     def decision_counts(self) -> list[tuple[str, int]]:
         """(decision, count), most frequent first, ties by name."""
@@ -338,14 +346,26 @@ def collect_report_data(
     the ``filtered_offsets`` table, shown when it exists."""
     history = state_store.history
     timeline = tuple(history.timeline())
+    phases = {e.checkpoint_id: e.phases_ms for e in timeline if e.kind is not CheckpointKind.ABORTED}
     heads = history.checkpoints(
         columns=["checkpoint_id", "kind", "parallelism", "processing_backlog", "commit_ms", "enumerator"]
     ).to_pylist()
     loads: dict[int, dict[int, int]] = {}
     backlog: Counter[int] = Counter()
     parked: dict[int, dict[str, int]] = {}
+    lags: dict[int, dict[str, int]] = {}
+    live: dict[int, list[SplitLag]] = {}
     for r in history.enumerator_rows().to_pylist():
         cid = int(r["checkpoint_id"])
+        if r["status"] in LIVE_STATUSES and r["position"] is not None:
+            split = Split(
+                r["split_id"], position=int(r["position"]), end=r["end"], backlog_end=r["backlog_end"]
+            )
+            owner = None if r["owner"] is None else int(r["owner"])
+            line = split_lag_of(split, r["status"], owner)
+            live.setdefault(cid, []).append(line)
+            if line.lag is not None:
+                lags.setdefault(cid, {})[line.split_id] = line.lag
         if r["status"] == "assigned" and r["owner"] is not None:
             per_reader = loads.setdefault(cid, {})
             per_reader[int(r["owner"])] = per_reader.get(int(r["owner"]), 0) + 1
@@ -368,6 +388,7 @@ def collect_report_data(
                 commit_ms=int(r["commit_ms"]),
                 backlog_splits=backlog.get(cid, 0),
                 loads=dict(sorted(per_reader.items())),
+                phases_ms=phases.get(cid, {}),
             )
         )
     # Checkpoints retention deleted: their facts were archived to checkpoint_log before the delete.
@@ -384,6 +405,7 @@ def collect_report_data(
                     int(g["region_id"]): int(g["splits"] or 0)
                     for g in sorted(r["regions"] or [], key=lambda g: g["region_id"])
                 },
+                phases_ms=phases.get(int(r["checkpoint_id"]), {}),
             )
         )
     facts.sort(key=lambda f: f.checkpoint_id)
@@ -398,6 +420,7 @@ def collect_report_data(
         )
         for r in history.committed_audit().to_pylist()
     )
+    latest_kept = max((int(r["checkpoint_id"]) for r in heads), default=-1)
     records: dict[int, dict[int, int]] | None = None
     sink_text = None if sink_path is None else os.fspath(sink_path)
     upsert_facts = None
@@ -415,10 +438,12 @@ def collect_report_data(
         sink_path=sink_text,
         records=records,
         # where the latest kept checkpoint parks its quarantined splits
-        parked_positions=parked.get(max((int(r["checkpoint_id"]) for r in heads), default=-1), {}),
+        parked_positions=parked.get(latest_kept, {}),
         dead_letters=None if dead_letter_path is None else read_dead_letter_facts(dead_letter_path),
         upsert=upsert_facts,
         filtered=None if filtered_path is None else read_filtered_facts(filtered_path),
+        lags=lags,
+        splits=by_lag(live.get(latest_kept, [])),
     )
 
 

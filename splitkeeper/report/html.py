@@ -17,16 +17,19 @@ import functools
 import json
 import os
 import statistics
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
 from markupsafe import Markup
 
+from splitkeeper.core.failures import PHASES
 from splitkeeper.core.types import CheckpointKind, RegionOutcome
+from splitkeeper.delta.history import TimelineEntry
 from splitkeeper.errors import InvalidParameterError
 from splitkeeper.report import charts
 from splitkeeper.report.data import (
@@ -41,10 +44,27 @@ if TYPE_CHECKING:  # pragma: no cover
     from splitkeeper.delta.checkpoints import DeltaStateStore
     from splitkeeper.records.upsert import UpsertSpec
 
+_T = TypeVar("_T")
+
 REPORT_FILE = "report.html"
 SUMMARY_FILE = "summary.json"  # beside each report: what the pipelines page lists
 INDEX_FILE = "pipelines.html"  # in the reports folder: every pipeline reporting there
+RUNS_DIR = "runs"  # beside report.html: runs/<run start, UTC>-<run id>/report.html, one per run, kept
+RUN_FILE = "run.json"  # beside each kept run report: what the runs index lists
+RUNS_INDEX_FILE = "index.html"  # beside report.html: the kept run reports, newest first
+#: Run reports kept per pipeline; rendering one more removes the oldest.
+KEEP_RUN_REPORTS = 100
 AUDIT_ROWS_SHOWN = 200
+#: Bounds that keep the page small however long the history (10,000 checkpoints: see the tests):
+#: the timeline draws the latest TIMELINE_WINDOW attempts cell by cell and counts the older ones in at
+#: most TIMELINE_BUCKETS buckets; per-checkpoint charts draw the latest CHART_WINDOW checkpoints;
+#: per-checkpoint tables list the latest TABLE_ROWS rows (each caption says "latest N of M").
+TIMELINE_WINDOW = 60
+TIMELINE_BUCKETS = 40
+CHART_WINDOW = 60
+TABLE_ROWS = 200
+#: Splits drawn in the lag chart (those with most lag at the latest checkpoint).
+LAG_SPLITS_DRAWN = 6
 
 _CSS = """
 :root { color-scheme: light; }
@@ -239,7 +259,7 @@ def _loads_section(data: ReportData) -> _Section:
                         _spread(c.before),
                         _spread(c.after),
                     )
-                    for c in changes
+                    for c in changes[-TABLE_ROWS:]
                 ],
                 {0},
             )
@@ -250,7 +270,38 @@ def _loads_section(data: ReportData) -> _Section:
     return _section("loads", "Per-reader load before and after rebalance", lead, *parts)
 
 
+def _latest(rows: Sequence[_T], n: int) -> tuple[list[_T], str]:
+    """The latest ``n`` of ``rows`` and a caption suffix saying so when rows were left out."""
+    shown = list(rows[-n:]) if n else []
+    return shown, (f" (latest {len(shown):,} of {len(rows):,})" if len(shown) < len(rows) else "")
+
+
+def _buckets(entries: Sequence[TimelineEntry], most: int) -> list[charts.TimelineBucket]:
+    """``entries`` in at most ``most`` buckets of consecutive attempts, counted by kind."""
+    if not entries:
+        return []
+    size = -(-len(entries) // most)
+    out = []
+    for i in range(0, len(entries), size):
+        part = entries[i : i + size]
+        counts = {k.value: 0 for k in CheckpointKind}
+        for e in part:
+            counts[e.kind.value] += 1
+        out.append(charts.TimelineBucket(part[0].checkpoint_id, part[-1].checkpoint_id, counts))
+    return out
+
+
+def _why(e: TimelineEntry) -> str:
+    """Why an attempt was not global: each failed region's cause (recorded since issue 23), else the
+    attempt's reason (an aborted one's), else '-'."""
+    if e.failures:
+        return "; ".join(f.line() for f in e.failures)
+    return e.reason or "-"
+
+
 def _timeline_section(data: ReportData) -> _Section:
+    window = data.timeline[-TIMELINE_WINDOW:]
+    older = data.timeline[: len(data.timeline) - len(window)]
     marks = [
         charts.TimelineMark(
             checkpoint_id=e.checkpoint_id,
@@ -258,12 +309,20 @@ def _timeline_section(data: ReportData) -> _Section:
             outcomes={r: o.value for r, o in e.outcomes.items()},
             refs=dict(e.ref_checkpoint_ids),
         )
-        for e in data.timeline
+        for e in window
     ]
     counts = {k.value: sum(1 for e in data.timeline if e.kind is k) for k in CheckpointKind}
+    failed = [e for e in window if e.failed_regions][-20:]
     desc = (
         f"{len(data.timeline)} checkpoint attempts: {counts['global']} global, "
-        f"{counts['regional']} regional, {counts['aborted']} aborted. "
+        f"{counts['regional']} regional, {counts['aborted']} aborted."
+        + (
+            f" The latest {len(window)} are drawn one by one, the {len(older)} before them counted "
+            "per bucket."
+            if older
+            else ""
+        )
+        + " "
         + " ".join(
             f"Checkpoint {e.checkpoint_id} {e.kind.value}: failed "
             + ", ".join(
@@ -272,45 +331,219 @@ def _timeline_section(data: ReportData) -> _Section:
                 for r in e.failed_regions
             )
             + "."
-            for e in data.timeline
-            if e.failed_regions
+            for e in failed
         )
     )
-    svg = charts.timeline_chart("chart-timeline", "Checkpoint timeline", desc, marks)
+    buckets = _buckets(older, TIMELINE_BUCKETS)
+    svg = charts.timeline_chart("chart-timeline", "Checkpoint timeline", desc.strip(), marks, older=buckets)
+    shown, more = _latest(data.timeline, TABLE_ROWS)
     rows = []
-    for e in data.timeline:
-        failed = ", ".join(f"{r} ({e.outcomes[r].value})" for r in e.failed_regions) or "-"
+    for e in reversed(shown):  # newest first: what an incident review reads first
+        failed_text = ", ".join(f"{r} ({e.outcomes[r].value})" for r in e.failed_regions) or "-"
         refs = ", ".join(f"region {r} → {c}" for r, c in sorted(e.ref_checkpoint_ids.items())) or "-"
         rows.append(
             (
                 e.checkpoint_id,
                 _kind(e.kind.value),
-                failed,
+                failed_text,
                 refs,
                 e.at.strftime("%Y-%m-%d %H:%M:%S"),
-                e.reason or "-",
+                _why(e),
             )
         )
-    table = _table(
-        "table-timeline",
-        "Checkpoint attempts",
-        ["id", "kind", "failed regions", "refs", "at (UTC)", "reason"],
-        rows,
-        {0},
-    )
+    parts: list[_Figure | _Table] = [
+        _figure(svg, desc.strip()),
+        _table(
+            "table-timeline",
+            "Checkpoint attempts, newest first" + more,
+            ["id", "kind", "failed regions", "refs", "at (UTC)", "why (failed regions' causes)"],
+            rows,
+            {0},
+        ),
+    ]
+    if buckets:
+        parts.append(
+            _table(
+                "table-timeline-buckets",
+                "Earlier attempts per bucket",
+                ["checkpoints", "global", "regional", "aborted"],
+                [
+                    (f"{b.first}-{b.last}", b.counts["global"], b.counts["regional"], b.counts["aborted"])
+                    for b in buckets
+                ],
+                {1, 2, 3},
+            )
+        )
     return _section(
         "timeline",
         "Checkpoint timeline",
         "One mark per checkpoint attempt (circle: global, diamond: regional, cross: aborted); below it, "
         "one cell per region: acknowledged, declined or timed out, with the checkpoint a failed region's "
-        "state refers to (→ id).",
-        _figure(svg, desc),
+        "state refers to (→ id, and an arrow when it is drawn)."
+        + (
+            f" The latest {len(window)} attempts are drawn; the earlier ones are counted on the left."
+            if older
+            else ""
+        ),
+        *parts,
+    )
+
+
+def _failures_section(data: ReportData) -> _Section:
+    """Every failed region of the history with its cause: error class, split, offset, first line."""
+    rows = [(e, f) for e in data.timeline for f in e.failures]
+    unexplained = sum(
+        1 for e in data.timeline if e.failed_regions and not e.failures
+    )  # state written before causes were recorded
+    shown, more = _latest(rows, TABLE_ROWS)
+    table = _table(
+        "table-failures",
+        "Failed regions and why, newest first" + more,
+        ["checkpoint", "kind", "region", "outcome", "error", "split", "offset", "message"],
+        [
+            (
+                e.checkpoint_id,
+                _kind(e.kind.value),
+                f.region_id,
+                f.outcome,
+                f.error_class or "-",
+                "-" if f.split_id is None else f.split_id,
+                "-" if f.offset is None else f.offset,
+                f.message,
+            )
+            for e, f in reversed(shown)
+        ],
+        {0, 2, 6},
+    )
+    by_class = Counter(f.error_class or f.outcome for _e, f in rows)
+    lead = (
+        f"{len(rows):,} failed region outcome(s) with their cause"
+        + (": " + ", ".join(f"{c} {n:,}" for c, n in by_class.most_common(5)) if by_class else "")
+        + "."
+        + (f" {unexplained} attempt(s) with failed regions predate recorded causes." if unexplained else "")
+    )
+    return _section("failures", "Why regions failed", lead, table)
+
+
+def _ref_chains(data: ReportData) -> tuple[int, dict[int, list[int]]] | None:
+    """(checkpoint, region -> the checkpoints its state passes through) of the latest completed
+    checkpoint with a failed region, else of the latest completed one; None without any."""
+    completed = {e.checkpoint_id: e for e in data.timeline if e.kind is not CheckpointKind.ABORTED}
+    if not completed:
+        return None
+    with_refs = [cid for cid, e in completed.items() if e.ref_checkpoint_ids]
+    latest = max(completed)
+    start = latest if completed[latest].ref_checkpoint_ids or not with_refs else max(with_refs)
+    chains: dict[int, list[int]] = {}
+    for region in sorted(completed[start].outcomes):
+        chain = [start]
+        while len(chain) < 50:
+            entry = completed.get(chain[-1])
+            ref = None if entry is None else entry.ref_checkpoint_ids.get(region)
+            if ref is None or ref in chain:
+                break
+            chain.append(ref)
+        chains[region] = chain
+    return start, chains
+
+
+def _refs_section(data: ReportData) -> _Section | None:
+    found = _ref_chains(data)
+    if found is None:
+        return None
+    start, chains = found
+    latest = max(e.checkpoint_id for e in data.timeline if e.kind is not CheckpointKind.ABORTED)
+    words = "; ".join(
+        f"region {r}: "
+        + (" → ".join(str(c) for c in chain) if len(chain) > 1 else f"acknowledged {chain[0]}")
+        for r, chain in chains.items()
+    )
+    which = (
+        f"the latest checkpoint, {start}"
+        if start == latest
+        else f"checkpoint {start}, the latest with a failed region (checkpoint {latest} is global)"
+    )
+    svg = charts.ref_chain_chart(
+        "chart-refs",
+        f"Ref chain of checkpoint {start}",
+        f"Which checkpoint each region's state of {which} references: {words}.",
+        chains,
+    )
+    table = _table(
+        "table-refs",
+        f"Region states of checkpoint {start}",
+        ["region", "state of checkpoint", "hops"],
+        [(r, chain[-1], len(chain) - 1) for r, chain in chains.items()],
+        {0, 1, 2},
+    )
+    return _section(
+        "refs",
+        "Ref chain",
+        f"Which checkpoint each region's state references in {which} (FLIP-600 ref_checkpoint_id): a "
+        "restore reads a failed region's state from there.",
+        _figure(svg, words),
         table,
     )
 
 
+def _lag_section(data: ReportData) -> _Section:
+    ids = sorted(data.lags)[-CHART_WINDOW:]
+    top = [s.split_id for s in data.splits if s.lag is not None][:LAG_SPLITS_DRAWN]
+    palette = (charts.BLUE, charts.VERMILLION, charts.GREEN, charts.PURPLE, charts.ORANGE, charts.SKY)
+    series = [
+        charts.Series(
+            sid, tuple(float(data.lags[c].get(sid, float("nan"))) for c in ids), palette[i % len(palette)]
+        )
+        for i, sid in enumerate(top)
+    ]
+    total = sum(s.lag or 0 for s in data.splits)
+    lead = (
+        f"{len(data.splits)} live split(s) at the latest checkpoint, {total:,} offsets behind in all "
+        "(lag: offsets to a split's end, or to its backlog boundary while in backlog)."
+        if data.splits
+        else "No live split at the latest checkpoint (all finished, or no checkpoint yet)."
+    )
+    svg = charts.line_chart(
+        "chart-lag",
+        "Lag per split over checkpoints",
+        f"Lag of the {len(top)} split(s) with most lag at the latest checkpoint, over the latest {len(ids)} "
+        f"kept checkpoints. "
+        + ", ".join(f"{s.split_id}: {s.lag:,}" for s in data.splits[: len(top)] if s.lag is not None)
+        + ".",
+        [str(c) for c in ids],
+        series,
+        x_label="checkpoint id",
+        y_label="offsets behind",
+    )
+    shown = data.splits[:TABLE_ROWS]
+    more = (
+        f" (the {len(shown)} with most lag of {len(data.splits):,})" if len(shown) < len(data.splits) else ""
+    )
+    table = _table(
+        "table-lag",
+        "Splits at the latest checkpoint, most lag first" + more,
+        ["split", "owner", "position", "end", "lag", "backlog"],
+        [
+            (
+                s.split_id,
+                s.owner if s.owner is not None else s.status,
+                s.position,
+                "-" if s.end is None else s.end,
+                "?" if s.lag is None else s.lag,
+                "yes" if s.in_backlog else "no",
+            )
+            for s in shown
+        ],
+        {2, 3, 4},
+    )
+    return _section(
+        "lag", "Lag per split", lead, _figure(svg, "Lines: offsets behind per checkpoint."), table
+    )
+
+
 def _backlog_section(data: ReportData) -> _Section:
-    points = [(c.checkpoint_id, c.backlog_splits, c.processing_backlog) for c in data.checkpoints]
+    every_point = [(c.checkpoint_id, c.backlog_splits, c.processing_backlog) for c in data.checkpoints]
+    points = every_point[-CHART_WINDOW:]
     switches = data.backlog_switches()
     to_normal = [cid for cid, backlog in switches if not backlog]
     switch_at = to_normal[-1] if to_normal else None
@@ -325,7 +558,8 @@ def _backlog_section(data: ReportData) -> _Section:
     if len(switches) > 1:
         lead += (
             " Mode changes: "
-            + ", ".join(f"checkpoint {cid} → {'backlog' if b else 'normal'}" for cid, b in switches)
+            + ", ".join(f"checkpoint {cid} → {'backlog' if b else 'normal'}" for cid, b in switches[-20:])
+            + (f" (the latest 20 of {len(switches)})" if len(switches) > 20 else "")
             + "."
         )
     svg = charts.backlog_chart(
@@ -335,11 +569,12 @@ def _backlog_section(data: ReportData) -> _Section:
         points,
         switch_at=switch_at,
     )
+    shown, more = _latest(every_point, TABLE_ROWS)
     table = _table(
         "table-backlog",
-        "Backlog per checkpoint",
+        "Backlog per checkpoint" + more,
         ["checkpoint", "splits in backlog", "mode"],
-        [(cid, n, "backlog" if b else "normal") for cid, n, b in points],
+        [(cid, n, "backlog" if b else "normal") for cid, n, b in shown],
         {0, 1},
     )
     return _section("backlog", "Backlog progress", lead, _figure(svg, lead), table)
@@ -426,55 +661,92 @@ def _parked_section(parked: list[ParkedSplit]) -> _Section:
     return _section("parked", "Quarantined splits", lead, table)
 
 
-def _commit_section(data: ReportData) -> _Section:
-    values = [c.commit_ms for c in data.checkpoints]
-    median = statistics.median(values) if values else 0.0
-    svg = charts.bar_chart(
-        "chart-commit",
-        "State commit time per checkpoint",
-        f"Milliseconds to write each checkpoint's enumerator state and audit rows; median {median:.0f} ms"
-        + (f", max {max(values)} ms." if values else "."),
-        [str(c.checkpoint_id) for c in data.checkpoints],
-        [charts.Series("state commit (ms)", tuple(float(v) for v in values), charts.GREEN)],
+#: The phases of a checkpoint as the report names them, with their colours.
+PHASE_NAMES = {"plan": "plan", "read": "read", "sink": "sink commit", "commit": "state commit"}
+PHASE_COLORS = {"plan": charts.SKY, "read": charts.BLUE, "sink": charts.ORANGE, "commit": charts.GREEN}
+
+
+def _phases_section(data: ReportData) -> _Section:
+    window = data.checkpoints[-CHART_WINDOW:]
+    series = [
+        charts.Series(PHASE_NAMES[p], tuple(float(c.phases_ms.get(p, 0)) for c in window), PHASE_COLORS[p])
+        for p in PHASES
+    ]
+    commits = [c.commit_ms for c in data.checkpoints]
+    median = statistics.median(commits) if commits else 0.0
+    totals = [sum(c.phases_ms.values()) for c in window]
+    slowest = max(window, key=lambda c: sum(c.phases_ms.values()), default=None)
+    desc = (
+        f"Milliseconds per phase of the latest {len(window)} checkpoints: plan, read (every region's task), "
+        f"sink commit, state commit (median {median:.0f} ms)."
+        + (
+            f" Slowest: checkpoint {slowest.checkpoint_id}, "
+            + ", ".join(f"{PHASE_NAMES[p]} {ms} ms" for p, ms in slowest.phases_ms.items())
+            + "."
+            if slowest is not None and totals and max(totals) > 0
+            else ""
+        )
+    )
+    svg = charts.stacked_bar_chart(
+        "chart-phases",
+        "Checkpoint phase times",
+        desc,
+        [str(c.checkpoint_id) for c in window],
+        series,
         x_label="checkpoint id",
         y_label="milliseconds",
-        reference=(f"median {median:.0f} ms", float(median)) if values else None,
     )
+    shown, more = _latest(data.checkpoints, TABLE_ROWS)
     table = _table(
-        "table-commit",
-        "State commit time",
-        ["checkpoint", "kind", "commit (ms)"],
-        [(c.checkpoint_id, _kind(c.kind.value), c.commit_ms) for c in data.checkpoints],
-        {0, 2},
+        "table-phases",
+        "Phase times (ms), newest first" + more,
+        ["checkpoint", "kind", *(PHASE_NAMES[p] for p in PHASES), "total"],
+        [
+            (
+                c.checkpoint_id,
+                _kind(c.kind.value),
+                *(c.phases_ms.get(p, "-") for p in PHASES),
+                sum(c.phases_ms.values()),
+            )
+            for c in reversed(shown)
+        ],
+        {0, 2, 3, 4, 5, 6},
     )
     return _section(
-        "commit",
-        "State commit time",
-        "Time from the start of the state commit until the checkpoints row was written "
-        "(enumerator state and audit rows).",
-        _figure(svg, f"Dashed line: median {median:.0f} ms."),
+        "phases",
+        "Checkpoint phase times",
+        "Per checkpoint: planning the epoch, reading it (the regions' tasks), committing the sink, and "
+        "committing the state (enumerator state and audit rows, then the checkpoints row). Phases not "
+        "recorded (state written before they were, a checkpoint a restart redid) show as '-'.",
+        _figure(svg, f"Stacked bars; the state commit's median is {median:.0f} ms."),
         table,
     )
 
 
 def _records_section(data: ReportData) -> _Section:
     assert data.records is not None
-    epochs = sorted(data.records)
+    every_epoch = sorted(data.records)
+    epochs = every_epoch[-CHART_WINDOW:]
     totals = [sum(data.records[e].values()) for e in epochs]
+    everything = sum(n for per in data.records.values() for n in per.values())
     svg = charts.bar_chart(
         "chart-records",
         "Records committed per checkpoint",
-        f"Sink records per epoch (= checkpoint id), {sum(totals):,} in all.",
+        f"Sink records per epoch (= checkpoint id), {everything:,} in all"
+        + (f"; the latest {len(epochs)} epochs drawn." if len(epochs) < len(every_epoch) else "."),
         [str(e) for e in epochs],
         [charts.Series("records", tuple(float(t) for t in totals), charts.BLUE)],
         x_label="epoch (checkpoint id)",
         y_label="records",
     )
+    shown, more = _latest(
+        [(e, r, n) for e in every_epoch for r, n in sorted(data.records[e].items())], TABLE_ROWS
+    )
     table = _table(
         "table-records",
-        "Records per epoch and region",
+        "Records per epoch and region" + more,
         ["epoch", "region", "records"],
-        [(e, r, n) for e in epochs for r, n in sorted(data.records[e].items())],
+        shown,
         {0, 1, 2},
     )
     return _section(
@@ -661,18 +933,26 @@ def _summary(data: ReportData) -> list[tuple[str, str]]:
     return items
 
 
-def render_html(data: ReportData, *, title: str, data_docs_href: str | None = None) -> str:
-    """The report page for ``data`` (no I/O). ``data_docs_href`` links the Data Docs index."""
+def render_html(
+    data: ReportData, *, title: str, data_docs_href: str | None = None, runs_href: str | None = None
+) -> str:
+    """The report page for ``data`` (no I/O). ``data_docs_href`` links the Data Docs index,
+    ``runs_href`` the index of every run's report."""
     sections = [
         _loads_section(data),
         _timeline_section(data),
+        _failures_section(data),
+        _lag_section(data),
         _backlog_section(data),
         _decisions_section(data),
-        _commit_section(data),
+        _phases_section(data),
     ]
+    refs = _refs_section(data)
+    if refs is not None:
+        sections.insert(3, refs)
     parked = data.parked_splits()
     if parked:
-        sections.insert(4, _parked_section(parked))
+        sections.insert(len(sections) - 1, _parked_section(parked))
     if data.records is not None:
         sections.append(_records_section(data))
     if data.dead_letters is not None:
@@ -691,6 +971,7 @@ def render_html(data: ReportData, *, title: str, data_docs_href: str | None = No
             generated=data.generated_at.strftime("%Y-%m-%d %H:%M:%S UTC"),
             summary=_summary(data),
             data_docs_href=data_docs_href,
+            runs_href=runs_href,
             sections=sections,
         )
     )
@@ -717,8 +998,13 @@ def render_report(
     upsert: UpsertSpec | None = None,
     changes_path: str | os.PathLike[str] | None = None,
     filtered_path: str | os.PathLike[str] | None = None,
+    keep_runs: int = KEEP_RUN_REPORTS,
 ) -> Path:
     """Write the run report of ``state_store``'s pipeline to ``<out_dir>/report.html``; return its path.
+
+    The same page is kept per run: ``<out_dir>/runs/<run start>-<run id>/report.html`` (the run that
+    wrote the latest checkpoint attempt; rendering again during or after that run replaces it), listed
+    newest first by ``<out_dir>/index.html``; the oldest beyond ``keep_runs`` are removed.
 
     ``sink_path`` adds the records-per-epoch section, ``dead_letter_path`` the dead-letters section
     (per split and stage, the first errors); ``data_docs_index`` (the
@@ -741,7 +1027,9 @@ def render_report(
         filtered_path=filtered_path,
         fold_dir=None if data_docs_index is None else Path(data_docs_index).parent,
     )
-    page = render_html(data, title=title, data_docs_href=_docs_href(data_docs_index, folder))
+    page = render_html(
+        data, title=title, data_docs_href=_docs_href(data_docs_index, folder), runs_href=RUNS_INDEX_FILE
+    )
     target = folder / REPORT_FILE
     _write(target, page)
     latest = data.checkpoints[-1] if data.checkpoints else None
@@ -754,7 +1042,86 @@ def render_report(
         "generated_at": data.generated_at.isoformat(),
     }
     _write(folder / SUMMARY_FILE, json.dumps(summary))
+    run = _run_of(data)
+    if run is not None:
+        run_id, started = run
+        run_dir = folder / RUNS_DIR / f"{started:%Y%m%dT%H%M%SZ}-{_safe(run_id)}"
+        run_dir.mkdir(parents=True, exist_ok=True)
+        kept = render_html(
+            data,
+            title=title,
+            data_docs_href=_docs_href(data_docs_index, run_dir),
+            runs_href=f"../../{RUNS_INDEX_FILE}",
+        )
+        _write(run_dir / REPORT_FILE, kept)
+        of_run = [e for e in data.timeline if e.run_id == run_id]
+        _write(
+            run_dir / RUN_FILE,
+            json.dumps(
+                {
+                    "run_id": run_id,
+                    "started": started.strftime("%Y-%m-%d %H:%M:%S"),
+                    "attempts": len(of_run),
+                    "failed_regions": sum(len(e.failed_regions) for e in of_run),
+                    "checkpoint_id": of_run[-1].checkpoint_id,
+                    "kind": of_run[-1].kind.value,
+                    "generated": data.generated_at.strftime("%Y-%m-%d %H:%M:%S"),
+                }
+            ),
+        )
+        _prune_runs(folder / RUNS_DIR, keep_runs)
+    render_runs_index(folder, data.pipeline, keep_runs)
     render_index(folder.parent)
+    return target
+
+
+def _run_of(data: ReportData) -> tuple[str, datetime] | None:
+    """(run id, its first attempt's time) of the run that wrote the latest attempt; None before any."""
+    latest = next((e for e in reversed(data.timeline) if e.run_id), None)
+    if latest is None:
+        return None
+    return latest.run_id, min(e.at for e in data.timeline if e.run_id == latest.run_id)
+
+
+def _safe(text: str) -> str:
+    return "".join(c if c.isalnum() or c in "._-" else "_" for c in text)[:80] or "run"
+
+
+def _prune_runs(runs: Path, keep: int) -> None:
+    """Remove the oldest run folders (by name: run start time first) beyond ``keep``."""
+    import shutil
+
+    folders = sorted(p for p in runs.iterdir() if p.is_dir() and (p / RUN_FILE).is_file())
+    for old in folders[: max(0, len(folders) - keep)]:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def render_runs_index(out_dir: str | os.PathLike[str], pipeline: str, keep: int = KEEP_RUN_REPORTS) -> Path:
+    """Write ``<out_dir>/index.html``: the kept run reports under ``<out_dir>/runs``, newest first."""
+    folder = Path(out_dir).resolve()
+    runs = []
+    base = folder / RUNS_DIR
+    for run_file in sorted(base.glob(f"*/{RUN_FILE}"), reverse=True) if base.is_dir() else []:
+        try:
+            run = json.loads(run_file.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue  # being replaced, or not ours
+        runs.append({**run, "report": (run_file.parent / REPORT_FILE).relative_to(folder).as_posix()})
+    page = (
+        _templates()
+        .get_template("runs.html.j2")
+        .render(
+            title=f"splitkeeper run reports: {pipeline}",
+            css=Markup(_CSS),
+            pipeline=pipeline,
+            keep=keep,
+            latest=REPORT_FILE,
+            generated=datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC"),
+            runs=runs,
+        )
+    )
+    target = folder / RUNS_INDEX_FILE
+    _write(target, page)
     return target
 
 

@@ -46,6 +46,7 @@ from splitkeeper.core.enumerator import (
     SplitEnumerator,
     enumerator_for,
 )
+from splitkeeper.core.failures import RegionFailure as FailureCause
 from splitkeeper.core.invariants import (
     Violation,
     ViolationKind,
@@ -407,7 +408,12 @@ class SimState(StateStore):
         self.decisions.pop((epoch, attempt_id), None)
 
     def commit_checkpoint(
-        self, decision: EpochDecision, before_row: Callable[[], None] | None = None
+        self,
+        decision: EpochDecision,
+        before_row: Callable[[], None] | None = None,
+        *,
+        phases_ms: Mapping[str, int] | None = None,
+        failures: Sequence[FailureCause] = (),
     ) -> None:
         if decision.epoch in self.store:
             return
@@ -417,7 +423,14 @@ class SimState(StateStore):
         self.configured[decision.epoch] = decision.configured_parallelism
         self.weights[decision.epoch] = dict(decision.split_weights)
 
-    def log_attempt(self, epoch: int, outcomes: Mapping[int, RegionOutcome], reason: str) -> None:
+    def log_attempt(
+        self,
+        epoch: int,
+        outcomes: Mapping[int, RegionOutcome],
+        reason: str,
+        *,
+        failures: Sequence[FailureCause] = (),
+    ) -> None:
         self.aborted += 1
 
     def retain(self, keep_latest: int, pinned: Sequence[int] = ()) -> list[int]:

@@ -237,6 +237,42 @@ def test_a_missing_sink_is_checked_as_empty_without_starting_spark(healthy_state
     assert report.suite("sink_records").rows == 0
 
 
+def test_the_data_docs_index_lists_every_validation_and_keeps_the_latest(
+    healthy_state, tmp_path, monkeypatch
+):
+    """Issue 23: the index listed only the last validation (results were kept in memory). They are
+    kept beside the site now, the latest KEEP_VALIDATIONS per suite. Runs without Spark (no sink)."""
+    from splitkeeper.quality import checks
+
+    root = tmp_path / "copy"
+    shutil.copytree(healthy_state / "state", root / "state")
+    store = DeltaStateStore(root / "state", PIPELINE, "kafka:orders")
+    docs = tmp_path / "docs"
+
+    def no_spark():
+        raise AssertionError("no sink: Spark is not needed")
+
+    for checkpoint_id in (2, 1):
+        report = run_checks(no_spark, store, str(root / "sink"), docs, checkpoint_id=checkpoint_id)
+    assert report.data_docs_index is not None
+    index = report.data_docs_index.read_text(encoding="utf-8")
+    for checkpoint_id in (1, 2):
+        assert index.count(f"{PIPELINE}-checkpoint-{checkpoint_id}") >= len(SUITES), checkpoint_id
+    kept = sorted(
+        p.relative_to(checks.validations_dir(docs)) for p in checks.validations_dir(docs).rglob("*.json")
+    )
+    assert len(kept) == 2 * len(SUITES)
+    assert all((docs / "validations" / p).with_suffix(".html").is_file() for p in kept)
+
+    monkeypatch.setattr(checks, "KEEP_VALIDATIONS", 1)
+    report = run_checks(no_spark, store, str(root / "sink"), docs, checkpoint_id=2)
+    index = report.data_docs_index.read_text(encoding="utf-8")
+    assert f"{PIPELINE}-checkpoint-1" not in index  # bounded: the older validations are gone
+    assert len(list(checks.validations_dir(docs).rglob("*.json"))) == len(SUITES)
+    pages = list((docs / "validations").rglob("*.html"))
+    assert len(pages) == len(SUITES) and not any(f"{PIPELINE}-checkpoint-1" in str(p) for p in pages)
+
+
 # ---------------------------------------------------------------------------------------
 # Injected corruptions: each changes a copy of the healthy state the way a bug would
 # ---------------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ from splitkeeper.errors import InvalidParameterError
 from splitkeeper.report import REPORT_FILE, render_html, render_report
 from splitkeeper.report.charts import axis_scale
 from splitkeeper.report.data import AuditRow, CheckpointFacts, ReportData
-from splitkeeper.report.html import INDEX_FILE, SUMMARY_FILE, render_index
+from splitkeeper.report.html import INDEX_FILE, RUNS_DIR, RUNS_INDEX_FILE, SUMMARY_FILE, render_index
 
 from .page import parse
 
@@ -140,9 +140,11 @@ def test_report_from_a_small_state_has_every_chart_with_a_table_beside_it(small_
     assert svg_ids == [
         "chart-loads",
         "chart-timeline",
+        "chart-refs",
+        "chart-lag",
         "chart-backlog",
         "chart-decisions",
-        "chart-commit",
+        "chart-phases",
         "chart-records",
     ]
     for a in page.all("svg"):
@@ -152,11 +154,13 @@ def test_report_from_a_small_state_has_every_chart_with_a_table_beside_it(small_
         "Checkpoint timeline",
         "Backlog progress",
         "Recovery decisions",
-        "State commit time per checkpoint",
+        "Checkpoint phase times",
         "Records committed per checkpoint",
+        "Ref chain of checkpoint 3",
+        "Lag per split over checkpoints",
     ):
         assert title in page.svg_titles
-    assert len(page.all("figure")) == 6 and len(page.all("figcaption")) == 6
+    assert len(page.all("figure")) == 8 and len(page.all("figcaption")) == 8
     assert html.count('class="axis-label"') >= 10  # x and y axis of every chart with axes
 
     # loads: before = checkpoint 1 (skewed), after = checkpoint 2 (the rebalance)
@@ -172,9 +176,10 @@ def test_report_from_a_small_state_has_every_chart_with_a_table_beside_it(small_
         ("4", "aborted"),
         ("5", "global"),
     ]
-    timeline = page.rows("table-timeline")
+    timeline = page.rows("table-timeline")[::-1]  # newest first
     assert timeline[2][:4] == ["3", "regional", "2 (decline)", "region 2 → 2"]
     assert timeline[3][:3] == ["4", "aborted", "1 (timeout)"]
+    assert timeline[3][5] == "forced global failed"  # no cause recorded: the attempt's reason
     assert "→2" in html
 
     # backlog: 6, 4, 2, 0 splits in backlog; switch to normal at checkpoint 5
@@ -196,7 +201,7 @@ def test_report_from_a_small_state_has_every_chart_with_a_table_beside_it(small_
     assert len(page.rows("table-audit")) == 9
 
     # commit time per completed checkpoint, records per epoch (region 2 of epoch 3 not committed)
-    assert [r[0] for r in page.rows("table-commit")] == ["1", "2", "3", "5"]
+    assert [r[0] for r in page.rows("table-phases")] == ["5", "3", "2", "1"]  # newest first
     records = {(r[0], r[1]): r[2] for r in page.rows("table-records")}
     assert records[("1", "0")] == "40" and ("3", "2") not in records and records[("5", "2")] == "20"
 
@@ -224,7 +229,8 @@ def test_rendering_twice_replaces_the_report_and_without_sink_omits_the_records_
     assert "<title>second</title>" in html
     assert 'id="chart-records"' not in html
     assert "not built for this report" in html
-    assert sorted(p.name for p in out.iterdir()) == [REPORT_FILE, SUMMARY_FILE]
+    assert sorted(p.name for p in out.iterdir()) == [RUNS_INDEX_FILE, REPORT_FILE, RUNS_DIR, SUMMARY_FILE]
+    assert len(list((out / RUNS_DIR).iterdir())) == 1  # one run wrote the state: one kept report
     assert sorted(p.name for p in tmp_path.iterdir()) == ["orders", INDEX_FILE]
 
 
@@ -265,7 +271,7 @@ def test_an_empty_pipeline_renders_with_explanations_instead_of_charts_of_nothin
     )
     page = parse(render_html(data, title="Fresh"))
 
-    assert len(page.all("svg")) == 5
+    assert len(page.all("svg")) == 6  # loads, timeline, lag, backlog, decisions, phases (no ref chain)
     assert "no completed checkpoint yet" in "".join(page.text)
     assert page.rows("table-decision-counts") == [["none"]]
 

@@ -21,7 +21,7 @@ import pytest
 from splitkeeper.core.types import CheckpointKind, RegionOutcome
 from splitkeeper.delta.history import TimelineEntry
 from splitkeeper.report import render_html
-from splitkeeper.report.charts import BLUE, GREEN, ORANGE
+from splitkeeper.report.charts import BLUE, GREEN, ORANGE, VERMILLION
 from splitkeeper.report.data import AuditRow, CheckpointFacts, ReportData
 
 pytestmark = pytest.mark.browser
@@ -169,9 +169,11 @@ def test_chromium_renders_the_report_with_its_charts_and_tables(tmp_path):
     assert dict(svgs) == {
         "chart-loads": "Per-reader load before and after rebalance",
         "chart-timeline": "Checkpoint timeline",
+        "chart-refs": "Ref chain of checkpoint 5",
+        "chart-lag": "Lag per split over checkpoints",
         "chart-backlog": "Backlog progress",
         "chart-decisions": "Recovery decisions",
-        "chart-commit": "State commit time per checkpoint",
+        "chart-phases": "Checkpoint phase times",
         "chart-records": "Records committed per checkpoint",
     }
     tables = re.findall(r"<table id=\"([a-z-]+)\"><caption>([^<]+)</caption>", html)
@@ -179,11 +181,14 @@ def test_chromium_renders_the_report_with_its_charts_and_tables(tmp_path):
         "table-loads",
         "table-load-changes",
         "table-timeline",
+        "table-failures",
+        "table-refs",
+        "table-lag",
         "table-backlog",
         "table-decision-counts",
         "table-audit",
         "table-parked",
-        "table-commit",
+        "table-phases",
         "table-records",
     ]
     assert html.count('class="mark"') == 12
@@ -199,4 +204,58 @@ def test_chromium_renders_the_report_with_its_charts_and_tables(tmp_path):
     non_white = sum(1 for p in pixels if p != (255, 255, 255))
     assert non_white / len(pixels) > 0.2
     for painted in (BLUE, GREEN, ORANGE):  # bars and marks of the charts were drawn
+        assert rgb(painted) in colours, f"no pixel of {painted} in the screenshot"
+
+
+#: Appended to a rendered page: where the browser laid out the latest checkpoint's mark and the
+#: timeline chart, written into the DOM that --dump-dom prints (the report itself has no script).
+PROBE = """<script>
+const mark = document.querySelector('#chart-timeline g.mark[data-checkpoint="%d"]');
+const box = mark ? mark.getBoundingClientRect() : null;
+const chart = document.querySelector('#chart-timeline').getBoundingClientRect();
+document.body.setAttribute('data-probe', JSON.stringify({
+  mark: box && [box.left, box.top, box.width, box.height], chart: [chart.left, chart.right],
+  view: [document.documentElement.clientWidth, document.documentElement.scrollWidth],
+  marks: document.querySelectorAll('#chart-timeline g.mark').length}));
+</script></body>"""
+
+
+@pytest.mark.parametrize("attempts", [10, 10_000])
+def test_the_report_at_10_and_10000_checkpoints_stays_small_and_shows_the_latest_checkpoint(
+    tmp_path, attempts
+):
+    """Issue 23: 1,000 checkpoints drew cells out to x=8085 in an 880-wide view in a 1.2 MB SVG. The
+    timeline now draws the latest attempts and counts the older ones: the page stays small and the
+    latest checkpoint is laid out inside the chart and the window."""
+    import json
+
+    from .states import synthetic_report_data
+
+    html = render_html(synthetic_report_data(attempts), title=f"{attempts} checkpoints")
+    size = len(html.encode("utf-8"))
+    svgs = re.findall(r"<svg\b.*?</svg>", html, re.S)
+    assert size < 450_000, f"{size:,} bytes for {attempts} attempts"
+    assert max(len(s.encode("utf-8")) for s in svgs) < 90_000
+    [timeline] = [s for s in svgs if 'id="chart-timeline"' in s]
+    widths = [float(w) for w in re.findall(r'<rect x="[0-9.]+" y="[0-9.]+" width="([0-9.]+)"', timeline)]
+    xs = [float(x) for x in re.findall(r'<(?:rect|circle)[^>]* (?:x|cx)="([0-9.]+)"', timeline)]
+    assert max(xs) <= 1180 and min(widths) >= 8 - 2  # every cell inside the 1180-wide view, >= 6 px
+
+    page = tmp_path / "report.html"
+    page.write_text(html.replace("</body>", PROBE % attempts), encoding="utf-8")
+    dom = run_chromium(tmp_path, "probe", "--window-size=1280,1000", "--dump-dom", page.as_uri())
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    probe = json.loads(re.search(r'data-probe="([^"]*)"', dom.stdout).group(1).replace("&quot;", '"'))
+    left, _top, width, height = probe["mark"]
+    assert width > 0 and height > 0, probe
+    assert probe["chart"][0] <= left and left + width <= probe["chart"][1], probe  # inside the chart
+    assert left + width <= probe["view"][0] and probe["view"][1] <= probe["view"][0], probe  # no side scroll
+    assert probe["marks"] == min(attempts, 60)
+
+    shot = tmp_path / "report.png"
+    run = run_chromium(tmp_path, "shot", f"--screenshot={shot}", "--window-size=1280,1600", page.as_uri())
+    assert run.returncode == 0 and shot.is_file(), run.stderr[-2000:]
+    _w, _h, pixels = png_pixels(shot.read_bytes())
+    colours = set(pixels)
+    for painted in (GREEN, ORANGE, VERMILLION):  # global, regional and aborted marks/bars were drawn
         assert rgb(painted) in colours, f"no pixel of {painted} in the screenshot"

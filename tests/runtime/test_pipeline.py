@@ -119,7 +119,17 @@ def test_bounded_run_finishes_on_a_global_checkpoint_and_sink_equals_source(
     assert latest["kind"] == "global"
     assert latest["parallelism"] == 3
     assert latest["finished_splits"] == 3 and latest["pool"] == 0
-    assert status["timeline"][-1] == {"id": last.epoch, "kind": "global", "failed_regions": [], "reason": ""}
+    line = status["timeline"][-1]
+    assert {k: v for k, v in line.items() if k != "phases_ms"} == {
+        "id": last.epoch,
+        "kind": "global",
+        "failed_regions": [],
+        "reason": "",
+        "failures": [],
+    }
+    assert set(line["phases_ms"]) == {"plan", "read", "sink", "commit"}  # persisted with the checkpoint
+    assert line["phases_ms"]["read"] == round(last.phases["read"] * 1000)
+    assert status["splits"] == []  # every split read to its end: none live, no lag
 
     again = _run(config, spark)  # nothing new since that global checkpoint: not even an empty epoch
     assert again.finished and again.epochs == ()
@@ -183,6 +193,21 @@ def test_failed_and_stalled_regions_checkpoint_regionally_and_sink_equals_source
     timeline = {(t.checkpoint_id, t.kind): t for t in _store(config, spark).history.timeline()}
     assert timeline[(2, CheckpointKind.REGIONAL)].ref_checkpoint_ids == {1: 1}
     assert timeline[(3, CheckpointKind.REGIONAL)].ref_checkpoint_ids == {2: 2}
+    # why each region failed and how long each phase took, persisted with the checkpoint (issue 23)
+    [declined] = timeline[(2, CheckpointKind.REGIONAL)].failures
+    assert (declined.region_id, declined.outcome, declined.error_class) == (1, "decline", "InjectedFault")
+    assert "injected fault" in declined.message and not declined.message.startswith("[")
+    [stalled] = timeline[(3, CheckpointKind.REGIONAL)].failures
+    assert (stalled.region_id, stalled.outcome, stalled.error_class, stalled.message) == (
+        2,
+        "timeout",
+        "Timeout",
+        "no result within 12s",
+    )
+    assert timeline[(1, CheckpointKind.GLOBAL)].failures == ()
+    phases = timeline[(3, CheckpointKind.REGIONAL)].phases_ms
+    assert set(phases) == {"plan", "read", "sink", "commit"}
+    assert 12_000 <= phases["read"] < 60_000 and phases["read"] == round(e3.phases["read"] * 1000)
 
 
 def test_failure_at_the_forced_global_checkpoint_aborts_it_and_the_run_still_finishes(
@@ -204,6 +229,7 @@ def test_failure_at_the_forced_global_checkpoint_aborts_it_and_the_run_still_fin
     aborted = [t for t in timeline if t.kind is CheckpointKind.ABORTED]
     assert [(t.checkpoint_id, t.failed_regions) for t in aborted] == [(3, (0,))]
     assert "forced global" in aborted[0].reason
+    assert [(f.region_id, f.error_class) for f in aborted[0].failures] == [(0, "InjectedFault")]
     assert 3 not in {t.checkpoint_id for t in timeline if t.kind is not CheckpointKind.ABORTED}
 
     rows = assert_sink_equals_source(spark, config.sink_path, input_dir)

@@ -84,6 +84,9 @@ def test_a_split_with_an_unreadable_record_is_quarantined_and_released_after_a_f
     assert len(parked_rows) == 1 and parked_rows[0][0] == "orders-1.jsonl", parked_rows
     assert "reads failed 2 epochs in a row" in parked_rows[0][3]
     assert parked_rows[0][4] == str(parked[1]) and parked_rows[0][5] == "-"  # parked where status says
+    # why its region declined, from the checkpoints' failures: the class, the split and the bad line's offset
+    causes = {(r[4], r[5], r[6]) for r in _rows(page, "table-failures")}
+    assert ("SplitReadError", "orders-1.jsonl", str(bad_offset)) in causes, causes
 
     mapping["transform"] = "splitkeeper.transforms:identity"  # the fix: a transform that copes
     write_config(config, mapping)

@@ -162,10 +162,10 @@ def test_a_table_partitioned_otherwise_is_refused(tmp_path):
 
 
 def _old_checkpoints_table(root: Path) -> pa.Schema:
-    """A checkpoints table as state written before configured_parallelism, split_weights and
-    enumerator_base existed."""
+    """A checkpoints table as state written before configured_parallelism, split_weights,
+    enumerator_base and the rest of its added columns (phase times, failures) existed."""
     full = spec("checkpoints").schema
-    added = ("configured_parallelism", "split_weights", "enumerator_base", "enumerator_row_count")
+    added = spec("checkpoints").added_columns
     old = pa.schema([f for f in full if f.name not in added])
     DeltaTable.create(str(root / "checkpoints"), old, partition_by=["checkpoint_id"])
     return old
