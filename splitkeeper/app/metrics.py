@@ -99,33 +99,75 @@ class Seed:
 def seed_from_state(state_path: str, dead_letter_path: str | None, pipeline: str = "") -> Seed:
     """Read the counters' start from the state (delta-rs and pyarrow; no Spark, read-only).
 
-    Every completed checkpoint (kept, or archived by retention) and every aborted attempt of the
-    timeline counts once per row; the dead letters count per ``stage``; ``records_committed`` comes
-    from the last ``metrics.prom`` when its ``splitkeeper_checkpoint_id`` is the state's latest
-    checkpoint (a lost or stale file: 0 and a warning).
+    The attempts are those of :meth:`StateHistory.timeline <splitkeeper.delta.history.StateHistory.
+    timeline>`, counted column-wise (10,000 checkpoints in well under a second): every kept
+    checkpoint, every one retention archived (once per id), every aborted attempt logged; the
+    dead letters count per ``stage``; ``records_committed`` comes from the last ``metrics.prom``
+    when its ``splitkeeper_checkpoint_id`` is the state's latest checkpoint (a lost or stale
+    file: 0 and a warning).
     """
-    from splitkeeper.delta.history import StateHistory
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
     from splitkeeper.delta.sink import read_dead_letters
     from splitkeeper.delta.tables import StateTables
 
+    tables = StateTables(state_path, read_only=True)
+    kept = tables.read("checkpoints", columns=["checkpoint_id", "kind", "regions", "created_at"])
+    log_rows = tables.read("checkpoint_log", columns=["checkpoint_id", "kind", "regions", "created_at"])
+    aborted = log_rows.filter(pc.field("kind") == CheckpointKind.ABORTED.value)
+    archived = log_rows.filter(
+        (pc.field("kind") != CheckpointKind.ABORTED.value)
+        & ~pc.field("checkpoint_id").isin(kept.column("checkpoint_id"))
+    )
+    _, first = np.unique(archived.column("checkpoint_id").to_numpy(), return_index=True)
+    archived = archived.take(pa.array(first, pa.int64()))  # once per id, as the timeline
+
     seed = Seed()
-    for entry in StateHistory(StateTables(state_path, read_only=True), pipeline).timeline():
-        seed.checkpoints[entry.kind.value] += 1
-        for region, outcome in entry.outcomes.items():
-            seed.outcomes[(str(region), outcome.value)] += 1
-        if entry.kind is CheckpointKind.ABORTED:
-            continue
-        seed.refs[entry.checkpoint_id] = frozenset(entry.ref_checkpoint_ids.values())
-        at = entry.at.timestamp()
-        if seed.latest_id is None or entry.checkpoint_id >= seed.latest_id:
-            seed.latest_id, seed.last_at = entry.checkpoint_id, at
-        if entry.kind is CheckpointKind.GLOBAL and (seed.last_global_at is None or at > seed.last_global_at):
-            seed.last_global_at = at
+    for part in (kept, archived, aborted):
+        seed.checkpoints.update(dict(Counter(part.column("kind").to_pylist())))
+        regions = pc.list_flatten(part.column("regions"))
+        if len(regions):
+            pairs = pa.table(
+                {
+                    "region": pc.struct_field(regions, "region_id"),
+                    "outcome": pc.struct_field(regions, "outcome"),
+                }
+            )
+            for row in pairs.group_by(["region", "outcome"]).aggregate([([], "count_all")]).to_pylist():
+                seed.outcomes[(str(row["region"]), str(row["outcome"]))] += int(row["count_all"])
+    for row in kept.select(["checkpoint_id", "regions"]).to_pylist():  # a chain is kept whole (rule 2.7)
+        seed.refs[int(row["checkpoint_id"])] = frozenset(
+            int(r["ref_checkpoint_id"])
+            for r in row["regions"] or ()
+            if r.get("ref_checkpoint_id") is not None
+        )
+    columns = ["checkpoint_id", "kind", "created_at"]
+    completed = pa.concat_tables(
+        [kept.select(columns), archived.select(columns)], promote_options="permissive"
+    )
+    if completed.num_rows:
+        latest = completed.sort_by([("checkpoint_id", "descending")]).slice(0, 1).to_pylist()[0]
+        seed.latest_id = int(latest["checkpoint_id"])
+        seed.last_at = _unix(latest["created_at"])
+        globals_ = completed.filter(pc.field("kind") == CheckpointKind.GLOBAL.value).column("created_at")
+        seed.last_global_at = _unix(pc.max(globals_).as_py()) if len(globals_) else None
     if dead_letter_path is not None:
-        stages = read_dead_letters(dead_letter_path, columns=["stage"]).column("stage").to_pylist()
-        seed.dead_letters.update(str(s) for s in stages)
+        stages = read_dead_letters(dead_letter_path, columns=["stage"]).column("stage")
+        for row in pa.table({"stage": stages}).group_by("stage").aggregate([([], "count_all")]).to_pylist():
+            seed.dead_letters[str(row["stage"])] += int(row["count_all"])
     seed.records_committed = _previous_records(state_path, seed.latest_id, pipeline)
     return seed
+
+
+def _unix(value: Any) -> float | None:
+    """A state table's TIMESTAMP (a datetime, UTC) as unix seconds."""
+    if value is None:
+        return None
+    from datetime import UTC
+
+    return float(value.replace(tzinfo=value.tzinfo or UTC).timestamp())
 
 
 def _previous_records(state_path: str, latest_id: int | None, pipeline: str) -> int:
@@ -197,7 +239,10 @@ class PipelineMetrics:
             )
             readers.append(self._otlp)
         self._provider = MeterProvider(
-            metric_readers=readers, resource=Resource.create({"service.name": "splitkeeper"})
+            # one instance per pipeline (the lease allows one run at a time): the runs of a pipeline
+            # are one series to a collector, so its counters continue across runs there too
+            metric_readers=readers,
+            resource=Resource.create({"service.name": "splitkeeper", "service.instance.id": pipeline}),
         )
         meter = self._provider.get_meter("splitkeeper")
         self._checkpoints = meter.create_counter("splitkeeper_checkpoints", description="checkpoints by kind")
