@@ -72,7 +72,12 @@ def _write_bad_file(path: Path, lines: int, bad_every: int) -> int:
 
 
 def _pipeline_series(samples: Samples) -> set[tuple[str, tuple[tuple[str, str], ...]]]:
-    return {(name, tuple(sorted(labels.items()))) for name, series in samples.items() for labels, _ in series}
+    return {  # the collector adds target_info (the OTLP resource): not a pipeline series
+        (name, tuple(sorted(labels.items())))
+        for name, series in samples.items()
+        if name != "target_info"
+        for labels, _ in series
+    }
 
 
 def _values(samples: Samples, name: str) -> set[tuple[tuple[tuple[str, str], ...], float]]:
