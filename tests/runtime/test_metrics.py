@@ -13,6 +13,8 @@ exports.
 
 from __future__ import annotations
 
+import logging
+import re
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,8 +24,10 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from splitkeeper.app.metrics import metrics_path
+from splitkeeper.app.metrics import PipelineMetrics, Seed, metrics_path
 from splitkeeper.config.settings import config_from_mapping
+from splitkeeper.core.driver import EpochReport
+from splitkeeper.core.types import CheckpointKind, CompletedCheckpoint, RegionOutcome, RegionState
 from splitkeeper.delta.checkpoints import DeltaStateStore
 from splitkeeper.delta.sink import read_dead_letters
 from splitkeeper.tools.otelcol import LocalCollector
@@ -85,7 +89,7 @@ def _values(samples: Samples, name: str) -> set[tuple[tuple[tuple[str, str], ...
 
 
 def test_runs_write_cumulative_metrics_status_prints_them_and_a_real_collector_serves_them(
-    spark: Any, tmp_path: Path, collector: LocalCollector
+    spark: Any, tmp_path: Path, collector: LocalCollector, caplog: pytest.LogCaptureFixture
 ) -> None:
     input_dir = tmp_path / "in"
     write_input(input_dir, files=3, lines=40)
@@ -184,6 +188,28 @@ def test_runs_write_cumulative_metrics_status_prints_them_and_a_real_collector_s
     [(_, served_committed)] = served["splitkeeper_records_committed_total"]
     assert served_committed == committed
 
+    # a lost metrics.prom: what the state holds still starts right; records_committed restarts, with a warning
+    Path(metrics_path(config.state_path)).unlink()
+    with caplog.at_level(logging.WARNING, logger="splitkeeper.app.metrics"):
+        fresh = PipelineMetrics(config.name, config.state_path, dead_letter_path=config.dead_letter_path)
+    try:
+        again = _samples(fresh.text())
+    finally:
+        fresh.close()
+    for name in (
+        "splitkeeper_checkpoints_total",
+        "splitkeeper_region_outcomes_total",
+        "splitkeeper_dead_letters_total",
+        "splitkeeper_checkpoint_id",
+        "splitkeeper_oldest_ref_checkpoint_id",
+    ):
+        assert _values(again, name) == _values(samples, name), name
+    assert again["splitkeeper_records_committed_total"] == [({"pipeline": "metrics"}, 0.0)]
+    assert "metrics.prom is missing: splitkeeper_records_committed_total restarts at 0" in caplog.text
+    [(_, seeded_at)] = again["splitkeeper_last_global_checkpoint_timestamp_seconds"]
+    [(_, observed_at)] = samples["splitkeeper_last_global_checkpoint_timestamp_seconds"]
+    assert abs(seeded_at - observed_at) < 5
+
     # every metric the alert rules use is one a run exports (the rules cannot rot)
     rules = yaml.safe_load((REPO / "docs" / "alerts.yml").read_text(encoding="utf-8"))
     exprs = [rule["expr"] for group in rules["groups"] for rule in group["rules"]]
@@ -192,9 +218,43 @@ def test_runs_write_cumulative_metrics_status_prints_them_and_a_real_collector_s
 
 
 def _metric_names(expr: str) -> set[str]:
-    import re
-
     return set(re.findall(r"\bsplitkeeper_[a-z_]+\b", expr))
+
+
+def test_a_regional_checkpoint_sets_the_region_chain_gauges(tmp_path: Path) -> None:
+    # checkpoint 7 is regional: region 1 declined 7 (and 6), so it contributes 6's state, which refs 5
+    seed = Seed(
+        checkpoints=Counter({"global": 5, "regional": 1}),
+        latest_id=6,
+        refs={5: frozenset(), 6: frozenset({5})},
+    )
+    metrics = PipelineMetrics("chain", str(tmp_path / "state"), max_consecutive_failures=3, seed=seed)
+    declined = RegionState(1, ref_checkpoint_id=6, outcome=RegionOutcome.DECLINE, ref_depth=2)
+    completed = CompletedCheckpoint(
+        7,
+        CheckpointKind.REGIONAL,
+        3,
+        regions={0: RegionState(0), 1: declined, 2: RegionState(2)},
+        consecutive_regional=2,
+    )
+    outcomes = {0: RegionOutcome.ACK, 1: RegionOutcome.DECLINE, 2: RegionOutcome.ACK}
+    report = EpochReport(7, CheckpointKind.REGIONAL, outcomes, 10, 10, False, "", 0.1, completed=completed)
+    try:
+        metrics.observe(report)
+    finally:
+        metrics.close()
+    samples = _samples(Path(metrics_path(str(tmp_path / "state"))).read_text(encoding="utf-8"))
+    assert _by(samples, "splitkeeper_region_ref_checkpoint_id", "region") == {"0": 7, "1": 6, "2": 7}
+    assert _by(samples, "splitkeeper_region_consecutive_regional_checkpoints", "region") == {
+        "0": 0,
+        "1": 2,
+        "2": 0,
+    }
+    assert samples["splitkeeper_consecutive_regional_checkpoints"] == [({"pipeline": "chain"}, 2.0)]
+    assert samples["splitkeeper_oldest_ref_checkpoint_id"] == [({"pipeline": "chain"}, 5.0)]
+    assert _by(samples, "splitkeeper_checkpoints_total", "kind") == {"global": 5, "regional": 2, "aborted": 0}
+    assert "splitkeeper_last_global_checkpoint_timestamp_seconds" not in samples  # no global one known
+    assert samples["splitkeeper_last_checkpoint_timestamp_seconds"][0][1] > 1.7e9
 
 
 def test_status_metrics_before_any_run_says_what_to_do(tmp_path: Path) -> None:
