@@ -313,6 +313,8 @@ class PipelineMetrics:
         self._known: dict[str, Split] = {}  # the splits seen, as of their last checkpoint
         self._last: tuple[float, dict[str, int]] | None = None  # (time, positions) at the last checkpoint
         self.dead_letter_path = dead_letter_path
+        self._dead_table: Any = None  # the dead-letter table, open once it exists
+        self._dead_version: int | None = None  # its version when last read
         if seed is None:
             try:
                 seed = seed_from_state(state_path, dead_letter_path, pipeline)
@@ -389,14 +391,30 @@ class PipelineMetrics:
             self._record_splits(completed, base)
 
     def _record_dead_letters(self, epoch: int, base: Mapping[str, str]) -> None:
-        """The dead letters the sink committed with checkpoint ``epoch``, per stage."""
+        """The dead letters the sink committed with checkpoint ``epoch``, per stage.
+
+        The table is kept open and brought up to date (a few ms); its rows are read, pruned on
+        ``epoch``, only when its version moved: no read in an epoch without dead letters.
+        """
         if self.dead_letter_path is None:
             return
         import pyarrow.compute as pc
 
-        from splitkeeper.delta.sink import read_dead_letters
+        from splitkeeper.delta.schemas import DEAD_LETTER_TABLE, spec
+        from splitkeeper.delta.tables import open_table, read_rows
 
-        rows = read_dead_letters(self.dead_letter_path, columns=["stage"], filter=pc.field("epoch") == epoch)
+        table = self._dead_table
+        if table is None:
+            table = self._dead_table = open_table(storage.table_uri(self.dead_letter_path), missing_ok=True)
+            if table is None:
+                return
+        else:
+            table.update_incremental()
+        version = table.version()
+        if version == self._dead_version:
+            return
+        self._dead_version = version
+        rows = read_rows(table, spec(DEAD_LETTER_TABLE), filter=pc.field("epoch") == epoch, columns=["stage"])
         for stage, count in sorted(Counter(str(s) for s in rows.column("stage").to_pylist()).items()):
             self._dead.add(count, {**base, "stage": stage})
 

@@ -1267,13 +1267,10 @@ def read_sink(path: str | os.PathLike[str], columns: Sequence[str] | None = None
     return read_rows(table, sink_spec(schema, table.metadata().partition_columns), columns=wanted)
 
 
-def read_dead_letters(
-    path: str | os.PathLike[str], columns: Sequence[str] | None = None, filter: Any = None
-) -> pa.Table:
+def read_dead_letters(path: str | os.PathLike[str], columns: Sequence[str] | None = None) -> pa.Table:
     """The rows of the dead-letter table at ``path`` (its latest version), read with delta-rs and
-    pyarrow like :func:`read_sink`: ``columns`` only (all when None), the rows ``filter`` (a
-    ``pyarrow.compute`` expression) selects; an empty table of those columns when no table exists
-    there yet."""
+    pyarrow like :func:`read_sink`: ``columns`` only (all when None); an empty table of those columns
+    when no table exists there yet."""
     uri = storage.table_uri(path)
     wanted = list(columns) if columns is not None else DEAD_LETTER_SCHEMA.names
     unknown = [c for c in wanted if c not in DEAD_LETTER_SCHEMA.names]
@@ -1284,7 +1281,7 @@ def read_dead_letters(
     table = open_table(uri, missing_ok=True)
     if table is None:
         return DEAD_LETTER_SCHEMA.empty_table().select(wanted)
-    return read_rows(table, spec(DEAD_LETTER_TABLE), filter=filter, columns=wanted)
+    return read_rows(table, spec(DEAD_LETTER_TABLE), columns=wanted)
 
 
 def _exists(uri: str) -> bool:
