@@ -221,6 +221,22 @@ def _metric_names(expr: str) -> set[str]:
     return set(re.findall(r"\bsplitkeeper_[a-z_]+\b", expr))
 
 
+def test_the_readme_quotes_the_alert_rules_of_docs_alerts_yml() -> None:
+    rules = yaml.safe_load((REPO / "docs" / "alerts.yml").read_text(encoding="utf-8"))
+    by_name = {rule["alert"]: rule for group in rules["groups"] for rule in group["rules"]}
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    section = readme[readme.index("Ready alert rules") :]
+    block = re.search(r"```yaml\n(.*?)```", section, flags=re.S)
+    assert block is not None
+    quoted = yaml.safe_load(block.group(1))
+    assert {q["alert"] for q in quoted} == {
+        "SplitkeeperNoGlobalCheckpoint",
+        "SplitkeeperConsecutiveRegionalAtLimit",
+    }
+    for rule in quoted:
+        assert {k: by_name[rule["alert"]][k] for k in rule} == rule, rule["alert"]
+
+
 def test_a_regional_checkpoint_sets_the_region_chain_gauges(tmp_path: Path) -> None:
     # checkpoint 7 is regional: region 1 declined 7 (and 6), so it contributes 6's state, which refs 5
     seed = Seed(
