@@ -426,7 +426,10 @@ class PipelineMetrics:
             self._region_ref.set(completed.checkpoint_id if ref is None else ref, labels)
             self._region_consecutive.set(region.ref_depth, labels)
         self._consecutive.set(completed.consecutive_regional, base)
-        self._oldest_ref.set(self._oldest_ref_of(completed.checkpoint_id), base)
+        oldest = self._oldest_ref_of(completed.checkpoint_id)
+        self._oldest_ref.set(oldest, base)
+        # a later checkpoint refers to this one or to its chain, never below it: forget the rest
+        self._refs = {cid: refs for cid, refs in self._refs.items() if cid >= oldest}
 
     def _record_splits(self, completed: CompletedCheckpoint, base: Mapping[str, str]) -> None:
         now = time.monotonic()
