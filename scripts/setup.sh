@@ -3,13 +3,16 @@
 # finds the stamps current and returns in seconds.
 #
 #   bash scripts/setup.sh                 # every step
-#   bash scripts/setup.sh jars            # only some steps: python, jars, browser, compose, cluster
+#   bash scripts/setup.sh jars            # only some steps: otelcol, python, jars, browser, compose, cluster
 #   bash scripts/setup.sh cluster         # what scripts/cluster.sh needs (not part of the default run)
 #
 # Steps:
 #   python   .venv/ (Python >= 3.11), pip install -r requirements.lock, pip install -e . --no-deps
 #   jars     Maven (jvm/*.xml) -> .jars/spark/ (spark.jars: Delta, Kafka connector)
 #                               -> .jars/kafka/ (a runnable Kafka KRaft broker)
+#   otelcol  the OpenTelemetry Collector of the metrics tests: go build scripts/otelcol (versions
+#            pinned in its go.mod/go.sum) -> .tools/otelcol/bin/otelcol; in the background, in
+#            parallel with the other steps (about 3 minutes on a cold Go cache)
 #   browser  OPTIONAL: Debian's chromium for browser tests (SPLITKEEPER_BROWSER_TESTS=0 skips)
 #   cluster  ONLY WHEN ASKED (scripts/cluster.sh, tests/cluster): PostgreSQL (apt-get), the
 #            object store versitygw (go install, pinned in scripts/versitygw.version)
@@ -268,6 +271,33 @@ cluster_object_store() {
     say "cluster/versitygw: built in $((SECONDS - t0))s, $(du -h "$out/bin/versitygw" | cut -f1) ($out/bin/versitygw)"
 }
 
+# go build scripts/otelcol (a minimal OpenTelemetry Collector: OTLP receiver, Prometheus exporter;
+# versions pinned in scripts/otelcol/go.mod and go.sum) -> $TOOLS_DIR/otelcol/bin/otelcol.
+step_otelcol() {
+    local out="$TOOLS_DIR/otelcol" stamp="$TOOLS_DIR/.otelcol.stamp" want gov version
+    command -v go >/dev/null 2>&1 || die "Go not found: the metrics tests' collector (scripts/otelcol) is built with 'go build'; install Go >= 1.26"
+    gov="$(go env GOVERSION)"
+    want="$(digest scripts/otelcol/main.go scripts/otelcol/go.mod scripts/otelcol/go.sum <(echo "$gov"))"
+    if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" && -x "$out/bin/otelcol" ]]; then
+        say "otelcol: up to date ($out/bin/otelcol)"
+        return
+    fi
+    version="$(sed -n 's|^[[:space:]]*go.opentelemetry.io/collector/otelcol \(v[^ ]*\).*|\1|p' scripts/otelcol/go.mod)"
+    local tmp="$out.partial" log="$TOOLS_DIR/.go-otelcol.log" t0=$SECONDS
+    rm -rf "$tmp"
+    mkdir -p "$tmp/bin"
+    say "otelcol: go build scripts/otelcol (collector $version; in the background, a few minutes the first time; log $log)"
+    # Static, stripped; GOTOOLCHAIN=local: never fetch another Go toolchain; go.sum must match.
+    (cd scripts/otelcol && CGO_ENABLED=0 GOTOOLCHAIN=local GOFLAGS="-buildvcs=false -mod=readonly" \
+        go build -trimpath -ldflags="-s -w -X main.version=$version" -o "$tmp/bin/otelcol" .) > "$log" 2>&1 \
+        || { tail -n 30 "$log" >&2; die "go build scripts/otelcol failed (log: $log)"; }
+    "$tmp/bin/otelcol" --version >/dev/null 2>&1 || die "the built collector does not run"
+    rm -rf "$out"
+    mv "$tmp" "$out"
+    echo "$want" > "$stamp"
+    say "otelcol: built in $((SECONDS - t0))s, $(du -h "$out/bin/otelcol" | cut -f1) ($out/bin/otelcol)"
+}
+
 step_cluster() {
     command -v java >/dev/null 2>&1 || die "Java not found; install a JDK >= 17: apt-get install -y openjdk-17-jdk-headless"
     cluster_postgres
@@ -280,15 +310,20 @@ step_cluster() {
 }
 
 steps=("$@")
-[[ ${#steps[@]} -gt 0 ]] || steps=(python jars browser compose)
+[[ ${#steps[@]} -gt 0 ]] || steps=(otelcol python jars browser compose)
+otelcol_pid=""
 for step in "${steps[@]}"; do
     case "$step" in
+        otelcol) mkdir -p "$TOOLS_DIR"; step_otelcol & otelcol_pid=$! ;;  # in parallel with the rest
         python) step_python ;;
         jars) step_jars ;;
         browser) step_browser ;;
         compose) step_compose ;;
         cluster) step_cluster ;;
-        *) die "unknown step '$step'; choose from: python jars browser compose cluster" ;;
+        *) die "unknown step '$step'; choose from: python jars browser compose otelcol cluster" ;;
     esac
 done
+if [[ -n "$otelcol_pid" ]]; then
+    wait "$otelcol_pid" || die "the otelcol step failed (see above)"
+fi
 say "done in $((SECONDS - T0))s (steps: ${steps[*]})"

@@ -30,6 +30,7 @@ EXPECTED_CHECKS = [
     "great-expectations",
     "confluent-kafka",
     "chromium (browser tests)",
+    "otelcol (metrics tests)",
 ]
 
 

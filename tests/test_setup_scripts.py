@@ -142,6 +142,7 @@ def test_full_setup_on_this_checkout_is_a_fast_no_op(fake_mvn):
     assert "jars/kafka: up to date" in result.stdout
     assert "jars/localfs: up to date" in result.stdout
     assert "browser: skipped (SPLITKEEPER_BROWSER_TESTS=0)" in result.stdout
+    assert "otelcol: up to date" in result.stdout
     assert _mvn_calls(env) == []
 
 
@@ -218,7 +219,7 @@ def test_cluster_sh_rejects_an_unknown_action():
 
 def test_setup_cluster_step_is_on_request_only():
     text = (ROOT / "scripts" / "setup.sh").read_text()
-    assert "steps=(python jars browser compose)" in text  # the default run does not build the cluster
+    assert "steps=(otelcol python jars browser compose)" in text  # the default run does not build the cluster
     assert "cluster) step_cluster ;;" in text
     assert "fetch_jars s3a jvm/s3a.xml" in text
 

@@ -3,10 +3,20 @@
 A :class:`PipelineMetrics` is fed each epoch's :class:`~splitkeeper.core.driver.EpochReport`
 (the runtime's ``after_epoch`` hook) and records, through OpenTelemetry instruments:
 
-- per checkpoint: ``splitkeeper_checkpoints_total{kind}``, ``splitkeeper_region_outcomes_total
-  {region, outcome}``, ``splitkeeper_records_committed_total``, and for the last checkpoint
-  ``splitkeeper_checkpoint_id``, ``splitkeeper_checkpoint_records`` and
-  ``splitkeeper_checkpoint_commit_seconds{phase}`` (the sink commit and the state commit);
+- per checkpoint attempt: ``splitkeeper_checkpoints_total{kind}`` (global, regional, aborted),
+  ``splitkeeper_region_outcomes_total{region, outcome}``, ``splitkeeper_records_committed_total``,
+  ``splitkeeper_dead_letters_total{stage}``, and for the last checkpoint
+  ``splitkeeper_checkpoint_id``, ``splitkeeper_checkpoint_records``,
+  ``splitkeeper_checkpoint_commit_seconds{phase}`` (the sink commit and the state commit),
+  ``splitkeeper_last_checkpoint_timestamp_seconds`` and
+  ``splitkeeper_last_global_checkpoint_timestamp_seconds`` (unix seconds);
+- the regional checkpoint chain (FLIP-600): ``splitkeeper_region_ref_checkpoint_id{region}`` (the
+  checkpoint whose state the region contributes: the checkpoint itself when it acknowledged),
+  ``splitkeeper_region_consecutive_regional_checkpoints{region}`` (its ref depth),
+  ``splitkeeper_consecutive_regional_checkpoints`` (regional checkpoints since the last global
+  one), ``splitkeeper_consecutive_regional_checkpoints_limit`` (``checkpoint.max_consecutive_failures``)
+  and ``splitkeeper_oldest_ref_checkpoint_id`` (the oldest checkpoint the last one still
+  references, transitively: what retention keeps);
 - per split, from the checkpoint's positions: ``splitkeeper_split_position{split}``,
   ``splitkeeper_split_lag{split}`` (offsets left to the split's end, or to its backlog
   boundary while in backlog; absent when neither is known), ``splitkeeper_split_records_per_second
@@ -14,7 +24,15 @@ A :class:`PipelineMetrics` is fed each epoch's :class:`~splitkeeper.core.driver.
   ``splitkeeper_split_in_backlog{split}``, ``splitkeeper_split_finished{split}`` (a split read
   to its end is reported once more, at its end, then no longer updated).
 
-Every metric carries the label ``pipeline``. Readers of the recorded data:
+Every metric carries the label ``pipeline``. The counters are cumulative across runs: a run
+starts them from the state (:func:`seed_from_state`: the ``checkpoints`` and ``checkpoint_log``
+tables give every attempt's kind and region outcomes, the dead-letter table every stage; delta-rs
+and pyarrow, no Spark), and ``records_committed_total``, which the state does not hold, from the
+last ``metrics.prom`` when that file is as recent as the state (else it restarts at 0 with a
+warning, which Prometheus reads as a counter reset). The two timestamps and the ref chain are
+seeded from the state too.
+
+Readers of the recorded data:
 
 1. always: the Prometheus text exposition format (``prometheus_client``), written after each
    epoch to ``<state>/metrics.prom`` (a temporary object, then renamed, on local disk; on an
@@ -32,14 +50,16 @@ import logging
 import os
 import time
 import uuid
+from collections import Counter
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from splitkeeper.core.backlog import split_lag
 from splitkeeper.core.types import CheckpointKind, CompletedCheckpoint, Split
 from splitkeeper.delta import storage
 
-__all__ = ["METRICS_FILE", "PipelineMetrics", "metrics_path", "read_metrics_text"]
+__all__ = ["METRICS_FILE", "PipelineMetrics", "Seed", "metrics_path", "read_metrics_text", "seed_from_state"]
 
 log = logging.getLogger(__name__)
 
@@ -62,10 +82,141 @@ def read_metrics_text(state_path: str) -> str | None:
         return bytes(handle.read()).decode("utf-8")
 
 
+@dataclass
+class Seed:
+    """Where a run's counters and state gauges start: what earlier runs of the pipeline did."""
+
+    checkpoints: Counter[str] = field(default_factory=Counter)  # kind -> attempts
+    outcomes: Counter[tuple[str, str]] = field(default_factory=Counter)  # (region, outcome) -> count
+    dead_letters: Counter[str] = field(default_factory=Counter)  # stage -> rows
+    records_committed: int = 0
+    latest_id: int | None = None  # the latest completed checkpoint
+    last_at: float | None = None  # unix seconds of the latest completed checkpoint
+    last_global_at: float | None = None
+    refs: dict[int, frozenset[int]] = field(default_factory=dict)  # completed id -> the ids it references
+
+
+def seed_from_state(state_path: str, dead_letter_path: str | None, pipeline: str = "") -> Seed:
+    """Read the counters' start from the state (delta-rs and pyarrow; no Spark, read-only).
+
+    The attempts are those of :meth:`StateHistory.timeline <splitkeeper.delta.history.StateHistory.
+    timeline>`, counted column-wise (10,000 checkpoints in well under a second): every kept
+    checkpoint, every one retention archived (once per id), every aborted attempt logged; the
+    dead letters count per ``stage``; ``records_committed`` comes from the last ``metrics.prom``
+    when its ``splitkeeper_checkpoint_id`` is the state's latest checkpoint (a lost or stale
+    file: 0 and a warning).
+    """
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from splitkeeper.delta.sink import read_dead_letters
+    from splitkeeper.delta.tables import StateTables
+
+    tables = StateTables(state_path, read_only=True)
+    kept = tables.read("checkpoints", columns=["checkpoint_id", "kind", "regions", "created_at"])
+    log_rows = tables.read("checkpoint_log", columns=["checkpoint_id", "kind", "regions", "created_at"])
+    aborted = log_rows.filter(pc.field("kind") == CheckpointKind.ABORTED.value)
+    archived = log_rows.filter(
+        (pc.field("kind") != CheckpointKind.ABORTED.value)
+        & ~pc.field("checkpoint_id").isin(kept.column("checkpoint_id"))
+    )
+    _, first = np.unique(archived.column("checkpoint_id").to_numpy(), return_index=True)
+    archived = archived.take(pa.array(first, pa.int64()))  # once per id, as the timeline
+
+    seed = Seed()
+    for part in (kept, archived, aborted):
+        seed.checkpoints.update(dict(Counter(part.column("kind").to_pylist())))
+        regions = pc.list_flatten(part.column("regions"))
+        if len(regions):
+            pairs = pa.table(
+                {
+                    "region": pc.struct_field(regions, "region_id"),
+                    "outcome": pc.struct_field(regions, "outcome"),
+                }
+            )
+            for row in pairs.group_by(["region", "outcome"]).aggregate([([], "count_all")]).to_pylist():
+                seed.outcomes[(str(row["region"]), str(row["outcome"]))] += int(row["count_all"])
+    for row in kept.select(["checkpoint_id", "regions"]).to_pylist():  # a chain is kept whole (rule 2.7)
+        seed.refs[int(row["checkpoint_id"])] = frozenset(
+            int(r["ref_checkpoint_id"])
+            for r in row["regions"] or ()
+            if r.get("ref_checkpoint_id") is not None
+        )
+    columns = ["checkpoint_id", "kind", "created_at"]
+    completed = pa.concat_tables(
+        [kept.select(columns), archived.select(columns)], promote_options="permissive"
+    )
+    if completed.num_rows:
+        latest = completed.sort_by([("checkpoint_id", "descending")]).slice(0, 1).to_pylist()[0]
+        seed.latest_id = int(latest["checkpoint_id"])
+        seed.last_at = _unix(latest["created_at"])
+        globals_ = completed.filter(pc.field("kind") == CheckpointKind.GLOBAL.value).column("created_at")
+        seed.last_global_at = _unix(pc.max(globals_).as_py()) if len(globals_) else None
+    if dead_letter_path is not None:
+        stages = read_dead_letters(dead_letter_path, columns=["stage"]).column("stage")
+        for row in pa.table({"stage": stages}).group_by("stage").aggregate([([], "count_all")]).to_pylist():
+            seed.dead_letters[str(row["stage"])] += int(row["count_all"])
+    seed.records_committed = _previous_records(state_path, seed.latest_id, pipeline)
+    return seed
+
+
+def _unix(value: Any) -> float | None:
+    """A state table's TIMESTAMP (a datetime, UTC) as unix seconds."""
+    if value is None:
+        return None
+    from datetime import UTC
+
+    return float(value.replace(tzinfo=value.tzinfo or UTC).timestamp())
+
+
+def _previous_records(state_path: str, latest_id: int | None, pipeline: str) -> int:
+    """``records_committed_total`` of the last ``metrics.prom`` when that file is as recent as the state."""
+    if latest_id is None:
+        return 0
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = read_metrics_text(state_path)
+    if text is None:
+        log.warning(
+            "pipeline %s: %s is missing: splitkeeper_records_committed_total restarts at 0 "
+            "(the other counters are read from the state)",
+            pipeline,
+            metrics_path(state_path),
+        )
+        return 0
+    found: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in ("splitkeeper_checkpoint_id", "splitkeeper_records_committed_total"):
+                found[sample.name] = sample.value
+    if found.get("splitkeeper_checkpoint_id") != latest_id:
+        log.warning(
+            "pipeline %s: %s is of checkpoint %s, the state's latest is %s: "
+            "splitkeeper_records_committed_total restarts at 0",
+            pipeline,
+            metrics_path(state_path),
+            found.get("splitkeeper_checkpoint_id"),
+            latest_id,
+        )
+        return 0
+    return int(found.get("splitkeeper_records_committed_total", 0))
+
+
 class PipelineMetrics:
     """The OpenTelemetry instruments of one pipeline run (see the module doc); one per run."""
 
-    def __init__(self, pipeline: str, state_path: str, otlp_endpoint: str | None = None) -> None:
+    def __init__(
+        self,
+        pipeline: str,
+        state_path: str,
+        otlp_endpoint: str | None = None,
+        *,
+        dead_letter_path: str | None = None,
+        max_consecutive_failures: int | None = None,
+        seed: Seed | None = None,
+    ) -> None:
+        """``seed``: where the counters start (default: :func:`seed_from_state` of ``state_path``)."""
         from opentelemetry.sdk.metrics import MeterProvider
         from opentelemetry.sdk.metrics.export import InMemoryMetricReader, MetricReader
         from opentelemetry.sdk.resources import Resource
@@ -88,7 +239,10 @@ class PipelineMetrics:
             )
             readers.append(self._otlp)
         self._provider = MeterProvider(
-            metric_readers=readers, resource=Resource.create({"service.name": "splitkeeper"})
+            # one instance per pipeline (the lease allows one run at a time): the runs of a pipeline
+            # are one series to a collector, so its counters continue across runs there too
+            metric_readers=readers,
+            resource=Resource.create({"service.name": "splitkeeper", "service.instance.id": pipeline}),
         )
         meter = self._provider.get_meter("splitkeeper")
         self._checkpoints = meter.create_counter("splitkeeper_checkpoints", description="checkpoints by kind")
@@ -123,8 +277,84 @@ class PipelineMetrics:
         self._finished = meter.create_gauge(
             "splitkeeper_split_finished", description="1 once the split was read to its end"
         )
+        self._dead = meter.create_counter(
+            "splitkeeper_dead_letters", description="records written to the dead-letter table, per stage"
+        )
+        self._last_at = meter.create_gauge(
+            "splitkeeper_last_checkpoint_timestamp_seconds",
+            unit="s",
+            description="unix time of the last completed checkpoint (global or regional)",
+        )
+        self._last_global_at = meter.create_gauge(
+            "splitkeeper_last_global_checkpoint_timestamp_seconds",
+            unit="s",
+            description="unix time of the last completed global checkpoint",
+        )
+        self._region_ref = meter.create_gauge(
+            "splitkeeper_region_ref_checkpoint_id",
+            description="the checkpoint whose state the region contributes to the last checkpoint",
+        )
+        self._region_consecutive = meter.create_gauge(
+            "splitkeeper_region_consecutive_regional_checkpoints",
+            description="checkpoints in a row the region has not acknowledged (its ref depth)",
+        )
+        self._consecutive = meter.create_gauge(
+            "splitkeeper_consecutive_regional_checkpoints",
+            description="regional checkpoints completed since the last global one",
+        )
+        self._consecutive_limit = meter.create_gauge(
+            "splitkeeper_consecutive_regional_checkpoints_limit",
+            description="checkpoint.max_consecutive_failures: the consecutive regional checkpoints allowed",
+        )
+        self._oldest_ref = meter.create_gauge(
+            "splitkeeper_oldest_ref_checkpoint_id",
+            description="the oldest checkpoint the last checkpoint still references (retention keeps it)",
+        )
         self._known: dict[str, Split] = {}  # the splits seen, as of their last checkpoint
         self._last: tuple[float, dict[str, int]] | None = None  # (time, positions) at the last checkpoint
+        self.dead_letter_path = dead_letter_path
+        self._dead_table: Any = None  # the dead-letter table, open once it exists
+        self._dead_version: int | None = None  # its version when last read
+        if seed is None:
+            try:
+                seed = seed_from_state(state_path, dead_letter_path, pipeline)
+            except Exception as err:  # noqa: BLE001 - metrics never stop a run
+                log.warning("pipeline %s: counters start at 0: state unreadable: %s", pipeline, err)
+                seed = Seed()
+        self.seed = seed
+        self._refs = dict(self.seed.refs)
+        self._start(self.seed, max_consecutive_failures)
+
+    def _start(self, seed: Seed, limit: int | None) -> None:
+        """The counters continue from ``seed``; the gauges the state knows are set from it."""
+        base = {"pipeline": self.pipeline}
+        for kind in CheckpointKind:  # every kind, 0 included: an alert on a missing series never fires
+            self._checkpoints.add(seed.checkpoints.get(kind.value, 0), {**base, "kind": kind.value})
+        for (region, outcome), count in sorted(seed.outcomes.items()):
+            self._outcomes.add(count, {**base, "region": region, "outcome": outcome})
+        self._records.add(seed.records_committed, base)
+        for stage, count in sorted(seed.dead_letters.items()):
+            self._dead.add(count, {**base, "stage": stage})
+        if limit is not None:
+            self._consecutive_limit.set(limit, base)
+        if seed.latest_id is not None:
+            self._checkpoint_id.set(seed.latest_id, base)
+            self._oldest_ref.set(self._oldest_ref_of(seed.latest_id), base)
+        if seed.last_at is not None:
+            self._last_at.set(round(seed.last_at, 3), base)
+        if seed.last_global_at is not None:
+            self._last_global_at.set(round(seed.last_global_at, 3), base)
+
+    def _oldest_ref_of(self, checkpoint_id: int) -> int:
+        """The oldest id of ``checkpoint_id``'s ref chain (itself when it references nothing)."""
+        seen: set[int] = set()
+        todo = [checkpoint_id]
+        while todo:
+            current = todo.pop()
+            if current not in seen:
+                seen.add(current)
+                todo.extend(self._refs.get(current, ()))
+        return min(seen)
 
     # -- recording --
 
@@ -144,15 +374,62 @@ class PipelineMetrics:
             self._outcomes.add(1, {**base, "region": str(region), "outcome": outcome.value})
         if kind is CheckpointKind.ABORTED:
             return
+        now = round(time.time(), 3)
         self._records.add(report.committed_records, base)
         self._checkpoint_id.set(report.epoch, base)
         self._checkpoint_records.set(report.committed_records, base)
+        self._last_at.set(now, base)
+        if kind is CheckpointKind.GLOBAL:
+            self._last_global_at.set(now, base)
         for phase in ("sink", "state"):
             if phase in report.phases:
                 self._commit.set(report.phases[phase], {**base, "phase": phase})
+        self._record_dead_letters(report.epoch, base)
         completed: CompletedCheckpoint | None = report.completed
         if completed is not None:
+            self._record_chain(completed, base)
             self._record_splits(completed, base)
+
+    def _record_dead_letters(self, epoch: int, base: Mapping[str, str]) -> None:
+        """The dead letters the sink committed with checkpoint ``epoch``, per stage.
+
+        The table is kept open and brought up to date (a few ms); its rows are read, pruned on
+        ``epoch``, only when its version moved: no read in an epoch without dead letters.
+        """
+        if self.dead_letter_path is None:
+            return
+        import pyarrow.compute as pc
+
+        from splitkeeper.delta.schemas import DEAD_LETTER_TABLE, spec
+        from splitkeeper.delta.tables import open_table, read_rows
+
+        table = self._dead_table
+        if table is None:
+            table = self._dead_table = open_table(storage.table_uri(self.dead_letter_path), missing_ok=True)
+            if table is None:
+                return
+        else:
+            table.update_incremental()
+        version = table.version()
+        if version == self._dead_version:
+            return
+        self._dead_version = version
+        rows = read_rows(table, spec(DEAD_LETTER_TABLE), filter=pc.field("epoch") == epoch, columns=["stage"])
+        for stage, count in sorted(Counter(str(s) for s in rows.column("stage").to_pylist()).items()):
+            self._dead.add(count, {**base, "stage": stage})
+
+    def _record_chain(self, completed: CompletedCheckpoint, base: Mapping[str, str]) -> None:
+        self._refs[completed.checkpoint_id] = completed.ref_checkpoint_ids
+        for region_id, region in sorted(completed.regions.items()):
+            labels = {**base, "region": str(region_id)}
+            ref = region.ref_checkpoint_id
+            self._region_ref.set(completed.checkpoint_id if ref is None else ref, labels)
+            self._region_consecutive.set(region.ref_depth, labels)
+        self._consecutive.set(completed.consecutive_regional, base)
+        oldest = self._oldest_ref_of(completed.checkpoint_id)
+        self._oldest_ref.set(oldest, base)
+        # a later checkpoint refers to this one or to its chain, never below it: forget the rest
+        self._refs = {cid: refs for cid, refs in self._refs.items() if cid >= oldest}
 
     def _record_splits(self, completed: CompletedCheckpoint, base: Mapping[str, str]) -> None:
         now = time.monotonic()

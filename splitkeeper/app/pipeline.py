@@ -479,7 +479,13 @@ def _metrics_of(config: PipelineConfig) -> PipelineMetrics | None:
     from splitkeeper.app.metrics import PipelineMetrics
 
     try:
-        return PipelineMetrics(config.name, config.state_path, config.otlp_endpoint)
+        return PipelineMetrics(
+            config.name,
+            config.state_path,
+            config.otlp_endpoint,
+            dead_letter_path=config.dead_letter_path,
+            max_consecutive_failures=config.checkpoint.max_consecutive_failures,
+        )
     except ImportError as err:  # the metrics extra is not installed: the run goes on without
         log.warning("pipeline %s: no metrics (%s); pip install 'splitkeeper[metrics]'", config.name, err)
         return None

@@ -282,6 +282,23 @@ def check_chromium() -> CheckResult:
     return CheckResult("chromium (browser tests)", CheckStatus.OK, path, required=False)
 
 
+def check_otelcol() -> CheckResult:
+    """The OpenTelemetry Collector scripts/setup.sh builds (tests/runtime/test_metrics.py exports to it)."""
+    from splitkeeper.tools.otelcol import SETUP_FIX as OTELCOL_FIX
+    from splitkeeper.tools.otelcol import collector_binary
+
+    name = "otelcol (metrics tests)"
+    try:
+        binary = collector_binary()
+        out = subprocess.run(
+            [str(binary), "--version"], capture_output=True, text=True, timeout=30, check=False
+        )
+    except (EnvironmentNotReadyError, OSError, subprocess.TimeoutExpired) as err:
+        return CheckResult(name, CheckStatus.WARN, str(err), OTELCOL_FIX, required=False)
+    version = out.stdout.strip().rsplit(" ", 1)[-1] if out.returncode == 0 else f"exit {out.returncode}"
+    return CheckResult(name, CheckStatus.OK, f"{version} ({binary})", required=False)
+
+
 def run_checks(root: Path | None = None, java: str | None = None) -> list[CheckResult]:
     """Every check, in report order. ``root`` overrides the jars root."""
     checks: list[Callable[[], CheckResult | list[CheckResult]]] = [
@@ -298,6 +315,7 @@ def run_checks(root: Path | None = None, java: str | None = None) -> list[CheckR
         ),
         lambda: check_python_package("confluent-kafka", "confluent-kafka", "confluent_kafka"),
         check_chromium,
+        check_otelcol,
     ]
     results: list[CheckResult] = []
     for check in checks:

@@ -1,89 +1,122 @@
-"""Metrics of a real run (splitkeeper.app.metrics): OpenTelemetry instruments, the Prometheus
-text file in the state folder, ``status --metrics``, and an OTLP/HTTP export to a collector.
+"""Metrics of real runs (splitkeeper.app.metrics): OpenTelemetry instruments, the Prometheus
+text file in the state folder, ``status --metrics``, and an OTLP/HTTP export to a real
+OpenTelemetry Collector (``scripts/otelcol``, built by ``scripts/setup.sh``) whose Prometheus
+exporter the test scrapes, as a Prometheus server would.
 
-The run is ``splitkeeper run`` in-process on the session's Spark, over 3 small files with a
-region failure in epoch 2 (a regional checkpoint). The text is parsed with prometheus_client's
-own parser; the OTLP collector is a real HTTP server on loopback that decodes the protobuf
-request with opentelemetry-proto.
+Two runs of ``splitkeeper run`` in-process on the session's Spark: the first over 3 small
+files and a file with undecodable lines (dead letters), with a region failure in epoch 2 (a
+regional checkpoint); the second over files added since. The counters of the second run
+continue the first's and equal the state's timeline. The text is parsed with
+prometheus_client's own parser. The alert rules of ``docs/alerts.yml`` use only names a run
+exports.
 """
 
 from __future__ import annotations
 
-import http.server
-import threading
+import logging
+import re
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from splitkeeper.app.metrics import metrics_path
+from splitkeeper.app.metrics import PipelineMetrics, Seed, metrics_path
 from splitkeeper.config.settings import config_from_mapping
+from splitkeeper.core.driver import EpochReport
+from splitkeeper.core.types import CheckpointKind, CompletedCheckpoint, RegionOutcome, RegionState
 from splitkeeper.delta.checkpoints import DeltaStateStore
+from splitkeeper.delta.sink import read_dead_letters
+from splitkeeper.tools.otelcol import LocalCollector
 
-from .helpers import pipeline_mapping, run_cli, sink_rows, write_config, write_input
+from .helpers import REPO, pipeline_mapping, run_cli, sink_rows, write_config, write_input
 
 pytestmark = [pytest.mark.spark]
 
-
-class _Collector(http.server.BaseHTTPRequestHandler):
-    received: list[bytes] = []
-
-    def do_POST(self) -> None:  # noqa: N802 - the http.server API
-        body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
-        type(self).received.append(body)
-        self.send_response(200)
-        self.send_header("Content-Type", "application/x-protobuf")
-        self.end_headers()
-
-    def log_message(self, *args: Any) -> None:
-        pass
+Samples = dict[str, list[tuple[dict[str, str], float]]]
+#: Labels the collector's Prometheus exporter adds (the OTLP resource and scope): not the pipeline's.
+COLLECTOR_LABELS = frozenset(
+    {"instance", "job", "otel_scope_name", "otel_scope_schema_url", "otel_scope_version"}
+)
 
 
 @pytest.fixture
-def collector() -> Iterator[tuple[str, list[bytes]]]:
-    received: list[bytes] = []
-    handler = type("Handler", (_Collector,), {"received": received})
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", received
-    finally:
-        server.shutdown()
-        server.server_close()
+def collector(tmp_path: Path) -> Iterator[LocalCollector]:
+    with LocalCollector(tmp_path / "otelcol") as running:
+        yield running
 
 
-def _samples(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
-    out: dict[str, list[tuple[dict[str, str], float]]] = {}
+def _samples(text: str, drop: frozenset[str] = frozenset()) -> Samples:
+    out: Samples = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            out.setdefault(sample.name, []).append((dict(sample.labels), sample.value))
+            labels = {k: v for k, v in sample.labels.items() if k not in drop}
+            out.setdefault(sample.name, []).append((labels, sample.value))
     return out
 
 
-def test_a_run_writes_prometheus_metrics_status_prints_them_and_otlp_receives_them(
-    spark: Any, tmp_path: Path, collector: tuple[str, list[bytes]]
+def _by(samples: Samples, name: str, label: str) -> dict[str, float]:
+    return {labels[label]: value for labels, value in samples[name]}
+
+
+def _write_bad_file(path: Path, lines: int, bad_every: int) -> int:
+    """Text lines where every ``bad_every``-th is not valid UTF-8 (a decode dead letter); the bad count."""
+    data, bad = b"", 0
+    for i in range(lines):
+        if i % bad_every == bad_every - 1:
+            data += b"\xff\xfe bad %d\n" % i
+            bad += 1
+        else:
+            data += b"line %d caf\xc3\xa9\n" % i
+    path.write_bytes(data)
+    return bad
+
+
+def _pipeline_series(samples: Samples) -> set[tuple[str, tuple[tuple[str, str], ...]]]:
+    return {  # the collector adds target_info (the OTLP resource): not a pipeline series
+        (name, tuple(sorted(labels.items())))
+        for name, series in samples.items()
+        if name != "target_info"
+        for labels, _ in series
+    }
+
+
+def _values(samples: Samples, name: str) -> set[tuple[tuple[tuple[str, str], ...], float]]:
+    return {(tuple(sorted(labels.items())), value) for labels, value in samples[name]}
+
+
+def test_runs_write_cumulative_metrics_status_prints_them_and_a_real_collector_serves_them(
+    spark: Any, tmp_path: Path, collector: LocalCollector, caplog: pytest.LogCaptureFixture
 ) -> None:
-    endpoint, received = collector
     input_dir = tmp_path / "in"
     write_input(input_dir, files=3, lines=40)
+    bad = _write_bad_file(input_dir / "bad-0.txt", lines=20, bad_every=5)
     mapping = pipeline_mapping(tmp_path, "metrics", input_dir, epoch_records=60)
-    mapping["metrics"] = {"otlp_endpoint": endpoint}
+    mapping["metrics"] = {"otlp_endpoint": collector.otlp_endpoint}
+    mapping["decode"] = {"kind": "text"}
+    mapping["errors"] = {
+        "tolerance": "all",
+        "dead_letter": {"path": str(tmp_path / "dead")},
+        "max_bad_ratio": 0.5,
+    }
     path = write_config(tmp_path / "p.yaml", mapping)
     config = config_from_mapping(mapping)
+    assert config.dead_letter_path is not None
 
     code, _out, err = run_cli(["run", "--config", str(path), "--fault", "fail:1@2"])
     assert code == 0, err
 
     text = Path(metrics_path(config.state_path)).read_text(encoding="utf-8")
     samples = _samples(text)
-    kinds = {labels["kind"]: value for labels, value in samples["splitkeeper_checkpoints_total"]}
+    kinds = _by(samples, "splitkeeper_checkpoints_total", "kind")
     store = DeltaStateStore(config.state_path, config.name, None, read_only=True)
     timeline = store.history.timeline()
-    assert kinds["regional"] == sum(t.kind.value == "regional" for t in timeline) >= 1
-    assert kinds["global"] == sum(t.kind.value == "global" for t in timeline) >= 1
+    first_run = Counter(t.kind.value for t in timeline)
+    assert kinds == {"global": first_run["global"], "regional": first_run["regional"], "aborted": 0}
+    assert first_run["regional"] >= 1 and first_run["global"] >= 1
     declines = [
         (labels["region"], value)
         for labels, value in samples["splitkeeper_region_outcomes_total"]
@@ -92,36 +125,152 @@ def test_a_run_writes_prometheus_metrics_status_prints_them_and_otlp_receives_th
     assert declines == [("1", 1.0)]  # the injected failure, and nothing else
     assert all(labels["pipeline"] == "metrics" for series in samples.values() for labels, _ in series)
     [(_, committed)] = samples["splitkeeper_records_committed_total"]
-    assert committed == len(sink_rows(config.sink_path)) == 120
+    assert committed == len(sink_rows(config.sink_path)) == 120 + 20 - bad
+    dead = Counter(read_dead_letters(config.dead_letter_path, columns=["stage"]).column("stage").to_pylist())
+    assert sum(dead.values()) == bad
+    assert _by(samples, "splitkeeper_dead_letters_total", "stage") == dead
     latest = store.latest_checkpoint()
     assert latest is not None
     [(_, checkpoint_id)] = samples["splitkeeper_checkpoint_id"]
     assert checkpoint_id == latest.checkpoint_id
     sizes = {f.name: f.stat().st_size for f in input_dir.iterdir()}  # every file read to its end
-    assert {labels["split"]: value for labels, value in samples["splitkeeper_split_position"]} == sizes
-    assert {labels["split"]: value for labels, value in samples["splitkeeper_split_finished"]} == {
-        sid: 1 for sid in sizes
-    }
-    assert {labels["split"]: value for labels, value in samples["splitkeeper_split_lag"]} == {
-        sid: 0 for sid in sizes
-    }
-    assert {labels["phase"] for labels, _ in samples["splitkeeper_checkpoint_commit_seconds"]} == {
-        "sink",
-        "state",
-    }
+    assert _by(samples, "splitkeeper_split_position", "split") == sizes
+    assert _by(samples, "splitkeeper_split_finished", "split") == {sid: 1 for sid in sizes}
+    assert _by(samples, "splitkeeper_split_lag", "split") == {sid: 0 for sid in sizes}
+    assert set(_by(samples, "splitkeeper_checkpoint_commit_seconds", "phase")) == {"sink", "state"}
     assert "splitkeeper_split_records_per_second" in samples
+    # the chain gauges: region 1 declined epoch 2 only, so the last checkpoint is acknowledged by all
+    refs = _by(samples, "splitkeeper_region_ref_checkpoint_id", "region")
+    assert refs == {str(r): latest.checkpoint_id for r in latest.regions}
+    assert set(_by(samples, "splitkeeper_region_consecutive_regional_checkpoints", "region").values()) == {0}
+    [(_, limit)] = samples["splitkeeper_consecutive_regional_checkpoints_limit"]
+    assert limit == config.checkpoint.max_consecutive_failures == 3
+    [(_, oldest)] = samples["splitkeeper_oldest_ref_checkpoint_id"]
+    assert oldest == min(store.ref_chain(latest.checkpoint_id))
+    done = {t.kind.value: t.at.timestamp() for t in timeline}  # the last of each kind
+    [(_, last_at)] = samples["splitkeeper_last_checkpoint_timestamp_seconds"]
+    [(_, last_global_at)] = samples["splitkeeper_last_global_checkpoint_timestamp_seconds"]
+    assert abs(last_at - max(done.values())) < 5 and abs(last_global_at - done["global"]) < 5
 
     code, out, err = run_cli(["status", "--config", str(path), "--metrics"])
     assert code == 0, err
     assert out == text
 
-    from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+    # the collector received the same figures over OTLP and serves them as Prometheus text
+    served = _samples(collector.scrape(), drop=COLLECTOR_LABELS)
+    assert _pipeline_series(served) == _pipeline_series(samples)
+    for name in (
+        "splitkeeper_checkpoints_total",
+        "splitkeeper_records_committed_total",
+        "splitkeeper_split_lag",
+    ):
+        assert _values(served, name) == _values(samples, name), name
 
-    assert received, "the OTLP collector received nothing"
-    request = ExportMetricsServiceRequest()
-    request.ParseFromString(received[-1])
-    names = {m.name for rm in request.resource_metrics for sm in rm.scope_metrics for m in sm.metrics}
-    assert {"splitkeeper_checkpoints", "splitkeeper_records_committed", "splitkeeper_split_lag"} <= names
+    # a second run over new files: the counters continue from the state, through the collector too
+    write_input(input_dir, files=1, lines=30, first_file=3)
+    bad += _write_bad_file(input_dir / "bad-1.txt", lines=10, bad_every=4)
+    code, _out, err = run_cli(["run", "--config", str(path)])
+    assert code == 0, err
+    text = Path(metrics_path(config.state_path)).read_text(encoding="utf-8")
+    samples = _samples(text)
+    both = Counter(t.kind.value for t in store.history.timeline())
+    assert both["global"] > first_run["global"]
+    kinds = _by(samples, "splitkeeper_checkpoints_total", "kind")
+    assert kinds == {"global": both["global"], "regional": both["regional"], "aborted": 0}
+    [(_, committed)] = samples["splitkeeper_records_committed_total"]
+    assert committed == len(sink_rows(config.sink_path)) == 120 + 30 + 20 + 10 - bad
+    dead = Counter(read_dead_letters(config.dead_letter_path, columns=["stage"]).column("stage").to_pylist())
+    assert sum(dead.values()) == bad
+    assert _by(samples, "splitkeeper_dead_letters_total", "stage") == dead
+    served = _samples(collector.scrape(), drop=COLLECTOR_LABELS)
+    for name in ("splitkeeper_checkpoints_total", "splitkeeper_records_committed_total"):
+        assert _values(served, name) == _values(samples, name), name
+    [(_, served_committed)] = served["splitkeeper_records_committed_total"]
+    assert served_committed == committed
+
+    # a lost metrics.prom: what the state holds still starts right; records_committed restarts, with a warning
+    Path(metrics_path(config.state_path)).unlink()
+    with caplog.at_level(logging.WARNING, logger="splitkeeper.app.metrics"):
+        fresh = PipelineMetrics(config.name, config.state_path, dead_letter_path=config.dead_letter_path)
+    try:
+        again = _samples(fresh.text())
+    finally:
+        fresh.close()
+    for name in (
+        "splitkeeper_checkpoints_total",
+        "splitkeeper_region_outcomes_total",
+        "splitkeeper_dead_letters_total",
+        "splitkeeper_checkpoint_id",
+        "splitkeeper_oldest_ref_checkpoint_id",
+    ):
+        assert _values(again, name) == _values(samples, name), name
+    assert again["splitkeeper_records_committed_total"] == [({"pipeline": "metrics"}, 0.0)]
+    assert "metrics.prom is missing: splitkeeper_records_committed_total restarts at 0" in caplog.text
+    [(_, seeded_at)] = again["splitkeeper_last_global_checkpoint_timestamp_seconds"]
+    [(_, observed_at)] = samples["splitkeeper_last_global_checkpoint_timestamp_seconds"]
+    assert abs(seeded_at - observed_at) < 5
+
+    # every metric the alert rules use is one a run exports (the rules cannot rot)
+    rules = yaml.safe_load((REPO / "docs" / "alerts.yml").read_text(encoding="utf-8"))
+    exprs = [rule["expr"] for group in rules["groups"] for rule in group["rules"]]
+    used = {word for expr in exprs for word in _metric_names(expr)}
+    assert used and used <= set(samples), sorted(used - set(samples))
+
+
+def _metric_names(expr: str) -> set[str]:
+    return set(re.findall(r"\bsplitkeeper_[a-z_]+\b", expr))
+
+
+def test_the_readme_quotes_the_alert_rules_of_docs_alerts_yml() -> None:
+    rules = yaml.safe_load((REPO / "docs" / "alerts.yml").read_text(encoding="utf-8"))
+    by_name = {rule["alert"]: rule for group in rules["groups"] for rule in group["rules"]}
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    section = readme[readme.index("Ready alert rules") :]
+    block = re.search(r"```yaml\n(.*?)```", section, flags=re.S)
+    assert block is not None
+    quoted = yaml.safe_load(block.group(1))
+    assert {q["alert"] for q in quoted} == {
+        "SplitkeeperNoGlobalCheckpoint",
+        "SplitkeeperConsecutiveRegionalAtLimit",
+    }
+    for rule in quoted:
+        assert {k: by_name[rule["alert"]][k] for k in rule} == rule, rule["alert"]
+
+
+def test_a_regional_checkpoint_sets_the_region_chain_gauges(tmp_path: Path) -> None:
+    # checkpoint 7 is regional: region 1 declined 7 (and 6), so it contributes 6's state, which refs 5
+    seed = Seed(
+        checkpoints=Counter({"global": 5, "regional": 1}),
+        latest_id=6,
+        refs={5: frozenset(), 6: frozenset({5})},
+    )
+    metrics = PipelineMetrics("chain", str(tmp_path / "state"), max_consecutive_failures=3, seed=seed)
+    declined = RegionState(1, ref_checkpoint_id=6, outcome=RegionOutcome.DECLINE, ref_depth=2)
+    completed = CompletedCheckpoint(
+        7,
+        CheckpointKind.REGIONAL,
+        3,
+        regions={0: RegionState(0), 1: declined, 2: RegionState(2)},
+        consecutive_regional=2,
+    )
+    outcomes = {0: RegionOutcome.ACK, 1: RegionOutcome.DECLINE, 2: RegionOutcome.ACK}
+    report = EpochReport(7, CheckpointKind.REGIONAL, outcomes, 10, 10, False, "", 0.1, completed=completed)
+    try:
+        metrics.observe(report)
+    finally:
+        metrics.close()
+    samples = _samples(Path(metrics_path(str(tmp_path / "state"))).read_text(encoding="utf-8"))
+    assert _by(samples, "splitkeeper_region_ref_checkpoint_id", "region") == {"0": 7, "1": 6, "2": 7}
+    assert _by(samples, "splitkeeper_region_consecutive_regional_checkpoints", "region") == {
+        "0": 0,
+        "1": 2,
+        "2": 0,
+    }
+    assert samples["splitkeeper_consecutive_regional_checkpoints"] == [({"pipeline": "chain"}, 2.0)]
+    assert samples["splitkeeper_oldest_ref_checkpoint_id"] == [({"pipeline": "chain"}, 5.0)]
+    assert _by(samples, "splitkeeper_checkpoints_total", "kind") == {"global": 5, "regional": 2, "aborted": 0}
+    assert "splitkeeper_last_global_checkpoint_timestamp_seconds" not in samples  # no global one known
+    assert samples["splitkeeper_last_checkpoint_timestamp_seconds"][0][1] > 1.7e9
 
 
 def test_status_metrics_before_any_run_says_what_to_do(tmp_path: Path) -> None:
