@@ -87,6 +87,9 @@ def test_the_demo_prints_only_its_story_and_ends_with_the_report_line(tmp_path: 
     story = run.stdout
     assert "failed regions [1]" in story  # the injected fault, one line
     assert "splitkeeper_recover" in story and "restart checks passed" in story
+    assert "  split " in story  # the rescale's per-split recovery decisions, a few lines
+    assert "rewind plan to checkpoint 1:" in story and "(dry run: nothing written)" in story
+    assert "rewound: state and sink are checkpoint 1's again" in story
     assert "Traceback" not in story + run.stderr  # tracebacks of injected faults stay in the log
     # the stream's change events are decoded into typed columns, transformed on Spark and upserted
     # into a keyed table; its 5 malformed messages are the dead letters

@@ -331,6 +331,57 @@ def _run_dag(name: str, conf: dict, config: str | None = None) -> None:
     _say(f"DAG run {name}: success in {time.monotonic() - started:.0f}s; restart checks passed")
 
 
+def _decisions_of(config: str, epoch: int, show: int = 3) -> list[str]:
+    """A few of the per-split recovery decisions checkpoint ``epoch`` committed (the audit trail)."""
+    from splitkeeper.config.settings import load_config
+    from splitkeeper.delta.checkpoints import DeltaStateStore
+
+    loaded = load_config(config)
+    store = DeltaStateStore(loaded.state_path, loaded.name, None, read_only=True)
+    rows = [r for r in store.tables.read("audit").to_pylist() if r["checkpoint_id"] == epoch]
+    rows = [r for r in rows if r["decision"] not in ("assigned", "discovered")] or rows
+    lines = [
+        f"split {r['split_id']}: {r['decision']}"
+        + ("" if r["reader_id"] is None else f" (reader {r['reader_id']})")
+        + (f" {r['detail']}" if r["detail"] else "")
+        for r in rows[:show]
+    ]
+    if len(rows) > show:
+        lines.append(
+            f"... {len(rows) - show} more decisions in the audit trail (splitkeeper status, the report)"
+        )
+    return lines
+
+
+def _rewind_story(config: str) -> None:
+    """The incident workflow: a rewind to the first retained checkpoint, planned then applied."""
+    from splitkeeper.app import incident
+    from splitkeeper.config.settings import load_config
+
+    loaded = load_config(config)
+    target = _first_checkpoint(loaded)
+    plan = incident.rewind(loaded, target, dry_run=True)
+    sink = next((t for t in plan.tables if t["table"] == "sink"), None)
+    _say(
+        f"a bad transform shipped? rewind plan to checkpoint {target}: {len(plan.changes)} splits go back, "
+        f"{plan.offsets_undone:,} offsets read again"
+        + ("" if sink is None else f", {sink['rows_leaving']:,} sink rows leave")
+        + " (dry run: nothing written)"
+    )
+    _run_dag(
+        "splitkeeper_recover",
+        {"rewind": True, "checkpoint_id": str(target), "confirm": True, "reason": "demo: replay after a fix"},
+    )
+    _say(f"  rewound: state and sink are checkpoint {target}'s again; the next run reads on from there")
+
+
+def _first_checkpoint(config: Any) -> int:
+    from splitkeeper.delta.checkpoints import DeltaStateStore
+
+    ids = DeltaStateStore(config.state_path, config.name, None, read_only=True).checkpoint_ids()
+    return ids[0] if ids else 1
+
+
 def _story_of(config: str, first: int) -> list[str]:
     """One line per checkpoint attempt from ``first`` on (kind, failed regions, reason)."""
     from splitkeeper.app import services
@@ -571,8 +622,12 @@ def main(argv: list[str] | None = None) -> int:
     _make_files(workspace / "incoming", files=2, lines=args.lines, first=4)  # a new file drop
     next_epoch = tasks.next_epoch(str(config))
     _say(f"injecting a failure of region 1 at epoch {next_epoch}")
-    _run_dag("splitkeeper_ingest", {"epochs": 2, "faults": [f"fail:1@{next_epoch}"]})
+    _run_dag("splitkeeper_ingest", {"epochs": 1, "faults": [f"fail:1@{next_epoch}"]})
+    recovered = tasks.next_epoch(str(config))
     _run_dag("splitkeeper_recover", {"checkpoint_id": "latest", "mode": "global", "parallelism": 4})
+    for line in _decisions_of(str(config), recovered):
+        _say(f"  {line}")
+    _rewind_story(str(config))
     _run_dag("splitkeeper_ingest", {"epochs": 50})
     files_report = tasks.report(
         str(config), title="splitkeeper demo: ingest, region failure, recovery and rescale"
