@@ -122,13 +122,14 @@ def _pipeline(
     interrupt: threading.Event | None = None,
 ) -> Pipeline:
     """The pipeline of ``config`` over ``lease`` (the caller took it with :func:`writer_lease`;
-    None for a read-only use), on ``spark`` (default :func:`spark_session`). Not opened."""
+    None for a read-only use), on ``spark`` (default :func:`spark_session`). Not opened. A read-only
+    pipeline (a dry run) runs no region, so it starts no Spark unless given a session."""
     from splitkeeper.app.pipeline import Pipeline
     from splitkeeper.spark.faults import FaultPlan
 
     return Pipeline(
         config,
-        spark_session() if spark is None else spark,
+        spark if spark is not None or read_only else spark_session(),
         faults=FaultPlan.parse(faults),
         progress=progress,
         read_only=read_only,

@@ -141,6 +141,23 @@ def test_refused_rewinds_name_why_list_the_restorable_checkpoints_and_write_noth
     assert tree(tmp_path / "sink") == before[1]
 
 
+def test_the_on_call_commands_answer_without_a_jvm(spark: Any, tmp_path: Path) -> None:
+    """``bench incident`` runs status, offsets and every dry run as fresh processes with JAVA_HOME
+    pointing nowhere (a JVM start would fail the command), and prints each one's time."""
+    _pipeline(tmp_path, "oncall", epochs=2, spark=spark)
+    before = tree(tmp_path / "state"), tree(tmp_path / "sink")
+    bench = splitkeeper_subprocess(
+        ["bench", "incident", "--config", str(tmp_path / "pipeline.yaml"), "--repeat", "1", "--json"]
+    )
+    assert bench.returncode == 0, bench.stderr[-3000:]
+    figures = json.loads(bench.stdout)["commands"]
+    assert sorted(figures) == sorted(
+        ["status", "offsets", "recover --dry-run", "recover --rewind (plan)", "offsets reset --dry-run"]
+    )
+    assert all(f["median_s"] > 0 for f in figures.values())
+    assert (tree(tmp_path / "state"), tree(tmp_path / "sink")) == before  # dry runs write nothing
+
+
 def test_offsets_lists_every_split_and_resets_forward_and_back_with_exact_accounting(
     spark: Any, tmp_path: Path
 ) -> None:

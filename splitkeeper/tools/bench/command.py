@@ -26,6 +26,10 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "splitkeeper.tools.bench.scale",
         "the driver's cost as the work grows: epoch overhead, restore after 200 checkpoints, RSS at 1M",
     ),
+    "incident": (
+        "splitkeeper.tools.bench.incident",
+        "the on-call commands (status, offsets, every --dry-run) as fresh processes, no JVM: the 2 s target",
+    ),
     "ingest": (
         "splitkeeper.tools.bench.ingest",
         "exactly-once ingest into Delta: splitkeeper pipeline vs Structured Streaming (--source files|kafka)",
