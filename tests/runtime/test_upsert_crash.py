@@ -129,3 +129,83 @@ def test_an_upsert_pipeline_killed_around_its_merge_recovers_to_the_fold_of_its_
             columns=["id", "name", "op", "split_id", "offset", "epoch"]
         )
         assert sorted(tuple(r.values()) for r in again.to_pylist()) == got
+
+
+def _logs(root: Path) -> dict[str, list[str]]:
+    """Every Delta table under ``root`` but the state's: its log's file names (what a commit changes)."""
+    return {
+        str(log.parent): sorted(p.name for p in log.iterdir())
+        for log in root.rglob("_delta_log")
+        if "state" not in log.parts
+    }
+
+
+def test_a_rewind_of_an_upsert_pipeline_killed_before_its_side_tables_finishes_on_open_and_stays_exact(
+    spark: Any, tmp_path: Path
+) -> None:
+    """The keyed table, the change table and the dead letters go back to checkpoint 1 together: the
+    rewind's command is killed after the keyed table's restore, before the side tables' (the next
+    open finishes them from the sink commit), and only the tables its plan named change."""
+    from splitkeeper.app import incident
+    from splitkeeper.spark.faults import CRASH_ENV as CRASH
+
+    from .helpers import run_pipeline, splitkeeper_subprocess
+
+    input_dir = tmp_path / "in"
+    oracle = _write_cdc(input_dir)
+    mapping = pipeline_mapping(tmp_path, "upsert-rewind", input_dir, epoch_records=30)
+    mapping["decode"] = {"kind": "json", "schema": "id BIGINT, name STRING, op STRING"}
+    mapping["sink"].update({"mode": "upsert", "key": ["id"], "delete_when": "op = 'd'"})
+    mapping["errors"] = {
+        "tolerance": "all",
+        "dead_letter": {"path": str(tmp_path / "dead")},
+        "max_bad_ratio": 0.5,
+    }
+    config_path = write_config(tmp_path / "pipeline.yaml", mapping)
+    config = config_from_mapping(mapping)
+    run_pipeline(config, spark, epochs=2)
+
+    plan = incident.rewind(config, 1, dry_run=True)
+    named = {t["path"].removeprefix("file://").rstrip("/"): t for t in plan.tables}
+    assert {t["table"] for t in plan.tables} == {"keyed", "dead-letter", "change"}
+    assert (
+        named[str(tmp_path / "dead")]["rows_leaving"] > 0
+        or named[str(tmp_path / "sink_changes")]["rows_leaving"] > 0
+    )
+    logs = _logs(tmp_path)
+
+    argv = [
+        "recover",
+        "--config",
+        str(config_path),
+        "--checkpoint",
+        "1",
+        "--rewind",
+        "--yes",
+        "--reason",
+        "test",
+    ]
+    crashed = splitkeeper_subprocess(argv, **{CRASH: "before_side_commit@3"})
+    assert crashed.returncode == -9, crashed.stderr[-2000:]
+    reader = DeltaSink(
+        config.sink_path, config.name, read_only=True, upsert=config.upsert, changes_path=config.changes_path
+    )
+    assert (
+        reader.committed_epoch() == 3 and reader.change_epoch() == 2
+    )  # keyed restored, change table not yet
+    changed = {path for path, files in _logs(tmp_path).items() if files != logs.get(path)}
+    assert changed and changed <= set(named), (changed, set(named))  # only tables the plan named
+
+    run_pipeline(
+        config, spark
+    )  # the open finishes the rewind (sides restored, checkpoint 3's row), then reads on
+    changes = read_sink(config.changes_path).to_pylist()
+    dead = read_dead_letters(config.dead_letter_path, ["split_id", "offset", "value"]).to_pylist()
+    places = Counter((Path(r["split_id"]).name, r["offset"]) for r in [*changes, *dead])
+    assert [k for k, n in places.items() if n > 1] == [] and set(places) == set(oracle)
+    keyed = DeltaTable(config.sink_path).to_pyarrow_table(
+        columns=["id", "name", "op", "split_id", "offset", "epoch"]
+    )
+    assert sorted(tuple(r.values()) for r in keyed.to_pylist()) == _fold(changes)
+    result = services.validate(config)
+    assert result.success and result.suites.get("upsert_fold") == "passed", result
