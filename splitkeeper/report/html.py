@@ -661,6 +661,42 @@ def _parked_section(parked: list[ParkedSplit]) -> _Section:
     return _section("parked", "Quarantined splits", lead, table)
 
 
+#: The decisions an operator's command made (rewind, offsets reset, release, drop), shown on their own.
+OPERATOR_DECISIONS = (
+    "rewound",
+    "reset_by_operator",
+    "skipped_by_operator",
+    "released",
+    "dropped_by_operator",
+)
+
+
+def _operator_section(data: ReportData) -> _Section | None:
+    """What operators did (``recover --rewind``, ``offsets reset``, ``--release``, ``--drop``), newest
+    first, with who and why from each record's detail; None when nobody did anything."""
+    done = [a for a in data.audit if a.decision in OPERATOR_DECISIONS]
+    if not done:
+        return None
+    skipped = sum(1 for a in done if a.decision == "skipped_by_operator")
+    table = _table(
+        "table-operator",
+        "Operator actions",
+        ["checkpoint", "split", "decision", "detail"],
+        [(a.checkpoint_id, a.split_id, a.decision, a.detail) for a in reversed(done[-TABLE_ROWS:])],
+        {0},
+    )
+    lead = (
+        f"{len(done)} split decision(s) made by an operator's command in the kept checkpoints"
+        + (
+            f"; {skipped} offset range(s) skipped by hand, which the restart checks accept as gaps"
+            if skipped
+            else ""
+        )
+        + "."
+    )
+    return _section("operator", "Operator actions", lead, table)
+
+
 #: The phases of a checkpoint as the report names them, with their colours.
 PHASE_NAMES = {"plan": "plan", "read": "read", "sink": "sink commit", "commit": "state commit"}
 PHASE_COLORS = {"plan": charts.SKY, "read": charts.BLUE, "sink": charts.ORANGE, "commit": charts.GREEN}
@@ -953,6 +989,9 @@ def render_html(
     parked = data.parked_splits()
     if parked:
         sections.insert(len(sections) - 1, _parked_section(parked))
+    operator = _operator_section(data)
+    if operator is not None:
+        sections.insert(len(sections) - 1, operator)
     if data.records is not None:
         sections.append(_records_section(data))
     if data.dead_letters is not None:

@@ -215,6 +215,9 @@ def test_offsets_lists_every_split_and_resets_forward_and_back_with_exact_accoun
     want = {(sid, o, v) for sid, recs in expected.items() for o, _n, v in recs if (sid, o) not in skipped}
     assert sorted((r.split_id, r.offset, r.value) for r in rows) == sorted(want)  # once each, by content
     _check(config, spark)
+    page = services.report(config).read_text(encoding="utf-8")  # the report lists what operators did
+    assert "Operator actions" in page and "skipped_by_operator" in page and "reset_by_operator" in page
+    assert "by " in page and ": poison" in page
 
 
 @pytest.mark.parametrize(
