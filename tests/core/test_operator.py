@@ -1,0 +1,122 @@
+"""Operator checkpoints (protocol section 8) in the core, without an engine: where each split stands,
+what a rewind changes, and what a reset decides and audits."""
+
+from __future__ import annotations
+
+import pytest
+
+from splitkeeper.core.operator import (
+    reset_decision,
+    rewind_changes,
+    rewind_decision,
+    skipped_range,
+    split_places,
+)
+from splitkeeper.core.types import (
+    CheckpointKind,
+    CompletedCheckpoint,
+    EnumeratorSnapshot,
+    RecoveryDecision,
+    RegionOutcome,
+    RegionState,
+    Split,
+)
+from splitkeeper.errors import InvalidParameterError
+
+
+def _split(sid: str, position: int, end: int | None = 100) -> Split:
+    return Split(sid, "s", position, end)
+
+
+def _checkpoint(
+    cid: int, a: int, b: int, *, finished: frozenset[str] = frozenset(), pooled: int = 5
+) -> CompletedCheckpoint:
+    """Split a owned by region 0, b by region 1 (region 1 fell back to checkpoint cid - 1), c pooled."""
+    regions = {
+        0: RegionState(0, (_split("a", a),)),
+        1: RegionState(
+            1, (_split("b", b),), ref_checkpoint_id=cid - 1, outcome=RegionOutcome.DECLINE, ref_depth=1
+        ),
+    }
+    enum = EnumeratorSnapshot(
+        cid,
+        2,
+        pool=() if "c" in finished else (_split("c", pooled),),
+        assignments={0: (_split("a", a),), 1: (_split("b", b),)},
+        finished=finished,
+    )
+    return CompletedCheckpoint(cid, CheckpointKind.REGIONAL, 2, regions, enum, consecutive_regional=1)
+
+
+def test_split_places_take_owned_positions_from_the_regions_and_the_rest_from_the_enumerator() -> None:
+    places = split_places(_checkpoint(3, 40, 20, finished=frozenset({"z"})))
+    assert {sid: (p.status, p.owner, p.position) for sid, p in places.items()} == {
+        "a": ("owned", 0, 40),
+        "b": ("owned", 1, 20),
+        "c": ("pool", None, 5),
+        "z": ("finished", None, None),
+    }
+
+
+def test_a_rewind_is_a_global_checkpoint_of_the_target_state_audited_per_changed_split() -> None:
+    latest, target = _checkpoint(5, 90, 60, finished=frozenset({"c"})), _checkpoint(2, 30, 60)
+    changes = {c.split_id: c for c in rewind_changes(latest, target)}
+    assert sorted(changes) == ["a", "c"]  # b stands where it stood
+    assert changes["a"].undone == 60 and changes["a"].before == "at 90 (reader 0)"
+    assert changes["c"].before == "finished" and changes["c"].after == "at 5 (pool)"
+
+    decision = rewind_decision(latest, target, 7, attempt_id="x", operator="ann@host", reason="bad transform")
+    cp = decision.checkpoint
+    assert cp.checkpoint_id == 7 and cp.kind is CheckpointKind.GLOBAL and cp.consecutive_regional == 0
+    assert all(r.outcome is RegionOutcome.ACK and r.ref_checkpoint_id is None for r in cp.regions.values())
+    assert (
+        cp.enumerator is not None
+        and cp.enumerator.checkpoint_id == 7
+        and cp.enumerator.finished == frozenset()
+    )
+    assert split_places(cp)["a"].position == 30
+    assert [(a.split_id, a.decision) for a in decision.audit] == [
+        ("a", RecoveryDecision.REWOUND),
+        ("c", RecoveryDecision.REWOUND),
+    ]
+    assert all("by ann@host: bad transform" in a.detail for a in decision.audit)
+    assert decision.reason == "rewind to checkpoint 2 by ann@host: bad transform"
+
+
+def test_a_rewind_goes_back_only_and_takes_a_new_epoch() -> None:
+    latest = _checkpoint(5, 90, 60)
+    with pytest.raises(InvalidParameterError, match="before the latest one"):
+        rewind_decision(latest, latest, 6, attempt_id="x", operator="o", reason="")
+    with pytest.raises(InvalidParameterError, match="after the latest checkpoint 5"):
+        rewind_decision(latest, _checkpoint(2, 1, 1), 5, attempt_id="x", operator="o", reason="")
+
+
+def test_a_forward_reset_skips_an_audited_range_and_a_backward_one_reads_again() -> None:
+    latest = _checkpoint(5, 40, 60)
+    forward, change = reset_decision(latest, "a", 55, 6, attempt_id="x", operator="o", reason="poison")
+    assert split_places(forward.checkpoint)["a"].position == 55 and change.skipped == 15
+    (record,) = forward.audit
+    assert record.decision is RecoveryDecision.SKIPPED_BY_OPERATOR and skipped_range(record) == (40, 55)
+    backward, change = reset_decision(latest, "c", 2, 6, attempt_id="x", operator="o")
+    assert split_places(backward.checkpoint)["c"].position == 2 and change.undone == 3
+    assert (
+        backward.audit[0].decision is RecoveryDecision.RESET_BY_OPERATOR
+        and skipped_range(backward.audit[0]) is None
+    )
+    assert forward.checkpoint.kind is CheckpointKind.GLOBAL
+
+
+@pytest.mark.parametrize(
+    ("split", "position", "says"),
+    [
+        ("nope", 1, "a split of the latest checkpoint"),
+        ("z", 1, "not finished"),
+        ("a", 101, "<= the split's end 100"),
+        ("a", 40, "other than the split's position now"),
+        ("a", -1, "an offset >= 0"),
+    ],
+)
+def test_a_reset_refuses_what_it_cannot_do(split: str, position: int, says: str) -> None:
+    latest = _checkpoint(5, 40, 60, finished=frozenset({"z"}))
+    with pytest.raises(InvalidParameterError, match=says):
+        reset_decision(latest, split, position, 6, attempt_id="x", operator="o")
