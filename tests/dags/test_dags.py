@@ -312,9 +312,18 @@ def test_ingest_with_a_region_failure_then_recover_and_rescale(airflow_db, spark
     assert latest is not None and latest.parallelism == 2 and latest.checkpoint_id > max(before)
     assert sorted(latest.enumerator.assignments) == [0, 1]
 
+    finish = load_dag("splitkeeper_ingest").test(run_conf={"epochs": 20})
+    assert finish.state == "success"
+    assert store.latest_checkpoint().parallelism == 2  # the next scheduled run keeps the rescale
+    sink = spark.read.format("delta").load(config.sink_path)
+    source_lines = sum(len(p.read_text().splitlines()) for p in (tmp_path / "in").iterdir())
+    assert sink.count() == source_lines
+    assert sink.select("split_id", "offset").distinct().count() == source_lines
+
     # the incident workflow through Params: a rewind is planned (nothing written) until confirmed
+    store = DeltaStateStore(config.state_path, config.name, None, read_only=True)
     ids = store.checkpoint_ids()
-    back_to = ids[-2]
+    back_to = ids[0]  # the oldest retained checkpoint: the largest rewind
     plan = load_dag("splitkeeper_recover").test(run_conf={"rewind": True, "checkpoint_id": str(back_to)})
     assert plan.state == "success" and store.checkpoint_ids() == ids
     rewound = load_dag("splitkeeper_recover").test(
@@ -327,10 +336,8 @@ def test_ingest_with_a_region_failure_then_recover_and_rescale(airflow_db, spark
     decided = [d for d in fresh.tables.read("decisions").to_pylist() if d["epoch_id"] == epoch]
     assert [d["reason"] for d in decided] == [f"rewind to checkpoint {back_to} by airflow: dag test"]
 
-    finish = load_dag("splitkeeper_ingest").test(run_conf={"epochs": 20})
-    assert finish.state == "success"
-    assert store.latest_checkpoint().parallelism == 2  # the next scheduled run keeps the rescale
+    again = load_dag("splitkeeper_ingest").test(run_conf={"epochs": 20})  # reads the undone offsets again
+    assert again.state == "success"
     sink = spark.read.format("delta").load(config.sink_path)
-    source_lines = sum(len(p.read_text().splitlines()) for p in (tmp_path / "in").iterdir())
     assert sink.count() == source_lines
     assert sink.select("split_id", "offset").distinct().count() == source_lines
