@@ -93,7 +93,8 @@ class SplitkeeperHook(BaseHook):
 
     def kafka_settings(self, conn_id: str) -> dict[str, Any]:
         """What a Kafka connection gives the pipeline's source: ``bootstrap_servers`` (the extra's
-        ``bootstrap.servers``, else host:port) and ``client`` (the rest of the extra: SASL, TLS)."""
+        ``bootstrap.servers``, else host:port), ``group_id`` (``group.id``) and ``client`` (the rest
+        of the extra: SASL, TLS; login and password as the SASL user and password)."""
         conn = self._connection(conn_id)
         extra = dict(conn.extra_dejson or {})
         servers = extra.get("bootstrap.servers") or (
@@ -104,7 +105,7 @@ class SplitkeeperHook(BaseHook):
             client["sasl.username"] = conn.login
         if conn.password and "sasl.password" not in client:
             client["sasl.password"] = conn.password
-        return {"bootstrap_servers": servers, "client": client}
+        return {"bootstrap_servers": servers, "group_id": extra.get("group.id"), "client": client}
 
     def store_environment(self, conn_id: str) -> dict[str, str]:
         """The ``AWS_*`` variables an AWS connection gives the object store (delta-rs and Spark's
