@@ -21,7 +21,8 @@ Contract:
    :class:`~splitkeeper.errors.ConfigError` in the house format: the dotted key, the value
    given, what is allowed, and for an unknown key the allowed keys of its section and the
    closest one ("did you mean"). Values of ``source.client`` are never shown.
-5. A ``null`` value counts as not given (the default applies; a required key is missing).
+5. A ``null`` value counts as not given (the default applies; a required key is missing), but
+   for ``airflow.schedule``, where null means the ingest DAG is triggered only.
 6. :func:`json_schema` is the JSON Schema (draft 2020-12) of the file, what
    ``splitkeeper config schema`` prints and the Airflow trigger form validates against.
 
@@ -506,7 +507,15 @@ def _schedule(value: str | None) -> str | None:
 
 
 class AirflowSection(_Section):
-    """``airflow``: how :func:`splitkeeper.airflow.splitkeeper_dags` schedules the pipeline's DAGs."""
+    """``airflow``: how :func:`splitkeeper.airflow.splitkeeper_dags` schedules the pipeline's DAGs.
+
+    Unlike other keys, an explicit ``schedule: null`` is a value: the ingest DAG is triggered only.
+    """
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_not_given(cls, data: Any) -> Any:  # overrides _Section's: here null means "no schedule"
+        return data
 
     schedule: Annotated[_Text | None, AfterValidator(_schedule)] = Field(
         DEFAULT_SCHEDULE,
