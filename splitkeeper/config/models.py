@@ -21,7 +21,8 @@ Contract:
    :class:`~splitkeeper.errors.ConfigError` in the house format: the dotted key, the value
    given, what is allowed, and for an unknown key the allowed keys of its section and the
    closest one ("did you mean"). Values of ``source.client`` are never shown.
-5. A ``null`` value counts as not given (the default applies; a required key is missing).
+5. A ``null`` value counts as not given (the default applies; a required key is missing), but
+   for ``airflow.schedule``, where null means the ingest DAG is triggered only.
 6. :func:`json_schema` is the JSON Schema (draft 2020-12) of the file, what
    ``splitkeeper config schema`` prints and the Airflow trigger form validates against.
 
@@ -78,9 +79,11 @@ NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 CALLABLE_PATTERN = r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$"
 STARTING_PATTERN = r"^(earliest|latest|group|timestamp:[0-9]+)$"
 OTLP_PATTERN = r"^https?://[^\s/]+"
+CONN_ID_PATTERN = r"^[A-Za-z0-9_.-]{1,250}$"
 
 _URI_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 _HOST_PORT_RE = re.compile(r"^[^\s:,]+:\d{1,5}$")
+_CRON_FIELD_RE = re.compile(r"^[0-9A-Za-z*/,?#-]+$")
 
 
 # --------------------------------------------------------------------------- choices
@@ -272,6 +275,12 @@ class SourceSection(_Section):
         description="a mapping of Kafka client settings (librdkafka names) to strings, numbers or booleans",
         json_schema_extra={"additionalProperties": {"type": ["string", "number", "boolean"]}},
     )
+    connection: _Text | None = Field(
+        None,
+        pattern=CONN_ID_PATTERN,
+        description="an Airflow connection id of the Kafka provider's type, e.g. 'kafka_default': inside "
+        "Airflow its bootstrap servers and client settings (SASL) fill the ones this file leaves out",
+    )
 
 
 FILE_KEYS = ("path", "format", "split_bytes", "on_file_change")
@@ -338,8 +347,15 @@ class BacklogSection(_Section):
         )
 
 
+_STORE_CONNECTION = (
+    "an Airflow connection id of the Amazon provider's type, e.g. 'aws_default': inside Airflow its "
+    "keys, endpoint and region reach the object store (never secrets in this file)"
+)
+
+
 class RequiredPath(_Section):
     path: _Text = Field(description="a path (relative to the file's directory) or a URI")
+    connection: _Text | None = Field(None, pattern=CONN_ID_PATTERN, description=_STORE_CONNECTION)
 
 
 class OptionalPath(_Section):
@@ -383,6 +399,7 @@ class ErrorsSection(_Section):
 
 class SinkSection(_Section):
     path: _Text = Field(description="a path (relative to the file's directory) or a URI")
+    connection: _Text | None = Field(None, pattern=CONN_ID_PATTERN, description=_STORE_CONNECTION)
     partition_by: list[_Text] = Field(
         default_factory=list, description="a list of sink column names (Delta partition columns)"
     )
@@ -452,6 +469,58 @@ class MaintenanceSection(_Section):
         ge=0,
         description="hours >= 0: VACUUM keeps the files removed less than this long ago (time travel "
         "reaches back that far); a fraction of an hour rounds up to the next whole hour",
+    )
+
+
+#: The ingest DAG's schedule when the file names none: every 30 minutes.
+DEFAULT_SCHEDULE = "*/30 * * * *"
+SCHEDULE_PRESETS = (
+    "@once",
+    "@continuous",
+    "@hourly",
+    "@daily",
+    "@weekly",
+    "@monthly",
+    "@quarterly",
+    "@yearly",
+)
+_SCHEDULE_ALLOWED = (
+    "a cron expression of 5 fields (e.g. '*/30 * * * *'), one of "
+    + ", ".join(SCHEDULE_PRESETS)
+    + ", or null (triggered only)"
+)
+
+
+def _schedule(value: str | None) -> str | None:
+    if value is None or value in SCHEDULE_PRESETS:
+        return value
+    fields = value.split()
+    if len(fields) != 5 or not all(_CRON_FIELD_RE.match(f) for f in fields):
+        raise ValueError(f"{value!r} is not {_SCHEDULE_ALLOWED}")
+    try:  # Airflow's own cron parser, where it is installed: it knows every field's range
+        from croniter import croniter
+    except ImportError:
+        return value
+    if not croniter.is_valid(value):
+        raise ValueError(f"{value!r} is not {_SCHEDULE_ALLOWED}: a field is out of its range")
+    return value
+
+
+class AirflowSection(_Section):
+    """``airflow``: how :func:`splitkeeper.airflow.splitkeeper_dags` schedules the pipeline's DAGs.
+
+    Unlike other keys, an explicit ``schedule: null`` is a value: the ingest DAG is triggered only.
+    """
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_not_given(cls, data: Any) -> Any:  # overrides _Section's: here null means "no schedule"
+        return data
+
+    schedule: Annotated[_Text | None, AfterValidator(_schedule)] = Field(
+        DEFAULT_SCHEDULE,
+        description="the ingest DAG's schedule: " + _SCHEDULE_ALLOWED,
+        json_schema_extra={"type": ["string", "null"]},
     )
 
 
@@ -529,6 +598,7 @@ class PipelineFile(_Section):
     lease: LeaseSection = LeaseSection.model_validate({})
     maintenance: MaintenanceSection = MaintenanceSection.model_validate({})
     metrics: MetricsSection = MetricsSection.model_validate({})
+    airflow: AirflowSection = AirflowSection.model_validate({})
 
     _resolved: Resolved | None = PrivateAttr(None)
 
@@ -635,7 +705,7 @@ def _check_source(sec: SourceSection, at: _Where) -> tuple[str | None, str | Non
             raise at.missing("source.path", "the directory (or file) to ingest")
         return at.path(sec.path), None, ()
 
-    servers = _bootstrap_servers(sec.bootstrap_servers, at)
+    servers = _bootstrap_servers(sec.bootstrap_servers, at, sec.connection)
     topics = tuple(sec.topics)
     pattern = sec.topic_pattern
     one_of = "exactly one of source.topics (a list of topic names) or source.topic_pattern (a regex)"
@@ -680,8 +750,14 @@ def _client_settings(raw: Mapping[str, Any], at: _Where) -> _ClientItems:
     return tuple(sorted(items))
 
 
-def _bootstrap_servers(raw: str | list[str] | None, at: _Where) -> str:
+def _bootstrap_servers(raw: str | list[str] | None, at: _Where, connection: str | None = None) -> str:
     allowed = "'host:port[,host:port...]' or a list of 'host:port'"
+    if raw is None and connection is not None:
+        raise at.missing(
+            "source.bootstrap_servers",
+            f"{allowed}; source.connection {connection!r} gives them only inside Airflow "
+            "(splitkeeper.airflow.hooks.SplitkeeperHook); elsewhere set source.bootstrap_servers",
+        )
     if raw is None:
         raise at.missing("source.bootstrap_servers", allowed)
     items = [s.strip() for s in raw.split(",")] if isinstance(raw, str) else list(raw)

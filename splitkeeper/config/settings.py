@@ -75,6 +75,7 @@ from pathlib import Path
 from typing import Any
 
 from splitkeeper.config.models import (
+    DEFAULT_SCHEDULE,
     IDENTITY_TRANSFORM,
     KAFKA_MANAGED_CLIENT_KEYS,
     OVERRIDABLE,
@@ -274,6 +275,10 @@ class PipelineConfig:
     filtered_path: str  # the offsets a Spark transform dropped (a Delta table beside the sink)
     transform_kind: TransformKind  # transform.kind: python (in the region tasks) or spark (per epoch)
     origin: str  # the file it was loaded from (for messages), "" if built from a mapping
+    schedule: str | None = DEFAULT_SCHEDULE  # airflow.schedule: the ingest DAG's (None: triggered only)
+    # source.connection, state.connection, sink.connection: Airflow connection ids (None: not named)
+    source_connection: str | None = None
+    store_connections: tuple[str, ...] = ()
 
     @property
     def regional_checkpoints(self) -> bool:
@@ -304,6 +309,7 @@ def load_config(
     path: str | os.PathLike[str],
     env: Mapping[str, str] | None = None,
     overrides: Mapping[str, Any] | None = None,
+    connections: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> PipelineConfig:
     """Read and validate a pipeline config file (``.yaml``, ``.yml`` or ``.toml``).
 
@@ -312,8 +318,36 @@ def load_config(
     ``overrides`` (the ingest DAG's ``pipeline`` Param) is merged onto the file, section by
     section, before validation; only the sections :data:`OVERRIDABLE` names may be given.
     Raises :class:`ConfigError` for a missing/unreadable file, a syntax error
-    or any invalid value.
+    or any invalid value. ``connections`` (from :class:`splitkeeper.airflow.hooks.SplitkeeperHook`)
+    maps a connection id to the source keys it gives (``bootstrap_servers``, ``client``): the
+    file's ``source.connection`` takes them, the file's own keys win.
     """
+    file, data = read_config_file(path)
+    if overrides is not None:
+        check_limits(overrides, f"{file} (pipeline overrides)")
+        data = apply_overrides(data, overrides, str(file))
+    if connections:
+        data = _with_connection(data, connections)
+    return config_from_mapping(data, base_dir=file.parent, origin=str(file), env=env)
+
+
+def _with_connection(data: Any, connections: Mapping[str, Mapping[str, Any]]) -> Any:
+    """``data`` with ``source.connection``'s values under the source keys the file leaves out."""
+    source = data.get("source") if isinstance(data, Mapping) else None
+    given = connections.get(source.get("connection") or "") if isinstance(source, Mapping) else None
+    if not given or source is None:
+        return data
+    merged = {**source}
+    for key, value in given.items():
+        if key == "client" and isinstance(source.get("client"), Mapping):
+            merged["client"] = {**value, **source["client"]}
+        elif value is not None:
+            merged.setdefault(key, value)
+    return {**data, "source": merged}
+
+
+def read_config_file(path: str | os.PathLike[str]) -> tuple[Path, Any]:
+    """The pipeline file's resolved path and its parsed content, not yet validated."""
     file = Path(path).expanduser().resolve()
     suffix = file.suffix.lower()
     if suffix not in (".yaml", ".yml", ".toml"):
@@ -340,10 +374,7 @@ def load_config(
             raise _too_deep("", str(file)) from err
     else:
         data = _load_yaml(text, str(file))
-    if overrides is not None:
-        check_limits(overrides, f"{file} (pipeline overrides)")
-        data = apply_overrides(data, overrides, str(file))
-    return config_from_mapping(data, base_dir=file.parent, origin=str(file), env=env)
+    return file, data
 
 
 # --------------------------------------------------------------------------- parsing limits
@@ -706,6 +737,9 @@ def _view(file: PipelineFile, origin: str) -> PipelineConfig:
         filtered_path=resolved.filtered_path,
         transform_kind=file.transform_kind,
         origin=origin,
+        schedule=file.airflow.schedule,
+        source_connection=file.source.connection,
+        store_connections=tuple(dict.fromkeys(c for c in (file.state.connection, file.sink.connection) if c)),
     )
 
 

@@ -1,6 +1,6 @@
 """Airflow wiring shared by the DAG files: defaults, and the epoch task (in-process or spark-submit).
 
-Imported only by ``dags/*.py``. On the embedded default the PySpark jobs run
+Imported by :mod:`splitkeeper.airflow` (the generated DAGs). On the embedded default the PySpark jobs run
 in-process inside the task; when ``SPLITKEEPER_SPARK_MASTER`` names a cluster
 (spark://, k8s://, yarn) the epoch task is a ``SparkSubmitOperator`` running
 ``jobs/epoch_job.py`` (package data: :func:`splitkeeper.resources.epoch_job`) on that cluster.
@@ -164,13 +164,14 @@ class DagPipeline:
         return {**DEFAULT_ARGS, "on_failure_callback": self.notify_failure}
 
 
-def dag_pipelines(env: Mapping[str, str] | None = None) -> list[DagPipeline]:
-    """The pipelines to build DAGs for, from ``$SPLITKEEPER_PIPELINE_CONFIG`` (see :class:`DagPipeline`).
+def dag_pipelines(env: Mapping[str, str] | None = None, paths: list[str] | None = None) -> list[DagPipeline]:
+    """The pipelines to build DAGs for: ``paths``, else ``$SPLITKEEPER_PIPELINE_CONFIG`` (see
+    :class:`DagPipeline`).
 
     A config that does not load still gets its DAGs (the tasks report the error); among several,
     its DAG ids end with the file's stem instead of the pipeline name.
     """
-    paths = config_paths(env)
+    paths = config_paths(env) if paths is None else paths
     if len(paths) <= 1:
         path = paths[0] if paths else ""
         return [DagPipeline(path, _load(path) if path else None)]
@@ -184,8 +185,9 @@ def dag_pipelines(env: Mapping[str, str] | None = None) -> list[DagPipeline]:
 
 def cluster_master() -> str | None:
     """The configured Spark master when it is a cluster, else None (in-process local Spark)."""
-    master = os.environ.get("SPLITKEEPER_SPARK_MASTER", "")
-    return master if master and not master.startswith("local") else None
+    from splitkeeper.airflow.hooks import SplitkeeperHook
+
+    return SplitkeeperHook.cluster_master()
 
 
 def spark_submit_epoch_task(task_id: str, pipeline: DagPipeline) -> Any:

@@ -43,7 +43,15 @@ def config_path(explicit: str | None = None) -> str:
 
 
 def _config(path: str | None, overrides: Mapping[str, Any] | None = None) -> PipelineConfig:
-    return load_config(config_path(path), overrides=overrides)
+    """The pipeline through :class:`~splitkeeper.airflow.hooks.SplitkeeperHook`: the connections the
+    file names are read (Kafka servers and SASL, the object store's keys into this process's
+    environment); without Airflow, the file as it is."""
+    try:
+        from splitkeeper.airflow.hooks import SplitkeeperHook
+    except ImportError:  # no Airflow installed: no connections to read
+        return load_config(config_path(path), overrides=overrides)
+    config: PipelineConfig = SplitkeeperHook(config_path(path)).open(overrides)
+    return config
 
 
 # -- scheduled ingest ------------------------------------------------------------------------

@@ -326,6 +326,13 @@ def test_ingest_with_a_region_failure_then_recover_and_rescale(airflow_db, spark
     back_to = ids[0]  # the oldest retained checkpoint: the largest rewind
     plan = load_dag("splitkeeper_recover").test(run_conf={"rewind": True, "checkpoint_id": str(back_to)})
     assert plan.state == "success" and store.checkpoint_ids() == ids
+    from splitkeeper.airflow.operators import SplitkeeperRecoverOperator  # what a user's own DAG imports
+
+    planned = SplitkeeperRecoverOperator(
+        task_id="rewind", pipeline_config=str(config_path), rewind="True", checkpoint_id=str(back_to)
+    ).execute({})
+    assert (planned["kind"], planned["applied"], planned["dry_run"]) == ("rewind", False, True)
+    assert store.checkpoint_ids() == ids  # without confirm: planned, nothing written
     rewound = load_dag("splitkeeper_recover").test(
         run_conf={"rewind": True, "checkpoint_id": str(back_to), "confirm": True, "reason": "dag test"}
     )

@@ -1,0 +1,322 @@
+"""The DAGs :func:`splitkeeper.airflow.splitkeeper_dags` builds for one pipeline.
+
+One builder per kind, each taking a :class:`~splitkeeper.orchestration.airflow.DagPipeline`.
+The scheduled steps are the splitkeeper operators (:mod:`splitkeeper.airflow.operators`); the
+recovery and rescale DAGs keep one task per recovery step (the audit trail), each a call of
+:mod:`splitkeeper.orchestration.tasks`. Nothing here starts or imports Spark: the scheduler
+parses DAG files constantly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pendulum
+from airflow.sdk import DAG, Param, task
+
+from splitkeeper.airflow.operators import (
+    SplitkeeperIngestOperator,
+    SplitkeeperMaintainOperator,
+    SplitkeeperReportOperator,
+    SplitkeeperValidateOperator,
+)
+from splitkeeper.config.limits import MAX_PARALLELISM
+from splitkeeper.config.models import DEFAULT_SCHEDULE
+from splitkeeper.orchestration import tasks
+from splitkeeper.orchestration.airflow import (
+    DagPipeline,
+    cluster_master,
+    pipeline_param,
+    spark_submit_epoch_task,
+)
+
+INGEST_DOC = """splitkeeper_ingest: the scheduled ingest of one pipeline.
+
+run epochs (the pipeline is opened once: an epoch the last run left half-done is
+finished from its decision record, the latest checkpoint is restored, new splits
+are discovered; epoch size follows the backlog state) -> Great Expectations
+restart checks -> run report. Scheduled by the pipeline file's
+airflow.schedule (default every 30 minutes). With several pipeline files there is
+one such DAG per pipeline, splitkeeper_ingest__<pipeline name>. Built by
+splitkeeper.airflow.splitkeeper_dags from the splitkeeper operators.
+"""
+
+RECOVER_DOC = """splitkeeper_recover: recovery after an incident, triggered by hand.
+
+Params (validated when the run is triggered): checkpoint_id ('latest' or an
+id), mode (auto, global, partial), parallelism (null keeps it; another value
+rescales), dry_run (only print the plan), release (quarantined split ids to
+put back; status lists them), rewind + confirm + reason (go back to
+the older checkpoint checkpoint_id, state and sink together), reset_split + reset_to (set one
+split's offset). A rewind or a reset is planned by the first step (its plan in the log) and
+applied by the writing step only with confirm. Tasks are the recovery steps:
+restore enumerator state -> collect reader reports -> classify every split
+(the audit trail) -> reassign and rebalance -> validate -> resume. One DAG per
+configured pipeline (see splitkeeper_ingest).
+
+The writing step (reassign and rebalance) queues for the pipeline's pool slot.
+With checkpoint_id 'latest' it restores the latest checkpoint when it gets the
+slot: a run that held the slot may have committed newer ones than the first
+steps showed. An explicit id that is no longer the latest fails, naming it.
+"""
+
+RESCALE_DOC = """splitkeeper_rescale: change a pipeline's parallelism (protocol rule 2.8).
+
+Restores the latest checkpoint at the new parallelism, redistributing operator
+state even-split or union and splits even-split, keeps the restored assignment
+until the first checkpoint at the new parallelism (which it then takes), and
+validates. One DAG per configured pipeline (see splitkeeper_ingest).
+"""
+
+MAINTAIN_DOC = """splitkeeper_maintain: daily compaction and VACUUM of a pipeline's state tables and sink.
+
+Deletes state rows nothing reads any more, bin-packs small files and VACUUMs the files
+commits removed more than history_hours ago (Param; default: the pipeline's
+maintenance.history_hours), logging every file removed. It runs in the pipeline's writer
+pool and holds its lease, so it queues behind an ingest instead of running beside it.
+Never removes a file a kept checkpoint or an uncommitted epoch needs. One DAG per
+configured pipeline (see splitkeeper_ingest). Built by
+splitkeeper.airflow.splitkeeper_dags.
+"""
+
+
+def schedule_of(pipeline: DagPipeline) -> str | None:
+    """The ingest DAG's schedule: the pipeline file's ``airflow.schedule`` (default every 30 minutes)."""
+    return DEFAULT_SCHEDULE if pipeline.config is None else pipeline.config.schedule
+
+
+def ingest_dag(pipeline: DagPipeline) -> DAG:
+    with DAG(
+        dag_id=pipeline.dag_id("splitkeeper_ingest"),
+        description="Scheduled exactly-once ingest with split ownership and regional checkpoints",
+        schedule=schedule_of(pipeline),
+        start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
+        catchup=False,
+        max_active_runs=1,
+        default_args=pipeline.default_args(),
+        doc_md=INGEST_DOC,
+        params={
+            "epochs": Param(
+                3, type="integer", minimum=1, maximum=1000, description="epochs (checkpoints) per run"
+            ),
+            "until_caught_up": Param(
+                True,
+                type="boolean",
+                description="Kafka: stop at the global checkpoint where every partition reached the end "
+                "offset it had when the run began (at most `epochs` epochs); file sources end by themselves",
+            ),
+            "continuous": Param(
+                False,
+                type="boolean",
+                description="run on the backlog/normal checkpoint intervals until the task is cancelled, "
+                "then end on a global checkpoint (epochs and until_caught_up are then ignored)",
+            ),
+            "faults": Param(
+                [],
+                type="array",
+                items={"type": "string", "pattern": r"^(fail|flaky|stall(:[0-9.]+)?):[0-9]+@[0-9]+$"},
+                description="faults to inject (demos): fail:REGION@EPOCH, flaky:REGION@EPOCH or "
+                "stall[:SECONDS]:REGION@EPOCH",
+            ),
+            "pipeline": pipeline_param(),
+        },
+        tags=["splitkeeper"],
+    ) as dag:
+        path = pipeline.config_path
+        if cluster_master():
+            epochs: Any = spark_submit_epoch_task("run_epochs", pipeline)
+        else:
+            epochs = SplitkeeperIngestOperator(
+                task_id="run_epochs",
+                pipeline_config=path,
+                epochs="{{ params.epochs }}",
+                until_caught_up="{{ params.until_caught_up }}",
+                continuous="{{ params.continuous }}",
+                faults="{{ params.faults | tojson }}",
+                pipeline="{{ params.pipeline | tojson }}",
+                pool=pipeline.writer_pool(),
+                outlets=pipeline.assets(),
+            )
+        validate = SplitkeeperValidateOperator(task_id="validate", pipeline_config=path)
+        report = SplitkeeperReportOperator(task_id="report", pipeline_config=path)
+        epochs >> validate >> report
+    return dag
+
+
+def recover_dag(pipeline: DagPipeline) -> DAG:
+    with DAG(
+        dag_id=pipeline.dag_id("splitkeeper_recover"),
+        description="Hand-triggered recovery: global restore, partial failover or rescale, with the audit "
+        "trail",
+        schedule=None,
+        start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
+        catchup=False,
+        max_active_runs=1,
+        default_args=pipeline.default_args(),
+        doc_md=RECOVER_DOC,
+        params={
+            "checkpoint_id": Param(
+                "latest",
+                type="string",
+                pattern=r"^(latest|[1-9][0-9]*)$",
+                description="'latest' or the id of a completed checkpoint",
+            ),
+            "mode": Param(
+                "auto", type="string", enum=list(tasks.RECOVERY_MODES), description="recovery mode"
+            ),
+            "parallelism": Param(
+                None,
+                type=["null", "integer"],
+                minimum=1,
+                maximum=MAX_PARALLELISM,
+                description="new parallelism (a rescale); null keeps it",
+            ),
+            "dry_run": Param(False, type="boolean", description="only print the recovery plan"),
+            "rewind": Param(
+                False,
+                type="boolean",
+                description="go back to checkpoint_id (an older retained checkpoint): state, sink, dead "
+                "letters and change tables as they were there; planned only unless confirm",
+            ),
+            "confirm": Param(False, type="boolean", description="apply the rewind or the offset reset"),
+            "reason": Param("", type="string", description="why (kept in the audit trail)"),
+            "reset_split": Param(
+                None, type=["null", "string"], description="set this split's offset (with reset_to)"
+            ),
+            "reset_to": Param(
+                None,
+                type=["null", "string"],
+                pattern=r"^(offset:[0-9]+|timestamp:[0-9]+|earliest|latest|shift:-?[0-9]+)$",
+                description="offset:N, timestamp:MS, earliest, latest or shift:K",
+            ),
+            "release": Param(
+                [],
+                type="array",
+                items={"type": "string"},
+                description="quarantined splits to put back (status lists them); read again from their "
+                "position",
+            ),
+        },
+        tags=["splitkeeper"],
+    ) as dag:
+        path = pipeline.config_path
+
+        @task
+        def restore_enumerator_state(params: dict | None = None) -> dict:
+            return tasks.restore_enumerator_state(params or {}, path)
+
+        @task
+        def collect_reader_reports(restored: dict) -> dict:
+            return tasks.collect_reader_reports(restored, path)
+
+        @task
+        def classify_splits(reports: dict) -> dict:
+            return tasks.classify_splits(reports, path)
+
+        @task(pool=pipeline.writer_pool(), outlets=pipeline.assets())
+        def reassign_and_rebalance(reports: dict, classified: dict) -> dict:
+            return tasks.reassign_and_rebalance(reports, path)
+
+        @task
+        def validate(reassigned: dict) -> dict:
+            if reassigned.get("dry_run"):
+                return {"skipped": "dry run"}
+            return tasks.validate(path)
+
+        @task
+        def resume(validated: dict) -> str:
+            if validated.get("skipped"):
+                return "dry run: nothing to resume"
+            return tasks.report(path, title="splitkeeper recovery report")
+
+        # each step's XCom is the next one's argument (mypy sees the XComArg, not the dict)
+        reports: Any = collect_reader_reports(restore_enumerator_state())  # type: ignore[arg-type]
+        classified: Any = classify_splits(reports)
+        resume(validate(reassign_and_rebalance(reports, classified)))  # type: ignore[arg-type]
+    return dag
+
+
+def rescale_dag(pipeline: DagPipeline) -> DAG:
+    with DAG(
+        dag_id=pipeline.dag_id("splitkeeper_rescale"),
+        description="Change parallelism with operator-state redistribution (even-split or union)",
+        schedule=None,
+        start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
+        catchup=False,
+        max_active_runs=1,
+        default_args=pipeline.default_args(),
+        doc_md=RESCALE_DOC,
+        params={
+            "parallelism": Param(
+                2, type="integer", minimum=1, maximum=MAX_PARALLELISM, description="the new parallelism"
+            ),
+            "redistribution": Param("even-split", type="string", enum=["even-split", "union"]),
+        },
+        tags=["splitkeeper"],
+    ) as dag:
+        path = pipeline.config_path
+
+        @task
+        def restore(params: dict | None = None) -> dict:
+            params = params or {}
+            restored = tasks.restore_enumerator_state(
+                {"checkpoint_id": "latest", "mode": "global", "parallelism": params.get("parallelism")},
+                path,
+            )
+            return {**restored, "redistribution": params.get("redistribution", "even-split")}
+
+        @task(pool=pipeline.writer_pool(), outlets=pipeline.assets())
+        def redistribute(restored: dict) -> dict:
+            return tasks.rescale(tasks.collect_reader_reports(restored, path), path)
+
+        @task
+        def validate(redistributed: dict) -> dict:
+            return tasks.validate(path)
+
+        @task
+        def report(validated: dict) -> str:
+            return tasks.report(path, title="splitkeeper rescale report")
+
+        report(validate(redistribute(restore())))  # type: ignore[arg-type]
+    return dag
+
+
+def maintain_dag(pipeline: DagPipeline) -> DAG:
+    with DAG(
+        dag_id=pipeline.dag_id("splitkeeper_maintain"),
+        description="Compaction and VACUUM of the state tables and the sink",
+        schedule="@daily",
+        start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
+        catchup=False,
+        max_active_runs=1,
+        default_args=pipeline.default_args(),
+        doc_md=MAINTAIN_DOC,
+        params={
+            "history_hours": Param(
+                None,
+                type=["null", "number"],
+                minimum=0,
+                description="VACUUM keeps files removed less than this long ago; null: "
+                "maintenance.history_hours",
+            ),
+        },
+        tags=["splitkeeper"],
+    ) as dag:
+        SplitkeeperMaintainOperator(
+            task_id="maintain",
+            pipeline_config=pipeline.config_path,
+            history_hours="{{ params.history_hours }}",
+            pool=pipeline.writer_pool(),
+            outlets=pipeline.assets(),
+        )
+    return dag
+
+
+#: The builder of each DAG kind (:data:`splitkeeper.airflow.DAG_KINDS`).
+BUILDERS: dict[str, Callable[[DagPipeline], DAG]] = {
+    "ingest": ingest_dag,
+    "recover": recover_dag,
+    "rescale": rescale_dag,
+    "maintain": maintain_dag,
+}

@@ -1,0 +1,252 @@
+"""splitkeeper as an Airflow provider: its metadata, the hook's connections, the operators' arguments
+and the DAGs of a folder of pipeline files. No Spark here: the real runs through these operators
+are tests/dags/test_dags.py's."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+
+import pytest
+
+from splitkeeper.errors import ConfigError, InvalidParameterError
+
+pytestmark = [pytest.mark.airflow]
+
+KAFKA_EXTRA = {
+    "bootstrap.servers": "broker-1:9092,broker-2:9092",
+    "group.id": "from-connection",
+    "security.protocol": "SASL_SSL",
+    "sasl.mechanisms": "PLAIN",
+    "sasl.username": "ingest",
+    "sasl.password": "s3cret-from-connection",
+    "client.id": "from-connection",
+}
+
+
+def _class(dotted: str):
+    module, _, name = dotted.rpartition(".")
+    return getattr(importlib.import_module(module), name)
+
+
+def test_provider_info_is_valid_for_airflow_and_names_what_exists():
+    from airflow.providers_manager import _create_provider_info_schema_validator
+
+    import splitkeeper
+    from splitkeeper.airflow import get_provider_info
+    from splitkeeper.airflow.hooks import SplitkeeperHook
+    from splitkeeper.airflow.operators import (
+        SplitkeeperIngestOperator,
+        SplitkeeperMaintainOperator,
+        SplitkeeperRecoverOperator,
+        SplitkeeperReportOperator,
+        SplitkeeperValidateOperator,
+    )
+
+    info = get_provider_info()
+    _create_provider_info_schema_validator().validate(info)  # what the providers manager checks
+    assert info["package-name"] == "splitkeeper" and info["versions"] == [splitkeeper.__version__]
+    modules = {m for section in ("hooks", "operators") for e in info[section] for m in e["python-modules"]}
+    assert modules == {"splitkeeper.airflow.hooks", "splitkeeper.airflow.operators"}
+    operators = importlib.import_module("splitkeeper.airflow.operators")
+    exported = {getattr(operators, n) for n in dir(operators) if n.startswith("Splitkeeper")}
+    assert exported == {
+        SplitkeeperIngestOperator,
+        SplitkeeperRecoverOperator,
+        SplitkeeperValidateOperator,
+        SplitkeeperReportOperator,
+        SplitkeeperMaintainOperator,
+    }
+    for cls in exported:  # templated, documented
+        assert "pipeline_config" in cls.template_fields and ":param pipeline_config:" in (cls.__doc__ or "")
+        for field in cls.template_fields:
+            assert f":param {field}:" in cls.__doc__ or field == "plan_only", (cls, field)
+    assert SplitkeeperHook.default_conn_name == "spark_default"
+    for link in info["extra-links"]:
+        assert _class(link).name
+    assert [_class(p["plugin-class"]).name for p in info["plugins"]] == ["splitkeeper"]
+
+
+def _kafka_pipeline(tmp_path, source_extra: str = "") -> str:
+    path = tmp_path / "orders.yaml"
+    path.write_text(
+        f"""
+name: orders
+source: {{kind: kafka, topics: [orders], connection: kafka_default{source_extra}}}
+state: {{path: s3a://bucket/state, connection: aws_default}}
+sink: {{path: s3a://bucket/sink, connection: aws_default}}
+staging: {{path: staging}}
+""",
+        encoding="utf-8",
+    )
+    return str(path)
+
+
+def test_the_hook_reads_the_connections_a_pipeline_file_names(tmp_path, monkeypatch):
+    from splitkeeper.airflow.hooks import SplitkeeperHook
+    from splitkeeper.config.settings import load_config
+
+    monkeypatch.setenv("AIRFLOW_CONN_KAFKA_DEFAULT", json.dumps({"conn_type": "kafka", "extra": KAFKA_EXTRA}))
+    aws = {"endpoint_url": "http://object-store:9000", "region_name": "eu-west-1"}
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_AWS_DEFAULT",
+        json.dumps({"conn_type": "aws", "login": "AKIA-TEST", "password": "secret-key", "extra": aws}),
+    )
+    path = _kafka_pipeline(tmp_path)
+    with pytest.raises(ConfigError) as err:  # outside Airflow the file alone has no servers
+        load_config(path)
+    assert "source.connection 'kafka_default' gives them only inside Airflow" in str(err.value)
+
+    hook = SplitkeeperHook(path)
+    config = hook.load_config()
+    assert config.source.bootstrap_servers == "broker-1:9092,broker-2:9092"
+    assert config.source.group_id == "from-connection"
+    client = dict(config.source.client.items)
+    assert client["security.protocol"] == "SASL_SSL" and client["sasl.password"] == "s3cret-from-connection"
+    assert "s3cret" not in json.dumps(config.to_dict())  # the secret is redacted wherever it is shown
+    assert config.store_connections == ("aws_default",)
+    assert hook.environment(config) == {
+        "AWS_ACCESS_KEY_ID": "AKIA-TEST",
+        "AWS_SECRET_ACCESS_KEY": "secret-key",
+        "AWS_ENDPOINT_URL": "http://object-store:9000",
+        "AWS_REGION": "eu-west-1",
+    }
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID", raising=False)
+    hook.open()
+    import os
+
+    assert os.environ["AWS_ACCESS_KEY_ID"] == "AKIA-TEST"  # this task's process reaches the store
+
+    # the file's own keys win over the connection's
+    own = _kafka_pipeline(
+        tmp_path, ", bootstrap_servers: 'mine:9093', group_id: own, client: {client.id: own}"
+    )
+    config = SplitkeeperHook(own).load_config()
+    assert (config.source.bootstrap_servers, config.source.group_id) == ("mine:9093", "own")
+    assert dict(config.source.client.items)["client.id"] == "own"
+
+
+def test_operators_turn_rendered_templates_into_their_arguments():
+    from splitkeeper.airflow.operators import (
+        SplitkeeperIngestOperator,
+        SplitkeeperMaintainOperator,
+        SplitkeeperRecoverOperator,
+        _flag,
+        _json,
+        _optional,
+    )
+    from splitkeeper.orchestration import tasks
+
+    ingest = SplitkeeperIngestOperator(task_id="i", pipeline_config="p.yaml", faults='["fail:1@2"]')
+    assert ingest.template_fields[0] == "pipeline_config"
+    assert _json("faults", '["fail:1@2"]', list) == ["fail:1@2"] and _json("pipeline", "{}", dict) == {}
+    assert (_flag("continuous", "False"), _flag("continuous", "True"), _optional("epochs", "5", int)) == (
+        False,
+        True,
+        5,
+    )
+    assert _optional("history_hours", "None", float) is None  # a null Param renders as 'None'
+    with pytest.raises(InvalidParameterError) as err:
+        _flag("until_caught_up", "perhaps")
+    assert "until_caught_up" in str(err.value) and "true or false" in str(err.value)
+    with pytest.raises(InvalidParameterError):
+        _optional("epochs", "three", int)
+    assert SplitkeeperMaintainOperator(task_id="m", history_hours="12").history_hours == "12"
+
+    recover = SplitkeeperRecoverOperator(
+        task_id="r", checkpoint_id="4", rewind="True", reason="bad deploy", dry_run="False", release="[]"
+    )
+    params = recover.params_of_run()
+    assert tasks.check_recovery_params(params) == {  # the recovery DAG's own check accepts them
+        "checkpoint_id": 4,
+        "mode": "auto",
+        "parallelism": None,
+        "dry_run": False,
+        "redistribution": None,
+        "release": [],
+        "rewind": True,
+        "confirm": False,
+        "reason": "bad deploy",
+        "reset_split": None,
+        "reset_to": None,
+    }
+    with pytest.raises(InvalidParameterError) as err:  # reset_split without reset_to: named
+        tasks.check_recovery_params(SplitkeeperRecoverOperator(task_id="x", reset_split="0").params_of_run())
+    assert "reset_to" in str(err.value)
+
+
+def test_on_kill_of_a_bounded_task_only_logs(caplog):
+    from splitkeeper.airflow.operators import SplitkeeperIngestOperator, SplitkeeperValidateOperator
+
+    with caplog.at_level(logging.INFO, logger="splitkeeper.airflow"):
+        SplitkeeperValidateOperator(task_id="v", pipeline_config="/nowhere.yaml").on_kill()
+        SplitkeeperIngestOperator(task_id="i", pipeline_config="/nowhere.yaml", continuous="False").on_kill()
+    assert [r.getMessage() for r in caplog.records] == [
+        "v cancelled: it holds the pipeline's lease only for its one call",
+        "i cancelled: it holds the pipeline's lease only for its one call",
+    ]
+
+
+def _files_pipeline(folder, name: str, schedule: str) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{name}.yaml").write_text(
+        f"""
+name: {name}
+source: {{kind: files, path: in}}
+state: {{path: state}}
+sink: {{path: sink}}
+{schedule}
+""",
+        encoding="utf-8",
+    )
+
+
+def _exec_dag_file(path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"dagfile_{path.stem}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_one_call_gives_every_pipeline_file_its_dags_with_its_schedule(tmp_path, monkeypatch):
+    from splitkeeper.airflow.operators import SplitkeeperIngestOperator, SplitkeeperMaintainOperator
+
+    monkeypatch.delenv("SPLITKEEPER_PIPELINE_CONFIG", raising=False)
+    monkeypatch.delenv("SPLITKEEPER_SPARK_MASTER", raising=False)
+    _files_pipeline(tmp_path / "pipelines", "hourly", "airflow: {schedule: '@hourly'}")
+    _files_pipeline(tmp_path / "pipelines", "manual", "airflow: {schedule: null}")
+    _files_pipeline(tmp_path / "pipelines", "default", "")
+    dag_file = tmp_path / "my_dags.py"
+    dag_file.write_text(
+        'from splitkeeper.airflow import splitkeeper_dags\n\nsplitkeeper_dags("pipelines/*.yaml")\n'
+    )
+    module = _exec_dag_file(dag_file)  # as the DagBag imports it, from any working directory
+    ids = sorted(k for k in vars(module) if k.startswith("splitkeeper_") and "__" in k)
+    assert ids == sorted(
+        f"splitkeeper_{kind}__{name}"
+        for kind in ("ingest", "recover", "rescale", "maintain")
+        for name in ("hourly", "manual", "default")
+    )
+    schedules = {
+        n: getattr(module, f"splitkeeper_ingest__{n}").timetable.summary for n in ("hourly", "manual")
+    }
+    assert schedules == {"hourly": "0 * * * *", "manual": "None"}  # Airflow shows @hourly as its cron
+    assert module.splitkeeper_ingest__default.timetable.summary == "*/30 * * * *"
+    run = module.splitkeeper_ingest__hourly.get_task("run_epochs")
+    assert type(run) is SplitkeeperIngestOperator and run.pool == "splitkeeper-hourly"
+    assert run.pipeline_config == str(tmp_path / "pipelines" / "hourly.yaml")
+    maintain = module.splitkeeper_maintain__manual.get_task("maintain")
+    assert type(maintain) is SplitkeeperMaintainOperator
+    assert maintain.pipeline_config == str(tmp_path / "pipelines" / "manual.yaml")
+    assert module.splitkeeper_recover__manual.schedule is None
+
+    dag_file.write_text(
+        'from splitkeeper.airflow import splitkeeper_dags\n\nsplitkeeper_dags("nothing/*.yml")\n'
+    )
+    with pytest.raises(InvalidParameterError) as err:  # an import error the DAG list shows, naming it
+        _exec_dag_file(dag_file)
+    assert "nothing/*.yml" in str(err.value) and str(tmp_path) in str(err.value)
