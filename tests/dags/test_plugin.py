@@ -75,7 +75,8 @@ def _free_port() -> int:
 def api_server(airflow_db, tmp_path):
     """``airflow api-server`` on the test session's metadata database, with the auth manager of
     tests/dags/auth_manager.py and two users: ``admin`` and ``outsider`` (a viewer kept out of
-    DAG_ID); yields its base URL."""
+    DAG_ID); yields a function that waits until it answers and returns its base URL (the
+    server starts while the test prepares its runs)."""
     passwords = tmp_path / "passwords.json"
     passwords.write_text(json.dumps(PASSWORDS))
     port = _free_port()
@@ -95,7 +96,8 @@ def api_server(airflow_db, tmp_path):
     argv = [str(Path(sys.executable).with_name("airflow")), "api-server", "-H", "127.0.0.1", "-p", str(port)]
     server = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
-    try:
+
+    def ready() -> str:
         import httpx
 
         deadline = time.monotonic() + 120
@@ -103,12 +105,14 @@ def api_server(airflow_db, tmp_path):
             assert server.poll() is None, (tmp_path / "api-server.log").read_text()[-3000:]
             try:
                 if httpx.get(f"{base}/api/v2/monitor/health", timeout=2).status_code == 200:
-                    break
+                    return base
             except httpx.TransportError:
                 pass
             assert time.monotonic() < deadline, (tmp_path / "api-server.log").read_text()[-3000:]
             time.sleep(0.5)
-        yield base
+
+    try:
+        yield ready
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         try:
@@ -148,15 +152,16 @@ def test_plugin_pages_behind_the_auth_manager_link_each_run_and_write_nothing(ap
     dag = _check_dag()
     runs = [dag.test(run_conf={"page": str(page)}) for page in (first, second)]
     assert [r.state for r in runs] == ["success", "success"]
+    base = api_server()
 
     def token(user: str) -> str:
-        got = httpx.post(f"{api_server}/auth/token", json={"username": user, "password": PASSWORDS[user]})
+        got = httpx.post(f"{base}/auth/token", json={"username": user, "password": PASSWORDS[user]})
         assert got.status_code == 201, got.text
         return str(got.json()["access_token"])
 
-    admin = httpx.Client(base_url=api_server, headers={"Authorization": f"Bearer {token('admin')}"})
-    outsider = httpx.Client(base_url=api_server, headers={"Authorization": f"Bearer {token(OUTSIDER)}"})
-    anonymous = httpx.Client(base_url=api_server)
+    admin = httpx.Client(base_url=base, headers={"Authorization": f"Bearer {token('admin')}"})
+    outsider = httpx.Client(base_url=base, headers={"Authorization": f"Bearer {token(OUTSIDER)}"})
+    anonymous = httpx.Client(base_url=base)
 
     # the link of each run's report task: that run's kept page; none on the other task
     pages = []
