@@ -35,15 +35,17 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from airflow.api_fastapi.core_api.security import requires_access_dag
 from airflow.plugins_manager import AirflowPlugin
 from airflow.sdk import BaseOperatorLink
-from fastapi import Depends, FastAPI, HTTPException
+from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse
 
-from splitkeeper.report.html import REPORT_FILE, RUNS_DIR, SUMMARY_FILE
-
 URL_PREFIX = "/splitkeeper"
+# splitkeeper.report.html's names, not imported: every Airflow process (each task too) imports
+# the plugins, and the report package brings pyarrow and jinja2
+REPORT_FILE = "report.html"
+RUNS_DIR = "runs"
+SUMMARY_FILE = "summary.json"
 #: The XComs looked at for a DAG's reports folder: its latest report tasks' results.
 _RECENT_RESULTS = 50
 
@@ -151,9 +153,27 @@ def _file_in(folder: Path, relative: str) -> Path:
     return target
 
 
+async def read_access(request: Request) -> None:
+    """Airflow's own check of the REST API's DAG routes (``requires_access_dag("GET")`` with the
+    user of ``get_user``: the token from the ``Authorization`` header or the UI's cookie): 401
+    without a valid token, 403 unless the auth manager lets the user read the DAG of the path
+    (``{dag_id}``), or every DAG where the path names none. Imported on the first request: the
+    API server's security module takes a second to import, and every Airflow process (each task
+    too) imports the plugins."""
+    from airflow.api_fastapi.core_api.security import (
+        bearer_scheme,
+        get_user,
+        oauth2_scheme,
+        requires_access_dag,
+    )
+    from starlette.concurrency import run_in_threadpool
+
+    user = await get_user(request, await oauth2_scheme(request), await bearer_scheme(request))
+    await run_in_threadpool(requires_access_dag("GET"), request, user)
+
+
 app = FastAPI(title="splitkeeper reports", description="run reports of splitkeeper pipelines")
-#: Read access to the DAG of the path (``{dag_id}``); to every DAG where the path names none.
-_READ_DAG = Depends(requires_access_dag("GET"))
+_READ_DAG = Depends(read_access)
 
 
 @app.get("/report/{dag_id}/{run_id}", dependencies=[_READ_DAG])

@@ -148,6 +148,15 @@ def _two_runs_of_reports(tmp_path: Path) -> tuple[Path, Path]:
 def test_plugin_pages_behind_the_auth_manager_link_each_run_and_write_nothing(api_server, tmp_path):
     import httpx
 
+    from splitkeeper.orchestration import plugin
+    from splitkeeper.report import html
+
+    # the plugin names the report's files without importing the report package
+    assert (plugin.REPORT_FILE, plugin.RUNS_DIR, plugin.SUMMARY_FILE) == (
+        html.REPORT_FILE,
+        html.RUNS_DIR,
+        html.SUMMARY_FILE,
+    )
     first, second = _two_runs_of_reports(tmp_path)
     dag = _check_dag()
     runs = [dag.test(run_conf={"page": str(page)}) for page in (first, second)]
