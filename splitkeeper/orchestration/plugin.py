@@ -7,7 +7,8 @@
   link is empty.
 - **A FastAPI app** mounted by Airflow's API server under ``/splitkeeper``:
 
-  - ``/report/<dag_id>/<run_id>``: the report of that DAG run (what the link opens) redirects to
+  - ``/report/<dag_id>/<run_id>?task_id=<task>``: the report that task of that DAG run returned
+    (what the link opens) redirects to
     ``/dags/<dag_id>/runs/<run start>-<run id>/report.html``;
   - ``/dags/<dag_id>/<file>``: the files of the reports folder of that DAG's pipeline (the folder
     its report tasks returned a page of): the latest ``report.html``, ``index.html`` (every kept
@@ -137,7 +138,10 @@ class RunReportLink(BaseOperatorLink):
         values = _results(str(ti_key.dag_id), str(ti_key.run_id), str(ti_key.task_id))
         if not any(report_folder(v) is not None for v in values):
             return ""
-        return f"{URL_PREFIX}/report/{quote(ti_key.dag_id, safe='')}/{quote(ti_key.run_id, safe='')}"
+        dag_id, run_id, task_id = (
+            quote(str(v), safe="") for v in (ti_key.dag_id, ti_key.run_id, ti_key.task_id)
+        )
+        return f"{URL_PREFIX}/report/{dag_id}/{run_id}?task_id={task_id}"
 
 
 def _file_in(folder: Path, relative: str) -> Path:
@@ -177,10 +181,10 @@ _READ_DAG = Depends(read_access)
 
 
 @app.get("/report/{dag_id}/{run_id}", dependencies=[_READ_DAG])
-def report(dag_id: str, run_id: str) -> RedirectResponse:
-    """The report of that DAG run: a redirect to its page under ``/dags/<dag_id>/`` (relative, so
-    it works wherever the API server mounts the app)."""
-    page = run_report_path(dag_id, run_id)
+def report(dag_id: str, run_id: str, task_id: str | None = None) -> RedirectResponse:
+    """The report of that DAG run (the one ``task_id`` returned, when given): a redirect to its
+    page under ``/dags/<dag_id>/`` (relative, so it works wherever the API server mounts the app)."""
+    page = run_report_path(dag_id, run_id, task_id)
     folder = report_folder(str(page))
     assert folder is not None  # run_report_path returns report pages only
     relative = page.relative_to(folder).as_posix()

@@ -199,7 +199,7 @@ def _the_report_is_reachable_from_the_report_task(
     from splitkeeper.orchestration.plugin import URL_PREFIX, RunReportLink, app, run_report_path
 
     link = RunReportLink().get_link(None, ti_key=TaskInstanceKey(dag_id, task_id, run_id))
-    assert link == f"{URL_PREFIX}/report/{dag_id}/{quote(run_id, safe='')}"
+    assert link == f"{URL_PREFIX}/report/{dag_id}/{quote(run_id, safe='')}?task_id={task_id}"
     assert RunReportLink().get_link(None, ti_key=TaskInstanceKey(dag_id, "validate", run_id)) == ""
     kept = run_report_path(dag_id, run_id)
     assert kept.parent.parent.name == "runs" and kept.name == "report.html"  # that run's kept page
