@@ -89,8 +89,12 @@ def validate(path: str | None = None, checkpoint_id: int | None = None) -> dict[
 
 
 def report(path: str | None = None, title: str | None = None) -> str:
-    """Render the run report (HTML with charts); returns its path."""
-    return str(services.report(_config(path), title))
+    """Render the run report (HTML with charts); returns the path of the page kept for the run
+    that wrote the latest checkpoint (``runs/<start>-<run id>/report.html``: what the Airflow
+    plugin's "Run report" link of this task opens), or of the latest report before any run."""
+    from splitkeeper.report.html import run_report
+
+    return str(run_report(services.report(_config(path), title)))
 
 
 def maintain(path: str | None = None, history_hours: float | None = None) -> dict[str, Any]:

@@ -1080,11 +1080,15 @@ def render_report(
         "parallelism": None if latest is None else latest.parallelism,
         "generated_at": data.generated_at.isoformat(),
     }
-    _write(folder / SUMMARY_FILE, json.dumps(summary))
     run = _run_of(data)
+    run_dir = None
     if run is not None:
         run_id, started = run
         run_dir = folder / RUNS_DIR / f"{started:%Y%m%dT%H%M%SZ}-{_safe(run_id)}"
+        summary["run_report"] = (run_dir / REPORT_FILE).relative_to(folder).as_posix()
+    _write(folder / SUMMARY_FILE, json.dumps(summary))
+    if run is not None and run_dir is not None:
+        run_id, started = run
         run_dir.mkdir(parents=True, exist_ok=True)
         kept = render_html(
             data,
@@ -1112,6 +1116,19 @@ def render_report(
     render_runs_index(folder, data.pipeline, keep_runs)
     render_index(folder.parent)
     return target
+
+
+def run_report(report: str | os.PathLike[str]) -> Path:
+    """The kept page of the run that ``report`` (a ``report.html`` :func:`render_report` returned)
+    was rendered for: ``runs/<run start>-<run id>/report.html`` beside it, named by its
+    ``summary.json``; ``report`` itself when no run wrote the state yet (or the page is gone)."""
+    latest = Path(report)
+    try:
+        kept = json.loads((latest.parent / SUMMARY_FILE).read_text(encoding="utf-8")).get("run_report")
+    except (OSError, ValueError):
+        return latest
+    page = latest.parent / str(kept) if kept else latest
+    return page if page.is_file() else latest
 
 
 def _run_of(data: ReportData) -> tuple[str, datetime] | None:
@@ -1174,6 +1191,13 @@ def render_index(reports_dir: str | os.PathLike[str]) -> Path:
     """Write ``<reports_dir>/pipelines.html``: every pipeline whose report is in a subfolder of
     ``reports_dir`` (its ``summary.json``), with its state, latest checkpoint and a link; return
     its path. Pipelines whose state shares a parent folder share the default reports folder."""
+    target = Path(reports_dir).resolve() / INDEX_FILE
+    _write(target, index_html(reports_dir))
+    return target
+
+
+def index_html(reports_dir: str | os.PathLike[str]) -> str:
+    """The page :func:`render_index` writes, without writing it (the Airflow plugin serves it)."""
     base = Path(reports_dir).resolve()
     pipelines = []
     for summary_path in sorted(base.glob(f"*/{SUMMARY_FILE}")):
@@ -1199,6 +1223,4 @@ def render_index(reports_dir: str | os.PathLike[str]) -> Path:
             pipelines=pipelines,
         )
     )
-    target = base / INDEX_FILE
-    _write(target, page)
-    return target
+    return page

@@ -767,9 +767,16 @@ def test_e2e_kafka_pipeline_runs_until_caught_up_on_the_workers(cluster, monkeyp
     links = api.call("GET", f"/api/v2/dags/{ingest}/dagRuns/{run}/taskInstances/report/links")
     link = links["extra_links"]["Run report"]
     assert link.startswith("/splitkeeper/report/"), links
-    with urllib.request.urlopen(f"{cluster.airflow_url()}{link}", timeout=30) as response:
+    with pytest.raises(urllib.error.HTTPError) as anonymous:  # the plugin's pages need a token
+        urllib.request.urlopen(f"{cluster.airflow_url()}{link}", timeout=30)
+    assert anonymous.value.code == 401
+    request = urllib.request.Request(
+        f"{cluster.airflow_url()}{link}", headers={"Authorization": f"Bearer {api.token}"}
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:  # redirected to that run's kept page
         page = response.read().decode()
     assert response.status == 200 and "e2e-kafka" in page and "chart-timeline" in page
+    assert "/runs/" in response.url, response.url
     with Phase("e2e kafka: sink check"):
         _assert_exactly_once(_sink_rows(config), list(producer.delivered.values()))
 

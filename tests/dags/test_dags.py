@@ -183,30 +183,39 @@ def test_recover_rejects_bad_params_at_trigger(airflow_db, conf, fragment):
     assert fragment in str(err.value)
 
 
-def _the_report_is_reachable_from_the_report_task(run_id: str) -> None:
-    """The plugin's "Run report" link on the report task, served by its FastAPI app (what the API
-    server mounts under /splitkeeper) from the task's XCom in the metadata database."""
+def _the_report_is_reachable_from_the_report_task(
+    run_id: str, dag_id: str = "splitkeeper_ingest", task_id: str = "report"
+) -> Path:
+    """The plugin's "Run report" link on the report-producing task, served by its FastAPI app (what
+    the API server mounts under /splitkeeper, here with an admin's token from Airflow's auth
+    manager) from the task's XCom in the metadata database: the page kept for that run."""
     from urllib.parse import quote
 
+    from airflow.api_fastapi.app import init_auth_manager
+    from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
     from airflow.models.taskinstancekey import TaskInstanceKey
     from fastapi.testclient import TestClient
 
-    from splitkeeper.orchestration.plugin import URL_PREFIX, RunReportLink, app
+    from splitkeeper.orchestration.plugin import URL_PREFIX, RunReportLink, app, run_report_path
 
-    link = RunReportLink().get_link(None, ti_key=TaskInstanceKey("splitkeeper_ingest", "report", run_id))
-    assert link == f"{URL_PREFIX}/report/splitkeeper_ingest/{quote(run_id, safe='')}"
-    assert (
-        RunReportLink().get_link(None, ti_key=TaskInstanceKey("splitkeeper_ingest", "validate", run_id)) == ""
-    )
-    client = TestClient(app)
-    page = client.get(link.removeprefix(URL_PREFIX))
+    link = RunReportLink().get_link(None, ti_key=TaskInstanceKey(dag_id, task_id, run_id))
+    assert link == f"{URL_PREFIX}/report/{dag_id}/{quote(run_id, safe='')}?task_id={task_id}"
+    assert RunReportLink().get_link(None, ti_key=TaskInstanceKey(dag_id, "validate", run_id)) == ""
+    kept = run_report_path(dag_id, run_id)
+    assert kept.parent.parent.name == "runs" and kept.name == "report.html"  # that run's kept page
+    token = init_auth_manager().generate_jwt(SimpleAuthManagerUser(username="admin", role="admin"))
+    client = TestClient(app, headers={"Authorization": f"Bearer {token}"})
+    assert TestClient(app).get(link.removeprefix(URL_PREFIX)).status_code == 401  # no token
+    page = client.get(link.removeprefix(URL_PREFIX), follow_redirects=True)
     assert page.status_code == 200 and "dagtest" in page.text and "chart-timeline" in page.text
-    missing = client.get("/report/splitkeeper_ingest/no-such-run")
+    assert page.text == kept.read_text(encoding="utf-8")
+    missing = client.get(f"/report/{dag_id}/no-such-run")
     assert missing.status_code == 404 and "its report task has not run" in missing.text
     index = client.get("/pipelines")
     assert index.status_code == 200 and 'href="dagtest/report.html"' in index.text
     assert client.get("/dagtest/report.html").status_code == 200  # where the pipelines page links
     assert client.get("/..%2F..%2Fetc/report.html").status_code == 404  # nothing outside the folder
+    return kept
 
 
 @pytest.mark.parametrize(
@@ -266,7 +275,7 @@ def test_ingest_with_a_region_failure_then_recover_and_rescale(airflow_db, spark
     kinds = [t.kind.value for t in store.history.timeline()]
     assert kinds[:2] == ["global", "regional"]
     assert (tmp_path / "reports" / "dagtest" / "report.html").exists()
-    _the_report_is_reachable_from_the_report_task(run.run_id)
+    first_page = _the_report_is_reachable_from_the_report_task(run.run_id)
     before = store.checkpoint_ids()
 
     dry = load_dag("splitkeeper_recover").test(run_conf={"dry_run": True, "parallelism": 3})
@@ -301,6 +310,7 @@ def test_ingest_with_a_region_failure_then_recover_and_rescale(airflow_db, spark
 
     rescale = load_dag("splitkeeper_recover").test(run_conf={"parallelism": 3, "mode": "global"})
     assert rescale.state == "success"
+    _the_report_is_reachable_from_the_report_task(rescale.run_id, "splitkeeper_recover", "resume")
     latest = store.latest_checkpoint()
     assert latest is not None and latest.parallelism == 3
     loads = [len(s) for s in latest.enumerator.assignments.values()]
@@ -314,6 +324,7 @@ def test_ingest_with_a_region_failure_then_recover_and_rescale(airflow_db, spark
 
     finish = load_dag("splitkeeper_ingest").test(run_conf={"epochs": 20})
     assert finish.state == "success"
+    assert _the_report_is_reachable_from_the_report_task(finish.run_id) != first_page  # each run its own
     assert store.latest_checkpoint().parallelism == 2  # the next scheduled run keeps the rescale
     sink = spark.read.format("delta").load(config.sink_path)
     source_lines = sum(len(p.read_text().splitlines()) for p in (tmp_path / "in").iterdir())

@@ -8,7 +8,7 @@ from dataclasses import replace
 
 from splitkeeper.delta.checkpoints import DeltaStateStore, decision_for
 from splitkeeper.report import REPORT_FILE, render_report
-from splitkeeper.report.html import RUN_FILE, RUNS_DIR, RUNS_INDEX_FILE
+from splitkeeper.report.html import RUN_FILE, RUNS_DIR, RUNS_INDEX_FILE, run_report
 
 from .page import parse
 from .states import DECLINE, PIPELINE, TIMEOUT, incident_state, phases_of
@@ -20,6 +20,7 @@ def test_report_shows_lag_phases_causes_and_ref_chain_and_keeps_one_report_per_r
     out = tmp_path / "reports" / PIPELINE
 
     first = render_report(store, out, title="Incident")
+    first_run = run_report(first)  # what the Airflow report task returns: the page kept for this run
 
     page = parse(first.read_text(encoding="utf-8"))
     # lag: 9 completed checkpoints, region 1 (splits 1, 4, 7) declined at 4: 8 steps, the others 9
@@ -53,10 +54,11 @@ def test_report_shows_lag_phases_causes_and_ref_chain_and_keeps_one_report_per_r
     second_run = DeltaStateStore(tmp_path / "state", PIPELINE, "files:/orders")
     nxt = replace(latest, checkpoint_id=11, enumerator=replace(latest.enumerator, checkpoint_id=11))
     second_run.commit_checkpoint(decision_for(nxt), phases_ms=phases_of(11))
-    render_report(second_run, out, title="Incident")
+    latest_page = render_report(second_run, out, title="Incident")
 
     runs = sorted((out / RUNS_DIR).iterdir())
     assert len(runs) == 2 and all((r / REPORT_FILE).is_file() for r in runs)
+    assert first_run == runs[0] / REPORT_FILE and run_report(latest_page) == runs[1] / REPORT_FILE
     assert [json.loads((r / RUN_FILE).read_text())["run_id"] for r in runs] == [
         store.run_id,
         second_run.run_id,
