@@ -169,14 +169,21 @@ def spark_jars(spark_version: str | None = None, root: Path | None = None) -> li
             wanted=wanted,
         )
     connector = find_jar(jars, kafka_connector_artifact())
-    if connector is None or connector.version != version:
+    # Spark's patch releases of one minor are binary compatible (pyspark's range is one minor,
+    # and `splitkeeper jars fetch` brings the connector of the minor's first tested patch)
+    if connector is None or _minor(connector.version) != _minor(version):
         found = connector.path.name if connector else "none"
         raise EnvironmentNotReadyError(
-            f"no {kafka_connector_artifact()}-{version}.jar in {group_dir(JarGroup.SPARK, root)} "
+            f"no {kafka_connector_artifact()}-{_minor(version)}.x jar for Spark {version} in "
+            f"{group_dir(JarGroup.SPARK, root)} "
             f"(found: {found}); run `{setup_fix(JarGroup.SPARK, root)}`",
             wanted=f"{kafka_connector_artifact()}-{version}",
         )
     return [j.path for j in jars]
+
+
+def _minor(version: str) -> str:
+    return ".".join(version.split(".")[:2])
 
 
 def s3a_jars(root: Path | None = None) -> list[Path]:

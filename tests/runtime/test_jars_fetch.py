@@ -89,6 +89,10 @@ def test_fetch_downloads_every_jar_verified_then_finds_them_there(
     assert f"{count} downloaded" in out.splitlines()[-1]
     # the session factory's check accepts the folder
     assert jarlib.spark_jars(root=dest) == sorted(fetched.glob("*.jar"))
+    # any patch of the same Spark minor (pyspark's range) takes these jars; another minor does not
+    assert jarlib.spark_jars("4.1.4", root=dest) == sorted(fetched.glob("*.jar"))
+    with pytest.raises(EnvironmentNotReadyError, match="delta-spark_4.2_2.13"):
+        jarlib.spark_jars("4.2.0", root=dest)
 
     # again: nothing downloaded; a damaged jar is replaced, a jar the manifest does not list removed
     victim = fetched / MANIFEST.jars[0].file_name
