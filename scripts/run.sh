@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The main job on the embedded default: install everything (scripts/setup.sh), then run the demo:
+# The main job on the embedded default: install what the demo needs (scripts/setup.sh: python, jars), then run the demo:
 # Airflow (SQLite metadata DB) runs the ingest DAG over a few cycles on local Spark and local Delta,
 # a region failure is injected, the recovery DAG rescales, the restart checks run, and the reports
 # are written; then the same DAG ingests two Kafka topics from the project's own broker while

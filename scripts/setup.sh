@@ -1,22 +1,27 @@
 #!/usr/bin/env bash
-# Install everything splitkeeper needs, into the checkout. Idempotent: a second run
+# Install what splitkeeper needs, into the checkout. Idempotent: a second run
 # finds the stamps current and returns in seconds.
 #
-#   bash scripts/setup.sh                 # every step
-#   bash scripts/setup.sh jars            # only some steps: otelcol, python, jars, browser, compose, cluster
+#   bash scripts/setup.sh                 # what the demo needs: python, jars
+#   bash scripts/setup.sh --dev           # that, plus what the tests need: devpython, otelcol, browser, compose
+#   bash scripts/setup.sh jars            # only some steps: python, jars, devpython, otelcol, browser, compose, cluster
 #   bash scripts/setup.sh cluster         # what scripts/cluster.sh needs (not part of the default run)
 #
 # Steps:
-#   python   .venv/ (Python >= 3.11), pip install -r requirements.lock, pip install -e . --no-deps
-#   jars     Maven (jvm/*.xml) -> .jars/spark/ (spark.jars: Delta, Kafka connector)
-#                               -> .jars/kafka/ (a runnable Kafka KRaft broker)
-#   otelcol  the OpenTelemetry Collector of the metrics tests: go build scripts/otelcol (versions
-#            pinned in its go.mod/go.sum) -> .tools/otelcol/bin/otelcol; in the background, in
-#            parallel with the other steps (about 3 minutes on a cold Go cache)
-#   browser  OPTIONAL: Debian's chromium for browser tests (SPLITKEEPER_BROWSER_TESTS=0 skips)
-#   cluster  ONLY WHEN ASKED (scripts/cluster.sh, tests/cluster): PostgreSQL (apt-get), the
-#            object store versitygw (go install, pinned in scripts/versitygw.version)
-#            -> .tools/versitygw/bin/, and Maven (jvm/s3a.xml) -> .jars/s3a/ (S3A for Spark)
+#   python    .venv/ (Python >= 3.11), pip install --require-hashes -r locks/airflow.txt (every
+#             extra but dev, hashed), pip install -e . --no-deps
+#   jars      Maven (jvm/*.xml) -> .jars/spark/ (spark.jars: Delta, Kafka connector)
+#                                -> .jars/kafka/ (a runnable Kafka KRaft broker)
+# --dev only (scripts/test.sh runs `setup.sh --dev`):
+#   devpython pip install --require-hashes -r locks/test.txt (pytest, ruff, mypy, ...) into .venv/
+#   otelcol   the OpenTelemetry Collector of the metrics tests: go build scripts/otelcol (versions
+#             pinned in its go.mod/go.sum) -> .tools/otelcol/bin/otelcol; in the background, in
+#             parallel with the other steps (about 3 minutes on a cold Go cache)
+#   browser   Debian's chromium for browser tests (SPLITKEEPER_BROWSER_TESTS=0 skips)
+#   compose   the docker-compose client, for the test of docker-compose.yml
+#   cluster   ONLY WHEN ASKED (scripts/cluster.sh, tests/cluster): PostgreSQL (apt-get), the
+#             object store versitygw (go install, pinned in scripts/versitygw.version)
+#             -> .tools/versitygw/bin/, and Maven (jvm/s3a.xml) -> .jars/s3a/ (S3A for Spark)
 #
 # Environment:
 #   SPLITKEEPER_PYTHON       interpreter that creates .venv (default: python3.11, else python3)
@@ -54,18 +59,34 @@ step_python() {
         "$py" -m venv "$VENV" || die "python venv failed; on Debian: apt-get install -y python3-venv"
     fi
     local stamp="$VENV/.splitkeeper-python.stamp" want
-    want="$(digest requirements.lock pyproject.toml)"
+    want="$(digest locks/airflow.txt pyproject.toml)"
     if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
         say "python packages: up to date ($VENV)"
         return
     fi
     local log="$VENV/.splitkeeper-pip.log"
-    say "python packages: pip install -r requirements.lock (pyspark is large: a few minutes the first time; log $log)"
-    "$VENV/bin/python" -m pip install -r requirements.lock > "$log" 2>&1 \
-        || { tail -n 40 "$log" >&2; die "pip install -r requirements.lock failed (full log: $log)"; }
+    say "python packages: pip install --require-hashes -r locks/airflow.txt (pyspark is large: a few minutes the first time; log $log)"
+    "$VENV/bin/python" -m pip install --require-hashes -r locks/airflow.txt > "$log" 2>&1 \
+        || { tail -n 40 "$log" >&2; die "pip install -r locks/airflow.txt failed (full log: $log)"; }
     say "python packages: pip install -e . --no-deps"
     "$VENV/bin/python" -m pip install --no-deps -e . >> "$log" 2>&1 \
         || { tail -n 40 "$log" >&2; die "pip install -e . failed (full log: $log)"; }
+    "$VENV/bin/python" -m pip check >/dev/null || { "$VENV/bin/python" -m pip check >&2; die "pip check found broken requirements"; }
+    echo "$want" > "$stamp"
+}
+
+# --dev: the test and check tools (locks/test.txt: the dev extra at the versions of locks/airflow.txt).
+step_devpython() {
+    [[ -x "$VENV/bin/python" ]] || step_python
+    local stamp="$VENV/.splitkeeper-devpython.stamp" want log="$VENV/.splitkeeper-pip.log"
+    want="$(digest locks/test.txt locks/airflow.txt)"
+    if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
+        say "devpython: up to date ($VENV)"
+        return
+    fi
+    say "devpython: pip install --require-hashes -r locks/test.txt (log $log)"
+    "$VENV/bin/python" -m pip install --require-hashes -r locks/test.txt >> "$log" 2>&1 \
+        || { tail -n 40 "$log" >&2; die "pip install -r locks/test.txt failed (full log: $log)"; }
     "$VENV/bin/python" -m pip check >/dev/null || { "$VENV/bin/python" -m pip check >&2; die "pip check found broken requirements"; }
     echo "$want" > "$stamp"
 }
@@ -154,7 +175,7 @@ step_jars() {
 }
 
 # ---------------------------------------------------------------------------------
-# OPTIONAL STEP: chromium for browser tests (pytest -m browser).
+# --dev STEP: chromium for browser tests (pytest -m browser).
 # Runs unless SPLITKEEPER_BROWSER_TESTS=0. Never fails the setup: without apt-get or
 # root it only prints what to do.
 # ---------------------------------------------------------------------------------
@@ -194,7 +215,7 @@ step_browser() {
     apt_optional browser chromium chromium chromium-browser
 }
 
-# OPTIONAL STEP: docker-compose (the client only; no engine runs here) so the test of
+# --dev STEP: docker-compose (the client only; no engine runs here) so the test of
 # docker-compose.yml can run `docker-compose config -q` on a fresh machine.
 step_compose() {
     if docker compose version >/dev/null 2>&1; then
@@ -309,18 +330,26 @@ step_cluster() {
     fi
 }
 
-steps=("$@")
-[[ ${#steps[@]} -gt 0 ]] || steps=(otelcol python jars browser compose)
+# The demo's steps by default; --dev adds what the tests need (scripts/test.sh).
+steps=()
+for arg in "$@"; do
+    case "$arg" in
+        --dev) steps+=(otelcol python jars devpython browser compose) ;;  # otelcol first: it builds in the background
+        *) steps+=("$arg") ;;
+    esac
+done
+[[ ${#steps[@]} -gt 0 ]] || steps=(python jars)
 otelcol_pid=""
 for step in "${steps[@]}"; do
     case "$step" in
         otelcol) mkdir -p "$TOOLS_DIR"; step_otelcol & otelcol_pid=$! ;;  # in parallel with the rest
         python) step_python ;;
         jars) step_jars ;;
+        devpython) step_devpython ;;
         browser) step_browser ;;
         compose) step_compose ;;
         cluster) step_cluster ;;
-        *) die "unknown step '$step'; choose from: python jars browser compose otelcol cluster" ;;
+        *) die "unknown step '$step'; choose from: --dev python jars devpython otelcol browser compose cluster" ;;
     esac
 done
 if [[ -n "$otelcol_pid" ]]; then

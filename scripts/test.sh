@@ -14,7 +14,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 
-bash scripts/setup.sh
+bash scripts/setup.sh --dev  # the demo's steps plus the test tools, chromium, docker-compose, otelcol
 bash scripts/check.sh
 
 status=0

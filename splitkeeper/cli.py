@@ -136,6 +136,13 @@ def _stop() -> CommandModule:
     return stop
 
 
+@_command("jars", "download the Spark jars an installed splitkeeper needs (jars fetch)")
+def _jars() -> CommandModule:
+    from splitkeeper.commands import jars
+
+    return jars
+
+
 @_command("chaos", "ingest under injected faults and prove exactly-once")
 def _chaos() -> CommandModule:
     from splitkeeper.tools import chaos
@@ -177,6 +184,7 @@ examples:
   splitkeeper offsets  --config orders.yaml                     # every split: position, end, lag
   splitkeeper validate --config orders.yaml                     # the restart checks (exit 1 on a failure)
   splitkeeper report   --config orders.yaml                     # the run report: report: <path>
+  splitkeeper jars fetch                                        # the Spark jars, for an installed wheel
   splitkeeper COMMAND --help                                    # every option of a command
 """
 

@@ -51,8 +51,9 @@ folders = {
     }
     for name in ("state", "expectations", "jobs", "dags")
 }
+cache_root = jars.jars_root({"XDG_CACHE_HOME": "/nonexistent/cache"})
 try:
-    jars.jars_root({})
+    jars.list_jars(jars.JarGroup.SPARK, cache_root)
     jars_error = None
 except EnvironmentNotReadyError as err:
     jars_error = str(err)
@@ -65,6 +66,7 @@ print(json.dumps({
     "ddl_checkpoints": (importlib.resources.files("splitkeeper._data.state") / "checkpoints.ddl").read_text(),
     "suites": sorted(load_suite_specs()),
     "jars_error": jars_error,
+    "jars_cache_root": str(cache_root),
     "jars_with_env": str(jars.jars_root({"SPLITKEEPER_JARS_DIR": "/opt/jars"})),
     "pyspark": importlib.util.find_spec("pyspark") is not None,
 }))
@@ -158,6 +160,7 @@ def test_the_wheel_holds_every_package_and_the_data_files(wheel: Path) -> None:
             assert f"splitkeeper/_data/{folder}/{name}" in names, f"{folder}/{name} is not in the wheel"
     templates = sorted(p.name for p in (ROOT / "splitkeeper" / "report" / "templates").glob("*.j2"))
     assert templates and all(f"splitkeeper/report/templates/{t}" in names for t in templates)
+    assert "splitkeeper/spark/spark_jars.json" in names  # what `splitkeeper jars fetch` downloads
     assert not [n for n in names if n.startswith(("tests/", "state/", "dags/", "jobs/", "scripts/"))]
     assert not [n for n in names if "/local/" in n or n.endswith(".pyc")]
 
@@ -258,7 +261,9 @@ def test_importlib_resources_finds_the_data_inside_the_installed_package(venv: P
     assert "checkpoint_id BIGINT NOT NULL" in found["ddl_checkpoints"]
     assert found["suites"] == sorted(SUITES)
     # what only a checkout has says what to do instead
-    assert "SPLITKEEPER_JARS_DIR" in found["jars_error"] and "installed package" in found["jars_error"]
+    # no checkout: the Spark jars are `splitkeeper jars fetch`'s, in the user cache
+    assert found["jars_cache_root"].startswith("/nonexistent/cache/splitkeeper/jars/")
+    assert "run `splitkeeper jars fetch`" in found["jars_error"]
     assert found["jars_with_env"] == "/opt/jars"
     assert found["pyspark"] is False  # the base install pulls no engine
 

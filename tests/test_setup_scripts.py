@@ -135,9 +135,10 @@ def test_full_setup_on_this_checkout_is_a_fast_no_op(fake_mvn):
     # test instead of replacing the checkout's jars with the fake's empty files.
     env = {**fake_mvn, "FAKE_MVN_REFUSE": "1"}
     env.pop("SPLITKEEPER_JARS_DIR")
-    result = _setup(env)
+    result = _setup(env, "--dev")
     assert result.returncode == 0, result.stderr
     assert "python packages: up to date" in result.stdout
+    assert "devpython: up to date" in result.stdout
     assert "jars/spark: up to date" in result.stdout
     assert "jars/kafka: up to date" in result.stdout
     assert "jars/localfs: up to date" in result.stdout
@@ -149,7 +150,7 @@ def test_full_setup_on_this_checkout_is_a_fast_no_op(fake_mvn):
 def test_setup_rejects_an_unknown_step(fake_mvn):
     result = _setup(fake_mvn, "everything")
     assert result.returncode == 1
-    assert "unknown step 'everything'; choose from: python jars browser" in result.stderr
+    assert "unknown step 'everything'; choose from: --dev python jars devpython" in result.stderr
 
 
 def _ci_command() -> str:
@@ -219,7 +220,10 @@ def test_cluster_sh_rejects_an_unknown_action():
 
 def test_setup_cluster_step_is_on_request_only():
     text = (ROOT / "scripts" / "setup.sh").read_text()
-    assert "steps=(otelcol python jars browser compose)" in text  # the default run does not build the cluster
+    assert (
+        "steps=(python jars)" in text
+    )  # the default run (the demo's) builds neither the cluster nor dev tools
+    assert "--dev) steps+=(otelcol python jars devpython browser compose)" in text
     assert "cluster) step_cluster ;;" in text
     assert "fetch_jars s3a jvm/s3a.xml" in text
 

@@ -15,9 +15,13 @@ into separate folders of the jars root:
   scripts/setup.sh cluster`` fetches it, and only sessions configured for S3A use it
   (see :func:`s3a_jars`).
 
-The root is ``<checkout>/.jars`` unless ``SPLITKEEPER_JARS_DIR`` names another folder.
-Every lookup raises :class:`EnvironmentNotReadyError` with the fix when a jar is
-missing; nothing here downloads anything. The functions are cheap and may be called
+An installed splitkeeper without a checkout gets the ``spark`` group from ``splitkeeper jars
+fetch`` (:mod:`splitkeeper.spark.fetch`: the coordinates and checksums ship in the wheel) into
+``~/.cache/splitkeeper/jars/<spark version>/spark/``.
+
+The root is ``$SPLITKEEPER_JARS_DIR`` when set, else ``<checkout>/.jars`` when it exists, else
+that user cache (:func:`jars_root`). Every lookup raises :class:`EnvironmentNotReadyError`
+with the fix when a jar is missing; nothing here downloads anything. The functions are cheap and may be called
 any number of times; they import no Spark.
 """
 
@@ -33,7 +37,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from splitkeeper.errors import EnvironmentNotReadyError
-from splitkeeper.resources import require_checkout
+from splitkeeper.resources import checkout_root
+from splitkeeper.spark.fetch import FETCH_FIX
 
 JARS_DIR_ENV = "SPLITKEEPER_JARS_DIR"
 SETUP_FIX = "bash scripts/setup.sh"
@@ -75,20 +80,32 @@ class JarFile:
 
 
 def jars_root(env: Mapping[str, str] | None = None) -> Path:
-    """The jars root: ``$SPLITKEEPER_JARS_DIR`` if set and non-empty, else ``<checkout>/.jars``.
+    """The jars root: ``$SPLITKEEPER_JARS_DIR`` if set and non-empty, else ``<checkout>/.jars``
+    when a checkout has one, else the user cache ``splitkeeper jars fetch`` fills
+    (``~/.cache/splitkeeper/jars/<spark version>/``, see :mod:`splitkeeper.spark.fetch`).
 
-    An installed splitkeeper (a wheel) has no checkout: without ``SPLITKEEPER_JARS_DIR`` this
-    raises EnvironmentNotReadyError naming the variable.
+    An installed splitkeeper (a wheel) has no checkout: it uses the user cache, and a lookup
+    there that finds nothing says to run ``splitkeeper jars fetch``.
     """
     env = os.environ if env is None else env
     override = env.get(JARS_DIR_ENV, "").strip()
     if override:
         return Path(override).expanduser().resolve()
-    checkout = require_checkout(
-        f"the jars folder .jars/ ({SETUP_FIX} fetches it)",
-        fix=f"set {JARS_DIR_ENV} to a folder holding spark/, kafka/ and localfs/ jars",
-    )
-    return checkout / ".jars"
+    checkout = checkout_root()
+    if checkout is not None and (checkout / ".jars").is_dir():
+        return checkout / ".jars"
+    from splitkeeper.spark.fetch import user_cache_root
+
+    return user_cache_root(env=env)
+
+
+def setup_fix(group: JarGroup, root: Path | None = None) -> str:
+    """The command that fills ``group`` under ``root``: ``splitkeeper jars fetch`` for the spark
+    group outside a checkout's ``.jars``, else setup.sh (which alone builds the other groups)."""
+    checkout = checkout_root()
+    root = jars_root() if root is None else Path(root)
+    in_checkout = checkout is not None and root.resolve() == (checkout / ".jars").resolve()
+    return FETCH_FIX if group is JarGroup.SPARK and not in_checkout else SETUP_FIX
 
 
 def group_dir(group: JarGroup, root: Path | None = None) -> Path:
@@ -104,7 +121,7 @@ def list_jars(group: JarGroup, root: Path | None = None) -> list[JarFile]:
     folder = group_dir(group, root)
     if not folder.is_dir():
         raise EnvironmentNotReadyError(
-            f"the {group.value} jars folder {folder} does not exist; run `{SETUP_FIX}` "
+            f"the {group.value} jars folder {folder} does not exist; run `{setup_fix(group, root)}` "
             f"(or point {JARS_DIR_ENV} at a folder holding {group.value}/*.jar)",
             folder=str(folder),
             group=group.value,
@@ -112,7 +129,7 @@ def list_jars(group: JarGroup, root: Path | None = None) -> list[JarFile]:
     jars = sorted((JarFile.parse(p) for p in folder.glob("*.jar")), key=lambda j: j.path.name)
     if not jars:
         raise EnvironmentNotReadyError(
-            f"the {group.value} jars folder {folder} holds no jar; run `{SETUP_FIX}`",
+            f"the {group.value} jars folder {folder} holds no jar; run `{setup_fix(group, root)}`",
             folder=str(folder),
             group=group.value,
         )
@@ -148,18 +165,25 @@ def spark_jars(spark_version: str | None = None, root: Path | None = None) -> li
         present = ", ".join(j.path.name for j in jars if j.artifact.startswith("delta-spark")) or "none"
         raise EnvironmentNotReadyError(
             f"no {wanted} jar in {group_dir(JarGroup.SPARK, root)} for Spark {version} "
-            f"(found: {present}); run `{SETUP_FIX}`",
+            f"(found: {present}); run `{setup_fix(JarGroup.SPARK, root)}`",
             wanted=wanted,
         )
     connector = find_jar(jars, kafka_connector_artifact())
-    if connector is None or connector.version != version:
+    # Spark's patch releases of one minor are binary compatible (pyspark's range is one minor,
+    # and `splitkeeper jars fetch` brings the connector of the minor's first tested patch)
+    if connector is None or _minor(connector.version) != _minor(version):
         found = connector.path.name if connector else "none"
         raise EnvironmentNotReadyError(
-            f"no {kafka_connector_artifact()}-{version}.jar in {group_dir(JarGroup.SPARK, root)} "
-            f"(found: {found}); run `{SETUP_FIX}`",
+            f"no {kafka_connector_artifact()}-{_minor(version)}.x jar for Spark {version} in "
+            f"{group_dir(JarGroup.SPARK, root)} "
+            f"(found: {found}); run `{setup_fix(JarGroup.SPARK, root)}`",
             wanted=f"{kafka_connector_artifact()}-{version}",
         )
     return [j.path for j in jars]
+
+
+def _minor(version: str) -> str:
+    return ".".join(version.split(".")[:2])
 
 
 def s3a_jars(root: Path | None = None) -> list[Path]:

@@ -104,7 +104,10 @@ def test_missing_jars_dir_raises_environment_not_ready_with_the_fix(tmp_path):
     message = str(info.value)
     assert "ENVIRONMENT_NOT_READY" in message
     assert str(tmp_path / "nowhere" / "spark") in message
-    assert "bash scripts/setup.sh" in message
+    # a jars root other than the checkout's .jars/ (setup.sh's) is filled by `splitkeeper jars fetch`
+    assert "run `splitkeeper jars fetch`" in message
+    with pytest.raises(EnvironmentNotReadyError, match="run `bash scripts/setup.sh`"):
+        jarlib.list_jars(jarlib.JarGroup.KAFKA, tmp_path / "nowhere")  # the broker's jars: setup.sh only
 
 
 def test_jars_dir_without_the_delta_jar_for_this_spark_names_the_wanted_artifact(tmp_path):
