@@ -36,6 +36,7 @@ from splitkeeper.core.ports import CrashPoint
 from splitkeeper.errors import CheckpointError, ConcurrentRunError, InvalidParameterError
 
 if TYPE_CHECKING:  # pragma: no cover
+    from splitkeeper.core.ports import EpochDecision
     from splitkeeper.core.types import CompletedCheckpoint
     from splitkeeper.delta.checkpoints import DeltaStateStore
     from splitkeeper.delta.sink import DeltaSink
@@ -146,38 +147,16 @@ def _require_state(config: PipelineConfig) -> None:
 
 
 def _read_sink(config: PipelineConfig) -> DeltaSink:
-    from splitkeeper.delta.sink import DeltaSink
+    from splitkeeper.app.sink import config_sink
 
-    return DeltaSink(
-        config.sink_path,
-        config.name,
-        read_only=True,
-        dead_letter_path=config.dead_letter_path,
-        upsert=config.upsert,
-        changes_path=config.changes_path,
-        filtered_path=config.filtered_path,
-    )
+    return config_sink(config, read_only=True)
 
 
 def _write_sink(config: PipelineConfig) -> DeltaSink:
-    from splitkeeper.app.pipeline import record_policy
-    from splitkeeper.delta.sink import DeltaSink
+    from splitkeeper.app.sink import config_sink
     from splitkeeper.spark.faults import crash_if_requested
 
-    policy = record_policy(config)
-    return DeltaSink(
-        config.sink_path,
-        config.name,
-        staging_path=config.staging_path,
-        dead_letter_path=config.dead_letter_path,
-        crash_point=crash_if_requested,
-        schema=policy.schema,
-        partition_by=policy.partition_by,
-        widen=policy.widen,
-        upsert=config.upsert,
-        changes_path=config.changes_path,
-        filtered_path=config.filtered_path,
-    )
+    return config_sink(config, crash_point=crash_if_requested)
 
 
 def _latest(store: DeltaStateStore, sink: DeltaSink, pipeline: str) -> tuple[CompletedCheckpoint, int | None]:
@@ -230,10 +209,18 @@ def _finish_pending(store: DeltaStateStore, sink: DeltaSink, pipeline: str) -> i
     return decision.epoch
 
 
-def _crash(point: CrashPoint, epoch: int) -> None:
+def _commit(store: DeltaStateStore, sink: DeltaSink, decision: EpochDecision, action: dict[str, Any]) -> None:
+    """Operator rule 1: the decision record, the sink's fenced commit of ``action``, the checkpoint
+    row; a crash point after each step (``SPLITKEEPER_CRASH_AT``, for the kill tests)."""
     from splitkeeper.spark.faults import crash_if_requested
 
-    crash_if_requested(point, epoch)
+    epoch = decision.epoch
+    store.write_decision(decision)
+    crash_if_requested(CrashPoint.AFTER_DECISION, epoch)
+    sink.operator_commit(epoch, action, expected=sink.committed_epoch(), attempt_id=decision.attempt_id)
+    crash_if_requested(CrashPoint.BEFORE_CHECKPOINT_ROW, epoch)
+    store.commit_checkpoint(decision)
+    crash_if_requested(CrashPoint.AFTER_CHECKPOINT_ROW, epoch)
 
 
 # --------------------------------------------------------------------------- rewind
@@ -340,17 +327,8 @@ def rewind(
             reason=reason,
             configured_parallelism=store.configured_parallelism(checkpoint_id),
         )
-        store.write_decision(decision)
-        _crash(CrashPoint.AFTER_DECISION, epoch)
-        action = {
-            "kind": "rewind",
-            "to": checkpoint_id,
-            "versions": {t.label: t.version_after for t in tables},
-        }
-        sink.operator_commit(epoch, action, expected=sink.committed_epoch(), attempt_id=decision.attempt_id)
-        _crash(CrashPoint.BEFORE_CHECKPOINT_ROW, epoch)
-        store.commit_checkpoint(decision)
-        _crash(CrashPoint.AFTER_CHECKPOINT_ROW, epoch)
+        versions = {t.label: t.version_after for t in tables}
+        _commit(store, sink, decision, {"kind": "rewind", "to": checkpoint_id, "versions": versions})
     log.warning(
         "pipeline %s rewound to checkpoint %s (from %s) as checkpoint %s by %s: %s",
         config.name,
@@ -546,13 +524,8 @@ def reset_offset(
             reason=reason,
             configured_parallelism=store.configured_parallelism(latest.checkpoint_id),
         )
-        store.write_decision(decision)
-        _crash(CrashPoint.AFTER_DECISION, epoch)
         action = {"kind": "reset", "split": split_id, "from": position, "forward": not backward}
-        sink.operator_commit(epoch, action, expected=sink.committed_epoch(), attempt_id=decision.attempt_id)
-        _crash(CrashPoint.BEFORE_CHECKPOINT_ROW, epoch)
-        store.commit_checkpoint(decision)
-        _crash(CrashPoint.AFTER_CHECKPOINT_ROW, epoch)
+        _commit(store, sink, decision, action)
     log.warning(
         "pipeline %s: split %s set from offset %s to %s as checkpoint %s by %s",
         config.name,

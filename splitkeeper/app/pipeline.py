@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from splitkeeper.app.sink import config_sink
 from splitkeeper.config.models import TransformKind
 from splitkeeper.config.settings import PipelineConfig, core_settings
 from splitkeeper.core import driver as core_driver
@@ -56,7 +57,6 @@ from splitkeeper.core.types import CompletedCheckpoint, RegionOutcome, Split
 from splitkeeper.delta.checkpoints import DeltaStateStore
 from splitkeeper.delta.lease import HeldLease
 from splitkeeper.delta.schemas import data_schema
-from splitkeeper.delta.sink import DeltaSink
 from splitkeeper.errors import ConfigError
 from splitkeeper.spark.faults import FaultPlan, crash_if_requested, crash_request
 from splitkeeper.spark.regions import RegionStatus, run_regions
@@ -324,19 +324,10 @@ class Pipeline:
             read_only=read_only,
         )
         self.policy = record_policy(config, spark)
-        self.sink = DeltaSink(
-            config.sink_path,
-            config.name,
-            staging_path=config.staging_path,
-            read_only=read_only,
-            dead_letter_path=config.dead_letter_path,
-            crash_point=hooks.crash_point,
-            schema=self.policy.schema,
-            partition_by=self.policy.partition_by,
-            widen=self.policy.widen,
-            upsert=config.upsert,
-            changes_path=config.changes_path,
-            filtered_path=config.filtered_path,
+        self.sink = (
+            config_sink(config, read_only=True)
+            if read_only
+            else config_sink(config, policy=self.policy, crash_point=hooks.crash_point)
         )
         spark_transform = None
         self.transform: Transform = identity

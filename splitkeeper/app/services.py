@@ -853,34 +853,22 @@ def maintain(
     ref chain) or of an epoch not committed yet. ``dry_run`` lists what VACUUM would remove
     and changes nothing.
     """
-    from splitkeeper.app.pipeline import record_policy
+    from splitkeeper.app.sink import config_sink
     from splitkeeper.delta import retention
     from splitkeeper.delta.checkpoints import DeltaStateStore
-    from splitkeeper.delta.sink import DeltaSink
 
     hours = config.history_hours if history_hours is None else history_hours
     if isinstance(hours, bool) or not isinstance(hours, int | float) or hours < 0:
         raise InvalidParameterError("history_hours", hours, "hours >= 0")
     if dry_run:
         store = _state_store(config)
-        sink = DeltaSink(config.sink_path, config.name, read_only=True)
+        sink = config_sink(config, read_only=True)
         vacuumed = {name: tuple(files) for name, files in retention.vacuum_plan(store, hours).items()}
         vacuumed["sink"] = tuple(sink.vacuum(_sink_hours(store, sink, hours), dry_run=True))
         return MaintenanceResult(config.name, True, hours, {}, {}, vacuumed)
     with writer_lease(config):
         store = DeltaStateStore(config.state_path, config.name, None)
-        policy = record_policy(config)
-        sink = DeltaSink(
-            config.sink_path,
-            config.name,
-            staging_path=config.staging_path,
-            schema=policy.schema,
-            partition_by=policy.partition_by,
-            widen=policy.widen,
-            upsert=config.upsert,  # an upsert sink's keyed table is opened as one (mode and key checked)
-            changes_path=config.changes_path,
-            filtered_path=config.filtered_path,
-        )
+        sink = config_sink(config)
         compaction = retention.compact(store)
         compacted = {**compaction.compacted_files, "sink": sink.compact()}
         vacuumed = {name: tuple(files) for name, files in retention.vacuum(store, hours).items()}
