@@ -324,10 +324,8 @@ class Pipeline:
             read_only=read_only,
         )
         self.policy = record_policy(config, spark)
-        self.sink = (
-            config_sink(config, read_only=True)
-            if read_only
-            else config_sink(config, policy=self.policy, crash_point=hooks.crash_point)
+        self.sink = config_sink(
+            config, read_only=read_only, policy=self.policy, crash_point=hooks.crash_point
         )
         spark_transform = None
         self.transform: Transform = identity

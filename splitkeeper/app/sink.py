@@ -25,35 +25,29 @@ def config_sink(
     crash_point: Callable[[Any, int], None] | None = None,
 ) -> DeltaSink:
     """``config``'s sink: its records table (an upsert sink's keyed table), dead letters, filtered
-    offsets and change table. A writable one takes its columns and partitions from ``policy``
-    (default: the config's :func:`~splitkeeper.app.pipeline.record_policy`), checks an existing
-    table against them and repairs its side tables on open."""
+    offsets and change table, with the columns and partitions of ``policy`` (a writable sink's
+    default: the config's :func:`~splitkeeper.app.pipeline.record_policy`; a read-only one needs
+    none). A writable one checks an existing table against them and repairs its side tables on open."""
     from splitkeeper.delta.sink import DeltaSink
 
-    if read_only:
-        return DeltaSink(
-            config.sink_path,
-            config.name,
-            read_only=True,
-            dead_letter_path=config.dead_letter_path,
-            upsert=config.upsert,
-            changes_path=config.changes_path,
-            filtered_path=config.filtered_path,
-        )
-    if policy is None:
+    if policy is None and not read_only:
         from splitkeeper.app.pipeline import record_policy
 
         policy = record_policy(config)
+    shape: dict[str, Any] = (
+        {}
+        if policy is None
+        else {"schema": policy.schema, "partition_by": policy.partition_by, "widen": policy.widen}
+    )
     return DeltaSink(
         config.sink_path,
         config.name,
         staging_path=config.staging_path,
+        read_only=read_only,
         dead_letter_path=config.dead_letter_path,
         crash_point=crash_point,
-        schema=policy.schema,
-        partition_by=policy.partition_by,
-        widen=policy.widen,
         upsert=config.upsert,  # an upsert sink's keyed table is opened as one (mode and key checked)
         changes_path=config.changes_path,
         filtered_path=config.filtered_path,
+        **shape,
     )
