@@ -85,7 +85,7 @@ import pyarrow.parquet as pq
 
 from splitkeeper.core.ports import EpochSink, RegionRun, SinkCrashPoint, SinkReceipt
 from splitkeeper.delta import storage
-from splitkeeper.delta.fence import fenced_commit, recorded_commit
+from splitkeeper.delta.fence import _metadata_of, fenced_commit, recorded_commit
 from splitkeeper.delta.retention import retention_hours
 from splitkeeper.delta.schemas import (
     DEAD_FILE,
@@ -639,25 +639,25 @@ def version_as_of(table: DeltaTable, epoch: int) -> int:
     """The table's Delta version as of ``epoch``: the last version before the first commit that
     records a later epoch (commits without one, such as a compaction, belong to the epoch before
     them). Reads the table's history (its commit infos)."""
-    entries = sorted(guarded(table.table_uri, lambda: table.history()), key=lambda e: int(e["version"]))
-    found = 0
+    return _entry_as_of(guarded(table.table_uri, lambda: table.history()), epoch)["version"]
+
+
+def _entry_as_of(history: Sequence[Mapping[str, Any]], epoch: int) -> dict[str, Any]:
+    """The history entry of :func:`version_as_of` (its ``version`` and ``timestamp``): version 0 (the
+    table's creation) when the first commit already records a later epoch."""
+    entries = sorted(history, key=lambda e: int(e["version"]))
+    first = next((e for e in entries if int(e["version"]) == 0), None)
+    found: dict[str, Any] = {"version": 0, "timestamp": None if first is None else first.get("timestamp")}
     for entry in entries:
-        meta = _operator_meta(entry)
-        recorded = meta.get("epoch")
+        recorded = _metadata_of(entry).get("epoch")
         try:
             later = recorded is not None and int(recorded) > epoch
         except (TypeError, ValueError):
             later = False
         if later:
             break
-        found = int(entry["version"])
+        found = {"version": int(entry["version"]), "timestamp": entry.get("timestamp")}
     return found
-
-
-def _operator_meta(entry: Mapping[str, Any]) -> dict[str, Any]:
-    from splitkeeper.delta.fence import _metadata_of
-
-    return _metadata_of(entry)
 
 
 def _rows_at(path: str, version: int) -> int:
@@ -1422,12 +1422,10 @@ class DeltaSink(EpochSink):
         table = self._get()
         if table is None:
             return 0.0
-        version = version_as_of(table, epoch)
-        entries = guarded(self.path, lambda: table.history())
-        stamp = next((int(e["timestamp"]) for e in entries if int(e["version"]) == version), None)
+        stamp = _entry_as_of(guarded(self.path, lambda: table.history()), epoch)["timestamp"]
         if stamp is None:
             return 0.0
-        return max(0.0, (datetime.now(UTC).timestamp() * 1000 - stamp) / 3_600_000) + 1.0
+        return max(0.0, (datetime.now(UTC).timestamp() * 1000 - int(stamp)) / 3_600_000) + 1.0
 
     def _writable_table(self, what: str) -> DeltaTable:
         if self.read_only:
