@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from splitkeeper.app.results import _Result
 from splitkeeper.config.settings import PipelineConfig
-from splitkeeper.core.backlog import split_lag
+from splitkeeper.core.lag import split_lag_of
 from splitkeeper.core.operator import (
     reset_decision,
     rewind_changes,
@@ -373,19 +373,16 @@ def offsets(config: PipelineConfig) -> OffsetsResult:
     }
     rows = []
     for place in split_places(latest).values():
-        split = place.split
-        in_backlog = bool(
-            split is not None and split.backlog_end is not None and split.position < split.backlog_end
-        )
+        lag = None if place.split is None else split_lag_of(place.split, place.status, place.owner)
         rows.append(
             SplitOffsets(
                 place.split_id,
                 place.status,
                 place.owner,
                 place.position,
-                None if split is None else split.end,
-                None if split is None else split_lag(split),
-                in_backlog,
+                None if lag is None else lag.end,
+                None if lag is None else lag.lag,
+                lag is not None and lag.in_backlog,
                 refs.get(place.split_id, latest.checkpoint_id),
             )
         )
