@@ -15,13 +15,13 @@ from typing import Any
 import pytest
 from deltalake import DeltaTable
 
-from splitkeeper.app import services
+from splitkeeper.app import incident, services
 from splitkeeper.app.pipeline import Pipeline
 from splitkeeper.config.settings import config_from_mapping
 from splitkeeper.delta.sink import DeltaSink, read_dead_letters, read_sink
 from splitkeeper.spark.faults import CRASH_ENV
 
-from .helpers import pipeline_mapping, run_killed_at, write_config
+from .helpers import pipeline_mapping, run_killed_at, run_pipeline, splitkeeper_subprocess, write_config
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -63,21 +63,12 @@ def _fold(changes: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
     )
 
 
-@pytest.mark.parametrize(
-    "point",
-    [
-        "before_side_commit",
-        "before_checkpoint_row",
-        pytest.param("after_sink_commit", marks=pytest.mark.slow_variant),
-    ],
-)
-def test_an_upsert_pipeline_killed_around_its_merge_recovers_to_the_fold_of_its_change_table(
-    point: str, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.delenv(CRASH_ENV, raising=False)
+def _cdc_pipeline(tmp_path: Path, name: str) -> tuple[dict[tuple[str, int], bytes], Path, Any]:
+    """A files pipeline in ``sink.mode: upsert`` over :func:`_write_cdc`'s lines, malformed ones as
+    dead letters: (the oracle, the config file, the config)."""
     input_dir = tmp_path / "in"
     oracle = _write_cdc(input_dir)
-    mapping = pipeline_mapping(tmp_path, f"upsert-{point}".replace("_", "-"), input_dir, epoch_records=30)
+    mapping = pipeline_mapping(tmp_path, name, input_dir, epoch_records=30)
     mapping["decode"] = {"kind": "json", "schema": "id BIGINT, name STRING, op STRING"}
     mapping["sink"].update({"mode": "upsert", "key": ["id"], "delete_when": "op = 'd'"})
     mapping["errors"] = {
@@ -86,24 +77,12 @@ def test_an_upsert_pipeline_killed_around_its_merge_recovers_to_the_fold_of_its_
         "max_bad_ratio": 0.5,
     }
     config_path = write_config(tmp_path / "pipeline.yaml", mapping)
-    config = config_from_mapping(mapping)
+    return oracle, config_path, config_from_mapping(mapping)
 
-    run_killed_at(config_path, point, CRASH_EPOCH)
-    reader = DeltaSink(
-        config.sink_path, config.name, read_only=True, upsert=config.upsert, changes_path=config.changes_path
-    )
-    if point == "before_side_commit":  # the MERGE landed, naming change files not committed yet
-        assert reader.committed_epoch() == CRASH_EPOCH and reader.change_epoch() == CRASH_EPOCH - 1
 
-    pipeline = Pipeline(config, spark)
-    try:
-        pipeline.open()
-        assert pipeline.sink.change_epoch() == pipeline.sink.committed_epoch()
-        summary = pipeline.run()
-    finally:
-        pipeline.close()
-    assert summary.finished
-
+def _assert_exact(config: Any, oracle: dict[tuple[str, int], bytes]) -> list[tuple[Any, ...]]:
+    """The change table plus the dead letters hold every source line once, by content; the keyed
+    table is the fold of the change table; the restart checks pass. Returns the keyed rows."""
     changes = read_sink(config.changes_path).to_pylist()
     dead = read_dead_letters(config.dead_letter_path, ["split_id", "offset", "value"]).to_pylist()
     places = Counter((Path(r["split_id"]).name, r["offset"]) for r in [*changes, *dead])
@@ -123,6 +102,40 @@ def test_an_upsert_pipeline_killed_around_its_merge_recovers_to_the_fold_of_its_
     # the restart checks: change table + dead letters exact, and the GE fold suite on Spark holds
     result = services.validate(config)
     assert result.success and result.suites.get("upsert_fold") == "passed", result
+    return got
+
+
+@pytest.mark.parametrize(
+    "point",
+    [
+        "before_side_commit",
+        "before_checkpoint_row",
+        pytest.param("after_sink_commit", marks=pytest.mark.slow_variant),
+    ],
+)
+def test_an_upsert_pipeline_killed_around_its_merge_recovers_to_the_fold_of_its_change_table(
+    point: str, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(CRASH_ENV, raising=False)
+    oracle, config_path, config = _cdc_pipeline(tmp_path, f"upsert-{point}".replace("_", "-"))
+
+    run_killed_at(config_path, point, CRASH_EPOCH)
+    reader = DeltaSink(
+        config.sink_path, config.name, read_only=True, upsert=config.upsert, changes_path=config.changes_path
+    )
+    if point == "before_side_commit":  # the MERGE landed, naming change files not committed yet
+        assert reader.committed_epoch() == CRASH_EPOCH and reader.change_epoch() == CRASH_EPOCH - 1
+
+    pipeline = Pipeline(config, spark)
+    try:
+        pipeline.open()
+        assert pipeline.sink.change_epoch() == pipeline.sink.committed_epoch()
+        summary = pipeline.run()
+    finally:
+        pipeline.close()
+    assert summary.finished
+
+    got = _assert_exact(config, oracle)
     if point == "before_checkpoint_row":  # maintain opens the keyed table as an upsert sink and keeps it
         services.maintain(config, history_hours=0)
         again = DeltaTable(config.sink_path).to_pyarrow_table(
@@ -146,23 +159,7 @@ def test_a_rewind_of_an_upsert_pipeline_killed_before_its_side_tables_finishes_o
     """The keyed table, the change table and the dead letters go back to checkpoint 1 together: the
     rewind's command is killed after the keyed table's restore, before the side tables' (the next
     open finishes them from the sink commit), and only the tables its plan named change."""
-    from splitkeeper.app import incident
-    from splitkeeper.spark.faults import CRASH_ENV as CRASH
-
-    from .helpers import run_pipeline, splitkeeper_subprocess
-
-    input_dir = tmp_path / "in"
-    oracle = _write_cdc(input_dir)
-    mapping = pipeline_mapping(tmp_path, "upsert-rewind", input_dir, epoch_records=30)
-    mapping["decode"] = {"kind": "json", "schema": "id BIGINT, name STRING, op STRING"}
-    mapping["sink"].update({"mode": "upsert", "key": ["id"], "delete_when": "op = 'd'"})
-    mapping["errors"] = {
-        "tolerance": "all",
-        "dead_letter": {"path": str(tmp_path / "dead")},
-        "max_bad_ratio": 0.5,
-    }
-    config_path = write_config(tmp_path / "pipeline.yaml", mapping)
-    config = config_from_mapping(mapping)
+    oracle, config_path, config = _cdc_pipeline(tmp_path, "upsert-rewind")
     run_pipeline(config, spark, epochs=2)
 
     plan = incident.rewind(config, 1, dry_run=True)
@@ -185,27 +182,15 @@ def test_a_rewind_of_an_upsert_pipeline_killed_before_its_side_tables_finishes_o
         "--reason",
         "test",
     ]
-    crashed = splitkeeper_subprocess(argv, **{CRASH: "before_side_commit@3"})
+    crashed = splitkeeper_subprocess(argv, **{CRASH_ENV: "before_side_commit@3"})
     assert crashed.returncode == -9, crashed.stderr[-2000:]
     reader = DeltaSink(
         config.sink_path, config.name, read_only=True, upsert=config.upsert, changes_path=config.changes_path
     )
-    assert (
-        reader.committed_epoch() == 3 and reader.change_epoch() == 2
-    )  # keyed restored, change table not yet
+    assert reader.committed_epoch() == 3 and reader.change_epoch() == 2  # keyed restored, changes not yet
     changed = {path for path, files in _logs(tmp_path).items() if files != logs.get(path)}
     assert changed and changed <= set(named), (changed, set(named))  # only tables the plan named
 
-    run_pipeline(
-        config, spark
-    )  # the open finishes the rewind (sides restored, checkpoint 3's row), then reads on
-    changes = read_sink(config.changes_path).to_pylist()
-    dead = read_dead_letters(config.dead_letter_path, ["split_id", "offset", "value"]).to_pylist()
-    places = Counter((Path(r["split_id"]).name, r["offset"]) for r in [*changes, *dead])
-    assert [k for k, n in places.items() if n > 1] == [] and set(places) == set(oracle)
-    keyed = DeltaTable(config.sink_path).to_pyarrow_table(
-        columns=["id", "name", "op", "split_id", "offset", "epoch"]
-    )
-    assert sorted(tuple(r.values()) for r in keyed.to_pylist()) == _fold(changes)
-    result = services.validate(config)
-    assert result.success and result.suites.get("upsert_fold") == "passed", result
+    # the open finishes the rewind (sides restored, checkpoint 3's row), then reads on
+    run_pipeline(config, spark)
+    _assert_exact(config, oracle)
