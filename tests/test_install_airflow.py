@@ -1,15 +1,17 @@
-"""The wheel in a fresh venv with the lowest and the newest Airflow the declared ranges admit.
+"""README's "Use it in your Airflow", run as written: the wheel in a fresh venv with the lowest and
+the newest Airflow the declared ranges admit.
 
-For each: build the wheel from the committable files (as tests/test_package.py does), install
-``splitkeeper[airflow,spark,quality]`` into a new venv (the lowest variant pins Airflow and the
-Spark provider to pyproject.toml's floors), then, from a folder outside the checkout and with no
-``SPLITKEEPER_*`` variable but the pipeline file: ``splitkeeper jars fetch`` (from a ``file://``
-repository made of the checkout's ``.jars/spark``, checksums verified), ``airflow providers
-list`` (when the wheel declares the provider entry point), the shipped DAG files parsed by
-Airflow's DagBag without an import error, and one task run by Airflow: ``airflow tasks test``
-of the ingest DAG's ``run_epochs`` on a SQLite metadata database, whose records are then read
-back from the sink by content. Minutes per variant (it downloads Airflow and pyspark): a slow
-variant, ``pytest --run-slow-variants -m slow_variant tests/test_install_airflow.py``.
+For each: build the wheel from the committable files (as tests/test_package.py does), then run
+the README block in an empty folder with no ``SPLITKEEPER_*`` or ``AIRFLOW_*`` variable: a new
+venv, ``pip install`` of the wheel with ``[airflow,spark,quality]`` (the lowest variant pins
+Airflow and the Spark provider to pyproject.toml's floors), ``splitkeeper jars fetch`` (from a
+``file://`` repository made of the checkout's ``.jars/spark``, checksums verified), a pipeline
+file and a DAG file of one ``splitkeeper_dags`` call, ``airflow db migrate`` (SQLite), the
+writer pool, ``airflow dags test splitkeeper_ingest`` (ingest, restart checks, report), then
+``splitkeeper status``. Afterwards: ``airflow providers list`` shows splitkeeper, no DAG import
+error, and the sink holds the input's records byte for byte. Minutes per variant (it downloads
+Airflow and pyspark): a slow variant,
+``pytest --run-slow-variants -m slow_variant tests/test_install_airflow.py``.
 """
 
 from __future__ import annotations
@@ -27,8 +29,6 @@ from packaging.requirements import Requirement
 
 from splitkeeper.spark import fetch as fetchlib
 from tests.test_package import _committable_files
-
-pytestmark = [pytest.mark.slow_variant, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[1]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
@@ -91,95 +91,86 @@ def maven_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return base
 
 
+README_MARK = "<!-- use-it-in-your-airflow: tests/test_install_airflow.py runs this block -->"
+
+
+def readme_walkthrough() -> str:
+    """The bash block of README's "Use it in your Airflow", as a user would paste it."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    after = text.split(README_MARK, 1)[1]
+    block = after.split("```bash\n", 1)[1].split("\n```", 1)[0]
+    return block + "\n"
+
+
+def test_the_readme_walkthrough_is_where_the_test_finds_it() -> None:
+    block = readme_walkthrough()
+    for line in (
+        'pip install "splitkeeper[airflow,spark,quality]"',
+        "splitkeeper jars fetch",
+        "airflow dags test splitkeeper_ingest",
+    ):
+        assert line in block
+
+
+@pytest.mark.slow_variant
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", ["lowest", "newest"])
-def test_the_wheel_in_a_fresh_venv_lists_parses_and_runs_one_task(
+def test_the_readme_walkthrough_from_an_empty_folder_runs_an_ingest_in_a_fresh_airflow(
     variant: str, wheel: Path, maven_repo: Path, tmp_path: Path
 ) -> None:
+    """README's "Use it in your Airflow" block, run as written in an empty folder, with three
+    substitutions a user would not need: the Python of this test for ``python``, the wheel file
+    (and, for the lowest variant, the floors of Airflow and the Spark provider) for the package
+    name, and the local copy of the jars as ``--repo``."""
     home = tmp_path / "home"
-    (home / "nodags").mkdir(parents=True)
+    home.mkdir()
     env = _env(home)
-    venv = home / "venv"
-    _run([sys.executable, "-m", "venv", str(venv)], cwd=home, env=env)
-    bin_dir = venv / "bin"
-    pins: list[str] = []
+    for name in ("AIRFLOW__CORE__DAGS_FOLDER", "AIRFLOW__CORE__LOAD_EXAMPLES", "AIRFLOW_HOME"):
+        env.pop(name, None)  # the walkthrough sets them
+    pins = ""
     if variant == "lowest":
-        airflow_floor = _floor("apache-airflow")
-        pins = [
-            f"apache-airflow=={airflow_floor}",
-            f"apache-airflow-providers-apache-spark=={_floor('apache-airflow-providers-apache-spark')}",
-        ]
-    _run(
-        [str(bin_dir / "python"), "-m", "pip", "install", "-q", f"{wheel}[airflow,spark,quality]", *pins],
-        cwd=home,
-        env=env,
-        timeout=1800,
+        pins = (
+            f" apache-airflow=={_floor('apache-airflow')}"
+            f" apache-airflow-providers-apache-spark=={_floor('apache-airflow-providers-apache-spark')}"
+        )
+    script = readme_walkthrough()
+    for old, new in (
+        ("python -m venv venv", f"{sys.executable} -m venv venv"),
+        (
+            'pip install "splitkeeper[airflow,spark,quality]"',
+            f'pip install -q "{wheel}[airflow,spark,quality]"{pins}',
+        ),
+        ("splitkeeper jars fetch", f"splitkeeper jars fetch --repo {maven_repo.as_uri()}"),
+    ):
+        assert old in script
+        script = script.replace(old, new)
+    checks = (
+        "\nairflow version > version.txt"
+        "\nairflow providers list -o json > providers.json"
+        "\nairflow dags list-import-errors -o json > import-errors.json || true\n"
     )
-    version = _run([str(bin_dir / "airflow"), "version"], cwd=home, env=env).strip().splitlines()[-1]
+    (home / "walkthrough.sh").write_text("set -euo pipefail\n" + script + checks, encoding="utf-8")
+    done = subprocess.run(
+        ["bash", "walkthrough.sh"], cwd=home, env=env, capture_output=True, text=True, timeout=3000
+    )
+    assert done.returncode == 0, f"{done.stdout[-6000:]}\n{done.stderr[-6000:]}"
+
+    version = (home / "version.txt").read_text().strip().splitlines()[-1]
     if variant == "lowest":
         assert version == _floor("apache-airflow")
-
-    # the jars, from the shipped coordinates, into the user cache; then `run` finds them from here
-    fetched = _run(
-        [str(bin_dir / "splitkeeper"), "jars", "fetch", "--repo", maven_repo.as_uri()], cwd=home, env=env
-    )
-    assert f"in {home / 'cache'}" in fetched
-
-    # the provider, when the wheel declares one
-    entry_points = PYPROJECT["project"].get("entry-points", {})
-    if "apache_airflow_provider" in entry_points:
-        listed = _run([str(bin_dir / "airflow"), "providers", "list", "-o", "json"], cwd=home, env=env)
-        assert "splitkeeper" in {p["package_name"] for p in json.loads(listed)}
-
-    # a pipeline outside the checkout; the shipped DAG files parse in this Airflow
-    (home / "in").mkdir()
-    records = [json.dumps({"id": i, "amount": i * 10}) for i in range(40)]
-    (home / "in" / "part-0.jsonl").write_text("\n".join(records) + "\n")
-    config = home / "pipeline.yaml"
-    config.write_text(
-        "name: wheeltest\nparallelism: 2\nsource: {kind: files, path: in, format: jsonl}\n"
-        "state: {path: state}\nsink: {path: sink}\n",
-        encoding="utf-8",
-    )
-    env = _env(home, SPLITKEEPER_PIPELINE_CONFIG=str(config), SPLITKEEPER_SPARK_MASTER="local[2]")
-    dags_dir = _run(
-        [str(bin_dir / "python"), "-c", "from splitkeeper.resources import dags_dir; print(dags_dir())"],
-        cwd=home,
-        env=env,
-    ).strip()
-    env["AIRFLOW__CORE__DAGS_FOLDER"] = dags_dir
-    parse = (
-        "import json; from airflow.models.dagbag import DagBag\n"
-        f"bag = DagBag(dag_folder={dags_dir!r}, include_examples=False)\n"
-        "print(json.dumps({'errors': {k: str(v)[-500:] for k, v in bag.import_errors.items()},"
-        " 'dags': sorted(bag.dag_ids)}))\n"
-    )
-    parsed = json.loads(_run([str(bin_dir / "python"), "-c", parse], cwd=home, env=env).splitlines()[-1])
-    assert parsed["errors"] == {}
-    ingest = sorted(d for d in parsed["dags"] if d.startswith("splitkeeper_ingest"))
-    assert ingest, parsed["dags"]
-
-    # one task, run by Airflow: the ingest, on a SQLite metadata database
-    _run([str(bin_dir / "airflow"), "db", "migrate"], cwd=home, env=env)
-    # the DAGs and their assets reach the metadata database (as the DAG processor would write them):
-    # Airflow 3.0 refuses to run a task whose outlet assets are not active yet
-    _run([str(bin_dir / "airflow"), "dags", "reserialize"], cwd=home, env=env)
-    pool = ["pools", "set", "splitkeeper-wheeltest", "1", "the pipeline's writer pool"]
-    _run([str(bin_dir / "airflow"), *pool], cwd=home, env=env)
-    ran = subprocess.run(
-        [str(bin_dir / "airflow"), "tasks", "test", ingest[0], "run_epochs"],
-        cwd=home,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=1200,
-    )
-    task_log = f"{ran.stdout[-6000:]}\n{ran.stderr[-6000:]}"
-    assert ran.returncode == 0 and (home / "sink" / "_delta_log").is_dir(), task_log
+    assert "splitkeeper" in {p["package_name"] for p in json.loads((home / "providers.json").read_text())}
+    errors = (home / "import-errors.json").read_text().strip()
+    assert errors in ("", "[]") or "No data found" in errors, errors
+    assert "splitkeeper_ingest" in done.stdout + done.stderr
+    # the ingest DAG run wrote the two records to the sink, byte for byte
     read = (
         "import json; from deltalake import DeltaTable\n"
-        f"t = DeltaTable({str(home / 'sink')!r}).to_pyarrow_table()\n"
-        "print(json.dumps(sorted(bytes(v).decode() if isinstance(v, bytes) else v"
-        " for v in t.column('value').to_pylist())))\n"
+        f"t = DeltaTable({str(home / 'data' / 'sink')!r}).to_pyarrow_table()\n"
+        "print(json.dumps(sorted(bytes(v).decode() for v in t.column('value').to_pylist())))\n"
     )
-    values = json.loads(_run([str(bin_dir / "python"), "-c", read], cwd=home, env=env).splitlines()[-1])
-    assert sorted(values) == sorted(records)
+    values = json.loads(
+        _run([str(home / "venv" / "bin" / "python"), "-c", read], cwd=home, env=env).splitlines()[-1]
+    )
+    assert values == ['{"id": 1, "amount": 10}', '{"id": 2, "amount": 20}']
+    # and `splitkeeper status` (the walkthrough's last line) saw the checkpoint it took
+    assert "orders" in done.stdout

@@ -131,6 +131,23 @@ class SplitkeeperHook(BaseHook):
             env.update(self.store_environment(conn_id))
         return env
 
+    def job_environment(self, config: Any) -> dict[str, str]:
+        """The variables a job started outside Airflow (spark-submit) needs to reach what the
+        connections give: the store's ``AWS_*`` and the source connection's keys as
+        ``$SPLITKEEPER_CONNECTIONS`` (read by ``load_config`` in the job). Environment, not
+        arguments: no secret on a command line."""
+        import json
+
+        from splitkeeper.config.settings import CONNECTIONS_ENV, read_config_file
+
+        env = self.environment(config)
+        _, data = read_config_file(self.config_path())
+        source = data.get("source") if isinstance(data, Mapping) else None
+        conn_id = source.get("connection") if isinstance(source, Mapping) else None
+        if isinstance(conn_id, str):
+            env[CONNECTIONS_ENV] = json.dumps({conn_id: self.kafka_settings(conn_id)})
+        return env
+
     def apply_environment(self, config: Any) -> None:
         """Put the store connections' variables into this process (a task runs in its own process)."""
         env = self.environment(config)

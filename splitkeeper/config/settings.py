@@ -326,9 +326,37 @@ def load_config(
     if overrides is not None:
         check_limits(overrides, f"{file} (pipeline overrides)")
         data = apply_overrides(data, overrides, str(file))
+    if connections is None:
+        connections = connections_from_env(os.environ if env is None else env)
     if connections:
         data = _with_connection(data, connections)
     return config_from_mapping(data, base_dir=file.parent, origin=str(file), env=env)
+
+
+#: The connections a splitkeeper task resolved, as JSON, for the job it starts with spark-submit
+#: (``{"kafka_default": {"bootstrap_servers": ..., "client": {...}}}``): the job runs outside Airflow
+#: and cannot read Airflow's connections itself. An environment variable, so no secret is on a
+#: command line.
+CONNECTIONS_ENV = "SPLITKEEPER_CONNECTIONS"
+
+
+def connections_from_env(env: Mapping[str, str]) -> dict[str, Mapping[str, Any]] | None:
+    """The connections ``$SPLITKEEPER_CONNECTIONS`` carries (None when unset)."""
+    raw = env.get(CONNECTIONS_ENV)
+    if not raw:
+        return None
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError as err:
+        value = err
+    if not isinstance(value, dict) or not all(isinstance(v, dict) for v in value.values()):
+        raise ConfigError(
+            f"${CONNECTIONS_ENV} must be a JSON object of connection id -> source keys (the ingest "
+            "task sets it for spark-submit); unset it, or let the task set it",
+            key=CONNECTIONS_ENV,
+            value="(not shown: it may hold secrets)",
+        )
+    return value
 
 
 def _with_connection(data: Any, connections: Mapping[str, Mapping[str, Any]]) -> Any:

@@ -52,6 +52,18 @@ class EpochJobSubmitOperator(SparkSubmitOperator):
         self.pipeline_config = pipeline_config
         self.stop_timeout_s = stop_timeout_s
 
+    def execute(self, context: Any) -> None:
+        """spark-submit, with what the pipeline's connections give in its environment (the job
+        runs outside Airflow: :meth:`~splitkeeper.airflow.hooks.SplitkeeperHook.job_environment`)."""
+        from splitkeeper.airflow.hooks import SplitkeeperHook
+
+        hook = SplitkeeperHook(self.pipeline_config or None)
+        env = hook.job_environment(hook.load_config())
+        if env:
+            log.info("spark-submit gets the connections' settings: %s", ", ".join(sorted(env)))
+            self.env_vars = {**(self.env_vars or {}), **env}
+        super().execute(context)
+
     def _continuous(self) -> bool:
         """The rendered arguments ask for a continuous run (the ``continuous`` Param)."""
         return "--continuous" in [str(a) for a in (self.application_args or [])]
@@ -74,13 +86,12 @@ class EpochJobSubmitOperator(SparkSubmitOperator):
         stop could not be asked for (logged) or the run did not end in time. The caller then
         kills spark-submit.
         """
+        from splitkeeper.airflow.hooks import SplitkeeperHook
         from splitkeeper.app import services
-        from splitkeeper.config.settings import load_config
-        from splitkeeper.orchestration.tasks import config_path
 
         started = time.monotonic()
         try:
-            config = load_config(config_path(self.pipeline_config or None))
+            config = SplitkeeperHook(self.pipeline_config or None).open()
             stopped = services.stop(config)
         except Exception:  # noqa: BLE001 - any failure here falls back to the provider's kill
             log.exception("could not ask the continuous run to stop; killing spark-submit")

@@ -8,6 +8,7 @@ import hmac
 import json
 import os
 import subprocess
+from datetime import UTC
 
 import pytest
 
@@ -172,17 +173,21 @@ def test_a_dag_processor_heartbeat_is_judged_by_its_age_in_a_30_s_window(tmp_pat
     """Airflow calls the dag processor unhealthy 10.5 s after a heartbeat (2.1 beats); one slow
     parse loop on a loaded machine misses that, so the cluster allows the scheduler's 30 s and
     still names a processor that is really gone."""
-    from datetime import datetime, timedelta, timezone
+    from datetime import datetime, timedelta
 
     cluster = LocalCluster(tmp_path)
     ago = {"s": 12.0}
 
     def health(state):
-        beat = (datetime.now(timezone.utc) - timedelta(seconds=ago["s"])).isoformat()
+        beat = (datetime.now(UTC) - timedelta(seconds=ago["s"])).isoformat()
         return {"dag_processor": {"status": "unhealthy", "latest_dag_processor_heartbeat": beat}}
 
     monkeypatch.setattr(cluster, "_airflow_health", health)
-    assert "12 s old (within 30 s; Airflow says unhealthy)" in cluster._probe_airflow_job(None, "dag_processor")
+    assert "12 s old (within 30 s; Airflow says unhealthy)" in cluster._probe_airflow_job(
+        None, "dag_processor"
+    )
     ago["s"] = 45.0
-    with pytest.raises(ClusterError, match=r"dag_processor heartbeat stale or missing: .*45 s ago \(allowed 30 s\)"):
+    with pytest.raises(
+        ClusterError, match=r"dag_processor heartbeat stale or missing: .*45 s ago \(allowed 30 s\)"
+    ):
         cluster._probe_airflow_job(None, "dag_processor")

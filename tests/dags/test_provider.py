@@ -7,6 +7,9 @@ from __future__ import annotations
 import importlib
 import json
 import logging
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -114,9 +117,36 @@ def test_the_hook_reads_the_connections_a_pipeline_file_names(tmp_path, monkeypa
     }
     monkeypatch.delenv("AWS_ACCESS_KEY_ID", raising=False)
     hook.open()
-    import os
 
     assert os.environ["AWS_ACCESS_KEY_ID"] == "AKIA-TEST"  # this task's process reaches the store
+
+    # a job spark-submit starts runs outside Airflow: the task hands it what the connections
+    # give through its environment (no secret on the command line), and the job's load_config
+    # reads them without any Airflow connection defined
+    job_env = hook.job_environment(config)
+    assert {k: job_env[k] for k in ("AWS_ACCESS_KEY_ID", "AWS_REGION")} == {
+        "AWS_ACCESS_KEY_ID": "AKIA-TEST",
+        "AWS_REGION": "eu-west-1",
+    }
+    outside = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW_CONN_")}
+    read = (
+        "import json, sys; from splitkeeper.config.settings import load_config\n"
+        "c = load_config(sys.argv[1])\n"
+        "print(json.dumps([c.source.bootstrap_servers, c.source.group_id,"
+        " dict(c.source.client.items)['sasl.password']]))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", read, str(path)], env={**outside, **job_env}, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == [
+        "broker-1:9092,broker-2:9092",
+        "from-connection",
+        "s3cret-from-connection",
+    ]
+    with pytest.raises(ConfigError, match=r"\$SPLITKEEPER_CONNECTIONS must be a JSON object") as err:
+        load_config(path, env={"SPLITKEEPER_CONNECTIONS": '{"kafka_default": "s3cret"}'})
+    assert "s3cret" not in str(err.value)
 
     # the file's own keys win over the connection's
     own = _kafka_pipeline(

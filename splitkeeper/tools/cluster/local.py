@@ -1518,7 +1518,9 @@ class LocalCluster:
         if age is not None and age < HEARTBEAT_WINDOW_S:
             # Airflow judges the dag processor by 2.1 heartbeats (10.5 s): one slow parse loop on
             # a loaded 2-core machine misses it. The cluster gives it the scheduler's 30 s.
-            return f"heartbeat {age:.0f} s old (within {HEARTBEAT_WINDOW_S:.0f} s; Airflow says {job['status']})"
+            return (
+                f"heartbeat {age:.0f} s old (within {HEARTBEAT_WINDOW_S:.0f} s; Airflow says {job['status']})"
+            )
         raise ClusterError(
             f"{key} heartbeat stale or missing: last {beat or 'never'}"
             + (f", {age:.0f} s ago" if age is not None else "")
@@ -1530,9 +1532,9 @@ def _heartbeat_age_s(beat: str | None) -> float | None:
     """Seconds since an Airflow heartbeat (ISO 8601 with offset), None when there is none."""
     if not beat:
         return None
-    from datetime import datetime, timezone
+    from datetime import UTC, datetime
 
-    return (datetime.now(timezone.utc) - datetime.fromisoformat(beat)).total_seconds()
+    return (datetime.now(UTC) - datetime.fromisoformat(beat)).total_seconds()
 
 
 def _get_json(url: str, timeout_s: float = 3.0) -> dict[str, Any]:
