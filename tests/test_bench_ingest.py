@@ -68,6 +68,7 @@ def test_tiny_ingest_run_holds_exactly_the_input_in_both_sinks_and_reports_the_r
             str(out),
             "--work-dir",
             str(tmp_path / "work"),
+            "--limit",
             "--json",
         ]
     )
@@ -76,6 +77,11 @@ def test_tiny_ingest_run_holds_exactly_the_input_in_both_sinks_and_reports_the_r
     lines = [line for line in captured.out.splitlines() if line.strip()]
     assert len(lines) == 1, "exactly one JSON object on stdout"
     result = json.loads(lines[0])
+    # --limit: plain Arrow read and wrote every line once, one process per region; ours / limit
+    # is the ratio of the printed median seconds
+    assert result["runs"][0]["limit_rows"] == 1000 and result["limit_processes"] == result["parallelism"]
+    assert result["ours_over_limit"] == pytest.approx(result["ours_s"] / result["limit_s"], abs=5.1e-4)
+    assert result["runs"][0]["order"] == ["ours", "baseline", "limit"]
 
     assert set(result) >= REQUIRED_KEYS
     assert result["records"] == 1000
@@ -111,6 +117,7 @@ def test_tiny_ingest_run_holds_exactly_the_input_in_both_sinks_and_reports_the_r
     html = (out / ingest.CHART_FILE).read_text(encoding="utf-8")
     assert html.count("<svg") >= 3
     assert 'id="ingest-throughput"' in html and 'id="ingest-phases"' in html
+    assert "Arrow limit" in html
     assert result["chart"] == str(out / ingest.CHART_FILE)
 
 
@@ -306,3 +313,22 @@ def test_cdc_files_mix_inserts_updates_and_deletes_and_their_expected_table_is_t
     assert folded == expected
     assert expected_cdc_rows(expected).num_rows == len(expected)
     assert [r["ts"] for r in records] == sorted(r["ts"] for r in records)
+
+
+def test_the_arrow_limit_writes_every_line_byte_for_byte_with_its_first_byte_as_offset(
+    tmp_path: Path,
+) -> None:
+    import pyarrow.parquet as pq
+
+    from splitkeeper.tools.bench.limit import read_and_write
+
+    lines = [b'{"id": 1, "note": "caf\xc3\xa9"}', b"\xff\xfe not utf-8", b'a,b;"c"\tq']
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "f.jsonl").write_bytes(b"\n".join(lines) + b"\n")
+    (tmp_path / "out").mkdir()
+    assert read_and_write([str(tmp_path / "in" / "f.jsonl")], str(tmp_path / "out")) == {"f.jsonl": 3}
+    table = pq.read_table(tmp_path / "out" / "f.jsonl.parquet")
+    assert table.column("value").to_pylist() == lines
+    starts = [0, len(lines[0]) + 1, len(lines[0]) + len(lines[1]) + 2]
+    assert table.column("offset").to_pylist() == starts
+    assert set(table.column("split_id").to_pylist()) == {"f.jsonl"}

@@ -151,11 +151,16 @@ class IngestSettings:
     content_check: bool = True
     decode: str = "raw"
     sink: str = "append"
+    limit: bool = False  # add plain Arrow's read-and-write of the same input (tools/bench/limit.py)
 
     def __post_init__(self) -> None:
         check_decode(self.decode)
         if self.sink not in SINKS:
             raise InvalidParameterError("sink", self.sink, " or ".join(SINKS))
+        if self.limit and self.sink != "append":
+            raise InvalidParameterError(
+                "limit", True, "with --sink append", hint="the Arrow limit writes parquet, it has no MERGE"
+            )
         check_counts(
             self,
             (
@@ -790,6 +795,11 @@ def bench_ingest(settings: IngestSettings, work_dir: str, spark: Any | None = No
             "baseline": functools.partial(
                 run_baseline, spark, settings, input_dir, os.path.join(rep_dir, "baseline")
             ),
+            **(
+                {"limit": functools.partial(run_limit, settings, input_dir, os.path.join(rep_dir, "limit"))}
+                if settings.limit
+                else {}
+            ),
         },
         expected,
         baseline_offsets=False,  # the text source has no offsets
@@ -813,7 +823,7 @@ def bench_ingest(settings: IngestSettings, work_dir: str, spark: Any | None = No
         shutil.rmtree(restore_root, ignore_errors=True)
         _progress(f"state store: {restore_verdict(restore.restore_s)}; {restore.load.text()}")
 
-    return _result(
+    result = _result(
         settings,
         input_bytes,
         reps.ours,
@@ -824,6 +834,30 @@ def bench_ingest(settings: IngestSettings, work_dir: str, spark: Any | None = No
         reps.content_equal,
         load_start,
     )
+    if reps.limit:
+        result.update(limit_figures(settings.records, result["ours_s"], reps.limit, settings.parallelism))
+    return result
+
+
+def run_limit(settings: IngestSettings, input_dir: str, out_dir: str, label: str) -> Any:
+    """The Arrow limit of one repetition (:func:`splitkeeper.tools.bench.limit.arrow_limit`)."""
+    from splitkeeper.tools.bench.limit import arrow_limit
+
+    schema = JSON_SCHEMA if settings.decode == "json" else None
+    return arrow_limit(input_dir, out_dir, settings.parallelism, schema, LoadSampler())
+
+
+def limit_figures(records: int, ours_s: float, limit_runs: Sequence[Any], processes: int) -> dict[str, Any]:
+    """The result keys of ``--limit``: the limit's median seconds and rate, and ours / limit."""
+    limit_s = rounded_median([r.seconds for r in limit_runs])
+    return {
+        "limit_s": limit_s,
+        "limit_records_per_s": round(records / limit_s, 1),
+        "limit_processes": processes,
+        "limit_load": round(statistics.fmean(r.load.mean for r in limit_runs), 2),
+        # how many times the floor our run takes (1.0: as fast as plain Arrow; lower is better)
+        "ours_over_limit": round(ours_s / limit_s, 3),
+    }
 
 
 @dataclass(frozen=True, slots=True)
@@ -835,6 +869,7 @@ class Repetitions:
     runs: tuple[dict[str, Any], ...]
     exact: bool  # every repetition: both sinks exact, ours complete, equal values where compared
     content_equal: bool | None  # the first repetition's comparison of values; None: not compared
+    limit: tuple[Any, ...] = ()  # the Arrow limit's runs, when a "limit" side was given
 
 
 def run_repetitions(
@@ -854,10 +889,11 @@ def run_repetitions(
 ) -> Repetitions:
     """Run ``repeat`` repetitions of both sides, each in a fresh ``<work_dir>/rep<N>`` (removed after).
 
-    ``sides(rep_dir)`` maps "ours" and "baseline" to callables taking the run's label and
-    returning a run (with ``seconds``, ``setup_s``, ``load``, ``sink_path``, ...); ours goes first
-    in odd repetitions, so neither always runs warm. After each repetition both sinks are
-    checked against ``expected`` (split id -> records; duplicate ``(split_id, offset)`` in the
+    ``sides(rep_dir)`` maps "ours" and "baseline" (and optionally "limit", the Arrow limit) to
+    callables taking the run's label and returning a run (with ``seconds``, ``setup_s``, ``load``,
+    ``sink_path``, ...); the order rotates every repetition (ours first in the first), so no side
+    always runs warm. A limit run's rows per file must equal ``expected``. After each repetition
+    both sinks are checked against ``expected`` (split id -> records; duplicate ``(split_id, offset)`` in the
     baseline only with ``baseline_offsets``) and, in the first with ``content_check``, compared
     by value (``typed``: by their typed rows, :func:`same_typed_rows`). ``ours_row`` adds figures
     of our run to its repetition's entry; ``ours_complete`` says whether our run finished its
@@ -868,13 +904,16 @@ def run_repetitions(
     ours_runs: list[Any] = []
     base_runs: list[Any] = []
     runs: list[dict[str, Any]] = []
+    limit_runs: list[Any] = []
     exact = True
     content_equal: bool | None = None
     for rep in range(1, repeat + 1):
         rep_dir = os.path.join(work_dir, f"rep{rep}")
         shutil.rmtree(rep_dir, ignore_errors=True)
         run_side = sides(rep_dir)
-        order = ("ours", "baseline") if rep % 2 == 1 else ("baseline", "ours")
+        names = ("ours", "baseline", *(s for s in run_side if s not in ("ours", "baseline")))
+        shift = (rep - 1) % len(names)
+        order = names[shift:] + names[:shift]
         done: dict[str, Any] = {}
         for side in order:
             label = f"rep {rep}/{repeat} {side}"
@@ -893,14 +932,27 @@ def run_repetitions(
             compare = same_typed_rows if typed else same_values
             content_equal = compare(ours.sink_path, base.sink_path)
         complete = ours_complete is None or ours_complete(ours)
-        rep_ok = ours_check.exact and base_check.exact and complete and content_equal is not False
+        limit = done.get("limit")
+        limit_ok = limit is None or limit.rows == dict(expected)
+        sinks_ok = ours_check.exact and base_check.exact and limit_ok
+        rep_ok = sinks_ok and complete and content_equal is not False
         exact = exact and rep_ok
         ours_runs.append(ours)
         base_runs.append(base)
         row = _repetition_row(rep, order, records, ours, base, ours_check, base_check, rep_ok, say)
+        if limit is not None:
+            limit_runs.append(limit)
+            row |= {
+                "limit_s": limit.seconds,
+                "limit_records_per_s": round(records / limit.seconds, 1),
+                "limit_load": limit.load.mean,
+                "limit_rows": sum(limit.rows.values()),
+            }
         runs.append({**row, **(ours_row(ours) if ours_row else {})})
         shutil.rmtree(rep_dir, ignore_errors=True)
-    return Repetitions(tuple(ours_runs), tuple(base_runs), tuple(runs), exact, content_equal)
+    return Repetitions(
+        tuple(ours_runs), tuple(base_runs), tuple(runs), exact, content_equal, tuple(limit_runs)
+    )
 
 
 def _repetition_row(
@@ -1179,6 +1231,17 @@ def rate_lines(result: Mapping[str, Any]) -> list[str]:
         f"{result['baseline_s']:>10.2f}"
         f"{result['baseline_records_per_s']:>12,.0f}  {load['baseline']:.1f} / {load['baseline_max']:.1f}",
         f"{'ratio ours / baseline':<30}{'':>20}{result['ratio']:>12.3f}",
+        *(
+            [
+                f"{'Arrow limit (median)':<30}{result['runs'][-1]['limit_rows']:>10,}"
+                f"{result['limit_s']:>10.2f}"
+                f"{result['limit_records_per_s']:>12,.0f}  {result['limit_load']:.1f}  "
+                f"({result['limit_processes']} processes, no protocol, no Spark)",
+                f"{'ours / limit (seconds)':<30}{'':>20}{result['ours_over_limit']:>12.3f}",
+            ]
+            if "ours_over_limit" in result
+            else []
+        ),
         f"{'splitkeeper without setup':<30}{'':>10}{result['ours_after_setup_s']:>10.2f}"
         f"{result['ours_records_per_s_after_setup']:>12,.0f}  (setup: state + sink tables, open: "
         f"{result['ours_setup_s']:.2f}s median)",
@@ -1324,18 +1387,24 @@ def throughput_chart(result: Mapping[str, Any], chart_id: str, title: str) -> st
     ours = [r["ours_records_per_s"] for r in result["runs"]] + [result["ours_records_per_s"]]
     base = [r["baseline_records_per_s"] for r in result["runs"]] + [result["baseline_records_per_s"]]
     load = result["load_avg"]
+    series = [
+        charts.Series("splitkeeper", tuple(ours), charts.BLUE),
+        charts.Series("Structured Streaming", tuple(base), charts.ORANGE),
+    ]
+    limit_text = ""
+    if "ours_over_limit" in result:
+        limit = [r["limit_records_per_s"] for r in result["runs"]] + [result["limit_records_per_s"]]
+        series.append(charts.Series("Arrow limit", tuple(limit), charts.GREEN))
+        limit_text = f"; ours / Arrow limit {result['ours_over_limit']:.2f}x the time"
     return charts.bar_chart(
         chart_id,
         f"{title} (higher is better)",
         f"splitkeeper {result['ours_records_per_s']:,.0f} records/s vs Structured Streaming "
         f"{result['baseline_records_per_s']:,.0f} records/s over {result['records']:,} records; "
-        f"ratio {result['ratio']:.3f}; load average {load['ours']:.1f} and {load['baseline']:.1f} "
-        f"on {load['cpus']} cpus",
+        f"ratio {result['ratio']:.3f}{limit_text}; load average {load['ours']:.1f} and "
+        f"{load['baseline']:.1f} on {load['cpus']} cpus",
         categories,
-        [
-            charts.Series("splitkeeper", tuple(ours), charts.BLUE),
-            charts.Series("Structured Streaming", tuple(base), charts.ORANGE),
-        ],
+        series,
         x_label="repetition",
         y_label="records/s",
     )
@@ -1442,6 +1511,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="append (default) or upsert: keyed change records (20%% updates, 2%% deletes) into a keyed "
         "table, ours with sink.mode upsert, the baseline with foreachBatch + Delta MERGE",
     )
+    parser.add_argument(
+        "--limit",
+        action="store_true",
+        help="also time plain Arrow reading the same files and writing the same parquet, one process "
+        "per region (no protocol, no Spark): prints ours / limit (ours_over_limit)",
+    )
     add_output_arguments(parser, "input, sinks and state")
 
 
@@ -1520,6 +1595,7 @@ def run(args: argparse.Namespace) -> int:
         content_check=not args.no_content_check,
         decode=args.decode,
         sink=args.sink,
+        limit=args.limit,
     )
     return run_benchmark(
         args,
