@@ -177,7 +177,8 @@ def writer_lease(config: PipelineConfig) -> Iterator[HeldLease]:
 
     crash_request()  # a misspelt SPLITKEEPER_CRASH_AT fails before the lease table is written
     tables = StateTables(config.state_path)  # only the lease table: the pipeline's claim comes with the run
-    with held(PipelineLease(tables, config.name), ttl_s=config.lease_ttl_s) as lease:
+    lease_of = PipelineLease(tables, config.name)
+    with held(lease_of, ttl_s=config.lease_ttl_s, wait_s=config.lease_wait_s) as lease:
         yield lease
 
 
@@ -403,15 +404,13 @@ def stop(config: PipelineConfig) -> StopResult:
     holder = PipelineLease(tables, config.name).holder()
     requested_at = ControlRequests(tables, config.name).request_stop()
     signalled = None
-    from datetime import UTC, datetime
-
-    if holder is not None and holder.live(datetime.now(UTC)) and holder.owner.host == socket.gethostname():
+    if holder is not None and holder.live() and holder.owner.host == socket.gethostname():
         try:
             os.kill(holder.owner.pid, signal.SIGTERM)
             signalled = holder.owner.pid
         except ProcessLookupError:
             signalled = None
-    running = None if holder is None or not holder.live(datetime.now(UTC)) else holder.owner.describe()
+    running = None if holder is None or not holder.live() else holder.owner.describe()
     return StopResult(config.name, requested_at.isoformat(), running, signalled)
 
 
