@@ -6,8 +6,9 @@ to that region's task. Driver crashes are real: when ``SPLITKEEPER_CRASH_AT``
 names a crash point (optionally ``point@epoch``, or ``point@epoch+`` for the first
 epoch >= ``epoch`` that reaches the point), the driver process sends itself SIGKILL
 there, leaving whatever was half-written for recovery to face. ``SPLITKEEPER_PAUSE_AT``
-(the same grammar) makes it send itself SIGSTOP there instead: a driver paused by the
-machine (a long GC pause, an overloaded host) until a test sends SIGCONT.
+(the same grammar) makes it send itself SIGSTOP there instead, the first time the point
+matches: a driver paused by the machine (a long GC pause, an overloaded host) until a test
+sends SIGCONT.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from splitkeeper.spark.task import RegionFault
 
 CRASH_ENV = "SPLITKEEPER_CRASH_AT"
 PAUSE_ENV = "SPLITKEEPER_PAUSE_AT"
+_paused: list[str] = []  # the pause this process made (one at most)
 
 
 _FAULT = re.compile(r"^(?P<kind>fail|flaky|stall)(?::(?P<seconds>[0-9.]+))?:(?P<region>\d+)@(?P<epoch>\d+)$")
@@ -113,10 +115,11 @@ def crash_if_requested(
 
     Called by the driver at each crash point. Nothing is flushed or cleaned up:
     that is the point. When ``SPLITKEEPER_PAUSE_AT`` names the point, the process stops
-    itself (SIGSTOP) there first and goes on when continued.
+    itself (SIGSTOP) there first (once per process) and goes on when continued.
     """
     pause = crash_request(env, PAUSE_ENV)
-    if pause is not None and pause.matches(point, epoch):
+    if pause is not None and pause.matches(point, epoch) and not _paused:
+        _paused.append(point.value)
         print(f"splitkeeper: paused at {point.value} of epoch {epoch} (SIGSTOP)", file=sys.stderr, flush=True)
         os.kill(os.getpid(), signal.SIGSTOP)
     request = crash_request(env)
