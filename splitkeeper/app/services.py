@@ -167,15 +167,20 @@ def leased_pipeline(
 def writer_lease(config: PipelineConfig) -> Iterator[HeldLease]:
     """Hold the pipeline's lease for a writing use case (protocol rule 5.6); taken before Spark starts.
 
-    The one place that takes it. A second writer is refused within a second, with LeaseHeldError
-    naming the holder; a lease whose holder stopped heartbeating for ``lease.ttl_s`` is taken over
-    (logged), and a run whose lease was taken over stops before its next epoch. Released on exit.
+    The one place that takes it. First the state's object store is probed (a store that does not
+    refuse a second put-if-absent is refused with StoreUnsafeError, nothing written). A second
+    writer is refused within a second, with LeaseHeldError naming the holder; a holder whose lease
+    generation did not move for its ttl while this writer watched (``lease.wait_s``) is taken over
+    (logged), and a run whose lease was taken over stops before its next epoch and before any sink
+    commit. Released on exit.
     """
     from splitkeeper.delta.lease import PipelineLease, held
+    from splitkeeper.delta.probe import probe_store
     from splitkeeper.delta.tables import StateTables
     from splitkeeper.spark.faults import crash_request
 
     crash_request()  # a misspelt SPLITKEEPER_CRASH_AT fails before the lease table is written
+    probe_store(config.state_path)  # the fences need put-if-absent: checked before the first write
     tables = StateTables(config.state_path)  # only the lease table: the pipeline's claim comes with the run
     lease_of = PipelineLease(tables, config.name)
     with held(lease_of, ttl_s=config.lease_ttl_s, wait_s=config.lease_wait_s) as lease:
