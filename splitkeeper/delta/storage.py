@@ -27,7 +27,8 @@ Contract:
    options say so explicitly: ``aws_conditional_put=etag`` (delta-rs's documented
    setting for S3-compatible stores) and ``AWS_S3_ALLOW_UNSAFE_RENAME=false``, so a
    stray environment variable cannot switch the store to unsafe, unconditional
-   commits. delta-rs 1.x has no DynamoDB lock; none is configured.
+   commits. delta-rs 1.x has no DynamoDB lock; none is configured. Whether the store
+   honours the header is checked before a pipeline writes (:mod:`~splitkeeper.delta.probe`).
 4. :func:`sigv4_authorization` signs one S3 request (AWS Signature Version 4) for the few
    requests delta-rs and pyarrow cannot make: the store probe's conditional puts
    (:mod:`~splitkeeper.delta.probe`).
