@@ -74,6 +74,14 @@ class ConcurrentRunError(StateError):
     code = "CONCURRENT_RUN"
 
 
+class StoreUnsafeError(StateError):
+    """The object store under the state does not refuse a second conditional create of one key
+    (``If-None-Match: *`` ignored): two writers of one Delta commit could both land. Raised before
+    anything of the pipeline is written."""
+
+    code = "STORE_UNSAFE"
+
+
 class StagedOutputError(StateError):
     """An epoch's staged output is missing or damaged, so its sink commit did not happen.
 

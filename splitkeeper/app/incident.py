@@ -20,7 +20,6 @@ import os
 import socket
 import uuid
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from splitkeeper.app.results import _Result
@@ -177,16 +176,19 @@ def _next_epoch(store: DeltaStateStore, sink: DeltaSink, latest: int) -> int:
     return max(latest, store.latest_plan_epoch() or 0, sink.committed_epoch() or 0) + 1
 
 
-def _refuse_if_leased(store: DeltaStateStore, what: str, restorable: tuple[int, ...] = ()) -> None:
-    """A run holding the lease refuses the command before anything is written (the lease included)."""
+def _refuse_if_leased(
+    store: DeltaStateStore, what: str, restorable: tuple[int, ...] = (), wait_s: float = 0.0
+) -> None:
+    """A run holding the lease refuses the command before anything is written (the lease included).
+    With ``lease.wait_s`` > 0 the take decides (it watches the holder for its ttl)."""
     from splitkeeper.delta.lease import PipelineLease
 
     holder = PipelineLease(store.tables, store.pipeline_name).holder()
-    if holder is not None and not holder.released and holder.live(datetime.now(UTC)):
+    if holder is not None and holder.live() and wait_s <= 0:
         listed = f"; checkpoints that can be restored: {list(restorable)}" if restorable else ""
         raise ConcurrentRunError(
             f"pipeline {store.pipeline_name!r}: {what} refused: a run holds the pipeline's lease "
-            f"({holder.owner.describe()}, until {holder.expires_at.isoformat()}). Stop it first "
+            f"({holder.owner.describe()}, generation {holder.generation}). Stop it first "
             f"(splitkeeper stop --config ...), then run this again; nothing was written{listed}",
             pipeline=store.pipeline_name,
             holder=holder.owner.describe(),
@@ -307,7 +309,7 @@ def rewind(
         raise InvalidParameterError(
             "reason", reason, "a few words on why (the audit trail keeps who, when and why): --reason '...'"
         )
-    _refuse_if_leased(store, f"rewind to checkpoint {checkpoint_id}", restorable)
+    _refuse_if_leased(store, f"rewind to checkpoint {checkpoint_id}", restorable, config.lease_wait_s)
     with writer_lease(config):
         store = DeltaStateStore(config.state_path, config.name, None)
         sink = _write_sink(config)
@@ -387,7 +389,7 @@ def offsets(config: PipelineConfig) -> OffsetsResult:
             )
         )
     holder = PipelineLease(store.tables, config.name).holder()
-    live = holder is not None and not holder.released and holder.live(datetime.now(UTC))
+    live = holder is not None and holder.live()
     return OffsetsResult(
         config.name, latest.checkpoint_id, tuple(rows), holder.owner.describe() if live and holder else None
     )
@@ -502,7 +504,7 @@ def reset_offset(
     )
     if dry_run:
         return result
-    _refuse_if_leased(store, f"offset reset of {split_id}")
+    _refuse_if_leased(store, f"offset reset of {split_id}", wait_s=config.lease_wait_s)
     with writer_lease(config):
         store = DeltaStateStore(config.state_path, config.name, None)
         sink = _write_sink(config)

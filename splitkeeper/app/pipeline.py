@@ -58,7 +58,7 @@ from splitkeeper.delta.checkpoints import DeltaStateStore
 from splitkeeper.delta.lease import HeldLease
 from splitkeeper.delta.schemas import data_schema
 from splitkeeper.errors import ConfigError
-from splitkeeper.spark.faults import FaultPlan, crash_if_requested, crash_request
+from splitkeeper.spark.faults import PAUSE_ENV, FaultPlan, crash_if_requested, crash_request
 from splitkeeper.spark.regions import RegionStatus, run_regions
 from splitkeeper.spark.sources import build_source
 from splitkeeper.spark.task import FaultKind, RecordPolicy, RegionResult, failed_splits, run_region_task
@@ -104,6 +104,7 @@ class RuntimeHooks(DriverHooks):
 
     def __init__(self, progress: Callable[[str], None] | None = None) -> None:
         crash_request()  # a misspelt SPLITKEEPER_CRASH_AT fails here, before anything is written
+        crash_request(variable=PAUSE_ENV)  # and a misspelt SPLITKEEPER_PAUSE_AT
         self._progress = progress or (lambda line: None)
         self.lease: HeldLease | None = None  # the lease the pipeline's caller holds for it (None: none)
         self.metrics: PipelineMetrics | None = None  # set when the run records metrics
@@ -112,6 +113,11 @@ class RuntimeHooks(DriverHooks):
         """A run whose lease was taken over (it had expired) stops before it writes anything more."""
         if self.lease is not None:
             self.lease.check()
+
+    def before_sink_commit(self, epoch: int) -> None:
+        """A run whose lease is no longer its own (taken over while it was paused) commits nothing."""
+        if self.lease is not None:
+            self.lease.verify()
 
     def crash_point(self, point: CrashPoint | SinkCrashPoint, epoch: int) -> None:
         crash_if_requested(point, epoch)

@@ -167,17 +167,23 @@ def leased_pipeline(
 def writer_lease(config: PipelineConfig) -> Iterator[HeldLease]:
     """Hold the pipeline's lease for a writing use case (protocol rule 5.6); taken before Spark starts.
 
-    The one place that takes it. A second writer is refused within a second, with LeaseHeldError
-    naming the holder; a lease whose holder stopped heartbeating for ``lease.ttl_s`` is taken over
-    (logged), and a run whose lease was taken over stops before its next epoch. Released on exit.
+    The one place that takes it. First the state's object store is probed (a store that does not
+    refuse a second put-if-absent is refused with StoreUnsafeError, nothing written). A second
+    writer is refused within a second, with LeaseHeldError naming the holder; a holder whose lease
+    generation did not move for its ttl while this writer watched (``lease.wait_s``) is taken over
+    (logged), and a run whose lease was taken over stops before its next epoch and before any sink
+    commit. Released on exit.
     """
     from splitkeeper.delta.lease import PipelineLease, held
+    from splitkeeper.delta.probe import probe_store
     from splitkeeper.delta.tables import StateTables
     from splitkeeper.spark.faults import crash_request
 
     crash_request()  # a misspelt SPLITKEEPER_CRASH_AT fails before the lease table is written
+    probe_store(config.state_path)  # the fences need put-if-absent: checked before the first write
     tables = StateTables(config.state_path)  # only the lease table: the pipeline's claim comes with the run
-    with held(PipelineLease(tables, config.name), ttl_s=config.lease_ttl_s) as lease:
+    lease_of = PipelineLease(tables, config.name)
+    with held(lease_of, ttl_s=config.lease_ttl_s, wait_s=config.lease_wait_s) as lease:
         yield lease
 
 
@@ -403,15 +409,13 @@ def stop(config: PipelineConfig) -> StopResult:
     holder = PipelineLease(tables, config.name).holder()
     requested_at = ControlRequests(tables, config.name).request_stop()
     signalled = None
-    from datetime import UTC, datetime
-
-    if holder is not None and holder.live(datetime.now(UTC)) and holder.owner.host == socket.gethostname():
+    if holder is not None and holder.live() and holder.owner.host == socket.gethostname():
         try:
             os.kill(holder.owner.pid, signal.SIGTERM)
             signalled = holder.owner.pid
         except ProcessLookupError:
             signalled = None
-    running = None if holder is None or not holder.live(datetime.now(UTC)) else holder.owner.describe()
+    running = None if holder is None or not holder.live() else holder.owner.describe()
     return StopResult(config.name, requested_at.isoformat(), running, signalled)
 
 

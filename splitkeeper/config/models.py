@@ -461,6 +461,13 @@ class NotificationsSection(_Section):
 
 class LeaseSection(_Section):
     ttl_s: float = Field(defaults.LEASE_TTL_S, gt=0, allow_inf_nan=False, description=_SECONDS)
+    wait_s: float = Field(
+        0.0,
+        ge=0,
+        allow_inf_nan=False,
+        description="seconds >= 0 a writer waits for the lease's holder to prove stale (no heartbeat "
+        "for its ttl by this writer's clock); 0: a held lease refuses at once",
+    )
 
 
 class MaintenanceSection(_Section):

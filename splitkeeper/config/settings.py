@@ -33,7 +33,8 @@ Shape of a file (YAML)::
     rescale: {operator_state: even-split}   # or union (protocol rule 2.8)
     weighted: {capacities: {0: 4}, rebalance_threshold: 1.25}   # strategy: weighted only
     notifications: {on_failure: mypkg.alerts:page_oncall}   # called by a failed Airflow task
-    lease: {ttl_s: 60}   # one writer per pipeline; a dead writer's lease is taken over after this
+    lease: {ttl_s: 60, wait_s: 0}   # one writer per pipeline; wait_s >= ttl_s: a writer takes over a
+                                    # holder silent for ttl_s (by its own clock), else it is refused
     maintenance: {history_hours: 168}   # splitkeeper maintain: VACUUM keeps a week of history
     metrics: {otlp_endpoint: http://otel-collector:4318}   # optional; <state>/metrics.prom always
     state: {path: ./state}
@@ -262,6 +263,7 @@ class PipelineConfig:
     rebalance_threshold: float  # weighted.rebalance_threshold
     on_failure: str | None  # notifications.on_failure: 'module:function' an Airflow task calls
     lease_ttl_s: float  # lease.ttl_s: a writer that stops heartbeating loses the lease after this
+    lease_wait_s: float  # lease.wait_s: how long a writer watches a held lease for its holder to go stale
     history_hours: float  # maintenance.history_hours: how far back time travel reaches after VACUUM
     otlp_endpoint: str | None  # metrics.otlp_endpoint: OTLP/HTTP collector (None: the text file only)
     decode: DecodeSpec  # decode: what a record's bytes are; the sink's data columns
@@ -750,6 +752,7 @@ def _view(file: PipelineFile, origin: str) -> PipelineConfig:
         rebalance_threshold=file.weighted.rebalance_threshold,
         on_failure=file.notifications.on_failure,
         lease_ttl_s=file.lease.ttl_s,
+        lease_wait_s=file.lease.wait_s,
         history_hours=file.maintenance.history_hours,
         otlp_endpoint=file.metrics.otlp_endpoint,
         decode=resolved.decode,

@@ -1219,6 +1219,7 @@ class EpochDriver:
             split_weights=self._split_weights(),
         )
         self._check_fence(epoch)
+        self.hooks.before_sink_commit(epoch)  # the runtime's lease, re-read: still this run's
         self.state.write_decision(decision)
         self.hooks.crash_point(CrashPoint.AFTER_DECISION, epoch)
         try:

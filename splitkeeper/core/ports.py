@@ -317,7 +317,9 @@ class DriverHooks:
     ``crash_point`` is called at every :class:`CrashPoint` of an epoch (fault
     tests kill the process there; the simulator may raise to model a crash).
     ``before_epoch`` is called before anything of an epoch is written (the
-    runtime checks its pipeline lease there). ``progress`` gets one line per
+    runtime checks its pipeline lease there); ``before_sink_commit`` right before
+    an epoch's decision record and sink commit (the runtime re-reads its lease
+    there and raises when it is no longer this run's: nothing is written). ``progress`` gets one line per
     epoch, ``after_epoch`` the epoch's report (metrics). Hooks must not change
     protocol state.
     """
@@ -327,6 +329,10 @@ class DriverHooks:
 
     def before_epoch(self, epoch: int) -> None:
         """Called before epoch ``epoch`` plans (nothing of it is written yet)."""
+
+    def before_sink_commit(self, epoch: int) -> None:
+        """Called right before epoch ``epoch``'s decision record and sink commit; raising stops the
+        epoch with nothing of its commit written."""
 
     def progress(self, line: str, **context: Any) -> None:
         """One human-readable line per epoch; ``context`` names it (epoch, checkpoint_id, kind)."""

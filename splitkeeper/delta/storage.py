@@ -27,8 +27,12 @@ Contract:
    options say so explicitly: ``aws_conditional_put=etag`` (delta-rs's documented
    setting for S3-compatible stores) and ``AWS_S3_ALLOW_UNSAFE_RENAME=false``, so a
    stray environment variable cannot switch the store to unsafe, unconditional
-   commits. delta-rs 1.x has no DynamoDB lock; none is configured.
-4. :func:`filesystem` gives a ``pyarrow.fs`` file system and the path inside it, for
+   commits. delta-rs 1.x has no DynamoDB lock; none is configured. Whether the store
+   honours the header is checked before a pipeline writes (:mod:`~splitkeeper.delta.probe`).
+4. :func:`sigv4_authorization` signs one S3 request (AWS Signature Version 4) for the few
+   requests delta-rs and pyarrow cannot make: the store probe's conditional puts
+   (:mod:`~splitkeeper.delta.probe`).
+5. :func:`filesystem` gives a ``pyarrow.fs`` file system and the path inside it, for
    the sink's file moves and the log diagnosis; it uses the same options.
 
 Pure functions of their arguments and the environment; safe from any thread.
@@ -36,6 +40,8 @@ Pure functions of their arguments and the environment; safe from any thread.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -49,6 +55,7 @@ __all__ = [
     "is_local",
     "join",
     "local_path",
+    "sigv4_authorization",
     "spark_uri",
     "storage_options",
     "table_uri",
@@ -157,3 +164,38 @@ def filesystem(location: str | os.PathLike[str], env: Mapping[str, str] | None =
         kwargs["scheme"] = scheme if host else "https"
         kwargs["force_virtual_addressing"] = False
     return pafs.S3FileSystem(**kwargs), uri[len("s3://") :]
+
+
+def sigv4_authorization(
+    method: str,
+    path: str,
+    query: str,
+    headers: dict[str, str],
+    access_key: str,
+    secret_key: str,
+    region: str,
+) -> str:
+    """The SigV4 ``Authorization`` value of a request whose ``headers`` (lower-case names, ``host``,
+    ``x-amz-date`` and ``x-amz-content-sha256`` among them) are all signed. ``path`` is the encoded
+    path as sent, ``query`` the raw query string (its pairs are sorted here)."""
+    amz_date = headers["x-amz-date"]
+    day = amz_date[:8]
+    signed = ";".join(sorted(headers))
+    pairs = sorted(p if "=" in p else f"{p}=" for p in query.split("&") if p)
+    canonical = "\n".join(
+        [
+            method,
+            path,
+            "&".join(pairs),
+            "".join(f"{k}:{' '.join(headers[k].split())}\n" for k in sorted(headers)),
+            signed,
+            headers["x-amz-content-sha256"],
+        ]
+    )
+    scope = f"{day}/{region}/s3/aws4_request"
+    to_sign = "\n".join(["AWS4-HMAC-SHA256", amz_date, scope, hashlib.sha256(canonical.encode()).hexdigest()])
+    key = f"AWS4{secret_key}".encode()
+    for part in (day, region, "s3", "aws4_request"):
+        key = hmac.new(key, part.encode(), hashlib.sha256).digest()
+    signature = hmac.new(key, to_sign.encode(), hashlib.sha256).hexdigest()
+    return f"AWS4-HMAC-SHA256 Credential={access_key}/{scope}, SignedHeaders={signed}, Signature={signature}"

@@ -5,7 +5,10 @@ epoch runner hands the matching :class:`~splitkeeper.spark.task.RegionFault`
 to that region's task. Driver crashes are real: when ``SPLITKEEPER_CRASH_AT``
 names a crash point (optionally ``point@epoch``, or ``point@epoch+`` for the first
 epoch >= ``epoch`` that reaches the point), the driver process sends itself SIGKILL
-there, leaving whatever was half-written for recovery to face.
+there, leaving whatever was half-written for recovery to face. ``SPLITKEEPER_PAUSE_AT``
+(the same grammar) makes it send itself SIGSTOP there instead, the first time the point
+matches: a driver paused by the machine (a long GC pause, an overloaded host) until a test
+sends SIGCONT.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ from splitkeeper.errors import InvalidParameterError
 from splitkeeper.spark.task import RegionFault
 
 CRASH_ENV = "SPLITKEEPER_CRASH_AT"
+PAUSE_ENV = "SPLITKEEPER_PAUSE_AT"
+_paused: list[str] = []  # the pause this process made (one at most)
 
 
 _FAULT = re.compile(r"^(?P<kind>fail|flaky|stall)(?::(?P<seconds>[0-9.]+))?:(?P<region>\d+)@(?P<epoch>\d+)$")
@@ -79,14 +84,14 @@ class CrashRequest:
         return epoch >= self.epoch if self.or_later else epoch == self.epoch
 
 
-def crash_request(env: Mapping[str, str] | None = None) -> CrashRequest | None:
-    """The crash ``SPLITKEEPER_CRASH_AT`` asks for, or None.
+def crash_request(env: Mapping[str, str] | None = None, variable: str = CRASH_ENV) -> CrashRequest | None:
+    """The crash ``SPLITKEEPER_CRASH_AT`` (or the pause ``variable`` names) asks for, or None.
 
     The driver calls it once at start (the pipeline's constructor) so that a
     misspelt value fails before anything is written, instead of never crashing.
     Raises InvalidParameterError naming the variable, the value and the points.
     """
-    wanted = (os.environ if env is None else env).get(CRASH_ENV, "").strip()
+    wanted = (os.environ if env is None else env).get(variable, "").strip()
     if not wanted:
         return None
     m = _CRASH.match(wanted)
@@ -94,7 +99,7 @@ def crash_request(env: Mapping[str, str] | None = None) -> CrashRequest | None:
     points = list(known)
     if m is None or m["point"] not in points:
         raise InvalidParameterError(
-            CRASH_ENV,
+            variable,
             wanted,
             f"'<point>', '<point>@<epoch>' or '<point>@<epoch>+' with point one of {', '.join(points)}",
         )
@@ -109,8 +114,14 @@ def crash_if_requested(
     """SIGKILL this process when ``SPLITKEEPER_CRASH_AT`` names ``point`` (and matches ``epoch``).
 
     Called by the driver at each crash point. Nothing is flushed or cleaned up:
-    that is the point.
+    that is the point. When ``SPLITKEEPER_PAUSE_AT`` names the point, the process stops
+    itself (SIGSTOP) there first (once per process) and goes on when continued.
     """
+    pause = crash_request(env, PAUSE_ENV)
+    if pause is not None and pause.matches(point, epoch) and not _paused:
+        _paused.append(point.value)
+        print(f"splitkeeper: paused at {point.value} of epoch {epoch} (SIGSTOP)", file=sys.stderr, flush=True)
+        os.kill(os.getpid(), signal.SIGSTOP)
     request = crash_request(env)
     if request is None or not request.matches(point, epoch):
         return

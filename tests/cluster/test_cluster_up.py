@@ -338,6 +338,64 @@ def test_concurrent_deltalake_commits_on_the_store_one_fails_none_is_lost(cluste
         assert refused.value.status == 412 and s3.get_object(BUCKET, key) == b"first"
 
 
+def test_the_store_probe_passes_on_the_store_and_refuses_it_behind_a_proxy_dropping_if_none_match(
+    cluster, tmp_path, monkeypatch
+):
+    """The probe every writer runs at open (splitkeeper.delta.probe), against the real store: it
+    passes; behind the fault proxy that drops If-None-Match (signing again, as a gateway that
+    ignores the header would forward it) it is [STORE_UNSAFE], and `splitkeeper run` stops
+    before it writes anything."""
+    from splitkeeper.delta import probe
+    from splitkeeper.delta.probe import probe_store
+    from splitkeeper.errors import StoreUnsafeError
+    from splitkeeper.tools.fault_proxy import FaultProxy
+
+    with Phase("check: store probe"):
+        for key, value in cluster.client_env().items():
+            if key.startswith("AWS_"):
+                monkeypatch.setenv(key, value)
+        creds = cluster.credentials()
+        endpoint = f"http://{HOST}:{cluster.state().ports['s3']}"
+        monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
+        base = f"s3://{BUCKET}/checks/probe-{uuid.uuid4().hex[:8]}"
+        probe._reset_for_tests()
+        try:
+            assert probe_store(f"{base}/state") is True
+            keys = (creds.s3_access_key, creds.s3_secret_key)
+            with FaultProxy(endpoint, drop_headers={"If-None-Match"}, credentials=keys) as proxy:
+                monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
+                probe._reset_for_tests()
+                with pytest.raises(StoreUnsafeError, match=r"accepted a second conditional create"):
+                    probe_store(f"{base}/state")
+                assert [r.dropped for r in proxy.seen if r.method == "PUT"] == [("If-None-Match",)] * 2
+                (tmp_path / "in").mkdir()
+                (tmp_path / "in" / "a.txt").write_text("one\ntwo\n")
+                config = tmp_path / "probe.yaml"
+                config.write_text(
+                    json.dumps(
+                        {
+                            "name": "probe",
+                            "parallelism": 1,
+                            "source": {"kind": "files", "path": str(tmp_path / "in"), "format": "lines"},
+                            "state": {"path": f"{base}/state"},
+                            "sink": {"path": f"{base}/sink"},
+                            "staging": {"path": str(tmp_path / "staging")},
+                        }
+                    )
+                )
+                env = {**os.environ, "AWS_ENDPOINT_URL": proxy.url}
+                refused = _run(
+                    [sys.executable, "-m", "splitkeeper", "run", "--config", str(config)], 300, env
+                )
+            assert refused.returncode == 2 and "[STORE_UNSAFE]" in refused.stderr, refused.stderr
+        finally:
+            probe._reset_for_tests()
+        s3 = S3Client(endpoint, *keys)
+        with pytest.raises(S3Error) as missing:  # nothing of the refused run was written
+            s3.get_object(BUCKET, f"{base.split('/', 3)[3]}/state/lease/_delta_log/00000000000000000000.json")
+        assert missing.value.status == 404
+
+
 def _api(
     cluster: LocalCluster,
     method: str,

@@ -530,3 +530,31 @@ def test_a_restore_weighs_the_splits_with_the_weights_its_checkpoint_recorded() 
     clock.sleep(10)
     second.run_epoch()  # the meter has one observation: nothing measured yet, the weights carry on
     assert dict(state.split_weights(max(state.checkpoint_ids()))) == recorded
+
+
+def test_a_run_whose_lease_check_before_the_sink_commit_fails_writes_nothing_of_that_epoch() -> None:
+    """The runtime re-reads its lease in ``before_sink_commit``; a lost lease stops the epoch before
+    its decision record and its sink commit (a paused holder woken after a takeover)."""
+
+    class _LeaseLost(ConcurrentRunError):
+        code = "LEASE_LOST"
+
+    class _LeaseTakenAt(DriverHooks):
+        def __init__(self) -> None:
+            self.checked: list[int] = []
+
+        def before_sink_commit(self, epoch: int) -> None:
+            self.checked.append(epoch)
+            if epoch == 2:
+                raise _LeaseLost("taken over", pipeline="t")
+
+    source = _source({"a"}, {"a-0": ("a", 100)})
+    driver, ledger, state, sink = _driver(source, parallelism=1)
+    driver.hooks = hooks = _LeaseTakenAt()
+    driver.open()
+    driver.run_epoch(records_per_split=5)
+    with pytest.raises(_LeaseLost):
+        driver.run_epoch(records_per_split=5)
+    assert hooks.checked == [1, 2]
+    assert sink.recorded == 1 and ledger.spans("a-0") == [(0, 5)]  # epoch 2 reached no sink
+    assert not [key for key in state.decisions if key[0] == 2]  # and left no decision record

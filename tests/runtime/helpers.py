@@ -212,7 +212,7 @@ def run_cli(argv: Sequence[str]) -> tuple[int, str, str]:
 
 def subprocess_env(**extra: str) -> dict[str, str]:
     """The environment of a child ``splitkeeper`` process: a small local Spark, no UI."""
-    env = {k: v for k, v in os.environ.items() if k != "SPLITKEEPER_CRASH_AT"}
+    env = {k: v for k, v in os.environ.items() if k not in ("SPLITKEEPER_CRASH_AT", "SPLITKEEPER_PAUSE_AT")}
     env.update(
         {
             "SPLITKEEPER_SPARK_MASTER": "local[2]",

@@ -1,6 +1,8 @@
-"""The pipeline lease (splitkeeper.delta.lease): take, refusal, expiry takeover, heartbeat, release.
+"""The pipeline lease (splitkeeper.delta.lease): take, refusal, takeover of a silent holder, heartbeat,
+re-check before a commit, release.
 
-No Spark."""
+No Spark. Takeovers are decided by the reader's monotonic clock: the tests inject one
+(:class:`FakeClock`) and move it, instead of sleeping past a ttl."""
 
 from __future__ import annotations
 
@@ -12,6 +14,8 @@ import pytest
 from deltalake import DeltaTable
 
 from splitkeeper.delta.lease import (
+    HeldLease,
+    LeaseClock,
     LeaseHeldError,
     LeaseLostError,
     LeaseOwner,
@@ -28,13 +32,27 @@ RUN_A = LeaseOwner("host-a", 101, "splitkeeper run --config orders.yaml")
 RUN_B = LeaseOwner("host-b", 202, "splitkeeper recover --config orders.yaml")
 
 
+class FakeClock(LeaseClock):
+    """A reader's or holder's clocks under the test's control: ``sleep`` moves the monotonic clock on;
+    ``skew`` shifts the wall clock (what the row's timestamps are written with)."""
+
+    def __init__(self, skew: timedelta = timedelta(0)) -> None:
+        super().__init__(monotonic=lambda: self.t, wall=lambda: datetime.now(UTC) + skew, sleep=self.advance)
+        self.t = 1000.0
+        self.slept = 0.0
+
+    def advance(self, seconds: float) -> None:
+        self.t += seconds
+        self.slept += seconds
+
+
 @pytest.fixture
 def root(tmp_path) -> str:
     return str(tmp_path / "state")
 
 
-def _lease(root: str) -> PipelineLease:
-    return PipelineLease(StateTables(root), "orders")
+def _lease(root: str, clock: LeaseClock | None = None) -> PipelineLease:
+    return PipelineLease(StateTables(root), "orders", clock=clock or FakeClock())
 
 
 def test_a_free_lease_is_taken_and_a_second_run_is_refused_naming_the_holder_and_what_to_do(root):
@@ -48,20 +66,30 @@ def test_a_free_lease_is_taken_and_a_second_run_is_refused_naming_the_holder_and
     assert isinstance(err.value, ConcurrentRunError) and err.value.code == "LEASE_HELD"
     assert "pipeline 'orders' is driven by 'splitkeeper run --config orders.yaml' (pid 101 on host-a)" in text
     assert f"since {taken.acquired_at.isoformat(timespec='seconds')}" in text
-    assert f"runs until {taken.expires_at.isoformat(timespec='seconds')}" in text
-    assert "Wait for that run to finish, or stop it" in text and "taken over after" in text
+    assert "generation 1" in text and "ttl 60 s" in text
+    assert "Wait for that run to finish, or stop it" in text
+    assert (
+        "a run that waits (lease.wait_s >= 60) takes the lease over once no heartbeat came for 60 s" in text
+    )
     holder = _lease(root).holder()
     assert holder is not None and holder.owner == RUN_A and holder.token == taken.token
 
 
-def test_an_expired_lease_is_taken_over_and_the_old_holder_cannot_heartbeat_any_more(root, caplog):
+def test_a_silent_holder_is_taken_over_after_its_ttl_of_the_readers_clock_and_cannot_heartbeat(root, caplog):
     old = _lease(root)
-    old.take(RUN_A, ttl_s=0.5)
-    time.sleep(0.8)  # no heartbeat: the lease expires
-    new = _lease(root)
+    old.take(RUN_A, ttl_s=30)
+    reader = FakeClock()
+    new = _lease(root, reader)
+    with pytest.raises(LeaseHeldError, match="this run does not wait: lease.wait_s 0"):
+        new.take(RUN_B, ttl_s=60)  # first seen now: not proven silent
+    reader.advance(29.9)
+    with pytest.raises(LeaseHeldError):
+        new.take(RUN_B, ttl_s=60)  # seen unchanged for less than its ttl
+    reader.advance(0.1)
     with caplog.at_level("WARNING", logger="splitkeeper.delta.lease"):
-        taken = new.take(RUN_B, ttl_s=60)
+        taken = new.take(RUN_B, ttl_s=60)  # unchanged for its 30 s ttl on the reader's own clock
     assert "taking over the lease of 'splitkeeper run --config orders.yaml'" in caplog.text
+    assert "did not heartbeat for 30.0 s of this host's clock" in caplog.text
     assert taken.generation == 2 and taken.owner == RUN_B
     version = DeltaTable(f"{root}/lease").version()
     with pytest.raises(LeaseLostError) as err:
@@ -153,8 +181,7 @@ def test_holder_reads_only_and_a_missing_table_has_no_holder(root, tmp_path):
     _lease(root).take(RUN_A)
     version = DeltaTable(f"{root}/lease").version()
     holder = PipelineLease(StateTables(root, read_only=True), "orders").holder()
-    assert holder is not None and holder.live(datetime.now(UTC))
-    assert not holder.live(datetime.now(UTC) + timedelta(seconds=61))
+    assert holder is not None and holder.live() and holder.ttl_s == 60
     assert DeltaTable(f"{root}/lease").version() == version
 
 
@@ -172,20 +199,29 @@ def test_the_held_context_heartbeats_in_the_background_and_releases_on_exit(root
 
 def test_check_raises_once_a_late_heartbeat_finds_the_lease_taken_over(root):
     lease = _lease(root)
-    with held(lease, RUN_A, ttl_s=0.3, interval_s=1.2) as holding:  # a paused driver: heartbeats too late
-        time.sleep(0.5)
+    with held(lease, RUN_A, ttl_s=5, interval_s=1.0) as holding:  # heartbeats too late for the reader
         holding.check()  # nothing noticed yet
-        _lease(root).take(RUN_B, ttl_s=60)  # the lease expired: another run takes it over
-        time.sleep(1.2)
+        reader = FakeClock()
+        new = _lease(root, reader)
+        # the reader watches the row for the holder's ttl of its own clock (its sleep moves it)
+        new.take(RUN_B, ttl_s=60, wait_s=30)
+        assert reader.slept == pytest.approx(5)
+        deadline = time.monotonic() + 60  # the holder's next heartbeat comes within a second
+        while holding.error is None:
+            assert time.monotonic() < deadline, "the heartbeat never noticed the takeover"
+            time.sleep(0.05)
         with pytest.raises(LeaseLostError, match="taken over by 'splitkeeper recover"):
             holding.check()
+        with pytest.raises(LeaseLostError, match="taken over by 'splitkeeper recover"):
+            holding.verify()
     current = _lease(root).holder()
     assert current is not None and current.owner == RUN_B and not current.released  # not released by A
 
 
 def test_two_processes_taking_a_free_lease_at_once_one_holds_it(root):
-    _lease(root).take(RUN_A, ttl_s=0.1)
-    time.sleep(0.3)  # expired: both may try
+    first = _lease(root)
+    first.take(RUN_A, ttl_s=60)
+    assert first.release()  # free: both may take it
     context = multiprocessing.get_context("spawn")
     barrier = context.Barrier(2)
     results = context.Queue()
@@ -202,3 +238,123 @@ def test_two_processes_taking_a_free_lease_at_once_one_holds_it(root):
     winner = next(h for h, (kind, _) in outcomes.items() if kind == "holder")
     holder = _lease(root).holder()
     assert holder is not None and holder.owner.host == winner and holder.token == outcomes[winner][1]
+
+
+def test_a_holder_that_keeps_heartbeating_is_never_taken_over_by_a_waiting_reader(root):
+    holder = _lease(root)
+    holder.take(RUN_A, ttl_s=10)
+    reader = FakeClock()
+    new = _lease(root, reader)
+    for _ in range(5):  # the reader watches 9 s of its clock between heartbeats, 45 s in all
+        with pytest.raises(LeaseHeldError):
+            new.take(RUN_B, ttl_s=60)
+        reader.advance(9)
+        holder.heartbeat()
+    slept = reader.slept
+    with pytest.raises(LeaseHeldError, match="would have to watch it 10.0 s more, past its lease.wait_s 9.5"):
+        new.take(RUN_B, ttl_s=60, wait_s=9.5)  # a new generation: 10 s more to watch, refused at once
+    assert reader.slept == slept
+    current = _lease(root).holder()
+    assert current is not None and current.owner == RUN_A and current.generation == 6
+
+
+@pytest.mark.parametrize("skew_minutes", [-10, 10])
+def test_clock_skew_of_minutes_between_holder_and_reader_changes_nothing(root, skew_minutes):
+    """The holder's wall clock is minutes off the reader's: its ``expires_at`` is long past (or far
+    ahead) for the reader. The reader decides only by its own monotonic clock: refused while the
+    holder heartbeats, a takeover after exactly the holder's ttl of silence."""
+    holder = _lease(root, FakeClock(skew=timedelta(minutes=skew_minutes)))
+    taken = holder.take(RUN_A, ttl_s=20)
+    assert abs(
+        (taken.expires_at - datetime.now(UTC)) - timedelta(minutes=skew_minutes, seconds=20)
+    ) < timedelta(seconds=10)
+    reader = FakeClock()
+    new = _lease(root, reader)
+    with pytest.raises(LeaseHeldError):
+        new.take(RUN_B, ttl_s=60)
+    reader.advance(15)
+    holder.heartbeat()
+    reader.advance(15)
+    with pytest.raises(LeaseHeldError):
+        new.take(RUN_B, ttl_s=60)  # 30 s since first seen, but the generation changed 15 s ago
+    reader.advance(19.9)
+    with pytest.raises(LeaseHeldError):
+        new.take(RUN_B, ttl_s=60)
+    reader.advance(0.1)
+    assert new.take(RUN_B, ttl_s=60).owner == RUN_B
+    with pytest.raises(LeaseLostError):
+        holder.heartbeat()
+
+
+def test_verify_before_a_commit_renews_a_lease_a_pause_left_old_and_fails_after_a_takeover(root):
+    clock = FakeClock()
+    lease = _lease(root, clock)
+    taken = lease.take(RUN_A, ttl_s=10)
+    lease.verify()  # fresh: a fenced read, nothing written
+    assert _lease(root).holder().generation == taken.generation
+    clock.advance(6)  # paused past half its ttl: renew before committing
+    lease.verify()
+    assert _lease(root).holder().generation == taken.generation + 1
+    reader = FakeClock()
+    new = _lease(root, reader)
+    with pytest.raises(LeaseHeldError):
+        new.take(RUN_B, ttl_s=60)
+    reader.advance(10)
+    new.take(RUN_B, ttl_s=60)
+    version = DeltaTable(f"{root}/lease").version()
+    with pytest.raises(LeaseLostError, match="was taken over by 'splitkeeper recover"):
+        lease.verify()  # fresh by its own clock: the fenced read finds the takeover
+    clock.advance(6)
+    with pytest.raises(LeaseLostError):
+        lease.verify()  # old: the renewal is fenced out
+    assert DeltaTable(f"{root}/lease").version() == version  # nothing written by the old holder
+
+
+def _failing_writes(monkeypatch, failures: int) -> list[str]:
+    """Make the lease table's next ``failures`` heartbeat writes raise a store error (then succeed)."""
+    import deltalake
+
+    real = deltalake.write_deltalake
+    failed: list[str] = []
+
+    def write(table, data, *args, **kwargs):
+        if len(failed) < failures and data.column("released")[0].as_py() is False:
+            failed.append("503")
+            raise OSError("Generic S3 error: 503 Slow Down (injected)")
+        return real(table, data, *args, **kwargs)
+
+    monkeypatch.setattr(deltalake, "write_deltalake", write)
+    return failed
+
+
+def test_a_heartbeat_that_fails_twice_then_succeeds_keeps_the_lease(root, monkeypatch, caplog):
+    lease = PipelineLease(StateTables(root), "orders")  # the real clocks: the retries really wait
+    monkeypatch.setattr(HeldLease, "RETRY_S", 0.05)
+    with held(lease, RUN_A, ttl_s=30, interval_s=0.1) as holding:
+        failed = _failing_writes(monkeypatch, 2)
+        with caplog.at_level("WARNING", logger="splitkeeper.delta.lease"):
+            deadline = time.monotonic() + 30  # the ttl: retries end well within it
+            while lease.mine is None or lease.mine.generation < 2:
+                assert time.monotonic() < deadline and holding.error is None, holding.error
+                time.sleep(0.02)
+        assert failed == ["503", "503"] and holding.retries == 2
+        holding.check()
+        holding.verify()
+        assert "lease heartbeat failed (Generic S3 error: 503 Slow Down (injected)); retry 2" in caplog.text
+    current = _lease(root).holder()
+    assert current is not None and current.owner == RUN_A and current.released  # ours to the end
+
+
+def test_a_heartbeat_failing_for_the_whole_ttl_gives_the_lease_up(root, monkeypatch):
+    lease = PipelineLease(StateTables(root), "orders")
+    monkeypatch.setattr(HeldLease, "RETRY_S", 0.05)
+    with held(lease, RUN_A, ttl_s=1.0, interval_s=0.2) as holding:
+        failed = _failing_writes(monkeypatch, 10_000)
+        deadline = time.monotonic() + 60
+        while holding.error is None:
+            assert time.monotonic() < deadline, "the heartbeats never gave up"
+            time.sleep(0.05)
+        assert len(failed) >= 3
+        with pytest.raises(LeaseLostError, match="could not be renewed within its ttl"):
+            holding.check()
+        monkeypatch.undo()

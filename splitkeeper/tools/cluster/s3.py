@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
-import hmac
 import re
 import urllib.error
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
 
+from splitkeeper.delta.storage import sigv4_authorization as authorization
 from splitkeeper.errors import SplitkeeperError
 
 EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
@@ -80,7 +80,6 @@ class S3Client:
         url = urllib.parse.urlsplit(self.endpoint)
         now = dt.datetime.now(dt.UTC)
         amz_date = now.strftime("%Y%m%dT%H%M%SZ")
-        day = now.strftime("%Y%m%d")
         payload_hash = hashlib.sha256(data).hexdigest() if data else EMPTY_SHA256
         all_headers = {
             "host": url.netloc,
@@ -88,28 +87,8 @@ class S3Client:
             "x-amz-date": amz_date,
             **{k.lower(): v for k, v in (headers or {}).items()},
         }
-        signed = ";".join(sorted(all_headers))
-        canonical = "\n".join(
-            [
-                method,
-                path,
-                "",
-                "".join(f"{k}:{all_headers[k].strip()}\n" for k in sorted(all_headers)),
-                signed,
-                payload_hash,
-            ]
-        )
-        scope = f"{day}/{self.region}/s3/aws4_request"
-        to_sign = "\n".join(
-            ["AWS4-HMAC-SHA256", amz_date, scope, hashlib.sha256(canonical.encode()).hexdigest()]
-        )
-        key = f"AWS4{self.secret_key}".encode()
-        for part in (day, self.region, "s3", "aws4_request"):
-            key = hmac.new(key, part.encode(), hashlib.sha256).digest()
-        signature = hmac.new(key, to_sign.encode(), hashlib.sha256).hexdigest()
-        all_headers["authorization"] = (
-            f"AWS4-HMAC-SHA256 Credential={self.access_key}/{scope}, "
-            f"SignedHeaders={signed}, Signature={signature}"
+        all_headers["authorization"] = authorization(
+            method, path, "", all_headers, self.access_key, self.secret_key, self.region
         )
         del all_headers["host"]
         request = urllib.request.Request(
