@@ -854,8 +854,10 @@ def maintain(
     and changes nothing.
     """
     from splitkeeper.app.sink import config_sink
+    from splitkeeper.core.ports import UpkeepCrashPoint
     from splitkeeper.delta import retention
     from splitkeeper.delta.checkpoints import DeltaStateStore
+    from splitkeeper.spark.faults import crash_if_requested
 
     hours = config.history_hours if history_hours is None else history_hours
     if isinstance(hours, bool) or not isinstance(hours, int | float) or hours < 0:
@@ -869,7 +871,10 @@ def maintain(
     with writer_lease(config):
         store = DeltaStateStore(config.state_path, config.name, None)
         sink = config_sink(config)
-        compaction = retention.compact(store)
+        latest = (store.checkpoint_ids() or [0])[-1]
+        compaction = retention.compact(
+            store, mid_compaction=lambda: crash_if_requested(UpkeepCrashPoint.MID_COMPACTION, latest)
+        )
         compacted = {**compaction.compacted_files, "sink": sink.compact()}
         vacuumed = {name: tuple(files) for name, files in retention.vacuum(store, hours).items()}
         vacuumed["sink"] = tuple(sink.vacuum(_sink_hours(store, sink, hours)))

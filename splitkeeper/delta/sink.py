@@ -1012,6 +1012,8 @@ class DeltaSink(EpochSink):
                 self._merge(epoch, target, properties)
                 return
             actions, records = self._adopt(epoch, staged)
+            if self._crash_point is not None:  # moved into the table's folder, named by no commit yet
+                self._crash_point(SinkCrashPoint.AFTER_FILES_MOVED, epoch)
             committed["records"] = records
             properties.custom_metadata["records"] = records
             guarded(

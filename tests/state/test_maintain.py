@@ -27,7 +27,10 @@ from splitkeeper.delta.lease import LeaseHeldError, PipelineLease
 from splitkeeper.delta.retention import retention_hours
 from splitkeeper.errors import InvalidParameterError
 
-from .samples import Crash, CrashAt, LocalPipeline, LocalRegionRunner, tree
+from splitkeeper.spark.faults import CRASH_ENV
+from tests.runtime.helpers import splitkeeper_subprocess
+
+from .samples import Crash, CrashAt, LocalPipeline, LocalRegionRunner, assert_sink_is_input, tree
 
 
 class _FailingRegion(LocalRegionRunner):
@@ -105,6 +108,32 @@ def test_maintain_removes_old_files_but_never_what_a_kept_chain_or_a_pending_epo
     keys = [(r["split_id"], r["offset"]) for r in rows]
     assert len(keys) == len(set(keys)) == 120  # every line once, none twice
     assert {sid for sid, _ in keys} == {"part-0.txt", "part-1.txt"}
+
+
+def test_maintain_killed_mid_compaction_leaves_state_that_loads_and_finishes_exactly(tmp_path: Path) -> None:
+    pipeline = LocalPipeline(tmp_path, retain=1)
+    pipeline.write_input(files=2, lines=50)  # 100 records, 20 per epoch
+    config_path = _config(pipeline)
+    driver = pipeline.run(epochs=3)
+    kept = driver.state.checkpoint_ids()
+    chain = {cid: driver.state.load_checkpoint(cid) for cid in kept}
+    state_rows = DeltaTable(f"{pipeline.state}/enumerator_state").to_pyarrow_table(columns=["checkpoint_id"])
+    assert set(state_rows.column(0).to_pylist()) - set(kept)  # rows of deleted checkpoints to compact
+
+    killed = splitkeeper_subprocess(["maintain", "--config", str(config_path)], **{CRASH_ENV: "mid_compaction"})
+
+    assert killed.returncode == -9, killed.stderr[-3000:]
+    assert f"crash injected at mid_compaction of epoch {kept[-1]}" in killed.stderr
+    state_rows = DeltaTable(f"{pipeline.state}/enumerator_state").to_pyarrow_table(columns=["checkpoint_id"])
+    assert set(state_rows.column(0).to_pylist()) <= set(kept)  # the rows were deleted, then the kill
+    reopened = pipeline.driver()
+    assert {cid: reopened.state.load_checkpoint(cid) for cid in kept} == chain
+    again = services.maintain(load_config(config_path))  # the dead holder's lease is taken over
+    assert not again.dry_run and sum(again.compacted_files.values()) > 0  # the bin-packing it missed
+    assert {cid: pipeline.driver().state.load_checkpoint(cid) for cid in kept} == chain
+    finished = pipeline.run()
+    assert finished.state.checkpoint_ids()[-1] > kept[-1]
+    assert_sink_is_input(pipeline)
 
 
 def test_maintain_holds_the_lease_and_is_refused_while_another_run_holds_it(tmp_path: Path) -> None:
