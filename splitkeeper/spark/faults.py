@@ -90,9 +90,7 @@ def crash_request(env: Mapping[str, str] | None = None) -> CrashRequest | None:
     if not wanted:
         return None
     m = _CRASH.match(wanted)
-    known: dict[str, AnyCrashPoint] = {
-        p.value: p for p in (*CrashPoint, *SinkCrashPoint, *UpkeepCrashPoint)
-    }
+    known: dict[str, AnyCrashPoint] = {p.value: p for p in (*CrashPoint, *SinkCrashPoint, *UpkeepCrashPoint)}
     points = list(known)
     if m is None or m["point"] not in points:
         raise InvalidParameterError(
@@ -105,9 +103,7 @@ def crash_request(env: Mapping[str, str] | None = None) -> CrashRequest | None:
     )
 
 
-def crash_if_requested(
-    point: AnyCrashPoint, epoch: int, env: Mapping[str, str] | None = None
-) -> None:
+def crash_if_requested(point: AnyCrashPoint, epoch: int, env: Mapping[str, str] | None = None) -> None:
     """SIGKILL this process when ``SPLITKEEPER_CRASH_AT`` names ``point`` (and matches ``epoch``).
 
     Called by the driver at each crash point. Nothing is flushed or cleaned up:

@@ -55,7 +55,11 @@ AFTER_CRASH = {
 
 #: The crash points the suite kills at; the others are slow variants (the chaos run kills a driver at
 #: every crash point of the table, so each is still met once in every suite run).
-DEFAULT_POINTS = {CrashPoint.AFTER_SINK_COMMIT, CrashPoint.BEFORE_CHECKPOINT_ROW, SinkCrashPoint.AFTER_FILES_MOVED}
+DEFAULT_POINTS = {
+    CrashPoint.AFTER_SINK_COMMIT,
+    CrashPoint.BEFORE_CHECKPOINT_ROW,
+    SinkCrashPoint.AFTER_FILES_MOVED,
+}
 
 
 def _sink_parquet(sink_path: str, epoch: int) -> set[str]:

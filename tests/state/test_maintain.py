@@ -26,7 +26,6 @@ from splitkeeper.core.types import CheckpointKind, RegionOutcome
 from splitkeeper.delta.lease import LeaseHeldError, PipelineLease
 from splitkeeper.delta.retention import retention_hours
 from splitkeeper.errors import InvalidParameterError
-
 from splitkeeper.spark.faults import CRASH_ENV
 from tests.runtime.helpers import splitkeeper_subprocess
 
@@ -120,7 +119,9 @@ def test_maintain_killed_mid_compaction_leaves_state_that_loads_and_finishes_exa
     state_rows = DeltaTable(f"{pipeline.state}/enumerator_state").to_pyarrow_table(columns=["checkpoint_id"])
     assert set(state_rows.column(0).to_pylist()) - set(kept)  # rows of deleted checkpoints to compact
 
-    killed = splitkeeper_subprocess(["maintain", "--config", str(config_path)], **{CRASH_ENV: "mid_compaction"})
+    killed = splitkeeper_subprocess(
+        ["maintain", "--config", str(config_path)], **{CRASH_ENV: "mid_compaction"}
+    )
 
     assert killed.returncode == -9, killed.stderr[-3000:]
     assert f"crash injected at mid_compaction of epoch {kept[-1]}" in killed.stderr
