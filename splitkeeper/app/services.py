@@ -27,7 +27,7 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Concatenate, ParamSpec, TypeVar
@@ -862,13 +862,21 @@ def maintain(
     hours = config.history_hours if history_hours is None else history_hours
     if isinstance(hours, bool) or not isinstance(hours, int | float) or hours < 0:
         raise InvalidParameterError("history_hours", hours, "hours >= 0")
+    untracked_window = config.untracked_hours
     if dry_run:
         store = _state_store(config)
         sink = config_sink(config, read_only=True)
         vacuumed = {name: tuple(files) for name, files in retention.vacuum_plan(store, hours).items()}
-        vacuumed["sink"] = tuple(sink.vacuum(_sink_hours(store, sink, hours), dry_run=True))
-        return MaintenanceResult(config.name, True, hours, {}, {}, vacuumed)
-    with writer_lease(config):
+        sink_hours = _sink_hours(store, sink, hours)
+        vacuumed["sink"] = tuple(sink.vacuum(sink_hours, dry_run=True))
+        leftovers = {
+            "sink": sink.remove_untracked(untracked_window, sink_hours, dry_run=True),
+            "staging": sink.remove_staged_leftovers(untracked_window, dry_run=True),
+        }
+        return MaintenanceResult(
+            config.name, True, hours, {}, {}, vacuumed, *_untracked(leftovers), untracked_window
+        )
+    with writer_lease(config):  # no run of the pipeline commits while this holds the lease
         store = DeltaStateStore(config.state_path, config.name, None)
         sink = config_sink(config)
         latest = (store.checkpoint_ids() or [0])[-1]
@@ -877,11 +885,40 @@ def maintain(
         )
         compacted = {**compaction.compacted_files, "sink": sink.compact()}
         vacuumed = {name: tuple(files) for name, files in retention.vacuum(store, hours).items()}
-        vacuumed["sink"] = tuple(sink.vacuum(_sink_hours(store, sink, hours)))
+        sink_hours = _sink_hours(store, sink, hours)
+        vacuumed["sink"] = tuple(sink.vacuum(sink_hours))
+        leftovers = {
+            "sink": sink.remove_untracked(untracked_window, sink_hours),
+            "staging": sink.remove_staged_leftovers(untracked_window),
+        }
     for table, files in vacuumed.items():
         for path in files:
             log.info("vacuumed %s: %s", table, path)
-    return MaintenanceResult(config.name, False, hours, dict(compaction.deleted_rows), compacted, vacuumed)
+    for where, found in leftovers.items():
+        for path, size in found:
+            log.info(
+                "removed untracked %s file (%d bytes, older than %g h): %s",
+                where,
+                size,
+                untracked_window,
+                path,
+            )
+    return MaintenanceResult(
+        config.name,
+        False,
+        hours,
+        dict(compaction.deleted_rows),
+        compacted,
+        vacuumed,
+        *_untracked(leftovers),
+        untracked_window,
+    )
+
+
+def _untracked(found: Mapping[str, Sequence[tuple[str, int]]]) -> tuple[dict[str, tuple[str, ...]], int]:
+    """The paths per place, and their bytes in all, of what :func:`maintain` found untracked."""
+    paths = {where: tuple(path for path, _size in items) for where, items in found.items()}
+    return paths, sum(size for items in found.values() for _path, size in items)
 
 
 def _sink_hours(store: DeltaStateStore, sink: DeltaSink, hours: float) -> float:

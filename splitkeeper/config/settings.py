@@ -34,7 +34,8 @@ Shape of a file (YAML)::
     weighted: {capacities: {0: 4}, rebalance_threshold: 1.25}   # strategy: weighted only
     notifications: {on_failure: mypkg.alerts:page_oncall}   # called by a failed Airflow task
     lease: {ttl_s: 60}   # one writer per pipeline; a dead writer's lease is taken over after this
-    maintenance: {history_hours: 168}   # splitkeeper maintain: VACUUM keeps a week of history
+    maintenance: {history_hours: 168,    # splitkeeper maintain: VACUUM keeps a week of history
+                  untracked_hours: 24}   # and removes files no commit names once a day old
     metrics: {otlp_endpoint: http://otel-collector:4318}   # optional; <state>/metrics.prom always
     state: {path: ./state}
     sink: {path: ./sink}
@@ -263,6 +264,7 @@ class PipelineConfig:
     on_failure: str | None  # notifications.on_failure: 'module:function' an Airflow task calls
     lease_ttl_s: float  # lease.ttl_s: a writer that stops heartbeating loses the lease after this
     history_hours: float  # maintenance.history_hours: how far back time travel reaches after VACUUM
+    untracked_hours: float  # maintenance.untracked_hours: maintain removes leftovers older than this
     otlp_endpoint: str | None  # metrics.otlp_endpoint: OTLP/HTTP collector (None: the text file only)
     decode: DecodeSpec  # decode: what a record's bytes are; the sink's data columns
     tolerance: Tolerance  # errors.tolerance: a bad record fails its region (none) or is a dead letter (all)
@@ -723,6 +725,7 @@ def _view(file: PipelineFile, origin: str) -> PipelineConfig:
         on_failure=file.notifications.on_failure,
         lease_ttl_s=file.lease.ttl_s,
         history_hours=file.maintenance.history_hours,
+        untracked_hours=file.maintenance.untracked_hours,
         otlp_endpoint=file.metrics.otlp_endpoint,
         decode=resolved.decode,
         tolerance=file.errors.tolerance,
