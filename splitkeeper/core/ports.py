@@ -138,7 +138,8 @@ class SinkCrashPoint(enum.Enum):
 
     BEFORE_SIDE_COMMIT = "before_side_commit"
     BEFORE_DEAD_LETTER_COMMIT = "before_dead_letter_commit"
-    #: the staged files moved into the sink's folder, the fenced Delta commit naming them not made
+    #: the staged files moved into the sink's folder, the fenced Delta commit naming them not made (an
+    #: append sink; an upsert sink's MERGE moves no data file in)
     AFTER_FILES_MOVED = "after_files_moved"
 
 
