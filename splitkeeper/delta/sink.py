@@ -1650,6 +1650,8 @@ def _move(source: str, target: str) -> None:
         os.makedirs(os.path.dirname(dst_local), exist_ok=True)  # a partition's folder
         try:
             os.replace(src_local, dst_local)
+            # a rename keeps the staged file's time: maintain's untracked window counts from the move
+            os.utime(dst_local)
             return
         except OSError as err:
             if err.errno != 18:  # EXDEV: another device; copy instead

@@ -227,6 +227,15 @@ def test_a_local_sink_adopts_staged_files_as_they_are_with_footer_statistics(sin
     assert again.replayed and len(_rows(sink)) == 6  # a replay: the files are gone from staging
 
 
+def test_a_moved_file_is_as_old_as_its_move_so_maintains_untracked_window_counts_from_there(sink, staging):
+    path = _stage(staging, 1, 0, _kafka_like("t-0", 0, 3))
+    os.utime(path, (1_000_000_000, 1_000_000_000))  # staged long ago (a paused run)
+    sink.commit(1, [_ack(0, path)], expected=None, attempt_id="a")
+    moved = os.path.join(sink.path, adopted_name(path))
+    assert os.path.getmtime(moved) > 1_000_000_000 + 3600
+    assert sink.remove_untracked(1, 0) == []  # tracked: never listed, whatever its age
+
+
 def test_timestamp_statistics_are_rounded_outwards_to_milliseconds(tmp_path):
     moment = datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=UTC)
     data = pa.table(
