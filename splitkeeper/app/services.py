@@ -850,8 +850,10 @@ def maintain(
     attempts, plans and decisions older than every kept checkpoint), bin-packs small files,
     and VACUUMs the files commits removed more than ``history_hours`` ago (default:
     ``maintenance.history_hours``). Never a file of a kept checkpoint (and so of a retained
-    ref chain) or of an epoch not committed yet. ``dry_run`` lists what VACUUM would remove
-    and changes nothing.
+    ref chain) or of an epoch not committed yet. Then removes the leftovers no Delta version names
+    once older than ``maintenance.untracked_hours``: files in the sink's folder (a fence loser's, a
+    crashed commit's) and staged files of epochs the sink recorded; the staged files of later epochs
+    never. ``dry_run`` lists what VACUUM and the leftover removal would remove and changes nothing.
     """
     from splitkeeper.app.sink import config_sink
     from splitkeeper.core.ports import UpkeepCrashPoint

@@ -25,7 +25,8 @@ Contract of :meth:`DeltaSink.commit` ``(epoch, outputs, expected=, attempt_id=)`
    nullCount) and the custom metadata ``{app_id, epoch, regions, attempt_id, records}``.
    A file moved by a commit that then died is found under its table name by the next
    attempt of the same commit; a file moved by a commit that lost the fence is in no
-   commit, so no reader sees it. A staged file of an older writer (without
+   commit, so no reader sees it (``maintain`` deletes it after ``maintenance.untracked_hours``:
+   :meth:`DeltaSink.remove_untracked`). A staged file of an older writer (without
    ``ingested_at``) is rewritten into the table folder with ``ingested_at`` = now.
 4. An epoch with no output still commits (no files) so the epoch is recorded.
 5. The table's columns are the pipeline's (``schema``, :func:`~splitkeeper.delta.schemas.sink_schema`
@@ -1424,9 +1425,10 @@ class DeltaSink(EpochSink):
         """Delete the files in the sink's folder that no Delta version names and that are older than
         ``untracked_hours`` (at least the VACUUM window ``history_hours``); ``(path, bytes)`` of each.
 
-        delta-rs's full VACUUM: files of a commit that died after moving them in, or of a fence
-        loser (rule 3), older than the window by their modification time, so a commit that is moving
-        its files in right now keeps them. Tombstoned files are :meth:`vacuum`'s, not listed here.
+        Listed by delta-rs's full VACUUM (a dry run) less what its lite VACUUM lists: files of a
+        commit that died after moving them in, or of a fence loser (rule 3), older than the window
+        by their modification time (a move sets it), so a commit moving its files in right now keeps
+        them. Only those are deleted (no VACUUM commit); tombstoned files are :meth:`vacuum`'s.
         ``dry_run`` lists them and deletes nothing.
         """
         hours = retention_hours(max(untracked_hours, history_hours))

@@ -1040,7 +1040,7 @@ class KafkaSource(
     def _newer_commits(
         self, checkpoint_id: int, offsets: Sequence[TopicPartition]
     ) -> dict[str, ExternalPosition]:
-        """The group's commits of ``offsets``' partitions tagged with a newer checkpoint than ``checkpoint_id``
+        """The group's commits of ``offsets``' partitions tagged with a checkpoint after ``checkpoint_id``.
 
         Kafka has no conditional offset commit: this read just before the commit is what keeps a
         paused old run's late commit from moving the group backwards (a commit racing it within
