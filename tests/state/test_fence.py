@@ -7,8 +7,10 @@ No Spark."""
 from __future__ import annotations
 
 import multiprocessing
+import os
 import threading
 import time
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
@@ -181,5 +183,14 @@ def test_two_real_drivers_past_every_pre_check_race_the_sink_commit_and_exactly_
     assert decisions.to_pylist() == [{"epoch_id": won.epoch, "attempt_id": sink.committed_attempt(won.epoch)}]
     rows = DeltaTable(pipeline.sink_path).to_pyarrow_table().num_rows
     assert rows == won.committed_records  # the loser's moved files are in no commit
+    tracked = {os.path.basename(u) for u in DeltaTable(pipeline.sink_path).file_uris()}
+    left = sorted(p for p in Path(pipeline.sink_path).glob("*.parquet") if p.name not in tracked)
+    lost_epoch = {"A": 1, "B": 2}[loser]
+    assert left and all(p.name.startswith(f"sk-e{lost_epoch:010d}-") for p in left)
+    for p in left:  # a day later, maintain's leftover removal takes exactly the loser's files
+        os.utime(p, (time.time() - 48 * 3600,) * 2)
+    removed = DeltaSink(pipeline.sink_path, pipeline.name).remove_untracked(24, 0)
+    assert sorted(name for name, _size in removed) == [p.name for p in left]
+    assert not any(p.exists() for p in left)
     pipeline.run()  # a new driver finishes from the winner's checkpoint
     assert_sink_is_input(pipeline)
