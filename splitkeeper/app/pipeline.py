@@ -43,13 +43,12 @@ from splitkeeper.core.driver import (
 )
 from splitkeeper.core.enumerator import SplitEnumerator
 from splitkeeper.core.ports import (
+    AnyCrashPoint,
     Clock,
-    CrashPoint,
     DriverHooks,
     EpochPlan,
     RegionRun,
     RegionRunner,
-    SinkCrashPoint,
 )
 from splitkeeper.core.rescale import Redistribution
 from splitkeeper.core.source import SourceConnector
@@ -119,7 +118,7 @@ class RuntimeHooks(DriverHooks):
         if self.lease is not None:
             self.lease.verify()
 
-    def crash_point(self, point: CrashPoint | SinkCrashPoint, epoch: int) -> None:
+    def crash_point(self, point: AnyCrashPoint, epoch: int) -> None:
         crash_if_requested(point, epoch)
 
     def progress(self, line: str, **context: Any) -> None:

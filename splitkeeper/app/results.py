@@ -249,10 +249,22 @@ class MaintenanceResult(_Result):
     deleted_rows: dict[str, int]
     compacted_files: dict[str, int]
     vacuumed: dict[str, tuple[str, ...]]
+    #: leftovers no Delta version names, older than ``untracked_hours``: ``sink`` (files in the sink's
+    #: folder, e.g. a fenced-out loser's), ``staging`` (staged files of epochs the sink recorded)
+    untracked: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    untracked_bytes: int = 0
+    untracked_hours: float = 0.0
 
     @property
     def vacuumed_count(self) -> int:
         return sum(len(v) for v in self.vacuumed.values())
+
+    @property
+    def untracked_count(self) -> int:
+        return sum(len(v) for v in self.untracked.values())
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**_Result.to_dict(self), "untracked_count": self.untracked_count}
 
 
 @dataclass(frozen=True, slots=True)

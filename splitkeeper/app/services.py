@@ -27,7 +27,7 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Concatenate, ParamSpec, TypeVar
@@ -854,33 +854,77 @@ def maintain(
     attempts, plans and decisions older than every kept checkpoint), bin-packs small files,
     and VACUUMs the files commits removed more than ``history_hours`` ago (default:
     ``maintenance.history_hours``). Never a file of a kept checkpoint (and so of a retained
-    ref chain) or of an epoch not committed yet. ``dry_run`` lists what VACUUM would remove
-    and changes nothing.
+    ref chain) or of an epoch not committed yet. Then removes the leftovers no Delta version names
+    once older than ``maintenance.untracked_hours``: files in the sink's folder (a fence loser's, a
+    crashed commit's) and staged files of epochs the sink recorded; the staged files of later epochs
+    never. ``dry_run`` lists what VACUUM and the leftover removal would remove and changes nothing.
     """
     from splitkeeper.app.sink import config_sink
+    from splitkeeper.core.ports import UpkeepCrashPoint
     from splitkeeper.delta import retention
     from splitkeeper.delta.checkpoints import DeltaStateStore
+    from splitkeeper.spark.faults import crash_if_requested
 
     hours = config.history_hours if history_hours is None else history_hours
     if isinstance(hours, bool) or not isinstance(hours, int | float) or hours < 0:
         raise InvalidParameterError("history_hours", hours, "hours >= 0")
+    untracked_window = config.untracked_hours
     if dry_run:
         store = _state_store(config)
         sink = config_sink(config, read_only=True)
         vacuumed = {name: tuple(files) for name, files in retention.vacuum_plan(store, hours).items()}
-        vacuumed["sink"] = tuple(sink.vacuum(_sink_hours(store, sink, hours), dry_run=True))
-        return MaintenanceResult(config.name, True, hours, {}, {}, vacuumed)
-    with writer_lease(config):
+        sink_hours = _sink_hours(store, sink, hours)
+        vacuumed["sink"] = tuple(sink.vacuum(sink_hours, dry_run=True))
+        leftovers = {
+            "sink": sink.remove_untracked(untracked_window, sink_hours, dry_run=True),
+            "staging": sink.remove_staged_leftovers(untracked_window, dry_run=True),
+        }
+        return MaintenanceResult(
+            config.name, True, hours, {}, {}, vacuumed, *_untracked(leftovers), untracked_window
+        )
+    with writer_lease(config):  # no run of the pipeline commits while this holds the lease
         store = DeltaStateStore(config.state_path, config.name, None)
         sink = config_sink(config)
-        compaction = retention.compact(store)
+        latest = (store.checkpoint_ids() or [0])[-1]
+        compaction = retention.compact(
+            store, mid_compaction=lambda: crash_if_requested(UpkeepCrashPoint.MID_COMPACTION, latest)
+        )
         compacted = {**compaction.compacted_files, "sink": sink.compact()}
         vacuumed = {name: tuple(files) for name, files in retention.vacuum(store, hours).items()}
-        vacuumed["sink"] = tuple(sink.vacuum(_sink_hours(store, sink, hours)))
+        sink_hours = _sink_hours(store, sink, hours)
+        vacuumed["sink"] = tuple(sink.vacuum(sink_hours))
+        leftovers = {
+            "sink": sink.remove_untracked(untracked_window, sink_hours),
+            "staging": sink.remove_staged_leftovers(untracked_window),
+        }
     for table, files in vacuumed.items():
         for path in files:
             log.info("vacuumed %s: %s", table, path)
-    return MaintenanceResult(config.name, False, hours, dict(compaction.deleted_rows), compacted, vacuumed)
+    for where, found in leftovers.items():
+        for path, size in found:
+            log.info(
+                "removed untracked %s file (%d bytes, older than %g h): %s",
+                where,
+                size,
+                untracked_window,
+                path,
+            )
+    return MaintenanceResult(
+        config.name,
+        False,
+        hours,
+        dict(compaction.deleted_rows),
+        compacted,
+        vacuumed,
+        *_untracked(leftovers),
+        untracked_window,
+    )
+
+
+def _untracked(found: Mapping[str, Sequence[tuple[str, int]]]) -> tuple[dict[str, tuple[str, ...]], int]:
+    """The paths per place, and their bytes in all, of what :func:`maintain` found untracked."""
+    paths = {where: tuple(path for path, _size in items) for where, items in found.items()}
+    return paths, sum(size for items in found.values() for _path, size in items)
 
 
 def _sink_hours(store: DeltaStateStore, sink: DeltaSink, hours: float) -> float:

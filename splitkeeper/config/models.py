@@ -477,6 +477,14 @@ class MaintenanceSection(_Section):
         description="hours >= 0: VACUUM keeps the files removed less than this long ago (time travel "
         "reaches back that far); a fraction of an hour rounds up to the next whole hour",
     )
+    untracked_hours: float = Field(
+        24.0,
+        ge=0,
+        allow_inf_nan=False,
+        description="hours >= 0: maintain removes sink files no Delta version references, and staged "
+        "files of epochs the sink already recorded, once they are this old (a fenced-out loser's or a "
+        "crashed commit's leftovers); a fraction of an hour rounds up to the next whole hour",
+    )
 
 
 #: The ingest DAG's schedule when the file names none: every 30 minutes.

@@ -35,7 +35,8 @@ Shape of a file (YAML)::
     notifications: {on_failure: mypkg.alerts:page_oncall}   # called by a failed Airflow task
     lease: {ttl_s: 60, wait_s: 0}   # one writer per pipeline; wait_s >= ttl_s: a writer takes over a
                                     # holder silent for ttl_s (by its own clock), else it is refused
-    maintenance: {history_hours: 168}   # splitkeeper maintain: VACUUM keeps a week of history
+    maintenance: {history_hours: 168,    # splitkeeper maintain: VACUUM keeps a week of history
+                  untracked_hours: 24}   # and removes files no commit names once a day old
     metrics: {otlp_endpoint: http://otel-collector:4318}   # optional; <state>/metrics.prom always
     state: {path: ./state}
     sink: {path: ./sink}
@@ -265,6 +266,7 @@ class PipelineConfig:
     lease_ttl_s: float  # lease.ttl_s: a writer that stops heartbeating loses the lease after this
     lease_wait_s: float  # lease.wait_s: how long a writer watches a held lease for its holder to go stale
     history_hours: float  # maintenance.history_hours: how far back time travel reaches after VACUUM
+    untracked_hours: float  # maintenance.untracked_hours: maintain removes leftovers older than this
     otlp_endpoint: str | None  # metrics.otlp_endpoint: OTLP/HTTP collector (None: the text file only)
     decode: DecodeSpec  # decode: what a record's bytes are; the sink's data columns
     tolerance: Tolerance  # errors.tolerance: a bad record fails its region (none) or is a dead letter (all)
@@ -754,6 +756,7 @@ def _view(file: PipelineFile, origin: str) -> PipelineConfig:
         lease_ttl_s=file.lease.ttl_s,
         lease_wait_s=file.lease.wait_s,
         history_hours=file.maintenance.history_hours,
+        untracked_hours=file.maintenance.untracked_hours,
         otlp_endpoint=file.metrics.otlp_endpoint,
         decode=resolved.decode,
         tolerance=file.errors.tolerance,

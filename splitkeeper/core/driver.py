@@ -1262,8 +1262,11 @@ class EpochDriver:
         self.sink.discard(epoch)
         keep = self.settings.retain_checkpoints
         coordinator.retain(keep)
-        self.hooks.crash_point(CrashPoint.DURING_RETENTION, epoch)
-        self.state.retain(keep, sorted(coordinator.pinned_checkpoint_ids))
+        self.state.retain(
+            keep,
+            sorted(coordinator.pinned_checkpoint_ids),
+            mid_retention=lambda: self.hooks.crash_point(CrashPoint.DURING_RETENTION, epoch),
+        )
         lap("retain")
         return receipt.records, failovers
 

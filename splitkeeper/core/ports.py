@@ -114,7 +114,8 @@ class CrashPoint(enum.Enum):
 
     In commit order: after the plan is persisted, after the decision record, after
     the sink commit, before the checkpoint row, after the checkpoint row, and in
-    the middle of retention.
+    the middle of retention (the deleted checkpoints archived to the log, their rows
+    not deleted yet; when retention deletes nothing, just before it would).
     """
 
     AFTER_PLAN = "after_plan"
@@ -137,6 +138,21 @@ class SinkCrashPoint(enum.Enum):
 
     BEFORE_SIDE_COMMIT = "before_side_commit"
     BEFORE_DEAD_LETTER_COMMIT = "before_dead_letter_commit"
+    #: the staged files moved into the sink's folder, the fenced Delta commit naming them not made (an
+    #: append sink; an upsert sink's MERGE moves no data file in)
+    AFTER_FILES_MOVED = "after_files_moved"
+
+
+class UpkeepCrashPoint(enum.Enum):
+    """Crash points of ``maintain`` (``SPLITKEEPER_CRASH_AT`` names them like a :class:`CrashPoint`;
+    the epoch is the latest checkpoint's). ``mid_compaction``: the state tables' unread rows deleted,
+    their files and the sink's not bin-packed yet."""
+
+    MID_COMPACTION = "mid_compaction"
+
+
+#: Every named crash point ``SPLITKEEPER_CRASH_AT`` may ask for.
+AnyCrashPoint = CrashPoint | SinkCrashPoint | UpkeepCrashPoint
 
 
 # --------------------------------------------------------------------------- ports
@@ -295,8 +311,17 @@ class StateStore(abc.ABC):
         (never read by restore)."""
 
     @abc.abstractmethod
-    def retain(self, keep_latest: int, pinned: Sequence[int] = ()) -> list[int]:
-        """Delete old checkpoints by the core's chain-safe rule; return the deleted ids."""
+    def retain(
+        self,
+        keep_latest: int,
+        pinned: Sequence[int] = (),
+        mid_retention: Callable[[], None] | None = None,
+    ) -> list[int]:
+        """Delete old checkpoints by the core's chain-safe rule; return the deleted ids.
+
+        ``mid_retention`` is called once, after the deleted checkpoints were archived and
+        before their rows are deleted (when none is deleted: before returning); a crash point.
+        """
 
 
 class Clock(abc.ABC):

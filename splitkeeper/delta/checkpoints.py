@@ -847,15 +847,21 @@ class DeltaStateStore(StateStore, CheckpointStore):
 
     # -- retention (the rules are the core's; the work is retention.py's) -----------------------
 
-    def retain(self, keep_latest: int, pinned: Collection[int] = ()) -> list[int]:
+    def retain(
+        self,
+        keep_latest: int,
+        pinned: Collection[int] = (),
+        mid_retention: Callable[[], None] | None = None,
+    ) -> list[int]:
         """Delete the checkpoints the core retention rule lets go; return their ids, ascending.
 
-        Archives them to ``checkpoint_log`` first; every ``compact_every`` committed
-        checkpoints it also runs :meth:`compact`. Idempotent.
+        Archives them to ``checkpoint_log`` first (then ``mid_retention``, a crash point, is
+        called); every ``compact_every`` committed checkpoints it also runs :meth:`compact`.
+        Idempotent.
         """
         from splitkeeper.delta.retention import retain
 
-        deleted = retain(self, keep_latest, pinned)
+        deleted = retain(self, keep_latest, pinned, mid_retention=mid_retention)
         with self._lock:
             due = self._commits_since_compaction >= self.compact_every
             if due:

@@ -35,7 +35,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -98,8 +98,15 @@ def archived_row(row: Mapping[str, Any], logged_at: datetime) -> dict[str, Any]:
     }
 
 
-def retain(store: DeltaStateStore, keep_latest: int, pinned: Collection[int] = ()) -> list[int]:
-    """Rule 1; returns the deleted checkpoint ids, ascending."""
+def retain(
+    store: DeltaStateStore,
+    keep_latest: int,
+    pinned: Collection[int] = (),
+    *,
+    mid_retention: Callable[[], None] | None = None,
+) -> list[int]:
+    """Rule 1; returns the deleted checkpoint ids, ascending. ``mid_retention`` (a crash point) is
+    called between the archive and the delete (when nothing is deleted: at the end)."""
     store._writable("apply retention")
     kept = store.kept()[1]
     base_of = {e.light.checkpoint_id: e.enumerator_base for e in kept}
@@ -114,16 +121,23 @@ def retain(store: DeltaStateStore, keep_latest: int, pinned: Collection[int] = (
         if not needed & set(deleted):
             break
         pins |= needed
-    delete_checkpoints(store, deleted)
+    delete_checkpoints(store, deleted, mid_retention=mid_retention)
     return deleted
 
 
-def delete_checkpoints(store: DeltaStateStore, checkpoint_ids: Sequence[int]) -> None:
+def delete_checkpoints(
+    store: DeltaStateStore,
+    checkpoint_ids: Sequence[int],
+    *,
+    mid_retention: Callable[[], None] | None = None,
+) -> None:
     """Archive, then delete, the ``checkpoints`` rows of ``checkpoint_ids`` (no chain check: see
-    :func:`retain`)."""
+    :func:`retain`); ``mid_retention`` is called in between."""
     store._writable("delete checkpoints")
     wanted = sorted({int(i) for i in checkpoint_ids})
     if not wanted:
+        if mid_retention is not None:
+            mid_retention()
         return
     needed = {
         e.light.checkpoint_id: e.enumerator_base
@@ -144,6 +158,8 @@ def delete_checkpoints(store: DeltaStateStore, checkpoint_ids: Sequence[int]) ->
         store.tables.append(
             "checkpoint_log", spec("checkpoint_log").rows([archived_row(r, logged_at) for r in rows])
         )
+    if mid_retention is not None:
+        mid_retention()
     table = store.tables.require("checkpoints")
     ids_sql = ", ".join(str(i) for i in wanted)
     guarded(table.table_uri, lambda: table.delete(f"checkpoint_id IN ({ids_sql})"))
@@ -168,8 +184,9 @@ def _delete(store: DeltaStateStore, table_name: str, predicate: str) -> int:
     return int(metrics.get("num_deleted_rows") or 0)
 
 
-def compact(store: DeltaStateStore) -> Compaction:
-    """Rule 2; returns the rows deleted and the files compacted, per table."""
+def compact(store: DeltaStateStore, *, mid_compaction: Callable[[], None] | None = None) -> Compaction:
+    """Rule 2; returns the rows deleted and the files compacted, per table. ``mid_compaction`` (a
+    crash point) is called after the rows were deleted, before the files are bin-packed."""
     store._writable("compact the state tables")
     kept = store.kept()[1]
     deleted: dict[str, int] = {}
@@ -199,6 +216,8 @@ def compact(store: DeltaStateStore) -> Compaction:
         deleted["audit"] = _delete(store, "audit", _or_pairs(orphans)) if orphans else 0
         deleted["epoch_plans"] = _delete(store, "epoch_plans", f"epoch_id < {oldest}")
         deleted["decisions"] = _delete(store, "decisions", f"epoch_id < {oldest}")
+    if mid_compaction is not None:
+        mid_compaction()
     compacted: dict[str, int] = {}
     for name in STATE_TABLES:
         table = store.tables.require(name)

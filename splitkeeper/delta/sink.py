@@ -25,7 +25,8 @@ Contract of :meth:`DeltaSink.commit` ``(epoch, outputs, expected=, attempt_id=)`
    nullCount) and the custom metadata ``{app_id, epoch, regions, attempt_id, records}``.
    A file moved by a commit that then died is found under its table name by the next
    attempt of the same commit; a file moved by a commit that lost the fence is in no
-   commit, so no reader sees it. A staged file of an older writer (without
+   commit, so no reader sees it (``maintain`` deletes it after ``maintenance.untracked_hours``:
+   :meth:`DeltaSink.remove_untracked`). A staged file of an older writer (without
    ``ingested_at``) is rewritten into the table folder with ``ingested_at`` = now.
 4. An epoch with no output still commits (no files) so the epoch is recorded.
 5. The table's columns are the pipeline's (``schema``, :func:`~splitkeeper.delta.schemas.sink_schema`
@@ -1012,6 +1013,8 @@ class DeltaSink(EpochSink):
                 self._merge(epoch, target, properties)
                 return
             actions, records = self._adopt(epoch, staged)
+            if self._crash_point is not None:  # moved into the table's folder, named by no commit yet
+                self._crash_point(SinkCrashPoint.AFTER_FILES_MOVED, epoch)
             committed["records"] = records
             properties.custom_metadata["records"] = records
             guarded(
@@ -1416,6 +1419,84 @@ class DeltaSink(EpochSink):
             guarded(self.path, table.cleanup_metadata)
         return sorted(files)
 
+    def remove_untracked(
+        self, untracked_hours: float, history_hours: float, *, dry_run: bool = False
+    ) -> list[tuple[str, int]]:
+        """Delete the files in the sink's folder that no Delta version names and that are older than
+        ``untracked_hours`` (at least the VACUUM window ``history_hours``); ``(path, bytes)`` of each.
+
+        Listed by delta-rs's full VACUUM (a dry run) less what its lite VACUUM lists: files of a
+        commit that died after moving them in, or of a fence loser (rule 3), older than the window
+        by their modification time (a move sets it), so a commit moving its files in right now keeps
+        them. Only those are deleted (no VACUUM commit); tombstoned files are :meth:`vacuum`'s.
+        ``dry_run`` lists them and deletes nothing.
+        """
+        hours = retention_hours(max(untracked_hours, history_hours))
+        table = self._get() if dry_run else self._writable_table("remove untracked files from the sink")
+        if table is None:
+            return []
+
+        def listing(full: bool) -> set[str]:
+            return set(
+                guarded(
+                    self.path,
+                    lambda: table.vacuum(
+                        retention_hours=hours, dry_run=True, enforce_retention_duration=False, full=full
+                    ),
+                )
+            )
+
+        untracked = sorted(listing(True) - listing(False))
+        fs, inner = storage.filesystem(self.path)
+        found = [(path, fs.get_file_info(storage.join(inner, path)).size or 0) for path in untracked]
+        if dry_run or not found:
+            return found
+        for path, _size in found:  # only these: a file that became tracked since is not touched
+            fs.delete_file(storage.join(inner, path))
+        return found
+
+    def remove_staged_leftovers(
+        self, untracked_hours: float, *, dry_run: bool = False
+    ) -> list[tuple[str, int]]:
+        """Delete the staged files of epochs the sink already recorded (``epoch=N``, N at most
+        :meth:`committed_epoch`) that are older than ``untracked_hours``; ``(path, bytes)`` of each.
+
+        No run commits such an epoch again (the fence), so nothing reads them; a later epoch's
+        files, which a running or pending epoch may still commit, are never touched.
+        """
+        if self.staging_path is None:
+            return []
+        import time
+
+        import pyarrow.fs as pafs
+
+        recorded = self.committed_epoch()
+        if recorded is None:
+            return []
+        cutoff = time.time() - retention_hours(untracked_hours) * 3600
+        fs, inner = storage.filesystem(self.staging_path)
+        found: list[tuple[str, int]] = []
+        try:
+            infos = fs.get_file_info(pafs.FileSelector(inner, allow_not_found=True))
+        except OSError:
+            return []
+        for info in infos:
+            m = _EPOCH_DIR.match(info.base_name)
+            if m is None or int(m[1]) > recorded:
+                continue
+            for item in fs.get_file_info(pafs.FileSelector(info.path, recursive=True)):
+                if (
+                    item.type == pafs.FileType.File
+                    and item.mtime is not None
+                    and item.mtime.timestamp() < cutoff
+                ):
+                    found.append((item.path, item.size or 0))
+        if not dry_run and not self.read_only:
+            for path, _size in found:
+                with contextlib.suppress(FileNotFoundError):
+                    fs.delete_file(path)
+        return sorted(found)
+
     def hours_since(self, epoch: int) -> float:
         """Hours since the sink's version as of ``epoch`` was committed: a VACUUM that keeps files removed
         this recently keeps everything a rewind to ``epoch`` restores (rule 8). 0 without a table."""
@@ -1571,6 +1652,8 @@ def _move(source: str, target: str) -> None:
         os.makedirs(os.path.dirname(dst_local), exist_ok=True)  # a partition's folder
         try:
             os.replace(src_local, dst_local)
+            # a rename keeps the staged file's time: maintain's untracked window counts from the move
+            os.utime(dst_local)
             return
         except OSError as err:
             if err.errno != 18:  # EXDEV: another device; copy instead

@@ -433,7 +433,14 @@ class SimState(StateStore):
     ) -> None:
         self.aborted += 1
 
-    def retain(self, keep_latest: int, pinned: Sequence[int] = ()) -> list[int]:
+    def retain(
+        self,
+        keep_latest: int,
+        pinned: Sequence[int] = (),
+        mid_retention: Callable[[], None] | None = None,
+    ) -> list[int]:
+        if mid_retention is not None:  # the in-memory store deletes in one step: nothing is half done
+            mid_retention()
         return self.store.retain(keep_latest, pinned=pinned)
 
 

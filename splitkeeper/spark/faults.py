@@ -20,7 +20,7 @@ import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from splitkeeper.core.ports import CrashPoint, SinkCrashPoint
+from splitkeeper.core.ports import AnyCrashPoint, CrashPoint, SinkCrashPoint, UpkeepCrashPoint
 from splitkeeper.errors import InvalidParameterError
 from splitkeeper.spark.task import RegionFault
 
@@ -72,11 +72,11 @@ class CrashRequest:
     ``or_later`` of the first epoch >= ``epoch`` that reaches ``point`` (an aborted epoch never reaches
     the points after the plan: the crash moves on to the next one)."""
 
-    point: CrashPoint | SinkCrashPoint
+    point: AnyCrashPoint
     epoch: int | None = None
     or_later: bool = False
 
-    def matches(self, point: CrashPoint | SinkCrashPoint, epoch: int) -> bool:
+    def matches(self, point: AnyCrashPoint, epoch: int) -> bool:
         if point is not self.point:
             return False
         if self.epoch is None:
@@ -95,7 +95,7 @@ def crash_request(env: Mapping[str, str] | None = None, variable: str = CRASH_EN
     if not wanted:
         return None
     m = _CRASH.match(wanted)
-    known: dict[str, CrashPoint | SinkCrashPoint] = {p.value: p for p in (*CrashPoint, *SinkCrashPoint)}
+    known: dict[str, AnyCrashPoint] = {p.value: p for p in (*CrashPoint, *SinkCrashPoint, *UpkeepCrashPoint)}
     points = list(known)
     if m is None or m["point"] not in points:
         raise InvalidParameterError(
@@ -108,9 +108,7 @@ def crash_request(env: Mapping[str, str] | None = None, variable: str = CRASH_EN
     )
 
 
-def crash_if_requested(
-    point: CrashPoint | SinkCrashPoint, epoch: int, env: Mapping[str, str] | None = None
-) -> None:
+def crash_if_requested(point: AnyCrashPoint, epoch: int, env: Mapping[str, str] | None = None) -> None:
     """SIGKILL this process when ``SPLITKEEPER_CRASH_AT`` names ``point`` (and matches ``epoch``).
 
     Called by the driver at each crash point. Nothing is flushed or cleaned up:

@@ -407,6 +407,31 @@ def test_committed_positions_round_trip_with_the_checkpoint_id_and_disagreements
     )
 
 
+def test_a_late_commit_of_an_older_checkpoint_never_moves_the_group_backwards(
+    bootstrap: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    topic = create_topic(bootstrap, 3)
+    group = unique("sk-group")
+    run_b = KafkaSource(bootstrap, topics=[topic], group_id=group)  # the run that took over
+    run_a = KafkaSource(bootstrap, topics=[topic], group_id=group)  # a paused old run, woken up
+    s0, s1, s2 = (split_id_of(topic, p) for p in range(3))
+    run_b.commit_positions(7, {s0: 40, s1: 100})
+
+    with caplog.at_level(logging.WARNING, logger="splitkeeper.sources.kafka"):
+        run_a.commit_positions(5, {s0: 20, s1: 60, s2: 3})  # checkpoint 5's offsets, committed late
+
+    # refused where the group holds checkpoint 7's offsets; s2, which no newer checkpoint committed, lands
+    assert run_b.committed_positions() == {
+        s0: ExternalPosition(40, 7),
+        s1: ExternalPosition(100, 7),
+        s2: ExternalPosition(3, 5),
+    }
+    refusal = [r.getMessage() for r in caplog.records if "refused to commit checkpoint 5" in r.getMessage()]
+    assert len(refusal) == 1 and f"{s0}: offset 40 of checkpoint 7" in refusal[0] and s2 not in refusal[0]
+    run_b.commit_positions(8, {s0: 10})  # a newer checkpoint (a rewind, a reset) may move it back
+    assert run_b.committed_positions()[s0] == ExternalPosition(10, 8)
+
+
 def test_offsets_committed_by_other_tools_are_left_out_and_logged(
     bootstrap: str, caplog: pytest.LogCaptureFixture
 ) -> None:

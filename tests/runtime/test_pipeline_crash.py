@@ -1,8 +1,8 @@
 """Driver crashes at each of protocol rule 5.5's crash points: SIGKILL, then recovery, then sink == source.
 
-For every crash point, ``splitkeeper run`` runs in a child process (its own
-driver and JVM) with ``SPLITKEEPER_CRASH_AT=<point>@2`` and must die by SIGKILL
-in epoch 2. What the crash left behind is checked (plan, sink commit,
+For every crash point (and the sink's ``after_files_moved``), ``splitkeeper run`` runs in a
+child process (its own driver and JVM) with ``SPLITKEEPER_CRASH_AT=<point>@2`` and must die by
+SIGKILL in epoch 2. What the crash left behind is checked (plan, sink commit,
 checkpoint row), then the pipeline is run again to completion in this process
 (so the :class:`~splitkeeper.app.pipeline.OpenReport` of the recovery is
 observable) and the sink must equal the source exactly.
@@ -15,10 +15,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from deltalake import DeltaTable
 
 from splitkeeper.app import services
 from splitkeeper.app.pipeline import Pipeline
 from splitkeeper.config.settings import config_from_mapping
+from splitkeeper.core.ports import SinkCrashPoint
 from splitkeeper.core.types import CheckpointKind
 from splitkeeper.delta.checkpoints import DeltaStateStore
 from splitkeeper.delta.sink import DeltaSink
@@ -47,28 +49,41 @@ AFTER_CRASH = {
     CrashPoint.BEFORE_CHECKPOINT_ROW: (2, 1, 2),
     CrashPoint.AFTER_CHECKPOINT_ROW: (2, 2, None),
     CrashPoint.DURING_RETENTION: (2, 2, None),
+    SinkCrashPoint.AFTER_FILES_MOVED: (1, 1, None),
 }
 
 
 #: The crash points the suite kills at; the others are slow variants (the chaos run kills a driver at
 #: every crash point of the table, so each is still met once in every suite run).
-DEFAULT_POINTS = {CrashPoint.AFTER_SINK_COMMIT, CrashPoint.BEFORE_CHECKPOINT_ROW}
+DEFAULT_POINTS = {
+    CrashPoint.AFTER_SINK_COMMIT,
+    CrashPoint.BEFORE_CHECKPOINT_ROW,
+    SinkCrashPoint.AFTER_FILES_MOVED,
+}
+
+
+def _sink_parquet(sink_path: str, epoch: int) -> set[str]:
+    """The parquet files of ``epoch`` in the sink's folder, tracked by the log or not."""
+    return {p.name for p in Path(sink_path).glob(f"sk-e{epoch:010d}-*.parquet")}
 
 
 @pytest.mark.parametrize(
     "point",
-    [p if p in DEFAULT_POINTS else pytest.param(p, marks=pytest.mark.slow_variant) for p in CrashPoint],
+    [p if p in DEFAULT_POINTS else pytest.param(p, marks=pytest.mark.slow_variant) for p in AFTER_CRASH],
     ids=lambda p: p.value,
 )
 def test_driver_killed_at_crash_point_recovers_to_sink_equals_source(
-    point: CrashPoint, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    point: CrashPoint | SinkCrashPoint, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv(CRASH_ENV, raising=False)
     input_dir = tmp_path / "in"
     write_input(input_dir, files=3, lines=60)  # 3 epochs of 60: epoch 3 is left after the crash in 2
-    mapping = pipeline_mapping(  # retain 1: epoch 2's retention deletes checkpoint 1
+    mapping = pipeline_mapping(
         tmp_path, f"crash-{point.value}".replace("_", "-"), input_dir, epoch_records=60, retain_checkpoints=1
     )
+    # retain 1 and full snapshots only (no delta against checkpoint 1 keeps it): epoch 2's retention
+    # archives, then deletes checkpoint 1
+    mapping["checkpoint"]["full_snapshot_every"] = 1
     config_path = write_config(tmp_path / "pipeline.yaml", mapping)
     config = config_from_mapping(mapping)
 
@@ -85,6 +100,14 @@ def test_driver_killed_at_crash_point_recovers_to_sink_equals_source(
     if point is CrashPoint.BEFORE_CHECKPOINT_ROW:  # killed between the state rows and the checkpoints row
         state_rows = spark.read.format("delta").load(store.table_path("enumerator_state"))
         assert state_rows.where(f"checkpoint_id = {CRASH_EPOCH}").count() > 0
+    if point is CrashPoint.DURING_RETENTION:  # checkpoint 1 archived to the log, its row not deleted yet
+        assert store.checkpoint_ids() == [1, 2]
+        assert 1 in store.tables.read("checkpoint_log").column("checkpoint_id").to_pylist()
+        assert [e.checkpoint_id for e in store.history.timeline()].count(1) == 1  # shown once
+    moved = _sink_parquet(config.sink_path, CRASH_EPOCH)
+    tracked = {Path(f).name for f in DeltaTable(config.sink_path).file_uris()}
+    if point is SinkCrashPoint.AFTER_FILES_MOVED:  # epoch 2's files in the sink's folder, in no commit
+        assert moved and not moved & tracked
 
     if redone is not None:  # a redo is pending: a dry-run recovery (with a rescale) must write nothing
         before = tree(tmp_path)
@@ -111,6 +134,9 @@ def test_driver_killed_at_crash_point_recovers_to_sink_equals_source(
     assert summary.epochs[0].epoch == CRASH_EPOCH + 1  # an abandoned plan's id is never reused
     rows = assert_sink_equals_source(spark, config.sink_path, input_dir)
     assert (CRASH_EPOCH in {r.epoch for r in rows}) == (sink_version == CRASH_EPOCH)
+    if point is CrashPoint.DURING_RETENTION:  # the next retention finished what the crash left
+        assert 1 not in store.checkpoint_ids()
+        assert [e.checkpoint_id for e in store.history.timeline()].count(1) == 1
     assert sorted(p.name for p in Path(config.staging_path).glob("epoch=*")) == []  # no crash leftovers
 
 

@@ -18,7 +18,7 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 
 from splitkeeper.core.invariants import ViolationKind, check_sink_ranges
-from splitkeeper.core.ports import RegionRun
+from splitkeeper.core.ports import RegionRun, SinkCrashPoint, SinkReceipt
 from splitkeeper.core.source import RecordMeta, SourceRecord
 from splitkeeper.core.types import RegionOutcome
 from splitkeeper.delta.schemas import META_COLUMNS, STAGED_COLUMNS, STAGED_FILE_SCHEMA, STAGED_SCHEMA
@@ -173,16 +173,20 @@ def test_committed_epoch_reads_log_checkpoints_and_a_fresh_sink_object(sink, sta
 
 
 def test_two_runs_committing_the_same_epoch_at_once_write_it_once(sink, staging):
-    sinks = [DeltaSink(sink.path, "orders") for _ in range(2)]
+    barrier = threading.Barrier(2, timeout=60)
+
+    def pause(point: SinkCrashPoint, epoch: int) -> None:
+        if point is SinkCrashPoint.AFTER_FILES_MOVED:
+            barrier.wait()  # both past the fence's check, their files moved: both commit now
+
+    sinks = [DeltaSink(sink.path, "orders", crash_point=pause) for _ in range(2)]
     staged = [_stage(staging, 1, 0, _kafka_like("t-0", 0, 6)) for _ in range(2)]
-    barrier = threading.Barrier(2)
     outcomes: dict[int, object] = {}
 
     def commit(i: int) -> None:
-        barrier.wait()
         try:
             outcomes[i] = sinks[i].commit(1, [_ack(0, staged[i])], expected=None, attempt_id=f"run-{i}")
-        except ConcurrentRunError as err:
+        except BaseException as err:  # noqa: BLE001 - every outcome is asserted below
             outcomes[i] = err
 
     threads = [threading.Thread(target=commit, args=(i,)) for i in range(2)]
@@ -190,8 +194,12 @@ def test_two_runs_committing_the_same_epoch_at_once_write_it_once(sink, staging)
         t.start()
     for t in threads:
         t.join()
-    written = [o for o in outcomes.values() if not isinstance(o, Exception) and not o.replayed]
-    assert len(written) == 1, outcomes
+    assert not barrier.broken and len(outcomes) == 2, outcomes
+    written = [o for o in outcomes.values() if isinstance(o, SinkReceipt) and not o.replayed]
+    losers = [o for o in outcomes.values() if not isinstance(o, SinkReceipt)]
+    assert len(written) == 1 and len(losers) == 1, outcomes
+    assert type(losers[0]) is ConcurrentRunError and losers[0].code == "CONCURRENT_RUN", repr(losers[0])
+    assert losers[0].params["found"] == 1 and losers[0].params["expected"] is None
     assert len(_rows(sink)) == 6 and sink.committed_epoch() == 1
 
 
@@ -217,6 +225,15 @@ def test_a_local_sink_adopts_staged_files_as_they_are_with_footer_statistics(sin
     assert "min.value" not in region2  # only the columns that carry statistics
     again = sink.commit(3, [_ack(0, paths[0]), _ack(2, paths[1])], expected=None, attempt_id="a")
     assert again.replayed and len(_rows(sink)) == 6  # a replay: the files are gone from staging
+
+
+def test_a_moved_file_is_as_old_as_its_move_so_maintains_untracked_window_counts_from_there(sink, staging):
+    path = _stage(staging, 1, 0, _kafka_like("t-0", 0, 3))
+    os.utime(path, (1_000_000_000, 1_000_000_000))  # staged long ago (a paused run)
+    sink.commit(1, [_ack(0, path)], expected=None, attempt_id="a")
+    moved = os.path.join(sink.path, adopted_name(path))
+    assert os.path.getmtime(moved) > 1_000_000_000 + 3600
+    assert sink.remove_untracked(1, 0) == []  # tracked: never listed, whatever its age
 
 
 def test_timestamp_statistics_are_rounded_outwards_to_milliseconds(tmp_path):

@@ -13,14 +13,21 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from deltalake import DeltaTable
 
 from splitkeeper.app.pipeline import SystemClock
 from splitkeeper.core.driver import DriverSettings, EpochDriver
-from splitkeeper.core.ports import CrashPoint, DriverHooks, EpochPlan, RegionRun, RegionRunner
+from splitkeeper.core.ports import (
+    CrashPoint,
+    DriverHooks,
+    EpochPlan,
+    RegionRun,
+    RegionRunner,
+    SinkCrashPoint,
+)
 from splitkeeper.core.source import SourceConnector
 from splitkeeper.core.types import (
     AuditRecord,
@@ -230,13 +237,22 @@ class LocalPipeline:
         driver.run(epochs)
         return driver
 
-    def driver(self, hooks: DriverHooks | None = None, *, read_only: bool = False) -> EpochDriver:
+    def driver(
+        self,
+        hooks: DriverHooks | None = None,
+        *,
+        read_only: bool = False,
+        sink_point: Callable[[SinkCrashPoint, int], None] | None = None,
+    ) -> EpochDriver:
+        """A new driver; ``sink_point`` is called at the sink's own crash points (a pause, a crash)."""
         from splitkeeper.core.backlog import BacklogConfig
         from splitkeeper.spark.sources.files import FileSource
 
         source = FileSource(self.root / "in")
         store = DeltaStateStore(self.state, self.name, source.fingerprint(), read_only=read_only)
-        sink = DeltaSink(self.sink_path, self.name, staging_path=self.staging, read_only=read_only)
+        sink = DeltaSink(
+            self.sink_path, self.name, staging_path=self.staging, read_only=read_only, crash_point=sink_point
+        )
         settings = DriverSettings(
             pipeline=self.name,
             parallelism=self.parallelism,

@@ -1,20 +1,29 @@
-"""The fence (splitkeeper.delta.fence) on real Delta tables, with real concurrent writer processes.
+"""The fence (splitkeeper.delta.fence) on real Delta tables, with real concurrent writer processes,
+and two real drivers (``LocalPipeline``: the real driver, store, sink and region task body) held at
+the sink's ``after_files_moved`` point until both are past every pre-check, racing the sink commit.
 
 No Spark."""
 
 from __future__ import annotations
 
 import multiprocessing
+import os
+import threading
+import time
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 from deltalake.transaction import CommitProperties, Transaction
 
+from splitkeeper.core.ports import SinkCrashPoint
 from splitkeeper.delta.fence import fenced_commit, recorded_commit
+from splitkeeper.delta.sink import DeltaSink
 from splitkeeper.errors import ConcurrentRunError
 
 from . import workers
+from .samples import LocalPipeline, assert_sink_is_input
 
 
 @pytest.fixture
@@ -125,3 +134,63 @@ def test_commits_of_another_app_id_do_not_conflict(table):
     assert not result.replayed
     assert _rows(table) == ["mine", "other"]
     assert DeltaTable(table).transaction_version("another-pipeline") == 7
+
+
+def test_two_real_drivers_past_every_pre_check_race_the_sink_commit_and_exactly_one_lands(tmp_path):
+    """Driver A pauses in its sink commit (its plan and decision of epoch 1 written, its files moved);
+    driver B opens meanwhile (as a run taking over a paused holder does), plans epoch 2 and reaches its
+    own sink commit. Both expect nothing committed, so both pass every pre-check; then both commit."""
+    pipeline = LocalPipeline(tmp_path)
+    pipeline.write_input(files=2, lines=30)  # 60 records, 20 per epoch
+    at_commit = threading.Barrier(2, timeout=60)
+
+    def pause(point: SinkCrashPoint, epoch: int) -> None:
+        if point is SinkCrashPoint.AFTER_FILES_MOVED:
+            at_commit.wait()  # both drivers passed their fence check and the fence's own check
+
+    outcomes: dict[str, object] = {}
+
+    def run_epoch(name: str) -> None:
+        try:
+            driver = pipeline.driver(sink_point=pause)
+            driver.open()
+            outcomes[name] = driver.run_epoch()
+        except BaseException as err:  # noqa: BLE001 - every outcome is asserted below
+            outcomes[name] = err
+
+    first = threading.Thread(target=run_epoch, args=("A",))
+    first.start()
+    deadline = time.monotonic() + 60
+    while at_commit.n_waiting < 1 and first.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.01)  # A reaches its sink commit
+    second = threading.Thread(target=run_epoch, args=("B",))
+    second.start()
+    for t in (first, second):
+        t.join(timeout=120)
+    assert not at_commit.broken and len(outcomes) == 2, outcomes
+    losers = [name for name, o in outcomes.items() if isinstance(o, BaseException)]
+    assert len(losers) == 1, outcomes  # exactly one commits
+    loser, winner = losers[0], ({"A", "B"} - set(losers)).pop()
+    err = outcomes[loser]
+    assert type(err) is ConcurrentRunError and err.code == "CONCURRENT_RUN", repr(err)  # nothing else
+    assert f"[CONCURRENT_RUN] pipeline {pipeline.name!r}" in str(err)
+    won = outcomes[winner]
+    assert won.committed_records > 0 and won.epoch == {"A": 1, "B": 2}[winner]
+    sink = DeltaSink(pipeline.sink_path, pipeline.name, read_only=True)
+    assert sink.committed_epoch() == won.epoch
+    decisions = DeltaTable(f"{pipeline.state}/decisions").to_pyarrow_table(columns=["epoch_id", "attempt_id"])
+    # the loser's decision row is gone: only the winner's, the one the sink commit names
+    assert decisions.to_pylist() == [{"epoch_id": won.epoch, "attempt_id": sink.committed_attempt(won.epoch)}]
+    rows = DeltaTable(pipeline.sink_path).to_pyarrow_table().num_rows
+    assert rows == won.committed_records  # the loser's moved files are in no commit
+    tracked = {os.path.basename(u) for u in DeltaTable(pipeline.sink_path).file_uris()}
+    left = sorted(p for p in Path(pipeline.sink_path).glob("*.parquet") if p.name not in tracked)
+    lost_epoch = {"A": 1, "B": 2}[loser]
+    assert left and all(p.name.startswith(f"sk-e{lost_epoch:010d}-") for p in left)
+    for p in left:  # a day later, maintain's leftover removal takes exactly the loser's files
+        os.utime(p, (time.time() - 48 * 3600,) * 2)
+    removed = DeltaSink(pipeline.sink_path, pipeline.name).remove_untracked(24, 0)
+    assert sorted(name for name, _size in removed) == [p.name for p in left]
+    assert not any(p.exists() for p in left)
+    pipeline.run()  # a new driver finishes from the winner's checkpoint
+    assert_sink_is_input(pipeline)

@@ -11,6 +11,9 @@ finishes with every record exactly once.
 
 from __future__ import annotations
 
+import json
+import os
+import time
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -21,13 +24,15 @@ from deltalake import DeltaTable
 from splitkeeper.app import services
 from splitkeeper.cli import main
 from splitkeeper.config.settings import load_config
-from splitkeeper.core.ports import CrashPoint, EpochPlan, RegionRun
+from splitkeeper.core.ports import CrashPoint, EpochPlan, RegionRun, SinkCrashPoint
 from splitkeeper.core.types import CheckpointKind, RegionOutcome
 from splitkeeper.delta.lease import LeaseHeldError, PipelineLease
 from splitkeeper.delta.retention import retention_hours
 from splitkeeper.errors import InvalidParameterError
+from splitkeeper.spark.faults import CRASH_ENV
+from tests.runtime.helpers import splitkeeper_subprocess
 
-from .samples import Crash, CrashAt, LocalPipeline, LocalRegionRunner, tree
+from .samples import Crash, CrashAt, LocalPipeline, LocalRegionRunner, assert_sink_is_input, tree
 
 
 class _FailingRegion(LocalRegionRunner):
@@ -105,6 +110,93 @@ def test_maintain_removes_old_files_but_never_what_a_kept_chain_or_a_pending_epo
     keys = [(r["split_id"], r["offset"]) for r in rows]
     assert len(keys) == len(set(keys)) == 120  # every line once, none twice
     assert {sid for sid, _ in keys} == {"part-0.txt", "part-1.txt"}
+
+
+def test_maintain_killed_mid_compaction_leaves_state_that_loads_and_finishes_exactly(tmp_path: Path) -> None:
+    pipeline = LocalPipeline(tmp_path, retain=1)
+    pipeline.write_input(files=2, lines=50)  # 100 records, 20 per epoch
+    config_path = _config(pipeline)
+    driver = pipeline.run(epochs=3)
+    kept = driver.state.checkpoint_ids()
+    chain = {cid: driver.state.load_checkpoint(cid) for cid in kept}
+    state_rows = DeltaTable(f"{pipeline.state}/enumerator_state").to_pyarrow_table(columns=["checkpoint_id"])
+    assert set(state_rows.column(0).to_pylist()) - set(kept)  # rows of deleted checkpoints to compact
+
+    killed = splitkeeper_subprocess(
+        ["maintain", "--config", str(config_path)], **{CRASH_ENV: "mid_compaction"}
+    )
+
+    assert killed.returncode == -9, killed.stderr[-3000:]
+    assert f"crash injected at mid_compaction of epoch {kept[-1]}" in killed.stderr
+    state_rows = DeltaTable(f"{pipeline.state}/enumerator_state").to_pyarrow_table(columns=["checkpoint_id"])
+    assert set(state_rows.column(0).to_pylist()) <= set(kept)  # the rows were deleted, then the kill
+    reopened = pipeline.driver()
+    assert {cid: reopened.state.load_checkpoint(cid) for cid in kept} == chain
+    again = services.maintain(load_config(config_path))  # the dead holder's lease is taken over
+    assert not again.dry_run and sum(again.compacted_files.values()) > 0  # the bin-packing it missed
+    assert {cid: pipeline.driver().state.load_checkpoint(cid) for cid in kept} == chain
+    finished = pipeline.run()
+    assert finished.state.checkpoint_ids()[-1] > kept[-1]
+    assert_sink_is_input(pipeline)
+
+
+def _age(path: Path, hours: float) -> None:
+    then = time.time() - hours * 3600
+    os.utime(path, (then, then))
+
+
+def test_maintain_removes_old_untracked_sink_and_staged_files_but_never_young_or_pending_ones(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pipeline = LocalPipeline(tmp_path)
+    pipeline.write_input(files=2, lines=50)  # 100 records, 20 per epoch
+    config_path = _config(pipeline)  # maintenance.untracked_hours: the default, 24
+    pipeline.run(epochs=1)
+
+    def die_after_move(point: SinkCrashPoint, epoch: int) -> None:
+        if point is SinkCrashPoint.AFTER_FILES_MOVED:
+            raise Crash(f"{point.value}@{epoch}")
+
+    crashed = pipeline.driver(sink_point=die_after_move)
+    crashed.open()
+    with pytest.raises(Crash):
+        crashed.run_epoch()  # epoch 2's files are in the sink's folder, in no commit
+    moved = sorted(Path(pipeline.sink_path).glob("sk-e0000000002-*.parquet"))
+    assert len(moved) == 2 and not {p.name for p in moved} & _tracked(pipeline)
+    pending = pipeline.driver(CrashAt(CrashPoint.AFTER_DECISION, 3))
+    pending.open()
+    with pytest.raises(Crash):
+        pending.run_epoch()  # epoch 3 decided, not committed: its staged files may still be committed
+    pending_files = sorted((Path(pipeline.staging) / "epoch=3").rglob("*.parquet"))
+    late = Path(pipeline.staging) / "epoch=1" / "region=0" / "attempt=late" / "part.parquet"
+    late.parent.mkdir(parents=True)  # a task of committed epoch 1 that finished after its epoch
+    late.write_bytes(moved[0].read_bytes())
+    for old in (moved[0], late, *pending_files):
+        _age(old, 48)
+    sizes = {moved[0].name: moved[0].stat().st_size, str(late): late.stat().st_size}
+
+    before = tree(tmp_path)
+    dry = services.maintain(load_config(config_path), dry_run=True)
+    assert dry.untracked == {"sink": (moved[0].name,), "staging": (str(late),)}
+    assert tree(tmp_path) == before  # a dry run changes nothing
+
+    assert main(["maintain", "--config", str(config_path), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["untracked"] == {"sink": [moved[0].name], "staging": [str(late)]}
+    assert result["untracked_count"] == 2 and result["untracked_bytes"] == sum(sizes.values())
+    assert result["untracked_hours"] == 24
+    assert not moved[0].exists() and not late.exists()  # old and named by no version: gone
+    assert moved[1].exists()  # younger than the window: a commit may be moving its files in right now
+    assert pending_files and all(p.exists() for p in pending_files)  # a pending epoch's: never
+    main(["maintain", "--config", str(config_path)])
+    out = capsys.readouterr().out
+    assert "removed 0 untracked file(s), 0 bytes, that no Delta version names, older than 24 h" in out
+    pipeline.run()
+    assert_sink_is_input(pipeline)  # nothing a version names was removed
+
+
+def _tracked(pipeline: LocalPipeline) -> set[str]:
+    return {Path(uri).name for uri in DeltaTable(pipeline.sink_path).file_uris()}
 
 
 def test_maintain_holds_the_lease_and_is_refused_while_another_run_holds_it(tmp_path: Path) -> None:

@@ -986,7 +986,9 @@ class KafkaSource(
 
         Called by the runtime after checkpoint ``checkpoint_id`` is durable,
         with acknowledged regions' positions only; idempotent (a repeat commits
-        the same values). Without a ``group_id`` nothing is committed. Raises
+        the same values). Without a ``group_id`` nothing is committed. Never moves
+        the group backwards: a partition whose committed offset is tagged with a
+        newer checkpoint (a late commit of an older run) is refused and logged. Raises
         SourceError when the broker refuses a commit (e.g. the group has live
         members: splitkeeper commits as a standalone member, so use a group id
         no consumer subscribes with).
@@ -998,6 +1000,24 @@ class KafkaSource(
             TopicPartition(*parse_split_id(sid), int(pos), metadata=metadata)
             for sid, pos in sorted(positions.items())
         ]
+        newer = self._newer_commits(checkpoint_id, offsets)
+        if newer:
+            log.warning(
+                "consumer group %s: refused to commit checkpoint %s's offsets of %s: the group holds "
+                "offsets of a newer checkpoint there (%s). Checkpoint ids only grow, so this is a late "
+                "commit of an older run and would move the group backwards; nothing of it is committed "
+                "there. If the pipeline's state was started anew with this group, give it a new "
+                "source.group_id",
+                self._group_id,
+                checkpoint_id,
+                sorted(newer),
+                ", ".join(
+                    f"{sid}: offset {o.position} of checkpoint {o.checkpoint_id}" for sid, o in newer.items()
+                ),
+            )
+            offsets = [tp for tp in offsets if split_id_of(tp.topic, tp.partition) not in newer]
+            if not offsets:
+                return
         try:
             result = self._committer().commit(offsets=offsets, asynchronous=False)
         except KafkaException as err:
@@ -1016,6 +1036,27 @@ class KafkaSource(
                 group_id=self._group_id,
                 checkpoint_id=checkpoint_id,
             )
+
+    def _newer_commits(
+        self, checkpoint_id: int, offsets: Sequence[TopicPartition]
+    ) -> dict[str, ExternalPosition]:
+        """The group's commits of ``offsets``' partitions tagged with a checkpoint after ``checkpoint_id``.
+
+        Kafka has no conditional offset commit: this read just before the commit is what keeps a
+        paused old run's late commit from moving the group backwards (a commit racing it within
+        that moment is not caught; the group's offsets are a report, never a restore position).
+        """
+        request = [TopicPartition(tp.topic, tp.partition) for tp in offsets]
+        try:
+            committed = self._committer().committed(request, timeout=self._timeout_s)
+        except KafkaException as err:
+            raise _unreachable(self._bootstrap, self._timeout_s, err) from err
+        newer: dict[str, ExternalPosition] = {}
+        for tp in committed:
+            tag = _checkpoint_tag(tp.metadata) if tp.error is None and tp.offset >= 0 else None
+            if tag is not None and tag > checkpoint_id:
+                newer[split_id_of(tp.topic, tp.partition)] = ExternalPosition(int(tp.offset), tag)
+        return newer
 
     def committed_positions(self) -> dict[str, ExternalPosition]:
         """The group's committed offsets that carry a splitkeeper checkpoint id, by split id.
