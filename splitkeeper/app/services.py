@@ -114,7 +114,7 @@ def _pipeline(
     config: PipelineConfig,
     lease: HeldLease | None,
     *,
-    spark: SparkSession | None = None,
+    spark: SparkSession | Callable[[], SparkSession] | None = None,
     faults: Iterable[str] = (),
     progress: Progress | None = None,
     read_only: bool = False,
@@ -122,14 +122,15 @@ def _pipeline(
     interrupt: threading.Event | None = None,
 ) -> Pipeline:
     """The pipeline of ``config`` over ``lease`` (the caller took it with :func:`writer_lease`;
-    None for a read-only use), on ``spark`` (default :func:`spark_session`). Not opened. A read-only
+    None for a read-only use), on ``spark`` (default :func:`spark_session`, started only when an
+    epoch first has ranges to read: a run with nothing new starts no JVM). Not opened. A read-only
     pipeline (a dry run) runs no region, so it starts no Spark unless given a session."""
     from splitkeeper.app.pipeline import Pipeline
     from splitkeeper.spark.faults import FaultPlan
 
     return Pipeline(
         config,
-        spark if spark is not None or read_only else spark_session(),
+        spark if spark is not None or read_only else spark_session,  # started by the first read
         faults=FaultPlan.parse(faults),
         progress=progress,
         read_only=read_only,
@@ -263,15 +264,21 @@ def run(
     summary: RunSummary | None = None
     abandoned: int | None = None
     latest: int | None = None
+
+    def started_spark() -> SparkSession:
+        session = spark_session()
+        signals.install()  # again: starting Spark installs pyspark's own SIGINT handler
+        return session
+
     with signals.installed(), writer_lease(config) as lease:
         pipeline = _pipeline(
             config,
             lease,
+            spark=started_spark,  # started by the first epoch with ranges to read
             faults=faults,
             progress=progress,
             interrupt=None if continuous else signals.event,
         )
-        signals.install()  # again: starting Spark installs pyspark's own SIGINT handler
         try:
             opened = _open_summary(pipeline, pipeline.open())
             new_splits = pipeline.discover()
