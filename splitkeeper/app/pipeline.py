@@ -38,6 +38,7 @@ from splitkeeper.core.driver import (
     EpochDriver,
     EpochReport,
     OpenReport,
+    PendingWork,
     ReaderStateContext,
     RunSummary,
 )
@@ -501,6 +502,10 @@ class Pipeline:
     def discover(self) -> int:
         """Ask the source for its splits now; how many entered the pool (:meth:`EpochDriver.discover`)."""
         return self.driver.discover()
+
+    def pending_work(self) -> PendingWork:
+        """What a run would read now, reading nothing (:meth:`EpochDriver.pending_work`)."""
+        return self.driver.pending_work()
 
     def reset_backlog(self) -> dict[str, int]:
         """Every live unbounded split's end now becomes its backlog boundary (protocol rule 4.1)."""

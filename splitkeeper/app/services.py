@@ -60,7 +60,7 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
     from splitkeeper.app.pipeline import Pipeline, RunSummary
-    from splitkeeper.core.driver import OpenReport
+    from splitkeeper.core.driver import OpenReport, PendingWork
     from splitkeeper.core.source import SourceConnector
     from splitkeeper.delta.checkpoints import DeltaStateStore
     from splitkeeper.delta.history import TimelineEntry
@@ -726,6 +726,24 @@ def status(config: PipelineConfig, *, last: int = 10) -> StatusResult:
     return StatusResult(
         config.name, info, timeline, next_epoch, _lease_of(store), _interval_switches(history), splits
     )
+
+
+@_named
+def pending_work(config: PipelineConfig) -> PendingWork:
+    """What ``splitkeeper run`` would read if started now, without Spark and without reading a
+    record (:meth:`~splitkeeper.core.driver.EpochDriver.pending_work`: the driver's own discovery
+    and end offsets over the restored state). Read-only: no lease, nothing written. A pipeline
+    that never ran (no state folder) is unsettled: its first run checkpoints."""
+    from splitkeeper.core.driver import PendingWork
+
+    if _local_state_missing(config):
+        return PendingWork((), True, None)
+    pipeline = _pipeline(config, None, read_only=True, metrics=False)
+    try:
+        pipeline.open(read_only=True)
+        return pipeline.pending_work()
+    finally:
+        pipeline.close()
 
 
 def _interval_switches(timeline: Sequence[TimelineEntry]) -> tuple[tuple[int, str], ...]:
