@@ -47,8 +47,17 @@ def test_provider_info_is_valid_for_airflow_and_names_what_exists():
     info = get_provider_info()
     _create_provider_info_schema_validator().validate(info)  # what the providers manager checks
     assert info["package-name"] == "splitkeeper" and info["versions"] == [splitkeeper.__version__]
-    modules = {m for section in ("hooks", "operators") for e in info[section] for m in e["python-modules"]}
-    assert modules == {"splitkeeper.airflow.hooks", "splitkeeper.airflow.operators"}
+    sections = ("hooks", "operators", "triggers")
+    modules = {m for section in sections for e in info[section] for m in e["python-modules"]}
+    assert modules == {
+        "splitkeeper.airflow.hooks",
+        "splitkeeper.airflow.operators",
+        "splitkeeper.airflow.triggers",
+    }
+    triggers = importlib.import_module("splitkeeper.airflow.triggers")
+    from airflow.triggers.base import BaseEventTrigger
+
+    assert issubclass(triggers.SplitkeeperNewDataTrigger, BaseEventTrigger)  # an AssetWatcher takes it
     operators = importlib.import_module("splitkeeper.airflow.operators")
     exported = {getattr(operators, n) for n in dir(operators) if n.startswith("Splitkeeper")}
     assert exported == {
