@@ -274,7 +274,9 @@ def run(
         pipeline = _pipeline(
             config,
             lease,
-            spark=started_spark,  # started by the first epoch with ranges to read
+            # started by the first epoch with ranges to read: a run with nothing new starts no JVM. A
+            # continuous run starts it at once, so that its first epoch keeps the interval schedule
+            spark=started_spark() if continuous else started_spark,
             faults=faults,
             progress=progress,
             interrupt=None if continuous else signals.event,
