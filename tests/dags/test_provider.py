@@ -344,6 +344,30 @@ def test_the_new_data_trigger_fires_only_when_a_run_would_read_and_starts_no_spa
     assert asyncio.run(first_event(1.5)) is None  # several looks, nothing new: no event
 
     (tmp_path / "in" / "a.txt").write_text("one\ntwo\n")
+
+    async def events_of_one_watch() -> list:
+        """One trigger run: it fires for a.txt, not again for it, and again once b.txt comes."""
+        queue: asyncio.Queue = asyncio.Queue()
+
+        async def watch() -> None:
+            async for fired in trigger.run():
+                queue.put_nowait(fired)
+
+        watching = asyncio.create_task(watch())
+        try:
+            got = [await asyncio.wait_for(queue.get(), 30)]
+            try:
+                got.append(await asyncio.wait_for(queue.get(), 1.0))  # ~20 more looks: the same work
+            except TimeoutError:
+                (tmp_path / "in" / "b.txt").write_text("three\n")
+                got.append(await asyncio.wait_for(queue.get(), 30))
+            return got
+        finally:
+            watching.cancel()
+
+    first, second = asyncio.run(events_of_one_watch())
+    assert first.payload["splits"] == ["a.txt"] and second.payload["splits"] == ["a.txt", "b.txt"]
+    (tmp_path / "in" / "b.txt").unlink()
     event = asyncio.run(first_event(30))
     assert event is not None
     assert event.payload == {
