@@ -9,6 +9,9 @@
       splitkeeper_dags("pipelines/*.yaml")
 
   gives every pipeline file its ingest, recovery, rescale and maintenance DAGs.
+- :mod:`splitkeeper.airflow.triggers` (``SplitkeeperNewDataTrigger``): the event trigger an Asset
+  watcher runs for ``airflow.schedule: on_new_data`` (the ingest runs when the source has
+  something new; no Spark while it waits).
 - :mod:`splitkeeper.airflow.hooks` (``SplitkeeperHook``) and :mod:`splitkeeper.airflow.operators`
   (``SplitkeeperIngestOperator``, ``SplitkeeperRecoverOperator``, ``SplitkeeperValidateOperator``,
   ``SplitkeeperReportOperator``, ``SplitkeeperMaintainOperator``) are for DAGs of one's own.
@@ -60,6 +63,7 @@ def get_provider_info() -> dict[str, Any]:
         "operators": [
             {"integration-name": "splitkeeper", "python-modules": ["splitkeeper.airflow.operators"]}
         ],
+        "triggers": [{"integration-name": "splitkeeper", "python-modules": ["splitkeeper.airflow.triggers"]}],
         "connection-types": [],
         "extra-links": ["splitkeeper.orchestration.plugin.RunReportLink"],
         "plugins": [
@@ -99,7 +103,8 @@ def splitkeeper_dags(
 
     :param pattern: a glob of pipeline files, relative to the calling DAG file's folder (e.g.
         ``"pipelines/*.yaml"``); None: the files ``$SPLITKEEPER_PIPELINE_CONFIG`` names (deprecated)
-    :param kinds: which DAGs per pipeline: ``ingest`` (scheduled by the file's ``airflow.schedule``),
+    :param kinds: which DAGs per pipeline: ``ingest`` (scheduled by the file's ``airflow.schedule``;
+        ``on_new_data``: on an Asset whose watcher fires when the source has something new),
         ``recover`` and ``rescale`` (triggered by hand), ``maintain`` (daily)
     :param register: where to put each DAG under its id (default: the calling module's globals,
         where Airflow's DagBag finds DAGs)

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pendulum
-from airflow.sdk import DAG, Param, task
+from airflow.sdk import DAG, Asset, AssetWatcher, Param, task
 
 from splitkeeper.airflow.operators import (
     SplitkeeperIngestOperator,
@@ -21,8 +21,9 @@ from splitkeeper.airflow.operators import (
     SplitkeeperReportOperator,
     SplitkeeperValidateOperator,
 )
+from splitkeeper.airflow.triggers import SplitkeeperNewDataTrigger
 from splitkeeper.config.limits import MAX_PARALLELISM
-from splitkeeper.config.models import DEFAULT_SCHEDULE
+from splitkeeper.config.models import DEFAULT_SCHEDULE, ON_NEW_DATA
 from splitkeeper.orchestration import tasks
 from splitkeeper.orchestration.airflow import (
     DagPipeline,
@@ -37,7 +38,8 @@ run epochs (the pipeline is opened once: an epoch the last run left half-done is
 finished from its decision record, the latest checkpoint is restored, new splits
 are discovered; epoch size follows the backlog state) -> Great Expectations
 restart checks -> run report. Scheduled by the pipeline file's
-airflow.schedule (default every 30 minutes). With several pipeline files there is
+airflow.schedule (default every 30 minutes; on_new_data: when the source has
+something new, seen by an Asset watcher that polls it without Spark). With several pipeline files there is
 one such DAG per pipeline, splitkeeper_ingest__<pipeline name>. Built by
 splitkeeper.airflow.splitkeeper_dags from the splitkeeper operators.
 """
@@ -81,9 +83,31 @@ splitkeeper.airflow.splitkeeper_dags.
 """
 
 
-def schedule_of(pipeline: DagPipeline) -> str | None:
-    """The ingest DAG's schedule: the pipeline file's ``airflow.schedule`` (default every 30 minutes)."""
-    return DEFAULT_SCHEDULE if pipeline.config is None else pipeline.config.schedule
+def schedule_of(pipeline: DagPipeline) -> Any:
+    """The ingest DAG's schedule: the pipeline file's ``airflow.schedule`` (default every 30 minutes).
+
+    ``on_new_data``: the pipeline's new-data Asset (:func:`new_data_asset`), which its watcher
+    updates when the source has something new; an idle slot runs no task and no Spark."""
+    if pipeline.config is None:
+        return DEFAULT_SCHEDULE
+    if pipeline.config.schedule == ON_NEW_DATA:
+        return [new_data_asset(pipeline)]
+    return pipeline.config.schedule
+
+
+def new_data_asset(pipeline: DagPipeline) -> Asset:
+    """``splitkeeper-<name>-new-data``: an Asset watched by :class:`SplitkeeperNewDataTrigger`, which
+    looks at the source every ``airflow.poll_interval_s`` (no Spark) and fires when a run would read."""
+    config = pipeline.config
+    assert config is not None
+    trigger = SplitkeeperNewDataTrigger(pipeline.path, poll_interval=config.poll_interval_s)
+    name = f"splitkeeper-{config.name}-new-data"
+    return Asset(
+        name=name,
+        uri=f"splitkeeper://{config.name}/new-data",
+        group="splitkeeper",
+        watchers=[AssetWatcher(name=name, trigger=trigger)],
+    )
 
 
 def ingest_dag(pipeline: DagPipeline) -> DAG:

@@ -38,6 +38,7 @@ from splitkeeper.core.driver import (
     EpochDriver,
     EpochReport,
     OpenReport,
+    PendingWork,
     ReaderStateContext,
     RunSummary,
 )
@@ -58,6 +59,7 @@ from splitkeeper.delta.lease import HeldLease
 from splitkeeper.delta.schemas import data_schema
 from splitkeeper.errors import ConfigError
 from splitkeeper.spark.faults import PAUSE_ENV, FaultPlan, crash_if_requested, crash_request
+from splitkeeper.spark.regions import RegionRun as RegionJobRun
 from splitkeeper.spark.regions import RegionStatus, run_regions
 from splitkeeper.spark.sources import build_source
 from splitkeeper.spark.task import FaultKind, RecordPolicy, RegionResult, failed_splits, run_region_task
@@ -86,6 +88,31 @@ OPERATOR_STATE_KEEP = core_driver.OPERATOR_STATE_KEEP
 
 
 # --------------------------------------------------------------------------- adapters
+
+
+class LazySpark:
+    """The pipeline's Spark session, started on first use: a run with nothing to read starts no JVM.
+
+    ``spark`` is a running session, None (a read-only pipeline that runs no region), or a
+    zero-argument callable that starts one (:func:`splitkeeper.app.services.spark_session`),
+    called once, when an epoch first has ranges to read (or a spark transform needs it).
+    """
+
+    def __init__(self, spark: Any) -> None:
+        self._start: Callable[[], Any] | None = spark if callable(spark) else None
+        self._session: Any = None if callable(spark) else spark
+
+    @property
+    def started(self) -> bool:
+        """Whether the session exists (given, or started by :meth:`get`)."""
+        return self._session is not None
+
+    def get(self) -> Any:
+        """The session, started now when it was not yet."""
+        if self._session is None and self._start is not None:
+            log.info("starting the Spark session: the first epoch with ranges to read")
+            self._session = self._start()
+        return self._session
 
 
 class SystemClock(Clock):
@@ -203,7 +230,13 @@ def _region_task(payload: tuple[Any, ...]) -> RegionResult:
 
 
 class SparkRegionRunner(RegionRunner):
-    """Each region of an epoch as its own one-task Spark job; faults from a :class:`FaultPlan`."""
+    """Each region of an epoch as its own one-task Spark job; faults from a :class:`FaultPlan`.
+
+    ``spark`` is a session or a :class:`LazySpark`: the session starts with the first epoch that
+    has ranges to read. An epoch whose plan is empty everywhere (a final checkpoint, an idle
+    unbounded source), before Spark started and without faults, runs its region tasks in the
+    driver: each stages its empty output as a Spark task would, so the commit is the same.
+    """
 
     def __init__(
         self,
@@ -217,7 +250,7 @@ class SparkRegionRunner(RegionRunner):
         policy: RecordPolicy | None = None,
         spark_transform: SparkTransform | None = None,
     ) -> None:
-        self.spark = spark
+        self.spark = spark if isinstance(spark, LazySpark) else LazySpark(spark)
         self.policy = policy or RecordPolicy()
         self.spark_transform = spark_transform  # transform.kind spark: run per epoch after the regions
         self.interrupt = interrupt  # set: the epoch in its read phase is abandoned (EpochAbandoned)
@@ -246,9 +279,18 @@ class SparkRegionRunner(RegionRunner):
             )
             for r, ranges in plan.items()
         }
-        runs = run_regions(
-            self.spark, self.pipeline, epoch, payloads, _region_task, timeout_s, interrupt=self.interrupt
-        )
+        if self._in_driver(epoch, plan):
+            runs = _run_in_driver(payloads)
+        else:
+            runs = run_regions(
+                self.spark.get(),
+                self.pipeline,
+                epoch,
+                payloads,
+                _region_task,
+                timeout_s,
+                interrupt=self.interrupt,
+            )
         out: dict[int, RegionRun] = {}
         for r, run in runs.items():
             if run.status is RegionStatus.FINISHED:
@@ -279,12 +321,42 @@ class SparkRegionRunner(RegionRunner):
             return self.spark_transform.apply(epoch, out)
         return out
 
+    def _in_driver(self, epoch: int, plan: EpochPlan) -> bool:
+        """Nothing to read anywhere, no session yet, no spark transform, no fault: no Spark."""
+        return (
+            not self.spark.started
+            and self.spark_transform is None
+            and not any(plan.values())
+            and all(self.faults.for_region(epoch, r) is None for r in plan)
+        )
+
+
+def _run_in_driver(payloads: dict[int, tuple[Any, ...]]) -> dict[int, RegionJobRun]:
+    """The region tasks of an epoch with nothing to read, in this process (each stages an empty file)."""
+    runs: dict[int, RegionJobRun] = {}
+    for region, payload in payloads.items():
+        started = time.monotonic()
+        try:
+            result = run_region_task(*payload)
+        except Exception as err:  # noqa: BLE001 - a region's failure is its DECLINE, as in a Spark task
+            error = f"{type(err).__module__}.{type(err).__qualname__}: {err}"[:500]
+            runs[region] = RegionJobRun(
+                region, RegionStatus.FAILED, None, error, 0.0, time.monotonic() - started
+            )
+        else:
+            runs[region] = RegionJobRun(region, RegionStatus.FINISHED, result, "", 0.0, result.elapsed_s)
+    return runs
+
 
 # --------------------------------------------------------------------------- the pipeline
 
 
 class Pipeline:
     """One pipeline on Spark: the core driver with the Spark runtime's adapters.
+
+    ``spark``: a session, or a zero-argument callable that starts one when an epoch first has
+    ranges to read (:class:`LazySpark`): opening, restoring, discovering and a run that finds
+    nothing new start no JVM. A spark transform (``transform.kind: spark``) starts it at once.
 
     Created on the driver; not thread-safe; one per process. ``open()`` restores
     (or starts fresh), ``run_epoch()`` runs one checkpoint attempt, ``run()`` loops
@@ -318,7 +390,9 @@ class Pipeline:
         if metrics and not read_only:
             hooks.metrics = _metrics_of(config)
         self.config = config
-        self.spark = spark
+        self.lazy_spark = spark if isinstance(spark, LazySpark) else LazySpark(spark)
+        if config.transform_kind is TransformKind.SPARK:
+            self.lazy_spark.get()  # the transform's output columns are the sink's: Spark plans them
         self.faults = faults or FaultPlan()
         self.connector = connector or build_source(config.source)
         self.store = DeltaStateStore(
@@ -328,7 +402,7 @@ class Pipeline:
             full_snapshot_every=config.checkpoint.full_snapshot_every,
             read_only=read_only,
         )
-        self.policy = record_policy(config, spark)
+        self.policy = record_policy(config, self.lazy_spark.get() if self.lazy_spark.started else None)
         self.sink = config_sink(
             config, read_only=read_only, policy=self.policy, crash_point=hooks.crash_point
         )
@@ -337,14 +411,16 @@ class Pipeline:
         if config.transform_kind is TransformKind.SPARK:  # the region tasks stage the records as read
             from splitkeeper.spark.transform import SparkTransform
 
-            spark_transform = SparkTransform(spark, config.transform, self.policy, config.staging_path)
+            spark_transform = SparkTransform(
+                self.lazy_spark.get(), config.transform, self.policy, config.staging_path
+            )
         else:
             self.transform = resolve_transform(config.transform)
         self.driver = EpochDriver(
             core_settings(config),
             self.connector,
             SparkRegionRunner(
-                spark,
+                self.lazy_spark,
                 config.name,
                 self.connector,
                 self.transform,
@@ -361,6 +437,11 @@ class Pipeline:
         )
 
     # -- the driver's view, for callers and tests --
+
+    @property
+    def spark(self) -> Any:
+        """The Spark session, started now when it was not yet (see :class:`LazySpark`)."""
+        return self.lazy_spark.get()
 
     @property
     def redistribution(self) -> Redistribution:
@@ -426,6 +507,10 @@ class Pipeline:
     def discover(self) -> int:
         """Ask the source for its splits now; how many entered the pool (:meth:`EpochDriver.discover`)."""
         return self.driver.discover()
+
+    def pending_work(self) -> PendingWork:
+        """What a run would read now, reading nothing (:meth:`EpochDriver.pending_work`)."""
+        return self.driver.pending_work()
 
     def reset_backlog(self) -> dict[str, int]:
         """Every live unbounded split's end now becomes its backlog boundary (protocol rule 4.1)."""

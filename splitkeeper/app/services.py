@@ -60,7 +60,7 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
     from splitkeeper.app.pipeline import Pipeline, RunSummary
-    from splitkeeper.core.driver import OpenReport
+    from splitkeeper.core.driver import OpenReport, PendingWork
     from splitkeeper.core.source import SourceConnector
     from splitkeeper.delta.checkpoints import DeltaStateStore
     from splitkeeper.delta.history import TimelineEntry
@@ -114,7 +114,7 @@ def _pipeline(
     config: PipelineConfig,
     lease: HeldLease | None,
     *,
-    spark: SparkSession | None = None,
+    spark: SparkSession | Callable[[], SparkSession] | None = None,
     faults: Iterable[str] = (),
     progress: Progress | None = None,
     read_only: bool = False,
@@ -122,14 +122,15 @@ def _pipeline(
     interrupt: threading.Event | None = None,
 ) -> Pipeline:
     """The pipeline of ``config`` over ``lease`` (the caller took it with :func:`writer_lease`;
-    None for a read-only use), on ``spark`` (default :func:`spark_session`). Not opened. A read-only
+    None for a read-only use), on ``spark`` (default :func:`spark_session`, started only when an
+    epoch first has ranges to read: a run with nothing new starts no JVM). Not opened. A read-only
     pipeline (a dry run) runs no region, so it starts no Spark unless given a session."""
     from splitkeeper.app.pipeline import Pipeline
     from splitkeeper.spark.faults import FaultPlan
 
     return Pipeline(
         config,
-        spark if spark is not None or read_only else spark_session(),
+        spark if spark is not None or read_only else spark_session,  # started by the first read
         faults=FaultPlan.parse(faults),
         progress=progress,
         read_only=read_only,
@@ -269,15 +270,23 @@ def run(
     summary: RunSummary | None = None
     abandoned: int | None = None
     latest: int | None = None
+
+    def started_spark() -> SparkSession:
+        session = spark_session()
+        signals.install()  # again: starting Spark installs pyspark's own SIGINT handler
+        return session
+
     with signals.installed(), writer_lease(config) as lease:
         pipeline = _pipeline(
             config,
             lease,
+            # started by the first epoch with ranges to read: a run with nothing new starts no JVM. A
+            # continuous run starts it at once, so that its first epoch keeps the interval schedule
+            spark=started_spark() if continuous else started_spark,
             faults=faults,
             progress=progress,
             interrupt=None if continuous else signals.event,
         )
-        signals.install()  # again: starting Spark installs pyspark's own SIGINT handler
         try:
             opened = _open_summary(pipeline, pipeline.open())
             new_splits = pipeline.discover()
@@ -723,6 +732,24 @@ def status(config: PipelineConfig, *, last: int = 10) -> StatusResult:
     return StatusResult(
         config.name, info, timeline, next_epoch, _lease_of(store), _interval_switches(history), splits
     )
+
+
+@_named
+def pending_work(config: PipelineConfig) -> PendingWork:
+    """What ``splitkeeper run`` would read if started now, without Spark and without reading a
+    record (:meth:`~splitkeeper.core.driver.EpochDriver.pending_work`: the driver's own discovery
+    and end offsets over the restored state). Read-only: no lease, nothing written. A pipeline
+    that never ran (no state folder) is unsettled: its first run checkpoints."""
+    from splitkeeper.core.driver import PendingWork
+
+    if _local_state_missing(config):
+        return PendingWork((), True, None)
+    pipeline = _pipeline(config, None, read_only=True, metrics=False)
+    try:
+        pipeline.open(read_only=True)
+        return pipeline.pending_work()
+    finally:
+        pipeline.close()
 
 
 def _interval_switches(timeline: Sequence[TimelineEntry]) -> tuple[tuple[int, str], ...]:

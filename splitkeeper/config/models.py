@@ -499,15 +499,19 @@ SCHEDULE_PRESETS = (
     "@quarterly",
     "@yearly",
 )
+#: ``airflow.schedule: on_new_data``: the ingest DAG runs when its sources have something new
+#: (an Asset watched by :class:`splitkeeper.airflow.triggers.SplitkeeperNewDataTrigger`).
+ON_NEW_DATA = "on_new_data"
 _SCHEDULE_ALLOWED = (
     "a cron expression of 5 fields (e.g. '*/30 * * * *'), one of "
     + ", ".join(SCHEDULE_PRESETS)
-    + ", or null (triggered only)"
+    + f", {ON_NEW_DATA} (when the source has something new; Airflow 3 event-driven, polled "
+    "every airflow.poll_interval_s without Spark), or null (triggered only)"
 )
 
 
 def _schedule(value: str | None) -> str | None:
-    if value is None or value in SCHEDULE_PRESETS:
+    if value is None or value in SCHEDULE_PRESETS or value == ON_NEW_DATA:
         return value
     fields = value.split()
     if len(fields) != 5 or not all(_CRON_FIELD_RE.match(f) for f in fields):
@@ -536,6 +540,13 @@ class AirflowSection(_Section):
         DEFAULT_SCHEDULE,
         description="the ingest DAG's schedule: " + _SCHEDULE_ALLOWED,
         json_schema_extra={"type": ["string", "null"]},
+    )
+    poll_interval_s: float = Field(
+        60.0,
+        ge=1.0,
+        le=86400.0,
+        description=f"seconds between two looks at the source when schedule is {ON_NEW_DATA} (1 to 86400): "
+        "a file listing, or Kafka end offsets, against the latest checkpoint; no Spark",
     )
 
 

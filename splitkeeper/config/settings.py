@@ -280,6 +280,7 @@ class PipelineConfig:
     transform_kind: TransformKind  # transform.kind: python (in the region tasks) or spark (per epoch)
     origin: str  # the file it was loaded from (for messages), "" if built from a mapping
     schedule: str | None = DEFAULT_SCHEDULE  # airflow.schedule: the ingest DAG's (None: triggered only)
+    poll_interval_s: float = 60.0  # airflow.poll_interval_s: how often on_new_data looks at the source
     # source.connection, state.connection, sink.connection: Airflow connection ids (None: not named)
     source_connection: str | None = None
     store_connections: tuple[str, ...] = ()
@@ -772,6 +773,7 @@ def _view(file: PipelineFile, origin: str) -> PipelineConfig:
         transform_kind=file.transform_kind,
         origin=origin,
         schedule=file.airflow.schedule,
+        poll_interval_s=file.airflow.poll_interval_s,
         source_connection=file.source.connection,
         store_connections=tuple(dict.fromkeys(c for c in (file.state.connection, file.sink.connection) if c)),
     )

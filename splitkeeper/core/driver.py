@@ -163,6 +163,27 @@ EnumeratorFactory = Callable[..., SplitEnumerator]
 
 
 @dataclass(frozen=True, slots=True)
+class PendingWork:
+    """What a run started now would read (:meth:`EpochDriver.pending_work`), found without reading.
+
+    ``splits``: the ids of the splits with something to read (a bounded source's unfinished
+    and new splits; an unbounded source's live splits behind their available end, and new
+    ones), sorted. ``unsettled``: the latest checkpoint is not a global one at this parallelism
+    (or there is none, or a split changed): a run checkpoints even with nothing to read.
+    ``checkpoint_id``: the latest checkpoint the answer is relative to (None: none yet).
+    """
+
+    splits: tuple[str, ...]
+    unsettled: bool
+    checkpoint_id: int | None
+
+    @property
+    def any(self) -> bool:
+        """A run started now would run an epoch."""
+        return self.unsettled or bool(self.splits)
+
+
+@dataclass(frozen=True, slots=True)
 class DriverSettings:
     """What the driver needs of a pipeline's configuration (engine-free; validated by the core types).
 
@@ -1385,6 +1406,24 @@ class EpochDriver:
             quarantined=tuple(sorted(enumerator.quarantined)),
             interrupted=interrupted,
         )
+
+    def pending_work(self) -> PendingWork:
+        """What :meth:`run` (``until_caught_up`` for an unbounded source) would read if started now,
+        asked of the source as the run asks it (its subscriptions, a discovery, the live splits'
+        available ends), reading no record; on an opened driver, read-only or not (nothing is
+        written). Empty exactly when such a run ends without an epoch: an event-driven
+        scheduler starts the ingest only when it is not (``airflow.schedule: on_new_data``).
+        """
+        enumerator, _context = self._require_open()
+        latest = self.opened.restored_from if self.opened is not None else None
+        self._refresh_subscriptions()
+        self.discover()
+        unsettled = not self._settled or bool(self.split_changes)
+        if self.source.bounded:  # pooled splits too: owners() maps them to None
+            live = [sid for sid in enumerator.owners() if (s := enumerator.split(sid)) and not s.finished]
+        else:
+            live = self._behind(self._end_positions())
+        return PendingWork(tuple(sorted(live)), unsettled, latest)
 
     def _stalled(self, aborted: Sequence[EpochReport], *, asked: int | None) -> RunStalledError:
         """The error that ends a run whose epochs keep aborting: one paragraph, what failed and what to do."""

@@ -558,3 +558,42 @@ def test_a_run_whose_lease_check_before_the_sink_commit_fails_writes_nothing_of_
     assert hooks.checked == [1, 2]
     assert sink.recorded == 1 and ledger.spans("a-0") == [(0, 5)]  # epoch 2 reached no sink
     assert not [key for key in state.decisions if key[0] == 2]  # and left no decision record
+
+
+def test_pending_work_is_empty_exactly_when_a_run_until_caught_up_would_run_no_epoch() -> None:
+    """What the event-driven ingest polls (``airflow.schedule: on_new_data``): the driver's own
+    discovery and end offsets against the restored state, on a read-only open, writing nothing."""
+    source = _source({"a"}, {"a-0": ("a", 10), "a-1": ("a", 10)})
+    driver, _ledger, state, sink = _driver(source)
+
+    def look() -> tuple[tuple[str, ...], bool, int | None]:
+        probe, _l, _s, _k = _driver(source)
+        probe.state, probe.sink = state, sink
+        probe.open(read_only=True)
+        work = probe.pending_work()
+        assert work.any == (bool(work.splits) or work.unsettled)
+        return work.splits, work.unsettled, work.checkpoint_id
+
+    assert look() == (("a-0", "a-1"), True, None)  # never checkpointed: the first run does
+    driver.open()
+    assert driver.run(until_caught_up=True).caught_up
+    latest = state.checkpoint_ids()[-1]
+    assert look() == ((), False, latest)
+    assert state.checkpoint_ids()[-1] == latest  # looking wrote nothing
+
+    source.ends["a-1"] = 13  # three new records in one partition
+    assert look() == (("a-1",), False, latest)
+    source.add([Split("b-0", "b", 0)])  # a new topic matching the subscription, with records
+    source.ends["b-0"] = 2
+    source.set_subscriptions({"a", "b"})
+    assert look() == (("a-1", "b-0"), False, latest)
+
+    again, _l, _s, _k = _driver(source)
+    again.state, again.sink = state, sink
+    again.open()
+    assert again.run(until_caught_up=True).epochs  # what was pending is read
+    assert look() == ((), False, state.checkpoint_ids()[-1])
+    idle, _l, _s, _k = _driver(source)
+    idle.state, idle.sink = state, sink
+    idle.open()
+    assert idle.run(until_caught_up=True).epochs == ()  # nothing pending: no epoch

@@ -50,8 +50,17 @@ def test_provider_info_is_valid_for_airflow_and_names_what_exists():
     info = get_provider_info()
     _create_provider_info_schema_validator().validate(info)  # what the providers manager checks
     assert info["package-name"] == "splitkeeper" and info["versions"] == [splitkeeper.__version__]
-    modules = {m for section in ("hooks", "operators") for e in info[section] for m in e["python-modules"]}
-    assert modules == {"splitkeeper.airflow.hooks", "splitkeeper.airflow.operators"}
+    sections = ("hooks", "operators", "triggers")
+    modules = {m for section in sections for e in info[section] for m in e["python-modules"]}
+    assert modules == {
+        "splitkeeper.airflow.hooks",
+        "splitkeeper.airflow.operators",
+        "splitkeeper.airflow.triggers",
+    }
+    triggers = importlib.import_module("splitkeeper.airflow.triggers")
+    from airflow.triggers.base import BaseEventTrigger
+
+    assert issubclass(triggers.SplitkeeperNewDataTrigger, BaseEventTrigger)  # an AssetWatcher takes it
     operators = importlib.import_module("splitkeeper.airflow.operators")
     exported = {getattr(operators, n) for n in dir(operators) if n.startswith("Splitkeeper")}
     assert exported == {
@@ -280,3 +289,123 @@ def test_one_call_gives_every_pipeline_file_its_dags_with_its_schedule(tmp_path,
     with pytest.raises(InvalidParameterError) as err:  # an import error the DAG list shows, naming it
         _exec_dag_file(dag_file)
     assert "nothing/*.yml" in str(err.value) and str(tmp_path) in str(err.value)
+
+
+def test_on_new_data_schedules_the_ingest_on_an_asset_watched_by_the_new_data_trigger(tmp_path, monkeypatch):
+    from airflow.serialization.serialized_objects import SerializedDAG
+    from airflow.timetables.simple import AssetTriggeredTimetable
+
+    from splitkeeper.airflow.triggers import SplitkeeperNewDataTrigger
+
+    monkeypatch.delenv("SPLITKEEPER_PIPELINE_CONFIG", raising=False)
+    monkeypatch.delenv("SPLITKEEPER_SPARK_MASTER", raising=False)
+    _files_pipeline(tmp_path / "pipelines", "events", "airflow: {schedule: on_new_data, poll_interval_s: 5}")
+    dag_file = tmp_path / "my_dags.py"
+    dag_file.write_text(
+        'from splitkeeper.airflow import splitkeeper_dags\n\nsplitkeeper_dags("pipelines/*.yaml")\n'
+    )
+    dag = _exec_dag_file(dag_file).splitkeeper_ingest
+    assert isinstance(dag.timetable, AssetTriggeredTimetable)
+    ((_key, asset),) = list(dag.timetable.asset_condition.iter_assets())
+    assert asset.name == "splitkeeper-events-new-data" and asset.uri == "splitkeeper://events/new-data"
+    (watcher,) = asset.watchers
+    trigger = watcher.trigger
+    assert isinstance(trigger, SplitkeeperNewDataTrigger)
+    path = str(tmp_path / "pipelines" / "events.yaml")
+    assert trigger.serialize() == (
+        "splitkeeper.airflow.triggers.SplitkeeperNewDataTrigger",
+        {"pipeline_config": path, "poll_interval": 5.0},
+    )
+    # the scheduler stores the watcher as the triggerer will load it: by its class path
+    serialized = json.dumps(SerializedDAG.to_dict(dag))
+    assert "splitkeeper.airflow.triggers.SplitkeeperNewDataTrigger" in serialized and path in serialized
+
+    _files_pipeline(tmp_path / "bad", "bad", "airflow: {schedule: on_new_dat}")
+    with pytest.raises(ConfigError) as err:
+        from splitkeeper.config.settings import load_config
+
+        load_config(str(tmp_path / "bad" / "bad.yaml"))
+    assert "airflow.schedule='on_new_dat' is not allowed" in str(err.value) and "on_new_data (when" in str(
+        err.value
+    )
+
+
+def test_the_new_data_trigger_fires_only_when_a_run_would_read_and_starts_no_spark(tmp_path, monkeypatch):
+    """A real trigger run: its async ``run()`` in an event loop, against a real files source and the
+    pipeline's real Delta state. No Spark anywhere: the first run of the empty folder commits its
+    global checkpoint with its (empty) region tasks run in the driver."""
+    import asyncio
+
+    from splitkeeper.airflow.triggers import SplitkeeperNewDataTrigger
+    from splitkeeper.app import services
+    from splitkeeper.config.settings import load_config
+
+    def no_spark() -> None:
+        raise AssertionError("Spark was started")
+
+    monkeypatch.setattr(services, "spark_session", no_spark)
+    monkeypatch.chdir(tmp_path)
+    _files_pipeline(
+        tmp_path, "watched", "parallelism: 2\nairflow: {schedule: on_new_data, poll_interval_s: 1}"
+    )
+    (tmp_path / "in").mkdir()
+    path = str(tmp_path / "watched.yaml")
+    config = load_config(path)
+    trigger = SplitkeeperNewDataTrigger(path, poll_interval=0.05)
+
+    async def first_event(within_s: float):
+        events = trigger.run()
+        try:
+            return await asyncio.wait_for(anext(events), within_s)
+        except TimeoutError:
+            return None
+        finally:
+            await events.aclose()
+
+    never_ran = asyncio.run(first_event(30))  # no state yet: the first run checkpoints anyway
+    assert (
+        never_ran is not None
+        and never_ran.payload["unsettled"]
+        and never_ran.payload["checkpoint_id"] is None
+    )
+    result = services.run(config)  # nothing to read: one empty epoch, in the driver
+    assert result.finished and [e.kind for e in result.epochs] == ["global"]
+
+    assert asyncio.run(first_event(1.5)) is None  # several looks, nothing new: no event
+
+    (tmp_path / "in" / "a.txt").write_text("one\ntwo\n")
+
+    async def events_of_one_watch() -> list:
+        """One trigger run: it fires for a.txt, not again for it, and again once b.txt comes."""
+        queue: asyncio.Queue = asyncio.Queue()
+
+        async def watch() -> None:
+            async for fired in trigger.run():
+                queue.put_nowait(fired)
+
+        watching = asyncio.create_task(watch())
+        try:
+            got = [await asyncio.wait_for(queue.get(), 30)]
+            try:
+                got.append(await asyncio.wait_for(queue.get(), 1.0))  # ~20 more looks: the same work
+            except TimeoutError:
+                (tmp_path / "in" / "b.txt").write_text("three\n")
+                got.append(await asyncio.wait_for(queue.get(), 30))
+            return got
+        finally:
+            watching.cancel()
+
+    first, second = asyncio.run(events_of_one_watch())
+    assert first.payload["splits"] == ["a.txt"] and second.payload["splits"] == ["a.txt", "b.txt"]
+    (tmp_path / "in" / "b.txt").unlink()
+    event = asyncio.run(first_event(30))
+    assert event is not None
+    assert event.payload == {
+        "pipeline": "watched",
+        "pipeline_config": path,
+        "checkpoint_id": 1,
+        "pending": True,
+        "unsettled": False,
+        "splits": ["a.txt"],
+        "split_count": 1,
+    }

@@ -19,6 +19,7 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
+from splitkeeper.app import services
 from splitkeeper.app.pipeline import EpochReport, Pipeline
 from splitkeeper.config.settings import PipelineConfig, config_from_mapping
 from splitkeeper.core.source import ExternalPosition, LostRange
@@ -231,6 +232,13 @@ def test_two_topics_at_p4_with_a_failed_region_land_once_each_and_the_group_hold
         probe.close()
     assert raw.offset == counts[(topics[1], 3)]
     assert json.loads(raw.metadata or "null") == {COMMIT_METADATA_KEY: latest.checkpoint_id}
+
+    # what the event-driven ingest polls (airflow.schedule: on_new_data): the end offsets against
+    # the checkpoint, on the real broker, without Spark; then three new messages in one partition
+    assert services.pending_work(config).splits == ()
+    produce_numbered(bootstrap, topics[1], {2: 3}, first=counts[(topics[1], 2)])
+    work = services.pending_work(config)
+    assert work.splits == (split_id_of(topics[1], 2),) and work.checkpoint_id == latest.checkpoint_id
 
 
 def test_a_restored_pipeline_reads_a_topic_created_while_it_was_down_from_its_earliest_offset(

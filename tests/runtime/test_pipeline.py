@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
+import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -28,11 +31,13 @@ from splitkeeper.errors import ConcurrentRunError
 from splitkeeper.spark.sources import build_source
 
 from .helpers import (
+    REPO,
     assert_sink_equals_source,
     pipeline_mapping,
     run_cli,
     run_pipeline,
     sink_rows,
+    subprocess_env,
     write_config,
     write_input,
 )
@@ -89,6 +94,56 @@ def _loads(checkpoint: Any) -> dict[int, int]:
 
 
 # --------------------------------------------------------------------------- happy path
+
+
+def _cli_child(config_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    """``python -m splitkeeper run --config FILE`` in a child process (this checkout's code)."""
+    return subprocess.run(
+        [sys.executable, "-m", "splitkeeper", "run", "--config", str(config_path)],
+        env=subprocess_env(PYTHONPATH=str(REPO), **env),
+        cwd=str(REPO),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+
+
+def test_a_run_with_nothing_new_starts_no_jvm(spark: Any, tmp_path: Path) -> None:
+    """Issue 26: the driver opens, discovers and plans before Spark; Spark starts with the first
+    epoch that has ranges to read. The child runs where no JVM can start (JAVA_HOME points at an
+    empty folder): with nothing new it ends as before, exit 0 and the same summary; with a new file
+    it needs Spark and fails at its start, and the next run reads the file exactly once."""
+    config, input_dir, config_path = _setup(tmp_path, "idle", files=2, lines=20)
+    code, out, err = run_cli(["run", "--config", str(config_path)])  # on this module's session
+    assert code == 0, err
+    assert out.startswith(
+        "idle: 1 epochs, checkpoints {'global': 1, 'regional': 0, 'aborted': 0}, 40 records"
+    )
+    before = sink_rows(config.sink_path)
+    no_java = {"JAVA_HOME": str(tmp_path / "no-java")}
+
+    started = time.monotonic()
+    idle = _cli_child(config_path, **no_java)
+    elapsed = time.monotonic() - started
+    assert idle.returncode == 0, idle.stderr[-3000:]
+    assert idle.stdout == (
+        "idle: 0 epochs, checkpoints {'global': 0, 'regional': 0, 'aborted': 0}, 0 records committed, "
+        "source finished on a global checkpoint\n"
+    )
+    assert "starting the Spark session" not in idle.stderr and "Java gateway" not in idle.stderr
+    print(f"nothing new: {elapsed:.2f} s through the CLI, no JVM")  # visible with -s; tests do not time
+    assert sink_rows(config.sink_path) == before
+
+    write_input(input_dir, files=1, lines=5, first_file=2)  # something to read: Spark is needed now
+    busy = _cli_child(config_path, **no_java)
+    assert busy.returncode != 0
+    assert "starting the Spark session: the first epoch with ranges to read" in busy.stderr
+    assert "JAVA_GATEWAY_EXITED" in busy.stderr, busy.stderr[-3000:]
+    code, out, err = run_cli(["run", "--config", str(config_path)])  # redoes the planned epoch
+    assert code == 0, err
+    assert ", 5 records committed, source finished on a global checkpoint" in out
+    assert_sink_equals_source(spark, config.sink_path, input_dir)
 
 
 def test_bounded_run_finishes_on_a_global_checkpoint_and_sink_equals_source(

@@ -59,6 +59,7 @@ records one by one.
 from __future__ import annotations
 
 import codecs
+import functools
 import hashlib
 import json
 import logging
@@ -302,8 +303,14 @@ class FileRegionReader(RegionReader, SupportsColumnarRead):
 
 
 _EMPTY = RangeColumns(pa.array([], pa.int64()), pa.array([], pa.int64()), pa.array([], pa.binary()))
-#: Every character ``str.isspace`` accepts: a jsonl line of only these is blank (``not line.strip()``).
-_BLANK_LINE = "^[" + "".join(f"\\x{{{c:x}}}" for c in range(0x110000) if chr(c).isspace()) + "]*$"
+
+
+@functools.cache
+def _blank_line() -> str:
+    """A regex of the lines of only the characters ``str.isspace`` accepts: a jsonl line of only
+    these is blank (``not line.strip()``). Built on first use: scanning every code point costs
+    ~0.2 s, which a run that reads nothing should not pay at import."""
+    return "^[" + "".join(f"\\x{{{c:x}}}" for c in range(0x110000) if chr(c).isspace()) + "]*$"
 
 
 def _read_columns(
@@ -379,7 +386,9 @@ def _read_columns(
         except pa.ArrowInvalid:
             _first_error(data, starts, pos, path, split_id, fmt)
             raise  # pragma: no cover - _first_error raises for invalid UTF-8
-    blank = np.asarray(pc.match_substring_regex(values, _BLANK_LINE).to_numpy(zero_copy_only=False), np.bool_)
+    blank = np.asarray(
+        pc.match_substring_regex(values, _blank_line()).to_numpy(zero_copy_only=False), np.bool_
+    )
     kept = np.flatnonzero(~blank)
     if len(kept) == 0:
         return _EMPTY
