@@ -110,15 +110,24 @@ def new_data_asset(pipeline: DagPipeline) -> Asset:
     )
 
 
+def _shared(pipeline: DagPipeline) -> dict[str, Any]:
+    """What every splitkeeper DAG of a pipeline sets alike: no backfill, one run at a time, the
+    pipeline's default task arguments, the tag."""
+    return {
+        "start_date": pendulum.datetime(2026, 1, 1, tz="UTC"),
+        "catchup": False,
+        "max_active_runs": 1,
+        "default_args": pipeline.default_args(),
+        "tags": ["splitkeeper"],
+    }
+
+
 def ingest_dag(pipeline: DagPipeline) -> DAG:
     with DAG(
         dag_id=pipeline.dag_id("splitkeeper_ingest"),
         description="Scheduled exactly-once ingest with split ownership and regional checkpoints",
         schedule=schedule_of(pipeline),
-        start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
-        catchup=False,
-        max_active_runs=1,
-        default_args=pipeline.default_args(),
+        **_shared(pipeline),
         doc_md=INGEST_DOC,
         params={
             "epochs": Param(
@@ -145,7 +154,6 @@ def ingest_dag(pipeline: DagPipeline) -> DAG:
             ),
             "pipeline": pipeline_param(),
         },
-        tags=["splitkeeper"],
     ) as dag:
         path = pipeline.config_path
         if cluster_master():
@@ -174,10 +182,7 @@ def recover_dag(pipeline: DagPipeline) -> DAG:
         description="Hand-triggered recovery: global restore, partial failover or rescale, with the audit "
         "trail",
         schedule=None,
-        start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
-        catchup=False,
-        max_active_runs=1,
-        default_args=pipeline.default_args(),
+        **_shared(pipeline),
         doc_md=RECOVER_DOC,
         params={
             "checkpoint_id": Param(
@@ -222,7 +227,6 @@ def recover_dag(pipeline: DagPipeline) -> DAG:
                 "position",
             ),
         },
-        tags=["splitkeeper"],
     ) as dag:
         path = pipeline.config_path
 
@@ -266,10 +270,7 @@ def rescale_dag(pipeline: DagPipeline) -> DAG:
         dag_id=pipeline.dag_id("splitkeeper_rescale"),
         description="Change parallelism with operator-state redistribution (even-split or union)",
         schedule=None,
-        start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
-        catchup=False,
-        max_active_runs=1,
-        default_args=pipeline.default_args(),
+        **_shared(pipeline),
         doc_md=RESCALE_DOC,
         params={
             "parallelism": Param(
@@ -277,7 +278,6 @@ def rescale_dag(pipeline: DagPipeline) -> DAG:
             ),
             "redistribution": Param("even-split", type="string", enum=["even-split", "union"]),
         },
-        tags=["splitkeeper"],
     ) as dag:
         path = pipeline.config_path
 
@@ -311,10 +311,7 @@ def maintain_dag(pipeline: DagPipeline) -> DAG:
         dag_id=pipeline.dag_id("splitkeeper_maintain"),
         description="Compaction and VACUUM of the state tables and the sink",
         schedule="@daily",
-        start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
-        catchup=False,
-        max_active_runs=1,
-        default_args=pipeline.default_args(),
+        **_shared(pipeline),
         doc_md=MAINTAIN_DOC,
         params={
             "history_hours": Param(
@@ -325,7 +322,6 @@ def maintain_dag(pipeline: DagPipeline) -> DAG:
                 "maintenance.history_hours",
             ),
         },
-        tags=["splitkeeper"],
     ) as dag:
         SplitkeeperMaintainOperator(
             task_id="maintain",
