@@ -138,13 +138,11 @@ class SplitkeeperHook(BaseHook):
         arguments: no secret on a command line."""
         import json
 
-        from splitkeeper.config.settings import CONNECTIONS_ENV, read_config_file
+        from splitkeeper.config.settings import CONNECTIONS_ENV
 
         env = self.environment(config)
-        _, data = read_config_file(self.config_path())
-        source = data.get("source") if isinstance(data, Mapping) else None
-        conn_id = source.get("connection") if isinstance(source, Mapping) else None
-        if isinstance(conn_id, str):
+        conn_id = getattr(config, "source_connection", None)
+        if conn_id:
             env[CONNECTIONS_ENV] = json.dumps({conn_id: self.kafka_settings(conn_id)})
         return env
 
