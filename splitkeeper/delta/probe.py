@@ -27,8 +27,6 @@ store (endpoint and bucket) for the life of the process; a failing one is not.
 
 from __future__ import annotations
 
-import datetime as dt
-import hashlib
 import logging
 import os
 import threading
@@ -37,7 +35,7 @@ import urllib.parse
 import urllib.request
 import uuid
 
-from splitkeeper.delta.storage import is_local, sigv4_authorization, storage_options, table_uri
+from splitkeeper.delta.storage import is_local, signed_request, storage_options, table_uri
 from splitkeeper.errors import StateError, StoreUnsafeError
 
 __all__ = ["PROBE_FOLDER", "probe_store"]
@@ -112,28 +110,16 @@ class _Requests:
         self.endpoint, self.bucket, self.options, self.timeout_s = endpoint, bucket, options, timeout_s
 
     def __call__(self, method: str, key: str, data: bytes = b"", extra: dict[str, str] | None = None) -> int:
-        path = f"/{self.bucket}/{urllib.parse.quote(key)}"
-        amz_date = dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ")
-        headers = {
-            "host": urllib.parse.urlsplit(self.endpoint).netloc,
-            "x-amz-content-sha256": hashlib.sha256(data).hexdigest(),
-            "x-amz-date": amz_date,
-            **(extra or {}),
-        }
-        if self.options.get("AWS_SESSION_TOKEN"):
-            headers["x-amz-security-token"] = self.options["AWS_SESSION_TOKEN"]
-        headers["authorization"] = sigv4_authorization(
+        request = signed_request(
             method,
-            path,
-            "",
-            headers,
+            self.endpoint,
+            f"/{self.bucket}/{urllib.parse.quote(key)}",
             self.options["AWS_ACCESS_KEY_ID"],
             self.options["AWS_SECRET_ACCESS_KEY"],
             self.options.get("AWS_REGION") or "us-east-1",
-        )
-        del headers["host"]
-        request = urllib.request.Request(
-            f"{self.endpoint}{path}", data=data or None, method=method, headers=headers
+            data,
+            extra,
+            self.options.get("AWS_SESSION_TOKEN"),
         )
         try:
             with urllib.request.urlopen(request, timeout=self.timeout_s) as response:

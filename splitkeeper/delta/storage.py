@@ -40,9 +40,12 @@ Pure functions of their arguments and the environment; safe from any thread.
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import hmac
 import os
+import urllib.parse
+import urllib.request
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import unquote
@@ -56,6 +59,7 @@ __all__ = [
     "join",
     "local_path",
     "sigv4_authorization",
+    "signed_request",
     "spark_uri",
     "storage_options",
     "table_uri",
@@ -199,3 +203,34 @@ def sigv4_authorization(
         key = hmac.new(key, part.encode(), hashlib.sha256).digest()
     signature = hmac.new(key, to_sign.encode(), hashlib.sha256).hexdigest()
     return f"AWS4-HMAC-SHA256 Credential={access_key}/{scope}, SignedHeaders={signed}, Signature={signature}"
+
+
+def signed_request(
+    method: str,
+    endpoint: str,
+    path: str,
+    access_key: str,
+    secret_key: str,
+    region: str,
+    data: bytes = b"",
+    headers: Mapping[str, str] | None = None,
+    session_token: str | None = None,
+) -> urllib.request.Request:
+    """A SigV4-signed path-style S3 request to ``endpoint`` (``path``: ``/bucket/encoded-key``);
+    ``headers`` (any case) are sent and signed. The store probe and the cluster's S3 client send
+    it with ``urllib.request.urlopen``."""
+    all_headers = {
+        "host": urllib.parse.urlsplit(endpoint).netloc,
+        "x-amz-content-sha256": hashlib.sha256(data).hexdigest(),
+        "x-amz-date": dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ"),
+        **{k.lower(): v for k, v in (headers or {}).items()},
+    }
+    if session_token:
+        all_headers["x-amz-security-token"] = session_token
+    all_headers["authorization"] = sigv4_authorization(
+        method, path, "", all_headers, access_key, secret_key, region
+    )
+    del all_headers["host"]  # urllib sets it from the URL
+    return urllib.request.Request(
+        f"{endpoint.rstrip('/')}{path}", data=data or None, method=method, headers=all_headers
+    )

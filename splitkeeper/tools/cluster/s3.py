@@ -11,18 +11,14 @@ the S3 error code and the request's method and path.
 
 from __future__ import annotations
 
-import datetime as dt
-import hashlib
 import re
 import urllib.error
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
 
-from splitkeeper.delta.storage import sigv4_authorization as authorization
+from splitkeeper.delta.storage import signed_request
 from splitkeeper.errors import SplitkeeperError
-
-EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
 
 
 class S3Error(SplitkeeperError):
@@ -77,22 +73,8 @@ class S3Client:
     def _request(
         self, method: str, path: str, data: bytes = b"", headers: dict[str, str] | None = None
     ) -> bytes:
-        url = urllib.parse.urlsplit(self.endpoint)
-        now = dt.datetime.now(dt.UTC)
-        amz_date = now.strftime("%Y%m%dT%H%M%SZ")
-        payload_hash = hashlib.sha256(data).hexdigest() if data else EMPTY_SHA256
-        all_headers = {
-            "host": url.netloc,
-            "x-amz-content-sha256": payload_hash,
-            "x-amz-date": amz_date,
-            **{k.lower(): v for k, v in (headers or {}).items()},
-        }
-        all_headers["authorization"] = authorization(
-            method, path, "", all_headers, self.access_key, self.secret_key, self.region
-        )
-        del all_headers["host"]
-        request = urllib.request.Request(
-            f"{self.endpoint.rstrip('/')}{path}", data=data or None, method=method, headers=all_headers
+        request = signed_request(
+            method, self.endpoint, path, self.access_key, self.secret_key, self.region, data, headers
         )
         try:
             with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
