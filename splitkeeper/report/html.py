@@ -49,7 +49,9 @@ _T = TypeVar("_T")
 REPORT_FILE = "report.html"
 SUMMARY_FILE = "summary.json"  # beside each report: what the pipelines page lists
 INDEX_FILE = "pipelines.html"  # in the reports folder: every pipeline reporting there
-RUNS_DIR = "runs"  # beside report.html: runs/<run start, UTC>-<run id>/report.html, one per run, kept
+RUNS_DIR = (
+    "runs"  # beside report.html: runs/<run start, UTC, to the µs>-<run id>/report.html, one per run, kept
+)
 RUN_FILE = "run.json"  # beside each kept run report: what the runs index lists
 RUNS_INDEX_FILE = "index.html"  # beside report.html: the kept run reports, newest first
 #: Run reports kept per pipeline; rendering one more removes the oldest.
@@ -1084,7 +1086,7 @@ def render_report(
     run_dir = None
     if run is not None:
         run_id, started = run
-        run_dir = folder / RUNS_DIR / f"{started:%Y%m%dT%H%M%SZ}-{_safe(run_id)}"
+        run_dir = folder / RUNS_DIR / run_folder_name(run_id, started)
         summary["run_report"] = (run_dir / REPORT_FILE).relative_to(folder).as_posix()
     _write(folder / SUMMARY_FILE, json.dumps(summary))
     if run is not None and run_dir is not None:
@@ -1137,6 +1139,12 @@ def _run_of(data: ReportData) -> tuple[str, datetime] | None:
     if latest is None:
         return None
     return latest.run_id, min(e.at for e in data.timeline if e.run_id == latest.run_id)
+
+
+def run_folder_name(run_id: str, started: datetime) -> str:
+    """``<start, UTC, to the microsecond>-<run id>``: folders sort (and are pruned) by start time,
+    even for two runs started within one second, whose random run ids would order them by chance."""
+    return f"{started.astimezone(UTC):%Y%m%dT%H%M%S.%fZ}-{_safe(run_id)}"
 
 
 def _safe(text: str) -> str:

@@ -45,10 +45,11 @@ def incident_state(
     aborted_at: int = 6,
     keep: int = 100,
     pipeline: str = PIPELINE,
+    run_id: str | None = None,
 ) -> DeltaStateStore:
     """Commit the checkpoints (ids 1..checkpoints, ``aborted_at`` an aborted attempt); split
     ``orders-i`` advances ``step * (i + 1)`` offsets per checkpoint its region acknowledges."""
-    store = DeltaStateStore(root / "state", pipeline, "files:/orders")
+    store = DeltaStateStore(root / "state", pipeline, "files:/orders", run_id=run_id)
     ids = [f"orders-{i}" for i in range(splits)]
     owner = {sid: i % parallelism for i, sid in enumerate(ids)}
     position = dict.fromkeys(ids, 0)

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from datetime import UTC, datetime, timedelta
 
 from splitkeeper.delta.checkpoints import DeltaStateStore, decision_for
 from splitkeeper.report import REPORT_FILE, render_report
-from splitkeeper.report.html import RUN_FILE, RUNS_DIR, RUNS_INDEX_FILE, run_report
+from splitkeeper.report.html import RUN_FILE, RUNS_DIR, RUNS_INDEX_FILE, run_folder_name, run_report
 
 from .page import parse
 from .states import DECLINE, PIPELINE, TIMEOUT, incident_state, phases_of
@@ -16,7 +17,9 @@ from .states import DECLINE, PIPELINE, TIMEOUT, incident_state, phases_of
 
 def test_report_shows_lag_phases_causes_and_ref_chain_and_keeps_one_report_per_run(tmp_path):
     end = 1000
-    store = incident_state(tmp_path, checkpoints=10, end=end, regional_at=4, aborted_at=6)
+    # run ids that sort opposite to their start: kept reports must still be ordered by start
+    # time, even for two runs started within one second (as here)
+    store = incident_state(tmp_path, checkpoints=10, end=end, regional_at=4, aborted_at=6, run_id="run-z")
     out = tmp_path / "reports" / PIPELINE
 
     first = render_report(store, out, title="Incident")
@@ -51,7 +54,7 @@ def test_report_shows_lag_phases_causes_and_ref_chain_and_keeps_one_report_per_r
     # a second run adds a checkpoint: a second kept report, the first one stays
     latest = store.latest_checkpoint()
     assert latest is not None and latest.enumerator is not None
-    second_run = DeltaStateStore(tmp_path / "state", PIPELINE, "files:/orders")
+    second_run = DeltaStateStore(tmp_path / "state", PIPELINE, "files:/orders", run_id="run-a")
     nxt = replace(latest, checkpoint_id=11, enumerator=replace(latest.enumerator, checkpoint_id=11))
     second_run.commit_checkpoint(decision_for(nxt), phases_ms=phases_of(11))
     latest_page = render_report(second_run, out, title="Incident")
@@ -75,3 +78,12 @@ def test_report_shows_lag_phases_causes_and_ref_chain_and_keeps_one_report_per_r
 
     render_report(second_run, out, title="Incident", keep_runs=1)  # bounded: the oldest goes
     assert [r.name for r in sorted((out / RUNS_DIR).iterdir())] == [runs[1].name]
+
+
+def test_kept_run_folders_sort_by_start_even_within_one_second():
+    """Two runs started 1 ms apart whose ids sort the other way: the folder names (which order the
+    runs index and decide what pruning removes) follow the start times."""
+    first = datetime(2026, 11, 27, 17, 35, 22, 100_000, tzinfo=UTC)
+    names = [run_folder_name("run-z", first), run_folder_name("run-a", first + timedelta(milliseconds=1))]
+    assert sorted(names) == names
+    assert run_folder_name("a/b c", first) == "20261127T173522.100000Z-a_b_c"
