@@ -24,13 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 from splitkeeper.app.results import _Result
 from splitkeeper.config.settings import PipelineConfig
-from splitkeeper.core.lag import split_lag_of
-from splitkeeper.core.operator import (
-    reset_decision,
-    rewind_changes,
-    rewind_decision,
-    split_places,
-)
+from splitkeeper.core.lag import split_lag_of, split_places
+from splitkeeper.core.operator import reset_decision, rewind_changes, rewind_decision
 from splitkeeper.core.ports import CrashPoint
 from splitkeeper.errors import CheckpointError, ConcurrentRunError, InvalidParameterError
 

@@ -51,7 +51,7 @@ from splitkeeper.config.limits import check_parallelism
 from splitkeeper.config.models import TransformKind
 from splitkeeper.config.settings import PipelineConfig
 from splitkeeper.core.assignment import AssignmentStrategy, WeightedStrategy
-from splitkeeper.core.lag import region_positions, split_lags
+from splitkeeper.core.lag import split_lags
 from splitkeeper.core.rescale import Redistribution
 from splitkeeper.core.types import Split
 from splitkeeper.errors import CheckpointError, InvalidParameterError, RunInterrupted, StateError
@@ -727,7 +727,7 @@ def status(config: PipelineConfig, *, last: int = 10) -> StatusResult:
     if latest is not None and latest.enumerator is not None:
         splits = tuple(
             SplitLine(s.split_id, s.status, s.owner, s.position, s.end, s.lag, s.in_backlog)
-            for s in split_lags(latest.enumerator, region_positions(latest))
+            for s in split_lags(latest)
         )
     return StatusResult(
         config.name, info, timeline, next_epoch, _lease_of(store), _interval_switches(history), splits

@@ -1,20 +1,68 @@
-"""Each split's position and lag at a checkpoint, as ``status`` and the report list them.
+"""Where each split stands at a checkpoint, and its lag, as ``status``, the report, a rewind and
+a reset see them.
 
-The lag is :func:`splitkeeper.core.backlog.split_lag` (the one definition); this module only
-says which splits a checkpoint holds, who owns them and where they are: the enumerator
-snapshot's assigned, pooled and quarantined splits, at the positions the regions' states
-recorded (authoritative for owned splits) where given.
+:func:`split_places` is the one walk of a checkpoint's splits: the regions' states are
+authoritative for assigned splits (their read positions), the enumerator snapshot for the pool,
+the quarantine and the finished ids. :func:`split_lags` lists its live splits with their lag,
+which is :func:`splitkeeper.core.backlog.split_lag` (the one definition).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from splitkeeper.core.backlog import split_lag
-from splitkeeper.core.types import CompletedCheckpoint, EnumeratorSnapshot, Split
+from splitkeeper.core.types import CompletedCheckpoint, Split
 
-__all__ = ["SplitLag", "by_lag", "region_positions", "split_lag_of", "split_lags"]
+__all__ = ["SplitLag", "SplitPlace", "by_lag", "split_lag_of", "split_lags", "split_places"]
+
+#: A split's place in a checkpoint, as the enumerator rows of the state store spell it.
+ASSIGNED, POOL, QUARANTINED, FINISHED = "assigned", "pool", "quarantined", "finished"
+
+
+@dataclass(frozen=True, slots=True)
+class SplitPlace:
+    """Where one split stands in a checkpoint: ``status`` assigned/pool/quarantined/finished, its
+    owner (a reader id, for an assigned split) and the split (None for a finished one: the
+    snapshot keeps only its id)."""
+
+    split_id: str
+    status: str
+    owner: int | None
+    split: Split | None
+
+    @property
+    def position(self) -> int | None:
+        return None if self.split is None else self.split.position
+
+    def describe(self) -> str:
+        if self.status == FINISHED:
+            return FINISHED
+        where = f"reader {self.owner}" if self.status == ASSIGNED else self.status
+        return f"at {self.position} ({where})"
+
+
+def split_places(checkpoint: CompletedCheckpoint) -> dict[str, SplitPlace]:
+    """Every split the checkpoint knows, by id. The regions' states are authoritative for assigned
+    splits (their read positions); the enumerator snapshot for the pool, the quarantine and the
+    finished ids."""
+    places: dict[str, SplitPlace] = {}
+    enum = checkpoint.enumerator
+    if enum is not None:
+        for split_id in sorted(enum.finished):
+            places[split_id] = SplitPlace(split_id, FINISHED, None, None)
+        for split in enum.pool:
+            places[split.split_id] = SplitPlace(split.split_id, POOL, None, split)
+        for split in enum.quarantined:
+            places[split.split_id] = SplitPlace(split.split_id, QUARANTINED, None, split)
+        for reader, splits in enum.assignments.items():
+            for split in splits:
+                places[split.split_id] = SplitPlace(split.split_id, ASSIGNED, reader, split)
+    for region_id, state in checkpoint.regions.items():
+        for split in state.splits:
+            places[split.split_id] = SplitPlace(split.split_id, ASSIGNED, region_id, split)
+    return dict(sorted(places.items()))
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,25 +97,11 @@ def by_lag(lags: Iterable[SplitLag]) -> tuple[SplitLag, ...]:
     return tuple(sorted(lags, key=lambda s: (s.lag is None, -(s.lag or 0), s.split_id)))
 
 
-def split_lags(
-    snapshot: EnumeratorSnapshot, positions: Mapping[str, int] | None = None
-) -> tuple[SplitLag, ...]:
-    """Every live split of ``snapshot`` (finished ones are not listed), most lag first;
-    ``positions`` (split -> position, e.g. :func:`region_positions`) override the snapshot's."""
-    where = dict(positions or {})
-
-    def at(split: Split) -> Split:
-        position = where.get(split.split_id)
-        if position is None or (split.end is not None and position > split.end):
-            return split
-        return split.at(position)
-
-    out = [split_lag_of(at(s), "assigned", reader) for reader, ss in snapshot.assignments.items() for s in ss]
-    out += [split_lag_of(at(s), "pool", None) for s in snapshot.pool]
-    out += [split_lag_of(s, "quarantined", None) for s in snapshot.quarantined]
-    return by_lag(out)
-
-
-def region_positions(completed: CompletedCheckpoint) -> dict[str, int]:
-    """Split -> position in the regions' states of ``completed`` (what a restore reads from)."""
-    return {s.split_id: s.position for region in completed.regions.values() for s in region.splits}
+def split_lags(checkpoint: CompletedCheckpoint) -> tuple[SplitLag, ...]:
+    """Every live split of ``checkpoint`` (:func:`split_places` without the finished ones, which
+    have no position), most lag first."""
+    return by_lag(
+        split_lag_of(p.split, p.status, p.owner)
+        for p in split_places(checkpoint).values()
+        if p.split is not None
+    )

@@ -38,6 +38,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
+from splitkeeper.core.lag import split_places
 from splitkeeper.core.ports import EpochDecision
 from splitkeeper.core.types import (
     AuditRecord,
@@ -54,61 +55,15 @@ from splitkeeper.errors import InvalidParameterError
 __all__ = [
     "SKIPPED_DETAIL_PATTERN",
     "OperatorChange",
-    "SplitPlace",
     "rewind_changes",
     "rewind_decision",
     "reset_decision",
     "skipped_range",
-    "split_places",
 ]
 
 #: ``detail`` of a SKIPPED_BY_OPERATOR record begins with the range; the restart checks parse it.
 SKIPPED_DETAIL = "offsets [{start}, {end}) of {split} skipped by {operator}"
 SKIPPED_DETAIL_PATTERN = re.compile(r"^offsets \[(\d+), (\d+)\) of ")
-
-
-@dataclass(frozen=True, slots=True)
-class SplitPlace:
-    """Where one split stands in a checkpoint: ``status`` owned/pool/quarantined/finished, its
-    owner (a reader id, for an owned split) and the split (None for a finished one: the
-    snapshot keeps only its id)."""
-
-    split_id: str
-    status: str
-    owner: int | None
-    split: Split | None
-
-    @property
-    def position(self) -> int | None:
-        return None if self.split is None else self.split.position
-
-    def describe(self) -> str:
-        if self.status == "finished":
-            return "finished"
-        where = f"reader {self.owner}" if self.status == "owned" else self.status
-        return f"at {self.position} ({where})"
-
-
-def split_places(checkpoint: CompletedCheckpoint) -> dict[str, SplitPlace]:
-    """Every split the checkpoint knows, by id. The regions' states are authoritative for owned
-    splits (their read positions); the enumerator snapshot for the pool, the quarantine and the
-    finished ids."""
-    places: dict[str, SplitPlace] = {}
-    enum = checkpoint.enumerator
-    if enum is not None:
-        for split_id in sorted(enum.finished):
-            places[split_id] = SplitPlace(split_id, "finished", None, None)
-        for split in enum.pool:
-            places[split.split_id] = SplitPlace(split.split_id, "pool", None, split)
-        for split in enum.quarantined:
-            places[split.split_id] = SplitPlace(split.split_id, "quarantined", None, split)
-        for reader, splits in enum.assignments.items():
-            for split in splits:
-                places[split.split_id] = SplitPlace(split.split_id, "owned", reader, split)
-    for region_id, state in checkpoint.regions.items():
-        for split in state.splits:
-            places[split.split_id] = SplitPlace(split.split_id, "owned", region_id, split)
-    return dict(sorted(places.items()))
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,13 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from splitkeeper.core.operator import (
-    reset_decision,
-    rewind_changes,
-    rewind_decision,
-    skipped_range,
-    split_places,
-)
+from splitkeeper.core.lag import split_lags, split_places
+from splitkeeper.core.operator import reset_decision, rewind_changes, rewind_decision, skipped_range
 from splitkeeper.core.types import (
     CheckpointKind,
     CompletedCheckpoint,
@@ -51,11 +46,24 @@ def _checkpoint(
 def test_split_places_take_owned_positions_from_the_regions_and_the_rest_from_the_enumerator() -> None:
     places = split_places(_checkpoint(3, 40, 20, finished=frozenset({"z"})))
     assert {sid: (p.status, p.owner, p.position) for sid, p in places.items()} == {
-        "a": ("owned", 0, 40),
-        "b": ("owned", 1, 20),
+        "a": ("assigned", 0, 40),
+        "b": ("assigned", 1, 20),
         "c": ("pool", None, 5),
         "z": ("finished", None, None),
     }
+
+
+def test_split_lags_are_the_live_places_most_lag_first_at_the_regions_positions() -> None:
+    """``status`` and the incident commands walk one list: split_lags is split_places without the
+    finished ids, with each split's lag."""
+    cp = _checkpoint(3, 40, 20, finished=frozenset({"z"}))
+    # ends are 100: c (pooled at 5) lags 95, b (region 1, at 20) 80, a (region 0, at 40) 60; z is finished
+    assert [(s.split_id, s.status, s.owner, s.position, s.lag) for s in split_lags(cp)] == [
+        ("c", "pool", None, 5, 95),
+        ("b", "assigned", 1, 20, 80),
+        ("a", "assigned", 0, 40, 60),
+    ]
+    assert {s.split_id for s in split_lags(cp)} == {sid for sid, p in split_places(cp).items() if p.split}
 
 
 def test_a_rewind_is_a_global_checkpoint_of_the_target_state_audited_per_changed_split() -> None:

@@ -58,7 +58,7 @@ def _sink(config: PipelineConfig) -> DeltaSink:
 
 
 def _positions(config: PipelineConfig, checkpoint: int | None = None) -> dict[str, int | None]:
-    from splitkeeper.core.operator import split_places
+    from splitkeeper.core.lag import split_places
 
     store = _store(config)
     cp = store.latest_checkpoint() if checkpoint is None else store.load_checkpoint(checkpoint)
