@@ -34,6 +34,10 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "splitkeeper.tools.bench.ingest",
         "exactly-once ingest into Delta: splitkeeper pipeline vs Structured Streaming (--source files|kafka)",
     ),
+    "table": (
+        "splitkeeper.tools.bench.table",
+        "run the README's speed benchmarks and regenerate its table (--write README.md), with the load",
+    ),
 }
 
 
