@@ -201,32 +201,52 @@ class _Range(NamedTuple):
     end: int
 
 
-def _range_columns(msgs: list[Any], topic: str, partition: int, end: int) -> RangeColumns:
-    """The columns of one range's delivered messages (records in offset order; the last one's
-    next offset is ``end``), each built with one list comprehension."""
-    n = len(msgs)
-    if n == 0:
-        return _EMPTY_COLUMNS
+def _region_columns(planned: Sequence[_Range], delivered: Sequence[list[Any]]) -> list[RangeColumns]:
+    """The columns of every range's delivered messages (records in offset order; the last one's
+    next offset is the range's end): each column built once for the whole region with one list
+    comprehension, and sliced per range (a region of thousands of small ranges pays Arrow's fixed
+    cost per array once, not per range)."""
+    msgs = [msg for part in delivered for msg in part]
+    if not msgs:
+        return [_EMPTY_COLUMNS] * len(planned)
     offsets = [msg.offset() for msg in msgs]
-    next_offsets = offsets[1:]
-    next_offsets.append(end)
+    next_offsets: list[int] = []
+    topics: list[str] = []
+    partitions: list[int] = []
+    lo = 0
+    for r, part in zip(planned, delivered, strict=True):
+        n = len(part)
+        if n:
+            next_offsets.extend(offsets[lo + 1 : lo + n])
+            next_offsets.append(r.end)
+            topics.extend([r.topic] * n)
+            partitions.extend([r.partition] * n)
+        lo += n
     stamps = [msg.timestamp() for msg in msgs]
     headers = [msg.headers() for msg in msgs]
-    meta = (
-        pa.array([msg.key() for msg in msgs], pa.binary()),
-        pa.repeat(pa.scalar(topic, pa.string()), n),
-        pa.repeat(pa.scalar(partition, pa.int32()), n),
-        pa.array(
-            [None if kind == TIMESTAMP_NOT_AVAILABLE else ms for kind, ms in stamps], _TIMESTAMP_MS
-        ).cast(_META_TYPES[3]),
-        _headers_array(headers) if any(headers) else _no_headers(n),
-    )
-    return RangeColumns(
+    columns = (
         pa.array(offsets, pa.int64()),
         pa.array(next_offsets, pa.int64()),
         pa.array([msg.value() for msg in msgs], pa.binary()),
-        meta,
+        pa.array([msg.key() for msg in msgs], pa.binary()),
+        pa.array(topics, pa.string()),
+        pa.array(partitions, pa.int32()),
+        pa.array(
+            [None if kind == TIMESTAMP_NOT_AVAILABLE else ms for kind, ms in stamps], _TIMESTAMP_MS
+        ).cast(_META_TYPES[3]),
+        _headers_array(headers) if any(headers) else _no_headers(len(msgs)),
     )
+    out: list[RangeColumns] = []
+    lo = 0
+    for part in delivered:
+        n = len(part)
+        if not n:
+            out.append(_EMPTY_COLUMNS)
+            continue
+        sliced = [column.slice(lo, n) for column in columns]
+        out.append(RangeColumns(sliced[0], sliced[1], sliced[2], tuple(sliced[3:])))
+        lo += n
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -336,8 +356,7 @@ class KafkaRegionReader(RegionReader, SupportsColumnarRead):
         if reading:
             for n, records in self._consume([planned[n] for n in reading]):
                 delivered[reading[n]].extend(records)
-        for r, msgs in zip(planned, delivered, strict=True):
-            yield _range_columns(msgs, r.topic, r.partition, r.end)
+        yield from _region_columns(planned, delivered)
 
     def _read(
         self, split_id: str, topic: str, partition: int, start: int, end: int
