@@ -87,6 +87,8 @@ def test_the_kafka_part_reads_one_percent_of_the_partitions_per_epoch_exactly(
         assert set(result["kafka_epoch_phases_ms"][partitions]) == set(DRIVER_PHASES)
         assert result["kafka_epoch_overhead_ms"][partitions] > 0
     assert result["kafka_exact"] is True
+    assert 0 < result["kafka_first_epoch_read_s"]["100"] <= result["kafka_first_epoch_s"]["100"]
+    assert 0 < result["kafka_first_epoch_region_task_s"]["100"] <= result["kafka_first_epoch_read_s"]["100"]
     assert result["kafka_growth_epoch_overhead"] == round(
         result["kafka_epoch_overhead_ms"]["100"] / result["kafka_epoch_overhead_ms"]["10"], 2
     )

@@ -22,13 +22,22 @@ stages the range without a Python step per record. Contract of
 3. ``offsets`` and ``next_offsets`` are int64 arrays, ``values`` a binary or
    large_binary array that may hold nulls, all of the same length (the ``meta``
    arrays too).
+
+A region reads all its ranges of an epoch with
+:meth:`SupportsColumnarRead.read_ranges_columns`: one :class:`RangeColumns`
+per range, in the order given, each exactly what ``read_range_columns`` returns
+for it. The default reads the ranges one after another; a reader that can
+fetch several at once (Kafka: one consumer assigned every partition) overrides
+it. An error names the split it belongs to (``params["split_id"]``) when the
+reader knows it, so the region task names that split even when the ranges are
+read together.
 """
 
 from __future__ import annotations
 
 import abc
 import datetime
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import NamedTuple
 
 import pyarrow as pa
@@ -82,3 +91,14 @@ class SupportsColumnarRead(abc.ABC):
     @abc.abstractmethod
     def read_range_columns(self, split: Split, start: int, end: int) -> RangeColumns:
         """The records of ``split`` whose offset lies in ``[start, end)`` (see the module doc)."""
+
+    def read_ranges_columns(self, ranges: Sequence[tuple[Split, int, int]]) -> Iterator[RangeColumns]:
+        """The records of every ``(split, start, end)`` of ``ranges``: one :class:`RangeColumns` per
+        range, in the order given, each what :meth:`read_range_columns` returns for it.
+
+        The default reads each range when the iteration reaches it. An override may read them all
+        at the first step; it raises what ``read_range_columns`` raises for the failing range,
+        with ``params["split_id"]`` naming its split.
+        """
+        for split, start, end in ranges:
+            yield self.read_range_columns(split, start, end)

@@ -27,7 +27,7 @@ import os
 import re
 import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Generator, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
@@ -616,20 +616,22 @@ def run_region_task(
     dead = DeadLetterWriter(os.path.join(folder, DEAD_FILE), epoch, region) if tolerant else None
     fast = policy.decode.kind == "raw" and transform is identity
     read = 0
-    with StagedWriter(
-        path, epoch, region, policy.schema, partition_by=policy.partition_by, widen=policy.widen
-    ) as writer:
+    for split, _start, _end in plan_for_region:
+        if split.split_id in seen:
+            raise ProtocolError(
+                f"epoch {epoch} region {region}: split {split.split_id!r} is planned twice", epoch=epoch
+            )
+        seen.add(split.split_id)
+    read_all = _read_ranges(reader, plan_for_region)
+    with (
+        contextlib.closing(read_all),
+        StagedWriter(
+            path, epoch, region, policy.schema, partition_by=policy.partition_by, widen=policy.widen
+        ) as writer,
+    ):
         for split, start, end in plan_for_region:
-            if split.split_id in seen:
-                raise ProtocolError(
-                    f"epoch {epoch} region {region}: split {split.split_id!r} is planned twice", epoch=epoch
-                )
-            seen.add(split.split_id)
             try:
-                if isinstance(reader, SupportsColumnarRead):
-                    columns = reader.read_range_columns(split, start, end)
-                else:
-                    columns = _columns_of(reader.read_range(split, start, end))
+                columns = next(read_all)
                 read += len(columns.offsets)
                 if fast:
                     counts[split.split_id] = writer.add_columns(split.split_id, columns)
@@ -661,7 +663,8 @@ def run_region_task(
             except (BadRecordError, TransformError) as err:
                 raise SplitReadError(split.split_id, int(err.params.get("offset", start)), err) from err
             except Exception as err:  # the split's records cannot be read or transformed: name the split
-                raise SplitReadError(split.split_id, start, err) from err
+                failed, failed_start = _failed_range(err, plan_for_region, split, start)
+                raise SplitReadError(failed.split_id, failed_start, err) from err
             last = writer.last_next_offset
             position = end if last is None else max(end, last)
             if split.end is not None and position > split.end:
@@ -831,6 +834,29 @@ def _meta_columns(metas: Sequence[RecordMeta | None]) -> list[pa.Array]:
         ),
         pa.array([[{"key": k, "value": v} for k, v in m.headers] if m else None for m in metas], types[4]),
     ]
+
+
+def _read_ranges(reader: RegionReader, plan: Sequence[tuple[Split, int, int]]) -> Generator[RangeColumns]:
+    """Every planned range's columns, in plan order: the reader's
+    :meth:`~splitkeeper.spark.columnar.SupportsColumnarRead.read_ranges_columns` (Kafka reads all
+    the region's partitions at once), else each range's records made into columns."""
+    if isinstance(reader, SupportsColumnarRead):
+        yield from reader.read_ranges_columns(plan)
+        return
+    for split, start, end in plan:
+        yield _columns_of(reader.read_range(split, start, end))
+
+
+def _failed_range(
+    err: BaseException, plan: Sequence[tuple[Split, int, int]], split: Split, start: int
+) -> tuple[Split, int]:
+    """The planned range a read error belongs to: the split its ``split_id`` names (a reader of
+    several ranges at once fails on another range than the one being staged), else ``split``."""
+    named = err.params.get("split_id") if isinstance(err, SplitkeeperError) else None
+    for candidate, candidate_start, _end in plan:
+        if candidate.split_id == named:
+            return candidate, candidate_start
+    return split, start
 
 
 def _columns_of(records: Iterable[SourceRecord]) -> RangeColumns:

@@ -111,15 +111,31 @@ class BrokerHandle:
             self._broker.stop()
 
 
+#: Partitions created (or added) per admin request: a KRaft controller refuses one operation of more
+#: than 10,000 metadata records (POLICY_VIOLATION "Unable to perform excessively large batch
+#: operation"), and a topic of 10,000 partitions is 10,001 (the topic and one per partition).
+PARTITIONS_PER_REQUEST = 5000
+
+
 def create_topics(bootstrap: str, partitions: Mapping[str, int], timeout_s: float = 60) -> None:
     """Create each topic (name -> partition count, replication 1) and wait until all partitions have
-    a leader. SourceError when they do not within ``timeout_s``; Kafka's error when a topic exists."""
-    from confluent_kafka.admin import AdminClient, NewTopic
+    a leader. SourceError when they do not within ``timeout_s``; Kafka's error when a topic exists.
+    A topic of more than :data:`PARTITIONS_PER_REQUEST` partitions is created with that many and
+    grown to its count in steps of as many."""
+    from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
 
     admin_conf: dict[str, Any] = {"bootstrap.servers": bootstrap, "logger": QUIET_CLIENT_LOG}
     admin = AdminClient(admin_conf)
-    for future in admin.create_topics([NewTopic(t, n, 1) for t, n in partitions.items()]).values():
+    first = {t: min(n, PARTITIONS_PER_REQUEST) for t, n in partitions.items()}
+    for future in admin.create_topics([NewTopic(t, n, 1) for t, n in first.items()]).values():
         future.result(timeout=timeout_s)
+    for topic, total in partitions.items():
+        for count in range(
+            first[topic] + PARTITIONS_PER_REQUEST, total + PARTITIONS_PER_REQUEST, PARTITIONS_PER_REQUEST
+        ):
+            grow = admin.create_partitions([NewPartitions(topic, min(count, total))])
+            for future in grow.values():
+                future.result(timeout=timeout_s)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         topics = admin.list_topics(timeout=10).topics

@@ -169,6 +169,22 @@ def test_kafka_sh_start_status_stop_from_separate_processes(tmp_path):
 
 
 @pytest.mark.spark
+def test_a_topic_larger_than_one_admin_request_is_created_in_steps(kafka_broker, monkeypatch):
+    """The KRaft controller refuses a topic of 10,000 partitions in one request (10,001 records):
+    create_topics creates PARTITIONS_PER_REQUEST and grows the topic in steps of as many."""
+    from confluent_kafka.admin import AdminClient
+
+    import splitkeeper.tools.kafka_testbed as testbed
+
+    monkeypatch.setattr(testbed, "PARTITIONS_PER_REQUEST", 2)
+    topic = f"steps-{uuid.uuid4().hex[:8]}"
+    testbed.create_topics(kafka_broker.bootstrap_servers, {topic: 5}, timeout_s=30)
+    meta = AdminClient({"bootstrap.servers": kafka_broker.bootstrap_servers}).list_topics(topic, timeout=10)
+    partitions = meta.topics[topic].partitions
+    assert sorted(partitions) == [0, 1, 2, 3, 4]
+    assert min(p.leader for p in partitions.values()) >= 0
+
+
 def test_spark_kafka_connector_reads_what_confluent_kafka_produced(spark, kafka_broker):
     # spark-sql-kafka 4.1.1 runs with kafka-clients 3.9.1 and token-provider 4.0.0 from .jars/spark.
     topic = f"spark-{uuid.uuid4().hex[:8]}"

@@ -112,15 +112,15 @@ def closed_port_servers() -> str:
 
 
 class TestKafkaSourceContract(SourceContractTests):
-    """The shared source contract on a one-partition topic of five records."""
+    """The shared source contract on a topic of three partitions: five records, two, none."""
 
     @pytest.fixture(autouse=True)
     def _broker(self, kafka_broker: KafkaBroker) -> None:
         self.bootstrap = kafka_broker.bootstrap_servers
 
     def make_source(self, tmp_path: Path) -> KafkaSource:
-        topic = create_topic(self.bootstrap, 1)
-        produce(self.bootstrap, topic, {0: messages(0, 5)})
+        topic = create_topic(self.bootstrap, 3)
+        produce(self.bootstrap, topic, {0: messages(0, 5), 1: messages(1, 2)})
         return KafkaSource(self.bootstrap, topics=[topic])
 
 
@@ -722,3 +722,64 @@ def test_columnar_read_raises_what_the_per_record_read_raises(bootstrap: str, tm
     assert f"topic '{topic}' does not exist" in errors[0]
     with pytest.raises(SourceError, match=r"range \[5, 4\) is not allowed"):
         reader.read_range_columns(split, 5, 4)
+
+
+def test_a_region_of_several_partitions_read_at_once_equals_reading_each_range(
+    bootstrap: str, tmp_path: Path
+) -> None:
+    topic = create_topic(bootstrap, 4)
+    other = create_topic(bootstrap, 1)
+    counts = {0: 23, 1: 7, 2: 0, 3: 5}
+    produce(bootstrap, topic, {p: messages(p, n) for p, n in counts.items()})
+    producer = Producer({"bootstrap.servers": bootstrap})
+    for i in range(6):
+        producer.produce(other, value=f"o{i}", key=f"k{i}".encode(), partition=0, headers=[("h", b"v")])
+    assert producer.flush(30) == 0
+    splits = by_id(KafkaSource(bootstrap, topics=[topic, other]).discover_splits())
+    plan = [
+        (splits[split_id_of(topic, 0)], 3, 20),  # ends before the partition's end
+        (splits[split_id_of(topic, 1)], 0, 7),  # ends at the high watermark
+        (splits[split_id_of(topic, 2)], 0, 0),  # an empty partition, an empty range
+        (splits[split_id_of(topic, 3)], 2, 2),  # an empty range in a partition with records
+        (splits[split_id_of(other, 0)], 1, 6),  # another topic, keys and headers
+    ]
+    reader = KafkaRegionReader(bootstrap, batch_size=4)  # several consumed batches
+
+    together = list(reader.read_ranges_columns(plan))
+
+    assert [list(c.records()) for c in together] == [list(reader.read_range(*r)) for r in plan]
+    assert [c.values.to_pylist() for c in together] == [
+        [m.encode() for m in messages(0, 17, start=3)],
+        [m.encode() for m in messages(1, 7)],
+        [],
+        [],
+        [f"o{i}".encode() for i in range(1, 6)],
+    ]
+    result = run_region_task(plan, reader, identity, str(tmp_path), 1, 0)
+    assert result.positions == {s.split_id: end for s, _start, end in plan}
+    staged = pq.read_table(result.staged_path or "").to_pylist()
+    assert sorted((r["topic"], r["partition"], r["offset"], r["value"], r["key"]) for r in staged) == sorted(
+        (rec.meta.topic, rec.meta.partition, rec.offset, rec.value, rec.meta.key)
+        for r in plan
+        for rec in reader.read_range(*r)
+        if rec.meta is not None
+    )
+
+
+def test_a_failure_in_one_partition_of_a_region_read_names_that_split(
+    bootstrap: str, aged_topic: str, tmp_path: Path
+) -> None:
+    good = create_topic(bootstrap, 1)
+    produce(bootstrap, good, {0: messages(0, 5)})
+    ok = Split(split_id_of(good, 0), subscription=good)
+    aged = Split(split_id_of(aged_topic, 0), subscription=aged_topic)
+    reader = KafkaRegionReader(bootstrap)
+
+    with pytest.raises(SourceError, match="planned offset 3 .* earliest available offset is 10") as caught:
+        list(reader.read_ranges_columns([(ok, 0, 5), (aged, 3, 12)]))
+    assert caught.value.params["split_id"] == aged.split_id
+    with pytest.raises(SplitReadError) as failed:
+        run_region_task([(ok, 0, 5), (aged, 3, 12)], reader, identity, str(tmp_path), 1, 0)
+    assert str(failed.value).startswith(f'[SPLIT_READ_FAILED] split "{aged.split_id}" at offset 3:')
+    with pytest.raises(SourceError, match="planned twice in one read"):
+        list(reader.read_ranges_columns([(ok, 0, 2), (ok, 2, 5)]))

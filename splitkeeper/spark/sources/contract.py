@@ -8,8 +8,10 @@ Usage, in a test module::
             return connector
 
 ``make_source`` must return a connector whose discovery yields at least one
-split with at least three records readable up to ``available_end``. The tests
-use only the public contract of :mod:`splitkeeper.core.source`; they
+split with at least three records readable up to ``available_end`` (several
+splits, one of them empty, make the several-ranges test say more). The tests
+use only the public contract of :mod:`splitkeeper.core.source` (and of
+:mod:`splitkeeper.spark.columnar` for a reader that reads columns); they
 need pytest (its ``tmp_path`` fixture) but nothing else.
 """
 
@@ -21,6 +23,7 @@ from typing import Any
 
 from splitkeeper.core.source import SourceConnector, SourceRecord
 from splitkeeper.core.types import Split
+from splitkeeper.spark.columnar import SupportsColumnarRead
 
 
 def read_planned(source: SourceConnector, split: Split, budget: int) -> list[list[SourceRecord]]:
@@ -105,3 +108,25 @@ class SourceContractTests:
         source = self.make_source(tmp_path)
         split = self._readable_split(source)
         assert list(source.reader().read_range(split, split.position, split.position)) == []
+
+    def test_reading_several_ranges_at_once_equals_reading_each(self, tmp_path: Path) -> None:
+        """``read_ranges_columns`` over every split (one range ending mid-split, one ending at the
+        end, empty ones) returns, range by range, exactly the records ``read_range`` yields."""
+        source = self.make_source(tmp_path)
+        reader = source.reader()
+        if not isinstance(reader, SupportsColumnarRead):
+            return  # the region task reads such a reader range by range (read_range)
+        readable = self._readable_split(source)
+        ranges: list[tuple[Split, int, int]] = []
+        for split in source.discover_splits():
+            start, end = split.position, source.available_end(split)
+            if split.split_id == readable.split_id:
+                end = source.plan_end(split, start, 2)  # a range that ends before the split's end
+            elif ranges and len(ranges) % 2 == 0:
+                end = start  # an empty range among the others
+            ranges.append((split, start, end))
+        together = list(reader.read_ranges_columns(ranges))
+        assert len(together) == len(ranges)
+        for (split, start, end), columns in zip(ranges, together, strict=True):
+            assert list(columns.records()) == list(reader.read_range(split, start, end)), split.split_id
+        assert any(len(columns.offsets) for columns in together)

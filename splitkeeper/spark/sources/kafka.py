@@ -66,7 +66,7 @@ import re
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 import pyarrow as pa
 
@@ -191,13 +191,73 @@ def _is_internal(topic: str) -> bool:
 # --------------------------------------------------------------------------- executor side
 
 
+class _Range(NamedTuple):
+    """One planned range of a read: its split id, topic-partition and ``[start, end)``."""
+
+    split_id: str
+    topic: str
+    partition: int
+    start: int
+    end: int
+
+
+def _region_columns(planned: Sequence[_Range], delivered: Sequence[list[Any]]) -> list[RangeColumns]:
+    """The columns of every range's delivered messages (records in offset order; the last one's
+    next offset is the range's end): each column built once for the whole region with one list
+    comprehension, and sliced per range (a region of thousands of small ranges pays Arrow's fixed
+    cost per array once, not per range)."""
+    msgs = [msg for part in delivered for msg in part]
+    if not msgs:
+        return [_EMPTY_COLUMNS] * len(planned)
+    offsets = [msg.offset() for msg in msgs]
+    next_offsets: list[int] = []
+    topics: list[str] = []
+    partitions: list[int] = []
+    lo = 0
+    for r, part in zip(planned, delivered, strict=True):
+        n = len(part)
+        if n:
+            next_offsets.extend(offsets[lo + 1 : lo + n])
+            next_offsets.append(r.end)
+            topics.extend([r.topic] * n)
+            partitions.extend([r.partition] * n)
+        lo += n
+    stamps = [msg.timestamp() for msg in msgs]
+    headers = [msg.headers() for msg in msgs]
+    columns = (
+        pa.array(offsets, pa.int64()),
+        pa.array(next_offsets, pa.int64()),
+        pa.array([msg.value() for msg in msgs], pa.binary()),
+        pa.array([msg.key() for msg in msgs], pa.binary()),
+        pa.array(topics, pa.string()),
+        pa.array(partitions, pa.int32()),
+        pa.array(
+            [None if kind == TIMESTAMP_NOT_AVAILABLE else ms for kind, ms in stamps], _TIMESTAMP_MS
+        ).cast(_META_TYPES[3]),
+        _headers_array(headers) if any(headers) else _no_headers(len(msgs)),
+    )
+    out: list[RangeColumns] = []
+    lo = 0
+    for part in delivered:
+        n = len(part)
+        if not n:
+            out.append(_EMPTY_COLUMNS)
+            continue
+        sliced = [column.slice(lo, n) for column in columns]
+        out.append(RangeColumns(sliced[0], sliced[1], sliced[2], tuple(sliced[3:])))
+        lo += n
+    return out
+
+
 @dataclass(frozen=True, slots=True)
 class KafkaRegionReader(RegionReader, SupportsColumnarRead):
     """Reads planned offset ranges of Kafka splits on an executor. Picklable, stateless.
 
     Each :meth:`read_range` creates its own consumer (``isolation.level=read_committed``,
     no group membership, no commits, ``auto.offset.reset=error``), assigns the
-    partition at ``start`` and closes it when the iteration ends. Fields are plain
+    partition at ``start`` and closes it when the iteration ends;
+    :meth:`read_ranges_columns` reads all of a region's ranges with one consumer
+    assigned every partition. Fields are plain
     values: ``consumer_config`` holds extra librdkafka settings as ``(key, value)`` pairs.
     ``connect_timeout_s`` bounds the first metadata request (an unreachable
     broker); ``read_timeout_s`` bounds how long a read may make no progress.
@@ -256,41 +316,47 @@ class KafkaRegionReader(RegionReader, SupportsColumnarRead):
         message. Gaps are handled as in :meth:`read_range`: a record's
         ``next_offset`` is the offset of the next delivered record, the last
         one's is ``end``. Topic and partition are the split's (every message of
-        the range has them).
+        the range has them). The one-range case of :meth:`read_ranges_columns`.
         """
-        if start < 0 or end < start:
-            raise SourceError(
-                f"split {split.split_id!r}: range [{start}, {end}) is not allowed: 0 <= start <= end",
-                split_id=split.split_id,
-                start=start,
-                end=end,
-            )
-        topic, partition = parse_split_id(split.split_id)
-        batches = [] if start == end else list(self._batches(split.split_id, topic, partition, start, end))
-        msgs = [msg for batch in batches for msg in batch] if len(batches) != 1 else batches[0]
-        n = len(msgs)
-        if n == 0:
-            return _EMPTY_COLUMNS
-        offsets = [msg.offset() for msg in msgs]
-        next_offsets = offsets[1:]
-        next_offsets.append(end)
-        stamps = [msg.timestamp() for msg in msgs]
-        headers = [msg.headers() for msg in msgs]
-        meta = (
-            pa.array([msg.key() for msg in msgs], pa.binary()),
-            pa.repeat(pa.scalar(topic, pa.string()), n),
-            pa.repeat(pa.scalar(partition, pa.int32()), n),
-            pa.array(
-                [None if kind == TIMESTAMP_NOT_AVAILABLE else ms for kind, ms in stamps], _TIMESTAMP_MS
-            ).cast(_META_TYPES[3]),
-            _headers_array(headers) if any(headers) else _no_headers(n),
-        )
-        return RangeColumns(
-            pa.array(offsets, pa.int64()),
-            pa.array(next_offsets, pa.int64()),
-            pa.array([msg.value() for msg in msgs], pa.binary()),
-            meta,
-        )
+        return next(iter(self.read_ranges_columns([(split, start, end)])))
+
+    def read_ranges_columns(self, ranges: Sequence[tuple[Split, int, int]]) -> Iterator[RangeColumns]:
+        """The columns of every range, read together: one consumer assigned every partition.
+
+        The first step checks every range (what :meth:`read_range` refuses on the call,
+        and a partition planned twice), asks for each topic's metadata once, assigns every
+        non-empty range's partition at its start and consumes them all in batches; a
+        partition is paused once its range is complete, and the read ends when every range
+        is. Each range's records are then those :meth:`read_range_columns` returns for it,
+        with the same guarantees (exact ``[start, end)``, bytes unchanged, metadata, gaps)
+        and the same errors, each naming its split (``params["split_id"]``). No progress on
+        any open range for ``read_timeout_s`` raises for the first open one.
+        """
+        planned: list[_Range] = []
+        seen: dict[tuple[str, int], str] = {}
+        for split, start, end in ranges:
+            if start < 0 or end < start:
+                raise SourceError(
+                    f"split {split.split_id!r}: range [{start}, {end}) is not allowed: 0 <= start <= end",
+                    split_id=split.split_id,
+                    start=start,
+                    end=end,
+                )
+            topic, partition = parse_split_id(split.split_id)
+            if (topic, partition) in seen:
+                raise SourceError(
+                    f"split {split.split_id!r}: topic {topic!r} partition {partition} is planned twice in "
+                    f"one read (also as {seen[topic, partition]!r})",
+                    split_id=split.split_id,
+                )
+            seen[topic, partition] = split.split_id
+            planned.append(_Range(split.split_id, topic, partition, start, end))
+        delivered: list[list[Any]] = [[] for _ in planned]
+        reading = [n for n, r in enumerate(planned) if r.start < r.end]
+        if reading:
+            for n, records in self._consume([planned[n] for n in reading]):
+                delivered[reading[n]].extend(records)
+        yield from _region_columns(planned, delivered)
 
     def _read(
         self, split_id: str, topic: str, partition: int, start: int, end: int
@@ -310,65 +376,110 @@ class KafkaRegionReader(RegionReader, SupportsColumnarRead):
     def _batches(
         self, split_id: str, topic: str, partition: int, start: int, end: int
     ) -> Iterator[list[Any]]:
-        """The delivered messages of ``[start, end)`` (records only, in offset order), batch by batch.
+        """The delivered messages of ``[start, end)`` (records only, in offset order), batch by batch
+        (:meth:`_consume` of one range)."""
+        for _n, records in self._consume([_Range(split_id, topic, partition, start, end)]):
+            yield records
 
-        The one consume loop of both read paths: client events are handled
-        (raised) in their place among the messages, so the messages before an
-        event are yielded before it raises; gaps move the position on; no
-        progress for ``read_timeout_s`` raises. The consumer is closed when the
-        iteration ends or the generator is closed.
+    def _consume(self, ranges: Sequence[_Range]) -> Iterator[tuple[int, list[Any]]]:
+        """The delivered messages of every range (non-empty, one per partition): ``(index, records)``
+        chunks, each range's records in offset order.
+
+        The one consume loop of every read path: one consumer assigned every range's partition
+        at its start; each message goes to its partition's range; a range is complete when its
+        position reaches its end (a record at or past the end, or the consumer position moving
+        over a gap: control records, aborted or compacted offsets), and its partition is paused
+        then. Client events are handled (raised, naming their range's split; an event of no
+        partition counts for the first open range) in their place among the messages, so the
+        messages before an event are yielded before it raises. No progress on any open range for
+        ``read_timeout_s`` raises. The consumer is closed when the iteration ends or the
+        generator is closed.
         """
         errors: list[KafkaError] = []
         conf = self._consumer_conf()
         conf["error_cb"] = errors.append
         consumer = Consumer(conf)
         try:
-            self._check_partition(consumer, split_id, topic, partition)
-            tp = TopicPartition(topic, partition)
-            consumer.assign([TopicPartition(topic, partition, start)])
-            position = start
+            self._check_partitions(consumer, ranges)
+            tps = [TopicPartition(r.topic, r.partition) for r in ranges]
+            index: dict[tuple[str | None, int | None], int] = {
+                (r.topic, r.partition): n for n, r in enumerate(ranges)
+            }
+            positions = [r.start for r in ranges]
+            open_ranges = dict.fromkeys(range(len(ranges)))  # insertion-ordered set of incomplete ranges
+            consumer.assign([TopicPartition(r.topic, r.partition, r.start) for r in ranges])
             progress_at = time.monotonic()
-            while position < end:
+            while open_ranges:
                 # consume() waits until it has num_messages or the timeout passed: ask for no more
-                # than the offsets left, so a dense range returns as soon as its records arrived.
-                batch = consumer.consume(num_messages=min(self.batch_size, end - position), timeout=_POLL_S)
-                records: list[Any] = []
+                # than the offsets left, so dense ranges return as soon as their records arrived.
+                left = sum(ranges[n].end - positions[n] for n in open_ranges)
+                batch = consumer.consume(num_messages=min(self.batch_size, left), timeout=_POLL_S)
+                records: dict[int, list[Any]] = {}
+                complete: list[int] = []
                 for msg in batch:
+                    n = index.get((msg.topic(), msg.partition()), -1)
                     err = msg.error()
                     if err is not None:
-                        if records:
-                            yield records
-                            records = []
+                        if n < 0 and open_ranges:
+                            n = next(iter(open_ranges))
+                        if n not in open_ranges:
+                            continue
+                        yield from records.items()
+                        records = {}
                         event_offset = msg.offset()
                         at = -1 if event_offset is None else event_offset
-                        self._on_event(consumer, err, at, split_id, tp, start, end)
+                        r = ranges[n]
+                        self._on_event(consumer, err, at, r.split_id, tps[n], r.start, r.end)
                         continue
+                    if n not in open_ranges:
+                        continue  # a message of a complete range (fetched before its pause)
                     offset = cast(int, msg.offset())  # always set on a record
-                    if offset >= end:
-                        position = end
-                        break
-                    records.append(msg)
-                    position = offset + 1
-                if records:
-                    yield records
+                    end = ranges[n].end
+                    if offset < end:
+                        records.setdefault(n, []).append(msg)
+                    positions[n] = min(offset + 1, end)
+                    if positions[n] >= end:
+                        del open_ranges[n]
+                        complete.append(n)
+                yield from records.items()
                 if batch:
                     progress_at = time.monotonic()
-                if position < end:
+                if open_ranges:
                     # the position moves past gaps (control records, aborted or compacted offsets)
-                    now = consumer.position([tp])[0].offset
-                    if now >= 0 and now > position:
-                        position = min(now, end)
+                    waiting = list(open_ranges)
+                    moved = False
+                    for n, now in zip(waiting, consumer.position([tps[n] for n in waiting]), strict=True):
+                        if now.offset >= 0 and now.offset > positions[n]:
+                            positions[n] = min(now.offset, ranges[n].end)
+                            moved = True
+                            if positions[n] >= ranges[n].end:
+                                del open_ranges[n]
+                                complete.append(n)
+                    if moved:
                         progress_at = time.monotonic()
-                    elif not batch and time.monotonic() - progress_at > self.read_timeout_s:
-                        raise self._stalled(split_id, start, end, position, errors)
+                    elif open_ranges and not batch and time.monotonic() - progress_at > self.read_timeout_s:
+                        n = next(iter(open_ranges))
+                        r = ranges[n]
+                        raise self._stalled(
+                            r.split_id, r.start, r.end, positions[n], errors, len(open_ranges)
+                        )
+                if complete and open_ranges:
+                    consumer.pause([tps[n] for n in complete])
         finally:
             consumer.close()
 
-    def _check_partition(self, consumer: Any, split_id: str, topic: str, partition: int) -> None:
-        try:
-            metadata = consumer.list_topics(topic, timeout=self.connect_timeout_s)
-        except KafkaException as err:
-            raise _unreachable(self.bootstrap_servers, self.connect_timeout_s, err) from err
+    def _check_partitions(self, consumer: Any, ranges: Sequence[_Range]) -> None:
+        """Every range's topic exists and has its partition (one metadata request per topic)."""
+        topics: dict[str, Any] = {}
+        for r in ranges:
+            if r.topic not in topics:
+                try:
+                    topics[r.topic] = consumer.list_topics(r.topic, timeout=self.connect_timeout_s)
+                except KafkaException as err:
+                    raise _unreachable(self.bootstrap_servers, self.connect_timeout_s, err) from err
+            self._check_partition(topics[r.topic], r.split_id, r.topic, r.partition)
+
+    def _check_partition(self, metadata: Any, split_id: str, topic: str, partition: int) -> None:
         meta = metadata.topics.get(topic)
         if meta is None or (meta.error is not None and meta.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART):
             raise SourceError(
@@ -426,12 +537,13 @@ class KafkaRegionReader(RegionReader, SupportsColumnarRead):
         log.debug("split %s: transient consumer event %s", split_id, err)  # bounded by read_timeout_s
 
     def _stalled(
-        self, split_id: str, start: int, end: int, position: int, errors: list[KafkaError]
+        self, split_id: str, start: int, end: int, position: int, errors: list[KafkaError], waiting: int = 1
     ) -> SourceError:
         last = f"; last client error: {errors[-1].str()}" if errors else ""
+        others = f", nor did {waiting - 1} other range(s) read with it" if waiting > 1 else ""
         return SourceError(
             f"split {split_id!r}: reading [{start}, {end}) made no progress for {self.read_timeout_s:.0f}s "
-            f"at offset {position} (Kafka at {self.bootstrap_servers}){last}",
+            f"at offset {position}{others} (Kafka at {self.bootstrap_servers}){last}",
             split_id=split_id,
             position=position,
         )
