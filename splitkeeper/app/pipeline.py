@@ -133,6 +133,7 @@ class RuntimeHooks(DriverHooks):
         self._progress = progress or (lambda line: None)
         self.lease: HeldLease | None = None  # the lease the pipeline's caller holds for it (None: none)
         self.metrics: PipelineMetrics | None = None  # set when the run records metrics
+        self.faults: FaultPlan = FaultPlan()  # the pipeline's injected region faults
 
     def before_epoch(self, epoch: int) -> None:
         """A run whose lease was taken over (it had expired) stops before it writes anything more."""
@@ -152,6 +153,16 @@ class RuntimeHooks(DriverHooks):
         self._progress(line)
 
     def after_epoch(self, report: Any) -> None:
+        for region in report.idle_regions:  # a fault for an idle region has no task to fire in: say so
+            if self.faults.for_region(report.epoch, region) is not None:
+                log.warning(
+                    "fault %s@%s not injected: region %s had nothing to read in epoch %s (no task ran)",
+                    region,
+                    report.epoch,
+                    region,
+                    report.epoch,
+                    extra={"epoch": report.epoch, "region": region},
+                )
         if self.metrics is not None:
             self.metrics.observe(report)
 
@@ -371,6 +382,7 @@ class Pipeline:
         if config.transform_kind is TransformKind.SPARK:
             self.lazy_spark.get()  # the transform's output columns are the sink's: Spark plans them
         self.faults = faults or FaultPlan()
+        hooks.faults = self.faults
         self.connector = connector or build_source(config.source)
         self.store = DeltaStateStore(
             config.state_path,

@@ -203,13 +203,14 @@ def _jobs_of_epoch(spark: Any, pipeline: str, epoch: int, parallelism: int) -> i
 
 
 def test_a_parallelism_far_above_the_split_count_starts_a_job_only_for_regions_with_ranges(
-    spark: Any, tmp_path: Path
+    spark: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Issue 26: 64 regions over 3 files. The regions with nothing to read are acknowledged by the
-    driver (no thread, no Spark job); the epoch's Spark jobs are exactly its regions with ranges."""
+    driver (no thread, no Spark job); the epoch's Spark jobs are exactly its regions with ranges.
+    A fault asked for an idle region has no task to fire in: the run says so and goes on."""
     config, input_dir, _path = _setup(tmp_path, "wide", parallelism=64, region_timeout_s=120)
 
-    summary = _run(config, spark)
+    summary = _run(config, spark, faults=("fail:63@1",))
 
     assert summary.finished and all(e.kind is CheckpointKind.GLOBAL for e in summary.epochs)
     for report in summary.epochs:
@@ -218,6 +219,8 @@ def test_a_parallelism_far_above_the_split_count_starts_a_job_only_for_regions_w
         assert len(busy) == 3  # 3 files, 20 lines each per epoch: one region per file
         assert _jobs_of_epoch(spark, "wide", report.epoch, 64) == len(busy)
         assert sorted(report.region_task_s) == busy  # idle regions have no task time
+    assert 63 in summary.epochs[0].idle_regions
+    assert "fault 63@1 not injected: region 63 had nothing to read in epoch 1" in caplog.text
     rows = assert_sink_equals_source(spark, config.sink_path, input_dir)
     assert len(rows) == 120 and len({r.region for r in rows}) == 3
 
