@@ -59,7 +59,6 @@ from splitkeeper.delta.lease import HeldLease
 from splitkeeper.delta.schemas import data_schema
 from splitkeeper.errors import ConfigError
 from splitkeeper.spark.faults import PAUSE_ENV, FaultPlan, crash_if_requested, crash_request
-from splitkeeper.spark.regions import RegionRun as RegionJobRun
 from splitkeeper.spark.regions import RegionStatus, run_regions
 from splitkeeper.spark.sources import build_source
 from splitkeeper.spark.task import FaultKind, RecordPolicy, RegionResult, failed_splits, run_region_task
@@ -134,6 +133,7 @@ class RuntimeHooks(DriverHooks):
         self._progress = progress or (lambda line: None)
         self.lease: HeldLease | None = None  # the lease the pipeline's caller holds for it (None: none)
         self.metrics: PipelineMetrics | None = None  # set when the run records metrics
+        self.faults: FaultPlan = FaultPlan()  # the pipeline's injected region faults
 
     def before_epoch(self, epoch: int) -> None:
         """A run whose lease was taken over (it had expired) stops before it writes anything more."""
@@ -153,6 +153,16 @@ class RuntimeHooks(DriverHooks):
         self._progress(line)
 
     def after_epoch(self, report: Any) -> None:
+        for region in report.idle_regions:  # a fault for an idle region has no task to fire in: say so
+            if self.faults.for_region(report.epoch, region) is not None:
+                log.warning(
+                    "fault %s@%s not injected: region %s had nothing to read in epoch %s (no task ran)",
+                    region,
+                    report.epoch,
+                    region,
+                    report.epoch,
+                    extra={"epoch": report.epoch, "region": region},
+                )
         if self.metrics is not None:
             self.metrics.observe(report)
 
@@ -230,12 +240,15 @@ def _region_task(payload: tuple[Any, ...]) -> RegionResult:
 
 
 class SparkRegionRunner(RegionRunner):
-    """Each region of an epoch as its own one-task Spark job; faults from a :class:`FaultPlan`.
+    """Each region of an epoch that has ranges to read as its own one-task Spark job; faults from a
+    :class:`FaultPlan`.
 
-    ``spark`` is a session or a :class:`LazySpark`: the session starts with the first epoch that
-    has ranges to read. An epoch whose plan is empty everywhere (a final checkpoint, an idle
-    unbounded source), before Spark started and without faults, runs its region tasks in the
-    driver: each stages its empty output as a Spark task would, so the commit is the same.
+    The driver calls it with the regions that need a task only
+    (:func:`~splitkeeper.core.driver.regions_to_run`): a region with nothing to read this epoch is
+    acknowledged by the driver and costs no thread, job or staged file here, and an epoch with
+    nothing to read anywhere (a final checkpoint, an idle unbounded source) does not call it. A
+    fault planned for such a region does not fire (it has no task). ``spark`` is a session or a
+    :class:`LazySpark`: the session starts with the first epoch that has ranges to read.
     """
 
     def __init__(
@@ -279,10 +292,8 @@ class SparkRegionRunner(RegionRunner):
             )
             for r, ranges in plan.items()
         }
-        if self._in_driver(epoch, plan):
-            runs = _run_in_driver(payloads)
-        else:
-            runs = run_regions(
+        runs = (
+            run_regions(
                 self.spark.get(),
                 self.pipeline,
                 epoch,
@@ -291,6 +302,9 @@ class SparkRegionRunner(RegionRunner):
                 timeout_s,
                 interrupt=self.interrupt,
             )
+            if payloads
+            else {}
+        )
         out: dict[int, RegionRun] = {}
         for r, run in runs.items():
             if run.status is RegionStatus.FINISHED:
@@ -320,32 +334,6 @@ class SparkRegionRunner(RegionRunner):
         if self.spark_transform is not None:
             return self.spark_transform.apply(epoch, out)
         return out
-
-    def _in_driver(self, epoch: int, plan: EpochPlan) -> bool:
-        """Nothing to read anywhere, no session yet, no spark transform, no fault: no Spark."""
-        return (
-            not self.spark.started
-            and self.spark_transform is None
-            and not any(plan.values())
-            and all(self.faults.for_region(epoch, r) is None for r in plan)
-        )
-
-
-def _run_in_driver(payloads: dict[int, tuple[Any, ...]]) -> dict[int, RegionJobRun]:
-    """The region tasks of an epoch with nothing to read, in this process (each stages an empty file)."""
-    runs: dict[int, RegionJobRun] = {}
-    for region, payload in payloads.items():
-        started = time.monotonic()
-        try:
-            result = run_region_task(*payload)
-        except Exception as err:  # noqa: BLE001 - a region's failure is its DECLINE, as in a Spark task
-            error = f"{type(err).__module__}.{type(err).__qualname__}: {err}"[:500]
-            runs[region] = RegionJobRun(
-                region, RegionStatus.FAILED, None, error, 0.0, time.monotonic() - started
-            )
-        else:
-            runs[region] = RegionJobRun(region, RegionStatus.FINISHED, result, "", 0.0, result.elapsed_s)
-    return runs
 
 
 # --------------------------------------------------------------------------- the pipeline
@@ -394,6 +382,7 @@ class Pipeline:
         if config.transform_kind is TransformKind.SPARK:
             self.lazy_spark.get()  # the transform's output columns are the sink's: Spark plans them
         self.faults = faults or FaultPlan()
+        hooks.faults = self.faults
         self.connector = connector or build_source(config.source)
         self.store = DeltaStateStore(
             config.state_path,

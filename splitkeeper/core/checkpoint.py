@@ -328,6 +328,7 @@ class PendingCheckpoint:
         self.status = PendingStatus.OPEN
         self._outcomes: dict[int, RegionOutcome] = {}
         self._states: dict[int, RegionState] = {}
+        self._owners: dict[str, int] = {}  # split id -> the acknowledged region whose state holds it
         self._reasons: dict[int, str] = {}
 
     @property
@@ -402,9 +403,10 @@ class PendingCheckpoint:
         self._check_split_ownership(region, state)
         self._outcomes[region] = RegionOutcome.ACK
         self._states[region] = state
+        self._owners.update((split.split_id, region) for split in state.splits)
 
     def _check_split_ownership(self, region: int, state: RegionState) -> None:
-        owners = {split.split_id: r for r, acked in self._states.items() for split in acked.splits}
+        owners = self._owners  # kept as regions acknowledge: no pass over every acked state per answer
         seen: set[str] = set()
         for split in state.splits:
             if split.split_id in seen:

@@ -122,6 +122,39 @@ TAIL_DIVISOR = 4
 MAX_CONSECUTIVE_ABORTS = defaults.MAX_CONSECUTIVE_ABORTS
 
 
+def idle_acknowledgement(region: int) -> RegionRun:
+    """The answer of a region with nothing to read this epoch, given by the driver: no task runs.
+
+    It is what a region task with no ranges would return: an ACK that moves no position,
+    finishes no split, stages nothing (``output`` None: the sink commits nothing of it) and
+    took no task time. Its regional state is acknowledged unchanged (same splits at the
+    same positions; its operator state gets the epoch's ``n0`` summary, as a task's ACK would).
+    """
+    return RegionRun(region_id=region, outcome=RegionOutcome.ACK)
+
+
+def regions_to_run(
+    plan: Mapping[int, Sequence[PlannedRange]], declined: Mapping[int, RegionRun]
+) -> tuple[dict[int, Sequence[PlannedRange]], dict[int, RegionRun]]:
+    """Which regions of an epoch's plan need a task (protocol rule 2.1): ``(to_run, idle)``.
+
+    A region with at least one planned range runs (a range the retention check emptied too: its
+    position still moves). A region with none is ``idle``: the driver acknowledges it at once
+    with :func:`idle_acknowledgement`, so a parallelism far above the split count costs no task,
+    thread or job per idle region. Regions in ``declined`` (their plan failed) are in neither.
+    """
+    to_run: dict[int, Sequence[PlannedRange]] = {}
+    idle: dict[int, RegionRun] = {}
+    for region, ranges in plan.items():
+        if region in declined:
+            continue
+        if ranges:
+            to_run[region] = ranges
+        else:
+            idle[region] = idle_acknowledgement(region)
+    return to_run, idle
+
+
 def check_retain_checkpoints(value: object) -> None:
     """``retain_checkpoints`` (``checkpoint.retain_checkpoints``): an integer >= 1."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -259,6 +292,9 @@ class EpochReport:
     refused: bool = False  # the enumerator refused the checkpoint: a restore still waits for reports
     started_at: float = 0.0  # the driver clock when the epoch started
     region_task_s: dict[int, float] = field(default_factory=dict)  # acked region -> RegionRun.elapsed_s
+    #: regions with nothing to read this epoch: acknowledged by the driver, no task (no entry in
+    #: ``region_task_s``); see :func:`idle_acknowledgement`
+    idle_regions: tuple[int, ...] = ()
 
     def line(self) -> str:
         failed = {r: o.value for r, o in self.outcomes.items() if o is not RegionOutcome.ACK}
@@ -1022,8 +1058,9 @@ class EpochDriver:
         lap("plan")
         self.hooks.crash_point(CrashPoint.AFTER_PLAN, epoch)
 
-        to_run = {r: ranges for r, ranges in plan.items() if r not in declined}
-        runs = {**self.runner.run(epoch, to_run, self.settings.checkpoint.region_timeout_s), **declined}
+        to_run, idle = regions_to_run(plan, declined)
+        ran = self.runner.run(epoch, to_run, self.settings.checkpoint.region_timeout_s) if to_run else {}
+        runs = {**idle, **ran, **declined}
         lap("read")
         context.on_checkpoint(epoch)
         pending = coordinator.trigger(epoch, final=final, now=self.clock.now())
@@ -1093,7 +1130,8 @@ class EpochDriver:
             completed=result.completed,
             failovers=failovers,
             started_at=started,
-            region_task_s={r: run.elapsed_s for r, run in acked.items()},
+            region_task_s={r: run.elapsed_s for r, run in acked.items() if r not in idle},
+            idle_regions=tuple(sorted(idle)),
         )
         self.hooks.progress(report.line(), epoch=epoch, checkpoint_id=epoch, kind=report.kind.value)
         self.hooks.after_epoch(report)

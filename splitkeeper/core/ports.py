@@ -163,7 +163,11 @@ class RegionRunner(abc.ABC):
 
     @abc.abstractmethod
     def run(self, epoch: int, plan: EpochPlan, timeout_s: float) -> Mapping[int, RegionRun]:
-        """Run every region of ``plan`` (regions with no ranges too) and return one RegionRun per region.
+        """Run every region of ``plan`` and return one RegionRun per region.
+
+        The driver passes only the regions that have ranges to read this epoch
+        (:func:`splitkeeper.core.driver.regions_to_run`; it acknowledges the idle ones
+        itself) and does not call it for an epoch with nothing to read.
 
         A region that raises is DECLINE; one that has not answered ``timeout_s``
         after the epoch's regions were submitted (started or not: a region that is

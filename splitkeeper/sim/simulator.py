@@ -262,7 +262,7 @@ class SimRegionRunner(RegionRunner):
 
     ``failures`` applies to the next epoch run; ``schedule`` maps ``(epoch, region)`` to a
     failure for a scripted run (the same schedule a Spark run's fault plan injects).
-    ``staged`` holds every region's runs of the current epoch (failed regions' too: a
+    ``staged`` holds every region's runs of epoch ``epoch``, the last it ran (failed regions' too: a
     broken sink may commit them, and the simulator must catch it). A region that reads a
     split in ``poison`` declines naming it in ``failed_splits`` (a record that cannot be
     read, protocol rule 1.8), every epoch until the split leaves ``poison``.
@@ -277,10 +277,12 @@ class SimRegionRunner(RegionRunner):
         self.schedule: dict[tuple[int, int], RegionFailure] = dict(schedule or {})
         self.poison: set[str] = set(poison or ())
         self.staged: dict[int, list[Run]] = {}
+        self.epoch: int | None = None
 
     def run(self, epoch: int, plan: EpochPlan, timeout_s: float) -> dict[int, RegionRun]:
         out: dict[int, RegionRun] = {}
         self.staged = {}
+        self.epoch = epoch
         for region, ranges in plan.items():
             runs = [(split.split_id, start, end) for split, start, end in ranges if end > start]
             self.staged[region] = runs
@@ -345,10 +347,12 @@ class SimEpochSink(EpochSink):
                 f"sink at epoch {self.recorded}, not {expected}", found=self.recorded, expected=expected
             )
         acked = [o.region_id for o in outputs]
-        records = self.sink.commit(epoch, self.runner.staged, acked)
+        # an epoch whose regions were all idle ran no task: nothing of it is staged
+        staged = self.runner.staged if self.runner.epoch == epoch else {}
+        records = self.sink.commit(epoch, staged, acked)
         if self.replay_next:
             self.replay_next = False
-            self.sink.commit(epoch, self.runner.staged, acked)
+            self.sink.commit(epoch, staged, acked)
         self.recorded = epoch
         self.attempts = {epoch: attempt_id}
         self.receipts = {epoch: records}

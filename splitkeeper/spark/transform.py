@@ -199,8 +199,9 @@ class SparkTransform:
     def apply(self, epoch: int, runs: Mapping[int, RegionRun]) -> dict[int, RegionRun]:
         """The epoch's region runs with every acknowledged region's output replaced by its share
         of the transform's output; on any failure every acknowledged region DECLINEs, naming the
-        function (a declined or timed-out region is returned as it is)."""
-        acks = {r: run for r, run in runs.items() if run.acknowledged}
+        function (a declined or timed-out region is returned as it is, and so is an idle one: the
+        driver acknowledged it without a task, it staged nothing)."""
+        acks = {r: run for r, run in runs.items() if run.acknowledged and run.output is not None}
         out = dict(runs)
         if not acks:
             return out

@@ -205,7 +205,9 @@ def test_a_continuous_run_follows_the_backlog_then_the_normal_interval_and_stops
             source.ends[sid] = 12 + next(grow)
         if clock.now() < 200:
             return False
-        runner.schedule.setdefault((driver.next_epoch, 0), RegionFailure.DECLINE)  # the first final one fails
+        # a fault for the final epoch: it plans nothing, so no region runs a task and none can fail
+        # (a failed final checkpoint is retried: tests/core/test_checkpoint_coordinator.py)
+        runner.schedule.setdefault((driver.next_epoch, 0), RegionFailure.DECLINE)
         return True
 
     summary = driver.run_continuously(stop_requested, poll_s=1)
@@ -220,7 +222,7 @@ def test_a_continuous_run_follows_the_backlog_then_the_normal_interval_and_stops
     assert [s.processing_backlog for s in summary.interval_switches] == [False]
     assert summary.interval_switches[0].after == 3 and summary.interval_switches[0].interval_s == 5
     final = [r for r in summary.epochs if r.final]
-    assert [r.kind for r in final] == [CheckpointKind.ABORTED, CheckpointKind.GLOBAL]
+    assert [r.kind for r in final] == [CheckpointKind.GLOBAL] and final[0].idle_regions == (0, 1)
     assert summary.stopped and summary.epochs[-1].kind is CheckpointKind.GLOBAL
 
 
@@ -597,3 +599,48 @@ def test_pending_work_is_empty_exactly_when_a_run_until_caught_up_would_run_no_e
     idle.state, idle.sink = state, sink
     idle.open()
     assert idle.run(until_caught_up=True).epochs == ()  # nothing pending: no epoch
+
+
+class _RecordingRunner(SimRegionRunner):
+    """A simulated region runner that remembers which regions it was asked to run, per epoch."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.asked: dict[int, dict[int, int]] = {}  # epoch -> region -> planned ranges
+
+    def run(self, epoch: int, plan: EpochPlan, timeout_s: float) -> dict[int, RegionRun]:
+        self.asked[epoch] = {r: len(ranges) for r, ranges in plan.items()}
+        return super().run(epoch, plan, timeout_s)
+
+
+def test_regions_with_nothing_to_read_get_no_task_and_are_acknowledged_with_their_state_unchanged() -> None:
+    # P=6 over two splits of an unbounded source: a-1 is read to its end (4) in epoch 1 and stays
+    # owned, unfinished, with nothing new: its region is idle from epoch 2 on, like the 4 that own none.
+    source = _source({"a"}, {"a-0": ("a", 24), "a-1": ("a", 4)})
+    driver, ledger, state, sink = _driver(source, parallelism=6, epoch_records=8)
+    runner = _RecordingRunner({(2, 5): RegionFailure.DECLINE})  # a fault for an idle region: no task
+    driver.runner = sink.runner = runner
+    driver.open()
+    reports = driver.run(until_caught_up=True).epochs
+    assert len(reports) >= 3 and all(r.kind is CheckpointKind.GLOBAL for r in reports)
+    owner = {s.split_id: r for r, st in reports[0].completed.regions.items() for s in st.splits}
+    for report in reports:
+        asked = runner.asked.get(report.epoch, {})
+        assert asked and all(n > 0 for n in asked.values()) or not asked  # only regions with ranges ran
+        assert set(asked).isdisjoint(report.idle_regions)
+        assert set(asked) | set(report.idle_regions) == set(range(6))
+        assert set(report.region_task_s) == set(asked)  # an idle region has no task time
+    assert set(runner.asked[1]) == {owner["a-0"], owner["a-1"]}
+    assert set(runner.asked[2]) == {owner["a-0"]}  # a-1 is at its end: its region is idle
+    final = driver.run_epoch(final=True)  # nothing planned anywhere: the runner is not called at all
+    assert final.kind is CheckpointKind.GLOBAL and final.epoch not in runner.asked
+    assert final.idle_regions == tuple(range(6)) and final.region_task_s == {}
+    idle = owner["a-1"]
+    before, after = reports[0].completed.regions[idle], reports[1].completed.regions[idle]
+    assert after.ref_checkpoint_id is None and after.splits == before.splits  # acked, a-1 still at 4
+    assert [(s.split_id, s.position) for s in after.splits] == [("a-1", 4)]
+    assert after.operator_state == (*before.operator_state, "e2:n0")  # what a no-op task's ACK adds
+    assert {sid: ledger.spans(sid) for sid in ("a-0", "a-1")} == {"a-0": [(0, 24)], "a-1": [(0, 4)]}
+    latest = state.latest_checkpoint()
+    assert latest is not None and latest.checkpoint_id == final.epoch
+    assert [(s.split_id, s.position) for s in latest.regions[idle].splits] == [("a-1", 4)]

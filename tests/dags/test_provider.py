@@ -333,7 +333,7 @@ def test_on_new_data_schedules_the_ingest_on_an_asset_watched_by_the_new_data_tr
 def test_the_new_data_trigger_fires_only_when_a_run_would_read_and_starts_no_spark(tmp_path, monkeypatch):
     """A real trigger run: its async ``run()`` in an event loop, against a real files source and the
     pipeline's real Delta state. No Spark anywhere: the first run of the empty folder commits its
-    global checkpoint with its (empty) region tasks run in the driver."""
+    global checkpoint with no region task (every region is idle: the driver acknowledges it)."""
     import asyncio
 
     from splitkeeper.airflow.triggers import SplitkeeperNewDataTrigger
@@ -368,7 +368,7 @@ def test_the_new_data_trigger_fires_only_when_a_run_would_read_and_starts_no_spa
         and never_ran.payload["unsettled"]
         and never_ran.payload["checkpoint_id"] is None
     )
-    result = services.run(config)  # nothing to read: one empty epoch, in the driver
+    result = services.run(config)  # nothing to read: one empty epoch, no region task
     assert result.finished and [e.kind for e in result.epochs] == ["global"]
 
     assert asyncio.run(first_event(1.5)) is None  # several looks, nothing new: no event
