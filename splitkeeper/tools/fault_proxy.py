@@ -75,7 +75,11 @@ class FaultSchedule:
     ``methods`` (none: all) and ``paths`` (a regular expression searched in the request target;
     None: all) draws from ``random.Random(seed)``: a 503 SlowDown with probability ``slowdown``,
     else a reset connection with ``reset``, else an answer ``delay_s`` late with ``delay``.
-    The draws are a function of the seed and the order the requests arrive in."""
+    The draws are a function of the seed and the order the requests arrive in.
+
+    ``reset_conditional=False`` spares conditional requests (``If-None-Match``, ``If-Match``: a
+    Delta commit) the reset, whose lost answer no client may retry blindly (the put may have
+    landed); they still meet the 503s (an answer: nothing was done) and the delays."""
 
     seed: int
     slowdown: float = 0.0
@@ -84,6 +88,7 @@ class FaultSchedule:
     delay_s: float = 0.5
     methods: Iterable[str] = ()
     paths: str | None = None
+    reset_conditional: bool = True
 
     def __post_init__(self) -> None:
         for name in ("slowdown", "delay", "reset"):
@@ -109,7 +114,8 @@ class FaultSchedule:
         if draw < self.slowdown:
             return Fault(status=503)
         if draw < self.slowdown + self.reset:
-            return Fault(reset=True)
+            conditional = any(k.lower() in ("if-none-match", "if-match") for k in request.headers)
+            return Fault(reset=True) if self.reset_conditional or not conditional else None
         if draw < self.slowdown + self.reset + self.delay:
             return Fault(delay_s=self.delay_s)
         return None
@@ -227,7 +233,7 @@ def _handler(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
             if not chunked:
                 length = int(self.headers.get("Content-Length") or 0)
                 return self.rfile.read(length) if length else b""
-            parts = []
+            parts: list[bytes] = []
             while True:
                 size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
                 if size == 0:
@@ -239,10 +245,13 @@ def _handler(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
 
         def _answer(self, status: int, headers: dict[str, str], data: bytes) -> None:
             self.send_response(status)
+            length = str(len(data))
             for key, value in headers.items():
-                if key.lower() not in _HOP and key.lower() != "content-length":
+                if key.lower() == "content-length" and self.command == "HEAD":
+                    length = value  # the size of what a GET would answer: no body here
+                elif key.lower() not in _HOP and key.lower() != "content-length":
                     self.send_header(key, value)
-            self.send_header("Content-Length", str(len(data)))
+            self.send_header("Content-Length", length)
             self.end_headers()
             if self.command != "HEAD":
                 self.wfile.write(data)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 import threading
 import time
@@ -22,6 +23,7 @@ from splitkeeper.tools.chaos.schedule import (
     draw_schedule,
     planned_counts,
 )
+from splitkeeper.tools.chaos.store import DEFAULT_FAULT_RATE, ChaosStore, store_failures
 from splitkeeper.tools.chaos.verify import group_offsets, verify
 from splitkeeper.tools.kafka_testbed import (
     BrokerHandle,
@@ -94,6 +96,8 @@ class KafkaChaos:
         bootstrap_servers: str | None,
         bad_records: float = 0.0,
         sink: str = "append",
+        store: str = "local",
+        store_fault_rate: float = DEFAULT_FAULT_RATE,
     ) -> None:
         self.workdir = workdir.resolve()
         self.messages = messages
@@ -109,6 +113,8 @@ class KafkaChaos:
         self.topics = [f"chaos-{self.run_id}-{name}" for name in ("orders", "payments")]
         self.group_id = f"splitkeeper-chaos-{self.run_id}"
         self.name = f"chaos-{self.run_id}"
+        #: ``--store s3``: versitygw behind the fault proxy, its schedule drawn from the seed
+        self.store = ChaosStore(self.workdir, seed, store_fault_rate, self.name) if store == "s3" else None
         self.config_path = self.workdir / "pipeline.yaml"
         self.faults: list[Fault] = []
         self.runs: list[RunOutcome] = []
@@ -133,6 +139,9 @@ class KafkaChaos:
             say("starting a Kafka broker (KRaft) ...")
         self.bootstrap = self.broker.start()
         say(f"Kafka at {self.bootstrap}")
+        if self.store is not None:  # the drivers inherit it (and their logs do not show the keys)
+            self.store.start()
+            os.environ.update(self.store.driver_env())
         create_topics(self.bootstrap, dict(zip(self.topics, TOPIC_PARTITIONS, strict=True)))
         partitions = [(t, p) for t, n in zip(self.topics, TOPIC_PARTITIONS, strict=True) for p in range(n)]
         say(
@@ -176,13 +185,15 @@ class KafkaChaos:
                 "backlog_epoch_records": tuning.epoch_records,
                 "normal_epoch_records": tuning.epoch_records,
             },
-            "state": {"path": str(self.workdir / "state")},
-            "sink": {"path": str(self.workdir / "sink")},
+            "state": {"path": self._location("state")},
+            "sink": {"path": self._location("sink")},
         }
+        if self.store is not None:  # region tasks stage their output on a local disk
+            config["staging"] = {"path": str(self.workdir / "staging")}
         if self.sink == "upsert":  # keyed by the Kafka key, a value ending with |delete deletes it
             config["decode"] = {"kind": "text"}
             config["sink"] = {
-                "path": str(self.workdir / "sink"),
+                "path": self._location("sink"),
                 "mode": "upsert",
                 "key": ["key"],
                 "delete_when": DELETE_WHEN,
@@ -196,7 +207,7 @@ class KafkaChaos:
             config["decode"] = {"kind": "text"}
             config["errors"] = {
                 "tolerance": "all",
-                "dead_letter": {"path": str(self.workdir / "dead_letters")},
+                "dead_letter": {"path": self._location("dead_letters")},
                 "max_bad_ratio": BAD_RATIO_LIMIT,
             }
             say(
@@ -218,6 +229,10 @@ class KafkaChaos:
                 f"schedule: {act.label:<12} dies at {act.crash.value}"
                 + (f"; {', '.join(extra)}" if extra else "")
             )
+
+    def _location(self, name: str) -> str:
+        """Where table ``name`` lives: in the work folder, or on the object store (``--store s3``)."""
+        return str(self.workdir / name) if self.store is None else self.store.location(name)
 
     def _produce(self, count: int) -> None:
         assert self.producer is not None
@@ -434,6 +449,8 @@ class KafkaChaos:
             self._act(act)
         caught_up = self._finish()
         assert self.producer is not None
+        if self.store is not None:  # the verdict reads the store itself, not through the proxy
+            os.environ.update(self.store.direct_env())
         checks = verify(
             self.config_path,
             self.workdir,
@@ -470,6 +487,7 @@ class KafkaChaos:
             "messages_not_delivered": len(self.producer.failed),
             "bad_records": self.bad_records,
             "sink": self.sink,
+            "store": self._store_result(),
             **checks,
             "caught_up": caught_up,
             "faults_by_kind": by_kind,
@@ -505,16 +523,41 @@ class KafkaChaos:
             and (self.sink != "upsert" or result["keyed_matches"] is True)
             and not missing
             and not short
+            and (self.store is None or result["store"]["faults_complete"])
         )
         for fault in self.faults:
             state = "injected" if fault.injected else ("skipped" if fault.skipped else "MISSING")
             say(f"fault {fault.kind.value:<18} {state:<8} [{fault.run}] {fault.detail} -- {fault.evidence}")
         if short:
             say(f"fault kinds short of the plan (injected, planned): {short}")
+        if self.store is not None:
+            store = result["store"]
+            say(
+                f"object store faults injected {store['faults']} in {store['requests']:,} requests; "
+                f"{len(store['runs_failed_by_store'])} driver runs failed on the store and were "
+                f"recovered by the next: {[r['run'] for r in store['runs_failed_by_store']]}"
+            )
         return result
+
+    def _store_result(self) -> dict[str, Any]:
+        """``--store s3``: what the proxy injected, and the driver runs the store made fail."""
+        if self.store is None:
+            return {"kind": "local"}
+        counts = self.store.counts()
+        faults = {k: v for k, v in counts.items() if k != "requests"}
+        return {
+            "kind": "s3",
+            "fault_rate": self.store.fault_rate,
+            "requests": counts["requests"],
+            "faults": faults,
+            "faults_complete": all(n > 0 for n in faults.values()),
+            "runs_failed_by_store": store_failures(self.runs),
+        }
 
     def shutdown(self) -> None:
         """Stop the broker this command started (the Spark session ends with the process)."""
         for thread in self._background:
             thread.join(timeout=60)
         self.broker.stop()
+        if self.store is not None:
+            self.store.stop()
