@@ -130,7 +130,12 @@ def test_a_chaos_run_on_a_faulty_object_store_loses_and_duplicates_nothing(tmp_p
     assert result["records_misrouted"] == 0 and result["partitions_contiguous"] is True
     assert result["offsets_aligned"] is True and result["offsets_at_end"] is True
     assert result["restart_checks"] == "passed"
-    assert result["faults_by_kind"] == EXPECTED_BY_KIND and result["faults_missing"] == []
+    # every fault of the table, plus a driver SIGSTOPped past its lease's ttl while a takeover committed
+    assert result["faults_by_kind"] == {**EXPECTED_BY_KIND, "driver_sigstop": 1}
+    assert result["faults_missing"] == []
+    paused = next(f for f in result["faults_injected"] if f["kind"] == "driver_sigstop")
+    assert "takeover exit 0" in paused["evidence"] and "committed after waking nothing" in paused["evidence"]
+    assert "[LEASE_LOST]" in paused["evidence"] or "[CONCURRENT_RUN]" in paused["evidence"]
     assert "store faults {'slowdown': " in done.stderr
     assert "AWS_SECRET_ACCESS_KEY" not in done.stderr  # the drivers' command lines do not show the keys
 
@@ -149,6 +154,16 @@ def test_every_seed_schedules_the_whole_fault_table_on_six_drivers_one_crash_poi
     assert sum(a.broker_kill for a in acts) == PLANNED[FaultKind.BROKER_SIGKILL]
     # a driver that meets a broker SIGKILL is alive through it: it dies in a later epoch
     assert all(a.crash_after >= 2 and a.epochs > a.crash_after + 1 for a in acts if a.broker_kill)
+
+
+def test_the_reliability_schedule_adds_a_paused_driver_whose_crash_comes_after_the_takeover() -> None:
+    plain, paused = draw_schedule(3, Tuning(2000)), draw_schedule(3, Tuning(2000), pause=True)
+
+    assert planned_counts(paused) == {**PLANNED, FaultKind.DRIVER_SIGSTOP: 1}
+    assert FaultKind.DRIVER_SIGSTOP not in planned_counts(plain) and not any(a.pause for a in plain)
+    (act,) = [a for a in paused if a.pause]
+    assert act.label == "rescale-down" and act.crash_after == 2 and act.epochs > act.crash_after + 1
+    assert [a.crash for a in paused] == [a.crash for a in plain]  # the same seed, the same crash points
 
 
 def test_the_schedule_is_a_function_of_the_seed() -> None:

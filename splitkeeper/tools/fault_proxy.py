@@ -145,7 +145,7 @@ class FaultProxy:
         self._drop = {h.lower() for h in self.drop_headers}
         self._lock = threading.Lock()
         self._requests = 0
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
+        self._server = _Server(("127.0.0.1", 0), _handler(self))
         self._server.daemon_threads = True
         self._thread = threading.Thread(
             target=self._server.serve_forever, args=(0.05,), name="fault-proxy", daemon=True
@@ -183,6 +183,15 @@ class FaultProxy:
     def _count(self, fault: Fault) -> None:
         with self._lock:
             self.injected.update(fault.kinds())
+
+
+class _Server(ThreadingHTTPServer):
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """Quiet about a client that went away (a SIGKILLed driver, a timeout); loud otherwise."""
+        import sys
+
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
 
 
 def _handler(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
