@@ -31,6 +31,13 @@ every input message exactly once.
    not UTF-8 before the payload) and the pipeline decodes ``text`` with
    ``errors.tolerance: all`` and a dead-letter table: the bad ones must be exactly the
    dead letters.
+   With ``--store s3`` the state, sink and dead letters live on the local S3 server (versitygw)
+   and the drivers reach it through a fault proxy that answers a share of their requests with
+   503 SlowDown, a reset connection or a slow answer, drawn from ``--seed``
+   (:mod:`~splitkeeper.tools.chaos.store`); the ``rescale-down`` driver is also SIGSTOPped past
+   its lease's ttl while a takeover run commits, then SIGCONTed
+   (:class:`~splitkeeper.tools.chaos.live.DriverPause`). The JSON's ``store`` counts the injected
+   store faults and names the driver runs that failed on the store.
 3. Runs continue until the consumer group's offsets reach the end of every partition on
    a global checkpoint; then :mod:`~splitkeeper.tools.chaos.verify` compares the Delta sink (read
    with delta-rs) with the delivery reports, the group's committed offsets (Kafka's admin API) with the ends
