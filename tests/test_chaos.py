@@ -23,6 +23,7 @@ from runtime.helpers import subprocess_env  # tests/ is on sys.path (no __init__
 from splitkeeper.core.ports import CrashPoint
 from splitkeeper.tools.chaos.runner import chaos_value
 from splitkeeper.tools.chaos.schedule import PLANNED, FaultKind, Tuning, draw_schedule, planned_counts
+from splitkeeper.tools.chaos.store import versitygw_binary
 from splitkeeper.tools.chaos.verify import compare_sink
 from splitkeeper.tools.kafka_testbed import value_text
 
@@ -104,6 +105,41 @@ def test_reduced_chaos_run_loses_and_duplicates_nothing_under_every_fault_kind(
     assert "dead letters 20 of 20 malformed" in done.stderr
 
 
+@pytest.mark.spark
+@pytest.mark.kafka
+@pytest.mark.slow
+@pytest.mark.slow_variant  # needs versitygw (scripts/setup.sh cluster); the proxy's own tests run in CI
+@pytest.mark.skipif(versitygw_binary() is None, reason="versitygw not built (bash scripts/setup.sh cluster)")
+def test_a_chaos_run_on_a_faulty_object_store_loses_and_duplicates_nothing(tmp_path: Path) -> None:
+    """``--store s3``: state, sink and dead letters on versitygw; the drivers reach it through the fault
+    proxy (503 SlowDown, resets, slow answers at 2% each, drawn from the seed) under every fault kind."""
+    done = chaos(
+        "--source", "kafka", "--messages", "200", "--seed", "7", "--bad-records", "0.01", "--json",
+        "--store", "s3", "--store-fault-rate", "0.02", "--workdir", str(tmp_path / "w"), timeout_s=1800,
+    )  # fmt: skip
+
+    assert done.returncode == 0, done.stderr[-5000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    store = result["store"]
+    assert store["kind"] == "s3" and store["fault_rate"] == 0.02
+    assert all(store["faults"][kind] > 0 for kind in ("slowdown", "delay", "reset")), store
+    assert sum(store["faults"].values()) < 0.15 * store["requests"]  # ~6% of the requests faulted
+    # by content: every message once in the sink or the dead letters, byte for byte
+    assert (result["records_in_sink"], result["dead_letters"], result["dead_letters_expected"]) == (198, 2, 2)
+    assert (result["records_lost"], result["records_duplicated"], result["records_unexpected"]) == (0, 0, 0)
+    assert result["records_misrouted"] == 0 and result["partitions_contiguous"] is True
+    assert result["offsets_aligned"] is True and result["offsets_at_end"] is True
+    assert result["restart_checks"] == "passed"
+    # every fault of the table, plus a driver SIGSTOPped past its lease's ttl while a takeover committed
+    assert result["faults_by_kind"] == {**EXPECTED_BY_KIND, "driver_sigstop": 1}
+    assert result["faults_missing"] == []
+    paused = next(f for f in result["faults_injected"] if f["kind"] == "driver_sigstop")
+    assert "takeover exit 0" in paused["evidence"] and "committed after waking nothing" in paused["evidence"]
+    assert "[LEASE_LOST]" in paused["evidence"] or "[CONCURRENT_RUN]" in paused["evidence"]
+    assert "store faults {'slowdown': " in done.stderr
+    assert "AWS_SECRET_ACCESS_KEY" not in done.stderr  # the drivers' command lines do not show the keys
+
+
 @pytest.mark.parametrize("seed", range(40))
 def test_every_seed_schedules_the_whole_fault_table_on_six_drivers_one_crash_point_each(seed: int) -> None:
     acts = draw_schedule(seed, Tuning(2000))
@@ -118,6 +154,16 @@ def test_every_seed_schedules_the_whole_fault_table_on_six_drivers_one_crash_poi
     assert sum(a.broker_kill for a in acts) == PLANNED[FaultKind.BROKER_SIGKILL]
     # a driver that meets a broker SIGKILL is alive through it: it dies in a later epoch
     assert all(a.crash_after >= 2 and a.epochs > a.crash_after + 1 for a in acts if a.broker_kill)
+
+
+def test_the_reliability_schedule_adds_a_paused_driver_whose_crash_comes_after_the_takeover() -> None:
+    plain, paused = draw_schedule(3, Tuning(2000)), draw_schedule(3, Tuning(2000), pause=True)
+
+    assert planned_counts(paused) == {**PLANNED, FaultKind.DRIVER_SIGSTOP: 1}
+    assert FaultKind.DRIVER_SIGSTOP not in planned_counts(plain) and not any(a.pause for a in plain)
+    (act,) = [a for a in paused if a.pause]
+    assert act.label == "rescale-down" and act.crash_after == 2 and act.epochs > act.crash_after + 1
+    assert [a.crash for a in paused] == [a.crash for a in plain]  # the same seed, the same crash points
 
 
 def test_the_schedule_is_a_function_of_the_seed() -> None:
@@ -146,8 +192,13 @@ def test_a_smaller_run_keeps_every_fault_and_shrinks_its_epochs() -> None:
         (["--source", "kafka", "--messages", "99"], "--messages=99 is not allowed: an integer >= 100"),
         (["--source", "files"], "argument --source: invalid choice: 'files'"),
         (["--source", "kafka", "--bootstrap-servers", "localhost"], "--bootstrap-servers='localhost'"),
+        (["--source", "kafka", "--store", "gcs"], "argument --store: invalid choice: 'gcs'"),
+        (
+            ["--source", "kafka", "--store", "s3", "--store-fault-rate", "0.5"],
+            "--store-fault-rate=0.5 is not allowed: a share > 0 and <= 0.1",
+        ),
     ],
-    ids=["no-messages", "too-few-messages", "unknown-source", "bad-bootstrap"],
+    ids=["no-messages", "too-few-messages", "unknown-source", "bad-bootstrap", "unknown-store", "fault-rate"],
 )
 def test_bad_input_exits_2_naming_the_option_before_anything_starts(argv: list[str], message: str) -> None:
     done = chaos(*argv, timeout_s=120)
@@ -192,6 +243,21 @@ def test_sink_and_dead_letters_together_must_hold_every_message_once_and_the_mal
     assert changed["records_unexpected"] == 1
     misrouted = compare_sink([*sink, ("t-0", 1, 2, bad)], delivered, [], names)  # a bad record in the sink
     assert misrouted["records_misrouted"] == 1 and misrouted["records_lost"] == 0
+
+
+def test_store_s3_without_the_local_s3_server_exits_2_naming_how_to_build_it(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "splitkeeper", "chaos", "--source", "kafka", "--store", "s3"],
+        env=subprocess_env(SPLITKEEPER_TOOLS_DIR=str(tmp_path)),  # no versitygw there
+        cwd=str(REPO),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "[INVALID_PARAMETER] --store='s3' is not allowed" in done.stderr
+    assert "bash scripts/setup.sh cluster" in done.stderr and "starting a Kafka broker" not in done.stderr
 
 
 def test_bad_records_share_is_checked_before_anything_starts() -> None:

@@ -15,8 +15,10 @@ refused (412 Precondition Failed, or 409 from a store that reports a concurrent 
 write). When it lands too (or the store answers 501: the header is not implemented),
 :class:`~splitkeeper.errors.StoreUnsafeError` names the store, what it accepted and how to
 fix it, before anything of the pipeline is written. The object is deleted afterwards (best
-effort). Another answer (403, 5xx, no connection) is a StateError naming it: nothing is
-judged from a probe that did not run.
+effort). A transient answer (500, 503 SlowDown, a reset connection) is retried with backoff,
+:data:`ATTEMPTS` times in all; a first put retried after a lost answer goes to a fresh key (the
+lost one may have landed). Another answer (403, ...) or a transient one that persists is a
+StateError naming it: nothing is judged from a probe that did not run.
 
 Local file systems pass without a probe (delta-rs commits there with an atomic
 rename-if-absent), and so does AWS S3 itself (no custom endpoint: it honours the header
@@ -30,6 +32,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -44,6 +47,10 @@ log = logging.getLogger(__name__)
 
 #: The folder under the probed location that holds the (deleted) scratch objects.
 PROBE_FOLDER = "_store_probe"
+#: Attempts of one probe request answered by a transient error (:data:`_TRANSIENT`, no answer).
+ATTEMPTS = 5
+_TRANSIENT = (500, 502, 503, 504)
+_NO_ANSWER = -1
 
 _passed: set[tuple[str, str]] = set()
 _lock = threading.Lock()
@@ -67,18 +74,27 @@ def probe_store(location: str | os.PathLike[str], timeout_s: float = 30.0) -> bo
     with _lock:
         if store in _passed:
             return False
-    key = "/".join(p for p in (prefix.strip("/"), PROBE_FOLDER, uuid.uuid4().hex) if p)
     put = _Requests(endpoint, bucket, options, timeout_s)
+    keys: list[str] = []
     try:
-        first = put("PUT", key, b"first", {"if-none-match": "*"})
+        for attempt in range(ATTEMPTS):  # a fresh key each time: a lost answer may hide a landed put
+            keys.append("/".join(p for p in (prefix.strip("/"), PROBE_FOLDER, uuid.uuid4().hex) if p))
+            first = put.once("PUT", keys[-1], b"first", {"if-none-match": "*"})
+            if first not in _TRANSIENT and first != _NO_ANSWER:
+                break
+            put.pause(attempt)
+        key = keys[-1]
+        if first == _NO_ANSWER:
+            raise put.unreachable("PUT", key)
         if first // 100 != 2:
             raise put.failed("PUT", key, first, "the probe's first conditional create")
         second = put("PUT", key, b"second", {"if-none-match": "*"})
     finally:
-        try:
-            put("DELETE", key)
-        except Exception as exc:  # noqa: BLE001 - a leftover scratch object harms nothing
-            log.warning("could not delete the store probe's object s3://%s/%s: %s", bucket, key, exc)
+        for scratch in keys:
+            try:
+                put("DELETE", scratch)
+            except Exception as exc:  # noqa: BLE001 - a leftover scratch object harms nothing
+                log.warning("could not delete the store probe's object s3://%s/%s: %s", bucket, scratch, exc)
     if second // 100 == 2 or second == 501:
         raise StoreUnsafeError(
             f"the object store at {endpoint} (bucket {bucket!r}, probed under {uri}) "
@@ -108,8 +124,34 @@ class _Requests:
 
     def __init__(self, endpoint: str, bucket: str, options: dict[str, str], timeout_s: float) -> None:
         self.endpoint, self.bucket, self.options, self.timeout_s = endpoint, bucket, options, timeout_s
+        self.last_error: OSError | None = None
 
     def __call__(self, method: str, key: str, data: bytes = b"", extra: dict[str, str] | None = None) -> int:
+        """The status, a transient one retried (:data:`ATTEMPTS` in all); StateError without an answer."""
+        for attempt in range(ATTEMPTS):
+            status = self.once(method, key, data, extra)
+            if status not in _TRANSIENT and status != _NO_ANSWER:
+                return status
+            self.pause(attempt)
+        if status == _NO_ANSWER:
+            raise self.unreachable(method, key)
+        return status
+
+    @staticmethod
+    def pause(attempt: int) -> None:
+        if attempt + 1 < ATTEMPTS:
+            time.sleep(min(2.0, 0.1 * 2**attempt))
+
+    def unreachable(self, method: str, key: str) -> StateError:
+        return StateError(
+            f"the object store at {self.endpoint} could not be probed ({method} "
+            f"s3://{self.bucket}/{key}: no answer after {ATTEMPTS} attempts: {self.last_error}); check the "
+            "endpoint and that the store runs",
+            store=self.endpoint,
+        )
+
+    def once(self, method: str, key: str, data: bytes = b"", extra: dict[str, str] | None = None) -> int:
+        """One request: its HTTP status, or ``_NO_ANSWER`` (no connection, reset, timeout)."""
         request = signed_request(
             method,
             self.endpoint,
@@ -129,11 +171,8 @@ class _Requests:
             err.read()
             return int(err.code)
         except OSError as err:
-            raise StateError(
-                f"the object store at {self.endpoint} could not be probed ({method} "
-                f"s3://{self.bucket}/{key}: {err}); check the endpoint and that the store runs",
-                store=self.endpoint,
-            ) from err
+            self.last_error = err
+            return _NO_ANSWER
 
     def failed(self, method: str, key: str, status: int, what: str) -> StateError:
         return StateError(

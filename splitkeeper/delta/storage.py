@@ -29,10 +29,19 @@ Contract:
    stray environment variable cannot switch the store to unsafe, unconditional
    commits. delta-rs 1.x has no DynamoDB lock; none is configured. Whether the store
    honours the header is checked before a pipeline writes (:mod:`~splitkeeper.delta.probe`).
-4. :func:`sigv4_authorization` signs one S3 request (AWS Signature Version 4) for the few
+4. Transient store errors (HTTP 5xx such as 503 SlowDown, a reset connection, a timeout) are
+   retried by the storage clients, with backoff: delta-rs (object_store) up to
+   :data:`MAX_RETRIES` times within :data:`RETRY_TIMEOUT` (the options ``max_retries`` and
+   ``retry_timeout``, pinned here rather than left to the library's defaults), pyarrow with
+   the AWS standard retry strategy up to :data:`MAX_RETRIES` attempts. A conditional put
+   (a Delta commit) is not retried after its request was sent: whether it landed is unknown,
+   so the commit fails, the driver stops, and the next run's recovery finds out from the
+   table (its app transaction) whether the epoch landed. ``chaos --store s3`` runs the
+   pipeline through a proxy that injects these faults.
+5. :func:`sigv4_authorization` signs one S3 request (AWS Signature Version 4) for the few
    requests delta-rs and pyarrow cannot make: the store probe's conditional puts
    (:mod:`~splitkeeper.delta.probe`).
-5. :func:`filesystem` gives a ``pyarrow.fs`` file system and the path inside it, for
+6. :func:`filesystem` gives a ``pyarrow.fs`` file system and the path inside it, for
    the sink's file moves and the log diagnosis; it uses the same options.
 
 Pure functions of their arguments and the environment; safe from any thread.
@@ -76,6 +85,9 @@ _S3_ENV = {
     "AWS_REGION": "AWS_REGION",
     "AWS_ALLOW_HTTP": "AWS_ALLOW_HTTP",
 }
+#: Retries of a transient store error (rule 4), by delta-rs and by pyarrow.
+MAX_RETRIES = 10
+RETRY_TIMEOUT = "120s"
 #: The endpoint docker-compose gives Spark (``fs.s3a.endpoint``), used when AWS_ENDPOINT_URL is unset.
 _SPARK_ENDPOINT_ENV = "SPLITKEEPER_S3A_ENDPOINT"
 
@@ -144,12 +156,14 @@ def storage_options(
         if endpoint.startswith("http://"):
             options.setdefault("AWS_ALLOW_HTTP", "true")
     options["aws_conditional_put"] = "etag"
+    options["max_retries"] = str(MAX_RETRIES)
+    options["retry_timeout"] = RETRY_TIMEOUT
     options["AWS_S3_ALLOW_UNSAFE_RENAME"] = "false"
     return options
 
 
 def filesystem(location: str | os.PathLike[str], env: Mapping[str, str] | None = None) -> tuple[Any, str]:
-    """A ``pyarrow.fs`` file system for ``location`` and the path inside it (rule 4)."""
+    """A ``pyarrow.fs`` file system for ``location`` and the path inside it (rule 6)."""
     import pyarrow.fs as pafs
 
     uri = table_uri(location)
@@ -157,7 +171,10 @@ def filesystem(location: str | os.PathLike[str], env: Mapping[str, str] | None =
         return pafs.LocalFileSystem(), uri
     options = storage_options(uri, env) or {}
     endpoint = options.get("AWS_ENDPOINT_URL")
-    kwargs: dict[str, Any] = {"region": options.get("AWS_REGION") or None}
+    kwargs: dict[str, Any] = {
+        "region": options.get("AWS_REGION") or None,
+        "retry_strategy": pafs.AwsStandardS3RetryStrategy(max_attempts=MAX_RETRIES),
+    }
     if options.get("AWS_ACCESS_KEY_ID"):
         kwargs["access_key"] = options["AWS_ACCESS_KEY_ID"]
         kwargs["secret_key"] = options.get("AWS_SECRET_ACCESS_KEY")

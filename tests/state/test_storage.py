@@ -35,6 +35,8 @@ def test_local_tables_get_no_options_and_s3_tables_get_the_environment_and_safe_
         "AWS_REGION": "us-east-1",
         "AWS_ALLOW_HTTP": "true",
         "aws_conditional_put": "etag",
+        "max_retries": "10",  # transient errors (503 SlowDown, resets) retried with backoff
+        "retry_timeout": "120s",
         "AWS_S3_ALLOW_UNSAFE_RENAME": "false",
     }
     explicit = storage.storage_options(

@@ -23,7 +23,7 @@ from splitkeeper.delta import probe
 from splitkeeper.delta.probe import PROBE_FOLDER, probe_store
 from splitkeeper.delta.storage import sigv4_authorization
 from splitkeeper.errors import StateError, StoreUnsafeError
-from splitkeeper.tools.fault_proxy import Fault, FaultProxy, ProxiedRequest
+from splitkeeper.tools.fault_proxy import FAULT_KINDS, Fault, FaultProxy, FaultSchedule, ProxiedRequest
 
 ACCESS, SECRET = "probe-access", "probe-secret-0123456789"
 
@@ -209,3 +209,61 @@ def test_a_run_on_a_store_that_ignores_if_none_match_is_refused_before_it_writes
     assert "[STORE_UNSAFE]" in err.getvalue() and "s3://bucket/orders/state" in err.getvalue()
     assert store.objects == {}
     assert {p.rsplit("/", 1)[0] for p in _puts(store)} == {f"/bucket/orders/state/{PROBE_FOLDER}"}
+
+
+def test_the_probe_retries_a_503_and_a_reset_then_passes_on_a_fresh_key(store: FakeS3, monkeypatch) -> None:
+    faults = iter([Fault(status=503), Fault(reset=True)])
+
+    def first_two_puts(request: ProxiedRequest) -> Fault | None:
+        return next(faults, None) if request.method == "PUT" else None
+
+    with FaultProxy(store.url, fault=first_two_puts) as proxy:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
+        assert probe_store("s3://bucket/state") is True
+        assert proxy.counts() == {"requests": 7, "slowdown": 1, "delay": 0, "reset": 1}  # 4 PUTs, 3 DELETEs
+    puts = [r.path for r in proxy.seen if r.method == "PUT"]
+    assert len(set(puts[:3])) == 3 and puts[3] == puts[2]  # a fresh key after each lost answer
+    assert _puts(store) == puts[2:]  # the faulted ones never reached the store
+    assert store.objects == {}
+
+
+def test_the_fault_schedule_is_drawn_from_its_seed_scoped_and_counted(store: FakeS3) -> None:
+    def requests(n: int, method: str = "PUT", path: str = "/b/t/_delta_log/0.json") -> list[ProxiedRequest]:
+        return [ProxiedRequest(method, path, {}) for _ in range(n)]
+
+    def kinds(schedule: FaultSchedule, batch: list[ProxiedRequest]) -> list[tuple[str, ...]]:
+        return [tuple(f.kinds()) if (f := schedule(r)) else () for r in batch]
+
+    rates = {"slowdown": 0.2, "reset": 0.1, "delay": 0.1, "delay_s": 0.05}
+    one = kinds(FaultSchedule(seed=5, **rates), requests(400))
+    assert one == kinds(FaultSchedule(seed=5, **rates), requests(400))
+    assert one != kinds(FaultSchedule(seed=6, **rates), requests(400))
+    share = {k: sum(1 for f in one if f == (k,)) / 400 for k in FAULT_KINDS}
+    assert 0.13 < share["slowdown"] < 0.27 and 0.05 < share["reset"] < 0.15 and 0.05 < share["delay"] < 0.15
+    scoped = FaultSchedule(seed=5, slowdown=1.0, methods=["put"], paths=r"/_delta_log/")
+    assert kinds(scoped, requests(3)) == [("slowdown",)] * 3
+    assert kinds(scoped, requests(3, "GET") + requests(3, "PUT", "/b/t/part-0.parquet")) == [()] * 6
+    for bad in ({"slowdown": 1.5}, {"reset": -0.1}, {"slowdown": 0.6, "reset": 0.6}, {"delay_s": -1.0}):
+        with pytest.raises(ValueError, match="must"):
+            FaultSchedule(seed=1, **bad)  # type: ignore[arg-type]
+
+    # through the proxy: every request draws, the counts are what the clients met
+    with FaultProxy(store.url, fault=FaultSchedule(seed=2, **rates), keep_seen=False) as proxy:
+        host, port = proxy.url.removeprefix("http://").split(":")
+        met = {"slowdown": 0, "reset": 0, "answered": 0}
+        for i in range(60):
+            connection = http.client.HTTPConnection(host, int(port), timeout=10)
+            try:
+                connection.request("DELETE", f"/bucket/k{i}", headers={"Authorization": "none"})
+                response = connection.getresponse()
+                response.read()
+                met["slowdown" if response.status == 503 else "answered"] += 1
+            except (ConnectionResetError, http.client.RemoteDisconnected):
+                met["reset"] += 1
+            finally:
+                connection.close()
+        counts = proxy.counts()
+    assert proxy.seen == [] and counts["requests"] == 60
+    assert (counts["slowdown"], counts["reset"]) == (met["slowdown"], met["reset"])
+    assert counts["slowdown"] > 0 and counts["reset"] > 0 and counts["delay"] > 0
+    assert len(store.requests) == met["answered"]  # the delayed ones reached the store, late

@@ -31,6 +31,13 @@ every input message exactly once.
    not UTF-8 before the payload) and the pipeline decodes ``text`` with
    ``errors.tolerance: all`` and a dead-letter table: the bad ones must be exactly the
    dead letters.
+   With ``--store s3`` the state, sink and dead letters live on the local S3 server (versitygw)
+   and the drivers reach it through a fault proxy that answers a share of their requests with
+   503 SlowDown, a reset connection or a slow answer, drawn from ``--seed``
+   (:mod:`~splitkeeper.tools.chaos.store`); the ``rescale-down`` driver is also SIGSTOPped past
+   its lease's ttl while a takeover run commits, then SIGCONTed
+   (:class:`~splitkeeper.tools.chaos.live.DriverPause`). The JSON's ``store`` counts the injected
+   store faults and names the driver runs that failed on the store.
 3. Runs continue until the consumer group's offsets reach the end of every partition on
    a global checkpoint; then :mod:`~splitkeeper.tools.chaos.verify` compares the Delta sink (read
    with delta-rs) with the delivery reports, the group's committed offsets (Kafka's admin API) with the ends
@@ -53,6 +60,7 @@ import tempfile
 from pathlib import Path
 
 from splitkeeper.errors import InvalidParameterError
+from splitkeeper.tools.chaos.store import DEFAULT_FAULT_RATE, MAX_FAULT_RATE, STORES, versitygw_binary
 from splitkeeper.tools.kafka_testbed import check_bootstrap_servers
 
 #: What ``--source`` accepts (only Kafka keeps positions outside the pipeline and can be killed).
@@ -87,6 +95,21 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "upsert sink keyed by the Kafka key; its change table must hold every message once and the keyed "
         "table the latest message of every live key",
     )
+    parser.add_argument(
+        "--store",
+        default="local",
+        choices=STORES,
+        help="local (default): state and sink in the work folder; s3: on the local S3 server (versitygw, "
+        "built by scripts/setup.sh cluster) through a fault proxy that injects 503 SlowDown, reset "
+        "connections and slow answers on a schedule drawn from --seed",
+    )
+    parser.add_argument(
+        "--store-fault-rate",
+        type=float,
+        default=DEFAULT_FAULT_RATE,
+        help=f"with --store s3: the share of the drivers' store requests that meets each fault kind "
+        f"(default {DEFAULT_FAULT_RATE}; at most {MAX_FAULT_RATE})",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     parser.add_argument(
         "--bootstrap-servers",
@@ -116,6 +139,22 @@ def run(args: argparse.Namespace) -> int:
             f"a share >= 0 and < {MAX_BAD_SHARE}",
             hint="e.g. --bad-records 0.01",
         )
+    store = getattr(args, "store", "local")
+    fault_rate = getattr(args, "store_fault_rate", DEFAULT_FAULT_RATE)
+    if not 0 < fault_rate <= MAX_FAULT_RATE:
+        raise InvalidParameterError(
+            "--store-fault-rate",
+            fault_rate,
+            f"a share > 0 and <= {MAX_FAULT_RATE} of the requests, for each fault kind",
+            hint="e.g. --store-fault-rate 0.01",
+        )
+    if store == "s3" and versitygw_binary() is None:
+        raise InvalidParameterError(
+            "--store",
+            store,
+            "local, or s3 where the local S3 server (versitygw) is built",
+            hint="build it with: bash scripts/setup.sh cluster (it goes to .tools/versitygw/bin)",
+        )
     check_bootstrap_servers(args.bootstrap_servers)
     workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="splitkeeper-chaos-"))
     workdir.mkdir(parents=True, exist_ok=True)
@@ -126,6 +165,8 @@ def run(args: argparse.Namespace) -> int:
         args.bootstrap_servers,
         args.bad_records,
         getattr(args, "sink", "append"),
+        store,
+        fault_rate,
     )
     try:
         result = chaos.execute()
@@ -146,7 +187,14 @@ def run(args: argparse.Namespace) -> int:
             if result.get("sink") == "upsert"
             else ""
         )
-        + f"faults {result['faults_by_kind']}, concurrent drivers "
+        + f"faults {result['faults_by_kind']}, "
+        + (
+            f"store faults {result['store']['faults']} ({len(result['store']['runs_failed_by_store'])} "
+            "driver runs failed on the store), "
+            if result["store"]["kind"] == "s3"
+            else ""
+        )
+        + "concurrent drivers "
         f"refused {result['concurrent_drivers_refused']}, {result['elapsed_s']:.0f}s"
         + ("" if ok else f"; work folder kept: {workdir}")
     )

@@ -10,6 +10,7 @@ production.
 from __future__ import annotations
 
 import abc
+import contextlib
 import os
 import signal
 import subprocess
@@ -284,3 +285,83 @@ class ConcurrentDrivers(LiveFault):
                 )
             out.append(fault)
         return out
+
+
+class DriverPause(LiveFault):
+    """SIGSTOP the driver past its lease's ttl while a takeover runs; then SIGCONT it.
+
+    After the driver's epoch line ``epoch`` its whole process tree (the driver, its JVM, its
+    Python workers) is SIGSTOPped; a takeover ``run`` of the same pipeline (its own config file,
+    whose ``lease.wait_s`` outlasts the ttl) watches the frozen holder's lease for the ttl by its
+    own clock, takes it over and commits an epoch; then the tree is SIGCONTed. The woken driver
+    must commit nothing more: its lease re-check before the sink commit, or the fence in the
+    commit, stops it (exit 2, ``[LEASE_LOST]`` or ``[CONCURRENT_RUN]``); the verification at the
+    end shows the data exact.
+    """
+
+    def __init__(self, run: str, epoch: int, takeover: Path, ttl_s: float, launch: Launch) -> None:
+        super().__init__(run)
+        self.epoch = epoch
+        self.takeover = takeover
+        self.ttl_s = ttl_s
+        self.launch = launch
+        self.outcome: RunOutcome | None = None
+        self.frozen_s = 0.0
+        self.stopped: list[int] = []
+
+    def due(self, line: EpochLine) -> bool:
+        return line.epoch >= self.epoch
+
+    def inject(self, line: EpochLine, proc: subprocess.Popen[str]) -> None:
+        from splitkeeper.tools.chaos.processes import descendants
+
+        self.epoch = line.epoch
+        started = time.monotonic()
+        for pid in [proc.pid, *descendants(proc.pid)]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGSTOP)
+                self.stopped.append(pid)
+        say(
+            f"[{self.run}] SIGSTOP of driver pid {proc.pid} ({len(self.stopped)} processes) "
+            f"after epoch {line.epoch}"
+        )
+        try:
+            self.outcome = self.launch("takeover", ["run", "--config", str(self.takeover), "--epochs", "1"])
+        finally:
+            self.frozen_s = time.monotonic() - started
+            for pid in reversed(self.stopped):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGCONT)
+            say(f"[{self.run}] SIGCONT of the driver after {self.frozen_s:.0f}s")
+
+    def faults(self, outcome: RunOutcome) -> list[Fault]:
+        fault = Fault(
+            FaultKind.DRIVER_SIGSTOP,
+            self.run,
+            f"the driver is SIGSTOPped after an epoch line, past its lease's {self.ttl_s:g}s ttl; a takeover "
+            "`run` takes the lease over and commits; the driver, SIGCONTed, must commit nothing more",
+            self.epoch,
+        )
+        if self.outcome is None:
+            fault.evidence = self._not_started() or "no takeover ran"
+            return [fault]
+        takeover = self.outcome
+        committed = [e.epoch for e in takeover.epochs if e.completed]
+        late = [e.epoch for e in outcome.epochs if e.epoch > self.epoch and e.completed]
+        stopped = next(
+            (ln for ln in outcome.stderr.splitlines() if "[LEASE_LOST]" in ln or "[CONCURRENT_RUN]" in ln), ""
+        )
+        fault.injected = (
+            self.frozen_s >= self.ttl_s
+            and takeover.returncode == 0
+            and bool(committed)
+            and not late
+            and outcome.returncode == 2
+            and bool(stopped)
+        )
+        fault.evidence = (
+            f"frozen {self.frozen_s:.0f}s; takeover exit {takeover.returncode}, committed {committed}; "
+            f"the woken driver exit {outcome.returncode}, committed after waking {late or 'nothing'}; "
+            + (stopped.strip()[:260] if stopped else "no [LEASE_LOST] or [CONCURRENT_RUN]")
+        )
+        return [fault]

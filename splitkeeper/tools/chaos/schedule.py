@@ -34,6 +34,9 @@ class FaultKind(enum.Enum):
     CONCURRENT_RECOVER = "concurrent_recover"  # a `recover` while a run runs: refused by the lease
     RESCALE_UP = "rescale_up"  # recover --parallelism 6 from 4
     RESCALE_DOWN = "rescale_down"  # recover --parallelism 4 from 6
+    #: with ``--store s3`` only (not in PLANNED): the driver SIGSTOPped past its lease's ttl, a
+    #: takeover commits, the driver SIGCONTed commits nothing more
+    DRIVER_SIGSTOP = "driver_sigstop"
 
 
 #: The fault table: how many faults of each kind one chaos run injects.
@@ -157,13 +160,14 @@ class Act:
     produce: bool = False
     worker_kill_epoch: int | None = None
     concurrent_epoch: int | None = None
+    pause: bool = False  # SIGSTOPped after its first epoch line while a takeover commits
     meets: tuple[FaultKind, ...] = ()  # the fault kinds it meets besides its crash
 
     def slow_region(self) -> RegionFaultSpec | None:
         return next((f for f in self.region_faults if f.kind is FaultKind.WORKER_SIGKILL), None)
 
 
-def draw_schedule(seed: int, tuning: Tuning) -> list[Act]:
+def draw_schedule(seed: int, tuning: Tuning, pause: bool = False) -> list[Act]:
     """The driver processes of one run, drawn from ``seed``; together they meet every fault of PLANNED.
 
     1. ``faults`` (a fresh pipeline, P=4): epoch 1 commits a first checkpoint; epochs 2-4,
@@ -178,7 +182,9 @@ def draw_schedule(seed: int, tuning: Tuning) -> list[Act]:
        return, and die in their third; each ``ingest`` process receives a share of the
        remaining messages.
 
-    The six crash points are a seeded permutation over the six processes.
+    The six crash points are a seeded permutation over the six processes. With ``pause``
+    (``--store s3``), ``rescale-down`` is also SIGSTOPped after its first epoch line while a
+    takeover commits (:class:`~splitkeeper.tools.chaos.live.DriverPause`).
     """
     rng = random.Random(f"chaos-schedule-{seed}")
     points = list(CrashPoint)
@@ -230,21 +236,27 @@ def draw_schedule(seed: int, tuning: Tuning) -> list[Act]:
             acts.append(
                 Act(
                     "rescale-up" if up else "rescale-down",
-                    epochs=3,
+                    epochs=4 if pause and not up else 3,
                     crash=points[2 + 2 * i],
-                    crash_after=1,  # one checkpoint at the new parallelism first
+                    # one checkpoint at the new parallelism first; a paused driver is woken heading for
+                    # the next epoch (the takeover's): its crash point comes one later, past the fence
+                    crash_after=2 if pause and not up else 1,
                     rescale_to=RESCALED_PARALLELISM if up else PARALLELISM,
-                    meets=(FaultKind.RESCALE_UP if up else FaultKind.RESCALE_DOWN,),
+                    pause=pause and not up,
+                    meets=(FaultKind.RESCALE_UP,)
+                    if up
+                    else (FaultKind.RESCALE_DOWN, *((FaultKind.DRIVER_SIGSTOP,) if pause else ())),
                 )
             )
     return acts
 
 
 def planned_counts(acts: list[Act]) -> dict[FaultKind, int]:
-    """How many faults of each kind ``acts`` meet (a crash each, plus what they name in ``meets``)."""
+    """How many faults of each kind ``acts`` meet (a crash each, plus what they name in ``meets``):
+    every kind of PLANNED, and any other kind they meet."""
     counts = {kind: 0 for kind in FaultKind}
     for act in acts:
         counts[FaultKind.DRIVER_SIGKILL] += 1
         for kind in act.meets:
             counts[kind] += 1
-    return counts
+    return {kind: n for kind, n in counts.items() if kind in PLANNED or n}

@@ -1,0 +1,190 @@
+"""``chaos --store s3``: the state and the sink on the project's local S3 server, through a fault proxy.
+
+:class:`ChaosStore` starts versitygw (the object store of the local cluster, built by
+``scripts/setup.sh cluster``) on a free port of 127.0.0.1, with keys of its own, in
+``<workdir>/s3``, creates the bucket, and puts a
+:class:`~splitkeeper.tools.fault_proxy.FaultProxy` in front of it whose
+:class:`~splitkeeper.tools.fault_proxy.FaultSchedule` is drawn from ``--seed``: each request of a
+driver (delta-rs, pyarrow, the store probe) meets, at ``--store-fault-rate`` each, a 503 SlowDown,
+a reset connection (no answer; not on a conditional put, see below) or an answer :data:`DELAY_S`
+late. The drivers get the proxy's
+address (:meth:`ChaosStore.driver_env`); the chaos command itself, which verifies, reads the store
+directly (:meth:`ChaosStore.direct_env`), so the verdict does not depend on the faults.
+
+What the drivers survive is their storage clients' retries (:mod:`splitkeeper.delta.storage`
+rule 4). A Delta commit (a put with ``If-None-Match``) whose request was sent and not answered
+cannot be retried blindly (it may have landed, and a retry would then be refused as a conflict):
+delta-rs fails it and the driver stops, so the schedule spares conditional puts the reset
+(``reset_conditional=False``): every other request meets it. Drivers that fail on the store
+anyway are found in their logs by :func:`store_failures` and reported; the next run's recovery
+settles their epoch from the table.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from splitkeeper.tools.chaos.processes import RunOutcome, say
+from splitkeeper.tools.fault_proxy import FaultProxy, FaultSchedule
+
+STORES = ("local", "s3")
+BUCKET = "chaos"
+REGION = "us-east-1"
+DEFAULT_FAULT_RATE = 0.01
+MAX_FAULT_RATE = 0.1  # of each kind: a driver must still get most of its requests through
+DELAY_S = 0.5  # well within every client timeout: a slow answer, not a lost one
+#: What a driver that failed because of the store wrote last (delta-rs, pyarrow, the probe).
+STORE_ERROR_MARKS = (
+    "Generic S3 error",
+    "SlowDown",
+    "SLOW_DOWN",
+    "injected by the fault proxy",
+    "NETWORK_CONNECTION",
+    "could not be probed",
+    "connection error",
+    "Connection reset",
+)
+
+
+def versitygw_binary() -> Path | None:
+    """The versitygw the cluster setup built (``.tools/versitygw/bin/versitygw``), None when absent."""
+    from splitkeeper.tools.cluster.local import tools_root
+
+    binary = tools_root() / "versitygw" / "bin" / "versitygw"
+    return binary if binary.is_file() and os.access(binary, os.X_OK) else None
+
+
+class ChaosStore:
+    """versitygw plus the fault proxy (see the module doc); :meth:`start`, then :meth:`stop`."""
+
+    def __init__(self, workdir: Path, seed: int, fault_rate: float, prefix: str) -> None:
+        self.workdir = workdir
+        self.fault_rate = fault_rate
+        self.prefix = prefix
+        self.access_key = "chaos" + secrets.token_hex(6)
+        self.secret_key = secrets.token_hex(20)
+        self.schedule = FaultSchedule(
+            seed=seed,
+            slowdown=fault_rate,
+            reset=fault_rate,
+            delay=fault_rate,
+            delay_s=DELAY_S,
+            reset_conditional=False,
+        )
+        self.endpoint = ""
+        self.proxy: FaultProxy | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    def location(self, name: str) -> str:
+        return f"s3://{BUCKET}/{self.prefix}/{name}"
+
+    def start(self) -> None:
+        from splitkeeper.tools.cluster.s3 import S3Client, S3Error
+        from splitkeeper.tools.kafka_broker import free_port
+
+        binary = versitygw_binary()
+        assert binary is not None, "checked by the command before anything started"
+        data = self.workdir / "s3"
+        data.mkdir(parents=True, exist_ok=True)
+        (self.workdir / "logs").mkdir(exist_ok=True)
+        port = free_port()
+        self.endpoint = f"http://127.0.0.1:{port}"
+        env = {
+            **os.environ,
+            # versitygw reads the root credentials from its environment: not on the command line
+            "ROOT_ACCESS_KEY_ID": self.access_key,
+            "ROOT_SECRET_ACCESS_KEY": self.secret_key,
+            "VGW_REGION": REGION,
+        }
+        log = (self.workdir / "logs" / "versitygw.log").open("ab")
+        self._proc = subprocess.Popen(
+            [str(binary), "--port", f"127.0.0.1:{port}", "--quiet", "posix", str(data)],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        log.close()
+        client = S3Client(self.endpoint, self.access_key, self.secret_key, REGION)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                client.list_buckets()
+                break
+            except (OSError, S3Error):
+                if self._proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(
+                        f"versitygw did not start at {self.endpoint}; see {self.workdir / 'logs'}"
+                    ) from None
+                time.sleep(0.2)
+        client.create_bucket(BUCKET)
+        self.proxy = FaultProxy(self.endpoint, fault=self.schedule, keep_seen=False).start()
+        say(
+            f"object store versitygw at {self.endpoint} (bucket {BUCKET}); the drivers reach it through "
+            f"the fault proxy {self.proxy.url}: 503 SlowDown, reset connections and {DELAY_S:g}s delays, "
+            f"{self.fault_rate:.1%} of the requests each"
+        )
+
+    def _env(self, endpoint: str) -> dict[str, str]:
+        return {
+            "AWS_ENDPOINT_URL": endpoint,
+            "AWS_ACCESS_KEY_ID": self.access_key,
+            "AWS_SECRET_ACCESS_KEY": self.secret_key,
+            "AWS_REGION": REGION,
+            "AWS_ALLOW_HTTP": "true",
+        }
+
+    def driver_env(self) -> dict[str, str]:
+        """The environment a driver gets: the store through the fault proxy."""
+        assert self.proxy is not None
+        return self._env(self.proxy.url)
+
+    def direct_env(self) -> dict[str, str]:
+        """The environment of the verification: the store itself, and S3A for Spark's reads of the sink."""
+        from splitkeeper.tools.cluster.local import S3A_CREDENTIALS_PROVIDER
+
+        conf = {
+            "spark.hadoop.fs.s3a.endpoint": self.endpoint,
+            "spark.hadoop.fs.s3a.endpoint.region": REGION,
+            "spark.hadoop.fs.s3a.path.style.access": "true",
+            "spark.hadoop.fs.s3a.connection.ssl.enabled": "false",
+            "spark.hadoop.fs.s3a.aws.credentials.provider": S3A_CREDENTIALS_PROVIDER,
+            "spark.hadoop.fs.s3a.access.key": self.access_key,
+            "spark.hadoop.fs.s3a.secret.key": self.secret_key,
+        }
+        return {
+            **self._env(self.endpoint),
+            "SPLITKEEPER_SPARK_CONF": ";".join(f"{k}={v}" for k, v in conf.items()),
+        }
+
+    def counts(self) -> dict[str, int]:
+        return {"requests": 0} if self.proxy is None else self.proxy.counts()
+
+    def stop(self) -> None:
+        if self.proxy is not None:
+            self.proxy.stop()
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.terminate()
+            try:
+                self._proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+
+
+def store_failures(runs: Sequence[RunOutcome]) -> list[dict[str, Any]]:
+    """The driver runs that ended in an error of the store (not SIGKILLed, not refused by the
+    lease): each with the last line of its log that names the store error."""
+    failed = []
+    for run in runs:
+        if run.returncode in (0, -9, None):
+            continue
+        lines = [ln for ln in run.stderr.splitlines() if any(m in ln for m in STORE_ERROR_MARKS)]
+        if lines:
+            failed.append({"run": run.label, "exit": run.returncode, "error": lines[-1].strip()[:300]})
+    return failed
