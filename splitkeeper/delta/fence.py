@@ -28,6 +28,16 @@ Every "only one run may do this" rule of splitkeeper is this one function:
    (two redos of one decision), anything else a ConcurrentRunError. A loser may
    leave an uncommitted parquet file in the table folder; it is never in the log,
    so no reader sees it.
+5. when the write raises a transport error (``OSError`` from the object store: a connection
+   reset, a timeout; not a refusal of the operating system, which
+   :func:`~splitkeeper.delta.tables.guarded` names), the commit's answer was lost and whether
+   it landed is unknown: delta-rs does not retry a conditional put. The table is re-read
+   (up to :data:`LOST_ANSWER_READS` times, with backoff). If it records ``version`` with this
+   commit's ``attempt_id``, the commit landed: the result is that commit, as if the answer had
+   arrived. If it records the version ``expected``, nothing landed yet: a
+   :class:`~splitkeeper.errors.StateError` ``[STATE_ERROR]`` says so and that the next run's
+   open finds out (a put still in flight may land later; the next open redoes or discards it
+   from the decision record, protocol rule 5.4). Anything else is a conflict (step 4).
 
 The commit's custom metadata carries ``app_id``, ``version_key: version`` and
 ``attempt_id`` (when given) plus the caller's keys; :func:`recorded_commit` finds
@@ -38,6 +48,7 @@ to call from several processes at once (that is its purpose).
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -54,6 +65,8 @@ log = logging.getLogger(__name__)
 
 #: How many of the newest commits :func:`recorded_commit` reads before it reads the whole history.
 RECENT_HISTORY = 64
+#: Step 5: how many times a commit whose answer was lost re-reads the table (waits 0.5, 1, 2 s).
+LOST_ANSWER_READS = 4
 
 WriteFn = Callable[["DeltaTable", "CommitProperties"], None]
 
@@ -214,7 +227,63 @@ def fenced_commit(
         raise _conflict(
             pipeline=pipeline, table_name=table_name, what=what, version=version, found=now, expected=expected
         ) from err
+    except OSError as err:  # step 5: the answer was lost (guarded() already named OS refusals)
+        landed = _after_lost_answer(table, app_id, version, attempt, version_key, err)
+        if landed is not None:
+            log.warning(
+                "the answer to the commit of %s %s to table %s was lost (%s); the table records it",
+                what,
+                version,
+                table_name,
+                err,
+            )
+            return FenceResult(app_id, version, False, landed.get("version"), landed)
+        found = table.transaction_version(app_id)
+        if found == current:
+            raise StateError(
+                f"pipeline {pipeline!r}: the answer to the commit of {what} {version} to table {table_name} was "
+                f"lost ({err}), and the table, read again, does not record it: nothing is committed by this "
+                "run. Run again: the next run's open finds out whether a commit still in flight landed, and "
+                "finishes or discards it from the decision record",
+                pipeline=pipeline,
+                table=table_name,
+                epoch_id=version,
+            ) from err
+        raise _conflict(
+            pipeline=pipeline,
+            table_name=table_name,
+            what=what,
+            version=version,
+            found=found,
+            expected=expected,
+        ) from err
     from splitkeeper.delta.tables import refresh
 
     refresh(table)  # a transaction commit does not advance the table object itself
     return FenceResult(app_id, version, False, table.version(), custom)
+
+
+def _after_lost_answer(
+    table: DeltaTable, app_id: str, version: int, attempt: str | None, version_key: str, err: OSError
+) -> dict[str, Any] | None:
+    """Step 5: the recorded commit of ``version`` when it is this one (same ``attempt``), read again
+    from the store; None when the table does not record it. Re-reads the table up to
+    :data:`LOST_ANSWER_READS` times while the store fails too; raises the last failure then."""
+    from splitkeeper.delta.tables import refresh
+
+    wait = 0.5
+    for left in range(LOST_ANSWER_READS, 0, -1):
+        try:
+            refresh(table)
+            break
+        except OSError:
+            if left == 1:
+                raise
+            time.sleep(wait)
+            wait *= 2
+    if table.transaction_version(app_id) != version:
+        return None
+    recorded = recorded_commit(table, app_id, version, version_key)
+    if recorded is None or (attempt is not None and recorded.get("attempt_id") != attempt):
+        return None
+    return recorded

@@ -20,7 +20,7 @@ from deltalake.transaction import CommitProperties, Transaction
 from splitkeeper.core.ports import SinkCrashPoint
 from splitkeeper.delta.fence import fenced_commit, recorded_commit
 from splitkeeper.delta.sink import DeltaSink
-from splitkeeper.errors import ConcurrentRunError
+from splitkeeper.errors import ConcurrentRunError, StateError
 
 from . import workers
 from .samples import LocalPipeline, assert_sink_is_input
@@ -124,6 +124,70 @@ def test_a_concurrent_commit_of_the_same_attempt_is_a_replay_not_a_conflict(tabl
     result = _commit(stale, 1, None, "twin-2", attempt="decision-1")
     assert result.replayed
     assert _rows(table) == ["twin"]
+
+
+def _lost_answer(write=None):
+    """A write whose answer is lost: it runs ``write`` (the commit lands, or not when None), then
+    the connection is reset, as an object store's reply dropped on the way back would be."""
+
+    def lost(target, properties):
+        if write is not None:
+            write(target, properties)
+        raise OSError("Generic S3 error: error sending request: connection reset by peer")
+
+    return lost
+
+
+def _fenced(uri, version, expected, write, attempt):
+    return fenced_commit(
+        DeltaTable(uri),
+        pipeline="orders",
+        table_name="fenced",
+        app_id="orders",
+        version=version,
+        expected=expected,
+        write=write,
+        attempt=attempt,
+        what="epoch",
+    )
+
+
+def test_a_commit_whose_answer_is_lost_but_landed_is_committed_once(table):
+    _commit(table, 1, None, "run-a")
+    result = _fenced(table, 2, 1, _lost_answer(_append("run-a2")), "run-a2")
+    assert not result.replayed and result.metadata["attempt_id"] == "run-a2"
+    assert result.table_version == DeltaTable(table).version() == 2
+    assert _rows(table) == ["run-a", "run-a2"]  # once: nothing was written again
+
+
+def test_a_commit_whose_answer_is_lost_and_did_not_land_says_so_and_the_next_commit_lands(table):
+    _commit(table, 1, None, "run-a")
+    with pytest.raises(StateError) as err:
+        _fenced(table, 2, 1, _lost_answer(), "run-a2")
+    text = str(err.value)
+    assert text.startswith(
+        "[STATE_ERROR] pipeline 'orders': the answer to the commit of epoch 2 to table fenced"
+    )
+    assert "connection reset by peer" in text and "does not record it: nothing is committed" in text
+    assert DeltaTable(table).transaction_version("orders") == 1 and _rows(table) == ["run-a"]
+    assert not _commit(table, 2, 1, "run-a2").replayed  # the next run commits the epoch
+    assert _rows(table) == ["run-a", "run-a2"]
+
+
+def test_a_lost_answer_while_another_run_committed_the_version_is_a_conflict(table):
+    rival = _append("rival")
+
+    def other_run_lands(target, _properties):  # another attempt's commit of the same version lands
+        props = CommitProperties(
+            app_transactions=[Transaction("orders", 1)],
+            custom_metadata={"app_id": "orders", "attempt_id": "b"},
+        )
+        rival(DeltaTable(target.table_uri), props)
+
+    with pytest.raises(ConcurrentRunError) as err:
+        _fenced(table, 1, None, _lost_answer(other_run_lands), "a")
+    assert err.value.params["found"] == 1
+    assert _rows(table) == ["rival"]
 
 
 def test_commits_of_another_app_id_do_not_conflict(table):
