@@ -241,10 +241,10 @@ def fenced_commit(
         found = table.transaction_version(app_id)
         if found == current:
             raise StateError(
-                f"pipeline {pipeline!r}: the answer to the commit of {what} {version} to table {table_name} was "
-                f"lost ({err}), and the table, read again, does not record it: nothing is committed by this "
-                "run. Run again: the next run's open finds out whether a commit still in flight landed, and "
-                "finishes or discards it from the decision record",
+                f"pipeline {pipeline!r}: the answer to the commit of {what} {version} to table {table_name} "
+                f"was lost ({err}), and the table, read again, does not record it: nothing is committed "
+                "by this run. Run again: the next run's open finds out whether a commit still in flight "
+                "landed, and finishes or discards it from the decision record",
                 pipeline=pipeline,
                 table=table_name,
                 epoch_id=version,
