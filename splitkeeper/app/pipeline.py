@@ -240,8 +240,8 @@ def _region_task(payload: tuple[Any, ...]) -> RegionResult:
 
 
 class SparkRegionRunner(RegionRunner):
-    """Each region of an epoch that has ranges to read as its own one-task Spark job; faults from a
-    :class:`FaultPlan`.
+    """Each region of an epoch that has ranges to read as its own one-task Spark job, at most
+    ``max_concurrent`` at once (config ``max_concurrent_regions``); faults from a :class:`FaultPlan`.
 
     The driver calls it with the regions that need a task only
     (:func:`~splitkeeper.core.driver.regions_to_run`): a region with nothing to read this epoch is
@@ -262,8 +262,10 @@ class SparkRegionRunner(RegionRunner):
         interrupt: threading.Event | None = None,
         policy: RecordPolicy | None = None,
         spark_transform: SparkTransform | None = None,
+        max_concurrent: int | None = None,
     ) -> None:
         self.spark = spark if isinstance(spark, LazySpark) else LazySpark(spark)
+        self.max_concurrent = max_concurrent  # region jobs at once (None: from the task slots)
         self.policy = policy or RecordPolicy()
         self.spark_transform = spark_transform  # transform.kind spark: run per epoch after the regions
         self.interrupt = interrupt  # set: the epoch in its read phase is abandoned (EpochAbandoned)
@@ -301,6 +303,7 @@ class SparkRegionRunner(RegionRunner):
                 _region_task,
                 timeout_s,
                 interrupt=self.interrupt,
+                max_concurrent=self.max_concurrent,
             )
             if payloads
             else {}
@@ -418,6 +421,7 @@ class Pipeline:
                 interrupt,
                 self.policy,
                 spark_transform,
+                config.max_concurrent_regions,
             ),
             self.sink,
             self.store,

@@ -59,7 +59,12 @@ from pydantic import (
 )
 from pydantic.fields import FieldInfo
 
-from splitkeeper.config.limits import MAX_PARALLELISM, check_parallelism
+from splitkeeper.config.limits import (
+    MAX_CONCURRENT_REGIONS,
+    MAX_PARALLELISM,
+    check_max_concurrent_regions,
+    check_parallelism,
+)
 from splitkeeper.core import defaults
 from splitkeeper.core.assignment import STRATEGIES
 from splitkeeper.core.backlog import BacklogConfig
@@ -214,6 +219,10 @@ def _strategy(value: str) -> str:
 
 def _parallelism(value: Any) -> int:
     return check_parallelism(value)
+
+
+def _max_concurrent_regions(value: Any) -> int | None:
+    return None if value is None else check_max_concurrent_regions(value)
 
 
 class _Section(BaseModel):
@@ -594,6 +603,12 @@ class PipelineFile(_Section):
         1,
         description=f"integer from 1 to {MAX_PARALLELISM} (the core checks >= 1, the runtime the top)",
         json_schema_extra={"type": "integer", "maximum": MAX_PARALLELISM},
+    )
+    max_concurrent_regions: Annotated[Any, AfterValidator(_max_concurrent_regions)] = Field(
+        None,
+        description=f"integer from 1 to {MAX_CONCURRENT_REGIONS}: the most region jobs an epoch runs at "
+        "once (not given: twice the cluster's task slots, from 2 to 64)",
+        json_schema_extra={"type": "integer", "minimum": 1, "maximum": MAX_CONCURRENT_REGIONS},
     )
     regions: RegionMode = _choice(RegionMode, RegionMode.PER_READER)
     strategy: Annotated[str, AfterValidator(_strategy)] = Field(

@@ -254,6 +254,7 @@ class PipelineConfig:
     sink_path: str
     staging_path: str
     parallelism: int
+    max_concurrent_regions: int | None  # None: derived from the cluster's task slots
     regions: RegionMode
     strategy: str
     checkpoint: CheckpointSettings
@@ -745,6 +746,7 @@ def _view(file: PipelineFile, origin: str) -> PipelineConfig:
         sink_path=resolved.sink_path,
         staging_path=resolved.staging_path,
         parallelism=file.parallelism,
+        max_concurrent_regions=file.max_concurrent_regions,
         regions=file.regions,
         strategy=file.strategy,
         checkpoint=checkpoint,

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from splitkeeper.cli import main
-from splitkeeper.config.limits import MAX_PARALLELISM
+from splitkeeper.config.limits import MAX_CONCURRENT_REGIONS, MAX_PARALLELISM
 from splitkeeper.config.settings import MAX_DEPTH, MAX_VALUES, load_config
 from splitkeeper.errors import ConfigError
 
@@ -167,16 +167,52 @@ def test_staging_inside_state_stays_the_default_but_not_state_itself(tmp_path: P
 def test_parallelism_above_the_limit_is_refused_with_how_to_fix(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    path = write(tmp_path, HEAD + "parallelism: 10000\n" + SOURCE + PLACES)
+    path = write(tmp_path, HEAD + "parallelism: 100000\n" + SOURCE + PLACES)
     message = refused(path)
     assert message.startswith(
-        f"[CONFIG_ERROR] parallelism=10000 is not allowed: an integer from 1 to {MAX_PARALLELISM}; "
+        f"[CONFIG_ERROR] parallelism=100000 is not allowed: an integer from 1 to {MAX_PARALLELISM}; "
     )
     assert f"use at most {MAX_PARALLELISM}" in message and str(path) in message
     rc, err = status_rc(path, capsys)
-    assert rc == 2 and "parallelism=10000 is not allowed" in err
+    assert rc == 2 and "parallelism=100000 is not allowed" in err
+    assert "about 1 s an epoch at 10,000 regions" in message  # the reason of the cap
     write(tmp_path, HEAD + f"parallelism: {MAX_PARALLELISM}\n" + SOURCE + PLACES)
-    assert load_config(path).parallelism == MAX_PARALLELISM
+    assert MAX_PARALLELISM == 10_000 and load_config(path).parallelism == MAX_PARALLELISM
+
+
+@pytest.mark.parametrize("value", ["0", "257", "true", "'8'", "2.5"])
+def test_max_concurrent_regions_out_of_range_is_refused_naming_the_key(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], value: str
+) -> None:
+    path = write(tmp_path, HEAD + f"max_concurrent_regions: {value}\n" + SOURCE + PLACES)
+    message = refused(path)
+    assert message.startswith("[CONFIG_ERROR] max_concurrent_regions="), message
+    assert f"an integer from 1 to {MAX_CONCURRENT_REGIONS}" in message, message
+    rc, err = status_rc(path, capsys)
+    assert rc == 2 and "max_concurrent_regions=" in err
+
+
+def test_max_concurrent_regions_is_optional_and_reaches_the_runtime(tmp_path: Path) -> None:
+    path = write(tmp_path, HEAD + SOURCE + PLACES)
+    assert load_config(path).max_concurrent_regions is None  # derived from the task slots
+    write(tmp_path, HEAD + f"max_concurrent_regions: {MAX_CONCURRENT_REGIONS}\n" + SOURCE + PLACES)
+    assert load_config(path).max_concurrent_regions == MAX_CONCURRENT_REGIONS == 256
+    write(tmp_path, HEAD + "max_concurrent_regions: 1\n" + SOURCE + PLACES)
+    assert load_config(path).max_concurrent_regions == 1
+
+
+def test_the_default_pool_is_twice_the_task_slots_from_2_to_64() -> None:
+    from types import SimpleNamespace
+
+    from splitkeeper.spark.regions import default_max_concurrent
+
+    assert [default_max_concurrent(SimpleNamespace(defaultParallelism=n)) for n in (1, 2, 8, 32, 500)] == [
+        2,
+        4,
+        16,
+        64,
+        64,
+    ]
 
 
 def test_recover_refuses_a_rescale_above_the_limit_before_opening_anything(
@@ -189,16 +225,16 @@ def test_recover_refuses_a_rescale_above_the_limit_before_opening_anything(
 
     monkeypatch.setattr(services, "_pipeline", opened)
     path = write(tmp_path, HEAD + SOURCE + PLACES)
-    rc = main(["recover", "--config", str(path), "--parallelism", "10000", "--dry-run"])
+    rc = main(["recover", "--config", str(path), "--parallelism", "100000", "--dry-run"])
     assert rc == 2
     assert (
-        f"--parallelism=10000 is not allowed: an integer from 1 to {MAX_PARALLELISM}"
+        f"--parallelism=100000 is not allowed: an integer from 1 to {MAX_PARALLELISM}"
         in capsys.readouterr().err
     )
     with pytest.raises(
-        Exception, match=f"parallelism=10000 is not allowed: an integer from 1 to {MAX_PARALLELISM}"
+        Exception, match=f"parallelism=100000 is not allowed: an integer from 1 to {MAX_PARALLELISM}"
     ):
-        services.recover(load_config(path), parallelism=10000, dry_run=True)
+        services.recover(load_config(path), parallelism=100000, dry_run=True)
 
 
 # --------------------------------------------------------------------------- parsing limits
@@ -323,6 +359,7 @@ def test_the_json_schema_states_the_parallelism_limit() -> None:
     from splitkeeper.config.models import json_schema
 
     assert json_schema()["properties"]["parallelism"]["maximum"] == MAX_PARALLELISM
+    assert json_schema()["properties"]["max_concurrent_regions"]["maximum"] == MAX_CONCURRENT_REGIONS
 
 
 # --------------------------------------------------------------------------- transforms
