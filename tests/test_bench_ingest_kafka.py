@@ -48,7 +48,7 @@ def test_tiny_kafka_ingest_holds_exactly_the_produced_messages_in_both_sinks_and
         [
             "bench", "ingest", "--source", "kafka", "--messages", str(MESSAGES), "--repeat", "1",
             "--stall-messages", "800", "--stall-s", str(STALL_S), "--region-timeout-s", "5",
-            "--out", str(out), "--work-dir", str(tmp_path / "work"), "--json",
+            "--out", str(out), "--work-dir", str(tmp_path / "work"), "--limit", "--json",
         ]
     )  # fmt: skip
     captured = capsys.readouterr()
@@ -72,6 +72,16 @@ def test_tiny_kafka_ingest_holds_exactly_the_produced_messages_in_both_sinks_and
     )
     assert result["ours_records_per_s"] == pytest.approx(MESSAGES / result["ours_s"], abs=0.051)
     assert {"plan", "read", "sink", "state"} <= set(result["ours_phases_avg_s"])
+    # --limit: plain confluent-kafka + Arrow, one process per region, wrote every produced message
+    # once with its bytes (read back and compared with the producer's delivery reports), and
+    # ours / limit is the ratio of the printed median seconds
+    limit_run = result["runs"][0]
+    assert limit_run["order"] == ["ours", "baseline", "limit"]
+    assert limit_run["limit_rows"] == MESSAGES and limit_run["limit_content_equal"] is True
+    assert result["limit_processes"] == result["parallelism"] and result["limit_s"] > 0
+    assert result["limit_records_per_s"] == pytest.approx(MESSAGES / result["limit_s"], abs=0.051)
+    assert result["ours_over_limit"] == pytest.approx(result["ours_s"] / result["limit_s"], abs=5.1e-4)
+    assert "Arrow limit (median)" not in captured.out  # --json: the table is not printed
     assert set(result["load_avg"]) >= {"start", "ours", "baseline", "stall_ours", "stall_baseline", "end"}
 
     stall = result["stall"]
@@ -91,6 +101,7 @@ def test_tiny_kafka_ingest_holds_exactly_the_produced_messages_in_both_sinks_and
     assert "[bench ingest kafka] rep 1/1 ours" in captured.err
     html = (out / ingest_kafka.CHART_FILE).read_text(encoding="utf-8")
     assert 'id="ingest-kafka-throughput"' in html and 'id="ingest-kafka-stall"' in html
+    assert "Arrow limit" in html  # the third bar
     assert result["chart"] == str(out / ingest_kafka.CHART_FILE)
 
 
@@ -101,6 +112,7 @@ def test_tiny_kafka_ingest_holds_exactly_the_produced_messages_in_both_sinks_and
         (["--partitions", "-1"], "partitions=-1"),
         (["--stall-s", "5", "--region-timeout-s", "10"], "stall_s=5.0"),
         (["--bootstrap-servers", "no port"], "--bootstrap-servers='no port'"),
+        (["--limit", "--decode", "json"], "limit=True"),
     ],
 )
 def test_bad_input_exits_2_naming_the_value_before_starting_anything(
