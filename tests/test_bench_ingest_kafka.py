@@ -186,3 +186,35 @@ def test_json_values_are_the_files_benchmarks_records_numbered_by_sequence() -> 
     assert set(first) == {"id", "user", "amount", "ts", "note"}
     assert (first["id"], second["id"]) == (0, 1)
     assert 50 <= len(value_of(2, "t", 0, "ff")) <= 150  # about --value-bytes long
+
+
+def test_the_kafka_limit_check_refuses_a_missing_a_changed_or_a_repeated_message(tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from splitkeeper.tools.bench.limit import check_kafka_limit
+
+    delivered = {("t", 0, 0): b"a", ("t", 0, 1): b"b\xff", ("t", 1, 0): b"c"}
+
+    def written(rows: list[tuple[str, int, int, bytes]]) -> bool:
+        out = tmp_path / f"out{len(list(tmp_path.iterdir()))}"
+        out.mkdir()
+        split_ids, topics, partitions, offsets, values = (list(c) for c in zip(*rows, strict=True))
+        table = pa.table(
+            {
+                "split_id": split_ids,
+                "offset": pa.array(offsets, pa.int64()),
+                "value": pa.array(values, pa.binary()),
+                "topic": topics,
+                "partition": pa.array(partitions, pa.int32()),
+            }
+        )
+        pq.write_table(table, out / "part-0.parquet")
+        return check_kafka_limit(str(out), delivered)
+
+    good = [("t-0", "t", 0, 0, b"a"), ("t-0", "t", 0, 1, b"b\xff"), ("t-1", "t", 1, 0, b"c")]
+    assert written(good)
+    assert not written(good[:2])  # one missing
+    assert not written([*good[:2], ("t-1", "t", 1, 0, b"C")])  # one byte changed
+    assert not written([good[0], good[0], good[2]])  # one twice, one missing
+    assert not written([*good[:2], ("t-0", "t", 1, 0, b"c")])  # the wrong split id
