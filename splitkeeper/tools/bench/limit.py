@@ -32,7 +32,7 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from multiprocessing import get_context
-from typing import Any, cast
+from typing import Any
 
 __all__ = [
     "LimitRun",
@@ -170,23 +170,24 @@ def consume_and_write(
         progress_at = time.monotonic()
         while left:
             got = consumer.consume(num_messages=max(1, min(batch, remaining)), timeout=0.2)
-            for msg in got:
-                if msg.error() is not None:
-                    raise RuntimeError(f"the Kafka limit's consumer: {msg.error()}")
-                p, offset = cast(int, msg.partition()), cast(int, msg.offset())  # set on a record
-                end = left.get(p)
-                if end is None or offset >= end:
-                    continue
-                msgs.append(msg)
-                remaining -= 1
-                if offset + 1 >= end:
+            if not got:
+                if time.monotonic() - progress_at > _STUCK_S:
+                    raise RuntimeError(
+                        f"the Kafka limit's consumer got nothing for {_STUCK_S:g}s; waiting for {left}"
+                    )
+                continue
+            progress_at = time.monotonic()
+            failed = [m.error() for m in got if m.error() is not None]
+            if failed:
+                raise RuntimeError(f"the Kafka limit's consumer: {failed[0]}")
+            last: dict[Any, Any] = {m.partition(): m.offset() for m in got}  # per partition, in order
+            if any(offset >= ends.get(p, 0) for p, offset in last.items()):  # records at or past an end
+                got = [m for m in got if m.offset() < ends.get(m.partition(), 0)]  # type: ignore[operator,arg-type]
+            msgs.extend(got)
+            remaining -= len(got)
+            for p, offset in last.items():
+                if p in left and offset + 1 >= left[p]:
                     del left[p]
-            if got:
-                progress_at = time.monotonic()
-            elif time.monotonic() - progress_at > _STUCK_S:
-                raise RuntimeError(
-                    f"the Kafka limit's consumer got nothing for {_STUCK_S:g}s; waiting for {left}"
-                )
     finally:
         consumer.close()
     partitions = [m.partition() for m in msgs]
