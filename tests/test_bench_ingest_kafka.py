@@ -48,7 +48,7 @@ def test_tiny_kafka_ingest_holds_exactly_the_produced_messages_in_both_sinks_and
         [
             "bench", "ingest", "--source", "kafka", "--messages", str(MESSAGES), "--repeat", "1",
             "--stall-messages", "800", "--stall-s", str(STALL_S), "--region-timeout-s", "5",
-            "--out", str(out), "--work-dir", str(tmp_path / "work"), "--json",
+            "--out", str(out), "--work-dir", str(tmp_path / "work"), "--limit", "--json",
         ]
     )  # fmt: skip
     captured = capsys.readouterr()
@@ -72,6 +72,16 @@ def test_tiny_kafka_ingest_holds_exactly_the_produced_messages_in_both_sinks_and
     )
     assert result["ours_records_per_s"] == pytest.approx(MESSAGES / result["ours_s"], abs=0.051)
     assert {"plan", "read", "sink", "state"} <= set(result["ours_phases_avg_s"])
+    # --limit: plain confluent-kafka + Arrow, one process per region, wrote every produced message
+    # once with its bytes (read back and compared with the producer's delivery reports), and
+    # ours / limit is the ratio of the printed median seconds
+    limit_run = result["runs"][0]
+    assert limit_run["order"] == ["ours", "baseline", "limit"]
+    assert limit_run["limit_rows"] == MESSAGES and limit_run["limit_content_equal"] is True
+    assert result["limit_processes"] == result["parallelism"] and result["limit_s"] > 0
+    assert result["limit_records_per_s"] == pytest.approx(MESSAGES / result["limit_s"], abs=0.051)
+    assert result["ours_over_limit"] == pytest.approx(result["ours_s"] / result["limit_s"], abs=5.1e-4)
+    assert "Arrow limit (median)" not in captured.out  # --json: the table is not printed
     assert set(result["load_avg"]) >= {"start", "ours", "baseline", "stall_ours", "stall_baseline", "end"}
 
     stall = result["stall"]
@@ -91,6 +101,7 @@ def test_tiny_kafka_ingest_holds_exactly_the_produced_messages_in_both_sinks_and
     assert "[bench ingest kafka] rep 1/1 ours" in captured.err
     html = (out / ingest_kafka.CHART_FILE).read_text(encoding="utf-8")
     assert 'id="ingest-kafka-throughput"' in html and 'id="ingest-kafka-stall"' in html
+    assert "Arrow limit" in html  # the third bar
     assert result["chart"] == str(out / ingest_kafka.CHART_FILE)
 
 
@@ -101,6 +112,7 @@ def test_tiny_kafka_ingest_holds_exactly_the_produced_messages_in_both_sinks_and
         (["--partitions", "-1"], "partitions=-1"),
         (["--stall-s", "5", "--region-timeout-s", "10"], "stall_s=5.0"),
         (["--bootstrap-servers", "no port"], "--bootstrap-servers='no port'"),
+        (["--limit", "--decode", "json"], "limit=True"),
     ],
 )
 def test_bad_input_exits_2_naming_the_value_before_starting_anything(
@@ -174,3 +186,35 @@ def test_json_values_are_the_files_benchmarks_records_numbered_by_sequence() -> 
     assert set(first) == {"id", "user", "amount", "ts", "note"}
     assert (first["id"], second["id"]) == (0, 1)
     assert 50 <= len(value_of(2, "t", 0, "ff")) <= 150  # about --value-bytes long
+
+
+def test_the_kafka_limit_check_refuses_a_missing_a_changed_or_a_repeated_message(tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from splitkeeper.tools.bench.limit import check_kafka_limit
+
+    delivered = {("t", 0, 0): b"a", ("t", 0, 1): b"b\xff", ("t", 1, 0): b"c"}
+
+    def written(rows: list[tuple[str, int, int, bytes]]) -> bool:
+        out = tmp_path / f"out{len(list(tmp_path.iterdir()))}"
+        out.mkdir()
+        split_ids, topics, partitions, offsets, values = (list(c) for c in zip(*rows, strict=True))
+        table = pa.table(
+            {
+                "split_id": split_ids,
+                "offset": pa.array(offsets, pa.int64()),
+                "value": pa.array(values, pa.binary()),
+                "topic": topics,
+                "partition": pa.array(partitions, pa.int32()),
+            }
+        )
+        pq.write_table(table, out / "part-0.parquet")
+        return check_kafka_limit(str(out), delivered)
+
+    good = [("t-0", "t", 0, 0, b"a"), ("t-0", "t", 0, 1, b"b\xff"), ("t-1", "t", 1, 0, b"c")]
+    assert written(good)
+    assert not written(good[:2])  # one missing
+    assert not written([*good[:2], ("t-1", "t", 1, 0, b"C")])  # one byte changed
+    assert not written([good[0], good[0], good[2]])  # one twice, one missing
+    assert not written([*good[:2], ("t-0", "t", 1, 0, b"c")])  # the wrong split id

@@ -892,7 +892,8 @@ def run_repetitions(
     ``sides(rep_dir)`` maps "ours" and "baseline" (and optionally "limit", the Arrow limit) to
     callables taking the run's label and returning a run (with ``seconds``, ``setup_s``, ``load``,
     ``sink_path``, ...); the order rotates every repetition (ours first in the first), so no side
-    always runs warm. A limit run's rows per file must equal ``expected``. After each repetition
+    always runs warm. A limit run's rows per file (split) must equal ``expected``, and its
+    ``content_equal`` must not be False. After each repetition
     both sinks are checked against ``expected`` (split id -> records; duplicate ``(split_id, offset)`` in the
     baseline only with ``baseline_offsets``) and, in the first with ``content_check``, compared
     by value (``typed``: by their typed rows, :func:`same_typed_rows`). ``ours_row`` adds figures
@@ -933,7 +934,7 @@ def run_repetitions(
             content_equal = compare(ours.sink_path, base.sink_path)
         complete = ours_complete is None or ours_complete(ours)
         limit = done.get("limit")
-        limit_ok = limit is None or limit.rows == dict(expected)
+        limit_ok = limit is None or (limit.rows == dict(expected) and limit.content_equal is not False)
         sinks_ok = ours_check.exact and base_check.exact and limit_ok
         rep_ok = sinks_ok and complete and content_equal is not False
         exact = exact and rep_ok
@@ -947,6 +948,7 @@ def run_repetitions(
                 "limit_records_per_s": round(records / limit.seconds, 1),
                 "limit_load": limit.load.mean,
                 "limit_rows": sum(limit.rows.values()),
+                "limit_content_equal": limit.content_equal,
             }
         runs.append({**row, **(ours_row(ours) if ours_row else {})})
         shutil.rmtree(rep_dir, ignore_errors=True)

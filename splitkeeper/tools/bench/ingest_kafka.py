@@ -60,6 +60,16 @@ One run, one Spark session, one Kafka:
    region 0 owned beside X) and all partitions, each from the stalled epoch's start and
    from the run's start (as timed for throughput).
 
+``--limit``: a third side in every repetition, the Arrow limit (``splitkeeper/tools/bench/limit.py``,
+:func:`~splitkeeper.tools.bench.limit.kafka_limit`): plain confluent-kafka batch consumes of the
+same topic's messages, the partitions split round robin over ``--parallelism`` spawned processes
+(one per region; process start included), written with pyarrow as parquet with the columns our
+raw Kafka sink writes from a message (``split_id``, ``offset``, ``value`` (bytes unchanged),
+``key``, ``topic``, ``partition``, ``timestamp``, ``headers``); no protocol, no Spark, no Delta.
+Its files are read back after the timing: every produced message exactly once, with its bytes.
+It adds ``limit_s``, ``limit_records_per_s`` and ``ours_over_limit`` (ours / limit seconds)
+beside the ratio, a third bar in the chart and a row in the table. Raw values only.
+
 ``--decode json``: every message's value is a JSON object of the shape of the files
 benchmark's lines (``examples/make_files.py``: ``id``, ``user``, ``amount``, ``ts``, ``note``,
 about ``--value-bytes`` long); ours decodes it with ``decode: {kind: json, schema:
@@ -87,7 +97,7 @@ import sys
 import time
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -109,6 +119,7 @@ from splitkeeper.tools.bench.ingest import (
     decode_text,
     jobs_between,
     latest_job_id,
+    limit_figures,
     mean_durations_ms,
     ordered_phases,
     rate_lines,
@@ -134,6 +145,7 @@ from splitkeeper.tools.kafka_testbed import (
     create_topics,
     end_offsets,
     numbered_value,
+    value_bytes,
 )
 
 if TYPE_CHECKING:
@@ -175,9 +187,17 @@ class KafkaIngestSettings:
     warmup: bool = True
     content_check: bool = True
     decode: str = "raw"
+    limit: bool = False  # add plain confluent-kafka + Arrow's consume-and-write (tools/bench/limit.py)
 
     def __post_init__(self) -> None:
         check_decode(self.decode)
+        if self.limit and self.decode != "raw":
+            raise InvalidParameterError(
+                "limit",
+                True,
+                "with --decode raw",
+                hint="the Kafka limit writes the raw values; run --limit without --decode json",
+            )
         check_counts(
             self,
             (
@@ -224,10 +244,13 @@ def batch_limit(epoch_records: int, partitions: int) -> int:
 
 @dataclass(frozen=True, slots=True)
 class TopicData:
-    """A produced topic: per split id, the end offset at start (= its record count: a fresh topic)."""
+    """A produced topic: per split id, the end offset at start (= its record count: a fresh topic);
+    ``values``: (topic, partition, offset) -> the produced value's bytes (kept for ``--limit``'s
+    content check, else empty)."""
 
     topic: str
     ends: dict[str, int]
+    values: Mapping[tuple[str, int, int], bytes] = field(default_factory=dict, repr=False)
 
     @property
     def records(self) -> int:
@@ -253,7 +276,8 @@ def produce_topic(bootstrap: str, topic: str, settings: KafkaIngestSettings, cou
             f"up to {sum(ends.values())} ({len(producer.failed)} failed: {producer.failed[:3]})",
             topic=topic,
         )
-    return TopicData(topic, dict(sorted(ends.items())))
+    values = {at: value_bytes(text) for at, text in producer.delivered.items()} if settings.limit else {}
+    return TopicData(topic, dict(sorted(ends.items())), values)
 
 
 def json_values(value_bytes: int, seed: int) -> ValueOf:
@@ -718,6 +742,15 @@ def _throughput(
                 max_offsets_per_trigger=settings.max_offsets_per_trigger,
                 decode=settings.decode,
             ),
+            **(
+                {
+                    "limit": functools.partial(
+                        run_limit, settings, bootstrap, data, os.path.join(rep_dir, "limit")
+                    )
+                }
+                if settings.limit
+                else {}
+            ),
         },
         data.ends,
         baseline_offsets=True,
@@ -725,8 +758,11 @@ def _throughput(
         typed=settings.decode == "json",
         say=_say,
     )
+    figures = throughput_figures(data.records, reps.ours, reps.baseline, reps.runs)
+    if reps.limit:
+        figures |= limit_figures(data.records, figures["ours_s"], reps.limit, settings.parallelism)
     return {
-        **throughput_figures(data.records, reps.ours, reps.baseline, reps.runs),
+        **figures,
         "benchmark": "ingest",
         "source": "kafka",
         **decode_figures(settings.decode),
@@ -743,6 +779,21 @@ def _throughput(
         "content_equal": reps.content_equal,
         "exact": reps.exact,
     }
+
+
+def run_limit(
+    settings: KafkaIngestSettings, bootstrap: str, data: TopicData, out_dir: str, label: str
+) -> Any:
+    """The Arrow limit of one repetition (:func:`splitkeeper.tools.bench.limit.kafka_limit`), its
+    files then checked against the produced messages (not timed)."""
+    from splitkeeper.tools.bench.limit import check_kafka_limit, kafka_limit
+
+    ends = {int(sid.rsplit("-", 1)[1]): end for sid, end in data.ends.items()}
+    run = kafka_limit(bootstrap, data.topic, ends, out_dir, settings.parallelism, LoadSampler())
+    equal = check_kafka_limit(out_dir, data.values)
+    if not equal:
+        _say(f"{label}: the limit's files do NOT hold exactly the produced messages")
+    return replace(run, content_equal=equal)
 
 
 # ---------------------------------------------------------------------------------------
@@ -896,6 +947,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--bootstrap-servers", default=None, help="use this Kafka instead of starting one (host:port,...)"
     )
+    parser.add_argument(
+        "--limit",
+        action="store_true",
+        help="also time plain confluent-kafka batch consumes of the same messages written as parquet by "
+        "Arrow, one process per region (no protocol, no Spark): prints ours / limit (ours_over_limit)",
+    )
     add_output_arguments(parser, "broker, sinks and state")
 
 
@@ -914,6 +971,7 @@ def run(args: argparse.Namespace) -> int:
         warmup=not args.no_warmup,
         content_check=not args.no_content_check,
         decode=args.decode,
+        limit=args.limit,
     )
     check_bootstrap_servers(args.bootstrap_servers)
     return run_benchmark(

@@ -9,19 +9,39 @@ record, its bytes unchanged) or with Arrow's JSON reader and the benchmark's dec
 (``json``), adds the ``split_id`` and ``offset`` columns our sink has (offset: the line's first
 byte), and writes one parquet file per input file. No protocol, no Spark, no Delta log, no
 exactly-once: that difference is what ``ours_over_limit`` shows.
+
+The Kafka limit (``bench ingest --source kafka --limit``, :func:`kafka_limit`): the same, with
+the topic's partitions in place of the files (round robin over the processes, as the
+least-loaded assignment gives a region its partitions). Each process is one confluent-kafka
+consumer (``isolation.level read_committed``, as our readers; no group membership, no offset
+commits) ``assign``-ed its partitions at offset 0 that batch-consumes (``consume(num_messages=
+...)``, batches of our reader's size) until every partition reached its end offset, builds the
+columns our raw Kafka sink writes from a message (``split_id`` = ``<topic>-<partition>``,
+``offset``, ``value`` (the bytes unchanged), ``key``, ``topic``, ``partition``, ``timestamp``,
+``headers``; not our bookkeeping columns ``next_offset``, ``epoch``, ``region``,
+``ingested_at``) and writes them as one parquet file per process. The benchmark then reads the
+files back and checks every produced message is there once with its bytes
+(:func:`check_kafka_limit`, not timed).
 """
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from multiprocessing import get_context
 from typing import Any
 
-__all__ = ["LimitRun", "arrow_limit", "read_and_write"]
+__all__ = [
+    "LimitRun",
+    "arrow_limit",
+    "check_kafka_limit",
+    "consume_and_write",
+    "kafka_limit",
+    "read_and_write",
+]
 
 #: A byte no generated line holds: the CSV reader's delimiter, so a line is one field.
 _NO_DELIMITER = "\x1f"
@@ -30,12 +50,15 @@ _NO_DELIMITER = "\x1f"
 @dataclass(frozen=True, slots=True)
 class LimitRun:
     """One measurement: wall seconds (processes started to every file written), the rows written
-    per file and the load average while it ran (``load`` is the benchmark's ``LoadFigure``)."""
+    per file (Kafka: per split id) and the load average while it ran (``load`` is the benchmark's
+    ``LoadFigure``). ``content_equal``: whether the written rows were checked equal to the input
+    (:func:`check_kafka_limit`); None: not checked."""
 
     seconds: float
     rows: dict[str, int]
     processes: int
     load: Any
+    content_equal: bool | None = None
 
 
 def _read_raw(path: str) -> Any:
@@ -93,13 +116,132 @@ def arrow_limit(
     processes (spawned: nothing inherited from a process running a JVM)."""
     files = sorted(os.path.join(input_dir, f) for f in os.listdir(input_dir))
     shares = [files[i::processes] for i in range(processes)]
-    shares = [s for s in shares if s]
+    return _timed(read_and_write, [(s, out_dir, schema_ddl) for s in shares if s], out_dir, load_sampler)
+
+
+def _timed(
+    work: Callable[..., dict[str, int]], calls: Sequence[tuple[Any, ...]], out_dir: str, load_sampler: Any
+) -> LimitRun:
+    """Run ``work(*args)`` for every ``args`` of ``calls`` in its own fresh process (spawned: nothing
+    inherited from a process running a JVM), timed from the processes' start to the last result;
+    the rows are the union of the results."""
     os.makedirs(out_dir, exist_ok=True)
     rows: dict[str, int] = {}
     with load_sampler as sampler:
         t0 = time.perf_counter()
-        with ProcessPoolExecutor(max_workers=len(shares), mp_context=get_context("spawn")) as pool:
-            for done in pool.map(read_and_write, shares, [out_dir] * len(shares), [schema_ddl] * len(shares)):
+        with ProcessPoolExecutor(max_workers=len(calls), mp_context=get_context("spawn")) as pool:
+            for done in pool.map(work, *zip(*calls, strict=True)):
                 rows.update(done)
         seconds = time.perf_counter() - t0
-    return LimitRun(round(seconds, 3), rows, len(shares), sampler.figure)
+    return LimitRun(round(seconds, 3), rows, len(calls), sampler.figure)
+
+
+# --------------------------------------------------------------------------- Kafka
+
+#: Messages per ``consume()`` call: our reader's default batch (``KafkaRegionReader.batch_size``).
+KAFKA_BATCH = 10_000
+_STUCK_S = 60.0  # no message for this long: the limit fails instead of waiting forever
+
+
+def consume_and_write(
+    bootstrap: str, topic: str, ends: dict[int, int], out_path: str, batch: int = KAFKA_BATCH
+) -> dict[str, int]:
+    """Consume offsets ``[0, end)`` of every partition -> end of ``topic`` with one consumer
+    assigned them all, write their columns as the parquet file ``out_path``; split id -> rows."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": "splitkeeper-bench-limit",  # required by the client; never joined (assign)
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "isolation.level": "read_committed",
+            "auto.offset.reset": "error",
+        }
+    )
+    left = {p: end for p, end in ends.items() if end > 0}
+    remaining = sum(left.values())
+    msgs: list[Any] = []
+    try:
+        consumer.assign([TopicPartition(topic, p, 0) for p in left])
+        progress_at = time.monotonic()
+        while left:
+            got = consumer.consume(num_messages=max(1, min(batch, remaining)), timeout=0.2)
+            if not got:
+                if time.monotonic() - progress_at > _STUCK_S:
+                    raise RuntimeError(
+                        f"the Kafka limit's consumer got nothing for {_STUCK_S:g}s; waiting for {left}"
+                    )
+                continue
+            progress_at = time.monotonic()
+            failed = [m.error() for m in got if m.error() is not None]
+            if failed:
+                raise RuntimeError(f"the Kafka limit's consumer: {failed[0]}")
+            last: dict[Any, Any] = {m.partition(): m.offset() for m in got}  # per partition, in order
+            if any(offset >= ends.get(p, 0) for p, offset in last.items()):  # records at or past an end
+                got = [m for m in got if m.offset() < ends.get(m.partition(), 0)]  # type: ignore[operator,arg-type]
+            msgs.extend(got)
+            remaining -= len(got)
+            for p, offset in last.items():
+                if p in left and offset + 1 >= left[p]:
+                    del left[p]
+    finally:
+        consumer.close()
+    partitions = [m.partition() for m in msgs]
+    stamps = [m.timestamp() for m in msgs]  # (kind, ms); kind 0: not available
+    headers = [m.headers() for m in msgs]
+    header_type = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
+    table = pa.table(
+        {
+            "split_id": pa.array([f"{topic}-{p}" for p in partitions], pa.string()),
+            "offset": pa.array([m.offset() for m in msgs], pa.int64()),
+            "value": pa.array([m.value() for m in msgs], pa.binary()),
+            "key": pa.array([m.key() for m in msgs], pa.binary()),
+            "topic": pa.array([topic] * len(msgs), pa.string()),
+            "partition": pa.array(partitions, pa.int32()),
+            "timestamp": pa.array(
+                [ms if kind else None for kind, ms in stamps], pa.timestamp("ms", tz="UTC")
+            ).cast(pa.timestamp("us", tz="UTC")),
+            "headers": pa.array(
+                [[{"key": k, "value": v} for k, v in h] if h else [] for h in headers], header_type
+            ),
+        }
+    )
+    pq.write_table(table, out_path)
+    counted = table.group_by("split_id").aggregate([([], "count_all")])
+    return dict(zip(counted["split_id"].to_pylist(), counted["count_all"].to_pylist(), strict=True))
+
+
+def kafka_limit(
+    bootstrap: str, topic: str, ends: Mapping[int, int], out_dir: str, processes: int, load_sampler: Any
+) -> LimitRun:
+    """Time :func:`consume_and_write` of ``topic``'s partitions (partition -> end offset) split
+    round robin over ``processes`` fresh processes, each writing ``<out_dir>/part-<n>.parquet``."""
+    partitions = sorted(ends)
+    shares = [partitions[i::processes] for i in range(processes)]
+    calls = [
+        (bootstrap, topic, {p: ends[p] for p in share}, os.path.join(out_dir, f"part-{n}.parquet"))
+        for n, share in enumerate(s for s in shares if s)
+    ]
+    return _timed(consume_and_write, calls, out_dir, load_sampler)
+
+
+def check_kafka_limit(out_dir: str, delivered: Mapping[tuple[str, int, int], bytes]) -> bool:
+    """Whether the parquet files in ``out_dir`` hold every delivered ``(topic, partition, offset)``
+    exactly once, with its value's bytes, its split id and nothing else."""
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(out_dir, columns=["split_id", "topic", "partition", "offset", "value"])
+    if table.num_rows != len(delivered):
+        return False
+    seen: set[tuple[str, int, int]] = set()
+    columns = [table.column(c).to_pylist() for c in ("split_id", "topic", "partition", "offset", "value")]
+    for split_id, topic, partition, offset, value in zip(*columns, strict=True):
+        at = (topic, partition, offset)
+        if at in seen or split_id != f"{topic}-{partition}" or delivered.get(at) != value:
+            return False
+        seen.add(at)
+    return len(seen) == len(delivered)

@@ -54,8 +54,9 @@ ROWS: tuple[Row, ...] = (
     ),
     Row(
         "kafka",
-        ("ingest", "--source", "kafka", "--stall-messages", "0"),
-        "400k messages of 100 bytes, 8 partitions, P=4",
+        ("ingest", "--source", "kafka", "--stall-messages", "0", "--limit"),
+        "400k messages of 100 bytes, 8 partitions, P=4; the limit is plain confluent-kafka batch "
+        "consumes written as parquet by Arrow, one spawned process per region, process start included",
         ("--messages", "2000", "--repeat", "1"),
     ),
     Row(
