@@ -28,16 +28,17 @@ Every "only one run may do this" rule of splitkeeper is this one function:
    (two redos of one decision), anything else a ConcurrentRunError. A loser may
    leave an uncommitted parquet file in the table folder; it is never in the log,
    so no reader sees it.
-5. when the write raises a transport error (``OSError`` from the object store: a connection
-   reset, a timeout; not a refusal of the operating system, which
-   :func:`~splitkeeper.delta.tables.guarded` names), the commit's answer was lost and whether
-   it landed is unknown: delta-rs does not retry a conditional put. The table is re-read
-   (up to :data:`LOST_ANSWER_READS` times, with backoff). If it records ``version`` with this
-   commit's ``attempt_id``, the commit landed: the result is that commit, as if the answer had
-   arrived. If it records the version ``expected``, nothing landed yet: a
-   :class:`~splitkeeper.errors.StateError` ``[STATE_ERROR]`` says so and that the next run's
-   open finds out (a put still in flight may land later; the next open redoes or discards it
-   from the decision record, protocol rule 5.4). Anything else is a conflict (step 4).
+5. when the write raises an error of the store (``OSError``: a 503, a reset connection, a
+   timeout; not a refusal of the operating system, which
+   :func:`~splitkeeper.delta.tables.guarded` names), whether the commit landed may be unknown:
+   a reset can cut the answer to a put that landed, and delta-rs does not retry a conditional
+   put. The table is re-read (up to :data:`LOST_ANSWER_READS` times, with backoff). If it
+   records ``version`` with this commit's ``attempt_id``, the commit landed: the result is that
+   commit, as if the answer had arrived. If it records the version ``expected``, nothing landed
+   yet: a :class:`~splitkeeper.errors.StateError` ``[STATE_ERROR]`` names the store's error and
+   says that the next run's open finds out (a put still in flight may land later; the next open
+   redoes or discards it from the decision record, protocol rule 5.4). Anything else is a
+   conflict (step 4).
 
 The commit's custom metadata carries ``app_id``, ``version_key: version`` and
 ``attempt_id`` (when given) plus the caller's keys; :func:`recorded_commit` finds
@@ -227,11 +228,11 @@ def fenced_commit(
         raise _conflict(
             pipeline=pipeline, table_name=table_name, what=what, version=version, found=now, expected=expected
         ) from err
-    except OSError as err:  # step 5: the answer was lost (guarded() already named OS refusals)
+    except OSError as err:  # step 5: the store failed; did the commit land? (guarded() named OS refusals)
         landed = _after_lost_answer(table, app_id, version, attempt, version_key, err)
         if landed is not None:
             log.warning(
-                "the answer to the commit of %s %s to table %s was lost (%s); the table records it",
+                "the commit of %s %s to table %s raised (%s), but the table, read again, records it",
                 what,
                 version,
                 table_name,
@@ -241,8 +242,8 @@ def fenced_commit(
         found = table.transaction_version(app_id)
         if found == current:
             raise StateError(
-                f"pipeline {pipeline!r}: the answer to the commit of {what} {version} to table {table_name} "
-                f"was lost ({err}), and the table, read again, does not record it: nothing is committed "
+                f"pipeline {pipeline!r}: the commit of {what} {version} to table {table_name} failed in the "
+                f"store ({err}), and the table, read again, does not record it: nothing is committed "
                 "by this run. Run again: the next run's open finds out whether a commit still in flight "
                 "landed, and finishes or discards it from the decision record",
                 pipeline=pipeline,

@@ -166,7 +166,7 @@ def test_a_commit_whose_answer_is_lost_and_did_not_land_says_so_and_the_next_com
         _fenced(table, 2, 1, _lost_answer(), "run-a2")
     text = str(err.value)
     assert text.startswith(
-        "[STATE_ERROR] pipeline 'orders': the answer to the commit of epoch 2 to table fenced"
+        "[STATE_ERROR] pipeline 'orders': the commit of epoch 2 to table fenced failed in the store"
     )
     assert "connection reset by peer" in text and "does not record it: nothing is committed" in text
     assert DeltaTable(table).transaction_version("orders") == 1 and _rows(table) == ["run-a"]

@@ -340,7 +340,13 @@ def test_a_heartbeat_that_fails_twice_then_succeeds_keeps_the_lease(root, monkey
         assert failed == ["503", "503"] and holding.retries == 2
         holding.check()
         holding.verify()
-        assert "lease heartbeat failed (Generic S3 error: 503 Slow Down (injected)); retry 2" in caplog.text
+        # the fence names the store's error and that nothing was committed (fence step 5)
+        assert (
+            "lease heartbeat failed ([STATE_ERROR] pipeline 'orders': the commit of lease generation"
+            in caplog.text
+        )
+        assert "failed in the store (Generic S3 error: 503 Slow Down (injected))" in caplog.text
+        assert "decision record); retry 2 in " in caplog.text
     current = _lease(root).holder()
     assert current is not None and current.owner == RUN_A and current.released  # ours to the end
 
