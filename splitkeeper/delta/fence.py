@@ -205,22 +205,37 @@ def fenced_commit(
 
     try:
         guarded(table.table_uri, lambda: write(table, properties))
-    except CommitFailedError as err:
-        from splitkeeper.delta.tables import refresh
-
-        refresh(table)
+    except (CommitFailedError, OSError) as err:
+        # step 4's loser, or step 5: the store failed (guarded() named OS refusals), did it land?
+        lost = not isinstance(err, CommitFailedError)
+        _reread(table, LOST_ANSWER_READS if lost else 1)
         now = table.transaction_version(app_id)
         recorded = replay_of(now)
         if recorded is not None:
-            log.info(
-                "%s %s of %s was committed by another process of the same attempt", what, version, app_id
-            )
-            return FenceResult(app_id, version, True, recorded.get("version"), recorded)
+            if lost:
+                log.warning(
+                    "the commit of %s %s to table %s raised (%s), but the table, read again, records it",
+                    what,
+                    version,
+                    table_name,
+                    err,
+                )
+            else:
+                log.info(
+                    "%s %s of %s was committed by another process of the same attempt", what, version, app_id
+                )
+            return FenceResult(app_id, version, not lost, recorded.get("version"), recorded)
         if now == current:
+            reason = (
+                f"failed in the store ({err}), and the table, read again, does not record it: nothing is "
+                "committed by this run. Run again: the next run's open finds out whether a commit still in "
+                "flight landed, and finishes or discards it from the decision record"
+                if lost
+                else f"failed ({err}) although no other run recorded a newer one; nothing was committed. "
+                "Retry; if it fails again, check who else writes to the table"
+            )
             raise StateError(
-                f"pipeline {pipeline!r}: the commit of {what} {version} to table {table_name} failed ({err}) "
-                "although no other run recorded a newer one; nothing was committed. Retry; if it fails "
-                "again, check who else writes to the table",
+                f"pipeline {pipeline!r}: the commit of {what} {version} to table {table_name} {reason}",
                 pipeline=pipeline,
                 table=table_name,
                 epoch_id=version,
@@ -228,63 +243,24 @@ def fenced_commit(
         raise _conflict(
             pipeline=pipeline, table_name=table_name, what=what, version=version, found=now, expected=expected
         ) from err
-    except OSError as err:  # step 5: the store failed; did the commit land? (guarded() named OS refusals)
-        landed = _after_lost_answer(table, app_id, version, attempt, version_key, err)
-        if landed is not None:
-            log.warning(
-                "the commit of %s %s to table %s raised (%s), but the table, read again, records it",
-                what,
-                version,
-                table_name,
-                err,
-            )
-            return FenceResult(app_id, version, False, landed.get("version"), landed)
-        found = table.transaction_version(app_id)
-        if found == current:
-            raise StateError(
-                f"pipeline {pipeline!r}: the commit of {what} {version} to table {table_name} failed in the "
-                f"store ({err}), and the table, read again, does not record it: nothing is committed "
-                "by this run. Run again: the next run's open finds out whether a commit still in flight "
-                "landed, and finishes or discards it from the decision record",
-                pipeline=pipeline,
-                table=table_name,
-                epoch_id=version,
-            ) from err
-        raise _conflict(
-            pipeline=pipeline,
-            table_name=table_name,
-            what=what,
-            version=version,
-            found=found,
-            expected=expected,
-        ) from err
     from splitkeeper.delta.tables import refresh
 
     refresh(table)  # a transaction commit does not advance the table object itself
     return FenceResult(app_id, version, False, table.version(), custom)
 
 
-def _after_lost_answer(
-    table: DeltaTable, app_id: str, version: int, attempt: str | None, version_key: str, err: OSError
-) -> dict[str, Any] | None:
-    """Step 5: the recorded commit of ``version`` when it is this one (same ``attempt``), read again
-    from the store; None when the table does not record it. Re-reads the table up to
-    :data:`LOST_ANSWER_READS` times while the store fails too; raises the last failure then."""
+def _reread(table: DeltaTable, attempts: int) -> None:
+    """Refresh ``table``, trying up to ``attempts`` times while the store fails (waits 0.5, 1, 2 s);
+    raises the last failure then."""
     from splitkeeper.delta.tables import refresh
 
     wait = 0.5
-    for left in range(LOST_ANSWER_READS, 0, -1):
+    for left in range(attempts, 0, -1):
         try:
             refresh(table)
-            break
+            return
         except OSError:
             if left == 1:
                 raise
             time.sleep(wait)
             wait *= 2
-    if table.transaction_version(app_id) != version:
-        return None
-    recorded = recorded_commit(table, app_id, version, version_key)
-    if recorded is None or (attempt is not None and recorded.get("attempt_id") != attempt):
-        return None
-    return recorded

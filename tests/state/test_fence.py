@@ -44,7 +44,7 @@ def _append(tag: str):
     return write
 
 
-def _commit(uri_or_table, version, expected, tag, attempt=None):
+def _commit(uri_or_table, version, expected, tag, attempt=None, write=None):
     target = DeltaTable(uri_or_table) if isinstance(uri_or_table, str) else uri_or_table
     return fenced_commit(
         target,
@@ -53,7 +53,7 @@ def _commit(uri_or_table, version, expected, tag, attempt=None):
         app_id="orders",
         version=version,
         expected=expected,
-        write=_append(tag),
+        write=write or _append(tag),
         metadata={"note": tag},
         attempt=attempt if attempt is not None else tag,
         what="epoch",
@@ -138,23 +138,9 @@ def _lost_answer(write=None):
     return lost
 
 
-def _fenced(uri, version, expected, write, attempt):
-    return fenced_commit(
-        DeltaTable(uri),
-        pipeline="orders",
-        table_name="fenced",
-        app_id="orders",
-        version=version,
-        expected=expected,
-        write=write,
-        attempt=attempt,
-        what="epoch",
-    )
-
-
 def test_a_commit_whose_answer_is_lost_but_landed_is_committed_once(table):
     _commit(table, 1, None, "run-a")
-    result = _fenced(table, 2, 1, _lost_answer(_append("run-a2")), "run-a2")
+    result = _commit(table, 2, 1, "run-a2", write=_lost_answer(_append("run-a2")))
     assert not result.replayed and result.metadata["attempt_id"] == "run-a2"
     assert result.table_version == DeltaTable(table).version() == 2
     assert _rows(table) == ["run-a", "run-a2"]  # once: nothing was written again
@@ -163,7 +149,7 @@ def test_a_commit_whose_answer_is_lost_but_landed_is_committed_once(table):
 def test_a_commit_whose_answer_is_lost_and_did_not_land_says_so_and_the_next_commit_lands(table):
     _commit(table, 1, None, "run-a")
     with pytest.raises(StateError) as err:
-        _fenced(table, 2, 1, _lost_answer(), "run-a2")
+        _commit(table, 2, 1, "run-a2", write=_lost_answer())
     text = str(err.value)
     assert text.startswith(
         "[STATE_ERROR] pipeline 'orders': the commit of epoch 2 to table fenced failed in the store"
@@ -185,7 +171,7 @@ def test_a_lost_answer_while_another_run_committed_the_version_is_a_conflict(tab
         rival(DeltaTable(target.table_uri), props)
 
     with pytest.raises(ConcurrentRunError) as err:
-        _fenced(table, 1, None, _lost_answer(other_run_lands), "a")
+        _commit(table, 1, None, "a", write=_lost_answer(other_run_lands))
     assert err.value.params["found"] == 1
     assert _rows(table) == ["rival"]
 
