@@ -249,6 +249,18 @@ def _region_columns(planned: Sequence[_Range], delivered: Sequence[list[Any]]) -
     return out
 
 
+def _checked_range(split: Split, start: int, end: int) -> tuple[str, int]:
+    """The topic and partition of ``split``, after refusing a range outside ``0 <= start <= end``."""
+    if start < 0 or end < start:
+        raise SourceError(
+            f"split {split.split_id!r}: range [{start}, {end}) is not allowed: 0 <= start <= end",
+            split_id=split.split_id,
+            start=start,
+            end=end,
+        )
+    return parse_split_id(split.split_id)
+
+
 @dataclass(frozen=True, slots=True)
 class KafkaRegionReader(RegionReader, SupportsColumnarRead):
     """Reads planned offset ranges of Kafka splits on an executor. Picklable, stateless.
@@ -295,14 +307,7 @@ class KafkaRegionReader(RegionReader, SupportsColumnarRead):
         ``read_timeout_s``. The consumer is closed when the iteration ends or
         the generator is closed.
         """
-        if start < 0 or end < start:
-            raise SourceError(
-                f"split {split.split_id!r}: range [{start}, {end}) is not allowed: 0 <= start <= end",
-                split_id=split.split_id,
-                start=start,
-                end=end,
-            )
-        topic, partition = parse_split_id(split.split_id)
+        topic, partition = _checked_range(split, start, end)
         if start == end:
             return iter(())
         return self._read(split.split_id, topic, partition, start, end)
@@ -335,14 +340,7 @@ class KafkaRegionReader(RegionReader, SupportsColumnarRead):
         planned: list[_Range] = []
         seen: dict[tuple[str, int], str] = {}
         for split, start, end in ranges:
-            if start < 0 or end < start:
-                raise SourceError(
-                    f"split {split.split_id!r}: range [{start}, {end}) is not allowed: 0 <= start <= end",
-                    split_id=split.split_id,
-                    start=start,
-                    end=end,
-                )
-            topic, partition = parse_split_id(split.split_id)
+            topic, partition = _checked_range(split, start, end)
             if (topic, partition) in seen:
                 raise SourceError(
                     f"split {split.split_id!r}: topic {topic!r} partition {partition} is planned twice in "
