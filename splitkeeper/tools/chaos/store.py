@@ -85,27 +85,21 @@ class ChaosStore:
         return f"s3://{BUCKET}/{self.prefix}/{name}"
 
     def start(self) -> None:
+        from splitkeeper.tools.cluster.local import versitygw_launch
         from splitkeeper.tools.cluster.s3 import S3Client, S3Error
         from splitkeeper.tools.kafka_broker import free_port
 
-        binary = versitygw_binary()
-        assert binary is not None, "checked by the command before anything started"
+        assert versitygw_binary() is not None, "checked by the command before anything started"
         data = self.workdir / "s3"
         data.mkdir(parents=True, exist_ok=True)
         (self.workdir / "logs").mkdir(exist_ok=True)
         port = free_port()
         self.endpoint = f"http://127.0.0.1:{port}"
-        env = {
-            **os.environ,
-            # versitygw reads the root credentials from its environment: not on the command line
-            "ROOT_ACCESS_KEY_ID": self.access_key,
-            "ROOT_SECRET_ACCESS_KEY": self.secret_key,
-            "VGW_REGION": REGION,
-        }
+        argv, env = versitygw_launch(f"127.0.0.1:{port}", data, self.access_key, self.secret_key)
         log = (self.workdir / "logs" / "versitygw.log").open("ab")
         self._proc = subprocess.Popen(
-            [str(binary), "--port", f"127.0.0.1:{port}", "--quiet", "posix", str(data)],
-            env=env,
+            argv,
+            env={**os.environ, **env},
             stdout=log,
             stderr=subprocess.STDOUT,
         )
@@ -146,17 +140,9 @@ class ChaosStore:
 
     def direct_env(self) -> dict[str, str]:
         """The environment of the verification: the store itself, and S3A for Spark's reads of the sink."""
-        from splitkeeper.tools.cluster.local import S3A_CREDENTIALS_PROVIDER
+        from splitkeeper.tools.cluster.local import s3a_conf
 
-        conf = {
-            "spark.hadoop.fs.s3a.endpoint": self.endpoint,
-            "spark.hadoop.fs.s3a.endpoint.region": REGION,
-            "spark.hadoop.fs.s3a.path.style.access": "true",
-            "spark.hadoop.fs.s3a.connection.ssl.enabled": "false",
-            "spark.hadoop.fs.s3a.aws.credentials.provider": S3A_CREDENTIALS_PROVIDER,
-            "spark.hadoop.fs.s3a.access.key": self.access_key,
-            "spark.hadoop.fs.s3a.secret.key": self.secret_key,
-        }
+        conf = s3a_conf(self.endpoint, self.access_key, self.secret_key)
         return {
             **self._env(self.endpoint),
             "SPLITKEEPER_SPARK_CONF": ";".join(f"{k}={v}" for k, v in conf.items()),

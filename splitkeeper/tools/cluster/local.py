@@ -374,6 +374,31 @@ def versitygw_binary() -> Path:
     return binary
 
 
+def versitygw_launch(
+    address: str, data: Path, access_key: str, secret_key: str
+) -> tuple[list[str], dict[str, str]]:
+    """The command line and the environment additions that start versitygw (posix backend on
+    ``data``) at ``address`` (``host:port``): the root credentials go through its environment,
+    never its command line. The cluster's object store and ``chaos --store s3`` both use it."""
+    argv = [str(versitygw_binary()), "--port", address, "--quiet", "posix", str(data)]
+    env = {"ROOT_ACCESS_KEY_ID": access_key, "ROOT_SECRET_ACCESS_KEY": secret_key, "VGW_REGION": REGION}
+    return argv, env
+
+
+def s3a_conf(endpoint: str, access_key: str, secret_key: str) -> dict[str, str]:
+    """Spark's S3A settings for a path-style, plain-HTTP S3 server at ``endpoint`` (the project's
+    versitygw) with static keys: the cluster's clients and the chaos verification both use it."""
+    return {
+        "spark.hadoop.fs.s3a.endpoint": endpoint,
+        "spark.hadoop.fs.s3a.endpoint.region": REGION,
+        "spark.hadoop.fs.s3a.path.style.access": "true",
+        "spark.hadoop.fs.s3a.connection.ssl.enabled": "false",
+        "spark.hadoop.fs.s3a.aws.credentials.provider": S3A_CREDENTIALS_PROVIDER,
+        "spark.hadoop.fs.s3a.access.key": access_key,
+        "spark.hadoop.fs.s3a.secret.key": secret_key,
+    }
+
+
 def postgres_bin() -> Path:
     """The folder of PostgreSQL's server programs: on PATH, else Debian's newest /usr/lib/postgresql/*/bin."""
     names = ("initdb", "pg_ctl", "pg_isready")
@@ -705,13 +730,7 @@ class LocalCluster:
             "spark.executor.cores": "1",
             # a 2-core cluster: Delta's default of 50 snapshot partitions makes every small scan 50 tasks
             "spark.databricks.delta.snapshotPartitions": "4",
-            "spark.hadoop.fs.s3a.endpoint": f"http://{HOST}:{state.ports['s3']}",
-            "spark.hadoop.fs.s3a.endpoint.region": REGION,
-            "spark.hadoop.fs.s3a.path.style.access": "true",
-            "spark.hadoop.fs.s3a.connection.ssl.enabled": "false",
-            "spark.hadoop.fs.s3a.aws.credentials.provider": S3A_CREDENTIALS_PROVIDER,
-            "spark.hadoop.fs.s3a.access.key": ref("s3_access_key"),
-            "spark.hadoop.fs.s3a.secret.key": ref("s3_secret_key"),
+            **s3a_conf(f"http://{HOST}:{state.ports['s3']}", ref("s3_access_key"), ref("s3_secret_key")),
         }
 
     def _airflow_env_template(self, state: ClusterState) -> dict[str, str]:
@@ -1151,22 +1170,10 @@ class LocalCluster:
 
     def _start_object_store(self) -> None:
         state, creds = self._require_state(), self.credentials()
-        env = {
-            **self._base_env(),
-            # versitygw reads the root credentials from its environment: not on the command line
-            "ROOT_ACCESS_KEY_ID": creds.s3_access_key,
-            "ROOT_SECRET_ACCESS_KEY": creds.s3_secret_key,
-            "VGW_REGION": REGION,
-        }
-        argv = [
-            str(versitygw_binary()),
-            "--port",
-            f"{HOST}:{state.ports['s3']}",
-            "--quiet",
-            "posix",
-            str(self.layout.s3_data),
-        ]
-        proc = self._spawn("object-store", argv, env)
+        argv, env = versitygw_launch(
+            f"{HOST}:{state.ports['s3']}", self.layout.s3_data, creds.s3_access_key, creds.s3_secret_key
+        )
+        proc = self._spawn("object-store", argv, {**self._base_env(), **env})
         client = self._s3(state)
         self._wait("object-store", proc, lambda: isinstance(client.list_buckets(), list), 30)
         client.create_bucket(BUCKET)
