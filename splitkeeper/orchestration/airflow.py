@@ -183,6 +183,26 @@ def dag_pipelines(env: Mapping[str, str] | None = None, paths: list[str] | None 
     return pipelines
 
 
+def share_in_process_execution_api() -> None:
+    """Make ``dag.test()`` runs of this process share one in-process Execution API.
+
+    ``dag.test()`` (the demo, the DAG tests) runs each task against an in-process Execution API
+    server that Airflow 3.1 builds anew for every task
+    (``airflow.sdk.execution_time.supervisor.in_process_api_server``); building its FastAPI app,
+    and Cadwyn's versioned routes on the app's first request, takes seconds per task, more than
+    most of our tasks run. One server per process serves every task the same way (as one API
+    server serves every task of a deployment); ``dag.test()`` still points it at a fresh DAG bag
+    per task. Idempotent; a scheduler's or worker's task runs are not affected.
+    """
+    import functools
+
+    from airflow.sdk.execution_time import supervisor
+
+    build = supervisor.in_process_api_server
+    if getattr(build, "__wrapped__", None) is None:
+        supervisor.in_process_api_server = functools.cache(build)  # type: ignore[assignment]
+
+
 def cluster_master() -> str | None:
     """The configured Spark master when it is a cluster, else None (in-process local Spark)."""
     from splitkeeper.airflow.hooks import SplitkeeperHook

@@ -300,6 +300,9 @@ def _prepare_airflow(workspace: Path) -> None:
     done = subprocess.run([str(airflow), "db", "migrate"], capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"airflow db migrate failed:\n{done.stderr[-3000:]}")
+    from splitkeeper.orchestration.airflow import share_in_process_execution_api
+
+    share_in_process_execution_api()  # dag.test() builds an API server per task otherwise: seconds each
 
 
 def _dag(name: str):
