@@ -200,7 +200,7 @@ def share_in_process_execution_api() -> None:
 
     build = supervisor.in_process_api_server
     if getattr(build, "__wrapped__", None) is None:
-        supervisor.in_process_api_server = functools.cache(build)  # type: ignore[assignment]
+        supervisor.in_process_api_server = functools.cache(build)
 
 
 def cluster_master() -> str | None:
