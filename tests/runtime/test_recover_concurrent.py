@@ -48,8 +48,12 @@ from .helpers import (
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
-STALL_S = 30  # keeps the first recovery inside its epoch until the test has frozen it
-LEASE_TTL_S = 15  # a frozen driver's lease expires this long after its last heartbeat
+# keeps the first recovery inside its epoch until the test has frozen it (a poll of the plan
+# after it is written); the freeze itself outlasts it (the refused run, the ttl, the second's epoch)
+STALL_S = 20
+# a frozen driver's lease expires this long after its last heartbeat: the second recovery waits it
+# out in full; the refused one is refused whatever the ttl (wait_s 0: a holder alive on this host)
+LEASE_TTL_S = 6
 ONLY_ONE_RUN = "only one run may drive a pipeline"
 
 
