@@ -733,7 +733,9 @@ class FileSource(SourceConnector, SupportsSplitReassignmentOnRecovery, SupportsS
         for rel in sorted(known):
             if rel in scan.bad:
                 continue
-            entries = sorted(known[rel], key=lambda k: _range_start(k.split_id))
+            entries = known[rel]
+            if len(entries) > 1:
+                entries.sort(key=lambda k: _range_start(k.split_id))
             if rel not in scan.files:
                 changes.extend(self._moved(rel, entries, scan, known))
                 continue
@@ -741,7 +743,6 @@ class FileSource(SourceConnector, SupportsSplitReassignmentOnRecovery, SupportsS
         return sorted(changes, key=lambda c: c.split_id)
 
     def _compare(self, rel: str, st: FileStat, entries: list[_Known]) -> list[SplitChange]:
-        path = self._abs(rel)
         size = st.size
         now: FileIdentity | None = None
         changes: list[SplitChange] = []
@@ -753,6 +754,7 @@ class FileSource(SourceConnector, SupportsSplitReassignmentOnRecovery, SupportsS
             if old is not None and old.same_stat(st):
                 self._learn(rel, group, old)
                 continue
+            path = self._abs(rel)  # for the messages (not built for the unchanged files: most of them)
             now = now or self._identity(rel, st)
             if now is None:
                 continue  # cannot be read now: its reads fail and name the error
