@@ -948,9 +948,12 @@ def validate(
             and _check_fingerprint(config, store, connector, _source_splits(connector, store, None))
             == fingerprint
         ):
-            ValidationRecords(StateTables(config.state_path), config.name).record(
-                latest, fingerprint, result.suites, result.data_docs
-            )
+            try:
+                ValidationRecords(StateTables(config.state_path), config.name).record(
+                    latest, fingerprint, result.suites, result.data_docs
+                )
+            except (StateError, OSError) as err:  # the checks passed; only the shortcut is lost
+                log.warning("the passed checks of checkpoint %s were not recorded: %s", latest, err)
     finally:
         connector.close()
     return result
