@@ -1,6 +1,6 @@
-"""``splitkeeper bench scale [--sizes 1000,10000] [--json]``: the driver's cost as the work grows.
+"""``splitkeeper bench scale [--sizes 1000,10000] [--file-splits N] [--json]``: the driver's cost at scale.
 
-Three measurements, each on the real parts:
+The measurements, each on the real parts:
 
 1. **Epoch overhead (files).** For each size N, N small files (one split each, one line)
    are read once (the first epoch reads them all), then for ``--epochs`` epochs 1% new
