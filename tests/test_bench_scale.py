@@ -56,6 +56,37 @@ def test_a_small_scale_run_reports_every_figure_consistently(spark: Any, tmp_pat
     assert "<svg" in page and "Restore after 5 checkpoints" in page
 
 
+def test_the_file_splits_row_reports_overhead_restore_and_rss_of_its_own_run(
+    spark: Any, tmp_path: Path
+) -> None:
+    """Part 5 in small: 50 file splits, 4% (two new files) per epoch, on the session's Spark."""
+    result = run_scale(
+        [],
+        epochs=2,
+        checkpoints=3,
+        rss_splits=20_000,
+        workdir=str(tmp_path),
+        spark_factory=lambda: spark,
+        file_splits=50,
+        active_share=0.04,
+    )
+
+    part = result["file_splits"]
+    assert (part["splits"], part["active_per_epoch"], part["active_share"]) == (50, 2, 0.04)
+    assert [e["records"] for e in part["per_epoch"]] == [2, 2] and part["exact"] is True
+    assert all(e["kind"] == "global" and set(e["phases_ms"]) == set(DRIVER_PHASES) for e in part["per_epoch"])
+    overheads = [e["overhead_ms"] for e in part["per_epoch"]]
+    assert min(overheads) <= part["epoch_overhead_ms"] <= max(overheads) and part["epoch_overhead_ms"] > 0
+    last = part["per_epoch"][-1]["epoch"]
+    assert part["restored_checkpoint"] == last and part["reopen_restored_from"] == last  # what was committed
+    assert 0 < part["restore_s"] < 60 and 0 < part["reopen_s"] < 120
+    assert 10 < part["driver_rss_mb"] < 8192 and (part["jvm_rss_mb"] is None or part["jvm_rss_mb"] > 10)
+    assert result["epoch_overhead_ms"] == {} and result["growth_epoch_overhead"] is None  # no --sizes
+    assert result["goals"] == {}  # the goals are for 100,000 splits with 1,000 active
+    page = Path(write_chart(result, str(tmp_path / "out"))).read_text(encoding="utf-8")
+    assert "50 file splits, 2 active: plan" in page and "50 file splits (its run&#x27;s state)" in page
+
+
 def test_bad_sizes_are_refused_naming_the_option() -> None:
     from splitkeeper.tools.bench.scale import _sizes
 

@@ -237,6 +237,8 @@ class ValidationResult(_Result):
     suites: dict[str, str]
     data_docs: str | None
     notes: tuple[str, ...]
+    #: set when these checks passed earlier on the same input and were not run again (its time)
+    already_validated_at: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

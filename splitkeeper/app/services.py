@@ -813,9 +813,49 @@ def _source_splits(
     return splits
 
 
+def _check_fingerprint(
+    config: PipelineConfig, store: DeltaStateStore, connector: SourceConnector, source_splits: Sequence[Split]
+) -> dict[str, object]:
+    """What the restart checks of the latest checkpoint read: the Delta version of every state and
+    sink-side table, the source's fingerprint, subscriptions and splits, and the checks' settings
+    (the validations table's ``tables``, :mod:`splitkeeper.delta.validations`). No Spark."""
+    import hashlib
+
+    from splitkeeper.delta.schemas import STATE_TABLES
+    from splitkeeper.delta.validations import table_versions
+
+    splits = hashlib.sha256(
+        "\n".join(sorted(f"{s.split_id}\t{s.position}\t{s.end}" for s in source_splits)).encode()
+    ).hexdigest()
+    sides = {
+        "sink": config.sink_path,
+        "changes": config.changes_path if config.upsert is not None else None,
+        "dead_letters": config.dead_letter_path,
+        "filtered": config.filtered_path,
+    }
+    return {
+        "state": {name: store.table_version(name) for name in STATE_TABLES},
+        "sink": table_versions({k: None if v is None else str(v) for k, v in sides.items()}),
+        "source": {
+            "fingerprint": connector.fingerprint(),
+            "subscriptions": sorted(connector.subscriptions()),
+            "splits_sha256": splits,
+        },
+        "settings": {
+            "strategy": config.strategy,
+            "capacities": {str(k): v for k, v in sorted(dict(config.capacities).items())},
+            "max_consecutive_failures": config.checkpoint.max_consecutive_failures,
+        },
+    }
+
+
 @_named
 def validate(
-    config: PipelineConfig, checkpoint_id: int | None = None, *, content: bool = False
+    config: PipelineConfig,
+    checkpoint_id: int | None = None,
+    *,
+    content: bool = False,
+    skip_validated: bool = False,
 ) -> ValidationResult:
     """The restart checks (protocol section 6, Great Expectations) on a checkpoint and the sink.
 
@@ -823,9 +863,18 @@ def validate(
     (bounded sources). The sink holds transformed values, so this holds only for a pipeline
     whose transform was always the identity; it is refused with another transform.
 
+    A run of the checks on the latest checkpoint that passes is recorded in the validations table
+    (:mod:`splitkeeper.delta.validations`) with the fingerprint of what they read.
+    ``skip_validated`` (the DAGs' validate task): when the latest checkpoint passed already with
+    the same fingerprint (nothing committed, compacted or discovered since), the checks are not run
+    again: the result names that run and its Data Docs (``already_validated_at``), and no Spark
+    session starts. An explicit ``checkpoint_id`` or ``content`` always runs the checks.
+
     Raises InvariantViolation naming the split ids when a check fails.
     """
     from splitkeeper.delta.checkpoints import DeltaStateStore
+    from splitkeeper.delta.tables import StateTables
+    from splitkeeper.delta.validations import ValidationRecords
     from splitkeeper.quality.checks import raise_on_failure, run_restart_checks
     from splitkeeper.spark.sources import build_source
     from splitkeeper.transforms import identity, resolve_transform
@@ -841,6 +890,31 @@ def validate(
     connector = build_source(config.source)
     try:
         store = DeltaStateStore(config.state_path, config.name, connector.fingerprint(), read_only=True)
+        ids = store.ids() if checkpoint_id is None and not content else []
+        latest = ids[-1] if ids else None
+        source_splits = _source_splits(connector, store, checkpoint_id)
+        fingerprint = None if latest is None else _check_fingerprint(config, store, connector, source_splits)
+        if latest is not None and fingerprint is not None and skip_validated:
+            passed = ValidationRecords(StateTables(config.state_path, read_only=True), config.name).passed(
+                latest, fingerprint
+            )
+            if passed is not None:
+                note = (
+                    f"checkpoint {latest} was validated at {passed.validated_at.isoformat()} by "
+                    f"{passed.validated_by} and nothing it read changed since (no new checkpoint, sink or "
+                    f"state commit, source change): the checks were not run again; their report: "
+                    f"{passed.data_docs or 'no Data Docs'}"
+                )
+                log.info("%s", note)
+                return ValidationResult(
+                    pipeline=config.name,
+                    checkpoint_id=latest,
+                    success=True,
+                    suites=passed.suites,
+                    data_docs=passed.data_docs,
+                    notes=(note,),
+                    already_validated_at=passed.validated_at.isoformat(),
+                )
         report = run_restart_checks(
             spark_session,  # started only when the sink has data to scan
             store,
@@ -850,25 +924,39 @@ def validate(
             max_consecutive_failures=config.checkpoint.max_consecutive_failures,
             subscriptions=connector.subscriptions(),
             data_docs_dir=reports_dir(config) / "data_docs",
-            source_splits=_source_splits(connector, store, checkpoint_id),
+            source_splits=source_splits,
             content_reader=connector.reader() if content and connector.bounded else None,
             dead_letter_path=config.dead_letter_path,
             filtered_path=config.filtered_path,
             upsert=config.upsert,
             changes_path=config.changes_path,
         )
+        log.info("%s", report.summary())
+        raise_on_failure(report)
+        result = ValidationResult(
+            pipeline=config.name,
+            checkpoint_id=report.checkpoint_id,
+            success=report.success,
+            suites={s.key: s.status.value for s in report.suites},
+            data_docs=None if report.data_docs_index is None else str(report.data_docs_index),
+            notes=tuple(report.notes),
+        )
+        # recorded only when what the checks read did not move while they ran (a run committing beside)
+        if (
+            fingerprint is not None
+            and report.checkpoint_id == latest
+            and _check_fingerprint(config, store, connector, _source_splits(connector, store, None))
+            == fingerprint
+        ):
+            try:
+                ValidationRecords(StateTables(config.state_path), config.name).record(
+                    latest, fingerprint, result.suites, result.data_docs
+                )
+            except (StateError, OSError) as err:  # the checks passed; only the shortcut is lost
+                log.warning("the passed checks of checkpoint %s were not recorded: %s", latest, err)
     finally:
         connector.close()
-    log.info("%s", report.summary())
-    raise_on_failure(report)
-    return ValidationResult(
-        pipeline=config.name,
-        checkpoint_id=report.checkpoint_id,
-        success=report.success,
-        suites={s.key: s.status.value for s in report.suites},
-        data_docs=None if report.data_docs_index is None else str(report.data_docs_index),
-        notes=tuple(report.notes),
-    )
+    return result
 
 
 @_named

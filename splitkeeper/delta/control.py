@@ -28,13 +28,13 @@ import pyarrow.compute as pc
 from splitkeeper.delta.schemas import spec
 from splitkeeper.delta.tables import StateTables
 
-__all__ = ["CONTROL_TABLE", "ControlRequests"]
+__all__ = ["CONTROL_TABLE", "ControlRequests", "requester"]
 
 CONTROL_TABLE = "control"
 STOP = "stop"
 
 
-def _requester() -> str:
+def requester() -> str:
     try:
         user = getpass.getuser()
     except Exception:  # noqa: BLE001 - no user name in a container
@@ -52,7 +52,7 @@ class ControlRequests:
     def request_stop(self) -> datetime:
         """Rule 1; returns when the request was recorded."""
         now = datetime.now(UTC)
-        row = {"pipeline": self.pipeline, "request": STOP, "requested_at": now, "requested_by": _requester()}
+        row = {"pipeline": self.pipeline, "request": STOP, "requested_at": now, "requested_by": requester()}
         self.tables.ensure(CONTROL_TABLE)
         self.tables.append(CONTROL_TABLE, spec(CONTROL_TABLE).rows([row]))
         return now

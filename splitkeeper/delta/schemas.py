@@ -294,6 +294,17 @@ SCHEMAS: dict[str, pa.Schema] = {
             required("requested_by", STRING),
         ]
     ),
+    "validations": pa.schema(
+        [
+            required("pipeline", STRING),
+            required("checkpoint_id", BIGINT),
+            required("validated_at", TIMESTAMP),
+            required("validated_by", STRING),
+            required("tables", STRING),
+            required("suites", STRING),
+            optional("data_docs", STRING),
+        ]
+    ),
     # not a state table: the records table the sink commits to; the staged files carry every column
     "sink_records": pa.schema(
         [
@@ -441,6 +452,7 @@ TABLES: dict[str, TableSpec] = {
         ),
         TableSpec("lease", stats_columns=("generation",), added_columns=frozenset({"process"})),
         TableSpec("control", stats_columns=("requested_at",)),
+        TableSpec("validations", stats_columns=("checkpoint_id", "validated_at")),
         TableSpec(
             SINK_TABLE,
             stats_columns=("split_id", "offset", "next_offset", "epoch", "region", "ingested_at"),

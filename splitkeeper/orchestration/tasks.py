@@ -83,9 +83,15 @@ def run_epochs(
     return result.to_dict()
 
 
-def validate(path: str | None = None, checkpoint_id: int | None = None) -> dict[str, Any]:
-    """Great Expectations restart checks on a checkpoint and the sink; raises on a violation."""
-    return services.validate(_config(path), checkpoint_id).to_dict()
+def validate(
+    path: str | None = None, checkpoint_id: int | None = None, *, skip_validated: bool = True
+) -> dict[str, Any]:
+    """Great Expectations restart checks on a checkpoint and the sink; raises on a violation.
+
+    ``skip_validated``: when the latest checkpoint passed already and nothing the checks read changed
+    since (a run with nothing new), they are not run again and no Spark starts; the result names that
+    checkpoint, when it was validated and its Data Docs (``already_validated_at``, ``data_docs``)."""
+    return services.validate(_config(path), checkpoint_id, skip_validated=skip_validated).to_dict()
 
 
 def report(path: str | None = None, title: str | None = None) -> str:

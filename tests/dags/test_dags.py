@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import jinja2
@@ -255,6 +256,68 @@ def test_an_override_only_the_core_rejects_fails_the_run_naming_the_key(airflow_
         "[CONFIG_ERROR] checkpoint.max_failure_ratio=1.5 is not allowed: a number between 0 and 1 "
         f"({config_path})"
     )
+
+
+_CHILD_RUN = """
+import json, sys
+sys.path.insert(0, {repo!r})
+from tests.dags.conftest import load_dag
+from splitkeeper.orchestration.plugin import _results, run_report_path
+run = load_dag("splitkeeper_ingest").test(run_conf={{"epochs": 5}})
+validated = _results("splitkeeper_ingest", run.run_id, "validate")
+print(json.dumps(dict(state=run.state, validated=validated[0] if validated else None,
+                      report=str(run_report_path("splitkeeper_ingest", run.run_id)))))
+"""
+
+
+@pytest.mark.spark
+def test_an_ingest_run_with_nothing_new_starts_no_spark_and_names_the_validated_checkpoint(
+    airflow_db, spark, tmp_path, monkeypatch
+):
+    """Issue 26 item 2 for the DAG: a run that commits nothing starts no JVM in any task. Its validate
+    task finds the latest checkpoint validated (the validations table) with nothing changed since and
+    names it and its Data Docs instead of scanning the sink. The second run is a child process where
+    no JVM can start (JAVA_HOME points at an empty folder, as the CLI's test does)."""
+    from splitkeeper.config.settings import load_config
+    from splitkeeper.delta.checkpoints import DeltaStateStore
+    from splitkeeper.delta.sink import read_sink
+    from splitkeeper.orchestration.plugin import _results
+
+    config_path = _write_pipeline(tmp_path, files=2, lines=20)
+    monkeypatch.setenv("SPLITKEEPER_PIPELINE_CONFIG", str(config_path))
+    monkeypatch.setenv("SPLITKEEPER_REPORTS_DIR", str(tmp_path / "reports"))
+    first = load_dag("splitkeeper_ingest").test(run_conf={"epochs": 5})  # on this module's session
+    assert first.state == "success"
+    checked = _results("splitkeeper_ingest", first.run_id, "validate")[0]
+    config = load_config(config_path)
+    latest = DeltaStateStore(config.state_path, config.name, None, read_only=True).ids()[-1]
+    assert (checked["checkpoint_id"], checked["already_validated_at"]) == (latest, None)  # checked now
+    assert checked["suites"] and set(checked["suites"].values()) == {"passed"}
+    before = read_sink(config.sink_path).sort_by([("split_id", "ascending"), ("offset", "ascending")])
+
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-c", _CHILD_RUN.format(repo=str(REPO))],
+        env={**os.environ, "JAVA_HOME": str(tmp_path / "no-java"), "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    print(f"nothing new: DAG run {time.monotonic() - started:.2f} s in a fresh process, no JVM")
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["state"] == "success", done.stderr[-3000:]  # a JVM start would have failed its task
+    assert "starting the Spark session" not in done.stderr and "Java gateway" not in done.stderr
+    again = out["validated"]
+    assert again["checkpoint_id"] == latest and again["success"] is True
+    assert again["already_validated_at"] is not None and again["suites"] == checked["suites"]
+    assert again["data_docs"] == checked["data_docs"] and Path(again["data_docs"]).is_file()
+    assert f"checkpoint {latest} was validated at {again['already_validated_at']}" in again["notes"][0]
+    assert Path(out["report"]).is_file()  # the report task ran too, its page kept for that run
+    assert DeltaStateStore(config.state_path, config.name, None, read_only=True).ids()[-1] == latest
+    after = read_sink(config.sink_path).sort_by([("split_id", "ascending"), ("offset", "ascending")])
+    assert after.equals(before) and after.num_rows == 40
 
 
 @pytest.mark.spark

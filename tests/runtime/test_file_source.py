@@ -222,6 +222,35 @@ def test_a_changed_file_keeps_its_layout_in_discovery_and_check_splits_reports_i
     assert f"file {tmp_path / 'f.txt'} grew from 4 to 6 bytes" in change.detail
 
 
+def test_a_plan_stats_each_file_once_whatever_the_number_of_finished_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 26 item 5 (100,000 file splits): the identity check and the discovery of a plan (one
+    scan, shared) stat every file once and source.path a bounded number of times; building a file's
+    path stat'ed source.path again for each known file (two stats per file per plan)."""
+    for i in range(120):
+        write(tmp_path / f"f{i:03d}.txt", [f"line {i}"])
+    source = FileSource(tmp_path)
+    splits = source.discover_splits()
+    finished = {s.split_id: s.identity for s in splits[:100]}  # finished files are checked too
+    calls: list[str] = []
+    real_stat = os.stat
+
+    def counting(path: Any, *args: Any, **kwargs: Any) -> Any:
+        calls.append(os.fspath(path))
+        return real_stat(path, *args, **kwargs)
+
+    write(tmp_path / "new.txt", ["new"])
+    monkeypatch.setattr(os, "stat", counting)
+    assert source.check_splits(splits[100:], finished) == []  # nothing changed
+    assert [s.split_id for s in source.discover_splits()] == sorted(
+        [s.split_id for s in splits] + ["new.txt"]
+    )
+    monkeypatch.setattr(os, "stat", real_stat)
+    assert sorted(c for c in calls if c != str(tmp_path)) == sorted(str(p) for p in tmp_path.iterdir())
+    assert calls.count(str(tmp_path)) == 2  # source.path: a file? a folder? once per scan
+
+
 def test_single_file_path_is_a_source_of_one_split(tmp_path: Path) -> None:
     data = write(tmp_path / "only.txt", ["a", "b"])
     write(tmp_path / "other.txt", ["z"])

@@ -31,3 +31,28 @@ def test_a_continuous_run_polls_the_control_table_and_sets_its_stop_event(tmp_pa
     time.sleep(0.01)
     ControlRequests(StateTables(tmp_path / "state"), "orders").request_stop()  # another process's writer
     assert stop_requested() and event.is_set()
+
+
+def test_a_passed_validation_is_found_only_for_its_checkpoint_and_unchanged_fingerprint(
+    tmp_path: Path,
+) -> None:
+    from splitkeeper.delta.validations import ValidationRecords, table_versions
+
+    tables = StateTables(tmp_path / "state")
+    records = ValidationRecords(tables, "orders")
+    seen = {"state": {"checkpoints": 4}, "sink": table_versions({"sink": str(tmp_path / "sink"), "x": None})}
+    assert seen["sink"] == {"sink": -1}  # no table there yet; a path of None is not looked at
+    assert records.passed(7, seen) is None  # no table: nothing validated
+    at = records.record(7, seen, {"exactly_once": "passed"}, str(tmp_path / "docs" / "index.html"))
+    found = ValidationRecords(StateTables(tmp_path / "state", read_only=True), "orders").passed(7, dict(seen))
+    assert found is not None and (found.checkpoint_id, found.validated_at) == (7, at)
+    assert found.suites == {"exactly_once": "passed"} and found.data_docs == str(
+        tmp_path / "docs" / "index.html"
+    )
+    assert found.fingerprint == seen and "pid" in found.validated_by
+    assert records.passed(8, seen) is None  # another checkpoint
+    assert records.passed(7, {**seen, "state": {"checkpoints": 5}}) is None  # a table moved since
+    assert ValidationRecords(tables, "other").passed(7, seen) is None  # another pipeline's row
+    later = records.record(7, seen, {"exactly_once": "passed"}, None)
+    latest = records.passed(7, seen)
+    assert latest is not None and latest.validated_at == later and latest.data_docs is None

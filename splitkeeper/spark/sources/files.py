@@ -112,6 +112,13 @@ def _suffix_of(split_id: str) -> str:
     return match.group(0) if match else ""
 
 
+@functools.lru_cache(maxsize=1 << 18)
+def _parsed_identity(text: str) -> FileIdentity | None:
+    """:meth:`FileIdentity.parse`, remembered: every plan compares every known file's identity
+    (finished ones too), and they rarely change between plans."""
+    return FileIdentity.parse(text)
+
+
 def _reserved(name: str) -> bool:
     return _RANGE_SUFFIX.search(name) is not None or _VERSION_SUFFIX.search(name) is not None
 
@@ -487,6 +494,7 @@ class FileSource(SourceConnector, SupportsSplitReassignmentOnRecovery, SupportsS
         self._removed: tuple[str, ...] = ()
         self._warned_names: set[str] = set()
         self._scanned: _Scan | None = None  # check_splits' scan, for the discovery right after it
+        self._root_dir: str | None = None  # the folder of the files, as the last scan found source.path
 
     @classmethod
     def from_config(cls, source: SourceConfig) -> FileSource:
@@ -514,7 +522,11 @@ class FileSource(SourceConnector, SupportsSplitReassignmentOnRecovery, SupportsS
         return self._removed
 
     def _root(self) -> str:
-        return os.path.dirname(self._path) if os.path.isfile(self._path) else self._path
+        """The folder relative paths are under: source.path, or its folder when it is one file. Known
+        from the last scan (one stat of source.path per scan, not one per file path built)."""
+        if self._root_dir is None:
+            self._root_dir = os.path.dirname(self._path) if os.path.isfile(self._path) else self._path
+        return self._root_dir
 
     def _abs(self, rel: str) -> str:
         return os.path.join(self._root(), *rel.split("/"))
@@ -609,7 +621,9 @@ class FileSource(SourceConnector, SupportsSplitReassignmentOnRecovery, SupportsS
         return sorted(splits, key=lambda s: (relative_path_of(s.split_id), s.position))
 
     def _scan(self) -> _Scan:
-        if os.path.isfile(self._path):
+        is_file = os.path.isfile(self._path)
+        self._root_dir = os.path.dirname(self._path) if is_file else self._path
+        if is_file:
             st = os.stat(self._path)
             name = os.path.basename(self._path)
             return _Scan({name: FileStat.of(st)} if st.st_size > 0 else {}, {})
@@ -719,7 +733,9 @@ class FileSource(SourceConnector, SupportsSplitReassignmentOnRecovery, SupportsS
         for rel in sorted(known):
             if rel in scan.bad:
                 continue
-            entries = sorted(known[rel], key=lambda k: _range_start(k.split_id))
+            entries = known[rel]
+            if len(entries) > 1:
+                entries.sort(key=lambda k: _range_start(k.split_id))
             if rel not in scan.files:
                 changes.extend(self._moved(rel, entries, scan, known))
                 continue
@@ -727,7 +743,6 @@ class FileSource(SourceConnector, SupportsSplitReassignmentOnRecovery, SupportsS
         return sorted(changes, key=lambda c: c.split_id)
 
     def _compare(self, rel: str, st: FileStat, entries: list[_Known]) -> list[SplitChange]:
-        path = self._abs(rel)
         size = st.size
         now: FileIdentity | None = None
         changes: list[SplitChange] = []
@@ -735,10 +750,11 @@ class FileSource(SourceConnector, SupportsSplitReassignmentOnRecovery, SupportsS
         for entry in entries:
             by_identity.setdefault(entry.identity, []).append(entry)
         for identity, group in by_identity.items():
-            old = FileIdentity.parse(identity)
+            old = _parsed_identity(identity)
             if old is not None and old.same_stat(st):
                 self._learn(rel, group, old)
                 continue
+            path = self._abs(rel)  # for the messages (not built for the unchanged files: most of them)
             now = now or self._identity(rel, st)
             if now is None:
                 continue  # cannot be read now: its reads fail and name the error

@@ -1,6 +1,6 @@
-"""``splitkeeper bench scale [--sizes 1000,10000] [--json]``: the driver's cost as the work grows.
+"""``splitkeeper bench scale [--sizes 1000,10000] [--file-splits N] [--json]``: the driver's cost at scale.
 
-Three measurements, each on the real parts:
+The measurements, each on the real parts:
 
 1. **Epoch overhead (files).** For each size N, N small files (one split each, one line)
    are read once (the first epoch reads them all), then for ``--epochs`` epochs 1% new
@@ -31,6 +31,18 @@ Three measurements, each on the real parts:
    pipeline's open and its first epoch, which reads one message of every partition (issue
    26's goal: <= 3 s at 1,000 partitions; ``kafka_first_epoch_read_s`` its read phase,
    ``kafka_first_epoch_region_task_s`` the slowest region task's own time in it).
+
+5. **Many file splits, few active (``--file-splits N --active-share S``).** Part 1 at one large
+   size on the same real runtime (local Spark, the delta-rs state store and sink, the core's
+   driver: what ``splitkeeper run`` does; a simulator would leave out the delta-rs commits and the
+   file listing, which are most of the driver's time per epoch): N one-line files read by the first
+   epoch, then ``--epochs`` epochs each after ``round(N * S)`` new files. Reported under
+   ``file_splits``: ``epoch_overhead_ms`` (median driver time per epoch without ``read``) and its
+   phases; ``restore_s``, a fresh read-only store restoring the latest checkpoint of that state
+   (median of 3, what a restarted driver does before discovery); ``reopen_s``, the pipeline's whole
+   open again (lease, restore, discovery of every file; no Spark); ``driver_rss_mb``, the peak RSS
+   of this (the driver's) process, ``jvm_rss_mb`` the JVM's. Goals (issue 26) at 100,000 splits
+   with 1,000 active: overhead <= 600 ms, restore <= 10 s, driver RSS <= 2 GB.
 
 ``growth_epoch_overhead`` is the ratio of the largest size's overhead to the smallest's
 (files; ``kafka_growth_epoch_overhead`` the same for partitions).
@@ -65,6 +77,9 @@ GOALS = {
     "restore_s_at_10000": 5.0,
     "driver_rss_mb_1m_splits": 2048.0,
     "kafka_first_epoch_s_at_1000": 3.0,
+    "file_splits_epoch_overhead_ms_at_100000": 600.0,
+    "file_splits_restore_s_at_100000": 10.0,
+    "file_splits_driver_rss_mb_at_100000": 2048.0,
 }
 
 
@@ -184,6 +199,77 @@ def _measure(
     }
 
 
+def _peak_rss_mb(pid: int | None = None) -> float | None:
+    """Peak RSS (MB, ``VmHWM``) of process ``pid`` (default: this one); None when unreadable."""
+    try:
+        status = Path(f"/proc/{pid or 'self'}/status").read_text(encoding="utf-8")
+    except OSError:
+        return None
+    for line in status.splitlines():
+        if line.startswith("VmHWM:"):
+            return round(int(line.split()[1]) / 1024, 1)
+    return None
+
+
+def _jvm_pid(spark: Any) -> int | None:
+    """The pid of the session's JVM when this process launched it (local mode), else None."""
+    try:
+        proc = spark.sparkContext._gateway.proc
+    except AttributeError:
+        return None
+    return None if proc is None else int(proc.pid)
+
+
+def measure_file_splits(
+    spark: Any, root: Path, splits: int, epochs: int, active_share: float, restore_repeats: int = 3
+) -> dict[str, Any]:
+    """Part 5: part 1 at ``splits`` files with ``active_share`` new per epoch, then restore, reopen, RSS."""
+    from splitkeeper.app.services import leased_pipeline
+    from splitkeeper.config.settings import config_from_mapping
+    from splitkeeper.delta.checkpoints import DeltaStateStore
+
+    measured = measure_epochs(spark, root, splits, epochs, active_share)
+    restores = []
+    restored_id = None
+    for _ in range(restore_repeats):
+        started = time.perf_counter()
+        store = DeltaStateStore(root / "state", f"scale-{splits}", None, read_only=True)
+        latest = store.latest_checkpoint()
+        restores.append(time.perf_counter() - started)
+        restored_id = None if latest is None else latest.checkpoint_id
+    config = config_from_mapping(
+        {
+            "name": f"scale-{splits}",
+            "parallelism": 4,
+            "source": {"kind": "files", "path": str(root / "in"), "format": "lines"},
+            "checkpoint": {"retain_checkpoints": 3, "region_timeout_s": 600},
+            "backlog": {"backlog_epoch_records": splits * 2, "normal_epoch_records": splits * 2},
+            "state": {"path": str(root / "state")},
+            "sink": {"path": str(root / "sink")},
+        }
+    )
+    started = time.perf_counter()
+    with leased_pipeline(config, spark, metrics=False) as pipeline:
+        opened = pipeline.open()
+    reopen_s = time.perf_counter() - started
+    result = {
+        **measured,
+        "active_share": active_share,
+        "restore_s": round(statistics.median(restores), 3),
+        "restored_checkpoint": restored_id,
+        "reopen_s": round(reopen_s, 2),
+        "reopen_restored_from": opened.restored_from,
+        "driver_rss_mb": _peak_rss_mb(),
+        "jvm_rss_mb": _peak_rss_mb(_jvm_pid(spark)),
+    }
+    say(
+        f"{splits:,} file splits, {measured['active_per_epoch']:,} active: overhead "
+        f"{measured['overhead_ms_median']:.0f} ms, restore {result['restore_s']:.2f} s, reopen "
+        f"{reopen_s:.1f} s, driver RSS {result['driver_rss_mb']} MB, JVM {result['jvm_rss_mb']} MB"
+    )
+    return result
+
+
 def measure_kafka_epochs(
     spark: Any, root: Path, bootstrap: str, partitions: int, epochs: int, active_share: float = 0.01
 ) -> dict[str, Any]:
@@ -294,8 +380,11 @@ def run_scale(
     spark_factory: Callable[[], Any] | None = None,
     kafka_partitions: Sequence[int] = (),
     bootstrap_servers: str | None = None,
+    file_splits: int = 0,
+    active_share: float = 0.01,
 ) -> dict[str, Any]:
-    """All four parts (Kafka only with ``kafka_partitions``); the JSON-able result."""
+    """Every part (Kafka only with ``kafka_partitions``, part 5 only with ``file_splits``; parts 1 and
+    2 only with ``sizes``); the JSON-able result."""
     base = Path(workdir or tempfile.mkdtemp(prefix="splitkeeper-scale-"))
     load_start = [round(x, 2) for x in os.getloadavg()]
     if spark_factory is None:
@@ -325,15 +414,23 @@ def run_scale(
                 )
         finally:
             broker.stop()
+    files_part: dict[str, Any] | None = None
+    if file_splits:
+        say(
+            f"{file_splits:,} file splits, {active_share:.2%} active per epoch "
+            f"(load {os.getloadavg()[0]:.1f})"
+        )
+        files_part = measure_file_splits(
+            spark, base / f"file-splits-{file_splits}", file_splits, epochs, active_share
+        )
     say(f"driver memory with {rss_splits:,} splits")
     rss = measure_rss(rss_splits)
-    small, large = min(sizes), max(sizes)
     overhead = {str(s): epochs_by_size[s]["overhead_ms_median"] for s in sizes}
-    growth = (
-        round(overhead[str(large)] / overhead[str(small)], 2)
-        if overhead[str(small)] > 0 and large != small
-        else None
-    )
+    growth = None
+    if sizes:
+        small, large = min(sizes), max(sizes)
+        if overhead[str(small)] > 0 and large != small:
+            growth = round(overhead[str(large)] / overhead[str(small)], 2)
     result: dict[str, Any] = {
         "sizes": list(sizes),
         "epochs_measured": epochs,
@@ -350,6 +447,25 @@ def run_scale(
         "per_epoch": {str(s): epochs_by_size[s]["epochs"] for s in sizes},
         "load": {"start": load_start, "end": [round(x, 2) for x in os.getloadavg()]},
     }
+    if files_part is not None:
+        result["file_splits"] = {
+            "splits": files_part["splits"],
+            "active_per_epoch": files_part["active_per_epoch"],
+            "active_share": files_part["active_share"],
+            "epoch_overhead_ms": files_part["overhead_ms_median"],
+            "epoch_phases_ms": files_part["phases_ms_median"],
+            "delta_files_per_epoch": files_part["delta_files_per_epoch_median"],
+            "first_epoch_s": files_part["first_epoch_s"],
+            "restore_s": files_part["restore_s"],
+            "restored_checkpoint": files_part["restored_checkpoint"],
+            "reopen_s": files_part["reopen_s"],
+            "reopen_restored_from": files_part["reopen_restored_from"],
+            "driver_rss_mb": files_part["driver_rss_mb"],
+            "jvm_rss_mb": files_part["jvm_rss_mb"],
+            "exact": files_part["exact"],
+            "per_epoch": files_part["epochs"],
+            "runtime": "local Spark, delta-rs state store and sink, the core's driver (splitkeeper run's)",
+        }
     if kafka_by_size:
         k_small, k_large = min(kafka_by_size), max(kafka_by_size)
         k_overhead = {str(s): kafka_by_size[s]["overhead_ms_median"] for s in kafka_by_size}
@@ -408,6 +524,15 @@ def _goals(result: dict[str, Any]) -> dict[str, Any]:
             "goal": GOALS["kafka_first_epoch_s_at_1000"],
             "met": first["1000"] <= GOALS["kafka_first_epoch_s_at_1000"],
         }
+    part = result.get("file_splits")
+    if part is not None and part["splits"] == 100_000 and part["active_per_epoch"] == 1_000:
+        for name, key in (
+            ("epoch_overhead_ms", "file_splits_epoch_overhead_ms_at_100000"),
+            ("restore_s", "file_splits_restore_s_at_100000"),
+            ("driver_rss_mb", "file_splits_driver_rss_mb_at_100000"),
+        ):
+            value = part[name]
+            out[key] = {"value": value, "goal": GOALS[key], "met": value is not None and value <= GOALS[key]}
     if result["rss_splits"] == 1_000_000:
         out["driver_rss_mb_1m_splits"] = {
             "value": result["driver_rss_mb_1m_splits"],
@@ -433,6 +558,12 @@ def write_chart(result: dict[str, Any], out_dir: str) -> str:
         for s, phases in result.get("kafka_epoch_phases_ms", {}).items()
         for phase, ms in phases.items()
     ]
+    part = result.get("file_splits")
+    if part is not None:
+        phase_rows += [
+            (f"{part['splits']:,} file splits, {part['active_per_epoch']:,} active: {phase}", float(ms))
+            for phase, ms in part["epoch_phases_ms"].items()
+        ]
     phases = charts.hbar_chart(
         "scale-phases",
         "Driver ms per epoch, by phase and size (median)",
@@ -446,7 +577,10 @@ def write_chart(result: dict[str, Any], out_dir: str) -> str:
         "scale-restore",
         f"Restore after {result['checkpoints_for_restore']} checkpoints (s)",
         "open a fresh store and restore the latest checkpoint, median of 3",
-        [(f"{int(s):,} splits", float(v)) for s, v in result["restore_s"].items()],
+        [(f"{int(s):,} splits", float(v)) for s, v in result["restore_s"].items()]
+        + (
+            [] if part is None else [(f"{part['splits']:,} file splits (its run's state)", part["restore_s"])]
+        ),
         x_label="seconds",
         y_label="size",
         color=charts.VERMILLION,
@@ -478,7 +612,9 @@ def _sizes(
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--sizes", default="1000,10000", help="split counts (files), comma-separated")
+    parser.add_argument(
+        "--sizes", default="1000,10000", help="split counts (files), comma-separated; 'none' skips parts 1-2"
+    )
     parser.add_argument("--epochs", type=int, default=5, help="measured epochs per size (after the first)")
     parser.add_argument("--checkpoints", type=int, default=200, help="checkpoints before the restore")
     parser.add_argument("--rss-splits", type=int, default=1_000_000, help="splits in the memory measurement")
@@ -490,13 +626,26 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--bootstrap-servers", default=None, help="an existing broker (default: start the project's own)"
     )
+    parser.add_argument(
+        "--file-splits",
+        type=int,
+        default=0,
+        help="part 5: this many file splits (e.g. 100000), --active-share of them new per epoch (0: skip)",
+    )
+    parser.add_argument(
+        "--active-share", type=float, default=0.01, help="part 5: the share of new splits per epoch"
+    )
     parser.add_argument("--workdir", default=None, help="where the files and tables go (default: a temp dir)")
     parser.add_argument("--out", default="var/bench", help="where the HTML chart goes")
     parser.add_argument("--json", action="store_true", help="print the result as one JSON line")
 
 
 def run(args: argparse.Namespace) -> int:
-    sizes = _sizes(args.sizes)
+    sizes = [] if args.sizes.strip().lower() in ("none", "0", "") else _sizes(args.sizes)
+    if args.file_splits and args.file_splits < 10:
+        raise InvalidParameterError("--file-splits", args.file_splits, "a split count >= 10, or 0 to skip")
+    if not 0 < args.active_share <= 1:
+        raise InvalidParameterError("--active-share", args.active_share, "a share in (0, 1], e.g. 0.01")
     for name in ("epochs", "checkpoints", "rss_splits"):
         value = getattr(args, name)
         if value < 1:
@@ -516,6 +665,8 @@ def run(args: argparse.Namespace) -> int:
         workdir=args.workdir,
         kafka_partitions=kafka,
         bootstrap_servers=args.bootstrap_servers,
+        file_splits=args.file_splits,
+        active_share=args.active_share,
     )
     result["chart"] = write_chart(result, args.out)
     if args.json:
@@ -534,6 +685,14 @@ def run(args: argparse.Namespace) -> int:
                 f"first epoch {result['kafka_first_epoch_s'][str(s)]:.1f} s "
                 f"(read {result['kafka_first_epoch_read_s'][str(s)]:.1f} s, slowest region task "
                 f"{result['kafka_first_epoch_region_task_s'][str(s)]:.1f} s), exact {result['kafka_exact']}"
+            )
+        part = result.get("file_splits")
+        if part is not None:
+            print(
+                f"{part['splits']:>7,} file splits, {part['active_per_epoch']:,} active per epoch: "
+                f"epoch overhead {part['epoch_overhead_ms']:.0f} ms, restore {part['restore_s']:.2f} s "
+                f"(reopen with discovery {part['reopen_s']:.1f} s), driver RSS {part['driver_rss_mb']} MB "
+                f"(JVM {part['jvm_rss_mb']} MB)"
             )
         print(f"driver RSS with {args.rss_splits:,} splits: {result['driver_rss_mb_1m_splits']:.0f} MB")
         print(f"chart: {result['chart']}")
