@@ -25,7 +25,7 @@ from splitkeeper.tools.chaos.schedule import (
     faults_epoch_records,
     planned_counts,
 )
-from splitkeeper.tools.chaos.store import DEFAULT_FAULT_RATE, ChaosStore, store_failures
+from splitkeeper.tools.chaos.store import DEFAULT_FAULT_RATE, ChaosStore, driver_retries, store_failures
 from splitkeeper.tools.chaos.verify import group_offsets, verify
 from splitkeeper.tools.kafka_testbed import (
     BrokerHandle,
@@ -129,6 +129,9 @@ class KafkaChaos:
         self._background: list[threading.Thread] = []
         self._lock = threading.Lock()
         self._started = time.monotonic()
+        #: splitkeeper_store_retries_total of the drivers, summed over their metrics files
+        self.retries: Counter[str] = Counter()
+        self._metrics_seen = ""  # the metrics file as last read (a run that wrote none leaves it)
 
     # -- setup -----------------------------------------------------------------------------
 
@@ -298,12 +301,28 @@ class KafkaChaos:
             env=env,
             on_epoch=on_epoch,
         )
+        self._read_retries()
         with self._lock:
             self.runs[index] = outcome
             self.last_epoch = max([self.last_epoch, *(e.epoch for e in outcome.epochs)])
             if outcome.crash is not None:
                 self.last_epoch = max(self.last_epoch, outcome.crash[1])
         return outcome
+
+    def _read_retries(self) -> None:
+        """Add the retries in the driver's metrics file, once per file a driver wrote (each run writes
+        its own counts, from 0: its process's). A SIGKILLed driver's retries after its last epoch are
+        not in it."""
+        try:
+            env = None if self.store is None else self.store.store_env()
+            found = driver_retries(self._location("state"), env)
+        except Exception as err:  # noqa: BLE001 - reported, the verdict does not depend on it
+            say(f"metrics file unreadable: {err!r}")
+            return
+        with self._lock:
+            if found is not None and found[0] != self._metrics_seen:
+                self._metrics_seen = found[0]
+                self.retries.update(found[1])
 
     def _live_faults(self, act: Act) -> list[LiveFault]:
         live: list[LiveFault] = []
@@ -576,7 +595,9 @@ class KafkaChaos:
         if self.store is not None:
             store = result["store"]
             say(
-                f"object store faults injected {store['faults']} in {store['requests']:,} requests; "
+                f"object store faults injected {store['faults']} in {store['requests']:,} requests "
+                f"(resets of Delta commits: {store['conditional_put_resets']}); the drivers' own retries "
+                f"(splitkeeper_store_retries_total) {store['driver_retries']}; "
                 f"{len(store['runs_failed_by_store'])} driver runs failed on the store and were "
                 f"recovered by the next: {[r['run'] for r in store['runs_failed_by_store']]}"
             )
@@ -584,8 +605,11 @@ class KafkaChaos:
 
     def _store_result(self) -> dict[str, Any]:
         """``--store s3``: what the proxy injected, and the driver runs the store made fail."""
+        from splitkeeper.delta.retries import OPERATIONS
+
+        retries = {op: self.retries[op] for op in OPERATIONS}
         if self.store is None:
-            return {"kind": "local"}
+            return {"kind": "local", "driver_retries": retries}
         counts = self.store.counts()
         faults = {k: v for k, v in counts.items() if k != "requests"}
         return {
@@ -594,6 +618,8 @@ class KafkaChaos:
             "requests": counts["requests"],
             "faults": faults,
             "faults_complete": all(n > 0 for n in faults.values()),
+            "conditional_put_resets": self.store.conditional_resets(),
+            "driver_retries": retries,
             "runs_failed_by_store": store_failures(self.runs),
         }
 
