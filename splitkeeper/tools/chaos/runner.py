@@ -397,7 +397,13 @@ class KafkaChaos:
             argv += ["--epochs", str(act.epochs)]
         argv += [a for f in act.region_faults for a in ("--fault", f.spec)]
         live = self._live_faults(act)
-        out = self._launch(act.label, argv, {CRASH_ENV: f"{act.crash.value}@{crash_epoch}+"}, live)
+        env = {CRASH_ENV: f"{act.crash.value}@{crash_epoch}+"}
+        out = self._launch(act.label, argv, env, live)
+        if not out.killed and not out.epochs and out.returncode not in (0, None):
+            # it failed before its first epoch (a store error at open): none of its faults came due
+            # yet, so the act is played again as it was, faults and all (its epochs are still ahead)
+            say(f"[{act.label}] exit {out.returncode} before its first epoch: the act runs again")
+            out = self._launch(f"{act.label}-again", argv, env, live)
         for fault in live:
             fault.join()
             if isinstance(fault, BrokerKill):
