@@ -140,6 +140,10 @@ def test_a_chaos_run_on_a_faulty_object_store_loses_and_duplicates_nothing(tmp_p
     assert store["kind"] == "s3" and store["fault_rate"] == 0.02
     assert all(store["faults"][kind] > 0 for kind in ("slowdown", "delay", "reset")), store
     assert sum(store["faults"].values()) < 0.15 * store["requests"]  # ~6% of the requests faulted
+    # resets reach Delta commits too (before and after forwarding); the drivers' own retries, by operation
+    assert set(store["conditional_put_resets"]) == {"before_forwarding", "after_forwarding"}
+    assert set(store["driver_retries"]) == {"fence_reread", "table_create", "store_probe", "lease_heartbeat"}
+    print("store block:", json.dumps(store))  # shown with -s
     # by content: every message once in the sink or the dead letters, byte for byte
     assert (result["records_in_sink"], result["dead_letters"], result["dead_letters_expected"]) == (198, 2, 2)
     assert (result["records_lost"], result["records_duplicated"], result["records_unexpected"]) == (0, 0, 0)

@@ -533,10 +533,18 @@ class StateTables:
 
         self._refuse_write(f"append to table {name}")
         table = self.require(name)
-        guarded(
-            table.table_uri,
-            lambda: write_deltalake(table, data, mode="append", commit_properties=commit_properties),
-        )
+        try:
+            guarded(
+                table.table_uri,
+                lambda: write_deltalake(table, data, mode="append", commit_properties=commit_properties),
+            )
+        except OSError as err:  # the store failed (guarded() named the OS refusals): landed or not?
+            raise StateError(
+                f"the append to table {name} at {table.table_uri} failed in the store ({err}); whether it "
+                "landed is unknown: this run stops. Run again: the next run's open finishes or discards the "
+                "epoch from its decision record",
+                table=name,
+            ) from err
         return table
 
     def version(self, name: str) -> int:

@@ -310,3 +310,20 @@ def test_a_create_whose_store_call_fails_reads_the_table_again_and_retries_while
     assert (len(calls), created) == ((1, False) if landed else (2, True))
     assert table.version() == 0 and retries.counts()["table_create"] == before + 1
     assert DeltaTable(str(tmp_path / "lease")).version() == 0  # created once
+
+
+def test_an_append_that_fails_in_the_store_is_a_state_error_naming_the_table(tmp_path, monkeypatch):
+    import deltalake
+
+    store = tables.StateTables(str(tmp_path / "state"))
+    store.ensure("control")
+
+    def reset(*_args, **_kwargs):
+        raise OSError("Generic S3 error: error sending request: connection reset by peer")
+
+    monkeypatch.setattr(deltalake, "write_deltalake", reset)
+    with pytest.raises(StateError) as err:
+        store.append("control", spec("control").empty())
+    text = str(err.value)
+    assert text.startswith("[STATE_ERROR] the append to table control at ") and "connection reset" in text
+    assert "whether it landed is unknown: this run stops" in text
