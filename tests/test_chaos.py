@@ -13,16 +13,32 @@ the sink-and-dead-letters comparison, without starting anything.
 from __future__ import annotations
 
 import json
+import random
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from runtime.helpers import subprocess_env  # tests/ is on sys.path (no __init__.py)
 
-from splitkeeper.core.ports import CrashPoint
+from splitkeeper.core.backlog import BacklogConfig
+from splitkeeper.core.checkpoint import CheckpointConfig
+from splitkeeper.core.driver import DriverSettings, EpochDriver
+from splitkeeper.core.ports import CrashPoint, EpochPlan, RegionRun
+from splitkeeper.core.types import CheckpointKind, Split
+from splitkeeper.sim.events import RegionFailure
+from splitkeeper.sim.simulator import ReassignableSimSource, SimClock, SimEpochSink, SimRegionRunner, SimState
+from splitkeeper.sim.sink import SimulatedSink
 from splitkeeper.tools.chaos.runner import chaos_value
-from splitkeeper.tools.chaos.schedule import PLANNED, FaultKind, Tuning, draw_schedule, planned_counts
+from splitkeeper.tools.chaos.schedule import (
+    PLANNED,
+    FaultKind,
+    Tuning,
+    draw_schedule,
+    faults_epoch_records,
+    planned_counts,
+)
 from splitkeeper.tools.chaos.store import versitygw_binary
 from splitkeeper.tools.chaos.verify import compare_sink
 from splitkeeper.tools.kafka_testbed import value_text
@@ -124,6 +140,10 @@ def test_a_chaos_run_on_a_faulty_object_store_loses_and_duplicates_nothing(tmp_p
     assert store["kind"] == "s3" and store["fault_rate"] == 0.02
     assert all(store["faults"][kind] > 0 for kind in ("slowdown", "delay", "reset")), store
     assert sum(store["faults"].values()) < 0.15 * store["requests"]  # ~6% of the requests faulted
+    # resets reach Delta commits too (before and after forwarding); the drivers' own retries, by operation
+    assert set(store["conditional_put_resets"]) == {"before_forwarding", "after_forwarding"}
+    assert set(store["driver_retries"]) == {"fence_reread", "table_create", "store_probe", "lease_heartbeat"}
+    print("store block:", json.dumps(store))  # shown with -s
     # by content: every message once in the sink or the dead letters, byte for byte
     assert (result["records_in_sink"], result["dead_letters"], result["dead_letters_expected"]) == (198, 2, 2)
     assert (result["records_lost"], result["records_duplicated"], result["records_unexpected"]) == (0, 0, 0)
@@ -154,6 +174,58 @@ def test_every_seed_schedules_the_whole_fault_table_on_six_drivers_one_crash_poi
     assert sum(a.broker_kill for a in acts) == PLANNED[FaultKind.BROKER_SIGKILL]
     # a driver that meets a broker SIGKILL is alive through it: it dies in a later epoch
     assert all(a.crash_after >= 2 and a.epochs > a.crash_after + 1 for a in acts if a.broker_kill)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_act_with_the_region_faults_finds_every_region_reading_in_each_fault_epoch(seed: int) -> None:
+    """faults_epoch_records on the real epoch driver (in memory): 8 uneven unbounded splits (the chaos
+    producer's weights 1..8, each at least 5 records), P=4, the schedule's region faults: every
+    region gets a task in each of the act's epochs up to its crash, so every region fault fires."""
+    rng = random.Random(seed)
+    act = draw_schedule(seed, Tuning(200))[0]
+    epochs = act.crash_after + 1
+    sizes = [epochs + sum(rng.random() < (1 + i) / 36 for _ in range(100)) for i in range(8)]
+    budget = faults_epoch_records(sizes, epochs)
+    reports, asked = _first_epochs(sizes, budget, act.region_faults, epochs)
+
+    assert [r.epoch for r in reports] == list(range(1, epochs + 1))
+    assert all(asked[r.epoch] == set(range(4)) and not r.idle_regions for r in reports)
+    for fault in act.region_faults:  # each fault's region ran, and failed, in its epoch
+        assert reports[fault.epoch - 1].kind is CheckpointKind.REGIONAL
+    # the old sizing (100 records per epoch) drains small splits: a region goes idle before the crash
+    old, _ = _first_epochs(sizes, 100, (), epochs)
+    assert any(r.idle_regions for r in old)
+    with pytest.raises(ValueError, match="at least 5 records"):
+        faults_epoch_records([4, *sizes[1:]], epochs)
+
+
+def _first_epochs(
+    sizes: list[int], budget: int, faults: Any, epochs: int
+) -> tuple[list[Any], dict[int, set[int]]]:
+    """The first ``epochs`` epochs of the in-memory epoch driver over unbounded splits of ``sizes``
+    records, P=4, ``budget`` records per epoch, ``faults`` failing: the reports, and the regions run."""
+    source = ReassignableSimSource(subscriptions={"t"})
+    source.add([Split(f"t-{i}", "t", 0) for i in range(len(sizes))])
+    source.ends.update({f"t-{i}": n for i, n in enumerate(sizes)})
+    runner = _AskedRunner({(f.epoch, f.region): RegionFailure.DECLINE for f in faults})
+    sink = SimEpochSink(SimulatedSink(), runner)
+    backlog = BacklogConfig(backlog_epoch_records=budget, normal_epoch_records=budget)
+    settings = DriverSettings(pipeline="t", parallelism=4, checkpoint=CheckpointConfig(), backlog=backlog)
+    driver = EpochDriver(settings, source, runner, sink, SimState(), SimClock())
+    driver.open()
+    return [driver.run_epoch() for _ in range(epochs)], runner.asked
+
+
+class _AskedRunner(SimRegionRunner):
+    """The simulated region runner, remembering which regions it was asked to run, per epoch."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.asked: dict[int, set[int]] = {}
+
+    def run(self, epoch: int, plan: EpochPlan, timeout_s: float) -> dict[int, RegionRun]:
+        self.asked[epoch] = {r for r, ranges in plan.items() if ranges}
+        return super().run(epoch, plan, timeout_s)
 
 
 def test_the_reliability_schedule_adds_a_paused_driver_whose_crash_comes_after_the_takeover() -> None:

@@ -22,7 +22,13 @@ A :class:`PipelineMetrics` is fed each epoch's :class:`~splitkeeper.core.driver.
   boundary while in backlog; absent when neither is known), ``splitkeeper_split_records_per_second
   {split}`` (offsets advanced between the last two checkpoints over the time between them),
   ``splitkeeper_split_in_backlog{split}``, ``splitkeeper_split_finished{split}`` (a split read
-  to its end is reported once more, at its end, then no longer updated).
+  to its end is reported once more, at its end, then no longer updated);
+- ``splitkeeper_store_retries_total{operation}``: the retries of store calls splitkeeper itself
+  made in this process (:mod:`splitkeeper.delta.retries`: the fence's re-reads after a lost
+  answer, the store probe's, the lease heartbeat's; the storage clients' own retries are not
+  seen). Unlike the other counters it starts at 0 with each run (process), which Prometheus
+  reads as a counter reset; :meth:`PipelineMetrics.close` writes the file once more (after
+  an epoch wrote it), so the retries after the last epoch are in it too.
 
 Every metric carries the label ``pipeline``. The counters are cumulative across runs: a run
 starts them from the state (:func:`seed_from_state`: the ``checkpoints`` and ``checkpoint_log``
@@ -310,6 +316,12 @@ class PipelineMetrics:
             "splitkeeper_oldest_ref_checkpoint_id",
             description="the oldest checkpoint the last checkpoint still references (retention keeps it)",
         )
+        meter.create_observable_counter(
+            "splitkeeper_store_retries",
+            callbacks=[self._observe_retries],
+            description="retries of store calls splitkeeper made itself in this run, per operation",
+        )
+        self._observed = False  # an epoch was recorded (the file written) by this run
         self._known: dict[str, Split] = {}  # the splits seen, as of their last checkpoint
         self._last: tuple[float, dict[str, int]] | None = None  # (time, positions) at the last checkpoint
         self.dead_letter_path = dead_letter_path
@@ -345,6 +357,14 @@ class PipelineMetrics:
         if seed.last_global_at is not None:
             self._last_global_at.set(round(seed.last_global_at, 3), base)
 
+    def _observe_retries(self, _options: Any) -> Iterable[Any]:
+        from opentelemetry.metrics import Observation
+
+        from splitkeeper.delta import retries
+
+        for operation, count in retries.counts().items():
+            yield Observation(count, {"pipeline": self.pipeline, "operation": operation})
+
     def _oldest_ref_of(self, checkpoint_id: int) -> int:
         """The oldest id of ``checkpoint_id``'s ref chain (itself when it references nothing)."""
         seen: set[int] = set()
@@ -360,6 +380,7 @@ class PipelineMetrics:
 
     def observe(self, report: Any) -> None:
         """Record one epoch (an EpochReport), then write the text file and push OTLP. Never raises."""
+        self._observed = True
         try:
             self._record(report)
             self.flush()
@@ -493,6 +514,12 @@ class PipelineMetrics:
             self._otlp.force_flush(timeout_millis=10_000)
 
     def close(self) -> None:
+        """Write the file once more when an epoch wrote it (what happened since: retries), then stop."""
+        try:
+            if self._observed:
+                self.flush()
+        except Exception as err:  # noqa: BLE001 - metrics never stop a run
+            log.warning("pipeline %s: metrics not written at close: %s", self.pipeline, err)
         try:
             self._provider.shutdown(timeout_millis=5_000)
         except Exception as err:  # noqa: BLE001

@@ -38,7 +38,8 @@ Every "only one run may do this" rule of splitkeeper is this one function:
    yet: a :class:`~splitkeeper.errors.StateError` ``[STATE_ERROR]`` names the store's error and
    says that the next run's open finds out (a put still in flight may land later; the next open
    redoes or discards it from the decision record, protocol rule 5.4). Anything else is a
-   conflict (step 4).
+   conflict (step 4). Each re-read counts as a retry (:mod:`splitkeeper.delta.retries`,
+   ``fence_reread``).
 
 The commit's custom metadata carries ``app_id``, ``version_key: version`` and
 ``attempt_id`` (when given) plus the caller's keys; :func:`recorded_commit` finds
@@ -54,6 +55,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from splitkeeper.delta import retries
 from splitkeeper.errors import ConcurrentRunError, StateError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -208,6 +210,8 @@ def fenced_commit(
     except (CommitFailedError, OSError) as err:
         # step 4's loser, or step 5: the store failed (guarded() named OS refusals), did it land?
         lost = not isinstance(err, CommitFailedError)
+        if lost:
+            retries.count("fence_reread")
         _reread(table, LOST_ANSWER_READS if lost else 1)
         now = table.transaction_version(app_id)
         recorded = replay_of(now)
@@ -262,5 +266,6 @@ def _reread(table: DeltaTable, attempts: int) -> None:
         except OSError:
             if left == 1:
                 raise
+            retries.count("fence_reread")
             time.sleep(wait)
             wait *= 2

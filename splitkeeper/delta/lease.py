@@ -69,6 +69,7 @@ from typing import Any
 
 from splitkeeper import process
 from splitkeeper.core.defaults import LEASE_TTL_S
+from splitkeeper.delta import retries
 from splitkeeper.delta.fence import fenced_commit
 from splitkeeper.delta.schemas import spec
 from splitkeeper.delta.tables import StateTables, guarded
@@ -489,6 +490,7 @@ class HeldLease:
             except Exception as err:  # noqa: BLE001 - a store error: retried while the ttl lasts
                 failures += 1
                 self.retries += 1
+                retries.count("lease_heartbeat")
                 clock = self.lease.clock
                 left = self.lease.ttl_s - (clock.monotonic() - self.lease.renewed_at)
                 wait = min(self.RETRY_S * 2 ** (failures - 1), self.interval_s, max(left, 0.0))

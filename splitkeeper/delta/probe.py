@@ -38,6 +38,7 @@ import urllib.parse
 import urllib.request
 import uuid
 
+from splitkeeper.delta import retries
 from splitkeeper.delta.storage import is_local, signed_request, storage_options, table_uri
 from splitkeeper.errors import StateError, StoreUnsafeError
 
@@ -140,6 +141,7 @@ class _Requests:
     @staticmethod
     def pause(attempt: int) -> None:
         if attempt + 1 < ATTEMPTS:
+            retries.count("store_probe")
             time.sleep(min(2.0, 0.1 * 2**attempt))
 
     def unreachable(self, method: str, key: str) -> StateError:

@@ -33,11 +33,16 @@ Contract:
    retried by the storage clients, with backoff: delta-rs (object_store) up to
    :data:`MAX_RETRIES` times within :data:`RETRY_TIMEOUT` (the options ``max_retries`` and
    ``retry_timeout``, pinned here rather than left to the library's defaults), pyarrow with
-   the AWS standard retry strategy up to :data:`MAX_RETRIES` attempts. A conditional put
-   (a Delta commit) is not retried after its request was sent: whether it landed is unknown,
-   so the commit fails, the driver stops, and the next run's recovery finds out from the
-   table (its app transaction) whether the epoch landed. ``chaos --store s3`` runs the
-   pipeline through a proxy that injects these faults.
+   the AWS standard retry strategy up to :data:`MAX_RETRIES` attempts. A conditional put (a
+   Delta commit) whose answer was lost may land or not. When object_store sends it again and
+   the first one had landed, the store refuses the copy (412) and delta-rs commits the same
+   actions again at the next version: for a fenced commit its app transaction makes that a
+   conflict, which the fence reads as this attempt's own commit (:mod:`~splitkeeper.delta.fence`
+   step 4); a blind append (``StateTables.append``) can then land twice. When the commit
+   raises instead, the fence re-reads the table (step 5) and a table's create reads it again
+   (:func:`~splitkeeper.delta.tables.ensure_table`). ``chaos --store s3`` runs the pipeline
+   through a proxy that injects these faults; splitkeeper's own retries are counted
+   (:mod:`~splitkeeper.delta.retries`).
 5. :func:`sigv4_authorization` signs one S3 request (AWS Signature Version 4) for the few
    requests delta-rs and pyarrow cannot make: the store probe's conditional puts
    (:mod:`~splitkeeper.delta.probe`).

@@ -11,7 +11,10 @@ Rules:
    the same partitioning, or a StateError that names the table, what it has and what
    is expected. The one migration that exists adds nullable columns at the end
    (:attr:`~splitkeeper.delta.schemas.TableSpec.added_columns`, ``ALTER TABLE ADD
-   COLUMNS``); old rows read NULL.
+   COLUMNS``); old rows read NULL. A create whose store call fails (a reset connection may
+   lose the answer to a put that landed) reads the table again: there, it is opened as
+   created; not there, the create is tried again (:data:`CREATE_ATTEMPTS` in all, each a
+   ``table_create`` retry of :mod:`splitkeeper.delta.retries`).
 2. :func:`open_table` wraps every load of a table: a damaged log becomes a StateError
    naming the table, the log file and what to do (:func:`log_error`); an unreadable data
    file one naming the table and the file (:func:`data_file_error`).
@@ -28,12 +31,13 @@ import logging
 import os
 import re
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import pyarrow as pa
 
-from splitkeeper.delta import storage
+from splitkeeper.delta import retries, storage
 from splitkeeper.delta.schemas import SINK_TABLE, TableSpec, spec
 from splitkeeper.errors import DamagedTableError, StateError
 
@@ -57,6 +61,11 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+#: :func:`ensure_table`: a create whose store call failed (a 503 past the client's own retries, a
+#: reset connection: its answer lost) reads the table again and, while it is not there, is tried
+#: again; this many attempts in all.
+CREATE_ATTEMPTS = 4
 
 T = TypeVar("T")
 
@@ -318,7 +327,6 @@ def ensure_table(
     a first-writer-wins claim (the commit is never retried as a later version). An
     existing table is checked and migrated, never written.
     """
-    from deltalake import DeltaTable, write_deltalake
     from deltalake.exceptions import CommitFailedError, DeltaError
     from deltalake.transaction import CommitProperties
 
@@ -334,38 +342,70 @@ def ensure_table(
         app_transactions=getattr(commit_properties, "app_transactions", None),
         max_commit_retries=0,
     )
-    try:
-        if data is None:
-            created = DeltaTable.create(
-                uri,
-                spec.schema,
-                mode="error",
-                partition_by=spec.partition_by or None,
-                configuration=spec.properties,
-                storage_options=options,
-                commit_properties=once,
-                # splitkeeper's own keys (an upsert sink's splitkeeper.sink.mode/key) beside delta.*
-                raise_if_key_not_exists=False,
-            )
-        else:
-            write_deltalake(
-                uri,
-                data,
-                mode="error",
-                partition_by=spec.partition_by or None,
-                configuration=spec.properties,
-                storage_options=options,
-                commit_properties=once,
-            )
-            created = DeltaTable(uri, storage_options=options)
-    except (CommitFailedError, DeltaError) as err:
-        # Another process created it at the same moment: fine if it is there now (rule 1).
-        found = open_table(uri, missing_ok=True)
-        if found is None:
-            raise StateError(f"cannot create table {spec.name} at {uri}: {err}", table=spec.name) from err
-        check_layout(found, spec, uri, migrate=True)
-        return found, False
-    return created, True
+    last: OSError | None = None
+    wait = 0.5
+    for _attempt in range(CREATE_ATTEMPTS):
+        try:
+            return _create(uri, spec, data, once, options), True
+        except (CommitFailedError, DeltaError) as err:
+            # Another process created it at the same moment: fine if it is there now (rule 1).
+            found = open_table(uri, missing_ok=True)
+            if found is None:
+                raise StateError(f"cannot create table {spec.name} at {uri}: {err}", table=spec.name) from err
+            check_layout(found, spec, uri, migrate=True)
+            return found, False
+        except OSError as err:
+            fault = os_fault(err)
+            if fault is not None:
+                raise os_error(uri, err, fault) from err
+            # the store failed (its answer may be lost, the create landed): read again, then retry
+            last = err
+            retries.count("table_create")
+            time.sleep(wait)
+            wait *= 2
+            try:
+                found = open_table(uri, missing_ok=True)
+            except OSError:
+                continue
+            if found is not None:
+                log.warning("creating table %s at %s raised (%s); it exists now", spec.name, uri, err)
+                check_layout(found, spec, uri, migrate=True)
+                return found, False
+    raise StateError(
+        f"cannot create table {spec.name} at {uri}: the store failed {CREATE_ATTEMPTS} times (last: {last}) "
+        "and the table is not there; nothing was created: check the object store, then run again",
+        table=spec.name,
+    ) from last
+
+
+def _create(uri: str, spec: TableSpec, data: pa.Table | None, once: Any, options: Any) -> DeltaTable:
+    """One attempt of :func:`ensure_table`'s create (version 0, with ``data`` when given)."""
+    from deltalake import DeltaTable, write_deltalake
+
+    if data is None:
+        created = DeltaTable.create(
+            uri,
+            spec.schema,
+            mode="error",
+            partition_by=spec.partition_by or None,
+            configuration=spec.properties,
+            storage_options=options,
+            commit_properties=once,
+            # splitkeeper's own keys (an upsert sink's splitkeeper.sink.mode/key) beside delta.*
+            raise_if_key_not_exists=False,
+        )
+    else:
+        write_deltalake(
+            uri,
+            data,
+            mode="error",
+            partition_by=spec.partition_by or None,
+            configuration=spec.properties,
+            storage_options=options,
+            commit_properties=once,
+        )
+        created = DeltaTable(uri, storage_options=options)
+    return created
 
 
 def _native_filesystem(uri: str) -> Any:
@@ -493,10 +533,18 @@ class StateTables:
 
         self._refuse_write(f"append to table {name}")
         table = self.require(name)
-        guarded(
-            table.table_uri,
-            lambda: write_deltalake(table, data, mode="append", commit_properties=commit_properties),
-        )
+        try:
+            guarded(
+                table.table_uri,
+                lambda: write_deltalake(table, data, mode="append", commit_properties=commit_properties),
+            )
+        except OSError as err:  # the store failed (guarded() named the OS refusals): landed or not?
+            raise StateError(
+                f"the append to table {name} at {table.table_uri} failed in the store ({err}); whether it "
+                "landed is unknown: this run stops. Run again: the next run's open finishes or discards the "
+                "epoch from its decision record",
+                table=name,
+            ) from err
         return table
 
     def version(self, name: str) -> int:

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-__all__ = ["FAULT_KINDS", "Fault", "FaultProxy", "FaultSchedule", "ProxiedRequest"]
+__all__ = ["FAULT_KINDS", "Fault", "FaultProxy", "FaultSchedule", "ProxiedRequest", "is_conditional"]
 
 #: What :attr:`FaultProxy.injected` counts: an error status (503 SlowDown, ...), a delayed answer, a
 #: reset connection (no answer at all).
@@ -54,11 +54,14 @@ class ProxiedRequest:
 @dataclass(frozen=True, slots=True)
 class Fault:
     """What to do to one request instead of (or before) forwarding it: answer ``status`` (with an S3
-    error body), wait ``delay_s`` first, or ``reset`` the connection (RST, no answer)."""
+    error body), wait ``delay_s`` first, or ``reset`` the connection (RST, no answer). With
+    ``after``, the reset comes after the request was forwarded and the store answered: the request
+    was done (a put landed, or was refused), only its answer is lost."""
 
     status: int | None = None
     delay_s: float = 0.0
     reset: bool = False
+    after: bool = False
 
     def kinds(self) -> list[str]:
         """What this fault injects, as :data:`FAULT_KINDS` names."""
@@ -77,9 +80,13 @@ class FaultSchedule:
     else a reset connection with ``reset``, else an answer ``delay_s`` late with ``delay``.
     The draws are a function of the seed and the order the requests arrive in.
 
+    ``reset_after`` is the share of the resets that come after the request was forwarded (drawn
+    from the same seed): done, its answer lost (:attr:`Fault.after`); the others before (not done).
     ``reset_conditional=False`` spares conditional requests (``If-None-Match``, ``If-Match``: a
     Delta commit) the reset, whose lost answer no client may retry blindly (the put may have
-    landed); they still meet the 503s (an answer: nothing was done) and the delays."""
+    landed); they still meet the 503s (an answer: nothing was done) and the delays. The fence
+    re-reads the table after a lost answer (``splitkeeper.delta.fence`` step 5), so a chaos run
+    lets them meet resets too."""
 
     seed: int
     slowdown: float = 0.0
@@ -89,9 +96,10 @@ class FaultSchedule:
     methods: Iterable[str] = ()
     paths: str | None = None
     reset_conditional: bool = True
+    reset_after: float = 0.0
 
     def __post_init__(self) -> None:
-        for name in ("slowdown", "delay", "reset"):
+        for name in ("slowdown", "delay", "reset", "reset_after"):
             rate = getattr(self, name)
             if not 0 <= rate <= 1:
                 raise ValueError(f"{name} must be a rate between 0 and 1, not {rate!r}")
@@ -114,8 +122,13 @@ class FaultSchedule:
         if draw < self.slowdown:
             return Fault(status=503)
         if draw < self.slowdown + self.reset:
-            conditional = any(k.lower() in ("if-none-match", "if-match") for k in request.headers)
-            return Fault(reset=True) if self.reset_conditional or not conditional else None
+            if not self.reset_conditional and is_conditional(request):
+                return None
+            if not self.reset_after:
+                return Fault(reset=True)
+            with self._lock:
+                after = self._random.random() < self.reset_after
+            return Fault(reset=True, after=after)
         if draw < self.slowdown + self.reset + self.delay:
             return Fault(delay_s=self.delay_s)
         return None
@@ -136,6 +149,8 @@ class FaultProxy:
     keep_seen: bool = True
     #: What the proxy injected, by kind (:data:`FAULT_KINDS`); read it with :meth:`counts`.
     injected: Counter[str] = field(default_factory=Counter)
+    #: The resets of conditional requests (a Delta commit), by when: :meth:`conditional_resets`.
+    conditional: Counter[str] = field(default_factory=Counter)
 
     def __post_init__(self) -> None:
         parsed = urllib.parse.urlsplit(self.upstream)
@@ -174,15 +189,29 @@ class FaultProxy:
         with self._lock:
             return {"requests": self._requests, **{k: self.injected[k] for k in FAULT_KINDS}}
 
+    def conditional_resets(self) -> dict[str, int]:
+        """Resets of conditional requests (``If-None-Match``, ``If-Match``: a Delta commit's put) so far:
+        ``before_forwarding`` (the put never reached the store) and ``after_forwarding`` (the store
+        answered, the answer was lost: a put that landed, or that the store refused)."""
+        with self._lock:
+            return {k: self.conditional[k] for k in ("before_forwarding", "after_forwarding")}
+
     def _record(self, request: ProxiedRequest) -> None:
         with self._lock:
             self._requests += 1
             if self.keep_seen:
                 self.seen.append(request)
 
-    def _count(self, fault: Fault) -> None:
+    def _count(self, fault: Fault, request: ProxiedRequest) -> None:
         with self._lock:
             self.injected.update(fault.kinds())
+            if fault.reset and is_conditional(request):
+                self.conditional["after_forwarding" if fault.after else "before_forwarding"] += 1
+
+
+def is_conditional(request: ProxiedRequest) -> bool:
+    """Whether ``request`` is conditional (``If-None-Match`` or ``If-Match``: a Delta commit's put)."""
+    return any(k.lower() in ("if-none-match", "if-match") for k in request.headers)
 
 
 class _Server(ThreadingHTTPServer):
@@ -210,13 +239,11 @@ def _handler(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
             body = self._body(chunked)
             fault = proxy.fault(request) if proxy.fault is not None else None
             if fault is not None:
-                proxy._count(fault)
+                proxy._count(fault, request)
             if fault is not None and fault.delay_s:
                 time.sleep(fault.delay_s)
-            if fault is not None and fault.reset:
-                self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-                self.close_connection = True
-                self.connection.close()
+            if fault is not None and fault.reset and not fault.after:
+                self._reset()
                 return
             if fault is not None and fault.status is not None:
                 self._answer(fault.status, {"Content-Type": "application/xml"}, _s3_error(fault.status))
@@ -233,9 +260,18 @@ def _handler(proxy: FaultProxy) -> type[BaseHTTPRequestHandler]:
                 upstream.request(self.command, self.path, payload, sent, encode_chunked=chunked)
                 response = upstream.getresponse()
                 data = response.read()
+                if fault is not None and fault.reset:  # after: the store did it, the answer is lost
+                    self._reset()
+                    return
                 self._answer(response.status, dict(response.getheaders()), data)
             finally:
                 upstream.close()
+
+        def _reset(self) -> None:
+            """Reset the connection (RST): the client gets no answer."""
+            self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            self.close_connection = True
+            self.connection.close()
 
         def _body(self, chunked: bool) -> bytes:
             """The request body: ``Content-Length`` bytes, or the chunks of a chunked one (RFC 9112 7.1)."""

@@ -235,14 +235,20 @@ class NumberedProducer:
             else:
                 self.delivered[(msg.topic(), msg.partition(), msg.offset())] = value
 
-    def produce(self, count: int, chunks: int = 1, pause_s: float = 0.0) -> None:
-        """Produce ``count`` messages in ``chunks`` flushed batches, ``pause_s`` apart."""
+    def produce(self, count: int, chunks: int = 1, pause_s: float = 0.0, each: int = 0) -> None:
+        """Produce ``count`` messages in ``chunks`` flushed batches, ``pause_s`` apart; with ``each``,
+        the first ``each`` messages of every partition are dealt round-robin before the weighted draw
+        (every partition gets at least that many, however uneven the weights)."""
+        if each * len(self._partitions) > count:
+            raise ValueError(f"each={each} needs {each * len(self._partitions)} messages, not {count}")
         sizes = [count // chunks + (1 if i < count % chunks else 0) for i in range(chunks)]
+        to_deal, dealt = each * len(self._partitions), 0
         with self._numbering:
             for i, size in enumerate(sizes):
                 if i and pause_s:
                     time.sleep(pause_s)
-                self._enqueue(size)
+                self._enqueue(size, range(dealt, to_deal))
+                dealt = min(to_deal, dealt + size)
                 self.flush()
 
     def enqueue(self, count: int) -> int:
@@ -265,10 +271,13 @@ class NumberedProducer:
         if left:
             raise SourceError(f"producer: {left} messages still undelivered after {DELIVERY_TIMEOUT_S:g}s")
 
-    def _enqueue(self, count: int) -> None:
+    def _enqueue(self, count: int, deal: range = range(0)) -> None:
         low, high = self._payload_bytes
-        for _ in range(count):
-            topic, partition = self._rng.choices(self._partitions, self._weights)[0]
+        for i in range(count):
+            if i < len(deal):  # dealt round-robin first (produce's ``each``)
+                topic, partition = self._partitions[deal[i] % len(self._partitions)]
+            else:
+                topic, partition = self._rng.choices(self._partitions, self._weights)[0]
             seq = self._next
             self._next += 1
             payload = self._rng.randbytes(self._rng.randint(low, high)).hex()

@@ -292,3 +292,36 @@ def test_a_bad_otlp_endpoint_is_refused_naming_the_key(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as err:
         config_from_mapping(mapping)
     assert "metrics.otlp_endpoint" in str(err.value) and "http(s)://" in str(err.value)
+
+
+def test_a_retry_of_a_store_call_counts_into_splitkeeper_store_retries_total(tmp_path: Path) -> None:
+    """A Delta commit whose answer is lost (it landed, then the store call raised): the fence re-reads
+    the table (a retry, fence step 5), and the metrics report it; no Spark."""
+    import pyarrow as pa
+    from deltalake import DeltaTable, write_deltalake
+
+    from splitkeeper.delta import retries
+    from splitkeeper.delta.fence import fenced_commit
+
+    uri = str(tmp_path / "t")
+    DeltaTable.create(uri, pa.schema([pa.field("w", pa.string())]))
+
+    def landed_answer_lost(table: Any, properties: Any) -> None:
+        write_deltalake(table, pa.table({"w": ["a"]}), mode="append", commit_properties=properties)
+        raise OSError("Generic S3 error: error sending request: connection reset by peer")
+
+    before = retries.counts()
+    result = fenced_commit(
+        DeltaTable(uri), pipeline="p", table_name="t", app_id="p", version=1, expected=None,
+        write=landed_answer_lost, attempt="a",
+    )  # fmt: skip
+    assert result.metadata["attempt_id"] == "a"  # the commit stands, once
+    after = retries.counts()
+    assert after == {**before, "fence_reread": before["fence_reread"] + 1}
+    metrics = PipelineMetrics("p", str(tmp_path / "state"), seed=Seed())
+    try:
+        samples = _samples(metrics.text())
+    finally:
+        metrics.close()
+    assert _by(samples, "splitkeeper_store_retries_total", "operation") == after
+    assert not Path(metrics_path(str(tmp_path / "state"))).exists()  # no epoch: close writes no file

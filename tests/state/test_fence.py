@@ -244,3 +244,75 @@ def test_two_real_drivers_past_every_pre_check_race_the_sink_commit_and_exactly_
     assert not any(p.exists() for p in left)
     pipeline.run()  # a new driver finishes from the winner's checkpoint
     assert_sink_is_input(pipeline)
+
+
+@pytest.fixture
+def faulty_s3(tmp_path, monkeypatch):
+    """versitygw behind the fault proxy (the chaos run's store), no faults yet; the AWS_* environment
+    points at the proxy."""
+    from splitkeeper.tools.chaos.store import ChaosStore, versitygw_binary
+
+    if versitygw_binary() is None:
+        pytest.skip("versitygw not built (bash scripts/setup.sh cluster)")
+    store = ChaosStore(tmp_path, seed=1, fault_rate=0.01, prefix="fence")
+    store.start()
+    try:
+        assert store.proxy is not None
+        store.proxy.fault = None
+        for key, value in store.driver_env().items():
+            monkeypatch.setenv(key, value)
+        yield store
+    finally:
+        store.stop()
+
+
+def _commit_in_a_child(uri: str, version: int, expected: int | None, tag: str) -> tuple[str, object]:
+    """``tag``'s fenced commit in a spawned process (``workers.fenced_writer``): the proxy is a thread
+    of this one, and delta-rs's ``history()`` keeps the GIL while it waits for the store."""
+    context = multiprocessing.get_context("spawn")
+    results, alone = context.Queue(), context.Barrier(1)  # kept until the child is done with them
+    child = context.Process(target=workers.fenced_writer, args=(uri, version, expected, tag, alone, results))
+    child.start()
+    _tag, kind, detail = results.get(timeout=180)
+    child.join(timeout=60)
+    return kind, detail
+
+
+@pytest.mark.parametrize("after", [False, True], ids=["reset-before-the-put", "reset-after-the-put-landed"])
+def test_a_delta_commit_whose_connection_is_reset_on_a_real_store_ends_exact(faulty_s3, after):
+    """Through the proxy to versitygw: the conditional put of ``_delta_log/2.json`` meets a reset
+    before it reaches the store (not landed) or after the store took it (landed, answer lost).
+    Either way epoch 2 ends committed exactly once: at once, or by the next attempt after a
+    ``[STATE_ERROR]`` that committed nothing."""
+    from splitkeeper.delta.storage import storage_options, table_uri
+    from splitkeeper.tools.fault_proxy import Fault, is_conditional
+
+    location = faulty_s3.location("fenced")
+    uri, options = table_uri(location), storage_options(location)
+    DeltaTable.create(uri, pa.schema([pa.field("writer", pa.string())]), storage_options=options)
+    _commit(DeltaTable(uri, storage_options=options), 1, None, "run-a")
+    seen: list[str] = []
+
+    def reset_the_commit(request):
+        if request.method == "PUT" and is_conditional(request) and "/_delta_log/" in request.path:
+            seen.append(request.path)
+            return Fault(reset=True, after=after) if len(seen) == 1 else None
+        return None
+
+    faulty_s3.proxy.fault = reset_the_commit
+    kind, detail = _commit_in_a_child(uri, 2, 1, "run-a2")
+    if kind == "error":  # not landed (nothing retried it): [STATE_ERROR], nothing committed
+        assert not after and "[STATE_ERROR]" in detail and "nothing is committed" in detail, detail
+        assert DeltaTable(uri, storage_options=options).transaction_version("orders") == 1
+        kind, detail = _commit_in_a_child(uri, 2, 1, "run-a2")  # the next attempt lands
+    assert kind == "committed", detail
+    assert seen[0].endswith("/_delta_log/00000000000000000002.json")
+    key = "after_forwarding" if after else "before_forwarding"
+    assert faulty_s3.proxy.conditional_resets() == {
+        "before_forwarding": 0, "after_forwarding": 0, key: 1
+    }  # fmt: skip
+    # read on the store itself (delta-rs's history() keeps the GIL: the proxy, a thread here, would stall)
+    table = DeltaTable(uri, storage_options={**options, "AWS_ENDPOINT_URL": faulty_s3.endpoint})
+    assert table.transaction_version("orders") == 2 and table.version() == 2  # one commit of epoch 2
+    assert recorded_commit(table, "orders", 2)["attempt_id"] == "run-a2"
+    assert sorted(table.to_pyarrow_table().column("writer").to_pylist()) == ["run-a", "run-a2"]

@@ -13,6 +13,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from deltalake import DeltaTable
 
+from splitkeeper.delta import retries
 from splitkeeper.delta.lease import (
     HeldLease,
     LeaseClock,
@@ -330,6 +331,7 @@ def _failing_writes(monkeypatch, failures: int) -> list[str]:
 def test_a_heartbeat_that_fails_twice_then_succeeds_keeps_the_lease(root, monkeypatch, caplog):
     lease = PipelineLease(StateTables(root), "orders")  # the real clocks: the retries really wait
     monkeypatch.setattr(HeldLease, "RETRY_S", 0.05)
+    before = retries.counts()["lease_heartbeat"]
     with held(lease, RUN_A, ttl_s=30, interval_s=0.1) as holding:
         failed = _failing_writes(monkeypatch, 2)
         with caplog.at_level("WARNING", logger="splitkeeper.delta.lease"):
@@ -338,6 +340,7 @@ def test_a_heartbeat_that_fails_twice_then_succeeds_keeps_the_lease(root, monkey
                 assert time.monotonic() < deadline and holding.error is None, holding.error
                 time.sleep(0.02)
         assert failed == ["503", "503"] and holding.retries == 2
+        assert retries.counts()["lease_heartbeat"] == before + 2  # splitkeeper_store_retries_total
         holding.check()
         holding.verify()
         # the fence names the store's error and that nothing was committed (fence step 5)

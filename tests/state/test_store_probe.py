@@ -151,7 +151,8 @@ def test_a_probe_that_cannot_run_says_so_and_judges_nothing(store: FakeS3, monke
 def test_the_proxy_injects_503_a_delay_and_a_connection_reset_on_schedule(store: FakeS3) -> None:
     def schedule(request: ProxiedRequest) -> Fault | None:
         key = request.path.rsplit("/", 1)[-1]
-        return {"slow": Fault(status=503), "late": Fault(delay_s=0.2), "cut": Fault(reset=True)}.get(key)
+        faults = {"slow": Fault(status=503), "late": Fault(delay_s=0.2), "cut": Fault(reset=True)}
+        return {**faults, "done": Fault(reset=True, after=True)}.get(key)  # done: forwarded, answer lost
 
     with FaultProxy(store.url, fault=schedule) as proxy:
         host, port = proxy.url.removeprefix("http://").split(":")
@@ -170,7 +171,11 @@ def test_the_proxy_injects_503_a_delay_and_a_connection_reset_on_schedule(store:
         assert put("late")[0] == 403  # forwarded after the delay: the store checked (and refused) it
         with pytest.raises((ConnectionResetError, http.client.RemoteDisconnected)):
             put("cut")
-    assert [p for _, p, _ in store.requests] == ["/bucket/late"]  # only the delayed one reached the store
+        with pytest.raises((ConnectionResetError, http.client.RemoteDisconnected)):
+            put("done")
+        assert proxy.counts()["reset"] == 2
+    # the delayed one and the one reset after forwarding reached the store; the other reset did not
+    assert [p for _, p, _ in store.requests] == ["/bucket/late", "/bucket/done"]
 
 
 def test_a_run_on_a_store_that_ignores_if_none_match_is_refused_before_it_writes(

@@ -283,3 +283,47 @@ def test_a_missing_table_under_a_path_that_contains_json_is_missing_not_damaged(
     from splitkeeper.delta.tables import open_table
 
     assert open_table(str(tmp_path / "events_json" / "sink"), missing_ok=True) is None
+
+
+@pytest.mark.parametrize("landed", [True, False], ids=["landed-answer-lost", "not-landed"])
+def test_a_create_whose_store_call_fails_reads_the_table_again_and_retries_while_it_is_absent(
+    tmp_path, monkeypatch, landed
+):
+    """A reset on the create's put (its answer lost): landed, the table is opened as it is; not
+    landed, the create is tried again; each a ``table_create`` retry; one table either way."""
+    from splitkeeper.delta import retries
+
+    real, calls = tables._create, []
+
+    def failing_once(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            if landed:
+                real(*args, **kwargs)
+            raise OSError("Generic S3 error: error sending request: connection reset by peer")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(tables, "_create", failing_once)
+    monkeypatch.setattr(tables.time, "sleep", lambda _s: None)
+    before = retries.counts()["table_create"]
+    table, created = ensure_table(str(tmp_path / "lease"), spec("lease"))
+    assert (len(calls), created) == ((1, False) if landed else (2, True))
+    assert table.version() == 0 and retries.counts()["table_create"] == before + 1
+    assert DeltaTable(str(tmp_path / "lease")).version() == 0  # created once
+
+
+def test_an_append_that_fails_in_the_store_is_a_state_error_naming_the_table(tmp_path, monkeypatch):
+    import deltalake
+
+    store = tables.StateTables(str(tmp_path / "state"))
+    store.ensure("control")
+
+    def reset(*_args, **_kwargs):
+        raise OSError("Generic S3 error: error sending request: connection reset by peer")
+
+    monkeypatch.setattr(deltalake, "write_deltalake", reset)
+    with pytest.raises(StateError) as err:
+        store.append("control", spec("control").empty())
+    text = str(err.value)
+    assert text.startswith("[STATE_ERROR] the append to table control at ") and "connection reset" in text
+    assert "whether it landed is unknown: this run stops" in text

@@ -37,7 +37,10 @@ every input message exactly once.
    (:mod:`~splitkeeper.tools.chaos.store`); the ``rescale-down`` driver is also SIGSTOPped past
    its lease's ttl while a takeover run commits, then SIGCONTed
    (:class:`~splitkeeper.tools.chaos.live.DriverPause`). The JSON's ``store`` counts the injected
-   store faults and names the driver runs that failed on the store.
+   store faults (``conditional_put_resets``: those on Delta commits, before and after the put
+   reached the store), the drivers' own retries (``driver_retries``: their
+   ``splitkeeper_store_retries_total``, from their metrics files) and names the driver runs that
+   failed on the store.
 3. Runs continue until the consumer group's offsets reach the end of every partition on
    a global checkpoint; then :mod:`~splitkeeper.tools.chaos.verify` compares the Delta sink (read
    with delta-rs) with the delivery reports, the group's committed offsets (Kafka's admin API) with the ends
@@ -190,7 +193,8 @@ def run(args: argparse.Namespace) -> int:
         + f"faults {result['faults_by_kind']}, "
         + (
             f"store faults {result['store']['faults']} ({len(result['store']['runs_failed_by_store'])} "
-            "driver runs failed on the store), "
+            "driver runs failed on the store; the drivers' own retries "
+            f"{result['store']['driver_retries']}), "
             if result["store"]["kind"] == "s3"
             else ""
         )

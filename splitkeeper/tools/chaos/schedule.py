@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import enum
 import random
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -123,6 +123,22 @@ class Tuning:
     def connect_timeout_s(self) -> float:
         """How long the source waits for a broker: longer than a broker restart, even a slow one."""
         return 60.0
+
+
+def faults_epoch_records(records: Sequence[int], epochs: int) -> int:
+    """The epoch budget of the act with the region faults, so that every region has ranges to read
+    in each of its first ``epochs`` epochs (its region faults fall in them, and it dies in the last).
+
+    A region with nothing to read in an epoch gets no task (``core.driver.regions_to_run``), so a
+    region fault drawn for it would never fire. The driver shares an epoch's budget evenly among
+    the splits (``EpochDriver.plan``); ``records`` holds what each split (Kafka partition) has when
+    the act starts. ``len(records) * (min(records) // epochs)`` records per epoch leave every split,
+    so every region that owns one, a range in each of those epochs, whichever region owns which
+    split. The first share is produced with at least ``epochs`` messages in every partition.
+    """
+    if not records or min(records) < epochs:
+        raise ValueError(f"every split needs at least {epochs} records for {epochs} epochs, not {records}")
+    return len(records) * (min(records) // epochs)
 
 
 @dataclass(frozen=True, slots=True)

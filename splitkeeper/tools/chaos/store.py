@@ -6,18 +6,18 @@
 :class:`~splitkeeper.tools.fault_proxy.FaultProxy` in front of it whose
 :class:`~splitkeeper.tools.fault_proxy.FaultSchedule` is drawn from ``--seed``: each request of a
 driver (delta-rs, pyarrow, the store probe) meets, at ``--store-fault-rate`` each, a 503 SlowDown,
-a reset connection (no answer; not on a conditional put, see below) or an answer :data:`DELAY_S`
-late. The drivers get the proxy's
+a reset connection (no answer) or an answer :data:`DELAY_S` late. The drivers get the proxy's
 address (:meth:`ChaosStore.driver_env`); the chaos command itself, which verifies, reads the store
 directly (:meth:`ChaosStore.direct_env`), so the verdict does not depend on the faults.
 
 What the drivers survive is their storage clients' retries (:mod:`splitkeeper.delta.storage`
-rule 4). A Delta commit (a put with ``If-None-Match``) whose request was sent and not answered
-cannot be retried blindly (it may have landed, and a retry would then be refused as a conflict):
-delta-rs fails it and the driver stops, so the schedule spares conditional puts the reset
-(``reset_conditional=False``): every other request meets it. Drivers that fail on the store
-anyway are found in their logs by :func:`store_failures` and reported; the next run's recovery
-settles their epoch from the table.
+rule 4) and splitkeeper's own (counted in ``splitkeeper_store_retries_total``). Half the resets
+(:data:`RESET_AFTER`) come after the request reached the store: done, its answer lost. On a Delta
+commit (a put with ``If-None-Match``) that is the lost answer the fence re-reads the table for
+(``splitkeeper.delta.fence`` step 5: landed, the commit stands; not landed, ``[STATE_ERROR]``
+and the next run's recovery settles the epoch); the result counts them apart
+(:meth:`~splitkeeper.tools.fault_proxy.FaultProxy.conditional_resets`). Drivers that fail on
+the store are found in their logs by :func:`store_failures` and reported.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ REGION = "us-east-1"
 DEFAULT_FAULT_RATE = 0.01
 MAX_FAULT_RATE = 0.1  # of each kind: a driver must still get most of its requests through
 DELAY_S = 0.5  # well within every client timeout: a slow answer, not a lost one
+RESET_AFTER = 0.5  # of the resets: after the store did the request (its answer lost)
 #: What a driver that failed because of the store wrote last (delta-rs, pyarrow, the probe).
 STORE_ERROR_MARKS = (
     "Generic S3 error",
@@ -75,7 +76,7 @@ class ChaosStore:
             reset=fault_rate,
             delay=fault_rate,
             delay_s=DELAY_S,
-            reset_conditional=False,
+            reset_after=RESET_AFTER,
         )
         self.endpoint = ""
         self.proxy: FaultProxy | None = None
@@ -138,6 +139,10 @@ class ChaosStore:
         assert self.proxy is not None
         return self._env(self.proxy.url)
 
+    def store_env(self) -> dict[str, str]:
+        """The store itself (not the proxy), for the chaos command's own reads."""
+        return self._env(self.endpoint)
+
     def direct_env(self) -> dict[str, str]:
         """The environment of the verification: the store itself, and S3A for Spark's reads of the sink."""
         from splitkeeper.tools.cluster.local import s3a_conf
@@ -151,6 +156,9 @@ class ChaosStore:
     def counts(self) -> dict[str, int]:
         return {"requests": 0} if self.proxy is None else self.proxy.counts()
 
+    def conditional_resets(self) -> dict[str, int]:
+        return {} if self.proxy is None else self.proxy.conditional_resets()
+
     def stop(self) -> None:
         if self.proxy is not None:
             self.proxy.stop()
@@ -161,6 +169,28 @@ class ChaosStore:
             except subprocess.TimeoutExpired:
                 self._proc.kill()
                 self._proc.wait()
+
+
+def driver_retries(state_path: str, env: dict[str, str] | None = None) -> tuple[str, dict[str, int]] | None:
+    """What a driver's metrics file (``<state>/metrics.prom``, read through ``env``'s store, not the
+    proxy) says of its retries: ``(the file's text, splitkeeper_store_retries_total per operation)``;
+    None when no file was written."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from splitkeeper.app.metrics import metrics_path
+    from splitkeeper.delta.storage import filesystem
+
+    fs, inner = filesystem(metrics_path(state_path), env)
+    if fs.get_file_info(inner).type.name != "File":
+        return None
+    with fs.open_input_stream(inner) as handle:
+        text = bytes(handle.read()).decode("utf-8")
+    found: dict[str, int] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "splitkeeper_store_retries_total":
+                found[sample.labels["operation"]] = int(sample.value)
+    return text, found
 
 
 def store_failures(runs: Sequence[RunOutcome]) -> list[dict[str, Any]]:

@@ -1,0 +1,46 @@
+"""splitkeeper's own retries of store calls, counted per operation, for the metrics.
+
+The storage clients retry transient errors themselves (:mod:`splitkeeper.delta.storage` rule 4:
+delta-rs, pyarrow), unseen here. On top of them, splitkeeper retries in a few places of its own;
+each retry calls :func:`count` with its operation (:data:`OPERATIONS`):
+
+- ``fence_reread``: a Delta commit whose store call failed (its answer may be lost) re-reads the
+  table to find out whether it landed (:mod:`splitkeeper.delta.fence` step 5), again while the
+  re-read fails;
+- ``table_create``: creating a table (version 0) failed in the store: the table is read again,
+  and created again while it is not there (:func:`splitkeeper.delta.tables.ensure_table`);
+- ``store_probe``: the store probe's request answered 5xx or not at all, sent again
+  (:mod:`splitkeeper.delta.probe`);
+- ``lease_heartbeat``: a failed lease heartbeat, tried again while the ttl lasts
+  (:mod:`splitkeeper.delta.lease`).
+
+:func:`counts` is what this process counted so far (a CLI run is one process);
+:class:`~splitkeeper.app.metrics.PipelineMetrics` reports it as
+``splitkeeper_store_retries_total{operation}``. Thread-safe (the heartbeat is a thread of its own).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+
+__all__ = ["OPERATIONS", "count", "counts"]
+
+OPERATIONS = ("fence_reread", "table_create", "store_probe", "lease_heartbeat")
+
+_lock = threading.Lock()
+_counts: Counter[str] = Counter()
+
+
+def count(operation: str) -> None:
+    """One retry of ``operation`` (one of :data:`OPERATIONS`)."""
+    if operation not in OPERATIONS:
+        raise ValueError(f"unknown retried operation {operation!r}: one of {OPERATIONS}")
+    with _lock:
+        _counts[operation] += 1
+
+
+def counts() -> dict[str, int]:
+    """The retries this process made so far, per operation (every operation, 0 included)."""
+    with _lock:
+        return {operation: _counts[operation] for operation in OPERATIONS}
