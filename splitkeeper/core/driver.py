@@ -585,6 +585,15 @@ class EpochDriver:
         log.warning(
             "recovered checkpoint %s from its sink commit (the driver died before its row)", decision.epoch
         )
+        # The side effect the dead driver never reached (step 6): the acknowledged regions' positions
+        # go to the external store, as the epoch's own commit would have sent them. Without it an
+        # external position (a Kafka group offset) lags the checkpoint until the split reads again,
+        # and for good when nothing new arrives.
+        external = self._external_store()
+        if external is not None:
+            positions = positions_to_commit(decision.checkpoint, decision.acknowledged)
+            if positions:
+                external.commit_positions(decision.epoch, positions)
         self.sink.discard(decision.epoch)
         return decision.epoch, None
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 
 import pytest
@@ -11,6 +11,7 @@ from splitkeeper.core.backlog import BacklogConfig
 from splitkeeper.core.checkpoint import CheckpointConfig
 from splitkeeper.core.driver import DriverSettings, EpochDriver
 from splitkeeper.core.ports import CrashPoint, DriverHooks, EpochPlan, RegionRun
+from splitkeeper.core.source import ExternallyCheckpointedSource, ExternalPosition
 from splitkeeper.core.types import CheckpointKind, RecoveryDecision, Split, SplitFailurePolicy
 from splitkeeper.errors import (
     ConcurrentRunError,
@@ -118,6 +119,52 @@ class _CrashAt(DriverHooks):
     def crash_point(self, point: CrashPoint, epoch: int) -> None:
         if (point, epoch) == (self.point, self.epoch):
             raise _Crash(f"{point.value}@{epoch}")
+
+
+class _ExternalSimSource(ReassignableSimSource, ExternallyCheckpointedSource):
+    """The simulator's source keeping external positions in memory, as Kafka keeps group offsets."""
+
+    def __init__(self, **kwargs: object) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self.external: dict[str, ExternalPosition] = {}
+
+    def commit_positions(self, checkpoint_id: int, positions: Mapping[str, int]) -> None:
+        for sid, position in positions.items():
+            self.external[sid] = ExternalPosition(position, checkpoint_id)
+
+    def committed_positions(self) -> Mapping[str, ExternalPosition]:
+        return dict(self.external)
+
+
+def test_a_redone_checkpoint_commits_its_external_positions_as_its_epoch_would_have() -> None:
+    """Found by the chaos run on a faulty store: a driver died after epoch 19's sink commit, the next
+    run redid checkpoint 19 from its decision, and the group offsets stayed at 18 for good (nothing new
+    to read). The redo now sends the acknowledged regions' positions, tagged with the redone id."""
+    source = _ExternalSimSource(subscriptions={"a"})
+    source.add([Split("a-0", "a", 0), Split("a-1", "a", 0)])
+    source.ends.update({"a-0": 10, "a-1": 10})
+    driver, _ledger, state, sink = _driver(source, parallelism=2)
+    driver.hooks = _CrashAt(CrashPoint.BEFORE_CHECKPOINT_ROW, 2)
+    driver.open()
+    driver.run_epoch(records_per_split=5)
+    assert {sid: (p.position, p.checkpoint_id) for sid, p in source.external.items()} == {
+        "a-0": (5, 1),
+        "a-1": (5, 1),
+    }
+    with pytest.raises(_Crash):  # dies after the sink commit of epoch 2, before its row
+        driver.run_epoch(records_per_split=5)
+    assert sink.recorded == 2 and state.checkpoint_ids() == [1]
+    assert {p.checkpoint_id for p in source.external.values()} == {1}  # never sent for epoch 2
+
+    again, _l, _s, _k = _driver(source, parallelism=2)
+    again.state, again.sink = state, sink
+    opened = again.open()
+    assert opened.redone_checkpoint == 2 and state.checkpoint_ids() == [1, 2]
+    assert {sid: (p.position, p.checkpoint_id) for sid, p in source.external.items()} == {
+        "a-0": (10, 2),
+        "a-1": (10, 2),
+    }
+    assert opened.external_disagreements == ()  # the restore finds them aligned
 
 
 def test_a_read_only_open_applies_a_pending_redo_in_memory_and_refuses_to_run() -> None:
