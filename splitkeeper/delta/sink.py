@@ -1263,11 +1263,26 @@ class DeltaSink(EpochSink):
             return
         if self._crash_point is not None:
             self._crash_point(SinkCrashPoint.BEFORE_SIDE_COMMIT, epoch)
+        from deltalake.exceptions import DeltaError
+
         self._side_pending = True
         for side in self._sides:
             if side.key == DEAD_LETTERS_KEY and self._crash_point is not None:
                 self._crash_point(SinkCrashPoint.BEFORE_DEAD_LETTER_COMMIT, epoch)
-            side.commit(self.app_id, epoch, metadata.get(side.key) or [], extra.get(side.key))
+            try:
+                side.commit(self.app_id, epoch, metadata.get(side.key) or [], extra.get(side.key))
+            except StateError:
+                raise
+            except (OSError, DeltaError) as err:  # the store failed (a reset, a 5xx past the retries)
+                raise StateError(
+                    f"sink {self.path}: epoch {epoch}'s sink commit landed, but committing its files to the "
+                    f"{side.label} table failed in the store ({type(err).__name__}: {err}). Nothing is lost: "
+                    f"the sink commit names those files, and the next run commits them to the {side.label} "
+                    "table when it opens (side rule (d)); run again",
+                    path=self.path,
+                    epoch=epoch,
+                    table=side.label,
+                ) from err
         self._side_pending = False
 
     def repair_sides(self) -> int | None:

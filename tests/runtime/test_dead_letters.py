@@ -213,3 +213,34 @@ def test_sigkill_between_the_sink_commit_and_the_dead_letter_commit_is_repaired_
     assert _dead(dead_path) == [("f-0", 2, b"\xff\xfe2", 1), ("f-0", 7, b"\xff\xfe7", 2)]
     both = sorted(_sink(sink_path) + [(s, o) for s, o, _v, _e in _dead(dead_path)])
     assert both == [("f-0", o) for o in range(10)]  # sink ∪ dead letters exact, each offset once
+
+
+def test_a_dead_letter_commit_the_store_fails_is_a_state_error_and_the_next_open_commits_it(
+    tmp_path, monkeypatch
+):
+    """Found by the chaos run on a faulty store: a connection reset on the dead-letter table's commit,
+    after the sink commit landed, killed the driver with a raw OSError traceback. It is now a
+    [STATE_ERROR] naming the table and saying the next run finishes it; the next open does (rule d)."""
+    from splitkeeper.errors import StateError
+
+    staging, dead_path = str(tmp_path / "staging"), str(tmp_path / "dead")
+    sink = DeltaSink(tmp_path / "sink", "orders", staging_path=staging, dead_letter_path=dead_path)
+    sink.commit(1, [_ack(0, _stage(staging, 1, 0, "f-0", range(0, 3), {0}))], expected=None, attempt_id="a")
+    [side] = sink._sides
+
+    def reset(*_args, **_kwargs):
+        raise OSError("Generic S3 error: error sending request: connection reset by peer")
+
+    monkeypatch.setattr(side, "commit", reset)
+    with pytest.raises(StateError) as err:
+        sink.commit(2, [_ack(0, _stage(staging, 2, 0, "f-0", range(3, 6), {4}))], expected=1, attempt_id="b")
+    text = str(err.value)
+    assert text.startswith("[STATE_ERROR]") and "epoch 2's sink commit landed" in text
+    assert "dead-letter" in text and "connection reset by peer" in text and "run again" in text
+    assert sink.committed_epoch() == 2 and sink.dead_letter_epoch() == 1  # the side commit is pending
+    monkeypatch.undo()
+    again = DeltaSink(tmp_path / "sink", "orders", staging_path=staging, dead_letter_path=dead_path)
+    assert again.dead_letter_epoch() == 2
+    assert _dead(dead_path) == [("f-0", 0, b"\xff\xfe0", 1), ("f-0", 4, b"\xff\xfe4", 2)]
+    both = sorted(_sink(again.path) + [(s, o) for s, o, _v, _e in _dead(dead_path)])
+    assert both == [("f-0", o) for o in range(6)]
