@@ -33,7 +33,11 @@ Isolation within the one job:
   (:data:`JOB_GRACE_S`: a killed Python worker dies within ``spark.python.task.killTimeout``) and
   then cancels the epoch's job group (only such refused or dying attempts can still run then), so
   the epoch ends within the region timeout plus a few seconds.
-* A job that fails as a whole (a lost executor past ``spark.task.maxFailures``) fails every
+* A job that fails as a whole (a Python worker killed where Spark gives a task one attempt, as on
+  ``local[N]``; a lost executor past ``spark.task.maxFailures``) fails the region whose task Spark
+  names in its error (``Task 1 in stage 3.0 failed``), and the regions the abort took down with it
+  that have not reported run again, once, in a second job of the same group (each attempt stages
+  apart, as in Spark's own retry). A job that fails again, or without naming a task, fails every
   region that has not reported yet, with the job's error.
 
 A stop request (``interrupt``) refuses every task still to start, cancels the job group and raises
@@ -378,11 +382,35 @@ def run_regions(
 
     def submit() -> None:
         sc.setJobGroup(group, f"splitkeeper {pipeline} epoch {epoch}: {len(regions)} regions", True)
+        todo = regions
         try:
-            rdd = sc.parallelize([(r, payloads[r]) for r in regions], len(regions))
-            backstop.extend(rdd.mapPartitions(body).collect())
-        except BaseException as err:  # a failed or cancelled job
-            job_error.append(err)
+            for again in (False, True):
+                try:
+                    rdd = sc.parallelize([(r, payloads[r]) for r in todo], len(todo))
+                    backstop.extend(rdd.mapPartitions(body).collect())
+                    return
+                except BaseException as err:  # a failed or cancelled job
+                    with lock:
+                        index = _failed_task_index(err)
+                        if again or stopping.is_set() or index is None or index >= len(todo):
+                            job_error.append(err)
+                            return
+                        # One task failed the job (a Python worker killed where Spark gives a task
+                        # one attempt): that region fails; the regions the abort took down with it
+                        # run again in a second job (each attempt stages apart, as Spark's retry).
+                        culprit = todo[index]
+                        record(culprit, RegionRun(culprit, RegionStatus.FAILED, error=_task_failure(err)))
+                        todo = [r for r in todo if r not in runs]
+                    if not todo:
+                        return
+                    log.warning(
+                        "epoch %s job failed in region %s's task (%s); running regions %s again",
+                        epoch,
+                        culprit,
+                        _task_failure(err),
+                        todo,
+                        extra=extra,
+                    )
         finally:
             changed.set()
 
@@ -479,6 +507,25 @@ def _settle(
             log.debug("epoch %s job failed: %s", epoch, "".join(traceback.format_exception(job_error[0])))
         for region in missing:
             runs[region] = RegionRun(region, RegionStatus.FAILED, error=why)
+
+
+_FAILED_TASK = re.compile(r"Task (\d+) in stage \d+\.\d+ failed \d+ times?")
+
+
+_MOST_RECENT = re.compile(r"most recent failure: Lost task [^\n]*?\(TID \d+\)(?: \([^)]*\))?: ([^\n]+)")
+
+
+def _task_failure(err: BaseException) -> str:
+    """Why the task that aborted the job failed (Spark's ``most recent failure: Lost task ...``,
+    e.g. ``Python worker exited unexpectedly``), else :func:`_short_error`."""
+    matched = _MOST_RECENT.search(str(err))
+    return matched.group(1).strip()[:500] if matched else _short_error(err)
+
+
+def _failed_task_index(err: BaseException) -> int | None:
+    """The partition whose task aborted the job (``Task 1 in stage 3.0 failed 1 times``), if named."""
+    matched = _FAILED_TASK.search(str(err))
+    return None if matched is None else int(matched.group(1))
 
 
 def _kill_task(sc: Any, task_id: int, reason: str) -> None:

@@ -157,6 +157,33 @@ def test_one_job_a_raising_and_a_stalled_region_fail_alone_and_the_others_finish
     assert timeout <= elapsed < 2 * timeout, f"the epoch took {elapsed:.0f}s"
 
 
+def test_a_killed_python_worker_fails_its_region_only_and_the_others_run_again(spark: Any) -> None:
+    """Region 1's Python worker dies (``os._exit``), which on ``local[2]`` (one attempt per task)
+    aborts the epoch's job: region 1 fails with Spark's reason, and the regions the abort took down
+    run again in a second job and finish with their results."""
+
+    def task(payload: tuple[int, float]) -> int:
+        region, seconds = payload
+        if region == 1:
+            time.sleep(0.5)
+            import os
+
+            os._exit(3)
+        time.sleep(seconds)
+        return region * 10
+
+    runs = run_regions(spark, "worker", 7, {r: (r, 2.0) for r in range(4)}, task, timeout_s=60.0)
+
+    assert runs[1].status is RegionStatus.FAILED and "Python worker exited unexpectedly" in runs[1].error, (
+        runs[1]
+    )
+    for r in (0, 2, 3):
+        assert runs[r].status is RegionStatus.FINISHED and runs[r].result == r * 10, runs[r]
+    jobs = _epoch_jobs(spark, "worker", 7)
+    # the first job (four tasks) failed; the second ran the regions it took down, and succeeded
+    assert sorted(jobs)[0] == ("FAILED", 4) and sorted(jobs)[1][0] == "SUCCEEDED" and len(jobs) == 2, jobs
+
+
 def test_an_abandoned_epoch_cancels_its_job_and_starts_no_queued_region(spark: Any, tmp_path: Path) -> None:
     """A stop request while two stalled regions of 6 hold both cores: the epoch's job is cancelled,
     EpochAbandoned is raised, and regions 2-5 never started (each task marks its start in a file)."""
