@@ -369,7 +369,14 @@ def run_regions(
             if status == "finished":
                 record(region, RegionRun(region, RegionStatus.FINISHED, result=value))
             else:
-                if region not in runs:
+                if region not in runs:  # Spark no longer logs it: the task returned normally
+                    log.warning(
+                        "region %s of epoch %s failed: %s",
+                        region,
+                        epoch,
+                        value,
+                        extra={**extra, "region": region},
+                    )
                     log.debug("region %s task failed:\n%s", region, detail, extra={**extra, "region": region})
                 record(region, RegionRun(region, RegionStatus.FAILED, error=str(value)))
 
