@@ -240,8 +240,9 @@ def _region_task(payload: tuple[Any, ...]) -> RegionResult:
 
 
 class SparkRegionRunner(RegionRunner):
-    """Each region of an epoch that has ranges to read as its own one-task Spark job, at most
-    ``max_concurrent`` at once (config ``max_concurrent_regions``); faults from a :class:`FaultPlan`.
+    """The regions of an epoch that have ranges to read as the tasks of one Spark job
+    (:func:`~splitkeeper.spark.regions.run_regions`); faults from a :class:`FaultPlan`.
+    ``max_concurrent`` (config ``max_concurrent_regions``) is accepted and ignored, with a warning.
 
     The driver calls it with the regions that need a task only
     (:func:`~splitkeeper.core.driver.regions_to_run`): a region with nothing to read this epoch is
@@ -265,7 +266,13 @@ class SparkRegionRunner(RegionRunner):
         max_concurrent: int | None = None,
     ) -> None:
         self.spark = spark if isinstance(spark, LazySpark) else LazySpark(spark)
-        self.max_concurrent = max_concurrent  # region jobs at once (None: from the task slots)
+        if max_concurrent is not None:
+            log.warning(
+                "max_concurrent_regions=%s is ignored: an epoch's regions are the tasks of one Spark "
+                "job, and Spark's cores bound how many run at once; remove the key",
+                max_concurrent,
+            )
+        self.max_concurrent = max_concurrent  # ignored by run_regions (kept for its signature)
         self.policy = policy or RecordPolicy()
         self.spark_transform = spark_transform  # transform.kind spark: run per epoch after the regions
         self.interrupt = interrupt  # set: the epoch in its read phase is abandoned (EpochAbandoned)

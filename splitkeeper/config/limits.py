@@ -8,7 +8,7 @@ from splitkeeper.errors import InvalidParameterError
 
 #: The highest parallelism a pipeline may have. A region with nothing to read in an epoch costs
 #: no task, thread or job (the driver acknowledges it, ``core.driver.regions_to_run``), and the
-#: regions with ranges run at most ``max_concurrent_regions`` jobs at once
+#: regions with ranges are the tasks of one Spark job per epoch
 #: (:func:`splitkeeper.spark.regions.run_regions`), so Spark and the driver's threads no longer
 #: bound it. What remains is the protocol core's work per region and epoch, on the driver:
 #: planning, acknowledging and checkpointing every region (one ``epoch_plans`` marker row per
@@ -19,12 +19,11 @@ from splitkeeper.errors import InvalidParameterError
 #: parallelism 1,000 over 1,000 files (every region busy) at 30 driver threads.
 MAX_PARALLELISM = 10_000
 
-#: The most region jobs one epoch runs at once (config ``max_concurrent_regions``). Each runs
-#: from its own driver thread holding its own py4j connection to the JVM (a socket) while its
-#: job runs, and PySpark's py4j client waits on its sockets with ``select()``, which fails past
-#: file descriptor 1023 ("filedescriptor out of range in select()"). Measured on one machine
-#: (2 cores, 3 files, one epoch): 8 concurrent region jobs peaked at 30 descriptors and 13
-#: threads in the driver, 256 at 286 and 261. 256 keeps a fourfold margin to the wall.
+#: The range of config ``max_concurrent_regions``, which is accepted and ignored (with a warning):
+#: it bounded the region jobs an epoch ran at once, each from its own driver thread and py4j socket
+#: (py4j's ``select()`` fails past file descriptor 1023). An epoch is now one Spark job whose tasks
+#: are its regions, and Spark's cores bound the tasks running at once. The key still loads, so a
+#: pipeline file written for the job-per-region runner keeps working; its range is still checked.
 MAX_CONCURRENT_REGIONS = 256
 
 
@@ -52,9 +51,8 @@ def check_max_concurrent_regions(value: object, name: str = "max_concurrent_regi
         raise InvalidParameterError(
             name,
             value,
-            f"an integer from 1 to {MAX_CONCURRENT_REGIONS}, or null (twice the cluster's task slots, "
-            "at most 64)",
-            "each region job running at once holds a driver thread and a py4j socket, and py4j's "
-            f"select() fails past file descriptor 1023; use at most {MAX_CONCURRENT_REGIONS}",
+            f"an integer from 1 to {MAX_CONCURRENT_REGIONS}, or null",
+            "the key is ignored (an epoch's regions are the tasks of one Spark job); remove it, or "
+            f"use at most {MAX_CONCURRENT_REGIONS}",
         )
     return value

@@ -606,8 +606,8 @@ class PipelineFile(_Section):
     )
     max_concurrent_regions: Annotated[Any, AfterValidator(_max_concurrent_regions)] = Field(
         None,
-        description=f"integer from 1 to {MAX_CONCURRENT_REGIONS}: the most region jobs an epoch runs at "
-        "once (not given: twice the cluster's task slots, from 2 to 64)",
+        description=f"integer from 1 to {MAX_CONCURRENT_REGIONS}, ignored with a warning: an epoch's "
+        "regions are the tasks of one Spark job, and Spark's cores bound how many run at once",
         json_schema_extra={"type": "integer", "minimum": 1, "maximum": MAX_CONCURRENT_REGIONS},
     )
     regions: RegionMode = _choice(RegionMode, RegionMode.PER_READER)

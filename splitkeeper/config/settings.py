@@ -254,7 +254,7 @@ class PipelineConfig:
     sink_path: str
     staging_path: str
     parallelism: int
-    max_concurrent_regions: int | None  # None: derived from the cluster's task slots
+    max_concurrent_regions: int | None  # ignored with a warning (one Spark job per epoch)
     regions: RegionMode
     strategy: str
     checkpoint: CheckpointSettings

@@ -1,59 +1,91 @@
-"""Run one epoch's regions as independent Spark jobs, at most ``max_concurrent`` at once,
-with per-region timeouts.
+"""Run one epoch's regions as the tasks of one Spark job, with per-region isolation and timeouts.
 
-Each region is one Spark job of one task in its own job group. A bounded pool of driver
-threads takes the regions from a queue in region order, each thread submitting one region's
-job at a time and waiting for it (``max_concurrent`` threads: by default twice the cluster's
-task slots, ``SparkContext.defaultParallelism``, from 2 to :data:`DEFAULT_MAX_CONCURRENT`;
-config ``max_concurrent_regions``). So an epoch of thousands of regions with ranges holds a
-few driver threads and py4j sockets, not one per region (py4j fails past descriptor 1023).
+Each region with ranges to read is one partition (its payload) of one RDD, and the epoch runs one
+Spark job over it, in its own job group (:func:`_job_group`), submitted from one driver thread:
+Spark schedules the regions' tasks on its free cores, so an epoch of thousands of regions costs
+one job's scheduling, a driver thread and a py4j socket, not one of each per region (at 1,000
+busy regions a job per region cost about 0.34 s each).
 
-A region whose task raises fails alone (its job fails; the others go on). A region that is
-still running ``timeout_s`` after its task *started*, or whose task has not started
-``timeout_s`` after its job was *submitted* (taken from the queue: no free core, a lost
-executor: the epoch deadline), is cancelled with ``SparkContext.cancelJobGroup`` and counted as
-timed out (protocol rule 2.3). Waiting in the queue for a pool thread is not counted: a region
-is timed out for its own job only. The epoch still ends: every submitted job ends, is cancelled
-at its deadline or its timeout, and so frees its pool thread for the next region (at worst
-``2 * timeout_s`` per round of ``max_concurrent`` regions when every one of them stalls).
-This is what lets a checkpoint complete regionally instead of the whole micro-batch failing,
-which is Structured Streaming's behaviour. A stop request (``interrupt``) cancels the jobs
-running and submits none of the queued regions (EpochAbandoned).
+Every task reports to the driver as it *starts* and as it *ends*, over a small authenticated
+socket server the driver opens for the epoch (:class:`_RegionServer`: stdlib ``socketserver``,
+each message signed with HMAC-SHA256 under a random key per epoch and unpickled only once it
+checks out, as PySpark's accumulator server checks its token; bound on ``spark.driver.bindAddress`` and
+reached at ``spark.driver.host``, a port the system picks: executors must reach the driver host
+on it, as they reach ``spark.driver.port``). So the driver learns each region's result as its
+task ends, and each region's start time, while the job still runs; the job's ``collect()``
+result is a backstop for a report that was still in flight when the job ended.
 
-Spark's own task retry cannot turn a failed region into a duplicate. Where
-``spark.task.maxFailures`` allows it (clusters; ``local[N,F]``), Spark reruns a region
-task whose attempt raised; every attempt stages its output under its own
-``attempt=<id>`` folder and publishes it only when it finishes, and the driver commits
-only the path the finished attempt returned. A region whose every attempt fails
-declines once (tests/runtime/test_task_retry.py, with the ``flaky`` fault).
+Isolation within the one job:
+
+* A region whose task raises fails alone: the task catches the error. While Spark would still
+  retry it (``TaskContext.attemptNumber() + 1 < spark.task.maxFailures``, from the master for
+  ``local[N,F]``) the task re-raises, so Spark reruns it; every attempt stages its output under its
+  own ``attempt=<id>`` folder and the driver commits only the path a finished attempt reported
+  (tests/runtime/test_task_retry.py, with the ``flaky`` fault). On the last attempt the task
+  reports FAILED with the error's one line and returns normally: the job goes on for the others.
+* A region still running ``timeout_s`` after its task *started*, or not started while no task
+  started or ended for ``timeout_s`` (no free core, a lost executor: the epoch deadline), is
+  TIMED_OUT at once (protocol rule 2.3). The driver stops waiting for it and ignores what it
+  reports later (its staged output is never committed), and kills its task attempt
+  (``SparkContext.killTaskAttempt``), which frees its core for the regions still queued. Spark
+  reschedules a killed task; the new attempt asks the driver at its start, is refused, and
+  returns at once without reading. Once every region has an outcome the driver lets the job end
+  (:data:`JOB_GRACE_S`: a killed Python worker dies within ``spark.python.task.killTimeout``) and
+  then cancels the epoch's job group (only such refused or dying attempts can still run then), so
+  the epoch ends within the region timeout plus a few seconds.
+* A job that fails as a whole (a Python worker killed where Spark gives a task one attempt, as on
+  ``local[N]``; a lost executor past ``spark.task.maxFailures``) fails the region whose task Spark
+  names in its error (``Task 1 in stage 3.0 failed``), and the regions the abort took down with it
+  that have not reported run again, once, in a second job of the same group (each attempt stages
+  apart, as in Spark's own retry). A job that fails again, or without naming a task, fails every
+  region that has not reported yet, with the job's error.
+
+A stop request (``interrupt``) refuses every task still to start, cancels the job group and raises
+EpochAbandoned. This is what lets a checkpoint complete regionally instead of the whole
+micro-batch failing, which is Structured Streaming's behaviour.
+
+``max_concurrent`` (config ``max_concurrent_regions``) bounded the driver threads of the
+job-per-region runner; one job needs none, and Spark bounds the tasks running at once by its
+cores: it is accepted and ignored (the pipeline logs a warning once).
 """
 
 from __future__ import annotations
 
 import enum
+import functools
+import hmac
 import logging
+import os
+import pickle
+import re
+import socket
+import socketserver
+import struct
 import threading
 import time
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from queue import Empty, SimpleQueue
 from typing import Any
 
 from splitkeeper.errors import SplitkeeperError
 
 log = logging.getLogger("splitkeeper.spark.regions")
-#: How long an abandoned epoch waits for its cancelled region jobs to wind down.
+#: How long an abandoned epoch waits for its cancelled job to wind down.
 ABANDON_WAIT_S = 10.0
-#: The most region jobs at once by default (the config's ``max_concurrent_regions`` may say more,
-#: up to :data:`~splitkeeper.config.limits.MAX_CONCURRENT_REGIONS`).
-DEFAULT_MAX_CONCURRENT = 64
+#: How long an epoch whose regions all have an outcome waits for its job to end before cancelling it.
+JOB_GRACE_S = 5.0
+#: How long an epoch whose regions all have an outcome waits for its cancelled job to wind down.
+WIND_DOWN_S = 30.0
+#: How long a task waits for the driver's answer to its start message.
+START_REPLY_S = 60.0
+_LOG_TRACEBACK_CHARS = 20_000
 
 
 class EpochAbandoned(SplitkeeperError):
     """The epoch's read phase was abandoned because a stop was requested (``params['epoch']``).
 
-    Every region job still running was cancelled; nothing of the epoch is committed.
+    The epoch's job was cancelled; nothing of the epoch is committed.
     """
 
     code = "INTERRUPTED"
@@ -67,7 +99,7 @@ class RegionStatus(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class RegionRun:
-    """What the driver learned about one region's job."""
+    """What the driver learned about one region's task."""
 
     region_id: int
     status: RegionStatus
@@ -77,15 +109,16 @@ class RegionRun:
     elapsed_s: float = 0.0
 
 
-def _job_group(pipeline: str, epoch: int, region: int) -> str:
-    return f"splitkeeper-{pipeline}-e{epoch}-r{region}"
+def _job_group(pipeline: str, epoch: int) -> str:
+    """The job group of an epoch's one region job."""
+    return f"splitkeeper-{pipeline}-e{epoch}"
 
 
 _TRACEBACK = "Traceback (most recent call last):"
 
 
 def _short_error(err: BaseException) -> str:
-    """One line saying why a region's job failed: the task's Python exception when there is one.
+    """One line saying why the epoch's job failed: the task's Python exception when there is one.
 
     A failed Python task reaches the driver as a JVM error (py4j) that embeds the
     worker's traceback, whose first unindented line after ``Traceback ...`` is
@@ -107,15 +140,172 @@ def _short_error(err: BaseException) -> str:
     return (text.splitlines() or [type(err).__name__])[0][:500]
 
 
-def default_max_concurrent(sc: Any) -> int:
-    """Region jobs at once when the config does not say: twice the cluster's task slots
-    (``defaultParallelism``: N for ``local[N]``, the executors' cores on a cluster), so the next
-    region's job is already queued in Spark when a task ends, from 2 to :data:`DEFAULT_MAX_CONCURRENT`."""
+def _task_error(err: BaseException) -> str:
+    """The one line a task reports for its exception, as the worker's traceback ends:
+    ``module.ExceptionClass: message`` (builtins without their module), at most 500 characters."""
+    line = traceback.format_exception_only(type(err), err)[-1].strip()
+    return (line.splitlines() or [type(err).__name__])[0][:500]
+
+
+_LOCAL = re.compile(r"local(?:\[\s*(?:\d+|\*)\s*\])?")
+_LOCAL_FAILURES = re.compile(r"local\[\s*(?:\d+|\*)\s*,\s*(\d+)\s*\]")
+
+
+def max_task_failures(sc: Any) -> int:
+    """How many attempts Spark gives a task: 1 on ``local``/``local[N]``, F on ``local[N,F]``, else
+    ``spark.task.maxFailures`` (default 4), as ``SparkContext.createTaskScheduler`` decides."""
+    master = str(sc.master).strip()
+    if _LOCAL.fullmatch(master):
+        return 1
+    matched = _LOCAL_FAILURES.fullmatch(master)
+    if matched:
+        return max(1, int(matched.group(1)))
+    return max(1, int(sc.getConf().get("spark.task.maxFailures", "4")))
+
+
+# --------------------------------------------------------------------------- the task side
+
+_FRAME = struct.Struct("!I")  # the body's length; then its HMAC-SHA256, then the body (a pickle)
+_MAX_BODY = 256 * 1024 * 1024
+#: How long either side waits on the socket for one message.
+SOCKET_TIMEOUT_S = 60.0
+
+
+def _frame(authkey: bytes, message: object) -> bytes:
+    body = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    return _FRAME.pack(len(body)) + hmac.digest(authkey, body, "sha256") + body
+
+
+def _read_exactly(sock: socket.socket, size: int) -> bytes:
+    chunks = bytearray()
+    while len(chunks) < size:
+        chunk = sock.recv(min(size - len(chunks), 1 << 20))
+        if not chunk:
+            raise EOFError("the connection closed mid-message")
+        chunks += chunk
+    return bytes(chunks)
+
+
+def _unframe(authkey: bytes, sock: socket.socket) -> Any:
+    """The message on ``sock``, unpickled only once its HMAC proves it came with ``authkey``."""
+    (size,) = _FRAME.unpack(_read_exactly(sock, _FRAME.size))
+    if size > _MAX_BODY:
+        raise ValueError(f"a message of {size} bytes")
+    digest = _read_exactly(sock, 32)
+    body = _read_exactly(sock, size)
+    if not hmac.compare_digest(digest, hmac.digest(authkey, body, "sha256")):
+        raise PermissionError("a message without the epoch's key")
+    return pickle.loads(body)
+
+
+def _send(address: tuple[str, int], authkey: bytes, message: tuple[Any, ...], reply: bool) -> Any:
     try:
-        slots = int(sc.defaultParallelism)
-    except Exception:  # a context without the property (a stub): the smallest pool
-        slots = 1
-    return max(2, min(DEFAULT_MAX_CONCURRENT, 2 * slots))
+        with socket.create_connection(address, timeout=SOCKET_TIMEOUT_S) as sock:
+            sock.sendall(_frame(authkey, message))
+            if not reply:
+                sock.shutdown(socket.SHUT_WR)
+                sock.recv(1)  # the server closes once it took the message
+                return None
+            return _read_exactly(sock, 1) == b"1"
+    except Exception as err:
+        raise ConnectionError(
+            f"region task cannot reach the driver's region server at {address[0]}:{address[1]}: "
+            f"{type(err).__name__}: {err} (executors must reach the driver host on any port)"
+        ) from err
+
+
+def _region_partition(
+    address: tuple[str, int],
+    authkey: bytes,
+    max_failures: int,
+    task: Callable[[Any], Any],
+    items: Iterator[tuple[int, Any]],
+) -> Iterator[tuple[int, str, Any]]:
+    """The body of the epoch job's tasks: one region per partition (see the module docstring).
+
+    Yields ``(region, status, value)`` for the job's collect() (the backstop): ``finished`` with
+    the task's result, ``failed`` with its error line, ``refused`` when the driver no longer
+    wanted the region when this attempt started.
+    """
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    attempt = context.attemptNumber() if context is not None else 0
+    task_id = context.taskAttemptId() if context is not None else -1
+    for region, payload in items:
+        if not _send(address, authkey, ("start", region, attempt, task_id, os.getpid()), reply=True):
+            yield region, "refused", None
+            continue
+        try:
+            result = task(payload)
+        except Exception as err:
+            if attempt + 1 < max_failures:
+                raise  # Spark retries the task: a later attempt may succeed
+            error = _task_error(err)
+            detail = traceback.format_exc()[-_LOG_TRACEBACK_CHARS:]
+            _send(address, authkey, ("failed", region, attempt, error, detail), reply=False)
+            yield region, "failed", error
+            continue
+        _send(address, authkey, ("finished", region, attempt, result), reply=False)
+        yield region, "finished", result
+
+
+# --------------------------------------------------------------------------- the driver side
+
+
+class _RegionServer:
+    """The epoch's socket server: tasks' start and end messages, one at a time on one thread.
+
+    ``on_start(region, attempt, task_id) -> bool`` says whether the attempt may run;
+    ``on_end(region, status, value, detail)`` takes a region's end. Both run on the server's thread.
+    A message is unpickled only when its HMAC with the epoch's random key checks out.
+    """
+
+    def __init__(
+        self,
+        bind: str,
+        host: str,
+        on_start: Callable[[int, int, int], bool],
+        on_end: Callable[[int, str, Any, str], None],
+    ) -> None:
+        self.authkey = os.urandom(32)
+        authkey = self.authkey
+
+        class Handler(socketserver.BaseRequestHandler):
+            def handle(self) -> None:
+                sock: socket.socket = self.request
+                sock.settimeout(SOCKET_TIMEOUT_S)
+                try:
+                    message = _unframe(authkey, sock)
+                    if message[0] == "start":
+                        _kind, region, attempt, task_id, _pid = message
+                        sock.sendall(b"1" if on_start(region, attempt, task_id) else b"0")
+                    elif message[0] == "finished":
+                        on_end(message[1], "finished", message[3], "")
+                    elif message[0] == "failed":
+                        on_end(message[1], "failed", message[3], message[4])
+                except Exception:  # a stranger, a reset connection: the task retries or times out
+                    log.debug("region server: a message failed: %s", traceback.format_exc())
+
+        self._server = socketserver.TCPServer((bind, 0), Handler)
+        self.address: tuple[str, int] = (host, self._server.server_address[1])
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, args=(0.1,), name="splitkeeper-region-server", daemon=True
+        )
+        self._thread.start()
+
+    def close(self) -> None:
+        self._server.shutdown()  # returns once serve_forever has (within its poll interval)
+        self._server.server_close()
+        self._thread.join(timeout=5)
+
+
+def _server_addresses(sc: Any) -> tuple[str, str]:
+    """(the address to bind, the address executors reach): Spark's own driver addresses."""
+    conf = sc.getConf()
+    host = conf.get("spark.driver.host", None) or "127.0.0.1"
+    bind = conf.get("spark.driver.bindAddress", None) or host
+    return bind, host
 
 
 def run_regions(
@@ -130,106 +320,157 @@ def run_regions(
     interrupt: threading.Event | None = None,
     max_concurrent: int | None = None,
 ) -> dict[int, RegionRun]:
-    """Run ``task(payload)`` for every region as its own Spark job, at most ``max_concurrent`` jobs
-    at once (None: :func:`default_max_concurrent`); return each region's outcome.
+    """Run ``task(payload)`` for every region as one task of the epoch's one Spark job; return each
+    region's outcome.
 
-    Called by the epoch runner on the driver, once per epoch. ``task`` and the
-    payloads cross to executors: they must be picklable. Regions are submitted in region order
-    as pool threads free up. The timeout of a region counts from the moment its task starts
-    running, measured with Spark's status tracker; a region whose task has not started
-    ``timeout_s`` after its job's submission times out too (it may never be scheduled), and its
-    job is cancelled before it runs. Once ``interrupt`` is set, every region job still running is
-    cancelled, no queued region is submitted, and EpochAbandoned is raised (after the jobs wound
-    down, at most ``ABANDON_WAIT_S``). No payload (every region declined before reading): no
-    job, an empty result.
+    Called by the epoch runner on the driver, once per epoch. ``task`` and the payloads cross to
+    executors: they must be picklable. The partitions are in region order. A region's timeout
+    counts from its task's start (its start message); a region whose task has not started while no
+    task started or ended for ``timeout_s`` times out too (it may never be scheduled). Once
+    ``interrupt`` is set, the job is cancelled and EpochAbandoned is raised (after the job wound
+    down, at most ``ABANDON_WAIT_S``). No payload (every region declined before reading): no job, an
+    empty result. ``max_concurrent`` is ignored (see the module docstring).
     """
+    del max_concurrent  # one job: Spark's cores bound the tasks running at once
     if not payloads:
         return {}
     sc = spark.sparkContext
-    tracker = sc.statusTracker()
-    pool_size = max(1, min(len(payloads), max_concurrent or default_max_concurrent(sc)))
+    regions = sorted(payloads)
     runs: dict[int, RegionRun] = {}
-    submitted: dict[int, float] = {}  # region -> when a pool thread submitted its job
-    done = threading.Event()
-    stopping = threading.Event()  # abandoned: pool threads take no more regions
-    lock = threading.Lock()
-    epoch_start = time.monotonic()
-    queue: SimpleQueue[int] = SimpleQueue()
-    for region in sorted(payloads):
-        queue.put(region)
-
-    def record(region: int, run: RegionRun) -> None:
-        with lock:
-            runs.setdefault(region, run)
-            if len(runs) == len(payloads):
-                done.set()
-
-    def worker() -> None:
-        while not stopping.is_set():
-            try:
-                region = queue.get_nowait()
-            except Empty:
-                return
-            with lock:
-                if stopping.is_set() or region in runs:
-                    return
-                submitted[region] = time.monotonic()
-            group = _job_group(pipeline, epoch, region)
-            sc.setJobGroup(group, f"splitkeeper {pipeline} epoch {epoch} region {region}", True)
-            try:
-                result = sc.parallelize([payloads[region]], 1).map(task).collect()[0]
-                run = RegionRun(region, RegionStatus.FINISHED, result=result)
-            except Exception as err:  # a failed or cancelled Spark job: the region failed
-                run = RegionRun(region, RegionStatus.FAILED, error=_short_error(err))
-                log.debug(
-                    "region %s job failed: %s",
-                    region,
-                    traceback.format_exc(),
-                    extra={"epoch": epoch, "checkpoint_id": epoch, "region": region},
-                )
-            record(region, run)
-
-    threads = [
-        threading.Thread(target=worker, name=f"splitkeeper-region-{i}", daemon=True) for i in range(pool_size)
-    ]
-    for t in threads:
-        t.start()
     started: dict[int, float] = {}
-    cancelled: set[int] = set()
-    while not done.is_set():
+    task_ids: dict[int, int] = {}
+    lock = threading.Lock()
+    changed = threading.Event()
+    stopping = threading.Event()
+    epoch_start = time.monotonic()
+    progress = [epoch_start]  # when a task last started or ended (the epoch deadline counts from it)
+    extra = {"epoch": epoch, "checkpoint_id": epoch}
+
+    def record(region: int, run: RegionRun) -> None:  # under lock
+        if region not in runs:
+            runs[region] = run
+            changed.set()
+
+    def on_start(region: int, attempt: int, task_id: int) -> bool:
         with lock:
-            in_flight = [r for r in submitted if r not in runs]
-        if interrupt is not None and interrupt.is_set():
-            _abandon(sc, pipeline, epoch, in_flight, threads, stopping)
-        now = time.monotonic()
-        for region in in_flight:
-            if region not in started and _has_active_task(tracker, _job_group(pipeline, epoch, region)):
-                started[region] = now
-        expired: list[tuple[int, str]] = []
-        for region in in_flight:
-            if region in cancelled:
-                continue
-            if region in started:
-                if now - started[region] > timeout_s:
-                    expired.append((region, f"no result within {timeout_s:g}s"))
-            elif now - submitted[region] > timeout_s:
-                expired.append((region, f"its task did not start within {timeout_s:g}s (epoch deadline)"))
-        for region, why in expired:
-            log.warning(
-                "region %s of epoch %s timed out: %s; cancelling",
-                region,
-                epoch,
-                why,
-                extra={"epoch": epoch, "checkpoint_id": epoch, "region": region},
-            )
-            record(region, RegionRun(region, RegionStatus.TIMED_OUT, error=why))
-            cancelled.add(region)
-        for region, _why in expired:
-            sc.cancelJobGroup(_job_group(pipeline, epoch, region))
-        done.wait(poll_s)
-    wind_down = time.monotonic() + 30  # let cancelled jobs wind down so their cores are free
-    for t in threads:
-        t.join(timeout=max(0.0, wind_down - time.monotonic()))
+            if stopping.is_set() or region in runs or region not in payloads:
+                return False
+            now = time.monotonic()
+            progress[0] = now
+            started.setdefault(region, now)
+            task_ids[region] = task_id
+            return True
+
+    def on_end(region: int, status: str, value: Any, detail: str) -> None:
+        with lock:
+            progress[0] = time.monotonic()
+            if region not in payloads:
+                return
+            if status == "finished":
+                record(region, RegionRun(region, RegionStatus.FINISHED, result=value))
+            else:
+                if region not in runs:  # Spark no longer logs it: the task returned normally
+                    log.warning(
+                        "region %s of epoch %s failed: %s",
+                        region,
+                        epoch,
+                        value,
+                        extra={**extra, "region": region},
+                    )
+                    log.debug("region %s task failed:\n%s", region, detail, extra={**extra, "region": region})
+                record(region, RegionRun(region, RegionStatus.FAILED, error=str(value)))
+
+    bind, host = _server_addresses(sc)
+    server = _RegionServer(bind, host, on_start, on_end)
+    group = _job_group(pipeline, epoch)
+    job_error: list[BaseException] = []
+    backstop: list[tuple[int, str, Any]] = []
+    body = functools.partial(_region_partition, server.address, server.authkey, max_task_failures(sc), task)
+
+    def submit() -> None:
+        sc.setJobGroup(group, f"splitkeeper {pipeline} epoch {epoch}: {len(regions)} regions", True)
+        todo = regions
+        try:
+            for again in (False, True):
+                try:
+                    rdd = sc.parallelize([(r, payloads[r]) for r in todo], len(todo))
+                    backstop.extend(rdd.mapPartitions(body).collect())
+                    return
+                except BaseException as err:  # a failed or cancelled job
+                    with lock:
+                        index = _failed_task_index(err)
+                        if again or stopping.is_set() or index is None or index >= len(todo):
+                            job_error.append(err)
+                            return
+                        # One task failed the job (a Python worker killed where Spark gives a task
+                        # one attempt): that region fails; the regions the abort took down with it
+                        # run again in a second job (each attempt stages apart, as Spark's retry).
+                        culprit = todo[index]
+                        record(culprit, RegionRun(culprit, RegionStatus.FAILED, error=_task_failure(err)))
+                        todo = [r for r in todo if r not in runs]
+                    if not todo:
+                        return
+                    log.warning(
+                        "epoch %s job failed in region %s's task (%s); running regions %s again",
+                        epoch,
+                        culprit,
+                        _task_failure(err),
+                        todo,
+                        extra=extra,
+                    )
+        finally:
+            changed.set()
+
+    job = threading.Thread(target=submit, name=f"splitkeeper-epoch-{epoch}-job", daemon=True)
+    try:
+        job.start()
+        while True:
+            if interrupt is not None and interrupt.is_set():
+                _abandon(sc, pipeline, epoch, group, job, stopping, lock, runs, regions)
+            with lock:
+                if len(runs) == len(regions):
+                    break
+                job_ended = not job.is_alive()
+                now = time.monotonic()
+                expired: list[tuple[int, str]] = []
+                for region in regions:
+                    if region in runs:
+                        continue
+                    if region in started:
+                        if now - started[region] > timeout_s:
+                            expired.append((region, f"no result within {timeout_s:g}s"))
+                    elif now - progress[0] > timeout_s:
+                        expired.append(
+                            (region, f"its task did not start within {timeout_s:g}s (epoch deadline)")
+                        )
+                for region, why in expired:
+                    record(region, RegionRun(region, RegionStatus.TIMED_OUT, error=why))
+                kill = [(r, task_ids[r]) for r, _why in expired if r in task_ids]
+            for region, why in expired:
+                log.warning(
+                    "region %s of epoch %s timed out: %s; killing its task",
+                    region,
+                    epoch,
+                    why,
+                    extra={**extra, "region": region},
+                )
+            for region, task_id in kill:
+                _kill_task(sc, task_id, f"splitkeeper: region {region} of epoch {epoch} timed out")
+            if job_ended:
+                _settle(job_error, backstop, regions, runs, lock, epoch, extra)
+                break
+            changed.wait(poll_s)
+            changed.clear()
+        # Every region has an outcome. The tasks that reported are returning, a killed attempt's
+        # retry is refused at its start: the job ends on its own in a moment. What is still running
+        # after JOB_GRACE_S (a killed worker slow to die) is cancelled with the job group.
+        job.join(timeout=JOB_GRACE_S)
+        if job.is_alive():
+            sc.cancelJobGroup(group)
+            job.join(timeout=WIND_DOWN_S)
+    finally:
+        stopping.set()
+        server.close()
     end = time.monotonic()
     out: dict[int, RegionRun] = {}
     for region, run in runs.items():
@@ -245,36 +486,84 @@ def run_regions(
     return dict(sorted(out.items()))
 
 
+def _settle(
+    job_error: list[BaseException],
+    backstop: list[tuple[int, str, Any]],
+    regions: list[int],
+    runs: dict[int, RegionRun],
+    lock: threading.Lock,
+    epoch: int,
+    extra: dict[str, Any],
+) -> None:
+    """The job ended: the regions it reported in its result but whose messages were still in flight
+    take that result; a job that failed as a whole fails every region that has not reported."""
+    with lock:
+        for region, status, value in backstop:
+            if region in runs or status == "refused":
+                continue
+            if status == "finished":
+                runs[region] = RegionRun(region, RegionStatus.FINISHED, result=value)
+            else:
+                runs[region] = RegionRun(region, RegionStatus.FAILED, error=str(value))
+        missing = [r for r in regions if r not in runs]
+        if not missing:
+            return
+        why = _short_error(job_error[0]) if job_error else "the epoch's job ended without its result"
+        log.warning("epoch %s job failed (%s): regions %s fail", epoch, why, missing, extra=extra)
+        if job_error:
+            log.debug("epoch %s job failed: %s", epoch, "".join(traceback.format_exception(job_error[0])))
+        for region in missing:
+            runs[region] = RegionRun(region, RegionStatus.FAILED, error=why)
+
+
+_FAILED_TASK = re.compile(r"Task (\d+) in stage \d+\.\d+ failed \d+ times?")
+
+
+_MOST_RECENT = re.compile(r"most recent failure: Lost task [^\n]*?\(TID \d+\)(?: \([^)]*\))?: ([^\n]+)")
+
+
+def _task_failure(err: BaseException) -> str:
+    """Why the task that aborted the job failed (Spark's ``most recent failure: Lost task ...``,
+    e.g. ``Python worker exited unexpectedly``), else :func:`_short_error`."""
+    matched = _MOST_RECENT.search(str(err))
+    return matched.group(1).strip()[:500] if matched else _short_error(err)
+
+
+def _failed_task_index(err: BaseException) -> int | None:
+    """The partition whose task aborted the job (``Task 1 in stage 3.0 failed 1 times``), if named."""
+    matched = _FAILED_TASK.search(str(err))
+    return None if matched is None else int(matched.group(1))
+
+
+def _kill_task(sc: Any, task_id: int, reason: str) -> None:
+    """Kill one task attempt (its core is freed; Spark reschedules it, and the new attempt is
+    refused at its start). A task already ended is left alone."""
+    try:
+        sc._jsc.sc().killTaskAttempt(task_id, True, reason)
+    except Exception as err:  # the JVM refused: the task stays until the job group is cancelled
+        log.warning("could not kill task %s: %s", task_id, err)
+
+
 def _abandon(
     sc: Any,
     pipeline: str,
     epoch: int,
-    running: list[int],
-    threads: list[threading.Thread],
+    group: str,
+    job: threading.Thread,
     stopping: threading.Event,
+    lock: threading.Lock,
+    runs: Mapping[int, RegionRun],
+    regions: list[int],
 ) -> None:
-    """Submit no queued region, cancel the regions still running and raise EpochAbandoned once
-    they wound down."""
+    """Refuse every task still to start, cancel the epoch's job and raise EpochAbandoned once it
+    wound down."""
     stopping.set()
-    log.warning("epoch %s abandoned: cancelling regions %s", epoch, running, extra={"epoch": epoch})
-    for region in running:
-        sc.cancelJobGroup(_job_group(pipeline, epoch, region))
-    deadline = time.monotonic() + ABANDON_WAIT_S
-    for t in threads:
-        t.join(timeout=max(0.0, deadline - time.monotonic()))
+    with lock:
+        running = [r for r in regions if r not in runs]
+    log.warning("epoch %s abandoned: cancelling its job (regions %s)", epoch, running, extra={"epoch": epoch})
+    sc.cancelJobGroup(group)
+    job.join(timeout=ABANDON_WAIT_S)
     raise EpochAbandoned(
         f"epoch {epoch} of pipeline {pipeline!r} was abandoned in its read phase: a stop was requested",
         epoch=epoch,
     )
-
-
-def _has_active_task(tracker: Any, group: str) -> bool:
-    for job_id in tracker.getJobIdsForGroup(group):
-        job = tracker.getJobInfo(job_id)
-        if job is None:
-            continue
-        for stage_id in job.stageIds:
-            stage = tracker.getStageInfo(stage_id)
-            if stage is not None and (stage.numActiveTasks > 0 or stage.numCompletedTasks > 0):
-                return True
-    return False

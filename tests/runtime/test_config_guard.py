@@ -194,25 +194,23 @@ def test_max_concurrent_regions_out_of_range_is_refused_naming_the_key(
 
 def test_max_concurrent_regions_is_optional_and_reaches_the_runtime(tmp_path: Path) -> None:
     path = write(tmp_path, HEAD + SOURCE + PLACES)
-    assert load_config(path).max_concurrent_regions is None  # derived from the task slots
+    assert load_config(path).max_concurrent_regions is None
     write(tmp_path, HEAD + f"max_concurrent_regions: {MAX_CONCURRENT_REGIONS}\n" + SOURCE + PLACES)
     assert load_config(path).max_concurrent_regions == MAX_CONCURRENT_REGIONS == 256
     write(tmp_path, HEAD + "max_concurrent_regions: 1\n" + SOURCE + PLACES)
     assert load_config(path).max_concurrent_regions == 1
 
 
-def test_the_default_pool_is_twice_the_task_slots_from_2_to_64() -> None:
-    from types import SimpleNamespace
+def test_max_concurrent_regions_is_ignored_with_a_warning(caplog: pytest.LogCaptureFixture) -> None:
+    """An epoch's regions are the tasks of one Spark job: the key has nothing left to bound, and a
+    pipeline file that sets it keeps loading and running, with a warning naming the key."""
+    from splitkeeper.app.pipeline import SparkRegionRunner
+    from splitkeeper.spark.faults import FaultPlan
 
-    from splitkeeper.spark.regions import default_max_concurrent
-
-    assert [default_max_concurrent(SimpleNamespace(defaultParallelism=n)) for n in (1, 2, 8, 32, 500)] == [
-        2,
-        4,
-        16,
-        64,
-        64,
-    ]
+    SparkRegionRunner(None, "p", None, None, "", FaultPlan())  # type: ignore[arg-type]
+    assert "max_concurrent_regions" not in caplog.text
+    SparkRegionRunner(None, "p", None, None, "", FaultPlan(), max_concurrent=8)  # type: ignore[arg-type]
+    assert "max_concurrent_regions=8 is ignored" in caplog.text
 
 
 def test_recover_refuses_a_rescale_above_the_limit_before_opening_anything(

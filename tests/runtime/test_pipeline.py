@@ -194,19 +194,23 @@ def test_bounded_run_finishes_on_a_global_checkpoint_and_sink_equals_source(
     assert_sink_equals_source(spark, config.sink_path, input_dir)
 
 
-def _jobs_of_epoch(spark: Any, pipeline: str, epoch: int, parallelism: int) -> int:
-    """How many Spark jobs the region runner started in ``epoch`` (one job group per region)."""
+def _jobs_of_epoch(spark: Any, pipeline: str, epoch: int) -> list[int]:
+    """The number of tasks of each Spark job the region runner started in ``epoch`` (its job group)."""
     from splitkeeper.spark.regions import _job_group
 
     tracker = spark.sparkContext.statusTracker()
-    return sum(len(tracker.getJobIdsForGroup(_job_group(pipeline, epoch, r))) for r in range(parallelism))
+    return [
+        sum(tracker.getStageInfo(s).numTasks for s in tracker.getJobInfo(j).stageIds)
+        for j in tracker.getJobIdsForGroup(_job_group(pipeline, epoch))
+    ]
 
 
-def test_a_parallelism_far_above_the_split_count_starts_a_job_only_for_regions_with_ranges(
+def test_a_parallelism_far_above_the_split_count_starts_a_task_only_for_regions_with_ranges(
     spark: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Issue 26: 64 regions over 3 files. The regions with nothing to read are acknowledged by the
-    driver (no thread, no Spark job); the epoch's Spark jobs are exactly its regions with ranges.
+    driver (no thread, no task); the epoch is one Spark job whose tasks are exactly its regions
+    with ranges.
     A fault asked for an idle region has no task to fire in: the run says so and goes on."""
     config, input_dir, _path = _setup(tmp_path, "wide", parallelism=64, region_timeout_s=120)
 
@@ -217,7 +221,7 @@ def test_a_parallelism_far_above_the_split_count_starts_a_job_only_for_regions_w
         busy = sorted(set(range(64)) - set(report.idle_regions))
         assert report.outcomes == dict.fromkeys(range(64), RegionOutcome.ACK)
         assert len(busy) == 3  # 3 files, 20 lines each per epoch: one region per file
-        assert _jobs_of_epoch(spark, "wide", report.epoch, 64) == len(busy)
+        assert _jobs_of_epoch(spark, "wide", report.epoch) == [len(busy)]  # one job, a task per busy region
         assert sorted(report.region_task_s) == busy  # idle regions have no task time
     assert 63 in summary.epochs[0].idle_regions
     assert "fault 63@1 not injected: region 63 had nothing to read in epoch 1" in caplog.text
@@ -228,7 +232,7 @@ def test_a_parallelism_far_above_the_split_count_starts_a_job_only_for_regions_w
     more = _run(config, spark)
     assert more.finished and more.committed_records == 10
     first = more.epochs[0]
-    assert len(first.idle_regions) == 63 and _jobs_of_epoch(spark, "wide", first.epoch, 64) == 1
+    assert len(first.idle_regions) == 63 and _jobs_of_epoch(spark, "wide", first.epoch) == [1]
     assert_sink_equals_source(spark, config.sink_path, input_dir)
 
 

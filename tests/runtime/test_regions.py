@@ -1,48 +1,61 @@
-"""Regions as independent Spark jobs: a failure stays in its region, and every region has a deadline.
+"""Regions as the tasks of one Spark job per epoch: a failure stays in its region, and every region
+has a deadline.
 
 Runs :func:`splitkeeper.spark.regions.run_regions` on the shared ``local[2]`` session: two
-cores, so at most two region tasks run at once, and at most ``max_concurrent`` region jobs are
-submitted at once (a bounded pool of driver threads).
+cores, so at most two region tasks run at once.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from splitkeeper.spark.regions import RegionStatus, run_regions
+from splitkeeper.spark.regions import RegionStatus, _job_group, max_task_failures, run_regions
 
 pytestmark = [pytest.mark.spark]
 
 
+def _epoch_jobs(spark: Any, pipeline: str, epoch: int) -> list[tuple[str, int]]:
+    """(status, number of tasks) of every Spark job of the epoch's job group."""
+    tracker = spark.sparkContext.statusTracker()
+    out = []
+    for job_id in tracker.getJobIdsForGroup(_job_group(pipeline, epoch)):
+        job = tracker.getJobInfo(job_id)
+        tasks = sum(tracker.getStageInfo(s).numTasks for s in job.stageIds if tracker.getStageInfo(s))
+        out.append((str(job.status), tasks))
+    return out
+
+
+def _sleeper() -> Any:
+    """A task that sleeps its payload's seconds (defined in a function: cloudpickle ships it by
+    value, as the test module is not importable on the Python workers)."""
+
+    def sleep(seconds: float) -> float:
+        time.sleep(seconds)
+        return seconds
+
+    return sleep
+
+
 def test_a_region_whose_task_never_starts_times_out_at_the_epoch_deadline(spark: Any) -> None:
     """Three regions stall, two cores: the two that start time out after their task's timeout, and
-    the one that never gets a core times out at the epoch deadline instead of waiting for one.
-
-    The pool (``max_concurrent=3``) is larger than the cores, so all three jobs are submitted at
-    once and the third waits in Spark's scheduler for a core that never frees: its deadline counts
-    from its submission. (With a pool no larger than the free cores it would wait in the queue
-    instead, uncharged, and start once a stalled region was cancelled.)
+    the one that never gets a core times out at the epoch deadline (no task started or ended for the
+    timeout) instead of waiting for one.
 
     (A region's timeout used to count only from its task's start, so the third waited until the
     others were cancelled and then ran on, however late.)
     """
     spark.sparkContext.parallelize([0, 1], 2).map(lambda x: x).collect()  # Python workers up
 
-    def task(seconds: float) -> float:
-        time.sleep(seconds)
-        return seconds
-
     # 15 s: on a loaded 2-core machine two tasks took more than 8 s to start (CI, after the
     # paused-holder test); waiting for the third region's late start would take twice as long
     timeout = 15
     started = time.monotonic()
-    runs = run_regions(
-        spark, "deadline", 1, {0: 60.0, 1: 60.0, 2: 60.0}, task, timeout_s=timeout, max_concurrent=3
-    )
+    runs = run_regions(spark, "deadline", 1, {0: 60.0, 1: 60.0, 2: 60.0}, _sleeper(), timeout_s=timeout)
     elapsed = time.monotonic() - started
 
     assert {run.status for run in runs.values()} == {RegionStatus.TIMED_OUT}
@@ -66,13 +79,12 @@ def test_a_failing_region_fails_alone_and_a_quick_one_acknowledges(spark: Any) -
     assert runs[2].status is RegionStatus.FINISHED and runs[2].result == 20
     assert runs[1].status is RegionStatus.FAILED
     assert "ValueError: region 1 cannot read its split" in runs[1].error
+    assert _epoch_jobs(spark, "alone", 2) == [("SUCCEEDED", 3)]  # the failure did not fail the job
 
 
 def test_no_payload_runs_no_job_and_returns_at_once(spark: Any) -> None:
     """Every region declined before reading (its splits could not be planned): no job, an empty
     result. The wait loop used to wait for a region that was never submitted, for ever."""
-    import threading
-
     out: list[dict[int, Any]] = []
     t = threading.Thread(
         target=lambda: out.append(run_regions(spark, "p", 1, {}, lambda x: x, 5.0)), daemon=True
@@ -81,96 +93,138 @@ def test_no_payload_runs_no_job_and_returns_at_once(spark: Any) -> None:
     t.join(timeout=60)
     assert not t.is_alive(), "run_regions({}) did not return"
     assert out == [{}]
+    assert _epoch_jobs(spark, "p", 1) == []
 
 
-def _active_jobs_peak(spark: Any, stop: threading.Event, peak: list[int]) -> None:
-    tracker = spark.sparkContext.statusTracker()
-    while not stop.is_set():
-        peak[0] = max(peak[0], len(tracker.getActiveJobsIds()))
-        stop.wait(0.01)
-
-
-def test_more_regions_than_the_pool_all_finish_with_at_most_the_pool_running(spark: Any) -> None:
-    """12 regions, a pool of 3: every region finishes with its own result, and Spark never holds
-    more than 3 of their jobs at once (sampled with its status tracker; without the pool all 12
-    jobs are submitted together and wait for the two cores inside Spark)."""
+def test_many_regions_are_one_job_whose_tasks_run_on_the_cores_and_each_returns_its_result(
+    spark: Any,
+) -> None:
+    """12 regions: one Spark job of 12 tasks, every region finishes with its own result, at most
+    the two cores' tasks run at once (by the tasks' own clocks), in region order."""
 
     def task(region: int) -> tuple[int, float, float]:
         began = time.time()
         time.sleep(0.05)
         return region * 7, began, time.time()
 
-    peak = [0]
-    stop = threading.Event()
-    sampler = threading.Thread(target=_active_jobs_peak, args=(spark, stop, peak), daemon=True)
-    sampler.start()
-    try:
-        runs = run_regions(
-            spark, "pool", 3, {r: r for r in range(12)}, task, timeout_s=60.0, max_concurrent=3
-        )
-    finally:
-        stop.set()
-        sampler.join()
+    runs = run_regions(spark, "pool", 3, {r: r for r in range(12)}, task, timeout_s=60.0)
 
     assert sorted(runs) == list(range(12))
     assert all(run.status is RegionStatus.FINISHED for run in runs.values()), {
         r: run.error for r, run in runs.items()
     }
     assert [runs[r].result[0] for r in range(12)] == [r * 7 for r in range(12)]
-    assert 1 <= peak[0] <= 3, f"{peak[0]} region jobs were active at once with a pool of 3"
-    # the pool takes the regions in region order: region 11 starts after region 0 ended
-    assert runs[11].result[1] >= runs[0].result[2]
+    assert _epoch_jobs(spark, "pool", 3) == [("SUCCEEDED", 12)]
+    spans = [runs[r].result[1:] for r in range(12)]  # each task's own (start, end)
+    peak = max(sum(1 for b, e in spans if b <= t < e) for t, _ in spans)
+    assert 1 <= peak <= 2, f"{peak} region tasks ran at once on two cores"
+    assert runs[11].result[1] >= runs[0].result[2]  # partitions run in region order
+    assert all(runs[r].started_after_s is not None for r in range(12))
 
 
-def test_a_stalled_region_in_a_pool_of_two_times_out_while_the_others_finish(spark: Any) -> None:
-    """A pool of 2 on two cores: region 0 stalls and holds one slot; regions 1-5 pass through the
-    other one after another (queued, not charged for the wait) and finish; region 0 is cancelled
-    at its timeout, which frees its slot, and the epoch ends then."""
+def test_one_job_a_raising_and_a_stalled_region_fail_alone_and_the_others_finish(
+    spark: Any, tmp_path: Path
+) -> None:
+    """One epoch, one Spark job: region 0 stalls and region 1 raises; regions 2-5 pass through the
+    other core and finish with their results. Region 0 times out on its own timeout and its task
+    alone is killed: the job still succeeds (it was not cancelled), the killed task's retry was
+    refused before running the region's body (each body marks its start in a file), and the epoch
+    ends without waiting for the 120 s."""
 
-    def task(seconds: float) -> float:
+    def task(payload: tuple[str, int, float]) -> float:
+        folder, region, seconds = payload
+        with open(Path(folder, f"r{region}"), "a") as marks:
+            marks.write("started\n")
+        if seconds < 0:
+            raise RuntimeError("region 1 is broken")
         time.sleep(seconds)
         return seconds
 
     timeout = 10
-    payloads = {0: 120.0, **{r: 0.1 for r in range(1, 6)}}
+    seconds = {0: 120.0, 1: -1.0, **{r: 0.1 * r for r in range(2, 6)}}
+    payloads = {r: (str(tmp_path), r, s) for r, s in seconds.items()}
     began = time.monotonic()
-    runs = run_regions(spark, "stall", 4, payloads, task, timeout_s=timeout, max_concurrent=2)
+    runs = run_regions(spark, "stall", 4, payloads, task, timeout_s=timeout)
     elapsed = time.monotonic() - began
 
     assert runs[0].status is RegionStatus.TIMED_OUT and runs[0].error == f"no result within {timeout}s"
     assert runs[0].started_after_s is not None
-    for r in range(1, 6):
-        assert runs[r].status is RegionStatus.FINISHED and runs[r].result == 0.1, runs[r]
-    assert timeout <= elapsed < 3 * timeout, f"the epoch took {elapsed:.0f}s"
+    assert runs[1].status is RegionStatus.FAILED and "RuntimeError: region 1 is broken" in runs[1].error
+    for r in range(2, 6):
+        assert runs[r].status is RegionStatus.FINISHED and runs[r].result == pytest.approx(0.1 * r), runs[r]
+    assert _epoch_jobs(spark, "stall", 4) == [("SUCCEEDED", 6)]  # one job of six tasks, not cancelled
+    assert Path(tmp_path, "r0").read_text() == "started\n"  # the killed task's retry did not run it
+    assert timeout <= elapsed < 2 * timeout, f"the epoch took {elapsed:.0f}s"
 
 
-def test_an_abandoned_epoch_cancels_its_running_regions_and_submits_no_queued_one(spark: Any) -> None:
-    """A stop request while a pool of 2 runs two stalled regions of 6: both jobs are cancelled,
-    EpochAbandoned is raised, and regions 2-5 never ran a job."""
+def test_a_killed_python_worker_fails_its_region_only_and_the_others_run_again(spark: Any) -> None:
+    """Region 1's Python worker dies (``os._exit``), which on ``local[2]`` (one attempt per task)
+    aborts the epoch's job: region 1 fails with Spark's reason, and the regions the abort took down
+    run again in a second job and finish with their results."""
+
+    def task(payload: tuple[int, float]) -> int:
+        region, seconds = payload
+        if region == 1:
+            time.sleep(0.5)
+            import os
+
+            os._exit(3)
+        time.sleep(seconds)
+        return region * 10
+
+    runs = run_regions(spark, "worker", 7, {r: (r, 2.0) for r in range(4)}, task, timeout_s=60.0)
+
+    assert runs[1].status is RegionStatus.FAILED and "Python worker exited unexpectedly" in runs[1].error, (
+        runs[1]
+    )
+    for r in (0, 2, 3):
+        assert runs[r].status is RegionStatus.FINISHED and runs[r].result == r * 10, runs[r]
+    jobs = _epoch_jobs(spark, "worker", 7)
+    # the first job (four tasks) failed; the second ran the regions it took down, and succeeded
+    assert sorted(jobs)[0] == ("FAILED", 4) and sorted(jobs)[1][0] == "SUCCEEDED" and len(jobs) == 2, jobs
+
+
+def test_an_abandoned_epoch_cancels_its_job_and_starts_no_queued_region(spark: Any, tmp_path: Path) -> None:
+    """A stop request while two stalled regions of 6 hold both cores: the epoch's job is cancelled,
+    EpochAbandoned is raised, and regions 2-5 never started (each task marks its start in a file)."""
     from splitkeeper.spark.regions import EpochAbandoned
 
-    def task(seconds: float) -> float:
-        time.sleep(seconds)
-        return seconds
+    def task(payload: tuple[str, int]) -> int:
+        Path(payload[0], f"started-{payload[1]}").touch()
+        time.sleep(120)
+        return payload[1]
 
-    sc = spark.sparkContext
     interrupt = threading.Event()
-    threading.Timer(2.0, interrupt.set).start()
+    threading.Timer(3.0, interrupt.set).start()
     with pytest.raises(EpochAbandoned):
         run_regions(
-            spark,
-            "abandon",
-            5,
-            {r: 120.0 for r in range(6)},
-            task,
-            60.0,
-            interrupt=interrupt,
-            max_concurrent=2,
+            spark, "abandon", 5, {r: (str(tmp_path), r) for r in range(6)}, task, 60.0, interrupt=interrupt
         )
-    tracker = sc.statusTracker()
-    for r in range(6):
-        jobs = tracker.getJobIdsForGroup(f"splitkeeper-abandon-e5-r{r}")
-        if r < 2:
-            assert jobs and all(tracker.getJobInfo(j).status != "RUNNING" for j in jobs)
-        else:
-            assert not jobs, f"queued region {r} ran a job after the stop"
+    jobs = _epoch_jobs(spark, "abandon", 5)
+    assert len(jobs) == 1 and jobs[0][0] != "RUNNING", jobs
+    time.sleep(1)  # a queued task that had been launched regardless would have marked its start now
+    assert sorted(p.name for p in tmp_path.iterdir()) <= ["started-0", "started-1"]
+
+
+def test_the_attempts_a_task_gets_follow_the_master_as_spark_decides() -> None:
+    """A region task re-raises (for Spark to retry it) only while Spark will: 1 attempt on
+    ``local``/``local[N]``, F on ``local[N,F]``, else ``spark.task.maxFailures`` (default 4)."""
+    from types import SimpleNamespace
+
+    def sc(master: str, **conf: str) -> Any:
+        return SimpleNamespace(
+            master=master, getConf=lambda: SimpleNamespace(get=lambda k, d: conf.get(k, d))
+        )
+
+    assert [
+        max_task_failures(sc(m)) for m in ("local", "local[2]", "local[*]", "local[2,3]", "local[*, 2]")
+    ] == [
+        1,
+        1,
+        1,
+        3,
+        2,
+    ]
+    assert max_task_failures(sc("spark://h:7077")) == 4
+    assert max_task_failures(sc("yarn", **{"spark.task.maxFailures": "8"})) == 8
+    assert max_task_failures(sc("local-cluster[2,1,1024]", **{"spark.task.maxFailures": "2"})) == 2
