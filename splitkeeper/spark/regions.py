@@ -61,6 +61,7 @@ import re
 import socket
 import socketserver
 import struct
+import sys
 import threading
 import time
 import traceback
@@ -214,6 +215,27 @@ def _send(address: tuple[str, int], authkey: bytes, message: tuple[Any, ...], re
         ) from err
 
 
+def lighten_worker_imports() -> int:
+    """Drop the zip and jar finders from this Python worker's import cache; returns how many.
+
+    PySpark's worker calls ``importlib.invalidate_caches()`` at the start of every task, and on
+    Python before 3.12 each cached zip finder then re-reads its whole archive's directory at once
+    (CPython gh-103200, made lazy in 3.12). A worker's path holds ``pyspark.zip``, the py4j zip and
+    ``spark-core.jar`` (thousands of entries), with a finder per package imported from them: measured
+    here, 0.13 s of every task on 2 cores, 200 empty tasks 25.7 s against 5.2 s once they are dropped
+    (a JVM-only job of 200 tasks: 2.8 s). The modules already imported stay imported, and an import
+    that needs such a finder again makes a new one, so nothing changes but the cost. The jar holds no
+    Python, so it also leaves the path. Called at the start of each region task; from 3.12 a no-op."""
+    if sys.version_info >= (3, 12):
+        return 0
+    for entry in [p for p in sys.path if isinstance(p, str) and p.endswith(".jar")]:
+        sys.path.remove(entry)
+    stale = [k for k in sys.path_importer_cache if isinstance(k, str) and (".zip" in k or ".jar" in k)]
+    for key in stale:
+        sys.path_importer_cache.pop(key, None)
+    return len(stale)
+
+
 def _region_partition(
     address: tuple[str, int],
     authkey: bytes,
@@ -229,6 +251,7 @@ def _region_partition(
     """
     from pyspark import TaskContext
 
+    lighten_worker_imports()
     context = TaskContext.get()
     attempt = context.attemptNumber() if context is not None else 0
     task_id = context.taskAttemptId() if context is not None else -1

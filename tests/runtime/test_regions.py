@@ -7,6 +7,7 @@ cores, so at most two region tasks run at once.
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from pathlib import Path
@@ -120,6 +121,29 @@ def test_many_regions_are_one_job_whose_tasks_run_on_the_cores_and_each_returns_
     assert 1 <= peak <= 2, f"{peak} region tasks ran at once on two cores"
     assert runs[11].result[1] >= runs[0].result[2]  # partitions run in region order
     assert all(runs[r].started_after_s is not None for r in range(12))
+
+
+@pytest.mark.skipif(sys.version_info >= (3, 12), reason="Python 3.12 made zip finders' invalidation lazy")
+def test_a_region_task_runs_without_zip_and_jar_finders_in_its_worker(spark: Any) -> None:
+    """PySpark invalidates the worker's import caches before every task; on 3.11 each zip finder then
+    re-reads its archive (pyspark.zip, spark-core.jar). The region task drops them first, so the task
+    body sees none, and the jar is off the path; imports still work (a module new to the worker)."""
+
+    def task(_payload: int) -> tuple[list[str], list[str], str]:
+        import sys as worker_sys
+
+        import pyspark.sql.avro.functions as late  # imported after the drop: from a new finder
+
+        finders = [k for k in worker_sys.path_importer_cache if ".jar" in k or ".zip" in k]
+        finders = [k for k in finders if "avro" not in k]
+        return finders, [p for p in worker_sys.path if p.endswith(".jar")], late.__name__
+
+    runs = run_regions(spark, "imports", 9, {0: 0, 1: 1}, task, timeout_s=60.0)
+    for run in runs.values():
+        assert run.status is RegionStatus.FINISHED, run.error
+        finders, jars, late = run.result
+        assert jars == [] and late == "pyspark.sql.avro.functions"
+        assert all("pyspark.zip/pyspark/sql" in k or k.endswith("pyspark.zip/pyspark") for k in finders), finders
 
 
 def test_one_job_a_raising_and_a_stalled_region_fail_alone_and_the_others_finish(
