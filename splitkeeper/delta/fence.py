@@ -50,7 +50,6 @@ to call from several processes at once (that is its purpose).
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -258,14 +257,11 @@ def _reread(table: DeltaTable, attempts: int) -> None:
     raises the last failure then."""
     from splitkeeper.delta.tables import refresh
 
-    wait = 0.5
-    for left in range(attempts, 0, -1):
+    for attempt in range(attempts):
         try:
             refresh(table)
             return
         except OSError:
-            if left == 1:
+            if attempt + 1 == attempts:
                 raise
-            retries.count("fence_reread")
-            time.sleep(wait)
-            wait *= 2
+            retries.back_off("fence_reread", attempt, first_s=0.5)

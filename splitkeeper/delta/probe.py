@@ -32,7 +32,6 @@ from __future__ import annotations
 import logging
 import os
 import threading
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -141,8 +140,7 @@ class _Requests:
     @staticmethod
     def pause(attempt: int) -> None:
         if attempt + 1 < ATTEMPTS:
-            retries.count("store_probe")
-            time.sleep(min(2.0, 0.1 * 2**attempt))
+            retries.back_off("store_probe", attempt, first_s=0.1, cap_s=2.0)
 
     def unreachable(self, method: str, key: str) -> StateError:
         return StateError(

@@ -21,10 +21,12 @@ each retry calls :func:`count` with its operation (:data:`OPERATIONS`):
 
 from __future__ import annotations
 
+import math
 import threading
+import time
 from collections import Counter
 
-__all__ = ["OPERATIONS", "count", "counts"]
+__all__ = ["OPERATIONS", "back_off", "count", "counts"]
 
 OPERATIONS = ("fence_reread", "table_create", "store_probe", "lease_heartbeat")
 
@@ -44,3 +46,10 @@ def counts() -> dict[str, int]:
     """The retries this process made so far, per operation (every operation, 0 included)."""
     with _lock:
         return {operation: _counts[operation] for operation in OPERATIONS}
+
+
+def back_off(operation: str, attempt: int, *, first_s: float, cap_s: float = math.inf) -> None:
+    """Before retry ``attempt + 1`` of ``operation``: count it and wait ``first_s * 2**attempt``
+    seconds, at most ``cap_s`` (the one exponential backoff of the fence, table creation and probe)."""
+    count(operation)
+    time.sleep(min(cap_s, first_s * 2**attempt))

@@ -31,7 +31,6 @@ import logging
 import os
 import re
 import threading
-import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -343,8 +342,7 @@ def ensure_table(
         max_commit_retries=0,
     )
     last: OSError | None = None
-    wait = 0.5
-    for _attempt in range(CREATE_ATTEMPTS):
+    for attempt in range(CREATE_ATTEMPTS):
         try:
             return _create(uri, spec, data, once, options), True
         except (CommitFailedError, DeltaError) as err:
@@ -360,9 +358,7 @@ def ensure_table(
                 raise os_error(uri, err, fault) from err
             # the store failed (its answer may be lost, the create landed): read again, then retry
             last = err
-            retries.count("table_create")
-            time.sleep(wait)
-            wait *= 2
+            retries.back_off("table_create", attempt, first_s=0.5)
             try:
                 found = open_table(uri, missing_ok=True)
             except OSError:

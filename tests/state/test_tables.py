@@ -304,7 +304,7 @@ def test_a_create_whose_store_call_fails_reads_the_table_again_and_retries_while
         return real(*args, **kwargs)
 
     monkeypatch.setattr(tables, "_create", failing_once)
-    monkeypatch.setattr(tables.time, "sleep", lambda _s: None)
+    monkeypatch.setattr(retries.time, "sleep", lambda _s: None)
     before = retries.counts()["table_create"]
     table, created = ensure_table(str(tmp_path / "lease"), spec("lease"))
     assert (len(calls), created) == ((1, False) if landed else (2, True))
