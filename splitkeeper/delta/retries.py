@@ -9,6 +9,9 @@ each retry calls :func:`count` with its operation (:data:`OPERATIONS`):
   re-read fails;
 - ``table_create``: creating a table (version 0) failed in the store: the table is read again,
   and created again while it is not there (:func:`splitkeeper.delta.tables.ensure_table`);
+- ``state_append``: an append to a state table failed in the store and the table, read again,
+  does not record it: it is sent again with the same app transaction
+  (:meth:`splitkeeper.delta.tables.StateTables.append`, rule 4);
 - ``store_probe``: the store probe's request answered 5xx or not at all, sent again
   (:mod:`splitkeeper.delta.probe`);
 - ``lease_heartbeat``: a failed lease heartbeat, tried again while the ttl lasts
@@ -28,7 +31,7 @@ from collections import Counter
 
 __all__ = ["OPERATIONS", "back_off", "count", "counts"]
 
-OPERATIONS = ("fence_reread", "table_create", "store_probe", "lease_heartbeat")
+OPERATIONS = ("fence_reread", "table_create", "state_append", "store_probe", "lease_heartbeat")
 
 _lock = threading.Lock()
 _counts: Counter[str] = Counter()

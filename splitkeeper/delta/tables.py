@@ -21,6 +21,19 @@ Rules:
 3. A write the operating system refuses (read-only file system, no space, no
    permission) is a StateError naming the path (:func:`os_error`), from every write
    through :func:`guarded` and the fence.
+4. :meth:`StateTables.append` lands exactly once, whatever the store does to its answer. Every
+   append carries an app transaction of its writer (``Transaction(<APPEND_APP_ID><writer>,
+   n)``: one app id per :class:`StateTables` object, so per process, and ``n`` its n-th append
+   to that table). A reset connection can cut the answer to a put that landed; object_store then
+   sends the put again, meets its own ``_delta_log/N.json`` (412) and delta-rs rebases the
+   append onto version N+1: without the transaction that is the same rows committed twice;
+   with it, delta-rs's conflict check finds the writer's app id in commit N and fails the copy
+   (``CommitFailedError``). On that, or on any error of the store (``OSError``), the table is
+   read again: when it records the append's ``n`` the append landed and is done; otherwise it is
+   sent again, with the same transaction, so a copy still in flight and the new one cannot
+   both land (:data:`APPEND_ATTEMPTS` in all, each an ``state_append`` retry of
+   :mod:`splitkeeper.delta.retries`), then a StateError naming the table and the store's error.
+   The cost is one ``txn`` entry per writing process in each table it appends to.
 """
 
 from __future__ import annotations
@@ -31,6 +44,7 @@ import logging
 import os
 import re
 import threading
+import uuid
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -65,6 +79,10 @@ log = logging.getLogger(__name__)
 #: reset connection: its answer lost) reads the table again and, while it is not there, is tried
 #: again; this many attempts in all.
 CREATE_ATTEMPTS = 4
+#: Rule 4: the app id prefix of :meth:`StateTables.append`'s transactions, and how many times an
+#: append whose store call failed (and that the table, read again, does not record) is sent.
+APPEND_APP_ID = "splitkeeper-append:"
+APPEND_ATTEMPTS = 4
 
 T = TypeVar("T")
 
@@ -462,6 +480,10 @@ class StateTables:
         self._tables: dict[str, DeltaTable] = {}
         self._current: dict[str, bool] = {}  # False: an older layout a read-only store cannot migrate
         self._lock = threading.RLock()
+        #: rule 4: this writer's app id, its appends per table so far, one append at a time per table
+        self.append_app_id = APPEND_APP_ID + uuid.uuid4().hex
+        self._appends: dict[str, int] = {}
+        self._append_locks: dict[str, threading.Lock] = {}
 
     def uri(self, name: str) -> str:
         spec(name)
@@ -523,25 +545,59 @@ class StateTables:
             return empty.select(list(columns)) if columns is not None else empty
         return read_rows(found, spec(name), partitions=partitions, filter=filter, columns=columns)
 
-    def append(self, name: str, data: pa.Table, *, commit_properties: Any = None) -> DeltaTable:
-        """One blind append of ``data`` (this table's schema) to ``name``."""
+    def append(self, name: str, data: pa.Table) -> DeltaTable:
+        """One append of ``data`` (this table's schema) to ``name``, landed exactly once (rule 4)."""
         from deltalake import write_deltalake
+        from deltalake.exceptions import CommitFailedError
+        from deltalake.transaction import CommitProperties, Transaction
 
         self._refuse_write(f"append to table {name}")
         table = self.require(name)
-        try:
-            guarded(
-                table.table_uri,
-                lambda: write_deltalake(table, data, mode="append", commit_properties=commit_properties),
+        with self._lock:
+            lock = self._append_locks.setdefault(name, threading.Lock())
+        with lock:  # this writer's appends to one table are numbered in commit order
+            number = self._appends.get(name, 0) + 1
+            self._appends[name] = number
+            app_id = self.append_app_id
+            properties = CommitProperties(
+                app_transactions=[Transaction(app_id, number)],
+                custom_metadata={"app_id": app_id, "append": number},
             )
-        except OSError as err:  # the store failed (guarded() named the OS refusals): landed or not?
-            raise StateError(
-                f"the append to table {name} at {table.table_uri} failed in the store ({err}); whether it "
-                "landed is unknown: this run stops. Run again: the next run's open finishes or discards the "
-                "epoch from its decision record",
-                table=name,
-            ) from err
-        return table
+            for attempt in range(APPEND_ATTEMPTS):
+                try:
+                    guarded(
+                        table.table_uri,
+                        lambda: write_deltalake(table, data, mode="append", commit_properties=properties),
+                    )
+                    return table
+                except (CommitFailedError, OSError) as err:  # guarded() named the OS refusals
+                    failure = err
+                if self._recorded_append(table, app_id, number):
+                    log.warning(
+                        "the append to table %s raised (%s), but the table, read again, records it",
+                        name,
+                        failure,
+                    )
+                    return table
+                if attempt + 1 < APPEND_ATTEMPTS:
+                    retries.back_off("state_append", attempt, first_s=0.5)
+        raise StateError(
+            f"the append to table {name} at {table.table_uri} failed in the store {APPEND_ATTEMPTS} times "
+            f"(last: {failure}), and the table does not record it: this run stops with nothing of it "
+            "committed. Run again once the store answers: the next run's open finishes or discards the "
+            "epoch from its decision record",
+            table=name,
+        ) from failure
+
+    @staticmethod
+    def _recorded_append(table: DeltaTable, app_id: str, number: int) -> bool:
+        """Whether ``table``, read again, records append ``number`` of ``app_id`` (False when the
+        re-read fails too: the append is then sent again, which its transaction makes safe)."""
+        try:
+            refresh(table)
+        except OSError:
+            return False
+        return (table.transaction_version(app_id) or 0) >= number
 
     def version(self, name: str) -> int:
         """The latest version of ``name``; -1 when it does not exist."""

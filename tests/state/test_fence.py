@@ -246,6 +246,42 @@ def test_two_real_drivers_past_every_pre_check_race_the_sink_commit_and_exactly_
     assert_sink_is_input(pipeline)
 
 
+def test_a_state_append_whose_answer_is_reset_after_the_put_landed_is_in_the_table_once(faulty_s3):
+    """Through the proxy to versitygw: the put of the append's ``_delta_log/2.json`` reaches the store
+    and its answer is reset. object_store sends it again and meets its own commit; the append's app
+    transaction makes delta-rs refuse the rebased copy, and the table holds the row once."""
+    from splitkeeper.delta.storage import storage_options, table_uri
+    from splitkeeper.tools.fault_proxy import Fault, is_conditional
+
+    root = faulty_s3.location("state")
+    seen: list[str] = []
+
+    def reset_the_append(request):
+        if (
+            request.method == "PUT"
+            and is_conditional(request)
+            and request.path.endswith("/00000000000000000002.json")
+        ):
+            seen.append(request.path)
+            return Fault(reset=True, after=True) if len(seen) == 1 else None
+        return None
+
+    faulty_s3.proxy.fault = reset_the_append
+    context = multiprocessing.get_context("spawn")
+    results = context.Queue()
+    child = context.Process(target=workers.state_appender, args=(root, ["first", "second"], results))
+    child.start()
+    kind, detail = results.get(timeout=180)
+    child.join(timeout=60)
+    assert kind == "appended", detail
+    assert faulty_s3.proxy.conditional_resets()["after_forwarding"] == 1 and len(seen) >= 1
+    uri = table_uri(root + "/control")
+    options = {**storage_options(uri), "AWS_ENDPOINT_URL": faulty_s3.endpoint}  # the store itself
+    table = DeltaTable(uri, storage_options=options)
+    assert sorted(table.to_pyarrow_table().column("requested_by").to_pylist()) == ["first", "second"]
+    assert table.version() == 2 and table.transaction_version(detail) == 2
+
+
 @pytest.fixture
 def faulty_s3(tmp_path, monkeypatch):
     """versitygw behind the fault proxy (the chaos run's store), no faults yet; the AWS_* environment

@@ -312,18 +312,108 @@ def test_a_create_whose_store_call_fails_reads_the_table_again_and_retries_while
     assert DeltaTable(str(tmp_path / "lease")).version() == 0  # created once
 
 
-def test_an_append_that_fails_in_the_store_is_a_state_error_naming_the_table(tmp_path, monkeypatch):
+def test_an_append_the_store_keeps_failing_is_a_state_error_naming_the_table(tmp_path, monkeypatch):
     import deltalake
+
+    from splitkeeper.delta import retries
 
     store = tables.StateTables(str(tmp_path / "state"))
     store.ensure("control")
+    sent = []
 
     def reset(*_args, **_kwargs):
+        sent.append(1)
         raise OSError("Generic S3 error: error sending request: connection reset by peer")
 
     monkeypatch.setattr(deltalake, "write_deltalake", reset)
+    monkeypatch.setattr(retries.time, "sleep", lambda _s: None)  # the backoff's waits, not its count
+    before = retries.counts()["state_append"]
     with pytest.raises(StateError) as err:
         store.append("control", spec("control").empty())
     text = str(err.value)
     assert text.startswith("[STATE_ERROR] the append to table control at ") and "connection reset" in text
-    assert "whether it landed is unknown: this run stops" in text
+    assert f"failed in the store {tables.APPEND_ATTEMPTS} times" in text and "nothing of it committed" in text
+    assert len(sent) == tables.APPEND_ATTEMPTS  # sent again while the table does not record it
+    assert retries.counts()["state_append"] == before + tables.APPEND_ATTEMPTS - 1
+    assert DeltaTable(store.uri("control")).version() == 0  # nothing landed
+
+
+def _control_row(note: str) -> pa.Table:
+    from datetime import UTC, datetime
+
+    return spec("control").rows(
+        [{"pipeline": "orders", "request": "stop", "requested_at": datetime.now(UTC), "requested_by": note}]
+    )
+
+
+def test_an_append_whose_answer_is_lost_after_it_landed_is_in_the_table_once(tmp_path, monkeypatch):
+    """What object_store does after a reset that cut the answer to a put that landed: it sends the
+    put again, meets its own ``_delta_log/N.json`` and delta-rs rebases the append onto N+1. The
+    append's app transaction turns that copy into a conflict, and the append is found landed."""
+    import deltalake
+
+    real = deltalake.write_deltalake
+    store = tables.StateTables(str(tmp_path / "state"))
+    store.ensure("control")
+    store.append("control", _control_row("first"))
+    copies = []
+
+    def landed_then_sent_again(table, data, **kwargs):
+        real(DeltaTable(table.table_uri), data, **kwargs)  # the put landed (version N)...
+        try:
+            real(table, data, **kwargs)  # ...and the resend, on the snapshot before it, is rebased
+        except deltalake.exceptions.CommitFailedError as err:
+            copies.append(err)
+            raise
+        copies.append("committed twice")
+
+    monkeypatch.setattr(deltalake, "write_deltalake", landed_then_sent_again)
+    store.append("control", _control_row("second"))
+    assert len(copies) == 1 and isinstance(copies[0], deltalake.exceptions.CommitFailedError), copies
+    table = DeltaTable(store.uri("control"))
+    assert sorted(table.to_pyarrow_table().column("requested_by").to_pylist()) == ["first", "second"]
+    assert table.version() == 2 and table.transaction_version(store.append_app_id) == 2
+
+
+def test_an_append_that_failed_before_it_landed_is_sent_again_and_lands_once(tmp_path, monkeypatch):
+    import deltalake
+
+    from splitkeeper.delta import retries
+
+    real = deltalake.write_deltalake
+    store = tables.StateTables(str(tmp_path / "state"))
+    store.ensure("control")
+    sent = []
+
+    def fails_twice(table, data, **kwargs):
+        sent.append(1)
+        if len(sent) <= 2:
+            raise OSError("Generic S3 error: HTTP 503 SlowDown")
+        real(table, data, **kwargs)
+
+    monkeypatch.setattr(deltalake, "write_deltalake", fails_twice)
+    monkeypatch.setattr(retries.time, "sleep", lambda _s: None)
+    before = retries.counts()["state_append"]
+    store.append("control", _control_row("only"))
+    assert len(sent) == 3 and retries.counts()["state_append"] == before + 2
+    table = DeltaTable(store.uri("control"))
+    assert table.to_pyarrow_table().column("requested_by").to_pylist() == ["only"] and table.version() == 1
+
+
+def test_each_writer_numbers_its_appends_under_its_own_app_id(tmp_path):
+    root = str(tmp_path / "state")
+    first, second = tables.StateTables(root), tables.StateTables(root)
+    first.ensure("control")
+    for store, note in ((first, "a1"), (second, "b1"), (first, "a2")):
+        store.append("control", _control_row(note))
+    table = DeltaTable(first.uri("control"))
+    assert first.append_app_id != second.append_app_id
+    assert first.append_app_id.startswith(tables.APPEND_APP_ID)
+    assert (
+        table.transaction_version(first.append_app_id),
+        table.transaction_version(second.append_app_id),
+    ) == (
+        2,
+        1,
+    )
+    assert sorted(table.to_pyarrow_table().column("requested_by").to_pylist()) == ["a1", "a2", "b1"]

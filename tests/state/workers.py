@@ -71,3 +71,27 @@ def take_lease(root: str, host: str, barrier: Any, results: Any) -> None:
         results.put((host, "refused", str(err)))
     except BaseException:  # noqa: BLE001
         results.put((host, "error", traceback.format_exc()))
+
+
+def state_appender(root: str, notes: list[str], results: Any) -> None:
+    """Append one control row per note through :meth:`StateTables.append` (its own process: the test's
+    fault proxy is a thread of the test process)."""
+    from datetime import UTC, datetime
+
+    from splitkeeper.delta.schemas import spec
+    from splitkeeper.delta.tables import StateTables
+
+    try:
+        store = StateTables(root)
+        store.ensure("control")
+        for note in notes:
+            row = {
+                "pipeline": "orders",
+                "request": "stop",
+                "requested_at": datetime.now(UTC),
+                "requested_by": note,
+            }
+            store.append("control", spec("control").rows([row]))
+        results.put(("appended", store.append_app_id))
+    except BaseException:  # noqa: BLE001 - reported to the test
+        results.put(("error", traceback.format_exc()))
