@@ -142,7 +142,13 @@ def test_a_chaos_run_on_a_faulty_object_store_loses_and_duplicates_nothing(tmp_p
     assert sum(store["faults"].values()) < 0.15 * store["requests"]  # ~6% of the requests faulted
     # resets reach Delta commits too (before and after forwarding); the drivers' own retries, by operation
     assert set(store["conditional_put_resets"]) == {"before_forwarding", "after_forwarding"}
-    assert set(store["driver_retries"]) == {"fence_reread", "table_create", "store_probe", "lease_heartbeat"}
+    assert set(store["driver_retries"]) == {
+        "fence_reread",
+        "table_create",
+        "state_append",
+        "store_probe",
+        "lease_heartbeat",
+    }
     print("store block:", json.dumps(store))  # shown with -s
     # by content: every message once in the sink or the dead letters, byte for byte
     assert (result["records_in_sink"], result["dead_letters"], result["dead_letters_expected"]) == (198, 2, 2)
@@ -226,6 +232,28 @@ class _AskedRunner(SimRegionRunner):
     def run(self, epoch: int, plan: EpochPlan, timeout_s: float) -> dict[int, RegionRun]:
         self.asked[epoch] = {r for r, ranges in plan.items() if ranges}
         return super().run(epoch, plan, timeout_s)
+
+
+def test_an_act_that_the_store_fails_before_its_faults_came_due_is_played_again() -> None:
+    """A driver the store failed before any fault of its act came due is played again (bounded by
+    ACT_REPLAYS); one that failed later, was SIGKILLed or ended well is not."""
+    from splitkeeper.tools.chaos.processes import EpochLine, RunOutcome
+    from splitkeeper.tools.chaos.runner import KafkaChaos
+
+    faults, ingest = draw_schedule(7, Tuning(200), pause=True)[:2]
+    first_due = min(f.epoch for f in faults.region_faults)
+    assert first_due == 2
+
+    def out(returncode: int, *epochs: int) -> RunOutcome:
+        return RunOutcome(
+            "x", [], returncode=returncode, epochs=[EpochLine(e, "global", 4, {}) for e in epochs]
+        )
+
+    again = KafkaChaos._failed_before_its_faults
+    assert again(faults, out(1)) and again(ingest, out(1))  # failed at open
+    assert again(faults, out(1, 1)) is False  # epoch 1 done: the faults' epoch 2 may have begun
+    assert again(ingest, out(1, 7)) is False  # an ingest act's faults come with its epochs
+    assert not again(faults, out(-9)) and not again(faults, out(0)) and not again(ingest, out(2, 7))
 
 
 def test_the_reliability_schedule_adds_a_paused_driver_whose_crash_comes_after_the_takeover() -> None:

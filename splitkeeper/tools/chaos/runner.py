@@ -40,6 +40,9 @@ from splitkeeper.tools.kafka_testbed import (
 TOPIC_PARTITIONS = (5, 3)  # two topics, 8 partitions in all
 FIRST_SHARE = 0.7  # produced before the first driver; the rest in one share per ingest process
 CRASH_RETRIES = 2  # a driver that did not reach its crash point (it failed first) is run again
+#: An act whose driver failed before its faults came due (the store failed it: at a 2% fault rate of
+#: each kind a driver meets several store faults) is played again as it was, up to this often.
+ACT_REPLAYS = 5
 MAX_FINAL_RUNS = 12
 #: ``errors.max_bad_ratio`` of a run with ``--bad-records``: a region's epoch may read a single
 #: record, a malformed one, so any lower limit could fail a region by chance; the guard itself is
@@ -399,11 +402,13 @@ class KafkaChaos:
         live = self._live_faults(act)
         env = {CRASH_ENV: f"{act.crash.value}@{crash_epoch}+"}
         out = self._launch(act.label, argv, env, live)
-        if not out.killed and not out.epochs and out.returncode not in (0, None):
-            # it failed before its first epoch (a store error at open): none of its faults came due
-            # yet, so the act is played again as it was, faults and all (its epochs are still ahead)
-            say(f"[{act.label}] exit {out.returncode} before its first epoch: the act runs again")
-            out = self._launch(f"{act.label}-again", argv, env, live)
+        replays = 0
+        while self._failed_before_its_faults(act, out) and replays < ACT_REPLAYS:
+            # it failed (a store error) before any of its faults came due: the act is played again as
+            # it was, faults and all (their epochs, and its crash epoch, are absolute and still ahead)
+            replays += 1
+            say(f"[{act.label}] exit {out.returncode} before its faults came due: act again ({replays})")
+            out = self._launch(f"{act.label}-again{replays}", argv, env, live)
         for fault in live:
             fault.join()
             if isinstance(fault, BrokerKill):
@@ -422,6 +427,18 @@ class KafkaChaos:
                 {CRASH_ENV: f"{act.crash.value}@{crash_epoch}+"},
             )
         self.faults.append(self._crash(act, out, crash_epoch))
+
+    @staticmethod
+    def _failed_before_its_faults(act: Act, out: RunOutcome) -> bool:
+        """Whether ``out`` failed (not SIGKILLed, not 0) before any fault of ``act`` came due: before
+        its first epoch, or, for the act with the region faults, before the epoch of its first one
+        started (its live faults come due in those epochs too)."""
+        if out.killed or out.returncode in (0, None):
+            return False
+        due = min((f.epoch for f in act.region_faults), default=None)
+        if due is None:
+            return not out.epochs
+        return max((e.epoch for e in out.epochs), default=0) < due - 1
 
     def _region_faults(self, act: Act, out: RunOutcome) -> list[Fault]:
         """The region faults the driver injected itself; the worker kill is WorkerKill's."""
