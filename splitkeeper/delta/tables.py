@@ -583,9 +583,10 @@ class StateTables:
                     retries.back_off("state_append", attempt, first_s=0.5)
         raise StateError(
             f"the append to table {name} at {table.table_uri} failed in the store {APPEND_ATTEMPTS} times "
-            f"(last: {failure}), and the table does not record it: this run stops with nothing of it "
-            "committed. Run again once the store answers: the next run's open finishes or discards the "
-            "epoch from its decision record",
+            f"(last: {failure}), and the table, read again, does not record it: this run stops. A put "
+            "still in flight may yet land, once (its app transaction refuses a second copy). Run again "
+            "once the store answers: the next run's open finishes or discards the epoch from its "
+            "decision record",
             table=name,
         ) from failure
 

@@ -332,7 +332,10 @@ def test_an_append_the_store_keeps_failing_is_a_state_error_naming_the_table(tmp
         store.append("control", spec("control").empty())
     text = str(err.value)
     assert text.startswith("[STATE_ERROR] the append to table control at ") and "connection reset" in text
-    assert f"failed in the store {tables.APPEND_ATTEMPTS} times" in text and "nothing of it committed" in text
+    assert (
+        f"failed in the store {tables.APPEND_ATTEMPTS} times" in text
+        and "does not record it: this run stops" in text
+    )
     assert len(sent) == tables.APPEND_ATTEMPTS  # sent again while the table does not record it
     assert retries.counts()["state_append"] == before + tables.APPEND_ATTEMPTS - 1
     assert DeltaTable(store.uri("control")).version() == 0  # nothing landed
