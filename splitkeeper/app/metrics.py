@@ -25,10 +25,11 @@ A :class:`PipelineMetrics` is fed each epoch's :class:`~splitkeeper.core.driver.
   to its end is reported once more, at its end, then no longer updated);
 - ``splitkeeper_store_retries_total{operation}``: the retries of store calls splitkeeper itself
   made in this process (:mod:`splitkeeper.delta.retries`: the fence's re-reads after a lost
-  answer, the store probe's, the lease heartbeat's; the storage clients' own retries are not
-  seen). Unlike the other counters it starts at 0 with each run (process), which Prometheus
-  reads as a counter reset; :meth:`PipelineMetrics.close` writes the file once more (after
-  an epoch wrote it), so the retries after the last epoch are in it too.
+  answer, a state append sent again, the store probe's, the lease heartbeat's; the storage
+  clients' own retries are not seen). Unlike the other counters it starts at 0 with each run
+  (process), which Prometheus reads as a counter reset; :meth:`PipelineMetrics.close` writes the
+  file once more when an epoch wrote it or this run retried a store call, so the retries after the
+  last epoch, and those of a run the store stopped before its first epoch, are in it too.
 
 Every metric carries the label ``pipeline``. The counters are cumulative across runs: a run
 starts them from the state (:func:`seed_from_state`: the ``checkpoints`` and ``checkpoint_log``
@@ -322,6 +323,7 @@ class PipelineMetrics:
             description="retries of store calls splitkeeper made itself in this run, per operation",
         )
         self._observed = False  # an epoch was recorded (the file written) by this run
+        self._retries_at_start = _retries_counted()
         self._known: dict[str, Split] = {}  # the splits seen, as of their last checkpoint
         self._last: tuple[float, dict[str, int]] | None = None  # (time, positions) at the last checkpoint
         self.dead_letter_path = dead_letter_path
@@ -514,9 +516,10 @@ class PipelineMetrics:
             self._otlp.force_flush(timeout_millis=10_000)
 
     def close(self) -> None:
-        """Write the file once more when an epoch wrote it (what happened since: retries), then stop."""
+        """Write the file once more when an epoch wrote it (what happened since: retries) or when this
+        run retried a store call (a run the store stopped before its first epoch), then stop."""
         try:
-            if self._observed:
+            if self._observed or _retries_counted() > self._retries_at_start:
                 self.flush()
         except Exception as err:  # noqa: BLE001 - metrics never stop a run
             log.warning("pipeline %s: metrics not written at close: %s", self.pipeline, err)
@@ -524,6 +527,13 @@ class PipelineMetrics:
             self._provider.shutdown(timeout_millis=5_000)
         except Exception as err:  # noqa: BLE001
             log.warning("pipeline %s: metrics shutdown: %s", self.pipeline, err)
+
+
+def _retries_counted() -> int:
+    """The store retries this process counted so far (:mod:`splitkeeper.delta.retries`), all operations."""
+    from splitkeeper.delta import retries
+
+    return sum(retries.counts().values())
 
 
 class _Collector:

@@ -318,10 +318,18 @@ def test_a_retry_of_a_store_call_counts_into_splitkeeper_store_retries_total(tmp
     assert result.metadata["attempt_id"] == "a"  # the commit stands, once
     after = retries.counts()
     assert after == {**before, "fence_reread": before["fence_reread"] + 1}
+    idle = PipelineMetrics("p", str(tmp_path / "idle"), seed=Seed())
+    idle.close()
+    assert not Path(metrics_path(str(tmp_path / "idle"))).exists()  # no epoch, no retry: no file
     metrics = PipelineMetrics("p", str(tmp_path / "state"), seed=Seed())
     try:
         samples = _samples(metrics.text())
+        retries.count("store_probe")  # a run the store stops before its first epoch retried meanwhile
     finally:
         metrics.close()
     assert _by(samples, "splitkeeper_store_retries_total", "operation") == after
-    assert not Path(metrics_path(str(tmp_path / "state"))).exists()  # no epoch: close writes no file
+    # no epoch, but a retry of this run: close writes the file, so the retry is seen
+    written = _samples(Path(metrics_path(str(tmp_path / "state"))).read_text(encoding="utf-8"))
+    assert _by(written, "splitkeeper_store_retries_total", "operation") == {
+        **after, "store_probe": after["store_probe"] + 1
+    }  # fmt: skip
