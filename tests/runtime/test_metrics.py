@@ -221,10 +221,10 @@ def _metric_names(expr: str) -> set[str]:
     return set(re.findall(r"\bsplitkeeper_[a-z_]+\b", expr))
 
 
-def test_the_readme_quotes_the_alert_rules_of_docs_alerts_yml() -> None:
+def test_the_guide_quotes_the_alert_rules_of_docs_alerts_yml() -> None:
     rules = yaml.safe_load((REPO / "docs" / "alerts.yml").read_text(encoding="utf-8"))
     by_name = {rule["alert"]: rule for group in rules["groups"] for rule in group["rules"]}
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    readme = (REPO / "docs" / "guide.md").read_text(encoding="utf-8")
     section = readme[readme.index("Ready alert rules") :]
     block = re.search(r"```yaml\n(.*?)```", section, flags=re.S)
     assert block is not None
