@@ -146,6 +146,7 @@ def test_a_chaos_run_on_a_faulty_object_store_loses_and_duplicates_nothing(tmp_p
         "fence_reread",
         "table_create",
         "state_append",
+        "state_delete",
         "store_probe",
         "lease_heartbeat",
     }

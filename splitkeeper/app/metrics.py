@@ -25,7 +25,7 @@ A :class:`PipelineMetrics` is fed each epoch's :class:`~splitkeeper.core.driver.
   to its end is reported once more, at its end, then no longer updated);
 - ``splitkeeper_store_retries_total{operation}``: the retries of store calls splitkeeper itself
   made in this process (:mod:`splitkeeper.delta.retries`: the fence's re-reads after a lost
-  answer, a state append sent again, the store probe's, the lease heartbeat's; the storage
+  answer, a state append or delete sent again, the store probe's, the lease heartbeat's; the storage
   clients' own retries are not seen). Unlike the other counters it starts at 0 with each run
   (process), which Prometheus reads as a counter reset; :meth:`PipelineMetrics.close` writes the
   file once more when an epoch wrote it or this run retried a store call, so the retries after the

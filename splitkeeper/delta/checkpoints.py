@@ -651,9 +651,8 @@ class DeltaStateStore(StateStore, CheckpointStore):
     def discard_decision(self, epoch: int, attempt_id: str) -> None:
         """Delete the decision row ``(epoch, attempt_id)`` whose sink commit did not land."""
         self._writable(f"discard the refused decision of epoch {epoch}")
-        table = self.tables.require("decisions")
         predicate = f"epoch_id = {int(epoch)} AND attempt_id = {sql_string(attempt_id)}"
-        guarded(table.table_uri, lambda: table.delete(predicate))
+        self.tables.delete("decisions", predicate)
 
     def commit_checkpoint(
         self,

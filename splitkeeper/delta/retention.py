@@ -160,9 +160,8 @@ def delete_checkpoints(
         )
     if mid_retention is not None:
         mid_retention()
-    table = store.tables.require("checkpoints")
     ids_sql = ", ".join(str(i) for i in wanted)
-    guarded(table.table_uri, lambda: table.delete(f"checkpoint_id IN ({ids_sql})"))
+    store.tables.delete("checkpoints", f"checkpoint_id IN ({ids_sql})")
     store.forget_mirror()
 
 
@@ -179,9 +178,7 @@ def _or_pairs(pairs: Sequence[tuple[int, str]]) -> str:
 
 
 def _delete(store: DeltaStateStore, table_name: str, predicate: str) -> int:
-    table = store.tables.require(table_name)
-    metrics = guarded(table.table_uri, lambda: table.delete(predicate))
-    return int(metrics.get("num_deleted_rows") or 0)
+    return store.tables.delete(table_name, predicate)
 
 
 def compact(store: DeltaStateStore, *, mid_compaction: Callable[[], None] | None = None) -> Compaction:

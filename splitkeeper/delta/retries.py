@@ -12,6 +12,8 @@ each retry calls :func:`count` with its operation (:data:`OPERATIONS`):
 - ``state_append``: an append to a state table failed in the store and the table, read again,
   does not record it: it is sent again with the same app transaction
   (:meth:`splitkeeper.delta.tables.StateTables.append`, rule 4);
+- ``state_delete``: a delete of settled rows of a state table failed (in the store, or refused as
+  a copy of itself that had landed): the table is read again and the delete sent again (rule 5);
 - ``store_probe``: the store probe's request answered 5xx or not at all, sent again
   (:mod:`splitkeeper.delta.probe`);
 - ``lease_heartbeat``: a failed lease heartbeat, tried again while the ttl lasts
@@ -31,7 +33,14 @@ from collections import Counter
 
 __all__ = ["OPERATIONS", "back_off", "count", "counts"]
 
-OPERATIONS = ("fence_reread", "table_create", "state_append", "store_probe", "lease_heartbeat")
+OPERATIONS = (
+    "fence_reread",
+    "table_create",
+    "state_append",
+    "state_delete",
+    "store_probe",
+    "lease_heartbeat",
+)
 
 _lock = threading.Lock()
 _counts: Counter[str] = Counter()

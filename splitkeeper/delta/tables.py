@@ -34,10 +34,17 @@ Rules:
    both land (:data:`APPEND_ATTEMPTS` in all, each an ``state_append`` retry of
    :mod:`splitkeeper.delta.retries`), then a StateError naming the table and the store's error.
    The cost is one ``txn`` entry per writing process in each table it appends to.
+5. :meth:`StateTables.delete` deletes the rows a predicate names, whatever the store does to its
+   answer. Its predicates name settled rows only (a refused decision, checkpoints retention
+   removes, rows below the oldest kept epoch), which no later write adds again, so a delete is
+   idempotent: one whose store call failed, or whose resent copy delta-rs refused because its own
+   first copy had landed (a delete meeting a delete of the same files), is read again and sent
+   again (:data:`APPEND_ATTEMPTS` in all, each a ``state_delete`` retry), then a StateError.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import logging
@@ -587,6 +594,33 @@ class StateTables:
             "still in flight may yet land, once (its app transaction refuses a second copy). Run again "
             "once the store answers: the next run's open finishes or discards the epoch from its "
             "decision record",
+            table=name,
+        ) from failure
+
+    def delete(self, name: str, predicate: str) -> int:
+        """Delete the rows of ``name`` that ``predicate`` (a delta-rs SQL predicate over settled rows)
+        names, landed whatever the store does to the answer (rule 5); the rows the landing call deleted."""
+        from deltalake.exceptions import CommitFailedError
+
+        self._refuse_write(f"delete from table {name}")
+        table = self.require(name)
+        for attempt in range(APPEND_ATTEMPTS):
+            try:
+                metrics = guarded(table.table_uri, lambda: table.delete(predicate))
+                return int(metrics.get("num_deleted_rows") or 0)
+            except (CommitFailedError, OSError) as err:  # guarded() named the OS refusals
+                failure = err
+            if attempt + 1 < APPEND_ATTEMPTS:
+                log.warning(
+                    "the delete from table %s failed (%s): reading it again and retrying", name, failure
+                )
+                retries.back_off("state_delete", attempt, first_s=0.5)
+                with contextlib.suppress(OSError):  # the next delete finds out
+                    refresh(table)
+        raise StateError(
+            f"the delete from table {name} at {table.table_uri} ({predicate}) failed in the store "
+            f"{APPEND_ATTEMPTS} times (last: {failure}): this run stops; what it deletes are settled rows, "
+            "so the next run deletes them again. Run again once the store answers",
             table=name,
         ) from failure
 

@@ -403,6 +403,64 @@ def test_an_append_that_failed_before_it_landed_is_sent_again_and_lands_once(tmp
     assert table.to_pyarrow_table().column("requested_by").to_pylist() == ["only"] and table.version() == 1
 
 
+def test_a_delete_whose_answer_is_lost_after_it_landed_ends_with_the_rows_deleted(tmp_path, monkeypatch):
+    """A delete that landed and whose resent copy delta-rs refuses (a delete meeting a delete of the
+    same files): the table is read again and the delete sent again, which finds nothing more to do."""
+    import deltalake
+
+    from splitkeeper.delta import retries
+
+    store = tables.StateTables(str(tmp_path / "state"))
+    store.ensure("control")
+    for note in ("keep", "drop", "drop"):
+        store.append("control", _control_row(note))
+    real = deltalake.DeltaTable.delete
+    copies = []
+
+    def landed_then_sent_again(table, predicate=None, **kwargs):
+        if not copies:
+            real(DeltaTable(table.table_uri), predicate, **kwargs)  # the delete landed...
+            try:
+                real(table, predicate, **kwargs)  # ...and its copy, on the snapshot before it
+            except deltalake.exceptions.CommitFailedError as err:
+                copies.append(err)
+                raise
+            copies.append("deleted twice")
+        return real(table, predicate, **kwargs)
+
+    monkeypatch.setattr(deltalake.DeltaTable, "delete", landed_then_sent_again)
+    monkeypatch.setattr(retries.time, "sleep", lambda _s: None)
+    before = retries.counts()["state_delete"]
+    assert store.delete("control", "requested_by = 'drop'") == 0  # the landing call was the first
+    assert len(copies) == 1 and isinstance(copies[0], deltalake.exceptions.CommitFailedError), copies
+    assert retries.counts()["state_delete"] == before + 1
+    table = DeltaTable(store.uri("control"))
+    assert table.to_pyarrow_table().column("requested_by").to_pylist() == ["keep"]
+
+
+def test_a_delete_the_store_keeps_failing_is_a_state_error_and_deletes_nothing(tmp_path, monkeypatch):
+    import deltalake
+
+    from splitkeeper.delta import retries
+
+    store = tables.StateTables(str(tmp_path / "state"))
+    store.ensure("control")
+    store.append("control", _control_row("drop"))
+
+    def reset(*_args, **_kwargs):
+        raise OSError("Generic S3 error: error sending request: connection reset by peer")
+
+    monkeypatch.setattr(deltalake.DeltaTable, "delete", reset)
+    monkeypatch.setattr(retries.time, "sleep", lambda _s: None)
+    with pytest.raises(StateError) as err:
+        store.delete("control", "requested_by = 'drop'")
+    text = str(err.value)
+    assert text.startswith("[STATE_ERROR] the delete from table control at ") and "connection reset" in text
+    assert f"failed in the store {tables.APPEND_ATTEMPTS} times" in text and "deletes them again" in text
+    monkeypatch.undo()
+    assert DeltaTable(store.uri("control")).to_pyarrow_table().column("requested_by").to_pylist() == ["drop"]
+
+
 def test_each_writer_numbers_its_appends_under_its_own_app_id(tmp_path):
     root = str(tmp_path / "state")
     first, second = tables.StateTables(root), tables.StateTables(root)
