@@ -81,7 +81,7 @@ from splitkeeper.core.types import (
     RegionOutcome,
 )
 from splitkeeper.delta import serde, storage
-from splitkeeper.delta.fence import fenced_commit, recorded_commit
+from splitkeeper.delta.fence import COMMIT_SENDS, fenced_commit, recorded_commit
 from splitkeeper.delta.history import StateHistory, snapshot_rows
 from splitkeeper.delta.schemas import STATE_TABLES, spec
 from splitkeeper.delta.tables import StateTables, guarded, sql_string
@@ -615,6 +615,7 @@ class DeltaStateStore(StateStore, CheckpointStore):
                 version_key="plan_epoch",
                 attempt=uuid.uuid4().hex,
                 what="epoch",
+                sends=COMMIT_SENDS,  # the write only commits its rows (fence step 6)
             )
         except ConcurrentRunError as err:
             raise self._plan_conflict(epoch, self.latest_plan_epoch()) from err
@@ -744,6 +745,7 @@ class DeltaStateStore(StateStore, CheckpointStore):
                 version_key="checkpoint_id",
                 attempt=decision.attempt_id,
                 what="checkpoint",
+                sends=COMMIT_SENDS,  # the write only commits its rows (fence step 6)
             )
         except ConcurrentRunError as err:
             with self._lock:

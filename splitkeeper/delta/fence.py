@@ -40,6 +40,13 @@ Every "only one run may do this" rule of splitkeeper is this one function:
    redoes or discards it from the decision record, protocol rule 5.4). Anything else is a
    conflict (step 4). Each re-read counts as a retry (:mod:`splitkeeper.delta.retries`,
    ``fence_reread``).
+6. ``sends`` > 1, for a ``write`` that only commits (a row append: the plan, the checkpoint row):
+   a commit step 5 found not landed is sent again, on the table as read again, with the same
+   ``Transaction(app_id, version)`` and attempt, up to ``sends`` times in all (each a
+   ``fence_resend`` retry, after a backoff), before the StateError. That is safe whatever became
+   of the earlier put: if it still lands, the two meet in delta-rs's conflict check and step 4
+   finds its own attempt's commit (a replay). The sink's write moves the epoch's files first,
+   which must happen once, so its commit is sent once and the next run settles it (rule 5.4).
 
 The commit's custom metadata carries ``app_id``, ``version_key: version`` and
 ``attempt_id`` (when given) plus the caller's keys; :func:`recorded_commit` finds
@@ -61,7 +68,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from deltalake import DeltaTable
     from deltalake.transaction import CommitProperties
 
-__all__ = ["FenceResult", "fenced_commit", "recorded_commit"]
+__all__ = ["COMMIT_SENDS", "FenceResult", "fenced_commit", "recorded_commit"]
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +76,8 @@ log = logging.getLogger(__name__)
 RECENT_HISTORY = 64
 #: Step 5: how many times a commit whose answer was lost re-reads the table (waits 0.5, 1, 2 s).
 LOST_ANSWER_READS = 4
+#: Step 6: how many times the callers whose write only commits send a commit that did not land.
+COMMIT_SENDS = 3
 
 WriteFn = Callable[["DeltaTable", "CommitProperties"], None]
 
@@ -157,10 +166,11 @@ def fenced_commit(
     version_key: str = "txn_version",
     attempt: str | None = None,
     what: str = "version",
+    sends: int = 1,
 ) -> FenceResult:
     """Commit ``version`` of ``app_id`` with ``write`` if and only if the recorded version is ``expected``.
 
-    See the module doc for the four steps. ``what`` names the version in messages
+    See the module doc for the steps (``sends``: step 6). ``what`` names the version in messages
     ("epoch", "checkpoint", ...). ``write`` must make exactly one commit on the table
     object it gets, with the commit properties it gets.
     """
@@ -204,31 +214,54 @@ def fenced_commit(
     properties = CommitProperties(app_transactions=[Transaction(app_id, version)], custom_metadata=custom)
     from splitkeeper.delta.tables import guarded
 
-    try:
-        guarded(table.table_uri, lambda: write(table, properties))
-    except (CommitFailedError, OSError) as err:
-        # step 4's loser, or step 5: the store failed (guarded() named OS refusals), did it land?
-        lost = not isinstance(err, CommitFailedError)
-        if lost:
-            retries.count("fence_reread")
-        _reread(table, LOST_ANSWER_READS if lost else 1)
-        now = table.transaction_version(app_id)
-        recorded = replay_of(now)
-        if recorded is not None:
+    for send in range(max(1, sends)):
+        try:
+            guarded(table.table_uri, lambda: write(table, properties))
+            break
+        except (CommitFailedError, OSError) as err:
+            # step 4's loser, or step 5: the store failed (guarded() named OS refusals), did it land?
+            lost = not isinstance(err, CommitFailedError)
             if lost:
+                retries.count("fence_reread")
+            _reread(table, LOST_ANSWER_READS if lost else 1)
+            now = table.transaction_version(app_id)
+            recorded = replay_of(now)
+            if recorded is not None:
+                if lost:
+                    log.warning(
+                        "the commit of %s %s to table %s raised (%s), but the table, read again, records it",
+                        what,
+                        version,
+                        table_name,
+                        err,
+                    )
+                else:
+                    log.info(
+                        "%s %s of %s was committed by another process of the same attempt",
+                        what,
+                        version,
+                        app_id,
+                    )
+                return FenceResult(app_id, version, not lost, recorded.get("version"), recorded)
+            if now != current:
+                raise _conflict(
+                    pipeline=pipeline,
+                    table_name=table_name,
+                    what=what,
+                    version=version,
+                    found=now,
+                    expected=expected,
+                ) from err
+            if lost and send + 1 < sends:  # step 6: not landed, sent again with the same transaction
                 log.warning(
-                    "the commit of %s %s to table %s raised (%s), but the table, read again, records it",
+                    "the commit of %s %s to table %s failed in the store (%s), not landed: sending it again",
                     what,
                     version,
                     table_name,
                     err,
                 )
-            else:
-                log.info(
-                    "%s %s of %s was committed by another process of the same attempt", what, version, app_id
-                )
-            return FenceResult(app_id, version, not lost, recorded.get("version"), recorded)
-        if now == current:
+                retries.back_off("fence_resend", send, first_s=0.5)
+                continue
             reason = (
                 f"failed in the store ({err}), and the table, read again, does not record it: nothing is "
                 "committed by this run. Run again: the next run's open finds out whether a commit still in "
@@ -243,9 +276,6 @@ def fenced_commit(
                 table=table_name,
                 epoch_id=version,
             ) from err
-        raise _conflict(
-            pipeline=pipeline, table_name=table_name, what=what, version=version, found=now, expected=expected
-        ) from err
     from splitkeeper.delta.tables import refresh
 
     refresh(table)  # a transaction commit does not advance the table object itself

@@ -7,6 +7,9 @@ each retry calls :func:`count` with its operation (:data:`OPERATIONS`):
 - ``fence_reread``: a Delta commit whose store call failed (its answer may be lost) re-reads the
   table to find out whether it landed (:mod:`splitkeeper.delta.fence` step 5), again while the
   re-read fails;
+- ``fence_resend``: a Delta commit that only commits a row (an epoch's plan, a checkpoint row)
+  failed in the store and, read again, had not landed: it is sent again with the same app
+  transaction (:mod:`splitkeeper.delta.fence` step 6);
 - ``table_create``: creating a table (version 0) failed in the store: the table is read again,
   and created again while it is not there (:func:`splitkeeper.delta.tables.ensure_table`);
 - ``state_append``: an append to a state table failed in the store and the table, read again,
@@ -35,6 +38,7 @@ __all__ = ["OPERATIONS", "back_off", "count", "counts"]
 
 OPERATIONS = (
     "fence_reread",
+    "fence_resend",
     "table_create",
     "state_append",
     "state_delete",

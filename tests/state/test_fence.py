@@ -44,7 +44,7 @@ def _append(tag: str):
     return write
 
 
-def _commit(uri_or_table, version, expected, tag, attempt=None, write=None):
+def _commit(uri_or_table, version, expected, tag, attempt=None, write=None, sends=1):
     target = DeltaTable(uri_or_table) if isinstance(uri_or_table, str) else uri_or_table
     return fenced_commit(
         target,
@@ -57,6 +57,7 @@ def _commit(uri_or_table, version, expected, tag, attempt=None, write=None):
         metadata={"note": tag},
         attempt=attempt if attempt is not None else tag,
         what="epoch",
+        sends=sends,
     )
 
 
@@ -158,6 +159,68 @@ def test_a_commit_whose_answer_is_lost_and_did_not_land_says_so_and_the_next_com
     assert DeltaTable(table).transaction_version("orders") == 1 and _rows(table) == ["run-a"]
     assert not _commit(table, 2, 1, "run-a2").replayed  # the next run commits the epoch
     assert _rows(table) == ["run-a", "run-a2"]
+
+
+def test_a_commit_that_did_not_land_is_sent_again_with_its_transaction_and_lands_once(table, monkeypatch):
+    """Step 6: with ``sends``, a row commit the store failed before it landed is sent again (a
+    fence_resend retry) on the table as read again, and lands once."""
+    from splitkeeper.delta import retries
+
+    monkeypatch.setattr(retries.time, "sleep", lambda _s: None)
+    _commit(table, 1, None, "run-a")
+    sent = []
+    landing = _append("run-a2")
+
+    def fails_once(target, properties):
+        sent.append(properties.app_transactions[0].version)
+        if len(sent) == 1:
+            raise OSError("Generic S3 error: error sending request: connection reset by peer")
+        landing(target, properties)
+
+    before = retries.counts()
+    result = _commit(table, 2, 1, "run-a2", write=fails_once, sends=3)
+    assert sent == [2, 2] and not result.replayed and result.metadata["attempt_id"] == "run-a2"
+    assert retries.counts()["fence_resend"] == before["fence_resend"] + 1
+    assert _rows(table) == ["run-a", "run-a2"] and DeltaTable(table).transaction_version("orders") == 2
+
+
+def test_a_resent_commit_whose_first_copy_landed_late_is_that_commit_not_a_second(table, monkeypatch):
+    """Step 6's safety: the first put was only slow and lands while the commit is sent again; the two
+    meet in delta-rs's conflict check and the fence finds its own attempt's commit: one row."""
+    from splitkeeper.delta import retries
+
+    monkeypatch.setattr(retries.time, "sleep", lambda _s: None)
+    _commit(table, 1, None, "run-a")
+    sent = []
+    landing = _append("run-a2")
+
+    def first_lands_late(target, properties):
+        sent.append(1)
+        if len(sent) == 1:
+            raise OSError("Generic S3 error: operation timed out")
+        landing(DeltaTable(target.table_uri), properties)  # the first copy lands now...
+        landing(target, properties)  # ...and the resend, on the snapshot before it, is refused
+
+    result = _commit(table, 2, 1, "run-a2", write=first_lands_late, sends=3)
+    assert len(sent) == 2 and result.metadata["attempt_id"] == "run-a2"
+    assert _rows(table) == ["run-a", "run-a2"]  # once
+
+
+def test_a_commit_the_store_keeps_failing_is_sent_sends_times_then_a_state_error(table, monkeypatch):
+    from splitkeeper.delta import retries
+
+    monkeypatch.setattr(retries.time, "sleep", lambda _s: None)
+    _commit(table, 1, None, "run-a")
+    sent = []
+
+    def always_fails(target, properties):
+        sent.append(1)
+        raise OSError("Generic S3 error: HTTP 503 SlowDown")
+
+    with pytest.raises(StateError) as err:
+        _commit(table, 2, 1, "run-a2", write=always_fails, sends=3)
+    assert len(sent) == 3 and "does not record it: nothing is committed" in str(err.value)
+    assert _rows(table) == ["run-a"]
 
 
 def test_a_lost_answer_while_another_run_committed_the_version_is_a_conflict(table):
