@@ -16,6 +16,7 @@ import json
 import random
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -144,6 +145,7 @@ def test_a_chaos_run_on_a_faulty_object_store_loses_and_duplicates_nothing(tmp_p
     assert set(store["conditional_put_resets"]) == {"before_forwarding", "after_forwarding"}
     assert set(store["driver_retries"]) == {
         "fence_reread",
+        "fence_resend",
         "table_create",
         "state_append",
         "state_delete",
@@ -255,6 +257,43 @@ def test_an_act_that_the_store_fails_before_its_faults_came_due_is_played_again(
     assert again(faults, out(1, 1)) is False  # epoch 1 done: the faults' epoch 2 may have begun
     assert again(ingest, out(1, 7)) is False  # an ingest act's faults come with its epochs
     assert not again(faults, out(-9)) and not again(faults, out(0)) and not again(ingest, out(2, 7))
+
+
+def test_a_takeover_the_store_failed_before_it_committed_runs_again_while_the_driver_is_frozen(
+    tmp_path: Path,
+) -> None:
+    """DriverPause: the frozen driver (here a real ``sleep``, SIGSTOPped) stays frozen while a takeover
+    that exited 2 without an epoch is run again; the second's commit is the fault's evidence."""
+    from splitkeeper.tools.chaos.live import TAKEOVER_RUNS, DriverPause
+    from splitkeeper.tools.chaos.processes import EpochLine, RunOutcome
+
+    driver = subprocess.Popen(["sleep", "60"])
+    launched: list[tuple[str, str]] = []
+
+    def state(wanted: str) -> str:  # the process state letter, once it is ``wanted`` (signals are async)
+        deadline = time.monotonic() + 10
+        while True:
+            now = Path(f"/proc/{driver.pid}/stat").read_text().split(") ")[1][0]
+            if now == wanted or time.monotonic() > deadline:
+                return now
+            time.sleep(0.01)
+
+    def launch(label: str, argv: list[str]) -> RunOutcome:
+        launched.append((label, state("T")))
+        if len(launched) == 1:
+            return RunOutcome(label, argv, returncode=2, stderr="[STATE_ERROR] ... failed in the store")
+        return RunOutcome(label, argv, returncode=0, epochs=[EpochLine(9, "global", 4, {})])
+
+    pause = DriverPause("rescale-down", 8, tmp_path / "takeover.yaml", 0.0, launch)
+    try:
+        pause.inject(EpochLine(8, "global", 4, {}), driver)
+        assert [label for label, _state in launched] == ["takeover", "takeover-again1"] and TAKEOVER_RUNS >= 2
+        assert {state for _label, state in launched} == {"T"}  # frozen through both takeovers
+        assert pause.outcome is not None and pause.outcome.returncode == 0
+        assert state("S") == "S"  # SIGCONTed after: asleep again, no longer stopped
+    finally:
+        driver.kill()
+        driver.wait()
 
 
 def test_the_reliability_schedule_adds_a_paused_driver_whose_crash_comes_after_the_takeover() -> None:

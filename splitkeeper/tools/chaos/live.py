@@ -287,13 +287,19 @@ class ConcurrentDrivers(LiveFault):
         return out
 
 
+#: DriverPause: takeover runs at most, while the driver stays frozen (one the store failed before it
+#: committed is run again).
+TAKEOVER_RUNS = 3
+
+
 class DriverPause(LiveFault):
     """SIGSTOP the driver past its lease's ttl while a takeover runs; then SIGCONT it.
 
     After the driver's epoch line ``epoch`` its whole process tree (the driver, its JVM, its
     Python workers) is SIGSTOPped; a takeover ``run`` of the same pipeline (its own config file,
     whose ``lease.wait_s`` outlasts the ttl) watches the frozen holder's lease for the ttl by its
-    own clock, takes it over and commits an epoch; then the tree is SIGCONTed. The woken driver
+    own clock, takes it over and commits an epoch (one the store failed before it committed is
+    run again, up to :data:`TAKEOVER_RUNS` in all); then the tree is SIGCONTed. The woken driver
     must commit nothing more: its lease re-check before the sink commit, or the fence in the
     commit, stops it (exit 2, ``[LEASE_LOST]`` or ``[CONCURRENT_RUN]``); the verification at the
     end shows the data exact.
@@ -326,7 +332,14 @@ class DriverPause(LiveFault):
             f"after epoch {line.epoch}"
         )
         try:
-            self.outcome = self.launch("takeover", ["run", "--config", str(self.takeover), "--epochs", "1"])
+            argv = ["run", "--config", str(self.takeover), "--epochs", "1"]
+            self.outcome = self.launch("takeover", argv)
+            for again in range(1, TAKEOVER_RUNS):
+                if self.outcome.returncode in (0, -9) or any(e.completed for e in self.outcome.epochs):
+                    break
+                # the store failed the takeover before it committed (the driver is still frozen): again
+                say(f"[{self.run}] the takeover exited {self.outcome.returncode} before committing: again")
+                self.outcome = self.launch(f"takeover-again{again}", argv)
         finally:
             self.frozen_s = time.monotonic() - started
             for pid in reversed(self.stopped):
