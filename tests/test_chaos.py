@@ -28,6 +28,7 @@ from splitkeeper.core.checkpoint import CheckpointConfig
 from splitkeeper.core.driver import DriverSettings, EpochDriver
 from splitkeeper.core.ports import CrashPoint, EpochPlan, RegionRun
 from splitkeeper.core.types import CheckpointKind, Split
+from splitkeeper.delta import retries
 from splitkeeper.sim.events import RegionFailure
 from splitkeeper.sim.simulator import ReassignableSimSource, SimClock, SimEpochSink, SimRegionRunner, SimState
 from splitkeeper.sim.sink import SimulatedSink
@@ -143,15 +144,7 @@ def test_a_chaos_run_on_a_faulty_object_store_loses_and_duplicates_nothing(tmp_p
     assert sum(store["faults"].values()) < 0.15 * store["requests"]  # ~6% of the requests faulted
     # resets reach Delta commits too (before and after forwarding); the drivers' own retries, by operation
     assert set(store["conditional_put_resets"]) == {"before_forwarding", "after_forwarding"}
-    assert set(store["driver_retries"]) == {
-        "fence_reread",
-        "fence_resend",
-        "table_create",
-        "state_append",
-        "state_delete",
-        "store_probe",
-        "lease_heartbeat",
-    }
+    assert set(store["driver_retries"]) == set(retries.OPERATIONS)  # every operation, 0 included
     print("store block:", json.dumps(store))  # shown with -s
     # by content: every message once in the sink or the dead letters, byte for byte
     assert (result["records_in_sink"], result["dead_letters"], result["dead_letters_expected"]) == (198, 2, 2)

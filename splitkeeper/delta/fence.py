@@ -186,28 +186,24 @@ def fenced_commit(
             return None
         return recorded
 
-    current = table.transaction_version(app_id)
-    if current == version:
-        recorded = replay_of(current)
-        if recorded is None:
-            raise _conflict(
-                pipeline=pipeline,
-                table_name=table_name,
-                what=what,
-                version=version,
-                found=current,
-                expected=expected,
-            )
-        return FenceResult(app_id, version, True, recorded.get("version"), recorded)
-    if current != expected:
-        raise _conflict(
+    def conflict(found: int | None) -> ConcurrentRunError:
+        return _conflict(
             pipeline=pipeline,
             table_name=table_name,
             what=what,
             version=version,
-            found=current,
+            found=found,
             expected=expected,
         )
+
+    current = table.transaction_version(app_id)
+    if current == version:
+        recorded = replay_of(current)
+        if recorded is None:
+            raise conflict(current)
+        return FenceResult(app_id, version, True, recorded.get("version"), recorded)
+    if current != expected:
+        raise conflict(current)
     custom = {**(metadata or {}), "app_id": app_id, version_key: version}
     if attempt is not None:
         custom["attempt_id"] = attempt
@@ -244,14 +240,7 @@ def fenced_commit(
                     )
                 return FenceResult(app_id, version, not lost, recorded.get("version"), recorded)
             if now != current:
-                raise _conflict(
-                    pipeline=pipeline,
-                    table_name=table_name,
-                    what=what,
-                    version=version,
-                    found=now,
-                    expected=expected,
-                ) from err
+                raise conflict(now) from err
             if lost and send + 1 < sends:  # step 6: not landed, sent again with the same transaction
                 log.warning(
                     "the commit of %s %s to table %s failed in the store (%s), not landed: sending it again",
