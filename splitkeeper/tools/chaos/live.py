@@ -163,16 +163,21 @@ class WorkerKill(LiveFault):
     """SIGKILL the Python worker that runs the slow region's task of ``epoch`` while it runs.
 
     The slow region's task sleeps ``slow_s`` seconds before it reads (``--fault
-    stall:S:R@E`` within the timeout); its worker is the pyspark worker under the driver
-    that is asleep and was not asleep when epoch ``epoch - 1`` ended. Without the kill the
-    region would acknowledge; with it, Spark reports the worker lost and the region declines.
+    stall:S:R@E`` within the timeout); its worker is the driver's pyspark worker
+    (:func:`~splitkeeper.tools.chaos.processes.pyspark_workers`) that is asleep and was not asleep
+    when epoch ``epoch - 1`` ended. Without the kill the region would acknowledge; with it, Spark
+    reports the worker lost and, where it gives a task one attempt (local Spark), the region
+    declines. With ``reruns`` (a Spark standalone master: ``spark.task.maxFailures`` 4) Spark runs
+    the task again, and the region acknowledges from that attempt (only the path a finished attempt
+    reported is committed; the sink check shows nothing twice) or declines when attempts run out.
     """
 
-    def __init__(self, run: str, epoch: int, region: int, window_s: float) -> None:
+    def __init__(self, run: str, epoch: int, region: int, window_s: float, reruns: bool = False) -> None:
         super().__init__(run)
         self.epoch = epoch
         self.region = region
         self.window_s = window_s
+        self.reruns = reruns
         self.killed: tuple[int, str, str] | None = None  # pid, its ancestry, its command line
         self.after_s = 0.0
 
@@ -206,12 +211,15 @@ class WorkerKill(LiveFault):
             return [fault]
         pid, chain, _cmd = self.killed
         lost = "Python worker exited unexpectedly" in outcome.stderr
-        fault.injected = line is not None and line.failed.get(self.region) == "decline"
+        declined = line is not None and line.failed.get(self.region) == "decline"
+        rerun = self.reruns and lost and line is not None and self.region not in line.failed
+        fault.injected = declined or rerun
         fault.evidence = (
             f"pid {pid} asleep in the task's stall, SIGKILLed {self.after_s:.1f}s after epoch "
             f"{self.epoch - 1} ended: {chain}; epoch {self.epoch} "
             + ("not printed" if line is None else f"{line.kind}, failed regions {line.failed or 'none'}")
             + ("; Spark: 'Python worker exited unexpectedly'" if lost else "")
+            + (f"; Spark ran the task again and region {self.region} acknowledged" if rerun else "")
         )
         return [fault]
 
