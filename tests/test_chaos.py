@@ -154,6 +154,7 @@ def test_a_chaos_run_on_the_standalone_cluster_loses_and_duplicates_nothing(tmp_
         timeout_s=3000,
     )  # fmt: skip
 
+    (tmp_path / "chaos-stderr.log").write_text(done.stderr)  # the whole progress, beside the work folder
     result = _assert_exact_on_a_faulty_store(done)
     assert result["profile"] == "cluster" and result["spark_master"].startswith("spark://127.0.0.1:")
     spark = result["spark_cluster"]

@@ -304,7 +304,9 @@ class DriverPause(LiveFault):
     own clock, takes it over and commits an epoch; then the tree is SIGCONTed. The woken driver
     must commit nothing more: its lease re-check before the sink commit, or the fence in the
     commit, stops it (exit 2, ``[LEASE_LOST]`` or ``[CONCURRENT_RUN]``); the verification at the
-    end shows the data exact.
+    end shows the data exact. A takeover that an injected store fault stops
+    (:func:`~splitkeeper.tools.chaos.store.store_failures`) runs once more while the driver stays
+    frozen: the fault is about the woken driver, which a takeover that committed nothing cannot show.
     """
 
     def __init__(self, run: str, epoch: int, takeover: Path, ttl_s: float, launch: Launch) -> None:
@@ -322,6 +324,7 @@ class DriverPause(LiveFault):
 
     def inject(self, line: EpochLine, proc: subprocess.Popen[str]) -> None:
         from splitkeeper.tools.chaos.processes import descendants
+        from splitkeeper.tools.chaos.store import store_failures
 
         self.epoch = line.epoch
         started = time.monotonic()
@@ -334,7 +337,11 @@ class DriverPause(LiveFault):
             f"after epoch {line.epoch}"
         )
         try:
-            self.outcome = self.launch("takeover", ["run", "--config", str(self.takeover), "--epochs", "1"])
+            argv = ["run", "--config", str(self.takeover), "--epochs", "1"]
+            self.outcome = self.launch("takeover", argv)
+            if store_failures([self.outcome]):  # a store fault stopped it (--store s3): once more, frozen
+                say(f"[{self.run}] the takeover failed on the store: it runs again, the driver still frozen")
+                self.outcome = self.launch("takeover-again", argv)
         finally:
             self.frozen_s = time.monotonic() - started
             for pid in reversed(self.stopped):
