@@ -136,6 +136,51 @@ def test_a_chaos_run_on_a_faulty_object_store_loses_and_duplicates_nothing(tmp_p
         "--store", "s3", "--store-fault-rate", "0.02", "--workdir", str(tmp_path / "w"), timeout_s=1800,
     )  # fmt: skip
 
+    result = _assert_exact_on_a_faulty_store(done)
+    assert result["profile"] == "local" and result["spark_master"] == "local[2]"
+    assert "spark_cluster" not in result
+
+
+@pytest.mark.spark
+@pytest.mark.kafka
+@pytest.mark.slow
+@pytest.mark.slow_variant  # a Spark master, 2 workers and 2 executors per driver: CI cannot afford it
+@pytest.mark.skipif(versitygw_binary() is None, reason="versitygw not built (bash scripts/setup.sh cluster)")
+def test_a_chaos_run_on_the_standalone_cluster_loses_and_duplicates_nothing(tmp_path: Path) -> None:
+    """``--profile cluster``: the same run as ``--store s3`` above, every driver on a Spark standalone
+    master with 2 workers (their executors run the region tasks, and the Python worker killed is an
+    executor's)."""
+    done = chaos(
+        "--source", "kafka", "--profile", "cluster", "--messages", "200", "--seed", "7",
+        "--bad-records", "0.01", "--store-fault-rate", "0.02", "--json", "--workdir", str(tmp_path / "w"),
+        timeout_s=3000,
+    )  # fmt: skip
+
+    (tmp_path / "chaos-stderr.log").write_text(done.stderr)  # the whole progress, beside the work folder
+    result = _assert_exact_on_a_faulty_store(done)
+    assert result["profile"] == "cluster" and result["spark_master"].startswith("spark://127.0.0.1:")
+    spark = result["spark_cluster"]
+    print("spark block:", json.dumps(spark))  # shown with -s
+    assert spark["master"] == result["spark_master"]
+    # the drivers that read records (a driver starts Spark at its first epoch with ranges to read: the
+    # act with the region faults, and those receiving a share) were applications of the master, each
+    # with an executor on each worker (spark.cores.max 2, one core an executor, spread over the workers)
+    assert spark["applications"] >= 3, spark
+    for worker in ("spark-worker-1", "spark-worker-2"):
+        assert spark["workers"][worker]["applications"] == spark["applications"], spark
+    for app in (tmp_path / "w" / "cluster" / "spark" / "worker-1").glob("app-*"):
+        assert any((executor / "stderr").is_file() for executor in app.iterdir())  # the executor's log
+    # the killed Python worker was an executor's, on a Spark worker (not under the driver)
+    killed = next(f for f in result["faults_injected"] if f["kind"] == "worker_sigkill")["evidence"]
+    assert "java org.apache.spark.executor.CoarseGrainedExecutorBackend" in killed, killed
+    assert "java org.apache.spark.deploy.worker.Worker" in killed and "(the driver)" not in killed
+    assert f"drivers on {result['spark_master']}" in done.stderr
+    assert "cluster: down: stopped spark-worker-1, spark-worker-2, spark-master" in done.stderr
+
+
+def _assert_exact_on_a_faulty_store(done: subprocess.CompletedProcess[str]) -> dict[str, Any]:
+    """What a ``--messages 200 --bad-records 0.01 --store-fault-rate 0.02`` run on the object store
+    must show, whatever runs the drivers; returns its JSON."""
     assert done.returncode == 0, done.stderr[-5000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     store = result["store"]
@@ -160,6 +205,8 @@ def test_a_chaos_run_on_a_faulty_object_store_loses_and_duplicates_nothing(tmp_p
     assert "[LEASE_LOST]" in paused["evidence"] or "[CONCURRENT_RUN]" in paused["evidence"]
     assert "store faults {'slowdown': " in done.stderr
     assert "AWS_SECRET_ACCESS_KEY" not in done.stderr  # the drivers' command lines do not show the keys
+    assert "spark.authenticate.secret" not in done.stderr  # nor the Spark secret (--profile cluster)
+    return result
 
 
 @pytest.mark.parametrize("seed", range(40))
@@ -256,7 +303,7 @@ def test_a_takeover_the_store_failed_before_it_committed_runs_again_while_the_dr
     tmp_path: Path,
 ) -> None:
     """DriverPause: the frozen driver (here a real ``sleep``, SIGSTOPped) stays frozen while a takeover
-    that exited 2 without an epoch is run again; the second's commit is the fault's evidence."""
+    that a store fault stopped is run again; the second's commit is the fault's evidence."""
     from splitkeeper.tools.chaos.live import TAKEOVER_RUNS, DriverPause
     from splitkeeper.tools.chaos.processes import EpochLine, RunOutcome
 
@@ -274,7 +321,12 @@ def test_a_takeover_the_store_failed_before_it_committed_runs_again_while_the_dr
     def launch(label: str, argv: list[str]) -> RunOutcome:
         launched.append((label, state("T")))
         if len(launched) == 1:
-            return RunOutcome(label, argv, returncode=2, stderr="[STATE_ERROR] ... failed in the store")
+            return RunOutcome(
+                label,
+                argv,
+                returncode=2,
+                stderr="[STATE_ERROR] ... failed in the store (Generic S3 error: ...)",
+            )
         return RunOutcome(label, argv, returncode=0, epochs=[EpochLine(9, "global", 4, {})])
 
     pause = DriverPause("rescale-down", 8, tmp_path / "takeover.yaml", 0.0, launch)
@@ -326,12 +378,26 @@ def test_a_smaller_run_keeps_every_fault_and_shrinks_its_epochs() -> None:
         (["--source", "files"], "argument --source: invalid choice: 'files'"),
         (["--source", "kafka", "--bootstrap-servers", "localhost"], "--bootstrap-servers='localhost'"),
         (["--source", "kafka", "--store", "gcs"], "argument --store: invalid choice: 'gcs'"),
+        (["--source", "kafka", "--profile", "yarn"], "argument --profile: invalid choice: 'yarn'"),
+        (
+            ["--source", "kafka", "--profile", "cluster", "--store", "local"],
+            "[INVALID_PARAMETER] --store='local' is not allowed: s3 with --profile cluster",
+        ),
         (
             ["--source", "kafka", "--store", "s3", "--store-fault-rate", "0.5"],
             "--store-fault-rate=0.5 is not allowed: a share > 0 and <= 0.1",
         ),
     ],
-    ids=["no-messages", "too-few-messages", "unknown-source", "bad-bootstrap", "unknown-store", "fault-rate"],
+    ids=[
+        "no-messages",
+        "too-few-messages",
+        "unknown-source",
+        "bad-bootstrap",
+        "unknown-store",
+        "unknown-profile",
+        "cluster-on-a-local-store",
+        "fault-rate",
+    ],
 )
 def test_bad_input_exits_2_naming_the_option_before_anything_starts(argv: list[str], message: str) -> None:
     done = chaos(*argv, timeout_s=120)
@@ -393,7 +459,78 @@ def test_store_s3_without_the_local_s3_server_exits_2_naming_how_to_build_it(tmp
     assert "bash scripts/setup.sh cluster" in done.stderr and "starting a Kafka broker" not in done.stderr
 
 
+def test_profile_cluster_without_the_local_s3_server_exits_2_naming_the_profile(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "splitkeeper", "chaos", "--source", "kafka", "--profile", "cluster"],
+        env=subprocess_env(SPLITKEEPER_TOOLS_DIR=str(tmp_path)),  # no versitygw there
+        cwd=str(REPO),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "[INVALID_PARAMETER] --profile='cluster' is not allowed" in done.stderr
+    assert "bash scripts/setup.sh cluster" in done.stderr and "starting a Kafka broker" not in done.stderr
+
+
+def test_profile_cluster_without_spark_exits_2_naming_the_profile_before_anything_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import splitkeeper.tools.chaos as chaos_cli
+    from splitkeeper import cli
+
+    monkeypatch.setattr(chaos_cli, "versitygw_binary", lambda: tmp_path / "versitygw")  # the store is there
+    monkeypatch.setattr("splitkeeper.tools.cluster.local.spark_home", lambda: tmp_path)  # no bin/spark-class
+    code = cli.main(["chaos", "--source", "kafka", "--profile", "cluster", "--workdir", str(tmp_path / "w")])
+
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "[INVALID_PARAMETER] --profile='cluster' is not allowed" in err
+    assert f"{tmp_path / 'bin' / 'spark-class'} is missing" in err
+    assert not (tmp_path / "w").exists()  # nothing started, not even the work folder
+
+
 def test_bad_records_share_is_checked_before_anything_starts() -> None:
     done = chaos("--source", "kafka", "--bad-records", "0.7", timeout_s=120)
     assert done.returncode == 2 and "--bad-records=0.7 is not allowed" in done.stderr
     assert "starting a Kafka broker" not in done.stderr
+
+
+def test_a_drivers_python_workers_are_found_by_its_tag_off_its_process_tree_too() -> None:
+    """``--profile cluster``: an executor's ``pyspark.daemon`` is a child of a Spark worker, not of the
+    driver; it carries the driver's tag (``spark.executorEnv``), and only that driver's are its workers."""
+    import os
+    import time
+
+    from splitkeeper.tools.chaos.processes import DRIVER_TAG_ENV, ancestry, in_sleep, pyspark_workers
+
+    # a "daemon" forks a "worker" that sleeps, as pyspark.daemon forks its workers
+    daemon = "import os, time\nif os.fork() == 0:\n    time.sleep(60)\nelse:\n    time.sleep(60)\n"
+    env = {k: v for k, v in os.environ.items() if k != DRIVER_TAG_ENV}
+    driver = [sys.executable, "-c", "import time; time.sleep(60)"]
+    procs = [
+        subprocess.Popen(driver, env={**env, DRIVER_TAG_ENV: "a"}),
+        subprocess.Popen([sys.executable, "-c", daemon, "pyspark.daemon"], env={**env, DRIVER_TAG_ENV: "a"}),
+        subprocess.Popen([sys.executable, "-c", daemon, "pyspark.daemon"], env={**env, DRIVER_TAG_ENV: "b"}),
+    ]
+    try:
+        deadline = time.monotonic() + 20
+        while len(workers := pyspark_workers(procs[0].pid)) < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(workers) == 1, workers  # the worker forked by driver a's daemon, not driver b's
+        worker = workers[0]
+        assert worker not in (p.pid for p in procs)
+        chain = ancestry(worker, procs[0].pid)  # worker <- its daemon <- the first process without the tag
+        assert chain.startswith(f"{worker} (python -c ") and f"<- {procs[1].pid} (python -c " in chain
+        assert f"<- {os.getpid()} (" in chain and "(the driver)" not in chain
+        deadline = time.monotonic() + 10
+        while not in_sleep(worker) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert in_sleep(worker)
+        # untagged (this process): its descendants are its workers, as local Spark's under a driver
+        assert worker in pyspark_workers(os.getpid()) and len(pyspark_workers(os.getpid())) == 2
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()

@@ -106,6 +106,33 @@ def test_the_env_file_sources_the_credentials_and_holds_no_secret(tmp_path):
     assert settings.master.startswith("spark://127.0.0.1:") and settings.uses_s3a
 
 
+def test_a_spark_only_cluster_gives_its_drivers_the_master_and_authentication_and_no_s3a(tmp_path):
+    """``up_spark``'s files and client environment (no process started here)."""
+    from splitkeeper.spark.session import SparkSettings
+    from splitkeeper.tools.cluster.local import SPARK_PORT_NAMES, SPARK_SERVICES
+
+    cluster = LocalCluster(tmp_path / "c")
+    (cluster.root / "spark").mkdir(parents=True)
+    cluster._creds = Credentials.generate()
+    cluster._creds.save(cluster.layout.credentials)
+    state = ClusterState(root=str(cluster.root), ports=choose_ports(None, SPARK_PORT_NAMES), spark_only=True)
+    cluster.layout.state_file.write_text(json.dumps(state.__dict__))
+    cluster._state = state
+    cluster._write_spark_files(state)
+    env = cluster.spark_client_env()
+    settings = SparkSettings.from_env(env)
+    conf = dict(settings.extra_conf)
+    assert settings.master == cluster.spark_master_url() == f"spark://127.0.0.1:{state.ports['spark_master']}"
+    assert conf["spark.authenticate"] == "true"
+    assert conf["spark.authenticate.secret"] == cluster._creds.spark_auth_secret
+    assert not settings.uses_s3a and not any(k.startswith("AWS_") for k in env)
+    text = cluster.layout.env_file.read_text()  # the env file: Spark only, no secret
+    assert "SPLITKEEPER_SPARK_MASTER" in text and "AIRFLOW" not in text
+    assert not any(v in text for v in cluster._creds.values())
+    assert [s.name for s in cluster.status()] == list(SPARK_SERVICES)  # none running
+    assert not any(s.running for s in cluster.status())
+
+
 def test_log_tails_are_scrubbed_of_every_secret(tmp_path):
     cluster = _fake_cluster(tmp_path)
     cluster.layout.logs.mkdir()

@@ -163,16 +163,21 @@ class WorkerKill(LiveFault):
     """SIGKILL the Python worker that runs the slow region's task of ``epoch`` while it runs.
 
     The slow region's task sleeps ``slow_s`` seconds before it reads (``--fault
-    stall:S:R@E`` within the timeout); its worker is the pyspark worker under the driver
-    that is asleep and was not asleep when epoch ``epoch - 1`` ended. Without the kill the
-    region would acknowledge; with it, Spark reports the worker lost and the region declines.
+    stall:S:R@E`` within the timeout); its worker is the driver's pyspark worker
+    (:func:`~splitkeeper.tools.chaos.processes.pyspark_workers`) that is asleep and was not asleep
+    when epoch ``epoch - 1`` ended. Without the kill the region would acknowledge; with it, Spark
+    reports the worker lost and, where it gives a task one attempt (local Spark), the region
+    declines. With ``reruns`` (a Spark standalone master: ``spark.task.maxFailures`` 4) Spark runs
+    the task again, and the region acknowledges from that attempt (only the path a finished attempt
+    reported is committed; the sink check shows nothing twice) or declines when attempts run out.
     """
 
-    def __init__(self, run: str, epoch: int, region: int, window_s: float) -> None:
+    def __init__(self, run: str, epoch: int, region: int, window_s: float, reruns: bool = False) -> None:
         super().__init__(run)
         self.epoch = epoch
         self.region = region
         self.window_s = window_s
+        self.reruns = reruns
         self.killed: tuple[int, str, str] | None = None  # pid, its ancestry, its command line
         self.after_s = 0.0
 
@@ -206,12 +211,15 @@ class WorkerKill(LiveFault):
             return [fault]
         pid, chain, _cmd = self.killed
         lost = "Python worker exited unexpectedly" in outcome.stderr
-        fault.injected = line is not None and line.failed.get(self.region) == "decline"
+        declined = line is not None and line.failed.get(self.region) == "decline"
+        rerun = self.reruns and lost and line is not None and self.region not in line.failed
+        fault.injected = declined or rerun
         fault.evidence = (
             f"pid {pid} asleep in the task's stall, SIGKILLed {self.after_s:.1f}s after epoch "
             f"{self.epoch - 1} ended: {chain}; epoch {self.epoch} "
             + ("not printed" if line is None else f"{line.kind}, failed regions {line.failed or 'none'}")
             + ("; Spark: 'Python worker exited unexpectedly'" if lost else "")
+            + (f"; Spark ran the task again and region {self.region} acknowledged" if rerun else "")
         )
         return [fault]
 
@@ -287,8 +295,7 @@ class ConcurrentDrivers(LiveFault):
         return out
 
 
-#: DriverPause: takeover runs at most, while the driver stays frozen (one the store failed before it
-#: committed is run again).
+#: DriverPause: takeover runs at most while the driver stays frozen (one a store fault stopped runs again).
 TAKEOVER_RUNS = 3
 
 
@@ -298,11 +305,13 @@ class DriverPause(LiveFault):
     After the driver's epoch line ``epoch`` its whole process tree (the driver, its JVM, its
     Python workers) is SIGSTOPped; a takeover ``run`` of the same pipeline (its own config file,
     whose ``lease.wait_s`` outlasts the ttl) watches the frozen holder's lease for the ttl by its
-    own clock, takes it over and commits an epoch (one the store failed before it committed is
-    run again, up to :data:`TAKEOVER_RUNS` in all); then the tree is SIGCONTed. The woken driver
+    own clock, takes it over and commits an epoch; then the tree is SIGCONTed. The woken driver
     must commit nothing more: its lease re-check before the sink commit, or the fence in the
     commit, stops it (exit 2, ``[LEASE_LOST]`` or ``[CONCURRENT_RUN]``); the verification at the
-    end shows the data exact.
+    end shows the data exact. A takeover that an injected store fault stops
+    (:func:`~splitkeeper.tools.chaos.store.store_failures`) runs again while the driver stays
+    frozen, up to :data:`TAKEOVER_RUNS` in all: the fault is about the woken driver, which a
+    takeover that committed nothing cannot show.
     """
 
     def __init__(self, run: str, epoch: int, takeover: Path, ttl_s: float, launch: Launch) -> None:
@@ -320,6 +329,7 @@ class DriverPause(LiveFault):
 
     def inject(self, line: EpochLine, proc: subprocess.Popen[str]) -> None:
         from splitkeeper.tools.chaos.processes import descendants
+        from splitkeeper.tools.chaos.store import store_failures
 
         self.epoch = line.epoch
         started = time.monotonic()
@@ -335,10 +345,10 @@ class DriverPause(LiveFault):
             argv = ["run", "--config", str(self.takeover), "--epochs", "1"]
             self.outcome = self.launch("takeover", argv)
             for again in range(1, TAKEOVER_RUNS):
-                if self.outcome.returncode in (0, -9) or any(e.completed for e in self.outcome.epochs):
+                if not store_failures([self.outcome]):
                     break
-                # the store failed the takeover before it committed (the driver is still frozen): again
-                say(f"[{self.run}] the takeover exited {self.outcome.returncode} before committing: again")
+                # a store fault stopped it before it committed (--store s3): again, the driver still frozen
+                say(f"[{self.run}] the takeover failed on the store: it runs again, the driver still frozen")
                 self.outcome = self.launch(f"takeover-again{again}", argv)
         finally:
             self.frozen_s = time.monotonic() - started

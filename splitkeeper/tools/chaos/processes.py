@@ -3,9 +3,11 @@
 - :func:`run_splitkeeper` runs one command in a child process (its own driver and JVM),
   echoes its progress, calls back on every epoch line while it runs, and returns a
   :class:`RunOutcome` (exit status, epoch lines, the crash it reported, its output).
-- :func:`pyspark_workers` finds the Python workers under a driver: its JVM's
-  ``pyspark.daemon`` and the workers forked from it; :func:`in_sleep` tells whether one
-  sleeps (a region task's injected stall). Linux ``/proc`` only.
+- :func:`pyspark_workers` finds the Python workers of a driver: its JVM's (local Spark) or its
+  executors' (``--profile cluster``: children of the Spark workers, not of the driver)
+  ``pyspark.daemon`` and the workers forked from it, told apart from other drivers' by the
+  :data:`DRIVER_TAG_ENV` each driver carries and hands its executors; :func:`in_sleep` tells
+  whether one sleeps (a region task's injected stall). Linux ``/proc`` only.
 """
 
 from __future__ import annotations
@@ -24,6 +26,9 @@ from pathlib import Path
 from splitkeeper import process, resources
 
 RUN_TIMEOUT_S = 1200.0
+#: Each driver of a chaos run gets a value of its own (its environment; with ``--profile cluster``
+#: also ``spark.executorEnv``): its processes, and its executors' on the Spark workers, carry it.
+DRIVER_TAG_ENV = "SPLITKEEPER_CHAOS_DRIVER"
 
 # the progress line of an epoch (splitkeeper.core.driver.EpochReport.line):
 # "epoch    7 regional 3/4 regions ack (r1 decline) committed ..."
@@ -104,10 +109,12 @@ def run_splitkeeper(
     log_path: Path,
     env: Mapping[str, str] | None = None,
     on_epoch: OnEpoch | None = None,
+    hidden_env: Mapping[str, str] | None = None,
 ) -> RunOutcome:
     """Run ``python -m splitkeeper <argv>`` in a child process and wait for it.
 
-    The child inherits this environment minus ``SPLITKEEPER_CRASH_AT``, plus ``env``, with
+    The child inherits this environment minus ``SPLITKEEPER_CRASH_AT``, plus ``hidden_env`` (not
+    echoed: it may hold secrets) and ``env`` (echoed with the command), with
     the checkout this ``splitkeeper`` was imported from first on ``PYTHONPATH``
     (:func:`splitkeeper.resources.checkout_root`; it runs the same code as this process,
     whatever the venv installed; an installed splitkeeper is the venv's own). Its progress and error
@@ -124,6 +131,7 @@ def run_splitkeeper(
         )
     child_env.setdefault("SPLITKEEPER_SPARK_UI", "false")
     child_env["PYSPARK_PYTHON"] = sys.executable
+    child_env.update(hidden_env or {})
     child_env.update(env or {})
     cmd = [sys.executable, "-m", "splitkeeper", *argv]
     shown = " ".join(["splitkeeper", *argv]) + "".join(f" {k}={v}" for k, v in (env or {}).items())
@@ -199,26 +207,61 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
+def _describe(pid: int) -> str:
+    """``pid (command)``: the program's name, not its folder (a long checkout path must not hide the
+    module); a JVM by its main class (``java org.apache.spark.executor.CoarseGrainedExecutorBackend``)."""
+    argv = process.argv(pid)
+    if argv:
+        argv[0] = os.path.basename(argv[0])
+    if argv and argv[0] == "java":
+        main = next((a for a in argv[1:] if a.startswith("org.apache.spark.")), None)
+        argv = ["java", main] if main else argv[:1]
+    return f"{pid} ({' '.join(argv[:4]).strip()[:60]})"
+
+
 def ancestry(pid: int, stop: int) -> str:
-    """``pid (command) <- parent (command) <- ...`` up to ``stop``: how a worker hangs under a driver."""
+    """``pid (command) <- parent (command) <- ...`` up to ``stop``: how a worker hangs under a driver.
+
+    A worker of an executor on a Spark worker (``--profile cluster``) does not hang under the
+    driver: the chain ends at the first process without the driver's :data:`DRIVER_TAG_ENV` (the
+    Spark worker that started the executor)."""
     parents = _parents()
+    tag = driver_tag(stop)
     hops: list[str] = []
     while pid and pid != stop and len(hops) < 8:
-        argv = command_line(pid).split()[:4]
-        if argv:  # the program's name, not its folder: a long checkout path must not hide the module
-            argv[0] = os.path.basename(argv[0])
-        hops.append(f"{pid} ({' '.join(argv)[:60]})")
+        hops.append(_describe(pid))
+        if tag is not None and driver_tag(pid) != tag:
+            return " <- ".join(hops)
         pid = parents.get(pid, 0)
     hops.append(f"{stop} (the driver)")
     return " <- ".join(hops)
 
 
+def driver_tag(pid: int) -> str | None:
+    """The :data:`DRIVER_TAG_ENV` in ``pid``'s environment (None: none, or ``pid`` is gone)."""
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return None
+    prefix = f"{DRIVER_TAG_ENV}=".encode()
+    for item in environ.split(b"\0"):
+        if item.startswith(prefix):
+            return item[len(prefix) :].decode(errors="replace")
+    return None
+
+
 def pyspark_workers(driver_pid: int) -> list[int]:
-    """The Python workers under a driver: processes forked by a ``pyspark.daemon``, or ``pyspark.worker``
-    processes its JVM started directly (daemon off)."""
-    tree = descendants(driver_pid)
+    """The Python workers of a driver: processes forked by a ``pyspark.daemon``, or ``pyspark.worker``
+    processes a JVM started directly (daemon off); under the driver (local Spark), or carrying its
+    :data:`DRIVER_TAG_ENV` (its executors' on the Spark workers)."""
+    tree = set(descendants(driver_pid))
+    tag = driver_tag(driver_pid)
     parents = _parents()
-    commands = {pid: command_line(pid) for pid in tree}
+    commands = {}
+    for pid in parents:
+        cmd = command_line(pid)
+        if "pyspark." in cmd and (pid in tree or (tag is not None and driver_tag(pid) == tag)):
+            commands[pid] = cmd
     daemons = {pid for pid, cmd in commands.items() if "pyspark.daemon" in cmd}
     workers = []
     for pid, cmd in commands.items():

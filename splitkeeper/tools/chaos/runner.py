@@ -13,8 +13,9 @@ from typing import Any
 
 import yaml
 
+from splitkeeper.tools.chaos.cluster import ChaosCluster
 from splitkeeper.tools.chaos.live import BrokerKill, ConcurrentDrivers, DriverPause, LiveFault, WorkerKill
-from splitkeeper.tools.chaos.processes import EpochLine, RunOutcome, run_splitkeeper, say
+from splitkeeper.tools.chaos.processes import DRIVER_TAG_ENV, EpochLine, RunOutcome, run_splitkeeper, say
 from splitkeeper.tools.chaos.schedule import (
     PARALLELISM,
     Act,
@@ -103,8 +104,10 @@ class KafkaChaos:
         sink: str = "append",
         store: str = "local",
         store_fault_rate: float = DEFAULT_FAULT_RATE,
+        profile: str = "local",
     ) -> None:
         self.workdir = workdir.resolve()
+        self.profile = profile
         self.messages = messages
         self.bad_records = bad_records
         self.sink = sink
@@ -120,6 +123,8 @@ class KafkaChaos:
         self.name = f"chaos-{self.run_id}"
         #: ``--store s3``: versitygw behind the fault proxy, its schedule drawn from the seed
         self.store = ChaosStore(self.workdir, seed, store_fault_rate, self.name) if store == "s3" else None
+        #: ``--profile cluster``: the drivers on a Spark standalone master and 2 workers
+        self.cluster = ChaosCluster(self.workdir) if profile == "cluster" else None
         self.config_path = self.workdir / "pipeline.yaml"
         self.takeover_path = self.workdir / "pipeline-takeover.yaml"
         self.faults_config_path = self.workdir / "pipeline-faults.yaml"
@@ -152,6 +157,8 @@ class KafkaChaos:
         if self.store is not None:  # the drivers inherit it (and their logs do not show the keys)
             self.store.start()
             os.environ.update(self.store.driver_env())
+        if self.cluster is not None:  # each driver gets its settings (_launch); this process stays local
+            self.cluster.start()
         create_topics(self.bootstrap, dict(zip(self.topics, TOPIC_PARTITIONS, strict=True)))
         partitions = [(t, p) for t, n in zip(self.topics, TOPIC_PARTITIONS, strict=True) for p in range(n)]
         say(
@@ -199,7 +206,8 @@ class KafkaChaos:
             "state": {"path": self._location("state")},
             "sink": {"path": self._location("sink")},
         }
-        if self.store is not None:  # region tasks stage their output on a local disk
+        if self.store is not None:  # region tasks stage their output on a local disk (the executors'
+            # too: on one host they share it with the drivers, which commit the staged files)
             config["staging"] = {"path": str(self.workdir / "staging")}
         if self.sink == "upsert":  # keyed by the Kafka key, a value ending with |delete deletes it
             config["decode"] = {"kind": "text"}
@@ -296,6 +304,8 @@ class KafkaChaos:
             for fault in live:
                 fault.on_epoch(line, proc)
 
+        tag = f"{self.run_id}-{index:02d}"  # its processes' and executors' (WorkerKill finds them by it)
+        hidden = {DRIVER_TAG_ENV: tag, **({} if self.cluster is None else self.cluster.driver_env(tag))}
         outcome = run_splitkeeper(
             label,
             argv,
@@ -303,6 +313,7 @@ class KafkaChaos:
             log_path=log_path,
             env=env,
             on_epoch=on_epoch,
+            hidden_env=hidden,
         )
         self._read_retries()
         with self._lock:
@@ -359,7 +370,9 @@ class KafkaChaos:
         slow = act.slow_region()
         if slow is not None:
             window = self.tuning.region_timeout_s + self.tuning.slow_s + 10
-            live.append(WorkerKill(act.label, slow.epoch, slow.region, window))
+            # on the standalone master Spark gives a task 4 attempts: the killed one runs again
+            reruns = self.cluster is not None
+            live.append(WorkerKill(act.label, slow.epoch, slow.region, window, reruns=reruns))
         if act.pause:
             live.append(
                 DriverPause(
@@ -566,6 +579,10 @@ class KafkaChaos:
         kinds = [e.kind for r in self.runs for e in r.epochs]
         result: dict[str, Any] = {
             "source": "kafka",
+            "profile": self.profile,
+            "spark_master": self.cluster.master_url
+            if self.cluster is not None
+            else os.environ.get("SPLITKEEPER_SPARK_MASTER", "").strip() or "local[*]",
             "seed": self.seed,
             "messages": len(self.producer.delivered),
             "messages_requested": self.messages,
@@ -573,6 +590,7 @@ class KafkaChaos:
             "bad_records": self.bad_records,
             "sink": self.sink,
             "store": self._store_result(),
+            **({} if self.cluster is None else {"spark_cluster": self.cluster.evidence()}),
             **checks,
             "caught_up": caught_up,
             "faults_by_kind": by_kind,
@@ -647,9 +665,12 @@ class KafkaChaos:
         }
 
     def shutdown(self) -> None:
-        """Stop the broker this command started (the Spark session ends with the process)."""
+        """Stop the broker, the store and the Spark cluster this command started (the local Spark
+        session ends with the process)."""
         for thread in self._background:
             thread.join(timeout=60)
         self.broker.stop()
         if self.store is not None:
             self.store.stop()
+        if self.cluster is not None:
+            self.cluster.stop()

@@ -91,6 +91,8 @@ SERVICES = (
     "airflow-dag-processor",
     "airflow-triggerer",
 )
+SPARK_SERVICES = ("spark-master", "spark-worker-1", "spark-worker-2")
+SPARK_PORT_NAMES = ("spark_master", "spark_master_ui", "spark_worker_1_ui", "spark_worker_2_ui")
 #: Variables ``up`` hands from its own environment to the Airflow services (the DAGs read them).
 AIRFLOW_PASS_THROUGH = (
     "SPLITKEEPER_PIPELINE_CONFIG",
@@ -279,15 +281,15 @@ PORT_NAMES = (
 )
 
 
-def choose_ports(previous: Mapping[str, int] | None) -> dict[str, int]:
+def choose_ports(previous: Mapping[str, int] | None, names: tuple[str, ...] = PORT_NAMES) -> dict[str, int]:
     """The previous run's ports where still free (stable URLs across restarts), else new free ones."""
     previous = previous or {}
     ports: dict[str, int] = {}
-    for name in PORT_NAMES:
+    for name in names:
         port = previous.get(name)
         if port and port not in ports.values() and process.port_is_free(HOST, port):
             ports[name] = port
-    missing = [n for n in PORT_NAMES if n not in ports]
+    missing = [n for n in names if n not in ports]
     fresh = [p for p in process.free_ports(HOST, len(missing) + len(ports)) if p not in ports.values()]
     ports.update(zip(missing, fresh, strict=False))
     return ports
@@ -333,6 +335,9 @@ class ClusterState:
     timings_s: dict[str, float] = field(default_factory=dict)
     started_at: float | None = None
     pools: list[str] = field(default_factory=list)  # the writer pools up created (one per pipeline)
+    #: started by :meth:`LocalCluster.up_spark`: the Spark master and workers only (no object store,
+    #: so the Spark settings carry no S3A)
+    spark_only: bool = False
 
     def proc(self, service: str) -> Proc | None:
         raw = self.services.get(service)
@@ -558,11 +563,76 @@ class LocalCluster:
         say(f"up in {state.timings_s['up']:.1f}s: {self.root}")
         return state
 
+    def up_spark(
+        self,
+        *,
+        worker_cores: int = 1,
+        worker_memory: str = "1g",
+        executor_memory: str = "768m",
+        timeout_s: float = 90.0,
+        say: Callable[[str], None] = print,
+    ) -> dict[str, str]:
+        """Start only the Spark master and its 2 workers (Spark authentication on, loopback), in
+        this folder, and return what a Spark driver needs to use them (:meth:`spark_client_env`).
+
+        The same daemons and settings as :meth:`up` (``spark/daemon.conf``, ``spark/conf``,
+        ``cluster.json``, the mark), without PostgreSQL, Airflow, the object store or Kafka: the
+        Spark settings carry no S3A. :meth:`down` stops them and their executors. Raises
+        ClusterError when a service of this folder is running already, or Spark does not come up
+        (what was started is stopped again).
+        """
+        previous = self.state()
+        if previous and any(self._running(previous, s) for s in SERVICES):
+            raise ClusterError(f"services of {self.root} are running already: `down` them first")
+        t0 = time.monotonic()
+        for folder in (self.layout.root, self.layout.logs, self.layout.spark):
+            folder.mkdir(parents=True, exist_ok=True)
+        if self.layout.credentials.exists():
+            self._creds = Credentials.load(self.layout.credentials)
+        else:
+            self._creds = Credentials.generate()
+            self._creds.save(self.layout.credentials)
+        state = ClusterState(
+            root=str(self.layout.root),
+            ports=choose_ports(previous.ports if previous else None, SPARK_PORT_NAMES),
+            worker_cores=worker_cores,
+            worker_memory=worker_memory,
+            executor_memory=executor_memory,
+            started_at=time.time(),
+            spark_only=True,
+        )
+        self._state = state
+        self._save_state()
+        self._write_spark_files(state)
+        try:
+            self._timed("spark", lambda: self._start_spark(timeout_s))()
+        except Exception as err:
+            self.down(say=lambda _msg: None)
+            raise ClusterError(f"Spark did not come up: {self._scrub(str(err))}") from None
+        state.timings_s["up"] = round(time.monotonic() - t0, 1)
+        self._save_state()
+        say(
+            f"Spark master {self.spark_master_url()} and 2 workers ({worker_cores} core(s) each) up in "
+            f"{state.timings_s['up']:.1f}s: {self.root}"
+        )
+        return self.spark_client_env()
+
+    def spark_master_url(self) -> str:
+        return f"spark://{HOST}:{self._require_state().ports['spark_master']}"
+
+    def spark_client_env(self) -> dict[str, str]:
+        """What a Spark driver in another process needs to run on this cluster's master, resolved
+        (the Spark authentication secret included): ``SPLITKEEPER_SPARK_MASTER``,
+        ``SPLITKEEPER_SPARK_CONF``, the loopback and the Python of the executors."""
+        state = self._require_state()
+        return self._resolve(self._spark_env_template(state, self._ref))
+
     def status(self) -> list[ServiceStatus]:
         """Each service: running (its recorded process is alive) and healthy (its probe answered)."""
         state = self.state()
         if state is None:
             return [ServiceStatus(s, None, None, False, False, "never started") for s in SERVICES]
+        services = SPARK_SERVICES if state.spark_only else SERVICES
         probes: dict[str, Callable[[], str]] = {
             "postgres": lambda: self._probe_postgres(state),
             "object-store": lambda: self._probe_s3(state),
@@ -599,11 +669,11 @@ class LocalCluster:
                 )
             return ServiceStatus(name, port, proc.pid, True, True, detail)
 
-        if any(self._service_proc(state, s) for s in SERVICES) and self._creds is None:
+        if any(self._service_proc(state, s) for s in services) and self._creds is None:
             with contextlib.suppress(FileNotFoundError, ClusterError):
                 self._creds = Credentials.load(self.layout.credentials)
-        with ThreadPoolExecutor(max_workers=len(SERVICES), thread_name_prefix="cluster-status") as pool:
-            return list(pool.map(one, SERVICES))
+        with ThreadPoolExecutor(max_workers=len(services), thread_name_prefix="cluster-status") as pool:
+            return list(pool.map(one, services))
 
     def down(self, *, say: Callable[[str], None] = print, purge: bool = False) -> list[str]:
         """Stop every service (Airflow first, PostgreSQL last), then any process still carrying
@@ -677,28 +747,47 @@ class LocalCluster:
         values = self.credentials().as_env()
         return {k: string.Template(v).substitute(values) for k, v in template.items()}
 
-    def _client_env_template(self, state: ClusterState) -> dict[str, str]:
-        """The client environment, secrets as ``${SPLITKEEPER_CLUSTER_*}`` references (the ``env`` file)."""
+    @staticmethod
+    def _ref(name: str) -> str:
+        """A secret of ``credentials.env`` as a ``${SPLITKEEPER_CLUSTER_*}`` reference."""
+        return "${" + Credentials.variable(name) + "}"
 
-        def ref(name: str) -> str:
-            return "${" + Credentials.variable(name) + "}"
-
-        ports = state.ports
-        jars = jarlib.jars_root()
-        s3_endpoint = f"http://{HOST}:{ports['s3']}"
-        spark_jars = ",".join(
-            str(p)
-            for group in (jarlib.JarGroup.SPARK, jarlib.JarGroup.S3A)
-            for p in sorted(jarlib.group_dir(group, jars).glob("*.jar"))
-        )
+    def _spark_env_template(self, state: ClusterState, ref: Callable[[str], str]) -> dict[str, str]:
+        """What a Spark driver of this cluster gets (the in-process pyspark of ``splitkeeper run``),
+        secrets as references."""
         return {
-            "SPLITKEEPER_CLUSTER_DIR": str(self.root),
-            "SPLITKEEPER_SPARK_MASTER": f"spark://{HOST}:{ports['spark_master']}",
+            "SPLITKEEPER_SPARK_MASTER": f"spark://{HOST}:{state.ports['spark_master']}",
             "SPLITKEEPER_SPARK_CONF": ";".join(
                 f"{k}={v}" for k, v in self._spark_client_conf(state, ref).items()
             ),
-            "SPLITKEEPER_SPARK_JARS": spark_jars,
             "SPLITKEEPER_SPARK_SHUFFLE_PARTITIONS": "4",
+            # the driver (and spark-submit) stay on the loopback interface
+            "SPARK_LOCAL_IP": HOST,
+            "PYSPARK_PYTHON": sys.executable,
+            "PYSPARK_DRIVER_PYTHON": sys.executable,
+        }
+
+    def _client_env_template(self, state: ClusterState) -> dict[str, str]:
+        """The client environment, secrets as ``${SPLITKEEPER_CLUSTER_*}`` references (the ``env`` file)."""
+        ref = self._ref
+        ports = state.ports
+        jars = jarlib.jars_root()
+        spark_jars = ",".join(
+            str(p)
+            for group in (jarlib.JarGroup.SPARK, *(() if state.spark_only else (jarlib.JarGroup.S3A,)))
+            for p in sorted(jarlib.group_dir(group, jars).glob("*.jar"))
+        )
+        spark = {
+            "SPLITKEEPER_CLUSTER_DIR": str(self.root),
+            **self._spark_env_template(state, ref),
+            "SPLITKEEPER_SPARK_JARS": spark_jars,
+            "SPARK_CONF_DIR": str(self.layout.spark / "conf"),
+        }
+        if state.spark_only:
+            return spark
+        s3_endpoint = f"http://{HOST}:{ports['s3']}"
+        return {
+            **spark,
             "SPLITKEEPER_LAKE_ROOT": f"s3a://{BUCKET}",
             "SPLITKEEPER_KAFKA_BOOTSTRAP_SERVERS": f"{HOST}:{ports['kafka']}",
             "SPLITKEEPER_AIRFLOW_URL": f"http://{HOST}:{ports['airflow_api']}",
@@ -710,14 +799,10 @@ class LocalCluster:
             "AWS_SECRET_ACCESS_KEY": ref("s3_secret_key"),
             "AWS_REGION": REGION,
             "AWS_ALLOW_HTTP": "true",
-            # the driver (and spark-submit) stay on the loopback interface
-            "SPARK_LOCAL_IP": HOST,
-            "SPARK_CONF_DIR": str(self.layout.spark / "conf"),
-            "PYSPARK_PYTHON": sys.executable,
-            "PYSPARK_DRIVER_PYTHON": sys.executable,
         }
 
     def _spark_client_conf(self, state: ClusterState, ref: Callable[[str], str]) -> dict[str, str]:
+        s3 = f"http://{HOST}:{state.ports.get('s3')}"
         return {
             "spark.authenticate": "true",
             "spark.authenticate.secret": ref("spark_auth_secret"),
@@ -730,7 +815,7 @@ class LocalCluster:
             "spark.executor.cores": "1",
             # a 2-core cluster: Delta's default of 50 snapshot partitions makes every small scan 50 tasks
             "spark.databricks.delta.snapshotPartitions": "4",
-            **s3a_conf(f"http://{HOST}:{state.ports['s3']}", ref("s3_access_key"), ref("s3_secret_key")),
+            **({} if state.spark_only else s3a_conf(s3, ref("s3_access_key"), ref("s3_secret_key"))),
         }
 
     def _airflow_env_template(self, state: ClusterState) -> dict[str, str]:
@@ -782,6 +867,15 @@ class LocalCluster:
     def _write_config_files(self, state: ClusterState) -> None:
         layout = self.layout
         creds = self.credentials()
+        self._write_spark_files(state)
+        # Airflow: the passwords of the generated users (the simple auth manager reads this file)
+        passwords = {"admin": creds.airflow_admin_password, "operator": creds.airflow_operator_password}
+        _write_private(layout.airflow_home / "passwords.json", json.dumps(passwords) + "\n")
+        self._write_env_file({**self._client_env_template(state), **self._airflow_env_template(state)})
+
+    def _write_spark_files(self, state: ClusterState) -> None:
+        layout = self.layout
+        creds = self.credentials()
         # Spark daemons: authentication, loopback; Spark clients (spark-submit): everything.
         conf_dir = layout.spark / "conf"
         conf_dir.mkdir(parents=True, exist_ok=True)
@@ -804,16 +898,17 @@ class LocalCluster:
             "appender.console.layout.type = PatternLayout\n"
             "appender.console.layout.pattern = %d{yy/MM/dd HH:mm:ss} %p %c{1}: %m%n%ex\n"
         )
-        # Airflow: the passwords of the generated users (the simple auth manager reads this file)
-        passwords = {"admin": creds.airflow_admin_password, "operator": creds.airflow_operator_password}
-        _write_private(layout.airflow_home / "passwords.json", json.dumps(passwords) + "\n")
-        # The env file: sources credentials.env, holds no secret itself.
+        if state.spark_only:
+            self._write_env_file(self._client_env_template(state))
+
+    def _write_env_file(self, env: Mapping[str, str]) -> None:
+        """The env file: sources credentials.env, holds no secret itself."""
+        layout = self.layout
         lines = [
             "# splitkeeper local cluster (bash scripts/cluster.sh up). Point splitkeeper, spark-submit,",
             "# deltalake and the airflow CLI at it with:  source " + str(layout.env_file),
             f". '{layout.credentials}'",
         ]
-        env = {**self._client_env_template(state), **self._airflow_env_template(state)}
         for key, value in env.items():
             if "${" not in value:
                 lines.append(f"export {key}={shlex.quote(value)}")
@@ -1259,7 +1354,8 @@ class LocalCluster:
             **(extra or {}),
         }
 
-    def _start_spark(self) -> None:
+    def _start_spark(self, timeout_s: float = 90.0) -> None:
+        """The master, then its 2 workers; each within ``timeout_s``."""
         state = self._require_state()
         ports = state.ports
         spark_class = str(spark_home() / "bin" / "spark-class")
@@ -1280,10 +1376,12 @@ class LocalCluster:
             ],
             self._spark_env(),
         )
-        self._wait("spark-master", master, lambda: self._master_json(state).get("status") == "ALIVE", 90)
+        self._wait(
+            "spark-master", master, lambda: self._master_json(state).get("status") == "ALIVE", timeout_s
+        )
         workers = {i: self._spawn_worker(state, i) for i in (1, 2)}
         for i, proc in workers.items():
-            self._wait_worker(state, i, proc, 90)
+            self._wait_worker(state, i, proc, timeout_s)
 
     def _spawn_worker(self, state: ClusterState, i: int) -> Proc:
         work = self.layout.spark / f"worker-{i}"
