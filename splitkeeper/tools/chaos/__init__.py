@@ -189,20 +189,14 @@ def run(args: argparse.Namespace) -> int:
             f"a share > 0 and <= {MAX_FAULT_RATE} of the requests, for each fault kind",
             hint="e.g. --store-fault-rate 0.01",
         )
-    if profile == "cluster" and versitygw_binary() is None:
-        raise InvalidParameterError(
-            "--profile",
-            profile,
-            "local, or cluster where the local S3 server (versitygw) is built",
-            hint="build it with: bash scripts/setup.sh cluster (it goes to .tools/versitygw/bin)",
-        )
-    if store == "s3" and versitygw_binary() is None:
-        raise InvalidParameterError(
-            "--store",
-            store,
-            "local, or s3 where the local S3 server (versitygw) is built",
-            hint="build it with: bash scripts/setup.sh cluster (it goes to .tools/versitygw/bin)",
-        )
+    for option, value, needs in (("--profile", profile, "cluster"), ("--store", store, "s3")):
+        if value == needs and versitygw_binary() is None:  # the profile first: it implies the store
+            raise InvalidParameterError(
+                option,
+                value,
+                f"local, or {needs} where the local S3 server (versitygw) is built",
+                hint="build it with: bash scripts/setup.sh cluster (it goes to .tools/versitygw/bin)",
+            )
     if profile == "cluster":
         from splitkeeper.tools.chaos.cluster import spark_unavailable
 
