@@ -44,7 +44,6 @@ Rules:
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import json
 import logging
@@ -470,6 +469,37 @@ def read_rows(
     return data.select(wanted)
 
 
+def _send_until_landed(
+    table: DeltaTable, what: str, operation: str, send: Callable[[], T], *, landed: Callable[[], bool]
+) -> T | None:
+    """Rules 4 and 5: ``send()`` (one commit on ``table``) until it lands, :data:`APPEND_ATTEMPTS`
+    times at most. After a refused copy (``CommitFailedError``) or an error of the store (``OSError``;
+    :func:`guarded` names the OS refusals) the table is read again: when ``landed()`` it is done
+    (None); otherwise it is sent again after a backoff (an ``operation`` retry of
+    :mod:`splitkeeper.delta.retries`). Raises the last failure when every attempt failed."""
+    from deltalake.exceptions import CommitFailedError
+
+    attempt = 0
+    while True:
+        try:
+            return guarded(table.table_uri, send)
+        except (CommitFailedError, OSError) as err:
+            failure = err
+        try:
+            refresh(table)
+        except OSError:
+            pass  # not known: sending it again is safe, and the next failure reads again
+        else:
+            if landed():
+                log.warning("%s raised (%s), but the table, read again, records it", what, failure)
+                return None
+        if attempt + 1 == APPEND_ATTEMPTS:
+            raise failure
+        log.warning("%s failed (%s): sending it again", what, failure)
+        retries.back_off(operation, attempt, first_s=0.5)
+        attempt += 1
+
+
 # --------------------------------------------------------------------------- one state root
 
 
@@ -570,32 +600,24 @@ class StateTables:
                 app_transactions=[Transaction(app_id, number)],
                 custom_metadata={"app_id": app_id, "append": number},
             )
-            for attempt in range(APPEND_ATTEMPTS):
-                try:
-                    guarded(
-                        table.table_uri,
-                        lambda: write_deltalake(table, data, mode="append", commit_properties=properties),
-                    )
-                    return table
-                except (CommitFailedError, OSError) as err:  # guarded() named the OS refusals
-                    failure = err
-                if self._recorded_append(table, app_id, number):
-                    log.warning(
-                        "the append to table %s raised (%s), but the table, read again, records it",
-                        name,
-                        failure,
-                    )
-                    return table
-                if attempt + 1 < APPEND_ATTEMPTS:
-                    retries.back_off("state_append", attempt, first_s=0.5)
-        raise StateError(
-            f"the append to table {name} at {table.table_uri} failed in the store {APPEND_ATTEMPTS} times "
-            f"(last: {failure}), and the table, read again, does not record it: this run stops. A put "
-            "still in flight may yet land, once (its app transaction refuses a second copy). Run again "
-            "once the store answers: the next run's open finishes or discards the epoch from its "
-            "decision record",
-            table=name,
-        ) from failure
+            try:
+                _send_until_landed(
+                    table,
+                    f"the append to table {name}",
+                    "state_append",
+                    lambda: write_deltalake(table, data, mode="append", commit_properties=properties),
+                    landed=lambda: (table.transaction_version(app_id) or 0) >= number,
+                )
+            except (CommitFailedError, OSError) as failure:
+                raise StateError(
+                    f"the append to table {name} at {table.table_uri} failed in the store "
+                    f"{APPEND_ATTEMPTS} times (last: {failure}), and the table, read again, does not record "
+                    "it: this run stops. A put still in flight may yet land, once (its app transaction "
+                    "refuses a second copy). Run again once the store answers: the next run's open "
+                    "finishes or discards the epoch from its decision record",
+                    table=name,
+                ) from failure
+        return table
 
     def delete(self, name: str, predicate: str) -> int:
         """Delete the rows of ``name`` that ``predicate`` (a delta-rs SQL predicate over settled rows)
@@ -604,35 +626,22 @@ class StateTables:
 
         self._refuse_write(f"delete from table {name}")
         table = self.require(name)
-        for attempt in range(APPEND_ATTEMPTS):
-            try:
-                metrics = guarded(table.table_uri, lambda: table.delete(predicate))
-                return int(metrics.get("num_deleted_rows") or 0)
-            except (CommitFailedError, OSError) as err:  # guarded() named the OS refusals
-                failure = err
-            if attempt + 1 < APPEND_ATTEMPTS:
-                log.warning(
-                    "the delete from table %s failed (%s): reading it again and retrying", name, failure
-                )
-                retries.back_off("state_delete", attempt, first_s=0.5)
-                with contextlib.suppress(OSError):  # the next delete finds out
-                    refresh(table)
-        raise StateError(
-            f"the delete from table {name} at {table.table_uri} ({predicate}) failed in the store "
-            f"{APPEND_ATTEMPTS} times (last: {failure}): this run stops; what it deletes are settled rows, "
-            "so the next run deletes them again. Run again once the store answers",
-            table=name,
-        ) from failure
-
-    @staticmethod
-    def _recorded_append(table: DeltaTable, app_id: str, number: int) -> bool:
-        """Whether ``table``, read again, records append ``number`` of ``app_id`` (False when the
-        re-read fails too: the append is then sent again, which its transaction makes safe)."""
         try:
-            refresh(table)
-        except OSError:
-            return False
-        return (table.transaction_version(app_id) or 0) >= number
+            metrics = _send_until_landed(
+                table,
+                f"the delete from table {name}",
+                "state_delete",
+                lambda: table.delete(predicate),
+                landed=lambda: False,  # a delete sent again finds what is left to delete
+            )
+        except (CommitFailedError, OSError) as failure:
+            raise StateError(
+                f"the delete from table {name} at {table.table_uri} ({predicate}) failed in the store "
+                f"{APPEND_ATTEMPTS} times (last: {failure}): this run stops; what it deletes are settled "
+                "rows, so the next run deletes them again. Run again once the store answers",
+                table=name,
+            ) from failure
+        return int((metrics or {}).get("num_deleted_rows") or 0)
 
     def version(self, name: str) -> int:
         """The latest version of ``name``; -1 when it does not exist."""
