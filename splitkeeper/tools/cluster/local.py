@@ -501,30 +501,14 @@ class LocalCluster:
             previous = self.state()
         t0 = time.monotonic()
         layout = self.layout
-        for folder in (
-            layout.root,
-            layout.logs,
-            layout.s3_data,
-            layout.kafka,
-            layout.spark,
-            layout.airflow_home,
-        ):
-            folder.mkdir(parents=True, exist_ok=True)
-        if layout.credentials.exists():
-            self._creds = Credentials.load(layout.credentials)
-        else:
-            self._creds = Credentials.generate()
-            self._creds.save(layout.credentials)
-        state = ClusterState(
-            root=str(layout.root),
-            ports=choose_ports(previous.ports if previous else None),
+        state = self._begin(
+            previous,
+            (layout.s3_data, layout.kafka, layout.spark, layout.airflow_home),
+            PORT_NAMES,
             worker_cores=worker_cores,
             worker_memory=worker_memory,
             executor_memory=executor_memory,
-            started_at=time.time(),
         )
-        self._state = state
-        self._save_state()
         self._write_config_files(state)
         state.pools = self._writer_pools()  # a pipeline config that does not load fails here, early
 
@@ -585,24 +569,15 @@ class LocalCluster:
         if previous and any(self._running(previous, s) for s in SERVICES):
             raise ClusterError(f"services of {self.root} are running already: `down` them first")
         t0 = time.monotonic()
-        for folder in (self.layout.root, self.layout.logs, self.layout.spark):
-            folder.mkdir(parents=True, exist_ok=True)
-        if self.layout.credentials.exists():
-            self._creds = Credentials.load(self.layout.credentials)
-        else:
-            self._creds = Credentials.generate()
-            self._creds.save(self.layout.credentials)
-        state = ClusterState(
-            root=str(self.layout.root),
-            ports=choose_ports(previous.ports if previous else None, SPARK_PORT_NAMES),
+        state = self._begin(
+            previous,
+            (self.layout.spark,),
+            SPARK_PORT_NAMES,
             worker_cores=worker_cores,
             worker_memory=worker_memory,
             executor_memory=executor_memory,
-            started_at=time.time(),
             spark_only=True,
         )
-        self._state = state
-        self._save_state()
         self._write_spark_files(state)
         try:
             self._timed("spark", lambda: self._start_spark(timeout_s))()
@@ -616,6 +591,33 @@ class LocalCluster:
             f"{state.timings_s['up']:.1f}s: {self.root}"
         )
         return self.spark_client_env()
+
+    def _begin(
+        self,
+        previous: ClusterState | None,
+        folders: tuple[Path, ...],
+        port_names: tuple[str, ...],
+        **fields: Any,
+    ) -> ClusterState:
+        """The start of :meth:`up` and :meth:`up_spark`: the folder, its logs and ``folders``, this
+        folder's credentials (generated once), and a new state of ``fields`` with ports (the previous
+        run's where still free) and its start time, recorded in ``cluster.json``."""
+        for folder in (self.layout.root, self.layout.logs, *folders):
+            folder.mkdir(parents=True, exist_ok=True)
+        if self.layout.credentials.exists():
+            self._creds = Credentials.load(self.layout.credentials)
+        else:
+            self._creds = Credentials.generate()
+            self._creds.save(self.layout.credentials)
+        state = ClusterState(
+            root=str(self.layout.root),
+            ports=choose_ports(previous.ports if previous else None, port_names),
+            started_at=time.time(),
+            **fields,
+        )
+        self._state = state
+        self._save_state()
+        return state
 
     def spark_master_url(self) -> str:
         return f"spark://{HOST}:{self._require_state().ports['spark_master']}"
