@@ -26,6 +26,7 @@ from dataclasses import dataclass
 __all__ = [
     "ProcStat",
     "argv",
+    "environ_value",
     "free_port",
     "free_ports",
     "identity",
@@ -87,6 +88,21 @@ def argv(pid: int) -> list[str]:
     except OSError:
         return []
     return [arg.decode(errors="replace") for arg in raw.removesuffix(b"\0").split(b"\0")] if raw else []
+
+
+def environ_value(pid: int, name: str) -> str | None:
+    """The value of variable ``name`` in ``pid``'s environment as it started
+    (``/proc/<pid>/environ``); None when it has none or ``pid`` cannot be read."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as handle:
+            raw = handle.read()
+    except OSError:
+        return None
+    prefix = f"{name}=".encode()
+    for item in raw.split(b"\0"):
+        if item.startswith(prefix):
+            return item[len(prefix) :].decode(errors="replace")
+    return None
 
 
 def _read_text(path: str) -> str | None:

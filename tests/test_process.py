@@ -123,3 +123,23 @@ def test_stop_of_something_already_gone_ignores_the_lookup_error() -> None:
         raise ProcessLookupError
 
     assert process.stop(send, lambda: False, timeout_s=1) is False
+
+
+def test_environ_value_reads_a_variable_of_another_process_as_it_started() -> None:
+    import os
+    import subprocess
+
+    child = subprocess.Popen(["sleep", "30"], env={**os.environ, "SPLITKEEPER_PROBE_VAR": "a=b c"})
+    try:
+        # Popen returns once the child's exec is past its point of no return, a moment before the
+        # kernel lays out the new environment: until then /proc/<pid>/environ reads empty
+        deadline = time.monotonic() + 10
+        while process.environ_value(child.pid, "PATH") is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert process.environ_value(child.pid, "SPLITKEEPER_PROBE_VAR") == "a=b c"
+        assert process.environ_value(child.pid, "SPLITKEEPER_PROBE") is None  # a prefix is not a name
+        assert process.environ_value(child.pid, "SPLITKEEPER_NOT_SET_ANYWHERE") is None
+    finally:
+        child.kill()
+        child.wait()
+    assert process.environ_value(child.pid, "SPLITKEEPER_PROBE_VAR") is None  # gone

@@ -239,15 +239,7 @@ def ancestry(pid: int, stop: int) -> str:
 
 def driver_tag(pid: int) -> str | None:
     """The :data:`DRIVER_TAG_ENV` in ``pid``'s environment (None: none, or ``pid`` is gone)."""
-    try:
-        environ = Path(f"/proc/{pid}/environ").read_bytes()
-    except OSError:
-        return None
-    prefix = f"{DRIVER_TAG_ENV}=".encode()
-    for item in environ.split(b"\0"):
-        if item.startswith(prefix):
-            return item[len(prefix) :].decode(errors="replace")
-    return None
+    return process.environ_value(pid, DRIVER_TAG_ENV)
 
 
 def pyspark_workers(driver_pid: int) -> list[int]:

@@ -1046,11 +1046,7 @@ class LocalCluster:
         return []
 
     def _has_mark(self, pid: int) -> bool:
-        try:
-            environ = Path(f"/proc/{pid}/environ").read_bytes()
-        except OSError:
-            return False
-        return f"{MARK}={self.mark}".encode() in environ.split(b"\0")
+        return process.environ_value(pid, MARK) == self.mark
 
     def _recorded_groups(self, state: ClusterState | None) -> list[int]:
         """Live members of every recorded service's process group."""
