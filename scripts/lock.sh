@@ -1,9 +1,14 @@
 #!/usr/bin/env bash
-# Regenerate the hashed lock files of locks/ with `uv pip compile --generate-hashes`, one per
-# use (see locks/README.md). uv goes into a throwaway venv, never into .venv.
+# Regenerate the hashed lock files of locks/ (locks/README.md says what each is for) with
+# `uv pip compile --universal --generate-hashes`, using the uv that locks/bootstrap.txt pins.
+# uv goes into a throwaway venv, never into .venv.
 #
 #   bash scripts/lock.sh                 # keep every pinned version (only new requirements resolve)
 #   bash scripts/lock.sh --upgrade       # newest versions within pyproject.toml's ranges
+#
+# Universal locks: one file serves every Python >= 3.11 and platform (markers say which pins
+# apply where); scripts/setup.sh installs them with --no-deps, so they must be complete, which
+# `uv pip check` after the install proves.
 #
 # Environment: SPLITKEEPER_PYTHON (interpreter for the throwaway venv; default python3.11/python3).
 set -euo pipefail
@@ -24,14 +29,28 @@ py="${SPLITKEEPER_PYTHON:-}"
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
 "$py" -m venv "$tmp/venv"
-"$tmp/venv/bin/python" -m pip install -q uv
+# the pinned uv of the bootstrap lock (hashes checked), not whatever uv is newest today
+"$tmp/venv/bin/python" -m pip install -q --disable-pip-version-check --require-hashes --no-deps \
+    -r locks/bootstrap.txt
 uv="$tmp/venv/bin/uv"
-common=(--python-version 3.11 --generate-hashes --no-header --quiet "${upgrade[@]}")
+common=(--no-config --universal --python-version 3.11 --generate-hashes --no-header --quiet "${upgrade[@]}")
 # Without --upgrade every version already pinned stays: the previous locks are the constraints.
 pins() { [[ ${#upgrade[@]} -eq 0 && -f "$1" ]] && printf -- '-c\n%s\n' "$1" || true; }
+mapfile -t keep_bootstrap < <(pins locks/bootstrap.txt)
 mapfile -t keep_runtime < <(pins locks/runtime.txt)
 mapfile -t keep_airflow < <(pins locks/airflow.txt)
+mapfile -t keep_executor < <(pins locks/executor.txt)
 mapfile -t keep_test < <(pins locks/test.txt)
+
+# label FILE TEXT: the "# via" lines name the .in file's role, not a throwaway path.
+label() { sed -i "s|$tmp/[a-z]*\.in|$2|" "$1"; }
+
+say "locks/bootstrap.txt: the installer (uv) and the build backend (setuptools)"
+printf 'uv\nsetuptools>=70.1\n' > "$tmp/bootstrap.in"
+head -n 5 locks/bootstrap.txt | grep '^#' > "$tmp/bootstrap.head" || true
+"$uv" pip compile "$tmp/bootstrap.in" "${common[@]}" "${keep_bootstrap[@]}" -o "$tmp/bootstrap.txt"
+label "$tmp/bootstrap.txt" "scripts/lock.sh (bootstrap)"
+cat "$tmp/bootstrap.head" "$tmp/bootstrap.txt" > locks/bootstrap.txt
 
 say "locks/runtime.txt: splitkeeper[spark,kafka,quality,metrics]"
 "$uv" pip compile pyproject.toml --extra spark --extra kafka --extra quality --extra metrics \
@@ -39,34 +58,15 @@ say "locks/runtime.txt: splitkeeper[spark,kafka,quality,metrics]"
 say "locks/airflow.txt: splitkeeper[all] + locks/airflow.in, the runtime lock's versions kept"
 "$uv" pip compile pyproject.toml locks/airflow.in --extra all \
     "${common[@]}" -c locks/runtime.txt "${keep_airflow[@]}" -o locks/airflow.txt
-say "locks/test.txt: the dev extra (test and check tools) + setuptools, at the airflow lock's versions"
+say "locks/executor.txt: what a Spark executor imports (the Spark image), at the runtime lock's versions"
+"$uv" pip compile pyproject.toml locks/executor.in "${common[@]}" -c locks/runtime.txt "${keep_executor[@]}" \
+    -o locks/executor.txt
+say "locks/test.txt: the dev extra (test and check tools), at the airflow lock's versions"
 "$tmp/venv/bin/python" - > "$tmp/test.in" <<'PY'
 import tomllib
 for req in tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["dev"]:
     print(req)
-print("setuptools>=70.1")  # tests/test_package.py builds the wheel with --no-build-isolation
 PY
 "$uv" pip compile "$tmp/test.in" "${common[@]}" -c locks/airflow.txt "${keep_test[@]}" -o locks/test.txt
-sed -i "s|$tmp/test.in|the dev extra of pyproject.toml (scripts/lock.sh)|" locks/test.txt
-say "done: $(grep -c '==' locks/runtime.txt) + $(grep -c '==' locks/airflow.txt) + $(grep -c '==' locks/test.txt) pins"
-
-# requirements.lock: the union of both locks' pins without hashes (the Docker images read it).
-"$tmp/venv/bin/python" - <<'PY'
-import re
-from pathlib import Path
-
-pin = re.compile(r"^([A-Za-z0-9_.-]+)==([^ ;\\]+)")
-norm = lambda name: re.sub(r"[-_.]+", "-", name).lower()  # noqa: E731
-old = Path("requirements.lock").read_text().splitlines()
-header = [ln for ln in old if ln.startswith("#")]
-# keep the spelling the lock has (pip freeze's; the Dockerfiles grep for it)
-spelling = {norm(m[1]): m[1] for ln in old if (m := pin.match(ln))}
-pins = {}
-for lock in ("locks/airflow.txt", "locks/test.txt"):
-    for line in Path(lock).read_text().splitlines():
-        if m := pin.match(line):
-            pins[norm(m[1])] = f"{spelling.get(norm(m[1]), m[1])}=={m[2]}"
-body = sorted(pins.values(), key=str.lower)
-Path("requirements.lock").write_text("\n".join(header + body) + "\n")
-PY
-say "requirements.lock: rewritten from locks/airflow.txt + locks/test.txt"
+label locks/test.txt "the dev extra of pyproject.toml (scripts/lock.sh)"
+say "done: $(grep -c '==' locks/bootstrap.txt) + $(grep -c '==' locks/runtime.txt) + $(grep -c '==' locks/airflow.txt) + $(grep -c '==' locks/executor.txt) + $(grep -c '==' locks/test.txt) pins"

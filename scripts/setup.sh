@@ -8,12 +8,13 @@
 #   bash scripts/setup.sh cluster         # what scripts/cluster.sh needs (not part of the default run)
 #
 # Steps:
-#   python    .venv/ (Python >= 3.11), pip install --require-hashes -r locks/airflow.txt (every
-#             extra but dev, hashed), pip install -e . --no-deps
+#   python    .venv/ (Python >= 3.11, any bundled pip); that pip installs locks/bootstrap.txt only
+#             (the pinned installer uv and setuptools, hashed); uv installs locks/airflow.txt (every
+#             extra but dev; hashed, --no-deps: exactly the lock) and the project editable
 #   jars      Maven (jvm/*.xml) -> .jars/spark/ (spark.jars: Delta, Kafka connector)
 #                                -> .jars/kafka/ (a runnable Kafka KRaft broker)
 # --dev only (scripts/test.sh runs `setup.sh --dev`):
-#   devpython pip install --require-hashes -r locks/test.txt (pytest, ruff, mypy, ...) into .venv/
+#   devpython uv pip install --require-hashes --no-deps -r locks/test.txt (pytest, ruff, mypy, ...) into .venv/
 #   otelcol   the OpenTelemetry Collector of the metrics tests: go build scripts/otelcol (versions
 #             pinned in its go.mod/go.sum) -> .tools/otelcol/bin/otelcol; in the background, in
 #             parallel with the other steps (about 3 minutes on a cold Go cache)
@@ -46,6 +47,38 @@ die() { printf '[setup] ERROR: %s\n' "$*" >&2; exit 1; }
 # sha256 of the given files' contents (the stamps' key: when an input changes, the step reruns).
 digest() { cat "$@" | sha256sum | cut -d' ' -f1; }
 
+# The pinned installer: the venv's bundled pip (any version) installs only locks/bootstrap.txt
+# (uv and setuptools, hashed, no dependencies); uv installs every other lock.
+UV="$VENV/bin/uv"
+bootstrap() {
+    local stamp="$VENV/.splitkeeper-bootstrap.stamp" want log="$VENV/.splitkeeper-pip.log"
+    want="$(digest locks/bootstrap.txt)"
+    if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" && -x "$UV" ]]; then
+        return
+    fi
+    say "installer: pip install --require-hashes --no-deps -r locks/bootstrap.txt (uv, setuptools)"
+    PIP_DISABLE_PIP_VERSION_CHECK=1 "$VENV/bin/python" -m pip install --require-hashes --no-deps \
+        -r locks/bootstrap.txt > "$log" 2>&1 \
+        || { tail -n 40 "$log" >&2; die "pip install -r locks/bootstrap.txt failed (full log: $log)"; }
+    "$UV" --version >/dev/null 2>&1 || die "the pinned installer $UV does not run"
+    echo "$want" > "$stamp"
+}
+
+# uv_install LOCK: exactly the lock's pins (hashes checked, no resolution: nothing released after
+# the lock can change what lands), into .venv. --no-config: no uv.toml of the user's applies.
+uv_install() {
+    local lock="$1" log="$VENV/.splitkeeper-pip.log"
+    "$UV" pip install --no-config --python "$VENV/bin/python" --require-hashes --no-deps \
+        -r "$lock" >> "$log" 2>&1 \
+        || { tail -n 40 "$log" >&2; die "uv pip install -r $lock failed (full log: $log)"; }
+}
+
+# Every requirement of what is installed is met (the locks are complete; this proves it).
+uv_check() {
+    "$UV" pip check --no-config --python "$VENV/bin/python" >/dev/null 2>&1 \
+        || { "$UV" pip check --no-config --python "$VENV/bin/python" >&2; die "pip check found broken requirements"; }
+}
+
 step_python() {
     if [[ ! -x "$VENV/bin/python" ]]; then
         local py="${SPLITKEEPER_PYTHON:-}"
@@ -58,36 +91,36 @@ step_python() {
         say "creating $VENV with $("$py" -V 2>&1)"
         "$py" -m venv "$VENV" || die "python venv failed; on Debian: apt-get install -y python3-venv"
     fi
+    bootstrap
     local stamp="$VENV/.splitkeeper-python.stamp" want
-    want="$(digest locks/airflow.txt pyproject.toml)"
+    want="$(digest locks/bootstrap.txt locks/airflow.txt pyproject.toml)"
     if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
         say "python packages: up to date ($VENV)"
         return
     fi
     local log="$VENV/.splitkeeper-pip.log"
-    say "python packages: pip install --require-hashes -r locks/airflow.txt (pyspark is large: a few minutes the first time; log $log)"
-    "$VENV/bin/python" -m pip install --require-hashes -r locks/airflow.txt > "$log" 2>&1 \
-        || { tail -n 40 "$log" >&2; die "pip install -r locks/airflow.txt failed (full log: $log)"; }
-    say "python packages: pip install -e . --no-deps"
-    "$VENV/bin/python" -m pip install --no-deps -e . >> "$log" 2>&1 \
-        || { tail -n 40 "$log" >&2; die "pip install -e . failed (full log: $log)"; }
-    "$VENV/bin/python" -m pip check >/dev/null || { "$VENV/bin/python" -m pip check >&2; die "pip check found broken requirements"; }
+    say "python packages: uv pip install --require-hashes --no-deps -r locks/airflow.txt (log $log)"
+    uv_install locks/airflow.txt
+    say "python packages: uv pip install --no-deps --no-build-isolation -e ."
+    "$UV" pip install --no-config --python "$VENV/bin/python" --no-deps --no-build-isolation -e . >> "$log" 2>&1 \
+        || { tail -n 40 "$log" >&2; die "uv pip install -e . failed (full log: $log)"; }
+    uv_check
     echo "$want" > "$stamp"
 }
 
 # --dev: the test and check tools (locks/test.txt: the dev extra at the versions of locks/airflow.txt).
 step_devpython() {
     [[ -x "$VENV/bin/python" ]] || step_python
+    bootstrap
     local stamp="$VENV/.splitkeeper-devpython.stamp" want log="$VENV/.splitkeeper-pip.log"
-    want="$(digest locks/test.txt locks/airflow.txt)"
+    want="$(digest locks/bootstrap.txt locks/test.txt locks/airflow.txt)"
     if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
         say "devpython: up to date ($VENV)"
         return
     fi
-    say "devpython: pip install --require-hashes -r locks/test.txt (log $log)"
-    "$VENV/bin/python" -m pip install --require-hashes -r locks/test.txt >> "$log" 2>&1 \
-        || { tail -n 40 "$log" >&2; die "pip install -r locks/test.txt failed (full log: $log)"; }
-    "$VENV/bin/python" -m pip check >/dev/null || { "$VENV/bin/python" -m pip check >&2; die "pip check found broken requirements"; }
+    say "devpython: uv pip install --require-hashes --no-deps -r locks/test.txt (log $log)"
+    uv_install locks/test.txt
+    uv_check
     echo "$want" > "$stamp"
 }
 
