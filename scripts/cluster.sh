@@ -28,4 +28,4 @@ case "${1:-}" in
     up|status|down) ;;
     *) echo "usage: bash scripts/cluster.sh up|status|down [--dir DIR] [--json] [--purge]" >&2; exit 2 ;;
 esac
-exec "$PY" -m splitkeeper.tools.cluster "$@"
+exec "$PY" -m splitkeeper_tools.cluster "$@"

@@ -26,4 +26,4 @@ args=("$action" --data-dir "${SPLITKEEPER_KAFKA_DIR:-$ROOT/var/kafka}")
 if [[ "$action" == "start" && -n "${SPLITKEEPER_KAFKA_PORT:-}" ]]; then
     args+=(--port "$SPLITKEEPER_KAFKA_PORT")
 fi
-exec "$PY" -m splitkeeper.tools.kafka_broker "${args[@]}"
+exec "$PY" -m splitkeeper_tools.kafka_broker "${args[@]}"

@@ -13,4 +13,4 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 
 bash scripts/setup.sh
-exec "$ROOT/.venv/bin/python" -m splitkeeper.tools.demo "$@"
+exec "$ROOT/.venv/bin/python" -m splitkeeper_tools.demo "$@"

@@ -10,7 +10,8 @@
 # Steps:
 #   python    .venv/ (Python >= 3.11, any bundled pip); that pip installs locks/bootstrap.txt only
 #             (the pinned installer uv and setuptools, hashed); uv installs locks/airflow.txt (every
-#             extra but dev; hashed, --no-deps: exactly the lock) and the project editable
+#             extra but dev; hashed, --no-deps: exactly the lock), the product editable and its
+#             tools (tools/: splitkeeper-tools, the demo, bench, chaos, cluster) editable
 #   jars      Maven (jvm/*.xml) -> .jars/spark/ (spark.jars: Delta, Kafka connector)
 #                                -> .jars/kafka/ (a runnable Kafka KRaft broker)
 # --dev only (scripts/test.sh runs `setup.sh --dev`):
@@ -93,7 +94,7 @@ step_python() {
     fi
     bootstrap
     local stamp="$VENV/.splitkeeper-python.stamp" want
-    want="$(digest locks/bootstrap.txt locks/airflow.txt pyproject.toml)"
+    want="$(digest locks/bootstrap.txt locks/airflow.txt pyproject.toml tools/pyproject.toml)"
     if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
         say "python packages: up to date ($VENV)"
         return
@@ -101,9 +102,9 @@ step_python() {
     local log="$VENV/.splitkeeper-pip.log"
     say "python packages: uv pip install --require-hashes --no-deps -r locks/airflow.txt (log $log)"
     uv_install locks/airflow.txt
-    say "python packages: uv pip install --no-deps --no-build-isolation -e ."
-    "$UV" pip install --no-config --python "$VENV/bin/python" --no-deps --no-build-isolation -e . >> "$log" 2>&1 \
-        || { tail -n 40 "$log" >&2; die "uv pip install -e . failed (full log: $log)"; }
+    say "python packages: uv pip install --no-deps --no-build-isolation -e . -e tools (the product, its tools)"
+    "$UV" pip install --no-config --python "$VENV/bin/python" --no-deps --no-build-isolation -e . -e tools \
+        >> "$log" 2>&1 || { tail -n 40 "$log" >&2; die "uv pip install -e . -e tools failed (full log: $log)"; }
     uv_check
     echo "$want" > "$stamp"
 }
@@ -124,11 +125,13 @@ step_devpython() {
     echo "$want" > "$stamp"
 }
 
-# fetch_jars GROUP POM: copy POM's runtime dependencies into $JARS_DIR/GROUP with Maven.
+# fetch_jars GROUP POM [MAVEN ARGS...]: copy POM's runtime dependencies into $JARS_DIR/GROUP with Maven.
 fetch_jars() {
     local group="$1" pom="$2"
+    shift 2
+    local extra=("$@")
     local out="$JARS_DIR/$group" stamp="$JARS_DIR/.$group.stamp" want
-    want="$(digest "$pom" jvm/settings.xml)"
+    want="$(digest "$pom" jvm/settings.xml <(echo "${extra[*]}"))"
     if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]] && compgen -G "$out/*.jar" >/dev/null; then
         say "jars/$group: up to date ($(ls "$out" | wc -l) jars in $out)"
         return
@@ -138,7 +141,7 @@ fetch_jars() {
     rm -rf "$tmp"
     mkdir -p "$JARS_DIR"
     local mvn_args=(-q -B -Dstyle.color=never -s jvm/settings.xml -f "$pom"
-                    dependency:copy-dependencies "-Dsplitkeeper.jars.out=$tmp")
+                    dependency:copy-dependencies "-Dsplitkeeper.jars.out=$tmp" "${extra[@]}")
     # Offline first when the local Maven repository already holds the artifacts
     # (a warm ~/.m2); fall back to the network otherwise.
     say "jars/$group: mvn copy-dependencies from $pom"
@@ -197,7 +200,12 @@ step_jars() {
     if ! command -v java >/dev/null 2>&1; then
         die "Java not found; install a JDK >= 17: apt-get install -y openjdk-17-jdk-headless"
     fi
-    fetch_jars spark jvm/pom.xml
+    # The Spark jars follow the installed pyspark (the Kafka connector is built per Spark release).
+    local spark_version=""
+    if [[ -x "$VENV/bin/python" ]]; then
+        spark_version="$("$VENV/bin/python" -c 'from importlib.metadata import version; print(version("pyspark"))' 2>/dev/null || true)"
+    fi
+    fetch_jars spark jvm/pom.xml ${spark_version:+"-Dspark.version=$spark_version"}
     fetch_jars kafka jvm/kafka-broker.xml
     build_localfs
     # One rule, in Python: no jar of .jars/spark duplicates one pyspark ships.

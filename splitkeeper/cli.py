@@ -59,16 +59,9 @@ def _simulate() -> CommandModule:
     return command
 
 
-@_command("bench", "run a benchmark and print figures")
-def _bench() -> CommandModule:
-    from splitkeeper.tools.bench import command
-
-    return command
-
-
 @_command("doctor", "check Java, Spark, Delta jars, Airflow, Great Expectations, Kafka")
 def _doctor() -> CommandModule:
-    from splitkeeper.tools import doctor
+    from splitkeeper.commands import doctor
 
     return doctor
 
@@ -141,13 +134,6 @@ def _jars() -> CommandModule:
     from splitkeeper.commands import jars
 
     return jars
-
-
-@_command("chaos", "ingest under injected faults and prove exactly-once")
-def _chaos() -> CommandModule:
-    from splitkeeper.tools import chaos
-
-    return chaos
 
 
 # third-party top-level module -> the extra of pyproject.toml that installs it

@@ -31,7 +31,7 @@ import pytest
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import SparkSession
 
-    from splitkeeper.tools.kafka_broker import KafkaBroker
+    from splitkeeper_tools.kafka_broker import KafkaBroker
 
 _FIXTURE_MARKS = {"spark": "spark", "kafka_broker": "kafka"}
 SLOW_VARIANTS_OPTION = "--run-slow-variants"
@@ -125,7 +125,7 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkSession]:
 
 @pytest.fixture(scope="session")
 def kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaBroker]:
-    from splitkeeper.tools.kafka_broker import KafkaBroker
+    from splitkeeper_tools.kafka_broker import KafkaBroker
 
     broker = KafkaBroker(tmp_path_factory.mktemp("kafka"))
     broker.start(timeout_s=120)

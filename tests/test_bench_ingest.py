@@ -1,4 +1,4 @@
-"""``splitkeeper bench ingest``: the tiny end-to-end run (Spark) and the pure helpers around it.
+"""``splitkeeper-tools bench ingest``: the tiny end-to-end run (Spark) and the pure helpers around it.
 
 No timing assertions: the figures depend on the machine's load. The end-to-end test
 checks that both sides ingested exactly the input, that the JSON carries the agreed
@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 
-from splitkeeper import cli
 from splitkeeper.errors import InvalidParameterError
-from splitkeeper.tools.bench import ingest
-from splitkeeper.tools.bench.ingest import IngestSettings, average_phases, restore_verdict
-from splitkeeper.tools.bench.ingest_common import (
+from splitkeeper_tools import cli
+from splitkeeper_tools.bench import ingest
+from splitkeeper_tools.bench.ingest import IngestSettings, average_phases, restore_verdict
+from splitkeeper_tools.bench.ingest_common import (
     CDC_SCHEMA,
     JSON_SCHEMA,
     expected_cdc_rows,
@@ -124,7 +124,7 @@ def test_tiny_ingest_run_holds_exactly_the_input_in_both_sinks_and_reports_the_r
 def test_kafka_source_is_refused_as_not_available_while_its_module_is_missing(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(ingest, "KAFKA_MODULE", "splitkeeper.tools.bench._no_such_kafka_bench")
+    monkeypatch.setattr(ingest, "KAFKA_MODULE", "splitkeeper_tools.bench._no_such_kafka_bench")
     code = cli.main(["bench", "ingest", "--source", "kafka", "--json"])
     err = capsys.readouterr().err
     assert code == 2
@@ -132,7 +132,7 @@ def test_kafka_source_is_refused_as_not_available_while_its_module_is_missing(
 
 
 def test_kafka_source_runs_the_kafka_module_once_it_exists(monkeypatch: pytest.MonkeyPatch) -> None:
-    name = "splitkeeper.tools.bench._fake_ingest_kafka"
+    name = "splitkeeper_tools.bench._fake_ingest_kafka"
     fake = types.ModuleType(name)
     fake.__spec__ = importlib.machinery.ModuleSpec(name, None)
     seen: list[str] = []
@@ -151,7 +151,7 @@ def test_kafka_source_runs_the_kafka_module_once_it_exists(monkeypatch: pytest.M
     monkeypatch.setattr(ingest, "KAFKA_MODULE", name)
     assert cli.main(["bench", "ingest", "--source=kafka", "--topic", "orders"]) == 7
     assert seen == ["orders"]
-    assert ingest.module_for_source(["--source", "files"]) == "splitkeeper.tools.bench.ingest"
+    assert ingest.module_for_source(["--source", "files"]) == "splitkeeper_tools.bench.ingest"
 
 
 def test_an_unknown_source_is_refused_naming_what_is_allowed(capsys: pytest.CaptureFixture[str]) -> None:
@@ -320,7 +320,7 @@ def test_the_arrow_limit_writes_every_line_byte_for_byte_with_its_first_byte_as_
 ) -> None:
     import pyarrow.parquet as pq
 
-    from splitkeeper.tools.bench.limit import read_and_write
+    from splitkeeper_tools.bench.limit import read_and_write
 
     lines = [b'{"id": 1, "note": "caf\xc3\xa9"}', b"\xff\xfe not utf-8", b'a,b;"c"\tq']
     (tmp_path / "in").mkdir()

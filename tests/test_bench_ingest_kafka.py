@@ -1,4 +1,4 @@
-"""``splitkeeper bench ingest --source kafka``: a tiny end-to-end run (own broker, Spark) and bad input.
+"""``splitkeeper-tools bench ingest --source kafka``: a tiny end-to-end run (own broker, Spark) and bad input.
 
 No timing assertions beyond what the stall itself guarantees (the baseline's micro-batch
 waits for the sleeping record): the figures depend on the machine's load. The end-to-end
@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from splitkeeper import cli
 from splitkeeper.errors import InvalidParameterError
-from splitkeeper.tools.bench import ingest_kafka
-from splitkeeper.tools.bench.ingest_common import JSON_SCHEMA
-from splitkeeper.tools.bench.ingest_kafka import KafkaIngestSettings, latest_of, stall_filter
+from splitkeeper_tools import cli
+from splitkeeper_tools.bench import ingest_kafka
+from splitkeeper_tools.bench.ingest_common import JSON_SCHEMA
+from splitkeeper_tools.bench.ingest_kafka import KafkaIngestSettings, latest_of, stall_filter
 
 REQUIRED_KEYS = {
     "ours_records_per_s",
@@ -192,7 +192,7 @@ def test_the_kafka_limit_check_refuses_a_missing_a_changed_or_a_repeated_message
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from splitkeeper.tools.bench.limit import check_kafka_limit
+    from splitkeeper_tools.bench.limit import check_kafka_limit
 
     delivered = {("t", 0, 0): b"a", ("t", 0, 1): b"b\xff", ("t", 1, 0): b"c"}
 

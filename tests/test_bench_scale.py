@@ -1,4 +1,4 @@
-"""``splitkeeper bench scale``: a small run on the session's Spark checks what the figures mean.
+"""``splitkeeper-tools bench scale``: a small run on the session's Spark checks what the figures mean.
 
 Sizes 20 and 60 files, 2 measured epochs with 1% new data (one new file each), 5 checkpoints
 before the restore, 20,000 splits in the memory child: the JSON keys the issue names, each
@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from splitkeeper.errors import InvalidParameterError
-from splitkeeper.tools.bench.scale import DRIVER_PHASES, run_scale, write_chart
+from splitkeeper_tools.bench.scale import DRIVER_PHASES, run_scale, write_chart
 
 pytestmark = [pytest.mark.spark]
 
@@ -88,7 +88,7 @@ def test_the_file_splits_row_reports_overhead_restore_and_rss_of_its_own_run(
 
 
 def test_bad_sizes_are_refused_naming_the_option() -> None:
-    from splitkeeper.tools.bench.scale import _sizes
+    from splitkeeper_tools.bench.scale import _sizes
 
     with pytest.raises(InvalidParameterError) as err:
         _sizes("1000,abc")
@@ -128,7 +128,7 @@ def test_the_kafka_part_reads_one_percent_of_the_partitions_per_epoch_exactly(
 
 
 def test_bad_kafka_partitions_are_refused_naming_the_option() -> None:
-    from splitkeeper.tools.bench.scale import _sizes
+    from splitkeeper_tools.bench.scale import _sizes
 
     with pytest.raises(InvalidParameterError) as err:
         _sizes("100,x", "--kafka-partitions", "partition counts >= 10")

@@ -1,4 +1,4 @@
-"""``splitkeeper bench table``: one command regenerates the README's speed table, with the load.
+"""``splitkeeper-tools bench table``: one command regenerates the README's speed table, with the load.
 
 The cheap tests check what the command refuses before it measures anything, and how a failed
 row shows; the slow variant runs the real command (a tiny files benchmark in a fresh process)
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from splitkeeper import cli
-from splitkeeper.tools.bench import table
+from splitkeeper_tools import cli
+from splitkeeper_tools.bench import table
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
@@ -78,12 +78,12 @@ def test_the_command_runs_the_benchmark_and_writes_its_figures_and_load_into_the
     readme = tmp_path / "README.md"
     readme.write_text(README.read_text(encoding="utf-8"), encoding="utf-8")
     done = subprocess.run(
-        [sys.executable, "-m", "splitkeeper", "bench", "table", "--only", "files", "--tiny",
+        [sys.executable, "-m", "splitkeeper_tools", "bench", "table", "--only", "files", "--tiny",
          "--write", str(readme), "--out", str(tmp_path / "charts")],
         capture_output=True, text=True, timeout=900, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "[bench table 1/1] splitkeeper bench ingest --source files --limit" in done.stderr
+    assert "[bench table 1/1] splitkeeper-tools bench ingest --source files --limit" in done.stderr
     block = readme.read_text(encoding="utf-8").split(table.BEGIN)[1].split(table.END)[0]
     rows = [line for line in block.splitlines() if line.startswith("| `bench")]
     assert len(rows) == 1

@@ -1,4 +1,4 @@
-"""``splitkeeper chaos --source kafka``: a reduced run proves exactly-once under every fault kind.
+"""``splitkeeper-tools chaos --source kafka``: a reduced run proves exactly-once under every fault kind.
 
 The chaos command starts its own broker, produces the messages, runs the pipeline as child
 processes (six drivers SIGKILLed at the six crash points, a region failure, a stalled region,
@@ -32,8 +32,8 @@ from splitkeeper.delta import retries
 from splitkeeper.sim.events import RegionFailure
 from splitkeeper.sim.simulator import ReassignableSimSource, SimClock, SimEpochSink, SimRegionRunner, SimState
 from splitkeeper.sim.sink import SimulatedSink
-from splitkeeper.tools.chaos.runner import chaos_value
-from splitkeeper.tools.chaos.schedule import (
+from splitkeeper_tools.chaos.runner import chaos_value
+from splitkeeper_tools.chaos.schedule import (
     PLANNED,
     FaultKind,
     Tuning,
@@ -41,18 +41,18 @@ from splitkeeper.tools.chaos.schedule import (
     faults_epoch_records,
     planned_counts,
 )
-from splitkeeper.tools.chaos.store import versitygw_binary
-from splitkeeper.tools.chaos.verify import compare_sink
-from splitkeeper.tools.kafka_testbed import value_text
+from splitkeeper_tools.chaos.store import versitygw_binary
+from splitkeeper_tools.chaos.verify import compare_sink
+from splitkeeper_tools.kafka_testbed import value_text
 
 REPO = Path(__file__).resolve().parents[1]
 EXPECTED_BY_KIND = {kind.value: count for kind, count in PLANNED.items()}
 
 
 def chaos(*argv: str, timeout_s: float) -> subprocess.CompletedProcess[str]:
-    """``python -m splitkeeper chaos <argv>`` with the small local Spark of the runtime tests' children."""
+    """``python -m splitkeeper_tools chaos <argv>`` on the runtime tests' small local Spark."""
     return subprocess.run(
-        [sys.executable, "-m", "splitkeeper", "chaos", *argv],
+        [sys.executable, "-m", "splitkeeper_tools", "chaos", *argv],
         env=subprocess_env(),
         cwd=str(REPO),
         capture_output=True,
@@ -280,8 +280,8 @@ class _AskedRunner(SimRegionRunner):
 def test_an_act_that_the_store_fails_before_its_faults_came_due_is_played_again() -> None:
     """A driver the store failed before any fault of its act came due is played again (bounded by
     ACT_REPLAYS); one that failed later, was SIGKILLed or ended well is not."""
-    from splitkeeper.tools.chaos.processes import EpochLine, RunOutcome
-    from splitkeeper.tools.chaos.runner import KafkaChaos
+    from splitkeeper_tools.chaos.processes import EpochLine, RunOutcome
+    from splitkeeper_tools.chaos.runner import KafkaChaos
 
     faults, ingest = draw_schedule(7, Tuning(200), pause=True)[:2]
     first_due = min(f.epoch for f in faults.region_faults)
@@ -304,8 +304,8 @@ def test_a_takeover_the_store_failed_before_it_committed_runs_again_while_the_dr
 ) -> None:
     """DriverPause: the frozen driver (here a real ``sleep``, SIGSTOPped) stays frozen while a takeover
     that a store fault stopped is run again; the second's commit is the fault's evidence."""
-    from splitkeeper.tools.chaos.live import TAKEOVER_RUNS, DriverPause
-    from splitkeeper.tools.chaos.processes import EpochLine, RunOutcome
+    from splitkeeper_tools.chaos.live import TAKEOVER_RUNS, DriverPause
+    from splitkeeper_tools.chaos.processes import EpochLine, RunOutcome
 
     driver = subprocess.Popen(["sleep", "60"])
     launched: list[tuple[str, str]] = []
@@ -449,7 +449,7 @@ def test_store_s3_or_profile_cluster_without_the_local_s3_server_exits_2_naming_
     tmp_path: Path, option: str, value: str
 ) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "splitkeeper", "chaos", "--source", "kafka", option, value],
+        [sys.executable, "-m", "splitkeeper_tools", "chaos", "--source", "kafka", option, value],
         env=subprocess_env(SPLITKEEPER_TOOLS_DIR=str(tmp_path)),  # no versitygw there
         cwd=str(REPO),
         capture_output=True,
@@ -465,11 +465,11 @@ def test_store_s3_or_profile_cluster_without_the_local_s3_server_exits_2_naming_
 def test_profile_cluster_without_spark_exits_2_naming_the_profile_before_anything_starts(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import splitkeeper.tools.chaos as chaos_cli
-    from splitkeeper import cli
+    import splitkeeper_tools.chaos as chaos_cli
+    from splitkeeper_tools import cli
 
     monkeypatch.setattr(chaos_cli, "versitygw_binary", lambda: tmp_path / "versitygw")  # the store is there
-    monkeypatch.setattr("splitkeeper.tools.cluster.local.spark_home", lambda: tmp_path)  # no bin/spark-class
+    monkeypatch.setattr("splitkeeper_tools.cluster.local.spark_home", lambda: tmp_path)  # no bin/spark-class
     code = cli.main(["chaos", "--source", "kafka", "--profile", "cluster", "--workdir", str(tmp_path / "w")])
 
     err = capsys.readouterr().err
@@ -491,7 +491,7 @@ def test_a_drivers_python_workers_are_found_by_its_tag_off_its_process_tree_too(
     import os
     import time
 
-    from splitkeeper.tools.chaos.processes import DRIVER_TAG_ENV, ancestry, in_sleep, pyspark_workers
+    from splitkeeper_tools.chaos.processes import DRIVER_TAG_ENV, ancestry, in_sleep, pyspark_workers
 
     # a "daemon" forks a "worker" that sleeps, as pyspark.daemon forks its workers
     daemon = "import os, time\nif os.fork() == 0:\n    time.sleep(60)\nelse:\n    time.sleep(60)\n"

@@ -21,7 +21,7 @@ DELTA_CONTRACT = "delta: the Delta package imports no engine-side or user-facing
 HISTORY_CONTRACT = "report and checks read state through the Delta package's API, never its tables module"
 ENGINES_CONTRACT = "core: the protocol core imports no engine and no config-model library"
 PIPELINE_CONTRACT = "commands, orchestration and the provider reach the pipeline only through splitkeeper.app"
-TOOLS_CONTRACT = "tools: only the CLI and the tools themselves import splitkeeper.tools"
+TOOLS_CONTRACT = "tools: the product never imports splitkeeper_tools"
 CLI_CONTRACT = "cli: only python -m splitkeeper imports the CLI"
 CONFIG_CONTRACT = (
     "config: the pipeline file's models import no engine, store or user-facing part of splitkeeper"
@@ -39,17 +39,18 @@ CONTRACTS = (
 )
 
 
-def _env(pythonpath: Path) -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(pythonpath), "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
+def _env(root: Path) -> dict[str, str]:
+    """The product and its tools (tools/, the splitkeeper-tools distribution) of ``root`` first."""
+    pythonpath = f"{root}{os.pathsep}{root / 'tools'}"
+    return {**os.environ, "PYTHONPATH": pythonpath, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
 
 
 @pytest.fixture
 def tree(tmp_path: Path) -> Path:
-    """A copy of the package and of pyproject.toml (where the contracts and the mypy settings live)."""
+    """A copy of the package, its tools and pyproject.toml (contracts, mypy settings)."""
     shutil.copy2(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
-    shutil.copytree(
-        ROOT / "splitkeeper", tmp_path / "splitkeeper", ignore=shutil.ignore_patterns("__pycache__")
-    )
+    for folder in ("splitkeeper", "tools/splitkeeper_tools"):
+        shutil.copytree(ROOT / folder, tmp_path / folder, ignore=shutil.ignore_patterns("__pycache__"))
     return tmp_path
 
 
@@ -104,29 +105,30 @@ def test_the_contracts_are_kept_by_this_checkout(tree: Path) -> None:
         ("splitkeeper/spark/_probe.py", "import splitkeeper.sim.simulator", SPARK_CONTRACT),
         (
             "splitkeeper/spark/_probe.py",
-            "import splitkeeper.tools.bench.ingest",
+            "import splitkeeper_tools.bench.ingest",
             (SPARK_CONTRACT, TOOLS_CONTRACT),
         ),
         (
             "splitkeeper/spark/sources/_probe.py",
-            "import splitkeeper.tools.chaos",
+            "import splitkeeper_tools.chaos",
             (SPARK_CONTRACT, TOOLS_CONTRACT),
         ),
         (
             "splitkeeper/spark/_probe.py",
-            "import splitkeeper.tools.demo",
+            "import splitkeeper_tools.demo",
             (SPARK_CONTRACT, TOOLS_CONTRACT),
         ),
         # the product (any package, a new one too) imports no tool, and no module but __main__ the CLI
-        ("splitkeeper/app/_probe.py", "import splitkeeper.tools.doctor", TOOLS_CONTRACT),
+        ("splitkeeper/app/_probe.py", "import splitkeeper_tools.otelcol", TOOLS_CONTRACT),
+        ("splitkeeper/commands/_probe.py", "from splitkeeper_tools import fault_proxy", TOOLS_CONTRACT),
         (
             "splitkeeper/delta/_probe.py",
-            "from splitkeeper.tools.kafka_broker import free_port",
+            "from splitkeeper_tools.kafka_broker import free_port",
             (DELTA_CONTRACT, TOOLS_CONTRACT),
         ),
-        ("splitkeeper/newpart/_probe.py", "from splitkeeper.tools import cluster", TOOLS_CONTRACT),
+        ("splitkeeper/newpart/_probe.py", "from splitkeeper_tools import cluster", TOOLS_CONTRACT),
         ("splitkeeper/commands/_probe.py", "from splitkeeper import cli", CLI_CONTRACT),
-        ("splitkeeper/tools/_probe.py", "import splitkeeper.cli", CLI_CONTRACT),
+        ("tools/splitkeeper_tools/_probe.py", "import splitkeeper.cli", CLI_CONTRACT),
         ("splitkeeper/commands/_probe.py", "from splitkeeper.app import pipeline", PIPELINE_CONTRACT),
         ("splitkeeper/orchestration/_probe.py", "import splitkeeper.app.pipeline", PIPELINE_CONTRACT),
         ("splitkeeper/delta/_probe.py", "import splitkeeper.spark.session", DELTA_CONTRACT),
@@ -149,7 +151,7 @@ def test_a_forbidden_import_breaks_its_contract_and_names_the_module(
     assert done.returncode == 1, done.stdout + done.stderr
     states = _contract_lines(done.stdout)
     assert sorted(name for name, state in states.items() if state == "BROKEN") == sorted(expected)
-    assert module.removesuffix(".py").replace("/", ".") in done.stdout
+    assert module.removesuffix(".py").removeprefix("tools/").replace("/", ".") in done.stdout
 
 
 def test_the_import_graph_holds_an_arrow_from_the_cli_to_every_command_module() -> None:
@@ -222,7 +224,7 @@ def test_check_sh_prints_one_line_per_check_and_passes_on_this_checkout() -> Non
 def test_check_sh_fails_when_a_check_fails_and_still_runs_the_others(tmp_path: Path) -> None:
     for name in ("pyproject.toml", "README.md"):
         shutil.copy2(ROOT / name, tmp_path / name)
-    for folder in ("splitkeeper", "scripts"):
+    for folder in ("splitkeeper", "scripts", "tools/splitkeeper_tools"):
         shutil.copytree(ROOT / folder, tmp_path / folder, ignore=shutil.ignore_patterns("__pycache__"))
     if (ROOT / ".mypy_cache").is_dir():  # mypy from a warm cache: seconds instead of a minute
         shutil.copytree(ROOT / ".mypy_cache", tmp_path / ".mypy_cache")

@@ -1,4 +1,4 @@
-"""The main job (``bash scripts/run.sh`` runs ``python -m splitkeeper.tools.demo``) tells its story.
+"""The main job (``bash scripts/run.sh`` runs ``python -m splitkeeper_tools.demo``) tells its story.
 
 The demo itself runs end to end in a fresh process (real Airflow DAG runs on SQLite, local
 Spark and Delta, its own Kafka broker), with small data: by default its output is the
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from splitkeeper.tools import demo
+from splitkeeper_tools import demo
 
 
 class _Terminal(io.StringIO):
@@ -64,7 +64,7 @@ def test_the_demo_prints_only_its_story_and_ends_with_the_report_line(tmp_path: 
         [
             sys.executable,
             "-m",
-            "splitkeeper.tools.demo",
+            "splitkeeper_tools.demo",
             "--workspace",
             str(workspace),
             "--lines",

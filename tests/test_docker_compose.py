@@ -145,7 +145,7 @@ def test_every_part_of_the_deployment_is_a_service(services):
 
 
 def test_the_services_are_those_the_cluster_script_starts(services):
-    from splitkeeper.tools.cluster.local import SERVICES
+    from splitkeeper_tools.cluster.local import SERVICES
 
     assert set(SERVICES) <= set(services), sorted(set(SERVICES) - set(services))
     assert set(services) - set(SERVICES) == {"airflow-init", "kafka-init", "object-store-init"}
@@ -317,7 +317,7 @@ def test_environment_points_splitkeeper_at_the_cluster_object_storage_and_kafka(
     assert "PLAINTEXT://kafka:9092" in env(services["kafka"])["KAFKA_ADVERTISED_LISTENERS"]
     init = as_list(services["object-store-init"]["command"])
     bucket = init[-1]
-    assert init[:3] == ["-m", "splitkeeper.tools.cluster.s3", "create-bucket"]
+    assert init[:3] == ["-m", "splitkeeper_tools.cluster.s3", "create-bucket"]
     assert variables["SPLITKEEPER_LAKE_ROOT"] == f"s3a://{bucket}"
     for var in ("SPLITKEEPER_EXPECTATIONS_DIR",):
         assert host_path(scheduler, variables[var]).is_dir(), var

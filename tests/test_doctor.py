@@ -11,27 +11,27 @@ from pathlib import Path
 import pytest
 
 from splitkeeper.cli import main
-from splitkeeper.tools import doctor
-from splitkeeper.tools.doctor import CheckResult, CheckStatus
+from splitkeeper.commands import doctor
+from splitkeeper.commands.doctor import CheckResult, CheckStatus
+from splitkeeper.spark import jars as jarlib
 
 ROOT = Path(__file__).resolve().parents[1]
 
-EXPECTED_CHECKS = [
+#: what a wheel needs; a checkout adds CHECKOUT_CHECKS
+PRODUCT_CHECKS = [
     "java",
-    "maven",
     "pyspark",
     "delta-spark (python)",
     "delta jar",
     "spark kafka connector",
     "spark classpath",
-    "kafka broker jars",
-    "local file system jar",
     "airflow",
     "great-expectations",
     "confluent-kafka",
-    "chromium (browser tests)",
-    "otelcol (metrics tests)",
+    "prometheus-client",
 ]
+CHECKOUT_CHECKS = ["maven", "kafka broker jars", "local file system jar"]
+EXPECTED_CHECKS = PRODUCT_CHECKS + CHECKOUT_CHECKS
 
 
 def _doctor(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -69,7 +69,7 @@ def test_doctor_json_mode_parses_and_lists_each_check_with_status_and_fix():
     by_name = {c["name"]: c for c in report["checks"]}
     assert by_name["pyspark"]["detail"].startswith("4.1.1")
     assert "delta-spark_4.1_2.13-" in by_name["delta jar"]["detail"]
-    assert by_name["chromium (browser tests)"]["required"] is False
+    assert by_name["maven"]["required"] is False
     assert by_name["local file system jar"]["status"] == "ok"  # setup.sh builds it
     assert by_name["local file system jar"]["required"] is False
 
@@ -78,9 +78,11 @@ def test_doctor_without_jars_exits_1_with_a_fix_line_per_missing_piece(tmp_path)
     result = _doctor(env={"SPLITKEEPER_JARS_DIR": str(tmp_path / "empty")})
     assert result.returncode == 1
     fixes = [line for line in result.stdout.splitlines() if line.startswith("fix ")]
+    # SPLITKEEPER_JARS_DIR names a folder of the user's: `jars fetch` fills it; the broker is the
+    # checkout's (setup.sh builds it)
     assert fixes == [
-        "fix delta jar: bash scripts/setup.sh",
-        "fix spark kafka connector: bash scripts/setup.sh",
+        "fix delta jar: splitkeeper jars fetch",
+        "fix spark kafka connector: splitkeeper jars fetch",
         "fix kafka broker jars: bash scripts/setup.sh",
     ]
     report = json.loads(_doctor("--json", env={"SPLITKEEPER_JARS_DIR": str(tmp_path / "empty")}).stdout)
@@ -143,9 +145,7 @@ def test_parse_java_version(text, major):
 def test_optional_failures_do_not_block_readiness():
     results = [
         CheckResult("java", CheckStatus.OK, "17"),
-        CheckResult(
-            "chromium (browser tests)", CheckStatus.WARN, "not found", "apt-get install -y chromium", False
-        ),
+        CheckResult("maven", CheckStatus.WARN, "not found", "apt-get install -y maven", False),
     ]
     assert doctor.is_ready(results)
     assert not doctor.is_ready([*results, CheckResult("delta jar", CheckStatus.FAIL, "missing", "x")])
@@ -155,3 +155,34 @@ def test_doctor_is_reachable_through_the_cli_dispatcher(capsys):
     assert main(["doctor", "--json", "--jars-dir", str(Path("/nonexistent-splitkeeper-jars"))]) == 1
     report = json.loads(capsys.readouterr().out)
     assert report["ready"] is False
+
+
+@pytest.fixture
+def as_a_wheel(monkeypatch: pytest.MonkeyPatch) -> None:
+    """splitkeeper as an installed wheel: no checkout above the package."""
+    monkeypatch.setattr(doctor, "checkout_root", lambda: None)
+    monkeypatch.setattr(jarlib, "checkout_root", lambda: None)
+
+
+def test_a_wheel_user_gets_no_checkout_check_and_only_commands_they_have(as_a_wheel, tmp_path):
+    """No FAIL for the broker jars a wheel does not ship, and no advice to run scripts/setup.sh."""
+    results = doctor.run_checks(root=tmp_path / "empty")
+    # (no jars folder at all: the classpath check has nothing to compare)
+    assert [r.name for r in results] == [c for c in PRODUCT_CHECKS if c != "spark classpath"]
+    fixes = {r.name: r.fix for r in results if r.status is CheckStatus.FAIL}
+    assert fixes == {"delta jar": "splitkeeper jars fetch", "spark kafka connector": "splitkeeper jars fetch"}
+    assert all("scripts/" not in r.fix for r in results)
+    assert doctor.install_fix("metrics") == 'pip install "splitkeeper[metrics]"'
+
+
+def test_pyspark_overwritten_by_another_pyspark_client_names_a_pair_that_exists(as_a_wheel, monkeypatch):
+    """pyspark 4.1.4's metadata over pyspark-client 4.1.3's code: the fix reinstalls both at the one
+    release splitkeeper's airflow extra pins them to (published for both), not at 4.1.4 (no client)."""
+    versions = {"pyspark": "4.1.4", "pyspark-client": "4.1.3"}
+    monkeypatch.setattr(doctor.metadata, "version", lambda dist: versions[dist])
+    result = doctor.check_pyspark()
+    assert result.status is CheckStatus.FAIL
+    assert "metadata 4.1.4 but code 4.1.1" in result.detail  # the code here is the lock's 4.1.1
+    pin = doctor.lockstep_pin()
+    assert pin == "4.1.1"
+    assert result.fix == f"pip install --force-reinstall --no-deps pyspark=={pin} pyspark-client=={pin}"

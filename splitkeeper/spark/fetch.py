@@ -1,8 +1,11 @@
 """``splitkeeper jars fetch``: the Spark jars of an installed splitkeeper, without a checkout.
 
-The wheel ships :data:`MANIFEST` (package data ``splitkeeper/spark/spark_jars.json``): the
-Maven coordinates, size and SHA-256 of every jar of the ``spark`` jar group, i.e. exactly
-what ``scripts/setup.sh`` copies into ``.jars/spark/`` with Maven from ``jvm/pom.xml``.
+The wheel ships :data:`MANIFEST` (package data ``splitkeeper/spark/spark_jars.json``): for each
+Spark version of pyspark's declared range, the Maven coordinates, size and SHA-256 of every jar
+of the ``spark`` jar group, i.e. exactly what ``scripts/setup.sh`` copies into ``.jars/spark/``
+with Maven from ``jvm/pom.xml`` for that Spark (``-Dspark.version``). The jars follow the
+installed pyspark: :func:`load_manifest` picks its version's entry, and a pyspark the manifest
+does not know is an error that names the versions it does.
 :func:`fetch` downloads them from Maven Central (or ``$SPLITKEEPER_MAVEN_REPO``: any Maven
 repository URL, ``file://`` included) into ``<root>/spark/``, verifying each file's SHA-256
 before it takes the jar's name, so a half-written or tampered file never reaches
@@ -14,8 +17,8 @@ The root is ``$SPLITKEEPER_JARS_DIR`` when set, else :func:`user_cache_root`
 
 The manifest cannot drift from the pom: :func:`manifest_from_maven` asks Maven for the same
 resolution setup.sh makes, and a test compares it with the shipped file
-(``python -m splitkeeper.spark.fetch --write`` regenerates it). Only the standard library is
-imported.
+(``python -m splitkeeper.spark.fetch --write --online`` regenerates every version's entry). Only
+the standard library is imported.
 """
 
 from __future__ import annotations
@@ -84,12 +87,7 @@ class Manifest:
     jars: tuple[JarCoordinate, ...]
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "spark_version": self.spark_version,
-            "group": self.group,
-            "source": "jvm/pom.xml (python -m splitkeeper.spark.fetch --write regenerates this file)",
-            "jars": [j.to_dict() for j in self.jars],
-        }
+        return {"jars": [j.to_dict() for j in self.jars]}
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,11 +110,56 @@ class FetchResult:
         }
 
 
-def load_manifest(path: Path | None = None) -> Manifest:
-    """The manifest shipped in the package (or the file at ``path``)."""
-    path = MANIFEST if path is None else path
+def _read_manifest(path: Path) -> dict[str, Any]:
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(raw.get("spark_versions"), dict) or not raw["spark_versions"]:
+            raise KeyError("spark_versions")
+        return dict(raw)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+        raise EnvironmentNotReadyError(
+            f"the jar manifest {path} is missing or unreadable ({err}); reinstall splitkeeper",
+            manifest=str(path),
+        ) from err
+
+
+def supported_spark_versions(path: Path | None = None) -> tuple[str, ...]:
+    """The Spark versions the manifest has jars for, oldest first."""
+    versions = _read_manifest(MANIFEST if path is None else path)["spark_versions"]
+    return tuple(sorted(versions, key=lambda v: tuple(int(x) for x in v.split(".") if x.isdigit())))
+
+
+def installed_spark_version() -> str:
+    """The installed pyspark's version (package metadata), which the jars must follow."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("pyspark")
+    except metadata.PackageNotFoundError as err:
+        raise EnvironmentNotReadyError(
+            "pyspark is not installed, so there is no Spark to fetch jars for: "
+            'pip install "splitkeeper[spark]"'
+        ) from err
+
+
+def load_manifest(path: Path | None = None, spark_version: str | None = None) -> Manifest:
+    """The jars of ``spark_version`` (default: the installed pyspark's) from the shipped manifest
+    (or the file at ``path``). A version the manifest does not list is EnvironmentNotReadyError
+    naming the versions it does."""
+    path = MANIFEST if path is None else path
+    raw = _read_manifest(path)
+    version = spark_version or installed_spark_version()
+    entry = raw["spark_versions"].get(version)
+    if entry is None:
+        known = ", ".join(supported_spark_versions(path))
+        raise EnvironmentNotReadyError(
+            f"this splitkeeper has no Spark jars for pyspark {version}: it knows Spark {known}. Install "
+            f"one of those (pip install pyspark=={known.rsplit(', ', 1)[-1]}), or a splitkeeper release "
+            f"made for Spark {version}",
+            spark_version=version,
+            supported=known,
+        )
+    try:
         jars = tuple(
             JarCoordinate(
                 group=j["group"],
@@ -125,25 +168,25 @@ def load_manifest(path: Path | None = None) -> Manifest:
                 size=int(j["size"]),
                 sha256=j["sha256"],
             )
-            for j in raw["jars"]
+            for j in entry["jars"]
         )
-        return Manifest(spark_version=raw["spark_version"], group=raw["group"], jars=jars)
-    except (OSError, ValueError, KeyError, TypeError) as err:
+    except (KeyError, TypeError, ValueError) as err:
         raise EnvironmentNotReadyError(
-            f"the jar manifest {path} is missing or unreadable ({err}); reinstall splitkeeper",
+            f"the jar manifest {path} has a damaged entry for Spark {version} ({err}); reinstall splitkeeper",
             manifest=str(path),
         ) from err
+    return Manifest(spark_version=version, group=str(raw.get("group", "spark")), jars=jars)
 
 
 def user_cache_root(spark_version: str | None = None, env: Mapping[str, str] | None = None) -> Path:
     """``$XDG_CACHE_HOME/splitkeeper/jars/<spark version>`` (default ``~/.cache/...``).
 
-    ``spark_version`` defaults to the manifest's: the Spark the shipped jars are built for.
+    ``spark_version`` defaults to the installed pyspark's: the Spark the jars are fetched for.
     """
     env = os.environ if env is None else env
     base = env.get("XDG_CACHE_HOME", "").strip()
     cache = Path(base).expanduser() if base else Path(env.get("HOME") or Path.home()).expanduser() / ".cache"
-    version = spark_version or load_manifest().spark_version
+    version = spark_version or installed_spark_version()
     return (cache / "splitkeeper" / "jars" / version).resolve()
 
 
@@ -278,8 +321,12 @@ def manifest_from_folder(folder: Path, spark_version: str, group: str = "spark")
     return Manifest(spark_version=spark_version, group=group, jars=tuple(jars))
 
 
-def manifest_from_maven(checkout: Path, pom: str = "jvm/pom.xml", offline: bool = True) -> Manifest:
-    """What Maven resolves from ``pom`` (setup.sh's own command, in repository layout)."""
+def manifest_from_maven(
+    checkout: Path, spark_version: str | None = None, pom: str = "jvm/pom.xml", offline: bool = True
+) -> Manifest:
+    """What Maven resolves from ``pom`` for ``spark_version`` (default: the pom's own
+    ``spark.version``): setup.sh's own command, in repository layout."""
+    version = spark_version or pom_spark_version(checkout / pom)
     env = dict(os.environ)
     env.setdefault(MAVEN_REPO_ENV, MAVEN_CENTRAL)
     with tempfile.TemporaryDirectory(prefix="splitkeeper-jars-") as tmp:
@@ -295,6 +342,7 @@ def manifest_from_maven(checkout: Path, pom: str = "jvm/pom.xml", offline: bool 
             str(checkout / pom),
             "dependency:copy-dependencies",
             f"-Dsplitkeeper.jars.out={tmp}",
+            f"-Dspark.version={version}",
             "-Dmdep.useRepositoryLayout=true",
         ]
         done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
@@ -303,7 +351,17 @@ def manifest_from_maven(checkout: Path, pom: str = "jvm/pom.xml", offline: bool 
                 f"Maven could not resolve {pom} ({' '.join(cmd)}): {(done.stdout + done.stderr)[-2000:]}",
                 pom=pom,
             )
-        return manifest_from_folder(Path(tmp), pom_spark_version(checkout / pom))
+        return manifest_from_folder(Path(tmp), version)
+
+
+def manifest_document(manifests: Sequence[Manifest]) -> dict[str, Any]:
+    """The JSON document of :data:`MANIFEST` for ``manifests`` (one per Spark version)."""
+    return {
+        "group": "spark",
+        "source": "jvm/pom.xml with -Dspark.version=<each> "
+        "(python -m splitkeeper.spark.fetch --write --online regenerates this file)",
+        "spark_versions": {m.spark_version: m.to_dict() for m in manifests},
+    }
 
 
 def _main(argv: Sequence[str] | None = None) -> int:
@@ -311,12 +369,21 @@ def _main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m splitkeeper.spark.fetch", description=_main.__doc__)
     parser.add_argument("--write", action="store_true", help=f"write {MANIFEST.name} (else print it)")
     parser.add_argument("--online", action="store_true", help="let Maven use the network")
+    parser.add_argument(
+        "--spark-versions",
+        default="",
+        help="comma-separated Spark versions (default: those the manifest lists now)",
+    )
     args = parser.parse_args(argv)
     checkout = Path(__file__).resolve().parents[2]
-    text = json.dumps(manifest_from_maven(checkout, offline=not args.online).to_dict(), indent=2) + "\n"
+    versions = [v.strip() for v in args.spark_versions.split(",") if v.strip()] or list(
+        supported_spark_versions()
+    )
+    manifests = [manifest_from_maven(checkout, v, offline=not args.online) for v in versions]
+    text = json.dumps(manifest_document(manifests), indent=2) + "\n"
     if args.write:
         MANIFEST.write_text(text, encoding="utf-8")
-        print(f"wrote {MANIFEST}")
+        print(f"wrote {MANIFEST} (Spark {', '.join(versions)})")
     else:
         sys.stdout.write(text)
     return 0

@@ -277,12 +277,9 @@ def duplicate_jars(jars: Sequence[JarFile], bundled: Sequence[JarFile]) -> list[
 
 
 def _installed_pyspark_version() -> str:
-    from importlib import metadata
+    from splitkeeper.spark.fetch import installed_spark_version
 
-    try:
-        return metadata.version("pyspark")
-    except metadata.PackageNotFoundError as err:
-        raise EnvironmentNotReadyError(f"pyspark is not installed; run `{SETUP_FIX}`") from err
+    return installed_spark_version()
 
 
 def _check_main(argv: Sequence[str] | None = None) -> int:

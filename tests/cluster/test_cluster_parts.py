@@ -12,7 +12,7 @@ from datetime import UTC
 
 import pytest
 
-from splitkeeper.tools.cluster.local import (
+from splitkeeper_tools.cluster.local import (
     PORT_NAMES,
     SERVICES,
     ClusterError,
@@ -24,7 +24,7 @@ from splitkeeper.tools.cluster.local import (
     format_status,
     scram_sha256,
 )
-from splitkeeper.tools.cluster.s3 import S3Client
+from splitkeeper_tools.cluster.s3 import S3Client
 
 
 def test_credentials_are_generated_fresh_saved_0600_and_never_shown(tmp_path):
@@ -109,7 +109,7 @@ def test_the_env_file_sources_the_credentials_and_holds_no_secret(tmp_path):
 def test_a_spark_only_cluster_gives_its_drivers_the_master_and_authentication_and_no_s3a(tmp_path):
     """``up_spark``'s files and client environment (no process started here)."""
     from splitkeeper.spark.session import SparkSettings
-    from splitkeeper.tools.cluster.local import SPARK_PORT_NAMES, SPARK_SERVICES
+    from splitkeeper_tools.cluster.local import SPARK_PORT_NAMES, SPARK_SERVICES
 
     cluster = LocalCluster(tmp_path / "c")
     (cluster.root / "spark").mkdir(parents=True)

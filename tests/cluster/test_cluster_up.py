@@ -32,8 +32,8 @@ from typing import Any
 import pytest
 
 from splitkeeper.resources import require_checkout
-from splitkeeper.tools.cluster.local import BUCKET, HOST, SERVICES, LocalCluster, _get_json
-from splitkeeper.tools.cluster.s3 import S3Client, S3Error
+from splitkeeper_tools.cluster.local import BUCKET, HOST, SERVICES, LocalCluster, _get_json
+from splitkeeper_tools.cluster.s3 import S3Client, S3Error
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -348,7 +348,7 @@ def test_the_store_probe_passes_on_the_store_and_refuses_it_behind_a_proxy_dropp
     from splitkeeper.delta import probe
     from splitkeeper.delta.probe import probe_store
     from splitkeeper.errors import StoreUnsafeError
-    from splitkeeper.tools.fault_proxy import FaultProxy
+    from splitkeeper_tools.fault_proxy import FaultProxy
 
     with Phase("check: store probe"):
         for key, value in cluster.client_env().items():
@@ -807,7 +807,7 @@ def test_e2e_files_pipeline_on_the_workers_survives_a_killed_worker_a_queued_wri
 
 
 def test_e2e_kafka_pipeline_runs_until_caught_up_on_the_workers(cluster, monkeypatch):
-    from splitkeeper.tools.kafka_testbed import NumberedProducer, create_topics
+    from splitkeeper_tools.kafka_testbed import NumberedProducer, create_topics
 
     api = AirflowApi(cluster)
     ingest = "splitkeeper_ingest__e2e-kafka"
@@ -881,7 +881,7 @@ def test_state_store_sink_and_fence_on_the_object_store(cluster, tmp_path, monke
 
 
 #: The files that must hold credentials (cluster folder relative path -> the credentials each may
-#: hold): everything else under the folder holds none (splitkeeper/tools/cluster/local.py).
+#: hold): everything else under the folder holds none (tools/splitkeeper_tools/cluster/local.py).
 SECRET_FILES = {
     "credentials.env": "all",
     "spark/daemon.conf": {"spark_auth_secret"},  # the master's and workers' authentication

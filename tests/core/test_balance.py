@@ -7,7 +7,7 @@ import itertools
 from splitkeeper.core.assignment import ThroughputMeter, WeightedStrategy
 from splitkeeper.core.invariants import check_balance
 from splitkeeper.core.types import Assignment, Split
-from splitkeeper.tools.bench.balance import best_possible, discovery_orders, hot_partition_run
+from splitkeeper_tools.bench.balance import best_possible, discovery_orders, hot_partition_run
 
 
 def test_a_hot_partition_lands_where_the_capacity_is_and_weighted_beats_least_loaded() -> None:

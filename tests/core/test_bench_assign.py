@@ -1,4 +1,4 @@
-"""``splitkeeper bench assign`` runs the real enumerator path; checked on counts, not timing."""
+"""``splitkeeper-tools bench assign`` runs the real enumerator path; checked on counts, not timing."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from splitkeeper.cli import main
-from splitkeeper.tools.bench.assign import bench_assign
+from splitkeeper_tools.bench.assign import bench_assign
+from splitkeeper_tools.cli import main
 
 
 def test_bench_assign_json_reports_figures_and_moves_only_the_failed_readers_splits(capsys):

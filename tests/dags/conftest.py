@@ -36,11 +36,11 @@ def airflow_db() -> Path:
     return Path(os.environ["AIRFLOW_HOME"])
 
 
-def load_dag(name: str):
-    """Import a DAG file of dags/ the way the scheduler would, and return its DAG."""
+def load_dag(name: str, folder: Path = REPO / "dags"):
+    """Import a DAG file of ``folder`` (dags/) the way the scheduler would, and return its DAG."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location(f"dag_{name}", REPO / "dags" / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"dag_{name}", folder / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -34,6 +34,7 @@ from splitkeeper.delta.sink import read_sink
 
 REPO = Path(__file__).resolve().parents[2]
 CLI = REPO / ".venv" / "bin" / "splitkeeper"
+TOOLS_CLI = REPO / ".venv" / "bin" / "splitkeeper-tools"
 
 
 def _make_files_module() -> Any:
@@ -232,6 +233,21 @@ def splitkeeper_subprocess(
     """Run ``splitkeeper <argv>`` in a child process (its own driver and JVM) and wait for it."""
     return subprocess.run(
         [str(CLI), *argv],
+        env=subprocess_env(**env),
+        cwd=str(REPO),
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+    )
+
+
+def tools_subprocess(
+    argv: Sequence[str], *, timeout_s: float = 300, **env: str
+) -> subprocess.CompletedProcess[str]:
+    """Run ``splitkeeper-tools <argv>`` (bench, chaos, ...) in a child process and wait for it."""
+    return subprocess.run(
+        [str(TOOLS_CLI), *argv],
         env=subprocess_env(**env),
         cwd=str(REPO),
         capture_output=True,

@@ -18,7 +18,7 @@ from splitkeeper.cli import main
 from splitkeeper.config.models import PipelineFile, json_schema
 from splitkeeper.config.settings import STRATEGY_NAMES, config_from_mapping, load_config
 from splitkeeper.errors import ConfigError
-from splitkeeper.tools import demo
+from splitkeeper_tools import demo
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "examples").glob("*_pipeline.*"))

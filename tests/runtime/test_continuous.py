@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from splitkeeper.tools.kafka_broker import KafkaBroker
+from splitkeeper_tools.kafka_broker import KafkaBroker
 
 from .helpers import CLI, sink_rows, write_config
 from .test_kafka_source import create_topic, produce, unique

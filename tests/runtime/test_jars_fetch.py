@@ -65,12 +65,41 @@ def test_the_shipped_manifest_is_exactly_the_checkouts_spark_jars(checkout_jars:
     )
 
 
+def test_the_jars_follow_the_installed_spark_and_cover_the_declared_pyspark_range() -> None:
+    """One manifest entry per Spark release of pyspark's range: the Kafka connector is built per
+    release, so pyspark 4.1.3 needs spark-sql-kafka 4.1.3; a release it does not know is refused
+    with the versions it does, never answered with another release's jars."""
+    import tomllib
+
+    from packaging.requirements import Requirement
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    spec = next(Requirement(r).specifier for r in extras["spark"] if r.startswith("pyspark"))
+    known = fetchlib.supported_spark_versions()
+    assert MANIFEST.spark_version == jarlib._installed_pyspark_version() == known[0]
+    for version in ("4.1.0", "4.1.1", "4.1.2", "4.1.3", "4.1.4", "4.1.5", "4.2.0"):
+        # every release the range admits has jars, and the manifest knows nothing outside it
+        assert spec.contains(version) == (version in known), version
+    for version in known:
+        connector = next(
+            j
+            for j in fetchlib.load_manifest(spark_version=version).jars
+            if j.artifact.startswith("spark-sql-kafka")
+        )
+        assert connector.version == version
+    with pytest.raises(
+        EnvironmentNotReadyError, match=r"no Spark jars for pyspark 4\.1\.4: it knows Spark 4\.1\.1"
+    ):
+        fetchlib.load_manifest(spark_version="4.1.4")
+
+
 @pytest.mark.skipif(shutil.which("mvn") is None, reason="Maven (mvn) is not installed")
 def test_the_shipped_manifest_is_what_maven_resolves_from_the_pom() -> None:
-    resolved = fetchlib.manifest_from_maven(ROOT)
+    # the installed Spark's entry (the local Maven repository holds it once setup.sh ran)
+    resolved = fetchlib.manifest_from_maven(ROOT, MANIFEST.spark_version)
     assert resolved == MANIFEST, (
         "splitkeeper/spark/spark_jars.json differs from what Maven resolves from jvm/pom.xml: "
-        "regenerate it with `python -m splitkeeper.spark.fetch --write`"
+        "regenerate it with `python -m splitkeeper.spark.fetch --write --online`"
     )
 
 

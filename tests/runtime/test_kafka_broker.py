@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from splitkeeper.errors import EnvironmentNotReadyError, InvalidParameterError, SourceError
-from splitkeeper.tools.kafka_broker import (
+from splitkeeper_tools.kafka_broker import (
     BrokerStatus,
     KafkaBroker,
     free_port,
@@ -121,7 +121,7 @@ def test_restart_on_same_data_dir_keeps_topics_port_and_cluster_id(tmp_path):
 
 def test_a_cluster_id_starting_with_a_dash_formats_and_serves(tmp_path, monkeypatch):
     # Data dirs formatted before ids avoided "-" keep theirs; formatting must pass it as one token.
-    import splitkeeper.tools.kafka_broker as kafka_broker_module
+    import splitkeeper_tools.kafka_broker as kafka_broker_module
 
     monkeypatch.setattr(kafka_broker_module, "new_cluster_id", lambda: "-AbCdEfGhIjKlMnOpQrStU")
     with KafkaBroker(tmp_path / "kafka") as broker:
@@ -174,7 +174,7 @@ def test_a_topic_larger_than_one_admin_request_is_created_in_steps(kafka_broker,
     create_topics creates PARTITIONS_PER_REQUEST and grows the topic in steps of as many."""
     from confluent_kafka.admin import AdminClient
 
-    import splitkeeper.tools.kafka_testbed as testbed
+    import splitkeeper_tools.kafka_testbed as testbed
 
     monkeypatch.setattr(testbed, "PARTITIONS_PER_REQUEST", 2)
     topic = f"steps-{uuid.uuid4().hex[:8]}"

@@ -31,7 +31,7 @@ from splitkeeper.errors import SourceError
 from splitkeeper.quality.checks import run_restart_checks
 from splitkeeper.spark.faults import FaultPlan
 from splitkeeper.spark.sources.kafka import COMMIT_METADATA_KEY, KafkaSource, split_id_of
-from splitkeeper.tools.kafka_broker import KafkaBroker
+from splitkeeper_tools.kafka_broker import KafkaBroker
 
 from .helpers import sink_rows
 from .test_kafka_source import create_topic, produce, unique

@@ -20,7 +20,7 @@ from splitkeeper.app import services
 from splitkeeper.config.settings import config_from_mapping
 from splitkeeper.errors import SplitkeeperError
 from splitkeeper.spark.sources.kafka import split_id_of
-from splitkeeper.tools.kafka_broker import KafkaBroker
+from splitkeeper_tools.kafka_broker import KafkaBroker
 
 from .helpers import sink_rows
 from .test_kafka_source import create_topic, produce, unique

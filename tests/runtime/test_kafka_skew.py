@@ -21,7 +21,7 @@ from splitkeeper.core.assignment import legacy_hash_owner
 from splitkeeper.core.enumerator import RecordingEnumeratorContext, SplitEnumerator, enumerator_for
 from splitkeeper.core.types import Split
 from splitkeeper.spark.sources.kafka import KafkaSource, parse_split_id
-from splitkeeper.tools.kafka_broker import KafkaBroker
+from splitkeeper_tools.kafka_broker import KafkaBroker
 
 pytestmark = pytest.mark.kafka
 

@@ -37,8 +37,8 @@ from splitkeeper.spark.sources.kafka import (
     split_id_of,
 )
 from splitkeeper.spark.task import SplitReadError, run_region_task
-from splitkeeper.tools.kafka_broker import KafkaBroker, free_port
 from splitkeeper.transforms import identity
+from splitkeeper_tools.kafka_broker import KafkaBroker, free_port
 
 pytestmark = pytest.mark.kafka
 
@@ -546,7 +546,7 @@ def test_a_coordinator_request_that_times_out_is_sent_again_on_a_new_admin_clien
 ) -> None:
     """librdkafka can stay wedged after a broker restart: a FindCoordinator lost with the bootstrap
     connection is never sent again and every group request of that client times out (seen in
-    ``splitkeeper chaos`` after a broker SIGKILL). The source asks again on a fresh client."""
+    ``splitkeeper-tools chaos`` after a broker SIGKILL). The source asks again on a fresh client."""
     from confluent_kafka import KafkaError, KafkaException
 
     import splitkeeper.spark.sources.kafka as kafka_module

@@ -30,7 +30,7 @@ from splitkeeper.core.driver import EpochReport
 from splitkeeper.core.types import CheckpointKind, CompletedCheckpoint, RegionOutcome, RegionState
 from splitkeeper.delta.checkpoints import DeltaStateStore
 from splitkeeper.delta.sink import read_dead_letters
-from splitkeeper.tools.otelcol import LocalCollector
+from splitkeeper_tools.otelcol import LocalCollector
 
 from .helpers import REPO, pipeline_mapping, run_cli, sink_rows, write_config, write_input
 

@@ -28,6 +28,7 @@ from .helpers import (
     sink_rows,
     source_records,
     splitkeeper_subprocess,
+    tools_subprocess,
     write_config,
     write_input,
 )
@@ -143,7 +144,7 @@ def test_refused_rewinds_write_nothing_and_the_on_call_commands_answer_without_a
     # the on-call commands answer without a JVM: ``bench incident`` runs status, offsets and every dry
     # run as fresh processes with JAVA_HOME pointing nowhere (a JVM start would fail the command)
     state = tree(tmp_path / "state")
-    bench = splitkeeper_subprocess(
+    bench = tools_subprocess(
         ["bench", "incident", "--config", str(tmp_path / "pipeline.yaml"), "--repeat", "1", "--json"]
     )
     assert bench.returncode == 0, bench.stderr[-3000:]

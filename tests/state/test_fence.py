@@ -314,7 +314,7 @@ def test_a_state_append_whose_answer_is_reset_after_the_put_landed_is_in_the_tab
     and its answer is reset. object_store sends it again and meets its own commit; the append's app
     transaction makes delta-rs refuse the rebased copy, and the table holds the row once."""
     from splitkeeper.delta.storage import storage_options, table_uri
-    from splitkeeper.tools.fault_proxy import Fault, is_conditional
+    from splitkeeper_tools.fault_proxy import Fault, is_conditional
 
     root = faulty_s3.location("state")
     seen: list[str] = []
@@ -349,7 +349,7 @@ def test_a_state_append_whose_answer_is_reset_after_the_put_landed_is_in_the_tab
 def faulty_s3(tmp_path, monkeypatch):
     """versitygw behind the fault proxy (the chaos run's store), no faults yet; the AWS_* environment
     points at the proxy."""
-    from splitkeeper.tools.chaos.store import ChaosStore, versitygw_binary
+    from splitkeeper_tools.chaos.store import ChaosStore, versitygw_binary
 
     if versitygw_binary() is None:
         pytest.skip("versitygw not built (bash scripts/setup.sh cluster)")
@@ -384,7 +384,7 @@ def test_a_delta_commit_whose_connection_is_reset_on_a_real_store_ends_exact(fau
     Either way epoch 2 ends committed exactly once: at once, or by the next attempt after a
     ``[STATE_ERROR]`` that committed nothing."""
     from splitkeeper.delta.storage import storage_options, table_uri
-    from splitkeeper.tools.fault_proxy import Fault, is_conditional
+    from splitkeeper_tools.fault_proxy import Fault, is_conditional
 
     location = faulty_s3.location("fenced")
     uri, options = table_uri(location), storage_options(location)

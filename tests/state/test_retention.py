@@ -267,7 +267,7 @@ def test_history_does_not_grow_what_restore_reads_after_compaction(tmp_path):
     of files (without compaction each checkpoint adds at least one per table), and restore
     reads only the rows of the checkpoint it restores.
     """
-    from splitkeeper.tools.bench.state import measure_state_store
+    from splitkeeper_tools.bench.state import measure_state_store
 
     root = str(tmp_path / "measure")
     figures = measure_state_store(root, checkpoints=12, marks=(6, 12), compact_every=6, restore_repeats=1)

@@ -1,4 +1,4 @@
-"""The store probe at open (splitkeeper.delta.probe) and the fault proxy (splitkeeper.tools.fault_proxy).
+"""The store probe at open (splitkeeper.delta.probe) and the fault proxy (splitkeeper_tools.fault_proxy).
 
 No Spark, no object-store binary: a small S3 stand-in in this module honours ``If-None-Match``
 and checks every request's SigV4 signature, as the real store does (the real one, versitygw,
@@ -23,7 +23,7 @@ from splitkeeper.delta import probe
 from splitkeeper.delta.probe import PROBE_FOLDER, probe_store
 from splitkeeper.delta.storage import sigv4_authorization
 from splitkeeper.errors import StateError, StoreUnsafeError
-from splitkeeper.tools.fault_proxy import FAULT_KINDS, Fault, FaultProxy, FaultSchedule, ProxiedRequest
+from splitkeeper_tools.fault_proxy import FAULT_KINDS, Fault, FaultProxy, FaultSchedule, ProxiedRequest
 
 ACCESS, SECRET = "probe-access", "probe-secret-0123456789"
 

@@ -1,1 +1,0 @@
-"""Benchmarks behind ``splitkeeper bench NAME``; :mod:`splitkeeper.tools.bench.command` lists them."""

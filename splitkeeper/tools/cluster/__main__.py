@@ -1,6 +1,0 @@
-"""``python -m splitkeeper.tools.cluster up|status|down``: the command behind ``scripts/cluster.sh``."""
-
-from splitkeeper.tools.cluster.local import main
-
-if __name__ == "__main__":  # pragma: no cover
-    raise SystemExit(main())

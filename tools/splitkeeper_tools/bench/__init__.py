@@ -1,0 +1,1 @@
+"""Benchmarks behind ``splitkeeper-tools bench NAME``; :mod:`splitkeeper_tools.bench.command` lists them."""

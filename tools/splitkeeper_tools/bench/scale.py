@@ -1,0 +1,699 @@
+"""``splitkeeper-tools bench scale [--sizes 1000,10000] [--file-splits N] [--json]``: the driver's cost.
+
+The measurements, each on the real parts:
+
+1. **Epoch overhead (files).** For each size N, N small files (one split each, one line)
+   are read once (the first epoch reads them all), then for ``--epochs`` epochs 1% new
+   data arrives before each epoch: N/100 new one-line files (a file source reads files
+   that are complete when they appear, so new data is new files; the split count grows by
+   1% per epoch, the finished ones stay in the enumerator). The pipeline runs on local Spark with the
+   delta-rs state store and sink, exactly as ``splitkeeper run`` does. Per measured epoch
+   the driver's own phases are reported in ms (``plan``, ``decide``, ``sink``, ``state``,
+   ``retain``, ``finish``: everything but ``read``, which is the region tasks' Spark
+   jobs), and the Delta files the epoch added under the state and sink roots.
+   ``epoch_overhead_ms[N]`` is the median over the measured epochs of their sum.
+2. **Restore after 200 checkpoints.** :func:`splitkeeper_tools.bench.state.measure_state_store`
+   commits ``--checkpoints`` synthetic checkpoints of N splits the way the driver does
+   (every 4th regional, retention keeping 3, compaction every 50), then a fresh store
+   restores the latest (median of 3). ``restore_s[N]`` and the bytes of the state root
+   afterwards, ``state_bytes_after_200_checkpoints[N]``.
+3. **Driver memory at 1M splits.** A child process builds the core enumerator with
+   1,000,000 splits over 1,000 readers and takes its snapshot (what a checkpoint does);
+   ``driver_rss_mb_1m_splits`` is its peak RSS (``ru_maxrss``).
+
+4. **Epoch overhead (Kafka).** For each of ``--kafka-partitions`` (100 and 1,000), one
+   topic of that many partitions on the project's broker (started here, or
+   ``--bootstrap-servers``): one message per partition is read by the first epoch, then
+   before each measured epoch 1% of the partitions (at least one, a different set each
+   time) get one new message. Same phases and files as part 1 (``kafka_epoch_overhead_ms``,
+   ``kafka_epoch_phases_ms``, ``kafka_delta_files_per_epoch``), and every epoch must commit
+   exactly the messages produced before it (``kafka_exact``). ``kafka_first_epoch_s``: the
+   pipeline's open and its first epoch, which reads one message of every partition (issue
+   26's goal: <= 3 s at 1,000 partitions; ``kafka_first_epoch_read_s`` its read phase,
+   ``kafka_first_epoch_region_task_s`` the slowest region task's own time in it).
+
+5. **Many file splits, few active (``--file-splits N --active-share S``).** Part 1 at one large
+   size on the same real runtime (local Spark, the delta-rs state store and sink, the core's
+   driver: what ``splitkeeper run`` does; a simulator would leave out the delta-rs commits and the
+   file listing, which are most of the driver's time per epoch): N one-line files read by the first
+   epoch, then ``--epochs`` epochs each after ``round(N * S)`` new files. Reported under
+   ``file_splits``: ``epoch_overhead_ms`` (median driver time per epoch without ``read``) and its
+   phases; ``restore_s``, a fresh read-only store restoring the latest checkpoint of that state
+   (median of 3, what a restarted driver does before discovery); ``reopen_s``, the pipeline's whole
+   open again (lease, restore, discovery of every file; no Spark); ``driver_rss_mb``, the peak RSS
+   of this (the driver's) process, ``jvm_rss_mb`` the JVM's. Goals (issue 26) at 100,000 splits
+   with 1,000 active: overhead <= 600 ms, restore <= 10 s, driver RSS <= 2 GB.
+
+``growth_epoch_overhead`` is the ratio of the largest size's overhead to the smallest's
+(files; ``kafka_growth_epoch_overhead`` the same for partitions).
+Goals (issue): overhead at 10,000 splits with 100 active <= 300 ms, growth <= 3, restore at
+10,000 splits <= 5 s, RSS at 1M splits <= 2 GB; the JSON says which hold (``goals``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from splitkeeper.errors import InvalidParameterError
+
+if TYPE_CHECKING:
+    from splitkeeper.config.settings import PipelineConfig
+
+DRIVER_PHASES = ("plan", "decide", "sink", "state", "retain", "finish")
+CHART_FILE = "scale.html"
+GOALS = {
+    "epoch_overhead_ms_at_10000": 300.0,
+    "growth_epoch_overhead": 3.0,
+    "restore_s_at_10000": 5.0,
+    "driver_rss_mb_1m_splits": 2048.0,
+    "kafka_first_epoch_s_at_1000": 3.0,
+    "file_splits_epoch_overhead_ms_at_100000": 600.0,
+    "file_splits_restore_s_at_100000": 10.0,
+    "file_splits_driver_rss_mb_at_100000": 2048.0,
+}
+
+
+def say(line: str) -> None:
+    print(f"[bench scale] {line}", file=sys.stderr, flush=True)
+
+
+def _delta_files(root: Path) -> int:
+    """Files under ``root`` (data files and log entries of every Delta table there)."""
+    return sum(len(files) for _dir, _dirs, files in os.walk(root)) if root.exists() else 0
+
+
+def _dir_bytes(root: Path) -> int:
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _dirs, files in os.walk(root) for f in files)
+
+
+def _write_files(folder: Path, count: int) -> list[Path]:
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for i in range(count):
+        path = folder / f"f{i:06d}.txt"
+        path.write_text(f"file {i} line 0\n", encoding="utf-8")
+        paths.append(path)
+    return paths
+
+
+def measure_epochs(
+    spark: Any, root: Path, size: int, epochs: int, active_share: float = 0.01, parallelism: int = 4
+) -> dict[str, Any]:
+    """Part 1 for one size: driver phases (ms) and Delta files added per measured epoch."""
+    from splitkeeper.config.settings import config_from_mapping
+
+    _write_files(root / "in", size)
+    config = config_from_mapping(
+        {
+            "name": f"scale-{size}",
+            "parallelism": parallelism,
+            "source": {"kind": "files", "path": str(root / "in"), "format": "lines"},
+            "checkpoint": {"retain_checkpoints": 3, "region_timeout_s": 600},
+            "backlog": {"backlog_epoch_records": size * 2, "normal_epoch_records": size * 2},
+            "state": {"path": str(root / "state")},
+            "sink": {"path": str(root / "sink")},
+        }
+    )
+    active = max(1, round(size * active_share))
+
+    def new_data(epoch: int) -> int:  # 1% new data: files are immutable once they appear, so new files
+        for i in range(active):
+            tmp = root / "in" / f".e{epoch}-{i}.txt"
+            tmp.write_text(f"epoch {epoch} file {i}\n", encoding="utf-8")
+            tmp.rename(root / "in" / f"e{epoch:03d}-{i:05d}.txt")
+        return active
+
+    return _measure(config, spark, root, f"{size:,} splits", size, active, epochs, new_data)
+
+
+def _measure(
+    config: PipelineConfig,
+    spark: Any,
+    root: Path,
+    label: str,
+    size: int,
+    active: int,
+    epochs: int,
+    new_data: Callable[[int], int],
+) -> dict[str, Any]:
+    """Open the pipeline of ``config`` (holding its lease, as a run does), run its first epoch (reads
+    everything there), then ``epochs`` epochs each after ``new_data(epoch)`` (returns the records it
+    added): driver phases and Delta files."""
+    from splitkeeper.app.services import leased_pipeline
+
+    measured: list[dict[str, Any]] = []
+    with leased_pipeline(config, spark, metrics=False) as pipeline:
+        started = time.perf_counter()
+        pipeline.open()
+        first = pipeline.run_epoch()  # reads everything there is
+        first_s = time.perf_counter() - started
+        say(f"{label}: first epoch {first.kind.value}, {first.committed_records:,} records in {first_s:.1f}s")
+        for epoch in range(epochs):
+            added = new_data(epoch)
+            before = _delta_files(root / "state") + _delta_files(root / "sink")
+            report = pipeline.run_epoch()
+            after = _delta_files(root / "state") + _delta_files(root / "sink")
+            phases_ms = {p: round(report.phases.get(p, 0.0) * 1000, 1) for p in DRIVER_PHASES}
+            measured.append(
+                {
+                    "epoch": report.epoch,
+                    "kind": report.kind.value,
+                    "records": report.committed_records,
+                    "records_added": added,
+                    "phases_ms": phases_ms,
+                    "overhead_ms": round(sum(phases_ms.values()), 1),
+                    "read_ms": round(report.phases.get("read", 0.0) * 1000, 1),
+                    "delta_files_added": after - before,
+                }
+            )
+            by_phase = ", ".join(f"{k} {v:.0f}" for k, v in phases_ms.items())
+            say(
+                f"{label}, epoch {report.epoch}: {report.committed_records} records, driver "
+                f"{measured[-1]['overhead_ms']:.0f} ms ({by_phase}), "
+                f"read {measured[-1]['read_ms']:.0f} ms, {after - before} Delta files"
+            )
+    return {
+        "splits": size,
+        "active_per_epoch": active,
+        "first_epoch_s": round(first_s, 2),  # open (restore, discovery) and the epoch reading everything
+        "first_epoch_read_s": round(first.phases.get("read", 0.0), 2),
+        # the slowest region task's own time (reading and staging): the rest of read is Spark's
+        "first_epoch_region_task_s": round(max(first.region_task_s.values(), default=0.0), 2),
+        "epochs": measured,
+        "overhead_ms_median": statistics.median(e["overhead_ms"] for e in measured),
+        "phases_ms_median": {
+            p: statistics.median(e["phases_ms"][p] for e in measured) for p in DRIVER_PHASES
+        },
+        "delta_files_per_epoch_median": statistics.median(e["delta_files_added"] for e in measured),
+        "exact": all(e["records"] == e["records_added"] for e in measured),
+    }
+
+
+def _peak_rss_mb(pid: int | None = None) -> float | None:
+    """Peak RSS (MB, ``VmHWM``) of process ``pid`` (default: this one); None when unreadable."""
+    try:
+        status = Path(f"/proc/{pid or 'self'}/status").read_text(encoding="utf-8")
+    except OSError:
+        return None
+    for line in status.splitlines():
+        if line.startswith("VmHWM:"):
+            return round(int(line.split()[1]) / 1024, 1)
+    return None
+
+
+def _jvm_pid(spark: Any) -> int | None:
+    """The pid of the session's JVM when this process launched it (local mode), else None."""
+    try:
+        proc = spark.sparkContext._gateway.proc
+    except AttributeError:
+        return None
+    return None if proc is None else int(proc.pid)
+
+
+def measure_file_splits(
+    spark: Any, root: Path, splits: int, epochs: int, active_share: float, restore_repeats: int = 3
+) -> dict[str, Any]:
+    """Part 5: part 1 at ``splits`` files with ``active_share`` new per epoch, then restore, reopen, RSS."""
+    from splitkeeper.app.services import leased_pipeline
+    from splitkeeper.config.settings import config_from_mapping
+    from splitkeeper.delta.checkpoints import DeltaStateStore
+
+    measured = measure_epochs(spark, root, splits, epochs, active_share)
+    restores = []
+    restored_id = None
+    for _ in range(restore_repeats):
+        started = time.perf_counter()
+        store = DeltaStateStore(root / "state", f"scale-{splits}", None, read_only=True)
+        latest = store.latest_checkpoint()
+        restores.append(time.perf_counter() - started)
+        restored_id = None if latest is None else latest.checkpoint_id
+    config = config_from_mapping(
+        {
+            "name": f"scale-{splits}",
+            "parallelism": 4,
+            "source": {"kind": "files", "path": str(root / "in"), "format": "lines"},
+            "checkpoint": {"retain_checkpoints": 3, "region_timeout_s": 600},
+            "backlog": {"backlog_epoch_records": splits * 2, "normal_epoch_records": splits * 2},
+            "state": {"path": str(root / "state")},
+            "sink": {"path": str(root / "sink")},
+        }
+    )
+    started = time.perf_counter()
+    with leased_pipeline(config, spark, metrics=False) as pipeline:
+        opened = pipeline.open()
+    reopen_s = time.perf_counter() - started
+    result = {
+        **measured,
+        "active_share": active_share,
+        "restore_s": round(statistics.median(restores), 3),
+        "restored_checkpoint": restored_id,
+        "reopen_s": round(reopen_s, 2),
+        "reopen_restored_from": opened.restored_from,
+        "driver_rss_mb": _peak_rss_mb(),
+        "jvm_rss_mb": _peak_rss_mb(_jvm_pid(spark)),
+    }
+    say(
+        f"{splits:,} file splits, {measured['active_per_epoch']:,} active: overhead "
+        f"{measured['overhead_ms_median']:.0f} ms, restore {result['restore_s']:.2f} s, reopen "
+        f"{reopen_s:.1f} s, driver RSS {result['driver_rss_mb']} MB, JVM {result['jvm_rss_mb']} MB"
+    )
+    return result
+
+
+def measure_kafka_epochs(
+    spark: Any, root: Path, bootstrap: str, partitions: int, epochs: int, active_share: float = 0.01
+) -> dict[str, Any]:
+    """Part 4 for one partition count: a fresh topic; driver phases per epoch with 1% of the
+    partitions receiving a message before each."""
+    from confluent_kafka import Producer
+
+    from splitkeeper.config.settings import config_from_mapping
+    from splitkeeper_tools.kafka_testbed import QUIET_CLIENT_LOG, create_topics
+
+    topic = f"scale-{partitions}-{os.getpid()}-{int(time.time())}"
+    started = time.perf_counter()
+    create_topics(bootstrap, {topic: partitions}, timeout_s=300)
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "logger": QUIET_CLIENT_LOG})
+
+    def produce(targets: Sequence[int], tag: str) -> int:
+        for p in targets:
+            producer.produce(topic, value=f"{tag} partition {p}".encode(), partition=p)
+        if producer.flush(120):
+            raise RuntimeError(f"bench scale: messages to {topic} undelivered after 120 s")
+        return len(targets)
+
+    produce(range(partitions), "initial")
+    say(f"{partitions:,} partitions: topic created and filled in {time.perf_counter() - started:.1f}s")
+    active = max(1, round(partitions * active_share))
+    config = config_from_mapping(
+        {
+            "name": f"scale-kafka-{partitions}",
+            "parallelism": 4,
+            "source": {
+                "kind": "kafka",
+                "bootstrap_servers": bootstrap,
+                "topics": [topic],
+                "starting": "earliest",
+            },
+            "checkpoint": {"retain_checkpoints": 3, "region_timeout_s": 600},
+            "backlog": {"backlog_epoch_records": partitions * 4, "normal_epoch_records": partitions * 4},
+            "state": {"path": str(root / "state")},
+            "sink": {"path": str(root / "sink")},
+        }
+    )
+
+    def new_data(epoch: int) -> int:  # a different 1% of the partitions each epoch
+        first = (epoch * active) % partitions
+        return produce([(first + i) % partitions for i in range(active)], f"epoch {epoch}")
+
+    return _measure(config, spark, root, f"{partitions:,} partitions", partitions, active, epochs, new_data)
+
+
+def measure_restore(root: Path, size: int, checkpoints: int) -> dict[str, Any]:
+    """Part 2 for one size: restore after ``checkpoints`` checkpoints, and the state's bytes."""
+    from splitkeeper_tools.bench.state import measure_state_store
+
+    started = time.perf_counter()
+    figures = measure_state_store(
+        root, checkpoints=checkpoints, marks=(checkpoints,), splits=size, parallelism=4, restore_repeats=3
+    )
+    say(
+        f"{size:,} splits: {checkpoints} checkpoints committed in {time.perf_counter() - started:.0f}s; "
+        f"restore {figures.restore_ms[checkpoints]} ms (open {figures.open_ms[checkpoints]} ms)"
+    )
+    return {
+        "restore_s": round((figures.restore_ms[checkpoints] + figures.open_ms[checkpoints]) / 1000, 3),
+        "state_bytes": _dir_bytes(root),
+        "commit_ms_median": statistics.median(figures.total_commit_ms),
+    }
+
+
+_RSS_CHILD = """
+import resource, sys
+from splitkeeper_tools.bench.assign import make_splits
+from splitkeeper.core.enumerator import RecordingEnumeratorContext, enumerator_for
+from splitkeeper.core.source import ReassignableStaticSplitSource
+n, readers = int(sys.argv[1]), int(sys.argv[2])
+context = RecordingEnumeratorContext(readers)
+enumerator = enumerator_for(ReassignableStaticSplitSource("bench", make_splits(n)), context, "least-loaded")
+enumerator.start()
+for r in range(readers):
+    context.register_reader(r)
+    enumerator.add_reader(r)
+snapshot = enumerator.snapshot(1)
+assert sum(len(v) for v in snapshot.assignments.values()) + len(snapshot.pool) == n
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)
+"""
+
+
+def measure_rss(splits: int = 1_000_000, readers: int = 1_000) -> float:
+    """Part 3: peak RSS (MB) of a process holding ``splits`` splits in the core enumerator."""
+    done = subprocess.run(
+        [sys.executable, "-c", _RSS_CHILD, str(splits), str(readers)],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=1800,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"the 1M-split enumerator process failed: {done.stderr[-2000:]}")
+    return float(done.stdout.strip().splitlines()[-1])
+
+
+def run_scale(
+    sizes: Sequence[int],
+    *,
+    epochs: int = 5,
+    checkpoints: int = 200,
+    rss_splits: int = 1_000_000,
+    workdir: str | None = None,
+    spark_factory: Callable[[], Any] | None = None,
+    kafka_partitions: Sequence[int] = (),
+    bootstrap_servers: str | None = None,
+    file_splits: int = 0,
+    active_share: float = 0.01,
+) -> dict[str, Any]:
+    """Every part (Kafka only with ``kafka_partitions``, part 5 only with ``file_splits``; parts 1 and
+    2 only with ``sizes``); the JSON-able result."""
+    base = Path(workdir or tempfile.mkdtemp(prefix="splitkeeper-scale-"))
+    load_start = [round(x, 2) for x in os.getloadavg()]
+    if spark_factory is None:
+        from splitkeeper.spark.session import SparkSettings, get_spark
+
+        spark = get_spark(SparkSettings.from_env(ui_enabled=False))
+    else:
+        spark = spark_factory()
+    epochs_by_size = {}
+    restore_by_size = {}
+    for size in sizes:
+        say(f"{size:,} splits: epochs (load {os.getloadavg()[0]:.1f})")
+        epochs_by_size[size] = measure_epochs(spark, base / f"files-{size}", size, epochs)
+        say(f"{size:,} splits: restore after {checkpoints} checkpoints")
+        restore_by_size[size] = measure_restore(base / f"state-{size}", size, checkpoints)
+    kafka_by_size: dict[int, dict[str, Any]] = {}
+    if kafka_partitions:
+        from splitkeeper_tools.kafka_testbed import BrokerHandle
+
+        broker = BrokerHandle(base / "broker", bootstrap_servers)
+        bootstrap = broker.start()
+        try:
+            for partitions in kafka_partitions:
+                say(f"{partitions:,} partitions: epochs (load {os.getloadavg()[0]:.1f})")
+                kafka_by_size[partitions] = measure_kafka_epochs(
+                    spark, base / f"kafka-{partitions}", bootstrap, partitions, epochs
+                )
+        finally:
+            broker.stop()
+    files_part: dict[str, Any] | None = None
+    if file_splits:
+        say(
+            f"{file_splits:,} file splits, {active_share:.2%} active per epoch "
+            f"(load {os.getloadavg()[0]:.1f})"
+        )
+        files_part = measure_file_splits(
+            spark, base / f"file-splits-{file_splits}", file_splits, epochs, active_share
+        )
+    say(f"driver memory with {rss_splits:,} splits")
+    rss = measure_rss(rss_splits)
+    overhead = {str(s): epochs_by_size[s]["overhead_ms_median"] for s in sizes}
+    growth = None
+    if sizes:
+        small, large = min(sizes), max(sizes)
+        if overhead[str(small)] > 0 and large != small:
+            growth = round(overhead[str(large)] / overhead[str(small)], 2)
+    result: dict[str, Any] = {
+        "sizes": list(sizes),
+        "epochs_measured": epochs,
+        "epoch_overhead_ms": overhead,
+        "epoch_phases_ms": {str(s): epochs_by_size[s]["phases_ms_median"] for s in sizes},
+        "delta_files_per_epoch": {str(s): epochs_by_size[s]["delta_files_per_epoch_median"] for s in sizes},
+        "restore_s": {str(s): restore_by_size[s]["restore_s"] for s in sizes},
+        "state_bytes_after_200_checkpoints": {str(s): restore_by_size[s]["state_bytes"] for s in sizes},
+        "state_commit_ms": {str(s): restore_by_size[s]["commit_ms_median"] for s in sizes},
+        "checkpoints_for_restore": checkpoints,
+        "driver_rss_mb_1m_splits": rss,
+        "rss_splits": rss_splits,
+        "growth_epoch_overhead": growth,
+        "per_epoch": {str(s): epochs_by_size[s]["epochs"] for s in sizes},
+        "load": {"start": load_start, "end": [round(x, 2) for x in os.getloadavg()]},
+    }
+    if files_part is not None:
+        result["file_splits"] = {
+            "splits": files_part["splits"],
+            "active_per_epoch": files_part["active_per_epoch"],
+            "active_share": files_part["active_share"],
+            "epoch_overhead_ms": files_part["overhead_ms_median"],
+            "epoch_phases_ms": files_part["phases_ms_median"],
+            "delta_files_per_epoch": files_part["delta_files_per_epoch_median"],
+            "first_epoch_s": files_part["first_epoch_s"],
+            "restore_s": files_part["restore_s"],
+            "restored_checkpoint": files_part["restored_checkpoint"],
+            "reopen_s": files_part["reopen_s"],
+            "reopen_restored_from": files_part["reopen_restored_from"],
+            "driver_rss_mb": files_part["driver_rss_mb"],
+            "jvm_rss_mb": files_part["jvm_rss_mb"],
+            "exact": files_part["exact"],
+            "per_epoch": files_part["epochs"],
+            "runtime": "local Spark, delta-rs state store and sink, the core's driver (splitkeeper run's)",
+        }
+    if kafka_by_size:
+        k_small, k_large = min(kafka_by_size), max(kafka_by_size)
+        k_overhead = {str(s): kafka_by_size[s]["overhead_ms_median"] for s in kafka_by_size}
+        result.update(
+            {
+                "kafka_partitions": sorted(kafka_by_size),
+                "kafka_epoch_overhead_ms": k_overhead,
+                "kafka_epoch_phases_ms": {str(s): v["phases_ms_median"] for s, v in kafka_by_size.items()},
+                "kafka_delta_files_per_epoch": {
+                    str(s): v["delta_files_per_epoch_median"] for s, v in kafka_by_size.items()
+                },
+                "kafka_growth_epoch_overhead": (
+                    round(k_overhead[str(k_large)] / k_overhead[str(k_small)], 2)
+                    if k_overhead[str(k_small)] > 0 and k_large != k_small
+                    else None
+                ),
+                "kafka_exact": all(v["exact"] for v in kafka_by_size.values()),
+                "kafka_first_epoch_s": {str(s): v["first_epoch_s"] for s, v in kafka_by_size.items()},
+                "kafka_first_epoch_read_s": {
+                    str(s): v["first_epoch_read_s"] for s, v in kafka_by_size.items()
+                },
+                "kafka_first_epoch_region_task_s": {
+                    str(s): v["first_epoch_region_task_s"] for s, v in kafka_by_size.items()
+                },
+                "kafka_per_epoch": {str(s): v["epochs"] for s, v in kafka_by_size.items()},
+            }
+        )
+    result["goals"] = _goals(result)
+    return result
+
+
+def _goals(result: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if "10000" in result["epoch_overhead_ms"]:
+        out["epoch_overhead_ms_at_10000"] = {
+            "value": result["epoch_overhead_ms"]["10000"],
+            "goal": GOALS["epoch_overhead_ms_at_10000"],
+            "met": result["epoch_overhead_ms"]["10000"] <= GOALS["epoch_overhead_ms_at_10000"],
+        }
+    if "10000" in result["restore_s"]:
+        out["restore_s_at_10000"] = {
+            "value": result["restore_s"]["10000"],
+            "goal": GOALS["restore_s_at_10000"],
+            "met": result["restore_s"]["10000"] <= GOALS["restore_s_at_10000"],
+        }
+    if result["growth_epoch_overhead"] is not None:
+        out["growth_epoch_overhead"] = {
+            "value": result["growth_epoch_overhead"],
+            "goal": GOALS["growth_epoch_overhead"],
+            "met": result["growth_epoch_overhead"] <= GOALS["growth_epoch_overhead"],
+        }
+    first = result.get("kafka_first_epoch_s", {})
+    if "1000" in first:
+        out["kafka_first_epoch_s_at_1000"] = {
+            "value": first["1000"],
+            "goal": GOALS["kafka_first_epoch_s_at_1000"],
+            "met": first["1000"] <= GOALS["kafka_first_epoch_s_at_1000"],
+        }
+    part = result.get("file_splits")
+    if part is not None and part["splits"] == 100_000 and part["active_per_epoch"] == 1_000:
+        for name, key in (
+            ("epoch_overhead_ms", "file_splits_epoch_overhead_ms_at_100000"),
+            ("restore_s", "file_splits_restore_s_at_100000"),
+            ("driver_rss_mb", "file_splits_driver_rss_mb_at_100000"),
+        ):
+            value = part[name]
+            out[key] = {"value": value, "goal": GOALS[key], "met": value is not None and value <= GOALS[key]}
+    if result["rss_splits"] == 1_000_000:
+        out["driver_rss_mb_1m_splits"] = {
+            "value": result["driver_rss_mb_1m_splits"],
+            "goal": GOALS["driver_rss_mb_1m_splits"],
+            "met": result["driver_rss_mb_1m_splits"] <= GOALS["driver_rss_mb_1m_splits"],
+        }
+    return out
+
+
+def write_chart(result: dict[str, Any], out_dir: str) -> str:
+    """``<out_dir>/scale.html``: driver overhead per phase and size, restore per size."""
+    from html import escape
+
+    from splitkeeper.report import charts
+    from splitkeeper_tools.bench.ingest import write_page
+
+    phase_rows = [
+        (f"{int(s):,} splits: {phase}", float(ms))
+        for s, phases in result["epoch_phases_ms"].items()
+        for phase, ms in phases.items()
+    ] + [
+        (f"{int(s):,} partitions: {phase}", float(ms))
+        for s, phases in result.get("kafka_epoch_phases_ms", {}).items()
+        for phase, ms in phases.items()
+    ]
+    part = result.get("file_splits")
+    if part is not None:
+        phase_rows += [
+            (f"{part['splits']:,} file splits, {part['active_per_epoch']:,} active: {phase}", float(ms))
+            for phase, ms in part["epoch_phases_ms"].items()
+        ]
+    phases = charts.hbar_chart(
+        "scale-phases",
+        "Driver ms per epoch, by phase and size (median)",
+        "EpochReport.phases without 'read', median over the measured epochs",
+        phase_rows,
+        x_label="ms per epoch",
+        y_label="phase",
+        color=charts.GREEN,
+    )
+    restore = charts.hbar_chart(
+        "scale-restore",
+        f"Restore after {result['checkpoints_for_restore']} checkpoints (s)",
+        "open a fresh store and restore the latest checkpoint, median of 3",
+        [(f"{int(s):,} splits", float(v)) for s, v in result["restore_s"].items()]
+        + (
+            [] if part is None else [(f"{part['splits']:,} file splits (its run's state)", part["restore_s"])]
+        ),
+        x_label="seconds",
+        y_label="size",
+        color=charts.VERMILLION,
+    )
+    goals = "".join(
+        f"<tr><td>{escape(k)}</td><td>{v['value']}</td><td>{v['goal']}</td>"
+        f"<td>{'yes' if v['met'] else 'no'}</td></tr>"
+        for k, v in result["goals"].items()
+    )
+    body = f"""<h1>splitkeeper-tools bench scale</h1>
+<p>Load at start {result["load"]["start"]}, at end {result["load"]["end"]}. Driver RSS with
+{result["rss_splits"]:,} splits: {result["driver_rss_mb_1m_splits"]:.0f} MB.</p>
+<table><tr><th>figure</th><th>value</th><th>goal</th><th>met</th></tr>{goals}</table>
+<div>{phases}{restore}</div>
+"""
+    return write_page(out_dir, CHART_FILE, "splitkeeper-tools bench scale", body)
+
+
+def _sizes(
+    text: str, option: str = "--sizes", allowed: str = "comma-separated split counts >= 10, e.g. 1000,10000"
+) -> list[int]:
+    try:
+        sizes = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        sizes = []
+    if not sizes or any(s < 10 for s in sizes):
+        raise InvalidParameterError(option, text, allowed)
+    return sorted(set(sizes))
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--sizes", default="1000,10000", help="split counts (files), comma-separated; 'none' skips parts 1-2"
+    )
+    parser.add_argument("--epochs", type=int, default=5, help="measured epochs per size (after the first)")
+    parser.add_argument("--checkpoints", type=int, default=200, help="checkpoints before the restore")
+    parser.add_argument("--rss-splits", type=int, default=1_000_000, help="splits in the memory measurement")
+    parser.add_argument(
+        "--kafka-partitions",
+        default="100,1000",
+        help="partition counts of the Kafka part, comma-separated; 'none' skips it",
+    )
+    parser.add_argument(
+        "--bootstrap-servers", default=None, help="an existing broker (default: start the project's own)"
+    )
+    parser.add_argument(
+        "--file-splits",
+        type=int,
+        default=0,
+        help="part 5: this many file splits (e.g. 100000), --active-share of them new per epoch (0: skip)",
+    )
+    parser.add_argument(
+        "--active-share", type=float, default=0.01, help="part 5: the share of new splits per epoch"
+    )
+    parser.add_argument("--workdir", default=None, help="where the files and tables go (default: a temp dir)")
+    parser.add_argument("--out", default="var/bench", help="where the HTML chart goes")
+    parser.add_argument("--json", action="store_true", help="print the result as one JSON line")
+
+
+def run(args: argparse.Namespace) -> int:
+    sizes = [] if args.sizes.strip().lower() in ("none", "0", "") else _sizes(args.sizes)
+    if args.file_splits and args.file_splits < 10:
+        raise InvalidParameterError("--file-splits", args.file_splits, "a split count >= 10, or 0 to skip")
+    if not 0 < args.active_share <= 1:
+        raise InvalidParameterError("--active-share", args.active_share, "a share in (0, 1], e.g. 0.01")
+    for name in ("epochs", "checkpoints", "rss_splits"):
+        value = getattr(args, name)
+        if value < 1:
+            raise InvalidParameterError(f"--{name.replace('_', '-')}", value, "an integer >= 1")
+    kafka = (
+        []
+        if args.kafka_partitions.strip().lower() in ("none", "0", "")
+        else _sizes(
+            args.kafka_partitions, "--kafka-partitions", "partition counts >= 10, e.g. 100,1000 (or none)"
+        )
+    )
+    result = run_scale(
+        sizes,
+        epochs=args.epochs,
+        checkpoints=args.checkpoints,
+        rss_splits=args.rss_splits,
+        workdir=args.workdir,
+        kafka_partitions=kafka,
+        bootstrap_servers=args.bootstrap_servers,
+        file_splits=args.file_splits,
+        active_share=args.active_share,
+    )
+    result["chart"] = write_chart(result, args.out)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        for s in sizes:
+            print(
+                f"{s:>7,} splits: epoch overhead {result['epoch_overhead_ms'][str(s)]:.0f} ms, "
+                f"restore after {args.checkpoints} checkpoints {result['restore_s'][str(s)]:.2f} s, "
+                f"state {result['state_bytes_after_200_checkpoints'][str(s)] / 1e6:.1f} MB"
+            )
+        print(f"growth of the epoch overhead: {result['growth_epoch_overhead']}")
+        for s in kafka:
+            print(
+                f"{s:>7,} partitions: epoch overhead {result['kafka_epoch_overhead_ms'][str(s)]:.0f} ms, "
+                f"first epoch {result['kafka_first_epoch_s'][str(s)]:.1f} s "
+                f"(read {result['kafka_first_epoch_read_s'][str(s)]:.1f} s, slowest region task "
+                f"{result['kafka_first_epoch_region_task_s'][str(s)]:.1f} s), exact {result['kafka_exact']}"
+            )
+        part = result.get("file_splits")
+        if part is not None:
+            print(
+                f"{part['splits']:>7,} file splits, {part['active_per_epoch']:,} active per epoch: "
+                f"epoch overhead {part['epoch_overhead_ms']:.0f} ms, restore {part['restore_s']:.2f} s "
+                f"(reopen with discovery {part['reopen_s']:.1f} s), driver RSS {part['driver_rss_mb']} MB "
+                f"(JVM {part['jvm_rss_mb']} MB)"
+            )
+        print(f"driver RSS with {args.rss_splits:,} splits: {result['driver_rss_mb_1m_splits']:.0f} MB")
+        print(f"chart: {result['chart']}")
+    return 0
