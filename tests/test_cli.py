@@ -84,10 +84,11 @@ def test_a_command_whose_module_is_not_in_the_build_says_so(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     def load() -> types.ModuleType:
-        raise ModuleNotFoundError("No module named 'splitkeeper_tools'", name="splitkeeper_tools")
+        raise ModuleNotFoundError("No module named 'splitkeeper.quality'", name="splitkeeper.quality")
 
     monkeypatch.setitem(COMMANDS, "fake", Command("a tool left out of this build", load))
     assert main(["fake"]) == 2
     assert (
-        "splitkeeper fake: not available in this build (splitkeeper_tools missing)" in capsys.readouterr().err
+        "splitkeeper fake: not available in this build (splitkeeper.quality missing)"
+        in capsys.readouterr().err
     )

@@ -8,7 +8,7 @@ Spark master, object store and Kafka. Security properties: every secret is requi
 default), every published port is bound to 127.0.0.1, the Spark master is not published,
 Airflow and Spark authentication are on. Versions: images that exist (no MinIO image: the
 object store is built from the Go module scripts/cluster.sh builds), the versions of
-requirements.lock and the poms, and an Airflow image without the test tools. The Dockerfiles'
+the hashed locks and the poms, and an Airflow image without the test tools. The Dockerfiles'
 COPY sources must exist and survive their .dockerignore. When a compose CLI is installed
 (``docker compose`` or ``docker-compose``; it needs no engine for this) ``config -q``
 validates the file against the Compose schema too.
@@ -318,6 +318,9 @@ def test_environment_points_splitkeeper_at_the_cluster_object_storage_and_kafka(
     init = as_list(services["object-store-init"]["command"])
     bucket = init[-1]
     assert init[:3] == ["-m", "splitkeeper_tools.cluster.s3", "create-bucket"]
+    # the Airflow image is the product only: the one-shot job gets the checkout's tools mounted
+    assert "./tools:/opt/splitkeeper/tools:ro" in services["object-store-init"]["volumes"]
+    assert env(services["object-store-init"])["PYTHONPATH"] == "/opt/splitkeeper/tools"
     assert variables["SPLITKEEPER_LAKE_ROOT"] == f"s3a://{bucket}"
     for var in ("SPLITKEEPER_EXPECTATIONS_DIR",):
         assert host_path(scheduler, variables[var]).is_dir(), var
@@ -434,9 +437,18 @@ def _installed(distribution: str) -> bool:
     return True
 
 
+def _lock_pins(name: str) -> dict[str, str]:
+    """name -> version of a hashed lock of locks/."""
+    pins = {}
+    for line in (ROOT / "locks" / name).read_text(encoding="utf-8").splitlines():
+        if m := re.match(r"^([A-Za-z0-9_.-]+)==([^ ;\\]+)", line):
+            pins[re.sub(r"[-_.]+", "-", m[1]).lower()] = m[2]
+    return pins
+
+
 def test_the_airflow_image_installs_the_runtime_pins_of_the_lock_and_no_test_tool():
-    """requirements.lock minus requirements-dev-only.txt is exactly the closure of the runtime
-    packages' dependencies (computed from the installed metadata), and the image installs that."""
+    """locks/airflow.txt is exactly the closure of the runtime packages' dependencies (computed from
+    the installed metadata), and the image installs that lock, hashed, with no resolution."""
     from importlib import metadata
 
     from packaging.requirements import Requirement
@@ -444,14 +456,8 @@ def test_the_airflow_image_installs_the_runtime_pins_of_the_lock_and_no_test_too
     def norm(name: str) -> str:
         return re.sub(r"[-_.]+", "-", name).lower()
 
-    lock = {}
-    for line in (ROOT / "requirements.lock").read_text().splitlines():
-        if line and not line.startswith("#"):
-            name, _, version = line.partition("==")
-            lock[norm(name)] = version
-    dev_file = ROOT / "docker/airflow/requirements-dev-only.txt"
-    dev_only = {norm(ln) for ln in dev_file.read_text().splitlines() if ln and not ln.startswith("#")}
-    assert {"pytest", "hypothesis", "ruff", "mypy", "import-linter"} <= dev_only <= set(lock)
+    lock = _lock_pins("airflow.txt")
+    assert not {"pytest", "hypothesis", "ruff", "mypy", "import-linter"} & set(lock)
     roots = [
         "apache-airflow",
         "apache-airflow-providers-apache-spark",
@@ -469,6 +475,7 @@ def test_the_airflow_image_installs_the_runtime_pins_of_the_lock_and_no_test_too
         "prometheus-client",  # the metrics extra (OpenTelemetry comes with Airflow)
         "fastavro",  # decode.kind avro (splitkeeper.records.decode)
         "sqlglot",  # an upsert sink's delete predicate (splitkeeper.records.upsert)
+        "rich",  # the demo's live progress (airflow extra)
     ]
     not_installed = [
         r for r in roots if importlib.util.find_spec(r.replace("-", "_")) is None and not _installed(r)
@@ -487,25 +494,16 @@ def test_the_airflow_image_installs_the_runtime_pins_of_the_lock_and_no_test_too
                 continue
             stack.append((req.name, frozenset(req.extras)))
     runtime = {name for name, _extras in seen}
-    assert runtime == set(lock) - dev_only, (
-        f"runtime packages listed as dev-only: {sorted(runtime & dev_only)}; "
-        f"lock pins neither runtime nor dev-only: {sorted(set(lock) - dev_only - runtime)}"
-    )
+    # the universal lock also pins what other platforms and Pythons need (colorama on Windows, ...)
+    assert runtime <= set(lock), f"runtime packages the lock misses: {sorted(runtime - set(lock))}"
     dockerfile = (ROOT / "docker/airflow/Dockerfile").read_text()
-    assert "pip install --no-cache-dir -r requirements-runtime.txt" in dockerfile
-    assert "grep -v -i -E" in dockerfile and "requirements-dev-only.txt" in dockerfile
-    assert "-r /opt/splitkeeper/requirements.lock" not in dockerfile
-    # the filter the Dockerfile runs, run here: it keeps exactly the runtime pins
-    names = sorted(ln for ln in dev_file.read_text().splitlines() if ln and not ln.startswith("#"))
-    pattern = "|".join(names)
-    kept = subprocess.run(
-        ["grep", "-v", "-i", "-E", f"^({pattern})==", str(ROOT / "requirements.lock")],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    kept_names = {norm(ln.partition("==")[0]) for ln in kept.splitlines() if ln and not ln.startswith("#")}
-    assert kept_names == runtime
+    assert "pip install --no-cache-dir --require-hashes --no-deps -r /opt/splitkeeper/locks/airflow.txt" in (
+        dockerfile
+    )
+    assert (
+        "COPY --chown=airflow:0 locks/bootstrap.txt locks/airflow.txt /opt/splitkeeper/locks/" in dockerfile
+    )
+    assert "requirements.lock" not in dockerfile and "test.txt" not in dockerfile
 
 
 # ---------------------------------------------------------------------------------------
@@ -648,22 +646,13 @@ def executor_third_party_imports() -> dict[str, set[str]]:
 
 
 def spark_image_pins() -> dict[str, str]:
-    """Distribution -> version of every pin docker/spark/Dockerfile installs from requirements.lock:
-    its ``grep -E '^(a|b)=='`` filter, run here on the lock as the image runs it."""
+    """Distribution -> version of every pin docker/spark/Dockerfile installs: locks/executor.txt
+    (and locks/bootstrap.txt's setuptools), hashed, with no resolution."""
     dockerfile = (ROOT / "docker/spark/Dockerfile").read_text(encoding="utf-8")
-    filters = re.findall(r"grep -E '(\^\([^']+\)==)' /opt/splitkeeper/requirements\.lock", dockerfile)
-    assert len(filters) == 1, "docker/spark/Dockerfile: expected one grep -E '^(...)==' of the lock"
-    kept = subprocess.run(
-        ["grep", "-E", filters[0], str(ROOT / "requirements.lock")],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    assert "pip install --no-cache-dir -r /tmp/executor-requirements.txt" in dockerfile
-    return {
-        re.sub(r"[-_.]+", "-", name).lower(): version
-        for name, _, version in (line.partition("==") for line in kept.splitlines())
-    }
+    assert "--require-hashes --no-deps" in dockerfile
+    assert "-r /opt/splitkeeper/locks/bootstrap.txt -r /opt/splitkeeper/locks/executor.txt" in dockerfile
+    assert "--upgrade pip" not in dockerfile  # the bundled pip only installs pins
+    return _lock_pins("executor.txt")
 
 
 def test_the_spark_image_installs_every_third_party_package_the_executors_import():
@@ -700,11 +689,5 @@ def test_the_spark_image_installs_every_third_party_package_the_executors_import
         f"the executors import {missing} but docker/spark/Dockerfile does not install them "
         f"(imported by: { {m: sorted(v) for m, v in imported.items()} })"
     )
-    lock = {
-        norm(name): version
-        for name, _, version in (
-            ln.partition("==") for ln in (ROOT / "requirements.lock").read_text().splitlines()
-        )
-        if name and not name.startswith("#")
-    }
-    assert all(pins[name] == lock[name] for name in needed)  # the lock's versions
+    lock = _lock_pins("runtime.txt")
+    assert all(pins[name] == lock[name] for name in needed)  # the runtime lock's versions

@@ -181,12 +181,19 @@ def load_manifest(path: Path | None = None, spark_version: str | None = None) ->
 def user_cache_root(spark_version: str | None = None, env: Mapping[str, str] | None = None) -> Path:
     """``$XDG_CACHE_HOME/splitkeeper/jars/<spark version>`` (default ``~/.cache/...``).
 
-    ``spark_version`` defaults to the installed pyspark's: the Spark the jars are fetched for.
+    ``spark_version`` defaults to the installed pyspark's: the Spark the jars are fetched for
+    (without pyspark, the newest the manifest knows: nothing runs Spark there anyway).
     """
     env = os.environ if env is None else env
     base = env.get("XDG_CACHE_HOME", "").strip()
     cache = Path(base).expanduser() if base else Path(env.get("HOME") or Path.home()).expanduser() / ".cache"
-    version = spark_version or installed_spark_version()
+    if spark_version:
+        version = spark_version
+    else:
+        try:
+            version = installed_spark_version()
+        except EnvironmentNotReadyError:
+            version = supported_spark_versions()[-1]
     return (cache / "splitkeeper" / "jars" / version).resolve()
 
 
