@@ -15,7 +15,7 @@ error, and the sink holds the input's records byte for byte.
 Airflow's own constraints files live on GitHub, which the test machine cannot reach. The test
 makes a stand-in the way Airflow makes them (the highest resolution at release time): ``uv pip
 compile apache-airflow==X --exclude-newer <X's upload time + 1 day>`` (the release time read from
-PyPI). Minutes per variant (it downloads Airflow and pyspark): a slow variant,
+PyPI's simple API). Minutes per variant (it downloads Airflow and pyspark): a slow variant,
 ``pytest --run-slow-variants -m slow_variant tests/test_install_airflow.py``.
 """
 
@@ -150,8 +150,13 @@ def airflow_constraints(version: str, out: Path) -> Path:
     import datetime
     import urllib.request
 
-    with urllib.request.urlopen(f"https://pypi.org/pypi/apache-airflow/{version}/json", timeout=60) as r:
-        uploaded = min(u["upload_time_iso_8601"] for u in json.load(r)["urls"])
+    # the index's simple API (PEP 691 JSON: every file with its upload time)
+    request = urllib.request.Request(
+        "https://pypi.org/simple/apache-airflow/", headers={"Accept": "application/vnd.pypi.simple.v1+json"}
+    )
+    with urllib.request.urlopen(request, timeout=60) as r:
+        files = json.load(r)["files"]
+    uploaded = min(f["upload-time"] for f in files if f["filename"].startswith(f"apache_airflow-{version}-"))
     cutoff = datetime.datetime.fromisoformat(uploaded.replace("Z", "+00:00")) + datetime.timedelta(days=1)
     uv = Path(sys.executable).with_name("uv")
     python = f"{sys.version_info.major}.{sys.version_info.minor}"
