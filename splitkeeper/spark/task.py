@@ -219,6 +219,15 @@ class StagedWriter:
         self.records = 0
         self.last_next_offset: int | None = None
 
+    @property
+    def added_columns(self) -> list[str]:
+        """``widen``: the columns the rows added so far bring beyond the schema, in order."""
+        names = set(self.schema.names)
+        out: list[str] = []
+        for batch in self._batches:
+            out += [n for n in batch.schema.names if n not in names and n not in out]
+        return out
+
     def add(self, split_id: str, records: Iterable[SourceRecord]) -> int:
         """Append the records of one split (their values as the ``value`` column); returns how
         many were added. A ``str`` value (a reader of an older contract) is its UTF-8 bytes.
@@ -547,6 +556,7 @@ class RecordPolicy:
     partition_by: tuple[str, ...] = ()
     data: pa.Schema | None = None  # a batch transform's output columns (transforms.output_schema)
     upsert: UpsertSpec | None = None  # sink.mode upsert: staged rows carry the tombstone column
+    columns: tuple[str, ...] = ()  # add_columns: the sink's columns beyond the schema's, at the epoch's start
 
     @property
     def schema(self) -> pa.Schema:
@@ -735,6 +745,8 @@ def _stage_range(
     try:
         if policy.upsert is not None and spec.typed:
             decoded, tombstones = _decode_with_tombstones(spec, columns.values)
+        elif policy.widen:  # the columns added before (epochs, ranges): another spelling is rescued
+            decoded = decode_values(spec, columns.values, known=(*policy.columns, *writer.added_columns))
         else:
             decoded = decode_values(spec, columns.values)
     except SchemaDriftError as err:
