@@ -86,7 +86,7 @@ from splitkeeper.core.source import (
 )
 from splitkeeper.core.types import Split
 from splitkeeper.errors import InvalidParameterError, SourceError
-from splitkeeper.spark.columnar import RangeColumns, SupportsColumnarRead
+from splitkeeper.spark.columnar import BadRead, RangeColumns, SupportsColumnarRead
 
 log = logging.getLogger("splitkeeper.sources.files")
 
@@ -244,13 +244,17 @@ class FileRegionReader(RegionReader, SupportsColumnarRead):
     def _records(
         self, f: IO[bytes], path: str, split_id: str, start: int, end: int
     ) -> Iterator[SourceRecord]:
-        yield from _read_columns(f, path, split_id, start, end, self.format).records()
+        columns = _read_columns(f, path, split_id, start, end, self.format)
+        if columns.bad:
+            raise bad_read_error(columns, split_id)
+        yield from columns.records()
 
     def read_range_columns(self, split: Split, start: int, end: int) -> RangeColumns:
         """The lines of ``split`` that start in ``[start, end)`` as Arrow columns, read natively.
 
-        The same records and errors as :meth:`read_range` (every error raises
-        on the call); see :func:`_read_columns` for how.
+        The same records and errors as :meth:`read_range` (every error raises on the call),
+        but for a jsonl line that is not UTF-8 or not JSON: it is a record listed in
+        ``bad`` (contract 2 of :mod:`~splitkeeper.spark.columnar`); see :func:`_read_columns`.
         """
         f, path = self._open(split, start, end)
         return _read_columns(f, path, split.split_id, start, end, self.format)
@@ -309,6 +313,12 @@ class FileRegionReader(RegionReader, SupportsColumnarRead):
         return f, path
 
 
+def bad_read_error(columns: RangeColumns, split_id: str) -> SourceError:
+    """The error :meth:`FileRegionReader.read_range` raises for the first record ``columns.bad`` lists."""
+    first = columns.bad[0]
+    return SourceError(first.message, split_id=split_id, offset=first.offset)
+
+
 _EMPTY = RangeColumns(pa.array([], pa.int64()), pa.array([], pa.int64()), pa.array([], pa.binary()))
 
 
@@ -337,9 +347,14 @@ def _read_columns(
        as UTF-8 by Arrow, skipped for ASCII data).
     4. jsonl: blank lines are found by one regex over the column; the other
        values are checked by :func:`json.loads` (Python's JSON rules, one C
-       call per record); blank lines' bytes join the next record (or the last).
-    5. On a bad line the range is walked line by line (:func:`_first_error`)
-       to raise exactly the error of the first bad line.
+       call per record; a line nested deeper than ``MAX_JSON_DEPTH`` is found
+       first, before any parser recurses); blank lines' bytes join the next
+       record (or the last).
+    5. jsonl: a line that is not UTF-8 or not JSON stays a record, its bytes as
+       they are, listed in ``bad`` with its error (found line by line, only in
+       a range that has one): the region task makes it a bad record, so
+       ``errors.tolerance`` decides (:meth:`FileRegionReader.read_range` raises
+       the first).
     """
     with f:
         if start >= end:
@@ -386,61 +401,106 @@ def _read_columns(
     if fmt is not FileFormat.JSONL:  # the line's bytes, as they are
         binary = pa.Array.from_buffers(pa.large_binary() if large else pa.binary(), len(starts), buffers)
         return RangeColumns(pa.array(record_offsets), pa.array(record_nexts), binary)
+    binary_type = pa.large_binary() if large else pa.binary()
     values = pa.Array.from_buffers(pa.large_string() if large else pa.string(), len(starts), buffers)
+    refused: dict[int, tuple[str, str]] = {}  # line -> (error class, message): bad records, not read errors
     if not data.isascii():
         try:
             values.validate(full=True)
         except pa.ArrowInvalid:
-            _first_error(data, starts, pos, path, split_id, fmt)
-            raise  # pragma: no cover - _first_error raises for invalid UTF-8
+            refused.update(_not_utf8(data, starts, pos, path, split_id))
+            nulled = np.zeros(len(starts), np.bool_)
+            nulled[list(refused)] = True
+            binary = pa.Array.from_buffers(binary_type, len(starts), buffers)
+            values = pc.if_else(pa.array(nulled), pa.scalar(None, binary_type), binary).cast(values.type)
     blank = np.asarray(
-        pc.match_substring_regex(values, _blank_line()).to_numpy(zero_copy_only=False), np.bool_
+        pc.fill_null(pc.match_substring_regex(values, _blank_line()), False).to_numpy(zero_copy_only=False),
+        np.bool_,
     )
     kept = np.flatnonzero(~blank)
     if len(kept) == 0:
         return _EMPTY
     kept_values = values.take(pa.array(kept))
-    loads = json.loads
-    try:
-        for text in kept_values.to_pylist():
-            loads(text)
-    except ValueError:
-        _first_error(data, starts, pos, path, split_id, fmt)
-        raise  # pragma: no cover - _first_error raises for invalid JSON
+    refused.update(_not_json(kept_values, kept, refused, record_offsets, path, split_id))
     kept_offsets = np.empty(len(kept), np.int64)
     kept_offsets[0] = record_offsets[0]
     kept_offsets[1:] = record_nexts[kept[:-1]]
     kept_nexts = record_nexts[kept]
     kept_nexts[-1] = record_nexts[-1]
-    binary_type = pa.large_binary() if large else pa.binary()
-    return RangeColumns(pa.array(kept_offsets), pa.array(kept_nexts), kept_values.cast(binary_type))
+    if not refused:
+        return RangeColumns(pa.array(kept_offsets), pa.array(kept_nexts), kept_values.cast(binary_type))
+    raw = pa.Array.from_buffers(binary_type, len(starts), buffers).take(pa.array(kept))  # their bytes as read
+    where = {int(line): j for j, line in enumerate(kept)}
+    bad = tuple(
+        BadRead(where[line], cls, message, int(record_offsets[line]))
+        for line, (cls, message) in sorted(refused.items())
+    )
+    return RangeColumns(pa.array(kept_offsets), pa.array(kept_nexts), raw, None, bad)
 
 
-def _first_error(
-    data: bytes,
-    starts: np.ndarray[Any, np.dtype[np.int64]],
-    pos: int,
-    path: str,
-    split_id: str,
-    fmt: FileFormat,
-) -> None:
-    """Raise the error of the first bad line of ``data`` (its lines start at ``starts``, byte ``pos`` on)."""
+def _not_utf8(
+    data: bytes, starts: np.ndarray[Any, np.dtype[np.int64]], pos: int, path: str, split_id: str
+) -> dict[int, tuple[str, str]]:
+    """The lines of ``data`` (starting at ``starts``, byte ``pos`` on) that are not UTF-8, with
+    their error (one Python step per line: only a range with invalid UTF-8 comes here)."""
+    out: dict[int, tuple[str, str]] = {}
     bounds = [*starts.tolist(), len(data)]
-    for a, b in zip(bounds, bounds[1:], strict=False):
+    for k, (a, b) in enumerate(zip(bounds, bounds[1:], strict=False)):
         raw = data[a:b]
         if raw[-1:] == b"\n":
             raw = raw[:-1]
-        value = _decode(raw, pos + a, path, split_id)
-        if fmt is FileFormat.JSONL and value.strip():
-            try:
-                json.loads(value)
-            except ValueError as err:
-                raise SourceError(
-                    f"split {split_id!r}: {path} line at byte {pos + a} is not valid JSON ({err}); "
-                    "fix the file or use source.format 'lines'",
-                    split_id=split_id,
-                    offset=pos + a,
-                ) from err
+        try:
+            _decode(raw, pos + a, path, split_id)
+        except SourceError as err:
+            out[k] = ("UnicodeDecodeError", err.message)
+    return out
+
+
+def _not_json(
+    texts: pa.Array,
+    lines: np.ndarray[Any, np.dtype[np.int64]],
+    skip: Mapping[int, object],
+    offsets: np.ndarray[Any, np.dtype[np.int64]],
+    path: str,
+    split_id: str,
+) -> dict[int, tuple[str, str]]:
+    """The lines (``lines[j]`` is the line of ``texts[j]``; those in ``skip`` are bad already) that
+    are not one JSON document, with their error: nested deeper than
+    :data:`~splitkeeper.records.decode.MAX_JSON_DEPTH` (found before any parser recurses), or
+    refused by :func:`json.loads` (one C call per line)."""
+    from splitkeeper.records.decode import MAX_JSON_DEPTH, too_deep
+
+    out: dict[int, tuple[str, str]] = {}
+    for j, depth in too_deep(texts).items():
+        line = int(lines[j])
+        if line not in skip:
+            out[line] = (
+                "NestedTooDeep",
+                f"split {split_id!r}: {path} line at byte {offsets[line]} nests {depth} levels deep, more "
+                f"than the {MAX_JSON_DEPTH} a JSON line may",
+            )
+    loads = json.loads
+    every = texts.to_pylist()
+    if not skip and not out:
+        try:
+            for text in every:
+                loads(text)
+            return out
+        except (ValueError, RecursionError):
+            pass
+    for j, text in enumerate(every):  # only a range with a bad line comes here
+        line = int(lines[j])
+        if line in skip or line in out:
+            continue
+        try:
+            loads(text)
+        except (ValueError, RecursionError) as err:
+            out[line] = (
+                "JSONDecodeError",
+                f"split {split_id!r}: {path} line at byte {offsets[line]} is not valid JSON ({err}); "
+                "fix the file or use source.format 'lines'",
+            )
+    return out
 
 
 def _decode(raw: bytes, pos: int, path: str, split_id: str) -> str:
