@@ -43,6 +43,12 @@ contiguous from ``Split.position`` to ``Split.end``, and a position is always
 where the next line starts. The reader still applies Hadoop's rule to any range
 it is given, so a range cut mid-line neither loses nor repeats a line.
 
+A file that may grow (``source.on_file_change: append``, ``growing``) is read up to its last
+newline: a last line without one may be half written, so it is not part of any split until a
+newline ends it (the split ends before it; a file of one such line has no split yet); the split
+then grows from there (GREW), so the line is read whole. Under the other policies files are
+final, and a last line without a newline is read as it is.
+
 A record's ``offset`` is the byte offset of its line, ``next_offset`` the byte
 offset after its newline (the file size for a last line without one), and its
 value is the line's bytes, exactly, without the ``\\n`` / ``\\r\\n`` terminator
@@ -84,7 +90,7 @@ from splitkeeper.core.source import (
     SupportsSplitIdentityCheck,
     SupportsSplitReassignmentOnRecovery,
 )
-from splitkeeper.core.types import Split
+from splitkeeper.core.types import Split, SplitChangePolicy
 from splitkeeper.errors import InvalidParameterError, SourceError
 from splitkeeper.spark.columnar import BadRead, RangeColumns, SupportsColumnarRead
 
@@ -535,7 +541,12 @@ class FileSource(SourceConnector, SupportsSplitReassignmentOnRecovery, SupportsS
     """
 
     def __init__(
-        self, path: str | os.PathLike[str], format: FileFormat | str = FileFormat.LINES, split_bytes: int = 0
+        self,
+        path: str | os.PathLike[str],
+        format: FileFormat | str = FileFormat.LINES,
+        split_bytes: int = 0,
+        *,
+        growing: bool = False,
     ) -> None:
         if isinstance(split_bytes, bool) or not isinstance(split_bytes, int) or split_bytes < 0:
             raise InvalidParameterError(
@@ -555,6 +566,7 @@ class FileSource(SourceConnector, SupportsSplitReassignmentOnRecovery, SupportsS
         self._warned_names: set[str] = set()
         self._scanned: _Scan | None = None  # check_splits' scan, for the discovery right after it
         self._root_dir: str | None = None  # the folder of the files, as the last scan found source.path
+        self._growing = growing  # on_file_change append: a last line without its newline is not read yet
 
     @classmethod
     def from_config(cls, source: SourceConfig) -> FileSource:
@@ -562,7 +574,12 @@ class FileSource(SourceConnector, SupportsSplitReassignmentOnRecovery, SupportsS
             raise InvalidParameterError(
                 "source.kind", source.kind.value, "'files' with a path for a FileSource"
             )
-        return cls(source.path, source.format, source.split_bytes)
+        return cls(
+            source.path,
+            source.format,
+            source.split_bytes,
+            growing=source.on_file_change is SplitChangePolicy.APPEND,
+        )
 
     @property
     def path(self) -> str:
@@ -746,12 +763,48 @@ class FileSource(SourceConnector, SupportsSplitReassignmentOnRecovery, SupportsS
         if identity is None:
             return ()  # unreadable between the listing and now: the next discovery sees it
         splits = self._cut(rel, st.size, str(identity))
-        self._layouts[rel] = splits
+        if splits:  # none: one line without its newline yet (growing); the next discovery sees it
+            self._layouts[rel] = splits
         return splits
 
+    def _terminated(self, rel: str, size: int) -> int:
+        """Where the data of the file at ``rel`` that is read now ends, of its first ``size`` bytes:
+        ``size``, but for a growing file (``on_file_change: append``) whose last line has no newline
+        yet: right after its last newline (0 if none). That line is read once it is ended (a
+        writer appending it may be mid-line): reading it now would make a fragment of it a
+        record, and its rest the start of a range nobody reads (issue 36 item 9)."""
+        if not self._growing or size == 0:
+            return size
+        try:
+            with open(self._abs(rel), "rb") as f:
+                end = size
+                while end > 0:
+                    start = max(0, end - _SAMPLE_BYTES)
+                    f.seek(start)
+                    chunk = f.read(end - start)
+                    if end == size and chunk.endswith(b"\n"):
+                        return size
+                    newline = chunk.rfind(b"\n")
+                    if newline >= 0:
+                        log.info(
+                            "input file %s ends with a line without its newline (%d bytes): "
+                            "source.on_file_change is append, so it is read once a newline ends it",
+                            self._abs(rel),
+                            size - (start + newline + 1),
+                        )
+                        return start + newline + 1
+                    end = start
+        except OSError:
+            return size  # cannot be read now: its read fails and names the error
+        return 0
+
     def _cut(self, rel: str, size: int, identity: str, base: str | None = None) -> tuple[Split, ...]:
-        """The splits of the file at ``rel`` (``size`` bytes), ids ``base`` (default ``rel``) + range."""
+        """The splits of the file at ``rel`` (``size`` bytes, of which :meth:`_terminated` are read
+        now), ids ``base`` (default ``rel``) + range; none when nothing is read yet."""
         base = rel if base is None else base
+        size = self._terminated(rel, size)
+        if size == 0:
+            return ()
         bounds = [0]
         if 0 < self._split_bytes < size:
             with open(self._abs(rel), "rb") as f:
@@ -850,9 +903,10 @@ class FileSource(SourceConnector, SupportsSplitReassignmentOnRecovery, SupportsS
             last = max(_range_start(e.split_id) for e in group)
             if same_prefix and size > old.size:
                 replacement = self._cut(rel, size, str(now), rel + now.version)
+                was, now_end = self._terminated(rel, old.size), self._terminated(rel, size)
                 for e in group:
-                    end = self._known_end(e, old, last)
-                    grows = end == old.size
+                    end = self._known_end(e, old, last, rel)
+                    grows = end == was  # the last split: it goes on where the file's read data ended
                     changes.append(
                         SplitChange(
                             e.split_id,
@@ -860,7 +914,7 @@ class FileSource(SourceConnector, SupportsSplitReassignmentOnRecovery, SupportsS
                             str(now),
                             f"file {path} grew from {old.size} to {size} bytes, the old ones unchanged",
                             start=end,
-                            end=size if grows else end,
+                            end=now_end if grows else end,
                             replacement=replacement,
                         )
                     )
@@ -887,34 +941,41 @@ class FileSource(SourceConnector, SupportsSplitReassignmentOnRecovery, SupportsS
             ]
         return changes
 
-    def _known_end(self, entry: _Known, old: FileIdentity, last_start: int) -> int:
-        """Where a known split of a file with identity ``old`` ends (a finished one: from its id)."""
+    def _known_end(self, entry: _Known, old: FileIdentity, last_start: int, rel: str) -> int:
+        """Where a known split of a file with identity ``old`` ends (a finished one: from its id;
+        the file's data is at ``rel``, its first ``old.size`` bytes unchanged)."""
         if entry.split is not None and entry.split.end is not None:
             return entry.split.end
         match = _RANGE_SUFFIX.search(entry.split_id)
         if match is None or int(match.group(1)) == last_start:
-            return old.size  # the whole file, or its last range (which may have grown since its id)
+            # the whole file, or its last range (which may have grown since its id)
+            return self._terminated(rel, old.size)
         return int(match.group(2))
 
     def _learn(self, rel: str, group: list[_Known], identity: FileIdentity) -> None:
         """Take the known splits of an unchanged file as its layout, when this process has none."""
         if rel in self._layouts:
             return
-        self._layouts[rel] = self._known_layout(group, identity, identity)
+        self._layouts[rel] = self._known_layout(group, identity, identity, rel)
 
     def _known_layout(
-        self, group: list[_Known], old: FileIdentity, now: FileIdentity, moved_to: str | None = None
+        self,
+        group: list[_Known],
+        old: FileIdentity,
+        now: FileIdentity,
+        rel: str,
+        moved_to: str | None = None,
     ) -> tuple[Split, ...]:
         """The splits of a file as the known ones cut it (their ranges, ``old`` their file's identity
-        when they were cut), with the identity ``now``; ``moved_to``: their file's new path (the ids
-        become that path with their range suffix)."""
+        when they were cut), with the identity ``now``; its data is at ``rel``; ``moved_to``: their
+        file's new path (the ids become that path with their range suffix)."""
         last = max(_range_start(e.split_id) for e in group)
         return tuple(
             Split(
                 e.split_id if moved_to is None else moved_to + _suffix_of(e.split_id),
                 subscription=self._path,
                 position=_range_start(e.split_id),
-                end=self._known_end(e, old, last),
+                end=self._known_end(e, old, last, rel),
                 identity=str(now),
             )
             for e in group
@@ -947,7 +1008,7 @@ class FileSource(SourceConnector, SupportsSplitReassignmentOnRecovery, SupportsS
                 continue
             group = [e for e in entries if e.identity == identity]
             now = FileIdentity(*scan.files[target], old.digest)
-            moved = self._known_layout(group, old, now, moved_to=target)
+            moved = self._known_layout(group, old, now, target, moved_to=target)
             self._layouts[target] = moved
             log.info(
                 "input file %s was moved to %s: its splits keep their progress",
