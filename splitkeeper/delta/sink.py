@@ -720,6 +720,7 @@ class DeltaSink(EpochSink):
         self.staging_path = None if staging_path is None else storage.table_uri(staging_path)
         self.read_only = read_only
         self.schema: pa.Schema = STAGED_FILE_SCHEMA if schema is None else schema
+        self._configured = self.schema  # without the columns add_columns added (self.schema has them)
         self.partition_by = tuple(partition_by)
         self.widen = widen
         self.upsert = upsert
@@ -1152,7 +1153,13 @@ class DeltaSink(EpochSink):
                 ) from err
             file_schema = metadata.schema.to_arrow_schema()
             found = [(f.name, f.type) for f in file_schema]
-            in_file = [f for f in self.schema if f.name not in self.partition_by]
+            # add_columns: a region writes the configured columns, then the new fields of its records
+            # (columns the sink added before or not, any of them, in its order): its extra columns
+            in_file = [
+                f
+                for f in (self._configured if self.widen else self.schema)
+                if f.name not in self.partition_by
+            ]
             wanted = [(f.name, f.type) for f in in_file]
             extra: tuple[pa.Field, ...] = ()
             if self.widen and len(found) > len(wanted) and found[: len(wanted)] == wanted:
