@@ -42,7 +42,9 @@ The kinds:
   ``decode.schema_registry_url`` the writer schema of each schema id is fetched once per
   process (``GET {url}/schemas/ids/{id}``, the Confluent REST API) and a record is read with
   its own writer schema; an id the registry does not know (HTTP 404) makes the record a
-  ``decode`` bad record, any other registry failure fails the range (it is retried).
+  ``decode`` bad record, any other registry failure (HTTP 500, no answer) fails the range (it
+  is retried) with :class:`~splitkeeper.errors.SchemaRegistryError` naming the schema id and
+  the record (the region task names its offset).
   **Without a registry every schema id is read with the schema file's schema.**
 
 Schema drift (``on_new_fields``, Auto Loader's meanings), for top-level fields:
@@ -77,7 +79,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from splitkeeper.errors import SplitkeeperError
+from splitkeeper.errors import SchemaRegistryError, SplitkeeperError
 from splitkeeper.records.ddl import DdlType, arrow_type, parse_type
 from splitkeeper.records.spec import RESCUED, Column, DecodeSpec, name_clash
 
@@ -794,6 +796,15 @@ class _Typed:
                 except LookupError as err:
                     self._bad(i, "decode", str(err), "UnknownSchemaId")
                     continue
+                except (OSError, ValueError) as err:  # HTTP 500, refused, timed out, not JSON: try again
+                    raise SchemaRegistryError(
+                        f"record {i} of the range has schema id {schema_id}, and the schema registry at "
+                        f"{_shown_url(self.spec.schema_registry_url)} did not give its schema: "
+                        f"{_shown_url(str(err))}; the range is read again with the next epoch (check the "
+                        "registry if this repeats)",
+                        schema_id=schema_id,
+                        index=i,
+                    ) from None
             if writer is None:
                 self._bad(
                     i,
@@ -1078,6 +1089,11 @@ def _parsed_avro(schema_text: str) -> Any:
     return fastavro.parse_schema(json.loads(schema_text))
 
 
+def _shown_url(text: str) -> str:
+    """``text`` with the credentials of any URL in it hidden (``https://***@host``)."""
+    return re.sub(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/@\s]+@", r"\1***@", text)
+
+
 def registry_schema(
     url: str, schema_id: int, *, timeout: float = 10.0, opener: Callable[..., Any] | None = None
 ) -> str:
@@ -1101,13 +1117,15 @@ def registry_schema(
     except urllib.error.HTTPError as err:
         if err.code != 404:
             raise
-        missing = LookupError(f"schema id {schema_id} is not in the schema registry at {key[0]} (HTTP 404)")
+        missing = LookupError(
+            f"schema id {schema_id} is not in the schema registry at {_shown_url(key[0])} (HTTP 404)"
+        )
         with _AVRO_LOCK:
             _REGISTRY[key] = missing
         raise missing from err
     kind = body.get("schemaType", "AVRO")
     if kind != "AVRO" or not isinstance(body.get("schema"), str):
-        wrong = LookupError(f"schema id {schema_id} at {key[0]} is a {kind} schema, not Avro")
+        wrong = LookupError(f"schema id {schema_id} at {_shown_url(key[0])} is a {kind} schema, not Avro")
         with _AVRO_LOCK:
             _REGISTRY[key] = wrong
         raise wrong

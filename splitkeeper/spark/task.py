@@ -41,7 +41,13 @@ from splitkeeper.core.defaults import MAX_BAD_RATIO
 from splitkeeper.core.source import RecordMeta, RegionReader, SourceRecord
 from splitkeeper.core.types import Split
 from splitkeeper.delta.schemas import META_COLUMNS, STAGED_FILE_SCHEMA, STAGED_SCHEMA, sink_schema
-from splitkeeper.errors import InvalidParameterError, ProtocolError, SourceError, SplitkeeperError
+from splitkeeper.errors import (
+    InvalidParameterError,
+    ProtocolError,
+    SchemaRegistryError,
+    SourceError,
+    SplitkeeperError,
+)
 from splitkeeper.records.decode import BadRecords, Decoded, SchemaDriftError, decode_values
 from splitkeeper.records.spec import INGESTED_DATE, RESCUED, TOMBSTONE, DecodeSpec
 from splitkeeper.records.upsert import UpsertSpec
@@ -671,7 +677,7 @@ def run_region_task(
                         dead_counts[split.split_id] = len(bad)
                         first_bad[split.split_id] = bad_offsets[:5]
                     counts[split.split_id] = len(columns.offsets) - len(bad)
-            except (BadRecordError, TransformError) as err:
+            except (BadRecordError, TransformError, SchemaRegistryError) as err:
                 raise SplitReadError(split.split_id, int(err.params.get("offset", start)), err) from err
             except Exception as err:  # the split's records cannot be read or transformed: name the split
                 failed, failed_start = _failed_range(err, plan_for_region, split, start)
@@ -758,6 +764,11 @@ def _stage_range(
         raise BadRecordError(
             f"schema failed: {err.message}", **({"offset": offset} if offset is not None else {})
         ) from err
+    except SchemaRegistryError as err:  # the range is read again; the error names the record's offset
+        index = err.params.get("index")
+        if isinstance(index, int) and 0 <= index < n:
+            err.params["offset"] = columns.offsets[index].as_py()
+        raise
     kept = decoded.kept
     offsets = columns.offsets.take(kept)
     bad = decoded.bad
@@ -882,7 +893,7 @@ def _decode_with_tombstones(spec: DecodeSpec, values: pa.Array) -> tuple[Decoded
     present = everything.filter(pc.invert(nulls))
     try:
         decoded = decode_values(spec, values.filter(pc.invert(nulls)))
-    except SchemaDriftError as err:
+    except (SchemaDriftError, SchemaRegistryError) as err:
         index = err.params.get("index")
         if isinstance(index, int) and 0 <= index < len(present):
             err.params["index"] = present[index].as_py()

@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 from splitkeeper.records.ddl import avro_columns, parse_ddl
 from splitkeeper.records.decode import Decoded, SchemaDriftError, decode_values
 from splitkeeper.records.spec import DecodeSpec
+from splitkeeper.transforms import identity
 
 ORDERS = parse_ddl("id BIGINT NOT NULL, name STRING, amount DECIMAL(10,2), day DATE, at TIMESTAMP")
 
@@ -460,6 +461,11 @@ class _Registry(BaseHTTPRequestHandler):
     def do_GET(self) -> None:  # noqa: N802 - http.server's name
         type(self).requests.append(self.path)
         schema_id = int(self.path.rsplit("/", 1)[-1]) if "/schemas/ids/" in self.path else -1
+        if schema_id == 500:  # a registry failing: not a "not found"
+            self.send_response(500)
+            self.end_headers()
+            self.wfile.write(b'{"error_code": 50001, "message": "Error in the backend data store"}')
+            return
         if schema_id not in self.schemas:
             self.send_response(404)
             self.end_headers()
@@ -536,6 +542,42 @@ def test_add_columns_rescues_avro_fields_that_cannot_be_columns(registry: str) -
     got = rows(out)
     assert got[0]["id"] == 7 and json.loads(got[0]["_rescued"]) == {"topic": "mine", "ID": 8}
     assert got[1]["_rescued"] is None
+
+
+def test_a_registry_failure_names_the_schema_id_and_the_records_offset(registry: str) -> None:
+    """Issue 36: a registry's HTTP 500 failed the range naming neither the schema id nor the record.
+    It is retried (not a bad record), and the error names both; the URL's credentials are hidden."""
+    from splitkeeper.core.source import RegionReader, SourceRecord
+    from splitkeeper.core.types import Split
+    from splitkeeper.errors import SchemaRegistryError
+    from splitkeeper.spark.task import RecordPolicy, SplitReadError, run_region_task
+
+    values = [wire(RECORD), wire(RECORD, schema_id=500)]
+    with pytest.raises(SchemaRegistryError) as caught:
+        decode_values(avro_spec("rescue", registry), pa.array(values, pa.binary()))
+    assert caught.value.params == {"schema_id": 500, "index": 1}
+    assert "schema id 500" in str(caught.value) and "HTTP Error 500" in str(caught.value)
+    secret_url = registry.replace("http://", "http://user:hunter2@") + "-creds"
+    with pytest.raises(SchemaRegistryError) as hidden:  # whatever fails, a URL's password is not shown
+        decode_values(avro_spec("rescue", secret_url), pa.array(values[1:], pa.binary()))
+    assert "hunter2" not in str(hidden.value) and "http://***@127.0.0.1" in str(hidden.value)
+
+    class Records(RegionReader):
+        def read_range(self, split: Split, start: int, end: int) -> Iterator[SourceRecord]:
+            return iter([SourceRecord(40, 41, values[0]), SourceRecord(41, 42, values[1])])
+
+    with pytest.raises(SplitReadError) as failed:
+        run_region_task(
+            [(Split("orders-0"), 40, 42)],
+            Records(),
+            identity,
+            "/nonexistent/never-written",
+            1,
+            0,
+            policy=RecordPolicy(decode=avro_spec("rescue", registry), tolerance="all", max_bad_ratio=1.0),
+        )
+    assert 'split "orders-0" at offset 41: SchemaRegistryError: [SCHEMA_REGISTRY]' in str(failed.value)
+    assert "schema id 500" in str(failed.value)
 
 
 # --------------------------------------------------------------------------- text
