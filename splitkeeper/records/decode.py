@@ -1181,6 +1181,15 @@ CSV_FORMS: dict[str, tuple[str, str]] = {
 }
 
 
+#: A character every form in which Arrow's cast would read a field that :data:`CSV_FORMS` refuses,
+#: or refuse one it accepts, has (Arrow reads integers as ``-``/digits or ``0x`` hex, and floats
+#: with ``inf``/``nan`` in any case): a column without one needs no check of its forms.
+_CSV_SUSPECT = {
+    **dict.fromkeys(("TINYINT", "SMALLINT", "INT", "BIGINT"), "xX+"),
+    **dict.fromkeys(("FLOAT", "DOUBLE"), "iInN"),
+}
+
+
 def _csv_forms(column: pa.Array, type_name: str) -> tuple[pa.Array, np.ndarray | None]:
     """A csv column (text) of a column of type ``type_name``, and per field whether its form is
     refused (:data:`CSV_FORMS`; None when none is); an integer's leading ``+`` is dropped (Arrow
@@ -1188,6 +1197,9 @@ def _csv_forms(column: pa.Array, type_name: str) -> tuple[pa.Array, np.ndarray |
     form = CSV_FORMS.get(type_name)
     if form is None:
         return column, None
+    suspect = _CSV_SUSPECT.get(type_name)
+    if suspect is not None and not any(pc.any(pc.match_substring(column, c)).as_py() for c in suspect):
+        return column, None  # the forms Arrow's cast and Spark read differently all have one of these
     accepted = pc.match_substring_regex(column, form[1])
     refused = np.asarray(pc.fill_null(pc.invert(accepted), False))
     if form is _SIGNED_INTEGER:
@@ -1204,12 +1216,18 @@ _JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
 
 def too_deep(texts: pa.Array, limit: int = MAX_JSON_DEPTH) -> dict[int, int]:
     """The values of ``texts`` (JSON, as a string or binary array) that nest deeper than ``limit``
-    levels, with their depth. One numpy pass counts each value's ``[`` and ``{``; only a value
-    with more than ``limit`` of them is measured (its strings removed first)."""
+    levels, with their depth. Only a value longer than ``limit`` bytes can (a level is at least
+    one byte); among those one numpy pass counts each one's ``[`` and ``{``, and only a value with
+    more than ``limit`` of them is measured (its strings removed first)."""
+    lengths = np.asarray(pc.fill_null(pc.binary_length(texts), 0))
+    longer = np.flatnonzero(lengths > limit)
+    if not len(longer):
+        return {}
+    if len(longer) < len(texts):
+        found = too_deep(texts.take(pa.array(longer)), limit)
+        return {int(longer[j]): depth for j, depth in found.items()}
     offsets, data = _layout(texts)
     n = len(texts)
-    if not n:
-        return {}
     body = data[offsets[0] : offsets[-1]]
     opens = np.flatnonzero((body == ord("[")) | (body == ord("{")))
     if len(opens) <= limit:
