@@ -123,6 +123,14 @@ class SourceError(SplitkeeperError):
     code = "SOURCE_ERROR"
 
 
+class SchemaRegistryError(SourceError):
+    """The schema registry failed to give the writer schema of a record's schema id (not a "not
+    found", which makes the record a bad one): the range is read again. ``params`` name the
+    ``schema_id`` and the record (``index`` in its range; the region task adds its ``offset``)."""
+
+    code = "SCHEMA_REGISTRY"
+
+
 class InvariantViolation(SplitkeeperError):
     """A protocol section 6 invariant does not hold; ``params['violations']`` lists them."""
 

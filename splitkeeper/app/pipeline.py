@@ -264,8 +264,10 @@ class SparkRegionRunner(RegionRunner):
         policy: RecordPolicy | None = None,
         spark_transform: SparkTransform | None = None,
         max_concurrent: int | None = None,
+        sink_columns: Callable[[], Sequence[str]] | None = None,
     ) -> None:
         self.spark = spark if isinstance(spark, LazySpark) else LazySpark(spark)
+        self.sink_columns = sink_columns  # add_columns: the columns the sink added so far
         if max_concurrent is not None:
             log.warning(
                 "max_concurrent_regions=%s is ignored: an epoch's regions are the tasks of one Spark "
@@ -287,6 +289,8 @@ class SparkRegionRunner(RegionRunner):
         staged = (
             self.policy if self.spark_transform is None else self.spark_transform.input_policy(self.policy)
         )
+        if staged.widen and self.sink_columns is not None:
+            staged = replace(staged, columns=tuple(self.sink_columns()))
         payloads = {
             r: (
                 list(ranges),
@@ -429,12 +433,18 @@ class Pipeline:
                 self.policy,
                 spark_transform,
                 config.max_concurrent_regions,
+                self._added_columns,
             ),
             self.sink,
             self.store,
             SystemClock(),
             hooks,
         )
+
+    def _added_columns(self) -> list[str]:
+        """The sink's columns beyond the pipeline's schema (``decode.on_new_fields: add_columns``)."""
+        configured = set(self.policy.schema.names)
+        return [name for name in self.sink.schema.names if name not in configured]
 
     # -- the driver's view, for callers and tests --
 

@@ -68,7 +68,7 @@ from splitkeeper.core.enumerator import (
     restart_reader,
 )
 from splitkeeper.core.external import positions_to_commit, reconcile_positions
-from splitkeeper.core.failures import RegionFailure, region_failure
+from splitkeeper.core.failures import RegionFailure, clip, region_failure
 from splitkeeper.core.ports import (
     Clock,
     CrashPoint,
@@ -860,10 +860,8 @@ class EpochDriver:
             if count < self.settings.quarantine_after:
                 continue
             split = enumerator.split(split_id)
-            detail = (
-                f"reads failed {count} epochs in a row (at offset {split.position if split else '?'}): "
-                f"{error[:300]}"
-            )
+            position = split.position if split else "?"
+            detail = f"reads failed {count} epochs in a row, from its position {position}: {clip(error, 300)}"
             if enumerator.quarantine(split_id, detail):
                 log.warning("pipeline %s: split %s quarantined: %s", self.settings.pipeline, split_id, detail)
             del self._failing[split_id]
@@ -1488,13 +1486,13 @@ class EpochDriver:
         where = f"latest checkpoint {latest}" if latest is not None else "no checkpoint has completed yet"
         failing = sorted(self._failing.items())
         splits = "; ".join(
-            f"split {sid!r} (reads failed {n} epoch(s) in a row: {why[:300]})"
+            f"split {sid!r} (reads failed {n} epoch(s) in a row: {clip(why, 300)})"
             for sid, (n, why) in failing[:5]
         )
         regions = "; ".join(
-            f"region {r}: {why[:300]}" for r, why in sorted(aborted[-1].region_errors.items())
+            f"region {r}: {clip(why, 300)}" for r, why in sorted(aborted[-1].region_errors.items())
         )
-        what = " Failing: " + (splits or regions or aborted[-1].reason[:300]) + "."
+        what = " Failing: " + (splits or regions or clip(aborted[-1].reason, 300)) + "."
         if failing and settings.on_split_failure is SplitFailurePolicy.STALL:
             advice = (
                 "Fix or restore the named files and run again; or set checkpoint.on_split_failure: "

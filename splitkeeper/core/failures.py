@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from splitkeeper.core.types import RegionOutcome
 
-__all__ = ["PHASES", "RegionFailure", "first_line", "region_failure"]
+__all__ = ["PHASES", "RegionFailure", "clip", "first_line", "region_failure"]
 
 #: The timed phases of a checkpoint, in order, as ``checkpoints`` columns (``<phase>_ms``).
 PHASES = ("plan", "read", "sink", "commit")
@@ -36,6 +36,23 @@ _CLASS = re.compile(r"^\s*(?:[A-Za-z_][\w]*\.)*([A-Z][\w]*(?:Error|Exception|Fau
 _CODE = re.compile(r"^\s*\[([A-Z][A-Z0-9_]+)\]\s*")
 
 MESSAGE_CHARS = 300
+
+
+def clip(text: str, limit: int) -> str:
+    """``text`` when it has at most ``limit`` characters; else its first words and its last words
+    (an error says what is wrong first and what to do last) around `` [... N characters ...] ``,
+    each part cut between words (a word longer than its part is cut, the marker says where)."""
+    if len(text) <= limit:
+        return text
+    room = max(2, limit - len(f" [... {len(text)} characters ...] "))
+    head, tail = text[: room * 2 // 3], text[len(text) - (room - room * 2 // 3) :]
+    space = head.rfind(" ")
+    if space > len(head) // 2 and not text[len(head)].isspace():
+        head = head[:space]
+    space = tail.find(" ")
+    if 0 <= space < len(tail) // 2 and not text[-len(tail) - 1].isspace():
+        tail = tail[space + 1 :]
+    return f"{head.rstrip()} [... {len(text) - len(head) - len(tail)} characters ...] {tail.lstrip()}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,7 +120,7 @@ def region_failure(
         region_id=int(region_id),
         outcome=outcome.value,
         error_class=error_class,
-        message=(line or outcome.value)[:MESSAGE_CHARS],
+        message=clip(line or outcome.value, MESSAGE_CHARS),
         split_id=split_id,
         offset=offset,
     )

@@ -720,6 +720,7 @@ class DeltaSink(EpochSink):
         self.staging_path = None if staging_path is None else storage.table_uri(staging_path)
         self.read_only = read_only
         self.schema: pa.Schema = STAGED_FILE_SCHEMA if schema is None else schema
+        self._configured = self.schema  # without the columns add_columns added (self.schema has them)
         self.partition_by = tuple(partition_by)
         self.widen = widen
         self.upsert = upsert
@@ -1152,7 +1153,13 @@ class DeltaSink(EpochSink):
                 ) from err
             file_schema = metadata.schema.to_arrow_schema()
             found = [(f.name, f.type) for f in file_schema]
-            in_file = [f for f in self.schema if f.name not in self.partition_by]
+            # add_columns: a region writes the configured columns, then the new fields of its records
+            # (columns the sink added before or not, any of them, in its order): its extra columns
+            in_file = [
+                f
+                for f in (self._configured if self.widen else self.schema)
+                if f.name not in self.partition_by
+            ]
             wanted = [(f.name, f.type) for f in in_file]
             extra: tuple[pa.Field, ...] = ()
             if self.widen and len(found) > len(wanted) and found[: len(wanted)] == wanted:
@@ -1381,19 +1388,40 @@ class DeltaSink(EpochSink):
 
         known = {f.name: f for f in self.schema}
         new: dict[str, pa.Field] = {}
+        origin: dict[str, str] = {}  # a new column -> the staged file that brought it first
+        spelled = {name.lower(): name for name in known}
         for item in checked:
             for f in item.extra:
                 old = known.get(f.name) or new.get(f.name)
                 if old is not None and _shape(old.type) != _shape(f.type):
+                    where = (
+                        f"the sink's {f.name} is {old.type}"
+                        if f.name in known
+                        else f"staged file {origin.get(f.name)} of the same epoch (another region's records) "
+                        f"has it as {old.type}"
+                    )
                     raise StagedOutputError(
                         f"sink {self.path}: staged file {item.source} has column {f.name} of type "
-                        f"{f.type}, but the sink's {f.name} is {old.type}: a column's type does not "
-                        "change (only new nullable columns are added). Nothing was committed: declare "
-                        "the column's type in decode.schema, or point sink.path at a new table",
+                        f"{f.type}, but {where}: a column's type does not change (only new nullable "
+                        "columns are added). Nothing was committed: declare the column's type in "
+                        "decode.schema, or point sink.path at a new table",
+                        path=item.source,
+                    )
+                other = spelled.get(f.name.lower())
+                if old is None and other is not None:
+                    raise StagedOutputError(
+                        f"sink {self.path}: staged file {item.source} has the new column {f.name}, which "
+                        f"differs only in case from the column {other} "
+                        f"{'of the sink' if other in known else f'of staged file {origin.get(other)}'} "
+                        "(Delta compares column names case-insensitively; two regions of one epoch met "
+                        "both spellings first). Nothing was committed: declare the column in "
+                        "decode.schema (the other spelling is then rescued), or use on_new_fields: rescue",
                         path=item.source,
                     )
                 if old is None:
                     new[f.name] = f.with_nullable(True)
+                    origin[f.name] = item.source
+                    spelled[f.name.lower()] = f.name
         if not new:
             return table
         guarded(self.path, lambda: table.alter.add_columns([Field.from_arrow(f) for f in new.values()]))

@@ -288,9 +288,16 @@ def parse_ddl(text: str) -> tuple[Column, ...]:
 
 def decodable_problem(kind: str, columns: tuple[Column, ...] | list[Column]) -> str | None:
     """Why ``columns`` cannot be decoded from ``kind`` records (None when they can): csv
-    fields are primitive types only; Arrow's JSON reader has no MAP conversion."""
+    fields are primitive types only; Arrow's JSON reader has no MAP conversion; a STRUCT's field
+    names are distinct in any spelling (Delta compares names case-insensitively)."""
     for c in columns:
         t = parse_type(c.type)
+        twice = _case_twice(t)
+        if twice is not None:
+            return (
+                f"column {c.name!r} {c.type}: the STRUCT field names {twice[0]!r} and {twice[1]!r} differ "
+                "only in case, and Delta compares field names case-insensitively; rename one"
+            )
         if kind == "csv" and t.name in ("ARRAY", "MAP", "STRUCT"):
             return f"column {c.name!r} {c.type}: a csv column must be of a primitive type"
         if kind == "json" and "MAP<" in c.type:
@@ -298,6 +305,21 @@ def decodable_problem(kind: str, columns: tuple[Column, ...] | list[Column]) -> 
                 f"column {c.name!r} {c.type}: MAP is not supported for decode.kind json (Arrow's JSON reader "
                 "has no map conversion); declare a STRUCT of the known keys"
             )
+    return None
+
+
+def _case_twice(t: DdlType) -> tuple[str, str] | None:
+    """Two field names of a STRUCT inside ``t`` that differ only in case, if any."""
+    if t.name == "STRUCT":
+        seen: dict[str, str] = {}
+        for name, _ft, _ in t.fields:
+            if name.lower() in seen:
+                return seen[name.lower()], name
+            seen[name.lower()] = name
+    for child in (*t.children, *(ft for _, ft, _ in t.fields)):
+        found = _case_twice(child)
+        if found is not None:
+            return found
     return None
 
 

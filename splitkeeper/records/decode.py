@@ -42,7 +42,9 @@ The kinds:
   ``decode.schema_registry_url`` the writer schema of each schema id is fetched once per
   process (``GET {url}/schemas/ids/{id}``, the Confluent REST API) and a record is read with
   its own writer schema; an id the registry does not know (HTTP 404) makes the record a
-  ``decode`` bad record, any other registry failure fails the range (it is retried).
+  ``decode`` bad record, any other registry failure (HTTP 500, no answer) fails the range (it
+  is retried) with :class:`~splitkeeper.errors.SchemaRegistryError` naming the schema id and
+  the record (the region task names its offset).
   **Without a registry every schema id is read with the schema file's schema.**
 
 Schema drift (``on_new_fields``, Auto Loader's meanings), for top-level fields:
@@ -68,7 +70,7 @@ import re
 import threading
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
@@ -77,11 +79,21 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from splitkeeper.errors import SplitkeeperError
+from splitkeeper.errors import SchemaRegistryError, SplitkeeperError
 from splitkeeper.records.ddl import DdlType, arrow_type, parse_type
-from splitkeeper.records.spec import RESCUED, Column, DecodeSpec
+from splitkeeper.records.spec import RESCUED, Column, DecodeSpec, name_clash
 
-__all__ = ["STAGES", "BadRecords", "Decoded", "SchemaDriftError", "decode_values", "registry_schema"]
+__all__ = [
+    "CSV_FORMS",
+    "MAX_JSON_DEPTH",
+    "STAGES",
+    "BadRecords",
+    "Decoded",
+    "SchemaDriftError",
+    "decode_values",
+    "registry_schema",
+    "too_deep",
+]
 
 #: Where a bad record failed: its bytes, the declared columns, or the user's transform.
 STAGES = ("decode", "schema", "transform")
@@ -126,8 +138,10 @@ def _all_kept(table: pa.Table) -> Decoded:
     return Decoded(table, pa.array(range(table.num_rows), pa.int64()), BadRecords())
 
 
-def decode_values(spec: DecodeSpec, values: pa.Array) -> Decoded:
-    """The range's values decoded per ``spec`` (module doc)."""
+def decode_values(spec: DecodeSpec, values: pa.Array, *, known: Sequence[str] = ()) -> Decoded:
+    """The range's values decoded per ``spec`` (module doc); ``known``: for ``add_columns``, the
+    columns the sink has beyond the declared ones (added before: a new field of that name is that
+    column, another spelling of it is rescued)."""
     if isinstance(values, pa.ChunkedArray):
         values = values.combine_chunks()
     if spec.kind == "raw":
@@ -139,7 +153,7 @@ def decode_values(spec: DecodeSpec, values: pa.Array) -> Decoded:
     if spec.kind in ("json", "csv", "avro"):
         if values.type != pa.binary():
             values = values.cast(pa.binary())
-        return _Typed(spec, values).run()
+        return _Typed(spec, values, known).run()
     raise ValueError(f"unknown decode.kind {spec.kind!r}: allowed raw, text, json, csv, avro")
 
 
@@ -304,7 +318,7 @@ def _short(text: str, limit: int = 80) -> str:
 class _Typed:
     """One decode of a range for the typed kinds (json, csv, avro)."""
 
-    def __init__(self, spec: DecodeSpec, values: pa.Array) -> None:
+    def __init__(self, spec: DecodeSpec, values: pa.Array, known: Sequence[str] = ()) -> None:
         self.spec = spec
         self.plan = _plan(spec)
         self.values = values
@@ -316,6 +330,9 @@ class _Typed:
         self.drift: list[tuple[int, str]] = []
         self.texts: pa.Array | None = None
         self.rescued_text: dict[int, str] = {}  # _rescued built directly (csv, avro)
+        self.known = tuple(known)  # add_columns: the sink's columns beyond the declared ones
+        self.taken: dict[str, str] | None = None  # add_columns: lower-case name -> its column
+        self.not_columns: set[str] = set()  # add_columns: new fields kept in _rescued instead
 
     # ---------------------------------------------------------------- driver
 
@@ -372,6 +389,16 @@ class _Typed:
                     "JSONDecodeError",
                 )
             valid &= objects
+            for index, depth in too_deep(self.texts).items():  # before a parser recurses that deep
+                if valid[index]:
+                    valid[index] = False
+                    self._bad(
+                        index,
+                        "decode",
+                        f"the JSON value nests {depth} levels deep, more than the {MAX_JSON_DEPTH} allowed "
+                        "(objects and arrays in one another)",
+                        "NestedTooDeep",
+                    )
         return np.flatnonzero(valid).astype(np.int64)
 
     def _bad(self, index: int, stage: str, message: str, error_class: str) -> None:
@@ -645,20 +672,28 @@ class _Typed:
         target = _loose(declared)  # cast without the NOT NULL flags inside, then put them back
         if column.type == target:
             return _retag(column, declared)
-        try:
-            return _retag(column.cast(target), declared)
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
-            pass
+        original, refused = column, None
+        if self.spec.kind == "csv":
+            column, refused = _csv_forms(column, self.plan.types[c.name].name)
+        if refused is None:
+            try:
+                return _retag(column.cast(target), declared)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+                pass
         out: list[Any] = []
         for j in range(len(column)):  # only a column with a value that does not convert comes here
             one = column.slice(j, 1)
-            try:
-                out.append(one.cast(target))
-                continue
-            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as err:
-                error = err
+            error: Exception | str
+            if refused is not None and refused[j]:
+                error = f"Spark's CSV reader reads {c.type} from {CSV_FORMS[self.plan.types[c.name].name][0]}"
+            else:
+                try:
+                    out.append(one.cast(target))
+                    continue
+                except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as err:
+                    error = err
             out.append(pa.nulls(1, target))  # the declared flags go back on below
-            shown = one[0].as_py()
+            shown = original[j].as_py()
             i = int(indices[j])
             if self.spec.on_new_fields == "rescue" and c.nullable:
                 self.rescue_keys.setdefault(i, set()).add(c.name)
@@ -689,8 +724,8 @@ class _Typed:
         chosen = texts.take(pa.array(indices))
         for name, column in {**extras, **nested}.items():
             candidate |= np.asarray(pc.fill_null(column.is_valid(), False))
-            if name in extras:
-                candidate |= np.asarray(pc.fill_null(pc.match_substring(chosen, json.dumps(name)), False))
+            if name in extras:  # a field that is null in this record: its key is in the text
+                candidate |= _present(chosen, name)
         for j in np.flatnonzero(candidate):  # drift rows only: the normal path has none
             i = int(indices[j])
             if self.spec.kind != "json":
@@ -699,11 +734,11 @@ class _Typed:
             if not unknown:
                 continue
             if self.spec.on_new_fields == "fail":
-                self.drift.append((i, unknown[0]))
+                self.drift.append((i, unknown[0][1]))
             elif self.spec.on_new_fields == "rescue":
                 self.drift_candidates.add(i)
             else:  # add_columns: top-level fields are columns now; nested ones cannot be added
-                deep = [u for u in unknown if "." in u]
+                deep = [path for top, path in unknown if path != top]
                 if deep and keep[j]:
                     keep[j] = False
                     self._bad(
@@ -714,17 +749,20 @@ class _Typed:
                         "SchemaDrift",
                     )
 
-    def _unknown_fields(self, text: str) -> list[str]:
-        out: list[str] = []
+    def _unknown_fields(self, text: str) -> list[tuple[str, str]]:
+        """The fields of a JSON object text that the schema does not name, as ``(top-level key,
+        path)``: an undeclared top-level key is its own path (whatever it holds, dots included); a
+        field inside a declared STRUCT has the dotted path ``key.field``."""
+        out: list[tuple[str, str]] = []
         for key, raw in json_members(text):
             if key not in self.plan.names:
-                out.append(key)
+                out.append((key, key))
                 continue
             t = self.plan.types[key]
             if t.name in ("STRUCT", "ARRAY"):
                 found = _unknown_path(json.loads(raw), t, key)
                 if found:
-                    out.append(found)
+                    out.append((key, found))
         return out
 
     # ---------------------------------------------------------------- avro
@@ -758,6 +796,15 @@ class _Typed:
                 except LookupError as err:
                     self._bad(i, "decode", str(err), "UnknownSchemaId")
                     continue
+                except (OSError, ValueError) as err:  # HTTP 500, refused, timed out, not JSON: try again
+                    raise SchemaRegistryError(
+                        f"record {i} of the range has schema id {schema_id}, and the schema registry at "
+                        f"{_shown_url(self.spec.schema_registry_url)} did not give its schema: "
+                        f"{_shown_url(str(err))}; the range is read again with the next epoch (check the "
+                        "registry if this repeats)",
+                        schema_id=schema_id,
+                        index=i,
+                    ) from None
             if writer is None:
                 self._bad(
                     i,
@@ -856,7 +903,14 @@ class _Typed:
                         )
             else:
                 new = pa.Table.from_pylist([{k: _plain(r.get(k)) for k in extra_names} for r in records])
-                for name in extra_names:
+                out = self._not_columns([(n, [new.schema.field(n).type]) for n in extra_names])
+                for r, i in zip(records, indices, strict=True):
+                    rest = {k: v for k, v in r.items() if k in out}
+                    if rest:
+                        self.rescued_text[int(i)] = json.dumps(
+                            rest, default=str, ensure_ascii=False, separators=(",", ":")
+                        )
+                for name in [n for n in extra_names if n not in out]:
                     column = new.column(name)
                     table = table.append_column(
                         name, column if column.type != pa.null() else column.cast(pa.string())
@@ -889,6 +943,13 @@ class _Typed:
         if add:
             for _, t in parts:
                 new_columns += [n for n in t.column_names if n not in plan.names and n not in new_columns]
+            kept_out = self._not_columns(
+                [(n, [t.schema.field(n).type for _, t in parts if n in t.column_names]) for n in new_columns]
+            )
+            if kept_out:
+                for idx, t in parts:
+                    self._rescue_fields(idx, t, kept_out)
+                new_columns = [n for n in new_columns if n not in kept_out]
         if parts:
             indices = np.concatenate([idx for idx, _ in parts])
             if len(parts) == 1:
@@ -918,8 +979,10 @@ class _Typed:
             ],
             schema=schema,
         )
-        if self.spec.on_new_fields == "rescue":
+        if self.spec.on_new_fields == "rescue" or (add and (self.rescue_keys or self.rescued_text)):
             table = table.append_column(RESCUED, self._rescued(indices))
+            if add:
+                new_columns.append(RESCUED)
         bad = BadRecords()
         for i in sorted(self.bad):
             stage, error_class, message = self.bad[i]
@@ -932,6 +995,46 @@ class _Typed:
             )
         return Decoded(table, kept, bad, tuple(new_columns))
 
+    def _not_columns(self, fields: list[tuple[str, list[pa.DataType]]]) -> set[str]:
+        """``add_columns``: the new fields (name, the types read for it) that cannot be columns, whose
+        values go to ``_rescued`` instead (contract of the module doc): a name :func:`name_clash`
+        refuses beside the declared, reserved and known columns and the new fields before it (the
+        first spelling of a name is the column), or a type with two STRUCT field names that differ
+        only in case. Remembered for the range."""
+        if self.taken is None:
+            self.taken = {c.name.lower(): c.name for c in self.plan.columns}
+            for name in self.known:
+                self.taken.setdefault(name.lower(), name)
+        out: set[str] = set()
+        for name, types in fields:
+            if name in self.not_columns:
+                out.add(name)
+                continue
+            if name_clash(name, self.taken) is not None or any(_case_twice(t) for t in types):
+                self.not_columns.add(name)
+                out.add(name)
+                continue
+            self.taken.setdefault(name.lower(), name)
+        return out
+
+    def _rescue_fields(self, indices: np.ndarray, table: pa.Table, names: set[str]) -> None:
+        """The records of a part (``indices``, its ``table``) that have any of ``names``: those
+        fields are rescued (their original JSON text goes to ``_rescued``)."""
+        names = names & set(table.column_names)
+        if not names:
+            return
+        texts = self.texts
+        assert texts is not None
+        chosen = texts.take(pa.array(indices))
+        maybe = np.zeros(len(indices), bool)
+        for name in names:
+            maybe |= np.asarray(pc.fill_null(table.column(name).is_valid(), False)) | _present(chosen, name)
+        for j in np.flatnonzero(maybe):
+            i = int(indices[j])
+            here = {k for k, _ in json_members(chosen[int(j)].as_py())} & names
+            if here:
+                self.rescue_keys.setdefault(i, set()).update(here)
+
     def _rescued(self, indices: np.ndarray) -> pa.Array:
         rescued: dict[int, str] = dict(self.rescued_text)
         texts = self.texts
@@ -940,9 +1043,9 @@ class _Typed:
                 continue
             names = self.rescue_keys.get(i, set())
             members = json_members(texts[i].as_py())
-            unknown = set(self._unknown_fields(texts[i].as_py()))
-            top = {u.split(".", 1)[0] for u in unknown}
-            chosen = [(k, raw) for k, raw in members if k in names or k in top]
+            if self.spec.on_new_fields == "rescue":  # add_columns: its new fields are columns
+                names = names | {top for top, _ in self._unknown_fields(texts[i].as_py())}
+            chosen = [(k, raw) for k, raw in members if k in names]
             if chosen:
                 rescued[i] = (
                     "{" + ",".join(json.dumps(k, ensure_ascii=False) + ":" + raw for k, raw in chosen) + "}"
@@ -986,6 +1089,11 @@ def _parsed_avro(schema_text: str) -> Any:
     return fastavro.parse_schema(json.loads(schema_text))
 
 
+def _shown_url(text: str) -> str:
+    """``text`` with the credentials of any URL in it hidden (``https://***@host``)."""
+    return re.sub(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/@\s]+@", r"\1***@", text)
+
+
 def registry_schema(
     url: str, schema_id: int, *, timeout: float = 10.0, opener: Callable[..., Any] | None = None
 ) -> str:
@@ -1009,13 +1117,15 @@ def registry_schema(
     except urllib.error.HTTPError as err:
         if err.code != 404:
             raise
-        missing = LookupError(f"schema id {schema_id} is not in the schema registry at {key[0]} (HTTP 404)")
+        missing = LookupError(
+            f"schema id {schema_id} is not in the schema registry at {_shown_url(key[0])} (HTTP 404)"
+        )
         with _AVRO_LOCK:
             _REGISTRY[key] = missing
         raise missing from err
     kind = body.get("schemaType", "AVRO")
     if kind != "AVRO" or not isinstance(body.get("schema"), str):
-        wrong = LookupError(f"schema id {schema_id} at {key[0]} is a {kind} schema, not Avro")
+        wrong = LookupError(f"schema id {schema_id} at {_shown_url(key[0])} is a {kind} schema, not Avro")
         with _AVRO_LOCK:
             _REGISTRY[key] = wrong
         raise wrong
@@ -1045,11 +1155,122 @@ def _concat(tables: list[pa.Table]) -> pa.Table:
     return pa.concat_tables(out, promote_options="permissive")
 
 
+_SIGNED_INTEGER = ("an optional + or - and decimal digits only", r"^[+-]?[0-9]+$")
+_DECIMAL_NUMBER = r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?"
+#: What a csv field of a numeric or BOOLEAN column may be (Spark's CSV reader: Java's
+#: ``Long.parseLong``, ``Double.parseDouble`` with its ``NaN``/``Inf``/``-Inf`` options,
+#: ``BigDecimal``, Scala's ``toBoolean``), as (the words of an error, an RE2 pattern). A field of
+#: another form is a type mismatch (rescued, or stage ``schema``), never read another way: Arrow's
+#: own cast reads ``0x1A`` as 26 and ``1``/``0`` as true/false. Stricter than Spark where Spark
+#: trims blanks around a DOUBLE or rounds a DECIMAL's extra digits: those are mismatches here.
+CSV_FORMS: dict[str, tuple[str, str]] = {
+    **dict.fromkeys(("TINYINT", "SMALLINT", "INT", "BIGINT"), _SIGNED_INTEGER),
+    **dict.fromkeys(
+        ("FLOAT", "DOUBLE"),
+        (
+            "a decimal number (digits, an optional point and exponent, an optional sign), NaN, "
+            "Infinity, Inf or -Inf",
+            rf"^({_DECIMAL_NUMBER}|[+-]?NaN|[+-]?Infinity|-?Inf)$",
+        ),
+    ),
+    "DECIMAL": (
+        "a decimal number (digits, an optional point and exponent, an optional sign)",
+        rf"^{_DECIMAL_NUMBER}$",
+    ),
+    "BOOLEAN": ("true or false, in any case", r"^(?i:true|false)$"),
+}
+
+
+#: A character every form in which Arrow's cast would read a field that :data:`CSV_FORMS` refuses,
+#: or refuse one it accepts, has (Arrow reads integers as ``-``/digits or ``0x`` hex, and floats
+#: with ``inf``/``nan`` in any case): a column without one needs no check of its forms.
+_CSV_SUSPECT = {
+    **dict.fromkeys(("TINYINT", "SMALLINT", "INT", "BIGINT"), "xX+"),
+    **dict.fromkeys(("FLOAT", "DOUBLE"), "iInN"),
+}
+
+
+def _csv_forms(column: pa.Array, type_name: str) -> tuple[pa.Array, np.ndarray | None]:
+    """A csv column (text) of a column of type ``type_name``, and per field whether its form is
+    refused (:data:`CSV_FORMS`; None when none is); an integer's leading ``+`` is dropped (Arrow
+    refuses it, Spark reads it)."""
+    form = CSV_FORMS.get(type_name)
+    if form is None:
+        return column, None
+    suspect = _CSV_SUSPECT.get(type_name)
+    if suspect is not None and not any(pc.any(pc.match_substring(column, c)).as_py() for c in suspect):
+        return column, None  # the forms Arrow's cast and Spark read differently all have one of these
+    accepted = pc.match_substring_regex(column, form[1])
+    refused = np.asarray(pc.fill_null(pc.invert(accepted), False))
+    if form is _SIGNED_INTEGER:
+        column = pc.replace_substring_regex(column, r"^\+", "")
+    return column, refused if refused.any() else None
+
+
+#: How deep a JSON value may nest (objects and arrays in one another). A deeper one is a bad record
+#: (stage ``decode``): Python's JSON parser and Arrow's inference recurse once per level (a few
+#: thousand levels crash the process), and Spark's JSON reader (Jackson) refuses more than 1,000.
+MAX_JSON_DEPTH = 512
+_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
+
+
+def too_deep(texts: pa.Array, limit: int = MAX_JSON_DEPTH) -> dict[int, int]:
+    """The values of ``texts`` (JSON, as a string or binary array) that nest deeper than ``limit``
+    levels, with their depth. Only a value longer than ``limit`` bytes can (a level is at least
+    one byte); among those one numpy pass counts each one's ``[`` and ``{``, and only a value with
+    more than ``limit`` of them is measured (its strings removed first)."""
+    lengths = np.asarray(pc.fill_null(pc.binary_length(texts), 0))
+    longer = np.flatnonzero(lengths > limit)
+    if not len(longer):
+        return {}
+    if len(longer) < len(texts):
+        found = too_deep(texts.take(pa.array(longer)), limit)
+        return {int(longer[j]): depth for j, depth in found.items()}
+    offsets, data = _layout(texts)
+    n = len(texts)
+    body = data[offsets[0] : offsets[-1]]
+    opens = np.flatnonzero((body == ord("[")) | (body == ord("{")))
+    if len(opens) <= limit:
+        return {}
+    counts = np.bincount(np.searchsorted(offsets, opens + offsets[0], side="right") - 1, minlength=n)
+    out: dict[int, int] = {}
+    for j in np.flatnonzero(counts > limit).tolist():
+        bare = np.frombuffer(_JSON_STRING.sub(b"", data[offsets[j] : offsets[j + 1]].tobytes()), np.uint8)
+        step = ((bare == ord("[")) | (bare == ord("{"))).astype(np.int64)
+        step -= ((bare == ord("]")) | (bare == ord("}"))).astype(np.int64)
+        depth = int(np.cumsum(step).max()) if len(step) else 0
+        if depth > limit:
+            out[int(j)] = depth
+    return out
+
+
+def _case_twice(t: pa.DataType) -> bool:
+    """Whether a STRUCT inside ``t`` has two field names that differ only in case (Delta refuses it)."""
+    if pa.types.is_struct(t):
+        names = [t.field(k).name.lower() for k in range(t.num_fields)]
+        return len(set(names)) != len(names) or any(_case_twice(t.field(k).type) for k in range(t.num_fields))
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        return _case_twice(t.value_type)
+    if pa.types.is_map(t):
+        return _case_twice(t.key_type) or _case_twice(t.item_type)
+    return False
+
+
+def _present(texts: pa.Array, key: str) -> np.ndarray:
+    """Per JSON text: whether it may have the top-level ``key`` (its JSON spelling occurs, or a
+    backslash, with which a writer may spell a key otherwise): the rows worth parsing for it."""
+    spelled = pc.match_substring(texts, json.dumps(key, ensure_ascii=False))
+    escaped = pc.match_substring(texts, "\\")
+    return np.asarray(pc.fill_null(pc.or_(spelled, escaped), False))
+
+
 def _layout(texts: pa.Array) -> tuple[np.ndarray, np.ndarray]:
-    """The value offsets (n + 1) and the data bytes of a string or binary array, as numpy views."""
+    """The value offsets (n + 1) and the data bytes of a string or binary array (large ones too),
+    as numpy views."""
     n = len(texts)
     buffers = texts.buffers()
-    offsets = np.frombuffer(buffers[1], np.int32)[texts.offset : texts.offset + n + 1]
+    large = pa.types.is_large_string(texts.type) or pa.types.is_large_binary(texts.type)
+    offsets = np.frombuffer(buffers[1], np.int64 if large else np.int32)[texts.offset : texts.offset + n + 1]
     data = np.frombuffer(buffers[2], np.uint8) if buffers[2] is not None else np.zeros(0, np.uint8)
     return offsets, data
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -31,9 +32,11 @@ __all__ = [
     "NOT_DATA_COLUMNS",
     "TOMBSTONE",
     "RESCUED",
+    "RESERVED_NAMES",
     "Column",
     "DecodeSpec",
     "decode_spec_of",
+    "name_clash",
 ]
 
 #: The column that keeps, as JSON, the fields the declared schema does not name (``rescue``).
@@ -59,6 +62,9 @@ TOMBSTONE = "tombstone"
 INGESTED_DATE = "ingested_date"
 #: Every sink column that is not a data column (what a schema's data columns are told apart by).
 NOT_DATA_COLUMNS: frozenset[str] = frozenset((*BOOKKEEPING_COLUMNS, INGESTED_DATE, TOMBSTONE))
+#: The names no data column may have: the bookkeeping columns and ``_rescued``. Like every column
+#: name they compare case-insensitively (as Delta and Spark compare column names): see :func:`name_clash`.
+RESERVED_NAMES: frozenset[str] = NOT_DATA_COLUMNS | {RESCUED}
 KINDS = ("raw", "text", "json", "csv", "avro")
 TYPED_KINDS = ("json", "csv", "avro")
 
@@ -108,6 +114,22 @@ class DecodeSpec:
             + BOOKKEEPING_COLUMNS[3:]
             + (INGESTED_DATE,)
         )
+
+
+def name_clash(name: str, taken: Mapping[str, str]) -> str | None:
+    """Why ``name`` cannot be a data column beside ``taken`` (lower-case name -> the column that
+    has it), or None when it can. Delta and Spark compare column names case-insensitively, so any
+    spelling of a taken name is taken; a name equal to a taken data column is that column. Every
+    :data:`RESERVED_NAMES` is always taken."""
+    folded = name.lower()
+    have = taken.get(folded)
+    if folded in RESERVED_NAMES:
+        which = "the _rescued column" if folded == RESCUED else "a bookkeeping column of the sink"
+        spelled = "" if name == folded else f" (as {folded!r}: column names compare case-insensitively)"
+        return f"{name!r} is {which}{spelled}"
+    if have is None or have == name:
+        return None
+    return f"{name!r} differs from the column {have!r} only in case (column names compare case-insensitively)"
 
 
 def decode_spec_of(section: DecodeSection, *, base: str | os.PathLike[str], where: str) -> DecodeSpec:
@@ -192,16 +214,17 @@ def decode_spec_of(section: DecodeSection, *, base: str | os.PathLike[str], wher
             raise invalid(
                 key, getattr(section, "schema_" if key == "schema" else key), "decodable columns", problem
             )
-    names = [c.name for c in columns]
-    reserved = set(BOOKKEEPING_COLUMNS) | {RESCUED, INGESTED_DATE}
-    for name in names:
-        if name in reserved:
+    taken: dict[str, str] = {}
+    for c in columns:
+        clash = name_clash(c.name, taken)
+        if clash is not None:
             raise invalid(
                 "schema",
                 section.schema_ or section.schema_file,
-                f"column names other than {sorted(reserved)}",
-                f"{name!r} is a bookkeeping column of the sink",
+                f"column names other than {sorted(RESERVED_NAMES)}, each once in any spelling",
+                clash,
             )
+        taken[c.name.lower()] = c.name
     return DecodeSpec(
         kind=kind,
         columns=columns,

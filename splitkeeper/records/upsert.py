@@ -5,8 +5,12 @@ One definition, used by the three places that must agree: the sink's per-epoch D
 config's load-time checks.
 
 1. **Key.** ``key`` is a tuple of distinct sink columns (data columns, or the Kafka ``key``
-   bookkeeping column). Keys compare null-safely (``IS NOT DISTINCT FROM``, Spark's ``<=>``): a
-   null key column is a value like any other.
+   bookkeeping column). A record that is not a tombstone and whose key has a null column (the
+   field is missing, null, or of another type; no Kafka key) is a bad record, stage ``schema``,
+   error class ``NullKey`` (a dead letter under ``errors.tolerance: all``): it never reaches the
+   keyed table, where such records would fold into one NULL-key row that overwrites the ones
+   before it. Keys compare null-safely (``IS NOT DISTINCT FROM``, Spark's ``<=>``), which only
+   keyless tombstones (rule 4) and rows of older versions can meet.
 2. **Order.** Within an epoch the record with the highest ``offset`` per key wins; two records of
    one key at the same offset in different splits are told apart by ``split_id`` (the higher wins).
    Across epochs the later epoch wins. So per-key order is the source's order when a key lives in

@@ -18,7 +18,12 @@ stages the range without a Python step per record. Contract of
    :class:`~splitkeeper.core.source.RecordMeta`;
 2. it raises what ``read_range`` raises, with the same message, naming the
    split and the offset of the first bad record; it raises on the call (never
-   later), so a caller gets either all the records or an error;
+   later), so a caller gets either all the records or an error. One exception:
+   a record the source's format refuses (a ``jsonl`` line that is not JSON or
+   not UTF-8) is returned as a record (its bytes as they are) and listed in
+   ``bad`` with the error ``read_range`` raises for it, so that the record
+   path applies ``errors.tolerance`` to it (a dead letter under ``all``), and
+   the range's other records are read;
 3. ``offsets`` and ``next_offsets`` are int64 arrays, ``values`` a binary or
    large_binary array that may hold nulls, all of the same length (the ``meta``
    arrays too).
@@ -49,6 +54,16 @@ _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
 _MS = datetime.timedelta(milliseconds=1)
 
 
+class BadRead(NamedTuple):
+    """A record of a range that the source's format refuses (contract 2): its row in the range,
+    the error's class, its message (what ``read_range`` raises for it) and the offset it names."""
+
+    row: int
+    error_class: str
+    message: str
+    offset: int
+
+
 class RangeColumns(NamedTuple):
     """The records of one planned range, column by column (see the module doc)."""
 
@@ -56,6 +71,7 @@ class RangeColumns(NamedTuple):
     next_offsets: pa.Array
     values: pa.Array
     meta: tuple[pa.Array, ...] | None = None
+    bad: tuple[BadRead, ...] = ()  # records the source's format refuses, by index (contract 2)
 
     @property
     def last_next_offset(self) -> int | None:

@@ -69,6 +69,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from splitkeeper.core.failures import clip
 from splitkeeper.errors import SplitkeeperError
 
 log = logging.getLogger("splitkeeper.spark.regions")
@@ -132,20 +133,20 @@ def _short_error(err: BaseException) -> str:
         if lines[i].rstrip().endswith(_TRACEBACK):
             for line in lines[i + 1 :]:
                 if line.strip() and not line[:1].isspace():
-                    return line.strip()[:500]
+                    return clip(line.strip(), 500)
             break
     for line in reversed(lines):
         line = line.strip()
         if line and ("Error" in line or "Exception" in line) and not line.startswith("at "):
-            return line[:500]
-    return (text.splitlines() or [type(err).__name__])[0][:500]
+            return clip(line, 500)
+    return clip((text.splitlines() or [type(err).__name__])[0], 500)
 
 
 def _task_error(err: BaseException) -> str:
     """The one line a task reports for its exception, as the worker's traceback ends:
     ``module.ExceptionClass: message`` (builtins without their module), at most 500 characters."""
     line = traceback.format_exception_only(type(err), err)[-1].strip()
-    return (line.splitlines() or [type(err).__name__])[0][:500]
+    return clip((line.splitlines() or [type(err).__name__])[0], 500)
 
 
 _LOCAL = re.compile(r"local(?:\[\s*(?:\d+|\*)\s*\])?")
@@ -549,7 +550,7 @@ def _task_failure(err: BaseException) -> str:
     """Why the task that aborted the job failed (Spark's ``most recent failure: Lost task ...``,
     e.g. ``Python worker exited unexpectedly``), else :func:`_short_error`."""
     matched = _MOST_RECENT.search(str(err))
-    return matched.group(1).strip()[:500] if matched else _short_error(err)
+    return clip(matched.group(1).strip(), 500) if matched else _short_error(err)
 
 
 def _failed_task_index(err: BaseException) -> int | None:

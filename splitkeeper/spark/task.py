@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -40,9 +41,15 @@ from splitkeeper.core.defaults import MAX_BAD_RATIO
 from splitkeeper.core.source import RecordMeta, RegionReader, SourceRecord
 from splitkeeper.core.types import Split
 from splitkeeper.delta.schemas import META_COLUMNS, STAGED_FILE_SCHEMA, STAGED_SCHEMA, sink_schema
-from splitkeeper.errors import InvalidParameterError, ProtocolError, SourceError, SplitkeeperError
+from splitkeeper.errors import (
+    InvalidParameterError,
+    ProtocolError,
+    SchemaRegistryError,
+    SourceError,
+    SplitkeeperError,
+)
 from splitkeeper.records.decode import BadRecords, Decoded, SchemaDriftError, decode_values
-from splitkeeper.records.spec import INGESTED_DATE, TOMBSTONE, DecodeSpec
+from splitkeeper.records.spec import INGESTED_DATE, RESCUED, TOMBSTONE, DecodeSpec
 from splitkeeper.records.upsert import UpsertSpec
 from splitkeeper.spark.columnar import RangeColumns, SupportsColumnarRead
 from splitkeeper.transforms import Transform, TransformError, apply_to_table, identity
@@ -218,6 +225,15 @@ class StagedWriter:
         self._published: list[str] = []
         self.records = 0
         self.last_next_offset: int | None = None
+
+    @property
+    def added_columns(self) -> list[str]:
+        """``widen``: the columns the rows added so far bring beyond the schema, in order."""
+        names = set(self.schema.names)
+        out: list[str] = []
+        for batch in self._batches:
+            out += [n for n in batch.schema.names if n not in names and n not in out]
+        return out
 
     def add(self, split_id: str, records: Iterable[SourceRecord]) -> int:
         """Append the records of one split (their values as the ``value`` column); returns how
@@ -547,6 +563,7 @@ class RecordPolicy:
     partition_by: tuple[str, ...] = ()
     data: pa.Schema | None = None  # a batch transform's output columns (transforms.output_schema)
     upsert: UpsertSpec | None = None  # sink.mode upsert: staged rows carry the tombstone column
+    columns: tuple[str, ...] = ()  # add_columns: the sink's columns beyond the schema's, at the epoch's start
 
     @property
     def schema(self) -> pa.Schema:
@@ -633,7 +650,7 @@ def run_region_task(
             try:
                 columns = next(read_all)
                 read += len(columns.offsets)
-                if fast:
+                if fast and not columns.bad:
                     counts[split.split_id] = writer.add_columns(split.split_id, columns)
                 else:
                     bad = _stage_range(writer, split.split_id, columns, transform, policy)
@@ -660,7 +677,7 @@ def run_region_task(
                         dead_counts[split.split_id] = len(bad)
                         first_bad[split.split_id] = bad_offsets[:5]
                     counts[split.split_id] = len(columns.offsets) - len(bad)
-            except (BadRecordError, TransformError) as err:
+            except (BadRecordError, TransformError, SchemaRegistryError) as err:
                 raise SplitReadError(split.split_id, int(err.params.get("offset", start)), err) from err
             except Exception as err:  # the split's records cannot be read or transformed: name the split
                 failed, failed_start = _failed_range(err, plan_for_region, split, start)
@@ -728,6 +745,8 @@ def _stage_range(
     if n == 0:
         writer.last_next_offset = None
         return BadRecords()
+    if columns.bad:
+        return _stage_refused(writer, split_id, columns, transform, policy)
     # A raw sink with a transform: the transform (value: str) -> str sees the values as text (bytes that
     # are not UTF-8 are bad records of stage decode), and the sink keeps the UTF-8 bytes it returns.
     spec = _TEXT if policy.decode.kind == "raw" else policy.decode
@@ -735,6 +754,8 @@ def _stage_range(
     try:
         if policy.upsert is not None and spec.typed:
             decoded, tombstones = _decode_with_tombstones(spec, columns.values)
+        elif policy.widen:  # the columns added before (epochs, ranges): another spelling is rescued
+            decoded = decode_values(spec, columns.values, known=(*policy.columns, *writer.added_columns))
         else:
             decoded = decode_values(spec, columns.values)
     except SchemaDriftError as err:
@@ -743,6 +764,11 @@ def _stage_range(
         raise BadRecordError(
             f"schema failed: {err.message}", **({"offset": offset} if offset is not None else {})
         ) from err
+    except SchemaRegistryError as err:  # the range is read again; the error names the record's offset
+        index = err.params.get("index")
+        if isinstance(index, int) and 0 <= index < n:
+            err.params["offset"] = columns.offsets[index].as_py()
+        raise
     kept = decoded.kept
     offsets = columns.offsets.take(kept)
     bad = decoded.bad
@@ -757,6 +783,12 @@ def _stage_range(
         table = apply_to_table(transform, decoded.table, offsets, split_id)
     if spec is _TEXT:
         table = table.set_column(0, "value", table.column("value").cast(pa.binary()))
+    if policy.upsert is not None and table.num_rows:  # a record without its key is bad, not a NULL key
+        keyless = _keyless(policy.upsert, table, columns.meta, kept)
+        if len(keyless):
+            bad = _merged(bad, keyless, kept)
+            rows = pa.array(np.setdiff1d(np.arange(table.num_rows), keyless.indices))
+            table, kept, offsets = table.take(rows), kept.take(rows), offsets.take(rows)
     if len(tombstones):  # an upsert sink's null values: rows of null data columns, tombstone true
         table = table.append_column(TOMBSTONE, pa.repeat(pa.scalar(False), table.num_rows))
         marked = pa.table({TOMBSTONE: pa.repeat(pa.scalar(True), len(tombstones))})
@@ -776,6 +808,79 @@ def _stage_range(
     return bad
 
 
+def _keyless(
+    upsert: UpsertSpec, table: pa.Table, meta: Sequence[pa.Array] | None, kept: pa.Array
+) -> BadRecords:
+    """An upsert sink's rows (``table``, input indices ``kept``; no tombstone among them) whose key
+    has a null column (records.upsert rule 1): bad records of stage schema, by row of ``table``.
+    A key column the rows do not have yet (a Spark transform makes it) is not checked here."""
+    null = np.zeros(table.num_rows, np.bool_)
+    which: dict[int, str] = {}
+    for name in upsert.key:
+        if name == "key":
+            column = meta[0].take(kept) if meta is not None else pa.nulls(table.num_rows, pa.binary())
+        elif name in table.column_names:
+            column = table.column(name)
+        else:
+            continue
+        hit = np.asarray(column.is_null()) & ~null
+        for j in np.flatnonzero(hit).tolist():
+            which[j] = name
+        null |= hit
+    out = BadRecords()
+    rescued = table.column(RESCUED) if RESCUED in table.column_names else None
+    for j in np.flatnonzero(null).tolist():
+        name = which[j]
+        if name == "key":
+            why = "the record has no Kafka key"
+        else:
+            why = f"its key column {name!r} is null (missing, null, or a value of another type"
+            text = rescued[j].as_py() if rescued is not None else None
+            why += f"; the record's {RESCUED}: {text})" if text else ")"
+        out.add(
+            j,
+            "schema",
+            f"{why}, and sink.key is {list(upsert.key)}: a record of an upsert sink needs its key (a "
+            "null key is no key: such records would overwrite one another); fix the producer, or "
+            "declare the key column's type to match",
+            "NullKey",
+        )
+    return out
+
+
+def _stage_refused(
+    writer: StagedWriter, split_id: str, columns: RangeColumns, transform: Transform, policy: RecordPolicy
+) -> BadRecords:
+    """A range with records its source's format refused (``columns.bad``, a jsonl line that is not
+    JSON): the others staged as any range's, those bad records of stage decode with the reader's
+    error; every bad record by its index in ``columns``."""
+    refused = np.zeros(len(columns.offsets), np.bool_)
+    refused[[b.row for b in columns.bad]] = True
+    good = pa.array(~refused)
+    rest = RangeColumns(
+        columns.offsets.filter(good),
+        columns.next_offsets.filter(good),
+        columns.values.filter(good),
+        None if columns.meta is None else tuple(m.filter(good) for m in columns.meta),
+    )
+    inner = _stage_range(writer, split_id, rest, transform, policy)
+    writer.last_next_offset = columns.last_next_offset  # the range's, whichever record is last
+    where = np.flatnonzero(~refused)
+    entries = [
+        *(
+            (int(where[i]), stage, cls, msg)
+            for i, stage, cls, msg in zip(
+                inner.indices, inner.stages, inner.error_classes, inner.messages, strict=True
+            )
+        ),
+        *((b.row, "decode", b.error_class, b.message) for b in columns.bad),
+    ]
+    merged = BadRecords()
+    for index, stage, cls, msg in sorted(entries, key=lambda e: e[0]):
+        merged.add(index, stage, msg, cls)
+    return merged
+
+
 def _decode_with_tombstones(spec: DecodeSpec, values: pa.Array) -> tuple[Decoded, pa.Array]:
     """An upsert sink's typed decode: the non-null values decoded (indices are the input's), and the
     input indices of the null values (tombstones: rows of null data columns, not bad records)."""
@@ -788,7 +893,7 @@ def _decode_with_tombstones(spec: DecodeSpec, values: pa.Array) -> tuple[Decoded
     present = everything.filter(pc.invert(nulls))
     try:
         decoded = decode_values(spec, values.filter(pc.invert(nulls)))
-    except SchemaDriftError as err:
+    except (SchemaDriftError, SchemaRegistryError) as err:
         index = err.params.get("index")
         if isinstance(index, int) and 0 <= index < len(present):
             err.params["index"] = present[index].as_py()

@@ -335,7 +335,7 @@ def test_quarantine_parks_a_failing_split_so_the_rest_checkpoints_globally_and_r
     assert ledger.spans("a-1") == []
     assert driver.enumerator is not None
     (parked,) = [a for a in driver.enumerator.audit if a.decision is RecoveryDecision.QUARANTINED]
-    assert parked.split_id == "a-1" and "reads failed 2 epochs in a row (at offset 0)" in parked.detail
+    assert parked.split_id == "a-1" and "reads failed 2 epochs in a row, from its position 0" in parked.detail
     assert "unreadable record in a-1" in parked.detail
 
     # a restart keeps it parked (the checkpoint holds it) and reads everything else to the end

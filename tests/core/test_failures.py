@@ -35,3 +35,25 @@ def test_timeouts_unplannable_splits_injected_faults_and_empty_texts() -> None:
     assert (fault.error_class, fault.message) == ("InjectedFault", "boom")
     known = region_failure(1, RegionOutcome.DECLINE, "", ("s-1",))
     assert (known.error_class, known.message, known.split_id) == ("", "decline", "s-1")
+
+
+def test_a_long_error_is_shortened_between_words_and_keeps_what_to_do() -> None:
+    """Issue 36 item 12: a stalled run's error ended "... use source.forma" (cut at 300 characters)."""
+    from splitkeeper.core.failures import MESSAGE_CHARS, clip
+
+    text = (
+        "SourceError: [SOURCE_ERROR] split 'f': "
+        + " ".join(f"/data/part-{i}/f.jsonl" for i in range(30))
+        + " line at byte 9 is not valid JSON; fix the file or use source.format 'lines'"
+    )
+    message = region_failure(1, RegionOutcome.DECLINE, text).message
+    assert len(message) <= MESSAGE_CHARS
+    head, _, rest = message.partition(" [... ")
+    count, _, tail = rest.partition(" characters ...] ")
+    body = text.split("] ", 1)[1]  # the message without its class and code
+    assert body.startswith(head + " ") and body.endswith(" " + tail)  # whole words only
+    assert tail.endswith("fix the file or use source.format 'lines'")  # what to do is kept
+    assert int(count) == len(body) - len(head) - len(tail)  # the spaces around the gap included
+    assert clip("short enough", 12) == "short enough"
+    long_word = clip("a" * 100, 40)  # one word longer than the room: cut, and the marker says so
+    assert len(long_word) <= 40 and long_word.startswith("a") and "[... " in long_word

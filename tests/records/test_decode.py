@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 from splitkeeper.records.ddl import avro_columns, parse_ddl
 from splitkeeper.records.decode import Decoded, SchemaDriftError, decode_values
 from splitkeeper.records.spec import DecodeSpec
+from splitkeeper.transforms import identity
 
 ORDERS = parse_ddl("id BIGINT NOT NULL, name STRING, amount DECIMAL(10,2), day DATE, at TIMESTAMP")
 
@@ -161,6 +162,132 @@ def test_add_columns_makes_new_top_level_fields_columns_after_the_declared_ones(
     got = rows(out)
     assert [(got[i]["color"], got[i]["size"]) for i in (0, 1, 2)] == [("red", None), (None, 3), (None, None)]
     assert bad(out)[3][0] == "schema", "add_columns does not rescue a type mismatch"
+
+
+def test_rescue_keeps_every_unknown_top_level_field_whatever_its_name() -> None:
+    """Issue 36 item 5: dotted names were split at the dot (``user.id`` looked for ``user``), so
+    they were dropped, and ``id.x`` rescued the declared ``id`` instead of itself."""
+    out = decode(
+        json_spec("rescue", parse_ddl("id BIGINT, s STRUCT<a: INT>")),
+        [
+            b'{"id": 1, "user.id": 42, "event.type": "click", "x": 1}',
+            b'{"id": 2, "id.x": 5}',
+            b'{"id": 3, "s.a": 7, "s": {"a": 1, "b": 2}}',  # a dotted name beside a struct it spells
+            b'{"id": 4, "\\u00e9": null, ".": [], "": 0}',  # escaped, odd and empty names, null values
+        ],
+    )
+    got = rows(out)
+    assert got[0] == {"id": 1, "s": None, "_rescued": '{"user.id":42,"event.type":"click","x":1}'}
+    assert got[1] == {"id": 2, "s": None, "_rescued": '{"id.x":5}'}  # id is 2, from "id" only
+    assert got[2] == {"id": 3, "s": {"a": 1}, "_rescued": '{"s.a":7,"s":{"a": 1, "b": 2}}'}
+    assert json.loads(got[3]["_rescued"]) == {"\u00e9": None, ".": [], "": 0}
+    out = decode(json_spec("add_columns"), [b'{"id": 1, "user.id": 42}'])  # a top-level column, not nested
+    assert out.new_columns == ("user.id",) and rows(out)[0]["user.id"] == 42
+
+
+def test_add_columns_rescues_fields_that_cannot_be_columns_and_keeps_their_values() -> None:
+    """Issue 36 items 4 and 16: fields named like bookkeeping columns were dropped silently, and
+    ``id`` beside ``ID`` (Delta compares names case-insensitively) crashed every commit. Such a
+    field goes to a ``_rescued`` column (added like a new column), with its original JSON text."""
+    values: list[bytes | None] = [
+        b'{"id": 1, "timestamp": "2024-05-05T10:00:00Z", "key": "user-key", "headers": "h", '
+        b'"next_offset": 5, "ingested_at": "x", "offset": 9, "split_id": "s", "epoch": 1, "region": 2, '
+        b'"topic": "t", "partition": 3, "color": "red"}',
+        b'{"id": 2, "ID": 3, "Color": "blue", "Ingested_Date": "d", "tombstone": true, "_rescued": {"a": 1}}',
+        b'{"id": 3, "o": {"a": 1, "A": 2}, "color": "green"}',  # a struct Delta cannot hold
+        b'{"id": 4}',
+    ]
+    out = decode(json_spec("add_columns"), values)
+    assert out.new_columns == ("color", "_rescued")
+    got = rows(out)
+    assert [got[i]["color"] for i in range(4)] == ["red", None, "green", None]
+    assert json.loads(got[0]["_rescued"]) == {
+        "timestamp": "2024-05-05T10:00:00Z",
+        "key": "user-key",
+        "headers": "h",
+        "next_offset": 5,
+        "ingested_at": "x",
+        "offset": 9,
+        "split_id": "s",
+        "epoch": 1,
+        "region": 2,
+        "topic": "t",
+        "partition": 3,
+    }
+    assert json.loads(got[1]["_rescued"]) == {
+        "ID": 3,
+        "Color": "blue",
+        "Ingested_Date": "d",
+        "tombstone": True,
+        "_rescued": {"a": 1},
+    }
+    assert got[1]["id"] == 2 and json.loads(got[2]["_rescued"]) == {"o": {"a": 1, "A": 2}}
+    assert got[3]["_rescued"] is None
+    known = decode_values(
+        json_spec("add_columns"), pa.array([b'{"id": 5, "COLOR": "x", "size": 1}']), known=["color"]
+    )
+    assert known.new_columns == ("size", "_rescued")  # another spelling of a column the sink has
+    assert known.table.to_pylist()[0]["_rescued"] == '{"COLOR":"x"}'
+
+
+def test_a_json_value_nested_too_deep_is_one_bad_record() -> None:
+    """Issue 36 item 13: one value nested ~1,000 levels raised RecursionError for the whole range
+    (and ~30,000 levels crashed Arrow's reader). It is one bad record of stage decode now."""
+    deep = b'{"id": 1, "n": ' + b"[" * 1000 + b"]" * 1000 + b"}"
+    deeper = b'{"id": 2, "n": ' + b'{"a": ' * 40_000 + b"1" + b"}" * 40_000 + b"}"
+    fine = b'{"id": 3, "n": ' + b"[" * 500 + b"]" * 500 + b', "s": "' + b"[" * 2000 + b'"}'
+    for policy in ("rescue", "add_columns", "fail"):
+        out = decode(
+            json_spec(policy, parse_ddl("id BIGINT")),
+            [b'{"id": 0}', deep, deeper, fine] if policy != "fail" else [deep, b'{"id": 0}'],
+        )
+        found = bad(out)
+        first = 1 if policy != "fail" else 0
+        assert (
+            found[first] == ("decode", found[first][1])
+            and "nests 1001 levels deep, more than the 512" in found[first][1]
+        )
+        assert set(out.bad.error_classes) == {"NestedTooDeep"}
+    out = decode(json_spec("rescue", parse_ddl("id BIGINT")), [b'{"id": 0}', deep, deeper, fine])
+    assert sorted(bad(out)) == [1, 2] and [r["id"] for r in out.table.to_pylist()] == [0, 3]
+
+
+def test_csv_numbers_and_booleans_are_read_as_spark_reads_them() -> None:
+    """Issue 36 item 11: Arrow's cast read ``0x1A`` into a BIGINT as 26 (Spark: not a number) and
+    ``1``/``0`` as booleans. Only Spark's forms are read; another is a type mismatch, rescued."""
+    spec = DecodeSpec(kind="csv", columns=parse_ddl("n BIGINT, x DOUBLE, b BOOLEAN, d DECIMAL(6,2)"))
+    lines = {
+        b"0x1A,0x1A,1,0x1A": (None, None, None, None),
+        b"1_000,1_000,0,1_0": (None, None, None, None),
+        b" 7 , 7 ,t, 7 ": (None, None, None, None),
+        b"1e3,1e3,yes,1e3": (None, 1000.0, None, Decimal("1000.00")),
+        b"1.0,inf,TRUE,1.5": (None, None, True, Decimal("1.50")),
+        b"+5,+5,false,+5": (5, 5.0, False, Decimal("5.00")),
+        b"-007,-Inf,False,-.5": (-7, float("-inf"), False, Decimal("-0.50")),
+        b"42,NaN,true,Inf": (42, None, True, None),
+    }
+    out = decode(spec, list(lines))
+    got = rows(out)
+    for i, (line, want) in enumerate(lines.items()):
+        row = got[i]
+        have = (row["n"], row["x"], row["b"], row["d"])
+        if want[1] is None and row["x"] is not None and row["x"] != row["x"]:  # NaN
+            have = (row["n"], None, row["b"], row["d"])
+        assert have == want, line
+        fields = line.decode().split(",")
+        rescued = json.loads(row["_rescued"] or "{}")
+        for name, field, value in zip(("n", "x", "b", "d"), fields, want, strict=True):
+            assert (name in rescued) == (value is None and not (name == "x" and field == "NaN")), (line, name)
+            if name in rescued:
+                assert rescued[name] == field  # the text as it was, nothing reinterpreted
+    strict = decode(
+        DecodeSpec(kind="csv", columns=parse_ddl("n BIGINT"), on_new_fields="fail"), [b"0x1A", b"26"]
+    )
+    assert rows(strict) == {1: {"n": 26}}
+    assert (
+        "expected BIGINT, got '0x1A'" in bad(strict)[0][1]
+        and "optional + or - and decimal digits" in bad(strict)[0][1]
+    )
 
 
 def test_fail_names_the_field_and_the_first_record_having_it() -> None:
@@ -334,6 +461,11 @@ class _Registry(BaseHTTPRequestHandler):
     def do_GET(self) -> None:  # noqa: N802 - http.server's name
         type(self).requests.append(self.path)
         schema_id = int(self.path.rsplit("/", 1)[-1]) if "/schemas/ids/" in self.path else -1
+        if schema_id == 500:  # a registry failing: not a "not found"
+            self.send_response(500)
+            self.end_headers()
+            self.wfile.write(b'{"error_code": 50001, "message": "Error in the backend data store"}')
+            return
         if schema_id not in self.schemas:
             self.send_response(404)
             self.end_headers()
@@ -392,6 +524,60 @@ def test_avro_with_a_registry_reads_each_record_with_its_writer_schema(registry:
     assert sorted(p.rsplit("/", 1)[-1] for p in _Registry.requests) == ["1", "2", "5"], (
         "once per id and process"
     )
+
+
+WRITER_CLASH = {
+    **AVRO_SCHEMA,
+    "fields": [*AVRO_SCHEMA["fields"], {"name": "topic", "type": "string"}, {"name": "ID", "type": "long"}],  # type: ignore[list-item]
+}
+
+
+def test_add_columns_rescues_avro_fields_that_cannot_be_columns(registry: str) -> None:
+    _Registry.schemas[3] = json.dumps(WRITER_CLASH)
+    out = decode(
+        avro_spec("add_columns", registry),
+        [wire({**RECORD, "topic": "mine", "ID": 8}, WRITER_CLASH, 3), wire(RECORD)],
+    )
+    assert out.new_columns == ("_rescued",)
+    got = rows(out)
+    assert got[0]["id"] == 7 and json.loads(got[0]["_rescued"]) == {"topic": "mine", "ID": 8}
+    assert got[1]["_rescued"] is None
+
+
+def test_a_registry_failure_names_the_schema_id_and_the_records_offset(registry: str) -> None:
+    """Issue 36: a registry's HTTP 500 failed the range naming neither the schema id nor the record.
+    It is retried (not a bad record), and the error names both; the URL's credentials are hidden."""
+    from splitkeeper.core.source import RegionReader, SourceRecord
+    from splitkeeper.core.types import Split
+    from splitkeeper.errors import SchemaRegistryError
+    from splitkeeper.spark.task import RecordPolicy, SplitReadError, run_region_task
+
+    values = [wire(RECORD), wire(RECORD, schema_id=500)]
+    with pytest.raises(SchemaRegistryError) as caught:
+        decode_values(avro_spec("rescue", registry), pa.array(values, pa.binary()))
+    assert caught.value.params == {"schema_id": 500, "index": 1}
+    assert "schema id 500" in str(caught.value) and "HTTP Error 500" in str(caught.value)
+    secret_url = registry.replace("http://", "http://user:hunter2@") + "-creds"
+    with pytest.raises(SchemaRegistryError) as hidden:  # whatever fails, a URL's password is not shown
+        decode_values(avro_spec("rescue", secret_url), pa.array(values[1:], pa.binary()))
+    assert "hunter2" not in str(hidden.value) and "http://***@127.0.0.1" in str(hidden.value)
+
+    class Records(RegionReader):
+        def read_range(self, split: Split, start: int, end: int) -> Iterator[SourceRecord]:
+            return iter([SourceRecord(40, 41, values[0]), SourceRecord(41, 42, values[1])])
+
+    with pytest.raises(SplitReadError) as failed:
+        run_region_task(
+            [(Split("orders-0"), 40, 42)],
+            Records(),
+            identity,
+            "/nonexistent/never-written",
+            1,
+            0,
+            policy=RecordPolicy(decode=avro_spec("rescue", registry), tolerance="all", max_bad_ratio=1.0),
+        )
+    assert 'split "orders-0" at offset 41: SchemaRegistryError: [SCHEMA_REGISTRY]' in str(failed.value)
+    assert "schema id 500" in str(failed.value)
 
 
 # --------------------------------------------------------------------------- text

@@ -455,6 +455,19 @@ def test_a_bad_kafka_client_setting_is_named_and_a_secret_value_is_not(
             "rescue or fail",
         ),
         ({"decode__kind": "json", "decode__schema": "offset BIGINT"}, "'offset' is a bookkeeping column"),
+        (  # Delta and Spark compare column names case-insensitively: these crashed at the first commit
+            {"decode__kind": "json", "decode__schema": "id BIGINT, Timestamp STRING"},
+            "'Timestamp' is a bookkeeping column of the sink (as 'timestamp'",
+        ),
+        (
+            {"decode__kind": "json", "decode__schema": "id BIGINT, ID STRING"},
+            "'ID' differs from the column 'id' only in case",
+        ),
+        (
+            {"decode__kind": "json", "decode__schema": "id BIGINT, s STRUCT<a: INT, A: INT>"},
+            "the STRUCT field names 'a' and 'A' differ only in case",
+        ),
+        ({"decode__kind": "json", "decode__schema": "_Rescued STRING"}, "'_Rescued' is the _rescued column"),
         ({"decode__kind": "avro"}, "decode.schema_file is required but missing"),
         ({"errors__tolerance": "all"}, "errors.dead_letter.path is required but missing"),
         ({"errors__dead_letter__path": "dl"}, "nothing unless errors.tolerance is 'all'"),

@@ -21,9 +21,9 @@ from splitkeeper.config.settings import FileFormat
 from splitkeeper.core.source import RegionReader, SourceRecord
 from splitkeeper.core.types import Split
 from splitkeeper.errors import SourceError
-from splitkeeper.records.spec import DecodeSpec
+from splitkeeper.records.spec import Column, DecodeSpec
 from splitkeeper.spark.columnar import RangeColumns, SupportsColumnarRead
-from splitkeeper.spark.sources.files import FileRegionReader
+from splitkeeper.spark.sources.files import FileRegionReader, bad_read_error
 from splitkeeper.spark.task import (
     _ROW_GROUP,
     RecordPolicy,
@@ -81,6 +81,15 @@ def _outcome(call: object) -> tuple[str, object]:
         return "error", (str(err), err.params.get("offset"))
 
 
+def _native_records(reader: FileRegionReader, split: Split, a: int, b: int) -> list[SourceRecord]:
+    """The records of the native read; a record it lists as refused (``bad``: a jsonl line that is
+    not JSON) raises the error the per-record reader raises for it."""
+    columns = reader.read_range_columns(split, a, b)
+    if columns.bad:
+        raise bad_read_error(columns, split.split_id)
+    return list(columns.records())
+
+
 def _compare_every_range(path: Path, fmt: FileFormat) -> int:
     """Compare native and reference on every ``[a, b)`` of the file; returns how many ranges had records."""
     split = _split(path)
@@ -91,7 +100,7 @@ def _compare_every_range(path: Path, fmt: FileFormat) -> int:
     for a in range(size + 1):
         for b in range(a, size + 1):
             want = _outcome(lambda a=a, b=b: read_range_reference(str(path), split.split_id, a, b, jsonl))
-            native = _outcome(lambda a=a, b=b: list(reader.read_range_columns(split, a, b).records()))
+            native = _outcome(lambda a=a, b=b: _native_records(reader, split, a, b))
             records = _outcome(lambda a=a, b=b: list(reader.read_range(split, a, b)))
             assert native == want, (path.name, fmt, a, b)
             assert records == want, (path.name, fmt, a, b)
@@ -144,29 +153,45 @@ def test_known_offsets_crlf_unterminated_empty_lines_multibyte_and_mid_line_star
     assert columns.last_next_offset == len(data)
 
 
-def test_lines_keep_invalid_utf8_bytes_and_jsonl_names_split_and_offset_on_the_call(tmp_path: Path) -> None:
+def test_lines_keep_invalid_utf8_bytes_and_jsonl_names_split_and_offset_of_the_bad_line(
+    tmp_path: Path,
+) -> None:
     (tmp_path / "f").write_bytes(b"fine\n\xc3\xa9 then \xff\nlater\n")
     split = _split(tmp_path / "f")
     values = FileRegionReader(str(tmp_path)).read_range_columns(split, 0, split.end or 0).values
     assert values.to_pylist() == [b"fine", b"\xc3\xa9 then \xff", b"later"]  # the bytes, nothing decoded
     (tmp_path / "f").write_bytes(b'1\n"\xc3\xa9 then \xff"\n2\n')
     split = _split(tmp_path / "f")
-    with pytest.raises(SourceError) as caught:
-        FileRegionReader(str(tmp_path), FileFormat.JSONL).read_range_columns(split, 0, split.end or 0)
-    assert caught.value.message == (
+    reader = FileRegionReader(str(tmp_path), FileFormat.JSONL)
+    message = (
         f"split 'f': {tmp_path / 'f'} line at byte 2 is not valid UTF-8 (invalid start byte at byte 11); "
         "fix or remove the file"
     )
+    columns = reader.read_range_columns(split, 0, split.end or 0)  # the bad line is a record, listed
+    assert columns.values.to_pylist() == [b"1", b'"\xc3\xa9 then \xff"', b"2"]
+    assert [tuple(b) for b in columns.bad] == [(1, "UnicodeDecodeError", message, 2)]
+    with pytest.raises(SourceError) as caught:  # the per-record reader raises it
+        list(reader.read_range(split, 0, split.end or 0))
+    assert caught.value.message == message
     assert caught.value.params["offset"] == 2 and caught.value.params["split_id"] == "f"
 
 
 def test_invalid_json_names_split_and_offset_of_the_line_not_the_blank_lines_before(tmp_path: Path) -> None:
-    (tmp_path / "f").write_bytes(b'{"a": 1}\n\n\n{"a": \n')
+    (tmp_path / "f").write_bytes(b'{"a": 1}\n\n\n{"a": \n' + b"[" * 600 + b"]" * 600 + b"\n{}\n")
     split = _split(tmp_path / "f")
+    reader = FileRegionReader(str(tmp_path), FileFormat.JSONL)
+    columns = reader.read_range_columns(split, 0, split.end or 0)
+    assert columns.offsets.to_pylist() == [0, 9, 18, 1219]  # the blank lines belong to the bad record
+    assert [(b.row, b.error_class, b.offset) for b in columns.bad] == [
+        (1, "JSONDecodeError", 11),
+        (2, "NestedTooDeep", 18),
+    ]
+    assert "line at byte 11 is not valid JSON" in columns.bad[0].message
+    assert "line at byte 18 nests 600 levels deep, more than the 512" in columns.bad[1].message
     with pytest.raises(
         SourceError, match=r"^\[SOURCE_ERROR\] split 'f': .* line at byte 11 is not valid JSON"
     ) as caught:
-        FileRegionReader(str(tmp_path), FileFormat.JSONL).read_range_columns(split, 0, split.end or 0)
+        list(reader.read_range(split, 0, split.end or 0))
     assert caught.value.params["offset"] == 11
 
 
@@ -190,6 +215,67 @@ def test_a_region_task_with_a_bad_line_declines_naming_the_split_and_publishes_n
     assert 'split "f" at offset 3: BadRecordError' in str(caught.value)
     assert "decode failed: UnicodeDecodeError: not valid UTF-8" in str(caught.value)
     assert not [p for p in (tmp_path / "st").rglob("*") if p.is_file()]
+
+
+@pytest.mark.parametrize("kind", ["raw", "json"])
+def test_a_jsonl_line_that_is_not_json_is_a_dead_letter_at_its_offset_and_the_rest_lands(
+    tmp_path: Path, kind: str
+) -> None:
+    """Issue 36 item 12: under errors.tolerance all, the jsonl reader's own JSON check failed the
+    whole range before decode saw the line, so nothing ever committed. The line is a bad record."""
+    (tmp_path / "in").mkdir()
+    lines = [
+        b'{"id": 1}',
+        b'{"id": 2, "na',  # truncated
+        b"",
+        b'{"id": 3}',
+        b'{"id": "\xff"}',  # not UTF-8
+        b"[" * 600 + b"]" * 600,  # nested too deep for a JSON line
+        b'{"id": 4}',
+    ]
+    data = b"\n".join(lines) + b"\n"
+    (tmp_path / "in" / "f.jsonl").write_bytes(data)
+    split = _split(tmp_path / "in" / "f.jsonl")
+    starts = [sum(len(x) + 1 for x in lines[:k]) for k in range(len(lines))]
+    decode = DecodeSpec(kind="json", columns=(Column("id", "BIGINT"),)) if kind == "json" else DecodeSpec()
+    reader = FileRegionReader(str(tmp_path / "in"), FileFormat.JSONL)
+    result = run_region_task(
+        [(split, 0, split.end or 0)],
+        reader,
+        identity,
+        str(tmp_path / "st"),
+        1,
+        0,
+        policy=RecordPolicy(decode=decode, tolerance="all", max_bad_ratio=1.0),
+    )
+    assert result.ack and result.positions == {split.split_id: len(data)} and result.dead_letters == 3
+    staged = pq.read_table(result.staged_path or "").to_pylist()
+    got = [(r["offset"], r["id"] if kind == "json" else r["value"]) for r in staged]
+    want = [1, 3, 4] if kind == "json" else [lines[0], lines[3], lines[6]]
+    assert got == [
+        (starts[0], want[0]),
+        (starts[2], want[1]),
+        (starts[6], want[2]),
+    ]  # the blank line after the bad one belongs to the next record (id 3)
+    dead = pq.read_table(result.dead_letter_path or "").to_pylist()
+    assert [(r["offset"], r["value"], r["stage"], r["error_class"]) for r in dead] == [
+        (starts[1], lines[1], "decode", "JSONDecodeError"),
+        (starts[4], lines[4], "decode", "UnicodeDecodeError"),
+        (starts[5], lines[5], "decode", "NestedTooDeep"),
+    ]
+    assert f"line at byte {starts[1]} is not valid JSON" in dead[0]["error_message"]
+    with pytest.raises(SplitReadError) as caught:  # tolerance none: the region fails at the line's offset
+        run_region_task(
+            [(split, 0, split.end or 0)],
+            reader,
+            identity,
+            str(tmp_path / "st2"),
+            1,
+            0,
+            policy=RecordPolicy(decode=decode),
+        )
+    assert f'split "f.jsonl" at offset {starts[1]}: BadRecordError' in str(caught.value)
+    assert f"line at byte {starts[1]} is not valid JSON" in str(caught.value)
 
 
 # hypothesis: random files of awkward pieces, random ranges, both formats
@@ -230,7 +316,7 @@ def test_random_files_and_ranges_match_the_per_record_reader(
         split = _split(path)
         reader = FileRegionReader(tmp, FileFormat.JSONL if jsonl else FileFormat.LINES)
         want = _outcome(lambda: read_range_reference(str(path), "f", a, b, jsonl))
-        assert _outcome(lambda: list(reader.read_range_columns(split, a, b).records())) == want
+        assert _outcome(lambda: _native_records(reader, split, a, b)) == want
 
 
 # --------------------------------------------------------------------------- the region task

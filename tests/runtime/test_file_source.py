@@ -360,6 +360,35 @@ def test_jsonl_rejects_a_line_that_is_not_json(tmp_path: Path) -> None:
         list(source.reader().read_range(split, 0, split.end or 0))
 
 
+def test_a_growing_files_last_line_without_its_newline_is_not_a_split_yet(tmp_path: Path) -> None:
+    """on_file_change: append (``growing``): a writer may be mid-line, so the split ends at the last
+    newline, with split_bytes too; a file of one unended line has no split until it is ended. The
+    splits grow from that end (GREW), never from the middle of a line."""
+    (tmp_path / "only.txt").write_bytes(b"half a li")
+    (tmp_path / "log.txt").write_bytes(b"one\ntwo\nthree\nfou")
+    source = FileSource(tmp_path, split_bytes=5, growing=True)
+    splits = source.discover_splits()
+    assert [(s.split_id, s.position, s.end) for s in splits] == [
+        ("log.txt#0-8", 0, 8),
+        ("log.txt#8-14", 8, 14),
+    ]
+    plain = FileSource(tmp_path, split_bytes=5)  # other policies: files are final, read to their end
+    assert [s.end for s in plain.discover_splits()] == [8, 14, 17, 9]
+    with open(tmp_path / "log.txt", "ab") as f:
+        f.write(b"r\nfi")
+    with open(tmp_path / "only.txt", "ab") as f:
+        f.write(b"ne\n")
+    finished = {s.split_id: s.identity for s in splits}
+    changes = source.check_splits([], finished)
+    assert [(c.split_id, c.kind, c.start, c.end) for c in changes] == [
+        ("log.txt#0-8", SplitChangeKind.GREW, 8, 8),
+        ("log.txt#8-14", SplitChangeKind.GREW, 14, 19),  # "four\n" is read now, "fi" not yet
+    ]
+    assert [(s.split_id, s.end) for s in source.discover_splits() if s.split_id == "only.txt"] == [
+        ("only.txt", 12)
+    ]
+
+
 # --------------------------------------------------------------------------- factory
 
 

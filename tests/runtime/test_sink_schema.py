@@ -270,6 +270,46 @@ def test_add_columns_widens_the_table_with_the_epoch_commit(tmp_path: Path) -> N
     assert DeltaTable(str(tmp_path / "sink")).transaction_version("p") == 2
 
 
+def test_two_regions_that_disagree_on_a_new_column_are_named_both(tmp_path: Path) -> None:
+    """Issue 36: a type clash between two regions' new columns said "the sink's newcol is string"
+    when the sink had no newcol; a case clash between them was a delta-rs traceback."""
+    staging = str(tmp_path / "staging")
+    schema = sink_schema(_typed("add_columns"))
+    sink = DeltaSink(tmp_path / "sink", "p", staging_path=staging, schema=schema, widen=True)
+
+    def staged(region: int, extra: dict[str, pa.Array]) -> str:
+        path = os.path.join(_folder(staging, 1, region), "part.parquet")
+        with StagedWriter(path, 1, region, schema, widen=True) as writer:
+            data = pa.table({"id": pa.array([region], pa.int64()), **extra})
+            writer.add_table(
+                f"s{region}", pa.array([0], pa.int64()), pa.array([1], pa.int64()), data, None, 1
+            )
+            return writer.commit().path
+
+    first = staged(0, {"newcol": pa.array(["a"])})
+    with pytest.raises(StagedOutputError) as typed:
+        sink.commit(
+            1,
+            [_ack(0, first), _ack(1, staged(1, {"newcol": pa.array([7], pa.int64())}))],
+            expected=None,
+            attempt_id="a",
+        )
+    assert "the sink's newcol" not in str(typed.value)
+    assert f"but staged file {first} of the same epoch (another region's records) has it as string" in str(
+        typed.value
+    )
+    with pytest.raises(StagedOutputError) as cased:
+        sink.commit(
+            1,
+            [_ack(0, first), _ack(1, staged(1, {"NewCol": pa.array(["b"])}))],
+            expected=None,
+            attempt_id="b",
+        )
+    assert "has the new column NewCol, which differs only in case from the column newcol" in str(cased.value)
+    assert "Nothing was committed" in str(cased.value)
+    assert DeltaTable(str(tmp_path / "sink")).transaction_version("p") is None
+
+
 def test_without_add_columns_a_staged_file_with_new_columns_is_refused(tmp_path: Path) -> None:
     staging = str(tmp_path / "staging")
     schema = sink_schema(_typed("rescue"))

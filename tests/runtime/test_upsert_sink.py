@@ -18,7 +18,7 @@ from deltalake import DeltaTable
 from splitkeeper.core.ports import RegionRun, SinkCrashPoint
 from splitkeeper.core.source import RecordMeta, RegionReader, SourceRecord
 from splitkeeper.core.types import RegionOutcome, Split
-from splitkeeper.delta.sink import DeltaSink, read_sink, winners
+from splitkeeper.delta.sink import DeltaSink, read_dead_letters, read_sink, winners
 from splitkeeper.errors import ConcurrentRunError, InvalidParameterError, StateError
 from splitkeeper.records.spec import Column, DecodeSpec
 from splitkeeper.records.upsert import UpsertSpec
@@ -52,10 +52,17 @@ class _Pipeline:
     """A sink and the region tasks of one test: ``epoch`` stages each region's splits and commits."""
 
     def __init__(
-        self, root: Path, upsert: UpsertSpec, partition_by: tuple[str, ...] = (), **sink: Any
+        self,
+        root: Path,
+        upsert: UpsertSpec,
+        partition_by: tuple[str, ...] = (),
+        tolerance: str = "none",
+        **sink: Any,
     ) -> None:
         self.root = root
-        self.policy = RecordPolicy(decode=DECODE, upsert=upsert, partition_by=partition_by)
+        self.policy = RecordPolicy(
+            decode=DECODE, upsert=upsert, partition_by=partition_by, tolerance=tolerance, max_bad_ratio=1.0
+        )
         self.staging = str(root / "staging")
         self.path = str(root / "keyed")
         self.changes = str(root / "keyed_changes")
@@ -129,7 +136,7 @@ def _change_offsets(changes: str) -> list[tuple[str, int]]:
     )
 
 
-def test_last_writer_wins_per_key_within_and_across_epochs_with_deletes_and_null_keys(tmp_path: Path) -> None:
+def test_last_writer_wins_per_key_within_and_across_epochs_with_deletes(tmp_path: Path) -> None:
     p = _Pipeline(tmp_path, BY_ID)
     one = {
         0: {
@@ -144,7 +151,7 @@ def test_last_writer_wins_per_key_within_and_across_epochs_with_deletes_and_null
         },
         1: {
             "s1": [
-                _record(0, {"id": None, "name": "null key", "op": "c"}),
+                _record(0, {"id": 6, "name": "s1", "op": "c"}),
                 _record(1, None),  # a tombstone without its key (key is a data column): changes only
                 _record(
                     2, {"id": 3, "name": "c-s1", "op": "u"}
@@ -155,9 +162,7 @@ def test_last_writer_wins_per_key_within_and_across_epochs_with_deletes_and_null
     }
     receipt = p.epoch(1, one)
     assert receipt.records == 10 and not receipt.replayed
-    assert _rows(p.path, ("id", "name")) == sorted(
-        [(1, "a2"), (3, "c-s1"), (5, "s1"), (None, "null key")], key=repr
-    )
+    assert _rows(p.path, ("id", "name")) == sorted([(1, "a2"), (3, "c-s1"), (5, "s1"), (6, "s1")], key=repr)
     meta = p.sink.committed_metadata(1)
     assert meta is not None and meta.records == 10
     assert meta.metadata["upserts"] == 4 and meta.metadata["deletes"] == 0  # id 2 was never in the table
@@ -171,7 +176,7 @@ def test_last_writer_wins_per_key_within_and_across_epochs_with_deletes_and_null
         },
         1: {
             "s1": [
-                _record(6, {"id": None, "name": "null key 2", "op": "u"}),
+                _record(6, {"id": 6, "name": "s1 again", "op": "u"}),
                 _record(7, {"id": 1, "name": "old?", "op": "u"}),
             ]
         },
@@ -179,7 +184,7 @@ def test_last_writer_wins_per_key_within_and_across_epochs_with_deletes_and_null
     p.epoch(2, two)
     # id 1: s1 offset 7 beats s0 offset 6 in the same epoch (offset first, then split_id)
     assert _rows(p.path, ("id", "name")) == sorted(
-        [(1, "old?"), (4, "d"), (5, "s1"), (None, "null key 2")], key=repr
+        [(1, "old?"), (4, "d"), (5, "s1"), (6, "s1 again")], key=repr
     )
     meta = p.sink.committed_metadata(2)
     assert meta is not None and meta.metadata["deletes"] == 1 and meta.metadata["upserts"] == 3
@@ -193,6 +198,72 @@ def test_last_writer_wins_per_key_within_and_across_epochs_with_deletes_and_null
     keyed = DeltaTable(p.path)
     assert "tombstone" not in keyed.schema().to_arrow().names
     assert keyed.metadata().configuration["splitkeeper.sink.key"] == "id"
+
+
+def test_a_record_without_its_key_is_a_dead_letter_never_a_null_key_row(tmp_path: Path) -> None:
+    """Issue 36 item 10: a missing, null or wrongly typed key folded into one NULL-key row that
+    overwrote the records before it. Each such record is now a dead letter naming its key."""
+    dead = str(tmp_path / "dead")
+    p = _Pipeline(tmp_path, BY_ID, tolerance="all", dead_letter_path=dead)
+    p.epoch(
+        1,
+        {
+            0: {
+                "s0": [
+                    _record(0, {"id": 1, "name": "a", "op": "c"}),
+                    _record(1, {"name": "no id", "op": "c"}),
+                    _record(2, {"id": None, "name": "null id", "op": "c"}),
+                    _record(3, {"id": "abc", "name": "a string id", "op": "c"}),  # rescued: id is null
+                    _record(4, {"id": 2, "name": "b", "op": "c"}),
+                    _record(5, None),  # a tombstone without its key: changes nothing (rule 4), not bad
+                ]
+            }
+        },
+    )
+    p.epoch(
+        2, {0: {"s0": [_record(6, {"name": "no id again", "op": "u"}), _record(7, {"id": 1, "name": "a2"})]}}
+    )
+    assert _rows(p.path, ("id", "name")) == [(1, "a2"), (2, "b")]  # no NULL-key row
+    assert _rows(p.path, COLUMNS) == _fold(p.changes, BY_ID, COLUMNS)
+    assert _change_offsets(p.changes) == [("s0", o) for o in (0, 4, 5, 7)]
+    letters = {
+        r["offset"]: r
+        for r in read_dead_letters(
+            dead, ["offset", "value", "stage", "error_class", "error_message"]
+        ).to_pylist()
+    }
+    assert sorted(letters) == [1, 2, 3, 6]  # every record once: in the change table or a dead letter
+    for offset in (1, 2, 3, 6):
+        row = letters[offset]
+        assert (row["stage"], row["error_class"]) == ("schema", "NullKey")
+        assert (
+            "key column 'id' is null" in row["error_message"] and "sink.key is ['id']" in row["error_message"]
+        )
+    assert json.loads(letters[3]["value"]) == {"id": "abc", "name": "a string id", "op": "c"}
+    assert '_rescued: {"id":"abc"}' in letters[3]["error_message"]  # the value that did not fit is named
+
+
+def test_a_record_without_its_kafka_key_is_a_dead_letter(tmp_path: Path) -> None:
+    dead = str(tmp_path / "dead")
+    p = _Pipeline(tmp_path, BY_KEY, tolerance="all", dead_letter_path=dead)
+    p.epoch(
+        1,
+        {
+            0: {
+                "s0": [
+                    _record(0, {"id": 0, "name": "k", "op": "c"}, key=b"k"),
+                    _record(1, {"id": 1, "name": "no key", "op": "c"}, key=None),
+                    _record(2, {"id": 2, "name": "no key 2", "op": "c"}, key=None),
+                    _record(3, None, key=None),  # a tombstone without a key: changes nothing
+                ]
+            }
+        },
+    )
+    assert _rows(p.path, ("key", "id")) == [(b"k", 0)]
+    letters = read_dead_letters(dead, ["offset", "error_class", "error_message"]).to_pylist()
+    assert [(r["offset"], r["error_class"]) for r in letters] == [(1, "NullKey"), (2, "NullKey")]
+    assert "the record has no Kafka key" in letters[0]["error_message"]
+    assert _change_offsets(p.changes) == [("s0", 0), ("s0", 3)]
 
 
 def test_tombstones_delete_their_kafka_key(tmp_path: Path) -> None:

@@ -43,6 +43,12 @@ contiguous from ``Split.position`` to ``Split.end``, and a position is always
 where the next line starts. The reader still applies Hadoop's rule to any range
 it is given, so a range cut mid-line neither loses nor repeats a line.
 
+A file that may grow (``source.on_file_change: append``, ``growing``) is read up to its last
+newline: a last line without one may be half written, so it is not part of any split until a
+newline ends it (the split ends before it; a file of one such line has no split yet); the split
+then grows from there (GREW), so the line is read whole. Under the other policies files are
+final, and a last line without a newline is read as it is.
+
 A record's ``offset`` is the byte offset of its line, ``next_offset`` the byte
 offset after its newline (the file size for a last line without one), and its
 value is the line's bytes, exactly, without the ``\\n`` / ``\\r\\n`` terminator
@@ -84,9 +90,9 @@ from splitkeeper.core.source import (
     SupportsSplitIdentityCheck,
     SupportsSplitReassignmentOnRecovery,
 )
-from splitkeeper.core.types import Split
+from splitkeeper.core.types import Split, SplitChangePolicy
 from splitkeeper.errors import InvalidParameterError, SourceError
-from splitkeeper.spark.columnar import RangeColumns, SupportsColumnarRead
+from splitkeeper.spark.columnar import BadRead, RangeColumns, SupportsColumnarRead
 
 log = logging.getLogger("splitkeeper.sources.files")
 
@@ -244,13 +250,17 @@ class FileRegionReader(RegionReader, SupportsColumnarRead):
     def _records(
         self, f: IO[bytes], path: str, split_id: str, start: int, end: int
     ) -> Iterator[SourceRecord]:
-        yield from _read_columns(f, path, split_id, start, end, self.format).records()
+        columns = _read_columns(f, path, split_id, start, end, self.format)
+        if columns.bad:
+            raise bad_read_error(columns, split_id)
+        yield from columns.records()
 
     def read_range_columns(self, split: Split, start: int, end: int) -> RangeColumns:
         """The lines of ``split`` that start in ``[start, end)`` as Arrow columns, read natively.
 
-        The same records and errors as :meth:`read_range` (every error raises
-        on the call); see :func:`_read_columns` for how.
+        The same records and errors as :meth:`read_range` (every error raises on the call),
+        but for a jsonl line that is not UTF-8 or not JSON: it is a record listed in
+        ``bad`` (contract 2 of :mod:`~splitkeeper.spark.columnar`); see :func:`_read_columns`.
         """
         f, path = self._open(split, start, end)
         return _read_columns(f, path, split.split_id, start, end, self.format)
@@ -309,6 +319,12 @@ class FileRegionReader(RegionReader, SupportsColumnarRead):
         return f, path
 
 
+def bad_read_error(columns: RangeColumns, split_id: str) -> SourceError:
+    """The error :meth:`FileRegionReader.read_range` raises for the first record ``columns.bad`` lists."""
+    first = columns.bad[0]
+    return SourceError(first.message, split_id=split_id, offset=first.offset)
+
+
 _EMPTY = RangeColumns(pa.array([], pa.int64()), pa.array([], pa.int64()), pa.array([], pa.binary()))
 
 
@@ -337,9 +353,14 @@ def _read_columns(
        as UTF-8 by Arrow, skipped for ASCII data).
     4. jsonl: blank lines are found by one regex over the column; the other
        values are checked by :func:`json.loads` (Python's JSON rules, one C
-       call per record); blank lines' bytes join the next record (or the last).
-    5. On a bad line the range is walked line by line (:func:`_first_error`)
-       to raise exactly the error of the first bad line.
+       call per record; a line nested deeper than ``MAX_JSON_DEPTH`` is found
+       first, before any parser recurses); blank lines' bytes join the next
+       record (or the last).
+    5. jsonl: a line that is not UTF-8 or not JSON stays a record, its bytes as
+       they are, listed in ``bad`` with its error (found line by line, only in
+       a range that has one): the region task makes it a bad record, so
+       ``errors.tolerance`` decides (:meth:`FileRegionReader.read_range` raises
+       the first).
     """
     with f:
         if start >= end:
@@ -386,61 +407,106 @@ def _read_columns(
     if fmt is not FileFormat.JSONL:  # the line's bytes, as they are
         binary = pa.Array.from_buffers(pa.large_binary() if large else pa.binary(), len(starts), buffers)
         return RangeColumns(pa.array(record_offsets), pa.array(record_nexts), binary)
+    binary_type = pa.large_binary() if large else pa.binary()
     values = pa.Array.from_buffers(pa.large_string() if large else pa.string(), len(starts), buffers)
+    refused: dict[int, tuple[str, str]] = {}  # line -> (error class, message): bad records, not read errors
     if not data.isascii():
         try:
             values.validate(full=True)
         except pa.ArrowInvalid:
-            _first_error(data, starts, pos, path, split_id, fmt)
-            raise  # pragma: no cover - _first_error raises for invalid UTF-8
+            refused.update(_not_utf8(data, starts, pos, path, split_id))
+            nulled = np.zeros(len(starts), np.bool_)
+            nulled[list(refused)] = True
+            binary = pa.Array.from_buffers(binary_type, len(starts), buffers)
+            values = pc.if_else(pa.array(nulled), pa.scalar(None, binary_type), binary).cast(values.type)
     blank = np.asarray(
-        pc.match_substring_regex(values, _blank_line()).to_numpy(zero_copy_only=False), np.bool_
+        pc.fill_null(pc.match_substring_regex(values, _blank_line()), False).to_numpy(zero_copy_only=False),
+        np.bool_,
     )
     kept = np.flatnonzero(~blank)
     if len(kept) == 0:
         return _EMPTY
     kept_values = values.take(pa.array(kept))
-    loads = json.loads
-    try:
-        for text in kept_values.to_pylist():
-            loads(text)
-    except ValueError:
-        _first_error(data, starts, pos, path, split_id, fmt)
-        raise  # pragma: no cover - _first_error raises for invalid JSON
+    refused.update(_not_json(kept_values, kept, refused, record_offsets, path, split_id))
     kept_offsets = np.empty(len(kept), np.int64)
     kept_offsets[0] = record_offsets[0]
     kept_offsets[1:] = record_nexts[kept[:-1]]
     kept_nexts = record_nexts[kept]
     kept_nexts[-1] = record_nexts[-1]
-    binary_type = pa.large_binary() if large else pa.binary()
-    return RangeColumns(pa.array(kept_offsets), pa.array(kept_nexts), kept_values.cast(binary_type))
+    if not refused:
+        return RangeColumns(pa.array(kept_offsets), pa.array(kept_nexts), kept_values.cast(binary_type))
+    raw = pa.Array.from_buffers(binary_type, len(starts), buffers).take(pa.array(kept))  # their bytes as read
+    where = {int(line): j for j, line in enumerate(kept)}
+    bad = tuple(
+        BadRead(where[line], cls, message, int(record_offsets[line]))
+        for line, (cls, message) in sorted(refused.items())
+    )
+    return RangeColumns(pa.array(kept_offsets), pa.array(kept_nexts), raw, None, bad)
 
 
-def _first_error(
-    data: bytes,
-    starts: np.ndarray[Any, np.dtype[np.int64]],
-    pos: int,
-    path: str,
-    split_id: str,
-    fmt: FileFormat,
-) -> None:
-    """Raise the error of the first bad line of ``data`` (its lines start at ``starts``, byte ``pos`` on)."""
+def _not_utf8(
+    data: bytes, starts: np.ndarray[Any, np.dtype[np.int64]], pos: int, path: str, split_id: str
+) -> dict[int, tuple[str, str]]:
+    """The lines of ``data`` (starting at ``starts``, byte ``pos`` on) that are not UTF-8, with
+    their error (one Python step per line: only a range with invalid UTF-8 comes here)."""
+    out: dict[int, tuple[str, str]] = {}
     bounds = [*starts.tolist(), len(data)]
-    for a, b in zip(bounds, bounds[1:], strict=False):
+    for k, (a, b) in enumerate(zip(bounds, bounds[1:], strict=False)):
         raw = data[a:b]
         if raw[-1:] == b"\n":
             raw = raw[:-1]
-        value = _decode(raw, pos + a, path, split_id)
-        if fmt is FileFormat.JSONL and value.strip():
-            try:
-                json.loads(value)
-            except ValueError as err:
-                raise SourceError(
-                    f"split {split_id!r}: {path} line at byte {pos + a} is not valid JSON ({err}); "
-                    "fix the file or use source.format 'lines'",
-                    split_id=split_id,
-                    offset=pos + a,
-                ) from err
+        try:
+            _decode(raw, pos + a, path, split_id)
+        except SourceError as err:
+            out[k] = ("UnicodeDecodeError", err.message)
+    return out
+
+
+def _not_json(
+    texts: pa.Array,
+    lines: np.ndarray[Any, np.dtype[np.int64]],
+    skip: Mapping[int, object],
+    offsets: np.ndarray[Any, np.dtype[np.int64]],
+    path: str,
+    split_id: str,
+) -> dict[int, tuple[str, str]]:
+    """The lines (``lines[j]`` is the line of ``texts[j]``; those in ``skip`` are bad already) that
+    are not one JSON document, with their error: nested deeper than
+    :data:`~splitkeeper.records.decode.MAX_JSON_DEPTH` (found before any parser recurses), or
+    refused by :func:`json.loads` (one C call per line)."""
+    from splitkeeper.records.decode import MAX_JSON_DEPTH, too_deep
+
+    out: dict[int, tuple[str, str]] = {}
+    for j, depth in too_deep(texts).items():
+        line = int(lines[j])
+        if line not in skip:
+            out[line] = (
+                "NestedTooDeep",
+                f"split {split_id!r}: {path} line at byte {offsets[line]} nests {depth} levels deep, more "
+                f"than the {MAX_JSON_DEPTH} a JSON line may",
+            )
+    loads = json.loads
+    every = texts.to_pylist()
+    if not skip and not out:
+        try:
+            for text in every:
+                loads(text)
+            return out
+        except (ValueError, RecursionError):
+            pass
+    for j, text in enumerate(every):  # only a range with a bad line comes here
+        line = int(lines[j])
+        if line in skip or line in out:
+            continue
+        try:
+            loads(text)
+        except (ValueError, RecursionError) as err:
+            out[line] = (
+                "JSONDecodeError",
+                f"split {split_id!r}: {path} line at byte {offsets[line]} is not valid JSON ({err}); "
+                "fix the file or use source.format 'lines'",
+            )
+    return out
 
 
 def _decode(raw: bytes, pos: int, path: str, split_id: str) -> str:
@@ -475,7 +541,12 @@ class FileSource(SourceConnector, SupportsSplitReassignmentOnRecovery, SupportsS
     """
 
     def __init__(
-        self, path: str | os.PathLike[str], format: FileFormat | str = FileFormat.LINES, split_bytes: int = 0
+        self,
+        path: str | os.PathLike[str],
+        format: FileFormat | str = FileFormat.LINES,
+        split_bytes: int = 0,
+        *,
+        growing: bool = False,
     ) -> None:
         if isinstance(split_bytes, bool) or not isinstance(split_bytes, int) or split_bytes < 0:
             raise InvalidParameterError(
@@ -495,6 +566,7 @@ class FileSource(SourceConnector, SupportsSplitReassignmentOnRecovery, SupportsS
         self._warned_names: set[str] = set()
         self._scanned: _Scan | None = None  # check_splits' scan, for the discovery right after it
         self._root_dir: str | None = None  # the folder of the files, as the last scan found source.path
+        self._growing = growing  # on_file_change append: a last line without its newline is not read yet
 
     @classmethod
     def from_config(cls, source: SourceConfig) -> FileSource:
@@ -502,7 +574,12 @@ class FileSource(SourceConnector, SupportsSplitReassignmentOnRecovery, SupportsS
             raise InvalidParameterError(
                 "source.kind", source.kind.value, "'files' with a path for a FileSource"
             )
-        return cls(source.path, source.format, source.split_bytes)
+        return cls(
+            source.path,
+            source.format,
+            source.split_bytes,
+            growing=source.on_file_change is SplitChangePolicy.APPEND,
+        )
 
     @property
     def path(self) -> str:
@@ -686,12 +763,48 @@ class FileSource(SourceConnector, SupportsSplitReassignmentOnRecovery, SupportsS
         if identity is None:
             return ()  # unreadable between the listing and now: the next discovery sees it
         splits = self._cut(rel, st.size, str(identity))
-        self._layouts[rel] = splits
+        if splits:  # none: one line without its newline yet (growing); the next discovery sees it
+            self._layouts[rel] = splits
         return splits
 
+    def _terminated(self, rel: str, size: int) -> int:
+        """Where the data of the file at ``rel`` that is read now ends, of its first ``size`` bytes:
+        ``size``, but for a growing file (``on_file_change: append``) whose last line has no newline
+        yet: right after its last newline (0 if none). That line is read once it is ended (a
+        writer appending it may be mid-line): reading it now would make a fragment of it a
+        record, and its rest the start of a range nobody reads (issue 36 item 9)."""
+        if not self._growing or size == 0:
+            return size
+        try:
+            with open(self._abs(rel), "rb") as f:
+                end = size
+                while end > 0:
+                    start = max(0, end - _SAMPLE_BYTES)
+                    f.seek(start)
+                    chunk = f.read(end - start)
+                    if end == size and chunk.endswith(b"\n"):
+                        return size
+                    newline = chunk.rfind(b"\n")
+                    if newline >= 0:
+                        log.info(
+                            "input file %s ends with a line without its newline (%d bytes): "
+                            "source.on_file_change is append, so it is read once a newline ends it",
+                            self._abs(rel),
+                            size - (start + newline + 1),
+                        )
+                        return start + newline + 1
+                    end = start
+        except OSError:
+            return size  # cannot be read now: its read fails and names the error
+        return 0
+
     def _cut(self, rel: str, size: int, identity: str, base: str | None = None) -> tuple[Split, ...]:
-        """The splits of the file at ``rel`` (``size`` bytes), ids ``base`` (default ``rel``) + range."""
+        """The splits of the file at ``rel`` (``size`` bytes, of which :meth:`_terminated` are read
+        now), ids ``base`` (default ``rel``) + range; none when nothing is read yet."""
         base = rel if base is None else base
+        size = self._terminated(rel, size)
+        if size == 0:
+            return ()
         bounds = [0]
         if 0 < self._split_bytes < size:
             with open(self._abs(rel), "rb") as f:
@@ -790,9 +903,10 @@ class FileSource(SourceConnector, SupportsSplitReassignmentOnRecovery, SupportsS
             last = max(_range_start(e.split_id) for e in group)
             if same_prefix and size > old.size:
                 replacement = self._cut(rel, size, str(now), rel + now.version)
+                was, now_end = self._terminated(rel, old.size), self._terminated(rel, size)
                 for e in group:
-                    end = self._known_end(e, old, last)
-                    grows = end == old.size
+                    end = self._known_end(e, old, last, rel)
+                    grows = end == was  # the last split: it goes on where the file's read data ended
                     changes.append(
                         SplitChange(
                             e.split_id,
@@ -800,7 +914,7 @@ class FileSource(SourceConnector, SupportsSplitReassignmentOnRecovery, SupportsS
                             str(now),
                             f"file {path} grew from {old.size} to {size} bytes, the old ones unchanged",
                             start=end,
-                            end=size if grows else end,
+                            end=now_end if grows else end,
                             replacement=replacement,
                         )
                     )
@@ -827,34 +941,41 @@ class FileSource(SourceConnector, SupportsSplitReassignmentOnRecovery, SupportsS
             ]
         return changes
 
-    def _known_end(self, entry: _Known, old: FileIdentity, last_start: int) -> int:
-        """Where a known split of a file with identity ``old`` ends (a finished one: from its id)."""
+    def _known_end(self, entry: _Known, old: FileIdentity, last_start: int, rel: str) -> int:
+        """Where a known split of a file with identity ``old`` ends (a finished one: from its id;
+        the file's data is at ``rel``, its first ``old.size`` bytes unchanged)."""
         if entry.split is not None and entry.split.end is not None:
             return entry.split.end
         match = _RANGE_SUFFIX.search(entry.split_id)
         if match is None or int(match.group(1)) == last_start:
-            return old.size  # the whole file, or its last range (which may have grown since its id)
+            # the whole file, or its last range (which may have grown since its id)
+            return self._terminated(rel, old.size)
         return int(match.group(2))
 
     def _learn(self, rel: str, group: list[_Known], identity: FileIdentity) -> None:
         """Take the known splits of an unchanged file as its layout, when this process has none."""
         if rel in self._layouts:
             return
-        self._layouts[rel] = self._known_layout(group, identity, identity)
+        self._layouts[rel] = self._known_layout(group, identity, identity, rel)
 
     def _known_layout(
-        self, group: list[_Known], old: FileIdentity, now: FileIdentity, moved_to: str | None = None
+        self,
+        group: list[_Known],
+        old: FileIdentity,
+        now: FileIdentity,
+        rel: str,
+        moved_to: str | None = None,
     ) -> tuple[Split, ...]:
         """The splits of a file as the known ones cut it (their ranges, ``old`` their file's identity
-        when they were cut), with the identity ``now``; ``moved_to``: their file's new path (the ids
-        become that path with their range suffix)."""
+        when they were cut), with the identity ``now``; its data is at ``rel``; ``moved_to``: their
+        file's new path (the ids become that path with their range suffix)."""
         last = max(_range_start(e.split_id) for e in group)
         return tuple(
             Split(
                 e.split_id if moved_to is None else moved_to + _suffix_of(e.split_id),
                 subscription=self._path,
                 position=_range_start(e.split_id),
-                end=self._known_end(e, old, last),
+                end=self._known_end(e, old, last, rel),
                 identity=str(now),
             )
             for e in group
@@ -887,7 +1008,7 @@ class FileSource(SourceConnector, SupportsSplitReassignmentOnRecovery, SupportsS
                 continue
             group = [e for e in entries if e.identity == identity]
             now = FileIdentity(*scan.files[target], old.digest)
-            moved = self._known_layout(group, old, now, moved_to=target)
+            moved = self._known_layout(group, old, now, target, moved_to=target)
             self._layouts[target] = moved
             log.info(
                 "input file %s was moved to %s: its splits keep their progress",
