@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from splitkeeper.app.results import _Result
 from splitkeeper.config.settings import PipelineConfig
 from splitkeeper.core.lag import split_lag_of, split_places
-from splitkeeper.core.operator import reset_decision, rewind_changes, rewind_decision
+from splitkeeper.core.operator import reset_action, reset_decision, rewind_changes, rewind_decision
 from splitkeeper.core.ports import CrashPoint
 from splitkeeper.errors import CheckpointError, ConcurrentRunError, InvalidParameterError
 
@@ -518,7 +518,8 @@ def reset_offset(
             reason=reason,
             configured_parallelism=store.configured_parallelism(latest.checkpoint_id),
         )
-        action = {"kind": "reset", "split": split_id, "from": position, "forward": not backward}
+        action = reset_action(decision)
+        assert action is not None and action["forward"] == (not backward)
         _commit(store, sink, decision, action)
     log.warning(
         "pipeline %s: split %s set from offset %s to %s as checkpoint %s by %s",

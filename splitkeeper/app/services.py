@@ -53,8 +53,13 @@ from splitkeeper.config.settings import PipelineConfig
 from splitkeeper.core.assignment import AssignmentStrategy, WeightedStrategy
 from splitkeeper.core.lag import split_lags
 from splitkeeper.core.rescale import Redistribution
-from splitkeeper.core.types import Split
-from splitkeeper.errors import CheckpointError, InvalidParameterError, RunInterrupted, StateError
+from splitkeeper.core.types import CompletedCheckpoint, Split
+from splitkeeper.errors import (
+    CheckpointError,
+    InvalidParameterError,
+    RunInterrupted,
+    StateError,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -521,9 +526,10 @@ def repair(config: PipelineConfig, *, dry_run: bool = False) -> RepairReport:
     """Rebuild the rows of kept checkpoints lost or damaged after their commit (``recover --repair``,
     :mod:`splitkeeper.delta.repair`); returns its RepairReport. Holds the lease unless ``dry_run``
     (then nothing is written). No Spark: run the pipeline afterwards as usual."""
+    from splitkeeper.app.sink import config_sink
     from splitkeeper.delta import storage
     from splitkeeper.delta.checkpoints import DeltaStateStore
-    from splitkeeper.delta.repair import repair_files, repair_rows
+    from splitkeeper.delta.repair import repair_files, repair_rows, repair_sink_resets
     from splitkeeper.delta.tables import StateTables
 
     if storage.is_local(config.state_path) and not os.path.isdir(config.state_path):
@@ -537,6 +543,7 @@ def repair(config: PipelineConfig, *, dry_run: bool = False) -> RepairReport:
         report = repair_files(StateTables(config.state_path, read_only=dry_run), dry_run=dry_run)
         store = DeltaStateStore(config.state_path, config.name, None, read_only=dry_run)
         repair_rows(store, report)
+        repair_sink_resets(store, config_sink(config, read_only=True), report, lambda: config_sink(config))
     for path in report.moved:
         log.warning("state repair: %s %s", "would move" if dry_run else "moved aside", path)
     return report
@@ -730,8 +737,40 @@ def status(config: PipelineConfig, *, last: int = 10) -> StatusResult:
             for s in split_lags(latest)
         )
     return StatusResult(
-        config.name, info, timeline, next_epoch, _lease_of(store), _interval_switches(history), splits
+        config.name,
+        info,
+        timeline,
+        next_epoch,
+        _lease_of(store),
+        _interval_switches(history),
+        splits,
+        _blocking_problems(config, store, latest),
     )
+
+
+def _blocking_problems(
+    config: PipelineConfig, store: DeltaStateStore, latest: CompletedCheckpoint | None
+) -> tuple[str, ...]:
+    """What stops the next ``run`` (or leaves it nothing to read), in the words of the error that run
+    would raise: the sink behind the latest checkpoint (the rule of the driver's open,
+    :func:`~splitkeeper.core.driver.sink_behind`). ``status`` shows them and exits 1."""
+    from splitkeeper.app.sink import config_sink
+    from splitkeeper.core.driver import pending_decision, sink_behind
+    from splitkeeper.errors import SplitkeeperError
+
+    if latest is None:
+        return ()
+    problems: list[str] = []
+    try:
+        sink = config_sink(config, read_only=True)
+        recorded = sink.committed_epoch()
+        if pending_decision(store, sink, config.name, recorded) is None:
+            behind = sink_behind(config.name, recorded, latest.checkpoint_id)
+            if behind is not None:
+                problems.append(str(behind))
+    except SplitkeeperError as err:
+        problems.append(str(err))
+    return tuple(problems)
 
 
 @_named

@@ -410,6 +410,35 @@ class _ReadOnly(ProtocolError):
 # --------------------------------------------------------------------------- the driver
 
 
+def sink_behind(pipeline: str, recorded: int | None, latest: int) -> StateError | None:
+    """The error that stops every open when the sink records fewer epochs than the state's latest
+    checkpoint counts as read (rule 5.3: every checkpoint follows its epoch's sink commit): the sink
+    lost commits, or an operator checkpoint's sink commit was never recorded (an offset reset of a
+    splitkeeper before issue 36 that deleted nothing, item 14). None when the sink is not behind.
+    The one rule :meth:`EpochDriver.open` and ``status`` apply."""
+    if recorded is not None and recorded >= latest:
+        return None
+    first = 1 if recorded is None else recorded + 1
+    records = (
+        "the sink has no commit of this pipeline"
+        if recorded is None
+        else f"the sink records epoch {recorded} as its last commit"
+    )
+    lost = f"epoch {latest}" if first == latest else f"epochs {first} to {latest}"
+    return StateError(
+        f"pipeline {pipeline!r}: {records}, but "
+        f"the state's latest checkpoint is {latest}, which counts the records of {lost} as "
+        "written: the sink lost those commits (an entry of its _delta_log removed or rolled back, or "
+        "an older copy of the sink table). Nothing was restored and nothing was changed: the "
+        "checkpoint's positions would skip those records. Restore the sink table from a backup that "
+        f"holds epoch {latest}, then run again; when those checkpoints are offset resets (splitkeeper "
+        "offsets reset), 'splitkeeper recover --repair' records them in the sink instead",
+        pipeline=pipeline,
+        sink_epoch=recorded,
+        checkpoint_id=latest,
+    )
+
+
 def pending_decision(
     state: StateStore, sink: EpochSink, pipeline: str, committed: int | None
 ) -> EpochDecision | None:
@@ -518,8 +547,11 @@ class EpochDriver:
         recorded = self.sink.committed_epoch()
         redone, pending = self._redo(recorded, dry=read_only)
         latest = pending.checkpoint if pending is not None else self.state.latest_checkpoint()
-        if latest is not None and (recorded is None or recorded < latest.checkpoint_id):
-            raise self._sink_behind(recorded, latest.checkpoint_id)
+        behind = (
+            None if latest is None else sink_behind(self.settings.pipeline, recorded, latest.checkpoint_id)
+        )
+        if behind is not None:
+            raise behind
         chosen = latest
         if checkpoint_id is not None:
             if pending is not None and checkpoint_id == pending.epoch:
@@ -545,29 +577,6 @@ class EpochDriver:
         report = self._restore(chosen, parallelism, redone, pending=pending)
         self.opened = report
         return report
-
-    def _sink_behind(self, recorded: int | None, latest: int) -> StateError:
-        """The sink records fewer epochs than the state's latest checkpoint counts as read (rule 5.3:
-        every checkpoint follows its epoch's sink commit): the sink lost commits."""
-        first = 1 if recorded is None else recorded + 1
-        records = (
-            "the sink has no commit of this pipeline"
-            if recorded is None
-            else f"the sink records epoch {recorded} as its last commit"
-        )
-        lost = f"epoch {latest}" if first == latest else f"epochs {first} to {latest}"
-        return StateError(
-            f"pipeline {self.settings.pipeline!r}: {records}, but "
-            f"the state's latest checkpoint is {latest}, which counts the records of {lost} as "
-            "written: the sink lost those commits (an entry of its _delta_log removed or rolled back, or "
-            "an older copy of the sink table). Nothing was restored and nothing was changed: the "
-            "checkpoint's positions would skip those records. Restore the sink table from a backup "
-            "that holds epoch "
-            f"{latest}, then run again",
-            pipeline=self.settings.pipeline,
-            sink_epoch=recorded,
-            checkpoint_id=latest,
-        )
 
     def _redo(self, committed: int | None, *, dry: bool) -> tuple[int | None, EpochDecision | None]:
         """Finish the epoch whose sink commit landed after the latest checkpoint row (protocol rule 5.4).

@@ -55,15 +55,19 @@ from splitkeeper.errors import InvalidParameterError
 __all__ = [
     "SKIPPED_DETAIL_PATTERN",
     "OperatorChange",
+    "read_again_from",
+    "reset_action",
+    "reset_decision",
     "rewind_changes",
     "rewind_decision",
-    "reset_decision",
     "skipped_range",
 ]
 
 #: ``detail`` of a SKIPPED_BY_OPERATOR record begins with the range; the restart checks parse it.
 SKIPPED_DETAIL = "offsets [{start}, {end}) of {split} skipped by {operator}"
 SKIPPED_DETAIL_PATTERN = re.compile(r"^offsets \[(\d+), (\d+)\) of ")
+#: The place after a REWOUND record's change ends its detail: ``-> at P (where)`` or ``-> unknown (...)``.
+_REWOUND_AFTER = re.compile(r"-> (?:at (\d+) \([^()]*\)|(unknown) \([^()]*\))$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,6 +248,29 @@ def reset_decision(
     )
 
 
+def reset_action(decision: EpochDecision) -> dict[str, object] | None:
+    """What the sink commit of a reset's checkpoint does (rule 4), from its decision alone: delete
+    the split's records from its new position on (backward), or only record the epoch (forward,
+    ``forward`` true). None for a decision that is not a reset (a run's epoch, a rewind).
+
+    The one definition :func:`splitkeeper.app.incident.reset_offset` commits and ``recover --repair``
+    commits again for a reset checkpoint whose sink commit is missing."""
+    kinds = (RecoveryDecision.RESET_BY_OPERATOR, RecoveryDecision.SKIPPED_BY_OPERATOR)
+    resets = [a for a in decision.audit if a.decision in kinds]
+    if len(resets) != 1 or len(decision.audit) != 1:
+        return None
+    (record,) = resets
+    place = split_places(decision.checkpoint).get(record.split_id)
+    if place is None or place.position is None:
+        return None
+    return {
+        "kind": "reset",
+        "split": record.split_id,
+        "from": place.position,
+        "forward": record.decision is RecoveryDecision.SKIPPED_BY_OPERATOR,
+    }
+
+
 def _with_position(checkpoint: CompletedCheckpoint, split_id: str, position: int) -> CompletedCheckpoint:
     """``checkpoint`` with ``split_id`` at ``position`` wherever it is held."""
 
@@ -262,6 +289,23 @@ def _with_position(checkpoint: CompletedCheckpoint, split_id: str, position: int
             assignments={r: move_all(s) for r, s in enum.assignments.items()},
         )
     return replace(checkpoint, regions=dict(regions), enumerator=enum)
+
+
+def read_again_from(record: AuditRecord) -> int | None:
+    """The offset from which an operator checkpoint reads ``record``'s split again: a backward reset's
+    new position (RESET_BY_OPERATOR), a rewind's position in its target (REWOUND; 0 for a split the
+    target did not know: it is discovered again). None for any other record, or a rewound split that
+    is finished in the target. A range skipped earlier (SKIPPED_BY_OPERATOR, SKIPPED_LOST_RANGE) from
+    that offset on is no longer a gap: the restart checks expect its offsets once again."""
+    if record.decision is RecoveryDecision.RESET_BY_OPERATOR:
+        match = SKIPPED_DETAIL_PATTERN.match(record.detail)
+        return None if match is None else int(match.group(1))
+    if record.decision is RecoveryDecision.REWOUND:
+        found = _REWOUND_AFTER.search(record.detail)
+        if found is None:
+            return None
+        return 0 if found.group(2) else int(found.group(1))
+    return None
 
 
 def skipped_range(record: AuditRecord) -> tuple[int, int] | None:

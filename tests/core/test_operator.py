@@ -6,7 +6,14 @@ from __future__ import annotations
 import pytest
 
 from splitkeeper.core.lag import split_lags, split_places
-from splitkeeper.core.operator import reset_decision, rewind_changes, rewind_decision, skipped_range
+from splitkeeper.core.operator import (
+    read_again_from,
+    reset_action,
+    reset_decision,
+    rewind_changes,
+    rewind_decision,
+    skipped_range,
+)
 from splitkeeper.core.types import (
     CheckpointKind,
     CompletedCheckpoint,
@@ -112,6 +119,28 @@ def test_a_forward_reset_skips_an_audited_range_and_a_backward_one_reads_again()
         and skipped_range(backward.audit[0]) is None
     )
     assert forward.checkpoint.kind is CheckpointKind.GLOBAL
+
+
+def test_a_reset_decision_gives_its_sink_action_and_where_the_split_is_read_again() -> None:
+    """Issue 36, item 14: the sink commit of a reset is derived from its decision alone (so ``recover
+    --repair`` can commit it again), and a backward reset or a rewind ends an earlier skipped gap."""
+    latest = _checkpoint(5, 40, 60)
+    forward, _change = reset_decision(latest, "a", 55, 6, attempt_id="x", operator="o", reason="poison")
+    assert reset_action(forward) == {"kind": "reset", "split": "a", "from": 55, "forward": True}
+    assert read_again_from(forward.audit[0]) is None  # a skip reads nothing again
+    back, _change = reset_decision(forward.checkpoint, "a", 40, 7, attempt_id="y", operator="o")
+    assert reset_action(back) == {"kind": "reset", "split": "a", "from": 40, "forward": False}
+    assert read_again_from(back.audit[0]) == 40
+    rewound = rewind_decision(
+        _checkpoint(5, 90, 60),
+        _checkpoint(2, 30, 60),
+        7,
+        attempt_id="x",
+        operator="o",
+        reason="x -> at 99 (y)",
+    )
+    assert reset_action(rewound) is None  # a rewind's sink commit needs the sink's versions
+    assert {a.split_id: read_again_from(a) for a in rewound.audit} == {"a": 30}
 
 
 @pytest.mark.parametrize(
