@@ -58,6 +58,7 @@ from splitkeeper.errors import (
     CheckpointError,
     InvalidParameterError,
     RunInterrupted,
+    SplitsQuarantinedError,
     StateError,
 )
 
@@ -315,7 +316,25 @@ def run(
     if not continuous and signals.event.is_set():
         raise signals.interrupted(config.name, abandoned, latest, summary)
     assert summary is not None  # only an abandoned epoch leaves none, and it was stopped (above)
+    if summary.all_quarantined:
+        raise _all_quarantined(config.name, summary)
     return RunResult.of(config.name, opened, new_splits, summary)
+
+
+def _all_quarantined(pipeline: str, summary: RunSummary) -> SplitsQuarantinedError:
+    """A run that ends with every split quarantined reads nothing: not "caught up", an error (exit 2,
+    a failed Airflow task). Its checkpoints stay committed."""
+    parked = ", ".join(summary.quarantined)
+    return SplitsQuarantinedError(
+        f"pipeline {pipeline!r}: every split is quarantined ({parked}), so nothing is read until one "
+        f"is released. This run's {len(summary.epochs)} epoch(s) and {summary.committed_records:,} "
+        "record(s) are committed; nothing was lost. 'splitkeeper status' and the report name each "
+        "split's error: fix it "
+        "(a transform that copes, the data), then 'splitkeeper recover --release SPLIT'; or 'splitkeeper "
+        "recover --drop SPLIT' for a split whose data is gone",
+        pipeline=pipeline,
+        quarantined=list(summary.quarantined),
+    )
 
 
 class _SignalStop:
@@ -753,9 +772,11 @@ def _blocking_problems(
 ) -> tuple[str, ...]:
     """What stops the next ``run`` (or leaves it nothing to read), in the words of the error that run
     would raise: the sink behind the latest checkpoint (the rule of the driver's open,
-    :func:`~splitkeeper.core.driver.sink_behind`). ``status`` shows them and exits 1."""
+    :func:`~splitkeeper.core.driver.sink_behind`), and every split quarantined
+    (:func:`~splitkeeper.core.lag.all_quarantined`). ``status`` shows them and exits 1."""
     from splitkeeper.app.sink import config_sink
     from splitkeeper.core.driver import pending_decision, sink_behind
+    from splitkeeper.core.lag import FINISHED, QUARANTINED, all_quarantined, split_places
     from splitkeeper.errors import SplitkeeperError
 
     if latest is None:
@@ -770,6 +791,14 @@ def _blocking_problems(
                 problems.append(str(behind))
     except SplitkeeperError as err:
         problems.append(str(err))
+    statuses = [p.status for p in split_places(latest).values()]
+    parked = statuses.count(QUARANTINED)
+    finished = statuses.count(FINISHED)
+    if all_quarantined(parked, len(statuses) - parked - finished, finished):
+        problems.append(
+            f"every split is quarantined ({parked}): nothing is read until one is released "
+            "('splitkeeper recover --release SPLIT' once what fails its reads is fixed)"
+        )
     return tuple(problems)
 
 

@@ -69,6 +69,7 @@ from splitkeeper.core.enumerator import (
 )
 from splitkeeper.core.external import positions_to_commit, reconcile_positions
 from splitkeeper.core.failures import RegionFailure, region_failure
+from splitkeeper.core.lag import all_quarantined
 from splitkeeper.core.ports import (
     Clock,
     CrashPoint,
@@ -341,6 +342,7 @@ class RunSummary:
     interval_switches: tuple[IntervalSwitch, ...] = ()
     quarantined: tuple[str, ...] = ()  # splits parked at the end (read by nobody until released)
     interrupted: bool = False  # a bounded run that stopped between epochs because a stop was requested
+    all_quarantined: bool = False  # every split is quarantined: nothing is read (core.lag.all_quarantined)
 
     def counts(self) -> dict[str, int]:
         out = {k.value: 0 for k in CheckpointKind}
@@ -1454,13 +1456,16 @@ class EpochDriver:
         if reports and not interrupted and all(r.kind is CheckpointKind.ABORTED for r in reports):
             raise self._stalled(reports, asked=epochs or len(reports))
         enumerator, _context = self._require_open()
+        parked = enumerator.quarantined
+        stuck = all_quarantined(len(parked), len(enumerator.owners()), len(enumerator.finished_split_ids))
         return RunSummary(
             tuple(reports),
             finished,
             sum(r.committed_records for r in reports),
-            caught_up,
-            quarantined=tuple(sorted(enumerator.quarantined)),
+            caught_up and not stuck,
+            quarantined=tuple(sorted(parked)),
             interrupted=interrupted,
+            all_quarantined=stuck,
         )
 
     def pending_work(self) -> PendingWork:
