@@ -86,6 +86,7 @@ from splitkeeper.core.source import (
     LostRange,
     PlannedRange,
     SourceConnector,
+    SplitChangeKind,
     SupportsInitialDiscovery,
     SupportsRetentionCheck,
     SupportsSplitIdentityCheck,
@@ -812,7 +813,9 @@ class EpochDriver:
         if isinstance(source, SupportsSplitIdentityCheck):
             changes = source.check_splits(enumerator.known_splits(), enumerator.finished_identities)
             for change in changes:
-                if change.detail:  # an IDENTIFIED change (same data) has none: nothing to tell
+                if change.kind is SplitChangeKind.RECREATED:  # under any policy
+                    log.warning("pipeline %s: %s", self.settings.pipeline, change.detail)
+                elif change.detail:  # an IDENTIFIED change (same data) has none: nothing to tell
                     log.warning(
                         "pipeline %s: %s (source.on_file_change: %s)",
                         self.settings.pipeline,
