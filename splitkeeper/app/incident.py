@@ -408,13 +408,18 @@ def parse_target(to: str) -> tuple[str, int | None]:
     raise InvalidParameterError("--to", to, forms)
 
 
-def _resolve(config: PipelineConfig, split: Any, kind: str, value: int | None) -> int:
-    """The offset ``--to`` means for ``split``. The source looks up earliest, latest and timestamp
-    (Kafka), and checks a file offset starts a line (a file's offsets are bytes)."""
+def _resolve(
+    config: PipelineConfig, split: Any, kind: str, value: int | None
+) -> tuple[int, tuple[int, int] | None]:
+    """The offset ``--to`` means for ``split``, and the source's log bounds now (None when it has
+    none to tell: a file split's end is the split's own). The source looks up earliest, latest and
+    timestamp (Kafka), and checks a file offset starts a line (a file's offsets are bytes)."""
     from splitkeeper.spark.sources import build_source
 
     source = build_source(config.source)
     try:
+        bounds_of = getattr(source, "offset_bounds", None)
+        bounds = None if bounds_of is None else bounds_of(split)
         if kind == "offset":
             assert value is not None
             position = value
@@ -429,7 +434,7 @@ def _resolve(config: PipelineConfig, split: Any, kind: str, value: int | None) -
         check = getattr(source, "check_offset", None)
         if check is not None:
             check(split, position)
-        return position
+        return position, bounds
     finally:
         close = getattr(source, "close", None)
         if close is not None:
@@ -467,11 +472,19 @@ def reset_offset(
         # the core names the known splits or says what to do with a finished one
         reset_decision(latest, split_id, 0, latest.checkpoint_id + 1, attempt_id="-", operator=who)
         raise AssertionError("unreachable")  # pragma: no cover
-    position = _resolve(config, place.split, kind, value)
+    requested, bounds = _resolve(config, place.split, kind, value)
     epoch = _next_epoch(store, sink, latest.checkpoint_id)
     decision, change = reset_decision(
-        latest, split_id, position, epoch, attempt_id=uuid.uuid4().hex, operator=who, reason=reason
+        latest,
+        split_id,
+        requested,
+        epoch,
+        attempt_id=uuid.uuid4().hex,
+        operator=who,
+        reason=reason,
+        bounds=bounds,
     )
+    position = split_places(decision.checkpoint)[split_id].position or 0  # clamped to the log
     backward = position < place.split.position
     if backward and config.upsert is not None:
         raise InvalidParameterError(
@@ -511,12 +524,13 @@ def reset_offset(
         decision, change = reset_decision(
             latest,
             split_id,
-            position,
+            requested,
             epoch,
             attempt_id=uuid.uuid4().hex,
             operator=who,
             reason=reason,
             configured_parallelism=store.configured_parallelism(latest.checkpoint_id),
+            bounds=bounds,
         )
         action = reset_action(decision)
         assert action is not None and action["forward"] == (not backward)

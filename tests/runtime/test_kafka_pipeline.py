@@ -481,3 +481,38 @@ def test_a_topic_deleted_and_recreated_is_a_new_split_read_from_its_start(
     group = KafkaSource(bootstrap, topics=[topic], group_id=config.source.group_id).committed_positions()
     assert group == {new: ExternalPosition(15, latest.checkpoint_id)}
     services.validate(config, content=True)
+
+
+def test_an_offset_reset_past_the_log_end_is_clamped_to_it_and_nothing_produced_later_is_skipped(
+    spark: Any, kafka_broker: KafkaBroker, tmp_path: Path
+) -> None:
+    """Issue 36, item 7: ``--to offset:999999`` was accepted as it is ("999,499 offsets skipped"), the
+    split then waited at an offset no record reached and the next records were never read while
+    ``offsets`` showed lag 0. Now, as kafka-consumer-groups --reset-offsets does, the offset is clamped
+    to the log end (and refused when the split stands there already)."""
+    from splitkeeper.app import incident
+    from splitkeeper.errors import InvalidParameterError
+
+    from .helpers import run_pipeline
+
+    bootstrap = kafka_broker.bootstrap_servers
+    topic = create_topic(bootstrap, 1, name=unique("clamp"))
+    produce_numbered(bootstrap, topic, {0: 10})
+    config = kafka_config(tmp_path, bootstrap, epoch_records=100, parallelism=1, topics=[topic])
+    split = split_id_of(topic, 0)
+    run_pipeline(config, spark, until_caught_up=True)
+    with pytest.raises(InvalidParameterError, match=r"999999 is outside it, and the log end 10 is where"):
+        incident.reset_offset(config, split, "offset:999999", dry_run=True)
+
+    produce_numbered(bootstrap, topic, {0: 10}, first=10)  # end 20, the split at 10
+    result = incident.reset_offset(config, split, "offset:999999", reason="skip the rest")
+    assert result.applied and result.position_after == 20
+    assert result.change["skipped"] == 10 and result.change["requested"] == 999999
+    assert result.change["clamped_to"] == "the log end 20"
+    produce_numbered(bootstrap, topic, {0: 5}, first=20)
+    (listed,) = incident.offsets(config).splits
+    assert listed.position == 20
+    run_pipeline(config, spark, until_caught_up=True)
+    want = [(i, i + 1, value_of(topic, 0, i)) for i in (*range(10), *range(20, 25))]
+    assert sink_offsets(spark, config) == {split: want}  # nothing after the clamp is skipped
+    services.validate(config)

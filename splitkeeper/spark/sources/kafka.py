@@ -1205,6 +1205,13 @@ class KafkaSource(
             return self._list_offsets({split.split_id: OffsetSpec.latest()}, "end")[split.split_id]
         return found
 
+    def offset_bounds(self, split: Split) -> tuple[int, int]:
+        """The partition's log start offset and end (last stable offset) now: where ``offsets reset``
+        clamps an offset outside them, as ``kafka-consumer-groups --reset-offsets`` does."""
+        start = self._list_offsets({split.split_id: OffsetSpec.earliest()}, "earliest")[split.split_id]
+        end = self._list_offsets({split.split_id: OffsetSpec.latest()}, "end")[split.split_id]
+        return start, end
+
     # -- retention --------------------------------------------------------------------------
 
     def check_retention(self, ranges: Iterable[PlannedRange | tuple[Split, int, int]]) -> RetentionCheck:
