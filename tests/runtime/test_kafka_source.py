@@ -840,3 +840,20 @@ def test_topic_ids_identify_splits_and_a_recreated_topic_is_a_new_split_at_its_s
     assert source.discover_splits() == [new]
     records = list(source.reader().read_range(new, 0, 6))
     assert [r.value for r in records] == [m.encode() for m in messages(0, 6)]
+
+
+def test_a_topic_pattern_that_matches_nothing_is_a_warning_naming_it_and_the_topics_seen(
+    bootstrap: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 36: a ``topic_pattern`` matching nothing read nothing and said nothing (exit 0). Now one
+    warning per spell of no match names the pattern and the topics there; discovery stays empty."""
+    seen = create_topic(bootstrap, 1, name=unique("seen"))
+    prefix = unique("nomatch")
+    source = KafkaSource(bootstrap, topic_pattern=f"{prefix}-.*")
+    with caplog.at_level(logging.WARNING, logger="splitkeeper.sources.kafka"):
+        assert source.discover_splits() == [] and source.discover_splits() == []
+    (warning,) = [r.getMessage() for r in caplog.records if "matches no topic" in r.getMessage()]
+    assert f"source.topic_pattern '{prefix}-.*' matches no topic on Kafka at {bootstrap}" in warning
+    assert seen in warning  # the topics seen, so a typo shows
+    create_topic(bootstrap, 1, name=f"{prefix}-a")
+    assert [s.split_id for s in source.discover_splits()] == [f"{prefix}-a-0"]

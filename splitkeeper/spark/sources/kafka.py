@@ -703,6 +703,7 @@ class KafkaSource(
         # split id -> identity of every split the enumerator knows, live and finished (check_splits)
         self._taken: dict[str, str] = {}
         self._no_topic_ids = False  # the broker answered without topic ids: logged once
+        self._warned_no_match = False  # topic_pattern matched nothing, and that was logged
         self._ends: dict[str, int] | None = None  # end offsets of this discovery round
         self._initial_done = False
         self._unready: set[str] = set()  # topics with partitions that had no leader at the last metadata call
@@ -877,7 +878,20 @@ class KafkaSource(
 
     def _resolve_topics(self, existing: Mapping[str, tuple[int, ...]]) -> list[str]:
         if self._pattern is not None:
-            return sorted(t for t in existing if self._pattern.fullmatch(t))
+            matched = sorted(t for t in existing if self._pattern.fullmatch(t))
+            if not matched and not self._warned_no_match:
+                shown = sorted(existing)
+                listing = ", ".join(shown[:50]) + (f" ... ({len(shown)} topics)" if len(shown) > 50 else "")
+                log.warning(
+                    "source.topic_pattern %r matches no topic on Kafka at %s (a whole topic name must "
+                    "match; internal __ topics never do): nothing is read until a topic matches. Topics "
+                    "there: %s",
+                    self._topic_pattern,
+                    self._bootstrap,
+                    listing or "(none)",
+                )
+            self._warned_no_match = not matched  # said once until a topic matched again
+            return matched
         missing = [t for t in self._topics if t not in existing]
         if missing:
             shown = sorted(existing)
