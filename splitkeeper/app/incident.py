@@ -239,11 +239,7 @@ def _target(store: DeltaStateStore, pipeline: str, checkpoint_id: int, latest: i
             checkpoint_id=checkpoint_id,
         )
     if checkpoint_id not in ids:
-        why = (
-            "was removed by retention (checkpoint.retained keeps the newest ones)"
-            if ids and checkpoint_id < ids[0]
-            else "never completed (its epoch was aborted or is a rewind's own id)"
-        )
+        why = store.history.why_not_kept(checkpoint_id)
         raise CheckpointError(
             f"pipeline {pipeline!r}: checkpoint {checkpoint_id} {why}; nothing was done. {listed}",
             checkpoint_id=checkpoint_id,

@@ -642,7 +642,8 @@ def metrics_text(config: PipelineConfig) -> str:
 def _check_restorable(config: PipelineConfig, checkpoint_id: int, ids: Sequence[int] | None = None) -> None:
     """``recover --checkpoint N`` restores the latest checkpoint only (the sink holds what later ones
     committed); an older one is a rewind. A CheckpointError saying which, with the ids, otherwise."""
-    ids = list(_state_store(config).checkpoint_ids() if ids is None else ids)
+    store = _state_store(config)
+    ids = list(store.checkpoint_ids() if ids is None else ids)
     if not ids or checkpoint_id == ids[-1]:
         return
     if checkpoint_id in ids:
@@ -654,7 +655,7 @@ def _check_restorable(config: PipelineConfig, checkpoint_id: int, ids: Sequence[
             f"Nothing was done; checkpoints that can be restored: {ids[:-1]}",
             checkpoint_id=checkpoint_id,
         )
-    why = "was removed by retention" if checkpoint_id < ids[0] else "does not exist"
+    why = store.history.why_not_kept(checkpoint_id)
     raise CheckpointError(
         f"pipeline {config.name!r}: checkpoint {checkpoint_id} {why}; nothing was done. available: {ids} "
         f"(recover restores the latest, {ids[-1]}; an older one with --rewind)",
