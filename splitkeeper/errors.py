@@ -102,6 +102,13 @@ class RunStalledError(CheckpointError):
     code = "RUN_STALLED"
 
 
+class SplitsQuarantinedError(RunStalledError):
+    """A run ended with every split of the pipeline quarantined: it reads nothing until one is
+    released. What it committed is kept; the message names the splits and what to do."""
+
+    code = "ALL_QUARANTINED"
+
+
 class RunInterrupted(SplitkeeperError):
     """A run stopped on SIGINT or SIGTERM: the epoch in progress was finished or abandoned (nothing of
     an abandoned epoch is committed) and the lease released. ``exit_code`` is 128 + the signal number."""

@@ -141,6 +141,13 @@ def test_status_shows_lag_per_split_phase_times_and_why_regions_failed_within_2_
     incident_state(
         tmp_path, checkpoints=40, end=end, regional_at=30, aborted_at=35, keep=10, pipeline="orders-kafka"
     )
+    # the sink records the latest checkpoint's epoch (without it status says BLOCKED: a run would refuse)
+    from splitkeeper.delta.sink import DeltaSink
+
+    sink = DeltaSink(str(tmp_path / "sink"), "orders-kafka")
+    sink.operator_commit(
+        40, {"kind": "reset", "split": "orders-0", "from": 0, "forward": True}, expected=None, attempt_id="a"
+    )
 
     started = time.monotonic()
     result = services.status(load_config(config), last=12)

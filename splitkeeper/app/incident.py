@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from splitkeeper.app.results import _Result
 from splitkeeper.config.settings import PipelineConfig
 from splitkeeper.core.lag import split_lag_of, split_places
-from splitkeeper.core.operator import reset_decision, rewind_changes, rewind_decision
+from splitkeeper.core.operator import reset_action, reset_decision, rewind_changes, rewind_decision
 from splitkeeper.core.ports import CrashPoint
 from splitkeeper.errors import CheckpointError, ConcurrentRunError, InvalidParameterError
 
@@ -239,11 +239,7 @@ def _target(store: DeltaStateStore, pipeline: str, checkpoint_id: int, latest: i
             checkpoint_id=checkpoint_id,
         )
     if checkpoint_id not in ids:
-        why = (
-            "was removed by retention (checkpoint.retained keeps the newest ones)"
-            if ids and checkpoint_id < ids[0]
-            else "never completed (its epoch was aborted or is a rewind's own id)"
-        )
+        why = store.history.why_not_kept(checkpoint_id)
         raise CheckpointError(
             f"pipeline {pipeline!r}: checkpoint {checkpoint_id} {why}; nothing was done. {listed}",
             checkpoint_id=checkpoint_id,
@@ -408,13 +404,18 @@ def parse_target(to: str) -> tuple[str, int | None]:
     raise InvalidParameterError("--to", to, forms)
 
 
-def _resolve(config: PipelineConfig, split: Any, kind: str, value: int | None) -> int:
-    """The offset ``--to`` means for ``split``. The source looks up earliest, latest and timestamp
-    (Kafka), and checks a file offset starts a line (a file's offsets are bytes)."""
+def _resolve(
+    config: PipelineConfig, split: Any, kind: str, value: int | None
+) -> tuple[int, tuple[int, int] | None]:
+    """The offset ``--to`` means for ``split``, and the source's log bounds now (None when it has
+    none to tell: a file split's end is the split's own). The source looks up earliest, latest and
+    timestamp (Kafka), and checks a file offset starts a line (a file's offsets are bytes)."""
     from splitkeeper.spark.sources import build_source
 
     source = build_source(config.source)
     try:
+        bounds_of = getattr(source, "offset_bounds", None)
+        bounds = None if bounds_of is None else bounds_of(split)
         if kind == "offset":
             assert value is not None
             position = value
@@ -429,7 +430,7 @@ def _resolve(config: PipelineConfig, split: Any, kind: str, value: int | None) -
         check = getattr(source, "check_offset", None)
         if check is not None:
             check(split, position)
-        return position
+        return position, bounds
     finally:
         close = getattr(source, "close", None)
         if close is not None:
@@ -467,11 +468,19 @@ def reset_offset(
         # the core names the known splits or says what to do with a finished one
         reset_decision(latest, split_id, 0, latest.checkpoint_id + 1, attempt_id="-", operator=who)
         raise AssertionError("unreachable")  # pragma: no cover
-    position = _resolve(config, place.split, kind, value)
+    requested, bounds = _resolve(config, place.split, kind, value)
     epoch = _next_epoch(store, sink, latest.checkpoint_id)
     decision, change = reset_decision(
-        latest, split_id, position, epoch, attempt_id=uuid.uuid4().hex, operator=who, reason=reason
+        latest,
+        split_id,
+        requested,
+        epoch,
+        attempt_id=uuid.uuid4().hex,
+        operator=who,
+        reason=reason,
+        bounds=bounds,
     )
+    position = split_places(decision.checkpoint)[split_id].position or 0  # clamped to the log
     backward = position < place.split.position
     if backward and config.upsert is not None:
         raise InvalidParameterError(
@@ -511,14 +520,16 @@ def reset_offset(
         decision, change = reset_decision(
             latest,
             split_id,
-            position,
+            requested,
             epoch,
             attempt_id=uuid.uuid4().hex,
             operator=who,
             reason=reason,
             configured_parallelism=store.configured_parallelism(latest.checkpoint_id),
+            bounds=bounds,
         )
-        action = {"kind": "reset", "split": split_id, "from": position, "forward": not backward}
+        action = reset_action(decision)
+        assert action is not None and action["forward"] == (not backward)
         _commit(store, sink, decision, action)
     log.warning(
         "pipeline %s: split %s set from offset %s to %s as checkpoint %s by %s",

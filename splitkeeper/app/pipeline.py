@@ -345,8 +345,8 @@ class SparkRegionRunner(RegionRunner):
                     started_after_s=run.started_after_s,
                     elapsed_s=run.elapsed_s,
                 )
-        if self.spark_transform is not None:
-            return self.spark_transform.apply(epoch, out)
+        if self.spark_transform is not None:  # within the region timeout too (protocol rule 2.3)
+            return self.spark_transform.apply(epoch, out, timeout_s)
         return out
 
 

@@ -225,6 +225,9 @@ class StatusResult(_Result):
     # the checkpoint after which the interval changed to that mode (protocol rule 4.4)
     interval_switches: tuple[tuple[int, str], ...] = ()
     splits: tuple[SplitLine, ...] = ()  # the latest checkpoint's live splits, most lag first
+    # what stops the next run or leaves it nothing to read (the sink behind the state, every split
+    # quarantined), each in the words of the error; empty when the pipeline can go on
+    problems: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -53,8 +53,14 @@ from splitkeeper.config.settings import PipelineConfig
 from splitkeeper.core.assignment import AssignmentStrategy, WeightedStrategy
 from splitkeeper.core.lag import split_lags
 from splitkeeper.core.rescale import Redistribution
-from splitkeeper.core.types import Split
-from splitkeeper.errors import CheckpointError, InvalidParameterError, RunInterrupted, StateError
+from splitkeeper.core.types import CompletedCheckpoint, Split
+from splitkeeper.errors import (
+    CheckpointError,
+    InvalidParameterError,
+    RunInterrupted,
+    SplitsQuarantinedError,
+    StateError,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -310,7 +316,25 @@ def run(
     if not continuous and signals.event.is_set():
         raise signals.interrupted(config.name, abandoned, latest, summary)
     assert summary is not None  # only an abandoned epoch leaves none, and it was stopped (above)
+    if summary.all_quarantined:
+        raise _all_quarantined(config.name, summary)
     return RunResult.of(config.name, opened, new_splits, summary)
+
+
+def _all_quarantined(pipeline: str, summary: RunSummary) -> SplitsQuarantinedError:
+    """A run that ends with every split quarantined reads nothing: not "caught up", an error (exit 2,
+    a failed Airflow task). Its checkpoints stay committed."""
+    parked = ", ".join(summary.quarantined)
+    return SplitsQuarantinedError(
+        f"pipeline {pipeline!r}: every split is quarantined ({parked}), so nothing is read until one "
+        f"is released. This run's {len(summary.epochs)} epoch(s) and {summary.committed_records:,} "
+        "record(s) are committed; nothing was lost. 'splitkeeper status' and the report name each "
+        "split's error: fix it "
+        "(a transform that copes, the data), then 'splitkeeper recover --release SPLIT'; or 'splitkeeper "
+        "recover --drop SPLIT' for a split whose data is gone",
+        pipeline=pipeline,
+        quarantined=list(summary.quarantined),
+    )
 
 
 class _SignalStop:
@@ -521,9 +545,10 @@ def repair(config: PipelineConfig, *, dry_run: bool = False) -> RepairReport:
     """Rebuild the rows of kept checkpoints lost or damaged after their commit (``recover --repair``,
     :mod:`splitkeeper.delta.repair`); returns its RepairReport. Holds the lease unless ``dry_run``
     (then nothing is written). No Spark: run the pipeline afterwards as usual."""
+    from splitkeeper.app.sink import config_sink
     from splitkeeper.delta import storage
     from splitkeeper.delta.checkpoints import DeltaStateStore
-    from splitkeeper.delta.repair import repair_files, repair_rows
+    from splitkeeper.delta.repair import repair_files, repair_rows, repair_sink_resets
     from splitkeeper.delta.tables import StateTables
 
     if storage.is_local(config.state_path) and not os.path.isdir(config.state_path):
@@ -537,6 +562,7 @@ def repair(config: PipelineConfig, *, dry_run: bool = False) -> RepairReport:
         report = repair_files(StateTables(config.state_path, read_only=dry_run), dry_run=dry_run)
         store = DeltaStateStore(config.state_path, config.name, None, read_only=dry_run)
         repair_rows(store, report)
+        repair_sink_resets(store, config_sink(config, read_only=True), report, lambda: config_sink(config))
     for path in report.moved:
         log.warning("state repair: %s %s", "would move" if dry_run else "moved aside", path)
     return report
@@ -616,7 +642,8 @@ def metrics_text(config: PipelineConfig) -> str:
 def _check_restorable(config: PipelineConfig, checkpoint_id: int, ids: Sequence[int] | None = None) -> None:
     """``recover --checkpoint N`` restores the latest checkpoint only (the sink holds what later ones
     committed); an older one is a rewind. A CheckpointError saying which, with the ids, otherwise."""
-    ids = list(_state_store(config).checkpoint_ids() if ids is None else ids)
+    store = _state_store(config)
+    ids = list(store.checkpoint_ids() if ids is None else ids)
     if not ids or checkpoint_id == ids[-1]:
         return
     if checkpoint_id in ids:
@@ -628,7 +655,7 @@ def _check_restorable(config: PipelineConfig, checkpoint_id: int, ids: Sequence[
             f"Nothing was done; checkpoints that can be restored: {ids[:-1]}",
             checkpoint_id=checkpoint_id,
         )
-    why = "was removed by retention" if checkpoint_id < ids[0] else "does not exist"
+    why = store.history.why_not_kept(checkpoint_id)
     raise CheckpointError(
         f"pipeline {config.name!r}: checkpoint {checkpoint_id} {why}; nothing was done. available: {ids} "
         f"(recover restores the latest, {ids[-1]}; an older one with --rewind)",
@@ -730,8 +757,50 @@ def status(config: PipelineConfig, *, last: int = 10) -> StatusResult:
             for s in split_lags(latest)
         )
     return StatusResult(
-        config.name, info, timeline, next_epoch, _lease_of(store), _interval_switches(history), splits
+        config.name,
+        info,
+        timeline,
+        next_epoch,
+        _lease_of(store),
+        _interval_switches(history),
+        splits,
+        _blocking_problems(config, store, latest),
     )
+
+
+def _blocking_problems(
+    config: PipelineConfig, store: DeltaStateStore, latest: CompletedCheckpoint | None
+) -> tuple[str, ...]:
+    """What stops the next ``run`` (or leaves it nothing to read), in the words of the error that run
+    would raise: the sink behind the latest checkpoint (the rule of the driver's open,
+    :func:`~splitkeeper.core.driver.sink_behind`), and every split quarantined
+    (:func:`~splitkeeper.core.lag.all_quarantined`). ``status`` shows them and exits 1."""
+    from splitkeeper.app.sink import config_sink
+    from splitkeeper.core.driver import pending_decision, sink_behind
+    from splitkeeper.core.lag import FINISHED, QUARANTINED, all_quarantined, split_places
+    from splitkeeper.errors import SplitkeeperError
+
+    if latest is None:
+        return ()
+    problems: list[str] = []
+    try:
+        sink = config_sink(config, read_only=True)
+        recorded = sink.committed_epoch()
+        if pending_decision(store, sink, config.name, recorded) is None:
+            behind = sink_behind(config.name, recorded, latest.checkpoint_id)
+            if behind is not None:
+                problems.append(str(behind))
+    except SplitkeeperError as err:
+        problems.append(str(err))
+    statuses = [p.status for p in split_places(latest).values()]
+    parked = statuses.count(QUARANTINED)
+    finished = statuses.count(FINISHED)
+    if all_quarantined(parked, len(statuses) - parked - finished, finished):
+        problems.append(
+            f"every split is quarantined ({parked}): nothing is read until one is released "
+            "('splitkeeper recover --release SPLIT' once what fails its reads is fixed)"
+        )
+    return tuple(problems)
 
 
 @_named

@@ -59,6 +59,11 @@ def run(args: argparse.Namespace) -> int:
             f"(checkpoint {result.epoch})"
         )
         change = result.change
+        if change.get("clamped_to"):
+            print(
+                f"  offset {change['requested']:,} is outside the split's log: clamped to "
+                f"{change['clamped_to']} (as kafka-consumer-groups --reset-offsets does)"
+            )
         if change.get("skipped"):
             print(f"  {change['skipped']:,} offsets skipped (never read; recorded for the restart checks)")
         if change.get("undone"):

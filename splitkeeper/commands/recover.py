@@ -136,9 +136,11 @@ def _repair(args: argparse.Namespace) -> int:
         print(f"checkpoint {cid}: enumerator_state rows {verb} rewritten from its decision record")
     for cid in report.audit_rewritten:
         print(f"checkpoint {cid}: audit rows {verb} rewritten from its decision record")
+    for cid in report.sink_recorded:
+        print(f"checkpoint {cid}: the offset reset {verb} recorded in the sink (its sink commit was missing)")
     if report.unchecked:
         print(f"checkpoints {report.unchecked}: their rows are checked once the damaged files are moved")
-    if not (report.moved or report.rewritten or report.audit_rewritten):
+    if not report.changed:
         print("nothing to repair: every kept checkpoint reads whole")
     elif report.dry_run:
         print("dry run: nothing was written")

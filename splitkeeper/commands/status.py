@@ -34,10 +34,13 @@ def run(args: argparse.Namespace) -> int:
         print(services.metrics_text(load(args)), end="")
         return 0
     result = services.status(load(args), last=args.last)
+    blocked = 1 if result.problems else 0  # a run cannot proceed (or reads nothing): not healthy
     if args.json:
         print(json.dumps(result.to_dict(), default=str))
-        return 0
+        return blocked
     print(f"pipeline {result.pipeline}")
+    for problem in result.problems:
+        print(f"  BLOCKED: {problem}")
     info = result.latest_checkpoint
     if info is None:
         print("  no completed checkpoint yet")
@@ -66,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"  checkpoint {t.id:>5} {t.kind:<8}{failed} {phases} {t.reason}".rstrip())
         for cause in t.failures:
             print(f"      {cause}")
-    return 0
+    return blocked
 
 
 def _print_splits(splits: Sequence[SplitLine], shown: int) -> None:

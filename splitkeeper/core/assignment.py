@@ -115,7 +115,7 @@ def java_string_hash(text: str) -> int:
     return h - 0x100000000 if h & 0x80000000 else h
 
 
-_TRAILING_INT = re.compile(r"^(.*)-(\d+)$")
+_TRAILING_INT = re.compile(r"^(.*)-(\d+)(?:#v[0-9a-f]+)?$")
 
 
 def topic_partition(split: Split) -> tuple[str, int]:
@@ -123,7 +123,8 @@ def topic_partition(split: Split) -> tuple[str, int]:
 
     The topic is ``split.subscription`` (or the id's prefix when empty) and
     the partition the integer after the last ``-`` of the split id (Kafka's
-    ``TopicPartition.toString()`` form, e.g. ``orders-3``). Splits without a
+    ``TopicPartition.toString()`` form, e.g. ``orders-3``, or ``orders-3#v<hex>`` for a
+    partition of a re-created topic). Splits without a
     trailing integer use partition 0 with the whole id as topic.
     """
     match = _TRAILING_INT.match(split.split_id)

@@ -69,6 +69,7 @@ from splitkeeper.core.enumerator import (
 )
 from splitkeeper.core.external import positions_to_commit, reconcile_positions
 from splitkeeper.core.failures import RegionFailure, clip, region_failure
+from splitkeeper.core.lag import all_quarantined
 from splitkeeper.core.ports import (
     Clock,
     CrashPoint,
@@ -85,6 +86,7 @@ from splitkeeper.core.source import (
     LostRange,
     PlannedRange,
     SourceConnector,
+    SplitChangeKind,
     SupportsInitialDiscovery,
     SupportsRetentionCheck,
     SupportsSplitIdentityCheck,
@@ -341,6 +343,7 @@ class RunSummary:
     interval_switches: tuple[IntervalSwitch, ...] = ()
     quarantined: tuple[str, ...] = ()  # splits parked at the end (read by nobody until released)
     interrupted: bool = False  # a bounded run that stopped between epochs because a stop was requested
+    all_quarantined: bool = False  # every split is quarantined: nothing is read (core.lag.all_quarantined)
 
     def counts(self) -> dict[str, int]:
         out = {k.value: 0 for k in CheckpointKind}
@@ -408,6 +411,35 @@ class _ReadOnly(ProtocolError):
 
 
 # --------------------------------------------------------------------------- the driver
+
+
+def sink_behind(pipeline: str, recorded: int | None, latest: int) -> StateError | None:
+    """The error that stops every open when the sink records fewer epochs than the state's latest
+    checkpoint counts as read (rule 5.3: every checkpoint follows its epoch's sink commit): the sink
+    lost commits, or an operator checkpoint's sink commit was never recorded (an offset reset of a
+    splitkeeper before issue 36 that deleted nothing, item 14). None when the sink is not behind.
+    The one rule :meth:`EpochDriver.open` and ``status`` apply."""
+    if recorded is not None and recorded >= latest:
+        return None
+    first = 1 if recorded is None else recorded + 1
+    records = (
+        "the sink has no commit of this pipeline"
+        if recorded is None
+        else f"the sink records epoch {recorded} as its last commit"
+    )
+    lost = f"epoch {latest}" if first == latest else f"epochs {first} to {latest}"
+    return StateError(
+        f"pipeline {pipeline!r}: {records}, but "
+        f"the state's latest checkpoint is {latest}, which counts the records of {lost} as "
+        "written: the sink lost those commits (an entry of its _delta_log removed or rolled back, or "
+        "an older copy of the sink table). Nothing was restored and nothing was changed: the "
+        "checkpoint's positions would skip those records. Restore the sink table from a backup that "
+        f"holds epoch {latest}, then run again; when those checkpoints are offset resets (splitkeeper "
+        "offsets reset), 'splitkeeper recover --repair' records them in the sink instead",
+        pipeline=pipeline,
+        sink_epoch=recorded,
+        checkpoint_id=latest,
+    )
 
 
 def pending_decision(
@@ -518,8 +550,11 @@ class EpochDriver:
         recorded = self.sink.committed_epoch()
         redone, pending = self._redo(recorded, dry=read_only)
         latest = pending.checkpoint if pending is not None else self.state.latest_checkpoint()
-        if latest is not None and (recorded is None or recorded < latest.checkpoint_id):
-            raise self._sink_behind(recorded, latest.checkpoint_id)
+        behind = (
+            None if latest is None else sink_behind(self.settings.pipeline, recorded, latest.checkpoint_id)
+        )
+        if behind is not None:
+            raise behind
         chosen = latest
         if checkpoint_id is not None:
             if pending is not None and checkpoint_id == pending.epoch:
@@ -545,29 +580,6 @@ class EpochDriver:
         report = self._restore(chosen, parallelism, redone, pending=pending)
         self.opened = report
         return report
-
-    def _sink_behind(self, recorded: int | None, latest: int) -> StateError:
-        """The sink records fewer epochs than the state's latest checkpoint counts as read (rule 5.3:
-        every checkpoint follows its epoch's sink commit): the sink lost commits."""
-        first = 1 if recorded is None else recorded + 1
-        records = (
-            "the sink has no commit of this pipeline"
-            if recorded is None
-            else f"the sink records epoch {recorded} as its last commit"
-        )
-        lost = f"epoch {latest}" if first == latest else f"epochs {first} to {latest}"
-        return StateError(
-            f"pipeline {self.settings.pipeline!r}: {records}, but "
-            f"the state's latest checkpoint is {latest}, which counts the records of {lost} as "
-            "written: the sink lost those commits (an entry of its _delta_log removed or rolled back, or "
-            "an older copy of the sink table). Nothing was restored and nothing was changed: the "
-            "checkpoint's positions would skip those records. Restore the sink table from a backup "
-            "that holds epoch "
-            f"{latest}, then run again",
-            pipeline=self.settings.pipeline,
-            sink_epoch=recorded,
-            checkpoint_id=latest,
-        )
 
     def _redo(self, committed: int | None, *, dry: bool) -> tuple[int | None, EpochDecision | None]:
         """Finish the epoch whose sink commit landed after the latest checkpoint row (protocol rule 5.4).
@@ -801,7 +813,9 @@ class EpochDriver:
         if isinstance(source, SupportsSplitIdentityCheck):
             changes = source.check_splits(enumerator.known_splits(), enumerator.finished_identities)
             for change in changes:
-                if change.detail:  # an IDENTIFIED change (same data) has none: nothing to tell
+                if change.kind is SplitChangeKind.RECREATED:  # under any policy
+                    log.warning("pipeline %s: %s", self.settings.pipeline, change.detail)
+                elif change.detail:  # an IDENTIFIED change (same data) has none: nothing to tell
                     log.warning(
                         "pipeline %s: %s (source.on_file_change: %s)",
                         self.settings.pipeline,
@@ -1443,13 +1457,16 @@ class EpochDriver:
         if reports and not interrupted and all(r.kind is CheckpointKind.ABORTED for r in reports):
             raise self._stalled(reports, asked=epochs or len(reports))
         enumerator, _context = self._require_open()
+        parked = enumerator.quarantined
+        stuck = all_quarantined(len(parked), len(enumerator.owners()), len(enumerator.finished_split_ids))
         return RunSummary(
             tuple(reports),
             finished,
             sum(r.committed_records for r in reports),
-            caught_up,
-            quarantined=tuple(sorted(enumerator.quarantined)),
+            caught_up and not stuck,
+            quarantined=tuple(sorted(parked)),
             interrupted=interrupted,
+            all_quarantined=stuck,
         )
 
     def pending_work(self) -> PendingWork:

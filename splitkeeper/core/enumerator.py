@@ -1057,6 +1057,8 @@ class SplitEnumerator:
            the same file). EXTENDED.
         5. CHANGED or GREW with ``NEW_VERSION``: the split ends where it stands (finished,
            without identity) and ``change.replacement`` enters the pool (REPLACED, DISCOVERED).
+           RECREATED (any policy: the old data is gone) does the same, the ended split keeping
+           its identity (so the source still tells its id from the new data's).
         6. Otherwise (``FAIL``, or CHANGED with ``APPEND``): SourceError naming the split and
            what changed, before anything of the epoch is planned or written.
 
@@ -1082,6 +1084,10 @@ class SplitEnumerator:
                 continue
             if change.kind is SplitChangeKind.MOVED:
                 applied += self._move(change, live)
+                continue
+            if change.kind is SplitChangeKind.RECREATED:
+                self._replace(change, live, keep_identity=True)
+                applied += 1
                 continue
             if (
                 live is not None
@@ -1239,14 +1245,14 @@ class SplitEnumerator:
         )
         return 1
 
-    def _replace(self, change: SplitChange, live: Split | None) -> None:
+    def _replace(self, change: SplitChange, live: Split | None, *, keep_identity: bool = False) -> None:
         cid = self._last_checkpoint_id
         sid = change.split_id
         owner = self.owner_of(sid) if live is not None else None
         where = f"at {live.position}" if live is not None else "finished"
         if live is not None:
-            self._end_live(sid, "")
-        else:
+            self._end_live(sid, live.identity if keep_identity else "")
+        elif not keep_identity:
             self._finished_identities.pop(sid, None)
         fresh = [
             s

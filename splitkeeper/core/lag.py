@@ -15,7 +15,15 @@ from dataclasses import dataclass
 from splitkeeper.core.backlog import split_lag
 from splitkeeper.core.types import CompletedCheckpoint, Split
 
-__all__ = ["SplitLag", "SplitPlace", "by_lag", "split_lag_of", "split_lags", "split_places"]
+__all__ = [
+    "SplitLag",
+    "SplitPlace",
+    "all_quarantined",
+    "by_lag",
+    "split_lag_of",
+    "split_lags",
+    "split_places",
+]
 
 #: A split's place in a checkpoint, as the enumerator rows of the state store spell it.
 ASSIGNED, POOL, QUARANTINED, FINISHED = "assigned", "pool", "quarantined", "finished"
@@ -63,6 +71,14 @@ def split_places(checkpoint: CompletedCheckpoint) -> dict[str, SplitPlace]:
         for split in state.splits:
             places[split.split_id] = SplitPlace(split.split_id, ASSIGNED, region_id, split)
     return dict(sorted(places.items()))
+
+
+def all_quarantined(quarantined: int, live: int, finished: int) -> bool:
+    """Every split the pipeline knows is quarantined (``quarantined`` > 0, none ``live`` or
+    ``finished``): nothing is read until one is released (protocol rule 1.8), so a run that ends so
+    did not catch up with anything. The rule of ``run`` (it ends with an error) and ``status`` (it
+    names the problem); a pipeline whose other splits finished or are read is not stuck."""
+    return quarantined > 0 and live == 0 and finished == 0
 
 
 @dataclass(frozen=True, slots=True)

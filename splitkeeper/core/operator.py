@@ -25,7 +25,11 @@ a run. Rules (``docs/protocol.md`` section 8 states them with the other protocol
    the restart checks accept as a gap, as they do a range lost to retention. Backward, the
    offsets ``[new, old)`` are read again: audited ``RESET_BY_OPERATOR``; the sink commit of
    ``E`` deletes the split's records from ``new`` on, so they are in the sink once. A
-   finished split is not reset (its end is not known here): rewind instead.
+   finished split is not reset (its end is not known here): rewind instead. An offset outside
+   the source's log now (``bounds``: Kafka's log start and end) is clamped to it, as
+   ``kafka-consumer-groups --reset-offsets`` does, and the change says so: past the end, a
+   split would wait at an offset no record reaches while its lag shows 0; below the start,
+   its next plan would fail or skip as aged out.
 5. **Nothing without the checks first.** Every argument and the target checkpoint are
    checked before the lease is taken (the services do that); a refused command writes nothing.
 
@@ -55,15 +59,19 @@ from splitkeeper.errors import InvalidParameterError
 __all__ = [
     "SKIPPED_DETAIL_PATTERN",
     "OperatorChange",
+    "read_again_from",
+    "reset_action",
+    "reset_decision",
     "rewind_changes",
     "rewind_decision",
-    "reset_decision",
     "skipped_range",
 ]
 
 #: ``detail`` of a SKIPPED_BY_OPERATOR record begins with the range; the restart checks parse it.
 SKIPPED_DETAIL = "offsets [{start}, {end}) of {split} skipped by {operator}"
 SKIPPED_DETAIL_PATTERN = re.compile(r"^offsets \[(\d+), (\d+)\) of ")
+#: The place after a REWOUND record's change ends its detail: ``-> at P (where)`` or ``-> unknown (...)``.
+_REWOUND_AFTER = re.compile(r"-> (?:at (\d+) \([^()]*\)|(unknown) \([^()]*\))$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +85,9 @@ class OperatorChange:
     after: str
     undone: int | None = None
     skipped: int = 0
+    # a reset asked for this offset, outside the source's log: the position is clamped to the log
+    requested: int | None = None
+    clamped_to: str = ""  # "the log end" or "the log start", with ``requested``
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -85,6 +96,8 @@ class OperatorChange:
             "after": self.after,
             "undone": self.undone,
             "skipped": self.skipped,
+            "requested": self.requested,
+            "clamped_to": self.clamped_to,
         }
 
 
@@ -192,10 +205,13 @@ def reset_decision(
     operator: str,
     reason: str = "",
     configured_parallelism: int | None = None,
+    bounds: tuple[int, int] | None = None,
 ) -> tuple[EpochDecision, OperatorChange]:
     """The decision of setting ``split_id``'s position to ``position``, committed as checkpoint
-    ``epoch`` (rule 4), and the change it makes. InvalidParameterError for an unknown or finished
-    split, a negative position, a position past the split's end, or no change."""
+    ``epoch`` (rule 4), and the change it makes. ``bounds``: the source's log start and end now
+    (None: not known); a position outside them is clamped to them (the change's ``requested``
+    keeps what was asked). InvalidParameterError for an unknown or finished split, a negative
+    position, a position past the split's end, or no change."""
     _check_epoch(epoch, latest)
     places = split_places(latest)
     place = places.get(split_id)
@@ -215,20 +231,42 @@ def reset_decision(
         raise InvalidParameterError("position", position, "an offset >= 0")
     if split.end is not None and position > split.end:
         raise InvalidParameterError("position", position, f"an offset <= the split's end {split.end}")
+    requested, clamped_to = position, ""
+    if bounds is not None:
+        low, high = bounds
+        if position > high:
+            position, clamped_to = high, f"the log end {high}"
+        elif position < low:
+            position, clamped_to = low, f"the log start {low}"
     if position == split.position:
+        if clamped_to:
+            raise InvalidParameterError(
+                "position",
+                requested,
+                f"an offset within the split's log [{bounds[0] if bounds else 0}, "
+                f"{bounds[1] if bounds else ''}] other than its position now ({split.position}): "
+                f"{requested} is outside it, and {clamped_to} is where the split stands already",
+            )
         raise InvalidParameterError(
             "position", position, f"an offset other than the split's position now ({split.position})"
         )
     old = split.position
     who = f"by {operator}: {reason}" if reason else f"by {operator}"
+    asked = None if not clamped_to else requested
     if position > old:
         detail = SKIPPED_DETAIL.format(start=old, end=position, split=split_id, operator=who)
         decision = RecoveryDecision.SKIPPED_BY_OPERATOR
-        change = OperatorChange(split_id, place.describe(), f"at {position}", 0, position - old)
+        change = OperatorChange(
+            split_id, place.describe(), f"at {position}", 0, position - old, asked, clamped_to
+        )
     else:
         detail = f"offsets [{position}, {old}) of {split_id} read again, reset {who}"
         decision = RecoveryDecision.RESET_BY_OPERATOR
-        change = OperatorChange(split_id, place.describe(), f"at {position}", old - position, 0)
+        change = OperatorChange(
+            split_id, place.describe(), f"at {position}", old - position, 0, asked, clamped_to
+        )
+    if clamped_to:
+        detail += f" (offset {requested} asked for, clamped to {clamped_to})"
     checkpoint = _global(_with_position(latest, split_id, position), epoch)
     audit = (AuditRecord(split_id, place.owner, decision, latest.checkpoint_id, detail),)
     return (
@@ -242,6 +280,29 @@ def reset_decision(
         ),
         change,
     )
+
+
+def reset_action(decision: EpochDecision) -> dict[str, object] | None:
+    """What the sink commit of a reset's checkpoint does (rule 4), from its decision alone: delete
+    the split's records from its new position on (backward), or only record the epoch (forward,
+    ``forward`` true). None for a decision that is not a reset (a run's epoch, a rewind).
+
+    The one definition :func:`splitkeeper.app.incident.reset_offset` commits and ``recover --repair``
+    commits again for a reset checkpoint whose sink commit is missing."""
+    kinds = (RecoveryDecision.RESET_BY_OPERATOR, RecoveryDecision.SKIPPED_BY_OPERATOR)
+    resets = [a for a in decision.audit if a.decision in kinds]
+    if len(resets) != 1 or len(decision.audit) != 1:
+        return None
+    (record,) = resets
+    place = split_places(decision.checkpoint).get(record.split_id)
+    if place is None or place.position is None:
+        return None
+    return {
+        "kind": "reset",
+        "split": record.split_id,
+        "from": place.position,
+        "forward": record.decision is RecoveryDecision.SKIPPED_BY_OPERATOR,
+    }
 
 
 def _with_position(checkpoint: CompletedCheckpoint, split_id: str, position: int) -> CompletedCheckpoint:
@@ -262,6 +323,23 @@ def _with_position(checkpoint: CompletedCheckpoint, split_id: str, position: int
             assignments={r: move_all(s) for r, s in enum.assignments.items()},
         )
     return replace(checkpoint, regions=dict(regions), enumerator=enum)
+
+
+def read_again_from(record: AuditRecord) -> int | None:
+    """The offset from which an operator checkpoint reads ``record``'s split again: a backward reset's
+    new position (RESET_BY_OPERATOR), a rewind's position in its target (REWOUND; 0 for a split the
+    target did not know: it is discovered again). None for any other record, or a rewound split that
+    is finished in the target. A range skipped earlier (SKIPPED_BY_OPERATOR, SKIPPED_LOST_RANGE) from
+    that offset on is no longer a gap: the restart checks expect its offsets once again."""
+    if record.decision is RecoveryDecision.RESET_BY_OPERATOR:
+        match = SKIPPED_DETAIL_PATTERN.match(record.detail)
+        return None if match is None else int(match.group(1))
+    if record.decision is RecoveryDecision.REWOUND:
+        found = _REWOUND_AFTER.search(record.detail)
+        if found is None:
+            return None
+        return 0 if found.group(2) else int(found.group(1))
+    return None
 
 
 def skipped_range(record: AuditRecord) -> tuple[int, int] | None:

@@ -403,6 +403,10 @@ class SplitChangeKind(enum.Enum):
     CHANGED = "changed"  # the data up to the end is not what was discovered (rewritten, shrunk)
     MOVED = "moved"  # gone from its place; the same data is under ``moved_to`` (a moved file)
     IDENTIFIED = "identified"  # the same data (or no identity before, older state): ``identity`` is taken
+    # its place holds other data now and the old is gone (a Kafka topic deleted and re-created under
+    # the same name): the split ends where it stands and ``replacement`` is read from its start, under
+    # any policy (the old data cannot come back: there is nothing to wait for or to choose)
+    RECREATED = "recreated"
 
 
 @dataclass(frozen=True, slots=True)
@@ -414,7 +418,9 @@ class SplitChange:
     ``end``: GREW: the new end; CHANGED: where the data ends now (None: unknown).
     ``moved_to``: MOVED: the id the same data has now. ``replacement``: CHANGED: the
     split(s) the changed data is, at their start, with new ids (what ``new_version``
-    reads). ``detail``: what changed, in words, naming the file.
+    reads); RECREATED: the split(s) of the new data (none when its place holds no data
+    now, e.g. a re-created topic with fewer partitions). ``detail``: what changed, in
+    words, naming the file or topic.
     """
 
     split_id: str

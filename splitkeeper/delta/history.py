@@ -297,6 +297,19 @@ class StateHistory:
             seen.add(cid)
         return log.filter(pa.array(keep, pa.bool_())).sort_by("checkpoint_id")
 
+    def why_not_kept(self, checkpoint_id: int) -> str:
+        """Why ``checkpoint_id`` is not a kept checkpoint, for an error's words: removed by retention
+        (archived, or older than every kept one), naming the oldest retained; else never completed."""
+        kept = self.kept_ids()
+        archived = set(self.archived_checkpoints().column("checkpoint_id").to_pylist())
+        if checkpoint_id in archived or (kept and checkpoint_id < kept[0]):
+            oldest = f"the oldest checkpoint retained is {kept[0]}" if kept else "no checkpoint is retained"
+            return (
+                "was removed by retention (checkpoint.retain_checkpoints keeps the newest ones, and those "
+                f"a kept checkpoint refers to; {oldest})"
+            )
+        return "never completed (its epoch was aborted, or never ran)"
+
     def committed_attempts(self) -> dict[int, str]:
         """Checkpoint id -> the attempt whose rows count (rule 1): kept rows first, then archives."""
         pairs: dict[int, str] = {}

@@ -23,6 +23,14 @@ damaged it writes nothing):
    against its base, as the store wrote them), then read back. Audit rows of that
    attempt are written again from the decision when none are left. A checkpoint with no
    matching decision is a StateError (restore from a backup).
+4. *Offset resets the sink misses.* When the sink records an older epoch than the latest
+   checkpoint and EVERY checkpoint after it is an offset reset (``offsets reset``), each is
+   committed to the sink again from its decision, oldest first
+   (:func:`~splitkeeper.core.operator.reset_action`; :func:`repair_sink_resets`). A splitkeeper
+   before issue 36 (item 14) made no sink commit for a backward reset whose delete matched no
+   row (back to where a forward reset left the split), so every later open refused the
+   pipeline. A sink that misses any other commit is left alone (restore it from a backup, as
+   the open's error says).
 """
 
 from __future__ import annotations
@@ -32,7 +40,7 @@ import json
 import logging
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote
@@ -46,7 +54,7 @@ from splitkeeper.delta.schemas import spec
 from splitkeeper.delta.tables import REPAIRABLE, StateTables, guarded, open_table, sql_string
 from splitkeeper.errors import DamagedTableError, StateError
 
-__all__ = ["RepairReport", "repair_files", "repair_rows"]
+__all__ = ["RepairReport", "repair_files", "repair_rows", "repair_sink_resets"]
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +72,12 @@ class RepairReport:
     audit_rewritten: list[int] = field(default_factory=list)
     unchecked: list[int] = field(default_factory=list)  # a dry run cannot read them before the moves
     dry_run: bool = False
+    # offset-reset checkpoints whose sink commit was missing, now recorded in the sink (issue 36)
+    sink_recorded: list[int] = field(default_factory=list)
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.moved or self.rewritten or self.audit_rewritten or self.sink_recorded)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -71,6 +85,7 @@ class RepairReport:
             "rewritten": list(self.rewritten),
             "audit_rewritten": list(self.audit_rewritten),
             "unchecked": list(self.unchecked),
+            "sink_recorded": list(self.sink_recorded),
             "dry_run": self.dry_run,
         }
 
@@ -240,3 +255,44 @@ def _matching_or_none(store: Any, checkpoint_id: int, row: Mapping[str, Any]) ->
         return _decision_for_row(store, checkpoint_id, row)
     except StateError:
         return None
+
+
+def repair_sink_resets(
+    store: Any, sink: Any, report: RepairReport | None = None, writable: Callable[[], Any] | None = None
+) -> RepairReport:
+    """Step 4 of the contract: ``store`` a :class:`DeltaStateStore`, ``sink`` the pipeline's
+    :class:`~splitkeeper.delta.sink.DeltaSink` (read-only is enough to look), ``writable`` opens it
+    for writing (called only when there is a reset to commit, and not in a dry run; None: ``sink``
+    is writable). The checkpoints recorded go to ``report.sink_recorded``."""
+    from splitkeeper.core.operator import reset_action
+
+    report = report if report is not None else RepairReport()
+    recorded = sink.committed_epoch()
+    if recorded is None:
+        return report  # no commit of this pipeline at all: a lost sink, not a missing reset
+    plans: list[tuple[EpochDecision, dict[str, Any]]] = []
+    for entry in store.kept()[1]:
+        cid = entry.light.checkpoint_id
+        if cid <= recorded:
+            continue
+        row = store.tables.read("checkpoints", partitions=[("checkpoint_id", "=", cid)]).to_pylist()[0]
+        decision = _matching_or_none(store, cid, row)
+        action = None if decision is None else reset_action(decision)
+        if decision is None or action is None:
+            return report
+        plans.append((decision, action))
+    report.sink_recorded.extend(d.epoch for d, _a in plans)
+    if not plans or report.dry_run:
+        return report
+    sink = sink if writable is None else writable()
+    for decision, action in plans:
+        sink.operator_commit(
+            decision.epoch, action, expected=sink.committed_epoch(), attempt_id=decision.attempt_id
+        )
+        log.warning(
+            "sink %s: the offset reset of %s (checkpoint %s) was recorded (its sink commit was missing)",
+            sink.path,
+            action["split"],
+            decision.epoch,
+        )
+    return report

@@ -581,11 +581,16 @@ def _apply(
     elif action.get("kind") == "reset":
         split, start = sql_string(str(action["split"])), int(action["from"])
         predicate = f"split_id = {split} AND {_quoted(offset_column)} >= {start}"
+        before = table.version()
         guarded(table.table_uri, lambda: table.delete(predicate, commit_properties=properties))
-        return
+        if table.version() != before:
+            return
+        # delta-rs commits nothing for a delete that matches no row (a reset back to where a forward
+        # reset left the split): without the empty commit below the sink would not record the epoch,
+        # and every later open would find the checkpoint ahead of the sink (issue 36, item 14)
     else:
         raise StateError(f"unknown operator action {dict(action)!r} in the commit of table {table.table_uri}")
-    guarded(  # nothing to restore: record the epoch with an empty commit
+    guarded(  # nothing to restore or delete: record the epoch with an empty commit
         table.table_uri,
         lambda: table.create_write_transaction(
             [], mode="append", schema=_arrow_schema(table), commit_properties=properties

@@ -491,7 +491,9 @@ class SplitLife:
     record with a position). ``lost``: per split, the merged ``[start, end)`` ranges the
     pipeline skipped because the source no longer had them (SKIPPED_LOST_RANGE records,
     ``on_offset_out_of_range: skip``) or an operator skipped (``offsets reset`` forward,
-    SKIPPED_BY_OPERATOR records); the only gaps the sink may have.
+    SKIPPED_BY_OPERATOR records); the only gaps the sink may have. A later operator checkpoint
+    that reads the split again from an offset (a backward reset, a rewind:
+    :func:`~splitkeeper.core.operator.read_again_from`) ends the gaps recorded before it there.
     """
 
     starts: dict[str, int] = field(default_factory=dict)
@@ -519,13 +521,15 @@ def read_split_life(state_store: DeltaStateStore, checkpoint_id: int) -> SplitLi
     """
     import re
 
-    from splitkeeper.core.operator import skipped_range
+    from splitkeeper.core.operator import read_again_from, skipped_range
     from splitkeeper.core.source import LostRange
 
     decisions = (
         RecoveryDecision.DISCOVERED.value,
         RecoveryDecision.SKIPPED_LOST_RANGE.value,
         RecoveryDecision.SKIPPED_BY_OPERATOR.value,  # offsets reset forward (core.operator rule 4)
+        RecoveryDecision.RESET_BY_OPERATOR.value,  # backward: a gap from the new offset on is read again
+        RecoveryDecision.REWOUND.value,  # likewise from the split's place in the rewind's target
     )
     rows = state_store.history.committed_audit(checkpoint_id, decisions).to_pylist()
     at = re.compile(DISCOVERED_DETAIL_PATTERN)
@@ -540,6 +544,11 @@ def read_split_life(state_store: DeltaStateStore, checkpoint_id: int) -> SplitLi
                 starts[sid] = (order, int(match.group(1)))  # the latest discovery is this life's start
             continue
         record = AuditRecord(sid, None, decision, None, detail)
+        again = read_again_from(record)
+        if again is not None:  # rows are in commit order: only gaps recorded before it are undone
+            kept = [(a, min(b, again)) for a, b in lost.get(sid, []) if a < again]
+            lost[sid] = kept
+            continue
         gone = LostRange.from_audit(record)
         if gone is not None:
             lost.setdefault(sid, []).append((gone.start, gone.new_start))
@@ -548,7 +557,7 @@ def read_split_life(state_store: DeltaStateStore, checkpoint_id: int) -> SplitLi
             lost.setdefault(sid, []).append(skipped)
     return SplitLife(
         starts={sid: position for sid, (_order, position) in starts.items()},
-        lost={sid: merge_spans(ranges) for sid, ranges in lost.items()},
+        lost={sid: spans for sid, ranges in lost.items() if (spans := merge_spans(ranges))},
     )
 
 

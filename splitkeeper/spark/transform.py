@@ -39,13 +39,23 @@ A failure (``fn`` raising on the driver while it builds the plan, on an executor
 runs, or a broken contract) fails every acknowledged region of the epoch: the transform sees
 all their records together, so none of them can be committed without its output. The error
 starts with the function's name and holds the Python traceback of its code.
+
+The step has the region timeout (``checkpoint.region_timeout_s``, protocol rule 2.3) as its
+deadline, from its start: it runs in a thread of its own with a job group of its own; past the
+deadline the group is cancelled (its tasks killed: a UDF that hangs is stopped) and every
+acknowledged region of the epoch TIMES OUT, naming the function, so nothing of the epoch is
+committed and it is read again (a hang on every try ends the run with ``[RUN_STALLED]``). A
+driver-side ``fn`` that hangs outside any Spark job cannot be stopped: its thread is left
+behind and what it writes is never committed.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import shutil
+import threading
 import traceback
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
@@ -77,6 +87,10 @@ _RESULT = pa.schema(
         pa.field("error", pa.string()),
     ]
 )
+log = logging.getLogger("splitkeeper.spark.transform")
+#: How long a transform step past its deadline waits for its cancelled job to wind down.
+CANCEL_WAIT_S = 30.0
+
 #: The columns of the joined frame that are not the input's bookkeeping nor output data.
 _OUT_SPLIT, _OUT_OFFSET, _IN, _OUT = "__sk_out_split_id", "__sk_out_offset", "__sk_in", "__sk_out"
 _JVM_FRAME = re.compile(r"^\s*at [\w.$]+\(.*\)\s*$")
@@ -196,17 +210,34 @@ class SparkTransform:
 
     # -- per epoch ---------------------------------------------------------------------------
 
-    def apply(self, epoch: int, runs: Mapping[int, RegionRun]) -> dict[int, RegionRun]:
+    def apply(
+        self, epoch: int, runs: Mapping[int, RegionRun], timeout_s: float | None = None
+    ) -> dict[int, RegionRun]:
         """The epoch's region runs with every acknowledged region's output replaced by its share
         of the transform's output; on any failure every acknowledged region DECLINEs, naming the
-        function (a declined or timed-out region is returned as it is, and so is an idle one: the
-        driver acknowledged it without a task, it staged nothing)."""
+        function, and when the step does not end within ``timeout_s`` (the region timeout; None:
+        no deadline) its job is cancelled and every acknowledged region TIMES OUT (a declined or
+        timed-out region is returned as it is, and so is an idle one: the driver acknowledged it
+        without a task, it staged nothing)."""
         acks = {r: run for r, run in runs.items() if run.acknowledged and run.output is not None}
         out = dict(runs)
         if not acks:
             return out
         try:
-            written = self._run(epoch, acks)
+            written = self._run_within(epoch, acks, timeout_s)
+        except _StepTimedOut as late:
+            error = (
+                f"{self.spec}: did not finish within {late.timeout_s:g}s (checkpoint.region_timeout_s) "
+                f"in epoch {epoch}: its Spark job was cancelled. The spark transform sees the records "
+                f"of every region of the epoch together: all {len(acks)} acknowledged regions time out, "
+                "nothing of the epoch is committed, and it is read again. Make the function finish "
+                "(a UDF that waits on a service needs a timeout of its own), or raise "
+                "checkpoint.region_timeout_s"
+            )
+            log.warning("%s", error.split(". The spark transform")[0], extra={"epoch": epoch})
+            for r, run in acks.items():
+                out[r] = replace(run, outcome=RegionOutcome.TIMEOUT, error=error, output=None, records=0)
+            return out
         except SparkTransformError as err:
             error = err.message
         except Exception as err:  # noqa: BLE001 - an executor failure of the user's code, or Spark's
@@ -224,6 +255,36 @@ class SparkTransform:
         for r, run in acks.items():
             out[r] = replace(run, outcome=RegionOutcome.DECLINE, error=error, output=None, records=0)
         return out
+
+    def _run_within(
+        self, epoch: int, acks: Mapping[int, RegionRun], timeout_s: float | None
+    ) -> dict[int, tuple[str, int]]:
+        """:meth:`_run` in a thread of its own, in a job group of its own; past ``timeout_s`` the group
+        is cancelled (interrupting its tasks) and :class:`_StepTimedOut` raised once the thread ended
+        (at most :data:`CANCEL_WAIT_S` later: a driver-side hang is left behind)."""
+        if timeout_s is None:
+            return self._run(epoch, acks)
+        sc = self.spark.sparkContext
+        group = f"splitkeeper-transform-e{epoch}-{uuid.uuid4().hex[:8]}"
+        done: dict[str, Any] = {}
+
+        def step() -> None:
+            sc.setJobGroup(group, f"splitkeeper spark transform {self.spec}, epoch {epoch}", True)
+            try:
+                done["written"] = self._run(epoch, acks)
+            except BaseException as err:  # noqa: BLE001 - handed to the caller's thread
+                done["error"] = err
+
+        thread = threading.Thread(target=step, name=f"splitkeeper-transform-e{epoch}", daemon=True)
+        thread.start()
+        thread.join(timeout_s)
+        if thread.is_alive():
+            sc.cancelJobGroup(group)
+            thread.join(CANCEL_WAIT_S)
+            raise _StepTimedOut(timeout_s)
+        if "error" in done:
+            raise done["error"]
+        return dict(done["written"])
 
     def _run(self, epoch: int, acks: Mapping[int, RegionRun]) -> dict[int, tuple[str, int]]:
         from pyspark.sql import functions as F  # noqa: N812
@@ -325,6 +386,14 @@ class SparkTransform:
 _WRITER_OWN = frozenset(
     ("split_id", "offset", "next_offset", "epoch", "region", "ingested_at", *META_COLUMNS)
 )
+
+
+class _StepTimedOut(Exception):
+    """The transform step did not end within its deadline (its job group was cancelled)."""
+
+    def __init__(self, timeout_s: float) -> None:
+        super().__init__(f"no result within {timeout_s:g}s")
+        self.timeout_s = timeout_s
 
 
 def _result_struct() -> Any:

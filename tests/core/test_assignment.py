@@ -69,6 +69,8 @@ def test_topic_partition_parses_kafka_style_ids():
     assert topic_partition(Split("orders-12", "orders")) == ("orders", 12)
     assert topic_partition(Split("my-topic-3")) == ("my-topic", 3)
     assert topic_partition(Split("file.csv", "files")) == ("files", 0)
+    # a partition of a re-created topic (issue 36): the id's suffix names the topic's id, not the partition
+    assert topic_partition(Split("my-topic-3#v0123456789ab", "my-topic")) == ("my-topic", 3)
 
 
 def test_round_robin_deals_sorted_ids_from_the_least_loaded_reader():

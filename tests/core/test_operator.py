@@ -6,7 +6,14 @@ from __future__ import annotations
 import pytest
 
 from splitkeeper.core.lag import split_lags, split_places
-from splitkeeper.core.operator import reset_decision, rewind_changes, rewind_decision, skipped_range
+from splitkeeper.core.operator import (
+    read_again_from,
+    reset_action,
+    reset_decision,
+    rewind_changes,
+    rewind_decision,
+    skipped_range,
+)
 from splitkeeper.core.types import (
     CheckpointKind,
     CompletedCheckpoint,
@@ -114,6 +121,28 @@ def test_a_forward_reset_skips_an_audited_range_and_a_backward_one_reads_again()
     assert forward.checkpoint.kind is CheckpointKind.GLOBAL
 
 
+def test_a_reset_decision_gives_its_sink_action_and_where_the_split_is_read_again() -> None:
+    """Issue 36, item 14: the sink commit of a reset is derived from its decision alone (so ``recover
+    --repair`` can commit it again), and a backward reset or a rewind ends an earlier skipped gap."""
+    latest = _checkpoint(5, 40, 60)
+    forward, _change = reset_decision(latest, "a", 55, 6, attempt_id="x", operator="o", reason="poison")
+    assert reset_action(forward) == {"kind": "reset", "split": "a", "from": 55, "forward": True}
+    assert read_again_from(forward.audit[0]) is None  # a skip reads nothing again
+    back, _change = reset_decision(forward.checkpoint, "a", 40, 7, attempt_id="y", operator="o")
+    assert reset_action(back) == {"kind": "reset", "split": "a", "from": 40, "forward": False}
+    assert read_again_from(back.audit[0]) == 40
+    rewound = rewind_decision(
+        _checkpoint(5, 90, 60),
+        _checkpoint(2, 30, 60),
+        7,
+        attempt_id="x",
+        operator="o",
+        reason="x -> at 99 (y)",
+    )
+    assert reset_action(rewound) is None  # a rewind's sink commit needs the sink's versions
+    assert {a.split_id: read_again_from(a) for a in rewound.audit} == {"a": 30}
+
+
 @pytest.mark.parametrize(
     ("split", "position", "says"),
     [
@@ -128,3 +157,27 @@ def test_a_reset_refuses_what_it_cannot_do(split: str, position: int, says: str)
     latest = _checkpoint(5, 40, 60, finished=frozenset({"z"}))
     with pytest.raises(InvalidParameterError, match=says):
         reset_decision(latest, split, position, 6, attempt_id="x", operator="o")
+
+
+def test_a_reset_outside_the_sources_log_is_clamped_to_it_and_says_so() -> None:
+    """Issue 36, item 7: as kafka-consumer-groups --reset-offsets, an offset past the log end goes to
+    the end and one below the log start to the start; at the end already, the reset is refused."""
+    unbounded = CompletedCheckpoint(
+        5,
+        CheckpointKind.GLOBAL,
+        1,
+        {0: RegionState(0, (_split("k", 40, None),))},
+        EnumeratorSnapshot(5, 1, assignments={0: (_split("k", 40, None),)}),
+    )
+    ahead, change = reset_decision(unbounded, "k", 999_999, 6, attempt_id="x", operator="o", bounds=(10, 500))
+    assert split_places(ahead.checkpoint)["k"].position == 500 and change.skipped == 460
+    assert (change.requested, change.clamped_to) == (999_999, "the log end 500")
+    assert "(offset 999999 asked for, clamped to the log end 500)" in ahead.audit[0].detail
+    assert skipped_range(ahead.audit[0]) == (40, 500)
+    back, change = reset_decision(unbounded, "k", 0, 6, attempt_id="x", operator="o", bounds=(10, 500))
+    assert split_places(back.checkpoint)["k"].position == 10 and change.undone == 30
+    assert change.clamped_to == "the log start 10" and read_again_from(back.audit[0]) == 10
+    _inside, change = reset_decision(unbounded, "k", 20, 6, attempt_id="x", operator="o", bounds=(10, 500))
+    assert change.requested is None and change.clamped_to == ""
+    with pytest.raises(InvalidParameterError, match=r"999999 is outside it, and the log end 40 is where"):
+        reset_decision(unbounded, "k", 999_999, 6, attempt_id="x", operator="o", bounds=(0, 40))

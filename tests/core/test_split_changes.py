@@ -137,3 +137,29 @@ def test_an_unread_split_is_refreshed_whatever_the_policy() -> None:
     enum.apply_split_changes([change], SplitChangePolicy.FAIL)
     assert enum.split("bad") == now
     assert decisions(enum, "bad")[-1] is RecoveryDecision.REFRESHED
+
+
+@pytest.mark.parametrize("policy", list(SplitChangePolicy))
+def test_a_recreated_split_ends_keeping_its_identity_and_its_replacement_is_read_under_any_policy(
+    policy: SplitChangePolicy,
+) -> None:
+    """Issue 36, item 6: a Kafka topic deleted and re-created under the same name is new data; the old
+    data is gone, so no policy applies: the split ends where it stands (keeping its identity, so the
+    source tells its id from the new topic's) and the new partition is read from its start."""
+    old, new_identity = "kafka:AAAAAAAAAHsAAAAAAAAByA", "kafka:AAAAAAAAAcgAAAAAAAAAew"
+    _ctx, enum = running(Split("rc-0", "rc", 0, None, identity=old))
+    enum.update_positions([Split("rc-0", "rc", 100, None, identity=old)])
+    new = Split("rc-0#v0123456789ab", "rc", 0, None, backlog_end=150, identity=new_identity)
+    change = SplitChange(
+        "rc-0",
+        SplitChangeKind.RECREATED,
+        new_identity,
+        "topic 'rc' was deleted and re-created",
+        replacement=(new,),
+    )
+    assert enum.apply_split_changes([change], policy) == 1
+    assert "rc-0" in enum.finished_split_ids and enum.finished_identities == {"rc-0": old}
+    assert enum.split("rc-0#v0123456789ab") == new and enum.owner_of(new.split_id) == 0
+    (replaced,) = [r for r in enum.audit_for("rc-0") if r.decision is RecoveryDecision.REPLACED]
+    assert "ended at 100, new version: rc-0#v0123456789ab" in replaced.detail
+    assert [r.detail for r in enum.audit_for(new.split_id)][0] == "at 0"

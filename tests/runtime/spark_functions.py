@@ -72,3 +72,16 @@ def drifting(df: DataFrame) -> DataFrame:
     """Returns amount_cents as a string once there are records (a bigint for the empty frame)."""
     out = orders(df)
     return out if df.isEmpty() else out.withColumn("amount_cents", F.col("amount_cents").cast("string"))
+
+
+def _hang(amount: Any) -> Any:
+    import time
+
+    time.sleep(3600)
+    return amount
+
+
+def hanging(df: DataFrame) -> DataFrame:
+    """A UDF that never returns (it waits an hour on every record), as one waiting on a dead service."""
+    wait = F.udf(_hang, "decimal(10,2)")
+    return orders(df).withColumn("amount", wait(F.col("amount")))

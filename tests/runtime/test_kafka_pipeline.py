@@ -34,7 +34,7 @@ from splitkeeper.spark.sources.kafka import COMMIT_METADATA_KEY, KafkaSource, sp
 from splitkeeper_tools.kafka_broker import KafkaBroker
 
 from .helpers import sink_rows
-from .test_kafka_source import create_topic, produce, unique
+from .test_kafka_source import create_topic, produce, recreate_topic, unique
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka]
 
@@ -433,3 +433,86 @@ def test_binary_null_empty_text_and_random_values_reach_a_raw_sink_byte_exact(
     assert table.num_rows == len(got) == 300
     wrong = [k for k, v in produced.items() if got.get(k) != v]
     assert not wrong, f"{len(wrong)} records differ from what was produced, e.g. {wrong[:3]}"
+
+
+def test_a_topic_deleted_and_recreated_is_a_new_split_read_from_its_start(
+    spark: Any, kafka_broker: KafkaBroker, tmp_path: Path
+) -> None:
+    """Issue 36, item 6: the second run read the new topic's offsets 10-24 only (it went on from the
+    old topic's position 10). Now the split of the old topic ends where it stood and the new topic's
+    partition is a new split (its topic id in its identity) read from offset 0; audited, validated."""
+    bootstrap = kafka_broker.bootstrap_servers
+    topic = create_topic(bootstrap, 1, name=unique("rc"))
+    produce(bootstrap, topic, {0: [f"old-{i}" for i in range(10)]})
+    config = kafka_config(
+        tmp_path, bootstrap, epoch_records=100, parallelism=1, topics=[topic], group_id=unique("g")
+    )
+    first = Pipeline(config, spark)
+    try:
+        first.open()
+        run_until_caught_up(first, {split_id_of(topic, 0): 10})
+    finally:
+        first.close()
+    recreate_topic(bootstrap, topic, 1)
+    produce(bootstrap, topic, {0: [f"new-{i}" for i in range(15)]})
+
+    second = Pipeline(config, spark)  # a restore: the state's split has the old topic's id
+    try:
+        second.open()
+        reports = [second.run_epoch() for _ in range(2)]
+        audit = list(second.enumerator.audit)
+    finally:
+        second.close()
+    assert all(r.kind is CheckpointKind.GLOBAL for r in reports)
+    by_split = sink_offsets(spark, config)
+    old, (new,) = split_id_of(topic, 0), [s for s in by_split if s != split_id_of(topic, 0)]
+    assert new.startswith(f"{old}#v")
+    assert by_split == {
+        old: [(i, i + 1, f"old-{i}") for i in range(10)],
+        new: [(i, i + 1, f"new-{i}") for i in range(15)],
+    }
+    (replaced,) = [a for a in audit if a.decision is RecoveryDecision.REPLACED]
+    assert replaced.split_id == old and f"topic {topic!r} was deleted and re-created" in replaced.detail
+    assert f"as split {new}" in replaced.detail
+    latest = DeltaStateStore(config.state_path, config.name, None, read_only=True).latest_checkpoint()
+    assert latest is not None and latest.enumerator is not None
+    assert positions(latest) == {new: 15} and old in latest.enumerator.finished
+    # the group's offset names the split it belongs to, so a restore compares it with the new split
+    group = KafkaSource(bootstrap, topics=[topic], group_id=config.source.group_id).committed_positions()
+    assert group == {new: ExternalPosition(15, latest.checkpoint_id)}
+    services.validate(config, content=True)
+
+
+def test_an_offset_reset_past_the_log_end_is_clamped_to_it_and_nothing_produced_later_is_skipped(
+    spark: Any, kafka_broker: KafkaBroker, tmp_path: Path
+) -> None:
+    """Issue 36, item 7: ``--to offset:999999`` was accepted as it is ("999,499 offsets skipped"), the
+    split then waited at an offset no record reached and the next records were never read while
+    ``offsets`` showed lag 0. Now, as kafka-consumer-groups --reset-offsets does, the offset is clamped
+    to the log end (and refused when the split stands there already)."""
+    from splitkeeper.app import incident
+    from splitkeeper.errors import InvalidParameterError
+
+    from .helpers import run_pipeline
+
+    bootstrap = kafka_broker.bootstrap_servers
+    topic = create_topic(bootstrap, 1, name=unique("clamp"))
+    produce_numbered(bootstrap, topic, {0: 10})
+    config = kafka_config(tmp_path, bootstrap, epoch_records=100, parallelism=1, topics=[topic])
+    split = split_id_of(topic, 0)
+    run_pipeline(config, spark, until_caught_up=True)
+    with pytest.raises(InvalidParameterError, match=r"999999 is outside it, and the log end 10 is where"):
+        incident.reset_offset(config, split, "offset:999999", dry_run=True)
+
+    produce_numbered(bootstrap, topic, {0: 10}, first=10)  # end 20, the split at 10
+    result = incident.reset_offset(config, split, "offset:999999", reason="skip the rest")
+    assert result.applied and result.position_after == 20
+    assert result.change["skipped"] == 10 and result.change["requested"] == 999999
+    assert result.change["clamped_to"] == "the log end 20"
+    produce_numbered(bootstrap, topic, {0: 5}, first=20)
+    (listed,) = incident.offsets(config).splits
+    assert listed.position == 20
+    run_pipeline(config, spark, until_caught_up=True)
+    want = [(i, i + 1, value_of(topic, 0, i)) for i in (*range(10), *range(20, 25))]
+    assert sink_offsets(spark, config) == {split: want}  # nothing after the clamp is skipped
+    services.validate(config)

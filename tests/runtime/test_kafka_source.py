@@ -22,7 +22,13 @@ from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
 from splitkeeper.config.settings import OffsetOutOfRange, config_from_mapping
 from splitkeeper.core.enumerator import RecordingEnumeratorContext, enumerator_for
 from splitkeeper.core.external import DisagreementKind, reconcile_positions
-from splitkeeper.core.source import ExternalPosition, PlannedRange, RegionReader, SourceRecord
+from splitkeeper.core.source import (
+    ExternalPosition,
+    PlannedRange,
+    RegionReader,
+    SourceRecord,
+    SplitChangeKind,
+)
 from splitkeeper.core.types import Split
 from splitkeeper.errors import InvalidParameterError, SourceError
 from splitkeeper.spark.columnar import SupportsColumnarRead
@@ -57,6 +63,24 @@ def create_topic(bootstrap: str, partitions: int, name: str | None = None, **con
         future.result(timeout=30)
     wait_for_leaders(admin, topic, partitions)
     return topic
+
+
+def recreate_topic(bootstrap: str, topic: str, partitions: int) -> None:
+    """Delete ``topic`` and create it again under the same name (a new topic id, KIP-516)."""
+    from confluent_kafka import KafkaException
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for future in admin.delete_topics([topic]).values():
+        future.result(timeout=30)
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            create_topic(bootstrap, partitions, name=topic)
+            return
+        except KafkaException:  # still being deleted
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
 
 
 def wait_for_leaders(admin: AdminClient, topic: str, partitions: int) -> None:
@@ -783,3 +807,53 @@ def test_a_failure_in_one_partition_of_a_region_read_names_that_split(
     assert str(failed.value).startswith(f'[SPLIT_READ_FAILED] split "{aged.split_id}" at offset 3:')
     with pytest.raises(SourceError, match="planned twice in one read"):
         list(reader.read_ranges_columns([(ok, 0, 2), (ok, 2, 5)]))
+
+
+def test_topic_ids_identify_splits_and_a_recreated_topic_is_a_new_split_at_its_start(bootstrap: str) -> None:
+    """Issue 36, item 6, in the connector: each split carries its topic's id (KIP-516). A split without
+    one (state of an older splitkeeper) takes it (IDENTIFIED); after the topic is deleted and re-created
+    the old split is RECREATED, its replacement the new partition at its earliest offset, and discovery
+    names the partition by the replacement's id from then on."""
+    topic = create_topic(bootstrap, 1)
+    produce(bootstrap, topic, {0: messages(0, 4)})
+    source = KafkaSource(bootstrap, topics=[topic])
+    (split,) = source.discover_splits()
+    assert split.split_id == f"{topic}-0" and split.identity.startswith("kafka:") and len(split.identity) > 6
+    moved = dataclasses.replace(split, position=4)
+    assert source.check_splits([moved], {}) == []  # the same topic: nothing
+    (legacy,) = source.check_splits([dataclasses.replace(moved, identity="")], {})
+    assert (legacy.kind, legacy.identity) == (SplitChangeKind.IDENTIFIED, split.identity)
+
+    recreate_topic(bootstrap, topic, 1)
+    produce(bootstrap, topic, {0: messages(0, 6)})
+    (change,) = source.check_splits([moved], {})
+    (new,) = change.replacement
+    assert change.kind is SplitChangeKind.RECREATED and change.split_id == f"{topic}-0"
+    assert new.split_id == split_id_of(topic, 0, change.identity) and new.split_id.startswith(f"{topic}-0#v")
+    assert (new.position, new.backlog_end, new.identity) == (0, 6, change.identity) != split.identity
+    assert (
+        f"topic {topic!r} was deleted and re-created" in change.detail and "ends at offset 4" in change.detail
+    )
+    assert parse_split_id(new.split_id) == (topic, 0)
+    # once the enumerator ended the old split (finished, with its identity), discovery names the new one
+    source.check_splits([new], {split.split_id: split.identity})
+    assert source.discover_splits() == [new]
+    records = list(source.reader().read_range(new, 0, 6))
+    assert [r.value for r in records] == [m.encode() for m in messages(0, 6)]
+
+
+def test_a_topic_pattern_that_matches_nothing_is_a_warning_naming_it_and_the_topics_seen(
+    bootstrap: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 36: a ``topic_pattern`` matching nothing read nothing and said nothing (exit 0). Now one
+    warning per spell of no match names the pattern and the topics there; discovery stays empty."""
+    seen = create_topic(bootstrap, 1, name=unique("seen"))
+    prefix = unique("nomatch")
+    source = KafkaSource(bootstrap, topic_pattern=f"{prefix}-.*")
+    with caplog.at_level(logging.WARNING, logger="splitkeeper.sources.kafka"):
+        assert source.discover_splits() == [] and source.discover_splits() == []
+    (warning,) = [r.getMessage() for r in caplog.records if "matches no topic" in r.getMessage()]
+    assert f"source.topic_pattern '{prefix}-.*' matches no topic on Kafka at {bootstrap}" in warning
+    assert seen in warning  # the topics seen, so a typo shows
+    create_topic(bootstrap, 1, name=f"{prefix}-a")
+    assert [s.split_id for s in source.discover_splits()] == [f"{prefix}-a-0"]

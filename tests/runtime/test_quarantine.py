@@ -113,3 +113,32 @@ def test_a_split_with_an_unreadable_record_is_quarantined_and_released_after_a_f
 
     code, out, err = run_cli(["recover", "--config", str(config), "--release", "orders-1.jsonl"])
     assert code == 2 and "a quarantined split (quarantined now: none)" in err
+
+
+def test_a_run_that_ends_with_every_split_quarantined_fails_and_status_says_blocked(
+    spark: Any, tmp_path: Path
+) -> None:
+    """Issue 36: with its only split quarantined the run exited 0 saying "caught up" while it read
+    nothing. Now the run ends with ``[ALL_QUARANTINED]`` (exit 2: a failed Airflow task), what it
+    committed kept, and ``status`` says BLOCKED (exit 1) until the split is released."""
+    input_dir = tmp_path / "in"
+    input_dir.mkdir()
+    lines = [json.dumps({"user": f"u{i}", "amount": i}) for i in range(6)]
+    lines[3] = "{not json: a producer bug"
+    (input_dir / "only.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    mapping = pipeline_mapping(tmp_path, "parked", input_dir, parallelism=1, epoch_records=2)
+    mapping["transform"] = "splitkeeper.transforms:enrich_json"
+    mapping["decode"] = {"kind": "text"}
+    mapping["checkpoint"].update(on_split_failure="quarantine", quarantine_after=2)
+    config = write_config(tmp_path / "parked.yaml", mapping)
+
+    code, out, err = run_cli(["run", "--config", str(config), "--epochs", "8"])
+    assert code == 2 and out == "", out
+    assert "[ALL_QUARANTINED] pipeline 'parked': every split is quarantined (only.jsonl)" in err
+    assert "caught up" not in err
+    committed = sorted(r.offset for r in sink_rows(tmp_path / "sink"))
+    assert committed == [o for o, _n, _v in source_records(input_dir)["only.jsonl"][:2]]  # kept
+
+    code, out, err = run_cli(["status", "--config", str(config)])
+    assert code == 1, err
+    assert "BLOCKED: every split is quarantined (1)" in out and "recover --release" in out

@@ -292,3 +292,50 @@ def test_a_backward_offset_reset_killed_mid_way_is_either_not_done_or_done_and_t
     audit = _store(config).tables.read("audit").to_pylist()
     assert any(a["decision"] == "reset_by_operator" for a in audit) == deleted
     _check(config, spark)
+
+
+def test_a_forward_then_backward_reset_runs_on_and_a_pipeline_wedged_by_an_older_version_is_repaired(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 36, item 14. Back to where a forward reset left the split, the backward reset's delete
+    matches no row; its sink commit must record the epoch all the same, or every later open finds the
+    checkpoint ahead of the sink (``[STATE_ERROR] ... the sink lost those commits``) while ``status``
+    said healthy and ``recover --repair`` found nothing. Then a pipeline wedged so by an older
+    splitkeeper (its reset's sink commit stood in for by an ``operator_commit`` that writes nothing):
+    status names the problem and exits 1, the repair records the reset, and the run goes on exactly."""
+    config, input_dir = _pipeline(tmp_path, "fwd-back", epochs=2, spark=spark)
+    path = str(tmp_path / "pipeline.yaml")
+    live = [s for s in incident.offsets(config).splits if s.status != "finished"]
+    split = live[0]
+    lines = source_records(input_dir)[split.split_id]
+    ahead = next(o for o, _n, _v in lines if o > split.position)  # the next line start
+    assert incident.reset_offset(config, split.split_id, f"offset:{ahead}", reason="skip one").applied
+    back = incident.reset_offset(config, split.split_id, f"offset:{split.position}", reason="undo")
+    assert back.applied and back.rows_leaving["sink"] == 0
+    assert _sink(config).committed_epoch() == back.epoch == 4 == _store(config).checkpoint_ids()[-1]
+    assert not services.status(config).problems
+
+    # the same again, with the sink commit of the backward reset missing, as an older version left it
+    incident.reset_offset(config, split.split_id, f"offset:{ahead}", reason="skip one")
+    with monkeypatch.context() as patched:
+        patched.setattr(DeltaSink, "operator_commit", lambda *_a, **_k: None)
+        incident.reset_offset(config, split.split_id, f"offset:{split.position}", reason="undo")
+    assert _sink(config).committed_epoch() == 5 and _store(config).checkpoint_ids()[-1] == 6
+    code, out, err = run_cli(["status", "--config", path])
+    assert code == 1, err
+    assert "BLOCKED: [STATE_ERROR]" in out and "the sink records epoch 5 as its last commit" in out
+    assert "recover --repair" in out
+    code, out, err = run_cli(["run", "--config", path])
+    assert code == 2 and "the state's latest checkpoint is 6" in err
+    code, out, err = run_cli(["recover", "--config", path, "--repair", "--dry-run"])
+    assert code == 0 and "checkpoint 6: the offset reset would be recorded in the sink" in out, out + err
+    assert _sink(config).committed_epoch() == 5
+    code, out, err = run_cli(["recover", "--config", path, "--repair"])
+    assert code == 0 and "checkpoint 6: the offset reset was recorded in the sink" in out, out + err
+    assert _sink(config).committed_epoch() == 6
+    code, out, err = run_cli(["status", "--config", path, "--json"])
+    assert code == 0 and json.loads(out)["problems"] == [], out + err
+
+    run_pipeline(config, spark)
+    assert_sink_equals_source(spark, config.sink_path, input_dir)  # nothing skipped in the end
+    _check(config, spark)

@@ -316,3 +316,37 @@ def test_killed_around_the_sink_commit_of_a_transformed_epoch_recovers_exactly(
         assert Decimal(order["amount"]) < spark_functions.MIN_AMOUNT or order["order_no"] in {
             r["order_no"] for r in rows
         }
+
+
+def test_a_hanging_transform_is_cancelled_at_the_region_timeout_and_its_epoch_commits_nothing(
+    spark: Any, tmp_path: Path
+) -> None:
+    """Issue 36, item 17: a UDF sleeping 3,600 s ran past ``region_timeout_s: 15`` until SIGTERM. The
+    transform step now has the region timeout as its deadline: its job is cancelled, every region of
+    the epoch times out naming the function, nothing is committed, and a fixed function then commits
+    everything."""
+    import time
+
+    oracle = _write_orders(tmp_path / "in")
+    config, mapping = _config(tmp_path, "spark-hanging", "hanging")
+    mapping["checkpoint"]["region_timeout_s"] = 8
+    config = config_from_mapping(mapping)
+    with leased_pipeline(config, spark, metrics=False) as pipeline:
+        pipeline.open()
+        began = time.monotonic()
+        report = pipeline.run_epoch()
+        took = time.monotonic() - began
+    assert report.outcomes and set(report.outcomes.values()) == {RegionOutcome.TIMEOUT}
+    assert report.committed_records == 0 and not _exists(config.sink_path) or not _sink(config)
+    for error in report.region_errors.values():
+        assert error.startswith(f"{FUNCTIONS}:hanging: did not finish within 8s") and "cancelled" in error
+    assert took < 60, f"the epoch took {took:.0f}s"
+
+    mapping["transform"] = {"kind": "spark", "function": f"{FUNCTIONS}:orders"}
+    fixed = config_from_mapping(mapping)
+    assert run_pipeline(fixed, spark).finished  # the session is fine: the hung tasks are gone
+    rows = _sink(fixed)
+    got = Counter(
+        (r["order_no"], r["id"], r["kind"], r["amount"], r["amount_cents"], r["kind_name"]) for r in rows
+    )
+    assert got == _expected(oracle)

@@ -284,3 +284,31 @@ def test_history_does_not_grow_what_restore_reads_after_compaction(tmp_path):
     )
     assert len(checkpoint_files) == 1  # restore prunes to the one partition
     assert pc.max(DeltaTable(f"{root}/checkpoints").to_pyarrow_table().column("checkpoint_id")).as_py() == 12
+
+
+def test_a_rewind_to_a_checkpoint_retention_removed_says_so_naming_the_oldest_retained(tmp_path):
+    """Issue 36: with an older checkpoint still kept (pinned), a rewind to one retention removed after
+    it said "never completed". Now: removed by retention, the oldest retained named; an aborted epoch
+    is the one that never completed."""
+    from splitkeeper.app import incident
+    from splitkeeper.config.settings import config_from_mapping
+    from tests.report.states import incident_state
+
+    store = incident_state(tmp_path, checkpoints=8, regional_at=4, aborted_at=6, pipeline="orders")
+    store.retain(2, pinned=[2])
+    assert store.checkpoint_ids() == [1, 2, 7, 8]  # 1: the base of 2's enumerator delta
+    config = config_from_mapping(
+        {
+            "name": "orders",
+            "source": {"kind": "kafka", "bootstrap_servers": "127.0.0.1:1", "topics": ["orders"]},
+            "state": {"path": str(tmp_path / "state")},
+            "sink": {"path": str(tmp_path / "sink")},
+        }
+    )
+    with pytest.raises(CheckpointError) as err:
+        incident.rewind(config, 4, dry_run=True)
+    assert "checkpoint 4 was removed by retention" in str(err.value)
+    assert "the oldest checkpoint retained is 1" in str(err.value)
+    assert "checkpoints that can be restored: [1, 2, 7]" in str(err.value)
+    with pytest.raises(CheckpointError, match="checkpoint 6 never completed"):
+        incident.rewind(config, 6, dry_run=True)

@@ -8,6 +8,17 @@ expression matched against whole topic names (internal ``__*`` topics never
 match). Discovery runs every epoch, so partitions and topics created while the
 pipeline runs are picked up.
 
+Topic ids (KIP-516). A split's ``identity`` is its topic's id (``kafka:<topic id>``), so a
+topic deleted and re-created under the same name is new data, not the old log going on
+(protocol rule 1.9). Before each discovery :meth:`KafkaSource.check_splits` compares every
+known split's identity with its topic's id now: a split without one (state written before
+topic ids were recorded) takes the id it has now and goes on as before (IDENTIFIED); a
+different id is RECREATED: the split ends where it stands and the new topic's partition is
+a new split, ``<topic>-<partition>#v<12 hex of its identity>``, read from its earliest
+offset. Discovery names a partition by its plain id unless a known split of another topic
+id holds that id. A broker without topic ids (all zero) gives no identity: splits behave as
+before topic ids.
+
 Start positions. The splits of the *initial* discovery (the first one of a
 pipeline that has no checkpoint yet) start where ``source.starting`` says:
 ``earliest`` (log start offset), ``latest`` (end offset), ``timestamp:<ms>``
@@ -60,6 +71,7 @@ true lag; they are read back only to report disagreements on restore.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import re
@@ -81,8 +93,11 @@ from splitkeeper.core.source import (
     RetentionCheck,
     SourceConnector,
     SourceRecord,
+    SplitChange,
+    SplitChangeKind,
     SupportsInitialDiscovery,
     SupportsRetentionCheck,
+    SupportsSplitIdentityCheck,
     SupportsSplitReassignmentOnRecovery,
 )
 from splitkeeper.core.types import Split
@@ -100,6 +115,7 @@ __all__ = [
     "SupportsRetentionCheck",
     "parse_split_id",
     "split_id_of",
+    "topic_identity",
 ]
 
 try:
@@ -111,6 +127,7 @@ try:
         IsolationLevel,
         KafkaError,
         KafkaException,
+        TopicCollection,
         TopicPartition,
     )
     from confluent_kafka.admin import AdminClient, OffsetSpec
@@ -149,7 +166,10 @@ _TRANSIENT_CODES = frozenset(
         KafkaError._UNKNOWN_PARTITION,
     }
 )
-_SPLIT_ID = re.compile(r"^(.+)-(\d+)$")
+_SPLIT_ID = re.compile(r"^(.+)-(\d+)(#v[0-9a-f]{12})?$")
+#: The identity of a split of a topic with this id (KIP-516): ``kafka:<topic id>``.
+_IDENTITY_PREFIX = "kafka:"
+_NO_TOPIC_ID = "AAAAAAAAAAAAAAAAAAAAAA"  # the all-zero Uuid: a broker without topic ids
 _META_TYPES = tuple(STAGED_FILE_SCHEMA.field(name).type for name in META_COLUMNS)
 _TIMESTAMP_MS = pa.timestamp("ms", tz="UTC")
 _EMPTY_COLUMNS = RangeColumns(pa.array([], pa.int64()), pa.array([], pa.int64()), pa.array([], pa.binary()))
@@ -168,9 +188,12 @@ _UNREACHABLE_CODES = frozenset(
 )
 
 
-def split_id_of(topic: str, partition: int) -> str:
-    """The split id of a topic-partition: ``<topic>-<partition>``."""
-    return f"{topic}-{partition}"
+def split_id_of(topic: str, partition: int, identity: str = "") -> str:
+    """The split id of a topic-partition: ``<topic>-<partition>``; with ``identity`` (a re-created
+    topic's partition, whose plain id a split of the old topic holds) ``<topic>-<partition>#v<12 hex>``."""
+    if not identity:
+        return f"{topic}-{partition}"
+    return f"{topic}-{partition}#v{hashlib.sha256(identity.encode()).hexdigest()[:12]}"
 
 
 def parse_split_id(split_id: str) -> tuple[str, int]:
@@ -182,6 +205,13 @@ def parse_split_id(split_id: str) -> tuple[str, int]:
             split_id=split_id,
         )
     return match.group(1), int(match.group(2))
+
+
+def topic_identity(topic_id: object) -> str:
+    """A split's identity from its topic's id (``TopicDescription.topic_id``): ``kafka:<id>``;
+    "" for none (a broker without topic ids answers the all-zero id)."""
+    text = "" if topic_id is None else str(topic_id)
+    return "" if not text or text == _NO_TOPIC_ID else _IDENTITY_PREFIX + text
 
 
 def _is_internal(topic: str) -> bool:
@@ -597,8 +627,10 @@ class KafkaSource(
     SupportsInitialDiscovery,
     ExternallyCheckpointedSource,
     SupportsRetentionCheck,
+    SupportsSplitIdentityCheck,
 ):
-    """Driver side of the Kafka source (see the module doc for splits, positions and retention).
+    """Driver side of the Kafka source (see the module doc for splits, topic ids, positions and
+    retention).
 
     Created once per driver run (:meth:`from_config`) and used from the driver
     thread only; holds an admin client and, with a ``group_id``, a consumer for
@@ -668,6 +700,10 @@ class KafkaSource(
         self._group_consumer: Any = None
         self._cluster_id: str | None = None
         self._known: dict[str, Split] = {}  # split id -> the split as first discovered
+        # split id -> identity of every split the enumerator knows, live and finished (check_splits)
+        self._taken: dict[str, str] = {}
+        self._no_topic_ids = False  # the broker answered without topic ids: logged once
+        self._warned_no_match = False  # topic_pattern matched nothing, and that was logged
         self._ends: dict[str, int] | None = None  # end offsets of this discovery round
         self._initial_done = False
         self._unready: set[str] = set()  # topics with partitions that had no leader at the last metadata call
@@ -842,7 +878,20 @@ class KafkaSource(
 
     def _resolve_topics(self, existing: Mapping[str, tuple[int, ...]]) -> list[str]:
         if self._pattern is not None:
-            return sorted(t for t in existing if self._pattern.fullmatch(t))
+            matched = sorted(t for t in existing if self._pattern.fullmatch(t))
+            if not matched and not self._warned_no_match:
+                shown = sorted(existing)
+                listing = ", ".join(shown[:50]) + (f" ... ({len(shown)} topics)" if len(shown) > 50 else "")
+                log.warning(
+                    "source.topic_pattern %r matches no topic on Kafka at %s (a whole topic name must "
+                    "match; internal __ topics never do): nothing is read until a topic matches. Topics "
+                    "there: %s",
+                    self._topic_pattern,
+                    self._bootstrap,
+                    listing or "(none)",
+                )
+            self._warned_no_match = not matched  # said once until a topic matched again
+            return matched
         missing = [t for t in self._topics if t not in existing]
         if missing:
             shown = sorted(existing)
@@ -869,7 +918,10 @@ class KafkaSource(
         pending = dict(specs)
         deadline = time.monotonic() + self._timeout_s
         while pending:
-            request = {TopicPartition(*parse_split_id(sid)): spec for sid, spec in pending.items()}
+            asked: dict[tuple[str, int], list[str]] = {}  # one request per partition, for every id of it
+            for sid in pending:
+                asked.setdefault(parse_split_id(sid), []).append(sid)
+            request = {TopicPartition(*tp): pending[sids[0]] for tp, sids in asked.items()}
             failed: dict[str, KafkaError] = {}
             try:
                 futures = self._admin_client().list_offsets(
@@ -878,14 +930,15 @@ class KafkaSource(
                     request_timeout=self._attempt_s(deadline),
                 )
                 for tp, future in futures.items():
-                    sid = split_id_of(tp.topic, tp.partition)
+                    sids = asked[(tp.topic, tp.partition)]
                     try:
-                        out[sid] = int(future.result().offset)
+                        offset = int(future.result().offset)
+                        out.update(dict.fromkeys(sids, offset))
                     except KafkaException as err:
                         kerr = _kafka_error(err)
                         if kerr is None or not _transient(kerr):
                             raise
-                        failed[sid] = kerr
+                        failed.update(dict.fromkeys(sids, kerr))
             except KafkaException as err:
                 kerr = _kafka_error(err)
                 if self._retry_unreachable(err, deadline):
@@ -952,16 +1005,137 @@ class KafkaSource(
                 break
             time.sleep(0.1)  # the initial discovery waits for partitions that are still being created
         self._ends = None
-        for sid in [s for s, split in self._known.items() if split.subscription not in existing]:
-            del self._known[sid]  # topic deleted: a re-created topic of that name is a new split
-        current = [split_id_of(t, p) for t in topics for p in existing[t]]
+        identities = self._identities(topics)
+        for sid in [
+            s
+            for s, split in self._known.items()
+            if split.subscription not in existing
+            or (split.identity and identities.get(split.subscription, split.identity) != split.identity)
+        ]:
+            del self._known[sid]  # topic deleted (and maybe re-created): its splits are not the old ones
+        current = [self._split_id(t, p, identities.get(t, "")) for t in topics for p in existing[t]]
         new = [sid for sid in current if sid not in self._known]
         if new:
-            self._add_new_splits(new)
+            self._add_new_splits(new, identities)
         self._initial_done = True
         return [self._known[sid] for sid in current if sid in self._known]
 
-    def _add_new_splits(self, new: list[str]) -> None:
+    def _split_id(self, topic: str, partition: int, identity: str) -> str:
+        """The id of ``topic``'s ``partition`` whose topic has ``identity`` now: the plain id, unless a
+        split the enumerator knows (:meth:`check_splits`) holds it with another identity (a split of
+        the topic before it was deleted and re-created): then the id with ``identity``'s suffix."""
+        plain = split_id_of(topic, partition)
+        held = self._taken.get(plain)
+        if held is None or not held or not identity or held == identity:
+            return plain
+        return split_id_of(topic, partition, identity)
+
+    def _identities(self, topics: Sequence[str]) -> dict[str, str]:
+        """Topic -> the identity of its splits now (its topic id, KIP-516), one DescribeTopics request
+        for all. "" for a topic whose id cannot be had (a broker without topic ids, a describe that
+        fails): its splits then behave as before topic ids. A topic gone meanwhile is left out."""
+        if not topics:
+            return {}
+        deadline = time.monotonic() + self._timeout_s
+        out: dict[str, str] = {}
+        results: dict[str, Any] = {}
+        while True:
+            try:
+                futures = self._admin_client().describe_topics(
+                    TopicCollection(list(topics)), request_timeout=self._attempt_s(deadline)
+                )
+                results = {}
+                for topic, future in futures.items():
+                    try:
+                        results[topic] = future.result()
+                    except KafkaException as err:
+                        kerr = _kafka_error(err)
+                        if kerr is not None and kerr.code() in _UNREACHABLE_CODES:
+                            raise
+                        if kerr is None or kerr.code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
+                            log.info("topic %s: no topic id now (%s)", topic, err)
+                            out[topic] = ""
+                break
+            except KafkaException as err:
+                if self._retry_unreachable(err, deadline):
+                    continue
+                kerr = _kafka_error(err)
+                if kerr is not None and kerr.code() in _UNREACHABLE_CODES:
+                    raise _unreachable(self._bootstrap, self._timeout_s, err, self._client_error) from err
+                log.info("Kafka at %s did not describe %s (%s): no topic ids", self._bootstrap, topics, err)
+                return dict.fromkeys(topics, "")
+        out.update({topic: topic_identity(found.topic_id) for topic, found in results.items()})
+        if out and not any(out.values()) and not self._no_topic_ids:
+            self._no_topic_ids = True
+            log.warning(
+                "Kafka at %s gives no topic ids (KIP-516, Kafka 2.8+): a topic deleted and re-created "
+                "under the same name cannot be told from the old one",
+                self._bootstrap,
+            )
+        return out
+
+    def check_splits(self, live: Sequence[Split], finished: Mapping[str, str]) -> list[SplitChange]:
+        """The known splits whose topic has another id now (deleted and re-created: RECREATED, with
+        the new topic's partition as the replacement, at its earliest offset), or had none recorded
+        (IDENTIFIED), in id order; see the module doc. Learns every known id with its identity, so
+        that :meth:`discover_splits` names a re-created topic's partitions apart from the old ones.
+        Finished splits (a Kafka split finishes only when its topic was re-created) change nothing."""
+        self._taken = {**dict(finished), **{s.split_id: s.identity for s in live}}
+        by_topic: dict[str, list[Split]] = {}
+        for split in live:
+            topic, _partition = parse_split_id(split.split_id)
+            by_topic.setdefault(topic, []).append(split)
+        if not by_topic:
+            return []
+        existing = self._metadata()
+        identities = self._identities(sorted(t for t in by_topic if t in existing))
+        changes: list[SplitChange] = []
+        recreated: list[tuple[Split, str, str]] = []  # (old split, identity now, the new split's id)
+        for topic, splits in by_topic.items():
+            now = identities.get(topic)
+            if not now:
+                continue  # gone, not described this round, or no topic ids: nothing to compare
+            for split in splits:
+                if not split.identity:
+                    changes.append(SplitChange(split.split_id, SplitChangeKind.IDENTIFIED, now, ""))
+                    self._taken[split.split_id] = now
+                elif split.identity != now:
+                    _topic, partition = parse_split_id(split.split_id)
+                    new_id = split_id_of(topic, partition, now)
+                    recreated.append((split, now, new_id if partition in existing[topic] else ""))
+        # the new partitions that answer now are the replacements; one still being created is found by
+        # a later discovery under the same id, at its earliest offset (the old split ends now all the same)
+        wanted = [new_id for _s, _now, new_id in recreated if new_id]
+        starts = self._list_offsets(dict.fromkeys(wanted, OffsetSpec.earliest()), "earliest", partial=True)
+        ends = self._list_offsets(dict.fromkeys(wanted, OffsetSpec.latest()), "end", partial=True)
+        for split, now, new_id in recreated:
+            topic, partition = parse_split_id(split.split_id)
+            replacement: tuple[Split, ...] = ()
+            then = f"its partition {partition} is read from its start as split {new_id}"
+            if new_id in starts and new_id in ends:
+                start, end = starts[new_id], ends[new_id]
+                fresh = Split(
+                    new_id, topic, position=start, backlog_end=end if end > start else None, identity=now
+                )
+                self._known[new_id] = fresh
+                replacement = (fresh,)
+            elif not new_id:
+                then = f"it has no partition {partition} now"
+            changes.append(
+                SplitChange(
+                    split.split_id,
+                    SplitChangeKind.RECREATED,
+                    now,
+                    f"topic {topic!r} was deleted and re-created (topic id {_topic_id(split.identity)} -> "
+                    f"{_topic_id(now)}): split {split.split_id} ends at offset {split.position} (the old "
+                    f"topic's records from there on, if any, were deleted with it); {then}",
+                    start=replacement[0].position if replacement else 0,
+                    replacement=replacement,
+                )
+            )
+        return sorted(changes, key=lambda c: c.split_id)
+
+    def _add_new_splits(self, new: list[str], identities: Mapping[str, str]) -> None:
         # The initial discovery waits (up to timeout_s) for every partition; later rounds take the
         # partitions that answer and leave the others (still being created) to the next round.
         partial = self._initial_done
@@ -997,7 +1171,11 @@ class KafkaSource(
             topic, _partition = parse_split_id(sid)
             start, end = starts[sid], ends[sid]
             self._known[sid] = Split(
-                sid, subscription=topic, position=start, backlog_end=end if end > start else None
+                sid,
+                subscription=topic,
+                position=start,
+                backlog_end=end if end > start else None,
+                identity=identities.get(topic, ""),
             )
 
     def _group_offsets(self, split_ids: Sequence[str]) -> dict[str, int]:
@@ -1040,6 +1218,13 @@ class KafkaSource(
         if kind == "timestamp" and found < 0:
             return self._list_offsets({split.split_id: OffsetSpec.latest()}, "end")[split.split_id]
         return found
+
+    def offset_bounds(self, split: Split) -> tuple[int, int]:
+        """The partition's log start offset and end (last stable offset) now: where ``offsets reset``
+        clamps an offset outside them, as ``kafka-consumer-groups --reset-offsets`` does."""
+        start = self._list_offsets({split.split_id: OffsetSpec.earliest()}, "earliest")[split.split_id]
+        end = self._list_offsets({split.split_id: OffsetSpec.latest()}, "end")[split.split_id]
+        return start, end
 
     # -- retention --------------------------------------------------------------------------
 
@@ -1105,9 +1290,8 @@ class KafkaSource(
         """
         if not positions or self._group_id is None:
             return
-        metadata = json.dumps({COMMIT_METADATA_KEY: checkpoint_id}, separators=(",", ":"))
         offsets = [
-            TopicPartition(*parse_split_id(sid), int(pos), metadata=metadata)
+            TopicPartition(*parse_split_id(sid), int(pos), metadata=_commit_metadata(checkpoint_id, sid))
             for sid, pos in sorted(positions.items())
         ]
         newer = self._newer_commits(checkpoint_id, offsets)
@@ -1195,7 +1379,7 @@ class KafkaSource(
         for tp in listed:
             if tp.error is not None or tp.offset == OFFSET_INVALID or tp.offset < 0:
                 continue
-            sid = split_id_of(tp.topic, tp.partition)
+            sid = _split_of_commit(tp.metadata) or split_id_of(tp.topic, tp.partition)
             checkpoint_id = _checkpoint_tag(tp.metadata)
             if checkpoint_id is None:
                 untagged.append(sid)
@@ -1211,6 +1395,30 @@ class KafkaSource(
                 fresh,
             )
         return dict(sorted(out.items()))
+
+
+#: Key of the offset-commit metadata that names the split when it is not the plain id (a partition of
+#: a re-created topic): the group's offset is then compared with that split on restore.
+_COMMIT_SPLIT_KEY = "splitkeeper_split"
+
+
+def _commit_metadata(checkpoint_id: int, split_id: str) -> str:
+    tag: dict[str, object] = {COMMIT_METADATA_KEY: checkpoint_id}
+    if split_id != split_id_of(*parse_split_id(split_id)):
+        tag[_COMMIT_SPLIT_KEY] = split_id
+    return json.dumps(tag, separators=(",", ":"))
+
+
+def _split_of_commit(metadata: str | None) -> str | None:
+    try:
+        value = json.loads(metadata or "{}").get(_COMMIT_SPLIT_KEY)
+    except (ValueError, AttributeError):
+        return None
+    return value if isinstance(value, str) and value else None
+
+
+def _topic_id(identity: str) -> str:
+    return identity.removeprefix(_IDENTITY_PREFIX) or "none"
 
 
 def _checkpoint_tag(metadata: str | None) -> int | None:
