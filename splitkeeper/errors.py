@@ -8,6 +8,7 @@ it. This module imports nothing outside the standard library.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 
@@ -45,9 +46,103 @@ class InvalidParameterError(SplitkeeperError, ValueError):
 
 
 class ConfigError(SplitkeeperError):
-    """A pipeline configuration file is malformed or names an invalid value."""
+    """A pipeline configuration file is malformed or names an invalid value.
+
+    Every config error is built here, so this is where a secret is kept out of it
+    (:func:`redact_config_message`): whoever raises one passes ``key`` and ``value`` and may write
+    the value into the message; the message, ``params`` and ``args`` never carry it when the key
+    names a secret (:func:`is_secret_key`) or the value looks like one (:func:`looks_secret`), and
+    any ``<secret word>=...`` or ``scheme://user:password@`` left in the text is masked.
+    """
 
     code = "CONFIG_ERROR"
+
+    def __init__(self, message: str, **params: Any) -> None:
+        message, params = redact_config_message(message, params)
+        super().__init__(message, **params)
+
+
+# --------------------------------------------------------------------------- secrets
+
+#: What a secret is shown as.
+REDACTED = "***"
+#: Words that make a setting's value a secret (librdkafka, Spark, object store and OAuth names),
+#: wherever the setting appears: its value is never printed, logged or returned.
+SECRET_KEY_WORDS = (
+    "password",
+    "passwd",
+    "secret",
+    "token",
+    "jaas",
+    "credential",
+    "private",
+    "oauthbearer",
+    "ssl.key",
+    "keystore",
+    ".pem",
+    "apikey",
+    "api.key",
+    "api_key",
+    "access.key",
+    "access_key",
+    "session.key",
+)
+_SECRET_ASSIGNMENT = re.compile(
+    r"(?i)([\w.-]*(?:secret|password|passwd|pwd|token|credential|api[_.-]?key)[\w.-]*['\"]?\s*[=:]\s*['\"]?)"
+    r"((?![<*])[^'\"\s,;&}\]]+)"  # not what is shown already: '***', '<not shown>'
+)
+_URL_PASSWORD = re.compile(r"(?i)([a-z][a-z0-9+.-]*://[^/\s@:'\"]+:)([^/\s@'\"]+)(@)")
+
+
+def is_secret_key(key: str) -> bool:
+    """Whether a setting named ``key`` holds a secret (``sasl.password``, ``sasl.oauthbearer.config``,
+    ``ssl.key.pem``, ``source.client.sasl.oauthbearer.client.secret`` ...)."""
+    lowered = str(key).lower()
+    return any(word in lowered for word in SECRET_KEY_WORDS)
+
+
+def looks_secret(value: Any) -> bool:
+    """Whether ``value`` (any type; containers by their text) carries a secret whatever its key:
+    a ``clientSecret=...`` or ``password: ...`` inside it, a URL with a password, or a mapping key
+    that names one."""
+    text = value if isinstance(value, str) else repr(value)
+    if _SECRET_ASSIGNMENT.search(text) or _URL_PASSWORD.search(text):
+        return True
+    return isinstance(value, dict) and any(is_secret_key(k) for k in value)
+
+
+def redact_text(text: str) -> str:
+    """``text`` with the value of every ``<secret word>=value`` (or ``: value``) and the password of
+    every ``scheme://user:password@`` replaced by :data:`REDACTED`."""
+    text = _SECRET_ASSIGNMENT.sub(lambda m: m.group(1) + REDACTED, text)
+    return _URL_PASSWORD.sub(lambda m: m.group(1) + REDACTED + m.group(3), text)
+
+
+def hide_value(text: str, value: str, shown: str = REDACTED) -> str:
+    """``text`` with every occurrence of ``value`` (as written, and as its ``repr``) replaced by
+    ``shown``; a short value only where it stands alone (not inside a longer word or number)."""
+    if not value:
+        return text
+    for form in dict.fromkeys((repr(value), value)):
+        if len(form) >= 8:
+            text = text.replace(form, shown)
+        else:
+            text = re.sub(rf"(?<![\w.]){re.escape(form)}(?![\w])", lambda _m: shown, text)
+    return text
+
+
+def redact_config_message(message: str, params: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The message and parameters of a config error with no secret in them (:class:`ConfigError`)."""
+    value = params.get("value")
+    secret = is_secret_key(str(params.get("key", ""))) or looks_secret(value)
+    if value is not None and value != REDACTED and secret:
+        if isinstance(value, str):
+            message = hide_value(message, value)
+        else:
+            message = message.replace(f"={value!r}", f"={REDACTED}")
+            message = hide_value(message, repr(value))
+        params = {**params, "value": REDACTED}
+    return redact_text(message), params
 
 
 class ProtocolError(SplitkeeperError):

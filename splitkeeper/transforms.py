@@ -4,7 +4,8 @@ A transform is a module-level function ``(value: str) -> str`` applied to every
 record on the executor, inside the region task (:mod:`splitkeeper.spark.task`),
 that its module marks as one with :func:`transform` (``from splitkeeper import
 transform``; ``@transform``) or :func:`vectorized`. A config may name no other
-callable: ``transform: os:system`` would run every record as a shell command.
+callable: ``transform: os:system`` would run every record as a shell command (the one
+rule for every callable a config names: :mod:`splitkeeper.callables`).
 Contract:
 
 - **one record in, one record out**: it may not drop or split records (the sink
@@ -56,28 +57,20 @@ record: it raises even then.
 
 from __future__ import annotations
 
-import importlib
 import json
-import pickle
 import zlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
 
 import pyarrow as pa
 
-from splitkeeper.errors import ConfigError, SplitkeeperError
+from splitkeeper.callables import Role, is_marked, mark, resolve_callable, spark_transform
+from splitkeeper.errors import SplitkeeperError
 
 if TYPE_CHECKING:  # pragma: no cover
     from splitkeeper.records.decode import BadRecords
 
 Transform = Callable[[str], str]
-
-_ALLOWED = (
-    "'module:function' naming a module-level function marked @transform, (value: str) -> str (or "
-    "@vectorized, pa.Array -> pa.Array, or @batch_transform, pa.RecordBatch -> pa.RecordBatch), importable "
-    "on the executors"
-)
-_MARK = "__splitkeeper_transform__"
 
 
 class TransformError(SplitkeeperError):
@@ -96,8 +89,7 @@ def transform(function: F) -> F:
     pickles by module and name: an executor that unpickles it imports the module and gets
     the marked function. Use on module-level ``def``s only (module doc).
     """
-    setattr(function, _MARK, True)
-    return function
+    return mark(function, Role.TRANSFORM)
 
 
 def vectorized(function: F) -> F:
@@ -121,7 +113,7 @@ def is_batch(transform: Callable[..., Any]) -> bool:
 
 def is_transform(candidate: Any) -> bool:
     """Whether ``candidate`` was marked with :func:`transform` or :func:`vectorized`."""
-    return getattr(candidate, _MARK, False) is True
+    return is_marked(candidate, Role.TRANSFORM)
 
 
 def is_vectorized(transform: Callable[..., Any]) -> bool:
@@ -129,9 +121,11 @@ def is_vectorized(transform: Callable[..., Any]) -> bool:
     return getattr(transform, "vectorized", False) is True
 
 
+@spark_transform
 @vectorized
 def identity(value: Any) -> Any:
-    """The default transform: the records as read (a column in, the same column out)."""
+    """The default transform: the records as read (a column in, the same column out; as a Spark
+    transform, the epoch's DataFrame as it is)."""
     return value
 
 
@@ -172,6 +166,7 @@ def add_amount_cents(batch: pa.RecordBatch) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays([*batch.columns, cents], names=[*batch.schema.names, "amount_cents"])
 
 
+@spark_transform
 def amount_cents(df: Any) -> Any:
     """Sample PySpark transform (``transform: {kind: spark, function:
     splitkeeper.transforms:amount_cents}``): adds ``amount_cents BIGINT``, the ``amount`` column in
@@ -184,50 +179,13 @@ def resolve_transform(spec: str) -> Transform:
     """Import the function named by ``'module:function'`` (attribute paths allowed after ':').
 
     Called at config load (so a wrong name fails at submission) and on the
-    driver before an epoch. Raises :class:`ConfigError` (key ``transform``)
+    driver before an epoch. Raises :class:`~splitkeeper.errors.ConfigError` (key ``transform``)
     when the module or function is missing, not callable, not marked with
-    :func:`transform` (or :func:`vectorized`), or not picklable by reference.
-    May be called any number of times (modules are cached).
+    :func:`transform` (or :func:`vectorized`, :func:`batch_transform`), or not picklable by
+    reference: the one rule of :func:`splitkeeper.callables.resolve_callable`. May be called any
+    number of times (modules are cached).
     """
-    function: Transform = resolve_callable(spec, "transform")
-    if not is_transform(function):
-        raise _error(
-            spec,
-            f"{spec} is not marked as a transform; if it is your transform, decorate it in its module "
-            "with @transform (from splitkeeper import transform)",
-        )
-    return function
-
-
-def resolve_callable(spec: str, key: str) -> Callable[..., Any]:
-    """The module-level function named by ``'module:function'``; ConfigError naming ``key`` if not."""
-    module_name, sep, attr_path = spec.partition(":")
-    if not sep or not module_name or not attr_path:
-        raise _error(spec, "the spec has no ':' between module and function", key)
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as err:
-        raise _error(
-            spec,
-            f"module {module_name!r} cannot be imported ({err}); install it or add it to PYTHONPATH "
-            "on the driver and the executors",
-            key,
-        ) from err
-    target: Any = module
-    for part in attr_path.split("."):
-        try:
-            target = getattr(target, part)
-        except AttributeError as err:
-            raise _error(spec, f"module {module_name!r} has no attribute {attr_path!r}", key) from err
-    if not callable(target):
-        raise _error(spec, f"{attr_path!r} is a {type(target).__name__}, not a function", key)
-    try:
-        same = pickle.loads(pickle.dumps(target)) is target
-    except Exception as err:  # noqa: BLE001 - any pickling failure means "not by reference"
-        raise _error(spec, f"it cannot be pickled by reference ({err}); use a module-level def", key) from err
-    if not same:
-        raise _error(spec, "it does not pickle by reference; use a module-level def", key)
-    function: Callable[..., Any] = target
+    function: Transform = resolve_callable(spec, "transform", Role.TRANSFORM)
     return function
 
 
@@ -329,12 +287,6 @@ def apply_transform(transform: Transform, value: str, split_id: str, offset: int
 
 def _name(transform: Transform) -> str:
     return f"{getattr(transform, '__module__', '?')}:{getattr(transform, '__qualname__', repr(transform))}"
-
-
-def _error(spec: str, why: str, key: str = "transform") -> ConfigError:
-    return ConfigError(
-        f"{key}={spec!r} is not allowed: {_ALLOWED}; {why}", key=key, value=spec, allowed=_ALLOWED
-    )
 
 
 @overload

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from splitkeeper.commands.common import load
+from splitkeeper.commands.common import load_to_read
 
 
 def _config_argument(parser: argparse.ArgumentParser) -> None:
@@ -48,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidParameterError("--config", None, "the pipeline configuration file (YAML or TOML)")
     if args.action == "reset":
         result = incident.reset_offset(
-            load(args), args.split, args.to, dry_run=args.dry_run, reason=args.reason
+            load_to_read(args), args.split, args.to, dry_run=args.dry_run, reason=args.reason
         )
         if args.json:
             print(json.dumps(result.to_dict()))
@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"  {table}: {rows:,} rows leave (read again by the next run)")
         print("dry run: nothing was written" if result.dry_run else f"by {result.operator}")
         return 0
-    listed = incident.offsets(load(args))
+    listed = incident.offsets(load_to_read(args))
     if args.json:
         print(json.dumps(listed.to_dict()))
         return 0

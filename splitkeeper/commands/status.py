@@ -7,7 +7,7 @@ import json
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from splitkeeper.commands.common import add_config_argument, load
+from splitkeeper.commands.common import add_config_argument, load_to_read
 
 if TYPE_CHECKING:  # pragma: no cover
     from splitkeeper.app.results import SplitLine
@@ -31,9 +31,9 @@ def run(args: argparse.Namespace) -> int:
     from splitkeeper.app import services
 
     if args.metrics:
-        print(services.metrics_text(load(args)), end="")
+        print(services.metrics_text(load_to_read(args)), end="")
         return 0
-    result = services.status(load(args), last=args.last)
+    result = services.status(load_to_read(args), last=args.last)
     blocked = 1 if result.problems else 0  # a run cannot proceed (or reads nothing): not healthy
     if args.json:
         print(json.dumps(result.to_dict(), default=str))

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from splitkeeper.commands.common import add_config_argument, load
+from splitkeeper.commands.common import add_config_argument, load_to_read
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -21,7 +21,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from splitkeeper.app import services
 
-    result = services.stop(load(args))
+    result = services.stop(load_to_read(args))
     if args.json:
         print(json.dumps(result.to_dict()))
         return 0

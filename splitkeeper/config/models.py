@@ -13,14 +13,17 @@ Contract:
    :data:`splitkeeper.config.limits.MAX_PARALLELISM`.
 3. Every rule that spans keys (the options of the other source kind, topics xor
    topic_pattern, the ``weighted`` section only with ``strategy: weighted``, an importable
-   ``notifications.on_failure`` and ``transform``, the staging location, the placement of
-   source, state, sink and staging) lives in one validator, :meth:`PipelineFile._cross_keys`,
+   ``notifications.on_failure`` and ``transform`` (marked for their place:
+   :mod:`splitkeeper.callables`), the Kafka client settings (librdkafka's own check), the staging
+   location, the placement of source, state, sink, staging, dead-letter and change tables) lives
+   in one validator, :meth:`PipelineFile._cross_keys`,
    which runs once the shape is valid and resolves the locations against the validation
    context's ``base`` directory (:attr:`PipelineFile.resolved`).
 4. :func:`validate_shape` turns the first pydantic error into a
    :class:`~splitkeeper.errors.ConfigError` in the house format: the dotted key, the value
    given, what is allowed, and for an unknown key the allowed keys of its section and the
-   closest one ("did you mean"). Values of ``source.client`` are never shown.
+   closest one ("did you mean"). Values of ``source.client`` are never shown, and no
+   ConfigError shows a secret whatever its key (:class:`~splitkeeper.errors.ConfigError`).
 5. A ``null`` value counts as not given (the default applies; a required key is missing), but
    for ``airflow.schedule``, where null means the ingest DAG is triggered only.
 6. :func:`json_schema` is the JSON Schema (draft 2020-12) of the file, what
@@ -59,6 +62,7 @@ from pydantic import (
 )
 from pydantic.fields import FieldInfo
 
+from splitkeeper.callables import Role, resolve_callable
 from splitkeeper.config.limits import (
     MAX_CONCURRENT_REGIONS,
     MAX_PARALLELISM,
@@ -72,8 +76,8 @@ from splitkeeper.core.checkpoint import CheckpointConfig, check_full_snapshot_ev
 from splitkeeper.core.driver import check_abort_limit, check_quarantine_after, check_retain_checkpoints
 from splitkeeper.core.rescale import Redistribution
 from splitkeeper.core.types import SplitChangePolicy, SplitFailurePolicy
-from splitkeeper.errors import ConfigError, InvalidParameterError
-from splitkeeper.transforms import is_batch, resolve_callable, resolve_transform
+from splitkeeper.errors import REDACTED, ConfigError, InvalidParameterError, is_secret_key
+from splitkeeper.transforms import is_batch, resolve_transform
 
 #: The assignment strategies of the protocol core (protocol rule 1.6), by config name.
 STRATEGY_NAMES: tuple[str, ...] = tuple(sorted(STRATEGIES))
@@ -187,18 +191,22 @@ class StartingMode(enum.Enum):
     GROUP = "group"
 
 
-#: librdkafka settings splitkeeper sets itself (from other keys); ``source.client`` may not set them.
+#: librdkafka settings splitkeeper sets itself (from other keys, or always: its readers read
+#: committed records only); ``source.client`` may not set them, in any spelling of their case.
 KAFKA_MANAGED_CLIENT_KEYS = frozenset(
-    {"bootstrap.servers", "group.id", "enable.auto.commit", "enable.auto.offset.store", "logger"}
+    {
+        "bootstrap.servers",
+        "group.id",
+        "enable.auto.commit",
+        "enable.auto.offset.store",
+        "isolation.level",
+        "auto.offset.reset",
+        "enable.partition.eof",
+        "logger",
+    }
 )
-_SECRET_WORDS = ("password", "secret", "token", "jaas", "credential", "private", ".pem", "key.pem")
-REDACTED = "***"
-
-
-def is_secret_key(key: str) -> bool:
-    """Whether a client setting holds a secret (its value is never printed, logged or returned)."""
-    lowered = key.lower()
-    return any(word in lowered for word in _SECRET_WORDS)
+#: Where librdkafka lists its settings (the version splitkeeper's client library bundles is in the message).
+LIBRDKAFKA_SETTINGS_URL = "https://github.com/confluentinc/librdkafka/blob/v{version}/CONFIGURATION.md"
 
 
 # --------------------------------------------------------------------------- sections
@@ -567,6 +575,37 @@ class MetricsSection(_Section):
     )
 
 
+#: The keys of the sections a run may override (:data:`OVERRIDABLE`) that name where data goes or
+#: what code runs, and why: a run's overrides (the ingest DAG's ``pipeline`` Param, ``run
+#: --pipeline-json``, ``run_epochs(pipeline=...)``) may set them only where the pipeline file lists
+#: them under ``overrides.allow``. Every other key of those sections is a number or a choice.
+GUARDED_OVERRIDES: dict[str, str] = {
+    "metrics.otlp_endpoint": "it names the host the metrics are sent to",
+    "notifications.on_failure": "it names the code a failed task runs",
+}
+
+
+def _guarded(key: str) -> str:
+    if key not in GUARDED_OVERRIDES:
+        raise ValueError(
+            f"{_one_of(list(GUARDED_OVERRIDES))} (a run may set every other key of "
+            f"{', '.join(OVERRIDABLE)} without it; no other section at all)"
+        )
+    return key
+
+
+class OverridesSection(_Section):
+    """``overrides``: what a run's overrides may set beyond the tuning values (numbers and choices)."""
+
+    allow: list[Annotated[str, AfterValidator(_guarded)]] = Field(
+        default_factory=list,
+        description="keys a run's overrides may set although they name a host or code: any of "
+        + ", ".join(GUARDED_OVERRIDES)
+        + " (default none: only this file sets them)",
+        json_schema_extra={"items": {"enum": list(GUARDED_OVERRIDES)}},
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class Resolved:
     """What :meth:`PipelineFile._cross_keys` derived from the file: absolute locations (URIs as
@@ -640,6 +679,7 @@ class PipelineFile(_Section):
     maintenance: MaintenanceSection = MaintenanceSection.model_validate({})
     metrics: MetricsSection = MetricsSection.model_validate({})
     airflow: AirflowSection = AirflowSection.model_validate({})
+    overrides: OverridesSection = OverridesSection.model_validate({})
 
     _resolved: Resolved | None = PrivateAttr(None)
 
@@ -657,19 +697,32 @@ class PipelineFile(_Section):
         at = _Where(
             str(context.get("where") or "pipeline config"),
             Path(context.get("base") or os.getcwd()).expanduser().resolve(),
+            imports=context.get("imports", True) is not False,
         )
         source_path, servers, client = _check_source(self.source, at)
         _check_weighted(self, at)
         on_failure = self.notifications.on_failure
-        if on_failure is not None:
+        if on_failure is not None and at.imports:
             try:
-                resolve_callable(on_failure, "notifications.on_failure")
+                resolve_callable(on_failure, "notifications.on_failure", Role.NOTIFICATION)
             except ConfigError as err:
                 raise ConfigError(f"{err.message} ({at.where})", **err.params) from err.__cause__
         state_path, sink_path, staging_path = _check_locations(self, source_path, at)
         _check_transform(self, at)
         decode, dead_letter_path = _check_records(self, sink_path, at)
         changes_path = _check_upsert(self, decode, sink_path, dead_letter_path, at)
+        _check_placement(
+            _places(source_path, state_path, sink_path, staging_path)
+            + [
+                (k, p)
+                for k, p in (
+                    ("errors.dead_letter.path", dead_letter_path),
+                    ("sink.changes_path", changes_path),
+                )
+                if p
+            ],
+            at,
+        )
         self._resolved = Resolved(
             source_path,
             state_path,
@@ -707,9 +760,11 @@ def _check_transform(file: PipelineFile, at: _Where) -> None:
     it on an empty frame, when the pipeline opens)."""
     spec = file.transform_function
     key = "transform" if isinstance(file.transform, str) else "transform.function"
+    if not at.imports:
+        return  # a read-only command (status, offsets): the transform is never called
     try:
         if file.transform_kind is TransformKind.SPARK:
-            resolve_callable(spec, key)
+            resolve_callable(spec, key, Role.SPARK_TRANSFORM)
             return
         function = resolve_transform(spec)
     except ConfigError as err:
@@ -764,22 +819,36 @@ def _check_source(sec: SourceSection, at: _Where) -> tuple[str | None, str | Non
     return None, servers, _client_settings(sec.client, at)
 
 
+_MANAGED_HINTS = {
+    "bootstrap.servers": "use source.bootstrap_servers / source.group_id instead",
+    "group.id": "use source.bootstrap_servers / source.group_id instead",
+    "isolation.level": "splitkeeper reads committed records only (read_committed): an aborted "
+    "transaction's records are never ingested",
+    "auto.offset.reset": "a reader never lets the client skip offsets: source.on_offset_out_of_range "
+    "decides what happens to offsets retention removed",
+    "enable.partition.eof": "the readers need the partition-end events to end a range",
+    "logger": "splitkeeper routes the client's log to its own",
+}
+
+
 def _client_settings(raw: Mapping[str, Any], at: _Where) -> _ClientItems:
-    """``source.client``: a mapping of librdkafka setting -> string, number or boolean."""
+    """``source.client``: a mapping of librdkafka setting -> string, number or boolean; none that
+    splitkeeper sets itself (:data:`KAFKA_MANAGED_CLIENT_KEYS`, whatever the case of the name), and,
+    where the file's imports are checked, only settings librdkafka knows with values it takes."""
     items: list[tuple[str, str]] = []
     for key, value in raw.items():
         dotted = f"source.client.{key}"
         shown = REDACTED if is_secret_key(str(key)) else value
         if not key.strip():
             raise at.invalid("source.client", key, "setting names that are non-empty strings")
-        if key in KAFKA_MANAGED_CLIENT_KEYS:
+        if key.lower() in KAFKA_MANAGED_CLIENT_KEYS:
             raise at.invalid(
                 dotted,
                 shown,
                 "a setting splitkeeper does not set itself",
-                "use source.bootstrap_servers / source.group_id instead"
-                if key in ("bootstrap.servers", "group.id")
-                else "splitkeeper commits offsets only when a checkpoint completes",
+                _MANAGED_HINTS.get(
+                    key.lower(), "splitkeeper commits offsets only when a checkpoint completes"
+                ),
             )
         if isinstance(value, bool):
             text = "true" if value else "false"
@@ -788,7 +857,90 @@ def _client_settings(raw: Mapping[str, Any], at: _Where) -> _ClientItems:
         else:
             raise at.invalid(dotted, shown, "a string, number or boolean", f"got {type_name(value)}")
         items.append((key, text))
+    if items and at.imports:
+        _check_librdkafka(items, at)
     return tuple(sorted(items))
+
+
+def _check_librdkafka(items: list[tuple[str, str]], at: _Where) -> None:
+    """librdkafka's own check of the settings, without connecting: a consumer configured with them
+    (and no bootstrap servers) is created and closed at once. ConfigError names the setting it
+    refuses (an unknown name, names being case-sensitive, or a value it does not take) and where
+    its settings are listed. What fails once the settings are taken (a CA file or SASL plugin the
+    machine loading the file lacks: the scheduler parsing the DAGs is not the worker) is left to the
+    client's first use there. Skipped where the Kafka client library is not installed (the run then
+    fails on the missing ``kafka`` extra)."""
+    import logging
+
+    try:
+        from confluent_kafka import Consumer, KafkaException, libversion
+    except ImportError:
+        return
+    quiet = logging.getLogger("splitkeeper.config.librdkafka")  # the check's own warnings go nowhere
+    if not quiet.handlers:
+        quiet.propagate = False
+        quiet.addHandler(logging.NullHandler())
+
+    def refusal(settings: Mapping[str, str]) -> str | None:
+        try:
+            Consumer({"group.id": "splitkeeper-config-check", **settings, "logger": quiet}).close()
+        except KafkaException as err:
+            return str(err.args[0].str() if err.args and hasattr(err.args[0], "str") else err)
+        except (TypeError, ValueError) as err:
+            return str(err)
+        return None
+
+    reason = refusal(dict(items))
+    if reason is None or not _SETTING_REFUSED.match(reason):
+        return  # the settings parse; what failed is the client's environment (a CA file, a SASL plugin)
+    named = re.search(r'property "([^"]+)"|property: "([^"]+)"', reason)
+    name = next((g for g in named.groups() if g), "") if named else ""
+    key = next((k for k, _ in items if k == name), None)
+    where = LIBRDKAFKA_SETTINGS_URL.format(version=libversion()[0])
+    listed = f"librdkafka's settings (and the values each takes) are listed at {where}"
+    if key is None:  # a message naming no setting of the file: say what librdkafka said
+        raise at.invalid("source.client", "<not shown>", listed, f"librdkafka refuses them: {reason}")
+    value = dict(items)[key]
+    if reason.startswith("No such configuration property"):
+        lower = key.lower()
+        if lower != key and not (refusal({lower: value}) or "").startswith("No such configuration property"):
+            close = f"did you mean {lower!r}?"
+        else:
+            close = did_you_mean(lower, _COMMON_CLIENT_KEYS)
+        hint = "no such librdkafka setting (names are case-sensitive)" + (f"; {close}" if close else "")
+        raise at.invalid(f"source.client.{key}", REDACTED if is_secret_key(key) else value, listed, hint)
+    raise at.invalid(
+        f"source.client.{key}",
+        REDACTED if is_secret_key(key) else value,
+        listed,
+        "librdkafka refuses it" + ("" if is_secret_key(key) else f": {reason}"),
+    )
+
+
+#: librdkafka's refusals of a setting itself (its name or value), as opposed to a client that cannot
+#: start where the file is loaded ("Failed to create consumer: ssl.ca.location failed ...").
+_SETTING_REFUSED = re.compile(r"^(No such configuration property|Invalid value|.*for configuration property)")
+
+#: Client settings a pipeline typically sets (for "did you mean" on an unknown one).
+_COMMON_CLIENT_KEYS = [
+    "security.protocol",
+    "sasl.mechanism",
+    "sasl.mechanisms",
+    "sasl.username",
+    "sasl.password",
+    "sasl.oauthbearer.config",
+    "ssl.ca.location",
+    "ssl.certificate.location",
+    "ssl.key.location",
+    "ssl.key.password",
+    "ssl.endpoint.identification.algorithm",
+    "client.id",
+    "fetch.max.bytes",
+    "max.partition.fetch.bytes",
+    "socket.keepalive.enable",
+    "socket.timeout.ms",
+    "session.timeout.ms",
+]
 
 
 def _bootstrap_servers(raw: str | list[str] | None, at: _Where, connection: str | None = None) -> str:
@@ -927,10 +1079,13 @@ def _check_locations(file: PipelineFile, source_path: str | None, at: _Where) ->
             "a local directory the driver and every executor share (region tasks "
             "write staged files with local file I/O)",
         )
-    places = [("source.path", source_path)] if source_path is not None else []
-    places += [("state.path", state_path), ("sink.path", sink_path), ("staging.path", staging_path)]
-    _check_placement(places, at)
+    _check_placement(_places(source_path, state_path, sink_path, staging_path), at)
     return state_path, sink_path, staging_path
+
+
+def _places(source: str | None, state: str, sink: str, staging: str) -> list[tuple[str, str]]:
+    places = [("source.path", source)] if source is not None else []
+    return places + [("state.path", state), ("sink.path", sink), ("staging.path", staging)]
 
 
 def _join(base: str, child: str) -> str:
@@ -943,13 +1098,15 @@ _APART = {
     "state.path": "the state folder holds splitkeeper's own tables",
     "sink.path": "VACUUM on the sink would delete it",
     "staging.path": "staged files are removed after every epoch",
+    "errors.dead_letter.path": "it is the dead-letter Delta table, whose upkeep removes what it does not own",
+    "sink.changes_path": "it is the change Delta table, whose upkeep removes what it does not own",
 }
 
 
 def _check_placement(places: list[tuple[str, str]], at: _Where) -> None:
-    """The source, state, sink and staging locations (resolved: absolute, ``~`` expanded,
-    symlinks followed) may not be one another or lie inside one another; the one exception
-    is staging inside state (the default ``<state>/_staging``). A local path and a URI never
+    """The source, state, sink, staging, dead-letter and change table locations (resolved: absolute,
+    ``~`` expanded, symlinks followed) may not be one another or lie inside one another; the one
+    exception is staging inside state (the default ``<state>/_staging``). A local path and a URI never
     overlap; ``s3a://`` and ``s3n://`` are ``s3://``. ConfigError names the inner (or later) key."""
     for i, (key, path) in enumerate(places):
         for j, (other_key, other) in enumerate(places):
@@ -985,6 +1142,7 @@ class _Where:
 
     where: str
     base: Path
+    imports: bool = True  # import what the file names (transform, notification, Kafka client library)
 
     def invalid(self, dotted: str, value: Any, allowed: str, hint: str = "") -> ConfigError:
         message = f"{dotted}={value!r} is not allowed: {allowed}"
@@ -1011,7 +1169,8 @@ class _Where:
 
 
 #: The sections a run may override (the ingest DAG's ``pipeline`` Param): tuning only, never
-#: what identifies the pipeline or its data (name, source, state, sink, parallelism, strategy).
+#: what identifies the pipeline or its data (name, source, state, sink, parallelism, strategy);
+#: their keys that name a host or code only where the file allows it (:data:`GUARDED_OVERRIDES`).
 OVERRIDABLE: tuple[str, ...] = ("checkpoint", "backlog", "lease", "notifications", "metrics")
 
 
@@ -1046,12 +1205,13 @@ def overrides_json_schema() -> dict[str, Any]:
 
 
 def validate_shape(
-    data: Mapping[str, Any], where: str, base: str | os.PathLike[str] | None = None
+    data: Mapping[str, Any], where: str, base: str | os.PathLike[str] | None = None, *, imports: bool = True
 ) -> PipelineFile:
     """``data`` as a :class:`PipelineFile`, its locations resolved against ``base`` (default: the
-    working directory); the first mistake raises ConfigError (contracts 3 and 4)."""
+    working directory); the first mistake raises ConfigError (contracts 3 and 4). ``imports=False``:
+    the callables and Kafka client settings are not imported to be checked (a read-only command)."""
     try:
-        return PipelineFile.model_validate(data, context={"where": where, "base": base})
+        return PipelineFile.model_validate(data, context={"where": where, "base": base, "imports": imports})
     except ValidationError as err:
         errors = err.errors()
         first = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])

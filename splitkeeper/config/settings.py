@@ -42,11 +42,14 @@ Shape of a file (YAML)::
     sink: {path: ./sink}
     staging: {path: ./state/_staging}   # default <state>/_staging
     transform: splitkeeper.transforms:identity
+    overrides: {allow: [metrics.otlp_endpoint]}   # what a run's overrides may set beyond tuning values
 
-``${NAME}`` inside any string value is replaced by the environment variable ``NAME``
+``${NAME}`` inside any string value of the file is replaced by the environment variable ``NAME``
 (e.g. ``bootstrap_servers: ${SPLITKEEPER_KAFKA_BOOTSTRAP_SERVERS}``, what the local
 cluster's env file exports); an unset variable is a mistake naming the key; ``$${``
-stands for a literal ``${``. Values from the environment are never shown in messages.
+stands for a literal ``${``. Values from the environment are never shown in messages (an error
+shows the ``${NAME}`` instead). A run's overrides and the Airflow connections' values are data:
+never expanded (:func:`apply_overrides`).
 
 A config is refused before anything expands it (``${NAME}``, YAML aliases, validation)
 when it repeats a key in a mapping, nests deeper than :data:`MAX_DEPTH` or holds more than
@@ -65,19 +68,21 @@ states no default and no range of its own), and the protocol core's settings,
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import functools
 import json
 import os
 import re
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
 from splitkeeper.config.models import (
     DEFAULT_SCHEDULE,
+    GUARDED_OVERRIDES,
     IDENTITY_TRANSFORM,
     KAFKA_MANAGED_CLIENT_KEYS,
     OVERRIDABLE,
@@ -101,11 +106,12 @@ from splitkeeper.core.checkpoint import CheckpointConfig
 from splitkeeper.core.driver import DriverSettings
 from splitkeeper.core.rescale import Redistribution
 from splitkeeper.core.types import SplitChangePolicy, SplitFailurePolicy
-from splitkeeper.errors import ConfigError
+from splitkeeper.errors import ConfigError, hide_value
 from splitkeeper.records.spec import DecodeSpec
 from splitkeeper.records.upsert import UpsertSpec
 
 __all__ = [
+    "GUARDED_OVERRIDES",
     "IDENTITY_TRANSFORM",
     "KAFKA_MANAGED_CLIENT_KEYS",
     "MAX_DEPTH",
@@ -316,27 +322,38 @@ def load_config(
     env: Mapping[str, str] | None = None,
     overrides: Mapping[str, Any] | None = None,
     connections: Mapping[str, Mapping[str, Any]] | None = None,
+    *,
+    imports: bool = True,
 ) -> PipelineConfig:
     """Read and validate a pipeline config file (``.yaml``, ``.yml`` or ``.toml``).
 
     Relative paths inside the file resolve against the file's directory; ``${NAME}``
-    references take their values from ``env`` (default: this process's environment).
-    ``overrides`` (the ingest DAG's ``pipeline`` Param) is merged onto the file, section by
-    section, before validation; only the sections :data:`OVERRIDABLE` names may be given.
-    Raises :class:`ConfigError` for a missing/unreadable file, a syntax error
-    or any invalid value. ``connections`` (from :class:`splitkeeper.airflow.hooks.SplitkeeperHook`)
-    maps a connection id to the source keys it gives (``bootstrap_servers``, ``client``): the
-    file's ``source.connection`` takes them, the file's own keys win.
+    references in the file take their values from ``env`` (default: this process's environment).
+    ``overrides`` (the ingest DAG's ``pipeline`` Param, ``run --pipeline-json``,
+    ``run_epochs(pipeline=...)``) is merged onto the file, section by section, before validation;
+    it is data (:func:`apply_overrides`): only the sections :data:`OVERRIDABLE` names, no
+    ``${NAME}`` in it, and a key of :data:`GUARDED_OVERRIDES` only where the file's
+    ``overrides.allow`` lists it. Raises :class:`ConfigError` for a missing/unreadable file, a
+    syntax error or any invalid value. ``connections`` (from
+    :class:`splitkeeper.airflow.hooks.SplitkeeperHook`) maps a connection id to the source keys it
+    gives (``bootstrap_servers``, ``client``): the file's ``source.connection`` takes them, the
+    file's own keys win. ``imports=False`` (the read-only commands: ``status``, ``offsets``,
+    ``stop``) leaves out what only running the pipeline needs, importing the transform, the
+    notification and the Kafka client library to check them; every other rule holds.
     """
     file, data = read_config_file(path)
+    where = str(file)
+    check_limits(data, where)  # before anything walks the tree as a tree (YAML aliases)
+    data, from_env = _expand(data, env, where)  # the file only: overrides and connections are data
     if overrides is not None:
         check_limits(overrides, f"{file} (pipeline overrides)")
-        data = apply_overrides(data, overrides, str(file))
+        data = apply_overrides(data, overrides, where)
     if connections is None:
         connections = connections_from_env(os.environ if env is None else env)
     if connections:
         data = _with_connection(data, connections)
-    return config_from_mapping(data, base_dir=file.parent, origin=str(file), env=env)
+    with _hiding(from_env):
+        return _validated(data, file.parent, where, imports)
 
 
 #: The connections a splitkeeper task resolved, as JSON, for the job it starts with spark-submit
@@ -619,8 +636,13 @@ def _pipeline_loader() -> type[Any]:
 def apply_overrides(data: Any, overrides: Any, origin: str = "pipeline config") -> Any:
     """``data`` with each section of ``overrides`` merged onto its own (keys of the override win).
 
-    ConfigError names ``pipeline.<key>`` for a section that may not be overridden or is no
-    mapping; the merged mapping is validated as a whole afterwards (same messages as a file).
+    A run's overrides are data, whoever gives them (a DAG trigger, ``--pipeline-json``): a
+    ``${NAME}`` in them is refused, never expanded (only the pipeline file, which the platform
+    team controls, reads the environment), and a key that names a host or code
+    (:data:`GUARDED_OVERRIDES`) only where the file's ``overrides.allow`` lists it. ConfigError
+    names ``pipeline.<key>`` for a section that may not be overridden or is no mapping, a
+    reference or a guarded key, and shows no value of theirs; the merged mapping is validated as a
+    whole afterwards (same messages as a file).
     """
     allowed = "a mapping of sections to override: " + ", ".join(OVERRIDABLE)
     if not isinstance(overrides, Mapping):
@@ -633,6 +655,8 @@ def apply_overrides(data: Any, overrides: Any, origin: str = "pipeline config") 
     if not isinstance(data, Mapping):
         return data  # config_from_mapping names the mistake
     merged = dict(data)
+    _refuse_references(overrides, "pipeline", origin)
+    permitted = _allowed_overrides(data)
     for key, value in overrides.items():
         if key not in OVERRIDABLE or not isinstance(value, Mapping):
             reason = "a mapping" if key in OVERRIDABLE else "a section a run may override"
@@ -642,15 +666,64 @@ def apply_overrides(data: Any, overrides: Any, origin: str = "pipeline config") 
                 value=value,
                 allowed=allowed,
             )
+        for name in value:
+            dotted = f"{key}.{name}"
+            if dotted in GUARDED_OVERRIDES and dotted not in permitted:
+                only = f"only the pipeline file sets {dotted} ({GUARDED_OVERRIDES[dotted]})"
+                raise ConfigError(
+                    f"pipeline.{dotted} is not allowed: {only}; a run's overrides may set it where the "
+                    f"file says so, with overrides: {{allow: [{dotted}]}} ({origin})",
+                    key=f"pipeline.{dotted}",
+                    value="<not shown>",
+                    allowed=only,
+                )
         section = data.get(key)
         merged[key] = {**(section if isinstance(section, Mapping) else {}), **value}
     return merged
 
 
+def _refuse_references(value: Any, key: str, origin: str) -> None:
+    """ConfigError naming the first string of a run's overrides that holds ``${`` (a ``${NAME}``
+    reference or its ``$${`` escape): overrides are never expanded. Its text is not shown."""
+    if isinstance(value, str):
+        if "${" in value:
+            allowed = (
+                "a value as it is: ${NAME} is not expanded in a run's overrides (they are data; only "
+                "the pipeline file reads the environment)"
+            )
+            raise ConfigError(
+                f"{key} holds '${{', which is not allowed: {allowed}; write the value itself ({origin})",
+                key=key,
+                value="<not shown>",
+                allowed=allowed,
+            )
+    elif isinstance(value, Mapping):
+        for name, item in value.items():
+            _refuse_references(item, f"{key}.{name}", origin)
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            _refuse_references(item, f"{key}[{i}]", origin)
+
+
+def _allowed_overrides(data: Mapping[str, Any]) -> frozenset[str]:
+    """The guarded keys the file's ``overrides.allow`` lists (as written: the file is validated
+    with the merged overrides afterwards, and a malformed list is refused there)."""
+    section = data.get("overrides")
+    listed = section.get("allow") if isinstance(section, Mapping) else None
+    return frozenset(k for k in listed if isinstance(k, str)) if isinstance(listed, list) else frozenset()
+
+
 def expand_env(data: Any, env: Mapping[str, str] | None = None, origin: str = "pipeline config") -> Any:
     """``data`` with every ``${NAME}`` in its string values replaced by ``env[NAME]`` (default:
     ``os.environ``) and every ``$${`` by ``${``. ConfigError names the key of an unset variable."""
+    return _expand(data, env, origin)[0]
+
+
+def _expand(data: Any, env: Mapping[str, str] | None, origin: str) -> tuple[Any, dict[str, str]]:
+    """:func:`expand_env`, and each value it took from the environment -> the ``${NAME}`` it
+    replaced (for :func:`_hiding`)."""
     environ = os.environ if env is None else env
+    found: dict[str, str] = {}
 
     def walk(value: Any, key: str) -> Any:
         if isinstance(value, str):
@@ -666,6 +739,7 @@ def expand_env(data: Any, env: Mapping[str, str] | None = None, origin: str = "p
                         key=key,
                         value=f"${{{name}}}",
                     )
+                found[environ[name]] = f"${{{name}}}"
                 return environ[name]
 
             return _ENV_REF_RE.sub(sub, value)
@@ -675,7 +749,34 @@ def expand_env(data: Any, env: Mapping[str, str] | None = None, origin: str = "p
             return [walk(v, f"{key}[{i}]") for i, v in enumerate(value)]
         return value
 
-    return walk(data, "")
+    return walk(data, ""), found
+
+
+#: Values from the environment shorter than this are shown (a two-character value is no secret,
+#: and hiding it would garble the message's own numbers and words).
+_HIDDEN_MIN = 3
+
+
+@contextlib.contextmanager
+def _hiding(from_env: Mapping[str, str]) -> Iterator[None]:
+    """A ConfigError raised inside shows each value the file took from the environment as the
+    ``${NAME}`` it was written as (the message and ``params``): values from the environment are
+    never shown in messages, whatever key they reached."""
+    hidden = sorted((v for v in from_env if len(v) >= _HIDDEN_MIN), key=len, reverse=True)
+    try:
+        yield
+    except ConfigError as err:
+        if not hidden:
+            raise
+        message, params = err.message, dict(err.params)
+        for value in hidden:
+            message = hide_value(message, value, from_env[value])
+        shown = params.get("value")
+        if shown is not None and any(v in (shown if isinstance(shown, str) else repr(shown)) for v in hidden):
+            params["value"] = "<from the environment, not shown>"
+        if message == err.message and params == err.params:
+            raise
+        raise ConfigError(message, **params) from err.__cause__
 
 
 def config_from_mapping(
@@ -683,8 +784,11 @@ def config_from_mapping(
     base_dir: str | os.PathLike[str] | None = None,
     origin: str = "",
     env: Mapping[str, str] | None = None,
+    *,
+    imports: bool = True,
 ) -> PipelineConfig:
-    """Validate an already-parsed config mapping (same rules as :func:`load_config`).
+    """Validate an already-parsed config mapping (same rules as :func:`load_config`): the
+    mapping is a pipeline file's content, expanded as a file is.
 
     ``base_dir`` is where relative paths resolve (default: the working directory); ``env``
     gives the values of ``${NAME}`` references (default: this process's environment).
@@ -693,7 +797,17 @@ def config_from_mapping(
     """
     where = origin or "pipeline config"
     check_limits(data, where)  # before anything walks the tree as a tree (YAML aliases)
-    data = expand_env(data, env, where)
+    data, from_env = _expand(data, env, where)
+    with _hiding(from_env):
+        return _validated(data, base_dir, origin, imports)
+
+
+def _validated(
+    data: Any, base_dir: str | os.PathLike[str] | None, origin: str, imports: bool
+) -> PipelineConfig:
+    """The typed view of an expanded (and merged) config mapping: limits, then the models."""
+    where = origin or "pipeline config"
+    check_limits(data, where)
     if not isinstance(data, Mapping):
         raise ConfigError(
             f"{where}: the top level must be a mapping of keys, got {type(data).__name__}",
@@ -701,7 +815,7 @@ def config_from_mapping(
             value=data,
         )
     base = base_dir if base_dir is not None else os.getcwd()
-    return _view(validate_shape(data, where, base), origin)
+    return _view(validate_shape(data, where, base, imports=imports), origin)
 
 
 def _view(file: PipelineFile, origin: str) -> PipelineConfig:

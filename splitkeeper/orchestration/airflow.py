@@ -63,7 +63,10 @@ def pipeline_param() -> Any:
     return Param(
         {},
         description="override config sections for this run only, e.g. "
-        '{"backlog": {"normal_epoch_records": 5000}}: ' + ", ".join(overrides_json_schema()["properties"]),
+        '{"backlog": {"normal_epoch_records": 5000}}: '
+        + ", ".join(overrides_json_schema()["properties"])
+        + " (values as they are: no ${NAME}; metrics.otlp_endpoint and notifications.on_failure only where "
+        "the pipeline file's overrides.allow lists them)",
         **overrides_json_schema(),
     )
 
@@ -141,7 +144,7 @@ class DagPipeline:
         config = self.config
         if config is None or config.on_failure is None:
             return
-        from splitkeeper.transforms import resolve_callable
+        from splitkeeper.callables import Role, resolve_callable
 
         ti = context.get("ti") or context.get("task_instance")
         event = {
@@ -153,7 +156,7 @@ class DagPipeline:
             "error": str(context.get("exception") or ""),
         }
         try:
-            resolve_callable(config.on_failure, "notifications.on_failure")(event)
+            resolve_callable(config.on_failure, "notifications.on_failure", Role.NOTIFICATION)(event)
         except Exception:  # noqa: BLE001
             logging.getLogger("splitkeeper.orchestration").exception(
                 "notifications.on_failure %s failed", config.on_failure

@@ -14,7 +14,7 @@ One Spark job per epoch does the checks, the writes and the filtered ranges: the
 bookkeeping columns are joined (full outer, on ``split_id, offset``) with ``fn``'s output,
 repartitioned by region, and each partition writes its regions' files (``mapInArrow``).
 
-Contract of ``fn``:
+Contract of ``fn`` (its module marks it ``@spark_transform``: :mod:`splitkeeper.callables`):
 
 - **keeps ``split_id`` and ``offset``** on every row it emits (checked: a row without them
   fails the epoch);
@@ -67,13 +67,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from splitkeeper.callables import Role, resolve_callable
 from splitkeeper.core.ports import RegionRun
 from splitkeeper.core.types import RegionOutcome
 from splitkeeper.delta.schemas import DEAD_FILE, FILTERED_FILE, FILTERED_SCHEMA, META_COLUMNS
 from splitkeeper.errors import SplitkeeperError
 from splitkeeper.records.spec import INGESTED_DATE, NOT_DATA_COLUMNS
 from splitkeeper.spark.task import PART_FILE, PARTS_FILE, RecordPolicy, StagedWriter, attempt_dir
-from splitkeeper.transforms import resolve_callable
 
 __all__ = ["SparkTransform", "SparkTransformError", "python_traceback"]
 
@@ -140,7 +140,7 @@ class SparkTransform:
     def __init__(self, spark: Any, spec: str, policy: RecordPolicy, staging_path: str) -> None:
         self.spark = spark
         self.spec = spec
-        self.function = resolve_callable(spec, "transform.function")
+        self.function = resolve_callable(spec, "transform.function", Role.SPARK_TRANSFORM)
         self.policy = policy
         self.staging_path = staging_path
 

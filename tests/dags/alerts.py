@@ -7,7 +7,10 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from splitkeeper import notification
 
+
+@notification
 def record(event: Mapping[str, Any]) -> None:
     with open(os.environ["SPLITKEEPER_TEST_ALERTS"], "a", encoding="utf-8") as f:
         f.write(json.dumps(dict(event)) + "\n")

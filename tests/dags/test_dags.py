@@ -219,6 +219,43 @@ def _the_report_is_reachable_from_the_report_task(
     return kept
 
 
+def test_the_pipeline_param_is_data_a_secret_in_it_reaches_no_listener(airflow_db, tmp_path, monkeypatch):
+    """Issue 36 unsafe 1: whoever may trigger the ingest DAG could read the worker's environment
+    through ``${VAR}`` in the ``pipeline`` Param and a metrics endpoint of their choosing."""
+    import http.server
+    import threading
+
+    seen = []
+
+    class Record(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 - the http.server hook
+            seen.append(self.path)
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Record)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    secret = "adv-s3cr3t-dag-9c1"
+    config_path = _write_pipeline(tmp_path, files=1, lines=1)
+    monkeypatch.setenv("SPLITKEEPER_PIPELINE_CONFIG", str(config_path))
+    monkeypatch.setenv("ADV_SECRET", secret)
+    try:
+        for endpoint in (
+            f"http://127.0.0.1:{server.server_address[1]}/${{ADV_SECRET}}",
+            "http://127.0.0.1:1",
+        ):
+            pipeline = {"metrics": {"otlp_endpoint": endpoint}}
+            run = load_dag("splitkeeper_ingest").test(run_conf={"pipeline": pipeline})
+            assert run.state == "failed"
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert seen == [] and not (tmp_path / "state").exists()  # refused before anything ran
+
+
 @pytest.mark.parametrize(
     ("pipeline", "fragment"),
     [

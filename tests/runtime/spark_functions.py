@@ -1,5 +1,6 @@
 """Spark transforms (``transform: {kind: spark, function: 'tests.runtime.spark_functions:<fn>'}``) for
-tests/runtime/test_spark_transform.py: a realistic one and ones that break the contract on purpose.
+tests/runtime/test_spark_transform.py: a realistic one and ones that break the contract on purpose,
+each marked ``@spark_transform`` (a config may name no other callable).
 
 Registered with cloudpickle by value, so a UDF defined here reaches the Python workers without
 this module being importable there.
@@ -14,11 +15,14 @@ from pyspark import cloudpickle
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F  # noqa: N812
 
+from splitkeeper import spark_transform
+
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 MIN_AMOUNT = 10
 
 
+@spark_transform
 def orders(df: DataFrame) -> DataFrame:
     """What a PySpark team writes: filter, withColumn, a join with a small dimension table (built
     with the active session), dropDuplicates on the business key (which row of a key it keeps is
@@ -39,12 +43,14 @@ def _boom(amount: Any) -> Any:
     return amount
 
 
+@spark_transform
 def raising(df: DataFrame) -> DataFrame:
     """Raises on an executor, inside a Python UDF, for the records with amount > 40."""
     check = F.udf(_boom, "decimal(10,2)")
     return orders(df).withColumn("amount", check(F.col("amount")))
 
 
+@spark_transform
 def raising_on_driver(df: DataFrame) -> DataFrame:
     """Raises while building the plan (on the driver), but not for the empty frame at open."""
     if not df.isEmpty():
@@ -52,22 +58,26 @@ def raising_on_driver(df: DataFrame) -> DataFrame:
     return orders(df)
 
 
+@spark_transform
 def inventing(df: DataFrame) -> DataFrame:
     """Emits a row at an offset no record has (a made-up record)."""
     return orders(df).withColumn("offset", F.col("offset") + 1)
 
 
+@spark_transform
 def keyless(df: DataFrame) -> DataFrame:
     """Emits rows whose offset is null (it aggregated its bookkeeping away)."""
     return orders(df).withColumn("offset", F.when(F.col("amount") > 40, None).otherwise(F.col("offset")))
 
 
+@spark_transform
 def duplicating(df: DataFrame) -> DataFrame:
     """Emits every row twice."""
     out = orders(df)
     return out.unionByName(out)
 
 
+@spark_transform
 def drifting(df: DataFrame) -> DataFrame:
     """Returns amount_cents as a string once there are records (a bigint for the empty frame)."""
     out = orders(df)

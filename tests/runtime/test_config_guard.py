@@ -369,8 +369,9 @@ def test_os_system_is_not_a_transform(tmp_path: Path, capsys: pytest.CaptureFixt
     assert message.startswith("[CONFIG_ERROR] transform='os:system' is not allowed: 'module:function' naming")
     assert "os:system is not marked as a transform" in message
     assert "decorate it in its module with @transform (from splitkeeper import transform)" in message
-    rc, err = status_rc(path, capsys)
-    assert rc == 2 and "os:system is not marked as a transform" in err
+    rc = main(["run", "--config", str(path), "--epochs", "1"])  # refused at load: nothing runs
+    assert rc == 2 and "os:system is not marked as a transform" in capsys.readouterr().err
+    assert not (tmp_path / "state").exists()
 
 
 def test_only_functions_the_pipeline_code_marks_are_transforms(

@@ -312,7 +312,12 @@ class KafkaRegionReader(RegionReader, SupportsColumnarRead):
     consumer_config: tuple[tuple[str, str], ...] = field(default=(), repr=False)  # may hold secrets
 
     def _consumer_conf(self) -> dict[str, Any]:
+        """The reader's consumer settings: ``consumer_config``, then splitkeeper's own, which win (a
+        reader never reads uncommitted records, joins no group and commits nothing, whatever the
+        settings say; the config refuses those keys in ``source.client`` too)."""
         conf: dict[str, Any] = {
+            "socket.connection.setup.timeout.ms": max(1000, int(self.connect_timeout_s * 1000)),
+            **dict(self.consumer_config),
             "bootstrap.servers": self.bootstrap_servers,
             "group.id": _READER_GROUP,
             "enable.auto.commit": False,
@@ -320,10 +325,8 @@ class KafkaRegionReader(RegionReader, SupportsColumnarRead):
             "isolation.level": "read_committed",
             "auto.offset.reset": "error",
             "enable.partition.eof": True,
-            "socket.connection.setup.timeout.ms": max(1000, int(self.connect_timeout_s * 1000)),
             "logger": _client_log,
         }
-        conf.update(dict(self.consumer_config))
         return conf
 
     def read_range(self, split: Split, start: int, end: int) -> Iterator[SourceRecord]:
@@ -800,13 +803,14 @@ class KafkaSource(
     def _committer(self) -> Any:
         if self._group_consumer is None:
             conf: dict[str, Any] = {
+                **self._client_config,
                 "bootstrap.servers": self._bootstrap,
                 "group.id": self._group_id,
                 "enable.auto.commit": False,
                 "enable.auto.offset.store": False,
+                "isolation.level": "read_committed",
                 "logger": _client_log,
             }
-            conf.update(self._client_config)
             self._group_consumer = Consumer(conf)
         return self._group_consumer
 
