@@ -242,7 +242,6 @@ def _region_task(payload: tuple[Any, ...]) -> RegionResult:
 class SparkRegionRunner(RegionRunner):
     """The regions of an epoch that have ranges to read as the tasks of one Spark job
     (:func:`~splitkeeper.spark.regions.run_regions`); faults from a :class:`FaultPlan`.
-    ``max_concurrent`` (config ``max_concurrent_regions``) is accepted and ignored, with a warning.
 
     The driver calls it with the regions that need a task only
     (:func:`~splitkeeper.core.driver.regions_to_run`): a region with nothing to read this epoch is
@@ -263,18 +262,10 @@ class SparkRegionRunner(RegionRunner):
         interrupt: threading.Event | None = None,
         policy: RecordPolicy | None = None,
         spark_transform: SparkTransform | None = None,
-        max_concurrent: int | None = None,
         sink_columns: Callable[[], Sequence[str]] | None = None,
     ) -> None:
         self.spark = spark if isinstance(spark, LazySpark) else LazySpark(spark)
         self.sink_columns = sink_columns  # add_columns: the columns the sink added so far
-        if max_concurrent is not None:
-            log.warning(
-                "max_concurrent_regions=%s is ignored: an epoch's regions are the tasks of one Spark "
-                "job, and Spark's cores bound how many run at once; remove the key",
-                max_concurrent,
-            )
-        self.max_concurrent = max_concurrent  # ignored by run_regions (kept for its signature)
         self.policy = policy or RecordPolicy()
         self.spark_transform = spark_transform  # transform.kind spark: run per epoch after the regions
         self.interrupt = interrupt  # set: the epoch in its read phase is abandoned (EpochAbandoned)
@@ -314,7 +305,6 @@ class SparkRegionRunner(RegionRunner):
                 _region_task,
                 timeout_s,
                 interrupt=self.interrupt,
-                max_concurrent=self.max_concurrent,
             )
             if payloads
             else {}
@@ -432,7 +422,6 @@ class Pipeline:
                 interrupt,
                 self.policy,
                 spark_transform,
-                config.max_concurrent_regions,
                 self._added_columns,
             ),
             self.sink,

@@ -72,6 +72,7 @@ import contextlib
 import enum
 import functools
 import json
+import logging
 import os
 import re
 import tomllib
@@ -139,6 +140,7 @@ __all__ = [
     "load_json",
 ]
 
+log = logging.getLogger("splitkeeper.config")
 _ENV_REF_RE = re.compile(r"\$\$\{|\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
@@ -260,7 +262,7 @@ class PipelineConfig:
     sink_path: str
     staging_path: str
     parallelism: int
-    max_concurrent_regions: int | None  # ignored with a warning (one Spark job per epoch)
+    max_concurrent_regions: int | None  # ignored, with a warning when the file is loaded
     regions: RegionMode
     strategy: str
     checkpoint: CheckpointSettings
@@ -815,7 +817,15 @@ def _validated(
             value=data,
         )
     base = base_dir if base_dir is not None else os.getcwd()
-    return _view(validate_shape(data, where, base, imports=imports), origin)
+    file = validate_shape(data, where, base, imports=imports)
+    if file.max_concurrent_regions is not None:
+        log.warning(
+            "max_concurrent_regions=%s is ignored: an epoch's regions are the tasks of one Spark job, "
+            "and Spark's cores bound how many run at once; remove the key (%s)",
+            file.max_concurrent_regions,
+            where,
+        )
+    return _view(file, origin)
 
 
 def _view(file: PipelineFile, origin: str) -> PipelineConfig:

@@ -454,11 +454,6 @@ class SplitEnumerator:
         return frozenset(self._finished)
 
     @property
-    def last_checkpoint_id(self) -> int | None:
-        """The id of the latest snapshot taken (or restored from)."""
-        return self._last_checkpoint_id
-
-    @property
     def pool_size(self) -> int:
         return len(self._pool)
 

@@ -5,8 +5,9 @@ discovery and plan, checkpoint trigger and acknowledgement, completion, partial
 failover, rescale, until-caught-up and finish. It reaches the world only through
 the small interfaces below. Two sets of adapters implement them:
 
-- the Spark runtime (``splitkeeper/runtime``): region tasks as Spark jobs, the
-  Delta sink and the Delta state tables;
+- the Spark runtime: region tasks as the tasks of one Spark job per epoch (``splitkeeper/spark``),
+  the sink of the pipeline's sink kind (``splitkeeper/sinks``) and the Delta state tables
+  (``splitkeeper/delta``), put together by ``splitkeeper/app/pipeline.py``;
 - the simulator (``splitkeeper/sim``): in-memory readers, sink and store with
   fault injection, driven through millions of events.
 

@@ -17,8 +17,8 @@ from splitkeeper.errors import InvalidParameterError
 class Split:
     """One unit of source work: an id and a position. Immutable, picklable.
 
-    ``position`` is the next offset to read (a Kafka offset, a record index in
-    a file). ``end`` is the exclusive end of a bounded split, ``None`` for an
+    ``position`` is the next offset to read, in the source's own unit (a Kafka offset, the byte
+    offset of a line start in a file). ``end`` is the exclusive end of a bounded split, ``None`` for an
     unbounded one. ``backlog_end`` is the backlog boundary recorded by the
     enumerator at start/reset (protocol section 4); ``None`` means the split is not
     tracked for backlog (snapshot-only or bounded splits). ``subscription``

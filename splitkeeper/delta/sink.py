@@ -1345,10 +1345,6 @@ class DeltaSink(EpochSink):
         self._side_pending = False
         return repaired
 
-    def repair_dead_letters(self) -> int | None:
-        """:meth:`repair_sides` (kept under its older name)."""
-        return self.repair_sides()
-
     def dead_letter_epoch(self) -> int | None:
         """The last epoch whose dead letters were committed (the dead-letter table's ``txn`` version of
         this pipeline), or None (none yet, or no dead-letter table)."""

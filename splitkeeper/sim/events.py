@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import enum
 import random
-from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
 from splitkeeper.core.rescale import Redistribution
@@ -349,7 +348,3 @@ def specs(
         SplitSpec(f"{subscription}-{i}", subscription, 0, length, bounded)
         for i in range(first, first + count)
     )
-
-
-def describe_events(events: Iterable[Event]) -> list[str]:
-    return [e.describe() for e in events]

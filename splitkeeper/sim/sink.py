@@ -38,7 +38,6 @@ class SimulatedSink:
         self._appends: dict[str, int] = {}
         self.records = 0
         self.commits = 0
-        self.replays_ignored = 0
 
     def commit(
         self, checkpoint_id: int, staged: Mapping[int, Sequence[Run]], acknowledged: Collection[int]
@@ -48,7 +47,6 @@ class SimulatedSink:
         A checkpoint id already committed adds nothing (idempotent replay).
         """
         if checkpoint_id in self._committed_ids:
-            self.replays_ignored += 1
             return 0
         self._committed_ids.add(checkpoint_id)
         self.commits += 1

@@ -1,5 +1,7 @@
-"""The engine side of splitkeeper: the pipeline on Spark (sessions, jars, region tasks, sources, the sink).
+"""The engine side of splitkeeper: Spark sessions and jars, the region runner (one Spark job per
+epoch) and the region task, the Spark transform and injected faults.
 
-Submodules import Spark, Delta or Kafka clients only when used; importing this
-package is free.
+The sources and the sink are not here: each kind is its own package (``splitkeeper.sources.<kind>``,
+``splitkeeper.sinks.<kind>``). Submodules import Spark only when used; importing this package is
+free.
 """

@@ -43,10 +43,6 @@ Isolation within the one job:
 A stop request (``interrupt``) refuses every task still to start, cancels the job group and raises
 EpochAbandoned. This is what lets a checkpoint complete regionally instead of the whole
 micro-batch failing, which is Structured Streaming's behaviour.
-
-``max_concurrent`` (config ``max_concurrent_regions``) bounded the driver threads of the
-job-per-region runner; one job needs none, and Spark bounds the tasks running at once by its
-cores: it is accepted and ignored (the pipeline logs a warning once).
 """
 
 from __future__ import annotations
@@ -79,8 +75,6 @@ ABANDON_WAIT_S = 10.0
 JOB_GRACE_S = 5.0
 #: How long an epoch whose regions all have an outcome waits for its cancelled job to wind down.
 WIND_DOWN_S = 30.0
-#: How long a task waits for the driver's answer to its start message.
-START_REPLY_S = 60.0
 _LOG_TRACEBACK_CHARS = 20_000
 
 
@@ -342,7 +336,6 @@ def run_regions(
     poll_s: float = 0.05,
     *,
     interrupt: threading.Event | None = None,
-    max_concurrent: int | None = None,
 ) -> dict[int, RegionRun]:
     """Run ``task(payload)`` for every region as one task of the epoch's one Spark job; return each
     region's outcome.
@@ -353,9 +346,8 @@ def run_regions(
     task started or ended for ``timeout_s`` times out too (it may never be scheduled). Once
     ``interrupt`` is set, the job is cancelled and EpochAbandoned is raised (after the job wound
     down, at most ``ABANDON_WAIT_S``). No payload (every region declined before reading): no job, an
-    empty result. ``max_concurrent`` is ignored (see the module docstring).
+    empty result.
     """
-    del max_concurrent  # one job: Spark's cores bound the tasks running at once
     if not payloads:
         return {}
     sc = spark.sparkContext

@@ -201,15 +201,15 @@ def test_max_concurrent_regions_is_optional_and_reaches_the_runtime(tmp_path: Pa
     assert load_config(path).max_concurrent_regions == 1
 
 
-def test_max_concurrent_regions_is_ignored_with_a_warning(caplog: pytest.LogCaptureFixture) -> None:
+def test_max_concurrent_regions_is_ignored_with_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """An epoch's regions are the tasks of one Spark job: the key has nothing left to bound, and a
-    pipeline file that sets it keeps loading and running, with a warning naming the key."""
-    from splitkeeper.app.pipeline import SparkRegionRunner
-    from splitkeeper.spark.faults import FaultPlan
-
-    SparkRegionRunner(None, "p", None, None, "", FaultPlan())  # type: ignore[arg-type]
+    pipeline file that sets it keeps loading and running, with a warning naming the key (given once,
+    when the file is loaded; nothing threads the value to the runtime)."""
+    load_config(write(tmp_path, HEAD + SOURCE + PLACES))
     assert "max_concurrent_regions" not in caplog.text
-    SparkRegionRunner(None, "p", None, None, "", FaultPlan(), max_concurrent=8)  # type: ignore[arg-type]
+    load_config(write(tmp_path, HEAD + "max_concurrent_regions: 8\n" + SOURCE + PLACES))
     assert "max_concurrent_regions=8 is ignored" in caplog.text
 
 
