@@ -243,3 +243,95 @@ class EnvironmentNotReadyError(SplitkeeperError):
     """A required tool, jar or service is missing; the message says how to install it."""
 
     code = "ENVIRONMENT_NOT_READY"
+
+
+# --------------------------------------------------------------------------- the data path
+
+
+class TransformError(SplitkeeperError):
+    """A transform failed on one record, or returned something other than a string."""
+
+    code = "TRANSFORM_ERROR"
+
+
+class SparkTransformError(SplitkeeperError):
+    """A Spark transform raised, broke its contract, or returned columns the sink does not have."""
+
+    code = "SPARK_TRANSFORM_FAILED"
+
+
+class SchemaDriftError(SplitkeeperError):
+    """A record has a field the declared schema does not name, and ``on_new_fields`` is ``fail``."""
+
+    code = "SCHEMA_DRIFT"
+
+
+class BadRecordError(SplitkeeperError):
+    """A record could not be decoded, did not fit the declared columns, or its transform failed."""
+
+    code = "BAD_RECORD"
+
+
+class UpsertError(SplitkeeperError, ValueError):
+    """A bad ``sink.key`` or ``sink.delete_when``; ``key`` says which (``"key"`` or ``"delete_when"``),
+    the message what is allowed."""
+
+    code = "UPSERT_ERROR"
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(message, key=key)
+        self.key = key
+
+
+# --------------------------------------------------------------------------- the region tasks
+
+
+class InjectedFault(SplitkeeperError):
+    """A region task failed on purpose, because the fault plan said so."""
+
+    code = "INJECTED_FAULT"
+
+
+class SplitReadError(SplitkeeperError):
+    """Reading (or transforming) one split of a region failed; the message names the split first.
+
+    The region declines. Its message starts ``split "<id>" at offset <n>:`` (the id as JSON) so the
+    driver can tell which split failed across the executor boundary
+    (:data:`splitkeeper.spark.task.SPLIT_READ_FAILED`), and count it towards
+    ``checkpoint.on_split_failure: quarantine`` (protocol rule 1.8).
+    """
+
+    code = "SPLIT_READ_FAILED"
+
+    def __init__(self, split_id: str, offset: int, cause: BaseException) -> None:
+        import json
+
+        super().__init__(
+            f"split {json.dumps(split_id)} at offset {offset}: {type(cause).__name__}: {cause}",
+            split_id=split_id,
+            offset=offset,
+        )
+
+
+class EpochAbandoned(SplitkeeperError):
+    """The epoch's read phase was abandoned because a stop was requested (``params['epoch']``).
+
+    The epoch's job was cancelled; nothing of the epoch is committed.
+    """
+
+    code = "INTERRUPTED"
+
+
+# --------------------------------------------------------------------------- the lease
+
+
+class LeaseHeldError(ConcurrentRunError):
+    """Another live run holds the pipeline's lease."""
+
+    code = "LEASE_HELD"
+
+
+class LeaseLostError(ConcurrentRunError):
+    """This run's lease was taken over (it had expired) or changed under it."""
+
+    code = "LEASE_LOST"

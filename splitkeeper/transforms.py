@@ -65,18 +65,12 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
 import pyarrow as pa
 
 from splitkeeper.callables import Role, is_marked, mark, resolve_callable, spark_transform
-from splitkeeper.errors import SplitkeeperError
+from splitkeeper.errors import TransformError
 
 if TYPE_CHECKING:  # pragma: no cover
     from splitkeeper.records.decode import BadRecords
 
 Transform = Callable[[str], str]
-
-
-class TransformError(SplitkeeperError):
-    """A transform failed on one record, or returned something other than a string."""
-
-    code = "TRANSFORM_ERROR"
 
 
 F = TypeVar("F", bound=Callable[..., Any])

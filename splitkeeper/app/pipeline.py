@@ -192,8 +192,8 @@ def record_policy(config: PipelineConfig, spark: Any = None) -> RecordPolicy:
 
 
 def _spark_transform_policy(config: PipelineConfig, policy: RecordPolicy, spark: Any) -> RecordPolicy:
+    from splitkeeper.errors import UpsertError
     from splitkeeper.records.spec import NOT_DATA_COLUMNS
-    from splitkeeper.records.upsert import UpsertError
     from splitkeeper.spark.transform import SparkTransform
 
     if spark is not None:
@@ -215,8 +215,8 @@ def _spark_transform_policy(config: PipelineConfig, policy: RecordPolicy, spark:
         except UpsertError as err:
             value = list(config.upsert.key) if err.key == "key" else config.upsert.delete_when
             raise ConfigError(
-                f"sink.{err.key}={value!r} is not allowed: {err} (the sink's columns are what the spark "
-                f"transform {config.transform} returns)",
+                f"sink.{err.key}={value!r} is not allowed: {err.message} (the sink's columns are what the "
+                f"spark transform {config.transform} returns)",
                 key=f"sink.{err.key}",
                 value=value,
             ) from None

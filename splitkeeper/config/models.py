@@ -1007,7 +1007,8 @@ def _check_upsert(
     only, and a change table that is no other table of the pipeline; an append sink has none of
     them. A Spark transform may change the columns, so its key and predicate are checked again
     against its output when the pipeline opens. Returns the resolved change table path (or None)."""
-    from splitkeeper.records.upsert import UpsertError, UpsertSpec
+    from splitkeeper.errors import UpsertError
+    from splitkeeper.records.upsert import UpsertSpec
 
     sink = file.sink
     if sink.mode is not SinkMode.UPSERT:
@@ -1031,7 +1032,7 @@ def _check_upsert(
         )
     except UpsertError as err:
         value = list(sink.key) if err.key == "key" else sink.delete_when
-        raise at.invalid(f"sink.{err.key}", value, str(err)) from None
+        raise at.invalid(f"sink.{err.key}", value, err.message) from None
     if file.decode.on_new_fields is NewFields.ADD_COLUMNS:
         raise at.invalid(
             "decode.on_new_fields",

@@ -73,7 +73,7 @@ from splitkeeper.delta import retries
 from splitkeeper.delta.fence import fenced_commit
 from splitkeeper.delta.schemas import spec
 from splitkeeper.delta.tables import StateTables, guarded
-from splitkeeper.errors import ConcurrentRunError, InvalidParameterError
+from splitkeeper.errors import ConcurrentRunError, InvalidParameterError, LeaseHeldError, LeaseLostError
 
 __all__ = [
     "SYSTEM_CLOCK",
@@ -90,18 +90,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 LEASE_TABLE = "lease"
-
-
-class LeaseHeldError(ConcurrentRunError):
-    """Another live run holds the pipeline's lease."""
-
-    code = "LEASE_HELD"
-
-
-class LeaseLostError(ConcurrentRunError):
-    """This run's lease was taken over (it had expired) or changed under it."""
-
-    code = "LEASE_LOST"
 
 
 @dataclass(frozen=True, slots=True)

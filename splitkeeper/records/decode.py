@@ -79,7 +79,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from splitkeeper.errors import SchemaRegistryError, SplitkeeperError
+from splitkeeper.errors import SchemaDriftError, SchemaRegistryError
 from splitkeeper.records.ddl import DdlType, arrow_type, parse_type
 from splitkeeper.records.spec import RESCUED, Column, DecodeSpec, name_clash
 
@@ -99,12 +99,6 @@ __all__ = [
 STAGES = ("decode", "schema", "transform")
 #: Below this many records a failing batch is read record by record instead of bisected.
 _BISECT_FLOOR = 8
-
-
-class SchemaDriftError(SplitkeeperError):
-    """A record has a field the declared schema does not name, and ``on_new_fields`` is ``fail``."""
-
-    code = "SCHEMA_DRIFT"
 
 
 @dataclass(frozen=True, slots=True)

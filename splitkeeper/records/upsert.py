@@ -39,6 +39,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from splitkeeper.errors import UpsertError
 from splitkeeper.records.spec import TOMBSTONE
 
 __all__ = [
@@ -52,14 +53,6 @@ __all__ = [
 ORDER_COLUMNS: tuple[str, ...] = ("epoch", "offset", "split_id")
 #: The bookkeeping columns a key may name besides the data columns (a tombstone keeps them).
 SOURCE_KEY_COLUMNS: frozenset[str] = frozenset({"key"})
-
-
-class UpsertError(ValueError):
-    """A bad ``sink.key`` or ``sink.delete_when``; ``key`` says which (``"key"`` or ``"delete_when"``)."""
-
-    def __init__(self, key: str, message: str) -> None:
-        super().__init__(message)
-        self.key = key
 
 
 @dataclass(frozen=True, slots=True)

@@ -66,7 +66,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from splitkeeper.core.failures import clip
-from splitkeeper.errors import SplitkeeperError
+from splitkeeper.errors import EpochAbandoned
 
 log = logging.getLogger("splitkeeper.spark.regions")
 #: How long an abandoned epoch waits for its cancelled job to wind down.
@@ -76,15 +76,6 @@ JOB_GRACE_S = 5.0
 #: How long an epoch whose regions all have an outcome waits for its cancelled job to wind down.
 WIND_DOWN_S = 30.0
 _LOG_TRACEBACK_CHARS = 20_000
-
-
-class EpochAbandoned(SplitkeeperError):
-    """The epoch's read phase was abandoned because a stop was requested (``params['epoch']``).
-
-    The epoch's job was cancelled; nothing of the epoch is committed.
-    """
-
-    code = "INTERRUPTED"
 
 
 class RegionStatus(enum.Enum):

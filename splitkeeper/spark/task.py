@@ -42,46 +42,27 @@ from splitkeeper.core.source import RecordMeta, RegionReader, SourceRecord
 from splitkeeper.core.types import Split
 from splitkeeper.delta.schemas import META_COLUMNS, STAGED_FILE_SCHEMA, STAGED_SCHEMA, sink_schema
 from splitkeeper.errors import (
+    BadRecordError,
+    InjectedFault,
     InvalidParameterError,
     ProtocolError,
+    SchemaDriftError,
     SchemaRegistryError,
     SourceError,
     SplitkeeperError,
+    SplitReadError,
+    TransformError,
 )
-from splitkeeper.records.decode import BadRecords, Decoded, SchemaDriftError, decode_values
+from splitkeeper.records.decode import BadRecords, Decoded, decode_values
 from splitkeeper.records.spec import INGESTED_DATE, RESCUED, TOMBSTONE, DecodeSpec
 from splitkeeper.records.upsert import UpsertSpec
 from splitkeeper.spark.columnar import RangeColumns, SupportsColumnarRead
-from splitkeeper.transforms import Transform, TransformError, apply_to_table, identity
+from splitkeeper.transforms import Transform, apply_to_table, identity
 
 PART_FILE = "part.parquet"
 #: A partitioned region's manifest: its files (one per partition value), relative to it.
 PARTS_FILE = "parts.json"
 _ROW_GROUP = 128 * 1024
-
-
-class InjectedFault(SplitkeeperError):
-    """A region task failed on purpose, because the fault plan said so."""
-
-    code = "INJECTED_FAULT"
-
-
-class SplitReadError(SplitkeeperError):
-    """Reading (or transforming) one split of a region failed; the message names the split first.
-
-    The region declines. Its message starts ``split "<id>" at offset <n>:`` (the id as JSON) so the driver can
-    tell which split failed across the executor boundary (:data:`SPLIT_READ_FAILED`), and
-    count it towards ``checkpoint.on_split_failure: quarantine`` (protocol rule 1.8).
-    """
-
-    code = "SPLIT_READ_FAILED"
-
-    def __init__(self, split_id: str, offset: int, cause: BaseException) -> None:
-        super().__init__(
-            f"split {json.dumps(split_id)} at offset {offset}: {type(cause).__name__}: {cause}",
-            split_id=split_id,
-            offset=offset,
-        )
 
 
 #: What finds the failed split's id in a region's error text (``[SPLIT_READ_FAILED] split "x" ...``).
@@ -573,12 +554,6 @@ class RecordPolicy:
     @property
     def widen(self) -> bool:
         return self.decode.on_new_fields == "add_columns" and self.decode.typed
-
-
-class BadRecordError(SplitkeeperError):
-    """A record could not be decoded, did not fit the declared columns, or its transform failed."""
-
-    code = "BAD_RECORD"
 
 
 def run_region_task(

@@ -71,7 +71,7 @@ from splitkeeper.callables import Role, resolve_callable
 from splitkeeper.core.ports import RegionRun
 from splitkeeper.core.types import RegionOutcome
 from splitkeeper.delta.schemas import DEAD_FILE, FILTERED_FILE, FILTERED_SCHEMA, META_COLUMNS
-from splitkeeper.errors import SplitkeeperError
+from splitkeeper.errors import SparkTransformError
 from splitkeeper.records.spec import INGESTED_DATE, NOT_DATA_COLUMNS
 from splitkeeper.spark.task import PART_FILE, PARTS_FILE, RecordPolicy, StagedWriter, attempt_dir
 
@@ -94,12 +94,6 @@ CANCEL_WAIT_S = 30.0
 #: The columns of the joined frame that are not the input's bookkeeping nor output data.
 _OUT_SPLIT, _OUT_OFFSET, _IN, _OUT = "__sk_out_split_id", "__sk_out_offset", "__sk_in", "__sk_out"
 _JVM_FRAME = re.compile(r"^\s*at [\w.$]+\(.*\)\s*$")
-
-
-class SparkTransformError(SplitkeeperError):
-    """A Spark transform raised, broke its contract, or returned columns the sink does not have."""
-
-    code = "SPARK_TRANSFORM_FAILED"
 
 
 def python_traceback(err: BaseException) -> str:
