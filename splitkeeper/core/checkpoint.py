@@ -274,6 +274,14 @@ class CheckpointStore:
         checkpoint any of those reference, transitively: retention never
         breaks a chain. May be called at any time, any number of times.
         """
+        deleted = self.expired(keep_latest, pinned=pinned)
+        for checkpoint_id in deleted:
+            self._delete(checkpoint_id)
+        return deleted
+
+    def expired(self, keep_latest: int, *, pinned: Collection[int] = ()) -> list[int]:
+        """The ids :meth:`retain` would delete, ascending; deletes nothing (the retention rule alone,
+        for a store that adds rules of its own before it deletes)."""
         if isinstance(keep_latest, bool) or not isinstance(keep_latest, int) or keep_latest < 1:
             raise InvalidParameterError("keep_latest", keep_latest, "an integer >= 1")
         ids = self.ids()
@@ -285,10 +293,22 @@ class CheckpointStore:
         keep: set[int] = set()
         for root in [*ids[-keep_latest:], *pinned]:
             keep.update(self.ref_chain(root))
-        deleted = [checkpoint_id for checkpoint_id in ids if checkpoint_id not in keep]
-        for checkpoint_id in deleted:
+        return [checkpoint_id for checkpoint_id in ids if checkpoint_id not in keep]
+
+    def forget(self, checkpoint_ids: Collection[int]) -> None:
+        """Delete the checkpoints another store's retention deleted (the ones of ``checkpoint_ids``
+        this store holds): a mirror of a persistent store follows its retention instead of deciding
+        again. CheckpointError, deleting nothing, when a checkpoint kept here references one of them."""
+        gone = {c for c in checkpoint_ids if c in self}
+        broken = sorted(c for c in self.ids() if c not in gone and self.get(c).ref_checkpoint_ids & gone)
+        if broken:
+            raise CheckpointError(
+                f"checkpoints {sorted(gone)} cannot be forgotten: kept checkpoints {broken} reference them",
+                checkpoint_ids=sorted(gone),
+                needed_by=broken,
+            )
+        for checkpoint_id in sorted(gone):
             self._delete(checkpoint_id)
-        return deleted
 
 
 # --------------------------------------------------------------------------- pending / result
@@ -939,5 +959,11 @@ class RegionalCheckpointCoordinator:
         )
 
     def retain(self, keep_latest: int) -> list[int]:
-        """``store.retain(keep_latest)`` that also keeps what the current fallback states refer to."""
+        """``store.retain(keep_latest)`` that also keeps what the current fallback states refer to
+        (a coordinator whose store is the only one; the driver's follows its state store: :meth:`forget`)."""
         return self.store.retain(keep_latest, pinned=self.pinned_checkpoint_ids)
+
+    def forget(self, checkpoint_ids: Collection[int]) -> None:
+        """Drop the checkpoints the pipeline's state store deleted by its retention (which kept
+        :attr:`pinned_checkpoint_ids`) from this coordinator's store: retention decided once."""
+        self.store.forget(checkpoint_ids)

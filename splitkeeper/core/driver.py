@@ -1340,13 +1340,12 @@ class EpochDriver:
                 external.commit_positions(epoch, positions)
         failovers = tuple(self._partial_failover(r, completed.regions[r]) for r in failed)
         self.sink.discard(epoch)
-        keep = self.settings.retain_checkpoints
-        coordinator.retain(keep)
-        self.state.retain(
-            keep,
+        deleted = self.state.retain(  # the retention rule, once; the coordinator's mirror follows
+            self.settings.retain_checkpoints,
             sorted(coordinator.pinned_checkpoint_ids),
             mid_retention=lambda: self.hooks.crash_point(CrashPoint.DURING_RETENTION, epoch),
         )
+        coordinator.forget(deleted)
         lap("retain")
         return receipt.records, failovers
 

@@ -217,7 +217,8 @@ class DeltaStateStore(StateStore, CheckpointStore):
         self.history = StateHistory(self.tables, pipeline_name)
         self.last_commit: StateCommit | None = None
         self._lock = threading.RLock()
-        self._mirror: tuple[int, tuple[KeptCheckpoint, ...]] | None = None  # (checkpoints version, kept)
+        # (checkpoints version, kept, the core's store of them): the one mirror of the checkpoints table
+        self._mirror: tuple[int, tuple[KeptCheckpoint, ...], CheckpointStore] | None = None
         self._commits_since_compaction = 0
         if not read_only:
             with ThreadPoolExecutor(max_workers=3, thread_name_prefix="splitkeeper-state") as pool:
@@ -348,7 +349,7 @@ class DeltaStateStore(StateStore, CheckpointStore):
         version = table.version()
         with self._lock:
             if self._mirror is not None and self._mirror[0] == version:
-                return self._mirror
+                return self._mirror[:2]
         data = self.tables.read(
             "checkpoints",
             table=table,
@@ -386,16 +387,26 @@ class DeltaStateStore(StateStore, CheckpointStore):
                     None if base is None else int(base),
                 )
             )
-        result = (version, tuple(sorted(kept, key=lambda k: k.light.checkpoint_id)))
+        ordered = tuple(sorted(kept, key=lambda k: k.light.checkpoint_id))
+        chains = CheckpointStore()
+        for entry in ordered:
+            chains._put(entry.light)  # stored facts as they are: the core's rules were applied at commit
         with self._lock:
-            self._mirror = result
-        return result
+            self._mirror = (version, ordered, chains)
+        return version, ordered
 
-    def _core_mirror(self) -> CheckpointStore:
-        mirror = CheckpointStore()
+    def mirror(self) -> CheckpointStore:
+        """The kept checkpoints as the core's in-memory :class:`CheckpointStore` (light: ids, kinds,
+        refs, no split state), cached per version of the checkpoints table like :meth:`kept`: the one
+        mirror the chain rules, the commit's checks and retention ask. Never add to it."""
+        version, _kept = self.kept()
+        with self._lock:
+            if self._mirror is not None and self._mirror[0] == version:
+                return self._mirror[2]
+        chains = CheckpointStore()  # the table changed between the two reads: not cached
         for entry in self.kept()[1]:
-            mirror._put(entry.light)  # stored facts as they are: the core's rules were applied at commit
-        return mirror
+            chains._put(entry.light)
+        return chains
 
     # -- reads (StateStore and CheckpointStore) -------------------------------------------------
 
@@ -407,10 +418,10 @@ class DeltaStateStore(StateStore, CheckpointStore):
         return self.ids()
 
     def ref_chain(self, checkpoint_id: int) -> list[int]:
-        return self._core_mirror().ref_chain(checkpoint_id)
+        return self.mirror().ref_chain(checkpoint_id)
 
     def chain_depth(self, checkpoint_id: int) -> int:
-        return self._core_mirror().chain_depth(checkpoint_id)
+        return self.mirror().chain_depth(checkpoint_id)
 
     def configured_parallelism(self, checkpoint_id: int) -> int | None:
         """The config's parallelism checkpoint ``checkpoint_id`` was taken under (None: not recorded,
@@ -687,12 +698,12 @@ class DeltaStateStore(StateStore, CheckpointStore):
                     checkpoint_id, str(found.get("rows_attempt_id", "")), 0, 0, True
                 )
                 return
-        mirror = self._core_mirror()
+        mirror = self.mirror()
         ids = mirror.ids()
         latest = max([i for i in (*ids, recorded) if i is not None], default=None)
         if latest is not None and checkpoint_id <= latest:
             raise self._checkpoint_conflict(checkpoint_id, latest)
-        mirror.add(_light(completed))  # the core's rules: not aborted, refs kept
+        mirror.check_can_add(_light(completed))  # the core's rules: not aborted, refs kept
         rows_attempt = uuid.uuid4().hex
         key = {"checkpoint_id": checkpoint_id, "attempt_id": rows_attempt}
         snapshot = completed.enumerator

@@ -38,15 +38,32 @@ import math
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from splitkeeper.core.checkpoint import CheckpointStore
+from splitkeeper.delta.history import StateHistory
 from splitkeeper.delta.schemas import STATE_TABLES, spec
-from splitkeeper.delta.tables import guarded, sql_string
+from splitkeeper.delta.tables import StateTables, guarded, sql_string
 from splitkeeper.errors import CheckpointError
 
-if TYPE_CHECKING:  # pragma: no cover
-    from splitkeeper.delta.checkpoints import DeltaStateStore
+
+class RetainedStore(Protocol):
+    """What retention needs of a pipeline's state store
+    (:class:`~splitkeeper.delta.checkpoints.DeltaStateStore`, which calls it; this module does not
+    import the store)."""
+
+    tables: StateTables
+    pipeline_name: str
+    history: StateHistory
+
+    def kept(self) -> tuple[int, tuple[Any, ...]]: ...
+
+    def mirror(self) -> CheckpointStore: ...
+
+    def forget_mirror(self) -> None: ...
+
+    def _writable(self, what: str) -> None: ...
+
 
 __all__ = [
     "Compaction",
@@ -99,7 +116,7 @@ def archived_row(row: Mapping[str, Any], logged_at: datetime) -> dict[str, Any]:
 
 
 def retain(
-    store: DeltaStateStore,
+    store: RetainedStore,
     keep_latest: int,
     pinned: Collection[int] = (),
     *,
@@ -108,14 +125,11 @@ def retain(
     """Rule 1; returns the deleted checkpoint ids, ascending. ``mid_retention`` (a crash point) is
     called between the archive and the delete (when nothing is deleted: at the end)."""
     store._writable("apply retention")
-    kept = store.kept()[1]
-    base_of = {e.light.checkpoint_id: e.enumerator_base for e in kept}
+    base_of = {e.light.checkpoint_id: e.enumerator_base for e in store.kept()[1]}
+    mirror = store.mirror()
     pins = set(pinned)
     while True:  # the core's rule decides; the bases of the checkpoints it keeps are pinned too
-        core = CheckpointStore()
-        for entry in kept:
-            core._put(entry.light)
-        deleted = core.retain(keep_latest, pinned=pins)
+        deleted = mirror.expired(keep_latest, pinned=pins)
         survivors = set(base_of) - set(deleted)
         needed = {b for c in survivors if (b := base_of[c]) is not None and b in base_of} - pins
         if not needed & set(deleted):
@@ -126,7 +140,7 @@ def retain(
 
 
 def delete_checkpoints(
-    store: DeltaStateStore,
+    store: RetainedStore,
     checkpoint_ids: Sequence[int],
     *,
     mid_retention: Callable[[], None] | None = None,
@@ -177,11 +191,11 @@ def _or_pairs(pairs: Sequence[tuple[int, str]]) -> str:
     return " OR ".join(f"(checkpoint_id = {cid} AND attempt_id = {sql_string(a)})" for cid, a in pairs)
 
 
-def _delete(store: DeltaStateStore, table_name: str, predicate: str) -> int:
+def _delete(store: RetainedStore, table_name: str, predicate: str) -> int:
     return store.tables.delete(table_name, predicate)
 
 
-def compact(store: DeltaStateStore, *, mid_compaction: Callable[[], None] | None = None) -> Compaction:
+def compact(store: RetainedStore, *, mid_compaction: Callable[[], None] | None = None) -> Compaction:
     """Rule 2; returns the rows deleted and the files compacted, per table. ``mid_compaction`` (a
     crash point) is called after the rows were deleted, before the files are bin-packed."""
     store._writable("compact the state tables")
@@ -241,7 +255,7 @@ def _vacuum_lite(table: Any, hours: int) -> list[str]:
     return list(table.vacuum(retention_hours=hours, dry_run=False, enforce_retention_duration=False))
 
 
-def vacuum_plan(store: DeltaStateStore, history_hours: float) -> dict[str, list[str]]:
+def vacuum_plan(store: RetainedStore, history_hours: float) -> dict[str, list[str]]:
     """What :func:`vacuum` would delete now, per table (read-only: nothing is deleted)."""
     hours = retention_hours(history_hours)
     planned: dict[str, list[str]] = {}
@@ -256,7 +270,7 @@ def vacuum_plan(store: DeltaStateStore, history_hours: float) -> dict[str, list[
     return planned
 
 
-def vacuum(store: DeltaStateStore, history_hours: float) -> dict[str, list[str]]:
+def vacuum(store: RetainedStore, history_hours: float) -> dict[str, list[str]]:
     """Rule 3; returns the files deleted, per table."""
     store._writable("vacuum the state tables")
     hours = retention_hours(history_hours)

@@ -30,9 +30,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from splitkeeper.records.spec import Column
-
 __all__ = [
+    "Column",
     "DdlType",
     "arrow_schema",
     "arrow_type",
@@ -42,6 +41,17 @@ __all__ = [
     "parse_type",
     "render_ddl",
 ]
+
+
+@dataclass(frozen=True, slots=True)
+class Column:
+    """One data column: its name and its Spark SQL type as DDL text (``BIGINT``, ``DECIMAL(10,2)``,
+    ``STRUCT<a: INT>``), canonical upper case."""
+
+    name: str
+    type: str
+    nullable: bool = True
+
 
 PRIMITIVES = (
     "STRING",

@@ -20,12 +20,10 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from splitkeeper.errors import ConfigError
-
-if TYPE_CHECKING:  # pragma: no cover
-    from splitkeeper.config.models import DecodeSection
+from splitkeeper.records.ddl import Column, avro_columns, decodable_problem, parse_ddl
 
 __all__ = [
     "BOOKKEEPING_COLUMNS",
@@ -67,16 +65,6 @@ NOT_DATA_COLUMNS: frozenset[str] = frozenset((*BOOKKEEPING_COLUMNS, INGESTED_DAT
 RESERVED_NAMES: frozenset[str] = NOT_DATA_COLUMNS | {RESCUED}
 KINDS = ("raw", "text", "json", "csv", "avro")
 TYPED_KINDS = ("json", "csv", "avro")
-
-
-@dataclass(frozen=True, slots=True)
-class Column:
-    """One data column: its name and its Spark SQL type as DDL text (``BIGINT``, ``DECIMAL(10,2)``,
-    ``STRUCT<a: INT>``), canonical upper case."""
-
-    name: str
-    type: str
-    nullable: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,10 +120,22 @@ def name_clash(name: str, taken: Mapping[str, str]) -> str | None:
     return f"{name!r} differs from the column {have!r} only in case (column names compare case-insensitively)"
 
 
+class DecodeSection(Protocol):
+    """What :func:`decode_spec_of` reads of the ``decode`` section (the config's model of it,
+    :class:`splitkeeper.config.models.DecodeSection`; the records package does not import it)."""
+
+    kind: Any  # an enum whose value is the kind's name
+    schema_: str | None
+    schema_file: str | None
+    schema_registry_url: str | None
+    on_new_fields: Any  # an enum whose value is the setting's name
+    csv_delimiter: str
+
+    def given(self) -> list[str]: ...
+
+
 def decode_spec_of(section: DecodeSection, *, base: str | os.PathLike[str], where: str) -> DecodeSpec:
     """The spec of a validated ``decode`` section (contract 3); ``base`` resolves ``schema_file``."""
-    from splitkeeper.records.ddl import parse_ddl
-
     kind = section.kind.value
     given = set(section.given())
 
@@ -199,15 +199,11 @@ def decode_spec_of(section: DecodeSection, *, base: str | os.PathLike[str], wher
                 raise invalid(
                     "schema_file", section.schema_file, "a readable Avro schema file (JSON)", str(err)
                 ) from err
-            from splitkeeper.records.ddl import avro_columns
-
             try:
                 columns = avro_columns(parsed)
             except ValueError as err:
                 raise invalid("schema_file", section.schema_file, "an Avro record schema", str(err)) from err
     if columns:
-        from splitkeeper.records.ddl import decodable_problem
-
         problem = decodable_problem(kind, columns)
         if problem is not None:
             key = "schema_file" if kind == "avro" else "schema"

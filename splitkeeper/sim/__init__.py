@@ -14,6 +14,7 @@ Imports only the protocol core: no Spark, Delta, Airflow or Great Expectations.
 """
 
 from splitkeeper.sim.events import Scenario, generate_scenario
+from splitkeeper.sim.shrink import simulate
 from splitkeeper.sim.simulator import (
     Components,
     Finding,
@@ -22,7 +23,6 @@ from splitkeeper.sim.simulator import (
     SimulationResult,
     Simulator,
     run_scenario,
-    simulate,
 )
 
 __all__ = [

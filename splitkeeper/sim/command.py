@@ -23,7 +23,8 @@ from typing import Any
 from splitkeeper.core.assignment import STRATEGIES
 from splitkeeper.errors import InvalidParameterError
 from splitkeeper.sim.broken import BUGS, bug_by_name
-from splitkeeper.sim.simulator import Components, SimConfig, SimulationResult, simulate
+from splitkeeper.sim.shrink import simulate
+from splitkeeper.sim.simulator import Components, SimConfig, SimulationResult
 
 #: Violations listed in the text summary (all of them are in the JSON).
 SHOWN_VIOLATIONS = 20

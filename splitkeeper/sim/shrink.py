@@ -1,4 +1,4 @@
-"""Shrinking: the shortest scenario that still breaks a rule.
+"""Shrinking: the shortest scenario that still breaks a rule; :func:`simulate` runs, then shrinks.
 
 Given a run whose first finding is of kind K, :func:`shrink_finding` looks for
 a smaller scenario whose replay still produces a finding of kind K:
@@ -32,6 +32,7 @@ from splitkeeper.sim.simulator import (
     FindingKind,
     ShrinkResult,
     SimConfig,
+    SimulationResult,
     run_scenario,
 )
 
@@ -158,3 +159,26 @@ def shrink_finding(
         original_events=len(scenario.events),
         runs=budget.used + 1,
     )
+
+
+def simulate(
+    config: SimConfig,
+    scenario: Scenario | None = None,
+    components: Components | None = None,
+    *,
+    shrink: bool = True,
+    max_shrink_runs: int = 400,
+    progress: Callable[[int, int, SimulationResult], None] | None = None,
+    progress_every: int = 0,
+) -> SimulationResult:
+    """Run, and when a rule broke, shrink to the shortest scenario that still breaks the first one.
+
+    The result's ``shrunk`` holds that scenario (None when nothing broke or
+    ``shrink`` is False). Deterministic: same arguments, same result.
+    """
+    scenario = scenario if scenario is not None else config.scenario()
+    result = run_scenario(config, scenario, components, progress=progress, progress_every=progress_every)
+    if shrink and result.violations:
+        shrunk = shrink_finding(config, scenario, result.violations[0], components, max_runs=max_shrink_runs)
+        result = replace(result, shrunk=shrunk)
+    return result

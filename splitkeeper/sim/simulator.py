@@ -34,7 +34,7 @@ import enum
 import math
 import zlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from splitkeeper.core import defaults
@@ -1200,28 +1200,3 @@ def run_scenario(
     return Simulator(config, scenario, components).run(
         stop_on=stop_on, progress=progress, progress_every=progress_every
     )
-
-
-def simulate(
-    config: SimConfig,
-    scenario: Scenario | None = None,
-    components: Components | None = None,
-    *,
-    shrink: bool = True,
-    max_shrink_runs: int = 400,
-    progress: Callable[[int, int, SimulationResult], None] | None = None,
-    progress_every: int = 0,
-) -> SimulationResult:
-    """Run, and when a rule broke, shrink to the shortest scenario that still breaks the first one.
-
-    The result's ``shrunk`` holds that scenario (None when nothing broke or
-    ``shrink`` is False). Deterministic: same arguments, same result.
-    """
-    from splitkeeper.sim.shrink import shrink_finding
-
-    scenario = scenario if scenario is not None else config.scenario()
-    result = run_scenario(config, scenario, components, progress=progress, progress_every=progress_every)
-    if shrink and result.violations:
-        shrunk = shrink_finding(config, scenario, result.violations[0], components, max_runs=max_shrink_runs)
-        result = replace(result, shrunk=shrunk)
-    return result
