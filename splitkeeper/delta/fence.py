@@ -210,61 +210,66 @@ def fenced_commit(
     properties = CommitProperties(app_transactions=[Transaction(app_id, version)], custom_metadata=custom)
     from splitkeeper.delta.tables import guarded
 
-    for send in range(max(1, sends)):
-        try:
-            guarded(table.table_uri, lambda: write(table, properties))
-            break
-        except (CommitFailedError, OSError) as err:
-            # step 4's loser, or step 5: the store failed (guarded() named OS refusals), did it land?
-            lost = not isinstance(err, CommitFailedError)
-            if lost:
-                retries.count("fence_reread")
-            _reread(table, LOST_ANSWER_READS if lost else 1)
-            now = table.transaction_version(app_id)
-            recorded = replay_of(now)
-            if recorded is not None:
-                if lost:
-                    log.warning(
-                        "the commit of %s %s to table %s raised (%s), but the table, read again, records it",
-                        what,
-                        version,
-                        table_name,
-                        err,
-                    )
-                else:
-                    log.info(
-                        "%s %s of %s was committed by another process of the same attempt",
-                        what,
-                        version,
-                        app_id,
-                    )
-                return FenceResult(app_id, version, not lost, recorded.get("version"), recorded)
+    found: list[FenceResult] = []
+
+    def lost(err: BaseException) -> bool:
+        """Step 5: the store failed (guarded() named OS refusals); else step 4's loser."""
+        return not isinstance(err, CommitFailedError)
+
+    def landed(err: BaseException) -> bool:
+        """Steps 4 and 5: read the table again; this attempt's commit there is a landed one (a
+        replay of another process of the same attempt, or a lost answer), anything newer a conflict."""
+        if lost(err):
+            retries.count("fence_reread")
+        _reread(table, LOST_ANSWER_READS if lost(err) else 1)
+        now = table.transaction_version(app_id)
+        recorded = replay_of(now)
+        if recorded is None:
             if now != current:
                 raise conflict(now) from err
-            if lost and send + 1 < sends:  # step 6: not landed, sent again with the same transaction
-                log.warning(
-                    "the commit of %s %s to table %s failed in the store (%s), not landed: sending it again",
-                    what,
-                    version,
-                    table_name,
-                    err,
-                )
-                retries.back_off("fence_resend", send, first_s=0.5)
-                continue
-            reason = (
-                f"failed in the store ({err}), and the table, read again, does not record it: nothing is "
-                "committed by this run. Run again: the next run's open finds out whether a commit still in "
-                "flight landed, and finishes or discards it from the decision record"
-                if lost
-                else f"failed ({err}) although no other run recorded a newer one; nothing was committed. "
-                "Retry; if it fails again, check who else writes to the table"
+            return False
+        if lost(err):
+            log.warning(
+                "the commit of %s %s to table %s raised (%s), but the table, read again, records it",
+                what,
+                version,
+                table_name,
+                err,
             )
-            raise StateError(
-                f"pipeline {pipeline!r}: the commit of {what} {version} to table {table_name} {reason}",
-                pipeline=pipeline,
-                table=table_name,
-                epoch_id=version,
-            ) from err
+        else:
+            log.info(
+                "%s %s of %s was committed by another process of the same attempt", what, version, app_id
+            )
+        found.append(FenceResult(app_id, version, not lost(err), recorded.get("version"), recorded))
+        return True
+
+    try:
+        retries.send_until_landed(  # step 6: only a commit found not landed after a lost answer is resent
+            lambda: guarded(table.table_uri, lambda: write(table, properties)),
+            landed=landed,
+            operation="fence_resend",
+            sends=max(1, sends),
+            failures=(CommitFailedError, OSError),
+            resend=lost,
+            what=f"the commit of {what} {version} to table {table_name}",
+        )
+    except (CommitFailedError, OSError) as err:
+        reason = (
+            f"failed in the store ({err}), and the table, read again, does not record it: nothing is "
+            "committed by this run. Run again: the next run's open finds out whether a commit still in "
+            "flight landed, and finishes or discards it from the decision record"
+            if lost(err)
+            else f"failed ({err}) although no other run recorded a newer one; nothing was committed. "
+            "Retry; if it fails again, check who else writes to the table"
+        )
+        raise StateError(
+            f"pipeline {pipeline!r}: the commit of {what} {version} to table {table_name} {reason}",
+            pipeline=pipeline,
+            table=table_name,
+            epoch_id=version,
+        ) from err
+    if found:
+        return found[0]
     from splitkeeper.delta.tables import refresh
 
     refresh(table)  # a transaction commit does not advance the table object itself

@@ -365,37 +365,50 @@ def ensure_table(
         app_transactions=getattr(commit_properties, "app_transactions", None),
         max_commit_retries=0,
     )
-    last: OSError | None = None
-    for attempt in range(CREATE_ATTEMPTS):
-        try:
-            return _create(uri, spec, data, once, options), True
-        except (CommitFailedError, DeltaError) as err:
-            # Another process created it at the same moment: fine if it is there now (rule 1).
-            found = open_table(uri, missing_ok=True)
-            if found is None:
-                raise StateError(f"cannot create table {spec.name} at {uri}: {err}", table=spec.name) from err
-            check_layout(found, spec, uri, migrate=True)
-            return found, False
-        except OSError as err:
+    found: list[DeltaTable] = []
+
+    def there(err: BaseException) -> bool:
+        """Is the table there after a failed create? Another process may have created it at the same
+        moment (CommitFailedError, DeltaError: fine if it is there now, rule 1), or the store failed
+        with the answer lost while the create landed (OSError: read again after a backoff)."""
+        if isinstance(err, OSError):
             fault = os_fault(err)
             if fault is not None:
                 raise os_error(uri, err, fault) from err
-            # the store failed (its answer may be lost, the create landed): read again, then retry
-            last = err
-            retries.back_off("table_create", attempt, first_s=0.5)
             try:
-                found = open_table(uri, missing_ok=True)
+                table = open_table(uri, missing_ok=True)
             except OSError:
-                continue
-            if found is not None:
+                return False
+            if table is not None:
                 log.warning("creating table %s at %s raised (%s); it exists now", spec.name, uri, err)
-                check_layout(found, spec, uri, migrate=True)
-                return found, False
-    raise StateError(
-        f"cannot create table {spec.name} at {uri}: the store failed {CREATE_ATTEMPTS} times (last: {last}) "
-        "and the table is not there; nothing was created: check the object store, then run again",
-        table=spec.name,
-    ) from last
+        else:
+            table = open_table(uri, missing_ok=True)
+            if table is None:
+                raise StateError(f"cannot create table {spec.name} at {uri}: {err}", table=spec.name) from err
+        if table is None:
+            return False
+        check_layout(table, spec, uri, migrate=True)
+        found.append(table)
+        return True
+
+    try:
+        created = retries.send_until_landed(
+            lambda: _create(uri, spec, data, once, options),
+            landed=there,
+            operation="table_create",
+            sends=CREATE_ATTEMPTS,
+            failures=(CommitFailedError, DeltaError, OSError),
+            settle=lambda err: isinstance(err, OSError),
+            what=f"creating table {spec.name} at {uri}",
+        )
+    except OSError as last:
+        raise StateError(
+            f"cannot create table {spec.name} at {uri}: the store failed {CREATE_ATTEMPTS} times (last: "
+            f"{last}) and the table is not there; nothing was created: check the object store, then run "
+            "again",
+            table=spec.name,
+        ) from last
+    return (created, True) if created is not None else (found[-1], False)
 
 
 def _create(uri: str, spec: TableSpec, data: pa.Table | None, once: Any, options: Any) -> DeltaTable:
@@ -473,31 +486,30 @@ def _send_until_landed(
     table: DeltaTable, what: str, operation: str, send: Callable[[], T], *, landed: Callable[[], bool]
 ) -> T | None:
     """Rules 4 and 5: ``send()`` (one commit on ``table``) until it lands, :data:`APPEND_ATTEMPTS`
-    times at most. After a refused copy (``CommitFailedError``) or an error of the store (``OSError``;
-    :func:`guarded` names the OS refusals) the table is read again: when ``landed()`` it is done
-    (None); otherwise it is sent again after a backoff (an ``operation`` retry of
-    :mod:`splitkeeper.delta.retries`). Raises the last failure when every attempt failed."""
+    times at most (:func:`splitkeeper.delta.retries.send_until_landed`). After a refused copy
+    (``CommitFailedError``) or an error of the store (``OSError``; :func:`guarded` names the OS
+    refusals) the table is read again: when ``landed()`` it is done (None); otherwise it is sent
+    again after a backoff (an ``operation`` retry). Raises the last failure when every attempt failed."""
     from deltalake.exceptions import CommitFailedError
 
-    attempt = 0
-    while True:
-        try:
-            return guarded(table.table_uri, send)
-        except (CommitFailedError, OSError) as err:
-            failure = err
+    def reread_landed(_failure: BaseException) -> bool:
         try:
             refresh(table)
         except OSError:
-            pass  # not known: sending it again is safe, and the next failure reads again
-        else:
-            if landed():
-                log.warning("%s raised (%s), but the table, read again, records it", what, failure)
-                return None
-        if attempt + 1 == APPEND_ATTEMPTS:
-            raise failure
-        log.warning("%s failed (%s): sending it again", what, failure)
-        retries.back_off(operation, attempt, first_s=0.5)
-        attempt += 1
+            return False  # not known: sending it again is safe, and the next failure reads again
+        if not landed():
+            return False
+        log.warning("%s raised (%s), but the table, read again, records it", what, _failure)
+        return True
+
+    return retries.send_until_landed(
+        lambda: guarded(table.table_uri, send),
+        landed=reread_landed,
+        operation=operation,
+        sends=APPEND_ATTEMPTS,
+        failures=(CommitFailedError, OSError),
+        what=what,
+    )
 
 
 # --------------------------------------------------------------------------- one state root
