@@ -113,23 +113,15 @@ def seed_from_state(state_path: str, dead_letter_path: str | None, pipeline: str
     when its ``splitkeeper_checkpoint_id`` is the state's latest checkpoint (a lost or stale
     file: 0 and a warning).
     """
-    import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
 
+    from splitkeeper.delta.history import StateHistory
     from splitkeeper.delta.sink import read_dead_letters
     from splitkeeper.delta.tables import StateTables
 
-    tables = StateTables(state_path, read_only=True)
-    kept = tables.read("checkpoints", columns=["checkpoint_id", "kind", "regions", "created_at"])
-    log_rows = tables.read("checkpoint_log", columns=["checkpoint_id", "kind", "regions", "created_at"])
-    aborted = log_rows.filter(pc.field("kind") == CheckpointKind.ABORTED.value)
-    archived = log_rows.filter(
-        (pc.field("kind") != CheckpointKind.ABORTED.value)
-        & ~pc.field("checkpoint_id").isin(kept.column("checkpoint_id"))
-    )
-    _, first = np.unique(archived.column("checkpoint_id").to_numpy(), return_index=True)
-    archived = archived.take(pa.array(first, pa.int64()))  # once per id, as the timeline
+    history = StateHistory(StateTables(state_path, read_only=True), pipeline)
+    kept, archived, aborted = history.timeline_tables(["regions", "created_at"])  # the timeline's rule
 
     seed = Seed()
     for part in (kept, archived, aborted):

@@ -287,15 +287,31 @@ class StateHistory:
 
     def archived_checkpoints(self) -> pa.Table:
         """The ``checkpoint_log`` rows of completed checkpoints retention deleted: one per id, none kept."""
-        log = self.tables.read("checkpoint_log")
-        log = log.filter(pc.field("kind") != CheckpointKind.ABORTED.value)
-        kept = set(self.kept_ids())
-        seen: set[int] = set()
-        keep = []
-        for cid in log.column("checkpoint_id").to_pylist():
-            keep.append(cid not in kept and cid not in seen)
-            seen.add(cid)
-        return log.filter(pa.array(keep, pa.bool_())).sort_by("checkpoint_id")
+        return self.timeline_tables()[1].sort_by("checkpoint_id")
+
+    def timeline_tables(
+        self, columns: Sequence[str] | None = None, log_columns: Sequence[str] = ()
+    ) -> tuple[pa.Table, pa.Table, pa.Table]:
+        """Rule 2, column-wise: the rows of the timeline's attempts as three tables, ``(kept, archived,
+        aborted)``: the ``checkpoints`` rows; the ``checkpoint_log`` rows of completed checkpoints
+        retention deleted (the first logged per id, none kept); the aborted attempts logged. With
+        ``columns`` (names both tables have; ``checkpoint_id`` and ``kind`` are read anyway) only those,
+        and ``log_columns`` of the log too. What :meth:`timeline` lists, and what the metrics count at
+        start without building an entry per attempt."""
+        wanted = None if columns is None else list(dict.fromkeys(["checkpoint_id", "kind", *columns]))
+        kept = self.tables.read("checkpoints", columns=wanted)
+        logged = self.tables.read(
+            "checkpoint_log", columns=None if wanted is None else [*wanted, *log_columns]
+        )
+        aborted = logged.filter(pc.field("kind") == CheckpointKind.ABORTED.value)
+        completed = logged.filter(
+            (pc.field("kind") != CheckpointKind.ABORTED.value)
+            & ~pc.field("checkpoint_id").isin(kept.column("checkpoint_id"))
+        )
+        index = pa.array(range(completed.num_rows), pa.int64())
+        rows = pa.table({"checkpoint_id": completed.column("checkpoint_id"), "row": index})
+        first = rows.group_by("checkpoint_id", use_threads=False).aggregate([("row", "min")])["row_min"]
+        return kept, completed.take(first.take(pc.sort_indices(first))), aborted  # in the log's order
 
     def why_not_kept(self, checkpoint_id: int) -> str:
         """Why ``checkpoint_id`` is not a kept checkpoint, for an error's words: removed by retention
@@ -395,20 +411,11 @@ class StateHistory:
             return {int(g["region_id"]): RegionOutcome(g["outcome"]) for g in regions}
 
         entries: list[TimelineEntry] = []
-        kept = self.tables.read(
-            "checkpoints",
-            columns=[
-                "checkpoint_id",
-                "kind",
-                "regions",
-                "created_at",
-                "commit_ms",
-                "run_id",
-                "processing_backlog",
-                *INCIDENT_COLUMNS,
-            ],
+        kept, archived, aborted = self.timeline_tables(
+            ["regions", "created_at", "commit_ms", "run_id", "processing_backlog", *INCIDENT_COLUMNS],
+            log_columns=["logged_at", "reason"],
         )
-        completed = [*kept.to_pylist(), *self.archived_checkpoints().to_pylist()]
+        completed = [*kept.to_pylist(), *archived.sort_by("checkpoint_id").to_pylist()]
         for row in completed:
             regions = row["regions"] or []
             entries.append(
@@ -425,7 +432,6 @@ class StateHistory:
                     failures=serde.failures_from_rows(row.get("failures")),
                 )
             )
-        aborted = self.tables.read("checkpoint_log").filter(pc.field("kind") == CheckpointKind.ABORTED.value)
         for row in aborted.to_pylist():
             entries.append(
                 TimelineEntry(
