@@ -1,7 +1,7 @@
 """The epoch job: the application spark-submit runs to drive a pipeline's epochs on a cluster.
 
 The ingest DAG's epoch task submits it when ``SPLITKEEPER_SPARK_MASTER`` names a cluster
-(:func:`splitkeeper.orchestration.airflow.spark_submit_epoch_task`; on the embedded default
+(:func:`splitkeeper.airflow.wiring.spark_submit_epoch_task`; on the embedded default
 the task runs the epochs in-process through :mod:`splitkeeper.app.services` and this file is
 not used). It takes the options of ``splitkeeper run`` and hands them to that command
 unchanged; the cluster's jars must include Delta::

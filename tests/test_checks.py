@@ -20,7 +20,7 @@ SPARK_CONTRACT = (
 DELTA_CONTRACT = "delta: the Delta package imports no engine-side or user-facing part of splitkeeper"
 HISTORY_CONTRACT = "report and checks read state through the Delta package's API, never its tables module"
 ENGINES_CONTRACT = "core: the protocol core imports no engine and no config-model library"
-PIPELINE_CONTRACT = "commands, orchestration and the provider reach the pipeline only through splitkeeper.app"
+PIPELINE_CONTRACT = "commands and the Airflow provider reach the pipeline only through splitkeeper.app"
 TOOLS_CONTRACT = "tools: the product never imports splitkeeper_tools"
 CLI_CONTRACT = "cli: only python -m splitkeeper imports the CLI"
 CONFIG_CONTRACT = (
@@ -96,7 +96,7 @@ def test_the_contracts_are_kept_by_this_checkout(tree: Path) -> None:
         ("splitkeeper/config/_probe.py", "from splitkeeper.delta import serde", CONFIG_CONTRACT),
         ("splitkeeper/config/_probe.py", "import pyspark", CONFIG_CONTRACT),
         ("splitkeeper/config/_probe.py", "from splitkeeper.app import services", CONFIG_CONTRACT),
-        ("splitkeeper/spark/_probe.py", "import splitkeeper.orchestration.tasks", SPARK_CONTRACT),
+        ("splitkeeper/spark/_probe.py", "import splitkeeper.airflow.tasks", SPARK_CONTRACT),
         ("splitkeeper/spark/_probe.py", "import splitkeeper.report.html", SPARK_CONTRACT),
         ("splitkeeper/spark/_probe.py", "from splitkeeper.quality import checks", SPARK_CONTRACT),
         ("splitkeeper/spark/sources/_probe.py", "import splitkeeper.cli", (SPARK_CONTRACT, CLI_CONTRACT)),
@@ -130,7 +130,7 @@ def test_the_contracts_are_kept_by_this_checkout(tree: Path) -> None:
         ("splitkeeper/commands/_probe.py", "from splitkeeper import cli", CLI_CONTRACT),
         ("tools/splitkeeper_tools/_probe.py", "import splitkeeper.cli", CLI_CONTRACT),
         ("splitkeeper/commands/_probe.py", "from splitkeeper.app import pipeline", PIPELINE_CONTRACT),
-        ("splitkeeper/orchestration/_probe.py", "import splitkeeper.app.pipeline", PIPELINE_CONTRACT),
+        ("splitkeeper/airflow/_probe.py", "import splitkeeper.app.pipeline", PIPELINE_CONTRACT),
         ("splitkeeper/delta/_probe.py", "import splitkeeper.spark.session", DELTA_CONTRACT),
         ("splitkeeper/delta/_probe.py", "from splitkeeper.app import services", DELTA_CONTRACT),
         ("splitkeeper/report/_probe.py", "from splitkeeper.delta import tables", HISTORY_CONTRACT),

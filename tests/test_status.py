@@ -96,9 +96,9 @@ def test_status_on_a_missing_state_folder_says_so_and_fails(tmp_path: Path) -> N
 def test_next_epoch_of_a_pipeline_never_run_is_1_without_a_state_folder(tmp_path: Path) -> None:
     """The demo's and the DAGs' fault injection asks for the next epoch before the first run: a
     missing state folder is not an error there (status refuses it as a likely typo)."""
+    from splitkeeper.airflow import tasks
     from splitkeeper.app import services
     from splitkeeper.config.settings import load_config
-    from splitkeeper.orchestration import tasks
 
     config = _config(tmp_path)
     assert tasks.next_epoch(str(config)) == 1

@@ -65,10 +65,8 @@ def get_provider_info() -> dict[str, Any]:
         ],
         "triggers": [{"integration-name": "splitkeeper", "python-modules": ["splitkeeper.airflow.triggers"]}],
         "connection-types": [],
-        "extra-links": ["splitkeeper.orchestration.plugin.RunReportLink"],
-        "plugins": [
-            {"name": "splitkeeper", "plugin-class": "splitkeeper.orchestration.plugin.SplitkeeperPlugin"}
-        ],
+        "extra-links": ["splitkeeper.airflow.plugin.RunReportLink"],
+        "plugins": [{"name": "splitkeeper", "plugin-class": "splitkeeper.airflow.plugin.SplitkeeperPlugin"}],
     }
 
 
@@ -112,10 +110,10 @@ def splitkeeper_dags(
         (``splitkeeper_ingest``); with several each ends with ``__<pipeline name>``.
     """
     from splitkeeper.airflow import dags as builders
+    from splitkeeper.airflow.files import CONFIG_ENV, config_paths
     from splitkeeper.airflow.hooks import deprecated
+    from splitkeeper.airflow.wiring import dag_pipelines
     from splitkeeper.errors import InvalidParameterError
-    from splitkeeper.orchestration.airflow import config_paths, dag_pipelines
-    from splitkeeper.orchestration.tasks import CONFIG_ENV
 
     caller = inspect.currentframe()
     caller_globals = caller.f_back.f_globals if caller is not None and caller.f_back is not None else {}

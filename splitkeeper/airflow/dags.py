@@ -1,9 +1,9 @@
 """The DAGs :func:`splitkeeper.airflow.splitkeeper_dags` builds for one pipeline.
 
-One builder per kind, each taking a :class:`~splitkeeper.orchestration.airflow.DagPipeline`.
+One builder per kind, each taking a :class:`~splitkeeper.airflow.wiring.DagPipeline`.
 The scheduled steps are the splitkeeper operators (:mod:`splitkeeper.airflow.operators`); the
 recovery and rescale DAGs keep one task per recovery step (the audit trail), each a call of
-:mod:`splitkeeper.orchestration.tasks`. Nothing here starts or imports Spark: the scheduler
+:mod:`splitkeeper.airflow.tasks`. Nothing here starts or imports Spark: the scheduler
 parses DAG files constantly.
 """
 
@@ -15,6 +15,7 @@ from typing import Any
 import pendulum
 from airflow.sdk import DAG, Asset, AssetWatcher, Param, task
 
+from splitkeeper.airflow import tasks
 from splitkeeper.airflow.operators import (
     SplitkeeperIngestOperator,
     SplitkeeperMaintainOperator,
@@ -22,15 +23,14 @@ from splitkeeper.airflow.operators import (
     SplitkeeperValidateOperator,
 )
 from splitkeeper.airflow.triggers import SplitkeeperNewDataTrigger
-from splitkeeper.config.limits import MAX_PARALLELISM
-from splitkeeper.config.models import DEFAULT_SCHEDULE, ON_NEW_DATA
-from splitkeeper.orchestration import tasks
-from splitkeeper.orchestration.airflow import (
+from splitkeeper.airflow.wiring import (
     DagPipeline,
     cluster_master,
     pipeline_param,
     spark_submit_epoch_task,
 )
+from splitkeeper.config.limits import MAX_PARALLELISM
+from splitkeeper.config.models import DEFAULT_SCHEDULE, ON_NEW_DATA
 
 INGEST_DOC = """splitkeeper_ingest: the scheduled ingest of one pipeline.
 

@@ -68,7 +68,7 @@ class SplitkeeperHook(BaseHook):
 
     def config_path(self) -> str:
         """The pipeline file: the one given, else ``$SPLITKEEPER_PIPELINE_CONFIG`` (deprecated)."""
-        from splitkeeper.orchestration.tasks import CONFIG_ENV, config_path
+        from splitkeeper.airflow.files import CONFIG_ENV, config_path
 
         if self.pipeline_config is None and os.environ.get(CONFIG_ENV):
             deprecated(CONFIG_ENV, "the operators' pipeline_config or splitkeeper_dags('pipelines/*.yaml')")

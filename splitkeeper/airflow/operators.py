@@ -1,4 +1,4 @@
-"""The operators a user imports into a DAG: thin wrappers over :mod:`splitkeeper.orchestration.tasks`.
+"""The operators a user imports into a DAG: thin wrappers over :mod:`splitkeeper.airflow.tasks`.
 
 Each takes the pipeline file (``pipeline_config``, templated), runs one task function through
 :class:`~splitkeeper.airflow.hooks.SplitkeeperHook` (which reads the connections the file names)
@@ -128,7 +128,7 @@ class SplitkeeperIngestOperator(_SplitkeeperOperator):
         self.pipeline = pipeline
 
     def execute(self, context: Any) -> dict[str, Any]:
-        from splitkeeper.orchestration import tasks
+        from splitkeeper.airflow import tasks
 
         return tasks.run_epochs(
             self.path,
@@ -170,7 +170,7 @@ class SplitkeeperValidateOperator(_SplitkeeperOperator):
         self.checkpoint_id = checkpoint_id
 
     def execute(self, context: Any) -> dict[str, Any]:
-        from splitkeeper.orchestration import tasks
+        from splitkeeper.airflow import tasks
 
         return tasks.validate(self.path, _optional("checkpoint_id", self.checkpoint_id, int))
 
@@ -189,7 +189,7 @@ class SplitkeeperReportOperator(_SplitkeeperOperator):
         self.title = title
 
     def execute(self, context: Any) -> str:
-        from splitkeeper.orchestration import tasks
+        from splitkeeper.airflow import tasks
 
         out = tasks.report(self.path, title=self.title or None)
         log.info("report: %s", out)
@@ -211,7 +211,7 @@ class SplitkeeperMaintainOperator(_SplitkeeperOperator):
         self.history_hours = history_hours
 
     def execute(self, context: Any) -> dict[str, Any]:
-        from splitkeeper.orchestration import tasks
+        from splitkeeper.airflow import tasks
 
         return tasks.maintain(self.path, history_hours=_optional("history_hours", self.history_hours, float))
 
@@ -221,7 +221,7 @@ class SplitkeeperRecoverOperator(_SplitkeeperOperator):
 
     A rewind or an offset reset is planned, and applied only with ``confirm``; ``dry_run`` only
     logs the plan. The values are checked as the recovery DAG's Params are
-    (:func:`splitkeeper.orchestration.tasks.check_recovery_params`).
+    (:func:`splitkeeper.airflow.tasks.check_recovery_params`).
 
     :param pipeline_config: the pipeline file (templated)
     :param checkpoint_id: ``"latest"`` or a checkpoint id (templated)
@@ -294,7 +294,7 @@ class SplitkeeperRecoverOperator(_SplitkeeperOperator):
         }
 
     def execute(self, context: Any) -> dict[str, Any]:
-        from splitkeeper.orchestration import tasks
+        from splitkeeper.airflow import tasks
 
         path = self.path
         restored = tasks.restore_enumerator_state(self.params_of_run(), path)

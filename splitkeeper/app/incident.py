@@ -89,6 +89,35 @@ class RewindResult(_Result):
     def offsets_undone(self) -> int:
         return sum(int(c["undone"] or 0) for c in self.changes)
 
+    def text(self) -> str:
+        """The rewind plan or outcome as the CLI and the recovery DAG's log print it."""
+        lines = []
+        verb = "rewound" if self.applied else "would rewind"
+        lines.append(
+            f"pipeline {self.pipeline}: {verb} from checkpoint {self.from_checkpoint} to checkpoint "
+            f"{self.to_checkpoint} (committed as checkpoint {self.epoch})"
+        )
+        if self.redone is not None:
+            lines.append(f"checkpoint {self.redone} is finished first from its sink commit (a redo)")
+        lines.append(f"splits: {len(self.changes)} change, {self.offsets_undone:,} offsets are read again")
+        for change in self.changes[:20]:
+            undone = "" if change["undone"] is None else f" ({change['undone']:,} offsets read again)"
+            lines.append(f"  {change['split_id']:<40} {change['before']} -> {change['after']}{undone}")
+        if len(self.changes) > 20:
+            lines.append(f"  ... and {len(self.changes) - 20} more (--json lists every split)")
+        lines.append("tables:")
+        for table in self.tables:
+            lines.append(
+                f"  {table['table']:<16} version {table['version_now']} -> {table['version_after']}, rows "
+                f"{table['rows_now']:,} -> {table['rows_after']:,} ({table['rows_leaving']:,} leave) "
+                f"{table['path']}"
+            )
+        if not self.applied:
+            lines.append("nothing was written; apply it with --yes --reason '...'")
+        else:
+            lines.append(f"by {self.operator}: {self.reason}; the next run reads on from these positions")
+        return "\n".join(lines)
+
 
 @dataclass(frozen=True, slots=True)
 class SplitOffsets(_Result):

@@ -4,7 +4,7 @@
 ``validate`` and ``report`` take a validated :class:`PipelineConfig`, do one use
 case and return a typed result (:mod:`splitkeeper.app.results`). The CLI
 commands (``splitkeeper/commands``) format those results; the Airflow tasks
-(``splitkeeper/orchestration/tasks.py``) return their ``to_dict()``. Neither
+(``splitkeeper/airflow/tasks.py``) return their ``to_dict()``. Neither
 holds logic of its own.
 
 Read-only services (``status``, ``preview_recovery``, a dry-run ``recover``)

@@ -162,38 +162,5 @@ def _rewind(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result.to_dict()))
         return 0
-    print(print_rewind(result))
+    print(result.text())
     return 0
-
-
-def print_rewind(result: object) -> str:
-    """The rewind plan or outcome as the CLI and the recovery DAG's log print it."""
-    from splitkeeper.app.incident import RewindResult
-
-    assert isinstance(result, RewindResult)
-    lines = []
-    verb = "rewound" if result.applied else "would rewind"
-    lines.append(
-        f"pipeline {result.pipeline}: {verb} from checkpoint {result.from_checkpoint} to checkpoint "
-        f"{result.to_checkpoint} (committed as checkpoint {result.epoch})"
-    )
-    if result.redone is not None:
-        lines.append(f"checkpoint {result.redone} is finished first from its sink commit (a redo)")
-    lines.append(f"splits: {len(result.changes)} change, {result.offsets_undone:,} offsets are read again")
-    for change in result.changes[:20]:
-        undone = "" if change["undone"] is None else f" ({change['undone']:,} offsets read again)"
-        lines.append(f"  {change['split_id']:<40} {change['before']} -> {change['after']}{undone}")
-    if len(result.changes) > 20:
-        lines.append(f"  ... and {len(result.changes) - 20} more (--json lists every split)")
-    lines.append("tables:")
-    for table in result.tables:
-        lines.append(
-            f"  {table['table']:<16} version {table['version_now']} -> {table['version_after']}, rows "
-            f"{table['rows_now']:,} -> {table['rows_after']:,} ({table['rows_leaving']:,} leave) "
-            f"{table['path']}"
-        )
-    if not result.applied:
-        lines.append("nothing was written; apply it with --yes --reason '...'")
-    else:
-        lines.append(f"by {result.operator}: {result.reason}; the next run reads on from these positions")
-    return "\n".join(lines)

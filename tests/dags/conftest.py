@@ -30,7 +30,7 @@ def airflow_db() -> Path:
         [str(airflow), "db", "migrate"], capture_output=True, text=True, env=os.environ.copy(), timeout=600
     )
     assert done.returncode == 0, done.stderr[-2000:]
-    from splitkeeper.orchestration.airflow import share_in_process_execution_api
+    from splitkeeper.airflow.wiring import share_in_process_execution_api
 
     share_in_process_execution_api()  # dag.test() builds an API server per task otherwise: seconds each
     return Path(os.environ["AIRFLOW_HOME"])

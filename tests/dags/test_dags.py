@@ -131,7 +131,7 @@ def test_on_a_cluster_master_the_epoch_task_submits_the_packaged_epoch_job(monke
     task = load_dag("splitkeeper_ingest").get_task("run_epochs")
     from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 
-    from splitkeeper.orchestration.operators import EpochJobSubmitOperator
+    from splitkeeper.airflow.spark_submit import EpochJobSubmitOperator
 
     assert type(task) is EpochJobSubmitOperator and isinstance(task, SparkSubmitOperator)
     assert task.pipeline_config == os.environ.get("SPLITKEEPER_PIPELINE_CONFIG", "")
@@ -197,7 +197,7 @@ def _the_report_is_reachable_from_the_report_task(
     from airflow.models.taskinstancekey import TaskInstanceKey
     from fastapi.testclient import TestClient
 
-    from splitkeeper.orchestration.plugin import URL_PREFIX, RunReportLink, app, run_report_path
+    from splitkeeper.airflow.plugin import URL_PREFIX, RunReportLink, app, run_report_path
 
     link = RunReportLink().get_link(None, ti_key=TaskInstanceKey(dag_id, task_id, run_id))
     assert link == f"{URL_PREFIX}/report/{dag_id}/{quote(run_id, safe='')}?task_id={task_id}"
@@ -278,8 +278,8 @@ def test_ingest_rejects_a_bad_pipeline_override_at_trigger(
 
 
 def test_an_override_only_the_core_rejects_fails_the_run_naming_the_key(airflow_db, tmp_path, monkeypatch):
+    from splitkeeper.airflow import tasks
     from splitkeeper.errors import ConfigError
-    from splitkeeper.orchestration import tasks
 
     config_path = _write_pipeline(tmp_path, files=1, lines=1)
     monkeypatch.setenv("SPLITKEEPER_PIPELINE_CONFIG", str(config_path))
@@ -299,7 +299,7 @@ _CHILD_RUN = """
 import json, sys
 sys.path.insert(0, {repo!r})
 from tests.dags.conftest import load_dag
-from splitkeeper.orchestration.plugin import _results, run_report_path
+from splitkeeper.airflow.plugin import _results, run_report_path
 run = load_dag("splitkeeper_ingest").test(run_conf={{"epochs": 5}})
 validated = _results("splitkeeper_ingest", run.run_id, "validate")
 print(json.dumps(dict(state=run.state, validated=validated[0] if validated else None,
@@ -314,10 +314,10 @@ def _a_run_with_nothing_new_starts_no_spark(config_path: Path, finished_run_id: 
     can start (JAVA_HOME points at an empty folder, as the CLI's test does). ``finished_run_id``: the
     ingest run that read everything there is; its validate checked the latest checkpoint or found it
     checked by the run before (the rescale DAG's, when the rescale's epochs read the rest)."""
+    from splitkeeper.airflow.plugin import _results
     from splitkeeper.config.settings import load_config
     from splitkeeper.delta.checkpoints import DeltaStateStore
     from splitkeeper.delta.sink import read_sink
-    from splitkeeper.orchestration.plugin import _results
 
     checked = _results("splitkeeper_ingest", finished_run_id, "validate")[0]
     config = load_config(config_path)
@@ -393,8 +393,8 @@ def test_ingest_with_a_region_failure_then_recover_and_rescale(airflow_db, spark
 
     # 'latest' is what the writing step restores when it gets the pool slot, not what the restore
     # step saw: an ingest that held the slot meanwhile committed a newer checkpoint
+    from splitkeeper.airflow import tasks
     from splitkeeper.app import services
-    from splitkeeper.orchestration import tasks
 
     restored = tasks.restore_enumerator_state({"checkpoint_id": "latest"}, str(config_path))
     assert restored["checkpoint_id"] == before[-1]

@@ -41,9 +41,9 @@ def _ancestors(pid: int) -> list[int]:
 def test_cancelling_a_continuous_spark_submit_run_ends_it_on_a_global_checkpoint(
     tmp_path, monkeypatch, caplog
 ):
+    from splitkeeper.airflow.spark_submit import EpochJobSubmitOperator
     from splitkeeper.app import services
     from splitkeeper.config.settings import load_config
-    from splitkeeper.orchestration.operators import EpochJobSubmitOperator
     from splitkeeper.spark import jars as jarlib
 
     write_input(tmp_path / "in", files=3, lines=60)

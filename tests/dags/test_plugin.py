@@ -32,7 +32,7 @@ PASSWORDS = {"admin": "admin-pass", OUTSIDER: "outsider-pass"}
 
 def _check_dag():
     """A DAG shaped like splitkeeper's: ``report`` returns the page kept for its run (the value
-    :func:`splitkeeper.orchestration.tasks.report` returns), ``other`` returns something else."""
+    :func:`splitkeeper.airflow.tasks.report` returns), ``other`` returns something else."""
     import pendulum
     from airflow.sdk import DAG, task
 
@@ -148,7 +148,7 @@ def _two_runs_of_reports(tmp_path: Path) -> tuple[Path, Path]:
 def test_plugin_pages_behind_the_auth_manager_link_each_run_and_write_nothing(api_server, tmp_path):
     import httpx
 
-    from splitkeeper.orchestration import plugin
+    from splitkeeper.airflow import plugin
     from splitkeeper.report import html
 
     # the plugin names the report's files without importing the report package

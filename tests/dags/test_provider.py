@@ -167,6 +167,7 @@ def test_the_hook_reads_the_connections_a_pipeline_file_names(tmp_path, monkeypa
 
 
 def test_operators_turn_rendered_templates_into_their_arguments():
+    from splitkeeper.airflow import tasks
     from splitkeeper.airflow.operators import (
         SplitkeeperIngestOperator,
         SplitkeeperMaintainOperator,
@@ -175,7 +176,6 @@ def test_operators_turn_rendered_templates_into_their_arguments():
         _json,
         _optional,
     )
-    from splitkeeper.orchestration import tasks
 
     ingest = SplitkeeperIngestOperator(task_id="i", pipeline_config="p.yaml", faults='["fail:1@2"]')
     assert ingest.template_fields[0] == "pipeline_config"

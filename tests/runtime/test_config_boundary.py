@@ -131,7 +131,7 @@ def test_an_override_is_never_expanded_and_its_reference_is_refused_as_such(
 
 
 def test_run_epochs_overrides_are_data_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from splitkeeper.orchestration import tasks
+    from splitkeeper.airflow import tasks
 
     monkeypatch.setenv("ADV_SECRET", SECRET)
     path = write(tmp_path, HEAD + SOURCE + PLACES)

@@ -338,7 +338,7 @@ def test_pipeline_json_overrides_get_the_same_limits(tmp_path: Path) -> None:
 
 
 def test_dag_param_overrides_given_as_a_mapping_get_the_same_limits(tmp_path: Path) -> None:
-    from splitkeeper.orchestration import tasks
+    from splitkeeper.airflow import tasks
 
     path = write(tmp_path, HEAD + SOURCE + PLACES)
     deep: Any = {}

@@ -300,7 +300,7 @@ def _prepare_airflow(workspace: Path) -> None:
     done = subprocess.run([str(airflow), "db", "migrate"], capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"airflow db migrate failed:\n{done.stderr[-3000:]}")
-    from splitkeeper.orchestration.airflow import share_in_process_execution_api
+    from splitkeeper.airflow.wiring import share_in_process_execution_api
 
     share_in_process_execution_api()  # dag.test() builds an API server per task otherwise: seconds each
 
@@ -318,7 +318,7 @@ def _dag(name: str):
 def _run_dag(name: str, conf: dict, config: str | None = None) -> None:
     """Run one DAG (dag.test: a real DAG run on SQLite) and tell what it did: its checkpoints,
     recovery decisions and the restart checks' verdict."""
-    from splitkeeper.orchestration import tasks
+    from splitkeeper.airflow import tasks
 
     path = config or os.environ["SPLITKEEPER_PIPELINE_CONFIG"]
     before = tasks.next_epoch(path)
@@ -410,7 +410,7 @@ def _story_of(config: str, first: int) -> list[str]:
 
 def _stream(workspace: Path, messages: int) -> tuple[str, str]:
     """The streaming side (step 6); returns the report's path and a one-line outcome."""
-    from splitkeeper.orchestration import tasks
+    from splitkeeper.airflow import tasks
     from splitkeeper_tools.kafka_testbed import BrokerHandle, NumberedProducer, create_topics
 
     broker = BrokerHandle(workspace / "stream", None)
@@ -619,7 +619,7 @@ def main(argv: list[str] | None = None) -> int:
     _make_files(workspace / "incoming", files=4, lines=args.lines, first=0)
     _prepare_airflow(workspace)
 
-    from splitkeeper.orchestration import tasks
+    from splitkeeper.airflow import tasks
 
     _run_dag("splitkeeper_ingest", {"epochs": 2})
     _make_files(workspace / "incoming", files=2, lines=args.lines, first=4)  # a new file drop

@@ -1559,11 +1559,11 @@ class LocalCluster:
 
     def _writer_pools(self) -> list[str]:
         """The writer pool of every pipeline ``$SPLITKEEPER_PIPELINE_CONFIG`` names (as the DAGs name
-        it, :func:`splitkeeper.orchestration.airflow.pool_name`); each config is loaded with the
+        it, :func:`splitkeeper.airflow.wiring.pool_name`); each config is loaded with the
         environment the Airflow services get, so ``${SPLITKEEPER_KAFKA_BOOTSTRAP_SERVERS}`` resolves."""
+        from splitkeeper.airflow.wiring import config_paths, pool_name
         from splitkeeper.config.settings import load_config
         from splitkeeper.errors import ConfigError
-        from splitkeeper.orchestration.airflow import config_paths, pool_name
 
         env = self._airflow_env()
         pools = []

@@ -14,7 +14,7 @@ from datetime import timedelta
 import pendulum
 from airflow.sdk import DAG, task
 
-from splitkeeper.orchestration.airflow import DEFAULT_ARGS
+from splitkeeper.airflow.wiring import DEFAULT_ARGS
 
 with DAG(
     dag_id="splitkeeper_cluster_check",

@@ -2,7 +2,7 @@
 
 - **"Run report" extra link** on the tasks of splitkeeper's operators whose result is a run report
   (the ingest DAG's ``report``, the recovery DAG's ``resume``, ...): such a task returns the path
-  of the page kept for its run (:func:`splitkeeper.orchestration.tasks.report`), and the link
+  of the page kept for its run (:func:`splitkeeper.airflow.tasks.report`), and the link
   opens that page. On any other task (another DAG's, or one that returned something else) the
   link is empty.
 - **A FastAPI app** mounted by Airflow's API server under ``/splitkeeper``:

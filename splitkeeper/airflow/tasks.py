@@ -16,30 +16,16 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from splitkeeper.airflow.files import config_path
 from splitkeeper.app import services
 from splitkeeper.config.limits import check_parallelism
 from splitkeeper.config.settings import PipelineConfig, load_config
 from splitkeeper.core.rescale import Redistribution
 from splitkeeper.errors import InvalidParameterError
 
-log = logging.getLogger("splitkeeper.orchestration")
+log = logging.getLogger("splitkeeper.airflow")
 
-CONFIG_ENV = "SPLITKEEPER_PIPELINE_CONFIG"
 RECOVERY_MODES = services.RECOVERY_MODES
-
-
-def config_path(explicit: str | None = None) -> str:
-    """The pipeline config a task works on: the argument, else ``$SPLITKEEPER_PIPELINE_CONFIG``."""
-    path = explicit or os.environ.get(CONFIG_ENV, "")
-    if not path or (not explicit and os.pathsep in path.strip(os.pathsep)):
-        raise InvalidParameterError(
-            CONFIG_ENV,
-            path,
-            "the path of a pipeline config file (several, separated by os.pathsep, only for the DAG "
-            "files, which pass each task its pipeline's path)",
-            hint=f"export {CONFIG_ENV}=/path/pipeline.yaml, or pass the path",
-        )
-    return path.strip(os.pathsep)
 
 
 def _config(path: str | None, overrides: Mapping[str, Any] | None = None) -> PipelineConfig:
@@ -174,7 +160,6 @@ def operator_change(chosen: Mapping[str, Any], path: str | None = None, *, apply
     """A rewind (``rewind`` + ``checkpoint_id``) or an offset reset (``reset_split`` + ``reset_to``),
     planned (``apply`` False, or without ``confirm``, or with ``dry_run``) or applied; logs the plan."""
     from splitkeeper.app import incident
-    from splitkeeper.commands.recover import print_rewind
 
     config = _config(path)
     dry = not apply or chosen.get("dry_run") or not chosen.get("confirm")
@@ -188,7 +173,7 @@ def operator_change(chosen: Mapping[str, Any], path: str | None = None, *, apply
             reason=chosen.get("reason", ""),
             operator=operator,
         )
-        log.info("%s", print_rewind(rewound))
+        log.info("%s", rewound.text())
         return {"kind": "rewind", "applied": rewound.applied, **rewound.to_dict()}
     reset = incident.reset_offset(
         config,

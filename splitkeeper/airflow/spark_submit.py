@@ -1,7 +1,7 @@
 """The ingest DAG's epoch task on a cluster master: spark-submit, with a graceful cancel.
 
 Imported only when ``SPLITKEEPER_SPARK_MASTER`` names a cluster (``spark_submit_epoch_task`` in
-:mod:`splitkeeper.orchestration.airflow`): it needs apache-airflow-providers-apache-spark.
+:mod:`splitkeeper.airflow.wiring`): it needs apache-airflow-providers-apache-spark.
 
 :class:`EpochJobSubmitOperator` is the provider's ``SparkSubmitOperator`` with one change. The
 provider's ``on_kill`` SIGKILLs spark-submit at once. A continuous run (``--continuous``)

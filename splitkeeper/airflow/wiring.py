@@ -17,20 +17,13 @@ from pathlib import Path
 from typing import Any
 
 from splitkeeper import resources
-from splitkeeper.orchestration.tasks import CONFIG_ENV
+from splitkeeper.airflow.files import config_paths
 
 DEFAULT_ARGS: dict[str, Any] = {
     "owner": "splitkeeper",
     "retries": 0,  # recovery is splitkeeper's business: a blind retry would hide what happened
     "execution_timeout": timedelta(hours=2),
 }
-
-
-def config_paths(env: Mapping[str, str] | None = None) -> list[str]:
-    """The pipeline config files named by ``$SPLITKEEPER_PIPELINE_CONFIG``: one path, or several
-    separated by ``os.pathsep`` (``:``, as in ``PATH``). Empty when it is unset."""
-    raw = (os.environ if env is None else env).get(CONFIG_ENV, "")
-    return [p.strip() for p in raw.split(os.pathsep) if p.strip()]
 
 
 def pool_name(pipeline_name: str) -> str:
@@ -158,7 +151,7 @@ class DagPipeline:
         try:
             resolve_callable(config.on_failure, "notifications.on_failure", Role.NOTIFICATION)(event)
         except Exception:  # noqa: BLE001
-            logging.getLogger("splitkeeper.orchestration").exception(
+            logging.getLogger("splitkeeper.airflow").exception(
                 "notifications.on_failure %s failed", config.on_failure
             )
 
@@ -219,9 +212,9 @@ def spark_submit_epoch_task(task_id: str, pipeline: DagPipeline) -> Any:
     Every Param of the ingest DAG reaches the job: ``application_args`` are templated
     (epochs, until_caught_up, continuous, faults and the pipeline overrides as JSON). A
     cancelled continuous run ends on a global checkpoint before spark-submit is killed
-    (:class:`~splitkeeper.orchestration.operators.EpochJobSubmitOperator`).
+    (:class:`~splitkeeper.airflow.spark_submit.EpochJobSubmitOperator`).
     """
-    from splitkeeper.orchestration.operators import EpochJobSubmitOperator
+    from splitkeeper.airflow.spark_submit import EpochJobSubmitOperator
 
     return EpochJobSubmitOperator(
         pipeline_config=pipeline.path,
