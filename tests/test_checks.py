@@ -154,6 +154,99 @@ def test_a_forbidden_import_breaks_its_contract_and_names_the_module(
     assert module.removesuffix(".py").removeprefix("tools/").replace("/", ".") in done.stdout
 
 
+LAYERS_CONTRACT = "layers: the product's packages import downwards only"
+SINK_PORT_CONTRACT = "app, checks and report talk to the sink port, never a sink or source kind's package"
+
+
+def _states(output: str, names: tuple[str, ...]) -> dict[str, str]:
+    text = " ".join(output.split())
+    return {n: ("BROKEN" if f"{n} BROKEN" in text else "KEPT" if f"{n} KEPT" in text else "?") for n in names}
+
+
+def test_the_layers_and_the_sink_port_contracts_are_kept_by_this_checkout(tree: Path) -> None:
+    done = _lint_imports(tree)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert _states(done.stdout, (LAYERS_CONTRACT, SINK_PORT_CONTRACT)) == {
+        LAYERS_CONTRACT: "KEPT",
+        SINK_PORT_CONTRACT: "KEPT",
+    }
+
+
+@pytest.mark.parametrize(
+    ("module", "imports", "broken"),
+    [
+        # a lower layer reaching up: the engine into a sink kind, the records into the config
+        ("splitkeeper/spark/_probe.py", "import splitkeeper.sinks.port", LAYERS_CONTRACT),
+        ("splitkeeper/records/_probe.py", "import splitkeeper.config.models", LAYERS_CONTRACT),
+        ("splitkeeper/report/_probe.py", "from splitkeeper.quality import upsert", LAYERS_CONTRACT),
+        ("splitkeeper/sinks/_probe.py", "import splitkeeper.spark.task", LAYERS_CONTRACT),
+        # the application talks to the port; a kind's package is the registry's to import
+        ("splitkeeper/app/_probe.py", "import splitkeeper.sinks.delta.sink", SINK_PORT_CONTRACT),
+        ("splitkeeper/quality/_probe.py", "from splitkeeper.sinks.delta import read", SINK_PORT_CONTRACT),
+        ("splitkeeper/report/_probe.py", "import splitkeeper.sources.kafka.source", SINK_PORT_CONTRACT),
+    ],
+)
+def test_an_import_against_the_layers_or_the_sink_port_breaks_that_contract(
+    tree: Path, module: str, imports: str, broken: str
+) -> None:
+    (tree / module).parent.mkdir(exist_ok=True)
+    (tree / module.rpartition("/")[0] / "__init__.py").touch()
+    (tree / module).write_text(f"{imports}\n", encoding="utf-8")
+    done = _lint_imports(tree)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert _states(done.stdout, (broken,)) == {broken: "BROKEN"}
+
+
+def test_the_import_graph_has_no_cycle_between_modules() -> None:
+    """Every strongly connected group of the product's import graph (imports inside functions and
+    for the type checker included) is one module: no two modules import each other, even through
+    others."""
+    import grimp
+
+    graph = grimp.build_graph("splitkeeper")
+    modules = sorted(graph.modules)
+    edges = {m: sorted(graph.find_modules_directly_imported_by(m)) for m in modules}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    circles: list[list[str]] = []
+    counter = 0
+    for root in modules:  # Tarjan's algorithm, iteratively
+        if root in index:
+            continue
+        work = [(root, 0)]
+        while work:
+            node, i = work.pop()
+            if i == 0:
+                index[node] = low[node] = counter
+                counter += 1
+                stack.append(node)
+                on_stack.add(node)
+            if i < len(edges[node]):
+                work.append((node, i + 1))
+                nxt = edges[node][i]
+                if nxt not in index:
+                    work.append((nxt, 0))
+                elif nxt in on_stack:
+                    low[node] = min(low[node], index[nxt])
+                continue
+            if low[node] == index[node]:
+                group = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    group.append(member)
+                    if member == node:
+                        break
+                if len(group) > 1:
+                    circles.append(sorted(group))
+            if work:
+                parent = work[-1][0]
+                low[parent] = min(low[parent], low[node])
+    assert circles == []
+
+
 def test_the_import_graph_holds_an_arrow_from_the_cli_to_every_command_module() -> None:
     """The CLI registers its commands with plain imports, so the contracts above see those arrows."""
     import grimp

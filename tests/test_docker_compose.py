@@ -327,11 +327,11 @@ def test_environment_points_splitkeeper_at_the_cluster_object_storage_and_kafka(
 
     config_file = host_path(scheduler, variables["SPLITKEEPER_PIPELINE_CONFIG"])
     config = load_config(config_file)
-    assert config.state_path.startswith(f"s3a://{bucket}/") and config.sink_path.startswith(
+    assert config.state.path.startswith(f"s3a://{bucket}/") and config.sink.path.startswith(
         f"s3a://{bucket}/"
     )
     assert config.source.bootstrap_servers == variables["SPLITKEEPER_KAFKA_BOOTSTRAP_SERVERS"]
-    assert config.staging_path.startswith("/var/splitkeeper/staging/")
+    assert config.staging.path.startswith("/var/splitkeeper/staging/")
     kafka_init = as_list(services["kafka-init"]["command"])
     assert kafka_init[kafka_init.index("--topic") + 1] in config.source.topics
 
@@ -553,15 +553,15 @@ def test_compose_cli_validates_the_file():
 # The Spark image: what the executors import
 # ---------------------------------------------------------------------------------------
 
-#: Where the executors' code starts: the region task (pipeline), the regions runner, every source
-#: reader (sources/__init__ loads the Kafka module with importlib, so each module is named), the
-#: staging writer and the transforms.
+#: Where the executors' code starts: the region task and its payload (spark.task, pickled by the
+#: runner), the regions runner, every source kind's reader (the kinds' registry loads them with
+#: importlib, so each module is named), the staging writer and the transforms.
 EXECUTOR_ENTRY_MODULES = [
-    "splitkeeper.app.pipeline",
+    "splitkeeper.spark.runner",
     "splitkeeper.spark.regions",
     *(
-        f"splitkeeper.spark.sources.{p.stem}".removesuffix(".__init__")
-        for p in sorted((ROOT / "splitkeeper/spark/sources").glob("*.py"))
+        f"splitkeeper.sources.{p.parent.name}.{p.stem}".removesuffix(".__init__")
+        for p in sorted((ROOT / "splitkeeper/sources").glob("*/*.py"))
     ),
     "splitkeeper.spark.task",
     "splitkeeper.transforms",
@@ -641,7 +641,7 @@ def executor_third_party_imports() -> dict[str, set[str]]:
                 stack.append(name)
             elif top not in sys.stdlib_module_names:
                 third_party.setdefault(top, set()).add(module)
-    assert {"splitkeeper.app.pipeline", "splitkeeper.spark.sources.files"} <= seen
+    assert {"splitkeeper.spark.task", "splitkeeper.sources.files.source"} <= seen
     return third_party
 
 

@@ -222,7 +222,7 @@ def test_the_readme_walkthrough_from_an_empty_folder_runs_an_ingest_in_a_fresh_a
     # aborts at interpreter exit half the time with deltalake 1.6.6 and pyarrow 26: see
     # docs/history.md)
     read = (
-        "import json; from splitkeeper.delta.sink import read_sink\n"
+        "import json; from splitkeeper.sinks.delta.read import read_sink\n"
         f"t = read_sink({str(home / 'data' / 'sink')!r}, ['value'])\n"
         "print(json.dumps(sorted(bytes(v).decode() for v in t.column('value').to_pylist())))\n"
     )

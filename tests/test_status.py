@@ -142,7 +142,7 @@ def test_status_shows_lag_per_split_phase_times_and_why_regions_failed_within_2_
         tmp_path, checkpoints=40, end=end, regional_at=30, aborted_at=35, keep=10, pipeline="orders-kafka"
     )
     # the sink records the latest checkpoint's epoch (without it status says BLOCKED: a run would refuse)
-    from splitkeeper.delta.sink import DeltaSink
+    from splitkeeper.sinks.delta.sink import DeltaSink
 
     sink = DeltaSink(str(tmp_path / "sink"), "orders-kafka")
     sink.operator_commit(

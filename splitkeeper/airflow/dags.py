@@ -90,9 +90,9 @@ def schedule_of(pipeline: DagPipeline) -> Any:
     updates when the source has something new; an idle slot runs no task and no Spark."""
     if pipeline.config is None:
         return DEFAULT_SCHEDULE
-    if pipeline.config.schedule == ON_NEW_DATA:
+    if pipeline.config.airflow.schedule == ON_NEW_DATA:
         return [new_data_asset(pipeline)]
-    return pipeline.config.schedule
+    return pipeline.config.airflow.schedule
 
 
 def new_data_asset(pipeline: DagPipeline) -> Asset:
@@ -100,7 +100,7 @@ def new_data_asset(pipeline: DagPipeline) -> Asset:
     looks at the source every ``airflow.poll_interval_s`` (no Spark) and fires when a run would read."""
     config = pipeline.config
     assert config is not None
-    trigger = SplitkeeperNewDataTrigger(pipeline.path, poll_interval=config.poll_interval_s)
+    trigger = SplitkeeperNewDataTrigger(pipeline.path, poll_interval=config.airflow.poll_interval_s)
     name = f"splitkeeper-{config.name}-new-data"
     return Asset(
         name=name,

@@ -5,8 +5,9 @@ Every splitkeeper operator and generated DAG goes through this hook:
 - **the pipeline config**: :meth:`SplitkeeperHook.load_config` reads the pipeline file with the
   connections it names filled in;
 - **connections** (read only when the file names them, never required): ``source.connection``
-  names a Kafka connection (the Kafka provider's ``kafka`` type: its extra is the librdkafka
-  config, ``bootstrap.servers`` and SASL settings; the host also works), ``state.connection`` /
+  names a connection the source's kind reads (the Kafka kind: the Kafka provider's ``kafka`` type,
+  its extra the librdkafka config, ``bootstrap.servers`` and SASL settings; the host also works;
+  :attr:`splitkeeper.kinds.SourceFactory.connection`), ``state.connection`` /
   ``sink.connection`` an AWS connection (the Amazon provider's ``aws`` type: login and password
   are the key pair, the extra's ``endpoint_url`` and ``region_name``). Without the provider
   packages the connection is read generically (``BaseHook.get_connection``). A pipeline file
@@ -35,8 +36,6 @@ except ImportError:  # Airflow before 3.1
 
 log = logging.getLogger("splitkeeper.airflow")
 
-#: librdkafka settings a connection's extra may hold that the pipeline file owns itself.
-_FILE_OWNED = ("bootstrap.servers", "group.id", "enable.auto.commit", "enable.auto.offset.store", "logger")
 _DEPRECATED: set[str] = set()
 
 
@@ -82,35 +81,38 @@ class SplitkeeperHook(BaseHook):
         _, data = read_config_file(path)
         source = data.get("source") if isinstance(data, Mapping) else None
         conn_id = source.get("connection") if isinstance(source, Mapping) else None
-        connections = {conn_id: self.kafka_settings(conn_id)} if isinstance(conn_id, str) else None
+        kind = source.get("kind") if isinstance(source, Mapping) else None
+        connections = (
+            {conn_id: self.source_settings(kind, conn_id)}
+            if isinstance(conn_id, str) and isinstance(kind, str)
+            else None
+        )
         return load_config(path, overrides=overrides, connections=connections)
 
     # -- connections ---------------------------------------------------------------------------
 
     @staticmethod
-    def _connection(conn_id: str) -> Any:
+    def connection(conn_id: str) -> Any:
+        """The Airflow connection ``conn_id`` (the providers' types, or read generically)."""
         return BaseHook.get_connection(conn_id)
 
-    def kafka_settings(self, conn_id: str) -> dict[str, Any]:
-        """What a Kafka connection gives the pipeline's source: ``bootstrap_servers`` (the extra's
-        ``bootstrap.servers``, else host:port), ``group_id`` (``group.id``) and ``client`` (the rest
-        of the extra: SASL, TLS; login and password as the SASL user and password)."""
-        conn = self._connection(conn_id)
-        extra = dict(conn.extra_dejson or {})
-        servers = extra.get("bootstrap.servers") or (
-            f"{conn.host}:{conn.port}" if conn.host and conn.port else conn.host
-        )
-        client = {k: v for k, v in extra.items() if k not in _FILE_OWNED and isinstance(v, str | int | float)}
-        if conn.login and "sasl.username" not in client:
-            client["sasl.username"] = conn.login
-        if conn.password and "sasl.password" not in client:
-            client["sasl.password"] = conn.password
-        return {"bootstrap_servers": servers, "group_id": extra.get("group.id"), "client": client}
+    def source_settings(self, kind: str, conn_id: str) -> dict[str, Any]:
+        """What connection ``conn_id`` gives a source of ``kind``: the source keys the kind reads from
+        it (the Kafka kind: its servers, group and client settings,
+        :func:`splitkeeper.sources.kafka.config.connection_settings`); empty for a kind that reads
+        no connection."""
+        from splitkeeper.kinds import load, source_factory
+
+        factory = source_factory(kind)
+        if factory.connection is None:
+            return {}
+        settings: dict[str, Any] = load(factory.connection, f"source.kind {kind!r}")(self, conn_id)
+        return settings
 
     def store_environment(self, conn_id: str) -> dict[str, str]:
         """The ``AWS_*`` variables an AWS connection gives the object store (delta-rs and Spark's
         S3A read them; :mod:`splitkeeper.delta.storage`)."""
-        conn = self._connection(conn_id)
+        conn = self.connection(conn_id)
         extra = dict(conn.extra_dejson or {})
         endpoint = extra.get("endpoint_url") or (extra.get("service_config", {}).get("s3", {}) or {}).get(
             "endpoint_url"
@@ -141,9 +143,11 @@ class SplitkeeperHook(BaseHook):
         from splitkeeper.config.settings import CONNECTIONS_ENV
 
         env = self.environment(config)
-        conn_id = getattr(config, "source_connection", None)
+        conn_id = getattr(config.source, "connection", None)
         if conn_id:
-            env[CONNECTIONS_ENV] = json.dumps({conn_id: self.kafka_settings(conn_id)})
+            env[CONNECTIONS_ENV] = json.dumps(
+                {conn_id: self.source_settings(config.source.kind_name, conn_id)}
+            )
         return env
 
     def apply_environment(self, config: Any) -> None:

@@ -118,10 +118,10 @@ class DagPipeline:
 
         return [
             Asset(
-                uri=_asset_uri(config.sink_path), name=f"splitkeeper-{config.name}-sink", group="splitkeeper"
+                uri=_asset_uri(config.sink.path), name=f"splitkeeper-{config.name}-sink", group="splitkeeper"
             ),
             Asset(
-                uri=_asset_uri(config.state_path),
+                uri=_asset_uri(config.state.path),
                 name=f"splitkeeper-{config.name}-state",
                 group="splitkeeper",
             ),
@@ -135,7 +135,7 @@ class DagPipeline:
         own failure.
         """
         config = self.config
-        if config is None or config.on_failure is None:
+        if config is None or config.notifications.on_failure is None:
             return
         from splitkeeper.callables import Role, resolve_callable
 
@@ -149,10 +149,12 @@ class DagPipeline:
             "error": str(context.get("exception") or ""),
         }
         try:
-            resolve_callable(config.on_failure, "notifications.on_failure", Role.NOTIFICATION)(event)
+            resolve_callable(config.notifications.on_failure, "notifications.on_failure", Role.NOTIFICATION)(
+                event
+            )
         except Exception:  # noqa: BLE001
             logging.getLogger("splitkeeper.airflow").exception(
-                "notifications.on_failure %s failed", config.on_failure
+                "notifications.on_failure %s failed", config.notifications.on_failure
             )
 
     def default_args(self) -> dict[str, Any]:

@@ -33,7 +33,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from splitkeeper.core.ports import EpochDecision
     from splitkeeper.core.types import CompletedCheckpoint
     from splitkeeper.delta.checkpoints import DeltaStateStore
-    from splitkeeper.delta.sink import DeltaSink
+    from splitkeeper.sinks.port import Sink, SupportsRewind
 
 __all__ = [
     "OffsetsResult",
@@ -163,26 +163,40 @@ class ResetResult(_Result):
 
 
 def _require_state(config: PipelineConfig) -> None:
-    from splitkeeper.app.services import _local_state_missing, _no_state_error
+    from splitkeeper.app.assembly import _local_state_missing, _no_state_error
 
     if _local_state_missing(config):
         raise _no_state_error(config, "there is nothing to change")
 
 
-def _read_sink(config: PipelineConfig) -> DeltaSink:
+def _rewinds(sink: Sink) -> SupportsRewind:
+    """``sink`` as one that takes operator checkpoints; InvalidParameterError for a sink kind that
+    does not (its kind cannot rewind or reset offsets)."""
+    from splitkeeper.sinks.port import SupportsRewind
+
+    if not isinstance(sink, SupportsRewind):
+        raise InvalidParameterError(
+            "sink.kind",
+            type(sink).__name__,
+            "a sink kind that takes operator checkpoints (a rewind, an offset reset)",
+        )
+    return sink
+
+
+def _read_sink(config: PipelineConfig) -> Sink:
     from splitkeeper.app.sink import config_sink
 
     return config_sink(config, read_only=True)
 
 
-def _write_sink(config: PipelineConfig) -> DeltaSink:
+def _write_sink(config: PipelineConfig) -> Sink:
     from splitkeeper.app.sink import config_sink
     from splitkeeper.spark.faults import crash_if_requested
 
     return config_sink(config, crash_point=crash_if_requested)
 
 
-def _latest(store: DeltaStateStore, sink: DeltaSink, pipeline: str) -> tuple[CompletedCheckpoint, int | None]:
+def _latest(store: DeltaStateStore, sink: Sink, pipeline: str) -> tuple[CompletedCheckpoint, int | None]:
     """The pipeline's latest checkpoint, a pending redo's included (then its id is returned too)."""
     from splitkeeper.core.driver import pending_decision
 
@@ -195,7 +209,7 @@ def _latest(store: DeltaStateStore, sink: DeltaSink, pipeline: str) -> tuple[Com
     return latest, None
 
 
-def _next_epoch(store: DeltaStateStore, sink: DeltaSink, latest: int) -> int:
+def _next_epoch(store: DeltaStateStore, sink: Sink, latest: int) -> int:
     """The operator checkpoint's id: after every epoch ever planned or committed (rule 1)."""
     return max(latest, store.latest_plan_epoch() or 0, sink.committed_epoch() or 0) + 1
 
@@ -219,7 +233,7 @@ def _refuse_if_leased(
         )
 
 
-def _finish_pending(store: DeltaStateStore, sink: DeltaSink, pipeline: str) -> int | None:
+def _finish_pending(store: DeltaStateStore, sink: Sink, pipeline: str) -> int | None:
     """Under the lease: finish an epoch whose sink commit landed without its row (a killed run or
     operator command; the redo of protocol rule 5.4). Its id, or None."""
     from splitkeeper.core.driver import pending_decision
@@ -235,7 +249,7 @@ def _finish_pending(store: DeltaStateStore, sink: DeltaSink, pipeline: str) -> i
     return decision.epoch
 
 
-def _commit(store: DeltaStateStore, sink: DeltaSink, decision: EpochDecision, action: dict[str, Any]) -> None:
+def _commit(store: DeltaStateStore, sink: Sink, decision: EpochDecision, action: dict[str, Any]) -> None:
     """Operator rule 1: the decision record, the sink's fenced commit of ``action``, the checkpoint
     row; a crash point after each step (``SPLITKEEPER_CRASH_AT``, for the kill tests)."""
     from splitkeeper.spark.faults import crash_if_requested
@@ -243,7 +257,9 @@ def _commit(store: DeltaStateStore, sink: DeltaSink, decision: EpochDecision, ac
     epoch = decision.epoch
     store.write_decision(decision)
     crash_if_requested(CrashPoint.AFTER_DECISION, epoch)
-    sink.operator_commit(epoch, action, expected=sink.committed_epoch(), attempt_id=decision.attempt_id)
+    _rewinds(sink).operator_commit(
+        epoch, action, expected=sink.committed_epoch(), attempt_id=decision.attempt_id
+    )
     crash_if_requested(CrashPoint.BEFORE_CHECKPOINT_ROW, epoch)
     store.commit_checkpoint(decision)
     crash_if_requested(CrashPoint.AFTER_CHECKPOINT_ROW, epoch)
@@ -295,19 +311,19 @@ def rewind(
     that leave. A refusal (a bad id, a checkpoint retention removed, a run holding the lease)
     writes nothing.
     """
-    from splitkeeper.app.services import writer_lease
+    from splitkeeper.app.assembly import writer_lease
     from splitkeeper.delta.checkpoints import DeltaStateStore
 
     who = operator or operator_name()
     reason = (reason or "").strip()
     _require_state(config)
-    store = DeltaStateStore(config.state_path, config.name, None, read_only=True)
+    store = DeltaStateStore(config.state.path, config.name, None, read_only=True)
     sink = _read_sink(config)
     latest, pending = _latest(store, sink, config.name)
     target = _target(store, config.name, checkpoint_id, latest.checkpoint_id)
     restorable = tuple(i for i in store.checkpoint_ids() if i < latest.checkpoint_id)
     epoch = _next_epoch(store, sink, latest.checkpoint_id)
-    tables = sink.rewind_plan(checkpoint_id)
+    tables = _rewinds(sink).rewind_plan(checkpoint_id)
     changes = rewind_changes(latest, target)
     plan = RewindResult(
         config.name,
@@ -329,9 +345,9 @@ def rewind(
         raise InvalidParameterError(
             "reason", reason, "a few words on why (the audit trail keeps who, when and why): --reason '...'"
         )
-    _refuse_if_leased(store, f"rewind to checkpoint {checkpoint_id}", restorable, config.lease_wait_s)
+    _refuse_if_leased(store, f"rewind to checkpoint {checkpoint_id}", restorable, config.lease.wait_s)
     with writer_lease(config):
-        store = DeltaStateStore(config.state_path, config.name, None)
+        store = DeltaStateStore(config.state.path, config.name, None)
         sink = _write_sink(config)
         redone = _finish_pending(store, sink, config.name)
         now = store.latest_checkpoint()
@@ -339,7 +355,7 @@ def rewind(
         latest = now
         target = _target(store, config.name, checkpoint_id, latest.checkpoint_id)
         epoch = _next_epoch(store, sink, latest.checkpoint_id)
-        tables = sink.rewind_plan(checkpoint_id)
+        tables = _rewinds(sink).rewind_plan(checkpoint_id)
         decision = rewind_decision(
             latest,
             target,
@@ -386,7 +402,7 @@ def offsets(config: PipelineConfig) -> OffsetsResult:
     from splitkeeper.delta.lease import PipelineLease
 
     _require_state(config)
-    store = DeltaStateStore(config.state_path, config.name, None, read_only=True)
+    store = DeltaStateStore(config.state.path, config.name, None, read_only=True)
     latest, _pending = _latest(store, _read_sink(config), config.name)
     refs = {
         split.split_id: state.ref_checkpoint_id or latest.checkpoint_id
@@ -439,7 +455,7 @@ def _resolve(
     """The offset ``--to`` means for ``split``, and the source's log bounds now (None when it has
     none to tell: a file split's end is the split's own). The source looks up earliest, latest and
     timestamp (Kafka), and checks a file offset starts a line (a file's offsets are bytes)."""
-    from splitkeeper.spark.sources import build_source
+    from splitkeeper.sources import build_source
 
     source = build_source(config.source)
     try:
@@ -482,14 +498,14 @@ def reset_offset(
     dead letters and filtered ranges) in the same fenced commit, so they are read again once; an
     upsert sink refuses (rewind instead). Refused, writing nothing, while a run holds the lease.
     """
-    from splitkeeper.app.services import writer_lease
+    from splitkeeper.app.assembly import writer_lease
     from splitkeeper.delta.checkpoints import DeltaStateStore
 
     who = operator or operator_name()
     reason = (reason or "").strip()
     kind, value = parse_target(to)
     _require_state(config)
-    store = DeltaStateStore(config.state_path, config.name, None, read_only=True)
+    store = DeltaStateStore(config.state.path, config.name, None, read_only=True)
     sink = _read_sink(config)
     latest, _pending = _latest(store, sink, config.name)
     place = split_places(latest).get(split_id)
@@ -511,7 +527,7 @@ def reset_offset(
     )
     position = split_places(decision.checkpoint)[split_id].position or 0  # clamped to the log
     backward = position < place.split.position
-    if backward and config.upsert is not None:
+    if backward and config.sink.upsert is not None:
         raise InvalidParameterError(
             "--to",
             to,
@@ -520,7 +536,7 @@ def reset_offset(
             "rewind the pipeline to a checkpoint before those offsets instead "
             "(splitkeeper recover --checkpoint N --rewind)",
         )
-    leaving = _rows_from(config, split_id, position) if backward else {}
+    leaving = dict(_rewinds(sink).rows_from(split_id, position)) if backward else {}
     result = ResetResult(
         config.name,
         split_id,
@@ -537,9 +553,9 @@ def reset_offset(
     )
     if dry_run:
         return result
-    _refuse_if_leased(store, f"offset reset of {split_id}", wait_s=config.lease_wait_s)
+    _refuse_if_leased(store, f"offset reset of {split_id}", wait_s=config.lease.wait_s)
     with writer_lease(config):
-        store = DeltaStateStore(config.state_path, config.name, None)
+        store = DeltaStateStore(config.state.path, config.name, None)
         sink = _write_sink(config)
         _finish_pending(store, sink, config.name)
         now = store.latest_checkpoint()
@@ -583,28 +599,3 @@ def reset_offset(
         change.to_dict(),
         leaving,
     )
-
-
-def _rows_from(config: PipelineConfig, split_id: str, position: int) -> dict[str, int]:
-    """Rows of ``split_id`` at offsets >= ``position`` in the sink and its dead letters (what a
-    backward reset deletes). Reads only those two columns, filtered by the files' statistics."""
-    import pyarrow.compute as pc
-
-    from splitkeeper.delta.tables import open_table
-
-    found: dict[str, int] = {}
-    for label, path, column in (
-        ("sink", config.sink_path, "offset"),
-        ("dead-letter", config.dead_letter_path, "offset"),
-        ("filtered-offset", config.filtered_path, "start_offset"),
-    ):
-        if path is None:
-            continue
-        table = open_table(str(path), missing_ok=True)
-        if table is None:
-            continue
-        data = table.to_pyarrow_dataset().to_table(
-            columns=[column], filter=(pc.field("split_id") == split_id) & (pc.field(column) >= position)
-        )
-        found[label] = data.num_rows
-    return found

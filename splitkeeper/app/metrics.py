@@ -65,6 +65,7 @@ from typing import Any
 from splitkeeper.core.backlog import split_lag
 from splitkeeper.core.types import CheckpointKind, CompletedCheckpoint, Split
 from splitkeeper.delta import storage
+from splitkeeper.sinks.port import SinkReader, SinkTable
 
 __all__ = ["METRICS_FILE", "PipelineMetrics", "Seed", "metrics_path", "read_metrics_text", "seed_from_state"]
 
@@ -103,7 +104,7 @@ class Seed:
     refs: dict[int, frozenset[int]] = field(default_factory=dict)  # completed id -> the ids it references
 
 
-def seed_from_state(state_path: str, dead_letter_path: str | None, pipeline: str = "") -> Seed:
+def seed_from_state(state_path: str, sink: SinkReader | None, pipeline: str = "") -> Seed:
     """Read the counters' start from the state (delta-rs and pyarrow; no Spark, read-only).
 
     The attempts are those of :meth:`StateHistory.timeline <splitkeeper.delta.history.StateHistory.
@@ -117,7 +118,6 @@ def seed_from_state(state_path: str, dead_letter_path: str | None, pipeline: str
     import pyarrow.compute as pc
 
     from splitkeeper.delta.history import StateHistory
-    from splitkeeper.delta.sink import read_dead_letters
     from splitkeeper.delta.tables import StateTables
 
     history = StateHistory(StateTables(state_path, read_only=True), pipeline)
@@ -152,8 +152,8 @@ def seed_from_state(state_path: str, dead_letter_path: str | None, pipeline: str
         seed.last_at = _unix(latest["created_at"])
         globals_ = completed.filter(pc.field("kind") == CheckpointKind.GLOBAL.value).column("created_at")
         seed.last_global_at = _unix(pc.max(globals_).as_py()) if len(globals_) else None
-    if dead_letter_path is not None:
-        stages = read_dead_letters(dead_letter_path, columns=["stage"]).column("stage")
+    if sink is not None and sink.location(SinkTable.DEAD_LETTERS) is not None:
+        stages = sink.rows(SinkTable.DEAD_LETTERS, ["stage"]).column("stage")
         for row in pa.table({"stage": stages}).group_by("stage").aggregate([([], "count_all")]).to_pylist():
             seed.dead_letters[str(row["stage"])] += int(row["count_all"])
     seed.records_committed = _previous_records(state_path, seed.latest_id, pipeline)
@@ -211,7 +211,7 @@ class PipelineMetrics:
         state_path: str,
         otlp_endpoint: str | None = None,
         *,
-        dead_letter_path: str | None = None,
+        sink: SinkReader | None = None,
         max_consecutive_failures: int | None = None,
         seed: Seed | None = None,
     ) -> None:
@@ -318,12 +318,11 @@ class PipelineMetrics:
         self._retries_at_start = _retries_counted()
         self._known: dict[str, Split] = {}  # the splits seen, as of their last checkpoint
         self._last: tuple[float, dict[str, int]] | None = None  # (time, positions) at the last checkpoint
-        self.dead_letter_path = dead_letter_path
-        self._dead_table: Any = None  # the dead-letter table, open once it exists
-        self._dead_version: int | None = None  # its version when last read
+        self.sink = sink  # the sink's reader: its dead letters are counted (None: not counted)
+        self._dead_version: int | None = None  # the dead-letter table's version when last read
         if seed is None:
             try:
-                seed = seed_from_state(state_path, dead_letter_path, pipeline)
+                seed = seed_from_state(state_path, sink, pipeline)
             except Exception as err:  # noqa: BLE001 - metrics never stop a run
                 log.warning("pipeline %s: counters start at 0: state unreadable: %s", pipeline, err)
                 seed = Seed()
@@ -411,25 +410,14 @@ class PipelineMetrics:
         The table is kept open and brought up to date (a few ms); its rows are read, pruned on
         ``epoch``, only when its version moved: no read in an epoch without dead letters.
         """
-        if self.dead_letter_path is None:
+        sink = self.sink
+        if sink is None or sink.location(SinkTable.DEAD_LETTERS) is None:
             return
-        import pyarrow.compute as pc
-
-        from splitkeeper.delta.schemas import DEAD_LETTER_TABLE, spec
-        from splitkeeper.delta.tables import open_table, read_rows
-
-        table = self._dead_table
-        if table is None:
-            table = self._dead_table = open_table(storage.table_uri(self.dead_letter_path), missing_ok=True)
-            if table is None:
-                return
-        else:
-            table.update_incremental()
-        version = table.version()
-        if version == self._dead_version:
+        version = sink.version(SinkTable.DEAD_LETTERS)
+        if version is None or version == self._dead_version:
             return
         self._dead_version = version
-        rows = read_rows(table, spec(DEAD_LETTER_TABLE), filter=pc.field("epoch") == epoch, columns=["stage"])
+        rows = sink.rows(SinkTable.DEAD_LETTERS, ["stage"], epoch=epoch)
         for stage, count in sorted(Counter(str(s) for s in rows.column("stage").to_pylist()).items()):
             self._dead.add(count, {**base, "stage": stage})
 

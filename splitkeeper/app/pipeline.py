@@ -4,12 +4,12 @@ The protocol (restore and redo, plan, checkpoint, commit order, failover,
 rescale, finish) is :class:`splitkeeper.core.driver.EpochDriver`'s. This module
 supplies what it runs on:
 
-- :class:`SparkRegionRunner`: every region as its own Spark job
-  (:mod:`splitkeeper.spark.regions`), the region task body
-  (:func:`splitkeeper.spark.task.run_region_task`) writing one staged parquet
+- :class:`~splitkeeper.spark.runner.SparkRegionRunner`: the regions of an epoch as the tasks of
+  one Spark job, each running :func:`splitkeeper.spark.task.region_task`, which stages one parquet
   file per region and attempt;
-- :class:`~splitkeeper.delta.sink.DeltaSink`: the exactly-once Delta sink over those
-  staged files (delta-rs);
+- the pipeline's sink, of its sink kind (:func:`splitkeeper.app.sink.config_sink`, behind the
+  port of :mod:`splitkeeper.sinks.port`): the exactly-once commit of those staged files;
+- the pipeline's source, of its source kind (:func:`splitkeeper.sources.build_source`);
 - :class:`~splitkeeper.delta.checkpoints.DeltaStateStore`: the Delta state tables (delta-rs);
 - :class:`RuntimeHooks`: crash injection (``SPLITKEEPER_CRASH_AT``) and progress lines.
 
@@ -24,12 +24,9 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-import pyarrow as pa
-
-from splitkeeper.app.sink import config_sink
+from splitkeeper.app.sink import config_sink, record_policy, sink_reader
 from splitkeeper.config.models import TransformKind
 from splitkeeper.config.settings import PipelineConfig, core_settings
 from splitkeeper.core import driver as core_driver
@@ -47,26 +44,19 @@ from splitkeeper.core.ports import (
     AnyCrashPoint,
     Clock,
     DriverHooks,
-    EpochPlan,
-    RegionRun,
-    RegionRunner,
 )
 from splitkeeper.core.rescale import Redistribution
 from splitkeeper.core.source import SourceConnector
-from splitkeeper.core.types import CompletedCheckpoint, RegionOutcome, Split
+from splitkeeper.core.types import CompletedCheckpoint, Split
 from splitkeeper.delta.checkpoints import DeltaStateStore
 from splitkeeper.delta.lease import HeldLease
-from splitkeeper.delta.schemas import data_schema
-from splitkeeper.errors import ConfigError
+from splitkeeper.sources import build_source
 from splitkeeper.spark.faults import PAUSE_ENV, FaultPlan, crash_if_requested, crash_request
-from splitkeeper.spark.regions import RegionStatus, run_regions
-from splitkeeper.spark.sources import build_source
-from splitkeeper.spark.task import FaultKind, RecordPolicy, RegionResult, failed_splits, run_region_task
-from splitkeeper.transforms import Transform, identity, is_batch, output_schema, resolve_transform
+from splitkeeper.spark.runner import LazySpark, SparkRegionRunner
+from splitkeeper.transforms import Transform, identity, resolve_transform
 
 if TYPE_CHECKING:
     from splitkeeper.app.metrics import PipelineMetrics
-    from splitkeeper.spark.transform import SparkTransform
 
 __all__ = [
     "EpochReport",
@@ -75,7 +65,6 @@ __all__ = [
     "ReaderStateContext",
     "RunSummary",
     "RuntimeHooks",
-    "SparkRegionRunner",
     "SystemClock",
 ]
 
@@ -87,31 +76,6 @@ OPERATOR_STATE_KEEP = core_driver.OPERATOR_STATE_KEEP
 
 
 # --------------------------------------------------------------------------- adapters
-
-
-class LazySpark:
-    """The pipeline's Spark session, started on first use: a run with nothing to read starts no JVM.
-
-    ``spark`` is a running session, None (a read-only pipeline that runs no region), or a
-    zero-argument callable that starts one (:func:`splitkeeper.app.services.spark_session`),
-    called once, when an epoch first has ranges to read (or a spark transform needs it).
-    """
-
-    def __init__(self, spark: Any) -> None:
-        self._start: Callable[[], Any] | None = spark if callable(spark) else None
-        self._session: Any = None if callable(spark) else spark
-
-    @property
-    def started(self) -> bool:
-        """Whether the session exists (given, or started by :meth:`get`)."""
-        return self._session is not None
-
-    def get(self) -> Any:
-        """The session, started now when it was not yet."""
-        if self._session is None and self._start is not None:
-            log.info("starting the Spark session: the first epoch with ranges to read")
-            self._session = self._start()
-        return self._session
 
 
 class SystemClock(Clock):
@@ -167,179 +131,6 @@ class RuntimeHooks(DriverHooks):
             self.metrics.observe(report)
 
 
-def record_policy(config: PipelineConfig, spark: Any = None) -> RecordPolicy:
-    """What the region tasks do with the records' bytes: the pipeline's decode, errors and
-    sink.partition_by settings in one small picklable value; its ``schema`` is the sink's.
-
-    A spark transform (``transform.kind: spark``) makes the sink's data columns: what it returns
-    for an empty DataFrame of the staged columns, run on ``spark``
-    (:meth:`~splitkeeper.spark.transform.SparkTransform.output_data`); the upsert key and
-    ``delete_when`` are checked against them (ConfigError). Without a session (maintenance),
-    the existing sink table's data columns stand in for them."""
-    policy = RecordPolicy(
-        decode=config.decode,
-        tolerance=config.tolerance.value,
-        max_bad_ratio=config.max_bad_ratio,
-        partition_by=tuple(config.partition_by),
-        upsert=config.upsert,
-    )
-    if config.transform_kind is TransformKind.SPARK:
-        return _spark_transform_policy(config, policy, spark)
-    transform = resolve_transform(config.transform)
-    if not is_batch(transform):
-        return policy
-    return replace(policy, data=output_schema(transform, data_schema(config.decode)))
-
-
-def _spark_transform_policy(config: PipelineConfig, policy: RecordPolicy, spark: Any) -> RecordPolicy:
-    from splitkeeper.errors import UpsertError
-    from splitkeeper.records.spec import NOT_DATA_COLUMNS
-    from splitkeeper.spark.transform import SparkTransform
-
-    if spark is not None:
-        data = SparkTransform(spark, config.transform, policy, config.staging_path).output_data()
-    else:
-        try:
-            from deltalake import DeltaTable
-
-            schema = pa.schema(DeltaTable(config.sink_path).schema().to_arrow())
-        except Exception:  # noqa: BLE001 - no sink table yet: the decoded columns
-            return policy
-        data = pa.schema(
-            [pa.field(f.name, f.type, nullable=True) for f in schema if f.name not in NOT_DATA_COLUMNS]
-        )
-    policy = replace(policy, data=data)
-    if config.upsert is not None:
-        try:
-            config.upsert.check_columns(policy.schema.names)
-        except UpsertError as err:
-            value = list(config.upsert.key) if err.key == "key" else config.upsert.delete_when
-            raise ConfigError(
-                f"sink.{err.key}={value!r} is not allowed: {err.message} (the sink's columns are what the "
-                f"spark transform {config.transform} returns)",
-                key=f"sink.{err.key}",
-                value=value,
-            ) from None
-    return policy
-
-
-def _region_task(payload: tuple[Any, ...]) -> RegionResult:
-    """The body of a region's Spark task (module-level so it pickles by reference).
-
-    A ``flaky`` fault applies to the task's first attempt only: a retry that Spark makes
-    (``spark.task.maxFailures`` > 1, as on clusters) runs clean and writes a new attempt.
-    """
-    fault = payload[7]
-    if fault is not None and fault.kind is FaultKind.FLAKY:
-        from pyspark import TaskContext
-
-        context = TaskContext.get()
-        if context is not None and context.attemptNumber() > 0:
-            payload = (*payload[:7], None, *payload[8:])
-    return run_region_task(*payload)
-
-
-class SparkRegionRunner(RegionRunner):
-    """The regions of an epoch that have ranges to read as the tasks of one Spark job
-    (:func:`~splitkeeper.spark.regions.run_regions`); faults from a :class:`FaultPlan`.
-
-    The driver calls it with the regions that need a task only
-    (:func:`~splitkeeper.core.driver.regions_to_run`): a region with nothing to read this epoch is
-    acknowledged by the driver and costs no thread, job or staged file here, and an epoch with
-    nothing to read anywhere (a final checkpoint, an idle unbounded source) does not call it. A
-    fault planned for such a region does not fire (it has no task). ``spark`` is a session or a
-    :class:`LazySpark`: the session starts with the first epoch that has ranges to read.
-    """
-
-    def __init__(
-        self,
-        spark: Any,
-        pipeline: str,
-        connector: SourceConnector,
-        transform: Transform,
-        staging_path: str,
-        faults: FaultPlan,
-        interrupt: threading.Event | None = None,
-        policy: RecordPolicy | None = None,
-        spark_transform: SparkTransform | None = None,
-        sink_columns: Callable[[], Sequence[str]] | None = None,
-    ) -> None:
-        self.spark = spark if isinstance(spark, LazySpark) else LazySpark(spark)
-        self.sink_columns = sink_columns  # add_columns: the columns the sink added so far
-        self.policy = policy or RecordPolicy()
-        self.spark_transform = spark_transform  # transform.kind spark: run per epoch after the regions
-        self.interrupt = interrupt  # set: the epoch in its read phase is abandoned (EpochAbandoned)
-        self.pipeline = pipeline
-        self.connector = connector
-        self.transform = transform
-        self.staging_path = staging_path
-        self.faults = faults
-
-    def run(self, epoch: int, plan: EpochPlan, timeout_s: float) -> dict[int, RegionRun]:
-        reader = self.connector.reader()
-        staged = (
-            self.policy if self.spark_transform is None else self.spark_transform.input_policy(self.policy)
-        )
-        if staged.widen and self.sink_columns is not None:
-            staged = replace(staged, columns=tuple(self.sink_columns()))
-        payloads = {
-            r: (
-                list(ranges),
-                reader,
-                self.transform,
-                self.staging_path,
-                epoch,
-                r,
-                None,
-                self.faults.for_region(epoch, r),
-                staged,
-            )
-            for r, ranges in plan.items()
-        }
-        runs = (
-            run_regions(
-                self.spark.get(),
-                self.pipeline,
-                epoch,
-                payloads,
-                _region_task,
-                timeout_s,
-                interrupt=self.interrupt,
-            )
-            if payloads
-            else {}
-        )
-        out: dict[int, RegionRun] = {}
-        for r, run in runs.items():
-            if run.status is RegionStatus.FINISHED:
-                result: RegionResult = run.result
-                out[r] = RegionRun(
-                    region_id=r,
-                    outcome=RegionOutcome.ACK,
-                    positions=dict(result.positions),
-                    records=result.records,
-                    backlog_finished=tuple(result.backlog_finished),
-                    output=result.staged_path,
-                    started_after_s=run.started_after_s,
-                    elapsed_s=result.elapsed_s,  # the task's own time
-                )
-            else:
-                outcome = (
-                    RegionOutcome.DECLINE if run.status is RegionStatus.FAILED else RegionOutcome.TIMEOUT
-                )
-                out[r] = RegionRun(
-                    region_id=r,
-                    outcome=outcome,
-                    error=run.error,
-                    failed_splits=failed_splits(run.error),  # what checkpoint.on_split_failure counts
-                    started_after_s=run.started_after_s,
-                    elapsed_s=run.elapsed_s,
-                )
-        if self.spark_transform is not None:  # within the region timeout too (protocol rule 2.3)
-            return self.spark_transform.apply(epoch, out, timeout_s)
-        return out
-
-
 # --------------------------------------------------------------------------- the pipeline
 
 
@@ -389,7 +180,7 @@ class Pipeline:
         hooks.faults = self.faults
         self.connector = connector or build_source(config.source)
         self.store = DeltaStateStore(
-            config.state_path,
+            config.state.path,
             config.name,
             self.connector.fingerprint(),
             full_snapshot_every=config.checkpoint.full_snapshot_every,
@@ -405,10 +196,10 @@ class Pipeline:
             from splitkeeper.spark.transform import SparkTransform
 
             spark_transform = SparkTransform(
-                self.lazy_spark.get(), config.transform, self.policy, config.staging_path
+                self.lazy_spark.get(), config.transform_function, self.policy, config.staging.folder
             )
         else:
-            self.transform = resolve_transform(config.transform)
+            self.transform = resolve_transform(config.transform_function)
         self.driver = EpochDriver(
             core_settings(config),
             self.connector,
@@ -417,7 +208,7 @@ class Pipeline:
                 config.name,
                 self.connector,
                 self.transform,
-                config.staging_path,
+                config.staging.folder,
                 self.faults,
                 interrupt,
                 self.policy,
@@ -559,9 +350,9 @@ def _metrics_of(config: PipelineConfig) -> PipelineMetrics | None:
     try:
         return PipelineMetrics(
             config.name,
-            config.state_path,
-            config.otlp_endpoint,
-            dead_letter_path=config.dead_letter_path,
+            config.state.path,
+            config.metrics.otlp_endpoint,
+            sink=sink_reader(config),
             max_consecutive_failures=config.checkpoint.max_consecutive_failures,
         )
     except ImportError as err:  # the metrics extra is not installed: the run goes on without

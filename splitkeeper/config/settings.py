@@ -19,7 +19,7 @@ Shape of a file (YAML)::
     regions: per_reader          # or: global
     strategy: least-loaded
     source:
-      kind: files                # or: kafka
+      kind: files                # or: kafka, or a plug-in's kind (splitkeeper.kinds)
       path: ./incoming
       format: jsonl
       split_bytes: 67108864
@@ -39,7 +39,7 @@ Shape of a file (YAML)::
                   untracked_hours: 24}   # and removes files no commit names once a day old
     metrics: {otlp_endpoint: http://otel-collector:4318}   # optional; <state>/metrics.prom always
     state: {path: ./state}
-    sink: {path: ./sink}
+    sink: {path: ./sink}                 # kind: delta (the default), or a plug-in's kind
     staging: {path: ./state/_staging}   # default <state>/_staging
     transform: splitkeeper.transforms:identity
     overrides: {allow: [metrics.otlp_endpoint]}   # what a run's overrides may set beyond tuning values
@@ -59,17 +59,16 @@ state, sink and staging locations may not be one another or lie inside one anoth
 
 The file is defined once, by the frozen pydantic models of :mod:`splitkeeper.config.models`:
 every key, its type, choices, default and range, the rules that span keys, and the JSON Schema
-(``splitkeeper config schema``). This module reads a file into them and derives two things from
-the validated model: :class:`PipelineConfig`, the typed view the rest of splitkeeper reads (it
-states no default and no range of its own), and the protocol core's settings,
-:func:`core_settings`. It imports the standard library, the models and the protocol core
-(PyYAML lazily).
+(``splitkeeper config schema``). This module reads a file into them: the validated
+:class:`PipelineConfig` is what the rest of splitkeeper reads (its sections themselves, the
+source's and the sink's of their kind, locations resolved), and :func:`core_settings` gives the
+protocol core's driver its settings from it. It imports the standard library, the models and the
+protocol core (PyYAML lazily).
 """
 
 from __future__ import annotations
 
 import contextlib
-import enum
 import functools
 import json
 import logging
@@ -77,7 +76,6 @@ import os
 import re
 import tomllib
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -85,51 +83,37 @@ from splitkeeper.config.models import (
     DEFAULT_SCHEDULE,
     GUARDED_OVERRIDES,
     IDENTITY_TRANSFORM,
-    KAFKA_MANAGED_CLIENT_KEYS,
     OVERRIDABLE,
     REDACTED,
     STRATEGY_NAMES,
-    FileFormat,
-    OffsetOutOfRange,
     OperatorState,
-    PipelineFile,
+    PipelineConfig,
     RegionMode,
-    SinkMode,
     SourceKind,
-    StartingMode,
     Tolerance,
     TransformKind,
     is_secret_key,
     validate_shape,
 )
-from splitkeeper.core.backlog import BacklogConfig
-from splitkeeper.core.checkpoint import CheckpointConfig
 from splitkeeper.core.driver import DriverSettings
 from splitkeeper.core.rescale import Redistribution
-from splitkeeper.core.types import SplitChangePolicy, SplitFailurePolicy
 from splitkeeper.errors import ConfigError, hide_value
-from splitkeeper.records.spec import DecodeSpec
-from splitkeeper.records.upsert import UpsertSpec
 
 __all__ = [
+    "DEFAULT_SCHEDULE",
     "GUARDED_OVERRIDES",
     "IDENTITY_TRANSFORM",
-    "KAFKA_MANAGED_CLIENT_KEYS",
     "MAX_DEPTH",
     "MAX_VALUES",
     "OVERRIDABLE",
     "REDACTED",
     "STRATEGY_NAMES",
-    "CheckpointSettings",
-    "ClientConfig",
-    "FileFormat",
-    "OffsetOutOfRange",
     "OperatorState",
     "PipelineConfig",
     "RegionMode",
-    "SourceConfig",
     "SourceKind",
-    "StartingMode",
+    "Tolerance",
+    "TransformKind",
     "apply_overrides",
     "check_limits",
     "config_from_mapping",
@@ -142,178 +126,6 @@ __all__ = [
 
 log = logging.getLogger("splitkeeper.config")
 _ENV_REF_RE = re.compile(r"\$\$\{|\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
-
-
-@dataclass(frozen=True, slots=True)
-class ClientConfig:
-    """Settings passed as they are to every Kafka client of a pipeline (``source.client``).
-
-    librdkafka names (``security.protocol``, ``sasl.mechanism``, ``sasl.username``,
-    ``sasl.password``, ``ssl.ca.location`` ...), values as strings. Secret values never
-    appear in its ``repr``, in :meth:`PipelineConfig.to_dict` or in errors.
-    """
-
-    items: tuple[tuple[str, str], ...] = ()
-
-    def as_dict(self) -> dict[str, str]:
-        """The real values, for the Kafka clients only."""
-        return dict(self.items)
-
-    def redacted(self) -> dict[str, str]:
-        return {k: REDACTED if is_secret_key(k) else v for k, v in self.items}
-
-    def __repr__(self) -> str:
-        return f"ClientConfig({self.redacted()!r})"
-
-    def __bool__(self) -> bool:
-        return bool(self.items)
-
-
-@dataclass(frozen=True, slots=True)
-class SourceConfig:
-    """The ``source`` section, validated (a view of :class:`~splitkeeper.config.models.SourceSection`;
-    the options of the other kind hold the model's defaults).
-
-    files: ``path`` (a directory, scanned recursively, or one file, resolved), ``format``,
-    ``split_bytes`` (0 = one split per file, else byte ranges of about that
-    size), ``on_file_change`` (a known file grew, changed or moved: ``fail``,
-    ``new_version`` or ``append``; see :class:`~splitkeeper.core.types.SplitChangePolicy`).
-    kafka: ``bootstrap_servers`` (comma-separated host:port), ``topics``
-    or ``topic_pattern`` (exactly one), ``starting`` (``earliest``, ``latest``,
-    ``timestamp:<ms>`` or ``group``: the consumer group's committed offsets),
-    ``group_id`` (required for ``starting: group``), ``on_offset_out_of_range``,
-    ``connect_timeout_s`` (how long a Kafka request may wait for the broker) and
-    ``read_timeout_s`` (how long a reader may make no progress); None: the connector's defaults;
-    ``client``: librdkafka settings for every client (SASL/SSL), see :class:`ClientConfig`.
-    """
-
-    kind: SourceKind
-    path: str | None
-    format: FileFormat
-    split_bytes: int
-    on_file_change: SplitChangePolicy
-    bootstrap_servers: str | None
-    topics: tuple[str, ...]
-    topic_pattern: str | None
-    starting: str
-    group_id: str | None
-    on_offset_out_of_range: OffsetOutOfRange
-    connect_timeout_s: float | None
-    read_timeout_s: float | None
-    client: ClientConfig
-
-    @property
-    def starting_mode(self) -> StartingMode:
-        return StartingMode(self.starting.split(":", 1)[0])
-
-    @property
-    def starting_timestamp_ms(self) -> int | None:
-        """The ``<ms>`` of ``starting: timestamp:<ms>``, else ``None``."""
-        if self.starting_mode is StartingMode.TIMESTAMP:
-            return int(self.starting.split(":", 1)[1])
-        return None
-
-
-@dataclass(frozen=True, slots=True)
-class CheckpointSettings:
-    """The ``checkpoint`` section, validated (a view of
-    :class:`~splitkeeper.config.models.CheckpointSection`); ``regions_independent`` comes from the
-    top-level ``regions`` key. The core's :class:`CheckpointConfig` is :meth:`core`.
-
-    ``retain_checkpoints``: completed checkpoints kept besides those a later checkpoint still
-    references (protocol rule 2.7). ``on_split_failure``: ``quarantine`` (after
-    ``quarantine_after`` failed epochs in a row a split is parked and the rest goes on; protocol
-    rule 1.8) or ``stall`` (a split whose reads keep failing blocks the pipeline until fixed).
-    ``max_consecutive_aborts``: a bounded run stops with an error naming what fails after that
-    many aborted epochs in a row. ``full_snapshot_every``: the state store writes the enumerator
-    state of at most that many checkpoints per full snapshot, the others as deltas against it
-    (:class:`~splitkeeper.delta.checkpoints.DeltaStateStore` rule 6).
-    """
-
-    max_consecutive_failures: int
-    max_failure_ratio: float
-    region_timeout_s: float
-    regions_independent: bool
-    retain_checkpoints: int
-    on_split_failure: SplitFailurePolicy
-    quarantine_after: int
-    full_snapshot_every: int
-    max_consecutive_aborts: int
-
-    def core(self) -> CheckpointConfig:
-        """The protocol core's checkpoint settings."""
-        return CheckpointConfig(
-            max_consecutive_failures=self.max_consecutive_failures,
-            max_failure_ratio=self.max_failure_ratio,
-            region_timeout_s=self.region_timeout_s,
-            regions_independent=self.regions_independent,
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class PipelineConfig:
-    """One pipeline, validated: the typed view of a :class:`~splitkeeper.config.models.PipelineFile`
-    (built by :func:`config_from_mapping`; every default and range is the model's). Paths are
-    absolute (or URIs, kept as given)."""
-
-    name: str
-    source: SourceConfig
-    state_path: str
-    sink_path: str
-    staging_path: str
-    parallelism: int
-    max_concurrent_regions: int | None  # ignored, with a warning when the file is loaded
-    regions: RegionMode
-    strategy: str
-    checkpoint: CheckpointSettings
-    backlog: BacklogConfig
-    transform: str
-    operator_state: OperatorState  # rescale.operator_state
-    capacities: tuple[tuple[int, float], ...]  # weighted.capacities: reader -> capacity
-    rebalance_threshold: float  # weighted.rebalance_threshold
-    on_failure: str | None  # notifications.on_failure: 'module:function' an Airflow task calls
-    lease_ttl_s: float  # lease.ttl_s: a writer that stops heartbeating loses the lease after this
-    lease_wait_s: float  # lease.wait_s: how long a writer watches a held lease for its holder to go stale
-    history_hours: float  # maintenance.history_hours: how far back time travel reaches after VACUUM
-    untracked_hours: float  # maintenance.untracked_hours: maintain removes leftovers older than this
-    otlp_endpoint: str | None  # metrics.otlp_endpoint: OTLP/HTTP collector (None: the text file only)
-    decode: DecodeSpec  # decode: what a record's bytes are; the sink's data columns
-    tolerance: Tolerance  # errors.tolerance: a bad record fails its region (none) or is a dead letter (all)
-    dead_letter_path: str | None  # errors.dead_letter.path (tolerance all only)
-    max_bad_ratio: float  # errors.max_bad_ratio: per region and epoch, above it the region fails
-    partition_by: tuple[str, ...]  # sink.partition_by: the sink's Delta partition columns
-    sink_mode: SinkMode  # sink.mode: append every record, or upsert the latest per sink.key
-    upsert: UpsertSpec | None  # sink.key and sink.delete_when (mode upsert only)
-    changes_path: str | None  # sink.changes_path: the upsert sink's change table (mode upsert only)
-    filtered_path: str  # the offsets a Spark transform dropped (a Delta table beside the sink)
-    transform_kind: TransformKind  # transform.kind: python (in the region tasks) or spark (per epoch)
-    origin: str  # the file it was loaded from (for messages), "" if built from a mapping
-    schedule: str | None = DEFAULT_SCHEDULE  # airflow.schedule: the ingest DAG's (None: triggered only)
-    poll_interval_s: float = 60.0  # airflow.poll_interval_s: how often on_new_data looks at the source
-    # source.connection, state.connection, sink.connection: Airflow connection ids (None: not named)
-    source_connection: str | None = None
-    store_connections: tuple[str, ...] = ()
-
-    @property
-    def regional_checkpoints(self) -> bool:
-        """False when regions are not independent: every checkpoint must then be global."""
-        return self.regions is RegionMode.PER_READER
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain JSON-able form (enums as their values), e.g. for status output or XCom."""
-        return _plain(self)
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, ClientConfig):
-        return value.redacted()
-    if isinstance(value, enum.Enum):
-        return value.value
-    if isinstance(value, tuple):
-        return [_plain(v) for v in value]
-    if hasattr(value, "__dataclass_fields__"):
-        return {f.name: _plain(getattr(value, f.name)) for f in fields(value)}
-    return value
 
 
 # --------------------------------------------------------------------------- loading
@@ -817,109 +629,36 @@ def _validated(
             value=data,
         )
     base = base_dir if base_dir is not None else os.getcwd()
-    file = validate_shape(data, where, base, imports=imports)
-    if file.max_concurrent_regions is not None:
+    config = validate_shape(data, where, base, imports=imports, origin=origin)
+    if config.max_concurrent_regions is not None:
         log.warning(
             "max_concurrent_regions=%s is ignored: an epoch's regions are the tasks of one Spark job, "
             "and Spark's cores bound how many run at once; remove the key (%s)",
-            file.max_concurrent_regions,
+            config.max_concurrent_regions,
             where,
         )
-    return _view(file, origin)
-
-
-def _view(file: PipelineFile, origin: str) -> PipelineConfig:
-    """The typed view of a validated file: its values as they are, the resolved locations and
-    the ``checkpoint`` and ``backlog`` sections as the core's types (numbers as floats)."""
-    resolved = file.resolved
-    sec = file.source
-    source = SourceConfig(
-        kind=sec.kind,
-        path=resolved.source_path,
-        format=sec.format,
-        split_bytes=sec.split_bytes,
-        on_file_change=sec.on_file_change,
-        bootstrap_servers=resolved.bootstrap_servers,
-        topics=tuple(sec.topics),
-        topic_pattern=sec.topic_pattern,
-        starting=sec.starting,
-        group_id=sec.group_id,
-        on_offset_out_of_range=sec.on_offset_out_of_range,
-        connect_timeout_s=sec.connect_timeout_s,
-        read_timeout_s=sec.read_timeout_s,
-        client=ClientConfig(resolved.client),
-    )
-    regions_independent = file.regions is RegionMode.PER_READER
-    core = file.checkpoint.core(regions_independent)
-    ckpt = file.checkpoint
-    checkpoint = CheckpointSettings(
-        max_consecutive_failures=core.max_consecutive_failures,
-        max_failure_ratio=core.max_failure_ratio,
-        region_timeout_s=core.region_timeout_s,
-        regions_independent=regions_independent,
-        retain_checkpoints=ckpt.retain_checkpoints,
-        on_split_failure=ckpt.on_split_failure,
-        quarantine_after=ckpt.quarantine_after,
-        full_snapshot_every=ckpt.full_snapshot_every,
-        max_consecutive_aborts=ckpt.max_consecutive_aborts,
-    )
-    return PipelineConfig(
-        name=file.name,
-        source=source,
-        state_path=resolved.state_path,
-        sink_path=resolved.sink_path,
-        staging_path=resolved.staging_path,
-        parallelism=file.parallelism,
-        max_concurrent_regions=file.max_concurrent_regions,
-        regions=file.regions,
-        strategy=file.strategy,
-        checkpoint=checkpoint,
-        backlog=file.backlog.core(),
-        transform=file.transform_function,
-        operator_state=file.rescale.operator_state,
-        capacities=tuple(sorted(file.weighted.capacities.items())),
-        rebalance_threshold=file.weighted.rebalance_threshold,
-        on_failure=file.notifications.on_failure,
-        lease_ttl_s=file.lease.ttl_s,
-        lease_wait_s=file.lease.wait_s,
-        history_hours=file.maintenance.history_hours,
-        untracked_hours=file.maintenance.untracked_hours,
-        otlp_endpoint=file.metrics.otlp_endpoint,
-        decode=resolved.decode,
-        tolerance=file.errors.tolerance,
-        dead_letter_path=resolved.dead_letter_path,
-        max_bad_ratio=file.errors.max_bad_ratio,
-        partition_by=tuple(file.sink.partition_by),
-        sink_mode=file.sink.mode,
-        upsert=(
-            UpsertSpec.of(file.sink.key, file.sink.delete_when) if file.sink.mode is SinkMode.UPSERT else None
-        ),
-        changes_path=resolved.changes_path,
-        filtered_path=resolved.filtered_path,
-        transform_kind=file.transform_kind,
-        origin=origin,
-        schedule=file.airflow.schedule,
-        poll_interval_s=file.airflow.poll_interval_s,
-        source_connection=file.source.connection,
-        store_connections=tuple(dict.fromkeys(c for c in (file.state.connection, file.sink.connection) if c)),
-    )
+    return config
 
 
 def core_settings(config: PipelineConfig, redistribution: Redistribution | None = None) -> DriverSettings:
     """The protocol core's settings of a pipeline, the one place they are built from its config
-    (``redistribution`` overrides ``rescale.operator_state``, a recovery's choice)."""
+    (``redistribution`` overrides ``rescale.operator_state``, a recovery's choice): the
+    ``checkpoint`` and ``backlog`` sections are the core's own values already."""
+    checkpoint = config.checkpoint
     return DriverSettings(
         pipeline=config.name,
         parallelism=config.parallelism,
-        checkpoint=config.checkpoint.core(),
+        checkpoint=checkpoint.core(),
         backlog=config.backlog,
-        retain_checkpoints=config.checkpoint.retain_checkpoints,
+        retain_checkpoints=checkpoint.retain_checkpoints,
         strategy=config.strategy,
-        strategy_options={"capacities": dict(config.capacities)} if config.strategy == "weighted" else {},
-        redistribution=redistribution or config.operator_state.redistribution,
-        rebalance_threshold=config.rebalance_threshold,
-        on_split_failure=config.checkpoint.on_split_failure,
-        quarantine_after=config.checkpoint.quarantine_after,
-        max_consecutive_aborts=config.checkpoint.max_consecutive_aborts,
-        on_file_change=config.source.on_file_change,
+        strategy_options={"capacities": dict(config.weighted.capacities)}
+        if config.strategy == "weighted"
+        else {},
+        redistribution=redistribution or config.rescale.operator_state.redistribution,
+        rebalance_threshold=config.weighted.rebalance_threshold,
+        on_split_failure=checkpoint.on_split_failure,
+        quarantine_after=checkpoint.quarantine_after,
+        max_consecutive_aborts=checkpoint.max_consecutive_aborts,
+        on_file_change=config.source.split_change_policy,
     )

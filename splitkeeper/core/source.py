@@ -7,9 +7,9 @@ only place that inspects them.
 
 The driver-side connector contract (:class:`SourceConnector`, with planning) and
 the executor-side :class:`RegionReader` are here too: engine-free, like
-FLIP-27's ``Source``/``SourceReader`` interfaces. Implementations live in
-:mod:`splitkeeper.spark.sources`; their inheritable contract tests in
-:mod:`splitkeeper.spark.sources.contract`.
+FLIP-27's ``Source``/``SourceReader`` interfaces. Implementations are the source kinds, one
+package each (:mod:`splitkeeper.sources`); their inheritable contract tests are in
+:mod:`splitkeeper.sources.contract`.
 """
 
 from __future__ import annotations

@@ -41,10 +41,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = [
     "BASE_PROPERTIES",
-    "DEAD_FILE",
     "DEAD_LETTER_SCHEMA",
     "DEAD_LETTER_TABLE",
-    "FILTERED_FILE",
     "FILTERED_SCHEMA",
     "FILTERED_TABLE",
     "META_COLUMNS",
@@ -470,13 +468,9 @@ TABLES: dict[str, TableSpec] = {
 #: The dead-letter table (``errors.dead_letter.path``): what a staged ``dead.parquet`` holds, too.
 DEAD_LETTER_TABLE = "dead_letters"
 DEAD_LETTER_SCHEMA: pa.Schema = SCHEMAS[DEAD_LETTER_TABLE]
-#: A region attempt's staged dead letters: this file beside its ``part.parquet``.
-DEAD_FILE = "dead.parquet"
 #: The offsets a Spark transform dropped (a table beside the sink): ranges per split, one row each.
 FILTERED_TABLE = "filtered_offsets"
 FILTERED_SCHEMA: pa.Schema = SCHEMAS[FILTERED_TABLE]
-#: A region's staged filtered ranges: this file beside its (transformed) output.
-FILTERED_FILE = "filtered.parquet"
 
 #: The tables a :class:`~splitkeeper.delta.checkpoints.DeltaStateStore` owns, in creation order.
 STATE_TABLES: tuple[str, ...] = (

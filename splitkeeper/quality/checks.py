@@ -66,6 +66,7 @@ from splitkeeper.errors import (
     InvalidParameterError,
     InvariantViolation,
 )
+from splitkeeper.sinks.port import SinkReader, SinkTable
 
 if TYPE_CHECKING:  # pragma: no cover
     import pyarrow as pa
@@ -872,7 +873,7 @@ def _table(rows: Sequence[Sequence[Any]], spec: Sequence[tuple[str, str]]) -> pa
 def build_restart_frames(
     spark: SparkSession | Callable[[], SparkSession],
     state_store: DeltaStateStore,
-    sink_path: str | os.PathLike[str],
+    sink: SinkReader,
     checkpoint_id: int,
     *,
     strategy: AssignmentStrategy,
@@ -880,8 +881,6 @@ def build_restart_frames(
     max_consecutive_failures: int,
     source_splits: Iterable[Split] | None = None,
     content_reader: RegionReader | None = None,
-    dead_letter_path: str | os.PathLike[str] | None = None,
-    filtered_path: str | os.PathLike[str] | None = None,
 ) -> RestartFrames:
     """Run the core's section 6 checks on checkpoint ``checkpoint_id`` and the sink; return the
     verdicts as the suites' datasets (see :class:`RestartFrames`), small Arrow tables.
@@ -899,19 +898,20 @@ def build_restart_frames(
     With ``content_reader`` (the source's region reader) each finished split among
     ``source_splits`` is read from its start to its end and compared with the sink's count
     and digest of its values in offset order (:func:`~splitkeeper.core.invariants.check_content`).
-    With ``dead_letter_path`` (``errors.tolerance: all``) the sink and the dead-letter table are
-    checked TOGETHER, in the same one query: their offsets cover each split's range once, an offset
-    in both is DEAD_LETTER_OVERLAP, and the content is the sink's values and the dead letters' raw
-    values in offset order (a typed sink, without a ``value`` column, is checked on offsets only).
-    With ``filtered_path`` (the ``filtered_offsets`` table of a Spark transform; nothing when no table
-    is there) its ranges account for offsets too, in the same query: records, dead letters and
+    ``sink`` reads the pipeline's sink (:class:`~splitkeeper.sinks.port.SinkReader`): its records
+    table (:attr:`~splitkeeper.sinks.port.SinkTable.RECORDS`: an upsert sink's change table, the
+    keyed table is not the log). With dead letters (``errors.tolerance: all``) the sink and the
+    dead-letter table are checked TOGETHER, in the same one query: their offsets cover each split's
+    range once, an offset in both is DEAD_LETTER_OVERLAP, and the content is the sink's values and
+    the dead letters' raw values in offset order (a typed sink, without a ``value`` column, is
+    checked on offsets only).
+    With filtered offsets (the ``filtered_offsets`` table of a Spark transform; nothing when no table
+    is there) their ranges account for offsets too, in the same query: records, dead letters and
     filtered ranges cover each split's range exactly once (an offset filtered and also a record or
-    dead letter is FILTERED_OVERLAP). ``sink_path`` is the table whose rows are the records: the sink,
-    or an upsert sink's change table (the keyed table is not the log).
+    dead letter is FILTERED_OVERLAP).
     CheckpointError when ``checkpoint_id`` is not a completed checkpoint.
     """
     from splitkeeper.delta import serde
-    from splitkeeper.delta.sink import sink_files, sink_frame
 
     notes: list[str] = []
     history = state_store.history
@@ -1048,9 +1048,9 @@ def build_restart_frames(
     region_refs = _table(ref_rows, _REFS_SCHEMA)
 
     # -- the sink: rule 6.4 --------------------------------------------------------------
-    files = sink_files(sink_path)
+    files = sink.files(SinkTable.RECORDS)
     if files is None:
-        notes.append(f"no sink table at {os.fspath(sink_path)} yet: the sink is checked as empty")
+        notes.append(f"no sink table at {sink.location(SinkTable.RECORDS)} yet: the sink is checked as empty")
     life = read_split_life(state_store, checkpoint_id)
     source_rows = [] if source_splits is None else [(s.split_id, s.position, s.end) for s in source_splits]
     wanted = (
@@ -1063,8 +1063,8 @@ def build_restart_frames(
         if content_reader is not None and source_splits is not None
         else {}
     )
-    dead_files = sink_files(dead_letter_path) if dead_letter_path is not None else None
-    filtered_files = sink_files(filtered_path) if filtered_path is not None else None
+    dead_files = sink.files(SinkTable.DEAD_LETTERS)
+    filtered_files = sink.files(SinkTable.FILTERED)
     if filtered_files and wanted:
         notes.append(
             "a Spark transform filtered records out (filtered_offsets): the content check is left out, "
@@ -1076,16 +1076,14 @@ def build_restart_frames(
         from pyspark.sql import functions as F
 
         session = spark() if callable(spark) else spark
-        sink = sink_frame(session, sink_path) if files else None
-        dead = sink_frame(session, dead_letter_path) if dead_files and dead_letter_path is not None else None
-        filtered = (
-            sink_frame(session, filtered_path) if filtered_files and filtered_path is not None else None
-        )
-        if sink is None and dead is not None:  # only dead letters so far: the sink's columns, no rows
-            sink = dead.select("split_id", "offset", "next_offset", "epoch", "value").limit(0)
-        elif sink is None:
+        records = sink.frame(session, SinkTable.RECORDS) if files else None
+        dead = sink.frame(session, SinkTable.DEAD_LETTERS) if dead_files else None
+        filtered = sink.frame(session, SinkTable.FILTERED) if filtered_files else None
+        if records is None and dead is not None:  # only dead letters so far: the sink's columns, no rows
+            records = dead.select("split_id", "offset", "next_offset", "epoch", "value").limit(0)
+        elif records is None:
             assert filtered is not None  # only filtered ranges so far
-            sink = filtered.select(
+            records = filtered.select(
                 "split_id",
                 F.col("start_offset").alias("offset"),
                 F.col("end_offset").alias("next_offset"),
@@ -1093,15 +1091,15 @@ def build_restart_frames(
                 F.lit(None).cast("binary").alias("value"),
             ).limit(0)
         if wanted and (
-            "value" not in sink.columns
-            or sink.schema["value"].dataType.typeName() not in ("string", "binary")
+            "value" not in records.columns
+            or records.schema["value"].dataType.typeName() not in ("string", "binary")
         ):
             notes.append(
                 "the sink has typed columns (no raw or text value column): the content check is left out, "
                 "its offsets (sink and dead letters together) are checked"
             )
             wanted = {}
-        scan = scan_sink(sink, checkpoint_id, wanted, dead, filtered)
+        scan = scan_sink(records, checkpoint_id, wanted, dead, filtered)
     if scan.later:
         notes.append(
             f"the sink holds {scan.later} record(s) of epochs after checkpoint {checkpoint_id}; they are "
@@ -1331,7 +1329,7 @@ def _outcome_of(result: Any, spec: SuiteSpec) -> ExpectationOutcome:
 def run_restart_checks(
     spark: SparkSession | Callable[[], SparkSession],
     state_store: DeltaStateStore,
-    sink_path: str | os.PathLike[str],
+    sink: SinkReader,
     *,
     checkpoint_id: int | None = None,
     strategy: str | AssignmentStrategy,
@@ -1341,10 +1339,6 @@ def run_restart_checks(
     source_splits: Iterable[Split] | None = None,
     expectations: str | os.PathLike[str] | None = None,
     content_reader: RegionReader | None = None,
-    dead_letter_path: str | os.PathLike[str] | None = None,
-    filtered_path: str | os.PathLike[str] | None = None,
-    upsert: UpsertSpec | None = None,
-    changes_path: str | os.PathLike[str] | None = None,
 ) -> CheckReport:
     """Run every protocol section 6 suite on checkpoint ``checkpoint_id`` (default: the latest) and its sink.
 
@@ -1355,10 +1349,10 @@ def run_restart_checks(
     with its weights); the balance suite is SKIPPED for an unbalanced one (legacy-hash),
     with a note saying so. ``subscriptions`` are the current subscriptions (what the
     source has now). ``data_docs_dir`` receives the Data Docs site (``index.html``).
-    ``source_splits``, ``content_reader``, ``dead_letter_path``, ``filtered_path``: see
+    ``sink`` (the sink's reader), ``source_splits``, ``content_reader``: see
     :func:`build_restart_frames`.
-    ``upsert`` (an upsert sink's key and deletes) with ``changes_path`` (its change table): the
-    records accounted are the change table's (the keyed table at ``sink_path`` is not the log), and
+    An upsert sink (the reader's ``upsert``: its key and deletes): the records accounted are its
+    change table's (its keyed table is not the log), and
     the :data:`FOLD_SUITE` suite runs on Spark after the others: the keyed table equals the fold of
     the change table (:mod:`splitkeeper.quality.upsert`; its result is also written beside the Data
     Docs, :data:`~splitkeeper.quality.upsert.FOLD_RESULT_FILE`, for the report).
@@ -1372,8 +1366,7 @@ def run_restart_checks(
         raise InvalidParameterError("max_consecutive_failures", max_consecutive_failures, "an integer >= 0")
     if isinstance(subscriptions, str):
         raise InvalidParameterError("subscriptions", subscriptions, "a collection of subscription names")
-    if upsert is not None and changes_path is None:
-        raise InvalidParameterError("changes_path", changes_path, "the change table of the upsert sink")
+    upsert = sink.upsert
     chosen = resolve_strategy(strategy)
     specs = load_suite_specs(expectations)
     if upsert is not None:
@@ -1403,27 +1396,25 @@ def run_restart_checks(
     import great_expectations as gx
     from great_expectations.core.run_identifier import RunIdentifier
 
-    records_path = sink_path if upsert is None or changes_path is None else changes_path
     frames = build_restart_frames(
         spark,
         state_store,
-        records_path,
+        sink,
         checkpoint_id,
         strategy=chosen,
         subscriptions=subscriptions,
         max_consecutive_failures=max_consecutive_failures,
         source_splits=source_splits,
         content_reader=content_reader,
-        dead_letter_path=dead_letter_path,
-        filtered_path=filtered_path,
     )
     report_notes = list(frames.notes)
     found = list(frames.violations)
     if upsert is not None:
         report_notes.insert(
             0,
-            f"upsert sink: the records accounted are the change table's ({os.fspath(records_path)}); "
-            f"the keyed table ({os.fspath(sink_path)}) is checked by the {FOLD_SUITE} suite",
+            f"upsert sink: the records accounted are the change table's "
+            f"({sink.location(SinkTable.RECORDS)}); the keyed table ({sink.location(SinkTable.KEYED)}) is "
+            f"checked by the {FOLD_SUITE} suite",
         )
     run_id = RunIdentifier(run_name=f"{state_store.pipeline_name}-checkpoint-{checkpoint_id}")
     outcomes: list[SuiteOutcome] = []
@@ -1491,14 +1482,12 @@ def run_restart_checks(
             )
         )
     if upsert is not None:
-        assert changes_path is not None
         outcome, fold_found = _run_fold_suite(
             spark,
             context,
             specs[FOLD_SUITE],
             upsert,
-            changes_path,
-            sink_path,
+            sink,
             checkpoint_id,
             run_id,
             docs_dir,
@@ -1525,8 +1514,7 @@ def _run_fold_suite(
     context: Any,
     spec: SuiteSpec,
     upsert: UpsertSpec,
-    changes_path: str | os.PathLike[str],
-    keyed_path: str | os.PathLike[str],
+    sink: SinkReader,
     checkpoint_id: int,
     run_id: Any,
     docs_dir: Path,
@@ -1539,7 +1527,7 @@ def _run_fold_suite(
 
     from splitkeeper.quality.upsert import scan_fold
 
-    result, frame = scan_fold(spark, changes_path, keyed_path, upsert)
+    result, frame = scan_fold(spark, sink, upsert)
     found = (
         []
         if result.success

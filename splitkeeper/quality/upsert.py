@@ -20,17 +20,25 @@ at their latest version; nothing is written but the result file.
 
 from __future__ import annotations
 
-import json
-import os
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
-from splitkeeper.records.upsert import ORDER_COLUMNS, TOMBSTONE, UpsertSpec
+from splitkeeper.records.upsert import (
+    FIRST_KEYS,
+    FOLD_RESULT_FILE,
+    ORDER_COLUMNS,
+    TOMBSTONE,
+    VERDICT_COLUMNS,
+    FoldResult,
+    UpsertSpec,
+    read_fold_result,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame, SparkSession
+
+    from splitkeeper.sinks.port import SinkReader
 
 __all__ = [
     "FOLD_RESULT_FILE",
@@ -41,101 +49,6 @@ __all__ = [
     "read_fold_result",
     "scan_fold",
 ]
-
-#: The verdict columns of the comparison frame, in the suite's order.
-VERDICT_COLUMNS: tuple[str, ...] = ("missing_key", "extra_key", "stale_row", "duplicate_key")
-#: The fold check's result, written beside the Data Docs ``index.html`` (the report reads it).
-FOLD_RESULT_FILE = "upsert_fold.json"
-#: How many offending keys a result names.
-FIRST_KEYS = 5
-
-
-@dataclass(frozen=True, slots=True)
-class FoldResult:
-    """What the fold check found: the key counts, the offenders per verdict and the first of them.
-
-    ``first``: up to :data:`FIRST_KEYS` offending rows (by key), each ``{"key", "split_id",
-    "offset", "verdict", "detail"}``. ``status``/``expectations`` are the GE suite's, filled by
-    :func:`splitkeeper.quality.checks.run_restart_checks` (one line per expectation).
-    """
-
-    changes_path: str
-    keyed_path: str
-    key: tuple[str, ...]
-    delete_when: str | None
-    change_rows: int = 0
-    deletes: int = 0
-    keys_in_fold: int = 0
-    keyed_rows: int = 0
-    missing_key: int = 0
-    extra_key: int = 0
-    stale_row: int = 0
-    duplicate_key: int = 0
-    compared_columns: tuple[str, ...] = ()
-    first: tuple[dict[str, Any], ...] = ()
-    status: str = ""
-    expectations: tuple[str, ...] = ()
-    notes: tuple[str, ...] = ()
-
-    @property
-    def offenders(self) -> int:
-        return self.missing_key + self.extra_key + self.stale_row + self.duplicate_key
-
-    @property
-    def success(self) -> bool:
-        return self.offenders == 0
-
-    @property
-    def upserts(self) -> int:
-        return self.change_rows - self.deletes
-
-    @property
-    def first_keys(self) -> tuple[str, ...]:
-        return tuple(dict.fromkeys(str(r["key"]) for r in self.first))
-
-    @property
-    def split_ids(self) -> tuple[str, ...]:
-        return tuple(sorted({str(r["split_id"]) for r in self.first if r.get("split_id") is not None}))
-
-    def verdict(self) -> str:
-        """One sentence: holds, or the counts and the first offending keys."""
-        head = (
-            f"the keyed table ({self.keyed_rows:,} row(s)) and the fold of the change table "
-            f"({self.change_rows:,} record(s), {self.keys_in_fold:,} live key(s))"
-        )
-        if self.success:
-            return f"{head} are equal"
-        counts = ", ".join(
-            f"{n} {name.replace('_', ' ')}" for name in VERDICT_COLUMNS if (n := getattr(self, name))
-        )
-        return f"{head} differ: {counts}; first keys: {', '.join(self.first_keys)}"
-
-    def to_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["success"] = self.success
-        out["upserts"] = self.upserts
-        return out
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> FoldResult:
-        names = set(cls.__dataclass_fields__)
-        kept = {k: v for k, v in data.items() if k in names}
-        for name in ("key", "compared_columns", "first", "expectations", "notes"):
-            kept[name] = tuple(kept.get(name) or ())
-        return cls(**kept)
-
-    def write(self, folder: str | os.PathLike[str]) -> Path:
-        target = Path(folder) / FOLD_RESULT_FILE
-        target.write_text(json.dumps(self.to_dict(), indent=2, default=str), encoding="utf-8")
-        return target
-
-
-def read_fold_result(folder: str | os.PathLike[str]) -> FoldResult | None:
-    """The result the last fold check left in ``folder`` (the Data Docs folder), None when none."""
-    path = Path(folder) / FOLD_RESULT_FILE
-    if not path.is_file():
-        return None
-    return FoldResult.from_dict(json.loads(path.read_text(encoding="utf-8")))
 
 
 def _col(name: str, table: str | None = None) -> Any:
@@ -265,11 +178,10 @@ def _empty_like(frame: DataFrame, drop: Sequence[str] = (), add_tombstone: bool 
 
 def scan_fold(
     spark: SparkSession | Callable[[], SparkSession],
-    changes_path: str | os.PathLike[str],
-    keyed_path: str | os.PathLike[str],
+    sink: SinkReader,
     upsert: UpsertSpec,
 ) -> tuple[FoldResult, DataFrame | None]:
-    """Fold the change table at ``changes_path`` and compare it with the keyed table at ``keyed_path``
+    """Fold the change table of ``sink`` (its reader) and compare it with its keyed table
     (:func:`fold_comparison`); count the keys and offenders in one aggregation and name the first
     :data:`FIRST_KEYS` offenders by key. Returns the result and the comparison frame (persisted, for
     the suite; the caller unpersists it), or None for the frame when neither table has a data file
@@ -277,24 +189,26 @@ def scan_fold(
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
-    from splitkeeper.delta.sink import sink_files, sink_frame
+    from splitkeeper.sinks.port import SinkTable
 
-    base = FoldResult(os.fspath(changes_path), os.fspath(keyed_path), upsert.key, upsert.delete_when)
-    has_changes, has_keyed = sink_files(changes_path), sink_files(keyed_path)
+    changes_path = sink.location(SinkTable.RECORDS) or ""
+    keyed_path = sink.location(SinkTable.KEYED) or ""
+    base = FoldResult(changes_path, keyed_path, upsert.key, upsert.delete_when)
+    has_changes, has_keyed = sink.files(SinkTable.RECORDS), sink.files(SinkTable.KEYED)
     notes: list[str] = []
     if not has_changes and not has_keyed:
         notes.append("no change table and no keyed table with data yet: nothing to fold")
         return FoldResult(**{**asdict(base), "notes": tuple(notes)}), None
     session = spark() if callable(spark) else spark
-    changes = sink_frame(session, changes_path) if has_changes else None
-    keyed = sink_frame(session, keyed_path) if has_keyed else None
+    changes = sink.frame(session, SinkTable.RECORDS) if has_changes else None
+    keyed = sink.frame(session, SinkTable.KEYED) if has_keyed else None
     if changes is None:
         assert keyed is not None
         changes = _empty_like(keyed, add_tombstone=True)
-        notes.append(f"no change table at {os.fspath(changes_path)}: its fold is empty")
+        notes.append(f"no change table at {changes_path}: its fold is empty")
     if keyed is None:
         keyed = _empty_like(changes, drop=[TOMBSTONE])
-        notes.append(f"no keyed table at {os.fspath(keyed_path)}: checked as empty")
+        notes.append(f"no keyed table at {keyed_path}: checked as empty")
     unknown = [c for c in keyed.columns if c not in changes.columns]
     if unknown:
         notes.append(f"keyed table columns the change table lacks, not compared: {', '.join(unknown)}")

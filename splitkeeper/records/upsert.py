@@ -34,9 +34,12 @@ Pure Python (``sqlglot`` parses the predicate); no Spark, no delta-rs.
 
 from __future__ import annotations
 
+import json
+import os
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 from splitkeeper.errors import UpsertError
@@ -45,8 +48,12 @@ from splitkeeper.records.spec import TOMBSTONE
 __all__ = [
     "ORDER_COLUMNS",
     "TOMBSTONE",
+    "FOLD_RESULT_FILE",
+    "VERDICT_COLUMNS",
+    "FoldResult",
     "UpsertError",
     "UpsertSpec",
+    "read_fold_result",
 ]
 
 #: Rule 2's order, most significant first: the winner of a key has the greatest tuple.
@@ -160,3 +167,102 @@ class UpsertSpec:
             return str(exp.column(name, table=table, quoted=True).sql(dialect=dialect or None))
 
         return " AND ".join(f"{column(target, k)} IS NOT DISTINCT FROM {column(source, k)}" for k in self.key)
+
+
+# --------------------------------------------------------------------------- the fold check's result
+
+#: The verdict columns of the comparison frame, in the suite's order.
+VERDICT_COLUMNS: tuple[str, ...] = ("missing_key", "extra_key", "stale_row", "duplicate_key")
+#: The fold check's result, written beside the Data Docs ``index.html`` (the report reads it).
+FOLD_RESULT_FILE = "upsert_fold.json"
+#: How many offending keys a result names.
+FIRST_KEYS = 5
+
+
+@dataclass(frozen=True, slots=True)
+class FoldResult:
+    """What the fold check found: the key counts, the offenders per verdict and the first of them.
+
+    ``first``: up to :data:`FIRST_KEYS` offending rows (by key), each ``{"key", "split_id",
+    "offset", "verdict", "detail"}``. ``status``/``expectations`` are the GE suite's, filled by
+    :func:`splitkeeper.quality.checks.run_restart_checks` (one line per expectation). Written by the
+    checks beside their Data Docs, shown by the report: a value of both, so it lives here.
+    """
+
+    changes_path: str
+    keyed_path: str
+    key: tuple[str, ...]
+    delete_when: str | None
+    change_rows: int = 0
+    deletes: int = 0
+    keys_in_fold: int = 0
+    keyed_rows: int = 0
+    missing_key: int = 0
+    extra_key: int = 0
+    stale_row: int = 0
+    duplicate_key: int = 0
+    compared_columns: tuple[str, ...] = ()
+    first: tuple[dict[str, Any], ...] = ()
+    status: str = ""
+    expectations: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+
+    @property
+    def offenders(self) -> int:
+        return self.missing_key + self.extra_key + self.stale_row + self.duplicate_key
+
+    @property
+    def success(self) -> bool:
+        return self.offenders == 0
+
+    @property
+    def upserts(self) -> int:
+        return self.change_rows - self.deletes
+
+    @property
+    def first_keys(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(str(r["key"]) for r in self.first))
+
+    @property
+    def split_ids(self) -> tuple[str, ...]:
+        return tuple(sorted({str(r["split_id"]) for r in self.first if r.get("split_id") is not None}))
+
+    def verdict(self) -> str:
+        """One sentence: holds, or the counts and the first offending keys."""
+        head = (
+            f"the keyed table ({self.keyed_rows:,} row(s)) and the fold of the change table "
+            f"({self.change_rows:,} record(s), {self.keys_in_fold:,} live key(s))"
+        )
+        if self.success:
+            return f"{head} are equal"
+        counts = ", ".join(
+            f"{n} {name.replace('_', ' ')}" for name in VERDICT_COLUMNS if (n := getattr(self, name))
+        )
+        return f"{head} differ: {counts}; first keys: {', '.join(self.first_keys)}"
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["success"] = self.success
+        out["upserts"] = self.upserts
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> FoldResult:
+        names = set(cls.__dataclass_fields__)
+        kept = {k: v for k, v in data.items() if k in names}
+        for name in ("key", "compared_columns", "first", "expectations", "notes"):
+            kept[name] = tuple(kept.get(name) or ())
+        return cls(**kept)
+
+    def write(self, folder: str | os.PathLike[str]) -> Path:
+        target = Path(folder) / FOLD_RESULT_FILE
+        target.write_text(json.dumps(self.to_dict(), indent=2, default=str), encoding="utf-8")
+        return target
+
+
+def read_fold_result(folder: str | os.PathLike[str]) -> FoldResult | None:
+    """The result the last fold check left in ``folder`` (the Data Docs folder), None when none."""
+    path = Path(folder) / FOLD_RESULT_FILE
+    if not path.is_file():
+        return None
+    return FoldResult.from_dict(json.loads(path.read_text(encoding="utf-8")))

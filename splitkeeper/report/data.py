@@ -20,11 +20,11 @@ from typing import TYPE_CHECKING
 from splitkeeper.core.lag import SplitLag, by_lag, split_lag_of
 from splitkeeper.core.types import CheckpointKind, RecoveryDecision, Split
 from splitkeeper.delta.history import TimelineEntry
+from splitkeeper.sinks.port import SinkReader, SinkTable
 
 if TYPE_CHECKING:  # pragma: no cover
     from splitkeeper.delta.checkpoints import DeltaStateStore
-    from splitkeeper.quality.upsert import FoldResult
-    from splitkeeper.records.upsert import UpsertSpec
+    from splitkeeper.records.upsert import FoldResult
 
 #: enumerator_state rows of a live split (with a position): owned, pooled or parked.
 LIVE_STATUSES = ("assigned", "pool", "quarantined")
@@ -96,15 +96,16 @@ class DeadLetterFacts:
 FIRST_DEAD_LETTERS = 20
 
 
-def read_dead_letter_facts(path: str | os.PathLike[str], first: int = FIRST_DEAD_LETTERS) -> DeadLetterFacts:
-    """Count the dead-letter table at ``path`` per split and stage and take its ``first`` errors (read
-    with delta-rs, :func:`splitkeeper.delta.sink.read_dead_letters`; the raw bytes are not read)."""
+def read_dead_letter_facts(sink: SinkReader, first: int = FIRST_DEAD_LETTERS) -> DeadLetterFacts:
+    """Count the sink's dead-letter table per split and stage and take its ``first`` errors (read
+    without Spark, :meth:`~splitkeeper.sinks.port.SinkReader.rows`; the raw bytes are not read)."""
     import pyarrow.compute as pc
 
-    from splitkeeper.delta.sink import read_dead_letters
     from splitkeeper.records.decode import STAGES
 
-    rows = read_dead_letters(path, ["split_id", "offset", "stage", "error_class", "error_message", "epoch"])
+    columns = ["split_id", "offset", "stage", "error_class", "error_message", "epoch"]
+    rows = sink.rows(SinkTable.DEAD_LETTERS, columns)
+    path = sink.location(SinkTable.DEAD_LETTERS) or ""
     per_split = Counter(rows["split_id"].to_pylist())
     per_stage = Counter(rows["stage"].to_pylist())
     order = pc.sort_indices(
@@ -159,59 +160,39 @@ class FilteredFacts:
     per_function: tuple[tuple[str, int, int], ...]  # (function, ranges, offsets), most offsets first
 
 
-def _count(path: str, where: str | None = None) -> int:
-    """Rows of the Delta table at ``path`` (where the generic-SQL predicate ``where`` holds), counted
-    with delta-rs's DataFusion (nothing but the predicate's columns is read); 0 when no table."""
-    from deltalake import DeltaTable, QueryBuilder
-
-    from splitkeeper.delta import storage
-    from splitkeeper.delta.sink import sink_files
-
-    if sink_files(path) is None:
-        return 0
-    sql = "SELECT COUNT(*) AS n FROM t" + (f" WHERE {where}" if where else "")
-    rows = QueryBuilder().register("t", DeltaTable(storage.table_uri(path))).execute(sql).read_all()
-    return int(rows.column("n")[0].as_py())
-
-
-def read_upsert_facts(
-    keyed_path: str | os.PathLike[str],
-    changes_path: str | os.PathLike[str],
-    upsert: UpsertSpec,
-    fold_dir: str | os.PathLike[str] | None = None,
-) -> UpsertFacts:
-    """Count the keyed table's rows and the change table's records and deletes (delta-rs, DataFusion
-    SQL: :meth:`~splitkeeper.records.upsert.UpsertSpec.delete_condition` in its generic dialect), and
+def read_upsert_facts(sink: SinkReader, fold_dir: str | os.PathLike[str] | None = None) -> UpsertFacts:
+    """Count an upsert sink's keyed rows and its change table's records and deletes (no Spark:
+    :meth:`~splitkeeper.sinks.port.SinkReader.count`, the deletes with
+    :meth:`~splitkeeper.records.upsert.UpsertSpec.delete_condition` in its generic dialect), and
     read the fold check's result from ``fold_dir`` (the Data Docs folder)."""
-    from splitkeeper.quality.upsert import read_fold_result
+    from splitkeeper.records.upsert import read_fold_result
 
-    keyed, changes = os.fspath(keyed_path), os.fspath(changes_path)
+    upsert = sink.upsert
+    assert upsert is not None
     return UpsertFacts(
-        keyed_path=keyed,
-        changes_path=changes,
+        keyed_path=sink.location(SinkTable.KEYED) or "",
+        changes_path=sink.location(SinkTable.RECORDS) or "",
         key=upsert.key,
         delete_when=upsert.delete_when,
-        keys=_count(keyed),
-        changes=_count(changes),
-        deletes=_count(changes, upsert.delete_condition()),
+        keys=sink.count(SinkTable.KEYED),
+        changes=sink.count(SinkTable.RECORDS),
+        deletes=sink.count(SinkTable.RECORDS, upsert.delete_condition()),
         fold=None if fold_dir is None else read_fold_result(fold_dir),
     )
 
 
-def read_filtered_facts(path: str | os.PathLike[str]) -> FilteredFacts | None:
-    """The ``filtered_offsets`` table at ``path`` counted per function (delta-rs); None when no table."""
-    from splitkeeper.delta.sink import read_sink, sink_files
-
-    if sink_files(path) is None:
+def read_filtered_facts(sink: SinkReader) -> FilteredFacts | None:
+    """The sink's ``filtered_offsets`` table counted per function (no Spark); None when it has none."""
+    if not sink.location(SinkTable.FILTERED) or sink.files(SinkTable.FILTERED) is None:
         return None
-    rows = read_sink(path, ["function", "records"]).to_pylist()  # delta-rs reads any table's columns
+    rows = sink.rows(SinkTable.FILTERED, ["function", "records"]).to_pylist()
     per: dict[str, list[int]] = {}
     for r in rows:
         counts = per.setdefault(r["function"], [0, 0])
         counts[0] += 1
         counts[1] += int(r["records"])
     return FilteredFacts(
-        path=os.fspath(path),
+        path=sink.location(SinkTable.FILTERED) or "",
         ranges=len(rows),
         offsets=sum(n for _r, n in per.values()),
         per_function=tuple(
@@ -331,19 +312,16 @@ class ReportData:
 
 def collect_report_data(
     state_store: DeltaStateStore,
-    sink_path: str | os.PathLike[str] | None = None,
-    dead_letter_path: str | os.PathLike[str] | None = None,
+    sink: SinkReader | None = None,
     *,
-    upsert: UpsertSpec | None = None,
-    changes_path: str | os.PathLike[str] | None = None,
-    filtered_path: str | os.PathLike[str] | None = None,
     fold_dir: str | os.PathLike[str] | None = None,
 ) -> ReportData:
-    """Read everything the report shows (state, sink and dead-letter table through delta-rs; no
-    Spark). Called once per report. ``upsert`` with ``changes_path``: an upsert sink (``sink_path`` is
-    its keyed table): the records per epoch are the change table's, and the upsert facts (keys,
-    upserts, deletes, the fold check's result read from ``fold_dir``) are shown. ``filtered_path``:
-    the ``filtered_offsets`` table, shown when it exists."""
+    """Read everything the report shows (the state through :mod:`splitkeeper.delta.history`, the
+    sink's tables through its reader, :class:`~splitkeeper.sinks.port.SinkReader`; no Spark). Called
+    once per report. An upsert sink (the reader's ``upsert``): the records per epoch are its change
+    table's, and the upsert facts (keys, upserts, deletes, the fold check's result read from
+    ``fold_dir``) are shown; dead letters and a Spark transform's ``filtered_offsets`` are shown when
+    the sink has them."""
     history = state_store.history
     timeline = tuple(history.timeline())
     phases = {e.checkpoint_id: e.phases_ms for e in timeline if e.kind is not CheckpointKind.ABORTED}
@@ -422,12 +400,12 @@ def collect_report_data(
     )
     latest_kept = max((int(r["checkpoint_id"]) for r in heads), default=-1)
     records: dict[int, dict[int, int]] | None = None
-    sink_text = None if sink_path is None else os.fspath(sink_path)
+    sink_text = None if sink is None else sink.location(SinkTable.KEYED if sink.upsert else SinkTable.RECORDS)
     upsert_facts = None
-    if upsert is not None and changes_path is not None and sink_text is not None:
-        upsert_facts = read_upsert_facts(sink_text, changes_path, upsert, fold_dir)
-    if sink_text is not None:
-        records = _records_per_epoch(upsert_facts.changes_path if upsert_facts is not None else sink_text)
+    if sink is not None and sink.upsert is not None:
+        upsert_facts = read_upsert_facts(sink, fold_dir)
+    if sink is not None:
+        records = _records_per_epoch(sink)
     return ReportData(
         pipeline=state_store.pipeline_name,
         state_root=str(state_store.root),
@@ -439,24 +417,27 @@ def collect_report_data(
         records=records,
         # where the latest kept checkpoint parks its quarantined splits
         parked_positions=parked.get(latest_kept, {}),
-        dead_letters=None if dead_letter_path is None else read_dead_letter_facts(dead_letter_path),
+        dead_letters=(
+            None
+            if sink is None or not sink.location(SinkTable.DEAD_LETTERS)
+            else read_dead_letter_facts(sink)
+        ),
         upsert=upsert_facts,
-        filtered=None if filtered_path is None else read_filtered_facts(filtered_path),
+        filtered=None if sink is None else read_filtered_facts(sink),
         lags=lags,
         splits=by_lag(live.get(latest_kept, [])),
     )
 
 
-def _records_per_epoch(sink_path: str) -> dict[int, dict[int, int]]:
-    """Epoch -> region -> records of the sink table; empty when there is no table.
+def _records_per_epoch(sink: SinkReader) -> dict[int, dict[int, int]]:
+    """Epoch -> region -> records of the sink's records table (an upsert sink's change table); empty
+    when there is no table.
 
-    Read with delta-rs (the two columns only, :func:`splitkeeper.delta.sink.read_sink`), not Spark:
-    the report runs where an Airflow task runs, and a group-by count needs no cluster application.
+    Read without Spark (the two columns only, :meth:`~splitkeeper.sinks.port.SinkReader.rows`): the
+    report runs where an Airflow task runs, and a group-by count needs no cluster application.
     """
-    from splitkeeper.delta.sink import read_sink
-
     records: dict[int, dict[int, int]] = {}
-    rows = read_sink(sink_path, ["epoch", "region"])
+    rows = sink.rows(SinkTable.RECORDS, ["epoch", "region"])
     counted = rows.group_by(["epoch", "region"]).aggregate([([], "count_all")])
     for epoch, region, count in zip(
         counted["epoch"].to_pylist(),

@@ -42,7 +42,7 @@ from splitkeeper.report.data import (
 
 if TYPE_CHECKING:  # pragma: no cover
     from splitkeeper.delta.checkpoints import DeltaStateStore
-    from splitkeeper.records.upsert import UpsertSpec
+    from splitkeeper.sinks.port import SinkReader
 
 _T = TypeVar("_T")
 
@@ -1032,13 +1032,9 @@ def render_report(
     state_store: DeltaStateStore,
     out_dir: str | os.PathLike[str],
     *,
-    sink_path: str | os.PathLike[str] | None = None,
+    sink: SinkReader | None = None,
     title: str,
     data_docs_index: str | os.PathLike[str] | None = None,
-    dead_letter_path: str | os.PathLike[str] | None = None,
-    upsert: UpsertSpec | None = None,
-    changes_path: str | os.PathLike[str] | None = None,
-    filtered_path: str | os.PathLike[str] | None = None,
     keep_runs: int = KEEP_RUN_REPORTS,
 ) -> Path:
     """Write the run report of ``state_store``'s pipeline to ``<out_dir>/report.html``; return its path.
@@ -1047,12 +1043,11 @@ def render_report(
     wrote the latest checkpoint attempt; rendering again during or after that run replaces it), listed
     newest first by ``<out_dir>/index.html``; the oldest beyond ``keep_runs`` are removed.
 
-    ``sink_path`` adds the records-per-epoch section, ``dead_letter_path`` the dead-letters section
-    (per split and stage, the first errors); ``data_docs_index`` (the
+    ``sink`` (the sink's reader, :class:`~splitkeeper.sinks.port.SinkReader`) adds the
+    records-per-epoch section, and those of what the sink has: the dead letters (per split and
+    stage, the first errors), an upsert sink's keys, upserts, deletes and fold check's verdict (read
+    beside ``data_docs_index``), a Spark transform's filtered offsets. ``data_docs_index`` (the
     ``index.html`` of the restart checks' Data Docs) is linked relative to ``out_dir``.
-    ``upsert`` with ``changes_path`` (``sink_path`` is then the keyed table) adds the upsert
-    section (keys, upserts, deletes, the fold check's verdict, read beside ``data_docs_index``);
-    ``filtered_path`` the filtered-offsets section when that table exists.
     May be called any number of times; each call replaces the file.
     """
     if not isinstance(title, str) or not title.strip():
@@ -1061,11 +1056,7 @@ def render_report(
     folder.mkdir(parents=True, exist_ok=True)
     data = collect_report_data(
         state_store,
-        sink_path,
-        dead_letter_path,
-        upsert=upsert,
-        changes_path=changes_path,
-        filtered_path=filtered_path,
+        sink,
         fold_dir=None if data_docs_index is None else Path(data_docs_index).parent,
     )
     page = render_html(

@@ -14,40 +14,41 @@ temporary name and renamed when whole: a visible ``dead.parquet`` is always comp
 from __future__ import annotations
 
 import os
-import re
 import uuid
 from datetime import UTC, datetime
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from splitkeeper.delta.schemas import DEAD_FILE, DEAD_LETTER_SCHEMA
+from splitkeeper.delta.schemas import DEAD_LETTER_SCHEMA
 from splitkeeper.records.decode import BadRecords
+from splitkeeper.staging import DEAD_FILE, StagedRegion
 
 __all__ = ["DEAD_FILE", "DEAD_LETTER_SCHEMA", "DeadLetterWriter", "attempt_of"]
 
 _ROW_GROUP = 64 * 1024
-_ATTEMPT = re.compile(r"(?:^|/)attempt=([A-Za-z0-9_-]+)(?=/|$)")
 
 
 def attempt_of(path: str) -> str:
-    """The region attempt id a staged path names (``.../attempt=<id>/...``), or ``once``."""
-    found = _ATTEMPT.search(path.replace(os.sep, "/"))
-    return found.group(1) if found else "once"
+    """The region attempt id of a staged file's path given by hand (the layout reads it back,
+    :meth:`~splitkeeper.staging.StagedRegion.at`), or ``once`` outside the layout."""
+    found = StagedRegion.at(path)
+    return "once" if found is None else found.attempt
 
 
 class DeadLetterWriter:
     """Collects one region attempt's bad records; :meth:`commit` writes ``dead.parquet`` atomically.
 
-    ``path`` is the file to write (``<attempt dir>/dead.parquet``); its ``attempt=<id>`` segment
-    is the rows' ``attempt_id``. Nothing is written when no record was added.
+    ``path`` is the file to write (``<attempt dir>/dead.parquet``); ``attempt`` is the rows'
+    ``attempt_id`` (None: the one the path names, :func:`attempt_of`). Nothing is written when no
+    record was added.
     """
 
-    def __init__(self, path: str, epoch: int, region: int) -> None:
+    def __init__(self, path: str, epoch: int, region: int, attempt: str | None = None) -> None:
         self.path = path
         self.epoch = epoch
         self.region = region
-        self.attempt_id = attempt_of(path)
+        self.attempt_id = attempt if attempt is not None else attempt_of(path)
         self._tables: list[pa.Table] = []
         self.records = 0
 

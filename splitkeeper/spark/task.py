@@ -1,26 +1,26 @@
-"""What a region task writes, and the region task body itself.
+"""What a region task writes, and the region task itself.
 
 :func:`run_region_task` is the pure-Python body of one region's work in an
 epoch: read the planned ranges through the source's :class:`RegionReader`,
 apply the transform, write one parquet file under the staging directory, and
-return a small :class:`RegionResult`. The Spark epoch runner wraps it in a
-one-task job per region; this module never imports pyspark, so the body runs
-(and is tested) without Spark.
+return a small :class:`RegionResult`. :func:`region_task` is what a Spark task runs: the body
+for one :class:`RegionTask` (the named, picklable payload the runner ships,
+:mod:`splitkeeper.spark.runner`). This module never imports pyspark at import time, so the body
+runs (and is tested) without Spark.
 
-Staging layout: ``<staging>/epoch=<N>/region=<r>/attempt=<id>/part.parquet``.
-A file is written under a temporary name in its attempt directory and renamed
-when complete, so a visible ``part.parquet`` is always whole. The driver only
-reads the path a finished task returned; other attempts' files are garbage for
-the staging cleanup. A staged file has every column of the sink table (the
+The staging layout is :mod:`splitkeeper.staging`'s: ``<staging>/epoch=<N>/region=<r>/attempt=<id>/
+part.parquet``. A file is written under a temporary name in its attempt directory and renamed
+when complete, so a visible ``part.parquet`` is always whole. The driver only reads what a
+finished task returned (its :class:`~splitkeeper.staging.StagedRegion`); other attempts' files are
+garbage for the staging cleanup. A staged file has every column of the sink table (the
 task stamps ``ingested_at``; the schema is :data:`~splitkeeper.delta.schemas.STAGED_FILE_SCHEMA`,
-from :mod:`splitkeeper.delta.schemas`), so the sink can adopt it as a Delta data file
-as it is, without rewriting it (:meth:`~splitkeeper.delta.sink.DeltaSink.commit`).
+from :mod:`splitkeeper.delta.schemas`), so a sink can adopt it as a data file as it is, without
+rewriting it (:meth:`splitkeeper.sinks.delta.sink.DeltaSink.commit`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import datetime
 import enum
 import json
 import os
@@ -30,7 +30,6 @@ import uuid
 from collections.abc import Generator, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import quote
 
 import numpy as np
 import pyarrow as pa
@@ -53,15 +52,21 @@ from splitkeeper.errors import (
     SplitReadError,
     TransformError,
 )
+from splitkeeper.records.columnar import RangeColumns, SupportsColumnarRead
 from splitkeeper.records.decode import BadRecords, Decoded, decode_values
 from splitkeeper.records.spec import INGESTED_DATE, RESCUED, TOMBSTONE, DecodeSpec
 from splitkeeper.records.upsert import UpsertSpec
-from splitkeeper.spark.columnar import RangeColumns, SupportsColumnarRead
+from splitkeeper.staging import (
+    DEAD_FILE,
+    PART_FILE,
+    StagedRegion,
+    attempt_dir,
+    new_attempt,
+    partition_folder,
+    write_manifest,
+)
 from splitkeeper.transforms import Transform, apply_to_table, identity
 
-PART_FILE = "part.parquet"
-#: A partitioned region's manifest: its files (one per partition value), relative to it.
-PARTS_FILE = "parts.json"
 _ROW_GROUP = 128 * 1024
 
 
@@ -122,8 +127,8 @@ class RegionResult:
     ``positions`` maps every planned split to its new position (the planned
     end). ``backlog_finished`` lists planned splits whose new position reached
     their ``backlog_end`` (reported every time; the enumerator deduplicates).
-    ``staged_path`` is the only output of this attempt the sink may read; it is
-    written even when no record was read, so every acknowledged epoch commits.
+    ``staged`` (its file: ``staged_path``) is the only output of this attempt the sink may read; it
+    is written even when no record was read, so every acknowledged epoch commits.
     A declined or timed-out region is built by the driver with :meth:`declined`.
     """
 
@@ -132,6 +137,7 @@ class RegionResult:
     positions: dict[str, int] = field(default_factory=dict)
     records: int = 0
     staged_path: str | None = None
+    staged: StagedRegion | None = None
     backlog_finished: tuple[str, ...] = ()
     error: str | None = None
     epoch: int = 0
@@ -147,10 +153,6 @@ class RegionResult:
     def declined(cls, region_id: int, epoch: int, error: str) -> RegionResult:
         """A region that did not acknowledge (task failed or timed out); ``error`` says why."""
         return cls(region_id=region_id, ack=False, epoch=epoch, error=error)
-
-
-def attempt_dir(staging_root: str, epoch: int, region: int, attempt: str) -> str:
-    return os.path.join(staging_root, f"epoch={epoch}", f"region={region}", f"attempt={attempt}")
 
 
 class StagedWriter:
@@ -432,9 +434,7 @@ class StagedWriter:
                 )
                 mask = this if mask is None else pc.and_(mask, this)
             part = data.filter(mask)
-            sub = os.path.join(
-                folder, *(f"{name}={quote(partition_text(value), safe='')}" for name, value in row.items())
-            )
+            sub = os.path.join(folder, partition_folder(row))
             os.makedirs(sub, exist_ok=True)
             target = os.path.join(sub, f"part-{i:05d}.parquet")
             tmp = f"{target}.tmp-{uuid.uuid4().hex}"
@@ -442,11 +442,7 @@ class StagedWriter:
             os.replace(tmp, target)
             self._published.append(target)
             size += os.path.getsize(target)
-        manifest = os.path.join(folder, PARTS_FILE)
-        tmp = f"{manifest}.tmp-{uuid.uuid4().hex}"
-        with open(tmp, "w", encoding="utf-8") as out:
-            json.dump([os.path.relpath(f, folder).replace(os.sep, "/") for f in self._published], out)
-        os.replace(tmp, manifest)
+        manifest = write_manifest(folder, self._published)
         return StagedOutput(manifest, self.records, size)
 
     def commit(self) -> StagedOutput:
@@ -494,19 +490,6 @@ class StagedWriter:
 
 def _meta_type(name: str) -> pa.DataType:
     return STAGED_FILE_SCHEMA.field(name).type
-
-
-def partition_text(value: Any) -> str:
-    """A partition value as Delta's ``partitionValues`` and the Hive-style folder name write it."""
-    if value is None:
-        return "__HIVE_DEFAULT_PARTITION__"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, datetime.datetime):
-        return value.isoformat(sep=" ")
-    if isinstance(value, datetime.date):
-        return value.isoformat()
-    return str(value)
 
 
 def write_staged(
@@ -570,7 +553,7 @@ def run_region_task(
     """Run one region's share of epoch ``epoch``; called inside the region's Spark task.
 
     Per planned ``(split, start, end)``: read the range (as Arrow columns when the reader
-    :class:`~splitkeeper.spark.columnar.SupportsColumnarRead`, else its records made into
+    :class:`~splitkeeper.records.columnar.SupportsColumnarRead`, else its records made into
     columns) -> decode the values (:func:`~splitkeeper.records.decode.decode_values` with
     ``policy.decode``) -> apply ``transform`` to the kept rows
     (:func:`~splitkeeper.transforms.apply_to_table`) -> stage the kept rows with their
@@ -589,11 +572,11 @@ def run_region_task(
     region; nothing is published then. Calling it twice with the same plan writes the same
     rows to two attempts.
     """
-    from splitkeeper.spark.dead_letters import DEAD_FILE, DeadLetterWriter
+    from splitkeeper.spark.dead_letters import DeadLetterWriter
 
     started = time.monotonic()
     policy = policy or RecordPolicy()
-    attempt = attempt or uuid.uuid4().hex
+    attempt = attempt or new_attempt()
     if fault is not None and fault.kind is FaultKind.STALL:
         time.sleep(fault.seconds)
     seen: set[str] = set()
@@ -605,7 +588,7 @@ def run_region_task(
     folder = attempt_dir(staging_root, epoch, region, attempt)
     path = os.path.join(folder, PART_FILE)
     tolerant = policy.tolerance == "all"
-    dead = DeadLetterWriter(os.path.join(folder, DEAD_FILE), epoch, region) if tolerant else None
+    dead = DeadLetterWriter(os.path.join(folder, DEAD_FILE), epoch, region, attempt) if tolerant else None
     fast = policy.decode.kind == "raw" and transform is identity
     read = 0
     for split, _start, _end in plan_for_region:
@@ -697,6 +680,7 @@ def run_region_task(
         positions=positions,
         records=staged.records,
         staged_path=staged.path,
+        staged=StagedRegion(staging_root, epoch, region, attempt, os.path.basename(staged.path)),
         backlog_finished=tuple(backlog_finished),
         epoch=epoch,
         attempt=attempt,
@@ -918,7 +902,7 @@ def _meta_columns(metas: Sequence[RecordMeta | None]) -> list[pa.Array]:
 
 def _read_ranges(reader: RegionReader, plan: Sequence[tuple[Split, int, int]]) -> Generator[RangeColumns]:
     """Every planned range's columns, in plan order: the reader's
-    :meth:`~splitkeeper.spark.columnar.SupportsColumnarRead.read_ranges_columns` (Kafka reads all
+    :meth:`~splitkeeper.records.columnar.SupportsColumnarRead.read_ranges_columns` (Kafka reads all
     the region's partitions at once), else each range's records made into columns."""
     if isinstance(reader, SupportsColumnarRead):
         yield from reader.read_ranges_columns(plan)
@@ -954,4 +938,51 @@ def _columns_of(records: Iterable[SourceRecord]) -> RangeColumns:
     meta = tuple(_meta_columns(metas)) if any(m is not None for m in metas) else None
     return RangeColumns(
         pa.array(offsets, pa.int64()), pa.array(nexts, pa.int64()), pa.array(values, pa.binary()), meta
+    )
+
+
+# --------------------------------------------------------------------------- the Spark task
+
+
+@dataclass(frozen=True, slots=True)
+class RegionTask:
+    """What one region's Spark task gets (pickled to its executor; every field picklable): the
+    ``plan`` of its ranges, the source's ``reader``, the record ``transform`` (a module-level
+    function: it pickles by reference), the ``staging`` root, the ``epoch`` and ``region``, the
+    injected ``fault`` (None: none) and the record ``policy``."""
+
+    plan: Sequence[tuple[Split, int, int]]
+    reader: RegionReader
+    transform: Transform
+    staging: str
+    epoch: int
+    region: int
+    fault: RegionFault | None = None
+    policy: RecordPolicy | None = None
+
+
+def region_task(task: RegionTask) -> RegionResult:
+    """The body of a region's Spark task (module-level so it pickles by reference): a fresh attempt
+    of :func:`run_region_task` for ``task``.
+
+    A ``flaky`` fault applies to the task's first attempt only: a retry that Spark makes
+    (``spark.task.maxFailures`` > 1, as on clusters) runs clean and writes a new attempt.
+    """
+    fault = task.fault
+    if fault is not None and fault.kind is FaultKind.FLAKY:
+        from pyspark import TaskContext
+
+        context = TaskContext.get()
+        if context is not None and context.attemptNumber() > 0:
+            fault = None
+    return run_region_task(
+        task.plan,
+        task.reader,
+        task.transform,
+        task.staging,
+        task.epoch,
+        task.region,
+        None,
+        fault,
+        task.policy,
     )

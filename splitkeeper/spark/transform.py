@@ -70,10 +70,11 @@ import pyarrow.parquet as pq
 from splitkeeper.callables import Role, resolve_callable
 from splitkeeper.core.ports import RegionRun
 from splitkeeper.core.types import RegionOutcome
-from splitkeeper.delta.schemas import DEAD_FILE, FILTERED_FILE, FILTERED_SCHEMA, META_COLUMNS
+from splitkeeper.delta.schemas import FILTERED_SCHEMA, META_COLUMNS
 from splitkeeper.errors import SparkTransformError
 from splitkeeper.records.spec import INGESTED_DATE, NOT_DATA_COLUMNS
-from splitkeeper.spark.task import PART_FILE, PARTS_FILE, RecordPolicy, StagedWriter, attempt_dir
+from splitkeeper.spark.task import RecordPolicy, StagedWriter
+from splitkeeper.staging import DEAD_FILE, FILTERED_FILE, PART_FILE, PARTS_FILE, StagedRegion, attempt_dir
 
 __all__ = ["SparkTransform", "SparkTransformError", "python_traceback"]
 
@@ -238,8 +239,8 @@ class SparkTransform:
             error = f"{self.spec}: failed in epoch {epoch}: {_first_line(err)}\n{python_traceback(err)}"
         else:
             for r, run in acks.items():
-                path, records = written[r]
-                out[r] = replace(run, output=path, records=records)
+                staged, records = written[r]
+                out[r] = replace(run, output=staged, records=records)
             return out
         error += (
             f"\n(the spark transform sees the records of every region of epoch {epoch} together: all "
@@ -252,7 +253,7 @@ class SparkTransform:
 
     def _run_within(
         self, epoch: int, acks: Mapping[int, RegionRun], timeout_s: float | None
-    ) -> dict[int, tuple[str, int]]:
+    ) -> dict[int, tuple[StagedRegion, int]]:
         """:meth:`_run` in a thread of its own, in a job group of its own; past ``timeout_s`` the group
         is cancelled (interrupting its tasks) and :class:`_StepTimedOut` raised once the thread ended
         (at most :data:`CANCEL_WAIT_S` later: a driver-side hang is left behind)."""
@@ -280,11 +281,11 @@ class SparkTransform:
             raise done["error"]
         return dict(done["written"])
 
-    def _run(self, epoch: int, acks: Mapping[int, RegionRun]) -> dict[int, tuple[str, int]]:
+    def _run(self, epoch: int, acks: Mapping[int, RegionRun]) -> dict[int, tuple[StagedRegion, int]]:
         from pyspark.sql import functions as F  # noqa: N812
 
         policy = self.policy
-        files = [str(run.output) for run in acks.values()]
+        files = [_staged(run.output).path for run in acks.values()]
         for path in files:
             if path.endswith(PARTS_FILE):  # pragma: no cover - input_policy stages no partitions
                 raise SparkTransformError(f"{self.spec}: staged input {path} is partitioned", path=path)
@@ -316,7 +317,7 @@ class SparkTransform:
             tuple(policy.partition_by),
             carried,
         )
-        written: dict[int, tuple[str, int]] = {}
+        written: dict[int, tuple[StagedRegion, int]] = {}
         errors: list[str] = []
         rows = (
             joined.repartition(max(1, len(acks)), "region")
@@ -327,7 +328,12 @@ class SparkTransform:
             if row["error"]:
                 errors.append(row["error"])
             else:
-                written[int(row["region"])] = (row["path"], int(row["records"]))
+                region = int(row["region"])
+                published = os.path.basename(row["path"])
+                written[region] = (
+                    StagedRegion(self.staging_path, epoch, region, job.attempt, published),
+                    int(row["records"]),
+                )
         if errors:
             raise SparkTransformError(sorted(errors)[0], function=self.spec)
         for r, run in acks.items():
@@ -340,8 +346,12 @@ class SparkTransform:
                     partition_by=policy.partition_by,
                 ) as writer:
                     staged = writer.commit()
-                written[r] = (staged.path, staged.records)
-            _carry_dead_letters(str(run.output), written[r][0])
+                published = os.path.basename(staged.path)
+                written[r] = (
+                    StagedRegion(self.staging_path, epoch, r, job.attempt, published),
+                    staged.records,
+                )
+            _carry_dead_letters(_staged(run.output), written[r][0])
         return written
 
     def _check_data(self, epoch: int, out: Any, data: Sequence[pa.Field]) -> None:
@@ -510,12 +520,22 @@ def _write_filtered(job: _Job, region: int, folder: str, dropped: pa.Table) -> N
     os.replace(tmp, target)
 
 
-def _carry_dead_letters(old_output: str, new_output: str) -> None:
+def _staged(output: Any) -> StagedRegion:
+    """A region's staged output: what its task published (a path given by hand read back)."""
+    if isinstance(output, StagedRegion):
+        return output
+    found = StagedRegion.at(str(output))
+    if found is None:
+        raise SparkTransformError(f"staged input {output} is not in the staging layout", path=str(output))
+    return found
+
+
+def _carry_dead_letters(old_output: StagedRegion, new_output: StagedRegion) -> None:
     """The region's ``dead.parquet`` beside its new output (the sink looks for it there)."""
-    source = os.path.join(os.path.dirname(old_output), DEAD_FILE)
+    source = old_output.side(DEAD_FILE).path
     if not os.path.exists(source):
         return
-    target = os.path.join(os.path.dirname(new_output), DEAD_FILE)
+    target = new_output.side(DEAD_FILE).path
     tmp = f"{target}.tmp-{uuid.uuid4().hex}"
     shutil.copyfile(source, tmp)
     os.replace(tmp, target)

@@ -648,7 +648,7 @@ def _sink_rows(config: Any) -> list[tuple[str, int, bytes]]:
 
     from splitkeeper.delta import storage
 
-    uri = storage.table_uri(config.sink_path)
+    uri = storage.table_uri(config.sink.path)
     assert uri.startswith(f"s3://{BUCKET}/e2e/"), uri  # on the object store
     table = DeltaTable(uri, storage_options=storage.storage_options(uri)).to_pyarrow_table(
         columns=["split_id", "offset", "value"]
@@ -851,8 +851,8 @@ def test_state_store_sink_and_fence_on_the_object_store(cluster, tmp_path, monke
     from splitkeeper.core.ports import RegionRun
     from splitkeeper.core.types import RegionOutcome
     from splitkeeper.delta.checkpoints import DeltaStateStore, decision_for
-    from splitkeeper.delta.sink import DeltaSink
     from splitkeeper.errors import ConcurrentRunError
+    from splitkeeper.sinks.delta.sink import DeltaSink
     from splitkeeper.spark.task import write_staged
     from tests.state.samples import global_
 

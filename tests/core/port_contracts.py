@@ -1,5 +1,5 @@
 """Contract tests of the driver's ports that every implementation inherits (as
-``splitkeeper/spark/sources/contract.py`` does for sources).
+``splitkeeper/sources/contract.py`` does for sources).
 
 ``StateStoreContract`` (the ``StateStore`` port) runs on the simulator's in-memory store
 (``tests/core/test_port_contracts.py``) and on ``DeltaStateStore``

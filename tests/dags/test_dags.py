@@ -317,14 +317,14 @@ def _a_run_with_nothing_new_starts_no_spark(config_path: Path, finished_run_id: 
     from splitkeeper.airflow.plugin import _results
     from splitkeeper.config.settings import load_config
     from splitkeeper.delta.checkpoints import DeltaStateStore
-    from splitkeeper.delta.sink import read_sink
+    from splitkeeper.sinks.delta.read import read_sink
 
     checked = _results("splitkeeper_ingest", finished_run_id, "validate")[0]
     config = load_config(config_path)
-    latest = DeltaStateStore(config.state_path, config.name, None, read_only=True).ids()[-1]
+    latest = DeltaStateStore(config.state.path, config.name, None, read_only=True).ids()[-1]
     assert checked["checkpoint_id"] == latest  # checked then, or found checked by the run before
     assert checked["suites"] and set(checked["suites"].values()) == {"passed"}
-    before = read_sink(config.sink_path).sort_by([("split_id", "ascending"), ("offset", "ascending")])
+    before = read_sink(config.sink.path).sort_by([("split_id", "ascending"), ("offset", "ascending")])
 
     started = time.monotonic()
     done = subprocess.run(
@@ -348,8 +348,8 @@ def _a_run_with_nothing_new_starts_no_spark(config_path: Path, finished_run_id: 
     assert again["data_docs"] == checked["data_docs"] and Path(again["data_docs"]).is_file()
     assert f"checkpoint {latest} was validated at {again['already_validated_at']}" in again["notes"][0]
     assert Path(out["report"]).is_file()  # the report task ran too, its page kept for that run
-    assert DeltaStateStore(config.state_path, config.name, None, read_only=True).ids()[-1] == latest
-    after = read_sink(config.sink_path).sort_by([("split_id", "ascending"), ("offset", "ascending")])
+    assert DeltaStateStore(config.state.path, config.name, None, read_only=True).ids()[-1] == latest
+    after = read_sink(config.sink.path).sort_by([("split_id", "ascending"), ("offset", "ascending")])
     assert after.equals(before)
 
 
@@ -358,7 +358,7 @@ def _a_run_with_nothing_new_starts_no_spark(config_path: Path, finished_run_id: 
 def test_ingest_with_a_region_failure_then_recover_and_rescale(airflow_db, spark, tmp_path, monkeypatch):
     from splitkeeper.config.settings import load_config
     from splitkeeper.delta.checkpoints import DeltaStateStore
-    from splitkeeper.spark.sources import build_source
+    from splitkeeper.sources import build_source
 
     config_path = _write_pipeline(tmp_path)
     monkeypatch.setenv("SPLITKEEPER_PIPELINE_CONFIG", str(config_path))
@@ -367,7 +367,7 @@ def test_ingest_with_a_region_failure_then_recover_and_rescale(airflow_db, spark
     run = load_dag("splitkeeper_ingest").test(run_conf={"epochs": 2, "faults": ["fail:1@2"]})
     assert run.state == "success"
     config = load_config(config_path)
-    store = DeltaStateStore(config.state_path, config.name, build_source(config.source).fingerprint())
+    store = DeltaStateStore(config.state.path, config.name, build_source(config.source).fingerprint())
     kinds = [t.kind.value for t in store.history.timeline()]
     assert kinds[:2] == ["global", "regional"]
     assert (tmp_path / "reports" / "dagtest" / "report.html").exists()
@@ -422,14 +422,14 @@ def test_ingest_with_a_region_failure_then_recover_and_rescale(airflow_db, spark
     assert finish.state == "success"
     assert _the_report_is_reachable_from_the_report_task(finish.run_id) != first_page  # each run its own
     assert store.latest_checkpoint().parallelism == 2  # the next scheduled run keeps the rescale
-    sink = spark.read.format("delta").load(config.sink_path)
+    sink = spark.read.format("delta").load(config.sink.path)
     source_lines = sum(len(p.read_text().splitlines()) for p in (tmp_path / "in").iterdir())
     assert sink.count() == source_lines
     assert sink.select("split_id", "offset").distinct().count() == source_lines
     _a_run_with_nothing_new_starts_no_spark(config_path, finish.run_id, tmp_path)
 
     # the incident workflow through Params: a rewind is planned (nothing written) until confirmed
-    store = DeltaStateStore(config.state_path, config.name, None, read_only=True)
+    store = DeltaStateStore(config.state.path, config.name, None, read_only=True)
     ids = store.checkpoint_ids()
     back_to = ids[0]  # the oldest retained checkpoint: the largest rewind
     plan = load_dag("splitkeeper_recover").test(run_conf={"rewind": True, "checkpoint_id": str(back_to)})
@@ -445,7 +445,7 @@ def test_ingest_with_a_region_failure_then_recover_and_rescale(airflow_db, spark
         run_conf={"rewind": True, "checkpoint_id": str(back_to), "confirm": True, "reason": "dag test"}
     )
     assert rewound.state == "success"
-    fresh = DeltaStateStore(config.state_path, config.name, None, read_only=True)
+    fresh = DeltaStateStore(config.state.path, config.name, None, read_only=True)
     epoch = fresh.checkpoint_ids()[-1]
     assert epoch > ids[-1]
     decided = [d for d in fresh.tables.read("decisions").to_pylist() if d["epoch_id"] == epoch]
@@ -453,6 +453,6 @@ def test_ingest_with_a_region_failure_then_recover_and_rescale(airflow_db, spark
 
     again = load_dag("splitkeeper_ingest").test(run_conf={"epochs": 20})  # reads the undone offsets again
     assert again.state == "success"
-    sink = spark.read.format("delta").load(config.sink_path)
+    sink = spark.read.format("delta").load(config.sink.path)
     assert sink.count() == source_lines
     assert sink.select("split_id", "offset").distinct().count() == source_lines

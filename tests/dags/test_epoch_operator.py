@@ -98,7 +98,7 @@ def test_cancelling_a_continuous_spark_submit_run_ends_it_on_a_global_checkpoint
         deadline = time.monotonic() + 240
         while True:  # checkpoint 2 (regional: region 1 failed) is in
             # the state folder appears with the run's first commit: status refuses a missing one
-            latest = services.status(config).latest_checkpoint if os.path.isdir(config.state_path) else None
+            latest = services.status(config).latest_checkpoint if os.path.isdir(config.state.path) else None
             if latest is not None and latest.id >= 2:
                 break
             assert runner.is_alive(), failure

@@ -337,13 +337,14 @@ def test_the_new_data_trigger_fires_only_when_a_run_would_read_and_starts_no_spa
     import asyncio
 
     from splitkeeper.airflow.triggers import SplitkeeperNewDataTrigger
-    from splitkeeper.app import services
+    from splitkeeper.app import assembly, services, validate
     from splitkeeper.config.settings import load_config
 
     def no_spark() -> None:
         raise AssertionError("Spark was started")
 
-    monkeypatch.setattr(services, "spark_session", no_spark)
+    for module in (assembly, validate):  # every use case that could start Spark
+        monkeypatch.setattr(module, "spark_session", no_spark)
     monkeypatch.chdir(tmp_path)
     _files_pipeline(
         tmp_path, "watched", "parallelism: 2\nairflow: {schedule: on_new_data, poll_interval_s: 1}"

@@ -17,6 +17,7 @@ from splitkeeper.delta.checkpoints import DeltaStateStore
 from splitkeeper.delta.schemas import DEAD_LETTER_SCHEMA
 from splitkeeper.errors import InvariantViolation
 from splitkeeper.quality.checks import build_restart_frames, raise_on_failure, resolve_strategy, scan_sink
+from splitkeeper.sinks.delta.read import DeltaSinkReader
 from tests.quality.test_expectations import (
     PIPELINE,
     SOURCE_SPLITS,
@@ -81,13 +82,12 @@ def test_sink_and_dead_letters_together_pass_and_the_sink_alone_fails(spark, wit
     frames = build_restart_frames(
         spark,
         store,
-        sink,
+        DeltaSinkReader(str(sink), store.pipeline_name, dead_letter_path=str(dead)),
         2,
         strategy=resolve_strategy("round-robin"),
         subscriptions={SUB},
         max_consecutive_failures=2,
         source_splits=SOURCE_SPLITS,
-        dead_letter_path=dead,
     )
     rows = {r["split_id"]: r for r in frames.frames["sink_records"].to_pylist()}
     assert (rows["orders-2"]["records"], rows["orders-2"]["dead_letters"]) == (10, 2)

@@ -36,6 +36,7 @@ from splitkeeper.quality.checks import (
     raise_on_failure,
     run_restart_checks,
 )
+from splitkeeper.sinks.delta.read import DeltaSinkReader
 
 pytestmark = pytest.mark.spark
 
@@ -145,7 +146,24 @@ def run_checks(spark, store, sink_path: str, docs: Path, **overrides) -> CheckRe
         "source_splits": SOURCE_SPLITS,
     }
     options.update(overrides)
-    return run_restart_checks(spark, store, sink_path, **options)
+    return run_restart_checks(spark, store, sink_reader(sink_path, store, options), **options)
+
+
+def sink_reader(sink_path: str, store, options: dict) -> DeltaSinkReader:
+    """The reader of the Delta sink at ``sink_path`` with the side tables ``options`` names (taken out
+    of them): what the checks read now instead of paths."""
+    return DeltaSinkReader(
+        str(sink_path),
+        store.pipeline_name,
+        upsert=options.pop("upsert", None),
+        changes_path=_text(options.pop("changes_path", None)),
+        dead_letter_path=_text(options.pop("dead_letter_path", None)),
+        filtered_path=_text(options.pop("filtered_path", None)),
+    )
+
+
+def _text(path) -> str | None:
+    return None if path is None else str(path)
 
 
 @pytest.fixture(scope="module")
@@ -579,7 +597,7 @@ def test_a_real_pipeline_run_with_a_failed_region_passes_every_suite(spark, tmp_
     from runtime.helpers import run_pipeline  # tests/ is on sys.path (no __init__.py)
 
     from splitkeeper.config.settings import config_from_mapping
-    from splitkeeper.spark.sources import build_source
+    from splitkeeper.sources import build_source
 
     incoming = tmp_path / "in"
     incoming.mkdir()
@@ -603,11 +621,11 @@ def test_a_real_pipeline_run_with_a_failed_region_passes_every_suite(spark, tmp_
 
     connector = build_source(config.source)
     try:
-        store = DeltaStateStore(config.state_path, config.name, connector.fingerprint())
+        store = DeltaStateStore(config.state.path, config.name, connector.fingerprint())
         report = run_checks(
             spark,
             store,
-            config.sink_path,
+            config.sink.path,
             tmp_path / "docs",
             strategy=config.strategy,
             subscriptions=connector.subscriptions(),

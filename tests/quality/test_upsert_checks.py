@@ -24,6 +24,7 @@ from splitkeeper.errors import InvariantViolation
 from splitkeeper.quality.checks import FOLD_SUITE, SUITES, SuiteStatus, raise_on_failure
 from splitkeeper.quality.upsert import read_fold_result
 from splitkeeper.records.upsert import UpsertSpec
+from splitkeeper.sinks.delta.read import DeltaSinkReader
 from tests.quality.test_expectations import PIPELINE, failing, healthy, run_checks, write
 
 pytestmark = pytest.mark.spark
@@ -185,14 +186,17 @@ def _frame(spark, base: Path) -> list[dict]:
     frames = build_restart_frames(
         spark,
         DeltaStateStore(base / "state", PIPELINE, "kafka:orders"),
-        str(base / "changes"),
+        DeltaSinkReader(
+            str(base / "changes"),
+            PIPELINE,
+            dead_letter_path=str(base / "dead"),
+            filtered_path=str(base / "filtered"),
+        ),
         2,
         strategy=resolve_strategy("round-robin"),
         subscriptions={SUB},
         max_consecutive_failures=2,
         source_splits=SOURCE_SPLITS,
-        dead_letter_path=str(base / "dead"),
-        filtered_path=str(base / "filtered"),
     )
     return frames.frames["sink_records"].to_pylist()
 
@@ -250,7 +254,8 @@ def test_a_duplicate_key_in_the_keyed_table_fails(spark, upsert_state, tmp_path)
     write_deltalake(str(base / "keyed"), _keyed([twice]), mode="append")
     from splitkeeper.quality.upsert import scan_fold
 
-    result, frame = scan_fold(spark, base / "changes", base / "keyed", UPSERT)
+    keyed = DeltaSinkReader(str(base / "keyed"), PIPELINE, upsert=UPSERT, changes_path=str(base / "changes"))
+    result, frame = scan_fold(spark, keyed, UPSERT)
     assert frame is not None
     frame.unpersist()
     assert (result.duplicate_key, result.first_keys) == (2, ('{"id":5}',))
@@ -292,13 +297,16 @@ def test_the_report_shows_keys_upserts_deletes_the_fold_verdict_and_the_filtered
     page = render_report(
         DeltaStateStore(upsert_state / "state", PIPELINE, "kafka:orders"),
         docs.parent,
-        sink_path=str(upsert_state / "keyed"),
+        sink=DeltaSinkReader(
+            str(upsert_state / "keyed"),
+            PIPELINE,
+            dead_letter_path=str(upsert_state / "dead"),
+            upsert=UPSERT,
+            changes_path=str(upsert_state / "changes"),
+            filtered_path=str(upsert_state / "filtered"),
+        ),
         title="upsert report",
         data_docs_index=docs / "index.html",
-        dead_letter_path=str(upsert_state / "dead"),
-        upsert=UPSERT,
-        changes_path=str(upsert_state / "changes"),
-        filtered_path=str(upsert_state / "filtered"),
     ).read_text(encoding="utf-8")
 
     keys = len(python_fold(change_rows()))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 
@@ -23,6 +24,7 @@ from splitkeeper.report import REPORT_FILE, render_html, render_report
 from splitkeeper.report.charts import axis_scale
 from splitkeeper.report.data import AuditRow, CheckpointFacts, ReportData
 from splitkeeper.report.html import INDEX_FILE, RUNS_DIR, RUNS_INDEX_FILE, SUMMARY_FILE, render_index
+from splitkeeper.sinks.delta.read import DeltaSinkReader
 
 from .page import parse
 
@@ -130,7 +132,11 @@ def test_report_from_a_small_state_has_every_chart_with_a_table_beside_it(small_
     docs.write_text("<html>data docs</html>")
 
     path = render_report(
-        store, tmp_path / "out", sink_path=sink, title="Events run report", data_docs_index=docs
+        store,
+        tmp_path / "out",
+        sink=DeltaSinkReader(str(sink), store.pipeline_name),
+        title="Events run report",
+        data_docs_index=docs,
     )
 
     assert path == (tmp_path / "out" / REPORT_FILE).resolve()
@@ -391,7 +397,7 @@ def test_dead_letters_get_a_section_per_split_and_stage_with_the_first_errors(tm
         for sid, o, stage, epoch in bad
     ]
     write_deltalake(str(tmp_path / "dead"), pa.Table.from_pylist(rows, DEAD_LETTER_SCHEMA))
-    facts = read_dead_letter_facts(tmp_path / "dead", first=3)
+    facts = read_dead_letter_facts(_dead_letters(tmp_path / "dead"), first=3)
     assert (facts.total, facts.per_split) == (4, (("a", 3), ("b", 1)))
     assert facts.per_stage == (("decode", 2), ("schema", 1), ("transform", 1))
     assert [f[:3] for f in facts.first] == [("a", 1, "decode"), ("a", 4, "schema"), ("a", 7, "transform")]
@@ -411,5 +417,10 @@ def test_dead_letters_get_a_section_per_split_and_stage_with_the_first_errors(tm
     assert page.rows("table-dead-splits") == [["a", "3"], ["b", "1"]]
     assert page.rows("table-dead-first")[0] == ["a", "1", "decode", "ValueError", "bad <1>"]
     assert "bad &lt;1&gt;" in html  # escaped
-    empty = read_dead_letter_facts(tmp_path / "none")
+    empty = read_dead_letter_facts(_dead_letters(tmp_path / "none"))
     assert (empty.total, empty.first) == (0, ())
+
+
+def _dead_letters(path: Any) -> DeltaSinkReader:
+    """The reader of a sink whose dead letters are at ``path`` (what the report reads them through)."""
+    return DeltaSinkReader(str(path.parent / "sink"), "p", dead_letter_path=str(path))

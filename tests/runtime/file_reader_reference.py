@@ -1,6 +1,6 @@
 """The per-record file reader the native one replaced, kept as the oracle for its tests.
 
-This is ``_read_lines`` / ``_decode`` / ``_jsonl`` of ``splitkeeper/spark/sources/files.py``
+This is ``_read_lines`` / ``_decode`` / ``_jsonl`` of ``splitkeeper/sources/files/source.py``
 as they were before the region task read ranges natively (commit 7169263), unchanged but for
 :func:`read_range_reference` on top, and the values being the lines' bytes (issue 21: the reader
 decodes nothing; only ``jsonl`` reads its lines as UTF-8 text and checks them, then gives their

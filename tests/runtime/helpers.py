@@ -30,7 +30,7 @@ from typing import Any
 import yaml
 
 from splitkeeper.core.invariants import check_sink_ranges
-from splitkeeper.delta.sink import read_sink
+from splitkeeper.sinks.delta.read import read_sink
 
 REPO = Path(__file__).resolve().parents[2]
 CLI = REPO / ".venv" / "bin" / "splitkeeper"
@@ -134,7 +134,7 @@ class SinkRow:
 
 
 def sink_rows(sink_path: str | Path) -> list[SinkRow]:
-    """Every record of the sink table (its current version, :func:`splitkeeper.delta.sink.read_sink`);
+    """Every record of the sink table (its current version, :func:`splitkeeper.sinks.delta.read.read_sink`);
     ``value`` as bytes (a raw sink's as stored, a text sink's strings as their UTF-8 bytes)."""
     columns = ["split_id", "offset", "next_offset", "value", "epoch", "region"]
     rows = read_sink(sink_path, columns).to_pylist()

@@ -10,17 +10,16 @@ from typing import Any
 import pytest
 
 from splitkeeper.config.settings import (
-    FileFormat,
-    OffsetOutOfRange,
     RegionMode,
     SourceKind,
-    StartingMode,
     config_from_mapping,
     core_settings,
     load_config,
 )
 from splitkeeper.core.checkpoint import CheckpointConfig
 from splitkeeper.errors import ConfigError
+from splitkeeper.sources.files.config import FileFormat
+from splitkeeper.sources.kafka.config import OffsetOutOfRange, StartingMode
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -167,13 +166,13 @@ def test_defaults_resolve_paths_against_the_base_directory(tmp_path: Path) -> No
     assert cfg.source.path == str(tmp_path / "incoming")
     assert cfg.source.format is FileFormat.LINES
     assert cfg.source.split_bytes == 0
-    assert cfg.state_path == str(tmp_path / "state")
-    assert cfg.sink_path == str(tmp_path / "sink")
-    assert cfg.staging_path == str(tmp_path / "state" / "_staging")
+    assert cfg.state.path == str(tmp_path / "state")
+    assert cfg.sink.path == str(tmp_path / "sink")
+    assert cfg.staging.path == str(tmp_path / "state" / "_staging")
     assert cfg.parallelism == 1
     assert cfg.regions is RegionMode.PER_READER and cfg.regional_checkpoints
     assert cfg.strategy == "least-loaded"
-    assert cfg.transform == "splitkeeper.transforms:identity"
+    assert cfg.transform_function == "splitkeeper.transforms:identity"
 
 
 def test_staging_inside_the_sink_table_is_rejected(tmp_path: Path) -> None:
@@ -188,8 +187,8 @@ def test_uri_paths_are_kept_as_given(tmp_path: Path) -> None:
     cfg = build(
         tmp_path, sink__path="s3a://lake/orders", state__path="s3a://lake/_state", staging__path="stage"
     )
-    assert cfg.sink_path == "s3a://lake/orders" and cfg.state_path == "s3a://lake/_state"
-    assert cfg.staging_path == str(tmp_path / "stage")
+    assert cfg.sink.path == "s3a://lake/orders" and cfg.state.path == "s3a://lake/_state"
+    assert cfg.staging.path == str(tmp_path / "stage")
 
 
 def test_state_on_an_object_store_needs_a_local_staging_path(tmp_path: Path) -> None:
@@ -208,7 +207,7 @@ def test_env_references_are_expanded_and_an_unset_one_is_named(tmp_path: Path) -
     env = {"BROKERS": "127.0.0.1:9092", "SUFFIX": "a", "BUCKET": "lake"}
     cfg = config_from_mapping(data, base_dir=tmp_path, env=env)
     assert cfg.source.bootstrap_servers == "127.0.0.1:9092" and cfg.source.topics == ("t-a",)
-    assert cfg.sink_path == "s3a://lake/sink"
+    assert cfg.sink.path == "s3a://lake/sink"
     data["source"]["group_id"] = "$${literal}"
     assert config_from_mapping(data, base_dir=tmp_path, env=env).source.group_id == "${literal}"
     with pytest.raises(ConfigError) as info:
@@ -251,7 +250,7 @@ def test_kafka_source_is_validated_and_normalised(tmp_path: Path) -> None:
     }
     cfg = build(tmp_path, source=kafka)
     assert (cfg.source.connect_timeout_s, cfg.source.read_timeout_s) == (3.0, 2.5)
-    from splitkeeper.spark.sources.kafka import KafkaSource
+    from splitkeeper.sources.kafka.source import KafkaSource
 
     reader = KafkaSource.from_config(cfg.source).reader()  # no connection until it is used
     assert (reader.connect_timeout_s, reader.read_timeout_s) == (3.0, 2.5)
@@ -312,8 +311,8 @@ def test_yaml_file_resolves_relative_paths_against_its_directory(tmp_path: Path)
     )
     cfg = load_config(conf_dir / "p.yml")
     assert cfg.source.path == str(tmp_path / "in")
-    assert cfg.state_path == str(conf_dir / "st")
-    assert cfg.sink_path == "/abs/sink"
+    assert cfg.state.path == str(conf_dir / "st")
+    assert cfg.sink.path == "/abs/sink"
     assert cfg.source.format is FileFormat.JSONL and cfg.source.split_bytes == 1024
     assert cfg.backlog.epoch_records(True) == 500 and cfg.backlog.epoch_records(False) == 50
     assert cfg.origin == str(conf_dir / "p.yml")
@@ -373,7 +372,7 @@ def test_to_dict_is_plain_data(tmp_path: Path) -> None:
 @pytest.mark.parametrize("name", ["files_pipeline.yaml", "files_pipeline.toml", "kafka_pipeline.yaml"])
 def test_example_configs_load(name: str) -> None:
     cfg = load_config(EXAMPLES / name)
-    assert cfg.name and cfg.state_path.startswith(str(EXAMPLES.parent))
+    assert cfg.name and cfg.state.path.startswith(str(EXAMPLES.parent))
 
 
 # --------------------------------------------------------------------------- rescale and Kafka clients
@@ -382,8 +381,8 @@ def test_example_configs_load(name: str) -> None:
 def test_rescale_operator_state_is_even_split_by_default_and_union_on_request(tmp_path: Path) -> None:
     from splitkeeper.config.settings import OperatorState
 
-    assert build(tmp_path).operator_state is OperatorState.EVEN_SPLIT
-    assert build(tmp_path, rescale__operator_state="union").operator_state is OperatorState.UNION
+    assert build(tmp_path).rescale.operator_state is OperatorState.EVEN_SPLIT
+    assert build(tmp_path, rescale__operator_state="union").rescale.operator_state is OperatorState.UNION
     assert error_of(tmp_path, rescale__operator_state="unoin") == (
         f"[CONFIG_ERROR] rescale.operator_state='unoin' is not allowed: one of even-split, union; "
         f"did you mean 'union'? ({tmp_path / 'p.yaml'})"
@@ -396,7 +395,7 @@ KAFKA: dict[str, Any] = {"kind": "kafka", "bootstrap_servers": "127.0.0.1:9092",
 def test_kafka_client_settings_reach_the_connector_and_its_readers_and_secrets_never_print(
     tmp_path: Path,
 ) -> None:
-    from splitkeeper.spark.sources.kafka import KafkaSource
+    from splitkeeper.sources.kafka.source import KafkaSource
 
     client = {
         "security.protocol": "SASL_SSL",
@@ -494,8 +493,8 @@ def test_decode_errors_and_partition_by_reach_the_typed_view(tmp_path: Path) -> 
         sink__partition_by=["ingested_date"],
     )
     assert [c.name for c in config.decode.data_columns()] == ["id", "amount", "ts", "_rescued"]
-    assert config.dead_letter_path == str(tmp_path / "dead")
-    assert (config.tolerance.value, config.max_bad_ratio, config.partition_by) == (
+    assert config.errors.dead_letter.path == str(tmp_path / "dead")
+    assert (config.errors.tolerance.value, config.errors.max_bad_ratio, config.sink.partition_by) == (
         "all",
         0.25,
         ("ingested_date",),
@@ -557,17 +556,25 @@ def test_an_upsert_sink_and_a_spark_transform_reach_the_typed_view(tmp_path: Pat
         sink__delete_when="op = 'd'",
         transform={"kind": "spark", "function": "splitkeeper.transforms:identity"},
     )
-    assert config.sink_mode.value == "upsert"
-    assert config.upsert is not None and config.upsert.key == ("id",)
+    assert config.sink.mode.value == "upsert"
+    assert config.sink.upsert is not None and config.sink.upsert.key == ("id",)
     assert (
-        config.upsert.delete_condition("s")
+        config.sink.upsert.delete_condition("s")
         == "(COALESCE(s.tombstone, FALSE) OR COALESCE((s.op = 'd'), FALSE))"
     )
-    assert config.changes_path == str(tmp_path / "sink_changes")
-    assert config.filtered_path == str(tmp_path / "sink_filtered")
-    assert (config.transform_kind.value, config.transform) == ("spark", "splitkeeper.transforms:identity")
+    assert config.sink.changes_path == str(tmp_path / "sink_changes")
+    assert config.sink.filtered_path == str(tmp_path / "sink_filtered")
+    assert (config.transform_kind.value, config.transform_function) == (
+        "spark",
+        "splitkeeper.transforms:identity",
+    )
     plain = build(tmp_path)
-    assert (plain.sink_mode.value, plain.upsert, plain.changes_path, plain.transform_kind.value) == (
+    assert (
+        plain.sink.mode.value,
+        plain.sink.upsert,
+        plain.sink.changes_path,
+        plain.transform_kind.value,
+    ) == (
         "append",
         None,
         None,

@@ -150,7 +150,7 @@ def test_the_file_itself_is_still_expanded_and_its_environment_values_are_not_sh
     monkeypatch.setenv("ADV_SECRET", SECRET)
     monkeypatch.setenv("COLLECTOR", "http://collector:4318")
     path = write(tmp_path, HEAD + SOURCE + PLACES + "metrics: {otlp_endpoint: '${COLLECTOR}'}\n")
-    assert load_config(path).otlp_endpoint == "http://collector:4318"
+    assert load_config(path).metrics.otlp_endpoint == "http://collector:4318"
     for text in ("lease: {ttl_s: '${ADV_SECRET}'}\n", "metrics: {otlp_endpoint: 'ftp://x/${ADV_SECRET}'}\n"):
         error = refused(write(tmp_path, HEAD + SOURCE + PLACES + text))
         assert SECRET not in shown(error), text
@@ -180,15 +180,15 @@ def test_an_endpoint_or_a_callable_is_overridden_only_where_the_file_allows_it(
     assert "elsewhere" not in error.message  # the value is not echoed either
     # an override may still tune the same sections
     config = load_config(path, overrides={"lease": {"ttl_s": 7}, "checkpoint": {"max_failure_ratio": 0.2}})
-    assert (config.lease_ttl_s, config.checkpoint.max_failure_ratio) == (7.0, 0.2)
+    assert (config.lease.ttl_s, config.checkpoint.max_failure_ratio) == (7.0, 0.2)
 
 
 def test_the_file_may_allow_an_override_of_the_endpoint(tmp_path: Path) -> None:
     text = HEAD + SOURCE + PLACES + "overrides: {allow: [metrics.otlp_endpoint]}\n"
     path = write(tmp_path, text)
     config = load_config(path, overrides={"metrics": {"otlp_endpoint": "http://collector-b:4318"}})
-    assert config.otlp_endpoint == "http://collector-b:4318"
-    assert load_config(path).otlp_endpoint is None
+    assert config.metrics.otlp_endpoint == "http://collector-b:4318"
+    assert load_config(path).metrics.otlp_endpoint is None
     # the override itself may not name a variable, nor widen what the file allows
     assert (
         "is not expanded"
@@ -293,9 +293,13 @@ def test_each_place_takes_only_the_callables_marked_for_it(
     base = HEAD + SOURCE + PLACES
     spark = base + "transform: {kind: spark, function: 'boundary_callables:%s'}\n"
     alert = base + "notifications: {on_failure: 'boundary_callables:%s'}\n"
-    assert load_config(write(tmp_path, spark % "marked_spark")).transform == "boundary_callables:marked_spark"
     assert (
-        load_config(write(tmp_path, alert % "marked_alert")).on_failure == "boundary_callables:marked_alert"
+        load_config(write(tmp_path, spark % "marked_spark")).transform_function
+        == "boundary_callables:marked_spark"
+    )
+    assert (
+        load_config(write(tmp_path, alert % "marked_alert")).notifications.on_failure
+        == "boundary_callables:marked_alert"
     )
     assert "is not marked as a Spark transform" in refused(write(tmp_path, spark % "plain")).message
     assert "is not marked as a Spark transform" in refused(write(tmp_path, spark % "marked_alert")).message
@@ -351,7 +355,7 @@ def test_isolation_level_is_splitkeepers_own_like_group_id(tmp_path: Path, clien
 
 
 def test_the_readers_consumer_reads_committed_whatever_its_settings_say() -> None:
-    from splitkeeper.spark.sources.kafka import KafkaRegionReader
+    from splitkeeper.sources.kafka.source import KafkaRegionReader
 
     reader = KafkaRegionReader(
         "127.0.0.1:9092",
@@ -365,7 +369,7 @@ def test_the_readers_consumer_reads_committed_whatever_its_settings_say() -> Non
 def test_an_aborted_transaction_is_never_read_even_when_the_client_asks_for_it(kafka_broker: Any) -> None:
     from confluent_kafka import Producer
 
-    from splitkeeper.spark.sources.kafka import KafkaSource
+    from splitkeeper.sources.kafka.source import KafkaSource
     from tests.runtime.test_kafka_source import create_topic
 
     bootstrap = kafka_broker.bootstrap_servers
@@ -475,7 +479,7 @@ def test_an_upsert_change_table_may_not_lie_in_the_source(tmp_path: Path) -> Non
 
 def test_a_dead_letter_table_beside_the_others_is_fine(tmp_path: Path) -> None:
     text = HEAD + SOURCE + PLACES + "errors: {tolerance: all, dead_letter: {path: dead}}\n"
-    assert load_config(write(tmp_path, text)).dead_letter_path == str(tmp_path / "dead")
+    assert load_config(write(tmp_path, text)).errors.dead_letter.path == str(tmp_path / "dead")
 
 
 # --------------------------------------------------------------------------- read-only commands
@@ -516,4 +520,4 @@ def test_the_read_only_load_still_refuses_everything_else(tmp_path: Path) -> Non
     config = load_config(
         write(tmp_path, HEAD + SOURCE + PLACES + "transform: gone_module_36:enrich\n"), imports=False
     )
-    assert config.transform == "gone_module_36:enrich"
+    assert config.transform_function == "gone_module_36:enrich"

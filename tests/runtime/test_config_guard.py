@@ -142,7 +142,7 @@ def test_an_object_store_location_and_a_local_one_never_overlap(tmp_path: Path) 
         + SOURCE
         + "state: {path: 's3a://lake/incoming/state'}\nsink: {path: sink}\nstaging: {path: stage}\n",
     )
-    assert load_config(path).state_path == "s3a://lake/incoming/state"
+    assert load_config(path).state.path == "s3a://lake/incoming/state"
     path = write(
         tmp_path,
         HEAD
@@ -156,7 +156,7 @@ def test_an_object_store_location_and_a_local_one_never_overlap(tmp_path: Path) 
 
 def test_staging_inside_state_stays_the_default_but_not_state_itself(tmp_path: Path) -> None:
     path = write(tmp_path, HEAD + SOURCE + PLACES + "staging: {path: state/_staging}\n")
-    assert load_config(path).staging_path == str(tmp_path / "state" / "_staging")
+    assert load_config(path).staging.path == str(tmp_path / "state" / "_staging")
     path = write(tmp_path, HEAD + SOURCE + PLACES + "staging: {path: state/}\n")
     assert "staging.path=" in refused(path) and "a location different from state.path" in refused(path)
 
@@ -216,12 +216,12 @@ def test_max_concurrent_regions_is_ignored_with_a_warning(
 def test_recover_refuses_a_rescale_above_the_limit_before_opening_anything(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from splitkeeper.app import services
+    from splitkeeper.app import recover, services
 
     def opened(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError("the pipeline was opened")
 
-    monkeypatch.setattr(services, "_pipeline", opened)
+    monkeypatch.setattr(recover, "_pipeline", opened)
     path = write(tmp_path, HEAD + SOURCE + PLACES)
     rc = main(["recover", "--config", str(path), "--parallelism", "100000", "--dry-run"])
     assert rc == 2
@@ -256,7 +256,7 @@ def test_duplicate_yaml_keys_are_refused_naming_the_key_and_both_lines(
 
 def test_yaml_merge_keys_may_still_override_what_they_merge(tmp_path: Path) -> None:
     path = write(tmp_path, HEAD + SOURCE + "state: &base {path: state}\nsink:\n  <<: *base\n  path: sink\n")
-    assert load_config(path).sink_path == str(tmp_path / "sink")
+    assert load_config(path).sink.path == str(tmp_path / "sink")
 
 
 def test_a_5000_deep_config_is_refused_not_a_recursion_error(
@@ -408,7 +408,7 @@ def test_only_functions_the_pipeline_code_marks_are_transforms(
         # a text transform on the default raw bytes is refused, naming the fix
         assert "set decode.kind: text" in refused(write(tmp_path, text))
         path = write(tmp_path, text + "decode: {kind: text}\n")
-        assert load_config(path).transform == f"guard_transforms:{name}"
+        assert load_config(path).transform_function == f"guard_transforms:{name}"
 
 
 def test_every_transform_in_the_repository_is_marked() -> None:

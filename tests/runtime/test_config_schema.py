@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from splitkeeper.cli import main
-from splitkeeper.config.models import PipelineFile, json_schema
+from splitkeeper.config.models import PipelineConfig, json_schema
 from splitkeeper.config.settings import STRATEGY_NAMES, config_from_mapping, load_config
 from splitkeeper.errors import ConfigError
 from splitkeeper_tools import demo
@@ -90,14 +90,14 @@ def test_unknown_keys_list_exactly_the_schema_properties_of_their_section(tmp_pa
     data = {"name": "o", "source": {"kind": "files", "path": "in", "pth": 1}, "state": {"path": "s"}}
     with pytest.raises(ConfigError) as info:
         config_from_mapping({**data, "sink": {"path": "k"}}, base_dir=tmp_path)
-    source_keys = tuple(schema["$defs"]["SourceSection"]["properties"])
+    source_keys = tuple(schema["$defs"]["FilesSource"]["properties"])
     assert info.value.params["allowed"] == source_keys
     assert "did you mean 'source.path'?" in info.value.message
     with pytest.raises(ConfigError) as info:
         config_from_mapping(
             {**data, "source": {"kind": "files", "path": "in"}, "sinks": {}}, base_dir=tmp_path
         )
-    assert info.value.params["allowed"] == tuple(schema["properties"]) == tuple(PipelineFile.model_fields)
+    assert info.value.params["allowed"] == tuple(schema["properties"]) == tuple(PipelineConfig.model_fields)
 
 
 def test_config_schema_prints_the_schema(capsys: pytest.CaptureFixture[str]) -> None:
@@ -133,7 +133,7 @@ def test_a_runs_overrides_merge_onto_their_sections_and_are_validated_with_the_f
     )
     config = load_config(path, overrides={"backlog": {"normal_epoch_records": 7}, "lease": {"ttl_s": 5}})
     assert (config.backlog.backlog_epoch_records, config.backlog.normal_epoch_records) == (500, 7)
-    assert config.lease_ttl_s == 5.0 and load_config(path).backlog.normal_epoch_records == 50
+    assert config.lease.ttl_s == 5.0 and load_config(path).backlog.normal_epoch_records == 50
     with pytest.raises(ConfigError) as info:
         load_config(path, overrides={"sink": {"path": "elsewhere"}})
     assert info.value.params["key"] == "pipeline.sink"
@@ -172,7 +172,7 @@ def test_the_run_command_takes_the_overrides_as_json(tmp_path: Path) -> None:
     parser = argparse.ArgumentParser()
     run_command.configure(parser)
     args = parser.parse_args(["--config", str(path), "--pipeline-json", '{"lease": {"ttl_s": 9}}'])
-    assert run_command._load(args).lease_ttl_s == 9.0
+    assert run_command._load(args).lease.ttl_s == 9.0
     args = parser.parse_args(["--config", str(path), "--pipeline-json", '{"lease": {"ttl_s": 0}}'])
     with pytest.raises(ConfigError, match=r"lease.ttl_s=0 is not allowed: a number of seconds > 0"):
         run_command._load(args)
@@ -225,4 +225,4 @@ def test_a_null_value_counts_as_not_given(tmp_path: Path) -> None:
         "sink": {"path": "k"},
     }
     config = config_from_mapping({**data, "parallelism": None, "lease": {"ttl_s": None}}, base_dir=tmp_path)
-    assert (config.parallelism, config.lease_ttl_s) == (1, 60.0)
+    assert (config.parallelism, config.lease.ttl_s) == (1, 60.0)

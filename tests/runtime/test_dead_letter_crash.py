@@ -21,7 +21,7 @@ from deltalake import DeltaTable
 from splitkeeper.app import services
 from splitkeeper.app.pipeline import Pipeline
 from splitkeeper.config.settings import config_from_mapping
-from splitkeeper.delta.sink import DeltaSink
+from splitkeeper.sinks.delta.sink import DeltaSink
 from splitkeeper.spark.faults import CRASH_ENV
 
 from .helpers import pipeline_mapping, run_killed_at, write_config
@@ -51,7 +51,7 @@ def _write_input(
 def _held(config: Any) -> Counter[tuple[str, int, int, bytes]]:
     """(split, offset, next_offset, value bytes) of every sink row and every dead letter, counted."""
     held: Counter[tuple[str, int, int, bytes]] = Counter()
-    for path in (config.sink_path, config.dead_letter_path):
+    for path in (config.sink.path, config.errors.dead_letter.path):
         rows = DeltaTable(path).to_pyarrow_table(columns=["split_id", "offset", "next_offset", "value"])
         for r in rows.to_pylist():
             value = r["value"].encode("utf-8") if isinstance(r["value"], str) else r["value"]
@@ -88,7 +88,7 @@ def test_killed_with_dead_letters_pending_recovers_to_sink_and_dead_letters_equa
 
     run_killed_at(config_path, point, CRASH_EPOCH)
     reader = DeltaSink(
-        config.sink_path, config.name, read_only=True, dead_letter_path=config.dead_letter_path
+        config.sink.path, config.name, read_only=True, dead_letter_path=config.errors.dead_letter.path
     )
     if point == "before_dead_letter_commit":  # the sink commit landed, naming dead letters not committed yet
         assert reader.committed_epoch() == CRASH_EPOCH and reader.dead_letter_epoch() == CRASH_EPOCH - 1
@@ -108,7 +108,7 @@ def test_killed_with_dead_letters_pending_recovers_to_sink_and_dead_letters_equa
     assert [k for k, n in held.items() if n > 1] == []  # no record twice, in either table or across
     want = Counter((split, offset, nxt, value) for (split, offset), (nxt, value) in oracle.items())
     assert held == want  # none lost, byte for byte
-    dead = DeltaTable(config.dead_letter_path).to_pyarrow_table(columns=["stage", "offset"])
+    dead = DeltaTable(config.errors.dead_letter.path).to_pyarrow_table(columns=["stage", "offset"])
     assert set(dead["stage"].to_pylist()) == {"decode"}
     assert dead.num_rows == sum(1 for _n, v in oracle.values() if v.startswith(b"\xff"))
 
@@ -171,12 +171,12 @@ def test_killed_mid_commit_with_a_typed_partitioned_sink_and_a_batch_transform_r
         pipeline.close()
     assert summary.finished
 
-    sink = DeltaTable(config.sink_path)
+    sink = DeltaTable(config.sink.path)
     assert sink.metadata().partition_columns == ["kind"]
     rows = sink.to_pyarrow_table(
         columns=["split_id", "offset", "id", "kind", "amount", "amount_cents", "_rescued"]
     )
-    dead = DeltaTable(config.dead_letter_path).to_pyarrow_table(
+    dead = DeltaTable(config.errors.dead_letter.path).to_pyarrow_table(
         columns=["split_id", "offset", "value", "stage"]
     )
     places = Counter(

@@ -19,12 +19,14 @@ from deltalake import DeltaTable
 from splitkeeper.core.ports import RegionRun
 from splitkeeper.core.types import RegionOutcome
 from splitkeeper.delta.schemas import DEAD_LETTER_SCHEMA
-from splitkeeper.delta.sink import DeltaSink, read_dead_letters, read_sink
 from splitkeeper.errors import ConcurrentRunError, StagedOutputError
 from splitkeeper.records.decode import BadRecords
+from splitkeeper.sinks.delta.read import read_dead_letters, read_sink
+from splitkeeper.sinks.delta.sink import DeltaSink
 from splitkeeper.spark.dead_letters import DEAD_FILE, DeadLetterWriter
 from splitkeeper.spark.faults import CRASH_ENV
-from splitkeeper.spark.task import PART_FILE, StagedWriter
+from splitkeeper.spark.task import StagedWriter
+from splitkeeper.staging import PART_FILE
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -165,7 +167,7 @@ _CHILD = textwrap.dedent(
     """
     import os, sys
     sys.path.insert(0, {tests!r})
-    from splitkeeper.delta.sink import DeltaSink
+    from splitkeeper.sinks.delta.sink import DeltaSink
     from splitkeeper.spark.faults import crash_if_requested
     from tests.runtime.test_dead_letters import _ack, _stage
     staging, sink_path, dead_path = sys.argv[1:4]

@@ -22,8 +22,8 @@ from splitkeeper.core.driver import EpochDriver, EpochReport
 from splitkeeper.sim.events import RegionFailure
 from splitkeeper.sim.simulator import SimClock, SimEpochSink, SimRegionRunner, SimState
 from splitkeeper.sim.sink import SimulatedSink
+from splitkeeper.sources import build_source
 from splitkeeper.spark.faults import FaultPlan
-from splitkeeper.spark.sources import build_source
 
 from .helpers import assert_sink_equals_source, pipeline_mapping, write_input
 
@@ -74,7 +74,7 @@ def test_the_simulator_and_the_spark_runtime_decide_the_same_for_one_fault_sched
     finally:
         pipeline.close()
     assert spark_run.finished
-    assert_sink_equals_source(spark, config.sink_path, input_dir)
+    assert_sink_equals_source(spark, config.sink.path, input_dir)
 
     runner = SimRegionRunner(_sim_schedule(SCHEDULE))
     source = build_source(config.source)  # the same driver-side source: discovery and planning

@@ -130,7 +130,7 @@ def test_a_last_line_without_its_newline_is_read_once_an_append_ends_it(spark: A
     """Issue 36 item 9: under append, a last line without its newline was read as a record (a bad
     one: a dead letter), and the rest of it, appended later, fell before the new range's first
     line start: in neither table, found only by validate (offset_missing). It is read once ended."""
-    from splitkeeper.delta.sink import read_dead_letters, read_sink
+    from splitkeeper.sinks.delta.read import read_dead_letters, read_sink
 
     (tmp_path / "in").mkdir()
     path = tmp_path / "in" / "events.jsonl"
@@ -209,10 +209,10 @@ def test_a_symlink_loop_a_dangling_link_and_a_fifo_beside_good_files(spark: Any,
 
 def _audit(config: Any) -> list[dict[str, Any]]:
     from splitkeeper.delta.checkpoints import DeltaStateStore
-    from splitkeeper.spark.sources import build_source
+    from splitkeeper.sources import build_source
 
     store = DeltaStateStore(
-        config.state_path, config.name, build_source(config.source).fingerprint(), read_only=True
+        config.state.path, config.name, build_source(config.source).fingerprint(), read_only=True
     )
     return store.history.tables.read("audit").to_pylist()
 

@@ -17,13 +17,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from splitkeeper.config.settings import FileFormat
 from splitkeeper.core.source import RegionReader, SourceRecord
 from splitkeeper.core.types import Split
 from splitkeeper.errors import SourceError
+from splitkeeper.records.columnar import RangeColumns, SupportsColumnarRead
 from splitkeeper.records.spec import Column, DecodeSpec
-from splitkeeper.spark.columnar import RangeColumns, SupportsColumnarRead
-from splitkeeper.spark.sources.files import FileRegionReader, bad_read_error
+from splitkeeper.sources.files.config import FileFormat
+from splitkeeper.sources.files.source import FileRegionReader, bad_read_error
 from splitkeeper.spark.task import (
     _ROW_GROUP,
     RecordPolicy,

@@ -15,14 +15,20 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from splitkeeper.config.settings import SourceConfig, config_from_mapping
-from splitkeeper.core.source import SplitChangeKind, SplitSource, SupportsSplitReassignmentOnRecovery
+from splitkeeper import kinds
+from splitkeeper.config.base import SourceSection
+from splitkeeper.config.settings import config_from_mapping
+from splitkeeper.core.source import (
+    SourceRecord,
+    SplitChangeKind,
+    SplitSource,
+    SupportsSplitReassignmentOnRecovery,
+)
 from splitkeeper.core.types import Split
 from splitkeeper.errors import EnvironmentNotReadyError, SourceError
-from splitkeeper.spark import sources
-from splitkeeper.spark.sources import FileSource, SourceRecord, build_source
-from splitkeeper.spark.sources.contract import SourceContractTests, read_planned
-from splitkeeper.spark.sources.files import FileRegionReader
+from splitkeeper.sources import build_source
+from splitkeeper.sources.contract import SourceContractTests, read_planned
+from splitkeeper.sources.files.source import FileRegionReader, FileSource
 
 ALPHABET = "abcxyz 0123456789é€𝄞\t"
 
@@ -392,7 +398,7 @@ def test_a_growing_files_last_line_without_its_newline_is_not_a_split_yet(tmp_pa
 # --------------------------------------------------------------------------- factory
 
 
-def _source_config(tmp_path: Path, **source: Any) -> SourceConfig:
+def _source_config(tmp_path: Path, **source: Any) -> SourceSection:
     """The ``source`` of a pipeline whose state and sink lie beside ``tmp_path``."""
     places = {"state": {"path": str(tmp_path.parent / f"{tmp_path.name}-state")}}
     places["sink"] = {"path": str(tmp_path.parent / f"{tmp_path.name}-sink")}
@@ -407,8 +413,13 @@ def test_build_source_makes_a_file_source_from_config(tmp_path: Path) -> None:
 def test_build_source_for_kafka_without_the_module_says_so(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    monkeypatch.setattr(sources, "KAFKA_MODULE", "splitkeeper.spark.sources.no_such_kafka")
+    import dataclasses
+
     config = _source_config(tmp_path, kind="kafka", bootstrap_servers="b:1", topics=["t"])
+    kafka = dataclasses.replace(
+        kinds.source_factory("kafka"), connector="splitkeeper.sources.no_such_kafka:connector"
+    )
+    monkeypatch.setattr(kinds, "source_factory", lambda name: kafka)
     with pytest.raises(EnvironmentNotReadyError, match="source.kind 'kafka' needs"):
         build_source(config)
 

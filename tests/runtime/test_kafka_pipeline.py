@@ -21,16 +21,17 @@ from confluent_kafka.admin import AdminClient
 
 from splitkeeper.app import services
 from splitkeeper.app.pipeline import EpochReport, Pipeline
+from splitkeeper.app.sink import sink_reader
 from splitkeeper.config.settings import PipelineConfig, config_from_mapping
 from splitkeeper.core.source import ExternalPosition, LostRange
 from splitkeeper.core.types import CheckpointKind, RecoveryDecision, RegionOutcome
 from splitkeeper.delta import serde
 from splitkeeper.delta.checkpoints import DeltaStateStore
-from splitkeeper.delta.sink import DeltaSink
 from splitkeeper.errors import SourceError
 from splitkeeper.quality.checks import run_restart_checks
+from splitkeeper.sinks.delta.sink import DeltaSink
+from splitkeeper.sources.kafka.source import COMMIT_METADATA_KEY, KafkaSource, split_id_of
 from splitkeeper.spark.faults import FaultPlan
-from splitkeeper.spark.sources.kafka import COMMIT_METADATA_KEY, KafkaSource, split_id_of
 from splitkeeper_tools.kafka_broker import KafkaBroker
 
 from .helpers import sink_rows
@@ -141,7 +142,7 @@ def positions(checkpoint: Any) -> dict[str, int]:
 def sink_offsets(spark: Any, config: PipelineConfig) -> dict[str, list[tuple[int, int, str | None]]]:
     """Per split: (offset, next_offset, value as text) of the sink's records, ordered by offset; no
     duplicates (the values of these tests are UTF-8; the sink keeps their bytes)."""
-    rows = sink_rows(config.sink_path)
+    rows = sink_rows(config.sink.path)
     twice = [k for k, n in Counter((r.split_id, r.offset) for r in rows).items() if n > 1]
     assert not twice, f"(split, offset) in the sink more than once: {twice[:5]}"
     out: dict[str, list[tuple[int, int, str | None]]] = {}
@@ -211,7 +212,7 @@ def test_two_topics_at_p4_with_a_failed_region_land_once_each_and_the_group_hold
     by_split = sink_offsets(spark, config)
     assert sorted(by_split) == sorted(ends)
     sources = (
-        spark.read.format("delta").load(config.sink_path).groupBy("split_id", "topic", "partition").count()
+        spark.read.format("delta").load(config.sink.path).groupBy("split_id", "topic", "partition").count()
     )
     assert {(r["split_id"], r["topic"], r["partition"]) for r in sources.collect()} == {
         (split_id_of(t, p), t, p) for (t, p) in counts
@@ -325,7 +326,7 @@ def test_aged_out_offsets_with_skip_are_audited_and_validate_accepts_exactly_tha
     assert [o for o, _n, _v in by_split[p1]] == list(range(40))
     assert by_split[p0][10] == (25, 26, value_of(topic, 0, 25))
 
-    store = DeltaStateStore(config.state_path, config.name, pipeline.connector.fingerprint())
+    store = DeltaStateStore(config.state.path, config.name, pipeline.connector.fingerprint())
     # checkpoint 2 (the one that skipped the lost range) went with retention; 1 stays only as the
     # full snapshot the latest checkpoint's enumerator rows are a delta against
     assert store.checkpoint_ids() == [1, reports[-1].epoch]
@@ -346,15 +347,15 @@ def test_aged_out_offsets_with_skip_are_audited_and_validate_accepts_exactly_tha
         "subscriptions": {topic},
         "source_splits": KafkaSource(bootstrap, topics=[topic]).discover_splits(),  # p0 now starts at 25
     }
-    report = run_restart_checks(spark, store, config.sink_path, data_docs_dir=tmp_path / "docs", **checks)
+    report = run_restart_checks(spark, store, sink_reader(config), data_docs_dir=tmp_path / "docs", **checks)
     assert report.success, report.summary()
     assert any(f"{p0} [10, 25)" in note for note in report.notes), report.notes
 
     # a gap nobody reported is still a violation, also in the split that has a reported one
     from delta.tables import DeltaTable
 
-    DeltaTable.forPath(spark, config.sink_path).delete(f"split_id = '{p0}' AND offset = 30")
-    broken = run_restart_checks(spark, store, config.sink_path, data_docs_dir=tmp_path / "docs2", **checks)
+    DeltaTable.forPath(spark, config.sink.path).delete(f"split_id = '{p0}' AND offset = 30")
+    broken = run_restart_checks(spark, store, sink_reader(config), data_docs_dir=tmp_path / "docs2", **checks)
     assert not broken.success
     assert broken.split_ids == (p0,)
     assert [s.key for s in broken.failed_suites] == ["sink_records"]
@@ -374,10 +375,10 @@ def test_aged_out_offsets_with_fail_stop_the_epoch_before_anything_is_written(
     message = str(caught.value)
     assert f"topic '{topic}' partition 0: requested offset 10, earliest available 25" in message
     assert "source.on_offset_out_of_range: skip" in message
-    store = DeltaStateStore(config.state_path, config.name, pipeline.connector.fingerprint())
+    store = DeltaStateStore(config.state.path, config.name, pipeline.connector.fingerprint())
     assert store.checkpoint_ids() == [1]
     assert store.latest_plan_epoch() == 1  # the plan of epoch 2 was never persisted
-    assert DeltaSink(config.sink_path, config.name, read_only=True).committed_epoch() == 1
+    assert DeltaSink(config.sink.path, config.name, read_only=True).committed_epoch() == 1
     latest = store.latest_checkpoint()
     assert latest is not None and positions(latest) == {split_id_of(topic, 0): 10, split_id_of(topic, 1): 10}
     assert [o for o, _n, _v in sink_offsets(spark, config)[split_id_of(topic, 0)]] == list(range(10))
@@ -394,7 +395,7 @@ def test_binary_null_empty_text_and_random_values_reach_a_raw_sink_byte_exact(
 
     from confluent_kafka import Producer
 
-    from splitkeeper.delta.sink import read_sink
+    from splitkeeper.sinks.delta.read import read_sink
 
     bootstrap = kafka_broker.bootstrap_servers
     topic = create_topic(bootstrap, 2)
@@ -427,7 +428,7 @@ def test_binary_null_empty_text_and_random_values_reach_a_raw_sink_byte_exact(
     finally:
         pipeline.close()
 
-    table = read_sink(config.sink_path, ["partition", "offset", "value", "key"])
+    table = read_sink(config.sink.path, ["partition", "offset", "value", "key"])
     assert table.schema.field("value").type == table.schema.field("key").type
     got = {(r["partition"], r["offset"]): (r["value"], r["key"]) for r in table.to_pylist()}
     assert table.num_rows == len(got) == 300
@@ -474,7 +475,7 @@ def test_a_topic_deleted_and_recreated_is_a_new_split_read_from_its_start(
     (replaced,) = [a for a in audit if a.decision is RecoveryDecision.REPLACED]
     assert replaced.split_id == old and f"topic {topic!r} was deleted and re-created" in replaced.detail
     assert f"as split {new}" in replaced.detail
-    latest = DeltaStateStore(config.state_path, config.name, None, read_only=True).latest_checkpoint()
+    latest = DeltaStateStore(config.state.path, config.name, None, read_only=True).latest_checkpoint()
     assert latest is not None and latest.enumerator is not None
     assert positions(latest) == {new: 15} and old in latest.enumerator.finished
     # the group's offset names the split it belongs to, so a restore compares it with the new split

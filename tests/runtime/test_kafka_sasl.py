@@ -19,7 +19,7 @@ from confluent_kafka import Consumer, TopicPartition
 from splitkeeper.app import services
 from splitkeeper.config.settings import config_from_mapping
 from splitkeeper.errors import SplitkeeperError
-from splitkeeper.spark.sources.kafka import split_id_of
+from splitkeeper.sources.kafka.source import split_id_of
 from splitkeeper_tools.kafka_broker import KafkaBroker
 
 from .helpers import sink_rows

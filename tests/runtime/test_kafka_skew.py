@@ -20,7 +20,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from splitkeeper.core.assignment import legacy_hash_owner
 from splitkeeper.core.enumerator import RecordingEnumeratorContext, SplitEnumerator, enumerator_for
 from splitkeeper.core.types import Split
-from splitkeeper.spark.sources.kafka import KafkaSource, parse_split_id
+from splitkeeper.sources.kafka.source import KafkaSource, parse_split_id
 from splitkeeper_tools.kafka_broker import KafkaBroker
 
 pytestmark = pytest.mark.kafka

@@ -19,7 +19,7 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewPartitions, NewTopic
 
-from splitkeeper.config.settings import OffsetOutOfRange, config_from_mapping
+from splitkeeper.config.settings import config_from_mapping
 from splitkeeper.core.enumerator import RecordingEnumeratorContext, enumerator_for
 from splitkeeper.core.external import DisagreementKind, reconcile_positions
 from splitkeeper.core.source import (
@@ -31,10 +31,11 @@ from splitkeeper.core.source import (
 )
 from splitkeeper.core.types import Split
 from splitkeeper.errors import InvalidParameterError, SourceError
-from splitkeeper.spark.columnar import SupportsColumnarRead
-from splitkeeper.spark.sources import build_source
-from splitkeeper.spark.sources.contract import SourceContractTests, read_planned
-from splitkeeper.spark.sources.kafka import (
+from splitkeeper.records.columnar import SupportsColumnarRead
+from splitkeeper.sources import build_source
+from splitkeeper.sources.contract import SourceContractTests, read_planned
+from splitkeeper.sources.kafka.config import OffsetOutOfRange
+from splitkeeper.sources.kafka.source import (
     COMMIT_METADATA_KEY,
     KafkaRegionReader,
     KafkaSource,
@@ -573,7 +574,7 @@ def test_a_coordinator_request_that_times_out_is_sent_again_on_a_new_admin_clien
     ``splitkeeper-tools chaos`` after a broker SIGKILL). The source asks again on a fresh client."""
     from confluent_kafka import KafkaError, KafkaException
 
-    import splitkeeper.spark.sources.kafka as kafka_module
+    import splitkeeper.sources.kafka.source as kafka_module
 
     tag = json.dumps({COMMIT_METADATA_KEY: 7})
 

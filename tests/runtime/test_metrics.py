@@ -25,11 +25,12 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from splitkeeper.app.metrics import PipelineMetrics, Seed, metrics_path
+from splitkeeper.app.sink import sink_reader
 from splitkeeper.config.settings import config_from_mapping
 from splitkeeper.core.driver import EpochReport
 from splitkeeper.core.types import CheckpointKind, CompletedCheckpoint, RegionOutcome, RegionState
 from splitkeeper.delta.checkpoints import DeltaStateStore
-from splitkeeper.delta.sink import read_dead_letters
+from splitkeeper.sinks.delta.read import read_dead_letters
 from splitkeeper_tools.otelcol import LocalCollector
 
 from .helpers import REPO, pipeline_mapping, run_cli, sink_rows, write_config, write_input
@@ -104,15 +105,15 @@ def test_runs_write_cumulative_metrics_status_prints_them_and_a_real_collector_s
     }
     path = write_config(tmp_path / "p.yaml", mapping)
     config = config_from_mapping(mapping)
-    assert config.dead_letter_path is not None
+    assert config.errors.dead_letter.path is not None
 
     code, _out, err = run_cli(["run", "--config", str(path), "--fault", "fail:1@2"])
     assert code == 0, err
 
-    text = Path(metrics_path(config.state_path)).read_text(encoding="utf-8")
+    text = Path(metrics_path(config.state.path)).read_text(encoding="utf-8")
     samples = _samples(text)
     kinds = _by(samples, "splitkeeper_checkpoints_total", "kind")
-    store = DeltaStateStore(config.state_path, config.name, None, read_only=True)
+    store = DeltaStateStore(config.state.path, config.name, None, read_only=True)
     timeline = store.history.timeline()
     first_run = Counter(t.kind.value for t in timeline)
     assert kinds == {"global": first_run["global"], "regional": first_run["regional"], "aborted": 0}
@@ -125,8 +126,10 @@ def test_runs_write_cumulative_metrics_status_prints_them_and_a_real_collector_s
     assert declines == [("1", 1.0)]  # the injected failure, and nothing else
     assert all(labels["pipeline"] == "metrics" for series in samples.values() for labels, _ in series)
     [(_, committed)] = samples["splitkeeper_records_committed_total"]
-    assert committed == len(sink_rows(config.sink_path)) == 120 + 20 - bad
-    dead = Counter(read_dead_letters(config.dead_letter_path, columns=["stage"]).column("stage").to_pylist())
+    assert committed == len(sink_rows(config.sink.path)) == 120 + 20 - bad
+    dead = Counter(
+        read_dead_letters(config.errors.dead_letter.path, columns=["stage"]).column("stage").to_pylist()
+    )
     assert sum(dead.values()) == bad
     assert _by(samples, "splitkeeper_dead_letters_total", "stage") == dead
     latest = store.latest_checkpoint()
@@ -171,15 +174,17 @@ def test_runs_write_cumulative_metrics_status_prints_them_and_a_real_collector_s
     bad += _write_bad_file(input_dir / "bad-1.txt", lines=10, bad_every=4)
     code, _out, err = run_cli(["run", "--config", str(path)])
     assert code == 0, err
-    text = Path(metrics_path(config.state_path)).read_text(encoding="utf-8")
+    text = Path(metrics_path(config.state.path)).read_text(encoding="utf-8")
     samples = _samples(text)
     both = Counter(t.kind.value for t in store.history.timeline())
     assert both["global"] > first_run["global"]
     kinds = _by(samples, "splitkeeper_checkpoints_total", "kind")
     assert kinds == {"global": both["global"], "regional": both["regional"], "aborted": 0}
     [(_, committed)] = samples["splitkeeper_records_committed_total"]
-    assert committed == len(sink_rows(config.sink_path)) == 120 + 30 + 20 + 10 - bad
-    dead = Counter(read_dead_letters(config.dead_letter_path, columns=["stage"]).column("stage").to_pylist())
+    assert committed == len(sink_rows(config.sink.path)) == 120 + 30 + 20 + 10 - bad
+    dead = Counter(
+        read_dead_letters(config.errors.dead_letter.path, columns=["stage"]).column("stage").to_pylist()
+    )
     assert sum(dead.values()) == bad
     assert _by(samples, "splitkeeper_dead_letters_total", "stage") == dead
     served = _samples(collector.scrape(), drop=COLLECTOR_LABELS)
@@ -189,9 +194,9 @@ def test_runs_write_cumulative_metrics_status_prints_them_and_a_real_collector_s
     assert served_committed == committed
 
     # a lost metrics.prom: what the state holds still starts right; records_committed restarts, with a warning
-    Path(metrics_path(config.state_path)).unlink()
+    Path(metrics_path(config.state.path)).unlink()
     with caplog.at_level(logging.WARNING, logger="splitkeeper.app.metrics"):
-        fresh = PipelineMetrics(config.name, config.state_path, dead_letter_path=config.dead_letter_path)
+        fresh = PipelineMetrics(config.name, config.state.path, sink=sink_reader(config))
     try:
         again = _samples(fresh.text())
     finally:

@@ -28,7 +28,7 @@ from splitkeeper.core.types import CheckpointKind, RegionOutcome
 from splitkeeper.delta.checkpoints import DeltaStateStore
 from splitkeeper.delta.lease import LeaseHeldError
 from splitkeeper.errors import ConcurrentRunError
-from splitkeeper.spark.sources import build_source
+from splitkeeper.sources import build_source
 
 from .helpers import (
     REPO,
@@ -71,7 +71,7 @@ def _run(
 
 
 def _store(config: PipelineConfig, spark: Any) -> DeltaStateStore:
-    return DeltaStateStore(config.state_path, config.name, build_source(config.source).fingerprint())
+    return DeltaStateStore(config.state.path, config.name, build_source(config.source).fingerprint())
 
 
 def _by_epoch(summary: RunSummary) -> dict[int, EpochReport]:
@@ -120,7 +120,7 @@ def test_a_run_with_nothing_new_starts_no_jvm(spark: Any, tmp_path: Path) -> Non
     assert out.startswith(
         "idle: 1 epochs, checkpoints {'global': 1, 'regional': 0, 'aborted': 0}, 40 records"
     )
-    before = sink_rows(config.sink_path)
+    before = sink_rows(config.sink.path)
     no_java = {"JAVA_HOME": str(tmp_path / "no-java")}
 
     started = time.monotonic()
@@ -133,7 +133,7 @@ def test_a_run_with_nothing_new_starts_no_jvm(spark: Any, tmp_path: Path) -> Non
     )
     assert "starting the Spark session" not in idle.stderr and "Java gateway" not in idle.stderr
     print(f"nothing new: {elapsed:.2f} s through the CLI, no JVM")  # visible with -s; tests do not time
-    assert sink_rows(config.sink_path) == before
+    assert sink_rows(config.sink.path) == before
 
     write_input(input_dir, files=1, lines=5, first_file=2)  # something to read: Spark is needed now
     busy = _cli_child(config_path, **no_java)
@@ -143,7 +143,7 @@ def test_a_run_with_nothing_new_starts_no_jvm(spark: Any, tmp_path: Path) -> Non
     code, out, err = run_cli(["run", "--config", str(config_path)])  # redoes the planned epoch
     assert code == 0, err
     assert ", 5 records committed, source finished on a global checkpoint" in out
-    assert_sink_equals_source(spark, config.sink_path, input_dir)
+    assert_sink_equals_source(spark, config.sink.path, input_dir)
 
 
 def test_bounded_run_finishes_on_a_global_checkpoint_and_sink_equals_source(
@@ -160,7 +160,7 @@ def test_bounded_run_finishes_on_a_global_checkpoint_and_sink_equals_source(
     # 3 files of 40 lines at 60 records per epoch (20 per file): epoch 2 reads each file's last 20
     # lines, and its global checkpoint ends the run: no empty final epoch follows.
     assert [e.epoch for e in summary.epochs] == [1, 2] and not last.final
-    rows = assert_sink_equals_source(spark, config.sink_path, input_dir)
+    rows = assert_sink_equals_source(spark, config.sink.path, input_dir)
     assert summary.committed_records == len(rows) == 120
     assert {"plan", "read", "sink", "state"} <= set(summary.epochs[0].phases)
     assert {r.epoch for r in rows} == {1, 2}
@@ -191,7 +191,7 @@ def test_bounded_run_finishes_on_a_global_checkpoint_and_sink_equals_source(
     write_input(input_dir, files=1, lines=10, first_file=3)  # a new file: read, then finished
     more = _run(config, spark)
     assert more.finished and [e.epoch for e in more.epochs] == [3] and more.committed_records == 10
-    assert_sink_equals_source(spark, config.sink_path, input_dir)
+    assert_sink_equals_source(spark, config.sink.path, input_dir)
 
 
 def _jobs_of_epoch(spark: Any, pipeline: str, epoch: int) -> list[int]:
@@ -225,7 +225,7 @@ def test_a_parallelism_far_above_the_split_count_starts_a_task_only_for_regions_
         assert sorted(report.region_task_s) == busy  # idle regions have no task time
     assert 63 in summary.epochs[0].idle_regions
     assert "fault 63@1 not injected: region 63 had nothing to read in epoch 1" in caplog.text
-    rows = assert_sink_equals_source(spark, config.sink_path, input_dir)
+    rows = assert_sink_equals_source(spark, config.sink.path, input_dir)
     assert len(rows) == 120 and len({r.region for r in rows}) == 3
 
     write_input(input_dir, files=1, lines=10, first_file=3)  # a restart: restore, then one new file
@@ -233,7 +233,7 @@ def test_a_parallelism_far_above_the_split_count_starts_a_task_only_for_regions_
     assert more.finished and more.committed_records == 10
     first = more.epochs[0]
     assert len(first.idle_regions) == 63 and _jobs_of_epoch(spark, "wide", first.epoch) == [1]
-    assert_sink_equals_source(spark, config.sink_path, input_dir)
+    assert_sink_equals_source(spark, config.sink.path, input_dir)
 
 
 def test_a_small_remainder_is_read_in_the_same_epoch_and_epochs_n_runs_at_most_n_epochs(
@@ -253,7 +253,7 @@ def test_a_small_remainder_is_read_in_the_same_epoch_and_epochs_n_runs_at_most_n
     assert second["epochs"] == 1  # the data ends in this epoch: no extra final epoch beyond --epochs 1
     assert second["finished"] is True
 
-    rows = assert_sink_equals_source(spark, config.sink_path, input_dir)
+    rows = assert_sink_equals_source(spark, config.sink.path, input_dir)
     assert {r.epoch for r in rows} == {1, 2}
     assert sum(1 for r in rows if r.epoch == 1) <= 2 * 21  # epoch 1 kept to its budget
 
@@ -280,7 +280,7 @@ def test_failed_and_stalled_regions_checkpoint_regionally_and_sink_equals_source
     assert 12 <= e3.phases["read"] < 60  # the stalled region was cancelled at its timeout, not waited for
     assert summary.finished and summary.epochs[-1].kind is CheckpointKind.GLOBAL
 
-    rows = assert_sink_equals_source(spark, config.sink_path, input_dir)
+    rows = assert_sink_equals_source(spark, config.sink.path, input_dir)
     by_epoch = _regions_by_epoch(rows)
     assert set(by_epoch[1]) == {0, 1, 2}  # one file per reader: every region reads in epoch 1
     # The healthy regions' records of a regional epoch are committed in that epoch; the failed one's are not.
@@ -329,7 +329,7 @@ def test_failure_at_the_forced_global_checkpoint_aborts_it_and_the_run_still_fin
     assert [(f.region_id, f.error_class) for f in aborted[0].failures] == [(0, "InjectedFault")]
     assert 3 not in {t.checkpoint_id for t in timeline if t.kind is not CheckpointKind.ABORTED}
 
-    rows = assert_sink_equals_source(spark, config.sink_path, input_dir)
+    rows = assert_sink_equals_source(spark, config.sink.path, input_dir)
     assert 3 not in {r.epoch for r in rows}  # nothing of the aborted epoch reached the sink
 
 
@@ -387,11 +387,11 @@ def test_second_run_between_epochs_stops_the_first_with_concurrent_run_error(
         first.close()
         second.close()
 
-    rows = sink_rows(config.sink_path)
+    rows = sink_rows(config.sink.path)
     assert len({(r.split_id, r.offset) for r in rows}) == len(rows)  # no duplicates so far
     summary = _run(config, spark)  # a fresh run
     assert summary.finished and summary.epochs[0].epoch == 4  # epoch ids never reuse a planned one
-    assert_sink_equals_source(spark, config.sink_path, input_dir)
+    assert_sink_equals_source(spark, config.sink.path, input_dir)
 
 
 # --------------------------------------------------------------------------- rescale
@@ -428,7 +428,7 @@ def test_recover_rescales_three_to_two_to_four_keeping_loads_within_one(spark: A
     code, out, err = run_cli(["run", *cfg, "--json"])
     assert code == 0, err
     assert json.loads(out)["finished"] is True
-    rows = assert_sink_equals_source(spark, config.sink_path, input_dir)
+    rows = assert_sink_equals_source(spark, config.sink.path, input_dir)
     assert {r.region for r in rows if r.epoch == 3} <= {0, 1, 2, 3}
     assert {r.region for r in rows if r.epoch == 3} - {0, 1} != set()  # regions 2, 3 exist only at P=4
     # The explicit rescale stays: the config still says 3, as when the checkpoints were taken.
@@ -443,4 +443,4 @@ def test_recover_rescales_three_to_two_to_four_keeping_loads_within_one(spark: A
     assert code == 0, err
     latest = store.latest_checkpoint()
     assert latest.parallelism == 2 and store.configured_parallelism(latest.checkpoint_id) == 2
-    assert_sink_equals_source(spark, config.sink_path, input_dir)
+    assert_sink_equals_source(spark, config.sink.path, input_dir)

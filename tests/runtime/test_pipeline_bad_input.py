@@ -22,7 +22,7 @@ from splitkeeper.config.settings import PipelineConfig, config_from_mapping
 from splitkeeper.delta.checkpoints import DeltaStateStore
 from splitkeeper.delta.schemas import STATE_TABLES
 from splitkeeper.delta.tables import open_table
-from splitkeeper.spark.sources import build_source
+from splitkeeper.sources import build_source
 
 from .helpers import pipeline_mapping, run_cli, run_pipeline, sink_rows, write_config, write_input
 
@@ -50,16 +50,16 @@ class StateFingerprint:
 def _fingerprint(spark: Any, existing: Existing) -> StateFingerprint:
     config = existing.config
     store = DeltaStateStore(
-        config.state_path, config.name, build_source(config.source).fingerprint(), read_only=True
+        config.state.path, config.name, build_source(config.source).fingerprint(), read_only=True
     )
-    sink = open_table(config.sink_path)
+    sink = open_table(config.sink.path)
     assert sink is not None
     return StateFingerprint(
         table_versions={t: store.table_version(t) for t in STATE_TABLES},
         sink_version=sink.version(),
         checkpoint_ids=tuple(store.checkpoint_ids()),
         latest_plan_epoch=store.latest_plan_epoch(),
-        sink_records=len(sink_rows(config.sink_path)),
+        sink_records=len(sink_rows(config.sink.path)),
     )
 
 
@@ -164,7 +164,7 @@ def test_state_of_another_pipeline_is_refused_naming_both_and_left_unchanged(
     assert code == 2 and out == ""
     assert "[STATE_ERROR]" in err
     assert "belongs to pipeline 'orders', not to pipeline 'payments'" in err
-    assert existing.config.state_path in err
+    assert existing.config.state.path in err
 
 
 @pytest.mark.spark
@@ -199,5 +199,5 @@ def test_the_existing_pipeline_still_finishes_with_sink_equals_source(spark: Any
 
     assert code == 0, err
     assert json.loads(out)["finished"] is True
-    assert_sink_equals_source(spark, existing.config.sink_path, existing.input_dir)
+    assert_sink_equals_source(spark, existing.config.sink.path, existing.input_dir)
     shutil.rmtree(existing.root / "moved-away", ignore_errors=True)

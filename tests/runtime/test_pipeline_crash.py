@@ -23,9 +23,9 @@ from splitkeeper.config.settings import config_from_mapping
 from splitkeeper.core.ports import SinkCrashPoint
 from splitkeeper.core.types import CheckpointKind
 from splitkeeper.delta.checkpoints import DeltaStateStore
-from splitkeeper.delta.sink import DeltaSink
+from splitkeeper.sinks.delta.sink import DeltaSink
+from splitkeeper.sources import build_source
 from splitkeeper.spark.faults import CRASH_ENV, CrashPoint
-from splitkeeper.spark.sources import build_source
 from tests.state.samples import tree
 
 from .helpers import (
@@ -92,9 +92,9 @@ def test_driver_killed_at_crash_point_recovers_to_sink_equals_source(
 
     sink_version, latest_row, redone = AFTER_CRASH[point]
     store = DeltaStateStore(
-        config.state_path, config.name, build_source(config.source).fingerprint(), read_only=True
+        config.state.path, config.name, build_source(config.source).fingerprint(), read_only=True
     )
-    assert DeltaSink(config.sink_path, config.name, read_only=True).committed_epoch() == sink_version
+    assert DeltaSink(config.sink.path, config.name, read_only=True).committed_epoch() == sink_version
     assert store.checkpoint_ids()[-1] == latest_row
     assert store.latest_plan_epoch() == CRASH_EPOCH
     if point is CrashPoint.BEFORE_CHECKPOINT_ROW:  # killed between the state rows and the checkpoints row
@@ -104,8 +104,8 @@ def test_driver_killed_at_crash_point_recovers_to_sink_equals_source(
         assert store.checkpoint_ids() == [1, 2]
         assert 1 in store.tables.read("checkpoint_log").column("checkpoint_id").to_pylist()
         assert [e.checkpoint_id for e in store.history.timeline()].count(1) == 1  # shown once
-    moved = _sink_parquet(config.sink_path, CRASH_EPOCH)
-    tracked = {Path(f).name for f in DeltaTable(config.sink_path).file_uris()}
+    moved = _sink_parquet(config.sink.path, CRASH_EPOCH)
+    tracked = {Path(f).name for f in DeltaTable(config.sink.path).file_uris()}
     if point is SinkCrashPoint.AFTER_FILES_MOVED:  # epoch 2's files in the sink's folder, in no commit
         assert moved and not moved & tracked
 
@@ -116,7 +116,7 @@ def test_driver_killed_at_crash_point_recovers_to_sink_equals_source(
         assert tree(tmp_path) == before  # state, sink and staging byte for byte, _delta_log included
         # the redo record is in Delta: losing the local staging folder (another machine, a cleaned
         # disk) must not keep the pipeline from opening
-        shutil.rmtree(Path(config.staging_path), ignore_errors=True)
+        shutil.rmtree(Path(config.staging.path), ignore_errors=True)
 
     pipeline = Pipeline(config, spark)
     try:
@@ -126,18 +126,18 @@ def test_driver_killed_at_crash_point_recovers_to_sink_equals_source(
         assert opened.restored_from == restored
         assert store.checkpoint_ids()[-1] == restored
         if redone is not None:  # the decision record was committed as checkpoint 2, staging cleaned up
-            assert not (Path(config.staging_path) / f"epoch={CRASH_EPOCH}").exists()
+            assert not (Path(config.staging.path) / f"epoch={CRASH_EPOCH}").exists()
         summary = pipeline.run()
     finally:
         pipeline.close()
     assert summary.finished and summary.epochs[-1].kind is CheckpointKind.GLOBAL
     assert summary.epochs[0].epoch == CRASH_EPOCH + 1  # an abandoned plan's id is never reused
-    rows = assert_sink_equals_source(spark, config.sink_path, input_dir)
+    rows = assert_sink_equals_source(spark, config.sink.path, input_dir)
     assert (CRASH_EPOCH in {r.epoch for r in rows}) == (sink_version == CRASH_EPOCH)
     if point is CrashPoint.DURING_RETENTION:  # the next retention finished what the crash left
         assert 1 not in store.checkpoint_ids()
         assert [e.checkpoint_id for e in store.history.timeline()].count(1) == 1
-    assert sorted(p.name for p in Path(config.staging_path).glob("epoch=*")) == []  # no crash leftovers
+    assert sorted(p.name for p in Path(config.staging.path).glob("epoch=*")) == []  # no crash leftovers
 
 
 def test_misspelt_crash_point_is_refused_before_anything_is_written(

@@ -30,7 +30,7 @@ import pytest
 
 from splitkeeper.config.settings import config_from_mapping
 from splitkeeper.delta.checkpoints import DeltaStateStore
-from splitkeeper.spark.sources import build_source
+from splitkeeper.sources import build_source
 
 from .helpers import (
     CLI,
@@ -71,7 +71,7 @@ def test_two_recovery_runs_at_once_one_commits_the_other_fails_and_state_is_inta
     waiting_file = write_config(tmp_path / "recover-waiting.yaml", waiting)
     assert [e.epoch for e in run_pipeline(config, spark, epochs=1).epochs] == [1]
     store = DeltaStateStore(
-        config.state_path, config.name, build_source(config.source).fingerprint(), read_only=True
+        config.state.path, config.name, build_source(config.source).fingerprint(), read_only=True
     )
     assert store.checkpoint_ids() == [1]
 
@@ -136,7 +136,7 @@ def test_two_recovery_runs_at_once_one_commits_the_other_fails_and_state_is_inta
     assert store.checkpoint_ids() == [1, 3]
     latest = store.latest_checkpoint()
     assert latest is not None and latest.checkpoint_id == 3 and latest.parallelism == 3
-    sink_epochs = {r.epoch for r in spark.read.format("delta").load(config.sink_path).collect()}
+    sink_epochs = {r.epoch for r in spark.read.format("delta").load(config.sink.path).collect()}
     assert sink_epochs == {1, 3}
 
     code, out, err = run_cli(["validate", "--config", str(config_file), "--json"])
@@ -144,7 +144,7 @@ def test_two_recovery_runs_at_once_one_commits_the_other_fails_and_state_is_inta
     code, out, err = run_cli(["run", "--config", str(config_file), "--json"])
     assert code == 0, err
     assert json.loads(out)["finished"] is True
-    assert_sink_equals_source(spark, config.sink_path, input_dir)
+    assert_sink_equals_source(spark, config.sink.path, input_dir)
 
 
 def _until_stopped(proc: subprocess.Popen[str], what: str) -> None:
@@ -196,15 +196,15 @@ def test_a_paused_holder_woken_before_the_new_holders_first_commit_commits_nothi
         _until_stopped(second, "the second run")
         assert time.monotonic() - paused_at >= ttl_s
         holder = DeltaStateStore(
-            config.state_path, config.name, build_source(config.source).fingerprint(), read_only=True
+            config.state.path, config.name, build_source(config.source).fingerprint(), read_only=True
         )
-        assert {r.epoch for r in sink_rows(config.sink_path)} == {1}
+        assert {r.epoch for r in sink_rows(config.sink.path)} == {1}
         os.kill(first.pid, signal.SIGCONT)
         first_out, first_err = first.communicate(timeout=300)
         assert first.returncode == 2, first_err
         assert "[LEASE_LOST]" in first_err and "taken over by" in first_err, first_err
         assert first_out == ""
-        assert {r.epoch for r in sink_rows(config.sink_path)} == {1}  # the first committed nothing
+        assert {r.epoch for r in sink_rows(config.sink.path)} == {1}  # the first committed nothing
         assert holder.checkpoint_ids() == [1]
         os.kill(second.pid, signal.SIGCONT)
         second_out, second_err = second.communicate(timeout=300)
@@ -216,5 +216,5 @@ def test_a_paused_holder_woken_before_the_new_holders_first_commit_commits_nothi
                 proc.wait()
     assert second.returncode == 0, second_err
     assert json.loads(second_out)["finished"] is True
-    rows = assert_sink_equals_source(None, config.sink_path, input_dir)
+    rows = assert_sink_equals_source(None, config.sink.path, input_dir)
     assert 1 in {r.epoch for r in rows} and len({r.epoch for r in rows}) >= 2

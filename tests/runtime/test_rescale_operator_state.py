@@ -72,4 +72,4 @@ def test_rescale_four_to_two_to_one_redistributes_operator_state_as_configured(
     rest = services.run(config)  # two regional in a row: the next checkpoint is forced global
     pipeline.close()
     assert rest.finished and rest.epochs[0].kind == "global"
-    assert_sink_equals_source(spark, config.sink_path, input_dir)
+    assert_sink_equals_source(spark, config.sink.path, input_dir)

@@ -15,8 +15,8 @@ import pytest
 from splitkeeper.app import incident, services
 from splitkeeper.config.settings import PipelineConfig, config_from_mapping
 from splitkeeper.delta.checkpoints import DeltaStateStore
-from splitkeeper.delta.sink import DeltaSink
 from splitkeeper.errors import CheckpointError, ConcurrentRunError, InvalidParameterError
+from splitkeeper.sinks.delta.sink import DeltaSink
 from splitkeeper.spark.faults import CRASH_ENV
 from tests.state.samples import tree
 
@@ -51,11 +51,11 @@ def _pipeline(
 
 
 def _store(config: PipelineConfig) -> DeltaStateStore:
-    return DeltaStateStore(config.state_path, config.name, None, read_only=True)
+    return DeltaStateStore(config.state.path, config.name, None, read_only=True)
 
 
 def _sink(config: PipelineConfig) -> DeltaSink:
-    return DeltaSink(config.sink_path, config.name, read_only=True)
+    return DeltaSink(config.sink.path, config.name, read_only=True)
 
 
 def _positions(config: PipelineConfig, checkpoint: int | None = None) -> dict[str, int | None]:
@@ -78,7 +78,7 @@ def test_a_dry_run_writes_nothing_then_the_rewind_restores_state_and_sink_and_th
     config, input_dir = _pipeline(tmp_path, "rewind", epochs=3, spark=spark)
     store = _store(config)
     assert store.checkpoint_ids() == [1, 2, 3]
-    at_one = {(r.split_id, r.offset, r.value) for r in sink_rows(config.sink_path) if r.epoch <= 1}
+    at_one = {(r.split_id, r.offset, r.value) for r in sink_rows(config.sink.path) if r.epoch <= 1}
     before = tree(tmp_path / "state"), tree(tmp_path / "sink")
 
     code, out, err = run_cli(
@@ -91,11 +91,11 @@ def test_a_dry_run_writes_nothing_then_the_rewind_restores_state_and_sink_and_th
 
     plan = incident.rewind(config, 1, dry_run=True)
     sink_plan = next(t for t in plan.tables if t["table"] == "sink")
-    leaving = sum(1 for r in sink_rows(config.sink_path) if r.epoch > 1)
+    leaving = sum(1 for r in sink_rows(config.sink.path) if r.epoch > 1)
     assert sink_plan["rows_leaving"] == leaving > 0
     # every offset read after checkpoint 1 is undone: the byte spans of the rows that leave
     assert plan.offsets_undone == sum(
-        r.next_offset - r.offset for r in sink_rows(config.sink_path) if r.epoch > 1
+        r.next_offset - r.offset for r in sink_rows(config.sink.path) if r.epoch > 1
     )
     assert [t["table"] for t in plan.tables] == ["sink"]  # no dead letters, no change table here
 
@@ -107,7 +107,7 @@ def test_a_dry_run_writes_nothing_then_the_rewind_restores_state_and_sink_and_th
     services.maintain(config, history_hours=0)
     done = incident.rewind(config, 1, yes=True, reason="bad transform shipped at 10:00")
     assert done.applied and done.epoch == 4
-    assert {(r.split_id, r.offset, r.value) for r in sink_rows(config.sink_path)} == at_one
+    assert {(r.split_id, r.offset, r.value) for r in sink_rows(config.sink.path)} == at_one
     assert _positions(config) == _positions(config, 1)
     assert _store(config).checkpoint_ids()[-1] == 4
     assert _sink(config).committed_epoch() == 4
@@ -117,7 +117,7 @@ def test_a_dry_run_writes_nothing_then_the_rewind_restores_state_and_sink_and_th
 
     summary = run_pipeline(config, spark)
     assert summary.finished and summary.epochs[0].epoch == 5
-    assert_sink_equals_source(spark, config.sink_path, input_dir)
+    assert_sink_equals_source(spark, config.sink.path, input_dir)
     _check(config, spark)
 
 
@@ -191,19 +191,19 @@ def test_offsets_lists_every_split_and_resets_forward_and_back_with_exact_accoun
     assert code == 0, err
     assert f"position {ahead['position']} set to {skip_to}" in out
     # backward: the split's records from the new offset leave the sink and are read again once
-    starts = sorted(r.offset for r in sink_rows(config.sink_path) if r.split_id == back["split_id"])
+    starts = sorted(r.offset for r in sink_rows(config.sink.path) if r.split_id == back["split_id"])
     back_to = starts[-3]  # three records back: a line start (a file's offsets are bytes)
     with pytest.raises(InvalidParameterError, match="where a line of .* starts"):
         incident.reset_offset(config, back["split_id"], f"offset:{back_to + 1}", dry_run=True)
-    again = [r for r in sink_rows(config.sink_path) if r.split_id == back["split_id"] and r.offset >= back_to]
+    again = [r for r in sink_rows(config.sink.path) if r.split_id == back["split_id"] and r.offset >= back_to]
     result = incident.reset_offset(config, back["split_id"], f"offset:{back_to}", reason="reprocess")
     assert result.applied and result.rows_leaving["sink"] == len(again) > 0
     assert not [
-        r for r in sink_rows(config.sink_path) if r.split_id == back["split_id"] and r.offset >= back_to
+        r for r in sink_rows(config.sink.path) if r.split_id == back["split_id"] and r.offset >= back_to
     ]
 
     run_pipeline(config, spark)
-    rows = sink_rows(config.sink_path)
+    rows = sink_rows(config.sink.path)
     expected = source_records(input_dir)
     skipped = {
         (ahead["split_id"], o)
@@ -232,8 +232,8 @@ def test_a_rewind_killed_at_each_step_leaves_the_pipeline_as_it_was_or_fully_rew
     point: str, spark: Any, tmp_path: Path
 ) -> None:
     config, input_dir = _pipeline(tmp_path, f"killed-{point}".replace("_", "-"), epochs=3, spark=spark)
-    at_three = sorted((r.split_id, r.offset) for r in sink_rows(config.sink_path))
-    at_one = sorted((r.split_id, r.offset) for r in sink_rows(config.sink_path) if r.epoch <= 1)
+    at_three = sorted((r.split_id, r.offset) for r in sink_rows(config.sink.path))
+    at_one = sorted((r.split_id, r.offset) for r in sink_rows(config.sink.path) if r.epoch <= 1)
     argv = [
         "recover",
         "--config",
@@ -247,7 +247,7 @@ def test_a_rewind_killed_at_each_step_leaves_the_pipeline_as_it_was_or_fully_rew
     ]
     crashed = splitkeeper_subprocess(argv, **{CRASH_ENV: f"{point}@4"})
     assert crashed.returncode == -9, crashed.stderr[-2000:]
-    sink_now = sorted((r.split_id, r.offset) for r in sink_rows(config.sink_path))
+    sink_now = sorted((r.split_id, r.offset) for r in sink_rows(config.sink.path))
     rewound_sink = _sink(config).committed_epoch() == 4
     assert sink_now == (at_one if rewound_sink else at_three)  # the sink is whole, one way or the other
     # whatever the next command sees is one of the two: status shows the latest it can restore
@@ -256,7 +256,7 @@ def test_a_rewind_killed_at_each_step_leaves_the_pipeline_as_it_was_or_fully_rew
         assert again.from_checkpoint == 3
     summary = run_pipeline(config, spark)
     assert summary.finished
-    assert_sink_equals_source(spark, config.sink_path, input_dir)
+    assert_sink_equals_source(spark, config.sink.path, input_dir)
     audit = _store(config).tables.read("audit").to_pylist()
     assert any(a["decision"] == "rewound" for a in audit) == rewound_sink  # one operator checkpoint, or none
     _check(config, spark)
@@ -271,7 +271,7 @@ def test_a_backward_offset_reset_killed_mid_way_is_either_not_done_or_done_and_t
     config, input_dir = _pipeline(tmp_path, f"reset-{point}".replace("_", "-"), epochs=2, spark=spark)
     live = [s for s in incident.offsets(config).splits if s.status != "finished"]
     split = live[0].split_id
-    starts = sorted(r.offset for r in sink_rows(config.sink_path) if r.split_id == split)
+    starts = sorted(r.offset for r in sink_rows(config.sink.path) if r.split_id == split)
     back_to = starts[-4]
     argv = [
         "offsets",
@@ -285,10 +285,10 @@ def test_a_backward_offset_reset_killed_mid_way_is_either_not_done_or_done_and_t
     ]
     crashed = splitkeeper_subprocess(argv, **{CRASH_ENV: f"{point}@3"})
     assert crashed.returncode == -9, crashed.stderr[-2000:]
-    deleted = not [r for r in sink_rows(config.sink_path) if r.split_id == split and r.offset >= back_to]
+    deleted = not [r for r in sink_rows(config.sink.path) if r.split_id == split and r.offset >= back_to]
     assert deleted == (_sink(config).committed_epoch() == 3)  # the delete is the sink commit of epoch 3
     run_pipeline(config, spark)  # finishes the reset from its sink commit (or never saw it), then reads on
-    assert_sink_equals_source(spark, config.sink_path, input_dir)
+    assert_sink_equals_source(spark, config.sink.path, input_dir)
     audit = _store(config).tables.read("audit").to_pylist()
     assert any(a["decision"] == "reset_by_operator" for a in audit) == deleted
     _check(config, spark)
@@ -337,5 +337,5 @@ def test_a_forward_then_backward_reset_runs_on_and_a_pipeline_wedged_by_an_older
     assert code == 0 and json.loads(out)["problems"] == [], out + err
 
     run_pipeline(config, spark)
-    assert_sink_equals_source(spark, config.sink_path, input_dir)  # nothing skipped in the end
+    assert_sink_equals_source(spark, config.sink.path, input_dir)  # nothing skipped in the end
     _check(config, spark)

@@ -22,9 +22,12 @@ from splitkeeper.core.ports import RegionRun, SinkCrashPoint, SinkReceipt
 from splitkeeper.core.source import RecordMeta, SourceRecord
 from splitkeeper.core.types import RegionOutcome
 from splitkeeper.delta.schemas import META_COLUMNS, STAGED_COLUMNS, STAGED_FILE_SCHEMA, STAGED_SCHEMA
-from splitkeeper.delta.sink import DeltaSink, adopted_name, file_statistics, read_sink
 from splitkeeper.errors import ConcurrentRunError, InvalidParameterError, StateError
+from splitkeeper.sinks.delta.read import read_sink
+from splitkeeper.sinks.delta.sink import DeltaSink
+from splitkeeper.sinks.delta.stats import file_statistics
 from splitkeeper.spark.task import StagedWriter
+from splitkeeper.staging import adopted_name
 
 
 def _stage(root: str, epoch: int, region: int, records: list[tuple[str, int, int]]) -> str:

@@ -13,7 +13,7 @@ import pytest
 
 from splitkeeper.app import services
 from splitkeeper.config.settings import config_from_mapping
-from splitkeeper.delta.sink import read_sink
+from splitkeeper.sinks.delta.read import read_sink
 
 from .helpers import assert_sink_equals_source, pipeline_mapping, run_pipeline, source_records, write_input
 
@@ -30,11 +30,11 @@ def test_a_raw_sink_partitioned_by_ingested_date_holds_every_line_once(spark: An
     rows = assert_sink_equals_source(spark, tmp_path / "sink", tmp_path / "in")  # bytes, once, in order
     assert len(rows) == 270
     today = datetime.datetime.now(datetime.UTC).date()
-    table = read_sink(config.sink_path)
+    table = read_sink(config.sink.path)
     assert table.schema.names[-1] == "ingested_date"
     assert set(table.column("ingested_date").to_pylist()) == {today}
 
-    frame = spark.read.format("delta").load(config.sink_path)
+    frame = spark.read.format("delta").load(config.sink.path)
     got = sorted((r.split_id, r.offset, bytes(r.value), r.ingested_date) for r in frame.collect())
     want = sorted(
         (sid, offset, value, today)
@@ -42,7 +42,7 @@ def test_a_raw_sink_partitioned_by_ingested_date_holds_every_line_once(spark: An
         for offset, _n, value in recs
     )
     assert got == want
-    detail = spark.sql(f"DESCRIBE DETAIL delta.`{config.sink_path}`").collect()[0]
+    detail = spark.sql(f"DESCRIBE DETAIL delta.`{config.sink.path}`").collect()[0]
     assert list(detail["partitionColumns"]) == ["ingested_date"]
     services.validate(config, content=True)  # the restart checks, the values' bytes compared with the files
 
@@ -53,7 +53,7 @@ def test_a_text_sink_keeps_the_lines_as_strings(spark: Any, tmp_path: Path) -> N
     mapping["decode"] = {"kind": "text"}
     config = config_from_mapping(mapping)
     assert run_pipeline(config, spark).finished
-    table = read_sink(config.sink_path, ["split_id", "offset", "value"])
+    table = read_sink(config.sink.path, ["split_id", "offset", "value"])
     assert str(table.schema.field("value").type) == "string"
     want = {
         (sid, o): v.decode() for sid, recs in source_records(tmp_path / "in").items() for o, _n, v in recs

@@ -20,11 +20,12 @@ from deltalake.transaction import CommitProperties, Transaction
 from splitkeeper.core.ports import RegionRun
 from splitkeeper.core.types import RegionOutcome
 from splitkeeper.delta.schemas import SCHEMAS, STAGED_FILE_SCHEMA, sink_schema
-from splitkeeper.delta.sink import DeltaSink, read_sink
 from splitkeeper.errors import StagedOutputError, StateError
 from splitkeeper.records.spec import Column, DecodeSpec
+from splitkeeper.sinks.delta.read import read_sink
+from splitkeeper.sinks.delta.sink import DeltaSink
+from splitkeeper.sources.files.source import FileSource
 from splitkeeper.spark.dead_letters import DEAD_FILE
-from splitkeeper.spark.sources.files import FileSource
 from splitkeeper.spark.task import RecordPolicy, SplitReadError, StagedWriter, run_region_task
 from splitkeeper.transforms import identity, transform
 
@@ -322,7 +323,7 @@ def test_without_add_columns_a_staged_file_with_new_columns_is_refused(tmp_path:
 def test_a_partitioned_commit_redone_after_some_files_moved_still_adds_every_file(tmp_path: Path) -> None:
     """Partitioned by a column with several values (``topic``): one staged file per value and the
     manifest naming them; a commit that died after moving one file is redone from the manifest."""
-    from splitkeeper.delta.sink import adopted_name
+    from splitkeeper.staging import adopted_name
 
     staging = str(tmp_path / "staging")
     schema = sink_schema(DecodeSpec(kind="text"))

@@ -25,8 +25,8 @@ from splitkeeper.app.services import leased_pipeline
 from splitkeeper.config.settings import PipelineConfig, config_from_mapping
 from splitkeeper.core.types import RegionOutcome
 from splitkeeper.delta.schemas import FILTERED_SCHEMA
-from splitkeeper.delta.sink import read_sink
 from splitkeeper.errors import ConfigError
+from splitkeeper.sinks.delta.read import read_sink
 from splitkeeper.spark.faults import CRASH_ENV
 
 from . import spark_functions
@@ -88,8 +88,8 @@ def _config(
 
 
 def _filtered(config: PipelineConfig) -> list[dict[str, Any]]:
-    """The filtered ranges the sink committed to the filtered table (``config.filtered_path``)."""
-    table = read_sink(config.filtered_path)
+    """The filtered ranges the sink committed to the filtered table (``config.sink.filtered_path``)."""
+    table = read_sink(config.sink.filtered_path)
     assert set(FILTERED_SCHEMA.names) <= set(table.schema.names)
     return table.to_pylist()
 
@@ -126,7 +126,7 @@ def _sink(config: PipelineConfig) -> list[dict[str, Any]]:
         "kind_name",
         "epoch",
     ]
-    return DeltaTable(config.sink_path).to_pyarrow_table(columns=columns).to_pylist()
+    return DeltaTable(config.sink.path).to_pyarrow_table(columns=columns).to_pylist()
 
 
 def test_a_dataframe_transform_lands_its_rows_and_records_every_dropped_offset(
@@ -145,7 +145,7 @@ def test_a_dataframe_transform_lands_its_rows_and_records_every_dropped_offset(
     )
     summary = run_pipeline(config, spark)
     assert summary.finished and len(summary.epochs) >= 2
-    assert DeltaTable(config.sink_path).metadata().partition_columns == ["kind"]
+    assert DeltaTable(config.sink.path).metadata().partition_columns == ["kind"]
 
     rows = _sink(config)
     places = Counter((Path(r["split_id"]).name, r["offset"]) for r in rows)
@@ -161,7 +161,9 @@ def test_a_dataframe_transform_lands_its_rows_and_records_every_dropped_offset(
         epochs.setdefault(r["order_no"], []).append(r["epoch"])
     assert all(len(set(e)) == len(e) for e in epochs.values())
 
-    dead = DeltaTable(config.dead_letter_path).to_pyarrow_table(columns=["split_id", "offset", "stage"])
+    dead = DeltaTable(config.errors.dead_letter.path).to_pyarrow_table(
+        columns=["split_id", "offset", "stage"]
+    )
     dead_places = Counter(
         (Path(s).name, o)
         for s, o in zip(dead["split_id"].to_pylist(), dead["offset"].to_pylist(), strict=True)
@@ -200,7 +202,7 @@ def test_a_raising_function_fails_every_region_with_its_traceback_and_a_fixed_on
         assert "ValueError: amount" in error and "too large for this function" in error
         assert 'raise ValueError(f"amount {amount} is too large' in error  # the user's line of code
         assert "\tat org.apache" not in error and "py4j" not in error.lower()
-    assert not DeltaTable(config.sink_path).to_pyarrow_table().num_rows if _exists(config.sink_path) else True
+    assert not DeltaTable(config.sink.path).to_pyarrow_table().num_rows if _exists(config.sink.path) else True
 
     mapping["transform"] = {"kind": "spark", "function": f"{FUNCTIONS}:orders"}
     fixed = config_from_mapping(mapping)
@@ -298,7 +300,7 @@ def test_killed_around_the_sink_commit_of_a_transformed_epoch_recovers_exactly(
 
     rows = _sink(config)
     places = Counter((Path(r["split_id"]).name, r["offset"]) for r in rows)
-    dead = DeltaTable(config.dead_letter_path).to_pyarrow_table(columns=["split_id", "offset"])
+    dead = DeltaTable(config.errors.dead_letter.path).to_pyarrow_table(columns=["split_id", "offset"])
     dead_places = Counter(
         (Path(s).name, o)
         for s, o in zip(dead["split_id"].to_pylist(), dead["offset"].to_pylist(), strict=True)
@@ -337,7 +339,7 @@ def test_a_hanging_transform_is_cancelled_at_the_region_timeout_and_its_epoch_co
         report = pipeline.run_epoch()
         took = time.monotonic() - began
     assert report.outcomes and set(report.outcomes.values()) == {RegionOutcome.TIMEOUT}
-    assert report.committed_records == 0 and not _exists(config.sink_path) or not _sink(config)
+    assert report.committed_records == 0 and not _exists(config.sink.path) or not _sink(config)
     for error in report.region_errors.values():
         assert error.startswith(f"{FUNCTIONS}:hanging: did not finish within 8s") and "cancelled" in error
     assert took < 60, f"the epoch took {took:.0f}s"

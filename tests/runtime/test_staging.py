@@ -15,9 +15,10 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
+from splitkeeper.core.source import PlannedRange, RegionReader, SourceRecord
 from splitkeeper.core.types import Split
 from splitkeeper.errors import InvalidParameterError, ProtocolError, SourceError
-from splitkeeper.spark.sources import FileSource, PlannedRange, RegionReader, SourceRecord
+from splitkeeper.sources.files.source import FileSource
 from splitkeeper.spark.task import (
     PART_FILE,
     STAGED_SCHEMA,
@@ -315,7 +316,7 @@ def test_region_fault_parses_and_validates() -> None:
 
 def test_staging_and_sources_do_not_import_pyspark() -> None:
     code = (
-        "import sys, splitkeeper.spark.task, splitkeeper.spark.sources, splitkeeper.config.settings; "
+        "import sys, splitkeeper.spark.task, splitkeeper.sources, splitkeeper.config.settings; "
         "bad = [m for m in sys.modules if m.split('.')[0] in ('pyspark', 'delta', 'airflow')]; "
         "assert not bad, bad"
     )

@@ -55,11 +55,11 @@ def test_a_region_retried_by_spark_acknowledges_once_and_the_sink_equals_the_sou
     config = config_from_mapping(mapping)
     from splitkeeper.spark.session import get_spark
 
-    rows = assert_sink_equals_source(get_spark(), config.sink_path, input_dir)
+    rows = assert_sink_equals_source(get_spark(), config.sink.path, input_dir)
     assert {r.region for r in rows if r.epoch == 1} == {0, 1, 2}  # the retry's records, once
     staged = (
-        [p for p in Path(config.staging_path).rglob("*.parquet")]
-        if os.path.isdir(config.staging_path)
+        [p for p in Path(config.staging.path).rglob("*.parquet")]
+        if os.path.isdir(config.staging.path)
         else []
     )
     assert staged == [], f"staging not cleaned: {staged}"
@@ -81,4 +81,4 @@ def test_without_task_retry_a_flaky_region_declines_and_is_read_again(spark: Any
     assert second.kind is CheckpointKind.REGIONAL and second.outcomes[1] is RegionOutcome.DECLINE
     assert "first task attempt only" in second.region_errors[1]
     assert rest.finished
-    assert_sink_equals_source(spark, config.sink_path, input_dir)
+    assert_sink_equals_source(spark, config.sink.path, input_dir)

@@ -14,8 +14,8 @@ import pytest
 
 from splitkeeper.app import services
 from splitkeeper.config.settings import config_from_mapping
-from splitkeeper.delta.sink import read_dead_letters, read_sink
 from splitkeeper.errors import RunStalledError
+from splitkeeper.sinks.delta.read import read_dead_letters, read_sink
 
 from .helpers import pipeline_mapping, run_pipeline
 

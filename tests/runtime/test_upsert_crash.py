@@ -18,7 +18,8 @@ from deltalake import DeltaTable
 from splitkeeper.app import incident, services
 from splitkeeper.app.pipeline import Pipeline
 from splitkeeper.config.settings import config_from_mapping
-from splitkeeper.delta.sink import DeltaSink, read_dead_letters, read_sink
+from splitkeeper.sinks.delta.read import read_dead_letters, read_sink
+from splitkeeper.sinks.delta.sink import DeltaSink
 from splitkeeper.spark.faults import CRASH_ENV
 
 from .helpers import pipeline_mapping, run_killed_at, run_pipeline, splitkeeper_subprocess, write_config
@@ -83,8 +84,8 @@ def _cdc_pipeline(tmp_path: Path, name: str) -> tuple[dict[tuple[str, int], byte
 def _assert_exact(config: Any, oracle: dict[tuple[str, int], bytes]) -> list[tuple[Any, ...]]:
     """The change table plus the dead letters hold every source line once, by content; the keyed
     table is the fold of the change table; the restart checks pass. Returns the keyed rows."""
-    changes = read_sink(config.changes_path).to_pylist()
-    dead = read_dead_letters(config.dead_letter_path, ["split_id", "offset", "value"]).to_pylist()
+    changes = read_sink(config.sink.changes_path).to_pylist()
+    dead = read_dead_letters(config.errors.dead_letter.path, ["split_id", "offset", "value"]).to_pylist()
     places = Counter((Path(r["split_id"]).name, r["offset"]) for r in [*changes, *dead])
     assert [k for k, n in places.items() if n > 1] == []  # no record twice, in either table or across
     assert set(places) == set(oracle)  # none lost
@@ -93,7 +94,7 @@ def _assert_exact(config: Any, oracle: dict[tuple[str, int], bytes]) -> list[tup
     for r in changes:
         want = json.loads(oracle[(Path(r["split_id"]).name, r["offset"])])
         assert (r["id"], r["name"], r["op"], r["tombstone"]) == (want["id"], want["name"], want["op"], False)
-    keyed = DeltaTable(config.sink_path).to_pyarrow_table(
+    keyed = DeltaTable(config.sink.path).to_pyarrow_table(
         columns=["id", "name", "op", "split_id", "offset", "epoch"]
     )
     got = sorted(tuple(r.values()) for r in keyed.to_pylist())
@@ -121,7 +122,11 @@ def test_an_upsert_pipeline_killed_around_its_merge_recovers_to_the_fold_of_its_
 
     run_killed_at(config_path, point, CRASH_EPOCH)
     reader = DeltaSink(
-        config.sink_path, config.name, read_only=True, upsert=config.upsert, changes_path=config.changes_path
+        config.sink.path,
+        config.name,
+        read_only=True,
+        upsert=config.sink.upsert,
+        changes_path=config.sink.changes_path,
     )
     if point == "before_side_commit":  # the MERGE landed, naming change files not committed yet
         assert reader.committed_epoch() == CRASH_EPOCH and reader.change_epoch() == CRASH_EPOCH - 1
@@ -138,7 +143,7 @@ def test_an_upsert_pipeline_killed_around_its_merge_recovers_to_the_fold_of_its_
     got = _assert_exact(config, oracle)
     if point == "before_checkpoint_row":  # maintain opens the keyed table as an upsert sink and keeps it
         services.maintain(config, history_hours=0)
-        again = DeltaTable(config.sink_path).to_pyarrow_table(
+        again = DeltaTable(config.sink.path).to_pyarrow_table(
             columns=["id", "name", "op", "split_id", "offset", "epoch"]
         )
         assert sorted(tuple(r.values()) for r in again.to_pylist()) == got
@@ -185,7 +190,11 @@ def test_a_rewind_of_an_upsert_pipeline_killed_before_its_side_tables_finishes_o
     crashed = splitkeeper_subprocess(argv, **{CRASH_ENV: "before_side_commit@3"})
     assert crashed.returncode == -9, crashed.stderr[-2000:]
     reader = DeltaSink(
-        config.sink_path, config.name, read_only=True, upsert=config.upsert, changes_path=config.changes_path
+        config.sink.path,
+        config.name,
+        read_only=True,
+        upsert=config.sink.upsert,
+        changes_path=config.sink.changes_path,
     )
     assert reader.committed_epoch() == 3 and reader.change_epoch() == 2  # keyed restored, changes not yet
     changed = {path for path, files in _logs(tmp_path).items() if files != logs.get(path)}

@@ -18,10 +18,12 @@ from deltalake import DeltaTable
 from splitkeeper.core.ports import RegionRun, SinkCrashPoint
 from splitkeeper.core.source import RecordMeta, RegionReader, SourceRecord
 from splitkeeper.core.types import RegionOutcome, Split
-from splitkeeper.delta.sink import DeltaSink, read_dead_letters, read_sink, winners
 from splitkeeper.errors import ConcurrentRunError, InvalidParameterError, StateError
 from splitkeeper.records.spec import Column, DecodeSpec
 from splitkeeper.records.upsert import UpsertSpec
+from splitkeeper.sinks.delta.read import read_dead_letters, read_sink
+from splitkeeper.sinks.delta.sink import DeltaSink
+from splitkeeper.sinks.delta.upsert import winners
 from splitkeeper.spark.task import RecordPolicy, run_region_task
 from splitkeeper.transforms import identity
 
@@ -431,7 +433,8 @@ def test_filtered_offsets_beside_a_region_output_are_a_side_table_of_an_append_s
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from splitkeeper.delta.schemas import FILTERED_FILE, FILTERED_SCHEMA
+    from splitkeeper.delta.schemas import FILTERED_SCHEMA
+    from splitkeeper.staging import FILTERED_FILE
 
     policy = RecordPolicy(decode=DECODE)
     staging, filtered = str(tmp_path / "staging"), str(tmp_path / "sink_filtered")
@@ -546,8 +549,12 @@ def test_a_commit_after_a_crash_between_moving_and_merging_finds_the_moved_files
             }
         },
     )
+    from splitkeeper.staging import StagedRegion
+
     staged = [str(r.output) for r in runs]
-    p.sink._side_entries(1, staged, staged)  # step (a) of a commit that then died: moved, not merged
+    regions = [StagedRegion.at(path) for path in staged]
+    # step (a) of a commit that then died: moved, not merged
+    p.sink._side_entries(1, regions, p.sink._staged_files(regions))
     assert not os.path.exists(staged[0]) and p.sink.committed_epoch() is None
     receipt = p.sink.commit(1, runs, expected=None, attempt_id="redo")
     assert receipt.records == 2 and not receipt.replayed

@@ -41,7 +41,7 @@ from splitkeeper.core.types import (
     Split,
 )
 from splitkeeper.delta.checkpoints import DeltaStateStore
-from splitkeeper.delta.sink import DeltaSink
+from splitkeeper.sinks.delta.sink import DeltaSink
 from splitkeeper.spark.task import run_region_task
 from splitkeeper.transforms import identity
 
@@ -246,7 +246,7 @@ class LocalPipeline:
     ) -> EpochDriver:
         """A new driver; ``sink_point`` is called at the sink's own crash points (a pause, a crash)."""
         from splitkeeper.core.backlog import BacklogConfig
-        from splitkeeper.spark.sources.files import FileSource
+        from splitkeeper.sources.files.source import FileSource
 
         source = FileSource(self.root / "in")
         store = DeltaStateStore(self.state, self.name, source.fingerprint(), read_only=read_only)

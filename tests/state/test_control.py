@@ -7,7 +7,7 @@ import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from splitkeeper.app.services import _stop_check
+from splitkeeper.app.run import _stop_check
 from splitkeeper.delta.control import ControlRequests
 from splitkeeper.delta.tables import StateTables
 

@@ -19,8 +19,8 @@ from deltalake.transaction import CommitProperties, Transaction
 
 from splitkeeper.core.ports import SinkCrashPoint
 from splitkeeper.delta.fence import fenced_commit, recorded_commit
-from splitkeeper.delta.sink import DeltaSink
 from splitkeeper.errors import ConcurrentRunError, StateError
+from splitkeeper.sinks.delta.sink import DeltaSink
 
 from . import workers
 from .samples import LocalPipeline, assert_sink_is_input

@@ -55,7 +55,7 @@ def test_home_paths_in_the_config_and_the_store_are_the_home_folder(tmp_path, mo
         base_dir=tmp_path,
     )
     assert config.source.path == str(home / "in put")
-    assert (config.state_path, config.sink_path, config.staging_path) == (
+    assert (config.state.path, config.sink.path, config.staging.path) == (
         str(home / "st ate"),
         str(home / "sí nk"),
         str(home / "stag ing"),

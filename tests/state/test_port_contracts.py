@@ -14,7 +14,8 @@ from core.port_contracts import EpochSinkContract, Run, StateStoreContract
 from splitkeeper.core.ports import EpochSink, RegionRun, StateStore
 from splitkeeper.core.types import RegionOutcome
 from splitkeeper.delta.checkpoints import DeltaStateStore
-from splitkeeper.delta.sink import DeltaSink, read_sink
+from splitkeeper.sinks.delta.read import read_sink
+from splitkeeper.sinks.delta.sink import DeltaSink
 from splitkeeper.spark.task import StagedWriter
 
 

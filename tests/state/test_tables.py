@@ -262,7 +262,7 @@ def test_the_state_package_and_the_sink_import_no_spark_and_nothing_reaches_into
 
     code = (
         "import sys, splitkeeper.delta.checkpoints, splitkeeper.delta.history, splitkeeper.delta.lease, "
-        "splitkeeper.delta.retention, splitkeeper.delta.sink; "
+        "splitkeeper.delta.retention, splitkeeper.sinks.delta.sink; "
         "bad = [m for m in sys.modules if m.split('.')[0] in ('pyspark', 'py4j', 'delta')]; "
         "assert not bad, bad"
     )

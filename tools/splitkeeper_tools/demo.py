@@ -340,7 +340,7 @@ def _decisions_of(config: str, epoch: int, show: int = 3) -> list[str]:
     from splitkeeper.delta.checkpoints import DeltaStateStore
 
     loaded = load_config(config)
-    store = DeltaStateStore(loaded.state_path, loaded.name, None, read_only=True)
+    store = DeltaStateStore(loaded.state.path, loaded.name, None, read_only=True)
     rows = [r for r in store.tables.read("audit").to_pylist() if r["checkpoint_id"] == epoch]
     rows = [r for r in rows if r["decision"] not in ("assigned", "discovered")] or rows
     lines = [
@@ -381,7 +381,7 @@ def _rewind_story(config: str) -> None:
 def _first_checkpoint(config: Any) -> int:
     from splitkeeper.delta.checkpoints import DeltaStateStore
 
-    ids = DeltaStateStore(config.state_path, config.name, None, read_only=True).checkpoint_ids()
+    ids = DeltaStateStore(config.state.path, config.name, None, read_only=True).checkpoint_ids()
     return ids[0] if ids else 1
 
 
@@ -478,8 +478,8 @@ def _check_stream(
 
     from deltalake import DeltaTable
 
-    from splitkeeper.delta.sink import read_sink
-    from splitkeeper.spark.sources.kafka import KafkaSource, split_id_of
+    from splitkeeper.sinks.delta.read import read_sink
+    from splitkeeper.sources.kafka.source import KafkaSource, split_id_of
     from splitkeeper_tools.kafka_testbed import end_offsets, value_bytes
 
     columns = ["split_id", "offset", *STREAM_COLUMNS, "amount_cents"]

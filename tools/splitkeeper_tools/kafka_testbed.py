@@ -314,7 +314,7 @@ class NumberedProducer:
 
 def end_offsets(delivered: Mapping[tuple[str, int, int], str]) -> dict[str, int]:
     """Per split id, the offset after the last delivered message."""
-    from splitkeeper.spark.sources.kafka import split_id_of
+    from splitkeeper.sources.kafka.source import split_id_of
 
     ends: dict[str, int] = {}
     for topic, partition, offset in delivered:

@@ -88,7 +88,7 @@ def _commands(config: str) -> list[tuple[str, list[str]]]:
     from splitkeeper.delta.checkpoints import DeltaStateStore
 
     loaded = load_config(config)
-    ids = DeltaStateStore(loaded.state_path, loaded.name, None, read_only=True).checkpoint_ids()
+    ids = DeltaStateStore(loaded.state.path, loaded.name, None, read_only=True).checkpoint_ids()
     older = ids[0] if ids else 1  # the oldest retained checkpoint: the largest rewind
     commands = [
         ("status", ["status", "--config", config]),

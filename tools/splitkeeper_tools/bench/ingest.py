@@ -279,7 +279,7 @@ class CallTimer:
 
     @contextlib.contextmanager
     def patch(self, owner: type, names: Sequence[str], prefix: str) -> Iterator[None]:
-        originals = {name: owner.__dict__[name] for name in names}
+        originals = {name: owner.__dict__.get(name) for name in names}  # None: inherited
 
         def wrap(label: str, fn: Callable[..., Any]) -> Callable[..., Any]:
             @functools.wraps(fn)
@@ -293,12 +293,15 @@ class CallTimer:
             return timed
 
         try:
-            for name, fn in originals.items():
-                setattr(owner, name, wrap(f"{prefix}.{name}", fn))
+            for name in originals:
+                setattr(owner, name, wrap(f"{prefix}.{name}", getattr(owner, name)))
             yield
         finally:
             for name, fn in originals.items():
-                setattr(owner, name, fn)
+                if fn is None:
+                    delattr(owner, name)
+                else:
+                    setattr(owner, name, fn)
 
 
 def latest_job_id(spark: Any) -> int | None:
@@ -444,8 +447,10 @@ def _ours_config(settings: IngestSettings, input_dir: str, root: str) -> Pipelin
 def run_ours(spark: Any, settings: IngestSettings, input_dir: str, root: str, label: str) -> OursRun:
     """Ingest ``input_dir`` with a fresh splitkeeper pipeline under ``root``; time it end to end."""
     from splitkeeper.app.services import leased_pipeline
+    from splitkeeper.app.sink import sink_reader
     from splitkeeper.delta.checkpoints import DeltaStateStore
-    from splitkeeper.delta.sink import DeltaSink
+    from splitkeeper.sinks.delta.sink import DeltaSink
+    from splitkeeper.sinks.port import SinkTable
 
     config = _ours_config(settings, input_dir, root)
     timer = CallTimer()
@@ -497,6 +502,7 @@ def run_ours(spark: Any, settings: IngestSettings, input_dir: str, root: str, la
             }
         )
     commit_ms = tuple(e.commit_ms for e in pipeline.store.history.timeline() if e.commit_ms is not None)
+    reader = sink_reader(config)
     return OursRun(
         seconds=round(seconds, 3),
         setup_s=round(setup_s, 3),
@@ -511,8 +517,8 @@ def run_ours(spark: Any, settings: IngestSettings, input_dir: str, root: str, la
         setup_jobs=jobs_between(first_job, job_marks[0]),
         jobs=jobs_between(first_job, job_marks[-1]),
         load=load,
-        sink_path=config.sink_path,
-        changes_path=config.changes_path,
+        sink_path=str(reader.location(SinkTable.KEYED if reader.upsert else SinkTable.RECORDS)),
+        changes_path=reader.location(SinkTable.RECORDS) if reader.upsert else None,
     )
 
 
@@ -580,10 +586,10 @@ class SinkCheck:
 
 def check_sink(path: str, expected: Mapping[str, int], with_offsets: bool) -> SinkCheck:
     """Count the sink's records, per split against ``expected``, and duplicate offsets if it has them
-    (either side's table read with :func:`splitkeeper.delta.sink.read_sink`, no Spark)."""
+    (either side's table read with :func:`splitkeeper.sinks.delta.read.read_sink`, no Spark)."""
     import pyarrow.compute as pc
 
-    from splitkeeper.delta.sink import read_sink
+    from splitkeeper.sinks.delta.read import read_sink
 
     rows = read_sink(path, ["split_id", "offset"] if with_offsets else ["split_id"])
     counted = rows.group_by("split_id").aggregate([([], "count_all")])
@@ -609,7 +615,7 @@ def check_keyed(
     both keyed tables are equal."""
     from deltalake import DeltaTable
 
-    from splitkeeper.delta.sink import read_sink
+    from splitkeeper.sinks.delta.read import read_sink
 
     assert ours.changes_path is not None
     ours_check = check_sink(ours.changes_path, expected, with_offsets=True)
@@ -632,7 +638,7 @@ def same_values(ours: str, baseline: str) -> bool:
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    from splitkeeper.delta.sink import read_sink
+    from splitkeeper.sinks.delta.read import read_sink
 
     def values(path: str) -> pa.Array:
         column = read_sink(path, ["value"]).column("value").cast(pa.large_string()).combine_chunks()

@@ -224,11 +224,11 @@ def typed_rows(table: pa.Table) -> pa.Table:
 
 
 def same_typed_rows(ours: str, baseline: str) -> bool:
-    """True when our sink (:func:`splitkeeper.delta.sink.read_sink`) and the baseline's Delta table
+    """True when our sink (:func:`splitkeeper.sinks.delta.read.read_sink`) and the baseline's Delta table
     (read with delta-rs) hold the same multiset of typed rows (:func:`typed_rows`)."""
     from deltalake import DeltaTable
 
-    from splitkeeper.delta.sink import read_sink
+    from splitkeeper.sinks.delta.read import read_sink
 
     mine = typed_rows(read_sink(ours, list(JSON_COLUMNS)))
     theirs = typed_rows(DeltaTable(baseline).to_pyarrow_table(columns=list(JSON_COLUMNS)))

@@ -296,7 +296,7 @@ def json_values(value_bytes: int, seed: int) -> ValueOf:
 
 def _warm_kafka_task(_: int) -> int:
     """A Python worker's first import of the Kafka reader (module-level: pickled by reference)."""
-    import splitkeeper.spark.sources.kafka  # noqa: F401
+    import splitkeeper.sources.kafka.source  # noqa: F401
 
     return os.getpid()
 
@@ -377,6 +377,8 @@ def run_ours(
     committed position is at its end offset; time it end to end. With ``faults`` (the stall run),
     ``stalled_splits`` are the splits region :data:`STALLED_REGION` planned in :data:`STALL_EPOCH`."""
     from splitkeeper.app.services import leased_pipeline
+    from splitkeeper.app.sink import sink_reader
+    from splitkeeper.sinks.port import SinkTable
 
     config = _ours_config(
         bootstrap, data.topic, root, settings.parallelism, epoch_records, region_timeout_s, settings.decode
@@ -434,7 +436,7 @@ def run_ours(
         setup_jobs=jobs_between(first_job, setup_job),
         jobs=jobs,
         load=sampler.figure,
-        sink_path=config.sink_path,
+        sink_path=str(sink_reader(config).location(SinkTable.RECORDS)),
     )
 
 
@@ -452,7 +454,7 @@ def stall_filter(split_id: str, offset: int, seconds: float) -> str:
 
 def _end_offsets_of(progress: Mapping[str, Any]) -> dict[str, int]:
     """Split id -> the batch's end offset, from a Kafka source's ``endOffset`` (JSON text or object)."""
-    from splitkeeper.spark.sources.kafka import split_id_of
+    from splitkeeper.sources.kafka.source import split_id_of
 
     out: dict[str, int] = {}
     for source in progress.get("sources") or ():

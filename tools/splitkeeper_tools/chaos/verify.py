@@ -34,7 +34,7 @@ def group_offsets(bootstrap: str, group_id: str) -> dict[str, tuple[int, int | N
     from confluent_kafka import ConsumerGroupTopicPartitions
     from confluent_kafka.admin import AdminClient
 
-    from splitkeeper.spark.sources.kafka import COMMIT_METADATA_KEY, split_id_of
+    from splitkeeper.sources.kafka.source import COMMIT_METADATA_KEY, split_id_of
 
     conf: dict[str, Any] = {"bootstrap.servers": bootstrap, "logger": QUIET_CLIENT_LOG}
     admin = AdminClient(conf)
@@ -58,7 +58,7 @@ def read_topics(bootstrap: str, topics: Sequence[str]) -> dict[tuple[str, int], 
     """
     from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
-    from splitkeeper.spark.sources.kafka import split_id_of
+    from splitkeeper.sources.kafka.source import split_id_of
 
     conf: dict[str, Any] = {
         "bootstrap.servers": bootstrap,
@@ -108,9 +108,9 @@ def _rows(table: Any) -> list[Row]:
 
 
 def read_sink(sink_path: str) -> list[Row]:
-    """Every row of the sink table (:func:`splitkeeper.delta.sink.read_sink`): (split id, offset, next
+    """Every row of the sink table (:func:`splitkeeper.sinks.delta.read.read_sink`): (split id, offset, next
     offset, value bytes)."""
-    from splitkeeper.delta import sink
+    from splitkeeper.sinks.delta import read as sink
 
     return _rows(sink.read_sink(sink_path, ["split_id", "offset", "next_offset", "value"]))
 
@@ -136,7 +136,7 @@ def compare_sink(
     """The sink's rows and the dead letters against the delivery reports: every delivered message in
     exactly one of them, with its bytes; the ``bad`` ones (their names ``m<seq:08d>``, the first
     field of every chaos value: :func:`is_bad_value`) exactly the dead letters."""
-    from splitkeeper.spark.sources.kafka import split_id_of
+    from splitkeeper.sources.kafka.source import split_id_of
 
     expected = {(split_id_of(t, p), o): value_bytes(v) for (t, p, o), v in delivered.items()}
     both = [*sink, *dead]
@@ -222,11 +222,13 @@ def verify(
     (``m<seq:08d>``) of the malformed messages, which must be exactly the dead letters. ``keyed``
     (``--sink upsert``: the producer's ``key_of`` and the delete mark): the change table is what is
     compared with the delivery reports, and the keyed table with their fold (:func:`compare_keyed`)."""
+    from splitkeeper.app.sink import sink_reader
     from splitkeeper.config.settings import load_config
     from splitkeeper.delta.checkpoints import DeltaStateStore
     from splitkeeper.quality.checks import run_restart_checks
+    from splitkeeper.sinks.port import SinkTable
+    from splitkeeper.sources.kafka.source import KafkaSource, split_id_of
     from splitkeeper.spark.session import SparkSettings, get_spark
-    from splitkeeper.spark.sources.kafka import KafkaSource, split_id_of
 
     say("verifying: the sink against every delivery report, the group's offsets, the restart checks")
     started = time.monotonic()
@@ -234,18 +236,15 @@ def verify(
     in_kafka = read_topics(bootstrap, topics)
     dead: list[Row] = []
     stages: Counter[str] = Counter()
-    if config.dead_letter_path is not None:
-        dead, stages = read_dead_letters(config.dead_letter_path)
-    records_path = config.sink_path if keyed is None else config.changes_path
+    if config.errors.dead_letter.path is not None:
+        dead, stages = read_dead_letters(config.errors.dead_letter.path)
+    reader = sink_reader(config)
+    records_path = reader.location(SinkTable.RECORDS)
     assert records_path is not None
     result = compare_sink(read_sink(records_path), delivered, dead, bad)
     result["dead_letters_by_stage"] = dict(sorted(stages.items()))
     if keyed is not None:
-        from splitkeeper.delta import sink as delta_sink
-
-        result.update(
-            compare_keyed(delta_sink.read_sink(config.sink_path, ["key", "value"]), delivered, *keyed, bad)
-        )
+        result.update(compare_keyed(reader.rows(SinkTable.KEYED, ["key", "value"]), delivered, *keyed, bad))
         say(
             f"keyed table: {result['keys_in_table']} keys, {result['keys_expected']} expected from the "
             f"delivery reports ({result['keys_deleted']} deleted); matches: {result['keyed_matches']}"
@@ -260,12 +259,8 @@ def verify(
     committed = group_offsets(bootstrap, group_id)
     ends = end_offsets(delivered)
     source = KafkaSource(bootstrap, topics=list(topics))
-    # the restart checks take the dead letters with the sink: their offsets close the sink's gaps
-    dead_letters: dict[str, Any] = (
-        {} if config.dead_letter_path is None else {"dead_letter_path": config.dead_letter_path}
-    )
     try:
-        store = DeltaStateStore(config.state_path, config.name, source.fingerprint(), read_only=True)
+        store = DeltaStateStore(config.state.path, config.name, source.fingerprint(), read_only=True)
         latest = store.latest_checkpoint()
         positions = (
             {}
@@ -278,16 +273,12 @@ def verify(
         report = run_restart_checks(
             lambda: get_spark(SparkSettings.from_env(ui_enabled=False)),
             store,
-            config.sink_path,
+            reader,  # the dead letters go with the sink: their offsets close the sink's gaps
             strategy=config.strategy,
             max_consecutive_failures=config.checkpoint.max_consecutive_failures,
             subscriptions=source.subscriptions(),
             data_docs_dir=workdir / "data_docs",
             source_splits=source.discover_splits(),
-            filtered_path=config.filtered_path,
-            upsert=config.upsert,
-            changes_path=config.changes_path,
-            **dead_letters,
         )
     finally:
         source.close()

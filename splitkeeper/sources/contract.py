@@ -11,7 +11,7 @@ Usage, in a test module::
 split with at least three records readable up to ``available_end`` (several
 splits, one of them empty, make the several-ranges test say more). The tests
 use only the public contract of :mod:`splitkeeper.core.source` (and of
-:mod:`splitkeeper.spark.columnar` for a reader that reads columns); they
+:mod:`splitkeeper.records.columnar` for a reader that reads columns); they
 need pytest (its ``tmp_path`` fixture) but nothing else.
 """
 
@@ -23,7 +23,7 @@ from typing import Any
 
 from splitkeeper.core.source import SourceConnector, SourceRecord
 from splitkeeper.core.types import Split
-from splitkeeper.spark.columnar import SupportsColumnarRead
+from splitkeeper.records.columnar import SupportsColumnarRead
 
 
 def read_planned(source: SourceConnector, split: Split, budget: int) -> list[list[SourceRecord]]:

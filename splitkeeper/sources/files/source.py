@@ -80,7 +80,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from splitkeeper.config.settings import FileFormat, SourceConfig, SourceKind
 from splitkeeper.core.source import (
     RegionReader,
     SourceConnector,
@@ -92,7 +91,8 @@ from splitkeeper.core.source import (
 )
 from splitkeeper.core.types import Split, SplitChangePolicy
 from splitkeeper.errors import InvalidParameterError, SourceError
-from splitkeeper.spark.columnar import BadRead, RangeColumns, SupportsColumnarRead
+from splitkeeper.records.columnar import BadRead, RangeColumns, SupportsColumnarRead
+from splitkeeper.sources.files.config import FileFormat, FilesSource
 
 log = logging.getLogger("splitkeeper.sources.files")
 
@@ -260,7 +260,7 @@ class FileRegionReader(RegionReader, SupportsColumnarRead):
 
         The same records and errors as :meth:`read_range` (every error raises on the call),
         but for a jsonl line that is not UTF-8 or not JSON: it is a record listed in
-        ``bad`` (contract 2 of :mod:`~splitkeeper.spark.columnar`); see :func:`_read_columns`.
+        ``bad`` (contract 2 of :mod:`~splitkeeper.records.columnar`); see :func:`_read_columns`.
         """
         f, path = self._open(split, start, end)
         return _read_columns(f, path, split.split_id, start, end, self.format)
@@ -569,10 +569,11 @@ class FileSource(SourceConnector, SupportsSplitReassignmentOnRecovery, SupportsS
         self._growing = growing  # on_file_change append: a last line without its newline is not read yet
 
     @classmethod
-    def from_config(cls, source: SourceConfig) -> FileSource:
-        if source.kind is not SourceKind.FILES or source.path is None:
+    def from_config(cls, source: FilesSource) -> FileSource:
+        """The file source of a validated ``source`` section of kind ``files``."""
+        if not isinstance(source, FilesSource):
             raise InvalidParameterError(
-                "source.kind", source.kind.value, "'files' with a path for a FileSource"
+                "source.kind", getattr(source, "kind", None), "'files' for a FileSource"
             )
         return cls(
             source.path,
@@ -1082,3 +1083,8 @@ class FileSource(SourceConnector, SupportsSplitReassignmentOnRecovery, SupportsS
             "split_bytes": self._split_bytes,
         }
         return "files-" + hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def connector(section: Any) -> FileSource:
+    """The files source of a validated ``source`` section (the kind's builder, :mod:`splitkeeper.kinds`)."""
+    return FileSource.from_config(section)

@@ -82,7 +82,6 @@ from typing import Any, NamedTuple, cast
 
 import pyarrow as pa
 
-from splitkeeper.config.settings import OffsetOutOfRange, SourceConfig, SourceKind, StartingMode
 from splitkeeper.core.source import (
     ExternallyCheckpointedSource,
     ExternalPosition,
@@ -103,7 +102,9 @@ from splitkeeper.core.source import (
 from splitkeeper.core.types import Split
 from splitkeeper.delta.schemas import META_COLUMNS, STAGED_FILE_SCHEMA
 from splitkeeper.errors import EnvironmentNotReadyError, InvalidParameterError, SourceError
-from splitkeeper.spark.columnar import RangeColumns, SupportsColumnarRead
+from splitkeeper.records.columnar import RangeColumns, SupportsColumnarRead
+from splitkeeper.sources.kafka.config import KafkaSource as KafkaSection
+from splitkeeper.sources.kafka.config import OffsetOutOfRange, StartingMode
 
 # LostRange, RetentionCheck and SupportsRetentionCheck live in splitkeeper.core.source; exported here too.
 __all__ = [
@@ -713,14 +714,14 @@ class KafkaSource(
         self._warned_untagged: set[str] = set()
 
     @classmethod
-    def from_config(cls, source: SourceConfig) -> KafkaSource:
+    def from_config(cls, source: KafkaSection) -> KafkaSource:
         """The connector for a validated ``source`` section of kind ``kafka``."""
-        if source.kind is not SourceKind.KAFKA or not source.bootstrap_servers:
+        if not isinstance(source, KafkaSection):
             raise InvalidParameterError(
-                "source.kind", source.kind.value, "'kafka' with bootstrap_servers for a KafkaSource"
+                "source.kind", getattr(source, "kind", None), "'kafka' for a KafkaSource"
             )
         return cls(
-            source.bootstrap_servers,
+            source.servers,
             topics=source.topics,
             topic_pattern=source.topic_pattern,
             starting=source.starting,
@@ -728,7 +729,7 @@ class KafkaSource(
             on_offset_out_of_range=source.on_offset_out_of_range,
             timeout_s=source.connect_timeout_s or DEFAULT_TIMEOUT_S,
             read_timeout_s=source.read_timeout_s or DEFAULT_READ_TIMEOUT_S,
-            client_config=source.client.as_dict(),
+            client_config=source.client_config.as_dict(),
         )
 
     # -- identity ---------------------------------------------------------------------------
@@ -1462,3 +1463,8 @@ def _no_headers(n: int) -> pa.Array:
         pa.array([], _META_TYPES[4].value_type),
         type=_META_TYPES[4],
     )
+
+
+def connector(section: Any) -> KafkaSource:
+    """The kafka source of a validated ``source`` section (the kind's builder, :mod:`splitkeeper.kinds`)."""
+    return KafkaSource.from_config(section)

@@ -1,0 +1,157 @@
+"""The Spark runner of an epoch's regions: the ``RegionRunner`` port of :mod:`splitkeeper.core.ports`.
+
+:class:`SparkRegionRunner` runs the regions of an epoch that have ranges to read as the tasks of
+one Spark job (:func:`~splitkeeper.spark.regions.run_regions`); each task runs
+:func:`~splitkeeper.spark.task.region_task` on its :class:`~splitkeeper.spark.task.RegionTask`
+(the named, picklable payload: plan, reader, transform, staging root, epoch, region, fault,
+record policy) and publishes a :class:`~splitkeeper.staging.StagedRegion`, the output the sink
+commits. :class:`LazySpark` starts the session with the first epoch that has ranges to read.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from splitkeeper.core.ports import EpochPlan, RegionRun, RegionRunner
+from splitkeeper.core.source import SourceConnector
+from splitkeeper.core.types import RegionOutcome
+from splitkeeper.spark.faults import FaultPlan
+from splitkeeper.spark.regions import RegionStatus, run_regions
+from splitkeeper.spark.task import RecordPolicy, RegionResult, RegionTask, failed_splits, region_task
+from splitkeeper.transforms import Transform
+
+if TYPE_CHECKING:
+    from splitkeeper.spark.transform import SparkTransform
+
+__all__ = ["LazySpark", "SparkRegionRunner"]
+
+log = logging.getLogger("splitkeeper.spark.runner")
+
+
+class LazySpark:
+    """The pipeline's Spark session, started on first use: a run with nothing to read starts no JVM.
+
+    ``spark`` is a running session, None (a read-only pipeline that runs no region), or a
+    zero-argument callable that starts one (:func:`splitkeeper.app.services.spark_session`),
+    called once, when an epoch first has ranges to read (or a spark transform needs it).
+    """
+
+    def __init__(self, spark: Any) -> None:
+        self._start: Callable[[], Any] | None = spark if callable(spark) else None
+        self._session: Any = None if callable(spark) else spark
+
+    @property
+    def started(self) -> bool:
+        """Whether the session exists (given, or started by :meth:`get`)."""
+        return self._session is not None
+
+    def get(self) -> Any:
+        """The session, started now when it was not yet."""
+        if self._session is None and self._start is not None:
+            log.info("starting the Spark session: the first epoch with ranges to read")
+            self._session = self._start()
+        return self._session
+
+
+class SparkRegionRunner(RegionRunner):
+    """The regions of an epoch that have ranges to read as the tasks of one Spark job
+    (:func:`~splitkeeper.spark.regions.run_regions`); faults from a :class:`FaultPlan`.
+
+    The driver calls it with the regions that need a task only
+    (:func:`~splitkeeper.core.driver.regions_to_run`): a region with nothing to read this epoch is
+    acknowledged by the driver and costs no thread, job or staged file here, and an epoch with
+    nothing to read anywhere (a final checkpoint, an idle unbounded source) does not call it. A
+    fault planned for such a region does not fire (it has no task). ``spark`` is a session or a
+    :class:`LazySpark`: the session starts with the first epoch that has ranges to read.
+    """
+
+    def __init__(
+        self,
+        spark: Any,
+        pipeline: str,
+        connector: SourceConnector,
+        transform: Transform,
+        staging_path: str,
+        faults: FaultPlan,
+        interrupt: threading.Event | None = None,
+        policy: RecordPolicy | None = None,
+        spark_transform: SparkTransform | None = None,
+        sink_columns: Callable[[], Sequence[str]] | None = None,
+    ) -> None:
+        self.spark = spark if isinstance(spark, LazySpark) else LazySpark(spark)
+        self.sink_columns = sink_columns  # add_columns: the columns the sink added so far
+        self.policy = policy or RecordPolicy()
+        self.spark_transform = spark_transform  # transform.kind spark: run per epoch after the regions
+        self.interrupt = interrupt  # set: the epoch in its read phase is abandoned (EpochAbandoned)
+        self.pipeline = pipeline
+        self.connector = connector
+        self.transform = transform
+        self.staging_path = staging_path
+        self.faults = faults
+
+    def run(self, epoch: int, plan: EpochPlan, timeout_s: float) -> dict[int, RegionRun]:
+        reader = self.connector.reader()
+        staged = (
+            self.policy if self.spark_transform is None else self.spark_transform.input_policy(self.policy)
+        )
+        if staged.widen and self.sink_columns is not None:
+            staged = replace(staged, columns=tuple(self.sink_columns()))
+        payloads = {
+            r: RegionTask(
+                list(ranges),
+                reader,
+                self.transform,
+                self.staging_path,
+                epoch,
+                r,
+                self.faults.for_region(epoch, r),
+                staged,
+            )
+            for r, ranges in plan.items()
+        }
+        runs = (
+            run_regions(
+                self.spark.get(),
+                self.pipeline,
+                epoch,
+                payloads,
+                region_task,
+                timeout_s,
+                interrupt=self.interrupt,
+            )
+            if payloads
+            else {}
+        )
+        out: dict[int, RegionRun] = {}
+        for r, run in runs.items():
+            if run.status is RegionStatus.FINISHED:
+                result: RegionResult = run.result
+                out[r] = RegionRun(
+                    region_id=r,
+                    outcome=RegionOutcome.ACK,
+                    positions=dict(result.positions),
+                    records=result.records,
+                    backlog_finished=tuple(result.backlog_finished),
+                    output=result.staged,
+                    started_after_s=run.started_after_s,
+                    elapsed_s=result.elapsed_s,  # the task's own time
+                )
+            else:
+                outcome = (
+                    RegionOutcome.DECLINE if run.status is RegionStatus.FAILED else RegionOutcome.TIMEOUT
+                )
+                out[r] = RegionRun(
+                    region_id=r,
+                    outcome=outcome,
+                    error=run.error,
+                    failed_splits=failed_splits(run.error),  # what checkpoint.on_split_failure counts
+                    started_after_s=run.started_after_s,
+                    elapsed_s=run.elapsed_s,
+                )
+        if self.spark_transform is not None:  # within the region timeout too (protocol rule 2.3)
+            return self.spark_transform.apply(epoch, out, timeout_s)
+        return out

@@ -1,0 +1,215 @@
+"""The staging layout: where region tasks stage an epoch's records, and how a sink finds them.
+
+The one definition, for the writers (the region task, :mod:`splitkeeper.spark.task`; its dead
+letters, :mod:`splitkeeper.spark.dead_letters`; a Spark transform's new attempt,
+:mod:`splitkeeper.spark.transform`) and the committer (a sink kind, e.g.
+:mod:`splitkeeper.sinks.delta`):
+
+1. A region's attempt of an epoch stages under ``<root>/epoch=<N>/region=<R>/attempt=<id>/``
+   (:func:`attempt_dir`): its records in :data:`PART_FILE`, or, for a partitioned sink, one file
+   per partition value under Hive-style ``<col>=<value>/`` folders named by the manifest
+   :data:`PARTS_FILE` (their paths, relative to it); beside them the side files
+   :data:`DEAD_FILE` (bad records) and :data:`FILTERED_FILE` (offsets a Spark transform dropped).
+   Files are written under a temporary name and renamed when complete.
+2. What a region task publishes is a :class:`StagedRegion` (picklable, the ``output`` of its
+   :class:`~splitkeeper.core.ports.RegionRun`): the root, epoch, region and attempt it was written
+   for and the file it published. A sink reads those fields; it never parses a path the writer
+   built. :meth:`StagedRegion.at` reads the layout back from a path given by hand (tests, tools,
+   an older run's output), here and nowhere else.
+3. :meth:`StagedRegion.adopted_name` is the name a staged file takes in a table: one per epoch,
+   region and attempt (and partition file), so a commit redone after a crash finds its own files.
+4. ``epoch=<N>`` folders of epochs that are committed or abandoned are garbage
+   (:func:`epoch_folders` finds them for the cleanup).
+
+Imports the standard library only; the staging root is a local folder the driver and every
+executor share.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import re
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import quote, unquote
+
+__all__ = [
+    "DEAD_FILE",
+    "FILTERED_FILE",
+    "HIVE_NULL",
+    "PARTS_FILE",
+    "PART_FILE",
+    "StagedFile",
+    "StagedRegion",
+    "adopted_name",
+    "attempt_dir",
+    "epoch_folder",
+    "epoch_folders",
+    "partition_folder",
+    "partition_text",
+    "write_manifest",
+]
+
+PART_FILE = "part.parquet"
+#: A partitioned region's manifest: its files (one per partition value), relative to it.
+PARTS_FILE = "parts.json"
+#: A region attempt's bad records (``errors.tolerance: all``), beside its output.
+DEAD_FILE = "dead.parquet"
+#: The offsets a Spark transform dropped, as ranges, beside a region's output.
+FILTERED_FILE = "filtered.parquet"
+#: How a partition folder names a null value (Hive's and Delta's).
+HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
+
+_FOLDERS = re.compile(r"(?:^|/)epoch=(\d+)/region=(\d+)/attempt=([A-Za-z0-9_-]+)(?:/|$)")
+_EPOCH_FOLDER = re.compile(r"^epoch=(\d+)$")
+
+
+def attempt_dir(root: str, epoch: int, region: int, attempt: str) -> str:
+    """The folder of one region's attempt of ``epoch`` (rule 1)."""
+    return os.path.join(root, f"epoch={epoch}", f"region={region}", f"attempt={attempt}")
+
+
+def new_attempt() -> str:
+    """A fresh attempt id (a retried task never shares a file with an earlier attempt)."""
+    return uuid.uuid4().hex
+
+
+def epoch_folder(epoch: int) -> str:
+    """The name of epoch ``epoch``'s folder under the staging root."""
+    return f"epoch={int(epoch)}"
+
+
+def epoch_folders(names: Sequence[str]) -> Iterator[tuple[str, int]]:
+    """``(name, epoch)`` of each ``epoch=<N>`` folder among ``names`` (the staging root's entries)."""
+    for name in names:
+        found = _EPOCH_FOLDER.match(name)
+        if found is not None:
+            yield name, int(found[1])
+
+
+def partition_text(value: Any) -> str:
+    """A partition value as Delta's ``partitionValues`` and the Hive-style folder name write it."""
+    if value is None:
+        return HIVE_NULL
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, datetime.datetime):
+        return value.isoformat(sep=" ")
+    if isinstance(value, datetime.date):
+        return value.isoformat()
+    return str(value)
+
+
+def partition_folder(values: Mapping[str, Any]) -> str:
+    """The ``<col>=<value>/...`` folder of a partitioned file's values (rule 1)."""
+    return "/".join(f"{name}={quote(partition_text(value), safe='')}" for name, value in values.items())
+
+
+def write_manifest(folder: str, files: Sequence[str]) -> str:
+    """Write :data:`PARTS_FILE` in ``folder`` atomically: the list of the region's files, relative to
+    ``folder`` (each under its :func:`partition_folder`). Its path."""
+    manifest = os.path.join(folder, PARTS_FILE)
+    listed = [os.path.relpath(path, folder).replace(os.sep, "/") for path in files]
+    tmp = f"{manifest}.tmp-{uuid.uuid4().hex}"
+    with open(tmp, "w", encoding="utf-8") as out:
+        json.dump(listed, out)
+    os.replace(tmp, manifest)
+    return manifest
+
+
+@dataclass(frozen=True, slots=True)
+class StagedFile:
+    """One staged data file: where it is, its name in a table (rule 3), its partition values."""
+
+    path: str
+    name: str
+    values: Mapping[str, str | None] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class StagedRegion:
+    """What one region attempt published (rule 2): ``published`` is :data:`PART_FILE` or
+    :data:`PARTS_FILE`, relative to the attempt's folder."""
+
+    root: str
+    epoch: int
+    region: int
+    attempt: str
+    published: str = PART_FILE
+
+    @property
+    def folder(self) -> str:
+        return attempt_dir(self.root, self.epoch, self.region, self.attempt)
+
+    @property
+    def path(self) -> str:
+        """The published file (the manifest of a partitioned region)."""
+        return os.path.join(self.folder, self.published)
+
+    @property
+    def partitioned(self) -> bool:
+        return self.published == PARTS_FILE
+
+    def side(self, name: str) -> StagedFile:
+        """The side file ``name`` (:data:`DEAD_FILE`, :data:`FILTERED_FILE`) of this attempt."""
+        return StagedFile(os.path.join(self.folder, name), self.adopted_name(name))
+
+    def adopted_name(self, relative: str = PART_FILE) -> str:
+        """The table-relative name of this attempt's file ``relative`` (rule 3): one per epoch, region
+        and attempt, and, for a partitioned sink's file, under its ``<col>=<value>/`` folders."""
+        name = f"sk-e{self.epoch:010d}-r{self.region:05d}-{self.attempt}"
+        parts = relative.replace(os.sep, "/").strip("/").split("/")
+        if len(parts) > 1:
+            return "/".join([*parts[:-1], f"{name}-{parts[-1].removesuffix('.parquet')}.parquet"])
+        return f"{name}.parquet"
+
+    def files(self) -> list[StagedFile]:
+        """The staged data files: :data:`PART_FILE`, or every file the manifest names. OSError or
+        ValueError when the manifest cannot be read."""
+        if not self.partitioned:
+            return [StagedFile(self.path, self.adopted_name())]
+        with open(self.path, encoding="utf-8") as handle:
+            listed = json.load(handle)
+        return [
+            StagedFile(
+                os.path.join(self.folder, relative), self.adopted_name(relative), partition_values(relative)
+            )
+            for relative in map(str, listed)
+        ]
+
+    @classmethod
+    def at(cls, path: str) -> StagedRegion | None:
+        """The region attempt a published path given by hand belongs to (rule 2), or None when the
+        path is not in the layout."""
+        text = os.fspath(path).replace(os.sep, "/")
+        found = _FOLDERS.search(text)
+        if found is None:
+            return None
+        root = text[: found.start()] or "/"
+        published = text[found.end() :] or PART_FILE
+        return cls(root, int(found[1]), int(found[2]), found[3], published)
+
+
+def adopted_name(path: str) -> str:
+    """The table-relative name of a staged file given by path (rule 3; a path outside the layout is
+    its attempt ``once``): :meth:`StagedRegion.adopted_name` of the region attempt it belongs to."""
+    text = os.fspath(path).replace(os.sep, "/")
+    region = StagedRegion.at(text)
+    if region is None:
+        return f"sk-once-{os.path.basename(text)}"
+    return region.adopted_name(os.path.relpath(text, region.folder).replace(os.sep, "/"))
+
+
+def partition_values(relative: str) -> dict[str, str | None]:
+    """The partition values of a partitioned file, from the ``<col>=<value>`` folders
+    :func:`partition_folder` made (the layout read back here, nowhere else); None for null."""
+    values: dict[str, str | None] = {}
+    for segment in relative.split("/")[:-1]:
+        name, sep, value = segment.partition("=")
+        if sep:
+            values[name] = None if value == HIVE_NULL else unquote(value)
+    return values
