@@ -173,7 +173,7 @@ class SimConfig:
     max_consecutive_failures: int = defaults.MAX_CONSECUTIVE_FAILURES
     max_failure_ratio: float = defaults.MAX_FAILURE_RATIO
     reassign_on_recovery: bool = True
-    keep_checkpoints: int = 2
+    retain_checkpoints: int = 2
     max_parallelism: int | None = None
     mix: EventMix = field(default_factory=EventMix)
 
@@ -196,8 +196,8 @@ class SimConfig:
             raise InvalidParameterError("seed", self.seed, "an integer")
         if self.strategy not in STRATEGIES:
             raise InvalidParameterError("strategy", self.strategy, "one of " + ", ".join(sorted(STRATEGIES)))
-        if not _is_int(self.keep_checkpoints) or self.keep_checkpoints < 1:
-            raise InvalidParameterError("keep_checkpoints", self.keep_checkpoints, "an integer >= 1")
+        if not _is_int(self.retain_checkpoints) or self.retain_checkpoints < 1:
+            raise InvalidParameterError("retain_checkpoints", self.retain_checkpoints, "an integer >= 1")
         if self.max_parallelism is not None and (
             not _is_int(self.max_parallelism) or self.max_parallelism < 1
         ):
@@ -656,7 +656,7 @@ class Simulator:
                 pipeline="sim",
                 parallelism=self.scenario.parallelism,
                 checkpoint=config.checkpoint_config(),
-                retain_checkpoints=config.keep_checkpoints,
+                retain_checkpoints=config.retain_checkpoints,
                 strategy=config.strategy,
                 strategy_options=strategy_options,
             ),
