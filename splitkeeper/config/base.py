@@ -52,6 +52,7 @@ __all__ = [
     "CONN_ID_PATTERN",
     "SECONDS",
     "Location",
+    "KindSection",
     "Section",
     "SinkSection",
     "SourceKind",
@@ -211,9 +212,9 @@ class Location:
     why: str
 
 
-class SourceSection(Section):
-    """``source:``: the base of every source kind's section (contract 2). ``kind`` names the kind;
-    the subclass declares ``kind`` as its one name and every other key of the kind."""
+class KindSection(Section):
+    """A section of some kind (``source:``, ``sink:``): ``kind`` names the kind; the subclass
+    declares ``kind`` as its one name and every other key of the kind."""
 
     kind: Any
 
@@ -223,8 +224,12 @@ class SourceSection(Section):
         return str(self.kind.value if isinstance(self.kind, enum.Enum) else self.kind)
 
     def locations(self) -> list[Location]:
-        """The locations this source reads, resolved (none for a source that is no path)."""
+        """The locations this section reads or writes, resolved (none for one that is no path)."""
         return []
+
+
+class SourceSection(KindSection):
+    """``source:``: the base of every source kind's section (contract 2)."""
 
     @property
     def split_change_policy(self) -> Any:
@@ -235,20 +240,10 @@ class SourceSection(Section):
         return defaults.ON_FILE_CHANGE
 
 
-class SinkSection(Section):
+class SinkSection(KindSection):
     """``sink:``: the base of every sink kind's section (contract 2); a file without ``sink.kind`` has
-    the product's default sink kind (:data:`splitkeeper.kinds.DEFAULT_SINK`)."""
-
-    kind: Any
-
-    @property
-    def kind_name(self) -> str:
-        """The kind's name, as the file writes it."""
-        return str(self.kind.value if isinstance(self.kind, enum.Enum) else self.kind)
-
-    def locations(self) -> list[Location]:
-        """The tables this sink writes, resolved (after :meth:`checked`)."""
-        return []
+    the product's default sink kind (:data:`splitkeeper.kinds.DEFAULT_SINK`). Its
+    :meth:`~KindSection.locations` are the tables it writes, resolved after :meth:`checked`."""
 
     def connections(self) -> tuple[str, ...]:
         """The Airflow connections this sink names for its store."""

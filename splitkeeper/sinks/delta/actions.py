@@ -8,18 +8,47 @@ import json
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from splitkeeper.delta.schemas import TableSpec
+from splitkeeper.delta.fence import FenceResult, WriteFn, fenced_commit
+from splitkeeper.delta.schemas import SINK_TABLE, TableSpec
 from splitkeeper.delta.tables import _arrow_schema, guarded, sql_string
 from splitkeeper.errors import StateError
 
 if TYPE_CHECKING:  # pragma: no cover
     from deltalake import DeltaTable
 
-__all__ = ["OPERATOR_KEY", "apply_action", "offset_column", "record_only"]
+__all__ = ["OPERATOR_KEY", "apply_action", "fenced_epoch", "offset_column", "record_only"]
 
 #: The sink commit of an operator checkpoint names its action here (rule 8): ``{"kind": "rewind",
 #: "to": N, "versions": {label: Delta version}}`` or ``{"kind": "reset", "split": S, "from": offset}``.
 OPERATOR_KEY = "operator"
+
+
+def fenced_epoch(
+    table: DeltaTable,
+    *,
+    app_id: str,
+    path: str,
+    epoch: int,
+    expected: int | None,
+    write: WriteFn,
+    regions: list[Any],
+    attempt: str,
+) -> FenceResult:
+    """The sink table's fenced commit of ``epoch`` (:func:`~splitkeeper.delta.fence.fenced_commit`
+    keyed by ``epoch``): an epoch's data (:mod:`.sink`) and an operator action (:mod:`.rewind`)."""
+    return fenced_commit(
+        table,
+        pipeline=app_id,
+        table_name=f"{SINK_TABLE} ({path})",
+        app_id=app_id,
+        version=epoch,
+        expected=expected,
+        write=write,
+        metadata={"regions": regions},
+        version_key="epoch",
+        attempt=attempt,
+        what="epoch",
+    )
 
 
 def offset_column(table_spec: TableSpec) -> str:

@@ -16,11 +16,16 @@ import pyarrow as pa
 
 from splitkeeper.core.ports import SinkCrashPoint, SinkReceipt
 from splitkeeper.delta import storage
-from splitkeeper.delta.fence import _metadata_of, fenced_commit
-from splitkeeper.delta.schemas import SINK_TABLE
+from splitkeeper.delta.fence import _metadata_of
 from splitkeeper.delta.tables import guarded, open_table
 from splitkeeper.errors import InvalidParameterError, StateError
-from splitkeeper.sinks.delta.actions import OPERATOR_KEY, apply_action, offset_column, record_only
+from splitkeeper.sinks.delta.actions import (
+    OPERATOR_KEY,
+    apply_action,
+    fenced_epoch,
+    offset_column,
+    record_only,
+)
 from splitkeeper.sinks.delta.sides import SideTable
 from splitkeeper.sinks.port import SupportsRewind, TableRewind
 
@@ -129,18 +134,15 @@ class Rewinds(SupportsRewind):
             apply_action(target, action, label, properties)
 
         forward = action.get("kind") == "reset" and action.get("forward")
-        result = fenced_commit(
+        result = fenced_epoch(
             table,
-            pipeline=self.app_id,
-            table_name=f"{SINK_TABLE} ({self.path})",
             app_id=self.app_id,
-            version=epoch,
+            path=self.path,
+            epoch=epoch,
             expected=expected,
             write=(lambda t, p: record_only(t, p, OPERATOR_KEY, action)) if forward else write,
-            metadata={"regions": []},
-            version_key="epoch",
+            regions=[],
             attempt=attempt_id,
-            what="epoch",
         )
         if self._crash_point is not None:
             self._crash_point(SinkCrashPoint.BEFORE_SIDE_COMMIT, epoch)

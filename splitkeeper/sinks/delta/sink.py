@@ -86,7 +86,7 @@ import pyarrow.parquet as pq
 
 from splitkeeper.core.ports import RegionRun, SinkCrashPoint, SinkReceipt
 from splitkeeper.delta import storage
-from splitkeeper.delta.fence import fenced_commit, recorded_commit
+from splitkeeper.delta.fence import recorded_commit
 from splitkeeper.delta.schemas import (
     DEAD_LETTER_TABLE,
     FILTERED_TABLE,
@@ -101,6 +101,7 @@ from splitkeeper.delta.tables import _arrow_schema, _shape, ensure_table, guarde
 from splitkeeper.errors import InvalidParameterError, StagedOutputError, StateError
 from splitkeeper.records.spec import NOT_DATA_COLUMNS
 from splitkeeper.records.upsert import UpsertSpec
+from splitkeeper.sinks.delta.actions import fenced_epoch
 from splitkeeper.sinks.delta.files import move, rewrite_with_ingested_at, uri_path
 from splitkeeper.sinks.delta.read import DeltaSinkReader
 from splitkeeper.sinks.delta.rewind import Rewinds
@@ -417,18 +418,15 @@ class DeltaSink(SideTables, Upserts, Rewinds, Upkeep, Sink):
                 ),
             )
 
-        result = fenced_commit(
+        result = fenced_epoch(
             table,
-            pipeline=self.app_id,
-            table_name=f"{SINK_TABLE} ({self.path})",
             app_id=self.app_id,
-            version=epoch,
+            path=self.path,
+            epoch=epoch,
             expected=expected,
             write=write,
-            metadata={"regions": regions},
-            version_key="epoch",
+            regions=regions,
             attempt=attempt_id,
-            what="epoch",
         )
         # (c), also on a replay: the sink commit of this epoch may have landed without them
         self._commit_sides(epoch, result.metadata, {CHANGES_KEY: self._merged} if self._merged else {})
