@@ -91,6 +91,7 @@ def _hang(amount: Any) -> Any:
     return amount
 
 
+@spark_transform
 def hanging(df: DataFrame) -> DataFrame:
     """A UDF that never returns (it waits an hour on every record), as one waiting on a dead service."""
     wait = F.udf(_hang, "decimal(10,2)")
