@@ -50,6 +50,8 @@ from splitkeeper.core.invariants import (
     content_digest,
     judge_sink_split,
     merge_spans,
+    ref_chain_depths,
+    region_chain_depth,
 )
 from splitkeeper.core.source import RegionReader
 from splitkeeper.core.types import (
@@ -1008,6 +1010,17 @@ def build_restart_frames(
     # without regions and a region without splits keep one row, NULL where nothing is)
     refs_found: list[Violation] = []
     ref_rows: list[tuple[Any, ...]] = []
+    chain_depths = ref_chain_depths(
+        {
+            cid: {
+                int(g["ref_checkpoint_id"])
+                for g in heads[cid]["regions"] or ()
+                if g["ref_checkpoint_id"] is not None
+            }
+            for cid in kept_ids
+            if cid <= checkpoint_id
+        }
+    )
     for cid in kept_ids:
         if cid > checkpoint_id:
             continue
@@ -1019,7 +1032,7 @@ def build_restart_frames(
                 cid,
                 int(g["region_id"]),
                 None if ref is None else int(ref),
-                int(g["ref_depth"] or 0),
+                region_chain_depth(None if ref is None else int(ref), chain_depths),
                 kept_ids,
                 max_consecutive_failures,
                 (s["split_id"] for s in g["splits"] or ()),
