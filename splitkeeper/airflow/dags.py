@@ -35,9 +35,10 @@ from splitkeeper.orchestration.airflow import (
 INGEST_DOC = """splitkeeper_ingest: the scheduled ingest of one pipeline.
 
 run epochs (the pipeline is opened once: an epoch the last run left half-done is
-finished from its decision record, the latest checkpoint is restored, new splits
-are discovered; epoch size follows the backlog state) -> Great Expectations
-restart checks -> run report. Scheduled by the pipeline file's
+finished from its decision record, the latest checkpoint is restored and proven by
+the in-run restart checks, new splits are discovered; epoch size follows the backlog
+state) -> Great Expectations restart checks -> run report (a teardown: it runs, and
+says so, when the checks or the run failed; the DAG run then stays red). Scheduled by the pipeline file's
 airflow.schedule (default every 30 minutes; on_new_data: when the source has
 something new, seen by an Asset watcher that polls it without Spark). With several pipeline files there is
 one such DAG per pipeline, splitkeeper_ingest__<pipeline name>. Built by
@@ -81,6 +82,12 @@ Never removes a file a kept checkpoint or an uncommitted epoch needs. One DAG pe
 configured pipeline (see splitkeeper_ingest). Built by
 splitkeeper.airflow.splitkeeper_dags.
 """
+
+
+REPORT_RUNS_ALWAYS = """The report task of every DAG is a teardown (trigger rule all_done_setup_success, no
+setup): it runs when validate, or the step before it, failed, and its page says so (the restart
+checks' verdict is read from the validations table). A teardown does not decide the DAG run's state:
+the validate task does, so a run whose restart checks failed stays red with its report rendered."""
 
 
 def schedule_of(pipeline: DagPipeline) -> Any:
@@ -172,7 +179,7 @@ def ingest_dag(pipeline: DagPipeline) -> DAG:
             )
         validate = SplitkeeperValidateOperator(task_id="validate", pipeline_config=path)
         report = SplitkeeperReportOperator(task_id="report", pipeline_config=path)
-        epochs >> validate >> report
+        epochs >> validate >> report.as_teardown()  # see REPORT_RUNS_ALWAYS
     return dag
 
 
@@ -253,15 +260,16 @@ def recover_dag(pipeline: DagPipeline) -> DAG:
             return tasks.validate(path)
 
         @task
-        def resume(validated: dict) -> str:
-            if validated.get("skipped"):
+        def resume(params: dict | None = None) -> str:
+            if (params or {}).get("dry_run"):
                 return "dry run: nothing to resume"
             return tasks.report(path, title="splitkeeper recovery report")
 
         # each step's XCom is the next one's argument (mypy sees the XComArg, not the dict)
         reports: Any = collect_reader_reports(restore_enumerator_state())  # type: ignore[arg-type]
         classified: Any = classify_splits(reports)
-        resume(validate(reassign_and_rebalance(reports, classified)))  # type: ignore[arg-type]
+        validated = validate(reassign_and_rebalance(reports, classified))  # type: ignore[arg-type]
+        validated >> resume().as_teardown()  # see REPORT_RUNS_ALWAYS
     return dag
 
 
@@ -299,10 +307,10 @@ def rescale_dag(pipeline: DagPipeline) -> DAG:
             return tasks.validate(path)
 
         @task
-        def report(validated: dict) -> str:
+        def report() -> str:
             return tasks.report(path, title="splitkeeper rescale report")
 
-        report(validate(redistribute(restore())))  # type: ignore[arg-type]
+        validate(redistribute(restore())) >> report().as_teardown()  # type: ignore[arg-type]  # REPORT_RUNS_ALWAYS
     return dag
 
 

@@ -52,6 +52,7 @@ from splitkeeper.core.ports import (
     RegionRunner,
 )
 from splitkeeper.core.rescale import Redistribution
+from splitkeeper.core.restarts import RestartCheck
 from splitkeeper.core.source import SourceConnector
 from splitkeeper.core.types import CompletedCheckpoint, RegionOutcome, Split
 from splitkeeper.delta.checkpoints import DeltaStateStore
@@ -151,6 +152,17 @@ class RuntimeHooks(DriverHooks):
     def progress(self, line: str, **context: Any) -> None:
         PROGRESS_LOG.info(line, extra=context)
         self._progress(line)
+
+    def restart_checked(self, check: RestartCheck) -> None:
+        """Every in-run restart check: a log line (an error when it failed) and the metrics' counter."""
+        if check.passed:
+            log.info("restart check: %s", check.line(), extra={"epoch": check.epoch})
+        else:
+            log.error("restart check: %s", check.line(), extra={"epoch": check.epoch})
+        for note in check.notes:
+            log.warning("restart check of checkpoint %s: %s", check.checkpoint_id, note)
+        if self.metrics is not None:
+            self.metrics.restart_checked(check)
 
     def after_epoch(self, report: Any) -> None:
         for region in report.idle_regions:  # a fault for an idle region has no task to fire in: say so

@@ -68,6 +68,7 @@ if TYPE_CHECKING:
     from splitkeeper.delta.repair import RepairReport
     from splitkeeper.delta.sink import DeltaSink
     from splitkeeper.delta.tables import StateTables
+    from splitkeeper.quality.checks import CheckReport
 
 log = logging.getLogger("splitkeeper.app")
 
@@ -310,7 +311,7 @@ def run(
     if not continuous and signals.event.is_set():
         raise signals.interrupted(config.name, abandoned, latest, summary)
     assert summary is not None  # only an abandoned epoch leaves none, and it was stopped (above)
-    return RunResult.of(config.name, opened, new_splits, summary)
+    return RunResult.of(config.name, opened, new_splits, summary, pipeline.driver.restart_checks)
 
 
 class _SignalStop:
@@ -501,7 +502,14 @@ def recover(
                     position,
                 )
             if dry_run or epochs == 0:
-                return RecoverResult(config.name, opened, dry_run, released=released, dropped=dropped)
+                return RecoverResult(
+                    config.name,
+                    opened,
+                    dry_run,
+                    released=released,
+                    dropped=dropped,
+                    restart_checks=tuple(c.line() for c in pipeline.driver.restart_checks),
+                )
             summary = pipeline.run(epochs)
         finally:
             pipeline.close()
@@ -514,6 +522,7 @@ def recover(
         committed_records=summary.committed_records,
         released=released,
         dropped=dropped,
+        restart_checks=tuple(c.line() for c in pipeline.driver.restart_checks),
     )
 
 
@@ -730,8 +739,29 @@ def status(config: PipelineConfig, *, last: int = 10) -> StatusResult:
             for s in split_lags(latest)
         )
     return StatusResult(
-        config.name, info, timeline, next_epoch, _lease_of(store), _interval_switches(history), splits
+        config.name,
+        info,
+        timeline,
+        next_epoch,
+        _lease_of(store),
+        _interval_switches(history),
+        splits,
+        _restart_check_lines(store),
     )
+
+
+#: In-run restart checks status shows (the report shows more; the validations table keeps all).
+STATUS_RESTART_CHECKS = 5
+
+
+def _restart_check_lines(store: DeltaStateStore) -> tuple[str, ...]:
+    """The latest run of the restart checks (validate) and the latest in-run checks, newest first."""
+    from splitkeeper.delta.validations import ValidationRecords
+
+    records = ValidationRecords(store.tables, store.pipeline_name)
+    validated = records.recorded(in_run=False, limit=1)
+    in_run = records.recorded(in_run=True, limit=STATUS_RESTART_CHECKS)
+    return tuple(r.line() for r in (*validated, *in_run))
 
 
 @_named
@@ -932,6 +962,8 @@ def validate(
             changes_path=config.changes_path,
         )
         log.info("%s", report.summary())
+        if not report.success:  # recorded before it is raised: the run report says the checks failed
+            _record_failed_validation(config, report, fingerprint)
         raise_on_failure(report)
         result = ValidationResult(
             pipeline=config.name,
@@ -957,6 +989,31 @@ def validate(
     finally:
         connector.close()
     return result
+
+
+def _record_failed_validation(
+    config: PipelineConfig, report: CheckReport, fingerprint: Mapping | None
+) -> None:
+    """A failed run of the restart checks in the validations table (rule 1 of
+    :mod:`splitkeeper.delta.validations`): the report task reads it. A store error only logs."""
+    from splitkeeper.delta.tables import StateTables
+    from splitkeeper.delta.validations import ValidationRecords
+
+    violations = report.violations()
+    detail = "; ".join(f"{v.kind.value}: {v.detail}" for v in violations[:10])
+    if len(violations) > 10:
+        detail += f" (and {len(violations) - 10} more)"
+    try:
+        ValidationRecords(StateTables(config.state_path), config.name).record(
+            report.checkpoint_id,
+            fingerprint or {},
+            {s.key: s.status.value for s in report.suites},
+            None if report.data_docs_index is None else str(report.data_docs_index),
+            verdict="failed",
+            detail=detail[:4000],
+        )
+    except (StateError, OSError) as err:
+        log.warning("the failed checks of checkpoint %s were not recorded: %s", report.checkpoint_id, err)
 
 
 @_named

@@ -1,8 +1,9 @@
-"""Shared pieces of the pipeline CLI commands: the config and fault arguments."""
+"""Shared pieces of the pipeline CLI commands: the config and fault arguments, restart-check lines."""
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 
 from splitkeeper.config.settings import PipelineConfig, load_config
 
@@ -24,3 +25,18 @@ def add_fault_argument(parser: argparse.ArgumentParser) -> None:
 
 def load(args: argparse.Namespace) -> PipelineConfig:
     return load_config(args.config)
+
+
+#: In-run restart checks a command prints one by one (the rest are counted; --json lists all).
+CHECKS_SHOWN = 10
+
+
+def restart_check_lines(name: str, checks: Sequence[str]) -> list[str]:
+    """What run and recover print of their in-run restart checks (each restore proven before reading on)."""
+    if not checks:
+        return []
+    lines = [f"{name}: {len(checks)} restart check(s) inside the run:"]
+    lines += [f"  {line}" for line in checks[:CHECKS_SHOWN]]
+    if len(checks) > CHECKS_SHOWN:
+        lines.append(f"  ... and {len(checks) - CHECKS_SHOWN} more (--json lists every one)")
+    return lines

@@ -22,7 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from splitkeeper.commands.common import add_config_argument, add_fault_argument, load
+from splitkeeper.commands.common import add_config_argument, add_fault_argument, load, restart_check_lines
 from splitkeeper.config.limits import check_parallelism
 
 
@@ -115,6 +115,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"released from quarantine: {split_id} (read again from its position)")
     for split_id, position in result.dropped:
         print(f"dropped: {split_id} at position {position} (its file is gone; never read again)")
+    for line in restart_check_lines(result.pipeline, result.restart_checks):
+        print(line)
     if result.dry_run:
         print("dry run: nothing was written")
     elif result.epochs:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from splitkeeper.commands.common import add_config_argument, add_fault_argument, load
+from splitkeeper.commands.common import add_config_argument, add_fault_argument, load, restart_check_lines
 from splitkeeper.config.settings import PipelineConfig, load_config, load_json
 from splitkeeper.errors import InvalidParameterError
 
@@ -104,6 +104,8 @@ def run(args: argparse.Namespace) -> int:
             + (", caught up with the source on a global checkpoint" if result.caught_up else "")
             + (", stopped on a global checkpoint" if result.stopped else "")
         )
+        for line in restart_check_lines(config.name, result.restart_checks):
+            print(line)
         if result.quarantined:
             print(
                 f"{config.name}: {len(result.quarantined)} split(s) quarantined, read by nobody until "

@@ -148,6 +148,50 @@ def check_ownership(
     return violations
 
 
+def check_reader_views(state: Assignment, reading: Mapping[int, Iterable[str]]) -> list[Violation]:
+    """Rule 6.1's second half: each reader reads exactly the splits the enumerator says it owns.
+
+    ``reading`` maps each reader to the ids of the splits it reads (the driver's reader views).
+    A split its owner does not read is read by nobody (NOT_OWNED); a split a reader reads that
+    the enumerator pools or gives another reader may be read twice (OWNED_MORE_THAN_ONCE).
+    """
+    owner = state.owner_of()
+    unread: dict[int, list[str]] = {}
+    stray: list[tuple[str, int, int | None]] = []
+    reads: dict[int, set[str]] = {r: set(ids) for r, ids in reading.items()}
+    for reader_id, splits in state.readers.items():
+        mine = reads.get(reader_id, set())
+        missing = [s.split_id for s in splits if s.split_id not in mine]
+        if missing:
+            unread[reader_id] = missing
+    for reader_id, ids in sorted(reads.items()):
+        for split_id in sorted(ids):
+            placed = owner.get(split_id, -1)
+            if placed != reader_id:
+                stray.append((split_id, reader_id, placed))
+    violations = [
+        Violation(
+            ViolationKind.NOT_OWNED,
+            tuple(sorted(ids)),
+            f"{len(ids)} split(s) owned by reader {reader_id} that reader {reader_id} does not read: "
+            f"{_ids(ids)}",
+            reader_ids=(reader_id,),
+        )
+        for reader_id, ids in sorted(unread.items())
+    ]
+    for split_id, reader_id, placed in stray:
+        where = "the pool" if placed is None else ("no place" if placed == -1 else f"reader {placed}")
+        violations.append(
+            Violation(
+                ViolationKind.OWNED_MORE_THAN_ONCE,
+                (split_id,),
+                f"split {split_id} is read by reader {reader_id}, but the enumerator places it in {where}",
+                reader_ids=(reader_id,),
+            )
+        )
+    return violations
+
+
 def check_finished_not_assigned(
     state: Assignment | EnumeratorSnapshot, finished: Collection[str] | None = None
 ) -> list[Violation]:

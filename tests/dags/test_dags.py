@@ -258,6 +258,37 @@ def test_an_override_only_the_core_rejects_fails_the_run_naming_the_key(airflow_
     )
 
 
+@pytest.mark.spark
+def test_a_failed_validate_turns_the_run_red_and_its_report_still_says_why(
+    airflow_db, spark, tmp_path, monkeypatch
+):
+    """Issue 39: the report task is a teardown (it runs when validate fails); the DAG run's state is
+    validate's (red), and the page the report task kept for the run names the failed check."""
+    from deltalake import DeltaTable, write_deltalake
+
+    from splitkeeper.app import services
+    from splitkeeper.config.settings import load_config
+    from splitkeeper.orchestration.plugin import run_report_path
+
+    config_path = _write_pipeline(tmp_path, files=1, lines=20, parallelism=1)
+    monkeypatch.setenv("SPLITKEEPER_PIPELINE_CONFIG", str(config_path))
+    monkeypatch.setenv("SPLITKEEPER_REPORTS_DIR", str(tmp_path / "reports"))
+    config = load_config(config_path)
+    services.run(config)
+    latest = services.status(config).latest_checkpoint
+    assert latest is not None
+    one = DeltaTable(config.sink_path).to_pyarrow_table().slice(3, 1)
+    write_deltalake(config.sink_path, one, mode="append")  # a record written twice: rule 6.4 breaks
+
+    run = load_dag("splitkeeper_ingest").test(run_conf={"epochs": 1})
+    states = {ti.task_id: ti.state for ti in run.get_task_instances()}
+    assert states == {"run_epochs": "success", "validate": "failed", "report": "success"}
+    assert run.state == "failed"  # the teardown report does not decide it: validate does
+    page = run_report_path("splitkeeper_ingest", run.run_id).read_text(encoding="utf-8")
+    assert f"FAILED on checkpoint {latest.id} (sink_records)" in page
+    assert "offset_duplicate" in page
+
+
 _CHILD_RUN = """
 import json, sys
 sys.path.insert(0, {repo!r})
