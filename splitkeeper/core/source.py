@@ -74,10 +74,11 @@ class SupportsSplitReassignmentOnRecovery:
 
 @dataclass(frozen=True, slots=True)
 class ExternalPosition:
-    """A position a source keeps outside the checkpoint, tagged with the checkpoint it belongs to."""
+    """A position a source keeps outside the checkpoint, tagged with the checkpoint it belongs to
+    (``checkpoint_id`` None: set by someone else, e.g. a group's offset moved by hand)."""
 
     position: int
-    checkpoint_id: int
+    checkpoint_id: int | None
 
     def __post_init__(self) -> None:
         if self.position < 0:
