@@ -48,8 +48,9 @@ splitkeeper.airflow.splitkeeper_dags from the splitkeeper operators.
 RECOVER_DOC = """splitkeeper_recover: recovery after an incident, triggered by hand.
 
 Params (validated when the run is triggered): checkpoint_id ('latest' or an
-id), mode (auto, global, partial), parallelism (null keeps it; another value
-rescales), dry_run (only print the plan), release (quarantined split ids to
+id), mode (auto, global, partial) and readers (partial: the readers that restart
+alone, through the enumerator's partial failover, protocol rule 1.3), parallelism
+(null keeps it; another value rescales), dry_run (only print the plan), release (quarantined split ids to
 put back; status lists them), rewind + confirm + reason (go back to
 the older checkpoint checkpoint_id, state and sink together), reset_split + reset_to (set one
 split's offset). A rewind or a reset is planned by the first step (its plan in the log) and
@@ -199,7 +200,18 @@ def recover_dag(pipeline: DagPipeline) -> DAG:
                 description="'latest' or the id of a completed checkpoint",
             ),
             "mode": Param(
-                "auto", type="string", enum=list(tasks.RECOVERY_MODES), description="recovery mode"
+                "auto",
+                type="string",
+                enum=list(tasks.RECOVERY_MODES),
+                description="global: every reader restarts from the checkpoint; partial: after that "
+                "restore only `readers` restart, through the enumerator's partial failover (protocol "
+                "rule 1.3); auto: partial when readers are given, else global",
+            ),
+            "readers": Param(
+                [],
+                type="array",
+                items={"type": "integer", "minimum": 0},
+                description="mode partial: the readers to restart (status shows each reader's load)",
             ),
             "parallelism": Param(
                 None,

@@ -226,6 +226,7 @@ class SplitkeeperRecoverOperator(_SplitkeeperOperator):
     :param pipeline_config: the pipeline file (templated)
     :param checkpoint_id: ``"latest"`` or a checkpoint id (templated)
     :param mode: ``auto``, ``global`` or ``partial`` (templated)
+    :param readers: with ``partial``: the readers to restart, or its JSON text (templated)
     :param parallelism: a new parallelism (a rescale); None keeps it (templated)
     :param dry_run: only log the plan (templated, as the attribute ``plan_only``)
     :param release: quarantined split ids to put back, or its JSON text (templated)
@@ -240,6 +241,7 @@ class SplitkeeperRecoverOperator(_SplitkeeperOperator):
         "pipeline_config",
         "checkpoint_id",
         "mode",
+        "readers",
         "parallelism",
         "plan_only",
         "release",
@@ -255,6 +257,7 @@ class SplitkeeperRecoverOperator(_SplitkeeperOperator):
         *,
         checkpoint_id: int | str = "latest",
         mode: str = "auto",
+        readers: Sequence[int] | str = (),
         parallelism: int | str | None = None,
         dry_run: bool | str = False,
         release: Sequence[str] | str = (),
@@ -268,6 +271,7 @@ class SplitkeeperRecoverOperator(_SplitkeeperOperator):
         super().__init__(**kwargs)
         self.checkpoint_id = checkpoint_id
         self.mode = mode
+        self.readers = readers
         self.parallelism = parallelism
         self.plan_only = dry_run  # BaseOperator.dry_run is a method
         self.release = release
@@ -283,6 +287,9 @@ class SplitkeeperRecoverOperator(_SplitkeeperOperator):
         return {
             "checkpoint_id": str(self.checkpoint_id),
             "mode": self.mode,
+            "readers": _json(
+                "readers", list(self.readers) if isinstance(self.readers, tuple) else self.readers, list
+            ),
             "parallelism": _optional("parallelism", self.parallelism, int),
             "dry_run": _flag("dry_run", self.plan_only),
             "release": _json("release", release, list),

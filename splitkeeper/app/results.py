@@ -169,6 +169,8 @@ class RecoverResult(_Result):
     released: tuple[str, ...] = ()  # quarantined splits put back (recover --release)
     dropped: tuple[tuple[str, int], ...] = ()  # (split, position) forgotten for good (recover --drop)
     restart_checks: tuple[str, ...] = ()  # every in-run restart check of the recovery, one line each
+    failovers: tuple[str, ...] = ()  # mode partial: each named reader's restart (protocol rule 1.3)
+    failover_audit: tuple[AuditLine, ...] = ()  # mode partial: the decisions of those restarts
 
 
 @dataclass(frozen=True, slots=True)

@@ -119,9 +119,12 @@ def next_epoch(path: str | None = None) -> int:
 def check_recovery_params(params: Mapping[str, Any]) -> dict[str, Any]:
     """Validate the recovery DAG's Params beyond their JSON schema; return them normalised."""
     checkpoint_id = services.checkpoint_id_of(params.get("checkpoint_id", "latest"))
-    mode = params.get("mode", "auto")
-    if mode not in RECOVERY_MODES:
-        raise InvalidParameterError("mode", mode, f"one of {', '.join(RECOVERY_MODES)}")
+    readers = params.get("readers") or []
+    if not isinstance(readers, list) or not all(
+        isinstance(r, int) and not isinstance(r, bool) and r >= 0 for r in readers
+    ):
+        raise InvalidParameterError("readers", readers, "a list of reader ids (integers >= 0)")
+    mode = services.recovery_mode(params.get("mode", "auto"), readers)
     parallelism = params.get("parallelism")
     if parallelism is not None:
         check_parallelism(parallelism, or_else=", or null to keep it")
@@ -163,6 +166,7 @@ def check_recovery_params(params: Mapping[str, Any]) -> dict[str, Any]:
         "reason": str(params.get("reason") or ""),
         "reset_split": reset_split,
         "reset_to": reset_to,
+        "readers": list(readers),
     }
 
 
@@ -209,7 +213,9 @@ def restore_enumerator_state(params: Mapping[str, Any], path: str | None = None)
         return {**chosen, "operator": operator_change(chosen, path, apply=False)}
     preview = services.preview_recovery(_config(path), chosen["checkpoint_id"]).to_dict()
     preview.pop("reports")
-    services.check_recovery_mode(chosen["mode"], chosen["parallelism"], preview["parallelism_before"])
+    services.check_recovery_mode(
+        chosen["mode"], chosen["parallelism"], preview["parallelism_before"], chosen["readers"]
+    )
     # "requested": what the writing step restores. 'latest' stays None: that step waits for the
     # pipeline's pool slot, and a run that held it meanwhile may have committed newer checkpoints.
     return {**chosen, **preview, "requested": chosen["checkpoint_id"]}
@@ -244,9 +250,12 @@ def _recover(reports: Mapping[str, Any], path: str | None, dry_run: bool) -> dic
         mode=reports.get("mode", "auto"),
         dry_run=dry_run,
         release=reports.get("release") or (),
+        readers=reports.get("readers") or (),
     )
     out = result.to_dict()
     log.info("recovery decisions: %s", out["opened"]["decisions"])
+    for line in result.failovers:
+        log.info("partial recovery: %s", line)
     return out
 
 

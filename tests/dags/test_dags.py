@@ -174,6 +174,7 @@ def test_on_a_cluster_master_the_epoch_task_submits_the_packaged_epoch_job(monke
         ({"mode": "sideways"}, "mode"),
         ({"checkpoint_id": "yesterday"}, "checkpoint_id"),
         ({"dry_run": "maybe"}, "dry_run"),
+        ({"readers": [-1]}, "readers"),
     ],
 )
 def test_recover_rejects_bad_params_at_trigger(airflow_db, conf, fragment):
