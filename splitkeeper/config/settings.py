@@ -72,7 +72,7 @@ import os
 import re
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -781,13 +781,23 @@ def _view(file: PipelineFile, origin: str) -> PipelineConfig:
     )
 
 
-def core_settings(config: PipelineConfig, redistribution: Redistribution | None = None) -> DriverSettings:
+def core_settings(
+    config: PipelineConfig, redistribution: Redistribution | None = None, *, regions_dependence: str = ""
+) -> DriverSettings:
     """The protocol core's settings of a pipeline, the one place they are built from its config
-    (``redistribution`` overrides ``rescale.operator_state``, a recovery's choice)."""
+    (``redistribution`` overrides ``rescale.operator_state``, a recovery's choice).
+    ``regions_dependence``: why the regions are not independent although ``regions`` says
+    ``per_reader`` (a Spark transform whose plan shuffles the epoch's records, found when the
+    pipeline opens): every checkpoint is then global, and the mode says why (protocol rule 2.9)."""
+    checkpoint = config.checkpoint.core()
+    if regions_dependence:
+        checkpoint = replace(checkpoint, regions_independent=False, dependence=regions_dependence)
+    elif not checkpoint.regions_independent:
+        checkpoint = replace(checkpoint, dependence="the pipeline file says regions: global")
     return DriverSettings(
         pipeline=config.name,
         parallelism=config.parallelism,
-        checkpoint=config.checkpoint.core(),
+        checkpoint=checkpoint,
         backlog=config.backlog,
         retain_checkpoints=config.checkpoint.retain_checkpoints,
         strategy=config.strategy,

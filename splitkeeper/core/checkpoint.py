@@ -93,13 +93,15 @@ class CheckpointConfig:
     regions that may fail for a checkpoint still to complete as regional
     (0.0 to 1.0). ``region_timeout_s``: how long a region may stay silent
     before it counts as failed. ``regions_independent``: False when a shuffle
-    connects readers, which switches regional checkpoints off.
+    connects readers, which switches regional checkpoints off; ``dependence`` says
+    what connects them (shown with the mode, e.g. the transform whose plan shuffles).
     """
 
     max_consecutive_failures: int = defaults.MAX_CONSECUTIVE_FAILURES
     max_failure_ratio: float = defaults.MAX_FAILURE_RATIO
     region_timeout_s: float = defaults.REGION_TIMEOUT_S
     regions_independent: bool = True
+    dependence: str = ""
 
     def __post_init__(self) -> None:
         mcf = self.max_consecutive_failures
@@ -113,6 +115,8 @@ class CheckpointConfig:
             raise InvalidParameterError("region_timeout_s", timeout, "a finite number of seconds > 0")
         if not isinstance(self.regions_independent, bool):
             raise InvalidParameterError("regions_independent", self.regions_independent, "True or False")
+        if not isinstance(self.dependence, str):
+            raise InvalidParameterError("dependence", self.dependence, "a sentence, or '' ")
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> CheckpointConfig:
@@ -608,8 +612,8 @@ class RegionalCheckpointCoordinator:
         cfg, p = self.config, self._parallelism
         if not cfg.regions_independent:
             return CheckpointMode.GLOBAL_ONLY, (
-                "global checkpoints only: regions are not independent (a shuffle connects the readers), "
-                "so a region cannot fall back alone"
+                "global checkpoints only: regions are not independent "
+                f"({cfg.dependence or 'a shuffle connects the readers'}), so a region cannot fall back alone"
             )
         if cfg.max_consecutive_failures == 0:
             return CheckpointMode.GLOBAL_ONLY, "global checkpoints only: max_consecutive_failures=0"
@@ -847,6 +851,8 @@ class RegionalCheckpointCoordinator:
         failed = tuple(sorted(fallback))
         if kind is CheckpointKind.GLOBAL:
             reason = f"checkpoint {completed.checkpoint_id} is global: all {len(acked)} regions acknowledged"
+            if pending.force_reason is not None:
+                reason += f" (forced: {pending.force_reason})"
         else:
             refs = ", ".join(f"region {r} -> {fallback[r].ref_checkpoint_id}" for r in failed)
             reason = (

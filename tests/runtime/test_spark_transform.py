@@ -185,6 +185,34 @@ def test_a_dataframe_transform_lands_its_rows_and_records_every_dropped_offset(
     assert services.validate(config).success
 
 
+def test_a_transform_that_shuffles_makes_every_checkpoint_global_and_says_so(
+    spark: Any, tmp_path: Path
+) -> None:
+    """Protocol rule 2.9 (issue 39 item 5): ``orders`` drops duplicates across the epoch's records (an
+    Exchange in its physical plan), so one region's output depends on another's records; the
+    pipeline checkpoints globally only and says why. A row-by-row function keeps regions independent."""
+    from splitkeeper.app.pipeline import record_policy
+    from splitkeeper.spark.transform import SparkTransform
+
+    config, _ = _config(tmp_path, "spark-shuffle", "orders", epoch_records=30)
+    result = services.run(config, faults=["fail:1@1"])  # region 1 declines the first epoch
+    kinds = [e.kind for e in result.epochs]
+    assert kinds[0] == "aborted" and "regional" not in kinds  # without the check: regional, region 0 alone
+    why = (
+        f"global checkpoints only: regions are not independent (the spark transform {FUNCTIONS}:orders "
+        "shuffles the epoch's records across regions (its physical plan has 1 exchange(s): Exchange "
+        "hashpartitioning(order_no"
+    )
+    assert result.opened.mode.startswith(why)
+    timeline = services.status(config).timeline
+    assert timeline[-1].kind == "global" and f"(forced: {why}" in timeline[-1].reason
+    narrow_config, _ = _config(tmp_path / "narrow", "spark-narrow", "narrow")
+    narrow = SparkTransform(
+        spark, narrow_config.transform, record_policy(narrow_config, spark), narrow_config.staging_path
+    )
+    assert narrow.shuffles() == ()  # a broadcast of a static table moves none of the records
+
+
 def test_a_raising_function_fails_every_region_with_its_traceback_and_a_fixed_one_commits_all(
     spark: Any, tmp_path: Path
 ) -> None:
