@@ -91,6 +91,17 @@ checks' verdict is read from the validations table). A teardown does not decide 
 the validate task does, so a run whose restart checks failed stays red with its report rendered."""
 
 
+def reader_mode_param() -> Param:
+    """The ``reader_mode`` Param of the ingest and recovery DAGs: this run's ``source.reader_mode``."""
+    return Param(
+        None,
+        type=["null", "string"],
+        enum=[None, "deferred", "legacy"],
+        description="readers on recovery: deferred (they wait for the enumerator to assign, FLIP-537), "
+        "legacy (they keep and read what they restored); null: the pipeline file's source.reader_mode",
+    )
+
+
 def schedule_of(pipeline: DagPipeline) -> Any:
     """The ingest DAG's schedule: the pipeline file's ``airflow.schedule`` (default every 30 minutes).
 
@@ -160,6 +171,13 @@ def ingest_dag(pipeline: DagPipeline) -> DAG:
                 description="faults to inject (demos): fail:REGION@EPOCH, flaky:REGION@EPOCH or "
                 "stall[:SECONDS]:REGION@EPOCH",
             ),
+            "reset_backlog": Param(
+                False,
+                type="boolean",
+                description="Kafka: the end offsets now become every partition's backlog boundary "
+                "(throughput epoch size and interval until caught up; run --reset-backlog)",
+            ),
+            "reader_mode": reader_mode_param(),
             "pipeline": pipeline_param(),
         },
     ) as dag:
@@ -175,10 +193,14 @@ def ingest_dag(pipeline: DagPipeline) -> DAG:
                 continuous="{{ params.continuous }}",
                 faults="{{ params.faults | tojson }}",
                 pipeline="{{ params.pipeline | tojson }}",
+                reset_backlog="{{ params.reset_backlog }}",
+                reader_mode="{{ params.reader_mode }}",
                 pool=pipeline.writer_pool(),
                 outlets=pipeline.assets(),
             )
-        validate = SplitkeeperValidateOperator(task_id="validate", pipeline_config=path)
+        validate = SplitkeeperValidateOperator(
+            task_id="validate", pipeline_config=path, reader_mode="{{ params.reader_mode }}"
+        )
         report = SplitkeeperReportOperator(task_id="report", pipeline_config=path)
         epochs >> validate >> report.as_teardown()  # see REPORT_RUNS_ALWAYS
     return dag
@@ -245,6 +267,7 @@ def recover_dag(pipeline: DagPipeline) -> DAG:
                 description="quarantined splits to put back (status lists them); read again from their "
                 "position",
             ),
+            "reader_mode": reader_mode_param(),
         },
     ) as dag:
         path = pipeline.config_path
@@ -266,10 +289,10 @@ def recover_dag(pipeline: DagPipeline) -> DAG:
             return tasks.reassign_and_rebalance(reports, path)
 
         @task
-        def validate(reassigned: dict) -> dict:
+        def validate(reassigned: dict, params: dict | None = None) -> dict:
             if reassigned.get("dry_run"):
                 return {"skipped": "dry run"}
-            return tasks.validate(path)
+            return tasks.validate(path, reader_mode=(params or {}).get("reader_mode"))
 
         @task
         def resume(params: dict | None = None) -> str:

@@ -51,7 +51,7 @@ from splitkeeper.app.results import (
 )
 from splitkeeper.config.limits import check_parallelism
 from splitkeeper.config.models import TransformKind
-from splitkeeper.config.settings import PipelineConfig
+from splitkeeper.config.settings import PipelineConfig, ReaderMode, with_reader_mode
 from splitkeeper.core.assignment import AssignmentStrategy, WeightedStrategy
 from splitkeeper.core.lag import split_lags
 from splitkeeper.core.rescale import Redistribution
@@ -275,13 +275,15 @@ def run(
     reset_backlog: bool = False,
     continuous: bool = False,
     stop: threading.Event | None = None,
+    reader_mode: ReaderMode | None = None,
 ) -> RunResult:
     """Open the pipeline once (recover a half-done epoch, restore), discover, run epochs.
 
     ``epochs=None`` runs a bounded source to its end; ``until_caught_up`` ends an unbounded
     one on the global checkpoint where every split reached the end it had at the start
     (``epochs`` caps it). ``reset_backlog`` makes every unbounded split's end now its new
-    backlog boundary (throughput mode until caught up, protocol rule 4.1).
+    backlog boundary (throughput mode until caught up, protocol rule 4.1). ``reader_mode``: this
+    run's ``source.reader_mode`` (None: the file's; ``legacy``: readers keep what they restored).
 
     ``continuous`` checkpoints every ``backlog.backlog_interval_s`` while any split processes
     backlog and every ``backlog.normal_interval_s`` afterwards, until ``stop`` is set or the
@@ -305,6 +307,7 @@ def run(
         )
     from splitkeeper.spark.regions import EpochAbandoned
 
+    config = with_reader_mode(config, reader_mode)
     signals = _SignalStop(stop or threading.Event())
     summary: RunSummary | None = None
     abandoned: int | None = None
@@ -482,6 +485,7 @@ def recover(
     release: Iterable[str] = (),
     drop: Iterable[str] = (),
     readers: Sequence[int] = (),
+    reader_mode: ReaderMode | None = None,
 ) -> RecoverResult:
     """A global restore from ``checkpoint_id`` (latest by default), optionally a rescale.
 
@@ -501,6 +505,7 @@ def recover(
     ``drop``: live or quarantined splits whose file is gone, forgotten for good (audited
     DROPPED_BY_OPERATOR; refused while the source still lists one), committed the same way.
     """
+    config = with_reader_mode(config, reader_mode)  # this recovery's (None: the file's)
     release = tuple(dict.fromkeys(release))
     drop = tuple(dict.fromkeys(drop))
     both = sorted(set(release) & set(drop))
@@ -954,6 +959,7 @@ def _check_fingerprint(
             "strategy": config.strategy,
             "capacities": {str(k): v for k, v in sorted(dict(config.capacities).items())},
             "max_consecutive_failures": config.checkpoint.max_consecutive_failures,
+            "reader_mode": config.source.reader_mode.value,
         },
     }
 
@@ -965,6 +971,7 @@ def validate(
     *,
     content: bool = False,
     skip_validated: bool = False,
+    reader_mode: ReaderMode | None = None,
 ) -> ValidationResult:
     """The restart checks (protocol section 6, Great Expectations) on a checkpoint and the sink.
 
@@ -979,6 +986,9 @@ def validate(
     again: the result names that run and its Data Docs (``already_validated_at``), and no Spark
     session starts. An explicit ``checkpoint_id`` or ``content`` always runs the checks.
 
+    ``reader_mode``: the readers' mode the checked run had (None: the file's): legacy readers
+    keep what they restored, so the balance suite is skipped for them.
+
     Raises InvariantViolation naming the split ids when a check fails.
     """
     from splitkeeper.delta.checkpoints import DeltaStateStore
@@ -988,6 +998,7 @@ def validate(
     from splitkeeper.spark.sources import build_source
     from splitkeeper.transforms import identity, resolve_transform
 
+    config = with_reader_mode(config, reader_mode)
     spark_transform = config.transform_kind is TransformKind.SPARK
     if content and (spark_transform or resolve_transform(config.transform) is not identity):
         raise InvalidParameterError(
@@ -1039,6 +1050,7 @@ def validate(
             filtered_path=config.filtered_path,
             upsert=config.upsert,
             changes_path=config.changes_path,
+            deferred_assignment=config.source.deferred_assignment,
         )
         log.info("%s", report.summary())
         if not report.success:  # recorded before it is raised: the run report says the checks failed

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from splitkeeper.config.settings import PipelineConfig, load_config
+from splitkeeper.config.settings import PipelineConfig, ReaderMode, load_config
 
 
 def add_config_argument(parser: argparse.ArgumentParser) -> None:
@@ -25,6 +25,27 @@ def add_fault_argument(parser: argparse.ArgumentParser) -> None:
 
 def load(args: argparse.Namespace) -> PipelineConfig:
     return load_config(args.config)
+
+
+#: ``--reader-mode`` values: the two of ``source.reader_mode``, and ``configured`` (the file's).
+READER_MODE_CHOICES = ("configured", "deferred", "legacy")
+
+
+def add_reader_mode_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--reader-mode",
+        default="configured",
+        choices=READER_MODE_CHOICES,
+        help="this run's source.reader_mode: deferred (readers wait to be assigned on recovery, "
+        "FLIP-537), legacy (they keep and read the splits they restored), or configured (default: "
+        "the file's)",
+    )
+
+
+def reader_mode(args: argparse.Namespace) -> ReaderMode | None:
+    """``--reader-mode`` as the services take it (None: the file's)."""
+    value = getattr(args, "reader_mode", "configured")
+    return None if value in (None, "", "configured") else ReaderMode(value)
 
 
 #: In-run restart checks a command prints one by one (the rest are counted; --json lists all).

@@ -27,7 +27,14 @@ from __future__ import annotations
 import argparse
 import json
 
-from splitkeeper.commands.common import add_config_argument, add_fault_argument, load, restart_check_lines
+from splitkeeper.commands.common import (
+    add_config_argument,
+    add_fault_argument,
+    add_reader_mode_argument,
+    load,
+    reader_mode,
+    restart_check_lines,
+)
 from splitkeeper.config.limits import check_parallelism
 
 
@@ -84,6 +91,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--yes", action="store_true", help="with --rewind: apply it (else only the plan)")
     parser.add_argument("--reason", default="", help="with --rewind --yes: why (kept in the audit trail)")
+    add_reader_mode_argument(parser)
     add_fault_argument(parser)
     parser.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
 
@@ -109,6 +117,7 @@ def run(args: argparse.Namespace) -> int:
         release=args.release,
         drop=args.drop,
         readers=args.readers,
+        reader_mode=reader_mode(args),
     )
     opened = result.opened
     if args.json:

@@ -87,6 +87,7 @@ from splitkeeper.config.models import (
     OffsetOutOfRange,
     OperatorState,
     PipelineFile,
+    ReaderMode,
     RegionMode,
     SinkMode,
     SourceKind,
@@ -119,6 +120,7 @@ __all__ = [
     "OffsetOutOfRange",
     "OperatorState",
     "PipelineConfig",
+    "ReaderMode",
     "RegionMode",
     "SourceConfig",
     "SourceKind",
@@ -127,6 +129,7 @@ __all__ = [
     "check_limits",
     "config_from_mapping",
     "core_settings",
+    "with_reader_mode",
     "expand_env",
     "is_secret_key",
     "load_config",
@@ -177,6 +180,8 @@ class SourceConfig:
     ``connect_timeout_s`` (how long a Kafka request may wait for the broker) and
     ``read_timeout_s`` (how long a reader may make no progress); None: the connector's defaults;
     ``client``: librdkafka settings for every client (SASL/SSL), see :class:`ClientConfig`.
+    both: ``reader_mode`` (``deferred``: readers wait to be assigned on recovery, FLIP-537;
+    ``legacy``: they keep what they restored; protocol rule 1.2).
     """
 
     kind: SourceKind
@@ -193,6 +198,12 @@ class SourceConfig:
     connect_timeout_s: float | None
     read_timeout_s: float | None
     client: ClientConfig
+    reader_mode: ReaderMode = ReaderMode.DEFERRED
+
+    @property
+    def deferred_assignment(self) -> bool:
+        """Readers wait to be assigned on recovery (``reader_mode: deferred``, protocol rule 1.2)."""
+        return self.reader_mode is ReaderMode.DEFERRED
 
     @property
     def starting_mode(self) -> StartingMode:
@@ -715,6 +726,7 @@ def _view(file: PipelineFile, origin: str) -> PipelineConfig:
         format=sec.format,
         split_bytes=sec.split_bytes,
         on_file_change=sec.on_file_change,
+        reader_mode=sec.reader_mode,
         bootstrap_servers=resolved.bootstrap_servers,
         topics=tuple(sec.topics),
         topic_pattern=sec.topic_pattern,
@@ -779,6 +791,14 @@ def _view(file: PipelineFile, origin: str) -> PipelineConfig:
         source_connection=file.source.connection,
         store_connections=tuple(dict.fromkeys(c for c in (file.state.connection, file.sink.connection) if c)),
     )
+
+
+def with_reader_mode(config: PipelineConfig, reader_mode: ReaderMode | None) -> PipelineConfig:
+    """``config`` with this run's ``source.reader_mode`` (None: the file's): the ``--reader-mode``
+    option of run and recover, the DAGs' ``reader_mode`` Param."""
+    if reader_mode is None or reader_mode is config.source.reader_mode:
+        return config
+    return replace(config, source=replace(config.source, reader_mode=reader_mode))
 
 
 def core_settings(

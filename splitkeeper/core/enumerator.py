@@ -1719,7 +1719,9 @@ def enumerator_for(
     enumerator = (enumerator_class or SplitEnumerator)(
         context,
         chosen,
-        reassign_on_recovery=isinstance(source, SupportsSplitReassignmentOnRecovery),
+        reassign_on_recovery=(
+            isinstance(source, SupportsSplitReassignmentOnRecovery) and source.reassigns_on_recovery
+        ),
         source=source,
         subscriptions=source.subscriptions(),
     )

@@ -67,9 +67,18 @@ class SupportsSplitReassignmentOnRecovery:
     good state. The enumerator becomes the single owner of split placement and
     may redistribute on a global restore (protocol rules 1.2-1.3). Without it, readers
     keep their restored splits (legacy behaviour).
+
+    A source with the capability may be configured without it (``source.reader_mode: legacy``):
+    :attr:`reassigns_on_recovery` then answers False, and the factory ``enumerator_for`` (the one
+    place that asks) builds a legacy enumerator.
     """
 
     __slots__ = ()
+
+    @property
+    def reassigns_on_recovery(self) -> bool:
+        """Whether this source's readers wait to be assigned on recovery, as configured (default True)."""
+        return True
 
 
 @dataclass(frozen=True, slots=True)

@@ -290,6 +290,55 @@ def test_a_failed_validate_turns_the_run_red_and_its_report_still_says_why(
     assert "offset_duplicate" in page
 
 
+@pytest.mark.spark
+@pytest.mark.kafka
+def test_the_ingest_params_reset_the_backlog_and_choose_legacy_readers(
+    airflow_db, spark, kafka_broker, tmp_path, monkeypatch
+):
+    """Issue 39 item 6: ``reset_backlog`` (run --reset-backlog) and ``reader_mode`` reach the run from
+    the ingest DAG's Params: after the run caught up, new messages with a backlog reset put it back in
+    backlog mode, and legacy readers keep the splits they restored instead of handing them over."""
+    from splitkeeper.app import services
+    from splitkeeper.config.settings import load_config
+    from splitkeeper.orchestration.plugin import _results
+    from tests.runtime.test_kafka_pipeline import produce_numbered
+    from tests.runtime.test_kafka_source import create_topic
+
+    bootstrap = kafka_broker.bootstrap_servers
+    topic = create_topic(bootstrap, 2)
+    produce_numbered(bootstrap, topic, {0: 30, 1: 30})
+    config_path = tmp_path / "pipeline.yaml"
+    config_path.write_text(
+        f"""
+name: dagkafka
+parallelism: 2
+strategy: least-loaded
+source: {{kind: kafka, bootstrap_servers: "{bootstrap}", topics: [{topic}]}}
+backlog: {{backlog_epoch_records: 400, normal_epoch_records: 400}}
+state: {{path: state}}
+sink: {{path: sink}}
+""",
+        encoding="utf-8",
+    )
+    monkeypatch.setenv("SPLITKEEPER_PIPELINE_CONFIG", str(config_path))
+    monkeypatch.setenv("SPLITKEEPER_REPORTS_DIR", str(tmp_path / "reports"))
+    config = load_config(config_path)
+    assert services.run(config, until_caught_up=True, epochs=5).caught_up
+    latest = services.status(config).latest_checkpoint
+    assert latest is not None and not latest.processing_backlog  # the backlog was read
+    produce_numbered(bootstrap, topic, {0: 20, 1: 20}, first=30)
+
+    conf = {"epochs": 1, "until_caught_up": False, "reset_backlog": True, "reader_mode": "legacy"}
+    run = load_dag("splitkeeper_ingest").test(run_conf=conf)
+    assert run.state == "success"
+    [result] = _results("splitkeeper_ingest", run.run_id, "run_epochs")
+    assert result["epochs"][0]["processing_backlog"] is True  # the new ends are backlog again
+    decisions = result["opened"]["decisions"]
+    assert decisions.get("kept_legacy") == 2 and "redistributed_global_restore" not in decisions
+    [validated] = _results("splitkeeper_ingest", run.run_id, "validate")
+    assert validated["suites"]["balance"] == "skipped"  # legacy readers: rule 6.5 does not bind them
+
+
 _CHILD_RUN = """
 import json, sys
 sys.path.insert(0, {repo!r})

@@ -210,6 +210,7 @@ def test_operators_turn_rendered_templates_into_their_arguments():
         "reset_split": None,
         "reset_to": None,
         "readers": [],
+        "reader_mode": None,
     }
     partial = SplitkeeperRecoverOperator(task_id="p", readers="[2, 5]").params_of_run()
     chosen = tasks.check_recovery_params(partial)

@@ -475,8 +475,14 @@ class FileSource(SourceConnector, SupportsSplitReassignmentOnRecovery, SupportsS
     """
 
     def __init__(
-        self, path: str | os.PathLike[str], format: FileFormat | str = FileFormat.LINES, split_bytes: int = 0
+        self,
+        path: str | os.PathLike[str],
+        format: FileFormat | str = FileFormat.LINES,
+        split_bytes: int = 0,
+        *,
+        deferred_assignment: bool = True,
     ) -> None:
+        self._deferred = bool(deferred_assignment)
         if isinstance(split_bytes, bool) or not isinstance(split_bytes, int) or split_bytes < 0:
             raise InvalidParameterError(
                 "split_bytes", split_bytes, "an integer >= 0 (0 = one split per file)"
@@ -502,11 +508,18 @@ class FileSource(SourceConnector, SupportsSplitReassignmentOnRecovery, SupportsS
             raise InvalidParameterError(
                 "source.kind", source.kind.value, "'files' with a path for a FileSource"
             )
-        return cls(source.path, source.format, source.split_bytes)
+        return cls(
+            source.path, source.format, source.split_bytes, deferred_assignment=source.deferred_assignment
+        )
 
     @property
     def path(self) -> str:
         return self._path
+
+    @property
+    def reassigns_on_recovery(self) -> bool:
+        """``source.reader_mode``: deferred (True, the default) or legacy (protocol rule 1.2)."""
+        return self._deferred
 
     @property
     def name(self) -> str:

@@ -619,7 +619,9 @@ class KafkaSource(
         timeout_s: float = DEFAULT_TIMEOUT_S,
         read_timeout_s: float = DEFAULT_READ_TIMEOUT_S,
         client_config: Mapping[str, str] | None = None,
+        deferred_assignment: bool = True,
     ) -> None:
+        self._deferred = bool(deferred_assignment)
         if not bootstrap_servers:
             raise InvalidParameterError("bootstrap_servers", bootstrap_servers, "'host:port[,host:port...]'")
         if bool(topics) == bool(topic_pattern):
@@ -690,6 +692,7 @@ class KafkaSource(
             timeout_s=source.connect_timeout_s or DEFAULT_TIMEOUT_S,
             read_timeout_s=source.read_timeout_s or DEFAULT_READ_TIMEOUT_S,
             client_config=source.client.as_dict(),
+            deferred_assignment=source.deferred_assignment,
         )
 
     # -- identity ---------------------------------------------------------------------------
@@ -702,6 +705,11 @@ class KafkaSource(
     @property
     def bounded(self) -> bool:
         return False
+
+    @property
+    def reassigns_on_recovery(self) -> bool:
+        """``source.reader_mode``: deferred (True, the default) or legacy (protocol rule 1.2)."""
+        return self._deferred
 
     @property
     def bootstrap_servers(self) -> str:
