@@ -249,16 +249,9 @@ def _exists(path: str) -> bool:
     [
         ("inventing", "no rows invented", "which the epoch did not read"),
         ("keyless", "every output row keeps split_id and offset", "offset None"),
-        pytest.param(
-            "duplicating", "no rows invented", "2 times (at most once)", marks=pytest.mark.slow_variant
-        ),
+        ("duplicating", "no rows invented", "2 times (at most once)"),
         ("raising_on_driver", "RuntimeError: the plan cannot be built", "raise RuntimeError"),
-        pytest.param(
-            "drifting",
-            "has column 'amount_cents' of type string",
-            "the sink's 'amount_cents' is bigint",
-            marks=pytest.mark.slow_variant,
-        ),
+        ("drifting", "has column 'amount_cents' of type string", "the sink's 'amount_cents' is bigint"),
     ],
 )
 def test_a_broken_contract_fails_the_epoch_naming_the_function_and_the_rule(
@@ -300,8 +293,9 @@ def test_without_a_spark_transform_none_is_built(spark: Any, tmp_path: Path) -> 
 
 
 @pytest.mark.slow
-@pytest.mark.slow_variant  # 1.5-2 min each on the reference machine: CI time is tight
-@pytest.mark.parametrize("point", ["after_decision", "after_sink_commit"])
+@pytest.mark.parametrize(  # about 45 s each here: CI kills at one of them, the other is a slow variant
+    "point", [pytest.param("after_decision", marks=pytest.mark.slow_variant), "after_sink_commit"]
+)
 def test_killed_around_the_sink_commit_of_a_transformed_epoch_recovers_exactly(
     point: str, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
