@@ -728,7 +728,7 @@ class EpochDriver:
                 RestoreKind.RESCALE if new_p != checkpoint.parallelism else RestoreKind.GLOBAL_RESTORE,
                 checkpoint.checkpoint_id,
                 frozenset(checkpoint_split_ids(checkpoint)),
-                first_audit,
+                0,  # the enumerator is new: its whole trail is this restore's (snapshot drops included)
                 tuple(range(new_p)),
                 disagreements,
             )

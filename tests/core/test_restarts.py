@@ -208,3 +208,21 @@ def test_readers_that_do_not_read_what_the_enumerator_gives_them_are_caught() ->
     assert err.value.params["rule"] == "6.1" and err.value.params["kind"] == "owned_more_than_once"
     assert "is read by reader 1, but the enumerator places it in reader 0" in str(err.value)
     assert state.restart_checks[-1].restore is RestoreKind.PARTIAL_FAILOVER
+
+
+def test_splits_dropped_by_the_restore_itself_leave_with_their_decision_and_pass() -> None:
+    """A subscription removed between runs: the restore drops its splits (audited while the enumerator
+    is restored from the snapshot, before any reader registers); they are not lost."""
+    source, state = _source(), SimState()
+    source.add([Split("b-0", "b", 0)])
+    source.ends["b-0"] = 40
+    source.set_subscriptions({"t", "b"})
+    first, _ = _driver(source, state)
+    first.open()
+    first.run_epoch(records_per_split=4)
+    source.set_subscriptions({"t"})  # topic b is gone: not subscribed, not discovered
+    source._splits = [s for s in source._splits if s.split_id != "b-0"]
+    driver, hooks = _driver(source, state)
+    driver.open()
+    assert hooks.checks[0].passed, hooks.checks[0].line()
+    assert driver.enumerator is not None and driver.enumerator.split("b-0") is None
