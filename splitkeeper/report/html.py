@@ -967,7 +967,7 @@ def _restart_checks_section(data: ReportData) -> _Section:
         "Every restore inside a run is proven before the run reads on (protocol section 6 but the "
         "sink's 6.4: global restores, rescales, partial failovers, regions falling back), and the "
         "validate task proves the latest checkpoint and the sink. "
-        + (f"Latest verdict: {_restart_checks_summary(data)}." if rows else "None recorded yet.")
+        + f"Latest verdict: {_restart_checks_summary(data)}."
     )
     return _section("restart-checks", "Restart checks", lead, table)
 
@@ -1032,7 +1032,6 @@ def render_html(
     """The report page for ``data`` (no I/O). ``data_docs_href`` links the Data Docs index,
     ``runs_href`` the index of every run's report."""
     sections = [
-        _restart_checks_section(data),
         _loads_section(data),
         _timeline_section(data),
         _failures_section(data),
@@ -1058,6 +1057,8 @@ def render_html(
         sections.append(_upsert_section(data))
     if data.filtered is not None:
         sections.append(_filtered_section(data))
+    if data.restart_checks:  # first: whether every restart was proven is what a reader looks for first
+        sections.insert(0, _restart_checks_section(data))
     return (
         _templates()
         .get_template("report.html.j2")
