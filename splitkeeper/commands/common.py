@@ -53,11 +53,20 @@ CHECKS_SHOWN = 10
 
 
 def restart_check_lines(name: str, checks: Sequence[str]) -> list[str]:
-    """What run and recover print of their in-run restart checks (each restore proven before reading on)."""
+    """What run and recover print of their in-run restart checks (each restore proven before reading
+    on): one line when every one passed, and each check that noted something (an external position
+    that disagreed) in full; a failed check stopped the run with its error instead."""
     if not checks:
         return []
-    lines = [f"{name}: {len(checks)} restart check(s) inside the run:"]
-    lines += [f"  {line}" for line in checks[:CHECKS_SHOWN]]
-    if len(checks) > CHECKS_SHOWN:
-        lines.append(f"  ... and {len(checks) - CHECKS_SHOWN} more (--json lists every one)")
+    passed = sum(1 for line in checks if " passed" in line and "FAILED" not in line)
+    if passed == len(checks):
+        head = f"{name}: every restore inside the run was proven ({passed} restart check"
+        lines = [head + ("s passed)" if passed > 1 else " passed)")]
+        noted = [line for line in checks if "(noted: " in line]
+    else:
+        lines = [f"{name}: {len(checks)} restart check(s) inside the run, {len(checks) - passed} FAILED:"]
+        noted = list(checks)
+    lines += [f"  {line}" for line in noted[:CHECKS_SHOWN]]
+    if len(noted) > CHECKS_SHOWN:
+        lines.append(f"  ... and {len(noted) - CHECKS_SHOWN} more (--json lists every one)")
     return lines

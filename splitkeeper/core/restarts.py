@@ -134,7 +134,7 @@ class RestartCheck:
         readers = _readers_text(self.readers)
         head = f"{what} of {origin} ({readers}), before epoch {self.epoch}: rules {', '.join(self.rules)}"
         if self.passed:
-            return f"{head} passed"
+            return f"{head} passed" + (f" (noted: {'; '.join(self.notes)})" if self.notes else "")
         shown = "; ".join(f"rule {RULE_OF[v.kind]} {v}" for v in self.violations[:3])
         more = f" (and {len(self.violations) - 3} more)" if len(self.violations) > 3 else ""
         return f"{head}: FAILED: {shown}{more}"

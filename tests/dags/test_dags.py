@@ -147,7 +147,13 @@ def test_on_a_cluster_master_the_epoch_task_submits_the_packaged_epoch_job(monke
     run_command.configure(parser)
     overrides = {"backlog": {"normal_epoch_records": 7}}
     every = argv(
-        epochs=5, until_caught_up=True, continuous=False, faults=["fail:1@2", "stall:2@3"], pipeline=overrides
+        epochs=5,
+        until_caught_up=True,
+        continuous=False,
+        faults=["fail:1@2", "stall:2@3"],
+        pipeline=overrides,
+        reset_backlog=True,
+        reader_mode="legacy",
     )
     assert every == [
         "--config",
@@ -157,14 +163,20 @@ def test_on_a_cluster_master_the_epoch_task_submits_the_packaged_epoch_job(monke
         "--faults-json",
         every[5],
         "--pipeline-json",
-        every[-1],
+        every[7],
+        "--reset-backlog",
+        "--reader-mode=legacy",
     ]
     args = parser.parse_args(every)  # every Param reaches the epoch job
     assert (args.epochs, args.until_caught_up, args.continuous) == (5, True, False)
     assert run_command._faults(args) == ["fail:1@2", "stall:2@3"]
     assert json.loads(args.pipeline_json) == overrides
-    args = parser.parse_args(argv(epochs=3, until_caught_up=True, continuous=True, faults=[], pipeline={}))
+    assert (args.reset_backlog, args.reader_mode) == (True, "legacy")
+    args = parser.parse_args(
+        argv(epochs=3, until_caught_up=True, continuous=True, faults=[], pipeline={}, reset_backlog=False)
+    )
     assert (args.epochs, args.until_caught_up, args.continuous) == (None, False, True)
+    assert (args.reset_backlog, args.reader_mode) == (False, "configured")  # reader_mode null: the file's
 
 
 @pytest.mark.parametrize(

@@ -74,7 +74,7 @@ def test_declined_regions_keep_their_group_offsets_and_offsets_moved_by_hand_los
         "no checkpoint tag) ignored"
     )
     assert third.opened.external_disagreements == (said,)
-    assert third.restart_checks[0].endswith("passed")  # the disagreement is reported, not a violation
+    assert third.restart_checks[0].endswith(f"passed (noted: {said})")  # reported, not a violation
     lines = services.status(config).restart_checks
     assert any("in-run check of the global restore of checkpoint" in line and said in line for line in lines)
     assert said in services.report(config).read_text(encoding="utf-8")
