@@ -284,3 +284,21 @@ def test_history_does_not_grow_what_restore_reads_after_compaction(tmp_path):
     )
     assert len(checkpoint_files) == 1  # restore prunes to the one partition
     assert pc.max(DeltaTable(f"{root}/checkpoints").to_pyarrow_table().column("checkpoint_id")).as_py() == 12
+
+
+def test_compaction_and_vacuum_take_the_validations_table_too_and_keep_every_verdict(root):
+    """Every run appends the in-run check of its restore to ``validations``: compaction bin-packs it
+    with the state tables (nothing of it is deleted: it is history) and vacuum cleans it."""
+    from splitkeeper.core.restarts import IN_RUN_RULES, RestartCheck, RestoreKind
+    from splitkeeper.delta.validations import ValidationRecords
+
+    store = DeltaStateStore(root, "p", "fp")
+    store.commit_checkpoint(decision_for(global_(1)))
+    for epoch in (2, 3, 4):  # three runs, three appends
+        store.record_restart_checks([RestartCheck(RestoreKind.GLOBAL_RESTORE, 1, epoch, (0,), IN_RUN_RULES)])
+    assert len(DeltaTable(f"{root}/validations").file_uris()) == 3
+    compaction = store.compact()
+    assert compaction.compacted_files["validations"] == 3
+    assert len(DeltaTable(f"{root}/validations").file_uris()) == 1
+    assert [r.epoch for r in ValidationRecords(store.tables, "p").recorded(in_run=True)] == [4, 3, 2]
+    assert "validations" in vacuum(store, 0)
