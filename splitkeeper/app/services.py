@@ -34,6 +34,8 @@ from typing import TYPE_CHECKING, Concatenate, ParamSpec, TypeVar
 
 from splitkeeper import logs
 from splitkeeper.app.results import (
+    AUDIT_SHOWN,
+    AuditLine,
     EpochLine,
     LatestCheckpoint,
     MaintenanceResult,
@@ -49,7 +51,7 @@ from splitkeeper.app.results import (
 )
 from splitkeeper.config.limits import check_parallelism
 from splitkeeper.config.models import TransformKind
-from splitkeeper.config.settings import PipelineConfig
+from splitkeeper.config.settings import PipelineConfig, ReaderMode, with_reader_mode
 from splitkeeper.core.assignment import AssignmentStrategy, WeightedStrategy
 from splitkeeper.core.lag import split_lags
 from splitkeeper.core.rescale import Redistribution
@@ -74,6 +76,7 @@ if TYPE_CHECKING:
     from splitkeeper.delta.repair import RepairReport
     from splitkeeper.delta.sink import DeltaSink
     from splitkeeper.delta.tables import StateTables
+    from splitkeeper.quality.checks import CheckReport
 
 log = logging.getLogger("splitkeeper.app")
 
@@ -205,14 +208,50 @@ def _open_summary(pipeline: Pipeline, opened: OpenReport) -> OpenSummary:
     return OpenSummary.of(opened, pipeline.loads, pipeline.pool_size)
 
 
-def check_recovery_mode(mode: str, parallelism: int | None, parallelism_before: int | None) -> None:
-    """``partial`` cannot rescale: a partial failover keeps the parallelism (protocol rule 1.3)."""
+def recovery_mode(mode: str, readers: Sequence[int]) -> str:
+    """The mode a recovery runs in: ``auto`` with readers named is ``partial``; the others as given.
+    InvalidParameterError for an unknown mode, readers with ``global``, or ``partial`` without readers."""
     if mode not in RECOVERY_MODES:
         raise InvalidParameterError("mode", mode, f"one of {', '.join(RECOVERY_MODES)}")
+    if readers and mode == "global":
+        raise InvalidParameterError(
+            "readers",
+            list(readers),
+            "none with mode 'global' (a global restore restarts every reader)",
+            "name readers with mode 'partial' (or 'auto') to restart only them",
+        )
+    if mode == "partial" and not readers:
+        raise InvalidParameterError(
+            "readers",
+            list(readers),
+            "one or more reader ids with mode 'partial' (the readers to restart, e.g. --readers 2,5)",
+            "status shows the per-reader loads; mode 'global' restarts every reader",
+        )
+    return "partial" if readers else mode
+
+
+def check_recovery_mode(
+    mode: str, parallelism: int | None, parallelism_before: int | None, readers: Sequence[int] = ()
+) -> None:
+    """``partial`` restarts named readers of the latest checkpoint's parallelism and cannot rescale
+    (a partial failover keeps the parallelism, protocol rule 1.3)."""
+    mode = recovery_mode(mode, readers)
     if mode == "partial" and parallelism is not None and parallelism != parallelism_before:
         raise InvalidParameterError(
             "mode", mode, "'auto' or 'global' when the parallelism changes (a rescale is a global restore)"
         )
+    if len(set(readers)) != len(readers):
+        raise InvalidParameterError("readers", list(readers), "distinct reader ids")
+    wrong = [r for r in readers if isinstance(r, bool) or not isinstance(r, int) or r < 0]
+    if parallelism_before is not None:
+        wrong += [r for r in readers if isinstance(r, int) and r >= parallelism_before and r not in wrong]
+    if wrong:
+        top = (
+            ""
+            if parallelism_before is None
+            else f" < {parallelism_before}, the parallelism of the latest checkpoint"
+        )
+        raise InvalidParameterError("readers", list(readers), f"reader ids >= 0{top}")
 
 
 def _named(
@@ -242,13 +281,15 @@ def run(
     reset_backlog: bool = False,
     continuous: bool = False,
     stop: threading.Event | None = None,
+    reader_mode: ReaderMode | None = None,
 ) -> RunResult:
     """Open the pipeline once (recover a half-done epoch, restore), discover, run epochs.
 
     ``epochs=None`` runs a bounded source to its end; ``until_caught_up`` ends an unbounded
     one on the global checkpoint where every split reached the end it had at the start
     (``epochs`` caps it). ``reset_backlog`` makes every unbounded split's end now its new
-    backlog boundary (throughput mode until caught up, protocol rule 4.1).
+    backlog boundary (throughput mode until caught up, protocol rule 4.1). ``reader_mode``: this
+    run's ``source.reader_mode`` (None: the file's; ``legacy``: readers keep what they restored).
 
     ``continuous`` checkpoints every ``backlog.backlog_interval_s`` while any split processes
     backlog and every ``backlog.normal_interval_s`` afterwards, until ``stop`` is set or the
@@ -272,6 +313,7 @@ def run(
         )
     from splitkeeper.spark.regions import EpochAbandoned
 
+    config = with_reader_mode(config, reader_mode)
     signals = _SignalStop(stop or threading.Event())
     summary: RunSummary | None = None
     abandoned: int | None = None
@@ -318,7 +360,7 @@ def run(
     assert summary is not None  # only an abandoned epoch leaves none, and it was stopped (above)
     if summary.all_quarantined:
         raise _all_quarantined(config.name, summary)
-    return RunResult.of(config.name, opened, new_splits, summary)
+    return RunResult.of(config.name, opened, new_splits, summary, pipeline.driver.restart_checks)
 
 
 def _all_quarantined(pipeline: str, summary: RunSummary) -> SplitsQuarantinedError:
@@ -466,8 +508,18 @@ def recover(
     progress: Progress | None = None,
     release: Iterable[str] = (),
     drop: Iterable[str] = (),
+    readers: Sequence[int] = (),
+    reader_mode: ReaderMode | None = None,
 ) -> RecoverResult:
     """A global restore from ``checkpoint_id`` (latest by default), optionally a rescale.
+
+    ``mode`` ``partial`` with ``readers`` (``auto`` with readers is partial): after the restore
+    (a restarted driver restores every region: no enumerator survives between processes) the
+    named readers restart the way a running job restarts a failed reader (protocol rule 1.3,
+    FLIP-537's partial failover: each unregisters, the splits assigned to it since the checkpoint
+    are added back, it registers again reporting its region's last good state, and the enumerator
+    decides each split), the in-run check proves the result, and the epochs' checkpoints may be
+    regional as usual. The other readers keep what the restore gave them.
 
     Every split's recovery decision is in the result. Unless ``dry_run``, ``epochs``
     epochs run so that the new assignment is committed by a checkpoint at the new
@@ -477,6 +529,7 @@ def recover(
     ``drop``: live or quarantined splits whose file is gone, forgotten for good (audited
     DROPPED_BY_OPERATOR; refused while the source still lists one), committed the same way.
     """
+    config = with_reader_mode(config, reader_mode)  # this recovery's (None: the file's)
     release = tuple(dict.fromkeys(release))
     drop = tuple(dict.fromkeys(drop))
     both = sorted(set(release) & set(drop))
@@ -508,11 +561,15 @@ def recover(
             pipeline.redistribution = redistribution
         try:
             latest = pipeline.latest_checkpoint()
-            check_recovery_mode(mode, parallelism, None if latest is None else latest.parallelism)
+            check_recovery_mode(mode, parallelism, None if latest is None else latest.parallelism, readers)
             opened = _open_summary(
                 pipeline,
                 pipeline.open(checkpoint_id=checkpoint_id, parallelism=parallelism, read_only=dry_run),
             )
+            failovers: tuple[str, ...] = ()
+            failover_audit: tuple[AuditLine, ...] = ()
+            if readers:
+                failovers, failover_audit = _partial_failover(pipeline, readers)
             released = tuple(s.split_id for s in pipeline.release(release)) if release else ()
             for split_id in released:
                 log.warning("split %s released from quarantine: it is read again from its position", split_id)
@@ -525,7 +582,16 @@ def recover(
                     position,
                 )
             if dry_run or epochs == 0:
-                return RecoverResult(config.name, opened, dry_run, released=released, dropped=dropped)
+                return RecoverResult(
+                    config.name,
+                    opened,
+                    dry_run,
+                    released=released,
+                    dropped=dropped,
+                    restart_checks=tuple(c.line() for c in pipeline.driver.restart_checks),
+                    failovers=failovers,
+                    failover_audit=failover_audit,
+                )
             summary = pipeline.run(epochs)
         finally:
             pipeline.close()
@@ -538,7 +604,34 @@ def recover(
         committed_records=summary.committed_records,
         released=released,
         dropped=dropped,
+        restart_checks=tuple(c.line() for c in pipeline.driver.restart_checks),
+        failovers=failovers,
+        failover_audit=failover_audit,
     )
+
+
+def _partial_failover(
+    pipeline: Pipeline, readers: Sequence[int]
+) -> tuple[tuple[str, ...], tuple[AuditLine, ...]]:
+    """``recover --mode partial --readers``: the named readers through the core's partial failover
+    (:meth:`~splitkeeper.core.driver.EpochDriver.fail_readers`); a line per reader and the decisions."""
+    enumerator = pipeline.enumerator
+    assert enumerator is not None
+    mark = enumerator.audit_count
+    reports = pipeline.driver.fail_readers(list(readers))
+    lines = tuple(
+        f"reader {f.reader} restarted from its state in checkpoint {f.ref_checkpoint_id} "
+        f"(protocol rule 1.3): {len(f.moved)} split(s) changed owner"
+        + (f", {f.foreign} from other readers" if f.foreign else "")
+        for f in reports
+    )
+    for line in lines:
+        log.warning("partial recovery: %s", line)
+    audit = tuple(
+        AuditLine(d.split_id, d.reader_id, d.decision.value, d.detail)
+        for d in enumerator.audit_since(mark)[:AUDIT_SHOWN]
+    )
+    return lines, audit
 
 
 def repair(config: PipelineConfig, *, dry_run: bool = False) -> RepairReport:
@@ -765,6 +858,7 @@ def status(config: PipelineConfig, *, last: int = 10) -> StatusResult:
         _interval_switches(history),
         splits,
         _blocking_problems(config, store, latest),
+        _restart_check_lines(store),
     )
 
 
@@ -801,6 +895,20 @@ def _blocking_problems(
             "('splitkeeper recover --release SPLIT' once what fails its reads is fixed)"
         )
     return tuple(problems)
+
+
+#: In-run restart checks status shows (the report shows more; the validations table keeps all).
+STATUS_RESTART_CHECKS = 5
+
+
+def _restart_check_lines(store: DeltaStateStore) -> tuple[str, ...]:
+    """The latest run of the restart checks (validate) and the latest in-run checks, newest first."""
+    from splitkeeper.delta.validations import ValidationRecords
+
+    records = ValidationRecords(store.tables, store.pipeline_name)
+    validated = records.recorded(in_run=False, limit=1)
+    in_run = records.recorded(in_run=True, limit=STATUS_RESTART_CHECKS)
+    return tuple(r.line() for r in (*validated, *in_run))
 
 
 @_named
@@ -914,6 +1022,7 @@ def _check_fingerprint(
             "strategy": config.strategy,
             "capacities": {str(k): v for k, v in sorted(dict(config.capacities).items())},
             "max_consecutive_failures": config.checkpoint.max_consecutive_failures,
+            "reader_mode": config.source.reader_mode.value,
         },
     }
 
@@ -925,6 +1034,7 @@ def validate(
     *,
     content: bool = False,
     skip_validated: bool = False,
+    reader_mode: ReaderMode | None = None,
 ) -> ValidationResult:
     """The restart checks (protocol section 6, Great Expectations) on a checkpoint and the sink.
 
@@ -939,6 +1049,9 @@ def validate(
     again: the result names that run and its Data Docs (``already_validated_at``), and no Spark
     session starts. An explicit ``checkpoint_id`` or ``content`` always runs the checks.
 
+    ``reader_mode``: the readers' mode the checked run had (None: the file's): legacy readers
+    keep what they restored, so the balance suite is skipped for them.
+
     Raises InvariantViolation naming the split ids when a check fails.
     """
     from splitkeeper.delta.checkpoints import DeltaStateStore
@@ -948,6 +1061,7 @@ def validate(
     from splitkeeper.spark.sources import build_source
     from splitkeeper.transforms import identity, resolve_transform
 
+    config = with_reader_mode(config, reader_mode)
     spark_transform = config.transform_kind is TransformKind.SPARK
     if content and (spark_transform or resolve_transform(config.transform) is not identity):
         raise InvalidParameterError(
@@ -999,8 +1113,11 @@ def validate(
             filtered_path=config.filtered_path,
             upsert=config.upsert,
             changes_path=config.changes_path,
+            deferred_assignment=config.source.deferred_assignment,
         )
         log.info("%s", report.summary())
+        if not report.success:  # recorded before it is raised: the run report says the checks failed
+            _record_failed_validation(config, report, fingerprint)
         raise_on_failure(report)
         result = ValidationResult(
             pipeline=config.name,
@@ -1026,6 +1143,31 @@ def validate(
     finally:
         connector.close()
     return result
+
+
+def _record_failed_validation(
+    config: PipelineConfig, report: CheckReport, fingerprint: Mapping | None
+) -> None:
+    """A failed run of the restart checks in the validations table (rule 1 of
+    :mod:`splitkeeper.delta.validations`): the report task reads it. A store error only logs."""
+    from splitkeeper.delta.tables import StateTables
+    from splitkeeper.delta.validations import ValidationRecords
+
+    violations = report.violations()
+    detail = "; ".join(f"{v.kind.value}: {v.detail}" for v in violations[:10])
+    if len(violations) > 10:
+        detail += f" (and {len(violations) - 10} more)"
+    try:
+        ValidationRecords(StateTables(config.state_path), config.name).record(
+            report.checkpoint_id,
+            fingerprint or {},
+            {s.key: s.status.value for s in report.suites},
+            None if report.data_docs_index is None else str(report.data_docs_index),
+            verdict="failed",
+            detail=detail[:4000],
+        )
+    except (StateError, OSError) as err:
+        log.warning("the failed checks of checkpoint %s were not recorded: %s", report.checkpoint_id, err)
 
 
 @_named

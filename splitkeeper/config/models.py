@@ -127,6 +127,18 @@ class RegionMode(enum.Enum):
     GLOBAL = "global"
 
 
+class ReaderMode(enum.Enum):
+    """What a reader does with the splits restored from its state (protocol rule 1.2, FLIP-537).
+
+    ``DEFERRED`` (the default): it reports them and reads nothing until the enumerator assigns
+    (the enumerator places every split, balanced strategies stay balanced). ``LEGACY``: it keeps,
+    and reads, what it restored (the behaviour without ``SupportsSplitReassignmentOnRecovery``).
+    """
+
+    DEFERRED = "deferred"
+    LEGACY = "legacy"
+
+
 class OffsetOutOfRange(enum.Enum):
     """What a Kafka reader does when a planned offset was deleted by retention."""
 
@@ -272,6 +284,8 @@ class SourceSection(_Section):
     format: FileFormat = _choice(FileFormat, FileFormat.LINES)
     split_bytes: int = Field(0, ge=0, description="an integer >= 0 (0: one split per file)")
     on_file_change: SplitChangePolicy = _choice(SplitChangePolicy, defaults.ON_FILE_CHANGE)
+    # both kinds
+    reader_mode: ReaderMode = _choice(ReaderMode, ReaderMode.DEFERRED)
     # kafka
     bootstrap_servers: _Text | list[_Text] | None = Field(
         None, description="'host:port[,host:port...]' or a list of 'host:port'"
@@ -301,7 +315,10 @@ class SourceSection(_Section):
 
 
 FILE_KEYS = ("path", "format", "split_bytes", "on_file_change")
-KAFKA_KEYS = tuple(k for k in SourceSection.model_fields if k != "kind" and k not in FILE_KEYS)
+SHARED_SOURCE_KEYS = ("kind", "reader_mode")
+KAFKA_KEYS = tuple(
+    k for k in SourceSection.model_fields if k not in SHARED_SOURCE_KEYS and k not in FILE_KEYS
+)
 
 
 class CheckpointSection(_Section):

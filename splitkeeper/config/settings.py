@@ -76,7 +76,7 @@ import os
 import re
 import tomllib
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -92,6 +92,7 @@ from splitkeeper.config.models import (
     OffsetOutOfRange,
     OperatorState,
     PipelineFile,
+    ReaderMode,
     RegionMode,
     SinkMode,
     SourceKind,
@@ -125,6 +126,7 @@ __all__ = [
     "OffsetOutOfRange",
     "OperatorState",
     "PipelineConfig",
+    "ReaderMode",
     "RegionMode",
     "SourceConfig",
     "SourceKind",
@@ -133,6 +135,7 @@ __all__ = [
     "check_limits",
     "config_from_mapping",
     "core_settings",
+    "with_reader_mode",
     "expand_env",
     "is_secret_key",
     "load_config",
@@ -183,6 +186,8 @@ class SourceConfig:
     ``connect_timeout_s`` (how long a Kafka request may wait for the broker) and
     ``read_timeout_s`` (how long a reader may make no progress); None: the connector's defaults;
     ``client``: librdkafka settings for every client (SASL/SSL), see :class:`ClientConfig`.
+    both: ``reader_mode`` (``deferred``: readers wait to be assigned on recovery, FLIP-537;
+    ``legacy``: they keep what they restored; protocol rule 1.2).
     """
 
     kind: SourceKind
@@ -199,6 +204,12 @@ class SourceConfig:
     connect_timeout_s: float | None
     read_timeout_s: float | None
     client: ClientConfig
+    reader_mode: ReaderMode = ReaderMode.DEFERRED
+
+    @property
+    def deferred_assignment(self) -> bool:
+        """Readers wait to be assigned on recovery (``reader_mode: deferred``, protocol rule 1.2)."""
+        return self.reader_mode is ReaderMode.DEFERRED
 
     @property
     def starting_mode(self) -> StartingMode:
@@ -829,6 +840,7 @@ def _view(file: PipelineFile, origin: str) -> PipelineConfig:
         format=sec.format,
         split_bytes=sec.split_bytes,
         on_file_change=sec.on_file_change,
+        reader_mode=sec.reader_mode,
         bootstrap_servers=resolved.bootstrap_servers,
         topics=tuple(sec.topics),
         topic_pattern=sec.topic_pattern,
@@ -895,13 +907,31 @@ def _view(file: PipelineFile, origin: str) -> PipelineConfig:
     )
 
 
-def core_settings(config: PipelineConfig, redistribution: Redistribution | None = None) -> DriverSettings:
+def with_reader_mode(config: PipelineConfig, reader_mode: ReaderMode | None) -> PipelineConfig:
+    """``config`` with this run's ``source.reader_mode`` (None: the file's): the ``--reader-mode``
+    option of run and recover, the DAGs' ``reader_mode`` Param."""
+    if reader_mode is None or reader_mode is config.source.reader_mode:
+        return config
+    return replace(config, source=replace(config.source, reader_mode=reader_mode))
+
+
+def core_settings(
+    config: PipelineConfig, redistribution: Redistribution | None = None, *, regions_dependence: str = ""
+) -> DriverSettings:
     """The protocol core's settings of a pipeline, the one place they are built from its config
-    (``redistribution`` overrides ``rescale.operator_state``, a recovery's choice)."""
+    (``redistribution`` overrides ``rescale.operator_state``, a recovery's choice).
+    ``regions_dependence``: why the regions are not independent although ``regions`` says
+    ``per_reader`` (a Spark transform whose plan shuffles the epoch's records, found when the
+    pipeline opens): every checkpoint is then global, and the mode says why (protocol rule 2.9)."""
+    checkpoint = config.checkpoint.core()
+    if regions_dependence:
+        checkpoint = replace(checkpoint, regions_independent=False, dependence=regions_dependence)
+    elif not checkpoint.regions_independent:
+        checkpoint = replace(checkpoint, dependence="the pipeline file says regions: global")
     return DriverSettings(
         pipeline=config.name,
         parallelism=config.parallelism,
-        checkpoint=config.checkpoint.core(),
+        checkpoint=checkpoint,
         backlog=config.backlog,
         retain_checkpoints=config.checkpoint.retain_checkpoints,
         strategy=config.strategy,

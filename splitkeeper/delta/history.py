@@ -408,6 +408,17 @@ class StateHistory:
                 *INCIDENT_COLUMNS,
             ],
         )
+        # a kept checkpoint's reason is its decision record's (the coordinator's sentence); an epoch
+        # has one unless a run died after its decision (then the latest, the one a redo committed)
+        decided = self.tables.read(
+            "decisions",
+            columns=["epoch_id", "reason", "decided_at"],
+            filter=pc.field("epoch_id").isin(kept.column("checkpoint_id")),
+        )
+        reasons = {
+            int(r["epoch_id"]): r["reason"] or ""
+            for r in sorted(decided.to_pylist(), key=lambda r: r["decided_at"])
+        }
         completed = [*kept.to_pylist(), *self.archived_checkpoints().to_pylist()]
         for row in completed:
             regions = row["regions"] or []
@@ -423,6 +434,7 @@ class StateHistory:
                     processing_backlog=row["processing_backlog"],
                     phases_ms=_phases(row),
                     failures=serde.failures_from_rows(row.get("failures")),
+                    reason=reasons.get(int(row["checkpoint_id"]), row.get("reason") or ""),
                 )
             )
         aborted = self.tables.read("checkpoint_log").filter(pc.field("kind") == CheckpointKind.ABORTED.value)

@@ -238,6 +238,8 @@ def spark_submit_epoch_task(task_id: str, pipeline: DagPipeline) -> Any:
             "{{ params.faults | tojson }}",
             "--pipeline-json",
             "{{ params.pipeline | tojson }}",
+            "{{ '--reset-backlog' if params.reset_backlog else '--no-reset-backlog' }}",
+            "--reader-mode={{ params.reader_mode or 'configured' }}",
         ],
         jars=os.environ.get("SPLITKEEPER_SPARK_JARS"),
         py_files=os.environ.get("SPLITKEEPER_PY_FILES"),

@@ -15,6 +15,7 @@ from splitkeeper.core.ports import EpochSink, RegionRun, StateStore
 from splitkeeper.core.types import RegionOutcome
 from splitkeeper.delta.checkpoints import DeltaStateStore
 from splitkeeper.delta.sink import DeltaSink, read_sink
+from splitkeeper.delta.validations import ValidationRecords
 from splitkeeper.spark.task import StagedWriter
 
 
@@ -25,6 +26,11 @@ class TestDeltaStateStore(StateStoreContract):
 
     def make_store(self) -> StateStore:
         return DeltaStateStore(self.root, "contract", "source-fingerprint")
+
+    def restart_checks(self, store: StateStore) -> list[tuple[str, int | None, str, tuple[int, ...]]]:
+        assert isinstance(store, DeltaStateStore)
+        rows = ValidationRecords(store.tables, "contract").recorded(in_run=True)
+        return [(r.restore or "", r.checkpoint_id, r.verdict, r.readers) for r in reversed(rows)]
 
 
 class TestDeltaSink(EpochSinkContract):
