@@ -29,6 +29,7 @@ from splitkeeper.orchestration.airflow import (
     DagPipeline,
     cluster_master,
     pipeline_param,
+    report_verdict,
     spark_submit_epoch_task,
 )
 
@@ -37,7 +38,7 @@ INGEST_DOC = """splitkeeper_ingest: the scheduled ingest of one pipeline.
 run epochs (the pipeline is opened once: an epoch the last run left half-done is
 finished from its decision record, the latest checkpoint is restored and proven by
 the in-run restart checks, new splits are discovered; epoch size follows the backlog
-state) -> Great Expectations restart checks -> run report (a teardown: it runs, and
+state) -> Great Expectations restart checks -> run report (trigger rule all_done: it runs, and
 says so, when the checks or the run failed; the DAG run then stays red). Scheduled by the pipeline file's
 airflow.schedule (default every 30 minutes; on_new_data: when the source has
 something new, seen by an Asset watcher that polls it without Spark). With several pipeline files there is
@@ -85,10 +86,12 @@ splitkeeper.airflow.splitkeeper_dags.
 """
 
 
-REPORT_RUNS_ALWAYS = """The report task of every DAG is a teardown (trigger rule all_done_setup_success, no
-setup): it runs when validate, or the step before it, failed, and its page says so (the restart
-checks' verdict is read from the validations table). A teardown does not decide the DAG run's state:
-the validate task does, so a run whose restart checks failed stays red with its report rendered."""
+REPORT_RUNS_ALWAYS = """The report task of every DAG runs last with trigger rule all_done: it runs when
+validate, or the step before it, failed, and its page says so (the restart checks' verdict is read
+from the validations table). As the DAG's leaf it decides the run's state: once the page is written
+it fails when another task of the run failed (splitkeeper.orchestration.airflow.report_verdict), so
+a run whose restart checks failed is red with its report rendered, and a run marked failed by hand
+is failed at once (a teardown would keep it queued to run the report)."""
 
 
 def reader_mode_param() -> Param:
@@ -201,8 +204,8 @@ def ingest_dag(pipeline: DagPipeline) -> DAG:
         validate = SplitkeeperValidateOperator(
             task_id="validate", pipeline_config=path, reader_mode="{{ params.reader_mode }}"
         )
-        report = SplitkeeperReportOperator(task_id="report", pipeline_config=path)
-        epochs >> validate >> report.as_teardown()  # see REPORT_RUNS_ALWAYS
+        report = SplitkeeperReportOperator(task_id="report", pipeline_config=path, trigger_rule="all_done")
+        epochs >> validate >> report  # see REPORT_RUNS_ALWAYS
     return dag
 
 
@@ -294,17 +297,17 @@ def recover_dag(pipeline: DagPipeline) -> DAG:
                 return {"skipped": "dry run"}
             return tasks.validate(path, reader_mode=(params or {}).get("reader_mode"))
 
-        @task
+        @task(trigger_rule="all_done")
         def resume(params: dict | None = None) -> str:
             if (params or {}).get("dry_run"):
-                return "dry run: nothing to resume"
-            return tasks.report(path, title="splitkeeper recovery report")
+                return report_verdict("dry run: nothing to resume")
+            return report_verdict(tasks.report(path, title="splitkeeper recovery report"))
 
         # each step's XCom is the next one's argument (mypy sees the XComArg, not the dict)
         reports: Any = collect_reader_reports(restore_enumerator_state())  # type: ignore[arg-type]
         classified: Any = classify_splits(reports)
         validated = validate(reassign_and_rebalance(reports, classified))  # type: ignore[arg-type]
-        validated >> resume().as_teardown()  # see REPORT_RUNS_ALWAYS
+        validated >> resume()  # see REPORT_RUNS_ALWAYS
     return dag
 
 
@@ -341,11 +344,11 @@ def rescale_dag(pipeline: DagPipeline) -> DAG:
         def validate(redistributed: dict) -> dict:
             return tasks.validate(path)
 
-        @task
+        @task(trigger_rule="all_done")
         def report() -> str:
-            return tasks.report(path, title="splitkeeper rescale report")
+            return report_verdict(tasks.report(path, title="splitkeeper rescale report"))
 
-        validate(redistribute(restore())) >> report().as_teardown()  # type: ignore[arg-type]  # REPORT_RUNS_ALWAYS
+        validate(redistribute(restore())) >> report()  # type: ignore[arg-type]  # see REPORT_RUNS_ALWAYS
     return dag
 
 

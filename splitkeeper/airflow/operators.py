@@ -208,10 +208,11 @@ class SplitkeeperReportOperator(_SplitkeeperOperator):
 
     def execute(self, context: Any) -> str:
         from splitkeeper.orchestration import tasks
+        from splitkeeper.orchestration.airflow import report_verdict
 
         out = tasks.report(self.path, title=self.title or None)
         log.info("report: %s", out)
-        return out
+        return report_verdict(out)
 
 
 class SplitkeeperMaintainOperator(_SplitkeeperOperator):

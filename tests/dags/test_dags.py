@@ -312,8 +312,8 @@ def test_an_override_only_the_core_rejects_fails_the_run_naming_the_key(airflow_
 def test_a_failed_validate_turns_the_run_red_and_its_report_still_says_why(
     airflow_db, spark, tmp_path, monkeypatch
 ):
-    """Issue 39: the report task is a teardown (it runs when validate fails); the DAG run's state is
-    validate's (red), and the page the report task kept for the run names the failed check."""
+    """Issue 39: the report task runs when validate fails (trigger rule all_done), keeps its page
+    for the run naming the failed check, then fails naming validate: the DAG run is red."""
     from deltalake import DeltaTable, write_deltalake
 
     from splitkeeper.app import services
@@ -331,9 +331,16 @@ def test_a_failed_validate_turns_the_run_red_and_its_report_still_says_why(
     write_deltalake(config.sink_path, one, mode="append")  # a record written twice: rule 6.4 breaks
 
     run = load_dag("splitkeeper_ingest").test(run_conf={"epochs": 1})
-    states = {ti.task_id: ti.state for ti in run.get_task_instances()}
-    assert states == {"run_epochs": "success", "validate": "failed", "report": "success"}
-    assert run.state == "failed"  # the teardown report does not decide it: validate does
+    tis = {ti.task_id: ti for ti in run.get_task_instances()}
+    assert {task: ti.state for task, ti in tis.items()} == {
+        "run_epochs": "success",
+        "validate": "failed",
+        "report": "failed",
+    }
+    assert run.state == "failed"
+    assert tis["report"].xcom_pull(task_ids="report") == str(
+        run_report_path("splitkeeper_ingest", run.run_id)
+    )  # the "Run report" link's XCom is there though the task failed
     page = run_report_path("splitkeeper_ingest", run.run_id).read_text(encoding="utf-8")
     assert f"FAILED on checkpoint {latest.id} (sink_records)" in page
     assert "offset_duplicate" in page

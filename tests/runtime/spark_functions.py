@@ -37,6 +37,7 @@ def orders(df: DataFrame) -> DataFrame:
     )
 
 
+@spark_transform
 def narrow(df: DataFrame) -> DataFrame:
     """Row by row only: filter, withColumn and a broadcast join with a static table. Its plan shuffles
     none of the epoch's records, so regions stay independent."""
