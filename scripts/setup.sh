@@ -6,6 +6,7 @@
 #   bash scripts/setup.sh --dev           # that, plus what the tests need: devpython, otelcol, browser, compose
 #   bash scripts/setup.sh jars            # only some steps: python, jars, devpython, otelcol, browser, compose, cluster
 #   bash scripts/setup.sh cluster         # what scripts/cluster.sh needs (not part of the default run)
+#   bash scripts/setup.sh versitygw       # only the object store (the real-S3 tests build it so, on demand)
 #
 # Steps:
 #   python    .venv/ (Python >= 3.11, any bundled pip); that pip installs locks/bootstrap.txt only
@@ -24,6 +25,8 @@
 #   cluster   ONLY WHEN ASKED (scripts/cluster.sh, tests/cluster): PostgreSQL (apt-get), the
 #             object store versitygw (go install, pinned in scripts/versitygw.version)
 #             -> .tools/versitygw/bin/, and Maven (jvm/s3a.xml) -> .jars/s3a/ (S3A for Spark)
+#   versitygw ONLY WHEN ASKED: the object store alone (the versitygw of cluster); the tests' fixture
+#             `versitygw` (tests/conftest.py) runs it when the binary is missing
 #
 # Environment:
 #   SPLITKEEPER_PYTHON       interpreter that creates .venv (default: python3.11, else python3)
@@ -390,7 +393,8 @@ for step in "${steps[@]}"; do
         browser) step_browser ;;
         compose) step_compose ;;
         cluster) step_cluster ;;
-        *) die "unknown step '$step'; choose from: --dev python jars devpython otelcol browser compose cluster" ;;
+        versitygw) mkdir -p "$TOOLS_DIR"; cluster_object_store ;;
+        *) die "unknown step '$step'; choose from: --dev python jars devpython otelcol browser compose cluster versitygw" ;;
     esac
 done
 if [[ -n "$otelcol_pid" ]]; then

@@ -4,6 +4,9 @@
   :func:`splitkeeper.spark.session.get_spark` (``local[2]``, UI off, 2 shuffle
   partitions, Delta on). The JVM starts once, on first use, and stops at the end.
 - ``kafka_broker`` (session scope): one local KRaft broker for the whole run.
+- ``versitygw`` (session scope): the object store's binary (``.tools/versitygw/bin/versitygw``),
+  built by ``bash scripts/setup.sh versitygw`` when missing; a failed build fails the test that
+  needs it (never a skip: a real-S3 test does not depend on another test having built it first).
 - ``scratch``: a :class:`ScratchDirs` over ``tmp_path``, for Delta tables and state.
 
 A test using ``spark`` or ``kafka_broker`` is marked ``spark`` / ``kafka``
@@ -121,6 +124,35 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkSession]:
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="session")
+def versitygw() -> Path:
+    """The versitygw binary, built now when it is not (``bash scripts/setup.sh versitygw``)."""
+    import subprocess
+
+    from splitkeeper_tools.chaos.store import versitygw_binary
+
+    found = versitygw_binary()
+    if found is not None:
+        return found
+    repo = Path(__file__).resolve().parents[1]
+    done = subprocess.run(
+        ["bash", str(repo / "scripts" / "setup.sh"), "versitygw"],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        check=False,
+    )
+    found = versitygw_binary()
+    if done.returncode != 0 or found is None:
+        pytest.fail(
+            "the real-S3 tests need versitygw and building it failed: bash scripts/setup.sh versitygw "
+            f"exited {done.returncode}:\n{(done.stdout + done.stderr)[-3000:]}",
+            pytrace=False,
+        )
+    return found
 
 
 @pytest.fixture(scope="session")

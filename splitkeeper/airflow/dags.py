@@ -27,6 +27,7 @@ from splitkeeper.airflow.wiring import (
     DagPipeline,
     cluster_master,
     pipeline_param,
+    report_verdict,
     spark_submit_epoch_task,
 )
 from splitkeeper.config.limits import MAX_PARALLELISM
@@ -35,9 +36,10 @@ from splitkeeper.config.models import DEFAULT_SCHEDULE, ON_NEW_DATA
 INGEST_DOC = """splitkeeper_ingest: the scheduled ingest of one pipeline.
 
 run epochs (the pipeline is opened once: an epoch the last run left half-done is
-finished from its decision record, the latest checkpoint is restored, new splits
-are discovered; epoch size follows the backlog state) -> Great Expectations
-restart checks -> run report. Scheduled by the pipeline file's
+finished from its decision record, the latest checkpoint is restored and proven by
+the in-run restart checks, new splits are discovered; epoch size follows the backlog
+state) -> Great Expectations restart checks -> run report (trigger rule all_done: it runs, and
+says so, when the checks or the run failed; the DAG run then stays red). Scheduled by the pipeline file's
 airflow.schedule (default every 30 minutes; on_new_data: when the source has
 something new, seen by an Asset watcher that polls it without Spark). With several pipeline files there is
 one such DAG per pipeline, splitkeeper_ingest__<pipeline name>. Built by
@@ -47,8 +49,9 @@ splitkeeper.airflow.splitkeeper_dags from the splitkeeper operators.
 RECOVER_DOC = """splitkeeper_recover: recovery after an incident, triggered by hand.
 
 Params (validated when the run is triggered): checkpoint_id ('latest' or an
-id), mode (auto, global, partial), parallelism (null keeps it; another value
-rescales), dry_run (only print the plan), release (quarantined split ids to
+id), mode (auto, global, partial) and readers (partial: the readers that restart
+alone, through the enumerator's partial failover, protocol rule 1.3), parallelism
+(null keeps it; another value rescales), dry_run (only print the plan), release (quarantined split ids to
 put back; status lists them), rewind + confirm + reason (go back to
 the older checkpoint checkpoint_id, state and sink together), reset_split + reset_to (set one
 split's offset). A rewind or a reset is planned by the first step (its plan in the log) and
@@ -81,6 +84,25 @@ Never removes a file a kept checkpoint or an uncommitted epoch needs. One DAG pe
 configured pipeline (see splitkeeper_ingest). Built by
 splitkeeper.airflow.splitkeeper_dags.
 """
+
+
+REPORT_RUNS_ALWAYS = """The report task of every DAG runs last with trigger rule all_done: it runs when
+validate, or the step before it, failed, and its page says so (the restart checks' verdict is read
+from the validations table). As the DAG's leaf it decides the run's state: once the page is written
+it fails when another task of the run failed (splitkeeper.airflow.wiring.report_verdict), so
+a run whose restart checks failed is red with its report rendered, and a run marked failed by hand
+is failed at once (a teardown would keep it queued to run the report)."""
+
+
+def reader_mode_param() -> Param:
+    """The ``reader_mode`` Param of the ingest and recovery DAGs: this run's ``source.reader_mode``."""
+    return Param(
+        None,
+        type=["null", "string"],
+        enum=[None, "deferred", "legacy"],
+        description="readers on recovery: deferred (they wait for the enumerator to assign, FLIP-537), "
+        "legacy (they keep and read what they restored); null: the pipeline file's source.reader_mode",
+    )
 
 
 def schedule_of(pipeline: DagPipeline) -> Any:
@@ -152,6 +174,13 @@ def ingest_dag(pipeline: DagPipeline) -> DAG:
                 description="faults to inject (demos): fail:REGION@EPOCH, flaky:REGION@EPOCH or "
                 "stall[:SECONDS]:REGION@EPOCH",
             ),
+            "reset_backlog": Param(
+                False,
+                type="boolean",
+                description="Kafka: the end offsets now become every partition's backlog boundary "
+                "(throughput epoch size and interval until caught up; run --reset-backlog)",
+            ),
+            "reader_mode": reader_mode_param(),
             "pipeline": pipeline_param(),
         },
     ) as dag:
@@ -167,12 +196,16 @@ def ingest_dag(pipeline: DagPipeline) -> DAG:
                 continuous="{{ params.continuous }}",
                 faults="{{ params.faults | tojson }}",
                 pipeline="{{ params.pipeline | tojson }}",
+                reset_backlog="{{ params.reset_backlog }}",
+                reader_mode="{{ params.reader_mode }}",
                 pool=pipeline.writer_pool(),
                 outlets=pipeline.assets(),
             )
-        validate = SplitkeeperValidateOperator(task_id="validate", pipeline_config=path)
-        report = SplitkeeperReportOperator(task_id="report", pipeline_config=path)
-        epochs >> validate >> report
+        validate = SplitkeeperValidateOperator(
+            task_id="validate", pipeline_config=path, reader_mode="{{ params.reader_mode }}"
+        )
+        report = SplitkeeperReportOperator(task_id="report", pipeline_config=path, trigger_rule="all_done")
+        epochs >> validate >> report  # see REPORT_RUNS_ALWAYS
     return dag
 
 
@@ -192,7 +225,18 @@ def recover_dag(pipeline: DagPipeline) -> DAG:
                 description="'latest' or the id of a completed checkpoint",
             ),
             "mode": Param(
-                "auto", type="string", enum=list(tasks.RECOVERY_MODES), description="recovery mode"
+                "auto",
+                type="string",
+                enum=list(tasks.RECOVERY_MODES),
+                description="global: every reader restarts from the checkpoint; partial: after that "
+                "restore only `readers` restart, through the enumerator's partial failover (protocol "
+                "rule 1.3); auto: partial when readers are given, else global",
+            ),
+            "readers": Param(
+                [],
+                type="array",
+                items={"type": "integer", "minimum": 0},
+                description="mode partial: the readers to restart (status shows each reader's load)",
             ),
             "parallelism": Param(
                 None,
@@ -226,6 +270,7 @@ def recover_dag(pipeline: DagPipeline) -> DAG:
                 description="quarantined splits to put back (status lists them); read again from their "
                 "position",
             ),
+            "reader_mode": reader_mode_param(),
         },
     ) as dag:
         path = pipeline.config_path
@@ -247,21 +292,22 @@ def recover_dag(pipeline: DagPipeline) -> DAG:
             return tasks.reassign_and_rebalance(reports, path)
 
         @task
-        def validate(reassigned: dict) -> dict:
+        def validate(reassigned: dict, params: dict | None = None) -> dict:
             if reassigned.get("dry_run"):
                 return {"skipped": "dry run"}
-            return tasks.validate(path)
+            return tasks.validate(path, reader_mode=(params or {}).get("reader_mode"))
 
-        @task
-        def resume(validated: dict) -> str:
-            if validated.get("skipped"):
-                return "dry run: nothing to resume"
-            return tasks.report(path, title="splitkeeper recovery report")
+        @task(trigger_rule="all_done")
+        def resume(params: dict | None = None) -> str:
+            if (params or {}).get("dry_run"):
+                return report_verdict("dry run: nothing to resume")
+            return report_verdict(tasks.report(path, title="splitkeeper recovery report"))
 
         # each step's XCom is the next one's argument (mypy sees the XComArg, not the dict)
         reports: Any = collect_reader_reports(restore_enumerator_state())  # type: ignore[arg-type]
         classified: Any = classify_splits(reports)
-        resume(validate(reassign_and_rebalance(reports, classified)))  # type: ignore[arg-type]
+        validated = validate(reassign_and_rebalance(reports, classified))  # type: ignore[arg-type]
+        validated >> resume()  # see REPORT_RUNS_ALWAYS
     return dag
 
 
@@ -298,11 +344,11 @@ def rescale_dag(pipeline: DagPipeline) -> DAG:
         def validate(redistributed: dict) -> dict:
             return tasks.validate(path)
 
-        @task
-        def report(validated: dict) -> str:
-            return tasks.report(path, title="splitkeeper rescale report")
+        @task(trigger_rule="all_done")
+        def report() -> str:
+            return report_verdict(tasks.report(path, title="splitkeeper rescale report"))
 
-        report(validate(redistribute(restore())))  # type: ignore[arg-type]
+        validate(redistribute(restore())) >> report()  # type: ignore[arg-type]  # see REPORT_RUNS_ALWAYS
     return dag
 
 

@@ -99,6 +99,8 @@ class SplitkeeperIngestOperator(_SplitkeeperOperator):
         a global checkpoint (templated)
     :param faults: faults to inject (demos), e.g. ``["fail:1@2"]``, or its JSON text (templated)
     :param pipeline: this run's overrides of the config's tuning sections, or its JSON text (templated)
+    :param reset_backlog: the end offsets now become every split's backlog boundary (templated)
+    :param reader_mode: ``deferred``, ``legacy`` or None (the file's ``source.reader_mode``) (templated)
     """
 
     template_fields: Sequence[str] = (
@@ -108,6 +110,8 @@ class SplitkeeperIngestOperator(_SplitkeeperOperator):
         "continuous",
         "faults",
         "pipeline",
+        "reset_backlog",
+        "reader_mode",
     )
 
     def __init__(
@@ -118,6 +122,8 @@ class SplitkeeperIngestOperator(_SplitkeeperOperator):
         continuous: bool | str = False,
         faults: Sequence[str] | str = (),
         pipeline: Mapping[str, Any] | str | None = None,
+        reset_backlog: bool | str = False,
+        reader_mode: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -126,6 +132,8 @@ class SplitkeeperIngestOperator(_SplitkeeperOperator):
         self.continuous = continuous
         self.faults = faults
         self.pipeline = pipeline
+        self.reset_backlog = reset_backlog
+        self.reader_mode = reader_mode
 
     def execute(self, context: Any) -> dict[str, Any]:
         from splitkeeper.airflow import tasks
@@ -139,6 +147,8 @@ class SplitkeeperIngestOperator(_SplitkeeperOperator):
             until_caught_up=_flag("until_caught_up", self.until_caught_up),
             continuous=_flag("continuous", self.continuous),
             pipeline=_json("pipeline", self.pipeline, dict) or None,
+            reset_backlog=_flag("reset_backlog", self.reset_backlog),
+            reader_mode=_optional("reader_mode", self.reader_mode, str),
         )
 
     def on_kill(self) -> None:
@@ -161,18 +171,26 @@ class SplitkeeperValidateOperator(_SplitkeeperOperator):
 
     :param pipeline_config: the pipeline file (templated)
     :param checkpoint_id: the checkpoint to check; None: the latest (templated)
+    :param reader_mode: the readers' mode of the checked run; None: the file's (templated)
     """
 
-    template_fields: Sequence[str] = ("pipeline_config", "checkpoint_id")
+    template_fields: Sequence[str] = ("pipeline_config", "checkpoint_id", "reader_mode")
 
-    def __init__(self, *, checkpoint_id: int | str | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self, *, checkpoint_id: int | str | None = None, reader_mode: str | None = None, **kwargs: Any
+    ) -> None:
         super().__init__(**kwargs)
         self.checkpoint_id = checkpoint_id
+        self.reader_mode = reader_mode
 
     def execute(self, context: Any) -> dict[str, Any]:
         from splitkeeper.airflow import tasks
 
-        return tasks.validate(self.path, _optional("checkpoint_id", self.checkpoint_id, int))
+        return tasks.validate(
+            self.path,
+            _optional("checkpoint_id", self.checkpoint_id, int),
+            reader_mode=_optional("reader_mode", self.reader_mode, str),
+        )
 
 
 class SplitkeeperReportOperator(_SplitkeeperOperator):
@@ -190,10 +208,11 @@ class SplitkeeperReportOperator(_SplitkeeperOperator):
 
     def execute(self, context: Any) -> str:
         from splitkeeper.airflow import tasks
+        from splitkeeper.airflow.wiring import report_verdict
 
         out = tasks.report(self.path, title=self.title or None)
         log.info("report: %s", out)
-        return out
+        return report_verdict(out)
 
 
 class SplitkeeperMaintainOperator(_SplitkeeperOperator):
@@ -226,6 +245,7 @@ class SplitkeeperRecoverOperator(_SplitkeeperOperator):
     :param pipeline_config: the pipeline file (templated)
     :param checkpoint_id: ``"latest"`` or a checkpoint id (templated)
     :param mode: ``auto``, ``global`` or ``partial`` (templated)
+    :param readers: with ``partial``: the readers to restart, or its JSON text (templated)
     :param parallelism: a new parallelism (a rescale); None keeps it (templated)
     :param dry_run: only log the plan (templated, as the attribute ``plan_only``)
     :param release: quarantined split ids to put back, or its JSON text (templated)
@@ -240,6 +260,7 @@ class SplitkeeperRecoverOperator(_SplitkeeperOperator):
         "pipeline_config",
         "checkpoint_id",
         "mode",
+        "readers",
         "parallelism",
         "plan_only",
         "release",
@@ -255,6 +276,7 @@ class SplitkeeperRecoverOperator(_SplitkeeperOperator):
         *,
         checkpoint_id: int | str = "latest",
         mode: str = "auto",
+        readers: Sequence[int] | str = (),
         parallelism: int | str | None = None,
         dry_run: bool | str = False,
         release: Sequence[str] | str = (),
@@ -268,6 +290,7 @@ class SplitkeeperRecoverOperator(_SplitkeeperOperator):
         super().__init__(**kwargs)
         self.checkpoint_id = checkpoint_id
         self.mode = mode
+        self.readers = readers
         self.parallelism = parallelism
         self.plan_only = dry_run  # BaseOperator.dry_run is a method
         self.release = release
@@ -283,6 +306,9 @@ class SplitkeeperRecoverOperator(_SplitkeeperOperator):
         return {
             "checkpoint_id": str(self.checkpoint_id),
             "mode": self.mode,
+            "readers": _json(
+                "readers", list(self.readers) if isinstance(self.readers, tuple) else self.readers, list
+            ),
             "parallelism": _optional("parallelism", self.parallelism, int),
             "dry_run": _flag("dry_run", self.plan_only),
             "release": _json("release", release, list),

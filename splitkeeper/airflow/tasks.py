@@ -19,7 +19,7 @@ from typing import Any
 from splitkeeper.airflow.files import config_path
 from splitkeeper.app import services
 from splitkeeper.config.limits import check_parallelism
-from splitkeeper.config.settings import PipelineConfig, load_config
+from splitkeeper.config.settings import PipelineConfig, ReaderMode, load_config
 from splitkeeper.core.rescale import Redistribution
 from splitkeeper.errors import InvalidParameterError
 
@@ -50,6 +50,8 @@ def run_epochs(
     until_caught_up: bool = True,
     continuous: bool = False,
     pipeline: Mapping[str, Any] | None = None,
+    reset_backlog: bool = False,
+    reader_mode: str | None = None,
 ) -> dict[str, Any]:
     """Open the pipeline once (recover a half-done epoch, restore), discover, run epochs.
 
@@ -59,25 +61,55 @@ def run_epochs(
     ``continuous`` runs on the backlog/normal checkpoint intervals until the task is
     cancelled (SIGTERM), then ends on a global checkpoint. ``pipeline``: this run's overrides
     of the config's tuning sections (the DAG's ``pipeline`` Param), validated with the file
-    before anything runs (ConfigError names the dotted key).
+    before anything runs (ConfigError names the dotted key). ``reset_backlog``: the end offsets now
+    become the splits' backlog boundaries (``run --reset-backlog``, protocol rule 4.1);
+    ``reader_mode``: this run's ``source.reader_mode`` (None: the file's).
     """
     config = _config(path, pipeline)
+    mode = reader_mode_of(reader_mode)
     if continuous:
-        result = services.run(config, faults=faults, continuous=True)
+        result = services.run(
+            config, faults=faults, continuous=True, reset_backlog=reset_backlog, reader_mode=mode
+        )
     else:
-        result = services.run(config, epochs=epochs, faults=faults, until_caught_up=until_caught_up)
+        result = services.run(
+            config,
+            epochs=epochs,
+            faults=faults,
+            until_caught_up=until_caught_up,
+            reset_backlog=reset_backlog,
+            reader_mode=mode,
+        )
     return result.to_dict()
 
 
+def reader_mode_of(value: Any) -> ReaderMode | None:
+    """The DAGs' ``reader_mode`` Param ('deferred', 'legacy'; None, '' or 'None': the file's)."""
+    if value in (None, "", "None", "null", "configured"):
+        return None
+    try:
+        return ReaderMode(value)
+    except ValueError as err:
+        raise InvalidParameterError(
+            "reader_mode", value, "'deferred', 'legacy' or null (the pipeline file's source.reader_mode)"
+        ) from err
+
+
 def validate(
-    path: str | None = None, checkpoint_id: int | None = None, *, skip_validated: bool = True
+    path: str | None = None,
+    checkpoint_id: int | None = None,
+    *,
+    skip_validated: bool = True,
+    reader_mode: str | None = None,
 ) -> dict[str, Any]:
     """Great Expectations restart checks on a checkpoint and the sink; raises on a violation.
 
     ``skip_validated``: when the latest checkpoint passed already and nothing the checks read changed
     since (a run with nothing new), they are not run again and no Spark starts; the result names that
     checkpoint, when it was validated and its Data Docs (``already_validated_at``, ``data_docs``)."""
-    return services.validate(_config(path), checkpoint_id, skip_validated=skip_validated).to_dict()
+    return services.validate(
+        _config(path), checkpoint_id, skip_validated=skip_validated, reader_mode=reader_mode_of(reader_mode)
+    ).to_dict()
 
 
 def report(path: str | None = None, title: str | None = None) -> str:
@@ -105,9 +137,12 @@ def next_epoch(path: str | None = None) -> int:
 def check_recovery_params(params: Mapping[str, Any]) -> dict[str, Any]:
     """Validate the recovery DAG's Params beyond their JSON schema; return them normalised."""
     checkpoint_id = services.checkpoint_id_of(params.get("checkpoint_id", "latest"))
-    mode = params.get("mode", "auto")
-    if mode not in RECOVERY_MODES:
-        raise InvalidParameterError("mode", mode, f"one of {', '.join(RECOVERY_MODES)}")
+    readers = params.get("readers") or []
+    if not isinstance(readers, list) or not all(
+        isinstance(r, int) and not isinstance(r, bool) and r >= 0 for r in readers
+    ):
+        raise InvalidParameterError("readers", readers, "a list of reader ids (integers >= 0)")
+    mode = services.recovery_mode(params.get("mode", "auto"), readers)
     parallelism = params.get("parallelism")
     if parallelism is not None:
         check_parallelism(parallelism, or_else=", or null to keep it")
@@ -149,6 +184,10 @@ def check_recovery_params(params: Mapping[str, Any]) -> dict[str, Any]:
         "reason": str(params.get("reason") or ""),
         "reset_split": reset_split,
         "reset_to": reset_to,
+        "readers": list(readers),
+        "reader_mode": None
+        if (mode_of := reader_mode_of(params.get("reader_mode"))) is None
+        else mode_of.value,
     }
 
 
@@ -194,7 +233,9 @@ def restore_enumerator_state(params: Mapping[str, Any], path: str | None = None)
         return {**chosen, "operator": operator_change(chosen, path, apply=False)}
     preview = services.preview_recovery(_config(path), chosen["checkpoint_id"]).to_dict()
     preview.pop("reports")
-    services.check_recovery_mode(chosen["mode"], chosen["parallelism"], preview["parallelism_before"])
+    services.check_recovery_mode(
+        chosen["mode"], chosen["parallelism"], preview["parallelism_before"], chosen["readers"]
+    )
     # "requested": what the writing step restores. 'latest' stays None: that step waits for the
     # pipeline's pool slot, and a run that held it meanwhile may have committed newer checkpoints.
     return {**chosen, **preview, "requested": chosen["checkpoint_id"]}
@@ -229,9 +270,13 @@ def _recover(reports: Mapping[str, Any], path: str | None, dry_run: bool) -> dic
         mode=reports.get("mode", "auto"),
         dry_run=dry_run,
         release=reports.get("release") or (),
+        readers=reports.get("readers") or (),
+        reader_mode=reader_mode_of(reports.get("reader_mode")),
     )
     out = result.to_dict()
     log.info("recovery decisions: %s", out["opened"]["decisions"])
+    for line in result.failovers:
+        log.info("partial recovery: %s", line)
     return out
 
 

@@ -132,14 +132,17 @@ class DagPipeline:
 
         The function gets one dict: pipeline, dag_id, task_id, run_id, try_number and the error
         (as text). A failing notification is logged, never raised: it must not hide the task's
-        own failure.
+        own failure. The report step's verdict (:func:`report_verdict`: it fails because another
+        task of the run failed) is not notified again.
         """
         config = self.config
         if config is None or config.notifications.on_failure is None:
             return
+        ti = context.get("ti") or context.get("task_instance")
+        if getattr(ti, "task_id", None) in REPORT_STEPS and _other_failed_tasks(ti):
+            return  # the report step's verdict (report_verdict): the failed task was notified already
         from splitkeeper.callables import Role, resolve_callable
 
-        ti = context.get("ti") or context.get("task_instance")
         event = {
             "pipeline": config.name,
             "dag_id": getattr(ti, "dag_id", None),
@@ -233,6 +236,8 @@ def spark_submit_epoch_task(task_id: str, pipeline: DagPipeline) -> Any:
             "{{ params.faults | tojson }}",
             "--pipeline-json",
             "{{ params.pipeline | tojson }}",
+            "{{ '--reset-backlog' if params.reset_backlog else '--no-reset-backlog' }}",
+            "--reader-mode={{ params.reader_mode or 'configured' }}",
         ],
         jars=os.environ.get("SPLITKEEPER_SPARK_JARS"),
         py_files=os.environ.get("SPLITKEEPER_PY_FILES"),
@@ -240,3 +245,36 @@ def spark_submit_epoch_task(task_id: str, pipeline: DagPipeline) -> Any:
         pool=pipeline.writer_pool(),
         outlets=pipeline.assets(),
     )
+
+
+#: Task states of a DAG run that make it red (``upstream_failed``: a task after a failed one).
+FAILED_STATES = ("failed", "upstream_failed")
+#: The task ids of the DAGs' report steps (ingest and rescale: ``report``; recover: ``resume``).
+REPORT_STEPS = ("report", "resume")
+
+
+def _other_failed_tasks(ti: Any) -> dict[str, str]:
+    """Task id -> state of the tasks of ``ti``'s DAG run, other than ``ti``'s, that failed."""
+    states = ti.get_task_states(dag_id=ti.dag_id, run_ids=[ti.run_id]).get(ti.run_id, {})
+    return {task: state for task, state in states.items() if task != ti.task_id and state in FAILED_STATES}
+
+
+def report_verdict(report: str) -> str:
+    """Called by a DAG's report step (trigger rule ``all_done``: it runs after a failed validate or
+    ingest too) once the report is rendered: the report step decides the DAG run's state as its
+    leaf, so it fails when another task of this run failed, naming it and the report, which says why.
+    The report's path is pushed as the step's XCom first, so the "Run report" link works either way.
+
+    Not a teardown: Airflow keeps a run with a pending teardown alive, so marking a queued run failed
+    would leave it queued, run the teardown later and end the run as a success."""
+    from airflow.exceptions import AirflowFailException
+    from airflow.sdk import get_current_context
+
+    ti = get_current_context()["ti"]
+    states = _other_failed_tasks(ti)
+    failed = sorted(states)
+    if failed:
+        ti.xcom_push(key="return_value", value=report)
+        named = ", ".join(f"{task} {states[task]}" for task in failed)
+        raise AirflowFailException(f"this DAG run failed ({named}); its run report says why: {report}")
+    return report

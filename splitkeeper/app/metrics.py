@@ -23,6 +23,9 @@ A :class:`PipelineMetrics` is fed each epoch's :class:`~splitkeeper.core.driver.
   {split}`` (offsets advanced between the last two checkpoints over the time between them),
   ``splitkeeper_split_in_backlog{split}``, ``splitkeeper_split_finished{split}`` (a split read
   to its end is reported once more, at its end, then no longer updated);
+- per in-run restart check (a restore inside a run proven before it reads on, protocol section 6):
+  ``splitkeeper_restart_checks_total{verdict}`` (passed, failed), written at once (a failed check
+  stops the run before any epoch);
 - ``splitkeeper_store_retries_total{operation}``: the retries of store calls splitkeeper itself
   made in this process (:mod:`splitkeeper.delta.retries`: the fence's re-reads after a lost
   answer, a state append or delete sent again, the store probe's, the lease heartbeat's; the storage
@@ -33,7 +36,8 @@ A :class:`PipelineMetrics` is fed each epoch's :class:`~splitkeeper.core.driver.
 
 Every metric carries the label ``pipeline``. The counters are cumulative across runs: a run
 starts them from the state (:func:`seed_from_state`: the ``checkpoints`` and ``checkpoint_log``
-tables give every attempt's kind and region outcomes, the dead-letter table every stage; delta-rs
+tables give every attempt's kind and region outcomes, the ``validations`` table every in-run restart
+check's verdict, the dead-letter table every stage; delta-rs
 and pyarrow, no Spark), and ``records_committed_total``, which the state does not hold, from the
 last ``metrics.prom`` when that file is as recent as the state (else it restarts at 0 with a
 warning, which Prometheus reads as a counter reset). The two timestamps and the ref chain are
@@ -63,6 +67,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from splitkeeper.core.backlog import split_lag
+from splitkeeper.core.restarts import RestartCheck
 from splitkeeper.core.types import CheckpointKind, CompletedCheckpoint, Split
 from splitkeeper.delta import storage
 from splitkeeper.sinks.port import SinkReader, SinkTable
@@ -97,6 +102,7 @@ class Seed:
     checkpoints: Counter[str] = field(default_factory=Counter)  # kind -> attempts
     outcomes: Counter[tuple[str, str]] = field(default_factory=Counter)  # (region, outcome) -> count
     dead_letters: Counter[str] = field(default_factory=Counter)  # stage -> rows
+    restart_checks: Counter[str] = field(default_factory=Counter)  # verdict -> in-run restart checks
     records_committed: int = 0
     latest_id: int | None = None  # the latest completed checkpoint
     last_at: float | None = None  # unix seconds of the latest completed checkpoint
@@ -156,6 +162,14 @@ def seed_from_state(state_path: str, sink: SinkReader | None, pipeline: str = ""
         stages = sink.rows(SinkTable.DEAD_LETTERS, ["stage"]).column("stage")
         for row in pa.table({"stage": stages}).group_by("stage").aggregate([([], "count_all")]).to_pylist():
             seed.dead_letters[str(row["stage"])] += int(row["count_all"])
+    checks = tables.read(
+        "validations", filter=pc.field("pipeline") == pipeline, columns=["verdict", "restore"]
+    )
+    for verdict, restore in zip(
+        checks.column("verdict").to_pylist(), checks.column("restore").to_pylist(), strict=True
+    ):
+        if restore is not None:
+            seed.restart_checks[verdict or "passed"] += 1
     seed.records_committed = _previous_records(state_path, seed.latest_id, pipeline)
     return seed
 
@@ -279,6 +293,10 @@ class PipelineMetrics:
         self._dead = meter.create_counter(
             "splitkeeper_dead_letters", description="records written to the dead-letter table, per stage"
         )
+        self._restart_checks = meter.create_counter(
+            "splitkeeper_restart_checks",
+            description="in-run restart checks (each restore inside a run, proven before it reads on)",
+        )
         self._last_at = meter.create_gauge(
             "splitkeeper_last_checkpoint_timestamp_seconds",
             unit="s",
@@ -340,6 +358,8 @@ class PipelineMetrics:
         self._records.add(seed.records_committed, base)
         for stage, count in sorted(seed.dead_letters.items()):
             self._dead.add(count, {**base, "stage": stage})
+        for verdict in ("passed", "failed"):  # both, 0 included: an alert on the failed series can fire
+            self._restart_checks.add(seed.restart_checks.get(verdict, 0), {**base, "verdict": verdict})
         if limit is not None:
             self._consecutive_limit.set(limit, base)
         if seed.latest_id is not None:
@@ -376,6 +396,16 @@ class PipelineMetrics:
         self._observed = True
         try:
             self._record(report)
+            self.flush()
+        except Exception as err:  # noqa: BLE001 - metrics never stop a run
+            log.warning("pipeline %s: metrics not written: %s", self.pipeline, err)
+
+    def restart_checked(self, check: RestartCheck) -> None:
+        """Count one in-run restart check by its verdict, then write the file and push OTLP (a failed
+        check stops the run before any epoch would). Never raises."""
+        self._observed = True
+        try:
+            self._restart_checks.add(1, {"pipeline": self.pipeline, "verdict": check.verdict})
             self.flush()
         except Exception as err:  # noqa: BLE001 - metrics never stop a run
             log.warning("pipeline %s: metrics not written: %s", self.pipeline, err)

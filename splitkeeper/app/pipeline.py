@@ -46,6 +46,7 @@ from splitkeeper.core.ports import (
     DriverHooks,
 )
 from splitkeeper.core.rescale import Redistribution
+from splitkeeper.core.restarts import RestartCheck
 from splitkeeper.core.source import SourceConnector
 from splitkeeper.core.types import CompletedCheckpoint, Split
 from splitkeeper.delta.checkpoints import DeltaStateStore
@@ -115,6 +116,17 @@ class RuntimeHooks(DriverHooks):
     def progress(self, line: str, **context: Any) -> None:
         PROGRESS_LOG.info(line, extra=context)
         self._progress(line)
+
+    def restart_checked(self, check: RestartCheck) -> None:
+        """Every in-run restart check: a log line (an error when it failed) and the metrics' counter."""
+        if check.passed:
+            log.info("restart check: %s", check.line(), extra={"epoch": check.epoch})
+        else:
+            log.error("restart check: %s", check.line(), extra={"epoch": check.epoch})
+        for note in check.notes:
+            log.warning("restart check of checkpoint %s: %s", check.checkpoint_id, note)
+        if self.metrics is not None:
+            self.metrics.restart_checked(check)
 
     def after_epoch(self, report: Any) -> None:
         for region in report.idle_regions:  # a fault for an idle region has no task to fire in: say so
@@ -192,16 +204,18 @@ class Pipeline:
         )
         spark_transform = None
         self.transform: Transform = identity
+        dependence = ""
         if config.transform_kind is TransformKind.SPARK:  # the region tasks stage the records as read
             from splitkeeper.spark.transform import SparkTransform
 
             spark_transform = SparkTransform(
                 self.lazy_spark.get(), config.transform_function, self.policy, config.staging.folder
             )
+            dependence = _shuffle_dependence(config, spark_transform)
         else:
             self.transform = resolve_transform(config.transform_function)
         self.driver = EpochDriver(
-            core_settings(config),
+            core_settings(config, regions_dependence=dependence),
             self.connector,
             SparkRegionRunner(
                 self.lazy_spark,
@@ -341,6 +355,29 @@ class Pipeline:
                 self.hooks.metrics = None
         finally:
             self.connector.close()
+
+
+def _shuffle_dependence(config: PipelineConfig, spark_transform: SparkTransform) -> str:
+    """Why the regions of a pipeline with a Spark transform are not independent ('' when they are):
+    the transform's plan shuffles the epoch's records (protocol rule 2.9), so one region's output
+    may depend on another's records and a region must not fall back alone. Logged; the checkpoint
+    mode names it (run output, each checkpoint's reason in status and the report)."""
+    if not config.regional_checkpoints:
+        return ""  # regions: global says so already
+    found = spark_transform.shuffles()
+    if not found:
+        return ""
+    shown = "; ".join(found[:3]) + (f"; and {len(found) - 3} more" if len(found) > 3 else "")
+    why = (
+        f"the spark transform {config.transform} shuffles the epoch's records across regions "
+        f"(its physical plan has {len(found)} exchange(s): {shown})"
+    )
+    log.warning(
+        "pipeline %s: %s; every checkpoint is global (set regions: global to say so in the file)",
+        config.name,
+        why,
+    )
+    return why
 
 
 def _metrics_of(config: PipelineConfig) -> PipelineMetrics | None:

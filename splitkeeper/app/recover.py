@@ -19,12 +19,14 @@ from splitkeeper.app.assembly import (
     writer_lease,
 )
 from splitkeeper.app.results import (
+    AUDIT_SHOWN,
+    AuditLine,
     EpochLine,
     RecoverResult,
     RecoveryPreview,
 )
 from splitkeeper.config.limits import check_parallelism
-from splitkeeper.config.settings import PipelineConfig
+from splitkeeper.config.settings import PipelineConfig, ReaderMode, with_reader_mode
 from splitkeeper.core.rescale import Redistribution
 from splitkeeper.errors import (
     CheckpointError,
@@ -33,6 +35,7 @@ from splitkeeper.errors import (
 )
 
 if TYPE_CHECKING:
+    from splitkeeper.app.pipeline import Pipeline
     from splitkeeper.delta.repair import RepairReport
 
 log = logging.getLogger("splitkeeper.app")
@@ -41,14 +44,50 @@ log = logging.getLogger("splitkeeper.app")
 RECOVERY_MODES = ("auto", "global", "partial")
 
 
-def check_recovery_mode(mode: str, parallelism: int | None, parallelism_before: int | None) -> None:
-    """``partial`` cannot rescale: a partial failover keeps the parallelism (protocol rule 1.3)."""
+def recovery_mode(mode: str, readers: Sequence[int]) -> str:
+    """The mode a recovery runs in: ``auto`` with readers named is ``partial``; the others as given.
+    InvalidParameterError for an unknown mode, readers with ``global``, or ``partial`` without readers."""
     if mode not in RECOVERY_MODES:
         raise InvalidParameterError("mode", mode, f"one of {', '.join(RECOVERY_MODES)}")
+    if readers and mode == "global":
+        raise InvalidParameterError(
+            "readers",
+            list(readers),
+            "none with mode 'global' (a global restore restarts every reader)",
+            "name readers with mode 'partial' (or 'auto') to restart only them",
+        )
+    if mode == "partial" and not readers:
+        raise InvalidParameterError(
+            "readers",
+            list(readers),
+            "one or more reader ids with mode 'partial' (the readers to restart, e.g. --readers 2,5)",
+            "status shows the per-reader loads; mode 'global' restarts every reader",
+        )
+    return "partial" if readers else mode
+
+
+def check_recovery_mode(
+    mode: str, parallelism: int | None, parallelism_before: int | None, readers: Sequence[int] = ()
+) -> None:
+    """``partial`` restarts named readers of the latest checkpoint's parallelism and cannot rescale
+    (a partial failover keeps the parallelism, protocol rule 1.3)."""
+    mode = recovery_mode(mode, readers)
     if mode == "partial" and parallelism is not None and parallelism != parallelism_before:
         raise InvalidParameterError(
             "mode", mode, "'auto' or 'global' when the parallelism changes (a rescale is a global restore)"
         )
+    if len(set(readers)) != len(readers):
+        raise InvalidParameterError("readers", list(readers), "distinct reader ids")
+    wrong = [r for r in readers if isinstance(r, bool) or not isinstance(r, int) or r < 0]
+    if parallelism_before is not None:
+        wrong += [r for r in readers if isinstance(r, int) and r >= parallelism_before and r not in wrong]
+    if wrong:
+        top = (
+            ""
+            if parallelism_before is None
+            else f" < {parallelism_before}, the parallelism of the latest checkpoint"
+        )
+        raise InvalidParameterError("readers", list(readers), f"reader ids >= 0{top}")
 
 
 @_named
@@ -65,8 +104,18 @@ def recover(
     progress: Progress | None = None,
     release: Iterable[str] = (),
     drop: Iterable[str] = (),
+    readers: Sequence[int] = (),
+    reader_mode: ReaderMode | None = None,
 ) -> RecoverResult:
     """A global restore from ``checkpoint_id`` (latest by default), optionally a rescale.
+
+    ``mode`` ``partial`` with ``readers`` (``auto`` with readers is partial): after the restore
+    (a restarted driver restores every region: no enumerator survives between processes) the
+    named readers restart the way a running job restarts a failed reader (protocol rule 1.3,
+    FLIP-537's partial failover: each unregisters, the splits assigned to it since the checkpoint
+    are added back, it registers again reporting its region's last good state, and the enumerator
+    decides each split), the in-run check proves the result, and the epochs' checkpoints may be
+    regional as usual. The other readers keep what the restore gave them.
 
     Every split's recovery decision is in the result. Unless ``dry_run``, ``epochs``
     epochs run so that the new assignment is committed by a checkpoint at the new
@@ -76,6 +125,7 @@ def recover(
     ``drop``: live or quarantined splits whose file is gone, forgotten for good (audited
     DROPPED_BY_OPERATOR; refused while the source still lists one), committed the same way.
     """
+    config = with_reader_mode(config, reader_mode)  # this recovery's (None: the file's)
     release = tuple(dict.fromkeys(release))
     drop = tuple(dict.fromkeys(drop))
     both = sorted(set(release) & set(drop))
@@ -107,11 +157,15 @@ def recover(
             pipeline.redistribution = redistribution
         try:
             latest = pipeline.latest_checkpoint()
-            check_recovery_mode(mode, parallelism, None if latest is None else latest.parallelism)
+            check_recovery_mode(mode, parallelism, None if latest is None else latest.parallelism, readers)
             opened = _open_summary(
                 pipeline,
                 pipeline.open(checkpoint_id=checkpoint_id, parallelism=parallelism, read_only=dry_run),
             )
+            failovers: tuple[str, ...] = ()
+            failover_audit: tuple[AuditLine, ...] = ()
+            if readers:
+                failovers, failover_audit = _partial_failover(pipeline, readers)
             released = tuple(s.split_id for s in pipeline.release(release)) if release else ()
             for split_id in released:
                 log.warning("split %s released from quarantine: it is read again from its position", split_id)
@@ -124,7 +178,16 @@ def recover(
                     position,
                 )
             if dry_run or epochs == 0:
-                return RecoverResult(config.name, opened, dry_run, released=released, dropped=dropped)
+                return RecoverResult(
+                    config.name,
+                    opened,
+                    dry_run,
+                    released=released,
+                    dropped=dropped,
+                    restart_checks=tuple(c.line() for c in pipeline.driver.restart_checks),
+                    failovers=failovers,
+                    failover_audit=failover_audit,
+                )
             summary = pipeline.run(epochs)
         finally:
             pipeline.close()
@@ -137,7 +200,34 @@ def recover(
         committed_records=summary.committed_records,
         released=released,
         dropped=dropped,
+        restart_checks=tuple(c.line() for c in pipeline.driver.restart_checks),
+        failovers=failovers,
+        failover_audit=failover_audit,
     )
+
+
+def _partial_failover(
+    pipeline: Pipeline, readers: Sequence[int]
+) -> tuple[tuple[str, ...], tuple[AuditLine, ...]]:
+    """``recover --mode partial --readers``: the named readers through the core's partial failover
+    (:meth:`~splitkeeper.core.driver.EpochDriver.fail_readers`); a line per reader and the decisions."""
+    enumerator = pipeline.enumerator
+    assert enumerator is not None
+    mark = enumerator.audit_count
+    reports = pipeline.driver.fail_readers(list(readers))
+    lines = tuple(
+        f"reader {f.reader} restarted from its state in checkpoint {f.ref_checkpoint_id} "
+        f"(protocol rule 1.3): {len(f.moved)} split(s) changed owner"
+        + (f", {f.foreign} from other readers" if f.foreign else "")
+        for f in reports
+    )
+    for line in lines:
+        log.warning("partial recovery: %s", line)
+    audit = tuple(
+        AuditLine(d.split_id, d.reader_id, d.decision.value, d.detail)
+        for d in enumerator.audit_since(mark)[:AUDIT_SHOWN]
+    )
+    return lines, audit
 
 
 def repair(config: PipelineConfig, *, dry_run: bool = False) -> RepairReport:

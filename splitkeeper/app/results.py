@@ -10,12 +10,13 @@ from __future__ import annotations
 import dataclasses
 import enum
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from splitkeeper.core.driver import EpochReport, OpenReport, RunSummary
+from splitkeeper.core.restarts import RestartCheck
 
 #: Audit records an OpenSummary keeps (a rescale of a large pipeline decides for every split).
 AUDIT_SHOWN = 500
@@ -127,9 +128,18 @@ class RunResult(_Result):
     stopped: bool = False  # a continuous run stopped on request, on a global checkpoint
     interval_switches: tuple[str, ...] = ()
     quarantined: tuple[str, ...] = ()  # splits parked (protocol rule 1.8): not read until released
+    #: every in-run restart check of the run (a restore proven before it read on), one line each
+    restart_checks: tuple[str, ...] = ()
 
     @classmethod
-    def of(cls, pipeline: str, opened: OpenSummary, new_splits: int, summary: RunSummary) -> RunResult:
+    def of(
+        cls,
+        pipeline: str,
+        opened: OpenSummary,
+        new_splits: int,
+        summary: RunSummary,
+        restart_checks: Sequence[RestartCheck] = (),
+    ) -> RunResult:
         return cls(
             pipeline=pipeline,
             opened=opened,
@@ -142,6 +152,7 @@ class RunResult(_Result):
             stopped=summary.stopped,
             interval_switches=tuple(s.line() for s in summary.interval_switches),
             quarantined=summary.quarantined,
+            restart_checks=tuple(c.line() for c in restart_checks),
         )
 
 
@@ -157,6 +168,9 @@ class RecoverResult(_Result):
     committed_records: int = 0
     released: tuple[str, ...] = ()  # quarantined splits put back (recover --release)
     dropped: tuple[tuple[str, int], ...] = ()  # (split, position) forgotten for good (recover --drop)
+    restart_checks: tuple[str, ...] = ()  # every in-run restart check of the recovery, one line each
+    failovers: tuple[str, ...] = ()  # mode partial: each named reader's restart (protocol rule 1.3)
+    failover_audit: tuple[AuditLine, ...] = ()  # mode partial: the decisions of those restarts
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,6 +242,9 @@ class StatusResult(_Result):
     # what stops the next run or leaves it nothing to read (the sink behind the state, every split
     # quarantined), each in the words of the error; empty when the pipeline can go on
     problems: tuple[str, ...] = ()
+    #: the latest run of the restart checks (validate) and the latest in-run checks (each restore
+    #: proven before it read on), newest first, one sentence each; see status' restart-check lines
+    restart_checks: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,7 +18,7 @@ from splitkeeper.app.results import (
     RunResult,
     StopResult,
 )
-from splitkeeper.config.settings import PipelineConfig
+from splitkeeper.config.settings import PipelineConfig, ReaderMode, with_reader_mode
 from splitkeeper.errors import (
     InvalidParameterError,
     RunInterrupted,
@@ -45,13 +45,15 @@ def run(
     reset_backlog: bool = False,
     continuous: bool = False,
     stop: threading.Event | None = None,
+    reader_mode: ReaderMode | None = None,
 ) -> RunResult:
     """Open the pipeline once (recover a half-done epoch, restore), discover, run epochs.
 
     ``epochs=None`` runs a bounded source to its end; ``until_caught_up`` ends an unbounded
     one on the global checkpoint where every split reached the end it had at the start
     (``epochs`` caps it). ``reset_backlog`` makes every unbounded split's end now its new
-    backlog boundary (throughput mode until caught up, protocol rule 4.1).
+    backlog boundary (throughput mode until caught up, protocol rule 4.1). ``reader_mode``: this
+    run's ``source.reader_mode`` (None: the file's; ``legacy``: readers keep what they restored).
 
     ``continuous`` checkpoints every ``backlog.backlog_interval_s`` while any split processes
     backlog and every ``backlog.normal_interval_s`` afterwards, until ``stop`` is set or the
@@ -74,6 +76,8 @@ def run(
             "alone: a continuous run ends when stopped, not after epochs or caught up",
         )
     from splitkeeper.spark.regions import EpochAbandoned
+
+    config = with_reader_mode(config, reader_mode)
 
     signals = _SignalStop(stop or threading.Event())
     summary: RunSummary | None = None
@@ -121,7 +125,7 @@ def run(
     assert summary is not None  # only an abandoned epoch leaves none, and it was stopped (above)
     if summary.all_quarantined:
         raise _all_quarantined(config.name, summary)
-    return RunResult.of(config.name, opened, new_splits, summary)
+    return RunResult.of(config.name, opened, new_splits, summary, pipeline.driver.restart_checks)
 
 
 def _all_quarantined(pipeline: str, summary: RunSummary) -> SplitsQuarantinedError:

@@ -36,6 +36,7 @@ from splitkeeper.app.recover import (
     check_recovery_mode,
     preview_recovery,
     recover,
+    recovery_mode,
     repair,
     rescale,
 )
@@ -56,6 +57,7 @@ __all__ = [
     "pending_work",
     "preview_recovery",
     "recover",
+    "recovery_mode",
     "repair",
     "report",
     "reports_dir",

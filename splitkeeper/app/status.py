@@ -112,7 +112,22 @@ def status(config: PipelineConfig, *, last: int = 10) -> StatusResult:
         _interval_switches(history),
         splits,
         _blocking_problems(config, store, latest),
+        _restart_check_lines(store),
     )
+
+
+#: In-run restart checks status shows (the report shows more; the validations table keeps all).
+STATUS_RESTART_CHECKS = 5
+
+
+def _restart_check_lines(store: DeltaStateStore) -> tuple[str, ...]:
+    """The latest run of the restart checks (validate) and the latest in-run checks, newest first."""
+    from splitkeeper.delta.validations import ValidationRecords
+
+    records = ValidationRecords(store.tables, store.pipeline_name)
+    validated = records.recorded(in_run=False, limit=1)
+    in_run = records.recorded(in_run=True, limit=STATUS_RESTART_CHECKS)
+    return tuple(r.line() for r in (*validated, *in_run))
 
 
 def _blocking_problems(

@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from splitkeeper.app.assembly import _named, _strategy, reports_dir, spark_session
 from splitkeeper.app.results import (
     ValidationResult,
 )
 from splitkeeper.config.models import TransformKind
-from splitkeeper.config.settings import PipelineConfig
+from splitkeeper.config.settings import PipelineConfig, ReaderMode, with_reader_mode
 from splitkeeper.core.types import Split
 from splitkeeper.errors import (
     InvalidParameterError,
@@ -21,6 +21,7 @@ from splitkeeper.errors import (
 if TYPE_CHECKING:
     from splitkeeper.core.source import SourceConnector
     from splitkeeper.delta.checkpoints import DeltaStateStore
+    from splitkeeper.quality.checks import CheckReport
 
 log = logging.getLogger("splitkeeper.app")
 
@@ -76,6 +77,7 @@ def _check_fingerprint(
             "strategy": config.strategy,
             "capacities": {str(k): v for k, v in sorted(dict(config.weighted.capacities).items())},
             "max_consecutive_failures": config.checkpoint.max_consecutive_failures,
+            "reader_mode": config.source.reader_mode.value,
         },
     }
 
@@ -87,6 +89,7 @@ def validate(
     *,
     content: bool = False,
     skip_validated: bool = False,
+    reader_mode: ReaderMode | None = None,
 ) -> ValidationResult:
     """The restart checks (protocol section 6, Great Expectations) on a checkpoint and the sink.
 
@@ -101,6 +104,9 @@ def validate(
     again: the result names that run and its Data Docs (``already_validated_at``), and no Spark
     session starts. An explicit ``checkpoint_id`` or ``content`` always runs the checks.
 
+    ``reader_mode``: the readers' mode the checked run had (None: the file's): legacy readers
+    keep what they restored, so the balance suite is skipped for them.
+
     Raises InvariantViolation naming the split ids when a check fails.
     """
     from splitkeeper.app.sink import sink_reader
@@ -111,6 +117,7 @@ def validate(
     from splitkeeper.sources import build_source
     from splitkeeper.transforms import identity, resolve_transform
 
+    config = with_reader_mode(config, reader_mode)
     spark_transform = config.transform_kind is TransformKind.SPARK
     if content and (spark_transform or resolve_transform(config.transform_function) is not identity):
         raise InvalidParameterError(
@@ -159,8 +166,11 @@ def validate(
             data_docs_dir=reports_dir(config) / "data_docs",
             source_splits=source_splits,
             content_reader=connector.reader() if content and connector.bounded else None,
+            deferred_assignment=config.source.deferred_assignment,
         )
         log.info("%s", report.summary())
+        if not report.success:  # recorded before it is raised: the run report says the checks failed
+            _record_failed_validation(config, report, fingerprint)
         raise_on_failure(report)
         result = ValidationResult(
             pipeline=config.name,
@@ -186,3 +196,28 @@ def validate(
     finally:
         connector.close()
     return result
+
+
+def _record_failed_validation(
+    config: PipelineConfig, report: CheckReport, fingerprint: Mapping[str, Any] | None
+) -> None:
+    """A failed run of the restart checks in the validations table (rule 1 of
+    :mod:`splitkeeper.delta.validations`): the report task reads it. A store error only logs."""
+    from splitkeeper.delta.tables import StateTables
+    from splitkeeper.delta.validations import ValidationRecords
+
+    violations = report.violations()
+    detail = "; ".join(f"{v.kind.value}: {v.detail}" for v in violations[:10])
+    if len(violations) > 10:
+        detail += f" (and {len(violations) - 10} more)"
+    try:
+        ValidationRecords(StateTables(config.state.path), config.name).record(
+            report.checkpoint_id,
+            fingerprint or {},
+            {s.key: s.status.value for s in report.suites},
+            None if report.data_docs_index is None else str(report.data_docs_index),
+            verdict="failed",
+            detail=detail[:4000],
+        )
+    except (StateError, OSError) as err:
+        log.warning("the failed checks of checkpoint %s were not recorded: %s", report.checkpoint_id, err)

@@ -6,6 +6,11 @@ decision is printed, and (unless ``--dry-run``) one epoch runs so that the new
 assignment is committed by a checkpoint at the new parallelism. A dry run
 writes nothing anywhere.
 
+``recover --mode partial --readers 2,5``: after that restore, readers 2 and 5 restart alone, as a
+running job restarts a failed reader (protocol rule 1.3: their splits are added back, they
+register again with their regions' last good state); their decisions are printed, and the epochs
+checkpoint regionally as usual.
+
 ``recover --checkpoint N --rewind [--yes --reason TEXT] [--dry-run]`` goes back to retained
 checkpoint N: state, sink, dead letters, filtered offsets and an upsert sink's change table, in
 one fenced, audited operator checkpoint (:mod:`splitkeeper.app.incident`). Without ``--yes`` it
@@ -22,7 +27,14 @@ from __future__ import annotations
 import argparse
 import json
 
-from splitkeeper.commands.common import add_config_argument, add_fault_argument, load
+from splitkeeper.commands.common import (
+    add_config_argument,
+    add_fault_argument,
+    add_reader_mode_argument,
+    load,
+    reader_mode,
+    restart_check_lines,
+)
 from splitkeeper.config.limits import check_parallelism
 
 
@@ -34,9 +46,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--mode",
         default="auto",
         choices=("auto", "global", "partial"),
-        help="auto (default) or global: restore the checkpoint, at any parallelism; partial: the same "
-        "restore, refused if the parallelism would change (a restarted driver restores every region; "
-        "a region failing inside a run fails over alone, protocol rule 1.3)",
+        help="global: restore the checkpoint, every reader restarts (at any parallelism); partial: the "
+        "same restore, then only the --readers restart from their last good state through the "
+        "enumerator's partial failover (protocol rule 1.3; no rescale); auto (default): partial when "
+        "--readers is given, else global",
+    )
+    parser.add_argument(
+        "--readers",
+        type=_reader_ids,
+        default=(),
+        metavar="R[,R...]",
+        help="the readers to restart with --mode partial, e.g. 2,5 (status shows each reader's load)",
     )
     parser.add_argument("--dry-run", action="store_true", help="only print the recovery plan; write nothing")
     parser.add_argument("--epochs", type=int, default=1, help="epochs to run after the restore (default 1)")
@@ -71,6 +91,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--yes", action="store_true", help="with --rewind: apply it (else only the plan)")
     parser.add_argument("--reason", default="", help="with --rewind --yes: why (kept in the audit trail)")
+    add_reader_mode_argument(parser)
     add_fault_argument(parser)
     parser.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
 
@@ -95,6 +116,8 @@ def run(args: argparse.Namespace) -> int:
         faults=args.fault,
         release=args.release,
         drop=args.drop,
+        readers=args.readers,
+        reader_mode=reader_mode(args),
     )
     opened = result.opened
     if args.json:
@@ -110,16 +133,34 @@ def run(args: argparse.Namespace) -> int:
     print(opened.mode)
     for d in opened.audit:
         print(f"  {d.split_id:<40} reader {d.reader!s:<5} {d.decision:<32} {d.detail}")
+    for line in result.failovers:
+        print(line)
+    for d in result.failover_audit:
+        print(f"  {d.split_id:<40} reader {d.reader!s:<5} {d.decision:<32} {d.detail}")
     print("per-reader load:", opened.loads)
     for split_id in result.released:
         print(f"released from quarantine: {split_id} (read again from its position)")
     for split_id, position in result.dropped:
         print(f"dropped: {split_id} at position {position} (its file is gone; never read again)")
+    for line in restart_check_lines(result.pipeline, result.restart_checks):
+        print(line)
     if result.dry_run:
         print("dry run: nothing was written")
     elif result.epochs:
         print(f"checkpoints {result.checkpoints}, {result.committed_records:,} records committed")
     return 0
+
+
+def _reader_ids(text: str) -> tuple[int, ...]:
+    """``--readers 2,5`` as reader ids (argparse reports the InvalidParameterError's message)."""
+    from splitkeeper.errors import InvalidParameterError
+
+    try:
+        return tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            str(InvalidParameterError("--readers", text, "reader ids separated by commas, e.g. 2,5"))
+        ) from None
 
 
 def _repair(args: argparse.Namespace) -> int:

@@ -5,7 +5,14 @@ from __future__ import annotations
 import argparse
 import json
 
-from splitkeeper.commands.common import add_config_argument, add_fault_argument, load
+from splitkeeper.commands.common import (
+    add_config_argument,
+    add_fault_argument,
+    add_reader_mode_argument,
+    load,
+    reader_mode,
+    restart_check_lines,
+)
 from splitkeeper.config.settings import PipelineConfig, load_config, load_json
 from splitkeeper.errors import InvalidParameterError
 
@@ -31,10 +38,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--reset-backlog",
-        action="store_true",
+        action=argparse.BooleanOptionalAction,
+        default=False,
         help="unbounded sources: the end offsets now become every split's new backlog boundary "
         "(throughput epoch size and interval until caught up)",
     )
+    add_reader_mode_argument(parser)
     add_fault_argument(parser)
     parser.add_argument(
         "--faults-json",
@@ -92,6 +101,7 @@ def run(args: argparse.Namespace) -> int:
         until_caught_up=args.until_caught_up,
         reset_backlog=args.reset_backlog,
         continuous=args.continuous,
+        reader_mode=reader_mode(args),
     )
     if args.json:
         data = result.to_dict()
@@ -104,6 +114,8 @@ def run(args: argparse.Namespace) -> int:
             + (", caught up with the source on a global checkpoint" if result.caught_up else "")
             + (", stopped on a global checkpoint" if result.stopped else "")
         )
+        for line in restart_check_lines(config.name, result.restart_checks):
+            print(line)
         if result.quarantined:
             print(
                 f"{config.name}: {len(result.quarantined)} split(s) quarantined, read by nobody until "

@@ -60,6 +60,8 @@ def run(args: argparse.Namespace) -> int:
     if lease is not None:
         state = "released" if lease["released"] else f"until {lease['until']}"
         print(f"  lease: {lease['holder']} since {lease['since']}, {state}")
+    for line in result.restart_checks:
+        print(f"  {line}")
     for at, mode in result.interval_switches:
         print(f"  checkpoint interval switched to the {mode} interval after checkpoint {at}")
     _print_splits(result.splits, args.splits)

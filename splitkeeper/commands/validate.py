@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from splitkeeper.commands.common import add_config_argument, load
+from splitkeeper.commands.common import add_config_argument, add_reader_mode_argument, load, reader_mode
 from splitkeeper.errors import InvariantViolation
 
 
@@ -35,6 +35,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="when the latest checkpoint passed already and nothing the checks read changed since, "
         "name that run instead of running the checks again (no Spark; what the DAGs' validate task does)",
     )
+    add_reader_mode_argument(parser)
     parser.add_argument("--json", action="store_true")
 
 
@@ -43,7 +44,11 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         result = services.validate(
-            load(args), args.checkpoint, content=args.content, skip_validated=args.skip_validated
+            load(args),
+            args.checkpoint,
+            content=args.content,
+            skip_validated=args.skip_validated,
+            reader_mode=reader_mode(args),
         )
     except InvariantViolation as err:
         if args.json:

@@ -52,6 +52,7 @@ __all__ = [
     "CONN_ID_PATTERN",
     "SECONDS",
     "Location",
+    "ReaderMode",
     "KindSection",
     "Section",
     "SinkSection",
@@ -120,6 +121,18 @@ def type_name(value: Any) -> str:
 def did_you_mean(word: str, choices: tuple[str, ...] | list[str], prefix: str = "") -> str:
     close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
     return f"did you mean {prefix + close[0]!r}?" if close else ""
+
+
+class ReaderMode(enum.Enum):
+    """What a reader does with the splits restored from its state (protocol rule 1.2, FLIP-537).
+
+    ``DEFERRED`` (the default): it reports them and reads nothing until the enumerator assigns
+    (the enumerator places every split, balanced strategies stay balanced). ``LEGACY``: it keeps,
+    and reads, what it restored (the behaviour without ``SupportsSplitReassignmentOnRecovery``).
+    """
+
+    DEFERRED = "deferred"
+    LEGACY = "legacy"
 
 
 class SourceKind(enum.StrEnum):
@@ -229,7 +242,16 @@ class KindSection(Section):
 
 
 class SourceSection(KindSection):
-    """``source:``: the base of every source kind's section (contract 2)."""
+    """``source:``: the base of every source kind's section (contract 2). Every kind has
+    ``reader_mode`` (``deferred``: readers wait to be assigned on recovery, FLIP-537; ``legacy``:
+    they keep what they restored; protocol rule 1.2)."""
+
+    reader_mode: ReaderMode = choice(ReaderMode, ReaderMode.DEFERRED)
+
+    @property
+    def deferred_assignment(self) -> bool:
+        """Readers wait to be assigned on recovery (``reader_mode: deferred``, protocol rule 1.2)."""
+        return self.reader_mode is ReaderMode.DEFERRED
 
     @property
     def split_change_policy(self) -> Any:

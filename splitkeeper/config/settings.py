@@ -76,9 +76,11 @@ import os
 import re
 import tomllib
 from collections.abc import Iterator, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from splitkeeper.config.base import ReaderMode
 from splitkeeper.config.models import (
     DEFAULT_SCHEDULE,
     GUARDED_OVERRIDES,
@@ -110,6 +112,7 @@ __all__ = [
     "STRATEGY_NAMES",
     "OperatorState",
     "PipelineConfig",
+    "ReaderMode",
     "RegionMode",
     "SourceKind",
     "Tolerance",
@@ -118,6 +121,7 @@ __all__ = [
     "check_limits",
     "config_from_mapping",
     "core_settings",
+    "with_reader_mode",
     "expand_env",
     "is_secret_key",
     "load_config",
@@ -640,25 +644,44 @@ def _validated(
     return config
 
 
-def core_settings(config: PipelineConfig, redistribution: Redistribution | None = None) -> DriverSettings:
+def with_reader_mode(config: PipelineConfig, reader_mode: ReaderMode | None) -> PipelineConfig:
+    """``config`` with this run's ``source.reader_mode`` (None: the file's): the ``--reader-mode``
+    option of run and recover, the DAGs' ``reader_mode`` Param."""
+    if reader_mode is None or reader_mode is config.source.reader_mode:
+        return config
+    source = config.source.model_copy(update={"reader_mode": reader_mode})
+    return config.model_copy(update={"source": source})
+
+
+def core_settings(
+    config: PipelineConfig, redistribution: Redistribution | None = None, *, regions_dependence: str = ""
+) -> DriverSettings:
     """The protocol core's settings of a pipeline, the one place they are built from its config
     (``redistribution`` overrides ``rescale.operator_state``, a recovery's choice): the
-    ``checkpoint`` and ``backlog`` sections are the core's own values already."""
-    checkpoint = config.checkpoint
+    ``checkpoint`` and ``backlog`` sections are the core's own values already.
+    ``regions_dependence``: why the regions are not independent although ``regions`` says
+    ``per_reader`` (a Spark transform whose plan shuffles the epoch's records, found when the
+    pipeline opens): every checkpoint is then global, and the mode says why (protocol rule 2.9)."""
+    settings = config.checkpoint
+    checkpoint = settings.core()
+    if regions_dependence:
+        checkpoint = replace(checkpoint, regions_independent=False, dependence=regions_dependence)
+    elif not checkpoint.regions_independent:
+        checkpoint = replace(checkpoint, dependence="the pipeline file says regions: global")
     return DriverSettings(
         pipeline=config.name,
         parallelism=config.parallelism,
-        checkpoint=checkpoint.core(),
+        checkpoint=checkpoint,
         backlog=config.backlog,
-        retain_checkpoints=checkpoint.retain_checkpoints,
+        retain_checkpoints=settings.retain_checkpoints,
         strategy=config.strategy,
         strategy_options={"capacities": dict(config.weighted.capacities)}
         if config.strategy == "weighted"
         else {},
         redistribution=redistribution or config.rescale.operator_state.redistribution,
         rebalance_threshold=config.weighted.rebalance_threshold,
-        on_split_failure=checkpoint.on_split_failure,
-        quarantine_after=checkpoint.quarantine_after,
-        max_consecutive_aborts=checkpoint.max_consecutive_aborts,
+        on_split_failure=settings.on_split_failure,
+        quarantine_after=settings.quarantine_after,
+        max_consecutive_aborts=settings.max_consecutive_aborts,
         on_file_change=config.source.split_change_policy,
     )

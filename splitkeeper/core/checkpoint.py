@@ -21,11 +21,14 @@ Rules (``docs/protocol.md`` section 2 states them with the worked examples):
 - Tier 1: when ``consecutive_regional >= max_consecutive_failures`` the next
   checkpoint is forced global. Tier 2: a forced global checkpoint with any
   failure is ABORTED (not a job failure) and the counter resets to 0.
-- The counter resets, but the ref chain a failed region would extend does
-  not: a region whose state already sits ``max_consecutive_failures`` ref
-  hops deep may not fall back again (protocol rule 2.2); a checkpoint
-  where it fails is ABORTED. This is what keeps protocol rule 6.6's bound
-  (``RegionState.ref_depth <= max_consecutive_failures``) true after tier 2.
+- The ref chain is bounded whole (the FLIP-600 thread: "the reference chain can
+  only grow as deep as maxConsecutiveFailures"; protocol rules 2.2 and 6.6): a
+  checkpoint's chain depth is 0 when it is global, else 1 + the deepest chain of
+  a checkpoint it references (:meth:`CheckpointStore.chain_depth`). A regional
+  checkpoint references the checkpoint its failed regions fall back to, so while
+  that checkpoint's chain is ``max_consecutive_failures`` deep every checkpoint is
+  forced global, the counter's tier-2 reset notwithstanding; only a global one
+  that succeeds starts the chain afresh.
 - A bounded job's final checkpoint is forced global (protocol rule 2.6); a pipeline
   whose regions are not independent checkpoints globally only (protocol rule 2.9).
 
@@ -41,6 +44,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from splitkeeper.core import defaults
+from splitkeeper.core.invariants import ref_chain_depths
 from splitkeeper.core.rescale import (
     Redistribution,
     RestoredRegion,
@@ -89,13 +93,15 @@ class CheckpointConfig:
     regions that may fail for a checkpoint still to complete as regional
     (0.0 to 1.0). ``region_timeout_s``: how long a region may stay silent
     before it counts as failed. ``regions_independent``: False when a shuffle
-    connects readers, which switches regional checkpoints off.
+    connects readers, which switches regional checkpoints off; ``dependence`` says
+    what connects them (shown with the mode, e.g. the transform whose plan shuffles).
     """
 
     max_consecutive_failures: int = defaults.MAX_CONSECUTIVE_FAILURES
     max_failure_ratio: float = defaults.MAX_FAILURE_RATIO
     region_timeout_s: float = defaults.REGION_TIMEOUT_S
     regions_independent: bool = True
+    dependence: str = ""
 
     def __post_init__(self) -> None:
         mcf = self.max_consecutive_failures
@@ -109,6 +115,8 @@ class CheckpointConfig:
             raise InvalidParameterError("region_timeout_s", timeout, "a finite number of seconds > 0")
         if not isinstance(self.regions_independent, bool):
             raise InvalidParameterError("regions_independent", self.regions_independent, "True or False")
+        if not isinstance(self.dependence, str):
+            raise InvalidParameterError("dependence", self.dependence, "a sentence, or '' ")
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> CheckpointConfig:
@@ -259,11 +267,16 @@ class CheckpointStore:
         return sorted(seen, reverse=True)
 
     def chain_depth(self, checkpoint_id: int) -> int:
-        """How many ref hops the deepest region state of this checkpoint takes; 0 for a global one.
+        """How many ref hops this checkpoint's ref chain takes: 0 for a global one, else 1 + the
+        deepest chain of a checkpoint it references (:func:`~splitkeeper.core.invariants.
+        ref_chain_depths`). E.g. 2 for 102 (ref 101) -> 101 (ref 100) -> 100 (global).
 
-        This is the quantity protocol rule 6.6 bounds by ``max_consecutive_failures``.
+        This is the quantity protocol rule 6.6 bounds by ``max_consecutive_failures`` (the
+        FLIP-600 thread: "the reference chain can only grow as deep as maxConsecutiveFailures").
+        ``RegionState.ref_depth`` counts one region's fallbacks in a row; it is never deeper.
         """
-        return max((s.ref_depth for s in self.get(checkpoint_id).regions.values()), default=0)
+        chain = self.ref_chain(checkpoint_id)
+        return ref_chain_depths({cid: self.get(cid).ref_checkpoint_ids for cid in chain})[checkpoint_id]
 
     def retain(self, keep_latest: int, *, pinned: Collection[int] = ()) -> list[int]:
         """Delete old checkpoints; return the deleted ids, ascending.
@@ -548,6 +561,9 @@ class RegionalCheckpointCoordinator:
         self._last_id = max(store.ids(), default=0)
         self._consecutive = 0
         self._last_good: dict[int, _LastGood] = {}
+        # whole ref-chain depth (CheckpointStore.chain_depth) of the checkpoints the fallback states
+        # live in: what a regional checkpoint would reference (kept so trigger() reads no store)
+        self._chain_depths: dict[int, int] = {}
 
     # -- read-only views --
 
@@ -578,6 +594,22 @@ class RegionalCheckpointCoordinator:
         """Checkpoints the current fallback states live in; retention must keep them."""
         return frozenset(g.ref_checkpoint_id for g in self._last_good.values())
 
+    def _chain_depth(self, checkpoint_id: int) -> int:
+        depth = self._chain_depths.get(checkpoint_id)
+        if depth is None:
+            depth = self._chain_depths[checkpoint_id] = self.store.chain_depth(checkpoint_id)
+        return depth
+
+    def fallback_chain(self) -> tuple[int, int] | None:
+        """``(checkpoint, its chain depth)`` of the deepest checkpoint a failed region would fall
+        back to now; a regional checkpoint completed now would be one hop deeper. None before any
+        checkpoint completed or was restored (nothing to fall back to)."""
+        pinned = self.pinned_checkpoint_ids
+        if not pinned:
+            return None
+        deepest = max(pinned, key=lambda cid: (self._chain_depth(cid), cid))
+        return deepest, self._chain_depth(deepest)
+
     def allowed_failures(self) -> int:
         """How many regions may fail for a checkpoint to still complete as regional (ratio rule)."""
         ratio = self.config.max_failure_ratio
@@ -600,8 +632,8 @@ class RegionalCheckpointCoordinator:
         cfg, p = self.config, self._parallelism
         if not cfg.regions_independent:
             return CheckpointMode.GLOBAL_ONLY, (
-                "global checkpoints only: regions are not independent (a shuffle connects the readers), "
-                "so a region cannot fall back alone"
+                "global checkpoints only: regions are not independent "
+                f"({cfg.dependence or 'a shuffle connects the readers'}), so a region cannot fall back alone"
             )
         if cfg.max_consecutive_failures == 0:
             return CheckpointMode.GLOBAL_ONLY, "global checkpoints only: max_consecutive_failures=0"
@@ -654,6 +686,15 @@ class RegionalCheckpointCoordinator:
             force_reason = (
                 f"{self._consecutive} consecutive regional checkpoints >= "
                 f"max_consecutive_failures={self.config.max_consecutive_failures}"
+            )
+        elif (chain := self.fallback_chain()) is not None and chain[
+            1
+        ] >= self.config.max_consecutive_failures:
+            force_reason = (
+                f"the ref chain of checkpoint {chain[0]} is {chain[1]} deep = "
+                f"max_consecutive_failures={self.config.max_consecutive_failures}: a regional checkpoint "
+                "would reference it and go deeper (protocol rule 2.2; after an aborted forced global only "
+                "a global checkpoint starts the chain afresh)"
             )
         pending = PendingCheckpoint(
             checkpoint_id,
@@ -773,14 +814,6 @@ class RegionalCheckpointCoordinator:
                 f"{_regions_text(missing)} failed with no completed or restored state to fall back to "
                 "(no checkpoint has completed yet)"
             )
-        too_deep = [r for r in failed if self._last_good[r].depth + 1 > cfg.max_consecutive_failures]
-        if too_deep:
-            depth = max(self._last_good[r].depth for r in too_deep) + 1
-            return (
-                f"{_regions_text(too_deep)} would fall back once more, to ref chain depth {depth} > "
-                f"max_consecutive_failures={cfg.max_consecutive_failures}; a region that deep must "
-                "acknowledge before the job can checkpoint again"
-            )
         return ""
 
     def _record(
@@ -824,6 +857,7 @@ class RegionalCheckpointCoordinator:
                     checkpoint_id=pending.checkpoint_id,
                 )
         completed = replace(completed, enumerator=snapshot)
+        chain = 1 + max((self._chain_depth(r) for r in completed.ref_checkpoint_ids), default=-1)
         self.store.add(completed)
         # From here on nothing can fail: commit the coordinator's state.
         self._consecutive = consecutive
@@ -831,11 +865,14 @@ class RegionalCheckpointCoordinator:
             r: _LastGood(state=s, ref_checkpoint_id=completed.checkpoint_id, depth=s.ref_depth)
             for r, s in regions.items()
         }
+        self._chain_depths = {completed.checkpoint_id: chain}  # every fallback now lives in it
         pending.status = PendingStatus.COMPLETED
         self._pending = None
         failed = tuple(sorted(fallback))
         if kind is CheckpointKind.GLOBAL:
             reason = f"checkpoint {completed.checkpoint_id} is global: all {len(acked)} regions acknowledged"
+            if pending.force_reason is not None:
+                reason += f" (forced: {pending.force_reason})"
         else:
             refs = ", ".join(f"region {r} -> {fallback[r].ref_checkpoint_id}" for r in failed)
             reason = (
@@ -937,6 +974,7 @@ class RegionalCheckpointCoordinator:
             for r in regions
         }
         self._parallelism = len(regions)
+        self._chain_depths = {checkpoint.checkpoint_id: self.store.chain_depth(checkpoint.checkpoint_id)}
         if consecutive_regional is None:
             consecutive_regional = checkpoint.consecutive_regional
         elif (

@@ -81,6 +81,14 @@ from splitkeeper.core.ports import (
     StateStore,
 )
 from splitkeeper.core.rescale import Redistribution
+from splitkeeper.core.restarts import (
+    RestartCheck,
+    RestoreKind,
+    check_restart,
+    checkpoint_split_ids,
+    placed_split_ids,
+    restart_check_error,
+)
 from splitkeeper.core.source import (
     ExternallyCheckpointedSource,
     LostRange,
@@ -410,6 +418,22 @@ class _ReadOnly(ProtocolError):
     """A read-only driver reached a write (a bug: read-only opens never run epochs)."""
 
 
+#: In-run restart checks a driver keeps in memory (the state store keeps every one).
+RESTART_CHECKS_KEPT = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class _Unproven:
+    """A restore whose in-run check waits for the last reader to register (protocol rule 1.4)."""
+
+    kind: RestoreKind
+    checkpoint_id: int | None
+    must_be_live: frozenset[str]
+    audit_mark: int
+    readers: tuple[int, ...]
+    notes: tuple[str, ...] = ()
+
+
 # --------------------------------------------------------------------------- the driver
 
 
@@ -513,6 +537,9 @@ class EpochDriver:
         self._recorded: int | None = None  # the sink's recorded epoch this driver expects (the fence)
         self._read_only = False
         self.opened: OpenReport | None = None
+        #: the in-run restart checks of this driver, oldest first (the last RESTART_CHECKS_KEPT)
+        self.restart_checks: list[RestartCheck] = []
+        self._unproven: _Unproven | None = None
 
     # -- start / restore -------------------------------------------------------------------
 
@@ -706,6 +733,17 @@ class EpochDriver:
         enumerator.start()
         self.context, self.enumerator, self.coordinator = context, enumerator, coordinator
         self._infos = infos
+        disagreements = self._reconcile_external(checkpoint)
+        self._unproven = None
+        if checkpoint is not None:  # proven once every reader registered (a fresh start restores nothing)
+            self._unproven = _Unproven(
+                RestoreKind.RESCALE if new_p != checkpoint.parallelism else RestoreKind.GLOBAL_RESTORE,
+                checkpoint.checkpoint_id,
+                frozenset(checkpoint_split_ids(checkpoint)),
+                0,  # the enumerator is new: its whole trail is this restore's (snapshot drops included)
+                tuple(range(new_p)),
+                disagreements,
+            )
         for info in infos if register_first is None else infos[:register_first]:
             self.register(info)
         self.restores += 1
@@ -720,7 +758,7 @@ class EpochDriver:
             parallelism=new_p,
             previous_parallelism=previous,
             decisions=tuple(enumerator.audit_since(first_audit)),
-            external_disagreements=self._reconcile_external(checkpoint),
+            external_disagreements=disagreements,
             mode_reason=coordinator.mode_reason,
             read_only=self._read_only,
         )
@@ -755,13 +793,84 @@ class EpochDriver:
             for split in info.reported_splits:
                 if split.split_id in owned and split.split_id not in view:
                     view[split.split_id] = split
+        unproven = self._unproven
+        if unproven is not None and not enumerator.pending_readers:
+            self._unproven = None
+            self._prove(
+                unproven.kind,
+                unproven.checkpoint_id,
+                unproven.must_be_live,
+                unproven.audit_mark,
+                unproven.readers,
+                unproven.notes,
+            )
 
     def fail_reader(self, reader: int) -> FailoverReport:
         """Partial failover of one reader from its last good state (a reader crashed between epochs)."""
+        return self.fail_readers([reader])[0]
+
+    def fail_readers(self, readers: Sequence[int]) -> tuple[FailoverReport, ...]:
+        """Partial failover of ``readers`` from their last good states (protocol rule 1.3), one after
+        the other, then one in-run restart check (``recover --mode partial --readers``)."""
         coordinator = self._require_coordinator()
-        if isinstance(reader, bool) or not isinstance(reader, int) or not 0 <= reader < self.parallelism:
-            raise InvalidParameterError("reader", reader, f"a reader id in [0, {self.parallelism})")
-        return self._partial_failover(reader, coordinator.fallback_state(reader))
+        for reader in readers:
+            if isinstance(reader, bool) or not isinstance(reader, int) or not 0 <= reader < self.parallelism:
+                raise InvalidParameterError("reader", reader, f"a reader id in [0, {self.parallelism})")
+        if len(set(readers)) != len(readers) or not readers:
+            raise InvalidParameterError("readers", list(readers), "one or more distinct reader ids")
+        states = {r: coordinator.fallback_state(r) for r in readers}
+        refs = [
+            s.ref_checkpoint_id for s in states.values() if s is not None and s.ref_checkpoint_id is not None
+        ]
+        return self._failover(states, RestoreKind.PARTIAL_FAILOVER, max(refs, default=None))
+
+    def _failover(
+        self, states: Mapping[int, RegionState | None], kind: RestoreKind, checkpoint_id: int | None
+    ) -> tuple[FailoverReport, ...]:
+        """Each reader of ``states`` through :meth:`_partial_failover`, then the in-run check of the
+        state they left (:mod:`splitkeeper.core.restarts`); ``checkpoint_id`` names where the
+        states come from."""
+        enumerator, _context = self._require_open()
+        mark = enumerator.audit_count
+        before = frozenset(placed_split_ids(enumerator))
+        reports = tuple(self._partial_failover(r, state) for r, state in states.items())
+        self._prove(kind, checkpoint_id, before, mark, tuple(states))
+        return reports
+
+    def _prove(
+        self,
+        kind: RestoreKind,
+        checkpoint_id: int | None,
+        must_be_live: frozenset[str],
+        audit_mark: int,
+        readers: tuple[int, ...],
+        notes: tuple[str, ...] = (),
+    ) -> RestartCheck:
+        """The in-run restart check of a restore (protocol section 6): recorded by the state store and
+        the hooks; a failed one stops the run with RestartCheckError before anything is read."""
+        enumerator, context = self._require_open()
+        store = self._require_coordinator().store
+        check = check_restart(
+            kind,
+            enumerator,
+            {r: views.keys() for r, views in context.reader_splits.items()},
+            must_be_live=must_be_live,
+            audit_mark=audit_mark,
+            checkpoint_id=checkpoint_id,
+            epoch=self._next_epoch,
+            readers=readers,
+            refs={cid: store.get(cid).ref_checkpoint_ids for cid in store.ids()},
+            max_consecutive_failures=self.settings.checkpoint.max_consecutive_failures,
+            notes=notes,
+        )
+        self.restart_checks.append(check)
+        del self.restart_checks[:-RESTART_CHECKS_KEPT]
+        if not self._read_only:
+            self.state.record_restart_checks((check,))
+        self.hooks.restart_checked(check)
+        if not check.passed:
+            raise restart_check_error(check, self.settings.pipeline)
+        return check
 
     def _partial_failover(self, reader: int, state: RegionState | None) -> FailoverReport:
         """``fail_reader`` + re-registration with the reader's fallback state (protocol rule 1.3)."""
@@ -795,8 +904,10 @@ class EpochDriver:
         positions = {s.split_id: s.position for r in checkpoint.regions.values() for s in r.splits}
         found = reconcile_positions(positions, external.committed_positions())
         for d in found:
-            log.warning("external position disagrees with checkpoint %s: %s", checkpoint.checkpoint_id, d)
-        return tuple(str(d) for d in found)
+            log.warning(
+                "external position disagrees with checkpoint %s: %s", checkpoint.checkpoint_id, d.detail
+            )
+        return tuple(d.detail for d in found)
 
     # -- epochs ------------------------------------------------------------------------------
 
@@ -1338,7 +1449,11 @@ class EpochDriver:
             positions = positions_to_commit(completed.regions, notified)
             if positions:
                 external.commit_positions(epoch, positions)
-        failovers = tuple(self._partial_failover(r, completed.regions[r]) for r in failed)
+        failovers = (
+            self._failover({r: completed.regions[r] for r in failed}, RestoreKind.REGION_FALLBACK, epoch)
+            if failed
+            else ()
+        )
         self.sink.discard(epoch)
         deleted = self.state.retain(  # the retention rule, once; the coordinator's mirror follows
             self.settings.retain_checkpoints,

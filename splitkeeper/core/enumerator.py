@@ -520,6 +520,19 @@ class SplitEnumerator:
             raise InvalidParameterError("start", start, "a record index >= 0")
         return self._audit.since(start)
 
+    def departed_since(self, start: int, decisions: Collection[RecoveryDecision]) -> frozenset[str]:
+        """The ids of the splits given one of ``decisions`` in the audit records from index ``start``
+        on (what :meth:`audit_since` would list), without building the records."""
+        if start < 0:
+            raise InvalidParameterError("start", start, "a record index >= 0")
+        log = self._audit
+        i = bisect_right(log.ends, start)
+        out: set[str] = set()
+        for decision, _reader, ids, _cid, _detail in log.entries[i:]:
+            if decision in decisions:
+                out.update((ids,) if isinstance(ids, str) else ids)
+        return frozenset(out)
+
     def audit_for(self, split_id: str) -> list[AuditRecord]:
         """The decisions about one split, in order."""
         return [
@@ -1707,7 +1720,9 @@ def enumerator_for(
     enumerator = (enumerator_class or SplitEnumerator)(
         context,
         chosen,
-        reassign_on_recovery=isinstance(source, SupportsSplitReassignmentOnRecovery),
+        reassign_on_recovery=(
+            isinstance(source, SupportsSplitReassignmentOnRecovery) and source.reassigns_on_recovery
+        ),
         source=source,
         subscriptions=source.subscriptions(),
     )

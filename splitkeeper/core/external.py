@@ -40,7 +40,7 @@ class PositionDisagreement:
     @property
     def detail(self) -> str:
         tag = (
-            ""
+            " (set outside splitkeeper: no checkpoint tag)"
             if self.external_checkpoint_id is None
             else f" (tagged checkpoint {self.external_checkpoint_id})"
         )

@@ -148,6 +148,50 @@ def check_ownership(
     return violations
 
 
+def check_reader_views(state: Assignment, reading: Mapping[int, Iterable[str]]) -> list[Violation]:
+    """Rule 6.1's second half: each reader reads exactly the splits the enumerator says it owns.
+
+    ``reading`` maps each reader to the ids of the splits it reads (the driver's reader views).
+    A split its owner does not read is read by nobody (NOT_OWNED); a split a reader reads that
+    the enumerator pools or gives another reader may be read twice (OWNED_MORE_THAN_ONCE).
+    """
+    owner = state.owner_of()
+    unread: dict[int, list[str]] = {}
+    stray: list[tuple[str, int, int | None]] = []
+    reads: dict[int, set[str]] = {r: set(ids) for r, ids in reading.items()}
+    for reader_id, splits in state.readers.items():
+        mine = reads.get(reader_id, set())
+        missing = [s.split_id for s in splits if s.split_id not in mine]
+        if missing:
+            unread[reader_id] = missing
+    for reader_id, ids in sorted(reads.items()):
+        for split_id in sorted(ids):
+            placed = owner.get(split_id, -1)
+            if placed != reader_id:
+                stray.append((split_id, reader_id, placed))
+    violations = [
+        Violation(
+            ViolationKind.NOT_OWNED,
+            tuple(sorted(ids)),
+            f"{len(ids)} split(s) owned by reader {reader_id} that reader {reader_id} does not read: "
+            f"{_ids(ids)}",
+            reader_ids=(reader_id,),
+        )
+        for reader_id, ids in sorted(unread.items())
+    ]
+    for split_id, reader_id, placed in stray:
+        where = "the pool" if placed is None else ("no place" if placed == -1 else f"reader {placed}")
+        violations.append(
+            Violation(
+                ViolationKind.OWNED_MORE_THAN_ONCE,
+                (split_id,),
+                f"split {split_id} is read by reader {reader_id}, but the enumerator places it in {where}",
+                reader_ids=(reader_id,),
+            )
+        )
+    return violations
+
+
 def check_finished_not_assigned(
     state: Assignment | EnumeratorSnapshot, finished: Collection[str] | None = None
 ) -> list[Violation]:
@@ -356,13 +400,12 @@ def check_ref_chains(
 ) -> list[Violation]:
     """Ref chains no deeper than ``max_consecutive_failures``, and never broken by retention.
 
-    ``depths`` maps each checkpoint id to its depth as the checkpoint store defines it
-    (``CheckpointStore.chain_depth``: the deepest ``RegionState.ref_depth``, i.e. how many
-    times one region's state was fallen back to in a row). That is protocol rule 6.6's bound and
-    what callers holding the checkpoints should pass. Without it the whole-checkpoint chain
-    length (:func:`ref_chain_depths`) is bounded instead, which over-counts after an aborted
-    forced global (a later regional checkpoint may refer to an older regional one through
-    another region). Per region, with the region's splits named: :func:`check_region_ref`.
+    The bound is the whole checkpoint's chain (protocol rule 6.6; the FLIP-600 thread: "the
+    reference chain can only grow as deep as maxConsecutiveFailures"): :func:`ref_chain_depths`
+    of ``refs``, which is what ``CheckpointStore.chain_depth`` measures. ``depths`` (checkpoint
+    id -> chain depth) stands in for it when the caller holds only part of a chain (the depths
+    of its oldest checkpoints measured where the whole chain was known). Per region, with the
+    region's splits named: :func:`check_region_ref`.
     """
     violations: list[Violation] = []
     for cid in sorted(refs):
@@ -378,11 +421,17 @@ def check_ref_chains(
     return violations
 
 
+def region_chain_depth(ref_checkpoint_id: int | None, depths: Mapping[int, int]) -> int:
+    """The chain depth of one region's state: 0 when it acknowledged its checkpoint, else one hop
+    more than the checkpoint it falls back to (``depths``: :func:`ref_chain_depths`)."""
+    return 0 if ref_checkpoint_id is None else 1 + depths.get(ref_checkpoint_id, 0)
+
+
 def check_region_ref(
     checkpoint_id: int,
     region_id: int,
     ref_checkpoint_id: int | None,
-    ref_depth: int,
+    chain_depth: int,
     kept: Collection[int],
     max_consecutive_failures: int,
     split_ids: Iterable[str] = (),
@@ -390,13 +439,14 @@ def check_region_ref(
     """Rule 6.6 for one region's state in checkpoint ``checkpoint_id``: the rules of
     :func:`check_ref_chains`, naming the region's splits.
 
-    ``ref_checkpoint_id`` is None when the region acknowledged the checkpoint; ``ref_depth``
-    is ``RegionState.ref_depth``; ``kept`` the ids of the checkpoints still kept.
+    ``ref_checkpoint_id`` is None when the region acknowledged the checkpoint; ``chain_depth``
+    the ref hops behind its state (:func:`region_chain_depth`); ``kept`` the ids of the
+    checkpoints still kept.
     """
     ids = tuple(sorted(set(split_ids)))
     where = f" region {region_id}"
     found: list[Violation | None] = [
-        _depth_violation(checkpoint_id, ref_depth, max_consecutive_failures, ids, where)
+        _depth_violation(checkpoint_id, chain_depth, max_consecutive_failures, ids, where)
     ]
     if ref_checkpoint_id is not None:
         found.append(_ref_violation(checkpoint_id, ref_checkpoint_id, kept, ids, where))

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from splitkeeper.core.failures import RegionFailure
+from splitkeeper.core.restarts import RestartCheck
 from splitkeeper.core.source import PlannedRange
 from splitkeeper.core.types import AuditRecord, CompletedCheckpoint, RegionOutcome
 
@@ -328,6 +329,12 @@ class StateStore(abc.ABC):
         before their rows are deleted (when none is deleted: before returning); a crash point.
         """
 
+    @abc.abstractmethod
+    def record_restart_checks(self, checks: Sequence[RestartCheck]) -> None:
+        """Keep in-run restart checks (:mod:`splitkeeper.core.restarts`) as history, each when it was
+        made, a failed one before the run stops: the run's report and status show them. Never read
+        by a restore; a store that cannot write them must not stop the run (it logs)."""
+
 
 class Clock(abc.ABC):
     """Time as the driver sees it: seconds on a monotonic clock (simulated in the simulator)."""
@@ -350,8 +357,8 @@ class DriverHooks:
     runtime checks its pipeline lease there); ``before_sink_commit`` right before
     an epoch's decision record and sink commit (the runtime re-reads its lease
     there and raises when it is no longer this run's: nothing is written). ``progress`` gets one line per
-    epoch, ``after_epoch`` the epoch's report (metrics). Hooks must not change
-    protocol state.
+    epoch, ``after_epoch`` the epoch's report (metrics), ``restart_checked`` every in-run restart
+    check. Hooks must not change protocol state.
     """
 
     def crash_point(self, point: CrashPoint, epoch: int) -> None:
@@ -369,3 +376,7 @@ class DriverHooks:
 
     def after_epoch(self, report: Any) -> None:
         """Called with each epoch's EpochReport once the epoch is done (committed or aborted)."""
+
+    def restart_checked(self, check: RestartCheck) -> None:
+        """Called with every in-run restart check (passed or failed), before a failed one stops the
+        run (metrics, log lines)."""

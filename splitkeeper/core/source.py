@@ -67,17 +67,27 @@ class SupportsSplitReassignmentOnRecovery:
     good state. The enumerator becomes the single owner of split placement and
     may redistribute on a global restore (protocol rules 1.2-1.3). Without it, readers
     keep their restored splits (legacy behaviour).
+
+    A source with the capability may be configured without it (``source.reader_mode: legacy``):
+    :attr:`reassigns_on_recovery` then answers False, and the factory ``enumerator_for`` (the one
+    place that asks) builds a legacy enumerator.
     """
 
     __slots__ = ()
 
+    @property
+    def reassigns_on_recovery(self) -> bool:
+        """Whether this source's readers wait to be assigned on recovery, as configured (default True)."""
+        return True
+
 
 @dataclass(frozen=True, slots=True)
 class ExternalPosition:
-    """A position a source keeps outside the checkpoint, tagged with the checkpoint it belongs to."""
+    """A position a source keeps outside the checkpoint, tagged with the checkpoint it belongs to
+    (``checkpoint_id`` None: set by someone else, e.g. a group's offset moved by hand)."""
 
     position: int
-    checkpoint_id: int
+    checkpoint_id: int | None
 
     def __post_init__(self) -> None:
         if self.position < 0:

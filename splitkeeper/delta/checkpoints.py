@@ -73,6 +73,7 @@ from splitkeeper.core.checkpoint import CheckpointStore, check_full_snapshot_eve
 from splitkeeper.core.defaults import FULL_SNAPSHOT_EVERY
 from splitkeeper.core.failures import RegionFailure
 from splitkeeper.core.ports import EpochDecision, EpochPlan, StateStore
+from splitkeeper.core.restarts import RestartCheck
 from splitkeeper.core.types import (
     AuditRecord,
     CheckpointKind,
@@ -90,6 +91,7 @@ from splitkeeper.errors import (
     ConcurrentRunError,
     DamagedTableError,
     InvalidParameterError,
+    SplitkeeperError,
     StateError,
 )
 
@@ -856,6 +858,17 @@ class DeltaStateStore(StateStore, CheckpointStore):
             **serde.incident_columns(None, failures),
         }
         self.tables.append("checkpoint_log", spec("checkpoint_log").rows([row]))
+
+    def record_restart_checks(self, checks: Sequence[RestartCheck]) -> None:
+        """The in-run restart checks, appended to the validations table (history, as
+        :mod:`splitkeeper.delta.validations` rule 3 says); a store error is logged, the run goes on."""
+        from splitkeeper.delta.validations import ValidationRecords
+
+        self._writable("record the in-run restart checks")
+        try:
+            ValidationRecords(self.tables, self.pipeline_name).record_restart_checks(checks)
+        except (SplitkeeperError, OSError) as err:  # history only: the verdict is in the log and the error
+            log.warning("pipeline %s: in-run restart checks not recorded: %s", self.pipeline_name, err)
 
     # -- retention (the rules are the core's; the work is retention.py's) -----------------------
 

@@ -415,6 +415,17 @@ class StateHistory:
             ["regions", "created_at", "commit_ms", "run_id", "processing_backlog", *INCIDENT_COLUMNS],
             log_columns=["logged_at", "reason"],
         )
+        # a kept checkpoint's reason is its decision record's (the coordinator's sentence); an epoch
+        # has one unless a run died after its decision (then the latest, the one a redo committed)
+        decided = self.tables.read(
+            "decisions",
+            columns=["epoch_id", "reason", "decided_at"],
+            filter=pc.field("epoch_id").isin(kept.column("checkpoint_id")),
+        )
+        reasons = {
+            int(r["epoch_id"]): r["reason"] or ""
+            for r in sorted(decided.to_pylist(), key=lambda r: r["decided_at"])
+        }
         completed = [*kept.to_pylist(), *archived.sort_by("checkpoint_id").to_pylist()]
         for row in completed:
             regions = row["regions"] or []
@@ -430,6 +441,7 @@ class StateHistory:
                     processing_backlog=row["processing_backlog"],
                     phases_ms=_phases(row),
                     failures=serde.failures_from_rows(row.get("failures")),
+                    reason=reasons.get(int(row["checkpoint_id"]), row.get("reason") or ""),
                 )
             )
         for row in aborted.to_pylist():

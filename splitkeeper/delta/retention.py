@@ -18,7 +18,9 @@ Rules:
    row or archive names (the audit of committed checkpoints is history and stays), and
    ``epoch_plans``/``decisions`` of epochs older than every kept checkpoint. Rows of
    epochs after the newest checkpoint (a plan being read, a decision waiting for its
-   redo) are never touched. Then it bin-packs small files (``optimize.compact``).
+   redo) are never touched. Then it bin-packs small files (``optimize.compact``), of the
+   ``validations`` table too when it exists (one small append per run: every run records the
+   in-run check of its restore; its rows are history and all stay).
 3. :func:`vacuum` physically deletes the files that commits removed more than
    ``history_hours`` ago (delta-rs's "lite" vacuum: only files the log tombstoned, never
    an untracked file such as a staged file moved into the sink before its commit) and
@@ -63,6 +65,10 @@ class RetainedStore(Protocol):
     def forget_mirror(self) -> None: ...
 
     def _writable(self, what: str) -> None: ...
+
+#: The restart checks' verdicts (:mod:`splitkeeper.delta.validations`): compacted and vacuumed with the
+#: state tables when it exists, never deleted from.
+VALIDATIONS = "validations"
 
 
 __all__ = [
@@ -234,6 +240,10 @@ def compact(store: RetainedStore, *, mid_compaction: Callable[[], None] | None =
         table = store.tables.require(name)
         metrics: dict[str, Any] = guarded(table.table_uri, table.optimize.compact)
         compacted[name] = int(metrics.get("numFilesRemoved") or 0)
+    history = store.tables.get(VALIDATIONS)  # created by the first restart check: maybe not yet
+    if history is not None:
+        metrics = guarded(history.table_uri, history.optimize.compact)
+        compacted[VALIDATIONS] = int(metrics.get("numFilesRemoved") or 0)
     store.forget_mirror()
     return Compaction(deleted, compacted)
 
@@ -259,7 +269,7 @@ def vacuum_plan(store: RetainedStore, history_hours: float) -> dict[str, list[st
     """What :func:`vacuum` would delete now, per table (read-only: nothing is deleted)."""
     hours = retention_hours(history_hours)
     planned: dict[str, list[str]] = {}
-    for name in STATE_TABLES:
+    for name in (*STATE_TABLES, VALIDATIONS):
         table = store.tables.get(name)
         if table is None:
             continue
@@ -275,8 +285,11 @@ def vacuum(store: RetainedStore, history_hours: float) -> dict[str, list[str]]:
     store._writable("vacuum the state tables")
     hours = retention_hours(history_hours)
     removed: dict[str, list[str]] = {}
-    for name in STATE_TABLES:
-        table = store.tables.require(name)
+    for name in (*STATE_TABLES, VALIDATIONS):
+        found = store.tables.get(name) if name == VALIDATIONS else store.tables.require(name)
+        if found is None:
+            continue
+        table = found
         files = guarded(table.table_uri, functools.partial(_vacuum_lite, table, hours))
         guarded(table.table_uri, table.cleanup_metadata)
         removed[name] = sorted(files)

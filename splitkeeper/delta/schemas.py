@@ -301,6 +301,11 @@ SCHEMAS: dict[str, pa.Schema] = {
             required("tables", STRING),
             required("suites", STRING),
             optional("data_docs", STRING),
+            optional("verdict", STRING),
+            optional("restore", STRING),
+            optional("epoch_id", BIGINT),
+            optional("readers", array(INT)),
+            optional("detail", STRING),
         ]
     ),
     # not a state table: the records table the sink commits to; the staged files carry every column
@@ -450,7 +455,11 @@ TABLES: dict[str, TableSpec] = {
         ),
         TableSpec("lease", stats_columns=("generation",), added_columns=frozenset({"process"})),
         TableSpec("control", stats_columns=("requested_at",)),
-        TableSpec("validations", stats_columns=("checkpoint_id", "validated_at")),
+        TableSpec(
+            "validations",
+            stats_columns=("checkpoint_id", "validated_at"),
+            added_columns=frozenset({"verdict", "restore", "epoch_id", "readers", "detail"}),
+        ),
         TableSpec(
             SINK_TABLE,
             stats_columns=("split_id", "offset", "next_offset", "epoch", "region", "ingested_at"),

@@ -50,6 +50,8 @@ from splitkeeper.core.invariants import (
     content_digest,
     judge_sink_split,
     merge_spans,
+    ref_chain_depths,
+    region_chain_depth,
 )
 from splitkeeper.core.source import RegionReader
 from splitkeeper.core.types import (
@@ -1017,6 +1019,17 @@ def build_restart_frames(
     # without regions and a region without splits keep one row, NULL where nothing is)
     refs_found: list[Violation] = []
     ref_rows: list[tuple[Any, ...]] = []
+    chain_depths = ref_chain_depths(
+        {
+            cid: {
+                int(g["ref_checkpoint_id"])
+                for g in heads[cid]["regions"] or ()
+                if g["ref_checkpoint_id"] is not None
+            }
+            for cid in kept_ids
+            if cid <= checkpoint_id
+        }
+    )
     for cid in kept_ids:
         if cid > checkpoint_id:
             continue
@@ -1028,7 +1041,7 @@ def build_restart_frames(
                 cid,
                 int(g["region_id"]),
                 None if ref is None else int(ref),
-                int(g["ref_depth"] or 0),
+                region_chain_depth(None if ref is None else int(ref), chain_depths),
                 kept_ids,
                 max_consecutive_failures,
                 (s["split_id"] for s in g["splits"] or ()),
@@ -1339,6 +1352,7 @@ def run_restart_checks(
     source_splits: Iterable[Split] | None = None,
     expectations: str | os.PathLike[str] | None = None,
     content_reader: RegionReader | None = None,
+    deferred_assignment: bool = True,
 ) -> CheckReport:
     """Run every protocol section 6 suite on checkpoint ``checkpoint_id`` (default: the latest) and its sink.
 
@@ -1347,7 +1361,9 @@ def run_restart_checks(
     pandas frames of the verdicts.
     ``strategy`` is the pipeline's assignment strategy (a registry name, or the instance
     with its weights); the balance suite is SKIPPED for an unbalanced one (legacy-hash),
-    with a note saying so. ``subscriptions`` are the current subscriptions (what the
+    with a note saying so, and for legacy readers (``deferred_assignment`` False,
+    ``source.reader_mode: legacy``: they keep what they restored, so rule 6.5 does not
+    bind them). ``subscriptions`` are the current subscriptions (what the
     source has now). ``data_docs_dir`` receives the Data Docs site (``index.html``).
     ``sink`` (the sink's reader), ``source_splits``, ``content_reader``: see
     :func:`build_restart_frames`.
@@ -1428,7 +1444,13 @@ def run_restart_checks(
         if spec.dataset not in tables:
             tables[spec.dataset] = frames.frames[spec.dataset].to_pandas()
         frame = tables[spec.dataset]
-        if key == "balance" and not chosen.balanced:
+        if key == "balance" and not (chosen.balanced and deferred_assignment):
+            why = (
+                f"strategy {chosen.name} is not balanced (protocol rule 1.6: kept to show its skew)"
+                if not chosen.balanced
+                else "legacy readers keep the splits they restored (source.reader_mode: legacy; protocol "
+                "rule 6.5 binds deferred assignment)"
+            )
             outcomes.append(
                 SuiteOutcome(
                     key=key,
@@ -1437,9 +1459,7 @@ def run_restart_checks(
                     dataset=spec.dataset,
                     rows=len(frames.loads),
                     notes=(
-                        f"strategy {chosen.name} is not balanced (protocol rule 1.6: kept to show its "
-                        f"skew): per-reader load is not checked; loads "
-                        f"{dict(sorted(frames.loads.items()))}",
+                        f"{why}: per-reader load is not checked; loads {dict(sorted(frames.loads.items()))}",
                     ),
                 )
             )

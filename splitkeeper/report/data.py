@@ -24,6 +24,7 @@ from splitkeeper.sinks.port import SinkReader, SinkTable
 
 if TYPE_CHECKING:  # pragma: no cover
     from splitkeeper.delta.checkpoints import DeltaStateStore
+    from splitkeeper.delta.validations import RecordedCheck
     from splitkeeper.records.upsert import FoldResult
 
 #: enumerator_state rows of a live split (with a position): owned, pooled or parked.
@@ -91,6 +92,9 @@ class DeadLetterFacts:
     per_stage: tuple[tuple[str, int], ...]  # (stage, dead letters), in STAGES order
     first: tuple[tuple[str, int, str, str, str], ...]  # (split, offset, stage, error class, message)
 
+
+#: Runs of the restart checks and in-run checks the report lists (each kind; the newest).
+RESTART_CHECKS_SHOWN = 50
 
 #: How many of the first dead letters (by epoch, split, offset) the report lists.
 FIRST_DEAD_LETTERS = 20
@@ -218,6 +222,14 @@ class ReportData:
     # kept checkpoint -> split -> lag (core.backlog.split_lag) of its live splits with a known lag
     lags: dict[int, dict[str, int]] = field(default_factory=dict)
     splits: tuple[SplitLag, ...] = ()  # the latest kept checkpoint's live splits, most lag first
+    #: the restart checks' verdicts (validations table), newest first: validate runs and the in-run
+    #: checks of the latest restores (at most RESTART_CHECKS_SHOWN of each)
+    restart_checks: tuple[RecordedCheck, ...] = ()
+
+    @property
+    def latest_validation(self) -> RecordedCheck | None:
+        """The newest run of the restart checks (``splitkeeper validate``, the validate task)."""
+        return next((c for c in self.restart_checks if not c.in_run), None)
 
     def decision_counts(self) -> list[tuple[str, int]]:
         """(decision, count), most frequent first, ties by name."""
@@ -426,7 +438,18 @@ def collect_report_data(
         filtered=None if sink is None else read_filtered_facts(sink),
         lags=lags,
         splits=by_lag(live.get(latest_kept, [])),
+        restart_checks=_restart_checks(state_store),
     )
+
+
+def _restart_checks(state_store: DeltaStateStore) -> tuple[RecordedCheck, ...]:
+    """The newest RESTART_CHECKS_SHOWN validate runs and in-run checks, newest first (delta-rs)."""
+    from splitkeeper.delta.validations import ValidationRecords
+
+    rows = ValidationRecords(state_store.tables, state_store.pipeline_name).recorded()
+    validate = [r for r in rows if not r.in_run][:RESTART_CHECKS_SHOWN]
+    in_run = [r for r in rows if r.in_run][:RESTART_CHECKS_SHOWN]
+    return tuple(sorted((*validate, *in_run), key=lambda r: r.at, reverse=True))
 
 
 def _records_per_epoch(sink: SinkReader) -> dict[int, dict[int, int]]:

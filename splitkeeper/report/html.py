@@ -918,6 +918,60 @@ def _filtered_section(data: ReportData) -> _Section:
     return _section("filtered", "Filtered offsets", lead, table)
 
 
+def _restart_checks_summary(data: ReportData) -> str:
+    """The verdict of the latest run of the restart checks and a count of the in-run checks."""
+    latest = data.checkpoints[-1].checkpoint_id if data.checkpoints else None
+    validated = data.latest_validation
+    if validated is None:
+        head = "not run yet (splitkeeper validate, the validate task)"
+    else:
+        head = f"{validated.verdict.upper()} on checkpoint {validated.checkpoint_id}"
+        if validated.verdict == "failed":
+            head += f" ({', '.join(k for k, v in validated.suites.items() if v == 'failed')})"
+        if latest is not None and validated.checkpoint_id != latest:
+            head += f"; checkpoint {latest} not validated yet"
+    in_run = [c for c in data.restart_checks if c.in_run]
+    failed = sum(1 for c in in_run if c.verdict == "failed")
+    if in_run:
+        head += (
+            f"; in-run checks: {len(in_run) - failed} passed, {failed} FAILED"
+            if failed
+            else (f"; in-run checks: {len(in_run)} passed")
+        )
+    return head
+
+
+def _restart_checks_section(data: ReportData) -> _Section:
+    """Every recorded verdict of the restart checks, newest first: validate runs and in-run checks."""
+    rows = list(data.restart_checks)
+    table = _table(
+        "table-restart-checks",
+        "Restart checks, newest first",
+        ["when", "check", "checkpoint", "readers", "before epoch", "verdict", "rules or suites", "detail"],
+        [
+            (
+                c.at.strftime("%Y-%m-%d %H:%M:%S"),
+                "validate" if c.restore is None else c.restore.replace("_", " "),
+                c.checkpoint_id,
+                ", ".join(map(str, c.readers)) or "-",
+                "-" if c.epoch is None else c.epoch,
+                c.verdict.upper(),
+                ", ".join(f"{k} {v}" for k, v in c.suites.items()),
+                c.detail or "-",
+            )
+            for c in rows
+        ],
+        {2, 4},
+    )
+    lead = (
+        "Every restore inside a run is proven before the run reads on (protocol section 6 but the "
+        "sink's 6.4: global restores, rescales, partial failovers, regions falling back), and the "
+        "validate task proves the latest checkpoint and the sink. "
+        + f"Latest verdict: {_restart_checks_summary(data)}."
+    )
+    return _section("restart-checks", "Restart checks", lead, table)
+
+
 def _summary(data: ReportData) -> list[tuple[str, str]]:
     completed = [e for e in data.timeline if e.kind is not CheckpointKind.ABORTED]
     counts = {k: sum(1 for e in data.timeline if e.kind is k) for k in CheckpointKind}
@@ -937,6 +991,7 @@ def _summary(data: ReportData) -> list[tuple[str, str]]:
             else f"{latest.checkpoint_id} ({latest.kind.value}, parallelism {latest.parallelism}, "
             f"{'processing backlog' if latest.processing_backlog else 'normal interval'})",
         ),
+        ("Restart checks", _restart_checks_summary(data)),
         (
             "Failed region outcomes",
             str(sum(1 for e in completed for o in e.outcomes.values() if o is not RegionOutcome.ACK)),
@@ -1002,6 +1057,8 @@ def render_html(
         sections.append(_upsert_section(data))
     if data.filtered is not None:
         sections.append(_filtered_section(data))
+    if data.restart_checks:  # first: whether every restart was proven is what a reader looks for first
+        sections.insert(0, _restart_checks_section(data))
     return (
         _templates()
         .get_template("report.html.j2")

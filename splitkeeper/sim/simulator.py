@@ -69,6 +69,7 @@ from splitkeeper.core.ports import (
     StateStore,
 )
 from splitkeeper.core.rescale import Redistribution
+from splitkeeper.core.restarts import RestartCheck, RestartCheckError
 from splitkeeper.core.source import (
     RegionReader,
     SourceConnector,
@@ -375,6 +376,7 @@ class SimState(StateStore):
         self.configured: dict[int, int | None] = {}
         self.weights: dict[int, dict[str, float]] = {}
         self.aborted = 0
+        self.restart_checks: list[RestartCheck] = []  # every in-run restart check, as recorded
 
     def latest_checkpoint(self) -> CompletedCheckpoint | None:
         return self.store.latest()
@@ -410,6 +412,9 @@ class SimState(StateStore):
 
     def discard_decision(self, epoch: int, attempt_id: str) -> None:
         self.decisions.pop((epoch, attempt_id), None)
+
+    def record_restart_checks(self, checks: Sequence[RestartCheck]) -> None:
+        self.restart_checks.extend(checks)
 
     def commit_checkpoint(
         self,
@@ -819,6 +824,9 @@ class Simulator:
 
     def _protocol_error(self, err: SplitkeeperError) -> None:
         with contextlib.suppress(_Stop):  # the run ends here anyway
+            if isinstance(err, RestartCheckError):  # the driver's own in-run check caught a broken rule
+                self._record_violations("restart", err.params["check"].violations)
+                return
             self._record(SimCheck.PROTOCOL_ERROR, "core", (), str(err))
 
     # -- job lifecycle ------------------------------------------------------------------------

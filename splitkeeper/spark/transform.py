@@ -76,7 +76,7 @@ from splitkeeper.records.spec import INGESTED_DATE, NOT_DATA_COLUMNS
 from splitkeeper.spark.task import RecordPolicy, StagedWriter
 from splitkeeper.staging import DEAD_FILE, FILTERED_FILE, PART_FILE, PARTS_FILE, StagedRegion, attempt_dir
 
-__all__ = ["SparkTransform", "SparkTransformError", "python_traceback"]
+__all__ = ["SparkTransform", "SparkTransformError", "exchanges_over", "python_traceback"]
 
 #: The output of the per-partition writer: one row per region written (or one error row).
 _RESULT = pa.schema(
@@ -165,6 +165,32 @@ class SparkTransform:
         fields = [f for f in out.schema.fields if f.name not in NOT_DATA_COLUMNS]
         arrow = to_arrow_schema(StructType(fields))
         return pa.schema([f.with_nullable(True) for f in arrow])
+
+    def shuffles(self) -> tuple[str, ...]:
+        """The exchanges in the physical plan of the function's output that move the epoch's
+        records between partitions (a join, an aggregate, a window, ``dropDuplicates``,
+        ``repartition``, a sort; a broadcast of them): where one region's output can depend on
+        another region's records, so regions are not independent (protocol rule 2.9). One line
+        per exchange, as Spark prints it; empty when the plan shuffles nothing of the input (a
+        broadcast of a static table does not count).
+
+        Planned, not run, over a zero-row parquet file of the staged columns in a local temporary
+        folder: a file scan, which the optimizer cannot fold away as it folds an empty local
+        DataFrame. Raises :class:`SparkTransformError` when the function raises."""
+        import tempfile
+
+        folder = tempfile.mkdtemp(prefix="splitkeeper-plan-")
+        try:
+            path = os.path.join(folder, PART_FILE)
+            schema = pa.schema([f.with_nullable(True) for f in self.input_policy(self.policy).schema])
+            pq.write_table(schema.empty_table(), path)
+            location = "file://" + folder
+            df = self.spark.read.schema(self._input_struct()).parquet(location + "/" + PART_FILE)
+            out = self._call(df, "while its plan was checked for shuffles, when the pipeline opened")
+            plan = str(out._jdf.queryExecution().executedPlan().toString())
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+        return exchanges_over(plan, folder)
 
     def _call(self, df: Any, where: str) -> Any:
         from pyspark.sql import DataFrame
@@ -384,6 +410,37 @@ class SparkTransform:
                     f"{wanted.simpleString()}; cast it in the function (a column's type does not change)",
                     function=self.spec,
                 )
+
+
+_EXCHANGE = re.compile(r"\b(\w*Exchange)\b")
+_IDS = re.compile(r"#\d+|, \[plan_id=\d+\]")
+
+
+def exchanges_over(plan: str, relation: str) -> tuple[str, ...]:
+    """The exchange nodes of a physical plan's tree string (``executedPlan().toString()``) whose
+    subtree reads ``relation`` (a path its file scan names), as lines without Spark's expression
+    ids; the exchanges of an adaptive plan's initial plan included. Pure text: a node's subtree is
+    the lines after it that are indented deeper."""
+    lines = plan.splitlines()
+
+    def depth(line: str) -> int:
+        return next((i for i, ch in enumerate(line) if ch.isalnum()), len(line))
+
+    found: list[str] = []
+    for i, line in enumerate(lines):
+        match = _EXCHANGE.search(line)
+        if match is None or match.start() != depth(line):
+            continue
+        below = []
+        for later in lines[i + 1 :]:
+            if depth(later) <= depth(line):
+                break
+            below.append(later)
+        if any(relation in text for text in below):
+            node = _IDS.sub("", line[depth(line) :]).strip()
+            if node not in found:
+                found.append(node)
+    return tuple(found)
 
 
 #: The columns the StagedWriter stamps itself (the rest of the bookkeeping rides in its data table).

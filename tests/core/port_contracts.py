@@ -15,7 +15,9 @@ from collections.abc import Mapping, Sequence
 import pytest
 
 from core.test_checkpoint_store import global_checkpoint, regional_checkpoint
+from splitkeeper.core.invariants import Violation, ViolationKind
 from splitkeeper.core.ports import EpochDecision, EpochSink, RegionRun, StateStore
+from splitkeeper.core.restarts import IN_RUN_RULES, RestartCheck, RestoreKind
 from splitkeeper.core.source import PlannedRange
 from splitkeeper.core.types import RegionOutcome, Split
 from splitkeeper.errors import CheckpointError, ConcurrentRunError
@@ -46,6 +48,26 @@ class StateStoreContract:
 
     def make_store(self) -> StateStore:
         raise NotImplementedError
+
+    def restart_checks(self, store: StateStore) -> list[tuple[str, int | None, str, tuple[int, ...]]]:
+        """``(restore, checkpoint, verdict, readers)`` of every in-run check the store kept, oldest first."""
+        raise NotImplementedError
+
+    def test_in_run_restart_checks_are_kept_passed_and_failed_and_change_no_checkpoint(self) -> None:
+        store = self.make_store()
+        store.commit_checkpoint(decision(1))
+        lost = Violation(ViolationKind.NOT_OWNED, ("s-2",), "1 live split(s) neither pooled nor owned: s-2")
+        store.record_restart_checks(
+            [RestartCheck(RestoreKind.GLOBAL_RESTORE, 1, 2, (0, 1), IN_RUN_RULES, notes=("a note",))]
+        )
+        store.record_restart_checks(
+            [RestartCheck(RestoreKind.REGION_FALLBACK, 1, 3, (1,), IN_RUN_RULES, (lost,))]
+        )
+        assert self.restart_checks(store) == [
+            ("global_restore", 1, "passed", (0, 1)),
+            ("region_fallback", 1, "failed", (1,)),
+        ]
+        assert store.checkpoint_ids() == [1] and store.latest_checkpoint() == global_checkpoint(1)
 
     def test_an_empty_store_has_nothing_and_names_what_is_missing(self) -> None:
         store = self.make_store()

@@ -70,7 +70,7 @@ def test_from_mapping_builds_a_config_and_rejects_unknown_keys() -> None:
         CheckpointConfig.from_mapping({"max_failures": 2})
     assert err.value.message == (
         "checkpoint config key='max_failures' is not allowed: one of max_consecutive_failures, "
-        "max_failure_ratio, region_timeout_s, regions_independent"
+        "max_failure_ratio, region_timeout_s, regions_independent, dependence"
     )
 
 

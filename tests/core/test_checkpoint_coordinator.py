@@ -279,27 +279,49 @@ def test_forced_global_with_a_decline_is_aborted_not_a_job_failure_and_resets_th
     )
     assert coordinator.consecutive_regional == 0
     assert coordinator.store.ids() == [100, 101, 102]
-    # Tier 2: the next checkpoint may be regional again.
-    again = run(coordinator, 104, declines={0})
-    assert again.kind is CheckpointKind.REGIONAL
-    assert again.consecutive_regional == 1
-    assert again.completed is not None
-    assert again.completed.regions[0].ref_checkpoint_id == 102
-    assert coordinator.store.chain_depth(104) == 1
-
-
-def test_after_an_aborted_forced_global_a_region_already_at_max_depth_may_not_fall_back_again() -> None:
-    coordinator = make(2, max_consecutive_failures=2)
-    _two_regional(coordinator)  # region 1 fell back in 101 and 102: its state is 2 hops deep
-    run(coordinator, 103, declines={1})
-    result = run(coordinator, 104, declines={1})
-    assert result.kind is CheckpointKind.ABORTED
-    assert "region 1 would fall back once more, to ref chain depth 3 > max_consecutive_failures=2" in (
-        result.reason
+    # Tier 2 reset the counter, but the chain of 102 is already 2 deep: 104 is forced global by it
+    # (protocol rule 2.2, the FLIP-600 thread's bound) and a decline aborts it, not the job.
+    pending = coordinator.trigger(104, now=104.0)
+    assert pending.force_reason == (
+        "the ref chain of checkpoint 102 is 2 deep = max_consecutive_failures=2: a regional checkpoint "
+        "would reference it and go deeper (protocol rule 2.2; after an aborted forced global only a "
+        "global checkpoint starts the chain afresh)"
     )
+    coordinator.abort(pending, "test")
+    assert run(coordinator, 105).kind is CheckpointKind.GLOBAL  # a fresh start
+    assert coordinator.store.chain_depth(105) == 0
+    again = run(coordinator, 106, declines={0})  # and regional checkpoints again
+    assert (again.kind, again.consecutive_regional) == (CheckpointKind.REGIONAL, 1)
+
+
+def test_the_probes_chain_cannot_be_built_any_more() -> None:
+    """The audit's probe: max_consecutive_failures 2, an aborted forced global, then two regional
+    checkpoints by other regions made the chain 105 -> 104 -> 102 -> 101 -> 100 (four hops). Each
+    attempt of it is now forced global, and no chain in the store is ever deeper than 2."""
+    coordinator = make(2, max_consecutive_failures=2)
+    _two_regional(coordinator)  # 101, 102: region 1 falls back (102 -> 101 -> 100)
+    assert run(coordinator, 103, declines={1}).kind is CheckpointKind.ABORTED  # tier 2
+    probe_104 = run(coordinator, 104, declines={0})  # the probe's 104: region 0 -> 102
+    assert probe_104.kind is CheckpointKind.ABORTED
+    assert "forced global checkpoint 104 (the ref chain of checkpoint 102 is 2 deep" in probe_104.reason
+    probe_105 = run(coordinator, 105, declines={1})  # the probe's 105: region 1 -> 104
+    assert probe_105.kind is CheckpointKind.ABORTED
     assert coordinator.store.ids() == [100, 101, 102]
-    # Once region 1 acknowledges, its chain is fresh again.
-    assert run(coordinator, 105).kind is CheckpointKind.GLOBAL
+    assert max(coordinator.store.chain_depth(c) for c in coordinator.store.ids()) == 2
+    assert coordinator.store.ref_chain(102) == [102, 101, 100]
+    assert run(coordinator, 106).kind is CheckpointKind.GLOBAL
+    assert coordinator.retain(1) == [100, 101, 102]  # nothing refers to the old chain any more
+
+
+def test_a_restore_of_a_checkpoint_whose_chain_is_full_forces_the_next_one_global() -> None:
+    coordinator = make(2, max_consecutive_failures=2)
+    _two_regional(coordinator)
+    restored = make(2, max_consecutive_failures=2)
+    for cid in reversed(coordinator.store.ref_chain(102)):
+        restored.store.add(coordinator.store.get(cid))
+    restored.restore(coordinator.store.get(102), consecutive_regional=0)  # the counter after tier 2
+    assert restored.fallback_chain() == (102, 2)
+    assert restored.trigger(103, now=103.0).forced_global
 
 
 # ------------------------------------------------------------------ final checkpoint, global-only pipelines

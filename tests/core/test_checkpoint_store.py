@@ -87,10 +87,11 @@ class CheckpointStoreContract:
         assert store.ref_chain(101) == [101, 100]
         assert store.ref_chain(100) == [100]
 
-    def test_chain_depth_is_the_deepest_region_state(self) -> None:
+    def test_chain_depth_is_the_whole_chains_not_a_regions(self) -> None:
         store = self.chain()
+        # region 1 fell back once (its own ref depth 1), but through 102 -> 101 -> 100: 3 hops
         store.add(regional_checkpoint(103, {0: (102, 2), 1: (102, 1)}, consecutive=3))
-        assert [store.chain_depth(i) for i in (100, 101, 102, 103)] == [0, 1, 1, 2]
+        assert [store.chain_depth(i) for i in (100, 101, 102, 103)] == [0, 1, 2, 3]
 
     def test_ids_must_strictly_increase(self) -> None:
         store = self.chain()

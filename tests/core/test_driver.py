@@ -167,6 +167,27 @@ def test_a_redone_checkpoint_commits_its_external_positions_as_its_epoch_would_h
     assert opened.external_disagreements == ()  # the restore finds them aligned
 
 
+def test_a_disagreeing_external_position_is_reported_as_a_sentence_and_noted_by_the_restart_check() -> None:
+    """Protocol rule 3.3: the checkpoint's position wins; the open's report and the in-run check of
+    the restore name the split, both positions and which one is used (a sentence, not a repr)."""
+    source = _ExternalSimSource(subscriptions={"a"})
+    source.add([Split("a-0", "a", 0)])
+    source.ends["a-0"] = 10
+    driver, _ledger, state, sink = _driver(source, parallelism=1)
+    driver.open()
+    driver.run_epoch(records_per_split=5)
+    source.external["a-0"] = ExternalPosition(2, None)  # moved by hand between runs
+    again, _l, _s, _k = _driver(source, parallelism=1)
+    again.state, again.sink = state, sink
+    opened = again.open()
+    said = "split a-0: checkpoint position 5 is used; external position 2 (set outside splitkeeper: no "
+    said += "checkpoint tag) ignored"
+    assert opened.external_disagreements == (said,)
+    [check] = again.restart_checks
+    assert check.passed and check.notes == (said,)
+    assert again.plan(records_per_split=5)[0][0][1:] == (5, 10)  # read on from 5, not from 2
+
+
 def test_a_read_only_open_applies_a_pending_redo_in_memory_and_refuses_to_run() -> None:
     source = _source({"a"}, {"a-0": ("a", 100)})
     driver, _ledger, state, sink = _driver(source, parallelism=1)

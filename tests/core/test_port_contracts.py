@@ -15,6 +15,10 @@ class TestSimStateStore(StateStoreContract):
     def make_store(self) -> StateStore:
         return SimState()
 
+    def restart_checks(self, store: StateStore) -> list[tuple[str, int | None, str, tuple[int, ...]]]:
+        assert isinstance(store, SimState)
+        return [(c.restore.value, c.checkpoint_id, c.verdict, c.readers) for c in store.restart_checks]
+
 
 class TestSimEpochSink(EpochSinkContract):
     def make_sink(self) -> EpochSink:

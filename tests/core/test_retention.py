@@ -99,10 +99,13 @@ def test_chain_kept_by_retention_after_an_aborted_forced_global() -> None:
     run(coordinator, 101, declines={1})
     run(coordinator, 102, declines={1})
     assert run(coordinator, 103, declines={1}).kind is CheckpointKind.ABORTED
-    assert run(coordinator, 104, declines={0}).kind is CheckpointKind.REGIONAL  # region 0 -> 102
-    assert coordinator.store.ref_chain(104) == [104, 102, 101, 100]
-    assert coordinator.retain(1) == []
-    assert coordinator.store.chain_depth(104) == 1
+    # the chain of 102 is full (2 hops): 104 is forced global too, and a failure aborts it
+    assert run(coordinator, 104, declines={0}).kind is CheckpointKind.ABORTED
+    assert coordinator.store.ref_chain(102) == [102, 101, 100]
+    assert coordinator.retain(1) == []  # 102 is kept, and with it its chain
+    assert coordinator.store.chain_depth(102) == 2
+    assert run(coordinator, 105).kind is CheckpointKind.GLOBAL
+    assert coordinator.retain(1) == [100, 101, 102]  # only what a restore of 105 reaches stays
 
 
 def test_retain_rejects_keeping_nothing_and_unknown_pins() -> None:

@@ -451,10 +451,14 @@ def test_check_ref_chains_agrees_with_the_store_after_an_aborted_forced_global()
     assert attempt(1, None) is CheckpointKind.GLOBAL
     assert attempt(2, 0) is CheckpointKind.REGIONAL  # region 0 -> 1
     assert attempt(3, 1) is CheckpointKind.ABORTED  # forced global fails; the counter resets
-    assert attempt(4, 1) is CheckpointKind.REGIONAL  # region 1 -> 2 (its own state there is depth 0)
+    assert attempt(4, 1) is CheckpointKind.ABORTED  # the chain of 2 is full: forced global again
+    assert attempt(5, None) is CheckpointKind.GLOBAL
     assert max(store.chain_depth(c) for c in store.ids()) == 1  # protocol section 6 holds
     refs = {c: store.get(c).ref_checkpoint_ids for c in store.ids()}
     depths = {c: store.chain_depth(c) for c in store.ids()}
-    assert check_ref_chains(refs, 1, depths) == []
-    # the whole-checkpoint chain 4 -> 2 -> 1 is longer than any region's chain of fallbacks
-    assert [v.kind for v in check_ref_chains(refs, 1)] == [ViolationKind.REF_CHAIN_TOO_DEEP]
+    assert check_ref_chains(refs, 1, depths) == check_ref_chains(refs, 1) == []
+    # a chain as the probe built it (4 -> 2 -> 1, region by region) is what the check catches
+    probe = {1: frozenset[int](), 2: frozenset({1}), 4: frozenset({2})}
+    assert [(v.kind, v.checkpoint_ids) for v in check_ref_chains(probe, 1)] == [
+        (ViolationKind.REF_CHAIN_TOO_DEEP, (4,))
+    ]

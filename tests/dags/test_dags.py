@@ -147,7 +147,13 @@ def test_on_a_cluster_master_the_epoch_task_submits_the_packaged_epoch_job(monke
     run_command.configure(parser)
     overrides = {"backlog": {"normal_epoch_records": 7}}
     every = argv(
-        epochs=5, until_caught_up=True, continuous=False, faults=["fail:1@2", "stall:2@3"], pipeline=overrides
+        epochs=5,
+        until_caught_up=True,
+        continuous=False,
+        faults=["fail:1@2", "stall:2@3"],
+        pipeline=overrides,
+        reset_backlog=True,
+        reader_mode="legacy",
     )
     assert every == [
         "--config",
@@ -157,14 +163,20 @@ def test_on_a_cluster_master_the_epoch_task_submits_the_packaged_epoch_job(monke
         "--faults-json",
         every[5],
         "--pipeline-json",
-        every[-1],
+        every[7],
+        "--reset-backlog",
+        "--reader-mode=legacy",
     ]
     args = parser.parse_args(every)  # every Param reaches the epoch job
     assert (args.epochs, args.until_caught_up, args.continuous) == (5, True, False)
     assert run_command._faults(args) == ["fail:1@2", "stall:2@3"]
     assert json.loads(args.pipeline_json) == overrides
-    args = parser.parse_args(argv(epochs=3, until_caught_up=True, continuous=True, faults=[], pipeline={}))
+    assert (args.reset_backlog, args.reader_mode) == (True, "legacy")
+    args = parser.parse_args(
+        argv(epochs=3, until_caught_up=True, continuous=True, faults=[], pipeline={}, reset_backlog=False)
+    )
     assert (args.epochs, args.until_caught_up, args.continuous) == (None, False, True)
+    assert (args.reset_backlog, args.reader_mode) == (False, "configured")  # reader_mode null: the file's
 
 
 @pytest.mark.parametrize(
@@ -174,6 +186,7 @@ def test_on_a_cluster_master_the_epoch_task_submits_the_packaged_epoch_job(monke
         ({"mode": "sideways"}, "mode"),
         ({"checkpoint_id": "yesterday"}, "checkpoint_id"),
         ({"dry_run": "maybe"}, "dry_run"),
+        ({"readers": [-1]}, "readers"),
     ],
 )
 def test_recover_rejects_bad_params_at_trigger(airflow_db, conf, fragment):
@@ -293,6 +306,93 @@ def test_an_override_only_the_core_rejects_fails_the_run_naming_the_key(airflow_
         "[CONFIG_ERROR] checkpoint.max_failure_ratio=1.5 is not allowed: a number between 0 and 1 "
         f"({config_path})"
     )
+
+
+@pytest.mark.spark
+def test_a_failed_validate_turns_the_run_red_and_its_report_still_says_why(
+    airflow_db, spark, tmp_path, monkeypatch
+):
+    """Issue 39: the report task runs when validate fails (trigger rule all_done), keeps its page
+    for the run naming the failed check, then fails naming validate: the DAG run is red."""
+    from deltalake import DeltaTable, write_deltalake
+
+    from splitkeeper.app import services
+    from splitkeeper.config.settings import load_config
+    from splitkeeper.airflow.plugin import run_report_path
+
+    config_path = _write_pipeline(tmp_path, files=1, lines=20, parallelism=1)
+    monkeypatch.setenv("SPLITKEEPER_PIPELINE_CONFIG", str(config_path))
+    monkeypatch.setenv("SPLITKEEPER_REPORTS_DIR", str(tmp_path / "reports"))
+    config = load_config(config_path)
+    services.run(config)
+    latest = services.status(config).latest_checkpoint
+    assert latest is not None
+    one = DeltaTable(config.sink_path).to_pyarrow_table().slice(3, 1)
+    write_deltalake(config.sink_path, one, mode="append")  # a record written twice: rule 6.4 breaks
+
+    run = load_dag("splitkeeper_ingest").test(run_conf={"epochs": 1})
+    tis = {ti.task_id: ti for ti in run.get_task_instances()}
+    assert {task: ti.state for task, ti in tis.items()} == {
+        "run_epochs": "success",
+        "validate": "failed",
+        "report": "failed",
+    }
+    assert run.state == "failed"
+    assert tis["report"].xcom_pull(task_ids="report") == str(
+        run_report_path("splitkeeper_ingest", run.run_id)
+    )  # the "Run report" link's XCom is there though the task failed
+    page = run_report_path("splitkeeper_ingest", run.run_id).read_text(encoding="utf-8")
+    assert f"FAILED on checkpoint {latest.id} (sink_records)" in page
+    assert "offset_duplicate" in page
+
+
+@pytest.mark.spark
+@pytest.mark.kafka
+def test_the_ingest_params_reset_the_backlog_and_choose_legacy_readers(
+    airflow_db, spark, kafka_broker, tmp_path, monkeypatch
+):
+    """Issue 39 item 6: ``reset_backlog`` (run --reset-backlog) and ``reader_mode`` reach the run from
+    the ingest DAG's Params: after the run caught up, new messages with a backlog reset put it back in
+    backlog mode, and legacy readers keep the splits they restored instead of handing them over."""
+    from splitkeeper.app import services
+    from splitkeeper.config.settings import load_config
+    from splitkeeper.airflow.plugin import _results
+    from tests.runtime.test_kafka_pipeline import produce_numbered
+    from tests.runtime.test_kafka_source import create_topic
+
+    bootstrap = kafka_broker.bootstrap_servers
+    topic = create_topic(bootstrap, 2)
+    produce_numbered(bootstrap, topic, {0: 30, 1: 30})
+    config_path = tmp_path / "pipeline.yaml"
+    config_path.write_text(
+        f"""
+name: dagkafka
+parallelism: 2
+strategy: least-loaded
+source: {{kind: kafka, bootstrap_servers: "{bootstrap}", topics: [{topic}]}}
+backlog: {{backlog_epoch_records: 400, normal_epoch_records: 400}}
+state: {{path: state}}
+sink: {{path: sink}}
+""",
+        encoding="utf-8",
+    )
+    monkeypatch.setenv("SPLITKEEPER_PIPELINE_CONFIG", str(config_path))
+    monkeypatch.setenv("SPLITKEEPER_REPORTS_DIR", str(tmp_path / "reports"))
+    config = load_config(config_path)
+    assert services.run(config, until_caught_up=True, epochs=5).caught_up
+    latest = services.status(config).latest_checkpoint
+    assert latest is not None and not latest.processing_backlog  # the backlog was read
+    produce_numbered(bootstrap, topic, {0: 20, 1: 20}, first=30)
+
+    conf = {"epochs": 1, "until_caught_up": False, "reset_backlog": True, "reader_mode": "legacy"}
+    run = load_dag("splitkeeper_ingest").test(run_conf=conf)
+    assert run.state == "success"
+    [result] = _results("splitkeeper_ingest", run.run_id, "run_epochs")
+    assert result["epochs"][0]["processing_backlog"] is True  # the new ends are backlog again
+    decisions = result["opened"]["decisions"]
+    assert decisions.get("kept_legacy") == 2 and "redistributed_global_restore" not in decisions
+    [validated] = _results("splitkeeper_ingest", run.run_id, "validate")
+    assert validated["suites"]["balance"] == "skipped"  # legacy readers: rule 6.5 does not bind them
 
 
 _CHILD_RUN = """

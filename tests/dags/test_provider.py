@@ -209,7 +209,16 @@ def test_operators_turn_rendered_templates_into_their_arguments():
         "reason": "bad deploy",
         "reset_split": None,
         "reset_to": None,
+        "readers": [],
+        "reader_mode": None,
     }
+    partial = SplitkeeperRecoverOperator(task_id="p", readers="[2, 5]").params_of_run()
+    chosen = tasks.check_recovery_params(partial)
+    assert (chosen["mode"], chosen["readers"]) == ("partial", [2, 5])  # auto with readers is partial
+    with pytest.raises(InvalidParameterError, match="none with mode 'global'"):
+        tasks.check_recovery_params({**partial, "mode": "global"})
+    with pytest.raises(InvalidParameterError, match="one or more reader ids with mode 'partial'"):
+        tasks.check_recovery_params({"mode": "partial"})
     with pytest.raises(InvalidParameterError) as err:  # reset_split without reset_to: named
         tasks.check_recovery_params(SplitkeeperRecoverOperator(task_id="x", reset_split="0").params_of_run())
     assert "reset_to" in str(err.value)

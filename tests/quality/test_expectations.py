@@ -360,6 +360,16 @@ def chain_too_deep(spark, store, sink_path):
     )
 
 
+def probe_chain(spark, store, sink_path):
+    """The audit's probe in small: every region's own fallbacks stay 1 deep (``ref_depth`` 1), yet
+    the checkpoints' chain 4 -> 3 -> 2 -> 1 is 3 hops, past max_consecutive_failures=2. The bound is
+    the whole chain's (protocol rule 6.6; the FLIP-600 thread), so the restart check fails on 4."""
+    for cid in (3, 4):
+        store.commit_checkpoint(
+            decision_for(_checkpoint(cid, (s(0, 10), s(2, 10)), (s(1, 5), s(3, 5)), failed1=(cid - 1, 1)))
+        )
+
+
 CORRUPTIONS = [
     (
         duplicated_record,
@@ -398,6 +408,12 @@ CORRUPTIONS = [
         "expect_column_values_to_be_null(ref_chain_too_deep)",
         ("orders-1", "orders-3"),
     ),
+    (
+        probe_chain,
+        "ref_chains",
+        "expect_column_values_to_be_null(ref_chain_too_deep)",
+        ("orders-1", "orders-3"),
+    ),
 ]
 
 
@@ -425,7 +441,7 @@ def test_injected_corruption_fails_the_right_expectation_and_names_the_split(
     for split_id in split_ids:
         assert split_id in message
     assert raised.value.params["split_ids"] == split_ids
-    if corrupt is chain_too_deep:  # checkpoint 3 (depth 2) is within the bound of 2; 4 (depth 3) is not
+    if corrupt in (chain_too_deep, probe_chain):  # 3 (chain depth 2) is within the bound of 2; 4 is not
         [outcome] = report.suite("ref_chains").failed
         assert outcome.checkpoint_ids == (4,)
         assert outcome.rule == "ref_chain_too_deep"

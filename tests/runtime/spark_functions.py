@@ -37,6 +37,18 @@ def orders(df: DataFrame) -> DataFrame:
     )
 
 
+@spark_transform
+def narrow(df: DataFrame) -> DataFrame:
+    """Row by row only: filter, withColumn and a broadcast join with a static table. Its plan shuffles
+    none of the epoch's records, so regions stay independent."""
+    kinds = df.sparkSession.createDataFrame([("a", "Alpha"), ("b", "Beta")], "kind STRING, kind_name STRING")
+    return (
+        df.filter(F.col("amount") >= MIN_AMOUNT)
+        .withColumn("amount_cents", (F.col("amount") * 100).cast("bigint"))
+        .join(F.broadcast(kinds), "kind", "left")
+    )
+
+
 def _boom(amount: Any) -> Any:
     if amount is not None and amount > 40:
         raise ValueError(f"amount {amount} is too large for this function")

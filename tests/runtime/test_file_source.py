@@ -444,3 +444,22 @@ def test_os_sep_never_leaks_into_split_ids(tmp_path: Path) -> None:
     write(tmp_path / "x" / "y" / "z.txt", ["a"])
     (split,) = FileSource(tmp_path).discover_splits()
     assert split.split_id == "x/y/z.txt" and os.sep not in split.split_id.replace("/", "")
+
+
+def test_reader_mode_legacy_makes_the_file_source_keep_restored_splits(tmp_path: Path) -> None:
+    """``source.reader_mode: legacy`` (issue 39 item 6): the source still has the capability, but
+    answers that its readers keep what they restored; the enumerator factory builds a legacy one."""
+    from splitkeeper.config.settings import config_from_mapping
+    from splitkeeper.core.assignment import strategy_by_name
+    from splitkeeper.core.enumerator import RecordingEnumeratorContext, enumerator_for
+    from splitkeeper.spark.sources.files import FileSource
+
+    base = {"name": "modes", "source": {"kind": "files", "path": str(tmp_path)}, "state": {"path": "s"}}
+    for mode, deferred in (("deferred", True), ("legacy", False)):
+        config = config_from_mapping(
+            {**base, "source": {**base["source"], "reader_mode": mode}, "sink": {"path": "k"}}
+        )
+        source = FileSource.from_config(config.source)
+        assert source.reassigns_on_recovery is deferred
+        enumerator = enumerator_for(source, RecordingEnumeratorContext(2), strategy_by_name("least-loaded"))
+        assert enumerator.reassign_on_recovery is deferred

@@ -457,9 +457,11 @@ def test_a_late_commit_of_an_older_checkpoint_never_moves_the_group_backwards(
     assert run_b.committed_positions()[s0] == ExternalPosition(10, 8)
 
 
-def test_offsets_committed_by_other_tools_are_left_out_and_logged(
+def test_offsets_committed_by_other_tools_are_reported_untagged_and_logged(
     bootstrap: str, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """An offset another tool committed (no checkpoint tag: moved by hand) is an external position like
+    any other, with no checkpoint id, so a restore names it when it disagrees (protocol rule 3.3)."""
     topic = create_topic(bootstrap, 2)
     group = unique("sk-group")
     other = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False})
@@ -469,7 +471,10 @@ def test_offsets_committed_by_other_tools_are_left_out_and_logged(
     source.commit_positions(3, {split_id_of(topic, 0): 0})
 
     with caplog.at_level(logging.WARNING, logger="splitkeeper.sources.kafka"):
-        assert source.committed_positions() == {split_id_of(topic, 0): ExternalPosition(0, 3)}
+        assert source.committed_positions() == {
+            split_id_of(topic, 0): ExternalPosition(0, 3),
+            split_id_of(topic, 1): ExternalPosition(0, None),
+        }
     assert any(f"{topic}-1" in r.getMessage() for r in caplog.records)
 
 

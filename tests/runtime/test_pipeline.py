@@ -130,6 +130,7 @@ def test_a_run_with_nothing_new_starts_no_jvm(spark: Any, tmp_path: Path) -> Non
     assert idle.stdout == (
         "idle: 0 epochs, checkpoints {'global': 0, 'regional': 0, 'aborted': 0}, 0 records committed, "
         "source finished on a global checkpoint\n"
+        "idle: every restore inside the run was proven (1 restart check passed)\n"
     )
     assert "starting the Spark session" not in idle.stderr and "Java gateway" not in idle.stderr
     print(f"nothing new: {elapsed:.2f} s through the CLI, no JVM")  # visible with -s; tests do not time
@@ -179,7 +180,7 @@ def test_bounded_run_finishes_on_a_global_checkpoint_and_sink_equals_source(
         "id": last.epoch,
         "kind": "global",
         "failed_regions": [],
-        "reason": "",
+        "reason": f"checkpoint {last.epoch} is global: all 3 regions acknowledged",  # its decision's
         "failures": [],
     }
     assert set(line["phases_ms"]) == {"plan", "read", "sink", "commit"}  # persisted with the checkpoint

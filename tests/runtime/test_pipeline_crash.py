@@ -53,25 +53,12 @@ AFTER_CRASH = {
 }
 
 
-#: The crash points the suite kills at; the others are slow variants (the chaos run kills a driver at
-#: every crash point of the table, so each is still met once in every suite run).
-DEFAULT_POINTS = {
-    CrashPoint.AFTER_SINK_COMMIT,
-    CrashPoint.BEFORE_CHECKPOINT_ROW,
-    SinkCrashPoint.AFTER_FILES_MOVED,
-}
-
-
 def _sink_parquet(sink_path: str, epoch: int) -> set[str]:
     """The parquet files of ``epoch`` in the sink's folder, tracked by the log or not."""
     return {p.name for p in Path(sink_path).glob(f"sk-e{epoch:010d}-*.parquet")}
 
 
-@pytest.mark.parametrize(
-    "point",
-    [p if p in DEFAULT_POINTS else pytest.param(p, marks=pytest.mark.slow_variant) for p in AFTER_CRASH],
-    ids=lambda p: p.value,
-)
+@pytest.mark.parametrize("point", list(AFTER_CRASH), ids=lambda p: p.value)  # every one in CI (issue 39)
 def test_driver_killed_at_crash_point_recovers_to_sink_equals_source(
     point: CrashPoint | SinkCrashPoint, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -225,7 +225,7 @@ def test_offsets_lists_every_split_and_resets_forward_and_back_with_exact_accoun
         "before_checkpoint_row",
         # no side table here: test_upsert_crash kills a rewind there with keyed, change and dead-letter tables
         pytest.param("before_side_commit", marks=pytest.mark.slow_variant),
-        pytest.param("after_checkpoint_row", marks=pytest.mark.slow_variant),
+        "after_checkpoint_row",
     ],
 )
 def test_a_rewind_killed_at_each_step_leaves_the_pipeline_as_it_was_or_fully_rewound(
@@ -262,9 +262,7 @@ def test_a_rewind_killed_at_each_step_leaves_the_pipeline_as_it_was_or_fully_rew
     _check(config, spark)
 
 
-@pytest.mark.parametrize(
-    "point", ["before_checkpoint_row", pytest.param("after_decision", marks=pytest.mark.slow_variant)]
-)
+@pytest.mark.parametrize("point", ["before_checkpoint_row", "after_decision"])
 def test_a_backward_offset_reset_killed_mid_way_is_either_not_done_or_done_and_the_sink_stays_exact(
     point: str, spark: Any, tmp_path: Path
 ) -> None:

@@ -187,6 +187,34 @@ def test_a_dataframe_transform_lands_its_rows_and_records_every_dropped_offset(
     assert services.validate(config).success
 
 
+def test_a_transform_that_shuffles_makes_every_checkpoint_global_and_says_so(
+    spark: Any, tmp_path: Path
+) -> None:
+    """Protocol rule 2.9 (issue 39 item 5): ``orders`` drops duplicates across the epoch's records (an
+    Exchange in its physical plan), so one region's output depends on another's records; the
+    pipeline checkpoints globally only and says why. A row-by-row function keeps regions independent."""
+    from splitkeeper.app.pipeline import record_policy
+    from splitkeeper.spark.transform import SparkTransform
+
+    config, _ = _config(tmp_path, "spark-shuffle", "orders", epoch_records=30)
+    result = services.run(config, faults=["fail:1@2"])  # region 1 declines the second epoch
+    kinds = [e.kind for e in result.epochs]
+    assert kinds[:2] == ["global", "aborted"] and "regional" not in kinds  # before: regional, region 0 alone
+    why = (
+        f"global checkpoints only: regions are not independent (the spark transform {FUNCTIONS}:orders "
+        "shuffles the epoch's records across regions (its physical plan has 1 exchange(s): Exchange "
+        "hashpartitioning(order_no"
+    )
+    assert result.opened.mode.startswith(why)
+    timeline = services.status(config).timeline
+    assert timeline[-1].kind == "global" and f"(forced: {why}" in timeline[-1].reason
+    narrow_config, _ = _config(tmp_path / "narrow", "spark-narrow", "narrow")
+    narrow = SparkTransform(
+        spark, narrow_config.transform, record_policy(narrow_config, spark), narrow_config.staging_path
+    )
+    assert narrow.shuffles() == ()  # a broadcast of a static table moves none of the records
+
+
 def test_a_raising_function_fails_every_region_with_its_traceback_and_a_fixed_one_commits_all(
     spark: Any, tmp_path: Path
 ) -> None:
@@ -223,16 +251,9 @@ def _exists(path: str) -> bool:
     [
         ("inventing", "no rows invented", "which the epoch did not read"),
         ("keyless", "every output row keeps split_id and offset", "offset None"),
-        pytest.param(
-            "duplicating", "no rows invented", "2 times (at most once)", marks=pytest.mark.slow_variant
-        ),
+        ("duplicating", "no rows invented", "2 times (at most once)"),
         ("raising_on_driver", "RuntimeError: the plan cannot be built", "raise RuntimeError"),
-        pytest.param(
-            "drifting",
-            "has column 'amount_cents' of type string",
-            "the sink's 'amount_cents' is bigint",
-            marks=pytest.mark.slow_variant,
-        ),
+        ("drifting", "has column 'amount_cents' of type string", "the sink's 'amount_cents' is bigint"),
     ],
 )
 def test_a_broken_contract_fails_the_epoch_naming_the_function_and_the_rule(
@@ -274,8 +295,9 @@ def test_without_a_spark_transform_none_is_built(spark: Any, tmp_path: Path) -> 
 
 
 @pytest.mark.slow
-@pytest.mark.slow_variant  # 1.5-2 min each on the reference machine: CI time is tight
-@pytest.mark.parametrize("point", ["after_decision", "after_sink_commit"])
+@pytest.mark.parametrize(  # about 45 s each here: CI kills at one of them, the other is a slow variant
+    "point", [pytest.param("after_decision", marks=pytest.mark.slow_variant), "after_sink_commit"]
+)
 def test_killed_around_the_sink_commit_of_a_transformed_epoch_recovers_exactly(
     point: str, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -14,6 +14,7 @@ from core.port_contracts import EpochSinkContract, Run, StateStoreContract
 from splitkeeper.core.ports import EpochSink, RegionRun, StateStore
 from splitkeeper.core.types import RegionOutcome
 from splitkeeper.delta.checkpoints import DeltaStateStore
+from splitkeeper.delta.validations import ValidationRecords
 from splitkeeper.sinks.delta.read import read_sink
 from splitkeeper.sinks.delta.sink import DeltaSink
 from splitkeeper.spark.task import StagedWriter
@@ -26,6 +27,11 @@ class TestDeltaStateStore(StateStoreContract):
 
     def make_store(self) -> StateStore:
         return DeltaStateStore(self.root, "contract", "source-fingerprint")
+
+    def restart_checks(self, store: StateStore) -> list[tuple[str, int | None, str, tuple[int, ...]]]:
+        assert isinstance(store, DeltaStateStore)
+        rows = ValidationRecords(store.tables, "contract").recorded(in_run=True)
+        return [(r.restore or "", r.checkpoint_id, r.verdict, r.readers) for r in reversed(rows)]
 
 
 class TestDeltaSink(EpochSinkContract):

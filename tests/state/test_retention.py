@@ -312,3 +312,21 @@ def test_a_rewind_to_a_checkpoint_retention_removed_says_so_naming_the_oldest_re
     assert "checkpoints that can be restored: [1, 2, 7]" in str(err.value)
     with pytest.raises(CheckpointError, match="checkpoint 6 never completed"):
         incident.rewind(config, 6, dry_run=True)
+
+
+def test_compaction_and_vacuum_take_the_validations_table_too_and_keep_every_verdict(root):
+    """Every run appends the in-run check of its restore to ``validations``: compaction bin-packs it
+    with the state tables (nothing of it is deleted: it is history) and vacuum cleans it."""
+    from splitkeeper.core.restarts import IN_RUN_RULES, RestartCheck, RestoreKind
+    from splitkeeper.delta.validations import ValidationRecords
+
+    store = DeltaStateStore(root, "p", "fp")
+    store.commit_checkpoint(decision_for(global_(1)))
+    for epoch in (2, 3, 4):  # three runs, three appends
+        store.record_restart_checks([RestartCheck(RestoreKind.GLOBAL_RESTORE, 1, epoch, (0,), IN_RUN_RULES)])
+    assert len(DeltaTable(f"{root}/validations").file_uris()) == 3
+    compaction = store.compact()
+    assert compaction.compacted_files["validations"] == 3
+    assert len(DeltaTable(f"{root}/validations").file_uris()) == 1
+    assert [r.epoch for r in ValidationRecords(store.tables, "p").recorded(in_run=True)] == [4, 3, 2]
+    assert "validations" in vacuum(store, 0)

@@ -547,7 +547,9 @@ class FileSource(SourceConnector, SupportsSplitReassignmentOnRecovery, SupportsS
         split_bytes: int = 0,
         *,
         growing: bool = False,
+        deferred_assignment: bool = True,
     ) -> None:
+        self._deferred = bool(deferred_assignment)
         if isinstance(split_bytes, bool) or not isinstance(split_bytes, int) or split_bytes < 0:
             raise InvalidParameterError(
                 "split_bytes", split_bytes, "an integer >= 0 (0 = one split per file)"
@@ -580,11 +582,17 @@ class FileSource(SourceConnector, SupportsSplitReassignmentOnRecovery, SupportsS
             source.format,
             source.split_bytes,
             growing=source.on_file_change is SplitChangePolicy.APPEND,
+            deferred_assignment=source.deferred_assignment,
         )
 
     @property
     def path(self) -> str:
         return self._path
+
+    @property
+    def reassigns_on_recovery(self) -> bool:
+        """``source.reader_mode``: deferred (True, the default) or legacy (protocol rule 1.2)."""
+        return self._deferred
 
     @property
     def name(self) -> str:

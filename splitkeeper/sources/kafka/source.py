@@ -655,7 +655,9 @@ class KafkaSource(
         timeout_s: float = DEFAULT_TIMEOUT_S,
         read_timeout_s: float = DEFAULT_READ_TIMEOUT_S,
         client_config: Mapping[str, str] | None = None,
+        deferred_assignment: bool = True,
     ) -> None:
+        self._deferred = bool(deferred_assignment)
         if not bootstrap_servers:
             raise InvalidParameterError("bootstrap_servers", bootstrap_servers, "'host:port[,host:port...]'")
         if bool(topics) == bool(topic_pattern):
@@ -730,6 +732,7 @@ class KafkaSource(
             timeout_s=source.connect_timeout_s or DEFAULT_TIMEOUT_S,
             read_timeout_s=source.read_timeout_s or DEFAULT_READ_TIMEOUT_S,
             client_config=source.client_config.as_dict(),
+            deferred_assignment=source.deferred_assignment,
         )
 
     # -- identity ---------------------------------------------------------------------------
@@ -742,6 +745,11 @@ class KafkaSource(
     @property
     def bounded(self) -> bool:
         return False
+
+    @property
+    def reassigns_on_recovery(self) -> bool:
+        """``source.reader_mode``: deferred (True, the default) or legacy (protocol rule 1.2)."""
+        return self._deferred
 
     @property
     def bootstrap_servers(self) -> str:
@@ -1358,12 +1366,14 @@ class KafkaSource(
         return newer
 
     def committed_positions(self) -> dict[str, ExternalPosition]:
-        """The group's committed offsets that carry a splitkeeper checkpoint id, by split id.
+        """The group's committed offsets by split id, with the splitkeeper checkpoint id they carry.
 
         Reads every partition the group has committed (one request), so
-        offsets of topics no longer subscribed are reported too. Offsets
-        committed by other tools (no checkpoint tag) are left out and logged
-        once as a warning. Empty without a ``group_id``.
+        offsets of topics no longer subscribed are reported too. An offset
+        committed by another tool (an operator's ``kafka-consumer-groups
+        --reset-offsets``) carries no checkpoint tag: it is reported with
+        ``checkpoint_id`` None, so a restore names it when it disagrees (protocol
+        rule 3.3), and logged once as a warning. Empty without a ``group_id``.
         """
         if self._group_id is None:
             return {}
@@ -1388,14 +1398,14 @@ class KafkaSource(
             checkpoint_id = _checkpoint_tag(tp.metadata)
             if checkpoint_id is None:
                 untagged.append(sid)
-                continue
             out[sid] = ExternalPosition(int(tp.offset), checkpoint_id)
         fresh = sorted(set(untagged) - self._warned_untagged)
         if fresh:
             self._warned_untagged.update(fresh)
             log.warning(
                 "consumer group %s has offsets without a splitkeeper checkpoint id for %s "
-                "(committed by another tool); they are not compared with the checkpoint",
+                "(committed by another tool); the checkpoint's positions are used, and a restore names "
+                "every one of them that disagrees",
                 self._group_id,
                 fresh,
             )
