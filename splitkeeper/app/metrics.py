@@ -126,7 +126,8 @@ def seed_from_state(state_path: str, sink: SinkReader | None, pipeline: str = ""
     from splitkeeper.delta.history import StateHistory
     from splitkeeper.delta.tables import StateTables
 
-    history = StateHistory(StateTables(state_path, read_only=True), pipeline)
+    tables = StateTables(state_path, read_only=True)
+    history = StateHistory(tables, pipeline)
     kept, archived, aborted = history.timeline_tables(["regions", "created_at"])  # the timeline's rule
 
     seed = Seed()

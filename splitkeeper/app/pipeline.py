@@ -58,6 +58,7 @@ from splitkeeper.transforms import Transform, identity, resolve_transform
 
 if TYPE_CHECKING:
     from splitkeeper.app.metrics import PipelineMetrics
+    from splitkeeper.spark.transform import SparkTransform
 
 __all__ = [
     "EpochReport",
@@ -369,7 +370,7 @@ def _shuffle_dependence(config: PipelineConfig, spark_transform: SparkTransform)
         return ""
     shown = "; ".join(found[:3]) + (f"; and {len(found) - 3} more" if len(found) > 3 else "")
     why = (
-        f"the spark transform {config.transform} shuffles the epoch's records across regions "
+        f"the spark transform {config.transform_function} shuffles the epoch's records across regions "
         f"(its physical plan has {len(found)} exchange(s): {shown})"
     )
     log.warning(

@@ -66,6 +66,7 @@ class RetainedStore(Protocol):
 
     def _writable(self, what: str) -> None: ...
 
+
 #: The restart checks' verdicts (:mod:`splitkeeper.delta.validations`): compacted and vacuumed with the
 #: state tables when it exists, never deleted from.
 VALIDATIONS = "validations"

@@ -316,9 +316,9 @@ def test_a_failed_validate_turns_the_run_red_and_its_report_still_says_why(
     for the run naming the failed check, then fails naming validate: the DAG run is red."""
     from deltalake import DeltaTable, write_deltalake
 
+    from splitkeeper.airflow.plugin import run_report_path
     from splitkeeper.app import services
     from splitkeeper.config.settings import load_config
-    from splitkeeper.airflow.plugin import run_report_path
 
     config_path = _write_pipeline(tmp_path, files=1, lines=20, parallelism=1)
     monkeypatch.setenv("SPLITKEEPER_PIPELINE_CONFIG", str(config_path))
@@ -327,8 +327,8 @@ def test_a_failed_validate_turns_the_run_red_and_its_report_still_says_why(
     services.run(config)
     latest = services.status(config).latest_checkpoint
     assert latest is not None
-    one = DeltaTable(config.sink_path).to_pyarrow_table().slice(3, 1)
-    write_deltalake(config.sink_path, one, mode="append")  # a record written twice: rule 6.4 breaks
+    one = DeltaTable(config.sink.path).to_pyarrow_table().slice(3, 1)
+    write_deltalake(config.sink.path, one, mode="append")  # a record written twice: rule 6.4 breaks
 
     run = load_dag("splitkeeper_ingest").test(run_conf={"epochs": 1})
     tis = {ti.task_id: ti for ti in run.get_task_instances()}
@@ -354,9 +354,9 @@ def test_the_ingest_params_reset_the_backlog_and_choose_legacy_readers(
     """Issue 39 item 6: ``reset_backlog`` (run --reset-backlog) and ``reader_mode`` reach the run from
     the ingest DAG's Params: after the run caught up, new messages with a backlog reset put it back in
     backlog mode, and legacy readers keep the splits they restored instead of handing them over."""
+    from splitkeeper.airflow.plugin import _results
     from splitkeeper.app import services
     from splitkeeper.config.settings import load_config
-    from splitkeeper.airflow.plugin import _results
     from tests.runtime.test_kafka_pipeline import produce_numbered
     from tests.runtime.test_kafka_source import create_topic
 

@@ -19,7 +19,7 @@ from confluent_kafka import Consumer, TopicPartition
 from splitkeeper.app import services
 from splitkeeper.core.source import ExternalPosition
 from splitkeeper.delta.checkpoints import DeltaStateStore
-from splitkeeper.spark.sources.kafka import KafkaSource, split_id_of
+from splitkeeper.sources.kafka.source import KafkaSource, split_id_of
 from splitkeeper_tools.kafka_broker import KafkaBroker
 
 from .test_kafka_pipeline import kafka_config, produce_numbered, sink_offsets, value_of
@@ -54,7 +54,7 @@ def test_declined_regions_keep_their_group_offsets_and_offsets_moved_by_hand_los
     assert group_of.committed_positions() == both
 
     # region 1 declines the next epoch: only region 0's partition moves on in the group
-    store = DeltaStateStore(config.state_path, config.name, None, read_only=True)
+    store = DeltaStateStore(config.state.path, config.name, None, read_only=True)
     latest = store.latest_checkpoint()
     assert latest is not None
     owner = {s.split_id: r for r, state in latest.regions.items() for s in state.splits}

@@ -452,7 +452,7 @@ def test_reader_mode_legacy_makes_the_file_source_keep_restored_splits(tmp_path:
     from splitkeeper.config.settings import config_from_mapping
     from splitkeeper.core.assignment import strategy_by_name
     from splitkeeper.core.enumerator import RecordingEnumeratorContext, enumerator_for
-    from splitkeeper.spark.sources.files import FileSource
+    from splitkeeper.sources.files.source import FileSource
 
     base = {"name": "modes", "source": {"kind": "files", "path": str(tmp_path)}, "state": {"path": "s"}}
     for mode, deferred in (("deferred", True), ("legacy", False)):

@@ -41,7 +41,7 @@ def test_partial_recovery_restarts_only_the_named_readers_and_checkpoints_region
     mapping = pipeline_mapping(tmp_path, "partial", tmp_path / "in", parallelism=3, epoch_records=60)
     config = config_from_mapping(mapping)
     services.run(config, epochs=1)
-    store = DeltaStateStore(config.state_path, config.name, None, read_only=True)
+    store = DeltaStateStore(config.state.path, config.name, None, read_only=True)
     before = store.checkpoint_ids()
     owners = {s.split_id: r for r, st in store.latest_checkpoint().regions.items() for s in st.splits}
 
@@ -82,4 +82,4 @@ def test_partial_recovery_restarts_only_the_named_readers_and_checkpoints_region
     assert result.epochs[0].failed_regions == (2,)
 
     services.run(config)  # to the end
-    assert_sink_equals_source(spark, config.sink_path, tmp_path / "in")
+    assert_sink_equals_source(spark, config.sink.path, tmp_path / "in")

@@ -21,9 +21,9 @@ from splitkeeper.core.types import (
     Split,
 )
 from splitkeeper.delta.checkpoints import DeltaStateStore, decision_for
-from splitkeeper.delta.sink import DeltaSink
 from splitkeeper.delta.validations import ValidationRecords
-from splitkeeper.spark.sources.files import FileSource
+from splitkeeper.sinks.delta.sink import DeltaSink
+from splitkeeper.sources.files.source import FileSource
 from tests.runtime.helpers import assert_sink_equals_source, pipeline_mapping, write_input
 
 
@@ -52,7 +52,7 @@ def test_a_run_proves_its_restore_and_a_regions_fallback_and_says_so(spark, tmp_
         f"region fallback of checkpoint {latest + 1} (reader 1), before epoch {latest + 2}: "
         "rules 6.1, 6.2, 6.3, 6.5, 6.6 passed",
     )
-    assert_sink_equals_source(spark, config.sink_path, tmp_path / "in")
+    assert_sink_equals_source(spark, config.sink.path, tmp_path / "in")
 
     lines = services.status(config).restart_checks
     assert lines and all("in-run check" in line and line.endswith("PASSED") for line in lines)
@@ -70,7 +70,7 @@ def _probe_state(tmp_path: Path) -> tuple[object, Path]:
     write_input(tmp_path / "in", files=2, lines=5)
     mapping = pipeline_mapping(tmp_path, "probe", tmp_path / "in", parallelism=2, max_consecutive_failures=2)
     config = config_from_mapping(mapping)
-    store = DeltaStateStore(config.state_path, config.name, FileSource(tmp_path / "in").fingerprint())
+    store = DeltaStateStore(config.state.path, config.name, FileSource(tmp_path / "in").fingerprint())
     splits = {r: (Split(f"gone-{r}.txt", str(tmp_path / "in"), 0),) for r in range(2)}
     for cid, refs in ((100, {}), (101, {1: 100}), (102, {1: 101}), (104, {0: 102}), (105, {1: 104})):
         regions = {
@@ -88,7 +88,7 @@ def _probe_state(tmp_path: Path) -> tuple[object, Path]:
         )
         kind = CheckpointKind.REGIONAL if refs else CheckpointKind.GLOBAL
         store.commit_checkpoint(decision_for(CompletedCheckpoint(cid, kind, 2, regions, snapshot, len(refs))))
-    DeltaSink(config.sink_path, config.name, staging_path=tmp_path / "staging").commit(
+    DeltaSink(config.sink.path, config.name, staging_path=tmp_path / "staging").commit(
         105, [], expected=None, attempt_id="probe"
     )
     return config, tmp_path
@@ -108,7 +108,7 @@ def test_a_run_restoring_the_probes_chain_stops_before_reading_and_every_view_sa
         "max_consecutive_failures=2"
     )
     assert "checkpoint 105 has a ref chain of depth 4" in text
-    store = DeltaStateStore(config.state_path, config.name, None, read_only=True)
+    store = DeltaStateStore(config.state.path, config.name, None, read_only=True)
     assert store.latest_plan_epoch() is None  # nothing of the next epoch was planned
     [row] = ValidationRecords(store.tables, config.name).recorded(in_run=True)
     assert (row.restore, row.checkpoint_id, row.verdict, row.suites["6.6"]) == (
