@@ -950,11 +950,16 @@ def _allowed(info: FieldInfo | None) -> str:
         return "a value of the documented type"
     nested = _field_model(info)
     for base, role in ((SourceSection, "source"), (SinkSection, "sink")):
-        if nested is base:  # every kind's keys, ``kind`` first
+        if nested is base:  # ``kind`` first, then every kind's own keys, then those all kinds have
             keys = dict.fromkeys(["kind"])
             names = kinds.source_factories() if role == "source" else kinds.sink_factories()
             for name in names:
-                keys.update(dict.fromkeys(_kind_model(role, name).model_fields))
+                keys.update(
+                    dict.fromkeys(
+                        k for k in _kind_model(role, name).model_fields if k not in base.model_fields
+                    )
+                )
+            keys.update(dict.fromkeys(base.model_fields))
             return "a mapping with keys " + ", ".join(keys)
     if nested is not None:
         return "a mapping with keys " + ", ".join(nested.model_fields)

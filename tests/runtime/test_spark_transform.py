@@ -210,7 +210,10 @@ def test_a_transform_that_shuffles_makes_every_checkpoint_global_and_says_so(
     assert timeline[-1].kind == "global" and f"(forced: {why}" in timeline[-1].reason
     narrow_config, _ = _config(tmp_path / "narrow", "spark-narrow", "narrow")
     narrow = SparkTransform(
-        spark, narrow_config.transform, record_policy(narrow_config, spark), narrow_config.staging.path
+        spark,
+        narrow_config.transform_function,
+        record_policy(narrow_config, spark),
+        narrow_config.staging.path,
     )
     assert narrow.shuffles() == ()  # a broadcast of a static table moves none of the records
 
