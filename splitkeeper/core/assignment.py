@@ -94,7 +94,9 @@ class AssignmentStrategy(abc.ABC):
         """Moves needed to restore this strategy's balance rule; none by default.
 
         Called by the enumerator after every event once every expected reader
-        is registered. Must propose the fewest moves it can (sticky).
+        is registered. Must propose the fewest moves it can (sticky). The moves
+        are a sequence (each applies to the ownership the ones before it left);
+        the enumerator applies one net move per split.
         """
         return []
 

@@ -1660,29 +1660,46 @@ class SplitEnumerator:
             self._context.assign_splits(assigned)
 
     def _rebalance(self, candidates: list[int]) -> None:
+        """Apply the strategy's moves as one revocation and one assignment through the context.
+
+        The strategy's moves are a sequence (each applies to the ownership the previous ones
+        left), and a strategy may move a split more than once (the weighted one's greedy loop
+        can take a split from reader 7 to 8, then from 8 to 0). The context gets every
+        revocation before every assignment, which is only right when each split moves once:
+        so the moves are composed into one net move per split, from its owner now to its last
+        target (none when it comes back), and only those are applied, told and audited
+        (protocol rule 1.1: a split is owned by exactly one reader, also in the readers' views).
+        """
         owned_view = {r: self._owned.setdefault(r, {}) for r in candidates}
         moves = self._strategy.rebalance(owned_view, self._context.parallelism)
         if not moves:
             return
-        cid = self._last_checkpoint_id
-        revocation: dict[int, list[str]] = {}
-        assignment: dict[int, list[Split]] = {}
+        at: dict[str, int] = {}  # split -> its owner after the moves so far
+        net: dict[str, tuple[int, int]] = {}  # split -> (its owner now, its last target)
         for move in moves:
             sid = move.split_id
-            if sid not in owned_view.get(move.source, ()) or move.target not in owned_view:
+            holds = at[sid] == move.source if sid in at else sid in owned_view.get(move.source, ())
+            if not holds or move.target not in owned_view:
                 raise ProtocolError(
                     f"strategy {self._strategy.name} proposed an invalid move of split {sid} "
                     f"from reader {move.source} to reader {move.target}"
                 )
-            del self._owned[move.source][sid]
-            self._owned[move.target][sid] = None
-            revocation.setdefault(move.source, []).append(sid)
-            assignment.setdefault(move.target, []).append(self._splits[sid])
-            self._audit.append(
-                (RecoveryDecision.REBALANCED, move.target, sid, cid, f"from reader {move.source}")
-            )
-        self._context.revoke_splits(revocation)
-        self._context.assign_splits(assignment)
+            at[sid] = move.target
+            net[sid] = (net[sid][0] if sid in net else move.source, move.target)
+        cid = self._last_checkpoint_id
+        revocation: dict[int, list[str]] = {}
+        assignment: dict[int, list[Split]] = {}
+        for sid, (source, target) in net.items():
+            if source == target:  # moved away and back: it never left its reader
+                continue
+            del self._owned[source][sid]
+            self._owned[target][sid] = None
+            revocation.setdefault(source, []).append(sid)
+            assignment.setdefault(target, []).append(self._splits[sid])
+            self._audit.append((RecoveryDecision.REBALANCED, target, sid, cid, f"from reader {source}"))
+        if revocation:
+            self._context.revoke_splits(revocation)
+            self._context.assign_splits(assignment)
 
 
 # ---------------------------------------------------------------------------------------------
