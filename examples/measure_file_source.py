@@ -24,8 +24,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from make_files import write_files  # noqa: E402
-
 from splitkeeper.spark.sources import FileSource  # noqa: E402
+
 from splitkeeper.spark.task import run_region_task  # noqa: E402
 from splitkeeper.transforms import identity  # noqa: E402
 
