@@ -9,11 +9,11 @@ parses DAG files constantly.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import pendulum
-from airflow.sdk import DAG, Asset, AssetWatcher, Param, task
+from airflow.sdk import DAG, Asset, AssetWatcher, Param, TaskGroup, chain, task
 
 from splitkeeper.airflow import tasks
 from splitkeeper.airflow.operators import (
@@ -32,6 +32,7 @@ from splitkeeper.airflow.wiring import (
 )
 from splitkeeper.config.limits import MAX_PARALLELISM
 from splitkeeper.config.models import DEFAULT_SCHEDULE, ON_NEW_DATA
+from splitkeeper.errors import InvalidParameterError
 
 INGEST_DOC = """splitkeeper_ingest: the scheduled ingest of one pipeline.
 
@@ -144,6 +145,99 @@ def _shared(pipeline: DagPipeline) -> dict[str, Any]:
     }
 
 
+def ingest_params() -> dict[str, Param]:
+    """The ingest DAG's Params. :func:`splitkeeper.airflow.splitkeeper_task_group` checks its
+    arguments against the same ones (epochs, until_caught_up, reset_backlog, reader_mode, pipeline)."""
+    return {
+        "epochs": Param(
+            3, type="integer", minimum=1, maximum=1000, description="epochs (checkpoints) per run"
+        ),
+        "until_caught_up": Param(
+            True,
+            type="boolean",
+            description="Kafka: stop at the global checkpoint where every partition reached the end "
+            "offset it had when the run began (at most `epochs` epochs); file sources end by themselves",
+        ),
+        "continuous": Param(
+            False,
+            type="boolean",
+            description="run on the backlog/normal checkpoint intervals until the task is cancelled, "
+            "then end on a global checkpoint (epochs and until_caught_up are then ignored)",
+        ),
+        "faults": Param(
+            [],
+            type="array",
+            items={"type": "string", "pattern": r"^(fail|flaky|stall(:[0-9.]+)?):[0-9]+@[0-9]+$"},
+            description="faults to inject (demos): fail:REGION@EPOCH, flaky:REGION@EPOCH or "
+            "stall[:SECONDS]:REGION@EPOCH",
+        ),
+        "reset_backlog": Param(
+            False,
+            type="boolean",
+            description="Kafka: the end offsets now become every partition's backlog boundary "
+            "(throughput epoch size and interval until caught up; run --reset-backlog)",
+        ),
+        "reader_mode": reader_mode_param(),
+        "pipeline": pipeline_param(),
+    }
+
+
+#: The ingest DAG's epoch-task arguments: its Params, rendered when a run starts.
+PARAM_TEMPLATES: dict[str, str] = {
+    "epochs": "{{ params.epochs }}",
+    "until_caught_up": "{{ params.until_caught_up }}",
+    "continuous": "{{ params.continuous }}",
+    "faults": "{{ params.faults | tojson }}",
+    "pipeline": "{{ params.pipeline | tojson }}",
+    "reset_backlog": "{{ params.reset_backlog }}",
+    "reader_mode": "{{ params.reader_mode }}",
+}
+
+
+def ingest_steps(
+    pipeline: DagPipeline,
+    epoch_args: Mapping[str, Any] | None = None,
+    *,
+    validate: bool = True,
+    report: bool = True,
+) -> list[Any]:
+    """The ingest's steps, in the DAG or TaskGroup being defined: run_epochs -> validate -> report.
+
+    The one definition of them: :func:`ingest_dag` and
+    :func:`splitkeeper.airflow.splitkeeper_task_group` both build their steps here. ``run_epochs``
+    writes in the pipeline's pool (its outlets the sink and state tables); on a cluster master it
+    is spark-submit (:func:`~splitkeeper.airflow.wiring.spark_submit_epoch_task`). ``report`` has
+    trigger rule all_done (see REPORT_RUNS_ALWAYS). ``epoch_args``: the epoch task's arguments (the
+    keys of :data:`PARAM_TEMPLATES`) as values; None: the ingest DAG's Params. Returns the steps
+    built, in order, each downstream of the one before.
+    """
+    path = pipeline.config_path
+    args = PARAM_TEMPLATES if epoch_args is None else epoch_args
+    if cluster_master():
+        epochs: Any = spark_submit_epoch_task("run_epochs", pipeline, epoch_args)
+    else:
+        epochs = SplitkeeperIngestOperator(
+            task_id="run_epochs",
+            pipeline_config=path,
+            **args,
+            pool=pipeline.writer_pool(),
+            outlets=pipeline.assets(),
+        )
+    steps = [epochs]
+    if validate:
+        steps.append(
+            SplitkeeperValidateOperator(
+                task_id="validate", pipeline_config=path, reader_mode=args["reader_mode"]
+            )
+        )
+    if report:
+        steps.append(
+            SplitkeeperReportOperator(task_id="report", pipeline_config=path, trigger_rule="all_done")
+        )
+    chain(*steps)  # see REPORT_RUNS_ALWAYS
+    return steps
+
+
 def ingest_dag(pipeline: DagPipeline) -> DAG:
     with DAG(
         dag_id=pipeline.dag_id("splitkeeper_ingest"),
@@ -151,62 +245,55 @@ def ingest_dag(pipeline: DagPipeline) -> DAG:
         schedule=schedule_of(pipeline),
         **_shared(pipeline),
         doc_md=INGEST_DOC,
-        params={
-            "epochs": Param(
-                3, type="integer", minimum=1, maximum=1000, description="epochs (checkpoints) per run"
-            ),
-            "until_caught_up": Param(
-                True,
-                type="boolean",
-                description="Kafka: stop at the global checkpoint where every partition reached the end "
-                "offset it had when the run began (at most `epochs` epochs); file sources end by themselves",
-            ),
-            "continuous": Param(
-                False,
-                type="boolean",
-                description="run on the backlog/normal checkpoint intervals until the task is cancelled, "
-                "then end on a global checkpoint (epochs and until_caught_up are then ignored)",
-            ),
-            "faults": Param(
-                [],
-                type="array",
-                items={"type": "string", "pattern": r"^(fail|flaky|stall(:[0-9.]+)?):[0-9]+@[0-9]+$"},
-                description="faults to inject (demos): fail:REGION@EPOCH, flaky:REGION@EPOCH or "
-                "stall[:SECONDS]:REGION@EPOCH",
-            ),
-            "reset_backlog": Param(
-                False,
-                type="boolean",
-                description="Kafka: the end offsets now become every partition's backlog boundary "
-                "(throughput epoch size and interval until caught up; run --reset-backlog)",
-            ),
-            "reader_mode": reader_mode_param(),
-            "pipeline": pipeline_param(),
-        },
+        params=ingest_params(),
     ) as dag:
-        path = pipeline.config_path
-        if cluster_master():
-            epochs: Any = spark_submit_epoch_task("run_epochs", pipeline)
-        else:
-            epochs = SplitkeeperIngestOperator(
-                task_id="run_epochs",
-                pipeline_config=path,
-                epochs="{{ params.epochs }}",
-                until_caught_up="{{ params.until_caught_up }}",
-                continuous="{{ params.continuous }}",
-                faults="{{ params.faults | tojson }}",
-                pipeline="{{ params.pipeline | tojson }}",
-                reset_backlog="{{ params.reset_backlog }}",
-                reader_mode="{{ params.reader_mode }}",
-                pool=pipeline.writer_pool(),
-                outlets=pipeline.assets(),
-            )
-        validate = SplitkeeperValidateOperator(
-            task_id="validate", pipeline_config=path, reader_mode="{{ params.reader_mode }}"
-        )
-        report = SplitkeeperReportOperator(task_id="report", pipeline_config=path, trigger_rule="all_done")
-        epochs >> validate >> report  # see REPORT_RUNS_ALWAYS
+        ingest_steps(pipeline)
     return dag
+
+
+def ingest_group(
+    pipeline: DagPipeline,
+    group_id: str,
+    epoch_args: Mapping[str, Any],
+    *,
+    validate: bool = True,
+    report: bool = True,
+    tooltip: str = "",
+    default_args: Mapping[str, Any] | None = None,
+) -> TaskGroup:
+    """The ingest's steps (:func:`ingest_steps`) as a TaskGroup of the DAG being defined; what
+    :func:`splitkeeper.airflow.splitkeeper_task_group` returns. The group's tasks get the
+    pipeline's default arguments (no blind retry, the timeout, the failure notification), then
+    ``default_args`` over them; ``epoch_args`` are checked already."""
+    from airflow.exceptions import DuplicateTaskIdFound
+
+    defaults: Any = {**pipeline.default_args(), **(default_args or {})}
+    try:
+        group = TaskGroup(group_id=group_id, tooltip=tooltip, default_args=defaults)
+    except DuplicateTaskIdFound as err:
+        raise InvalidParameterError(
+            "group_id",
+            group_id,
+            "an id no other task or task group of this DAG has",
+            hint=f"Airflow: {err}; give each splitkeeper_task_group of a DAG its own group_id=",
+        ) from err
+    except ValueError as err:  # Airflow's check of a group key
+        raise InvalidParameterError(
+            "group_id",
+            group_id,
+            "letters, digits, dashes and underscores (at most 200)",
+            hint=f"Airflow: {err}",
+        ) from err
+    except RuntimeError as err:  # TaskGroup's check: no DAG is being defined
+        raise InvalidParameterError(
+            "dag",
+            None,
+            "a DAG being defined",
+            hint="Call splitkeeper_task_group inside `with DAG(...):` or a @dag function",
+        ) from err
+    with group:
+        ingest_steps(pipeline, epoch_args, validate=validate, report=report)
+    return group
 
 
 def recover_dag(pipeline: DagPipeline) -> DAG:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
@@ -42,15 +43,24 @@ class EpochJobSubmitOperator(SparkSubmitOperator):
     """``SparkSubmitOperator`` running ``jobs/epoch_job.py``; a cancelled continuous run stops gracefully.
 
     ``pipeline_config`` is the config file the job gets (``""``: ``$SPLITKEEPER_PIPELINE_CONFIG``),
-    read again by ``on_kill`` to find the pipeline's state tables.
+    read again by ``on_kill`` to find the pipeline's state tables. ``epoch_args``: in a task group
+    (:func:`splitkeeper.airflow.splitkeeper_task_group`), the run's values (epochs, until_caught_up,
+    ...), which its ``application_args`` templates read as ``task.epoch_args``; None in the ingest
+    DAG, whose templates read its Params.
     """
 
     def __init__(
-        self, *, pipeline_config: str, stop_timeout_s: float = STOP_TIMEOUT_S, **kwargs: Any
+        self,
+        *,
+        pipeline_config: str,
+        stop_timeout_s: float = STOP_TIMEOUT_S,
+        epoch_args: Mapping[str, Any] | None = None,
+        **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.pipeline_config = pipeline_config
         self.stop_timeout_s = stop_timeout_s
+        self.epoch_args = dict(epoch_args) if epoch_args is not None else None
 
     def execute(self, context: Any) -> None:
         """spark-submit, with what the pipeline's connections give in its environment (the job

@@ -139,7 +139,8 @@ class DagPipeline:
         if config is None or config.notifications.on_failure is None:
             return
         ti = context.get("ti") or context.get("task_instance")
-        if getattr(ti, "task_id", None) in REPORT_STEPS and _other_failed_tasks(ti):
+        step = str(getattr(ti, "task_id", "")).rsplit(".", 1)[-1]  # in a task group: <group_id>.report
+        if step in REPORT_STEPS and _other_failed_tasks(ti):
             return  # the report step's verdict (report_verdict): the failed task was notified already
         from splitkeeper.callables import Role, resolve_callable
 
@@ -211,33 +212,45 @@ def cluster_master() -> str | None:
     return SplitkeeperHook.cluster_master()
 
 
-def spark_submit_epoch_task(task_id: str, pipeline: DagPipeline) -> Any:
+def spark_submit_epoch_task(
+    task_id: str, pipeline: DagPipeline, epoch_args: Mapping[str, Any] | None = None
+) -> Any:
     """The epoch job through SparkSubmitOperator (apache-airflow-providers-apache-spark).
 
     Every Param of the ingest DAG reaches the job: ``application_args`` are templated
     (epochs, until_caught_up, continuous, faults and the pipeline overrides as JSON). A
     cancelled continuous run ends on a global checkpoint before spark-submit is killed
-    (:class:`~splitkeeper.airflow.spark_submit.EpochJobSubmitOperator`).
+    (:class:`~splitkeeper.airflow.spark_submit.EpochJobSubmitOperator`). ``epoch_args``: the
+    values instead (a task group's, :func:`splitkeeper.airflow.splitkeeper_task_group`): the
+    same templates read them from the task's ``epoch_args``, not from the DAG's Params.
     """
     from splitkeeper.airflow.spark_submit import EpochJobSubmitOperator
 
+    source = "params" if epoch_args is None else "task.epoch_args"
+
+    def read(template: str) -> str:
+        return template.replace("params.", f"{source}.")
+
     return EpochJobSubmitOperator(
         pipeline_config=pipeline.path,
+        epoch_args=epoch_args,
         task_id=task_id,
         application=str(resources.epoch_job()),
         conn_id=os.environ.get("SPLITKEEPER_SPARK_CONN_ID", "spark_default"),
         application_args=[
             "--config",
             pipeline.path,
-            "{{ '--continuous' if params.continuous else '--epochs=' ~ params.epochs }}",
-            "{{ '--until-caught-up' if params.until_caught_up and not params.continuous "
-            "else '--no-until-caught-up' }}",
+            read("{{ '--continuous' if params.continuous else '--epochs=' ~ params.epochs }}"),
+            read(
+                "{{ '--until-caught-up' if params.until_caught_up and not params.continuous "
+                "else '--no-until-caught-up' }}"
+            ),
             "--faults-json",
-            "{{ params.faults | tojson }}",
+            read("{{ params.faults | tojson }}"),
             "--pipeline-json",
-            "{{ params.pipeline | tojson }}",
-            "{{ '--reset-backlog' if params.reset_backlog else '--no-reset-backlog' }}",
-            "--reader-mode={{ params.reader_mode or 'configured' }}",
+            read("{{ params.pipeline | tojson }}"),
+            read("{{ '--reset-backlog' if params.reset_backlog else '--no-reset-backlog' }}"),
+            read("--reader-mode={{ params.reader_mode or 'configured' }}"),
         ],
         jars=os.environ.get("SPLITKEEPER_SPARK_JARS"),
         py_files=os.environ.get("SPLITKEEPER_PY_FILES"),
@@ -253,16 +266,35 @@ FAILED_STATES = ("failed", "upstream_failed")
 REPORT_STEPS = ("report", "resume")
 
 
+def verdict_scope(task: Any) -> frozenset[str] | None:
+    """The task ids a report step's verdict (:func:`report_verdict`) looks at: those of the task
+    group the step is in (a :func:`splitkeeper.airflow.splitkeeper_task_group` in a DAG of one's
+    own: the other tasks of that DAG are not the pipeline's); None at a DAG's top level (the
+    generated DAGs: every task of the run)."""
+    group = getattr(task, "task_group", None)
+    if group is None or group.is_root:
+        return None
+    return frozenset(t.task_id for t in group)
+
+
 def _other_failed_tasks(ti: Any) -> dict[str, str]:
-    """Task id -> state of the tasks of ``ti``'s DAG run, other than ``ti``'s, that failed."""
+    """Task id -> state of the tasks of ``ti``'s DAG run, other than ``ti``'s, that failed; only
+    those of ``ti``'s task group when it is in one (:func:`verdict_scope`)."""
     states = ti.get_task_states(dag_id=ti.dag_id, run_ids=[ti.run_id]).get(ti.run_id, {})
-    return {task: state for task, state in states.items() if task != ti.task_id and state in FAILED_STATES}
+    scope = verdict_scope(getattr(ti, "task", None))
+    return {
+        task: state
+        for task, state in states.items()
+        if task != ti.task_id and state in FAILED_STATES and (scope is None or task in scope)
+    }
 
 
 def report_verdict(report: str) -> str:
     """Called by a DAG's report step (trigger rule ``all_done``: it runs after a failed validate or
     ingest too) once the report is rendered: the report step decides the DAG run's state as its
     leaf, so it fails when another task of this run failed, naming it and the report, which says why.
+    In a task group (:func:`splitkeeper.airflow.splitkeeper_task_group`) only the group's tasks
+    count: it fails when one of them failed, and the tasks of the rest of the DAG are their own.
     The report's path is pushed as the step's XCom first, so the "Run report" link works either way.
 
     Not a teardown: Airflow keeps a run with a pending teardown alive, so marking a queued run failed
@@ -276,5 +308,7 @@ def report_verdict(report: str) -> str:
     if failed:
         ti.xcom_push(key="return_value", value=report)
         named = ", ".join(f"{task} {states[task]}" for task in failed)
-        raise AirflowFailException(f"this DAG run failed ({named}); its run report says why: {report}")
+        group = getattr(getattr(ti, "task", None), "task_group", None)
+        what = "this DAG run" if group is None or group.is_root else f"task group {group.group_id}"
+        raise AirflowFailException(f"{what} failed ({named}); its run report says why: {report}")
     return report
