@@ -1401,11 +1401,12 @@ def resolve_actions(specs: Sequence[str], key: str = "checks.actions") -> list[A
 
 
 def _checkpoint_actions(actions: Sequence[Any]) -> list[Any]:
-    """The Data Docs update first, then the pipeline's actions (GX runs the Data Docs update first
-    anyway, so an action may link to the pages)."""
-    from great_expectations.checkpoint import UpdateDataDocsAction
+    """The Data Docs update first (an ``UpdateDataDocsAction`` building the site once per run:
+    :mod:`splitkeeper.quality.gx_actions`), then the pipeline's actions (GX runs a Data Docs update
+    first anyway, so an action may link to the pages)."""
+    from splitkeeper.quality.gx_actions import UpdateDataDocsOnce
 
-    return [UpdateDataDocsAction(name="update_data_docs", site_names=[DATA_DOCS_SITE]), *actions]
+    return [UpdateDataDocsOnce(name="update_data_docs", site_names=[DATA_DOCS_SITE]), *actions]
 
 
 def run_restart_checks(
