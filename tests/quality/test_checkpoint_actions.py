@@ -192,3 +192,52 @@ def _write(tmp_path: Path, text: str) -> Path:
     path = tmp_path / "plain.yaml"
     path.write_text(text)
     return path
+
+
+def test_a_frame_whose_index_columns_repeat_is_read_back_by_row_position(tmp_path: Path) -> None:
+    """GE names an offending row by the frame's index; where the suite's index columns are not
+    unique (two rows of one split), the frame keeps its row positions and the report reads the
+    split ids back from it: every offender is still named."""
+    import great_expectations as gx
+    import pyarrow as pa
+
+    from splitkeeper.quality import checks
+
+    spec = checks.load_suite_specs(keys=("ownership",))["ownership"]
+    table = pa.table(
+        {
+            "split_id": ["orders-1", "orders-1", "orders-2"],
+            "owned_more_than_once": ["held by readers 0 and 1", None, "held by readers 0 and 1"],
+            "not_owned": [None, None, None],
+        }
+    )
+    path, frame = checks._write_batch(table, spec.index_columns, tmp_path / "split_places.parquet")
+    assert frame is not None  # not unique: by position
+    context = checks._context(tmp_path / "docs")
+    batch = (
+        context.data_sources.add_pandas(name="splitkeeper")
+        .add_parquet_asset(name="split_places", path=path)
+        .add_batch_definition_whole_dataframe("all")
+    )
+    definition = context.validation_definitions.add(
+        gx.ValidationDefinition(name="ownership", data=batch, suite=context.suites.add(spec.to_suite()))
+    )
+    checkpoint = context.checkpoints.add(
+        gx.Checkpoint(
+            name="positions",
+            validation_definitions=[definition],
+            actions=checks._checkpoint_actions(()),
+            result_format={"result_format": "COMPLETE"},
+        )
+    )
+    (result,) = checkpoint.run().run_results.values()
+    outcome = next(
+        checks._outcome_of(r, spec, frame)
+        for r in result.results
+        if r.expectation_config.kwargs["column"] == "owned_more_than_once"
+    )
+    assert not outcome.success
+    assert outcome.unexpected_count == 2
+    assert outcome.split_ids == ("orders-1", "orders-2")
+    assert outcome.details == ("held by readers 0 and 1",)
+    assert (tmp_path / "docs" / "index.html").is_file()
