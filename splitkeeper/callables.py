@@ -10,10 +10,12 @@ place                             role                     the module marks it w
                                                            ``@batch_transform``
 ``transform: {kind: spark}``      ``SPARK_TRANSFORM``      ``@spark_transform``
 ``notifications.on_failure``      ``NOTIFICATION``         ``@notification``
+``checks.actions`` (each)         ``CHECKPOINT_ACTION``    ``@checkpoint_action``
 ================================  =======================  =============================================
 
-(Great Expectations actions are not configurable: the restart checks build their context in code,
-so no file names one.) Every place resolves its name through :func:`resolve_callable`, at load (so
+(A ``checks.actions`` function returns the Great Expectations ``ValidationAction`` the restart
+checks' checkpoint runs: :func:`splitkeeper.quality.checks.resolve_actions` checks what it returns.)
+Every place resolves its name through :func:`resolve_callable`, at load (so
 a mistake fails at submission) and again where the code runs. Anything its module did not mark for
 that role is refused with :class:`~splitkeeper.errors.ConfigError` naming the key and the decorator
 to use: ``os:system``, ``sys:exit``, ``code:interact``, ``shutil:rmtree``, ``builtins:eval``, a
@@ -63,6 +65,14 @@ class Role(enum.Enum):
         "'module:function' naming a module-level function marked @notification, fn(event: dict) -> None, "
         "importable where the Airflow tasks run",
     )
+    CHECKPOINT_ACTION = (
+        "__splitkeeper_checkpoint_action__",
+        "a checkpoint action",
+        "@checkpoint_action (from splitkeeper import checkpoint_action)",
+        "'module:function' naming a module-level function marked @checkpoint_action, fn() -> an "
+        "instance of a great_expectations.checkpoint.ValidationAction subclass (e.g. "
+        "SlackNotificationAction), importable where the validate task runs",
+    )
 
     @property
     def attribute(self) -> str:
@@ -104,6 +114,13 @@ def notification(function: F) -> F:
     """Mark ``function`` as a failure notification a pipeline config may name:
     ``fn(event: dict) -> None`` (``notifications.on_failure``)."""
     return mark(function, Role.NOTIFICATION)
+
+
+def checkpoint_action(function: F) -> F:
+    """Mark ``function`` as a Great Expectations action factory a pipeline config may name:
+    ``fn() -> great_expectations.checkpoint.ValidationAction`` (``checks.actions``); the restart
+    checks' checkpoint runs the action it returns after the Data Docs update."""
+    return mark(function, Role.CHECKPOINT_ACTION)
 
 
 def resolve_callable(spec: str, key: str, role: Role) -> Callable[..., Any]:

@@ -113,7 +113,7 @@ def validate(
     from splitkeeper.delta.checkpoints import DeltaStateStore
     from splitkeeper.delta.tables import StateTables
     from splitkeeper.delta.validations import ValidationRecords
-    from splitkeeper.quality.checks import raise_on_failure, run_restart_checks
+    from splitkeeper.quality.checks import raise_on_failure, resolve_actions, run_restart_checks
     from splitkeeper.sources import build_source
     from splitkeeper.transforms import identity, resolve_transform
 
@@ -167,6 +167,7 @@ def validate(
             source_splits=source_splits,
             content_reader=connector.reader() if content and connector.bounded else None,
             deferred_assignment=config.source.deferred_assignment,
+            actions=resolve_actions(config.checks.actions),
         )
         log.info("%s", report.summary())
         if not report.success:  # recorded before it is raised: the run report says the checks failed

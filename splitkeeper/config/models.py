@@ -21,7 +21,7 @@ Contract:
    own checks decide the values (the message is theirs); ``parallelism``'s top is
    :data:`splitkeeper.config.limits.MAX_PARALLELISM`.
 4. Every rule that spans keys (the ``weighted`` section only with ``strategy: weighted``, an
-   importable ``notifications.on_failure`` and ``transform`` (marked for their place:
+   importable ``notifications.on_failure``, ``checks.actions`` and ``transform`` (marked for their place:
    :mod:`splitkeeper.callables`), the staging location, the dead-letter table, the sink's own
    rules (:meth:`~splitkeeper.config.base.SinkSection.checked`), and the placement of every
    location) lives in one validator, :meth:`PipelineConfig._cross_keys`, which runs once the shape
@@ -316,6 +316,18 @@ class NotificationsSection(_Section):
     )
 
 
+class ChecksSection(_Section):
+    """``checks``: what the restart checks (``validate``) do beyond their suites."""
+
+    actions: list[Annotated[_Text, Field(pattern=CALLABLE_PATTERN)]] = Field(
+        default_factory=list,
+        description="Great Expectations actions the restart checks' checkpoint runs after its Data Docs "
+        "update, passed or failed: each 'module:function' naming a function marked "
+        "@splitkeeper.checkpoint_action that returns a great_expectations.checkpoint.ValidationAction, "
+        "e.g. 'mypkg.gx_actions:notify_slack' (default none)",
+    )
+
+
 class LeaseSection(_Section):
     ttl_s: float = Field(defaults.LEASE_TTL_S, gt=0, allow_inf_nan=False, description=_SECONDS)
     wait_s: float = Field(
@@ -520,6 +532,7 @@ class PipelineConfig(_Section):
     rescale: RescaleSection = RescaleSection.model_validate({})
     weighted: WeightedSection = WeightedSection.model_validate({})
     notifications: NotificationsSection = NotificationsSection.model_validate({})
+    checks: ChecksSection = ChecksSection.model_validate({})
     lease: LeaseSection = LeaseSection.model_validate({})
     maintenance: MaintenanceSection = MaintenanceSection.model_validate({})
     metrics: MetricsSection = MetricsSection.model_validate({})
@@ -553,6 +566,11 @@ class PipelineConfig(_Section):
         if on_failure is not None and at.imports:
             try:
                 resolve_callable(on_failure, "notifications.on_failure", Role.NOTIFICATION)
+            except ConfigError as err:
+                raise at.named(err) from err.__cause__
+        for i, spec in enumerate(self.checks.actions if at.imports else ()):
+            try:
+                resolve_callable(spec, f"checks.actions[{i}]", Role.CHECKPOINT_ACTION)
             except ConfigError as err:
                 raise at.named(err) from err.__cause__
         state, staging = _check_locations(self, at)

@@ -15,9 +15,12 @@ has no data file) (:func:`build_restart_frames`). The Great Expectations suites 
 files in ``expectations/``, see ``expectations/README.md``) are the report: each runs on a
 dataset that carries the core's verdicts, one column per rule (NULL when the rule holds),
 and expects those columns to be NULL; they never re-decide a rule. The datasets are small
-(one row per split, reader, region): GE runs on pandas frames of them. Every suite runs
-through an ephemeral GE context with a COMPLETE result format that lists the offending rows
-by their index columns, and the Data Docs site is built.
+(one row per split, reader, region): GE runs on pandas frames of them (each written to a
+parquet file of a run's temporary folder, indexed by its suite's index columns, so every suite
+has its own batch). The suites run as ONE ``gx.Checkpoint`` of an ephemeral GE context, with a
+COMPLETE result format that lists the offending rows by their index columns; its actions are
+``UpdateDataDocsAction`` (the Data Docs site) and the pipeline's own (``checks.actions``:
+:func:`resolve_actions`).
 :class:`CheckReport` also carries the core's violations themselves: a verdict no
 expectation reported (a suite file edited to drop it) still fails the report.
 """
@@ -28,6 +31,7 @@ import enum
 import json
 import logging
 import os
+import tempfile
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib.resources.abc import Traversable
@@ -91,6 +95,7 @@ __all__ = [
     "expectations_dir",
     "load_suite_specs",
     "raise_on_failure",
+    "resolve_actions",
     "run_restart_checks",
 ]
 
@@ -120,7 +125,7 @@ DATA_DOCS_SITE = "splitkeeper"
 #: Every validation's result is kept in a folder beside the Data Docs (``<data_docs>_validations``:
 #: GE's validation results store on the file system), so the site's index lists every validation,
 #: not only the last one; the latest KEEP_VALIDATIONS per suite are kept (older ones, and their
-#: pages, are removed when the next validation is built).
+#: pages, are removed before the next checkpoint run, to bound the disk the history takes).
 VALIDATIONS_SUFFIX = "_validations"
 KEEP_VALIDATIONS = 50
 
@@ -1247,6 +1252,20 @@ def _prune_validations(data_docs_dir: Path, keep: int | None = None) -> None:
             data_docs_dir.joinpath("validations", relative).with_suffix(".html").unlink(missing_ok=True)
 
 
+def _write_batch(table: pa.Table, index_columns: Sequence[str], path: Path) -> tuple[Path, Any]:
+    """Write ``table`` to the parquet file ``path`` as a pandas frame indexed by ``index_columns``,
+    so GE names an offending row by them (its unexpected index list). A frame whose index columns
+    are not unique keeps its row positions instead; that frame is returned, to read the rows back by
+    position (:func:`_outcome_of`), else None."""
+    frame = table.to_pandas()
+    indexed = frame.set_index(list(index_columns)) if set(index_columns) <= set(frame.columns) else None
+    if indexed is not None and indexed.index.is_unique:
+        indexed.to_parquet(path)
+        return path, None
+    frame.to_parquet(path)
+    return path, frame
+
+
 def _context(data_docs_dir: Path) -> Any:
     """An ephemeral GE context (no analytics, no progress bars) with one local Data Docs site and a
     validation results store on the file system beside it (:func:`validations_dir`)."""
@@ -1305,21 +1324,32 @@ def _target(kwargs: Mapping[str, Any]) -> str:
     return ""
 
 
-def _outcome_of(result: Any, spec: SuiteSpec) -> ExpectationOutcome:
+def _outcome_of(result: Any, spec: SuiteSpec, frame: Any = None) -> ExpectationOutcome:
+    """One expectation's outcome from its GE result.
+
+    The offending rows are GE's unexpected index list: dicts of the index columns and the verdict
+    (a frame indexed by the suite's index columns), or row positions in ``frame`` (a frame whose
+    index columns are not unique: read back here). A SUMMARY suite ran in the checkpoint's COMPLETE
+    format: its report keeps the first ``partial_unexpected_count`` rows, marked ``truncated``, as
+    before (the Data Docs list them all)."""
     config = result.expectation_config
     meta = config.meta or {}
     details = result.result or {}
+    column = str(config.kwargs.get("column", ""))
     rows = details.get("unexpected_index_list")
-    truncated = False
+    partial = spec.result_format["result_format"] == "SUMMARY"
     if rows is None:
         rows = details.get("partial_unexpected_index_list") or []
-        truncated = (
-            bool(details.get("unexpected_count", 0)) and spec.result_format["result_format"] == "SUMMARY"
-        )
+    count = int(details.get("unexpected_count") or 0)
+    if partial:
+        rows = rows[: int(spec.result_format.get("partial_unexpected_count", 20))]
+    if frame is not None:
+        wanted = [c for c in (*spec.index_columns, column) if c in frame.columns]
+        rows = [r if isinstance(r, dict) else {c: frame.iloc[int(r)][c] for c in wanted} for r in rows]
     rows = [r for r in rows if isinstance(r, dict)]
 
-    def values(column: str) -> list[Any]:
-        return [r[column] for r in rows if r.get(column) is not None]
+    def values(name: str) -> list[Any]:
+        return [r[name] for r in rows if r.get(name) is not None]
 
     error = _exception_text(result.exception_info)
     return ExpectationOutcome(
@@ -1328,15 +1358,55 @@ def _outcome_of(result: Any, spec: SuiteSpec) -> ExpectationOutcome:
         rule=str(meta.get("rule", "")),
         description=str(getattr(config, "description", None) or ""),
         success=bool(result.success) and not error,
-        unexpected_count=int(details.get("unexpected_count") or 0),
+        unexpected_count=count,
         split_ids=tuple(sorted({str(v) for v in values("split_id")})),
         reader_ids=tuple(sorted({int(v) for v in values("reader_id")})),
         checkpoint_ids=tuple(sorted({int(v) for v in values("checkpoint_id")})),
         keys=tuple(sorted({str(v) for v in values("key")})),
-        details=tuple(dict.fromkeys(str(v) for v in values(config.kwargs.get("column", ""))))[:3],
-        truncated=truncated and len(rows) < int(details.get("unexpected_count") or 0),
+        details=tuple(dict.fromkeys(str(v) for v in values(column)))[:3],
+        truncated=partial and bool(count) and len(rows) < count,
         error=error,
     )
+
+
+def resolve_actions(specs: Sequence[str], key: str = "checks.actions") -> list[Any]:
+    """The Great Expectations actions ``specs`` name (``checks.actions``), one fresh instance each.
+
+    Each spec is ``'module:function'`` naming a module-level function marked
+    ``@checkpoint_action`` (:mod:`splitkeeper.callables`) that returns an instance of a
+    ``great_expectations.checkpoint.ValidationAction`` subclass (GX's own, e.g.
+    ``SlackNotificationAction``, or the team's). ConfigError naming ``key[i]`` when a spec is not
+    such a function or returns anything else.
+    """
+    from great_expectations.checkpoint import UpdateDataDocsAction, ValidationAction
+
+    from splitkeeper.callables import Role, callable_error, resolve_callable
+
+    actions: list[Any] = []
+    for i, spec in enumerate(specs):
+        where = f"{key}[{i}]"
+        factory = resolve_callable(spec, where, Role.CHECKPOINT_ACTION)
+        action = factory()
+        if not isinstance(action, ValidationAction) or isinstance(action, UpdateDataDocsAction):
+            got = type(action).__name__
+            why = (
+                "it returned an UpdateDataDocsAction: the restart checks add theirs (their Data Docs site)"
+                if isinstance(action, UpdateDataDocsAction)
+                else f"it returned a {got}, not an instance of a great_expectations.checkpoint."
+                "ValidationAction subclass; return one, e.g. SlackNotificationAction(name=..., ...)"
+            )
+            raise callable_error(spec, why, where, Role.CHECKPOINT_ACTION)
+        actions.append(action)
+    return actions
+
+
+def _checkpoint_actions(actions: Sequence[Any]) -> list[Any]:
+    """The Data Docs update first (an ``UpdateDataDocsAction`` building the site once per run:
+    :mod:`splitkeeper.quality.gx_actions`), then the pipeline's actions (GX runs a Data Docs update
+    first anyway, so an action may link to the pages)."""
+    from splitkeeper.quality.gx_actions import UpdateDataDocsOnce
+
+    return [UpdateDataDocsOnce(name="update_data_docs", site_names=[DATA_DOCS_SITE]), *actions]
 
 
 def run_restart_checks(
@@ -1353,6 +1423,7 @@ def run_restart_checks(
     expectations: str | os.PathLike[str] | None = None,
     content_reader: RegionReader | None = None,
     deferred_assignment: bool = True,
+    actions: Sequence[Any] = (),
 ) -> CheckReport:
     """Run every protocol section 6 suite on checkpoint ``checkpoint_id`` (default: the latest) and its sink.
 
@@ -1372,8 +1443,14 @@ def run_restart_checks(
     the :data:`FOLD_SUITE` suite runs on Spark after the others: the keyed table equals the fold of
     the change table (:mod:`splitkeeper.quality.upsert`; its result is also written beside the Data
     Docs, :data:`~splitkeeper.quality.upsert.FOLD_RESULT_FILE`, for the report).
-    ``expectations`` overrides the suites folder. Returns the report; never raises on a failed
-    expectation (call
+    ``expectations`` overrides the suites folder.
+    The suites run as one ``gx.Checkpoint`` named ``<pipeline>-checkpoint-<id>`` (the upsert fold
+    suite as a second one, ``<pipeline>-checkpoint-<id>-upsert-fold``: it runs on Spark, with its
+    own result format) whose actions are an ``UpdateDataDocsAction`` and then ``actions``: instances
+    of ``great_expectations.checkpoint.ValidationAction`` subclasses (a pipeline's ``checks.actions``,
+    :func:`resolve_actions`), each run with the checkpoint's result whether it passed or failed; an
+    action that raises fails the checks with its exception (GE's behaviour).
+    Returns the report; never raises on a failed expectation (call
     :func:`raise_on_failure`). CheckpointError when there is no such checkpoint.
     """
     if isinstance(max_consecutive_failures, bool) or not isinstance(max_consecutive_failures, int):
@@ -1432,27 +1509,28 @@ def run_restart_checks(
             f"({sink.location(SinkTable.RECORDS)}); the keyed table ({sink.location(SinkTable.KEYED)}) is "
             f"checked by the {FOLD_SUITE} suite",
         )
-    run_id = RunIdentifier(run_name=f"{state_store.pipeline_name}-checkpoint-{checkpoint_id}")
-    outcomes: list[SuiteOutcome] = []
+    run_name = f"{state_store.pipeline_name}-checkpoint-{checkpoint_id}"
+    run_id = RunIdentifier(run_name=run_name)
+    checkpoint_actions = _checkpoint_actions(actions)
     context = _context(docs_dir)
     source = context.data_sources.add_pandas(name="splitkeeper")
-    batches: dict[str, Any] = {}
-    tables: dict[str, Any] = {}
-    for key, spec in specs.items():
-        if key == FOLD_SUITE:
-            continue
-        if spec.dataset not in tables:
-            tables[spec.dataset] = frames.frames[spec.dataset].to_pandas()
-        frame = tables[spec.dataset]
-        if key == "balance" and not (chosen.balanced and deferred_assignment):
-            why = (
-                f"strategy {chosen.name} is not balanced (protocol rule 1.6: kept to show its skew)"
-                if not chosen.balanced
-                else "legacy readers keep the splits they restored (source.reader_mode: legacy; protocol "
-                "rule 6.5 binds deferred assignment)"
-            )
-            outcomes.append(
-                SuiteOutcome(
+    _prune_validations(docs_dir, keep=KEEP_VALIDATIONS - 1)  # the run adds one per suite
+    skipped: dict[str, SuiteOutcome] = {}
+    ran: list[tuple[str, SuiteSpec, Any]] = []  # key, spec, the pandas frame when read back by position
+    definitions: list[Any] = []
+    with tempfile.TemporaryDirectory(prefix="splitkeeper-checks-") as batches_dir:
+        batches: dict[tuple[str, tuple[str, ...]], tuple[Any, Any]] = {}
+        for key, spec in specs.items():
+            if key == FOLD_SUITE:
+                continue
+            if key == "balance" and not (chosen.balanced and deferred_assignment):
+                why = (
+                    f"strategy {chosen.name} is not balanced (protocol rule 1.6: kept to show its skew)"
+                    if not chosen.balanced
+                    else "legacy readers keep the splits they restored (source.reader_mode: legacy; "
+                    "protocol rule 6.5 binds deferred assignment)"
+                )
+                skipped[key] = SuiteOutcome(
                     key=key,
                     name=spec.name,
                     status=SuiteStatus.SKIPPED,
@@ -1462,23 +1540,46 @@ def run_restart_checks(
                         f"{why}: per-reader load is not checked; loads {dict(sorted(frames.loads.items()))}",
                     ),
                 )
+                continue
+            batch_key = (spec.dataset, spec.index_columns)
+            if batch_key not in batches:
+                taken = any(d == spec.dataset for d, _cols in batches)
+                name = f"{spec.dataset}-{len(batches)}" if taken else spec.dataset
+                path, by_position = _write_batch(
+                    frames.frames[spec.dataset], spec.index_columns, Path(batches_dir) / f"{name}.parquet"
+                )
+                asset = source.add_parquet_asset(name=name, path=path)
+                batches[batch_key] = (asset.add_batch_definition_whole_dataframe(f"{name}-all"), by_position)
+            batch, by_position = batches[batch_key]
+            suite = context.suites.add(spec.to_suite())
+            definitions.append(
+                context.validation_definitions.add(
+                    gx.ValidationDefinition(name=f"{key}-checkpoint-{checkpoint_id}", data=batch, suite=suite)
+                )
             )
+            ran.append((key, spec, by_position))
+        results: dict[str, Any] = {}
+        if definitions:
+            checkpoint = context.checkpoints.add(
+                gx.Checkpoint(
+                    name=run_name,
+                    validation_definitions=definitions,
+                    actions=checkpoint_actions,
+                    result_format={"result_format": "COMPLETE", "return_unexpected_index_query": False},
+                )
+            )
+            checkpoint_result = checkpoint.run(run_id=run_id)
+            results = {r.suite_name: r for r in checkpoint_result.run_results.values()}
+    outcomes: list[SuiteOutcome] = []
+    for key, spec in specs.items():
+        if key == FOLD_SUITE:
             continue
-        if spec.dataset not in batches:
-            asset = source.add_dataframe_asset(name=spec.dataset)
-            batches[spec.dataset] = asset.add_batch_definition_whole_dataframe(f"{spec.dataset}-all")
-        suite = context.suites.add(spec.to_suite())
-        definition = context.validation_definitions.add(
-            gx.ValidationDefinition(
-                name=f"{key}-checkpoint-{checkpoint_id}", data=batches[spec.dataset], suite=suite
-            )
-        )
-        result = definition.run(
-            batch_parameters={"dataframe": frame},
-            result_format=spec.result_format,
-            run_id=run_id,
-        )
-        expectations_out = tuple(_outcome_of(r, spec) for r in result.results)
+        if key in skipped:
+            outcomes.append(skipped[key])
+            continue
+        by_position = next(f for k, _s, f in ran if k == key)
+        result = results[spec.name]
+        expectations_out = tuple(_outcome_of(r, spec, by_position) for r in result.results)
         failed = any(not e.success for e in expectations_out)
         notes: tuple[str, ...] = ()
         if key == "balance":
@@ -1511,12 +1612,13 @@ def run_restart_checks(
             checkpoint_id,
             run_id,
             docs_dir,
+            checkpoint_actions,
         )
         outcomes.append(outcome)
         found += fold_found
         report_notes.append(f"{FOLD_SUITE}: {outcome.notes[0]}")  # the verdict, for validate's output
-    _prune_validations(docs_dir)
-    context.build_data_docs(site_names=[DATA_DOCS_SITE])
+    if not definitions and upsert is None:  # no checkpoint ran (every suite skipped): the site as it is
+        context.build_data_docs(site_names=[DATA_DOCS_SITE])
     index = docs_dir / "index.html"
     return CheckReport(
         pipeline=state_store.pipeline_name,
@@ -1538,9 +1640,11 @@ def _run_fold_suite(
     checkpoint_id: int,
     run_id: Any,
     docs_dir: Path,
+    actions: Sequence[Any],
 ) -> tuple[SuiteOutcome, list[Violation]]:
-    """The :data:`FOLD_SUITE` suite on the fold comparison frame, with GE's Spark datasource; its
-    outcome, the fold's violation (FOLD_MISMATCH, whatever the suite reports), and the result file."""
+    """The :data:`FOLD_SUITE` suite on the fold comparison frame, with GE's Spark datasource, as the
+    checkpoint ``<run>-upsert-fold`` with ``actions``; its outcome, the fold's violation
+    (FOLD_MISMATCH, whatever the suite reports), and the result file."""
     from dataclasses import replace
 
     import great_expectations as gx
@@ -1574,9 +1678,16 @@ def _run_fold_suite(
                     name=f"{FOLD_SUITE}-checkpoint-{checkpoint_id}", data=batch, suite=suite
                 )
             )
-            run = definition.run(
-                batch_parameters={"dataframe": frame}, result_format=spec.result_format, run_id=run_id
+            checkpoint = context.checkpoints.add(
+                gx.Checkpoint(
+                    name=f"{run_id.run_name}-{FOLD_SUITE.replace('_', '-')}",
+                    validation_definitions=[definition],
+                    actions=list(actions),
+                    result_format=spec.result_format,  # SUMMARY: a sample of the offenders, on Spark
+                )
             )
+            checkpoint_result = checkpoint.run(batch_parameters={"dataframe": frame}, run_id=run_id)
+            (run,) = checkpoint_result.run_results.values()
         finally:
             frame.unpersist()
         expectations_out = tuple(_outcome_of(r, spec) for r in run.results)
