@@ -34,8 +34,8 @@ check() {
     fi
 }
 
-check "ruff check" ruff check --quiet .
-check "ruff format" ruff format --check --quiet .
+check "ruff check" ruff check --no-cache --quiet .
+check "ruff format" ruff format --no-cache --check --quiet .
 check "mypy" mypy
 check "lint-imports" lint-imports --no-cache
 if [[ ${#failed[@]} -gt 0 ]]; then
