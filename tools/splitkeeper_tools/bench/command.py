@@ -34,6 +34,10 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
         "splitkeeper_tools.bench.ingest",
         "exactly-once ingest into Delta: splitkeeper pipeline vs Structured Streaming (--source files|kafka)",
     ),
+    "latency": (
+        "splitkeeper_tools.bench.latency",
+        "produce-to-visible latency at a steady Kafka rate: continuous splitkeeper vs Structured Streaming",
+    ),
     "table": (
         "splitkeeper_tools.bench.table",
         "run the README's speed benchmarks and regenerate its table (--write README.md), with the load",

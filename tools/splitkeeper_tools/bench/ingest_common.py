@@ -159,11 +159,13 @@ def pipeline_config(
     region_timeout_s: float,
     decode: str = "raw",
     sink: str = "append",
+    interval_s: float | None = None,
 ) -> PipelineConfig:
     """A benchmark pipeline ``name`` reading ``source``, with state and sink under ``root``; with
     ``decode="json"`` it decodes every record with :data:`JSON_SCHEMA` into typed columns; with
     ``sink="upsert"`` it decodes :data:`CDC_SCHEMA` and upserts by :data:`CDC_KEY`, deleting on
-    :data:`CDC_DELETE_WHEN`."""
+    :data:`CDC_DELETE_WHEN`; ``interval_s`` sets both checkpoint intervals of a continuous run
+    (``backlog.backlog_interval_s`` and ``normal_interval_s``; None: the defaults)."""
     from splitkeeper.config.settings import IDENTITY_TRANSFORM, config_from_mapping
 
     typed: dict[str, Any] = {"decode": {"kind": "json", "schema": JSON_SCHEMA}} if decode == "json" else {}
@@ -180,7 +182,15 @@ def pipeline_config(
             "source": dict(source),
             "checkpoint": {"region_timeout_s": region_timeout_s, "retain_checkpoints": 3},
             # bounded file splits are not backlog-tracked: the normal size applies; set both alike
-            "backlog": {"backlog_epoch_records": epoch_records, "normal_epoch_records": epoch_records},
+            "backlog": {
+                "backlog_epoch_records": epoch_records,
+                "normal_epoch_records": epoch_records,
+                **(
+                    {"backlog_interval_s": interval_s, "normal_interval_s": interval_s}
+                    if interval_s is not None
+                    else {}
+                ),
+            },
             "state": {"path": os.path.join(root, "state")},
             "sink": {"path": os.path.join(root, "sink"), **keyed},
             "transform": IDENTITY_TRANSFORM,
