@@ -1,4 +1,4 @@
-"""``splitkeeper-tools bench latency --source kafka``: produce-to-visible latency, splitkeeper vs Structured Streaming.
+"""``splitkeeper-tools bench latency --source kafka``: produce-to-visible latency, ours vs the baseline.
 
 One run, one Spark session, one Kafka (the project's own KRaft broker in a temporary folder,
 :class:`splitkeeper_tools.kafka_testbed.BrokerHandle`), one fresh topic of ``--partitions``
@@ -283,9 +283,7 @@ def percentile(sorted_values: Sequence[float], q: float) -> float:
 
 def percentiles(latency_s: Mapping[int, float], prefix: str) -> dict[str, float | None]:
     values = sorted(latency_s.values())
-    return {
-        f"{prefix}_p{q}_s": (round(percentile(values, q), 3) if values else None) for q in PERCENTILES
-    }
+    return {f"{prefix}_p{q}_s": (round(percentile(values, q), 3) if values else None) for q in PERCENTILES}
 
 
 def check_exact(rows: pa.Table, expected: Mapping[tuple[str, int], bytes]) -> dict[str, Any]:
@@ -412,9 +410,15 @@ def bench_latency(
         config = ours_config(settings, bootstrap, topic, os.path.join(work_dir, "ours"))
         ours_sink = str(sink_reader(config).location(SinkTable.RECORDS))
 
+        epoch_lines: list[str] = []
+
+        def count_epochs(line: str) -> None:  # every epoch's line, kept off stderr (two a second)
+            if line.startswith("epoch"):
+                epoch_lines.append(line)
+
         def run_ours() -> None:
             try:
-                services.run(config, continuous=True, stop=stop)
+                services.run(config, continuous=True, stop=stop, progress=count_epochs)
             except BaseException as err:  # reported after the run
                 ours_errors.append(err)
                 stop.set()
@@ -458,7 +462,8 @@ def bench_latency(
         def heartbeat(elapsed: float) -> None:
             _say(
                 f"{elapsed:.0f}s: produced {paced.sent:,}/{count:,}, visible: ours {ours_watch.seen:,} "
-                f"({ours_watch.versions} versions), SS {ss_watch.seen:,} ({ss_watch.versions} versions)"
+                f"({ours_watch.versions} versions, {len(epoch_lines)} epochs), "
+                f"SS {ss_watch.seen:,} ({ss_watch.versions} versions)"
             )
 
         with LoadSampler(heartbeat_s=PROGRESS_EVERY_S, heartbeat=heartbeat) as sampler:
@@ -486,9 +491,12 @@ def bench_latency(
         ss_error = query.exception()
         query.stop()
         if ours_thread.is_alive():
-            raise SplitkeeperError(f"bench latency: our continuous run did not stop within {STOP_TIMEOUT_S:g}s")
+            raise SplitkeeperError(
+                f"bench latency: our continuous run did not stop within {STOP_TIMEOUT_S:g}s"
+            )
         expected = {
-            (split_id_of(t, p), offset): value_bytes(text) for (t, p, offset), text in producer.delivered.items()
+            (split_id_of(t, p), offset): value_bytes(text)
+            for (t, p, offset), text in producer.delivered.items()
         }
         ours_check = check_exact(read_sink(ours_sink, ["split_id", "offset", "value"]), expected)
         ss_check = check_exact(read_sink(ss_sink, ["split_id", "offset", "value"]), expected)
@@ -529,6 +537,7 @@ def bench_latency(
         "ours_visible": len(ours_watch.latency_s),
         "ss_visible": len(ss_watch.latency_s),
         "ours_versions": ours_watch.versions,
+        "ours_epochs": len(epoch_lines),
         "ss_versions": ss_watch.versions,
         "ours_exact": ours_exact,
         "ss_exact": ss_exact,
@@ -628,9 +637,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
     d = LatencySettings()
     parser.add_argument("--source", default="kafka", choices=("kafka",), help="kafka (the only source)")
     parser.add_argument("--rate", type=int, default=d.rate, help=f"messages per second ({d.rate})")
-    parser.add_argument("--seconds", type=float, default=d.seconds, help=f"produce for this long ({d.seconds:g})")
-    parser.add_argument("--partitions", type=int, default=d.partitions, help=f"topic partitions ({d.partitions})")
-    parser.add_argument("--parallelism", type=int, default=d.parallelism, help=f"our regions ({d.parallelism})")
+    parser.add_argument(
+        "--seconds", type=float, default=d.seconds, help=f"produce for this long ({d.seconds:g})"
+    )
+    parser.add_argument(
+        "--partitions", type=int, default=d.partitions, help=f"topic partitions ({d.partitions})"
+    )
+    parser.add_argument(
+        "--parallelism", type=int, default=d.parallelism, help=f"our regions ({d.parallelism})"
+    )
     parser.add_argument(
         "--interval-s",
         type=float,
@@ -654,7 +669,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up")
     parser.add_argument("--out", default=os.path.join("var", "bench"), help="chart directory (var/bench)")
-    parser.add_argument("--work-dir", default=None, help="broker, sinks and state go here (default: temporary)")
+    parser.add_argument(
+        "--work-dir", default=None, help="broker, sinks and state go here (default: temporary)"
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
 
 

@@ -1,0 +1,117 @@
+"""``splitkeeper-tools bench latency --source kafka``: a small end-to-end run (own broker, Spark), pieces.
+
+No latency bound is asserted (the figures depend on the machine's load): the run must produce
+at the asked rate, both sinks must hold every produced message exactly once with its bytes,
+and the percentiles must be real (positive, ordered) on both sides.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from splitkeeper.errors import InvalidParameterError
+from splitkeeper_tools import cli
+from splitkeeper_tools.bench.latency import LatencySettings, check_exact, percentile, stamped_value
+
+RATE, SECONDS = 100, 5
+FIELDS = {
+    "ours_p50_s", "ours_p90_s", "ours_p99_s", "ss_p50_s", "ss_p90_s", "ss_p99_s", "p99_ratio",
+    "rate_reached", "messages", "ours_exact", "ss_exact", "load_avg",
+}  # fmt: skip
+
+
+@pytest.mark.spark
+@pytest.mark.kafka
+@pytest.mark.slow
+def test_a_small_latency_run_sees_every_message_once_in_both_sinks_with_ordered_percentiles(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "charts"
+    code = cli.main(
+        [
+            "bench", "latency", "--source", "kafka", "--rate", str(RATE), "--seconds", str(SECONDS),
+            "--partitions", "2", "--parallelism", "2", "--out", str(out),
+            "--work-dir", str(tmp_path / "work"), "--json",
+        ]
+    )  # fmt: skip
+    captured = capsys.readouterr()
+    assert code == 0, captured.err[-5000:]
+    lines = [line for line in captured.out.splitlines() if line.strip()]
+    assert len(lines) == 1, "exactly one JSON object on stdout"
+    result = json.loads(lines[0])
+
+    assert set(result) >= FIELDS
+    assert result["messages"] == pytest.approx(RATE * SECONDS, rel=0.1)
+    assert result["rate_reached"] == pytest.approx(RATE, rel=0.1)
+    assert result["ours_exact"] is True and result["ss_exact"] is True and result["passed"] is True
+    for side in ("ours", "ss"):
+        assert result[f"{side}_visible"] == result["messages"]  # every message seen becoming visible
+        assert result[f"{side}_check"]["rows"] == result["messages"]
+        p50, p90, p99 = (result[f"{side}_p{q}_s"] for q in (50, 90, 99))
+        assert 0 < p50 <= p90 <= p99 <= result[f"{side}_max_s"], (side, p50, p90, p99)
+    assert result["p99_ratio"] == pytest.approx(result["ours_p99_s"] / result["ss_p99_s"], abs=1e-3)
+    assert result["ours_epochs"] > SECONDS  # continuous: about two epochs a second (interval 0.5 s)
+    assert {"start", "run", "end"} <= set(result["load_avg"])
+    assert "[bench latency] produced 500" in captured.err
+    html = (out / "latency_kafka.html").read_text(encoding="utf-8")
+    assert 'id="latency-kafka"' in html
+
+
+def test_percentiles_are_nearest_rank() -> None:
+    values = [float(v) for v in range(1, 101)]
+    assert (percentile(values, 50), percentile(values, 90), percentile(values, 99)) == (50.0, 90.0, 99.0)
+    assert percentile([3.0], 99) == 3.0
+    with pytest.raises(ValueError):
+        percentile([], 50)
+
+
+def test_the_content_check_refuses_a_missing_a_changed_or_a_repeated_message() -> None:
+    value_of = stamped_value(4)
+    expected = {("t-0", 0): value_of(0, "t", 0, "aabbccdd"), ("t-0", 1): value_of(1, "t", 0, "00112233")}
+    (k0, v0), (k1, v1) = expected.items()
+
+    def check(rows: list[tuple[tuple[str, int], bytes]]) -> bool:
+        table = pa.table(
+            {
+                "split_id": [k[0] for k, _ in rows],
+                "offset": pa.array([k[1] for k, _ in rows], pa.int64()),
+                "value": pa.array([v for _, v in rows], pa.binary()),
+            }
+        )
+        return bool(check_exact(table, expected)["exact"])
+
+    assert json.loads(v0)["seq"] == 0 and json.loads(v1)["produced_at"] > 0
+    assert check([(k0, v0), (k1, v1)])
+    assert not check([(k0, v0)])  # missing
+    assert not check([(k0, v0), (k1, v1[:-2] + b"x}")])  # a changed byte
+    assert not check([(k0, v0), (k1, v1), (k1, v1)])  # twice
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["--rate", "0"], "rate=0"),
+        (["--seconds", "-1"], "seconds=-1.0"),
+        (["--partitions", "0"], "partitions=0"),
+        (["--interval-s", "0"], "interval_s=0.0"),
+    ],
+)
+def test_bad_input_exits_2_naming_the_value_before_starting_anything(
+    argv: list[str], named: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    work = tmp_path / "work"
+    assert cli.main(["bench", "latency", "--source", "kafka", "--work-dir", str(work), *argv]) == 2
+    assert named in capsys.readouterr().err
+    assert not work.exists()
+
+
+def test_default_settings_are_the_issue_reference_load() -> None:
+    d = LatencySettings()
+    assert (d.rate, d.seconds, d.partitions, d.interval_s, d.poll_s) == (500, 30.0, 8, 0.5, 0.05)
+    assert d.messages == 15_000
+    with pytest.raises(InvalidParameterError):
+        LatencySettings(rate=True)  # type: ignore[arg-type]
