@@ -114,4 +114,4 @@ def test_default_settings_are_the_issue_reference_load() -> None:
     assert (d.rate, d.seconds, d.partitions, d.interval_s, d.poll_s) == (500, 30.0, 8, 0.5, 0.05)
     assert d.messages == 15_000
     with pytest.raises(InvalidParameterError):
-        LatencySettings(rate=True)  # type: ignore[arg-type]
+        LatencySettings(rate=True)  # a bool is not a rate

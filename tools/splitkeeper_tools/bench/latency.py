@@ -224,8 +224,10 @@ class SinkWatcher:
         self._thread.start()
 
     def stop(self) -> None:
+        """Stop polling (a no-op when never started or already stopped)."""
         self._stop.set()
-        self._thread.join()
+        if self._thread.is_alive():
+            self._thread.join()
 
     def _loop(self) -> None:
         while not self._stop.wait(self.poll_s):
@@ -503,8 +505,7 @@ def bench_latency(
     finally:
         stop.set()
         for watcher in watchers:
-            if watcher._thread.is_alive():
-                watcher.stop()
+            watcher.stop()
         if query is not None and query.isActive:
             query.stop()
         if ours_thread is not None:
