@@ -1529,8 +1529,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def add_output_arguments(parser: argparse.ArgumentParser, work: str) -> None:
-    """The options both ingest benchmarks share: warm-up, content check, chart folder, work
-    folder (``work`` says what goes there), JSON output (see :func:`run_benchmark`)."""
+    """The options both ingest benchmarks share: decode, content check, and those of every
+    benchmark run by :func:`run_benchmark` (:func:`add_run_arguments`)."""
     parser.add_argument(
         "--decode",
         default="raw",
@@ -1538,8 +1538,14 @@ def add_output_arguments(parser: argparse.ArgumentParser, work: str) -> None:
         help=f"raw (default: the bytes into one value column) or json: both sides parse JSON into "
         f"typed columns ({JSON_SCHEMA}); ours with decode.kind json, the baseline with from_json",
     )
-    parser.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up")
     parser.add_argument("--no-content-check", action="store_true", help="skip comparing the sinks' values")
+    add_run_arguments(parser, work)
+
+
+def add_run_arguments(parser: argparse.ArgumentParser, work: str) -> None:
+    """The options of every benchmark :func:`run_benchmark` runs: warm-up, chart folder, work folder
+    (``work`` says what goes there), JSON output."""
+    parser.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up")
     parser.add_argument("--out", default=os.path.join("var", "bench"), help="chart directory (var/bench)")
     parser.add_argument("--work-dir", default=None, help=f"{work} go here (default: a temporary directory)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")

@@ -53,7 +53,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from splitkeeper.errors import InvalidParameterError, SplitkeeperError
-from splitkeeper_tools.bench.ingest import LoadSampler, bench_spark, check_counts, run_benchmark, write_page
+from splitkeeper_tools.bench.ingest import (
+    LoadSampler,
+    add_run_arguments,
+    bench_spark,
+    check_counts,
+    run_benchmark,
+    write_page,
+)
 from splitkeeper_tools.bench.ingest_common import pipeline_config
 from splitkeeper_tools.bench.ingest_kafka import warm_up_kafka
 from splitkeeper_tools.kafka_testbed import (
@@ -668,12 +675,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--bootstrap-servers", default=None, help="use this Kafka instead of starting one (host:port,...)"
     )
-    parser.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up")
-    parser.add_argument("--out", default=os.path.join("var", "bench"), help="chart directory (var/bench)")
-    parser.add_argument(
-        "--work-dir", default=None, help="broker, sinks and state go here (default: temporary)"
-    )
-    parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    add_run_arguments(parser, "broker, sinks and state")
 
 
 def run(args: argparse.Namespace) -> int:
