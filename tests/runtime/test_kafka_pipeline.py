@@ -41,9 +41,16 @@ pytestmark = [pytest.mark.spark, pytest.mark.kafka]
 
 
 def kafka_config(
-    root: Path, bootstrap: str, *, epoch_records: int, retain_checkpoints: int = 3, **source: Any
+    root: Path,
+    bootstrap: str,
+    *,
+    epoch_records: int,
+    retain_checkpoints: int = 3,
+    sections: Mapping[str, Any] | None = None,
+    **source: Any,
 ) -> PipelineConfig:
-    """A Kafka pipeline (P=4 unless ``parallelism`` is given) with state and sink under ``root``."""
+    """A Kafka pipeline (P=4 unless ``parallelism`` is given) with state and sink under ``root``;
+    ``sections``: more top-level sections of the file (``decode``, ``errors``)."""
     parallelism = source.pop("parallelism", 4)
     return config_from_mapping(
         {
@@ -60,6 +67,7 @@ def kafka_config(
             "backlog": {"backlog_epoch_records": epoch_records, "normal_epoch_records": epoch_records},
             "state": {"path": str(root / "state")},
             "sink": {"path": str(root / "sink")},
+            **(sections or {}),
         }
     )
 
@@ -517,3 +525,76 @@ def test_an_offset_reset_past_the_log_end_is_clamped_to_it_and_nothing_produced_
     want = [(i, i + 1, value_of(topic, 0, i)) for i in (*range(10), *range(20, 25))]
     assert sink_offsets(spark, config) == {split: want}  # nothing after the clamp is skipped
     services.validate(config)
+
+
+def test_typed_decode_on_the_broker_accounts_every_offset_once_and_keeps_bad_bytes_as_produced(
+    spark: Any, kafka_broker: KafkaBroker, tmp_path: Path
+) -> None:
+    """The record path under ``decode.kind: json`` and ``errors.tolerance: all`` on a real broker:
+    good documents, broken JSON, binary, null and empty values. Every produced offset is in the
+    sink or the dead-letter table, exactly once; a good record's typed columns are its document's;
+    a dead letter's key and value are the produced bytes (null stays null)."""
+    import random
+
+    from confluent_kafka import Producer
+
+    from splitkeeper.sinks.delta.read import read_dead_letters, read_sink
+
+    bootstrap = kafka_broker.bootstrap_servers
+    topic = create_topic(bootstrap, 2)
+    rng = random.Random(37)
+    kinds = [
+        lambda i: json.dumps({"id": i, "name": f"n{i} é"}).encode(),  # good
+        lambda i: b'{"id": ' + str(i).encode(),  # broken JSON
+        lambda i: b"\xff\xfe" + rng.randbytes(rng.randint(1, 30)),  # binary, not UTF-8
+        lambda i: None,  # null value
+        lambda i: b"",  # empty value
+    ]
+    produced: dict[tuple[int, int], tuple[bytes | None, bytes | None]] = {}
+    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
+    counts = {0: 0, 1: 0}
+    for i in range(200):
+        partition = i % 2
+        value = kinds[(i // 2) % len(kinds)](i)
+        key = rng.choice([None, b"", rng.randbytes(8)])
+        producer.produce(topic, value=value, key=key, partition=partition)
+        produced[(partition, counts[partition])] = (value, key)
+        counts[partition] += 1
+    producer.flush(30)
+    config = kafka_config(
+        tmp_path,
+        bootstrap,
+        epoch_records=80,
+        parallelism=2,
+        topics=[topic],
+        sections={
+            "decode": {"kind": "json", "schema": "id BIGINT, name STRING"},
+            "errors": {
+                "tolerance": "all",
+                "dead_letter": {"path": str(tmp_path / "dead")},
+                "max_bad_ratio": 1.0,
+            },
+        },
+    )
+    pipeline = Pipeline(config, spark)
+    try:
+        pipeline.open()
+        run_until_caught_up(pipeline, {split_id_of(topic, p): n for p, n in counts.items()})
+    finally:
+        pipeline.close()
+
+    partition_of = {split_id_of(topic, p): p for p in counts}
+    sink = read_sink(config.sink.path, ["partition", "offset", "id", "name"]).to_pylist()
+    dead = read_dead_letters(str(tmp_path / "dead"), ["split_id", "offset", "key", "value"]).to_pylist()
+    seen = Counter(
+        [(r["partition"], r["offset"]) for r in sink]
+        + [(partition_of[r["split_id"]], r["offset"]) for r in dead]
+    )
+    assert set(seen) == set(produced) and set(seen.values()) == {1}, "an offset is missing or twice"
+    for r in sink:  # only good documents reach the sink, typed as produced
+        value, _ = produced[(r["partition"], r["offset"])]
+        assert value is not None and json.loads(value) == {"id": r["id"], "name": r["name"]}
+    for r in dead:
+        assert (r["value"], r["key"]) == produced[(partition_of[r["split_id"]], r["offset"])]
+    good = sum(1 for v, _ in produced.values() if v and v.startswith(b'{"id": ') and v.endswith(b"}"))
+    assert len(sink) == good == 40 and len(dead) == 160
