@@ -5,6 +5,8 @@
 #
 #   bash scripts/lock.sh                 # keep every pinned version (only new requirements resolve)
 #   bash scripts/lock.sh --upgrade       # newest versions within pyproject.toml's ranges
+#   bash scripts/lock.sh --upgrade-package certifi [--upgrade-package X ...]
+#                                        # keep every pin but these (a new requirement needs newer)
 #
 # Universal locks: one file serves every Python >= 3.11 and platform (markers say which pins
 # apply where); scripts/setup.sh installs them with --no-deps, so they must be complete, which
@@ -18,11 +20,17 @@ cd "$ROOT"
 say() { printf '[lock] %s\n' "$*"; }
 
 upgrade=()
-case "${1:-}" in
-    "") ;;
-    --upgrade) upgrade=(--upgrade) ;;
-    *) echo "[lock] ERROR: unknown argument '$1'; use --upgrade or nothing" >&2; exit 2 ;;
-esac
+release=()
+while [[ $# -gt 0 ]]; do
+    case "$1" in
+        --upgrade) upgrade=(--upgrade) ;;
+        --upgrade-package)
+            [[ -n "${2:-}" ]] || { echo "[lock] ERROR: --upgrade-package needs a package name" >&2; exit 2; }
+            release+=("$2"); shift ;;
+        *) echo "[lock] ERROR: unknown argument '$1'; use --upgrade, --upgrade-package NAME or nothing" >&2; exit 2 ;;
+    esac
+    shift
+done
 
 py="${SPLITKEEPER_PYTHON:-}"
 [[ -n "$py" ]] || { if command -v python3.11 >/dev/null 2>&1; then py=python3.11; else py=python3; fi; }
@@ -35,7 +43,14 @@ trap 'rm -rf "$tmp"' EXIT
 uv="$tmp/venv/bin/uv"
 common=(--no-config --universal --python-version 3.11 --generate-hashes --no-header --quiet "${upgrade[@]}")
 # Without --upgrade every version already pinned stays: the previous locks are the constraints.
-pins() { [[ ${#upgrade[@]} -eq 0 && -f "$1" ]] && printf -- '-c\n%s\n' "$1" || true; }
+# --upgrade-package NAME: NAME's pin (its line and its hash lines) is left out of the kept copy.
+pins() {
+    [[ ${#upgrade[@]} -eq 0 && -f "$1" ]] || return 0
+    local kept
+    kept="$tmp/keep-$(basename "$1")"
+    "$py" "$ROOT/scripts/unpin.py" "$1" "$kept" "${release[@]}"
+    printf -- '-c\n%s\n' "$kept"
+}
 mapfile -t keep_bootstrap < <(pins locks/bootstrap.txt)
 mapfile -t keep_runtime < <(pins locks/runtime.txt)
 mapfile -t keep_airflow < <(pins locks/airflow.txt)
@@ -52,8 +67,8 @@ head -n 5 locks/bootstrap.txt | grep '^#' > "$tmp/bootstrap.head" || true
 label "$tmp/bootstrap.txt" "scripts/lock.sh (bootstrap)"
 cat "$tmp/bootstrap.head" "$tmp/bootstrap.txt" > locks/bootstrap.txt
 
-say "locks/runtime.txt: splitkeeper[spark,kafka,quality,metrics]"
-"$uv" pip compile pyproject.toml --extra spark --extra kafka --extra quality --extra metrics \
+say "locks/runtime.txt: splitkeeper[spark,kafka,quality,metrics] + locks/runtime.in"
+"$uv" pip compile pyproject.toml locks/runtime.in --extra spark --extra kafka --extra quality --extra metrics \
     "${common[@]}" "${keep_runtime[@]}" -o locks/runtime.txt
 say "locks/airflow.txt: splitkeeper[all] + locks/airflow.in, the runtime lock's versions kept"
 "$uv" pip compile pyproject.toml locks/airflow.in --extra all \
@@ -69,4 +84,5 @@ for req in tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-depen
 PY
 "$uv" pip compile "$tmp/test.in" "${common[@]}" -c locks/airflow.txt "${keep_test[@]}" -o locks/test.txt
 label locks/test.txt "the dev extra of pyproject.toml (scripts/lock.sh)"
+sed -i "s|$tmp/keep-|locks/|" locks/*.txt  # a kept copy is named as the lock it came from
 say "done: $(grep -c '==' locks/bootstrap.txt) + $(grep -c '==' locks/runtime.txt) + $(grep -c '==' locks/airflow.txt) + $(grep -c '==' locks/executor.txt) + $(grep -c '==' locks/test.txt) pins"

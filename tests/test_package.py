@@ -183,7 +183,7 @@ def test_the_wheel_declares_light_base_dependencies_and_the_engines_as_extras(wh
         for line in meta.splitlines()
         if line.startswith("Provides-Extra:")
     }
-    assert extras == {"spark", "kafka", "airflow", "quality", "metrics", "dev", "all"}
+    assert extras == {"spark", "kafka", "airflow", "aws", "iceberg", "quality", "metrics", "dev", "all"}
     by_extra = {
         extra: {Requirement(r).name.lower() for r in requires if f'extra == "{extra}"' in r}
         for extra in extras
@@ -193,6 +193,9 @@ def test_the_wheel_declares_light_base_dependencies_and_the_engines_as_extras(wh
     assert {"apache-airflow", "apache-airflow-providers-apache-spark", "pyspark-client"} <= by_extra[
         "airflow"
     ]
+    assert "apache-airflow-providers-apache-kafka" in by_extra["airflow"]
+    assert by_extra["aws"] == {"apache-airflow-providers-amazon"}
+    assert by_extra["iceberg"] == {"pyiceberg"}
     assert "great-expectations" in by_extra["quality"]
     assert by_extra["metrics"] == {
         "opentelemetry-sdk",
