@@ -8,6 +8,7 @@ against a copy of the README and checks the table it wrote there.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import subprocess
 import sys
@@ -88,10 +89,14 @@ def test_the_command_runs_the_benchmark_and_writes_its_figures_and_load_into_the
     rows = [line for line in block.splitlines() if line.startswith("| `bench")]
     assert len(rows) == 1
     cells = [c.strip() for c in rows[0].strip("|").split("|")]
-    ours, baseline, ratio, limit, load = cells[1:]
+    ours, baseline, ratio, per_core, limit, load = cells[1:]
     assert re.fullmatch(r"\d+\.\d\d s", ours) and re.fullmatch(r"\d+\.\d\d s", baseline)
     expected = float(baseline.split()[0]) / float(ours.split()[0])
     assert abs(float(ratio) - expected) <= 0.02 * expected + 0.01  # the rates' ratio: the seconds' inverse
     assert re.fullmatch(r"\d+\.\d\d \(limit \d+\.\d\d s\)", limit)
+    # records per second per core: the tiny run's records over its seconds over the cores
+    records = 2 * 300  # the files row's --tiny: --files 2 --lines 300
+    want = records / float(ours.split()[0]) / (os.cpu_count() or 1)
+    assert abs(float(per_core.replace(",", "")) - want) <= 0.02 * want + 1
     assert re.fullmatch(r"\d+\.\d, \d+\.\d", load)
     assert "--tiny" in block.splitlines()[0]

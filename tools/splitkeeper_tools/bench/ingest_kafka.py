@@ -762,7 +762,7 @@ def _throughput(
     )
     figures = throughput_figures(data.records, reps.ours, reps.baseline, reps.runs)
     if reps.limit:
-        figures |= limit_figures(data.records, figures["ours_s"], reps.limit, settings.parallelism)
+        figures |= limit_figures(data.records, figures["ours_s"], reps.limit)
     return {
         **figures,
         "benchmark": "ingest",
@@ -791,7 +791,7 @@ def run_limit(
     from splitkeeper_tools.bench.limit import check_kafka_limit, kafka_limit
 
     ends = {int(sid.rsplit("-", 1)[1]): end for sid, end in data.ends.items()}
-    run = kafka_limit(bootstrap, data.topic, ends, out_dir, settings.parallelism, LoadSampler())
+    run = kafka_limit(bootstrap, data.topic, ends, out_dir, LoadSampler())
     equal = check_kafka_limit(out_dir, data.values)
     if not equal:
         _say(f"{label}: the limit's files do NOT hold exactly the produced messages")
@@ -953,7 +953,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--limit",
         action="store_true",
         help="also time plain confluent-kafka batch consumes of the same messages written as parquet by "
-        "Arrow, one process per region (no protocol, no Spark): prints ours / limit (ours_over_limit)",
+        "Arrow, warm workers, one per core (no protocol, no Spark): prints ours / limit (ours_over_limit)",
     )
     add_output_arguments(parser, "broker, sinks and state")
 

@@ -49,14 +49,14 @@ ROWS: tuple[Row, ...] = (
         "files",
         ("ingest", "--source", "files", "--limit", "--skip-restore"),
         "800k lines, 80.7 MB, 2 regions; the limit is plain Arrow reading and writing the same "
-        "files as parquet, one spawned process per region, process start included",
+        "files as parquet, warm workers (one per core, started before the clock)",
         ("--files", "2", "--lines", "300", "--repeat", "1"),
     ),
     Row(
         "kafka",
         ("ingest", "--source", "kafka", "--stall-messages", "0", "--limit"),
         "400k messages of 100 bytes, 8 partitions, P=4; the limit is plain confluent-kafka batch "
-        "consumes written as parquet by Arrow, one spawned process per region, process start included",
+        "consumes written as parquet by Arrow, warm workers (one per core, started before the clock)",
         ("--messages", "2000", "--repeat", "1"),
     ),
     Row(
@@ -125,7 +125,7 @@ def measure(rows: Sequence[Row], *, tiny: bool, out: str, runner: Runner = _run_
     for i, row in enumerate(rows, 1):
         argv = (*row.argv, *(row.tiny if tiny else ()), "--out", out)
         command = "bench " + " ".join(row.argv)
-        print(f"[bench table {i}/{len(rows)}] splitkeeper {command}", file=sys.stderr, flush=True)
+        print(f"[bench table {i}/{len(rows)}] splitkeeper-tools {command}", file=sys.stderr, flush=True)
         started = time.monotonic()
         with LoadSampler() as sampler:
             done = runner(argv)
@@ -158,6 +158,16 @@ def _seconds(value: Any) -> str:
     return "-" if value is None else f"{float(value):.2f} s"
 
 
+def _per_core(result: dict[str, Any], cores: int) -> str:
+    """Our records (messages) per second per core of this machine: the run's records over its
+    median seconds, over the cores (every core is the run's: Spark's local[*] takes them all)."""
+    records = result.get("records") or result.get("messages")
+    seconds = result.get("ours_s")
+    if not records or not seconds or cores < 1:
+        return "-"
+    return f"{float(records) / float(seconds) / cores:,.0f}"
+
+
 def render(measured: Sequence[Measured], *, tiny: bool, when: datetime | None = None) -> str:
     """The table, between its markers (the first line says how and when it was made)."""
     when = when or datetime.now(UTC)
@@ -166,14 +176,15 @@ def render(measured: Sequence[Measured], *, tiny: bool, when: datetime | None = 
     lines = [
         f"{BEGIN}: `splitkeeper-tools bench table{sizes} --write README.md`, {when:%Y-%m-%d}, {cores} cores; "
         "edits by hand are overwritten -->",
-        "| benchmark | splitkeeper | Structured Streaming | ratio | ours / Arrow limit | load (mean, max) |",
-        "|---|---|---|---|---|---|",
+        "| benchmark | splitkeeper | Structured Streaming | ratio | ours, records/s per core "
+        "| ours / Arrow limit | load (mean, max) |",
+        "|---|---|---|---|---|---|---|",
     ]
     for m in measured:
         r = m.result or {}
         label = f"`{m.command}`: {m.row.what}"
         if m.error:
-            lines.append(f"| {label} | failed: {m.error} | | | | {m.load_mean}, {m.load_max} |")
+            lines.append(f"| {label} | failed: {m.error} | | | | | {m.load_mean}, {m.load_max} |")
             continue
         limit = (
             f"{r['ours_over_limit']:.2f} (limit {_seconds(r.get('limit_s'))})"
@@ -182,7 +193,8 @@ def render(measured: Sequence[Measured], *, tiny: bool, when: datetime | None = 
         )
         lines.append(
             f"| {label} | {_seconds(r.get('ours_s'))} | {_seconds(r.get('baseline_s'))} | "
-            f"{float(r.get('ratio', 0)):.2f} | {limit} | {m.load_mean}, {m.load_max} |"
+            f"{float(r.get('ratio', 0)):.2f} | {_per_core(r, cores)} | {limit} | "
+            f"{m.load_mean}, {m.load_max} |"
         )
     lines.append(END)
     return "\n".join(lines)
