@@ -270,3 +270,21 @@ def test_an_empty_prefix_is_an_empty_folder(s3_store: Any) -> None:
     source = FileSource(s3_store.location("nothing-yet") + "/")
     assert source.subscriptions() == frozenset({s3_store.location("nothing-yet")})
     assert source.discover_splits() == []
+
+
+@pytest.mark.parametrize(
+    ("uri", "inner"),
+    [
+        ("s3a://drops/in/", "drops/in"),
+        ("gs://drops/in", "drops/in"),
+        ("abfss://drops@account.dfs.core.windows.net/in", "drops/in"),
+    ],
+)
+def test_every_object_scheme_gets_pyarrows_file_system_for_its_root(uri: str, inner: str) -> None:
+    """Built without a request (the credentials are used on the first one)."""
+    files = files_fs.files_for(uri)
+    assert isinstance(files, files_fs.ObjectFiles)
+    root = files_fs.object_root(uri)
+    assert files.root == root and files.join(root, "a/b.txt") == f"{root}/a/b.txt"
+    assert files._inner(f"{root}/a/b.txt") == f"{inner}/a/b.txt"
+    assert isinstance(files_fs.files_for("/data/in"), files_fs.LocalFiles)
