@@ -169,8 +169,11 @@ def storage_options(
     return options
 
 
-def filesystem(location: str | os.PathLike[str], env: Mapping[str, str] | None = None) -> tuple[Any, str]:
-    """A ``pyarrow.fs`` file system for ``location`` and the path inside it (rule 6)."""
+def filesystem(
+    location: str | os.PathLike[str], env: Mapping[str, str] | None = None, *, attempts: int = MAX_RETRIES
+) -> tuple[Any, str]:
+    """A ``pyarrow.fs`` file system for ``location`` and the path inside it (rule 6); ``attempts``:
+    of each S3 request (rule 4; fewer for a check that should answer fast, not ride out an outage)."""
     import pyarrow.fs as pafs
 
     uri = table_uri(location)
@@ -183,7 +186,7 @@ def filesystem(location: str | os.PathLike[str], env: Mapping[str, str] | None =
     endpoint = options.get("AWS_ENDPOINT_URL")
     kwargs: dict[str, Any] = {
         "region": options.get("AWS_REGION") or None,
-        "retry_strategy": pafs.AwsStandardS3RetryStrategy(max_attempts=MAX_RETRIES),
+        "retry_strategy": pafs.AwsStandardS3RetryStrategy(max_attempts=attempts),
     }
     if options.get("AWS_ACCESS_KEY_ID"):
         kwargs["access_key"] = options["AWS_ACCESS_KEY_ID"]

@@ -288,3 +288,30 @@ def test_every_object_scheme_gets_pyarrows_file_system_for_its_root(uri: str, in
     assert files.root == root and files.join(root, "a/b.txt") == f"{root}/a/b.txt"
     assert files._inner(f"{root}/a/b.txt") == f"{inner}/a/b.txt"
     assert isinstance(files_fs.files_for("/data/in"), files_fs.LocalFiles)
+
+
+def test_an_unreachable_store_is_named_in_seconds(monkeypatch: pytest.MonkeyPatch) -> None:
+    from splitkeeper_tools.kafka_broker import free_port
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")  # nothing listens
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "k")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "s")
+    started = time.monotonic()
+    with pytest.raises(SourceError) as err:
+        FileSource("s3://drops/in").subscriptions()
+    assert time.monotonic() - started < 30  # not the readers' ten tries with backoff
+    assert str(err.value).startswith("[SOURCE_ERROR] source.path s3://drops/in cannot be read: ")
+    assert "AWS_ENDPOINT_URL" in str(err.value)
+
+
+def test_a_run_whose_bucket_does_not_exist_stops_before_spark_naming_source_path(
+    s3_store: Any, tmp_path: Path
+) -> None:
+    from .helpers import run_cli
+
+    mapping = pipeline_mapping(tmp_path / "run", "nobucket", tmp_path)
+    mapping["source"]["path"] = "s3://no-such-bucket/in"
+    config_path = write_config(tmp_path / "pipeline.yaml", mapping)
+    code, _out, err = run_cli(["run", "--config", str(config_path)])
+    assert code != 0
+    assert "[SOURCE_ERROR] source.path s3://no-such-bucket/in cannot be read: bucket 'no-such-bucket'" in err

@@ -64,6 +64,8 @@ __all__ = [
 #: An object written less than this before now is unsettled (contract 3).
 SETTLE_NS = 2_000_000_000
 SETTLED = 0
+#: Tries of the bucket check (:meth:`ObjectFiles.bucket_error`), against the readers' 10.
+CHECK_ATTEMPTS = 2
 #: The read buffer of an object (the content sample's size): a line end past a range's last byte,
 #: a sample's head or tail, costs one GET of this size.
 _OBJECT_BUFFER = 64 * 1024
@@ -184,7 +186,14 @@ class ObjectFiles(Files):
     def kind(self, path: str) -> str | None:
         import pyarrow.fs as pafs
 
-        kind = self._info(path).type
+        try:
+            kind = self._info(path).type
+        except OSError as err:
+            raise SourceError(
+                f"source.path {self.root} cannot be read: {err}; fix source.path, or AWS_ENDPOINT_URL and "
+                "the credentials (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY) so the store can be reached",
+                path=self.root,
+            ) from err
         return "file" if kind == pafs.FileType.File else "dir" if kind == pafs.FileType.Directory else None
 
     @staticmethod
@@ -217,12 +226,20 @@ class ObjectFiles(Files):
         return io.BufferedReader(raw, _OBJECT_BUFFER), st
 
     def bucket_error(self) -> str | None:
-        """Why the root's bucket cannot be listed (missing, refused, unreachable); None if it can."""
+        """Why the root's bucket cannot be listed (missing, refused, unreachable); None if it can.
+        Asked with :data:`CHECK_ATTEMPTS` tries, so an unreachable store is named in seconds."""
         import pyarrow.fs as pafs
+
+        from splitkeeper.delta.storage import filesystem
 
         bucket = self._fs_root.split("/", 1)[0]
         try:
-            if self._fs.get_file_info(bucket).type != pafs.FileType.Directory:
+            fs = (
+                filesystem(self.root, attempts=CHECK_ATTEMPTS)[0]
+                if self.root.startswith("s3://")
+                else self._fs
+            )
+            if fs.get_file_info(bucket).type != pafs.FileType.Directory:
                 return f"bucket {bucket!r} does not exist"
         except OSError as err:
             return str(err)
