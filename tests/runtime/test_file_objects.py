@@ -315,3 +315,36 @@ def test_a_run_whose_bucket_does_not_exist_stops_before_spark_naming_source_path
     code, _out, err = run_cli(["run", "--config", str(config_path)])
     assert code != 0
     assert "[SOURCE_ERROR] source.path s3://no-such-bucket/in cannot be read: bucket 'no-such-bucket'" in err
+
+
+def test_a_plan_of_settled_unchanged_objects_lists_and_reads_nothing(
+    s3_store: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Through the store's proxy, counting: discovery reads each object's sample once (ranged GETs);
+    the identity check and discovery of the next plan list the prefix and read no object."""
+    _settle(monkeypatch)
+    drops = s3_store.location("cost")
+    for i in range(30):
+        _put(f"{drops}/f{i:02d}.txt", b"line %d\n" % i)
+    seen: list[tuple[str, str, str]] = []
+
+    def record(request: Any) -> None:
+        seen.append(
+            (request.method, request.path, request.headers.get("Range", request.headers.get("range", "")))
+        )
+        return None
+
+    s3_store.proxy.fault = record
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_store.proxy.url)
+    source = FileSource(drops)
+    splits = source.discover_splits()
+    assert len(splits) == 30
+    object_gets = [s for s in seen if s[0] == "GET" and "/f" in s[1] and "list-type" not in s[1]]
+    assert len({p for _m, p, _r in object_gets}) == 30 and all(
+        r.startswith("bytes=") for *_x, r in object_gets
+    )
+    seen.clear()
+    assert source.check_splits([], {s.split_id: s.identity for s in splits}) == []
+    assert len(source.discover_splits()) == 30
+    assert [s for s in seen if "/f" in s[1].split("?")[0]] == []  # no HEAD, no GET of an object
+    assert 1 <= len(seen) <= 4, seen  # source.path's look-up and one listing
