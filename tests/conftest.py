@@ -8,6 +8,10 @@
   built by ``bash scripts/setup.sh versitygw`` when missing; a failed build fails the test that
   needs it (never a skip: a real-S3 test does not depend on another test having built it first).
 - ``scratch``: a :class:`ScratchDirs` over ``tmp_path``, for Delta tables and state.
+- ``s3_store``: a running versitygw (``versitygw``) with its own keys and a bucket, started for the
+  test (:class:`~splitkeeper_tools.chaos.store.ChaosStore`, its fault proxy left idle); the
+  ``AWS_*`` environment points at the store itself, so pyarrow, delta-rs and a child
+  ``splitkeeper`` reach it as a user's would.
 
 A test using ``spark`` or ``kafka_broker`` is marked ``spark`` / ``kafka``
 automatically (so ``-m "not spark"`` deselects it). A test marked ``spark`` gets the
@@ -34,6 +38,7 @@ import pytest
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import SparkSession
 
+    from splitkeeper_tools.chaos.store import ChaosStore
     from splitkeeper_tools.kafka_broker import KafkaBroker
 
 _FIXTURE_MARKS = {"spark": "spark", "kafka_broker": "kafka"}
@@ -153,6 +158,22 @@ def versitygw() -> Path:
             pytrace=False,
         )
     return found
+
+
+@pytest.fixture
+def s3_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, versitygw: Path) -> Iterator[ChaosStore]:
+    """versitygw with a bucket (``store.location(name)`` is ``s3://<bucket>/<prefix>/<name>``), the
+    ``AWS_*`` environment set to it; stopped after the test."""
+    from splitkeeper_tools.chaos.store import ChaosStore
+
+    store = ChaosStore(tmp_path / "s3-store", seed=1, fault_rate=0.0, prefix="t")
+    store.start()
+    try:
+        for key, value in store.store_env().items():
+            monkeypatch.setenv(key, value)
+        yield store
+    finally:
+        store.stop()
 
 
 @pytest.fixture(scope="session")

@@ -47,7 +47,9 @@ Contract:
    requests delta-rs and pyarrow cannot make: the store probe's conditional puts
    (:mod:`~splitkeeper.delta.probe`).
 6. :func:`filesystem` gives a ``pyarrow.fs`` file system and the path inside it, for
-   the sink's file moves and the log diagnosis; it uses the same options.
+   the sink's file moves, the log diagnosis and the file source on an object store; for S3 it
+   uses the same options, another scheme (``gs://``, ``abfss://``) is pyarrow's
+   ``FileSystem.from_uri`` with that library's default credentials.
 
 Pure functions of their arguments and the environment; safe from any thread.
 """
@@ -167,18 +169,24 @@ def storage_options(
     return options
 
 
-def filesystem(location: str | os.PathLike[str], env: Mapping[str, str] | None = None) -> tuple[Any, str]:
-    """A ``pyarrow.fs`` file system for ``location`` and the path inside it (rule 6)."""
+def filesystem(
+    location: str | os.PathLike[str], env: Mapping[str, str] | None = None, *, attempts: int = MAX_RETRIES
+) -> tuple[Any, str]:
+    """A ``pyarrow.fs`` file system for ``location`` and the path inside it (rule 6); ``attempts``:
+    of each S3 request (rule 4; fewer for a check that should answer fast, not ride out an outage)."""
     import pyarrow.fs as pafs
 
     uri = table_uri(location)
-    if not uri.startswith("s3://"):
+    if is_local(uri):
         return pafs.LocalFileSystem(), uri
+    if not uri.startswith("s3://"):  # gs://, abfss://: pyarrow's own file system and credentials
+        fs, path = pafs.FileSystem.from_uri(uri)
+        return fs, path
     options = storage_options(uri, env) or {}
     endpoint = options.get("AWS_ENDPOINT_URL")
     kwargs: dict[str, Any] = {
         "region": options.get("AWS_REGION") or None,
-        "retry_strategy": pafs.AwsStandardS3RetryStrategy(max_attempts=MAX_RETRIES),
+        "retry_strategy": pafs.AwsStandardS3RetryStrategy(max_attempts=attempts),
     }
     if options.get("AWS_ACCESS_KEY_ID"):
         kwargs["access_key"] = options["AWS_ACCESS_KEY_ID"]

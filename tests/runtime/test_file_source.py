@@ -232,7 +232,7 @@ def test_a_plan_stats_each_file_once_whatever_the_number_of_finished_files(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Issue 26 item 5 (100,000 file splits): the identity check and the discovery of a plan (one
-    scan, shared) stat every file once and source.path a bounded number of times; building a file's
+    scan, shared) stat every file once and source.path once; building a file's
     path stat'ed source.path again for each known file (two stats per file per plan)."""
     for i in range(120):
         write(tmp_path / f"f{i:03d}.txt", [f"line {i}"])
@@ -254,7 +254,7 @@ def test_a_plan_stats_each_file_once_whatever_the_number_of_finished_files(
     )
     monkeypatch.setattr(os, "stat", real_stat)
     assert sorted(c for c in calls if c != str(tmp_path)) == sorted(str(p) for p in tmp_path.iterdir())
-    assert calls.count(str(tmp_path)) == 2  # source.path: a file? a folder? once per scan
+    assert calls.count(str(tmp_path)) == 1  # source.path: one stat per scan says file or folder
 
 
 def test_single_file_path_is_a_source_of_one_split(tmp_path: Path) -> None:

@@ -1,9 +1,10 @@
 """``source.kind: files``: the section of the file source (a directory tree, or one file).
 
 Keys: ``path`` (a directory, scanned recursively, or one file; resolved against the pipeline
-file's folder), ``format`` (:class:`FileFormat`), ``split_bytes`` (0 = one split per file, else
-byte ranges of about that size), ``on_file_change`` (a known file grew, changed or moved:
-``fail``, ``new_version`` or ``append``; :class:`~splitkeeper.core.types.SplitChangePolicy`).
+file's folder; or an object-store prefix or object, :data:`OBJECT_SCHEMES`), ``format``
+(:class:`FileFormat`), ``split_bytes`` (0 = one split per file, else byte ranges of about that
+size), ``on_file_change`` (a known file grew, changed or moved: ``fail``, ``new_version`` or
+``append``; :class:`~splitkeeper.core.types.SplitChangePolicy`).
 """
 
 from __future__ import annotations
@@ -13,11 +14,15 @@ from typing import Literal
 
 from pydantic import Field, ValidationInfo, model_validator
 
-from splitkeeper.config.base import Location, SourceKind, SourceSection, Text, choice, where_of
+from splitkeeper.config.base import Location, SourceKind, SourceSection, Text, choice, is_uri, where_of
 from splitkeeper.core import defaults
 from splitkeeper.core.types import SplitChangePolicy
 
-__all__ = ["FileFormat", "FilesSource"]
+__all__ = ["OBJECT_SCHEMES", "FileFormat", "FilesSource"]
+
+#: The URI schemes ``source.path`` may have besides a local path (``file://`` is one):
+#: the object stores :mod:`splitkeeper.sources.files.fs` reads.
+OBJECT_SCHEMES = ("s3", "s3a", "gs", "abfss")
 
 
 class FileFormat(enum.Enum):
@@ -43,8 +48,20 @@ class FilesSource(SourceSection):
 
     @model_validator(mode="after")
     def _resolved(self, info: ValidationInfo) -> FilesSource:
-        """The path resolved against the pipeline file's folder (a URI as given)."""
-        resolved = where_of(info).path(self.path)
+        """The path resolved against the pipeline file's folder (a URI as given); a URI of a scheme
+        the source cannot read, or without a bucket, is refused."""
+        where = where_of(info)
+        if is_uri(self.path) and not self.path.lower().startswith("file:"):
+            scheme, _, rest = self.path.partition("://")
+            if scheme.lower() not in OBJECT_SCHEMES or not rest.split("/", 1)[0]:
+                raise where.invalid(
+                    "source.path",
+                    self.path,
+                    "a local path, or an object-store URI "
+                    + ", ".join(f"{s}://<bucket>/<prefix>" for s in OBJECT_SCHEMES),
+                    "write the folder of the files as one of these (e.g. s3://drops/in)",
+                )
+        resolved = where.path(self.path)
         return self if resolved == self.path else self.model_copy(update={"path": resolved})
 
     @property

@@ -56,6 +56,14 @@ value is the line's bytes, exactly, without the ``\\n`` / ``\\r\\n`` terminator
 bytes into text is ``decode.kind: text``'s job in the region task, where invalid UTF-8 is
 a bad record. Only ``format: jsonl`` reads its lines as text (JSON is UTF-8), and checks them.
 
+Object stores. ``source.path`` may be an ``s3://``, ``s3a://``, ``gs://`` or ``abfss://`` prefix
+(or object); every file operation goes through :mod:`splitkeeper.sources.files.fs` (the
+seam: ``os`` for a local path, ``pyarrow.fs`` for a store). There a split's file is an object,
+the listing replaces the walk (no symlinks, FIFOs or unreadable entries), an object has no
+ctime (the fs module's contract 3 says what its identity's third number is and why an
+overwrite within Last-Modified's one second is still found), and a region reader builds the
+store's file system on the executor from its root URI and the ``AWS_*`` environment.
+
 The reader reads a range natively (:meth:`FileRegionReader.read_range_columns`:
 numpy finds the line boundaries, Arrow holds and validates the values, see
 :func:`_read_columns`); :meth:`FileRegionReader.read_range` yields the same
@@ -74,7 +82,7 @@ import re
 import stat
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import IO, Any, NamedTuple
+from typing import IO, Any
 
 import numpy as np
 import pyarrow as pa
@@ -93,6 +101,7 @@ from splitkeeper.core.types import Split, SplitChangePolicy
 from splitkeeper.errors import InvalidParameterError, SourceError
 from splitkeeper.records.columnar import BadRead, RangeColumns, SupportsColumnarRead
 from splitkeeper.sources.files.config import FileFormat, FilesSource
+from splitkeeper.sources.files.fs import Files, FileStat, ObjectFiles, files_for, is_object_store, object_root
 
 log = logging.getLogger("splitkeeper.sources.files")
 
@@ -162,18 +171,6 @@ class FileIdentity:
         return "#v" + hashlib.sha256(str(self).encode()).hexdigest()[:12]
 
 
-class FileStat(NamedTuple):
-    """What a ``stat`` says of a file, for its identity."""
-
-    size: int
-    mtime_ns: int
-    ctime_ns: int
-
-    @classmethod
-    def of(cls, st: os.stat_result) -> FileStat:
-        return cls(st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-
-
 def sample_digest(f: IO[bytes], size: int) -> str:
     """SHA-256 (24 hex) of the first 64 KiB of ``f`` and its last 64 KiB up to byte ``size``."""
     digest = hashlib.sha256()
@@ -227,14 +224,15 @@ class FileRegionReader(RegionReader, SupportsColumnarRead):
 
     ``root`` is the directory split ids are relative to; it must be visible
     under the same path on every executor (local disk on one machine, a shared
-    mount on a cluster).
+    mount on a cluster), or an object-store URI: the executor builds its file
+    system from it and its environment (:func:`~splitkeeper.sources.files.fs.files_for`).
     """
 
     root: str
     format: FileFormat = FileFormat.LINES
 
     def path_of(self, split: Split) -> str:
-        return os.path.join(self.root, *relative_path_of(split.split_id).split("/"))
+        return files_for(self.root).join(self.root, relative_path_of(split.split_id))
 
     def read_range(self, split: Split, start: int, end: int) -> Iterator[SourceRecord]:
         """Yield the lines of ``split`` that start in ``[start, end)`` (see the module doc).
@@ -277,7 +275,7 @@ class FileRegionReader(RegionReader, SupportsColumnarRead):
             )
         path = self.path_of(split)
         try:
-            f = open(path, "rb")  # noqa: SIM115 - closed by _read_columns
+            f, st = files_for(self.root).open_with_stat(path)  # closed by _read_columns
         except FileNotFoundError as err:
             raise SourceError(
                 f"split {split.split_id!r}: file {path} does not exist any more (deleted or moved after "
@@ -291,7 +289,6 @@ class FileRegionReader(RegionReader, SupportsColumnarRead):
                 split_id=split.split_id,
                 path=path,
             ) from err
-        st = FileStat.of(os.fstat(f.fileno()))
         size = st.size
         if split.end is not None and size < split.end:
             f.close()
@@ -560,7 +557,9 @@ class FileSource(SourceConnector, SupportsSplitReassignmentOnRecovery, SupportsS
             raise InvalidParameterError(
                 "format", format, "one of " + ", ".join(f.value for f in FileFormat)
             ) from err
-        self._path = os.path.abspath(os.fspath(path))
+        text = os.fspath(path)
+        self._path = object_root(text) if is_object_store(text) else os.path.abspath(text)
+        self._files: Files = files_for(self._path)
         self._split_bytes = split_bytes
         self._layouts: dict[str, tuple[Split, ...]] = {}  # rel -> its splits (the first layout seen)
         self._line_bytes: dict[str, float] = {}
@@ -611,11 +610,12 @@ class FileSource(SourceConnector, SupportsSplitReassignmentOnRecovery, SupportsS
         """The folder relative paths are under: source.path, or its folder when it is one file. Known
         from the last scan (one stat of source.path per scan, not one per file path built)."""
         if self._root_dir is None:
-            self._root_dir = os.path.dirname(self._path) if os.path.isfile(self._path) else self._path
+            is_file = self._files.kind(self._path) == "file"
+            self._root_dir = self._files.parent(self._path) if is_file else self._path
         return self._root_dir
 
     def _abs(self, rel: str) -> str:
-        return os.path.join(self._root(), *rel.split("/"))
+        return self._files.join(self._root(), rel)
 
     def _missing_root(self) -> SourceError:
         return SourceError(
@@ -625,9 +625,20 @@ class FileSource(SourceConnector, SupportsSplitReassignmentOnRecovery, SupportsS
         )
 
     def subscriptions(self) -> frozenset[str]:
-        if not os.path.exists(self._path):
+        if isinstance(self._files, ObjectFiles):
+            self._check_bucket(self._files)  # an empty prefix is an empty folder: objects appear there
+        elif self._files.kind(self._path) is None:
             raise self._missing_root()
         return frozenset({self._path})
+
+    def _check_bucket(self, files: ObjectFiles) -> None:
+        why = files.bucket_error()
+        if why is not None:
+            raise SourceError(
+                f"source.path {self._path} cannot be read: {why}; create the bucket, or fix source.path "
+                "(or AWS_ENDPOINT_URL and the credentials AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY)",
+                path=self._path,
+            )
 
     def offset_for(self, split: Split, kind: str, timestamp_ms: int | None = None) -> int:
         """``offsets reset --to latest`` of a file split: its end. A file has no timestamps, and its
@@ -648,7 +659,7 @@ class FileSource(SourceConnector, SupportsSplitReassignmentOnRecovery, SupportsS
             return
         path = self._abs(split.split_id.split("#", 1)[0])
         try:
-            with open(path, "rb") as f:
+            with self._files.open(path) as f:
                 f.seek(max(0, offset - 4096))
                 before = f.read(min(offset, 4096))
                 after = f.read(4096)
@@ -707,13 +718,16 @@ class FileSource(SourceConnector, SupportsSplitReassignmentOnRecovery, SupportsS
         return sorted(splits, key=lambda s: (relative_path_of(s.split_id), s.position))
 
     def _scan(self) -> _Scan:
-        is_file = os.path.isfile(self._path)
-        self._root_dir = os.path.dirname(self._path) if is_file else self._path
+        kind = self._files.kind(self._path)
+        is_file = kind == "file"
+        self._root_dir = self._files.parent(self._path) if is_file else self._path
         if is_file:
-            st = os.stat(self._path)
-            name = os.path.basename(self._path)
-            return _Scan({name: FileStat.of(st)} if st.st_size > 0 else {}, {})
-        if not os.path.isdir(self._path):
+            one = self._files.stat(self._path)
+            name = self._files.name(self._path)
+            return _Scan({name: one} if one.size > 0 else {}, {})
+        if isinstance(self._files, ObjectFiles):
+            return self._scan_objects(self._files)
+        if kind != "dir":
             raise self._missing_root()
         found: dict[str, FileStat] = {}
         bad: dict[str, str] = {}
@@ -751,6 +765,18 @@ class FileSource(SourceConnector, SupportsSplitReassignmentOnRecovery, SupportsS
                     found[rel] = FileStat.of(st)
         return _Scan(found, bad)
 
+    def _scan_objects(self, files: ObjectFiles) -> _Scan:
+        """The objects under source.path (a prefix: none yet is an empty folder; no bucket, an error)."""
+        found: dict[str, FileStat] = {}
+        for rel, st in files.walk(_skipped):
+            if _reserved(rel.rsplit("/", 1)[-1]):
+                self._warn_once(rel, "a name ending in '#<a>-<b>' or '#v<12 hex>' is reserved")
+                continue
+            found[rel] = st
+        if not found:
+            self._check_bucket(files)
+        return _Scan(found, {})
+
     def _warn_once(self, rel: str, why: str) -> None:
         if rel not in self._warned_names:
             self._warned_names.add(rel)
@@ -759,7 +785,7 @@ class FileSource(SourceConnector, SupportsSplitReassignmentOnRecovery, SupportsS
     def _identity(self, rel: str, st: FileStat) -> FileIdentity | None:
         """The identity of the file at ``rel`` with stat ``st``; None if it cannot be read."""
         try:
-            with open(self._abs(rel), "rb") as f:
+            with self._files.open(self._abs(rel)) as f:
                 return FileIdentity(*st, sample_digest(f, st.size))
         except OSError:
             return None
@@ -785,7 +811,7 @@ class FileSource(SourceConnector, SupportsSplitReassignmentOnRecovery, SupportsS
         if not self._growing or size == 0:
             return size
         try:
-            with open(self._abs(rel), "rb") as f:
+            with self._files.open(self._abs(rel)) as f:
                 end = size
                 while end > 0:
                     start = max(0, end - _SAMPLE_BYTES)
@@ -816,7 +842,7 @@ class FileSource(SourceConnector, SupportsSplitReassignmentOnRecovery, SupportsS
             return ()
         bounds = [0]
         if 0 < self._split_bytes < size:
-            with open(self._abs(rel), "rb") as f:
+            with self._files.open(self._abs(rel)) as f:
                 nominal = self._split_bytes
                 while nominal < size:
                     cut = _line_start_at_or_after(f, nominal)
@@ -992,7 +1018,7 @@ class FileSource(SourceConnector, SupportsSplitReassignmentOnRecovery, SupportsS
 
     def _prefix_digest(self, rel: str, size: int) -> str | None:
         try:
-            with open(self._abs(rel), "rb") as f:
+            with self._files.open(self._abs(rel)) as f:
                 return sample_digest(f, size)
         except OSError:
             return None
@@ -1061,7 +1087,7 @@ class FileSource(SourceConnector, SupportsSplitReassignmentOnRecovery, SupportsS
         path = FileRegionReader(self._root(), self._format).path_of(split)
         rel = relative_path_of(split.split_id)
         try:
-            with open(path, "rb") as f:
+            with self._files.open(path) as f:
                 if rel not in self._line_bytes:
                     sample = f.read(_SAMPLE_BYTES)
                     self._line_bytes[rel] = len(sample) / max(1, sample.count(b"\n"))
