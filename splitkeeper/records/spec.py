@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from splitkeeper.errors import ConfigError
+from splitkeeper.errors import REDACTED, ConfigError, is_secret_key
 from splitkeeper.records.ddl import Column, avro_columns, decodable_problem, parse_ddl
 
 __all__ = [
@@ -33,6 +33,7 @@ __all__ = [
     "RESERVED_NAMES",
     "Column",
     "DecodeSpec",
+    "RegistryConf",
     "decode_spec_of",
     "name_clash",
 ]
@@ -67,11 +68,61 @@ KINDS = ("raw", "text", "json", "csv", "avro")
 TYPED_KINDS = ("json", "csv", "avro")
 
 
+class RegistryConf:
+    """The schema registry client's settings beyond its URL: ``confluent_kafka.schema_registry``'s
+    ``SchemaRegistryClient`` conf keys (``basic.auth.user.info``, ``bearer.auth.*``, ``ssl.*``).
+    Immutable and hashable; secret values never appear in its ``repr`` or the config's dump (not a
+    dataclass: pydantic would dump its fields)."""
+
+    __slots__ = ("items",)
+    items: tuple[tuple[str, Any], ...]
+
+    def __init__(self, items: tuple[tuple[str, Any], ...] = ()) -> None:
+        object.__setattr__(self, "items", tuple(items))
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError("RegistryConf is immutable")
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, RegistryConf) and other.items == self.items
+
+    def __hash__(self) -> int:
+        return hash(self.items)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (RegistryConf, (self.items,))
+
+    def as_dict(self) -> dict[str, Any]:
+        """The real values, for the registry client only."""
+        return dict(self.items)
+
+    def redacted(self) -> dict[str, Any]:
+        return {k: REDACTED if is_secret_key(k) or k == "basic.auth.user.info" else v for k, v in self.items}
+
+    def __repr__(self) -> str:
+        return f"RegistryConf({self.redacted()!r})"
+
+    def __bool__(self) -> bool:
+        return bool(self.items)
+
+
+#: ``decode.registry``'s keys and the ``SchemaRegistryClient`` conf key each becomes (user and
+#: password become ``basic.auth.user.info``; a bearer token ``bearer.auth.*`` with a static token).
+REGISTRY_CONF_KEYS = {
+    "ssl_ca_location": "ssl.ca.location",
+    "ssl_certificate_location": "ssl.certificate.location",
+    "ssl_key_location": "ssl.key.location",
+    "ssl_key_password": "ssl.key.password",
+}
+
+
 @dataclass(frozen=True, slots=True)
 class DecodeSpec:
     """How a record's bytes become columns (module doc). ``columns``: the declared columns
     (typed kinds only); ``avro_schema``: the writer schema's JSON text (kind ``avro`` with a
-    schema file)."""
+    schema file); ``schema_registry_url`` and ``registry``: the schema registry and its client's
+    auth and TLS settings; ``reader_schema``: the Avro reader schema's JSON text every record is
+    resolved to from its writer schema (``decode.reader_schema_file``)."""
 
     kind: str = "raw"
     columns: tuple[Column, ...] = ()
@@ -79,6 +130,8 @@ class DecodeSpec:
     csv_delimiter: str = ","
     avro_schema: str | None = None
     schema_registry_url: str | None = None
+    registry: RegistryConf = RegistryConf()
+    reader_schema: str | None = None
     extra: tuple[tuple[str, Any], ...] = field(default=())
 
     @property
@@ -128,6 +181,8 @@ class DecodeSection(Protocol):
     schema_: str | None
     schema_file: str | None
     schema_registry_url: str | None
+    registry: Any  # the ``decode.registry`` section (RegistrySection) or None
+    reader_schema_file: str | None
     on_new_fields: Any  # an enum whose value is the setting's name
     csv_delimiter: str
 
@@ -151,7 +206,14 @@ def decode_spec_of(section: DecodeSection, *, base: str | os.PathLike[str], wher
             allowed=allowed,
         )
 
-    typed_only = ("schema_", "schema_file", "schema_registry_url", "on_new_fields")
+    typed_only = (
+        "schema_",
+        "schema_file",
+        "schema_registry_url",
+        "registry",
+        "reader_schema_file",
+        "on_new_fields",
+    )
     if kind in ("raw", "text"):
         for key in typed_only:
             if key in given:
@@ -166,8 +228,10 @@ def decode_spec_of(section: DecodeSection, *, base: str | os.PathLike[str], wher
         raise invalid("csv_delimiter", section.csv_delimiter, "nothing unless decode.kind is 'csv'")
     columns: tuple[Column, ...] = ()
     avro_schema = None
+    registry_url: str | None = None
+    registry = RegistryConf()
     if kind in ("json", "csv"):
-        for key in ("schema_file", "schema_registry_url"):
+        for key in ("schema_file", "schema_registry_url", "registry", "reader_schema_file"):
             if key in given:
                 raise invalid(key, getattr(section, key), f"nothing for decode.kind {kind!r} (Avro only)")
         if section.schema_ is None:
@@ -187,26 +251,43 @@ def decode_spec_of(section: DecodeSection, *, base: str | os.PathLike[str], wher
             raise invalid(
                 "schema", section.schema_, "nothing for kind 'avro': use decode.schema_file (.avsc)"
             )
-        if section.schema_file is None and section.schema_registry_url is None:
-            raise missing("schema_file", "an Avro schema file (.avsc), or decode.schema_registry_url")
-        if section.schema_file is not None:
-            path = Path(section.schema_file).expanduser()
+        registry_url, registry = _registry_of(section, invalid, missing)
+        if section.reader_schema_file is not None:
+            if registry_url is None:
+                raise invalid(
+                    "reader_schema_file",
+                    section.reader_schema_file,
+                    "a reader schema with a schema registry (decode.registry), which gives each "
+                    "record's writer schema",
+                )
+            if section.schema_file is not None:
+                raise invalid(
+                    "schema_file",
+                    section.schema_file,
+                    "nothing beside decode.reader_schema_file (the reader schema's fields are the columns)",
+                )
+        if section.schema_file is None and section.reader_schema_file is None and registry_url is None:
+            raise missing("schema_file", "an Avro schema file (.avsc), or decode.registry")
+        key = "schema_file" if section.schema_file is not None else "reader_schema_file"
+        file_name = getattr(section, key)
+        if file_name is not None:
+            path = Path(file_name).expanduser()
             path = path if path.is_absolute() else Path(base) / path
             try:
                 avro_schema = path.read_text(encoding="utf-8")
                 parsed = json.loads(avro_schema)
             except (OSError, ValueError) as err:
-                raise invalid(
-                    "schema_file", section.schema_file, "a readable Avro schema file (JSON)", str(err)
-                ) from err
+                raise invalid(key, file_name, "a readable Avro schema file (JSON)", str(err)) from err
             try:
                 columns = avro_columns(parsed)
             except ValueError as err:
-                raise invalid("schema_file", section.schema_file, "an Avro record schema", str(err)) from err
+                raise invalid(key, file_name, "an Avro record schema", str(err)) from err
     if columns:
         problem = decodable_problem(kind, columns)
         if problem is not None:
-            key = "schema_file" if kind == "avro" else "schema"
+            key = (
+                "schema" if kind != "avro" else "schema_file" if section.schema_file else "reader_schema_file"
+            )
             raise invalid(
                 key, getattr(section, "schema_" if key == "schema" else key), "decodable columns", problem
             )
@@ -226,6 +307,60 @@ def decode_spec_of(section: DecodeSection, *, base: str | os.PathLike[str], wher
         columns=columns,
         on_new_fields=section.on_new_fields.value,
         csv_delimiter=section.csv_delimiter,
-        avro_schema=avro_schema,
-        schema_registry_url=section.schema_registry_url,
+        avro_schema=avro_schema if section.reader_schema_file is None else None,
+        schema_registry_url=registry_url,
+        registry=registry,
+        reader_schema=avro_schema if section.reader_schema_file is not None else None,
     )
+
+
+def _registry_of(section: DecodeSection, invalid: Any, missing: Any) -> tuple[str | None, RegistryConf]:
+    """The registry's URL and client settings of an avro ``decode`` section (None: no registry)."""
+    given = section.registry
+    if given is None:
+        return section.schema_registry_url, RegistryConf()
+    if section.schema_registry_url is not None:
+        raise invalid(
+            "schema_registry_url",
+            section.schema_registry_url,
+            "nothing beside decode.registry (its url key is the same)",
+            "move the URL to decode.registry.url",
+        )
+    if given.url is None:
+        if given.connection:
+            raise missing(
+                "registry.url",
+                f"the registry's URL: decode.registry.connection {given.connection!r} gives it only inside "
+                "Airflow (set decode.registry.url to run outside Airflow)",
+            )
+        raise missing("registry.url", "the registry's 'http(s)://host:port', or decode.registry.connection")
+    if (given.user is None) != (given.password is None):
+        which = "user" if given.user is None else "password"
+        raise missing(f"registry.{which}", "HTTP basic auth takes both decode.registry.user and .password")
+    if given.bearer_token is not None and given.user is not None:
+        raise invalid(
+            "registry.bearer_token", REDACTED, "one of basic auth (user and password) or a bearer token"
+        )
+    if given.ssl_key_location is not None and given.ssl_certificate_location is None:
+        raise missing(
+            "registry.ssl_certificate_location", "the client certificate of decode.registry.ssl_key_location"
+        )
+    if "@" in given.url.split("//", 1)[-1].split("/", 1)[0] and given.user is not None:
+        raise invalid(
+            "registry.user",
+            given.user,
+            "nothing when decode.registry.url holds a user",
+            "keep one of the two",
+        )
+    conf: dict[str, str] = {}
+    if given.user is not None:
+        conf["basic.auth.user.info"] = f"{given.user}:{given.password}"
+    if given.bearer_token is not None:
+        conf["bearer.auth.credentials.source"] = "STATIC_TOKEN"
+        conf["bearer.auth.token"] = given.bearer_token
+        conf["bearer.auth.logical.cluster"] = given.logical_cluster or ""
+    for key, name in REGISTRY_CONF_KEYS.items():
+        value = getattr(given, key)
+        if value is not None:
+            conf[name] = value
+    return given.url, RegistryConf(tuple(conf.items()))
