@@ -36,6 +36,7 @@ __all__ = [
     "RegistryConf",
     "decode_spec_of",
     "name_clash",
+    "registry_client_conf",
 ]
 
 #: The column that keeps, as JSON, the fields the declared schema does not name (``rescue``).
@@ -352,15 +353,30 @@ def _registry_of(section: DecodeSection, invalid: Any, missing: Any) -> tuple[st
             "nothing when decode.registry.url holds a user",
             "keep one of the two",
         )
+    keys = ("url", "user", "password", "bearer_token", "logical_cluster", *REGISTRY_CONF_KEYS)
+    return registry_client_conf({k: getattr(given, k) for k in keys})
+
+
+def registry_client_conf(keys: Mapping[str, Any], where: str = "decode.registry") -> tuple[str, RegistryConf]:
+    """The URL and the ``SchemaRegistryClient`` conf of ``decode.registry`` keys (user and password
+    as ``basic.auth.user.info``, a bearer token as a static ``bearer.auth.token``, ``ssl_*`` as
+    ``ssl.*``); ConfigError without a URL."""
+    url = keys.get("url")
+    if not url:
+        raise ConfigError(
+            f"{where} gives no schema registry URL",
+            key="decode.registry.url",
+            value=None,
+            allowed="http(s)://",
+        )
     conf: dict[str, str] = {}
-    if given.user is not None:
-        conf["basic.auth.user.info"] = f"{given.user}:{given.password}"
-    if given.bearer_token is not None:
+    if keys.get("user") is not None:
+        conf["basic.auth.user.info"] = f"{keys['user']}:{keys.get('password') or ''}"
+    if keys.get("bearer_token") is not None:
         conf["bearer.auth.credentials.source"] = "STATIC_TOKEN"
-        conf["bearer.auth.token"] = given.bearer_token
-        conf["bearer.auth.logical.cluster"] = given.logical_cluster or ""
+        conf["bearer.auth.token"] = keys["bearer_token"]
+        conf["bearer.auth.logical.cluster"] = keys.get("logical_cluster") or ""
     for key, name in REGISTRY_CONF_KEYS.items():
-        value = getattr(given, key)
-        if value is not None:
-            conf[name] = value
-    return given.url, RegistryConf(tuple(conf.items()))
+        if keys.get(key) is not None:
+            conf[name] = keys[key]
+    return str(url), RegistryConf(tuple(conf.items()))
