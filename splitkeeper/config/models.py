@@ -663,8 +663,9 @@ class PipelineConfig(_Section):
 
     @property
     def store_connections(self) -> tuple[str, ...]:
-        """The Airflow connections the state and the sink name for their stores (each once)."""
-        named = (self.state.connection, *self.sink.connections())
+        """The Airflow connections the state, the sink and the source (files) name for their
+        stores (each once)."""
+        named = (self.state.connection, *self.sink.connections(), *self.source.store_connections())
         return tuple(dict.fromkeys(c for c in named if c))
 
     def to_dict(self) -> dict[str, Any]:

@@ -127,6 +127,42 @@ def test_the_state_on_s3_is_reached_with_an_aws_connections_credentials(
     assert "wrong-secret" not in str(refused.value)
 
 
+def test_a_files_source_names_the_aws_connection_of_its_object_store(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from splitkeeper.airflow.hooks import SplitkeeperHook
+
+    _connection(
+        monkeypatch,
+        "aws_drops",
+        conn_type="aws",
+        login="drop-key",
+        password="drop-secret",
+        extra={"service_config": {"s3": {"endpoint_url": "http://drops:7070"}}, "region_name": "eu-west-1"},
+    )
+    path = tmp_path / "orders.yaml"
+    path.write_text(
+        json.dumps(
+            {
+                "name": "orders",
+                "source": {"kind": "files", "path": "in", "connection": "aws_drops"},
+                "state": {"path": "state"},
+                "sink": {"path": "sink"},
+            }
+        ),
+        encoding="utf-8",
+    )
+    hook = SplitkeeperHook(str(path))
+    config = hook.load_config()
+    assert config.store_connections == ("aws_drops",)
+    assert hook.environment(config) == {
+        "AWS_ACCESS_KEY_ID": "drop-key",
+        "AWS_SECRET_ACCESS_KEY": "drop-secret",
+        "AWS_ENDPOINT_URL": "http://drops:7070",
+        "AWS_REGION": "eu-west-1",
+    }
+
+
 def test_without_the_amazon_provider_an_aws_connection_names_the_extra_to_install(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
