@@ -180,6 +180,7 @@ class DecodeKind(enum.Enum):
     JSON = "json"  # one JSON object per record, typed by decode.schema
     CSV = "csv"  # one CSV row per record, typed by decode.schema (by position)
     AVRO = "avro"  # Avro, Confluent wire format, typed by decode.schema_file / the registry
+    JSON_SCHEMA = "json_schema"  # JSON in the Confluent wire format, checked by its registry schema
 
 
 class NewFields(enum.Enum):

@@ -35,17 +35,22 @@ The kinds:
   fields than declared is stage ``schema``; more is schema drift (below) whose fields are
   named ``_c<i>`` (``i`` the 0-based position, as Spark names CSV columns). Only primitive
   types.
-- ``avro``: the Confluent wire format (magic byte 0, a 4-byte big-endian schema id, the Avro
-  binary body) read with ``fastavro.schemaless_reader``, one call per record (fastavro has no
-  columnar reader), then built into Arrow columns of the declared types in one step. A wrong
-  magic byte, a short or truncated body or trailing bytes are stage ``decode``. With
-  ``decode.schema_registry_url`` the writer schema of each schema id is fetched once per
-  process (``GET {url}/schemas/ids/{id}``, the Confluent REST API) and a record is read with
-  its own writer schema; an id the registry does not know (HTTP 404) makes the record a
-  ``decode`` bad record, any other registry failure (HTTP 500, no answer) fails the range (it
-  is retried) with :class:`~splitkeeper.errors.SchemaRegistryError` naming the schema id and
-  the record (the region task names its offset).
-  **Without a registry every schema id is read with the schema file's schema.**
+- ``avro``: the Confluent wire format (magic byte 0 and a 4-byte schema id, or magic byte 1 and a
+  16-byte schema GUID, then the Avro binary body), one record per call (fastavro has no columnar
+  reader), then built into Arrow columns of the declared types in one step. Without a registry
+  the framing is the library's (``confluent_kafka.schema_registry.prefix_schema_id_deserializer``)
+  and every schema id is read with the schema file's schema. With one (``decode.registry``: its
+  URL, basic auth, bearer token and TLS files as ``SchemaRegistryClient`` conf), a record is read
+  by the library's ``AvroDeserializer`` with its own writer schema, fetched once per process and
+  settings by the client (resolved to ``spec.reader_schema`` when the pipeline names one). A value
+  that is not the wire format, a short or truncated body, trailing bytes, and a schema id the
+  registry does not know (HTTP 404; remembered, never asked again) are stage ``decode`` bad
+  records; any other registry failure (HTTP 401 or 500, refused, a TLS failure) fails the range
+  (it is retried) with :class:`~splitkeeper.errors.SchemaRegistryError` naming the registry's URL
+  (credentials hidden), the schema id and the record (the region task names its offset).
+- ``json_schema``: JSON in the same wire format, read by the library's ``JSONDeserializer`` (the
+  writer's JSON Schema from the registry, the record validated against it; refused: stage
+  ``schema``), then the JSON bodies decoded as ``json`` (the declared columns).
 
 Schema drift (``on_new_fields``, Auto Loader's meanings), for top-level fields:
 
@@ -143,11 +148,61 @@ def decode_values(spec: DecodeSpec, values: pa.Array, *, known: Sequence[str] = 
         return _all_kept(pa.table({"value": values}))
     if spec.kind == "text":
         return _text(values)
-    if spec.kind in ("json", "csv", "avro"):
+    if spec.kind in ("json", "csv", "avro", "json_schema"):
         if values.type != pa.binary():
             values = values.cast(pa.binary())
+        if spec.kind == "json_schema":
+            return _json_schema(spec, values, known)
         return _Typed(spec, values, known).run()
-    raise ValueError(f"unknown decode.kind {spec.kind!r}: allowed raw, text, json, csv, avro")
+    raise ValueError(f"unknown decode.kind {spec.kind!r}: allowed raw, text, json, csv, avro, json_schema")
+
+
+def _json_schema(spec: DecodeSpec, values: pa.Array, known: Sequence[str]) -> Decoded:
+    """``json_schema``: each value's wire format and JSON Schema through the library's
+    ``JSONDeserializer`` (the writer schema from the registry, the record validated against it),
+    then the JSON bodies decoded as ``json`` is (columnar, the declared columns). A value that is
+    not the wire format, of an unknown schema id or not JSON is stage ``decode``; a record its own
+    schema refuses is stage ``schema``."""
+    import dataclasses
+
+    read = _registry_reader(spec.schema_registry_url or "", spec.registry.items, None, "JSON")
+    bodies: list[bytes | None] = []
+    early: dict[int, tuple[str, str, str]] = {}
+    for i, raw in enumerate(values.to_pylist()):
+        if not raw:  # null and empty: the json decode names them
+            bodies.append(raw)
+            continue
+        try:
+            _, _, start = read(raw)
+        except (_NotWireFormat, _UnknownSchema, _BadBody) as err:
+            kind = "UnknownSchemaId" if isinstance(err, _UnknownSchema) else "JsonSchemaDecodeError"
+            early[i] = ("decode", kind, str(err))
+            bodies.append(None)
+            continue
+        except _Violation as err:
+            early[i] = ("schema", "JsonSchemaViolation", str(err))
+            bodies.append(None)
+            continue
+        except _RegistryFailed as err:
+            raise SchemaRegistryError(
+                f"record {i} of the range has schema id {err.schema_id}, and the schema registry at "
+                f"{_shown_url(spec.schema_registry_url or '')} did not give its schema: "
+                f"{_shown_url(err.reason)}; the range is read again with the next epoch (check the "
+                "registry and decode.registry if this repeats)",
+                schema_id=err.schema_id,
+                index=i,
+            ) from None
+        bodies.append(raw[start:])
+    out = _Typed(dataclasses.replace(spec, kind="json"), pa.array(bodies, pa.binary()), known).run()
+    if not early:
+        return out
+    bad = BadRecords()
+    for i, stage, error_class, message in zip(
+        out.bad.indices, out.bad.stages, out.bad.error_classes, out.bad.messages, strict=True
+    ):
+        stage, error_class, message = early.get(i, (stage, error_class, message))
+        bad.add(i, stage, message, error_class)
+    return Decoded(out.table, out.kept, bad, out.new_columns)
 
 
 def _text(values: pa.Array) -> Decoded:
@@ -1069,6 +1124,10 @@ class _BadBody(ValueError):
     pass
 
 
+class _Violation(ValueError):
+    """A record its own JSON Schema refuses."""
+
+
 class _RegistryFailed(Exception):
     def __init__(self, schema_id: int | str | None, reason: str) -> None:
         super().__init__(reason)
@@ -1157,10 +1216,16 @@ def _registry_client(url: str, conf: tuple[tuple[str, Any], ...]) -> Any:
 
 
 @lru_cache(maxsize=16)
-def _registry_reader(url: str, conf: tuple[tuple[str, Any], ...], reader_schema: str | None) -> AvroRead:
+def _registry_reader(
+    url: str, conf: tuple[tuple[str, Any], ...], reader_schema: str | None, fmt: str = "AVRO"
+) -> AvroRead:
+    """One value read through the library's deserializer of ``fmt`` (``AVRO``: the record, how
+    messages name its schema, the bytes left after it; ``JSON``: the validated object, its schema's
+    name, where its JSON body starts)."""
     from confluent_kafka.schema_registry import SchemaRegistryError as RegistryAnswer
     from confluent_kafka.schema_registry import dual_schema_id_deserializer
     from confluent_kafka.schema_registry.avro import AvroDeserializer
+    from confluent_kafka.serialization import SerializationError
 
     local = threading.local()  # what the deserializer's framing step saw, per thread
     cache_key = url.rstrip("/")
@@ -1171,7 +1236,7 @@ def _registry_reader(url: str, conf: tuple[tuple[str, Any], ...], reader_schema:
         except Exception as err:  # noqa: BLE001 - a wrong magic byte, a short header
             what = f"magic byte {data[0]}" if data[0] not in (0, 1) else f"{len(data)} bytes ({err})"
             raise _NotWireFormat(f"{_WIRE_FORMAT}: {what}") from None
-        local.schema_id, local.body = schema_id, body
+        local.schema_id, local.body, local.start = schema_id, body, body.tell()
         key = _schema_key(schema_id)
         if (cache_key, key) in _UNKNOWN:
             raise _UnknownSchema(_unknown(schema_id, url))
@@ -1193,7 +1258,19 @@ def _registry_reader(url: str, conf: tuple[tuple[str, Any], ...], reader_schema:
         client = _registry_client(url, conf)
     except (ValueError, TypeError, OSError) as err:  # the library refuses a setting, a CA file is missing
         raise _RegistryFailed(None, f"its client cannot be set up: {type(err).__name__}: {err}") from None
-    deserializer = AvroDeserializer(client, reader_schema, conf={"schema.id.deserializer": framing})
+    deserializer: Any
+    if fmt == "JSON":
+        from confluent_kafka.schema_registry.json_schema import JSONDeserializer
+
+        # the writer schema by the record's id, no subject (the JSON deserializer asks for one
+        # even without a serialization context; the Avro one asks only with a context)
+        deserializer = JSONDeserializer(
+            None,
+            schema_registry_client=client,
+            conf={"schema.id.deserializer": framing, "subject.name.strategy": _no_subject},
+        )
+    else:
+        deserializer = AvroDeserializer(client, reader_schema, conf={"schema.id.deserializer": framing})
 
     def read(raw: bytes) -> tuple[Any, str, int]:
         local.schema_id = local.body = None
@@ -1209,14 +1286,27 @@ def _registry_reader(url: str, conf: tuple[tuple[str, Any], ...], reader_schema:
                 _key_of(local.schema_id),
                 f"HTTP Error {err.http_status_code}: {err.error_message} (error code {err.error_code})",
             ) from None
-        except Exception as err:  # noqa: BLE001 - the body's bytes, or a writer schema that is not Avro
+        except SerializationError as err:  # JSON: the record does not fit its own schema
             name = _schema_name(local.schema_id) if local.schema_id is not None else "the value"
-            raise _BadBody(f"{name}: the Avro body does not read: {type(err).__name__}: {err}") from None
+            if fmt != "JSON":
+                raise _BadBody(f"{name}: the Avro body does not read: {err}") from None
+            raise _Violation(f"{name}: the record does not fit its JSON Schema: {err}") from None
+        except Exception as err:  # noqa: BLE001 - the body's bytes, or a writer schema of another kind
+            name = _schema_name(local.schema_id) if local.schema_id is not None else "the value"
+            what = "JSON" if fmt == "JSON" else "Avro"
+            raise _BadBody(f"{name}: the {what} body does not read: {type(err).__name__}: {err}") from None
+        if fmt == "JSON":
+            return record, _schema_name(local.schema_id), local.start
         body: io.BytesIO | None = local.body
         rest = 0 if body is None else len(body.getbuffer()) - body.tell()
         return record, _schema_name(local.schema_id), rest
 
     return read
+
+
+def _no_subject(ctx: Any, record_name: Any) -> None:
+    """A subject name strategy naming none: a record is read with its own writer schema."""
+    return None
 
 
 def _key_of(schema_id: Any) -> int | str | None:

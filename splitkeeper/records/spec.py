@@ -65,8 +65,8 @@ NOT_DATA_COLUMNS: frozenset[str] = frozenset((*BOOKKEEPING_COLUMNS, INGESTED_DAT
 #: The names no data column may have: the bookkeeping columns and ``_rescued``. Like every column
 #: name they compare case-insensitively (as Delta and Spark compare column names): see :func:`name_clash`.
 RESERVED_NAMES: frozenset[str] = NOT_DATA_COLUMNS | {RESCUED}
-KINDS = ("raw", "text", "json", "csv", "avro")
-TYPED_KINDS = ("json", "csv", "avro")
+KINDS = ("raw", "text", "json", "csv", "avro", "json_schema")
+TYPED_KINDS = ("json", "csv", "avro", "json_schema")
 
 
 class RegistryConf:
@@ -231,10 +231,18 @@ def decode_spec_of(section: DecodeSection, *, base: str | os.PathLike[str], wher
     avro_schema = None
     registry_url: str | None = None
     registry = RegistryConf()
-    if kind in ("json", "csv"):
+    if kind in ("json", "csv", "json_schema"):
+        only = ("schema_file", "reader_schema_file") if kind == "json_schema" else ()
         for key in ("schema_file", "schema_registry_url", "registry", "reader_schema_file"):
-            if key in given:
+            if key in given and (kind != "json_schema" or key in only):
                 raise invalid(key, getattr(section, key), f"nothing for decode.kind {kind!r} (Avro only)")
+        if kind == "json_schema":
+            registry_url, registry = _registry_of(section, invalid, missing)
+            if registry_url is None:
+                raise missing(
+                    "registry",
+                    "the schema registry that holds each record's JSON Schema (decode.registry.url)",
+                )
         if section.schema_ is None:
             raise missing(
                 "schema", f"a Spark DDL string of the {kind} record's columns, e.g. 'id BIGINT, name STRING'"

@@ -343,3 +343,60 @@ def test_tls_with_a_ca_file_and_a_client_certificate(tmp_path: Path) -> None:
     finally:
         server.shutdown()
         server.server_close()
+
+
+# --------------------------------------------------------------------------- JSON Schema
+
+
+ORDER_JSON_SCHEMA = {
+    "$schema": "http://json-schema.org/draft-07/schema#",
+    "title": "order",
+    "type": "object",
+    "properties": {"id": {"type": "integer"}, "name": {"type": "string"}},
+    "required": ["id"],
+}
+
+
+def json_wire(record: Any, schema_id: int = 11) -> bytes:
+    return b"\x00" + schema_id.to_bytes(4, "big") + json.dumps(record).encode()
+
+
+def test_json_schema_records_are_checked_by_their_registry_schema_then_typed(
+    tmp_path: Path, guarded: str
+) -> None:
+    """decode.kind json_schema: the library's JSONDeserializer reads the wire format and checks
+    each record against its writer's JSON Schema; the bodies are then typed as json is."""
+    _Guarded.schemas[11] = json.dumps(ORDER_JSON_SCHEMA)
+    path = _pipeline(tmp_path, {"url": guarded}, schema="id BIGINT NOT NULL, name STRING")
+    data = json.loads(path.read_text())
+    data["decode"]["kind"] = "json_schema"
+    data["decode"].pop("schema_file")
+    path.write_text(json.dumps(data))
+    spec = _spec(path)
+    assert spec.kind == "json_schema" and spec.schema_registry_url == guarded
+    values: list[bytes | None] = [
+        json_wire({"id": 1, "name": "a"}),
+        json_wire({"id": "one"}),  # its schema says integer: refused by the schema
+        json_wire({"id": 3, "extra": True}),  # a field the columns do not name: rescued
+        json_wire({"id": 4}, schema_id=12),  # an id the registry does not know
+        b'{"id": 5}',  # plain JSON, not the wire format
+        b"\x00\x00\x00\x00\x0b{not json",
+        None,
+    ]
+    out = decode(spec, values)
+    got = rows(out)
+    assert got[0] == {"id": 1, "name": "a", "_rescued": None}
+    assert got[2]["id"] == 3 and json.loads(got[2]["_rescued"]) == {"extra": True}
+    stages = {i: s for i, (s, _) in bad(out).items()}
+    assert stages == {1: "schema", 3: "decode", 4: "decode", 5: "decode", 6: "decode"}
+    assert "does not fit its JSON Schema" in bad(out)[1][1] and "schema id 11" in bad(out)[1][1]
+    assert "schema id 12 is not in the schema registry" in bad(out)[3][1]
+    assert "magic byte 123" in bad(out)[4][1] and "JSON body does not read" in bad(out)[5][1]
+    assert "Kafka tombstone" in bad(out)[6][1]
+
+    data["decode"].pop("registry")
+    path.write_text(json.dumps(data))
+    from splitkeeper.config.settings import load_config
+
+    with pytest.raises(ConfigError, match="decode.registry is required"):
+        load_config(path)
