@@ -55,7 +55,7 @@ class SplitkeeperHook(BaseHook):
     :param spark_conn_id: the Spark connection spark-submit uses on a cluster master
     """
 
-    # splitkeeper has no connection type of its own: it reads the Kafka, AWS and Spark providers' ones
+    # this hook's connection is Spark's; Kafka and AWS are the providers' types, the registry's is below
     conn_name_attr = "spark_conn_id"
     default_conn_name = "spark_default"
     hook_name = "splitkeeper"
