@@ -53,9 +53,10 @@ def _version() -> str:
 def get_provider_info() -> dict[str, Any]:
     """The provider's metadata, as Airflow's ``provider_info.schema.json`` describes it.
 
-    splitkeeper defines no connection type of its own: its hook reads the Kafka provider's
-    (``kafka_default``), the Amazon provider's (``aws_default``) and the Spark provider's
-    (``spark_default``) connections.
+    splitkeeper reads the Kafka provider's (``kafka``), the Amazon provider's (``aws``, through its
+    ``AwsBaseHook``) and the Spark provider's (``spark``) connection types; its one type of its own
+    is the schema registry's (``splitkeeper_schema_registry``, ``SchemaRegistryHook``), which no
+    provider has.
     """
     return {
         "package-name": PACKAGE,
@@ -69,7 +70,12 @@ def get_provider_info() -> dict[str, Any]:
             {"integration-name": "splitkeeper", "python-modules": ["splitkeeper.airflow.operators"]}
         ],
         "triggers": [{"integration-name": "splitkeeper", "python-modules": ["splitkeeper.airflow.triggers"]}],
-        "connection-types": [],
+        "connection-types": [
+            {
+                "connection-type": "splitkeeper_schema_registry",
+                "hook-class-name": "splitkeeper.airflow.hooks.SchemaRegistryHook",
+            }
+        ],
         "extra-links": ["splitkeeper.airflow.plugin.RunReportLink"],
         "plugins": [{"name": "splitkeeper", "plugin-class": "splitkeeper.airflow.plugin.SplitkeeperPlugin"}],
     }

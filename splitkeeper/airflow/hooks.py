@@ -8,10 +8,12 @@ Every splitkeeper operator and generated DAG goes through this hook:
   names a connection the source's kind reads (the Kafka kind: the Kafka provider's ``kafka`` type,
   its extra the librdkafka config, ``bootstrap.servers`` and SASL settings; the host also works;
   :attr:`splitkeeper.kinds.SourceFactory.connection`), ``state.connection`` /
-  ``sink.connection`` an AWS connection (the Amazon provider's ``aws`` type: login and password
-  are the key pair, the extra's ``endpoint_url`` and ``region_name``). Without the provider
-  packages the connection is read generically (``BaseHook.get_connection``). A pipeline file
-  names connections, never secrets;
+  ``sink.connection`` an AWS connection (the Amazon provider's ``aws`` type, read through its
+  ``AwsBaseHook``: the credentials it resolves, the extra's ``endpoint_url`` (or
+  ``service_config.s3.endpoint_url``) and ``region_name``; the ``aws`` extra installs the
+  provider), ``decode.registry.connection`` a schema registry (splitkeeper's own type
+  ``splitkeeper_schema_registry``, :class:`SchemaRegistryHook`). A pipeline file names
+  connections, never secrets;
 - **how the work runs**: in this process on local Spark, or, when the Spark master is a
   cluster, ``spark-submit`` through the ``spark_default`` connection
   (:meth:`SplitkeeperHook.cluster_master`).
@@ -53,7 +55,7 @@ class SplitkeeperHook(BaseHook):
     :param spark_conn_id: the Spark connection spark-submit uses on a cluster master
     """
 
-    # splitkeeper has no connection type of its own: it reads the Kafka, AWS and Spark providers' ones
+    # this hook's connection is Spark's; Kafka and AWS are the providers' types, the registry's is below
     conn_name_attr = "spark_conn_id"
     default_conn_name = "spark_default"
     hook_name = "splitkeeper"
@@ -79,15 +81,7 @@ class SplitkeeperHook(BaseHook):
 
         path = self.config_path()
         _, data = read_config_file(path)
-        source = data.get("source") if isinstance(data, Mapping) else None
-        conn_id = source.get("connection") if isinstance(source, Mapping) else None
-        kind = source.get("kind") if isinstance(source, Mapping) else None
-        connections = (
-            {conn_id: self.source_settings(kind, conn_id)}
-            if isinstance(conn_id, str) and isinstance(kind, str)
-            else None
-        )
-        return load_config(path, overrides=overrides, connections=connections)
+        return load_config(path, overrides=overrides, connections=self.named_connections(data) or None)
 
     # -- connections ---------------------------------------------------------------------------
 
@@ -109,20 +103,41 @@ class SplitkeeperHook(BaseHook):
         settings: dict[str, Any] = load(factory.connection, f"source.kind {kind!r}")(self, conn_id)
         return settings
 
+    def named_connections(self, data: Any) -> dict[str, dict[str, Any]]:
+        """What the connections a pipeline file (``data``, as read) names give its keys: the
+        source's (``source.connection``, :meth:`source_settings`) and the schema registry's
+        (``decode.registry.connection``, :meth:`SchemaRegistryHook.registry_settings`), by
+        connection id (:func:`splitkeeper.config.settings.load_config`'s ``connections``)."""
+        out: dict[str, dict[str, Any]] = {}
+        source = data.get("source") if isinstance(data, Mapping) else None
+        conn_id = source.get("connection") if isinstance(source, Mapping) else None
+        kind = source.get("kind") if isinstance(source, Mapping) else None
+        if isinstance(conn_id, str) and isinstance(kind, str):
+            out[conn_id] = self.source_settings(kind, conn_id)
+        decode = data.get("decode") if isinstance(data, Mapping) else None
+        registry = decode.get("registry") if isinstance(decode, Mapping) else None
+        registry_id = registry.get("connection") if isinstance(registry, Mapping) else None
+        if isinstance(registry_id, str):
+            out[registry_id] = SchemaRegistryHook(registry_id).registry_settings()
+        return out
+
     def store_environment(self, conn_id: str) -> dict[str, str]:
         """The ``AWS_*`` variables an AWS connection gives the object store (delta-rs and Spark's
-        S3A read them; :mod:`splitkeeper.delta.storage`)."""
-        conn = self.connection(conn_id)
-        extra = dict(conn.extra_dejson or {})
-        endpoint = extra.get("endpoint_url") or (extra.get("service_config", {}).get("s3", {}) or {}).get(
-            "endpoint_url"
-        )
+        S3A read them; :mod:`splitkeeper.delta.storage`), through the Amazon provider's
+        ``AwsBaseHook``: the credentials it resolves (the connection's key pair, a role it assumes,
+        a profile, or the environment's), the S3 endpoint and the region of the connection's extra."""
+        hook = aws_hook(conn_id)
+        config = hook.conn_config
+        try:
+            credentials = hook.get_credentials()
+        except AttributeError:  # no credentials anywhere: the store's own default chain decides
+            credentials = None
         values = {
-            "AWS_ACCESS_KEY_ID": conn.login or extra.get("aws_access_key_id"),
-            "AWS_SECRET_ACCESS_KEY": conn.password or extra.get("aws_secret_access_key"),
-            "AWS_SESSION_TOKEN": extra.get("aws_session_token"),
-            "AWS_ENDPOINT_URL": endpoint or conn.host or None,
-            "AWS_REGION": extra.get("region_name"),
+            "AWS_ACCESS_KEY_ID": getattr(credentials, "access_key", None),
+            "AWS_SECRET_ACCESS_KEY": getattr(credentials, "secret_key", None),
+            "AWS_SESSION_TOKEN": getattr(credentials, "token", None),
+            "AWS_ENDPOINT_URL": config.get_service_endpoint_url("s3"),
+            "AWS_REGION": config.region_name,
         }
         return {k: str(v) for k, v in values.items() if v}
 
@@ -140,14 +155,13 @@ class SplitkeeperHook(BaseHook):
         arguments: no secret on a command line."""
         import json
 
-        from splitkeeper.config.settings import CONNECTIONS_ENV
+        from splitkeeper.config.settings import CONNECTIONS_ENV, read_config_file
 
         env = self.environment(config)
-        conn_id = getattr(config.source, "connection", None)
-        if conn_id:
-            env[CONNECTIONS_ENV] = json.dumps(
-                {conn_id: self.source_settings(config.source.kind_name, conn_id)}
-            )
+        _, data = read_config_file(self.config_path())
+        named = self.named_connections(data)
+        if named:
+            env[CONNECTIONS_ENV] = json.dumps(named)
         return env
 
     def apply_environment(self, config: Any) -> None:
@@ -174,3 +188,100 @@ class SplitkeeperHook(BaseHook):
         config = self.load_config(overrides)
         self.apply_environment(config)
         return config
+
+
+def aws_hook(conn_id: str) -> Any:
+    """The Amazon provider's ``AwsBaseHook`` of the ``aws`` connection ``conn_id`` (S3)."""
+    try:
+        from airflow.providers.amazon.aws.hooks.base_aws import AwsBaseHook
+    except ImportError as err:
+        from splitkeeper.errors import EnvironmentNotReadyError
+
+        raise EnvironmentNotReadyError(
+            f"the AWS connection {conn_id!r} (state.connection / sink.connection) is read by the Amazon "
+            f'provider, which is not installed ({err}); install it: pip install "splitkeeper[aws]"',
+            connection=conn_id,
+        ) from None
+    return AwsBaseHook(aws_conn_id=conn_id, client_type="s3")
+
+
+class SchemaRegistryHook(BaseHook):
+    """A Confluent-compatible schema registry from an Airflow connection of splitkeeper's type
+    ``splitkeeper_schema_registry`` (``decode.registry.connection``).
+
+    The connection: the host is the registry's URL (``https://registry:8081``, or a host name with
+    the port and the extra's ``scheme``, default ``http``; the extra's ``url`` wins), login and
+    password the HTTP basic auth user and password; the extra may hold ``bearer_token``,
+    ``logical_cluster``, ``ssl_ca_location``, ``ssl_certificate_location``, ``ssl_key_location``
+    and ``ssl_key_password`` (the ``decode.registry`` keys of the same names).
+
+    :param schema_registry_conn_id: the connection id
+    """
+
+    conn_name_attr = "schema_registry_conn_id"
+    default_conn_name = "schema_registry_default"
+    conn_type = "splitkeeper_schema_registry"
+    hook_name = "Schema Registry (splitkeeper)"
+
+    #: The extra's keys a connection may hold, as ``decode.registry`` names them.
+    EXTRA_KEYS = (
+        "bearer_token",
+        "logical_cluster",
+        "ssl_ca_location",
+        "ssl_certificate_location",
+        "ssl_key_location",
+        "ssl_key_password",
+    )
+
+    def __init__(self, schema_registry_conn_id: str = default_conn_name) -> None:
+        super().__init__()
+        self.schema_registry_conn_id = schema_registry_conn_id
+
+    @classmethod
+    def get_ui_field_behaviour(cls) -> dict[str, Any]:
+        """The connection form: the host is the URL, login and password the basic auth."""
+        return {
+            "hidden_fields": ["schema"],
+            "relabeling": {"host": "Registry URL", "login": "User (basic auth)", "password": "Password"},
+            "placeholders": {
+                "host": "https://registry.example.com:8081",
+                "extra": '{"ssl_ca_location": "/etc/ssl/registry-ca.pem", "bearer_token": "..."}',
+            },
+        }
+
+    def registry_settings(self) -> dict[str, Any]:
+        """The ``decode.registry`` keys the connection gives (its URL, user, password, extra)."""
+        conn = self.get_connection(self.schema_registry_conn_id)
+        extra = dict(conn.extra_dejson or {})
+        host = (conn.host or "").rstrip("/")
+        url = extra.get("url")
+        if not url and host:
+            if "://" not in host:
+                host = f"{extra.get('scheme', 'http')}://{host}"
+            has_port = ":" in host.split("://", 1)[1].split("/", 1)[0]
+            url = f"{host}:{conn.port}" if conn.port and not has_port else host
+        settings: dict[str, Any] = {
+            "url": url or None,
+            "user": conn.login or None,
+            "password": conn.password or None,
+        }
+        settings.update({k: extra[k] for k in self.EXTRA_KEYS if extra.get(k) is not None})
+        return {k: v for k, v in settings.items() if v is not None}
+
+    def get_conn(self) -> Any:
+        """The library's ``SchemaRegistryClient`` for this connection (auth and TLS applied)."""
+        from splitkeeper.records.decode import registry_client
+        from splitkeeper.records.spec import registry_client_conf
+
+        url, conf = registry_client_conf(
+            self.registry_settings(), where=f"connection {self.schema_registry_conn_id!r}"
+        )
+        return registry_client(url, conf.items)
+
+    def test_connection(self) -> tuple[bool, str]:
+        """Whether the registry answers (its subjects listed), for the UI's Test button."""
+        try:
+            subjects = self.get_conn().get_subjects()
+        except Exception as err:  # noqa: BLE001 - the UI shows what failed
+            return False, f"{type(err).__name__}: {err}"
+        return True, f"the registry answered ({len(subjects)} subjects)"

@@ -247,6 +247,12 @@ class SourceSection(KindSection):
     they keep what they restored; protocol rule 1.2)."""
 
     reader_mode: ReaderMode = choice(ReaderMode, ReaderMode.DEFERRED)
+    connection: Text | None = Field(None, pattern=CONN_ID_PATTERN, description=STORE_CONNECTION)
+
+    def store_connections(self) -> tuple[str, ...]:
+        """The Airflow connections this source names for its object store (``aws``); a kind that
+        reads a connection of its own (Kafka's brokers) overrides this with none."""
+        return (self.connection,) if self.connection else ()
 
     @property
     def deferred_assignment(self) -> bool:

@@ -180,6 +180,7 @@ class DecodeKind(enum.Enum):
     JSON = "json"  # one JSON object per record, typed by decode.schema
     CSV = "csv"  # one CSV row per record, typed by decode.schema (by position)
     AVRO = "avro"  # Avro, Confluent wire format, typed by decode.schema_file / the registry
+    JSON_SCHEMA = "json_schema"  # JSON in the Confluent wire format, checked by its registry schema
 
 
 class NewFields(enum.Enum):
@@ -236,6 +237,31 @@ class OptionalPath(_Section):
         return self.path
 
 
+class RegistrySection(_Section):
+    """``decode.registry``: a Confluent-compatible schema registry and how to reach it (kind avro).
+    The connection (inside Airflow) fills in the keys the file leaves out."""
+
+    url: _Text | None = Field(
+        None, pattern=r"^https?://[^\s/]+", description="the registry's 'http(s)://host:port[/path]'"
+    )
+    connection: _Text | None = Field(
+        None,
+        pattern=CONN_ID_PATTERN,
+        description="an Airflow connection id of type 'splitkeeper_schema_registry': inside Airflow "
+        "its URL, user, password and TLS settings fill the ones this file leaves out",
+    )
+    user: _Text | None = Field(None, description="HTTP basic auth user (with password)")
+    password: _Text | None = Field(None, description="HTTP basic auth password (with user)")
+    bearer_token: _Text | None = Field(None, description="a static bearer token (not with user/password)")
+    logical_cluster: _Text | None = Field(
+        None, description="Confluent Cloud's logical cluster id, sent with a bearer token"
+    )
+    ssl_ca_location: _Text | None = Field(None, description="a CA certificate file (or folder) to trust")
+    ssl_certificate_location: _Text | None = Field(None, description="the client certificate file (mTLS)")
+    ssl_key_location: _Text | None = Field(None, description="the client key file (mTLS)")
+    ssl_key_password: _Text | None = Field(None, description="the client key's password")
+
+
 class DecodeSection(_Section):
     """``decode``: how a record's bytes become the sink's columns (:mod:`splitkeeper.records`)."""
 
@@ -248,6 +274,14 @@ class DecodeSection(_Section):
     schema_file: _Text | None = Field(None, description="an Avro schema file (.avsc), for kind 'avro'")
     schema_registry_url: _Text | None = Field(
         None, pattern=r"^https?://[^\s/]+", description="a Confluent schema registry 'http(s)://host:port'"
+    )
+    registry: RegistrySection | None = Field(
+        None, description="a schema registry: url or connection, auth and TLS (kind avro)"
+    )
+    reader_schema_file: _Text | None = Field(
+        None,
+        description="an Avro reader schema (.avsc), kind avro with a registry: each record is resolved "
+        "from its writer schema to it, and its fields are the sink's columns",
     )
     on_new_fields: NewFields = _choice(NewFields, NewFields.RESCUE)
     csv_delimiter: str = Field(",", min_length=1, max_length=1, description="one character")
@@ -630,8 +664,9 @@ class PipelineConfig(_Section):
 
     @property
     def store_connections(self) -> tuple[str, ...]:
-        """The Airflow connections the state and the sink name for their stores (each once)."""
-        named = (self.state.connection, *self.sink.connections())
+        """The Airflow connections the state, the sink and the source (files) name for their
+        stores (each once)."""
+        named = (self.state.connection, *self.sink.connections(), *self.source.store_connections())
         return tuple(dict.fromkeys(c for c in named if c))
 
     def to_dict(self) -> dict[str, Any]:
@@ -651,6 +686,8 @@ def _plain(value: Any) -> Any:
         return {str(k): _plain(v) for k, v in value.items()}
     if isinstance(value, tuple | list):
         return [_plain(v) for v in value]
+    if callable(getattr(value, "redacted", None)):  # settings holding secrets (a registry's client)
+        return _plain(value.redacted())
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
     return value

@@ -201,18 +201,25 @@ def connections_from_env(env: Mapping[str, str]) -> dict[str, Mapping[str, Any]]
 
 
 def _with_connection(data: Any, connections: Mapping[str, Mapping[str, Any]]) -> Any:
-    """``data`` with ``source.connection``'s values under the source keys the file leaves out."""
+    """``data`` with ``source.connection``'s values under the source keys the file leaves out, and
+    ``decode.registry.connection``'s under the ``decode.registry`` keys it leaves out."""
     source = data.get("source") if isinstance(data, Mapping) else None
     given = connections.get(source.get("connection") or "") if isinstance(source, Mapping) else None
-    if not given or source is None:
-        return data
-    merged = {**source}
-    for key, value in given.items():
-        if key == "client" and isinstance(source.get("client"), Mapping):
-            merged["client"] = {**value, **source["client"]}
-        elif value is not None:
-            merged.setdefault(key, value)
-    return {**data, "source": merged}
+    if given and source is not None:
+        merged = {**source}
+        for key, value in given.items():
+            if key == "client" and isinstance(source.get("client"), Mapping):
+                merged["client"] = {**value, **source["client"]}
+            elif value is not None:
+                merged.setdefault(key, value)
+        data = {**data, "source": merged}
+    decode = data.get("decode") if isinstance(data, Mapping) else None
+    registry = decode.get("registry") if isinstance(decode, Mapping) else None
+    given = connections.get(registry.get("connection") or "") if isinstance(registry, Mapping) else None
+    if given and isinstance(decode, Mapping) and isinstance(registry, Mapping):
+        filled = {**{k: v for k, v in given.items() if v is not None}, **registry}
+        data = {**data, "decode": {**decode, "registry": filled}}
+    return data
 
 
 def read_config_file(path: str | os.PathLike[str]) -> tuple[Path, Any]:

@@ -310,7 +310,7 @@ def decodable_problem(kind: str, columns: tuple[Column, ...] | list[Column]) -> 
             )
         if kind == "csv" and t.name in ("ARRAY", "MAP", "STRUCT"):
             return f"column {c.name!r} {c.type}: a csv column must be of a primitive type"
-        if kind == "json" and "MAP<" in c.type:
+        if kind in ("json", "json_schema") and "MAP<" in c.type:
             return (
                 f"column {c.name!r} {c.type}: MAP is not supported for decode.kind json (Arrow's JSON reader "
                 "has no map conversion); declare a STRUCT of the known keys"

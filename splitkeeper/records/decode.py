@@ -35,17 +35,22 @@ The kinds:
   fields than declared is stage ``schema``; more is schema drift (below) whose fields are
   named ``_c<i>`` (``i`` the 0-based position, as Spark names CSV columns). Only primitive
   types.
-- ``avro``: the Confluent wire format (magic byte 0, a 4-byte big-endian schema id, the Avro
-  binary body) read with ``fastavro.schemaless_reader``, one call per record (fastavro has no
-  columnar reader), then built into Arrow columns of the declared types in one step. A wrong
-  magic byte, a short or truncated body or trailing bytes are stage ``decode``. With
-  ``decode.schema_registry_url`` the writer schema of each schema id is fetched once per
-  process (``GET {url}/schemas/ids/{id}``, the Confluent REST API) and a record is read with
-  its own writer schema; an id the registry does not know (HTTP 404) makes the record a
-  ``decode`` bad record, any other registry failure (HTTP 500, no answer) fails the range (it
-  is retried) with :class:`~splitkeeper.errors.SchemaRegistryError` naming the schema id and
-  the record (the region task names its offset).
-  **Without a registry every schema id is read with the schema file's schema.**
+- ``avro``: the Confluent wire format (magic byte 0 and a 4-byte schema id, or magic byte 1 and a
+  16-byte schema GUID, then the Avro binary body), one record per call (fastavro has no columnar
+  reader), then built into Arrow columns of the declared types in one step. Without a registry
+  the framing is the library's (``confluent_kafka.schema_registry.prefix_schema_id_deserializer``)
+  and every schema id is read with the schema file's schema. With one (``decode.registry``: its
+  URL, basic auth, bearer token and TLS files as ``SchemaRegistryClient`` conf), a record is read
+  by the library's ``AvroDeserializer`` with its own writer schema, fetched once per process and
+  settings by the client (resolved to ``spec.reader_schema`` when the pipeline names one). A value
+  that is not the wire format, a short or truncated body, trailing bytes, and a schema id the
+  registry does not know (HTTP 404; remembered, never asked again) are stage ``decode`` bad
+  records; any other registry failure (HTTP 401 or 500, refused, a TLS failure) fails the range
+  (it is retried) with :class:`~splitkeeper.errors.SchemaRegistryError` naming the registry's URL
+  (credentials hidden), the schema id and the record (the region task names its offset).
+- ``json_schema``: JSON in the same wire format, read by the library's ``JSONDeserializer`` (the
+  writer's JSON Schema from the registry, the record validated against it; refused: stage
+  ``schema``), then the JSON bodies decoded as ``json`` (the declared columns).
 
 Schema drift (``on_new_fields``, Auto Loader's meanings), for top-level fields:
 
@@ -65,11 +70,10 @@ Schema drift (``on_new_fields``, Auto Loader's meanings), for top-level fields:
 
 from __future__ import annotations
 
+import io
 import json
 import re
 import threading
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -91,7 +95,7 @@ __all__ = [
     "Decoded",
     "SchemaDriftError",
     "decode_values",
-    "registry_schema",
+    "registry_client",
     "too_deep",
 ]
 
@@ -144,11 +148,61 @@ def decode_values(spec: DecodeSpec, values: pa.Array, *, known: Sequence[str] = 
         return _all_kept(pa.table({"value": values}))
     if spec.kind == "text":
         return _text(values)
-    if spec.kind in ("json", "csv", "avro"):
+    if spec.kind in ("json", "csv", "avro", "json_schema"):
         if values.type != pa.binary():
             values = values.cast(pa.binary())
+        if spec.kind == "json_schema":
+            return _json_schema(spec, values, known)
         return _Typed(spec, values, known).run()
-    raise ValueError(f"unknown decode.kind {spec.kind!r}: allowed raw, text, json, csv, avro")
+    raise ValueError(f"unknown decode.kind {spec.kind!r}: allowed raw, text, json, csv, avro, json_schema")
+
+
+def _json_schema(spec: DecodeSpec, values: pa.Array, known: Sequence[str]) -> Decoded:
+    """``json_schema``: each value's wire format and JSON Schema through the library's
+    ``JSONDeserializer`` (the writer schema from the registry, the record validated against it),
+    then the JSON bodies decoded as ``json`` is (columnar, the declared columns). A value that is
+    not the wire format, of an unknown schema id or not JSON is stage ``decode``; a record its own
+    schema refuses is stage ``schema``."""
+    import dataclasses
+
+    read = _registry_reader(spec.schema_registry_url or "", spec.registry.items, None, "JSON")
+    bodies: list[bytes | None] = []
+    early: dict[int, tuple[str, str, str]] = {}
+    for i, raw in enumerate(values.to_pylist()):
+        if not raw:  # null and empty: the json decode names them
+            bodies.append(raw)
+            continue
+        try:
+            _, _, start = read(raw)
+        except (_NotWireFormat, _UnknownSchema, _BadBody) as err:
+            kind = "UnknownSchemaId" if isinstance(err, _UnknownSchema) else "JsonSchemaDecodeError"
+            early[i] = ("decode", kind, str(err))
+            bodies.append(None)
+            continue
+        except _Violation as err:
+            early[i] = ("schema", "JsonSchemaViolation", str(err))
+            bodies.append(None)
+            continue
+        except _RegistryFailed as err:
+            raise SchemaRegistryError(
+                f"record {i} of the range has schema id {err.schema_id}, and the schema registry at "
+                f"{_shown_url(spec.schema_registry_url or '')} did not give its schema: "
+                f"{_shown_url(err.reason)}; the range is read again with the next epoch (check the "
+                "registry and decode.registry if this repeats)",
+                schema_id=err.schema_id,
+                index=i,
+            ) from None
+        bodies.append(raw[start:])
+    out = _Typed(dataclasses.replace(spec, kind="json"), pa.array(bodies, pa.binary()), known).run()
+    if not early:
+        return out
+    bad = BadRecords()
+    for i, stage, error_class, message in zip(
+        out.bad.indices, out.bad.stages, out.bad.error_classes, out.bad.messages, strict=True
+    ):
+        stage, error_class, message = early.get(i, (stage, error_class, message))
+        bad.add(i, stage, message, error_class)
+    return Decoded(out.table, out.kept, bad, out.new_columns)
 
 
 def _text(values: pa.Array) -> Decoded:
@@ -762,74 +816,50 @@ class _Typed:
     # ---------------------------------------------------------------- avro
 
     def _avro(self, usable: np.ndarray) -> None:
-        import io
-
-        import fastavro
-
+        spec = self.spec
         raws = self.values.to_pylist()
         records: list[dict[str, Any]] = []
         where: list[int] = []
-        reader = _parsed_avro(self.spec.avro_schema) if self.spec.avro_schema else None
-        for i in usable:  # fastavro reads one record per call (module doc)
+        try:
+            read = _avro_reader(spec) if len(usable) else None
+        except _RegistryFailed as err:
+            raise SchemaRegistryError(
+                f"the schema registry at {_shown_url(spec.schema_registry_url or '')}: "
+                f"{_shown_url(err.reason)} (check decode.registry's TLS settings and files)",
+                schema_id=None,
+                index=int(usable[0]),
+            ) from None
+        for i in usable:  # one record per call: fastavro has no columnar reader (module doc)
+            assert read is not None
             i = int(i)
             raw: bytes = raws[i]
-            if len(raw) < 5 or raw[0] != 0:
-                what = f"magic byte {raw[0]}" if raw[0] != 0 else f"{len(raw)} bytes"
-                self._bad(
-                    i,
-                    "decode",
-                    f"not the Confluent wire format (magic byte 0, 4-byte schema id): {what}",
-                    "AvroDecodeError",
-                )
-                continue
-            schema_id = int.from_bytes(raw[1:5], "big")
-            writer = reader
-            if self.spec.schema_registry_url:
-                try:
-                    writer = _parsed_avro(registry_schema(self.spec.schema_registry_url, schema_id))
-                except LookupError as err:
-                    self._bad(i, "decode", str(err), "UnknownSchemaId")
-                    continue
-                except (OSError, ValueError) as err:  # HTTP 500, refused, timed out, not JSON: try again
-                    raise SchemaRegistryError(
-                        f"record {i} of the range has schema id {schema_id}, and the schema registry at "
-                        f"{_shown_url(self.spec.schema_registry_url)} did not give its schema: "
-                        f"{_shown_url(str(err))}; the range is read again with the next epoch (check the "
-                        "registry if this repeats)",
-                        schema_id=schema_id,
-                        index=i,
-                    ) from None
-            if writer is None:
-                self._bad(
-                    i,
-                    "decode",
-                    "no writer schema: set decode.schema_file or decode.schema_registry_url",
-                    "AvroDecodeError",
-                )
-                continue
-            body = io.BytesIO(raw[5:])
             try:
-                record = fastavro.schemaless_reader(body, writer, None)
-            except Exception as err:  # noqa: BLE001 - any failure of the body's bytes is a decode error
-                self._bad(
-                    i,
-                    "decode",
-                    f"schema id {schema_id}: the Avro body does not read: {type(err).__name__}: {err}",
-                    "AvroDecodeError",
-                )
+                record, schema_name, rest = read(raw)
+            except _NotWireFormat as err:
+                self._bad(i, "decode", str(err), "AvroDecodeError")
                 continue
-            if body.tell() != len(raw) - 5:
+            except _UnknownSchema as err:
+                self._bad(i, "decode", str(err), "UnknownSchemaId")
+                continue
+            except _RegistryFailed as err:
+                raise SchemaRegistryError(
+                    f"record {i} of the range has schema id {err.schema_id}, and the schema registry at "
+                    f"{_shown_url(spec.schema_registry_url or '')} did not give its schema: "
+                    f"{_shown_url(err.reason)}; the range is read again with the next epoch (check the "
+                    "registry and decode.registry if this repeats)",
+                    schema_id=err.schema_id,
+                    index=i,
+                ) from None
+            except _BadBody as err:
+                self._bad(i, "decode", str(err), "AvroDecodeError")
+                continue
+            if rest:
                 self._bad(
-                    i,
-                    "decode",
-                    f"schema id {schema_id}: {len(raw) - 5 - body.tell()} bytes after the Avro record",
-                    "AvroDecodeError",
+                    i, "decode", f"{schema_name}: {rest} bytes after the Avro record", "AvroDecodeError"
                 )
                 continue
             if not isinstance(record, dict):
-                self._bad(
-                    i, "decode", f"schema id {schema_id}: the Avro value is not a record", "AvroDecodeError"
-                )
+                self._bad(i, "decode", f"{schema_name}: the Avro value is not a record", "AvroDecodeError")
                 continue
             records.append(record)
             where.append(i)
@@ -1073,7 +1103,35 @@ def _plain(value: Any) -> Any:
 
 
 _AVRO_LOCK = threading.Lock()
-_REGISTRY: dict[tuple[str, int], str | LookupError] = {}
+#: The schema ids a registry does not know, per registry URL: a schema id never changes, so a record
+#: with one is a bad record without asking the registry again.
+_UNKNOWN: set[tuple[str, int | str]] = set()
+_WIRE_FORMAT = (
+    "not the Confluent wire format (magic byte 0 and a 4-byte schema id, or magic byte 1 and a 16-byte "
+    "schema GUID, then the body)"
+)
+
+
+class _NotWireFormat(ValueError):
+    pass
+
+
+class _UnknownSchema(LookupError):
+    pass
+
+
+class _BadBody(ValueError):
+    pass
+
+
+class _Violation(ValueError):
+    """A record its own JSON Schema refuses."""
+
+
+class _RegistryFailed(Exception):
+    def __init__(self, schema_id: int | str | None, reason: str) -> None:
+        super().__init__(reason)
+        self.schema_id, self.reason = schema_id, reason
 
 
 @lru_cache(maxsize=256)
@@ -1088,45 +1146,177 @@ def _shown_url(text: str) -> str:
     return re.sub(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/@\s]+@", r"\1***@", text)
 
 
-def registry_schema(
-    url: str, schema_id: int, *, timeout: float = 10.0, opener: Callable[..., Any] | None = None
-) -> str:
-    """The Avro schema text of ``schema_id`` from a Confluent-compatible registry, fetched once
-    per process (``GET {url}/schemas/ids/{id}``). LookupError when the registry does not know
-    the id (HTTP 404; remembered too: a schema id never changes); other failures raise (the
-    range is retried)."""
-    key = (url.rstrip("/"), schema_id)
-    with _AVRO_LOCK:
-        known = _REGISTRY.get(key)
-    if isinstance(known, LookupError):
-        raise known
-    if known is not None:
-        return known
-    request = urllib.request.Request(
-        f"{key[0]}/schemas/ids/{schema_id}", headers={"Accept": "application/vnd.schemaregistry.v1+json"}
-    )
+def _schema_name(schema_id: Any) -> str:
+    """How messages name a parsed ``SchemaId``: ``schema id 7``, or its GUID (magic byte 1)."""
+    if schema_id.id is not None:
+        return f"schema id {schema_id.id}"
+    return f"schema GUID {schema_id.guid} (magic byte 1)"
+
+
+def _schema_key(schema_id: Any) -> int | str:
+    return int(schema_id.id) if schema_id.id is not None else str(schema_id.guid)
+
+
+def _framing(raw: bytes) -> tuple[Any, io.BytesIO]:
+    """The schema id of a value in the Confluent wire format and its body (the library's framing:
+    ``confluent_kafka.schema_registry.prefix_schema_id_deserializer``)."""
+    from confluent_kafka.schema_registry import prefix_schema_id_deserializer
+    from confluent_kafka.schema_registry.serde import SchemaId
+
+    schema_id = SchemaId("AVRO")
     try:
-        with (opener or urllib.request.urlopen)(request, timeout=timeout) as response:
-            body = json.loads(response.read().decode("utf-8"))
-    except urllib.error.HTTPError as err:
-        if err.code != 404:
-            raise
-        missing = LookupError(
-            f"schema id {schema_id} is not in the schema registry at {_shown_url(key[0])} (HTTP 404)"
+        body = prefix_schema_id_deserializer(raw, None, schema_id)
+    except Exception as err:  # noqa: BLE001 - a wrong magic byte, a short header
+        what = f"magic byte {raw[0]}" if raw[0] not in (0, 1) else f"{len(raw)} bytes ({err})"
+        raise _NotWireFormat(f"{_WIRE_FORMAT}: {what}") from None
+    if len(raw) - body.tell() <= 0:
+        raise _NotWireFormat(f"{_WIRE_FORMAT}: {len(raw)} bytes, no body")
+    return schema_id, body
+
+
+#: What reads one value of a range: ``raw -> (record, schema id, bytes left after the record)``.
+AvroRead = Callable[[bytes], tuple[Any, str, int]]  # (record, how messages name its schema, bytes left)
+
+
+def _avro_reader(spec: DecodeSpec) -> AvroRead:
+    """How the values of ``spec`` are read: with a registry, by the library's ``AvroDeserializer``
+    (the writer schema of each id fetched and cached by ``SchemaRegistryClient``, resolved to the
+    reader schema when the spec has one); without, with the schema file's schema for every id."""
+    if spec.schema_registry_url:
+        return _registry_reader(spec.schema_registry_url, spec.registry.items, spec.reader_schema)
+    writer = _parsed_avro(spec.avro_schema) if spec.avro_schema else None
+
+    def read(raw: bytes) -> tuple[Any, str, int]:
+        import fastavro
+
+        schema_id, body = _framing(raw)
+        name = _schema_name(schema_id)
+        if writer is None:
+            raise _BadBody("no writer schema: set decode.schema_file or decode.registry")
+        try:
+            record = fastavro.schemaless_reader(body, writer, None)
+        except Exception as err:  # noqa: BLE001 - any failure of the body's bytes is a decode error
+            raise _BadBody(f"{name}: the Avro body does not read: {type(err).__name__}: {err}") from None
+        return record, name, len(raw) - body.tell()
+
+    return read
+
+
+def registry_client(url: str, conf: Sequence[tuple[str, Any]] = ()) -> Any:
+    """The ``SchemaRegistryClient`` of ``url`` with ``conf`` (auth, TLS), one per process and settings
+    (its cache of schemas by id is shared by every range the process decodes)."""
+    return _registry_client(url, tuple(conf))
+
+
+@lru_cache(maxsize=16)
+def _registry_client(url: str, conf: tuple[tuple[str, Any], ...]) -> Any:
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+
+    return SchemaRegistryClient({"url": url, **dict(conf)})
+
+
+@lru_cache(maxsize=16)
+def _registry_reader(
+    url: str, conf: tuple[tuple[str, Any], ...], reader_schema: str | None, fmt: str = "AVRO"
+) -> AvroRead:
+    """One value read through the library's deserializer of ``fmt`` (``AVRO``: the record, how
+    messages name its schema, the bytes left after it; ``JSON``: the validated object, its schema's
+    name, where its JSON body starts)."""
+    from confluent_kafka.schema_registry import SchemaRegistryError as RegistryAnswer
+    from confluent_kafka.schema_registry import dual_schema_id_deserializer
+    from confluent_kafka.schema_registry.avro import AvroDeserializer
+    from confluent_kafka.serialization import SerializationError
+
+    local = threading.local()  # what the deserializer's framing step saw, per thread
+    cache_key = url.rstrip("/")
+
+    def framing(data: bytes, ctx: Any, schema_id: Any) -> io.BytesIO:
+        try:
+            body = dual_schema_id_deserializer(data, ctx, schema_id)
+        except Exception as err:  # noqa: BLE001 - a wrong magic byte, a short header
+            what = f"magic byte {data[0]}" if data[0] not in (0, 1) else f"{len(data)} bytes ({err})"
+            raise _NotWireFormat(f"{_WIRE_FORMAT}: {what}") from None
+        local.schema_id, local.body, local.start = schema_id, body, body.tell()
+        key = _schema_key(schema_id)
+        if (cache_key, key) in _UNKNOWN:
+            raise _UnknownSchema(_unknown(schema_id, url))
+        try:  # the writer schema, into the client's cache, where the deserializer finds it next
+            client.get_schema(key) if isinstance(key, int) else client.get_schema_by_guid(key)
+        except RegistryAnswer as err:
+            if err.http_status_code == 404:
+                with _AVRO_LOCK:
+                    _UNKNOWN.add((cache_key, key))
+                raise _UnknownSchema(_unknown(schema_id, url)) from None
+            raise _RegistryFailed(
+                key, f"HTTP Error {err.http_status_code}: {err.error_message} (error code {err.error_code})"
+            ) from None
+        except Exception as err:  # noqa: BLE001 - refused, timed out, TLS: no answer
+            raise _RegistryFailed(key, f"no answer: {type(err).__name__}: {err}") from None
+        return body
+
+    try:
+        client = _registry_client(url, conf)
+    except (ValueError, TypeError, OSError) as err:  # the library refuses a setting, a CA file is missing
+        raise _RegistryFailed(None, f"its client cannot be set up: {type(err).__name__}: {err}") from None
+    deserializer: Any
+    if fmt == "JSON":
+        from confluent_kafka.schema_registry.json_schema import JSONDeserializer
+
+        # the writer schema by the record's id, no subject (the JSON deserializer asks for one
+        # even without a serialization context; the Avro one asks only with a context)
+        deserializer = JSONDeserializer(
+            None,
+            schema_registry_client=client,
+            conf={"schema.id.deserializer": framing, "subject.name.strategy": _no_subject},
         )
-        with _AVRO_LOCK:
-            _REGISTRY[key] = missing
-        raise missing from err
-    kind = body.get("schemaType", "AVRO")
-    if kind != "AVRO" or not isinstance(body.get("schema"), str):
-        wrong = LookupError(f"schema id {schema_id} at {_shown_url(key[0])} is a {kind} schema, not Avro")
-        with _AVRO_LOCK:
-            _REGISTRY[key] = wrong
-        raise wrong
-    text: str = body["schema"]
-    with _AVRO_LOCK:
-        _REGISTRY[key] = text
-    return text
+    else:
+        deserializer = AvroDeserializer(client, reader_schema, conf={"schema.id.deserializer": framing})
+
+    def read(raw: bytes) -> tuple[Any, str, int]:
+        local.schema_id = local.body = None
+        if len(raw) <= 5:  # the deserializer's own message for it does not say what it is
+            what = f"magic byte {raw[0]}" if raw[0] not in (0, 1) else f"{len(raw)} bytes"
+            raise _NotWireFormat(f"{_WIRE_FORMAT}: {what}")
+        try:
+            record = deserializer(raw, None)
+        except (_NotWireFormat, _UnknownSchema, _RegistryFailed):
+            raise
+        except RegistryAnswer as err:  # a schema the writer schema references
+            raise _RegistryFailed(
+                _key_of(local.schema_id),
+                f"HTTP Error {err.http_status_code}: {err.error_message} (error code {err.error_code})",
+            ) from None
+        except SerializationError as err:  # JSON: the record does not fit its own schema
+            name = _schema_name(local.schema_id) if local.schema_id is not None else "the value"
+            if fmt != "JSON":
+                raise _BadBody(f"{name}: the Avro body does not read: {err}") from None
+            raise _Violation(f"{name}: the record does not fit its JSON Schema: {err}") from None
+        except Exception as err:  # noqa: BLE001 - the body's bytes, or a writer schema of another kind
+            name = _schema_name(local.schema_id) if local.schema_id is not None else "the value"
+            what = "JSON" if fmt == "JSON" else "Avro"
+            raise _BadBody(f"{name}: the {what} body does not read: {type(err).__name__}: {err}") from None
+        if fmt == "JSON":
+            return record, _schema_name(local.schema_id), local.start
+        body: io.BytesIO | None = local.body
+        rest = 0 if body is None else len(body.getbuffer()) - body.tell()
+        return record, _schema_name(local.schema_id), rest
+
+    return read
+
+
+def _no_subject(ctx: Any, record_name: Any) -> None:
+    """A subject name strategy naming none: a record is read with its own writer schema."""
+    return None
+
+
+def _key_of(schema_id: Any) -> int | str | None:
+    return None if schema_id is None else _schema_key(schema_id)
+
+
+def _unknown(schema_id: Any, url: str) -> str:
+    return (
+        f"{_schema_name(schema_id)} is not in the schema registry at {_shown_url(url.rstrip('/'))} (HTTP 404)"
+    )
 
 
 def _concat(tables: list[pa.Table]) -> pa.Table:

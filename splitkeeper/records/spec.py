@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from splitkeeper.errors import ConfigError
+from splitkeeper.errors import REDACTED, ConfigError, is_secret_key
 from splitkeeper.records.ddl import Column, avro_columns, decodable_problem, parse_ddl
 
 __all__ = [
@@ -33,8 +33,10 @@ __all__ = [
     "RESERVED_NAMES",
     "Column",
     "DecodeSpec",
+    "RegistryConf",
     "decode_spec_of",
     "name_clash",
+    "registry_client_conf",
 ]
 
 #: The column that keeps, as JSON, the fields the declared schema does not name (``rescue``).
@@ -63,15 +65,65 @@ NOT_DATA_COLUMNS: frozenset[str] = frozenset((*BOOKKEEPING_COLUMNS, INGESTED_DAT
 #: The names no data column may have: the bookkeeping columns and ``_rescued``. Like every column
 #: name they compare case-insensitively (as Delta and Spark compare column names): see :func:`name_clash`.
 RESERVED_NAMES: frozenset[str] = NOT_DATA_COLUMNS | {RESCUED}
-KINDS = ("raw", "text", "json", "csv", "avro")
-TYPED_KINDS = ("json", "csv", "avro")
+KINDS = ("raw", "text", "json", "csv", "avro", "json_schema")
+TYPED_KINDS = ("json", "csv", "avro", "json_schema")
+
+
+class RegistryConf:
+    """The schema registry client's settings beyond its URL: ``confluent_kafka.schema_registry``'s
+    ``SchemaRegistryClient`` conf keys (``basic.auth.user.info``, ``bearer.auth.*``, ``ssl.*``).
+    Immutable and hashable; secret values never appear in its ``repr`` or the config's dump (not a
+    dataclass: pydantic would dump its fields)."""
+
+    __slots__ = ("items",)
+    items: tuple[tuple[str, Any], ...]
+
+    def __init__(self, items: tuple[tuple[str, Any], ...] = ()) -> None:
+        object.__setattr__(self, "items", tuple(items))
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError("RegistryConf is immutable")
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, RegistryConf) and other.items == self.items
+
+    def __hash__(self) -> int:
+        return hash(self.items)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (RegistryConf, (self.items,))
+
+    def as_dict(self) -> dict[str, Any]:
+        """The real values, for the registry client only."""
+        return dict(self.items)
+
+    def redacted(self) -> dict[str, Any]:
+        return {k: REDACTED if is_secret_key(k) or k == "basic.auth.user.info" else v for k, v in self.items}
+
+    def __repr__(self) -> str:
+        return f"RegistryConf({self.redacted()!r})"
+
+    def __bool__(self) -> bool:
+        return bool(self.items)
+
+
+#: ``decode.registry``'s keys and the ``SchemaRegistryClient`` conf key each becomes (user and
+#: password become ``basic.auth.user.info``; a bearer token ``bearer.auth.*`` with a static token).
+REGISTRY_CONF_KEYS = {
+    "ssl_ca_location": "ssl.ca.location",
+    "ssl_certificate_location": "ssl.certificate.location",
+    "ssl_key_location": "ssl.key.location",
+    "ssl_key_password": "ssl.key.password",
+}
 
 
 @dataclass(frozen=True, slots=True)
 class DecodeSpec:
     """How a record's bytes become columns (module doc). ``columns``: the declared columns
     (typed kinds only); ``avro_schema``: the writer schema's JSON text (kind ``avro`` with a
-    schema file)."""
+    schema file); ``schema_registry_url`` and ``registry``: the schema registry and its client's
+    auth and TLS settings; ``reader_schema``: the Avro reader schema's JSON text every record is
+    resolved to from its writer schema (``decode.reader_schema_file``)."""
 
     kind: str = "raw"
     columns: tuple[Column, ...] = ()
@@ -79,6 +131,8 @@ class DecodeSpec:
     csv_delimiter: str = ","
     avro_schema: str | None = None
     schema_registry_url: str | None = None
+    registry: RegistryConf = RegistryConf()
+    reader_schema: str | None = None
     extra: tuple[tuple[str, Any], ...] = field(default=())
 
     @property
@@ -128,6 +182,8 @@ class DecodeSection(Protocol):
     schema_: str | None
     schema_file: str | None
     schema_registry_url: str | None
+    registry: Any  # the ``decode.registry`` section (RegistrySection) or None
+    reader_schema_file: str | None
     on_new_fields: Any  # an enum whose value is the setting's name
     csv_delimiter: str
 
@@ -151,7 +207,14 @@ def decode_spec_of(section: DecodeSection, *, base: str | os.PathLike[str], wher
             allowed=allowed,
         )
 
-    typed_only = ("schema_", "schema_file", "schema_registry_url", "on_new_fields")
+    typed_only = (
+        "schema_",
+        "schema_file",
+        "schema_registry_url",
+        "registry",
+        "reader_schema_file",
+        "on_new_fields",
+    )
     if kind in ("raw", "text"):
         for key in typed_only:
             if key in given:
@@ -166,10 +229,20 @@ def decode_spec_of(section: DecodeSection, *, base: str | os.PathLike[str], wher
         raise invalid("csv_delimiter", section.csv_delimiter, "nothing unless decode.kind is 'csv'")
     columns: tuple[Column, ...] = ()
     avro_schema = None
-    if kind in ("json", "csv"):
-        for key in ("schema_file", "schema_registry_url"):
-            if key in given:
+    registry_url: str | None = None
+    registry = RegistryConf()
+    if kind in ("json", "csv", "json_schema"):
+        only = ("schema_file", "reader_schema_file") if kind == "json_schema" else ()
+        for key in ("schema_file", "schema_registry_url", "registry", "reader_schema_file"):
+            if key in given and (kind != "json_schema" or key in only):
                 raise invalid(key, getattr(section, key), f"nothing for decode.kind {kind!r} (Avro only)")
+        if kind == "json_schema":
+            registry_url, registry = _registry_of(section, invalid, missing)
+            if registry_url is None:
+                raise missing(
+                    "registry",
+                    "the schema registry that holds each record's JSON Schema (decode.registry.url)",
+                )
         if section.schema_ is None:
             raise missing(
                 "schema", f"a Spark DDL string of the {kind} record's columns, e.g. 'id BIGINT, name STRING'"
@@ -187,26 +260,43 @@ def decode_spec_of(section: DecodeSection, *, base: str | os.PathLike[str], wher
             raise invalid(
                 "schema", section.schema_, "nothing for kind 'avro': use decode.schema_file (.avsc)"
             )
-        if section.schema_file is None and section.schema_registry_url is None:
-            raise missing("schema_file", "an Avro schema file (.avsc), or decode.schema_registry_url")
-        if section.schema_file is not None:
-            path = Path(section.schema_file).expanduser()
+        registry_url, registry = _registry_of(section, invalid, missing)
+        if section.reader_schema_file is not None:
+            if registry_url is None:
+                raise invalid(
+                    "reader_schema_file",
+                    section.reader_schema_file,
+                    "a reader schema with a schema registry (decode.registry), which gives each "
+                    "record's writer schema",
+                )
+            if section.schema_file is not None:
+                raise invalid(
+                    "schema_file",
+                    section.schema_file,
+                    "nothing beside decode.reader_schema_file (the reader schema's fields are the columns)",
+                )
+        if section.schema_file is None and section.reader_schema_file is None and registry_url is None:
+            raise missing("schema_file", "an Avro schema file (.avsc), or decode.registry")
+        key = "schema_file" if section.schema_file is not None else "reader_schema_file"
+        file_name = getattr(section, key)
+        if file_name is not None:
+            path = Path(file_name).expanduser()
             path = path if path.is_absolute() else Path(base) / path
             try:
                 avro_schema = path.read_text(encoding="utf-8")
                 parsed = json.loads(avro_schema)
             except (OSError, ValueError) as err:
-                raise invalid(
-                    "schema_file", section.schema_file, "a readable Avro schema file (JSON)", str(err)
-                ) from err
+                raise invalid(key, file_name, "a readable Avro schema file (JSON)", str(err)) from err
             try:
                 columns = avro_columns(parsed)
             except ValueError as err:
-                raise invalid("schema_file", section.schema_file, "an Avro record schema", str(err)) from err
+                raise invalid(key, file_name, "an Avro record schema", str(err)) from err
     if columns:
         problem = decodable_problem(kind, columns)
         if problem is not None:
-            key = "schema_file" if kind == "avro" else "schema"
+            key = (
+                "schema" if kind != "avro" else "schema_file" if section.schema_file else "reader_schema_file"
+            )
             raise invalid(
                 key, getattr(section, "schema_" if key == "schema" else key), "decodable columns", problem
             )
@@ -226,6 +316,75 @@ def decode_spec_of(section: DecodeSection, *, base: str | os.PathLike[str], wher
         columns=columns,
         on_new_fields=section.on_new_fields.value,
         csv_delimiter=section.csv_delimiter,
-        avro_schema=avro_schema,
-        schema_registry_url=section.schema_registry_url,
+        avro_schema=avro_schema if section.reader_schema_file is None else None,
+        schema_registry_url=registry_url,
+        registry=registry,
+        reader_schema=avro_schema if section.reader_schema_file is not None else None,
     )
+
+
+def _registry_of(section: DecodeSection, invalid: Any, missing: Any) -> tuple[str | None, RegistryConf]:
+    """The registry's URL and client settings of an avro ``decode`` section (None: no registry)."""
+    given = section.registry
+    if given is None:
+        return section.schema_registry_url, RegistryConf()
+    if section.schema_registry_url is not None:
+        raise invalid(
+            "schema_registry_url",
+            section.schema_registry_url,
+            "nothing beside decode.registry (its url key is the same)",
+            "move the URL to decode.registry.url",
+        )
+    if given.url is None:
+        if given.connection:
+            raise missing(
+                "registry.url",
+                f"the registry's URL: decode.registry.connection {given.connection!r} gives it only inside "
+                "Airflow (set decode.registry.url to run outside Airflow)",
+            )
+        raise missing("registry.url", "the registry's 'http(s)://host:port', or decode.registry.connection")
+    if (given.user is None) != (given.password is None):
+        which = "user" if given.user is None else "password"
+        raise missing(f"registry.{which}", "HTTP basic auth takes both decode.registry.user and .password")
+    if given.bearer_token is not None and given.user is not None:
+        raise invalid(
+            "registry.bearer_token", REDACTED, "one of basic auth (user and password) or a bearer token"
+        )
+    if given.ssl_key_location is not None and given.ssl_certificate_location is None:
+        raise missing(
+            "registry.ssl_certificate_location", "the client certificate of decode.registry.ssl_key_location"
+        )
+    if "@" in given.url.split("//", 1)[-1].split("/", 1)[0] and given.user is not None:
+        raise invalid(
+            "registry.user",
+            given.user,
+            "nothing when decode.registry.url holds a user",
+            "keep one of the two",
+        )
+    keys = ("url", "user", "password", "bearer_token", "logical_cluster", *REGISTRY_CONF_KEYS)
+    return registry_client_conf({k: getattr(given, k) for k in keys})
+
+
+def registry_client_conf(keys: Mapping[str, Any], where: str = "decode.registry") -> tuple[str, RegistryConf]:
+    """The URL and the ``SchemaRegistryClient`` conf of ``decode.registry`` keys (user and password
+    as ``basic.auth.user.info``, a bearer token as a static ``bearer.auth.token``, ``ssl_*`` as
+    ``ssl.*``); ConfigError without a URL."""
+    url = keys.get("url")
+    if not url:
+        raise ConfigError(
+            f"{where} gives no schema registry URL",
+            key="decode.registry.url",
+            value=None,
+            allowed="http(s)://",
+        )
+    conf: dict[str, str] = {}
+    if keys.get("user") is not None:
+        conf["basic.auth.user.info"] = f"{keys['user']}:{keys.get('password') or ''}"
+    if keys.get("bearer_token") is not None:
+        conf["bearer.auth.credentials.source"] = "STATIC_TOKEN"
+        conf["bearer.auth.token"] = keys["bearer_token"]
+        conf["bearer.auth.logical.cluster"] = keys.get("logical_cluster") or ""
+    for key, name in REGISTRY_CONF_KEYS.items():
+        if keys.get(key) is not None:
+            conf[name] = keys[key]
+    return str(url), RegistryConf(tuple(conf.items()))

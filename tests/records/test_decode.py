@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 from splitkeeper.records.ddl import avro_columns, parse_ddl
 from splitkeeper.records.decode import Decoded, SchemaDriftError, decode_values
-from splitkeeper.records.spec import DecodeSpec
+from splitkeeper.records.spec import DecodeSpec, RegistryConf
 from splitkeeper.transforms import identity
 
 ORDERS = parse_ddl("id BIGINT NOT NULL, name STRING, amount DECIMAL(10,2), day DATE, at TIMESTAMP")
@@ -408,6 +408,11 @@ def wire(record: dict[str, Any], schema: dict[str, Any] = AVRO_SCHEMA, schema_id
     return b"\x00" + schema_id.to_bytes(4, "big") + body.getvalue()
 
 
+#: The registry client's retries of an HTTP 5xx or a refused connection, short for the tests
+#: (its defaults wait about a second between tries).
+FAST_RETRIES = RegistryConf((("max.retries", 2), ("retries.wait.ms", 5), ("retries.max.wait.ms", 20)))
+
+
 def avro_spec(policy: str = "rescue", registry: str | None = None) -> DecodeSpec:
     return DecodeSpec(
         kind="avro",
@@ -415,6 +420,7 @@ def avro_spec(policy: str = "rescue", registry: str | None = None) -> DecodeSpec
         on_new_fields=policy,
         avro_schema=json.dumps(AVRO_SCHEMA),
         schema_registry_url=registry,
+        registry=FAST_RETRIES,
     )
 
 

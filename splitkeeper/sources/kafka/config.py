@@ -141,6 +141,10 @@ class KafkaSource(SourceSection):
         "Airflow its bootstrap servers and client settings (SASL) fill the ones this file leaves out",
     )
 
+    def store_connections(self) -> tuple[str, ...]:
+        """None: ``source.connection`` is the brokers' (a ``kafka`` connection), not a store's."""
+        return ()
+
     @model_validator(mode="after")
     def _checked(self, info: ValidationInfo) -> KafkaSource:
         """The rules across the keys; the servers joined, the topics a tuple, the client settings
