@@ -102,7 +102,10 @@ def sql_string(text: str) -> str:
 
 
 def _shape(data_type: Any) -> Any:
-    """A comparable form of an arrow type without nullability or list item names."""
+    """A comparable form of an arrow type without nullability, list item names or map field names
+    (Arrow's ``entries``/``key``/``value``, a writer's own value name, Delta's ``key_value``)."""
+    if pa.types.is_map(data_type):
+        return ("map", _shape(data_type.key_type), _shape(data_type.item_type))
     if pa.types.is_struct(data_type):
         return ("struct", tuple((f.name, _shape(f.type)) for f in data_type))
     if pa.types.is_list(data_type) or pa.types.is_large_list(data_type):

@@ -381,3 +381,36 @@ def test_a_pipeline_passes_its_decode_to_the_sink_an_old_string_sink_refused_und
     assert policy == RecordPolicy(decode=DecodeSpec(kind="text"))
     pipeline = Pipeline(config, None)
     assert pipeline.sink.schema == sink_schema(DecodeSpec(kind="text"))
+
+
+def test_a_map_column_commits_and_a_new_run_opens_the_table_it_made(tmp_path: Path) -> None:
+    """A MAP column (decode.kind avro has them): Arrow names a map's entries ``entries`` and the
+    staged file may name its value field after the column; Delta's log names them ``key_value`` /
+    ``key`` / ``value``. The same type either way: the commit and the next run's check of the
+    existing table must take it (a MAP column was refused as a changed type)."""
+    staging = str(tmp_path / "staging")
+    spec = DecodeSpec(kind="avro", columns=(Column("id", "BIGINT"), Column("tags", "MAP<STRING, BIGINT>")))
+    schema = sink_schema(spec)
+    named = pa.map_(pa.field("key", pa.string(), nullable=False), pa.field("tags", pa.int64()))
+
+    def staged(epoch: int, tags: list[list[tuple[str, int]]]) -> str:
+        path = os.path.join(_folder(staging, epoch), "part.parquet")
+        with StagedWriter(path, epoch, 0, schema) as writer:
+            data = pa.table(
+                {"id": pa.array([epoch * 10 + i for i in range(len(tags))], pa.int64()),
+                 "tags": pa.array(tags, named)}
+            )  # fmt: skip
+            writer.add_table(
+                "s", pa.array(range(len(tags)), pa.int64()), pa.array(range(1, len(tags) + 1), pa.int64()),
+                data, None, 0,
+            )  # fmt: skip
+            return writer.commit().path
+
+    sink = DeltaSink(tmp_path / "sink", "p", staging_path=staging, schema=schema)
+    sink.commit(1, [_ack(0, staged(1, [[("a", 1), ("b", 2)], []]))], expected=None, attempt_id="a")
+    again = DeltaSink(tmp_path / "sink", "p", staging_path=staging, schema=schema)  # the existing table
+    again.commit(2, [_ack(0, staged(2, [[("c", 3)]]))], expected=1, attempt_id="b")
+    rows = read_sink(tmp_path / "sink", ["id", "tags"]).sort_by("id").to_pylist()
+    assert [(r["id"], sorted(r["tags"])) for r in rows] == [
+        (10, [("a", 1), ("b", 2)]), (11, []), (20, [("c", 3)])
+    ]  # fmt: skip
