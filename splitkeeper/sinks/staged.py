@@ -1,7 +1,8 @@
 """What every sink kind does with the region tasks' staged output (:mod:`splitkeeper.staging`):
 check that an epoch's outputs may be committed (:func:`acknowledged_outputs`) and drop the staged
 folders of epochs that are committed or abandoned (:func:`discard_epoch`,
-:func:`discard_epochs_through`: the cleanup of :class:`~splitkeeper.core.ports.EpochSink`)."""
+:func:`discard_epochs_through`: the cleanup of :class:`~splitkeeper.core.ports.EpochSink`; and
+:func:`staged_leftovers`, what ``maintain`` removes)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from splitkeeper.delta import storage
 from splitkeeper.errors import InvalidParameterError
 from splitkeeper.staging import StagedRegion, epoch_folder, epoch_folders
 
-__all__ = ["acknowledged_outputs", "discard_epoch", "discard_epochs_through"]
+__all__ = ["acknowledged_outputs", "discard_epoch", "discard_epochs_through", "staged_leftovers"]
 
 
 def acknowledged_outputs(epoch: int, outputs: Sequence[RegionRun]) -> list[StagedRegion]:
@@ -81,3 +82,41 @@ def discard_epochs_through(staging_path: str, epoch: int) -> None:
         if info.base_name in epochs and epochs[info.base_name] <= epoch:
             with contextlib.suppress(OSError):
                 fs.delete_dir(info.path)
+
+
+def staged_leftovers(
+    staging_path: str, recorded: int | None, untracked_hours: float, *, delete: bool
+) -> list[tuple[str, int]]:
+    """The staged files of epochs the sink already recorded (``epoch=N``, N at most ``recorded``)
+    older than ``untracked_hours``, ``(path, bytes)`` of each; deleted when ``delete``.
+
+    No run commits such an epoch again (the fence), so nothing reads them; a later epoch's files,
+    which a running or pending epoch may still commit, are never touched.
+    """
+    import time
+
+    import pyarrow.fs as pafs
+
+    from splitkeeper.delta.retention import retention_hours
+
+    if recorded is None:
+        return []
+    cutoff = time.time() - retention_hours(untracked_hours) * 3600
+    fs, inner = storage.filesystem(staging_path)
+    found: list[tuple[str, int]] = []
+    try:
+        infos = fs.get_file_info(pafs.FileSelector(inner, allow_not_found=True))
+    except OSError:
+        return []
+    epochs = dict(epoch_folders([info.base_name for info in infos]))
+    for info in infos:
+        if info.base_name not in epochs or epochs[info.base_name] > recorded:
+            continue
+        for item in fs.get_file_info(pafs.FileSelector(info.path, recursive=True)):
+            if item.type == pafs.FileType.File and item.mtime is not None and item.mtime.timestamp() < cutoff:
+                found.append((item.path, item.size or 0))
+    if delete:
+        for path, _size in found:
+            with contextlib.suppress(FileNotFoundError):
+                fs.delete_file(path)
+    return sorted(found)

@@ -29,6 +29,9 @@ attempt_id=)``:
    content of the snapshot as of the target checkpoint (:func:`~.catalog.as_of`) as an overwrite
    snapshot naming the operator's epoch (the lineage only grows: the recorded epoch is the
    operator's); a backward reset deletes one split's rows from an offset on; both fenced as above.
+6. ``maintain`` (:class:`~splitkeeper.sinks.port.SupportsUpkeep`) removes the staged leftovers of
+   recorded epochs; the table's own upkeep (snapshot expiry, compaction, orphan files) is left to
+   the Iceberg tools, so its compact, VACUUM and untracked-file steps do nothing here.
 
 The table is created by the first writable open (namespace included) with the pipeline's columns
 and the properties :data:`~.catalog.RETRIES_PROPERTY` = 0 and :data:`~.catalog.MODE_PROPERTY`; an
@@ -70,8 +73,13 @@ from splitkeeper.sinks.iceberg.catalog import (
     version_of,
 )
 from splitkeeper.sinks.iceberg.read import IcebergSinkReader
-from splitkeeper.sinks.port import Sink, SinkCommit, SupportsRewind, TableRewind
-from splitkeeper.sinks.staged import acknowledged_outputs, discard_epoch, discard_epochs_through
+from splitkeeper.sinks.port import Sink, SinkCommit, SupportsRewind, SupportsUpkeep, TableRewind
+from splitkeeper.sinks.staged import (
+    acknowledged_outputs,
+    discard_epoch,
+    discard_epochs_through,
+    staged_leftovers,
+)
 from splitkeeper.staging import StagedRegion
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -87,7 +95,7 @@ log = logging.getLogger(__name__)
 LABEL = "sink"
 
 
-class IcebergEpochSink(SupportsRewind, Sink):
+class IcebergEpochSink(SupportsRewind, SupportsUpkeep, Sink):
     """The Iceberg table ``section.table`` committed by pipeline ``app_id`` (see the module doc).
 
     ``staging_path``: where the region tasks stage (for :meth:`discard`). ``schema``: the sink's
@@ -418,6 +426,34 @@ class IcebergEpochSink(SupportsRewind, Sink):
         if target is None:
             return 0.0
         return max(0.0, (time.time() * 1000 - target.timestamp_ms) / 3_600_000) + 1.0
+
+    # -- upkeep (maintain) ------------------------------------------------------------------------
+    # The table's own upkeep (expiring snapshots, compaction, orphan files) is the Iceberg tools'
+    # (Spark's system procedures, the catalog's): pyiceberg 0.12 expires snapshots' metadata only.
+    # maintain keeps the state tables and removes the staged leftovers of recorded epochs.
+
+    def compact(self) -> int:
+        return 0
+
+    def vacuum(self, history_hours: float, *, dry_run: bool = False) -> list[str]:
+        return []
+
+    def remove_untracked(
+        self, untracked_hours: float, history_hours: float, *, dry_run: bool = False
+    ) -> list[tuple[str, int]]:
+        return []
+
+    def remove_staged_leftovers(
+        self, untracked_hours: float, *, dry_run: bool = False
+    ) -> list[tuple[str, int]]:
+        if self.staging_path is None:
+            return []
+        return staged_leftovers(
+            self.staging_path,
+            self.committed_epoch(),
+            untracked_hours,
+            delete=not dry_run and not self.read_only,
+        )
 
 
 def _data_columns(schema: pa.Schema) -> list[tuple[str, str]]:
