@@ -98,7 +98,12 @@ def test_epochs_commit_once_replay_and_a_rival_is_fenced(tmp_path: Path) -> None
     catalog = load_catalog(
         "splitkeeper", type="sql", uri=f"sqlite:///{warehouse}/catalog.db", warehouse=f"file://{warehouse}"
     )
-    read = catalog.load_table("ingest.events").scan().to_arrow()
+    table = catalog.load_table("ingest.events")
+    epochs = [
+        s.summary.additional_properties.get("splitkeeper.epoch") for s in table.snapshots() if s.summary
+    ]
+    assert epochs == ["1", "2", "3"]  # one snapshot per epoch: the replay and the rival added none
+    read = table.scan().to_arrow()
     assert sorted(zip(read["split_id"].to_pylist(), read["offset"].to_pylist(), strict=True)) == sorted(
         [("a", o) for o in range(7)] + [("b", o) for o in range(3)]
     )
