@@ -164,3 +164,30 @@ def test_a_bad_catalog_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"sink.catalog: the Iceberg catalog 'splitkeeper' .*127.0.0.1:9"):
         config_sink(closed)
     assert not os.path.exists(tmp_path / "iceberg")
+
+
+def test_a_catalog_named_by_config_is_the_one_written(tmp_path: Path) -> None:
+    """``sink.catalog`` (here pyiceberg's SQL catalog at a URI of its own, as a cluster's Postgres
+    would be) replaces the embedded one: the table is in that catalog and its warehouse."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    catalog = {
+        "name": "lake",
+        "type": "sql",
+        "uri": f"sqlite:///{shared}/lake.db",
+        "warehouse": f"file://{shared}/lake",
+    }
+    config = config_from_mapping(_mapping(tmp_path, catalog=catalog), base_dir=tmp_path)
+    assert config.sink.path == "iceberg://lake/ingest.events"
+    sink = config_sink(config)
+    sink.commit(1, [_stage(tmp_path, 1, 0, "a", range(0, 3))], expected=None, attempt_id="x1")
+    assert not (tmp_path / "iceberg").exists()  # nothing in the embedded default
+
+    from pyiceberg.catalog import load_catalog
+
+    table = load_catalog("lake", **{k: v for k, v in catalog.items() if k != "name"}).load_table(
+        "ingest.events"
+    )
+    assert table.location().startswith(f"file://{shared}/lake")
+    assert sorted(table.scan().to_arrow()["offset"].to_pylist()) == [0, 1, 2]
+    assert sink_reader(config).committed_epoch() == 1
