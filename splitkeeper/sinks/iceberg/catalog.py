@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from splitkeeper.errors import ConfigError, StateError
+from splitkeeper.errors import ConfigError, EnvironmentNotReadyError, StateError
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyiceberg.catalog import Catalog
@@ -90,7 +90,13 @@ class Recorded:
 
 def load_catalog(section: IcebergSink, *, create: bool = False) -> Catalog:
     """The section's catalog; ``create``: make the embedded catalog's folder first (a writable sink)."""
-    from pyiceberg.catalog import load_catalog as pyiceberg_load
+    try:
+        from pyiceberg.catalog import load_catalog as pyiceberg_load
+    except ModuleNotFoundError as err:
+        raise EnvironmentNotReadyError(
+            "sink.kind 'iceberg' needs pyiceberg, which is not installed: pip install 'splitkeeper[iceberg]'",
+            module="pyiceberg",
+        ) from err
 
     properties = section.catalog_properties()
     if section.embedded:
