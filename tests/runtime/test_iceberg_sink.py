@@ -20,6 +20,8 @@ from splitkeeper.core.ports import RegionRun
 from splitkeeper.core.types import RegionOutcome
 from splitkeeper.delta.schemas import STAGED_FILE_SCHEMA
 from splitkeeper.errors import ConcurrentRunError, ConfigError
+from splitkeeper.sinks.iceberg.config import IcebergSink
+from splitkeeper.sinks.iceberg.sink import IcebergEpochSink
 from splitkeeper.sinks.port import SinkTable, SupportsRewind
 from splitkeeper.staging import PART_FILE, StagedRegion, attempt_dir
 
@@ -63,7 +65,9 @@ def _content(reader: Any) -> list[tuple[str, int, bytes, int]]:
     return sorted((r["split_id"], r["offset"], r["value"], r["epoch"]) for r in rows)
 
 
-def test_epochs_commit_once_replay_and_a_rival_is_fenced(tmp_path: Path) -> None:
+def test_epochs_commit_once_replay_and_a_rival_is_fenced(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     config = config_from_mapping(_mapping(tmp_path), base_dir=tmp_path)
     sink = config_sink(config)
     assert sink.committed_epoch() is None
@@ -84,12 +88,16 @@ def test_epochs_commit_once_replay_and_a_rival_is_fenced(tmp_path: Path) -> None
         config_sink(config).commit(2, [], expected=1, attempt_id="other")
     # two writers that both passed the check: the catalog's compare-and-swap refuses the later
     first, second = config_sink(config), config_sink(config)
+    assert isinstance(second, IcebergEpochSink)
     three = [_stage(tmp_path, 3, 0, "a", range(5, 7))]
     stale = second._writable()  # read before the first commits
     first.commit(3, three, expected=2, attempt_id="x3")
-    second._get = lambda: stale  # type: ignore[method-assign]  # its view stays the one it read
+    monkeypatch.setattr(second, "_get", lambda: stale)  # its view stays the one it read
     with pytest.raises(ConcurrentRunError, match="records epoch 3 but this run expected 2"):
         second.commit(3, [_stage(tmp_path, 3, 1, "c", range(0, 9))], expected=2, attempt_id="rival")
+    snapshot = stale.current_snapshot()  # read again only after the catalog refused its commit
+    assert snapshot is not None and snapshot.summary is not None
+    assert snapshot.summary.additional_properties["splitkeeper.epoch"] == "3"
 
     # what pyiceberg reads back: every record once, of its epoch
     from pyiceberg.catalog import load_catalog
@@ -178,6 +186,7 @@ def test_a_catalog_named_by_config_is_the_one_written(tmp_path: Path) -> None:
         "warehouse": f"file://{shared}/lake",
     }
     config = config_from_mapping(_mapping(tmp_path, catalog=catalog), base_dir=tmp_path)
+    assert isinstance(config.sink, IcebergSink)
     assert config.sink.path == "iceberg://lake/ingest.events"
     sink = config_sink(config)
     sink.commit(1, [_stage(tmp_path, 1, 0, "a", range(0, 3))], expected=None, attempt_id="x1")
