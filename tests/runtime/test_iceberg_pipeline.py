@@ -64,6 +64,8 @@ def test_files_into_an_iceberg_table_equal_the_source_and_pass_the_restart_check
     assert result.success and result.suites, result
     page = services.report(config).read_text(encoding="utf-8")
     assert "warehouse/ingest.db/lines" in page
+    status = services.status(config)
+    assert status.latest_checkpoint is not None and status.latest_checkpoint.id == first.epochs[-1].epoch
 
 
 @pytest.mark.slow
