@@ -56,7 +56,10 @@ BUILTIN_SOURCES: dict[str, str] = {
     "kafka": "splitkeeper.sources.kafka:FACTORY",
 }
 #: The product's sink kinds: name -> ``'module:attribute'`` of its factory.
-BUILTIN_SINKS: dict[str, str] = {"delta": "splitkeeper.sinks.delta:FACTORY"}
+BUILTIN_SINKS: dict[str, str] = {
+    "delta": "splitkeeper.sinks.delta:FACTORY",
+    "iceberg": "splitkeeper.sinks.iceberg:FACTORY",
+}
 #: The sink kind of a file that names none (every file written before ``sink.kind`` existed).
 DEFAULT_SINK = "delta"
 

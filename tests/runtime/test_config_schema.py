@@ -45,7 +45,7 @@ def test_the_schema_is_valid_json_schema_2020_12() -> None:
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
 def test_the_example_configs_validate_against_the_schema_and_load(path: Path) -> None:
-    assert len(EXAMPLES) == 4
+    assert len(EXAMPLES) == 5
     jsonschema.validate(_parsed(path), json_schema())
     assert load_config(path).name
 

@@ -120,6 +120,7 @@ from splitkeeper.sinks.delta.stats import file_statistics
 from splitkeeper.sinks.delta.upkeep import Upkeep
 from splitkeeper.sinks.delta.upsert import KEY_PROPERTY, MODE_PROPERTY, Upserts, merge_counts
 from splitkeeper.sinks.port import Sink, SinkCommit
+from splitkeeper.sinks.staged import acknowledged_outputs
 from splitkeeper.staging import DEAD_FILE, FILTERED_FILE, StagedFile, StagedRegion
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -439,42 +440,7 @@ class DeltaSink(SideTables, Upserts, Rewinds, Upkeep, Sink):
     @staticmethod
     def _check_outputs(epoch: int, outputs: Sequence[RegionRun]) -> list[StagedRegion]:
         """Rule 1: the staged outputs of acknowledged regions of this epoch."""
-        found: list[StagedRegion] = []
-        for run in outputs:
-            if not run.acknowledged:
-                raise InvalidParameterError(
-                    "outputs",
-                    f"region {run.region_id} ({run.outcome.value})",
-                    "acknowledged regions' outputs only",
-                    hint="only acknowledged regions' output may be committed (protocol rule 2.5)",
-                )
-            if not run.output:
-                continue
-            staged = (
-                run.output if isinstance(run.output, StagedRegion) else StagedRegion.at(os.fspath(run.output))
-            )
-            if staged is None:
-                raise InvalidParameterError(
-                    "outputs",
-                    os.fspath(run.output),
-                    "a staged file under .../epoch=<N>/region=<R>/ (the layout region tasks write)",
-                )
-            if staged.epoch != epoch:
-                raise InvalidParameterError(
-                    "outputs",
-                    staged.path,
-                    f"a staged file of epoch {epoch}",
-                    hint="it belongs to another epoch",
-                )
-            if staged.region != run.region_id:
-                raise InvalidParameterError(
-                    "outputs",
-                    staged.path,
-                    f"a staged file of region {run.region_id}",
-                    hint="a region's output must be its own staged file",
-                )
-            found.append(staged)
-        return found
+        return acknowledged_outputs(epoch, outputs)
 
     def _inspect(self, epoch: int, staged: StagedFile) -> _Staged:
         """Rule 3, before anything moves: find the file (staged, or moved by an earlier attempt) and

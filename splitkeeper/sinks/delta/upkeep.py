@@ -3,7 +3,6 @@ and staged files of epochs the sink recorded; and the staging cleanup of the epo
 
 from __future__ import annotations
 
-import contextlib
 from typing import TYPE_CHECKING, Any
 
 from splitkeeper.delta import storage
@@ -11,7 +10,7 @@ from splitkeeper.delta.retention import retention_hours
 from splitkeeper.delta.tables import guarded
 from splitkeeper.errors import StateError
 from splitkeeper.sinks.port import SupportsUpkeep
-from splitkeeper.staging import epoch_folder, epoch_folders
+from splitkeeper.sinks.staged import discard_epoch, discard_epochs_through, staged_leftovers
 
 if TYPE_CHECKING:  # pragma: no cover
     from deltalake import DeltaTable
@@ -108,36 +107,12 @@ class Upkeep(SupportsUpkeep):
         """
         if self.staging_path is None:
             return []
-        import time
-
-        import pyarrow.fs as pafs
-
-        recorded = self.committed_epoch()
-        if recorded is None:
-            return []
-        cutoff = time.time() - retention_hours(untracked_hours) * 3600
-        fs, inner = storage.filesystem(self.staging_path)
-        found: list[tuple[str, int]] = []
-        try:
-            infos = fs.get_file_info(pafs.FileSelector(inner, allow_not_found=True))
-        except OSError:
-            return []
-        epochs = dict(epoch_folders([info.base_name for info in infos]))
-        for info in infos:
-            if info.base_name not in epochs or epochs[info.base_name] > recorded:
-                continue
-            for item in fs.get_file_info(pafs.FileSelector(info.path, recursive=True)):
-                if (
-                    item.type == pafs.FileType.File
-                    and item.mtime is not None
-                    and item.mtime.timestamp() < cutoff
-                ):
-                    found.append((item.path, item.size or 0))
-        if not dry_run and not self.read_only:
-            for path, _size in found:
-                with contextlib.suppress(FileNotFoundError):
-                    fs.delete_file(path)
-        return sorted(found)
+        return staged_leftovers(
+            self.staging_path,
+            self.committed_epoch(),
+            untracked_hours,
+            delete=not dry_run and not self.read_only,
+        )
 
     def _writable_table(self, what: str) -> DeltaTable:
         if self.read_only:
@@ -148,30 +123,10 @@ class Upkeep(SupportsUpkeep):
 
     def discard(self, epoch: int) -> None:
         """Drop what regions staged for ``epoch`` (idempotent, best effort)."""
-        if self.staging_path is None or self.read_only:
-            return
-        fs, inner = storage.filesystem(self.staging_path)
-        with contextlib.suppress(OSError):
-            fs.delete_dir(storage.join(inner, epoch_folder(epoch)))
+        if self.staging_path is not None and not self.read_only:
+            discard_epoch(self.staging_path, epoch)
 
     def discard_through(self, epoch: int) -> None:
-        """On open: remove the staged output of epochs up to ``epoch`` (committed or abandoned).
-
-        A driver killed after its checkpoint row, or a cancelled task finishing late,
-        leaves ``epoch=N`` folders nobody reads. Newer folders stay: another run may be
-        writing them.
-        """
-        if self.staging_path is None or self.read_only:
-            return
-        import pyarrow.fs as pafs
-
-        fs, inner = storage.filesystem(self.staging_path)
-        try:
-            infos = fs.get_file_info(pafs.FileSelector(inner, allow_not_found=True))
-        except OSError:
-            return
-        epochs = dict(epoch_folders([info.base_name for info in infos]))
-        for info in infos:
-            if info.base_name in epochs and epochs[info.base_name] <= epoch:
-                with contextlib.suppress(OSError):
-                    fs.delete_dir(info.path)
+        """On open: remove the staged output of epochs up to ``epoch`` (committed or abandoned)."""
+        if self.staging_path is not None and not self.read_only:
+            discard_epochs_through(self.staging_path, epoch)

@@ -1,0 +1,134 @@
+"""The Iceberg sink's read side (:class:`~splitkeeper.sinks.port.SinkReader`): for the restart
+checks, the report, ``status`` and the metrics. Its one table is :attr:`SinkTable.RECORDS`; it has
+no dead letters (empty rows), no filtered offsets and no keyed table (None locations). Reading
+opens the catalog and writes nothing; a table not created yet reads as absent. The version of the
+table is its current snapshot's sequence number (0: created, no snapshot yet).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+from splitkeeper.delta.schemas import DEAD_LETTER_SCHEMA
+from splitkeeper.errors import InvalidParameterError
+from splitkeeper.sinks.iceberg.catalog import equal, load_catalog, load_table, recorded, version_of
+from splitkeeper.sinks.port import SinkReader, SinkTable
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pyiceberg.catalog import Catalog
+    from pyiceberg.table import Table
+
+    from splitkeeper.sinks.iceberg.config import IcebergSink
+
+__all__ = ["IcebergSinkReader", "open_reader"]
+
+
+class IcebergSinkReader(SinkReader):
+    """The records of the Iceberg table ``section.table``, committed by pipeline ``app_id``."""
+
+    def __init__(self, section: IcebergSink, app_id: str, *, catalog: Catalog | None = None) -> None:
+        self.section = section
+        self.app_id = app_id
+        self._catalog = catalog
+        self._table: Table | None = None
+
+    def _get(self) -> Table | None:
+        """The table, brought up to date, or None while it does not exist."""
+        if self._table is not None:
+            self._table.refresh()
+            return self._table
+        if self._catalog is None:
+            self._catalog = load_catalog(self.section)
+        self._table = load_table(self._catalog, self.section.table)
+        return self._table
+
+    def _records(self, table: SinkTable) -> Table | None:
+        if table is not SinkTable.RECORDS:
+            return None
+        return self._get()
+
+    def location(self, table: SinkTable) -> str | None:
+        return self.section.path if table is SinkTable.RECORDS else None
+
+    def files(self, table: SinkTable) -> int | None:
+        found = self._records(table)
+        if found is None:
+            return None
+        return len(self._data_files(found))
+
+    @staticmethod
+    def _data_files(table: Table) -> list[str]:
+        if table.current_snapshot() is None:
+            return []
+        return [task.file.file_path for task in table.scan().plan_files()]
+
+    def rows(
+        self, table: SinkTable, columns: Sequence[str] | None = None, *, epoch: int | None = None
+    ) -> pa.Table:
+        if table is SinkTable.DEAD_LETTERS:
+            wanted = list(columns) if columns is not None else DEAD_LETTER_SCHEMA.names
+            return DEAD_LETTER_SCHEMA.empty_table().select(wanted)
+        if table is not SinkTable.RECORDS:
+            raise InvalidParameterError("table", table.value, "records (the one table of an iceberg sink)")
+        found = self._get()
+        if found is None:
+            from splitkeeper.delta.schemas import STAGED_FILE_SCHEMA
+
+            return STAGED_FILE_SCHEMA.empty_table().select(list(columns or STAGED_FILE_SCHEMA.names))
+        schema = found.schema().as_arrow()
+        if found.current_snapshot() is None:
+            return schema.empty_table().select(list(columns or schema.names))
+        from pyiceberg.expressions import AlwaysTrue
+
+        scan = found.scan(
+            row_filter=AlwaysTrue() if epoch is None else equal("epoch", int(epoch)),
+            selected_fields=tuple(columns) if columns is not None else ("*",),
+        )
+        return scan.to_arrow()
+
+    def version(self, table: SinkTable) -> int | None:
+        return version_of(self._records(table))
+
+    def count(self, table: SinkTable, where: str | None = None) -> int:
+        found = self._records(table)
+        if found is None or found.current_snapshot() is None:
+            return 0
+        if where is None:
+            return int(found.scan().count())
+        return int(found.scan(row_filter=where).count())
+
+    def frame(self, spark: Any, table: SinkTable) -> Any:
+        """The table's data files read by Spark (the sink's commits write data files only: no delete
+        files, so the current snapshot's data files are its rows)."""
+        found = self._records(table)
+        if found is None:
+            raise InvalidParameterError("table", table.value, "records (the one table of an iceberg sink)")
+        paths = self._data_files(found)
+        if not paths:
+            return spark.createDataFrame([], schema=_spark_schema(spark, found.schema().as_arrow()))
+        return spark.read.parquet(*paths)
+
+    def schema(self, table: SinkTable = SinkTable.RECORDS) -> pa.Schema | None:
+        found = self._records(table)
+        return None if found is None else found.schema().as_arrow()
+
+    def versions(self) -> Mapping[str, int]:
+        found = version_of(self._get())
+        return {} if found is None else {"sink": found}
+
+    def committed_epoch(self) -> int | None:
+        found = recorded(self._get(), self.app_id)
+        return None if found is None else found.epoch
+
+
+def _spark_schema(spark: Any, schema: pa.Schema) -> Any:
+    empty = spark.createDataFrame(schema.empty_table().to_pandas())
+    return empty.schema
+
+
+def open_reader(config: Any) -> IcebergSinkReader:
+    """The reader of a validated pipeline's Iceberg sink (the kind's reader builder)."""
+    return IcebergSinkReader(config.sink, config.name)
