@@ -192,6 +192,14 @@ def _skipped(name: str) -> bool:
     return name[:1] in (".", "_")
 
 
+def _is_folder(path: str) -> bool:
+    """``path`` is a folder to walk into: a directory, not a symbolic link to one (nor a link loop)."""
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
 def _all_before(prefix: str, key: str) -> bool:
     """Every name that starts with ``prefix`` sorts before ``key``."""
     return prefix < key and not key.startswith(prefix)
@@ -766,30 +774,39 @@ class FileSource(SourceConnector, SupportsSplitReassignmentOnRecovery, SupportsS
 
     def _folders(self, after: str | None = None) -> Iterator[tuple[str, str, list[str]]]:
         """``(folder path, rel prefix, names)`` of every folder under source.path, the names that may
-        be input files (not skipped, not reserved) in name order; ``after``: only the names whose rel
-        sorts after it (a folder whose every name sorts before it is not listed)."""
-
-        def fail(err: OSError) -> None:
-            raise SourceError(
-                f"source.path {self._path}: cannot list {err.filename}: {err.strerror}"
-            ) from err
-
-        for dirpath, dirnames, filenames in os.walk(self._path, onerror=fail):
-            rel_dir = os.path.relpath(dirpath, self._path)
-            prefix = "" if rel_dir == "." else rel_dir.replace(os.sep, "/") + "/"
-            folders = sorted(d for d in dirnames if not _skipped(d))
-            if after is not None:
-                folders = [d for d in folders if not _all_before(prefix + d + "/", after)]
-            dirnames[:] = folders
+        be input files (not skipped, not reserved; a symbolic link to a folder is not followed);
+        ``after``: only the names whose rel sorts after it, in name order (a folder whose every name
+        sorts before it is not listed). A name known as a file (one with a layout) is taken as a
+        file; the others are looked at (``lstat``) to tell the folders among them."""
+        layouts = self._layouts
+        stack = [(self._path, "")]
+        while stack:
+            dirpath, prefix = stack.pop()
+            try:
+                listed = os.listdir(dirpath)
+            except OSError as err:
+                raise SourceError(
+                    f"source.path {self._path}: cannot list {err.filename}: {err.strerror}"
+                ) from err
             if after is not None and after.startswith(prefix):
-                tail = after[len(prefix) :]  # the names after it, sorted: few of many, listed or not
-                names = sorted(n for n in filenames if n > tail and not _skipped(n))
+                # the names after it (few of many), and folders whose names may be (a prefix of it)
+                tail = after[len(prefix) :]
+                listed = sorted(n for n in listed if (n > tail or tail.startswith(n)) and not _skipped(n))
             else:
-                names = [n for n in filenames if not _skipped(n)]  # the callers' order is their own
-            if any("#" in n for n in names):
-                for name in [n for n in names if _reserved(n)]:
+                listed = [n for n in listed if not _skipped(n)]  # the callers' order is their own
+            names: list[str] = []
+            folders: list[str] = []
+            for name in listed:
+                if prefix + name not in layouts and _is_folder(os.path.join(dirpath, name)):
+                    if after is None or not _all_before(prefix + name + "/", after):
+                        folders.append(name)
+                elif after is not None and prefix + name <= after:
+                    continue
+                elif "#" in name and _reserved(name):
                     self._warn_once(prefix + name, "a name ending in '#<a>-<b>' or '#v<12 hex>' is reserved")
-                names = [n for n in names if not _reserved(n)]
+                else:
+                    names.append(name)
+            stack.extend((os.path.join(dirpath, d), prefix + d + "/") for d in sorted(folders, reverse=True))
             yield dirpath, prefix, names
 
     def _stat_into(self, rel: str, full: str, found: dict[str, FileStat], bad: dict[str, str]) -> bool:
@@ -805,6 +822,8 @@ class FileSource(SourceConnector, SupportsSplitReassignmentOnRecovery, SupportsS
         except OSError as err:
             bad[rel] = err.strerror or str(err)
             return False
+        if stat.S_ISDIR(st.st_mode):
+            return False  # a symbolic link to a folder: not followed
         if not stat.S_ISREG(st.st_mode):
             self._warn_once(rel, "not a regular file (a FIFO, socket or device is never opened)")
             return False
