@@ -192,14 +192,6 @@ def _skipped(name: str) -> bool:
     return name[:1] in (".", "_")
 
 
-def _is_folder(path: str) -> bool:
-    """``path`` is a folder to walk into: a directory, not a symbolic link to one (nor a link loop)."""
-    try:
-        return stat.S_ISDIR(os.lstat(path).st_mode)
-    except OSError:
-        return False
-
-
 def _all_before(prefix: str, key: str) -> bool:
     """Every name that starts with ``prefix`` sorts before ``key``."""
     return prefix < key and not key.startswith(prefix)
@@ -772,12 +764,13 @@ class FileSource(SourceConnector, SupportsSplitReassignmentOnRecovery, SupportsS
             listed = [r for r in listed if r < first]
         self._cursor = max(listed, default=None)
 
-    def _folders(self, after: str | None = None) -> Iterator[tuple[str, str, list[str]]]:
-        """``(folder path, rel prefix, names)`` of every folder under source.path, the names that may
-        be input files (not skipped, not reserved; a symbolic link to a folder is not followed);
-        ``after``: only the names whose rel sorts after it, in name order (a folder whose every name
-        sorts before it is not listed). A name known as a file (one with a layout) is taken as a
-        file; the others are looked at (``lstat``) to tell the folders among them."""
+    def _folders(self, after: str | None = None) -> Iterator[tuple[str, str, list[str], dict[str, Any]]]:
+        """``(folder path, rel prefix, names, looked)`` of every folder under source.path: the names
+        that may be input files (not skipped, not reserved; a symbolic link to a folder is not
+        followed); ``after``: only the names whose rel sorts after it, in name order (a folder whose
+        every name sorts before it is not listed). A name known as a file (one with a layout) is
+        taken as one; the others are ``stat``-ed to tell the folders, and ``looked`` has what that
+        gave for the names (an ``os.stat_result``, or the OSError), so each is ``stat``-ed once."""
         layouts = self._layouts
         stack = [(self._path, "")]
         while stack:
@@ -796,25 +789,46 @@ class FileSource(SourceConnector, SupportsSplitReassignmentOnRecovery, SupportsS
                 listed = [n for n in listed if not _skipped(n)]  # the callers' order is their own
             names: list[str] = []
             folders: list[str] = []
+            looked: dict[str, Any] = {}
             for name in listed:
-                if prefix + name not in layouts and _is_folder(os.path.join(dirpath, name)):
-                    if after is None or not _all_before(prefix + name + "/", after):
-                        folders.append(name)
-                elif after is not None and prefix + name <= after:
+                rel = prefix + name
+                if rel not in layouts:
+                    full = os.path.join(dirpath, name)
+                    try:
+                        st: Any = os.stat(full)
+                    except OSError as err:
+                        st = err
+                    folder = isinstance(st, os.stat_result) and stat.S_ISDIR(st.st_mode)
+                    if folder and not os.path.islink(full):
+                        if after is None or not _all_before(rel + "/", after):
+                            folders.append(name)
+                        continue
+                    looked[name] = st
+                if after is not None and rel <= after:
                     continue
-                elif "#" in name and _reserved(name):
-                    self._warn_once(prefix + name, "a name ending in '#<a>-<b>' or '#v<12 hex>' is reserved")
-                else:
-                    names.append(name)
+                if "#" in name and _reserved(name):
+                    self._warn_once(rel, "a name ending in '#<a>-<b>' or '#v<12 hex>' is reserved")
+                    continue
+                names.append(name)
             stack.extend((os.path.join(dirpath, d), prefix + d + "/") for d in sorted(folders, reverse=True))
-            yield dirpath, prefix, names
+            yield dirpath, prefix, names, looked
 
-    def _stat_into(self, rel: str, full: str, found: dict[str, FileStat], bad: dict[str, str]) -> bool:
+    def _stat_into(
+        self,
+        rel: str,
+        full: str,
+        found: dict[str, FileStat],
+        bad: dict[str, str],
+        looked: os.stat_result | OSError | None = None,
+    ) -> bool:
         """Put the file at ``full`` into ``found`` (a regular non-empty file) or ``bad`` (cannot be
         examined); leave out what is none (removed meanwhile, empty, not a regular file). True for
-        an empty file (it may be written still: listed again by incremental discovery)."""
+        an empty file (it may be written still: listed again by incremental discovery). ``looked``:
+        what a ``stat`` of it gave already."""
         try:
-            st = os.stat(full)  # follows a symlink: a loop or a dangling one raises
+            if isinstance(looked, OSError):
+                raise looked
+            st = looked or os.stat(full)  # follows a symlink: a loop or a dangling one raises
         except FileNotFoundError:
             if os.path.islink(full):
                 bad[rel] = "a symbolic link to a path that does not exist"
@@ -844,9 +858,9 @@ class FileSource(SourceConnector, SupportsSplitReassignmentOnRecovery, SupportsS
         found: dict[str, FileStat] = {}
         bad: dict[str, str] = {}
         skipped: set[str] = set()
-        for dirpath, prefix, names in self._folders():
+        for dirpath, prefix, names, looked in self._folders():
             for name in names:
-                if self._stat_into(prefix + name, os.path.join(dirpath, name), found, bad):
+                if self._stat_into(prefix + name, os.path.join(dirpath, name), found, bad, looked.get(name)):
                     skipped.add(prefix + name)
         return _Scan(found, bad, pending=frozenset(skipped))
 
@@ -864,12 +878,13 @@ class FileSource(SourceConnector, SupportsSplitReassignmentOnRecovery, SupportsS
         bad: dict[str, str] = {}
         unchecked: set[str] = set()
         skipped: set[str] = set()
-        for dirpath, prefix, names in self._folders(self._cursor if incremental else None):
+        for dirpath, prefix, names, looked in self._folders(self._cursor if incremental else None):
             rels = [prefix + n for n in names] if prefix else names
             known = (self._layouts.keys() & rels) - live
             unchecked |= known
             for rel, name in zip(rels, names, strict=True):
-                if rel not in known and self._stat_into(rel, os.path.join(dirpath, name), found, bad):
+                full = os.path.join(dirpath, name)
+                if rel not in known and self._stat_into(rel, full, found, bad, looked.get(name)):
                     skipped.add(rel)
         missing: set[str] = set()
         if incremental:
