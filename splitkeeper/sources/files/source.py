@@ -25,7 +25,9 @@ same data too. What is not caught: a rewrite of bytes in the middle of a file
 larger than 128 KiB that keeps its size, its first and last 64 KiB and its mtime
 (a deliberate forgery; ``touch -r`` after an in-place edit).
 :meth:`FileSource.check_splits` compares the known splits (live and finished,
-the identities persisted in the checkpoint) with the files now: a file that grew
+the identities persisted in the checkpoint; finished ones only when the core asks, at its
+``source.recheck_finished_every`` cadence, else only new and live files are looked at) with the
+files now: a file that grew
 with its first ``size`` bytes unchanged GREW, any other difference CHANGED (its replacement splits get the ids
 ``relative/path#v<12 hex>``, plus ``#a-b`` for byte ranges), and a file gone from
 its path whose size and digest appear at a path no split has is MOVED there. The

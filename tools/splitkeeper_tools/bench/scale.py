@@ -42,7 +42,10 @@ The measurements, each on the real parts:
    (median of 3, what a restarted driver does before discovery); ``reopen_s``, the pipeline's whole
    open again (lease, restore, discovery of every file; no Spark); ``driver_rss_mb``, the peak RSS
    of this (the driver's) process, ``jvm_rss_mb`` the JVM's. Goals (issue 26) at 100,000 splits
-   with 1,000 active: overhead <= 600 ms, restore <= 10 s, driver RSS <= 2 GB.
+   with 1,000 active: overhead <= 600 ms, restore <= 10 s, driver RSS <= 2 GB. The new files are
+   named on from the first ones (a drop with growing names); ``--discovery`` and
+   ``--recheck-finished-every`` set the source's keys, ``epoch_overhead_ms_max`` is the slowest
+   measured epoch (one that rechecks the finished files, when one is measured).
 
 ``growth_epoch_overhead`` is the ratio of the largest size's overhead to the smallest's
 (files; ``kafka_growth_epoch_overhead`` the same for partitions).
