@@ -569,3 +569,19 @@ def test_a_finished_file_moved_between_rechecks_is_moved_not_new(tmp_path: Path,
     )
     (moved,) = [s for s in source.discover_splits() if s.split_id == "z-archive.txt"]
     assert moved.identity == change.identity  # the known layout under its new path: the core's to apply
+
+
+def test_the_discovery_keys_reach_the_source_and_the_driver_and_bad_values_name_the_key(
+    tmp_path: Path,
+) -> None:
+    from splitkeeper.config.settings import core_settings
+    from splitkeeper.errors import ConfigError
+
+    base = {"name": "keys", "state": {"path": "s"}, "sink": {"path": "k"}}
+    source = {"kind": "files", "path": str(tmp_path), "recheck_finished_every": 3, "discovery": "incremental"}
+    config = config_from_mapping({**base, "source": source})
+    assert FileSource.from_config(config.source)._discovery.value == "incremental"
+    assert core_settings(config).recheck_finished_every == 3
+    for key, value in (("recheck_finished_every", 0), ("discovery", "sometimes")):
+        with pytest.raises(ConfigError, match=f"source.{key}"):
+            config_from_mapping({**base, "source": {**source, key: value}})
