@@ -267,6 +267,14 @@ class SourceSection(KindSection):
 
         return defaults.ON_FILE_CHANGE
 
+    @property
+    def recheck_finished_epochs(self) -> int:
+        """Epochs between the checks of finished splits' data (protocol rule 1.9): the source's own
+        setting (files: ``source.recheck_finished_every``), else the core's default."""
+        from splitkeeper.core import defaults
+
+        return defaults.RECHECK_FINISHED_EVERY
+
 
 class SinkSection(KindSection):
     """``sink:``: the base of every sink kind's section (contract 2); a file without ``sink.kind`` has

@@ -24,6 +24,8 @@ Shape of a file (YAML)::
       format: jsonl
       split_bytes: 67108864
       on_file_change: fail       # or: new_version, append (a known file changed)
+      recheck_finished_every: 10 # epochs between checks of finished files (1: every epoch)
+      discovery: full            # or: incremental (list only names after the last one seen)
     checkpoint: {max_consecutive_failures: 3, max_failure_ratio: 0.5,
                  region_timeout_s: 300, retain_checkpoints: 3,
                  on_split_failure: quarantine, quarantine_after: 3,   # or: stall
@@ -691,4 +693,5 @@ def core_settings(
         quarantine_after=settings.quarantine_after,
         max_consecutive_aborts=settings.max_consecutive_aborts,
         on_file_change=config.source.split_change_policy,
+        recheck_finished_every=config.source.recheck_finished_epochs,
     )

@@ -44,6 +44,10 @@ STRATEGY: Final = "least-loaded"
 REBALANCE_THRESHOLD: Final = 1.25
 #: ``source.on_file_change``: what a known split whose data changed does (protocol rule 1.9).
 ON_FILE_CHANGE: Final = SplitChangePolicy.FAIL
+#: ``source.recheck_finished_every``: a finished split's data is checked against its identity at the
+#: first discovery after a restore and then every this many epochs (protocol rule 1.9); live ones
+#: at every epoch.
+RECHECK_FINISHED_EVERY: Final = 10
 #: ``lease.ttl_s``: a writer that stops heartbeating loses the pipeline's lease after this.
 LEASE_TTL_S: Final = 60.0
 

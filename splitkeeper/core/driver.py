@@ -177,6 +177,16 @@ def check_quarantine_after(value: object) -> None:
         raise InvalidParameterError("quarantine_after", value, "an integer >= 1 (failed epochs in a row)")
 
 
+def check_recheck_finished_every(value: object) -> None:
+    """``recheck_finished_every`` (``source.recheck_finished_every``): an integer >= 1 (epochs)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidParameterError(
+            "source.recheck_finished_every",
+            value,
+            "an integer >= 1 (epochs between checks of finished files; 1: every epoch)",
+        )
+
+
 def check_abort_limit(
     max_consecutive_aborts: object, on_split_failure: SplitFailurePolicy, quarantine_after: int
 ) -> None:
@@ -249,6 +259,7 @@ class DriverSettings:
     quarantine_after: int = defaults.QUARANTINE_AFTER  # quarantine: failed epochs in a row before parking
     max_consecutive_aborts: int = MAX_CONSECUTIVE_ABORTS  # a bounded run stops after this many in a row
     on_file_change: SplitChangePolicy = defaults.ON_FILE_CHANGE  # a known split's data changed (rule 1.9)
+    recheck_finished_every: int = defaults.RECHECK_FINISHED_EVERY  # epochs between checks of finished splits
 
     def __post_init__(self) -> None:
         if not isinstance(self.pipeline, str) or not self.pipeline:
@@ -262,6 +273,7 @@ class DriverSettings:
         if not isinstance(self.on_file_change, SplitChangePolicy):
             raise InvalidParameterError("on_file_change", self.on_file_change, "a SplitChangePolicy")
         check_quarantine_after(self.quarantine_after)
+        check_recheck_finished_every(self.recheck_finished_every)
         check_abort_limit(self.max_consecutive_aborts, self.on_split_failure, self.quarantine_after)
         threshold = self.rebalance_threshold
         if isinstance(threshold, bool) or not isinstance(threshold, int | float) or not threshold >= 1.0:
@@ -534,6 +546,7 @@ class EpochDriver:
         self._audit_persisted = 0
         self._settled = False  # restored from a global checkpoint at the same parallelism, nothing run yet
         self._next_epoch = 1
+        self._recheck_at = 0  # the epoch from which the next discovery checks finished splits too
         self._recorded: int | None = None  # the sink's recorded epoch this driver expects (the fence)
         self._read_only = False
         self.opened: OpenReport | None = None
@@ -731,6 +744,7 @@ class EpochDriver:
             self.last_restore = restored
             previous = checkpoint.parallelism
         enumerator.start()
+        self._recheck_at = 0  # the first discovery after a restore checks every known split (rule 1.9)
         self.context, self.enumerator, self.coordinator = context, enumerator, coordinator
         self._infos = infos
         disagreements = self._reconcile_external(checkpoint)
@@ -915,14 +929,22 @@ class EpochDriver:
         """Ask the source for its splits now; returns how many entered the enumerator's pool.
 
         A source that :class:`SupportsSplitIdentityCheck` first checks the splits the
-        enumerator knows, live and finished, and the enumerator applies
-        ``on_file_change`` to what changed (rule 1.9): a SourceError under ``fail``.
+        enumerator knows and the enumerator applies ``on_file_change`` to what changed
+        (rule 1.9): a SourceError under ``fail``. Live splits are checked at every discovery;
+        finished ones at the first discovery after a restore and then once every
+        ``recheck_finished_every`` epochs (:meth:`rechecks_finished`); between those the
+        source may skip them (``recheck_finished=False``).
         """
         enumerator, _context = self._require_open()
         source = self.source
         self.split_changes = 0
         if isinstance(source, SupportsSplitIdentityCheck):
-            changes = source.check_splits(enumerator.known_splits(), enumerator.finished_identities)
+            recheck = self.rechecks_finished
+            if recheck:
+                self._recheck_at = self._next_epoch + self.settings.recheck_finished_every
+            changes = source.check_splits(
+                enumerator.known_splits(), enumerator.finished_identities, recheck_finished=recheck
+            )
             for change in changes:
                 if change.kind is SplitChangeKind.RECREATED:  # under any policy
                     log.warning("pipeline %s: %s", self.settings.pipeline, change.detail)
@@ -936,6 +958,12 @@ class EpochDriver:
             if changes:
                 self.split_changes = enumerator.apply_split_changes(changes, self.settings.on_file_change)
         return enumerator.add_splits(source.discover_splits())
+
+    @property
+    def rechecks_finished(self) -> bool:
+        """Whether the next discovery checks finished splits against their identity too (rule 1.9):
+        the first after a restore, then the first of every ``recheck_finished_every`` epochs."""
+        return self._next_epoch >= self._recheck_at
 
     def _refresh_subscriptions(self) -> None:
         """What the source subscribes to now reaches the enumerator before each epoch's discovery.

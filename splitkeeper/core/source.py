@@ -448,16 +448,26 @@ class SupportsSplitIdentityCheck(abc.ABC):
 
     Flink-style capability: a source whose splits carry an ``identity`` (a file's size,
     mtime and content hash) inherits this. The driver calls :meth:`check_splits` on the
-    driver process before every discovery (each epoch, and after a restore, so a
-    restarted driver sees a change too) with the splits the enumerator knows; the core
+    driver process before every discovery with the splits the enumerator knows; the core
     applies ``source.on_file_change`` to the answer (:meth:`SplitEnumerator.apply_split_changes`)
-    and audits each decision. The source only observes: it decides nothing.
+    and audits each decision. The source only observes: it decides nothing. When finished
+    splits are checked is the core's decision (:meth:`EpochDriver.discover`): at the first
+    discovery after a restore (so a restarted driver sees a change too) and then every
+    ``source.recheck_finished_every`` epochs.
     """
 
     @abc.abstractmethod
-    def check_splits(self, live: Sequence[Split], finished: Mapping[str, str]) -> list[SplitChange]:
+    def check_splits(
+        self, live: Sequence[Split], finished: Mapping[str, str], *, recheck_finished: bool = True
+    ) -> list[SplitChange]:
         """The splits among ``live`` (pooled, owned, parked) and ``finished`` (id -> identity)
         whose data changed, grew or moved, in id order; nothing for unchanged ones.
+
+        ``recheck_finished`` False: the data of finished splits need not be compared (the
+        core's cadence, rule 1.9); the source may then do less (not look at them, list only
+        what is new), and the :meth:`SplitSource.discover_splits` right after may leave out
+        the splits of finished data it did not look at (the caller knows them). Live splits
+        are always checked.
 
         May be called any number of times; has no side effect but learning the split layout
         of the known splits (so that :meth:`discover_splits` after it returns the known

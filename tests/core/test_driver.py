@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
 import pytest
@@ -11,8 +11,20 @@ from splitkeeper.core.backlog import BacklogConfig
 from splitkeeper.core.checkpoint import CheckpointConfig
 from splitkeeper.core.driver import DriverSettings, EpochDriver
 from splitkeeper.core.ports import CrashPoint, DriverHooks, EpochPlan, RegionRun
-from splitkeeper.core.source import ExternallyCheckpointedSource, ExternalPosition
-from splitkeeper.core.types import CheckpointKind, RecoveryDecision, Split, SplitFailurePolicy
+from splitkeeper.core.source import (
+    ExternallyCheckpointedSource,
+    ExternalPosition,
+    SplitChange,
+    SplitChangeKind,
+    SupportsSplitIdentityCheck,
+)
+from splitkeeper.core.types import (
+    CheckpointKind,
+    RecoveryDecision,
+    Split,
+    SplitChangePolicy,
+    SplitFailurePolicy,
+)
 from splitkeeper.errors import (
     ConcurrentRunError,
     InvalidParameterError,
@@ -712,3 +724,68 @@ def test_regions_with_nothing_to_read_get_no_task_and_are_acknowledged_with_thei
     latest = state.latest_checkpoint()
     assert latest is not None and latest.checkpoint_id == final.epoch
     assert [(s.split_id, s.position) for s in latest.regions[idle].splits] == [("a-1", 4)]
+
+
+class _GrowingFiles(ReassignableSimSource, SupportsSplitIdentityCheck):
+    """Bounded splits whose identity is their length: a split whose data grew past it is GREW."""
+
+    def __init__(self) -> None:
+        super().__init__({"in"})
+        self.rechecks: list[bool] = []
+
+    def check_splits(
+        self, live: Sequence[Split], finished: Mapping[str, str], *, recheck_finished: bool = True
+    ) -> list[SplitChange]:
+        self.rechecks.append(recheck_finished)
+        known = {s.split_id: s.identity for s in live}
+        if recheck_finished:
+            known.update(finished)
+        return [
+            SplitChange(
+                sid, SplitChangeKind.GREW, str(self.ends[sid]), f"file {sid} grew", int(old), self.ends[sid]
+            )
+            for sid, old in sorted(known.items())
+            if self.ends[sid] > int(old)
+        ]
+
+
+def test_finished_splits_are_rechecked_after_a_restore_and_then_every_recheck_finished_every_epochs() -> None:
+    """Issue 38 item 3: an epoch checks the live splits' data; the finished ones' only at the cadence.
+    A finished file that grew is read on at the first recheck after the growth (append), exactly once."""
+    source = _GrowingFiles()
+    source.add([Split(sid, "in", 0, 4, identity="4") for sid in ("a", "b")])
+    source.ends.update({"a": 4, "b": 4})
+    settings = DriverSettings(
+        pipeline="t",
+        parallelism=1,
+        backlog=BacklogConfig(backlog_epoch_records=8, normal_epoch_records=8),
+        on_file_change=SplitChangePolicy.APPEND,
+        recheck_finished_every=3,
+    )
+    runner, ledger, state = SimRegionRunner(), SimulatedSink(), SimState()
+    driver = EpochDriver(settings, source, runner, SimEpochSink(ledger, runner), state, SimClock())
+    driver.open()
+    driver.run_epoch(records_per_split=4)  # reads both; they finish
+    assert driver.enumerator is not None and driver.enumerator.finished_split_ids == {"a", "b"}
+    source.ends["a"] = 9  # appended to after it finished
+    driver.run_epoch(records_per_split=8)
+    driver.run_epoch(records_per_split=8)
+    assert ledger.spans("a") == [(0, 4)]  # not looked at between rechecks
+    driver.run_epoch(records_per_split=8)  # the third epoch after the last recheck
+    assert source.rechecks == [True, True, False, False, True]  # open, epochs 1 and 4
+    assert RecoveryDecision.EXTENDED in [d.decision for d in driver.enumerator.audit_for("a")]
+    assert ledger.spans("a") == [(0, 9)]  # on from where it ended, once
+    assert driver.enumerator.finished_split_ids == {"a", "b"}
+
+    source.ends["b"] = 6  # grows while no driver runs: a restarted driver checks it at once
+    source.rechecks.clear()
+    restarted = EpochDriver(settings, source, runner, SimEpochSink(ledger, runner), state, SimClock())
+    restarted.open()
+    restarted.run_epoch(records_per_split=8)
+    assert source.rechecks == [True, True]
+    assert ledger.spans("b") == [(0, 6)] and ledger.spans("a") == [(0, 9)]
+
+
+def test_recheck_finished_every_must_be_a_positive_number_of_epochs() -> None:
+    with pytest.raises(InvalidParameterError, match="source.recheck_finished_every"):
+        DriverSettings(pipeline="t", parallelism=1, recheck_finished_every=0)

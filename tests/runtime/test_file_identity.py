@@ -238,3 +238,27 @@ def test_the_restart_checks_compare_a_finished_files_committed_values_with_the_f
     with pytest.raises(InvariantViolation, match="content_mismatch") as err:
         services.validate(config, content=True)
     assert err.value.params["split_ids"] == ("b.txt",)
+
+
+@pytest.mark.parametrize("discovery", ["full", "incremental"])
+def test_an_append_to_a_finished_file_is_read_at_the_next_recheck_of_a_running_pipeline(
+    spark: Any, tmp_path: Path, discovery: str
+) -> None:
+    """Issue 38 item 3: one running driver (no restart) checks finished files every
+    source.recheck_finished_every epochs; new files are read at the next epoch meanwhile, and the
+    append is read once, from where the file ended, when the recheck sees it."""
+    write(tmp_path / "in" / "a.txt", lines("a", 10))
+    mapping = pipeline_mapping(tmp_path, "recheck", tmp_path / "in", parallelism=1, epoch_records=1000)
+    mapping["source"].update(on_file_change="append", recheck_finished_every=2, discovery=discovery)
+    mapping["checkpoint"]["region_timeout_s"] = 300  # every epoch must complete: its records are counted
+    config = config_from_mapping(mapping)
+    with services.leased_pipeline(config, spark, metrics=False) as pipeline:
+        pipeline.open()
+        assert pipeline.run_epoch().committed_records == 10  # epoch 1 rechecks (the first after open)
+        write(tmp_path / "in" / "a.txt", lines("a-late", 5), mode="a")
+        write(tmp_path / "in" / "b.txt", lines("b", 3))
+        assert pipeline.run_epoch().committed_records == 3  # epoch 2: the new file, not the append
+        assert pipeline.run_epoch().committed_records == 5  # epoch 3 rechecks: the append
+        assert pipeline.run_epoch().committed_records == 0
+    assert_sink_equals_source(spark, tmp_path / "sink", tmp_path / "in")
+    assert [r["split_id"] for r in _audit(config) if r["decision"] == "extended"] == ["a.txt"]

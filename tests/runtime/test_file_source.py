@@ -463,3 +463,125 @@ def test_reader_mode_legacy_makes_the_file_source_keep_restored_splits(tmp_path:
         assert source.reassigns_on_recovery is deferred
         enumerator = enumerator_for(source, RecordingEnumeratorContext(2), strategy_by_name("least-loaded"))
         assert enumerator.reassign_on_recovery is deferred
+
+
+# --------------------------------------------------------------------------- discovery that costs what is new
+
+
+def _stats(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The paths ``os.stat`` is asked about from now on."""
+    calls: list[str] = []
+    real_stat = os.stat
+
+    def counting(path: Any, *args: Any, **kwargs: Any) -> Any:
+        calls.append(os.fspath(path))
+        return real_stat(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "stat", counting)
+    return calls
+
+
+def _started(source: FileSource) -> tuple[list[Split], dict[str, str]]:
+    """A first check and discovery (what a restore does); every split counted finished but the last."""
+    splits = source.discover_splits()
+    finished = {s.split_id: s.identity for s in splits[:-1]}
+    assert source.check_splits(splits[-1:], finished) == []
+    source.discover_splits()
+    return splits, finished
+
+
+@pytest.mark.parametrize("discovery", ["full", "incremental"])
+def test_an_epoch_without_a_recheck_stats_only_new_and_live_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, discovery: str
+) -> None:
+    """Issue 38 item 3: finished files are not stat'ed nor compared between rechecks; a change to
+    one is reported by the next check that rechecks finished files."""
+    for i in range(20):
+        write(tmp_path / f"f{i:03d}.txt", [f"line {i}"])
+    source = FileSource(tmp_path, discovery=discovery)
+    splits, finished = _started(source)
+    write(tmp_path / "f003.txt", ["rewritten, longer than before"])  # a finished file changes
+    write(tmp_path / "f100.txt", ["new"])
+    calls = _stats(monkeypatch)
+    assert source.check_splits(splits[-1:], finished, recheck_finished=False) == []
+    assert [s.split_id for s in source.discover_splits()] == ["f019.txt", "f100.txt"]  # live, new
+    assert sorted(c for c in calls if c != str(tmp_path)) == [
+        str(tmp_path / "f019.txt"),
+        str(tmp_path / "f100.txt"),
+    ]
+    (change,) = source.check_splits(splits[-1:], finished)  # a recheck
+    assert change.split_id == "f003.txt" and change.kind is SplitChangeKind.CHANGED
+
+
+def test_incremental_discovery_lists_names_after_the_last_seen_and_a_full_listing_catches_a_late_name(
+    tmp_path: Path,
+) -> None:
+    for day in ("2026-01-01", "2026-01-02"):
+        for i in range(3):
+            write(tmp_path / day / f"part-{i}.txt", [f"{day} {i}"])
+    source = FileSource(tmp_path, discovery="incremental")
+    splits, finished = _started(source)
+    finished = {s.split_id: s.identity for s in splits}
+    write(tmp_path / "2026-01-02" / "part-3.txt", ["in order"])
+    write(tmp_path / "2026-01-03" / "part-0.txt", ["a new folder"])
+    write(tmp_path / "2026-01-01" / "part-9.txt", ["late: sorts before the last name seen"])
+    (tmp_path / "2026-01-01" / "part-0.txt").unlink()  # gone: seen by the next full listing
+    assert source.check_splits([], finished, recheck_finished=False) == []
+    assert [s.split_id for s in source.discover_splits()] == [
+        "2026-01-02/part-3.txt",
+        "2026-01-03/part-0.txt",
+    ]
+    assert source.removed_paths == ()
+    assert source.check_splits([], finished) == []  # a recheck lists everything
+    assert "2026-01-01/part-9.txt" in [s.split_id for s in source.discover_splits()]
+    assert source.removed_paths == (str(tmp_path / "2026-01-01" / "part-0.txt"),)
+
+
+def test_incremental_discovery_lists_an_empty_file_again_until_it_has_data(tmp_path: Path) -> None:
+    write(tmp_path / "a.txt", ["a"])
+    source = FileSource(tmp_path, discovery="incremental")
+    _splits, finished = _started(source)
+    (tmp_path / "b.txt").write_bytes(b"")  # created, not written yet
+    write(tmp_path / "c.txt", ["c"])
+    source.check_splits([], finished, recheck_finished=False)
+    assert [s.split_id for s in source.discover_splits()] == ["c.txt"]
+    write(tmp_path / "b.txt", ["b"])
+    source.check_splits([], finished, recheck_finished=False)
+    assert [s.split_id for s in source.discover_splits()] == ["b.txt"]
+
+
+@pytest.mark.parametrize("discovery", ["full", "incremental"])
+def test_a_finished_file_moved_between_rechecks_is_moved_not_new(tmp_path: Path, discovery: str) -> None:
+    """A rename must not read the data again as a new file, whatever the listing."""
+    for name in ("a.txt", "b.txt"):
+        write(tmp_path / name, [f"{name} line"])
+    source = FileSource(tmp_path, discovery=discovery)
+    splits = source.discover_splits()
+    finished = {s.split_id: s.identity for s in splits}
+    source.check_splits([], finished)
+    source.discover_splits()
+    os.rename(tmp_path / "a.txt", tmp_path / "z-archive.txt")
+    (change,) = source.check_splits([], finished, recheck_finished=False)
+    assert (change.split_id, change.kind, change.moved_to) == (
+        "a.txt",
+        SplitChangeKind.MOVED,
+        "z-archive.txt",
+    )
+    (moved,) = [s for s in source.discover_splits() if s.split_id == "z-archive.txt"]
+    assert moved.identity == change.identity  # the known layout under its new path: the core's to apply
+
+
+def test_the_discovery_keys_reach_the_source_and_the_driver_and_bad_values_name_the_key(
+    tmp_path: Path,
+) -> None:
+    from splitkeeper.config.settings import core_settings
+    from splitkeeper.errors import ConfigError
+
+    base = {"name": "keys", "state": {"path": "s"}, "sink": {"path": "k"}}
+    source = {"kind": "files", "path": str(tmp_path), "recheck_finished_every": 3, "discovery": "incremental"}
+    config = config_from_mapping({**base, "source": source})
+    assert FileSource.from_config(config.source)._discovery.value == "incremental"
+    assert core_settings(config).recheck_finished_every == 3
+    for key, value in (("recheck_finished_every", 0), ("discovery", "sometimes")):
+        with pytest.raises(ConfigError, match=f"source.{key}"):
+            config_from_mapping({**base, "source": {**source, key: value}})

@@ -4,7 +4,10 @@ Keys: ``path`` (a directory, scanned recursively, or one file; resolved against 
 file's folder; or an object-store prefix or object, :data:`OBJECT_SCHEMES`), ``format``
 (:class:`FileFormat`), ``split_bytes`` (0 = one split per file, else byte ranges of about that
 size), ``on_file_change`` (a known file grew, changed or moved: ``fail``, ``new_version`` or
-``append``; :class:`~splitkeeper.core.types.SplitChangePolicy`).
+``append``; :class:`~splitkeeper.core.types.SplitChangePolicy`), ``recheck_finished_every``
+(epochs between the checks of finished files: a change to a finished file is found at the first
+discovery after a restore and then at most this many epochs after it happened; live files are
+checked every epoch), ``discovery`` (:class:`Discovery`).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from splitkeeper.config.base import Location, SourceKind, SourceSection, Text, c
 from splitkeeper.core import defaults
 from splitkeeper.core.types import SplitChangePolicy
 
-__all__ = ["OBJECT_SCHEMES", "FileFormat", "FilesSource"]
+__all__ = ["OBJECT_SCHEMES", "Discovery", "FileFormat", "FilesSource"]
 
 #: The URI schemes ``source.path`` may have besides a local path (``file://`` is one):
 #: the object stores :mod:`splitkeeper.sources.files.fs` reads.
@@ -37,6 +40,21 @@ class FileFormat(enum.Enum):
     JSONL = "jsonl"
 
 
+class Discovery(enum.Enum):
+    """How an epoch that does not recheck finished files lists the source (protocol rule 1.9).
+
+    ``FULL``: every name under ``path`` (no ``stat`` of the finished files present; a file gone
+    or moved is seen at once). ``INCREMENTAL``: only the names that sort after the last one
+    seen (start-after, as an object store lists; on local disk, folders whose every name sorts
+    before it are not listed): for drops whose names grow (timestamps, sequence numbers). A
+    name that sorts before it (written late) and a finished file moved away are seen at the
+    next full listing, the epochs that recheck finished files (``recheck_finished_every``).
+    """
+
+    FULL = "full"
+    INCREMENTAL = "incremental"
+
+
 class FilesSource(SourceSection):
     """``source`` with ``kind: files``: files in a directory tree (or one file), read line by line."""
 
@@ -45,6 +63,12 @@ class FilesSource(SourceSection):
     format: FileFormat = choice(FileFormat, FileFormat.LINES)
     split_bytes: int = Field(0, ge=0, description="an integer >= 0 (0: one split per file)")
     on_file_change: SplitChangePolicy = choice(SplitChangePolicy, defaults.ON_FILE_CHANGE)
+    recheck_finished_every: int = Field(
+        defaults.RECHECK_FINISHED_EVERY,
+        ge=1,
+        description="an integer >= 1 (epochs between checks of finished files; 1: every epoch)",
+    )
+    discovery: Discovery = choice(Discovery, Discovery.FULL)
 
     @model_validator(mode="after")
     def _resolved(self, info: ValidationInfo) -> FilesSource:
@@ -67,6 +91,10 @@ class FilesSource(SourceSection):
     @property
     def split_change_policy(self) -> SplitChangePolicy:
         return self.on_file_change
+
+    @property
+    def recheck_finished_epochs(self) -> int:
+        return self.recheck_finished_every
 
     def locations(self) -> list[Location]:
         return [Location("source.path", self.path, "the pipeline would read what it writes there as input")]

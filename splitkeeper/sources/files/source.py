@@ -25,7 +25,9 @@ same data too. What is not caught: a rewrite of bytes in the middle of a file
 larger than 128 KiB that keeps its size, its first and last 64 KiB and its mtime
 (a deliberate forgery; ``touch -r`` after an in-place edit).
 :meth:`FileSource.check_splits` compares the known splits (live and finished,
-the identities persisted in the checkpoint) with the files now: a file that grew
+the identities persisted in the checkpoint; finished ones only when the core asks, at its
+``source.recheck_finished_every`` cadence, else only new and live files are looked at) with the
+files now: a file that grew
 with its first ``size`` bytes unchanged GREW, any other difference CHANGED (its replacement splits get the ids
 ``relative/path#v<12 hex>``, plus ``#a-b`` for byte ranges), and a file gone from
 its path whose size and digest appear at a path no split has is MOVED there. The
@@ -81,7 +83,7 @@ import os
 import re
 import stat
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import IO, Any
 
 import numpy as np
@@ -100,7 +102,7 @@ from splitkeeper.core.source import (
 from splitkeeper.core.types import Split, SplitChangePolicy
 from splitkeeper.errors import InvalidParameterError, SourceError
 from splitkeeper.records.columnar import BadRead, RangeColumns, SupportsColumnarRead
-from splitkeeper.sources.files.config import FileFormat, FilesSource
+from splitkeeper.sources.files.config import Discovery, FileFormat, FilesSource
 from splitkeeper.sources.files.fs import Files, FileStat, ObjectFiles, files_for, is_object_store, object_root
 
 log = logging.getLogger("splitkeeper.sources.files")
@@ -186,7 +188,12 @@ def sample_digest(f: IO[bytes], size: int) -> str:
 
 
 def _skipped(name: str) -> bool:
-    return name.startswith((".", "_"))
+    return name[:1] in (".", "_")
+
+
+def _all_before(prefix: str, key: str) -> bool:
+    """Every name that starts with ``prefix`` sorts before ``key``."""
+    return prefix < key and not key.startswith(prefix)
 
 
 def _range_start(split_id: str) -> int:
@@ -197,10 +204,26 @@ def _range_start(split_id: str) -> int:
 @dataclass(frozen=True, slots=True)
 class _Scan:
     """One listing of the source: regular non-empty files (rel -> their stat) and entries
-    that could not be examined (rel -> why)."""
+    that could not be examined (rel -> why).
+
+    A listing for an epoch that does not recheck finished files (:meth:`FileSource.check_splits`)
+    leaves out what it need not look at: ``unchecked`` are files present, known and finished, not
+    ``stat``-ed; ``complete`` False: only names after the cursor were listed (incremental), and of
+    the known files only those in ``missing`` are known to be gone. ``pending``: names listed
+    that were not taken (empty files), which incremental discovery lists again."""
 
     files: dict[str, FileStat]
     bad: dict[str, str]
+    unchecked: frozenset[str] = frozenset()
+    complete: bool = True
+    missing: set[str] = field(default_factory=set)
+    pending: frozenset[str] = frozenset()
+
+    def gone(self, rel: str) -> bool:
+        """The file at ``rel`` is not there any more (as far as this listing can tell)."""
+        if rel in self.files or rel in self.bad or rel in self.unchecked:
+            return False
+        return self.complete or rel in self.missing
 
 
 @dataclass(frozen=True, slots=True)
@@ -545,8 +568,15 @@ class FileSource(SourceConnector, SupportsSplitReassignmentOnRecovery, SupportsS
         *,
         growing: bool = False,
         deferred_assignment: bool = True,
+        discovery: Discovery | str = Discovery.FULL,
     ) -> None:
         self._deferred = bool(deferred_assignment)
+        try:
+            self._discovery = Discovery(discovery)
+        except ValueError as err:
+            raise InvalidParameterError(
+                "source.discovery", discovery, "one of " + ", ".join(d.value for d in Discovery)
+            ) from err
         if isinstance(split_bytes, bool) or not isinstance(split_bytes, int) or split_bytes < 0:
             raise InvalidParameterError(
                 "split_bytes", split_bytes, "an integer >= 0 (0 = one split per file)"
@@ -568,6 +598,13 @@ class FileSource(SourceConnector, SupportsSplitReassignmentOnRecovery, SupportsS
         self._scanned: _Scan | None = None  # check_splits' scan, for the discovery right after it
         self._root_dir: str | None = None  # the folder of the files, as the last scan found source.path
         self._growing = growing  # on_file_change append: a last line without its newline is not read yet
+        # incremental discovery: names up to this one were listed and taken (start-after); None: list all
+        self._cursor: str | None = None
+        # finished ids seen by check_splits: id -> rel, rel -> ids, digest -> id (the last with it)
+        self._finished_rel: dict[str, str] = {}
+        self._finished_ids: dict[str, list[str]] = {}
+        self._finished_digest: dict[str, str] = {}
+        self._fresh: dict[tuple[str, FileStat], FileIdentity | None] = {}  # this check's identities
 
     @classmethod
     def from_config(cls, source: FilesSource) -> FileSource:
@@ -582,6 +619,7 @@ class FileSource(SourceConnector, SupportsSplitReassignmentOnRecovery, SupportsS
             source.split_bytes,
             growing=source.on_file_change is SplitChangePolicy.APPEND,
             deferred_assignment=source.deferred_assignment,
+            discovery=source.discovery,
         )
 
     @property
@@ -688,12 +726,18 @@ class FileSource(SourceConnector, SupportsSplitReassignmentOnRecovery, SupportsS
 
         Files gone since the previous call are logged (warning, naming the path)
         and listed in :attr:`removed_paths`. A file that cannot be examined is
-        one ``unreadable`` split (see the module doc).
+        one ``unreadable`` split (see the module doc). Right after
+        :meth:`check_splits` with ``recheck_finished=False``: only the splits of the files
+        that check looked at (new ones, live ones); the finished ones are the caller's.
         """
         scan, self._scanned = self._scanned or self._scan(), None
         splits: list[Split] = []
+        pending = set(scan.pending)
         for rel, st in scan.files.items():
-            splits.extend(self._layout(rel, st))
+            layout = self._layout(rel, st)
+            if not layout:
+                pending.add(rel)  # unreadable now, or one line without its newline yet
+            splits.extend(layout)
         for rel, error in scan.bad.items():
             known = self._layouts.get(rel)
             if known is not None:
@@ -703,8 +747,11 @@ class FileSource(SourceConnector, SupportsSplitReassignmentOnRecovery, SupportsS
                 "input file %s cannot be examined (%s); its reads fail until it can", self._abs(rel), error
             )
             splits.append(Split(rel, subscription=self._path, position=0, end=1, identity=UNREADABLE))
-        present = scan.files.keys() | scan.bad.keys()
-        removed = sorted(set(self._layouts) - present)
+        self._advance_cursor(scan, pending)
+        if scan.complete:
+            removed = sorted(self._layouts.keys() - scan.unchecked - scan.files.keys() - scan.bad.keys())
+        else:
+            removed = sorted(scan.missing & self._layouts.keys())
         for rel in removed:
             ids = [s.split_id for s in self._layouts.pop(rel)]
             self._line_bytes.pop(rel, None)
@@ -716,6 +763,101 @@ class FileSource(SourceConnector, SupportsSplitReassignmentOnRecovery, SupportsS
             )
         self._removed = tuple(self._abs(rel) for rel in removed)
         return sorted(splits, key=lambda s: (relative_path_of(s.split_id), s.position))
+
+    def _advance_cursor(self, scan: _Scan, pending: set[str]) -> None:
+        """Incremental discovery's start-after cursor: the greatest name listed (or the cursor the
+        listing started after), but below the first name not taken yet (an empty file, one line
+        without its newline), which is listed again. Not checkpointed: the first discovery after
+        a restore lists everything (it rechecks finished files) and sets it again."""
+        listed = [*scan.files, *scan.bad, *scan.unchecked, *scan.pending]
+        if not scan.complete and self._cursor is not None:
+            listed.append(self._cursor)  # every name listed sorts after it
+        if pending:
+            first = min(pending)
+            listed = [r for r in listed if r < first]
+        self._cursor = max(listed, default=None)
+
+    def _folders(self, after: str | None = None) -> Iterator[tuple[str, str, list[str], dict[str, Any]]]:
+        """``(folder path, rel prefix, names, looked)`` of every folder under source.path: the names
+        that may be input files (not skipped, not reserved; a symbolic link to a folder is not
+        followed); ``after``: only the names whose rel sorts after it, in name order (a folder whose
+        every name sorts before it is not listed). A name known as a file (one with a layout) is
+        taken as one; the others are ``stat``-ed to tell the folders, and ``looked`` has what that
+        gave for the names (an ``os.stat_result``, or the OSError), so each is ``stat``-ed once."""
+        layouts = self._layouts
+        stack = [(self._path, "")]
+        while stack:
+            dirpath, prefix = stack.pop()
+            try:
+                listed = os.listdir(dirpath)
+            except OSError as err:
+                raise SourceError(
+                    f"source.path {self._path}: cannot list {err.filename}: {err.strerror}"
+                ) from err
+            if after is not None and after.startswith(prefix):
+                # the names after it (few of many), and folders whose names may be (a prefix of it)
+                tail = after[len(prefix) :]
+                listed = sorted(n for n in listed if (n > tail or tail.startswith(n)) and not _skipped(n))
+            else:
+                listed = [n for n in listed if not _skipped(n)]  # the callers' order is their own
+            names: list[str] = []
+            folders: list[str] = []
+            looked: dict[str, Any] = {}
+            for name in listed:
+                rel = prefix + name
+                if rel not in layouts:
+                    full = os.path.join(dirpath, name)
+                    try:
+                        st: Any = os.stat(full)
+                    except OSError as err:
+                        st = err
+                    folder = isinstance(st, os.stat_result) and stat.S_ISDIR(st.st_mode)
+                    if folder and not os.path.islink(full):
+                        if after is None or not _all_before(rel + "/", after):
+                            folders.append(name)
+                        continue
+                    looked[name] = st
+                if after is not None and rel <= after:
+                    continue
+                if "#" in name and _reserved(name):
+                    self._warn_once(rel, "a name ending in '#<a>-<b>' or '#v<12 hex>' is reserved")
+                    continue
+                names.append(name)
+            stack.extend((os.path.join(dirpath, d), prefix + d + "/") for d in sorted(folders, reverse=True))
+            yield dirpath, prefix, names, looked
+
+    def _stat_into(
+        self,
+        rel: str,
+        full: str,
+        found: dict[str, FileStat],
+        bad: dict[str, str],
+        looked: os.stat_result | OSError | None = None,
+    ) -> bool:
+        """Put the file at ``full`` into ``found`` (a regular non-empty file) or ``bad`` (cannot be
+        examined); leave out what is none (removed meanwhile, empty, not a regular file). True for
+        an empty file (it may be written still: listed again by incremental discovery). ``looked``:
+        what a ``stat`` of it gave already."""
+        try:
+            if isinstance(looked, OSError):
+                raise looked
+            st = looked or os.stat(full)  # follows a symlink: a loop or a dangling one raises
+        except FileNotFoundError:
+            if os.path.islink(full):
+                bad[rel] = "a symbolic link to a path that does not exist"
+            return False  # else removed while listing: the next discovery reports it
+        except OSError as err:
+            bad[rel] = err.strerror or str(err)
+            return False
+        if stat.S_ISDIR(st.st_mode):
+            return False  # a symbolic link to a folder: not followed
+        if not stat.S_ISREG(st.st_mode):
+            self._warn_once(rel, "not a regular file (a FIFO, socket or device is never opened)")
+            return False
+        if st.st_size > 0:
+            found[rel] = FileStat.of(st)
+            return False
+        return True
 
     def _scan(self) -> _Scan:
         kind = self._files.kind(self._path)
@@ -731,39 +873,50 @@ class FileSource(SourceConnector, SupportsSplitReassignmentOnRecovery, SupportsS
             raise self._missing_root()
         found: dict[str, FileStat] = {}
         bad: dict[str, str] = {}
+        skipped: set[str] = set()
+        for dirpath, prefix, names, looked in self._folders():
+            for name in names:
+                if self._stat_into(prefix + name, os.path.join(dirpath, name), found, bad, looked.get(name)):
+                    skipped.add(prefix + name)
+        return _Scan(found, bad, pending=frozenset(skipped))
 
-        def fail(err: OSError) -> None:
-            raise SourceError(
-                f"source.path {self._path}: cannot list {err.filename}: {err.strerror}"
-            ) from err
-
-        for dirpath, dirnames, filenames in os.walk(self._path, onerror=fail):
-            dirnames[:] = sorted(d for d in dirnames if not _skipped(d))
-            rel_dir = os.path.relpath(dirpath, self._path)
-            for name in sorted(filenames):
-                if _skipped(name):
-                    continue
-                rel = name if rel_dir == "." else f"{rel_dir.replace(os.sep, '/')}/{name}"
-                if _reserved(name):
-                    self._warn_once(rel, "a name ending in '#<a>-<b>' or '#v<12 hex>' is reserved")
-                    continue
+    def _scan_new(self, live: set[str]) -> _Scan:
+        """The listing of an epoch that does not recheck finished files: ``stat`` only the names
+        without a layout yet (new) and the files of live splits; incremental discovery lists only
+        the names after the cursor (a live file before it is ``stat``-ed by its path). An object
+        store is listed whole (one LIST per 1,000 keys, no request per object)."""
+        if isinstance(self._files, ObjectFiles) or os.path.isfile(self._path):
+            return self._scan()
+        if not os.path.isdir(self._path):
+            raise self._missing_root()
+        self._root_dir = self._path
+        incremental = self._discovery is Discovery.INCREMENTAL and self._cursor is not None
+        found: dict[str, FileStat] = {}
+        bad: dict[str, str] = {}
+        unchecked: set[str] = set()
+        skipped: set[str] = set()
+        for dirpath, prefix, names, looked in self._folders(self._cursor if incremental else None):
+            rels = [prefix + n for n in names] if prefix else names
+            known = (self._layouts.keys() & rels) - live
+            unchecked |= known
+            for rel, name in zip(rels, names, strict=True):
                 full = os.path.join(dirpath, name)
-                try:
-                    st = os.stat(full)  # follows a symlink: a loop or a dangling one raises
-                except FileNotFoundError:
-                    if not os.path.islink(full):
-                        continue  # removed while listing: the next discovery reports it
-                    bad[rel] = "a symbolic link to a path that does not exist"
-                    continue
-                except OSError as err:
-                    bad[rel] = err.strerror or str(err)
-                    continue
-                if not stat.S_ISREG(st.st_mode):
-                    self._warn_once(rel, "not a regular file (a FIFO, socket or device is never opened)")
-                    continue
-                if st.st_size > 0:
-                    found[rel] = FileStat.of(st)
-        return _Scan(found, bad)
+                if rel not in known and self._stat_into(rel, full, found, bad, looked.get(name)):
+                    skipped.add(rel)
+        missing: set[str] = set()
+        if incremental:
+            for rel in live - found.keys() - bad.keys():
+                self._stat_into(rel, self._abs(rel), found, bad)
+                if rel not in found and rel not in bad and not os.path.lexists(self._abs(rel)):
+                    missing.add(rel)
+        return _Scan(
+            found,
+            bad,
+            frozenset(unchecked),
+            complete=not incremental,
+            missing=missing,
+            pending=frozenset(skipped),
+        )
 
     def _scan_objects(self, files: ObjectFiles) -> _Scan:
         """The objects under source.path (a prefix: none yet is an empty folder; no bucket, an error)."""
@@ -783,12 +936,17 @@ class FileSource(SourceConnector, SupportsSplitReassignmentOnRecovery, SupportsS
             log.warning("skipping input file %s: %s", rel, why)
 
     def _identity(self, rel: str, st: FileStat) -> FileIdentity | None:
-        """The identity of the file at ``rel`` with stat ``st``; None if it cannot be read."""
+        """The identity of the file at ``rel`` with stat ``st``; None if it cannot be read. Read once
+        per check (:meth:`check_splits` and the discovery after it)."""
+        if (rel, st) in self._fresh:
+            return self._fresh[(rel, st)]
         try:
             with self._files.open(self._abs(rel)) as f:
-                return FileIdentity(*st, sample_digest(f, st.size))
+                identity: FileIdentity | None = FileIdentity(*st, sample_digest(f, st.size))
         except OSError:
-            return None
+            identity = None
+        self._fresh[(rel, st)] = identity
+        return identity
 
     def _layout(self, rel: str, st: FileStat) -> tuple[Split, ...]:
         known = self._layouts.get(rel)
@@ -861,21 +1019,37 @@ class FileSource(SourceConnector, SupportsSplitReassignmentOnRecovery, SupportsS
 
     # -- identity check (protocol rule 1.9) ------------------------------------------------------
 
-    def check_splits(self, live: Sequence[Split], finished: Mapping[str, str]) -> list[SplitChange]:
+    def check_splits(
+        self, live: Sequence[Split], finished: Mapping[str, str], *, recheck_finished: bool = True
+    ) -> list[SplitChange]:
         """The known splits whose file grew, changed or moved (see the module doc); learns their layout.
 
         Reads the first and last 64 KiB of a file only when its size or mtime differ from
         a known identity (and of a same-size file at another path when a known one is
         gone). Unreadable files are not reported: their reads fail.
+
+        ``recheck_finished`` False (the core's cadence, rule 1.9): the files of finished splits
+        that are present are not ``stat``-ed nor compared; only new names and the files of live
+        splits are (:meth:`_scan_new`). A finished file gone from its path is still followed to
+        where it moved: at once with ``discovery: full`` (the listing has every name), and with
+        ``incremental`` when its new name is listed (a new file with the same size and digest).
         """
-        scan = self._scan()
+        self._fresh = {}
+        if recheck_finished or not self._layouts:  # a process that knows no layout learns them all
+            scan = self._scan()
+            checked: Mapping[str, str] = finished
+            self._index_finished(finished)
+        else:
+            live_rels = {relative_path_of(s.split_id) for s in live}
+            scan = self._scan_new(live_rels)
+            checked = self._finished_to_check(finished, scan, live_rels)
         self._scanned = scan
         known: dict[str, list[_Known]] = {}
         for split in live:
             known.setdefault(relative_path_of(split.split_id), []).append(
                 _Known(split.split_id, split.identity, split)
             )
-        for sid, identity in finished.items():
+        for sid, identity in checked.items():
             known.setdefault(relative_path_of(sid), []).append(_Known(sid, identity, None))
         changes: list[SplitChange] = []
         for rel in sorted(known):
@@ -884,11 +1058,46 @@ class FileSource(SourceConnector, SupportsSplitReassignmentOnRecovery, SupportsS
             entries = known[rel]
             if len(entries) > 1:
                 entries.sort(key=lambda k: _range_start(k.split_id))
-            if rel not in scan.files:
+            if rel in scan.files:
+                changes.extend(self._compare(rel, scan.files[rel], entries))
+            elif scan.gone(rel):
                 changes.extend(self._moved(rel, entries, scan, known))
-                continue
-            changes.extend(self._compare(rel, scan.files[rel], entries))
         return sorted(changes, key=lambda c: c.split_id)
+
+    def _finished_to_check(
+        self, finished: Mapping[str, str], scan: _Scan, live_rels: set[str]
+    ) -> dict[str, str]:
+        """Of ``finished`` (id -> identity), those an epoch without a recheck still looks at: the
+        finished ranges of live files, and those of files gone from their path (to follow a move:
+        with an incomplete listing, a known file is known gone when a new file has its digest and
+        its own path is empty). Indexes are kept across calls: only ids new since are parsed."""
+        self._index_finished(finished)
+        index = self._finished_rel
+        rels = set(live_rels)
+        if scan.complete:
+            rels |= self._layouts.keys() - scan.unchecked - scan.files.keys() - scan.bad.keys()
+        else:
+            for rel, st in scan.files.items():
+                if rel in self._layouts or rel in live_rels:
+                    continue
+                now = self._identity(rel, st)
+                sid = None if now is None else self._finished_digest.get(now.digest)
+                old = None if sid is None or sid not in finished else index[sid]
+                if old is not None and old != rel and not os.path.lexists(self._abs(old)):
+                    rels.add(old)
+                    scan.missing.add(old)
+        by_rel = self._finished_ids
+        return {sid: finished[sid] for rel in rels for sid in by_rel.get(rel, ()) if sid in finished}
+
+    def _index_finished(self, finished: Mapping[str, str]) -> None:
+        """Index the finished ids not indexed yet (by path, by digest); one parse per id and process."""
+        index, by_rel, by_digest = self._finished_rel, self._finished_ids, self._finished_digest
+        for sid in finished.keys() - index.keys():
+            rel = index[sid] = relative_path_of(sid)
+            by_rel.setdefault(rel, []).append(sid)
+            identity = finished[sid]
+            if identity.startswith("f1:"):
+                by_digest[identity.rsplit(":", 1)[-1]] = sid
 
     def _compare(self, rel: str, st: FileStat, entries: list[_Known]) -> list[SplitChange]:
         size = st.size

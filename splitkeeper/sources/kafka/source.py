@@ -1087,12 +1087,15 @@ class KafkaSource(
             )
         return out
 
-    def check_splits(self, live: Sequence[Split], finished: Mapping[str, str]) -> list[SplitChange]:
+    def check_splits(
+        self, live: Sequence[Split], finished: Mapping[str, str], *, recheck_finished: bool = True
+    ) -> list[SplitChange]:
         """The known splits whose topic has another id now (deleted and re-created: RECREATED, with
         the new topic's partition as the replacement, at its earliest offset), or had none recorded
         (IDENTIFIED), in id order; see the module doc. Learns every known id with its identity, so
         that :meth:`discover_splits` names a re-created topic's partitions apart from the old ones.
-        Finished splits (a Kafka split finishes only when its topic was re-created) change nothing."""
+        Finished splits (a Kafka split finishes only when its topic was re-created) change nothing
+        (so ``recheck_finished`` changes nothing either)."""
         self._taken = {**dict(finished), **{s.split_id: s.identity for s in live}}
         by_topic: dict[str, list[Split]] = {}
         for split in live:

@@ -42,7 +42,10 @@ The measurements, each on the real parts:
    (median of 3, what a restarted driver does before discovery); ``reopen_s``, the pipeline's whole
    open again (lease, restore, discovery of every file; no Spark); ``driver_rss_mb``, the peak RSS
    of this (the driver's) process, ``jvm_rss_mb`` the JVM's. Goals (issue 26) at 100,000 splits
-   with 1,000 active: overhead <= 600 ms, restore <= 10 s, driver RSS <= 2 GB.
+   with 1,000 active: overhead <= 600 ms, restore <= 10 s, driver RSS <= 2 GB. The new files are
+   named on from the first ones (a drop with growing names); ``--discovery`` and
+   ``--recheck-finished-every`` set the source's keys, ``epoch_overhead_ms_max`` is the slowest
+   measured epoch (one that rechecks the finished files, when one is measured).
 
 ``growth_epoch_overhead`` is the ratio of the largest size's overhead to the smallest's
 (files; ``kafka_growth_epoch_overhead`` the same for partitions).
@@ -60,7 +63,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -100,16 +103,23 @@ def _write_files(folder: Path, count: int) -> list[Path]:
     folder.mkdir(parents=True, exist_ok=True)
     paths = []
     for i in range(count):
-        path = folder / f"f{i:06d}.txt"
+        path = folder / f"f{i:08d}.txt"
         path.write_text(f"file {i} line 0\n", encoding="utf-8")
         paths.append(path)
     return paths
 
 
 def measure_epochs(
-    spark: Any, root: Path, size: int, epochs: int, active_share: float = 0.01, parallelism: int = 4
+    spark: Any,
+    root: Path,
+    size: int,
+    epochs: int,
+    active_share: float = 0.01,
+    parallelism: int = 4,
+    source_options: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Part 1 for one size: driver phases (ms) and Delta files added per measured epoch."""
+    """Part 1 for one size: driver phases (ms) and Delta files added per measured epoch.
+    ``source_options``: more keys of the files source (``discovery``, ``recheck_finished_every``)."""
     from splitkeeper.config.settings import config_from_mapping
 
     _write_files(root / "in", size)
@@ -117,7 +127,12 @@ def measure_epochs(
         {
             "name": f"scale-{size}",
             "parallelism": parallelism,
-            "source": {"kind": "files", "path": str(root / "in"), "format": "lines"},
+            "source": {
+                "kind": "files",
+                "path": str(root / "in"),
+                "format": "lines",
+                **(source_options or {}),
+            },
             "checkpoint": {"retain_checkpoints": 3, "region_timeout_s": 600},
             "backlog": {"backlog_epoch_records": size * 2, "normal_epoch_records": size * 2},
             "state": {"path": str(root / "state")},
@@ -127,10 +142,10 @@ def measure_epochs(
     active = max(1, round(size * active_share))
 
     def new_data(epoch: int) -> int:  # 1% new data: files are immutable once they appear, so new files
-        for i in range(active):
+        for i in range(active):  # named on from the first ones, as drops with growing names are
             tmp = root / "in" / f".e{epoch}-{i}.txt"
             tmp.write_text(f"epoch {epoch} file {i}\n", encoding="utf-8")
-            tmp.rename(root / "in" / f"e{epoch:03d}-{i:05d}.txt")
+            tmp.rename(root / "in" / f"f{size + epoch * active + i:08d}.txt")
         return active
 
     return _measure(config, spark, root, f"{size:,} splits", size, active, epochs, new_data)
@@ -221,14 +236,20 @@ def _jvm_pid(spark: Any) -> int | None:
 
 
 def measure_file_splits(
-    spark: Any, root: Path, splits: int, epochs: int, active_share: float, restore_repeats: int = 3
+    spark: Any,
+    root: Path,
+    splits: int,
+    epochs: int,
+    active_share: float,
+    restore_repeats: int = 3,
+    source_options: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Part 5: part 1 at ``splits`` files with ``active_share`` new per epoch, then restore, reopen, RSS."""
     from splitkeeper.app.services import leased_pipeline
     from splitkeeper.config.settings import config_from_mapping
     from splitkeeper.delta.checkpoints import DeltaStateStore
 
-    measured = measure_epochs(spark, root, splits, epochs, active_share)
+    measured = measure_epochs(spark, root, splits, epochs, active_share, source_options=source_options)
     restores = []
     restored_id = None
     for _ in range(restore_repeats):
@@ -241,7 +262,12 @@ def measure_file_splits(
         {
             "name": f"scale-{splits}",
             "parallelism": 4,
-            "source": {"kind": "files", "path": str(root / "in"), "format": "lines"},
+            "source": {
+                "kind": "files",
+                "path": str(root / "in"),
+                "format": "lines",
+                **(source_options or {}),
+            },
             "checkpoint": {"retain_checkpoints": 3, "region_timeout_s": 600},
             "backlog": {"backlog_epoch_records": splits * 2, "normal_epoch_records": splits * 2},
             "state": {"path": str(root / "state")},
@@ -382,6 +408,7 @@ def run_scale(
     bootstrap_servers: str | None = None,
     file_splits: int = 0,
     active_share: float = 0.01,
+    source_options: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Every part (Kafka only with ``kafka_partitions``, part 5 only with ``file_splits``; parts 1 and
     2 only with ``sizes``); the JSON-able result."""
@@ -421,7 +448,12 @@ def run_scale(
             f"(load {os.getloadavg()[0]:.1f})"
         )
         files_part = measure_file_splits(
-            spark, base / f"file-splits-{file_splits}", file_splits, epochs, active_share
+            spark,
+            base / f"file-splits-{file_splits}",
+            file_splits,
+            epochs,
+            active_share,
+            source_options=source_options,
         )
     say(f"driver memory with {rss_splits:,} splits")
     rss = measure_rss(rss_splits)
@@ -453,6 +485,9 @@ def run_scale(
             "active_per_epoch": files_part["active_per_epoch"],
             "active_share": files_part["active_share"],
             "epoch_overhead_ms": files_part["overhead_ms_median"],
+            # the slowest measured epoch: one that rechecks finished files (source.recheck_finished_every)
+            "epoch_overhead_ms_max": max(e["overhead_ms"] for e in files_part["epochs"]),
+            "source_options": dict(source_options or {}),
             "epoch_phases_ms": files_part["phases_ms_median"],
             "delta_files_per_epoch": files_part["delta_files_per_epoch_median"],
             "first_epoch_s": files_part["first_epoch_s"],
@@ -635,6 +670,18 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--active-share", type=float, default=0.01, help="part 5: the share of new splits per epoch"
     )
+    parser.add_argument(
+        "--discovery",
+        choices=("full", "incremental"),
+        default=None,
+        help="part 5: the files source's source.discovery (default: the source's own default)",
+    )
+    parser.add_argument(
+        "--recheck-finished-every",
+        type=int,
+        default=None,
+        help="part 5: source.recheck_finished_every, epochs (default: the source's own default)",
+    )
     parser.add_argument("--workdir", default=None, help="where the files and tables go (default: a temp dir)")
     parser.add_argument("--out", default="var/bench", help="where the HTML chart goes")
     parser.add_argument("--json", action="store_true", help="print the result as one JSON line")
@@ -667,6 +714,14 @@ def run(args: argparse.Namespace) -> int:
         bootstrap_servers=args.bootstrap_servers,
         file_splits=args.file_splits,
         active_share=args.active_share,
+        source_options={
+            key: value
+            for key, value in (
+                ("discovery", args.discovery),
+                ("recheck_finished_every", args.recheck_finished_every),
+            )
+            if value is not None
+        },
     )
     result["chart"] = write_chart(result, args.out)
     if args.json:
@@ -690,7 +745,9 @@ def run(args: argparse.Namespace) -> int:
         if part is not None:
             print(
                 f"{part['splits']:>7,} file splits, {part['active_per_epoch']:,} active per epoch: "
-                f"epoch overhead {part['epoch_overhead_ms']:.0f} ms, restore {part['restore_s']:.2f} s "
+                f"epoch overhead {part['epoch_overhead_ms']:.0f} ms "
+                f"(max {part['epoch_overhead_ms_max']:.0f}), "
+                f"restore {part['restore_s']:.2f} s "
                 f"(reopen with discovery {part['reopen_s']:.1f} s), driver RSS {part['driver_rss_mb']} MB "
                 f"(JVM {part['jvm_rss_mb']} MB)"
             )
