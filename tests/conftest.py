@@ -7,6 +7,7 @@
 - ``versitygw`` (session scope): the object store's binary (``.tools/versitygw/bin/versitygw``),
   built by ``bash scripts/setup.sh versitygw`` when missing; a failed build fails the test that
   needs it (never a skip: a real-S3 test does not depend on another test having built it first).
+- ``s3_store``: a versitygw of the test's own, the ``AWS_*`` environment pointing at it.
 - ``scratch``: a :class:`ScratchDirs` over ``tmp_path``, for Delta tables and state.
 
 A test using ``spark`` or ``kafka_broker`` is marked ``spark`` / ``kafka``
@@ -34,6 +35,7 @@ import pytest
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import SparkSession
 
+    from splitkeeper_tools.chaos.store import ChaosStore
     from splitkeeper_tools.kafka_broker import KafkaBroker
 
 _FIXTURE_MARKS = {"spark": "spark", "kafka_broker": "kafka"}
@@ -153,6 +155,25 @@ def versitygw() -> Path:
             pytrace=False,
         )
     return found
+
+
+@pytest.fixture
+def s3_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, versitygw: Path) -> Iterator[ChaosStore]:
+    """A versitygw of this test (under ``tmp_path/store``; ``versitygw`` builds the binary when it
+    is missing: never a skip), with the ``AWS_*`` environment pointing at the store itself (no
+    faults); ``s3_store.location(name)`` is an ``s3://`` location in its bucket."""
+    from splitkeeper_tools.chaos.store import ChaosStore
+
+    store = ChaosStore(tmp_path / "store", seed=1, fault_rate=0.0, prefix="test")
+    store.start()
+    try:
+        assert store.proxy is not None
+        store.proxy.fault = None
+        for key, value in store.store_env().items():
+            monkeypatch.setenv(key, value)
+        yield store
+    finally:
+        store.stop()
 
 
 @pytest.fixture(scope="session")

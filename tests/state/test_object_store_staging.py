@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,24 +28,6 @@ from splitkeeper.spark.task import StagedWriter
 from splitkeeper.staging import PARTS_FILE, StagedRegion, attempt_dir, copy_file, exists, read_table
 
 from .samples import Crash, CrashAt, LocalPipeline, file_lines
-
-
-@pytest.fixture
-def s3(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, versitygw: Path) -> Iterator[Any]:
-    """versitygw (the ``versitygw`` fixture builds it when missing: never a skip); the AWS_*
-    environment points at the store itself."""
-    from splitkeeper_tools.chaos.store import ChaosStore
-
-    store = ChaosStore(tmp_path / "store", seed=1, fault_rate=0.0, prefix="staging")
-    store.start()
-    try:
-        assert store.proxy is not None
-        store.proxy.fault = None
-        for key, value in store.store_env().items():
-            monkeypatch.setenv(key, value)
-        yield store
-    finally:
-        store.stop()
 
 
 @dataclasses.dataclass
@@ -94,16 +75,16 @@ def _sink_lines(sink: str) -> dict[str, list[tuple[int, str]]]:
     return out
 
 
-def test_the_default_staging_of_a_state_on_the_object_store_is_the_store(s3: Any, tmp_path: Path) -> None:
-    pipeline = StorePipeline(tmp_path, base=s3.location("default"))
+def test_the_default_staging_of_a_state_on_the_store_is_the_store(s3_store: Any, tmp_path: Path) -> None:
+    pipeline = StorePipeline(tmp_path, base=s3_store.location("default"))
     config = config_from_mapping(pipeline.mapping())
     assert config.staging.path == f"{pipeline.state}/_staging"  # no local folder anywhere
 
 
 def test_every_crash_point_on_object_store_staging_ends_exactly_once_and_maintain_counts_the_orphans(
-    s3: Any, tmp_path: Path
+    s3_store: Any, tmp_path: Path
 ) -> None:
-    pipeline = StorePipeline(tmp_path, base=s3.location("crashes"))
+    pipeline = StorePipeline(tmp_path, base=s3_store.location("crashes"))
     pipeline.write_input(files=2, lines=120)  # 240 records, 20 per epoch: 12 epochs
     pipeline.run(epochs=1)
     assert not (tmp_path / "state").exists()  # nothing local: the staged files went to the store
@@ -144,7 +125,7 @@ def test_every_crash_point_on_object_store_staging_ends_exactly_once_and_maintai
     late = f"{attempt_dir(pipeline.staging, 1, 0, 'late')}/part.parquet"
     copy_file(f"{pipeline.sink_path}/{orphans[0]}", late)
     for key in [f"{pipeline.sink_path}/{name}" for name in orphans] + [late]:
-        _age(s3, key, hours=48)  # the store reports them two days old (maintain's window is 24 h)
+        _age(s3_store, key, hours=48)  # the store reports them two days old (maintain's window is 24 h)
     config = config_from_mapping(pipeline.mapping(maintenance={"history_hours": 0}))
     dry = services.maintain(config, dry_run=True)
     want = {"sink": set(orphans), "staging": {storage.filesystem(late)[1]}}
@@ -165,8 +146,8 @@ def _age(store: Any, location: str, hours: float) -> None:
     os.utime(store.workdir / "s3" / key, (then, then))
 
 
-def test_staged_writers_publish_only_whole_objects_and_an_abort_leaves_none(s3: Any) -> None:
-    root = s3.location("writers/_staging")
+def test_staged_writers_publish_only_whole_objects_and_an_abort_leaves_none(s3_store: Any) -> None:
+    root = s3_store.location("writers/_staging")
     folder = attempt_dir(root, 3, 1, "a1")
     rows = [(0, 4, b"one"), (4, 8, b"two"), (8, 12, None)]
     with StagedWriter(f"{folder}/part.parquet", 3, 1, partition_by=("split_id",)) as writer:
