@@ -10,6 +10,11 @@ sink adopts (:class:`~splitkeeper.spark.task.StagedWriter`, a new attempt folder
 ``dead.parquet`` copied beside it, and ``filtered.parquet``, the ranges of offsets ``fn``
 dropped, :data:`~splitkeeper.delta.schemas.FILTERED_SCHEMA`).
 
+With staging on an object store (:mod:`splitkeeper.staging` rule 5) Spark reads the staged files
+through S3A (``s3a://``, :func:`~splitkeeper.delta.storage.spark_uri`): the session needs the
+``spark.hadoop.fs.s3a.*`` settings of the store; the writes go through ``pyarrow.fs`` as a region
+task's do.
+
 One Spark job per epoch does the checks, the writes and the filtered ranges: the input's
 bookkeeping columns are joined (full outer, on ``split_id, offset``) with ``fn``'s output,
 repartitioned by region, and each partition writes its regions' files (``mapInArrow``).
