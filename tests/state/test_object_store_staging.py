@@ -128,7 +128,7 @@ def test_every_crash_point_on_object_store_staging_ends_exactly_once_and_maintai
         _age(s3_store, key, hours=48)  # the store reports them two days old (maintain's window is 24 h)
     config = config_from_mapping(pipeline.mapping(maintenance={"history_hours": 0}))
     dry = services.maintain(config, dry_run=True)
-    want = {"sink": set(orphans), "staging": {storage.filesystem(late)[1]}}
+    want = {"sink": set(orphans), "staging": {storage.table_uri(late)}}
     assert {where: set(found) for where, found in dry.untracked.items()} == want  # counted, not removed
     assert set(orphans) <= set(_objects(pipeline.sink_path)) and exists(late)
     result = services.maintain(config)

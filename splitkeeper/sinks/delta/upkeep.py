@@ -133,10 +133,12 @@ class Upkeep(SupportsUpkeep):
                     and item.mtime.timestamp() < cutoff
                 ):
                     found.append((item.path, item.size or 0))
+        if not storage.is_local(self.staging_path):  # named as a location (s3://bucket/key), not a key
+            found = [(f"{self.staging_path.split('://', 1)[0]}://{p}", n) for p, n in found]
         if not dry_run and not self.read_only:
             for path, _size in found:
                 with contextlib.suppress(FileNotFoundError):
-                    fs.delete_file(path)
+                    fs.delete_file(storage.filesystem(path)[1])
         return sorted(found)
 
     def _writable_table(self, what: str) -> DeltaTable:
