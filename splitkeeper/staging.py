@@ -10,7 +10,7 @@ letters, :mod:`splitkeeper.spark.dead_letters`; a Spark transform's new attempt,
    per partition value under Hive-style ``<col>=<value>/`` folders named by the manifest
    :data:`PARTS_FILE` (their paths, relative to it); beside them the side files
    :data:`DEAD_FILE` (bad records) and :data:`FILTERED_FILE` (offsets a Spark transform dropped).
-   Files are written under a temporary name and renamed when complete.
+   Only a whole file is ever visible (rule 5 says how, on disk and on an object store).
 2. What a region task publishes is a :class:`StagedRegion` (picklable, the ``output`` of its
    :class:`~splitkeeper.core.ports.RegionRun`): the root, epoch, region and attempt it was written
    for and the file it published. A sink reads those fields; it never parses a path the writer
