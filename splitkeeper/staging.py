@@ -10,7 +10,7 @@ letters, :mod:`splitkeeper.spark.dead_letters`; a Spark transform's new attempt,
    per partition value under Hive-style ``<col>=<value>/`` folders named by the manifest
    :data:`PARTS_FILE` (their paths, relative to it); beside them the side files
    :data:`DEAD_FILE` (bad records) and :data:`FILTERED_FILE` (offsets a Spark transform dropped).
-   Files are written under a temporary name and renamed when complete.
+   Only a whole file is ever visible (rule 5 says how, on disk and on an object store).
 2. What a region task publishes is a :class:`StagedRegion` (picklable, the ``output`` of its
    :class:`~splitkeeper.core.ports.RegionRun`): the root, epoch, region and attempt it was written
    for and the file it published. A sink reads those fields; it never parses a path the writer
@@ -20,13 +20,32 @@ letters, :mod:`splitkeeper.spark.dead_letters`; a Spark transform's new attempt,
    region and attempt (and partition file), so a commit redone after a crash finds its own files.
 4. ``epoch=<N>`` folders of epochs that are committed or abandoned are garbage
    (:func:`epoch_folders` finds them for the cleanup).
-
-Imports the standard library only; the staging root is a local folder the driver and every
-executor share.
+5. The root is a local folder or an object-store prefix (``s3://``/``s3a://``; the default
+   ``<state>/_staging`` of a state on an object store). Every read, write, list and delete of a
+   staged file goes through :class:`StagedTarget` and the functions below, on the ``pyarrow.fs``
+   file system :func:`splitkeeper.delta.storage.filesystem` gives for the path (one credentials
+   mechanism: the same ``AWS_*`` options delta-rs gets), on the driver and on every executor alike.
+   A local folder is then a choice for one host, not a requirement: on a cluster the driver and
+   the executors share only the store. "Only a whole file is visible" (rule 1) holds on both: a
+   local file is written under a temporary name and renamed; an object is visible only once its
+   upload completed (a PUT, or the completion of a multipart upload), so it is written under its
+   final name, and a task killed mid-write leaves no object (at most an incomplete multipart
+   upload, which the store's lifecycle rule for them aborts).
+6. Why a staging prefix on the store, not the table's data folder: the protocol stays the one of a
+   local folder. The commit copies each staged file to its adopted name (rule 3; a server-side
+   copy on the same store) and names it in one fenced commit, so (a) a region attempt that never
+   commits (declined, timed out, a retried Spark task, a fence loser's epoch) writes nothing into
+   any table's folder, (b) the side files (dead letters, filtered offsets) and an upsert's change
+   files go to their own tables from the same folder, and (c) every crash point leaves what it
+   leaves with a local folder: staged objects under ``epoch=<N>/`` (removed by the epoch cleanup,
+   or by ``maintain`` once the sink recorded epoch N) and copies in a table's folder that no
+   commit names (``maintain``'s untracked files). A commit redone after a crash finds its copies
+   under their adopted names, exactly as after a rename.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import os
@@ -37,6 +56,8 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote, unquote
 
+from splitkeeper.delta import storage
+
 __all__ = [
     "DEAD_FILE",
     "FILTERED_FILE",
@@ -45,13 +66,20 @@ __all__ = [
     "PART_FILE",
     "StagedFile",
     "StagedRegion",
+    "StagedTarget",
     "adopted_name",
     "attempt_dir",
+    "copy_file",
+    "exists",
     "epoch_folder",
     "epoch_folders",
     "partition_folder",
     "partition_text",
+    "read_table",
+    "relative_to",
+    "remove",
     "write_manifest",
+    "write_table",
 ]
 
 PART_FILE = "part.parquet"
@@ -109,16 +137,111 @@ def partition_folder(values: Mapping[str, Any]) -> str:
     return "/".join(f"{name}={quote(partition_text(value), safe='')}" for name, value in values.items())
 
 
+def relative_to(path: str, folder: str) -> str:
+    """``path`` relative to ``folder`` (``/``-separated), for local paths and URIs alike."""
+    text, base = os.fspath(path).replace(os.sep, "/"), os.fspath(folder).replace(os.sep, "/").rstrip("/")
+    if text.startswith(base + "/"):
+        return text[len(base) + 1 :]
+    return os.path.relpath(text, base).replace(os.sep, "/")
+
+
 def write_manifest(folder: str, files: Sequence[str]) -> str:
     """Write :data:`PARTS_FILE` in ``folder`` atomically: the list of the region's files, relative to
     ``folder`` (each under its :func:`partition_folder`). Its path."""
     manifest = os.path.join(folder, PARTS_FILE)
-    listed = [os.path.relpath(path, folder).replace(os.sep, "/") for path in files]
-    tmp = f"{manifest}.tmp-{uuid.uuid4().hex}"
-    with open(tmp, "w", encoding="utf-8") as out:
-        json.dump(listed, out)
-    os.replace(tmp, manifest)
+    listed = [relative_to(path, folder) for path in files]
+    with StagedTarget(manifest) as target:
+        with target.filesystem.open_output_stream(target.where) as out:
+            out.write(json.dumps(listed).encode("utf-8"))
+        target.publish()
     return manifest
+
+
+class StagedTarget:
+    """One staged file being written so that only a whole file is ever visible at ``path`` (rule 5).
+
+    A writer writes to :attr:`where` on :attr:`filesystem` (a ``pyarrow.fs`` file system: pass both
+    to ``pq.ParquetWriter``/``pq.write_table`` or open :attr:`where` as an output stream), then calls
+    :meth:`publish`. Locally :attr:`where` is ``<path>.tmp-<random>`` and :meth:`publish` renames it;
+    on an object store it is the object itself (visible once its upload completed). Leaving a
+    ``with`` block unpublished (an exception) deletes what was written. Single use, one thread.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = os.fspath(path)
+        self.filesystem, self._inner = storage.filesystem(self.path)
+        self.local = storage.is_local(self.path)
+        if self.local:
+            os.makedirs(os.path.dirname(self._inner) or ".", exist_ok=True)
+            self.where = f"{self._inner}.tmp-{uuid.uuid4().hex}"
+        else:
+            self.where = self._inner
+        self.published = False
+
+    def publish(self) -> int:
+        """Make the written file visible at :attr:`path` (locally: the rename); its size in bytes."""
+        if self.local:
+            os.replace(self.where, self._inner)
+        self.published = True
+        return int(self.filesystem.get_file_info(self._inner).size or 0)
+
+    def discard(self) -> None:
+        """Delete what was written (best effort; idempotent). A published file too: a writer that
+        aborts after some of its files were published takes them back."""
+        with contextlib.suppress(OSError):
+            self.filesystem.delete_file(self._inner if self.published else self.where)
+        self.published = False
+
+    def __enter__(self) -> StagedTarget:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if not self.published:
+            self.discard()
+
+
+def write_table(table: Any, path: str, **options: Any) -> int:
+    """Write the Arrow ``table`` as a parquet file at ``path`` (rule 5: only whole); its size.
+    ``options`` go to ``pyarrow.parquet.write_table``."""
+    import pyarrow.parquet as pq
+
+    with StagedTarget(path) as target:
+        pq.write_table(table, target.where, filesystem=target.filesystem, **options)
+        return target.publish()
+
+
+def read_table(path: str, **options: Any) -> Any:
+    """The parquet file at ``path`` as an Arrow table (``options`` go to ``pyarrow.parquet.read_table``)."""
+    import pyarrow.parquet as pq
+
+    fs, inner = storage.filesystem(path)
+    return pq.read_table(inner, filesystem=fs, **options)
+
+
+def exists(path: str) -> bool:
+    """A staged file is at ``path``."""
+    import pyarrow.fs as pafs
+
+    fs, inner = storage.filesystem(path)
+    return bool(fs.get_file_info(inner).type == pafs.FileType.File)
+
+
+def copy_file(source: str, target: str) -> int:
+    """Copy the staged file ``source`` to ``target`` (rule 5: only whole; a server-side copy within
+    one store); the copy's size."""
+    import pyarrow.fs as pafs
+
+    src_fs, src_inner = storage.filesystem(source)
+    with StagedTarget(target) as out:
+        pafs.copy_files(src_inner, out.where, source_filesystem=src_fs, destination_filesystem=out.filesystem)
+        return out.publish()
+
+
+def remove(path: str) -> None:
+    """Delete the staged file at ``path`` if it is there."""
+    fs, inner = storage.filesystem(path)
+    with contextlib.suppress(FileNotFoundError):
+        fs.delete_file(inner)
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,8 +295,9 @@ class StagedRegion:
         ValueError when the manifest cannot be read."""
         if not self.partitioned:
             return [StagedFile(self.path, self.adopted_name())]
-        with open(self.path, encoding="utf-8") as handle:
-            listed = json.load(handle)
+        fs, inner = storage.filesystem(self.path)
+        with fs.open_input_stream(inner) as handle:
+            listed = json.loads(handle.read())
         return [
             StagedFile(
                 os.path.join(self.folder, relative), self.adopted_name(relative), partition_values(relative)
@@ -201,7 +325,7 @@ def adopted_name(path: str) -> str:
     region = StagedRegion.at(text)
     if region is None:
         return f"sk-once-{os.path.basename(text)}"
-    return region.adopted_name(os.path.relpath(text, region.folder).replace(os.sep, "/"))
+    return region.adopted_name(relative_to(text, region.folder))
 
 
 def partition_values(relative: str) -> dict[str, str | None]:

@@ -7,11 +7,8 @@
 - ``versitygw`` (session scope): the object store's binary (``.tools/versitygw/bin/versitygw``),
   built by ``bash scripts/setup.sh versitygw`` when missing; a failed build fails the test that
   needs it (never a skip: a real-S3 test does not depend on another test having built it first).
+- ``s3_store``: a versitygw of the test's own, the ``AWS_*`` environment pointing at it.
 - ``scratch``: a :class:`ScratchDirs` over ``tmp_path``, for Delta tables and state.
-- ``s3_store``: a running versitygw (``versitygw``) with its own keys and a bucket, started for the
-  test (:class:`~splitkeeper_tools.chaos.store.ChaosStore`, its fault proxy left idle); the
-  ``AWS_*`` environment points at the store itself, so pyarrow, delta-rs and a child
-  ``splitkeeper`` reach it as a user's would.
 
 A test using ``spark`` or ``kafka_broker`` is marked ``spark`` / ``kafka``
 automatically (so ``-m "not spark"`` deselects it). A test marked ``spark`` gets the
@@ -162,13 +159,16 @@ def versitygw() -> Path:
 
 @pytest.fixture
 def s3_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, versitygw: Path) -> Iterator[ChaosStore]:
-    """versitygw with a bucket (``store.location(name)`` is ``s3://<bucket>/<prefix>/<name>``), the
-    ``AWS_*`` environment set to it; stopped after the test."""
+    """A versitygw of this test (under ``tmp_path/store``; ``versitygw`` builds the binary when it
+    is missing: never a skip), with the ``AWS_*`` environment pointing at the store itself (no
+    faults); ``s3_store.location(name)`` is an ``s3://`` location in its bucket."""
     from splitkeeper_tools.chaos.store import ChaosStore
 
-    store = ChaosStore(tmp_path / "s3-store", seed=1, fault_rate=0.0, prefix="t")
+    store = ChaosStore(tmp_path / "store", seed=1, fault_rate=0.0, prefix="test")
     store.start()
     try:
+        assert store.proxy is not None
+        store.proxy.fault = None
         for key, value in store.store_env().items():
             monkeypatch.setenv(key, value)
         yield store

@@ -225,7 +225,11 @@ class RequiredPath(_Section):
 
 
 class OptionalPath(_Section):
-    path: _Text | None = Field(None, description="a local directory (default <state>/_staging)")
+    path: _Text | None = Field(
+        None,
+        description="a local directory (one host) or an S3 prefix (s3://, s3a://; a cluster's choice); "
+        "default <state>/_staging",
+    )
 
     @property
     def folder(self) -> str:
@@ -820,29 +824,35 @@ def _check_errors(file: PipelineConfig, at: Where) -> ErrorsSection:
 
 
 def _check_locations(file: PipelineConfig, at: Where) -> tuple[RequiredPath, OptionalPath]:
-    """The state and staging locations, resolved; staging local."""
+    """The state and staging locations, resolved. Staging is a local folder or an S3 prefix
+    (:mod:`splitkeeper.staging` rule 5); its default is ``<state>/_staging``, on the store when state is."""
     state_path = at.path(file.state.path)
     staging_path = None if file.staging.path is None else at.path(file.staging.path)
+    allowed = "a local directory (one host) or an S3 prefix (s3://, s3a://; a cluster's choice)"
     if staging_path is None:
-        if is_uri(state_path):
-            # region tasks write their staged files with local file I/O: an object store won't do
+        staging_path = join(state_path, "_staging")
+        if is_uri(staging_path) and not _S3_URI.match(staging_path):
             raise at.missing(
                 "staging.path",
-                f"a local directory the driver and every executor share (state.path {state_path} is on "
-                "an object store, so the default <state>/_staging cannot be used)",
+                f"{allowed}: state.path {state_path} is on a store staged files cannot use (region tasks "
+                "and the sink reach them with pyarrow's S3 file system), so the default <state>/_staging "
+                "cannot be used",
             )
-        staging_path = join(state_path, "_staging")
-    elif is_uri(staging_path):
+    elif is_uri(staging_path) and not _S3_URI.match(staging_path):
         raise at.invalid(
             "staging.path",
             staging_path,
-            "a local directory the driver and every executor share (region tasks "
-            "write staged files with local file I/O)",
+            allowed,
+            "region tasks and the sink reach staged files with pyarrow's S3 file system",
         )
     return (
         file.state.model_copy(update={"path": state_path}),
         file.staging.model_copy(update={"path": staging_path}),
     )
+
+
+#: The object-store URIs staging can be on (:mod:`splitkeeper.staging` rule 5).
+_S3_URI = re.compile(r"^s3[an]?://[^/]+", re.IGNORECASE)
 
 
 def _check_placement(places: list[Location], at: Where) -> None:

@@ -42,7 +42,8 @@ Shape of a file (YAML)::
     metrics: {otlp_endpoint: http://otel-collector:4318}   # optional; <state>/metrics.prom always
     state: {path: ./state}
     sink: {path: ./sink}                 # kind: delta (the default), or a plug-in's kind
-    staging: {path: ./state/_staging}   # default <state>/_staging
+    staging: {path: ./state/_staging}   # default <state>/_staging (on the store when state is);
+                                        # local: one host; a cluster: an s3:// prefix
     transform: splitkeeper.transforms:identity
     overrides: {allow: [metrics.otlp_endpoint]}   # what a run's overrides may set beyond tuning values
 

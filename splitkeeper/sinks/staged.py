@@ -119,4 +119,7 @@ def staged_leftovers(
         for path, _size in found:
             with contextlib.suppress(FileNotFoundError):
                 fs.delete_file(path)
+    if not storage.is_local(staging_path):  # named as a location (s3://bucket/key), not a key
+        scheme = staging_path.split("://", 1)[0]
+        found = [(f"{scheme}://{path}", size) for path, size in found]
     return sorted(found)

@@ -7,22 +7,20 @@ failed (``decode``, ``schema``, ``transform``), the error class and message, the
 region attempt and ``failed_at``, and the Kafka metadata. The file has every column of the
 dead-letter table (:data:`~splitkeeper.delta.schemas.DEAD_LETTER_SCHEMA`, the one definition),
 so the sink's epoch commit adopts it into that table as it is
-(:meth:`~splitkeeper.delta.sink.DeltaSink.commit`). Like ``part.parquet`` it is written under a
-temporary name and renamed when whole: a visible ``dead.parquet`` is always complete.
+(:meth:`~splitkeeper.delta.sink.DeltaSink.commit`). Like ``part.parquet`` it is written through
+:func:`splitkeeper.staging.write_table` (local disk or an object store): a visible ``dead.parquet`` is
+always complete.
 """
 
 from __future__ import annotations
 
-import os
-import uuid
 from datetime import UTC, datetime
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from splitkeeper.delta.schemas import DEAD_LETTER_SCHEMA
 from splitkeeper.records.decode import BadRecords
-from splitkeeper.staging import DEAD_FILE, StagedRegion
+from splitkeeper.staging import DEAD_FILE, StagedRegion, write_table
 
 __all__ = ["DEAD_FILE", "DEAD_LETTER_SCHEMA", "DeadLetterWriter", "attempt_of"]
 
@@ -108,20 +106,12 @@ class DeadLetterWriter:
         return n
 
     def commit(self) -> str | None:
-        """Write the collected bad records (a temporary name in the attempt folder, then renamed:
-        a visible file is whole); the path, or None when there were none."""
+        """Write the collected bad records (only a whole file is ever visible); the path, or None
+        when there were none."""
         if not self.records:
             return None
-        os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
-        tmp = f"{self.path}.tmp-{uuid.uuid4().hex}"
-        try:
-            pq.write_table(
-                pa.concat_tables(self._tables), tmp, row_group_size=_ROW_GROUP, write_statistics=True
-            )
-            os.replace(tmp, self.path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.remove(tmp)
-            raise
+        write_table(
+            pa.concat_tables(self._tables), self.path, row_group_size=_ROW_GROUP, write_statistics=True
+        )
         self._tables = []
         return self.path

@@ -6,6 +6,11 @@ one Spark job (:func:`~splitkeeper.spark.regions.run_regions`); each task runs
 (the named, picklable payload: plan, reader, transform, staging root, epoch, region, fault,
 record policy) and publishes a :class:`~splitkeeper.staging.StagedRegion`, the output the sink
 commits. :class:`LazySpark` starts the session with the first epoch that has ranges to read.
+
+A Spark conf :data:`SHARED_DISK_CONF` ``false`` says the executors share no disk with the driver (the
+local cluster's profile sets it: each worker in a mount namespace of its own): a local staging folder
+is then a ConfigError at the first epoch with ranges to read, before any task runs
+(:mod:`splitkeeper.staging` rule 5: staging on such a cluster is an object-store prefix).
 """
 
 from __future__ import annotations
@@ -19,6 +24,8 @@ from typing import TYPE_CHECKING, Any
 from splitkeeper.core.ports import EpochPlan, RegionRun, RegionRunner
 from splitkeeper.core.source import SourceConnector
 from splitkeeper.core.types import RegionOutcome
+from splitkeeper.delta import storage
+from splitkeeper.errors import ConfigError
 from splitkeeper.spark.faults import FaultPlan
 from splitkeeper.spark.regions import RegionStatus, run_regions
 from splitkeeper.spark.task import RecordPolicy, RegionResult, RegionTask, failed_splits, region_task
@@ -27,7 +34,10 @@ from splitkeeper.transforms import Transform
 if TYPE_CHECKING:
     from splitkeeper.spark.transform import SparkTransform
 
-__all__ = ["LazySpark", "SparkRegionRunner"]
+__all__ = ["SHARED_DISK_CONF", "LazySpark", "SparkRegionRunner", "check_staging"]
+
+#: ``false``: the executors share no disk with the driver; a local staging folder is refused.
+SHARED_DISK_CONF = "spark.splitkeeper.executors.sharedDisk"
 
 log = logging.getLogger("splitkeeper.spark.runner")
 
@@ -92,6 +102,7 @@ class SparkRegionRunner(RegionRunner):
         self.transform = transform
         self.staging_path = staging_path
         self.faults = faults
+        self._staging_checked = False
 
     def run(self, epoch: int, plan: EpochPlan, timeout_s: float) -> dict[int, RegionRun]:
         reader = self.connector.reader()
@@ -113,6 +124,9 @@ class SparkRegionRunner(RegionRunner):
             )
             for r, ranges in plan.items()
         }
+        if payloads and not self._staging_checked:
+            check_staging(self.spark.get(), self.staging_path)
+            self._staging_checked = True
         runs = (
             run_regions(
                 self.spark.get(),
@@ -155,3 +169,19 @@ class SparkRegionRunner(RegionRunner):
         if self.spark_transform is not None:  # within the region timeout too (protocol rule 2.3)
             return self.spark_transform.apply(epoch, out, timeout_s)
         return out
+
+
+def check_staging(spark: Any, staging_path: str) -> None:
+    """ConfigError when the session's executors share no disk with the driver
+    (:data:`SHARED_DISK_CONF` ``false``) and ``staging_path`` is a local folder."""
+    shared = str(spark.conf.get(SHARED_DISK_CONF, "true")).strip().lower()
+    if shared == "false" and storage.is_local(staging_path):
+        raise ConfigError(
+            f"staging.path={staging_path!r} is not allowed: a local folder, but the Spark executors share "
+            f"no disk with the driver ({SHARED_DISK_CONF}=false, a cluster's setting); remove staging.path "
+            "(the default <state>/_staging is on the object store when state is) or set it to an s3:// "
+            "prefix",
+            key="staging.path",
+            value=staging_path,
+            allowed="an object-store prefix (s3://, s3a://)",
+        )

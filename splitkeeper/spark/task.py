@@ -26,7 +26,6 @@ import json
 import os
 import re
 import time
-import uuid
 from collections.abc import Generator, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -60,9 +59,11 @@ from splitkeeper.staging import (
     DEAD_FILE,
     PART_FILE,
     StagedRegion,
+    StagedTarget,
     attempt_dir,
     new_attempt,
     partition_folder,
+    read_table,
     write_manifest,
 )
 from splitkeeper.transforms import Transform, apply_to_table, identity
@@ -160,9 +161,11 @@ class StagedWriter:
 
     ``schema``: the sink's schema (:func:`~splitkeeper.delta.schemas.sink_schema`; default the
     raw sink's, :data:`STAGED_FILE_SCHEMA`); the writer stamps the bookkeeping columns and
-    takes the data columns by name. Rows go to ``<path>.tmp-<random>`` in row groups;
-    :meth:`commit` closes it and renames it to ``path``; :meth:`abort` (or leaving a ``with``
-    block by an exception) deletes the temporary file. Single use, single thread.
+    takes the data columns by name. Rows go in row groups to a
+    :class:`~splitkeeper.staging.StagedTarget` (``<path>.tmp-<random>`` on local disk, the object
+    itself on an object store); :meth:`commit` closes it and publishes it at ``path``;
+    :meth:`abort` (or leaving a ``with`` block by an exception) deletes what was written. Single
+    use, single thread.
 
     ``partition_by``: the sink's partition columns. The writer then keeps the rows until
     :meth:`commit` and writes one file per partition value, Delta's layout
@@ -190,12 +193,16 @@ class StagedWriter:
         self.partition_by = tuple(partition_by)
         self._widen = widen
         self._buffered = bool(self.partition_by) or widen
-        self._tmp = f"{path}.tmp-{uuid.uuid4().hex}"
-        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        self._target = StagedTarget(path)
         self._writer: pq.ParquetWriter | None = None
         self._open = True
         if not self._buffered:
-            self._writer = pq.ParquetWriter(self._tmp, schema, use_dictionary=["split_id", "epoch", "region"])
+            self._writer = pq.ParquetWriter(
+                self._target.where,
+                schema,
+                filesystem=self._target.filesystem,
+                use_dictionary=["split_id", "epoch", "region"],
+            )
         self._ingested_at = pa.scalar(time.time_ns() // 1000, pa.timestamp("us", tz="UTC"))
         self._split_ids: list[str] = []
         self._offsets: list[int] = []
@@ -205,7 +212,7 @@ class StagedWriter:
         self._has_meta = False
         self._batches: list[pa.RecordBatch] = []  # built, not yet written: less than a row group
         self._batched = 0
-        self._published: list[str] = []
+        self._published: list[StagedTarget] = []
         self.records = 0
         self.last_next_offset: int | None = None
 
@@ -415,9 +422,10 @@ class StagedWriter:
         self._batch_rows()
         table = self._buffered_table()
         if not self.partition_by:
-            pq.write_table(table, self._tmp, row_group_size=_ROW_GROUP)
-            os.replace(self._tmp, self.path)
-            return StagedOutput(self.path, self.records, os.path.getsize(self.path))
+            pq.write_table(
+                table, self._target.where, filesystem=self._target.filesystem, row_group_size=_ROW_GROUP
+            )
+            return StagedOutput(self.path, self.records, self._target.publish())
         folder = os.path.dirname(self.path)
         keys = table.select(list(self.partition_by))
         groups = (
@@ -434,15 +442,11 @@ class StagedWriter:
                 )
                 mask = this if mask is None else pc.and_(mask, this)
             part = data.filter(mask)
-            sub = os.path.join(folder, partition_folder(row))
-            os.makedirs(sub, exist_ok=True)
-            target = os.path.join(sub, f"part-{i:05d}.parquet")
-            tmp = f"{target}.tmp-{uuid.uuid4().hex}"
-            pq.write_table(part, tmp, row_group_size=_ROW_GROUP)
-            os.replace(tmp, target)
+            target = StagedTarget(os.path.join(folder, partition_folder(row), f"part-{i:05d}.parquet"))
             self._published.append(target)
-            size += os.path.getsize(target)
-        manifest = write_manifest(folder, self._published)
+            pq.write_table(part, target.where, filesystem=target.filesystem, row_group_size=_ROW_GROUP)
+            size += target.publish()
+        manifest = write_manifest(folder, [target.path for target in self._published])
         return StagedOutput(manifest, self.records, size)
 
     def commit(self) -> StagedOutput:
@@ -459,11 +463,11 @@ class StagedWriter:
             self._writer.close()
             self._writer = None
             self._open = False
-            os.replace(self._tmp, self.path)
+            size = self._target.publish()
         except BaseException:
             self.abort()
             raise
-        return StagedOutput(self.path, self.records, os.path.getsize(self.path))
+        return StagedOutput(self.path, self.records, size)
 
     def abort(self) -> None:
         """Drop everything written so far. Idempotent."""
@@ -473,11 +477,9 @@ class StagedWriter:
                 self._writer.close()
             finally:
                 self._writer = None
-        if os.path.exists(self._tmp):
-            os.remove(self._tmp)
+        self._target.discard()
         for published in self._published:
-            with contextlib.suppress(OSError):
-                os.remove(published)
+            published.discard()
         self._published.clear()
 
     def __enter__(self) -> StagedWriter:
@@ -495,7 +497,7 @@ def _meta_type(name: str) -> pa.DataType:
 def write_staged(
     records: Iterable[SourceRecord], split_ids: Iterable[str] | str, path: str, *, epoch: int, region: int
 ) -> StagedOutput:
-    """Write records to a parquet file at ``path`` atomically (tmp name, then rename).
+    """Write records to a parquet file at ``path`` atomically (only a whole file is visible).
 
     ``split_ids`` is one split id for all records, or one id per record.
     """
@@ -510,7 +512,7 @@ def write_staged(
 
 def read_staged(path: str) -> pa.Table:
     """The records of a staged file (its :data:`STAGED_SCHEMA` columns; for tests and validation)."""
-    return pq.read_table(path, columns=STAGED_SCHEMA.names).cast(STAGED_SCHEMA)
+    return read_table(path, columns=STAGED_SCHEMA.names).cast(STAGED_SCHEMA)
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,6 +10,11 @@ sink adopts (:class:`~splitkeeper.spark.task.StagedWriter`, a new attempt folder
 ``dead.parquet`` copied beside it, and ``filtered.parquet``, the ranges of offsets ``fn``
 dropped, :data:`~splitkeeper.delta.schemas.FILTERED_SCHEMA`).
 
+With staging on an object store (:mod:`splitkeeper.staging` rule 5) Spark reads the staged files
+through S3A (``s3a://``, :func:`~splitkeeper.delta.storage.spark_uri`): the session needs the
+``spark.hadoop.fs.s3a.*`` settings of the store; the writes go through ``pyarrow.fs`` as a region
+task's do.
+
 One Spark job per epoch does the checks, the writes and the filtered ranges: the input's
 bookkeeping columns are joined (full outer, on ``split_id, offset``) with ``fn``'s output,
 repartitioned by region, and each partition writes its regions' files (``mapInArrow``).
@@ -71,10 +76,21 @@ from splitkeeper.callables import Role, resolve_callable
 from splitkeeper.core.ports import RegionRun
 from splitkeeper.core.types import RegionOutcome
 from splitkeeper.delta.schemas import FILTERED_SCHEMA, META_COLUMNS
+from splitkeeper.delta.storage import spark_uri
 from splitkeeper.errors import SparkTransformError
 from splitkeeper.records.spec import INGESTED_DATE, NOT_DATA_COLUMNS
 from splitkeeper.spark.task import RecordPolicy, StagedWriter
-from splitkeeper.staging import DEAD_FILE, FILTERED_FILE, PART_FILE, PARTS_FILE, StagedRegion, attempt_dir
+from splitkeeper.staging import (
+    DEAD_FILE,
+    FILTERED_FILE,
+    PART_FILE,
+    PARTS_FILE,
+    StagedRegion,
+    attempt_dir,
+    copy_file,
+    exists,
+    write_table,
+)
 
 __all__ = ["SparkTransform", "SparkTransformError", "exchanges_over", "python_traceback"]
 
@@ -311,7 +327,7 @@ class SparkTransform:
         from pyspark.sql import functions as F  # noqa: N812
 
         policy = self.policy
-        files = [_staged(run.output).path for run in acks.values()]
+        files = [spark_uri(_staged(run.output).path) for run in acks.values()]
         for path in files:
             if path.endswith(PARTS_FILE):  # pragma: no cover - input_policy stages no partitions
                 raise SparkTransformError(f"{self.spec}: staged input {path} is partitioned", path=path)
@@ -571,10 +587,7 @@ def _write_filtered(job: _Job, region: int, folder: str, dropped: pa.Table) -> N
             "function": job.spec,
         }
         ranges.append(current)
-    target = os.path.join(folder, FILTERED_FILE)
-    tmp = f"{target}.tmp-{uuid.uuid4().hex}"
-    pq.write_table(pa.Table.from_pylist(ranges, schema=FILTERED_SCHEMA), tmp)
-    os.replace(tmp, target)
+    write_table(pa.Table.from_pylist(ranges, schema=FILTERED_SCHEMA), os.path.join(folder, FILTERED_FILE))
 
 
 def _staged(output: Any) -> StagedRegion:
@@ -590,9 +603,5 @@ def _staged(output: Any) -> StagedRegion:
 def _carry_dead_letters(old_output: StagedRegion, new_output: StagedRegion) -> None:
     """The region's ``dead.parquet`` beside its new output (the sink looks for it there)."""
     source = old_output.side(DEAD_FILE).path
-    if not os.path.exists(source):
-        return
-    target = new_output.side(DEAD_FILE).path
-    tmp = f"{target}.tmp-{uuid.uuid4().hex}"
-    shutil.copyfile(source, tmp)
-    os.replace(tmp, target)
+    if exists(source):
+        copy_file(source, new_output.side(DEAD_FILE).path)

@@ -533,7 +533,7 @@ def _write_e2e_pipelines(folder: Path) -> list[Path]:
         f"normal_epoch_records: {E2E_EPOCH_RECORDS}}}\n"
         f'state: {{path: "{lake}/files/state"}}\n'
         f'sink: {{path: "{lake}/files/sink"}}\n'
-        "staging: {path: staging-files}\n" + E2E_COMMON
+        + E2E_COMMON  # staging: the default <state>/_staging, on the store (workers share no /tmp)
     )
     kafka = folder / "kafka.yaml"
     kafka.write_text(
@@ -543,7 +543,7 @@ def _write_e2e_pipelines(folder: Path) -> list[Path]:
         "backlog: {backlog_epoch_records: 120, normal_epoch_records: 120}\n"  # shared by the partitions
         f'state: {{path: "{lake}/kafka/state"}}\n'
         f'sink: {{path: "{lake}/kafka/sink"}}\n'
-        "staging: {path: staging-kafka}\n" + E2E_COMMON
+        + E2E_COMMON  # staging: the default <state>/_staging, on the store (workers share no /tmp)
     )
     return [files, kafka]
 

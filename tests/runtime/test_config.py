@@ -191,13 +191,23 @@ def test_uri_paths_are_kept_as_given(tmp_path: Path) -> None:
     assert cfg.staging.path == str(tmp_path / "stage")
 
 
-def test_state_on_an_object_store_needs_a_local_staging_path(tmp_path: Path) -> None:
-    # region tasks write staged files with local file I/O: <state>/_staging on S3 cannot work
-    message = error_of(tmp_path, state__path="s3a://lake/_state")
+def test_staging_defaults_to_the_object_store_with_state_there_and_a_local_folder_stays_a_choice(
+    tmp_path: Path,
+) -> None:
+    # region tasks and the sink reach staged files through pyarrow.fs (splitkeeper.staging rule 5)
+    assert build(tmp_path, state__path="s3a://lake/_state").staging.path == "s3a://lake/_state/_staging"
+    cfg = build(tmp_path, state__path="s3a://lake/_state", staging__path="s3://lake/stage")
+    assert cfg.staging.path == "s3://lake/stage"
+    cfg = build(tmp_path, state__path="s3a://lake/_state", staging__path="stage")  # one host: local
+    assert cfg.staging.path == str(tmp_path / "stage")
+    message = error_of(tmp_path, staging__path="gs://lake/_staging")
+    assert (
+        "staging.path='gs://lake/_staging' is not allowed: a local directory (one host) or an S3 prefix"
+        in (message)
+    )
+    message = error_of(tmp_path, state__path="gs://lake/_state")
     assert message.startswith("[CONFIG_ERROR] staging.path is required but missing")
-    assert "state.path s3a://lake/_state is on an object store" in message
-    message = error_of(tmp_path, staging__path="s3a://lake/_staging")
-    assert "staging.path='s3a://lake/_staging' is not allowed: a local directory" in message
+    assert "state.path gs://lake/_state is on a store staged files cannot use" in message
 
 
 def test_env_references_are_expanded_and_an_unset_one_is_named(tmp_path: Path) -> None:

@@ -31,8 +31,8 @@ every input message exactly once.
    not UTF-8 before the payload) and the pipeline decodes ``text`` with
    ``errors.tolerance: all`` and a dead-letter table: the bad ones must be exactly the
    dead letters.
-   With ``--store s3`` the state, sink and dead letters live on the local S3 server (versitygw)
-   and the drivers reach it through a fault proxy that answers a share of their requests with
+   With ``--store s3`` the state, sink, staging and dead letters live on the local S3 server
+   (versitygw) and the drivers reach it through a fault proxy that answers a share of their requests with
    503 SlowDown, a reset connection or a slow answer, drawn from ``--seed``
    (:mod:`~splitkeeper_tools.chaos.store`); the ``rescale-down`` driver is also SIGSTOPped past
    its lease's ttl while a takeover run commits, then SIGCONTed
@@ -46,22 +46,24 @@ every input message exactly once.
    (:mod:`~splitkeeper_tools.chaos.cluster`: the local cluster's Spark part, authentication on,
    loopback): its region tasks run in executors the workers start, one on each. State, sink and
    dead letters are on versitygw as with ``--store s3``: the drivers commit them with
-   delta-rs/pyarrow through the fault proxy, and the executors never touch the store. Staging
-   stays a local folder (``<workdir>/staging``): the pipeline config accepts no URI there (region
-   tasks write staged files with local file I/O), and on one host the executors share it with the
-   drivers; on several hosts it would have to be a shared mount. The executors' Python workers
-   are children of the Spark workers, not of the driver: the worker SIGKILL finds them by the
-   driver's tag (``spark.executorEnv``), and Spark, which gives a task 4 attempts there, runs the
-   killed task again (the region acknowledges from the new attempt). A SIGSTOP freezes the
-   driver's own processes; its executors stay up and idle. The JSON adds ``profile``,
-   ``spark_master`` and ``spark_cluster`` (the applications and executors in the workers' work
-   folders). ``--profile cluster --messages 200 --seed 7 --bad-records 0.01 --store-fault-rate
-   0.02`` (the slow variant of tests/test_chaos.py) passed twice in 9 min on 2 cores: 0 lost, 0
-   duplicated, every fault kind injected, 447-512 store faults in 7,392-8,564 requests, 13
-   checkpoints (11 global, 2 regional), 5-6 drivers' executors on each worker. A third run failed
-   with the data exact: a reset Delta commit (``[STATE_ERROR]``, whether it landed unknown) stopped
-   the act with the region faults in epoch 2, and its faults were reported missing, as can happen
-   with ``--store s3`` on local Spark.
+   delta-rs/pyarrow through the fault proxy. So is staging (the default ``<state>/_staging``, with
+   ``--store s3`` too): the region tasks write their staged files through the proxy with pyarrow
+   (the executors get the store's ``AWS_*`` variables by ``spark.executorEnv``). Each worker runs in
+   a mount namespace of its own with a private /tmp, and the cluster's Spark conf refuses a local
+   staging folder: drivers and executors share nothing but the store, the broker and the network.
+   The executors' Python workers are children of the Spark workers, not of the driver: the worker
+   SIGKILL finds them by the driver's tag (``spark.executorEnv``), and Spark, which gives a task 4
+   attempts there, runs the killed task again (the region acknowledges from the new attempt). A
+   SIGSTOP freezes the driver's own processes; its executors stay up and idle. The JSON adds
+   ``profile``, ``spark_master`` and ``spark_cluster`` (the applications and executors in the
+   workers' work folders). Before the executors staged on the store (a local staging folder):
+   ``--profile cluster --messages 200 --seed 7 --bad-records 0.01 --store-fault-rate 0.02`` (the
+   slow variant of tests/test_chaos.py) passed twice in 9 min on 2 cores: 0 lost, 0 duplicated,
+   every fault kind injected, 447-512 store faults in 7,392-8,564 requests, 13 checkpoints (11
+   global, 2 regional), 5-6 drivers' executors on each worker. A third run failed with the data
+   exact: a reset Delta commit (``[STATE_ERROR]``, whether it landed unknown) stopped the act with
+   the region faults in epoch 2, and its faults were reported missing, as can happen with ``--store
+   s3`` on local Spark.
 3. Runs continue until the consumer group's offsets reach the end of every partition on
    a global checkpoint; then :mod:`~splitkeeper_tools.chaos.verify` compares the Delta sink (read
    with delta-rs) with the delivery reports, the group's committed offsets (Kafka's admin API) with the ends

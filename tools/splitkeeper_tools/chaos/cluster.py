@@ -15,7 +15,11 @@ the chaos run's own:
   does not count an executor's start;
 - ``spark.executorEnv.SPLITKEEPER_CHAOS_DRIVER``: the driver's tag
   (:data:`~splitkeeper_tools.chaos.processes.DRIVER_TAG_ENV`) on its executors and their Python
-  workers, by which the worker SIGKILL finds the worker running the slow region's task.
+  workers, by which the worker SIGKILL finds the worker running the slow region's task;
+- ``spark.executorEnv.AWS_*``: the object store (through the fault proxy, as the drivers reach it):
+  the region tasks write their staged files there. Each worker runs in a mount namespace of its own
+  with a private /tmp (:func:`~splitkeeper_tools.cluster.local.worker_isolation`), so the executors
+  share nothing with the drivers but the store, the broker and the network.
 
 :meth:`ChaosCluster.evidence` says where the drivers ran: the master's URL and the applications
 and executors the workers' work folders hold (one folder per executor each driver got).
@@ -23,6 +27,7 @@ and executors the workers' work folders hold (one folder per executor each drive
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -65,14 +70,18 @@ class ChaosCluster:
             f"{WORKER_CORES} cores, {APP_CORES} cores a driver; work folders {self.cluster.layout.spark})"
         )
 
-    def driver_env(self, tag: str) -> dict[str, str]:
+    def driver_env(self, tag: str, store_env: Mapping[str, str] | None = None) -> dict[str, str]:
         """The environment of the driver tagged ``tag``: the cluster's client settings and the chaos
-        run's (see the module doc)."""
+        run's (see the module doc); ``store_env``: the object store's ``AWS_*`` variables, which its
+        executors get too (they write the staged files there)."""
+        from splitkeeper_tools.cluster.local import executor_store_env
+
         assert self._env, "start() first"
         extra = {
             "spark.cores.max": str(APP_CORES),
             "spark.scheduler.minRegisteredResourcesRatio": "1.0",
             f"spark.executorEnv.{DRIVER_TAG_ENV}": tag,
+            **executor_store_env(store_env or {}),
         }
         conf = ";".join([self._env["SPLITKEEPER_SPARK_CONF"], *(f"{k}={v}" for k, v in extra.items())])
         return {**self._env, "SPLITKEEPER_SPARK_CONF": conf}

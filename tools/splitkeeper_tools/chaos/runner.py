@@ -206,9 +206,8 @@ class KafkaChaos:
             "state": {"path": self._location("state")},
             "sink": {"path": self._location("sink")},
         }
-        if self.store is not None:  # region tasks stage their output on a local disk (the executors'
-            # too: on one host they share it with the drivers, which commit the staged files)
-            config["staging"] = {"path": str(self.workdir / "staging")}
+        # no staging key: <state>/_staging, on the object store with --store s3 (the region tasks write
+        # their staged files there; with --profile cluster the executors share no disk with the drivers)
         if self.sink == "upsert":  # keyed by the Kafka key, a value ending with |delete deletes it
             config["decode"] = {"kind": "text"}
             config["sink"] = {
@@ -306,7 +305,14 @@ class KafkaChaos:
                 fault.on_epoch(line, proc)
 
         tag = f"{self.run_id}-{index:02d}"  # its processes' and executors' (WorkerKill finds them by it)
-        hidden = {DRIVER_TAG_ENV: tag, **({} if self.cluster is None else self.cluster.driver_env(tag))}
+        hidden = {
+            DRIVER_TAG_ENV: tag,
+            **(
+                {}
+                if self.cluster is None
+                else self.cluster.driver_env(tag, None if self.store is None else self.store.driver_env())
+            ),
+        }
         outcome = run_splitkeeper(
             label,
             argv,

@@ -65,6 +65,7 @@ from typing import Any
 from splitkeeper import process, resources
 from splitkeeper.errors import SplitkeeperError
 from splitkeeper.spark import jars as jarlib
+from splitkeeper.spark.runner import SHARED_DISK_CONF
 from splitkeeper_tools.cluster.s3 import S3Client, S3Error
 
 HOST = "127.0.0.1"
@@ -390,6 +391,61 @@ def versitygw_launch(
     argv = [str(versitygw_binary()), "--port", address, "--quiet", "posix", str(data)]
     env = {"ROOT_ACCESS_KEY_ID": access_key, "ROOT_SECRET_ACCESS_KEY": secret_key, "VGW_REGION": REGION}
     return argv, env
+
+
+#: How a Spark worker starts in a mount namespace of its own (:func:`worker_isolation`): ``$0`` is the
+#: folder it keeps (the cluster's folder: its properties, work and local folders under ``spark/``),
+#: opened before a private tmpfs hides the rest of /tmp and bound back in (``--no-canonicalize``:
+#: the open folder, not its name, which the tmpfs now hides); then the worker's command line.
+_ISOLATED_START = (
+    'exec 3<"$0" && mount -t tmpfs -o mode=1777 splitkeeper-worker-tmp /tmp && mkdir -p "$0" '
+    '&& mount --no-canonicalize --bind /proc/self/fd/3 "$0" && exec 3<&- && exec "$@"'
+)
+#: The ``unshare`` command lines tried, in order: as root, then in a user namespace (unprivileged).
+UNSHARE_TRIES = (
+    ("unshare", "--mount", "--propagation", "private"),
+    ("unshare", "--user", "--map-root-user", "--mount", "--propagation", "private"),
+)
+_isolation: dict[str, tuple[str, ...]] = {}
+
+
+def worker_isolation(keep: Path) -> list[str]:
+    """The prefix of a Spark worker's command line that runs it in a mount namespace of its own
+    with a private /tmp (only ``keep``, the cluster's folder, stays visible there when it lies under
+    /tmp): its executors see no folder of the driver's under /tmp, and the cluster's Spark conf says
+    they share no disk (``spark.splitkeeper.executors.sharedDisk=false``: a local staging folder is
+    refused), so a pipeline's staged files go through the object store. The cluster's folder stays
+    visible for the workers' own files and the end-to-end test's local files source. The first of
+    :data:`UNSHARE_TRIES` that works here is used (probed once per process); ClusterError naming
+    what was tried when none does."""
+    if "argv" not in _isolation:
+        tried: list[str] = []
+        for unshare in UNSHARE_TRIES:
+            probe = [*unshare, "sh", "-c", "mount -t tmpfs splitkeeper-probe /tmp"]
+            try:
+                done = subprocess.run(probe, capture_output=True, text=True, timeout=30, check=False)
+            except (OSError, subprocess.TimeoutExpired) as err:
+                tried.append(f"`{shlex.join(probe)}`: {err}")
+                continue
+            if done.returncode == 0:
+                _isolation["argv"] = unshare
+                break
+            tried.append(f"`{shlex.join(probe)}`: exit {done.returncode} {done.stderr.strip()[:200]}")
+        else:
+            raise ClusterError(
+                "the Spark workers start in a mount namespace of their own (a private /tmp: they share "
+                "no local folder with the driver), and none could be made here; tried "
+                + "; ".join(tried)
+                + ". Run as root, or allow unprivileged user namespaces (sysctl "
+                "kernel.unprivileged_userns_clone=1 / user.max_user_namespaces > 0)"
+            )
+    return [*_isolation["argv"], "sh", "-c", _ISOLATED_START, str(keep)]
+
+
+def executor_store_env(env: Mapping[str, str]) -> dict[str, str]:
+    """``spark.executorEnv.*`` settings that give the executors the object store's ``AWS_*`` variables
+    (``env``): their region tasks write the staged files there (:mod:`splitkeeper.staging` rule 5)."""
+    return {f"spark.executorEnv.{key}": value for key, value in env.items() if key.startswith("AWS_")}
 
 
 def s3a_conf(endpoint: str, access_key: str, secret_key: str) -> dict[str, str]:
@@ -798,11 +854,7 @@ class LocalCluster:
             "SPLITKEEPER_AIRFLOW_USER": "operator",
             "SPLITKEEPER_AIRFLOW_PASSWORD": ref("airflow_operator_password"),
             # delta-rs (deltalake) reads the AWS_* variables; it commits with If-None-Match
-            "AWS_ENDPOINT_URL": s3_endpoint,
-            "AWS_ACCESS_KEY_ID": ref("s3_access_key"),
-            "AWS_SECRET_ACCESS_KEY": ref("s3_secret_key"),
-            "AWS_REGION": REGION,
-            "AWS_ALLOW_HTTP": "true",
+            **self._store_env(s3_endpoint, ref),
         }
 
     def _spark_client_conf(self, state: ClusterState, ref: Callable[[str], str]) -> dict[str, str]:
@@ -819,7 +871,21 @@ class LocalCluster:
             "spark.executor.cores": "1",
             # a 2-core cluster: Delta's default of 50 snapshot partitions makes every small scan 50 tasks
             "spark.databricks.delta.snapshotPartitions": "4",
+            # each worker has a private /tmp (worker_isolation): a pipeline stages on the object store
+            SHARED_DISK_CONF: "false",
             **({} if state.spark_only else s3a_conf(s3, ref("s3_access_key"), ref("s3_secret_key"))),
+            **({} if state.spark_only else executor_store_env(self._store_env(s3, ref))),
+        }
+
+    @staticmethod
+    def _store_env(endpoint: str, ref: Callable[[str], str]) -> dict[str, str]:
+        """The ``AWS_*`` variables of the cluster's object store (delta-rs and pyarrow read them)."""
+        return {
+            "AWS_ENDPOINT_URL": endpoint,
+            "AWS_ACCESS_KEY_ID": ref("s3_access_key"),
+            "AWS_SECRET_ACCESS_KEY": ref("s3_secret_key"),
+            "AWS_REGION": REGION,
+            "AWS_ALLOW_HTTP": "true",
         }
 
     def _dag_folder(self) -> Path:
@@ -1404,6 +1470,7 @@ class LocalCluster:
         return self._spawn(
             f"spark-worker-{i}",
             [
+                *worker_isolation(self.root),
                 str(spark_home() / "bin" / "spark-class"),
                 "org.apache.spark.deploy.worker.Worker",
                 "--host",
