@@ -25,8 +25,11 @@ the pipeline's connections in its environment), so the Airflow task starts no Sp
    :class:`~splitkeeper.errors.SubmittedJobError` with what spark-submit said.
 
 Steps that start no Spark stay in the task: a recovery's dry run and an operator change (a rewind,
-an offset reset) are applied without a submit; the steps that only read state (the restore
-preview, the reader reports, the classification, the report) always run in the task.
+an offset reset) are applied without a submit, and the checks are not submitted when the latest
+checkpoint passed them already and nothing they read changed since
+(:func:`~splitkeeper.airflow.tasks.validated_already`, as the in-process task skips them); the
+steps that only read state (the restore preview, the reader reports, the classification, the
+report) always run in the task.
 
 Importing this module imports no Airflow and no Spark: the job imports it on the cluster.
 """
@@ -79,6 +82,10 @@ def spark_task(name: str, path: str | None = None, *, spark_conn_id: str | None 
     master = cluster_master()
     if master is None or not needs_spark(name, kwargs):
         return TASKS[name](path=path, **kwargs)
+    if name == "validate" and kwargs.get("checkpoint_id") is None and kwargs.get("skip_validated", True):
+        already = tasks.validated_already(path, kwargs.get("reader_mode"))
+        if already is not None:  # nothing changed since the checks passed: nothing to submit
+            return already
     from splitkeeper.airflow.spark_submit import submit_task
 
     return submit_task(name, path, kwargs, spark_conn_id=spark_conn_id)

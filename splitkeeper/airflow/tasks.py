@@ -132,6 +132,13 @@ def validate(
     ).to_dict()
 
 
+def validated_already(path: str | None = None, reader_mode: str | None = None) -> dict[str, Any] | None:
+    """What :func:`validate` returns without running the checks (the latest checkpoint passed them
+    and nothing they read changed since), or None when they must run; no Spark."""
+    result = services.validated_already(_config(path), reader_mode=reader_mode_of(reader_mode))
+    return None if result is None else result.to_dict()
+
+
 def report(path: str | None = None, title: str | None = None) -> str:
     """Render the run report (HTML with charts); returns the path of the page kept for the run
     that wrote the latest checkpoint (``runs/<start>-<run id>/report.html``: what the Airflow
