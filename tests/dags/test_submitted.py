@@ -4,7 +4,7 @@ Fast tests run the task job's side in this process (:func:`splitkeeper.airflow.s
 no Spark) and check what the task makes of its result. The slow one starts a real Spark standalone
 master with 2 workers (the project's local cluster, Spark only), points the DAGs at it the way a
 deployment does (``SPLITKEEPER_SPARK_MASTER`` and a ``spark_default`` connection) and runs the
-ingest and recovery DAGs for real (``dag.test()``): every step that starts Spark is a
+ingest, recovery and rescale DAGs for real (``dag.test()``): every step that starts Spark is a
 spark-submit whose application the workers ran, while the task process (this one) is kept from
 starting a JVM at all.
 """
@@ -28,7 +28,7 @@ def _config(tmp_path: Path, name: str = "submitted") -> Path:
     write_input(tmp_path / "in", files=3, lines=40)
     # a region's deadline counts its executor's start on a busy 2-core machine
     mapping = pipeline_mapping(
-        tmp_path, name, tmp_path / "in", parallelism=2, epoch_records=60, region_timeout_s=180
+        tmp_path, name, tmp_path / "in", parallelism=2, epoch_records=40, region_timeout_s=180
     )
     return write_config(tmp_path / "pipeline.yaml", mapping)
 
@@ -175,7 +175,8 @@ def test_on_a_cluster_master_recover_and_validate_run_as_submitted_applications(
     jvm_before = SparkContext._active_spark_context
     started = _no_jvm_here(monkeypatch)
 
-    # one epoch of two: the recovery's epoch has records left to read, so its driver starts Spark
+    # one epoch of three: the recovery's and the rescale's epochs have records left to read, so
+    # their drivers start Spark
     ingest = load_dag("splitkeeper_ingest").test(run_conf={"epochs": 1})
     tis = {ti.task_id: ti for ti in ingest.get_task_instances()}
     assert {t: ti.state for t, ti in tis.items()} == dict.fromkeys(
@@ -199,6 +200,18 @@ def test_on_a_cluster_master_recover_and_validate_run_as_submitted_applications(
     applications = {done["spark_application"], validated["spark_application"]}
     assert len(applications) == 2 and all(_ran_on_a_worker(cluster, a) for a in applications), applications
     assert Path(tis["resume"].xcom_pull(task_ids="resume")).is_file()  # the report step read the verdicts
+
+    rescale = load_dag("splitkeeper_rescale").test(run_conf={"parallelism": 2, "redistribution": "union"})
+    tis = {ti.task_id: ti for ti in rescale.get_task_instances()}
+    assert rescale.state == "success", {t: ti.state for t, ti in tis.items()}
+    redistributed = tis["redistribute"].xcom_pull(task_ids="redistribute")
+    validated = tis["validate"].xcom_pull(task_ids="validate")
+    assert redistributed["opened"]["restored_from"] == latest.checkpoint_id, redistributed
+    latest = DeltaStateStore(config.state.path, config.name, None, read_only=True).latest_checkpoint()
+    assert latest is not None and latest.parallelism == 2
+    assert validated["success"] is True and validated["checkpoint_id"] == latest.checkpoint_id, validated
+    assert _ran_on_a_worker(cluster, redistributed["spark_application"]), redistributed
+    assert _ran_on_a_worker(cluster, validated["spark_application"]), validated
 
     # nothing changed since those checks passed: the task says so without a submit, as in-process
     again = SplitkeeperValidateOperator(task_id="validate", pipeline_config=str(path)).execute({})
