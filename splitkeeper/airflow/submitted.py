@@ -46,7 +46,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from splitkeeper.airflow import tasks
-from splitkeeper.errors import SplitkeeperError, SubmittedJobError
+from splitkeeper.errors import InvalidParameterError, SplitkeeperError, SubmittedJobError
 
 log = logging.getLogger("splitkeeper.airflow")
 
@@ -76,11 +76,10 @@ def spark_task(name: str, path: str | None = None, *, spark_conn_id: str | None 
     cluster master (the module doc). ``spark_conn_id``: the Spark connection spark-submit uses
     (None: ``$SPLITKEEPER_SPARK_CONN_ID``, else ``spark_default``)."""
     if name not in TASKS:
-        raise KeyError(name)
+        raise InvalidParameterError("name", name, f"one of {', '.join(TASKS)}")
     from splitkeeper.airflow.wiring import cluster_master
 
-    master = cluster_master()
-    if master is None or not needs_spark(name, kwargs):
+    if cluster_master() is None or not needs_spark(name, kwargs):
         return TASKS[name](path=path, **kwargs)
     if name == "validate" and kwargs.get("checkpoint_id") is None and kwargs.get("skip_validated", True):
         already = tasks.validated_already(path, kwargs.get("reader_mode"))
