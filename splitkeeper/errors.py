@@ -245,6 +245,14 @@ class EnvironmentNotReadyError(SplitkeeperError):
     code = "ENVIRONMENT_NOT_READY"
 
 
+class SubmittedJobError(SplitkeeperError):
+    """An Airflow task's Spark application (spark-submit on a cluster master) failed without a
+    splitkeeper error of its own to report, or left no result; the message names the task, and the
+    task log above it holds spark-submit's output."""
+
+    code = "SUBMITTED_JOB_FAILED"
+
+
 # --------------------------------------------------------------------------- the data path
 
 

@@ -13,6 +13,7 @@ function                    folder                  environment override
 ==========================  ======================  ================================
 :func:`expectations_dir`    ``expectations/``       ``SPLITKEEPER_EXPECTATIONS_DIR``
 :func:`epoch_job`           ``jobs/epoch_job.py``
+:func:`task_job`            ``jobs/task_job.py``
 :func:`dags_dir`            ``dags/``
 ==========================  ======================  ================================
 
@@ -115,6 +116,12 @@ def _on_disk(resource: Traversable, what: str) -> Path:
 def epoch_job() -> Path:
     """``jobs/epoch_job.py``, the application ``spark-submit`` runs (a file on disk)."""
     return _on_disk(data_folder("jobs") / "epoch_job.py", "the epoch job jobs/epoch_job.py")
+
+
+def task_job() -> Path:
+    """``jobs/task_job.py``, the application ``spark-submit`` runs for an Airflow task's Spark work
+    on a cluster master (validate, recover, rescale; :mod:`splitkeeper.airflow.submitted`)."""
+    return _on_disk(data_folder("jobs") / "task_job.py", "the task job jobs/task_job.py")
 
 
 def dags_dir() -> Path:

@@ -33,7 +33,7 @@ PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
 SHIPPED = {
     "state": sorted(p.name for p in (ROOT / "state").glob("*.ddl")),
     "expectations": sorted(p.name for p in (ROOT / "expectations").glob("*.json")),
-    "jobs": ["epoch_job.py"],
+    "jobs": ["epoch_job.py", "task_job.py"],
     "dags": sorted(p.name for p in (ROOT / "dags").glob("splitkeeper_*.py")),
 }
 
@@ -62,6 +62,7 @@ print(json.dumps({
     "prefix": sys.prefix,
     "folders": folders,
     "epoch_job": str(resources.epoch_job()),
+    "task_job": str(resources.task_job()),
     "dags_dir": str(resources.dags_dir()),
     "checkout": None if resources.checkout_root() is None else str(resources.checkout_root()),
     "ddl_checkpoints": (importlib.resources.files("splitkeeper._data.state") / "checkpoints.ddl").read_text(),
@@ -263,6 +264,7 @@ def test_importlib_resources_finds_the_data_inside_the_installed_package(venv: P
         assert site in where.parents and where.parts[-2:] == ("_data", folder), where
         assert set(files) <= set(found["folders"][folder]["files"]), folder
     assert Path(found["epoch_job"]) == Path(found["folders"]["jobs"]["path"]) / "epoch_job.py"
+    assert Path(found["task_job"]) == Path(found["folders"]["jobs"]["path"]) / "task_job.py"
     assert Path(found["dags_dir"]) == Path(found["folders"]["dags"]["path"])
     # the readers of that data work from the wheel
     # the shipped documentation of the state tables (delta/schemas.py is the schema; a test keeps them equal)

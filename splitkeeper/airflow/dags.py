@@ -22,6 +22,7 @@ from splitkeeper.airflow.operators import (
     SplitkeeperReportOperator,
     SplitkeeperValidateOperator,
 )
+from splitkeeper.airflow.submitted import spark_task
 from splitkeeper.airflow.triggers import SplitkeeperNewDataTrigger
 from splitkeeper.airflow.wiring import (
     DagPipeline,
@@ -376,13 +377,13 @@ def recover_dag(pipeline: DagPipeline) -> DAG:
 
         @task(pool=pipeline.writer_pool(), outlets=pipeline.assets())
         def reassign_and_rebalance(reports: dict, classified: dict) -> dict:
-            return tasks.reassign_and_rebalance(reports, path)
+            return spark_task("reassign_and_rebalance", path, reports=reports)
 
         @task
         def validate(reassigned: dict, params: dict | None = None) -> dict:
             if reassigned.get("dry_run"):
                 return {"skipped": "dry run"}
-            return tasks.validate(path, reader_mode=(params or {}).get("reader_mode"))
+            return spark_task("validate", path, reader_mode=(params or {}).get("reader_mode"))
 
         @task(trigger_rule="all_done")
         def resume(params: dict | None = None) -> str:
@@ -425,11 +426,12 @@ def rescale_dag(pipeline: DagPipeline) -> DAG:
 
         @task(pool=pipeline.writer_pool(), outlets=pipeline.assets())
         def redistribute(restored: dict) -> dict:
-            return tasks.rescale(tasks.collect_reader_reports(restored, path), path)
+            reports = tasks.collect_reader_reports(restored, path)
+            return spark_task("rescale", path, reports=reports)
 
         @task
         def validate(redistributed: dict) -> dict:
-            return tasks.validate(path)
+            return spark_task("validate", path)
 
         @task(trigger_rule="all_done")
         def report() -> str:

@@ -169,6 +169,9 @@ class SplitkeeperIngestOperator(_SplitkeeperOperator):
 class SplitkeeperValidateOperator(_SplitkeeperOperator):
     """Great Expectations restart checks on a checkpoint and the sink; fails on a violation.
 
+    On a cluster master the checks run as a Spark application there (spark-submit through
+    ``spark_conn_id``; :mod:`splitkeeper.airflow.submitted`), not in this task.
+
     :param pipeline_config: the pipeline file (templated)
     :param checkpoint_id: the checkpoint to check; None: the latest (templated)
     :param reader_mode: the readers' mode of the checked run; None: the file's (templated)
@@ -184,13 +187,16 @@ class SplitkeeperValidateOperator(_SplitkeeperOperator):
         self.reader_mode = reader_mode
 
     def execute(self, context: Any) -> dict[str, Any]:
-        from splitkeeper.airflow import tasks
+        from splitkeeper.airflow.submitted import spark_task
 
-        return tasks.validate(
+        result: dict[str, Any] = spark_task(
+            "validate",
             self.path,
-            _optional("checkpoint_id", self.checkpoint_id, int),
+            spark_conn_id=self.spark_conn_id,
+            checkpoint_id=_optional("checkpoint_id", self.checkpoint_id, int),
             reader_mode=_optional("reader_mode", self.reader_mode, str),
         )
+        return result
 
 
 class SplitkeeperReportOperator(_SplitkeeperOperator):
@@ -239,7 +245,9 @@ class SplitkeeperRecoverOperator(_SplitkeeperOperator):
     """Recovery in one task: the recovery DAG's steps (restore, reader reports, classify, reassign).
 
     A rewind or an offset reset is planned, and applied only with ``confirm``; ``dry_run`` only
-    logs the plan. The values are checked as the recovery DAG's Params are
+    logs the plan. On a cluster master the writing step (the restore and its epoch) runs as a Spark
+    application there (spark-submit through ``spark_conn_id``; :mod:`splitkeeper.airflow.submitted`).
+    The values are checked as the recovery DAG's Params are
     (:func:`splitkeeper.airflow.tasks.check_recovery_params`).
 
     :param pipeline_config: the pipeline file (templated)
@@ -327,4 +335,9 @@ class SplitkeeperRecoverOperator(_SplitkeeperOperator):
         reports = tasks.collect_reader_reports(restored, path)
         classified = tasks.classify_splits(reports, path)
         log.info("recovery plan: %s", classified)
-        return tasks.reassign_and_rebalance(reports, path)
+        from splitkeeper.airflow.submitted import spark_task
+
+        done: dict[str, Any] = spark_task(
+            "reassign_and_rebalance", path, spark_conn_id=self.spark_conn_id, reports=reports
+        )
+        return done

@@ -11,9 +11,11 @@ run in another process.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from splitkeeper.airflow.files import config_path
@@ -28,10 +30,28 @@ log = logging.getLogger("splitkeeper.airflow")
 RECOVERY_MODES = services.RECOVERY_MODES
 
 
+_OUTSIDE_AIRFLOW: contextvars.ContextVar[bool] = contextvars.ContextVar("outside_airflow", default=False)
+
+
+@contextlib.contextmanager
+def outside_airflow() -> Iterator[None]:
+    """The task functions called in here read the pipeline file as it is, not through Airflow's
+    connections: a submitted Spark application (:mod:`splitkeeper.airflow.submitted`) gets what the
+    connections give in its environment instead
+    (:meth:`~splitkeeper.airflow.hooks.SplitkeeperHook.job_environment`), as the epoch job does."""
+    token = _OUTSIDE_AIRFLOW.set(True)
+    try:
+        yield
+    finally:
+        _OUTSIDE_AIRFLOW.reset(token)
+
+
 def _config(path: str | None, overrides: Mapping[str, Any] | None = None) -> PipelineConfig:
     """The pipeline through :class:`~splitkeeper.airflow.hooks.SplitkeeperHook`: the connections the
     file names are read (Kafka servers and SASL, the object store's keys into this process's
-    environment); without Airflow, the file as it is."""
+    environment); without Airflow, or :func:`outside_airflow`, the file as it is."""
+    if _OUTSIDE_AIRFLOW.get():
+        return load_config(config_path(path), overrides=overrides)
     try:
         from splitkeeper.airflow.hooks import SplitkeeperHook
     except ImportError:  # no Airflow installed: no connections to read
@@ -110,6 +130,13 @@ def validate(
     return services.validate(
         _config(path), checkpoint_id, skip_validated=skip_validated, reader_mode=reader_mode_of(reader_mode)
     ).to_dict()
+
+
+def validated_already(path: str | None = None, reader_mode: str | None = None) -> dict[str, Any] | None:
+    """What :func:`validate` returns without running the checks (the latest checkpoint passed them
+    and nothing they read changed since), or None when they must run; no Spark."""
+    result = services.validated_already(_config(path), reader_mode=reader_mode_of(reader_mode))
+    return None if result is None else result.to_dict()
 
 
 def report(path: str | None = None, title: str | None = None) -> str:

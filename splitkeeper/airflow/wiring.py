@@ -3,7 +3,9 @@
 Imported by :mod:`splitkeeper.airflow` (the generated DAGs). On the embedded default the PySpark jobs run
 in-process inside the task; when ``SPLITKEEPER_SPARK_MASTER`` names a cluster
 (spark://, k8s://, yarn) the epoch task is a ``SparkSubmitOperator`` running
-``jobs/epoch_job.py`` (package data: :func:`splitkeeper.resources.epoch_job`) on that cluster.
+``jobs/epoch_job.py`` (package data: :func:`splitkeeper.resources.epoch_job`) on that cluster, and
+the other tasks' Spark work runs as ``jobs/task_job.py`` applications there
+(:mod:`splitkeeper.airflow.submitted`), both with :func:`submit_settings`.
 """
 
 from __future__ import annotations
@@ -212,6 +214,18 @@ def cluster_master() -> str | None:
     return SplitkeeperHook.cluster_master()
 
 
+def submit_settings() -> dict[str, Any]:
+    """What spark-submit gets for every splitkeeper application (the epoch job, the task job): the
+    Spark connection (``$SPLITKEEPER_SPARK_CONN_ID``, default ``spark_default``: the master, and
+    ``deploy-mode`` in its extra), the jars (``$SPLITKEEPER_SPARK_JARS``) and ``--py-files``
+    (``$SPLITKEEPER_PY_FILES``)."""
+    return {
+        "conn_id": os.environ.get("SPLITKEEPER_SPARK_CONN_ID", "spark_default"),
+        "jars": os.environ.get("SPLITKEEPER_SPARK_JARS"),
+        "py_files": os.environ.get("SPLITKEEPER_PY_FILES"),
+    }
+
+
 def spark_submit_epoch_task(
     task_id: str, pipeline: DagPipeline, epoch_args: Mapping[str, Any] | None = None
 ) -> Any:
@@ -236,7 +250,7 @@ def spark_submit_epoch_task(
         epoch_args=epoch_args,
         task_id=task_id,
         application=str(resources.epoch_job()),
-        conn_id=os.environ.get("SPLITKEEPER_SPARK_CONN_ID", "spark_default"),
+        **submit_settings(),
         application_args=[
             "--config",
             pipeline.path,
@@ -252,8 +266,6 @@ def spark_submit_epoch_task(
             read("{{ '--reset-backlog' if params.reset_backlog else '--no-reset-backlog' }}"),
             read("--reader-mode={{ params.reader_mode or 'configured' }}"),
         ],
-        jars=os.environ.get("SPLITKEEPER_SPARK_JARS"),
-        py_files=os.environ.get("SPLITKEEPER_PY_FILES"),
         name="splitkeeper-epochs",
         pool=pipeline.writer_pool(),
         outlets=pipeline.assets(),

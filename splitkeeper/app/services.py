@@ -43,7 +43,7 @@ from splitkeeper.app.recover import (
 from splitkeeper.app.report import report
 from splitkeeper.app.run import run, stop
 from splitkeeper.app.status import metrics_text, next_epoch, pending_work, status
-from splitkeeper.app.validate import validate
+from splitkeeper.app.validate import validate, validated_already
 
 __all__ = [
     "RECOVERY_MODES",
@@ -67,5 +67,6 @@ __all__ = [
     "status",
     "stop",
     "validate",
+    "validated_already",
     "writer_lease",
 ]

@@ -135,26 +135,9 @@ def validate(
         source_splits = _source_splits(connector, store, checkpoint_id)
         fingerprint = None if latest is None else _check_fingerprint(config, store, connector, source_splits)
         if latest is not None and fingerprint is not None and skip_validated:
-            passed = ValidationRecords(StateTables(config.state.path, read_only=True), config.name).passed(
-                latest, fingerprint
-            )
-            if passed is not None:
-                note = (
-                    f"checkpoint {latest} was validated at {passed.validated_at.isoformat()} by "
-                    f"{passed.validated_by} and nothing it read changed since (no new checkpoint, sink or "
-                    f"state commit, source change): the checks were not run again; their report: "
-                    f"{passed.data_docs or 'no Data Docs'}"
-                )
-                log.info("%s", note)
-                return ValidationResult(
-                    pipeline=config.name,
-                    checkpoint_id=latest,
-                    success=True,
-                    suites=passed.suites,
-                    data_docs=passed.data_docs,
-                    notes=(note,),
-                    already_validated_at=passed.validated_at.isoformat(),
-                )
+            already = _passed_already(config, latest, fingerprint)
+            if already is not None:
+                return already
         report = run_restart_checks(
             spark_session,  # started only when the sink has data to scan
             store,
@@ -197,6 +180,60 @@ def validate(
     finally:
         connector.close()
     return result
+
+
+def _passed_already(
+    config: PipelineConfig, latest: int, fingerprint: Mapping[str, Any]
+) -> ValidationResult | None:
+    """The result naming the passed run of the checks on ``latest`` with this ``fingerprint`` (what
+    they read), or None when there is none: they must run. No Spark."""
+    from splitkeeper.delta.tables import StateTables
+    from splitkeeper.delta.validations import ValidationRecords
+
+    passed = ValidationRecords(StateTables(config.state.path, read_only=True), config.name).passed(
+        latest, fingerprint
+    )
+    if passed is None:
+        return None
+    note = (
+        f"checkpoint {latest} was validated at {passed.validated_at.isoformat()} by "
+        f"{passed.validated_by} and nothing it read changed since (no new checkpoint, sink or "
+        f"state commit, source change): the checks were not run again; their report: "
+        f"{passed.data_docs or 'no Data Docs'}"
+    )
+    log.info("%s", note)
+    return ValidationResult(
+        pipeline=config.name,
+        checkpoint_id=latest,
+        success=True,
+        suites=passed.suites,
+        data_docs=passed.data_docs,
+        notes=(note,),
+        already_validated_at=passed.validated_at.isoformat(),
+    )
+
+
+@_named
+def validated_already(
+    config: PipelineConfig, reader_mode: ReaderMode | None = None
+) -> ValidationResult | None:
+    """What ``validate(skip_validated=True)`` returns without running the checks (the latest
+    checkpoint passed them and nothing they read changed since), or None when they must run.
+    Read-only, no Spark: a task on a cluster master asks this before it submits the checks."""
+    from splitkeeper.delta.checkpoints import DeltaStateStore
+    from splitkeeper.sources import build_source
+
+    config = with_reader_mode(config, reader_mode)
+    connector = build_source(config.source)
+    try:
+        store = DeltaStateStore(config.state.path, config.name, connector.fingerprint(), read_only=True)
+        ids = store.ids()
+        if not ids:
+            return None
+        splits = _source_splits(connector, store, None)
+        return _passed_already(config, ids[-1], _check_fingerprint(config, store, connector, splits))
+    finally:
+        connector.close()
 
 
 def _record_failed_validation(
