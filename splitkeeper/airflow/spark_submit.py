@@ -7,9 +7,10 @@ the pipeline's connections in the environment, :func:`job_environment`):
 
 - the ingest's epoch task, :class:`EpochJobSubmitOperator` running ``jobs/epoch_job.py``
   (``spark_submit_epoch_task`` in :mod:`splitkeeper.airflow.wiring`);
-- the other tasks' Spark work (restart checks, recovery, rescale), :func:`submit_task` running
-  ``jobs/task_job.py``, called by :func:`splitkeeper.airflow.submitted.spark_task` inside the task;
-  the task's result comes back through a result file under the pipeline's state.
+- the other tasks' Spark work (restart checks, recovery, rescale):
+  :func:`splitkeeper.airflow.submitted.submit_task` running ``jobs/task_job.py``, called by
+  :func:`splitkeeper.airflow.submitted.spark_task` inside the task; the task's result comes back
+  through a result file under the pipeline's state.
 
 The epoch task's cancel:
 
@@ -41,7 +42,6 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 
 log = logging.getLogger(__name__)
@@ -61,42 +61,6 @@ def job_environment(
     if env:
         log.info("spark-submit gets the connections' settings: %s", ", ".join(sorted(env)))
     return config, env
-
-
-def submit_task(
-    name: str, path: str | None, kwargs: Mapping[str, Any], *, spark_conn_id: str | None = None
-) -> Any:
-    """Run ``splitkeeper.airflow.tasks.<name>(path=..., **kwargs)`` as a Spark application and return
-    its result (or raise its error): the request and the result go through a folder under the
-    pipeline's state (:mod:`splitkeeper.airflow.submitted`), spark-submit runs ``jobs/task_job.py``
-    through the Spark connection (``spark_conn_id``, else ``$SPLITKEEPER_SPARK_CONN_ID``, else
-    ``spark_default``) with the settings the epoch task gets. Blocks until spark-submit exits."""
-    from airflow.exceptions import AirflowException
-
-    from splitkeeper import resources
-    from splitkeeper.airflow import submitted
-    from splitkeeper.airflow.hooks import SplitkeeperHook
-    from splitkeeper.airflow.wiring import submit_settings
-
-    hook = SplitkeeperHook(path, spark_conn_id)
-    resolved = hook.config_path()  # the job reads the same file, not $SPLITKEEPER_PIPELINE_CONFIG
-    config, env = job_environment(resolved, spark_conn_id)
-    settings = {**submit_settings(), "conn_id": hook.spark_conn_id}
-    with submitted.request(config.state.path, name, {**kwargs, "path": resolved}) as folder:
-        spark = SparkSubmitHook(
-            **settings,
-            name=f"splitkeeper-{name.replace('_', '-')}",
-            application_args=[folder],
-            env_vars=env or None,
-        )
-        log.info("%s: spark-submit of jobs/task_job.py through connection %s", name, hook.spark_conn_id)
-        failure: AirflowException | None = None
-        try:
-            spark.submit(str(resources.task_job()))
-        except AirflowException as err:
-            failure = err
-        outcome = submitted.result(folder)
-    return submitted.outcome_value(name, outcome, failure)
 
 
 #: How long ``on_kill`` waits for a continuous run's final checkpoint before killing spark-submit.

@@ -8,7 +8,7 @@ On the embedded default (no cluster master) it calls the task function of
 :mod:`splitkeeper.airflow.tasks` in the task's process, as before. When
 ``SPLITKEEPER_SPARK_MASTER`` names a cluster it runs the same function as a Spark application
 instead, submitted the way the ingest's epoch task is
-(:func:`splitkeeper.airflow.spark_submit.submit_task`: spark-submit through the Spark connection,
+(:func:`submit_task`: spark-submit through the Spark connection,
 the pipeline's connections in its environment), so the Airflow task starts no Spark driver:
 
 1. the task writes a request, ``<state>/_submitted/<id>/request.json`` (the function's name and
@@ -85,9 +85,44 @@ def spark_task(name: str, path: str | None = None, *, spark_conn_id: str | None 
         already = tasks.validated_already(path, kwargs.get("reader_mode"))
         if already is not None:  # nothing changed since the checks passed: nothing to submit
             return already
-    from splitkeeper.airflow.spark_submit import submit_task
-
     return submit_task(name, path, kwargs, spark_conn_id=spark_conn_id)
+
+
+def submit_task(
+    name: str, path: str | None, kwargs: Mapping[str, Any], *, spark_conn_id: str | None = None
+) -> Any:
+    """Run ``splitkeeper.airflow.tasks.<name>(path=..., **kwargs)`` as a Spark application and return
+    its result (or raise its error): the request and the result go through a folder under the
+    pipeline's state (this module), spark-submit runs ``jobs/task_job.py``
+    through the Spark connection (``spark_conn_id``, else ``$SPLITKEEPER_SPARK_CONN_ID``, else
+    ``spark_default``) with the settings the epoch task gets. Blocks until spark-submit exits."""
+    from airflow.exceptions import AirflowException
+    from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
+
+    from splitkeeper import resources
+    from splitkeeper.airflow.hooks import SplitkeeperHook
+    from splitkeeper.airflow.spark_submit import job_environment
+    from splitkeeper.airflow.wiring import submit_settings
+
+    hook = SplitkeeperHook(path, spark_conn_id)
+    resolved = hook.config_path()  # the job reads the same file, not $SPLITKEEPER_PIPELINE_CONFIG
+    config, env = job_environment(resolved, spark_conn_id)
+    settings = {**submit_settings(), "conn_id": hook.spark_conn_id}
+    with request(config.state.path, name, {**kwargs, "path": resolved}) as folder:
+        spark = SparkSubmitHook(
+            **settings,
+            name=f"splitkeeper-{name.replace('_', '-')}",
+            application_args=[folder],
+            env_vars=env or None,
+        )
+        log.info("%s: spark-submit of jobs/task_job.py through connection %s", name, hook.spark_conn_id)
+        failure: AirflowException | None = None
+        try:
+            spark.submit(str(resources.task_job()))
+        except AirflowException as err:
+            failure = err
+        outcome = result(folder)
+    return outcome_value(name, outcome, failure)
 
 
 # -- the request folder ----------------------------------------------------------------------

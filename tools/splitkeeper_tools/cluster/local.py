@@ -56,7 +56,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -393,14 +393,35 @@ def versitygw_launch(
     return argv, env
 
 
-#: How a Spark worker starts in a mount namespace of its own (:func:`worker_isolation`): ``$0`` is the
-#: folder it keeps (the cluster's folder: its properties, work and local folders under ``spark/``),
-#: opened before a private tmpfs hides the rest of /tmp and bound back in (``--no-canonicalize``:
-#: the open folder, not its name, which the tmpfs now hides); then the worker's command line.
-_ISOLATED_START = (
-    'exec 3<"$0" && mount -t tmpfs -o mode=1777 splitkeeper-worker-tmp /tmp && mkdir -p "$0" '
-    '&& mount --no-canonicalize --bind /proc/self/fd/3 "$0" && exec 3<&- && exec "$@"'
-)
+def _isolated_start(kept: Sequence[str]) -> str:
+    """The shell line that starts a Spark worker in its mount namespace (:func:`worker_isolation`):
+    each folder of ``kept`` (``$1``... ``$N``) is opened before a private tmpfs hides the rest of
+    /tmp, then bound back in (``--no-canonicalize``: the open folder, not its name, which the tmpfs
+    now hides); then the worker's command line (the arguments after them)."""
+    fds = [(i + 3, f'"${i + 1}"') for i in range(len(kept))]
+    opened = " ".join(f"{fd}<{arg}" for fd, arg in fds)
+    steps = [f"exec {opened}"] if fds else []
+    steps.append("mount -t tmpfs -o mode=1777 splitkeeper-worker-tmp /tmp")
+    if fds:
+        steps.append("mkdir -p " + " ".join(arg for _fd, arg in fds))
+        steps += [f"mount --no-canonicalize --bind /proc/self/fd/{fd} {arg}" for fd, arg in fds]
+        steps.append("exec " + " ".join(f"{fd}<&-" for fd, _arg in fds))
+        steps.append(f"shift {len(fds)}")
+    steps.append('exec "$@"')
+    return " && ".join(steps)
+
+
+def _under_tmp(folders: Sequence[Path]) -> list[str]:
+    """The folders of ``folders`` under /tmp (the others stay visible anyway), none inside another."""
+    tmp = Path("/tmp").resolve()
+    found = sorted({f.resolve() for f in folders if f.resolve().is_relative_to(tmp) and f.resolve() != tmp})
+    kept: list[Path] = []
+    for folder in found:  # sorted: a folder comes before the folders inside it
+        if not any(folder.is_relative_to(k) for k in kept):
+            kept.append(folder)
+    return [str(k) for k in kept]
+
+
 #: The ``unshare`` command lines tried, in order: as root, then in a user namespace (unprivileged).
 UNSHARE_TRIES = (
     ("unshare", "--mount", "--propagation", "private"),
@@ -411,8 +432,9 @@ _isolation: dict[str, tuple[str, ...]] = {}
 
 def worker_isolation(keep: Path) -> list[str]:
     """The prefix of a Spark worker's command line that runs it in a mount namespace of its own
-    with a private /tmp (only ``keep``, the cluster's folder, stays visible there when it lies under
-    /tmp): its executors see no folder of the driver's under /tmp, and the cluster's Spark conf says
+    with a private /tmp (only ``keep``, the cluster's folder, and what the worker runs from, the
+    checkout, the virtual environment and Spark's folder, stay visible there when under /tmp): its
+    executors see no other folder of the driver's under /tmp, and the cluster's Spark conf says
     they share no disk (``spark.splitkeeper.executors.sharedDisk=false``: a local staging folder is
     refused), so a pipeline's staged files go through the object store. The cluster's folder stays
     visible for the workers' own files and the end-to-end test's local files source. The first of
@@ -439,7 +461,10 @@ def worker_isolation(keep: Path) -> list[str]:
                 + ". Run as root, or allow unprivileged user namespaces (sysctl "
                 "kernel.unprivileged_userns_clone=1 / user.max_user_namespaces > 0)"
             )
-    return [*_isolation["argv"], "sh", "-c", _ISOLATED_START, str(keep)]
+    # what the worker itself runs from stays visible: the checkout (the jars, an editable install),
+    # the virtual environment and Spark's own folder (a CI clone may sit under /tmp)
+    kept = _under_tmp([keep, _checkout(), Path(sys.prefix), spark_home()])
+    return [*_isolation["argv"], "sh", "-c", _isolated_start(kept), "splitkeeper-worker", *kept]
 
 
 def executor_store_env(env: Mapping[str, str]) -> dict[str, str]:
