@@ -150,6 +150,7 @@ def test_on_a_cluster_master_recover_and_validate_run_as_submitted_applications(
     from splitkeeper.delta.checkpoints import DeltaStateStore
     from splitkeeper.errors import InvariantViolation
     from splitkeeper.spark import jars as jarlib
+    from splitkeeper.spark.runner import SHARED_DISK_CONF
 
     cluster, env = standalone
     for key, value in env.items():
@@ -160,12 +161,17 @@ def test_on_a_cluster_master_recover_and_validate_run_as_submitted_applications(
     monkeypatch.setenv(
         "AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": cluster.spark_master_url()})
     )
-    # a driver runs its first job once both executors (one a worker) registered
+    # a driver runs its first job once both executors (one a worker) registered; the workers see
+    # no /tmp folder of this process but the cluster's own (their private /tmp): the pipeline's
+    # input, state and sink go there, and this one-host test allows a local staging folder (the
+    # shared-nothing profile is tests/cluster/test_shared_nothing.py's)
     monkeypatch.setenv(
         "SPLITKEEPER_SPARK_CONF",
-        env["SPLITKEEPER_SPARK_CONF"] + ";spark.cores.max=2;spark.scheduler.minRegisteredResourcesRatio=1.0",
+        env["SPLITKEEPER_SPARK_CONF"]
+        + ";spark.cores.max=2;spark.scheduler.minRegisteredResourcesRatio=1.0"
+        + f";{SHARED_DISK_CONF}=true",
     )
-    path = _config(tmp_path)
+    path = _config(cluster.root / "pipeline")
     monkeypatch.setenv("SPLITKEEPER_PIPELINE_CONFIG", str(path))
     monkeypatch.setenv("SPLITKEEPER_REPORTS_DIR", str(tmp_path / "reports"))
     config = load_config(path)
