@@ -43,7 +43,9 @@ def _source(n: int = 4, end: int = 40) -> ReassignableSimSource:
     return source
 
 
-_LEDGERS: dict[int, SimulatedSink] = {}
+# one sink per state; the state is kept with it, so its id is never another state's (an id is
+# reused once its object is gone: a new state then met an old test's sink, epoch 3 and all)
+_LEDGERS: dict[int, tuple[SimState, SimulatedSink]] = {}
 
 
 def _driver(
@@ -67,7 +69,7 @@ def _driver(
         ),
         source,
         runner,
-        SimEpochSink(_LEDGERS.setdefault(id(state), SimulatedSink()), runner),  # one sink per state
+        SimEpochSink(_LEDGERS.setdefault(id(state), (state, SimulatedSink()))[1], runner),
         state,
         SimClock(),
         hooks,
