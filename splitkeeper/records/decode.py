@@ -184,14 +184,7 @@ def _json_schema(spec: DecodeSpec, values: pa.Array, known: Sequence[str]) -> De
             bodies.append(None)
             continue
         except _RegistryFailed as err:
-            raise SchemaRegistryError(
-                f"record {i} of the range has schema id {err.schema_id}, and the schema registry at "
-                f"{_shown_url(spec.schema_registry_url or '')} did not give its schema: "
-                f"{_shown_url(err.reason)}; the range is read again with the next epoch (check the "
-                "registry and decode.registry if this repeats)",
-                schema_id=err.schema_id,
-                index=i,
-            ) from None
+            raise _registry_error(spec, err, i) from None
         bodies.append(raw[start:])
     out = _Typed(dataclasses.replace(spec, kind="json"), pa.array(bodies, pa.binary()), known).run()
     if not early:
@@ -842,14 +835,7 @@ class _Typed:
                 self._bad(i, "decode", str(err), "UnknownSchemaId")
                 continue
             except _RegistryFailed as err:
-                raise SchemaRegistryError(
-                    f"record {i} of the range has schema id {err.schema_id}, and the schema registry at "
-                    f"{_shown_url(spec.schema_registry_url or '')} did not give its schema: "
-                    f"{_shown_url(err.reason)}; the range is read again with the next epoch (check the "
-                    "registry and decode.registry if this repeats)",
-                    schema_id=err.schema_id,
-                    index=i,
-                ) from None
+                raise _registry_error(spec, err, i) from None
             except _BadBody as err:
                 self._bad(i, "decode", str(err), "AvroDecodeError")
                 continue
@@ -1132,6 +1118,18 @@ class _RegistryFailed(Exception):
     def __init__(self, schema_id: int | str | None, reason: str) -> None:
         super().__init__(reason)
         self.schema_id, self.reason = schema_id, reason
+
+
+def _registry_error(spec: Any, err: _RegistryFailed, index: int) -> SchemaRegistryError:
+    """Record ``index``'s writer schema could not be fetched: the range fails (read again next epoch)."""
+    return SchemaRegistryError(
+        f"record {index} of the range has schema id {err.schema_id}, and the schema registry at "
+        f"{_shown_url(spec.schema_registry_url or '')} did not give its schema: "
+        f"{_shown_url(err.reason)}; the range is read again with the next epoch (check the "
+        "registry and decode.registry if this repeats)",
+        schema_id=err.schema_id,
+        index=index,
+    )
 
 
 @lru_cache(maxsize=256)
