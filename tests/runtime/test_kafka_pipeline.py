@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +81,35 @@ def produce_numbered(bootstrap: str, topic: str, counts: Mapping[int, int], firs
         bootstrap,
         topic,
         {p: [value_of(topic, p, i) for i in range(first, first + n)] for p, n in counts.items()},
+    )
+
+
+def produce_by_partition(
+    bootstrap: str, topic: str, values: Sequence[tuple[Any, bytes | None, bytes | None]], partitions: int
+) -> tuple[dict[tuple[int, int], Any], dict[int, int]]:
+    """Produce ``(tag, value, key)`` round-robin over ``partitions``, idempotently; return each
+    ``(partition, offset)``'s tag and the count per partition (the end offsets of a new topic)."""
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
+    produced: dict[tuple[int, int], Any] = {}
+    counts = dict.fromkeys(range(partitions), 0)
+    for i, (tag, value, key) in enumerate(values):
+        partition = i % partitions
+        producer.produce(topic, value=value, key=key, partition=partition)
+        produced[(partition, counts[partition])] = tag
+        counts[partition] += 1
+    assert producer.flush(30) == 0, "messages left unsent"
+    return produced, counts
+
+
+def offsets_accounted(
+    sink: Sequence[Mapping[str, Any]], dead: Sequence[Mapping[str, Any]], partition_of: Mapping[str, int]
+) -> Counter[tuple[int, int]]:
+    """How often each ``(partition, offset)`` is in the sink rows or the dead-letter rows."""
+    return Counter(
+        [(r["partition"], r["offset"]) for r in sink]
+        + [(partition_of[r["split_id"]], r["offset"]) for r in dead]
     )
 
 
@@ -401,8 +430,6 @@ def test_binary_null_empty_text_and_random_values_reach_a_raw_sink_byte_exact(
     bytes, nulls null and empties empty."""
     import random
 
-    from confluent_kafka import Producer
-
     from splitkeeper.sinks.delta.read import read_sink
 
     bootstrap = kafka_broker.bootstrap_servers
@@ -415,17 +442,11 @@ def test_binary_null_empty_text_and_random_values_reach_a_raw_sink_byte_exact(
         lambda i: f"text {i} é€ 𝄞".encode(),
         lambda i: rng.randbytes(rng.randint(1, 64)),
     ]
-    produced: dict[tuple[int, int], tuple[bytes | None, bytes | None]] = {}
-    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
-    counts = {0: 0, 1: 0}
+    values = []
     for i in range(300):
-        partition = i % 2
-        value = kinds[(i // 2) % len(kinds)](i)
-        key = rng.choice([None, b"", rng.randbytes(8)])
-        producer.produce(topic, value=value, key=key, partition=partition)
-        produced[(partition, counts[partition])] = (value, key)
-        counts[partition] += 1
-    producer.flush(30)
+        value, key = kinds[(i // 2) % len(kinds)](i), rng.choice([None, b"", rng.randbytes(8)])
+        values.append(((value, key), value, key))
+    produced, counts = produce_by_partition(bootstrap, topic, values, 2)
     assert sum(v is None for v, _ in produced.values()) == 60
     config = kafka_config(tmp_path, bootstrap, epoch_records=120, parallelism=2, topics=[topic])
     assert config.decode.kind == "raw"
@@ -536,8 +557,6 @@ def test_typed_decode_on_the_broker_accounts_every_offset_once_and_keeps_bad_byt
     a dead letter's key and value are the produced bytes (null stays null)."""
     import random
 
-    from confluent_kafka import Producer
-
     from splitkeeper.sinks.delta.read import read_dead_letters, read_sink
 
     bootstrap = kafka_broker.bootstrap_servers
@@ -550,17 +569,11 @@ def test_typed_decode_on_the_broker_accounts_every_offset_once_and_keeps_bad_byt
         lambda i: None,  # null value
         lambda i: b"",  # empty value
     ]
-    produced: dict[tuple[int, int], tuple[bytes | None, bytes | None]] = {}
-    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
-    counts = {0: 0, 1: 0}
+    values = []
     for i in range(200):
-        partition = i % 2
-        value = kinds[(i // 2) % len(kinds)](i)
-        key = rng.choice([None, b"", rng.randbytes(8)])
-        producer.produce(topic, value=value, key=key, partition=partition)
-        produced[(partition, counts[partition])] = (value, key)
-        counts[partition] += 1
-    producer.flush(30)
+        value, key = kinds[(i // 2) % len(kinds)](i), rng.choice([None, b"", rng.randbytes(8)])
+        values.append(((value, key), value, key))
+    produced, counts = produce_by_partition(bootstrap, topic, values, 2)
     config = kafka_config(
         tmp_path,
         bootstrap,
@@ -586,10 +599,7 @@ def test_typed_decode_on_the_broker_accounts_every_offset_once_and_keeps_bad_byt
     partition_of = {split_id_of(topic, p): p for p in counts}
     sink = read_sink(config.sink.path, ["partition", "offset", "id", "name"]).to_pylist()
     dead = read_dead_letters(str(tmp_path / "dead"), ["split_id", "offset", "key", "value"]).to_pylist()
-    seen = Counter(
-        [(r["partition"], r["offset"]) for r in sink]
-        + [(partition_of[r["split_id"]], r["offset"]) for r in dead]
-    )
+    seen = offsets_accounted(sink, dead, partition_of)
     assert set(seen) == set(produced) and set(seen.values()) == {1}, "an offset is missing or twice"
     for r in sink:  # only good documents reach the sink, typed as produced
         value, _ = produced[(r["partition"], r["offset"])]

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import base64
 import json
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +18,7 @@ from splitkeeper_tools.kafka_broker import KafkaBroker
 from tests.records.test_decode import wire
 from tests.records.test_registry import _Guarded, _serve
 
-from .test_kafka_pipeline import kafka_config, run_until_caught_up
+from .test_kafka_pipeline import kafka_config, offsets_accounted, produce_by_partition, run_until_caught_up
 from .test_kafka_source import create_topic
 
 pytestmark = [pytest.mark.spark, pytest.mark.kafka]
@@ -38,8 +37,6 @@ RECORD = {"id": 7, "name": "x"}
 def test_avro_through_the_registry_accounts_every_offset_once(
     spark: Any, kafka_broker: KafkaBroker, tmp_path: Path
 ) -> None:
-    from confluent_kafka import Producer
-
     from splitkeeper.sinks.delta.read import read_dead_letters, read_sink
 
     _Guarded.schemas = {1: json.dumps(AVRO_SCHEMA), 2: json.dumps(WRITER_V2)}
@@ -58,16 +55,8 @@ def test_avro_through_the_registry_accounts_every_offset_once(
             ("AvroDecodeError", good[:-1]),  # a truncated body
             ("EmptyValue", None),
         ]
-        produced: dict[tuple[int, int], str] = {}
-        producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
-        counts = {0: 0, 1: 0}
-        for i in range(60):
-            partition = i % 2
-            what, value = kinds[(i // 2) % len(kinds)]
-            producer.produce(topic, value=value, partition=partition)
-            produced[(partition, counts[partition])] = what
-            counts[partition] += 1
-        producer.flush(30)
+        values = [(what, value, None) for what, value in (kinds[(i // 2) % len(kinds)] for i in range(60))]
+        produced, counts = produce_by_partition(bootstrap, topic, values, 2)
         (tmp_path / "orders.avsc").write_text(json.dumps(AVRO_SCHEMA), encoding="utf-8")
         config = kafka_config(
             tmp_path,
@@ -104,10 +93,7 @@ def test_avro_through_the_registry_accounts_every_offset_once(
     dead = read_dead_letters(
         str(tmp_path / "dead"), ["split_id", "offset", "error_class", "error_message"]
     ).to_pylist()
-    seen = Counter(
-        [(r["partition"], r["offset"]) for r in sink]
-        + [(partition_of[r["split_id"]], r["offset"]) for r in dead]
-    )
+    seen = offsets_accounted(sink, dead, partition_of)
     assert set(seen) == set(produced) and set(seen.values()) == {1}, "an offset is missing or twice"
     assert {produced[(r["partition"], r["offset"])] for r in sink} == {"good"} and len(sink) == 20
     assert {r["id"] for r in sink} == {7, 8}
