@@ -7,6 +7,7 @@
 #   bash scripts/setup.sh jars            # only some steps: python, jars, devpython, otelcol, browser, compose, cluster
 #   bash scripts/setup.sh cluster         # what scripts/cluster.sh needs (not part of the default run)
 #   bash scripts/setup.sh versitygw       # only the object store (the real-S3 tests build it so, on demand)
+#   bash scripts/setup.sh iceberg-rest    # only Iceberg's REST catalog test server (its tests fetch it so, on demand)
 #
 # Steps:
 #   python    .venv/ (Python >= 3.11, any bundled pip); that pip installs locks/bootstrap.txt only
@@ -27,6 +28,8 @@
 #             -> .tools/versitygw/bin/, and Maven (jvm/s3a.xml) -> .jars/s3a/ (S3A for Spark)
 #   versitygw ONLY WHEN ASKED: the object store alone (the versitygw of cluster); the tests' fixture
 #             `versitygw` (tests/conftest.py) runs it when the binary is missing
+#   iceberg-rest ONLY WHEN ASKED: Maven (jvm/iceberg-rest.xml) -> .jars/iceberg-rest/ (Iceberg's REST
+#             catalog test server); the tests' fixture `iceberg_rest` runs it when the jars are missing
 #
 # Environment:
 #   SPLITKEEPER_PYTHON       interpreter that creates .venv (default: python3.11, else python3)
@@ -394,7 +397,10 @@ for step in "${steps[@]}"; do
         compose) step_compose ;;
         cluster) step_cluster ;;
         versitygw) mkdir -p "$TOOLS_DIR"; cluster_object_store ;;
-        *) die "unknown step '$step'; choose from: --dev python jars devpython otelcol browser compose cluster versitygw" ;;
+        iceberg-rest)
+            command -v java >/dev/null 2>&1 || die "Java not found; install a JDK >= 17: apt-get install -y openjdk-17-jdk-headless"
+            fetch_jars iceberg-rest jvm/iceberg-rest.xml ;;
+        *) die "unknown step '$step'; choose from: --dev python jars devpython otelcol browser compose cluster versitygw iceberg-rest" ;;
     esac
 done
 if [[ -n "$otelcol_pid" ]]; then

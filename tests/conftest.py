@@ -7,6 +7,8 @@
 - ``versitygw`` (session scope): the object store's binary (``.tools/versitygw/bin/versitygw``),
   built by ``bash scripts/setup.sh versitygw`` when missing; a failed build fails the test that
   needs it (never a skip: a real-S3 test does not depend on another test having built it first).
+- ``iceberg_rest``: Iceberg's REST catalog test server of the test (``iceberg_rest_jars``, session
+  scope, fetches its jars with ``bash scripts/setup.sh iceberg-rest`` when missing).
 - ``s3_store``: a versitygw of the test's own, the ``AWS_*`` environment pointing at it.
 - ``scratch``: a :class:`ScratchDirs` over ``tmp_path``, for Delta tables and state.
 
@@ -25,7 +27,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -36,6 +38,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import SparkSession
 
     from splitkeeper_tools.chaos.store import ChaosStore
+    from splitkeeper_tools.iceberg_rest import IcebergRestCatalog
     from splitkeeper_tools.kafka_broker import KafkaBroker
 
 _FIXTURE_MARKS = {"spark": "spark", "kafka_broker": "kafka"}
@@ -128,33 +131,79 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkSession]:
     session.stop()
 
 
-@pytest.fixture(scope="session")
-def versitygw() -> Path:
-    """The versitygw binary, built now when it is not (``bash scripts/setup.sh versitygw``)."""
+def _setup_step(step: str, found: Callable[[], object], what: str) -> None:
+    """Run ``bash scripts/setup.sh <step>`` unless ``found()`` already is truthy; fail the test
+    (never a skip) when it fails or leaves ``found()`` falsy. A fresh machine (CI) gets the
+    tool the test needs on demand, offline first (setup.sh's stamps and a warm ~/.m2)."""
     import subprocess
 
-    from splitkeeper_tools.chaos.store import versitygw_binary
-
-    found = versitygw_binary()
-    if found is not None:
-        return found
+    if found():
+        return
     repo = Path(__file__).resolve().parents[1]
     done = subprocess.run(
-        ["bash", str(repo / "scripts" / "setup.sh"), "versitygw"],
+        ["bash", str(repo / "scripts" / "setup.sh"), step],
         cwd=repo,
         capture_output=True,
         text=True,
         timeout=1800,
         check=False,
     )
-    found = versitygw_binary()
-    if done.returncode != 0 or found is None:
+    if done.returncode != 0 or not found():
         pytest.fail(
-            "the real-S3 tests need versitygw and building it failed: bash scripts/setup.sh versitygw "
+            f"{what} and fetching it failed: bash scripts/setup.sh {step} "
             f"exited {done.returncode}:\n{(done.stdout + done.stderr)[-3000:]}",
             pytrace=False,
         )
+
+
+@pytest.fixture(scope="session")
+def versitygw() -> Path:
+    """The versitygw binary, built now when it is not (``bash scripts/setup.sh versitygw``)."""
+    from splitkeeper_tools.chaos.store import versitygw_binary
+
+    _setup_step("versitygw", versitygw_binary, "the real-S3 tests need versitygw")
+    found = versitygw_binary()
+    assert found is not None
     return found
+
+
+@pytest.fixture(scope="session")
+def iceberg_rest_jars() -> str:
+    """The classpath of Iceberg's REST catalog test server, fetched now when it is not (``bash
+    scripts/setup.sh iceberg-rest``: Maven, jvm/iceberg-rest.xml -> .jars/iceberg-rest/)."""
+    from splitkeeper.errors import EnvironmentNotReadyError
+    from splitkeeper_tools.iceberg_rest import classpath
+
+    def found() -> str | None:
+        try:
+            return classpath()
+        except EnvironmentNotReadyError:
+            return None
+
+    _setup_step("iceberg-rest", found, "the REST catalog tests need Iceberg's REST catalog server")
+    return classpath()
+
+
+@pytest.fixture
+def iceberg_rest(tmp_path: Path, iceberg_rest_jars: str) -> Iterator[IcebergRestCatalog]:
+    """Iceberg's REST catalog test server of this test, on a free port, its SQLite catalog and
+    local warehouse under ``tmp_path/rest-catalog``; ready (``GET /v1/config`` answered), stopped
+    at the end. ``iceberg_rest.uri`` is what ``sink.catalog.uri`` names."""
+    from splitkeeper_tools.iceberg_rest import IcebergRestCatalog
+
+    with IcebergRestCatalog(tmp_path / "rest-catalog") as server:
+        yield server
+
+
+@pytest.fixture(params=["embedded", "rest"])
+def iceberg_catalog(request: pytest.FixtureRequest) -> dict[str, str] | None:
+    """``sink.catalog`` of an Iceberg test, which runs once per catalog: None (the embedded SQL
+    catalog on SQLite) and ``{name: rest, type: rest, uri: ...}`` (``iceberg_rest``, Iceberg's
+    REST catalog test server of the test)."""
+    if request.param == "embedded":
+        return None
+    server: IcebergRestCatalog = request.getfixturevalue("iceberg_rest")
+    return {"name": "rest", **server.catalog_properties()}
 
 
 @pytest.fixture

@@ -13,7 +13,10 @@ into separate folders of the jars root:
 - ``<root>/s3a/``: S3A (``hadoop-aws`` at pyspark's Hadoop version and the AWS SDK v2
   modules it calls), for Delta tables on an S3-compatible store. Only ``bash
   scripts/setup.sh cluster`` fetches it, and only sessions configured for S3A use it
-  (see :func:`s3a_jars`).
+  (see :func:`s3a_jars`);
+- ``<root>/iceberg-rest/``: Iceberg's REST catalog test server (``jvm/iceberg-rest.xml``), for
+  the tests of ``sink.kind: iceberg`` with a REST catalog; only ``bash scripts/setup.sh
+  iceberg-rest`` fetches it (the tests' fixture runs that when it is missing).
 
 An installed splitkeeper without a checkout gets the ``spark`` group from ``splitkeeper jars
 fetch`` (:mod:`splitkeeper.spark.fetch`: the coordinates and checksums ship in the wheel) into
@@ -43,6 +46,7 @@ from splitkeeper.spark.fetch import FETCH_FIX
 JARS_DIR_ENV = "SPLITKEEPER_JARS_DIR"
 SETUP_FIX = "bash scripts/setup.sh"
 S3A_SETUP_FIX = "bash scripts/setup.sh cluster"
+ICEBERG_REST_SETUP_FIX = "bash scripts/setup.sh iceberg-rest"
 SCALA_BINARY_VERSION = "2.13"
 
 _JAR_NAME = re.compile(r"^(?P<artifact>.+?)-(?P<version>\d+\.\d.*)\.jar$")
@@ -55,6 +59,7 @@ class JarGroup(enum.Enum):
     KAFKA = "kafka"
     LOCALFS = "localfs"
     S3A = "s3a"
+    ICEBERG_REST = "iceberg-rest"  # Iceberg's REST catalog test server (tests; setup.sh iceberg-rest)
 
 
 #: The jar setup.sh compiles from jvm/localfs/src, and the classes Hadoop is pointed at.
@@ -102,6 +107,8 @@ def jars_root(env: Mapping[str, str] | None = None) -> Path:
 def setup_fix(group: JarGroup, root: Path | None = None) -> str:
     """The command that fills ``group`` under ``root``: ``splitkeeper jars fetch`` for the spark
     group outside a checkout's ``.jars``, else setup.sh (which alone builds the other groups)."""
+    if group is JarGroup.ICEBERG_REST:
+        return ICEBERG_REST_SETUP_FIX
     checkout = checkout_root()
     root = jars_root() if root is None else Path(root)
     in_checkout = checkout is not None and root.resolve() == (checkout / ".jars").resolve()

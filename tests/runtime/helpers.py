@@ -117,6 +117,15 @@ def pipeline_mapping(
     }
 
 
+def iceberg_table(config: Any) -> Any:
+    """The table of an Iceberg sink (``sink.kind: iceberg``) as pyiceberg reads it, through a catalog
+    object of its own (not the sink's): the embedded SQL catalog, or the one ``sink.catalog`` names."""
+    from pyiceberg.catalog import load_catalog
+
+    catalog = load_catalog(config.sink.catalog_name, **config.sink.catalog_properties())
+    return catalog.load_table(config.sink.table)
+
+
 def write_config(path: Path, mapping: Mapping[str, Any]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(dict(mapping), sort_keys=False), encoding="utf-8")

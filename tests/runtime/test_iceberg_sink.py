@@ -1,5 +1,6 @@
 """The ``iceberg`` sink kind at its port, without Spark: the fenced epoch commit on a real SQL
-catalog on SQLite (pyiceberg), its replay, a rival writer, the rewind, the reader, bad config.
+catalog on SQLite (pyiceberg) and on Iceberg's REST catalog test server (``iceberg_catalog``), its
+replay, a rival writer, the rewind, the reader, bad config.
 
 The staged files are what a region task writes (the staging layout of :mod:`splitkeeper.staging`);
 everything is read back from the Iceberg table with pyiceberg and compared by content."""
@@ -24,6 +25,8 @@ from splitkeeper.sinks.iceberg.config import IcebergSink
 from splitkeeper.sinks.iceberg.sink import IcebergEpochSink
 from splitkeeper.sinks.port import SinkTable, SupportsRewind
 from splitkeeper.staging import PART_FILE, StagedRegion, attempt_dir
+
+from .helpers import iceberg_table
 
 
 def _mapping(root: Path, **sink: Any) -> dict[str, Any]:
@@ -66,9 +69,12 @@ def _content(reader: Any) -> list[tuple[str, int, bytes, int]]:
 
 
 def test_epochs_commit_once_replay_and_a_rival_is_fenced(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, iceberg_catalog: dict[str, str] | None
 ) -> None:
-    config = config_from_mapping(_mapping(tmp_path), base_dir=tmp_path)
+    """Through either catalog: the REST catalog's compare-and-swap (its server checks the commit's
+    requirements on the table it holds) refuses the rival as the SQL catalog's does."""
+    sink_catalog = {} if iceberg_catalog is None else {"catalog": iceberg_catalog}
+    config = config_from_mapping(_mapping(tmp_path, **sink_catalog), base_dir=tmp_path)
     sink = config_sink(config)
     assert sink.committed_epoch() is None
     one = [_stage(tmp_path, 1, 0, "a", range(0, 5)), _stage(tmp_path, 1, 1, "b", range(0, 3))]
@@ -93,20 +99,17 @@ def test_epochs_commit_once_replay_and_a_rival_is_fenced(
     stale = second._writable()  # read before the first commits
     first.commit(3, three, expected=2, attempt_id="x3")
     monkeypatch.setattr(second, "_get", lambda: stale)  # its view stays the one it read
-    with pytest.raises(ConcurrentRunError, match="records epoch 3 but this run expected 2"):
+    with pytest.raises(ConcurrentRunError, match="records epoch 3 but this run expected 2") as refused:
         second.commit(3, [_stage(tmp_path, 3, 1, "c", range(0, 9))], expected=2, attempt_id="rival")
+    from pyiceberg.exceptions import CommitFailedException
+
+    assert isinstance(refused.value.__context__, CommitFailedException)  # the catalog's refusal (REST: 409)
     snapshot = stale.current_snapshot()  # read again only after the catalog refused its commit
     assert snapshot is not None and snapshot.summary is not None
     assert snapshot.summary.additional_properties["splitkeeper.epoch"] == "3"
 
     # what pyiceberg reads back: every record once, of its epoch
-    from pyiceberg.catalog import load_catalog
-
-    warehouse = tmp_path / "iceberg"
-    catalog = load_catalog(
-        "splitkeeper", type="sql", uri=f"sqlite:///{warehouse}/catalog.db", warehouse=f"file://{warehouse}"
-    )
-    table = catalog.load_table("ingest.events")
+    table = iceberg_table(config)
     epochs = [
         s.summary.additional_properties.get("splitkeeper.epoch") for s in table.snapshots() if s.summary
     ]
