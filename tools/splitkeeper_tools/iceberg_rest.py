@@ -124,8 +124,8 @@ class IcebergRestCatalog:
             assert self._proc is not None
             if self._proc.poll() is not None:
                 raise StateError(
-                    f"the Iceberg REST catalog exited with status {self._proc.returncode} before it answered; "
-                    f"see {self.log_file}:\n{_tail(self.log_file)}"
+                    f"the Iceberg REST catalog exited with status {self._proc.returncode} before it "
+                    f"answered; see {self.log_file}:\n{_tail(self.log_file)}"
                 )
             try:
                 with urllib.request.urlopen(f"{self.uri}/v1/config", timeout=2) as answer:
@@ -142,11 +142,12 @@ class IcebergRestCatalog:
     def stop(self, timeout_s: float = 20.0) -> None:
         """SIGTERM the server, SIGKILL after ``timeout_s``; a no-op when it does not run."""
         proc, self._proc = self._proc, None
-        if proc is not None and proc.poll() is None:
-            if process.stop(proc.send_signal, lambda: proc.poll() is None, timeout_s):
-                LOG.warning(
-                    "Iceberg REST catalog pid %d ignored SIGTERM for %.0fs; sent SIGKILL", proc.pid, timeout_s
-                )
+        if proc is None or proc.poll() is not None:
+            return
+        if process.stop(proc.send_signal, lambda: proc.poll() is None, timeout_s):
+            LOG.warning(
+                "Iceberg REST catalog pid %d ignored SIGTERM for %.0fs; sent SIGKILL", proc.pid, timeout_s
+            )
 
     def __enter__(self) -> IcebergRestCatalog:
         return self.start()
