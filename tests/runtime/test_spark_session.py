@@ -108,6 +108,10 @@ def test_missing_jars_dir_raises_environment_not_ready_with_the_fix(tmp_path):
     assert "run `splitkeeper jars fetch`" in message
     with pytest.raises(EnvironmentNotReadyError, match="run `bash scripts/setup.sh`"):
         jarlib.list_jars(jarlib.JarGroup.KAFKA, tmp_path / "nowhere")  # the broker's jars: setup.sh only
+    from splitkeeper_tools.iceberg_rest import classpath
+
+    with pytest.raises(EnvironmentNotReadyError, match="run `bash scripts/setup.sh iceberg-rest`"):
+        classpath(tmp_path / "nowhere")  # Iceberg's REST catalog server: its own setup step
 
 
 def test_jars_dir_without_the_delta_jar_for_this_spark_names_the_wanted_artifact(tmp_path):
