@@ -20,7 +20,7 @@ from splitkeeper.config.settings import config_from_mapping
 from splitkeeper.core.ports import RegionRun
 from splitkeeper.core.types import RegionOutcome
 from splitkeeper.delta.schemas import STAGED_FILE_SCHEMA
-from splitkeeper.errors import ConcurrentRunError, ConfigError
+from splitkeeper.errors import ConcurrentRunError, ConfigError, StateError
 from splitkeeper.sinks.iceberg.config import IcebergSink
 from splitkeeper.sinks.iceberg.sink import IcebergEpochSink
 from splitkeeper.sinks.port import SinkTable, SupportsRewind
@@ -203,3 +203,24 @@ def test_a_catalog_named_by_config_is_the_one_written(tmp_path: Path) -> None:
     assert table.location().startswith(f"file://{shared}/lake")
     assert sorted(table.scan().to_arrow()["offset"].to_pylist()) == [0, 1, 2]
     assert sink_reader(config).committed_epoch() == 1
+
+
+def test_a_rest_catalog_killed_before_a_commit_stops_it_cleanly_and_the_next_run_lands_it(
+    tmp_path: Path, iceberg_rest: Any
+) -> None:
+    """The catalog server SIGKILLed: the commit is a house error naming the table and the catalog,
+    nothing is recorded; the server started again on the same catalog, the next run's sink finds
+    epoch 1 recorded and commits epoch 2 once."""
+    catalog = {"name": "rest", **iceberg_rest.catalog_properties()}
+    config = config_from_mapping(_mapping(tmp_path, catalog=catalog), base_dir=tmp_path)
+    sink = config_sink(config)
+    sink.commit(1, [_stage(tmp_path, 1, 0, "a", range(0, 4))], expected=None, attempt_id="x1")
+    iceberg_rest.kill()
+    two = [_stage(tmp_path, 2, 0, "a", range(4, 6))]
+    with pytest.raises(StateError, match=r"ingest\.events.*catalog"):
+        sink.commit(2, two, expected=1, attempt_id="x2")
+    iceberg_rest.start()
+    again = config_sink(config)  # the next run
+    assert again.committed_epoch() == 1
+    assert again.commit(2, two, expected=1, attempt_id="x3").records == 2
+    assert sorted(r[1] for r in _content(sink_reader(config))) == list(range(6))

@@ -149,6 +149,14 @@ class IcebergRestCatalog:
                 "Iceberg REST catalog pid %d ignored SIGTERM for %.0fs; sent SIGKILL", proc.pid, timeout_s
             )
 
+    def kill(self, timeout_s: float = 20.0) -> None:
+        """SIGKILL the server (a crash, for fault tests); :meth:`start` starts it again on the same
+        catalog, warehouse and port."""
+        proc, self._proc = self._proc, None
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=timeout_s)
+
     def __enter__(self) -> IcebergRestCatalog:
         return self.start()
 

@@ -47,6 +47,7 @@ __all__ = [
     "load_catalog",
     "load_table",
     "recorded",
+    "refresh",
     "split_from",
     "version_of",
 ]
@@ -127,13 +128,26 @@ def load_table(catalog: Catalog, identifier: str) -> Table | None:
     except (NoSuchTableError, NoSuchNamespaceError):
         return None
     except Exception as err:  # noqa: BLE001 - the catalog's store or service failed
-        if isinstance(err, (ConfigError, StateError)):
-            raise
-        raise StateError(
-            f"sink table {identifier}: the Iceberg catalog cannot load it ({type(err).__name__}: {err}); "
-            "check that the catalog service and the warehouse's store answer, then run again",
-            table=identifier,
-        ) from err
+        raise _unloadable(identifier, err) from err
+
+
+def refresh(table: Table) -> Table:
+    """``table`` read again from its catalog (in place); a catalog or store that fails (a REST
+    catalog that does not answer) is the StateError of :func:`load_table`."""
+    try:
+        return table.refresh()
+    except Exception as err:  # noqa: BLE001 - the catalog's store or service failed
+        raise _unloadable(".".join(table.name()), err) from err
+
+
+def _unloadable(identifier: str, err: Exception) -> Exception:
+    if isinstance(err, (ConfigError, StateError)):
+        return err
+    return StateError(
+        f"sink table {identifier}: the Iceberg catalog cannot load it ({type(err).__name__}: {err}); "
+        "check that the catalog service and the warehouse's store answer, then run again",
+        table=identifier,
+    )
 
 
 def lineage(table: Table) -> Iterator[Recorded]:

@@ -14,7 +14,7 @@ import pyarrow as pa
 
 from splitkeeper.delta.schemas import DEAD_LETTER_SCHEMA
 from splitkeeper.errors import InvalidParameterError
-from splitkeeper.sinks.iceberg.catalog import equal, load_catalog, load_table, recorded, version_of
+from splitkeeper.sinks.iceberg.catalog import equal, load_catalog, load_table, recorded, refresh, version_of
 from splitkeeper.sinks.port import SinkReader, SinkTable
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -38,7 +38,7 @@ class IcebergSinkReader(SinkReader):
     def _get(self) -> Table | None:
         """The table, brought up to date, or None while it does not exist."""
         if self._table is not None:
-            self._table.refresh()
+            refresh(self._table)
             return self._table
         if self._catalog is None:
             self._catalog = load_catalog(self.section)

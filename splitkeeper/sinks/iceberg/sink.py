@@ -69,6 +69,7 @@ from splitkeeper.sinks.iceberg.catalog import (
     load_catalog,
     load_table,
     recorded,
+    refresh,
     split_from,
     version_of,
 )
@@ -167,7 +168,7 @@ class IcebergEpochSink(SupportsRewind, SupportsUpkeep, Sink):
         if self._table is None:
             self._table = load_table(self.catalog, self.identifier)
         else:
-            self._table.refresh()
+            refresh(self._table)
         return self._table
 
     # -- the recorded epoch --------------------------------------------------------------------
