@@ -150,7 +150,7 @@ def _setup_step(step: str, found: Callable[[], object], what: str) -> None:
     )
     if done.returncode != 0 or not found():
         pytest.fail(
-            f"{what} and fetching it failed: bash scripts/setup.sh {step} "
+            f"{what}: bash scripts/setup.sh {step} "
             f"exited {done.returncode}:\n{(done.stdout + done.stderr)[-3000:]}",
             pytrace=False,
         )
@@ -161,7 +161,7 @@ def versitygw() -> Path:
     """The versitygw binary, built now when it is not (``bash scripts/setup.sh versitygw``)."""
     from splitkeeper_tools.chaos.store import versitygw_binary
 
-    _setup_step("versitygw", versitygw_binary, "the real-S3 tests need versitygw")
+    _setup_step("versitygw", versitygw_binary, "the real-S3 tests need versitygw and building it failed")
     found = versitygw_binary()
     assert found is not None
     return found
@@ -180,7 +180,11 @@ def iceberg_rest_jars() -> str:
         except EnvironmentNotReadyError:
             return None
 
-    _setup_step("iceberg-rest", found, "the REST catalog tests need Iceberg's REST catalog server")
+    _setup_step(
+        "iceberg-rest",
+        found,
+        "the REST catalog tests need Iceberg's REST catalog server and fetching its jars failed",
+    )
     return classpath()
 
 
