@@ -243,3 +243,18 @@ def test_bad_upsert_config_is_a_clear_error(tmp_path: Path) -> None:
         StateError, match=r"is an upsert sink keyed by \[id\].*set sink.mode: upsert and sink.key: \[id\]"
     ):
         config_sink(other)
+
+
+def test_the_reader_counts_the_deletes_by_the_generic_sql_condition(tmp_path: Path) -> None:
+    """The report counts an upsert sink's deletes with the delete condition in generic SQL
+    (``COALESCE``), which pyiceberg's row filter does not read; a plain filter still goes to it."""
+    config = config_from_mapping(_mapping(tmp_path), base_dir=tmp_path)
+    schema = record_policy(config).schema
+    sink = config_sink(config)
+    rows = [(0, 1, "c"), (1, 1, "d"), (2, 2, "d"), (3, 0, None), (4, 3, "u")]
+    sink.commit(1, [_stage(tmp_path, schema, 1, 0, "a", rows)], expected=None, attempt_id="x1")
+    reader = sink_reader(config)
+    assert reader.upsert is not None
+    assert reader.count(SinkTable.RECORDS, reader.upsert.delete_condition()) == 3  # two 'd', one tombstone
+    assert reader.count(SinkTable.RECORDS, "op = 'c'") == 1
+    assert reader.count(SinkTable.KEYED) == 1  # only id 3 is live

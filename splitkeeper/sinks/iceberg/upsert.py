@@ -64,7 +64,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from splitkeeper.sinks.iceberg.config import IcebergSink
 
-__all__ = ["IcebergUpserts", "keys_filter", "live", "pending_name"]
+__all__ = ["IcebergUpserts", "as_written", "keys_filter", "live", "pending_name"]
 
 log = logging.getLogger("splitkeeper.sinks.iceberg")
 
@@ -127,6 +127,24 @@ def live(chosen: pa.Table, upsert: UpsertSpec, schema: Schema) -> pa.Table:
         mask = ds.dataset(chosen).to_table(columns={"d": expression_to_pyarrow(bound, schema)}).column("d")
         deleted = pc.or_(deleted, pc.fill_null(mask, False))
     return chosen.filter(pc.invert(deleted))
+
+
+def as_written(data: pa.Table) -> pa.Table:
+    """``data`` as pyiceberg's writer stores it: a null list of structs (the ``headers`` column of a
+    record without headers) becomes an empty list (pyiceberg rebuilds such lists from their offsets,
+    the workaround of apache/arrow#38809, and drops their nulls). The change file is written so too,
+    so the keyed table and the change table hold the same values and the fold check compares like
+    with like."""
+    import pyarrow.compute as pc
+
+    columns = []
+    for field, column in zip(data.schema, data.columns, strict=True):
+        kind = field.type
+        listed = pa.types.is_list(kind) or pa.types.is_large_list(kind)
+        if listed and pa.types.is_struct(kind.value_type) and column.null_count:
+            column = pc.if_else(pc.is_null(column), pa.scalar([], type=kind), column)
+        columns.append(column)
+    return pa.table(columns, schema=data.schema)
 
 
 class IcebergUpserts:
@@ -196,7 +214,7 @@ class IcebergUpserts:
             return ""
         location = f"{changes.location().rstrip('/')}/data/{pending_name(self.app_id, epoch, attempt_id)}"
         with changes.io.new_output(location).create(overwrite=True) as handle:
-            pq.write_table(data.cast(self.schema), handle)
+            pq.write_table(as_written(data.cast(self.schema)), handle)
         return location
 
     def _upsert_write(
