@@ -27,7 +27,7 @@ from .helpers import pipeline_mapping, run_killed_at, write_config
 pytestmark = [pytest.mark.spark]
 
 
-def _write_cdc(input_dir: Path, files: int = 2, lines: int = 45) -> dict[tuple[str, int], dict[str, Any]]:
+def _write_cdc(input_dir: Path, files: int = 2, lines: int = 36) -> dict[tuple[str, int], dict[str, Any]]:
     """CDC lines ``{id, name, op}`` over 12 ids per file (ids are updated, deleted, re-inserted): the
     oracle (file, offset) -> the record."""
     input_dir.mkdir(parents=True, exist_ok=True)
@@ -56,7 +56,7 @@ def _config(tmp_path: Path, name: str) -> tuple[dict[tuple[str, int], dict[str, 
     input_dir = tmp_path / "in"
     oracle = _write_cdc(input_dir)
     mapping = pipeline_mapping(
-        tmp_path, name, input_dir, parallelism=2, epoch_records=30, region_timeout_s=60
+        tmp_path, name, input_dir, parallelism=2, epoch_records=24, region_timeout_s=60
     )
     mapping["decode"] = {"kind": "json", "schema": "id BIGINT, name STRING, op STRING"}
     mapping["sink"] = {
@@ -110,7 +110,7 @@ def test_change_records_into_an_iceberg_upsert_sink_equal_the_generators_fold(
     _assert_exact(tmp_path, config, oracle)
 
     page = services.report(config).read_text(encoding="utf-8")
-    assert "warehouse/ingest.db/people" in page
+    assert "warehouse/ingest.db/people" in page and "warehouse/ingest.db/people_changes" in page
     status = services.status(config)
     assert status.latest_checkpoint is not None and status.latest_checkpoint.id == summary.epochs[-1].epoch
     # a rewind of an upsert sink on Iceberg is refused, saying why and what to do instead
