@@ -29,7 +29,7 @@ config's load-time checks.
    record by ``(epoch, offset, split_id)`` (rule 2); its key is present when that record is not a
    delete (rules 3, 4). The restart checks prove it (:mod:`splitkeeper.quality.checks`).
 
-Pure Python (``sqlglot`` parses the predicate); no Spark, no delta-rs.
+Pure Python (``sqlglot`` parses the predicate; :func:`winners` is pyarrow); no Spark, no delta-rs.
 """
 
 from __future__ import annotations
@@ -40,10 +40,13 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from splitkeeper.errors import UpsertError
 from splitkeeper.records.spec import TOMBSTONE
+
+if TYPE_CHECKING:  # pragma: no cover
+    import pyarrow as pa
 
 __all__ = [
     "ORDER_COLUMNS",
@@ -53,6 +56,7 @@ __all__ = [
     "FoldResult",
     "UpsertError",
     "UpsertSpec",
+    "winners",
     "read_fold_result",
 ]
 
@@ -167,6 +171,25 @@ class UpsertSpec:
             return str(exp.column(name, table=table, quoted=True).sql(dialect=dialect or None))
 
         return " AND ".join(f"{column(target, k)} IS NOT DISTINCT FROM {column(source, k)}" for k in self.key)
+
+
+def winners(rows: pa.Table, upsert: UpsertSpec) -> pa.Table:
+    """An epoch's staged rows reduced to what a sink applies to its keyed table (the Delta MERGE, the
+    Iceberg overwrite): keyless tombstones dropped (rule 4), then per key (null-safe) the row of the
+    highest ``(offset, split_id)`` (rule 2; one epoch, so ``epoch`` ties). Vectorised with pyarrow."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if not upsert.keyed_tombstones and rows.num_rows:
+        rows = rows.filter(pc.invert(pc.fill_null(rows.column(TOMBSTONE), False)))
+    if rows.num_rows == 0:
+        return rows
+    row = "__splitkeeper_row"
+    indexed = rows.append_column(row, pa.array(range(rows.num_rows), pa.int64()))
+    ordered = indexed.sort_by([("offset", "descending"), ("split_id", "descending")])
+    first = ordered.group_by(list(upsert.key), use_threads=False).aggregate([(row, "first")])
+    picked = first.column(f"{row}_first").combine_chunks()
+    return rows.take(picked.take(pc.sort_indices(picked)))  # in staged order
 
 
 # --------------------------------------------------------------------------- the fold check's result

@@ -29,8 +29,8 @@ from splitkeeper.config.base import (
     choice,
     sibling,
 )
-from splitkeeper.errors import UpsertError
 from splitkeeper.records.upsert import UpsertSpec
+from splitkeeper.sinks.keyed import check_upsert_keys
 
 __all__ = ["DeltaSink", "SinkMode"]
 
@@ -107,8 +107,6 @@ class DeltaSink(SinkSection):
         is no other table of the pipeline; an append sink has none of them; a Spark transform may
         change the columns, so its key and predicate are checked again against its output when the
         pipeline opens). Returns the section with its path and change table resolved."""
-        from splitkeeper.config.models import NewFields, TransformKind
-
         path = at.path(self.path)
         dead = file.errors.dead_letter.path
         if dead is not None and dead.rstrip("/") == path.rstrip("/"):
@@ -124,37 +122,17 @@ class DeltaSink(SinkSection):
                 )
         if len(set(self.partition_by)) != len(self.partition_by):
             raise at.invalid("sink.partition_by", list(self.partition_by), "distinct column names")
-        if self.mode is not SinkMode.UPSERT:
-            for key in ("key", "delete_when", "changes_path"):
-                if key in self.given():
-                    value = getattr(self, key)
-                    raise at.invalid(
-                        f"sink.{key}",
-                        list(value) if isinstance(value, tuple) else value,
-                        "nothing unless sink.mode is 'upsert' (an append sink keeps every record)",
-                        "set sink.mode: upsert",
-                    )
+        upsert = self.mode is SinkMode.UPSERT
+        check_upsert_keys(
+            self,
+            file,
+            at,
+            upsert=upsert,
+            keys=("key", "delete_when", "changes_path"),
+            why="a MERGE does not widen the keyed table's columns",
+        )
+        if not upsert:
             return self.model_copy(update={"path": path})
-        if not self.key:
-            raise at.missing(
-                "sink.key", "the list of sink columns that identify a row (sink.mode is 'upsert')"
-            )
-        try:
-            UpsertSpec.of(
-                self.key,
-                self.delete_when,
-                columns=None if file.transform_kind is TransformKind.SPARK else columns,
-            )
-        except UpsertError as err:
-            value = list(self.key) if err.key == "key" else self.delete_when
-            raise at.invalid(f"sink.{err.key}", value, err.message) from None
-        if file.decode.on_new_fields == NewFields.ADD_COLUMNS.value:
-            raise at.invalid(
-                "decode.on_new_fields",
-                NewFields.ADD_COLUMNS.value,
-                "rescue or fail with sink.mode 'upsert' (a MERGE does not widen the keyed table's columns)",
-                "keep new fields in the _rescued column (rescue), or declare them in decode.schema",
-            )
         changes = at.path(self.changes_path) if self.changes_path is not None else sibling(path, "_changes")
         for name, other in (("sink.path", path), ("errors.dead_letter.path", dead)):
             if other is not None and changes.rstrip("/") == other.rstrip("/"):

@@ -13,7 +13,7 @@ import pyarrow as pa
 from splitkeeper.delta.tables import guarded
 from splitkeeper.errors import InvalidParameterError
 from splitkeeper.records.spec import TOMBSTONE
-from splitkeeper.records.upsert import UpsertSpec
+from splitkeeper.records.upsert import UpsertSpec, winners
 from splitkeeper.sinks.delta.sides import CHANGES_KEY
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -28,24 +28,6 @@ log = logging.getLogger("splitkeeper.sinks.delta")
 #: Delta table properties of an upsert sink's keyed table (and what an append sink lacks).
 MODE_PROPERTY = "splitkeeper.sink.mode"
 KEY_PROPERTY = "splitkeeper.sink.key"
-
-
-def winners(rows: pa.Table, upsert: UpsertSpec) -> pa.Table:
-    """An epoch's staged rows reduced to what its MERGE applies (:mod:`splitkeeper.records.upsert`):
-    keyless tombstones dropped (rule 4), then per key (null-safe) the row of the highest
-    ``(offset, split_id)`` (rule 2; one epoch, so ``epoch`` ties). Vectorised with pyarrow."""
-    import pyarrow.compute as pc
-
-    if not upsert.keyed_tombstones and rows.num_rows:
-        rows = rows.filter(pc.invert(pc.fill_null(rows.column(TOMBSTONE), False)))
-    if rows.num_rows == 0:
-        return rows
-    row = "__splitkeeper_row"
-    indexed = rows.append_column(row, pa.array(range(rows.num_rows), pa.int64()))
-    ordered = indexed.sort_by([("offset", "descending"), ("split_id", "descending")])
-    first = ordered.group_by(list(upsert.key), use_threads=False).aggregate([(row, "first")])
-    picked = first.column(f"{row}_first").combine_chunks()
-    return rows.take(picked.take(pc.sort_indices(picked)))  # in staged order
 
 
 def merge_counts(metrics: Mapping[str, Any]) -> dict[str, int]:

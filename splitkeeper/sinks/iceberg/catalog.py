@@ -6,11 +6,13 @@ first use) or the one ``sink.catalog`` names. A catalog that cannot be loaded (a
 REST server that does not answer, a missing driver) is a ConfigError naming ``sink.catalog``, the
 catalog and pyiceberg's reason.
 
-Every epoch's commit is one snapshot whose summary carries :data:`APP_KEY` (the pipeline),
+Every epoch's commit is one catalog commit of one snapshot (an upsert sink's keyed table: up to three,
+a delete, a rewrite and an append, :mod:`.upsert`) whose summary carries :data:`APP_KEY` (the pipeline),
 :data:`EPOCH_KEY`, :data:`ATTEMPT_KEY` (the decision's attempt), :data:`REGIONS_KEY` and
-:data:`RECORDS_KEY`; an operator checkpoint's also :data:`OPERATOR_KEY`. The pipeline's recorded
-epoch is that of the newest snapshot of the main branch's lineage (the current snapshot and its
-ancestors) naming the pipeline (:func:`recorded`): what Delta's ``txn`` action is to the Delta sink.
+:data:`RECORDS_KEY`; an operator checkpoint's also :data:`OPERATOR_KEY`; an upsert sink's keyed
+snapshot also :data:`CHANGES_KEY`. The pipeline's recorded epoch is that of the newest snapshot of
+the main branch's lineage (the current snapshot and its ancestors) naming the pipeline
+(:func:`recorded`): what Delta's ``txn`` action is to the Delta sink.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ __all__ = [
     "APP_KEY",
     "ATTEMPT_KEY",
     "EPOCH_KEY",
+    "CHANGES_KEY",
+    "KEY_PROPERTY",
     "MODE_PROPERTY",
     "OPERATOR_KEY",
     "RECORDS_KEY",
@@ -60,8 +64,12 @@ RECORDS_KEY = "splitkeeper.records"
 OPERATOR_KEY = "splitkeeper.operator"
 #: The table property that makes a commit on a stale view fail instead of being retried on the new one.
 RETRIES_PROPERTY = "commit.retry.num-retries"
-#: The table's sink mode (``append``), checked on open like the Delta sink's.
+#: The table's sink mode (``append`` or ``upsert``) and an upsert sink's key (comma-separated),
+#: checked on open like the Delta sink's.
 MODE_PROPERTY = "splitkeeper.sink.mode"
+KEY_PROPERTY = "splitkeeper.sink.key"
+#: An upsert sink's keyed snapshots: the epoch's change file, pending until the change table adds it.
+CHANGES_KEY = "splitkeeper.changes"
 
 
 @dataclass(frozen=True, slots=True)

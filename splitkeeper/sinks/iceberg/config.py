@@ -6,7 +6,12 @@ catalog file ``catalog.db`` and the tables' files are kept there) and ``catalog`
 the cluster instead: the properties :func:`pyiceberg.catalog.load_catalog` takes, e.g.
 ``{type: rest, uri: http://catalog:8181}``; ``name`` names it, and what the file does not say
 comes from pyiceberg's own configuration, ``~/.pyiceberg.yaml`` or ``PYICEBERG_CATALOG__<NAME>__*``
-variables, where credentials belong). ``mode`` is ``append`` (every record a new row).
+variables, where credentials belong). ``mode`` is ``append`` (every record a new row) or
+``upsert`` (the latest row per ``key``; ``delete_when`` a predicate that deletes its key, as for the
+Delta sink; ``changes_table`` the change table, every record of every epoch, default
+``<table>_changes`` in the same namespace). An upsert sink's ``delete_when`` is evaluated by
+pyiceberg's row filter (comparisons, ``IN``, ``IS NULL``, ``LIKE 'prefix%'``, ``AND``/``OR``/``NOT``),
+checked when the file is loaded.
 
 Validated (:meth:`IcebergSink.checked`), the section holds its warehouse resolved. Dead letters and
 a Spark transform's filtered offsets are side tables only the Delta sink commits: a pipeline that
@@ -15,12 +20,15 @@ makes them is refused here, before it runs.
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Any, Literal
 
 from pydantic import Field
 
 from splitkeeper.config.base import Location, SinkSection, Text, Where, is_uri
+from splitkeeper.records.upsert import UpsertSpec
+from splitkeeper.sinks.keyed import check_upsert_keys
 
 __all__ = ["CATALOG_TYPES", "EMBEDDED_CATALOG", "IcebergSink"]
 
@@ -47,7 +55,47 @@ class IcebergSink(SinkSection):
         "properties, e.g. {type: rest, uri: http://catalog:8181} ('name' names it; credentials come "
         "from ~/.pyiceberg.yaml or PYICEBERG_CATALOG__<NAME>__* variables, not this file)",
     )
-    mode: Literal["append"] = Field("append", description="append: every record is a new row")
+    mode: Literal["append", "upsert"] = Field(
+        "append",
+        description="append: every record is a new row; upsert: the latest row per sink.key, one "
+        "snapshot per epoch (deletes by sink.delete_when or a null Kafka value)",
+    )
+    key: tuple[Text, ...] = Field(
+        (),
+        strict=False,
+        description="a list of sink column names: the row key of an upsert sink (mode 'upsert')",
+    )
+    delete_when: Text | None = Field(
+        None,
+        description="a predicate over the record's columns that makes it a delete of its key, e.g. "
+        "\"op = 'd'\" (mode 'upsert'; pyiceberg's row filter syntax: comparisons, IN, IS NULL, AND, "
+        "OR, NOT)",
+    )
+    changes_table: Text | None = Field(
+        None,
+        description="the change table of an upsert sink, namespace.name: every record of every epoch "
+        "(default: <sink.table>_changes)",
+    )
+
+    @functools.cached_property
+    def upsert(self) -> UpsertSpec | None:
+        """The upsert rule (key and deletes) of an upsert sink; None for an append sink."""
+        if self.mode != "upsert":
+            return None
+        return UpsertSpec.of(self.key, self.delete_when)
+
+    @property
+    def changes(self) -> str:
+        """The change table's identifier (an upsert sink's)."""
+        return self.changes_table or f"{self.table}_changes"
+
+    @property
+    def changes_path(self) -> str:
+        """Where the change table is, for messages (as :attr:`path` for the keyed table)."""
+        if self.embedded:
+            namespace, name = self.changes.rsplit(".", 1)
+            return f"{self.warehouse.rstrip('/')}/{namespace}.db/{name}"
+        return f"iceberg://{self.catalog_name}/{self.changes}"
 
     @property
     def namespace(self) -> str:
@@ -99,6 +147,7 @@ class IcebergSink(SinkSection):
                 "namespace.name: letters, digits and _ (e.g. ingest.events)",
                 "an Iceberg table lives in a namespace",
             )
+        self._check_upsert(file, at)
         if self.catalog is not None:
             kind = self.catalog.get("type")
             if kind is None and "name" not in self.catalog and "py-catalog-impl" not in self.catalog:
@@ -145,6 +194,43 @@ class IcebergSink(SinkSection):
                 "use a python transform, or sink.kind: delta",
             )
         return self.model_copy(update={"warehouse": at.path(self.warehouse)})
+
+    def _check_upsert(self, file: Any, at: Where) -> None:
+        """The upsert keys (:func:`~splitkeeper.sinks.keyed.check_upsert_keys`), the change table's
+        identifier, and a ``delete_when`` that pyiceberg's row filter reads."""
+        upsert = self.mode == "upsert"
+        check_upsert_keys(
+            self,
+            file,
+            at,
+            upsert=upsert,
+            keys=("key", "delete_when", "changes_table"),
+            why="the keyed Iceberg table's columns are fixed when it is created",
+        )
+        if not upsert:
+            return
+        if not _IDENTIFIER.match(self.changes) or self.changes == self.table:
+            raise at.invalid(
+                "sink.changes_table",
+                self.changes_table,
+                "namespace.name of a table other than sink.table (letters, digits and _)",
+            )
+        if self.delete_when is not None:
+            try:
+                from pyiceberg.expressions.parser import parse
+            except ModuleNotFoundError:  # pragma: no cover - the sink refuses to open without pyiceberg
+                return
+            try:
+                parse(self.delete_when)
+            except Exception as err:  # noqa: BLE001 - pyparsing's ParseException and pyiceberg's own
+                raise at.invalid(
+                    "sink.delete_when",
+                    self.delete_when,
+                    "a predicate pyiceberg's row filter reads: comparisons (=, !=, <, <=, >, >=), IN, "
+                    "IS NULL, IS NOT NULL, LIKE 'prefix%', AND, OR, NOT over the record's columns, e.g. "
+                    "\"op = 'd'\"",
+                    f"it does not parse: {str(err).splitlines()[0]}; use sink.kind: delta for any SQL",
+                ) from None
 
 
 _EXAMPLES = {

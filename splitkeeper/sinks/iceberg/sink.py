@@ -32,6 +32,12 @@ attempt_id=)``:
 6. ``maintain`` (:class:`~splitkeeper.sinks.port.SupportsUpkeep`) removes the staged leftovers of
    recorded epochs; the table's own upkeep (snapshot expiry, compaction, orphan files) is left to
    the Iceberg tools, so its compact, VACUUM and untracked-file steps do nothing here.
+7. Upsert (``sink.mode: upsert``, :mod:`.upsert`): the table is the keyed table (the staged columns
+   without ``tombstone``; its properties :data:`~.catalog.MODE_PROPERTY` and
+   :data:`~.catalog.KEY_PROPERTY` checked on open), the fenced commit overwrites the epoch's winners'
+   keys with its live winners, and a change table (``sink.changes_table``) keeps every record,
+   committed after it and repaired on open (:class:`~splitkeeper.sinks.port.SupportsSideTables`).
+   A rewind is refused (ConfigError); a backward offsets reset is refused before it reaches the sink.
 
 The table is created by the first writable open (namespace included) with the pipeline's columns
 and the properties :data:`~.catalog.RETRIES_PROPERTY` = 0 and :data:`~.catalog.MODE_PROPERTY`; an
@@ -57,7 +63,9 @@ from splitkeeper.records.spec import NOT_DATA_COLUMNS
 from splitkeeper.sinks.iceberg.catalog import (
     APP_KEY,
     ATTEMPT_KEY,
+    CHANGES_KEY,
     EPOCH_KEY,
+    KEY_PROPERTY,
     MODE_PROPERTY,
     OPERATOR_KEY,
     RECORDS_KEY,
@@ -74,7 +82,15 @@ from splitkeeper.sinks.iceberg.catalog import (
     version_of,
 )
 from splitkeeper.sinks.iceberg.read import IcebergSinkReader
-from splitkeeper.sinks.port import Sink, SinkCommit, SupportsRewind, SupportsUpkeep, TableRewind
+from splitkeeper.sinks.iceberg.upsert import IcebergUpserts
+from splitkeeper.sinks.port import (
+    Sink,
+    SinkCommit,
+    SupportsRewind,
+    SupportsSideTables,
+    SupportsUpkeep,
+    TableRewind,
+)
 from splitkeeper.sinks.staged import (
     acknowledged_outputs,
     discard_epoch,
@@ -96,7 +112,7 @@ log = logging.getLogger(__name__)
 LABEL = "sink"
 
 
-class IcebergEpochSink(SupportsRewind, SupportsUpkeep, Sink):
+class IcebergEpochSink(IcebergUpserts, SupportsRewind, SupportsUpkeep, SupportsSideTables, Sink):
     """The Iceberg table ``section.table`` committed by pipeline ``app_id`` (see the module doc).
 
     ``staging_path``: where the region tasks stage (for :meth:`discard`). ``schema``: the sink's
@@ -122,25 +138,41 @@ class IcebergEpochSink(SupportsRewind, SupportsUpkeep, Sink):
         self.staging_path = None if staging_path is None else storage.table_uri(staging_path)
         self.read_only = read_only
         self._crash_point = crash_point
+        self.upsert = section.upsert
         self.catalog = load_catalog(section, create=not read_only)
         self._table: Table | None = load_table(self.catalog, self.identifier)
+        self._changes: Table | None = None
         self.schema: pa.Schema = schema if schema is not None else self._existing_schema()
         if not read_only:
+            if self.upsert is not None:
+                self._check_upsert(self.upsert)
             self._table = self._ensure()
+            if self.upsert is not None:
+                self._changes = self._ensure_changes()
+                self.repair_sides()
 
     # -- the table -----------------------------------------------------------------------------
 
     def _existing_schema(self) -> pa.Schema:
+        if self.upsert is not None:  # the staged columns are the change table's
+            changes = load_table(self.catalog, self.section.changes)
+            if changes is not None:
+                return changes.schema().as_arrow()
         return STAGED_FILE_SCHEMA if self._table is None else self._table.schema().as_arrow()
 
     def _ensure(self) -> Table:
         """Create the table (and its namespace) with the sink's columns, or check the existing one."""
-        properties = {RETRIES_PROPERTY: "0", MODE_PROPERTY: "append"}
+        upsert = self.upsert
+        properties = {RETRIES_PROPERTY: "0", MODE_PROPERTY: "append" if upsert is None else "upsert"}
+        if upsert is not None:
+            properties[KEY_PROPERTY] = ",".join(upsert.key)
         table = self._table
         if table is None:
             self.catalog.create_namespace_if_not_exists(self.section.namespace)
             table = self.catalog.create_table_if_not_exists(
-                self.identifier, schema=self.schema, properties=properties
+                self.identifier,
+                schema=self.schema if upsert is None else self.keyed_schema,
+                properties=properties,
             )
             log.info("sink %s: created Iceberg table %s", self.path, self.identifier)
         have = _data_columns(table.schema().as_arrow())
@@ -153,10 +185,21 @@ class IcebergEpochSink(SupportsRewind, SupportsUpkeep, Sink):
                 table=self.identifier,
             )
         mode = table.properties.get(MODE_PROPERTY, "append")
-        if mode != "append":
+        key = table.properties.get(KEY_PROPERTY)
+        if (mode, key) != (properties[MODE_PROPERTY], properties.get(KEY_PROPERTY)):
+            what = f"an upsert sink keyed by [{key}]" if mode == "upsert" else f"an {mode} sink"
+            wants = (
+                f"sink.mode: upsert with sink.key [{properties[KEY_PROPERTY]}]"
+                if upsert is not None
+                else "sink.mode: append"
+            )
+            fix = "set sink.mode: append"
+            if mode == "upsert":
+                fix = f"set sink.mode: upsert and sink.key: [{key}]"
             raise StateError(
-                f"sink {self.identifier} is a {mode} sink (its property {MODE_PROPERTY}), but the "
-                "pipeline's sink.mode is append: name a new table in sink.table",
+                f"sink {self.identifier} is {what} (its properties {MODE_PROPERTY}, {KEY_PROPERTY}), but "
+                f"the pipeline has {wants}: {fix} to keep writing it, or name a new table in sink.table "
+                "(a table's mode and key do not change in place)",
                 table=self.identifier,
             )
         if any(table.properties.get(k) != v for k, v in properties.items()):
@@ -210,14 +253,25 @@ class IcebergEpochSink(SupportsRewind, SupportsUpkeep, Sink):
         table = self._writable()
         replay = self._fence(table, epoch, expected, attempt_id)
         if replay is not None:
+            if self.upsert is not None:  # a replay after a crash before the change table's commit
+                self._commit_changes(epoch, replay)
             return SinkReceipt(epoch, replay.records, replayed=True, version=replay.sequence_number)
         data = self._read_staged(epoch, staged)
         properties = self._properties(epoch, attempt_id, regions=regions, records=data.num_rows)
+        write: Callable[[Any], None]
+        if self.upsert is None:
 
-        def write(txn: Any) -> None:
-            txn.append(data, snapshot_properties=properties)
+            def write(txn: Any) -> None:
+                txn.append(data, snapshot_properties=properties)
 
+        else:  # rule 7: the change file first (pending), then the keyed table's one commit naming it
+            properties[CHANGES_KEY] = self._stage_changes(epoch, attempt_id, data)
+            write = self._upsert_write(table, data, properties)
         landed = self._commit(table, epoch, expected, attempt_id, write)
+        if self.upsert is not None:
+            found = recorded(table, self.app_id, epoch)
+            assert found is not None  # the commit just landed (or was found landed)
+            self._commit_changes(epoch, found)
         return SinkReceipt(epoch, data.num_rows, replayed=landed.replayed, version=landed.version)
 
     def _check_call(self, epoch: int, attempt_id: str, what: str) -> None:
@@ -361,6 +415,7 @@ class IcebergEpochSink(SupportsRewind, SupportsUpkeep, Sink):
     # -- operator checkpoints (rule 5) -------------------------------------------------------------
 
     def rewind_plan(self, epoch: int) -> tuple[TableRewind, ...]:
+        self._refuse_rewind()
         table = self._get()
         if table is None or table.current_snapshot() is None:
             return ()
@@ -381,11 +436,22 @@ class IcebergEpochSink(SupportsRewind, SupportsUpkeep, Sink):
         table = self._writable()
         replay = self._fence(table, epoch, expected, attempt_id)
         if replay is not None:
+            if self.upsert is not None:
+                self._commit_changes(epoch, replay)
             return SinkReceipt(epoch, 0, replayed=True, version=replay.sequence_number)
         properties = self._properties(epoch, attempt_id, records=0, operator=action)
         kind = action.get("kind")
         write: Callable[[Any], None]
-        if kind == "rewind":
+        if self.upsert is not None:
+            if kind == "rewind":
+                self._refuse_rewind()
+            if kind == "reset" and not action.get("forward"):
+                raise StateError(
+                    f"a backward offsets reset of pipeline {self.app_id!r} cannot be applied to the upsert "
+                    f"sink {self.identifier} (its keyed table keeps no per-record history)"
+                )
+            write = self._record_only(properties)  # a forward reset: the epoch recorded, nothing changed
+        elif kind == "rewind":
             version = dict(action.get("versions") or {}).get(LABEL)
             now = version_of(table) or 0
             if version is None or int(version) == now:
@@ -409,6 +475,10 @@ class IcebergEpochSink(SupportsRewind, SupportsUpkeep, Sink):
         else:
             raise StateError(f"unknown operator action {dict(action)!r} for Iceberg table {self.identifier}")
         landed = self._commit(table, epoch, expected, attempt_id, write)
+        if self.upsert is not None:
+            found = recorded(table, self.app_id, epoch)
+            assert found is not None
+            self._commit_changes(epoch, found)
         return SinkReceipt(epoch, 0, replayed=landed.replayed, version=landed.version)
 
     def _record_only(self, properties: dict[str, str]) -> Callable[[Any], None]:
