@@ -379,6 +379,10 @@ def enumerator_from_rows(
                 column="enumerator_state.status",
                 value=row["status"],
             )
+    identities = {sid: identity for sid, identity in zip(*finished, strict=True) if identity}
+    identities.update(
+        (r["split_id"], r["identity"]) for r in rows if r["status"] == "finished" and r.get("identity")
+    )
     assigned: dict[int, list[tuple[int, Split]]] = {int(r): [] for r in header.get("readers") or ()}
     pool: list[tuple[int, Split]] = []
     quarantined: list[tuple[int, Split]] = []
@@ -399,10 +403,7 @@ def enumerator_from_rows(
             for owner, splits in assigned.items()
         },
         finished=frozenset(r["split_id"] for r in rows if r["status"] == "finished").union(finished[0]),
-        finished_identities={
-            **{sid: identity for sid, identity in zip(*finished, strict=True) if identity},
-            **{r["split_id"]: r["identity"] for r in rows if r["status"] == "finished" and r.get("identity")},
-        },
+        finished_identities=identities,
         subscriptions=frozenset(header.get("subscriptions") or ()),
         backlog=backlog_from_rows(rows),
         quarantined=tuple(s for _, s in sorted(quarantined, key=lambda p: p[0])),
