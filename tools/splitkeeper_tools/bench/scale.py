@@ -45,7 +45,10 @@ The measurements, each on the real parts:
    with 1,000 active: overhead <= 600 ms, restore <= 10 s, driver RSS <= 2 GB. The new files are
    named on from the first ones (a drop with growing names); ``--discovery`` and
    ``--recheck-finished-every`` set the source's keys, ``epoch_overhead_ms_max`` is the slowest
-   measured epoch (one that rechecks the finished files, when one is measured).
+   measured epoch (one that rechecks the finished files, when one is measured). An epoch reads at
+   most :data:`FILL_EPOCH_FILES` files (1,000,000 are read by five). ``restart``: a restarted driver,
+   each in a fresh process (restore, reopen, its own peak RSS). ``--store s3`` puts the files, the
+   state and the sink on a versitygw started here, the files uploaded in parallel (``upload_s``).
 
 ``growth_epoch_overhead`` is the ratio of the largest size's overhead to the smallest's
 (files; ``kafka_growth_epoch_overhead`` the same for partitions).
