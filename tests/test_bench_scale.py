@@ -8,6 +8,9 @@ of what was committed). The full sizes are the README's figures, not a test.
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -81,10 +84,36 @@ def test_the_file_splits_row_reports_overhead_restore_and_rss_of_its_own_run(
     assert part["restored_checkpoint"] == last and part["reopen_restored_from"] == last  # what was committed
     assert 0 < part["restore_s"] < 60 and 0 < part["reopen_s"] < 120
     assert 10 < part["driver_rss_mb"] < 8192 and (part["jvm_rss_mb"] is None or part["jvm_rss_mb"] > 10)
+    restarted = part["restart"]  # fresh processes: each restored the last checkpoint, its own RSS
+    assert [(r["checkpoint"], r["restored_from"]) for r in restarted["runs"]] == [(last, last)] * 2
+    assert 0 < restarted["restore_s"] < 60 and 10 < restarted["rss_mb"] < part["driver_rss_mb"]
+    assert part["store"] == "local" and part["upload_s"] is None and part["fill_epochs"] == 1
     assert result["epoch_overhead_ms"] == {} and result["growth_epoch_overhead"] is None  # no --sizes
     assert result["goals"] == {}  # the goals are for 100,000 splits with 1,000 active
     page = Path(write_chart(result, str(tmp_path / "out"))).read_text(encoding="utf-8")
     assert "50 file splits, 2 active: plan" in page and "50 file splits (its run&#x27;s state)" in page
+
+
+@pytest.mark.slow
+def test_the_file_splits_row_on_the_object_store_reads_its_uploaded_files_exactly(tmp_path: Path) -> None:
+    """Part 5 with ``--store s3``: the files uploaded to a versitygw started by the run, the state and
+    sink there too. Its own process, as the command is run: Spark's workers get the ``AWS_*``
+    environment only from a session started after the store (this process may hold one already)."""
+    from splitkeeper_tools.chaos.store import versitygw_binary
+
+    assert versitygw_binary() is not None, "bash scripts/setup.sh versitygw"
+    argv = [sys.executable, "-m", "splitkeeper_tools", "bench", "scale", "--sizes", "none"]
+    argv += ["--kafka-partitions", "none", "--file-splits", "20", "--active-share", "0.1", "--epochs", "1"]
+    argv += ["--checkpoints", "3", "--rss-splits", "1000", "--store", "s3", "--json"]
+    argv += ["--workdir", str(tmp_path / "work"), "--out", str(tmp_path / "out")]
+    done = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=1500)
+    assert done.returncode == 0, done.stderr[-3000:]
+    part = json.loads(done.stdout.strip().splitlines()[-1])["file_splits"]
+    assert part["store"] == "s3" and part["upload_s"] > 0 and part["exact"] is True
+    assert [e["records"] for e in part["per_epoch"]] == [2]
+    last = part["per_epoch"][-1]["epoch"]
+    assert part["restored_checkpoint"] == last and part["restart"]["runs"][0]["restored_from"] == last
+    assert part["per_epoch"][0]["delta_files_added"] > 0  # counted in the store's own folder
 
 
 def test_bad_sizes_are_refused_naming_the_option() -> None:

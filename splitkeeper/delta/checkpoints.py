@@ -168,6 +168,18 @@ def _light(completed: CompletedCheckpoint) -> CompletedCheckpoint:
     )
 
 
+def _rows_and_finished(data: pa.Table) -> tuple[list[dict[str, Any]], tuple[list[str], list[str | None]]]:
+    """``enumerator_state`` rows as the decoder takes them: the rows of status ``finished`` (most of a
+    large state, a file source's every file read) as their ``split_id`` and ``identity`` columns,
+    the others as mappings (a mapping per finished row made the restore at 1,000,000 files slow)."""
+    done = pc.fill_null(pc.equal(data.column("status"), "finished"), False)
+    finished = data.filter(done)
+    return data.filter(pc.invert(done)).to_pylist(), (
+        finished.column("split_id").to_pylist(),
+        finished.column("identity").to_pylist(),
+    )
+
+
 def _check_id(name: str, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise InvalidParameterError(name, value, "an integer >= 0")
@@ -450,6 +462,7 @@ class DeltaStateStore(StateStore, CheckpointStore):
             return None
         row = rows[0]
         enumerator_rows: list[dict[str, Any]] = []
+        finished: tuple[list[str], list[str | None]] = ([], [])
         if row.get("enumerator") is not None:  # rule 6: the one reader of a checkpoint's snapshot rows
             stored = snapshot_rows(
                 self.tables,
@@ -459,8 +472,8 @@ class DeltaStateStore(StateStore, CheckpointStore):
                 checkpoints=cp_table,
                 enumerator_state=enum_table,
             )
-            enumerator_rows = stored[int(checkpoint_id)].to_pylist()
-        return serde.checkpoint_from_rows(row, enumerator_rows)
+            enumerator_rows, finished = _rows_and_finished(stored[int(checkpoint_id)])
+        return serde.checkpoint_from_rows(row, enumerator_rows, finished=finished)
 
     def _as_of(self, table: str, as_of: datetime | str) -> Any:
         from splitkeeper.delta.tables import open_table

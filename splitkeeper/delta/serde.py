@@ -358,9 +358,17 @@ def enumerator_to_rows(snapshot: EnumeratorSnapshot) -> list[Row]:
 
 
 def enumerator_from_rows(
-    header: Mapping[str, Any], rows: Iterable[Mapping[str, Any]], table: str = "enumerator_state"
+    header: Mapping[str, Any],
+    rows: Iterable[Mapping[str, Any]],
+    table: str = "enumerator_state",
+    *,
+    finished: tuple[Sequence[str], Sequence[str | None]] = ((), ()),
 ) -> EnumeratorSnapshot:
-    """Rebuild a snapshot from its header struct and its ``enumerator_state`` rows (any order)."""
+    """Rebuild a snapshot from its header struct and its ``enumerator_state`` rows (any order).
+
+    ``finished``: the ``split_id`` and ``identity`` columns of more rows of status ``finished``,
+    given apart by a reader that has the rows as columns (most of a large state is finished
+    splits: two columns, not a mapping per row)."""
     rows = list(rows)
     where = RowPlace(table, _opt_int(header.get("checkpoint_id")))
     for row in rows:
@@ -371,6 +379,10 @@ def enumerator_from_rows(
                 column="enumerator_state.status",
                 value=row["status"],
             )
+    identities = {sid: identity for sid, identity in zip(*finished, strict=True) if identity}
+    identities.update(
+        (r["split_id"], r["identity"]) for r in rows if r["status"] == "finished" and r.get("identity")
+    )
     assigned: dict[int, list[tuple[int, Split]]] = {int(r): [] for r in header.get("readers") or ()}
     pool: list[tuple[int, Split]] = []
     quarantined: list[tuple[int, Split]] = []
@@ -390,10 +402,8 @@ def enumerator_from_rows(
             owner: tuple(s for _, s in sorted(splits, key=lambda p: p[0]))
             for owner, splits in assigned.items()
         },
-        finished=frozenset(r["split_id"] for r in rows if r["status"] == "finished"),
-        finished_identities={
-            r["split_id"]: r["identity"] for r in rows if r["status"] == "finished" and r.get("identity")
-        },
+        finished=frozenset(r["split_id"] for r in rows if r["status"] == "finished").union(finished[0]),
+        finished_identities=identities,
         subscriptions=frozenset(header.get("subscriptions") or ()),
         backlog=backlog_from_rows(rows),
         quarantined=tuple(s for _, s in sorted(quarantined, key=lambda p: p[0])),
@@ -550,8 +560,10 @@ def checkpoint_from_rows(
     *,
     table: str = "checkpoints",
     enumerator_table: str = "enumerator_state",
+    finished: tuple[Sequence[str], Sequence[str | None]] = ((), ()),
 ) -> CompletedCheckpoint:
-    """Rebuild a checkpoint from its ``checkpoints`` row and its ``enumerator_state`` rows.
+    """Rebuild a checkpoint from its ``checkpoints`` row and its ``enumerator_state`` rows
+    (``finished``: more finished rows as two columns, :func:`enumerator_from_rows`).
 
     ``table``/``enumerator_table`` name where the rows came from in errors (a decision
     record keeps both in the ``decisions`` table).
@@ -566,7 +578,7 @@ def checkpoint_from_rows(
         regions={r.region_id: r for r in regions},
         enumerator=None
         if header is None
-        else enumerator_from_rows(header, enumerator_rows, enumerator_table),
+        else enumerator_from_rows(header, enumerator_rows, enumerator_table, finished=finished),
         consecutive_regional=int(row["consecutive_regional"]),
         processing_backlog=bool(row["processing_backlog"]),
     )

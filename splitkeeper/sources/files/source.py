@@ -117,6 +117,8 @@ UNREADABLE = "unreadable"
 
 def relative_path_of(split_id: str) -> str:
     """The file path (relative to the source root) of a file split id (without range or version)."""
+    if "#" not in split_id:  # a whole file's first version: most ids (no regex for them)
+        return split_id
     match = _RANGE_SUFFIX.search(split_id)
     rest = split_id[: match.start()] if match else split_id
     version = _VERSION_SUFFIX.search(rest)

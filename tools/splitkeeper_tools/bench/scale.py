@@ -45,7 +45,10 @@ The measurements, each on the real parts:
    with 1,000 active: overhead <= 600 ms, restore <= 10 s, driver RSS <= 2 GB. The new files are
    named on from the first ones (a drop with growing names); ``--discovery`` and
    ``--recheck-finished-every`` set the source's keys, ``epoch_overhead_ms_max`` is the slowest
-   measured epoch (one that rechecks the finished files, when one is measured).
+   measured epoch (one that rechecks the finished files, when one is measured). An epoch reads at
+   most :data:`FILL_EPOCH_FILES` files (1,000,000 are read by five). ``restart``: a restarted driver,
+   each in a fresh process (restore, reopen, its own peak RSS). ``--store s3`` puts the files, the
+   state and the sink on a versitygw started here, the files uploaded in parallel (``upload_s``).
 
 ``growth_epoch_overhead`` is the ratio of the largest size's overhead to the smallest's
 (files; ``kafka_growth_epoch_overhead`` the same for partitions).
@@ -99,14 +102,86 @@ def _dir_bytes(root: Path) -> int:
     return sum(os.path.getsize(os.path.join(d, f)) for d, _dirs, files in os.walk(root) for f in files)
 
 
-def _write_files(folder: Path, count: int) -> list[Path]:
+def _write_files(folder: Path, count: int) -> None:
+    """``count`` one-line files ``f00000000.txt``... in ``folder`` (one ``open``/``write``/``close``
+    each: 1,000,000 take about a minute on local disk)."""
     folder.mkdir(parents=True, exist_ok=True)
-    paths = []
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
     for i in range(count):
-        path = folder / f"f{i:08d}.txt"
-        path.write_text(f"file {i} line 0\n", encoding="utf-8")
-        paths.append(path)
-    return paths
+        fd = os.open(folder / f"f{i:08d}.txt", flags, 0o644)
+        try:
+            os.write(fd, f"file {i} line 0\n".encode())
+        finally:
+            os.close(fd)
+
+
+#: Part 5's epochs read at most this many files each (``backlog.*_epoch_records``): 100,000 files are
+#: read by one first epoch, 1,000,000 by five (as a team's backlog of drops would be).
+FILL_EPOCH_FILES = 200_000
+
+
+class Drops:
+    """Where part 5's files, state and sink are: a local folder, or (``store``, a started
+    :class:`~splitkeeper_tools.chaos.store.ChaosStore`) versitygw, the files uploaded to its bucket
+    in parallel (``pyarrow.fs.copy_files`` from a local folder, pyarrow's I/O threads) and the
+    pipeline reaching it through the ``AWS_*`` environment (no fault proxy)."""
+
+    def __init__(self, root: Path, store: Any | None = None) -> None:
+        self.root = root
+        self.store = store
+
+    def loc(self, name: str) -> str:
+        """The location of ``name`` (``in``, ``state``, ``sink``) as the pipeline is given it."""
+        return (
+            str(self.root / name) if self.store is None else self.store.location(f"{self.root.name}/{name}")
+        )
+
+    def local(self, name: str) -> Path:
+        """The folder whose files are ``name``'s (on the store: versitygw's posix backend)."""
+        if self.store is None:
+            return self.root / name
+        from splitkeeper_tools.chaos.store import BUCKET
+
+        return self.store.workdir / "s3" / BUCKET / self.store.prefix / self.root.name / name
+
+    def put(self, files: Sequence[tuple[str, str]], batch: str) -> None:
+        """Files ``(name, text)`` into ``in``: locally each written under a hidden name and renamed
+        (complete when it appears); on the store uploaded together (an object appears complete)."""
+        if self.store is None:
+            folder = self.root / "in"
+            for name, text in files:
+                tmp = folder / f".{batch}-{name}"
+                tmp.write_text(text, encoding="utf-8")
+                tmp.rename(folder / name)
+            return
+        folder = self.root / "upload" / batch
+        folder.mkdir(parents=True)
+        for name, text in files:
+            (folder / name).write_text(text, encoding="utf-8")
+        self.upload(folder)
+
+    def upload(self, folder: Path) -> float:
+        """Every file of ``folder`` to the store's ``in`` (the same names); the seconds it took."""
+        import pyarrow as pa
+        import pyarrow.fs as pafs
+
+        from splitkeeper.delta.storage import filesystem
+
+        fs, inner = filesystem(self.loc("in"))
+        started = time.perf_counter()
+        threads = pa.io_thread_count()
+        pa.set_io_thread_count(32)
+        try:
+            pafs.copy_files(
+                str(folder),
+                inner,
+                source_filesystem=pafs.LocalFileSystem(),
+                destination_filesystem=fs,
+                use_threads=True,
+            )
+        finally:
+            pa.set_io_thread_count(threads)
+        return time.perf_counter() - started
 
 
 def measure_epochs(
@@ -117,38 +192,52 @@ def measure_epochs(
     active_share: float = 0.01,
     parallelism: int = 4,
     source_options: Mapping[str, Any] | None = None,
+    store: Any | None = None,
 ) -> dict[str, Any]:
     """Part 1 for one size: driver phases (ms) and Delta files added per measured epoch.
-    ``source_options``: more keys of the files source (``discovery``, ``recheck_finished_every``)."""
+    ``source_options``: more keys of the files source (``discovery``, ``recheck_finished_every``);
+    ``store``: a started ChaosStore that holds the files, the state and the sink (:class:`Drops`)."""
     from splitkeeper.config.settings import config_from_mapping
 
-    _write_files(root / "in", size)
-    config = config_from_mapping(
-        {
-            "name": f"scale-{size}",
-            "parallelism": parallelism,
-            "source": {
-                "kind": "files",
-                "path": str(root / "in"),
-                "format": "lines",
-                **(source_options or {}),
-            },
-            "checkpoint": {"retain_checkpoints": 3, "region_timeout_s": 600},
-            "backlog": {"backlog_epoch_records": size * 2, "normal_epoch_records": size * 2},
-            "state": {"path": str(root / "state")},
-            "sink": {"path": str(root / "sink")},
-        }
+    drops = Drops(root, store)
+    started = time.perf_counter()
+    _write_files(root / ("upload/initial" if store is not None else "in"), size)
+    written_s = time.perf_counter() - started
+    upload_s = drops.upload(root / "upload" / "initial") if store is not None else None
+    say(
+        f"{size:,} files written in {written_s:.1f}s"
+        + ("" if upload_s is None else f", uploaded to versitygw in {upload_s:.1f}s")
     )
+    config = config_from_mapping(_mapping(drops, size, parallelism, source_options))
     active = max(1, round(size * active_share))
 
     def new_data(epoch: int) -> int:  # 1% new data: files are immutable once they appear, so new files
-        for i in range(active):  # named on from the first ones, as drops with growing names are
-            tmp = root / "in" / f".e{epoch}-{i}.txt"
-            tmp.write_text(f"epoch {epoch} file {i}\n", encoding="utf-8")
-            tmp.rename(root / "in" / f"f{size + epoch * active + i:08d}.txt")
+        drops.put(  # named on from the first ones, as drops with growing names are
+            [(f"f{size + epoch * active + i:08d}.txt", f"epoch {epoch} file {i}\n") for i in range(active)],
+            f"e{epoch}",
+        )
         return active
 
-    return _measure(config, spark, root, f"{size:,} splits", size, active, epochs, new_data)
+    measured = _measure(
+        config, spark, root, f"{size:,} splits", size, active, epochs, new_data, counted=drops.local
+    )
+    return {**measured, "write_files_s": round(written_s, 1), "upload_s": upload_s and round(upload_s, 1)}
+
+
+def _mapping(
+    drops: Drops, size: int, parallelism: int, source_options: Mapping[str, Any] | None
+) -> dict[str, Any]:
+    """Part 1's and 5's pipeline config (as a mapping) over ``drops``."""
+    per_epoch = min(size * 2, FILL_EPOCH_FILES)
+    return {
+        "name": f"scale-{size}",
+        "parallelism": parallelism,
+        "source": {"kind": "files", "path": drops.loc("in"), "format": "lines", **(source_options or {})},
+        "checkpoint": {"retain_checkpoints": 3, "region_timeout_s": 600},
+        "backlog": {"backlog_epoch_records": per_epoch, "normal_epoch_records": per_epoch},
+        "state": {"path": drops.loc("state")},
+        "sink": {"path": drops.loc("sink")},
+    }
 
 
 def _measure(
@@ -160,24 +249,36 @@ def _measure(
     active: int,
     epochs: int,
     new_data: Callable[[int], int],
+    counted: Callable[[str], Path] | None = None,
 ) -> dict[str, Any]:
     """Open the pipeline of ``config`` (holding its lease, as a run does), run its first epoch (reads
-    everything there), then ``epochs`` epochs each after ``new_data(epoch)`` (returns the records it
-    added): driver phases and Delta files."""
+    everything there; as many epochs as it takes when an epoch reads less than ``size`` records),
+    then ``epochs`` epochs each after ``new_data(epoch)`` (returns the records it added): driver
+    phases and Delta files (those in the folders ``counted("state")`` and ``counted("sink")``)."""
     from splitkeeper.app.services import leased_pipeline
 
+    folder = counted or (lambda name: root / name)
     measured: list[dict[str, Any]] = []
     with leased_pipeline(config, spark, metrics=False) as pipeline:
         started = time.perf_counter()
         pipeline.open()
-        first = pipeline.run_epoch()  # reads everything there is
+        first = pipeline.run_epoch()  # reads everything there is (or its backlog share of it)
+        read = first.committed_records
+        fill_epochs = 1
+        while read < size and first.committed_records:
+            first = pipeline.run_epoch()
+            read += first.committed_records
+            fill_epochs += 1
         first_s = time.perf_counter() - started
-        say(f"{label}: first epoch {first.kind.value}, {first.committed_records:,} records in {first_s:.1f}s")
+        say(
+            f"{label}: first epoch{'s' if fill_epochs > 1 else ''} ({fill_epochs}) {first.kind.value}, "
+            f"{read:,} records in {first_s:.1f}s (RSS peak {_peak_rss_mb()} MB)"
+        )
         for epoch in range(epochs):
             added = new_data(epoch)
-            before = _delta_files(root / "state") + _delta_files(root / "sink")
+            before = _delta_files(folder("state")) + _delta_files(folder("sink"))
             report = pipeline.run_epoch()
-            after = _delta_files(root / "state") + _delta_files(root / "sink")
+            after = _delta_files(folder("state")) + _delta_files(folder("sink"))
             phases_ms = {p: round(report.phases.get(p, 0.0) * 1000, 1) for p in DRIVER_PHASES}
             measured.append(
                 {
@@ -201,6 +302,8 @@ def _measure(
         "splits": size,
         "active_per_epoch": active,
         "first_epoch_s": round(first_s, 2),  # open (restore, discovery) and the epoch reading everything
+        "fill_epochs": fill_epochs,  # epochs that read the first ``size`` records
+        "driver_rss_mb_after_fill": _peak_rss_mb(),
         "first_epoch_read_s": round(first.phases.get("read", 0.0), 2),
         # the slowest region task's own time (reading and staging): the rest of read is Spark's
         "first_epoch_region_task_s": round(max(first.region_task_s.values(), default=0.0), 2),
@@ -235,6 +338,52 @@ def _jvm_pid(spark: Any) -> int | None:
     return None if proc is None else int(proc.pid)
 
 
+_RESTART_CHILD = """
+import json, sys, time
+from pathlib import Path
+from splitkeeper.app.services import leased_pipeline
+from splitkeeper.config.settings import config_from_mapping
+from splitkeeper.delta.checkpoints import DeltaStateStore
+from splitkeeper_tools.bench.scale import _peak_rss_mb
+mapping = json.loads(sys.argv[1])
+started = time.perf_counter()
+latest = DeltaStateStore(mapping["state"]["path"], mapping["name"], None, read_only=True).latest_checkpoint()
+restore_s = time.perf_counter() - started
+restore_rss = _peak_rss_mb()
+started = time.perf_counter()
+with leased_pipeline(config_from_mapping(mapping), None, metrics=False) as pipeline:
+    opened = pipeline.open()
+reopen_s = time.perf_counter() - started
+print(json.dumps({"restore_s": round(restore_s, 3), "restore_rss_mb": restore_rss,
+                  "reopen_s": round(reopen_s, 2), "rss_mb": _peak_rss_mb(),
+                  "checkpoint": None if latest is None else latest.checkpoint_id,
+                  "restored_from": opened.restored_from}))
+"""
+
+
+def measure_restart(mapping: Mapping[str, Any], repeats: int = 2) -> dict[str, Any]:
+    """A restarted driver, each in a fresh process (the first run's process not involved): its
+    restore of the latest checkpoint (a read-only store), then the pipeline's whole open (lease,
+    restore, discovery of every file; no Spark), and its peak RSS; the median of ``repeats``."""
+    runs = []
+    for _ in range(repeats):
+        done = subprocess.run(
+            [sys.executable, "-c", _RESTART_CHILD, json.dumps(mapping)],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=1800,
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"the restarted driver failed: {done.stderr[-3000:]}")
+        runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
+        say(f"restarted driver: {runs[-1]}")
+    return {
+        key: statistics.median(r[key] for r in runs)
+        for key in ("restore_s", "restore_rss_mb", "reopen_s", "rss_mb")
+    } | {"runs": runs}
+
+
 def measure_file_splits(
     spark: Any,
     root: Path,
@@ -243,39 +392,29 @@ def measure_file_splits(
     active_share: float,
     restore_repeats: int = 3,
     source_options: Mapping[str, Any] | None = None,
+    store: Any | None = None,
 ) -> dict[str, Any]:
-    """Part 5: part 1 at ``splits`` files with ``active_share`` new per epoch, then restore, reopen, RSS."""
+    """Part 5: part 1 at ``splits`` files with ``active_share`` new per epoch, then restore, reopen,
+    RSS (in this process, and in fresh processes: :func:`measure_restart`)."""
     from splitkeeper.app.services import leased_pipeline
     from splitkeeper.config.settings import config_from_mapping
     from splitkeeper.delta.checkpoints import DeltaStateStore
 
-    measured = measure_epochs(spark, root, splits, epochs, active_share, source_options=source_options)
+    measured = measure_epochs(
+        spark, root, splits, epochs, active_share, source_options=source_options, store=store
+    )
+    drops = Drops(root, store)
     restores = []
     restored_id = None
     for _ in range(restore_repeats):
         started = time.perf_counter()
-        store = DeltaStateStore(root / "state", f"scale-{splits}", None, read_only=True)
-        latest = store.latest_checkpoint()
+        state = DeltaStateStore(drops.loc("state"), f"scale-{splits}", None, read_only=True)
+        latest = state.latest_checkpoint()
         restores.append(time.perf_counter() - started)
         restored_id = None if latest is None else latest.checkpoint_id
-    config = config_from_mapping(
-        {
-            "name": f"scale-{splits}",
-            "parallelism": 4,
-            "source": {
-                "kind": "files",
-                "path": str(root / "in"),
-                "format": "lines",
-                **(source_options or {}),
-            },
-            "checkpoint": {"retain_checkpoints": 3, "region_timeout_s": 600},
-            "backlog": {"backlog_epoch_records": splits * 2, "normal_epoch_records": splits * 2},
-            "state": {"path": str(root / "state")},
-            "sink": {"path": str(root / "sink")},
-        }
-    )
+    mapping = _mapping(drops, splits, 4, source_options)
     started = time.perf_counter()
-    with leased_pipeline(config, spark, metrics=False) as pipeline:
+    with leased_pipeline(config_from_mapping(mapping), spark, metrics=False) as pipeline:
         opened = pipeline.open()
     reopen_s = time.perf_counter() - started
     result = {
@@ -287,11 +426,13 @@ def measure_file_splits(
         "reopen_restored_from": opened.restored_from,
         "driver_rss_mb": _peak_rss_mb(),
         "jvm_rss_mb": _peak_rss_mb(_jvm_pid(spark)),
+        "restart": measure_restart(mapping),
     }
     say(
         f"{splits:,} file splits, {measured['active_per_epoch']:,} active: overhead "
         f"{measured['overhead_ms_median']:.0f} ms, restore {result['restore_s']:.2f} s, reopen "
-        f"{reopen_s:.1f} s, driver RSS {result['driver_rss_mb']} MB, JVM {result['jvm_rss_mb']} MB"
+        f"{reopen_s:.1f} s, driver RSS {result['driver_rss_mb']} MB, JVM {result['jvm_rss_mb']} MB; "
+        f"restarted: {result['restart']}"
     )
     return result
 
@@ -409,127 +550,151 @@ def run_scale(
     file_splits: int = 0,
     active_share: float = 0.01,
     source_options: Mapping[str, Any] | None = None,
+    store: str = "local",
 ) -> dict[str, Any]:
     """Every part (Kafka only with ``kafka_partitions``, part 5 only with ``file_splits``; parts 1 and
-    2 only with ``sizes``); the JSON-able result."""
+    2 only with ``sizes``); the JSON-able result. ``store`` ``s3``: part 5's files, state and sink on
+    a versitygw started here (``local``: a local folder)."""
     base = Path(workdir or tempfile.mkdtemp(prefix="splitkeeper-scale-"))
     load_start = [round(x, 2) for x in os.getloadavg()]
-    if spark_factory is None:
-        from splitkeeper.spark.session import SparkSettings, get_spark
+    object_store = None
+    if store == "s3" and file_splits:  # started before Spark: its Python workers get the AWS_* environment
+        from splitkeeper_tools.chaos.store import ChaosStore
 
-        spark = get_spark(SparkSettings.from_env(ui_enabled=False))
-    else:
-        spark = spark_factory()
-    epochs_by_size = {}
-    restore_by_size = {}
-    for size in sizes:
-        say(f"{size:,} splits: epochs (load {os.getloadavg()[0]:.1f})")
-        epochs_by_size[size] = measure_epochs(spark, base / f"files-{size}", size, epochs)
-        say(f"{size:,} splits: restore after {checkpoints} checkpoints")
-        restore_by_size[size] = measure_restore(base / f"state-{size}", size, checkpoints)
-    kafka_by_size: dict[int, dict[str, Any]] = {}
-    if kafka_partitions:
-        from splitkeeper_tools.kafka_testbed import BrokerHandle
+        object_store = ChaosStore(base / "store", seed=1, fault_rate=0.0, prefix="scale")
+        object_store.start()
+        os.environ.update(object_store.store_env())  # the store itself, not the fault proxy
+    try:
+        if spark_factory is None:
+            from splitkeeper.spark.session import SparkSettings, get_spark
 
-        broker = BrokerHandle(base / "broker", bootstrap_servers)
-        bootstrap = broker.start()
-        try:
-            for partitions in kafka_partitions:
-                say(f"{partitions:,} partitions: epochs (load {os.getloadavg()[0]:.1f})")
-                kafka_by_size[partitions] = measure_kafka_epochs(
-                    spark, base / f"kafka-{partitions}", bootstrap, partitions, epochs
-                )
-        finally:
-            broker.stop()
-    files_part: dict[str, Any] | None = None
-    if file_splits:
-        say(
-            f"{file_splits:,} file splits, {active_share:.2%} active per epoch "
-            f"(load {os.getloadavg()[0]:.1f})"
-        )
-        files_part = measure_file_splits(
-            spark,
-            base / f"file-splits-{file_splits}",
-            file_splits,
-            epochs,
-            active_share,
-            source_options=source_options,
-        )
-    say(f"driver memory with {rss_splits:,} splits")
-    rss = measure_rss(rss_splits)
-    overhead = {str(s): epochs_by_size[s]["overhead_ms_median"] for s in sizes}
-    growth = None
-    if sizes:
-        small, large = min(sizes), max(sizes)
-        if overhead[str(small)] > 0 and large != small:
-            growth = round(overhead[str(large)] / overhead[str(small)], 2)
-    result: dict[str, Any] = {
-        "sizes": list(sizes),
-        "epochs_measured": epochs,
-        "epoch_overhead_ms": overhead,
-        "epoch_phases_ms": {str(s): epochs_by_size[s]["phases_ms_median"] for s in sizes},
-        "delta_files_per_epoch": {str(s): epochs_by_size[s]["delta_files_per_epoch_median"] for s in sizes},
-        "restore_s": {str(s): restore_by_size[s]["restore_s"] for s in sizes},
-        "state_bytes_after_200_checkpoints": {str(s): restore_by_size[s]["state_bytes"] for s in sizes},
-        "state_commit_ms": {str(s): restore_by_size[s]["commit_ms_median"] for s in sizes},
-        "checkpoints_for_restore": checkpoints,
-        "driver_rss_mb_1m_splits": rss,
-        "rss_splits": rss_splits,
-        "growth_epoch_overhead": growth,
-        "per_epoch": {str(s): epochs_by_size[s]["epochs"] for s in sizes},
-        "load": {"start": load_start, "end": [round(x, 2) for x in os.getloadavg()]},
-    }
-    if files_part is not None:
-        result["file_splits"] = {
-            "splits": files_part["splits"],
-            "active_per_epoch": files_part["active_per_epoch"],
-            "active_share": files_part["active_share"],
-            "epoch_overhead_ms": files_part["overhead_ms_median"],
-            # the slowest measured epoch: one that rechecks finished files (source.recheck_finished_every)
-            "epoch_overhead_ms_max": max(e["overhead_ms"] for e in files_part["epochs"]),
-            "source_options": dict(source_options or {}),
-            "epoch_phases_ms": files_part["phases_ms_median"],
-            "delta_files_per_epoch": files_part["delta_files_per_epoch_median"],
-            "first_epoch_s": files_part["first_epoch_s"],
-            "restore_s": files_part["restore_s"],
-            "restored_checkpoint": files_part["restored_checkpoint"],
-            "reopen_s": files_part["reopen_s"],
-            "reopen_restored_from": files_part["reopen_restored_from"],
-            "driver_rss_mb": files_part["driver_rss_mb"],
-            "jvm_rss_mb": files_part["jvm_rss_mb"],
-            "exact": files_part["exact"],
-            "per_epoch": files_part["epochs"],
-            "runtime": "local Spark, delta-rs state store and sink, the core's driver (splitkeeper run's)",
+            spark = get_spark(SparkSettings.from_env(ui_enabled=False))
+        else:
+            spark = spark_factory()
+        epochs_by_size = {}
+        restore_by_size = {}
+        for size in sizes:
+            say(f"{size:,} splits: epochs (load {os.getloadavg()[0]:.1f})")
+            epochs_by_size[size] = measure_epochs(spark, base / f"files-{size}", size, epochs)
+            say(f"{size:,} splits: restore after {checkpoints} checkpoints")
+            restore_by_size[size] = measure_restore(base / f"state-{size}", size, checkpoints)
+        kafka_by_size: dict[int, dict[str, Any]] = {}
+        if kafka_partitions:
+            from splitkeeper_tools.kafka_testbed import BrokerHandle
+
+            broker = BrokerHandle(base / "broker", bootstrap_servers)
+            bootstrap = broker.start()
+            try:
+                for partitions in kafka_partitions:
+                    say(f"{partitions:,} partitions: epochs (load {os.getloadavg()[0]:.1f})")
+                    kafka_by_size[partitions] = measure_kafka_epochs(
+                        spark, base / f"kafka-{partitions}", bootstrap, partitions, epochs
+                    )
+            finally:
+                broker.stop()
+        files_part: dict[str, Any] | None = None
+        if file_splits:
+            say(
+                f"{file_splits:,} file splits, {active_share:.2%} active per epoch "
+                f"(load {os.getloadavg()[0]:.1f})"
+            )
+            files_part = measure_file_splits(
+                spark,
+                base / f"file-splits-{file_splits}",
+                file_splits,
+                epochs,
+                active_share,
+                source_options=source_options,
+                store=object_store,
+            )
+        say(f"driver memory with {rss_splits:,} splits")
+        rss = measure_rss(rss_splits)
+        overhead = {str(s): epochs_by_size[s]["overhead_ms_median"] for s in sizes}
+        growth = None
+        if sizes:
+            small, large = min(sizes), max(sizes)
+            if overhead[str(small)] > 0 and large != small:
+                growth = round(overhead[str(large)] / overhead[str(small)], 2)
+        result: dict[str, Any] = {
+            "sizes": list(sizes),
+            "epochs_measured": epochs,
+            "epoch_overhead_ms": overhead,
+            "epoch_phases_ms": {str(s): epochs_by_size[s]["phases_ms_median"] for s in sizes},
+            "delta_files_per_epoch": {
+                str(s): epochs_by_size[s]["delta_files_per_epoch_median"] for s in sizes
+            },
+            "restore_s": {str(s): restore_by_size[s]["restore_s"] for s in sizes},
+            "state_bytes_after_200_checkpoints": {str(s): restore_by_size[s]["state_bytes"] for s in sizes},
+            "state_commit_ms": {str(s): restore_by_size[s]["commit_ms_median"] for s in sizes},
+            "checkpoints_for_restore": checkpoints,
+            "driver_rss_mb_1m_splits": rss,
+            "rss_splits": rss_splits,
+            "growth_epoch_overhead": growth,
+            "per_epoch": {str(s): epochs_by_size[s]["epochs"] for s in sizes},
+            "load": {"start": load_start, "end": [round(x, 2) for x in os.getloadavg()]},
         }
-    if kafka_by_size:
-        k_small, k_large = min(kafka_by_size), max(kafka_by_size)
-        k_overhead = {str(s): kafka_by_size[s]["overhead_ms_median"] for s in kafka_by_size}
-        result.update(
-            {
-                "kafka_partitions": sorted(kafka_by_size),
-                "kafka_epoch_overhead_ms": k_overhead,
-                "kafka_epoch_phases_ms": {str(s): v["phases_ms_median"] for s, v in kafka_by_size.items()},
-                "kafka_delta_files_per_epoch": {
-                    str(s): v["delta_files_per_epoch_median"] for s, v in kafka_by_size.items()
-                },
-                "kafka_growth_epoch_overhead": (
-                    round(k_overhead[str(k_large)] / k_overhead[str(k_small)], 2)
-                    if k_overhead[str(k_small)] > 0 and k_large != k_small
-                    else None
-                ),
-                "kafka_exact": all(v["exact"] for v in kafka_by_size.values()),
-                "kafka_first_epoch_s": {str(s): v["first_epoch_s"] for s, v in kafka_by_size.items()},
-                "kafka_first_epoch_read_s": {
-                    str(s): v["first_epoch_read_s"] for s, v in kafka_by_size.items()
-                },
-                "kafka_first_epoch_region_task_s": {
-                    str(s): v["first_epoch_region_task_s"] for s, v in kafka_by_size.items()
-                },
-                "kafka_per_epoch": {str(s): v["epochs"] for s, v in kafka_by_size.items()},
+        if files_part is not None:
+            result["file_splits"] = {
+                "splits": files_part["splits"],
+                "active_per_epoch": files_part["active_per_epoch"],
+                "active_share": files_part["active_share"],
+                "epoch_overhead_ms": files_part["overhead_ms_median"],
+                # the slowest measured epoch: one that rechecks finished files (source.recheck_finished_every)
+                "epoch_overhead_ms_max": max(e["overhead_ms"] for e in files_part["epochs"]),
+                "source_options": dict(source_options or {}),
+                "store": store,
+                "write_files_s": files_part["write_files_s"],
+                "upload_s": files_part["upload_s"],
+                "fill_epochs": files_part["fill_epochs"],
+                "driver_rss_mb_after_fill": files_part["driver_rss_mb_after_fill"],
+                "restart": files_part["restart"],
+                "epoch_phases_ms": files_part["phases_ms_median"],
+                "delta_files_per_epoch": files_part["delta_files_per_epoch_median"],
+                "first_epoch_s": files_part["first_epoch_s"],
+                "restore_s": files_part["restore_s"],
+                "restored_checkpoint": files_part["restored_checkpoint"],
+                "reopen_s": files_part["reopen_s"],
+                "reopen_restored_from": files_part["reopen_restored_from"],
+                "driver_rss_mb": files_part["driver_rss_mb"],
+                "jvm_rss_mb": files_part["jvm_rss_mb"],
+                "exact": files_part["exact"],
+                "per_epoch": files_part["epochs"],
+                "runtime": "local Spark, delta-rs state store and sink, the core's driver (as in a run)",
             }
-        )
-    result["goals"] = _goals(result)
-    return result
+        if kafka_by_size:
+            k_small, k_large = min(kafka_by_size), max(kafka_by_size)
+            k_overhead = {str(s): kafka_by_size[s]["overhead_ms_median"] for s in kafka_by_size}
+            result.update(
+                {
+                    "kafka_partitions": sorted(kafka_by_size),
+                    "kafka_epoch_overhead_ms": k_overhead,
+                    "kafka_epoch_phases_ms": {
+                        str(s): v["phases_ms_median"] for s, v in kafka_by_size.items()
+                    },
+                    "kafka_delta_files_per_epoch": {
+                        str(s): v["delta_files_per_epoch_median"] for s, v in kafka_by_size.items()
+                    },
+                    "kafka_growth_epoch_overhead": (
+                        round(k_overhead[str(k_large)] / k_overhead[str(k_small)], 2)
+                        if k_overhead[str(k_small)] > 0 and k_large != k_small
+                        else None
+                    ),
+                    "kafka_exact": all(v["exact"] for v in kafka_by_size.values()),
+                    "kafka_first_epoch_s": {str(s): v["first_epoch_s"] for s, v in kafka_by_size.items()},
+                    "kafka_first_epoch_read_s": {
+                        str(s): v["first_epoch_read_s"] for s, v in kafka_by_size.items()
+                    },
+                    "kafka_first_epoch_region_task_s": {
+                        str(s): v["first_epoch_region_task_s"] for s, v in kafka_by_size.items()
+                    },
+                    "kafka_per_epoch": {str(s): v["epochs"] for s, v in kafka_by_size.items()},
+                }
+            )
+        result["goals"] = _goals(result)
+        return result
+    finally:
+        if object_store is not None:
+            object_store.stop()
 
 
 def _goals(result: dict[str, Any]) -> dict[str, Any]:
@@ -682,6 +847,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="part 5: source.recheck_finished_every, epochs (default: the source's own default)",
     )
+    parser.add_argument(
+        "--store",
+        choices=("local", "s3"),
+        default="local",
+        help="part 5: the files, state and sink on local disk, or on a versitygw started here (s3)",
+    )
     parser.add_argument("--workdir", default=None, help="where the files and tables go (default: a temp dir)")
     parser.add_argument("--out", default="var/bench", help="where the HTML chart goes")
     parser.add_argument("--json", action="store_true", help="print the result as one JSON line")
@@ -714,6 +885,7 @@ def run(args: argparse.Namespace) -> int:
         bootstrap_servers=args.bootstrap_servers,
         file_splits=args.file_splits,
         active_share=args.active_share,
+        store=args.store,
         source_options={
             key: value
             for key, value in (
