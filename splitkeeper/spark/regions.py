@@ -1,10 +1,14 @@
 """Run one epoch's regions as the tasks of one Spark job, with per-region isolation and timeouts.
 
-Each region with ranges to read is one partition (its payload) of one RDD, and the epoch runs one
-Spark job over it, in its own job group (:func:`_job_group`), submitted from one driver thread:
-Spark schedules the regions' tasks on its free cores, so an epoch of thousands of regions costs
-one job's scheduling, a driver thread and a py4j socket, not one of each per region (at 1,000
-busy regions a job per region cost about 0.34 s each).
+The regions with ranges to read are packed into the partitions of one RDD (:func:`pack_regions`:
+dealt in turn into at most ``spark.splitkeeper.regions.tasksPerCore`` (default 2) tasks per core of
+the session, ``sc.defaultParallelism``), and the epoch runs one Spark job over it, in its own job
+group (:func:`_job_group`), submitted from one driver thread: Spark schedules the tasks on its free
+cores, so an epoch of thousands of regions costs one job's scheduling, a driver thread and a py4j
+socket, not one of each per region (at 1,000 busy regions a job per region cost about 0.34 s each),
+and a few Python worker round trips, not one per region (200 busy regions on 2 cores: 4 tasks, not
+200). A task runs its regions one after another; each region still starts (asks the driver) and
+ends (reports) on its own, so its timeout, its failure and its result are its own.
 
 Every task reports to the driver as it *starts* and as it *ends*, over a small authenticated
 socket server the driver opens for the epoch (:class:`_RegionServer`: stdlib ``socketserver``,
@@ -28,14 +32,20 @@ Isolation within the one job:
   TIMED_OUT at once (protocol rule 2.3). The driver stops waiting for it and ignores what it
   reports later (its staged output is never committed), and kills its task attempt
   (``SparkContext.killTaskAttempt``), which frees its core for the regions still queued. Spark
-  reschedules a killed task; the new attempt asks the driver at its start, is refused, and
-  returns at once without reading. Once every region has an outcome the driver lets the job end
+  reschedules a killed task; the new attempt asks the driver at each region's start: the regions
+  that have an outcome (the timed-out one included) are refused without reading, and the regions
+  packed behind the stalled one, which had not started, run then (their epoch deadline counts from
+  the kill, not from the last task that started or ended elsewhere). So a stalled region delays
+  the regions packed behind it by its timeout, and fails alone
+  (``spark.splitkeeper.regions.tasksPerCore`` = 0 gives every region its own task, as before
+  packing). Once every region has an outcome the driver lets the job end
   (:data:`JOB_GRACE_S`: a killed Python worker dies within ``spark.python.task.killTimeout``) and
   then cancels the epoch's job group (only such refused or dying attempts can still run then), so
   the epoch ends within the region timeout plus a few seconds.
 * A job that fails as a whole (a Python worker killed where Spark gives a task one attempt, as on
-  ``local[N]``; a lost executor past ``spark.task.maxFailures``) fails the region whose task Spark
-  names in its error (``Task 1 in stage 3.0 failed``), and the regions the abort took down with it
+  ``local[N]``; a lost executor past ``spark.task.maxFailures``) fails the region that was running
+  in the task Spark names in its error (``Task 1 in stage 3.0 failed``: the region of that
+  partition that had started and not ended), and the regions the abort took down with it
   that have not reported run again, once, in a second job of the same group (each attempt stages
   apart, as in Spark's own retry). A job that fails again, or without naming a task, fails every
   region that has not reported yet, with the job's error.
@@ -66,7 +76,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from splitkeeper.core.failures import clip
-from splitkeeper.errors import EpochAbandoned
+from splitkeeper.errors import EpochAbandoned, InvalidParameterError
 
 log = logging.getLogger("splitkeeper.spark.regions")
 #: How long an abandoned epoch waits for its cancelled job to wind down.
@@ -76,6 +86,10 @@ JOB_GRACE_S = 5.0
 #: How long an epoch whose regions all have an outcome waits for its cancelled job to wind down.
 WIND_DOWN_S = 30.0
 _LOG_TRACEBACK_CHARS = 20_000
+#: The Spark conf that bounds an epoch job's tasks: at most this many per core (``sc.defaultParallelism``);
+#: 0 = a task per region.
+TASKS_PER_CORE_CONF = "spark.splitkeeper.regions.tasksPerCore"
+TASKS_PER_CORE = 2
 
 
 class RegionStatus(enum.Enum):
@@ -148,6 +162,50 @@ def max_task_failures(sc: Any) -> int:
     if matched:
         return max(1, int(matched.group(1)))
     return max(1, int(sc.getConf().get("spark.task.maxFailures", "4")))
+
+
+def pack_regions(regions: list[int], cores: int, per_core: int = TASKS_PER_CORE) -> list[list[int]]:
+    """The epoch job's partitions: ``regions`` (sorted) dealt in turn into at most ``cores *
+    per_core`` lists, so neighbouring regions run side by side and the lists differ by at most one
+    region; ``per_core`` 0 is one list per region. Partition ``i`` of the job holds list ``i``."""
+    if not regions:
+        return []
+    count = len(regions) if per_core <= 0 else max(1, min(len(regions), max(1, cores) * per_core))
+    return [regions[i::count] for i in range(count)]
+
+
+def tasks_per_core(spark: Any) -> int:
+    """``spark.splitkeeper.regions.tasksPerCore`` of the session (default :data:`TASKS_PER_CORE`; a
+    runtime conf, so ``spark.conf.set`` changes it for the next epoch)."""
+    raw = spark.conf.get(TASKS_PER_CORE_CONF, None)
+    if raw is None or not str(raw).strip():
+        return TASKS_PER_CORE
+    try:
+        value = int(str(raw).strip())
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise InvalidParameterError(
+            TASKS_PER_CORE_CONF,
+            raw,
+            "a whole number >= 0 (region tasks per core of the session; 0 = a task per region)",
+            f"Set the Spark conf {TASKS_PER_CORE_CONF} to e.g. 2, or remove it",
+        )
+    return value
+
+
+def _packed_partition(
+    address: tuple[str, int],
+    authkey: bytes,
+    max_failures: int,
+    task: Callable[[Any], Any],
+    packs: Iterator[list[tuple[int, Any]]],
+) -> Iterator[tuple[int, str, Any]]:
+    """The body of a packed partition (one list of ``(region, payload)``): its regions one after
+    another, each as :func:`_region_partition` runs it."""
+    yield from _region_partition(
+        address, authkey, max_failures, task, (item for pack in packs for item in pack)
+    )
 
 
 # --------------------------------------------------------------------------- the task side
@@ -229,7 +287,8 @@ def _region_partition(
     task: Callable[[Any], Any],
     items: Iterator[tuple[int, Any]],
 ) -> Iterator[tuple[int, str, Any]]:
-    """The body of the epoch job's tasks: one region per partition (see the module docstring).
+    """The body of the epoch job's tasks: the partition's regions one after another, each asking
+    the driver at its start and reporting its end (see the module docstring).
 
     Yields ``(region, status, value)`` for the job's collect() (the backstop): ``finished`` with
     the task's result, ``failed`` with its error line, ``refused`` when the driver no longer
@@ -332,7 +391,9 @@ def run_regions(
     region's outcome.
 
     Called by the epoch runner on the driver, once per epoch. ``task`` and the payloads cross to
-    executors: they must be picklable. The partitions are in region order. A region's timeout
+    executors: they must be picklable. The regions are packed into at most
+    ``spark.splitkeeper.regions.tasksPerCore`` tasks per core (:func:`pack_regions`), each running its
+    regions in region order. A region's timeout
     counts from its task's start (its start message); a region whose task has not started while no
     task started or ended for ``timeout_s`` times out too (it may never be scheduled). Once
     ``interrupt`` is set, the job is cancelled and EpochAbandoned is raised (after the job wound
@@ -342,6 +403,7 @@ def run_regions(
     if not payloads:
         return {}
     sc = spark.sparkContext
+    per_core = tasks_per_core(spark)
     regions = sorted(payloads)
     runs: dict[int, RegionRun] = {}
     started: dict[int, float] = {}
@@ -351,6 +413,8 @@ def run_regions(
     stopping = threading.Event()
     epoch_start = time.monotonic()
     progress = [epoch_start]  # when a task last started or ended (the epoch deadline counts from it)
+    part_of: dict[int, int] = {}  # region -> its partition in the job running now
+    killed_at: dict[int, float] = {}  # partition -> when a task of it was killed (a timed-out region)
     extra = {"epoch": epoch, "checkpoint_id": epoch}
 
     def record(region: int, run: RegionRun) -> None:  # under lock
@@ -392,27 +456,37 @@ def run_regions(
     group = _job_group(pipeline, epoch)
     job_error: list[BaseException] = []
     backstop: list[tuple[int, str, Any]] = []
-    body = functools.partial(_region_partition, server.address, server.authkey, max_task_failures(sc), task)
+    body = functools.partial(_packed_partition, server.address, server.authkey, max_task_failures(sc), task)
 
     def submit() -> None:
         sc.setJobGroup(group, f"splitkeeper {pipeline} epoch {epoch}: {len(regions)} regions", True)
         todo = regions
         try:
             for again in (False, True):
+                packs = pack_regions(todo, sc.defaultParallelism, per_core)
+                with lock:
+                    part_of.clear()
+                    part_of.update({r: i for i, pack in enumerate(packs) for r in pack})
+                    killed_at.clear()
                 try:
-                    rdd = sc.parallelize([(r, payloads[r]) for r in todo], len(todo))
+                    rdd = sc.parallelize([[(r, payloads[r]) for r in pack] for pack in packs], len(packs))
                     backstop.extend(rdd.mapPartitions(body).collect())
                     return
                 except BaseException as err:  # a failed or cancelled job
                     with lock:
                         index = _failed_task_index(err)
-                        if again or stopping.is_set() or index is None or index >= len(todo):
+                        culprit = (
+                            None
+                            if again or stopping.is_set() or index is None or index >= len(packs)
+                            else _running_region(packs[index], started, runs)
+                        )
+                        if culprit is None:
                             job_error.append(err)
                             return
                         # One task failed the job (a Python worker killed where Spark gives a task
-                        # one attempt): that region fails; the regions the abort took down with it
-                        # run again in a second job (each attempt stages apart, as Spark's retry).
-                        culprit = todo[index]
+                        # one attempt): the region it was running fails; the regions the abort took
+                        # down with it run again in a second job (each attempt stages apart, as
+                        # Spark's retry).
                         record(culprit, RegionRun(culprit, RegionStatus.FAILED, error=_task_failure(err)))
                         todo = [r for r in todo if r not in runs]
                     if not todo:
@@ -446,13 +520,15 @@ def run_regions(
                     if region in started:
                         if now - started[region] > timeout_s:
                             expired.append((region, f"no result within {timeout_s:g}s"))
-                    elif now - progress[0] > timeout_s:
+                    elif now - max(progress[0], killed_at.get(part_of.get(region, -1), 0.0)) > timeout_s:
                         expired.append(
                             (region, f"its task did not start within {timeout_s:g}s (epoch deadline)")
                         )
                 for region, why in expired:
                     record(region, RegionRun(region, RegionStatus.TIMED_OUT, error=why))
                 kill = [(r, task_ids[r]) for r, _why in expired if r in task_ids]
+                for region, _task_id in kill:  # the regions packed behind it start in the task's retry
+                    killed_at[part_of.get(region, -1)] = now
             for region, why in expired:
                 log.warning(
                     "region %s of epoch %s timed out: %s; killing its task",
@@ -534,6 +610,17 @@ def _task_failure(err: BaseException) -> str:
     e.g. ``Python worker exited unexpectedly``), else :func:`_short_error`."""
     matched = _MOST_RECENT.search(str(err))
     return clip(matched.group(1).strip(), 500) if matched else _short_error(err)
+
+
+def _running_region(
+    pack: list[int], started: Mapping[int, float], runs: Mapping[int, RegionRun]
+) -> int | None:
+    """The region of ``pack`` (a failed task's partition) that was running when the task died: the
+    one that started and has no outcome; else (it died before its first region's start message)
+    the first without an outcome; None when every region of it has one."""
+    pending = [r for r in pack if r not in runs]
+    running = [r for r in pending if r in started]
+    return running[-1] if running else (pending[0] if pending else None)
 
 
 def _failed_task_index(err: BaseException) -> int | None:

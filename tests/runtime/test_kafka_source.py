@@ -12,6 +12,7 @@ import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -863,3 +864,50 @@ def test_a_topic_pattern_that_matches_nothing_is_a_warning_naming_it_and_the_top
     assert seen in warning  # the topics seen, so a typo shows
     create_topic(bootstrap, 1, name=f"{prefix}-a")
     assert [s.split_id for s in source.discover_splits()] == [f"{prefix}-a-0"]
+
+
+def test_end_offsets_listed_in_chunks_and_a_discovery_round_asks_for_metadata_once(
+    bootstrap: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 41: at 10,000 partitions one ListOffsets request cost 0.9-1.9 s and each epoch asked for
+    the metadata three times and the topic ids twice. The offsets are listed in requests of
+    ``_LIST_OFFSETS_CHUNK`` partitions (2 here: 5 partitions are 3 requests) with the same answer; a
+    round (subscriptions, check_splits, discover_splits) asks for the metadata and the ids once; the
+    next round, and a check_splits called again, ask anew (a topic re-created between them is seen)."""
+    import splitkeeper.sources.kafka.source as kafka_source
+
+    monkeypatch.setattr(kafka_source, "_LIST_OFFSETS_CHUNK", 2)
+    topic = create_topic(bootstrap, 5)
+    produce(bootstrap, topic, {p: messages(p, p + 1) for p in range(5)})
+    source = KafkaSource(bootstrap, topics=[topic])
+    admin = source._admin_client()
+    calls: dict[str, int] = {"list_topics": 0, "describe_topics": 0, "list_offsets": 0}
+
+    def counted(name: str) -> Any:
+        real = getattr(admin, name)
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            calls[name] += 1
+            return real(*args, **kwargs)
+
+        return call
+
+    class Counting:  # the real client, its requests counted
+        def __getattr__(self, name: str) -> Any:
+            return counted(name) if name in calls else getattr(admin, name)
+
+    monkeypatch.setattr(source, "_admin", Counting())
+    splits = source.discover_splits()
+    assert [source.available_end(s) for s in splits] == [1, 2, 3, 4, 5]
+    assert calls["list_offsets"] == 3 + 3 + 3  # discovery's ends and starts, then the round's ends
+    for key in calls:
+        calls[key] = 0
+
+    assert source.subscriptions() == frozenset({topic})
+    assert source.check_splits(splits, {}) == []
+    assert source.discover_splits() == splits
+    assert (calls["list_topics"], calls["describe_topics"]) == (1, 1)  # one round, one of each
+
+    source.check_splits(splits, {})
+    source.check_splits(splits, {})  # called again: asks anew
+    assert (calls["list_topics"], calls["describe_topics"]) == (3, 3)

@@ -15,7 +15,15 @@ from typing import Any
 
 import pytest
 
-from splitkeeper.spark.regions import RegionStatus, _job_group, max_task_failures, run_regions
+from splitkeeper.spark.regions import (
+    TASKS_PER_CORE_CONF,
+    RegionStatus,
+    _job_group,
+    max_task_failures,
+    pack_regions,
+    run_regions,
+    tasks_per_core,
+)
 
 pytestmark = [pytest.mark.spark]
 
@@ -100,8 +108,9 @@ def test_no_payload_runs_no_job_and_returns_at_once(spark: Any) -> None:
 def test_many_regions_are_one_job_whose_tasks_run_on_the_cores_and_each_returns_its_result(
     spark: Any,
 ) -> None:
-    """12 regions: one Spark job of 12 tasks, every region finishes with its own result, at most
-    the two cores' tasks run at once (by the tasks' own clocks), in region order."""
+    """12 regions on two cores: one Spark job of 4 tasks (two per core), each running its 3 regions
+    one after another; every region finishes with its own result, at most the two cores' regions run
+    at once (by the regions' own clocks), in region order."""
 
     def task(region: int) -> tuple[int, float, float]:
         began = time.time()
@@ -115,7 +124,7 @@ def test_many_regions_are_one_job_whose_tasks_run_on_the_cores_and_each_returns_
         r: run.error for r, run in runs.items()
     }
     assert [runs[r].result[0] for r in range(12)] == [r * 7 for r in range(12)]
-    assert _epoch_jobs(spark, "pool", 3) == [("SUCCEEDED", 12)]
+    assert _epoch_jobs(spark, "pool", 3) == [("SUCCEEDED", 4)]
     spans = [runs[r].result[1:] for r in range(12)]  # each task's own (start, end)
     peak = max(sum(1 for b, e in spans if b <= t < e) for t, _ in spans)
     assert 1 <= peak <= 2, f"{peak} region tasks ran at once on two cores"
@@ -147,11 +156,12 @@ def test_a_region_task_runs_without_zip_and_jar_finders_in_its_worker(spark: Any
 def test_one_job_a_raising_and_a_stalled_region_fail_alone_and_the_others_finish(
     spark: Any, tmp_path: Path
 ) -> None:
-    """One epoch, one Spark job: region 0 stalls and region 1 raises; regions 2-5 pass through the
-    other core and finish with their results. Region 0 times out on its own timeout and its task
-    alone is killed: the job still succeeds (it was not cancelled), the killed task's retry was
-    refused before running the region's body (each body marks its start in a file), and the epoch
-    ends without waiting for the 120 s."""
+    """One epoch, one Spark job of 4 tasks (6 regions, two cores): region 0 stalls and region 1
+    raises; regions 2-5 pass through the other core and finish with their results. Region 0 times
+    out on its own timeout and its task alone is killed: the job still succeeds (it was not
+    cancelled), the killed task's retry was refused region 0 before running its body (each body marks
+    its start in a file) and ran region 4, packed behind region 0 in that task, after the kill; the
+    epoch ends without waiting for the 120 s."""
 
     def task(payload: tuple[str, int, float]) -> float:
         folder, region, seconds = payload
@@ -174,15 +184,18 @@ def test_one_job_a_raising_and_a_stalled_region_fail_alone_and_the_others_finish
     assert runs[1].status is RegionStatus.FAILED and "RuntimeError: region 1 is broken" in runs[1].error
     for r in range(2, 6):
         assert runs[r].status is RegionStatus.FINISHED and runs[r].result == pytest.approx(0.1 * r), runs[r]
-    assert _epoch_jobs(spark, "stall", 4) == [("SUCCEEDED", 6)]  # one job of six tasks, not cancelled
+    assert pack_regions(list(range(6)), 2) == [[0, 4], [1, 5], [2], [3]]
+    assert _epoch_jobs(spark, "stall", 4) == [("SUCCEEDED", 4)]  # one job of four tasks, not cancelled
     assert Path(tmp_path, "r0").read_text() == "started\n"  # the killed task's retry did not run it
+    assert runs[4].started_after_s is not None and runs[4].started_after_s >= timeout  # after the kill
     assert timeout <= elapsed < 2 * timeout, f"the epoch took {elapsed:.0f}s"
 
 
 def test_a_killed_python_worker_fails_its_region_only_and_the_others_run_again(spark: Any) -> None:
     """Region 1's Python worker dies (``os._exit``), which on ``local[2]`` (one attempt per task)
-    aborts the epoch's job: region 1 fails with Spark's reason, and the regions the abort took down
-    run again in a second job and finish with their results."""
+    aborts the epoch's job of 4 tasks (8 regions, two per task): region 1, the region running in the
+    task Spark names, fails with Spark's reason, and the regions the abort took down (region 5, packed
+    behind region 1, among them) run again in a second job and finish with their results."""
 
     def task(payload: tuple[int, float]) -> int:
         region, seconds = payload
@@ -194,12 +207,12 @@ def test_a_killed_python_worker_fails_its_region_only_and_the_others_run_again(s
         time.sleep(seconds)
         return region * 10
 
-    runs = run_regions(spark, "worker", 7, {r: (r, 2.0) for r in range(4)}, task, timeout_s=60.0)
+    runs = run_regions(spark, "worker", 7, {r: (r, 1.0) for r in range(8)}, task, timeout_s=60.0)
 
     assert runs[1].status is RegionStatus.FAILED and "Python worker exited unexpectedly" in runs[1].error, (
         runs[1]
     )
-    for r in (0, 2, 3):
+    for r in (0, 2, 3, 4, 5, 6, 7):
         assert runs[r].status is RegionStatus.FINISHED and runs[r].result == r * 10, runs[r]
     jobs = _epoch_jobs(spark, "worker", 7)
     # the first job (four tasks) failed; the second ran the regions it took down, and succeeded
@@ -250,3 +263,31 @@ def test_the_attempts_a_task_gets_follow_the_master_as_spark_decides() -> None:
     assert max_task_failures(sc("spark://h:7077")) == 4
     assert max_task_failures(sc("yarn", **{"spark.task.maxFailures": "8"})) == 8
     assert max_task_failures(sc("local-cluster[2,1,1024]", **{"spark.task.maxFailures": "2"})) == 2
+
+
+def test_regions_are_dealt_into_at_most_tasks_per_core_times_the_cores_tasks() -> None:
+    """Neighbouring regions go to different tasks, the tasks differ by at most one region, and a
+    conf of 0 gives every region its own task (as before packing)."""
+    assert pack_regions([], 2) == []
+    assert pack_regions([3, 5], 2) == [[3], [5]]
+    assert pack_regions(list(range(10)), 2) == [[0, 4, 8], [1, 5, 9], [2, 6], [3, 7]]
+    assert pack_regions(list(range(10)), 2, per_core=1) == [[0, 2, 4, 6, 8], [1, 3, 5, 7, 9]]
+    assert pack_regions(list(range(3)), 2, per_core=0) == [[0], [1], [2]]
+    assert sorted(len(p) for p in pack_regions(list(range(200)), 2)) == [50, 50, 50, 50]
+
+
+def test_the_tasks_per_core_conf_is_read_from_the_session_and_a_bad_value_names_the_fix(spark: Any) -> None:
+    from splitkeeper.errors import InvalidParameterError
+
+    assert tasks_per_core(spark) == 2
+    try:
+        spark.conf.set(TASKS_PER_CORE_CONF, "0")
+        assert tasks_per_core(spark) == 0
+        runs = run_regions(spark, "apart", 11, {r: r for r in range(5)}, lambda x: x + 1, timeout_s=60.0)
+        assert {r: run.result for r, run in runs.items()} == {r: r + 1 for r in range(5)}
+        assert _epoch_jobs(spark, "apart", 11) == [("SUCCEEDED", 5)]  # a task per region
+        spark.conf.set(TASKS_PER_CORE_CONF, "two")
+        with pytest.raises(InvalidParameterError, match=r"spark.splitkeeper.regions.tasksPerCore='two'"):
+            run_regions(spark, "bad", 12, {0: 0}, lambda x: x, timeout_s=60.0)
+    finally:
+        spark.conf.unset(TASKS_PER_CORE_CONF)
