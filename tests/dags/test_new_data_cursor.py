@@ -231,3 +231,26 @@ def test_an_ingest_run_for_data_an_earlier_run_read_is_a_no_op(tmp_path, monkeyp
     assert trigger_payloads({}) is None and trigger_payloads({"triggering_asset_events": {}}) is None
     (tmp_path / "in" / "b.txt").write_text("new\n", encoding="utf-8")
     assert already_consumed(str(path), trigger_payloads(context(older))) is None  # pending: it runs
+
+
+def test_no_event_while_a_run_is_active_and_none_again_for_what_a_failed_run_left(monkeypatch):
+    """Rule 2: the key moves while a run reads (a checkpoint committed mid-run, a file added after
+    its discovery): no event until the run ends. Rule 3: a run that ended without reading its
+    batch (failed before its first checkpoint) is that batch's run: no second one for it."""
+    world = World()
+    batch = _found(4, "a.txt")
+    _one_life(world, batch, monkeypatch)
+    world.schedule()
+    assert len(world.runs) == 1 and world.active == 1
+    _one_life(world, _found(5, "a.txt"), monkeypatch)  # the run's first checkpoint, a.txt not done
+    _one_life(world, _found(5, "a.txt", "b.txt"), monkeypatch)  # b.txt after the run's discovery
+    assert not world.queued and len(world.events) == 1
+    world.active = 0  # the run ends having read a.txt; b.txt is left
+    _one_life(world, _found(6, "b.txt"), monkeypatch)
+    world.schedule()
+    assert len(world.runs) == 2 and world.runs[1][-1]["splits"] == ["b.txt"]
+    world.active = 0  # this run fails before its first checkpoint: b.txt still pending, same key
+    _one_life(world, _found(6, "b.txt"), monkeypatch)
+    _one_life(world, _found(6, "b.txt"), monkeypatch)  # a restart too
+    world.schedule()
+    assert len(world.runs) == 2 and not world.queued
