@@ -29,6 +29,10 @@ read in its code, and what the rules below rest on:
   previous asset-triggered run, and deletes the DAG's rows in the same transaction. So any number
   of events that land before that run is created make one run. A DAG at ``max_active_runs``
   (1 for splitkeeper) keeps its row until the active run ends: still one run.
+- A scheduler killed at any point loses nothing: the events and the queue rows are in the
+  database, and a run's creation and the deletion of its queue rows commit together. (An event
+  that lands while the scheduler creates a run may have its row deleted with the others; that
+  run was created after the event's look, so it reads the event's data.)
 - A trigger cannot see asset events or the queue; it can count the DAG's runs, by state.
 - The ingest run discovers its work when its task starts, so a run created after a look reads
   at least what that look found.
@@ -54,7 +58,6 @@ The rules, checked in this order at every look (:func:`decide`; the order of the
    then yield the event. A kill before the write fires again after the restart (rule 6); a kill
    between the write and the event's commit fires again (rule 5); a kill after the commit finds
    the event queued (rule 5, joined) or its run created (rule 2 or 3).
-
 7. The ingest run itself (:func:`already_consumed`, called first by
    :class:`~splitkeeper.airflow.operators.SplitkeeperIngestOperator`): a run triggered only by
    this trigger's events, every one naming a checkpoint older than the latest, with nothing
