@@ -121,10 +121,15 @@ def schedule_of(pipeline: DagPipeline) -> Any:
 
 def new_data_asset(pipeline: DagPipeline) -> Asset:
     """``splitkeeper-<name>-new-data``: an Asset watched by :class:`SplitkeeperNewDataTrigger`, which
-    looks at the source every ``airflow.poll_interval_s`` (no Spark) and fires when a run would read."""
+    looks at the source every ``airflow.poll_interval_s`` (no Spark) and fires when a run would read:
+    one event per batch of new data, its cursor kept for the ingest DAG (see its module's rules)."""
     config = pipeline.config
     assert config is not None
-    trigger = SplitkeeperNewDataTrigger(pipeline.path, poll_interval=config.airflow.poll_interval_s)
+    trigger = SplitkeeperNewDataTrigger(
+        pipeline.path,
+        poll_interval=config.airflow.poll_interval_s,
+        dag_id=pipeline.dag_id("splitkeeper_ingest"),
+    )
     name = f"splitkeeper-{config.name}-new-data"
     return Asset(
         name=name,

@@ -137,7 +137,12 @@ class SplitkeeperIngestOperator(_SplitkeeperOperator):
 
     def execute(self, context: Any) -> dict[str, Any]:
         from splitkeeper.airflow import tasks
+        from splitkeeper.airflow.triggers import already_consumed, trigger_payloads
 
+        # a run the new-data trigger queued for data an earlier run read: a no-op (its rule 7)
+        skipped = already_consumed(self.path, trigger_payloads(context))
+        if skipped is not None:
+            return skipped
         return tasks.run_epochs(
             self.path,
             epochs=_optional("epochs", self.epochs, int),

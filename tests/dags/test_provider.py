@@ -323,7 +323,7 @@ def test_on_new_data_schedules_the_ingest_on_an_asset_watched_by_the_new_data_tr
     path = str(tmp_path / "pipelines" / "events.yaml")
     assert trigger.serialize() == (
         "splitkeeper.airflow.triggers.SplitkeeperNewDataTrigger",
-        {"pipeline_config": path, "poll_interval": 5.0},
+        {"pipeline_config": path, "poll_interval": 5.0, "dag_id": "splitkeeper_ingest"},
     )
     # the scheduler stores the watcher as the triggerer will load it: by its class path
     serialized = json.dumps(SerializedDAG.to_dict(dag))
