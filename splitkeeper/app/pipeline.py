@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from splitkeeper.app.sink import config_sink, record_policy, sink_reader
-from splitkeeper.config.models import TransformKind
+from splitkeeper.config.models import Readers, TransformKind
 from splitkeeper.config.settings import PipelineConfig, core_settings
 from splitkeeper.core import driver as core_driver
 from splitkeeper.core.checkpoint import RegionalCheckpointCoordinator
@@ -51,9 +51,10 @@ from splitkeeper.core.source import SourceConnector
 from splitkeeper.core.types import CompletedCheckpoint, Split
 from splitkeeper.delta.checkpoints import DeltaStateStore
 from splitkeeper.delta.lease import HeldLease
+from splitkeeper.errors import ConfigError
 from splitkeeper.sources import build_source
 from splitkeeper.spark.faults import PAUSE_ENV, FaultPlan, crash_if_requested, crash_request
-from splitkeeper.spark.runner import LazySpark, SparkRegionRunner
+from splitkeeper.spark.runner import LazySpark, LongLivedRegionRunner, SparkRegionRunner
 from splitkeeper.transforms import Transform, identity, resolve_transform
 
 if TYPE_CHECKING:
@@ -215,21 +216,32 @@ class Pipeline:
             dependence = _shuffle_dependence(config, spark_transform)
         else:
             self.transform = resolve_transform(config.transform_function)
+        long_lived = config.readers is Readers.LONG_LIVED
+        if long_lived and spark_transform is not None:
+            raise ConfigError(
+                "readers='long_lived' is not allowed with transform.kind 'spark': the readers hold "
+                "every Spark core for the run and the transform's jobs need some; remove readers "
+                "(per_epoch, the default) or use a Python transform",
+                key="readers",
+                value="long_lived",
+                allowed="per_epoch (with transform.kind spark)",
+            )
+        self.runner = (LongLivedRegionRunner if long_lived else SparkRegionRunner)(
+            self.lazy_spark,
+            config.name,
+            self.connector,
+            self.transform,
+            config.staging.folder,
+            self.faults,
+            interrupt,
+            self.policy,
+            spark_transform,
+            self._added_columns,
+        )
         self.driver = EpochDriver(
             core_settings(config, regions_dependence=dependence),
             self.connector,
-            SparkRegionRunner(
-                self.lazy_spark,
-                config.name,
-                self.connector,
-                self.transform,
-                config.staging.folder,
-                self.faults,
-                interrupt,
-                self.policy,
-                spark_transform,
-                self._added_columns,
-            ),
+            self.runner,
             self.sink,
             self.store,
             SystemClock(),
@@ -351,6 +363,7 @@ class Pipeline:
         release (after this)."""
         self.hooks.lease = None
         try:
+            self.runner.close()
             if self.hooks.metrics is not None:
                 self.hooks.metrics.close()
                 self.hooks.metrics = None
