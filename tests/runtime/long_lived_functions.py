@@ -1,7 +1,7 @@
 """A record transform for tests/runtime/test_long_lived_readers.py that kills its own Python worker.
 
 Registered with cloudpickle by value, so it reaches the Python workers without this module being
-importable there, with the value :data:`MARKER` has when the region task is pickled.
+importable there.
 """
 
 from __future__ import annotations
@@ -16,14 +16,12 @@ from splitkeeper.transforms import transform
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
-#: A file whose existence arms the kill (the test sets it); the kill removes it first, so it fires once.
-MARKER = ""
-
 
 @transform
 def kill_once(value: str) -> str:
-    """The record ``KILL`` kills the worker (SIGKILL to its own pid) while :data:`MARKER` exists."""
-    if value in ("KILL", b"KILL") and MARKER and os.path.exists(MARKER):
-        os.remove(MARKER)
+    """The record ``KILL:<file>`` kills the worker (SIGKILL to its own pid) while ``<file>`` exists; the
+    kill removes the file first, so it fires once."""
+    if value.startswith("KILL:") and os.path.exists(value[5:]):
+        os.remove(value[5:])
         os.kill(os.getpid(), signal.SIGKILL)
     return value

@@ -12,7 +12,6 @@ import pytest
 from splitkeeper.config.settings import config_from_mapping
 from splitkeeper.core.types import RegionOutcome
 
-from . import long_lived_functions
 from .helpers import assert_sink_equals_source, pipeline_mapping, run_pipeline, write_input
 
 pytestmark = [pytest.mark.spark]
@@ -66,23 +65,23 @@ def test_one_job_serves_every_epoch_and_a_raising_and_a_stalled_region_fall_back
 
 @pytest.mark.slow
 def test_a_killed_python_worker_fails_its_region_alone_and_a_new_job_serves_the_rest(
-    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    spark: Any, tmp_path: Path
 ) -> None:
     """A reader's Python worker is SIGKILLed mid-run (the transform kills its own pid on the record
-    ``KILL``): on ``local[2]`` (one attempt per task) Spark aborts the reader job, the region whose
+    ``KILL:<file>``): on ``local[2]`` (one attempt per task) Spark aborts the reader job, the region whose
     worker died declines alone (the other slot's region runs again on the replacement job's slots),
     the next epochs run on a new reader job, and the sink equals the source."""
     input_dir = tmp_path / "in"
     write_input(input_dir, files=4, lines=50)
-    (input_dir / "kill.txt").write_text("".join(f"k{i}\n" for i in range(30)) + "KILL\nafter\n")
     marker = tmp_path / "armed"
     marker.touch()
-    monkeypatch.setattr(long_lived_functions, "MARKER", str(marker))
+    (input_dir / "kill.txt").write_text("".join(f"k{i}\n" for i in range(30)) + f"KILL:{marker}\nafter\n")
     mapping = pipeline_mapping(
         tmp_path, "long-killed", input_dir, parallelism=2, epoch_records=40, region_timeout_s=30
     )
     mapping["readers"] = "long_lived"
     mapping["transform"] = "tests.runtime.long_lived_functions:kill_once"
+    mapping["decode"] = {"kind": "text"}
     config = config_from_mapping(mapping)
 
     summary = run_pipeline(config, spark)
