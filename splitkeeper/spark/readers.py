@@ -13,9 +13,12 @@ run). The epoch barrier replaces the job launch; the protocol does not change: t
 writes the epoch's plan ahead, collects one outcome per region, and commits the epoch and the
 checkpoint as with a job per epoch.
 
-The pool keeps ``min(regions to read, sc.defaultParallelism)`` slots (a slot holds a core for the
-run). An epoch's regions queue for the free slots; a region goes back to the slot that served it
-last when that slot is free (a Kafka reader keeps its consumer warm), else to any free slot.
+The pool keeps ``min(regions to read, slots)`` slots, ``slots`` being the Spark conf
+:data:`SLOTS_CONF` (default ``sc.defaultParallelism``, every core): a slot holds a task slot (a
+core) for the run, so a session that runs other jobs too (a Structured Streaming query beside the
+pipeline) gives the readers fewer. An epoch's regions queue for the free slots; a region goes back
+to the slot that served it last when that slot is free (a Kafka reader keeps its consumer warm),
+else to any free slot.
 
 Isolation, as in :mod:`splitkeeper.spark.regions`:
 
@@ -73,6 +76,8 @@ from splitkeeper.spark.regions import (
 
 log = logging.getLogger("splitkeeper.spark.readers")
 
+#: The Spark conf that caps the reader slots (task slots held for the run); default every core.
+SLOTS_CONF = "spark.splitkeeper.readers.slots"
 #: How long a region whose slot's connection dropped waits for the slot's job to say why.
 LOST_GRACE_S = 2.0
 #: How long :meth:`ReaderPool.close` waits for the pool's jobs to end.
@@ -154,7 +159,7 @@ class ReaderPool:
         self.task = task
         self.poll_s = poll_s
         self.authkey = os.urandom(32)
-        self.cap = max(1, int(self.sc.defaultParallelism))
+        self.cap = max(1, int(self.sc.getConf().get(SLOTS_CONF, str(self.sc.defaultParallelism))))
         self._lock = threading.Lock()
         self._changed = threading.Event()
         self._workers: dict[Slot, _Worker] = {}
