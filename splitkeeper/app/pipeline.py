@@ -51,7 +51,6 @@ from splitkeeper.core.source import SourceConnector
 from splitkeeper.core.types import CompletedCheckpoint, Split
 from splitkeeper.delta.checkpoints import DeltaStateStore
 from splitkeeper.delta.lease import HeldLease
-from splitkeeper.errors import ConfigError
 from splitkeeper.sources import build_source
 from splitkeeper.spark.faults import PAUSE_ENV, FaultPlan, crash_if_requested, crash_request
 from splitkeeper.spark.runner import LazySpark, LongLivedRegionRunner, SparkRegionRunner
@@ -216,16 +215,7 @@ class Pipeline:
             dependence = _shuffle_dependence(config, spark_transform)
         else:
             self.transform = resolve_transform(config.transform_function)
-        long_lived = config.readers is Readers.LONG_LIVED
-        if long_lived and spark_transform is not None:
-            raise ConfigError(
-                "readers='long_lived' is not allowed with transform.kind 'spark': the readers hold "
-                "every Spark core for the run and the transform's jobs need some; remove readers "
-                "(per_epoch, the default) or use a Python transform",
-                key="readers",
-                value="long_lived",
-                allowed="per_epoch (with transform.kind spark)",
-            )
+        long_lived = config.readers is Readers.LONG_LIVED  # never with a spark transform (config)
         self.runner = (LongLivedRegionRunner if long_lived else SparkRegionRunner)(
             self.lazy_spark,
             config.name,

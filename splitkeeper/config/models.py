@@ -628,6 +628,14 @@ class PipelineConfig(_Section):
                 raise at.named(err) from err.__cause__
         state, staging = _check_locations(self, at)
         _check_transform(self, at)
+        if self.readers is Readers.LONG_LIVED and self.transform_kind is TransformKind.SPARK:
+            raise at.invalid(
+                "readers",
+                Readers.LONG_LIVED.value,
+                "per_epoch with transform.kind 'spark' (long-lived readers hold their Spark cores for "
+                "the run, and the transform's jobs need cores too)",
+                "remove readers (per_epoch is the default) or use a Python transform",
+            )
         errors = _check_errors(self, at)
         resolved = self.model_copy(
             update={
