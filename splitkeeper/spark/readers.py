@@ -76,7 +76,8 @@ from splitkeeper.spark.regions import (
 
 log = logging.getLogger("splitkeeper.spark.readers")
 
-#: The Spark conf that caps the reader slots (task slots held for the run); default every core.
+#: The Spark conf that caps the reader slots (task slots held for the run; a session's conf, read
+#: when the run's first epoch starts the pool); default every core.
 SLOTS_CONF = "spark.splitkeeper.readers.slots"
 #: How long a region whose slot's connection dropped waits for the slot's job to say why.
 LOST_GRACE_S = 2.0
@@ -159,7 +160,7 @@ class ReaderPool:
         self.task = task
         self.poll_s = poll_s
         self.authkey = os.urandom(32)
-        self.cap = max(1, int(self.sc.getConf().get(SLOTS_CONF, str(self.sc.defaultParallelism))))
+        self.cap = max(1, int(spark.conf.get(SLOTS_CONF, None) or self.sc.defaultParallelism))
         self._lock = threading.Lock()
         self._changed = threading.Event()
         self._workers: dict[Slot, _Worker] = {}

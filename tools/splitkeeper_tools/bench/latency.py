@@ -1,14 +1,17 @@
 """``splitkeeper-tools bench latency --source kafka``: produce-to-visible latency, ours vs the baseline.
 
-One run, one Spark session, one Kafka (the project's own KRaft broker in a temporary folder,
-:class:`splitkeeper_tools.kafka_testbed.BrokerHandle`), one fresh topic of ``--partitions``
+One run, one Spark session (:func:`latency_spark`: ``local[2 x cores]`` unless one runs, the
+long-lived readers holding at most half its task slots), one Kafka (the project's own KRaft
+broker in a temporary folder, :class:`splitkeeper_tools.kafka_testbed.BrokerHandle`), one fresh
+topic of ``--partitions``
 partitions (default 8), both sides reading it side by side in the same process:
 
 - **ours**: :func:`splitkeeper.app.services.run` with ``continuous=True`` in a thread (the
   stop event ends it on a final global checkpoint), ``backlog.backlog_interval_s`` and
   ``normal_interval_s`` = ``--interval-s`` (0.5), ``--parallelism`` regions (4), regional
   checkpoints on, raw values into its Delta sink (the pipeline of ``bench ingest --source
-  kafka``: :func:`~splitkeeper_tools.bench.ingest_common.pipeline_config`);
+  kafka``: :func:`~splitkeeper_tools.bench.ingest_common.pipeline_config`), its ``readers`` as
+  ``--readers`` says (``long_lived``: one reader job for the run; ``per_epoch``: a job per epoch);
 - **Structured Streaming**: Kafka source (``startingOffsets earliest``, ``read_committed``) ->
   ``split_id``, ``offset``, ``value`` (as a string) -> Delta sink, the default trigger (a
   micro-batch as soon as the previous one ended), its own checkpoint.
@@ -357,28 +360,24 @@ def ours_config(settings: LatencySettings, bootstrap: str, topic: str, root: str
 
 
 def latency_spark() -> Any:
-    """The running session if there is one, else one of ``local[2 x cores]`` whose long-lived
-    readers may hold half the task slots (:data:`~splitkeeper.spark.readers.SLOTS_CONF`): they hold
-    theirs for the run, and the Structured Streaming query in the same session needs the others.
-    Both reader modes run on this session, so a before/after differs in the readers alone."""
+    """The running session if there is one, else one of ``local[2 x cores]``; either way the
+    long-lived readers may hold half its task slots (:data:`~splitkeeper.spark.readers.SLOTS_CONF`):
+    they hold theirs for the run, and the Structured Streaming query in the same session needs the
+    others. Both reader modes run on such a session, so a before/after differs in the readers alone."""
     from pyspark.sql import SparkSession
 
-    active = SparkSession.getActiveSession()
-    if active is not None:
-        return active
     from splitkeeper.spark.readers import SLOTS_CONF
-    from splitkeeper.spark.session import SparkSettings, get_spark
 
-    cores = os.cpu_count() or 2
-    spark = get_spark(
-        SparkSettings.from_env(
-            ui_enabled=False,
-            shuffle_partitions=cores,
-            master=f"local[{2 * cores}]",
-            extra_conf=((SLOTS_CONF, str(cores)),),
+    spark = SparkSession.getActiveSession()
+    if spark is None:
+        from splitkeeper.spark.session import SparkSettings, get_spark
+
+        cores = os.cpu_count() or 2
+        spark = get_spark(
+            SparkSettings.from_env(ui_enabled=False, shuffle_partitions=cores, master=f"local[{2 * cores}]")
         )
-    )
-    spark.sparkContext.setLogLevel("ERROR")
+        spark.sparkContext.setLogLevel("ERROR")
+    spark.conf.set(SLOTS_CONF, str(max(1, spark.sparkContext.defaultParallelism // 2)))
     return spark
 
 
