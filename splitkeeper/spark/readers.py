@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
 import itertools
 import logging
 import os
@@ -101,6 +102,11 @@ def _reader_partition(
     from pyspark import TaskContext
 
     lighten_worker_imports()
+    # import what the region task needs before saying hello: a fresh worker's imports (seconds on a
+    # busy host) are not counted in the first region's timeout (a function shipped by value may name
+    # a module the worker does not have)
+    with contextlib.suppress(ImportError):
+        importlib.import_module(getattr(task, "__module__", None) or "splitkeeper.spark.task")
     context = TaskContext.get()
     index = next(iter(items), 0)
     attempt = context.attemptNumber() if context is not None else 0
@@ -148,6 +154,7 @@ class _Job:
     thread: threading.Thread | None = None
     error: BaseException | None = None
     ended: bool = False
+    hellos: int = 0
     started_at: float = field(default_factory=time.monotonic)
 
 
@@ -169,6 +176,8 @@ class ReaderPool:
         self._results: dict[tuple[int, int], tuple[str, Any, str]] = {}
         self._last_slot: dict[int, Slot] = {}
         self._closed = False
+        self._stirred = time.monotonic()  # when a job last started or a slot last said hello
+        self._start_failure: tuple[float, BaseException] | None = None  # a job that failed before any hello
         pool = self
         authkey = self.authkey
 
@@ -221,6 +230,8 @@ class ReaderPool:
                 old.lost_at = time.monotonic()
             worker = _Worker(slot, sock, task_id, pid)
             self._workers[slot] = worker
+            job.hellos += 1
+            self._stirred = time.monotonic()
             log.info("reader slot %s ready (task %s, pid %s)", slot, task_id, pid)
             self._changed.set()
             return worker
@@ -268,6 +279,8 @@ class ReaderPool:
             finally:
                 with self._lock:
                     job.ended = True
+                    if job.error is not None and job.hellos == 0:
+                        self._start_failure = (time.monotonic(), job.error)
                     for slot, worker in self._workers.items():
                         if slot[0] == number and worker.alive:
                             worker.alive = False
@@ -276,6 +289,7 @@ class ReaderPool:
                 if job.error is not None and not self._closed:
                     log.warning("reader job %s ended: %s", number, _task_failure(job.error))
 
+        self._stirred = time.monotonic()
         log.info("starting reader job %s: %s slots", number, missing)
         job.thread = threading.Thread(target=submit, name=f"splitkeeper-readers-{number}", daemon=True)
         job.thread.start()
@@ -314,8 +328,21 @@ class ReaderPool:
                 )
             kill: list[tuple[int, _Worker, str]] = []
             with self._lock:
-                self._ensure(len(regions))
                 now = time.monotonic()
+                failure = self._start_failure
+                no_new_failure = failure is None or failure[0] < epoch_start
+                if pending and not no_new_failure and not any(w.alive for w in self._workers.values()):
+                    # the reader job failed before any task started (a task that cannot be
+                    # unpickled, no Python): the regions still queued fail; the next epoch tries anew
+                    assert failure is not None
+                    why = f"the reader job failed before its tasks started: {_task_failure(failure[1])}"
+                    log.warning("epoch %s: %s; regions %s fail", epoch, why, pending, extra=extra)
+                    for region in pending:
+                        runs[region] = RegionRun(region, RegionStatus.FAILED, error=why)
+                    pending = []
+                if pending:
+                    self._ensure(len(pending) + len(running))
+                progress = max(progress, self._stirred)
                 for region in list(running):
                     worker, began = running[region]
                     result = self._results.pop((epoch, region), None)
