@@ -139,16 +139,17 @@ def test_a_continuous_kafka_run_on_long_lived_readers_commits_every_message_once
     spark: Any, kafka_broker: Any, tmp_path: Path
 ) -> None:
     """``run --continuous`` on Kafka with long-lived readers while messages arrive: region 0 raises in
-    epoch 3 and region 1 stalls past its timeout in epoch 5; only they fall back, the run stops on a
-    global checkpoint, every message is in the sink once with its value, and one reader job served
-    the whole run."""
+    epoch 2 and region 1 stalls past its timeout in epoch 4 (both while the backlog lasts, so both
+    regions have ranges to read: a region with none runs no task, and its fault does not fire);
+    only they fall back, the run stops on a global checkpoint, every message is in the sink once
+    with its value, and one reader job served the whole run."""
     from splitkeeper.app.services import leased_pipeline
 
     from .test_kafka_source import create_topic, produce, unique
 
     bootstrap = kafka_broker.bootstrap_servers
     topic = create_topic(bootstrap, 4, name=unique("long-lived"))
-    sent = {p: [f"{p}-b{i}" for i in range(200)] for p in range(4)}
+    sent = {p: [f"{p}-b{i}" for i in range(400)] for p in range(4)}  # 6 epochs of backlog
     produce(bootstrap, topic, sent)
     name = unique("ll")
     config = config_from_mapping(
@@ -163,7 +164,7 @@ def test_a_continuous_kafka_run_on_long_lived_readers_commits_every_message_once
                 "backlog_interval_s": 0.2,
                 "normal_interval_s": 0.2,
             },
-            "checkpoint": {"region_timeout_s": 5},
+            "checkpoint": {"region_timeout_s": 20},
             "state": {"path": str(tmp_path / "state")},
             "sink": {"path": str(tmp_path / "sink")},
         }
@@ -187,7 +188,7 @@ def test_a_continuous_kafka_run_on_long_lived_readers_commits_every_message_once
 
     producer = threading.Thread(target=trickle, daemon=True)
     with leased_pipeline(
-        config, spark, faults=["fail:0@3", "stall:60:1@5"], progress=progress, metrics=False
+        config, spark, faults=["fail:0@2", "stall:60:1@4"], progress=progress, metrics=False
     ) as pipeline:
         pipeline.open()
         producer.start()
@@ -195,7 +196,7 @@ def test_a_continuous_kafka_run_on_long_lived_readers_commits_every_message_once
     producer.join(timeout=30)
 
     assert summary.stopped and summary.epochs[-1].kind.value == "global", epochs[-3:]
-    assert _failed(summary) == {3: {0: RegionOutcome.DECLINE}, 5: {1: RegionOutcome.TIMEOUT}}, epochs
+    assert _failed(summary) == {2: {0: RegionOutcome.DECLINE}, 4: {1: RegionOutcome.TIMEOUT}}, epochs
     assert list(_reader_jobs(spark, name)) == [1]
     rows = sink_rows(config.sink.path)
     got = Counter((r.split_id, r.offset, r.value) for r in rows)
