@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from splitkeeper.app.sink import config_sink, record_policy, sink_reader
-from splitkeeper.config.models import TransformKind
+from splitkeeper.config.models import Readers, TransformKind
 from splitkeeper.config.settings import PipelineConfig, core_settings
 from splitkeeper.core import driver as core_driver
 from splitkeeper.core.checkpoint import RegionalCheckpointCoordinator
@@ -53,7 +53,7 @@ from splitkeeper.delta.checkpoints import DeltaStateStore
 from splitkeeper.delta.lease import HeldLease
 from splitkeeper.sources import build_source
 from splitkeeper.spark.faults import PAUSE_ENV, FaultPlan, crash_if_requested, crash_request
-from splitkeeper.spark.runner import LazySpark, SparkRegionRunner
+from splitkeeper.spark.runner import LazySpark, LongLivedRegionRunner, SparkRegionRunner
 from splitkeeper.transforms import Transform, identity, resolve_transform
 
 if TYPE_CHECKING:
@@ -215,21 +215,23 @@ class Pipeline:
             dependence = _shuffle_dependence(config, spark_transform)
         else:
             self.transform = resolve_transform(config.transform_function)
+        long_lived = config.readers is Readers.LONG_LIVED  # never with a spark transform (config)
+        self.runner = (LongLivedRegionRunner if long_lived else SparkRegionRunner)(
+            self.lazy_spark,
+            config.name,
+            self.connector,
+            self.transform,
+            config.staging.folder,
+            self.faults,
+            interrupt,
+            self.policy,
+            spark_transform,
+            self._added_columns,
+        )
         self.driver = EpochDriver(
             core_settings(config, regions_dependence=dependence),
             self.connector,
-            SparkRegionRunner(
-                self.lazy_spark,
-                config.name,
-                self.connector,
-                self.transform,
-                config.staging.folder,
-                self.faults,
-                interrupt,
-                self.policy,
-                spark_transform,
-                self._added_columns,
-            ),
+            self.runner,
             self.sink,
             self.store,
             SystemClock(),
@@ -351,6 +353,7 @@ class Pipeline:
         release (after this)."""
         self.hooks.lease = None
         try:
+            self.runner.close()
             if self.hooks.metrics is not None:
                 self.hooks.metrics.close()
                 self.hooks.metrics = None

@@ -118,6 +118,7 @@ __all__ = [
     "NewFields",
     "OperatorState",
     "PipelineConfig",
+    "Readers",
     "RegionMode",
     "SourceKind",
     "Tolerance",
@@ -159,6 +160,19 @@ class RegionMode(enum.Enum):
 
     PER_READER = "per_reader"
     GLOBAL = "global"
+
+
+class Readers(enum.Enum):
+    """How an epoch's region tasks are launched (:mod:`splitkeeper.spark.readers`).
+
+    ``PER_EPOCH`` (the default): each epoch's regions are the tasks of a Spark job of their own,
+    which ends with the epoch (no core is held between epochs). ``LONG_LIVED``: one Spark job,
+    started with the first epoch that reads, keeps a task per core that serves the regions of every
+    epoch until the run ends (no job launch per epoch: for continuous runs with a latency goal).
+    """
+
+    PER_EPOCH = "per_epoch"
+    LONG_LIVED = "long_lived"
 
 
 class OperatorState(enum.Enum):
@@ -545,6 +559,7 @@ class PipelineConfig(_Section):
         json_schema_extra={"type": "integer", "minimum": 1, "maximum": MAX_CONCURRENT_REGIONS},
     )
     regions: RegionMode = _choice(RegionMode, RegionMode.PER_READER)
+    readers: Readers = _choice(Readers, Readers.PER_EPOCH)
     strategy: Annotated[str, AfterValidator(_strategy)] = Field(
         defaults.STRATEGY,
         description=_one_of(STRATEGY_NAMES),
@@ -613,6 +628,14 @@ class PipelineConfig(_Section):
                 raise at.named(err) from err.__cause__
         state, staging = _check_locations(self, at)
         _check_transform(self, at)
+        if self.readers is Readers.LONG_LIVED and self.transform_kind is TransformKind.SPARK:
+            raise at.invalid(
+                "readers",
+                Readers.LONG_LIVED.value,
+                "per_epoch with transform.kind 'spark' (long-lived readers hold their Spark cores for "
+                "the run, and the transform's jobs need cores too)",
+                "remove readers (per_epoch is the default) or use a Python transform",
+            )
         errors = _check_errors(self, at)
         resolved = self.model_copy(
             update={

@@ -27,6 +27,7 @@ from splitkeeper.core.types import RegionOutcome
 from splitkeeper.delta import storage
 from splitkeeper.errors import ConfigError
 from splitkeeper.spark.faults import FaultPlan
+from splitkeeper.spark.readers import ReaderPool
 from splitkeeper.spark.regions import RegionStatus, run_regions
 from splitkeeper.spark.task import RecordPolicy, RegionResult, RegionTask, failed_splits, region_task
 from splitkeeper.transforms import Transform
@@ -34,7 +35,7 @@ from splitkeeper.transforms import Transform
 if TYPE_CHECKING:
     from splitkeeper.spark.transform import SparkTransform
 
-__all__ = ["SHARED_DISK_CONF", "LazySpark", "SparkRegionRunner", "check_staging"]
+__all__ = ["SHARED_DISK_CONF", "LazySpark", "LongLivedRegionRunner", "SparkRegionRunner", "check_staging"]
 
 #: ``false``: the executors share no disk with the driver; a local staging folder is refused.
 SHARED_DISK_CONF = "spark.splitkeeper.executors.sharedDisk"
@@ -127,19 +128,7 @@ class SparkRegionRunner(RegionRunner):
         if payloads and not self._staging_checked:
             check_staging(self.spark.get(), self.staging_path)
             self._staging_checked = True
-        runs = (
-            run_regions(
-                self.spark.get(),
-                self.pipeline,
-                epoch,
-                payloads,
-                region_task,
-                timeout_s,
-                interrupt=self.interrupt,
-            )
-            if payloads
-            else {}
-        )
+        runs = self._run_regions(epoch, payloads, timeout_s) if payloads else {}
         out: dict[int, RegionRun] = {}
         for r, run in runs.items():
             if run.status is RegionStatus.FINISHED:
@@ -169,6 +158,37 @@ class SparkRegionRunner(RegionRunner):
         if self.spark_transform is not None:  # within the region timeout too (protocol rule 2.3)
             return self.spark_transform.apply(epoch, out, timeout_s)
         return out
+
+    def _run_regions(self, epoch: int, payloads: dict[int, RegionTask], timeout_s: float) -> dict[int, Any]:
+        """Each region's :class:`~splitkeeper.spark.regions.RegionRun`: one Spark job for the epoch."""
+        return run_regions(
+            self.spark.get(), self.pipeline, epoch, payloads, region_task, timeout_s, interrupt=self.interrupt
+        )
+
+    def close(self) -> None:
+        """Nothing to release: each epoch's job ended with its epoch."""
+
+
+class LongLivedRegionRunner(SparkRegionRunner):
+    """``readers: long_lived``: the regions of every epoch go to the slots of one Spark job kept for
+    the run (:class:`~splitkeeper.spark.readers.ReaderPool`), started with the first epoch that has
+    ranges to read; :meth:`close` ends it. Payloads, outcomes and faults are
+    :class:`SparkRegionRunner`'s: only the launch differs."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._pool: ReaderPool | None = None
+
+    def _run_regions(self, epoch: int, payloads: dict[int, RegionTask], timeout_s: float) -> dict[int, Any]:
+        if self._pool is None:
+            self._pool = ReaderPool(self.spark.get(), self.pipeline, region_task)
+        return self._pool.run_epoch(epoch, payloads, timeout_s, interrupt=self.interrupt)
+
+    def close(self) -> None:
+        """End the readers' job (each slot is sent stop; the job group is cancelled if it lingers)."""
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.close()
 
 
 def check_staging(spark: Any, staging_path: str) -> None:

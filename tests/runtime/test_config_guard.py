@@ -447,3 +447,25 @@ def test_a_marked_transform_keeps_its_mark_through_pickling_and_on_a_spark_execu
     record = '{"amount": 5, "user": "u"}'
     got = spark.sparkContext.parallelize([record], 1).map(on_executor).collect()
     assert got == [(True, enrich_json(record))] and '"amount_band":"small"' in got[0][1]
+
+
+def test_readers_is_per_epoch_by_default_and_a_bad_value_or_a_spark_transform_is_refused(
+    tmp_path: Path,
+) -> None:
+    """``readers``: a job per epoch unless the file says ``long_lived``; another word is refused naming
+    the key and the choices, and long-lived readers with a spark transform are refused at load (the
+    readers hold their cores for the run; the transform's jobs would wait for them)."""
+    from splitkeeper.config.models import Readers
+
+    path = write(tmp_path, HEAD + SOURCE + PLACES)
+    assert load_config(path).readers is Readers.PER_EPOCH
+    write(tmp_path, HEAD + "readers: long_lived\n" + SOURCE + PLACES)
+    assert load_config(path).readers is Readers.LONG_LIVED
+    write(tmp_path, HEAD + "readers: forever\n" + SOURCE + PLACES)
+    message = refused(path)
+    assert message.startswith("[CONFIG_ERROR] readers='forever' is not allowed: one of per_epoch, long_lived")
+    spark = "transform: {kind: spark, function: 'tests.runtime.spark_functions:orders'}\n"
+    write(tmp_path, HEAD + "readers: long_lived\n" + SOURCE + PLACES + spark)
+    message = refused(path)
+    assert message.startswith("[CONFIG_ERROR] readers='long_lived' is not allowed: per_epoch with "), message
+    assert "remove readers (per_epoch is the default) or use a Python transform" in message, message

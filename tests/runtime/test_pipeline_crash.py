@@ -58,9 +58,20 @@ def _sink_parquet(sink_path: str, epoch: int) -> set[str]:
     return {p.name for p in Path(sink_path).glob(f"sk-e{epoch:010d}-*.parquet")}
 
 
-@pytest.mark.parametrize("point", list(AFTER_CRASH), ids=lambda p: p.value)  # every one in CI (issue 39)
+#: every point with a job per epoch (in CI, issue 39), and three with long-lived readers (issue 41)
+CASES = [pytest.param(p, "per_epoch", id=p.value) for p in AFTER_CRASH] + [
+    pytest.param(p, "long_lived", id=f"{p.value}-long_lived")
+    for p in (CrashPoint.AFTER_PLAN, CrashPoint.AFTER_SINK_COMMIT, CrashPoint.AFTER_CHECKPOINT_ROW)
+]
+
+
+@pytest.mark.parametrize(("point", "readers"), CASES)
 def test_driver_killed_at_crash_point_recovers_to_sink_equals_source(
-    point: CrashPoint | SinkCrashPoint, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    point: CrashPoint | SinkCrashPoint,
+    readers: str,
+    spark: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.delenv(CRASH_ENV, raising=False)
     input_dir = tmp_path / "in"
@@ -71,6 +82,7 @@ def test_driver_killed_at_crash_point_recovers_to_sink_equals_source(
     # retain 1 and full snapshots only (no delta against checkpoint 1 keeps it): epoch 2's retention
     # archives, then deletes checkpoint 1
     mapping["checkpoint"]["full_snapshot_every"] = 1
+    mapping["readers"] = readers  # long_lived: the killed driver's reader job dies with its JVM
     config_path = write_config(tmp_path / "pipeline.yaml", mapping)
     config = config_from_mapping(mapping)
 

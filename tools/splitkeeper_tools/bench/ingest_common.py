@@ -160,12 +160,14 @@ def pipeline_config(
     decode: str = "raw",
     sink: str = "append",
     interval_s: float | None = None,
+    readers: str = "per_epoch",
 ) -> PipelineConfig:
     """A benchmark pipeline ``name`` reading ``source``, with state and sink under ``root``; with
     ``decode="json"`` it decodes every record with :data:`JSON_SCHEMA` into typed columns; with
     ``sink="upsert"`` it decodes :data:`CDC_SCHEMA` and upserts by :data:`CDC_KEY`, deleting on
     :data:`CDC_DELETE_WHEN`; ``interval_s`` sets both checkpoint intervals of a continuous run
-    (``backlog.backlog_interval_s`` and ``normal_interval_s``; None: the defaults)."""
+    (``backlog.backlog_interval_s`` and ``normal_interval_s``; None: the defaults); ``readers`` is
+    the pipeline's ``readers`` setting."""
     from splitkeeper.config.settings import IDENTITY_TRANSFORM, config_from_mapping
 
     typed: dict[str, Any] = {"decode": {"kind": "json", "schema": JSON_SCHEMA}} if decode == "json" else {}
@@ -178,6 +180,7 @@ def pipeline_config(
             **typed,
             "name": name,
             "parallelism": parallelism,
+            "readers": readers,
             "regions": "per_reader",  # regional checkpoints on
             "source": dict(source),
             "checkpoint": {"region_timeout_s": region_timeout_s, "retain_checkpoints": 3},

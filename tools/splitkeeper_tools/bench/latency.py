@@ -1,14 +1,17 @@
 """``splitkeeper-tools bench latency --source kafka``: produce-to-visible latency, ours vs the baseline.
 
-One run, one Spark session, one Kafka (the project's own KRaft broker in a temporary folder,
-:class:`splitkeeper_tools.kafka_testbed.BrokerHandle`), one fresh topic of ``--partitions``
+One run, one Spark session (:func:`latency_spark`: ``local[2 x cores]`` unless one runs, the
+long-lived readers holding at most half its task slots), one Kafka (the project's own KRaft
+broker in a temporary folder, :class:`splitkeeper_tools.kafka_testbed.BrokerHandle`), one fresh
+topic of ``--partitions``
 partitions (default 8), both sides reading it side by side in the same process:
 
 - **ours**: :func:`splitkeeper.app.services.run` with ``continuous=True`` in a thread (the
   stop event ends it on a final global checkpoint), ``backlog.backlog_interval_s`` and
   ``normal_interval_s`` = ``--interval-s`` (0.5), ``--parallelism`` regions (4), regional
   checkpoints on, raw values into its Delta sink (the pipeline of ``bench ingest --source
-  kafka``: :func:`~splitkeeper_tools.bench.ingest_common.pipeline_config`);
+  kafka``: :func:`~splitkeeper_tools.bench.ingest_common.pipeline_config`), its ``readers`` as
+  ``--readers`` says (``long_lived``: one reader job for the run; ``per_epoch``: a job per epoch);
 - **Structured Streaming**: Kafka source (``startingOffsets earliest``, ``read_committed``) ->
   ``split_id``, ``offset``, ``value`` (as a string) -> Delta sink, the default trigger (a
   micro-batch as soon as the previous one ended), its own checkpoint.
@@ -56,7 +59,6 @@ from splitkeeper.errors import InvalidParameterError, SplitkeeperError
 from splitkeeper_tools.bench.ingest import (
     LoadSampler,
     add_run_arguments,
-    bench_spark,
     check_counts,
     run_benchmark,
     write_page,
@@ -78,6 +80,7 @@ if TYPE_CHECKING:
 
 CHART_FILE = "latency_kafka.html"
 PIPELINE_NAME = "bench-latency-kafka"
+READERS = ("long_lived", "per_epoch")  # the pipeline's readers setting
 EPOCH_RECORDS = 1_000_000  # per epoch at most: an interval's epoch reads whatever arrived
 READY_TIMEOUT_S = 180.0
 REGION_TIMEOUT_S = 60.0
@@ -110,6 +113,7 @@ class LatencySettings:
     drain_timeout_s: float = 120.0
     seed: int = 1
     warmup: bool = True
+    readers: str = "long_lived"
 
     def __post_init__(self) -> None:
         check_counts(
@@ -119,6 +123,8 @@ class LatencySettings:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
                 raise InvalidParameterError(name, value, "a number of seconds > 0")
+        if self.readers not in READERS:
+            raise InvalidParameterError("readers", self.readers, " or ".join(READERS))
         if isinstance(self.settle_s, bool) or not self.settle_s >= 0:
             raise InvalidParameterError("settle_s", self.settle_s, "a number of seconds >= 0")
         if self.messages < 1:
@@ -339,7 +345,8 @@ def check_exact(rows: pa.Table, expected: Mapping[tuple[str, int], bytes]) -> di
 
 
 def ours_config(settings: LatencySettings, bootstrap: str, topic: str, root: str) -> PipelineConfig:
-    """The ``bench ingest --source kafka`` pipeline with both checkpoint intervals at ``interval_s``."""
+    """The ``bench ingest --source kafka`` pipeline with both checkpoint intervals at ``interval_s``
+    and ``readers`` as ``settings.readers`` says."""
     return pipeline_config(
         PIPELINE_NAME,
         root,
@@ -348,7 +355,30 @@ def ours_config(settings: LatencySettings, bootstrap: str, topic: str, root: str
         epoch_records=EPOCH_RECORDS,
         region_timeout_s=REGION_TIMEOUT_S,
         interval_s=settings.interval_s,
+        readers=settings.readers,
     )
+
+
+def latency_spark() -> Any:
+    """The running session if there is one, else one of ``local[2 x cores]``; either way the
+    long-lived readers may hold half its task slots (:data:`~splitkeeper.spark.readers.SLOTS_CONF`):
+    they hold theirs for the run, and the Structured Streaming query in the same session needs the
+    others. Both reader modes run on such a session, so a before/after differs in the readers alone."""
+    from pyspark.sql import SparkSession
+
+    from splitkeeper.spark.readers import SLOTS_CONF
+
+    spark = SparkSession.getActiveSession()
+    if spark is None:
+        from splitkeeper.spark.session import SparkSettings, get_spark
+
+        cores = os.cpu_count() or 2
+        spark = get_spark(
+            SparkSettings.from_env(ui_enabled=False, shuffle_partitions=cores, master=f"local[{2 * cores}]")
+        )
+        spark.sparkContext.setLogLevel("ERROR")
+    spark.conf.set(SLOTS_CONF, str(max(1, spark.sparkContext.defaultParallelism // 2)))
+    return spark
 
 
 def start_ss(spark: Any, bootstrap: str, topic: str, root: str) -> tuple[Any, str]:
@@ -412,7 +442,7 @@ def bench_latency(
         bootstrap = broker.start()
         topic = f"bench-latency-{uuid.uuid4().hex[:8]}"
         create_topics(bootstrap, {topic: settings.partitions})
-        spark = spark or bench_spark()
+        spark = spark or latency_spark()
         if settings.warmup:
             warm_up_kafka(spark, work_dir, bootstrap, topic)
             _say("warm-up done (Python workers, Delta, both Kafka clients)")
@@ -541,6 +571,7 @@ def bench_latency(
         "partitions": settings.partitions,
         "parallelism": settings.parallelism,
         "interval_s": settings.interval_s,
+        "readers": settings.readers,
         "poll_s": settings.poll_s,
         "ours_visible": len(ours_watch.latency_s),
         "ss_visible": len(ss_watch.latency_s),
@@ -660,6 +691,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default=d.interval_s,
         help=f"our backlog and normal checkpoint interval ({d.interval_s:g})",
     )
+    parser.add_argument(
+        "--readers",
+        default=d.readers,
+        choices=READERS,
+        help=f"our region readers: a Spark job per epoch, or one job for the run ({d.readers})",
+    )
     parser.add_argument("--poll-s", type=float, default=d.poll_s, help=f"sink poll interval ({d.poll_s:g})")
     parser.add_argument("--value-bytes", type=int, default=d.value_bytes, help="message value length (100)")
     parser.add_argument(
@@ -691,6 +728,7 @@ def run(args: argparse.Namespace) -> int:
         drain_timeout_s=args.drain_timeout_s,
         seed=args.seed,
         warmup=not args.no_warmup,
+        readers=args.readers,
     )
     check_bootstrap_servers(args.bootstrap_servers)
     return run_benchmark(

@@ -1,0 +1,208 @@
+"""``readers: long_lived``: one Spark job's tasks serve the regions of every epoch of a run
+(:mod:`splitkeeper.spark.readers`), and a region that raises, stalls or loses its Python worker
+falls back alone while the sink ends equal to the source, by content."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from splitkeeper.config.settings import config_from_mapping
+from splitkeeper.core.types import RegionOutcome
+from splitkeeper.spark.readers import ReaderPool
+from splitkeeper.spark.regions import RegionStatus
+
+from .helpers import assert_sink_equals_source, pipeline_mapping, run_pipeline, sink_rows, write_input
+
+pytestmark = [pytest.mark.spark]
+
+
+def _reader_jobs(spark: Any, pipeline: str) -> dict[int, list[str]]:
+    """The pipeline's reader jobs: job number -> the statuses of the Spark jobs of its group."""
+    tracker = spark.sparkContext.statusTracker()
+    out: dict[int, list[str]] = {}
+    for number in range(1, 20):
+        ids = tracker.getJobIdsForGroup(f"splitkeeper-{pipeline}-readers-{number}")
+        if ids:
+            out[number] = [str(tracker.getJobInfo(i).status) for i in ids]
+    return out
+
+
+def _failed(summary: Any) -> dict[int, dict[int, RegionOutcome]]:
+    """epoch -> the regions that did not acknowledge, with their outcome."""
+    out = {}
+    for report in summary.epochs:
+        failed = {r: o for r, o in report.outcomes.items() if o is not RegionOutcome.ACK}
+        if failed:
+            out[report.epoch] = failed
+    return out
+
+
+def test_the_pools_slots_serve_epoch_after_epoch_in_the_same_workers_and_a_raising_region_fails_alone(
+    spark: Any,
+) -> None:
+    """Four epochs of three regions on the pool's slots (two on ``local[2]``): one Spark job, the same
+    Python workers every epoch (no job launch per epoch), region 1 of epoch 2 failed alone with its error
+    and its slot served the next epoch; after close the job has ended on its own."""
+
+    def pid_or_raise(payload: tuple[int, int]) -> int:  # nested: cloudpickle ships it by value
+        epoch, region = payload
+        if (epoch, region) == (2, 1):
+            raise RuntimeError("region 1 is broken in epoch 2")
+        return os.getpid()
+
+    pool = ReaderPool(spark, "pool", pid_or_raise)
+    try:
+        seen: list[dict[int, Any]] = []
+        for epoch in range(1, 5):
+            runs = pool.run_epoch(epoch, {r: (epoch, r) for r in range(3)}, timeout_s=60)
+            seen.append({r: (run.status, run.result, run.error) for r, run in runs.items()})
+    finally:
+        pool.close()
+    assert seen[1][1][0] is RegionStatus.FAILED and "RuntimeError: region 1 is broken" in seen[1][1][2]
+    pids = {
+        result for epoch in seen for status, result, _e in epoch.values() if status is RegionStatus.FINISHED
+    }
+    # the slots' workers served all 11 others (one slot may serve them all while the other starts)
+    assert sum(len(e) for e in seen) == 12 and 1 <= len(pids) <= pool.cap, seen
+    assert _reader_jobs(spark, "pool") == {1: ["SUCCEEDED"]}  # one job, ended by close, not cancelled
+
+
+def test_one_job_serves_every_epoch_and_a_raising_and_a_stalled_region_fall_back_alone(
+    spark: Any, tmp_path: Path
+) -> None:
+    """Many epochs on one reader job: region 1 raises in epoch 2 (declined, its task serves the next
+    epoch) and region 0 stalls in epoch 4 (timed out, its task attempt killed; Spark's next attempt
+    of it says hello for the same slot): only those regions fall back, the job is never replaced,
+    and the sink equals the source."""
+    input_dir = tmp_path / "in"
+    write_input(input_dir, files=4, lines=50)
+    mapping = pipeline_mapping(
+        tmp_path, "long-lived", input_dir, parallelism=2, epoch_records=40, region_timeout_s=15
+    )
+    mapping["readers"] = "long_lived"
+    config = config_from_mapping(mapping)
+
+    summary = run_pipeline(config, spark, faults=["fail:1@2", "stall:60:0@4"])
+
+    assert summary.finished
+    assert len(summary.epochs) >= 6
+    assert _failed(summary) == {2: {1: RegionOutcome.DECLINE}, 4: {0: RegionOutcome.TIMEOUT}}
+    assert "InjectedFault" in summary.epochs[1].region_errors[1]
+    assert list(_reader_jobs(spark, "long-lived")) == [1]  # one reader job for the whole run
+    assert_sink_equals_source(spark, config.sink.path, input_dir)
+
+
+@pytest.mark.slow
+def test_a_killed_python_worker_fails_its_region_alone_and_a_new_job_serves_the_rest(
+    spark: Any, tmp_path: Path
+) -> None:
+    """A reader's Python worker is SIGKILLed mid-run (the transform kills its own pid on the record
+    ``KILL:<file>``): on ``local[2]`` (one attempt per task) Spark aborts the reader job, the region whose
+    worker died declines alone (the other slot's region runs again on the replacement job's slots),
+    the next epochs run on a new reader job, and the sink equals the source."""
+    input_dir = tmp_path / "in"
+    write_input(input_dir, files=4, lines=50)
+    marker = tmp_path / "armed"
+    marker.touch()
+    (input_dir / "kill.txt").write_text("".join(f"k{i}\n" for i in range(30)) + f"KILL:{marker}\nafter\n")
+    mapping = pipeline_mapping(
+        tmp_path, "long-killed", input_dir, parallelism=2, epoch_records=40, region_timeout_s=30
+    )
+    mapping["readers"] = "long_lived"
+    mapping["transform"] = "tests.runtime.long_lived_functions:kill_once"
+    mapping["decode"] = {"kind": "text"}
+    config = config_from_mapping(mapping)
+
+    summary = run_pipeline(config, spark)
+
+    assert summary.finished and not marker.exists()  # the kill fired once
+    failed = _failed(summary)
+    assert len(failed) == 1, failed
+    [(epoch, regions)] = failed.items()
+    assert list(regions.values()) == [RegionOutcome.DECLINE], failed
+    report = next(e for e in summary.epochs if e.epoch == epoch)
+    assert "Python worker exited" in next(iter(report.region_errors.values())), report.region_errors
+    assert len(_reader_jobs(spark, "long-killed")) == 2  # the first aborted, a second served the rest
+    assert_sink_equals_source(spark, config.sink.path, input_dir)
+
+
+@pytest.mark.slow
+@pytest.mark.kafka
+def test_a_continuous_kafka_run_on_long_lived_readers_commits_every_message_once_through_faults(
+    spark: Any, kafka_broker: Any, tmp_path: Path
+) -> None:
+    """``run --continuous`` on Kafka with long-lived readers while messages arrive: region 0 raises in
+    epoch 2 and region 1 stalls past its timeout in epoch 4 (both while the backlog lasts, so both
+    regions have ranges to read: a region with none runs no task, and its fault does not fire);
+    only they fall back, the run stops on a global checkpoint, every message is in the sink once
+    with its value, and one reader job served the whole run."""
+    from splitkeeper.app.services import leased_pipeline
+
+    from .test_kafka_source import create_topic, produce, unique
+
+    bootstrap = kafka_broker.bootstrap_servers
+    topic = create_topic(bootstrap, 4, name=unique("long-lived"))
+    sent = {p: [f"{p}-b{i}" for i in range(400)] for p in range(4)}  # 6 epochs of backlog
+    produce(bootstrap, topic, sent)
+    name = unique("ll")
+    config = config_from_mapping(
+        {
+            "name": name,
+            "parallelism": 2,
+            "readers": "long_lived",
+            "source": {"kind": "kafka", "bootstrap_servers": bootstrap, "topics": [topic]},
+            "backlog": {
+                "backlog_epoch_records": 300,
+                "normal_epoch_records": 300,
+                "backlog_interval_s": 0.2,
+                "normal_interval_s": 0.2,
+            },
+            "checkpoint": {"region_timeout_s": 20},
+            "state": {"path": str(tmp_path / "state")},
+            "sink": {"path": str(tmp_path / "sink")},
+        }
+    )
+    epochs: list[str] = []
+    stop = threading.Event()
+
+    def trickle() -> None:
+        for i in range(60):
+            batch = {p: [f"{p}-t{i}"] for p in range(4)}
+            produce(bootstrap, topic, batch)
+            for p, values in batch.items():
+                sent[p] += values
+            time.sleep(0.1)
+
+    def progress(line: str) -> None:
+        if line.startswith("epoch"):
+            epochs.append(line)
+        if len([e for e in epochs if "final" not in e]) >= 12 and not producer.is_alive():
+            stop.set()
+
+    producer = threading.Thread(target=trickle, daemon=True)
+    with leased_pipeline(
+        config, spark, faults=["fail:0@2", "stall:60:1@4"], progress=progress, metrics=False
+    ) as pipeline:
+        pipeline.open()
+        producer.start()
+        summary = pipeline.run_continuously(stop.is_set)
+    producer.join(timeout=30)
+
+    assert summary.stopped and summary.epochs[-1].kind.value == "global", epochs[-3:]
+    assert _failed(summary) == {2: {0: RegionOutcome.DECLINE}, 4: {1: RegionOutcome.TIMEOUT}}, epochs
+    assert list(_reader_jobs(spark, name)) == [1]
+    rows = sink_rows(config.sink.path)
+    got = Counter((r.split_id, r.offset, r.value) for r in rows)
+    want = Counter(
+        (f"{topic}-{p}", offset, value.encode())
+        for p, values in sent.items()
+        for offset, value in enumerate(values)
+    )
+    assert got == want
