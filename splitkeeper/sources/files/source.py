@@ -96,6 +96,7 @@ from splitkeeper.core.source import (
     SourceRecord,
     SplitChange,
     SplitChangeKind,
+    SupportsDiscoveryPositions,
     SupportsSplitIdentityCheck,
     SupportsSplitReassignmentOnRecovery,
 )
@@ -104,6 +105,7 @@ from splitkeeper.errors import InvalidParameterError, SourceError
 from splitkeeper.records.columnar import BadRead, RangeColumns, SupportsColumnarRead
 from splitkeeper.sources.files.config import Discovery, FileFormat, FilesSource
 from splitkeeper.sources.files.fs import Files, FileStat, ObjectFiles, files_for, is_object_store, object_root
+from splitkeeper.sources.files.notify import EventError, EventFeed, parse_events
 
 log = logging.getLogger("splitkeeper.sources.files")
 
@@ -547,7 +549,12 @@ def _decode(raw: bytes, pos: int, path: str, split_id: str) -> str:
         ) from err
 
 
-class FileSource(SourceConnector, SupportsSplitReassignmentOnRecovery, SupportsSplitIdentityCheck):
+class FileSource(
+    SourceConnector,
+    SupportsSplitReassignmentOnRecovery,
+    SupportsSplitIdentityCheck,
+    SupportsDiscoveryPositions,
+):
     """Driver side of the file source (see the module doc for splits, positions and identity).
 
     ``path`` is a directory (scanned recursively) or a single file; it is the
@@ -569,6 +576,7 @@ class FileSource(SourceConnector, SupportsSplitReassignmentOnRecovery, SupportsS
         growing: bool = False,
         deferred_assignment: bool = True,
         discovery: Discovery | str = Discovery.FULL,
+        events: EventFeed | None = None,
     ) -> None:
         self._deferred = bool(deferred_assignment)
         try:
@@ -605,6 +613,25 @@ class FileSource(SourceConnector, SupportsSplitReassignmentOnRecovery, SupportsS
         self._finished_ids: dict[str, list[str]] = {}
         self._finished_digest: dict[str, str] = {}
         self._fresh: dict[tuple[str, FileStat], FileIdentity | None] = {}  # this check's identities
+        # discovery: notifications (module notify): the event topic, the offsets up to which its events'
+        # splits were handed over (None: none known, the next discovery lists), those of the
+        # discovery under way (taken over by discover_splits), and the post-restore discoveries
+        # the events still serve (contract 3)
+        if (events is None) != (self._discovery is not Discovery.NOTIFICATIONS) or (
+            events is not None and not isinstance(self._files, ObjectFiles)
+        ):
+            raise InvalidParameterError(
+                "source.notifications",
+                None if events is None else events.topic,
+                "an event topic exactly when source.discovery is notifications, with an object-store "
+                "source.path",
+            )
+        self._events = events
+        self._event_offsets: dict[int, int] | None = None
+        self._pending_offsets: dict[int, int] | None = None
+        self._restore_rounds = 0
+        self.skipped_events = 0  # messages of the event topic that were not S3 events (notify contract 4)
+        self.listings = 0  # full listings discovery made (notification mode: contract 3)
 
     @classmethod
     def from_config(cls, source: FilesSource) -> FileSource:
@@ -613,6 +640,7 @@ class FileSource(SourceConnector, SupportsSplitReassignmentOnRecovery, SupportsS
             raise InvalidParameterError(
                 "source.kind", getattr(source, "kind", None), "'files' for a FileSource"
             )
+        notified = source.notifications
         return cls(
             source.path,
             source.format,
@@ -620,6 +648,14 @@ class FileSource(SourceConnector, SupportsSplitReassignmentOnRecovery, SupportsS
             growing=source.on_file_change is SplitChangePolicy.APPEND,
             deferred_assignment=source.deferred_assignment,
             discovery=source.discovery,
+            events=None
+            if notified is None
+            else EventFeed(
+                notified.servers,
+                notified.topic,
+                notified.client_settings,
+                notified.connect_timeout_s or EventFeed.DEFAULT_TIMEOUT_S,
+            ),
         )
 
     @property
@@ -762,7 +798,148 @@ class FileSource(SourceConnector, SupportsSplitReassignmentOnRecovery, SupportsS
                 ids,
             )
         self._removed = tuple(self._abs(rel) for rel in removed)
+        if self._pending_offsets is not None:  # the events' splits are handed over: their offsets too
+            self._event_offsets, self._pending_offsets = self._pending_offsets, None
         return sorted(splits, key=lambda s: (relative_path_of(s.split_id), s.position))
+
+    def _exists(self, rel: str) -> bool:
+        """Something is at ``rel`` (a local entry, a dangling symlink too; an object)."""
+        if isinstance(self._files, ObjectFiles):
+            return self._files.kind(self._abs(rel)) is not None
+        return os.path.lexists(self._abs(rel))
+
+    # -- discovery: notifications (module notify) ------------------------------------------------
+
+    def discovery_positions(self) -> dict[str, int]:
+        """``<topic>:<partition>`` -> the event offset up to which discovery handed its splits over
+        (notify contract 1); empty without an event topic or before the first discovery."""
+        if self._events is None or self._event_offsets is None:
+            return {}
+        return {f"{self._events.topic}:{p}": o for p, o in sorted(self._event_offsets.items())}
+
+    def restore_discovery_positions(self, positions: Mapping[str, int] | None) -> None:
+        """Read the events from ``positions`` (those of this topic) on; none: the next discovery lists
+        the prefix whole. The discoveries right after a restore with positions (the enumerator's
+        first and the first epoch's, which recheck finished files) are served by the events."""
+        if self._events is None:
+            return
+        offsets: dict[int, int] = {}
+        for key, offset in (positions or {}).items():
+            topic, _, partition = key.rpartition(":")
+            if topic == self._events.topic and partition.isdigit():
+                offsets[int(partition)] = int(offset)
+        self._event_offsets = offsets or None
+        self._pending_offsets = None
+        self._scanned = None
+        self._restore_rounds = 2 if offsets else 0
+
+    def _notified_scan(self, recheck_finished: bool) -> _Scan:
+        """This discovery's scan in notification mode: the objects the events since the positions
+        name (an incomplete scan: ``missing`` the keys gone), or a full listing (notify contract 3);
+        either way the topic's end offsets, taken first, are the positions discovery goes on from."""
+        events = self._events
+        assert events is not None
+        marks = events.partitions()
+        ends = {p: high for p, (_low, high) in marks.items()}
+        offsets = self._event_offsets
+        why = None
+        if offsets is None:
+            why = "no event offsets are checkpointed yet (a first run, or state written before them)"
+        elif aged := sorted(p for p, (low, _high) in marks.items() if offsets.get(p, low) < low):
+            why = f"events of partitions {aged} aged out of the topic (retention) before they were read"
+        elif recheck_finished and not self._restore_rounds:
+            why = "the periodic full listing (source.recheck_finished_every)"
+        self._restore_rounds = self._restore_rounds - 1 if recheck_finished and self._restore_rounds else 0
+        if why is None:
+            assert offsets is not None
+            scan = self._event_scan({p: offsets.get(p, low) for p, (low, _high) in marks.items()}, ends)
+            if scan is not None:
+                self._pending_offsets = ends
+                return scan
+            why = "a message of the topic was not an S3 event notification (skipped)"
+        log.info(
+            "source %s lists its objects whole (event topic %r up to offsets %s): %s",
+            self._path,
+            events.topic,
+            ends,
+            why,
+        )
+        self.listings += 1
+        scan = self._scan()
+        self._pending_offsets = ends
+        return scan
+
+    def _event_scan(self, start: Mapping[int, int], ends: Mapping[int, int]) -> _Scan | None:
+        """The objects the events in ``[start, ends)`` name, as they are now (one HEAD each: found,
+        or gone); None when a message was not an event (counted, logged: notify contract 4)."""
+        assert self._events is not None
+        names: set[str] = set()
+        unparsed = False
+        for partition, offset, value in self._events.read(start, ends):
+            try:
+                found = parse_events(value)
+            except EventError as err:
+                self.skipped_events += 1
+                unparsed = True
+                log.warning(
+                    "source.notifications.topic %r partition %d offset %d: skipped a message that is not "
+                    "an S3 event notification (%s; it begins %r): this discovery lists %s whole instead",
+                    self._events.topic,
+                    partition,
+                    offset,
+                    err,
+                    (value or b"")[:120],
+                    self._path,
+                )
+                continue
+            for event in found:
+                for key in event.keys:
+                    rel = self._event_rel(event.bucket, key)
+                    if rel is not None:
+                        names.add(rel)
+        if unparsed:
+            return None
+        files: dict[str, FileStat] = {}
+        missing: set[str] = set()
+        for rel in sorted(names):
+            path = self._abs(rel)
+            try:
+                st = self._files.stat(path)
+            except FileNotFoundError:
+                missing.add(rel)
+                continue
+            except OSError as err:
+                raise SourceError(
+                    f"source.path {self._path}: object {path}, named by an event, cannot be read ({err}); "
+                    "check AWS_ENDPOINT_URL and the credentials reach the store",
+                    path=path,
+                ) from err
+            if st.size > 0:
+                files[rel] = st
+            else:
+                missing.add(rel)  # empty: not a file to a listing either
+        return _Scan(files, {}, complete=False, missing=missing)
+
+    def _event_rel(self, bucket: str, key: str) -> str | None:
+        """The path, relative to the source's folder, of the object ``key`` of ``bucket``; None for an
+        object the source does not read (another bucket or prefix, a skipped or reserved name)."""
+        root = self._root()
+        folder = root.split("://", 1)[1].rstrip("/")
+        where = f"{bucket}/{key}"
+        if not where.startswith(folder + "/"):
+            return None
+        rel = where[len(folder) + 1 :]
+        if not rel or any(not part or _skipped(part) for part in rel.split("/")):
+            return None
+        if _reserved(rel.rsplit("/", 1)[-1]):
+            return None
+        if root != self._path and self._files.join(root, rel) != self._path:
+            return None  # source.path is one object: only its events
+        return rel
+
+    def close(self) -> None:
+        if self._events is not None:
+            self._events.close()
 
     def _advance_cursor(self, scan: _Scan, pending: set[str]) -> None:
         """Incremental discovery's start-after cursor: the greatest name listed (or the cursor the
@@ -1035,14 +1212,20 @@ class FileSource(SourceConnector, SupportsSplitReassignmentOnRecovery, SupportsS
         ``incremental`` when its new name is listed (a new file with the same size and digest).
         """
         self._fresh = {}
-        if recheck_finished or not self._layouts:  # a process that knows no layout learns them all
-            scan = self._scan()
-            checked: Mapping[str, str] = finished
+        if self._events is not None:  # the events say what changed, or a full listing (notify contract 3)
+            scan = self._notified_scan(recheck_finished)
+            everything = scan.complete
+        else:  # a process that knows no layout learns them all
+            everything = recheck_finished or not self._layouts
+            scan = (
+                self._scan() if everything else self._scan_new({relative_path_of(s.split_id) for s in live})
+            )
+        checked: Mapping[str, str]
+        if everything:
+            checked = finished
             self._index_finished(finished)
         else:
-            live_rels = {relative_path_of(s.split_id) for s in live}
-            scan = self._scan_new(live_rels)
-            checked = self._finished_to_check(finished, scan, live_rels)
+            checked = self._finished_to_check(finished, scan, {relative_path_of(s.split_id) for s in live})
         self._scanned = scan
         known: dict[str, list[_Known]] = {}
         for split in live:
@@ -1077,13 +1260,15 @@ class FileSource(SourceConnector, SupportsSplitReassignmentOnRecovery, SupportsS
         if scan.complete:
             rels |= self._layouts.keys() - scan.unchecked - scan.files.keys() - scan.bad.keys()
         else:
+            # finished files named by events (notifications): written again, or removed
+            rels |= (scan.files.keys() | scan.missing) & self._finished_ids.keys()
             for rel, st in scan.files.items():
                 if rel in self._layouts or rel in live_rels:
                     continue
                 now = self._identity(rel, st)
                 sid = None if now is None else self._finished_digest.get(now.digest)
                 old = None if sid is None or sid not in finished else index[sid]
-                if old is not None and old != rel and not os.path.lexists(self._abs(old)):
+                if old is not None and old != rel and not self._exists(old):
                     rels.add(old)
                     scan.missing.add(old)
         by_rel = self._finished_ids
