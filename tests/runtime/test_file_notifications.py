@@ -354,7 +354,6 @@ def _await_sink(
         time.sleep(1)
 
 
-@pytest.mark.spark
 @pytest.mark.kafka
 @pytest.mark.slow  # two runs, each with its own JVM, and a wait for the files put while they run
 def test_files_put_while_runs_go_and_a_sigkilled_run_are_ingested_once_from_the_events(
@@ -366,6 +365,7 @@ def test_files_put_while_runs_go_and_a_sigkilled_run_are_ingested_once_from_the_
 
     def put(name: str, n: int) -> int:
         data = _lines(name, n)
+        (local / name).parent.mkdir(parents=True, exist_ok=True)
         (local / name).write_bytes(data)
         _put(f"{drops}/{name}", data)
         return n
@@ -391,9 +391,9 @@ def test_files_put_while_runs_go_and_a_sigkilled_run_are_ingested_once_from_the_
         expected += put("during-0.txt", 150) + put("sub/during-1.txt", 60)
         _await_sink(sink, expected - 100, first, first_log)
         expected += put("during-2.txt", 200)
-        time.sleep(1.5)
+        _await_sink(sink, expected - 150, first, first_log)  # during-2.txt found and being read
     finally:
-        first.send_signal(signal.SIGKILL)  # mid-way: during-2.txt is being read, or about to be
+        first.send_signal(signal.SIGKILL)  # mid-way: the rest of during-2.txt is not committed yet
         first.wait(30)
     positions = [c.enumerator.discovery for c in _checkpoints(config) if c.enumerator is not None]
     assert positions and all(positions), positions
