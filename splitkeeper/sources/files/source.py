@@ -66,6 +66,11 @@ ctime (the fs module's contract 3 says what its identity's third number is and w
 overwrite within Last-Modified's one second is still found), and a region reader builds the
 store's file system on the executor from its root URI and the ``AWS_*`` environment.
 
+Discovery (``source.discovery``): ``full`` lists every name, ``incremental`` the names after the
+last one seen; ``notifications`` (an object store) reads the bucket's object events from a Kafka
+topic since its checkpointed offsets and looks only at the keys they name
+(:mod:`splitkeeper.sources.files.notify`: its contract says when it still lists whole).
+
 The reader reads a range natively (:meth:`FileRegionReader.read_range_columns`:
 numpy finds the line boundaries, Arrow holds and validates the values, see
 :func:`_read_columns`); :meth:`FileRegionReader.read_range` yields the same
