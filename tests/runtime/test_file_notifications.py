@@ -302,6 +302,41 @@ def test_discovery_reads_the_events_since_its_positions_and_a_restore_reads_them
     source.close()
 
 
+def test_a_move_told_by_the_events_is_found_again_until_it_is_applied(
+    s3_events: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A change whose ids a caller may hold (the enumerator's first discovery holds them until the
+    driver applies the change) does not advance the positions: the next discovery reads the same
+    events and finds the move again; once the known splits say so, the positions go on."""
+    monkeypatch.setattr(files_fs, "SETTLE_NS", -(10**12))
+    drops = s3_events.store.location("moves")
+    feed = EventFeed(s3_events.bootstrap_servers, s3_events.topic)
+    _put(f"{drops}/a.txt", b"a1\na2\n")
+    _await_events(feed, 2)
+    source = FileSource(drops, discovery="notifications", events=feed)
+    source.restore_discovery_positions(None)
+    source.check_splits([], {}, recheck_finished=False)
+    (split,) = source.discover_splits()
+    finished = {split.split_id: split.identity}
+    before, positions = _ends(feed), source.discovery_positions()
+    fs = _fs()
+    fs.copy_file(drops[len("s3://") :] + "/a.txt", drops[len("s3://") :] + "/archive/a.txt")
+    fs.delete_file(drops[len("s3://") :] + "/a.txt")
+    _await_events(feed, before + 2)
+    for _ in range(2):  # not applied: found again, the positions stay
+        changes = source.check_splits([], finished, recheck_finished=False)
+        assert [(c.split_id, c.kind.value, c.moved_to) for c in changes] == [
+            ("a.txt", "moved", "archive/a.txt")
+        ]
+        source.discover_splits()
+        assert source.discovery_positions() == positions and source.listings == 1
+    applied = {"archive/a.txt": changes[0].identity}  # what the enumerator knows once it applied it
+    assert source.check_splits([], applied, recheck_finished=False) == []
+    source.discover_splits()
+    assert sum(source.discovery_positions().values()) > sum(positions.values())
+    source.close()
+
+
 def test_an_event_topic_that_does_not_exist_is_named_with_the_fix(s3_events: Any) -> None:
     drops = s3_events.store.location("drops")
     feed = EventFeed(s3_events.bootstrap_servers, "no-such-topic-here", timeout_s=5)

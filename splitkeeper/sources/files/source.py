@@ -1250,6 +1250,11 @@ class FileSource(
                 changes.extend(self._compare(rel, scan.files[rel], entries))
             elif scan.gone(rel):
                 changes.extend(self._moved(rel, entries, scan, known))
+        if any(c.moved_to or c.replacement for c in changes):
+            # a caller may hold the ids these changes name until the driver applies them (the
+            # enumerator's first discovery): the events are read again from where they were, so the
+            # next discovery finds the change again if it was not applied
+            self._pending_offsets = None
         return sorted(changes, key=lambda c: c.split_id)
 
     def _finished_to_check(
