@@ -88,6 +88,7 @@ import os
 import re
 import stat
 from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import IO, Any
 
@@ -118,6 +119,8 @@ _RANGE_SUFFIX = re.compile(r"#(\d+)-(\d+)$")
 _VERSION_SUFFIX = re.compile(r"#v[0-9a-f]{12}$")
 _SAMPLE_BYTES = 64 * 1024
 _BOM = codecs.BOM_UTF8
+#: Objects named by events looked at at once (HEAD and content sample; notification mode).
+_LOOKUPS = 16
 #: The identity of a split whose file could not be examined at discovery (see the module doc).
 UNREADABLE = "unreadable"
 
@@ -906,24 +909,43 @@ class FileSource(
             return None
         files: dict[str, FileStat] = {}
         missing: set[str] = set()
-        for rel in sorted(names):
-            path = self._abs(rel)
-            try:
-                st = self._files.stat(path)
-            except FileNotFoundError:
-                missing.add(rel)
-                continue
-            except OSError as err:
-                raise SourceError(
-                    f"source.path {self._path}: object {path}, named by an event, cannot be read ({err}); "
-                    "check AWS_ENDPOINT_URL and the credentials reach the store",
-                    path=path,
-                ) from err
-            if st.size > 0:
+        self._root()  # known before the lookups run in parallel
+        with ThreadPoolExecutor(max_workers=_LOOKUPS, thread_name_prefix="splitkeeper-events") as pool:
+            for rel, st, identity in pool.map(self._look, sorted(names)):
+                if isinstance(st, OSError):
+                    raise SourceError(
+                        f"source.path {self._path}: object {self._abs(rel)}, named by an event, cannot be "
+                        f"read ({st}); check AWS_ENDPOINT_URL and the credentials reach the store",
+                        path=self._abs(rel),
+                    ) from st
+                if st is None:
+                    missing.add(rel)  # gone; or empty: not a file to a listing either
+                    continue
                 files[rel] = st
-            else:
-                missing.add(rel)  # empty: not a file to a listing either
+                if identity is not None:
+                    self._fresh[(rel, st)] = identity
         return _Scan(files, {}, complete=False, missing=missing)
+
+    def _look(self, rel: str) -> tuple[str, FileStat | OSError | None, FileIdentity | None]:
+        """An object named by an event, now (a HEAD): its stat (None: gone or empty; the OSError
+        when the store fails), and, when it is new to this process, its identity (its content
+        sample: ranged GETs). Run in parallel: no state of the source is written here."""
+        path = self._abs(rel)
+        try:
+            st = self._files.stat(path)
+        except FileNotFoundError:
+            return rel, None, None
+        except OSError as err:
+            return rel, err, None
+        if st.size == 0:
+            return rel, None, None
+        if rel in self._layouts:
+            return rel, st, None  # known: compared by its stat first (check_splits)
+        try:
+            with self._files.open(path) as f:
+                return rel, st, FileIdentity(*st, sample_digest(f, st.size))
+        except OSError:
+            return rel, st, None  # read again (and its failure named) when its layout is cut
 
     def _event_rel(self, bucket: str, key: str) -> str | None:
         """The path, relative to the source's folder, of the object ``key`` of ``bucket``; None for an
@@ -1488,6 +1510,8 @@ class FileSource(
             return max(start, limit)
         if max_records < 1:
             raise InvalidParameterError("max_records", max_records, "an integer >= 1")
+        if limit - start <= max_records:
+            return limit  # every line has a byte at least: the rest holds at most max_records lines
         path = FileRegionReader(self._root(), self._format).path_of(split)
         rel = relative_path_of(split.split_id)
         try:
