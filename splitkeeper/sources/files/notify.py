@@ -229,6 +229,7 @@ class EventFeed:
         consumer = self._client_for()
         consumer.assign([TopicPartition(self.topic, p, s) for p, (s, _e) in todo.items()])
         left = {p: e for p, (_s, e) in todo.items()}
+        at = {p: s for p, (s, _e) in todo.items()}  # the next offset expected per partition
         stall_s = max(30.0, 3 * self._timeout_s)
         deadline = time.monotonic() + stall_s
         try:
@@ -239,7 +240,9 @@ class EventFeed:
                         f"the offsets up to {left} (partition: end) are still to read; check the brokers",
                         topic=self.topic,
                     )
-                batch = consumer.consume(1000, timeout=1.0)
+                # as many as are still to come: the call returns as soon as they are there
+                wanted = max(1, min(1000, sum(left[p] - at[p] for p in left)))
+                batch = consumer.consume(wanted, timeout=1.0)
                 if batch:
                     deadline = time.monotonic() + stall_s
                 for msg in batch:
@@ -261,6 +264,7 @@ class EventFeed:
                     if offset >= left[p]:
                         left.pop(p)
                         continue
+                    at[p] = offset + 1
                     yield p, offset, msg.value()
                     if offset + 1 >= left[p]:
                         left.pop(p)
