@@ -10,6 +10,8 @@
 - ``iceberg_rest``: Iceberg's REST catalog test server of the test (``iceberg_rest_jars``, session
   scope, fetches its jars with ``bash scripts/setup.sh iceberg-rest`` when missing).
 - ``s3_store``: a versitygw of the test's own, the ``AWS_*`` environment pointing at it.
+- ``s3_events``: the same, publishing its bucket events (``--event-kafka-url``,
+  ``--event-kafka-topic``) to a topic of its own (2 partitions) on ``kafka_broker``.
 - ``scratch``: a :class:`ScratchDirs` over ``tmp_path``, for Delta tables and state.
 
 A test using ``spark`` or ``kafka_broker`` is marked ``spark`` / ``kafka``
@@ -30,7 +32,7 @@ import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -225,6 +227,45 @@ def s3_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, versitygw: Path) -
         for key, value in store.store_env().items():
             monkeypatch.setenv(key, value)
         yield store
+    finally:
+        store.stop()
+
+
+@dataclass
+class S3Events:
+    """``s3_events``: the store (a ChaosStore without faults) and the Kafka topic of its bucket events."""
+
+    store: Any
+    bootstrap_servers: str
+    topic: str
+
+
+@pytest.fixture
+def s3_events(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, versitygw: Path, kafka_broker: KafkaBroker
+) -> Iterator[S3Events]:
+    """A versitygw of this test that publishes an S3 event notification per object written or removed
+    to a new topic (2 partitions) of the project's broker, the ``AWS_*`` environment pointing at it."""
+    import uuid
+
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    from splitkeeper_tools.chaos.store import ChaosStore
+
+    topic = "bucket-events-" + uuid.uuid4().hex[:8]
+    servers = kafka_broker.bootstrap_servers
+    admin = AdminClient({"bootstrap.servers": servers})
+    for future in admin.create_topics([NewTopic(topic, num_partitions=2, replication_factor=1)]).values():
+        future.result(timeout=30)
+    options = ("--event-kafka-url", servers, "--event-kafka-topic", topic)
+    store = ChaosStore(tmp_path / "store", seed=1, fault_rate=0.0, prefix="test", options=options)
+    store.start()
+    try:
+        assert store.proxy is not None
+        store.proxy.fault = None
+        for key, value in store.store_env().items():
+            monkeypatch.setenv(key, value)
+        yield S3Events(store, servers, topic)
     finally:
         store.stop()
 

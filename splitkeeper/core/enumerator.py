@@ -45,6 +45,7 @@ from splitkeeper.core.source import (
     SplitChange,
     SplitChangeKind,
     SplitSource,
+    SupportsDiscoveryPositions,
     SupportsSplitIdentityCheck,
     SupportsSplitReassignmentOnRecovery,
 )
@@ -1367,6 +1368,11 @@ class SplitEnumerator:
             quarantined=tuple(sorted(self._quarantined.values())),
             subscriptions=self._subscriptions if self._subscriptions is not None else frozenset(),
             backlog=self._backlog.snapshot(),
+            discovery=(
+                dict(self._source.discovery_positions())
+                if isinstance(self._source, SupportsDiscoveryPositions)
+                else {}
+            ),
         )
 
     # -- internals ------------------------------------------------------------------------------
@@ -1734,6 +1740,9 @@ def enumerator_for(
                 "strategy_options", sorted(strategy_options), "none when a strategy instance is given"
             )
         chosen = strategy
+    if isinstance(source, SupportsDiscoveryPositions):
+        # the source's own discovery positions go back to the checkpoint's (or to none) with it
+        source.restore_discovery_positions(None if restored is None else restored.discovery)
     enumerator = (enumerator_class or SplitEnumerator)(
         context,
         chosen,

@@ -329,6 +329,28 @@ class SupportsInitialDiscovery(abc.ABC):
         """
 
 
+class SupportsDiscoveryPositions(abc.ABC):
+    """Mix-in: the source's discovery has positions of its own, checkpointed with the splits.
+
+    A files source in notification mode (``source.discovery: notifications``) discovers files
+    from an event topic: the offsets it read up to are in the same checkpoint as the splits those
+    events announced (:attr:`~splitkeeper.core.types.EnumeratorSnapshot.discovery`), so discovery
+    itself is restored with the state. The enumerator takes them at each snapshot
+    (:meth:`discovery_positions`) and gives the restored ones back before its first discovery
+    (:meth:`restore_discovery_positions`).
+    """
+
+    @abc.abstractmethod
+    def discovery_positions(self) -> Mapping[str, int]:
+        """The positions up to which discovery handed its splits over (taken at every snapshot)."""
+
+    @abc.abstractmethod
+    def restore_discovery_positions(self, positions: Mapping[str, int] | None) -> None:
+        """Go on from ``positions`` (a checkpoint's; empty: a checkpoint without them, None: a start
+        without a checkpoint). Called on the driver before the enumerator's first discovery, at
+        every (global) restore and at a fresh start; the source forgets what it read since."""
+
+
 #: How the ``detail`` of a SKIPPED_LOST_RANGE audit record begins: ``offsets [start, new_start)``.
 #: :meth:`LostRange.from_audit` and the restart checks (Spark ``regexp_extract``) parse it.
 LOST_RANGE_DETAIL_PATTERN = r"^offsets \[(\d+), (\d+)\)"

@@ -243,6 +243,10 @@ class EnumeratorSnapshot:
     # finished split id -> its identity when it finished (only those with one): a finished split's data
     # is still checked, so a change, an append or a move is seen after a restart too (rule 1.9)
     finished_identities: dict[str, str] = field(default_factory=dict)
+    # the source's own discovery positions (a files source's event-topic offsets in notification mode:
+    # :class:`~splitkeeper.core.source.SupportsDiscoveryPositions`); empty for the others and in state
+    # written before they existed
+    discovery: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

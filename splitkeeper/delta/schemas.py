@@ -114,6 +114,9 @@ _ENUMERATOR = _struct_of(
     checkpoint_id=BIGINT, parallelism=INT, readers=array(INT), subscriptions=array(STRING)
 )
 _SPLIT_WEIGHTS = array(_struct_of(split_id=STRING, weight=DOUBLE))
+#: The source's own discovery positions (:attr:`EnumeratorSnapshot.discovery`: a files source's
+#: event-topic offsets in notification mode).
+_DISCOVERY = array(_struct_of(key=STRING, position=BIGINT))
 #: Why each failed region failed (:class:`splitkeeper.core.failures.RegionFailure`).
 _FAILURES = array(
     _struct_of(
@@ -198,6 +201,7 @@ SCHEMAS: dict[str, pa.Schema] = {
             required("run_id", STRING),
             required("decided_at", TIMESTAMP),
             optional("split_weights", _SPLIT_WEIGHTS),
+            optional("discovery", _DISCOVERY),
         ]
     ),
     "checkpoints": pa.schema(
@@ -216,6 +220,7 @@ SCHEMAS: dict[str, pa.Schema] = {
             optional("read_ms", BIGINT),
             optional("sink_ms", BIGINT),
             optional("failures", _FAILURES),
+            optional("discovery", _DISCOVERY),
         ]
     ),
     "enumerator_state": pa.schema(
@@ -424,7 +429,7 @@ TABLES: dict[str, TableSpec] = {
             "decisions",
             partition="epoch_id",
             stats_columns=("attempt_id",),
-            added_columns=frozenset({"split_weights"}),
+            added_columns=frozenset({"split_weights", "discovery"}),
         ),
         TableSpec(
             "checkpoints",
@@ -437,6 +442,7 @@ TABLES: dict[str, TableSpec] = {
                     "enumerator_base",
                     "enumerator_row_count",
                     *_INCIDENT_COLUMNS,
+                    "discovery",
                 }
             ),
         ),

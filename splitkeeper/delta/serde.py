@@ -27,7 +27,7 @@ import dataclasses
 import enum
 import functools
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 from splitkeeper.core.failures import RegionFailure
@@ -312,6 +312,7 @@ ENUMERATOR_FIELDS = frozenset(
         "backlog",
         "quarantined",
         "finished_identities",
+        "discovery",
     }
 )
 ENUMERATOR_STATUSES = ("assigned", "pool", "finished", "backlog", "quarantined")
@@ -558,7 +559,20 @@ def checkpoint_to_row(completed: CompletedCheckpoint) -> Row:
         "processing_backlog": completed.processing_backlog,
         "regions": [region_to_row(completed.regions[r]) for r in sorted(completed.regions)],
         "enumerator": None if completed.enumerator is None else enumerator_header(completed.enumerator),
+        "discovery": None
+        if completed.enumerator is None
+        else discovery_to_rows(completed.enumerator.discovery),
     }
+
+
+def discovery_to_rows(positions: Mapping[str, int]) -> list[Row] | None:
+    """The ``discovery`` column: the source's own discovery positions (None: it has none)."""
+    return [{"key": k, "position": int(v)} for k, v in sorted(positions.items())] or None
+
+
+def discovery_from_rows(rows: Iterable[Mapping[str, Any]] | None) -> dict[str, int]:
+    """The positions of a ``discovery`` column (NULL, in state written before it existed: none)."""
+    return {str(r["key"]): int(r["position"]) for r in rows or () if r.get("position") is not None}
 
 
 def checkpoint_from_rows(
@@ -585,7 +599,10 @@ def checkpoint_from_rows(
         regions={r.region_id: r for r in regions},
         enumerator=None
         if header is None
-        else enumerator_from_rows(header, enumerator_rows, enumerator_table, finished=finished),
+        else replace(
+            enumerator_from_rows(header, enumerator_rows, enumerator_table, finished=finished),
+            discovery=discovery_from_rows(row.get("discovery")),
+        ),
         consecutive_regional=int(row["consecutive_regional"]),
         processing_backlog=bool(row["processing_backlog"]),
     )

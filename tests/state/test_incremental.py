@@ -307,7 +307,15 @@ def test_state_written_before_the_rule_opens_with_every_checkpoint_full(tmp_path
         .to_pyarrow_table()
         # and the columns added after it (phase times, failures): state written before them all
         .drop_columns(
-            ["enumerator_base", "enumerator_row_count", "plan_ms", "read_ms", "sink_ms", "failures"]
+            [
+                "enumerator_base",
+                "enumerator_row_count",
+                "plan_ms",
+                "read_ms",
+                "sink_ms",
+                "failures",
+                "discovery",
+            ]
         )
     )
     write_deltalake(f"{root}/checkpoints", old, mode="overwrite", schema_mode="overwrite")

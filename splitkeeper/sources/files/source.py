@@ -66,6 +66,11 @@ ctime (the fs module's contract 3 says what its identity's third number is and w
 overwrite within Last-Modified's one second is still found), and a region reader builds the
 store's file system on the executor from its root URI and the ``AWS_*`` environment.
 
+Discovery (``source.discovery``): ``full`` lists every name, ``incremental`` the names after the
+last one seen; ``notifications`` (an object store) reads the bucket's object events from a Kafka
+topic since its checkpointed offsets and looks only at the keys they name
+(:mod:`splitkeeper.sources.files.notify`: its contract says when it still lists whole).
+
 The reader reads a range natively (:meth:`FileRegionReader.read_range_columns`:
 numpy finds the line boundaries, Arrow holds and validates the values, see
 :func:`_read_columns`); :meth:`FileRegionReader.read_range` yields the same
@@ -83,6 +88,7 @@ import os
 import re
 import stat
 from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import IO, Any
 
@@ -96,6 +102,7 @@ from splitkeeper.core.source import (
     SourceRecord,
     SplitChange,
     SplitChangeKind,
+    SupportsDiscoveryPositions,
     SupportsSplitIdentityCheck,
     SupportsSplitReassignmentOnRecovery,
 )
@@ -104,6 +111,7 @@ from splitkeeper.errors import InvalidParameterError, SourceError
 from splitkeeper.records.columnar import BadRead, RangeColumns, SupportsColumnarRead
 from splitkeeper.sources.files.config import Discovery, FileFormat, FilesSource
 from splitkeeper.sources.files.fs import Files, FileStat, ObjectFiles, files_for, is_object_store, object_root
+from splitkeeper.sources.files.notify import EventError, EventFeed, parse_events
 
 log = logging.getLogger("splitkeeper.sources.files")
 
@@ -111,6 +119,8 @@ _RANGE_SUFFIX = re.compile(r"#(\d+)-(\d+)$")
 _VERSION_SUFFIX = re.compile(r"#v[0-9a-f]{12}$")
 _SAMPLE_BYTES = 64 * 1024
 _BOM = codecs.BOM_UTF8
+#: Objects named by events looked at at once (HEAD and content sample; notification mode).
+_LOOKUPS = 16
 #: The identity of a split whose file could not be examined at discovery (see the module doc).
 UNREADABLE = "unreadable"
 
@@ -549,7 +559,12 @@ def _decode(raw: bytes, pos: int, path: str, split_id: str) -> str:
         ) from err
 
 
-class FileSource(SourceConnector, SupportsSplitReassignmentOnRecovery, SupportsSplitIdentityCheck):
+class FileSource(
+    SourceConnector,
+    SupportsSplitReassignmentOnRecovery,
+    SupportsSplitIdentityCheck,
+    SupportsDiscoveryPositions,
+):
     """Driver side of the file source (see the module doc for splits, positions and identity).
 
     ``path`` is a directory (scanned recursively) or a single file; it is the
@@ -571,6 +586,7 @@ class FileSource(SourceConnector, SupportsSplitReassignmentOnRecovery, SupportsS
         growing: bool = False,
         deferred_assignment: bool = True,
         discovery: Discovery | str = Discovery.FULL,
+        events: EventFeed | None = None,
     ) -> None:
         self._deferred = bool(deferred_assignment)
         try:
@@ -607,6 +623,25 @@ class FileSource(SourceConnector, SupportsSplitReassignmentOnRecovery, SupportsS
         self._finished_ids: dict[str, list[str]] = {}
         self._finished_digest: dict[str, str] = {}
         self._fresh: dict[tuple[str, FileStat], FileIdentity | None] = {}  # this check's identities
+        # discovery: notifications (module notify): the event topic, the offsets up to which its events'
+        # splits were handed over (None: none known, the next discovery lists), those of the
+        # discovery under way (taken over by discover_splits), and the post-restore discoveries
+        # the events still serve (contract 3)
+        if (events is None) != (self._discovery is not Discovery.NOTIFICATIONS) or (
+            events is not None and not isinstance(self._files, ObjectFiles)
+        ):
+            raise InvalidParameterError(
+                "source.notifications",
+                None if events is None else events.topic,
+                "an event topic exactly when source.discovery is notifications, with an object-store "
+                "source.path",
+            )
+        self._events = events
+        self._event_offsets: dict[int, int] | None = None
+        self._pending_offsets: dict[int, int] | None = None
+        self._restore_rounds = 0
+        self.skipped_events = 0  # messages of the event topic that were not S3 events (notify contract 4)
+        self.listings = 0  # full listings discovery made (notification mode: contract 3)
 
     @classmethod
     def from_config(cls, source: FilesSource) -> FileSource:
@@ -615,6 +650,7 @@ class FileSource(SourceConnector, SupportsSplitReassignmentOnRecovery, SupportsS
             raise InvalidParameterError(
                 "source.kind", getattr(source, "kind", None), "'files' for a FileSource"
             )
+        notified = source.notifications
         return cls(
             source.path,
             source.format,
@@ -622,6 +658,14 @@ class FileSource(SourceConnector, SupportsSplitReassignmentOnRecovery, SupportsS
             growing=source.on_file_change is SplitChangePolicy.APPEND,
             deferred_assignment=source.deferred_assignment,
             discovery=source.discovery,
+            events=None
+            if notified is None
+            else EventFeed(
+                notified.servers,
+                notified.topic,
+                notified.client_settings,
+                notified.connect_timeout_s or EventFeed.DEFAULT_TIMEOUT_S,
+            ),
         )
 
     @property
@@ -764,7 +808,167 @@ class FileSource(SourceConnector, SupportsSplitReassignmentOnRecovery, SupportsS
                 ids,
             )
         self._removed = tuple(self._abs(rel) for rel in removed)
+        if self._pending_offsets is not None:  # the events' splits are handed over: their offsets too
+            self._event_offsets, self._pending_offsets = self._pending_offsets, None
         return sorted(splits, key=lambda s: (relative_path_of(s.split_id), s.position))
+
+    def _exists(self, rel: str) -> bool:
+        """Something is at ``rel`` (a local entry, a dangling symlink too; an object)."""
+        if isinstance(self._files, ObjectFiles):
+            return self._files.kind(self._abs(rel)) is not None
+        return os.path.lexists(self._abs(rel))
+
+    # -- discovery: notifications (module notify) ------------------------------------------------
+
+    def discovery_positions(self) -> dict[str, int]:
+        """``<topic>:<partition>`` -> the event offset up to which discovery handed its splits over
+        (notify contract 1); empty without an event topic or before the first discovery."""
+        if self._events is None or self._event_offsets is None:
+            return {}
+        return {f"{self._events.topic}:{p}": o for p, o in sorted(self._event_offsets.items())}
+
+    def restore_discovery_positions(self, positions: Mapping[str, int] | None) -> None:
+        """Read the events from ``positions`` (those of this topic) on; none: the next discovery lists
+        the prefix whole. The discoveries right after a restore with positions (the enumerator's
+        first and the first epoch's, which recheck finished files) are served by the events."""
+        if self._events is None:
+            return
+        offsets: dict[int, int] = {}
+        for key, offset in (positions or {}).items():
+            topic, _, partition = key.rpartition(":")
+            if topic == self._events.topic and partition.isdigit():
+                offsets[int(partition)] = int(offset)
+        self._event_offsets = offsets or None
+        self._pending_offsets = None
+        self._scanned = None
+        self._restore_rounds = 2 if offsets else 0
+
+    def _notified_scan(self, recheck_finished: bool) -> _Scan:
+        """This discovery's scan in notification mode: the objects the events since the positions
+        name (an incomplete scan: ``missing`` the keys gone), or a full listing (notify contract 3);
+        either way the topic's end offsets, taken first, are the positions discovery goes on from."""
+        events = self._events
+        assert events is not None
+        marks = events.partitions()
+        ends = {p: high for p, (_low, high) in marks.items()}
+        offsets = self._event_offsets
+        why = None
+        if offsets is None:
+            why = "no event offsets are checkpointed yet (a first run, or state written before them)"
+        elif aged := sorted(p for p, (low, _high) in marks.items() if offsets.get(p, low) < low):
+            why = f"events of partitions {aged} aged out of the topic (retention) before they were read"
+        elif recheck_finished and not self._restore_rounds:
+            why = "the periodic full listing (source.recheck_finished_every)"
+        self._restore_rounds = self._restore_rounds - 1 if recheck_finished and self._restore_rounds else 0
+        if why is None:
+            assert offsets is not None
+            scan = self._event_scan({p: offsets.get(p, low) for p, (low, _high) in marks.items()}, ends)
+            if scan is not None:
+                self._pending_offsets = ends
+                return scan
+            why = "a message of the topic was not an S3 event notification (skipped)"
+        log.info(
+            "source %s lists its objects whole (event topic %r up to offsets %s): %s",
+            self._path,
+            events.topic,
+            ends,
+            why,
+        )
+        self.listings += 1
+        scan = self._scan()
+        self._pending_offsets = ends
+        return scan
+
+    def _event_scan(self, start: Mapping[int, int], ends: Mapping[int, int]) -> _Scan | None:
+        """The objects the events in ``[start, ends)`` name, as they are now (one HEAD each: found,
+        or gone); None when a message was not an event (counted, logged: notify contract 4)."""
+        assert self._events is not None
+        names: set[str] = set()
+        unparsed = False
+        for partition, offset, value in self._events.read(start, ends):
+            try:
+                found = parse_events(value)
+            except EventError as err:
+                self.skipped_events += 1
+                unparsed = True
+                log.warning(
+                    "source.notifications.topic %r partition %d offset %d: skipped a message that is not "
+                    "an S3 event notification (%s; it begins %r): this discovery lists %s whole instead",
+                    self._events.topic,
+                    partition,
+                    offset,
+                    err,
+                    (value or b"")[:120],
+                    self._path,
+                )
+                continue
+            for event in found:
+                for key in event.keys:
+                    rel = self._event_rel(event.bucket, key)
+                    if rel is not None:
+                        names.add(rel)
+        if unparsed:
+            return None
+        files: dict[str, FileStat] = {}
+        missing: set[str] = set()
+        self._root()  # known before the lookups run in parallel
+        with ThreadPoolExecutor(max_workers=_LOOKUPS, thread_name_prefix="splitkeeper-events") as pool:
+            for rel, st, identity in pool.map(self._look, sorted(names)):
+                if isinstance(st, OSError):
+                    raise SourceError(
+                        f"source.path {self._path}: object {self._abs(rel)}, named by an event, cannot be "
+                        f"read ({st}); check AWS_ENDPOINT_URL and the credentials reach the store",
+                        path=self._abs(rel),
+                    ) from st
+                if st is None:
+                    missing.add(rel)  # gone; or empty: not a file to a listing either
+                    continue
+                files[rel] = st
+                if identity is not None:
+                    self._fresh[(rel, st)] = identity
+        return _Scan(files, {}, complete=False, missing=missing)
+
+    def _look(self, rel: str) -> tuple[str, FileStat | OSError | None, FileIdentity | None]:
+        """An object named by an event, now (a HEAD): its stat (None: gone or empty; the OSError
+        when the store fails), and, when it is new to this process, its identity (its content
+        sample: ranged GETs). Run in parallel: no state of the source is written here."""
+        path = self._abs(rel)
+        try:
+            st = self._files.stat(path)
+        except FileNotFoundError:
+            return rel, None, None
+        except OSError as err:
+            return rel, err, None
+        if st.size == 0:
+            return rel, None, None
+        if rel in self._layouts:
+            return rel, st, None  # known: compared by its stat first (check_splits)
+        try:
+            with self._files.open(path) as f:
+                return rel, st, FileIdentity(*st, sample_digest(f, st.size))
+        except OSError:
+            return rel, st, None  # read again (and its failure named) when its layout is cut
+
+    def _event_rel(self, bucket: str, key: str) -> str | None:
+        """The path, relative to the source's folder, of the object ``key`` of ``bucket``; None for an
+        object the source does not read (another bucket or prefix, a skipped or reserved name)."""
+        root = self._root()
+        folder = root.split("://", 1)[1].rstrip("/")
+        where = f"{bucket}/{key}"
+        if not where.startswith(folder + "/"):
+            return None
+        rel = where[len(folder) + 1 :]
+        if not rel or any(not part or _skipped(part) for part in rel.split("/")):
+            return None
+        if _reserved(rel.rsplit("/", 1)[-1]):
+            return None
+        if root != self._path and self._files.join(root, rel) != self._path:
+            return None  # source.path is one object: only its events
+        return rel
+
+    def close(self) -> None:
+        if self._events is not None:
+            self._events.close()
 
     def _advance_cursor(self, scan: _Scan, pending: set[str]) -> None:
         """Incremental discovery's start-after cursor: the greatest name listed (or the cursor the
@@ -1037,14 +1241,20 @@ class FileSource(SourceConnector, SupportsSplitReassignmentOnRecovery, SupportsS
         ``incremental`` when its new name is listed (a new file with the same size and digest).
         """
         self._fresh = {}
-        if recheck_finished or not self._layouts:  # a process that knows no layout learns them all
-            scan = self._scan()
-            checked: Mapping[str, str] = finished
+        if self._events is not None:  # the events say what changed, or a full listing (notify contract 3)
+            scan = self._notified_scan(recheck_finished)
+            everything = scan.complete
+        else:  # a process that knows no layout learns them all
+            everything = recheck_finished or not self._layouts
+            scan = (
+                self._scan() if everything else self._scan_new({relative_path_of(s.split_id) for s in live})
+            )
+        checked: Mapping[str, str]
+        if everything:
+            checked = finished
             self._index_finished(finished)
         else:
-            live_rels = {relative_path_of(s.split_id) for s in live}
-            scan = self._scan_new(live_rels)
-            checked = self._finished_to_check(finished, scan, live_rels)
+            checked = self._finished_to_check(finished, scan, {relative_path_of(s.split_id) for s in live})
         self._scanned = scan
         known: dict[str, list[_Known]] = {}
         for split in live:
@@ -1064,6 +1274,11 @@ class FileSource(SourceConnector, SupportsSplitReassignmentOnRecovery, SupportsS
                 changes.extend(self._compare(rel, scan.files[rel], entries))
             elif scan.gone(rel):
                 changes.extend(self._moved(rel, entries, scan, known))
+        if any(c.moved_to or c.replacement for c in changes):
+            # a caller may hold the ids these changes name until the driver applies them (the
+            # enumerator's first discovery): the events are read again from where they were, so the
+            # next discovery finds the change again if it was not applied
+            self._pending_offsets = None
         return sorted(changes, key=lambda c: c.split_id)
 
     def _finished_to_check(
@@ -1079,13 +1294,15 @@ class FileSource(SourceConnector, SupportsSplitReassignmentOnRecovery, SupportsS
         if scan.complete:
             rels |= self._layouts.keys() - scan.unchecked - scan.files.keys() - scan.bad.keys()
         else:
+            # finished files named by events (notifications): written again, or removed
+            rels |= (scan.files.keys() | scan.missing) & self._finished_ids.keys()
             for rel, st in scan.files.items():
                 if rel in self._layouts or rel in live_rels:
                     continue
                 now = self._identity(rel, st)
                 sid = None if now is None else self._finished_digest.get(now.digest)
                 old = None if sid is None or sid not in finished else index[sid]
-                if old is not None and old != rel and not os.path.lexists(self._abs(old)):
+                if old is not None and old != rel and not self._exists(old):
                     rels.add(old)
                     scan.missing.add(old)
         by_rel = self._finished_ids
@@ -1295,6 +1512,8 @@ class FileSource(SourceConnector, SupportsSplitReassignmentOnRecovery, SupportsS
             return max(start, limit)
         if max_records < 1:
             raise InvalidParameterError("max_records", max_records, "an integer >= 1")
+        if limit - start <= max_records:
+            return limit  # every line has a byte at least: the rest holds at most max_records lines
         path = FileRegionReader(self._root(), self._format).path_of(split)
         rel = relative_path_of(split.split_id)
         try:

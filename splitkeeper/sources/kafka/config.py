@@ -219,16 +219,16 @@ _MANAGED_HINTS = {
 }
 
 
-def _client_settings(raw: Mapping[str, Any], at: Where) -> _ClientItems:
+def _client_settings(raw: Mapping[str, Any], at: Where, key_name: str = "source.client") -> _ClientItems:
     """``source.client``: a mapping of librdkafka setting -> string, number or boolean; none that
     splitkeeper sets itself (:data:`KAFKA_MANAGED_CLIENT_KEYS`, whatever the case of the name), and,
     where the file's imports are checked, only settings librdkafka knows with values it takes."""
     items: list[tuple[str, str]] = []
     for key, value in raw.items():
-        dotted = f"source.client.{key}"
+        dotted = f"{key_name}.{key}"
         shown = REDACTED if is_secret_key(str(key)) else value
         if not key.strip():
-            raise at.invalid("source.client", key, "setting names that are non-empty strings")
+            raise at.invalid(key_name, key, "setting names that are non-empty strings")
         if key.lower() in KAFKA_MANAGED_CLIENT_KEYS:
             raise at.invalid(
                 dotted,
@@ -246,11 +246,11 @@ def _client_settings(raw: Mapping[str, Any], at: Where) -> _ClientItems:
             raise at.invalid(dotted, shown, "a string, number or boolean", f"got {type_name(value)}")
         items.append((key, text))
     if items and at.imports:
-        _check_librdkafka(items, at)
+        _check_librdkafka(items, at, key_name)
     return tuple(sorted(items))
 
 
-def _check_librdkafka(items: list[tuple[str, str]], at: Where) -> None:
+def _check_librdkafka(items: list[tuple[str, str]], at: Where, key_name: str = "source.client") -> None:
     """librdkafka's own check of the settings, without connecting: a consumer configured with them
     (and no bootstrap servers) is created and closed at once. ConfigError names the setting it
     refuses (an unknown name, names being case-sensitive, or a value it does not take) and where
@@ -286,7 +286,7 @@ def _check_librdkafka(items: list[tuple[str, str]], at: Where) -> None:
     where = LIBRDKAFKA_SETTINGS_URL.format(version=libversion()[0])
     listed = f"librdkafka's settings (and the values each takes) are listed at {where}"
     if key is None:  # a message naming no setting of the file: say what librdkafka said
-        raise at.invalid("source.client", "<not shown>", listed, f"librdkafka refuses them: {reason}")
+        raise at.invalid(key_name, "<not shown>", listed, f"librdkafka refuses them: {reason}")
     value = dict(items)[key]
     if reason.startswith("No such configuration property"):
         lower = key.lower()
@@ -295,9 +295,9 @@ def _check_librdkafka(items: list[tuple[str, str]], at: Where) -> None:
         else:
             close = did_you_mean(lower, _COMMON_CLIENT_KEYS)
         hint = "no such librdkafka setting (names are case-sensitive)" + (f"; {close}" if close else "")
-        raise at.invalid(f"source.client.{key}", REDACTED if is_secret_key(key) else value, listed, hint)
+        raise at.invalid(f"{key_name}.{key}", REDACTED if is_secret_key(key) else value, listed, hint)
     raise at.invalid(
-        f"source.client.{key}",
+        f"{key_name}.{key}",
         REDACTED if is_secret_key(key) else value,
         listed,
         "librdkafka refuses it" + ("" if is_secret_key(key) else f": {reason}"),
@@ -330,20 +330,25 @@ _COMMON_CLIENT_KEYS = [
 ]
 
 
-def _bootstrap_servers(raw: str | list[str] | None, at: Where, connection: str | None = None) -> str:
+def _bootstrap_servers(
+    raw: str | list[str] | None,
+    at: Where,
+    connection: str | None = None,
+    key: str = "source.bootstrap_servers",
+) -> str:
     allowed = "'host:port[,host:port...]' or a list of 'host:port'"
     if raw is None and connection is not None:
         raise at.missing(
-            "source.bootstrap_servers",
+            key,
             f"{allowed}; source.connection {connection!r} gives them only inside Airflow "
             "(splitkeeper.airflow.hooks.SplitkeeperHook); elsewhere set source.bootstrap_servers",
         )
     if raw is None:
-        raise at.missing("source.bootstrap_servers", allowed)
+        raise at.missing(key, allowed)
     items = [s.strip() for s in raw.split(",")] if isinstance(raw, str) else list(raw)
     bad = [s for s in items if not _HOST_PORT_RE.match(s) or not 0 < int(s.rsplit(":", 1)[1]) < 65536]
     if not items or bad:
-        raise at.invalid("source.bootstrap_servers", raw, allowed, f"not host:port: {bad}" if bad else "")
+        raise at.invalid(key, raw, allowed, f"not host:port: {bad}" if bad else "")
     return ",".join(items)
 
 

@@ -64,8 +64,11 @@ def versitygw_binary() -> Path | None:
 class ChaosStore:
     """versitygw plus the fault proxy (see the module doc); :meth:`start`, then :meth:`stop`."""
 
-    def __init__(self, workdir: Path, seed: int, fault_rate: float, prefix: str) -> None:
+    def __init__(
+        self, workdir: Path, seed: int, fault_rate: float, prefix: str, options: Sequence[str] = ()
+    ) -> None:
         self.workdir = workdir
+        self.options = tuple(options)  # more versitygw options (its bucket events: versitygw_launch)
         self.fault_rate = fault_rate
         self.prefix = prefix
         self.access_key = "chaos" + secrets.token_hex(6)
@@ -96,7 +99,9 @@ class ChaosStore:
         (self.workdir / "logs").mkdir(exist_ok=True)
         port = free_port()
         self.endpoint = f"http://127.0.0.1:{port}"
-        argv, env = versitygw_launch(f"127.0.0.1:{port}", data, self.access_key, self.secret_key)
+        argv, env = versitygw_launch(
+            f"127.0.0.1:{port}", data, self.access_key, self.secret_key, self.options
+        )
         log = (self.workdir / "logs" / "versitygw.log").open("ab")
         self._proc = subprocess.Popen(
             argv,

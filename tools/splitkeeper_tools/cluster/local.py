@@ -383,12 +383,14 @@ def versitygw_binary() -> Path:
 
 
 def versitygw_launch(
-    address: str, data: Path, access_key: str, secret_key: str
+    address: str, data: Path, access_key: str, secret_key: str, options: Sequence[str] = ()
 ) -> tuple[list[str], dict[str, str]]:
     """The command line and the environment additions that start versitygw (posix backend on
     ``data``) at ``address`` (``host:port``): the root credentials go through its environment,
-    never its command line. The cluster's object store and ``chaos --store s3`` both use it."""
-    argv = [str(versitygw_binary()), "--port", address, "--quiet", "posix", str(data)]
+    never its command line. The cluster's object store and ``chaos --store s3`` both use it.
+    ``options``: more of its global options (``--event-kafka-url <broker> --event-kafka-topic <t>``:
+    its bucket events to Kafka)."""
+    argv = [str(versitygw_binary()), "--port", address, "--quiet", *options, "posix", str(data)]
     env = {"ROOT_ACCESS_KEY_ID": access_key, "ROOT_SECRET_ACCESS_KEY": secret_key, "VGW_REGION": REGION}
     return argv, env
 
