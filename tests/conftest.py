@@ -27,6 +27,7 @@ bring it back by accident, nor drop the default tests.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from collections.abc import Callable, Iterator
@@ -219,7 +220,15 @@ def s3_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, versitygw: Path) -
     faults); ``s3_store.location(name)`` is an ``s3://`` location in its bucket."""
     from splitkeeper_tools.chaos.store import ChaosStore
 
-    store = ChaosStore(tmp_path / "store", seed=1, fault_rate=0.0, prefix="test")
+    with _serving(
+        ChaosStore(tmp_path / "store", seed=1, fault_rate=0.0, prefix="test"), monkeypatch
+    ) as store:
+        yield store
+
+
+@contextlib.contextmanager
+def _serving(store: ChaosStore, monkeypatch: pytest.MonkeyPatch) -> Iterator[ChaosStore]:
+    """``store`` started without faults, the ``AWS_*`` environment pointing at it; stopped at the end."""
     store.start()
     try:
         assert store.proxy is not None
@@ -259,15 +268,8 @@ def s3_events(
         future.result(timeout=30)
     options = ("--event-kafka-url", servers, "--event-kafka-topic", topic)
     store = ChaosStore(tmp_path / "store", seed=1, fault_rate=0.0, prefix="test", options=options)
-    store.start()
-    try:
-        assert store.proxy is not None
-        store.proxy.fault = None
-        for key, value in store.store_env().items():
-            monkeypatch.setenv(key, value)
+    with _serving(store, monkeypatch):
         yield S3Events(store, servers, topic)
-    finally:
-        store.stop()
 
 
 @pytest.fixture(scope="session")
