@@ -1,5 +1,9 @@
-"""What every sink kind's ``sink.mode: upsert`` section checks against the rest of the pipeline file
-(:meth:`~splitkeeper.config.base.SinkSection.checked`): one rule for the Delta and the Iceberg sink.
+"""The upsert keys of every sink kind that can upsert, declared once and checked by one rule.
+
+:class:`KeyedSinkSection`: the base of such a kind's section: ``key`` and ``delete_when`` (one
+definition for the Delta and the Iceberg sink; the kind says which ``mode`` upserts,
+:attr:`~KeyedSinkSection.upserting`, and what syntax its ``delete_when`` takes), and the
+:attr:`~KeyedSinkSection.upsert` rule made of them.
 
 :func:`check_upsert_keys`: an append sink names none of the upsert keys (``key``, ``delete_when``,
 its change table's key); an upsert sink has a key of distinct sink columns and a delete predicate
@@ -10,24 +14,55 @@ predicate are checked again against its output when the pipeline opens), and no
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
-from splitkeeper.config.base import SinkSection, Where
+from pydantic import Field
+
+from splitkeeper.config.base import SinkSection, Text, Where
 from splitkeeper.errors import UpsertError
 from splitkeeper.records.upsert import UpsertSpec
 
-__all__ = ["check_upsert_keys"]
+__all__ = ["KeyedSinkSection", "check_upsert_keys"]
+
+
+class KeyedSinkSection(SinkSection):
+    """``sink`` of a kind that can upsert (``sink.mode: upsert``): its row key and delete predicate."""
+
+    key: tuple[Text, ...] = Field(
+        (),
+        strict=False,
+        description="a list of sink column names: the row key of an upsert sink (mode 'upsert')",
+    )
+    delete_when: Text | None = Field(
+        None,
+        description="a predicate over the record's columns that makes it a delete of its key, e.g. "
+        "\"op = 'd'\" (mode 'upsert'; a null Kafka value deletes too); delta reads it as Spark SQL, "
+        "iceberg as pyiceberg's row filter (comparisons, IN, IS NULL, LIKE 'prefix%', AND, OR, NOT)",
+    )
+
+    @property
+    def upserting(self) -> bool:
+        """True when ``sink.mode`` is the kind's upsert mode."""
+        raise NotImplementedError
+
+    @functools.cached_property
+    def upsert(self) -> UpsertSpec | None:
+        """The upsert rule (key and deletes) of an upsert sink; None for an append sink."""
+        if not self.upserting:
+            return None
+        return UpsertSpec.of(self.key, self.delete_when)
 
 
 def check_upsert_keys(
-    section: SinkSection, file: Any, at: Where, *, upsert: bool, keys: tuple[str, ...], why: str
+    section: KeyedSinkSection, file: Any, at: Where, *, keys: tuple[str, ...], why: str
 ) -> None:
     """The upsert keys of ``section`` against ``file`` (the module doc); ``keys``: the section's keys
     only an upsert sink may give; ``why``: why ``add_columns`` is refused, for the message. Raises the
     ConfigError of ``at`` naming the key."""
     from splitkeeper.config.models import NewFields, TransformKind
 
-    if not upsert:
+    if not section.upserting:
         for key in keys:
             if key in section.given():
                 value = getattr(section, key)
@@ -38,8 +73,7 @@ def check_upsert_keys(
                     "set sink.mode: upsert",
                 )
         return
-    key_columns: tuple[str, ...] = section.key  # type: ignore[attr-defined]
-    delete_when: str | None = section.delete_when  # type: ignore[attr-defined]
+    key_columns, delete_when = section.key, section.delete_when
     if not key_columns:
         raise at.missing("sink.key", "the list of sink columns that identify a row (sink.mode is 'upsert')")
     try:

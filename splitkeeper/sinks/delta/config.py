@@ -14,7 +14,6 @@ is :attr:`DeltaSink.upsert` and the table of the offsets a Spark transform dropp
 from __future__ import annotations
 
 import enum
-import functools
 from typing import Any, Literal
 
 from pydantic import Field
@@ -23,14 +22,12 @@ from splitkeeper.config.base import (
     CONN_ID_PATTERN,
     STORE_CONNECTION,
     Location,
-    SinkSection,
     Text,
     Where,
     choice,
     sibling,
 )
-from splitkeeper.records.upsert import UpsertSpec
-from splitkeeper.sinks.keyed import check_upsert_keys
+from splitkeeper.sinks.keyed import KeyedSinkSection, check_upsert_keys
 
 __all__ = ["DeltaSink", "SinkMode"]
 
@@ -42,7 +39,7 @@ class SinkMode(enum.Enum):
     UPSERT = "upsert"  # the latest row per sink.key, one Delta MERGE per epoch; deletes by sink.delete_when
 
 
-class DeltaSink(SinkSection):
+class DeltaSink(KeyedSinkSection):
     """``sink`` with ``kind: delta`` (or no kind): the exactly-once Delta table of the records."""
 
     kind: Literal["delta"] = Field("delta", description="delta (the default)")
@@ -52,28 +49,15 @@ class DeltaSink(SinkSection):
         (), strict=False, description="a list of sink column names (Delta partition columns)"
     )
     mode: SinkMode = choice(SinkMode, SinkMode.APPEND)
-    key: tuple[Text, ...] = Field(
-        (),
-        strict=False,
-        description="a list of sink column names: the row key of an upsert sink (mode 'upsert')",
-    )
-    delete_when: Text | None = Field(
-        None,
-        description="a SQL predicate over the record's columns that makes it a delete of its key, "
-        "e.g. \"op = 'd'\" (mode 'upsert'; a null Kafka value deletes too)",
-    )
     changes_path: Text | None = Field(
         None,
         description="the change table of an upsert sink: every record of every epoch (default: "
         "<sink.path>_changes beside the sink)",
     )
 
-    @functools.cached_property
-    def upsert(self) -> UpsertSpec | None:
-        """The upsert rule (key and deletes) of an upsert sink; None for an append sink."""
-        if self.mode is not SinkMode.UPSERT:
-            return None
-        return UpsertSpec.of(self.key, self.delete_when)
+    @property
+    def upserting(self) -> bool:
+        return self.mode is SinkMode.UPSERT
 
     @property
     def staged_partition_by(self) -> tuple[str, ...]:
@@ -122,16 +106,14 @@ class DeltaSink(SinkSection):
                 )
         if len(set(self.partition_by)) != len(self.partition_by):
             raise at.invalid("sink.partition_by", list(self.partition_by), "distinct column names")
-        upsert = self.mode is SinkMode.UPSERT
         check_upsert_keys(
             self,
             file,
             at,
-            upsert=upsert,
             keys=("key", "delete_when", "changes_path"),
             why="a MERGE does not widen the keyed table's columns",
         )
-        if not upsert:
+        if not self.upserting:
             return self.model_copy(update={"path": path})
         changes = at.path(self.changes_path) if self.changes_path is not None else sibling(path, "_changes")
         for name, other in (("sink.path", path), ("errors.dead_letter.path", dead)):

@@ -20,15 +20,13 @@ makes them is refused here, before it runs.
 
 from __future__ import annotations
 
-import functools
 import re
 from typing import Any, Literal
 
 from pydantic import Field
 
-from splitkeeper.config.base import Location, SinkSection, Text, Where, is_uri
-from splitkeeper.records.upsert import UpsertSpec
-from splitkeeper.sinks.keyed import check_upsert_keys
+from splitkeeper.config.base import Location, Text, Where, is_uri
+from splitkeeper.sinks.keyed import KeyedSinkSection, check_upsert_keys
 
 __all__ = ["CATALOG_TYPES", "EMBEDDED_CATALOG", "IcebergSink"]
 
@@ -39,7 +37,7 @@ EMBEDDED_CATALOG = "splitkeeper"
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+$")
 
 
-class IcebergSink(SinkSection):
+class IcebergSink(KeyedSinkSection):
     """``sink`` with ``kind: iceberg``: an Iceberg table of the records, one snapshot per epoch."""
 
     kind: Literal["iceberg"] = Field(description="iceberg")
@@ -60,29 +58,15 @@ class IcebergSink(SinkSection):
         description="append: every record is a new row; upsert: the latest row per sink.key, one "
         "snapshot per epoch (deletes by sink.delete_when or a null Kafka value)",
     )
-    key: tuple[Text, ...] = Field(
-        (),
-        strict=False,
-        description="a list of sink column names: the row key of an upsert sink (mode 'upsert')",
-    )
-    delete_when: Text | None = Field(
-        None,
-        description="a predicate over the record's columns that makes it a delete of its key, e.g. "
-        "\"op = 'd'\" (mode 'upsert'; pyiceberg's row filter syntax: comparisons, IN, IS NULL, AND, "
-        "OR, NOT)",
-    )
     changes_table: Text | None = Field(
         None,
         description="the change table of an upsert sink, namespace.name: every record of every epoch "
         "(default: <sink.table>_changes)",
     )
 
-    @functools.cached_property
-    def upsert(self) -> UpsertSpec | None:
-        """The upsert rule (key and deletes) of an upsert sink; None for an append sink."""
-        if self.mode != "upsert":
-            return None
-        return UpsertSpec.of(self.key, self.delete_when)
+    @property
+    def upserting(self) -> bool:
+        return self.mode == "upsert"
 
     @property
     def changes(self) -> str:
@@ -198,16 +182,14 @@ class IcebergSink(SinkSection):
     def _check_upsert(self, file: Any, at: Where) -> None:
         """The upsert keys (:func:`~splitkeeper.sinks.keyed.check_upsert_keys`), the change table's
         identifier, and a ``delete_when`` that pyiceberg's row filter reads."""
-        upsert = self.mode == "upsert"
         check_upsert_keys(
             self,
             file,
             at,
-            upsert=upsert,
             keys=("key", "delete_when", "changes_table"),
             why="the keyed Iceberg table's columns are fixed when it is created",
         )
-        if not upsert:
+        if not self.upserting:
             return
         if not _IDENTIFIER.match(self.changes) or self.changes == self.table:
             raise at.invalid(
