@@ -46,6 +46,10 @@ VENV="$ROOT/.venv"
 JARS_DIR="${SPLITKEEPER_JARS_DIR:-$ROOT/.jars}"
 TOOLS_DIR="${SPLITKEEPER_TOOLS_DIR:-$ROOT/.tools}"
 export SPLITKEEPER_MAVEN_REPO="${SPLITKEEPER_MAVEN_REPO:-https://repo.maven.apache.org/maven2}"
+# uv trusts the platform's certificate store, as the venv's pip does (truststore): a machine whose
+# registries are reached through a TLS-inspecting proxy, its CA in the system store but no
+# SSL_CERT_FILE exported, installs as pip would (uv's own bundled roots refuse it: UnknownIssuer).
+export UV_SYSTEM_CERTS="${UV_SYSTEM_CERTS:-1}"
 T0=$SECONDS
 
 say() { printf '[setup] %s\n' "$*"; }

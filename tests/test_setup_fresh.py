@@ -5,7 +5,9 @@ pinned installer (locks/bootstrap.txt); uv installs exactly the locks.
 This is the step a fresh machine failed on 2026-12-04 (issue 35): the bundled pip 23.2.1 resolved
 ``uvicorn[standard]>=0.15.0`` to a release made after the lock and stopped in --require-hashes
 mode. No pip cache is used (``PIP_NO_CACHE_DIR``); uv's download cache is the machine's, so the
-test costs seconds once set-up ran, not a download of pyspark.
+test costs seconds once set-up ran, not a download of pyspark. No variable names a CA bundle
+(``SSL_CERT_FILE`` ...): set-up trusts the system's store, as the bundled pip does (a fresh
+machine behind a TLS-inspecting proxy failed on uv's own roots, 2026-12-05).
 """
 
 from __future__ import annotations
@@ -28,6 +30,10 @@ def _system_python() -> str:
     return python
 
 
+#: variables naming a CA bundle; a fresh machine may export none (its CAs only in the system store)
+_CA_BUNDLES = ("SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE")
+
+
 @pytest.mark.slow
 def test_the_python_step_installs_the_locks_into_a_new_venv_of_the_systems_python(tmp_path: Path) -> None:
     source = tmp_path / "checkout"
@@ -38,7 +44,8 @@ def test_the_python_step_installs_the_locks_into_a_new_venv_of_the_systems_pytho
     env = {
         k: v
         for k, v in os.environ.items()
-        if k not in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME") and not k.startswith(("PIP_", "SPLITKEEPER_"))
+        if k not in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME") + _CA_BUNDLES
+        and not k.startswith(("PIP_", "SPLITKEEPER_", "UV_"))
     }
     env.update(PIP_NO_CACHE_DIR="1", SPLITKEEPER_PYTHON=_system_python(), SPLITKEEPER_BROWSER_TESTS="0")
     done = subprocess.run(
