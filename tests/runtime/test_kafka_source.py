@@ -332,10 +332,44 @@ def test_metadata_interval_reuses_the_partitions_but_lists_the_ends_every_round(
             assert [s.split_id for s in again] == [f"{topic}-0", f"{topic}-1"]
         assert [source.available_end(s) for s in again[:2]] == [3, 1]
         time.sleep(max(0.0, 5.1 - (time.monotonic() - asked)))
-        source.check_splits(again, {})
-        later = source.discover_splits()  # the interval passed: asked again, the new partition found
+        for _ in range(50):  # the interval passed: asked again, the new partition found
+            source.check_splits(again, {})
+            later = source.discover_splits()
+            if len(later) == 3:  # (a partition still loading waits for a later round)
+                break
+            time.sleep(0.1)
         assert [s.split_id for s in later] == [f"{topic}-{p}" for p in range(3)]
         assert [source.available_end(s) for s in later] == [3, 1, 1]
+    finally:
+        source.close()
+
+
+def test_a_topic_deleted_within_the_metadata_interval_fails_its_splits_only_and_is_seen_next_round(
+    bootstrap: str,
+) -> None:
+    kept, gone = create_topic(bootstrap, 2), create_topic(bootstrap, 1)
+    produce(bootstrap, kept, {0: ["a"], 1: ["b", "c"]})
+    source = KafkaSource(bootstrap, topics=[kept, gone], metadata_interval_s=600)
+    try:
+        before = source.discover_splits()
+        ends = {s.split_id: source.available_end(s) for s in before}
+        assert ends == {f"{kept}-0": 1, f"{kept}-1": 2, f"{gone}-0": 0}
+        admin = AdminClient({"bootstrap.servers": bootstrap})
+        for future in admin.delete_topics([gone]).values():
+            future.result(timeout=30)
+        deadline = time.monotonic() + 30
+        while gone in admin.list_topics(timeout=10).topics and time.monotonic() < deadline:
+            time.sleep(0.1)  # until the deletion took effect
+        splits = {s.split_id: s for s in source.discover_splits()}
+        assert sorted(splits) == sorted(ends)  # the kept answer still names the deleted topic's partition
+        started = time.monotonic()
+        assert [source.available_end(splits[f"{kept}-{p}"]) for p in (0, 1)] == [1, 2]
+        with pytest.raises(SourceError, match=f"end offset of {gone}-0 cannot be listed") as failed:
+            source.available_end(splits[f"{gone}-0"])
+        assert "source.metadata_interval_s" in str(failed.value)
+        assert time.monotonic() - started < 8  # not waited for until connect_timeout_s passes
+        with pytest.raises(SourceError, match="explicitly|does not exist|do not exist"):
+            source.subscriptions()  # the next round asks the cluster again: the topic is gone
     finally:
         source.close()
 

@@ -679,6 +679,8 @@ class KafkaSource(
         # rounds of the next metadata_interval_s seconds (0: never)
         self._kept_metadata: tuple[float, dict[str, tuple[int, ...]]] | None = None
         self._kept_ids: tuple[float, dict[str, str]] | None = None
+        self._reused = False  # this round's metadata is a kept answer (not asked this round)
+        self._unlisted: set[str] = set()  # this round's splits whose end offset could not be listed
         if not bootstrap_servers:
             raise InvalidParameterError("bootstrap_servers", bootstrap_servers, "'host:port[,host:port...]'")
         if bool(topics) == bool(topic_pattern):
@@ -948,7 +950,9 @@ class KafkaSource(
                 return dict(answer)
         if self._kept_metadata is not None and self._kept(self._kept_metadata[0]):
             self._round_metadata = (time.monotonic(), step, dict(self._kept_metadata[1]))
+            self._reused = True
             return dict(self._kept_metadata[1])
+        self._reused = False
         deadline = time.monotonic() + self._timeout_s
         while True:
             try:
@@ -1126,6 +1130,7 @@ class KafkaSource(
             reuse = ()
             time.sleep(0.1)  # the initial discovery waits for partitions that are still being created
         self._ends = None
+        self._unlisted = set()
         identities = self._identities(topics)
         for sid in [
             s
@@ -1334,19 +1339,35 @@ class KafkaSource(
         The first call after :meth:`discover_splits` fetches the ends of every
         known partition (and ``split``) in one request; later calls in the
         same round answer from that cache.
+
+        When this round's partitions are a kept answer (``metadata_interval_s``), a partition
+        that does not answer (its topic deleted since) is not waited for: SourceError for its
+        split in this round (the planner's failed read of the split: its region declines), and
+        the next round asks the cluster for its topics again.
         """
+        if split.split_id in self._unlisted:
+            raise SourceError(
+                f"the end offset of {split.split_id} cannot be listed on Kafka at {self._bootstrap} "
+                "now (its topic deleted or being re-created since the partitions were last asked "
+                "for, source.metadata_interval_s); the next epoch asks for the topics again",
+                split=split.split_id,
+            )
         if self._ends is None or split.split_id not in self._ends:
             ids = list(dict.fromkeys([*self._known, split.split_id]))
             plain = len({parse_split_id(sid) for sid in ids}) == len(ids)  # one id per partition
             ends = self._end_offsets(ids) if plain else None
             if ends is None:
+                reused = self._reused
                 try:
-                    ends = self._list_offsets(dict.fromkeys(ids, OffsetSpec.latest()), "end")
+                    ends = self._list_offsets(dict.fromkeys(ids, OffsetSpec.latest()), "end", partial=reused)
                 except SourceError:
                     self._forget_kept()  # a partition gone (a topic deleted): the next round asks
                     raise
+                if reused and len(ends) < len(ids):
+                    self._forget_kept()
+                    self._unlisted = {sid for sid in ids if sid not in ends}
             self._ends = {**(self._ends or {}), **ends}
-        return self._ends[split.split_id]
+        return self.available_end(split) if split.split_id in self._unlisted else self._ends[split.split_id]
 
     def offset_for(self, split: Split, kind: str, timestamp_ms: int | None = None) -> int:
         """The partition's offset for ``offsets reset --to``: ``earliest`` (log start), ``latest``
