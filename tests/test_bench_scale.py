@@ -125,7 +125,7 @@ def test_bad_sizes_are_refused_naming_the_option() -> None:
 
 
 @pytest.mark.kafka
-def test_the_kafka_part_reads_one_percent_of_the_partitions_per_epoch_exactly(
+def test_the_kafka_part_reads_its_share_of_the_partitions_per_epoch_exactly(
     spark: Any, kafka_broker: Any, tmp_path: Path
 ) -> None:
     result = run_scale(
@@ -137,12 +137,15 @@ def test_the_kafka_part_reads_one_percent_of_the_partitions_per_epoch_exactly(
         spark_factory=lambda: spark,
         kafka_partitions=[10, 100],
         bootstrap_servers=kafka_broker.bootstrap_servers,
+        active_share=0.05,
+        kafka_metadata_interval_s=60,
     )
 
     assert result["kafka_partitions"] == [10, 100]
-    for partitions in ("10", "100"):
+    assert (result["kafka_active_share"], result["kafka_metadata_interval_s"]) == (0.05, 60)
+    for partitions, moved in (("10", 1), ("100", 5)):
         epochs = result["kafka_per_epoch"][partitions]
-        assert [e["records"] for e in epochs] == [1, 1]  # 1% of 10 and of 100: one partition, one message
+        assert [e["records"] for e in epochs] == [moved, moved]  # 5%: a message to each of that many
         assert all(e["kind"] == "global" and e["delta_files_added"] > 0 for e in epochs)
         assert set(result["kafka_epoch_phases_ms"][partitions]) == set(DRIVER_PHASES)
         assert result["kafka_epoch_overhead_ms"][partitions] > 0

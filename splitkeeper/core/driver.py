@@ -1138,6 +1138,8 @@ class EpochDriver:
                 if split.finished:
                     continue
                 try:
+                    if self.source.available_end(split) <= split.position:
+                        continue  # nothing new (most splits of a wide topic): no budget arithmetic
                     end = self._plan_end(split, records_per_split)
                 except SourceError as err:  # its file is gone or unreadable: a failed read of the split
                     self._unplannable.setdefault(reader, {})[split_id] = str(err)

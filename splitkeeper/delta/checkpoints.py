@@ -62,7 +62,7 @@ import time
 import uuid
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -125,6 +125,9 @@ class _Base:
     parallelism: int  # its enumerator snapshot's
     snapshot: EnumeratorSnapshot  # what its enumerator_state rows hold
     since: int = 1  # checkpoints committed since it, itself included
+    # its live rows by split id, made by the first delta against it and kept by the next ones
+    # (serde.enumerator_delta's ``base_rows``): each delta then builds the rows of its own snapshot only
+    rows: dict[str, Any] = field(default_factory=dict, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -723,7 +726,11 @@ class DeltaStateStore(StateStore, CheckpointStore):
         key = {"checkpoint_id": checkpoint_id, "attempt_id": rows_attempt}
         snapshot = completed.enumerator
         base = None if snapshot is None else self._delta_base(completed)
-        delta = None if base is None or snapshot is None else serde.enumerator_delta(base.snapshot, snapshot)
+        delta = (
+            None
+            if base is None or snapshot is None
+            else serde.enumerator_delta(base.snapshot, snapshot, base_rows=base.rows)
+        )
         if delta is not None:
             written = delta
         else:

@@ -462,7 +462,9 @@ def _entry_row(status: str, split_id: str, **values: Any) -> Row:
     return row
 
 
-def enumerator_delta(base: EnumeratorSnapshot, snapshot: EnumeratorSnapshot) -> list[Row] | None:
+def enumerator_delta(
+    base: EnumeratorSnapshot, snapshot: EnumeratorSnapshot, *, base_rows: dict[str, Any] | None = None
+) -> list[Row] | None:
     """The ``enumerator_state`` rows that turn ``base``'s full snapshot rows into ``snapshot``'s;
     None when ``snapshot`` cannot be a delta against ``base`` (a split id in two places: the
     caller writes a full snapshot). Its cost grows with the live splits and what changed, not
@@ -479,10 +481,17 @@ def enumerator_delta(base: EnumeratorSnapshot, snapshot: EnumeratorSnapshot) -> 
        ``removed`` (split place) or ``backlog_removed`` (backlog entry), split id only.
     3. Applying the delta to ``base``'s rows (:func:`splitkeeper.delta.history.merge_delta`)
        decodes (:func:`enumerator_from_rows`) to ``snapshot``.
+
+    ``base_rows``: a cache of ``base``'s live rows by split id (empty, or filled by a call with the
+    same ``base``): filled on first use, then reused, as the deltas of one base are many (at 10,000
+    splits making them cost about as much as the delta's own rows). Never changed after filled.
     """
     _guard_fields(base, ENUMERATOR_FIELDS)
     _guard_fields(snapshot, ENUMERATOR_FIELDS)
-    before, now = _live_rows(base), _live_rows(snapshot)
+    before = base_rows or _live_rows(base)
+    if base_rows is not None and not base_rows and before:
+        base_rows.update(before)
+    now = _live_rows(snapshot)
     if before is None or now is None:
         return None
     if not before.keys().isdisjoint(base.finished) or not now.keys().isdisjoint(snapshot.finished):

@@ -311,6 +311,99 @@ def test_reader_keeps_values_as_bytes_invalid_utf8_too_and_tombstones_as_null(bo
     assert metas[2] is not None and metas[2].headers == () and metas[2].timestamp_ms is not None
 
 
+def test_metadata_interval_reuses_the_partitions_but_lists_the_ends_every_round(bootstrap: str) -> None:
+    # source.metadata_interval_s: discovery asks for the topics, partitions and topic ids at most
+    # that often; every round still lists the end offsets, so new records are planned at once.
+    topic = create_topic(bootstrap, 2)
+    produce(bootstrap, topic, {0: ["a"], 1: ["b"]})
+    source = KafkaSource(bootstrap, topics=[topic], metadata_interval_s=5.0)
+    try:
+        asked = time.monotonic()
+        splits = source.discover_splits()
+        assert [source.available_end(s) for s in splits] == [1, 1]
+        admin = AdminClient({"bootstrap.servers": bootstrap})
+        for future in admin.create_partitions([NewPartitions(topic, 3)]).values():
+            future.result(timeout=30)
+        wait_for_leaders(admin, topic, 3)
+        produce(bootstrap, topic, {0: ["c", "d"], 2: ["e"]})
+        source.check_splits(splits, {})
+        again = source.discover_splits()  # within the interval: the partitions asked before
+        if time.monotonic() - asked < 4.5:  # (not when the machine was too slow to tell)
+            assert [s.split_id for s in again] == [f"{topic}-0", f"{topic}-1"]
+        assert [source.available_end(s) for s in again[:2]] == [3, 1]
+        time.sleep(max(0.0, 5.1 - (time.monotonic() - asked)))
+        for _ in range(50):  # the interval passed: asked again, the new partition found
+            source.check_splits(again, {})
+            later = source.discover_splits()
+            if len(later) == 3:  # (a partition still loading waits for a later round)
+                break
+            time.sleep(0.1)
+        assert [s.split_id for s in later] == [f"{topic}-{p}" for p in range(3)]
+        assert [source.available_end(s) for s in later] == [3, 1, 1]
+    finally:
+        source.close()
+
+
+def test_a_topic_deleted_within_the_metadata_interval_fails_its_splits_only_and_is_seen_next_round(
+    bootstrap: str,
+) -> None:
+    kept, gone = create_topic(bootstrap, 2), create_topic(bootstrap, 1)
+    produce(bootstrap, kept, {0: ["a"], 1: ["b", "c"]})
+    source = KafkaSource(bootstrap, topics=[kept, gone], metadata_interval_s=600)
+    try:
+        before = source.discover_splits()
+        ends = {s.split_id: source.available_end(s) for s in before}
+        assert ends == {f"{kept}-0": 1, f"{kept}-1": 2, f"{gone}-0": 0}
+        admin = AdminClient({"bootstrap.servers": bootstrap})
+        for future in admin.delete_topics([gone]).values():
+            future.result(timeout=30)
+        deadline = time.monotonic() + 30
+        while gone in admin.list_topics(timeout=10).topics and time.monotonic() < deadline:
+            time.sleep(0.1)  # until the deletion took effect
+        splits = {s.split_id: s for s in source.discover_splits()}
+        assert sorted(splits) == sorted(ends)  # the kept answer still names the deleted topic's partition
+        started = time.monotonic()
+        assert [source.available_end(splits[f"{kept}-{p}"]) for p in (0, 1)] == [1, 2]
+        with pytest.raises(SourceError, match=f"end offset of {gone}-0 cannot be listed") as failed:
+            source.available_end(splits[f"{gone}-0"])
+        assert "source.metadata_interval_s" in str(failed.value)
+        assert time.monotonic() - started < 8  # not waited for until connect_timeout_s passes
+        with pytest.raises(SourceError, match="explicitly|does not exist|do not exist"):
+            source.subscriptions()  # the next round asks the cluster again: the topic is gone
+    finally:
+        source.close()
+
+
+def test_the_end_stops_at_an_open_transaction_on_both_ways_of_listing_it(bootstrap: str) -> None:
+    # The end offsets of an epoch come from the offsets consumer (read_committed); when it does
+    # not answer every partition the admin client lists them. Both give the last stable offset:
+    # the records of an open transaction are not planned until it commits.
+    topic = create_topic(bootstrap, 2)
+    producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": unique("txn")})
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    producer.produce(topic, value="c0", partition=0)
+    producer.commit_transaction(30)  # offset 0, commit marker 1
+    producer.begin_transaction()
+    producer.produce(topic, value="open", partition=0)
+    producer.produce(topic, value="open", partition=1)
+    producer.flush(30)  # offsets 2 (partition 0) and 0 (partition 1) are in a transaction still open
+    fast = KafkaSource(bootstrap, topics=[topic])
+    listed = KafkaSource(bootstrap, topics=[topic])
+    listed._end_offsets = lambda split_ids: None  # type: ignore[method-assign]  # the admin client's way
+    try:
+        for source in (fast, listed):
+            splits = source.discover_splits()
+            assert [source.available_end(s) for s in splits] == [2, 0]
+        producer.commit_transaction(30)
+        for source in (fast, listed):
+            splits = source.discover_splits()  # a new round: the ends are listed again
+            assert [source.available_end(s) for s in splits] == [4, 2]
+    finally:
+        fast.close()
+        listed.close()
+
+
 def test_transaction_markers_and_aborted_records_are_gaps_the_position_moves_over(bootstrap: str) -> None:
     topic = create_topic(bootstrap, 1)
     producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": unique("txn")})
@@ -871,9 +964,10 @@ def test_end_offsets_listed_in_chunks_and_a_discovery_round_asks_for_metadata_on
 ) -> None:
     """Issue 41: at 10,000 partitions one ListOffsets request cost 0.9-1.9 s and each epoch asked for
     the metadata three times and the topic ids twice. The offsets are listed in requests of
-    ``_LIST_OFFSETS_CHUNK`` partitions (2 here: 5 partitions are 3 requests) with the same answer; a
-    round (subscriptions, check_splits, discover_splits) asks for the metadata and the ids once; the
-    next round, and a check_splits called again, ask anew (a topic re-created between them is seen)."""
+    ``_LIST_OFFSETS_CHUNK`` partitions (2 here: 5 partitions are 3 requests) with the same answer, an
+    epoch's ends through the offsets consumer (no future per partition); a round (subscriptions,
+    check_splits, discover_splits) asks for the metadata and the ids once; the next round, and a
+    check_splits called again, ask anew (a topic re-created between them is seen)."""
     import splitkeeper.sources.kafka.source as kafka_source
 
     monkeypatch.setattr(kafka_source, "_LIST_OFFSETS_CHUNK", 2)
@@ -897,9 +991,22 @@ def test_end_offsets_listed_in_chunks_and_a_discovery_round_asks_for_metadata_on
             return counted(name) if name in calls else getattr(admin, name)
 
     monkeypatch.setattr(source, "_admin", Counting())
+    consumer = source._offsets_client()
+    asked: list[list[int]] = []
+
+    class CountingConsumer:  # the real offsets consumer, its requests counted
+        def offsets_for_times(self, partitions: list[TopicPartition], timeout: float) -> Any:
+            asked.append([tp.partition for tp in partitions])
+            return consumer.offsets_for_times(partitions, timeout=timeout)
+
+        def close(self) -> None:
+            consumer.close()
+
+    monkeypatch.setattr(source, "_offsets_consumer", CountingConsumer())
     splits = source.discover_splits()
     assert [source.available_end(s) for s in splits] == [1, 2, 3, 4, 5]
-    assert calls["list_offsets"] == 3 + 3 + 3  # discovery's ends and starts, then the round's ends
+    assert calls["list_offsets"] == 3 + 3  # discovery's ends and starts
+    assert asked == [[0, 1], [2, 3], [4]]  # then the round's ends, through the consumer
     for key in calls:
         calls[key] = 0
 

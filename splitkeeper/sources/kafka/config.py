@@ -5,6 +5,8 @@ Keys: ``bootstrap_servers`` (comma-separated host:port, or a list), ``topics`` o
 group's committed offsets), ``group_id`` (required for ``starting: group``),
 ``on_offset_out_of_range``, ``connect_timeout_s`` (how long a Kafka request may wait for the broker)
 and ``read_timeout_s`` (how long a reader may make no progress; None: the connector's defaults),
+``metadata_interval_s`` (how long discovery reuses the topics, partitions and topic ids it asked
+for; 0, the default: it asks every epoch),
 ``client``: librdkafka settings for every client (SASL/SSL; :class:`ClientConfig`), and
 ``connection``: an Airflow connection whose servers and client settings fill what the file leaves
 out (:func:`connection_settings`).
@@ -126,6 +128,12 @@ class KafkaSource(SourceSection):
     on_offset_out_of_range: OffsetOutOfRange = choice(OffsetOutOfRange, OffsetOutOfRange.FAIL)
     connect_timeout_s: float | None = Field(None, gt=0, allow_inf_nan=False, description=SECONDS)
     read_timeout_s: float | None = Field(None, gt=0, allow_inf_nan=False, description=SECONDS)
+    metadata_interval_s: float = Field(
+        0.0,
+        ge=0,
+        allow_inf_nan=False,
+        description="seconds >= 0 between discovery's metadata and topic-id requests (0: every epoch)",
+    )
     client: Any = Field(
         default_factory=dict,
         description="a mapping of Kafka client settings (librdkafka names) to strings, numbers or booleans",

@@ -438,10 +438,17 @@ def measure_file_splits(
 
 
 def measure_kafka_epochs(
-    spark: Any, root: Path, bootstrap: str, partitions: int, epochs: int, active_share: float = 0.01
+    spark: Any,
+    root: Path,
+    bootstrap: str,
+    partitions: int,
+    epochs: int,
+    active_share: float = 0.01,
+    metadata_interval_s: float | None = None,
 ) -> dict[str, Any]:
-    """Part 4 for one partition count: a fresh topic; driver phases per epoch with 1% of the
-    partitions receiving a message before each."""
+    """Part 4 for one partition count: a fresh topic; driver phases per epoch with ``active_share``
+    of the partitions receiving a message before each (``metadata_interval_s``: the source's
+    ``metadata_interval_s``; None: its default)."""
     from confluent_kafka import Producer
 
     from splitkeeper.config.settings import config_from_mapping
@@ -471,6 +478,7 @@ def measure_kafka_epochs(
                 "bootstrap_servers": bootstrap,
                 "topics": [topic],
                 "starting": "earliest",
+                **({} if metadata_interval_s is None else {"metadata_interval_s": metadata_interval_s}),
             },
             "checkpoint": {"retain_checkpoints": 3, "region_timeout_s": 600},
             "backlog": {"backlog_epoch_records": partitions * 4, "normal_epoch_records": partitions * 4},
@@ -551,6 +559,7 @@ def run_scale(
     active_share: float = 0.01,
     source_options: Mapping[str, Any] | None = None,
     store: str = "local",
+    kafka_metadata_interval_s: float | None = None,
 ) -> dict[str, Any]:
     """Every part (Kafka only with ``kafka_partitions``, part 5 only with ``file_splits``; parts 1 and
     2 only with ``sizes``); the JSON-able result. ``store`` ``s3``: part 5's files, state and sink on
@@ -588,7 +597,13 @@ def run_scale(
                 for partitions in kafka_partitions:
                     say(f"{partitions:,} partitions: epochs (load {os.getloadavg()[0]:.1f})")
                     kafka_by_size[partitions] = measure_kafka_epochs(
-                        spark, base / f"kafka-{partitions}", bootstrap, partitions, epochs
+                        spark,
+                        base / f"kafka-{partitions}",
+                        bootstrap,
+                        partitions,
+                        epochs,
+                        active_share,
+                        kafka_metadata_interval_s,
                     )
             finally:
                 broker.stop()
@@ -667,6 +682,8 @@ def run_scale(
             result.update(
                 {
                     "kafka_partitions": sorted(kafka_by_size),
+                    "kafka_active_share": active_share,
+                    "kafka_metadata_interval_s": kafka_metadata_interval_s,
                     "kafka_epoch_overhead_ms": k_overhead,
                     "kafka_epoch_phases_ms": {
                         str(s): v["phases_ms_median"] for s, v in kafka_by_size.items()
@@ -833,7 +850,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="part 5: this many file splits (e.g. 100000), --active-share of them new per epoch (0: skip)",
     )
     parser.add_argument(
-        "--active-share", type=float, default=0.01, help="part 5: the share of new splits per epoch"
+        "--active-share",
+        type=float,
+        default=0.01,
+        help="parts 4 and 5: the share of partitions with a new message / of new file splits per epoch",
+    )
+    parser.add_argument(
+        "--kafka-metadata-interval-s",
+        type=float,
+        default=None,
+        help="part 4: the Kafka source's source.metadata_interval_s (default: the source's own default)",
     )
     parser.add_argument(
         "--discovery",
@@ -886,6 +912,7 @@ def run(args: argparse.Namespace) -> int:
         file_splits=args.file_splits,
         active_share=args.active_share,
         store=args.store,
+        kafka_metadata_interval_s=args.kafka_metadata_interval_s,
         source_options={
             key: value
             for key, value in (
