@@ -33,6 +33,13 @@ A :class:`PipelineMetrics` is fed each epoch's :class:`~splitkeeper.core.driver.
   (process), which Prometheus reads as a counter reset; :meth:`PipelineMetrics.close` writes the
   file once more when an epoch wrote it or this run retried a store call, so the retries after the
   last epoch, and those of a run the store stopped before its first epoch, are in it too.
+- ``splitkeeper_discovery_listings_total`` and ``splitkeeper_discovery_skipped_events_total``: a
+  files source in notification mode (``source.discovery: notifications``), its full listings of
+  the prefix and the messages of its event topic that were not S3 events (skipped: each one made
+  that discovery list the prefix whole), counted by the source
+  (:class:`~splitkeeper.core.source.SupportsDiscoveryCounts`). Like the retries they start at 0 with
+  each run, and are absent for a source that counts nothing. ``splitkeeper status`` shows the last
+  run's (:func:`discovery_counts`).
 
 Every metric carries the label ``pipeline``. The counters are cumulative across runs: a run
 starts them from the state (:func:`seed_from_state`: the ``checkpoints`` and ``checkpoint_log``
@@ -57,6 +64,7 @@ Nothing here decides anything: a metrics failure is logged and the run goes on.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import time
@@ -68,11 +76,21 @@ from typing import Any
 
 from splitkeeper.core.backlog import split_lag
 from splitkeeper.core.restarts import RestartCheck
+from splitkeeper.core.source import SupportsDiscoveryCounts
 from splitkeeper.core.types import CheckpointKind, CompletedCheckpoint, Split
 from splitkeeper.delta import storage
 from splitkeeper.sinks.port import SinkReader, SinkTable
 
-__all__ = ["METRICS_FILE", "PipelineMetrics", "Seed", "metrics_path", "read_metrics_text", "seed_from_state"]
+__all__ = [
+    "DISCOVERY_COUNTS",
+    "METRICS_FILE",
+    "PipelineMetrics",
+    "Seed",
+    "discovery_counts",
+    "metrics_path",
+    "read_metrics_text",
+    "seed_from_state",
+]
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +111,28 @@ def read_metrics_text(state_path: str) -> str | None:
         return None
     with fs.open_input_stream(inner) as handle:
         return bytes(handle.read()).decode("utf-8")
+
+
+#: The discovery counts a source may keep (SupportsDiscoveryCounts), each a counter
+#: ``splitkeeper_discovery_<name>_total`` of the run.
+DISCOVERY_COUNTS = {
+    "listings": "full listings of the source's prefix discovery made in this run (notification mode)",
+    "skipped_events": "messages of the event topic that were not S3 events, skipped in this run",
+}
+
+
+def discovery_counts(text: str) -> dict[str, int]:
+    """The discovery counts (DISCOVERY_COUNTS) in a metrics text (``metrics.prom``); empty: none."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    names = {f"splitkeeper_discovery_{name}": name for name in DISCOVERY_COUNTS}
+    counts: dict[str, int] = {}
+    for family in text_string_to_metric_families(text):
+        if family.name in names:
+            for sample in family.samples:
+                if sample.name.endswith("_total"):
+                    counts[names[family.name]] = int(sample.value)
+    return counts
 
 
 @dataclass
@@ -333,6 +373,13 @@ class PipelineMetrics:
             callbacks=[self._observe_retries],
             description="retries of store calls splitkeeper made itself in this run, per operation",
         )
+        for name, description in DISCOVERY_COUNTS.items():
+            meter.create_observable_counter(
+                f"splitkeeper_discovery_{name}",
+                callbacks=[functools.partial(self._observe_discovery, name)],
+                description=description,
+            )
+        self.source: SupportsDiscoveryCounts | None = None  # the run's source, when it counts discovery
         self._observed = False  # an epoch was recorded (the file written) by this run
         self._retries_at_start = _retries_counted()
         self._known: dict[str, Split] = {}  # the splits seen, as of their last checkpoint
@@ -378,6 +425,18 @@ class PipelineMetrics:
 
         for operation, count in retries.counts().items():
             yield Observation(count, {"pipeline": self.pipeline, "operation": operation})
+
+    def watch_source(self, source: object) -> None:
+        """Count what ``source``'s discovery does (when it counts: SupportsDiscoveryCounts)."""
+        if isinstance(source, SupportsDiscoveryCounts):
+            self.source = source
+
+    def _observe_discovery(self, name: str, _options: Any) -> Iterable[Any]:
+        from opentelemetry.metrics import Observation
+
+        counts = self.source.discovery_counts() if self.source is not None else {}
+        if name in counts:
+            yield Observation(counts[name], {"pipeline": self.pipeline})
 
     def _oldest_ref_of(self, checkpoint_id: int) -> int:
         """The oldest id of ``checkpoint_id``'s ref chain (itself when it references nothing)."""

@@ -192,6 +192,8 @@ class Pipeline:
         self.faults = faults or FaultPlan()
         hooks.faults = self.faults
         self.connector = connector or build_source(config.source)
+        if hooks.metrics is not None:
+            hooks.metrics.watch_source(self.connector)  # its discovery counts (notification mode)
         self.store = DeltaStateStore(
             config.state.path,
             config.name,

@@ -245,6 +245,10 @@ class StatusResult(_Result):
     #: the latest run of the restart checks (validate) and the latest in-run checks (each restore
     #: proven before it read on), newest first, one sentence each; see status' restart-check lines
     restart_checks: tuple[str, ...] = ()
+    #: what the last run's discovery did, from its metrics (``metrics.prom``): a files source in
+    #: notification mode counts ``listings`` (full listings) and ``skipped_events`` (messages of the
+    #: event topic that were not S3 events); empty when the last run counted none
+    discovery: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

@@ -113,7 +113,22 @@ def status(config: PipelineConfig, *, last: int = 10) -> StatusResult:
         splits,
         _blocking_problems(config, store, latest),
         _restart_check_lines(store),
+        _discovery_counts(config),
     )
+
+
+def _discovery_counts(config: PipelineConfig) -> dict[str, int]:
+    """The last run's discovery counts, from its metrics text (empty: none, or no metrics extra)."""
+    try:
+        from splitkeeper.app.metrics import discovery_counts, read_metrics_text
+
+        text = read_metrics_text(config.state.path)
+        return discovery_counts(text) if text else {}
+    except ImportError:  # the metrics extra is not installed: no run wrote metrics either
+        return {}
+    except ValueError as err:  # a metrics file that is not Prometheus text: status goes on without
+        log.warning("pipeline %s: discovery counts not shown: metrics text unreadable: %s", config.name, err)
+        return {}
 
 
 #: In-run restart checks status shows (the report shows more; the validations table keeps all).

@@ -62,6 +62,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"  lease: {lease['holder']} since {lease['since']}, {state}")
     for line in result.restart_checks:
         print(f"  {line}")
+    if result.discovery:
+        counts = result.discovery
+        print(
+            f"  event discovery (last run): {counts.get('listings', 0)} full listings, "
+            f"{counts.get('skipped_events', 0)} messages of the event topic skipped (not S3 events)"
+        )
     for at, mode in result.interval_switches:
         print(f"  checkpoint interval switched to the {mode} interval after checkpoint {at}")
     _print_splits(result.splits, args.splits)

@@ -351,6 +351,21 @@ class SupportsDiscoveryPositions(abc.ABC):
         every (global) restore and at a fresh start; the source forgets what it read since."""
 
 
+class SupportsDiscoveryCounts(abc.ABC):
+    """Mix-in: the source counts what its discovery did in this process, for the run's metrics.
+
+    A files source in notification mode counts its full listings and the messages of its event
+    topic that were not S3 events (skipped). The run's metrics read them at every write
+    (:class:`~splitkeeper.app.metrics.PipelineMetrics`), and ``splitkeeper status`` shows the last
+    run's. Counts of this process only: they start at 0 with each run, and a message read again
+    after a restore counts again.
+    """
+
+    @abc.abstractmethod
+    def discovery_counts(self) -> Mapping[str, int]:
+        """What discovery did so far, by name (``listings``, ``skipped_events``); empty: nothing counted."""
+
+
 #: How the ``detail`` of a SKIPPED_LOST_RANGE audit record begins: ``offsets [start, new_start)``.
 #: :meth:`LostRange.from_audit` and the restart checks (Spark ``regexp_extract``) parse it.
 LOST_RANGE_DETAIL_PATTERN = r"^offsets \[(\d+), (\d+)\)"

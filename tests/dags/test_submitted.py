@@ -6,7 +6,8 @@ master with 2 workers (the project's local cluster, Spark only), points the DAGs
 deployment does (``SPLITKEEPER_SPARK_MASTER`` and a ``spark_default`` connection) and runs the
 ingest, recovery and rescale DAGs for real (``dag.test()``): every step that starts Spark is a
 spark-submit whose application the workers ran, while the task process (this one) is kept from
-starting a JVM at all.
+starting a JVM at all. The maintain DAG runs there too: it starts no Spark (delta-rs only), so it
+stays in the task, still without a JVM.
 """
 
 from __future__ import annotations
@@ -229,6 +230,15 @@ def test_on_a_cluster_master_recover_and_validate_run_as_submitted_applications(
     with pytest.raises(InvariantViolation) as failed:
         SplitkeeperValidateOperator(task_id="validate", pipeline_config=str(path)).execute({})
     assert one.column("split_id")[0].as_py() in str(failed.value)
+
+    # maintain starts no Spark at all (delta-rs compaction and VACUUM): it runs in the task, submits
+    # nothing, and needs no JVM here either
+    maintain = load_dag("splitkeeper_maintain").test(run_conf={"history_hours": 0})
+    tis = {ti.task_id: ti for ti in maintain.get_task_instances()}
+    assert maintain.state == "success", {t: ti.state for t, ti in tis.items()}
+    kept = tis["maintain"].xcom_pull(task_ids="maintain")
+    assert kept["dry_run"] is False and "sink" in kept["compacted_files"], kept
+    assert "spark_application" not in kept, kept
     assert started == []  # nothing in this process started a JVM
     assert SparkContext._active_spark_context is jvm_before  # None when this test runs alone
     assert not (Path(config.state.path) / "_submitted").exists() or not any(

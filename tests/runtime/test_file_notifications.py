@@ -302,6 +302,55 @@ def test_discovery_reads_the_events_since_its_positions_and_a_restore_reads_them
     source.close()
 
 
+def test_a_skipped_message_and_the_listing_it_caused_are_in_the_runs_metrics_and_in_status(
+    s3_events: Any, tmp_path: Path
+) -> None:
+    """Two one-epoch runs (``splitkeeper run``'s service, with its metrics) over an empty prefix, so
+    no record is read and no JVM starts: the first lists the prefix (no positions yet) and
+    checkpoints the topic's offsets; before the second, a message that is not an S3 event lands on
+    the topic. The second run's discovery reads it from the checkpoint's offsets, skips it and lists
+    whole: its metrics count both, and ``status`` shows them."""
+    from splitkeeper.app import services
+    from splitkeeper.app.metrics import discovery_counts
+    from splitkeeper.config.settings import load_config
+
+    from .helpers import run_cli
+
+    feed = EventFeed(s3_events.bootstrap_servers, s3_events.topic)
+    _await_events(feed, 1)  # the store's test event (an event of no object: not skipped)
+    mapping = pipeline_mapping(tmp_path / "run", "counted", tmp_path)
+    mapping["source"].update(
+        path=s3_events.store.location("drops"),
+        discovery="notifications",
+        notifications={"bootstrap_servers": s3_events.bootstrap_servers, "topic": s3_events.topic},
+        recheck_finished_every=1000,
+    )
+    path = write_config(tmp_path / "pipeline.yaml", mapping)
+    config = load_config(path)
+    services.run(config, epochs=1)
+    first = services.status(config).discovery
+    assert first["skipped_events"] == 0 and first["listings"] >= 1, first  # no positions: it lists
+    (checkpoint,) = _checkpoints(path)
+    assert checkpoint.enumerator is not None and checkpoint.enumerator.discovery  # the offsets
+
+    from confluent_kafka import Producer
+
+    before = _ends(feed)
+    producer = Producer({"bootstrap.servers": feed.bootstrap_servers})
+    producer.produce(feed.topic, b"this is not an event", partition=1)
+    producer.flush(10)
+    _await_events(feed, before + 1)
+    services.run(config, epochs=1)
+
+    counts = services.status(config).discovery
+    assert counts == {"listings": 1, "skipped_events": 1}  # this run's: the skip made its one listing
+    code, out, _err = run_cli(["status", "--config", str(path), "--metrics"])
+    assert code == 0 and discovery_counts(out) == counts
+    assert 'splitkeeper_discovery_skipped_events_total{pipeline="counted"} 1.0' in out, out
+    code, out, _err = run_cli(["status", "--config", str(path)])
+    assert "event discovery (last run): 1 full listings, 1 messages of the event topic skipped" in out, out
+
+
 def test_a_move_told_by_the_events_is_found_again_until_it_is_applied(
     s3_events: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:

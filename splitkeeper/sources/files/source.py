@@ -102,6 +102,7 @@ from splitkeeper.core.source import (
     SourceRecord,
     SplitChange,
     SplitChangeKind,
+    SupportsDiscoveryCounts,
     SupportsDiscoveryPositions,
     SupportsSplitIdentityCheck,
     SupportsSplitReassignmentOnRecovery,
@@ -564,6 +565,7 @@ class FileSource(
     SupportsSplitReassignmentOnRecovery,
     SupportsSplitIdentityCheck,
     SupportsDiscoveryPositions,
+    SupportsDiscoveryCounts,
 ):
     """Driver side of the file source (see the module doc for splits, positions and identity).
 
@@ -826,6 +828,13 @@ class FileSource(
         if self._events is None or self._event_offsets is None:
             return {}
         return {f"{self._events.topic}:{p}": o for p, o in sorted(self._event_offsets.items())}
+
+    def discovery_counts(self) -> dict[str, int]:
+        """In notification mode: the full listings and the skipped messages of the event topic (not
+        S3 events) of this process so far; empty in listing mode (every discovery lists)."""
+        if self._events is None:
+            return {}
+        return {"listings": self.listings, "skipped_events": self.skipped_events}
 
     def restore_discovery_positions(self, positions: Mapping[str, int] | None) -> None:
         """Read the events from ``positions`` (those of this topic) on; none: the next discovery lists
