@@ -48,7 +48,13 @@ The measurements, each on the real parts:
    measured epoch (one that rechecks the finished files, when one is measured). An epoch reads at
    most :data:`FILL_EPOCH_FILES` files (1,000,000 are read by five). ``restart``: a restarted driver,
    each in a fresh process (restore, reopen, its own peak RSS). ``--store s3`` puts the files, the
-   state and the sink on a versitygw started here, the files uploaded in parallel (``upload_s``).
+   state and the sink on a versitygw started here, the files uploaded in parallel (``upload_s``);
+   ``--tables local`` keeps the state and the sink on local disk (the files alone on the store).
+   ``--store s3 --discovery notifications``: versitygw publishes its bucket events to a new topic
+   (``EVENT_PARTITIONS`` partitions) of the broker (``--bootstrap-servers``, or the project's own
+   started here), the source reads them (``source.notifications``), and each upload waits until
+   the topic holds an event per object uploaded (an event may land after its PUT answered): the
+   new data of an epoch has arrived when its events have.
 
 ``growth_epoch_overhead`` is the ratio of the largest size's overhead to the smallest's
 (files; ``kafka_growth_epoch_overhead`` the same for partitions).
@@ -590,7 +596,9 @@ def run_scale(
 ) -> dict[str, Any]:
     """Every part (Kafka only with ``kafka_partitions``, part 5 only with ``file_splits``; parts 1 and
     2 only with ``sizes``); the JSON-able result. ``store`` ``s3``: part 5's files, state and sink on
-    a versitygw started here (``local``: a local folder)."""
+    a versitygw started here (``local``: a local folder; ``tables`` ``local``: the state and sink on
+    local disk); ``source_options`` ``discovery: notifications`` (with ``s3``): its bucket events to a
+    topic of the broker at ``bootstrap_servers`` (none: the project's own started here)."""
     base = Path(workdir or tempfile.mkdtemp(prefix="splitkeeper-scale-"))
     load_start = [round(x, 2) for x in os.getloadavg()]
     object_store = None
