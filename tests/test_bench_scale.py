@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from splitkeeper.errors import InvalidParameterError
-from splitkeeper_tools.bench.scale import DRIVER_PHASES, run_scale, write_chart
+from splitkeeper_tools.bench.scale import DRIVER_PHASES, file_splits_line, run_scale, write_chart
 
 pytestmark = [pytest.mark.spark]
 
@@ -114,6 +114,42 @@ def test_the_file_splits_row_on_the_object_store_reads_its_uploaded_files_exactl
     last = part["per_epoch"][-1]["epoch"]
     assert part["restored_checkpoint"] == last and part["restart"]["runs"][0]["restored_from"] == last
     assert part["per_epoch"][0]["delta_files_added"] > 0  # counted in the store's own folder
+
+
+@pytest.mark.kafka
+def test_the_file_splits_row_in_notification_mode_reads_the_new_objects_from_their_events_exactly(
+    kafka_broker: Any, versitygw: Path, tmp_path: Path
+) -> None:
+    """Part 5 with ``--store s3 --discovery notifications``: versitygw started by the run publishes its
+    bucket events to a topic of the session's broker; every measured epoch commits exactly the new
+    objects, found through their events (no listing but the first). Its own process, as above."""
+    argv = [sys.executable, "-m", "splitkeeper_tools", "bench", "scale", "--sizes", "none"]
+    argv += ["--kafka-partitions", "none", "--file-splits", "20", "--active-share", "0.1", "--epochs", "2"]
+    argv += ["--checkpoints", "3", "--rss-splits", "1000", "--store", "s3", "--tables", "local"]
+    argv += ["--discovery", "notifications", "--bootstrap-servers", kafka_broker.bootstrap_servers]
+    argv += ["--workdir", str(tmp_path / "work"), "--out", str(tmp_path / "out"), "--json"]
+    done = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=1500)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    part = result["file_splits"]
+    assert (part["store"], part["tables"], part["source_options"]["discovery"]) == (
+        "s3",
+        "local",
+        "notifications",
+    )
+    assert [e["records"] for e in part["per_epoch"]] == [2, 2] and part["exact"] is True
+    overheads = [e["overhead_ms"] for e in part["per_epoch"]]
+    assert min(overheads) <= part["epoch_overhead_ms"] <= max(overheads) and part["epoch_overhead_ms"] > 0
+    assert (tmp_path / "work" / "file-splits-20" / "state").is_dir()  # --tables local: on local disk
+    line = file_splits_line(result)  # what the command prints without --json
+    assert line.startswith("     20 file splits, 2 active per epoch: epoch overhead ")
+    assert f"discovery notifications, store s3 (tables local), load {result['load']['start']}" in line
+
+
+def test_notification_mode_needs_the_object_store_and_says_so() -> None:
+    with pytest.raises(InvalidParameterError) as err:
+        run_scale([], file_splits=20, store="local", source_options={"discovery": "notifications"})
+    assert "--discovery" in str(err.value) and "--store s3" in str(err.value)
 
 
 def test_bad_sizes_are_refused_naming_the_option() -> None:

@@ -13,10 +13,13 @@ Contract:
    (:class:`~splitkeeper.core.source.SupportsDiscoveryPositions`), in the same checkpoint as the
    splits (``checkpoints.discovery``, key ``<topic>:<partition>``). A restore reads the events
    again from the checkpoint's offsets; no consumer group is used or committed.
-2. **What an event says.** Only which object to look at: its key is stat-ed (one HEAD) and the
-   object as it is then is what discovery takes, as a listing would have found it; so events out of
-   order, twice, or for an object overwritten since are harmless, and a file seen both by a listing
-   and by an event is one split (its identity, :mod:`.source`). A key is looked at as the event
+2. **What an event says.** Only which object to look at: its key is stat-ed (one HEAD; for an
+   object new to the process, the HEAD of its open, whose content sample is then read through the
+   same open file: one ranged GET up to 64 KiB) and the object as it is then is what discovery
+   takes, as a listing would have found it (the event's size and ETag are not used: the identity
+   needs Last-Modified, which only the HEAD gives); so events out of order, twice, or for an
+   object overwritten since are harmless, and a file seen both by a listing and by an event is one
+   split (its identity, :mod:`.source`). A key is looked at as the event
    spells it and URL-decoded (AWS encodes keys, versitygw does not). A key gone is a removed file
    (``on_file_change`` applies as for a file a listing no longer has). Events of other buckets,
    of keys outside ``source.path``, of names the listing skips (``.``/``_``), of other kinds

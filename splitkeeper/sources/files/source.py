@@ -121,7 +121,7 @@ _VERSION_SUFFIX = re.compile(r"#v[0-9a-f]{12}$")
 _SAMPLE_BYTES = 64 * 1024
 _BOM = codecs.BOM_UTF8
 #: Objects named by events looked at at once (HEAD and content sample; notification mode).
-_LOOKUPS = 16
+_LOOKUPS = 32
 #: The identity of a split whose file could not be examined at discovery (see the module doc).
 UNREADABLE = "unreadable"
 
@@ -938,25 +938,39 @@ class FileSource(
         return _Scan(files, {}, complete=False, missing=missing)
 
     def _look(self, rel: str) -> tuple[str, FileStat | OSError | None, FileIdentity | None]:
-        """An object named by an event, now (a HEAD): its stat (None: gone or empty; the OSError
-        when the store fails), and, when it is new to this process, its identity (its content
-        sample: ranged GETs). Run in parallel: no state of the source is written here."""
+        """An object named by an event, now: its stat (None: gone or empty; the OSError when the
+        store fails), and, when it is new to this process, its identity. A known object costs one
+        HEAD; a new one its open (one HEAD, whose size and Last-Modified are its stat) and its content
+        sample read through that open file (one ranged GET up to 64 KiB, two past it), nothing
+        else. Run in parallel: no state of the source is written here."""
         path = self._abs(rel)
-        try:
-            st = self._files.stat(path)
+        if rel in self._layouts:  # known: compared by its stat first (check_splits), no read
+            try:
+                st = self._files.stat(path)
+            except FileNotFoundError:
+                return rel, None, None
+            except OSError as err:
+                return rel, err, None
+            return (rel, st, None) if st.size else (rel, None, None)
+        try:  # new: the stat is the open's own HEAD, the sample read through the same file
+            f, st = self._files.open_with_stat(path)
         except FileNotFoundError:
             return rel, None, None
-        except OSError as err:
+        except OSError as err:  # not an object (a folder): gone to a listing too; else the store's error
+            try:
+                self._files.stat(path)
+            except FileNotFoundError:
+                return rel, None, None
+            except OSError:
+                pass
             return rel, err, None
-        if st.size == 0:
-            return rel, None, None
-        if rel in self._layouts:
-            return rel, st, None  # known: compared by its stat first (check_splits)
-        try:
-            with self._files.open(path) as f:
+        with f:
+            if st.size == 0:
+                return rel, None, None
+            try:
                 return rel, st, FileIdentity(*st, sample_digest(f, st.size))
-        except OSError:
-            return rel, st, None  # read again (and its failure named) when its layout is cut
+            except OSError:
+                return rel, st, None  # read again (and its failure named) when its layout is cut
 
     def _event_rel(self, bucket: str, key: str) -> str | None:
         """The path, relative to the source's folder, of the object ``key`` of ``bucket``; None for an

@@ -48,7 +48,13 @@ The measurements, each on the real parts:
    measured epoch (one that rechecks the finished files, when one is measured). An epoch reads at
    most :data:`FILL_EPOCH_FILES` files (1,000,000 are read by five). ``restart``: a restarted driver,
    each in a fresh process (restore, reopen, its own peak RSS). ``--store s3`` puts the files, the
-   state and the sink on a versitygw started here, the files uploaded in parallel (``upload_s``).
+   state and the sink on a versitygw started here, the files uploaded in parallel (``upload_s``);
+   ``--tables local`` keeps the state and the sink on local disk (the files alone on the store).
+   ``--store s3 --discovery notifications``: versitygw publishes its bucket events to a new topic
+   (``EVENT_PARTITIONS`` partitions) of the broker (``--bootstrap-servers``, or the project's own
+   started here), the source reads them (``source.notifications``), and each upload waits until
+   the topic holds an event per object uploaded (an event may land after its PUT answered): the
+   new data of an epoch has arrived when its events have.
 
 ``growth_epoch_overhead`` is the ratio of the largest size's overhead to the smallest's
 (files; ``kafka_growth_epoch_overhead`` the same for partitions).
@@ -126,19 +132,29 @@ class Drops:
     in parallel (``pyarrow.fs.copy_files`` from a local folder, pyarrow's I/O threads) and the
     pipeline reaching it through the ``AWS_*`` environment (no fault proxy)."""
 
-    def __init__(self, root: Path, store: Any | None = None) -> None:
+    def __init__(
+        self,
+        root: Path,
+        store: Any | None = None,
+        events: Mapping[str, str] | None = None,
+        tables: str = "store",
+    ) -> None:
         self.root = root
         self.store = store
+        self.tables = tables  # "store": the state and sink on the store too; "local": on local disk
+        # --discovery notifications: source.notifications, and the events the store published so far
+        self.events = events
+        self.published = 0
 
     def loc(self, name: str) -> str:
         """The location of ``name`` (``in``, ``state``, ``sink``) as the pipeline is given it."""
-        return (
-            str(self.root / name) if self.store is None else self.store.location(f"{self.root.name}/{name}")
-        )
+        if self.store is None or (self.tables == "local" and name != "in"):
+            return str(self.root / name)
+        return str(self.store.location(f"{self.root.name}/{name}"))
 
     def local(self, name: str) -> Path:
         """The folder whose files are ``name``'s (on the store: versitygw's posix backend)."""
-        if self.store is None:
+        if self.store is None or (self.tables == "local" and name != "in"):
             return self.root / name
         from splitkeeper_tools.chaos.store import BUCKET
 
@@ -181,7 +197,29 @@ class Drops:
             )
         finally:
             pa.set_io_thread_count(threads)
+        if self.events is not None:
+            self.published += sum(1 for p in folder.rglob("*") if p.is_file())
+            self._await_events()
         return time.perf_counter() - started
+
+    def _await_events(self, timeout_s: float = 300.0) -> None:
+        """Wait until the event topic holds an event per object uploaded (an event may reach the topic
+        after its PUT has answered): the new data has arrived when its events have."""
+        from splitkeeper.sources.files.notify import EventFeed
+
+        assert self.events is not None
+        feed = EventFeed(self.events["bootstrap_servers"], self.events["topic"])
+        deadline = time.monotonic() + timeout_s
+        try:
+            while (there := sum(high for _low, high in feed.partitions().values())) < self.published:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(
+                        f"bench scale: {there} bucket events on {self.events['topic']} after "
+                        f"{timeout_s:g} s, {self.published} objects uploaded"
+                    )
+                time.sleep(0.05)
+        finally:
+            feed.close()
 
 
 def measure_epochs(
@@ -193,13 +231,15 @@ def measure_epochs(
     parallelism: int = 4,
     source_options: Mapping[str, Any] | None = None,
     store: Any | None = None,
+    tables: str = "store",
 ) -> dict[str, Any]:
     """Part 1 for one size: driver phases (ms) and Delta files added per measured epoch.
     ``source_options``: more keys of the files source (``discovery``, ``recheck_finished_every``);
-    ``store``: a started ChaosStore that holds the files, the state and the sink (:class:`Drops`)."""
+    ``store``: a started ChaosStore that holds the files, the state and the sink (``tables`` "local":
+    the files only, :class:`Drops`)."""
     from splitkeeper.config.settings import config_from_mapping
 
-    drops = Drops(root, store)
+    drops = Drops(root, store, (source_options or {}).get("notifications"), tables)
     started = time.perf_counter()
     _write_files(root / ("upload/initial" if store is not None else "in"), size)
     written_s = time.perf_counter() - started
@@ -393,6 +433,7 @@ def measure_file_splits(
     restore_repeats: int = 3,
     source_options: Mapping[str, Any] | None = None,
     store: Any | None = None,
+    tables: str = "store",
 ) -> dict[str, Any]:
     """Part 5: part 1 at ``splits`` files with ``active_share`` new per epoch, then restore, reopen,
     RSS (in this process, and in fresh processes: :func:`measure_restart`)."""
@@ -401,9 +442,9 @@ def measure_file_splits(
     from splitkeeper.delta.checkpoints import DeltaStateStore
 
     measured = measure_epochs(
-        spark, root, splits, epochs, active_share, source_options=source_options, store=store
+        spark, root, splits, epochs, active_share, source_options=source_options, store=store, tables=tables
     )
-    drops = Drops(root, store)
+    drops = Drops(root, store, tables=tables)
     restores = []
     restored_id = None
     for _ in range(restore_repeats):
@@ -560,20 +601,36 @@ def run_scale(
     source_options: Mapping[str, Any] | None = None,
     store: str = "local",
     kafka_metadata_interval_s: float | None = None,
+    tables: str = "store",
 ) -> dict[str, Any]:
     """Every part (Kafka only with ``kafka_partitions``, part 5 only with ``file_splits``; parts 1 and
     2 only with ``sizes``); the JSON-able result. ``store`` ``s3``: part 5's files, state and sink on
-    a versitygw started here (``local``: a local folder)."""
+    a versitygw started here (``local``: a local folder; ``tables`` ``local``: the state and sink on
+    local disk); ``source_options`` ``discovery: notifications`` (with ``s3``): its bucket events to a
+    topic of the broker at ``bootstrap_servers`` (none: the project's own started here)."""
     base = Path(workdir or tempfile.mkdtemp(prefix="splitkeeper-scale-"))
     load_start = [round(x, 2) for x in os.getloadavg()]
     object_store = None
+    events_broker = None
+    notified = (source_options or {}).get("discovery") == "notifications"
+    if notified and not (store == "s3" and file_splits):
+        raise InvalidParameterError(
+            "--discovery", "notifications", "with --store s3 and --file-splits N (the events are a bucket's)"
+        )
     if store == "s3" and file_splits:  # started before Spark: its Python workers get the AWS_* environment
         from splitkeeper_tools.chaos.store import ChaosStore
 
-        object_store = ChaosStore(base / "store", seed=1, fault_rate=0.0, prefix="scale")
-        object_store.start()
-        os.environ.update(object_store.store_env())  # the store itself, not the fault proxy
+        options: tuple[str, ...] = ()
+        if notified:  # versitygw publishes its bucket events to a topic of the project's broker
+            events_broker, notifications = _event_topic(base, bootstrap_servers)
+            source_options = {**(source_options or {}), "notifications": notifications}
+            options = ("--event-kafka-url", notifications["bootstrap_servers"])
+            options += ("--event-kafka-topic", notifications["topic"])
+        object_store = ChaosStore(base / "store", seed=1, fault_rate=0.0, prefix="scale", options=options)
     try:
+        if object_store is not None:
+            object_store.start()
+            os.environ.update(object_store.store_env())  # the store itself, not the fault proxy
         if spark_factory is None:
             from splitkeeper.spark.session import SparkSettings, get_spark
 
@@ -621,6 +678,7 @@ def run_scale(
                 active_share,
                 source_options=source_options,
                 store=object_store,
+                tables=tables,
             )
         say(f"driver memory with {rss_splits:,} splits")
         rss = measure_rss(rss_splits)
@@ -658,6 +716,7 @@ def run_scale(
                 "epoch_overhead_ms_max": max(e["overhead_ms"] for e in files_part["epochs"]),
                 "source_options": dict(source_options or {}),
                 "store": store,
+                "tables": tables if store == "s3" else "local",
                 "write_files_s": files_part["write_files_s"],
                 "upload_s": files_part["upload_s"],
                 "fill_epochs": files_part["fill_epochs"],
@@ -712,6 +771,29 @@ def run_scale(
     finally:
         if object_store is not None:
             object_store.stop()
+        if events_broker is not None:
+            events_broker.stop()
+
+
+#: Partitions of part 5's event topic (``--discovery notifications``).
+EVENT_PARTITIONS = 2
+
+
+def _event_topic(base: Path, bootstrap_servers: str | None) -> tuple[Any, dict[str, str]]:
+    """The broker (the project's own started here, or ``bootstrap_servers``) and a new topic of it for
+    the store's bucket events: the handle, and ``source.notifications``."""
+    from splitkeeper_tools.kafka_testbed import BrokerHandle, create_topics
+
+    broker = BrokerHandle(base / "events-broker", bootstrap_servers)
+    servers = broker.start()
+    topic = f"scale-events-{os.getpid()}-{int(time.time())}"
+    try:
+        create_topics(servers, {topic: EVENT_PARTITIONS}, timeout_s=120)
+    except BaseException:
+        broker.stop()
+        raise
+    say(f"bucket events to topic {topic} ({EVENT_PARTITIONS} partitions) at {servers}")
+    return broker, {"bootstrap_servers": servers, "topic": topic}
 
 
 def _goals(result: dict[str, Any]) -> dict[str, Any]:
@@ -816,6 +898,21 @@ def write_chart(result: dict[str, Any], out_dir: str) -> str:
     return write_page(out_dir, CHART_FILE, "splitkeeper-tools bench scale", body)
 
 
+def file_splits_line(result: Mapping[str, Any]) -> str:
+    """Part 5's line of the command's output: the median driver overhead per epoch, with the load."""
+    part = result["file_splits"]
+    where = part["store"] + (f" (tables {part['tables']})" if part["store"] == "s3" else "")
+    return (
+        f"{part['splits']:>7,} file splits, {part['active_per_epoch']:,} active per epoch: "
+        f"epoch overhead {part['epoch_overhead_ms']:.0f} ms "
+        f"(median; max {part['epoch_overhead_ms_max']:.0f}), "
+        f"restore {part['restore_s']:.2f} s (reopen with discovery {part['reopen_s']:.1f} s), "
+        f"driver RSS {part['driver_rss_mb']} MB (JVM {part['jvm_rss_mb']} MB); "
+        f"discovery {part['source_options'].get('discovery', 'full')}, store {where}, "
+        f"load {result['load']['start']} -> {result['load']['end']}"
+    )
+
+
 def _sizes(
     text: str, option: str = "--sizes", allowed: str = "comma-separated split counts >= 10, e.g. 1000,10000"
 ) -> list[int]:
@@ -863,9 +960,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--discovery",
-        choices=("full", "incremental"),
+        choices=("full", "incremental", "notifications"),
         default=None,
-        help="part 5: the files source's source.discovery (default: the source's own default)",
+        help="part 5: the files source's source.discovery (default: the source's own default); "
+        "notifications needs --store s3: versitygw publishes its bucket events to a topic of the broker "
+        "(--bootstrap-servers, or the project's own started here)",
     )
     parser.add_argument(
         "--recheck-finished-every",
@@ -878,6 +977,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         choices=("local", "s3"),
         default="local",
         help="part 5: the files, state and sink on local disk, or on a versitygw started here (s3)",
+    )
+    parser.add_argument(
+        "--tables",
+        choices=("store", "local"),
+        default="store",
+        help="part 5 with --store s3: the state and sink tables on the store too (store), or on local disk",
     )
     parser.add_argument("--workdir", default=None, help="where the files and tables go (default: a temp dir)")
     parser.add_argument("--out", default="var/bench", help="where the HTML chart goes")
@@ -913,6 +1018,7 @@ def run(args: argparse.Namespace) -> int:
         active_share=args.active_share,
         store=args.store,
         kafka_metadata_interval_s=args.kafka_metadata_interval_s,
+        tables=args.tables,
         source_options={
             key: value
             for key, value in (
@@ -940,16 +1046,8 @@ def run(args: argparse.Namespace) -> int:
                 f"(read {result['kafka_first_epoch_read_s'][str(s)]:.1f} s, slowest region task "
                 f"{result['kafka_first_epoch_region_task_s'][str(s)]:.1f} s), exact {result['kafka_exact']}"
             )
-        part = result.get("file_splits")
-        if part is not None:
-            print(
-                f"{part['splits']:>7,} file splits, {part['active_per_epoch']:,} active per epoch: "
-                f"epoch overhead {part['epoch_overhead_ms']:.0f} ms "
-                f"(max {part['epoch_overhead_ms_max']:.0f}), "
-                f"restore {part['restore_s']:.2f} s "
-                f"(reopen with discovery {part['reopen_s']:.1f} s), driver RSS {part['driver_rss_mb']} MB "
-                f"(JVM {part['jvm_rss_mb']} MB)"
-            )
+        if "file_splits" in result:
+            print(file_splits_line(result))
         print(f"driver RSS with {args.rss_splits:,} splits: {result['driver_rss_mb_1m_splits']:.0f} MB")
         print(f"chart: {result['chart']}")
     return 0
