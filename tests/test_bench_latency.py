@@ -15,7 +15,13 @@ import pytest
 
 from splitkeeper.errors import InvalidParameterError
 from splitkeeper_tools import cli
-from splitkeeper_tools.bench.latency import LatencySettings, check_exact, percentile, stamped_value
+from splitkeeper_tools.bench.latency import (
+    LatencySettings,
+    check_exact,
+    epoch_phases,
+    percentile,
+    stamped_value,
+)
 
 RATE, SECONDS = 100, 5
 FIELDS = {
@@ -115,3 +121,24 @@ def test_default_settings_are_the_issue_reference_load() -> None:
     assert d.messages == 15_000
     with pytest.raises(InvalidParameterError):
         LatencySettings(rate=True)  # a bool is not a rate
+
+
+def test_epoch_phases_are_read_from_the_epoch_lines_with_the_gap_between_epochs() -> None:
+    """Where our epochs' time goes: each phase of the driver's epoch lines, the epoch itself, and the
+    gap between an epoch's end and the next one's start (line times minus the next epoch's length)."""
+    line = (
+        "epoch {n:>4} global   4/4 regions ack                    committed     1,305 records  [normal] "
+        "  {s:.2f}s plan=0.10 read={r:.2f} decide=0.00 sink=0.06 state=0.05 retain=0.09 finish=0.00"
+    )
+    ends = [
+        (10.0, line.format(n=1, s=0.50, r=0.20)),
+        (10.6, line.format(n=2, s=0.50, r=0.30)),  # started 0.1 s after epoch 1 ended
+        (11.2, line.format(n=3, s=0.60, r=0.40)),  # started at once
+    ]
+    phases = epoch_phases(ends)
+    assert phases["read"] == {"p50": 0.3, "p90": 0.4, "max": 0.4, "n": 3}
+    assert phases["epoch"]["p50"] == 0.5 and phases["epoch"]["max"] == 0.6
+    assert phases["gap"]["n"] == 2 and phases["gap"]["max"] == pytest.approx(0.1, abs=1e-3)
+    assert phases["gap"]["p50"] == pytest.approx(0.0, abs=1e-3)
+    assert set(phases) == {"epoch", "gap", "plan", "read", "decide", "sink", "state", "retain", "finish"}
+    assert epoch_phases([]) == {}

@@ -330,7 +330,7 @@ class EpochReport:
         return (
             f"epoch {self.epoch:>4} {self.kind.value:<8} {regions:<34} "
             f"committed {self.committed_records:>9,} records  [{mode}] {self.elapsed_s:6.2f}s "
-            + " ".join(f"{k}={v:.1f}" for k, v in self.phases.items())
+            + " ".join(f"{k}={v:.2f}" for k, v in self.phases.items())
             + lost
         )
 

@@ -171,6 +171,37 @@ def _light(completed: CompletedCheckpoint) -> CompletedCheckpoint:
     )
 
 
+def _kept_entry(row: Mapping[str, Any]) -> KeptCheckpoint:
+    """A ``checkpoints`` row as the mirror keeps it (read back, or the row this store just wrote)."""
+    regions = [{**region, "splits": [], "operator_state": []} for region in row["regions"] or ()]
+    light = serde.checkpoint_from_rows(
+        {
+            "checkpoint_id": row["checkpoint_id"],
+            "kind": row["kind"],
+            "parallelism": row["parallelism"],
+            "consecutive_regional": 0,
+            "processing_backlog": False,
+            "regions": regions,
+            "enumerator": None,
+        }
+    )
+    configured = row.get("configured_parallelism")
+    base = row.get("enumerator_base")
+    return KeptCheckpoint(
+        light,
+        row["attempt_id"],
+        None if configured is None else int(configured),
+        None if base is None else int(base),
+    )
+
+
+def _chains(ordered: Sequence[KeptCheckpoint]) -> CheckpointStore:
+    chains = CheckpointStore()
+    for entry in ordered:
+        chains._put(entry.light)  # stored facts as they are: the core's rules were applied at commit
+    return chains
+
+
 def _rows_and_finished(data: pa.Table) -> tuple[list[dict[str, Any]], tuple[list[str], list[str | None]]]:
     """``enumerator_state`` rows as the decoder takes them: the rows of status ``finished`` (most of a
     large state, a file source's every file read) as their ``split_id`` and ``identity`` columns,
@@ -380,34 +411,10 @@ class DeltaStateStore(StateStore, CheckpointStore):
                 "enumerator_base",
             ],
         )
-        kept: list[KeptCheckpoint] = []
-        for row in data.to_pylist():
-            regions = [{**region, "splits": [], "operator_state": []} for region in row["regions"] or ()]
-            light = serde.checkpoint_from_rows(
-                {
-                    "checkpoint_id": row["checkpoint_id"],
-                    "kind": row["kind"],
-                    "parallelism": row["parallelism"],
-                    "consecutive_regional": 0,
-                    "processing_backlog": False,
-                    "regions": regions,
-                    "enumerator": None,
-                }
-            )
-            configured = row.get("configured_parallelism")
-            base = row.get("enumerator_base")
-            kept.append(
-                KeptCheckpoint(
-                    light,
-                    row["attempt_id"],
-                    None if configured is None else int(configured),
-                    None if base is None else int(base),
-                )
-            )
-        ordered = tuple(sorted(kept, key=lambda k: k.light.checkpoint_id))
-        chains = CheckpointStore()
-        for entry in ordered:
-            chains._put(entry.light)  # stored facts as they are: the core's rules were applied at commit
+        ordered = tuple(
+            sorted((_kept_entry(row) for row in data.to_pylist()), key=lambda k: k.light.checkpoint_id)
+        )
+        chains = _chains(ordered)
         with self._lock:
             self._mirror = (version, ordered, chains)
         return version, ordered
@@ -787,7 +794,9 @@ class DeltaStateStore(StateStore, CheckpointStore):
             raise self._checkpoint_conflict(checkpoint_id, current) from err
         attempt = str(result.metadata.get("rows_attempt_id", rows_attempt))
         with self._lock:
-            self._mirror = None
+            self._mirror = self._mirror_after(
+                table, None if result.replayed or attempt != rows_attempt else _kept_entry(row), ()
+            )
             self._commits_since_compaction += 1
             if result.replayed or attempt != rows_attempt:
                 self._base = None  # another attempt's rows count: start again from a full snapshot
@@ -921,7 +930,36 @@ class DeltaStateStore(StateStore, CheckpointStore):
 
         return compact(self)
 
-    def forget_mirror(self) -> None:
-        """Drop the cached metadata (retention calls it after it changed the checkpoints table)."""
+    def forget_mirror(self, table: Any = None, deleted: Collection[int] = ()) -> None:
+        """Drop the cached metadata (retention calls it after it changed the checkpoints table): when
+        ``table`` is the checkpoints table right after this store deleted ``deleted`` from it, the
+        mirror follows without a read (:meth:`_mirror_after`)."""
         with self._lock:
-            self._mirror = None
+            self._mirror = None if table is None else self._mirror_after(table, None, deleted)
+
+    def _mirror_after(
+        self, table: Any, added: KeptCheckpoint | None, deleted: Collection[int]
+    ) -> tuple[int, tuple[KeptCheckpoint, ...], CheckpointStore] | None:
+        """The mirror after this store's own commit to the checkpoints table (``added``: the row it
+        appended; ``deleted``: the ids it deleted), under the lock, without reading the table: only
+        when the cached mirror is of the version just before and ``table`` (the object the commit
+        went through) is at the next one, so no other commit came between; None (read it again on
+        the next use) otherwise, or when the commit was another attempt's (``added`` and
+        ``deleted`` both empty)."""
+        cached = self._mirror
+        if cached is None or (added is None and not deleted):
+            return None
+        try:
+            version = table.version()
+        except Exception:  # noqa: BLE001 - not known: read it again
+            return None
+        if version != cached[0] + 1:
+            return None
+        gone = {int(i) for i in deleted}
+        kept = [k for k in cached[1] if k.light.checkpoint_id not in gone]
+        if added is not None:
+            if any(k.light.checkpoint_id == added.light.checkpoint_id for k in kept):
+                return None
+            kept.append(added)
+        ordered = tuple(sorted(kept, key=lambda k: k.light.checkpoint_id))
+        return version, ordered, _chains(ordered)

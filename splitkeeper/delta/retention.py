@@ -62,7 +62,7 @@ class RetainedStore(Protocol):
 
     def mirror(self) -> CheckpointStore: ...
 
-    def forget_mirror(self) -> None: ...
+    def forget_mirror(self, table: Any = None, deleted: Collection[int] = ()) -> None: ...
 
     def _writable(self, what: str) -> None: ...
 
@@ -183,7 +183,8 @@ def delete_checkpoints(
         mid_retention()
     ids_sql = ", ".join(str(i) for i in wanted)
     store.tables.delete("checkpoints", f"checkpoint_id IN ({ids_sql})")
-    store.forget_mirror()
+    # the mirror drops them without reading the table again (when no other commit came between)
+    store.forget_mirror(store.tables.get("checkpoints", fresh=False), wanted)
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,7 +11,9 @@ for the next. Every message, both ways, is framed and signed as the per-epoch se
 (:func:`~splitkeeper.spark.regions._frame` / ``_unframe``, HMAC-SHA256 under a random key per
 run). The epoch barrier replaces the job launch; the protocol does not change: the driver still
 writes the epoch's plan ahead, collects one outcome per region, and commits the epoch and the
-checkpoint as with a job per epoch.
+checkpoint as with a job per epoch. A slot keeps the source clients its regions' reads hand
+back (:func:`splitkeeper.clients.kept_clients`: a Kafka consumer stays connected from one epoch
+to the next; a failed read closes its client) and closes them when it stops.
 
 The pool keeps ``min(regions to read, slots)`` slots, ``slots`` being the Spark conf
 :data:`SLOTS_CONF` (default ``sc.defaultParallelism``, every core): a slot holds a task slot (a
@@ -59,6 +61,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from splitkeeper import clients
 from splitkeeper.errors import EpochAbandoned
 from splitkeeper.spark.regions import (
     _LOG_TRACEBACK_CHARS,
@@ -112,7 +115,7 @@ def _reader_partition(
     attempt = context.attemptNumber() if context is not None else 0
     task_id = context.taskAttemptId() if context is not None else -1
     sock = socket.create_connection(address, timeout=SOCKET_TIMEOUT_S)
-    with sock:
+    with sock, clients.kept_clients():  # a source's client stays open from one region to the next
         sock.sendall(_frame(authkey, ("hello", job, index, attempt, task_id, os.getpid())))
         sock.settimeout(None)  # the next epoch may be a while
         while True:

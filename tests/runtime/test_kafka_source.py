@@ -909,6 +909,51 @@ def test_a_failure_in_one_partition_of_a_region_read_names_that_split(
         list(reader.read_ranges_columns([(ok, 0, 2), (ok, 2, 5)]))
 
 
+def test_a_kept_consumer_serves_later_reads_exactly_and_a_failed_read_closes_it(
+    bootstrap: str, aged_topic: str
+) -> None:
+    """A long-lived reader slot keeps its consumer (splitkeeper.clients): each later read of the same
+    settings borrows it, assigns its own partitions at their starts and reads them exactly (forward,
+    back, another partition, records fetched for an earlier assignment never leak in); a failed
+    read closes it, and nothing is kept outside the block."""
+    from splitkeeper import clients
+
+    topic = create_topic(bootstrap, 2)
+    produce(bootstrap, topic, {0: messages(0, 30), 1: messages(1, 10)})
+    p0, p1 = (Split(split_id_of(topic, p), subscription=topic) for p in (0, 1))
+    aged = Split(split_id_of(aged_topic, 0), subscription=aged_topic)
+    reader = KafkaRegionReader(bootstrap, batch_size=4)
+    key = ("kafka-reader", bootstrap, reader.connect_timeout_s, reader.consumer_config)
+
+    def values(*plan: tuple[Split, int, int]) -> list[list[bytes]]:
+        return [c.values.to_pylist() for c in reader.read_ranges_columns(list(plan))]
+
+    with clients.kept_clients():
+        assert values((p0, 0, 5)) == [[m.encode() for m in messages(0, 5)]]
+        first = clients.borrow(key)
+        assert first is not None  # handed back, not closed
+        clients.give_back(key, first, lambda kept: kept[0].close())
+        assert values((p0, 5, 12), (p1, 2, 10)) == [  # the next epoch's ranges, another partition too
+            [m.encode() for m in messages(0, 7, start=5)],
+            [m.encode() for m in messages(1, 8, start=2)],
+        ]
+        assert values((p0, 1, 3)) == [[m.encode() for m in messages(0, 2, start=1)]]  # back again
+        assert [r.offset for r in reader.read_range(p1, 7, 10)] == [7, 8, 9]
+        again = clients.borrow(key)
+        assert again is not None and again[0] is first[0]  # the same consumer served every read
+        clients.give_back(key, again, lambda kept: kept[0].close())
+        with pytest.raises(SourceError, match="earliest available offset is 10"):
+            values((p0, 0, 5), (aged, 3, 12))
+        assert clients.borrow(key) is None  # the failed read closed it
+        assert values((p0, 28, 30)) == [[m.encode() for m in messages(0, 2, start=28)]]  # a new one
+        fresh = clients.borrow(key)
+        assert fresh is not None and fresh[0] is not first[0]
+        clients.give_back(key, fresh, lambda kept: kept[0].close())
+    assert clients.borrow(key) is None  # nothing is kept outside the block
+    assert values((p0, 0, 2)) == [[m.encode() for m in messages(0, 2)]]
+    assert clients.borrow(key) is None
+
+
 def test_topic_ids_identify_splits_and_a_recreated_topic_is_a_new_split_at_its_start(bootstrap: str) -> None:
     """Issue 36, item 6, in the connector: each split carries its topic's id (KIP-516). A split without
     one (state of an older splitkeeper) takes it (IDENTIFIED); after the topic is deleted and re-created

@@ -330,3 +330,39 @@ def test_compaction_and_vacuum_take_the_validations_table_too_and_keep_every_ver
     assert len(DeltaTable(f"{root}/validations").file_uris()) == 1
     assert [r.epoch for r in ValidationRecords(store.tables, "p").recorded(in_run=True)] == [4, 3, 2]
     assert "validations" in vacuum(store, 0)
+
+
+def test_the_store_follows_its_own_commits_and_retention_without_rereading_and_sees_another_writers(
+    root, monkeypatch
+):
+    """Issue 41: the checkpoints mirror follows this store's own row appends and retention deletes
+    without reading the table again (a continuous run's every epoch did twice), equal to what a fresh
+    read says; a commit of another writer in between makes it read again."""
+    from splitkeeper.delta import tables
+
+    store = _open(root)
+    reads: list[str] = []
+    real = tables.read_rows
+
+    def counted(table, spec, **kwargs):
+        reads.append(spec.name)
+        return real(table, spec, **kwargs)
+
+    monkeypatch.setattr(tables, "read_rows", counted)
+    store.commit_checkpoint(decision_for(global_(1)))
+    store.retain(2)
+    for checkpoint_id in range(2, 8):
+        before = len(reads)
+        store.commit_checkpoint(decision_for(global_(checkpoint_id)))
+        assert store.retain(2) == ([checkpoint_id - 2] if checkpoint_id > 2 else [])
+        # the archive reads the deleted rows, nothing reads the kept ones again
+        assert reads[before:].count("checkpoints") == (1 if checkpoint_id > 2 else 0)
+        fresh = _open(root, read_only=True)
+        assert store.kept() == fresh.kept()
+        assert store.mirror().ids() == fresh.mirror().ids() == [checkpoint_id - 1, checkpoint_id]
+    other = _open(root)  # another writer's commit between two of this store's
+    other.commit_checkpoint(decision_for(global_(8)))
+    assert store.ids() == [6, 7, 8]
+    store.commit_checkpoint(decision_for(global_(9)))
+    assert store.retain(2) == [6, 7]
+    assert store.ids() == _open(root, read_only=True).ids() == [8, 9]

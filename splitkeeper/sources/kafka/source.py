@@ -83,6 +83,7 @@ from typing import Any, NamedTuple, cast
 
 import pyarrow as pa
 
+from splitkeeper import clients
 from splitkeeper.core.source import (
     ExternallyCheckpointedSource,
     ExternalPosition,
@@ -305,13 +306,19 @@ def _checked_range(split: Split, start: int, end: int) -> tuple[str, int]:
     return parse_split_id(split.split_id)
 
 
+def _close_kept(kept: tuple[Any, list[Any]]) -> None:
+    kept[0].close()
+
+
 @dataclass(frozen=True, slots=True)
 class KafkaRegionReader(RegionReader, SupportsColumnarRead):
     """Reads planned offset ranges of Kafka splits on an executor. Picklable, stateless.
 
     Each :meth:`read_range` creates its own consumer (``isolation.level=read_committed``,
     no group membership, no commits, ``auto.offset.reset=error``), assigns the
-    partition at ``start`` and closes it when the iteration ends;
+    partition at ``start`` and closes it when the iteration ends (in a long-lived reader slot a
+    read that completed hands it back instead and the slot's next read of the same settings
+    assigns it anew: :mod:`splitkeeper.clients`);
     :meth:`read_ranges_columns` reads all of a region's ranges with one consumer
     assigned every partition. Fields are plain
     values: ``consumer_config`` holds extra librdkafka settings as ``(key, value)`` pairs.
@@ -440,10 +447,17 @@ class KafkaRegionReader(RegionReader, SupportsColumnarRead):
         ``read_timeout_s`` raises. The consumer is closed when the iteration ends or the
         generator is closed.
         """
-        errors: list[KafkaError] = []
-        conf = self._consumer_conf()
-        conf["error_cb"] = errors.append
-        consumer = Consumer(conf)
+        key = ("kafka-reader", self.bootstrap_servers, self.connect_timeout_s, self.consumer_config)
+        kept = clients.borrow(key)  # a long-lived reader slot's consumer of an earlier epoch
+        if kept is None:
+            errors: list[KafkaError] = []
+            conf = self._consumer_conf()
+            conf["error_cb"] = errors.append
+            consumer = Consumer(conf)
+        else:
+            consumer, errors = kept
+            errors.clear()
+        done = False
         try:
             self._check_partitions(consumer, ranges)
             tps = [TopicPartition(r.topic, r.partition) for r in ranges]
@@ -479,6 +493,8 @@ class KafkaRegionReader(RegionReader, SupportsColumnarRead):
                     if n not in open_ranges:
                         continue  # a message of a complete range (fetched before its pause)
                     offset = cast(int, msg.offset())  # always set on a record
+                    if offset < positions[n]:
+                        continue  # fetched for an earlier assignment of a kept consumer
                     end = ranges[n].end
                     if offset < end:
                         records.setdefault(n, []).append(msg)
@@ -510,8 +526,15 @@ class KafkaRegionReader(RegionReader, SupportsColumnarRead):
                         )
                 if complete and open_ranges:
                     consumer.pause([tps[n] for n in complete])
+            # the next read assigns its own partitions at their starts; a pause outlives an assignment
+            consumer.resume(tps)
+            consumer.unassign()
+            done = True
         finally:
-            consumer.close()
+            if done:  # kept for the slot's next read, or closed (splitkeeper.clients)
+                clients.give_back(key, (consumer, errors), _close_kept)
+            else:  # failed, or closed early: never reused
+                consumer.close()
 
     def _check_partitions(self, consumer: Any, ranges: Sequence[_Range]) -> None:
         """Every range's topic exists and has its partition (one metadata request per topic)."""

@@ -450,10 +450,12 @@ def bench_latency(
         ours_sink = str(sink_reader(config).location(SinkTable.RECORDS))
 
         epoch_lines: list[str] = []
+        epoch_ends: list[tuple[float, str]] = []  # (when the line came, the line): the phase figures
 
         def count_epochs(line: str) -> None:  # every epoch's line, kept off stderr (two a second)
             if line.startswith("epoch"):
                 epoch_lines.append(line)
+                epoch_ends.append((time.monotonic(), line))
 
         def run_ours() -> None:
             try:
@@ -522,6 +524,7 @@ def bench_latency(
                     break
                 time.sleep(0.1)
             drained_s = time.monotonic() - started
+            measured = [(t, line) for t, line in epoch_ends if started <= t <= started + drained_s]
         for watcher in watchers:
             watcher.stop()
         _say(f"visible after {drained_s:.1f}s: ours {ours_watch.seen:,}, SS {ss_watch.seen:,}; stopping both")
@@ -585,6 +588,7 @@ def bench_latency(
         "errors": [str(e) for e in ours_errors] + ([str(ss_error)] if ss_error is not None else []),
         "poll_errors": {w.label: w.errors for w in watchers if w.errors},
         "drained_s": round(drained_s, 3),
+        "ours_epoch_phases": epoch_phases(measured),
         "load_avg": {
             "start": load_start,
             "run": sampler.figure.mean,
@@ -596,6 +600,44 @@ def bench_latency(
         "bootstrap_servers": bootstrap_servers or "own broker",
         "passed": ours_exact and ss_exact,
     }
+
+
+def epoch_phases(ends: Sequence[tuple[float, str]]) -> dict[str, dict[str, float]]:
+    """Where our epochs' wall time went while the messages were produced and drained: p50/p90/max of
+    each phase of the epoch lines (``plan=0.05 read=0.31 ...``, seconds), of the epoch itself
+    (``epoch``), and of the ``gap`` between one epoch's end and the next one's start (the next
+    epoch's line came ``gap + its elapsed`` after the previous one's)."""
+    series: dict[str, list[float]] = {}
+    previous: float | None = None
+    for at, line in ends:
+        fields = line.split()
+        elapsed = next((float(f[:-1]) for f in fields if f.endswith("s") and _number(f[:-1])), None)
+        if elapsed is None:
+            continue
+        series.setdefault("epoch", []).append(elapsed)
+        for name, _eq, value in (f.partition("=") for f in fields if "=" in f):
+            if _number(value):
+                series.setdefault(name, []).append(float(value))
+        if previous is not None:
+            series.setdefault("gap", []).append(max(0.0, at - previous - elapsed))
+        previous = at
+    return {
+        name: {
+            "p50": round(percentile(sorted(values), 50), 3),
+            "p90": round(percentile(sorted(values), 90), 3),
+            "max": round(max(values), 3),
+            "n": len(values),
+        }
+        for name, values in series.items()
+    }
+
+
+def _number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _mean(latency_s: Mapping[int, float]) -> float | None:
@@ -631,6 +673,12 @@ def render_table(result: Mapping[str, Any]) -> str:
         f"p99 ours / SS: {result['p99_ratio']} (below 1: ours is faster)",
         f"load average: {load['run']:.1f} during the run (max {load['run_max']:.1f}), {load['cpus']} cpus",
     ]
+    phases = result.get("ours_epoch_phases") or {}
+    if phases:
+        rows.append(
+            "our epochs, p50/p90 s: "
+            + " ".join(f"{name}={f['p50']:.2f}/{f['p90']:.2f}" for name, f in phases.items())
+        )
     if result.get("chart"):
         rows.append(f"chart: {result['chart']}")
     return "\n".join(rows)
