@@ -114,6 +114,7 @@ from splitkeeper_tools.bench.ingest import (
     chart_file,
     check_counts,
     check_decode,
+    check_readers,
     check_sink,
     decode_figures,
     decode_text,
@@ -188,9 +189,11 @@ class KafkaIngestSettings:
     content_check: bool = True
     decode: str = "raw"
     limit: bool = False  # add plain confluent-kafka + Arrow's consume-and-write (tools/bench/limit.py)
+    readers: str = "per_epoch"  # our pipeline's readers setting (the default: a Spark job per epoch)
 
     def __post_init__(self) -> None:
         check_decode(self.decode)
+        check_readers(self.readers)
         if self.limit and self.decode != "raw":
             raise InvalidParameterError(
                 "limit",
@@ -349,6 +352,7 @@ def _ours_config(
     epoch_records: int,
     region_timeout_s: float,
     decode: str = "raw",
+    readers: str = "per_epoch",
 ) -> PipelineConfig:
     return pipeline_config(
         PIPELINE_NAME,
@@ -358,6 +362,7 @@ def _ours_config(
         epoch_records=epoch_records,
         region_timeout_s=region_timeout_s,
         decode=decode,
+        readers=readers,
     )
 
 
@@ -381,7 +386,14 @@ def run_ours(
     from splitkeeper.sinks.port import SinkTable
 
     config = _ours_config(
-        bootstrap, data.topic, root, settings.parallelism, epoch_records, region_timeout_s, settings.decode
+        bootstrap,
+        data.topic,
+        root,
+        settings.parallelism,
+        epoch_records,
+        region_timeout_s,
+        settings.decode,
+        settings.readers,
     )
     max_epochs = 3 * math.ceil(data.records / epoch_records) + 5
     epochs: list[dict[str, Any]] = []
@@ -767,7 +779,7 @@ def _throughput(
         **figures,
         "benchmark": "ingest",
         "source": "kafka",
-        **decode_figures(settings.decode),
+        **decode_figures(settings.decode, settings.readers),
         "messages": data.records,
         "records": data.records,
         "partitions": settings.partitions,
@@ -974,6 +986,7 @@ def run(args: argparse.Namespace) -> int:
         content_check=not args.no_content_check,
         decode=args.decode,
         limit=args.limit,
+        readers=args.readers,
     )
     check_bootstrap_servers(args.bootstrap_servers)
     return run_benchmark(
