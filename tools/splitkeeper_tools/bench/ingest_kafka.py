@@ -130,6 +130,7 @@ from splitkeeper_tools.bench.ingest import (
     throughput_chart,
     throughput_figures,
     warm_up,
+    warm_workers,
     write_page,
 )
 from splitkeeper_tools.bench.ingest_common import (
@@ -307,7 +308,7 @@ def _warm_kafka_task(_: int) -> int:
 def warm_up_kafka(spark: Any, work_dir: str, bootstrap: str, topic: str) -> None:
     """:func:`warm_up`, then both Kafka clients once: our readers' import, Spark's Kafka classes."""
     warm_up(spark, work_dir)
-    spark.sparkContext.parallelize(range(4), 2).map(_warm_kafka_task).collect()
+    warm_workers(spark, _warm_kafka_task)
     spark.read.format("kafka").option("kafka.bootstrap.servers", bootstrap).option(
         "subscribe", topic
     ).load().limit(1).collect()
@@ -398,6 +399,7 @@ def run_ours(
     max_epochs = 3 * math.ceil(data.records / epoch_records) + 5
     epochs: list[dict[str, Any]] = []
     done: dict[str, float] = {}
+    warm_workers(spark, _warm_kafka_task)  # the Python workers Spark ended since the last run, untimed
     first_job = latest_job_id(spark)
     with LoadSampler() as sampler:
         started = time.perf_counter()
