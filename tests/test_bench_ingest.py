@@ -259,6 +259,41 @@ def test_typed_rows_compare_every_row_by_its_typed_columns_in_any_order() -> Non
     assert not typed_rows(doubled).equals(typed_rows(spark_like))
 
 
+@pytest.mark.spark
+@pytest.mark.slow
+def test_tiny_ingest_with_long_lived_readers_runs_every_epoch_in_one_spark_job_and_holds_the_input(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    result = _tiny_files_run(tmp_path, capsys, tmp_path / "charts", "--readers", "long_lived")
+    assert result["readers"] == "long_lived"
+    assert result["ours_sink_records"] == result["baseline_sink_records"] == 600
+    assert result["exact"] is True and result["content_equal"] is True
+    run = result["runs"][0]
+    assert len(run["ours_epochs"]) == 2 and run["ours_finished"] is True
+    assert run["ours_jobs"] == 1  # the readers' one job served both epochs (per_epoch: one each)
+    assert len(run["ours_region_task_s"]) == result["parallelism"] * 2
+
+
+def test_readers_default_to_the_pipeline_default_and_reach_our_pipeline_config(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from splitkeeper.config.models import Readers
+
+    assert IngestSettings().readers == "per_epoch"
+    settings = IngestSettings(readers="long_lived")
+    config = ingest._ours_config(settings, str(tmp_path / "input"), str(tmp_path / "run"))
+    assert config.readers is Readers.LONG_LIVED
+    with pytest.raises(InvalidParameterError) as err:
+        IngestSettings(readers="pooled")
+    assert err.value.name == "readers" and "per_epoch or long_lived" in str(err.value)
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["bench", "ingest", "--source", "files", "--readers", "pooled"])
+    assert exit_.value.code == 2
+    assert "invalid choice: 'pooled'" in capsys.readouterr().err
+    assert "readers long_lived" in ingest.decode_text({"decode": "raw", "readers": "long_lived"})
+    assert "readers" not in ingest.decode_text({"decode": "raw", "readers": "per_epoch"})
+
+
 def test_decode_is_raw_or_json_and_json_figures_get_their_own_chart_page(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

@@ -65,6 +65,7 @@ from splitkeeper import clients
 from splitkeeper.errors import EpochAbandoned
 from splitkeeper.spark.regions import (
     _LOG_TRACEBACK_CHARS,
+    SERVER_POLL_S,
     SOCKET_TIMEOUT_S,
     RegionRun,
     RegionStatus,
@@ -215,7 +216,10 @@ class ReaderPool:
         self._server = Server((bind, 0), Handler)
         self.address: tuple[str, int] = (host, self._server.server_address[1])
         self._thread = threading.Thread(
-            target=self._server.serve_forever, args=(0.1,), name="splitkeeper-reader-server", daemon=True
+            target=self._server.serve_forever,
+            args=(SERVER_POLL_S,),
+            name="splitkeeper-reader-server",
+            daemon=True,
         )
         self._thread.start()
 

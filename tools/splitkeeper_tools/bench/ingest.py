@@ -78,6 +78,7 @@ from splitkeeper_tools.bench.ingest_common import (
     CDC_SCHEMA,
     DECODES,
     JSON_SCHEMA,
+    READERS,
     SINKS,
     cdc_rows,
     expected_cdc_rows,
@@ -132,6 +133,12 @@ def check_decode(decode: str) -> None:
         raise InvalidParameterError("decode", decode, " or ".join(DECODES))
 
 
+def check_readers(readers: str) -> None:
+    """InvalidParameterError unless ``readers`` is one of :data:`READERS` (the pipeline setting's values)."""
+    if readers not in READERS:
+        raise InvalidParameterError("readers", readers, " or ".join(READERS))
+
+
 @dataclass(frozen=True, slots=True)
 class IngestSettings:
     """What to measure. ``epoch_records=None``: half the input (two reading epochs).
@@ -152,9 +159,11 @@ class IngestSettings:
     decode: str = "raw"
     sink: str = "append"
     limit: bool = False  # add plain Arrow's read-and-write of the same input (tools/bench/limit.py)
+    readers: str = "per_epoch"  # our pipeline's readers setting (the default: a Spark job per epoch)
 
     def __post_init__(self) -> None:
         check_decode(self.decode)
+        check_readers(self.readers)
         if self.sink not in SINKS:
             raise InvalidParameterError("sink", self.sink, " or ".join(SINKS))
         if self.limit and self.sink != "append":
@@ -390,9 +399,21 @@ def _warm_task(_: int) -> int:
     return os.getpid()
 
 
+def warm_workers(spark: Any, task: Callable[[int], int] = _warm_task) -> None:
+    """Start Spark's Python workers (one per core) and their imports of ``task``'s module, untimed.
+
+    Called before every run of ours, not only once: Spark ends a Python worker idle for about a
+    minute (PySpark's ``PythonWorkerFactory``, ``IDLE_WORKER_TIMEOUT_NS``), which a repetition's
+    baseline and checks outlast on a busy machine; our first epoch then timed worker start and
+    imports (epoch 1's read phase 10-19 s against 0.9-1.5 s warm, 2 cores at load 26-34) instead of
+    ingest, while the baseline's JVM and the limit's processes stay warm."""
+    cores = max(1, spark.sparkContext.defaultParallelism)
+    spark.sparkContext.parallelize(range(2 * cores), cores).map(task).collect()
+
+
 def warm_up(spark: Any, directory: str) -> None:
     """Start the Python workers and load Delta's classes once, before either side is timed."""
-    spark.sparkContext.parallelize(range(4), 2).map(_warm_task).collect()
+    warm_workers(spark)
     path = os.path.join(directory, "warmup-delta")
     spark.range(100).selectExpr("id", "cast(id as string) as value").write.format("delta").save(path)
     spark.read.format("delta").load(path).count()
@@ -441,6 +462,7 @@ def _ours_config(settings: IngestSettings, input_dir: str, root: str) -> Pipelin
         region_timeout_s=3600,
         decode=settings.decode,
         sink=settings.sink,
+        readers=settings.readers,
     )
 
 
@@ -477,6 +499,7 @@ def run_ours(spark: Any, settings: IngestSettings, input_dir: str, root: str, la
     with contextlib.ExitStack() as stack:
         stack.enter_context(timer.patch(DeltaStateStore, store_ops, "state_store"))
         stack.enter_context(timer.patch(DeltaSink, sink_ops, "sink"))
+        warm_workers(spark)  # the Python workers Spark ended since the last run, outside the clock
         first_job = latest_job_id(spark)
         sampler = stack.enter_context(LoadSampler())
         started = time.perf_counter()
@@ -1007,9 +1030,10 @@ def _repetition_row(
     }
 
 
-def decode_figures(decode: str) -> dict[str, Any]:
-    """The result keys saying how records were decoded (both sides alike)."""
-    return {"decode": decode, "schema": JSON_SCHEMA if decode == "json" else None}
+def decode_figures(decode: str, readers: str = "per_epoch") -> dict[str, Any]:
+    """The result keys saying how records were decoded (both sides alike) and how our region tasks
+    started (``readers``, the pipeline setting)."""
+    return {"decode": decode, "schema": JSON_SCHEMA if decode == "json" else None, "readers": readers}
 
 
 def sink_figures(sink: str) -> dict[str, Any]:
@@ -1020,15 +1044,18 @@ def sink_figures(sink: str) -> dict[str, Any]:
 
 
 def decode_text(result: Mapping[str, Any]) -> str:
-    """How both sides decoded the records, for the report's first line."""
+    """How both sides decoded the records (and, when not the default, how our region tasks started),
+    for the report's first line."""
+    readers = result.get("readers", "per_epoch")
+    ours = "" if readers == "per_epoch" else f"; ours with readers {readers}"
     if result.get("sink") == "upsert":
         return (
             f"sink upsert: keyed change records ({result['schema']}; 20% updates, 2% deletes), ours "
-            "sink.mode upsert (one MERGE per epoch), baseline foreachBatch + Delta MERGE"
+            f"sink.mode upsert (one MERGE per epoch), baseline foreachBatch + Delta MERGE{ours}"
         )
     if result.get("decode", "raw") == "json":
-        return f"decode json ({result['schema']}; baseline: from_json, same schema)"
-    return "decode raw (one value column)"
+        return f"decode json ({result['schema']}; baseline: from_json, same schema){ours}"
+    return f"decode raw (one value column){ours}"
 
 
 def _median_or_none(values: Sequence[int | None]) -> float | None:
@@ -1132,7 +1159,7 @@ def _result(
         **figures,
         "benchmark": "ingest",
         "source": "files",
-        **decode_figures(settings.decode),
+        **decode_figures(settings.decode, settings.readers),
         **sink_figures(settings.sink),
         "records": settings.records,
         "files": settings.files,
@@ -1540,6 +1567,13 @@ def add_output_arguments(parser: argparse.ArgumentParser, work: str) -> None:
         help=f"raw (default: the bytes into one value column) or json: both sides parse JSON into "
         f"typed columns ({JSON_SCHEMA}); ours with decode.kind json, the baseline with from_json",
     )
+    parser.add_argument(
+        "--readers",
+        default="per_epoch",
+        choices=READERS,
+        help="our pipeline's readers setting: per_epoch (default, as a pipeline's: a Spark job per "
+        "epoch) or long_lived (one Spark job for the run, whose tasks take every epoch's regions)",
+    )
     parser.add_argument("--no-content-check", action="store_true", help="skip comparing the sinks' values")
     add_run_arguments(parser, work)
 
@@ -1612,6 +1646,7 @@ def run(args: argparse.Namespace) -> int:
         decode=args.decode,
         sink=args.sink,
         limit=args.limit,
+        readers=args.readers,
     )
     return run_benchmark(
         args,

@@ -22,6 +22,7 @@ import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from splitkeeper.config.models import Readers
 from splitkeeper.errors import SplitkeeperError
 
 if TYPE_CHECKING:
@@ -39,6 +40,8 @@ JSON_COLUMNS = ("id", "user", "amount", "ts", "note")
 
 #: ``--sink``: ``append`` (every record a row) or ``upsert`` (keyed CDC records, one MERGE per epoch).
 SINKS = ("append", "upsert")
+#: Our pipeline's ``readers`` setting, as ``bench ingest --readers`` takes it (the default first).
+READERS = tuple(r.value for r in Readers)
 #: The keyed change records of ``--sink upsert`` (:func:`write_cdc_files`): ``op`` is c (a new key),
 #: u (an update of a key of the same file) or d (a delete of one).
 CDC_SCHEMA = "id BIGINT, op STRING, user STRING, amount DOUBLE, ts BIGINT, note STRING"

@@ -114,6 +114,7 @@ from splitkeeper_tools.bench.ingest import (
     chart_file,
     check_counts,
     check_decode,
+    check_readers,
     check_sink,
     decode_figures,
     decode_text,
@@ -129,6 +130,7 @@ from splitkeeper_tools.bench.ingest import (
     throughput_chart,
     throughput_figures,
     warm_up,
+    warm_workers,
     write_page,
 )
 from splitkeeper_tools.bench.ingest_common import (
@@ -188,9 +190,11 @@ class KafkaIngestSettings:
     content_check: bool = True
     decode: str = "raw"
     limit: bool = False  # add plain confluent-kafka + Arrow's consume-and-write (tools/bench/limit.py)
+    readers: str = "per_epoch"  # our pipeline's readers setting (the default: a Spark job per epoch)
 
     def __post_init__(self) -> None:
         check_decode(self.decode)
+        check_readers(self.readers)
         if self.limit and self.decode != "raw":
             raise InvalidParameterError(
                 "limit",
@@ -304,7 +308,7 @@ def _warm_kafka_task(_: int) -> int:
 def warm_up_kafka(spark: Any, work_dir: str, bootstrap: str, topic: str) -> None:
     """:func:`warm_up`, then both Kafka clients once: our readers' import, Spark's Kafka classes."""
     warm_up(spark, work_dir)
-    spark.sparkContext.parallelize(range(4), 2).map(_warm_kafka_task).collect()
+    warm_workers(spark, _warm_kafka_task)
     spark.read.format("kafka").option("kafka.bootstrap.servers", bootstrap).option(
         "subscribe", topic
     ).load().limit(1).collect()
@@ -349,6 +353,7 @@ def _ours_config(
     epoch_records: int,
     region_timeout_s: float,
     decode: str = "raw",
+    readers: str = "per_epoch",
 ) -> PipelineConfig:
     return pipeline_config(
         PIPELINE_NAME,
@@ -358,6 +363,7 @@ def _ours_config(
         epoch_records=epoch_records,
         region_timeout_s=region_timeout_s,
         decode=decode,
+        readers=readers,
     )
 
 
@@ -381,11 +387,19 @@ def run_ours(
     from splitkeeper.sinks.port import SinkTable
 
     config = _ours_config(
-        bootstrap, data.topic, root, settings.parallelism, epoch_records, region_timeout_s, settings.decode
+        bootstrap,
+        data.topic,
+        root,
+        settings.parallelism,
+        epoch_records,
+        region_timeout_s,
+        settings.decode,
+        settings.readers,
     )
     max_epochs = 3 * math.ceil(data.records / epoch_records) + 5
     epochs: list[dict[str, Any]] = []
     done: dict[str, float] = {}
+    warm_workers(spark, _warm_kafka_task)  # the Python workers Spark ended since the last run, untimed
     first_job = latest_job_id(spark)
     with LoadSampler() as sampler:
         started = time.perf_counter()
@@ -767,7 +781,7 @@ def _throughput(
         **figures,
         "benchmark": "ingest",
         "source": "kafka",
-        **decode_figures(settings.decode),
+        **decode_figures(settings.decode, settings.readers),
         "messages": data.records,
         "records": data.records,
         "partitions": settings.partitions,
@@ -974,6 +988,7 @@ def run(args: argparse.Namespace) -> int:
         content_check=not args.no_content_check,
         decode=args.decode,
         limit=args.limit,
+        readers=args.readers,
     )
     check_bootstrap_servers(args.bootstrap_servers)
     return run_benchmark(

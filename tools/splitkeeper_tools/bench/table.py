@@ -60,6 +60,19 @@ ROWS: tuple[Row, ...] = (
         ("--messages", "2000", "--repeat", "1"),
     ),
     Row(
+        "files-long-lived",
+        ("ingest", "--source", "files", "--readers", "long_lived", "--limit", "--skip-restore"),
+        "the files row with our `readers: long_lived` (one Spark job serves both epochs; the "
+        "pipeline default is `per_epoch`, a job per epoch)",
+        ("--files", "2", "--lines", "300", "--repeat", "1"),
+    ),
+    Row(
+        "kafka-long-lived",
+        ("ingest", "--source", "kafka", "--readers", "long_lived", "--stall-messages", "0", "--limit"),
+        "the Kafka row with our `readers: long_lived`",
+        ("--messages", "2000", "--repeat", "1"),
+    ),
+    Row(
         "files-json",
         ("ingest", "--source", "files", "--decode", "json", "--skip-restore"),
         "800k JSON lines decoded into typed columns (baseline `from_json`, same schema)",
