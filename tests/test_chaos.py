@@ -66,22 +66,29 @@ def chaos(*argv: str, timeout_s: float) -> subprocess.CompletedProcess[str]:
 @pytest.mark.kafka
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "sink",
-    # the suite runs the upsert sink (its change table is the append path's records, plus the keyed
-    # MERGE); the append sink's identical run is the slow variant
-    ["upsert", pytest.param("append", marks=pytest.mark.slow_variant)],
+    ("sink", "readers"),
+    # the suite runs the upsert sink with a job per epoch (its change table is the append path's
+    # records, plus the keyed MERGE) and the append sink with long-lived readers (issue 41: every
+    # fault kind and crash point against a reader job held for the run); the append sink's run with a
+    # job per epoch is the slow variant
+    [
+        ("upsert", "per_epoch"),
+        ("append", "long_lived"),
+        pytest.param("append", "per_epoch", marks=pytest.mark.slow_variant),
+    ],
+    ids=["upsert", "append-long_lived", "append"],
 )
 def test_reduced_chaos_run_loses_and_duplicates_nothing_under_every_fault_kind(
-    tmp_path: Path, sink: str
+    tmp_path: Path, sink: str, readers: str
 ) -> None:
     done = chaos(
         "--source", "kafka", "--messages", "2000", "--seed", "7", "--bad-records", "0.01", "--json",
-        "--sink", sink, "--workdir", str(tmp_path / "w"), timeout_s=1800,
+        "--sink", sink, "--readers", readers, "--workdir", str(tmp_path / "w"), timeout_s=1800,
     )  # fmt: skip
 
     assert done.returncode == 0, done.stderr[-5000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
-    assert result["sink"] == sink
+    assert (result["sink"], result["readers"]) == (sink, readers)
     if sink == "upsert":
         # the change table (records_in_sink below) holds every message; the keyed table the latest
         # message of every live key, as the delivery reports' fold says (computed by the chaos run)
@@ -119,6 +126,18 @@ def test_reduced_chaos_run_loses_and_duplicates_nothing_under_every_fault_kind(
     assert "pyspark.daemon" in evidence["worker_sigkill"][0] and "decline" in evidence["worker_sigkill"][0]
     assert all("[LEASE_HELD]" in e for e in evidence["concurrent_driver"] + evidence["concurrent_recover"])
     assert result["checkpoints"]["regional"] >= 3  # a failed, a timed-out and a worker-killed region
+    # every driver that ran an epoch ran its regions the chosen way: on a reader job held for its run
+    # (its log says it started one), or on a job per epoch (none started)
+    logs = tmp_path / "w" / "logs"
+    pooled = {
+        r["run"]: "starting reader job 1:" in (logs / f"{i:02d}-{r['run']}.log").read_text(errors="replace")
+        for i, r in enumerate(result["runs"])
+        if r["epochs"]
+    }
+    assert len(pooled) >= len(CrashPoint) + 1  # the six crashed drivers and the last
+    assert set(pooled.values()) == {readers == "long_lived"}, pooled
+    if readers == "long_lived":  # the killed Python worker was a reader slot's, held since its hello
+        assert "long-lived reader slot (" in evidence["worker_sigkill"][0]
     assert "PASSED: 2,000 messages, lost 0, duplicated 0" in done.stderr
     assert "dead letters 20 of 20 malformed" in done.stderr
 

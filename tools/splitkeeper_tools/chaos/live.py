@@ -12,6 +12,7 @@ from __future__ import annotations
 import abc
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import threading
@@ -170,14 +171,28 @@ class WorkerKill(LiveFault):
     declines. With ``reruns`` (a Spark standalone master: ``spark.task.maxFailures`` 4) Spark runs
     the task again, and the region acknowledges from that attempt (only the path a finished attempt
     reported is committed; the sink check shows nothing twice) or declines when attempts run out.
+
+    With ``long_lived`` (``readers: long_lived``) the worker is a reader slot's, held by the run's
+    reader job since the slot said hello (blocked on its socket between epochs, not asleep): the
+    evidence must also name that slot (the driver's ``reader slot (J, I) ready (task T, pid P)``
+    line with the killed pid), and says whether a new reader job replaced the one the kill failed.
     """
 
-    def __init__(self, run: str, epoch: int, region: int, window_s: float, reruns: bool = False) -> None:
+    def __init__(
+        self,
+        run: str,
+        epoch: int,
+        region: int,
+        window_s: float,
+        reruns: bool = False,
+        long_lived: bool = False,
+    ) -> None:
         super().__init__(run)
         self.epoch = epoch
         self.region = region
         self.window_s = window_s
         self.reruns = reruns
+        self.long_lived = long_lived
         self.killed: tuple[int, str, str] | None = None  # pid, its ancestry, its command line
         self.after_s = 0.0
 
@@ -221,6 +236,15 @@ class WorkerKill(LiveFault):
             + ("; Spark: 'Python worker exited unexpectedly'" if lost else "")
             + (f"; Spark ran the task again and region {self.region} acknowledged" if rerun else "")
         )
+        if self.long_lived:
+            slot = re.search(rf"reader slot (\(\d+, \d+\)) ready \(task (\d+), pid {pid}\)", outcome.stderr)
+            jobs = len(re.findall(r"starting reader job \d+", outcome.stderr))
+            fault.injected = fault.injected and slot is not None
+            fault.evidence += (
+                f"; long-lived reader slot {slot[1]} (task {slot[2]}) was that worker"
+                if slot is not None
+                else f"; no long-lived reader slot had pid {pid}"
+            ) + f"; {jobs} reader jobs started in the run"
         return [fault]
 
 
