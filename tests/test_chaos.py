@@ -398,6 +398,7 @@ def test_a_smaller_run_keeps_every_fault_and_shrinks_its_epochs() -> None:
         (["--source", "kafka", "--bootstrap-servers", "localhost"], "--bootstrap-servers='localhost'"),
         (["--source", "kafka", "--store", "gcs"], "argument --store: invalid choice: 'gcs'"),
         (["--source", "kafka", "--profile", "yarn"], "argument --profile: invalid choice: 'yarn'"),
+        (["--source", "kafka", "--readers", "pooled"], "argument --readers: invalid choice: 'pooled'"),
         (
             ["--source", "kafka", "--profile", "cluster", "--store", "local"],
             "[INVALID_PARAMETER] --store='local' is not allowed: s3 with --profile cluster",
@@ -414,6 +415,7 @@ def test_a_smaller_run_keeps_every_fault_and_shrinks_its_epochs() -> None:
         "bad-bootstrap",
         "unknown-store",
         "unknown-profile",
+        "unknown-readers",
         "cluster-on-a-local-store",
         "fault-rate",
     ],
@@ -541,3 +543,32 @@ def test_a_drivers_python_workers_are_found_by_its_tag_off_its_process_tree_too(
         for proc in procs:
             proc.kill()
             proc.wait()
+
+
+def test_with_long_lived_readers_the_killed_worker_must_be_the_reader_slot_its_pid_names() -> None:
+    """WorkerKill's evidence with ``--readers long_lived`` (lines of a real run's driver log): the pid
+    killed must be a reader slot's (its hello line), else the fault is not counted as injected."""
+    from splitkeeper_tools.chaos.live import WorkerKill
+    from splitkeeper_tools.chaos.processes import EpochLine, RunOutcome
+
+    log = (
+        "info splitkeeper.spark.readers: starting reader job 1: 2 slots [pipeline=chaos-71596953]\n"
+        "info splitkeeper.spark.readers: reader slot (1, 1) ready (task 1, pid 31204) [pipeline=c]\n"
+        "info splitkeeper.spark.readers: reader slot (1, 0) ready (task 0, pid 31201) [pipeline=c]\n"
+        "org.apache.spark.SparkException: Python worker exited unexpectedly (crashed).\n"
+        "info splitkeeper.spark.readers: starting reader job 2: 2 slots [pipeline=chaos-71596953]\n"
+    )
+    epochs = [EpochLine(1, "global", 4, {}), EpochLine(2, "regional", 4, {0: "decline"})]
+
+    def verdict(pid: int, long_lived: bool) -> tuple[bool, str]:
+        kill = WorkerKill("faults", 2, 0, 30.0, long_lived=long_lived)
+        kill.killed = (pid, f"{pid} (python -m pyspark.daemon pyspark.worker)", "python -m pyspark.daemon")
+        (fault,) = kill.faults(RunOutcome("faults", [], returncode=-9, epochs=epochs, stderr=log))
+        return fault.injected, fault.evidence
+
+    injected, evidence = verdict(31204, long_lived=True)
+    assert injected and "long-lived reader slot (1, 1) (task 1) was that worker" in evidence
+    assert "2 reader jobs started in the run" in evidence
+    injected, evidence = verdict(4242, long_lived=True)  # a worker no slot said hello from
+    assert not injected and "no long-lived reader slot had pid 4242" in evidence
+    assert verdict(4242, long_lived=False)[0]  # a job per epoch: no slot to name
