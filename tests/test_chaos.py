@@ -66,22 +66,29 @@ def chaos(*argv: str, timeout_s: float) -> subprocess.CompletedProcess[str]:
 @pytest.mark.kafka
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "sink",
-    # the suite runs the upsert sink (its change table is the append path's records, plus the keyed
-    # MERGE); the append sink's identical run is the slow variant
-    ["upsert", pytest.param("append", marks=pytest.mark.slow_variant)],
+    ("sink", "readers"),
+    # the suite runs the upsert sink with a job per epoch (its change table is the append path's
+    # records, plus the keyed MERGE) and the append sink with long-lived readers (issue 41: every
+    # fault kind and crash point against a reader job held for the run); the append sink's run with a
+    # job per epoch is the slow variant
+    [
+        ("upsert", "per_epoch"),
+        ("append", "long_lived"),
+        pytest.param("append", "per_epoch", marks=pytest.mark.slow_variant),
+    ],
+    ids=["upsert", "append-long_lived", "append"],
 )
 def test_reduced_chaos_run_loses_and_duplicates_nothing_under_every_fault_kind(
-    tmp_path: Path, sink: str
+    tmp_path: Path, sink: str, readers: str
 ) -> None:
     done = chaos(
         "--source", "kafka", "--messages", "2000", "--seed", "7", "--bad-records", "0.01", "--json",
-        "--sink", sink, "--workdir", str(tmp_path / "w"), timeout_s=1800,
+        "--sink", sink, "--readers", readers, "--workdir", str(tmp_path / "w"), timeout_s=1800,
     )  # fmt: skip
 
     assert done.returncode == 0, done.stderr[-5000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
-    assert result["sink"] == sink
+    assert (result["sink"], result["readers"]) == (sink, readers)
     if sink == "upsert":
         # the change table (records_in_sink below) holds every message; the keyed table the latest
         # message of every live key, as the delivery reports' fold says (computed by the chaos run)
@@ -119,6 +126,18 @@ def test_reduced_chaos_run_loses_and_duplicates_nothing_under_every_fault_kind(
     assert "pyspark.daemon" in evidence["worker_sigkill"][0] and "decline" in evidence["worker_sigkill"][0]
     assert all("[LEASE_HELD]" in e for e in evidence["concurrent_driver"] + evidence["concurrent_recover"])
     assert result["checkpoints"]["regional"] >= 3  # a failed, a timed-out and a worker-killed region
+    # every driver that ran an epoch ran its regions the chosen way: on a reader job held for its run
+    # (its log says it started one), or on a job per epoch (none started)
+    logs = tmp_path / "w" / "logs"
+    pooled = {
+        r["run"]: "starting reader job 1:" in (logs / f"{i:02d}-{r['run']}.log").read_text(errors="replace")
+        for i, r in enumerate(result["runs"])
+        if r["epochs"]
+    }
+    assert len(pooled) >= len(CrashPoint) + 1  # the six crashed drivers and the last
+    assert set(pooled.values()) == {readers == "long_lived"}, pooled
+    if readers == "long_lived":  # the killed Python worker was a reader slot's, held since its hello
+        assert "long-lived reader slot (" in evidence["worker_sigkill"][0]
     assert "PASSED: 2,000 messages, lost 0, duplicated 0" in done.stderr
     assert "dead letters 20 of 20 malformed" in done.stderr
 
@@ -379,6 +398,7 @@ def test_a_smaller_run_keeps_every_fault_and_shrinks_its_epochs() -> None:
         (["--source", "kafka", "--bootstrap-servers", "localhost"], "--bootstrap-servers='localhost'"),
         (["--source", "kafka", "--store", "gcs"], "argument --store: invalid choice: 'gcs'"),
         (["--source", "kafka", "--profile", "yarn"], "argument --profile: invalid choice: 'yarn'"),
+        (["--source", "kafka", "--readers", "pooled"], "argument --readers: invalid choice: 'pooled'"),
         (
             ["--source", "kafka", "--profile", "cluster", "--store", "local"],
             "[INVALID_PARAMETER] --store='local' is not allowed: s3 with --profile cluster",
@@ -395,6 +415,7 @@ def test_a_smaller_run_keeps_every_fault_and_shrinks_its_epochs() -> None:
         "bad-bootstrap",
         "unknown-store",
         "unknown-profile",
+        "unknown-readers",
         "cluster-on-a-local-store",
         "fault-rate",
     ],
@@ -522,3 +543,32 @@ def test_a_drivers_python_workers_are_found_by_its_tag_off_its_process_tree_too(
         for proc in procs:
             proc.kill()
             proc.wait()
+
+
+def test_with_long_lived_readers_the_killed_worker_must_be_the_reader_slot_its_pid_names() -> None:
+    """WorkerKill's evidence with ``--readers long_lived`` (lines of a real run's driver log): the pid
+    killed must be a reader slot's (its hello line), else the fault is not counted as injected."""
+    from splitkeeper_tools.chaos.live import WorkerKill
+    from splitkeeper_tools.chaos.processes import EpochLine, RunOutcome
+
+    log = (
+        "info splitkeeper.spark.readers: starting reader job 1: 2 slots [pipeline=chaos-71596953]\n"
+        "info splitkeeper.spark.readers: reader slot (1, 1) ready (task 1, pid 31204) [pipeline=c]\n"
+        "info splitkeeper.spark.readers: reader slot (1, 0) ready (task 0, pid 31201) [pipeline=c]\n"
+        "org.apache.spark.SparkException: Python worker exited unexpectedly (crashed).\n"
+        "info splitkeeper.spark.readers: starting reader job 2: 2 slots [pipeline=chaos-71596953]\n"
+    )
+    epochs = [EpochLine(1, "global", 4, {}), EpochLine(2, "regional", 4, {0: "decline"})]
+
+    def verdict(pid: int, long_lived: bool) -> tuple[bool, str]:
+        kill = WorkerKill("faults", 2, 0, 30.0, long_lived=long_lived)
+        kill.killed = (pid, f"{pid} (python -m pyspark.daemon pyspark.worker)", "python -m pyspark.daemon")
+        (fault,) = kill.faults(RunOutcome("faults", [], returncode=-9, epochs=epochs, stderr=log))
+        return fault.injected, fault.evidence
+
+    injected, evidence = verdict(31204, long_lived=True)
+    assert injected and "long-lived reader slot (1, 1) (task 1) was that worker" in evidence
+    assert "2 reader jobs started in the run" in evidence
+    injected, evidence = verdict(4242, long_lived=True)  # a worker no slot said hello from
+    assert not injected and "no long-lived reader slot had pid 4242" in evidence
+    assert verdict(4242, long_lived=False)[0]  # a job per epoch: no slot to name

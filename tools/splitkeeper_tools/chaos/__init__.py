@@ -22,6 +22,10 @@ every input message exactly once.
    while a run runs (both refused by the pipeline lease, rule 5.6), the broker SIGKILLed
    twice while messages and commits are in flight, a rescale 4 -> 6 and one 6 -> 4. A
    smaller ``--messages`` shrinks the epochs, never the faults.
+   With ``--readers long_lived`` every driver's config says ``readers: long_lived``: its regions
+   run on a reader job held for its run (:mod:`splitkeeper.spark.readers`), and every fault is
+   injected the same; the worker SIGKILL's evidence must then name the reader slot the killed
+   Python worker held (:class:`~splitkeeper_tools.chaos.live.WorkerKill`).
    With ``--sink upsert`` the messages are keyed (40 keys per partition) and 2% of them end with
    ``|delete``: the pipeline decodes ``text`` into an upsert sink keyed by the Kafka key with
    ``delete_when: value LIKE '%|delete'``; its change table is then what must hold every message
@@ -93,6 +97,7 @@ from splitkeeper_tools.kafka_testbed import check_bootstrap_servers
 SOURCES = ("kafka",)
 PROFILES = ("local", "cluster")
 SINKS = ("append", "upsert")
+READERS = ("per_epoch", "long_lived")  # the pipeline's ``readers:``
 DEFAULT_MESSAGES = 100_000
 MIN_MESSAGES = 100  # enough for every share of the schedule to hold messages
 MAX_BAD_SHARE = 0.5  # --bad-records: most messages stay well-formed
@@ -121,6 +126,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="append (default), or upsert: keyed messages (40 keys per partition, 2%% deletes) into an "
         "upsert sink keyed by the Kafka key; its change table must hold every message once and the keyed "
         "table the latest message of every live key",
+    )
+    parser.add_argument(
+        "--readers",
+        default="per_epoch",
+        choices=READERS,
+        help="the drivers' readers: per_epoch (default), a Spark job per epoch; long_lived, one job for a "
+        "driver's run whose tasks serve the regions of every epoch (every fault kind is injected the same)",
     )
     parser.add_argument(
         "--profile",
@@ -223,6 +235,7 @@ def run(args: argparse.Namespace) -> int:
         store,
         fault_rate,
         profile,
+        getattr(args, "readers", "per_epoch"),
     )
     try:
         result = chaos.execute()

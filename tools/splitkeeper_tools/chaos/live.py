@@ -12,6 +12,7 @@ from __future__ import annotations
 import abc
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import threading
@@ -170,14 +171,28 @@ class WorkerKill(LiveFault):
     declines. With ``reruns`` (a Spark standalone master: ``spark.task.maxFailures`` 4) Spark runs
     the task again, and the region acknowledges from that attempt (only the path a finished attempt
     reported is committed; the sink check shows nothing twice) or declines when attempts run out.
+
+    With ``long_lived`` (``readers: long_lived``) the worker is a reader slot's, held by the run's
+    reader job since the slot said hello (blocked on its socket between epochs, not asleep): the
+    evidence must also name that slot (the driver's ``reader slot (J, I) ready (task T, pid P)``
+    line with the killed pid), and says whether a new reader job replaced the one the kill failed.
     """
 
-    def __init__(self, run: str, epoch: int, region: int, window_s: float, reruns: bool = False) -> None:
+    def __init__(
+        self,
+        run: str,
+        epoch: int,
+        region: int,
+        window_s: float,
+        reruns: bool = False,
+        long_lived: bool = False,
+    ) -> None:
         super().__init__(run)
         self.epoch = epoch
         self.region = region
         self.window_s = window_s
         self.reruns = reruns
+        self.long_lived = long_lived
         self.killed: tuple[int, str, str] | None = None  # pid, its ancestry, its command line
         self.after_s = 0.0
 
@@ -221,6 +236,15 @@ class WorkerKill(LiveFault):
             + ("; Spark: 'Python worker exited unexpectedly'" if lost else "")
             + (f"; Spark ran the task again and region {self.region} acknowledged" if rerun else "")
         )
+        if self.long_lived:
+            slot = re.search(rf"reader slot (\(\d+, \d+\)) ready \(task (\d+), pid {pid}\)", outcome.stderr)
+            jobs = len(re.findall(r"starting reader job \d+", outcome.stderr))
+            fault.injected = fault.injected and slot is not None
+            fault.evidence += (
+                f"; long-lived reader slot {slot[1]} (task {slot[2]}) was that worker"
+                if slot is not None
+                else f"; no long-lived reader slot had pid {pid}"
+            ) + f"; {jobs} reader jobs started in the run"
         return [fault]
 
 
@@ -230,7 +254,11 @@ class ConcurrentDrivers(LiveFault):
     Both must stop before writing anything: exit 2 with ``[LEASE_HELD]`` (protocol rule
     5.6), no epoch line, while the running driver stays alive; the sink check at the end
     shows nothing was duplicated. ``epoch`` is a long one (a stalled region), so the
-    running driver is mid-run for the whole attempt.
+    running driver is mid-run for the whole attempt. Both start when the epoch before it starts
+    (at the line of ``epoch - 2``): a window of two epochs. With long-lived readers the epoch
+    after the stall launches no job and the driver reaches its crash point a second or two after
+    the stall; at load 30-40 on 2 cores the two attempts took 42-46 s to read the lease, past the
+    stalled epoch's 31 s, and found the holder gone.
     """
 
     def __init__(self, run: str, epoch: int, config: Path, launch: Launch) -> None:
@@ -242,7 +270,7 @@ class ConcurrentDrivers(LiveFault):
         self.alive = (False, False)  # the running driver, at the start and at the end of both
 
     def due(self, line: EpochLine) -> bool:
-        return line.epoch == self.epoch - 1
+        return line.epoch == max(1, self.epoch - 2)
 
     def inject(self, line: EpochLine, proc: subprocess.Popen[str]) -> None:
         cfg = str(self.config)
@@ -275,8 +303,8 @@ class ConcurrentDrivers(LiveFault):
             fault = Fault(
                 kind,
                 self.run,
-                f"{what} of the same pipeline starts while driver pid {outcome.pid} runs epoch {self.epoch}: "
-                "refused by the pipeline lease (exit 2, [LEASE_HELD]) before it writes",
+                f"{what} of the same pipeline starts while driver pid {outcome.pid} runs epoch {self.epoch} "
+                "or the one before: refused by the pipeline lease (exit 2, [LEASE_HELD]) before it writes",
                 self.epoch,
             )
             other = self.outcomes.get(kind)

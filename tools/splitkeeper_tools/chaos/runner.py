@@ -105,9 +105,11 @@ class KafkaChaos:
         store: str = "local",
         store_fault_rate: float = DEFAULT_FAULT_RATE,
         profile: str = "local",
+        readers: str = "per_epoch",
     ) -> None:
         self.workdir = workdir.resolve()
         self.profile = profile
+        self.readers = readers  # the pipeline's ``readers:``, every driver's
         self.messages = messages
         self.bad_records = bad_records
         self.sink = sink
@@ -181,6 +183,7 @@ class KafkaChaos:
         config = {
             "name": self.name,
             "parallelism": PARALLELISM,
+            "readers": self.readers,
             "regions": "per_reader",
             "strategy": "least-loaded",
             "source": {
@@ -257,7 +260,8 @@ class KafkaChaos:
             encoding="utf-8",
         )
         say(
-            f"pipeline config {self.config_path} (P={PARALLELISM}, {tuning.epoch_records:,} records per "
+            f"pipeline config {self.config_path} (P={PARALLELISM}, readers {self.readers}, "
+            f"{tuning.epoch_records:,} records per "
             f"epoch, region timeout {tuning.region_timeout_s:g}s, lease ttl {tuning.lease_ttl_s:g}s); "
             f"the act with the region faults reads {faults_budget:,} records per epoch "
             f"({self.faults_config_path.name})"
@@ -379,7 +383,16 @@ class KafkaChaos:
             window = self.tuning.region_timeout_s + self.tuning.slow_s + 10
             # on the standalone master Spark gives a task 4 attempts: the killed one runs again
             reruns = self.cluster is not None
-            live.append(WorkerKill(act.label, slow.epoch, slow.region, window, reruns=reruns))
+            live.append(
+                WorkerKill(
+                    act.label,
+                    slow.epoch,
+                    slow.region,
+                    window,
+                    reruns=reruns,
+                    long_lived=self.readers == "long_lived",
+                )
+            )
         if act.pause:
             live.append(
                 DriverPause(
@@ -596,6 +609,7 @@ class KafkaChaos:
             "messages_not_delivered": len(self.producer.failed),
             "bad_records": self.bad_records,
             "sink": self.sink,
+            "readers": self.readers,
             "store": self._store_result(),
             **({} if self.cluster is None else {"spark_cluster": self.cluster.evidence()}),
             **checks,
