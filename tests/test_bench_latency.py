@@ -20,7 +20,9 @@ from splitkeeper_tools.bench.latency import (
     check_exact,
     epoch_phases,
     percentile,
+    percentiles,
     stamped_value,
+    steady,
 )
 
 RATE, SECONDS = 100, 5
@@ -60,11 +62,24 @@ def test_a_small_latency_run_sees_every_message_once_in_both_sinks_with_ordered_
         p50, p90, p99 = (result[f"{side}_p{q}_s"] for q in (50, 90, 99))
         assert 0 < p50 <= p90 <= p99 <= result[f"{side}_max_s"], (side, p50, p90, p99)
     assert result["p99_ratio"] == pytest.approx(result["ours_p99_s"] / result["ss_p99_s"], abs=1e-3)
+    for side in ("ours", "ss"):  # the steady figures leave out the first 2 s: never above all messages'
+        steady = [result[f"{side}_steady_p{q}_s"] for q in (50, 90, 99)]
+        assert 0 < steady[0] <= steady[1] <= steady[2] <= result[f"{side}_max_s"], (side, steady)
+    assert result["ramp_s"] == 2.0 and result["steady_p99_ratio"] is not None
     assert result["ours_epochs"] > SECONDS  # continuous: about two epochs a second (interval 0.5 s)
     assert {"start", "run", "end"} <= set(result["load_avg"])
     assert "[bench latency] produced 500" in captured.err
     html = (out / "latency_kafka.html").read_text(encoding="utf-8")
     assert 'id="latency-kafka"' in html
+
+
+def test_the_steady_figures_leave_out_the_messages_of_the_first_ramp_seconds() -> None:
+    latency = {seq: (5.0 if seq < 200 else 0.5) for seq in range(1000)}  # 100/s: 2 s of 5 s latency
+    assert set(steady(latency, 100, 2.0)) == set(range(200, 1000))
+    assert percentiles(steady(latency, 100, 2.0), "x")["x_p99_s"] == 0.5
+    assert percentiles(latency, "x")["x_p99_s"] == 5.0  # all messages keep the ramp
+    assert steady(latency, 100, 0.0) == latency
+    assert set(steady(latency, 100, 0.015)) == set(range(2, 1000))  # message 2 is produced at 0.02 s
 
 
 def test_percentiles_are_nearest_rank() -> None:
@@ -104,6 +119,7 @@ def test_the_content_check_refuses_a_missing_a_changed_or_a_repeated_message() -
         (["--seconds", "-1"], "seconds=-1.0"),
         (["--partitions", "0"], "partitions=0"),
         (["--interval-s", "0"], "interval_s=0.0"),
+        (["--ramp-s", "30"], "ramp_s=30.0"),
     ],
 )
 def test_bad_input_exits_2_naming_the_value_before_starting_anything(

@@ -32,7 +32,10 @@ After the producer stopped, both sinks must hold every message within ``--drain-
 exactly once with its value byte for byte (so every sequence number exactly once).
 
 Figures: ``ours_p50_s`` / ``p90`` / ``p99`` and ``ss_*`` (nearest-rank percentiles over all
-messages), ``p99_ratio`` = ours / SS (below 1: ours is faster), ``rate_reached`` (messages /
+messages), ``p99_ratio`` = ours / SS (below 1: ours is faster), the same for the messages
+produced after the first ``--ramp-s`` (2) seconds (``ours_steady_p50_s`` ... ``ss_steady_p99_s``,
+``steady_p99_ratio``: both sides meet data first after idling there, and pay one-off costs a
+running pipeline has paid), ``rate_reached`` (messages /
 the produce span), ``messages``, ``ours_exact`` / ``ss_exact`` and the 1-minute load average
 sampled during the run (2 shared cores make latencies noisy; the load says how noisy). The
 poll interval bounds the resolution (a record is seen up to ``--poll-s`` plus one read after
@@ -114,6 +117,7 @@ class LatencySettings:
     seed: int = 1
     warmup: bool = True
     readers: str = "long_lived"
+    ramp_s: float = 2.0  # the first seconds of production, left out of the steady figures
 
     def __post_init__(self) -> None:
         check_counts(
@@ -125,6 +129,10 @@ class LatencySettings:
                 raise InvalidParameterError(name, value, "a number of seconds > 0")
         if self.readers not in READERS:
             raise InvalidParameterError("readers", self.readers, " or ".join(READERS))
+        if isinstance(self.ramp_s, bool) or not 0 <= self.ramp_s < self.seconds:
+            raise InvalidParameterError(
+                "ramp_s", self.ramp_s, f"seconds >= 0 and < seconds ({self.seconds:g})"
+            )
         if isinstance(self.settle_s, bool) or not self.settle_s >= 0:
             raise InvalidParameterError("settle_s", self.settle_s, "a number of seconds >= 0")
         if self.messages < 1:
@@ -299,6 +307,16 @@ def percentile(sorted_values: Sequence[float], q: float) -> float:
 def percentiles(latency_s: Mapping[int, float], prefix: str) -> dict[str, float | None]:
     values = sorted(latency_s.values())
     return {f"{prefix}_p{q}_s": (round(percentile(values, q), 3) if values else None) for q in PERCENTILES}
+
+
+def steady(latency_s: Mapping[int, float], rate: int, ramp_s: float) -> dict[int, float]:
+    """The latencies of the messages produced after the first ``ramp_s`` seconds: message ``k`` is
+    produced at ``k / rate`` seconds (:func:`produce_paced`), so those are ``k >= ramp_s * rate``.
+    The ramp is when both sides first meet data after idling (our reader slots open their Kafka
+    consumers, Structured Streaming's first batch plans); what a pipeline that has been running
+    sees is the rest."""
+    first = math.ceil(ramp_s * rate)
+    return {seq: value for seq, value in latency_s.items() if seq >= first}
 
 
 def check_exact(rows: pa.Table, expected: Mapping[tuple[str, int], bytes]) -> dict[str, Any]:
@@ -556,13 +574,20 @@ def bench_latency(
     figures: dict[str, Any] = {
         **percentiles(ours_watch.latency_s, "ours"),
         **percentiles(ss_watch.latency_s, "ss"),
+        **percentiles(steady(ours_watch.latency_s, settings.rate, settings.ramp_s), "ours_steady"),
+        **percentiles(steady(ss_watch.latency_s, settings.rate, settings.ramp_s), "ss_steady"),
     }
     p99_ours, p99_ss = figures["ours_p99_s"], figures["ss_p99_s"]
+    steady_ours, steady_ss = figures["ours_steady_p99_s"], figures["ss_steady_p99_s"]
     return {
         "benchmark": "latency",
         "source": "kafka",
         **figures,
         "p99_ratio": round(p99_ours / p99_ss, 3) if p99_ours is not None and p99_ss else None,
+        "steady_p99_ratio": (
+            round(steady_ours / steady_ss, 3) if steady_ours is not None and steady_ss else None
+        ),
+        "ramp_s": settings.ramp_s,
         "ours_mean_s": _mean(ours_watch.latency_s),
         "ss_mean_s": _mean(ss_watch.latency_s),
         "ours_max_s": round(max(ours_watch.latency_s.values(), default=0.0), 3),
@@ -671,6 +696,11 @@ def render_table(result: Mapping[str, Any]) -> str:
         )
     rows += [
         f"p99 ours / SS: {result['p99_ratio']} (below 1: ours is faster)",
+        f"after the first {result['ramp_s']:g}s of production (steady): p50/p90/p99 ours "
+        + "/".join(_s(result[f"ours_steady_p{q}_s"]) for q in PERCENTILES)
+        + ", SS "
+        + "/".join(_s(result[f"ss_steady_p{q}_s"]) for q in PERCENTILES)
+        + f", p99 ours / SS {result['steady_p99_ratio']}",
         f"load average: {load['run']:.1f} during the run (max {load['run_max']:.1f}), {load['cpus']} cpus",
     ]
     phases = result.get("ours_epoch_phases") or {}
@@ -745,6 +775,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         choices=READERS,
         help=f"our region readers: a Spark job per epoch, or one job for the run ({d.readers})",
     )
+    parser.add_argument(
+        "--ramp-s",
+        type=float,
+        default=d.ramp_s,
+        help="the first seconds of production, left out of the steady_* figures (both sides; the "
+        f"all-message figures keep them) ({d.ramp_s:g})",
+    )
     parser.add_argument("--poll-s", type=float, default=d.poll_s, help=f"sink poll interval ({d.poll_s:g})")
     parser.add_argument("--value-bytes", type=int, default=d.value_bytes, help="message value length (100)")
     parser.add_argument(
@@ -777,6 +814,7 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
         warmup=not args.no_warmup,
         readers=args.readers,
+        ramp_s=args.ramp_s,
     )
     check_bootstrap_servers(args.bootstrap_servers)
     return run_benchmark(
