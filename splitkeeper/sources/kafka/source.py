@@ -71,6 +71,7 @@ true lag; they are read back only to report disagreements on restore.
 
 from __future__ import annotations
 
+import difflib
 import functools
 import hashlib
 import json
@@ -1037,10 +1038,12 @@ class KafkaSource(
         if missing:
             shown = sorted(existing)
             listing = ", ".join(shown[:50]) + (f" ... ({len(shown)} topics)" if len(shown) > 50 else "")
+            close = [c for t in missing for c in difflib.get_close_matches(t, shown, n=3, cutoff=0.8)]
+            guess = f"; did you mean {', '.join(repr(c) for c in dict.fromkeys(close))}?" if close else ""
             raise SourceError(
                 f"source.topics names {', '.join(repr(t) for t in missing)}, which "
-                f"{'does' if len(missing) == 1 else 'do'} not exist on Kafka at {self._bootstrap}; existing "
-                f"topics: {listing or '(none)'}. Create the topic or fix source.topics",
+                f"{'does' if len(missing) == 1 else 'do'} not exist on Kafka at {self._bootstrap}{guess}; "
+                f"existing topics: {listing or '(none)'}. Create the topic or fix source.topics",
                 missing=missing,
                 existing=shown,
             )
