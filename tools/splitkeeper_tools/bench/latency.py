@@ -66,7 +66,7 @@ from splitkeeper_tools.bench.ingest import (
     run_benchmark,
     write_page,
 )
-from splitkeeper_tools.bench.ingest_common import pipeline_config
+from splitkeeper_tools.bench.ingest_common import READERS, pipeline_config
 from splitkeeper_tools.bench.ingest_kafka import warm_up_kafka
 from splitkeeper_tools.kafka_testbed import (
     BrokerHandle,
@@ -83,7 +83,6 @@ if TYPE_CHECKING:
 
 CHART_FILE = "latency_kafka.html"
 PIPELINE_NAME = "bench-latency-kafka"
-READERS = ("long_lived", "per_epoch")  # the pipeline's readers setting
 EPOCH_RECORDS = 1_000_000  # per epoch at most: an interval's epoch reads whatever arrived
 READY_TIMEOUT_S = 180.0
 REGION_TIMEOUT_S = 60.0

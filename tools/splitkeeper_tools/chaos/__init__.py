@@ -89,6 +89,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from splitkeeper.config.models import Readers
 from splitkeeper.errors import InvalidParameterError
 from splitkeeper_tools.chaos.store import DEFAULT_FAULT_RATE, MAX_FAULT_RATE, STORES, versitygw_binary
 from splitkeeper_tools.kafka_testbed import check_bootstrap_servers
@@ -97,7 +98,7 @@ from splitkeeper_tools.kafka_testbed import check_bootstrap_servers
 SOURCES = ("kafka",)
 PROFILES = ("local", "cluster")
 SINKS = ("append", "upsert")
-READERS = ("per_epoch", "long_lived")  # the pipeline's ``readers:``
+READERS = tuple(r.value for r in Readers)  # the pipeline's ``readers:`` (the default first)
 DEFAULT_MESSAGES = 100_000
 MIN_MESSAGES = 100  # enough for every share of the schedule to hold messages
 MAX_BAD_SHARE = 0.5  # --bad-records: most messages stay well-formed
