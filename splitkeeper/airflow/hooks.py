@@ -105,7 +105,9 @@ class SplitkeeperHook(BaseHook):
 
     def named_connections(self, data: Any) -> dict[str, dict[str, Any]]:
         """What the connections a pipeline file (``data``, as read) names give its keys: the
-        source's (``source.connection``, :meth:`source_settings`) and the schema registry's
+        source's (``source.connection``, :meth:`source_settings`), the files source's event topic's
+        (``source.notifications.connection``, a ``kafka`` connection: its servers and client
+        settings) and the schema registry's
         (``decode.registry.connection``, :meth:`SchemaRegistryHook.registry_settings`), by
         connection id (:func:`splitkeeper.config.settings.load_config`'s ``connections``)."""
         out: dict[str, dict[str, Any]] = {}
@@ -114,6 +116,13 @@ class SplitkeeperHook(BaseHook):
         kind = source.get("kind") if isinstance(source, Mapping) else None
         if isinstance(conn_id, str) and isinstance(kind, str):
             out[conn_id] = self.source_settings(kind, conn_id)
+        events = source.get("notifications") if isinstance(source, Mapping) else None
+        events_id = events.get("connection") if isinstance(events, Mapping) else None
+        if isinstance(events_id, str):
+            from splitkeeper.sources.kafka.config import connection_settings
+
+            given = connection_settings(self, events_id)
+            out[events_id] = {"bootstrap_servers": given["bootstrap_servers"], "client": given["client"]}
         decode = data.get("decode") if isinstance(data, Mapping) else None
         registry = decode.get("registry") if isinstance(decode, Mapping) else None
         registry_id = registry.get("connection") if isinstance(registry, Mapping) else None

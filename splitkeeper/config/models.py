@@ -697,8 +697,10 @@ class PipelineConfig(_Section):
         return tuple(dict.fromkeys(c for c in named if c))
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain JSON-able form (enums as their values, secrets redacted), e.g. for status output."""
-        return _plain(self.model_dump(mode="python", by_alias=True))
+        """Plain JSON-able form (enums as their values, secrets redacted), e.g. for status output.
+        Sections validated into the core's settings (dataclasses, not the declared section models)
+        are turned plain by :func:`_plain`, so pydantic's type warnings for them are off."""
+        return _plain(self.model_dump(mode="python", by_alias=True, warnings=False))
 
 
 _DEAD_LETTERS_APART = "it is the dead-letter Delta table, whose upkeep removes what it does not own"

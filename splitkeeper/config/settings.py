@@ -204,8 +204,10 @@ def connections_from_env(env: Mapping[str, str]) -> dict[str, Mapping[str, Any]]
 
 
 def _with_connection(data: Any, connections: Mapping[str, Mapping[str, Any]]) -> Any:
-    """``data`` with ``source.connection``'s values under the source keys the file leaves out, and
-    ``decode.registry.connection``'s under the ``decode.registry`` keys it leaves out."""
+    """``data`` with ``source.connection``'s values under the source keys the file leaves out,
+    ``source.notifications.connection``'s (servers, client settings) under the
+    ``source.notifications`` keys it leaves out, and ``decode.registry.connection``'s under the
+    ``decode.registry`` keys it leaves out."""
     source = data.get("source") if isinstance(data, Mapping) else None
     given = connections.get(source.get("connection") or "") if isinstance(source, Mapping) else None
     if given and source is not None:
@@ -216,6 +218,18 @@ def _with_connection(data: Any, connections: Mapping[str, Mapping[str, Any]]) ->
             elif value is not None:
                 merged.setdefault(key, value)
         data = {**data, "source": merged}
+    source = data.get("source") if isinstance(data, Mapping) else None
+    events = source.get("notifications") if isinstance(source, Mapping) else None
+    given = connections.get(events.get("connection") or "") if isinstance(events, Mapping) else None
+    if given and isinstance(source, Mapping) and isinstance(events, Mapping):
+        filled = {**events}
+        for key in ("bootstrap_servers", "client"):
+            value = given.get(key)
+            if key == "client" and isinstance(events.get("client"), Mapping) and isinstance(value, Mapping):
+                filled["client"] = {**value, **events["client"]}
+            elif value is not None:
+                filled.setdefault(key, value)
+        data = {**data, "source": {**source, "notifications": filled}}
     decode = data.get("decode") if isinstance(data, Mapping) else None
     registry = decode.get("registry") if isinstance(decode, Mapping) else None
     given = connections.get(registry.get("connection") or "") if isinstance(registry, Mapping) else None

@@ -166,6 +166,59 @@ def test_the_hook_reads_the_connections_a_pipeline_file_names(tmp_path, monkeypa
     assert dict(config.source.client.items)["client.id"] == "own"
 
 
+def test_the_event_topic_of_a_files_source_takes_its_servers_from_a_kafka_connection(tmp_path, monkeypatch):
+    """``source.notifications.connection``: a ``kafka`` connection fills the event topic's servers
+    and client settings inside Airflow (and in the job spark-submit starts, through its
+    environment); outside Airflow the file alone is refused naming that key."""
+    from splitkeeper.airflow.hooks import SplitkeeperHook
+    from splitkeeper.config.settings import load_config
+
+    monkeypatch.setenv("AIRFLOW_CONN_KAFKA_EVENTS", json.dumps({"conn_type": "kafka", "extra": KAFKA_EXTRA}))
+    path = tmp_path / "drops.yaml"
+    path.write_text(
+        """
+name: drops
+source:
+  kind: files
+  path: s3://drops/in
+  discovery: notifications
+  notifications: {topic: drops-events, connection: kafka_events, client: {client.id: mine}}
+state: {path: state}
+sink: {path: sink}
+""",
+        encoding="utf-8",
+    )
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert "source.notifications.bootstrap_servers" in str(err.value)
+    assert "source.notifications.connection 'kafka_events' gives them only inside Airflow" in str(err.value)
+
+    hook = SplitkeeperHook(str(path))
+    config = hook.load_config()
+    events = config.source.notifications
+    assert events.servers == "broker-1:9092,broker-2:9092"
+    settings = events.client_settings
+    assert (
+        settings["sasl.password"] == "s3cret-from-connection" and settings["security.protocol"] == "SASL_SSL"
+    )
+    assert settings["client.id"] == "mine"  # the file's own setting wins
+    assert "group.id" not in settings  # the event topic is read by offsets, no group
+    assert "s3cret" not in json.dumps(config.to_dict())
+
+    job_env = hook.job_environment(config)
+    outside = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW_CONN_")}
+    read = (
+        "import json, sys; from splitkeeper.config.settings import load_config\n"
+        "n = load_config(sys.argv[1]).source.notifications\n"
+        "print(json.dumps([n.servers, n.client_settings['sasl.username']]))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", read, str(path)], env={**outside, **job_env}, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == ["broker-1:9092,broker-2:9092", "ingest"]
+
+
 def test_operators_turn_rendered_templates_into_their_arguments():
     from splitkeeper.airflow import tasks
     from splitkeeper.airflow.operators import (

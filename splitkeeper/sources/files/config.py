@@ -19,6 +19,7 @@ from typing import Any, Literal
 from pydantic import Field, ValidationInfo, field_serializer, model_validator
 
 from splitkeeper.config.base import (
+    CONN_ID_PATTERN,
     SECONDS,
     Location,
     Section,
@@ -76,7 +77,11 @@ class Notifications(Section):
     """``source.notifications``: the Kafka topic an object store publishes its bucket events to
     (S3 event notification JSON: versitygw ``--event-kafka-url/--event-kafka-topic``; S3 through
     EventBridge or SQS bridged to Kafka). ``bootstrap_servers`` and ``client`` (librdkafka
-    settings: SASL, TLS) as the Kafka source's; ``connect_timeout_s`` bounds each broker request."""
+    settings: SASL, TLS) as the Kafka source's; ``connection``: an Airflow connection of the Kafka
+    provider's type whose servers and client settings fill what the file leaves out, as
+    ``source.connection`` does for a Kafka source (read inside Airflow only:
+    :meth:`splitkeeper.airflow.hooks.SplitkeeperHook.named_connections`); ``connect_timeout_s``
+    bounds each broker request."""
 
     bootstrap_servers: Text | list[Text] | None = Field(
         None, description="'host:port[,host:port...]' or a list of 'host:port'"
@@ -91,6 +96,12 @@ class Notifications(Section):
         },
     )
     connect_timeout_s: float | None = Field(None, gt=0, allow_inf_nan=False, description=SECONDS)
+    connection: Text | None = Field(
+        None,
+        pattern=CONN_ID_PATTERN,
+        description="an Airflow connection id of the Kafka provider's type, e.g. 'kafka_events': inside "
+        "Airflow its bootstrap servers and client settings (SASL) fill the ones this section leaves out",
+    )
 
     @model_validator(mode="after")
     def _checked(self, info: ValidationInfo) -> Notifications:
@@ -101,7 +112,13 @@ class Notifications(Section):
         if isinstance(self.client, ClientConfig):
             return self
         at = where_of(info)
-        servers = _bootstrap_servers(self.bootstrap_servers, at, key="source.notifications.bootstrap_servers")
+        servers = _bootstrap_servers(
+            self.bootstrap_servers,
+            at,
+            self.connection,
+            key="source.notifications.bootstrap_servers",
+            connection_key="source.notifications.connection",
+        )
         if not isinstance(self.client, dict):
             raise at.invalid(
                 "source.notifications.client",

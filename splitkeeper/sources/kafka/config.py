@@ -343,13 +343,14 @@ def _bootstrap_servers(
     at: Where,
     connection: str | None = None,
     key: str = "source.bootstrap_servers",
+    connection_key: str = "source.connection",
 ) -> str:
     allowed = "'host:port[,host:port...]' or a list of 'host:port'"
     if raw is None and connection is not None:
         raise at.missing(
             key,
-            f"{allowed}; source.connection {connection!r} gives them only inside Airflow "
-            "(splitkeeper.airflow.hooks.SplitkeeperHook); elsewhere set source.bootstrap_servers",
+            f"{allowed}; {connection_key} {connection!r} gives them only inside Airflow "
+            f"(splitkeeper.airflow.hooks.SplitkeeperHook); elsewhere set {key}",
         )
     if raw is None:
         raise at.missing(key, allowed)
