@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import pickle
 import time
+import urllib.parse
 from pathlib import Path
 from typing import Any
 
@@ -348,3 +349,76 @@ def test_a_plan_of_settled_unchanged_objects_lists_and_reads_nothing(
     assert len(source.discover_splits()) == 30
     assert [s for s in seen if "/f" in s[1].split("?")[0]] == []  # no HEAD, no GET of an object
     assert 1 <= len(seen) <= 4, seen  # source.path's look-up and one listing
+
+
+def test_incremental_listing_on_s3_lists_from_the_cursor_and_a_recheck_catches_a_late_key(
+    s3_store: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``discovery: incremental`` on an object store (fs contract 4): an epoch without a recheck lists
+    only the folders that are not wholly before the last key seen (no LIST of an older day), takes
+    the keys after it, and a live object before it by its key; a key written late (it sorts before
+    the cursor) and a deleted one are found by the next recheck's full listing; nothing is read
+    twice (each new object's sample once)."""
+    _settle(monkeypatch)
+    drops = s3_store.location("incr")
+    for day in ("2026-01-01", "2026-01-02"):
+        for i in range(3):
+            _put(f"{drops}/{day}/part-{i}.txt", f"{day} {i}\n".encode())
+    seen: list[tuple[str, str]] = []
+
+    def record(request: Any) -> None:
+        seen.append((request.method, request.path))
+        return None
+
+    s3_store.proxy.fault = record
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_store.proxy.url)
+    source = FileSource(drops, discovery="incremental")
+    splits = source.discover_splits()
+    assert len(splits) == 6
+    finished = {s.split_id: s.identity for s in splits[:-1]}
+    live = splits[-1:]  # 2026-01-02/part-2.txt, not read to its end yet
+    source.check_splits(live, finished)
+    source.discover_splits()  # sets the cursor: the last key listed
+
+    _put(f"{drops}/2026-01-02/part-3.txt", b"in order\n")
+    _put(f"{drops}/2026-01-03/part-0.txt", b"a new folder\n")
+    _put(f"{drops}/2026-01-01/part-9.txt", b"late: sorts before the last key seen\n")
+    _put(f"{drops}/2026-01-02/part-2.txt", b"2026-01-02 2\nthe live object grew\n")
+    fs, _ = _fs()
+    fs.delete_file(f"{drops[len('s3://') :]}/2026-01-01/part-0.txt")
+    seen.clear()
+    changes = source.check_splits(live, finished, recheck_finished=False)
+    assert [(c.split_id, c.kind) for c in changes] == [("2026-01-02/part-2.txt", SplitChangeKind.GREW)]
+    new = [s.split_id for s in source.discover_splits()]
+    assert new == ["2026-01-02/part-2.txt", "2026-01-02/part-3.txt", "2026-01-03/part-0.txt"]
+    assert source.removed_paths == ()  # the deletion is seen by the next full listing
+    lists = [p for m, p in seen if m == "GET" and "list-type" in p]
+    prefixes = sorted(urllib.parse.parse_qs(urllib.parse.urlsplit(p).query)["prefix"][0] for p in lists)
+    root = drops.split("/", 3)[3]
+    assert prefixes == [f"{root}/", f"{root}/2026-01-02/", f"{root}/2026-01-03/"]  # not 2026-01-01/
+    assert not [p for m, p in seen if m in ("GET", "HEAD") and "2026-01-01" in p.split("?")[0]]
+
+    changes = source.check_splits(live, finished)  # a recheck lists everything
+    after = [s.split_id for s in source.discover_splits()]
+    assert "2026-01-01/part-9.txt" in after
+    assert source.removed_paths == (f"{drops}/2026-01-01/part-0.txt",)
+
+
+def test_incremental_listing_on_s3_lists_an_empty_object_again_until_it_has_data(
+    s3_store: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _settle(monkeypatch)
+    drops = s3_store.location("incr-empty")
+    _put(f"{drops}/a.txt", b"a\n")
+    source = FileSource(drops, discovery="incremental")
+    splits = source.discover_splits()
+    finished = {s.split_id: s.identity for s in splits}
+    source.check_splits([], finished)
+    source.discover_splits()
+    _put(f"{drops}/b.txt", b"")  # created empty: written again later under the same key
+    _put(f"{drops}/c.txt", b"c\n")
+    source.check_splits([], finished, recheck_finished=False)
+    assert [s.split_id for s in source.discover_splits()] == ["c.txt"]
+    _put(f"{drops}/b.txt", b"b\n")
+    source.check_splits([], finished, recheck_finished=False)
+    assert [s.split_id for s in source.discover_splits()] == ["b.txt"]

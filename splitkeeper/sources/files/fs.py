@@ -32,6 +32,12 @@ Object stores (contract):
    check of every known file cannot afford), so the identity stays ``size, mtime, sample digest``
    as on disk. A store whose clock is behind the driver's by more than :data:`SETTLE_NS` less a
    second defeats this.
+4. Incremental discovery (``source.discovery: incremental``) lists from its cursor, the last key
+   seen (:meth:`ObjectFiles.walk_after`): ``pyarrow.fs`` has no ``StartAfter``, so the prefix is
+   walked one level at a time (``ListObjectsV2`` with the ``/`` delimiter) and a folder whose every
+   key sorts before the cursor is not listed. Drops in dated folders (``in/2026/12/05/...``) cost
+   a LIST per level down to the cursor plus one per 1,000 new keys; a flat prefix is still listed
+   whole (one LIST per 1,000 keys), as a full listing is.
 """
 
 from __future__ import annotations
@@ -270,6 +276,47 @@ class ObjectFiles(Files):
             if any(skipped(part) for part in rel.split("/")):
                 continue
             yield rel, self._stat(int(info.size), int(info.mtime_ns or 0), now)
+
+    def walk_after(
+        self, skipped: Callable[[str], bool], after: str, empty: set[str]
+    ) -> Iterator[tuple[str, FileStat]]:
+        """``(relative path, stat)`` of the non-empty objects whose relative path sorts after
+        ``after`` (contract 4), by path; the empty ones after it go into ``empty``. A folder (a
+        common prefix) whose every key sorts before ``after`` is not listed."""
+        import pyarrow.fs as pafs
+
+        now = time.time_ns()
+        stack = [""]
+        while stack:
+            prefix = stack.pop()
+            base = self._fs_root + ("/" + prefix.rstrip("/") if prefix else "")
+            try:
+                infos = self._fs.get_file_info(pafs.FileSelector(base, recursive=False, allow_not_found=True))
+            except OSError as err:
+                raise SourceError(
+                    f"source.path {self.root}: cannot list the objects under it ({err}); check the "
+                    "bucket exists and AWS_ENDPOINT_URL and the credentials (AWS_ACCESS_KEY_ID, "
+                    "AWS_SECRET_ACCESS_KEY) reach it",
+                    path=self.root,
+                ) from err
+            folders: list[str] = []
+            for info in sorted(infos, key=lambda i: i.path):
+                name = info.path[len(base) + 1 :]
+                if not name or skipped(name):
+                    continue
+                rel = prefix + name
+                if info.type == pafs.FileType.Directory:
+                    key = rel + "/"
+                    if not (key < after and not after.startswith(key)):  # not every key before it
+                        folders.append(key)
+                    continue
+                if info.type != pafs.FileType.File or rel <= after:
+                    continue
+                if not info.size:
+                    empty.add(rel)
+                    continue
+                yield rel, self._stat(int(info.size), int(info.mtime_ns or 0), now)
+            stack.extend(reversed(folders))
 
 
 def object_root(path: str) -> str:

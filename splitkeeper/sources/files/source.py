@@ -1113,13 +1113,16 @@ class FileSource(
         """The listing of an epoch that does not recheck finished files: ``stat`` only the names
         without a layout yet (new) and the files of live splits; incremental discovery lists only
         the names after the cursor (a live file before it is ``stat``-ed by its path). An object
-        store is listed whole (one LIST per 1,000 keys, no request per object)."""
+        store is listed whole (one LIST per 1,000 keys, no request per object), or, incremental, from
+        the cursor (:meth:`_scan_objects_after`)."""
+        incremental = self._discovery is Discovery.INCREMENTAL and self._cursor is not None
+        if isinstance(self._files, ObjectFiles) and incremental and self._root_dir == self._path:
+            return self._scan_objects_after(self._files, live)
         if isinstance(self._files, ObjectFiles) or os.path.isfile(self._path):
             return self._scan()
         if not os.path.isdir(self._path):
             raise self._missing_root()
         self._root_dir = self._path
-        incremental = self._discovery is Discovery.INCREMENTAL and self._cursor is not None
         found: dict[str, FileStat] = {}
         bad: dict[str, str] = {}
         unchecked: set[str] = set()
@@ -1158,6 +1161,43 @@ class FileSource(
         if not found:
             self._check_bucket(files)
         return _Scan(found, {})
+
+    def _scan_objects_after(self, files: ObjectFiles, live: set[str]) -> _Scan:
+        """Incremental discovery on an object store: the objects after the cursor (a walk that skips
+        the folders wholly before it, fs contract 4), and the live files before it by their key
+        (one HEAD each: found, or known gone)."""
+        assert self._cursor is not None
+        found: dict[str, FileStat] = {}
+        empty: set[str] = set()
+        unchecked: set[str] = set()
+        for rel, st in files.walk_after(_skipped, self._cursor, empty):
+            if _reserved(rel.rsplit("/", 1)[-1]):
+                self._warn_once(rel, "a name ending in '#<a>-<b>' or '#v<12 hex>' is reserved")
+                continue
+            if rel in self._layouts and rel not in live:
+                unchecked.add(rel)  # known and finished: not compared between rechecks
+                continue
+            found[rel] = st
+        missing: set[str] = set()
+        for rel in sorted(live - found.keys()):
+            try:
+                st = files.stat(self._abs(rel))
+            except FileNotFoundError:
+                missing.add(rel)
+                continue
+            except OSError as err:
+                raise SourceError(
+                    f"source.path {self._path}: object {self._abs(rel)} cannot be read ({err}); check "
+                    "AWS_ENDPOINT_URL and the credentials reach the store",
+                    path=self._abs(rel),
+                ) from err
+            if st.size:
+                found[rel] = st
+            else:
+                missing.add(rel)
+        return _Scan(
+            found, {}, frozenset(unchecked), complete=False, missing=missing, pending=frozenset(empty)
+        )
 
     def _warn_once(self, rel: str, why: str) -> None:
         if rel not in self._warned_names:
