@@ -108,13 +108,23 @@ def _dir_bytes(root: Path) -> int:
     return sum(os.path.getsize(os.path.join(d, f)) for d, _dirs, files in os.walk(root) for f in files)
 
 
-def _write_files(folder: Path, count: int) -> None:
-    """``count`` one-line files ``f00000000.txt``... in ``folder`` (one ``open``/``write``/``close``
+def _file_name(i: int, folder_files: int = 0) -> str:
+    """The name of part 5's file ``i``: ``f00000000.txt``..., or with ``folder_files`` N, in folders
+    of N names that sort in the files' order (``d000000/f00000000.txt``...), as dated drops are."""
+    name = f"f{i:08d}.txt"
+    return f"d{i // folder_files:06d}/{name}" if folder_files else name
+
+
+def _write_files(folder: Path, count: int, folder_files: int = 0) -> None:
+    """``count`` one-line files :func:`_file_name` in ``folder`` (one ``open``/``write``/``close``
     each: 1,000,000 take about a minute on local disk)."""
     folder.mkdir(parents=True, exist_ok=True)
     flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
     for i in range(count):
-        fd = os.open(folder / f"f{i:08d}.txt", flags, 0o644)
+        path = folder / _file_name(i, folder_files)
+        if folder_files and i % folder_files == 0:
+            path.parent.mkdir(exist_ok=True)
+        fd = os.open(path, flags, 0o644)
         try:
             os.write(fd, f"file {i} line 0\n".encode())
         finally:
@@ -166,13 +176,16 @@ class Drops:
         if self.store is None:
             folder = self.root / "in"
             for name, text in files:
-                tmp = folder / f".{batch}-{name}"
+                final = folder / name
+                final.parent.mkdir(parents=True, exist_ok=True)
+                tmp = final.parent / f".{batch}-{final.name}"
                 tmp.write_text(text, encoding="utf-8")
-                tmp.rename(folder / name)
+                tmp.rename(final)
             return
         folder = self.root / "upload" / batch
         folder.mkdir(parents=True)
         for name, text in files:
+            (folder / name).parent.mkdir(parents=True, exist_ok=True)
             (folder / name).write_text(text, encoding="utf-8")
         self.upload(folder)
 
@@ -232,16 +245,18 @@ def measure_epochs(
     source_options: Mapping[str, Any] | None = None,
     store: Any | None = None,
     tables: str = "store",
+    folder_files: int = 0,
 ) -> dict[str, Any]:
     """Part 1 for one size: driver phases (ms) and Delta files added per measured epoch.
     ``source_options``: more keys of the files source (``discovery``, ``recheck_finished_every``);
     ``store``: a started ChaosStore that holds the files, the state and the sink (``tables`` "local":
-    the files only, :class:`Drops`)."""
+    the files only, :class:`Drops`); ``folder_files``: the files in folders of that many
+    (:func:`_file_name`)."""
     from splitkeeper.config.settings import config_from_mapping
 
     drops = Drops(root, store, (source_options or {}).get("notifications"), tables)
     started = time.perf_counter()
-    _write_files(root / ("upload/initial" if store is not None else "in"), size)
+    _write_files(root / ("upload/initial" if store is not None else "in"), size, folder_files)
     written_s = time.perf_counter() - started
     upload_s = drops.upload(root / "upload" / "initial") if store is not None else None
     say(
@@ -253,7 +268,10 @@ def measure_epochs(
 
     def new_data(epoch: int) -> int:  # 1% new data: files are immutable once they appear, so new files
         drops.put(  # named on from the first ones, as drops with growing names are
-            [(f"f{size + epoch * active + i:08d}.txt", f"epoch {epoch} file {i}\n") for i in range(active)],
+            [
+                (_file_name(size + epoch * active + i, folder_files), f"epoch {epoch} file {i}\n")
+                for i in range(active)
+            ],
             f"e{epoch}",
         )
         return active
@@ -434,6 +452,7 @@ def measure_file_splits(
     source_options: Mapping[str, Any] | None = None,
     store: Any | None = None,
     tables: str = "store",
+    folder_files: int = 0,
 ) -> dict[str, Any]:
     """Part 5: part 1 at ``splits`` files with ``active_share`` new per epoch, then restore, reopen,
     RSS (in this process, and in fresh processes: :func:`measure_restart`)."""
@@ -442,7 +461,15 @@ def measure_file_splits(
     from splitkeeper.delta.checkpoints import DeltaStateStore
 
     measured = measure_epochs(
-        spark, root, splits, epochs, active_share, source_options=source_options, store=store, tables=tables
+        spark,
+        root,
+        splits,
+        epochs,
+        active_share,
+        source_options=source_options,
+        store=store,
+        tables=tables,
+        folder_files=folder_files,
     )
     drops = Drops(root, store, tables=tables)
     restores = []
@@ -602,6 +629,7 @@ def run_scale(
     store: str = "local",
     kafka_metadata_interval_s: float | None = None,
     tables: str = "store",
+    folder_files: int = 0,
 ) -> dict[str, Any]:
     """Every part (Kafka only with ``kafka_partitions``, part 5 only with ``file_splits``; parts 1 and
     2 only with ``sizes``); the JSON-able result. ``store`` ``s3``: part 5's files, state and sink on
@@ -679,6 +707,7 @@ def run_scale(
                 source_options=source_options,
                 store=object_store,
                 tables=tables,
+                folder_files=folder_files,
             )
         say(f"driver memory with {rss_splits:,} splits")
         rss = measure_rss(rss_splits)
@@ -715,6 +744,7 @@ def run_scale(
                 # the slowest measured epoch: one that rechecks finished files (source.recheck_finished_every)
                 "epoch_overhead_ms_max": max(e["overhead_ms"] for e in files_part["epochs"]),
                 "source_options": dict(source_options or {}),
+                "folder_files": folder_files,
                 "store": store,
                 "tables": tables if store == "s3" else "local",
                 "write_files_s": files_part["write_files_s"],
@@ -984,6 +1014,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default="store",
         help="part 5 with --store s3: the state and sink tables on the store too (store), or on local disk",
     )
+    parser.add_argument(
+        "--folder-files",
+        type=int,
+        default=0,
+        help="part 5: the files in folders of this many names, in the files' order, as dated drops are "
+        "(0: one flat folder)",
+    )
     parser.add_argument("--workdir", default=None, help="where the files and tables go (default: a temp dir)")
     parser.add_argument("--out", default="var/bench", help="where the HTML chart goes")
     parser.add_argument("--json", action="store_true", help="print the result as one JSON line")
@@ -993,6 +1030,10 @@ def run(args: argparse.Namespace) -> int:
     sizes = [] if args.sizes.strip().lower() in ("none", "0", "") else _sizes(args.sizes)
     if args.file_splits and args.file_splits < 10:
         raise InvalidParameterError("--file-splits", args.file_splits, "a split count >= 10, or 0 to skip")
+    if args.folder_files < 0:
+        raise InvalidParameterError(
+            "--folder-files", args.folder_files, "an integer >= 0 (0: one flat folder)"
+        )
     if not 0 < args.active_share <= 1:
         raise InvalidParameterError("--active-share", args.active_share, "a share in (0, 1], e.g. 0.01")
     for name in ("epochs", "checkpoints", "rss_splits"):
@@ -1019,6 +1060,7 @@ def run(args: argparse.Namespace) -> int:
         store=args.store,
         kafka_metadata_interval_s=args.kafka_metadata_interval_s,
         tables=args.tables,
+        folder_files=args.folder_files,
         source_options={
             key: value
             for key, value in (
