@@ -96,16 +96,17 @@ def test_the_file_splits_row_reports_overhead_restore_and_rss_of_its_own_run(
 
 @pytest.mark.slow
 def test_the_file_splits_row_on_the_object_store_reads_its_uploaded_files_exactly(tmp_path: Path) -> None:
-    """Part 5 with ``--store s3``: the files uploaded to a versitygw started by the run (in folders of 8,
-    listed incrementally), the state and sink there too. Its own process, as the command is run: Spark's workers get the ``AWS_*``
-    environment only from a session started after the store (this process may hold one already)."""
+    """Part 5 with ``--store s3``: the files uploaded to a versitygw started by the run (in folders of
+    8, listed incrementally), the state and sink there too. Its own process, as the command is run:
+    Spark's workers get the ``AWS_*`` environment only from a session started after the store (this
+    process may hold one already)."""
     from splitkeeper_tools.chaos.store import versitygw_binary
 
     assert versitygw_binary() is not None, "bash scripts/setup.sh versitygw"
     argv = [sys.executable, "-m", "splitkeeper_tools", "bench", "scale", "--sizes", "none"]
     argv += ["--kafka-partitions", "none", "--file-splits", "20", "--active-share", "0.1", "--epochs", "1"]
     argv += ["--checkpoints", "3", "--rss-splits", "1000", "--store", "s3", "--json"]
-    argv += ["--folder-files", "8", "--discovery", "incremental"]  # dated-like folders, listed from the cursor
+    argv += ["--folder-files", "8", "--discovery", "incremental"]  # folders, listed from the cursor
     argv += ["--workdir", str(tmp_path / "work"), "--out", str(tmp_path / "out")]
     done = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=1500)
     assert done.returncode == 0, done.stderr[-3000:]

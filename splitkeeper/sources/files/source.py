@@ -779,6 +779,7 @@ class FileSource(
         that check looked at (new ones, live ones); the finished ones are the caller's.
         """
         scan, self._scanned = self._scanned or self._scan(), None
+        self._read_identities(scan)
         splits: list[Split] = []
         pending = set(scan.pending)
         for rel, st in scan.files.items():
@@ -1204,17 +1205,39 @@ class FileSource(
             self._warned_names.add(rel)
             log.warning("skipping input file %s: %s", rel, why)
 
+    def _read_identities(self, scan: _Scan) -> None:
+        """On an object store, the identities of the scan's files without a layout yet (new), read
+        :data:`_LOOKUPS` at a time into this check's :attr:`_fresh`: each is a content sample's ranged
+        GET (after its open's HEAD), which one after another would cost the plan a round trip per
+        new object. Local files are read when their layout is cut, as before."""
+        if not isinstance(self._files, ObjectFiles):
+            return
+        new = [
+            (rel, st)
+            for rel, st in scan.files.items()
+            if rel not in self._layouts and (rel, st) not in self._fresh
+        ]
+        if len(new) < 2:
+            return
+        self._root()  # known before the reads run in parallel
+        with ThreadPoolExecutor(max_workers=_LOOKUPS, thread_name_prefix="splitkeeper-samples") as pool:
+            for key, identity in zip(new, pool.map(lambda item: self._sample(*item), new), strict=True):
+                self._fresh[key] = identity
+
+    def _sample(self, rel: str, st: FileStat) -> FileIdentity | None:
+        """The identity of the file at ``rel`` with stat ``st`` read now; None if it cannot be read."""
+        try:
+            with self._files.open(self._abs(rel)) as f:
+                return FileIdentity(*st, sample_digest(f, st.size))
+        except OSError:
+            return None
+
     def _identity(self, rel: str, st: FileStat) -> FileIdentity | None:
         """The identity of the file at ``rel`` with stat ``st``; None if it cannot be read. Read once
         per check (:meth:`check_splits` and the discovery after it)."""
         if (rel, st) in self._fresh:
             return self._fresh[(rel, st)]
-        try:
-            with self._files.open(self._abs(rel)) as f:
-                identity: FileIdentity | None = FileIdentity(*st, sample_digest(f, st.size))
-        except OSError:
-            identity = None
-        self._fresh[(rel, st)] = identity
+        identity = self._fresh[(rel, st)] = self._sample(rel, st)
         return identity
 
     def _layout(self, rel: str, st: FileStat) -> tuple[Split, ...]:
@@ -1312,6 +1335,7 @@ class FileSource(
             scan = (
                 self._scan() if everything else self._scan_new({relative_path_of(s.split_id) for s in live})
             )
+        self._read_identities(scan)
         checked: Mapping[str, str]
         if everything:
             checked = finished
