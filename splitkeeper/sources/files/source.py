@@ -642,6 +642,7 @@ class FileSource(
         self._event_offsets: dict[int, int] | None = None
         self._pending_offsets: dict[int, int] | None = None
         self._restore_rounds = 0
+        self._lookups: ThreadPoolExecutor | None = None  # the event scans' lookups (threads kept)
         self.skipped_events = 0  # messages of the event topic that were not S3 events (notify contract 4)
         self.listings = 0  # full listings discovery made (notification mode: contract 3)
 
@@ -921,8 +922,10 @@ class FileSource(
         files: dict[str, FileStat] = {}
         missing: set[str] = set()
         self._root()  # known before the lookups run in parallel
-        with ThreadPoolExecutor(max_workers=_LOOKUPS, thread_name_prefix="splitkeeper-events") as pool:
-            for rel, st, identity in pool.map(self._look, sorted(names)):
+        if self._lookups is None:  # kept across discoveries: its threads keep their connections
+            self._lookups = ThreadPoolExecutor(max_workers=_LOOKUPS, thread_name_prefix="splitkeeper-events")
+        if names:
+            for rel, st, identity in self._lookups.map(self._look, sorted(names)):
                 if isinstance(st, OSError):
                     raise SourceError(
                         f"source.path {self._path}: object {self._abs(rel)}, named by an event, cannot be "
@@ -940,8 +943,8 @@ class FileSource(
     def _look(self, rel: str) -> tuple[str, FileStat | OSError | None, FileIdentity | None]:
         """An object named by an event, now: its stat (None: gone or empty; the OSError when the
         store fails), and, when it is new to this process, its identity. A known object costs one
-        HEAD; a new one its open (one HEAD, whose size and Last-Modified are its stat) and its content
-        sample read through that open file (one ranged GET up to 64 KiB, two past it), nothing
+        HEAD; a new one one ranged GET of up to 64 KiB whose answer is its stat too, and one more
+        GET for the tail of an object past 64 KiB (``open_sampled``, fs contract 4), nothing
         else. Run in parallel: no state of the source is written here."""
         path = self._abs(rel)
         if rel in self._layouts:  # known: compared by its stat first (check_splits), no read
@@ -952,8 +955,8 @@ class FileSource(
             except OSError as err:
                 return rel, err, None
             return (rel, st, None) if st.size else (rel, None, None)
-        try:  # new: the stat is the open's own HEAD, the sample read through the same file
-            f, st = self._files.open_with_stat(path)
+        try:  # new: the stat is the sample's own GET, the sample read through the same file
+            f, st = self._files.open_sampled(path)
         except FileNotFoundError:
             return rel, None, None
         except OSError as err:  # not an object (a folder): gone to a listing too; else the store's error
@@ -992,6 +995,9 @@ class FileSource(
     def close(self) -> None:
         if self._events is not None:
             self._events.close()
+        if self._lookups is not None:
+            self._lookups.shutdown()
+            self._lookups = None
 
     def _advance_cursor(self, scan: _Scan, pending: set[str]) -> None:
         """Incremental discovery's start-after cursor: the greatest name listed (or the cursor the
