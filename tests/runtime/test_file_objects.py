@@ -375,7 +375,7 @@ def test_a_new_objects_sample_is_one_get_whose_answer_is_the_stat_a_head_gives(
     from splitkeeper.sources.files.source import sample_digest
 
     drops = s3_store.location("sampled")
-    sizes = {"one": 15, "at64k": 65_536, "past64k": 65_537, "large": 200_000, "empty": 0}
+    sizes = {"one": 15, "at64k": 65_536, "past64k": 65_537, "large": 200_000, "empty": 0, "a b+c=d": 20}
     data = {name: hashlib.shake_256(name.encode()).digest(n) for name, n in sizes.items()}
     for name, blob in data.items():
         _put(f"{drops}/{name}.txt", blob)
