@@ -29,7 +29,9 @@ Each retry calls :func:`count` with its operation (:data:`OPERATIONS`):
 - ``store_probe``: the store probe's request answered 5xx or not at all, sent again
   (:mod:`splitkeeper.delta.probe`);
 - ``lease_heartbeat``: a failed lease heartbeat, tried again while the ttl lasts
-  (:mod:`splitkeeper.delta.lease`).
+  (:mod:`splitkeeper.delta.lease`);
+- ``source_sample``: the file source's one-GET content sample of a new object answered 5xx or
+  not at all, sent again (:mod:`splitkeeper.sources.files.fs` contract 4).
 
 :func:`counts` is what this process counted so far (a CLI run is one process);
 :class:`~splitkeeper.app.metrics.PipelineMetrics` reports it as
@@ -60,6 +62,7 @@ OPERATIONS = (
     "state_delete",
     "store_probe",
     "lease_heartbeat",
+    "source_sample",
 )
 
 _lock = threading.Lock()

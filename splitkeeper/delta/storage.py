@@ -45,7 +45,9 @@ Contract:
    (:mod:`~splitkeeper.delta.retries`).
 5. :func:`sigv4_authorization` signs one S3 request (AWS Signature Version 4) for the few
    requests delta-rs and pyarrow cannot make: the store probe's conditional puts
-   (:mod:`~splitkeeper.delta.probe`).
+   (:mod:`~splitkeeper.delta.probe`) and the file source's one-GET content sample of an object
+   named by a bucket event (:mod:`splitkeeper.sources.files.fs`, whose ``pyarrow`` open costs a
+   HEAD before its GET).
 6. :func:`filesystem` gives a ``pyarrow.fs`` file system and the path inside it, for
    the sink's file moves, the log diagnosis and the file source on an object store; for S3 it
    uses the same options, another scheme (``gs://``, ``abfss://``) is pyarrow's
@@ -75,6 +77,7 @@ __all__ = [
     "join",
     "local_path",
     "sigv4_authorization",
+    "signed_headers",
     "signed_request",
     "spark_uri",
     "storage_options",
@@ -235,6 +238,34 @@ def sigv4_authorization(
     return f"AWS4-HMAC-SHA256 Credential={access_key}/{scope}, SignedHeaders={signed}, Signature={signature}"
 
 
+def signed_headers(
+    method: str,
+    endpoint: str,
+    path: str,
+    access_key: str,
+    secret_key: str,
+    region: str,
+    data: bytes = b"",
+    headers: Mapping[str, str] | None = None,
+    session_token: str | None = None,
+) -> dict[str, str]:
+    """The headers (lower-case names, ``host`` and ``authorization`` among them) of a SigV4-signed
+    path-style S3 request to ``endpoint`` (``path``: ``/bucket/encoded-key``); ``headers`` (any
+    case) are sent and signed. For a client that keeps its connection (``http.client``)."""
+    all_headers = {
+        "host": urllib.parse.urlsplit(endpoint).netloc,
+        "x-amz-content-sha256": hashlib.sha256(data).hexdigest(),
+        "x-amz-date": dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ"),
+        **{k.lower(): v for k, v in (headers or {}).items()},
+    }
+    if session_token:
+        all_headers["x-amz-security-token"] = session_token
+    all_headers["authorization"] = sigv4_authorization(
+        method, path, "", all_headers, access_key, secret_key, region
+    )
+    return all_headers
+
+
 def signed_request(
     method: str,
     endpoint: str,
@@ -249,16 +280,8 @@ def signed_request(
     """A SigV4-signed path-style S3 request to ``endpoint`` (``path``: ``/bucket/encoded-key``);
     ``headers`` (any case) are sent and signed. The store probe and the cluster's S3 client send
     it with ``urllib.request.urlopen``."""
-    all_headers = {
-        "host": urllib.parse.urlsplit(endpoint).netloc,
-        "x-amz-content-sha256": hashlib.sha256(data).hexdigest(),
-        "x-amz-date": dt.datetime.now(dt.UTC).strftime("%Y%m%dT%H%M%SZ"),
-        **{k.lower(): v for k, v in (headers or {}).items()},
-    }
-    if session_token:
-        all_headers["x-amz-security-token"] = session_token
-    all_headers["authorization"] = sigv4_authorization(
-        method, path, "", all_headers, access_key, secret_key, region
+    all_headers = signed_headers(
+        method, endpoint, path, access_key, secret_key, region, data, headers, session_token
     )
     del all_headers["host"]  # urllib sets it from the URL
     return urllib.request.Request(

@@ -354,7 +354,7 @@ def test_a_plan_of_settled_unchanged_objects_lists_and_reads_nothing(
 def test_incremental_listing_on_s3_lists_from_the_cursor_and_a_recheck_catches_a_late_key(
     s3_store: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """``discovery: incremental`` on an object store (fs contract 4): an epoch without a recheck lists
+    """``discovery: incremental`` on an object store (fs contract 5): an epoch without a recheck lists
     only the folders that are not wholly before the last key seen (no LIST of an older day), takes
     the keys after it, and a live object before it by its key; a key written late (it sorts before
     the cursor) and a deleted one are found by the next recheck's full listing; nothing is read
@@ -422,3 +422,112 @@ def test_incremental_listing_on_s3_lists_an_empty_object_again_until_it_has_data
     _put(f"{drops}/b.txt", b"b\n")
     source.check_splits([], finished, recheck_finished=False)
     assert [s.split_id for s in source.discover_splits()] == ["b.txt"]
+
+
+def _requests_to(s3_store: Any, monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str, dict[str, str]]]:
+    """Every request of the source's store from now on (through the store's proxy, no fault):
+    ``(method, path, headers)``."""
+    seen: list[tuple[str, str, dict[str, str]]] = []
+
+    def record(request: Any) -> None:
+        seen.append((request.method, request.path, {k.lower(): v for k, v in request.headers.items()}))
+
+    s3_store.proxy.fault = record
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_store.proxy.url)
+    return seen
+
+
+def test_a_new_objects_sample_is_one_get_whose_answer_is_the_stat_a_head_gives(
+    s3_store: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """fs contract 4: ``open_sampled`` gives the size, Last-Modified and sample digest the pyarrow open
+    (HEAD, then GETs) gives, from one ranged GET up to 64 KiB and one more GET (If-Match its ETag)
+    for the tail past it; no such key is FileNotFoundError after that one GET."""
+    import hashlib
+    import io
+
+    from splitkeeper.sources.files.source import sample_digest
+
+    drops = s3_store.location("sampled")
+    sizes = {"one": 15, "at64k": 65_536, "past64k": 65_537, "large": 200_000, "empty": 0, "a b+c=d": 20}
+    data = {name: hashlib.shake_256(name.encode()).digest(n) for name, n in sizes.items()}
+    for name, blob in data.items():
+        _put(f"{drops}/{name}.txt", blob)
+    seen = _requests_to(s3_store, monkeypatch)
+    files = files_fs.files_for(drops)
+    assert isinstance(files, files_fs.ObjectFiles)
+    for name, blob in data.items():
+        path = f"{drops}/{name}.txt"
+        seen.clear()
+        f, st = files.open_sampled(path)
+        with f:
+            digest = sample_digest(f, st.size) if st.size else None
+        requests = list(seen)
+        g, head_st = files.open_with_stat(path)
+        with g:
+            assert digest == (sample_digest(g, head_st.size) if head_st.size else None), name
+        assert (st.size, st.mtime_ns) == (head_st.size, head_st.mtime_ns) == (len(blob), st.mtime_ns), name
+        if blob:
+            assert digest == sample_digest(io.BytesIO(blob), len(blob)), name
+            assert [m for m, *_ in requests] == ["GET"] * (1 if len(blob) <= 65_536 else 2), (name, requests)
+            assert requests[0][2]["range"] == "bytes=0-65535"
+            assert all("if-match" in h for _m, _p, h in requests[1:]), requests
+    seen.clear()
+    with pytest.raises(FileNotFoundError):
+        files.open_sampled(f"{drops}/missing.txt")
+    assert [m for m, *_ in seen] == ["GET"]
+
+
+def test_an_overwrite_between_a_samples_first_get_and_its_tail_fails_the_read_not_the_identity(
+    s3_store: Any,
+) -> None:
+    """A sample's tail is read with If-Match on the first GET's ETag: an object overwritten in between
+    (same size) fails the read (OSError), so no identity mixes two versions; opened again, the sample
+    is the new version's."""
+    import io
+
+    from splitkeeper.sources.files.source import sample_digest
+
+    drops = s3_store.location("torn")
+    first, second = b"a" * 150_000, b"a" * 100_000 + b"b" * 50_000  # same head, another tail
+    _put(f"{drops}/big.txt", first)
+    files = files_fs.files_for(drops)
+    f, st = files.open_sampled(f"{drops}/big.txt")
+    _put(f"{drops}/big.txt", second)
+    with f, pytest.raises(OSError, match="changed while its content sample was read"):
+        sample_digest(f, st.size)
+    g, again = files.open_sampled(f"{drops}/big.txt")
+    with g:
+        assert sample_digest(g, again.size) == sample_digest(io.BytesIO(second), len(second))
+
+
+def test_a_sample_get_answered_503_is_sent_again_and_every_new_objects_identity_is_its_own(
+    s3_store: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """40% of the requests answered 503 SlowDown: the look-up of new objects (notification mode)
+    sends a refused sample GET again (counted, ``source_sample``), and every object's stat and
+    sample digest are its own."""
+    import io
+
+    from splitkeeper.delta import retries
+    from splitkeeper.sources.files.source import sample_digest
+    from splitkeeper_tools.fault_proxy import FaultSchedule
+
+    _settle(monkeypatch)
+    drops = s3_store.location("refused")
+    blobs = {f"f{i:02d}.txt": b"line %d\n" % i * (1 + 9000 * (i % 3)) for i in range(24)}
+    for name, blob in blobs.items():
+        _put(f"{drops}/{name}", blob)
+    s3_store.proxy.fault = FaultSchedule(seed=7, slowdown=0.4)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_store.proxy.url)
+    before = retries.counts()["source_sample"]
+    source = FileSource(drops)
+    source._root()
+    looked = [source._look(name) for name in blobs]
+    for name, st, identity in looked:
+        blob = blobs[name]
+        assert isinstance(st, files_fs.FileStat) and st.size == len(blob), (name, st)
+        assert identity is not None and identity.digest == sample_digest(io.BytesIO(blob), len(blob)), name
+    counts = s3_store.proxy.counts()
+    assert counts["slowdown"] >= 10, counts
+    assert retries.counts()["source_sample"] - before >= 10

@@ -32,7 +32,19 @@ Object stores (contract):
    check of every known file cannot afford), so the identity stays ``size, mtime, sample digest``
    as on disk. A store whose clock is behind the driver's by more than :data:`SETTLE_NS` less a
    second defeats this.
-4. Incremental discovery (``source.discovery: incremental``) lists from its cursor, the last key
+4. An object new to the driver (named by a bucket event, :mod:`.notify`) is stat-ed and sampled by
+   :meth:`ObjectFiles.open_sampled`: on S3 with an endpoint and keys in the environment, one
+   SigV4-signed ranged GET of its first 64 KiB (``bytes=0-65535``), whose ``Content-Range`` total,
+   ``Last-Modified`` and ``ETag`` are the stat a HEAD gives (the same size and whole-second mtime,
+   so the same identity), on a connection kept per thread; bytes past it (a sample's tail) are
+   ranged GETs with ``If-Match`` on that ETag, so the sample is of one version (an overwrite in
+   between fails the read: the sample is read again later). A 5xx or no answer is tried again
+   (``source_sample`` of :mod:`splitkeeper.delta.retries`); any other answer (no such key: the
+   ``FileNotFoundError``; a refusal, the last 5xx, no answer) and any other store or credential source
+   (``gs://``, ``abfss://``, AWS's own credential chain) is :meth:`ObjectFiles.open_with_stat`
+   (one HEAD, then GETs, with pyarrow's retries and errors): a pyarrow open costs a HEAD before
+   its first GET, twice the requests of a content sample.
+5. Incremental discovery (``source.discovery: incremental``) lists from its cursor, the last key
    seen (:meth:`ObjectFiles.walk_after`): ``pyarrow.fs`` has no ``StartAfter``, so the prefix is
    walked one level at a time (``ListObjectsV2`` with the ``/`` delimiter) and a folder whose every
    key sorts before the cursor is not listed. Drops in dated folders (``in/2026/12/05/...``) cost
@@ -43,12 +55,16 @@ Object stores (contract):
 from __future__ import annotations
 
 import datetime as dt
+import email.utils
 import functools
+import http.client
 import io
 import os
 import stat
+import threading
 import time
-from collections.abc import Callable, Iterator
+import urllib.parse
+from collections.abc import Callable, Iterator, Mapping
 from typing import IO, Any, NamedTuple
 
 from splitkeeper.errors import SourceError
@@ -62,6 +78,7 @@ __all__ = [
     "Files",
     "LocalFiles",
     "ObjectFiles",
+    "RangedGets",
     "files_for",
     "is_object_store",
     "object_root",
@@ -75,6 +92,10 @@ CHECK_ATTEMPTS = 2
 #: The read buffer of an object (the content sample's size): a line end past a range's last byte,
 #: a sample's head or tail, costs one GET of this size.
 _OBJECT_BUFFER = 64 * 1024
+#: Seconds a sample's GET (contract 4) waits for the store; tries of it (5xx, no answer) before the
+#: pyarrow open takes over.
+_GET_TIMEOUT_S = 10.0
+_GET_ATTEMPTS = 5
 
 
 class FileStat(NamedTuple):
@@ -125,6 +146,11 @@ class Files:
         """``path`` open, with its stat at the open."""
         raise NotImplementedError
 
+    def open_sampled(self, path: str) -> tuple[IO[bytes], FileStat]:
+        """``path`` open to read its content sample (its head and tail), with its stat at the open:
+        :meth:`open_with_stat` but where fewer requests do (contract 4)."""
+        return self.open_with_stat(path)
+
 
 class LocalFiles(Files):
     """A local folder: ``os`` and ``open``, as the file source always read them."""
@@ -162,10 +188,11 @@ class LocalFiles(Files):
 class ObjectFiles(Files):
     """An object-store prefix through ``pyarrow.fs`` (contract of the module doc)."""
 
-    def __init__(self, root: str, fs: Any, fs_root: str) -> None:
+    def __init__(self, root: str, fs: Any, fs_root: str, gets: RangedGets | None = None) -> None:
         self.root = root
         self._fs = fs
         self._fs_root = fs_root.rstrip("/")  # the root as the file system spells it (no scheme)
+        self._gets = gets  # contract 4: signed ranged GETs of an S3 endpoint (None: pyarrow only)
 
     def _inner(self, path: str) -> str:
         """``path`` (a URI of this store) as the file system spells it."""
@@ -231,6 +258,43 @@ class ObjectFiles(Files):
             st = self.stat(path)
         return io.BufferedReader(raw, _OBJECT_BUFFER), st
 
+    def open_sampled(self, path: str) -> tuple[IO[bytes], FileStat]:
+        """The object open from one ranged GET of its first 64 KiB, whose answer is its stat
+        (contract 4); :meth:`open_with_stat` when that GET cannot say. FileNotFoundError when
+        there is no such key."""
+        if self._gets is None:
+            return self.open_with_stat(path)
+        inner = self._inner(path)
+        try:
+            status, head, body = self._gets.get(inner, 0, _OBJECT_BUFFER)
+        except OSError:  # no answer: the pyarrow open, with its retries and its error
+            return self.open_with_stat(path)
+        now = time.time_ns()
+        if status == 404 and b"<Code>NoSuchKey</Code>" in body:
+            raise FileNotFoundError(f"{path}: no such object")
+        size = _object_size(status, head, body)
+        modified = head.get("last-modified")
+        etag = head.get("etag")
+        if size is None or not modified or not etag:
+            return self.open_with_stat(path)
+        try:
+            mtime_ns = int(email.utils.parsedate_to_datetime(modified).timestamp()) * 1_000_000_000
+        except (TypeError, ValueError):
+            return self.open_with_stat(path)
+        gets = self._gets
+
+        def rest(start: int, end: int) -> bytes:  # bytes past the first GET's, of the same version
+            got_status, _head, got = gets.get(inner, start, end, if_match=etag)
+            if got_status == 206 and len(got) == end - start:
+                return got
+            raise OSError(
+                f"{path}: the object changed while its content sample was read (HTTP {got_status} "
+                f"for bytes {start}-{end - 1} of ETag {etag})"
+            )
+
+        raw = _SampledObject(body[:size], size, rest)
+        return io.BufferedReader(raw, _OBJECT_BUFFER), self._stat(size, mtime_ns, now)
+
     def bucket_error(self) -> str | None:
         """Why the root's bucket cannot be listed (missing, refused, unreachable); None if it can.
         Asked with :data:`CHECK_ATTEMPTS` tries, so an unreachable store is named in seconds."""
@@ -281,7 +345,7 @@ class ObjectFiles(Files):
         self, skipped: Callable[[str], bool], after: str, empty: set[str]
     ) -> Iterator[tuple[str, FileStat]]:
         """``(relative path, stat)`` of the non-empty objects whose relative path sorts after
-        ``after`` (contract 4), by path; the empty ones after it go into ``empty``. A folder (a
+        ``after`` (contract 5), by path; the empty ones after it go into ``empty``. A folder (a
         common prefix) whose every key sorts before ``after`` is not listed."""
         import pyarrow.fs as pafs
 
@@ -319,6 +383,127 @@ class ObjectFiles(Files):
             stack.extend(reversed(folders))
 
 
+def _object_size(status: int, head: Mapping[str, str], body: bytes) -> int | None:
+    """The object's size from a ranged GET's answer: the total of its ``Content-Range`` (206), the
+    body (200: the store sent the whole object); None for any other answer."""
+    if status == 200:
+        return len(body)
+    if status != 206:
+        return None
+    total = head.get("content-range", "").rpartition("/")[2]
+    return int(total) if total.isdigit() else None
+
+
+class _SampledObject(io.RawIOBase):
+    """An object as one GET's first bytes (``head``) of its ``size``; a read past them is
+    ``rest(start, end)`` (contract 4)."""
+
+    def __init__(self, head: bytes, size: int, rest: Callable[[int, int], bytes]) -> None:
+        super().__init__()
+        self._head = head
+        self._size = size
+        self._rest = rest
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def readinto(self, buffer: Any) -> int:
+        want = min(len(buffer), self._size - self._pos)
+        if want <= 0:
+            return 0
+        if self._pos < len(self._head):
+            data = self._head[self._pos : self._pos + want]
+        else:
+            data = self._rest(self._pos, self._pos + want)
+        buffer[: len(data)] = data
+        self._pos += len(data)
+        return len(data)
+
+
+class RangedGets:
+    """Signed (SigV4) ranged GETs of one S3 endpoint, path-style, on one kept connection per thread
+    (contract 4)."""
+
+    def __init__(
+        self,
+        endpoint: str,
+        access_key: str,
+        secret_key: str,
+        region: str,
+        session_token: str | None = None,
+        timeout_s: float = _GET_TIMEOUT_S,
+    ) -> None:
+        parts = urllib.parse.urlsplit(endpoint)
+        self._endpoint = endpoint.rstrip("/")
+        self._https = parts.scheme == "https"
+        self._host = parts.netloc
+        self._base = parts.path.rstrip("/")
+        self._keys = (access_key, secret_key, region, session_token)
+        self._timeout_s = timeout_s
+        self._local = threading.local()
+
+    def _connection(self) -> http.client.HTTPConnection:
+        conn: http.client.HTTPConnection | None = getattr(self._local, "conn", None)
+        if conn is None:
+            kind = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
+            conn = self._local.conn = kind(self._host, timeout=self._timeout_s)
+        return conn
+
+    def get(
+        self, key: str, start: int, end: int, *, if_match: str | None = None
+    ) -> tuple[int, dict[str, str], bytes]:
+        """``GET /<key>`` (``key``: ``bucket/key``) of bytes ``[start, end)``: the status, the headers
+        (lower-case names) and the body. A 5xx or no answer is sent again (on a new connection),
+        :data:`_GET_ATTEMPTS` tries in all (``retries`` operation ``source_sample``); then the last
+        5xx is returned, or OSError when the store did not answer."""
+        from splitkeeper.delta import retries
+        from splitkeeper.delta.storage import signed_headers
+
+        path = self._base + "/" + urllib.parse.quote(key)
+        wanted = {"range": f"bytes={start}-{end - 1}"}
+        if if_match is not None:
+            wanted["if-match"] = if_match
+        access_key, secret_key, region, token = self._keys
+        attempt = 0
+        while True:
+            headers = signed_headers(
+                "GET", self._endpoint, path, access_key, secret_key, region, b"", wanted, token
+            )
+            conn = self._connection()
+            try:
+                conn.request("GET", path, headers=headers)
+                response = conn.getresponse()
+                body = response.read()
+            except (OSError, http.client.HTTPException) as err:
+                conn.close()
+                self._local.conn = None
+                if attempt + 1 >= _GET_ATTEMPTS:
+                    raise OSError(f"GET {self._endpoint}{path}: {err}") from err
+            else:
+                if response.will_close or response.status >= 500:
+                    conn.close()
+                    self._local.conn = None
+                if response.status < 500 or attempt + 1 >= _GET_ATTEMPTS:
+                    return response.status, {k.lower(): v for k, v in response.getheaders()}, body
+            if attempt:  # the first retry is at once: a kept connection the store closed meanwhile
+                retries.back_off("source_sample", attempt - 1, first_s=0.05, cap_s=1.0)
+            else:
+                retries.count("source_sample")
+            attempt += 1
+
+
 def object_root(path: str) -> str:
     """The root a ``source.path`` on an object store is known by: no trailing ``/``, ``s3a://``
     as ``s3://`` (:func:`splitkeeper.delta.storage.table_uri`)."""
@@ -348,7 +533,19 @@ def files_for(path: str) -> Files:
 
 @functools.lru_cache(maxsize=16)
 def _object_files(root: str, _env: tuple[str, ...]) -> ObjectFiles:
-    from splitkeeper.delta.storage import filesystem
+    from splitkeeper.delta.storage import filesystem, storage_options
 
     fs, inner = filesystem(root)
-    return ObjectFiles(root, fs, inner)
+    options = storage_options(root) or {}
+    endpoint = options.get("AWS_ENDPOINT_URL", "")
+    gets = None
+    keys = options.get("AWS_ACCESS_KEY_ID") and options.get("AWS_SECRET_ACCESS_KEY")
+    if endpoint.startswith(("http://", "https://")) and keys:
+        gets = RangedGets(  # contract 4: a custom endpoint, path-style as pyarrow reaches it
+            endpoint,
+            options["AWS_ACCESS_KEY_ID"],
+            options["AWS_SECRET_ACCESS_KEY"],
+            options.get("AWS_REGION") or "us-east-1",
+            options.get("AWS_SESSION_TOKEN"),
+        )
+    return ObjectFiles(root, fs, inner, gets)

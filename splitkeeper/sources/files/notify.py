@@ -14,10 +14,10 @@ Contract:
    splits (``checkpoints.discovery``, key ``<topic>:<partition>``). A restore reads the events
    again from the checkpoint's offsets; no consumer group is used or committed.
 2. **What an event says.** Only which object to look at: its key is stat-ed (one HEAD; for an
-   object new to the process, the HEAD of its open, whose content sample is then read through the
-   same open file: one ranged GET up to 64 KiB) and the object as it is then is what discovery
-   takes, as a listing would have found it (the event's size and ETag are not used: the identity
-   needs Last-Modified, which only the HEAD gives); so events out of order, twice, or for an
+   object new to the process, one ranged GET of up to 64 KiB whose answer gives the stat and the
+   content sample at once, :meth:`~.fs.ObjectFiles.open_sampled`) and the object as it is then is
+   what discovery takes, as a listing would have found it (the event's size and ETag are not used:
+   the identity needs Last-Modified, which the event does not carry); so events out of order, twice, or for an
    object overwritten since are harmless, and a file seen both by a listing and by an event is one
    split (its identity, :mod:`.source`). A key is looked at as the event
    spells it and URL-decoded (AWS encodes keys, versitygw does not). A key gone is a removed file

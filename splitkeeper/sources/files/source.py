@@ -642,6 +642,7 @@ class FileSource(
         self._event_offsets: dict[int, int] | None = None
         self._pending_offsets: dict[int, int] | None = None
         self._restore_rounds = 0
+        self._lookups: ThreadPoolExecutor | None = None  # the event scans' lookups (threads kept)
         self.skipped_events = 0  # messages of the event topic that were not S3 events (notify contract 4)
         self.listings = 0  # full listings discovery made (notification mode: contract 3)
 
@@ -922,8 +923,8 @@ class FileSource(
         files: dict[str, FileStat] = {}
         missing: set[str] = set()
         self._root()  # known before the lookups run in parallel
-        with ThreadPoolExecutor(max_workers=_LOOKUPS, thread_name_prefix="splitkeeper-events") as pool:
-            for rel, st, identity in pool.map(self._look, sorted(names)):
+        if names:
+            for rel, st, identity in self._lookup_pool().map(self._look, sorted(names)):
                 if isinstance(st, OSError):
                     raise SourceError(
                         f"source.path {self._path}: object {self._abs(rel)}, named by an event, cannot be "
@@ -941,8 +942,8 @@ class FileSource(
     def _look(self, rel: str) -> tuple[str, FileStat | OSError | None, FileIdentity | None]:
         """An object named by an event, now: its stat (None: gone or empty; the OSError when the
         store fails), and, when it is new to this process, its identity. A known object costs one
-        HEAD; a new one its open (one HEAD, whose size and Last-Modified are its stat) and its content
-        sample read through that open file (one ranged GET up to 64 KiB, two past it), nothing
+        HEAD; a new one one ranged GET of up to 64 KiB whose answer is its stat too, and one more
+        GET for the tail of an object past 64 KiB (``open_sampled``, fs contract 4), nothing
         else. Run in parallel: no state of the source is written here."""
         path = self._abs(rel)
         if rel in self._layouts:  # known: compared by its stat first (check_splits), no read
@@ -953,8 +954,8 @@ class FileSource(
             except OSError as err:
                 return rel, err, None
             return (rel, st, None) if st.size else (rel, None, None)
-        try:  # new: the stat is the open's own HEAD, the sample read through the same file
-            f, st = self._files.open_with_stat(path)
+        try:  # new: the stat is the sample's own GET, the sample read through the same file
+            f, st = self._files.open_sampled(path)
         except FileNotFoundError:
             return rel, None, None
         except OSError as err:  # not an object (a folder): gone to a listing too; else the store's error
@@ -990,9 +991,19 @@ class FileSource(
             return None  # source.path is one object: only its events
         return rel
 
+    def _lookup_pool(self) -> ThreadPoolExecutor:
+        """The threads of the object look-ups (events' keys, new objects' samples): kept across
+        discoveries, so each keeps its connection to the store (fs contract 4)."""
+        if self._lookups is None:
+            self._lookups = ThreadPoolExecutor(max_workers=_LOOKUPS, thread_name_prefix="splitkeeper-lookups")
+        return self._lookups
+
     def close(self) -> None:
         if self._events is not None:
             self._events.close()
+        if self._lookups is not None:
+            self._lookups.shutdown()
+            self._lookups = None
 
     def _advance_cursor(self, scan: _Scan, pending: set[str]) -> None:
         """Incremental discovery's start-after cursor: the greatest name listed (or the cursor the
@@ -1165,7 +1176,7 @@ class FileSource(
 
     def _scan_objects_after(self, files: ObjectFiles, live: set[str]) -> _Scan:
         """Incremental discovery on an object store: the objects after the cursor (a walk that skips
-        the folders wholly before it, fs contract 4), and the live files before it by their key
+        the folders wholly before it, fs contract 5), and the live files before it by their key
         (one HEAD each: found, or known gone)."""
         assert self._cursor is not None
         found: dict[str, FileStat] = {}
@@ -1207,9 +1218,9 @@ class FileSource(
 
     def _read_identities(self, scan: _Scan) -> None:
         """On an object store, the identities of the scan's files without a layout yet (new), read
-        :data:`_LOOKUPS` at a time into this check's :attr:`_fresh`: each is a content sample's ranged
-        GET (after its open's HEAD), which one after another would cost the plan a round trip per
-        new object. Local files are read when their layout is cut, as before."""
+        :data:`_LOOKUPS` at a time (:meth:`_lookup_pool`) into this check's :attr:`_fresh`: each is a
+        content sample's ranged GET (:meth:`_sample`), which one after another would cost the plan a
+        round trip per new object. Local files are read when their layout is cut, as before."""
         if not isinstance(self._files, ObjectFiles):
             return
         new = [
@@ -1220,14 +1231,25 @@ class FileSource(
         if len(new) < 2:
             return
         self._root()  # known before the reads run in parallel
-        with ThreadPoolExecutor(max_workers=_LOOKUPS, thread_name_prefix="splitkeeper-samples") as pool:
-            for key, identity in zip(new, pool.map(lambda item: self._sample(*item), new), strict=True):
-                self._fresh[key] = identity
+        pool = self._lookup_pool()
+        for key, identity in zip(new, pool.map(lambda item: self._sample(*item), new), strict=True):
+            self._fresh[key] = identity
 
     def _sample(self, rel: str, st: FileStat) -> FileIdentity | None:
-        """The identity of the file at ``rel`` with stat ``st`` read now; None if it cannot be read."""
+        """The identity of the file at ``rel`` with stat ``st`` read now; None if it cannot be read,
+        or, on an object store, if the object read is not the one listed (its size or Last-Modified
+        moved since: it is looked at again by the next discovery). An object's sample is one ranged
+        GET (two past 64 KiB) where the store allows (:meth:`ObjectFiles.open_sampled`)."""
         try:
-            with self._files.open(self._abs(rel)) as f:
+            if isinstance(self._files, ObjectFiles):
+                f, now = self._files.open_sampled(self._abs(rel))
+                second = 1_000_000_000  # an answer's Last-Modified has whole seconds
+                if (now.size, now.mtime_ns // second) != (st.size, st.mtime_ns // second):
+                    f.close()
+                    return None
+            else:
+                f = self._files.open(self._abs(rel))
+            with f:
                 return FileIdentity(*st, sample_digest(f, st.size))
         except OSError:
             return None
