@@ -382,7 +382,7 @@ def _read_columns(
        (the byte after the data for a last line without a newline).
     3. The values are the line bytes without the newline, a trailing ``\\r``
        and a BOM at offset 0, gathered into one buffer (the data without its
-       ``\n`` bytes by one ``bytes.replace`` when it has no ``\r`` and no BOM,
+       ``\\n`` bytes by one ``bytes.replace`` when it has no ``\\r`` and no BOM,
        else by a numpy mask); the binary array is built on that buffer,
        nothing decoded (jsonl: validated as UTF-8 by Arrow, skipped for ASCII
        data).
