@@ -58,6 +58,11 @@ AWKWARD = {
     "jsonl": b'{"a": 1}\r\n\n  \n[1, 2]\n"s"\n\t\n{"b": "\xc3\xa9"}\n \xc2\xa0 \n',
     "jsonl_trailing_blank": b'{"a":1}\n\n   \n',
     "jsonl_blank_only": b"  \n\t\n",
+    # no \r and no BOM: the values are the data without its \n bytes (one bytes.replace)
+    "lf_only": b"a\nbb\n\nccc\n",
+    "lf_unterminated": b'[1]\n\n{}\n"last"',
+    "one_line_no_newline": b'{"only": true}',
+    "bom_then_lf": b"\xef\xbb\xbf\nx\n",
 }
 BAD = {
     "bad_utf8": b"fine\nbad \xff byte\nlater\n",
@@ -67,6 +72,7 @@ BAD = {
     "json_then_utf8": b"{}\nnot json\n\xff\n",
     "utf8_then_json": b"{}\n\xff\nnot json\n",
     "two_objects_on_a_line": b'{"a":1} {"b":2}\n',
+    "bad_utf8_lf_unterminated": b'"x"\n\xff\xfe\n"last"',
 }
 
 

@@ -19,6 +19,7 @@ from splitkeeper.spark.regions import (
     TASKS_PER_CORE_CONF,
     RegionStatus,
     _job_group,
+    _server_addresses,
     max_task_failures,
     pack_regions,
     run_regions,
@@ -291,3 +292,25 @@ def test_the_tasks_per_core_conf_is_read_from_the_session_and_a_bad_value_names_
             run_regions(spark, "bad", 12, {0: 0}, lambda x: x, timeout_s=60.0)
     finally:
         spark.conf.unset(TASKS_PER_CORE_CONF)
+
+
+def test_the_driver_addresses_are_read_once_per_spark_context() -> None:
+    """The region server binds and advertises Spark's driver addresses; ``SparkContext.getConf()``
+    (a py4j copy of the whole conf) is asked once per context, not every epoch, and a new context
+    (a restarted session) is asked again."""
+
+    class Context:
+        def __init__(self, **conf: str) -> None:
+            self.conf = conf
+            self.asked = 0
+
+        def getConf(self) -> Any:  # noqa: N802 (SparkContext's name)
+            self.asked += 1
+            conf = dict(self.conf)
+            return type("Conf", (), {"get": staticmethod(lambda k, d=None: conf.get(k, d))})()
+
+    first = Context(**{"spark.driver.host": "10.0.0.5", "spark.driver.bindAddress": "0.0.0.0"})
+    assert [_server_addresses(first) for _ in range(3)] == [("0.0.0.0", "10.0.0.5")] * 3
+    assert first.asked == 1
+    second = Context()  # no driver host set: the loopback, bound where it is reached
+    assert _server_addresses(second) == ("127.0.0.1", "127.0.0.1") and second.asked == 1
