@@ -36,7 +36,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from splitkeeper.core.defaults import MAX_BAD_RATIO
-from splitkeeper.core.source import RecordMeta, RegionReader, SourceRecord
+from splitkeeper.core.source import RecordMeta, RegionReader, SourceRecord, SupportsWarmUp
 from splitkeeper.core.types import Split
 from splitkeeper.delta.schemas import META_COLUMNS, STAGED_FILE_SCHEMA, STAGED_SCHEMA, sink_schema
 from splitkeeper.errors import (
@@ -988,3 +988,26 @@ def region_task(task: RegionTask) -> RegionResult:
         fault,
         task.policy,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class WarmTask:
+    """What a long-lived reader slot gets to warm up before the run's first epoch (pickled like a
+    :class:`RegionTask`): the source's ``reader`` and the ``splits`` of the regions the slot is
+    likely to serve (:meth:`splitkeeper.core.ports.RegionRunner.prepare`)."""
+
+    reader: RegionReader
+    splits: Sequence[Split]
+
+
+def warm_task(task: WarmTask) -> float:
+    """Warm a reader slot's process for its first region (module-level so it pickles by reference):
+    the reader opens its client for ``task.splits`` (:class:`~splitkeeper.core.source.SupportsWarmUp`;
+    kept by the slot, :mod:`splitkeeper.clients`) and the staging writer runs once on an empty
+    table in memory. Returns its seconds; raises what the reader's warm-up raised (the slot reports
+    it and serves regions as without it)."""
+    started = time.monotonic()
+    if isinstance(task.reader, SupportsWarmUp):
+        task.reader.warm_up(task.splits)
+    pq.write_table(STAGED_FILE_SCHEMA.empty_table(), pa.BufferOutputStream())
+    return round(time.monotonic() - started, 3)
