@@ -15,6 +15,14 @@ checkpoint as with a job per epoch. A slot keeps the source clients its regions'
 back (:func:`splitkeeper.clients.kept_clients`: a Kafka consumer stays connected from one epoch
 to the next; a failed read closes its client) and closes them when it stops.
 
+A continuous run starts the pool's job when it opens (:meth:`ReaderPool.prepare`, from
+:meth:`~splitkeeper.core.ports.RegionRunner.prepare`): each slot, once it said hello, is sent
+``("warm", payload)`` and runs the pool's ``warm`` function (the reader's client for its regions'
+splits, kept by the slot; :func:`~splitkeeper.spark.task.warm_task`), answers ``("warmed", ...)``
+or ``("warm_failed", ...)``, and is busy until then; the regions it warmed for go to it first. A
+failed warm-up is logged and changes nothing else (the first read pays the set-up, or fails as it
+would have).
+
 The pool keeps ``min(regions to read, slots)`` slots, ``slots`` being the Spark conf
 :data:`SLOTS_CONF` (default ``sc.defaultParallelism``, every core): a slot holds a task slot (a
 core) for the run, so a session that runs other jobs too (a Structured Streaming query beside the

@@ -321,9 +321,7 @@ class _PreparedRunner(SimRegionRunner):
         return super().run(epoch, plan, timeout_s)
 
 
-def test_a_continuous_run_prepares_its_runner_once_with_each_regions_unfinished_splits_before_its_first_epoch() -> (
-    None
-):
+def test_a_continuous_run_prepares_its_runner_once_with_each_regions_splits_before_its_first_epoch() -> None:
     # P=3 over two splits: region 2 owns none and is left out; a bounded run never prepares; a run
     # stopped before it starts neither
     source = _source({"a"}, {"a-0": ("a", 4), "a-1": ("a", 4)})
