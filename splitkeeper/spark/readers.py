@@ -90,7 +90,7 @@ from splitkeeper.spark.regions import (
 log = logging.getLogger("splitkeeper.spark.readers")
 
 #: The Spark conf that caps the reader slots (task slots held for the run; a session's conf, read
-#: when the run's first epoch starts the pool); default every core.
+#: when the pool starts: a continuous run's open, else its first epoch that reads); default every core.
 SLOTS_CONF = "spark.splitkeeper.readers.slots"
 #: How long a region whose slot's connection dropped waits for the slot's job to say why.
 LOST_GRACE_S = 2.0
