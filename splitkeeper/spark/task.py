@@ -1003,11 +1003,18 @@ class WarmTask:
 def warm_task(task: WarmTask) -> float:
     """Warm a reader slot's process for its first region (module-level so it pickles by reference):
     the reader opens its client for ``task.splits`` (:class:`~splitkeeper.core.source.SupportsWarmUp`;
-    kept by the slot, :mod:`splitkeeper.clients`) and the staging writer runs once on an empty
-    table in memory. Returns its seconds; raises what the reader's warm-up raised (the slot reports
-    it and serves regions as without it)."""
+    kept by the slot, :mod:`splitkeeper.clients`) and a :class:`StagedWriter` stages one row in a
+    temporary folder of its own, deleted after (the Arrow kernels and the parquet writer a first
+    region would start). Returns its seconds; raises what the reader's warm-up raised (the slot
+    reports it and serves regions as without it)."""
+    import tempfile
+
     started = time.monotonic()
     if isinstance(task.reader, SupportsWarmUp):
         task.reader.warm_up(task.splits)
-    pq.write_table(STAGED_FILE_SCHEMA.empty_table(), pa.BufferOutputStream())
+    with tempfile.TemporaryDirectory(prefix="splitkeeper-warm-") as folder:
+        writer = StagedWriter(os.path.join(folder, PART_FILE), 0, 0)
+        one = pa.table({"value": pa.array([b"warm"], pa.binary())})
+        writer.add_table("warm", pa.array([0], pa.int64()), pa.array([1], pa.int64()), one, None, 1)
+        writer.commit()
     return round(time.monotonic() - started, 3)

@@ -341,3 +341,39 @@ def test_an_idle_continuous_run_whose_warmed_slot_dies_replaces_it_and_stops_cle
         for p, values in sent.items()
         for offset, value in enumerate(values)
     )
+
+
+@pytest.mark.kafka
+def test_a_kafka_readers_warm_up_keeps_a_connected_consumer_for_the_slots_first_read(
+    kafka_broker: Any, tmp_path: Path
+) -> None:
+    """:func:`~splitkeeper.spark.task.warm_task` in a slot's ``kept_clients`` block: the Kafka reader
+    connects one consumer and hands it back, the slot's next read borrows it and reads its range
+    exactly, and nothing of the staging warm-up is left; a warm-up for a missing topic raises the
+    read's error naming the split and keeps nothing."""
+    from splitkeeper import clients
+    from splitkeeper.core.types import Split
+    from splitkeeper.errors import SourceError
+    from splitkeeper.sources.kafka.source import KafkaRegionReader
+    from splitkeeper.spark.task import WarmTask, warm_task
+
+    from .test_kafka_source import create_topic, produce, unique
+
+    bootstrap = kafka_broker.bootstrap_servers
+    topic = create_topic(bootstrap, 2, name=unique("warm-reader"))
+    produce(bootstrap, topic, {0: ["a", "b"], 1: ["c"]})
+    splits = [Split(f"{topic}-{p}", topic, 0) for p in range(2)]
+    reader = KafkaRegionReader(bootstrap, connect_timeout_s=10)
+    with clients.kept_clients():
+        assert isinstance(warm_task(WarmTask(reader, splits)), float)
+        kept = clients._kept()
+        assert kept is not None and len(kept) == 1
+        [(consumer, _errors)] = [client for client, _close in kept.values()]
+        columns = list(reader.read_ranges_columns([(splits[0], 0, 2), (splits[1], 0, 1)]))
+        assert [c.values.to_pylist() for c in columns] == [[b"a", b"b"], [b"c"]]
+        [(again, _errors)] = [client for client, _close in clients._kept().values()]  # type: ignore[union-attr]
+        assert again is consumer  # the read borrowed the warm consumer and gave it back
+        gone = Split(f"{topic}-missing-0", f"{topic}-missing", 0)
+        with pytest.raises(SourceError, match="does not exist"):
+            warm_task(WarmTask(reader, [gone]))
+        assert clients._kept() == {}  # the failed warm-up closed the consumer it borrowed
