@@ -1691,9 +1691,21 @@ class EpochDriver:
         answers True, final checkpoints (nothing new read, forced global) run until one is
         global (protocol rule 2.6: a stop with a savepoint is always global); CheckpointError
         after ``max_final_attempts`` aborted ones.
+
+        Before the first epoch the runner is told each region's unfinished splits
+        (:meth:`~splitkeeper.core.ports.RegionRunner.prepare`), so long-lived readers get ready
+        while nothing is to read yet.
         """
-        enumerator, _context = self._require_open()
+        enumerator, context = self._require_open()
         backlog = self.settings.backlog
+        if not stop_requested():
+            self.runner.prepare(
+                {
+                    region: tuple(splits[sid] for sid in sorted(splits) if not splits[sid].finished)
+                    for region, splits in sorted(context.reader_splits.items())
+                    if region < self.parallelism and any(not s.finished for s in splits.values())
+                }
+            )
         reports: list[EpochReport] = []
         switches: list[IntervalSwitch] = []
         mode = enumerator.processing_backlog

@@ -30,7 +30,7 @@ from typing import Any
 from splitkeeper.core.failures import RegionFailure
 from splitkeeper.core.restarts import RestartCheck
 from splitkeeper.core.source import PlannedRange
-from splitkeeper.core.types import AuditRecord, CompletedCheckpoint, RegionOutcome
+from splitkeeper.core.types import AuditRecord, CompletedCheckpoint, RegionOutcome, Split
 
 # --------------------------------------------------------------------------- value types
 
@@ -176,6 +176,21 @@ class RegionRunner(abc.ABC):
         never scheduled times out too) is TIMEOUT and its late output is never
         committed. Must not raise for a region's failure.
         """
+
+    def prepare(self, regions: Mapping[int, Sequence[Split]]) -> None:
+        """Get ready to run epochs of ``regions`` (each region id with the unfinished splits it owns).
+
+        Called by the driver on the driver, once, when a continuous run opens, before its first
+        epoch is planned (:meth:`~splitkeeper.core.driver.EpochDriver.run_continuously`): a runner
+        that keeps its readers for the run may start them now and open what their reads of these
+        splits need (a connection and its metadata), so the first epoch that has records to read
+        does not pay for it. Bounded runs do not call it. It decides nothing: the epochs' plans,
+        outcomes and timeouts are :meth:`run`'s as without it, and a region whose ownership changes
+        later is still read where the plan says. May return before the readers are ready; must not
+        raise for a reader that cannot get ready (its first epoch then pays, or fails, as without
+        it). The default does nothing.
+        """
+        del regions
 
 
 class EpochSink(abc.ABC):

@@ -241,6 +241,26 @@ class RegionReader(abc.ABC):
         """
 
 
+class SupportsWarmUp(abc.ABC):
+    """Mix-in for a :class:`RegionReader`: get ready to read splits before their first range is planned.
+
+    A long-lived reader slot (``readers: long_lived``) calls :meth:`warm_up` once, in its own
+    process on an executor, when a continuous run opens
+    (:meth:`~splitkeeper.core.ports.RegionRunner.prepare`), with the splits of the regions it is
+    likely to serve; a reader that keeps clients between reads (:mod:`splitkeeper.clients`) opens
+    one there and hands it back, so the run's first read finds it connected. Nothing is read and
+    nothing is decided: a later read of any range works the same with or without it.
+    """
+
+    @abc.abstractmethod
+    def warm_up(self, splits: Sequence[Split]) -> None:
+        """Open what reading ``splits`` needs (a client, its connection, the splits' metadata).
+
+        Best effort and bounded by the reader's own timeouts: it may raise (the caller logs it and
+        the first read pays the set-up, or reports the error, as without it).
+        """
+
+
 class SourceConnector(SplitSource):
     """The driver-side view of a source: discovery, planning limits, identity.
 

@@ -15,6 +15,14 @@ checkpoint as with a job per epoch. A slot keeps the source clients its regions'
 back (:func:`splitkeeper.clients.kept_clients`: a Kafka consumer stays connected from one epoch
 to the next; a failed read closes its client) and closes them when it stops.
 
+A continuous run starts the pool's job when it opens (:meth:`ReaderPool.prepare`, from
+:meth:`~splitkeeper.core.ports.RegionRunner.prepare`): each slot, once it said hello, is sent
+``("warm", payload)`` and runs the pool's ``warm`` function (the reader's client for its regions'
+splits, kept by the slot; :func:`~splitkeeper.spark.task.warm_task`), answers ``("warmed", ...)``
+or ``("warm_failed", ...)``, and is busy until then; the regions it warmed for go to it first. A
+failed warm-up is logged and changes nothing else (the first read pays the set-up, or fails as it
+would have).
+
 The pool keeps ``min(regions to read, slots)`` slots, ``slots`` being the Spark conf
 :data:`SLOTS_CONF` (default ``sc.defaultParallelism``, every core): a slot holds a task slot (a
 core) for the run, so a session that runs other jobs too (a Structured Streaming query beside the
@@ -57,7 +65,7 @@ import socketserver
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -82,7 +90,7 @@ from splitkeeper.spark.regions import (
 log = logging.getLogger("splitkeeper.spark.readers")
 
 #: The Spark conf that caps the reader slots (task slots held for the run; a session's conf, read
-#: when the run's first epoch starts the pool); default every core.
+#: when the pool starts: a continuous run's open, else its first epoch that reads); default every core.
 SLOTS_CONF = "spark.splitkeeper.readers.slots"
 #: How long a region whose slot's connection dropped waits for the slot's job to say why.
 LOST_GRACE_S = 2.0
@@ -90,6 +98,8 @@ LOST_GRACE_S = 2.0
 CLOSE_WAIT_S = 10.0
 
 Slot = tuple[int, int]  # (the pool's job number, the task's partition)
+#: What a slot that warms up is busy with (no epoch or region has this id).
+WARMING = (-1, -1)
 
 
 # --------------------------------------------------------------------------- the task side
@@ -100,6 +110,7 @@ def _reader_partition(
     authkey: bytes,
     job: int,
     task: Callable[[Any], Any],
+    warm: Callable[[Any], Any] | None,
     items: Iterator[int],
 ) -> Iterator[tuple[int, int]]:
     """The body of a reader slot's task: serve regions until the driver says stop or goes away."""
@@ -124,6 +135,14 @@ def _reader_partition(
                 message = _unframe(authkey, sock)
             except (EOFError, OSError):
                 break  # the driver closed the run
+            if message[0] == "warm" and warm is not None:
+                try:
+                    reply_warm: tuple[Any, ...] = ("warmed", WARMING[0], WARMING[1], warm(message[1]))
+                except Exception as err:
+                    detail = traceback.format_exc()[-_LOG_TRACEBACK_CHARS:]
+                    reply_warm = ("warm_failed", WARMING[0], WARMING[1], _task_error(err), detail)
+                sock.sendall(_frame(authkey, reply_warm))
+                continue
             if message[0] != "run":
                 break
             _kind, epoch, region, payload = message
@@ -165,10 +184,20 @@ class _Job:
 class ReaderPool:
     """The run's reader slots: their socket server, their Spark jobs, and each epoch's dispatch."""
 
-    def __init__(self, spark: Any, pipeline: str, task: Callable[[Any], Any], poll_s: float = 0.02) -> None:
+    def __init__(
+        self,
+        spark: Any,
+        pipeline: str,
+        task: Callable[[Any], Any],
+        poll_s: float = 0.02,
+        warm: Callable[[Any], Any] | None = None,
+    ) -> None:
         self.sc = spark.sparkContext
         self.pipeline = pipeline
         self.task = task
+        self.warm = warm  # a slot's warm-up (a payload of prepare()), run before its first region
+        self._warm_groups: list[tuple[list[int], Any]] = []  # (regions, warm payload) per slot to come
+        self.warmed: dict[Slot, float | str] = {}  # each slot's warm-up: its seconds, or its error
         self.poll_s = poll_s
         self.authkey = os.urandom(32)
         self.cap = max(1, int(spark.conf.get(SLOTS_CONF, None) or self.sc.defaultParallelism))
@@ -201,6 +230,7 @@ class ReaderPool:
                 worker = pool._register((job, index), sock, task_id, pid)
                 if worker is None:
                     return
+                pool._send_warm(worker)
                 try:
                     while True:
                         pool._on_message(worker, _unframe(authkey, sock))
@@ -243,11 +273,42 @@ class ReaderPool:
             self._changed.set()
             return worker
 
+    def _send_warm(self, worker: _Worker) -> None:
+        """Send a slot that just said hello the next warm-up of :meth:`prepare`, if one is left: it is
+        busy (:data:`WARMING`) until it answers, and its regions go to it first."""
+        with self._lock:
+            if self.warm is None or not self._warm_groups or not worker.alive or worker.busy is not None:
+                return
+            regions, payload = self._warm_groups.pop(0)
+            worker.busy = WARMING
+            for region in regions:
+                self._last_slot.setdefault(region, worker.slot)
+        try:
+            worker.sock.sendall(_frame(self.authkey, ("warm", payload)))
+        except OSError as err:
+            log.warning("reader slot %s unreachable for its warm-up: %s", worker.slot, err)
+            with self._lock:
+                worker.busy = None
+                self._changed.set()
+
     def _on_message(self, worker: _Worker, message: tuple[Any, ...]) -> None:
         with self._lock:
             if not worker.alive or worker.busy is None:
                 return  # a killed attempt's late report: never committed
             kind, epoch, region = message[0], message[1], message[2]
+            if worker.busy == WARMING and kind in ("warmed", "warm_failed"):
+                worker.busy = None
+                self.warmed[worker.slot] = message[3]
+                if kind == "warmed":
+                    log.info("reader slot %s warmed up in %ss", worker.slot, message[3])
+                else:
+                    log.warning(
+                        "reader slot %s could not warm up (its first region pays the set-up): %s",
+                        worker.slot,
+                        message[3],
+                    )
+                self._changed.set()
+                return
             if worker.busy != (epoch, region):
                 return
             worker.busy = None
@@ -275,7 +336,7 @@ class ReaderPool:
         number = next(self._numbers)
         job = _Job(number, missing, f"splitkeeper-{self.pipeline}-readers-{number}")
         self._jobs[number] = job
-        body = functools.partial(_reader_partition, self.address, self.authkey, number, self.task)
+        body = functools.partial(_reader_partition, self.address, self.authkey, number, self.task, self.warm)
 
         def submit() -> None:
             self.sc.setJobGroup(job.group, f"splitkeeper {self.pipeline}: {missing} region readers", True)
@@ -300,6 +361,21 @@ class ReaderPool:
         log.info("starting reader job %s: %s slots", number, missing)
         job.thread = threading.Thread(target=submit, name=f"splitkeeper-readers-{number}", daemon=True)
         job.thread.start()
+
+    def prepare(self, regions: Sequence[int], payload_of: Callable[[Sequence[int]], Any]) -> None:
+        """Start the slots for ``regions`` now, before any epoch needs them, and warm each one up as
+        it says hello: the slot runs ``warm(payload_of(its regions))`` (a slot serves ``regions``
+        dealt round-robin over ``min(len(regions), cap)`` slots) and those regions go to it first.
+        Returns at once; an epoch that starts meanwhile waits for a warming slot as for a busy one."""
+        if not regions or self.warm is None:
+            return
+        with self._lock:
+            if self._closed:
+                return
+            slots = min(len(regions), self.cap)
+            ordered = sorted(regions)
+            self._warm_groups = [(ordered[i::slots], payload_of(ordered[i::slots])) for i in range(slots)]
+            self._ensure(slots)
 
     # -- an epoch --
 

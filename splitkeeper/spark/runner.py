@@ -17,19 +17,27 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from splitkeeper.core.ports import EpochPlan, RegionRun, RegionRunner
 from splitkeeper.core.source import SourceConnector
-from splitkeeper.core.types import RegionOutcome
+from splitkeeper.core.types import RegionOutcome, Split
 from splitkeeper.delta import storage
 from splitkeeper.errors import ConfigError
 from splitkeeper.spark.faults import FaultPlan
 from splitkeeper.spark.readers import ReaderPool
 from splitkeeper.spark.regions import RegionStatus, run_regions
-from splitkeeper.spark.task import RecordPolicy, RegionResult, RegionTask, failed_splits, region_task
+from splitkeeper.spark.task import (
+    RecordPolicy,
+    RegionResult,
+    RegionTask,
+    WarmTask,
+    failed_splits,
+    region_task,
+    warm_task,
+)
 from splitkeeper.transforms import Transform
 
 if TYPE_CHECKING:
@@ -172,17 +180,37 @@ class SparkRegionRunner(RegionRunner):
 class LongLivedRegionRunner(SparkRegionRunner):
     """``readers: long_lived``: the regions of every epoch go to the slots of one Spark job kept for
     the run (:class:`~splitkeeper.spark.readers.ReaderPool`), started with the first epoch that has
-    ranges to read; :meth:`close` ends it. Payloads, outcomes and faults are
-    :class:`SparkRegionRunner`'s: only the launch differs."""
+    ranges to read, or, in a continuous run, when it opens (:meth:`prepare`: each slot then opens
+    its source client for its regions' splits while nothing is to read yet); :meth:`close` ends
+    it. Payloads, outcomes and faults are :class:`SparkRegionRunner`'s: only the launch differs."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._pool: ReaderPool | None = None
 
-    def _run_regions(self, epoch: int, payloads: dict[int, RegionTask], timeout_s: float) -> dict[int, Any]:
+    @property
+    def pool(self) -> ReaderPool | None:
+        """The run's reader slots, once started (None before, and after :meth:`close`)."""
+        return self._pool
+
+    def _started_pool(self) -> ReaderPool:
         if self._pool is None:
-            self._pool = ReaderPool(self.spark.get(), self.pipeline, region_task)
-        return self._pool.run_epoch(epoch, payloads, timeout_s, interrupt=self.interrupt)
+            self._pool = ReaderPool(self.spark.get(), self.pipeline, region_task, warm=warm_task)
+        return self._pool
+
+    def prepare(self, regions: Mapping[int, Sequence[Split]]) -> None:
+        """Start the reader job now, a slot per region up to the slot cap, and warm each slot up
+        (:func:`~splitkeeper.spark.task.warm_task`: the reader's client for its regions' splits, the
+        staging writer) while the run waits for its first records; returns at once."""
+        if not regions:
+            return
+        reader = self.connector.reader()
+        self._started_pool().prepare(
+            sorted(regions), lambda group: WarmTask(reader, tuple(s for r in group for s in regions[r]))
+        )
+
+    def _run_regions(self, epoch: int, payloads: dict[int, RegionTask], timeout_s: float) -> dict[int, Any]:
+        return self._started_pool().run_epoch(epoch, payloads, timeout_s, interrupt=self.interrupt)
 
     def close(self) -> None:
         """End the readers' job (each slot is sent stop; the job group is cancelled if it lingers)."""

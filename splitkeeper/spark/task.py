@@ -36,7 +36,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from splitkeeper.core.defaults import MAX_BAD_RATIO
-from splitkeeper.core.source import RecordMeta, RegionReader, SourceRecord
+from splitkeeper.core.source import RecordMeta, RegionReader, SourceRecord, SupportsWarmUp
 from splitkeeper.core.types import Split
 from splitkeeper.delta.schemas import META_COLUMNS, STAGED_FILE_SCHEMA, STAGED_SCHEMA, sink_schema
 from splitkeeper.errors import (
@@ -988,3 +988,33 @@ def region_task(task: RegionTask) -> RegionResult:
         fault,
         task.policy,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class WarmTask:
+    """What a long-lived reader slot gets to warm up before the run's first epoch (pickled like a
+    :class:`RegionTask`): the source's ``reader`` and the ``splits`` of the regions the slot is
+    likely to serve (:meth:`splitkeeper.core.ports.RegionRunner.prepare`)."""
+
+    reader: RegionReader
+    splits: Sequence[Split]
+
+
+def warm_task(task: WarmTask) -> float:
+    """Warm a reader slot's process for its first region (module-level so it pickles by reference):
+    the reader opens its client for ``task.splits`` (:class:`~splitkeeper.core.source.SupportsWarmUp`;
+    kept by the slot, :mod:`splitkeeper.clients`) and a :class:`StagedWriter` stages one row in a
+    temporary folder of its own, deleted after (the Arrow kernels and the parquet writer a first
+    region would start). Returns its seconds; raises what the reader's warm-up raised (the slot
+    reports it and serves regions as without it)."""
+    import tempfile
+
+    started = time.monotonic()
+    if isinstance(task.reader, SupportsWarmUp):
+        task.reader.warm_up(task.splits)
+    with tempfile.TemporaryDirectory(prefix="splitkeeper-warm-") as folder:
+        writer = StagedWriter(os.path.join(folder, PART_FILE), 0, 0)
+        one = pa.table({"value": pa.array([b"warm"], pa.binary())})
+        writer.add_table("warm", pa.array([0], pa.int64()), pa.array([1], pa.int64()), one, None, 1)
+        writer.commit()
+    return round(time.monotonic() - started, 3)

@@ -306,6 +306,50 @@ def test_a_continuous_run_follows_the_backlog_then_the_normal_interval_and_stops
     assert summary.stopped and summary.epochs[-1].kind is CheckpointKind.GLOBAL
 
 
+class _PreparedRunner(SimRegionRunner):
+    """A simulated region runner that logs ``prepare`` (with each region's split ids) and ``run`` calls."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[str, object]] = []
+
+    def prepare(self, regions: Mapping[int, Sequence[Split]]) -> None:
+        self.calls.append(("prepare", {r: [s.split_id for s in splits] for r, splits in regions.items()}))
+
+    def run(self, epoch: int, plan: EpochPlan, timeout_s: float) -> dict[int, RegionRun]:
+        self.calls.append(("run", epoch))
+        return super().run(epoch, plan, timeout_s)
+
+
+def test_a_continuous_run_prepares_its_runner_once_with_each_regions_splits_before_its_first_epoch() -> None:
+    # P=3 over two splits: region 2 owns none and is left out; a bounded run never prepares; a run
+    # stopped before it starts neither
+    source = _source({"a"}, {"a-0": ("a", 4), "a-1": ("a", 4)})
+    driver, _ledger, _state, sink = _driver(source, parallelism=3)
+    runner = _PreparedRunner()
+    driver.runner = sink.runner = runner
+    driver.open()
+    owners = {sid: r for r, splits in driver.context.reader_splits.items() for sid in splits}  # type: ignore[union-attr]
+    asked = iter([False, False, True])
+    summary = driver.run_continuously(lambda: next(asked, True), poll_s=0.001)
+
+    assert summary.stopped
+    assert runner.calls[0] == ("prepare", {owners["a-0"]: ["a-0"], owners["a-1"]: ["a-1"]})
+    assert [c for c, _ in runner.calls].count("prepare") == 1 and runner.calls[1] == ("run", 1)
+
+    bounded = _PreparedRunner()
+    driver, _ledger, _state, sink = _driver(_source({"a"}, {"a-0": ("a", 4)}))
+    driver.runner = sink.runner = bounded
+    driver.open()
+    driver.run(until_caught_up=True)
+    stopped = _PreparedRunner()
+    other, _ledger, _state, sink = _driver(_source({"a"}, {"a-0": ("a", 4)}))
+    other.runner = sink.runner = stopped
+    other.open()
+    other.run_continuously(lambda: True)
+    assert [c for c, _ in bounded.calls + stopped.calls if c == "prepare"] == []
+
+
 def test_a_backlog_reset_reaches_the_owning_reader_and_finishes_when_it_reaches_the_new_boundary() -> None:
     source = _source({"a"}, {"a-0": ("a", 4), "a-1": ("a", 4)})
     driver, _ledger, _state, _sink = _driver(source, epoch_records=8)

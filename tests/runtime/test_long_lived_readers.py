@@ -206,3 +206,174 @@ def test_a_continuous_kafka_run_on_long_lived_readers_commits_every_message_once
         for offset, value in enumerate(values)
     )
     assert got == want
+
+
+def _continuous_kafka(bootstrap: str, topic: str, name: str, tmp_path: Path) -> Any:
+    return config_from_mapping(
+        {
+            "name": name,
+            "parallelism": 2,
+            "readers": "long_lived",
+            "source": {"kind": "kafka", "bootstrap_servers": bootstrap, "topics": [topic]},
+            "backlog": {"backlog_interval_s": 0.2, "normal_interval_s": 0.2},
+            "checkpoint": {"region_timeout_s": 30},
+            "state": {"path": str(tmp_path / "state")},
+            "sink": {"path": str(tmp_path / "sink")},
+        }
+    )
+
+
+def _wait_for(condition: Any, what: str, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"{what}: not within {timeout_s:g}s"
+        time.sleep(0.05)
+
+
+@pytest.mark.kafka
+def test_a_continuous_run_starts_and_warms_its_reader_slots_before_the_first_record_and_stops_clean(
+    spark: Any, kafka_broker: Any, tmp_path: Path
+) -> None:
+    """``run --continuous`` with long-lived readers on an empty topic: the reader job runs and each
+    slot has warmed up (its Kafka consumer connected for its regions' partitions) before anything
+    is produced, while every epoch reads nothing; then the records produced are committed once each
+    with their values, and a stop ends the run on a global checkpoint with the reader job ended on
+    its own (not cancelled)."""
+    from splitkeeper.app.services import leased_pipeline
+
+    from .test_kafka_source import create_topic, produce, unique
+
+    bootstrap = kafka_broker.bootstrap_servers
+    topic = create_topic(bootstrap, 4, name=unique("warm"))
+    name = unique("warm")
+    config = _continuous_kafka(bootstrap, topic, name, tmp_path)
+    epochs: list[str] = []
+    stop = threading.Event()
+    summaries: list[Any] = []
+    with leased_pipeline(config, spark, progress=epochs.append, metrics=False) as pipeline:
+        pipeline.open()
+        running = threading.Thread(
+            target=lambda: summaries.append(pipeline.run_continuously(stop.is_set)), daemon=True
+        )
+        running.start()
+        try:
+            _wait_for(
+                lambda: pipeline.runner.pool is not None and len(pipeline.runner.pool.warmed) == 2,
+                "both reader slots warmed up",
+            )
+            warmed = dict(pipeline.runner.pool.warmed)
+            jobs_before = _reader_jobs(spark, name)
+            read_before = [line for line in epochs if line.startswith("epoch") and " 0 records" not in line]
+            sent = {p: [f"{p}-v{i}" for i in range(50)] for p in range(4)}
+            produce(bootstrap, topic, sent)
+            _wait_for(lambda: len(sink_rows(config.sink.path)) >= 200, "the 200 records committed")
+        finally:
+            stop.set()
+            running.join(timeout=60)
+    assert not running.is_alive()
+    assert all(isinstance(seconds, float) for seconds in warmed.values()), warmed  # no warm-up error
+    assert jobs_before == {1: ["RUNNING"]}, jobs_before  # the reader job ran before any record existed
+    assert read_before == [], read_before
+    summary = summaries[0]
+    assert summary.stopped and summary.epochs[-1].kind.value == "global", epochs[-3:]
+    assert _failed(summary) == {}, epochs
+    assert _reader_jobs(spark, name) == {1: ["SUCCEEDED"]}  # one job for the run, ended by the stop
+    got = Counter((r.split_id, r.offset, r.value) for r in sink_rows(config.sink.path))
+    assert got == Counter(
+        (f"{topic}-{p}", offset, value.encode())
+        for p, values in sent.items()
+        for offset, value in enumerate(values)
+    )
+
+
+@pytest.mark.kafka
+def test_an_idle_continuous_run_whose_warmed_slot_dies_replaces_it_and_stops_clean(
+    spark: Any, kafka_broker: Any, tmp_path: Path
+) -> None:
+    """A warmed-up reader slot's Python worker killed (SIGKILL) while the run is idle: the reader job
+    fails (``local[N]`` gives a task one attempt), the next epoch with records starts a replacement
+    job, every record is committed once, and the stop ends on a global checkpoint."""
+    import signal
+
+    from splitkeeper.app.services import leased_pipeline
+
+    from .test_kafka_source import create_topic, produce, unique
+
+    bootstrap = kafka_broker.bootstrap_servers
+    topic = create_topic(bootstrap, 4, name=unique("warm-kill"))
+    name = unique("warmk")
+    config = _continuous_kafka(bootstrap, topic, name, tmp_path)
+    epochs: list[str] = []
+    stop = threading.Event()
+    summaries: list[Any] = []
+    with leased_pipeline(config, spark, progress=epochs.append, metrics=False) as pipeline:
+        pipeline.open()
+        running = threading.Thread(
+            target=lambda: summaries.append(pipeline.run_continuously(stop.is_set)), daemon=True
+        )
+        running.start()
+        try:
+            _wait_for(
+                lambda: pipeline.runner.pool is not None and len(pipeline.runner.pool.warmed) == 2,
+                "both reader slots warmed up",
+            )
+            pool = pipeline.runner.pool
+            victim = next(iter(pool._workers.values()))
+            os.kill(victim.pid, signal.SIGKILL)
+            _wait_for(
+                lambda: 1 in _reader_jobs(spark, name) and _reader_jobs(spark, name)[1] != ["RUNNING"],
+                "the reader job failed",
+            )
+            sent = {p: [f"{p}-v{i}" for i in range(30)] for p in range(4)}
+            produce(bootstrap, topic, sent)
+            _wait_for(lambda: len(sink_rows(config.sink.path)) >= 120, "the 120 records committed")
+        finally:
+            stop.set()
+            running.join(timeout=60)
+    assert not running.is_alive()
+    summary = summaries[0]
+    assert summary.stopped and summary.epochs[-1].kind.value == "global", epochs[-3:]
+    jobs = _reader_jobs(spark, name)
+    assert jobs[1] == ["FAILED"] and jobs[2] == ["SUCCEEDED"] and len(jobs) == 2, jobs
+    got = Counter((r.split_id, r.offset, r.value) for r in sink_rows(config.sink.path))
+    assert got == Counter(
+        (f"{topic}-{p}", offset, value.encode())
+        for p, values in sent.items()
+        for offset, value in enumerate(values)
+    )
+
+
+@pytest.mark.kafka
+def test_a_kafka_readers_warm_up_keeps_a_connected_consumer_for_the_slots_first_read(
+    kafka_broker: Any, tmp_path: Path
+) -> None:
+    """:func:`~splitkeeper.spark.task.warm_task` in a slot's ``kept_clients`` block: the Kafka reader
+    connects one consumer and hands it back, the slot's next read borrows it and reads its range
+    exactly, and nothing of the staging warm-up is left; a warm-up for a missing topic raises the
+    read's error naming the split and keeps nothing."""
+    from splitkeeper import clients
+    from splitkeeper.core.types import Split
+    from splitkeeper.errors import SourceError
+    from splitkeeper.sources.kafka.source import KafkaRegionReader
+    from splitkeeper.spark.task import WarmTask, warm_task
+
+    from .test_kafka_source import create_topic, produce, unique
+
+    bootstrap = kafka_broker.bootstrap_servers
+    topic = create_topic(bootstrap, 2, name=unique("warm-reader"))
+    produce(bootstrap, topic, {0: ["a", "b"], 1: ["c"]})
+    splits = [Split(f"{topic}-{p}", topic, 0) for p in range(2)]
+    reader = KafkaRegionReader(bootstrap, connect_timeout_s=10)
+    with clients.kept_clients():
+        assert isinstance(warm_task(WarmTask(reader, splits)), float)
+        kept = clients._kept()
+        assert kept is not None and len(kept) == 1
+        [(consumer, _errors)] = [client for client, _close in kept.values()]
+        columns = list(reader.read_ranges_columns([(splits[0], 0, 2), (splits[1], 0, 1)]))
+        assert [c.values.to_pylist() for c in columns] == [[b"a", b"b"], [b"c"]]
+        [(again, _errors)] = [client for client, _close in clients._kept().values()]  # type: ignore[union-attr]
+        assert again is consumer  # the read borrowed the warm consumer and gave it back
+        gone = Split(f"{topic}-missing-0", f"{topic}-missing", 0)
+        with pytest.raises(SourceError, match="does not exist"):
+            warm_task(WarmTask(reader, [gone]))
+        assert clients._kept() == {}  # the failed warm-up closed the consumer it borrowed

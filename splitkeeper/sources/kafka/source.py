@@ -101,6 +101,7 @@ from splitkeeper.core.source import (
     SupportsRetentionCheck,
     SupportsSplitIdentityCheck,
     SupportsSplitReassignmentOnRecovery,
+    SupportsWarmUp,
 )
 from splitkeeper.core.types import Split
 from splitkeeper.delta.schemas import META_COLUMNS, STAGED_FILE_SCHEMA
@@ -312,7 +313,7 @@ def _close_kept(kept: tuple[Any, list[Any]]) -> None:
 
 
 @dataclass(frozen=True, slots=True)
-class KafkaRegionReader(RegionReader, SupportsColumnarRead):
+class KafkaRegionReader(RegionReader, SupportsColumnarRead, SupportsWarmUp):
     """Reads planned offset ranges of Kafka splits on an executor. Picklable, stateless.
 
     Each :meth:`read_range` creates its own consumer (``isolation.level=read_committed``,
@@ -448,16 +449,7 @@ class KafkaRegionReader(RegionReader, SupportsColumnarRead):
         ``read_timeout_s`` raises. The consumer is closed when the iteration ends or the
         generator is closed.
         """
-        key = ("kafka-reader", self.bootstrap_servers, self.connect_timeout_s, self.consumer_config)
-        kept = clients.borrow(key)  # a long-lived reader slot's consumer of an earlier epoch
-        if kept is None:
-            errors: list[KafkaError] = []
-            conf = self._consumer_conf()
-            conf["error_cb"] = errors.append
-            consumer = Consumer(conf)
-        else:
-            consumer, errors = kept
-            errors.clear()
+        key, consumer, errors = self._borrow_consumer()
         done = False
         try:
             self._check_partitions(consumer, ranges)
@@ -535,6 +527,44 @@ class KafkaRegionReader(RegionReader, SupportsColumnarRead):
             if done:  # kept for the slot's next read, or closed (splitkeeper.clients)
                 clients.give_back(key, (consumer, errors), _close_kept)
             else:  # failed, or closed early: never reused
+                consumer.close()
+
+    def _borrow_consumer(self) -> tuple[tuple[Any, ...], Any, list[KafkaError]]:
+        """``(key, consumer, its error list)``: a long-lived reader slot's consumer of an earlier
+        read or warm-up (:mod:`splitkeeper.clients`), else a new one."""
+        key = ("kafka-reader", self.bootstrap_servers, self.connect_timeout_s, self.consumer_config)
+        kept = clients.borrow(key)
+        if kept is None:
+            errors: list[KafkaError] = []
+            conf = self._consumer_conf()
+            conf["error_cb"] = errors.append
+            return key, Consumer(conf), errors
+        consumer, errors = kept
+        errors.clear()
+        return key, consumer, errors
+
+    def warm_up(self, splits: Sequence[Split]) -> None:
+        """Connect a consumer for ``splits`` and hand it back (:class:`SupportsWarmUp`): one metadata
+        request per topic (a missing topic or partition raises as a read would) and each partition's
+        offsets from its leader (the connection a fetch uses), within ``connect_timeout_s`` each.
+        Nothing is assigned or read. Outside a long-lived reader slot the consumer is closed at once."""
+        key, consumer, errors = self._borrow_consumer()
+        done = False
+        try:
+            ranges = [_Range(s.split_id, *parse_split_id(s.split_id), 0, 0) for s in splits]
+            self._check_partitions(consumer, ranges)
+            for r in ranges:
+                try:
+                    consumer.get_watermark_offsets(
+                        TopicPartition(r.topic, r.partition), timeout=self.connect_timeout_s, cached=False
+                    )
+                except KafkaException as err:
+                    raise _unreachable(self.bootstrap_servers, self.connect_timeout_s, err) from err
+            done = True
+        finally:
+            if done:
+                clients.give_back(key, (consumer, errors), _close_kept)
+            else:
                 consumer.close()
 
     def _check_partitions(self, consumer: Any, ranges: Sequence[_Range]) -> None:

@@ -16,8 +16,11 @@ partitions (default 8), both sides reading it side by side in the same process:
   ``split_id``, ``offset``, ``value`` (as a string) -> Delta sink, the default trigger (a
   micro-batch as soon as the previous one ended), its own checkpoint.
 
-Once both are started (our sink table exists, the query made its first progress) and
-``--settle-s`` (3) later, a producer thread sends ``--rate`` (500) messages per second for
+Once both are started (our sink table exists, the query made its first progress), the
+producer is connected (:meth:`~splitkeeper_tools.kafka_testbed.NumberedProducer.connect`: a fresh
+idempotent producer holds its first messages back 0.5-1.0 s while it connects and gets its
+producer id, a cost of the harness that both sides would count) and ``--settle-s`` (3) later, a
+producer thread sends ``--rate`` (500) messages per second for
 ``--seconds`` (30), dealt at random over the partitions by the project's idempotent
 producer (:class:`~splitkeeper_tools.kafka_testbed.NumberedProducer`); each value is the
 JSON object ``{"seq": N, "produced_at": <time.time_ns() when handed to the client>, "pad":
@@ -494,6 +497,15 @@ def bench_latency(
         )
         if ours_errors:
             raise SplitkeeperError(f"bench latency: our continuous run failed: {ours_errors[0]}")
+        payload = max(1, (settings.value_bytes - 50) // 2)
+        producer = NumberedProducer(
+            bootstrap,
+            [(topic, p) for p in range(settings.partitions)],
+            settings.seed,
+            payload_bytes=(payload, payload),
+            value_of=stamped_value(payload),
+        )
+        producer.connect()  # connected (and its producer id got) during the settle, not while timed
         time.sleep(settings.settle_s)
         for watcher in watchers:
             watcher.start()
@@ -502,14 +514,6 @@ def bench_latency(
             f"Kafka at {bootstrap}: {topic} ({settings.partitions} partitions); both sides running "
             f"(ours: continuous, interval {settings.interval_s:g}s, parallelism {settings.parallelism}; "
             f"SS: default trigger); producing {count:,} messages at {settings.rate}/s"
-        )
-        payload = max(1, (settings.value_bytes - 50) // 2)
-        producer = NumberedProducer(
-            bootstrap,
-            [(topic, p) for p in range(settings.partitions)],
-            settings.seed,
-            payload_bytes=(payload, payload),
-            value_of=stamped_value(payload),
         )
         paced = PacedRun(done=threading.Event())
         producing = threading.Thread(
