@@ -315,6 +315,15 @@ class ObjectFiles(Files):
             return str(err)
         return None
 
+    def _listing_error(self, err: OSError) -> SourceError:
+        """The error of a listing of the root that failed, naming ``source.path`` and the fix."""
+        return SourceError(
+            f"source.path {self.root}: cannot list the objects under it ({err}); check the bucket "
+            "exists and AWS_ENDPOINT_URL and the credentials (AWS_ACCESS_KEY_ID, "
+            "AWS_SECRET_ACCESS_KEY) reach it",
+            path=self.root,
+        )
+
     def walk(self, skipped: Callable[[str], bool]) -> Iterator[tuple[str, FileStat]]:
         """``(relative path, stat)`` of every non-empty object under the root whose path components
         are not ``skipped``, by path; SourceError naming ``source.path`` if the listing fails."""
@@ -325,12 +334,7 @@ class ObjectFiles(Files):
                 pafs.FileSelector(self._fs_root, recursive=True, allow_not_found=True)
             )
         except OSError as err:
-            raise SourceError(
-                f"source.path {self.root}: cannot list the objects under it ({err}); check the bucket "
-                "exists and AWS_ENDPOINT_URL and the credentials (AWS_ACCESS_KEY_ID, "
-                "AWS_SECRET_ACCESS_KEY) reach it",
-                path=self.root,
-            ) from err
+            raise self._listing_error(err) from err
         now = time.time_ns()
         prefix = len(self._fs_root) + 1
         for info in sorted(infos, key=lambda i: i.path):
@@ -357,12 +361,7 @@ class ObjectFiles(Files):
             try:
                 infos = self._fs.get_file_info(pafs.FileSelector(base, recursive=False, allow_not_found=True))
             except OSError as err:
-                raise SourceError(
-                    f"source.path {self.root}: cannot list the objects under it ({err}); check the "
-                    "bucket exists and AWS_ENDPOINT_URL and the credentials (AWS_ACCESS_KEY_ID, "
-                    "AWS_SECRET_ACCESS_KEY) reach it",
-                    path=self.root,
-                ) from err
+                raise self._listing_error(err) from err
             folders: list[str] = []
             for info in sorted(infos, key=lambda i: i.path):
                 name = info.path[len(base) + 1 :]

@@ -87,7 +87,7 @@ import logging
 import os
 import re
 import stat
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import IO, Any
@@ -930,22 +930,30 @@ class FileSource(
             return None
         files: dict[str, FileStat] = {}
         missing: set[str] = set()
-        self._root()  # known before the lookups run in parallel
-        if names:
-            for rel, st, identity in self._lookup_pool().map(self._look, sorted(names)):
-                if isinstance(st, OSError):
-                    raise SourceError(
-                        f"source.path {self._path}: object {self._abs(rel)}, named by an event, cannot be "
-                        f"read ({st}); check AWS_ENDPOINT_URL and the credentials reach the store",
-                        path=self._abs(rel),
-                    ) from st
-                if st is None:
-                    missing.add(rel)  # gone; or empty: not a file to a listing either
-                    continue
-                files[rel] = st
-                if identity is not None:
-                    self._fresh[(rel, st)] = identity
+        self._look_up(names, files, missing, ", named by an event,")
         return _Scan(files, {}, complete=False, missing=missing)
+
+    def _look_up(self, rels: Iterable[str], files: dict[str, FileStat], missing: set[str], why: str) -> None:
+        """:meth:`_look` at each of ``rels``, :data:`_LOOKUPS` at a time: an object found goes into
+        ``files`` (a new one's identity into :attr:`_fresh`), one gone or empty into ``missing``; a
+        store that fails is a SourceError naming the object (``why``: how it came to be looked at)."""
+        rels = sorted(rels)
+        if not rels:
+            return
+        self._root()  # known before the lookups run in parallel
+        for rel, st, identity in self._lookup_pool().map(self._look, rels):
+            if isinstance(st, OSError):
+                raise SourceError(
+                    f"source.path {self._path}: object {self._abs(rel)}{why} cannot be read ({st}); "
+                    "check AWS_ENDPOINT_URL and the credentials reach the store",
+                    path=self._abs(rel),
+                ) from st
+            if st is None:
+                missing.add(rel)  # gone; or empty: not a file to a listing either
+                continue
+            files[rel] = st
+            if identity is not None:
+                self._fresh[(rel, st)] = identity
 
     def _look(self, rel: str) -> tuple[str, FileStat | OSError | None, FileIdentity | None]:
         """An object named by an event, now: its stat (None: gone or empty; the OSError when the
@@ -1185,7 +1193,7 @@ class FileSource(
     def _scan_objects_after(self, files: ObjectFiles, live: set[str]) -> _Scan:
         """Incremental discovery on an object store: the objects after the cursor (a walk that skips
         the folders wholly before it, fs contract 5), and the live files before it by their key
-        (one HEAD each: found, or known gone)."""
+        (:meth:`_look_up`: one HEAD each, found or known gone)."""
         assert self._cursor is not None
         found: dict[str, FileStat] = {}
         empty: set[str] = set()
@@ -1199,22 +1207,7 @@ class FileSource(
                 continue
             found[rel] = st
         missing: set[str] = set()
-        for rel in sorted(live - found.keys()):
-            try:
-                st = files.stat(self._abs(rel))
-            except FileNotFoundError:
-                missing.add(rel)
-                continue
-            except OSError as err:
-                raise SourceError(
-                    f"source.path {self._path}: object {self._abs(rel)} cannot be read ({err}); check "
-                    "AWS_ENDPOINT_URL and the credentials reach the store",
-                    path=self._abs(rel),
-                ) from err
-            if st.size:
-                found[rel] = st
-            else:
-                missing.add(rel)
+        self._look_up(live - found.keys(), found, missing, ", a live file before the cursor,")
         return _Scan(
             found, {}, frozenset(unchecked), complete=False, missing=missing, pending=frozenset(empty)
         )
