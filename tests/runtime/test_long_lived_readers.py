@@ -4,10 +4,13 @@ falls back alone while the sink ends equal to the source, by content."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
+import types
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -230,6 +233,49 @@ def _wait_for(condition: Any, what: str, timeout_s: float = 60.0) -> None:
         time.sleep(0.05)
 
 
+@contextlib.contextmanager
+def _warmed_continuous_run(spark: Any, bootstrap: str, tmp_path: Path, label: str) -> Iterator[Any]:
+    """A ``run --continuous`` with long-lived readers on a new empty 4-partition topic, in a thread,
+    once both its reader slots warmed up: ``run.topic``, ``run.name``, ``run.config``,
+    ``run.pipeline``, ``run.epochs`` (progress lines), ``run.summaries``. Stopped and joined on exit."""
+    from splitkeeper.app.services import leased_pipeline
+
+    from .test_kafka_source import create_topic, unique
+
+    run = types.SimpleNamespace(topic=create_topic(bootstrap, 4, name=unique(label)), name=unique(label[:5]))
+    run.config = _continuous_kafka(bootstrap, run.topic, run.name, tmp_path)
+    run.epochs, run.summaries = [], []
+    stop = threading.Event()
+    with leased_pipeline(run.config, spark, progress=run.epochs.append, metrics=False) as pipeline:
+        run.pipeline = pipeline
+        pipeline.open()
+        running = threading.Thread(
+            target=lambda: run.summaries.append(pipeline.run_continuously(stop.is_set)), daemon=True
+        )
+        running.start()
+        try:
+            _wait_for(
+                lambda: pipeline.runner.pool is not None and len(pipeline.runner.pool.warmed) == 2,
+                "both reader slots warmed up",
+            )
+            yield run
+        finally:
+            stop.set()
+            running.join(timeout=60)
+    assert not running.is_alive()
+
+
+def _assert_sink_holds(config: Any, topic: str, sent: dict[int, list[str]]) -> None:
+    """The sink holds every value of ``sent`` (partition -> values in produce order) once, at its
+    offset, and nothing else."""
+    got = Counter((r.split_id, r.offset, r.value) for r in sink_rows(config.sink.path))
+    assert got == Counter(
+        (f"{topic}-{p}", offset, value.encode())
+        for p, values in sent.items()
+        for offset, value in enumerate(values)
+    )
+
+
 @pytest.mark.kafka
 def test_a_continuous_run_starts_and_warms_its_reader_slots_before_the_first_record_and_stops_clean(
     spark: Any, kafka_broker: Any, tmp_path: Path
@@ -239,51 +285,24 @@ def test_a_continuous_run_starts_and_warms_its_reader_slots_before_the_first_rec
     is produced, while every epoch reads nothing; then the records produced are committed once each
     with their values, and a stop ends the run on a global checkpoint with the reader job ended on
     its own (not cancelled)."""
-    from splitkeeper.app.services import leased_pipeline
-
-    from .test_kafka_source import create_topic, produce, unique
+    from .test_kafka_source import produce
 
     bootstrap = kafka_broker.bootstrap_servers
-    topic = create_topic(bootstrap, 4, name=unique("warm"))
-    name = unique("warm")
-    config = _continuous_kafka(bootstrap, topic, name, tmp_path)
-    epochs: list[str] = []
-    stop = threading.Event()
-    summaries: list[Any] = []
-    with leased_pipeline(config, spark, progress=epochs.append, metrics=False) as pipeline:
-        pipeline.open()
-        running = threading.Thread(
-            target=lambda: summaries.append(pipeline.run_continuously(stop.is_set)), daemon=True
-        )
-        running.start()
-        try:
-            _wait_for(
-                lambda: pipeline.runner.pool is not None and len(pipeline.runner.pool.warmed) == 2,
-                "both reader slots warmed up",
-            )
-            warmed = dict(pipeline.runner.pool.warmed)
-            jobs_before = _reader_jobs(spark, name)
-            read_before = [line for line in epochs if line.startswith("epoch") and " 0 records" not in line]
-            sent = {p: [f"{p}-v{i}" for i in range(50)] for p in range(4)}
-            produce(bootstrap, topic, sent)
-            _wait_for(lambda: len(sink_rows(config.sink.path)) >= 200, "the 200 records committed")
-        finally:
-            stop.set()
-            running.join(timeout=60)
-    assert not running.is_alive()
+    with _warmed_continuous_run(spark, bootstrap, tmp_path, "warm") as run:
+        warmed = dict(run.pipeline.runner.pool.warmed)
+        jobs_before = _reader_jobs(spark, run.name)
+        read_before = [line for line in run.epochs if line.startswith("epoch") and " 0 records" not in line]
+        sent = {p: [f"{p}-v{i}" for i in range(50)] for p in range(4)}
+        produce(bootstrap, run.topic, sent)
+        _wait_for(lambda: len(sink_rows(run.config.sink.path)) >= 200, "the 200 records committed")
     assert all(isinstance(seconds, float) for seconds in warmed.values()), warmed  # no warm-up error
     assert jobs_before == {1: ["RUNNING"]}, jobs_before  # the reader job ran before any record existed
     assert read_before == [], read_before
-    summary = summaries[0]
-    assert summary.stopped and summary.epochs[-1].kind.value == "global", epochs[-3:]
-    assert _failed(summary) == {}, epochs
-    assert _reader_jobs(spark, name) == {1: ["SUCCEEDED"]}  # one job for the run, ended by the stop
-    got = Counter((r.split_id, r.offset, r.value) for r in sink_rows(config.sink.path))
-    assert got == Counter(
-        (f"{topic}-{p}", offset, value.encode())
-        for p, values in sent.items()
-        for offset, value in enumerate(values)
-    )
+    summary = run.summaries[0]
+    assert summary.stopped and summary.epochs[-1].kind.value == "global", run.epochs[-3:]
+    assert _failed(summary) == {}, run.epochs
+    assert _reader_jobs(spark, run.name) == {1: ["SUCCEEDED"]}  # one job for the run, ended by the stop
+    _assert_sink_holds(run.config, run.topic, sent)
 
 
 @pytest.mark.kafka
@@ -295,52 +314,24 @@ def test_an_idle_continuous_run_whose_warmed_slot_dies_replaces_it_and_stops_cle
     job, every record is committed once, and the stop ends on a global checkpoint."""
     import signal
 
-    from splitkeeper.app.services import leased_pipeline
-
-    from .test_kafka_source import create_topic, produce, unique
+    from .test_kafka_source import produce
 
     bootstrap = kafka_broker.bootstrap_servers
-    topic = create_topic(bootstrap, 4, name=unique("warm-kill"))
-    name = unique("warmk")
-    config = _continuous_kafka(bootstrap, topic, name, tmp_path)
-    epochs: list[str] = []
-    stop = threading.Event()
-    summaries: list[Any] = []
-    with leased_pipeline(config, spark, progress=epochs.append, metrics=False) as pipeline:
-        pipeline.open()
-        running = threading.Thread(
-            target=lambda: summaries.append(pipeline.run_continuously(stop.is_set)), daemon=True
+    with _warmed_continuous_run(spark, bootstrap, tmp_path, "warm-kill") as run:
+        victim = next(iter(run.pipeline.runner.pool._workers.values()))
+        os.kill(victim.pid, signal.SIGKILL)
+        _wait_for(
+            lambda: 1 in _reader_jobs(spark, run.name) and _reader_jobs(spark, run.name)[1] != ["RUNNING"],
+            "the reader job failed",
         )
-        running.start()
-        try:
-            _wait_for(
-                lambda: pipeline.runner.pool is not None and len(pipeline.runner.pool.warmed) == 2,
-                "both reader slots warmed up",
-            )
-            pool = pipeline.runner.pool
-            victim = next(iter(pool._workers.values()))
-            os.kill(victim.pid, signal.SIGKILL)
-            _wait_for(
-                lambda: 1 in _reader_jobs(spark, name) and _reader_jobs(spark, name)[1] != ["RUNNING"],
-                "the reader job failed",
-            )
-            sent = {p: [f"{p}-v{i}" for i in range(30)] for p in range(4)}
-            produce(bootstrap, topic, sent)
-            _wait_for(lambda: len(sink_rows(config.sink.path)) >= 120, "the 120 records committed")
-        finally:
-            stop.set()
-            running.join(timeout=60)
-    assert not running.is_alive()
-    summary = summaries[0]
-    assert summary.stopped and summary.epochs[-1].kind.value == "global", epochs[-3:]
-    jobs = _reader_jobs(spark, name)
+        sent = {p: [f"{p}-v{i}" for i in range(30)] for p in range(4)}
+        produce(bootstrap, run.topic, sent)
+        _wait_for(lambda: len(sink_rows(run.config.sink.path)) >= 120, "the 120 records committed")
+    summary = run.summaries[0]
+    assert summary.stopped and summary.epochs[-1].kind.value == "global", run.epochs[-3:]
+    jobs = _reader_jobs(spark, run.name)
     assert jobs[1] == ["FAILED"] and jobs[2] == ["SUCCEEDED"] and len(jobs) == 2, jobs
-    got = Counter((r.split_id, r.offset, r.value) for r in sink_rows(config.sink.path))
-    assert got == Counter(
-        (f"{topic}-{p}", offset, value.encode())
-        for p, values in sent.items()
-        for offset, value in enumerate(values)
-    )
+    _assert_sink_holds(run.config, run.topic, sent)
 
 
 @pytest.mark.kafka
