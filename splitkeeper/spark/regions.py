@@ -27,6 +27,11 @@ Isolation within the one job:
   own ``attempt=<id>`` folder and the driver commits only the path a finished attempt reported
   (tests/runtime/test_task_retry.py, with the ``flaky`` fault). On the last attempt the task
   reports FAILED with the error's one line and returns normally: the job goes on for the others.
+  An attempt that raises and is retried tells the driver so (``retrying``, with its error): the
+  region is not silent, so its timeout counts again from its next attempt's start (a region whose
+  attempts each raise within the timeout is FAILED with its error however long Spark's retries take
+  on a busy cluster: at most ``spark.task.maxFailures`` times the timeout), and a region that then
+  times out says what its earlier attempts raised.
 * A region still running ``timeout_s`` after its task *started*, or not started while no task
   started or ended for ``timeout_s`` (no free core, a lost executor: the epoch deadline), is
   TIMED_OUT at once (protocol rule 2.3). The driver stops waiting for it and ignores what it
@@ -312,10 +317,11 @@ def _region_partition(
         try:
             result = task(payload)
         except Exception as err:
-            if attempt + 1 < max_failures:
-                raise  # Spark retries the task: a later attempt may succeed
             error = _task_error(err)
             detail = traceback.format_exc()[-_LOG_TRACEBACK_CHARS:]
+            if attempt + 1 < max_failures:  # Spark retries the task: a later attempt may succeed
+                _send(address, authkey, ("retrying", region, attempt, error, detail), reply=False)
+                raise
             _send(address, authkey, ("failed", region, attempt, error, detail), reply=False)
             yield region, "failed", error
             continue
@@ -330,7 +336,8 @@ class _RegionServer:
     """The epoch's socket server: tasks' start and end messages, one at a time on one thread.
 
     ``on_start(region, attempt, task_id) -> bool`` says whether the attempt may run;
-    ``on_end(region, status, value, detail)`` takes a region's end. Both run on the server's thread.
+    ``on_end(region, status, value, detail)`` takes a region's end; ``on_retry(region, attempt,
+    error, detail)`` an attempt that raised and that Spark retries. All run on the server's thread.
     A message is unpickled only when its HMAC with the epoch's random key checks out.
     """
 
@@ -340,6 +347,7 @@ class _RegionServer:
         host: str,
         on_start: Callable[[int, int, int], bool],
         on_end: Callable[[int, str, Any, str], None],
+        on_retry: Callable[[int, int, str, str], None] | None = None,
     ) -> None:
         self.authkey = os.urandom(32)
         authkey = self.authkey
@@ -357,6 +365,8 @@ class _RegionServer:
                         on_end(message[1], "finished", message[3], "")
                     elif message[0] == "failed":
                         on_end(message[1], "failed", message[3], message[4])
+                    elif message[0] == "retrying" and on_retry is not None:
+                        on_retry(message[1], message[2], message[3], message[4])
                 except Exception:  # a stranger, a reset connection: the task retries or times out
                     log.debug("region server: a message failed: %s", traceback.format_exc())
 
@@ -423,7 +433,9 @@ def run_regions(
     per_core = tasks_per_core(spark)
     regions = sorted(payloads)
     runs: dict[int, RegionRun] = {}
-    started: dict[int, float] = {}
+    started: dict[int, float] = {}  # region -> when its first attempt started (the report's figure)
+    clock: dict[int, float] = {}  # region -> when its running attempt started (its timeout counts from it)
+    retried: dict[int, tuple[int, str]] = {}  # region -> (attempts that raised and were retried, last error)
     task_ids: dict[int, int] = {}
     lock = threading.Lock()
     changed = threading.Event()
@@ -446,8 +458,31 @@ def run_regions(
             now = time.monotonic()
             progress[0] = now
             started.setdefault(region, now)
+            clock.setdefault(region, now)
             task_ids[region] = task_id
             return True
+
+    def on_retry(region: int, attempt: int, error: str, detail: str) -> None:
+        with lock:
+            now = time.monotonic()
+            progress[0] = now
+            if region not in payloads or region in runs:
+                return
+            clock.pop(region, None)  # silent again only once its next attempt has started
+            task_ids.pop(region, None)  # that attempt has ended: nothing to kill
+            count = retried.get(region, (0, ""))[0] + 1
+            retried[region] = (count, error)
+        log.warning(
+            "region %s of epoch %s: attempt %s raised, Spark retries it: %s",
+            region,
+            epoch,
+            attempt,
+            error,
+            extra={**extra, "region": region},
+        )
+        log.debug(
+            "region %s attempt %s failed:\n%s", region, attempt, detail, extra={**extra, "region": region}
+        )
 
     def on_end(region: int, status: str, value: Any, detail: str) -> None:
         with lock:
@@ -469,7 +504,7 @@ def run_regions(
                 record(region, RegionRun(region, RegionStatus.FAILED, error=str(value)))
 
     bind, host = _server_addresses(sc)
-    server = _RegionServer(bind, host, on_start, on_end)
+    server = _RegionServer(bind, host, on_start, on_end, on_retry)
     group = _job_group(pipeline, epoch)
     job_error: list[BaseException] = []
     backstop: list[tuple[int, str, Any]] = []
@@ -534,13 +569,17 @@ def run_regions(
                 for region in regions:
                     if region in runs:
                         continue
-                    if region in started:
-                        if now - started[region] > timeout_s:
-                            expired.append((region, f"no result within {timeout_s:g}s"))
+                    why = ""
+                    if region in clock:
+                        if now - clock[region] > timeout_s:
+                            why = f"no result within {timeout_s:g}s"
                     elif now - max(progress[0], killed_at.get(part_of.get(region, -1), 0.0)) > timeout_s:
-                        expired.append(
-                            (region, f"its task did not start within {timeout_s:g}s (epoch deadline)")
-                        )
+                        why = f"its task did not start within {timeout_s:g}s (epoch deadline)"
+                    if why and region in retried:
+                        count, error = retried[region]
+                        why += f" after {count} attempt{'s' if count > 1 else ''} that raised (last: {error})"
+                    if why:
+                        expired.append((region, why))
                 for region, why in expired:
                     record(region, RegionRun(region, RegionStatus.TIMED_OUT, error=why))
                 kill = [(r, task_ids[r]) for r, _why in expired if r in task_ids]

@@ -82,3 +82,67 @@ def test_without_task_retry_a_flaky_region_declines_and_is_read_again(spark: Any
     assert "first task attempt only" in second.region_errors[1]
     assert rest.finished
     assert_sink_equals_source(spark, config.sink.path, input_dir)
+
+
+_RETRIED_REGIONS = r"""
+import json, sys, time
+from pyspark import TaskContext
+from pyspark.sql import SparkSession
+from splitkeeper.spark.regions import run_regions
+
+def task(region):
+    attempt = TaskContext.get().attemptNumber()
+    if region == 0:  # every attempt raises after SLOW seconds: each inside the timeout, not all three
+        time.sleep(SLOW)
+        raise RuntimeError(f"region 0 is broken (attempt {attempt})")
+    if region == 1:  # the first attempt raises at once, the retry stalls
+        if attempt == 0:
+            raise RuntimeError("region 1 raised first")
+        time.sleep(600)
+    return region * 10
+
+SLOW, TIMEOUT = float(sys.argv[1]), float(sys.argv[2])
+spark = SparkSession.builder.master("local[2,3]").appName("retried-regions").getOrCreate()
+spark.sparkContext.setLogLevel("OFF")
+runs = run_regions(spark, "retried", 1, {0: 0, 1: 1, 2: 2}, task, timeout_s=TIMEOUT)
+print(json.dumps({r: [run.status.value, run.error, run.result] for r, run in runs.items()}))
+"""
+
+
+def test_an_attempt_that_raises_and_is_retried_is_not_silence_and_a_later_timeout_names_its_error(
+    tmp_path: Path,
+) -> None:
+    """On a cluster Spark gives a raising region task ``spark.task.maxFailures`` attempts. Region 0
+    raises in each of its 3 attempts (``local[2,3]``) after 3 s: each attempt is inside the 8 s
+    timeout, their sum is not. Each retried attempt tells the driver it raised, so the region is FAILED
+    with its error (it was timed out from its first start before, under load on the chaos cluster
+    run). Region 1's first attempt raises and its retry stalls: it times out, and the timeout says
+    what the earlier attempt raised. Region 2 finishes."""
+    import subprocess
+    import sys
+
+    from .helpers import REPO, subprocess_env
+
+    script = tmp_path / "retried.py"
+    script.write_text(_RETRIED_REGIONS)
+    done = subprocess.run(
+        [sys.executable, str(script), "3", "8"],
+        env=subprocess_env(),
+        cwd=str(REPO),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    runs = json.loads(done.stdout.strip().splitlines()[-1])
+    status, error, _ = runs["0"]
+    assert status == "failed", runs
+    assert "RuntimeError: region 0 is broken (attempt 2)" in error, runs  # the last attempt's own report
+    status, error, _ = runs["1"]
+    assert status == "timed_out", runs
+    assert (
+        error == "no result within 8s after 1 attempt that raised (last: RuntimeError: region 1 raised first)"
+    )
+    assert runs["2"] == ["finished", "", 20]
+    assert "attempt 0 raised, Spark retries it: RuntimeError: region 0 is broken (attempt 0)" in done.stderr
