@@ -83,7 +83,7 @@ from splitkeeper.core.types import (
 )
 from splitkeeper.delta import serde, storage
 from splitkeeper.delta.fence import COMMIT_SENDS, fenced_commit, recorded_commit
-from splitkeeper.delta.history import StateHistory, snapshot_rows
+from splitkeeper.delta.history import StateHistory, merge_delta, snapshot_rows
 from splitkeeper.delta.schemas import STATE_TABLES, spec
 from splitkeeper.delta.tables import StateTables, guarded, sql_string
 from splitkeeper.errors import (
@@ -262,6 +262,10 @@ class DeltaStateStore(StateStore, CheckpointStore):
         self.compact_every = compact_every
         self.full_snapshot_every = full_snapshot_every
         self._base: _Base | None = None
+        # the enumerator rows write_decision computed: (epoch, attempt, base, delta, rows)
+        self._decided: (
+            tuple[int, str, _Base | None, list[dict[str, Any]] | None, list[dict[str, Any]]] | None
+        ) = None
         self.history = StateHistory(self.tables, pipeline_name)
         self.last_commit: StateCommit | None = None
         self._lock = threading.RLock()
@@ -600,7 +604,35 @@ class DeltaStateStore(StateStore, CheckpointStore):
             partitions=[("epoch_id", "=", int(epoch))],
             filter=pc.field("attempt_id") == attempt_id,
         ).to_pylist()
-        return serde.decision_from_row(rows[0]) if rows else None
+        return self.decision_from_row(rows[0]) if rows else None
+
+    def decision_from_row(self, row: Mapping[str, Any]) -> EpochDecision:
+        """The decision of a ``decisions`` row; entries that are a delta are applied to the rows of
+        their base checkpoint (rule 6, read as a restore reads them)."""
+        base_id = row.get("enumerator_base")
+        if base_id is None:
+            return serde.decision_from_row(row)
+        part = [("checkpoint_id", "=", int(base_id))]
+        heads = {
+            int(r["checkpoint_id"]): r for r in self.tables.read("checkpoints", partitions=part).to_pylist()
+        }
+        if int(base_id) not in heads:
+            raise StateError(
+                f"decision of epoch {row['epoch_id']} (attempt {row['attempt_id']}) of pipeline "
+                f"{self.pipeline_name!r}: its enumerator entries are a delta against checkpoint {base_id}, "
+                f"which is not in {self.tables.uri('checkpoints')}; restore the state directory from a "
+                "backup",
+                checkpoint_id=int(base_id),
+                table="decisions",
+            )
+        base = snapshot_rows(self.tables, self.pipeline_name, heads, [int(base_id)])[int(base_id)]
+        entries = spec("enumerator_state").rows(
+            [
+                {**e, "checkpoint_id": int(row["epoch_id"]), "attempt_id": ""}
+                for e in row["enumerator_entries"]
+            ]
+        )
+        return serde.decision_from_row(row, _rows_and_finished(merge_delta(base, entries)))
 
     def __contains__(self, checkpoint_id: object) -> bool:
         return isinstance(checkpoint_id, int) and checkpoint_id in self.ids()
@@ -680,10 +712,45 @@ class DeltaStateStore(StateStore, CheckpointStore):
         return str(rows[0]["run_id"]) if rows else "unknown"
 
     def write_decision(self, decision: EpochDecision) -> None:
-        """Persist the epoch's decision before its sink commit (contract step 2)."""
+        """Persist the epoch's decision before its sink commit (contract step 2). Its enumerator
+        entries are the rows its checkpoint commit will write (rule 6: a delta against the kept full
+        snapshot, or a full snapshot), computed once here and reused by :meth:`commit_checkpoint`."""
         self._writable(f"write the decision of epoch {decision.epoch}")
-        row = {**serde.decision_to_row(decision), "run_id": self.run_id, "decided_at": datetime.now(UTC)}
+        base, delta, entries = self._entries(decision.checkpoint)
+        base_id = None if base is None or delta is None else base.checkpoint_id
+        row = {
+            **serde.decision_to_row(decision, entries, base_id),
+            "run_id": self.run_id,
+            "decided_at": datetime.now(UTC),
+        }
         self.tables.append("decisions", spec("decisions").rows([row]))
+        with self._lock:
+            self._decided = (decision.epoch, decision.attempt_id, base, delta, entries)
+
+    def _entries(
+        self, completed: CompletedCheckpoint, decision: EpochDecision | None = None
+    ) -> tuple[_Base | None, list[dict[str, Any]] | None, list[dict[str, Any]]]:
+        """(the base, the delta or None, the rows) of ``completed``'s ``enumerator_state`` rows
+        (rule 6); those :meth:`write_decision` computed for ``decision`` when the base is the same."""
+        snapshot = completed.enumerator
+        base = None if snapshot is None else self._delta_base(completed)
+        with self._lock:
+            decided = self._decided
+        if (
+            decision is not None
+            and decided is not None
+            and decided[:2] == (decision.epoch, decision.attempt_id)
+            and decided[2] is base
+        ):
+            return decided[2], decided[3], decided[4]
+        delta = (
+            None
+            if base is None or snapshot is None
+            else serde.enumerator_delta(base.snapshot, snapshot, base_rows=base.rows)
+        )
+        if delta is not None:
+            return base, delta, delta
+        return base, None, [] if snapshot is None else serde.enumerator_to_rows(snapshot)
 
     def discard_decision(self, epoch: int, attempt_id: str) -> None:
         """Delete the decision row ``(epoch, attempt_id)`` whose sink commit did not land."""
@@ -732,16 +799,7 @@ class DeltaStateStore(StateStore, CheckpointStore):
         rows_attempt = uuid.uuid4().hex
         key = {"checkpoint_id": checkpoint_id, "attempt_id": rows_attempt}
         snapshot = completed.enumerator
-        base = None if snapshot is None else self._delta_base(completed)
-        delta = (
-            None
-            if base is None or snapshot is None
-            else serde.enumerator_delta(base.snapshot, snapshot, base_rows=base.rows)
-        )
-        if delta is not None:
-            written = delta
-        else:
-            written = [] if snapshot is None else serde.enumerator_to_rows(snapshot)
+        base, delta, written = self._entries(completed, decision)
         row["enumerator_base"] = None if delta is None or base is None else base.checkpoint_id
         audit_rows = [serde.audit_to_row(record, seq) for seq, record in enumerate(decision.audit)]
         batches = [

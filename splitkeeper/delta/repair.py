@@ -175,7 +175,7 @@ def _decision_for_row(store: Any, checkpoint_id: int, row: Mapping[str, Any]) ->
     ).to_pylist()
     for candidate in candidates:
         if all(candidate.get(c) == row.get(c) for c in _SHARED):
-            return serde.decision_from_row(candidate)
+            return store.decision_from_row(candidate)
     raise StateError(
         f"checkpoint {checkpoint_id} of pipeline {store.pipeline_name!r}: its rows are lost or damaged and "
         f"no decision record of epoch {checkpoint_id} in {store.tables.uri('decisions')} matches its row "

@@ -202,6 +202,24 @@ SCHEMAS: dict[str, pa.Schema] = {
             required("decided_at", TIMESTAMP),
             optional("split_weights", _SPLIT_WEIGHTS),
             optional("discovery", _DISCOVERY),
+            optional("enumerator_base", BIGINT),
+            optional(
+                "enumerator_entries",
+                array(
+                    _struct_of(
+                        status=STRING,
+                        owner=INT,
+                        seq=INT,
+                        split_id=STRING,
+                        subscription=STRING,
+                        position=BIGINT,
+                        end=BIGINT,
+                        backlog_end=BIGINT,
+                        backlog_finished=BOOLEAN,
+                        identity=STRING,
+                    )
+                ),
+            ),
         ]
     ),
     "checkpoints": pa.schema(
@@ -429,7 +447,7 @@ TABLES: dict[str, TableSpec] = {
             "decisions",
             partition="epoch_id",
             stats_columns=("attempt_id",),
-            added_columns=frozenset({"split_weights", "discovery"}),
+            added_columns=frozenset({"split_weights", "discovery", "enumerator_base", "enumerator_entries"}),
         ),
         TableSpec(
             "checkpoints",

@@ -498,12 +498,15 @@ def enumerator_delta(
         return None
     out = [row for split_id, row in now.items() if before.get(split_id) != row]
     identities, old_identities = snapshot.finished_identities, base.finished_identities
-    renewed = {s for s in snapshot.finished & base.finished if identities.get(s) != old_identities.get(s)}
+    # set operations on the identities' items (in C), not a Python loop over every finished split
+    touched = {s for s, _identity in identities.items() - old_identities.items()}
+    touched |= old_identities.keys() - identities.keys()
+    renewed = touched & snapshot.finished & base.finished
     out += [
         _entry_row("finished", s, identity=identities.get(s))
         for s in sorted((snapshot.finished - base.finished) | renewed)
     ]
-    gone = (base.finished | before.keys()) - snapshot.finished - now.keys()
+    gone = ((base.finished - snapshot.finished) | (before.keys() - snapshot.finished)) - now.keys()
     out += [_entry_row("removed", s) for s in sorted(gone)]
     old, new = base.backlog, snapshot.backlog
     old_ids = old.boundaries.keys() | old.finished
@@ -777,17 +780,29 @@ def split_weights_from_rows(rows: Iterable[Mapping[str, Any]] | None) -> dict[st
     return {str(r["split_id"]): float(r["weight"]) for r in rows or ()}
 
 
-def decision_to_row(decision: EpochDecision) -> Row:
-    """The ``decisions`` columns of a decision (without run_id / decided_at)."""
+def decision_to_row(
+    decision: EpochDecision, entries: Sequence[Row] | None = None, base: int | None = None
+) -> Row:
+    """The ``decisions`` columns of a decision (without run_id / decided_at).
+
+    ``entries``: the ``enumerator_state`` rows of its checkpoint as its commit writes them, a
+    delta against kept checkpoint ``base`` (state rule 6) or, with ``base`` None, a full snapshot
+    (default: the full snapshot of the decision's enumerator). A decision with a base is decoded
+    with that base's rows (:func:`decision_from_row`'s ``enumerator``)."""
     _guard_fields(decision, DECISION_FIELDS)
     completed = decision.checkpoint
     row = checkpoint_to_row(completed)
     epoch_id = row.pop("checkpoint_id")
+    if entries is None:
+        base = None
+        entries = [] if completed.enumerator is None else enumerator_to_rows(completed.enumerator)
     return {
         "epoch_id": epoch_id,
         "attempt_id": decision.attempt_id,
         **row,
-        "enumerator_rows": [] if completed.enumerator is None else enumerator_to_rows(completed.enumerator),
+        "enumerator_rows": [],
+        "enumerator_base": base,
+        "enumerator_entries": list(entries),
         "audit": [audit_to_row(record, seq) for seq, record in enumerate(decision.audit)],
         "acknowledged": [int(r) for r in decision.acknowledged],
         "configured_parallelism": decision.configured_parallelism,
@@ -796,11 +811,30 @@ def decision_to_row(decision: EpochDecision) -> Row:
     }
 
 
-def decision_from_row(row: Mapping[str, Any]) -> EpochDecision:
-    """Rebuild a decision from its ``decisions`` row."""
+def decision_from_row(
+    row: Mapping[str, Any],
+    enumerator: tuple[Iterable[Mapping[str, Any]], tuple[Sequence[str], Sequence[str | None]]] | None = None,
+) -> EpochDecision:
+    """Rebuild a decision from its ``decisions`` row. ``enumerator``: its checkpoint's full
+    ``enumerator_state`` rows, as (the rows not finished, (the finished ids, their identities)),
+    when its ``enumerator_entries`` are a delta (``enumerator_base`` set: the caller applies them to
+    the base's rows); otherwise the row's own entries (or, in a row written before them, its
+    ``enumerator_rows``) are the full snapshot."""
     header = {**row, "checkpoint_id": row["epoch_id"]}
+    if enumerator is None and row.get("enumerator_base") is not None:
+        raise StateError(
+            f"decision of epoch {row['epoch_id']} (attempt {row['attempt_id']}): its enumerator entries "
+            "are a "
+            f"delta against checkpoint {row['enumerator_base']}, whose rows were not given",
+            table="decisions",
+        )
+    if enumerator is not None:
+        rows, finished = enumerator
+    else:
+        entries = row.get("enumerator_entries")
+        rows, finished = (row.get("enumerator_rows") or () if entries is None else entries), ((), ())
     completed = checkpoint_from_rows(
-        header, row.get("enumerator_rows") or (), table="decisions", enumerator_table="decisions"
+        header, rows, table="decisions", enumerator_table="decisions", finished=finished
     )
     return EpochDecision(
         checkpoint=completed,

@@ -119,6 +119,29 @@ def test_a_delta_holds_only_what_changed_and_tombstones_what_is_gone():
     assert _rebuilt(base, delta, target) == target
 
 
+def test_a_finished_identity_renewed_dropped_or_new_is_in_the_delta_and_the_rest_is_not():
+    """Finished splits' identities are compared as sets of items: a renewed identity (the file
+    changed after it finished, rule 1.9), one dropped and a new finished split are the delta's
+    finished rows; the 1,000 unchanged ones are not."""
+    identities = {f"f{i:04d}": f"f1:{i}:0:0:d{i}" for i in range(1000)}
+    base = EnumeratorSnapshot(
+        1, 2, finished=frozenset(identities), finished_identities=identities, assignments={0: (), 1: ()}
+    )
+    renewed = {**identities, "f0007": "f1:7:9:9:changed", "f1000": "f1:1000:0:0:new"}
+    del renewed["f0009"]
+    target = dataclasses.replace(
+        base, checkpoint_id=2, finished=base.finished | {"f1000"}, finished_identities=renewed
+    )
+    delta = serde.enumerator_delta(base, target)
+    assert delta is not None
+    assert sorted((r["status"], r["split_id"], r["identity"]) for r in delta) == [
+        ("finished", "f0007", "f1:7:9:9:changed"),
+        ("finished", "f0009", None),
+        ("finished", "f1000", "f1:1000:0:0:new"),
+    ]
+    assert _rebuilt(base, delta, target) == target
+
+
 def test_a_split_in_two_places_cannot_be_a_delta_and_a_raw_delta_does_not_decode():
     base = _snapshot(1, random.Random(3))
     split = next(s for splits in base.assignments.values() for s in splits)
@@ -173,6 +196,55 @@ def test_every_kth_checkpoint_is_full_and_restore_and_history_see_every_snapshot
     # one checkpoint alone (what the restart checks read) is whole too
     alone = fresh.history.enumerator_rows([7]).to_pylist()
     assert len(alone) == len(serde.enumerator_to_rows(committed[7].enumerator))
+
+
+def _growing(checkpoint_id: int, files: int = 200) -> CompletedCheckpoint:
+    """Checkpoint ``checkpoint_id`` of a files source: ``files`` finished per checkpoint so far, each
+    with its identity, and two live splits."""
+    done = {f"in/{i:05d}.txt": f"f1:{i}:0:0:d{i}" for i in range(files * checkpoint_id)}
+    live = (Split(f"in/new-{checkpoint_id}.txt", "in", 3, end=9), Split("in/slow.txt", "in", checkpoint_id))
+    snapshot = EnumeratorSnapshot(
+        checkpoint_id,
+        2,
+        assignments={0: live[:1], 1: live[1:]},
+        finished=frozenset(done),
+        finished_identities=done,
+        subscriptions=frozenset({"in"}),
+    )
+    return dataclasses.replace(global_(checkpoint_id), enumerator=snapshot)
+
+
+def test_a_decision_holds_the_rows_its_checkpoint_writes_and_decodes_whole_with_identities(tmp_path):
+    """The decision (the redo record, written before the sink commit) holds the enumerator rows its
+    checkpoint commit writes: against the same base, a delta of what changed, not every finished
+    split (at 100,000 files a full copy cost every epoch about 100 ms); read back by a fresh store it
+    is the whole decision, finished identities included (a decision once dropped them, so a repair
+    lost them). Its base gone, reading it is a StateError naming the base."""
+    root = str(tmp_path / "state")
+    store = _open(root, full_snapshot_every=3)
+    decisions = {}
+    for cid in range(1, 6):
+        decisions[cid] = decision_for(_growing(cid))
+        store.write_decision(decisions[cid])
+        store.commit_checkpoint(decisions[cid])
+    assert _bases(root) == {1: None, 2: 1, 3: 1, 4: None, 5: 4}
+    rows = DeltaTable(f"{root}/decisions").to_pyarrow_table().to_pylist()
+    by_epoch = {r["epoch_id"]: r for r in rows}
+    counts = DeltaTable(f"{root}/checkpoints").to_pyarrow_table(
+        columns=["checkpoint_id", "enumerator_row_count"]
+    )
+    written = dict(zip(*(counts.column(i).to_pylist() for i in (0, 1)), strict=True))
+    for cid, row in by_epoch.items():
+        assert row["enumerator_base"] == _bases(root)[cid]
+        assert len(row["enumerator_entries"]) == written[cid] and row["enumerator_rows"] == []
+    assert len(by_epoch[2]["enumerator_entries"]) == 200 + 2 + 1  # 200 new finished, the live, 1 removed
+    assert len(by_epoch[4]["enumerator_entries"]) == 800 + 2  # a full snapshot
+    fresh = _open(root)
+    for cid, decision in decisions.items():
+        assert fresh.decision(cid, decision.attempt_id) == decision
+    DeltaTable(f"{root}/checkpoints").delete("checkpoint_id = 4")
+    with pytest.raises(StateError, match="a delta against checkpoint 4, which is not in"):
+        _open(root, read_only=True).decision(5, decisions[5].attempt_id)
 
 
 def test_a_delta_whose_base_is_gone_is_one_state_error_for_restore_and_history(tmp_path):
