@@ -142,15 +142,21 @@ def test_a_run_from_a_drop_folder_on_each_store_fills_the_sink_with_every_line_o
 
 
 @pytest.mark.slow  # two runs, each with its own JVM: ~35 s on an idle machine
+@pytest.mark.parametrize(
+    "store",
+    ["s3", *(pytest.param(s, marks=pytest.mark.slow_variant) for s in STORES[1:])],  # the same code
+    indirect=True,
+)
 def test_an_overwrite_and_a_move_between_runs_read_nothing_twice_and_skip_nothing(
-    s3_store: Any, tmp_path: Path
+    store: Store, tmp_path: Path
 ) -> None:
-    """``on_file_change: new_version`` on S3, as on disk: a partly read object overwritten with the
-    same size ends where it stood and its new version is read whole; an object copied under another
-    key and deleted (a move) goes on from where it stood, nothing of it read twice."""
+    """``on_file_change: new_version`` on an object store, as on disk: a partly read object
+    overwritten with the same size ends where it stood and its new version is read whole; an object
+    copied under another key and deleted (a move) goes on from where it stood, nothing of it read
+    twice. gs:// and abfss:// are slow variants (the path they take is the one of the fast tests)."""
     a = [b"a-%03d " % i + b"." * 20 for i in range(120)]
     b = [b"b-%03d " % i + b"." * 20 for i in range(40)]
-    drops = s3_store.location("runs")
+    drops = store.location("runs")
     _put(f"{drops}/a.txt", b"\n".join(a) + b"\n")
     _put(f"{drops}/b.txt", b"\n".join(b) + b"\n")
     mapping = pipeline_mapping(
@@ -158,7 +164,7 @@ def test_an_overwrite_and_a_move_between_runs_read_nothing_twice_and_skip_nothin
     )
     mapping["source"].update(path=drops, on_file_change="new_version")
     config_path = write_config(tmp_path / "pipeline.yaml", mapping)
-    env = s3_store.store_env()
+    env = store.env
 
     first = splitkeeper_subprocess(["run", "--config", str(config_path), "--epochs", "1"], **env)
     assert first.returncode == 0, first.stderr[-3000:]
@@ -170,10 +176,8 @@ def test_an_overwrite_and_a_move_between_runs_read_nothing_twice_and_skip_nothin
     assert 0 < len(read_a) < len(a)
     shuffled = a[1:] + a[:1]  # same size, other bytes; written seconds after the first version
     _put(f"{drops}/a.txt", b"\n".join(shuffled) + b"\n")
-    fs, _ = _fs()
-    root = drops[len("s3://") :]
-    fs.copy_file(f"{root}/b.txt", f"{root}/moved/b.txt")
-    fs.delete_file(f"{root}/b.txt")
+    _copy(f"{drops}/b.txt", f"{drops}/moved/b.txt")
+    _delete(f"{drops}/b.txt")
 
     second = splitkeeper_subprocess(["run", "--config", str(config_path)], **env)
     assert second.returncode == 0, second.stderr[-3000:]
