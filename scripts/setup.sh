@@ -8,6 +8,7 @@
 #   bash scripts/setup.sh cluster         # what scripts/cluster.sh needs (not part of the default run)
 #   bash scripts/setup.sh versitygw       # only the object store (the real-S3 tests build it so, on demand)
 #   bash scripts/setup.sh iceberg-rest    # only Iceberg's REST catalog test server (its tests fetch it so, on demand)
+#   bash scripts/setup.sh fake-gcs azurite  # only the GCS / Azure emulators (the gs://, abfss:// tests build them so)
 #
 # Steps:
 #   python    .venv/ (Python >= 3.11, any bundled pip); that pip installs locks/bootstrap.txt only
@@ -30,6 +31,12 @@
 #             `versitygw` (tests/conftest.py) runs it when the binary is missing
 #   iceberg-rest ONLY WHEN ASKED: Maven (jvm/iceberg-rest.xml) -> .jars/iceberg-rest/ (Iceberg's REST
 #             catalog test server); the tests' fixture `iceberg_rest` runs it when the jars are missing
+#   fake-gcs  ONLY WHEN ASKED: the Google Cloud Storage emulator fake-gcs-server (go install, pinned in
+#             scripts/fake-gcs-server.version) -> .tools/fake-gcs-server/bin/; the tests' fixture
+#             `fake_gcs` (tests/conftest.py) runs it when the binary is missing
+#   azurite   ONLY WHEN ASKED: the Azure Storage emulator Azurite (npm ci of scripts/azurite/package.json
+#             and its package-lock.json, Node >= 20) -> .tools/azurite/; the tests' fixture `azurite`
+#             runs it when it is missing
 #
 # Environment:
 #   SPLITKEEPER_PYTHON       interpreter that creates .venv (default: python3.11, else python3)
@@ -343,6 +350,63 @@ cluster_object_store() {
     say "cluster/versitygw: built in $((SECONDS - t0))s, $(du -h "$out/bin/versitygw" | cut -f1) ($out/bin/versitygw)"
 }
 
+# go install the GCS emulator at the version pinned in scripts/fake-gcs-server.version.
+step_fake_gcs() {
+    local spec out="$TOOLS_DIR/fake-gcs-server" stamp="$TOOLS_DIR/.fake-gcs-server.stamp" want gov need
+    spec="$(grep -v '^#' scripts/fake-gcs-server.version | grep -m1 .)"
+    command -v go >/dev/null 2>&1 || die "Go not found: the GCS emulator (fake-gcs-server) is built with 'go install'; install Go >= 1.26"
+    gov="$(go env GOVERSION)"
+    want="$(echo "$spec $gov" | sha256sum | cut -d' ' -f1)"
+    if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" && -x "$out/bin/fake-gcs-server" ]]; then
+        say "fake-gcs: up to date ($out/bin/fake-gcs-server)"
+        return
+    fi
+    need="1.26"  # its go.mod
+    if [[ "$(printf '%s\n%s\n' "$need" "${gov#go}" | sort -V | head -n1)" != "$need" ]]; then
+        die "$gov is too old to build fake-gcs-server (needs go >= $need)"
+    fi
+    local tmp="$out.partial" log="$TOOLS_DIR/.go-fake-gcs-server.log" t0=$SECONDS
+    rm -rf "$tmp"
+    mkdir -p "$tmp/bin"
+    say "fake-gcs: go install $spec (a few minutes the first time; log $log)"
+    # Static, stripped; GOTOOLCHAIN=local: never fetch another Go toolchain.
+    GOBIN="$tmp/bin" CGO_ENABLED=0 GOTOOLCHAIN=local GOFLAGS=-buildvcs=false \
+        go install -trimpath -ldflags='-s -w' "$spec" > "$log" 2>&1 \
+        || { tail -n 30 "$log" >&2; die "go install $spec failed (log: $log)"; }
+    "$tmp/bin/fake-gcs-server" -help >/dev/null 2>&1 || die "the built fake-gcs-server does not run"
+    rm -rf "$out"
+    mv "$tmp" "$out"
+    echo "$want" > "$stamp"
+    say "fake-gcs: built in $((SECONDS - t0))s, $(du -h "$out/bin/fake-gcs-server" | cut -f1) ($out/bin/fake-gcs-server)"
+}
+
+# npm ci the Azure Storage emulator: exactly scripts/azurite/package-lock.json (integrity-checked,
+# no install scripts) -> $TOOLS_DIR/azurite/node_modules/.bin/azurite-blob.
+step_azurite() {
+    local out="$TOOLS_DIR/azurite" stamp="$TOOLS_DIR/.azurite.stamp" want nodev
+    command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1 \
+        || die "Node.js and npm not found: the Azure emulator (Azurite) is installed with 'npm ci'; install Node >= 20 (apt-get install -y nodejs npm)"
+    nodev="$(node --version)"
+    [[ "${nodev#v}" =~ ^([0-9]+) ]] && (( BASH_REMATCH[1] >= 20 )) || die "node $nodev is too old for Azurite (needs >= 20)"
+    want="$(digest scripts/azurite/package.json scripts/azurite/package-lock.json <(echo "$nodev"))"
+    if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" && -x "$out/node_modules/.bin/azurite-blob" ]]; then
+        say "azurite: up to date ($out/node_modules/.bin/azurite-blob)"
+        return
+    fi
+    local tmp="$out.partial" log="$TOOLS_DIR/.npm-azurite.log" t0=$SECONDS
+    rm -rf "$tmp"
+    mkdir -p "$tmp"
+    cp scripts/azurite/package.json scripts/azurite/package-lock.json "$tmp/"
+    say "azurite: npm ci (scripts/azurite/package-lock.json; log $log)"
+    (cd "$tmp" && npm ci --omit=dev --ignore-scripts --no-audit --no-fund) > "$log" 2>&1 \
+        || { tail -n 30 "$log" >&2; die "npm ci of scripts/azurite failed (log: $log; network? set npm's registry to a reachable mirror)"; }
+    node "$tmp/node_modules/.bin/azurite-blob" --version >/dev/null 2>&1 || die "the installed Azurite does not run"
+    rm -rf "$out"
+    mv "$tmp" "$out"
+    echo "$want" > "$stamp"
+    say "azurite: installed in $((SECONDS - t0))s, $(du -sh "$out" | cut -f1) ($out/node_modules/.bin/azurite-blob)"
+}
+
 # go build scripts/otelcol (a minimal OpenTelemetry Collector: OTLP receiver, Prometheus exporter;
 # versions pinned in scripts/otelcol/go.mod and go.sum) -> $TOOLS_DIR/otelcol/bin/otelcol.
 step_otelcol() {
@@ -401,10 +465,12 @@ for step in "${steps[@]}"; do
         compose) step_compose ;;
         cluster) step_cluster ;;
         versitygw) mkdir -p "$TOOLS_DIR"; cluster_object_store ;;
+        fake-gcs) mkdir -p "$TOOLS_DIR"; step_fake_gcs ;;
+        azurite) mkdir -p "$TOOLS_DIR"; step_azurite ;;
         iceberg-rest)
             command -v java >/dev/null 2>&1 || die "Java not found; install a JDK >= 17: apt-get install -y openjdk-17-jdk-headless"
             fetch_jars iceberg-rest jvm/iceberg-rest.xml ;;
-        *) die "unknown step '$step'; choose from: --dev python jars devpython otelcol browser compose cluster versitygw iceberg-rest" ;;
+        *) die "unknown step '$step'; choose from: --dev python jars devpython otelcol browser compose cluster versitygw iceberg-rest fake-gcs azurite" ;;
     esac
 done
 if [[ -n "$otelcol_pid" ]]; then

@@ -10,6 +10,11 @@
 - ``iceberg_rest``: Iceberg's REST catalog test server of the test (``iceberg_rest_jars``, session
   scope, fetches its jars with ``bash scripts/setup.sh iceberg-rest`` when missing).
 - ``s3_store``: a versitygw of the test's own, the ``AWS_*`` environment pointing at it.
+- ``gcs_store`` / ``azure_store``: fake-gcs-server / Azurite (one of each per session, started on
+  first use; bucket ``drops``, :mod:`splitkeeper_tools.emulators`) with a prefix of the test's own,
+  ``STORAGE_EMULATOR_HOST`` / ``AZURE_STORAGE_USE_EMULATOR`` and ``AZURITE_BLOB_STORAGE_URL``
+  pointing at it; ``fake_gcs`` and ``azurite`` (session scope) build them with ``bash
+  scripts/setup.sh fake-gcs`` / ``azurite`` when missing (never a skip).
 - ``s3_events``: the same, publishing its bucket events (``--event-kafka-url``,
   ``--event-kafka-topic``) to a topic of its own (2 partitions) on ``kafka_broker``.
 - ``scratch``: a :class:`ScratchDirs` over ``tmp_path``, for Delta tables and state.
@@ -41,6 +46,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import SparkSession
 
     from splitkeeper_tools.chaos.store import ChaosStore
+    from splitkeeper_tools.emulators import Azurite, FakeGcs
     from splitkeeper_tools.iceberg_rest import IcebergRestCatalog
     from splitkeeper_tools.kafka_broker import KafkaBroker
 
@@ -224,6 +230,70 @@ def s3_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, versitygw: Path) -
         ChaosStore(tmp_path / "store", seed=1, fault_rate=0.0, prefix="test"), monkeypatch
     ) as store:
         yield store
+
+
+@pytest.fixture(scope="session")
+def fake_gcs() -> Path:
+    """The fake-gcs-server binary, built now when it is not (``bash scripts/setup.sh fake-gcs``)."""
+    from splitkeeper_tools.emulators import fake_gcs_binary
+
+    _setup_step("fake-gcs", fake_gcs_binary, "the gs:// tests need fake-gcs-server and building it failed")
+    found = fake_gcs_binary()
+    assert found is not None
+    return found
+
+
+@pytest.fixture(scope="session")
+def azurite() -> Path:
+    """Azurite's Blob service script, installed now when it is not (``bash scripts/setup.sh azurite``)."""
+    from splitkeeper_tools.emulators import azurite_script
+
+    _setup_step("azurite", azurite_script, "the abfss:// tests need Azurite and installing it failed")
+    found = azurite_script()
+    assert found is not None
+    return found
+
+
+@pytest.fixture(scope="session")
+def _gcs_server(tmp_path_factory: pytest.TempPathFactory, fake_gcs: Path) -> Iterator[FakeGcs]:
+    from splitkeeper_tools.emulators import FakeGcs
+
+    with FakeGcs(tmp_path_factory.mktemp("gcs")) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def _azurite_server(tmp_path_factory: pytest.TempPathFactory, azurite: Path) -> Iterator[Azurite]:
+    from splitkeeper_tools.emulators import Azurite
+
+    with Azurite(tmp_path_factory.mktemp("azure")) as server:  # node starts in about a second: once
+        yield server
+
+
+def _emulated(server: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """``server`` with a prefix of this test's own, its environment set."""
+    import uuid
+
+    server.prefix = "t-" + uuid.uuid4().hex[:12]
+    for key, value in server.env().items():
+        monkeypatch.setenv(key, value)
+    return server
+
+
+@pytest.fixture
+def gcs_store(monkeypatch: pytest.MonkeyPatch, _gcs_server: FakeGcs) -> FakeGcs:
+    """fake-gcs-server (one per session, its data under pytest's temporary folder) with a prefix of
+    this test's own, ``STORAGE_EMULATOR_HOST`` pointing at it; ``gcs_store.location(name)`` is a
+    ``gs://`` location under that prefix in its bucket."""
+    return _emulated(_gcs_server, monkeypatch)  # type: ignore[no-any-return]
+
+
+@pytest.fixture
+def azure_store(monkeypatch: pytest.MonkeyPatch, _azurite_server: Azurite) -> Azurite:
+    """Azurite's Blob service (one per session) with a prefix of this test's own,
+    ``AZURE_STORAGE_USE_EMULATOR`` and ``AZURITE_BLOB_STORAGE_URL`` pointing at it;
+    ``azure_store.location(name)`` is an ``abfss://`` location under that prefix in its container."""
+    return _emulated(_azurite_server, monkeypatch)  # type: ignore[no-any-return]
 
 
 @contextlib.contextmanager

@@ -73,14 +73,26 @@ def test_a_slow_variant_is_deselected_by_default_and_runs_on_request(sample: Pat
     assert _outcome(only)[0] == {"test_bigger"}  # the variable asks for them too; -m then selects
 
 
-def test_a_test_that_needs_versitygw_errors_when_it_cannot_be_built_and_never_skips(
+#: The fixtures that build an object store on demand, and what their failed build says.
+STORE_FIXTURES = {
+    "versitygw": "the real-S3 tests need versitygw and building it failed",
+    "fake_gcs": "the gs:// tests need fake-gcs-server and building it failed",
+    "azurite": "the abfss:// tests need Azurite and installing it failed",
+}
+
+
+def test_a_test_that_needs_an_object_store_errors_when_it_cannot_be_built_and_never_skips(
     sample: Path, tmp_path: Path
 ) -> None:
-    """The real-S3 tests (tests/state/test_fence.py) take the ``versitygw`` fixture, which builds the
-    store when it is missing: a build that fails fails them (an ERROR naming the build), whatever ran
-    before; they are never skipped for want of another test's fixture."""
-    (sample / "test_store.py").write_text("def test_store(versitygw):\n    assert versitygw.is_file()\n")
+    """The real-S3 tests (tests/state/test_fence.py) take the ``versitygw`` fixture, the gs:// and
+    abfss:// ones ``fake_gcs`` and ``azurite``, which build the store when it is missing: a build that
+    fails fails them (an ERROR naming the build), whatever ran before; they are never skipped for want
+    of another test's fixture."""
+    (sample / "test_store.py").write_text(
+        "".join(f"def test_store_{f}({f}):\n    assert {f}.exists()\n\n\n" for f in STORE_FIXTURES)
+    )
     done = _pytest(sample, "-k", "test_store", env={"SPLITKEEPER_TOOLS_DIR": str(tmp_path / "no-tools")})
     assert done.returncode == 1, done.stdout[-2000:]
-    assert "test_store ERROR" in done.stdout and "SKIPPED" not in done.stdout
-    assert "the real-S3 tests need versitygw and building it failed" in done.stdout
+    assert "SKIPPED" not in done.stdout
+    for fixture, message in STORE_FIXTURES.items():
+        assert f"test_store_{fixture} ERROR" in done.stdout and message in done.stdout, fixture

@@ -50,8 +50,20 @@ Contract:
    HEAD before its GET).
 6. :func:`filesystem` gives a ``pyarrow.fs`` file system and the path inside it, for
    the sink's file moves, the log diagnosis and the file source on an object store; for S3 it
-   uses the same options, another scheme (``gs://``, ``abfss://``) is pyarrow's
-   ``FileSystem.from_uri`` with that library's default credentials.
+   uses the same options. ``gs://bucket/path`` is a ``GcsFileSystem``: with
+   ``STORAGE_EMULATOR_HOST`` (the google client libraries' emulator variable; google-cloud-cpp,
+   under pyarrow, names it ``CLOUD_STORAGE_EMULATOR_ENDPOINT``, read too) set to ``http://host:port``
+   it talks to that endpoint with no credentials, as those libraries do; otherwise Google's default
+   credentials (``GOOGLE_APPLICATION_CREDENTIALS``, the metadata server). ``GOOGLE_CLOUD_PROJECT``
+   is its project. It gives up on a request after :data:`GCS_RETRY_S` seconds of retries (a check,
+   ``attempts`` below :data:`MAX_RETRIES`: :data:`GCS_CHECK_RETRY_S`). ``abfss://container@account
+   .dfs.core.windows.net/path`` is an ``AzureFileSystem`` of that account (``abfss://container/path``:
+   the account of ``AZURE_STORAGE_ACCOUNT_NAME``) with the variables delta-rs (object_store) reads
+   for Azure: ``AZURE_STORAGE_ACCOUNT_KEY`` or ``AZURE_STORAGE_SAS_TOKEN`` (neither: Azure's default
+   credential chain, ``AZURE_CLIENT_ID``/``AZURE_TENANT_ID``/``AZURE_CLIENT_SECRET``, a managed
+   identity), and ``AZURE_STORAGE_USE_EMULATOR=true`` for Azurite at ``AZURITE_BLOB_STORAGE_URL``
+   (default ``http://127.0.0.1:10000``; its well-known development key when no key is set).
+   :data:`FILESYSTEM_ENV` lists every variable read here.
 
 Pure functions of their arguments and the environment; safe from any thread.
 """
@@ -71,6 +83,7 @@ from urllib.parse import unquote
 from splitkeeper.errors import InvalidParameterError
 
 __all__ = [
+    "FILESYSTEM_ENV",
     "delta_location",
     "filesystem",
     "is_local",
@@ -100,6 +113,26 @@ MAX_RETRIES = 10
 RETRY_TIMEOUT = "120s"
 #: The endpoint docker-compose gives Spark (``fs.s3a.endpoint``), used when AWS_ENDPOINT_URL is unset.
 _SPARK_ENDPOINT_ENV = "SPLITKEEPER_S3A_ENDPOINT"
+#: gs:// (rule 6): the emulator's endpoint, by the google client libraries' names (first set wins).
+GCS_EMULATOR_ENV = ("STORAGE_EMULATOR_HOST", "CLOUD_STORAGE_EMULATOR_ENDPOINT")
+GCS_PROJECT_ENV = "GOOGLE_CLOUD_PROJECT"
+#: Seconds a GCS request is retried for (a transient error), and for a check (rule 6).
+GCS_RETRY_S = 120.0
+GCS_CHECK_RETRY_S = 2.0
+#: abfss:// (rule 6): object_store's (delta-rs's) names for an Azure account and Azurite.
+AZURE_ENV = (
+    "AZURE_STORAGE_ACCOUNT_NAME",
+    "AZURE_STORAGE_ACCOUNT_KEY",
+    "AZURE_STORAGE_SAS_TOKEN",
+    "AZURE_STORAGE_USE_EMULATOR",
+    "AZURITE_BLOB_STORAGE_URL",
+)
+AZURITE_URL = "http://127.0.0.1:10000"
+#: Azurite's development account and key, as Microsoft documents them (public, emulator only).
+AZURITE_ACCOUNT = "devstoreaccount1"
+AZURITE_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
+#: Every variable :func:`filesystem` reads (a cache of file systems is keyed by their values).
+FILESYSTEM_ENV = (*_S3_ENV, _SPARK_ENDPOINT_ENV, *GCS_EMULATOR_ENV, GCS_PROJECT_ENV, *AZURE_ENV)
 
 
 def table_uri(location: str | os.PathLike[str]) -> str:
@@ -182,7 +215,13 @@ def filesystem(
     uri = table_uri(location)
     if is_local(uri):
         return pafs.LocalFileSystem(), uri
-    if not uri.startswith("s3://"):  # gs://, abfss://: pyarrow's own file system and credentials
+    environ = os.environ if env is None else env
+    scheme = uri.partition("://")[0].lower()
+    if scheme == "gs":
+        return _gcs(uri, environ, attempts)
+    if scheme == "abfss":
+        return _azure(uri, environ)
+    if scheme != "s3":
         fs, path = pafs.FileSystem.from_uri(uri)
         return fs, path
     options = storage_options(uri, env) or {}
@@ -201,6 +240,73 @@ def filesystem(
         kwargs["scheme"] = scheme if host else "https"
         kwargs["force_virtual_addressing"] = False
     return pafs.S3FileSystem(**kwargs), uri[len("s3://") :]
+
+
+def _endpoint(url: str) -> tuple[str, str]:
+    """``(scheme, host:port)`` of an emulator's URL (``http://host:port``; no scheme: ``http``)."""
+    scheme, sep, host = url.strip().rstrip("/").partition("://")
+    return (scheme.lower(), host) if sep else ("http", scheme)
+
+
+def _gcs(uri: str, environ: Mapping[str, str], attempts: int) -> tuple[Any, str]:
+    """``gs://bucket/path`` (rule 6)."""
+    import pyarrow.fs as pafs
+
+    retry_s = GCS_RETRY_S if attempts >= MAX_RETRIES else GCS_CHECK_RETRY_S
+    kwargs: dict[str, Any] = {"retry_time_limit": dt.timedelta(seconds=retry_s)}
+    if environ.get(GCS_PROJECT_ENV, "").strip():
+        kwargs["project_id"] = environ[GCS_PROJECT_ENV].strip()
+    emulator = next((environ[k] for k in GCS_EMULATOR_ENV if environ.get(k, "").strip()), "")
+    if emulator:
+        scheme, host = _endpoint(emulator)
+        if scheme not in ("http", "https") or not host:
+            name = next(k for k in GCS_EMULATOR_ENV if environ.get(k, "").strip())
+            raise InvalidParameterError(name, emulator, "the emulator's URL, http://<host>:<port>")
+        kwargs.update(anonymous=True, scheme=scheme, endpoint_override=host)
+    return pafs.GcsFileSystem(**kwargs), uri[len("gs://") :]
+
+
+def _azure(uri: str, environ: Mapping[str, str]) -> tuple[Any, str]:
+    """``abfss://container@account.dfs.core.windows.net/path`` (rule 6)."""
+    import pyarrow.fs as pafs
+
+    authority, _, path = uri[len("abfss://") :].partition("/")
+    container, at, host = authority.partition("@")
+    emulator = environ.get("AZURE_STORAGE_USE_EMULATOR", "").strip().lower() in ("1", "true", "yes")
+    account = host.split(".", 1)[0] if at else environ.get("AZURE_STORAGE_ACCOUNT_NAME", "").strip()
+    if not account and emulator:
+        account = AZURITE_ACCOUNT
+    if not container or not account:
+        raise InvalidParameterError(
+            "location",
+            uri,
+            "abfss://<container>@<account>.dfs.core.windows.net/<path>, or abfss://<container>/<path> "
+            "with the account in AZURE_STORAGE_ACCOUNT_NAME",
+        )
+    kwargs: dict[str, Any] = {}
+    key = environ.get("AZURE_STORAGE_ACCOUNT_KEY", "").strip()
+    sas = environ.get("AZURE_STORAGE_SAS_TOKEN", "").strip()
+    if key:
+        kwargs["account_key"] = key
+    elif sas:
+        kwargs["sas_token"] = sas
+    elif emulator and account == AZURITE_ACCOUNT:
+        kwargs["account_key"] = AZURITE_KEY
+    if emulator:
+        url = environ.get("AZURITE_BLOB_STORAGE_URL", "").strip() or AZURITE_URL
+        scheme, authority = _endpoint(url)
+        if scheme not in ("http", "https") or not authority:
+            raise InvalidParameterError(
+                "AZURITE_BLOB_STORAGE_URL", url, "Azurite's URL, http://<host>:<port>"
+            )
+        kwargs.update(
+            blob_storage_authority=authority,
+            dfs_storage_authority=authority,
+            blob_storage_scheme=scheme,
+            dfs_storage_scheme=scheme,
+        )
+    inner = container + ("/" + path.strip("/") if path.strip("/") else "")
+    return pafs.AzureFileSystem(account, **kwargs), inner
 
 
 def sigv4_authorization(

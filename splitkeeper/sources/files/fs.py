@@ -9,20 +9,27 @@ open for ``seek``/``read``/``readline`` and the paths inside the root.
 Object stores (contract):
 
 1. The file system is built from the location and the environment, never from a pickled
-   object: :func:`splitkeeper.delta.storage.filesystem` builds it as the state and the sink get
-   theirs (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``,
-   ``AWS_SESSION_TOKEN``, ``AWS_REGION``, ``AWS_ALLOW_HTTP``; ``gs://`` and ``abfss://`` through
-   ``pyarrow.fs.FileSystem.from_uri`` with those libraries' default credentials). A region
-   reader, shipped to an executor as its root URI, builds it there (cached per process and
-   environment, :func:`files_for`).
+   object: :func:`splitkeeper.delta.storage.filesystem` (its rule 6) builds it as the state and the
+   sink get theirs. ``s3://``: ``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``,
+   ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN``, ``AWS_REGION``, ``AWS_ALLOW_HTTP``. ``gs://``:
+   Google's default credentials (``GOOGLE_APPLICATION_CREDENTIALS``), or an emulator at
+   ``STORAGE_EMULATOR_HOST`` (``http://host:port``, no credentials; google-cloud-cpp's
+   ``CLOUD_STORAGE_EMULATOR_ENDPOINT`` too). ``abfss://container@account.dfs.core.windows.net``:
+   ``AZURE_STORAGE_ACCOUNT_KEY`` or ``AZURE_STORAGE_SAS_TOKEN`` (neither: Azure's default
+   credential chain), Azurite with ``AZURE_STORAGE_USE_EMULATOR=true`` and
+   ``AZURITE_BLOB_STORAGE_URL`` (delta-rs's names). A region reader, shipped to an executor as its
+   root URI, builds it there (cached per process and environment, :func:`files_for`). Proven
+   against versitygw (S3), fake-gcs-server (GCS) and Azurite (Azure Blob, no hierarchical
+   namespace).
 2. A listing is one recursive ``ListObjectsV2`` walk (``get_file_info(FileSelector(...,
    recursive=True))``); a path component starting with ``.`` or ``_`` is skipped as on disk,
    and so are empty objects and folder markers. A read opens the object with the size and mtime
    the listing gave, so a range is ranged GETs (one per ``read``, a line end through a 64 KiB buffer).
-3. A :class:`FileStat` of an object is its size and Last-Modified; an object has no ctime, so its
+3. A :class:`FileStat` of an object is its size and Last-Modified (GCS: its creation time, which
+   pyarrow reports, to the microsecond: an overwrite is a new object); an object has no ctime, so its
    ``ctime_ns`` is :data:`SETTLED` (0), or, for an object whose Last-Modified is less than
    :data:`SETTLE_NS` before now, the time of the listing (driver clock), which no later stat
-   repeats. Last-Modified has a resolution of one second on S3: an overwrite of the same size
+   repeats. Last-Modified has a resolution of one second on S3 and Azure: an overwrite of the same size
    within the second of the previous write keeps size and mtime. An identity taken while its
    object was unsettled never matches a later stat, so each check reads its content sample again
    (ranged GETs) until the object is settled: the same data is taken as settled (IDENTIFIED), an
@@ -43,7 +50,8 @@ Object stores (contract):
    ``FileNotFoundError``; a refusal, the last 5xx, no answer) and any other store or credential source
    (``gs://``, ``abfss://``, AWS's own credential chain) is :meth:`ObjectFiles.open_with_stat`
    (one HEAD, then GETs, with pyarrow's retries and errors): a pyarrow open costs a HEAD before
-   its first GET, twice the requests of a content sample.
+   its first GET, twice the requests of a content sample. The HEAD's answer is the stat
+   (``Last-Modified``; GCS's object metadata: ``timeCreated``), as a listing gives it.
 5. Incremental discovery (``source.discovery: incremental``) lists from its cursor, the last key
    seen (:meth:`ObjectFiles.walk_after`): ``pyarrow.fs`` has no ``StartAfter``, so the prefix is
    walked one level at a time (``ListObjectsV2`` with the ``/`` delimiter) and a folder whose every
@@ -82,6 +90,7 @@ __all__ = [
     "files_for",
     "is_object_store",
     "object_root",
+    "reach_hint",
 ]
 
 #: An object written less than this before now is unsettled (contract 3).
@@ -96,6 +105,7 @@ _OBJECT_BUFFER = 64 * 1024
 #: pyarrow open takes over.
 _GET_TIMEOUT_S = 10.0
 _GET_ATTEMPTS = 5
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 
 
 class FileStat(NamedTuple):
@@ -223,8 +233,8 @@ class ObjectFiles(Files):
             kind = self._info(path).type
         except OSError as err:
             raise SourceError(
-                f"source.path {self.root} cannot be read: {err}; fix source.path, or AWS_ENDPOINT_URL and "
-                "the credentials (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY) so the store can be reached",
+                f"source.path {self.root} cannot be read: {err}; fix source.path, or "
+                f"{reach_hint(self.root)} so the store can be reached",
                 path=self.root,
             ) from err
         return "file" if kind == pafs.FileType.File else "dir" if kind == pafs.FileType.Directory else None
@@ -249,10 +259,12 @@ class ObjectFiles(Files):
         raw = self._fs.open_input_file(self._inner(path))
         now = time.time_ns()
         try:
-            head = {k.lower(): v for k, v in (raw.metadata() or {}).items()}
-            modified = head[b"last-modified" if isinstance(next(iter(head), ""), bytes) else "last-modified"]
-            text = modified.decode() if isinstance(modified, bytes) else str(modified)
-            mtime_ns = int(dt.datetime.fromisoformat(text).timestamp()) * 1_000_000_000
+            head = {_text(k).lower(): _text(v) for k, v in (raw.metadata() or {}).items()}
+            if "last-modified" in head:  # S3, Azure: whole seconds
+                mtime_ns = int(dt.datetime.fromisoformat(head["last-modified"]).timestamp()) * 1_000_000_000
+            else:  # GCS: the creation time, as its listing (contract 3)
+                created = dt.datetime.fromisoformat(head["timecreated"]) - _EPOCH
+                mtime_ns = created // dt.timedelta(microseconds=1) * 1000
             st = self._stat(raw.size(), mtime_ns, now)
         except (KeyError, StopIteration, ValueError):  # no Last-Modified in the answer: a listing of it
             st = self.stat(path)
@@ -304,13 +316,10 @@ class ObjectFiles(Files):
 
         bucket = self._fs_root.split("/", 1)[0]
         try:
-            fs = (
-                filesystem(self.root, attempts=CHECK_ATTEMPTS)[0]
-                if self.root.startswith("s3://")
-                else self._fs
-            )
+            fs = filesystem(self.root, attempts=CHECK_ATTEMPTS)[0]
             if fs.get_file_info(bucket).type != pafs.FileType.Directory:
-                return f"bucket {bucket!r} does not exist"
+                what = "container" if self.root.lower().startswith("abfss://") else "bucket"
+                return f"{what} {bucket!r} does not exist"
         except OSError as err:
             return str(err)
         return None
@@ -319,8 +328,7 @@ class ObjectFiles(Files):
         """The error of a listing of the root that failed, naming ``source.path`` and the fix."""
         return SourceError(
             f"source.path {self.root}: cannot list the objects under it ({err}); check the bucket "
-            "exists and AWS_ENDPOINT_URL and the credentials (AWS_ACCESS_KEY_ID, "
-            "AWS_SECRET_ACCESS_KEY) reach it",
+            f"exists and {reach_hint(self.root)} reach it",
             path=self.root,
         )
 
@@ -380,6 +388,11 @@ class ObjectFiles(Files):
                     continue
                 yield rel, self._stat(int(info.size), int(info.mtime_ns or 0), now)
             stack.extend(reversed(folders))
+
+
+def _text(value: Any) -> str:
+    """A metadata key or value of a pyarrow input file (bytes or str) as text."""
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _object_size(status: int, head: Mapping[str, str], body: bytes) -> int | None:
@@ -503,6 +516,19 @@ class RangedGets:
             attempt += 1
 
 
+def reach_hint(root: str) -> str:
+    """What reaches the store of ``root`` (contract 1), for an error's fix."""
+    scheme = root.partition("://")[0].lower()
+    if scheme == "gs":
+        return "STORAGE_EMULATOR_HOST (an emulator) or Google's credentials (GOOGLE_APPLICATION_CREDENTIALS)"
+    if scheme == "abfss":
+        return (
+            "the account's credentials (AZURE_STORAGE_ACCOUNT_KEY or AZURE_STORAGE_SAS_TOKEN; "
+            "AZURE_STORAGE_USE_EMULATOR and AZURITE_BLOB_STORAGE_URL for Azurite)"
+        )
+    return "AWS_ENDPOINT_URL and the credentials (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY)"
+
+
 def object_root(path: str) -> str:
     """The root a ``source.path`` on an object store is known by: no trailing ``/``, ``s3a://``
     as ``s3://`` (:func:`splitkeeper.delta.storage.table_uri`)."""
@@ -511,23 +537,14 @@ def object_root(path: str) -> str:
     return table_uri(path) if path.lower().startswith(("s3://", "s3a://", "s3n://")) else path.rstrip("/")
 
 
-_ENV_KEYS = (
-    "AWS_ENDPOINT_URL",
-    "SPLITKEEPER_S3A_ENDPOINT",
-    "AWS_ACCESS_KEY_ID",
-    "AWS_SECRET_ACCESS_KEY",
-    "AWS_SESSION_TOKEN",
-    "AWS_REGION",
-    "AWS_ALLOW_HTTP",
-)
-
-
 def files_for(path: str) -> Files:
     """The :class:`Files` of a source root: local, or an object store (built once per process and
     environment, contract 1)."""
+    from splitkeeper.delta.storage import FILESYSTEM_ENV
+
     if not is_object_store(path):
         return LocalFiles(path)
-    return _object_files(object_root(path), tuple(os.environ.get(k, "") for k in _ENV_KEYS))
+    return _object_files(object_root(path), tuple(os.environ.get(k, "") for k in FILESYSTEM_ENV))
 
 
 @functools.lru_cache(maxsize=16)

@@ -64,7 +64,8 @@ seam: ``os`` for a local path, ``pyarrow.fs`` for a store). There a split's file
 the listing replaces the walk (no symlinks, FIFOs or unreadable entries), an object has no
 ctime (the fs module's contract 3 says what its identity's third number is and why an
 overwrite within Last-Modified's one second is still found), and a region reader builds the
-store's file system on the executor from its root URI and the ``AWS_*`` environment.
+store's file system on the executor from its root URI and the environment (``AWS_*`` for S3; the fs
+module's contract 1 for ``gs://`` and ``abfss://``).
 
 Discovery (``source.discovery``): ``full`` lists every name, ``incremental`` the names after the
 last one seen; ``notifications`` (an object store) reads the bucket's object events from a Kafka
@@ -111,7 +112,15 @@ from splitkeeper.core.types import Split, SplitChangePolicy
 from splitkeeper.errors import InvalidParameterError, SourceError
 from splitkeeper.records.columnar import BadRead, RangeColumns, SupportsColumnarRead
 from splitkeeper.sources.files.config import Discovery, FileFormat, FilesSource
-from splitkeeper.sources.files.fs import Files, FileStat, ObjectFiles, files_for, is_object_store, object_root
+from splitkeeper.sources.files.fs import (
+    Files,
+    FileStat,
+    ObjectFiles,
+    files_for,
+    is_object_store,
+    object_root,
+    reach_hint,
+)
 from splitkeeper.sources.files.notify import EventError, EventFeed, parse_events
 
 log = logging.getLogger("splitkeeper.sources.files")
@@ -731,7 +740,7 @@ class FileSource(
         if why is not None:
             raise SourceError(
                 f"source.path {self._path} cannot be read: {why}; create the bucket, or fix source.path "
-                "(or AWS_ENDPOINT_URL and the credentials AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY)",
+                f"(or {reach_hint(self._path)})",
                 path=self._path,
             )
 
@@ -945,7 +954,7 @@ class FileSource(
             if isinstance(st, OSError):
                 raise SourceError(
                     f"source.path {self._path}: object {self._abs(rel)}{why} cannot be read ({st}); "
-                    "check AWS_ENDPOINT_URL and the credentials reach the store",
+                    f"check {reach_hint(self._path)} reach the store",
                     path=self._abs(rel),
                 ) from st
             if st is None:
