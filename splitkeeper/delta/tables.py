@@ -550,7 +550,9 @@ class StateTables:
         (:class:`~splitkeeper.delta.checkpoints.DeltaStateStore` ensures them from a thread pool):
         two creates of one table are settled by the store (the first wins, the other finds it)."""
         self._refuse_write(f"create table {name}")
-        table, created = ensure_table(self.uri(name), spec(name), data=data, commit_properties=commit_properties)
+        table, created = ensure_table(
+            self.uri(name), spec(name), data=data, commit_properties=commit_properties
+        )
         with self._lock:
             self._tables[name] = table
             self._current[name] = True

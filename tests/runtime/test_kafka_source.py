@@ -969,7 +969,9 @@ def test_a_kept_consumer_serves_later_reads_exactly_and_a_failed_read_closes_it(
     assert clients.borrow(key) is None
 
 
-def test_a_kept_consumers_next_read_does_not_wait_for_a_fetch_held_at_the_partitions_end(bootstrap: str) -> None:
+def test_a_kept_consumers_next_read_does_not_wait_for_a_fetch_held_at_the_partitions_end(
+    bootstrap: str,
+) -> None:
     """Issue 41: a read that reaches a partition's end leaves a fetch held at the broker for
     ``fetch.wait.max.ms`` (librdkafka prefetches to the end); a long-lived slot's kept consumer then
     waited that long before its next read could fetch (librdkafka's default 500 ms: bounded
