@@ -93,6 +93,9 @@ def test_tiny_ingest_run_holds_exactly_the_input_in_both_sinks_and_reports_the_r
     assert result["exact"] is True
     assert result["content_equal"] is True
     assert result["runs"][0]["ours_finished"] is True
+    # a Spark job per epoch, none to set up, counted after the run from the jobs' submission times
+    assert [e["jobs"] for e in result["runs"][0]["ours_epochs"]] == [1, 1]
+    assert result["runs"][0]["ours_setup_jobs"] == 0 and result["runs"][0]["ours_jobs"] == 2
     # each epoch's acknowledged region tasks' own times, from the driver's epoch reports: every
     # region of every epoch ran and acknowledged (no faults), and reading took time
     tasks, epochs = result["runs"][0]["ours_region_task_s"], result["runs"][0]["ours_epochs"]
@@ -235,6 +238,17 @@ def test_tiny_typed_ingest_decodes_the_same_rows_on_both_sides_with_decode_json(
     assert result["chart"] == str(out / "ingest_json.html")
 
 
+def test_jobs_are_counted_per_span_of_submission_times_and_unknown_stays_unknown() -> None:
+    submitted = {7: 100.0, 8: 100.5, 9: 101.0, 10: 102.25}  # job id -> submitted (s)
+    marks = [100.5, 101.0, 102.0]  # open ended, then each epoch
+    assert ingest.jobs_in(submitted, None, marks[0]) == 1  # setup: before open ended
+    assert [ingest.jobs_in(submitted, a, b) for a, b in zip(marks, marks[1:], strict=False)] == [1, 1]
+    assert ingest.jobs_in(submitted, None, marks[-1]) == 3 and ingest.jobs_in(submitted, None, None) == 4
+    assert ingest.jobs_in(None, None, marks[0]) is None
+    assert ingest.job_submissions(object(), 1, 3) is None  # no status store reachable: no figure
+    assert ingest.job_submissions(object(), None, 3) is None
+
+
 def test_typed_rows_compare_every_row_by_its_typed_columns_in_any_order() -> None:
     import pyarrow as pa
 
@@ -271,6 +285,8 @@ def test_tiny_ingest_with_long_lived_readers_runs_every_epoch_in_one_spark_job_a
     run = result["runs"][0]
     assert len(run["ours_epochs"]) == 2 and run["ours_finished"] is True
     assert run["ours_jobs"] == 1  # the readers' one job served both epochs (per_epoch: one each)
+    # counted after the run by submission time: the pool's job started in the first epoch
+    assert [e["jobs"] for e in run["ours_epochs"]] == [1, 0] and run["ours_setup_jobs"] == 0
     assert len(run["ours_region_task_s"]) == result["parallelism"] * 2
 
 

@@ -544,12 +544,16 @@ class StateTables:
     def ensure(
         self, name: str, *, data: pa.Table | None = None, commit_properties: Any = None
     ) -> tuple[DeltaTable, bool]:
-        """Create ``name`` when absent (rule 1); (table, created by this call)."""
+        """Create ``name`` when absent (rule 1); (table, created by this call).
+
+        The create runs outside the root's lock, so the store's tables are created side by side
+        (:class:`~splitkeeper.delta.checkpoints.DeltaStateStore` ensures them from a thread pool):
+        two creates of one table are settled by the store (the first wins, the other finds it)."""
         self._refuse_write(f"create table {name}")
+        table, created = ensure_table(
+            self.uri(name), spec(name), data=data, commit_properties=commit_properties
+        )
         with self._lock:
-            table, created = ensure_table(
-                self.uri(name), spec(name), data=data, commit_properties=commit_properties
-            )
             self._tables[name] = table
             self._current[name] = True
             return table, created

@@ -969,6 +969,46 @@ def test_a_kept_consumer_serves_later_reads_exactly_and_a_failed_read_closes_it(
     assert clients.borrow(key) is None
 
 
+def test_a_kept_consumers_next_read_does_not_wait_for_a_fetch_held_at_the_partitions_end(
+    bootstrap: str,
+) -> None:
+    """Issue 41: a read that reaches a partition's end leaves a fetch held at the broker for
+    ``fetch.wait.max.ms`` (librdkafka prefetches to the end); a long-lived slot's kept consumer then
+    waited that long before its next read could fetch (librdkafka's default 500 ms: bounded
+    ``readers: long_lived`` Kafka runs were slower than a job per epoch). A reader asks for
+    FETCH_WAIT_MS unless ``source.client`` sets it; each read is exact either way."""
+    from splitkeeper import clients
+    from splitkeeper.sources.kafka.source import FETCH_WAIT_MS
+
+    topic = create_topic(bootstrap, 2)
+    produce(bootstrap, topic, {0: messages(0, 20), 1: messages(1, 20)})
+    p0, p1 = (Split(split_id_of(topic, p), subscription=topic) for p in (0, 1))
+
+    def next_reads(reader: KafkaRegionReader) -> list[float]:
+        """Seconds of a kept consumer's read of p1, each shortly after a read of p0 to its end."""
+        took = []
+        with clients.kept_clients():
+            for _ in range(5):
+                assert [c.values.to_pylist() for c in reader.read_ranges_columns([(p0, 0, 20)])] == [
+                    [m.encode() for m in messages(0, 20)]
+                ]
+                time.sleep(0.1)  # librdkafka's fetch at p0's end is sent (and held by the broker)
+                started = time.monotonic()
+                assert [c.values.to_pylist() for c in reader.read_ranges_columns([(p1, 0, 20)])] == [
+                    [m.encode() for m in messages(1, 20)]
+                ]
+                took.append(time.monotonic() - started)
+        return took
+
+    ours = KafkaRegionReader(bootstrap)
+    assert ours._consumer_conf()["fetch.wait.max.ms"] == FETCH_WAIT_MS <= 50
+    librdkafkas = KafkaRegionReader(bootstrap, consumer_config=(("fetch.wait.max.ms", "500"),))
+    assert librdkafkas._consumer_conf()["fetch.wait.max.ms"] == "500"  # source.client's setting wins
+    waited, fast = next_reads(librdkafkas), next_reads(ours)
+    assert sorted(waited)[2] > 0.3, waited  # the wait this default removes, seen with 500 ms (median of 5)
+    assert max(fast) < 0.3, fast  # 0.02-0.06 s measured
+
+
 def test_topic_ids_identify_splits_and_a_recreated_topic_is_a_new_split_at_its_start(bootstrap: str) -> None:
     """Issue 36, item 6, in the connector: each split carries its topic's id (KIP-516). A split without
     one (state of an older splitkeeper) takes it (IDENTIFIED); after the topic is deleted and re-created

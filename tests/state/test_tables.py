@@ -478,3 +478,32 @@ def test_each_writer_numbers_its_appends_under_its_own_app_id(tmp_path):
         1,
     )
     assert sorted(table.to_pyarrow_table().column("requested_by").to_pylist()) == ["a1", "a2", "b1"]
+
+
+def test_a_root_creates_its_tables_side_by_side_and_one_table_once(tmp_path, monkeypatch):
+    """StateTables.ensure creates outside the root's lock: the store's thread pool creates its tables
+    at the same time (each create here waits until another one is under way, which a create held
+    under the lock never sees: the barrier breaks); two threads ensuring one table create it once."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    barrier = threading.Barrier(2, timeout=10)
+    real = tables.ensure_table
+
+    def meeting(uri, table_spec, **kwargs):
+        barrier.wait()  # BrokenBarrierError when the other create cannot start meanwhile
+        return real(uri, table_spec, **kwargs)
+
+    monkeypatch.setattr(tables, "ensure_table", meeting)
+    root = tables.StateTables(tmp_path / "state")
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        made = list(pool.map(root.ensure, ["audit", "decisions"]))
+    assert [created for _table, created in made] == [True, True]
+    assert all(DeltaTable(os.path.join(root.root, n)).version() == 0 for n in ("audit", "decisions"))
+    assert root.get("audit", fresh=False) is made[0][0]  # registered under the lock
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        twice = list(pool.map(lambda _: root.ensure("checkpoint_log"), range(2)))
+    assert sorted(created for _table, created in twice) == [False, True]  # the first create wins
+    log = DeltaTable(os.path.join(root.root, "checkpoint_log"))
+    assert log.version() == 0 and log.schema().to_arrow() == spec("checkpoint_log").schema
