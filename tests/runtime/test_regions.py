@@ -23,6 +23,7 @@ from splitkeeper.spark.regions import (
     max_task_failures,
     pack_regions,
     run_regions,
+    settle_ending_jobs,
     tasks_per_core,
 )
 
@@ -30,7 +31,9 @@ pytestmark = [pytest.mark.spark]
 
 
 def _epoch_jobs(spark: Any, pipeline: str, epoch: int) -> list[tuple[str, int]]:
-    """(status, number of tasks) of every Spark job of the epoch's job group."""
+    """(status, number of tasks) of every Spark job of the epoch's job group, once it ended (it ends
+    after run_regions returned, while a driver would commit the epoch)."""
+    settle_ending_jobs()
     tracker = spark.sparkContext.statusTracker()
     out = []
     for job_id in tracker.getJobIdsForGroup(_job_group(pipeline, epoch)):
