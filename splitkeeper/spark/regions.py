@@ -43,12 +43,10 @@ Isolation within the one job:
   the kill, not from the last task that started or ended elsewhere). So a stalled region delays
   the regions packed behind it by its timeout, and fails alone
   (``spark.splitkeeper.regions.tasksPerCore`` = 0 gives every region its own task, as before
-  packing). Once every region has an outcome :func:`run_regions` returns, and the job ends on its
-  own while the driver decides and commits the epoch: a thread lets it end (:data:`JOB_GRACE_S`: a
-  killed Python worker dies within ``spark.python.task.killTimeout``) and then cancels the epoch's
-  job group (only such refused or dying attempts can still run then); the next epoch's job, and a
-  runner's close, wait for it (:func:`settle_ending_jobs`: one epoch job at a time). So the epoch's
-  read phase ends within the region timeout, and its job within a few seconds more.
+  packing). Once every region has an outcome the driver lets the job end
+  (:data:`JOB_GRACE_S`: a killed Python worker dies within ``spark.python.task.killTimeout``) and
+  then cancels the epoch's job group (only such refused or dying attempts can still run then), so
+  the epoch ends within the region timeout plus a few seconds.
 * A job that fails as a whole (a Python worker killed where Spark gives a task one attempt, as on
   ``local[N]``; a lost executor past ``spark.task.maxFailures``) fails the region that was running
   in the task Spark names in its error (``Task 1 in stage 3.0 failed``: the region of that
@@ -429,12 +427,10 @@ def run_regions(
     down, at most ``ABANDON_WAIT_S``). No payload (every region declined before reading): no job, an
     empty result.
     """
-    settle_ending_jobs()
     if not payloads:
         return {}
     sc = spark.sparkContext
     per_core = tasks_per_core(spark)
-    handed_off = False
     regions = sorted(payloads)
     runs: dict[int, RegionRun] = {}
     started: dict[int, float] = {}  # region -> when its first attempt started (the report's figure)
@@ -605,19 +601,15 @@ def run_regions(
             changed.wait(poll_s)
             changed.clear()
         # Every region has an outcome. The tasks that reported are returning, a killed attempt's
-        # retry is refused at its start: the job ends on its own in a moment, while the driver
-        # commits the epoch (:func:`_end_job`, joined before the next epoch's job starts).
-        ender = threading.Thread(
-            target=_end_job, args=(sc, group, job, stopping, server), name=f"{job.name}-end", daemon=True
-        )
-        ender.start()
-        with _ENDING_LOCK:
-            _ENDING.append(ender)
-        handed_off = True
+        # retry is refused at its start: the job ends on its own in a moment. What is still running
+        # after JOB_GRACE_S (a killed worker slow to die) is cancelled with the job group.
+        job.join(timeout=JOB_GRACE_S)
+        if job.is_alive():
+            sc.cancelJobGroup(group)
+            job.join(timeout=WIND_DOWN_S)
     finally:
-        if not handed_off:
-            stopping.set()
-            server.close()
+        stopping.set()
+        server.close()
     end = time.monotonic()
     out: dict[int, RegionRun] = {}
     for region, run in runs.items():
@@ -631,40 +623,6 @@ def run_regions(
             round(end - epoch_start, 3),
         )
     return dict(sorted(out.items()))
-
-
-#: The epoch jobs whose regions all have an outcome and that are ending on their own
-#: (:func:`_end_job`): the wind-down of one epoch's job (its tasks returning their results, 20-150 ms
-#: measured) runs while the driver decides and commits the epoch, not before.
-_ENDING: list[threading.Thread] = []
-_ENDING_LOCK = threading.Lock()
-
-
-def _end_job(
-    sc: Any, group: str, job: threading.Thread, stopping: threading.Event, server: _RegionServer
-) -> None:
-    """Let an epoch's job whose regions all have an outcome end; what still runs after
-    :data:`JOB_GRACE_S` (a killed Python worker slow to die) is cancelled with the job group; then
-    close the epoch's region server."""
-    try:
-        job.join(timeout=JOB_GRACE_S)
-        if job.is_alive():
-            sc.cancelJobGroup(group)
-            job.join(timeout=WIND_DOWN_S)
-    finally:
-        stopping.set()
-        server.close()
-
-
-def settle_ending_jobs() -> None:
-    """Wait until the epoch jobs still ending have ended (each within :data:`JOB_GRACE_S` plus
-    :data:`WIND_DOWN_S`): called before an epoch's job starts, so one epoch job runs at a time, and
-    when a runner closes."""
-    with _ENDING_LOCK:
-        ending = list(_ENDING)
-        _ENDING.clear()
-    for ender in ending:
-        ender.join()
 
 
 def _settle(

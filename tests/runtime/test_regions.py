@@ -23,7 +23,6 @@ from splitkeeper.spark.regions import (
     max_task_failures,
     pack_regions,
     run_regions,
-    settle_ending_jobs,
     tasks_per_core,
 )
 
@@ -31,9 +30,7 @@ pytestmark = [pytest.mark.spark]
 
 
 def _epoch_jobs(spark: Any, pipeline: str, epoch: int) -> list[tuple[str, int]]:
-    """(status, number of tasks) of every Spark job of the epoch's job group, once it ended (it ends
-    after run_regions returned, while a driver would commit the epoch)."""
-    settle_ending_jobs()
+    """(status, number of tasks) of every Spark job of the epoch's job group."""
     tracker = spark.sparkContext.statusTracker()
     out = []
     for job_id in tracker.getJobIdsForGroup(_job_group(pipeline, epoch)):
