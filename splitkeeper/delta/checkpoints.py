@@ -800,6 +800,8 @@ class DeltaStateStore(StateStore, CheckpointStore):
         key = {"checkpoint_id": checkpoint_id, "attempt_id": rows_attempt}
         snapshot = completed.enumerator
         base, delta, written = self._entries(completed, decision)
+        with self._lock:
+            self._decided = None  # used once (a full snapshot's rows are large)
         row["enumerator_base"] = None if delta is None or base is None else base.checkpoint_id
         audit_rows = [serde.audit_to_row(record, seq) for seq, record in enumerate(decision.audit)]
         batches = [

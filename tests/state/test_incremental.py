@@ -214,7 +214,9 @@ def _growing(checkpoint_id: int, files: int = 200) -> CompletedCheckpoint:
     return dataclasses.replace(global_(checkpoint_id), enumerator=snapshot)
 
 
-def test_a_decision_holds_the_rows_its_checkpoint_writes_and_decodes_whole_with_identities(tmp_path):
+def test_a_decision_holds_the_rows_its_checkpoint_writes_and_decodes_whole_with_identities(
+    tmp_path, monkeypatch
+):
     """The decision (the redo record, written before the sink commit) holds the enumerator rows its
     checkpoint commit writes: against the same base, a delta of what changed, not every finished
     split (at 100,000 files a full copy cost every epoch about 100 ms); read back by a fresh store it
@@ -223,10 +225,18 @@ def test_a_decision_holds_the_rows_its_checkpoint_writes_and_decodes_whole_with_
     root = str(tmp_path / "state")
     store = _open(root, full_snapshot_every=3)
     decisions = {}
+    made: list[str] = []
+    for name in ("enumerator_delta", "enumerator_to_rows"):
+        real = getattr(serde, name)
+        monkeypatch.setattr(
+            serde, name, lambda *a, _real=real, _name=name, **k: made.append(_name) or _real(*a, **k)
+        )
     for cid in range(1, 6):
         decisions[cid] = decision_for(_growing(cid))
         store.write_decision(decisions[cid])
+        made.clear()
         store.commit_checkpoint(decisions[cid])
+        assert made == [], f"checkpoint {cid}: the commit made its rows again ({made})"  # the decision's
     assert _bases(root) == {1: None, 2: 1, 3: 1, 4: None, 5: 4}
     rows = DeltaTable(f"{root}/decisions").to_pyarrow_table().to_pylist()
     by_epoch = {r["epoch_id"]: r for r in rows}
