@@ -96,12 +96,15 @@ class BrokerHandle:
         self._broker.start(timeout_s=180)
         return f"pid {old} -> {self._broker.pid}"
 
-    def crash_and_restart(self, down_s: float) -> BrokerCrash:
-        """SIGKILL the broker process (no controlled shutdown), wait ``down_s``, start it again."""
+    def crash_and_restart(self, down_s: float, on_killed: Callable[[], None] | None = None) -> BrokerCrash:
+        """SIGKILL the broker process (no controlled shutdown), call ``on_killed``, wait ``down_s``,
+        start it again."""
         assert self._broker is not None
         old = self._broker.pid
         status = self._broker.kill()
         killed_at = time.monotonic()
+        if on_killed is not None:
+            on_killed()
         time.sleep(down_s)
         self._broker.start(timeout_s=180)
         return BrokerCrash(old, status, self._broker.pid, round(time.monotonic() - killed_at, 1))

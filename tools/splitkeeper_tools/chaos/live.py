@@ -85,11 +85,15 @@ class LiveFault(abc.ABC):
 class BrokerKill(LiveFault):
     """SIGKILL the broker while the driver reads and the producer has messages in flight, then restart it.
 
-    Triggered ``delay_s`` after the driver's first epoch line (the next epoch discovers, plans and
-    reads; the previous one just committed its offsets to the group). Right before
-    the kill ``burst`` messages are handed to the idempotent producer without waiting, so
-    produce requests are in flight when the broker dies; their delivery reports come
-    after the restart. ``after`` runs once the broker is back (the rest of the share).
+    Triggered by the driver's first epoch line (the next epoch discovers, plans and reads; the
+    previous one just committed its offsets to the group): the driver's process tree is SIGSTOPped
+    there, so the kill meets it alive in that next epoch however fast its epochs are (an epoch with
+    nothing new takes milliseconds: a driver ran past its crash point within the delay once), and
+    SIGCONTed as soon as the broker is dead, to go on against a broker that is down and then
+    restarted. ``delay_s`` (seeded, 0-0.5 s) is how long the frozen driver waits before the kill.
+    Right before the kill ``burst`` messages are handed to the idempotent producer without waiting,
+    so produce requests are in flight when the broker dies; their delivery reports come after the
+    restart. ``after`` runs once the broker is back (the rest of the share).
     """
 
     def __init__(
@@ -115,20 +119,37 @@ class BrokerKill(LiveFault):
         return True
 
     def inject(self, line: EpochLine, proc: subprocess.Popen[str]) -> None:
+        from splitkeeper_tools.chaos.processes import descendants
+
         self.during_epoch = line.epoch + 1
-        time.sleep(self.delay_s)
-        self.in_flight = self.enqueue()
-        self.driver_alive = proc.poll() is None
-        say(
-            f"[{self.run}] SIGKILL of the broker during epoch {self.during_epoch} "
-            f"({self.in_flight} messages in flight, driver alive: {self.driver_alive})"
-        )
-        self.handed_over = True
+        stopped: list[int] = []
+        for pid in [proc.pid, *descendants(proc.pid)]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGSTOP)
+                stopped.append(pid)
+
+        def thaw() -> None:
+            for pid in reversed(stopped):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGCONT)
+            stopped.clear()
+
         try:
-            self.crash = self.broker.crash_and_restart(down_s=1.0)
-            say(f"[{self.run}] {self.crash.describe()}")
+            time.sleep(self.delay_s)
+            self.in_flight = self.enqueue()
+            self.driver_alive = proc.poll() is None
+            say(
+                f"[{self.run}] SIGKILL of the broker during epoch {self.during_epoch} "
+                f"({self.in_flight} messages in flight, driver alive: {self.driver_alive})"
+            )
+            self.handed_over = True
+            try:
+                self.crash = self.broker.crash_and_restart(down_s=1.0, on_killed=thaw)
+                say(f"[{self.run}] {self.crash.describe()}")
+            finally:
+                self.after()
         finally:
-            self.after()
+            thaw()
 
     def settle(self) -> None:
         """Once the driver exited: hand the share over if the kill never came (every message is produced;
