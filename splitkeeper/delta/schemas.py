@@ -140,6 +140,20 @@ _DECIDED = (
 # --------------------------------------------------------------------------- the schemas
 
 #: Every table's columns, by table name (the ``state/<table>.ddl`` files document them).
+#: An ``enumerator_state`` entry's fields, as a decision's enumerator rows (older decisions) and
+#: entries (with ``identity``) hold them.
+_ENUMERATOR_ENTRY: dict[str, pa.DataType] = {
+    "status": STRING,
+    "owner": INT,
+    "seq": INT,
+    "split_id": STRING,
+    "subscription": STRING,
+    "position": BIGINT,
+    "end": BIGINT,
+    "backlog_end": BIGINT,
+    "backlog_finished": BOOLEAN,
+}
+
 SCHEMAS: dict[str, pa.Schema] = {
     "pipeline": pa.schema(
         [
@@ -168,19 +182,7 @@ SCHEMAS: dict[str, pa.Schema] = {
             *_DECIDED,
             required(
                 "enumerator_rows",
-                array(
-                    _struct_of(
-                        status=STRING,
-                        owner=INT,
-                        seq=INT,
-                        split_id=STRING,
-                        subscription=STRING,
-                        position=BIGINT,
-                        end=BIGINT,
-                        backlog_end=BIGINT,
-                        backlog_finished=BOOLEAN,
-                    )
-                ),
+                array(_struct_of(**_ENUMERATOR_ENTRY)),
             ),
             required(
                 "audit",
@@ -205,20 +207,7 @@ SCHEMAS: dict[str, pa.Schema] = {
             optional("enumerator_base", BIGINT),
             optional(
                 "enumerator_entries",
-                array(
-                    _struct_of(
-                        status=STRING,
-                        owner=INT,
-                        seq=INT,
-                        split_id=STRING,
-                        subscription=STRING,
-                        position=BIGINT,
-                        end=BIGINT,
-                        backlog_end=BIGINT,
-                        backlog_finished=BOOLEAN,
-                        identity=STRING,
-                    )
-                ),
+                array(_struct_of(**_ENUMERATOR_ENTRY, identity=STRING)),
             ),
         ]
     ),
