@@ -73,6 +73,7 @@ __all__ = [
     "exists",
     "epoch_folder",
     "epoch_folders",
+    "parquet_options",
     "partition_folder",
     "partition_text",
     "read_table",
@@ -198,6 +199,32 @@ class StagedTarget:
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         if not self.published:
             self.discard()
+
+
+#: Staged columns with one value per file or split (dictionary pages), the record positions (ascending
+#: integers: delta-encoded, a few bits a row instead of eight bytes), and the raw record bytes
+#: (binary ``value``: no min/max statistics; no reader prunes on them, the sink's Delta statistics
+#: leave them out, and computing them is a pass over every value).
+_DICTIONARY = ("split_id", "epoch", "region", "ingested_at", "topic", "partition")
+_DELTA_ENCODED = ("offset", "next_offset")
+_NO_STATISTICS = ("value",)
+
+
+def parquet_options(schema: Any) -> dict[str, Any]:
+    """The writer settings of every staged file of ``schema`` (see the constants above)."""
+    import pyarrow as pa
+
+    names = schema.names
+    unpruned = {
+        f.name
+        for f in schema
+        if f.name in _NO_STATISTICS and (pa.types.is_binary(f.type) or pa.types.is_large_binary(f.type))
+    }
+    return {
+        "use_dictionary": [n for n in _DICTIONARY if n in names],
+        "column_encoding": {n: "DELTA_BINARY_PACKED" for n in _DELTA_ENCODED if n in names},
+        "write_statistics": [n for n in names if n not in unpruned],
+    }
 
 
 def write_table(table: Any, path: str, **options: Any) -> int:

@@ -62,6 +62,7 @@ from splitkeeper.staging import (
     StagedTarget,
     attempt_dir,
     new_attempt,
+    parquet_options,
     partition_folder,
     read_table,
     write_manifest,
@@ -201,7 +202,7 @@ class StagedWriter:
                 self._target.where,
                 schema,
                 filesystem=self._target.filesystem,
-                use_dictionary=["split_id", "epoch", "region"],
+                **parquet_options(schema),
             )
         self._ingested_at = pa.scalar(time.time_ns() // 1000, pa.timestamp("us", tz="UTC"))
         self._split_ids: list[str] = []
@@ -423,7 +424,11 @@ class StagedWriter:
         table = self._buffered_table()
         if not self.partition_by:
             pq.write_table(
-                table, self._target.where, filesystem=self._target.filesystem, row_group_size=_ROW_GROUP
+                table,
+                self._target.where,
+                filesystem=self._target.filesystem,
+                row_group_size=_ROW_GROUP,
+                **parquet_options(table.schema),
             )
             return StagedOutput(self.path, self.records, self._target.publish())
         folder = os.path.dirname(self.path)
@@ -444,7 +449,13 @@ class StagedWriter:
             part = data.filter(mask)
             target = StagedTarget(os.path.join(folder, partition_folder(row), f"part-{i:05d}.parquet"))
             self._published.append(target)
-            pq.write_table(part, target.where, filesystem=target.filesystem, row_group_size=_ROW_GROUP)
+            pq.write_table(
+                part,
+                target.where,
+                filesystem=target.filesystem,
+                row_group_size=_ROW_GROUP,
+                **parquet_options(part.schema),
+            )
             size += target.publish()
         manifest = write_manifest(folder, [target.path for target in self._published])
         return StagedOutput(manifest, self.records, size)

@@ -124,6 +124,32 @@ def test_writer_flushes_many_row_groups(tmp_path: Path) -> None:
     assert table.column("offset").to_pylist()[n // 2] == 0
 
 
+def test_staged_files_carry_the_writer_settings_of_every_staged_file(tmp_path: Path) -> None:
+    """Positions delta-encoded, per-file columns dictionary-encoded, no statistics on the raw bytes
+    (the sink's Delta statistics leave them out), the positions' statistics kept (they are)."""
+    import pyarrow.parquet as pq
+
+    n = 200_000
+    with StagedWriter(str(tmp_path / "p.parquet"), epoch=3, region=1) as writer:
+        writer.add("a", CountingReader().read_range(Split("a"), 0, n))
+        out = writer.commit()
+    meta = pq.ParquetFile(out.path).metadata
+    names = meta.schema.to_arrow_schema().names
+    group = meta.row_group(0)
+
+    def column(name: str) -> pq.ColumnChunkMetaData:
+        return group.column(names.index(name))
+
+    for name in ("offset", "next_offset"):
+        assert "DELTA_BINARY_PACKED" in column(name).encodings, column(name).encodings
+        assert column(name).statistics is not None and column(name).statistics.has_min_max
+    for name in ("split_id", "epoch", "region", "ingested_at"):
+        assert "RLE_DICTIONARY" in column(name).encodings or "PLAIN_DICTIONARY" in column(name).encodings
+    assert column("value").statistics is None
+    assert read_staged(out.path).column("offset").to_pylist() == list(range(n))
+    assert read_staged(out.path).column("next_offset").to_pylist() == list(range(1, n + 1))
+
+
 def test_a_committed_writer_cannot_commit_again(tmp_path: Path) -> None:
     writer = StagedWriter(str(tmp_path / "p.parquet"), epoch=1, region=0)
     writer.commit()

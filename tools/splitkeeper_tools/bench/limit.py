@@ -38,6 +38,8 @@ from dataclasses import dataclass
 from multiprocessing import get_context
 from typing import Any
 
+from splitkeeper.staging import parquet_options
+
 __all__ = [
     "LimitRun",
     "arrow_limit",
@@ -90,8 +92,8 @@ def _read_raw(path: str) -> Any:
     return pa.table({"value": values, "offset": pa.array(starts, pa.int64())})
 
 
-#: Parquet as our region tasks write it (spark/task.py): dictionary pages only for the
-#: low-cardinality bookkeeping columns, 128 Ki rows a row group, Arrow's default codec.
+#: Parquet as our region tasks write it (spark/task.py): their writer settings
+#: (:func:`splitkeeper.staging.parquet_options`), 128 Ki rows a row group, Arrow's default codec.
 _ROW_GROUP = 128 * 1024
 
 
@@ -126,7 +128,7 @@ def read_and_write(paths: Sequence[str], out_dir: str, schema_ddl: str | None = 
             table,
             os.path.join(out_dir, f"{name}.parquet"),
             row_group_size=_ROW_GROUP,
-            use_dictionary=["split_id"],
+            **parquet_options(table.schema),
         )
         rows[name] = table.num_rows
     return rows
@@ -278,7 +280,7 @@ def consume_and_write(
         }
     )
     os.makedirs(os.path.dirname(out_path), exist_ok=True)
-    pq.write_table(table, out_path, row_group_size=_ROW_GROUP, use_dictionary=["split_id", "topic"])
+    pq.write_table(table, out_path, row_group_size=_ROW_GROUP, **parquet_options(table.schema))
     counted = table.group_by("split_id").aggregate([([], "count_all")])
     return dict(zip(counted["split_id"].to_pylist(), counted["count_all"].to_pylist(), strict=True))
 
