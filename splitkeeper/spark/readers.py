@@ -61,7 +61,6 @@ import itertools
 import logging
 import os
 import socket
-import socketserver
 import threading
 import time
 import traceback
@@ -73,10 +72,10 @@ from splitkeeper import clients
 from splitkeeper.errors import EpochAbandoned
 from splitkeeper.spark.regions import (
     _LOG_TRACEBACK_CHARS,
-    SERVER_POLL_S,
     SOCKET_TIMEOUT_S,
     RegionRun,
     RegionStatus,
+    SignedServer,
     _failed_task_index,
     _frame,
     _kill_task,
@@ -199,7 +198,6 @@ class ReaderPool:
         self._warm_groups: list[tuple[list[int], Any]] = []  # (regions, warm payload) per slot to come
         self.warmed: dict[Slot, float | str] = {}  # each slot's warm-up: its seconds, or its error
         self.poll_s = poll_s
-        self.authkey = os.urandom(32)
         self.cap = max(1, int(spark.conf.get(SLOTS_CONF, None) or self.sc.defaultParallelism))
         self._lock = threading.Lock()
         self._changed = threading.Event()
@@ -212,46 +210,32 @@ class ReaderPool:
         self._stirred = time.monotonic()  # when a job last started or a slot last said hello
         self._start_failure: tuple[float, BaseException] | None = None  # a job that failed before any hello
         pool = self
-        authkey = self.authkey
 
-        class Handler(socketserver.BaseRequestHandler):
-            def handle(self) -> None:
-                sock: socket.socket = self.request
-                sock.settimeout(SOCKET_TIMEOUT_S)
-                try:
-                    hello = _unframe(authkey, sock)
-                    if hello[0] != "hello":
-                        return
-                    _kind, job, index, _attempt, task_id, pid = hello
-                except Exception:  # a stranger, a reset connection
-                    log.debug("reader server: a hello failed: %s", traceback.format_exc())
+        def serve(sock: socket.socket, authkey: bytes) -> None:
+            try:
+                hello = _unframe(authkey, sock)
+                if hello[0] != "hello":
                     return
-                sock.settimeout(None)
-                worker = pool._register((job, index), sock, task_id, pid)
-                if worker is None:
-                    return
-                pool._send_warm(worker)
-                try:
-                    while True:
-                        pool._on_message(worker, _unframe(authkey, sock))
-                except Exception:  # EOF: the task ended or its worker died
-                    log.debug("reader server: slot %s gone: %s", worker.slot, traceback.format_exc(limit=1))
-                pool._on_lost(worker)
-
-        class Server(socketserver.ThreadingTCPServer):
-            daemon_threads = True
-            allow_reuse_address = True
+                _kind, job, index, _attempt, task_id, pid = hello
+            except Exception:  # a stranger, a reset connection
+                log.debug("reader server: a hello failed: %s", traceback.format_exc())
+                return
+            sock.settimeout(None)
+            worker = pool._register((job, index), sock, task_id, pid)
+            if worker is None:
+                return
+            pool._send_warm(worker)
+            try:
+                while True:
+                    pool._on_message(worker, _unframe(authkey, sock))
+            except Exception:  # EOF: the task ended or its worker died
+                log.debug("reader server: slot %s gone: %s", worker.slot, traceback.format_exc(limit=1))
+            pool._on_lost(worker)
 
         bind, host = _server_addresses(self.sc)
-        self._server = Server((bind, 0), Handler)
-        self.address: tuple[str, int] = (host, self._server.server_address[1])
-        self._thread = threading.Thread(
-            target=self._server.serve_forever,
-            args=(SERVER_POLL_S,),
-            name="splitkeeper-reader-server",
-            daemon=True,
-        )
-        self._thread.start()
+        self._server = SignedServer(bind, host, serve, name="splitkeeper-reader-server", concurrent=True)
+        self.authkey = self._server.authkey
+        self.address: tuple[str, int] = self._server.address
 
     # -- the server's threads --
 
@@ -575,6 +559,4 @@ class ReaderPool:
         for worker in workers:
             with contextlib.suppress(OSError):
                 worker.sock.close()
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(timeout=5)
+        self._server.close()

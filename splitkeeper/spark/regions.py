@@ -10,14 +10,15 @@ and a few Python worker round trips, not one per region (200 busy regions on 2 c
 200). A task runs its regions one after another; each region still starts (asks the driver) and
 ends (reports) on its own, so its timeout, its failure and its result are its own.
 
-Every task reports to the driver as it *starts* and as it *ends*, over a small authenticated
-socket server the driver opens for the epoch (:class:`_RegionServer`: stdlib ``socketserver``,
-each message signed with HMAC-SHA256 under a random key per epoch and unpickled only once it
-checks out, as PySpark's accumulator server checks its token; bound on ``spark.driver.bindAddress`` and
-reached at ``spark.driver.host``, a port the system picks: executors must reach the driver host
-on it, as they reach ``spark.driver.port``). So the driver learns each region's result as its
-task ends, and each region's start time, while the job still runs; the job's ``collect()``
-result is a backstop for a report that was still in flight when the job ended.
+Every task reports to the driver as it *starts* and as it *ends*, over a small authenticated socket
+server the driver opens for the epoch (:func:`_region_server`, a :class:`SignedServer`: stdlib
+``socketserver``, each message signed with HMAC-SHA256 under a random key per epoch and unpickled
+only once it checks out, as PySpark's accumulator server checks its token; bound on
+``spark.driver.bindAddress`` and reached at ``spark.driver.host``, a port the system picks:
+executors must reach the driver host on it, as they reach ``spark.driver.port``). So the driver
+learns each region's result as its task ends, and each region's start time, while the job still
+runs; the job's ``collect()`` result is a backstop for a report that was still in flight when the
+job ended.
 
 Isolation within the one job:
 
@@ -332,22 +333,25 @@ def _region_partition(
 # --------------------------------------------------------------------------- the driver side
 
 
-class _RegionServer:
-    """The epoch's socket server: tasks' start and end messages, one at a time on one thread.
+class SignedServer:
+    """A driver-side socket server of one channel of signed messages (:func:`_frame` /
+    :func:`_unframe` with its own random ``authkey``): the epoch's region server and the long-lived
+    reader pool's server are each one.
 
-    ``on_start(region, attempt, task_id) -> bool`` says whether the attempt may run;
-    ``on_end(region, status, value, detail)`` takes a region's end; ``on_retry(region, attempt,
-    error, detail)`` an attempt that raised and that Spark retries. All run on the server's thread.
-    A message is unpickled only when its HMAC with the epoch's random key checks out.
+    ``serve(sock, authkey)`` handles one connection (its timeout is :data:`SOCKET_TIMEOUT_S`); an
+    exception it raises ends the connection and is logged at debug level (a stranger, a reset
+    connection: the task retries or times out). ``concurrent``: a thread per connection (the
+    reader slots' long connections), else one connection at a time on the server's thread.
     """
 
     def __init__(
         self,
         bind: str,
         host: str,
-        on_start: Callable[[int, int, int], bool],
-        on_end: Callable[[int, str, Any, str], None],
-        on_retry: Callable[[int, int, str, str], None] | None = None,
+        serve: Callable[[socket.socket, bytes], None],
+        *,
+        name: str,
+        concurrent: bool = False,
     ) -> None:
         self.authkey = os.urandom(32)
         authkey = self.authkey
@@ -357,26 +361,18 @@ class _RegionServer:
                 sock: socket.socket = self.request
                 sock.settimeout(SOCKET_TIMEOUT_S)
                 try:
-                    message = _unframe(authkey, sock)
-                    if message[0] == "start":
-                        _kind, region, attempt, task_id, _pid = message
-                        sock.sendall(b"1" if on_start(region, attempt, task_id) else b"0")
-                    elif message[0] == "finished":
-                        on_end(message[1], "finished", message[3], "")
-                    elif message[0] == "failed":
-                        on_end(message[1], "failed", message[3], message[4])
-                    elif message[0] == "retrying" and on_retry is not None:
-                        on_retry(message[1], message[2], message[3], message[4])
-                except Exception:  # a stranger, a reset connection: the task retries or times out
-                    log.debug("region server: a message failed: %s", traceback.format_exc())
+                    serve(sock, authkey)
+                except Exception:
+                    log.debug("%s: a connection failed: %s", name, traceback.format_exc())
 
-        self._server = socketserver.TCPServer((bind, 0), Handler)
+        class Server(socketserver.ThreadingTCPServer if concurrent else socketserver.TCPServer):  # type: ignore[misc]
+            daemon_threads = True
+            allow_reuse_address = concurrent
+
+        self._server = Server((bind, 0), Handler)
         self.address: tuple[str, int] = (host, self._server.server_address[1])
         self._thread = threading.Thread(
-            target=self._server.serve_forever,
-            args=(SERVER_POLL_S,),
-            name="splitkeeper-region-server",
-            daemon=True,
+            target=self._server.serve_forever, args=(SERVER_POLL_S,), name=name, daemon=True
         )
         self._thread.start()
 
@@ -384,6 +380,36 @@ class _RegionServer:
         self._server.shutdown()  # returns once serve_forever has (within its poll interval)
         self._server.server_close()
         self._thread.join(timeout=5)
+
+
+def _region_server(
+    bind: str,
+    host: str,
+    on_start: Callable[[int, int, int], bool],
+    on_end: Callable[[int, str, Any, str], None],
+    on_retry: Callable[[int, int, str, str], None] | None = None,
+) -> SignedServer:
+    """The epoch's server: tasks' start and end messages, one at a time on one thread.
+
+    ``on_start(region, attempt, task_id) -> bool`` says whether the attempt may run;
+    ``on_end(region, status, value, detail)`` takes a region's end; ``on_retry(region, attempt,
+    error, detail)`` an attempt that raised and that Spark retries. All run on the server's thread.
+    A message is unpickled only when its HMAC with the epoch's random key checks out.
+    """
+
+    def serve(sock: socket.socket, authkey: bytes) -> None:
+        message = _unframe(authkey, sock)
+        if message[0] == "start":
+            _kind, region, attempt, task_id, _pid = message
+            sock.sendall(b"1" if on_start(region, attempt, task_id) else b"0")
+        elif message[0] == "finished":
+            on_end(message[1], "finished", message[3], "")
+        elif message[0] == "failed":
+            on_end(message[1], "failed", message[3], message[4])
+        elif message[0] == "retrying" and on_retry is not None:
+            on_retry(message[1], message[2], message[3], message[4])
+
+    return SignedServer(bind, host, serve, name="splitkeeper-region-server")
 
 
 #: Each SparkContext's driver addresses (:func:`_server_addresses`), read once per context.
@@ -504,7 +530,7 @@ def run_regions(
                 record(region, RegionRun(region, RegionStatus.FAILED, error=str(value)))
 
     bind, host = _server_addresses(sc)
-    server = _RegionServer(bind, host, on_start, on_end, on_retry)
+    server = _region_server(bind, host, on_start, on_end, on_retry)
     group = _job_group(pipeline, epoch)
     job_error: list[BaseException] = []
     backstop: list[tuple[int, str, Any]] = []
