@@ -483,6 +483,30 @@ def test_store_s3_or_profile_cluster_without_the_local_s3_server_exits_2_naming_
     assert "bash scripts/setup.sh cluster" in done.stderr and "starting a Kafka broker" not in done.stderr
 
 
+@pytest.mark.parametrize("option, value", [("--store", "s3"), ("--profile", "cluster")])
+def test_store_s3_without_the_s3a_jars_exits_2_before_anything_starts(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    option: str,
+    value: str,
+) -> None:
+    """The verification reads the sink with Spark through S3A: without the s3a jar group the command
+    refused only after the whole run (minutes); now before anything starts, naming the fix."""
+    import splitkeeper_tools.chaos as chaos_cli
+    from splitkeeper_tools import cli
+
+    monkeypatch.setattr(chaos_cli, "versitygw_binary", lambda: tmp_path / "versitygw")  # the store is there
+    monkeypatch.setenv("SPLITKEEPER_JARS_DIR", str(tmp_path / "jars"))  # no s3a group there
+    code = cli.main(["chaos", "--source", "kafka", option, value, "--workdir", str(tmp_path / "w")])
+
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert f"[INVALID_PARAMETER] {option}='{value}' is not allowed" in err
+    assert "no hadoop-aws jar in" in err and "bash scripts/setup.sh cluster" in err
+    assert not (tmp_path / "w").exists()  # nothing started, not even the work folder
+
+
 def test_profile_cluster_without_spark_exits_2_naming_the_profile_before_anything_starts(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

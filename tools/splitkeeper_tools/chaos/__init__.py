@@ -223,6 +223,21 @@ def run(args: argparse.Namespace) -> int:
                 "local, or cluster where a Spark standalone master can start (pyspark's bin/spark-class)",
                 hint=f"{missing}; install the Python packages with: bash scripts/setup.sh",
             )
+    if store == "s3":  # the verification reads the sink with Spark through S3A: checked before minutes of work
+        from splitkeeper.errors import EnvironmentNotReadyError
+        from splitkeeper.spark.jars import s3a_jars
+
+        try:
+            s3a_jars()
+        except EnvironmentNotReadyError as err:
+            option, value = ("--profile", profile) if profile == "cluster" else ("--store", store)
+            raise InvalidParameterError(
+                option,
+                value,
+                f"local, or {value} where Spark can read the object store (the s3a jar group, which the "
+                "verification's Spark reads of the sink need)",
+                hint=err.message,
+            ) from err
     check_bootstrap_servers(args.bootstrap_servers)
     workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="splitkeeper-chaos-"))
     workdir.mkdir(parents=True, exist_ok=True)
