@@ -223,7 +223,8 @@ def run(args: argparse.Namespace) -> int:
                 "local, or cluster where a Spark standalone master can start (pyspark's bin/spark-class)",
                 hint=f"{missing}; install the Python packages with: bash scripts/setup.sh",
             )
-    if store == "s3":  # the verification reads the sink with Spark through S3A: checked before minutes of work
+    # the verification reads the sink with Spark through S3A: checked before minutes of work
+    if store == "s3":
         from splitkeeper.errors import EnvironmentNotReadyError
         from splitkeeper.spark.jars import s3a_jars
 
