@@ -210,8 +210,12 @@ _DELTA_ENCODED = ("offset", "next_offset")
 _NO_STATISTICS = ("value",)
 
 
-def parquet_options(schema: Any) -> dict[str, Any]:
-    """The writer settings of every staged file of ``schema`` (see the constants above)."""
+def parquet_options(schema: Any, *, data_dictionary: bool = False) -> dict[str, Any]:
+    """The writer settings of every staged file of ``schema`` (see the constants above).
+
+    ``data_dictionary``: the other columns (a typed decode's data columns) get dictionary pages too,
+    as Arrow's defaults give them: the files a writer keeps rows for (partitioned, widened) were
+    written with those defaults before these settings, and their low-cardinality columns keep them."""
     import pyarrow as pa
 
     names = schema.names
@@ -221,7 +225,11 @@ def parquet_options(schema: Any) -> dict[str, Any]:
         if f.name in _NO_STATISTICS and (pa.types.is_binary(f.type) or pa.types.is_large_binary(f.type))
     }
     return {
-        "use_dictionary": [n for n in _DICTIONARY if n in names],
+        "use_dictionary": [
+            n
+            for n in names
+            if n in _DICTIONARY or (data_dictionary and n not in unpruned and n not in _DELTA_ENCODED)
+        ],
         "column_encoding": {n: "DELTA_BINARY_PACKED" for n in _DELTA_ENCODED if n in names},
         "write_statistics": [n for n in names if n not in unpruned],
     }

@@ -428,7 +428,7 @@ class StagedWriter:
                 self._target.where,
                 filesystem=self._target.filesystem,
                 row_group_size=_ROW_GROUP,
-                **parquet_options(table.schema),
+                **parquet_options(table.schema, data_dictionary=True),
             )
             return StagedOutput(self.path, self.records, self._target.publish())
         folder = os.path.dirname(self.path)
@@ -454,7 +454,7 @@ class StagedWriter:
                 target.where,
                 filesystem=target.filesystem,
                 row_group_size=_ROW_GROUP,
-                **parquet_options(part.schema),
+                **parquet_options(part.schema, data_dictionary=True),
             )
             size += target.publish()
         manifest = write_manifest(folder, [target.path for target in self._published])

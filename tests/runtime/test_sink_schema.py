@@ -246,6 +246,19 @@ def _staged_with(staging: str, epoch: int, schema: pa.Schema, extra: dict[str, p
         return writer.commit().path
 
 
+def test_a_widened_file_keeps_dictionary_pages_for_its_data_columns(tmp_path: Path) -> None:
+    """The files a writer keeps rows for (widened, partitioned) had Arrow's default dictionary
+    pages on their data columns; the staged files' settings keep them there, beside the settings
+    every staged file has (positions delta-encoded, no statistics on raw bytes)."""
+    schema = sink_schema(_typed("add_columns"))
+    staged = _staged_with(str(tmp_path / "staging"), 1, schema, {"colour": pa.array(["red"])})
+    meta = pq.ParquetFile(staged).metadata
+    group = meta.row_group(0)
+    encodings = {group.column(i).path_in_schema: group.column(i).encodings for i in range(meta.num_columns)}
+    assert "RLE_DICTIONARY" in encodings["id"] and "RLE_DICTIONARY" in encodings["colour"]
+    assert "DELTA_BINARY_PACKED" in encodings["offset"] and "RLE_DICTIONARY" not in encodings["offset"]
+
+
 def test_add_columns_widens_the_table_with_the_epoch_commit(tmp_path: Path) -> None:
     staging = str(tmp_path / "staging")
     spec = _typed("add_columns")
