@@ -155,6 +155,7 @@ class Drops:
         # --discovery notifications: source.notifications, and the events the store published so far
         self.events = events
         self.published = 0
+        self.event_offsets: dict[int, int] = {}  # the event topic read so far, per partition
 
     def loc(self, name: str) -> str:
         """The location of ``name`` (``in``, ``state``, ``sink``) as the pipeline is given it."""
@@ -211,26 +212,44 @@ class Drops:
         finally:
             pa.set_io_thread_count(threads)
         if self.events is not None:
-            self.published += sum(1 for p in folder.rglob("*") if p.is_file())
-            self._await_events()
+            uploaded = {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()}
+            self.published += len(uploaded)
+            self._await_events(inner.split("/", 1)[1] + "/", uploaded)
         return time.perf_counter() - started
 
-    def _await_events(self, timeout_s: float = 300.0) -> None:
-        """Wait until the event topic holds an event per object uploaded (an event may reach the topic
-        after its PUT has answered): the new data has arrived when its events have."""
-        from splitkeeper.sources.files.notify import EventFeed
+    def _await_events(self, prefix: str, keys: set[str], timeout_s: float = 300.0) -> None:
+        """Wait until the event topic holds an event for each object just uploaded (``keys``, their
+        object keys after ``prefix``; an event may reach the topic after its PUT has answered): the
+        new data has arrived when its events have. The events of other objects (the region tasks'
+        staged files in the same bucket) are not counted: counting every event let an epoch start
+        before one of its new objects' events was there."""
+        from splitkeeper.sources.files.notify import EventFeed, parse_events
 
         assert self.events is not None
         feed = EventFeed(self.events["bootstrap_servers"], self.events["topic"])
+        pending = set(keys)
         deadline = time.monotonic() + timeout_s
         try:
-            while (there := sum(high for _low, high in feed.partitions().values())) < self.published:
-                if time.monotonic() > deadline:
+            while pending:
+                marks = feed.partitions()
+                ends = {p: high for p, (_low, high) in marks.items()}
+                start = {p: self.event_offsets.get(p, low) for p, (low, _high) in marks.items()}
+                for _partition, _offset, value in feed.read(start, ends):
+                    try:
+                        events = parse_events(value)
+                    except Exception:  # noqa: BLE001 - not an object event: not one of ours
+                        continue
+                    for event in events:
+                        if event.key.startswith(prefix):
+                            pending.discard(event.key[len(prefix) :])
+                self.event_offsets.update(ends)
+                if pending and time.monotonic() > deadline:
                     raise RuntimeError(
-                        f"bench scale: {there} bucket events on {self.events['topic']} after "
-                        f"{timeout_s:g} s, {self.published} objects uploaded"
+                        f"bench scale: no bucket event on {self.events['topic']} after {timeout_s:g} s for "
+                        f"{len(pending)} of the {len(keys)} objects uploaded (e.g. {sorted(pending)[:3]})"
                     )
-                time.sleep(0.05)
+                if pending:
+                    time.sleep(0.05)
         finally:
             feed.close()
 
