@@ -152,9 +152,8 @@ class Drops:
         self.root = root
         self.store = store
         self.tables = tables  # "store": the state and sink on the store too; "local": on local disk
-        # --discovery notifications: source.notifications, and the events the store published so far
+        # --discovery notifications: source.notifications
         self.events = events
-        self.published = 0
         self.event_offsets: dict[int, int] = {}  # the event topic read so far, per partition
 
     def loc(self, name: str) -> str:
@@ -213,16 +212,14 @@ class Drops:
             pa.set_io_thread_count(threads)
         if self.events is not None:
             uploaded = {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()}
-            self.published += len(uploaded)
             self._await_events(inner.split("/", 1)[1] + "/", uploaded)
         return time.perf_counter() - started
 
     def _await_events(self, prefix: str, keys: set[str], timeout_s: float = 300.0) -> None:
         """Wait until the event topic holds an event for each object just uploaded (``keys``, their
         object keys after ``prefix``; an event may reach the topic after its PUT has answered): the
-        new data has arrived when its events have. The events of other objects (the region tasks'
-        staged files in the same bucket) are not counted: counting every event let an epoch start
-        before one of its new objects' events was there."""
+        new data has arrived when its events have. Only the events of these keys count: a count of
+        the topic's events is satisfied by any other event."""
         from splitkeeper.sources.files.notify import EventFeed, parse_events
 
         assert self.events is not None
@@ -240,8 +237,9 @@ class Drops:
                     except Exception:  # noqa: BLE001 - not an object event: not one of ours
                         continue
                     for event in events:
-                        if event.key.startswith(prefix):
-                            pending.discard(event.key[len(prefix) :])
+                        for key in event.keys:  # as spelled and URL-decoded, as discovery reads it
+                            if key.startswith(prefix):
+                                pending.discard(key[len(prefix) :])
                 self.event_offsets.update(ends)
                 if pending and time.monotonic() > deadline:
                     raise RuntimeError(
