@@ -2,7 +2,9 @@
 
 No latency bound is asserted (the figures depend on the machine's load): the run must produce
 at the asked rate, both sinks must hold every produced message exactly once with its bytes,
-and the percentiles must be real (positive, ordered) on both sides.
+and the percentiles must be real (positive, ordered) on both sides. The small run also SIGKILLs
+one of our long-lived reader slots' Python workers in the middle (``--fault worker-kill``): the
+data must still be exact, and the run must show it met the fault.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from splitkeeper_tools.bench.latency import (
     epoch_phases,
     percentile,
     percentiles,
+    produced_between,
     stamped_value,
     steady,
 )
@@ -35,14 +38,14 @@ FIELDS = {
 @pytest.mark.spark
 @pytest.mark.kafka
 @pytest.mark.slow
-def test_a_small_latency_run_sees_every_message_once_in_both_sinks_with_ordered_percentiles(
+def test_a_small_latency_run_with_a_reader_killed_sees_every_message_once_in_both_sinks(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "charts"
     code = cli.main(
         [
             "bench", "latency", "--source", "kafka", "--rate", str(RATE), "--seconds", str(SECONDS),
-            "--partitions", "2", "--parallelism", "2", "--out", str(out),
+            "--partitions", "2", "--parallelism", "2", "--fault", "worker-kill", "--out", str(out),
             "--work-dir", str(tmp_path / "work"), "--json",
         ]
     )  # fmt: skip
@@ -69,6 +72,16 @@ def test_a_small_latency_run_sees_every_message_once_in_both_sinks_with_ordered_
     assert result["ours_epochs"] > SECONDS  # continuous: about two epochs a second (interval 0.5 s)
     assert {"start", "run", "end"} <= set(result["load_avg"])
     assert "[bench latency] produced 500" in captured.err
+    # the fault: one of our reader slots' Python workers SIGKILLed halfway, a real process of the run
+    fault = result["fault"]
+    assert fault["kind"] == "worker-kill" and fault["injected"] is True, fault["evidence"]
+    assert fault["at_s"] == SECONDS / 2 and fault["killed_at_s"] >= SECONDS / 2
+    assert f"(pid {fault['pid']})" in captured.err and "Python worker exited unexpectedly" in captured.err
+    assert fault["reader_jobs_started_after"] >= 1 or fault["epochs_with_a_failed_region_after"]
+    assert result["reader_jobs_started"] >= 2  # the first job, and the one that replaced it
+    for side in ("ours", "ss"):  # the messages produced around the fault, on both sides
+        window = [fault[f"{side}_window_p{q}_s"] for q in (50, 90, 99)]
+        assert 0 < window[0] <= window[1] <= window[2] <= fault[f"{side}_window_max_s"], (side, window)
     html = (out / "latency_kafka.html").read_text(encoding="utf-8")
     assert 'id="latency-kafka"' in html
 
@@ -80,6 +93,12 @@ def test_the_steady_figures_leave_out_the_messages_of_the_first_ramp_seconds() -
     assert percentiles(latency, "x")["x_p99_s"] == 5.0  # all messages keep the ramp
     assert steady(latency, 100, 0.0) == latency
     assert set(steady(latency, 100, 0.015)) == set(range(2, 1000))  # message 2 is produced at 0.02 s
+
+
+def test_the_fault_window_takes_the_messages_produced_in_it() -> None:
+    latency = {seq: float(seq) for seq in range(1000)}  # 100/s: message k at k / 100 s
+    assert set(produced_between(latency, 100, 2.0, 5.0)) == set(range(200, 500))
+    assert produced_between(latency, 100, 20.0, 30.0) == {}
 
 
 def test_percentiles_are_nearest_rank() -> None:
@@ -120,6 +139,8 @@ def test_the_content_check_refuses_a_missing_a_changed_or_a_repeated_message() -
         (["--partitions", "0"], "partitions=0"),
         (["--interval-s", "0"], "interval_s=0.0"),
         (["--ramp-s", "30"], "ramp_s=30.0"),
+        (["--fault", "worker-kill", "--readers", "per_epoch"], "fault='worker-kill'"),
+        (["--fault", "worker-kill", "--fault-at", "1"], "fault_at=1.0"),
     ],
 )
 def test_bad_input_exits_2_naming_the_value_before_starting_anything(

@@ -49,14 +49,17 @@ Exit 0 when both sinks are exact, 1 otherwise, 2 on bad input.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import logging
 import math
 import os
+import signal
 import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -92,6 +95,10 @@ REGION_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 120.0
 PROGRESS_EVERY_S = 5.0
 PERCENTILES = (50, 90, 99)
+FAULTS = ("worker-kill",)
+#: the messages whose latency the fault window figures cover: produced from this long before the
+#: fault until this long after it (seconds)
+FAULT_WINDOW_S = (1.0, 3.0)
 
 
 def _say(line: str) -> None:
@@ -120,6 +127,8 @@ class LatencySettings:
     warmup: bool = True
     readers: str = "long_lived"
     ramp_s: float = 2.0  # the first seconds of production, left out of the steady figures
+    fault: str | None = None  # FAULTS: injected into our side once, at fault_at of the production span
+    fault_at: float = 0.5
 
     def __post_init__(self) -> None:
         check_counts(
@@ -134,6 +143,19 @@ class LatencySettings:
         if isinstance(self.ramp_s, bool) or not 0 <= self.ramp_s < self.seconds:
             raise InvalidParameterError(
                 "ramp_s", self.ramp_s, f"seconds >= 0 and < seconds ({self.seconds:g})"
+            )
+        if self.fault is not None and self.fault not in FAULTS:
+            raise InvalidParameterError("fault", self.fault, " or ".join(FAULTS))
+        if self.fault == "worker-kill" and self.readers != "long_lived":
+            raise InvalidParameterError(
+                "fault",
+                self.fault,
+                "with --readers long_lived: a job per epoch keeps no reader process between epochs to "
+                "kill (chaos kills a per-epoch task's worker mid-read)",
+            )
+        if isinstance(self.fault_at, bool) or not 0 < self.fault_at < 1:
+            raise InvalidParameterError(
+                "fault_at", self.fault_at, "a fraction of the production span, > 0 and < 1"
             )
         if isinstance(self.settle_s, bool) or not self.settle_s >= 0:
             raise InvalidParameterError("settle_s", self.settle_s, "a number of seconds >= 0")
@@ -321,6 +343,135 @@ def steady(latency_s: Mapping[int, float], rate: int, ramp_s: float) -> dict[int
     return {seq: value for seq, value in latency_s.items() if seq >= first}
 
 
+def produced_between(
+    latency_s: Mapping[int, float], rate: int, start_s: float, end_s: float
+) -> dict[int, float]:
+    """The latencies of the messages produced from ``start_s`` until ``end_s`` seconds into production
+    (message ``k`` at ``k / rate``, as :func:`steady` reads it)."""
+    first, last = math.ceil(start_s * rate), math.ceil(end_s * rate)
+    return {seq: value for seq, value in latency_s.items() if first <= seq < last}
+
+
+# ---------------------------------------------------------------------------------------
+# the fault (ours only)
+# ---------------------------------------------------------------------------------------
+
+
+class ReaderSlots(logging.Handler):
+    """Our long-lived reader slots as the pool announces them: its ``reader slot S ready (task T, pid
+    P)`` and ``starting reader job N`` log records (:mod:`splitkeeper.spark.readers`), with the
+    monotonic time each came. :meth:`attached` listens while the run runs."""
+
+    LOGGER = "splitkeeper.spark.readers"
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.ready: list[tuple[float, Any, int]] = []  # (when, slot, Python worker pid)
+        self.jobs: list[float] = []  # when each reader job started
+
+    def emit(self, record: logging.LogRecord) -> None:
+        text = str(record.msg)
+        if text.startswith("reader slot") and "pid" in text and len(record.args or ()) == 3:
+            slot, _task, pid = record.args  # type: ignore[misc]
+            self.ready.append((time.monotonic(), slot, int(str(pid))))
+        elif text.startswith("starting reader job"):
+            self.jobs.append(time.monotonic())
+
+    @contextlib.contextmanager
+    def attached(self) -> Iterator[ReaderSlots]:
+        logger = logging.getLogger(self.LOGGER)
+        level = logger.level
+        if not logger.isEnabledFor(logging.INFO):
+            logger.setLevel(logging.INFO)
+        logger.addHandler(self)
+        try:
+            yield self
+        finally:
+            logger.removeHandler(self)
+            logger.setLevel(level)
+
+    def live_worker(self) -> tuple[Any, int] | None:
+        """The slot and pid of the reader slot that said hello last and whose worker still runs."""
+        latest: dict[Any, int] = {}
+        for _when, slot, pid in self.ready:
+            latest[slot] = pid
+        for slot, pid in reversed(list(latest.items())):
+            try:
+                os.kill(pid, 0)
+            except OSError:
+                continue
+            return slot, pid
+        return None
+
+
+@dataclass
+class FaultRun:
+    """One injected fault: what was asked, when it was done and to what."""
+
+    kind: str
+    at_s: float  # planned: seconds into production
+    killed_at: float | None = None  # monotonic
+    slot: Any = None
+    pid: int | None = None
+    error: str = ""
+
+
+def kill_reader_worker(slots: ReaderSlots, fault: FaultRun, started: float, stop: threading.Event) -> None:
+    """At ``fault.at_s`` into production, SIGKILL the Python worker of one of our reader slots."""
+    if stop.wait(max(0.0, started + fault.at_s - time.monotonic())):
+        fault.error = "the run stopped before the fault was due"
+        return
+    target = slots.live_worker()
+    if target is None:
+        fault.error = "no reader slot's Python worker was running at the fault's time"
+        return
+    fault.slot, fault.pid = target
+    os.kill(fault.pid, signal.SIGKILL)
+    fault.killed_at = time.monotonic()
+    _say(
+        f"SIGKILL of our reader slot {fault.slot}'s Python worker (pid {fault.pid}), "
+        f"{fault.at_s:.1f}s into production"
+    )
+
+
+def fault_figures(
+    fault: FaultRun,
+    slots: ReaderSlots,
+    started: float,
+    epoch_ends: Sequence[tuple[float, str]],
+    latency: Mapping[str, Mapping[int, float]],
+    rate: int,
+) -> dict[str, Any]:
+    """What the fault did: the killed worker, the reader jobs and the epochs with a failed region after
+    it, and both sides' latency over the messages produced around it (:data:`FAULT_WINDOW_S`)."""
+    before, after = FAULT_WINDOW_S
+    window = (max(0.0, fault.at_s - before), fault.at_s + after)
+    figures: dict[str, Any] = {"kind": fault.kind, "at_s": fault.at_s, "window_s": list(window)}
+    for side, values in latency.items():
+        figures.update(percentiles(produced_between(values, rate, *window), f"{side}_window"))
+        chosen = produced_between(values, rate, *window)
+        figures[f"{side}_window_max_s"] = round(max(chosen.values()), 3) if chosen else None
+    if fault.killed_at is None:
+        return {**figures, "injected": False, "evidence": fault.error}
+    jobs_after = [t for t in slots.jobs if t >= fault.killed_at]
+    failed = [line.split()[1] for t, line in epoch_ends if t >= fault.killed_at and "regions ack (" in line]
+    recovered = jobs_after or failed
+    return {
+        **figures,
+        "injected": bool(recovered),
+        "killed_at_s": round(fault.killed_at - started, 3),
+        "slot": list(fault.slot) if isinstance(fault.slot, tuple) else fault.slot,
+        "pid": fault.pid,
+        "reader_jobs_started_after": len(jobs_after),
+        "epochs_with_a_failed_region_after": [int(e) for e in failed],
+        "evidence": (
+            f"pid {fault.pid} (reader slot {fault.slot}) SIGKILLed {fault.killed_at - started:.1f}s into "
+            f"production; {len(jobs_after)} reader job(s) started after it; epochs with a failed region "
+            f"after it: {failed or 'none'}" + ("" if recovered else "; nothing shows the run met the fault")
+        ),
+    }
+
+
 def check_exact(rows: pa.Table, expected: Mapping[tuple[str, int], bytes]) -> dict[str, Any]:
     """Compare a sink's ``split_id``, ``offset``, ``value`` rows with the delivered messages: every
     one exactly once with the same bytes, and every sequence number exactly once."""
@@ -456,6 +607,10 @@ def bench_latency(
     query = None
     ours_thread = None
     watchers: list[SinkWatcher] = []
+    listening = contextlib.ExitStack()
+    slots = listening.enter_context(ReaderSlots().attached())
+    fault = FaultRun(settings.fault, settings.fault_at * settings.seconds) if settings.fault else None
+    fault_thread = None
     try:
         if bootstrap_servers is None:
             _say("starting a Kafka broker (KRaft) ...")
@@ -530,6 +685,14 @@ def bench_latency(
 
         with LoadSampler(heartbeat_s=PROGRESS_EVERY_S, heartbeat=heartbeat) as sampler:
             producing.start()
+            if fault is not None:
+                fault_thread = threading.Thread(
+                    target=kill_reader_worker,
+                    args=(slots, fault, started, stop),
+                    name="bench-latency-fault",
+                    daemon=True,
+                )
+                fault_thread.start()
             producing.join()
             if paced.error is not None:
                 raise SplitkeeperError(f"bench latency: producing to {topic} failed: {paced.error}")
@@ -571,6 +734,9 @@ def bench_latency(
             query.stop()
         if ours_thread is not None:
             ours_thread.join(STOP_TIMEOUT_S)
+        if fault_thread is not None:
+            fault_thread.join()
+        listening.close()
         broker.stop()
     ours_exact = bool(ours_check["exact"]) and not ours_errors
     ss_exact = bool(ss_check["exact"]) and ss_error is None
@@ -581,6 +747,18 @@ def bench_latency(
         **percentiles(steady(ss_watch.latency_s, settings.rate, settings.ramp_s), "ss_steady"),
     }
     p99_ours, p99_ss = figures["ours_p99_s"], figures["ss_p99_s"]
+    faulted = (
+        None
+        if fault is None
+        else fault_figures(
+            fault,
+            slots,
+            started,
+            epoch_ends,
+            {"ours": ours_watch.latency_s, "ss": ss_watch.latency_s},
+            settings.rate,
+        )
+    )
     steady_ours, steady_ss = figures["ours_steady_p99_s"], figures["ss_steady_p99_s"]
     return {
         "benchmark": "latency",
@@ -604,6 +782,8 @@ def bench_latency(
         "interval_s": settings.interval_s,
         "readers": settings.readers,
         "poll_s": settings.poll_s,
+        "fault": faulted,
+        "reader_jobs_started": len(slots.jobs),
         "ours_visible": len(ours_watch.latency_s),
         "ss_visible": len(ss_watch.latency_s),
         "ours_versions": ours_watch.versions,
@@ -626,7 +806,7 @@ def bench_latency(
         },
         "topic": topic,
         "bootstrap_servers": bootstrap_servers or "own broker",
-        "passed": ours_exact and ss_exact,
+        "passed": ours_exact and ss_exact and (faulted is None or faulted["injected"]),
     }
 
 
@@ -706,6 +886,15 @@ def render_table(result: Mapping[str, Any]) -> str:
         + f", p99 ours / SS {result['steady_p99_ratio']}",
         f"load average: {load['run']:.1f} during the run (max {load['run_max']:.1f}), {load['cpus']} cpus",
     ]
+    fault = result.get("fault")
+    if fault:
+        low, high = fault["window_s"]
+        rows.append(
+            f"fault {fault['kind']} at {fault['at_s']:.1f}s (ours only): {fault['evidence']}; messages "
+            f"produced {low:g}-{high:g}s: p99 ours {_s(fault['ours_window_p99_s'])} "
+            f"(max {_s(fault['ours_window_max_s'])}), SS {_s(fault['ss_window_p99_s'])} "
+            f"(max {_s(fault['ss_window_max_s'])})"
+        )
     phases = result.get("ours_epoch_phases") or {}
     if phases:
         rows.append(
@@ -785,6 +974,20 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="the first seconds of production, left out of the steady_* figures (both sides; the "
         f"all-message figures keep them) ({d.ramp_s:g})",
     )
+    parser.add_argument(
+        "--fault",
+        default=None,
+        choices=FAULTS,
+        help="inject a fault into our side once while producing: worker-kill SIGKILLs the Python worker "
+        "of one of our long-lived reader slots (needs --readers long_lived); the JSON's fault gives both "
+        "sides' latency over the messages produced around it (Structured Streaming is not faulted)",
+    )
+    parser.add_argument(
+        "--fault-at",
+        type=float,
+        default=d.fault_at,
+        help=f"when the fault comes, as a fraction of the production span ({d.fault_at:g}: its middle)",
+    )
     parser.add_argument("--poll-s", type=float, default=d.poll_s, help=f"sink poll interval ({d.poll_s:g})")
     parser.add_argument("--value-bytes", type=int, default=d.value_bytes, help="message value length (100)")
     parser.add_argument(
@@ -818,6 +1021,8 @@ def run(args: argparse.Namespace) -> int:
         warmup=not args.no_warmup,
         readers=args.readers,
         ramp_s=args.ramp_s,
+        fault=args.fault,
+        fault_at=args.fault_at,
     )
     check_bootstrap_servers(args.bootstrap_servers)
     return run_benchmark(
@@ -828,6 +1033,6 @@ def run(args: argparse.Namespace) -> int:
         render_table=render_table,
         passed="passed",
         failure="splitkeeper-tools bench latency: a sink does not hold exactly the produced messages "
-        "(see ours_check / ss_check)",
+        "(see ours_check / ss_check), or the --fault asked for did not happen (see fault.evidence)",
         say=_say,
     )
