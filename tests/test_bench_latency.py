@@ -19,6 +19,7 @@ from splitkeeper.errors import InvalidParameterError
 from splitkeeper_tools import cli
 from splitkeeper_tools.bench.latency import (
     LatencySettings,
+    by_second,
     check_exact,
     epoch_phases,
     percentile,
@@ -84,6 +85,8 @@ def test_a_small_latency_run_with_a_reader_killed_sees_every_message_once_in_bot
         assert 0 < window[0] <= window[1] <= window[2] <= fault[f"{side}_window_max_s"], (side, window)
     html = (out / "latency_kafka.html").read_text(encoding="utf-8")
     assert 'id="latency-kafka"' in html
+    assert 'id="latency-kafka-by-second"' in html and f"{SECONDS // 2}s (fault)" in html
+    assert len(result["p99_by_second"]["ours"]) == SECONDS  # the p99 of each second of production
 
 
 def test_the_steady_figures_leave_out_the_messages_of_the_first_ramp_seconds() -> None:
@@ -93,6 +96,12 @@ def test_the_steady_figures_leave_out_the_messages_of_the_first_ramp_seconds() -
     assert percentiles(latency, "x")["x_p99_s"] == 5.0  # all messages keep the ramp
     assert steady(latency, 100, 0.0) == latency
     assert set(steady(latency, 100, 0.015)) == set(range(2, 1000))  # message 2 is produced at 0.02 s
+
+
+def test_the_p99_by_second_takes_each_seconds_messages() -> None:
+    latency = {seq: (2.0 if 100 <= seq < 200 else 0.5) for seq in range(300) if seq not in range(200, 300)}
+    assert by_second(latency, 100, 3.0) == [0.5, 2.0, None]  # second 2: nothing seen
+    assert by_second({}, 100, 0.5) == [None]
 
 
 def test_the_fault_window_takes_the_messages_produced_in_it() -> None:

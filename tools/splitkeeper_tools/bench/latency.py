@@ -343,6 +343,17 @@ def steady(latency_s: Mapping[int, float], rate: int, ramp_s: float) -> dict[int
     return {seq: value for seq, value in latency_s.items() if seq >= first}
 
 
+def by_second(latency_s: Mapping[int, float], rate: int, seconds: float, q: float = 99) -> list[float | None]:
+    """The ``q``-th percentile of the latencies of the messages produced in each second of production
+    (second ``k``: messages ``k * rate`` up to ``(k + 1) * rate``); None for a second with none seen."""
+    buckets: list[list[float]] = [[] for _ in range(max(1, math.ceil(seconds)))]
+    for seq, value in latency_s.items():
+        k = seq // rate
+        if 0 <= k < len(buckets):
+            buckets[k].append(value)
+    return [round(percentile(sorted(b), q), 3) if b else None for b in buckets]
+
+
 def produced_between(
     latency_s: Mapping[int, float], rate: int, start_s: float, end_s: float
 ) -> dict[int, float]:
@@ -783,6 +794,10 @@ def bench_latency(
         "readers": settings.readers,
         "poll_s": settings.poll_s,
         "fault": faulted,
+        "p99_by_second": {
+            "ours": by_second(ours_watch.latency_s, settings.rate, settings.seconds),
+            "ss": by_second(ss_watch.latency_s, settings.rate, settings.seconds),
+        },
         "reader_jobs_started": len(slots.jobs),
         "ours_visible": len(ours_watch.latency_s),
         "ss_visible": len(ss_watch.latency_s),
@@ -926,6 +941,33 @@ def write_chart(result: Mapping[str, Any], out_dir: str) -> str:
         x_label="percentile",
         y_label="seconds from produce to visible",
     )
+    timeline = ""
+    seconds = result.get("p99_by_second")
+    if seconds and seconds["ours"]:
+        fault = result.get("fault")
+        fault_second = int(fault["at_s"]) if fault else None
+        labels = [f"{k}s" + (" (fault)" if k == fault_second else "") for k in range(len(seconds["ours"]))]
+        timeline = charts.line_chart(
+            "latency-kafka-by-second",
+            "p99 of the messages produced in each second (lower is better)",
+            "the same run, second by second of production"
+            + (f"; our reader slot's Python worker SIGKILLed at {fault['at_s']:g}s" if fault else ""),
+            labels,
+            [
+                charts.Series(
+                    "splitkeeper",
+                    tuple(math.nan if v is None else v for v in seconds["ours"]),
+                    charts.BLUE,
+                ),
+                charts.Series(
+                    "Structured Streaming",
+                    tuple(math.nan if v is None else v for v in seconds["ss"]),
+                    charts.ORANGE,
+                ),
+            ],
+            x_label="second of production the messages were produced in",
+            y_label="p99 seconds from produce to visible",
+        )
     load = result["load_avg"]
     body = f"""<h1>bench latency --source kafka</h1>
 <p>{result["messages"]:,} messages at {result["rate"]}/s (reached {result["rate_reached"]}/s),
@@ -933,7 +975,8 @@ def write_chart(result: Mapping[str, Any], out_dir: str) -> str:
 parallelism {result["parallelism"]}; Structured Streaming with its default trigger.
 p99 ours / SS: <b>{result["p99_ratio"]}</b>. Exact: ours {result["ours_exact"]}, SS {result["ss_exact"]}.
 Load average during the run {load["run"]:.1f} (max {load["run_max"]:.1f}) on {load["cpus"]} cpus.</p>
-<div>{chart}</div>"""
+<div>{chart}</div>
+<div>{timeline}</div>"""
     return write_page(out_dir, CHART_FILE, "splitkeeper-tools bench latency --source kafka", body)
 
 
