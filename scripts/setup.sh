@@ -320,64 +320,47 @@ cluster_postgres() {
     say "cluster/postgres: installed ($bin)"
 }
 
-# go install the object store at the version pinned in scripts/versitygw.version.
-cluster_object_store() {
-    local spec out="$TOOLS_DIR/versitygw" stamp="$TOOLS_DIR/.versitygw.stamp" want gov need
-    spec="$(grep -v '^#' scripts/versitygw.version | grep -m1 .)"
-    command -v go >/dev/null 2>&1 || die "Go not found: the object store (versitygw) is built with 'go install'; install Go >= 1.25"
+# go install one Go program at the version pinned in scripts/<name>.version into
+# $TOOLS_DIR/<name>/bin (static, stripped), again only when the pin or Go's version changed:
+#   go_install_tool LABEL NAME MIN_GO CHECK_ARG WHAT
+# CHECK_ARG: an argument the built binary must answer with exit 0 (--version, -help).
+go_install_tool() {
+    local label="$1" name="$2" need="$3" check="$4" what="$5"
+    local spec out="$TOOLS_DIR/$name" stamp="$TOOLS_DIR/.$name.stamp" want gov
+    spec="$(grep -v '^#' "scripts/$name.version" | grep -m1 .)"
+    command -v go >/dev/null 2>&1 || die "Go not found: $what ($name) is built with 'go install'; install Go >= $need"
     gov="$(go env GOVERSION)"
     want="$(echo "$spec $gov" | sha256sum | cut -d' ' -f1)"
-    if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" && -x "$out/bin/versitygw" ]]; then
-        say "cluster/versitygw: up to date ($out/bin/versitygw)"
+    if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" && -x "$out/bin/$name" ]]; then
+        say "$label: up to date ($out/bin/$name)"
         return
     fi
-    need="1.25"
     if [[ "$(printf '%s\n%s\n' "$need" "${gov#go}" | sort -V | head -n1)" != "$need" ]]; then
-        die "$gov is too old to build versitygw (needs go >= $need)"
+        die "$gov is too old to build $name (needs go >= $need)"
     fi
-    local tmp="$out.partial" log="$TOOLS_DIR/.go-versitygw.log" t0=$SECONDS
+    local tmp="$out.partial" log="$TOOLS_DIR/.go-$name.log" t0=$SECONDS
     rm -rf "$tmp"
     mkdir -p "$tmp/bin"
-    say "cluster/versitygw: go install $spec (a few minutes the first time; log $log)"
+    say "$label: go install $spec (a few minutes the first time; log $log)"
     # Static, stripped; GOTOOLCHAIN=local: never fetch another Go toolchain.
     GOBIN="$tmp/bin" CGO_ENABLED=0 GOTOOLCHAIN=local GOFLAGS=-buildvcs=false \
         go install -trimpath -ldflags='-s -w' "$spec" > "$log" 2>&1 \
         || { tail -n 30 "$log" >&2; die "go install $spec failed (log: $log)"; }
-    "$tmp/bin/versitygw" --version >/dev/null 2>&1 || die "the built versitygw does not run"
+    "$tmp/bin/$name" "$check" >/dev/null 2>&1 || die "the built $name does not run"
     rm -rf "$out"
     mv "$tmp" "$out"
     echo "$want" > "$stamp"
-    say "cluster/versitygw: built in $((SECONDS - t0))s, $(du -h "$out/bin/versitygw" | cut -f1) ($out/bin/versitygw)"
+    say "$label: built in $((SECONDS - t0))s, $(du -h "$out/bin/$name" | cut -f1) ($out/bin/$name)"
 }
 
-# go install the GCS emulator at the version pinned in scripts/fake-gcs-server.version.
+# go install the object store at the version pinned in scripts/versitygw.version (its go.mod: Go >= 1.25).
+cluster_object_store() {
+    go_install_tool cluster/versitygw versitygw 1.25 --version "the object store"
+}
+
+# go install the GCS emulator at the version pinned in scripts/fake-gcs-server.version (its go.mod: Go >= 1.26).
 step_fake_gcs() {
-    local spec out="$TOOLS_DIR/fake-gcs-server" stamp="$TOOLS_DIR/.fake-gcs-server.stamp" want gov need
-    spec="$(grep -v '^#' scripts/fake-gcs-server.version | grep -m1 .)"
-    command -v go >/dev/null 2>&1 || die "Go not found: the GCS emulator (fake-gcs-server) is built with 'go install'; install Go >= 1.26"
-    gov="$(go env GOVERSION)"
-    want="$(echo "$spec $gov" | sha256sum | cut -d' ' -f1)"
-    if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" && -x "$out/bin/fake-gcs-server" ]]; then
-        say "fake-gcs: up to date ($out/bin/fake-gcs-server)"
-        return
-    fi
-    need="1.26"  # its go.mod
-    if [[ "$(printf '%s\n%s\n' "$need" "${gov#go}" | sort -V | head -n1)" != "$need" ]]; then
-        die "$gov is too old to build fake-gcs-server (needs go >= $need)"
-    fi
-    local tmp="$out.partial" log="$TOOLS_DIR/.go-fake-gcs-server.log" t0=$SECONDS
-    rm -rf "$tmp"
-    mkdir -p "$tmp/bin"
-    say "fake-gcs: go install $spec (a few minutes the first time; log $log)"
-    # Static, stripped; GOTOOLCHAIN=local: never fetch another Go toolchain.
-    GOBIN="$tmp/bin" CGO_ENABLED=0 GOTOOLCHAIN=local GOFLAGS=-buildvcs=false \
-        go install -trimpath -ldflags='-s -w' "$spec" > "$log" 2>&1 \
-        || { tail -n 30 "$log" >&2; die "go install $spec failed (log: $log)"; }
-    "$tmp/bin/fake-gcs-server" -help >/dev/null 2>&1 || die "the built fake-gcs-server does not run"
-    rm -rf "$out"
-    mv "$tmp" "$out"
-    echo "$want" > "$stamp"
-    say "fake-gcs: built in $((SECONDS - t0))s, $(du -h "$out/bin/fake-gcs-server" | cut -f1) ($out/bin/fake-gcs-server)"
+    go_install_tool fake-gcs fake-gcs-server 1.26 -help "the GCS emulator"
 }
 
 # npm ci the Azure Storage emulator: exactly scripts/azurite/package-lock.json (integrity-checked,
