@@ -10,6 +10,7 @@ data must still be exact, and the run must show it met the fault.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pyarrow as pa
@@ -19,6 +20,7 @@ from splitkeeper.errors import InvalidParameterError
 from splitkeeper_tools import cli
 from splitkeeper_tools.bench.latency import (
     LatencySettings,
+    ReaderSlots,
     by_second,
     check_exact,
     epoch_phases,
@@ -102,6 +104,36 @@ def test_the_p99_by_second_takes_each_seconds_messages() -> None:
     latency = {seq: (2.0 if 100 <= seq < 200 else 0.5) for seq in range(300) if seq not in range(200, 300)}
     assert by_second(latency, 100, 3.0) == [0.5, 2.0, None]  # second 2: nothing seen
     assert by_second({}, 100, 0.5) == [None]
+
+
+def test_the_worker_to_kill_is_the_live_slot_that_said_hello_last(tmp_path: Path) -> None:
+    """The pool's own records name the slots' workers; a slot's later hello replaces its earlier one,
+    and a worker that already ended is passed over."""
+    import logging
+    import subprocess
+    import sys
+
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    ended.wait()
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        slots = ReaderSlots()
+        with slots.attached():
+            log = logging.getLogger(ReaderSlots.LOGGER)
+            log.info("starting reader job %s: %s slots", 1, 2)
+            log.info("reader slot %s ready (task %s, pid %s)", (1, 0), 7, alive.pid)
+            log.info("reader slot %s ready (task %s, pid %s)", (1, 1), 8, os.getpid())
+            log.info(
+                "reader slot %s ready (task %s, pid %s)", (1, 0), 9, ended.pid
+            )  # (1, 0) again, now ended
+        log.info("reader slot %s ready (task %s, pid %s)", (2, 0), 10, alive.pid)  # not listened to any more
+        assert slots.live_worker() == ((1, 1), os.getpid())
+        assert len(slots.jobs) == 1 and len(slots.ready) == 3
+        slots.ready.append((slots.ready[-1][0] + 1, (1, 2), alive.pid))
+        assert slots.live_worker() == ((1, 2), alive.pid)  # the latest hello of a live worker
+    finally:
+        alive.kill()
+        alive.wait()
 
 
 def test_the_fault_window_takes_the_messages_produced_in_it() -> None:

@@ -403,10 +403,10 @@ class ReaderSlots(logging.Handler):
 
     def live_worker(self) -> tuple[Any, int] | None:
         """The slot and pid of the reader slot that said hello last and whose worker still runs."""
-        latest: dict[Any, int] = {}
-        for _when, slot, pid in self.ready:
-            latest[slot] = pid
-        for slot, pid in reversed(list(latest.items())):
+        latest: dict[Any, tuple[float, int]] = {}
+        for when, slot, pid in self.ready:
+            latest[slot] = (when, pid)
+        for slot, (_when, pid) in sorted(latest.items(), key=lambda item: item[1][0], reverse=True):
             try:
                 os.kill(pid, 0)
             except OSError:
@@ -437,7 +437,11 @@ def kill_reader_worker(slots: ReaderSlots, fault: FaultRun, started: float, stop
         fault.error = "no reader slot's Python worker was running at the fault's time"
         return
     fault.slot, fault.pid = target
-    os.kill(fault.pid, signal.SIGKILL)
+    try:
+        os.kill(fault.pid, signal.SIGKILL)
+    except OSError as err:  # it ended between the look and the kill
+        fault.error = f"reader slot {fault.slot}'s Python worker (pid {fault.pid}) could not be killed: {err}"
+        return
     fault.killed_at = time.monotonic()
     _say(
         f"SIGKILL of our reader slot {fault.slot}'s Python worker (pid {fault.pid}), "
