@@ -58,6 +58,7 @@ from splitkeeper.records.upsert import UpsertSpec
 from splitkeeper.staging import (
     DEAD_FILE,
     PART_FILE,
+    ROW_GROUP_ROWS,
     StagedRegion,
     StagedTarget,
     attempt_dir,
@@ -69,7 +70,7 @@ from splitkeeper.staging import (
 )
 from splitkeeper.transforms import Transform, apply_to_table, identity
 
-_ROW_GROUP = 128 * 1024
+_ROW_GROUP = ROW_GROUP_ROWS
 
 
 #: What finds the failed split's id in a region's error text (``[SPLIT_READ_FAILED] split "x" ...``).

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from multiprocessing import get_context
 from typing import Any
 
-from splitkeeper.staging import parquet_options
+from splitkeeper.staging import ROW_GROUP_ROWS, parquet_options
 
 __all__ = [
     "LimitRun",
@@ -93,8 +93,9 @@ def _read_raw(path: str) -> Any:
 
 
 #: Parquet as our region tasks write it (spark/task.py): their writer settings
-#: (:func:`splitkeeper.staging.parquet_options`), 128 Ki rows a row group, Arrow's default codec.
-_ROW_GROUP = 128 * 1024
+#: (:func:`splitkeeper.staging.parquet_options`), their row groups (``ROW_GROUP_ROWS``), Arrow's
+#: default codec.
+_ROW_GROUP = ROW_GROUP_ROWS
 
 
 def _read_json(path: str, schema_ddl: str) -> Any:
