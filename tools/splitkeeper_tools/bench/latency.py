@@ -42,8 +42,18 @@ running pipeline has paid), ``rate_reached`` (messages /
 the produce span), ``messages``, ``ours_exact`` / ``ss_exact`` and the 1-minute load average
 sampled during the run (2 shared cores make latencies noisy; the load says how noisy). The
 poll interval bounds the resolution (a record is seen up to ``--poll-s`` plus one read after
-it became visible, on both sides alike). An HTML chart goes to ``--out`` (``var/bench``).
-Exit 0 when both sinks are exact, 1 otherwise, 2 on bad input.
+it became visible, on both sides alike). ``p99_by_second``: the p99 of the messages produced in
+each second of production, both sides. An HTML chart goes to ``--out`` (``var/bench``): the
+percentiles, and the p99 of each second.
+
+``--fault worker-kill`` (with ``--readers long_lived``) SIGKILLs, at ``--fault-at`` (0.5) of the
+production span, the Python worker of the reader slot of ours whose hello came last (the pool's own
+``reader slot S ready (task T, pid P)`` records, :class:`ReaderSlots`); Structured Streaming is not
+faulted (its query runs in the JVM, with no Python worker). ``fault`` in the JSON: both sides'
+percentiles over the messages produced from 1 s before to 3 s after it (:data:`FAULT_WINDOW_S`),
+the reader jobs started and the epochs with a failed region after it, and the evidence.
+
+Exit 0 when both sinks are exact (and an asked fault was met), 1 otherwise, 2 on bad input.
 """
 
 from __future__ import annotations
