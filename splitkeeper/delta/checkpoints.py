@@ -85,7 +85,7 @@ from splitkeeper.delta import serde, storage
 from splitkeeper.delta.fence import COMMIT_SENDS, fenced_commit, recorded_commit
 from splitkeeper.delta.history import StateHistory, merge_delta, snapshot_rows
 from splitkeeper.delta.schemas import STATE_TABLES, spec
-from splitkeeper.delta.tables import StateTables, guarded, sql_string
+from splitkeeper.delta.tables import StateTables, guarded, load_deltalake, sql_string
 from splitkeeper.errors import (
     CheckpointError,
     ConcurrentRunError,
@@ -273,6 +273,7 @@ class DeltaStateStore(StateStore, CheckpointStore):
         self._mirror: tuple[int, tuple[KeptCheckpoint, ...], CheckpointStore] | None = None
         self._commits_since_compaction = 0
         if not read_only:
+            load_deltalake()  # before the threads: see its doc
             with ThreadPoolExecutor(max_workers=3, thread_name_prefix="splitkeeper-state") as pool:
                 for future in [
                     pool.submit(self.tables.ensure, name) for name in STATE_TABLES if name != "pipeline"

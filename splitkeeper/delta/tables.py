@@ -93,6 +93,20 @@ APPEND_ATTEMPTS = 4
 T = TypeVar("T")
 
 
+def load_deltalake() -> None:
+    """Import the deltalake modules this package uses, in the calling thread.
+
+    Call it before handing Delta work to threads in a process that may not have imported deltalake
+    yet: a first import of its modules from several threads at once can meet CPython's import
+    deadlock avoidance, which hands one thread a partially initialized module (``ImportError: cannot
+    import name 'CommitProperties' from partially initialized module 'deltalake.transaction'``; 2 of
+    48 fresh processes opening a fresh state directory, four at a time, before this existed).
+    """
+    import deltalake  # noqa: F401
+    import deltalake.exceptions  # noqa: F401
+    import deltalake.transaction  # noqa: F401
+
+
 def sql_string(text: str) -> str:
     """``text`` as a SQL string literal for a delta-rs predicate (quotes doubled)."""
     return "'" + text.replace("'", "''") + "'"
