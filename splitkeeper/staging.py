@@ -206,10 +206,10 @@ class StagedTarget:
 #: (binary ``value``: no min/max statistics; no reader prunes on them, the sink's Delta statistics
 #: leave them out, and computing them is a pass over every value).
 _DICTIONARY = ("split_id", "epoch", "region", "ingested_at", "topic", "partition")
-#: Rows per row group of a staged file (a region task writes whole groups as its rows arrive).
-ROW_GROUP_ROWS = 128 * 1024
 _DELTA_ENCODED = ("offset", "next_offset")
 _NO_STATISTICS = ("value",)
+#: Rows per row group of a staged file (a region task writes whole groups as its rows arrive).
+ROW_GROUP_ROWS = 128 * 1024
 
 
 def parquet_options(schema: Any, *, data_dictionary: bool = False) -> dict[str, Any]:

@@ -473,8 +473,8 @@ def fault_figures(
     window = (max(0.0, fault.at_s - before), fault.at_s + after)
     figures: dict[str, Any] = {"kind": fault.kind, "at_s": fault.at_s, "window_s": list(window)}
     for side, values in latency.items():
-        figures.update(percentiles(produced_between(values, rate, *window), f"{side}_window"))
         chosen = produced_between(values, rate, *window)
+        figures.update(percentiles(chosen, f"{side}_window"))
         figures[f"{side}_window_max_s"] = round(max(chosen.values()), 3) if chosen else None
     if fault.killed_at is None:
         return {**figures, "injected": False, "evidence": fault.error}
